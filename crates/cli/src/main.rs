@@ -1,0 +1,81 @@
+//! `cordon`: a coding agent that can act only through a sandbox.
+
+mod doctor;
+mod options;
+mod run;
+
+use clap::{Parser, Subcommand};
+
+/// Exit codes of `cordon run` and `cordon shell` that are cordon's own.
+pub mod exit {
+    /// The command ran past `--timeout` and was killed.
+    pub const TIMEOUT: i32 = 124;
+    /// The sandbox exceeded `--memory` and the kernel killed a process.
+    pub const OOM: i32 = 122;
+    /// cordon itself failed: bad options, or the sandbox could not be created.
+    pub const SANDBOX: i32 = 125;
+    /// The command exists but could not be executed.
+    pub const NOT_EXECUTABLE: i32 = 126;
+    /// The command was not found.
+    pub const NOT_FOUND: i32 = 127;
+}
+
+#[derive(Parser)]
+#[command(name = "cordon", version, about = "A coding agent whose every action runs in a sandbox")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one command in a fresh sandbox.
+    ///
+    /// Exit status: the command's own (128+N if killed by signal N), or
+    /// 124 timed out, 122 out of memory, 125 sandbox could not be created,
+    /// 126 command not executable, 127 command not found.
+    Run(run::RunArgs),
+    /// Open an interactive shell in a fresh sandbox, on a pseudo-terminal.
+    Shell(run::ShellArgs),
+    /// Check which isolation features are available and in force.
+    Doctor(doctor::DoctorArgs),
+}
+
+fn main() {
+    // Must come before anything starts a thread: the supervisor enters
+    // namespaces, which only a single-threaded process may do.
+    cordon_sandbox::supervisor::run_if_supervisor();
+
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { exit::SANDBOX } else { 0 };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CORDON_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cordon: cannot start the async runtime: {e}");
+            std::process::exit(exit::SANDBOX);
+        }
+    };
+    let code = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::Shell(args) => run::shell(args).await,
+            Command::Doctor(args) => doctor::doctor(args).await,
+        }
+    });
+    // Exit at once: a blocking read of our stdin may still be pending.
+    std::process::exit(code);
+}

@@ -1,0 +1,254 @@
+//! `cordon run` and `cordon shell`.
+
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use clap::Args;
+use cordon_sandbox::{Error, ExecEvent, ExecRequest, ExecResult, Execution, Sandbox};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::exit;
+use crate::options::{SandboxOpts, parse_timeout};
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub sandbox: SandboxOpts,
+    /// Kill the command after this long (e.g. 30s, 5m) [default: none]
+    #[arg(long, value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
+    /// The command and its arguments
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct ShellArgs {
+    #[command(flatten)]
+    pub sandbox: SandboxOpts,
+    /// The shell to run [default: /bin/bash -i]
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+fn fail(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("cordon: {msg}");
+    exit::SANDBOX
+}
+
+async fn create(opts: &SandboxOpts) -> Result<Sandbox, i32> {
+    let config = opts.config().map_err(fail)?;
+    Sandbox::create(config)
+        .await
+        .map_err(|e| fail(format_args!("cannot create the sandbox: {e}")))
+}
+
+fn exec_error(e: Error) -> i32 {
+    match &e {
+        Error::Exec { errno, .. } => {
+            eprintln!("cordon: {e}");
+            match *errno {
+                libc::ENOENT => exit::NOT_FOUND,
+                _ => exit::NOT_EXECUTABLE,
+            }
+        }
+        _ => fail(e),
+    }
+}
+
+/// Maps a finished command to cordon's exit code, explaining cordon's own.
+fn finish(result: &ExecResult, memory: u64, timeout: Option<Duration>) -> i32 {
+    if result.timed_out {
+        let t = timeout.map(|t| humantime::format_duration(t).to_string()).unwrap_or_default();
+        eprintln!("cordon: timed out after {t}; the command was killed");
+        return exit::TIMEOUT;
+    }
+    if result.oom_killed {
+        eprintln!(
+            "cordon: out of memory: the sandbox exceeded its {} MiB limit and a process was killed (raise it with --memory)",
+            memory / cordon_sandbox::MIB
+        );
+        return exit::OOM;
+    }
+    result.status.code()
+}
+
+/// Forwards our stdin to the command until EOF.
+fn pump_stdin(exec: &Execution) {
+    let stdin = exec.stdin();
+    tokio::spawn(async move {
+        let mut input = tokio::io::stdin();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match input.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if stdin.write(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        let _ = stdin.close();
+    });
+}
+
+pub async fn run(args: RunArgs) -> i32 {
+    let sandbox = match create(&args.sandbox).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let mut req = ExecRequest::argv(args.command.clone()).stream_stdin();
+    req.timeout = args.timeout;
+    let code = match sandbox.exec_stream(req).await {
+        Ok(exec) => stream(exec, &args).await,
+        Err(e) => exec_error(e),
+    };
+    sandbox.close().await;
+    code
+}
+
+async fn stream(mut exec: Execution, args: &RunArgs) -> i32 {
+    pump_stdin(&exec);
+    let mut out = tokio::io::stdout();
+    let mut err = tokio::io::stderr();
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return fail("cannot install signal handlers");
+    };
+    loop {
+        tokio::select! {
+            ev = exec.next() => {
+                let ev = match ev {
+                    Some(Ok(ev)) => ev,
+                    Some(Err(e)) => return fail(format_args!("the sandbox failed: {e}")),
+                    None => return fail("the sandbox ended without a result"),
+                };
+                let written = match ev {
+                    ExecEvent::Stdout(d) => write_all(&mut out, &d).await,
+                    ExecEvent::Stderr(d) => write_all(&mut err, &d).await,
+                    ExecEvent::Exit(r) => return finish(&r, args.sandbox.memory, args.timeout),
+                };
+                if written.is_err() {
+                    // Our reader went away (e.g. `| head`): behave as a
+                    // process killed by SIGPIPE would.
+                    let _ = exec.signal(libc::SIGPIPE);
+                    return 128 + libc::SIGPIPE;
+                }
+            }
+            _ = int.recv() => { let _ = exec.signal(libc::SIGINT); }
+            _ = term.recv() => { let _ = exec.signal(libc::SIGTERM); }
+            _ = hup.recv() => { let _ = exec.signal(libc::SIGHUP); }
+        }
+    }
+}
+
+async fn write_all<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, data: &[u8]) -> std::io::Result<()> {
+    w.write_all(data).await?;
+    w.flush().await
+}
+
+/// Puts the terminal in raw mode and restores it when dropped.
+struct RawMode {
+    saved: rustix::termios::Termios,
+}
+
+impl RawMode {
+    fn enter() -> std::io::Result<RawMode> {
+        let stdin = std::io::stdin();
+        let saved = rustix::termios::tcgetattr(&stdin)?;
+        let mut raw = saved.clone();
+        raw.make_raw();
+        rustix::termios::tcsetattr(&stdin, rustix::termios::OptionalActions::Flush, &raw)?;
+        Ok(RawMode { saved })
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        let _ = rustix::termios::tcsetattr(
+            std::io::stdin(),
+            rustix::termios::OptionalActions::Flush,
+            &self.saved,
+        );
+    }
+}
+
+fn terminal_size() -> (u16, u16) {
+    rustix::termios::tcgetwinsize(std::io::stdout())
+        .or_else(|_| rustix::termios::tcgetwinsize(std::io::stdin()))
+        .ok()
+        .filter(|w| w.ws_row > 0 && w.ws_col > 0)
+        .map_or((24, 80), |w| (w.ws_row, w.ws_col))
+}
+
+pub async fn shell(args: ShellArgs) -> i32 {
+    if !std::io::stdin().is_terminal() {
+        return fail("`cordon shell` needs a terminal on stdin; use `cordon run -- CMD` for non-interactive commands");
+    }
+    let sandbox = match create(&args.sandbox).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let argv = if args.command.is_empty() {
+        vec![OsString::from("/bin/bash"), OsString::from("-i")]
+    } else {
+        args.command.clone()
+    };
+    let (rows, cols) = terminal_size();
+    let mut req = ExecRequest::argv(argv).stream_stdin().pty(rows, cols);
+    let term = std::env::var("TERM").ok().filter(|t| !t.is_empty() && !t.contains('\0'));
+    req = req.env("TERM", term.unwrap_or_else(|| "xterm-256color".into()));
+    if let Ok(colorterm) = std::env::var("COLORTERM") {
+        req = req.env("COLORTERM", colorterm);
+    }
+    req = req.env("PS1", r"\[\e[1;36m\]cordon\[\e[0m\]:\w\$ ");
+    let code = match sandbox.exec_stream(req).await {
+        Ok(exec) => {
+            let raw = RawMode::enter();
+            let code = shell_loop(exec, args.sandbox.memory).await;
+            drop(raw);
+            code
+        }
+        Err(e) => exec_error(e),
+    };
+    sandbox.close().await;
+    code
+}
+
+async fn shell_loop(mut exec: Execution, memory: u64) -> i32 {
+    pump_stdin(&exec);
+    let mut out = tokio::io::stdout();
+    let (Ok(mut winch), Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::window_change()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return fail("cannot install signal handlers");
+    };
+    loop {
+        tokio::select! {
+            ev = exec.next() => match ev {
+                Some(Ok(ExecEvent::Stdout(d))) | Some(Ok(ExecEvent::Stderr(d))) => {
+                    if write_all(&mut out, &d).await.is_err() {
+                        return 128 + libc::SIGPIPE;
+                    }
+                }
+                Some(Ok(ExecEvent::Exit(r))) => return finish(&r, memory, None),
+                Some(Err(e)) => return fail(format_args!("the sandbox failed: {e}")),
+                None => return fail("the sandbox ended without a result"),
+            },
+            _ = winch.recv() => {
+                let (rows, cols) = terminal_size();
+                let _ = exec.resize(rows, cols);
+            }
+            _ = term.recv() => { let _ = exec.signal(libc::SIGHUP); }
+            _ = hup.recv() => { let _ = exec.signal(libc::SIGHUP); }
+        }
+    }
+}

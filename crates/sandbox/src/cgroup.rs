@@ -1,0 +1,232 @@
+//! Memory and process-count limits for a sandbox, through whichever
+//! mechanism this host lets us use: a delegated cgroup v2 subtree, the
+//! cgroup v1 memory and pids controllers, or, failing both, rlimits applied
+//! inside the sandbox (per process rather than per sandbox).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+
+/// How limits are enforced for new sandboxes on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitMechanism {
+    /// A cgroup v2 directory we may create children in.
+    V2 { parent: PathBuf },
+    /// cgroup v1 memory and pids hierarchies.
+    V1 { memory: PathBuf, pids: PathBuf },
+    /// Neither is writable: setrlimit inside the sandbox.
+    Rlimit { why: String },
+}
+
+impl std::fmt::Display for LimitMechanism {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LimitMechanism::V2 { parent } => write!(f, "cgroup v2 (under {})", parent.display()),
+            LimitMechanism::V1 { memory, pids } => write!(
+                f,
+                "cgroup v1 (memory under {}, pids under {})",
+                memory.display(),
+                pids.display()
+            ),
+            LimitMechanism::Rlimit { why } => {
+                write!(f, "rlimits, per process (no writable cgroup: {why})")
+            }
+        }
+    }
+}
+
+fn own_cgroup_path(controller: Option<&str>) -> Option<String> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let hit = match controller {
+            None => ctrls.is_empty(),
+            Some(c) => ctrls.split(',').any(|x| x == c),
+        };
+        hit.then(|| path.to_string())
+    })
+}
+
+/// Mount points of cgroup filesystems: (fstype, super options, mount point).
+fn cgroup_mounts() -> Vec<(String, String, PathBuf)> {
+    let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|line| {
+            let (pre, post) = line.split_once(" - ")?;
+            let mount_point = pre.split(' ').nth(4)?;
+            let mut post = post.split(' ');
+            let fstype = post.next()?;
+            let _source = post.next()?;
+            let opts = post.next().unwrap_or("");
+            fstype
+                .starts_with("cgroup")
+                .then(|| (fstype.to_string(), opts.to_string(), PathBuf::from(mount_point)))
+        })
+        .collect()
+}
+
+fn writable_dir(p: &Path) -> bool {
+    rustix::fs::access(p, rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK).is_ok()
+}
+
+/// Decides, once per call, which mechanism new sandboxes will use.
+pub fn detect() -> LimitMechanism {
+    let mounts = cgroup_mounts();
+    if let Some((_, _, mnt)) = mounts.iter().find(|(t, _, _)| t == "cgroup2") {
+        if let Some(own) = own_cgroup_path(None) {
+            let parent = mnt.join(own.trim_start_matches('/'));
+            let ctl = fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
+            let has = |c: &str| ctl.split_whitespace().any(|x| x == c);
+            if has("memory") && has("pids") && writable_dir(&parent) {
+                return LimitMechanism::V2 { parent };
+            }
+        }
+    }
+    let v1 = |name: &str| {
+        let (_, _, mnt) = mounts
+            .iter()
+            .find(|(t, opts, _)| t == "cgroup" && opts.split(',').any(|o| o == name))?;
+        let own = own_cgroup_path(Some(name))?;
+        let dir = mnt.join(own.trim_start_matches('/'));
+        writable_dir(&dir).then_some(dir)
+    };
+    match (v1("memory"), v1("pids")) {
+        (Some(memory), Some(pids)) => LimitMechanism::V1 { memory, pids },
+        _ => LimitMechanism::Rlimit {
+            why: if mounts.is_empty() {
+                "no cgroup filesystem is mounted".into()
+            } else {
+                "no delegated cgroup v2 subtree with memory and pids, and cgroup v1 memory/pids are not writable by this user".into()
+            },
+        },
+    }
+}
+
+/// One sandbox's cgroup directories. Removed on drop (best effort).
+#[derive(Debug)]
+pub struct Cgroup {
+    dirs: Vec<PathBuf>,
+    /// File and key that count OOM kills ("memory.events" / "oom_kill").
+    oom_file: PathBuf,
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+static SWEEP: Once = Once::new();
+
+fn write(dir: &Path, file: &str, value: &str) -> io::Result<()> {
+    fs::write(dir.join(file), value).map_err(|e| {
+        io::Error::new(e.kind(), format!("write {} to {}: {e}", value, dir.join(file).display()))
+    })
+}
+
+/// Removes cgroups left behind by cordon processes that died without
+/// cleaning up. A directory still in use refuses `rmdir`, so this is safe.
+fn sweep(parent: &Path) {
+    if let Ok(entries) = fs::read_dir(parent) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with("cordon-") {
+                let _ = fs::remove_dir(e.path());
+            }
+        }
+    }
+}
+
+impl Cgroup {
+    /// Creates the cgroup(s) for a new sandbox with the given limits.
+    pub fn create(mech: &LimitMechanism, memory: Option<u64>, pids: Option<u64>) -> io::Result<Cgroup> {
+        let name = format!(
+            "cordon-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let mkdir = |parent: &Path| -> io::Result<PathBuf> {
+            SWEEP.call_once(|| sweep(parent));
+            let dir = parent.join(&name);
+            fs::create_dir(&dir)?;
+            Ok(dir)
+        };
+        match mech {
+            LimitMechanism::V2 { parent } => {
+                let dir = mkdir(parent)?;
+                let cg = Cgroup {
+                    dirs: vec![dir.clone()],
+                    oom_file: dir.join("memory.events"),
+                };
+                if let Some(m) = memory {
+                    write(&dir, "memory.max", &m.to_string())?;
+                    let _ = write(&dir, "memory.swap.max", "0");
+                }
+                if let Some(p) = pids {
+                    write(&dir, "pids.max", &p.to_string())?;
+                }
+                Ok(cg)
+            }
+            LimitMechanism::V1 { memory: mparent, pids: pparent } => {
+                let mdir = mkdir(mparent)?;
+                let mut cg = Cgroup {
+                    dirs: vec![mdir.clone()],
+                    oom_file: mdir.join("memory.oom_control"),
+                };
+                let pdir = mkdir(pparent)?;
+                cg.dirs.push(pdir.clone());
+                if let Some(m) = memory {
+                    write(&mdir, "memory.limit_in_bytes", &m.to_string())?;
+                    // Without this a swapping host would let usage exceed the limit.
+                    if mdir.join("memory.memsw.limit_in_bytes").exists() {
+                        write(&mdir, "memory.memsw.limit_in_bytes", &m.to_string())?;
+                    }
+                }
+                if let Some(p) = pids {
+                    write(&pdir, "pids.max", &p.to_string())?;
+                }
+                Ok(cg)
+            }
+            LimitMechanism::Rlimit { .. } => Err(io::Error::other("rlimits need no cgroup")),
+        }
+    }
+
+    /// Moves a process (and so its future children) into this cgroup.
+    pub fn add(&self, pid: u32) -> io::Result<()> {
+        for d in &self.dirs {
+            write(d, "cgroup.procs", &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Out-of-memory kills so far in this cgroup.
+    pub fn oom_kills(&self) -> Option<u64> {
+        let text = fs::read_to_string(&self.oom_file).ok()?;
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == "oom_kill").then(|| v.trim().parse().ok()).flatten()
+        })
+    }
+
+    /// Removes the directories once their processes are gone, retrying for
+    /// a short while since the kernel tears a pid namespace down lazily.
+    pub fn remove(&mut self) {
+        for _ in 0..200 {
+            self.dirs.retain(|d| match fs::remove_dir(d) {
+                Ok(()) => false,
+                Err(e) => e.kind() != io::ErrorKind::NotFound,
+            });
+            if self.dirs.is_empty() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        if !self.dirs.is_empty() {
+            self.remove();
+        }
+    }
+}

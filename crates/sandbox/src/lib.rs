@@ -1,0 +1,268 @@
+//! Sandboxes for cordon: isolated, persistent sessions in which commands run.
+//!
+//! A [`Backend`] creates [`Sandbox`] sessions. A session lives as long as a
+//! conversation or a job: files, installed packages and background processes
+//! persist between execs, and many execs may run in it at once. Closing or
+//! dropping the session, or the host process dying, kills everything in it.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), cordon_sandbox::Error> {
+//! use cordon_sandbox::{ExecRequest, Sandbox, SandboxConfig};
+//! let sandbox = Sandbox::create(SandboxConfig::new("/tmp/work")).await?;
+//! let out = sandbox.exec(ExecRequest::shell("echo hi; echo oops >&2")).await?;
+//! assert_eq!(out.stdout, b"hi\n");
+//! sandbox.close().await;
+//! # Ok(()) }
+//! ```
+//!
+//! The binary that embeds this crate must call
+//! [`supervisor::run_if_supervisor`] first thing in `main`: the sandbox's
+//! init process is that same binary, started with a hidden argument.
+
+pub mod cgroup;
+mod native;
+pub mod protocol;
+mod session;
+pub mod supervisor;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+pub use native::{NativeBackend, host_report};
+pub use protocol::{ExitStatus, WinSize};
+pub use session::{ExecEvent, ExecOutput, ExecResult, ExecStdin, Execution, Sandbox, SandboxInfo};
+
+/// Errors from creating or using a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid sandbox configuration: {0}")]
+    Config(String),
+    #[error("cannot start the sandbox supervisor ({path}): {source}")]
+    Spawn {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot set up resource limits: {0}")]
+    Limits(std::io::Error),
+    #[error("sandbox setup failed: {message}")]
+    Setup { message: String, errno: i32 },
+    #[error("the sandbox did not become ready within {0:?}")]
+    SetupTimeout(Duration),
+    #[error("the sandbox has exited")]
+    Gone,
+    #[error("{message}")]
+    Exec { message: String, errno: i32 },
+    #[error("sandbox I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// True for a command that could not be started because it does not
+    /// exist (a shell would say 127).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Exec { errno, .. } if *errno == libc::ENOENT)
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Network access inside the sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Network {
+    /// A network namespace whose only interface, loopback, is down.
+    #[default]
+    Off,
+    /// Loopback is up: processes in the sandbox can talk to each other.
+    Loopback,
+}
+
+impl std::str::FromStr for Network {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" | "none" => Ok(Network::Off),
+            "loopback" | "lo" => Ok(Network::Loopback),
+            other => Err(format!("unknown network mode {other:?} (expected off or loopback)")),
+        }
+    }
+}
+
+/// An extra bind mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindMount {
+    pub source: PathBuf,
+    pub target: String,
+    pub writable: bool,
+}
+
+/// How to build a sandbox. Defaults are the documented `cordon run` ones.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Host directory mounted read-write at `/workspace`.
+    pub workspace: PathBuf,
+    /// Memory limit in bytes for the whole sandbox (default 512 MiB).
+    pub memory: Option<u64>,
+    /// Maximum number of processes (default 256).
+    pub pids: Option<u64>,
+    /// Size of the `/tmp` tmpfs in bytes (default 256 MiB).
+    pub tmp_size: u64,
+    pub network: Network,
+    pub binds: Vec<BindMount>,
+    /// Environment added to every exec, over the built-in minimum.
+    pub env: Vec<(String, String)>,
+    /// Default working directory of execs.
+    pub workdir: String,
+    pub hostname: String,
+    /// The executable to run as the supervisor; defaults to the current one.
+    pub supervisor: Option<PathBuf>,
+    /// How long setup may take before it is abandoned.
+    pub setup_timeout: Duration,
+}
+
+pub const MIB: u64 = 1024 * 1024;
+
+impl SandboxConfig {
+    pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        SandboxConfig {
+            workspace: workspace.into(),
+            memory: Some(512 * MIB),
+            pids: Some(256),
+            tmp_size: 256 * MIB,
+            network: Network::Off,
+            binds: Vec::new(),
+            env: Vec::new(),
+            workdir: "/workspace".into(),
+            hostname: "cordon".into(),
+            supervisor: None,
+            setup_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Parses sizes such as `512M`, `2G`, `64k` or `1048576` into bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected a number with an optional K, M or G suffix"))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1024,
+        "m" | "mb" | "mib" => MIB,
+        "g" | "gb" | "gib" => 1024 * MIB,
+        other => return Err(format!("invalid size unit {other:?} in {s:?} (use K, M or G)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// One command to run in a sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct ExecRequest {
+    pub argv: Vec<std::ffi::OsString>,
+    /// Working directory inside the sandbox (default: the sandbox's workdir).
+    pub cwd: Option<String>,
+    /// Variables added over the sandbox's environment.
+    pub env: Vec<(String, String)>,
+    /// Bytes fed to stdin, which is then closed. `None` with `stream_stdin`
+    /// false means stdin is `/dev/null`.
+    pub stdin: Option<Vec<u8>>,
+    /// Keep stdin open for [`Execution::stdin`] (streaming form only).
+    pub stream_stdin: bool,
+    pub timeout: Option<Duration>,
+    /// Bytes kept of each of stdout and stderr; the rest is counted and
+    /// discarded, and the result is flagged truncated.
+    pub output_limit: Option<u64>,
+    /// Run on a pseudo-terminal of this size.
+    pub pty: Option<WinSize>,
+}
+
+impl ExecRequest {
+    /// A command given as argv; `argv[0]` is looked up in `PATH`.
+    pub fn argv<I, S>(args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<std::ffi::OsString>,
+    {
+        ExecRequest {
+            argv: args.into_iter().map(Into::into).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A command line run by `/bin/sh -c`.
+    pub fn shell(command: &str) -> Self {
+        Self::argv(["/bin/sh", "-c", command])
+    }
+
+    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    pub fn stdin(mut self, data: impl Into<Vec<u8>>) -> Self {
+        self.stdin = Some(data.into());
+        self
+    }
+
+    pub fn stream_stdin(mut self) -> Self {
+        self.stream_stdin = true;
+        self
+    }
+
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+
+    pub fn output_limit(mut self, bytes: u64) -> Self {
+        self.output_limit = Some(bytes);
+        self
+    }
+
+    pub fn pty(mut self, rows: u16, cols: u16) -> Self {
+        self.pty = Some(WinSize { rows, cols });
+        self
+    }
+}
+
+/// Creates sandbox sessions. `native` (Linux namespaces) is the first;
+/// others plug in behind the same trait.
+pub trait Backend: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn create<'a>(
+        &'a self,
+        config: &'a SandboxConfig,
+    ) -> Pin<Box<dyn Future<Output = Result<Sandbox>> + Send + 'a>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("512M").unwrap(), 512 * MIB);
+        assert_eq!(parse_size("2g").unwrap(), 2048 * MIB);
+        assert_eq!(parse_size("64k").unwrap(), 65536);
+        assert_eq!(parse_size("100").unwrap(), 100);
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn network_modes_parse() {
+        assert_eq!("off".parse::<Network>().unwrap(), Network::Off);
+        assert_eq!("loopback".parse::<Network>().unwrap(), Network::Loopback);
+        assert!("host".parse::<Network>().is_err());
+    }
+}

@@ -1,0 +1,271 @@
+//! The `native` backend: Linux namespaces, set up by the supervisor.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::cgroup::{self, Cgroup, LimitMechanism};
+use crate::protocol::{self, Bind, HostMsg, SetupSpec};
+use crate::session::{Lifecycle, Sandbox};
+use crate::supervisor::{CONTROL_FD, SUPERVISOR_ARG};
+use crate::{Backend, Error, Result, SandboxConfig};
+
+/// Linux namespaces, seccomp, Landlock and cgroups, no daemon.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NativeBackend;
+
+impl Backend for NativeBackend {
+    fn name(&self) -> &'static str {
+        "native"
+    }
+
+    fn create<'a>(
+        &'a self,
+        config: &'a SandboxConfig,
+    ) -> Pin<Box<dyn std::future::Future<Output = Result<Sandbox>> + Send + 'a>> {
+        Box::pin(create(config))
+    }
+}
+
+struct NativeLifecycle {
+    pid: u32,
+    child: Mutex<Option<std::process::Child>>,
+    cgroup: Mutex<Option<Cgroup>>,
+}
+
+impl Lifecycle for NativeLifecycle {
+    fn oom_kills(&self) -> Option<u64> {
+        self.cgroup.lock().unwrap().as_ref()?.oom_kills()
+    }
+
+    fn kill(&self) {
+        // SIGKILL to the outer supervisor; the inner one (pid 1 of the
+        // sandbox) has it as its parent-death signal, and its death takes
+        // the whole pid namespace with it.
+        // SAFETY: signalling our own child, which we have not reaped.
+        unsafe {
+            libc::kill(self.pid as i32, libc::SIGKILL);
+        }
+        let child = self.child.lock().unwrap().take();
+        let cgroup = self.cgroup.lock().unwrap().take();
+        if child.is_some() || cgroup.is_some() {
+            // Reaping and cgroup removal wait on the kernel: not on the
+            // caller's thread, which may be an async runtime's.
+            std::thread::spawn(move || {
+                if let Some(mut c) = child {
+                    let _ = c.wait();
+                }
+                drop(cgroup);
+            });
+        }
+    }
+
+    fn reap(&self, grace: Duration) {
+        let child = self.child.lock().unwrap().take();
+        if let Some(mut c) = child {
+            let deadline = Instant::now() + grace;
+            loop {
+                match c.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() >= deadline => {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+                }
+            }
+        }
+        if let Some(mut cg) = self.cgroup.lock().unwrap().take() {
+            cg.remove();
+        }
+    }
+}
+
+fn resolve_supervisor(config: &SandboxConfig) -> Result<PathBuf> {
+    if let Some(p) = &config.supervisor {
+        return Ok(p.clone());
+    }
+    if let Some(p) = std::env::var_os("CORDON_SUPERVISOR") {
+        return Ok(PathBuf::from(p));
+    }
+    std::env::current_exe().map_err(|e| Error::Spawn {
+        path: PathBuf::from("/proc/self/exe"),
+        source: e,
+    })
+}
+
+fn validate(config: &SandboxConfig) -> Result<(String, Vec<Bind>)> {
+    let ws = config.workspace.canonicalize().map_err(|e| {
+        Error::Config(format!("workspace {}: {e}", config.workspace.display()))
+    })?;
+    if !ws.is_dir() {
+        return Err(Error::Config(format!("workspace {} is not a directory", ws.display())));
+    }
+    let ws = ws
+        .to_str()
+        .ok_or_else(|| Error::Config("workspace path is not valid UTF-8".into()))?
+        .to_string();
+    let mut binds = Vec::new();
+    for b in &config.binds {
+        let src = b
+            .source
+            .canonicalize()
+            .map_err(|e| Error::Config(format!("bind source {}: {e}", b.source.display())))?;
+        let target = b.target.clone();
+        if !target.starts_with('/') || target.split('/').any(|c| c == "..") {
+            return Err(Error::Config(format!("bind target {target:?} must be an absolute path without '..'")));
+        }
+        let reserved = ["/", "/proc", "/dev", "/workspace", "/tmp", "/etc/passwd", "/etc/group"];
+        if reserved.contains(&target.trim_end_matches('/'))
+            || ["/proc/", "/dev/", "/workspace/"].iter().any(|p| target.starts_with(p))
+        {
+            return Err(Error::Config(format!("bind target {target} is reserved by the sandbox")));
+        }
+        binds.push(Bind {
+            source: src
+                .to_str()
+                .ok_or_else(|| Error::Config("bind source path is not valid UTF-8".into()))?
+                .to_string(),
+            target,
+            writable: b.writable,
+        });
+    }
+    if config.tmp_size == 0 {
+        return Err(Error::Config("tmp size must be greater than zero".into()));
+    }
+    if config.memory == Some(0) || config.pids == Some(0) {
+        return Err(Error::Config("memory and pids limits must be greater than zero".into()));
+    }
+    Ok((ws, binds))
+}
+
+/// The environment every exec starts from: nothing of the host's.
+pub(crate) fn base_env(config: &SandboxConfig) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()),
+        ("HOME".into(), "/tmp".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("TERM".into(), "dumb".into()),
+    ];
+    for (k, v) in &config.env {
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.clone(), v.clone()));
+    }
+    env
+}
+
+pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
+    let (workspace, binds) = validate(config)?;
+    let supervisor = resolve_supervisor(config)?;
+    let mech = cgroup::detect();
+    let cgroup = match &mech {
+        LimitMechanism::Rlimit { .. } => None,
+        m => Some(Cgroup::create(m, config.memory, config.pids).map_err(Error::Limits)?),
+    };
+
+    let (host, child_end) = std::os::unix::net::UnixStream::pair()?;
+    let child_fd: OwnedFd = child_end.into();
+    let raw = child_fd.as_raw_fd();
+    let mut cmd = std::process::Command::new(&supervisor);
+    cmd.arg(SUPERVISOR_ARG)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        // Keep the terminal's Ctrl-C away from the sandbox: the front end
+        // decides what an interrupt means.
+        .process_group(0);
+    if std::env::var_os("CORDON_DEBUG_SUPERVISOR").is_none() {
+        cmd.stderr(std::process::Stdio::null());
+    }
+    use std::os::unix::process::CommandExt;
+    // SAFETY: dup2 is async-signal-safe; `raw` stays open until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself would leave close-on-exec set.
+            let rc = if raw == CONTROL_FD {
+                libc::fcntl(raw, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, CONTROL_FD)
+            };
+            if rc < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| Error::Spawn {
+        path: supervisor.clone(),
+        source: e,
+    })?;
+    drop(child_fd);
+    let pid = child.id();
+    let lifecycle = NativeLifecycle {
+        pid,
+        child: Mutex::new(Some(child)),
+        cgroup: Mutex::new(None),
+    };
+    if let Some(cg) = cgroup {
+        // Before the supervisor reads its setup message, so that every
+        // process of the sandbox is born inside the cgroup.
+        if let Err(e) = cg.add(pid) {
+            lifecycle.kill();
+            drop(cg);
+            return Err(Error::Limits(e));
+        }
+        *lifecycle.cgroup.lock().unwrap() = Some(cg);
+    }
+    let rlimits = matches!(mech, LimitMechanism::Rlimit { .. });
+    let spec = SetupSpec {
+        version: protocol::VERSION,
+        workspace,
+        binds,
+        tmp_size: config.tmp_size,
+        loopback: config.network == crate::Network::Loopback,
+        hostname: config.hostname.clone(),
+        outer_uid: rustix::process::geteuid().as_raw(),
+        outer_gid: rustix::process::getegid().as_raw(),
+        inner_uid: rustix::process::geteuid().as_raw(),
+        inner_gid: rustix::process::getegid().as_raw(),
+        rlimit_memory: if rlimits { config.memory } else { None },
+        rlimit_nproc: if rlimits { config.pids } else { None },
+    };
+    host.set_nonblocking(true)?;
+    let stream = tokio::net::UnixStream::from_std(host)?;
+    Sandbox::connect(
+        stream,
+        HostMsg::Setup(spec),
+        Box::new(lifecycle),
+        mech.to_string(),
+        "native",
+        base_env(config),
+        config.workdir.clone(),
+        config.setup_timeout,
+    )
+    .await
+}
+
+/// Host facts that decide whether and how sandboxes work here, for
+/// `cordon doctor`: (check, value) pairs.
+pub fn host_report() -> Vec<(String, String)> {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "absent".into())
+    };
+    let uid = rustix::process::geteuid().as_raw();
+    vec![
+        ("user".into(), if uid == 0 { "root (uid 0)".into() } else { format!("unprivileged (uid {uid})") }),
+        ("kernel".into(), read("/proc/sys/kernel/osrelease")),
+        ("kernel.unprivileged_userns_clone".into(), read("/proc/sys/kernel/unprivileged_userns_clone")),
+        ("user.max_user_namespaces".into(), read("/proc/sys/user/max_user_namespaces")),
+        (
+            "kernel.apparmor_restrict_unprivileged_userns".into(),
+            read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
+        ),
+        ("landlock ABI".into(), crate::supervisor::landlock_abi_version().to_string()),
+        ("limits mechanism".into(), cgroup::detect().to_string()),
+    ]
+}

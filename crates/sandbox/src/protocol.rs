@@ -1,0 +1,271 @@
+//! The framed protocol spoken between the host and the in-sandbox supervisor.
+//!
+//! Every frame is a little-endian `u32` payload length followed by a `postcard`
+//! encoding of [`HostMsg`] or [`SupMsg`]. Frames are bounded by [`MAX_FRAME`]
+//! so a confused or hostile peer cannot make the other side allocate without
+//! limit. Output flows under a per-exec credit window (see [`WINDOW`]) so one
+//! chatty command can neither flood the host nor stall other execs.
+
+use serde::{Deserialize, Serialize};
+
+/// Largest payload either side accepts, in bytes.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// Largest data chunk (stdout, stderr or stdin) carried by one frame.
+pub const CHUNK: usize = 64 * 1024;
+
+/// Bytes of output (per exec) or stdin (per exec) that may be in flight
+/// unacknowledged. The sender pauses once this many bytes are outstanding.
+pub const WINDOW: u64 = 512 * 1024;
+
+/// Protocol version; the supervisor refuses a host that speaks another.
+pub const VERSION: u32 = 1;
+
+/// Which output stream a chunk belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// How a sandboxed process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExitStatus {
+    /// Exited normally with this code.
+    Code(i32),
+    /// Killed by this signal number.
+    Signal(i32),
+}
+
+impl ExitStatus {
+    /// The shell convention: the exit code, or 128 + the signal number.
+    pub fn code(self) -> i32 {
+        match self {
+            ExitStatus::Code(c) => c,
+            ExitStatus::Signal(s) => 128 + s,
+        }
+    }
+
+    pub fn success(self) -> bool {
+        self == ExitStatus::Code(0)
+    }
+}
+
+/// A bind mount requested in addition to the fixed layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    /// Path on the host.
+    pub source: String,
+    /// Path inside the sandbox.
+    pub target: String,
+    pub writable: bool,
+}
+
+/// Everything the supervisor needs to build the sandbox. Sent once, first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SetupSpec {
+    pub version: u32,
+    pub workspace: String,
+    pub binds: Vec<Bind>,
+    pub tmp_size: u64,
+    pub loopback: bool,
+    pub hostname: String,
+    /// Outside uid/gid (the caller's) and the ids they appear as inside.
+    pub outer_uid: u32,
+    pub outer_gid: u32,
+    pub inner_uid: u32,
+    pub inner_gid: u32,
+    /// Limits applied with setrlimit when no cgroup enforces them.
+    pub rlimit_memory: Option<u64>,
+    pub rlimit_nproc: Option<u64>,
+}
+
+/// What the supervisor reports once the sandbox is built.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReadyInfo {
+    /// Landlock: "fully enforced (ABI n)", "partially enforced", "not enforced".
+    pub landlock: String,
+    pub landlock_abi: i32,
+    /// Number of seccomp filters installed.
+    pub seccomp_filters: u32,
+}
+
+/// Terminal size for pseudo-terminal execs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WinSize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// One command to start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecSpec {
+    pub id: u64,
+    /// argv; `argv[0]` is looked up in `PATH` when it has no slash.
+    pub argv: Vec<serde_bytes::ByteBuf>,
+    pub cwd: String,
+    /// The complete environment (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    /// Whether the host will send stdin; otherwise stdin is /dev/null.
+    pub stdin: bool,
+    pub timeout_ms: Option<u64>,
+    /// Bytes of each stream to deliver before discarding the rest.
+    pub output_limit: Option<u64>,
+    /// Run on a pseudo-terminal (stdout carries the merged output).
+    pub pty: Option<WinSize>,
+}
+
+/// Host to supervisor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum HostMsg {
+    Setup(SetupSpec),
+    Exec(ExecSpec),
+    Stdin {
+        id: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// Close the exec's stdin once everything sent before has been written.
+    StdinEof { id: u64 },
+    /// The host consumed this many output bytes of exec `id`.
+    Ack { id: u64, bytes: u64 },
+    /// Send a signal to the exec's process group.
+    Signal { id: u64, signal: i32 },
+    Resize { id: u64, size: WinSize },
+    /// Kill everything and exit.
+    Shutdown,
+}
+
+/// Supervisor to host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum SupMsg {
+    Ready(ReadyInfo),
+    SetupFailed {
+        message: String,
+        /// errno of the failing call, when there was one.
+        errno: i32,
+    },
+    Started {
+        id: u64,
+        pid: i32,
+    },
+    SpawnFailed {
+        id: u64,
+        errno: i32,
+        message: String,
+    },
+    Output {
+        id: u64,
+        stream: Stream,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// This many stdin bytes of exec `id` were written to the process.
+    StdinAck { id: u64, bytes: u64 },
+    Exited {
+        id: u64,
+        status: ExitStatus,
+        duration_us: u64,
+        timed_out: bool,
+        /// Bytes produced on stdout and stderr, including any discarded.
+        stdout_bytes: u64,
+        stderr_bytes: u64,
+        truncated: bool,
+    },
+}
+
+/// Why a frame could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    TooLarge(usize),
+    #[error("malformed frame: {0}")]
+    Decode(#[from] postcard::Error),
+}
+
+/// Encodes `msg` as one frame appended to `out`.
+pub fn encode<T: Serialize>(msg: &T, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    // Writing into a Vec cannot fail for these plain data types.
+    let mut buf = std::mem::take(out);
+    buf = postcard::to_extend(msg, buf).expect("postcard encoding into a Vec");
+    *out = buf;
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// Tries to take one complete frame off the front of `buf`.
+/// Returns the message and how many bytes it used, or `None` if incomplete.
+pub fn decode<'a, T: Deserialize<'a>>(buf: &'a [u8]) -> Result<Option<(T, usize)>, FrameError> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    if buf.len() < 4 + len {
+        return Ok(None);
+    }
+    let msg = postcard::from_bytes(&buf[4..4 + len])?;
+    Ok(Some((msg, 4 + len)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_preserves_binary_data() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+        let msg = SupMsg::Output {
+            id: 7,
+            stream: Stream::Stderr,
+            data: data.clone(),
+        };
+        let mut buf = Vec::new();
+        encode(&msg, &mut buf);
+        encode(&SupMsg::StdinAck { id: 1, bytes: 2 }, &mut buf);
+        let (got, used): (SupMsg, usize) = decode(&buf).unwrap().unwrap();
+        match got {
+            SupMsg::Output { id, stream, data: d } => {
+                assert_eq!((id, stream), (7, Stream::Stderr));
+                assert_eq!(d, data);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let (next, _): (SupMsg, usize) = decode(&buf[used..]).unwrap().unwrap();
+        assert!(matches!(next, SupMsg::StdinAck { id: 1, bytes: 2 }));
+    }
+
+    #[test]
+    fn partial_frames_wait_for_more() {
+        let mut buf = Vec::new();
+        encode(&HostMsg::Shutdown, &mut buf);
+        for cut in 0..buf.len() {
+            assert!(decode::<HostMsg>(&buf[..cut]).unwrap().is_none());
+        }
+    }
+
+    #[test]
+    fn oversized_and_garbage_frames_are_errors() {
+        let huge = ((MAX_FRAME + 1) as u32).to_le_bytes();
+        assert!(matches!(
+            decode::<HostMsg>(&huge),
+            Err(FrameError::TooLarge(_))
+        ));
+        let garbage = [3, 0, 0, 0, 0xff, 0xff, 0xff];
+        assert!(matches!(
+            decode::<HostMsg>(&garbage),
+            Err(FrameError::Decode(_))
+        ));
+    }
+
+    #[test]
+    fn exit_status_follows_shell_convention() {
+        assert_eq!(ExitStatus::Code(3).code(), 3);
+        assert_eq!(ExitStatus::Signal(9).code(), 137);
+        assert!(ExitStatus::Code(0).success());
+    }
+}

@@ -1,0 +1,570 @@
+//! A live sandbox session, independent of how it is isolated: it speaks the
+//! framed protocol to a supervisor over a byte stream and multiplexes many
+//! concurrent execs over it.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::protocol::{self, CHUNK, ExecSpec, ExitStatus, HostMsg, ReadyInfo, Stream, SupMsg, WINDOW, WinSize};
+use crate::{Error, ExecRequest, Result};
+
+/// What a backend provides beyond the protocol stream: killing the
+/// sandbox from outside and reading its out-of-memory counter.
+pub(crate) trait Lifecycle: Send + Sync {
+    /// Out-of-memory kills so far, when the backend can tell.
+    fn oom_kills(&self) -> Option<u64>;
+    /// Kills the whole sandbox immediately. Must not block.
+    fn kill(&self);
+    /// Waits (blocking) until the sandbox is gone and releases host
+    /// resources. Called at most once, off the async runtime.
+    fn reap(&self, grace: Duration);
+}
+
+/// Facts about a running sandbox, for diagnostics.
+#[derive(Debug, Clone)]
+pub struct SandboxInfo {
+    pub backend: &'static str,
+    /// How memory and process limits are enforced.
+    pub limits: String,
+    pub landlock: String,
+    pub seccomp_filters: u32,
+}
+
+enum Event {
+    Started(i32),
+    SpawnFailed(i32, String),
+    Output(Stream, Vec<u8>),
+    Exited(SupMsg),
+    Gone,
+}
+
+struct Route {
+    events: mpsc::UnboundedSender<Event>,
+    stdin_credit: Arc<Semaphore>,
+}
+
+pub(crate) struct Inner {
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+    routes: Mutex<HashMap<u64, Route>>,
+    next_id: AtomicU64,
+    gone: AtomicBool,
+    lifecycle: Box<dyn Lifecycle>,
+    closed: AtomicBool,
+    /// Set once the supervisor reports ready, before the handle is returned.
+    info: std::sync::OnceLock<SandboxInfo>,
+    base_env: Vec<(String, String)>,
+    workdir: String,
+}
+
+impl Inner {
+    fn send(&self, msg: &HostMsg) -> Result<()> {
+        let mut buf = Vec::new();
+        protocol::encode(msg, &mut buf);
+        self.tx.send(buf).map_err(|_| Error::Gone)
+    }
+
+    fn mark_gone(&self) {
+        self.gone.store(true, Ordering::SeqCst);
+        let routes = std::mem::take(&mut *self.routes.lock().unwrap());
+        for (_, r) in routes {
+            let _ = r.events.send(Event::Gone);
+            // Wake writers waiting for stdin credit; they will see `gone`.
+            r.stdin_credit.close();
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.closed.swap(true, Ordering::SeqCst) {
+            self.lifecycle.kill();
+        }
+    }
+}
+
+/// A live sandbox. Cheap to clone; every clone refers to the same session,
+/// which ends when [`Sandbox::close`] is called or the last clone is dropped.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+/// The result of a finished command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecResult {
+    pub status: ExitStatus,
+    pub duration: Duration,
+    pub timed_out: bool,
+    /// Some output beyond the exec's limit was discarded.
+    pub truncated: bool,
+    /// The sandbox hit its memory limit and a process was killed.
+    pub oom_killed: bool,
+    /// Bytes the command wrote, including any discarded.
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+/// Output and result of [`Sandbox::exec`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub status: ExitStatus,
+    pub duration: Duration,
+    pub timed_out: bool,
+    pub truncated: bool,
+    pub oom_killed: bool,
+}
+
+impl ExecOutput {
+    pub fn stdout_str(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    pub fn stderr_str(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+}
+
+/// What a streaming exec yields, in order; `Exit` comes last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    Exit(ExecResult),
+}
+
+impl Sandbox {
+    /// Creates a sandbox with the native backend.
+    pub async fn create(config: crate::SandboxConfig) -> Result<Sandbox> {
+        crate::native::create(&config).await
+    }
+
+    pub fn info(&self) -> &SandboxInfo {
+        self.inner
+            .info
+            .get()
+            .expect("a Sandbox is handed out only after its info is set")
+    }
+
+    /// Starts the protocol over `stream` and waits for the supervisor's
+    /// `Ready`. Backends call this after launching their supervisor.
+    pub(crate) async fn connect(
+        stream: UnixStream,
+        setup: HostMsg,
+        lifecycle: Box<dyn Lifecycle>,
+        limits: String,
+        backend: &'static str,
+        base_env: Vec<(String, String)>,
+        workdir: String,
+        setup_timeout: Duration,
+    ) -> Result<Sandbox> {
+        let (mut rd, mut wr) = stream.into_split();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let mut first = Vec::new();
+        protocol::encode(&setup, &mut first);
+        tx.send(first).map_err(|_| Error::Gone)?;
+        tokio::spawn(async move {
+            while let Some(buf) = rx.recv().await {
+                if wr.write_all(&buf).await.is_err() {
+                    break;
+                }
+            }
+            // Dropping the write half shuts our side down, which the
+            // supervisor takes as the end of the session.
+        });
+
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<ReadyInfo>>();
+        let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
+            let weak = weak.clone();
+            tokio::spawn(async move {
+                let mut ready_tx = Some(ready_tx);
+                let mut buf: Vec<u8> = Vec::with_capacity(CHUNK * 2);
+                let mut chunk = vec![0u8; CHUNK + 64];
+                'read: loop {
+                    let n = match rd.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    buf.extend_from_slice(&chunk[..n]);
+                    let mut used = 0;
+                    loop {
+                        let msg = match protocol::decode::<SupMsg>(&buf[used..]) {
+                            Ok(Some((msg, n))) => {
+                                used += n;
+                                msg
+                            }
+                            Ok(None) => break,
+                            Err(e) => {
+                                tracing::error!("malformed message from the sandbox supervisor: {e}");
+                                break 'read;
+                            }
+                        };
+                        match msg {
+                            SupMsg::Ready(info) => {
+                                if let Some(t) = ready_tx.take() {
+                                    let _ = t.send(Ok(info));
+                                }
+                            }
+                            SupMsg::SetupFailed { message, errno } => {
+                                if let Some(t) = ready_tx.take() {
+                                    let _ = t.send(Err(Error::Setup { message, errno }));
+                                }
+                                break 'read;
+                            }
+                            other => {
+                                let Some(inner) = weak.upgrade() else { break 'read };
+                                dispatch(&inner, other);
+                            }
+                        }
+                    }
+                    buf.drain(..used);
+                }
+                if let Some(t) = ready_tx.take() {
+                    let _ = t.send(Err(Error::Setup {
+                        message: "the supervisor exited during setup".into(),
+                        errno: 0,
+                    }));
+                }
+                if let Some(inner) = weak.upgrade() {
+                    inner.mark_gone();
+                }
+            });
+            Inner {
+                tx,
+                routes: Mutex::new(HashMap::new()),
+                next_id: AtomicU64::new(1),
+                gone: AtomicBool::new(false),
+                lifecycle,
+                closed: AtomicBool::new(false),
+                info: std::sync::OnceLock::new(),
+                base_env,
+                workdir,
+            }
+        });
+        let ready = match tokio::time::timeout(setup_timeout, ready_rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(Error::Gone),
+            Err(_) => Err(Error::SetupTimeout(setup_timeout)),
+        };
+        match ready {
+            Ok(info) => {
+                let _ = inner.info.set(SandboxInfo {
+                    backend,
+                    limits,
+                    landlock: info.landlock,
+                    seccomp_filters: info.seccomp_filters,
+                });
+                Ok(Sandbox { inner })
+            }
+            Err(e) => {
+                inner.closed.store(true, Ordering::SeqCst);
+                inner.lifecycle.kill();
+                Err(e)
+            }
+        }
+    }
+
+    fn build_spec(&self, req: &ExecRequest, id: u64) -> Result<ExecSpec> {
+        if req.argv.is_empty() {
+            return Err(Error::Config("empty command".into()));
+        }
+        let mut env: Vec<(String, String)> = self.inner.base_env.clone();
+        if req.pty.is_some() {
+            env.retain(|(k, _)| k != "TERM");
+            env.push(("TERM".into(), "xterm-256color".into()));
+        }
+        for (k, v) in &req.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(Error::Config(format!("invalid environment variable {k:?}")));
+            }
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let argv = req
+            .argv
+            .iter()
+            .map(|a| {
+                let bytes = OsString::into_vec(a.clone());
+                if bytes.contains(&0) {
+                    Err(Error::Config("command argument contains a NUL byte".into()))
+                } else {
+                    Ok(serde_bytes::ByteBuf::from(bytes))
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ExecSpec {
+            id,
+            argv,
+            cwd: req.cwd.clone().unwrap_or_else(|| self.inner.workdir.clone()),
+            env,
+            stdin: req.stdin.is_some() || req.stream_stdin,
+            timeout_ms: req.timeout.map(|t| t.as_millis().max(1) as u64),
+            output_limit: req.output_limit,
+            pty: req.pty,
+        })
+    }
+
+    /// Starts a command and returns a handle that streams its output.
+    /// Fails if the command cannot be started (e.g. not found).
+    pub async fn exec_stream(&self, req: ExecRequest) -> Result<Execution> {
+        if self.inner.gone.load(Ordering::SeqCst) {
+            return Err(Error::Gone);
+        }
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let spec = self.build_spec(&req, id)?;
+        let (etx, mut erx) = mpsc::unbounded_channel();
+        let credit = Arc::new(Semaphore::new(WINDOW as usize));
+        self.inner.routes.lock().unwrap().insert(
+            id,
+            Route {
+                events: etx,
+                stdin_credit: credit.clone(),
+            },
+        );
+        let oom_before = self.inner.lifecycle.oom_kills();
+        if let Err(e) = self.inner.send(&HostMsg::Exec(spec)) {
+            self.inner.routes.lock().unwrap().remove(&id);
+            return Err(e);
+        }
+        let pid = match erx.recv().await {
+            Some(Event::Started(pid)) => pid,
+            Some(Event::SpawnFailed(errno, message)) => {
+                self.inner.routes.lock().unwrap().remove(&id);
+                return Err(Error::Exec { message, errno });
+            }
+            _ => return Err(Error::Gone),
+        };
+        let exec = Execution {
+            id,
+            pid,
+            inner: self.inner.clone(),
+            events: erx,
+            credit,
+            oom_before,
+            finished: false,
+        };
+        if let Some(data) = req.stdin {
+            let stdin = exec.stdin();
+            tokio::spawn(async move {
+                let _ = stdin.write(&data).await;
+                let _ = stdin.close();
+            });
+        }
+        Ok(exec)
+    }
+
+    /// Runs a command to completion and collects its output.
+    pub async fn exec(&self, req: ExecRequest) -> Result<ExecOutput> {
+        self.exec_stream(req).await?.output().await
+    }
+
+    /// Ends the session: every process in it is killed and host resources
+    /// are released. Other clones of this handle see [`Error::Gone`].
+    pub async fn close(&self) {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let _ = self.inner.send(&HostMsg::Shutdown);
+        let inner = self.inner.clone();
+        let _ = tokio::task::spawn_blocking(move || inner.lifecycle.reap(Duration::from_secs(2))).await;
+    }
+}
+
+fn dispatch(inner: &Inner, msg: SupMsg) {
+    let (id, event) = match msg {
+        SupMsg::Started { id, pid } => (id, Event::Started(pid)),
+        SupMsg::SpawnFailed { id, errno, message } => (id, Event::SpawnFailed(errno, message)),
+        SupMsg::Output { id, stream, data } => (id, Event::Output(stream, data)),
+        SupMsg::StdinAck { id, bytes } => {
+            if let Some(r) = inner.routes.lock().unwrap().get(&id) {
+                r.stdin_credit.add_permits(bytes as usize);
+            }
+            return;
+        }
+        ref m @ SupMsg::Exited { id, .. } => (id, Event::Exited(m.clone())),
+        SupMsg::Ready(_) | SupMsg::SetupFailed { .. } => return,
+    };
+    let done = matches!(event, Event::Exited(_) | Event::SpawnFailed(..));
+    let mut routes = inner.routes.lock().unwrap();
+    // A route is missing only when its handle was dropped, which already
+    // killed the command and opened its window; the event has no reader.
+    if let Some(r) = routes.get(&id) {
+        let _ = r.events.send(event);
+    }
+    if done {
+        if let Some(r) = routes.remove(&id) {
+            r.stdin_credit.close();
+        }
+    }
+}
+
+/// A running command in a sandbox.
+pub struct Execution {
+    id: u64,
+    pid: i32,
+    inner: Arc<Inner>,
+    events: mpsc::UnboundedReceiver<Event>,
+    credit: Arc<Semaphore>,
+    oom_before: Option<u64>,
+    finished: bool,
+}
+
+/// Writes to a running command's stdin, under the protocol's flow control.
+#[derive(Clone)]
+pub struct ExecStdin {
+    id: u64,
+    inner: Arc<Inner>,
+    credit: Arc<Semaphore>,
+}
+
+impl ExecStdin {
+    /// Sends `data`, waiting while too much is in flight.
+    pub async fn write(&self, data: &[u8]) -> Result<()> {
+        for chunk in data.chunks(CHUNK) {
+            let permit = self
+                .credit
+                .acquire_many(chunk.len() as u32)
+                .await
+                .map_err(|_| Error::Gone)?;
+            permit.forget();
+            self.inner.send(&HostMsg::Stdin {
+                id: self.id,
+                data: chunk.to_vec(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Closes stdin once everything written so far has been delivered.
+    pub fn close(&self) -> Result<()> {
+        self.inner.send(&HostMsg::StdinEof { id: self.id })
+    }
+}
+
+impl Execution {
+    /// The command's pid inside the sandbox.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// A writer for the command's stdin (only useful if the request asked
+    /// for `stream_stdin`, or for a pty).
+    pub fn stdin(&self) -> ExecStdin {
+        ExecStdin {
+            id: self.id,
+            inner: self.inner.clone(),
+            credit: self.credit.clone(),
+        }
+    }
+
+    /// Sends a signal to the command's process group.
+    pub fn signal(&self, signal: i32) -> Result<()> {
+        self.inner.send(&HostMsg::Signal { id: self.id, signal })
+    }
+
+    /// Resizes the command's pseudo-terminal.
+    pub fn resize(&self, rows: u16, cols: u16) -> Result<()> {
+        self.inner.send(&HostMsg::Resize {
+            id: self.id,
+            size: WinSize { rows, cols },
+        })
+    }
+
+    /// The next output chunk or the final result; `None` after `Exit`.
+    pub async fn next(&mut self) -> Option<Result<ExecEvent>> {
+        if self.finished {
+            return None;
+        }
+        match self.events.recv().await {
+            Some(Event::Output(stream, data)) => {
+                let _ = self.inner.send(&HostMsg::Ack {
+                    id: self.id,
+                    bytes: data.len() as u64,
+                });
+                Some(Ok(match stream {
+                    Stream::Stdout => ExecEvent::Stdout(data),
+                    Stream::Stderr => ExecEvent::Stderr(data),
+                }))
+            }
+            Some(Event::Exited(SupMsg::Exited {
+                status,
+                duration_us,
+                timed_out,
+                stdout_bytes,
+                stderr_bytes,
+                truncated,
+                ..
+            })) => {
+                self.finished = true;
+                let oom_after = self.inner.lifecycle.oom_kills();
+                let oom_killed = matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
+                Some(Ok(ExecEvent::Exit(ExecResult {
+                    status,
+                    duration: Duration::from_micros(duration_us),
+                    timed_out,
+                    truncated,
+                    oom_killed,
+                    stdout_bytes,
+                    stderr_bytes,
+                })))
+            }
+            Some(Event::Exited(_)) | Some(Event::Started(_)) | Some(Event::SpawnFailed(..)) => {
+                self.finished = true;
+                Some(Err(Error::Gone))
+            }
+            Some(Event::Gone) | None => {
+                self.finished = true;
+                Some(Err(Error::Gone))
+            }
+        }
+    }
+
+    /// Collects all output until the command finishes.
+    pub async fn output(mut self) -> Result<ExecOutput> {
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        while let Some(ev) = self.next().await {
+            match ev? {
+                ExecEvent::Stdout(d) => stdout.extend_from_slice(&d),
+                ExecEvent::Stderr(d) => stderr.extend_from_slice(&d),
+                ExecEvent::Exit(r) => {
+                    return Ok(ExecOutput {
+                        stdout,
+                        stderr,
+                        status: r.status,
+                        duration: r.duration,
+                        timed_out: r.timed_out,
+                        truncated: r.truncated,
+                        oom_killed: r.oom_killed,
+                    });
+                }
+            }
+        }
+        Err(Error::Gone)
+    }
+}
+
+impl Drop for Execution {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Abandoned mid-run: stop the command rather than leave it
+            // blocked on a full output window forever.
+            let _ = self.inner.send(&HostMsg::Signal {
+                id: self.id,
+                signal: libc::SIGKILL,
+            });
+            let _ = self.inner.send(&HostMsg::Ack {
+                id: self.id,
+                bytes: u64::MAX / 2,
+            });
+            self.inner.routes.lock().unwrap().remove(&self.id);
+        }
+    }
+}

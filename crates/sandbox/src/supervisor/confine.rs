@@ -1,0 +1,361 @@
+//! Defence in depth applied to the supervisor once the root is built, and so
+//! inherited by every process it starts: rlimits, `no_new_privs`, Landlock,
+//! an empty capability set and a seccomp filter.
+
+use std::collections::BTreeMap;
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, RulesetAttr, RulesetCreatedAttr,
+    RulesetStatus, Scope, path_beneath_rules,
+};
+use rustix::io::Errno;
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch, sock_filter,
+};
+
+use super::setup::SetupError;
+use crate::protocol::SetupSpec;
+
+type Result<T> = std::result::Result<T, SetupError>;
+
+/// What was put in force, reported to the host.
+pub struct Confinement {
+    pub landlock: String,
+    pub landlock_abi: i32,
+    pub seccomp_filters: u32,
+}
+
+pub fn apply(spec: &SetupSpec, writable: &[String]) -> Result<Confinement> {
+    apply_rlimits(spec)?;
+    rustix::thread::set_no_new_privs(true).map_err(|e| SetupError::new("set no_new_privs", e))?;
+    let (landlock, landlock_abi) = apply_landlock(spec, writable)?;
+    drop_capabilities()?;
+    // Capability changes reset dumpability; set it last so that processes of
+    // the same uid can neither ptrace the supervisor nor open /proc/1/*.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| SetupError::new("clear dumpable", e))?;
+    let filters = build_seccomp()?;
+    for f in &filters {
+        seccompiler::apply_filter(f).map_err(|e| SetupError {
+            what: format!("install seccomp filter: {e}"),
+            errno: 0,
+        })?;
+    }
+    Ok(Confinement {
+        landlock,
+        landlock_abi,
+        seccomp_filters: filters.len() as u32,
+    })
+}
+
+fn apply_rlimits(spec: &SetupSpec) -> Result<()> {
+    use rustix::process::{Resource, Rlimit, setrlimit};
+    let set = |res, what: &str, v: u64| {
+        setrlimit(
+            res,
+            Rlimit {
+                current: Some(v),
+                maximum: Some(v),
+            },
+        )
+        .map_err(|e| SetupError::new(format!("setrlimit {what}"), e))
+    };
+    if let Some(mem) = spec.rlimit_memory {
+        // RLIMIT_DATA rather than RLIMIT_AS: runtimes such as node and Go
+        // reserve large inaccessible address ranges that AS would count.
+        set(Resource::Data, "DATA", mem)?;
+    }
+    if let Some(n) = spec.rlimit_nproc {
+        set(Resource::Nproc, "NPROC", n)?;
+    }
+    set(Resource::Core, "CORE", 0)
+}
+
+fn apply_landlock(spec: &SetupSpec, writable: &[String]) -> Result<(String, i32)> {
+    let err = |e: landlock::RulesetError| SetupError {
+        what: format!("landlock: {e}"),
+        errno: 0,
+    };
+    let abi = ABI::V6;
+    let read = AccessFs::from_read(abi);
+    let all = AccessFs::from_all(abi);
+    let mut ruleset = landlock::Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(all)
+        .map_err(err)?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .map_err(err)?;
+    if !spec.loopback {
+        // No interface can carry traffic anyway; this makes TCP fail early
+        // and stays in force if a future bug left an interface behind.
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(abi))
+            .map_err(err)?;
+    }
+    let status = ruleset
+        .create()
+        .map_err(err)?
+        .add_rules(path_beneath_rules(["/"], read))
+        .map_err(err)?
+        .add_rules(path_beneath_rules(writable, all))
+        .map_err(err)?
+        .restrict_self()
+        .map_err(err)?;
+    let kernel_abi = landlock_abi_version();
+    let text = match status.ruleset {
+        RulesetStatus::FullyEnforced => format!("fully enforced (kernel ABI {kernel_abi})"),
+        RulesetStatus::PartiallyEnforced => {
+            format!("partially enforced (kernel ABI {kernel_abi} is older than 6)")
+        }
+        RulesetStatus::NotEnforced => "not enforced (Landlock unavailable in this kernel)".into(),
+    };
+    Ok((text, kernel_abi))
+}
+
+/// The kernel's Landlock ABI version, or 0 when unavailable.
+pub fn landlock_abi_version() -> i32 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: the documented version query takes a null attr and size 0.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if v < 0 { 0 } else { v as i32 }
+}
+
+fn drop_capabilities() -> Result<()> {
+    use rustix::thread::{
+        CapabilitySet, CapabilitySets, CapabilitiesSecureBits, clear_ambient_capability_set,
+        remove_capability_from_bounding_set, set_capabilities, set_capabilities_secure_bits,
+    };
+    // Lock root out of ever regaining capabilities through exec or setuid.
+    set_capabilities_secure_bits(
+        CapabilitiesSecureBits::NO_ROOT
+            | CapabilitiesSecureBits::NO_ROOT_LOCKED
+            | CapabilitiesSecureBits::NO_SETUID_FIXUP
+            | CapabilitiesSecureBits::NO_SETUID_FIXUP_LOCKED
+            | CapabilitiesSecureBits::KEEP_CAPS_LOCKED
+            | CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE
+            | CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE_LOCKED,
+    )
+    .map_err(|e| SetupError::new("set securebits", e))?;
+    for cap in CapabilitySet::all().iter() {
+        match remove_capability_from_bounding_set(cap) {
+            Ok(()) | Err(Errno::INVAL) => {}
+            Err(e) => return Err(SetupError::new("drop bounding capability", e)),
+        }
+    }
+    // Capabilities newer than this rustix knows about, by number.
+    for raw in 41..64 {
+        // SAFETY: PR_CAPBSET_DROP with an integer argument.
+        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, raw, 0, 0, 0) };
+        if rc != 0 {
+            break;
+        }
+    }
+    clear_ambient_capability_set().map_err(|e| SetupError::new("clear ambient caps", e))?;
+    set_capabilities(
+        None,
+        CapabilitySets {
+            effective: CapabilitySet::empty(),
+            permitted: CapabilitySet::empty(),
+            inheritable: CapabilitySet::empty(),
+        },
+    )
+    .map_err(|e| SetupError::new("drop capabilities", e))
+}
+
+const CLONE_NS_FLAGS: &[u64] = &[
+    libc::CLONE_NEWNS as u64,
+    libc::CLONE_NEWCGROUP as u64,
+    libc::CLONE_NEWUTS as u64,
+    libc::CLONE_NEWIPC as u64,
+    libc::CLONE_NEWUSER as u64,
+    libc::CLONE_NEWPID as u64,
+    libc::CLONE_NEWNET as u64,
+    0x80, // CLONE_NEWTIME
+];
+
+/// Syscalls that expose kernel attack surface an agent has no use for.
+const DENIED: &[i64] = &[
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_mount_setattr,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_reboot,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_userfaultfd,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_setns,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_quotactl,
+    libc::SYS_acct,
+    libc::SYS_settimeofday,
+    libc::SYS_clock_settime,
+    libc::SYS_clock_adjtime,
+    libc::SYS_adjtimex,
+    libc::SYS_syslog,
+    libc::SYS_vhangup,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_iopl,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_ioperm,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_uselib,
+    libc::SYS_lookup_dcookie,
+];
+
+fn arch() -> Result<TargetArch> {
+    std::env::consts::ARCH.try_into().map_err(|_| SetupError {
+        what: format!("seccomp: unsupported architecture {}", std::env::consts::ARCH),
+        errno: 0,
+    })
+}
+
+fn cond(arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, val: u64) -> Result<SeccompCondition> {
+    SeccompCondition::new(arg, len, op, val).map_err(|e| SetupError {
+        what: format!("seccomp condition: {e}"),
+        errno: 0,
+    })
+}
+
+fn rule(conds: Vec<SeccompCondition>) -> Result<SeccompRule> {
+    SeccompRule::new(conds).map_err(|e| SetupError {
+        what: format!("seccomp rule: {e}"),
+        errno: 0,
+    })
+}
+
+fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<BpfProgram> {
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(errno as u32),
+        arch()?,
+    )
+    .map_err(|e| SetupError {
+        what: format!("seccomp filter: {e}"),
+        errno: 0,
+    })?;
+    filter.try_into().map_err(|e: seccompiler::BackendError| SetupError {
+        what: format!("seccomp compile: {e}"),
+        errno: 0,
+    })
+}
+
+/// Builds the filters. Each filter has one errno, so there are three: the
+/// deny list (EPERM), `clone3` (ENOSYS, so libc falls back to `clone`,
+/// whose flags a filter can inspect) and exotic socket families.
+pub fn build_seccomp() -> Result<Vec<BpfProgram>> {
+    use SeccompCmpArgLen::{Dword, Qword};
+    use SeccompCmpOp::{Eq, MaskedEq};
+
+    let mut deny: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|&s| (s, vec![])).collect();
+    let ns_rules = |arg: u8| -> Result<Vec<SeccompRule>> {
+        CLONE_NS_FLAGS
+            .iter()
+            .map(|&f| rule(vec![cond(arg, Qword, MaskedEq(f), f)?]))
+            .collect()
+    };
+    deny.insert(libc::SYS_unshare, ns_rules(0)?);
+    deny.insert(libc::SYS_clone, ns_rules(0)?);
+    // TIOCSTI and TIOCLINUX push input into a terminal; the kernel compares
+    // only the low 32 bits of the request, so must we.
+    deny.insert(
+        libc::SYS_ioctl,
+        vec![
+            rule(vec![cond(1, Dword, Eq, libc::TIOCSTI)?])?,
+            rule(vec![cond(1, Dword, Eq, 0x541C)?])?,
+        ],
+    );
+    let mut main = compile(deny, libc::EPERM)?;
+    prepend_x32_guard(&mut main);
+
+    let clone3 = compile([(libc::SYS_clone3, vec![])].into_iter().collect(), libc::ENOSYS)?;
+
+    let allowed_families = [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK];
+    let mut family_rules = Vec::new();
+    // Deny anything outside the allowed set: express "not in set" as ranges
+    // between the allowed values.
+    let mut lo = 0u64;
+    let mut sorted = allowed_families.map(|f| f as u64);
+    sorted.sort_unstable();
+    for &f in &sorted {
+        if f > lo {
+            family_rules.push(rule(vec![
+                cond(0, Dword, SeccompCmpOp::Ge, lo)?,
+                cond(0, Dword, SeccompCmpOp::Lt, f)?,
+            ])?);
+        }
+        lo = f + 1;
+    }
+    family_rules.push(rule(vec![cond(0, Dword, SeccompCmpOp::Ge, lo)?])?);
+    let families = compile(
+        [(libc::SYS_socket, family_rules)].into_iter().collect(),
+        libc::EAFNOSUPPORT,
+    )?;
+
+    Ok(vec![main, clone3, families])
+}
+
+/// On x86_64 the x32 ABI reaches the same kernel entry points with syscall
+/// numbers offset by 0x4000_0000, which a deny list by number would miss.
+/// Refuse every x32 call before the generated filter runs.
+fn prepend_x32_guard(prog: &mut BpfProgram) {
+    if std::env::consts::ARCH != "x86_64" {
+        return;
+    }
+    const BPF_LD_W_ABS: u16 = 0x20;
+    const BPF_JGE_K: u16 = 0x35;
+    const BPF_RET_K: u16 = 0x06;
+    let guard = [
+        sock_filter {
+            code: BPF_LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        // nr >= 0x4000_0000 ? fall through to the errno : skip it.
+        sock_filter {
+            code: BPF_JGE_K,
+            jt: 0,
+            jf: 1,
+            k: 0x4000_0000,
+        },
+        sock_filter {
+            code: BPF_RET_K,
+            jt: 0,
+            jf: 0,
+            k: 0x0005_0000 | libc::ENOSYS as u32,
+        },
+    ];
+    // The generated program validates the architecture and reloads the
+    // syscall number itself, so it may follow unchanged.
+    prog.splice(0..0, guard);
+}

@@ -1,0 +1,215 @@
+//! The in-sandbox supervisor.
+//!
+//! The host starts the current executable (normally `cordon`) with
+//! [`SUPERVISOR_ARG`] and the control socket on fd 3. That process (the
+//! *outer* supervisor) reads the [`SetupSpec`], enters new user, mount, pid,
+//! net, ipc, uts and cgroup namespaces, and forks the *inner* supervisor,
+//! which is pid 1 of the sandbox: it builds the root filesystem, confines
+//! itself, reports `Ready` and then serves exec requests until the host says
+//! `Shutdown` or goes away. When pid 1 exits the kernel kills every process
+//! left in the namespace, so nothing outlives the session.
+
+mod confine;
+mod serve;
+pub(crate) mod setup;
+
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use rustix::io::Errno;
+use rustix::thread::UnshareFlags;
+
+use crate::protocol::{self, HostMsg, ReadyInfo, SetupSpec, SupMsg};
+use setup::SetupError;
+
+pub use confine::landlock_abi_version;
+
+/// The hidden first argument that turns a binary into the supervisor.
+pub const SUPERVISOR_ARG: &str = "__cordon-supervisor";
+
+/// The control socket's descriptor number in the supervisor.
+pub(crate) const CONTROL_FD: i32 = 3;
+
+/// Runs the supervisor and never returns if the process was started as one;
+/// returns immediately otherwise. Call it first thing in `main`, before any
+/// thread is spawned: namespaces can only be entered by a single-threaded
+/// process.
+pub fn run_if_supervisor() {
+    let mut args = std::env::args_os();
+    let _ = args.next();
+    if args.next().as_deref() == Some(std::ffi::OsStr::new(SUPERVISOR_ARG)) {
+        outer_main();
+    }
+}
+
+fn send(ctl: &mut UnixStream, msg: &SupMsg) {
+    let mut buf = Vec::new();
+    protocol::encode(msg, &mut buf);
+    // If the host is gone there is nobody to tell.
+    let _ = ctl.write_all(&buf);
+}
+
+fn fail(ctl: &mut UnixStream, err: SetupError) -> ! {
+    send(
+        ctl,
+        &SupMsg::SetupFailed {
+            message: err.message(),
+            errno: err.errno,
+        },
+    );
+    std::process::exit(1);
+}
+
+fn read_setup(ctl: &mut UnixStream) -> Result<SetupSpec, SetupError> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        match protocol::decode::<HostMsg>(&buf) {
+            Ok(Some((HostMsg::Setup(spec), _))) => return Ok(spec),
+            Ok(Some(_)) => {
+                return Err(SetupError {
+                    what: "protocol error: expected the setup message first".into(),
+                    errno: 0,
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                return Err(SetupError {
+                    what: format!("protocol error: {e}"),
+                    errno: 0,
+                });
+            }
+        }
+        let n = ctl
+            .read(&mut chunk)
+            .map_err(|e| SetupError::new("read setup", Errno::from_io_error(&e).unwrap_or(Errno::IO)))?;
+        if n == 0 {
+            std::process::exit(1);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn outer_main() -> ! {
+    // SAFETY: the host passes the control socket as fd 3 and nothing else
+    // in this fresh process owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    let mut ctl = UnixStream::from(fd);
+    // Nothing but the control socket may cross into the sandbox, and even
+    // that must not reach the commands it runs.
+    // SAFETY: plain syscalls on descriptor numbers.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, CONTROL_FD + 1, u32::MAX, 0);
+        libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+    let spec = match read_setup(&mut ctl) {
+        Ok(s) => s,
+        Err(e) => fail(&mut ctl, e),
+    };
+    if spec.version != protocol::VERSION {
+        fail(
+            &mut ctl,
+            SetupError {
+                what: format!(
+                    "protocol version mismatch: host {}, supervisor {}",
+                    spec.version,
+                    protocol::VERSION
+                ),
+                errno: 0,
+            },
+        );
+    }
+    let flags = UnshareFlags::NEWUSER
+        | UnshareFlags::NEWNS
+        | UnshareFlags::NEWPID
+        | UnshareFlags::NEWNET
+        | UnshareFlags::NEWIPC
+        | UnshareFlags::NEWUTS
+        | UnshareFlags::NEWCGROUP;
+    // SAFETY: single-threaded; we fork before relying on the new pid ns.
+    if let Err(e) = unsafe { rustix::thread::unshare_unsafe(flags) } {
+        fail(&mut ctl, SetupError::new(userns_diagnosis(e), e));
+    }
+    if let Err(e) = setup::write_id_maps(&spec) {
+        fail(&mut ctl, e);
+    }
+    // SAFETY: this process is single-threaded, so the child may do anything.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        fail(
+            &mut ctl,
+            SetupError::new("fork the sandbox init", Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO)),
+        );
+    }
+    if pid == 0 {
+        inner_main(ctl, spec);
+    }
+    drop(ctl);
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting on our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid || (r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+            break;
+        }
+    }
+    std::process::exit(if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        1
+    });
+}
+
+/// Names the host setting that forbids user namespaces, when one does.
+fn userns_diagnosis(e: Errno) -> String {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    let base = "cannot create user namespaces";
+    if let Some("0") = read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() {
+        return format!(
+            "{base}: unprivileged user namespaces are disabled; run `sysctl -w kernel.unprivileged_userns_clone=1`"
+        );
+    }
+    if let Some("1") = read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() {
+        return format!(
+            "{base}: AppArmor restricts unprivileged user namespaces; run `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` or add an AppArmor profile for cordon"
+        );
+    }
+    if let Some("0") = read("/proc/sys/user/max_user_namespaces").as_deref() {
+        return format!("{base}: user.max_user_namespaces is 0; run `sysctl -w user.max_user_namespaces=15000`");
+    }
+    if e == Errno::NOSPC {
+        return format!("{base}: the user namespace limit is reached; raise user.max_user_namespaces");
+    }
+    format!(
+        "{base}: blocked by the host (a seccomp policy, an LSM, or running inside a container that forbids them)"
+    )
+}
+
+fn inner_main(mut ctl: UnixStream, spec: SetupSpec) -> ! {
+    // If the outer supervisor is killed, take the whole sandbox down.
+    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    let result = (|| -> Result<ReadyInfo, SetupError> {
+        rustix::system::sethostname(spec.hostname.as_bytes())
+            .map_err(|e| SetupError::new("set hostname", e))?;
+        setup::build_root(&spec)?;
+        if spec.loopback {
+            setup::loopback_up()?;
+        }
+        let mut writable = vec!["/workspace".to_string(), "/tmp".into(), "/dev".into()];
+        writable.extend(spec.binds.iter().filter(|b| b.writable).map(|b| b.target.clone()));
+        let c = confine::apply(&spec, &writable)?;
+        Ok(ReadyInfo {
+            landlock: c.landlock,
+            landlock_abi: c.landlock_abi,
+            seccomp_filters: c.seccomp_filters,
+        })
+    })();
+    match result {
+        Ok(info) => {
+            send(&mut ctl, &SupMsg::Ready(info));
+            serve::serve(ctl)
+        }
+        Err(e) => fail(&mut ctl, e),
+    }
+}

@@ -1,0 +1,575 @@
+//! The inner supervisor's event loop: one thread, `poll(2)` over the control
+//! socket, a signalfd for SIGCHLD and every running command's pipes.
+//!
+//! Single-threaded on purpose: it makes `fork` safe, keeps memory per
+//! sandbox small and leaves no locks to get wrong.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsStr;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::protocol::{self, CHUNK, ExecSpec, ExitStatus, HostMsg, Stream, SupMsg, WINDOW, WinSize};
+
+/// After the command exits, how long its pipes may stay silent before the
+/// exec is reported finished even though a background process holds them.
+const LINGER: Duration = Duration::from_millis(100);
+/// Upper bound on waiting for a background writer that keeps talking.
+const LINGER_MAX: Duration = Duration::from_secs(2);
+/// Stop reading commands' output while this much is queued for the host.
+const OUTBUF_HIGH: usize = 4 << 20;
+
+struct Exec {
+    pid: i32,
+    start: Instant,
+    deadline: Option<Instant>,
+    /// stdout and stderr; a pty exec has only the master in slot 0.
+    out: [Option<OwnedFd>; 2],
+    stdin: Option<OwnedFd>,
+    stdin_buf: Vec<u8>,
+    stdin_eof: bool,
+    pty: bool,
+    unacked: u64,
+    delivered: [u64; 2],
+    total: [u64; 2],
+    limit: Option<u64>,
+    status: Option<ExitStatus>,
+    exited_at: Option<Instant>,
+    linger_until: Option<Instant>,
+    timed_out: bool,
+}
+
+impl Exec {
+    fn streams_open(&self) -> bool {
+        self.out.iter().any(Option::is_some)
+    }
+
+    fn can_read(&self) -> bool {
+        self.unacked < WINDOW
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Tag {
+    Ctl,
+    Sig,
+    Out(u64, usize),
+    In(u64),
+}
+
+struct Server {
+    ctl: UnixStream,
+    inbuf: Vec<u8>,
+    outbuf: Vec<u8>,
+    execs: BTreeMap<u64, Exec>,
+    by_pid: HashMap<i32, u64>,
+    sigfd: OwnedFd,
+}
+
+pub fn serve(ctl: UnixStream) -> ! {
+    let sigfd = match sigchld_fd() {
+        Ok(fd) => fd,
+        Err(_) => std::process::exit(1),
+    };
+    let _ = ctl.set_nonblocking(true);
+    let mut server = Server {
+        ctl,
+        inbuf: Vec::new(),
+        outbuf: Vec::new(),
+        execs: BTreeMap::new(),
+        by_pid: HashMap::new(),
+        sigfd,
+    };
+    server.run()
+}
+
+fn sigchld_fd() -> io::Result<OwnedFd> {
+    // SAFETY: plain signal-mask and signalfd calls on a local sigset.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+fn set_nonblocking(fd: &impl AsFd) {
+    let flags = rustix::fs::fcntl_getfl(fd).unwrap_or(rustix::fs::OFlags::empty());
+    let _ = rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK);
+}
+
+fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: buf is valid for writes of its length.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+fn write_fd(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: buf is valid for reads of its length.
+    let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+/// Kills every process in the sandbox (pid 1 is spared by `kill(-1)`) and
+/// exits, which tears the namespaces down.
+fn exit_all() -> ! {
+    // SAFETY: signalling; we are pid 1 of our own pid namespace.
+    unsafe {
+        libc::kill(-1, libc::SIGKILL);
+    }
+    std::process::exit(0);
+}
+
+impl Server {
+    fn send(&mut self, msg: &SupMsg) {
+        protocol::encode(msg, &mut self.outbuf);
+    }
+
+    fn flush(&mut self) {
+        while !self.outbuf.is_empty() {
+            match write_fd(self.ctl.as_raw_fd(), &self.outbuf) {
+                Ok(n) => {
+                    self.outbuf.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => exit_all(),
+            }
+        }
+    }
+
+    fn run(&mut self) -> ! {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let now = Instant::now();
+            self.enforce_deadlines(now);
+            self.finish_completed(now);
+            self.flush();
+
+            let mut pfds: Vec<libc::pollfd> = Vec::new();
+            let mut tags: Vec<Tag> = Vec::new();
+            let pfd = |fd: RawFd, events: i16| libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            };
+            let ctl_events = if self.outbuf.is_empty() {
+                libc::POLLIN
+            } else {
+                libc::POLLIN | libc::POLLOUT
+            };
+            pfds.push(pfd(self.ctl.as_raw_fd(), ctl_events));
+            tags.push(Tag::Ctl);
+            pfds.push(pfd(self.sigfd.as_raw_fd(), libc::POLLIN));
+            tags.push(Tag::Sig);
+            let mut timeout: Option<Duration> = None;
+            let mut wake_at = |t: Instant| {
+                let d = t.saturating_duration_since(now);
+                timeout = Some(timeout.map_or(d, |x| x.min(d)));
+            };
+            let backlog = self.outbuf.len() >= OUTBUF_HIGH;
+            for (&id, ex) in self.execs.iter_mut() {
+                let readable = ex.can_read() && !backlog;
+                for (i, fd) in ex.out.iter().enumerate() {
+                    if let Some(fd) = fd {
+                        if readable {
+                            pfds.push(pfd(fd.as_raw_fd(), libc::POLLIN));
+                            tags.push(Tag::Out(id, i));
+                        } else if ex.status.is_some() {
+                            // Blocked on the host, not idle: keep waiting.
+                            ex.linger_until = Some(now + LINGER);
+                        }
+                    }
+                }
+                if let Some(fd) = &ex.stdin {
+                    if !ex.stdin_buf.is_empty() {
+                        pfds.push(pfd(fd.as_raw_fd(), libc::POLLOUT));
+                        tags.push(Tag::In(id));
+                    }
+                }
+                if let Some(d) = ex.deadline {
+                    if ex.status.is_none() {
+                        wake_at(d);
+                    }
+                }
+                if let Some(l) = ex.linger_until {
+                    wake_at(l);
+                }
+            }
+            let ms = timeout.map_or(-1, |d| d.as_millis().min(60_000) as i32 + 1);
+            // SAFETY: pfds is a valid array of pollfd of the given length.
+            let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+            if n < 0 {
+                continue; // EINTR
+            }
+            for (p, tag) in pfds.iter().zip(tags) {
+                if p.revents == 0 {
+                    continue;
+                }
+                match tag {
+                    Tag::Ctl => {
+                        if p.revents & libc::POLLOUT != 0 {
+                            self.flush();
+                        }
+                        if p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+                            self.read_control();
+                        }
+                    }
+                    Tag::Sig => self.reap(),
+                    Tag::Out(id, i) => self.read_output(id, i, &mut buf),
+                    Tag::In(id) => self.write_stdin(id),
+                }
+            }
+        }
+    }
+
+    fn read_control(&mut self) {
+        let mut chunk = [0u8; 65536];
+        loop {
+            match (&self.ctl).read(&mut chunk) {
+                Ok(0) => exit_all(),
+                Ok(n) => self.inbuf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => exit_all(),
+            }
+        }
+        let mut used = 0;
+        loop {
+            match protocol::decode::<HostMsg>(&self.inbuf[used..]) {
+                Ok(Some((msg, n))) => {
+                    used += n;
+                    self.handle(msg);
+                }
+                Ok(None) => break,
+                // The host broke the protocol: nothing it asks can be trusted.
+                Err(_) => exit_all(),
+            }
+        }
+        self.inbuf.drain(..used);
+    }
+
+    fn handle(&mut self, msg: HostMsg) {
+        match msg {
+            HostMsg::Setup(_) => {}
+            HostMsg::Exec(spec) => self.spawn(spec),
+            HostMsg::Stdin { id, data } => {
+                let len = data.len() as u64;
+                match self.execs.get_mut(&id) {
+                    Some(ex) if ex.stdin.is_some() => ex.stdin_buf.extend_from_slice(&data),
+                    // Nobody to feed: acknowledge so the host never stalls.
+                    _ => self.send(&SupMsg::StdinAck { id, bytes: len }),
+                }
+            }
+            HostMsg::StdinEof { id } => {
+                if let Some(ex) = self.execs.get_mut(&id) {
+                    ex.stdin_eof = true;
+                    if ex.stdin_buf.is_empty() {
+                        ex.stdin = None;
+                    }
+                }
+            }
+            HostMsg::Ack { id, bytes } => {
+                if let Some(ex) = self.execs.get_mut(&id) {
+                    ex.unacked = ex.unacked.saturating_sub(bytes);
+                }
+            }
+            HostMsg::Signal { id, signal } => {
+                if let Some(ex) = self.execs.get(&id) {
+                    if ex.status.is_none() {
+                        // SAFETY: signalling the exec's own process group.
+                        unsafe {
+                            libc::kill(-ex.pid, signal);
+                        }
+                    }
+                }
+            }
+            HostMsg::Resize { id, size } => {
+                if let Some(ex) = self.execs.get(&id) {
+                    if let (true, Some(fd)) = (ex.pty, &ex.out[0]) {
+                        set_winsize(fd, size);
+                    }
+                }
+            }
+            HostMsg::Shutdown => exit_all(),
+        }
+    }
+
+    fn spawn(&mut self, spec: ExecSpec) {
+        let id = spec.id;
+        match start(&spec) {
+            Ok(ex) => {
+                let pid = ex.pid;
+                self.by_pid.insert(pid, id);
+                self.execs.insert(id, ex);
+                self.send(&SupMsg::Started { id, pid });
+            }
+            Err((errno, message)) => self.send(&SupMsg::SpawnFailed { id, errno, message }),
+        }
+    }
+
+    fn read_output(&mut self, id: u64, i: usize, buf: &mut [u8]) {
+        let Some(ex) = self.execs.get_mut(&id) else { return };
+        let Some(fd) = &ex.out[i] else { return };
+        match read_fd(fd.as_raw_fd(), buf) {
+            Ok(0) => ex.out[i] = None,
+            Ok(n) => {
+                ex.total[i] += n as u64;
+                let keep = match ex.limit {
+                    Some(limit) => (limit.saturating_sub(ex.delivered[i]) as usize).min(n),
+                    None => n,
+                };
+                if let Some(until) = ex.exited_at.map(|t| t + LINGER_MAX) {
+                    ex.linger_until = Some((Instant::now() + LINGER).min(until));
+                }
+                if keep > 0 {
+                    ex.delivered[i] += keep as u64;
+                    ex.unacked += keep as u64;
+                    let stream = if i == 0 { Stream::Stdout } else { Stream::Stderr };
+                    let data = buf[..keep].to_vec();
+                    self.send(&SupMsg::Output { id, stream, data });
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // EIO: the pty's last slave closed. Anything else: give up too.
+            Err(_) => ex.out[i] = None,
+        }
+    }
+
+    fn write_stdin(&mut self, id: u64) {
+        let Some(ex) = self.execs.get_mut(&id) else { return };
+        let Some(fd) = &ex.stdin else { return };
+        let mut acked = 0u64;
+        match write_fd(fd.as_raw_fd(), &ex.stdin_buf) {
+            Ok(n) => {
+                ex.stdin_buf.drain(..n);
+                acked = n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                // EPIPE: the reader is gone; drop the rest but acknowledge it.
+                acked = ex.stdin_buf.len() as u64;
+                ex.stdin_buf.clear();
+                ex.stdin = None;
+            }
+        }
+        if ex.stdin_buf.is_empty() && ex.stdin_eof {
+            ex.stdin = None;
+        }
+        if acked > 0 {
+            self.send(&SupMsg::StdinAck { id, bytes: acked });
+        }
+    }
+
+    fn reap(&mut self) {
+        let mut info = [0u8; 128];
+        while read_fd(self.sigfd.as_raw_fd(), &mut info).is_ok() {}
+        loop {
+            let mut status = 0;
+            // SAFETY: reaping any child; we are the sandbox's init.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            if pid <= 0 {
+                break;
+            }
+            let Some(id) = self.by_pid.remove(&pid) else { continue };
+            if let Some(ex) = self.execs.get_mut(&id) {
+                let now = Instant::now();
+                ex.status = Some(if libc::WIFSIGNALED(status) {
+                    ExitStatus::Signal(libc::WTERMSIG(status))
+                } else {
+                    ExitStatus::Code(libc::WEXITSTATUS(status))
+                });
+                ex.exited_at = Some(now);
+                ex.linger_until = Some(now + LINGER);
+                // Nobody will read more input.
+                ex.stdin = None;
+                ex.stdin_buf.clear();
+            }
+        }
+    }
+
+    fn enforce_deadlines(&mut self, now: Instant) {
+        for ex in self.execs.values_mut() {
+            if let Some(d) = ex.deadline {
+                if ex.status.is_none() && !ex.timed_out && now >= d {
+                    ex.timed_out = true;
+                    // SAFETY: signalling the exec's process group and leader.
+                    unsafe {
+                        libc::kill(-ex.pid, libc::SIGKILL);
+                        libc::kill(ex.pid, libc::SIGKILL);
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish_completed(&mut self, now: Instant) {
+        let done: Vec<u64> = self
+            .execs
+            .iter()
+            .filter(|(_, ex)| {
+                ex.status.is_some()
+                    && (!ex.streams_open() || ex.linger_until.is_some_and(|l| now >= l))
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in done {
+            let Some(ex) = self.execs.remove(&id) else { continue };
+            let exited = ex.exited_at.unwrap_or(now);
+            let truncated = ex.limit.is_some_and(|l| ex.total.iter().any(|&t| t > l));
+            self.send(&SupMsg::Exited {
+                id,
+                status: ex.status.unwrap_or(ExitStatus::Code(-1)),
+                duration_us: exited.duration_since(ex.start).as_micros() as u64,
+                timed_out: ex.timed_out,
+                stdout_bytes: ex.total[0],
+                stderr_bytes: ex.total[1],
+                truncated,
+            });
+        }
+    }
+}
+
+fn set_winsize(fd: &OwnedFd, size: WinSize) {
+    let ws = rustix::termios::Winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let _ = rustix::termios::tcsetwinsize(fd, ws);
+}
+
+fn open_pty(size: WinSize) -> io::Result<(OwnedFd, OwnedFd)> {
+    use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    grantpt(&master)?;
+    unlockpt(&master)?;
+    let name = ptsname(&master, Vec::new())?;
+    let slave = rustix::fs::open(
+        name.as_c_str(),
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    set_winsize(&master, size);
+    Ok((master, slave))
+}
+
+fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+/// Starts one command. Errors carry an errno and a message for a person.
+fn start(spec: &ExecSpec) -> Result<Exec, (i32, String)> {
+    let Some(program) = spec.argv.first() else {
+        return Err((libc::EINVAL, "empty command".into()));
+    };
+    let program = OsStr::from_bytes(program);
+    match std::fs::metadata(&spec.cwd) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err((libc::ENOTDIR, format!("working directory {} is not a directory", spec.cwd))),
+        Err(e) => return Err((errno_of(&e), format!("working directory {}: {e}", spec.cwd))),
+    }
+    let mut cmd = Command::new(program);
+    cmd.args(spec.argv[1..].iter().map(|a| OsStr::from_bytes(a)))
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&spec.cwd);
+    let mut master = None;
+    if let Some(size) = spec.pty {
+        let (m, slave) = open_pty(size).map_err(|e| (errno_of(&e), format!("open a pseudo-terminal: {e}")))?;
+        let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| (errno_of(&e), format!("dup: {e}")));
+        cmd.stdin(Stdio::from(dup(&slave)?))
+            .stdout(Stdio::from(dup(&slave)?))
+            .stderr(Stdio::from(slave));
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        master = Some(m);
+    } else {
+        cmd.stdin(if spec.stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                // Own session and process group: signals and timeouts reach
+                // the command's whole tree, and no terminal is inherited.
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let start = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| {
+        let name = program.to_string_lossy();
+        let msg = match e.kind() {
+            io::ErrorKind::NotFound => format!("{name}: command not found"),
+            io::ErrorKind::PermissionDenied => format!("{name}: permission denied"),
+            _ => format!("{name}: {e}"),
+        };
+        (errno_of(&e), msg)
+    })?;
+    let pid = child.id() as i32;
+    let (out, stdin) = match master {
+        Some(m) => {
+            set_nonblocking(&m);
+            let input = if spec.stdin { m.try_clone().ok() } else { None };
+            ([Some(m), None], input)
+        }
+        None => {
+            let fd = |o: Option<OwnedFd>| {
+                o.inspect(set_nonblocking)
+            };
+            (
+                [
+                    fd(child.stdout.take().map(OwnedFd::from)),
+                    fd(child.stderr.take().map(OwnedFd::from)),
+                ],
+                fd(child.stdin.take().map(OwnedFd::from)),
+            )
+        }
+    };
+    // We reap through SIGCHLD ourselves; std's handle has nothing left to own.
+    drop(child);
+    Ok(Exec {
+        pid,
+        start,
+        deadline: spec.timeout_ms.map(|ms| start + Duration::from_millis(ms)),
+        out,
+        stdin,
+        stdin_buf: Vec::new(),
+        stdin_eof: false,
+        pty: spec.pty.is_some(),
+        unacked: 0,
+        delivered: [0; 2],
+        total: [0; 2],
+        limit: spec.output_limit,
+        status: None,
+        exited_at: None,
+        linger_until: None,
+        timed_out: false,
+    })
+}

@@ -1,0 +1,538 @@
+//! Building the sandbox: namespaces, identity maps and the root filesystem.
+//!
+//! Runs in the freshly exec'd, single-threaded supervisor, before any
+//! untrusted code exists. Every step either succeeds or reports what failed
+//! and the errno, which the host turns into a one-line message.
+
+use std::ffi::CString;
+use std::fs;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+
+use crate::protocol::SetupSpec;
+
+/// A setup step that failed.
+#[derive(Debug)]
+pub struct SetupError {
+    pub what: String,
+    pub errno: i32,
+}
+
+impl SetupError {
+    pub fn new(what: impl Into<String>, errno: Errno) -> Self {
+        SetupError {
+            what: what.into(),
+            errno: errno.raw_os_error(),
+        }
+    }
+
+    fn io(what: impl Into<String>, err: std::io::Error) -> Self {
+        SetupError {
+            what: what.into(),
+            errno: err.raw_os_error().unwrap_or(0),
+        }
+    }
+
+    pub fn message(&self) -> String {
+        if self.errno == 0 {
+            self.what.clone()
+        } else {
+            format!(
+                "{}: {}",
+                self.what,
+                std::io::Error::from_raw_os_error(self.errno)
+            )
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, SetupError>;
+
+trait Context<T> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> Context<T> for rustix::io::Result<T> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| SetupError::new(what(), e))
+    }
+}
+
+impl<T> Context<T> for std::io::Result<T> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| SetupError::io(what(), e))
+    }
+}
+
+/// Host system directories bound read-only (or recreated as symlinks, on
+/// merged-/usr systems). Enough for coreutils, python3, node, gcc and git.
+const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// Entries of the host's `/etc` that programs need and that hold no secrets.
+/// `/etc` is never bound whole: it holds shadow files, TLS private keys, SSH
+/// host keys and package-manager credentials, which a sandbox whose uid maps
+/// to the host's owner of those files could otherwise read.
+const ETC_ALLOW: &[&str] = &[
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "fonts",
+    "gai.conf",
+    "host.conf",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "locale.conf",
+    "locale.gen",
+    "localtime",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "mtab",
+    "networks",
+    "nsswitch.conf",
+    "os-release",
+    "perl",
+    "profile",
+    "protocols",
+    "python3",
+    "python3.11",
+    "python3.12",
+    "python3.13",
+    "services",
+    "shells",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "terminfo",
+    "timezone",
+    "vim",
+    "X11",
+    "xdg",
+    "xml",
+];
+
+/// Device nodes bound from the host's `/dev` (a user namespace cannot mknod).
+const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Files under `/proc` hidden behind `/dev/null`, and directories made
+/// read-only, because they expose host-wide kernel state.
+const PROC_MASKED: &[&str] = &[
+    "kcore",
+    "keys",
+    "key-users",
+    "timer_list",
+    "latency_stats",
+    "sched_debug",
+    "kallsyms",
+    "kpagecount",
+    "kpageflags",
+    "kpagecgroup",
+];
+const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
+
+/// Where the new root is assembled, in our private mount namespace.
+const STAGE: &str = "/tmp";
+
+/// Writes the uid/gid maps of the user namespace this process just entered.
+pub fn write_id_maps(spec: &SetupSpec) -> Result<()> {
+    // Must precede gid_map for unprivileged callers; harmless for root.
+    fs::write("/proc/self/setgroups", "deny").ctx(|| "deny setgroups".into())?;
+    fs::write(
+        "/proc/self/uid_map",
+        format!("{} {} 1\n", spec.inner_uid, spec.outer_uid),
+    )
+    .ctx(|| "write uid_map".into())?;
+    fs::write(
+        "/proc/self/gid_map",
+        format!("{} {} 1\n", spec.inner_gid, spec.outer_gid),
+    )
+    .ctx(|| "write gid_map".into())?;
+    Ok(())
+}
+
+/// An O_PATH handle on a host path, opened before the stage hides anything.
+struct Source {
+    fd: OwnedFd,
+    is_dir: bool,
+}
+
+impl Source {
+    fn open(path: &str) -> Result<Source> {
+        let fd = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+            .ctx(|| format!("open {path}"))?;
+        let st = rustix::fs::fstat(&fd).ctx(|| format!("stat {path}"))?;
+        let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir();
+        Ok(Source { fd, is_dir })
+    }
+
+    /// A path through which `mount` reaches this handle.
+    fn proc_path(&self) -> String {
+        format!("/proc/self/fd/{}", self.fd.as_raw_fd())
+    }
+}
+
+enum SysEntry {
+    Link(PathBuf),
+    Bind(Source),
+}
+
+/// Assembles the root filesystem and pivots into it. On return the process
+/// sees only the sandbox's tree, with the working directory `/workspace`.
+pub fn build_root(spec: &SetupSpec) -> Result<()> {
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    )
+    .ctx(|| "make mounts private".into())?;
+
+    // Open every source first: the workspace or a bind may live under STAGE.
+    let mut system = Vec::new();
+    for dir in SYSTEM_DIRS {
+        let host = format!("/{dir}");
+        match fs::symlink_metadata(&host) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = fs::read_link(&host).ctx(|| format!("readlink {host}"))?;
+                system.push((*dir, SysEntry::Link(target)));
+            }
+            Ok(m) if m.is_dir() => system.push((*dir, SysEntry::Bind(Source::open(&host)?))),
+            _ => {}
+        }
+    }
+    let mut etc = Vec::new();
+    for name in ETC_ALLOW {
+        let host = format!("/etc/{name}");
+        match fs::symlink_metadata(&host) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = fs::read_link(&host).ctx(|| format!("readlink {host}"))?;
+                etc.push((*name, SysEntry::Link(target)));
+            }
+            Ok(_) => etc.push((*name, SysEntry::Bind(Source::open(&host)?))),
+            Err(_) => {}
+        }
+    }
+    let mut dev = Vec::new();
+    for node in DEV_NODES {
+        let host = format!("/dev/{node}");
+        if fs::symlink_metadata(&host).is_ok() {
+            dev.push((*node, Source::open(&host)?));
+        }
+    }
+    let workspace = Source::open(&spec.workspace)?;
+    if !workspace.is_dir {
+        return Err(SetupError {
+            what: format!("workspace {} is not a directory", spec.workspace),
+            errno: 0,
+        });
+    }
+    let mut binds = Vec::new();
+    for b in &spec.binds {
+        binds.push((b, Source::open(&b.source)?));
+    }
+
+    let stage = Path::new(STAGE);
+    tmpfs(stage, "mode=0755,size=1m,nr_inodes=4096", MountFlags::NOSUID | MountFlags::NODEV)?;
+
+    for (name, entry) in &system {
+        place(stage, name, entry, false)?;
+    }
+
+    let etc_dir = stage.join("etc");
+    mkdir(&etc_dir, 0o755)?;
+    for (name, entry) in &etc {
+        place(&etc_dir, name, entry, false)?;
+    }
+    write_generated_etc(&etc_dir, spec)?;
+
+    build_dev(&stage.join("dev"), &dev, spec.tmp_size)?;
+
+    let tmp = stage.join("tmp");
+    mkdir(&tmp, 0o1777)?;
+    tmpfs(
+        &tmp,
+        &format!("mode=1777,size={}", spec.tmp_size),
+        MountFlags::NOSUID | MountFlags::NODEV,
+    )?;
+
+    let ws = stage.join("workspace");
+    mkdir(&ws, 0o755)?;
+    bind(&workspace, &ws)?;
+    set_attrs(&ws, true, false)?;
+
+    for (b, src) in &binds {
+        let target = stage.join(b.target.trim_start_matches('/'));
+        if let Some(parent) = target.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)
+                .ctx(|| format!("create mount point for {}", b.target))?;
+        }
+        make_mount_point(&target, src.is_dir)?;
+        bind(src, &target)?;
+        set_attrs(&target, true, !b.writable)?;
+    }
+
+    // Before the old root goes: the kernel lets a user namespace mount
+    // procfs only while a fully visible one exists in its mount namespace.
+    let proc_dir = stage.join("proc");
+    mkdir(&proc_dir, 0o555)?;
+    mount_proc(&proc_dir, &stage.join("dev/null"))?;
+    let var = stage.join("var");
+    mkdir(&var, 0o755)?;
+    symlink("/tmp", var.join("tmp")).ctx(|| "symlink /var/tmp".into())?;
+    mkdir(&stage.join("home"), 0o755)?;
+    mkdir(&stage.join("run"), 0o755)?;
+
+    // Drop the binds' O_PATH handles before they could leak anywhere.
+    drop((system, etc, dev, binds, workspace));
+
+    rustix::process::chdir(stage).ctx(|| "chdir to new root".into())?;
+    rustix::process::pivot_root(".", ".").ctx(|| "pivot_root".into())?;
+    // The old root is now stacked under the new one; detach it entirely.
+    rustix::mount::unmount(".", UnmountFlags::DETACH).ctx(|| "detach old root".into())?;
+    rustix::process::chdir("/").ctx(|| "chdir /".into())?;
+
+    // The root itself holds only mount points and generated files.
+    set_attrs(Path::new("/"), false, true)?;
+    rustix::process::chdir("/workspace").ctx(|| "chdir /workspace".into())?;
+    Ok(())
+}
+
+fn mkdir(path: &Path, mode: u32) -> Result<()> {
+    fs::DirBuilder::new()
+        .mode(mode)
+        .create(path)
+        .ctx(|| format!("mkdir {}", path.display()))?;
+    // The umask may have narrowed the mode (1777 for /tmp matters).
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .ctx(|| format!("chmod {}", path.display()))
+}
+
+fn make_mount_point(path: &Path, dir: bool) -> Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    if dir {
+        mkdir(path, 0o755)
+    } else {
+        fs::File::create(path)
+            .map(drop)
+            .ctx(|| format!("create {}", path.display()))
+    }
+}
+
+fn place(parent: &Path, name: &str, entry: &SysEntry, writable: bool) -> Result<()> {
+    let path = parent.join(name);
+    if let Some(dir) = path.parent() {
+        if !dir.exists() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .ctx(|| format!("mkdir {}", dir.display()))?;
+        }
+    }
+    match entry {
+        SysEntry::Link(target) => symlink(target, &path).ctx(|| format!("symlink {name}")),
+        SysEntry::Bind(src) => {
+            make_mount_point(&path, src.is_dir)?;
+            bind(src, &path)?;
+            set_attrs(&path, true, !writable)
+        }
+    }
+}
+
+fn tmpfs(target: &Path, data: &str, flags: MountFlags) -> Result<()> {
+    let data = CString::new(data).map_err(|_| SetupError::new("tmpfs options", Errno::INVAL))?;
+    rustix::mount::mount("tmpfs", target, "tmpfs", flags, data.as_c_str())
+        .ctx(|| format!("mount tmpfs on {}", target.display()))
+}
+
+fn bind(src: &Source, target: &Path) -> Result<()> {
+    rustix::mount::mount_bind_recursive(src.proc_path().as_str(), target)
+        .ctx(|| format!("bind mount onto {}", target.display()))
+}
+
+// Not yet wrapped by rustix; stable ABI since Linux 5.12.
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Sets nosuid and nodev (and read-only if asked) on the mount at `target`
+/// and every mount beneath it. `mount_setattr` keeps flags the kernel locked
+/// on mounts inherited from the host, which a classic remount would have to
+/// repeat by hand or fail with EPERM.
+fn set_attrs(target: &Path, recursive: bool, readonly: bool) -> Result<()> {
+    let mut set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    if readonly {
+        set |= MOUNT_ATTR_RDONLY;
+    }
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let path = CString::new(target.as_os_str().as_encoded_bytes())
+        .map_err(|_| SetupError::new("path with NUL", Errno::INVAL))?;
+    let flags = if recursive { AT_RECURSIVE } else { 0 };
+    // SAFETY: valid NUL-terminated path and a properly sized, initialised struct.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc != 0 {
+        let errno = Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        return Err(SetupError::new(
+            format!("set mount attributes on {}", target.display()),
+            errno,
+        ));
+    }
+    Ok(())
+}
+
+fn build_dev(dev: &Path, nodes: &[(&str, Source)], shm_size: u64) -> Result<()> {
+    mkdir(dev, 0o755)?;
+    tmpfs(dev, "mode=0755,size=64k,nr_inodes=64", MountFlags::NOSUID | MountFlags::NOEXEC)?;
+    for (name, src) in nodes {
+        let path = dev.join(name);
+        make_mount_point(&path, false)?;
+        bind(src, &path)?;
+    }
+    let pts = dev.join("pts");
+    mkdir(&pts, 0o755)?;
+    rustix::mount::mount(
+        "devpts",
+        &pts,
+        "devpts",
+        MountFlags::NOSUID | MountFlags::NOEXEC,
+        c"newinstance,ptmxmode=0666,mode=0620",
+    )
+    .ctx(|| "mount devpts".into())?;
+    symlink("pts/ptmx", dev.join("ptmx")).ctx(|| "symlink /dev/ptmx".into())?;
+    let shm = dev.join("shm");
+    mkdir(&shm, 0o1777)?;
+    tmpfs(
+        &shm,
+        &format!("mode=1777,size={shm_size}"),
+        MountFlags::NOSUID | MountFlags::NODEV,
+    )?;
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        symlink(target, dev.join(name)).ctx(|| format!("symlink /dev/{name}"))?;
+    }
+    // Nothing may create files in /dev itself; pts and shm stay writable.
+    set_attrs(dev, false, true)
+}
+
+fn write_generated_etc(etc: &Path, spec: &SetupSpec) -> Result<()> {
+    let (uid, gid) = (spec.inner_uid, spec.inner_gid);
+    let mut passwd = String::from("root:x:0:0:root:/root:/bin/bash\n");
+    let mut group = String::from("root:x:0:\n");
+    if uid != 0 {
+        passwd.push_str(&format!("sandbox:x:{uid}:{gid}:sandbox:/tmp:/bin/bash\n"));
+    }
+    if gid != 0 {
+        group.push_str(&format!("sandbox:x:{gid}:\n"));
+    }
+    passwd.push_str("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
+    group.push_str("nogroup:x:65534:\n");
+    let files = [
+        ("passwd", passwd),
+        ("group", group),
+        ("hostname", format!("{}\n", spec.hostname)),
+        (
+            "hosts",
+            format!(
+                "127.0.0.1\tlocalhost {h}\n::1\tlocalhost ip6-localhost {h}\n",
+                h = spec.hostname
+            ),
+        ),
+        ("resolv.conf", String::new()),
+    ];
+    for (name, body) in files {
+        let path = etc.join(name);
+        fs::write(&path, body).ctx(|| format!("write /etc/{name}"))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644))
+            .ctx(|| format!("chmod /etc/{name}"))?;
+    }
+    Ok(())
+}
+
+fn mount_proc(proc_dir: &Path, devnull: &Path) -> Result<()> {
+    rustix::mount::mount(
+        "proc",
+        proc_dir,
+        "proc",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        None::<&std::ffi::CStr>,
+    )
+    .ctx(|| "mount /proc".into())?;
+    for name in PROC_MASKED {
+        let path = proc_dir.join(name);
+        if path.exists() {
+            rustix::mount::mount_bind(devnull, &path).ctx(|| format!("mask /proc/{name}"))?;
+        }
+    }
+    for name in PROC_READONLY {
+        let path = proc_dir.join(name);
+        if path.exists() {
+            rustix::mount::mount_bind_recursive(&path, &path)
+                .ctx(|| format!("bind /proc/{name}"))?;
+            set_attrs(&path, true, true)?;
+        }
+    }
+    Ok(())
+}
+
+/// Brings the loopback interface up (it starts down in a new net namespace).
+pub fn loopback_up() -> Result<()> {
+    let sock = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::DGRAM,
+        None,
+    )
+    .ctx(|| "socket for loopback".into())?;
+    // SAFETY: ifreq is plain old data; the name is NUL-terminated ("lo").
+    unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        req.ifr_name[0] = b'l' as libc::c_char;
+        req.ifr_name[1] = b'o' as libc::c_char;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) != 0 {
+            return Err(SetupError::io("read lo flags", std::io::Error::last_os_error()));
+        }
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) != 0 {
+            return Err(SetupError::io("bring lo up", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
