@@ -14,7 +14,7 @@ const NAMESPACES: &[&str] = &["user", "mnt", "pid", "net", "ipc", "uts", "cgroup
 /// Collects facts inside the sandbox as `key=value` lines.
 const PROBE: &str = r#"
 for ns in user mnt pid net ipc uts cgroup; do echo "ns_$ns=$(readlink /proc/self/ns/$ns)"; done
-echo "procs=$(ls /proc | grep -c '^[0-9]*$')"
+n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo "procs=$n"
 grep -E '^(CapEff|CapBnd|CapPrm|NoNewPrivs|Seccomp|Seccomp_filters):' /proc/self/status | tr -d ' \t' | sed 's/:/=/'
 echo "ifaces=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ',')"
 echo "env=$(env | cut -d= -f1 | sort | tr '\n' ',')"
@@ -98,7 +98,12 @@ pub async fn doctor(_args: DoctorArgs) -> i32 {
             format!("shared with the host: {}", shared.join(", "))
         },
     );
-    r.line(get("procs") == "1", "processes visible", format!("{} (only the probe itself)", get("procs")));
+    // Counted by the shell itself: the sandbox's init and the probe.
+    r.line(
+        get("procs") == "2",
+        "processes visible",
+        format!("{} (the sandbox's init and the probe; none of the host's)", get("procs")),
+    );
     let caps_zero = ["CapEff", "CapPrm", "CapBnd"].iter().all(|k| get(k).trim_start_matches('0').is_empty());
     r.line(caps_zero, "capabilities", format!("effective {} bounding {}", get("CapEff"), get("CapBnd")));
     r.line(get("NoNewPrivs") == "1", "no_new_privs", get("NoNewPrivs"));

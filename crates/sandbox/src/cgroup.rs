@@ -7,7 +7,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Once;
+use std::sync::Mutex;
 
 /// How limits are enforced for new sandboxes on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +116,8 @@ pub struct Cgroup {
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
-static SWEEP: Once = Once::new();
+/// Parents already swept by this process.
+static SWEPT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 fn write(dir: &Path, file: &str, value: &str) -> io::Result<()> {
     fs::write(dir.join(file), value).map_err(|e| {
@@ -145,7 +146,13 @@ impl Cgroup {
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
         let mkdir = |parent: &Path| -> io::Result<PathBuf> {
-            SWEEP.call_once(|| sweep(parent));
+            {
+                let mut swept = SWEPT.lock().unwrap_or_else(|e| e.into_inner());
+                if !swept.iter().any(|p| p == parent) {
+                    sweep(parent);
+                    swept.push(parent.to_path_buf());
+                }
+            }
             let dir = parent.join(&name);
             fs::create_dir(&dir)?;
             Ok(dir)

@@ -463,8 +463,12 @@ fn write_generated_etc(etc: &Path, spec: &SetupSpec) -> Result<()> {
     if gid != 0 {
         group.push_str(&format!("sandbox:x:{gid}:\n"));
     }
-    passwd.push_str("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
-    group.push_str("nogroup:x:65534:\n");
+    if uid != 65534 {
+        passwd.push_str("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
+    }
+    if gid != 65534 {
+        group.push_str("nogroup:x:65534:\n");
+    }
     let files = [
         ("passwd", passwd),
         ("group", group),
