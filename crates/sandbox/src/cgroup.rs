@@ -126,13 +126,21 @@ fn write(dir: &Path, file: &str, value: &str) -> io::Result<()> {
 }
 
 /// Removes cgroups left behind by cordon processes that died without
-/// cleaning up. A directory still in use refuses `rmdir`, so this is safe.
+/// cleaning up. Names carry the creating process's pid: a live creator may
+/// have made the directory but not yet moved a process in, so its
+/// directories are left alone. A populated directory refuses `rmdir`.
 fn sweep(parent: &Path) {
-    if let Ok(entries) = fs::read_dir(parent) {
-        for e in entries.flatten() {
-            if e.file_name().to_string_lossy().starts_with("cordon-") {
-                let _ = fs::remove_dir(e.path());
-            }
+    let Ok(entries) = fs::read_dir(parent) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("cordon-")) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_dir(e.path());
         }
     }
 }

@@ -1,0 +1,93 @@
+//! Helpers for tests that drive the real `cordon` binary.
+#![allow(dead_code)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+pub const NOBODY: u32 = 65534;
+
+/// Who runs `cordon`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Who {
+    Root,
+    Unprivileged,
+}
+
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Returns false (and says why) when this identity cannot be tested here.
+/// Under CI nothing may be skipped, so this panics instead.
+pub fn available(who: Who) -> bool {
+    if is_root() {
+        return true;
+    }
+    if who == Who::Unprivileged {
+        return true;
+    }
+    let msg = "this test needs root (run the suite as root to cover both identities)";
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{msg}");
+    }
+    eprintln!("skipped: {msg}");
+    false
+}
+
+/// The cordon binary, copied where an unprivileged user can execute it
+/// (the build directory may sit under a home directory of mode 0700).
+fn public_binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("cordon-test-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = dir.join("cordon");
+        let tmp = dir.join("cordon.partial");
+        std::fs::copy(env!("CARGO_BIN_EXE_cordon"), &tmp).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&tmp, &bin).unwrap();
+        bin
+    })
+}
+
+/// A scratch workspace the given identity may write to.
+pub fn workspace(who: Who) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new().prefix("cordon-ws-").tempdir().unwrap();
+    if who == Who::Unprivileged && is_root() {
+        std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    dir
+}
+
+/// `cordon ARGS` as `who`, in `ws`, with a host environment that carries a
+/// canary (so tests can check it never reaches the sandbox).
+pub fn cordon(who: Who, ws: &Path) -> Command {
+    let mut cmd = match who {
+        Who::Root => Command::new(env!("CARGO_BIN_EXE_cordon")),
+        Who::Unprivileged => {
+            let mut c = Command::new(public_binary());
+            if is_root() {
+                // std clears supplementary groups when it sets the uid.
+                c.uid(NOBODY).gid(NOBODY);
+            }
+            c
+        }
+    };
+    cmd.current_dir(ws).env("CORDON_TEST_CANARY", "canary-7f3a9c");
+    cmd
+}
+
+/// `cordon run [OPTS] -- CMD...` as `who` in `ws`.
+pub fn run(who: Who, ws: &Path, opts: &[&str], command: &[&str]) -> Command {
+    let mut cmd = cordon(who, ws);
+    cmd.arg("run").args(opts).arg("--").args(command);
+    cmd
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
