@@ -47,7 +47,11 @@ pub async fn doctor(_args: DoctorArgs) -> i32 {
     let dir = match tempdir() {
         Ok(d) => d,
         Err(e) => {
-            r.line(false, "workspace", format!("cannot create a scratch directory: {e}"));
+            r.line(
+                false,
+                "workspace",
+                format!("cannot create a scratch directory: {e}"),
+            );
             return 1;
         }
     };
@@ -73,7 +77,10 @@ pub async fn doctor(_args: DoctorArgs) -> i32 {
     let facts: HashMap<String, String> = out
         .stdout_str()
         .lines()
-        .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .filter_map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
         .collect();
     let get = |k: &str| facts.get(k).map(String::as_str).unwrap_or("?");
 
@@ -102,15 +109,28 @@ pub async fn doctor(_args: DoctorArgs) -> i32 {
     r.line(
         get("procs") == "2",
         "processes visible",
-        format!("{} (the sandbox's init and the probe; none of the host's)", get("procs")),
+        format!(
+            "{} (the sandbox's init and the probe; none of the host's)",
+            get("procs")
+        ),
     );
-    let caps_zero = ["CapEff", "CapPrm", "CapBnd"].iter().all(|k| get(k).trim_start_matches('0').is_empty());
-    r.line(caps_zero, "capabilities", format!("effective {} bounding {}", get("CapEff"), get("CapBnd")));
+    let caps_zero = ["CapEff", "CapPrm", "CapBnd"]
+        .iter()
+        .all(|k| get(k).trim_start_matches('0').is_empty());
+    r.line(
+        caps_zero,
+        "capabilities",
+        format!("effective {} bounding {}", get("CapEff"), get("CapBnd")),
+    );
     r.line(get("NoNewPrivs") == "1", "no_new_privs", get("NoNewPrivs"));
     r.line(
         get("Seccomp") == "2",
         "seccomp",
-        format!("mode {} with {} filters", get("Seccomp"), get("Seccomp_filters")),
+        format!(
+            "mode {} with {} filters",
+            get("Seccomp"),
+            get("Seccomp_filters")
+        ),
     );
     let landlock = &sandbox.info().landlock;
     r.line(landlock.starts_with("fully"), "landlock", landlock);
@@ -120,14 +140,24 @@ pub async fn doctor(_args: DoctorArgs) -> i32 {
         format!("interfaces: {}", get("ifaces").trim_end_matches(',')),
     );
     let env = get("env").trim_end_matches(',').to_string();
-    let allowed = ["HOME", "LANG", "PATH", "PWD", "SHLVL", "TERM", "_", "OLDPWD"];
+    let allowed = [
+        "HOME", "LANG", "PATH", "PWD", "SHLVL", "TERM", "_", "OLDPWD",
+    ];
     r.line(
         env.split(',').all(|k| allowed.contains(&k)),
         "environment",
         format!("built from nothing: {env}"),
     );
-    r.line(get("usr_writable") == "no", "system directories", "read-only");
-    r.line(get("ws_writable") == "yes", "workspace", "read-write at /workspace");
+    r.line(
+        get("usr_writable") == "no",
+        "system directories",
+        "read-only",
+    );
+    r.line(
+        get("ws_writable") == "yes",
+        "workspace",
+        "read-write at /workspace",
+    );
     r.line(get("home_visible") == "0", "host homes", "not mounted");
     let limits = &sandbox.info().limits;
     r.line(true, "memory and pids limits", limits);

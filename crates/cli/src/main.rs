@@ -21,7 +21,11 @@ pub mod exit {
 }
 
 #[derive(Parser)]
-#[command(name = "cordon", version, about = "A coding agent whose every action runs in a sandbox")]
+#[command(
+    name = "cordon",
+    version,
+    about = "A coding agent whose every action runs in a sandbox"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -62,7 +66,10 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
 
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("cordon: cannot start the async runtime: {e}");

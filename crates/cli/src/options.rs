@@ -123,7 +123,10 @@ mod tests {
         assert!(parse_env("novalue").is_err());
         assert!(parse_env("=x").is_err());
         let b = parse_bind("/opt/data:/data", false).unwrap();
-        assert_eq!((b.source, b.target.as_str(), b.writable), (PathBuf::from("/opt/data"), "/data", false));
+        assert_eq!(
+            (b.source, b.target.as_str(), b.writable),
+            (PathBuf::from("/opt/data"), "/data", false)
+        );
         let b = parse_bind("/srv", true).unwrap();
         assert_eq!(b.target, "/srv");
     }

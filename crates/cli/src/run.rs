@@ -61,7 +61,9 @@ fn exec_error(e: Error) -> i32 {
 /// Maps a finished command to cordon's exit code, explaining cordon's own.
 fn finish(result: &ExecResult, memory: u64, timeout: Option<Duration>) -> i32 {
     if result.timed_out {
-        let t = timeout.map(|t| humantime::format_duration(t).to_string()).unwrap_or_default();
+        let t = timeout
+            .map(|t| humantime::format_duration(t).to_string())
+            .unwrap_or_default();
         eprintln!("cordon: timed out after {t}; the command was killed");
         return exit::TIMEOUT;
     }
@@ -148,7 +150,10 @@ async fn stream(mut exec: Execution, args: &RunArgs) -> i32 {
     }
 }
 
-async fn write_all<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, data: &[u8]) -> std::io::Result<()> {
+async fn write_all<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    data: &[u8],
+) -> std::io::Result<()> {
     w.write_all(data).await?;
     w.flush().await
 }
@@ -189,7 +194,9 @@ fn terminal_size() -> (u16, u16) {
 
 pub async fn shell(args: ShellArgs) -> i32 {
     if !std::io::stdin().is_terminal() {
-        return fail("`cordon shell` needs a terminal on stdin; use `cordon run -- CMD` for non-interactive commands");
+        return fail(
+            "`cordon shell` needs a terminal on stdin; use `cordon run -- CMD` for non-interactive commands",
+        );
     }
     let sandbox = match create(&args.sandbox).await {
         Ok(s) => s,
@@ -202,7 +209,9 @@ pub async fn shell(args: ShellArgs) -> i32 {
     };
     let (rows, cols) = terminal_size();
     let mut req = ExecRequest::argv(argv).stream_stdin().pty(rows, cols);
-    let term = std::env::var("TERM").ok().filter(|t| !t.is_empty() && !t.contains('\0'));
+    let term = std::env::var("TERM")
+        .ok()
+        .filter(|t| !t.is_empty() && !t.contains('\0'));
     req = req.env("TERM", term.unwrap_or_else(|| "xterm-256color".into()));
     if let Ok(colorterm) = std::env::var("COLORTERM") {
         req = req.env("COLORTERM", colorterm);

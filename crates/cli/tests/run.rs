@@ -34,7 +34,11 @@ fn byte_exact(who: Who) {
     std::fs::write(ws.path().join("f"), &data).unwrap();
     let out = run(who, ws.path(), &[], &["cat", "f"]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(out.stdout == data, "stdout differs ({} bytes)", out.stdout.len());
+    assert!(
+        out.stdout == data,
+        "stdout differs ({} bytes)",
+        out.stdout.len()
+    );
     assert!(out.stderr.is_empty());
 }
 
@@ -44,7 +48,11 @@ fn streams_apart(who: Who) {
         who,
         ws.path(),
         &[],
-        &["sh", "-c", "printf 'out\\000\\377partial'; printf 'err\\001no newline' >&2; printf more"],
+        &[
+            "sh",
+            "-c",
+            "printf 'out\\000\\377partial'; printf 'err\\001no newline' >&2; printf more",
+        ],
     )
     .output()
     .unwrap();
@@ -54,12 +62,17 @@ fn streams_apart(who: Who) {
 
 fn stdin_passes_through(who: Who) {
     let ws = workspace(who);
-    let mut child = run(who, ws.path(), &[], &["sh", "-c", "tr a-z A-Z; echo done >&2"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = run(
+        who,
+        ws.path(),
+        &[],
+        &["sh", "-c", "tr a-z A-Z; echo done >&2"],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     let mut stdin = child.stdin.take().unwrap();
     let input: Vec<u8> = b"hello sandbox\n".repeat(100_000);
     let writer = std::thread::spawn(move || stdin.write_all(&input));
@@ -89,20 +102,39 @@ fn exit_codes(who: Who) {
     let start = Instant::now();
     let (c, err) = code(&["sleep", "30"], &["--timeout", "500ms"]);
     assert_eq!(c, 124);
-    assert_eq!(err, "cordon: timed out after 500ms; the command was killed\n");
+    assert_eq!(
+        err,
+        "cordon: timed out after 500ms; the command was killed\n"
+    );
     assert!(start.elapsed() < Duration::from_secs(10));
 }
 
 fn sandbox_failure_is_one_line(who: Who) {
     let ws = workspace(who);
-    let out = run(who, ws.path(), &["--workspace", "/nonexistent/dir"], &["true"]).output().unwrap();
+    let out = run(
+        who,
+        ws.path(),
+        &["--workspace", "/nonexistent/dir"],
+        &["true"],
+    )
+    .output()
+    .unwrap();
     assert_eq!(out.status.code(), Some(125));
     let err = text(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("cordon: ") && err.contains("/nonexistent/dir"), "{err}");
-    let out = run(who, ws.path(), &["--memory", "lots"], &["true"]).output().unwrap();
+    assert!(
+        err.starts_with("cordon: ") && err.contains("/nonexistent/dir"),
+        "{err}"
+    );
+    let out = run(who, ws.path(), &["--memory", "lots"], &["true"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(125));
-    assert!(text(&out.stderr).contains("invalid size"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("invalid size"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 fn options_take_effect(who: Who) {
@@ -130,43 +162,90 @@ fn options_take_effect(who: Who) {
         text(&out.stderr)
     );
     let rw = format!("{}:/scratch", extra.path().display());
-    let out = run(who, ws.path(), &["--rw", &rw], &["sh", "-c", "echo written > /scratch/out"]).output().unwrap();
+    let out = run(
+        who,
+        ws.path(),
+        &["--rw", &rw],
+        &["sh", "-c", "echo written > /scratch/out"],
+    )
+    .output()
+    .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(std::fs::read_to_string(extra.path().join("out")).unwrap(), "written\n");
+    assert_eq!(
+        std::fs::read_to_string(extra.path().join("out")).unwrap(),
+        "written\n"
+    );
 }
 
 fn network_modes(who: Who) {
     let ws = workspace(who);
     let probe = "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); socket.create_connection(s.getsockname(), timeout=2); print('ok')";
-    let off = run(who, ws.path(), &[], &["python3", "-c", probe]).output().unwrap();
-    assert!(!off.status.success());
-    assert!(text(&off.stderr).contains("OSError") || text(&off.stderr).contains("Error"), "{}", text(&off.stderr));
-    let lo = run(who, ws.path(), &["--network", "loopback"], &["python3", "-c", probe]).output().unwrap();
-    assert_eq!(text(&lo.stdout), "ok\n", "{}", text(&lo.stderr));
-    let ifaces = run(who, ws.path(), &[], &["sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"])
+    let off = run(who, ws.path(), &[], &["python3", "-c", probe])
         .output()
         .unwrap();
+    assert!(!off.status.success());
+    assert!(
+        text(&off.stderr).contains("OSError") || text(&off.stderr).contains("Error"),
+        "{}",
+        text(&off.stderr)
+    );
+    let lo = run(
+        who,
+        ws.path(),
+        &["--network", "loopback"],
+        &["python3", "-c", probe],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(text(&lo.stdout), "ok\n", "{}", text(&lo.stderr));
+    let ifaces = run(
+        who,
+        ws.path(),
+        &[],
+        &[
+            "sh",
+            "-c",
+            "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '",
+        ],
+    )
+    .output()
+    .unwrap();
     assert_eq!(text(&ifaces.stdout), "lo\n");
 }
 
 fn python_node_gcc_git_run(who: Who) {
     let ws = workspace(who);
-    std::fs::write(ws.path().join("hello.c"), "#include <stdio.h>\nint main(void){puts(\"c ok\");return 0;}\n").unwrap();
+    std::fs::write(
+        ws.path().join("hello.c"),
+        "#include <stdio.h>\nint main(void){puts(\"c ok\");return 0;}\n",
+    )
+    .unwrap();
     let script = "python3 -c 'print(\"py ok\")' && node -e 'console.log(\"node ok\")' && gcc -o /tmp/hello hello.c && /tmp/hello && git init -q repo && git -C repo status --short && echo git ok && ls --version | head -1";
-    let out = run(who, ws.path(), &[], &["sh", "-c", script]).output().unwrap();
+    let out = run(who, ws.path(), &[], &["sh", "-c", script])
+        .output()
+        .unwrap();
     let stdout = text(&out.stdout);
     for want in ["py ok", "node ok", "c ok", "git ok", "ls (GNU coreutils)"] {
-        assert!(stdout.contains(want), "missing {want:?} in {stdout:?}; stderr: {}", text(&out.stderr));
+        assert!(
+            stdout.contains(want),
+            "missing {want:?} in {stdout:?}; stderr: {}",
+            text(&out.stderr)
+        );
     }
 }
 
 fn host_sigkill_takes_the_sandbox_down(who: Who) {
     let ws = workspace(who);
     let marker = format!("sleep 86{}", std::process::id() % 1000);
-    let mut child = run(who, ws.path(), &[], &["sh", "-c", &format!("setsid {marker} & {marker}")])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = run(
+        who,
+        ws.path(),
+        &[],
+        &["sh", "-c", &format!("setsid {marker} & {marker}")],
+    )
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while processes_matching(&marker) < 2 {
         assert!(Instant::now() < deadline, "sandboxed sleeps never started");
@@ -176,7 +255,10 @@ fn host_sigkill_takes_the_sandbox_down(who: Who) {
     child.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while processes_matching(&marker) > 0 {
-        assert!(Instant::now() < deadline, "sandboxed processes outlived a SIGKILLed host");
+        assert!(
+            Instant::now() < deadline,
+            "sandboxed processes outlived a SIGKILLed host"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -199,7 +281,11 @@ fn interrupt_is_forwarded(who: Who) {
         who,
         ws.path(),
         &[],
-        &["sh", "-c", "trap 'echo caught; exit 5' INT; echo ready; while :; do sleep 0.05; done"],
+        &[
+            "sh",
+            "-c",
+            "trap 'echo caught; exit 5' INT; echo ready; while :; do sleep 0.05; done",
+        ],
     )
     .stdout(Stdio::piped())
     .spawn()
@@ -224,10 +310,19 @@ fn doctor_reports_everything_in_force(who: Who) {
     let out = cordon(who, ws.path()).arg("doctor").output().unwrap();
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
-    assert!(stdout.contains("all isolation features are in force"), "{stdout}");
-    let mechanism = if who == Who::Root { "cgroup" } else { "rlimits" };
     assert!(
-        stdout.lines().any(|l| l.contains("memory and pids limits") && l.contains(mechanism)),
+        stdout.contains("all isolation features are in force"),
+        "{stdout}"
+    );
+    let mechanism = if who == Who::Root {
+        "cgroup"
+    } else {
+        "rlimits"
+    };
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("memory and pids limits") && l.contains(mechanism)),
         "{stdout}"
     );
 }
@@ -262,7 +357,10 @@ fn out_of_memory_gives_its_own_exit_code_and_message() {
     .unwrap();
     assert_eq!(out.status.code(), Some(122));
     let err = text(&out.stderr);
-    assert!(err.starts_with("cordon: out of memory") && err.contains("64 MiB"), "{err}");
+    assert!(
+        err.starts_with("cordon: out of memory") && err.contains("64 MiB"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -272,9 +370,14 @@ fn nested_cordon_explains_that_user_namespaces_are_blocked() {
     }
     let ws = workspace(Who::Root);
     let bin = format!("{}:/opt/cordon", env!("CARGO_BIN_EXE_cordon"));
-    let out = run(Who::Root, ws.path(), &["--ro", &bin], &["/opt/cordon", "run", "--", "true"])
-        .output()
-        .unwrap();
+    let out = run(
+        Who::Root,
+        ws.path(),
+        &["--ro", &bin],
+        &["/opt/cordon", "run", "--", "true"],
+    )
+    .output()
+    .unwrap();
     assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
     let err = text(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -291,7 +394,8 @@ impl Terminal {
     fn spawn(cmd: &mut Command, rows: u16, cols: u16) -> (Terminal, std::process::Child) {
         use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
         use std::os::unix::process::CommandExt;
-        let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC).unwrap();
+        let master =
+            openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC).unwrap();
         grantpt(&master).unwrap();
         unlockpt(&master).unwrap();
         let name = ptsname(&master, Vec::new()).unwrap();
@@ -344,7 +448,10 @@ impl Terminal {
             if let Some(pos) = seen.get(from..).and_then(|s| s.find(needle)) {
                 return from + pos + needle.len();
             }
-            assert!(Instant::now() < deadline, "never saw {needle:?}; screen: {seen:?}");
+            assert!(
+                Instant::now() < deadline,
+                "never saw {needle:?}; screen: {seen:?}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -362,7 +469,11 @@ fn set_size(fd: &impl std::os::fd::AsFd, rows: u16, cols: u16) {
 
 #[test]
 fn shell_has_a_real_terminal_with_ctrl_c_and_resizing() {
-    let who = if support::is_root() { Who::Root } else { Who::Unprivileged };
+    let who = if support::is_root() {
+        Who::Root
+    } else {
+        Who::Unprivileged
+    };
     let ws = workspace(who);
     let mut cmd = cordon(who, ws.path());
     cmd.arg("shell");
@@ -389,8 +500,11 @@ fn shell_has_a_real_terminal_with_ctrl_c_and_resizing() {
     assert!(!text(&term.seen.lock().unwrap())[..at].contains("\nslept\r\n"));
     // The window size follows the host terminal.
     set_size(&term.master, 40, 120);
-    rustix::process::kill_process(rustix::process::Pid::from_child(&child), rustix::process::Signal::WINCH)
-        .unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::WINCH,
+    )
+    .unwrap();
     std::thread::sleep(Duration::from_millis(200));
     term.send(b"stty size\r");
     let _ = term.expect("40 120", at);
@@ -408,5 +522,9 @@ fn shell_without_a_terminal_is_refused_clearly() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(125));
-    assert!(text(&out.stderr).contains("needs a terminal"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("needs a terminal"),
+        "{}",
+        text(&out.stderr)
+    );
 }

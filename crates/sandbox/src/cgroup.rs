@@ -6,8 +6,8 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How limits are enforced for new sandboxes on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,15 +63,23 @@ fn cgroup_mounts() -> Vec<(String, String, PathBuf)> {
             let fstype = post.next()?;
             let _source = post.next()?;
             let opts = post.next().unwrap_or("");
-            fstype
-                .starts_with("cgroup")
-                .then(|| (fstype.to_string(), opts.to_string(), PathBuf::from(mount_point)))
+            fstype.starts_with("cgroup").then(|| {
+                (
+                    fstype.to_string(),
+                    opts.to_string(),
+                    PathBuf::from(mount_point),
+                )
+            })
         })
         .collect()
 }
 
 fn writable_dir(p: &Path) -> bool {
-    rustix::fs::access(p, rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK).is_ok()
+    rustix::fs::access(
+        p,
+        rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+    )
+    .is_ok()
 }
 
 /// Decides, once per call, which mechanism new sandboxes will use.
@@ -121,7 +129,10 @@ static SWEPT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 fn write(dir: &Path, file: &str, value: &str) -> io::Result<()> {
     fs::write(dir.join(file), value).map_err(|e| {
-        io::Error::new(e.kind(), format!("write {} to {}: {e}", value, dir.join(file).display()))
+        io::Error::new(
+            e.kind(),
+            format!("write {} to {}: {e}", value, dir.join(file).display()),
+        )
     })
 }
 
@@ -130,7 +141,9 @@ fn write(dir: &Path, file: &str, value: &str) -> io::Result<()> {
 /// have made the directory but not yet moved a process in, so its
 /// directories are left alone. A populated directory refuses `rmdir`.
 fn sweep(parent: &Path) {
-    let Ok(entries) = fs::read_dir(parent) else { return };
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
     for e in entries.flatten() {
         let name = e.file_name();
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("cordon-")) else {
@@ -147,7 +160,11 @@ fn sweep(parent: &Path) {
 
 impl Cgroup {
     /// Creates the cgroup(s) for a new sandbox with the given limits.
-    pub fn create(mech: &LimitMechanism, memory: Option<u64>, pids: Option<u64>) -> io::Result<Cgroup> {
+    pub fn create(
+        mech: &LimitMechanism,
+        memory: Option<u64>,
+        pids: Option<u64>,
+    ) -> io::Result<Cgroup> {
         let name = format!(
             "cordon-{}-{}",
             std::process::id(),
@@ -181,7 +198,10 @@ impl Cgroup {
                 }
                 Ok(cg)
             }
-            LimitMechanism::V1 { memory: mparent, pids: pparent } => {
+            LimitMechanism::V1 {
+                memory: mparent,
+                pids: pparent,
+            } => {
                 let mdir = mkdir(mparent)?;
                 let mut cg = Cgroup {
                     dirs: vec![mdir.clone()],

@@ -84,7 +84,9 @@ impl std::str::FromStr for Network {
         match s {
             "off" | "none" => Ok(Network::Off),
             "loopback" | "lo" => Ok(Network::Loopback),
-            other => Err(format!("unknown network mode {other:?} (expected off or loopback)")),
+            other => Err(format!(
+                "unknown network mode {other:?} (expected off or loopback)"
+            )),
         }
     }
 }
@@ -146,17 +148,22 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: expected a number with an optional K, M or G suffix"))?;
+    let n: u64 = num.parse().map_err(|_| {
+        format!("invalid size {s:?}: expected a number with an optional K, M or G suffix")
+    })?;
     let mult = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1024,
         "m" | "mb" | "mib" => MIB,
         "g" | "gb" | "gib" => 1024 * MIB,
-        other => return Err(format!("invalid size unit {other:?} in {s:?} (use K, M or G)")),
+        other => {
+            return Err(format!(
+                "invalid size unit {other:?} in {s:?} (use K, M or G)"
+            ));
+        }
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 /// One command to run in a sandbox.

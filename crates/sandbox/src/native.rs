@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::cgroup::{self, Cgroup, LimitMechanism};
 use crate::protocol::{self, Bind, HostMsg, SetupSpec};
-use crate::session::{Lifecycle, Sandbox};
+use crate::session::{ConnectParams, Lifecycle, Sandbox};
 use crate::supervisor::{CONTROL_FD, SUPERVISOR_ARG};
 use crate::{Backend, Error, Result, SandboxConfig};
 
@@ -98,11 +98,15 @@ fn resolve_supervisor(config: &SandboxConfig) -> Result<PathBuf> {
 }
 
 fn validate(config: &SandboxConfig) -> Result<(String, Vec<Bind>)> {
-    let ws = config.workspace.canonicalize().map_err(|e| {
-        Error::Config(format!("workspace {}: {e}", config.workspace.display()))
-    })?;
+    let ws = config
+        .workspace
+        .canonicalize()
+        .map_err(|e| Error::Config(format!("workspace {}: {e}", config.workspace.display())))?;
     if !ws.is_dir() {
-        return Err(Error::Config(format!("workspace {} is not a directory", ws.display())));
+        return Err(Error::Config(format!(
+            "workspace {} is not a directory",
+            ws.display()
+        )));
     }
     let ws = ws
         .to_str()
@@ -116,13 +120,27 @@ fn validate(config: &SandboxConfig) -> Result<(String, Vec<Bind>)> {
             .map_err(|e| Error::Config(format!("bind source {}: {e}", b.source.display())))?;
         let target = b.target.clone();
         if !target.starts_with('/') || target.split('/').any(|c| c == "..") {
-            return Err(Error::Config(format!("bind target {target:?} must be an absolute path without '..'")));
+            return Err(Error::Config(format!(
+                "bind target {target:?} must be an absolute path without '..'"
+            )));
         }
-        let reserved = ["/", "/proc", "/dev", "/workspace", "/tmp", "/etc/passwd", "/etc/group"];
+        let reserved = [
+            "/",
+            "/proc",
+            "/dev",
+            "/workspace",
+            "/tmp",
+            "/etc/passwd",
+            "/etc/group",
+        ];
         if reserved.contains(&target.trim_end_matches('/'))
-            || ["/proc/", "/dev/", "/workspace/"].iter().any(|p| target.starts_with(p))
+            || ["/proc/", "/dev/", "/workspace/"]
+                .iter()
+                .any(|p| target.starts_with(p))
         {
-            return Err(Error::Config(format!("bind target {target} is reserved by the sandbox")));
+            return Err(Error::Config(format!(
+                "bind target {target} is reserved by the sandbox"
+            )));
         }
         binds.push(Bind {
             source: src
@@ -137,7 +155,9 @@ fn validate(config: &SandboxConfig) -> Result<(String, Vec<Bind>)> {
         return Err(Error::Config("tmp size must be greater than zero".into()));
     }
     if config.memory == Some(0) || config.pids == Some(0) {
-        return Err(Error::Config("memory and pids limits must be greater than zero".into()));
+        return Err(Error::Config(
+            "memory and pids limits must be greater than zero".into(),
+        ));
     }
     Ok((ws, binds))
 }
@@ -145,7 +165,10 @@ fn validate(config: &SandboxConfig) -> Result<(String, Vec<Bind>)> {
 /// The environment every exec starts from: nothing of the host's.
 pub(crate) fn base_env(config: &SandboxConfig) -> Vec<(String, String)> {
     let mut env = vec![
-        ("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()),
+        (
+            "PATH".to_string(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        ),
         ("HOME".into(), "/tmp".into()),
         ("LANG".into(), "C.UTF-8".into()),
         ("TERM".into(), "dumb".into()),
@@ -236,13 +259,15 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let stream = tokio::net::UnixStream::from_std(host)?;
     Sandbox::connect(
         stream,
-        HostMsg::Setup(spec),
-        Box::new(lifecycle),
-        mech.to_string(),
-        "native",
-        base_env(config),
-        config.workdir.clone(),
-        config.setup_timeout,
+        ConnectParams {
+            setup: HostMsg::Setup(spec),
+            lifecycle: Box::new(lifecycle),
+            limits: mech.to_string(),
+            backend: "native",
+            base_env: base_env(config),
+            workdir: config.workdir.clone(),
+            setup_timeout: config.setup_timeout,
+        },
     )
     .await
 }
@@ -257,15 +282,31 @@ pub fn host_report() -> Vec<(String, String)> {
     };
     let uid = rustix::process::geteuid().as_raw();
     vec![
-        ("user".into(), if uid == 0 { "root (uid 0)".into() } else { format!("unprivileged (uid {uid})") }),
+        (
+            "user".into(),
+            if uid == 0 {
+                "root (uid 0)".into()
+            } else {
+                format!("unprivileged (uid {uid})")
+            },
+        ),
         ("kernel".into(), read("/proc/sys/kernel/osrelease")),
-        ("kernel.unprivileged_userns_clone".into(), read("/proc/sys/kernel/unprivileged_userns_clone")),
-        ("user.max_user_namespaces".into(), read("/proc/sys/user/max_user_namespaces")),
+        (
+            "kernel.unprivileged_userns_clone".into(),
+            read("/proc/sys/kernel/unprivileged_userns_clone"),
+        ),
+        (
+            "user.max_user_namespaces".into(),
+            read("/proc/sys/user/max_user_namespaces"),
+        ),
         (
             "kernel.apparmor_restrict_unprivileged_userns".into(),
             read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
         ),
-        ("landlock ABI".into(), crate::supervisor::landlock_abi_version().to_string()),
+        (
+            "landlock ABI".into(),
+            crate::supervisor::landlock_abi_version().to_string(),
+        ),
         ("limits mechanism".into(), cgroup::detect().to_string()),
     ]
 }

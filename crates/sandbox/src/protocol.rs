@@ -126,12 +126,23 @@ pub enum HostMsg {
         data: Vec<u8>,
     },
     /// Close the exec's stdin once everything sent before has been written.
-    StdinEof { id: u64 },
+    StdinEof {
+        id: u64,
+    },
     /// The host consumed this many output bytes of exec `id`.
-    Ack { id: u64, bytes: u64 },
+    Ack {
+        id: u64,
+        bytes: u64,
+    },
     /// Send a signal to the exec's process group.
-    Signal { id: u64, signal: i32 },
-    Resize { id: u64, size: WinSize },
+    Signal {
+        id: u64,
+        signal: i32,
+    },
+    Resize {
+        id: u64,
+        size: WinSize,
+    },
     /// Kill everything and exit.
     Shutdown,
 }
@@ -161,7 +172,10 @@ pub enum SupMsg {
         data: Vec<u8>,
     },
     /// This many stdin bytes of exec `id` were written to the process.
-    StdinAck { id: u64, bytes: u64 },
+    StdinAck {
+        id: u64,
+        bytes: u64,
+    },
     Exited {
         id: u64,
         status: ExitStatus,
@@ -229,7 +243,11 @@ mod tests {
         encode(&SupMsg::StdinAck { id: 1, bytes: 2 }, &mut buf);
         let (got, used): (SupMsg, usize) = decode(&buf).unwrap().unwrap();
         match got {
-            SupMsg::Output { id, stream, data: d } => {
+            SupMsg::Output {
+                id,
+                stream,
+                data: d,
+            } => {
                 assert_eq!((id, stream), (7, Stream::Stderr));
                 assert_eq!(d, data);
             }

@@ -13,7 +13,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::protocol::{self, CHUNK, ExecSpec, ExitStatus, HostMsg, ReadyInfo, Stream, SupMsg, WINDOW, WinSize};
+use crate::protocol::{
+    self, CHUNK, ExecSpec, ExitStatus, HostMsg, ReadyInfo, Stream, SupMsg, WINDOW, WinSize,
+};
 use crate::{Error, ExecRequest, Result};
 
 /// What a backend provides beyond the protocol stream: killing the
@@ -26,6 +28,18 @@ pub(crate) trait Lifecycle: Send + Sync {
     /// Waits (blocking) until the sandbox is gone and releases host
     /// resources. Called at most once, off the async runtime.
     fn reap(&self, grace: Duration);
+}
+
+/// What a backend hands to [`Sandbox::connect`] besides the stream.
+pub(crate) struct ConnectParams {
+    pub setup: HostMsg,
+    pub lifecycle: Box<dyn Lifecycle>,
+    /// How limits are enforced, for [`SandboxInfo::limits`].
+    pub limits: String,
+    pub backend: &'static str,
+    pub base_env: Vec<(String, String)>,
+    pub workdir: String,
+    pub setup_timeout: Duration,
 }
 
 /// Facts about a running sandbox, for diagnostics.
@@ -156,16 +170,16 @@ impl Sandbox {
 
     /// Starts the protocol over `stream` and waits for the supervisor's
     /// `Ready`. Backends call this after launching their supervisor.
-    pub(crate) async fn connect(
-        stream: UnixStream,
-        setup: HostMsg,
-        lifecycle: Box<dyn Lifecycle>,
-        limits: String,
-        backend: &'static str,
-        base_env: Vec<(String, String)>,
-        workdir: String,
-        setup_timeout: Duration,
-    ) -> Result<Sandbox> {
+    pub(crate) async fn connect(stream: UnixStream, params: ConnectParams) -> Result<Sandbox> {
+        let ConnectParams {
+            setup,
+            lifecycle,
+            limits,
+            backend,
+            base_env,
+            workdir,
+            setup_timeout,
+        } = params;
         let (mut rd, mut wr) = stream.into_split();
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let mut first = Vec::new();
@@ -203,7 +217,9 @@ impl Sandbox {
                             }
                             Ok(None) => break,
                             Err(e) => {
-                                tracing::error!("malformed message from the sandbox supervisor: {e}");
+                                tracing::error!(
+                                    "malformed message from the sandbox supervisor: {e}"
+                                );
                                 break 'read;
                             }
                         };
@@ -220,7 +236,9 @@ impl Sandbox {
                                 break 'read;
                             }
                             other => {
-                                let Some(inner) = weak.upgrade() else { break 'read };
+                                let Some(inner) = weak.upgrade() else {
+                                    break 'read;
+                                };
                                 dispatch(&inner, other);
                             }
                         }
@@ -303,7 +321,10 @@ impl Sandbox {
         Ok(ExecSpec {
             id,
             argv,
-            cwd: req.cwd.clone().unwrap_or_else(|| self.inner.workdir.clone()),
+            cwd: req
+                .cwd
+                .clone()
+                .unwrap_or_else(|| self.inner.workdir.clone()),
             env,
             stdin: req.stdin.is_some() || req.stream_stdin,
             timeout_ms: req.timeout.map(|t| t.as_millis().max(1) as u64),
@@ -374,7 +395,8 @@ impl Sandbox {
         }
         let _ = self.inner.send(&HostMsg::Shutdown);
         let inner = self.inner.clone();
-        let _ = tokio::task::spawn_blocking(move || inner.lifecycle.reap(Duration::from_secs(2))).await;
+        let _ =
+            tokio::task::spawn_blocking(move || inner.lifecycle.reap(Duration::from_secs(2))).await;
     }
 }
 
@@ -467,7 +489,10 @@ impl Execution {
 
     /// Sends a signal to the command's process group.
     pub fn signal(&self, signal: i32) -> Result<()> {
-        self.inner.send(&HostMsg::Signal { id: self.id, signal })
+        self.inner.send(&HostMsg::Signal {
+            id: self.id,
+            signal,
+        })
     }
 
     /// Resizes the command's pseudo-terminal.
@@ -505,7 +530,8 @@ impl Execution {
             })) => {
                 self.finished = true;
                 let oom_after = self.inner.lifecycle.oom_kills();
-                let oom_killed = matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
+                let oom_killed =
+                    matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
                 Some(Ok(ExecEvent::Exit(ExecResult {
                     status,
                     duration: Duration::from_micros(duration_us),

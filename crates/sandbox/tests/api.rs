@@ -20,7 +20,11 @@ async fn sandbox(dir: &Path) -> Sandbox {
 fn host_has_process(needle: &str) -> bool {
     std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
         std::fs::read(e.path().join("cmdline"))
-            .map(|c| String::from_utf8_lossy(&c).replace('\0', " ").contains(needle))
+            .map(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(needle)
+            })
             .unwrap_or(false)
     })
 }
@@ -40,13 +44,19 @@ async fn stdout_stderr_status_and_duration_are_reported_apart() {
     let dir = tempfile::tempdir().unwrap();
     let sb = sandbox(dir.path()).await;
     let out = sb
-        .exec(ExecRequest::shell("printf out; printf err >&2; sleep 0.1; exit 7"))
+        .exec(ExecRequest::shell(
+            "printf out; printf err >&2; sleep 0.1; exit 7",
+        ))
         .await
         .unwrap();
     assert_eq!(out.stdout, b"out");
     assert_eq!(out.stderr, b"err");
     assert_eq!(out.status, ExitStatus::Code(7));
-    assert!(out.duration >= Duration::from_millis(100), "{:?}", out.duration);
+    assert!(
+        out.duration >= Duration::from_millis(100),
+        "{:?}",
+        out.duration
+    );
     assert!(!out.timed_out && !out.truncated && !out.oom_killed);
 
     let out = sb.exec(ExecRequest::shell("kill -TERM $$")).await.unwrap();
@@ -59,11 +69,15 @@ async fn stdout_stderr_status_and_duration_are_reported_apart() {
 async fn files_and_background_processes_persist_between_execs() {
     let dir = tempfile::tempdir().unwrap();
     let sb = sandbox(dir.path()).await;
-    sb.exec(ExecRequest::shell("echo kept > /tmp/note; echo ws > /workspace/file"))
-        .await
-        .unwrap();
+    sb.exec(ExecRequest::shell(
+        "echo kept > /tmp/note; echo ws > /workspace/file",
+    ))
+    .await
+    .unwrap();
     let bg = sb
-        .exec(ExecRequest::shell("setsid sleep 4242 >/dev/null 2>&1 & echo started"))
+        .exec(ExecRequest::shell(
+            "setsid sleep 4242 >/dev/null 2>&1 & echo started",
+        ))
         .await
         .unwrap();
     assert_eq!(bg.stdout_str(), "started\n");
@@ -71,8 +85,16 @@ async fn files_and_background_processes_persist_between_execs() {
         .exec(ExecRequest::shell("cat /tmp/note; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done | grep -c '^sleep 4242'"))
         .await
         .unwrap();
-    assert_eq!(out.stdout_str(), "kept\n1\n", "stderr: {}", out.stderr_str());
-    assert_eq!(std::fs::read_to_string(dir.path().join("file")).unwrap(), "ws\n");
+    assert_eq!(
+        out.stdout_str(),
+        "kept\n1\n",
+        "stderr: {}",
+        out.stderr_str()
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("file")).unwrap(),
+        "ws\n"
+    );
     sb.close().await;
 }
 
@@ -95,7 +117,11 @@ async fn many_execs_run_concurrently_in_one_session() {
         assert_eq!(t.await.unwrap().stdout_str(), format!("{i}\n"));
     }
     // Serial execution would take at least 4 s.
-    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
     sb.close().await;
 }
 
@@ -104,10 +130,20 @@ async fn stdin_bytes_round_trip_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let sb = sandbox(dir.path()).await;
     // Larger than the flow-control window, with every byte value.
-    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
-    let out = sb.exec(ExecRequest::argv(["cat"]).stdin(data.clone())).await.unwrap();
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let out = sb
+        .exec(ExecRequest::argv(["cat"]).stdin(data.clone()))
+        .await
+        .unwrap();
     assert_eq!(out.status, ExitStatus::Code(0));
-    assert!(out.stdout == data, "stdout differs: {} vs {} bytes", out.stdout.len(), data.len());
+    assert!(
+        out.stdout == data,
+        "stdout differs: {} vs {} bytes",
+        out.stdout.len(),
+        data.len()
+    );
     // Without stdin, the command reads end-of-file at once.
     let out = sb.exec(ExecRequest::argv(["cat"])).await.unwrap();
     assert!(out.stdout.is_empty());
@@ -125,9 +161,15 @@ async fn argv_cwd_and_env_are_exact_and_nothing_is_inherited() {
     let sb = Sandbox::create(cfg).await.unwrap();
     let out = sb
         .exec(
-            ExecRequest::argv(["sh", "-c", "pwd; printf '%s|' \"$0\" \"$1\"; echo; env | sort", "arg with space", "*"])
-                .cwd("/workspace/sub")
-                .env("FROM_REQUEST", "r"),
+            ExecRequest::argv([
+                "sh",
+                "-c",
+                "pwd; printf '%s|' \"$0\" \"$1\"; echo; env | sort",
+                "arg with space",
+                "*",
+            ])
+            .cwd("/workspace/sub")
+            .env("FROM_REQUEST", "r"),
         )
         .await
         .unwrap();
@@ -136,9 +178,18 @@ async fn argv_cwd_and_env_are_exact_and_nothing_is_inherited() {
     assert_eq!(lines.next(), Some("/workspace/sub"));
     assert_eq!(lines.next(), Some("arg with space|*|"));
     let env: Vec<&str> = lines.collect();
-    assert!(env.contains(&"FROM_CONFIG=c") && env.contains(&"FROM_REQUEST=r"), "{env:?}");
-    assert!(env.contains(&"HOME=/tmp") && env.contains(&"LANG=C.UTF-8"), "{env:?}");
-    assert!(!text.contains("host-secret-1234"), "host environment leaked: {text}");
+    assert!(
+        env.contains(&"FROM_CONFIG=c") && env.contains(&"FROM_REQUEST=r"),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"HOME=/tmp") && env.contains(&"LANG=C.UTF-8"),
+        "{env:?}"
+    );
+    assert!(
+        !text.contains("host-secret-1234"),
+        "host environment leaked: {text}"
+    );
     sb.close().await;
 }
 
@@ -148,7 +199,10 @@ async fn timeouts_kill_the_command_and_its_children() {
     let sb = sandbox(dir.path()).await;
     let start = Instant::now();
     let out = sb
-        .exec(ExecRequest::shell("sleep 5373 & sleep 5374; echo never").timeout(Duration::from_millis(300)))
+        .exec(
+            ExecRequest::shell("sleep 5373 & sleep 5374; echo never")
+                .timeout(Duration::from_millis(300)),
+        )
         .await
         .unwrap();
     assert!(out.timed_out);
@@ -156,10 +210,16 @@ async fn timeouts_kill_the_command_and_its_children() {
     assert!(start.elapsed() < Duration::from_secs(3));
     assert!(!out.stdout_str().contains("never"));
     let ps = sb
-        .exec(ExecRequest::shell("cat /proc/[0-9]*/cmdline | tr '\\0' ' '"))
+        .exec(ExecRequest::shell(
+            "cat /proc/[0-9]*/cmdline | tr '\\0' ' '",
+        ))
         .await
         .unwrap();
-    assert!(!ps.stdout_str().contains("sleep 537"), "{}", ps.stdout_str());
+    assert!(
+        !ps.stdout_str().contains("sleep 537"),
+        "{}",
+        ps.stdout_str()
+    );
     sb.close().await;
 }
 
@@ -176,7 +236,11 @@ async fn output_beyond_the_limit_is_counted_and_flagged() {
     assert!(out.truncated);
     // Endless output is capped too, and ended by its timeout.
     let mut exec = sb
-        .exec_stream(ExecRequest::argv(["yes"]).output_limit(4096).timeout(Duration::from_millis(500)))
+        .exec_stream(
+            ExecRequest::argv(["yes"])
+                .output_limit(4096)
+                .timeout(Duration::from_millis(500)),
+        )
         .await
         .unwrap();
     let mut got = 0;
@@ -189,7 +253,11 @@ async fn output_beyond_the_limit_is_counted_and_flagged() {
     };
     assert_eq!(got, 4096);
     assert!(result.truncated && result.timed_out);
-    assert!(result.stdout_bytes > 1_000_000, "yes wrote only {}", result.stdout_bytes);
+    assert!(
+        result.stdout_bytes > 1_000_000,
+        "yes wrote only {}",
+        result.stdout_bytes
+    );
     sb.close().await;
 }
 
@@ -207,7 +275,11 @@ async fn streaming_yields_output_as_it_is_produced() {
         ExecEvent::Stdout(d) => assert_eq!(d, b"first\n"),
         other => panic!("unexpected {other:?}"),
     }
-    assert!(start.elapsed() < Duration::from_millis(800), "first chunk came late: {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_millis(800),
+        "first chunk came late: {:?}",
+        start.elapsed()
+    );
     let mut rest = Vec::new();
     let exit = loop {
         match exec.next().await.unwrap().unwrap() {
@@ -259,10 +331,19 @@ async fn pty_execs_have_a_terminal_that_can_be_resized() {
         .unwrap();
     let text = out.stdout_str().replace('\r', "");
     assert!(text.starts_with("/dev/pts/"), "{text}");
-    assert!(text.contains("33 101\n") && text.contains("interactive"), "{text}");
+    assert!(
+        text.contains("33 101\n") && text.contains("interactive"),
+        "{text}"
+    );
 
     let mut exec = sb
-        .exec_stream(ExecRequest::shell("trap 'stty size; exit 0' WINCH; echo ready; while :; do sleep 0.05; done").pty(24, 80).stream_stdin())
+        .exec_stream(
+            ExecRequest::shell(
+                "trap 'stty size; exit 0' WINCH; echo ready; while :; do sleep 0.05; done",
+            )
+            .pty(24, 80)
+            .stream_stdin(),
+        )
         .await
         .unwrap();
     let mut seen = String::new();
@@ -288,18 +369,34 @@ async fn pty_execs_have_a_terminal_that_can_be_resized() {
 async fn a_missing_command_or_directory_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let sb = sandbox(dir.path()).await;
-    let err = sb.exec(ExecRequest::argv(["no-such-command-xyz"])).await.unwrap_err();
+    let err = sb
+        .exec(ExecRequest::argv(["no-such-command-xyz"]))
+        .await
+        .unwrap_err();
     assert!(err.is_not_found(), "{err:?}");
-    assert!(err.to_string().contains("no-such-command-xyz: command not found"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("no-such-command-xyz: command not found"),
+        "{err}"
+    );
     let err = sb
         .exec(ExecRequest::argv(["true"]).cwd("/workspace/missing"))
         .await
         .unwrap_err();
     assert!(err.to_string().contains("/workspace/missing"), "{err}");
-    let err = sb.exec(ExecRequest::argv(Vec::<String>::new())).await.unwrap_err();
+    let err = sb
+        .exec(ExecRequest::argv(Vec::<String>::new()))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err:?}");
     // The session is still usable after errors.
-    assert!(sb.exec(ExecRequest::argv(["true"])).await.unwrap().status.success());
+    assert!(
+        sb.exec(ExecRequest::argv(["true"]))
+            .await
+            .unwrap()
+            .status
+            .success()
+    );
     sb.close().await;
 }
 
@@ -307,18 +404,31 @@ async fn a_missing_command_or_directory_is_a_clear_error() {
 async fn closing_or_dropping_the_session_kills_everything_in_it() {
     let dir = tempfile::tempdir().unwrap();
     let sb = sandbox(dir.path()).await;
-    sb.exec(ExecRequest::shell("setsid sleep 7171 >/dev/null 2>&1 &")).await.unwrap();
+    sb.exec(ExecRequest::shell("setsid sleep 7171 >/dev/null 2>&1 &"))
+        .await
+        .unwrap();
     assert!(host_has_process("sleep 7171"));
     let other = sb.clone();
     sb.close().await;
-    assert!(wait_gone("sleep 7171").await, "background process survived close");
-    assert!(matches!(other.exec(ExecRequest::argv(["true"])).await, Err(Error::Gone)));
+    assert!(
+        wait_gone("sleep 7171").await,
+        "background process survived close"
+    );
+    assert!(matches!(
+        other.exec(ExecRequest::argv(["true"])).await,
+        Err(Error::Gone)
+    ));
 
     let sb = sandbox(dir.path()).await;
-    sb.exec(ExecRequest::shell("setsid sleep 7272 >/dev/null 2>&1 &")).await.unwrap();
+    sb.exec(ExecRequest::shell("setsid sleep 7272 >/dev/null 2>&1 &"))
+        .await
+        .unwrap();
     assert!(host_has_process("sleep 7272"));
     drop(sb);
-    assert!(wait_gone("sleep 7272").await, "background process survived drop");
+    assert!(
+        wait_gone("sleep 7272").await,
+        "background process survived drop"
+    );
 }
 
 #[tokio::test]
@@ -353,7 +463,10 @@ async fn bad_configuration_is_refused_before_anything_starts() {
     assert!(matches!(Sandbox::create(cfg).await, Err(Error::Config(_))));
     let mut cfg = config(dir.path());
     cfg.supervisor = Some("/nonexistent/supervisor".into());
-    assert!(matches!(Sandbox::create(cfg).await, Err(Error::Spawn { .. })));
+    assert!(matches!(
+        Sandbox::create(cfg).await,
+        Err(Error::Spawn { .. })
+    ));
 }
 
 #[tokio::test]
@@ -363,7 +476,11 @@ async fn the_memory_limit_kills_and_flags_a_hog() {
     cfg.memory = Some(64 * cordon_sandbox::MIB);
     let sb = Sandbox::create(cfg).await.unwrap();
     let out = sb
-        .exec(ExecRequest::argv(["python3", "-c", "x = bytearray(256 << 20); print('survived')"]))
+        .exec(ExecRequest::argv([
+            "python3",
+            "-c",
+            "x = bytearray(256 << 20); print('survived')",
+        ]))
         .await
         .unwrap();
     assert!(!out.status.success());
@@ -373,9 +490,19 @@ async fn the_memory_limit_kills_and_flags_a_hog() {
         assert_eq!(out.status, ExitStatus::Signal(libc::SIGKILL));
     } else {
         // Per-process rlimits: the allocation itself fails.
-        assert!(out.stderr_str().contains("MemoryError"), "{}", out.stderr_str());
+        assert!(
+            out.stderr_str().contains("MemoryError"),
+            "{}",
+            out.stderr_str()
+        );
     }
     // The session survives the kill.
-    assert!(sb.exec(ExecRequest::argv(["true"])).await.unwrap().status.success());
+    assert!(
+        sb.exec(ExecRequest::argv(["true"]))
+            .await
+            .unwrap()
+            .status
+            .success()
+    );
     sb.close().await;
 }

@@ -56,7 +56,10 @@ fn public_binary() -> &'static Path {
 
 /// A scratch workspace the given identity may write to.
 pub fn workspace(who: Who) -> tempfile::TempDir {
-    let dir = tempfile::Builder::new().prefix("cordon-ws-").tempdir().unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("cordon-ws-")
+        .tempdir()
+        .unwrap();
     if who == Who::Unprivileged && is_root() {
         std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).unwrap();
     }
@@ -77,7 +80,8 @@ pub fn cordon(who: Who, ws: &Path) -> Command {
             c
         }
     };
-    cmd.current_dir(ws).env("CORDON_TEST_CANARY", "canary-7f3a9c");
+    cmd.current_dir(ws)
+        .env("CORDON_TEST_CANARY", "canary-7f3a9c");
     cmd
 }
 

@@ -130,7 +130,7 @@ pub fn landlock_abi_version() -> i32 {
 
 fn drop_capabilities() -> Result<()> {
     use rustix::thread::{
-        CapabilitySet, CapabilitySets, CapabilitiesSecureBits, clear_ambient_capability_set,
+        CapabilitiesSecureBits, CapabilitySet, CapabilitySets, clear_ambient_capability_set,
         remove_capability_from_bounding_set, set_capabilities, set_capabilities_secure_bits,
     };
     // Lock root out of ever regaining capabilities through exec or setuid.
@@ -233,7 +233,10 @@ const DENIED: &[i64] = &[
 
 fn arch() -> Result<TargetArch> {
     std::env::consts::ARCH.try_into().map_err(|_| SetupError {
-        what: format!("seccomp: unsupported architecture {}", std::env::consts::ARCH),
+        what: format!(
+            "seccomp: unsupported architecture {}",
+            std::env::consts::ARCH
+        ),
         errno: 0,
     })
 }
@@ -263,10 +266,12 @@ fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<BpfProg
         what: format!("seccomp filter: {e}"),
         errno: 0,
     })?;
-    filter.try_into().map_err(|e: seccompiler::BackendError| SetupError {
-        what: format!("seccomp compile: {e}"),
-        errno: 0,
-    })
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| SetupError {
+            what: format!("seccomp compile: {e}"),
+            errno: 0,
+        })
 }
 
 /// Builds the filters. Each filter has one errno, so there are three: the
@@ -297,9 +302,17 @@ pub fn build_seccomp() -> Result<Vec<BpfProgram>> {
     let mut main = compile(deny, libc::EPERM)?;
     prepend_x32_guard(&mut main);
 
-    let clone3 = compile([(libc::SYS_clone3, vec![])].into_iter().collect(), libc::ENOSYS)?;
+    let clone3 = compile(
+        [(libc::SYS_clone3, vec![])].into_iter().collect(),
+        libc::ENOSYS,
+    )?;
 
-    let allowed_families = [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK];
+    let allowed_families = [
+        libc::AF_UNIX,
+        libc::AF_INET,
+        libc::AF_INET6,
+        libc::AF_NETLINK,
+    ];
     let mut family_rules = Vec::new();
     // Deny anything outside the allowed set: express "not in set" as ranges
     // between the allowed values.

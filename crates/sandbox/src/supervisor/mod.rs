@@ -81,9 +81,9 @@ fn read_setup(ctl: &mut UnixStream) -> Result<SetupSpec, SetupError> {
                 });
             }
         }
-        let n = ctl
-            .read(&mut chunk)
-            .map_err(|e| SetupError::new("read setup", Errno::from_io_error(&e).unwrap_or(Errno::IO)))?;
+        let n = ctl.read(&mut chunk).map_err(|e| {
+            SetupError::new("read setup", Errno::from_io_error(&e).unwrap_or(Errno::IO))
+        })?;
         if n == 0 {
             std::process::exit(1);
         }
@@ -139,7 +139,10 @@ fn outer_main() -> ! {
     if pid < 0 {
         fail(
             &mut ctl,
-            SetupError::new("fork the sandbox init", Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO)),
+            SetupError::new(
+                "fork the sandbox init",
+                Errno::from_io_error(&std::io::Error::last_os_error()).unwrap_or(Errno::IO),
+            ),
         );
     }
     if pid == 0 {
@@ -150,7 +153,9 @@ fn outer_main() -> ! {
     loop {
         // SAFETY: waiting on our own child.
         let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if r == pid || (r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+        if r == pid
+            || (r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
+        {
             break;
         }
     }
@@ -163,7 +168,11 @@ fn outer_main() -> ! {
 
 /// Names the host setting that forbids user namespaces, when one does.
 fn userns_diagnosis(e: Errno) -> String {
-    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
     let base = "cannot create user namespaces";
     if let Some("0") = read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() {
         return format!(
@@ -176,10 +185,14 @@ fn userns_diagnosis(e: Errno) -> String {
         );
     }
     if let Some("0") = read("/proc/sys/user/max_user_namespaces").as_deref() {
-        return format!("{base}: user.max_user_namespaces is 0; run `sysctl -w user.max_user_namespaces=15000`");
+        return format!(
+            "{base}: user.max_user_namespaces is 0; run `sysctl -w user.max_user_namespaces=15000`"
+        );
     }
     if e == Errno::NOSPC {
-        return format!("{base}: the user namespace limit is reached; raise user.max_user_namespaces");
+        return format!(
+            "{base}: the user namespace limit is reached; raise user.max_user_namespaces"
+        );
     }
     format!(
         "{base}: blocked by the host (a seccomp policy, an LSM, or running inside a container that forbids them)"
@@ -197,7 +210,12 @@ fn inner_main(mut ctl: UnixStream, spec: SetupSpec) -> ! {
             setup::loopback_up()?;
         }
         let mut writable = vec!["/workspace".to_string(), "/tmp".into(), "/dev".into()];
-        writable.extend(spec.binds.iter().filter(|b| b.writable).map(|b| b.target.clone()));
+        writable.extend(
+            spec.binds
+                .iter()
+                .filter(|b| b.writable)
+                .map(|b| b.target.clone()),
+        );
         let c = confine::apply(&spec, &writable)?;
         Ok(ReadyInfo {
             landlock: c.landlock,

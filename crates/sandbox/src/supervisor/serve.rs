@@ -14,7 +14,9 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::protocol::{self, CHUNK, ExecSpec, ExitStatus, HostMsg, Stream, SupMsg, WINDOW, WinSize};
+use crate::protocol::{
+    self, CHUNK, ExecSpec, ExitStatus, HostMsg, Stream, SupMsg, WINDOW, WinSize,
+};
 
 /// After the command exits, how long its pipes may stay silent before the
 /// exec is reported finished even though a background process holds them.
@@ -113,13 +115,21 @@ fn set_nonblocking(fd: &impl AsFd) {
 fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: buf is valid for writes of its length.
     let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 fn write_fd(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
     // SAFETY: buf is valid for reads of its length.
     let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
-    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 /// Kills every process in the sandbox (pid 1 is spared by `kill(-1)`) and
@@ -321,7 +331,9 @@ impl Server {
     }
 
     fn read_output(&mut self, id: u64, i: usize, buf: &mut [u8]) {
-        let Some(ex) = self.execs.get_mut(&id) else { return };
+        let Some(ex) = self.execs.get_mut(&id) else {
+            return;
+        };
         let Some(fd) = &ex.out[i] else { return };
         match read_fd(fd.as_raw_fd(), buf) {
             Ok(0) => ex.out[i] = None,
@@ -337,7 +349,11 @@ impl Server {
                 if keep > 0 {
                     ex.delivered[i] += keep as u64;
                     ex.unacked += keep as u64;
-                    let stream = if i == 0 { Stream::Stdout } else { Stream::Stderr };
+                    let stream = if i == 0 {
+                        Stream::Stdout
+                    } else {
+                        Stream::Stderr
+                    };
                     let data = buf[..keep].to_vec();
                     self.send(&SupMsg::Output { id, stream, data });
                 }
@@ -350,7 +366,9 @@ impl Server {
     }
 
     fn write_stdin(&mut self, id: u64) {
-        let Some(ex) = self.execs.get_mut(&id) else { return };
+        let Some(ex) = self.execs.get_mut(&id) else {
+            return;
+        };
         let Some(fd) = &ex.stdin else { return };
         let mut acked = 0u64;
         match write_fd(fd.as_raw_fd(), &ex.stdin_buf) {
@@ -385,7 +403,9 @@ impl Server {
             if pid <= 0 {
                 break;
             }
-            let Some(id) = self.by_pid.remove(&pid) else { continue };
+            let Some(id) = self.by_pid.remove(&pid) else {
+                continue;
+            };
             if let Some(ex) = self.execs.get_mut(&id) {
                 let now = Instant::now();
                 ex.status = Some(if libc::WIFSIGNALED(status) {
@@ -428,7 +448,9 @@ impl Server {
             .map(|(&id, _)| id)
             .collect();
         for id in done {
-            let Some(ex) = self.execs.remove(&id) else { continue };
+            let Some(ex) = self.execs.remove(&id) else {
+                continue;
+            };
             let exited = ex.exited_at.unwrap_or(now);
             let truncated = ex.limit.is_some_and(|l| ex.total.iter().any(|&t| t > l));
             self.send(&SupMsg::Exited {
@@ -481,7 +503,12 @@ fn start(spec: &ExecSpec) -> Result<Exec, (i32, String)> {
     let program = OsStr::from_bytes(program);
     match std::fs::metadata(&spec.cwd) {
         Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err((libc::ENOTDIR, format!("working directory {} is not a directory", spec.cwd))),
+        Ok(_) => {
+            return Err((
+                libc::ENOTDIR,
+                format!("working directory {} is not a directory", spec.cwd),
+            ));
+        }
         Err(e) => return Err((errno_of(&e), format!("working directory {}: {e}", spec.cwd))),
     }
     let mut cmd = Command::new(program);
@@ -491,8 +518,12 @@ fn start(spec: &ExecSpec) -> Result<Exec, (i32, String)> {
         .current_dir(&spec.cwd);
     let mut master = None;
     if let Some(size) = spec.pty {
-        let (m, slave) = open_pty(size).map_err(|e| (errno_of(&e), format!("open a pseudo-terminal: {e}")))?;
-        let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| (errno_of(&e), format!("dup: {e}")));
+        let (m, slave) =
+            open_pty(size).map_err(|e| (errno_of(&e), format!("open a pseudo-terminal: {e}")))?;
+        let dup = |fd: &OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| (errno_of(&e), format!("dup: {e}")))
+        };
         cmd.stdin(Stdio::from(dup(&slave)?))
             .stdout(Stdio::from(dup(&slave)?))
             .stderr(Stdio::from(slave));
@@ -507,9 +538,13 @@ fn start(spec: &ExecSpec) -> Result<Exec, (i32, String)> {
         }
         master = Some(m);
     } else {
-        cmd.stdin(if spec.stdin { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.stdin(if spec.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -540,9 +575,7 @@ fn start(spec: &ExecSpec) -> Result<Exec, (i32, String)> {
             ([Some(m), None], input)
         }
         None => {
-            let fd = |o: Option<OwnedFd>| {
-                o.inspect(set_nonblocking)
-            };
+            let fd = |o: Option<OwnedFd>| o.inspect(set_nonblocking);
             (
                 [
                     fd(child.stdout.take().map(OwnedFd::from)),

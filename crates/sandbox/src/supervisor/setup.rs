@@ -239,7 +239,11 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
     }
 
     let stage = Path::new(STAGE);
-    tmpfs(stage, "mode=0755,size=1m,nr_inodes=4096", MountFlags::NOSUID | MountFlags::NODEV)?;
+    tmpfs(
+        stage,
+        "mode=0755,size=1m,nr_inodes=4096",
+        MountFlags::NOSUID | MountFlags::NODEV,
+    )?;
 
     for (name, entry) in &system {
         place(stage, name, entry, false)?;
@@ -406,7 +410,8 @@ fn set_attrs(target: &Path, recursive: bool, readonly: bool) -> Result<()> {
         )
     };
     if rc != 0 {
-        let errno = Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        let errno =
+            Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
         return Err(SetupError::new(
             format!("set mount attributes on {}", target.display()),
             errno,
@@ -417,7 +422,11 @@ fn set_attrs(target: &Path, recursive: bool, readonly: bool) -> Result<()> {
 
 fn build_dev(dev: &Path, nodes: &[(&str, Source)], shm_size: u64) -> Result<()> {
     mkdir(dev, 0o755)?;
-    tmpfs(dev, "mode=0755,size=64k,nr_inodes=64", MountFlags::NOSUID | MountFlags::NOEXEC)?;
+    tmpfs(
+        dev,
+        "mode=0755,size=64k,nr_inodes=64",
+        MountFlags::NOSUID | MountFlags::NOEXEC,
+    )?;
     for (name, src) in nodes {
         let path = dev.join(name);
         make_mount_point(&path, false)?;
@@ -531,11 +540,17 @@ pub fn loopback_up() -> Result<()> {
         req.ifr_name[0] = b'l' as libc::c_char;
         req.ifr_name[1] = b'o' as libc::c_char;
         if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) != 0 {
-            return Err(SetupError::io("read lo flags", std::io::Error::last_os_error()));
+            return Err(SetupError::io(
+                "read lo flags",
+                std::io::Error::last_os_error(),
+            ));
         }
         req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
         if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) != 0 {
-            return Err(SetupError::io("bring lo up", std::io::Error::last_os_error()));
+            return Err(SetupError::io(
+                "bring lo up",
+                std::io::Error::last_os_error(),
+            ));
         }
     }
     Ok(())
