@@ -384,6 +384,40 @@ fn nested_cordon_explains_that_user_namespaces_are_blocked() {
     assert!(err.contains("cannot create user namespaces"), "{err}");
 }
 
+#[test]
+fn a_host_that_forbids_user_namespaces_is_named() {
+    if !available(Who::Root) {
+        return;
+    }
+    // user.max_user_namespaces is per user namespace: zero it in a private
+    // one, so the host's own setting is untouched.
+    let ws = workspace(Who::Root);
+    let script = format!(
+        "echo 0 > /proc/sys/user/max_user_namespaces && {bin} run -- true; echo \"run=$?\"; {bin} doctor; echo \"doctor=$?\"",
+        bin = env!("CARGO_BIN_EXE_cordon")
+    );
+    let out = Command::new("unshare")
+        .args(["--user", "--map-root-user", "sh", "-c", &script])
+        .current_dir(ws.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        stdout.contains("run=125") && stdout.contains("doctor=1"),
+        "{stdout}{stderr}"
+    );
+    let hint = "user.max_user_namespaces is 0; run `sysctl -w user.max_user_namespaces=15000`";
+    assert_eq!(
+        stderr.lines().filter(|l| l.contains(hint)).count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains(hint),
+        "doctor must name the setting too: {stdout}"
+    );
+}
+
 /// A pseudo-terminal pair for driving `cordon shell` like a person would.
 struct Terminal {
     master: std::fs::File,

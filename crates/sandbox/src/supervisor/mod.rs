@@ -129,7 +129,8 @@ fn outer_main() -> ! {
         | UnshareFlags::NEWCGROUP;
     // SAFETY: single-threaded; we fork before relying on the new pid ns.
     if let Err(e) = unsafe { rustix::thread::unshare_unsafe(flags) } {
-        fail(&mut ctl, SetupError::new(userns_diagnosis(e), e));
+        let what = userns_diagnosis(e);
+        fail(&mut ctl, SetupError { what, errno: 0 });
     }
     if let Err(e) = setup::write_id_maps(&spec) {
         fail(&mut ctl, e);
@@ -173,7 +174,10 @@ fn userns_diagnosis(e: Errno) -> String {
             .ok()
             .map(|s| s.trim().to_string())
     };
-    let base = "cannot create user namespaces";
+    let base = format!(
+        "cannot create user namespaces ({})",
+        std::io::Error::from(e)
+    );
     if let Some("0") = read("/proc/sys/kernel/unprivileged_userns_clone").as_deref() {
         return format!(
             "{base}: unprivileged user namespaces are disabled; run `sysctl -w kernel.unprivileged_userns_clone=1`"
@@ -181,7 +185,7 @@ fn userns_diagnosis(e: Errno) -> String {
     }
     if let Some("1") = read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref() {
         return format!(
-            "{base}: AppArmor restricts unprivileged user namespaces; run `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` or add an AppArmor profile for cordon"
+            "{base}: AppArmor restricts unprivileged user namespaces; run `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` or give cordon an AppArmor profile that allows them"
         );
     }
     if let Some("0") = read("/proc/sys/user/max_user_namespaces").as_deref() {
@@ -191,11 +195,11 @@ fn userns_diagnosis(e: Errno) -> String {
     }
     if e == Errno::NOSPC {
         return format!(
-            "{base}: the user namespace limit is reached; raise user.max_user_namespaces"
+            "{base}: the user namespace limit is reached; raise `user.max_user_namespaces`"
         );
     }
     format!(
-        "{base}: blocked by the host (a seccomp policy, an LSM, or running inside a container that forbids them)"
+        "{base}: blocked by the host (a seccomp policy, a security module, or a container that forbids them)"
     )
 }
 
