@@ -105,24 +105,29 @@ pub async fn run(args: RunArgs) -> i32 {
     let mut req = ExecRequest::argv(args.command.clone()).stream_stdin();
     req.timeout = args.timeout;
     let code = match sandbox.exec_stream(req).await {
-        Ok(exec) => stream(exec, &args).await,
+        Ok(exec) => forward(exec, args.sandbox.memory, args.timeout, false).await,
         Err(e) => exec_error(e),
     };
     sandbox.close().await;
     code
 }
 
-async fn stream(mut exec: Execution, args: &RunArgs) -> i32 {
+/// Relays a running command's output and our signals until it exits.
+/// With a pty everything arrives as stdout, the window size is followed, and
+/// SIGTERM becomes SIGHUP (an interactive shell ignores SIGTERM).
+async fn forward(mut exec: Execution, memory: u64, timeout: Option<Duration>, pty: bool) -> i32 {
     pump_stdin(&exec);
     let mut out = tokio::io::stdout();
     let mut err = tokio::io::stderr();
-    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+    let (Ok(mut int), Ok(mut term), Ok(mut hup), Ok(mut winch)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
         signal(SignalKind::hangup()),
+        signal(SignalKind::window_change()),
     ) else {
         return fail("cannot install signal handlers");
     };
+    let on_term = if pty { libc::SIGHUP } else { libc::SIGTERM };
     loop {
         tokio::select! {
             ev = exec.next() => {
@@ -134,7 +139,7 @@ async fn stream(mut exec: Execution, args: &RunArgs) -> i32 {
                 let written = match ev {
                     ExecEvent::Stdout(d) => write_all(&mut out, &d).await,
                     ExecEvent::Stderr(d) => write_all(&mut err, &d).await,
-                    ExecEvent::Exit(r) => return finish(&r, args.sandbox.memory, args.timeout),
+                    ExecEvent::Exit(r) => return finish(&r, memory, timeout),
                 };
                 if written.is_err() {
                     // Our reader went away (e.g. `| head`): behave as a
@@ -144,8 +149,12 @@ async fn stream(mut exec: Execution, args: &RunArgs) -> i32 {
                 }
             }
             _ = int.recv() => { let _ = exec.signal(libc::SIGINT); }
-            _ = term.recv() => { let _ = exec.signal(libc::SIGTERM); }
+            _ = term.recv() => { let _ = exec.signal(on_term); }
             _ = hup.recv() => { let _ = exec.signal(libc::SIGHUP); }
+            _ = winch.recv(), if pty => {
+                let (rows, cols) = terminal_size();
+                let _ = exec.resize(rows, cols);
+            }
         }
     }
 }
@@ -220,7 +229,7 @@ pub async fn shell(args: ShellArgs) -> i32 {
     let code = match sandbox.exec_stream(req).await {
         Ok(exec) => {
             let raw = RawMode::enter();
-            let code = shell_loop(exec, args.sandbox.memory).await;
+            let code = forward(exec, args.sandbox.memory, None, true).await;
             drop(raw);
             code
         }
@@ -228,36 +237,4 @@ pub async fn shell(args: ShellArgs) -> i32 {
     };
     sandbox.close().await;
     code
-}
-
-async fn shell_loop(mut exec: Execution, memory: u64) -> i32 {
-    pump_stdin(&exec);
-    let mut out = tokio::io::stdout();
-    let (Ok(mut winch), Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::window_change()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        return fail("cannot install signal handlers");
-    };
-    loop {
-        tokio::select! {
-            ev = exec.next() => match ev {
-                Some(Ok(ExecEvent::Stdout(d))) | Some(Ok(ExecEvent::Stderr(d))) => {
-                    if write_all(&mut out, &d).await.is_err() {
-                        return 128 + libc::SIGPIPE;
-                    }
-                }
-                Some(Ok(ExecEvent::Exit(r))) => return finish(&r, memory, None),
-                Some(Err(e)) => return fail(format_args!("the sandbox failed: {e}")),
-                None => return fail("the sandbox ended without a result"),
-            },
-            _ = winch.recv() => {
-                let (rows, cols) = terminal_size();
-                let _ = exec.resize(rows, cols);
-            }
-            _ = term.recv() => { let _ = exec.signal(libc::SIGHUP); }
-            _ = hup.recv() => { let _ = exec.signal(libc::SIGHUP); }
-        }
-    }
 }

@@ -4,7 +4,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cordon_sandbox::{Error, ExecEvent, ExecRequest, ExitStatus, Network, Sandbox, SandboxConfig};
+use cordon_sandbox::{
+    Error, ExecEvent, ExecRequest, ExecResult, Execution, ExitStatus, Network, Sandbox,
+    SandboxConfig,
+};
 
 fn config(dir: &Path) -> SandboxConfig {
     let mut c = SandboxConfig::new(dir);
@@ -27,6 +30,18 @@ fn host_has_process(needle: &str) -> bool {
             })
             .unwrap_or(false)
     })
+}
+
+/// Collects a streaming exec's remaining stdout and stderr and its result.
+async fn drain(exec: &mut Execution) -> (Vec<u8>, Vec<u8>, ExecResult) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    loop {
+        match exec.next().await.expect("an event").expect("no error") {
+            ExecEvent::Stdout(d) => out.extend(d),
+            ExecEvent::Stderr(d) => err.extend(d),
+            ExecEvent::Exit(r) => return (out, err, r),
+        }
+    }
 }
 
 async fn wait_gone(needle: &str) -> bool {
@@ -243,14 +258,8 @@ async fn output_beyond_the_limit_is_counted_and_flagged() {
         )
         .await
         .unwrap();
-    let mut got = 0;
-    let result = loop {
-        match exec.next().await.unwrap().unwrap() {
-            ExecEvent::Stdout(d) => got += d.len(),
-            ExecEvent::Stderr(_) => {}
-            ExecEvent::Exit(r) => break r,
-        }
-    };
+    let (stdout, _, result) = drain(&mut exec).await;
+    let got = stdout.len();
     assert_eq!(got, 4096);
     assert!(result.truncated && result.timed_out);
     assert!(
@@ -280,14 +289,7 @@ async fn streaming_yields_output_as_it_is_produced() {
         "first chunk came late: {:?}",
         start.elapsed()
     );
-    let mut rest = Vec::new();
-    let exit = loop {
-        match exec.next().await.unwrap().unwrap() {
-            ExecEvent::Stdout(d) => rest.extend(d),
-            ExecEvent::Stderr(_) => {}
-            ExecEvent::Exit(r) => break r,
-        }
-    };
+    let (rest, _, exit) = drain(&mut exec).await;
     assert_eq!(rest, b"second\n");
     assert!(exit.status.success());
     assert!(exec.next().await.is_none());
@@ -308,14 +310,7 @@ async fn streaming_stdin_and_signals_reach_the_command() {
         other => panic!("unexpected {other:?}"),
     }
     exec.signal(libc::SIGINT).unwrap();
-    let mut out = Vec::new();
-    let exit = loop {
-        match exec.next().await.unwrap().unwrap() {
-            ExecEvent::Stdout(d) => out.extend(d),
-            ExecEvent::Stderr(_) => {}
-            ExecEvent::Exit(r) => break r,
-        }
-    };
+    let (out, _, exit) = drain(&mut exec).await;
     assert_eq!(out, b"got-int\n");
     assert_eq!(exit.status, ExitStatus::Code(3));
     sb.close().await;
@@ -353,13 +348,8 @@ async fn pty_execs_have_a_terminal_that_can_be_resized() {
         }
     }
     exec.resize(50, 132).unwrap();
-    let exit = loop {
-        match exec.next().await.unwrap().unwrap() {
-            ExecEvent::Stdout(d) => seen.push_str(&String::from_utf8_lossy(&d)),
-            ExecEvent::Stderr(_) => {}
-            ExecEvent::Exit(r) => break r,
-        }
-    };
+    let (rest, _, exit) = drain(&mut exec).await;
+    seen.push_str(&String::from_utf8_lossy(&rest));
     assert!(seen.contains("50 132"), "{seen:?}");
     assert!(exit.status.success());
     sb.close().await;
