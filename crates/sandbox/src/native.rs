@@ -4,11 +4,13 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::cgroup::{self, Cgroup, LimitMechanism};
 use crate::protocol::{self, Bind, HostMsg, SetupSpec};
 use crate::session::{ConnectParams, Lifecycle, Sandbox};
+use std::os::unix::process::CommandExt;
+
 use crate::supervisor::{CONTROL_FD, SUPERVISOR_ARG};
 use crate::{Backend, Error, Result, SandboxConfig};
 
@@ -30,9 +32,49 @@ impl Backend for NativeBackend {
 }
 
 struct NativeLifecycle {
-    pid: u32,
-    child: Mutex<Option<std::process::Child>>,
+    /// The outer supervisor, our child; reaped exactly once.
+    pid: i32,
+    reaped: Mutex<bool>,
     cgroup: Mutex<Option<Cgroup>>,
+}
+
+impl NativeLifecycle {
+    /// Waits up to `grace` for the outer supervisor to exit, then kills it;
+    /// either way it is reaped before this returns.
+    fn wait(&self, grace: Duration) {
+        let mut reaped = self.reaped.lock().unwrap();
+        if *reaped {
+            return;
+        }
+        let pid = rustix::process::Pid::from_raw(self.pid).expect("a child pid is positive");
+        // A pidfd lets us sleep until the exit instead of polling for it.
+        let exited = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+            Ok(fd) => {
+                let mut fds = [rustix::event::PollFd::new(
+                    &fd,
+                    rustix::event::PollFlags::IN,
+                )];
+                let ts = rustix::event::Timespec {
+                    tv_sec: grace.as_secs() as i64,
+                    tv_nsec: grace.subsec_nanos() as i64,
+                };
+                matches!(rustix::event::poll(&mut fds, Some(&ts)), Ok(n) if n > 0)
+            }
+            Err(_) => false,
+        };
+        if !exited {
+            // SAFETY: signalling our own unreaped child.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+            }
+        }
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        while unsafe { libc::waitpid(self.pid, &mut status, 0) } < 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+        {}
+        *reaped = true;
+    }
 }
 
 impl Lifecycle for NativeLifecycle {
@@ -44,18 +86,23 @@ impl Lifecycle for NativeLifecycle {
         // SIGKILL to the outer supervisor; the inner one (pid 1 of the
         // sandbox) has it as its parent-death signal, and its death takes
         // the whole pid namespace with it.
-        // SAFETY: signalling our own child, which we have not reaped.
-        unsafe {
-            libc::kill(self.pid as i32, libc::SIGKILL);
+        if !*self.reaped.lock().unwrap() {
+            // SAFETY: signalling our own child, which we have not reaped.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+            }
         }
-        let child = self.child.lock().unwrap().take();
+        let pid = self.pid;
         let cgroup = self.cgroup.lock().unwrap().take();
-        if child.is_some() || cgroup.is_some() {
+        let needs_reap = !std::mem::replace(&mut *self.reaped.lock().unwrap(), true);
+        if needs_reap || cgroup.is_some() {
             // Reaping and cgroup removal wait on the kernel: not on the
             // caller's thread, which may be an async runtime's.
             std::thread::spawn(move || {
-                if let Some(mut c) = child {
-                    let _ = c.wait();
+                if needs_reap {
+                    let mut status = 0;
+                    // SAFETY: reaping our own child.
+                    unsafe { libc::waitpid(pid, &mut status, 0) };
                 }
                 drop(cgroup);
             });
@@ -63,25 +110,103 @@ impl Lifecycle for NativeLifecycle {
     }
 
     fn reap(&self, grace: Duration) {
-        let child = self.child.lock().unwrap().take();
-        if let Some(mut c) = child {
-            let deadline = Instant::now() + grace;
-            loop {
-                match c.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() >= deadline => {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-                }
-            }
-        }
+        self.wait(grace);
         if let Some(mut cg) = self.cgroup.lock().unwrap().take() {
             cg.remove();
         }
     }
+}
+
+/// True when this process has exactly one thread, read from the kernel.
+fn single_threaded() -> bool {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Field 20 (num_threads) counts from after the ")" of comm.
+            let rest = s.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(17)?.parse::<u32>().ok()
+        })
+        == Some(1)
+}
+
+/// Starts the outer supervisor with `child_end` as its fd 3, returning its pid.
+///
+/// A single-threaded host (such as `cordon run` before it starts reading
+/// stdin) forks and runs the supervisor in the child directly, saving a
+/// second exec of this binary, which costs more than the rest of the
+/// sandbox's start-up. Any other host must exec: after `fork` in a
+/// multi-threaded process only async-signal-safe calls are allowed.
+fn spawn_supervisor(config: &SandboxConfig, child_end: OwnedFd) -> Result<i32> {
+    let raw = child_end.as_raw_fd();
+    let debug = std::env::var_os("CORDON_DEBUG_SUPERVISOR").is_some();
+    let explicit = config.supervisor.is_some() || std::env::var_os("CORDON_SUPERVISOR").is_some();
+    if !explicit && single_threaded() {
+        let devnull = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")?;
+        let null = devnull.as_raw_fd();
+        // SAFETY: the process is single-threaded, so the child may run
+        // ordinary code; it never returns into the host's code.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(Error::Io(std::io::Error::last_os_error()));
+        }
+        if pid == 0 {
+            // SAFETY: rearranging descriptors in the fresh child.
+            unsafe {
+                libc::setpgid(0, 0);
+                libc::dup2(null, 0);
+                libc::dup2(null, 1);
+                if !debug {
+                    libc::dup2(null, 2);
+                }
+                if raw == CONTROL_FD {
+                    libc::fcntl(raw, libc::F_SETFD, 0);
+                } else {
+                    libc::dup2(raw, CONTROL_FD);
+                }
+            }
+            crate::supervisor::forked_main();
+        }
+        return Ok(pid);
+    }
+
+    let supervisor = resolve_supervisor(config)?;
+    let mut cmd = std::process::Command::new(&supervisor);
+    cmd.arg(SUPERVISOR_ARG)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        // Keep the terminal's Ctrl-C away from the sandbox: the front end
+        // decides what an interrupt means.
+        .process_group(0);
+    if !debug {
+        cmd.stderr(std::process::Stdio::null());
+    }
+    // SAFETY: dup2 and fcntl are async-signal-safe; `raw` stays open until
+    // spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself would leave close-on-exec set.
+            let rc = if raw == CONTROL_FD {
+                libc::fcntl(raw, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, CONTROL_FD)
+            };
+            if rc < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| Error::Spawn {
+        path: supervisor.clone(),
+        source: e,
+    })?;
+    // Reaped by NativeLifecycle through its pid; std's handle does not reap
+    // on drop.
+    Ok(child.id() as i32)
 }
 
 fn resolve_supervisor(config: &SandboxConfig) -> Result<PathBuf> {
@@ -182,7 +307,6 @@ pub(crate) fn base_env(config: &SandboxConfig) -> Vec<(String, String)> {
 
 pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let (workspace, binds) = validate(config)?;
-    let supervisor = resolve_supervisor(config)?;
     let mech = cgroup::detect();
     let cgroup = match &mech {
         LimitMechanism::Rlimit { .. } => None,
@@ -190,50 +314,16 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     };
 
     let (host, child_end) = std::os::unix::net::UnixStream::pair()?;
-    let child_fd: OwnedFd = child_end.into();
-    let raw = child_fd.as_raw_fd();
-    let mut cmd = std::process::Command::new(&supervisor);
-    cmd.arg(SUPERVISOR_ARG)
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        // Keep the terminal's Ctrl-C away from the sandbox: the front end
-        // decides what an interrupt means.
-        .process_group(0);
-    if std::env::var_os("CORDON_DEBUG_SUPERVISOR").is_none() {
-        cmd.stderr(std::process::Stdio::null());
-    }
-    use std::os::unix::process::CommandExt;
-    // SAFETY: dup2 is async-signal-safe; `raw` stays open until spawn returns.
-    unsafe {
-        cmd.pre_exec(move || {
-            // dup2 onto itself would leave close-on-exec set.
-            let rc = if raw == CONTROL_FD {
-                libc::fcntl(raw, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(raw, CONTROL_FD)
-            };
-            if rc < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().map_err(|e| Error::Spawn {
-        path: supervisor.clone(),
-        source: e,
-    })?;
-    drop(child_fd);
-    let pid = child.id();
+    let pid = spawn_supervisor(config, child_end.into())?;
     let lifecycle = NativeLifecycle {
         pid,
-        child: Mutex::new(Some(child)),
+        reaped: Mutex::new(false),
         cgroup: Mutex::new(None),
     };
     if let Some(cg) = cgroup {
         // Before the supervisor reads its setup message, so that every
         // process of the sandbox is born inside the cgroup.
-        if let Err(e) = cg.add(pid) {
+        if let Err(e) = cg.add(pid as u32) {
             lifecycle.kill();
             drop(cg);
             return Err(Error::Limits(e));

@@ -43,6 +43,14 @@ pub fn run_if_supervisor() {
     }
 }
 
+/// Ends the process without running exit handlers: when the supervisor was
+/// forked from a host process rather than exec'd, those belong to the host
+/// (its buffered output, for one, must not be flushed twice).
+pub(crate) fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit is always safe to call.
+    unsafe { libc::_exit(code) }
+}
+
 fn send(ctl: &mut UnixStream, msg: &SupMsg) {
     let mut buf = Vec::new();
     protocol::encode(msg, &mut buf);
@@ -58,7 +66,7 @@ fn fail(ctl: &mut UnixStream, err: SetupError) -> ! {
             errno: err.errno,
         },
     );
-    std::process::exit(1);
+    exit_now(1);
 }
 
 fn read_setup(ctl: &mut UnixStream) -> Result<SetupSpec, SetupError> {
@@ -85,15 +93,34 @@ fn read_setup(ctl: &mut UnixStream) -> Result<SetupSpec, SetupError> {
             SetupError::new("read setup", Errno::from_io_error(&e).unwrap_or(Errno::IO))
         })?;
         if n == 0 {
-            std::process::exit(1);
+            exit_now(1);
         }
         buf.extend_from_slice(&chunk[..n]);
     }
 }
 
+/// Entry point in a child forked (not exec'd) by a single-threaded host,
+/// with the control socket already on fd 3. Inherited signal handlers and
+/// masks belong to the host and are reset first.
+pub(crate) fn forked_main() -> ! {
+    // SAFETY: resetting dispositions and the mask of this fresh child.
+    unsafe {
+        for sig in 1..libc::SIGRTMIN() {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+        libc::prctl(libc::PR_SET_NAME, c"cordon-sandbox".as_ptr());
+    }
+    outer_main()
+}
+
 fn outer_main() -> ! {
     // SAFETY: the host passes the control socket as fd 3 and nothing else
-    // in this fresh process owns it.
+    // in this process owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
     let mut ctl = UnixStream::from(fd);
     // Nothing but the control socket may cross into the sandbox, and even
@@ -160,7 +187,7 @@ fn outer_main() -> ! {
             break;
         }
     }
-    std::process::exit(if libc::WIFEXITED(status) {
+    exit_now(if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
     } else {
         1

@@ -76,7 +76,7 @@ struct Server {
 pub fn serve(ctl: UnixStream) -> ! {
     let sigfd = match sigchld_fd() {
         Ok(fd) => fd,
-        Err(_) => std::process::exit(1),
+        Err(_) => super::exit_now(1),
     };
     let _ = ctl.set_nonblocking(true);
     let mut server = Server {
@@ -139,7 +139,7 @@ fn exit_all() -> ! {
     unsafe {
         libc::kill(-1, libc::SIGKILL);
     }
-    std::process::exit(0);
+    super::exit_now(0);
 }
 
 impl Server {
