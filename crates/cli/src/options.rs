@@ -92,6 +92,8 @@ impl SandboxOpts {
         c.network = self.network;
         c.env = self.env.clone();
         c.workdir = self.workdir.clone();
+        // The CLI holds nothing secret when it creates the sandbox.
+        c.fork_supervisor = true;
         for b in &self.ro {
             c.binds.push(parse_bind(b, false)?);
         }

@@ -131,16 +131,17 @@ fn single_threaded() -> bool {
 
 /// Starts the outer supervisor with `child_end` as its fd 3, returning its pid.
 ///
-/// A single-threaded host (such as `cordon run` before it starts reading
-/// stdin) forks and runs the supervisor in the child directly, saving a
-/// second exec of this binary, which costs more than the rest of the
-/// sandbox's start-up. Any other host must exec: after `fork` in a
-/// multi-threaded process only async-signal-safe calls are allowed.
+/// With [`SandboxConfig::fork_supervisor`], a single-threaded host (such as
+/// `cordon run` before it starts reading stdin) forks and runs the
+/// supervisor in the child directly, saving a second exec of this binary,
+/// which costs more than the rest of the sandbox's start-up. Otherwise it
+/// execs: after `fork` in a multi-threaded process only async-signal-safe
+/// calls are allowed, and an exec leaves the host's memory behind.
 fn spawn_supervisor(config: &SandboxConfig, child_end: OwnedFd) -> Result<i32> {
     let raw = child_end.as_raw_fd();
     let debug = std::env::var_os("CORDON_DEBUG_SUPERVISOR").is_some();
     let explicit = config.supervisor.is_some() || std::env::var_os("CORDON_SUPERVISOR").is_some();
-    if !explicit && single_threaded() {
+    if config.fork_supervisor && !explicit && single_threaded() {
         let devnull = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

@@ -170,6 +170,11 @@ fn drop_capabilities() -> Result<()> {
     .map_err(|e| SetupError::new("drop capabilities", e))
 }
 
+/// `fchmodat2` (Linux 6.6); the same number on every architecture.
+const SYS_FCHMODAT2: i64 = 452;
+/// The bit of `O_TMPFILE` that is not `O_DIRECTORY`.
+const O_TMPFILE_BIT: u64 = (libc::O_TMPFILE & !libc::O_DIRECTORY) as u64;
+
 const CLONE_NS_FLAGS: &[u64] = &[
     libc::CLONE_NEWNS as u64,
     libc::CLONE_NEWCGROUP as u64,
@@ -275,8 +280,8 @@ fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<BpfProg
 }
 
 /// Builds the filters. Each filter has one errno, so there are three: the
-/// deny list (EPERM), `clone3` (ENOSYS, so libc falls back to `clone`,
-/// whose flags a filter can inspect) and exotic socket families.
+/// deny list (EPERM), `clone3` and `openat2` (ENOSYS, so libc falls back to
+/// calls whose arguments a filter can inspect) and exotic socket families.
 pub fn build_seccomp() -> Result<Vec<BpfProgram>> {
     use SeccompCmpArgLen::{Dword, Qword};
     use SeccompCmpOp::{Eq, MaskedEq};
@@ -299,11 +304,47 @@ pub fn build_seccomp() -> Result<Vec<BpfProgram>> {
             rule(vec![cond(1, Dword, Eq, 0x541C)?])?,
         ],
     );
+    // Files the sandbox writes to the workspace persist on the host, where
+    // a setuid or setgid bit would hand the sandbox's identity (root's,
+    // when root runs cordon) to whoever executes them later. The mode is a
+    // plain argument of every call that can set it.
+    let special = |mode_arg: u8, flags_arg: Option<u8>| -> Result<Vec<SeccompRule>> {
+        let mut rules = Vec::new();
+        for bit in [libc::S_ISUID as u64, libc::S_ISGID as u64] {
+            let mode = cond(mode_arg, Dword, MaskedEq(bit), bit)?;
+            match flags_arg {
+                None => rules.push(rule(vec![mode])?),
+                Some(f) => {
+                    for create in [libc::O_CREAT as u64, O_TMPFILE_BIT] {
+                        let flags = cond(f, Dword, MaskedEq(create), create)?;
+                        rules.push(rule(vec![flags, mode.clone()])?);
+                    }
+                }
+            }
+        }
+        Ok(rules)
+    };
+    deny.insert(libc::SYS_fchmod, special(1, None)?);
+    deny.insert(libc::SYS_fchmodat, special(2, None)?);
+    deny.insert(SYS_FCHMODAT2, special(2, None)?);
+    deny.insert(libc::SYS_openat, special(3, Some(2))?);
+    deny.insert(libc::SYS_mknodat, special(2, None)?);
+    #[cfg(target_arch = "x86_64")]
+    {
+        deny.insert(libc::SYS_chmod, special(1, None)?);
+        deny.insert(libc::SYS_open, special(2, Some(1))?);
+        deny.insert(libc::SYS_creat, special(1, None)?);
+        deny.insert(libc::SYS_mknod, special(1, None)?);
+    }
     let mut main = compile(deny, libc::EPERM)?;
     prepend_x32_guard(&mut main);
 
+    // openat2 takes its mode inside a struct a filter cannot read; callers
+    // fall back to openat on ENOSYS, as they do from clone3 to clone.
     let clone3 = compile(
-        [(libc::SYS_clone3, vec![])].into_iter().collect(),
+        [(libc::SYS_clone3, vec![]), (libc::SYS_openat2, vec![])]
+            .into_iter()
+            .collect(),
         libc::ENOSYS,
     )?;
 

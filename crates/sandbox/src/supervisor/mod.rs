@@ -115,7 +115,43 @@ pub(crate) fn forked_main() -> ! {
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
         libc::prctl(libc::PR_SET_NAME, c"cordon-sandbox".as_ptr());
     }
+    scrub_args_and_environment();
     outer_main()
+}
+
+/// Overwrites the host's command line and environment strings, which a
+/// forked supervisor still carries and `/proc/1/cmdline` would show.
+fn scrub_args_and_environment() {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return;
+    };
+    // After comm, fields 3.. ; arg_start..env_end are fields 48..51.
+    let f: Vec<usize> = rest
+        .split_whitespace()
+        .skip(45)
+        .take(4)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let [arg_start, arg_end, env_start, env_end] = f[..] else {
+        return;
+    };
+    for (start, end) in [(arg_start, arg_end), (env_start, env_end)] {
+        if start == 0 || end <= start || end - start > (1 << 20) {
+            continue;
+        }
+        // SAFETY: the kernel reports these ranges as this process's own
+        // argument and environment strings, which live in its writable
+        // initial stack; nothing reads them after this point.
+        unsafe { std::ptr::write_bytes(start as *mut u8, 0, end - start) };
+    }
+    let name = b"cordon-sandbox";
+    if arg_end - arg_start > name.len() {
+        // SAFETY: as above, within the argument area.
+        unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), arg_start as *mut u8, name.len()) };
+    }
 }
 
 fn outer_main() -> ! {

@@ -269,7 +269,7 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
     let ws = stage.join("workspace");
     mkdir(&ws, 0o755)?;
     bind(&workspace, &ws)?;
-    set_attrs(&ws, true, false)?;
+    set_attrs(&ws, true, RW)?;
 
     for (b, src) in &binds {
         let target = stage.join(b.target.trim_start_matches('/'));
@@ -282,7 +282,7 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
         }
         make_mount_point(&target, src.is_dir)?;
         bind(src, &target)?;
-        set_attrs(&target, true, !b.writable)?;
+        set_attrs(&target, true, if b.writable { RW } else { RO })?;
     }
 
     // Before the old root goes: the kernel lets a user namespace mount
@@ -306,7 +306,7 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
     rustix::process::chdir("/").ctx(|| "chdir /".into())?;
 
     // The root itself holds only mount points and generated files.
-    set_attrs(Path::new("/"), false, true)?;
+    set_attrs(Path::new("/"), false, RO)?;
     rustix::process::chdir("/workspace").ctx(|| "chdir /workspace".into())?;
     Ok(())
 }
@@ -350,7 +350,7 @@ fn place(parent: &Path, name: &str, entry: &SysEntry, writable: bool) -> Result<
         SysEntry::Bind(src) => {
             make_mount_point(&path, src.is_dir)?;
             bind(src, &path)?;
-            set_attrs(&path, true, !writable)
+            set_attrs(&path, true, if writable { RW } else { RO })
         }
     }
 }
@@ -380,15 +380,18 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// Sets nosuid and nodev (and read-only if asked) on the mount at `target`
-/// and every mount beneath it. `mount_setattr` keeps flags the kernel locked
+/// Attributes for [`set_attrs`].
+const RW: u64 = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+const RO: u64 = RW | MOUNT_ATTR_RDONLY;
+/// Read-only for device-node binds: writing to a device still works, but
+/// its inode (mode, owner, times), which is the host's, cannot change.
+const RO_DEVICE: u64 = MOUNT_ATTR_NOSUID | MOUNT_ATTR_RDONLY;
+
+/// Sets mount attributes on the mount at `target` (and, if `recursive`,
+/// every mount beneath it). `mount_setattr` keeps flags the kernel locked
 /// on mounts inherited from the host, which a classic remount would have to
 /// repeat by hand or fail with EPERM.
-fn set_attrs(target: &Path, recursive: bool, readonly: bool) -> Result<()> {
-    let mut set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-    if readonly {
-        set |= MOUNT_ATTR_RDONLY;
-    }
+fn set_attrs(target: &Path, recursive: bool, set: u64) -> Result<()> {
     let attr = MountAttr {
         attr_set: set,
         attr_clr: 0,
@@ -431,6 +434,7 @@ fn build_dev(dev: &Path, nodes: &[(&str, Source)], shm_size: u64) -> Result<()> 
         let path = dev.join(name);
         make_mount_point(&path, false)?;
         bind(src, &path)?;
+        set_attrs(&path, false, RO_DEVICE)?;
     }
     let pts = dev.join("pts");
     mkdir(&pts, 0o755)?;
@@ -459,7 +463,7 @@ fn build_dev(dev: &Path, nodes: &[(&str, Source)], shm_size: u64) -> Result<()> 
         symlink(target, dev.join(name)).ctx(|| format!("symlink /dev/{name}"))?;
     }
     // Nothing may create files in /dev itself; pts and shm stay writable.
-    set_attrs(dev, false, true)
+    set_attrs(dev, false, RO)
 }
 
 fn write_generated_etc(etc: &Path, spec: &SetupSpec) -> Result<()> {
@@ -520,10 +524,12 @@ fn mount_proc(proc_dir: &Path, devnull: &Path) -> Result<()> {
         if path.exists() {
             rustix::mount::mount_bind_recursive(&path, &path)
                 .ctx(|| format!("bind /proc/{name}"))?;
-            set_attrs(&path, true, true)?;
         }
     }
-    Ok(())
+    // Read-only as a whole: procfs keeps one mode per entry for every mount
+    // on the host, and Landlock does not cover chmod, so a sandbox whose uid
+    // maps to root could otherwise change host-wide entries' permissions.
+    set_attrs(proc_dir, true, RO)
 }
 
 /// Brings the loopback interface up (it starts down in a new net namespace).
