@@ -1,0 +1,677 @@
+//! Shared harness for the escape battery: a per-test host directory, a
+//! `cordon run` launcher that can drop to an unprivileged user, and
+//! assertions on what the sandboxed command printed.
+
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// The user unprivileged variants run as when the test process is root.
+pub const NOBODY: u32 = 65534;
+
+/// How long any single `cordon run` may take before the harness kills it
+/// and fails the test (a hang is a finding too).
+pub const RUN_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Which identity `cordon run` is started with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// As root: limits through cgroups, sandbox uid 0 maps to host uid 0.
+    Root,
+    /// As uid/gid 65534 (or as the invoking user when that is not root).
+    Unprivileged,
+}
+
+pub fn euid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// A number unique to this test process and call, usable as a marker in
+/// file names, interface names and `sleep` arguments.
+pub fn unique() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // 9xxxxxyyy: never a plausible real sleep duration or pid.
+    900_000_000 + u64::from(std::process::id() % 100_000) * 1000 + n % 1000
+}
+
+/// A world-readable copy (or hard link) of the cordon binary, shared by the
+/// tests that run at the same time and removed when the last one is done.
+struct BinDir {
+    _dir: TempDir,
+    path: PathBuf,
+}
+
+fn shared_binary() -> Arc<BinDir> {
+    static SHARED: Mutex<Weak<BinDir>> = Mutex::new(Weak::new());
+    let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(b) = slot.upgrade() {
+        return b;
+    }
+    let src = Path::new(env!("CARGO_BIN_EXE_cordon"));
+    let dir = tempfile::Builder::new()
+        .prefix("cordon-escape-bin-")
+        .tempdir()
+        .expect("create a directory for the cordon binary");
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.path().join("cordon");
+    let world_exec =
+        |p: &Path| fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o005 == 0o005);
+    // A hard link is instant; it only works on the same filesystem and is
+    // only usable if the original is already world-executable.
+    if fs::hard_link(src, &path).is_err() || !world_exec(&path) {
+        let _ = fs::remove_file(&path);
+        fs::copy(src, &path).expect("copy the cordon binary");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let b = Arc::new(BinDir { _dir: dir, path });
+    *slot = Arc::downgrade(&b);
+    b
+}
+
+/// Serialises the `cordon` processes started as root; see
+/// [`is_cgroup_sweep_race`] for the cordon bug this works around.
+static ROOT_RUNS: Mutex<()> = Mutex::new(());
+
+/// One attack's world: a private host directory holding the workspace and,
+/// next to it, host-only files the sandbox must never reach.
+pub struct Ctx {
+    pub mode: Mode,
+    /// Whether the harness switches to uid 65534 for the run.
+    switch_user: bool,
+    /// The host directory of this test (0755), removed on drop.
+    dir: TempDir,
+    /// Mounted at /workspace.
+    pub workspace: PathBuf,
+    /// A host directory outside the workspace, never mounted.
+    pub outside: PathBuf,
+    /// The uid/gid processes have inside the sandbox.
+    pub uid: u32,
+    pub gid: u32,
+    bin: Option<Arc<BinDir>>,
+    /// Injected into the environment of every `cordon run` process.
+    pub env_canary: String,
+}
+
+impl Ctx {
+    /// Prepares a test in `mode`, or returns None (after a notice) when the
+    /// root variant cannot run here. Under CI=true it fails instead.
+    pub fn new(mode: Mode) -> Option<Ctx> {
+        let root = euid() == 0;
+        if mode == Mode::Root && !root {
+            if in_ci() {
+                panic!(
+                    "this root variant needs the tests to run as root (euid is {}); CI=true, so it fails rather than skips",
+                    euid()
+                );
+            }
+            eprintln!("notice: skipping the root variant: the tests are not running as root");
+            return None;
+        }
+        let switch_user = mode == Mode::Unprivileged && root;
+        let dir = tempfile::Builder::new()
+            .prefix("cordon-escape-")
+            .tempdir()
+            .expect("create the test directory");
+        // Traversable by the unprivileged user; secrecy must come from the
+        // sandbox, not from permissions.
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let workspace = dir.path().join("workspace");
+        let outside = dir.path().join("outside");
+        for d in [&workspace, &outside] {
+            fs::create_dir(d).unwrap();
+            fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let (uid, gid) = if switch_user {
+            std::os::unix::fs::chown(&workspace, Some(NOBODY), Some(NOBODY)).unwrap();
+            (NOBODY, NOBODY)
+        } else {
+            (euid(), rustix::process::getegid().as_raw())
+        };
+        Some(Ctx {
+            mode,
+            switch_user,
+            dir,
+            workspace,
+            outside,
+            uid,
+            gid,
+            bin: switch_user.then(shared_binary),
+            env_canary: format!("cordon-env-canary-{}", unique()),
+        })
+    }
+
+    pub fn root(&self) -> bool {
+        self.mode == Mode::Root
+    }
+
+    /// The host directory holding workspace/ and outside/.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Picks the expectation for this mode.
+    pub fn pick<'a>(&self, root: &'a str, unprivileged: &'a str) -> &'a str {
+        if self.root() { root } else { unprivileged }
+    }
+
+    pub fn cordon_path(&self) -> &Path {
+        match &self.bin {
+            Some(b) => &b.path,
+            None => Path::new(env!("CARGO_BIN_EXE_cordon")),
+        }
+    }
+
+    /// Writes a host file outside the workspace, readable by everyone.
+    pub fn host_file(&self, name: &str, content: &str) -> PathBuf {
+        let p = self.outside.join(name);
+        fs::write(&p, content).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
+        p
+    }
+
+    /// A `cordon` command with the right identity, cwd and environment.
+    pub fn cordon<I, S>(&self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = Command::new(self.cordon_path());
+        cmd.args(args)
+            .current_dir(&self.workspace)
+            .env("CORDON_CANARY", &self.env_canary)
+            .env_remove("CORDON_SUPERVISOR")
+            .env_remove("CORDON_DEBUG_SUPERVISOR")
+            .env_remove("CORDON_LOG")
+            .stdin(Stdio::null());
+        if self.switch_user {
+            // std clears the supplementary groups (setgroups(0)) when it
+            // changes uid without an explicit group list.
+            cmd.uid(NOBODY).gid(NOBODY);
+        }
+        cmd
+    }
+
+    /// Held while a `cordon` process of this test runs: when cordon runs
+    /// as root (cgroup limits), one at a time per test process, because
+    /// of the cgroup sweep race (see [`is_cgroup_sweep_race`]).
+    pub fn run_guard(&self) -> Option<MutexGuard<'static, ()>> {
+        (self.mode == Mode::Root).then(|| ROOT_RUNS.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// `cordon run OPTS -- ARGV`.
+    pub fn run(&self, opts: &[&str], argv: &[&str]) -> Out {
+        let mut args: Vec<String> = vec!["run".into(), "--workspace".into()];
+        args.push(self.workspace.to_str().unwrap().into());
+        args.extend(opts.iter().map(|s| s.to_string()));
+        args.push("--".into());
+        args.extend(argv.iter().map(|s| s.to_string()));
+        let what = format!("[{:?}] cordon {}", self.mode, args.join(" "));
+        let mut cmd = self.cordon(&args);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let _guard = self.run_guard();
+        run_bounded(cmd, what)
+    }
+
+    /// A bash script in a fresh sandbox.
+    pub fn sh(&self, script: &str) -> Out {
+        self.sh_with(&[], script)
+    }
+
+    pub fn sh_with(&self, opts: &[&str], script: &str) -> Out {
+        self.run(opts, &["bash", "-c", script])
+    }
+
+    /// A python3 script (after [`PY_PRELUDE`]) in a fresh sandbox.
+    pub fn py(&self, code: &str) -> Out {
+        self.py_with(&[], code)
+    }
+
+    pub fn py_with(&self, opts: &[&str], code: &str) -> Out {
+        let full = format!("{PY_PRELUDE}\n{}", dedent(code));
+        self.run(opts, &["python3", "-c", &full])
+    }
+
+    /// Runs a host command as the sandbox's owner (the unprivileged user in
+    /// the unprivileged variant), outside any sandbox.
+    pub fn host_as_owner(&self, argv: &[&str]) -> Out {
+        let mut cmd = Command::new(argv[0]);
+        cmd.args(&argv[1..])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if self.switch_user {
+            cmd.uid(NOBODY).gid(NOBODY);
+        }
+        run_bounded(cmd, format!("host {argv:?}"))
+    }
+}
+
+/// Removes the indentation common to all non-blank lines (and a leading
+/// newline), so that Python can be written indented in raw strings.
+pub fn dedent(s: &str) -> String {
+    let s = s.strip_prefix('\n').unwrap_or(s);
+    let indent = s
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start().len())
+        .min()
+        .unwrap_or(0);
+    let mut out = String::new();
+    for l in s.lines() {
+        out.push_str(l.get(indent..).unwrap_or(""));
+        out.push('\n');
+    }
+    out
+}
+
+/// Python helpers every script gets: `sc(name, nr, *args)` makes a raw
+/// syscall and prints `name: ERRNO` or `name: OK <ret>`; `attempt(name, f)`
+/// does the same for a Python call; `report(name, errno, ok)` prints the
+/// error unless `ok` (the success value) is given.
+pub const PY_PRELUDE: &str = r#"
+import ctypes, errno, os, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def _arg(a):
+    if isinstance(a, bytes): return ctypes.c_char_p(a)
+    if isinstance(a, int): return ctypes.c_long(a)
+    return a
+def report(name, err, ok=None):
+    print(f"{name}: " + (errno.errorcode.get(err, str(err)) if ok is None else f"OK {ok!r}"), flush=True)
+def sc(name, nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[_arg(a) for a in args])
+    e = ctypes.get_errno()
+    if r == -1: report(name, e)
+    else: report(name, 0, r)
+    return r
+def attempt(name, fn):
+    try:
+        r = fn()
+    except OSError as e:
+        report(name, e.errno if e.errno is not None else -1)
+        return None
+    print(f"{name}: OK {r!r}", flush=True)
+    return r
+"#;
+
+/// What a run printed and how it ended.
+pub struct Out {
+    pub what: String,
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+/// The message of a known cordon bug, not of an attack: every `cordon`
+/// process that uses cgroups "sweeps" the cgroup parent on its first
+/// sandbox and removes every empty `cordon-*` cgroup, including one another
+/// cordon process has just created and not yet configured or moved its
+/// supervisor into. Two such runs starting at the same moment can so fail
+/// with exit 125 and "cannot set up resource limits: write ... to
+/// .../cordon-N-M/{memory.limit_in_bytes,pids.max,cgroup.procs}: No such
+/// file or directory" (or "No such device"). The harness runs root's
+/// cordon processes one at a time ([`Ctx::run_guard`]) and, should another
+/// cordon on the host collide with one, retries.
+pub fn is_cgroup_sweep_race(code: Option<i32>, stderr: &str) -> bool {
+    code == Some(125)
+        && stderr.contains("cannot set up resource limits: write ")
+        && stderr.contains("/cordon-")
+        && (stderr.contains("No such file or directory") || stderr.contains("No such device"))
+}
+
+/// Runs `cmd` to completion within [`RUN_DEADLINE`], collecting its output.
+/// A run that died of the cgroup sweep race (see [`is_cgroup_sweep_race`])
+/// never started its command and is retried, with a notice.
+fn run_bounded(mut cmd: Command, what: String) -> Out {
+    let mut attempt = 0;
+    loop {
+        let out = run_once(&mut cmd, what.clone());
+        attempt += 1;
+        if attempt < 10 && is_cgroup_sweep_race(out.code, &out.stderr) {
+            eprintln!(
+                "notice: retrying after the cgroup sweep race: {}",
+                out.stderr.trim()
+            );
+            std::thread::sleep(Duration::from_millis(10 * attempt));
+            continue;
+        }
+        return out;
+    }
+}
+
+fn run_once(cmd: &mut Command, what: String) -> Out {
+    let start = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let reader = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            // Some tools quote with ‘…’ in UTF-8 locales, others with '…'.
+            String::from_utf8_lossy(&buf).replace(['\u{2018}', '\u{2019}'], "'")
+        })
+    };
+    let out_t = reader(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let err_t = reader(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let status = wait_bounded(&mut child, RUN_DEADLINE)
+        .unwrap_or_else(|| panic!("{what}: still running after {RUN_DEADLINE:?}; killed"));
+    Out {
+        what,
+        code: status.code(),
+        stdout: out_t.join().unwrap(),
+        stderr: err_t.join().unwrap(),
+        elapsed: start.elapsed(),
+    }
+}
+
+/// Waits for `child`, killing it after `limit`; None if it had to be killed.
+pub fn wait_bounded(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().expect("wait for a child") {
+            return Some(s);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+impl Out {
+    fn dump(&self) -> String {
+        format!(
+            "{}\n  exit: {:?} after {:?}\n  --- stdout ---\n{}\n  --- stderr ---\n{}",
+            self.what, self.code, self.elapsed, self.stdout, self.stderr
+        )
+    }
+
+    #[track_caller]
+    pub fn fail(&self, why: impl std::fmt::Display) -> ! {
+        panic!("{why}\n{}", self.dump())
+    }
+
+    #[track_caller]
+    pub fn code(&self, expected: i32) -> &Self {
+        if self.code != Some(expected) {
+            self.fail(format_args!("expected exit code {expected}"));
+        }
+        self
+    }
+
+    /// stdout contains this exact line.
+    #[track_caller]
+    pub fn line(&self, expected: &str) -> &Self {
+        if !self.stdout.lines().any(|l| l == expected) {
+            self.fail(format_args!("expected the stdout line {expected:?}"));
+        }
+        self
+    }
+
+    /// stdout contains one of these exact lines.
+    #[track_caller]
+    pub fn line_any(&self, expected: &[&str]) -> &Self {
+        if !self.stdout.lines().any(|l| expected.contains(&l)) {
+            self.fail(format_args!(
+                "expected one of the stdout lines {expected:?}"
+            ));
+        }
+        self
+    }
+
+    /// Every stdout line is one of these.
+    #[track_caller]
+    pub fn only_lines(&self, allowed: &[&str]) -> &Self {
+        if let Some(l) = self.stdout.lines().find(|l| !allowed.contains(l)) {
+            self.fail(format_args!(
+                "unexpected stdout line {l:?}; only {allowed:?} may appear"
+            ));
+        }
+        self
+    }
+
+    #[track_caller]
+    pub fn stdout_has(&self, s: &str) -> &Self {
+        if !self.stdout.contains(s) {
+            self.fail(format_args!("expected stdout to contain {s:?}"));
+        }
+        self
+    }
+
+    #[track_caller]
+    pub fn stderr_has(&self, s: &str) -> &Self {
+        if !self.stderr.contains(s) {
+            self.fail(format_args!("expected stderr to contain {s:?}"));
+        }
+        self
+    }
+
+    /// Neither stream contains `s`.
+    #[track_caller]
+    pub fn lacks(&self, s: &str) -> &Self {
+        if self.stdout.contains(s) || self.stderr.contains(s) {
+            self.fail(format_args!("the output must not contain {s:?}"));
+        }
+        self
+    }
+
+    #[track_caller]
+    pub fn faster_than(&self, limit: Duration) -> &Self {
+        if self.elapsed >= limit {
+            self.fail(format_args!("expected the run to end within {limit:?}"));
+        }
+        self
+    }
+}
+
+/// A host process killed and reaped on drop.
+pub struct HostProc(pub Child);
+
+impl HostProc {
+    pub fn sleep(marker: u64) -> HostProc {
+        HostProc(
+            Command::new("sleep")
+                .arg(marker.to_string())
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn a host sleep"),
+        )
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    pub fn alive(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for HostProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Host pids whose argv is exactly `argv`.
+pub fn host_pids_with_argv(argv: &[&str]) -> Vec<u32> {
+    let mut want = Vec::new();
+    for a in argv {
+        want.extend_from_slice(a.as_bytes());
+        want.push(0);
+    }
+    let mut found = Vec::new();
+    if let Ok(entries) = fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if fs::read(e.path().join("cmdline")).is_ok_and(|c| c == want) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// Host pids whose command line contains `needle`.
+pub fn host_pids_with_cmdline_containing(needle: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    let me = std::process::id();
+    if let Ok(entries) = fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if pid == me {
+                continue;
+            }
+            if let Ok(c) = fs::read(e.path().join("cmdline")) {
+                if String::from_utf8_lossy(&c).contains(needle) {
+                    found.push(pid);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Polls `cond` until it holds or `limit` passes; returns whether it held.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Everything about a host file an attack might change.
+#[derive(PartialEq, Eq)]
+pub struct FileState {
+    pub exists: bool,
+    pub mode: u32,
+    pub uid: u32,
+    pub len: u64,
+    pub mtime: (i64, i64),
+    pub content: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for FileState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.exists {
+            return write!(f, "(absent)");
+        }
+        write!(
+            f,
+            "mode {:o}, uid {}, {} bytes, mtime {}.{:09}",
+            self.mode, self.uid, self.len, self.mtime.0, self.mtime.1
+        )?;
+        if let Some(c) = &self.content {
+            write!(f, ", content {:?}", String::from_utf8_lossy(c))?;
+        }
+        Ok(())
+    }
+}
+
+/// Snapshots a host path without following a final symlink; content is
+/// read only for regular files up to 1 MiB.
+pub fn file_state(p: &Path) -> FileState {
+    use std::os::unix::fs::MetadataExt;
+    match fs::symlink_metadata(p) {
+        Ok(m) => FileState {
+            exists: true,
+            mode: m.mode(),
+            uid: m.uid(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            content: (m.is_file() && m.len() <= 1 << 20)
+                .then(|| fs::read(p).ok())
+                .flatten(),
+        },
+        Err(_) => FileState {
+            exists: false,
+            mode: 0,
+            uid: 0,
+            len: 0,
+            mtime: (0, 0),
+            content: None,
+        },
+    }
+}
+
+/// Asserts that host paths an attack targeted are exactly as before.
+#[track_caller]
+pub fn assert_unchanged(out: &Out, before: &[(PathBuf, FileState)]) {
+    for (p, state) in before {
+        let now = file_state(p);
+        if &now != state {
+            out.fail(format_args!(
+                "HOST CHANGED: {} was {state:?}, is now {now:?}",
+                p.display()
+            ));
+        }
+    }
+}
+
+/// Snapshots several host paths for [`assert_unchanged`].
+pub fn snapshot<P: AsRef<Path>>(paths: &[P]) -> Vec<(PathBuf, FileState)> {
+    paths
+        .iter()
+        .map(|p| (p.as_ref().to_path_buf(), file_state(p.as_ref())))
+        .collect()
+}
+
+/// Asserts that none of these host paths exists.
+#[track_caller]
+pub fn assert_absent<P: AsRef<Path>>(out: &Out, paths: &[P]) {
+    for p in paths {
+        let p = p.as_ref();
+        if fs::symlink_metadata(p).is_ok() {
+            out.fail(format_args!("HOST CHANGED: {} was created", p.display()));
+        }
+    }
+}
+
+/// Free bytes on the filesystem holding `p`.
+pub fn free_bytes(p: &Path) -> u64 {
+    let s = rustix::fs::statvfs(p).expect("statvfs");
+    s.f_bavail * s.f_frsize
+}
