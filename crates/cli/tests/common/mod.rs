@@ -12,7 +12,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -83,10 +83,6 @@ fn shared_binary() -> Arc<BinDir> {
     *slot = Arc::downgrade(&b);
     b
 }
-
-/// Serialises the `cordon` processes started as root; see
-/// [`is_cgroup_sweep_race`] for the cordon bug this works around.
-static ROOT_RUNS: Mutex<()> = Mutex::new(());
 
 /// One attack's world: a private host directory holding the workspace and,
 /// next to it, host-only files the sandbox must never reach.
@@ -207,13 +203,6 @@ impl Ctx {
         cmd
     }
 
-    /// Held while a `cordon` process of this test runs: when cordon runs
-    /// as root (cgroup limits), one at a time per test process, because
-    /// of the cgroup sweep race (see [`is_cgroup_sweep_race`]).
-    pub fn run_guard(&self) -> Option<MutexGuard<'static, ()>> {
-        (self.mode == Mode::Root).then(|| ROOT_RUNS.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
     /// `cordon run OPTS -- ARGV`.
     pub fn run(&self, opts: &[&str], argv: &[&str]) -> Out {
         let mut args: Vec<String> = vec!["run".into(), "--workspace".into()];
@@ -224,7 +213,6 @@ impl Ctx {
         let what = format!("[{:?}] cordon {}", self.mode, args.join(" "));
         let mut cmd = self.cordon(&args);
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let _guard = self.run_guard();
         run_bounded(cmd, what)
     }
 
@@ -319,41 +307,9 @@ pub struct Out {
     pub elapsed: Duration,
 }
 
-/// The message of a known cordon bug, not of an attack: every `cordon`
-/// process that uses cgroups "sweeps" the cgroup parent on its first
-/// sandbox and removes every empty `cordon-*` cgroup, including one another
-/// cordon process has just created and not yet configured or moved its
-/// supervisor into. Two such runs starting at the same moment can so fail
-/// with exit 125 and "cannot set up resource limits: write ... to
-/// .../cordon-N-M/{memory.limit_in_bytes,pids.max,cgroup.procs}: No such
-/// file or directory" (or "No such device"). The harness runs root's
-/// cordon processes one at a time ([`Ctx::run_guard`]) and, should another
-/// cordon on the host collide with one, retries.
-pub fn is_cgroup_sweep_race(code: Option<i32>, stderr: &str) -> bool {
-    code == Some(125)
-        && stderr.contains("cannot set up resource limits: write ")
-        && stderr.contains("/cordon-")
-        && (stderr.contains("No such file or directory") || stderr.contains("No such device"))
-}
-
 /// Runs `cmd` to completion within [`RUN_DEADLINE`], collecting its output.
-/// A run that died of the cgroup sweep race (see [`is_cgroup_sweep_race`])
-/// never started its command and is retried, with a notice.
 fn run_bounded(mut cmd: Command, what: String) -> Out {
-    let mut attempt = 0;
-    loop {
-        let out = run_once(&mut cmd, what.clone());
-        attempt += 1;
-        if attempt < 10 && is_cgroup_sweep_race(out.code, &out.stderr) {
-            eprintln!(
-                "notice: retrying after the cgroup sweep race: {}",
-                out.stderr.trim()
-            );
-            std::thread::sleep(Duration::from_millis(10 * attempt));
-            continue;
-        }
-        return out;
-    }
+    run_once(&mut cmd, what)
 }
 
 fn run_once(cmd: &mut Command, what: String) -> Out {
