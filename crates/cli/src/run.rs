@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use clap::Args;
-use cordon_sandbox::{Error, ExecEvent, ExecRequest, ExecResult, Execution, Sandbox};
+use cordon_sandbox::{Error, ExecEvent, ExecRequest, ExecResult, Execution, Sandbox, SpawnStage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -47,11 +47,16 @@ async fn create(opts: &SandboxOpts) -> Result<Sandbox, i32> {
 
 fn exec_error(e: Error) -> i32 {
     match &e {
-        Error::Exec { errno, .. } => {
+        Error::Exec {
+            stage: SpawnStage::Program,
+            errno,
+            ..
+        } => {
             eprintln!("cordon: {e}");
-            match *errno {
-                libc::ENOENT => exit::NOT_FOUND,
-                _ => exit::NOT_EXECUTABLE,
+            if *errno == libc::ENOENT {
+                exit::NOT_FOUND
+            } else {
+                exit::NOT_EXECUTABLE
             }
         }
         _ => fail(e),

@@ -126,6 +126,19 @@ fn sandbox_failure_is_one_line(who: Who) {
         err.starts_with("cordon: ") && err.contains("/nonexistent/dir"),
         "{err}"
     );
+    let out = run(
+        who,
+        ws.path(),
+        &["--workdir", "/workspace/missing"],
+        &["true"],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert_eq!(
+        text(&out.stderr),
+        "cordon: working directory /workspace/missing: No such file or directory (os error 2)\n"
+    );
     let out = run(who, ws.path(), &["--memory", "lots"], &["true"])
         .output()
         .unwrap();

@@ -31,7 +31,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use native::{NativeBackend, host_report};
-pub use protocol::{ExitStatus, WinSize};
+pub use protocol::{ExitStatus, SpawnStage, WinSize};
 pub use session::{ExecEvent, ExecOutput, ExecResult, ExecStdin, Execution, Sandbox, SandboxInfo};
 
 /// Errors from creating or using a sandbox.
@@ -52,8 +52,13 @@ pub enum Error {
     SetupTimeout(Duration),
     #[error("the sandbox has exited")]
     Gone,
+    /// The command could not be started; `stage` says which part failed.
     #[error("{message}")]
-    Exec { message: String, errno: i32 },
+    Exec {
+        stage: SpawnStage,
+        message: String,
+        errno: i32,
+    },
     #[error("sandbox I/O: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -62,7 +67,7 @@ impl Error {
     /// True for a command that could not be started because it does not
     /// exist (a shell would say 127).
     pub fn is_not_found(&self) -> bool {
-        matches!(self, Error::Exec { errno, .. } if *errno == libc::ENOENT)
+        matches!(self, Error::Exec { stage: SpawnStage::Program, errno, .. } if *errno == libc::ENOENT)
     }
 }
 

@@ -28,6 +28,17 @@ pub enum Stream {
     Stderr,
 }
 
+/// Which part of starting a command failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SpawnStage {
+    /// The program: not found, not executable, bad format.
+    Program,
+    /// The working directory does not exist or is not a directory.
+    WorkingDirectory,
+    /// Anything else (a pseudo-terminal, a pipe, a fork).
+    Setup,
+}
+
 /// How a sandboxed process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ExitStatus {
@@ -162,6 +173,7 @@ pub enum SupMsg {
     },
     SpawnFailed {
         id: u64,
+        stage: SpawnStage,
         errno: i32,
         message: String,
     },

@@ -14,7 +14,8 @@ use tokio::net::UnixStream;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::protocol::{
-    self, CHUNK, ExecSpec, ExitStatus, HostMsg, ReadyInfo, Stream, SupMsg, WINDOW, WinSize,
+    self, CHUNK, ExecSpec, ExitStatus, HostMsg, ReadyInfo, SpawnStage, Stream, SupMsg, WINDOW,
+    WinSize,
 };
 use crate::{Error, ExecRequest, Result};
 
@@ -54,7 +55,7 @@ pub struct SandboxInfo {
 
 enum Event {
     Started(i32),
-    SpawnFailed(i32, String),
+    SpawnFailed(SpawnStage, i32, String),
     Output(Stream, Vec<u8>),
     Exited(SupMsg),
     Gone,
@@ -357,9 +358,13 @@ impl Sandbox {
         }
         let pid = match erx.recv().await {
             Some(Event::Started(pid)) => pid,
-            Some(Event::SpawnFailed(errno, message)) => {
+            Some(Event::SpawnFailed(stage, errno, message)) => {
                 self.inner.routes.lock().unwrap().remove(&id);
-                return Err(Error::Exec { message, errno });
+                return Err(Error::Exec {
+                    stage,
+                    message,
+                    errno,
+                });
             }
             _ => return Err(Error::Gone),
         };
@@ -403,7 +408,12 @@ impl Sandbox {
 fn dispatch(inner: &Inner, msg: SupMsg) {
     let (id, event) = match msg {
         SupMsg::Started { id, pid } => (id, Event::Started(pid)),
-        SupMsg::SpawnFailed { id, errno, message } => (id, Event::SpawnFailed(errno, message)),
+        SupMsg::SpawnFailed {
+            id,
+            stage,
+            errno,
+            message,
+        } => (id, Event::SpawnFailed(stage, errno, message)),
         SupMsg::Output { id, stream, data } => (id, Event::Output(stream, data)),
         SupMsg::StdinAck { id, bytes } => {
             if let Some(r) = inner.routes.lock().unwrap().get(&id) {

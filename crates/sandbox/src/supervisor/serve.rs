@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::protocol::{
-    self, CHUNK, ExecSpec, ExitStatus, HostMsg, Stream, SupMsg, WINDOW, WinSize,
+    self, CHUNK, ExecSpec, ExitStatus, HostMsg, SpawnStage, Stream, SupMsg, WINDOW, WinSize,
 };
 
 /// After the command exits, how long its pipes may stay silent before the
@@ -326,7 +326,12 @@ impl Server {
                 self.execs.insert(id, ex);
                 self.send(&SupMsg::Started { id, pid });
             }
-            Err((errno, message)) => self.send(&SupMsg::SpawnFailed { id, errno, message }),
+            Err((stage, errno, message)) => self.send(&SupMsg::SpawnFailed {
+                id,
+                stage,
+                errno,
+                message,
+            }),
         }
     }
 
@@ -495,21 +500,29 @@ fn errno_of(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
 
-/// Starts one command. Errors carry an errno and a message for a person.
-fn start(spec: &ExecSpec) -> Result<Exec, (i32, String)> {
+/// Starts one command. Errors say which stage failed, with an errno and a
+/// message for a person.
+fn start(spec: &ExecSpec) -> Result<Exec, (SpawnStage, i32, String)> {
     let Some(program) = spec.argv.first() else {
-        return Err((libc::EINVAL, "empty command".into()));
+        return Err((SpawnStage::Program, libc::EINVAL, "empty command".into()));
     };
     let program = OsStr::from_bytes(program);
     match std::fs::metadata(&spec.cwd) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
             return Err((
+                SpawnStage::WorkingDirectory,
                 libc::ENOTDIR,
                 format!("working directory {} is not a directory", spec.cwd),
             ));
         }
-        Err(e) => return Err((errno_of(&e), format!("working directory {}: {e}", spec.cwd))),
+        Err(e) => {
+            return Err((
+                SpawnStage::WorkingDirectory,
+                errno_of(&e),
+                format!("working directory {}: {e}", spec.cwd),
+            ));
+        }
     }
     let mut cmd = Command::new(program);
     cmd.args(spec.argv[1..].iter().map(|a| OsStr::from_bytes(a)))
@@ -518,11 +531,16 @@ fn start(spec: &ExecSpec) -> Result<Exec, (i32, String)> {
         .current_dir(&spec.cwd);
     let mut master = None;
     if let Some(size) = spec.pty {
-        let (m, slave) =
-            open_pty(size).map_err(|e| (errno_of(&e), format!("open a pseudo-terminal: {e}")))?;
+        let (m, slave) = open_pty(size).map_err(|e| {
+            (
+                SpawnStage::Setup,
+                errno_of(&e),
+                format!("open a pseudo-terminal: {e}"),
+            )
+        })?;
         let dup = |fd: &OwnedFd| {
             fd.try_clone()
-                .map_err(|e| (errno_of(&e), format!("dup: {e}")))
+                .map_err(|e| (SpawnStage::Setup, errno_of(&e), format!("dup: {e}")))
         };
         cmd.stdin(Stdio::from(dup(&slave)?))
             .stdout(Stdio::from(dup(&slave)?))
@@ -565,7 +583,7 @@ fn start(spec: &ExecSpec) -> Result<Exec, (i32, String)> {
             io::ErrorKind::PermissionDenied => format!("{name}: permission denied"),
             _ => format!("{name}: {e}"),
         };
-        (errno_of(&e), msg)
+        (SpawnStage::Program, errno_of(&e), msg)
     })?;
     let pid = child.id() as i32;
     let (out, stdin) = match master {
