@@ -185,6 +185,31 @@ enum SysEntry {
     Bind(Source),
 }
 
+/// Looks up `names` under the host directory `base`: symlinks are kept as
+/// their targets, anything else (directories only, if `dirs_only`) is
+/// opened for binding; missing entries are skipped.
+fn host_entries(
+    base: &str,
+    names: &[&'static str],
+    dirs_only: bool,
+) -> Result<Vec<(&'static str, SysEntry)>> {
+    let mut entries = Vec::new();
+    for name in names {
+        let host = format!("{base}{name}");
+        match fs::symlink_metadata(&host) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = fs::read_link(&host).ctx(|| format!("readlink {host}"))?;
+                entries.push((*name, SysEntry::Link(target)));
+            }
+            Ok(m) if m.is_dir() || !dirs_only => {
+                entries.push((*name, SysEntry::Bind(Source::open(&host)?)));
+            }
+            _ => {}
+        }
+    }
+    Ok(entries)
+}
+
 /// Assembles the root filesystem and pivots into it. On return the process
 /// sees only the sandbox's tree, with the working directory `/workspace`.
 pub fn build_root(spec: &SetupSpec) -> Result<()> {
@@ -195,30 +220,8 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
     .ctx(|| "make mounts private".into())?;
 
     // Open every source first: the workspace or a bind may live under STAGE.
-    let mut system = Vec::new();
-    for dir in SYSTEM_DIRS {
-        let host = format!("/{dir}");
-        match fs::symlink_metadata(&host) {
-            Ok(m) if m.file_type().is_symlink() => {
-                let target = fs::read_link(&host).ctx(|| format!("readlink {host}"))?;
-                system.push((*dir, SysEntry::Link(target)));
-            }
-            Ok(m) if m.is_dir() => system.push((*dir, SysEntry::Bind(Source::open(&host)?))),
-            _ => {}
-        }
-    }
-    let mut etc = Vec::new();
-    for name in ETC_ALLOW {
-        let host = format!("/etc/{name}");
-        match fs::symlink_metadata(&host) {
-            Ok(m) if m.file_type().is_symlink() => {
-                let target = fs::read_link(&host).ctx(|| format!("readlink {host}"))?;
-                etc.push((*name, SysEntry::Link(target)));
-            }
-            Ok(_) => etc.push((*name, SysEntry::Bind(Source::open(&host)?))),
-            Err(_) => {}
-        }
-    }
+    let system = host_entries("/", SYSTEM_DIRS, true)?;
+    let etc = host_entries("/etc/", ETC_ALLOW, false)?;
     let mut dev = Vec::new();
     for node in DEV_NODES {
         let host = format!("/dev/{node}");
