@@ -2,9 +2,14 @@
 //! tools it asks for in one sandbox session per conversation, and the
 //! session log that keeps every conversation on disk.
 //!
-//! So far this crate holds the session log; the providers, the loop and
-//! context management follow (issue 3).
+//! So far this crate holds the session log, the provider-neutral message
+//! model and the decoding of both providers' streams; the HTTP clients, the
+//! loop and context management follow (issue 3).
 
 pub mod log;
+pub mod message;
+pub mod stream;
 
 pub use log::{LoadReport, LogError, Record, SessionLog};
+pub use message::{AssistantMessage, ContentBlock, StopReason, StreamDelta, Usage};
+pub use stream::{AnthropicStream, OpenAiStream, StreamError};
