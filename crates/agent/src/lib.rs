@@ -3,13 +3,15 @@
 //! session log that keeps every conversation on disk.
 //!
 //! So far this crate holds the session log, the provider-neutral message
-//! model and the decoding of both providers' streams; the HTTP clients, the
+//! model, and both providers' request bodies and stream decoding; the HTTP clients, the
 //! loop and context management follow (issue 3).
 
 pub mod log;
 pub mod message;
 pub mod stream;
+pub mod wire;
 
 pub use log::{LoadReport, LogError, Record, SessionLog};
 pub use message::{AssistantMessage, ContentBlock, StopReason, StreamDelta, Usage};
 pub use stream::{AnthropicStream, OpenAiStream, StreamError};
+pub use wire::{ApiFailure, Message, ModelRequest, ToolResult, ToolSpec};

@@ -1,0 +1,396 @@
+//! Building request bodies for both wire protocols from the neutral
+//! conversation, and classifying the errors their servers answer with.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::message::{AssistantMessage, ContentBlock};
+
+/// A tool as offered to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+}
+
+/// The result of one tool call, sent back in the next user turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub tool_use_id: String,
+    pub content: String,
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+/// One message of the conversation as sent to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum Message {
+    User {
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        text: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_results: Vec<ToolResult>,
+    },
+    Assistant(AssistantMessage),
+}
+
+/// Everything one model request carries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelRequest {
+    pub model: String,
+    pub system: String,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+    pub max_tokens: u32,
+}
+
+const EPHEMERAL: &str = "ephemeral";
+
+/// The Anthropic Messages body. Prompt caching: breakpoints on the last
+/// tool, on the system prompt and on the last block of the two most recent
+/// user turns, so each request reads the prefix the previous one wrote
+/// (Anthropic allows at most four breakpoints).
+pub fn anthropic_body(req: &ModelRequest) -> Value {
+    let cache = json!({ "type": EPHEMERAL });
+    let mut tools: Vec<Value> = req
+        .tools
+        .iter()
+        .map(|t| json!({ "name": t.name, "description": t.description, "input_schema": t.input_schema }))
+        .collect();
+    if let Some(last) = tools.last_mut() {
+        last["cache_control"] = cache.clone();
+    }
+    let mut messages: Vec<Value> = req
+        .messages
+        .iter()
+        .map(|m| match m {
+            Message::User { text, tool_results } => {
+                let mut content: Vec<Value> = tool_results
+                    .iter()
+                    .map(|r| {
+                        json!({
+                            "type": "tool_result",
+                            "tool_use_id": r.tool_use_id,
+                            "content": r.content,
+                            "is_error": r.is_error,
+                        })
+                    })
+                    .collect();
+                if !text.is_empty() {
+                    content.push(json!({ "type": "text", "text": text }));
+                }
+                json!({ "role": "user", "content": content })
+            }
+            Message::Assistant(a) => {
+                let content: Vec<Value> = a
+                    .content
+                    .iter()
+                    .map(|b| match b {
+                        ContentBlock::Text { text } => json!({ "type": "text", "text": text }),
+                        ContentBlock::Thinking { thinking, signature } => {
+                            json!({ "type": "thinking", "thinking": thinking, "signature": signature })
+                        }
+                        ContentBlock::RedactedThinking { data } => {
+                            json!({ "type": "redacted_thinking", "data": data })
+                        }
+                        ContentBlock::ToolUse { id, name, input } => {
+                            json!({ "type": "tool_use", "id": id, "name": name, "input": input })
+                        }
+                    })
+                    .collect();
+                json!({ "role": "assistant", "content": content })
+            }
+        })
+        .collect();
+    let mut marked = 0;
+    for m in messages.iter_mut().rev() {
+        if marked == 2 {
+            break;
+        }
+        if m["role"] == "user" {
+            if let Some(last) = m["content"].as_array_mut().and_then(|c| c.last_mut()) {
+                last["cache_control"] = cache.clone();
+                marked += 1;
+            }
+        }
+    }
+    let mut body = json!({
+        "model": req.model,
+        "max_tokens": req.max_tokens,
+        "messages": messages,
+        "stream": true,
+    });
+    if !req.system.is_empty() {
+        body["system"] = json!([{ "type": "text", "text": req.system, "cache_control": cache }]);
+    }
+    if !tools.is_empty() {
+        body["tools"] = Value::Array(tools);
+    }
+    body
+}
+
+/// The OpenAI Chat Completions body. Thinking is not sent back: compatible
+/// servers do not accept it.
+pub fn openai_body(req: &ModelRequest) -> Value {
+    let mut messages = Vec::new();
+    if !req.system.is_empty() {
+        messages.push(json!({ "role": "system", "content": req.system }));
+    }
+    for m in &req.messages {
+        match m {
+            Message::User { text, tool_results } => {
+                for r in tool_results {
+                    let content = if r.is_error {
+                        format!("Error: {}", r.content)
+                    } else {
+                        r.content.clone()
+                    };
+                    messages.push(json!({ "role": "tool", "tool_call_id": r.tool_use_id, "content": content }));
+                }
+                if !text.is_empty() {
+                    messages.push(json!({ "role": "user", "content": text }));
+                }
+            }
+            Message::Assistant(a) => {
+                let calls: Vec<Value> = a
+                    .tool_uses()
+                    .map(|(id, name, input)| {
+                        json!({
+                            "id": id,
+                            "type": "function",
+                            "function": { "name": name, "arguments": input.to_string() },
+                        })
+                    })
+                    .collect();
+                let text = a.text();
+                let mut msg = json!({ "role": "assistant", "content": if text.is_empty() { Value::Null } else { Value::String(text) } });
+                if !calls.is_empty() {
+                    msg["tool_calls"] = Value::Array(calls);
+                }
+                messages.push(msg);
+            }
+        }
+    }
+    let mut body = json!({
+        "model": req.model,
+        "messages": messages,
+        "max_tokens": req.max_tokens,
+        "stream": true,
+        "stream_options": { "include_usage": true },
+    });
+    if !req.tools.is_empty() {
+        body["tools"] = req
+            .tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "function",
+                    "function": { "name": t.name, "description": t.description, "parameters": t.input_schema },
+                })
+            })
+            .collect();
+    }
+    body
+}
+
+/// What an error answer from a model server means for the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiFailure {
+    /// Try again later (429, 5xx, 529, overloaded).
+    Retryable,
+    /// The key is missing, wrong or lacks permission.
+    Auth,
+    /// The model name is unknown to the server.
+    UnknownModel,
+    /// The prompt does not fit the model's window: compact, then retry once.
+    ContextTooLong,
+    /// Anything else the request got wrong; not worth retrying.
+    Invalid,
+}
+
+/// Classifies an HTTP error status and body from either protocol.
+pub fn classify(status: u16, body: &str) -> ApiFailure {
+    let lower = body.to_ascii_lowercase();
+    let context = [
+        "prompt is too long",
+        "context_length_exceeded",
+        "maximum context length",
+        "context window",
+        "too many tokens",
+    ];
+    if context.iter().any(|c| lower.contains(c)) {
+        return ApiFailure::ContextTooLong;
+    }
+    match status {
+        401 | 403 => ApiFailure::Auth,
+        404 => ApiFailure::UnknownModel,
+        408 | 409 | 425 | 429 | 500..=599 => ApiFailure::Retryable,
+        400 if lower.contains("model")
+            && (lower.contains("not found") || lower.contains("does not exist")) =>
+        {
+            ApiFailure::UnknownModel
+        }
+        _ => ApiFailure::Invalid,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{StopReason, Usage};
+
+    fn conversation() -> ModelRequest {
+        let assistant = AssistantMessage {
+            content: vec![
+                ContentBlock::Thinking {
+                    thinking: "plan".into(),
+                    signature: "sig".into(),
+                },
+                ContentBlock::Text {
+                    text: "Running it.".into(),
+                },
+                ContentBlock::ToolUse {
+                    id: "t1".into(),
+                    name: "bash".into(),
+                    input: json!({"command": "ls"}),
+                },
+            ],
+            stop_reason: StopReason::ToolUse,
+            usage: Usage::default(),
+        };
+        ModelRequest {
+            model: "m".into(),
+            system: "You are cordon.".into(),
+            messages: vec![
+                Message::User {
+                    text: "list files".into(),
+                    tool_results: vec![],
+                },
+                Message::Assistant(assistant),
+                Message::User {
+                    text: String::new(),
+                    tool_results: vec![ToolResult {
+                        tool_use_id: "t1".into(),
+                        content: "a\nb".into(),
+                        is_error: false,
+                    }],
+                },
+            ],
+            tools: vec![
+                ToolSpec {
+                    name: "bash".into(),
+                    description: "run".into(),
+                    input_schema: json!({"type":"object"}),
+                },
+                ToolSpec {
+                    name: "read_file".into(),
+                    description: "read".into(),
+                    input_schema: json!({"type":"object"}),
+                },
+            ],
+            max_tokens: 1024,
+        }
+    }
+
+    #[test]
+    fn anthropic_body_passes_thinking_back_and_marks_cache_breakpoints() {
+        let b = anthropic_body(&conversation());
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["system"][0]["cache_control"]["type"], "ephemeral");
+        assert!(b["tools"][0].get("cache_control").is_none());
+        assert_eq!(b["tools"][1]["cache_control"]["type"], "ephemeral");
+        let msgs = b["messages"].as_array().unwrap();
+        assert_eq!(
+            msgs[1]["content"][0],
+            json!({"type":"thinking","thinking":"plan","signature":"sig"})
+        );
+        assert_eq!(msgs[1]["content"][2]["input"], json!({"command":"ls"}));
+        assert_eq!(msgs[2]["content"][0]["type"], "tool_result");
+        assert_eq!(msgs[2]["content"][0]["tool_use_id"], "t1");
+        // Both user turns carry a breakpoint; at most four in all.
+        assert_eq!(msgs[0]["content"][0]["cache_control"]["type"], "ephemeral");
+        assert_eq!(msgs[2]["content"][0]["cache_control"]["type"], "ephemeral");
+        assert_eq!(b.to_string().matches("cache_control").count(), 4);
+    }
+
+    #[test]
+    fn openai_body_uses_tool_messages_and_string_arguments() {
+        let b = openai_body(&conversation());
+        let msgs = b["messages"].as_array().unwrap();
+        assert_eq!(
+            msgs[0],
+            json!({"role":"system","content":"You are cordon."})
+        );
+        assert_eq!(
+            msgs[2]["tool_calls"][0]["function"]["arguments"],
+            "{\"command\":\"ls\"}"
+        );
+        assert_eq!(msgs[2]["content"], "Running it.");
+        assert_eq!(
+            msgs[3],
+            json!({"role":"tool","tool_call_id":"t1","content":"a\nb"})
+        );
+        assert_eq!(b["tools"][1]["function"]["name"], "read_file");
+        assert_eq!(b["stream_options"]["include_usage"], true);
+        assert!(
+            !b.to_string().contains("plan"),
+            "thinking is not sent to compatible servers"
+        );
+    }
+
+    #[test]
+    fn errors_are_classified_for_both_protocols() {
+        let anth =
+            |t: &str, m: &str| json!({"type":"error","error":{"type":t,"message":m}}).to_string();
+        assert_eq!(
+            classify(401, &anth("authentication_error", "invalid x-api-key")),
+            ApiFailure::Auth
+        );
+        assert_eq!(
+            classify(404, &anth("not_found_error", "model: nope")),
+            ApiFailure::UnknownModel
+        );
+        assert_eq!(
+            classify(
+                400,
+                &anth(
+                    "invalid_request_error",
+                    "prompt is too long: 250000 tokens > 200000 maximum"
+                )
+            ),
+            ApiFailure::ContextTooLong
+        );
+        assert_eq!(
+            classify(529, &anth("overloaded_error", "Overloaded")),
+            ApiFailure::Retryable
+        );
+        assert_eq!(
+            classify(429, &anth("rate_limit_error", "slow down")),
+            ApiFailure::Retryable
+        );
+        let oai = |code: &str, m: &str| {
+            json!({"error":{"message":m,"type":"invalid_request_error","code":code}}).to_string()
+        };
+        assert_eq!(
+            classify(
+                400,
+                &oai(
+                    "context_length_exceeded",
+                    "This model's maximum context length is 8192 tokens"
+                )
+            ),
+            ApiFailure::ContextTooLong
+        );
+        assert_eq!(
+            classify(400, &oai("model_not_found", "The model `x` does not exist")),
+            ApiFailure::UnknownModel
+        );
+        assert_eq!(
+            classify(400, &oai("invalid_value", "bad temperature")),
+            ApiFailure::Invalid
+        );
+        assert_eq!(classify(503, "upstream unavailable"), ApiFailure::Retryable);
+    }
+}
