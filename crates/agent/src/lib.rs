@@ -8,10 +8,12 @@
 
 pub mod log;
 pub mod message;
+pub mod provider;
 pub mod stream;
 pub mod wire;
 
 pub use log::{LoadReport, LogError, Record, SessionLog};
 pub use message::{AssistantMessage, ContentBlock, StopReason, StreamDelta, Usage};
+pub use provider::{Provider, ProviderConfig, ProviderError, ProviderKind};
 pub use stream::{AnthropicStream, OpenAiStream, StreamError};
 pub use wire::{ApiFailure, Message, ModelRequest, ToolResult, ToolSpec};

@@ -123,4 +123,11 @@ pub enum StreamDelta {
         name: String,
     },
     ToolInput(String),
+    /// The request failed before its answer was complete and is being
+    /// sent again: whatever was streamed so far is void.
+    Retrying {
+        attempt: u32,
+        wait: std::time::Duration,
+        reason: String,
+    },
 }

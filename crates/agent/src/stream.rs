@@ -33,12 +33,16 @@ impl StreamError {
     /// Errors worth retrying the whole request for (nothing has run yet).
     pub fn is_retryable(&self) -> bool {
         match self {
-            StreamError::Api { kind, .. } => {
-                matches!(
-                    kind.as_str(),
-                    "overloaded_error" | "api_error" | "rate_limit_error"
-                )
-            }
+            // Anthropic's transient types, and OpenAI's (servers report
+            // overload mid-stream as `server_error`).
+            StreamError::Api { kind, .. } => matches!(
+                kind.as_str(),
+                "overloaded_error"
+                    | "api_error"
+                    | "rate_limit_error"
+                    | "server_error"
+                    | "rate_limit_exceeded"
+            ),
             StreamError::Incomplete => true,
             _ => false,
         }
