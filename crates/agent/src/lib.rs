@@ -6,6 +6,7 @@
 //! model, and both providers' request bodies and stream decoding; the HTTP clients, the
 //! loop and context management follow (issue 3).
 
+pub mod config;
 pub mod log;
 pub mod message;
 pub mod provider;

@@ -1,5 +1,6 @@
 //! `cordon`: a coding agent that can act only through a sandbox.
 
+mod config_cmd;
 mod doctor;
 mod options;
 mod run;
@@ -18,6 +19,8 @@ pub mod exit {
     pub const NOT_EXECUTABLE: i32 = 126;
     /// The command was not found.
     pub const NOT_FOUND: i32 = 127;
+    /// The configuration is invalid (sysexits' EX_CONFIG).
+    pub const CONFIG: i32 = 78;
 }
 
 #[derive(Parser)]
@@ -43,6 +46,8 @@ enum Command {
     Shell(run::ShellArgs),
     /// Check which isolation features are available and in force.
     Doctor(doctor::DoctorArgs),
+    /// Print the effective configuration, each value's source, secrets masked.
+    Config(config_cmd::ConfigArgs),
 }
 
 fn main() {
@@ -81,6 +86,7 @@ fn main() {
             Command::Run(args) => run::run(args).await,
             Command::Shell(args) => run::shell(args).await,
             Command::Doctor(args) => doctor::doctor(args).await,
+            Command::Config(args) => config_cmd::config(args),
         }
     });
     // Exit at once: a blocking read of our stdin may still be pending.

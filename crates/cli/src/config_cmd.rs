@@ -1,0 +1,41 @@
+//! `cordon config`: the effective configuration, where each value came
+//! from, secrets masked.
+
+use clap::Args;
+use cordon_agent::config::{Layers, Settings};
+
+#[derive(Args, Debug)]
+pub struct ConfigArgs {
+    /// Override a setting as a command-line flag would (repeatable)
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub set: Vec<(String, String)>,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+}
+
+pub fn config(args: ConfigArgs) -> i32 {
+    let settings = match Settings::load(&Layers::from_process(args.set)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return crate::exit::CONFIG;
+        }
+    };
+    let rows = settings.describe();
+    let width = rows.iter().map(|(k, _, _)| k.len()).max().unwrap_or(0);
+    let vwidth = rows
+        .iter()
+        .map(|(_, v, _)| v.chars().count())
+        .max()
+        .unwrap_or(0)
+        .min(48);
+    for (key, value, source) in rows {
+        println!("{key:<width$}  {value:<vwidth$}  {source}");
+    }
+    0
+}
