@@ -6,6 +6,12 @@
 //! a fresh random sentinel with the exit status on stdout and the same
 //! sentinel on stderr; seeing both tells the call is complete and that both
 //! streams are drained, while the command's own output is kept apart.
+//!
+//! The command runs through `eval` of a single quoted word with stdin from
+//! `/dev/null`, so no input can make the shell wait for more lines or eat
+//! the wrapper. A command that permanently redirects the shell's own output
+//! (`exec >file`) hides the sentinel and so runs into the timeout, after
+//! which the shell is replaced.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

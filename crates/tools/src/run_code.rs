@@ -193,7 +193,9 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
             Some(Ok(ExecEvent::Stderr(d))) => err.push(&d),
             Some(Ok(ExecEvent::Exit(r))) => break r,
             Some(Err(e)) => {
-                return ToolOutput::error(format!("the sandbox failed while running the code: {e}"));
+                return ToolOutput::error(format!(
+                    "the sandbox failed while running the code: {e}"
+                ));
             }
             None => return ToolOutput::error("the sandbox ended the run without a result"),
         }

@@ -183,7 +183,8 @@ fn search(ctx: &ToolContext, input: Input) -> ToolOutput {
         (before != *sink.matches, stop)
     };
     if let Some(f) = single {
-        if search_one(f, &dir.display(), &mut out).0 {
+        // Shown like walk results: relative to the workspace root.
+        if search_one(f, &dir.rel.display().to_string(), &mut out).0 {
             files += 1;
         }
     } else {

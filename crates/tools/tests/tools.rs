@@ -583,6 +583,8 @@ async fn list_dir_honours_gitignore_and_depth() {
     assert!(t.contains("    er/\n      x.rs\n"), "{t}");
     // `/build` is anchored at the root: src/build stays visible from src.
     assert!(t.contains("  build/\n    keep.rs\n"), "{t}");
+    let t = env.err("list_dir", json!({"path": "src/main.rs"})).await;
+    assert!(t.contains("not a directory"), "{t}");
     let t = env.ok("list_dir", json!({"path": "src", "depth": 1})).await;
     assert!(!t.contains("er/"), "{t}");
     // A .gitignore above the listed directory still applies.
@@ -638,7 +640,14 @@ async fn search_files_with_glob_context_and_gitignore() {
             json!({"pattern": "NEEDLE", "case_insensitive": true, "path": "src/b.py"}),
         )
         .await;
-    assert!(t.contains("/workspace/src/b.py:1:needle = 1"), "{t}");
+    assert!(t.starts_with("src/b.py:1:needle = 1\n"), "{t}");
+    let t = env
+        .ok(
+            "search_files",
+            json!({"pattern": "needle", "glob": "!*.py"}),
+        )
+        .await;
+    assert!(t.contains("src/a.rs:2:") && !t.contains("b.py"), "{t}");
     let t = env.ok("search_files", json!({"pattern": "absent"})).await;
     assert!(t.contains("No matches"), "{t}");
     let t = env.err("search_files", json!({"pattern": "fn ("})).await;
