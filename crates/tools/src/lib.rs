@@ -1,0 +1,230 @@
+//! The tools a cordon model calls: one module per tool, each holding its
+//! JSON schema beside its implementation. No model and no UI live here; the
+//! agent loop hands a tool the model's JSON arguments and a [`ToolContext`]
+//! for the conversation, and shows the model the [`ToolOutput`]'s text.
+//!
+//! Everything runs in or beneath the conversation's sandbox session:
+//! commands inside the sandbox, file access on the host strictly beneath
+//! the workspace directory that the sandbox sees as `/workspace`.
+//!
+//! ```no_run
+//! # async fn demo(sandbox: cordon_sandbox::Sandbox) {
+//! use cordon_tools::{ToolContext, Toolbox};
+//! let ctx = ToolContext::new(sandbox, "/tmp/work");
+//! let tools = Toolbox::standard();
+//! let out = tools
+//!     .call(&ctx, "bash", serde_json::json!({"command": "echo hi"}))
+//!     .await;
+//! assert!(!out.is_error);
+//! # }
+//! ```
+
+pub mod bash;
+pub mod edit_file;
+pub mod list_dir;
+pub mod read_file;
+pub mod run_code;
+pub mod search_files;
+pub mod write_file;
+
+mod args;
+mod output;
+mod walk;
+mod workspace;
+
+pub use output::HeadTail;
+pub use workspace::{Workspace, WorkspaceError, WsPath};
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+/// What a tool returns. `text` is exactly what the model sees.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    pub text: String,
+    /// The call failed (bad arguments, a refused path, a command that could
+    /// not run). A command that ran and exited non-zero is not an error: the
+    /// exit code is in the text.
+    pub is_error: bool,
+    /// Machine-readable details for front ends (exit codes, diffs, counts).
+    pub structured: Option<Value>,
+}
+
+impl ToolOutput {
+    pub fn ok(text: impl Into<String>) -> Self {
+        ToolOutput {
+            text: text.into(),
+            is_error: false,
+            structured: None,
+        }
+    }
+
+    pub fn error(text: impl Into<String>) -> Self {
+        ToolOutput {
+            text: text.into(),
+            is_error: true,
+            structured: None,
+        }
+    }
+
+    pub fn with_structured(mut self, value: Value) -> Self {
+        self.structured = Some(value);
+        self
+    }
+}
+
+/// The future a tool call returns; boxed so [`Tool`] stays dyn-compatible.
+pub type ToolFuture<'a> = Pin<Box<dyn Future<Output = ToolOutput> + Send + 'a>>;
+
+/// One tool the model can call.
+pub trait Tool: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Written for the model: what the tool does and when to use it.
+    fn description(&self) -> &'static str;
+    /// JSON Schema of the arguments object.
+    fn input_schema(&self) -> Value;
+    /// True when calls never change anything, so the agent may run several
+    /// at once.
+    fn read_only(&self) -> bool;
+    /// Runs the tool. Never panics on bad input: invalid arguments give an
+    /// error output that tells the model how to retry.
+    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a>;
+}
+
+/// Limits that shape what the model sees.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Bytes kept from the start and from the end of each command output
+    /// stream; the middle is dropped with a marker.
+    pub output_head: usize,
+    pub output_tail: usize,
+    /// Default per-call timeout of `bash` and `run_code`.
+    pub default_timeout: std::time::Duration,
+    /// Longest timeout a call may ask for.
+    pub max_timeout: std::time::Duration,
+    /// Files larger than this are not read whole by `read_file`/`edit_file`.
+    pub max_file_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            output_head: 10 * 1024,
+            output_tail: 10 * 1024,
+            default_timeout: std::time::Duration::from_secs(120),
+            max_timeout: std::time::Duration::from_secs(600),
+            max_file_bytes: 10 * 1024 * 1024,
+        }
+    }
+}
+
+/// Everything a tool call needs about its conversation. Cheap to clone;
+/// clones share the persistent shell.
+#[derive(Clone)]
+pub struct ToolContext {
+    pub sandbox: cordon_sandbox::Sandbox,
+    /// Host path of the directory the sandbox sees as `/workspace`.
+    pub workspace: PathBuf,
+    pub limits: Limits,
+    pub(crate) shell: Arc<bash::ShellSlot>,
+}
+
+impl ToolContext {
+    pub fn new(sandbox: cordon_sandbox::Sandbox, workspace: impl Into<PathBuf>) -> Self {
+        ToolContext {
+            sandbox,
+            workspace: workspace.into(),
+            limits: Limits::default(),
+            shell: Arc::default(),
+        }
+    }
+
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Opens the workspace root for host-side file access beneath it.
+    pub(crate) fn open_workspace(&self) -> Result<Workspace, WorkspaceError> {
+        Workspace::open(&self.workspace)
+    }
+}
+
+/// A tool's advertisement to the model.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ToolSpec {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub input_schema: Value,
+    pub read_only: bool,
+}
+
+/// The registry of tools offered to a model.
+#[derive(Clone, Default)]
+pub struct Toolbox {
+    tools: Vec<Arc<dyn Tool>>,
+}
+
+impl Toolbox {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// All of cordon's tools.
+    pub fn standard() -> Self {
+        let mut t = Toolbox::new();
+        t.register(bash::Bash);
+        t.register(read_file::ReadFile);
+        t.register(write_file::WriteFile);
+        t.register(edit_file::EditFile);
+        t.register(list_dir::ListDir);
+        t.register(search_files::SearchFiles);
+        t.register(run_code::RunCode);
+        t
+    }
+
+    /// Adds a tool, replacing one of the same name.
+    pub fn register(&mut self, tool: impl Tool + 'static) {
+        self.tools.retain(|t| t.name() != tool.name());
+        self.tools.push(Arc::new(tool));
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.iter().find(|t| t.name() == name)
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        self.tools.iter().map(|t| t.name()).collect()
+    }
+
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools
+            .iter()
+            .map(|t| ToolSpec {
+                name: t.name(),
+                description: t.description(),
+                input_schema: t.input_schema(),
+                read_only: t.read_only(),
+            })
+            .collect()
+    }
+
+    /// Calls a tool by name; an unknown name is an error output listing the
+    /// tools that exist, so the model can correct itself.
+    pub async fn call(&self, ctx: &ToolContext, name: &str, input: Value) -> ToolOutput {
+        match self.get(name) {
+            Some(tool) => {
+                tracing::debug!(tool = name, "tool call");
+                tool.call(ctx, input).await
+            }
+            None => ToolOutput::error(format!(
+                "There is no tool named {name:?}. Available tools: {}.",
+                self.names().join(", ")
+            )),
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! `list_dir`: a tree of the workspace to a depth, honouring `.gitignore`.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::walk::walker;
+use crate::workspace::WsPath;
+use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+
+pub struct ListDir;
+
+pub const DEFAULT_DEPTH: usize = 2;
+pub const MAX_DEPTH: usize = 20;
+pub const DEFAULT_LIMIT: usize = 500;
+pub const MAX_LIMIT: usize = 5000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Input {
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    depth: Option<usize>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+pub fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "Directory to list, relative to /workspace or absolute under /workspace/. Default: the workspace root."},
+            "depth": {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH, "description": "How many levels deep to go. Default 2."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "description": "Most entries to show. Default 500."}
+        },
+        "additionalProperties": false
+    })
+}
+
+const DESCRIPTION: &str = "List a directory of the workspace as an indented tree, to a given depth. Directories end with `/`, symbolic links show their target. Files ignored by .gitignore (and the .git directory) are left out. Long listings are capped; list a subdirectory or lower the depth to see the rest.";
+
+impl Tool for ListDir {
+    fn name(&self) -> &'static str {
+        "list_dir"
+    }
+    fn description(&self) -> &'static str {
+        DESCRIPTION
+    }
+    fn input_schema(&self) -> Value {
+        schema()
+    }
+    fn read_only(&self) -> bool {
+        true
+    }
+    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
+        Box::pin(async move {
+            let input: Input = match args::parse("list_dir", &schema(), input) {
+                Ok(i) => i,
+                Err(e) => return e,
+            };
+            let ctx = ctx.clone();
+            tokio::task::spawn_blocking(move || list(&ctx, input))
+                .await
+                .unwrap_or_else(|e| ToolOutput::error(format!("list_dir failed: {e}")))
+        })
+    }
+}
+
+fn list(ctx: &ToolContext, input: Input) -> ToolOutput {
+    let dir = match WsPath::parse(input.path.as_deref().unwrap_or(".")) {
+        Ok(d) => d,
+        Err(e) => return ToolOutput::error(e.to_string()),
+    };
+    let depth = input.depth.unwrap_or(DEFAULT_DEPTH).clamp(1, MAX_DEPTH);
+    let limit = input.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+    let mut walk = match walker(ctx, &dir) {
+        Ok(w) => w,
+        Err(e) => return ToolOutput::error(e),
+    };
+    walk.builder.max_depth(Some(depth));
+    let mut out = format!("{}/\n", dir.display());
+    let (mut shown, mut total) = (0usize, 0usize);
+    for entry in walk.builder.build() {
+        let Ok(entry) = entry else { continue };
+        if entry.depth() == 0 {
+            continue;
+        }
+        total += 1;
+        if shown >= limit {
+            continue;
+        }
+        shown += 1;
+        let name = entry.file_name().to_string_lossy();
+        let indent = "  ".repeat(entry.depth());
+        let ft = entry.file_type();
+        if ft.is_some_and(|t| t.is_dir()) {
+            out.push_str(&format!("{indent}{name}/\n"));
+        } else if ft.is_some_and(|t| t.is_symlink()) {
+            let target = std::fs::read_link(entry.path())
+                .map(|t| t.display().to_string())
+                .unwrap_or_else(|_| "?".into());
+            out.push_str(&format!("{indent}{name} -> {target}\n"));
+        } else {
+            out.push_str(&format!("{indent}{name}\n"));
+        }
+    }
+    if total == 0 {
+        out.push_str("  (empty)\n");
+    }
+    if total > shown {
+        out.push_str(&format!(
+            "[{} more entries not shown (limit {limit}); list a subdirectory, lower depth or raise limit]\n",
+            total - shown
+        ));
+    }
+    drop(walk);
+    ToolOutput::ok(out)
+        .with_structured(json!({"path": dir.display(), "entries": total, "shown": shown}))
+}

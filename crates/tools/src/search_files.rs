@@ -1,0 +1,269 @@
+//! `search_files`: regex search over the workspace with ripgrep's crates.
+
+use std::io;
+use std::path::Path;
+
+use grep_regex::RegexMatcherBuilder;
+use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkMatch};
+use ignore::overrides::OverrideBuilder;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::walk::walker;
+use crate::workspace::WsPath;
+use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+
+pub struct SearchFiles;
+
+pub const DEFAULT_MAX_RESULTS: usize = 100;
+pub const MAX_RESULTS: usize = 2000;
+pub const MAX_CONTEXT: usize = 10;
+/// Characters of a matching line shown before it is cut.
+const MAX_LINE_CHARS: usize = 300;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Input {
+    pattern: String,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    glob: Option<String>,
+    #[serde(default)]
+    context: Option<usize>,
+    #[serde(default)]
+    case_insensitive: bool,
+    #[serde(default)]
+    max_results: Option<usize>,
+}
+
+pub fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "pattern": {"type": "string", "description": "Regular expression (Rust regex syntax, like ripgrep) to look for, line by line."},
+            "path": {"type": "string", "description": "Directory (or file) to search, relative to /workspace or absolute under /workspace/. Default: the whole workspace."},
+            "glob": {"type": "string", "description": "Only search files matching this glob, e.g. `*.rs` or `src/**/*.py` (relative to `path`). Prefix with `!` to exclude instead."},
+            "context": {"type": "integer", "minimum": 0, "maximum": MAX_CONTEXT, "description": "Lines of context to show before and after each match. Default 0."},
+            "case_insensitive": {"type": "boolean", "description": "Match regardless of case. Default false."},
+            "max_results": {"type": "integer", "minimum": 1, "maximum": MAX_RESULTS, "description": "Stop after this many matching lines. Default 100."}
+        },
+        "required": ["pattern"],
+        "additionalProperties": false
+    })
+}
+
+const DESCRIPTION: &str = "Search file contents in the workspace with a regular expression (ripgrep's engine). Honours .gitignore and skips binary files. Results are `path:line:text` for matching lines and `path-line-text` for context lines, with `--` between separate groups. Narrow with `path` and `glob`; results are capped and the output says when they were.";
+
+impl Tool for SearchFiles {
+    fn name(&self) -> &'static str {
+        "search_files"
+    }
+    fn description(&self) -> &'static str {
+        DESCRIPTION
+    }
+    fn input_schema(&self) -> Value {
+        schema()
+    }
+    fn read_only(&self) -> bool {
+        true
+    }
+    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
+        Box::pin(async move {
+            let input: Input = match args::parse("search_files", &schema(), input) {
+                Ok(i) => i,
+                Err(e) => return e,
+            };
+            let ctx = ctx.clone();
+            tokio::task::spawn_blocking(move || search(&ctx, input))
+                .await
+                .unwrap_or_else(|e| ToolOutput::error(format!("search_files failed: {e}")))
+        })
+    }
+}
+
+struct Collect<'a> {
+    out: &'a mut String,
+    path: &'a str,
+    matches: &'a mut usize,
+    cap: usize,
+    capped: &'a mut bool,
+}
+
+fn line_text(bytes: &[u8]) -> String {
+    let s = String::from_utf8_lossy(bytes);
+    let s = s.trim_end_matches(['\n', '\r']);
+    match s.char_indices().nth(MAX_LINE_CHARS) {
+        Some((cut, _)) => format!("{}[... cut]", &s[..cut]),
+        None => s.to_string(),
+    }
+}
+
+impl Sink for Collect<'_> {
+    type Error = io::Error;
+
+    fn matched(&mut self, _: &Searcher, m: &SinkMatch<'_>) -> Result<bool, io::Error> {
+        if *self.matches >= self.cap {
+            *self.capped = true;
+            return Ok(false);
+        }
+        *self.matches += 1;
+        let n = m.line_number().unwrap_or(0);
+        self.out
+            .push_str(&format!("{}:{n}:{}\n", self.path, line_text(m.bytes())));
+        Ok(true)
+    }
+
+    fn context(&mut self, _: &Searcher, c: &SinkContext<'_>) -> Result<bool, io::Error> {
+        let n = c.line_number().unwrap_or(0);
+        self.out
+            .push_str(&format!("{}-{n}-{}\n", self.path, line_text(c.bytes())));
+        Ok(true)
+    }
+
+    fn context_break(&mut self, _: &Searcher) -> Result<bool, io::Error> {
+        self.out.push_str("--\n");
+        Ok(true)
+    }
+}
+
+fn search(ctx: &ToolContext, input: Input) -> ToolOutput {
+    let dir = match WsPath::parse(input.path.as_deref().unwrap_or(".")) {
+        Ok(d) => d,
+        Err(e) => return ToolOutput::error(e.to_string()),
+    };
+    let matcher = match RegexMatcherBuilder::new()
+        .case_insensitive(input.case_insensitive)
+        .build(&input.pattern)
+    {
+        Ok(m) => m,
+        Err(e) => {
+            return ToolOutput::error(format!(
+                "Invalid regular expression {:?}: {e}. Escape special characters such as ( [ {{ . * + ? with a backslash to match them literally.",
+                input.pattern
+            ));
+        }
+    };
+    let context = input.context.unwrap_or(0).min(MAX_CONTEXT);
+    let cap = input
+        .max_results
+        .unwrap_or(DEFAULT_MAX_RESULTS)
+        .clamp(1, MAX_RESULTS);
+    let mut searcher = SearcherBuilder::new()
+        .line_number(true)
+        .before_context(context)
+        .after_context(context)
+        .binary_detection(BinaryDetection::quit(0))
+        .build();
+
+    // A file as `path`: search just it.
+    let ws = match ctx.open_workspace() {
+        Ok(w) => w,
+        Err(e) => return ToolOutput::error(e.to_string()),
+    };
+    let single = match ws.open_read(&dir) {
+        Ok((f, _)) => Some(f),
+        Err(crate::WorkspaceError::IsDirectory { .. }) => None,
+        Err(e) => return ToolOutput::error(e.to_string()),
+    };
+    let (mut out, mut matches, mut capped, mut files) = (String::new(), 0usize, false, 0usize);
+    let mut search_one = |file: std::fs::File, shown: &str, out: &mut String| {
+        let before = matches;
+        let mut sink = Collect {
+            out,
+            path: shown,
+            matches: &mut matches,
+            cap,
+            capped: &mut capped,
+        };
+        if let Err(e) = searcher.search_file(&matcher, &file, &mut sink) {
+            tracing::debug!(path = shown, error = %e, "search skipped a file");
+        }
+        let stop = *sink.capped;
+        (before != *sink.matches, stop)
+    };
+    if let Some(f) = single {
+        // Shown like walk results: relative to the workspace root.
+        if search_one(f, &dir.rel.display().to_string(), &mut out).0 {
+            files += 1;
+        }
+    } else {
+        let mut walk = match walker(ctx, &dir) {
+            Ok(w) => w,
+            Err(e) => return ToolOutput::error(e),
+        };
+        if let Some(glob) = input.glob.as_deref().filter(|g| !g.is_empty()) {
+            let mut ob = OverrideBuilder::new(&walk.root);
+            let built = ob.add(glob).and_then(|b| b.build());
+            match built {
+                Ok(o) => {
+                    walk.builder.overrides(o);
+                }
+                Err(e) => {
+                    return ToolOutput::error(format!("Invalid glob {glob:?}: {e}"));
+                }
+            }
+        }
+        for entry in walk.builder.build() {
+            let Ok(entry) = entry else { continue };
+            if !entry.file_type().is_some_and(|t| t.is_file()) {
+                continue;
+            }
+            let Ok(rel) = entry.path().strip_prefix(&walk.root) else {
+                continue;
+            };
+            // Re-open beneath the workspace root so that whatever the walk
+            // met, only files inside the workspace are read.
+            let p = WsPath {
+                rel: Path::new(".").join(&dir.rel).join(rel),
+            };
+            let Ok((f, _)) = walk.workspace.open_read(&p) else {
+                continue;
+            };
+            let shown = if dir.rel == Path::new(".") {
+                rel.display().to_string()
+            } else {
+                dir.rel.join(rel).display().to_string()
+            };
+            let (found, stop) = search_one(f, &shown, &mut out);
+            if found {
+                files += 1;
+                if context > 0 {
+                    out.push_str("--\n");
+                }
+            }
+            if stop {
+                break;
+            }
+        }
+    }
+    if matches == 0 {
+        return ToolOutput::ok(format!(
+            "No matches for {:?} in {}{}.",
+            input.pattern,
+            dir.display(),
+            input
+                .glob
+                .as_deref()
+                .map(|g| format!(" (files matching {g:?})"))
+                .unwrap_or_default()
+        ))
+        .with_structured(json!({"matches": 0, "files": 0, "capped": false}));
+    }
+    if out.ends_with("--\n") {
+        out.truncate(out.len() - 3);
+    }
+    if capped {
+        out.push_str(&format!(
+            "[results capped at {cap} matching lines; there are more. Narrow the pattern, path or glob, or raise max_results]\n"
+        ));
+    } else {
+        out.push_str(&format!(
+            "[{matches} matching line{} in {files} file{}]\n",
+            if matches == 1 { "" } else { "s" },
+            if files == 1 { "" } else { "s" }
+        ));
+    }
+    ToolOutput::ok(out)
+        .with_structured(json!({"matches": matches, "files": files, "capped": capped}))
+}

@@ -1,0 +1,344 @@
+//! Host-side file access strictly beneath the workspace root.
+//!
+//! The model names files as it sees them inside the sandbox: relative to
+//! `/workspace` or as absolute `/workspace/...` paths. Every open goes
+//! through `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` relative to a
+//! descriptor of the workspace root, so the kernel itself refuses `..` and
+//! symbolic links (absolute or relative) that would resolve outside, even
+//! when the sandbox changes the tree between our checks. Parent directories
+//! are created one component at a time relative to an already-checked
+//! directory descriptor for the same reason.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+
+/// The sandbox's name for the workspace root.
+pub const SANDBOX_ROOT: &str = "/workspace";
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error(
+        "{path}: only files inside the workspace can be used; give a path relative to /workspace or one starting with /workspace/"
+    )]
+    Outside { path: String },
+    #[error("{path}: `..` here would leave the workspace; use a path inside /workspace")]
+    DotDot { path: String },
+    #[error(
+        "{path}: resolves outside the workspace (through a symbolic link that points out of it); only files beneath /workspace can be used"
+    )]
+    Escapes { path: String },
+    #[error("{path}: no such file or directory")]
+    NotFound { path: String },
+    #[error("{path}: is a directory; use list_dir to see what it holds")]
+    IsDirectory { path: String },
+    #[error("{path}: not a directory")]
+    NotDirectory { path: String },
+    #[error("{path}: not a regular file (a device, pipe or socket), which file tools do not touch")]
+    NotRegular { path: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot open the workspace directory {}: {source}", root.display())]
+    Root {
+        root: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// A path the model gave, checked to stay inside the workspace and made
+/// relative to its root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WsPath {
+    /// Relative to the root; `.` for the root itself.
+    pub rel: PathBuf,
+}
+
+impl WsPath {
+    /// Parses a model-supplied path. Lexical checks only: absolute paths
+    /// elsewhere and `..` above the root are refused here with a clear
+    /// message; symbolic links are left to `openat2`.
+    pub fn parse(path: &str) -> Result<WsPath, WorkspaceError> {
+        let given = path.trim();
+        let rest = if let Some(abs) = given.strip_prefix('/') {
+            match abs.strip_prefix(&SANDBOX_ROOT[1..]) {
+                Some(r) if r.is_empty() || r.starts_with('/') => r.trim_start_matches('/'),
+                _ => {
+                    return Err(WorkspaceError::Outside {
+                        path: given.to_string(),
+                    });
+                }
+            }
+        } else {
+            given
+        };
+        let mut rel = PathBuf::new();
+        for c in Path::new(rest).components() {
+            match c {
+                Component::Normal(n) => rel.push(n),
+                Component::CurDir => {}
+                Component::ParentDir => {
+                    if !rel.pop() {
+                        return Err(WorkspaceError::DotDot {
+                            path: given.to_string(),
+                        });
+                    }
+                }
+                Component::RootDir | Component::Prefix(_) => {
+                    return Err(WorkspaceError::Outside {
+                        path: given.to_string(),
+                    });
+                }
+            }
+        }
+        if rel.as_os_str().is_empty() {
+            rel.push(".");
+        }
+        Ok(WsPath { rel })
+    }
+
+    /// How the sandbox names it, for messages.
+    pub fn display(&self) -> String {
+        if self.rel == Path::new(".") {
+            SANDBOX_ROOT.to_string()
+        } else {
+            format!("{SANDBOX_ROOT}/{}", self.rel.display())
+        }
+    }
+}
+
+/// An open workspace root.
+pub struct Workspace {
+    root: OwnedFd,
+}
+
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
+
+impl Workspace {
+    pub fn open(host_root: &Path) -> Result<Workspace, WorkspaceError> {
+        let root = rustix::fs::open(
+            host_root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| WorkspaceError::Root {
+            root: host_root.to_path_buf(),
+            source: e.into(),
+        })?;
+        Ok(Workspace { root })
+    }
+
+    fn map(path: &WsPath, e: Errno) -> WorkspaceError {
+        let path = path.display();
+        match e {
+            Errno::XDEV => WorkspaceError::Escapes { path },
+            Errno::NOENT => WorkspaceError::NotFound { path },
+            Errno::ISDIR => WorkspaceError::IsDirectory { path },
+            Errno::NOTDIR => WorkspaceError::NotDirectory { path },
+            // A magic link (such as /proc/self/root) was met.
+            Errno::LOOP => WorkspaceError::Io {
+                path,
+                source: std::io::Error::other(
+                    "too many levels of symbolic links, or a link that cannot be followed safely",
+                ),
+            },
+            e => WorkspaceError::Io {
+                path,
+                source: e.into(),
+            },
+        }
+    }
+
+    fn openat(
+        &self,
+        dir: impl AsFd,
+        rel: &Path,
+        shown: &WsPath,
+        flags: OFlags,
+        mode: Mode,
+    ) -> Result<OwnedFd, WorkspaceError> {
+        loop {
+            match rustix::fs::openat2(&dir, rel, flags | OFlags::CLOEXEC, mode, RESOLVE) {
+                // openat2 asks callers to retry when a rename raced it.
+                Err(Errno::AGAIN) | Err(Errno::INTR) => continue,
+                r => return r.map_err(|e| Self::map(shown, e)),
+            }
+        }
+    }
+
+    /// Opens a regular file for reading. Non-blocking so that a FIFO
+    /// planted in the workspace cannot hang the agent; it is refused.
+    pub fn open_read(&self, path: &WsPath) -> Result<(File, u64), WorkspaceError> {
+        let fd = self.openat(
+            &self.root,
+            &path.rel,
+            path,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+            Mode::empty(),
+        )?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| Self::map(path, e))?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => Ok((File::from(fd), st.st_size as u64)),
+            FileType::Directory => Err(WorkspaceError::IsDirectory {
+                path: path.display(),
+            }),
+            _ => Err(WorkspaceError::NotRegular {
+                path: path.display(),
+            }),
+        }
+    }
+
+    /// Opens a directory for walking; the returned descriptor must stay
+    /// open while its `/proc/self/fd` path is used.
+    pub fn open_dir(&self, path: &WsPath) -> Result<(OwnedFd, PathBuf), WorkspaceError> {
+        let fd = self.openat(
+            &self.root,
+            &path.rel,
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )?;
+        let proc = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        Ok((fd, proc))
+    }
+
+    /// Opens (creating as needed) each directory of `dir` in turn, each
+    /// relative to the one before and each beneath the root.
+    fn make_dirs(&self, dir: &Path, shown: &WsPath) -> Result<OwnedFd, WorkspaceError> {
+        let mut cur = self.openat(
+            &self.root,
+            Path::new("."),
+            shown,
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )?;
+        for c in dir.components() {
+            let Component::Normal(name) = c else { continue };
+            let name = Path::new(name);
+            let next = match self.openat(
+                &cur,
+                name,
+                shown,
+                OFlags::RDONLY | OFlags::DIRECTORY,
+                Mode::empty(),
+            ) {
+                Err(WorkspaceError::NotFound { .. }) => {
+                    match rustix::fs::mkdirat(&cur, name, Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(Self::map(shown, e)),
+                    }
+                    let fd = self.openat(
+                        &cur,
+                        name,
+                        shown,
+                        OFlags::RDONLY | OFlags::DIRECTORY,
+                        Mode::empty(),
+                    )?;
+                    clear_set_id(&fd, shown)?;
+                    fd
+                }
+                r => r?,
+            };
+            cur = next;
+        }
+        Ok(cur)
+    }
+
+    /// Writes `data` to `path`, creating parent directories. Returns whether
+    /// the file was created (rather than overwritten).
+    pub fn write(&self, path: &WsPath, data: &[u8]) -> Result<bool, WorkspaceError> {
+        let (parent, name) = match (path.rel.parent(), path.rel.file_name()) {
+            (Some(p), Some(n)) => (p.to_path_buf(), PathBuf::from(n)),
+            _ => {
+                return Err(WorkspaceError::IsDirectory {
+                    path: path.display(),
+                });
+            }
+        };
+        let dir = self.make_dirs(&parent, path)?;
+        let base = OFlags::WRONLY | OFlags::NONBLOCK | OFlags::NOCTTY;
+        let (fd, created) = match self.openat(&dir, &name, path, base, Mode::empty()) {
+            Ok(fd) => (fd, false),
+            Err(WorkspaceError::NotFound { .. }) => (
+                self.openat(
+                    &dir,
+                    &name,
+                    path,
+                    base | OFlags::CREATE | OFlags::EXCL,
+                    Mode::from_raw_mode(0o644),
+                )?,
+                true,
+            ),
+            Err(e) => return Err(e),
+        };
+        let st = rustix::fs::fstat(&fd).map_err(|e| Self::map(path, e))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(WorkspaceError::NotRegular {
+                path: path.display(),
+            });
+        }
+        // Truncate only after checking the type, so a FIFO is never opened
+        // for truncation and a directory is reported as such.
+        rustix::fs::ftruncate(&fd, 0).map_err(|e| Self::map(path, e))?;
+        clear_set_id(&fd, path)?;
+        let mut f = File::from(fd);
+        f.write_all(data).map_err(|e| WorkspaceError::Io {
+            path: path.display(),
+            source: e,
+        })?;
+        Ok(created)
+    }
+}
+
+/// Drops setuid/setgid bits: a file the model writes must never become a
+/// way to gain another identity (a setgid parent directory would otherwise
+/// hand its bit to new directories).
+fn clear_set_id(fd: &OwnedFd, path: &WsPath) -> Result<(), WorkspaceError> {
+    let st = rustix::fs::fstat(fd).map_err(|e| Workspace::map(path, e))?;
+    let mode = st.st_mode & 0o7777;
+    if mode & 0o6000 != 0 {
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(mode & !0o6000))
+            .map_err(|e| Workspace::map(path, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_made_relative_to_the_workspace() {
+        assert_eq!(WsPath::parse("a/b").unwrap().rel, Path::new("a/b"));
+        assert_eq!(WsPath::parse("/workspace/a").unwrap().rel, Path::new("a"));
+        assert_eq!(WsPath::parse("/workspace").unwrap().rel, Path::new("."));
+        assert_eq!(WsPath::parse("./a/../b").unwrap().rel, Path::new("b"));
+        assert_eq!(WsPath::parse("").unwrap().rel, Path::new("."));
+    }
+
+    #[test]
+    fn paths_outside_are_refused() {
+        assert!(matches!(
+            WsPath::parse("/etc/passwd"),
+            Err(WorkspaceError::Outside { .. })
+        ));
+        assert!(matches!(
+            WsPath::parse("/workspacex/a"),
+            Err(WorkspaceError::Outside { .. })
+        ));
+        assert!(matches!(
+            WsPath::parse("../x"),
+            Err(WorkspaceError::DotDot { .. })
+        ));
+        assert!(matches!(
+            WsPath::parse("/workspace/../etc"),
+            Err(WorkspaceError::DotDot { .. })
+        ));
+    }
+}
