@@ -6,6 +6,7 @@
 //! model, and both providers' request bodies and stream decoding; the HTTP clients, the
 //! loop and context management follow (issue 3).
 
+pub mod agent;
 pub mod config;
 pub mod log;
 pub mod message;
@@ -13,6 +14,7 @@ pub mod provider;
 pub mod stream;
 pub mod wire;
 
+pub use agent::{Agent, AgentConfig, AgentError, AgentEvent, Cancel, TurnOutcome};
 pub use log::{LoadReport, LogError, Record, SessionLog};
 pub use message::{AssistantMessage, ContentBlock, StopReason, StreamDelta, Usage};
 pub use provider::{Provider, ProviderConfig, ProviderError, ProviderKind};

@@ -1,0 +1,226 @@
+//! The agent loop end to end: the scripted model server over HTTP, the real
+//! tools, and a real sandbox.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cordon_agent::{
+    Agent, AgentConfig, AgentError, AgentEvent, Cancel, Provider, ProviderConfig, ProviderKind,
+};
+use cordon_sandbox::{Sandbox, SandboxConfig};
+use cordon_testkit::{Scenario, ScriptedServer, Turn};
+use cordon_tools::{ToolContext, Toolbox};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+fn supervisor() -> PathBuf {
+    if let Some(p) = std::env::var_os("CORDON_SUPERVISOR") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let p = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("cordon-supervisor");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build -p cordon-sandbox --bins`",
+        p.display()
+    );
+    p
+}
+
+async fn agent(server: &ScriptedServer, kind: ProviderKind, ws: &Path) -> (Agent, Sandbox) {
+    let mut sc = SandboxConfig::new(ws);
+    sc.supervisor = Some(supervisor());
+    let sandbox = Sandbox::create(sc).await.unwrap();
+    let url = match kind {
+        ProviderKind::Anthropic => server.url(),
+        ProviderKind::OpenAi => server.openai_url(),
+    };
+    let mut pc = ProviderConfig::new(kind, url);
+    pc.initial_backoff = Duration::from_millis(10);
+    let agent = Agent::new(
+        Provider::new(pc).unwrap(),
+        Toolbox::standard(),
+        ToolContext::new(sandbox.clone(), ws),
+        AgentConfig {
+            model: "scripted".into(),
+            system: "You are cordon.".into(),
+            max_tokens: 4096,
+            max_steps: 10,
+        },
+    );
+    (agent, sandbox)
+}
+
+fn drain(rx: &mut mpsc::UnboundedReceiver<AgentEvent>) -> Vec<AgentEvent> {
+    let mut v = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        v.push(e);
+    }
+    v
+}
+
+#[tokio::test]
+async fn a_task_that_writes_hello_py_and_runs_it_works_in_both_protocols() {
+    for kind in [ProviderKind::Anthropic, ProviderKind::OpenAi] {
+        let ws = tempfile::tempdir().unwrap();
+        let server = ScriptedServer::start(
+            Scenario::new()
+                .turn(Turn::text("Writing the script.").with_tool_call(
+                    "t1",
+                    "write_file",
+                    json!({"path": "hello.py", "content": "print('hello from cordon')\n"}),
+                ))
+                .turn(
+                    Turn::text("Running it.")
+                        .with_tool_call("t2", "bash", json!({"command": "python3 hello.py"}))
+                        .expect_tool_results(["t1"]),
+                )
+                .turn(
+                    Turn::text("It printed the greeting.")
+                        .expect_tool_results(["t2"])
+                        .expect_contains("hello from cordon"),
+                ),
+        );
+        let (mut agent, sandbox) = agent(&server, kind, ws.path()).await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let outcome = agent
+            .send("write hello.py and run it", &tx, &Cancel::new())
+            .await
+            .unwrap();
+        assert_eq!(outcome.text, "It printed the greeting.");
+        assert_eq!(outcome.steps, 3);
+        server.assert_finished();
+        assert_eq!(
+            std::fs::read_to_string(ws.path().join("hello.py")).unwrap(),
+            "print('hello from cordon')\n"
+        );
+        let events = drain(&mut rx);
+        let ran = events.iter().find_map(|e| match e {
+            AgentEvent::ToolCallFinished {
+                name,
+                output,
+                is_error,
+                ..
+            } if name == "bash" => Some((output.clone(), *is_error)),
+            _ => None,
+        });
+        let (output, is_error) = ran.expect("bash ran");
+        assert!(
+            !is_error && output.contains("hello from cordon"),
+            "{output}"
+        );
+        assert!(matches!(
+            events.first(),
+            Some(AgentEvent::TurnStarted { step: 1 })
+        ));
+        assert!(matches!(
+            events.last(),
+            Some(AgentEvent::TurnCompleted { steps: 3, .. })
+        ));
+        // The events serialise as the documented JSON objects.
+        let line = serde_json::to_string(&events[0]).unwrap();
+        assert_eq!(line, r#"{"type":"turn_started","step":1}"#);
+        sandbox.close().await;
+    }
+}
+
+#[tokio::test]
+async fn read_only_calls_run_together_and_results_keep_their_order() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "alpha\n").unwrap();
+    std::fs::write(ws.path().join("b.txt"), "beta\n").unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Reading both.")
+                    .with_tool_call("r1", "read_file", json!({"path": "a.txt"}))
+                    .with_tool_call("r2", "read_file", json!({"path": "b.txt"}))
+                    .with_tool_call("r3", "list_dir", json!({"path": "."})),
+            )
+            .turn(
+                Turn::text("Done.")
+                    .expect_tool_results(["r1", "r2", "r3"])
+                    .expect_contains("alpha")
+                    .expect_contains("beta"),
+            ),
+    );
+    let (mut agent, sandbox) = agent(&server, ProviderKind::Anthropic, ws.path()).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    agent.send("read them", &tx, &Cancel::new()).await.unwrap();
+    server.assert_finished();
+    let events = drain(&mut rx);
+    // All three start before the first finishes: they ran as one batch.
+    let first_finish = events
+        .iter()
+        .position(|e| matches!(e, AgentEvent::ToolCallFinished { .. }))
+        .unwrap();
+    let starts = events[..first_finish]
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::ToolCallStarted { .. }))
+        .count();
+    assert_eq!(starts, 3);
+    sandbox.close().await;
+}
+
+#[tokio::test]
+async fn cancelling_mid_tool_leaves_a_valid_history_and_the_next_turn_works() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Sleeping.").with_tool_call(
+                "s1",
+                "bash",
+                json!({"command": "sleep 30"}),
+            ))
+            .turn(
+                Turn::text("Understood, I stopped.")
+                    .expect_tool_results(["s1"])
+                    .expect_contains("cancelled")
+                    .expect_contains("never mind"),
+            ),
+    );
+    let (mut agent, sandbox) = agent(&server, ProviderKind::Anthropic, ws.path()).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let cancel = Cancel::new();
+    let trigger = cancel.clone();
+    let watcher = tokio::spawn(async move {
+        while let Some(e) = rx.recv().await {
+            if matches!(e, AgentEvent::ToolCallStarted { .. }) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                trigger.cancel();
+            }
+        }
+    });
+    let started = std::time::Instant::now();
+    let err = agent.send("sleep a while", &tx, &cancel).await.unwrap_err();
+    assert!(matches!(err, AgentError::Cancelled), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    cancel.reset();
+    let outcome = agent.send("never mind", &tx, &cancel).await.unwrap();
+    assert_eq!(outcome.text, "Understood, I stopped.");
+    server.assert_finished();
+    drop(tx);
+    watcher.await.unwrap();
+    sandbox.close().await;
+}
+
+#[tokio::test]
+async fn a_provider_failure_is_reported_and_the_turn_ends_cleanly() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new().turn(Turn::text("x").fault(cordon_testkit::Fault::auth_error())),
+    );
+    let (mut agent, sandbox) = agent(&server, ProviderKind::Anthropic, ws.path()).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let err = agent.send("hi", &tx, &Cancel::new()).await.unwrap_err();
+    assert!(err.to_string().contains("rejected the key"), "{err}");
+    let events = drain(&mut rx);
+    assert!(events.iter().any(
+        |e| matches!(e, AgentEvent::Error { message } if message.contains("ANTHROPIC_API_KEY"))
+    ));
+    sandbox.close().await;
+}
