@@ -2,6 +2,7 @@
 
 mod config_cmd;
 mod doctor;
+mod exec;
 mod options;
 mod run;
 
@@ -48,6 +49,11 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Print the effective configuration, each value's source, secrets masked.
     Config(config_cmd::ConfigArgs),
+    /// Run one task with the agent, headless.
+    ///
+    /// Exit status: 0 done, 1 the model could not finish (API error, step
+    /// limit), 78 bad configuration, 125 sandbox error, 130 interrupted.
+    Exec(exec::ExecArgs),
 }
 
 fn main() {
@@ -87,6 +93,7 @@ fn main() {
             Command::Shell(args) => run::shell(args).await,
             Command::Doctor(args) => doctor::doctor(args).await,
             Command::Config(args) => config_cmd::config(args),
+            Command::Exec(args) => exec::exec(args).await,
         }
     });
     // Exit at once: a blocking read of our stdin may still be pending.

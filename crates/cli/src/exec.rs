@@ -1,0 +1,321 @@
+//! `cordon exec "PROMPT"`: one task, headless. The answer streams to
+//! stdout, progress (tool calls and abbreviated results) to stderr; with
+//! `--json`, every event is one JSON object per line on stdout.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+
+use clap::Args;
+use cordon_agent::config::{Layers, Settings};
+use cordon_agent::{
+    Agent, AgentConfig, AgentError, AgentEvent, Cancel, Provider, ProviderConfig, ProviderKind,
+    SessionLog,
+};
+use cordon_sandbox::{Network, Sandbox, SandboxConfig, parse_size};
+use cordon_tools::{ToolContext, Toolbox};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::exit;
+
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// The task; `-` reads it from stdin
+    #[arg(value_name = "PROMPT")]
+    pub prompt: String,
+    /// Print every event as a JSON object per line (see docs/exec-json.md)
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the final message to FILE
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Model name (overrides MODEL and config files)
+    #[arg(long)]
+    pub model: Option<String>,
+    /// anthropic or openai
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Host directory mounted at /workspace [default: SAFEDIR or the current directory]
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Model requests allowed for the task
+    #[arg(long, default_value_t = 50)]
+    pub max_steps: u32,
+    /// Override any setting (repeatable), as `cordon config --set`
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub set: Vec<(String, String)>,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+}
+
+/// Exit status when the model could not complete the task.
+pub const MODEL_ERROR: i32 = 1;
+
+const SYSTEM: &str = "You are cordon, a coding agent. Every command you run and every file you \
+touch is inside an isolated sandbox: the user's project is at /workspace, there is no network, \
+and /tmp is scratch space. Work step by step, check your work by running it, and finish with a \
+short summary of what you did.";
+
+fn config_error(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("cordon: {msg}");
+    exit::CONFIG
+}
+
+struct Setup {
+    provider: ProviderConfig,
+    model: String,
+    max_tokens: u32,
+    workspace: PathBuf,
+    sandbox: SandboxConfig,
+}
+
+fn setup(args: &ExecArgs) -> Result<Setup, i32> {
+    let mut cli = args.set.clone();
+    if let Some(m) = &args.model {
+        cli.push(("model".into(), m.clone()));
+    }
+    if let Some(p) = &args.provider {
+        cli.push(("provider".into(), p.clone()));
+    }
+    if let Some(w) = &args.workspace {
+        cli.push(("workspace".into(), w.display().to_string()));
+    }
+    let settings = Settings::load(&Layers::from_process(cli)).map_err(config_error)?;
+    let get = |k: &str| settings.get(k).map(str::to_string);
+    let kind = match settings.provider() {
+        "openai" => ProviderKind::OpenAi,
+        _ => ProviderKind::Anthropic,
+    };
+    let (base, key) = match kind {
+        ProviderKind::Anthropic => (get("anthropic_base_url"), get("anthropic_api_key")),
+        ProviderKind::OpenAi => (get("openai_base_url"), get("openai_api_key")),
+    };
+    if kind == ProviderKind::Anthropic && key.is_none() {
+        return Err(config_error(
+            "no API key: set ANTHROPIC_API_KEY (or use an OpenAI-compatible server with OPENAI_BASE_URL)",
+        ));
+    }
+    let mut provider = ProviderConfig::new(kind, base.unwrap_or_default());
+    provider.api_key = key;
+    let workspace = match get("workspace") {
+        Some(w) => PathBuf::from(w),
+        None => std::env::current_dir().map_err(config_error)?,
+    };
+    let mut sandbox = SandboxConfig::new(&workspace);
+    sandbox.memory =
+        Some(parse_size(settings.get("sandbox.memory").unwrap_or("512M")).map_err(config_error)?);
+    sandbox.pids = settings.get("sandbox.pids").and_then(|v| v.parse().ok());
+    sandbox.network = settings
+        .get("sandbox.network")
+        .unwrap_or("off")
+        .parse::<Network>()
+        .map_err(config_error)?;
+    Ok(Setup {
+        model: get("model").unwrap_or_default(),
+        max_tokens: settings
+            .get("max_tokens")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8192),
+        provider,
+        workspace,
+        sandbox,
+    })
+}
+
+fn read_prompt(arg: &str) -> Result<String, i32> {
+    if arg != "-" {
+        return Ok(arg.to_string());
+    }
+    let mut s = String::new();
+    std::io::stdin()
+        .read_to_string(&mut s)
+        .map_err(|e| config_error(format_args!("cannot read the prompt from stdin: {e}")))?;
+    Ok(s)
+}
+
+fn sessions_dir() -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("cordon/sessions")
+}
+
+fn session_id() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!(
+        "{}-{:05x}",
+        now.as_secs(),
+        (now.subsec_nanos() ^ std::process::id()) & 0xfffff
+    )
+}
+
+/// The first lines of a tool's output, for progress lines.
+fn abbreviate(text: &str, lines: usize) -> String {
+    let mut out: Vec<&str> = text.lines().take(lines).collect();
+    let total = text.lines().count();
+    if total > lines {
+        out.push("…");
+    }
+    out.join("\n    ")
+}
+
+pub async fn exec(args: ExecArgs) -> i32 {
+    let prompt = match read_prompt(&args.prompt) {
+        Ok(p) if !p.trim().is_empty() => p,
+        Ok(_) => return config_error("the prompt is empty"),
+        Err(code) => return code,
+    };
+    let s = match setup(&args) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let sandbox = match Sandbox::create(s.sandbox.clone()).await {
+        Ok(sb) => sb,
+        Err(e) => {
+            eprintln!("cordon: cannot create the sandbox: {e}");
+            return exit::SANDBOX;
+        }
+    };
+    let provider = match Provider::new(s.provider.clone()) {
+        Ok(p) => p,
+        Err(e) => return config_error(e),
+    };
+    let id = session_id();
+    let mut log =
+        SessionLog::<serde_json::Value>::create(sessions_dir().join(format!("{id}.jsonl")))
+            .map_err(|e| tracing::warn!("session log disabled: {e}"))
+            .ok();
+    let started = json!({
+        "type": "session_started",
+        "session_id": id,
+        "model": s.model,
+        "provider": s.provider.kind.to_string(),
+        "workspace": s.workspace,
+    });
+    let mut stdout = std::io::stdout();
+    if args.json {
+        let _ = writeln!(stdout, "{started}");
+    }
+    if let Some(l) = log.as_mut() {
+        let _ = l.append(&started);
+        let _ = l.append(&json!({"type": "user_message", "text": prompt}));
+    }
+    let mut agent = Agent::new(
+        provider,
+        Toolbox::standard(),
+        ToolContext::new(sandbox.clone(), &s.workspace),
+        AgentConfig {
+            model: s.model.clone(),
+            system: SYSTEM.into(),
+            max_tokens: s.max_tokens,
+            max_steps: args.max_steps,
+        },
+    );
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let cancel = Cancel::new();
+    let on_int = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_int.cancel();
+        }
+    });
+    let json_mode = args.json;
+    let color = std::io::stderr().is_terminal();
+    let printer = tokio::spawn(async move {
+        let mut out = std::io::stdout();
+        let mut err = std::io::stderr();
+        let (dim, reset) = if color {
+            ("\x1b[2m", "\x1b[0m")
+        } else {
+            ("", "")
+        };
+        let mut at_line_start = true;
+        let mut logged = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            if !matches!(
+                ev,
+                AgentEvent::TextDelta { .. } | AgentEvent::ThinkingDelta { .. }
+            ) {
+                logged.push(serde_json::to_value(&ev).unwrap_or_default());
+            }
+            if json_mode {
+                let _ = writeln!(out, "{}", serde_json::to_string(&ev).unwrap_or_default());
+                continue;
+            }
+            match ev {
+                AgentEvent::TextDelta { text } => {
+                    at_line_start = text.ends_with('\n');
+                    let _ = out.write_all(text.as_bytes());
+                    let _ = out.flush();
+                }
+                AgentEvent::ToolCallStarted { name, input, .. } => {
+                    if !at_line_start {
+                        let _ = writeln!(out);
+                        at_line_start = true;
+                    }
+                    let key = ["command", "path", "pattern", "language"]
+                        .iter()
+                        .find_map(|k| input.get(k).and_then(|v| v.as_str()))
+                        .unwrap_or("");
+                    let _ = writeln!(err, "{dim}▸ {name} {key}{reset}");
+                }
+                AgentEvent::ToolCallFinished {
+                    output, is_error, ..
+                } => {
+                    let mark = if is_error { "✗" } else { "✓" };
+                    let _ = writeln!(err, "{dim}  {mark} {}{reset}", abbreviate(&output, 4));
+                }
+                AgentEvent::Retrying {
+                    attempt,
+                    wait_ms,
+                    reason,
+                } => {
+                    let _ = writeln!(
+                        err,
+                        "{dim}  retrying (attempt {attempt}) in {wait_ms} ms: {reason}{reset}"
+                    );
+                }
+                AgentEvent::Error { message } => {
+                    let _ = writeln!(err, "cordon: {message}");
+                }
+                _ => {}
+            }
+        }
+        if !json_mode && !at_line_start {
+            let _ = writeln!(out);
+        }
+        logged
+    });
+    let result = agent.send(&prompt, &tx, &cancel).await;
+    drop(tx);
+    let logged = printer.await.unwrap_or_default();
+    if let Some(l) = log.as_mut() {
+        for ev in &logged {
+            let _ = l.append(ev);
+        }
+        let _ = l.sync();
+    }
+    sandbox.close().await;
+    match result {
+        Ok(outcome) => {
+            if let Some(path) = &args.output {
+                if let Err(e) = std::fs::write(path, &outcome.text) {
+                    eprintln!("cordon: cannot write {}: {e}", path.display());
+                    return MODEL_ERROR;
+                }
+            }
+            0
+        }
+        Err(AgentError::Cancelled) => 130,
+        Err(_) => MODEL_ERROR,
+    }
+}

@@ -1,0 +1,206 @@
+//! `cordon exec` end to end: the real binary, the scripted model server over
+//! HTTP, the real sandbox and tools.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use cordon_testkit::{Fault, Scenario, ScriptedServer, Turn};
+use serde_json::{Value, json};
+
+fn hello_scenario() -> Scenario {
+    Scenario::new()
+        .turn(Turn::text("Writing hello.py.").with_tool_call(
+            "t1",
+            "write_file",
+            json!({"path": "hello.py", "content": "print('hello from the sandbox')\n"}),
+        ))
+        .turn(
+            Turn::text("Running it.")
+                .with_tool_call("t2", "bash", json!({"command": "python3 hello.py"}))
+                .expect_tool_results(["t1"]),
+        )
+        .turn(
+            Turn::text("hello.py prints its greeting.")
+                .expect_tool_results(["t2"])
+                .expect_contains("hello from the sandbox"),
+        )
+}
+
+fn exec(server: &ScriptedServer, ws: &Path, home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .arg("exec")
+        .args(args)
+        .current_dir(ws)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_task_writes_hello_py_runs_it_and_streams_progress() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(hello_scenario());
+    let out = exec(
+        &server,
+        ws.path(),
+        home.path(),
+        &["write hello.py and run it", "-o", "last.txt"],
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    server.assert_finished();
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("hello.py")).unwrap(),
+        "print('hello from the sandbox')\n"
+    );
+    assert!(stdout.contains("hello.py prints its greeting."), "{stdout}");
+    assert!(stderr.contains("▸ bash python3 hello.py"), "{stderr}");
+    assert!(stderr.contains("hello from the sandbox"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("last.txt")).unwrap(),
+        "hello.py prints its greeting."
+    );
+    // The session is on disk.
+    let sessions: Vec<_> = std::fs::read_dir(home.path().join("data/cordon/sessions"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(sessions.len(), 1);
+    let log = std::fs::read_to_string(sessions[0].path()).unwrap();
+    assert!(
+        log.contains("\"type\":\"session_started\"")
+            && log.contains("\"type\":\"tool_call_finished\"")
+    );
+}
+
+#[test]
+fn json_output_is_one_documented_event_per_line() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(hello_scenario());
+    let out = exec(
+        &server,
+        ws.path(),
+        home.path(),
+        &["--json", "write hello.py and run it"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types.first(), Some(&"session_started"));
+    assert_eq!(types.last(), Some(&"turn_completed"));
+    let documented = [
+        "session_started",
+        "turn_started",
+        "text_delta",
+        "thinking_delta",
+        "retrying",
+        "assistant_message",
+        "tool_call_started",
+        "tool_call_finished",
+        "turn_completed",
+        "error",
+    ];
+    for t in &types {
+        assert!(documented.contains(t), "undocumented event type {t}");
+    }
+    let started = &events[0];
+    for k in ["session_id", "model", "provider", "workspace"] {
+        assert!(started.get(k).is_some(), "session_started lacks {k}");
+    }
+    let finished = events
+        .iter()
+        .find(|e| e["type"] == "tool_call_finished" && e["name"] == "bash")
+        .unwrap();
+    assert!(
+        finished["output"]
+            .as_str()
+            .unwrap()
+            .contains("hello from the sandbox")
+    );
+    assert_eq!(finished["is_error"], false);
+    let done = events.last().unwrap();
+    assert_eq!(done["steps"], 3);
+    assert!(done["usage"]["output_tokens"].is_u64());
+}
+
+#[test]
+fn exit_codes_separate_config_and_model_errors() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    // No key at all: a configuration error, before any request.
+    let server = ScriptedServer::start(Scenario::new().turn(Turn::text("unused")));
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["exec", "hi"])
+        .current_dir(ws.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home.path())
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ANTHROPIC_API_KEY"));
+    assert!(server.requests().is_empty());
+    // A key the server rejects: a model error, explained in one line.
+    let server =
+        ScriptedServer::start(Scenario::new().turn(Turn::text("x").fault(Fault::auth_error())));
+    let out = exec(&server, ws.path(), home.path(), &["hi"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("rejected the key") && err.lines().count() == 1,
+        "{err}"
+    );
+}
+
+#[test]
+fn the_prompt_comes_from_stdin_only_when_it_is_a_dash() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new().turn(Turn::text("Got it.").expect_contains("multi\\nline task")),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["exec", "-"])
+        .current_dir(ws.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home.path())
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .env("ANTHROPIC_API_KEY", "k")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"multi\nline task")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Got it."));
+    server.assert_finished();
+}
