@@ -177,10 +177,17 @@ async fn cancelling_mid_tool_leaves_a_valid_history_and_the_next_turn_works() {
                 json!({"command": "sleep 30"}),
             ))
             .turn(
-                Turn::text("Understood, I stopped.")
+                Turn::text("Checking the shell.")
+                    .with_tool_call("s2", "bash", json!({"command": "echo still-usable"}))
                     .expect_tool_results(["s1"])
                     .expect_contains("cancelled")
                     .expect_contains("never mind"),
+            )
+            .turn(
+                Turn::text("Understood, I stopped.")
+                    .expect_tool_results(["s2"])
+                    .expect_contains("still-usable")
+                    .expect_contains("the shell was restarted"),
             ),
     );
     let (mut agent, sandbox) = agent(&server, ProviderKind::Anthropic, ws.path()).await;
@@ -188,8 +195,10 @@ async fn cancelling_mid_tool_leaves_a_valid_history_and_the_next_turn_works() {
     let cancel = Cancel::new();
     let trigger = cancel.clone();
     let watcher = tokio::spawn(async move {
+        let mut first = true;
         while let Some(e) = rx.recv().await {
-            if matches!(e, AgentEvent::ToolCallStarted { .. }) {
+            if first && matches!(e, AgentEvent::ToolCallStarted { .. }) {
+                first = false;
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 trigger.cancel();
             }
@@ -200,8 +209,15 @@ async fn cancelling_mid_tool_leaves_a_valid_history_and_the_next_turn_works() {
     assert!(matches!(err, AgentError::Cancelled), "{err:?}");
     assert!(started.elapsed() < Duration::from_secs(10));
     cancel.reset();
+    // The next turn's bash call must not wait for the cancelled `sleep 30`.
+    let again = std::time::Instant::now();
     let outcome = agent.send("never mind", &tx, &cancel).await.unwrap();
     assert_eq!(outcome.text, "Understood, I stopped.");
+    assert!(
+        again.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        again.elapsed()
+    );
     server.assert_finished();
     drop(tx);
     watcher.await.unwrap();

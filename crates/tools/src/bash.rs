@@ -34,6 +34,10 @@ pub struct ShellSlot {
 
 struct Shell {
     exec: Execution,
+    /// Set while a command runs; still set at the next call means that
+    /// call's future was dropped (the turn was cancelled) mid-command, and
+    /// the shell may still be running it.
+    busy: bool,
 }
 
 #[derive(Deserialize)]
@@ -134,6 +138,12 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
             "Invalid arguments for `bash`: give `command` (the command to run), or `restart: true` to restart the shell.",
         );
     };
+    if slot.as_ref().is_some_and(|s| s.busy) {
+        if let Some(old) = slot.take() {
+            old.kill();
+        }
+        note.push_str("The previous command was cancelled before it finished; the shell was restarted (variables and the working directory were reset).\n");
+    }
     if slot.is_none() {
         match Shell::start(ctx).await {
             Ok(s) => *slot = Some(s),
@@ -141,7 +151,9 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
         }
     }
     let shell = slot.as_mut().expect("started above");
+    shell.busy = true;
     let outcome = shell.run(ctx, &command, timeout).await;
+    shell.busy = false;
     let mut restarted = false;
     match &outcome.end {
         End::Done(_) => {}
@@ -322,7 +334,7 @@ impl Shell {
             .await
             .map_err(|e| format!("cannot start bash in the sandbox: {e}"))?;
         tracing::debug!(pid = exec.pid(), "bash shell started");
-        Ok(Shell { exec })
+        Ok(Shell { exec, busy: false })
     }
 
     fn kill(self) {
