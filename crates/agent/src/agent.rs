@@ -167,6 +167,12 @@ impl Agent {
         &self.history
     }
 
+    /// Continues an earlier conversation: `history` as sent to the model.
+    pub fn with_history(mut self, history: Vec<Message>) -> Self {
+        self.history = history;
+        self
+    }
+
     fn specs(&self) -> Vec<ToolSpec> {
         self.tools
             .specs()

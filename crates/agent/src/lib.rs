@@ -11,6 +11,7 @@ pub mod config;
 pub mod log;
 pub mod message;
 pub mod provider;
+pub mod sessions;
 pub mod stream;
 pub mod wire;
 

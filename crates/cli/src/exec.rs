@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use cordon_agent::config::{Layers, Settings};
+use cordon_agent::sessions::{self, message_record};
 use cordon_agent::{
     Agent, AgentConfig, AgentError, AgentEvent, Cancel, Provider, ProviderConfig, ProviderKind,
     SessionLog,
@@ -41,6 +42,12 @@ pub struct ExecArgs {
     /// Model requests allowed for the task
     #[arg(long, default_value_t = 50)]
     pub max_steps: u32,
+    /// Continue the session with this id (or a unique prefix), in its workspace
+    #[arg(long, value_name = "ID", conflicts_with = "last")]
+    pub resume: Option<String>,
+    /// Continue the most recent session
+    #[arg(long)]
+    pub last: bool,
     /// Override any setting (repeatable), as `cordon config --set`
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_kv)]
     pub set: Vec<(String, String)>,
@@ -138,26 +145,6 @@ fn read_prompt(arg: &str) -> Result<String, i32> {
     Ok(s)
 }
 
-fn sessions_dir() -> PathBuf {
-    std::env::var_os("XDG_DATA_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-        .unwrap_or_else(std::env::temp_dir)
-        .join("cordon/sessions")
-}
-
-fn session_id() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    format!(
-        "{}-{:05x}",
-        now.as_secs(),
-        (now.subsec_nanos() ^ std::process::id()) & 0xfffff
-    )
-}
-
 /// The first lines of a tool's output, for progress lines.
 fn abbreviate(text: &str, lines: usize) -> String {
     let mut out: Vec<&str> = text.lines().take(lines).collect();
@@ -174,6 +161,18 @@ pub async fn exec(args: ExecArgs) -> i32 {
         Ok(_) => return config_error("the prompt is empty"),
         Err(code) => return code,
     };
+    let mut resumed = None;
+    if args.resume.is_some() || args.last {
+        match sessions::resume(&sessions::sessions_dir(), args.resume.as_deref()) {
+            Ok(r) => resumed = Some(r),
+            Err(e) => return config_error(e),
+        }
+    }
+    let mut args = args;
+    if let (Some(r), None) = (&resumed, &args.workspace) {
+        // A resumed conversation continues in the workspace it started in.
+        args.workspace = Some(PathBuf::from(&r.summary.workspace));
+    }
     let s = match setup(&args) {
         Ok(s) => s,
         Err(code) => return code,
@@ -189,26 +188,45 @@ pub async fn exec(args: ExecArgs) -> i32 {
         Ok(p) => p,
         Err(e) => return config_error(e),
     };
-    let id = session_id();
-    let mut log =
-        SessionLog::<serde_json::Value>::create(sessions_dir().join(format!("{id}.jsonl")))
+    let (id, history, mut log) = match resumed {
+        Some(r) => (r.summary.id, r.history, Some(r.log)),
+        None => {
+            let id = sessions::new_id();
+            let log = SessionLog::<serde_json::Value>::create(
+                sessions::sessions_dir().join(format!("{id}.jsonl")),
+            )
             .map_err(|e| tracing::warn!("session log disabled: {e}"))
             .ok();
+            (id, Vec::new(), log)
+        }
+    };
+    let title: String = prompt
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(72)
+        .collect();
     let started = json!({
         "type": "session_started",
         "session_id": id,
         "model": s.model,
         "provider": s.provider.kind.to_string(),
         "workspace": s.workspace,
+        "title": title,
+        "resumed": !history.is_empty(),
     });
     let mut stdout = std::io::stdout();
     if args.json {
         let _ = writeln!(stdout, "{started}");
     }
     if let Some(l) = log.as_mut() {
-        let _ = l.append(&started);
+        if l.next_seq() == 0 {
+            let _ = l.append(&started);
+        }
         let _ = l.append(&json!({"type": "user_message", "text": prompt}));
     }
+    let before = history.len();
     let mut agent = Agent::new(
         provider,
         Toolbox::standard(),
@@ -219,7 +237,8 @@ pub async fn exec(args: ExecArgs) -> i32 {
             max_tokens: s.max_tokens,
             max_steps: args.max_steps,
         },
-    );
+    )
+    .with_history(history);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let cancel = Cancel::new();
     let on_int = cancel.clone();
@@ -301,6 +320,10 @@ pub async fn exec(args: ExecArgs) -> i32 {
     if let Some(l) = log.as_mut() {
         for ev in &logged {
             let _ = l.append(ev);
+        }
+        // What the next `--resume` sends to the model.
+        for m in agent.history().iter().skip(before) {
+            let _ = l.append(&message_record(m));
         }
         let _ = l.sync();
     }

@@ -5,6 +5,7 @@ mod doctor;
 mod exec;
 mod options;
 mod run;
+mod sessions_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -54,6 +55,8 @@ enum Command {
     /// Exit status: 0 done, 1 the model could not finish (API error, step
     /// limit), 78 bad configuration, 125 sandbox error, 130 interrupted.
     Exec(exec::ExecArgs),
+    /// List the sessions on disk: id, start, title, turns, tokens.
+    Sessions,
 }
 
 fn main() {
@@ -94,6 +97,7 @@ fn main() {
             Command::Doctor(args) => doctor::doctor(args).await,
             Command::Config(args) => config_cmd::config(args),
             Command::Exec(args) => exec::exec(args).await,
+            Command::Sessions => sessions_cmd::sessions(),
         }
     });
     // Exit at once: a blocking read of our stdin may still be pending.

@@ -204,3 +204,72 @@ fn the_prompt_comes_from_stdin_only_when_it_is_a_dash() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("Got it."));
     server.assert_finished();
 }
+
+#[test]
+fn a_resumed_session_continues_with_the_earlier_context() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Noted: 4217."))
+            // The second request must carry the first turn, question and answer.
+            .turn(
+                Turn::text("You asked me to remember 4217.")
+                    .expect_contains("remember the number 4217")
+                    .expect_contains("Noted: 4217.")
+                    .expect_contains("which number"),
+            ),
+    );
+    let out = exec(
+        &server,
+        ws.path(),
+        home.path(),
+        &["remember the number 4217"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Resume from elsewhere: the session's own workspace is used.
+    let other = tempfile::tempdir().unwrap();
+    let out = exec(
+        &server,
+        other.path(),
+        home.path(),
+        &["--last", "--json", "which number?"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.assert_finished();
+    let first: Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
+    assert_eq!(first["resumed"], true);
+    assert_eq!(
+        std::fs::canonicalize(first["workspace"].as_str().unwrap()).unwrap(),
+        std::fs::canonicalize(ws.path()).unwrap()
+    );
+    // One session, two turns, listed.
+    let list = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .arg("sessions")
+        .env_clear()
+        .env("HOME", home.path())
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&list.stdout);
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(rows.len(), 1, "{text}");
+    assert!(rows[0].contains("remember the number 4217"), "{text}");
+    let cols: Vec<&str> = rows[0].split_whitespace().collect();
+    assert_eq!(cols[3], "2", "turns: {text}");
+    // An unknown id is a clear configuration error.
+    let out = exec(&server, ws.path(), home.path(), &["--resume", "nope", "hi"]);
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no session \"nope\""));
+}

@@ -1,0 +1,240 @@
+//! Sessions on disk: one append-only log per conversation in
+//! `$XDG_DATA_HOME/cordon/sessions/<id>.jsonl`, listed and resumed from
+//! their records.
+//!
+//! Records are JSON objects with a `type`. The ones read back here:
+//! `session_started` (id, model, provider, workspace, title), `message`
+//! (one [`Message`] appended to the history sent to the model) and
+//! `turn_completed` (its `usage`). Everything else (tool calls, errors) is
+//! kept for audit.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::log::{LogError, SessionLog, load};
+use crate::message::Usage;
+use crate::wire::Message;
+
+/// The directory sessions live in.
+pub fn sessions_dir() -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("cordon/sessions")
+}
+
+/// A new, sortable session id: seconds since the epoch and a random tail.
+pub fn new_id() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!(
+        "{}-{:05x}",
+        now.as_secs(),
+        (now.subsec_nanos() ^ std::process::id()) & 0xfffff
+    )
+}
+
+/// What `cordon sessions` shows of one session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionSummary {
+    pub id: String,
+    pub path: PathBuf,
+    /// Milliseconds since the epoch of the first record.
+    pub started_ms: u64,
+    pub title: String,
+    pub workspace: String,
+    /// User prompts sent.
+    pub turns: u64,
+    pub usage: Usage,
+}
+
+/// A session loaded for resuming.
+pub struct Resumed {
+    pub summary: SessionSummary,
+    pub history: Vec<Message>,
+    pub log: SessionLog<Value>,
+}
+
+/// Errors finding or reading sessions.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("no session {0:?} (see `cordon sessions`)")]
+    NotFound(String),
+    #[error("there are no sessions yet")]
+    None,
+    #[error(transparent)]
+    Log(#[from] LogError),
+}
+
+fn summarize(path: &Path, records: &[crate::log::Record<Value>]) -> Option<SessionSummary> {
+    let first = records.first()?;
+    if first.data["type"] != "session_started" {
+        return None;
+    }
+    let mut s = SessionSummary {
+        id: first.data["session_id"].as_str()?.to_string(),
+        path: path.to_path_buf(),
+        started_ms: first.ts_ms,
+        title: first.data["title"].as_str().unwrap_or("").to_string(),
+        workspace: first.data["workspace"].as_str().unwrap_or("").to_string(),
+        turns: 0,
+        usage: Usage::default(),
+    };
+    for r in records {
+        match r.data["type"].as_str() {
+            Some("user_message") => s.turns += 1,
+            Some("turn_completed") => {
+                if let Ok(u) = serde_json::from_value::<Usage>(r.data["usage"].clone()) {
+                    s.usage.input_tokens += u.input_tokens;
+                    s.usage.output_tokens += u.output_tokens;
+                    s.usage.cache_read_tokens += u.cache_read_tokens;
+                    s.usage.cache_write_tokens += u.cache_write_tokens;
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(s)
+}
+
+/// Every readable session in `dir`, newest first. Unreadable files are
+/// skipped with a warning rather than hiding the rest.
+pub fn list(dir: &Path) -> Vec<SessionSummary> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<SessionSummary> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .filter_map(|p| match load::<Value>(&p) {
+            Ok((records, _)) => summarize(&p, &records),
+            Err(e) => {
+                tracing::warn!("skipping {}: {e}", p.display());
+                None
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.started_ms.cmp(&a.started_ms).then(b.id.cmp(&a.id)));
+    out
+}
+
+/// Opens a session to continue it: `id` exactly, or a unique prefix of it;
+/// `None` takes the most recent.
+pub fn resume(dir: &Path, id: Option<&str>) -> Result<Resumed, SessionError> {
+    let all = list(dir);
+    let chosen = match id {
+        None => all.first().cloned().ok_or(SessionError::None)?,
+        Some(want) => {
+            let hits: Vec<_> = all
+                .iter()
+                .filter(|s| s.id == want || s.id.starts_with(want))
+                .collect();
+            match hits.as_slice() {
+                [one] => (*one).clone(),
+                _ => all
+                    .iter()
+                    .find(|s| s.id == want)
+                    .cloned()
+                    .ok_or_else(|| SessionError::NotFound(want.to_string()))?,
+            }
+        }
+    };
+    let (log, records, report) = SessionLog::<Value>::open(&chosen.path)?;
+    if report.partial_tail || !report.bad_lines.is_empty() {
+        tracing::warn!(
+            "session {}: skipped a torn last line or unreadable lines {:?}",
+            chosen.id,
+            report.bad_lines
+        );
+    }
+    let history = records
+        .iter()
+        .filter(|r| r.data["type"] == "message")
+        .filter_map(|r| serde_json::from_value::<Message>(r.data["message"].clone()).ok())
+        .collect();
+    Ok(Resumed {
+        summary: chosen,
+        history,
+        log,
+    })
+}
+
+/// The record that adds `message` to a session's history.
+pub fn message_record(message: &Message) -> Value {
+    json!({ "type": "message", "message": message })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, id: &str, title: &str, prompts: &[&str]) {
+        let mut log = SessionLog::<Value>::create(dir.join(format!("{id}.jsonl"))).unwrap();
+        log.append(
+            &json!({"type":"session_started","session_id":id,"title":title,"workspace":"/w"}),
+        )
+        .unwrap();
+        for p in prompts {
+            log.append(&json!({"type":"user_message","text":p}))
+                .unwrap();
+            log.append(&message_record(&Message::User {
+                text: p.to_string(),
+                tool_results: vec![],
+            }))
+            .unwrap();
+            log.append(&json!({"type":"turn_completed","usage":{"input_tokens":10,"output_tokens":5,"cache_read_tokens":0,"cache_write_tokens":0}}))
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn sessions_are_listed_newest_first_with_turns_and_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "100-aaaaa", "first", &["a"]);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        write(dir.path(), "200-bbbbb", "second", &["b", "c"]);
+        std::fs::write(dir.path().join("junk.jsonl"), "not a session\n").unwrap();
+        let all = list(dir.path());
+        assert_eq!(
+            all.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            ["200-bbbbb", "100-aaaaa"]
+        );
+        assert_eq!(
+            (
+                all[0].turns,
+                all[0].usage.input_tokens,
+                all[0].usage.output_tokens
+            ),
+            (2, 20, 10)
+        );
+        assert_eq!(all[0].title, "second");
+    }
+
+    #[test]
+    fn resume_by_id_prefix_or_latest_rebuilds_the_history() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "100-aaaaa", "first", &["a"]);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        write(dir.path(), "200-bbbbb", "second", &["b", "c"]);
+        let r = resume(dir.path(), Some("100")).unwrap();
+        assert_eq!(r.summary.id, "100-aaaaa");
+        assert_eq!(r.history.len(), 1);
+        let r = resume(dir.path(), None).unwrap();
+        assert_eq!(r.summary.id, "200-bbbbb");
+        assert_eq!(r.history.len(), 2);
+        assert!(matches!(
+            resume(dir.path(), Some("999")),
+            Err(SessionError::NotFound(_))
+        ));
+        let empty = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            resume(empty.path(), None),
+            Err(SessionError::None)
+        ));
+    }
+}
