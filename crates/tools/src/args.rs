@@ -4,7 +4,7 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::ToolOutput;
+use crate::{ToolContext, ToolOutput};
 
 /// Parses `input` as `T`. On failure the error output names the tool, says
 /// what was wrong (serde's message names the field and the expected type)
@@ -31,4 +31,27 @@ fn invalid(tool: &str, schema: &Value, why: &str) -> ToolOutput {
     ToolOutput::error(format!(
         "Invalid arguments for `{tool}`: {why}. Call it again with arguments matching this schema: {schema}"
     ))
+}
+
+/// Parses `input` for `tool`, then runs `work` on a blocking thread: the
+/// file tools do synchronous I/O that must not stall the async runtime.
+pub(crate) async fn parse_then_blocking<T, F>(
+    tool: &'static str,
+    schema: Value,
+    ctx: &ToolContext,
+    input: Value,
+    work: F,
+) -> ToolOutput
+where
+    T: DeserializeOwned + Send + 'static,
+    F: FnOnce(&ToolContext, T) -> ToolOutput + Send + 'static,
+{
+    let input: T = match parse(tool, &schema, input) {
+        Ok(i) => i,
+        Err(e) => return e,
+    };
+    let ctx = ctx.clone();
+    tokio::task::spawn_blocking(move || work(&ctx, input))
+        .await
+        .unwrap_or_else(|e| ToolOutput::error(format!("{tool} failed: {e}")))
 }

@@ -53,16 +53,13 @@ impl Tool for EditFile {
         false
     }
     fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(async move {
-            let input: Input = match args::parse("edit_file", &schema(), input) {
-                Ok(i) => i,
-                Err(e) => return e,
-            };
-            let ctx = ctx.clone();
-            tokio::task::spawn_blocking(move || edit(&ctx, input))
-                .await
-                .unwrap_or_else(|e| ToolOutput::error(format!("edit_file failed: {e}")))
-        })
+        Box::pin(args::parse_then_blocking::<Input, _>(
+            "edit_file",
+            schema(),
+            ctx,
+            input,
+            edit,
+        ))
     }
 }
 

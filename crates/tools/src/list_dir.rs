@@ -53,16 +53,13 @@ impl Tool for ListDir {
         true
     }
     fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(async move {
-            let input: Input = match args::parse("list_dir", &schema(), input) {
-                Ok(i) => i,
-                Err(e) => return e,
-            };
-            let ctx = ctx.clone();
-            tokio::task::spawn_blocking(move || list(&ctx, input))
-                .await
-                .unwrap_or_else(|e| ToolOutput::error(format!("list_dir failed: {e}")))
-        })
+        Box::pin(args::parse_then_blocking::<Input, _>(
+            "list_dir",
+            schema(),
+            ctx,
+            input,
+            list,
+        ))
     }
 }
 

@@ -95,16 +95,13 @@ impl Tool for ReadFile {
         true
     }
     fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(async move {
-            let input: Input = match args::parse("read_file", &schema(), input) {
-                Ok(i) => i,
-                Err(e) => return e,
-            };
-            let ctx = ctx.clone();
-            tokio::task::spawn_blocking(move || read(&ctx, input))
-                .await
-                .unwrap_or_else(|e| ToolOutput::error(format!("read_file failed: {e}")))
-        })
+        Box::pin(args::parse_then_blocking::<Input, _>(
+            "read_file",
+            schema(),
+            ctx,
+            input,
+            read,
+        ))
     }
 }
 

@@ -69,16 +69,13 @@ impl Tool for SearchFiles {
         true
     }
     fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(async move {
-            let input: Input = match args::parse("search_files", &schema(), input) {
-                Ok(i) => i,
-                Err(e) => return e,
-            };
-            let ctx = ctx.clone();
-            tokio::task::spawn_blocking(move || search(&ctx, input))
-                .await
-                .unwrap_or_else(|e| ToolOutput::error(format!("search_files failed: {e}")))
-        })
+        Box::pin(args::parse_then_blocking::<Input, _>(
+            "search_files",
+            schema(),
+            ctx,
+            input,
+            search,
+        ))
     }
 }
 

@@ -43,16 +43,13 @@ impl Tool for WriteFile {
         false
     }
     fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(async move {
-            let input: Input = match args::parse("write_file", &schema(), input) {
-                Ok(i) => i,
-                Err(e) => return e,
-            };
-            let ctx = ctx.clone();
-            tokio::task::spawn_blocking(move || write(&ctx, input))
-                .await
-                .unwrap_or_else(|e| ToolOutput::error(format!("write_file failed: {e}")))
-        })
+        Box::pin(args::parse_then_blocking::<Input, _>(
+            "write_file",
+            schema(),
+            ctx,
+            input,
+            write,
+        ))
     }
 }
 
