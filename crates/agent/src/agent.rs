@@ -138,6 +138,8 @@ pub struct AgentConfig {
     pub max_tokens: u32,
     /// Model requests allowed per user message.
     pub max_steps: u32,
+    /// Tool-result messages sent in full; older tool output is masked.
+    pub keep_tool_outputs: usize,
 }
 
 /// One conversation: the provider, the tools and their sandbox context, and
@@ -218,7 +220,7 @@ impl Agent {
             let request = ModelRequest {
                 model: self.config.model.clone(),
                 system: self.config.system.clone(),
-                messages: self.history.clone(),
+                messages: crate::context::view(&self.history, self.config.keep_tool_outputs),
                 tools: self.specs(),
                 max_tokens: self.config.max_tokens,
             };

@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod context;
 pub mod log;
 pub mod message;
 pub mod provider;

@@ -32,6 +32,15 @@ fn supervisor() -> PathBuf {
 }
 
 async fn agent(server: &ScriptedServer, kind: ProviderKind, ws: &Path) -> (Agent, Sandbox) {
+    agent_keeping(server, kind, ws, 8).await
+}
+
+async fn agent_keeping(
+    server: &ScriptedServer,
+    kind: ProviderKind,
+    ws: &Path,
+    keep: usize,
+) -> (Agent, Sandbox) {
     let mut sc = SandboxConfig::new(ws);
     sc.supervisor = Some(supervisor());
     let sandbox = Sandbox::create(sc).await.unwrap();
@@ -50,6 +59,7 @@ async fn agent(server: &ScriptedServer, kind: ProviderKind, ws: &Path) -> (Agent
             system: "You are cordon.".into(),
             max_tokens: 4096,
             max_steps: 10,
+            keep_tool_outputs: keep,
         },
     );
     (agent, sandbox)
@@ -238,5 +248,43 @@ async fn a_provider_failure_is_reported_and_the_turn_ends_cleanly() {
     assert!(events.iter().any(
         |e| matches!(e, AgentEvent::Error { message } if message.contains("ANTHROPIC_API_KEY"))
     ));
+    sandbox.close().await;
+}
+
+#[tokio::test]
+async fn old_tool_output_is_masked_in_requests_but_kept_in_the_history() {
+    let ws = tempfile::tempdir().unwrap();
+    let big = "seq 1 400";
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("one").with_tool_call("b1", "bash", json!({"command": big})))
+            .turn(
+                Turn::text("two")
+                    .with_tool_call("b2", "bash", json!({"command": big}))
+                    .expect_tool_results(["b1"]),
+            )
+            .turn(
+                Turn::text("done")
+                    .expect_tool_results(["b2"])
+                    .expect_contains("output omitted to save context"),
+            ),
+    );
+    let (mut agent, sandbox) = agent_keeping(&server, ProviderKind::Anthropic, ws.path(), 1).await;
+    let (tx, _rx) = mpsc::unbounded_channel();
+    agent
+        .send("count twice", &tx, &Cancel::new())
+        .await
+        .unwrap();
+    server.assert_finished();
+    let last = server.requests().last().unwrap().body.to_string();
+    // The newest output is whole ("399" appears only in seq's output; the
+    // stub of the older one says "400 lines"), the older one a stub.
+    assert!(last.contains("399"), "{last}");
+    assert_eq!(last.matches("output omitted").count(), 1);
+    let full = serde_json::to_string(agent.history()).unwrap();
+    assert!(
+        !full.contains("output omitted"),
+        "the history itself keeps everything"
+    );
     sandbox.close().await;
 }

@@ -236,6 +236,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
             system: SYSTEM.into(),
             max_tokens: s.max_tokens,
             max_steps: args.max_steps,
+            keep_tool_outputs: 8,
         },
     )
     .with_history(history);
