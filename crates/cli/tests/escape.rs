@@ -1814,13 +1814,17 @@ fn fork_bomb(t: &Ctx) {
                 std::thread::sleep(Duration::from_millis(20));
             }
         });
-        // The top-level shell waits 1.5 s with builtins only (a read from
-        // /dev/zero that never sees a newline) while the bomb runs into
-        // the limit; then it exits and the session's end takes every
+        // The bomb starts in a background subshell, forked before any
+        // limit is near; the top-level shell then waits 1.5 s with builtins
+        // only (a read from /dev/zero that never sees a newline), so it
+        // never joins bash's fork-retry back-off, while the bomb runs into
+        // the limit. Then it exits and the session's end takes every
         // remaining process with it.
         let out = t.sh_with(
             &["--pids", "64", "--timeout", "10"],
-            &format!("# {marker}\n:(){{ :|:& }};:; read -t 1.5 < /dev/zero; echo top-level-rc=$?"),
+            &format!(
+                "# {marker}\n( :(){{ :|:& }};: ) & read -t 1.5 < /dev/zero; echo top-level-rc=$?"
+            ),
         );
         done.store(true, Ordering::Relaxed);
         out
