@@ -215,13 +215,14 @@ impl Agent {
         };
         self.push_user_text(prompt);
         let mut total = Usage::default();
+        let tools = self.specs();
         for step in 1..=self.config.max_steps {
             emit(AgentEvent::TurnStarted { step });
             let request = ModelRequest {
                 model: self.config.model.clone(),
                 system: self.config.system.clone(),
                 messages: crate::context::view(&self.history, self.config.keep_tool_outputs),
-                tools: self.specs(),
+                tools: tools.clone(),
                 max_tokens: self.config.max_tokens,
             };
             let streamed = self.provider.stream(&request, |d| {

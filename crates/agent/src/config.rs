@@ -9,7 +9,7 @@
 //! `MODEL`, `MAX_TOKENS`, `SAFEDIR` (the workspace).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Where a value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -425,15 +425,11 @@ pub fn mask(secret: &str) -> String {
     format!("{head}…{tail}")
 }
 
-/// Path helpers for tests and `cordon config`.
-pub fn user_config_path(config_home: &Path) -> PathBuf {
-    config_home.join("cordon/config.toml")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::path::Path;
 
     fn layers<'a>(
         home: &Path,

@@ -7,15 +7,8 @@ use cordon_agent::config::{Layers, Settings};
 #[derive(Args, Debug)]
 pub struct ConfigArgs {
     /// Override a setting as a command-line flag would (repeatable)
-    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
     pub set: Vec<(String, String)>,
-}
-
-fn parse_kv(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.trim().to_string(), v.to_string()))
-        .filter(|(k, _)| !k.is_empty())
-        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
 pub fn config(args: ConfigArgs) -> i32 {

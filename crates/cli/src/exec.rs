@@ -49,15 +49,8 @@ pub struct ExecArgs {
     #[arg(long)]
     pub last: bool,
     /// Override any setting (repeatable), as `cordon config --set`
-    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
     pub set: Vec<(String, String)>,
-}
-
-fn parse_kv(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.trim().to_string(), v.to_string()))
-        .filter(|(k, _)| !k.is_empty())
-        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
 /// Exit status when the model could not complete the task.

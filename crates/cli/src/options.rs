@@ -47,6 +47,14 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
     Ok((k.to_string(), v.to_string()))
 }
 
+/// Parses a `--set KEY=VALUE` override of a setting.
+pub fn parse_setting(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_string(), v.to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+}
+
 /// Parses a `--timeout` value: `30s`, `5m`, `1h30m`, `250ms`, or plain seconds.
 pub fn parse_timeout(s: &str) -> Result<Duration, String> {
     if let Ok(secs) = s.parse::<f64>() {

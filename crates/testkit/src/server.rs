@@ -402,12 +402,7 @@ fn handle(
             let turn = &st.scenario.turns[t];
             let answered = tool_results(protocol, request);
             if st.scenario.check_tool_results {
-                let missing: Vec<&str> = st
-                    .pending_tool_calls
-                    .iter()
-                    .filter(|id| !answered.contains(id))
-                    .map(String::as_str)
-                    .collect();
+                let missing = without_result(&st.pending_tool_calls, &answered);
                 if !missing.is_empty() {
                     failures.push((
                         "tool_results".into(),
@@ -713,6 +708,14 @@ fn tool_results(protocol: Protocol, request: &Value) -> Vec<String> {
     }
 }
 
+/// The ids in `ids` that `answered` has no result for.
+fn without_result<'a>(ids: &'a [String], answered: &[String]) -> Vec<&'a str> {
+    ids.iter()
+        .filter(|id| !answered.contains(id))
+        .map(String::as_str)
+        .collect()
+}
+
 fn check_expectations(
     turn: &Turn,
     request: &Value,
@@ -720,12 +723,7 @@ fn check_expectations(
     answered: &[String],
 ) -> Vec<(String, String)> {
     let mut failures = Vec::new();
-    let missing: Vec<&str> = turn
-        .expect_tool_results
-        .iter()
-        .filter(|id| !answered.contains(id))
-        .map(String::as_str)
-        .collect();
+    let missing = without_result(&turn.expect_tool_results, answered);
     if !missing.is_empty() {
         failures.push((
             "expect_tool_results".into(),
