@@ -6,13 +6,22 @@
 //! front end renders. Whatever happens (an error, a cancellation, the step
 //! limit), the history stays valid: every tool call the model made gets a
 //! result before the next request.
+//!
+//! With a session log attached, the agent records as it goes: the user's
+//! prompt, every event but streamed deltas, each message added to the
+//! history and each compaction, so a crash loses at most the line being
+//! written and [`crate::sessions::resume`] rebuilds exactly what was sent.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
+use crate::context;
+use crate::log::SessionLog;
 use crate::message::{StopReason, StreamDelta, Usage};
 use crate::provider::{Provider, ProviderError};
 use crate::wire::{Message, ModelRequest, ToolResult, ToolSpec};
@@ -58,14 +67,43 @@ pub enum AgentEvent {
         stop_reason: StopReason,
         usage: Usage,
     },
+    /// The older part of the conversation is being summarised.
+    CompactionStarted {
+        reason: String,
+    },
+    /// The older part of the conversation was replaced by a summary.
+    Compacted {
+        replaced_messages: usize,
+        /// Estimated context before and after, in tokens.
+        tokens_before: u64,
+        tokens_after: u64,
+        summary: String,
+    },
     TurnCompleted {
         stop_reason: StopReason,
         steps: u32,
         usage: Usage,
+        /// In US dollars at list prices; absent for models without a known price.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        cost_usd: Option<f64>,
+        /// What the next request would put in front of the model, estimated.
+        context_tokens: u64,
+        context_window: u64,
     },
     Error {
         message: String,
     },
+}
+
+impl AgentEvent {
+    /// Streamed fragments: shown live, but not worth a log record each
+    /// (the complete text is in `assistant_message`).
+    pub fn is_delta(&self) -> bool {
+        matches!(
+            self,
+            AgentEvent::TextDelta { .. } | AgentEvent::ThinkingDelta { .. }
+        )
+    }
 }
 
 /// How a turn ended.
@@ -76,7 +114,19 @@ pub struct TurnOutcome {
     pub stop_reason: StopReason,
     /// Model requests made.
     pub steps: u32,
-    /// Summed over the turn's requests.
+    /// Summed over the turn's requests, compaction included.
+    pub usage: Usage,
+    pub cost_usd: Option<f64>,
+}
+
+/// What one compaction did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compaction {
+    pub replaced_messages: usize,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    pub summary: String,
+    /// The summary request's own tokens.
     pub usage: Usage,
 }
 
@@ -89,6 +139,8 @@ pub enum AgentError {
     Cancelled,
     #[error("stopped after {0} model requests without finishing (raise the step limit)")]
     StepLimit(u32),
+    #[error("cannot compact the conversation: {0}")]
+    Compaction(String),
 }
 
 /// A handle that cancels a running turn; cheap to clone.
@@ -132,6 +184,7 @@ impl Cancel {
 }
 
 /// What the loop needs besides the conversation.
+#[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub model: String,
     pub system: String,
@@ -140,17 +193,91 @@ pub struct AgentConfig {
     pub max_steps: u32,
     /// Tool-result messages sent in full; older tool output is masked.
     pub keep_tool_outputs: usize,
+    /// The model's context window, in tokens.
+    pub context_window: u64,
+    /// Compact when a request would fill more than this share of the window.
+    pub compact_threshold: f64,
 }
 
-/// One conversation: the provider, the tools and their sandbox context, and
-/// the history sent to the model.
+impl AgentConfig {
+    /// The defaults for `model`: no system prompt, 8192 output tokens, 50
+    /// steps, the last 8 tool outputs in full, a 200k window compacted at 75%.
+    pub fn new(model: impl Into<String>) -> Self {
+        AgentConfig {
+            model: model.into(),
+            system: String::new(),
+            max_tokens: 8192,
+            max_steps: 50,
+            keep_tool_outputs: 8,
+            context_window: 200_000,
+            compact_threshold: 0.75,
+        }
+    }
+}
+
+/// The session log the agent writes to, shared by the tasks of one turn.
+/// A write that fails is reported once and the session goes on: losing the
+/// record is better than losing the work.
+#[derive(Default)]
+struct Recorder {
+    log: Mutex<Option<SessionLog<Value>>>,
+    warned: AtomicBool,
+}
+
+impl Recorder {
+    fn append(&self, record: &impl Serialize) {
+        let mut guard = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(log) = guard.as_mut() else { return };
+        let result = serde_json::to_value(record)
+            .map_err(|e| e.to_string())
+            .and_then(|v| log.append(&v).map_err(|e| e.to_string()));
+        if let Err(e) = result
+            && !self.warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!("session log: {e}; later records may be missing");
+        }
+    }
+
+    fn sync(&self) {
+        let guard = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(Err(e)) = guard.as_ref().map(SessionLog::sync) {
+            tracing::warn!("session log: {e}");
+        }
+    }
+}
+
+/// Where one turn's events go: the caller's channel and the log.
+struct Journal<'a> {
+    events: &'a mpsc::UnboundedSender<AgentEvent>,
+    log: &'a Recorder,
+}
+
+impl Journal<'_> {
+    fn emit(&self, e: AgentEvent) {
+        if !e.is_delta() {
+            self.log.append(&e);
+        }
+        let _ = self.events.send(e);
+    }
+}
+
+/// One conversation: the provider, the tools and their sandbox context, the
+/// history sent to the model and its session log.
 pub struct Agent {
     provider: Provider,
     tools: Toolbox,
     ctx: ToolContext,
     config: AgentConfig,
     history: Vec<Message>,
+    log: Arc<Recorder>,
+    /// The API's prompt tokens over our estimate for the last request: the
+    /// bytes-per-token rule calibrated to this model's tokenizer.
+    ratio: f64,
+    usage: Usage,
 }
+
+/// Share of the window kept verbatim when compacting automatically.
+const KEEP_SHARE: f64 = 0.25;
 
 const CANCELLED: &str = "The user cancelled this tool call before it finished.";
 
@@ -162,6 +289,9 @@ impl Agent {
             ctx,
             config,
             history: Vec::new(),
+            log: Arc::default(),
+            ratio: 1.0,
+            usage: Usage::default(),
         }
     }
 
@@ -169,10 +299,73 @@ impl Agent {
         &self.history
     }
 
+    pub fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+
+    /// Changes take effect from the next request (e.g. another model).
+    pub fn config_mut(&mut self) -> &mut AgentConfig {
+        &mut self.config
+    }
+
+    /// Tokens used by every request of this agent so far.
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
     /// Continues an earlier conversation: `history` as sent to the model.
     pub fn with_history(mut self, history: Vec<Message>) -> Self {
         self.history = history;
         self
+    }
+
+    /// Records the conversation in `log` from now on.
+    pub fn with_log(self, log: SessionLog<Value>) -> Self {
+        *self.log.log.lock().unwrap_or_else(|p| p.into_inner()) = Some(log);
+        self
+    }
+
+    /// Adds a message to the history and records it.
+    fn push(&mut self, m: Message) {
+        self.log.append(&crate::sessions::message_record(&m));
+        context::push_message(&mut self.history, m);
+    }
+
+    fn request(&self, tools: &[ToolSpec]) -> ModelRequest {
+        ModelRequest {
+            model: self.config.model.clone(),
+            system: self.config.system.clone(),
+            messages: context::view(&self.history, self.config.keep_tool_outputs),
+            tools: tools.to_vec(),
+            max_tokens: self.config.max_tokens,
+        }
+    }
+
+    fn predict(&self, req: &ModelRequest) -> u64 {
+        (context::estimate_request(req) as f64 * self.ratio) as u64
+    }
+
+    /// What the next request would put in front of the model, in tokens:
+    /// our estimate, calibrated by the API's figures for the last request.
+    pub fn context_tokens(&self) -> u64 {
+        self.predict(&self.request(&self.specs()))
+    }
+
+    fn over_threshold(&self, req: &ModelRequest) -> bool {
+        self.predict(req) as f64 > self.config.compact_threshold * self.config.context_window as f64
+    }
+
+    /// Learns the tokenizer's ratio from a request and the usage it got.
+    fn calibrate(&mut self, req: &ModelRequest, usage: &Usage) {
+        let estimated = context::estimate_request(req);
+        let actual = usage.prompt_tokens();
+        if estimated > 0 && actual > 0 {
+            self.ratio = (actual as f64 / estimated as f64).clamp(0.25, 4.0);
+        }
+    }
+
+    fn cost(&self, usage: &Usage) -> Option<f64> {
+        crate::pricing::cost(&self.config.model, usage)
     }
 
     fn specs(&self) -> Vec<ToolSpec> {
@@ -187,22 +380,6 @@ impl Agent {
             .collect()
     }
 
-    /// Adds user text, merging into a trailing user message (left by a
-    /// cancelled turn) so roles keep alternating.
-    fn push_user_text(&mut self, prompt: &str) {
-        if let Some(Message::User { text, .. }) = self.history.last_mut() {
-            if !text.is_empty() {
-                text.push_str("\n\n");
-            }
-            text.push_str(prompt);
-        } else {
-            self.history.push(Message::User {
-                text: prompt.to_string(),
-                tool_results: Vec::new(),
-            });
-        }
-    }
-
     /// Runs one user turn to its end, reporting every step on `events`.
     pub async fn send(
         &mut self,
@@ -210,50 +387,125 @@ impl Agent {
         events: &mpsc::UnboundedSender<AgentEvent>,
         cancel: &Cancel,
     ) -> Result<TurnOutcome, AgentError> {
-        let emit = |e: AgentEvent| {
-            let _ = events.send(e);
-        };
-        self.push_user_text(prompt);
+        let log = self.log.clone();
+        let result = self
+            .turn(prompt, &Journal { events, log: &log }, cancel)
+            .await;
+        log.sync();
+        result
+    }
+
+    /// Summarises the older part of the conversation now (the front ends'
+    /// `/compact`), whatever the context's size.
+    pub async fn compact(
+        &mut self,
+        events: &mpsc::UnboundedSender<AgentEvent>,
+        cancel: &Cancel,
+    ) -> Result<Compaction, AgentError> {
+        let log = self.log.clone();
+        let journal = Journal { events, log: &log };
+        let tools = self.specs();
+        let result = self
+            .compact_with(&journal, "requested", 0.0, &tools, cancel)
+            .await;
+        if let Err(e) = &result {
+            journal.emit(AgentEvent::Error {
+                message: e.to_string(),
+            });
+        }
+        log.sync();
+        result
+    }
+
+    async fn turn(
+        &mut self,
+        prompt: &str,
+        journal: &Journal<'_>,
+        cancel: &Cancel,
+    ) -> Result<TurnOutcome, AgentError> {
+        let emit = |e: AgentEvent| journal.emit(e);
+        journal
+            .log
+            .append(&json!({"type": "user_message", "text": prompt}));
+        self.push(Message::User {
+            text: prompt.to_string(),
+            tool_results: Vec::new(),
+        });
         let mut total = Usage::default();
         let tools = self.specs();
         for step in 1..=self.config.max_steps {
             emit(AgentEvent::TurnStarted { step });
-            let request = ModelRequest {
-                model: self.config.model.clone(),
-                system: self.config.system.clone(),
-                messages: crate::context::view(&self.history, self.config.keep_tool_outputs),
-                tools: tools.clone(),
-                max_tokens: self.config.max_tokens,
-            };
-            let streamed = self.provider.stream(&request, |d| {
-                emit(match d {
-                    StreamDelta::Text(text) => AgentEvent::TextDelta { text },
-                    StreamDelta::Thinking(text) => AgentEvent::ThinkingDelta { text },
-                    StreamDelta::Retrying {
-                        attempt,
-                        wait,
-                        reason,
-                    } => AgentEvent::Retrying {
-                        attempt,
-                        wait_ms: wait.as_millis() as u64,
-                        reason,
-                    },
-                    // Tool calls are announced once their input is complete.
-                    StreamDelta::ToolUseStart { .. } | StreamDelta::ToolInput(_) => return,
-                })
-            });
-            let answer = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Err(AgentError::Cancelled),
-                r = streamed => match r {
-                    Ok(a) => a,
-                    Err(e) => {
-                        emit(AgentEvent::Error { message: e.to_string() });
-                        return Err(e.into());
+            let mut request = self.request(&tools);
+            let mut compacted = false;
+            if self.over_threshold(&request) {
+                match self
+                    .compact_with(
+                        journal,
+                        "the context passed the threshold",
+                        KEEP_SHARE,
+                        &tools,
+                        cancel,
+                    )
+                    .await
+                {
+                    Ok(c) => {
+                        add_usage(&mut total, &c.usage);
+                        compacted = true;
+                        request = self.request(&tools);
                     }
-                },
+                    // Nothing older to summarise: let the server judge.
+                    Err(AgentError::Compaction(why)) => {
+                        tracing::debug!("no compaction: {why}");
+                    }
+                    Err(e) => return Err(self.fail(journal, e)),
+                }
+            }
+            let answer = loop {
+                let streamed = self.provider.stream(&request, |d| {
+                    emit(match d {
+                        StreamDelta::Text(text) => AgentEvent::TextDelta { text },
+                        StreamDelta::Thinking(text) => AgentEvent::ThinkingDelta { text },
+                        StreamDelta::Retrying {
+                            attempt,
+                            wait,
+                            reason,
+                        } => AgentEvent::Retrying {
+                            attempt,
+                            wait_ms: wait.as_millis() as u64,
+                            reason,
+                        },
+                        // Tool calls are announced once their input is complete.
+                        StreamDelta::ToolUseStart { .. } | StreamDelta::ToolInput(_) => return,
+                    })
+                });
+                let result = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return Err(AgentError::Cancelled),
+                    r = streamed => r,
+                };
+                match result {
+                    Ok(a) => break a,
+                    // The server counts differently from us: compact once
+                    // and try again.
+                    Err(ProviderError::ContextTooLong { message }) if !compacted => {
+                        compacted = true;
+                        self.learn_from_overflow(&request, &message);
+                        let reason = format!("the model's server said: {message}");
+                        match self
+                            .compact_with(journal, &reason, KEEP_SHARE, &tools, cancel)
+                            .await
+                        {
+                            Ok(c) => add_usage(&mut total, &c.usage),
+                            Err(e) => return Err(self.fail(journal, e)),
+                        }
+                        request = self.request(&tools);
+                    }
+                    Err(e) => return Err(self.fail(journal, e.into())),
+                }
             };
+            self.calibrate(&request, &answer.usage);
             add_usage(&mut total, &answer.usage);
+            add_usage(&mut self.usage, &answer.usage);
             emit(AgentEvent::AssistantMessage {
                 text: answer.text(),
                 stop_reason: answer.stop_reason,
@@ -264,23 +516,15 @@ impl Agent {
                 .map(|(id, name, input)| (id.to_string(), name.to_string(), input.clone()))
                 .collect();
             let stop = answer.stop_reason;
-            self.history.push(Message::Assistant(answer));
+            let text = answer.text();
+            if stop == StopReason::Refusal {
+                // A refused answer is left out of the history: sent back,
+                // it would steer the next turn towards refusing again.
+                return Ok(self.complete(journal, stop, step, total, text));
+            }
+            self.push(Message::Assistant(answer));
             if calls.is_empty() {
-                emit(AgentEvent::TurnCompleted {
-                    stop_reason: stop,
-                    steps: step,
-                    usage: total,
-                });
-                let text = match self.history.last() {
-                    Some(Message::Assistant(a)) => a.text(),
-                    _ => String::new(),
-                };
-                return Ok(TurnOutcome {
-                    text,
-                    stop_reason: stop,
-                    steps: step,
-                    usage: total,
-                });
+                return Ok(self.complete(journal, stop, step, total, text));
             }
             let results = if stop == StopReason::MaxTokens {
                 // The answer was cut off: its calls may be incomplete.
@@ -293,10 +537,10 @@ impl Agent {
                     })
                     .collect()
             } else {
-                self.run_tools(&calls, &emit, cancel).await
+                self.run_tools(&calls, journal, cancel).await
             };
             let cancelled = cancel.is_cancelled();
-            self.history.push(Message::User {
+            self.push(Message::User {
                 text: String::new(),
                 tool_results: results,
             });
@@ -304,9 +548,154 @@ impl Agent {
                 return Err(AgentError::Cancelled);
             }
         }
-        let message = AgentError::StepLimit(self.config.max_steps).to_string();
-        emit(AgentEvent::Error { message });
-        Err(AgentError::StepLimit(self.config.max_steps))
+        Err(self.fail(journal, AgentError::StepLimit(self.config.max_steps)))
+    }
+
+    /// Reports `e` as an error event and hands it back.
+    fn fail(&self, journal: &Journal<'_>, e: AgentError) -> AgentError {
+        if !matches!(e, AgentError::Cancelled) {
+            journal.emit(AgentEvent::Error {
+                message: e.to_string(),
+            });
+        }
+        e
+    }
+
+    fn complete(
+        &self,
+        journal: &Journal<'_>,
+        stop_reason: StopReason,
+        steps: u32,
+        usage: Usage,
+        text: String,
+    ) -> TurnOutcome {
+        let cost_usd = self.cost(&usage);
+        journal.emit(AgentEvent::TurnCompleted {
+            stop_reason,
+            steps,
+            usage,
+            cost_usd,
+            context_tokens: self.context_tokens(),
+            context_window: self.config.context_window,
+        });
+        TurnOutcome {
+            text,
+            stop_reason,
+            steps,
+            usage,
+            cost_usd,
+        }
+    }
+
+    /// A context-too-long error quotes the prompt's real size and the
+    /// window (Anthropic: "prompt is too long: 210000 tokens > 200000
+    /// maximum"; OpenAI: "maximum context length is 8192 tokens. However,
+    /// your messages resulted in 9000 tokens"): both correct our figures.
+    fn learn_from_overflow(&mut self, req: &ModelRequest, message: &str) {
+        let numbers: Vec<u64> = message
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|w| w.len() >= 3)
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let (Some(&actual), Some(&maximum)) = (numbers.iter().max(), numbers.iter().min()) else {
+            return;
+        };
+        if actual <= maximum {
+            return;
+        }
+        let estimated = context::estimate_request(req);
+        if estimated > 0 {
+            self.ratio = (actual as f64 / estimated as f64).clamp(0.25, 4.0);
+        }
+        self.config.context_window = self.config.context_window.min(maximum);
+    }
+
+    /// Replaces the older part of the history by a summary the model
+    /// writes, keeping up to `keep_share` of the window of recent messages
+    /// in full. The summary request reuses the system prompt and tools, so
+    /// its prefix is served from the prompt cache.
+    async fn compact_with(
+        &mut self,
+        journal: &Journal<'_>,
+        reason: &str,
+        keep_share: f64,
+        tools: &[ToolSpec],
+        cancel: &Cancel,
+    ) -> Result<Compaction, AgentError> {
+        let window = self.config.context_window as f64;
+        // Budgets below are in estimated tokens, the unit of the history.
+        let keep = (window * keep_share / self.ratio) as u64;
+        let cut = context::choose_cut(&self.history, keep)
+            .ok_or_else(|| AgentError::Compaction("there is nothing older to summarise".into()))?;
+        journal.emit(AgentEvent::CompactionStarted {
+            reason: reason.to_string(),
+        });
+        let tokens_before = self.context_tokens();
+        let mut request = self.request(tools);
+        let overhead = context::estimate_request(&ModelRequest {
+            messages: Vec::new(),
+            ..request.clone()
+        });
+        let budget = ((window * 0.85 / self.ratio) as u64)
+            .saturating_sub(overhead)
+            .saturating_sub(u64::from(self.config.max_tokens.min(8192)));
+        request.messages =
+            context::summary_input(&self.history, cut, budget, self.config.keep_tool_outputs);
+        request.max_tokens = self.config.max_tokens.min(8192);
+        // Summary text is not the assistant's answer: only retries are shown.
+        let streamed = self.provider.stream(&request, |d| {
+            if let StreamDelta::Retrying {
+                attempt,
+                wait,
+                reason,
+            } = d
+            {
+                journal.emit(AgentEvent::Retrying {
+                    attempt,
+                    wait_ms: wait.as_millis() as u64,
+                    reason,
+                });
+            }
+        });
+        let answer = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(AgentError::Cancelled),
+            r = streamed => r?,
+        };
+        add_usage(&mut self.usage, &answer.usage);
+        let summary = answer.text();
+        if summary.trim().is_empty() {
+            return Err(AgentError::Compaction(
+                "the model wrote an empty summary".into(),
+            ));
+        }
+        // The task must survive even a summary that forgets it.
+        let prompt = if context::latest_prompt(&self.history[cut..]).is_none() {
+            context::latest_prompt(&self.history[..cut]).map(|p| clip(p, 16 * 1024))
+        } else {
+            None
+        };
+        let message = context::summary_message(&summary, prompt.as_deref());
+        journal.log.append(&json!({
+            "type": "compaction",
+            "replaced": cut,
+            "summary": message,
+        }));
+        context::apply_compaction(&mut self.history, cut, message);
+        let c = Compaction {
+            replaced_messages: cut,
+            tokens_before,
+            tokens_after: self.context_tokens(),
+            summary,
+            usage: answer.usage,
+        };
+        journal.emit(AgentEvent::Compacted {
+            replaced_messages: c.replaced_messages,
+            tokens_before: c.tokens_before,
+            tokens_after: c.tokens_after,
+            summary: c.summary.clone(),
+        });
+        Ok(c)
     }
 
     /// Runs the calls in order; consecutive read-only calls run together.
@@ -314,9 +703,10 @@ impl Agent {
     async fn run_tools(
         &self,
         calls: &[(String, String, serde_json::Value)],
-        emit: &impl Fn(AgentEvent),
+        journal: &Journal<'_>,
         cancel: &Cancel,
     ) -> Vec<ToolResult> {
+        let emit = |e: AgentEvent| journal.emit(e);
         let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
         let mut i = 0;
         while i < calls.len() {
@@ -390,6 +780,18 @@ impl Agent {
             })
             .collect()
     }
+}
+
+/// At most `max` bytes of `text`, cut at a character boundary, marked.
+fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\n[… {} more bytes]", &text[..end], text.len() - end)
 }
 
 fn add_usage(total: &mut Usage, u: &Usage) {

@@ -2,21 +2,24 @@
 //! tools it asks for in one sandbox session per conversation, and the
 //! session log that keeps every conversation on disk.
 //!
-//! So far this crate holds the session log, the provider-neutral message
-//! model, and both providers' request bodies and stream decoding; the HTTP clients, the
-//! loop and context management follow (issue 3).
+//! Layers, bottom up: the provider-neutral message model ([`message`]),
+//! both wire protocols ([`wire`], [`stream`]) and their HTTP client
+//! ([`provider`]); configuration ([`config`]); the loop ([`agent`]) with its
+//! context management ([`context`]) and prices ([`pricing`]); and the
+//! session log ([`log`], [`sessions`]).
 
 pub mod agent;
 pub mod config;
 pub mod context;
 pub mod log;
 pub mod message;
+pub mod pricing;
 pub mod provider;
 pub mod sessions;
 pub mod stream;
 pub mod wire;
 
-pub use agent::{Agent, AgentConfig, AgentError, AgentEvent, Cancel, TurnOutcome};
+pub use agent::{Agent, AgentConfig, AgentError, AgentEvent, Cancel, Compaction, TurnOutcome};
 pub use log::{LoadReport, LogError, Record, SessionLog};
 pub use message::{AssistantMessage, ContentBlock, StopReason, StreamDelta, Usage};
 pub use provider::{Provider, ProviderConfig, ProviderError, ProviderKind};

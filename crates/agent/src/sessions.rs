@@ -4,9 +4,11 @@
 //!
 //! Records are JSON objects with a `type`. The ones read back here:
 //! `session_started` (id, model, provider, workspace, title), `message`
-//! (one [`Message`] appended to the history sent to the model) and
-//! `turn_completed` (its `usage`). Everything else (tool calls, errors) is
-//! kept for audit.
+//! (one [`Message`] appended to the history sent to the model),
+//! `compaction` (the first `replaced` messages replaced by a `summary`
+//! message) and `turn_completed` (its `usage`). Everything else (tool
+//! calls, errors) is kept for audit. Nothing is ever rewritten: a
+//! compaction adds a record, and the full conversation stays on disk.
 
 use std::path::{Path, PathBuf};
 
@@ -152,16 +154,40 @@ pub fn resume(dir: &Path, id: Option<&str>) -> Result<Resumed, SessionError> {
             report.bad_lines
         );
     }
-    let history = records
-        .iter()
-        .filter(|r| r.data["type"] == "message")
-        .filter_map(|r| serde_json::from_value::<Message>(r.data["message"].clone()).ok())
-        .collect();
+    let history = replay(records.iter().map(|r| &r.data));
     Ok(Resumed {
         summary: chosen,
         history,
         log,
     })
+}
+
+/// The history as last sent to the model, rebuilt from a log's records
+/// with the same operations the agent applied when it wrote them.
+pub fn replay<'a>(records: impl IntoIterator<Item = &'a Value>) -> Vec<Message> {
+    let mut history = Vec::new();
+    for r in records {
+        match r["type"].as_str() {
+            Some("message") => match serde_json::from_value::<Message>(r["message"].clone()) {
+                Ok(m) => crate::context::push_message(&mut history, m),
+                Err(e) => tracing::warn!("skipping an unreadable message record: {e}"),
+            },
+            Some("compaction") => {
+                let replaced = r["replaced"].as_u64().map(|n| n as usize);
+                match (
+                    replaced,
+                    serde_json::from_value::<Message>(r["summary"].clone()),
+                ) {
+                    (Some(n), Ok(summary)) => {
+                        crate::context::apply_compaction(&mut history, n, summary)
+                    }
+                    _ => tracing::warn!("skipping an unreadable compaction record"),
+                }
+            }
+            _ => {}
+        }
+    }
+    history
 }
 
 /// The record that adds `message` to a session's history.
@@ -226,7 +252,15 @@ mod tests {
         assert_eq!(r.history.len(), 1);
         let r = resume(dir.path(), None).unwrap();
         assert_eq!(r.summary.id, "200-bbbbb");
-        assert_eq!(r.history.len(), 2);
+        // Two user messages in a row (no answer between) merge, as they did
+        // when they were sent.
+        assert_eq!(
+            r.history,
+            [Message::User {
+                text: "b\n\nc".into(),
+                tool_results: vec![]
+            }]
+        );
         assert!(matches!(
             resume(dir.path(), Some("999")),
             Err(SessionError::NotFound(_))

@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cordon_agent::{
-    Agent, AgentConfig, AgentError, AgentEvent, Cancel, Provider, ProviderConfig, ProviderKind,
+    Agent, AgentConfig, AgentError, AgentEvent, Cancel, Message, Provider, ProviderConfig,
+    ProviderError, ProviderKind, SessionLog, StopReason,
 };
 use cordon_sandbox::{Sandbox, SandboxConfig};
-use cordon_testkit::{Scenario, ScriptedServer, Turn};
+use cordon_testkit::{Fault, Scenario, ScriptedServer, StopReason as TurnStop, Turn};
 use cordon_tools::{ToolContext, Toolbox};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -32,7 +33,7 @@ fn supervisor() -> PathBuf {
 }
 
 async fn agent(server: &ScriptedServer, kind: ProviderKind, ws: &Path) -> (Agent, Sandbox) {
-    agent_keeping(server, kind, ws, 8).await
+    agent_with(server, kind, ws, |_| {}).await
 }
 
 async fn agent_keeping(
@@ -40,6 +41,24 @@ async fn agent_keeping(
     kind: ProviderKind,
     ws: &Path,
     keep: usize,
+) -> (Agent, Sandbox) {
+    agent_with(server, kind, ws, |c| c.keep_tool_outputs = keep).await
+}
+
+fn config() -> AgentConfig {
+    AgentConfig {
+        system: "You are cordon.".into(),
+        max_tokens: 4096,
+        max_steps: 10,
+        ..AgentConfig::new("scripted")
+    }
+}
+
+async fn agent_with(
+    server: &ScriptedServer,
+    kind: ProviderKind,
+    ws: &Path,
+    tune: impl FnOnce(&mut AgentConfig),
 ) -> (Agent, Sandbox) {
     let mut sc = SandboxConfig::new(ws);
     sc.supervisor = Some(supervisor());
@@ -50,17 +69,13 @@ async fn agent_keeping(
     };
     let mut pc = ProviderConfig::new(kind, url);
     pc.initial_backoff = Duration::from_millis(10);
+    let mut config = config();
+    tune(&mut config);
     let agent = Agent::new(
         Provider::new(pc).unwrap(),
         Toolbox::standard(),
         ToolContext::new(sandbox.clone(), ws),
-        AgentConfig {
-            model: "scripted".into(),
-            system: "You are cordon.".into(),
-            max_tokens: 4096,
-            max_steps: 10,
-            keep_tool_outputs: keep,
-        },
+        config,
     );
     (agent, sandbox)
 }
@@ -286,5 +301,268 @@ async fn old_tool_output_is_masked_in_requests_but_kept_in_the_history() {
         !full.contains("output omitted"),
         "the history itself keeps everything"
     );
+    sandbox.close().await;
+}
+
+/// Estimated tokens of a first request: the system prompt, the standard
+/// tools and a short prompt. Context sizes in the tests below are set
+/// relative to it, so they hold whatever the tools' descriptions weigh.
+fn base_tokens() -> u64 {
+    let tools = Toolbox::standard()
+        .specs()
+        .into_iter()
+        .map(|s| cordon_agent::ToolSpec {
+            name: s.name.to_string(),
+            description: s.description.to_string(),
+            input_schema: s.input_schema,
+        })
+        .collect();
+    cordon_agent::context::estimate_request(&cordon_agent::ModelRequest {
+        model: "scripted".into(),
+        system: config().system,
+        messages: vec![Message::User {
+            text: "a task".into(),
+            tool_results: vec![],
+        }],
+        tools,
+        max_tokens: 4096,
+    })
+}
+
+fn text_of(m: &Message) -> String {
+    match m {
+        Message::User { text, .. } => text.clone(),
+        Message::Assistant(a) => a.text(),
+    }
+}
+
+#[tokio::test]
+async fn a_long_session_compacts_and_every_later_request_stays_under_budget() {
+    for kind in [ProviderKind::Anthropic, ProviderKind::OpenAi] {
+        let ws = tempfile::tempdir().unwrap();
+        let logdir = tempfile::tempdir().unwrap();
+        let base = base_tokens();
+        // Compaction at half the window, which the big output crosses.
+        let window = 2 * (base + 2000);
+        let budget_chars = (window / 2 * 4) as usize;
+        let server = ScriptedServer::start(
+            Scenario::new()
+                .counting_input_tokens()
+                .turn(Turn::text("Looking.").with_tool_call(
+                    "t1",
+                    "bash",
+                    json!({"command": "echo small"}),
+                ))
+                .turn(
+                    Turn::text("Printing a lot.")
+                        .with_tool_call(
+                            "t2",
+                            "bash",
+                            json!({"command": "head -c 16000 /dev/zero | tr '\\0' a"}),
+                        )
+                        .expect_tool_results(["t1"]),
+                )
+                // The summary request.
+                .turn(
+                    Turn::text("SUMMARY-7f3: echoed small, then printed 16000 a's.")
+                        .expect_contains("about to be compacted"),
+                )
+                .turn(
+                    Turn::text("Carrying on.")
+                        .with_tool_call("t4", "bash", json!({"command": "echo after"}))
+                        .expect_contains("SUMMARY-7f3")
+                        .expect_contains("a long task")
+                        .expect_max_input_chars(budget_chars),
+                )
+                .turn(
+                    Turn::text("All done.")
+                        .expect_tool_results(["t4"])
+                        .expect_max_input_chars(budget_chars),
+                ),
+        );
+        let (agent, sandbox) = agent_with(&server, kind, ws.path(), |c| {
+            c.context_window = window;
+            c.compact_threshold = 0.5;
+            c.keep_tool_outputs = 100;
+            c.max_tokens = 1024;
+        })
+        .await;
+        let log_path = logdir.path().join("s.jsonl");
+        let mut agent = agent.with_log(SessionLog::create(&log_path).unwrap());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let outcome = agent.send("a long task", &tx, &Cancel::new()).await;
+        assert_eq!(outcome.unwrap().text, "All done.", "{kind}");
+        server.assert_finished();
+        let events = drain(&mut rx);
+        let compacted = events
+            .iter()
+            .find_map(|e| match e {
+                AgentEvent::Compacted {
+                    replaced_messages,
+                    tokens_before,
+                    tokens_after,
+                    summary,
+                } => Some((*replaced_messages, *tokens_before, *tokens_after, summary)),
+                _ => None,
+            })
+            .expect("a compaction");
+        assert_eq!(compacted.0, 5, "the whole history, the big output with it");
+        assert!(compacted.2 < compacted.1 / 2, "{compacted:?}");
+        assert!(compacted.3.starts_with("SUMMARY-7f3"));
+        // The history sent on starts with the summary and the task.
+        let history = agent.history();
+        assert!(text_of(&history[0]).contains("SUMMARY-7f3"));
+        assert!(text_of(&history[0]).contains("a long task"));
+        assert_eq!(history.len(), 4);
+        // The log rebuilds exactly that history, and still holds everything.
+        let (records, _) = cordon_agent::log::load::<serde_json::Value>(&log_path).unwrap();
+        let replayed = cordon_agent::sessions::replay(records.iter().map(|r| &r.data));
+        assert_eq!(replayed, history);
+        let raw = std::fs::read_to_string(&log_path).unwrap();
+        assert!(
+            raw.contains(&"a".repeat(16000)),
+            "the full output stays on disk"
+        );
+        assert!(raw.contains("\"type\":\"compaction\""));
+        drop(agent);
+        sandbox.close().await;
+    }
+}
+
+#[tokio::test]
+async fn context_too_long_compacts_once_and_retries() {
+    for kind in [ProviderKind::Anthropic, ProviderKind::OpenAi] {
+        let ws = tempfile::tempdir().unwrap();
+        let server = ScriptedServer::start(
+            Scenario::new()
+                .turn(Turn::text("Looking.").with_tool_call(
+                    "t1",
+                    "bash",
+                    json!({"command": "echo hi"}),
+                ))
+                // The first attempt overflows; the summary request gets the text.
+                .turn(
+                    Turn::text("SUMMARY-ctl: echoed hi.")
+                        .fault(Fault::context_too_long(210_000, 200_000)),
+                )
+                .turn(Turn::text("Done after compaction.").expect_contains("SUMMARY-ctl")),
+        );
+        let (mut agent, sandbox) = agent(&server, kind, ws.path()).await;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let outcome = agent.send("say hi", &tx, &Cancel::new()).await.unwrap();
+        assert_eq!(outcome.text, "Done after compaction.");
+        server.assert_finished();
+        let requests = server.requests();
+        assert_eq!(requests.len(), 4);
+        assert!(requests[2].raw_body.contains("about to be compacted"));
+        let events = drain(&mut rx);
+        let reason = events.iter().find_map(|e| match e {
+            AgentEvent::CompactionStarted { reason } => Some(reason.clone()),
+            _ => None,
+        });
+        assert!(reason.unwrap().contains("210000"), "{kind}");
+        sandbox.close().await;
+    }
+}
+
+#[tokio::test]
+async fn context_too_long_again_after_compacting_is_reported() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Looking.").with_tool_call(
+                "t1",
+                "bash",
+                json!({"command": "echo hi"}),
+            ))
+            .turn(
+                Turn::text("SUMMARY: echoed hi.").fault(Fault::context_too_long(210_000, 200_000)),
+            )
+            .turn(Turn::text("never sent").fault(Fault::context_too_long(205_000, 200_000))),
+    );
+    let (mut agent, sandbox) = agent(&server, ProviderKind::Anthropic, ws.path()).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let err = agent.send("say hi", &tx, &Cancel::new()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AgentError::Provider(ProviderError::ContextTooLong { .. })
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("no longer fits"), "{err}");
+    let events = drain(&mut rx);
+    assert!(matches!(events.last(), Some(AgentEvent::Error { .. })));
+    // The history is still valid: the summary, then the call and its result.
+    assert!(matches!(
+        agent.history(),
+        [Message::User { .. }, Message::Assistant(_), Message::User { tool_results, .. }] if tool_results.len() == 1
+    ));
+    sandbox.close().await;
+}
+
+#[tokio::test]
+async fn manual_compaction_replaces_the_conversation_by_its_summary() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("First answer, long and detailed."))
+            .turn(
+                Turn::text("SUMMARY-man: the user asked a first question.")
+                    .expect_contains("about to be compacted"),
+            )
+            .turn(
+                Turn::text("Second answer.")
+                    .expect_contains("SUMMARY-man")
+                    .expect_contains("second question"),
+            ),
+    );
+    let (mut agent, sandbox) = agent(&server, ProviderKind::Anthropic, ws.path()).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    agent
+        .send("first question", &tx, &Cancel::new())
+        .await
+        .unwrap();
+    let c = agent.compact(&tx, &Cancel::new()).await.unwrap();
+    assert_eq!(c.replaced_messages, 2);
+    assert_eq!(agent.history().len(), 1);
+    agent
+        .send("second question", &tx, &Cancel::new())
+        .await
+        .unwrap();
+    server.assert_finished();
+    let last = &server.requests()[2];
+    assert!(!last.raw_body.contains("First answer"), "{}", last.raw_body);
+    assert!(
+        drain(&mut rx)
+            .iter()
+            .any(|e| matches!(e, AgentEvent::Compacted { .. }))
+    );
+    sandbox.close().await;
+}
+
+#[tokio::test]
+async fn a_refusal_ends_the_turn_and_stays_out_of_the_history() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("I can't help with that.").stop(TurnStop::Refusal))
+            .turn(Turn::text("Sure.").expect_contains("something else")),
+    );
+    let (mut agent, sandbox) = agent(&server, ProviderKind::Anthropic, ws.path()).await;
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let out = agent
+        .send("something bad", &tx, &Cancel::new())
+        .await
+        .unwrap();
+    assert_eq!(out.stop_reason, StopReason::Refusal);
+    assert_eq!(agent.history().len(), 1, "only the prompt stays");
+    let out = agent
+        .send("something else", &tx, &Cancel::new())
+        .await
+        .unwrap();
+    assert_eq!(out.text, "Sure.");
+    server.assert_finished();
+    assert!(!server.requests()[1].raw_body.contains("can't help"));
     sandbox.close().await;
 }

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 
 use clap::Args;
 use cordon_agent::config::{Layers, Settings};
-use cordon_agent::sessions::{self, message_record};
+use cordon_agent::sessions;
 use cordon_agent::{
     Agent, AgentConfig, AgentError, AgentEvent, Cancel, Provider, ProviderConfig, ProviderKind,
-    SessionLog,
+    SessionLog, StopReason,
 };
 use cordon_sandbox::{Network, Sandbox, SandboxConfig, parse_size};
 use cordon_tools::{ToolContext, Toolbox};
@@ -70,6 +70,8 @@ struct Setup {
     provider: ProviderConfig,
     model: String,
     max_tokens: u32,
+    context_window: u64,
+    compact_threshold: f64,
     workspace: PathBuf,
     sandbox: SandboxConfig,
 }
@@ -117,10 +119,19 @@ fn setup(args: &ExecArgs) -> Result<Setup, i32> {
         .map_err(config_error)?;
     Ok(Setup {
         model: get("model").unwrap_or_default(),
+        // Settings::load has validated these already.
         max_tokens: settings
             .get("max_tokens")
             .and_then(|v| v.parse().ok())
             .unwrap_or(8192),
+        context_window: settings
+            .get("context_window")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200_000),
+        compact_threshold: settings
+            .get("compact_threshold")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.75),
         provider,
         workspace,
         sandbox,
@@ -213,26 +224,29 @@ pub async fn exec(args: ExecArgs) -> i32 {
     if args.json {
         let _ = writeln!(stdout, "{started}");
     }
-    if let Some(l) = log.as_mut() {
-        if l.next_seq() == 0 {
-            let _ = l.append(&started);
-        }
-        let _ = l.append(&json!({"type": "user_message", "text": prompt}));
+    if let Some(l) = log.as_mut()
+        && l.next_seq() == 0
+    {
+        let _ = l.append(&started);
     }
-    let before = history.len();
     let mut agent = Agent::new(
         provider,
         Toolbox::standard(),
         ToolContext::new(sandbox.clone(), &s.workspace),
         AgentConfig {
-            model: s.model.clone(),
             system: SYSTEM.into(),
             max_tokens: s.max_tokens,
             max_steps: args.max_steps,
-            keep_tool_outputs: 8,
+            context_window: s.context_window,
+            compact_threshold: s.compact_threshold,
+            ..AgentConfig::new(s.model.clone())
         },
     )
     .with_history(history);
+    if let Some(l) = log {
+        // From here on the agent records the conversation as it happens.
+        agent = agent.with_log(l);
+    }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let cancel = Cancel::new();
     let on_int = cancel.clone();
@@ -252,14 +266,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
             ("", "")
         };
         let mut at_line_start = true;
-        let mut logged = Vec::new();
         while let Some(ev) = rx.recv().await {
-            if !matches!(
-                ev,
-                AgentEvent::TextDelta { .. } | AgentEvent::ThinkingDelta { .. }
-            ) {
-                logged.push(serde_json::to_value(&ev).unwrap_or_default());
-            }
             if json_mode {
                 let _ = writeln!(out, "{}", serde_json::to_string(&ev).unwrap_or_default());
                 continue;
@@ -297,6 +304,34 @@ pub async fn exec(args: ExecArgs) -> i32 {
                         "{dim}  retrying (attempt {attempt}) in {wait_ms} ms: {reason}{reset}"
                     );
                 }
+                AgentEvent::CompactionStarted { reason } => {
+                    let _ = writeln!(err, "{dim}  compacting the conversation: {reason}{reset}");
+                }
+                AgentEvent::Compacted {
+                    replaced_messages,
+                    tokens_before,
+                    tokens_after,
+                    ..
+                } => {
+                    let _ = writeln!(
+                        err,
+                        "{dim}  compacted {replaced_messages} messages: ~{tokens_before} → ~{tokens_after} tokens{reset}"
+                    );
+                }
+                AgentEvent::TurnCompleted {
+                    steps,
+                    usage,
+                    cost_usd,
+                    ..
+                } => {
+                    let cost = cost_usd.map(|c| format!(", ${c:.4}")).unwrap_or_default();
+                    let _ = writeln!(
+                        err,
+                        "{dim}· {steps} model requests, {} tokens in, {} out{cost}{reset}",
+                        usage.prompt_tokens(),
+                        usage.output_tokens
+                    );
+                }
                 AgentEvent::Error { message } => {
                     let _ = writeln!(err, "cordon: {message}");
                 }
@@ -306,23 +341,19 @@ pub async fn exec(args: ExecArgs) -> i32 {
         if !json_mode && !at_line_start {
             let _ = writeln!(out);
         }
-        logged
     });
     let result = agent.send(&prompt, &tx, &cancel).await;
     drop(tx);
-    let logged = printer.await.unwrap_or_default();
-    if let Some(l) = log.as_mut() {
-        for ev in &logged {
-            let _ = l.append(ev);
-        }
-        // What the next `--resume` sends to the model.
-        for m in agent.history().iter().skip(before) {
-            let _ = l.append(&message_record(m));
-        }
-        let _ = l.sync();
-    }
+    let _ = printer.await;
+    drop(agent);
     sandbox.close().await;
     match result {
+        Ok(outcome) if outcome.stop_reason == StopReason::Refusal => {
+            eprintln!(
+                "cordon: the model declined this request (stop reason: refusal); rephrase the task"
+            );
+            MODEL_ERROR
+        }
         Ok(outcome) => {
             if let Some(path) = &args.output {
                 if let Err(e) = std::fs::write(path, &outcome.text) {

@@ -19,15 +19,21 @@ pub struct Scenario {
     /// The turns, in the order requests are expected.
     #[serde(default)]
     pub turns: Vec<Turn>,
-    /// Check that every tool call the server issued is answered by a tool result
-    /// in the next request. On by default: both real APIs reject a history with
-    /// a dangling tool call, so an agent that produces one is broken.
+    /// Check that every tool call in a request's history is answered by tool
+    /// results in the message right after it. On by default: both real APIs
+    /// reject a history with a dangling tool call, so an agent that produces
+    /// one is broken.
     #[serde(default = "default_true")]
     pub check_tool_results: bool,
     /// Longest piece of text or tool JSON sent in one delta. Small values make the
     /// client's reassembly work harder.
     #[serde(default = "default_chunk_chars")]
     pub chunk_chars: usize,
+    /// Report each request's size (characters / 4) as its input tokens when a
+    /// turn scripts no input figure, as a real server counts the prompt, so
+    /// a client's context tracking sees growing figures.
+    #[serde(default)]
+    pub count_input_tokens: bool,
 }
 
 fn default_true() -> bool {
@@ -225,7 +231,14 @@ impl Scenario {
             turns: Vec::new(),
             check_tool_results: true,
             chunk_chars: default_chunk_chars(),
+            count_input_tokens: false,
         }
+    }
+
+    /// Reports input tokens from each request's size (see `count_input_tokens`).
+    pub fn counting_input_tokens(mut self) -> Self {
+        self.count_input_tokens = true;
+        self
     }
 
     /// Appends a turn.

@@ -92,8 +92,6 @@ struct State {
     next_turn: usize,
     /// Attempts already made on `next_turn`; selects the fault to serve.
     attempts: u32,
-    /// Tool calls served in the last successful reply, still awaiting results.
-    pending_tool_calls: Vec<String>,
     requests: Vec<RecordedRequest>,
     failures: Vec<Failure>,
 }
@@ -139,7 +137,6 @@ impl ScriptedServer {
             scenario,
             next_turn: 0,
             attempts: 0,
-            pending_tool_calls: Vec::new(),
             requests: Vec::new(),
             failures: Vec::new(),
         }));
@@ -402,7 +399,7 @@ fn handle(
             let turn = &st.scenario.turns[t];
             let answered = tool_results(protocol, request);
             if st.scenario.check_tool_results {
-                let missing = without_result(&st.pending_tool_calls, &answered);
+                let missing = dangling_tool_calls(protocol, request);
                 if !missing.is_empty() {
                     failures.push((
                         "tool_results".into(),
@@ -422,7 +419,6 @@ fn handle(
                 st.attempts += 1;
                 let breaks = fault.as_ref().is_some_and(Fault::breaks_reply);
                 if !breaks {
-                    st.pending_tool_calls = turn.tool_call_ids().map(str::to_owned).collect();
                     st.next_turn += 1;
                     st.attempts = 0;
                 }
@@ -436,7 +432,14 @@ fn handle(
                         body,
                     },
                     None => Plan::Reply {
-                        turn: Box::new(turn.clone()),
+                        turn: Box::new({
+                            let mut turn = turn.clone();
+                            if st.scenario.count_input_tokens && turn.usage.input_tokens == 0 {
+                                turn.usage.input_tokens =
+                                    (raw_body.chars().count() as u64).div_ceil(4);
+                            }
+                            turn
+                        }),
                         fault,
                         chunk_chars: st.scenario.chunk_chars,
                     },
@@ -706,6 +709,55 @@ fn tool_results(protocol: Protocol, request: &Value) -> Vec<String> {
             .map(str::to_owned)
             .collect(),
     }
+}
+
+/// Tool calls in the request's history that the message right after them
+/// does not answer: both real APIs reject such a request. (A call left out
+/// of the history altogether, as a compaction does, is fine for them too.)
+fn dangling_tool_calls(protocol: Protocol, request: &Value) -> Vec<String> {
+    let Some(messages) = request.get("messages").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_owned);
+    let strings = |v: Option<&Value>, kind: Option<&str>, key: &str| -> Vec<String> {
+        v.and_then(Value::as_array)
+            .map(|items| {
+                items
+                    .iter()
+                    .filter(|b| kind.is_none() || b.get("type").and_then(Value::as_str) == kind)
+                    .filter_map(|b| b.get(key).and_then(Value::as_str))
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut missing = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        if role(m).as_deref() != Some("assistant") {
+            continue;
+        }
+        let (calls, answered) = match protocol {
+            Protocol::Anthropic => (
+                strings(m.get("content"), Some("tool_use"), "id"),
+                strings(
+                    messages.get(i + 1).and_then(|n| n.get("content")),
+                    Some("tool_result"),
+                    "tool_use_id",
+                ),
+            ),
+            Protocol::OpenAi => (
+                strings(m.get("tool_calls"), None, "id"),
+                messages[i + 1..]
+                    .iter()
+                    .take_while(|n| role(n).as_deref() == Some("tool"))
+                    .filter_map(|n| n.get("tool_call_id").and_then(Value::as_str))
+                    .map(str::to_owned)
+                    .collect(),
+            ),
+        };
+        missing.extend(calls.into_iter().filter(|c| !answered.contains(c)));
+    }
+    missing
 }
 
 /// The ids in `ids` that `answered` has no result for.
