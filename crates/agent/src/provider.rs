@@ -168,7 +168,9 @@ impl Provider {
                 });
             }
             let wait = retry.after.unwrap_or_else(|| jitter(backoff));
-            tracing::warn!(
+            // Debug, not warn: the caller reports the retry through
+            // `on_delta`, and a warning would print it a second time.
+            tracing::debug!(
                 attempt,
                 wait_ms = wait.as_millis() as u64,
                 "retrying the model request: {}",
@@ -211,7 +213,7 @@ impl Provider {
             Err(e) if e.is_connect() => {
                 return Err(ProviderError::Network {
                     url,
-                    message: e.to_string(),
+                    message: root_cause(&e),
                 });
             }
             Err(e) => {
@@ -310,6 +312,16 @@ impl Provider {
             Err(e) => Err(ProviderError::Stream(e)),
         }
     }
+}
+
+/// The innermost error's message: reqwest's own only repeats the URL, the
+/// reason (connection refused, no such host) is at the bottom of the chain.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
 }
 
 /// `base` scaled by a random factor in [0.5, 1.5), so clients that failed

@@ -267,5 +267,9 @@ async fn an_unreachable_server_is_a_network_error_naming_it() {
         .await
         .unwrap_err();
     assert!(matches!(err, ProviderError::Network { .. }), "{err:?}");
-    assert!(err.to_string().contains("127.0.0.1:9"));
+    let text = err.to_string();
+    assert!(text.contains("127.0.0.1:9"), "{text}");
+    // The reason, not reqwest's generic wording that only repeats the URL.
+    assert!(text.contains("refused"), "{text}");
+    assert!(!text.contains("error sending request"), "{text}");
 }
