@@ -84,7 +84,7 @@ pub enum ProviderError {
     ContextTooLong { message: String },
     #[error("the request was refused ({status}): {message}")]
     Invalid { status: u16, message: String },
-    #[error("the model server is unavailable after {attempts} attempts: {last}")]
+    #[error("no complete answer from the model server after {attempts} attempts: {last}")]
     Exhausted { attempts: u32, last: String },
     #[error("cannot reach the model server at {url}: {message}")]
     Network { url: String, message: String },

@@ -44,7 +44,9 @@ impl StreamError {
                     | "rate_limit_exceeded"
             ),
             StreamError::Incomplete => true,
-            _ => false,
+            // A sampling slip, usually gone on the next try; nothing ran.
+            StreamError::BadToolInput { .. } => true,
+            StreamError::Malformed(_) => false,
         }
     }
 }

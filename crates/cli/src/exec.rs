@@ -299,6 +299,12 @@ pub async fn exec(args: ExecArgs) -> i32 {
                     wait_ms,
                     reason,
                 } => {
+                    // Printed text cannot be taken back: the retried
+                    // answer at least starts on a line of its own.
+                    if !at_line_start {
+                        let _ = writeln!(out);
+                        at_line_start = true;
+                    }
                     let _ = writeln!(
                         err,
                         "{dim}  retrying (attempt {attempt}) in {wait_ms} ms: {reason}{reset}"
