@@ -369,15 +369,7 @@ impl Agent {
     }
 
     fn specs(&self) -> Vec<ToolSpec> {
-        self.tools
-            .specs()
-            .into_iter()
-            .map(|s| ToolSpec {
-                name: s.name.to_string(),
-                description: s.description.to_string(),
-                input_schema: s.input_schema,
-            })
-            .collect()
+        tool_specs(&self.tools)
     }
 
     /// Runs one user turn to its end, reporting every step on `events`.
@@ -780,6 +772,19 @@ impl Agent {
             })
             .collect()
     }
+}
+
+/// The tools of `toolbox` as offered to the model.
+pub fn tool_specs(toolbox: &Toolbox) -> Vec<ToolSpec> {
+    toolbox
+        .specs()
+        .into_iter()
+        .map(|s| ToolSpec {
+            name: s.name.to_string(),
+            description: s.description.to_string(),
+            input_schema: s.input_schema,
+        })
+        .collect()
 }
 
 /// At most `max` bytes of `text`, cut at a character boundary, marked.

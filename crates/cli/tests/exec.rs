@@ -41,6 +41,15 @@ fn assert_valid(events: &[Value]) {
     }
 }
 
+fn assert_success(out: &Output) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn json_lines(out: &Output) -> Vec<Value> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -116,12 +125,7 @@ fn json_output_is_one_documented_event_per_line() {
         home.path(),
         &["--json", "write hello.py and run it"],
     );
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
@@ -237,12 +241,7 @@ fn a_resumed_session_continues_with_the_earlier_context() {
         home.path(),
         &["remember the number 4217"],
     );
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     // Resume from elsewhere: the session's own workspace is used.
     let other = tempfile::tempdir().unwrap();
     let out = exec(
@@ -251,12 +250,7 @@ fn a_resumed_session_continues_with_the_earlier_context() {
         home.path(),
         &["--last", "--json", "which number?"],
     );
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     server.assert_finished();
     let first: Value =
         serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
@@ -289,15 +283,7 @@ fn a_resumed_session_continues_with_the_earlier_context() {
 /// window in the test below is set relative to it, so the test holds
 /// whatever the tools' descriptions weigh.
 fn base_tokens() -> u64 {
-    let tools = Toolbox::standard()
-        .specs()
-        .into_iter()
-        .map(|s| cordon_agent::ToolSpec {
-            name: s.name.to_string(),
-            description: s.description.to_string(),
-            input_schema: s.input_schema,
-        })
-        .collect();
+    let tools = cordon_agent::agent::tool_specs(&Toolbox::standard());
     let request = cordon_agent::ModelRequest {
         model: "m".into(),
         // About the size of exec's system prompt.
@@ -354,12 +340,7 @@ fn a_long_session_compacts_stays_under_budget_and_resumes_from_the_summary() {
     let mut args: Vec<&str> = settings.iter().map(String::as_str).collect();
     args.extend(["--json", "a long task"]);
     let out = exec(&server, ws.path(), home.path(), &args);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     server.assert_finished();
     let events = json_lines(&out);
     assert_valid(&events);
@@ -400,12 +381,7 @@ fn a_long_session_compacts_stays_under_budget_and_resumes_from_the_summary() {
     let mut args: Vec<&str> = settings.iter().map(String::as_str).collect();
     args.extend(["--last", "what did it print?"]);
     let out = exec(&server, ws.path(), home.path(), &args);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     server.assert_finished();
     // The full output is still in the log on disk.
     let dir = home.path().join("data/cordon/sessions");
