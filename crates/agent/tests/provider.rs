@@ -218,8 +218,23 @@ async fn bad_key_unknown_model_and_context_too_long_are_explained_not_retried() 
 }
 
 #[tokio::test]
-async fn malformed_tool_arguments_are_an_error_not_a_guess() {
+async fn malformed_tool_arguments_are_retried_then_an_error_not_a_guess() {
     for kind in KINDS {
+        // Once: the request is sent again and the good answer is used.
+        let server = ScriptedServer::start(
+            Scenario::new().turn(
+                Turn::text("x")
+                    .with_tool_call("t", "bash", json!({"command": "ls"}))
+                    .fault(Fault::malformed_tool_json()),
+            ),
+        );
+        let msg = provider(&server, kind)
+            .stream(&request(vec![user("hi")]), |_| {})
+            .await
+            .unwrap();
+        let calls: Vec<_> = msg.tool_uses().collect();
+        assert_eq!(calls[0].2, &json!({"command": "ls"}), "{kind}");
+        // Every time: an error naming the call, never arguments guessed.
         let server = ScriptedServer::start(
             Scenario::new().turn(
                 Turn::text("x")
@@ -231,7 +246,10 @@ async fn malformed_tool_arguments_are_an_error_not_a_guess() {
             .stream(&request(vec![user("hi")]), |_| {})
             .await
             .unwrap_err();
-        assert!(matches!(err, ProviderError::Stream(_)), "{kind}: {err:?}");
+        assert!(
+            matches!(err, ProviderError::Exhausted { .. }),
+            "{kind}: {err:?}"
+        );
         assert!(err.to_string().contains("not valid JSON"), "{err}");
     }
 }
