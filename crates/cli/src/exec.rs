@@ -67,13 +67,47 @@ fn config_error(msg: impl std::fmt::Display) -> i32 {
 }
 
 struct Setup {
-    provider: ProviderConfig,
-    model: String,
-    max_tokens: u32,
-    context_window: u64,
-    compact_threshold: f64,
+    model: ModelSetup,
     workspace: PathBuf,
     sandbox: SandboxConfig,
+}
+
+/// The provider and the agent's settings, shared with `cordon serve`.
+pub struct ModelSetup {
+    pub provider: ProviderConfig,
+    pub agent: AgentConfig,
+}
+
+/// Reads the provider, key and model settings; an error names what is
+/// missing or wrong.
+pub fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
+    let get = |k: &str| settings.get(k).map(str::to_string);
+    let kind = match settings.provider() {
+        "openai" => ProviderKind::OpenAi,
+        _ => ProviderKind::Anthropic,
+    };
+    let (base, key) = match kind {
+        ProviderKind::Anthropic => (get("anthropic_base_url"), get("anthropic_api_key")),
+        ProviderKind::OpenAi => (get("openai_base_url"), get("openai_api_key")),
+    };
+    if kind == ProviderKind::Anthropic && key.is_none() {
+        return Err(
+            "no API key: set ANTHROPIC_API_KEY (or use an OpenAI-compatible server with OPENAI_BASE_URL)"
+                .into(),
+        );
+    }
+    let mut provider = ProviderConfig::new(kind, base.unwrap_or_default());
+    provider.api_key = key;
+    // Settings::load has validated the numbers already.
+    let number = |k: &str| settings.get(k).and_then(|v| v.parse::<f64>().ok());
+    let agent = AgentConfig {
+        system: SYSTEM.into(),
+        max_tokens: number("max_tokens").map_or(8192, |n| n as u32),
+        context_window: number("context_window").map_or(200_000, |n| n as u64),
+        compact_threshold: number("compact_threshold").unwrap_or(0.75),
+        ..AgentConfig::new(get("model").unwrap_or_default())
+    };
+    Ok(ModelSetup { provider, agent })
 }
 
 fn setup(args: &ExecArgs) -> Result<Setup, i32> {
@@ -88,23 +122,8 @@ fn setup(args: &ExecArgs) -> Result<Setup, i32> {
         cli.push(("workspace".into(), w.display().to_string()));
     }
     let settings = Settings::load(&Layers::from_process(cli)).map_err(config_error)?;
-    let get = |k: &str| settings.get(k).map(str::to_string);
-    let kind = match settings.provider() {
-        "openai" => ProviderKind::OpenAi,
-        _ => ProviderKind::Anthropic,
-    };
-    let (base, key) = match kind {
-        ProviderKind::Anthropic => (get("anthropic_base_url"), get("anthropic_api_key")),
-        ProviderKind::OpenAi => (get("openai_base_url"), get("openai_api_key")),
-    };
-    if kind == ProviderKind::Anthropic && key.is_none() {
-        return Err(config_error(
-            "no API key: set ANTHROPIC_API_KEY (or use an OpenAI-compatible server with OPENAI_BASE_URL)",
-        ));
-    }
-    let mut provider = ProviderConfig::new(kind, base.unwrap_or_default());
-    provider.api_key = key;
-    let workspace = match get("workspace") {
+    let model = model_setup(&settings).map_err(config_error)?;
+    let workspace = match settings.get("workspace") {
         Some(w) => PathBuf::from(w),
         None => std::env::current_dir().map_err(config_error)?,
     };
@@ -118,21 +137,7 @@ fn setup(args: &ExecArgs) -> Result<Setup, i32> {
         .parse::<Network>()
         .map_err(config_error)?;
     Ok(Setup {
-        model: get("model").unwrap_or_default(),
-        // Settings::load has validated these already.
-        max_tokens: settings
-            .get("max_tokens")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(8192),
-        context_window: settings
-            .get("context_window")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(200_000),
-        compact_threshold: settings
-            .get("compact_threshold")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.75),
-        provider,
+        model,
         workspace,
         sandbox,
     })
@@ -188,7 +193,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
             return exit::SANDBOX;
         }
     };
-    let provider = match Provider::new(s.provider.clone()) {
+    let provider = match Provider::new(s.model.provider.clone()) {
         Ok(p) => p,
         Err(e) => return config_error(e),
     };
@@ -214,8 +219,8 @@ pub async fn exec(args: ExecArgs) -> i32 {
     let started = json!({
         "type": "session_started",
         "session_id": id,
-        "model": s.model,
-        "provider": s.provider.kind.to_string(),
+        "model": s.model.agent.model,
+        "provider": s.model.provider.kind.to_string(),
         "workspace": s.workspace,
         "title": title,
         "resumed": !history.is_empty(),
@@ -234,12 +239,8 @@ pub async fn exec(args: ExecArgs) -> i32 {
         Toolbox::standard(),
         ToolContext::new(sandbox.clone(), &s.workspace),
         AgentConfig {
-            system: SYSTEM.into(),
-            max_tokens: s.max_tokens,
             max_steps: args.max_steps,
-            context_window: s.context_window,
-            compact_threshold: s.compact_threshold,
-            ..AgentConfig::new(s.model.clone())
+            ..s.model.agent.clone()
         },
     )
     .with_history(history);

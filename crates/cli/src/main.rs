@@ -5,6 +5,7 @@ mod doctor;
 mod exec;
 mod options;
 mod run;
+mod serve_cmd;
 mod sessions_cmd;
 
 use clap::{Parser, Subcommand};
@@ -57,6 +58,10 @@ enum Command {
     Exec(exec::ExecArgs),
     /// List the sessions on disk: id, start, title, turns, tokens.
     Sessions,
+    /// Serve the jobs API: a persistent queue of sandboxed jobs.
+    Serve(serve_cmd::ServeArgs),
+    /// Manage the server's bearer tokens.
+    Token(serve_cmd::TokenArgs),
 }
 
 fn main() {
@@ -80,10 +85,12 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
 
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    // The server runs jobs in parallel; everything else is one task at a time.
+    let mut builder = match cli.command {
+        Command::Serve(_) => tokio::runtime::Builder::new_multi_thread(),
+        _ => tokio::runtime::Builder::new_current_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("cordon: cannot start the async runtime: {e}");
@@ -98,6 +105,8 @@ fn main() {
             Command::Config(args) => config_cmd::config(args),
             Command::Exec(args) => exec::exec(args).await,
             Command::Sessions => sessions_cmd::sessions(),
+            Command::Serve(args) => serve_cmd::serve(args).await,
+            Command::Token(args) => serve_cmd::token(args).await,
         }
     });
     // Exit at once: a blocking read of our stdin may still be pending.

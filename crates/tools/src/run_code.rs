@@ -135,6 +135,31 @@ fn is_es_module(js: &str) -> bool {
     })
 }
 
+/// The exec that runs `code` in `language` in /workspace: one exec writes
+/// the program from stdin to a fresh file in /tmp, runs it with stdin from
+/// /dev/null and removes it. TypeScript is transpiled first. Shared with
+/// the server's code jobs, so both run programs the same way.
+pub fn program_request(language: Language, code: String) -> Result<ExecRequest, TranspileError> {
+    let (program, ext, code) = match language {
+        Language::Python => ("python3", "py", code),
+        Language::Javascript => {
+            let ext = if is_es_module(&code) { "mjs" } else { "cjs" };
+            ("node", ext, code)
+        }
+        Language::Typescript => {
+            let js = transpile_typescript(&code)?;
+            let ext = if is_es_module(&js) { "mjs" } else { "cjs" };
+            ("node", ext, js)
+        }
+    };
+    let script = format!(
+        "f=$(mktemp /tmp/cordon-run-XXXXXXXX.{ext}) || exit 125; cat > \"$f\"; {program} \"$f\" </dev/null; s=$?; rm -f \"$f\"; exit $s"
+    );
+    Ok(ExecRequest::argv(["/bin/sh", "-c", &script])
+        .cwd("/workspace")
+        .stdin(code.into_bytes()))
+}
+
 async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
     let timeout = match input.timeout {
         None => ctx.limits.default_timeout,
@@ -147,40 +172,21 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
             ));
         }
     };
-    let (program, ext, code) = match input.language {
-        Language::Python => ("python3", "py", input.code),
-        Language::Javascript => {
-            let ext = if is_es_module(&input.code) {
-                "mjs"
-            } else {
-                "cjs"
-            };
-            ("node", ext, input.code)
-        }
-        Language::Typescript => match transpile_typescript(&input.code) {
-            Ok(js) => {
-                let ext = if is_es_module(&js) { "mjs" } else { "cjs" };
-                ("node", ext, js)
-            }
-            Err(e) => {
-                return ToolOutput::error(format!(
-                    "The TypeScript could not be transpiled; nothing was run.\n{e}"
-                ))
-                .with_structured(
-                    json!({"exit_code": null, "timed_out": false, "transpile_error": e.0}),
-                );
-            }
-        },
+    let program = match input.language {
+        Language::Python => "python3",
+        Language::Javascript | Language::Typescript => "node",
     };
-    // One exec writes the program from stdin to a fresh file in /tmp, runs
-    // it with stdin from /dev/null and removes it.
-    let script = format!(
-        "f=$(mktemp /tmp/cordon-run-XXXXXXXX.{ext}) || exit 125; cat > \"$f\"; {program} \"$f\" </dev/null; s=$?; rm -f \"$f\"; exit $s"
-    );
-    let req = ExecRequest::argv(["/bin/sh", "-c", &script])
-        .cwd("/workspace")
-        .stdin(code.into_bytes())
-        .timeout(timeout);
+    let req = match program_request(input.language, input.code) {
+        Ok(req) => req.timeout(timeout),
+        Err(e) => {
+            return ToolOutput::error(format!(
+                "The TypeScript could not be transpiled; nothing was run.\n{e}"
+            ))
+            .with_structured(
+                json!({"exit_code": null, "timed_out": false, "transpile_error": e.0}),
+            );
+        }
+    };
     let mut exec = match ctx.sandbox.exec_stream(req).await {
         Ok(e) => e,
         Err(e) => return ToolOutput::error(format!("cannot run {program} in the sandbox: {e}")),

@@ -1,0 +1,144 @@
+//! `cordon serve` and `cordon token create`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use cordon_agent::config::{Layers, Settings};
+use cordon_server::runner::AgentDefaults;
+use cordon_server::{ServerConfig, Store};
+
+use crate::exit;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// `postgres://…`, or a SQLite file [default: the XDG data directory's cordon/server.db]
+    #[arg(long, value_name = "URL")]
+    pub db: Option<String>,
+    /// Where job workspaces live [default: the XDG data directory's cordon/server]
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Jobs run at once [default: the number of CPUs]
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Jobs run at once per tenant
+    #[arg(long, default_value_t = 4)]
+    pub per_tenant: i64,
+}
+
+#[derive(Args, Debug)]
+pub struct TokenArgs {
+    #[command(subcommand)]
+    pub command: TokenCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Create a token for a tenant and print it (only its hash is stored).
+    Create {
+        #[arg(long)]
+        tenant: String,
+        /// The server's database, as for `cordon serve --db`
+        #[arg(long, value_name = "URL")]
+        db: Option<String>,
+    },
+}
+
+fn data_home() -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("cordon")
+}
+
+fn default_db() -> String {
+    data_home().join("server.db").display().to_string()
+}
+
+pub async fn token(args: TokenArgs) -> i32 {
+    let TokenCommand::Create { tenant, db } = args.command;
+    let store = match Store::open(&db.unwrap_or_else(default_db)).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return exit::CONFIG;
+        }
+    };
+    match store.create_token(&tenant).await {
+        Ok(t) => {
+            println!("{t}");
+            0
+        }
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            exit::CONFIG
+        }
+    }
+}
+
+pub async fn serve(args: ServeArgs) -> i32 {
+    let mut config = ServerConfig::new(
+        args.db.unwrap_or_else(default_db),
+        args.data_dir.unwrap_or_else(|| data_home().join("server")),
+    );
+    config.listen = args.listen;
+    if let Some(w) = args.workers {
+        config.workers = w.max(1);
+    }
+    config.per_tenant = args.per_tenant.max(1);
+    // Agent jobs need a model; without one the server still runs the rest.
+    config.agent = match Settings::load(&Layers::from_process(Vec::new())) {
+        Ok(settings) => match crate::exec::model_setup(&settings) {
+            Ok(m) => Some(AgentDefaults {
+                provider: m.provider,
+                agent: m.agent,
+            }),
+            Err(why) => {
+                eprintln!("cordon: agent jobs are off: {why}");
+                None
+            }
+        },
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return exit::CONFIG;
+        }
+    };
+    let running = match cordon_server::start(config).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return exit::CONFIG;
+        }
+    };
+    // Starting with no configuration must still give a way in.
+    match running.shared.store.token_count().await {
+        Ok(0) => match running.shared.store.create_token("default").await {
+            Ok(t) => eprintln!(
+                "cordon: no tokens yet; created one for tenant \"default\" (shown once, keep it):\n{t}"
+            ),
+            Err(e) => eprintln!("cordon: cannot create a first token: {e}"),
+        },
+        Ok(_) => {}
+        Err(e) => eprintln!("cordon: {e}"),
+    }
+    eprintln!("cordon: serving on http://{}", running.addr);
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return exit::SANDBOX;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("cordon: stopping");
+    running.shutdown().await;
+    0
+}

@@ -1,0 +1,668 @@
+//! The HTTP API: `/v1/jobs` and its events, files and cancellation, the
+//! seeds' `/schedule` and `/status` routes, and `/health`. Every route but
+//! `/health` needs a bearer token; every error is JSON saying what is
+//! wrong, and another tenant's job is as absent as a missing one.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use cordon_tools::{Workspace, WorkspaceError, WsPath};
+use futures_util::Stream;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::job::{JobRequest, JobSpec, JobState};
+use crate::runner::workspace_dir;
+use crate::server::Shared;
+use crate::store::{JobRow, ListQuery, NewEvent, Outcome, StoreError, StoredEvent, random_hex};
+
+/// An error answered as `{"error": {"code", "message"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    fn not_found(what: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", format!("no {what}"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (
+            self.status,
+            Json(json!({"error": {"code": self.code, "message": self.message}})),
+        )
+            .into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        tracing::error!("store: {e}");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the job store is unavailable; try again",
+        )
+    }
+}
+
+impl From<BytesRejection> for ApiError {
+    fn from(e: BytesRejection) -> Self {
+        let status = e.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                status,
+                "too_large",
+                "the request body is larger than this server accepts",
+            )
+        } else {
+            ApiError::new(status, "invalid_request", e.body_text())
+        }
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The tenant a request's bearer token belongs to.
+pub struct Tenant(pub String);
+
+impl FromRequestParts<Arc<Shared>> for Tenant {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> ApiResult<Tenant> {
+        let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m);
+        let value = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .ok_or_else(|| unauthorized("send `Authorization: Bearer <token>` (create one with `cordon token create --tenant NAME`)"))?;
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+        match shared.store.tenant_of(token).await? {
+            Some(t) => Ok(Tenant(t)),
+            None => Err(unauthorized("unknown token")),
+        }
+    }
+}
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    let file_limit = shared.config.file_limit;
+    let body_limit = shared.config.body_limit;
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/jobs", post(create_job).get(list_jobs))
+        .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/jobs/{id}/cancel", post(cancel_job))
+        .route("/v1/jobs/{id}/events", get(job_events))
+        .route("/v1/jobs/{id}/files", get(list_root))
+        .route(
+            "/v1/jobs/{id}/files/{*path}",
+            get(get_file)
+                .put(put_file)
+                .layer(DefaultBodyLimit::max(file_limit)),
+        )
+        .route("/schedule", post(schedule))
+        .route("/status", get(status_by_query))
+        .route("/status/{id}", get(status))
+        .fallback(|| async { ApiError::not_found("such route (see /openapi.json)") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(shared)
+}
+
+async fn health(State(shared): State<Arc<Shared>>) -> ApiResult<Json<Value>> {
+    shared.store.ping().await?;
+    Ok(Json(json!({"status": "ok"})))
+}
+
+fn rfc3339(ms: Option<i64>) -> Value {
+    match ms {
+        Some(ms) if ms >= 0 => json!(
+            humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms as u64))
+                .to_string()
+        ),
+        _ => Value::Null,
+    }
+}
+
+/// A job as `GET /v1/jobs/{id}` shows it; `full` adds its output.
+fn job_view(job: &JobRow, full: bool) -> Value {
+    let mut v = json!({
+        "id": job.id,
+        "kind": job.kind,
+        "state": job.state,
+        "created_at": rfc3339(Some(job.created_ms)),
+        "started_at": rfc3339(job.started_ms),
+        "finished_at": rfc3339(job.finished_ms),
+        "exit_code": job.exit_code,
+        "error": job.error,
+    });
+    if full {
+        v["stdout"] = json!(job.stdout);
+        v["stderr"] = json!(job.stderr);
+        v["stdout_truncated"] = json!(job.stdout_truncated);
+        v["stderr_truncated"] = json!(job.stderr_truncated);
+        v["result"] = job.result.clone().unwrap_or(Value::Null);
+        v["request"] = job.spec.clone();
+    }
+    v
+}
+
+fn parse_json(body: &Bytes) -> ApiResult<Value> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))
+}
+
+/// Checks, stores and queues a job; its workspace exists from now on, so
+/// files can be uploaded before it runs.
+async fn submit(shared: &Shared, tenant: &str, body: &Value) -> ApiResult<JobRow> {
+    let req = JobRequest::from_json(body, &shared.config.bounds).map_err(ApiError::bad_request)?;
+    if matches!(req.spec, JobSpec::Agent { .. }) && shared.config.agent.is_none() {
+        return Err(ApiError::bad_request(
+            "this server has no model configured for agent jobs (set ANTHROPIC_API_KEY or OPENAI_BASE_URL where `cordon serve` runs)",
+        ));
+    }
+    let id = format!("job_{}", random_hex(12));
+    std::fs::create_dir_all(workspace_dir(shared, &id)).map_err(|e| {
+        tracing::error!("cannot create a job workspace: {e}");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "cannot create the job's workspace",
+        )
+    })?;
+    let job = shared
+        .store
+        .insert_job(&id, tenant, req.spec.kind(), &crate::job::spec_json(&req))
+        .await?;
+    shared.wake.notify_waiters();
+    Ok(job)
+}
+
+async fn create_job(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let body = parse_json(&body?)?;
+    let job = submit(&shared, &tenant, &body).await?;
+    let mut r = (StatusCode::ACCEPTED, Json(job_view(&job, false))).into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/jobs/{}", job.id)) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(r)
+}
+
+async fn find(shared: &Shared, tenant: &str, id: &str) -> ApiResult<JobRow> {
+    shared
+        .store
+        .job(tenant, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("job {id}")))
+}
+
+async fn get_job(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    Ok(Json(job_view(&find(&shared, &tenant, &id).await?, true)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListParams {
+    state: Option<String>,
+    kind: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+async fn list_jobs(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let state = match p.state.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unknown state {s:?} (expected queued, running, succeeded, failed, cancelled or timed_out)"
+            ))
+        })?),
+    };
+    let limit = match p.limit.as_deref() {
+        None | Some("") => 50,
+        Some(l) => match l.parse::<i64>() {
+            Ok(n @ 1..=200) => n,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "`limit` must be a number from 1 to 200",
+                ));
+            }
+        },
+    };
+    let before = match p.cursor.as_deref() {
+        None | Some("") => None,
+        Some(c) => Some(c.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+            ApiError::bad_request("`cursor` must be a `next_cursor` from an earlier page")
+        })?),
+    };
+    let q = ListQuery {
+        state,
+        kind: p.kind.filter(|k| !k.is_empty()),
+        before,
+        limit: limit + 1,
+    };
+    let mut jobs = shared.store.list(&tenant, &q).await?;
+    let more = jobs.len() as i64 > limit;
+    jobs.truncate(limit as usize);
+    let next = if more {
+        jobs.last().map(|j| j.seq.to_string())
+    } else {
+        None
+    };
+    Ok(Json(json!({
+        "jobs": jobs.iter().map(|j| job_view(j, false)).collect::<Vec<_>>(),
+        "next_cursor": next,
+    })))
+}
+
+async fn cancel_job(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let job = find(&shared, &tenant, &id).await?;
+    match job.state {
+        JobState::Queued => {
+            let outcome = Outcome {
+                state: JobState::Cancelled,
+                exit_code: None,
+                error: Some("cancelled before it ran".into()),
+                result: None,
+            };
+            let event = NewEvent::new(
+                "finished",
+                json!({"state": JobState::Cancelled, "exit_code": null, "error": outcome.error}),
+            );
+            // A worker may have claimed it meanwhile: then cancel the run.
+            if shared
+                .store
+                .finish(&id, &[JobState::Queued], &outcome, &event)
+                .await?
+                .is_none()
+            {
+                cancel_running(&shared, &id).await;
+            }
+        }
+        JobState::Running => cancel_running(&shared, &id).await,
+        s => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "already_finished",
+                format!("job {id} has already finished ({})", s.as_str()),
+            ));
+        }
+    }
+    Ok(Json(job_view(&find(&shared, &tenant, &id).await?, true)))
+}
+
+/// Signals a running job and waits (a few seconds at most) for its runner
+/// to record the end.
+async fn cancel_running(shared: &Shared, id: &str) {
+    let handle = shared
+        .running
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(id)
+        .cloned();
+    let Some(cancel) = handle else { return };
+    cancel.cancel();
+    for _ in 0..100 {
+        let still = shared
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(id);
+        if !still {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Where an event stream resumes: after `Last-Event-ID`, as browsers send
+/// on reconnecting, or `?after=N`.
+#[derive(Deserialize)]
+struct EventParams {
+    after: Option<i64>,
+}
+
+async fn job_events(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    params: Result<Query<EventParams>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    find(&shared, &tenant, &id).await?;
+    let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let after = match headers.get("last-event-id") {
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<i64>().ok())
+            .ok_or_else(|| ApiError::bad_request("Last-Event-ID must be an event id"))?,
+        None => p.after.unwrap_or(0),
+    };
+    Ok(Sse::new(event_stream(shared, id, after)).keep_alive(KeepAlive::default()))
+}
+
+struct Follow {
+    shared: Arc<Shared>,
+    id: String,
+    last: i64,
+    live: Option<tokio::sync::broadcast::Receiver<StoredEvent>>,
+    queue: VecDeque<StoredEvent>,
+    done: bool,
+}
+
+/// A job's events after `after`: what is stored, then what happens, each
+/// exactly once, until its `finished` event.
+fn event_stream(
+    shared: Arc<Shared>,
+    id: String,
+    after: i64,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let live = shared.hub.subscribe(&id);
+    let state = Follow {
+        shared,
+        id,
+        last: after,
+        live,
+        queue: VecDeque::new(),
+        done: false,
+    };
+    futures_util::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(e) = s.queue.pop_front() {
+                if e.seq <= s.last {
+                    continue;
+                }
+                s.last = e.seq;
+                if e.kind == "finished" {
+                    s.done = true;
+                }
+                let event = Event::default()
+                    .id(e.seq.to_string())
+                    .event(e.kind.clone())
+                    .data(e.data.to_string());
+                return Some((Ok(event), s));
+            }
+            if s.done {
+                return None;
+            }
+            // Stored events first: they include everything published
+            // before we subscribed.
+            match s.shared.store.events_after(&s.id, s.last, 500).await {
+                Ok(page) if !page.is_empty() => {
+                    s.queue.extend(page);
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!("events of {}: {e}", s.id);
+                    return None;
+                }
+            }
+            if s.live.is_none() {
+                s.live = s.shared.hub.subscribe(&s.id);
+            }
+            match s.live.as_mut() {
+                Some(rx) => match rx.recv().await {
+                    Ok(e) => s.queue.push_back(e),
+                    // Fell behind or the job ended: the store has it all.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => s.live = None,
+                },
+                // Queued, or running in another process: poll.
+                None => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+    })
+}
+
+fn files_error(e: WorkspaceError) -> ApiError {
+    match e {
+        WorkspaceError::NotFound { .. } => {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
+        }
+        WorkspaceError::Io { .. } | WorkspaceError::Root { .. } => {
+            tracing::error!("files: {e}");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "cannot read the workspace",
+            )
+        }
+        _ => ApiError::bad_request(e.to_string()),
+    }
+}
+
+async fn workspace_of(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Workspace> {
+    find(shared, tenant, id).await?;
+    Workspace::open(&workspace_dir(shared, id)).map_err(files_error)
+}
+
+fn listing(ws: &Workspace, path: &WsPath) -> ApiResult<Value> {
+    let (_fd, dir) = ws.open_dir(path).map_err(files_error)?;
+    let mut entries: Vec<Value> = std::fs::read_dir(&dir)
+        .map_err(|e| {
+            files_error(WorkspaceError::Io {
+                path: path.display(),
+                source: e,
+            })
+        })?
+        .flatten()
+        .map(|e| {
+            let meta = e.metadata().ok();
+            let kind = match meta.as_ref().map(|m| m.file_type()) {
+                Some(t) if t.is_dir() => "directory",
+                Some(t) if t.is_file() => "file",
+                Some(t) if t.is_symlink() => "symlink",
+                _ => "other",
+            };
+            json!({
+                "name": e.file_name().to_string_lossy(),
+                "type": kind,
+                "size": meta.filter(|m| m.is_file()).map(|m| m.len()),
+            })
+        })
+        .collect();
+    entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    Ok(json!({"path": path.display(), "entries": entries}))
+}
+
+async fn list_root(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let ws = workspace_of(&shared, &tenant, &id).await?;
+    let root = WsPath::parse(".").map_err(files_error)?;
+    Ok(Json(listing(&ws, &root)?))
+}
+
+/// A file's bytes, or a directory's listing as JSON.
+async fn get_file(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path((id, path)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let ws = workspace_of(&shared, &tenant, &id).await?;
+    let p = WsPath::parse(&path).map_err(files_error)?;
+    match ws.open_read(&p) {
+        Ok((file, size)) => {
+            if size > shared.config.file_limit as u64 {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!(
+                        "{path} is {size} bytes; the files API serves at most {}",
+                        shared.config.file_limit
+                    ),
+                ));
+            }
+            let file = tokio::fs::File::from_std(file);
+            let body = Body::from_stream(tokio_util_stream(file));
+            Ok((
+                [
+                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                    (header::CONTENT_LENGTH, size.to_string()),
+                ],
+                body,
+            )
+                .into_response())
+        }
+        Err(WorkspaceError::IsDirectory { .. }) => Ok(Json(listing(&ws, &p)?).into_response()),
+        Err(e) => Err(files_error(e)),
+    }
+}
+
+/// Reads a file in chunks without a dependency on tokio-util.
+fn tokio_util_stream(file: tokio::fs::File) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
+    use tokio::io::AsyncReadExt;
+    futures_util::stream::unfold(Some(file), |file| async move {
+        let mut file = file?;
+        let mut buf = vec![0u8; 64 * 1024];
+        match file.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(Bytes::from(buf)), Some(file)))
+            }
+            Err(e) => Some((Err(e), None)),
+        }
+    })
+}
+
+async fn put_file(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path((id, path)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let body = body?;
+    let ws = workspace_of(&shared, &tenant, &id).await?;
+    let p = WsPath::parse(&path).map_err(files_error)?;
+    let created = tokio::task::spawn_blocking(move || ws.write(&p, &body))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the write failed",
+            )
+        })?
+        .map_err(files_error)?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(json!({"path": path, "created": created}))).into_response())
+}
+
+/// The seeds' `POST /schedule`: `{kind, code}` or `{steps: [...]}`.
+async fn schedule(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let mut body = parse_json(&body?)?;
+    // The seeds send shell jobs as `code`.
+    if body["kind"] == "shell"
+        && body.get("command").is_none()
+        && let Some(obj) = body.as_object_mut()
+        && let Some(code) = obj.remove("code")
+    {
+        obj.insert("command".into(), code);
+    }
+    let job = submit(&shared, &tenant, &body).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"job_id": job.id, "task_id": job.id, "state": job.state})),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+struct StatusParams {
+    task_id: Option<String>,
+    job_id: Option<String>,
+}
+
+async fn status(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Value>> {
+    Ok(Json(job_view(&find(&shared, &tenant, &id).await?, true)))
+}
+
+async fn status_by_query(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    params: Result<Query<StatusParams>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Value>> {
+    let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let id = p
+        .task_id
+        .or(p.job_id)
+        .ok_or_else(|| ApiError::bad_request("give `task_id`"))?;
+    Ok(Json(job_view(&find(&shared, &tenant, &id).await?, true)))
+}

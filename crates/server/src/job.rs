@@ -1,0 +1,583 @@
+//! What a job is: the request a client posts, checked field by field so a
+//! typo or a wrong type gets a 400 naming it, and the states a job moves
+//! through.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// Where a job is in its life. Terminal states never change again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+    TimedOut,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 6] = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::TimedOut,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::TimedOut => "timed_out",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, JobState::Queued | JobState::Running)
+    }
+}
+
+/// A language `run_code`-style jobs and steps can be written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Language {
+    Python,
+    Javascript,
+    Typescript,
+}
+
+impl Language {
+    pub fn parse(s: &str) -> Option<Language> {
+        match s {
+            "python" => Some(Language::Python),
+            "javascript" => Some(Language::Javascript),
+            "typescript" => Some(Language::Typescript),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Javascript => "javascript",
+            Language::Typescript => "typescript",
+        }
+    }
+}
+
+/// One step of a `steps` job.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "tool", rename_all = "snake_case")]
+pub enum Step {
+    Shell { command: String },
+    Code { language: Language, code: String },
+    WriteFile { path: String, content: String },
+    ReadFile { path: String },
+}
+
+impl Step {
+    pub fn tool(&self) -> &'static str {
+        match self {
+            Step::Shell { .. } => "shell",
+            Step::Code { language, .. } => language.as_str(),
+            Step::WriteFile { .. } => "write_file",
+            Step::ReadFile { .. } => "read_file",
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobSpec {
+    Shell {
+        command: String,
+    },
+    Code {
+        language: Language,
+        code: String,
+    },
+    Steps {
+        steps: Vec<Step>,
+        continue_on_error: bool,
+    },
+    Agent {
+        prompt: String,
+        model: Option<String>,
+        max_steps: Option<u32>,
+    },
+}
+
+impl JobSpec {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            JobSpec::Shell { .. } => "shell",
+            JobSpec::Code { language, .. } => language.as_str(),
+            JobSpec::Steps { .. } => "steps",
+            JobSpec::Agent { .. } => "agent",
+        }
+    }
+}
+
+/// Limits a job runs under, like `cordon run`'s options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOptions {
+    pub timeout_secs: u64,
+    pub memory: u64,
+    /// `off` (no interface up) or `loopback` (processes of the job may talk
+    /// to each other); never the host's network, as with `cordon run`.
+    pub network: cordon_sandbox::Network,
+}
+
+/// A checked job request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRequest {
+    pub spec: JobSpec,
+    pub options: RunOptions,
+}
+
+/// The server's bounds on what a job may ask for.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    pub default_timeout_secs: u64,
+    pub max_timeout_secs: u64,
+    pub default_memory: u64,
+    pub max_memory: u64,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            default_timeout_secs: 300,
+            max_timeout_secs: 3600,
+            default_memory: 512 * 1024 * 1024,
+            max_memory: 4 * 1024 * 1024 * 1024,
+        }
+    }
+}
+
+const KINDS: &str = "shell, python, javascript, typescript, steps or agent";
+const OPTIONS: [&str; 3] = ["timeout_secs", "memory", "network"];
+
+fn field<'a>(obj: &'a Map<String, Value>, key: &str, what: &str) -> Result<&'a Value, String> {
+    obj.get(key)
+        .ok_or_else(|| format!("{what} needs the field `{key}`"))
+}
+
+fn string(obj: &Map<String, Value>, key: &str, what: &str) -> Result<String, String> {
+    match field(obj, key, what)? {
+        Value::String(s) => Ok(s.clone()),
+        other => Err(format!(
+            "`{key}` must be a string, not {}",
+            type_name(other)
+        )),
+    }
+}
+
+fn nonempty(obj: &Map<String, Value>, key: &str, what: &str) -> Result<String, String> {
+    let s = string(obj, key, what)?;
+    if s.trim().is_empty() {
+        return Err(format!("`{key}` is empty"));
+    }
+    Ok(s)
+}
+
+fn optional_string(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(format!(
+            "`{key}` must be a string, not {}",
+            type_name(other)
+        )),
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Refuses fields outside `allowed`, naming the ones that are allowed:
+/// a misspelt option must not be silently ignored.
+fn only(obj: &Map<String, Value>, allowed: &[&str], what: &str) -> Result<(), String> {
+    if let Some(k) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown field `{k}` in {what} (allowed: {})",
+            allowed.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+fn step(i: usize, v: &Value) -> Result<Step, String> {
+    let what = format!("step {i}");
+    let obj = v
+        .as_object()
+        .ok_or_else(|| format!("{what} must be an object, not {}", type_name(v)))?;
+    // The seeds call it `tool`; `kind` reads as naturally.
+    let key = if obj.contains_key("tool") {
+        "tool"
+    } else {
+        "kind"
+    };
+    let tool = string(obj, key, &what).map_err(|_| {
+        format!(
+            "{what} needs `tool`: shell, python, javascript, typescript, write_file or read_file"
+        )
+    })?;
+    let step = match tool.as_str() {
+        "shell" => {
+            only(obj, &[key, "command"], &what)?;
+            Step::Shell {
+                command: nonempty(obj, "command", &what)?,
+            }
+        }
+        "write_file" => {
+            only(obj, &[key, "path", "content"], &what)?;
+            Step::WriteFile {
+                path: nonempty(obj, "path", &what)?,
+                content: string(obj, "content", &what)?,
+            }
+        }
+        "read_file" => {
+            only(obj, &[key, "path"], &what)?;
+            Step::ReadFile {
+                path: nonempty(obj, "path", &what)?,
+            }
+        }
+        other => match Language::parse(other) {
+            Some(language) => {
+                only(obj, &[key, "code"], &what)?;
+                Step::Code {
+                    language,
+                    code: nonempty(obj, "code", &what)?,
+                }
+            }
+            None => {
+                return Err(format!(
+                    "{what}: unknown tool `{other}` (expected shell, python, javascript, typescript, write_file or read_file)"
+                ));
+            }
+        },
+    };
+    Ok(step)
+}
+
+impl JobRequest {
+    /// Checks a posted body. `kind` may be omitted when `steps` is given
+    /// (the seeds' shape).
+    pub fn from_json(body: &Value, bounds: &Bounds) -> Result<JobRequest, String> {
+        let obj = body
+            .as_object()
+            .ok_or_else(|| format!("a job must be a JSON object, not {}", type_name(body)))?;
+        let kind = match obj.get("kind") {
+            Some(Value::String(k)) => k.as_str(),
+            Some(other) => {
+                return Err(format!("`kind` must be a string, not {}", type_name(other)));
+            }
+            None if obj.contains_key("steps") => "steps",
+            None => return Err(format!("a job needs `kind`: {KINDS}")),
+        };
+        let what = format!("a {kind} job");
+        fn with_options<'a>(fields: &[&'a str]) -> Vec<&'a str> {
+            let mut v = vec!["kind"];
+            v.extend_from_slice(fields);
+            v.extend_from_slice(&OPTIONS);
+            v
+        }
+        let spec = match kind {
+            "shell" => {
+                only(obj, &with_options(&["command"]), &what)?;
+                JobSpec::Shell {
+                    command: nonempty(obj, "command", &what)?,
+                }
+            }
+            "steps" => {
+                only(obj, &with_options(&["steps", "continue_on_error"]), &what)?;
+                let steps = match field(obj, "steps", &what)? {
+                    Value::Array(items) if items.is_empty() => {
+                        return Err("`steps` is empty".into());
+                    }
+                    Value::Array(items) if items.len() > 100 => {
+                        return Err(format!("`steps` has {} steps; at most 100", items.len()));
+                    }
+                    Value::Array(items) => items
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| step(i, s))
+                        .collect::<Result<Vec<_>, _>>()?,
+                    other => {
+                        return Err(format!(
+                            "`steps` must be an array, not {}",
+                            type_name(other)
+                        ));
+                    }
+                };
+                let continue_on_error = match obj.get("continue_on_error") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(other) => {
+                        return Err(format!(
+                            "`continue_on_error` must be a boolean, not {}",
+                            type_name(other)
+                        ));
+                    }
+                };
+                JobSpec::Steps {
+                    steps,
+                    continue_on_error,
+                }
+            }
+            "agent" => {
+                only(obj, &with_options(&["prompt", "model", "max_steps"]), &what)?;
+                let max_steps = match obj.get("max_steps") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => match v.as_u64() {
+                        Some(n @ 1..=200) => Some(n as u32),
+                        _ => return Err("`max_steps` must be a whole number from 1 to 200".into()),
+                    },
+                };
+                JobSpec::Agent {
+                    prompt: nonempty(obj, "prompt", &what)?,
+                    model: optional_string(obj, "model")?,
+                    max_steps,
+                }
+            }
+            other => match Language::parse(other) {
+                Some(language) => {
+                    only(obj, &with_options(&["code"]), &what)?;
+                    JobSpec::Code {
+                        language,
+                        code: nonempty(obj, "code", &what)?,
+                    }
+                }
+                None => return Err(format!("unknown kind `{other}` (expected {KINDS})")),
+            },
+        };
+        Ok(JobRequest {
+            spec,
+            options: options(obj, bounds)?,
+        })
+    }
+}
+
+fn options(obj: &Map<String, Value>, bounds: &Bounds) -> Result<RunOptions, String> {
+    let timeout_secs = match obj.get("timeout_secs") {
+        None | Some(Value::Null) => bounds.default_timeout_secs,
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 && n <= bounds.max_timeout_secs => n,
+            _ => {
+                return Err(format!(
+                    "`timeout_secs` must be a whole number of seconds from 1 to {}",
+                    bounds.max_timeout_secs
+                ));
+            }
+        },
+    };
+    let memory = match obj.get("memory") {
+        None | Some(Value::Null) => bounds.default_memory,
+        Some(Value::String(s)) => {
+            let m = cordon_sandbox::parse_size(s).map_err(|e| format!("`memory`: {e}"))?;
+            if m < 16 * 1024 * 1024 || m > bounds.max_memory {
+                return Err(format!(
+                    "`memory` must be from 16M to {}M",
+                    bounds.max_memory / (1024 * 1024)
+                ));
+            }
+            m
+        }
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(m) if (16 * 1024 * 1024..=bounds.max_memory).contains(&m) => m,
+            _ => {
+                return Err(format!(
+                    "`memory` must be from 16M to {}M",
+                    bounds.max_memory / (1024 * 1024)
+                ));
+            }
+        },
+        Some(other) => {
+            return Err(format!(
+                "`memory` must be a size such as \"512M\", not {}",
+                type_name(other)
+            ));
+        }
+    };
+    let network = match obj.get("network") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => cordon_sandbox::Network::Off,
+        Some(Value::String(s)) => s
+            .parse()
+            .map_err(|_| format!("`network` must be \"off\" or \"loopback\", not {s:?}"))?,
+        Some(Value::Bool(true)) => {
+            return Err(
+                "jobs have no network access; `network` may be \"off\" or \"loopback\"".into(),
+            );
+        }
+        Some(other) => {
+            return Err(format!(
+                "`network` must be \"off\" or \"loopback\", not {}",
+                type_name(other)
+            ));
+        }
+    };
+    Ok(RunOptions {
+        timeout_secs,
+        memory,
+        network,
+    })
+}
+
+/// The stored form of a request, from which a worker rebuilds it.
+pub fn spec_json(req: &JobRequest) -> Value {
+    let mut v = match &req.spec {
+        JobSpec::Shell { command } => serde_json::json!({"kind": "shell", "command": command}),
+        JobSpec::Code { language, code } => {
+            serde_json::json!({"kind": language.as_str(), "code": code})
+        }
+        JobSpec::Steps {
+            steps,
+            continue_on_error,
+        } => serde_json::json!({
+            "kind": "steps",
+            "steps": steps,
+            "continue_on_error": continue_on_error,
+        }),
+        JobSpec::Agent {
+            prompt,
+            model,
+            max_steps,
+        } => serde_json::json!({
+            "kind": "agent", "prompt": prompt, "model": model, "max_steps": max_steps,
+        }),
+    };
+    // Steps serialise as {tool: python, language: python, code}; store the
+    // shape the parser reads.
+    if let Some(steps) = v.get_mut("steps").and_then(Value::as_array_mut) {
+        for s in steps {
+            if let Some(o) = s.as_object_mut()
+                && let Some(Value::String(lang)) = o.remove("language")
+            {
+                o.insert("tool".into(), Value::String(lang));
+            }
+        }
+    }
+    v["timeout_secs"] = req.options.timeout_secs.into();
+    v["memory"] = req.options.memory.into();
+    v["network"] = match req.options.network {
+        cordon_sandbox::Network::Off => "off",
+        cordon_sandbox::Network::Loopback => "loopback",
+    }
+    .into();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<JobRequest, String> {
+        JobRequest::from_json(&v, &Bounds::default())
+    }
+
+    #[test]
+    fn every_kind_parses_and_round_trips_through_its_stored_form() {
+        for body in [
+            json!({"kind": "shell", "command": "echo hi", "timeout_secs": 5}),
+            json!({"kind": "python", "code": "print(1)", "memory": "256M", "network": "loopback"}),
+            json!({"kind": "typescript", "code": "let x: number = 1"}),
+            json!({"steps": [
+                {"tool": "shell", "command": "ls"},
+                {"tool": "python", "code": "print(2)"},
+                {"kind": "write_file", "path": "a.txt", "content": "x"},
+                {"tool": "read_file", "path": "a.txt"},
+            ]}),
+            json!({"kind": "agent", "prompt": "do it", "max_steps": 5}),
+        ] {
+            let req = parse(body.clone()).unwrap_or_else(|e| panic!("{body}: {e}"));
+            let again = parse(spec_json(&req)).unwrap();
+            assert_eq!(again, req, "{body}");
+        }
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let cases = [
+            (json!([1]), "must be a JSON object"),
+            (json!({}), "needs `kind`"),
+            (json!({"kind": 3}), "`kind` must be a string"),
+            (
+                json!({"kind": "cobol", "code": "x"}),
+                "unknown kind `cobol`",
+            ),
+            (json!({"kind": "shell"}), "needs the field `command`"),
+            (
+                json!({"kind": "shell", "command": 5}),
+                "`command` must be a string, not a number",
+            ),
+            (
+                json!({"kind": "shell", "comand": "ls"}),
+                "unknown field `comand`",
+            ),
+            (
+                json!({"kind": "shell", "command": " "}),
+                "`command` is empty",
+            ),
+            (
+                json!({"kind": "shell", "command": "ls", "timeout_secs": 0}),
+                "`timeout_secs`",
+            ),
+            (
+                json!({"kind": "shell", "command": "ls", "timeout_secs": "9"}),
+                "`timeout_secs`",
+            ),
+            (
+                json!({"kind": "shell", "command": "ls", "memory": "lots"}),
+                "`memory`",
+            ),
+            (
+                json!({"kind": "shell", "command": "ls", "memory": "1T"}),
+                "`memory` must be from",
+            ),
+            (
+                json!({"kind": "shell", "command": "ls", "network": true}),
+                "no network access",
+            ),
+            (
+                json!({"kind": "shell", "command": "ls", "network": "host"}),
+                "\"off\" or \"loopback\"",
+            ),
+            (json!({"steps": []}), "`steps` is empty"),
+            (json!({"steps": {}}), "`steps` must be an array"),
+            (json!({"steps": [{"tool": "rm"}]}), "unknown tool `rm`"),
+            (json!({"steps": [{"command": "ls"}]}), "step 0 needs `tool`"),
+            (
+                json!({"steps": [{"tool": "shell", "code": "ls"}]}),
+                "unknown field `code` in step 0",
+            ),
+            (
+                json!({"kind": "agent", "prompt": "x", "max_steps": 0}),
+                "`max_steps`",
+            ),
+        ];
+        for (body, want) in cases {
+            let err = parse(body.clone()).unwrap_err();
+            assert!(err.contains(want), "{body}: {err:?} lacks {want:?}");
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! `cordon serve`: a jobs API over cordon's sandbox, with a queue that
+//! lives in the database (SQLite or PostgreSQL), a bounded pool of workers
+//! with a per-tenant limit, live events over SSE, and bearer-token tenants.
+//!
+//! Each job runs in its own sandbox over its own workspace,
+//! `<data_dir>/jobs/<id>/workspace`, which the files API reads and writes
+//! with the same no-escape rule as the agent's file tools.
+
+pub mod api;
+pub mod hub;
+pub mod job;
+pub mod runner;
+pub mod server;
+pub mod store;
+
+pub use server::{Running, ServeError, ServerConfig, Shared, start};
+pub use store::Store;

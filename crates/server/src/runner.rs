@@ -1,0 +1,636 @@
+//! Running one job: a fresh sandbox over the job's own workspace, its
+//! output streamed into the job's events as it comes (in batches, so a
+//! chatty program does not write the database once per line), and one
+//! final state.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cordon_agent::{Agent, AgentConfig, AgentError, Cancel, Provider, SessionLog};
+use cordon_sandbox::{ExecEvent, ExecRequest, ExecResult, Sandbox, SandboxConfig};
+use cordon_tools::{ToolContext, Toolbox, Workspace, WsPath};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::job::{JobRequest, JobSpec, JobState, Language, RunOptions, Step};
+use crate::server::Shared;
+use crate::store::{JobRow, NewEvent, Outcome, OutputDelta};
+
+/// Output is flushed to the database at least this often while it flows.
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
+/// ... or once this much is pending.
+const FLUSH_BYTES: usize = 32 * 1024;
+
+/// Where a job's events and output go: the database first, then live
+/// subscribers.
+struct Sink {
+    shared: Arc<Shared>,
+    id: String,
+    cap: usize,
+    pending: OutputDelta,
+    pending_events: Vec<NewEvent>,
+    stored: [usize; 2],
+    truncated: [bool; 2],
+    /// Bytes of a UTF-8 character split across chunks, per stream.
+    partial: [Vec<u8>; 2],
+    since: Option<Instant>,
+}
+
+impl Sink {
+    fn new(shared: Arc<Shared>, id: &str) -> Sink {
+        let cap = shared.config.output_cap;
+        Sink {
+            shared,
+            id: id.to_string(),
+            cap,
+            pending: OutputDelta::default(),
+            pending_events: Vec::new(),
+            stored: [0, 0],
+            truncated: [false, false],
+            partial: [Vec::new(), Vec::new()],
+            since: None,
+        }
+    }
+
+    async fn event(&mut self, kind: &str, data: Value) {
+        self.pending_events.push(NewEvent::new(kind, data));
+        self.flush().await;
+    }
+
+    /// Adds output of stream 0 (stdout) or 1 (stderr), up to the cap.
+    async fn output(&mut self, stream: usize, bytes: &[u8]) {
+        if self.truncated[stream] {
+            return;
+        }
+        let mut buf = std::mem::take(&mut self.partial[stream]);
+        buf.extend_from_slice(bytes);
+        let (text, rest) = split_utf8(&buf);
+        self.partial[stream] = rest.to_vec();
+        let room = self.cap.saturating_sub(self.stored[stream]);
+        let mut text = text;
+        if text.len() > room {
+            let mut end = room;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text = text[..end].to_string();
+            self.truncated[stream] = true;
+            self.partial[stream].clear();
+        }
+        self.stored[stream] += text.len();
+        let name = if stream == 0 { "stdout" } else { "stderr" };
+        if !text.is_empty() {
+            self.pending_events
+                .push(NewEvent::new(name, json!({ "data": text })));
+            if stream == 0 {
+                self.pending.stdout.push_str(&text);
+            } else {
+                self.pending.stderr.push_str(&text);
+            }
+        }
+        if self.truncated[stream] {
+            self.pending_events.push(NewEvent::new(
+                "output_truncated",
+                json!({ "stream": name, "cap_bytes": self.cap }),
+            ));
+        }
+        self.since.get_or_insert_with(Instant::now);
+        if self.pending.stdout.len() + self.pending.stderr.len() >= FLUSH_BYTES
+            || self.truncated[stream]
+        {
+            self.flush().await;
+        }
+    }
+
+    /// When pending output must be flushed by.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.since
+            .map(|t| tokio::time::Instant::from_std(t + FLUSH_EVERY))
+    }
+
+    async fn flush(&mut self) {
+        if self.pending_events.is_empty() {
+            return;
+        }
+        self.pending.stdout_truncated = self.truncated[0];
+        self.pending.stderr_truncated = self.truncated[1];
+        let events = std::mem::take(&mut self.pending_events);
+        let output = std::mem::take(&mut self.pending);
+        self.since = None;
+        match self
+            .shared
+            .store
+            .append(&self.id, &events, Some(&output))
+            .await
+        {
+            Ok(stored) => self.shared.hub.publish(&self.id, &stored),
+            Err(e) => tracing::error!(job = %self.id, "cannot record output: {e}"),
+        }
+    }
+}
+
+/// The longest valid UTF-8 prefix and the bytes after it, when those are
+/// the start of a character cut off by the chunk's end; invalid bytes
+/// become U+FFFD.
+fn split_utf8(buf: &[u8]) -> (String, &[u8]) {
+    match std::str::from_utf8(buf) {
+        Ok(s) => (s.to_string(), &[]),
+        Err(e) if e.error_len().is_none() => {
+            let (ok, rest) = buf.split_at(e.valid_up_to());
+            (String::from_utf8_lossy(ok).into_owned(), rest)
+        }
+        Err(_) => (String::from_utf8_lossy(buf).into_owned(), &[]),
+    }
+}
+
+/// How one exec ended, from the job's point of view.
+enum Ran {
+    Exited(ExecResult),
+    Cancelled,
+    Failed(String),
+}
+
+async fn exec(sandbox: &Sandbox, req: ExecRequest, sink: &mut Sink, cancel: &Cancel) -> Ran {
+    let mut execution = match sandbox.exec_stream(req).await {
+        Ok(e) => e,
+        Err(e) => return Ran::Failed(format!("cannot start the command: {e}")),
+    };
+    loop {
+        let deadline = sink.deadline();
+        let event = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Ran::Cancelled,
+            _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => {
+                sink.flush().await;
+                continue;
+            }
+            e = execution.next() => e,
+        };
+        match event {
+            Some(Ok(ExecEvent::Stdout(d))) => sink.output(0, &d).await,
+            Some(Ok(ExecEvent::Stderr(d))) => sink.output(1, &d).await,
+            Some(Ok(ExecEvent::Exit(r))) => {
+                sink.flush().await;
+                return Ran::Exited(r);
+            }
+            Some(Err(e)) => return Ran::Failed(format!("the sandbox failed: {e}")),
+            None => return Ran::Failed("the sandbox ended without a result".into()),
+        }
+    }
+}
+
+fn tools_language(l: Language) -> cordon_tools::run_code::Language {
+    match l {
+        Language::Python => cordon_tools::run_code::Language::Python,
+        Language::Javascript => cordon_tools::run_code::Language::Javascript,
+        Language::Typescript => cordon_tools::run_code::Language::Typescript,
+    }
+}
+
+fn code_request(language: Language, code: &str) -> Result<ExecRequest, String> {
+    cordon_tools::run_code::program_request(tools_language(language), code.to_string())
+        .map_err(|e| format!("the TypeScript could not be transpiled: {e}"))
+}
+
+/// Job directory layout: `<data>/jobs/<id>/workspace` (mounted at
+/// /workspace) and, for agent jobs, `<data>/jobs/<id>/session.jsonl`.
+pub fn job_dir(shared: &Shared, id: &str) -> PathBuf {
+    shared.config.data_dir.join("jobs").join(id)
+}
+
+pub fn workspace_dir(shared: &Shared, id: &str) -> PathBuf {
+    job_dir(shared, id).join("workspace")
+}
+
+/// Runs a claimed job to its end and records the outcome.
+pub async fn run(shared: Arc<Shared>, job: JobRow, cancel: Cancel) {
+    let id = job.id.clone();
+    shared.hub.open(&id);
+    let mut sink = Sink::new(shared.clone(), &id);
+    sink.event("state", json!({"state": "running"})).await;
+    let outcome = match JobRequest::from_json(&job.spec, &shared.config.bounds) {
+        Ok(req) => run_request(&shared, &id, req, &mut sink, &cancel).await,
+        Err(e) => Outcome {
+            state: JobState::Failed,
+            exit_code: None,
+            error: Some(format!("the stored job is no longer valid here: {e}")),
+            result: None,
+        },
+    };
+    sink.flush().await;
+    let finished = NewEvent::new(
+        "finished",
+        json!({"state": outcome.state, "exit_code": outcome.exit_code, "error": outcome.error}),
+    );
+    match shared
+        .store
+        .finish(&id, &[JobState::Running], &outcome, &finished)
+        .await
+    {
+        Ok(Some(e)) => shared.hub.publish(&id, &[e]),
+        Ok(None) => {}
+        Err(e) => tracing::error!(job = %id, "cannot record the outcome: {e}"),
+    }
+    shared.hub.close(&id);
+}
+
+async fn run_request(
+    shared: &Arc<Shared>,
+    id: &str,
+    req: JobRequest,
+    sink: &mut Sink,
+    cancel: &Cancel,
+) -> Outcome {
+    let failed = |error: String| Outcome {
+        state: JobState::Failed,
+        exit_code: None,
+        error: Some(error),
+        result: None,
+    };
+    let ws = workspace_dir(shared, id);
+    if let Err(e) = std::fs::create_dir_all(&ws) {
+        return failed(format!("cannot create the workspace: {e}"));
+    }
+    let sandbox = match Sandbox::create(sandbox_config(shared, &ws, &req.options)).await {
+        Ok(s) => s,
+        Err(e) => return failed(format!("cannot create the sandbox: {e}")),
+    };
+    let deadline = Instant::now() + Duration::from_secs(req.options.timeout_secs);
+    let outcome = match req.spec {
+        JobSpec::Shell { command } => {
+            let r = ExecRequest::argv(["bash", "-c", &command]);
+            single(
+                &sandbox,
+                r,
+                deadline,
+                sink,
+                cancel,
+                shared.config.output_cap,
+            )
+            .await
+        }
+        JobSpec::Code { language, code } => match code_request(language, &code) {
+            Ok(r) => {
+                single(
+                    &sandbox,
+                    r,
+                    deadline,
+                    sink,
+                    cancel,
+                    shared.config.output_cap,
+                )
+                .await
+            }
+            Err(e) => {
+                sink.output(1, format!("{e}\n").as_bytes()).await;
+                Outcome {
+                    state: JobState::Failed,
+                    exit_code: Some(1),
+                    error: Some(e),
+                    result: None,
+                }
+            }
+        },
+        JobSpec::Steps {
+            steps,
+            continue_on_error,
+        } => {
+            run_steps(
+                &sandbox,
+                &ws,
+                &steps,
+                continue_on_error,
+                deadline,
+                sink,
+                cancel,
+                shared.config.output_cap,
+            )
+            .await
+        }
+        JobSpec::Agent {
+            prompt,
+            model,
+            max_steps,
+        } => {
+            let session = job_dir(shared, id).join("session.jsonl");
+            let agent = AgentRun {
+                prompt,
+                model,
+                max_steps,
+                session,
+            };
+            run_agent(shared, &sandbox, &ws, agent, deadline, sink, cancel).await
+        }
+    };
+    // Closing ends every process the job left behind.
+    sandbox.close().await;
+    outcome
+}
+
+fn sandbox_config(shared: &Shared, ws: &std::path::Path, options: &RunOptions) -> SandboxConfig {
+    let mut c = SandboxConfig::new(ws);
+    c.memory = Some(options.memory);
+    c.network = options.network;
+    c.supervisor = shared.config.supervisor.clone();
+    c
+}
+
+fn outcome_of(r: &ExecResult) -> Outcome {
+    let code = i64::from(r.status.code());
+    let (state, error) = if r.timed_out {
+        (
+            JobState::TimedOut,
+            Some("the job ran past its timeout".into()),
+        )
+    } else if r.oom_killed {
+        (
+            JobState::Failed,
+            Some("the job ran out of memory (raise `memory`)".into()),
+        )
+    } else if r.status.success() {
+        (JobState::Succeeded, None)
+    } else {
+        (JobState::Failed, Some(format!("exited with status {code}")))
+    };
+    Outcome {
+        state,
+        exit_code: Some(if r.timed_out { 124 } else { code }),
+        error,
+        result: None,
+    }
+}
+
+fn cancelled() -> Outcome {
+    Outcome {
+        state: JobState::Cancelled,
+        exit_code: None,
+        error: Some("cancelled".into()),
+        result: None,
+    }
+}
+
+async fn single(
+    sandbox: &Sandbox,
+    req: ExecRequest,
+    deadline: Instant,
+    sink: &mut Sink,
+    cancel: &Cancel,
+    cap: usize,
+) -> Outcome {
+    let req = req
+        .timeout(deadline.saturating_duration_since(Instant::now()))
+        .output_limit(cap as u64);
+    match exec(sandbox, req, sink, cancel).await {
+        Ran::Exited(r) => outcome_of(&r),
+        Ran::Cancelled => cancelled(),
+        Ran::Failed(e) => Outcome {
+            state: JobState::Failed,
+            exit_code: None,
+            error: Some(e),
+            result: None,
+        },
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_steps(
+    sandbox: &Sandbox,
+    ws: &std::path::Path,
+    steps: &[Step],
+    continue_on_error: bool,
+    deadline: Instant,
+    sink: &mut Sink,
+    cancel: &Cancel,
+    cap: usize,
+) -> Outcome {
+    let mut results = Vec::new();
+    let mut last = Outcome {
+        state: JobState::Succeeded,
+        exit_code: Some(0),
+        error: None,
+        result: None,
+    };
+    let mut first_failure: Option<Outcome> = None;
+    for (index, step) in steps.iter().enumerate() {
+        if cancel.is_cancelled() {
+            return cancelled();
+        }
+        let started = Instant::now();
+        sink.event("step_started", json!({"index": index, "tool": step.tool()}))
+            .await;
+        let outcome = match step {
+            Step::Shell { command } => {
+                let r = ExecRequest::argv(["bash", "-c", command]);
+                single(sandbox, r, deadline, sink, cancel, cap).await
+            }
+            Step::Code { language, code } => match code_request(*language, code) {
+                Ok(r) => single(sandbox, r, deadline, sink, cancel, cap).await,
+                Err(e) => file_failure(sink, e).await,
+            },
+            Step::WriteFile { path, content } => {
+                match file_op(ws, path, |w, p| w.write(p, content.as_bytes()).map(|_| ())) {
+                    Ok(()) => succeeded(),
+                    Err(e) => file_failure(sink, format!("write_file {path}: {e}")).await,
+                }
+            }
+            Step::ReadFile { path } => {
+                let read = file_op(ws, path, |w, p| {
+                    let (mut f, _) = w.open_read(p)?;
+                    let mut buf = Vec::new();
+                    use std::io::Read;
+                    f.by_ref()
+                        .take(cap as u64)
+                        .read_to_end(&mut buf)
+                        .map_err(|e| cordon_tools::WorkspaceError::Io {
+                            path: p.display(),
+                            source: e,
+                        })?;
+                    Ok(buf)
+                });
+                match read {
+                    Ok(bytes) => {
+                        sink.output(0, &bytes).await;
+                        succeeded()
+                    }
+                    Err(e) => file_failure(sink, format!("read_file {path}: {e}")).await,
+                }
+            }
+        };
+        results.push(json!({
+            "index": index,
+            "tool": step.tool(),
+            "state": outcome.state,
+            "exit_code": outcome.exit_code,
+            "error": outcome.error,
+            "duration_ms": started.elapsed().as_millis() as u64,
+        }));
+        sink.event("step_finished", results.last().cloned().unwrap_or_default())
+            .await;
+        let stop = match outcome.state {
+            JobState::Succeeded => false,
+            JobState::Cancelled | JobState::TimedOut => true,
+            _ => !continue_on_error,
+        };
+        if outcome.state != JobState::Succeeded && first_failure.is_none() {
+            first_failure = Some(outcome.clone());
+        }
+        last = outcome;
+        if stop {
+            break;
+        }
+    }
+    let mut out = first_failure.unwrap_or(last);
+    out.result = Some(json!({ "steps": results }));
+    out
+}
+
+fn succeeded() -> Outcome {
+    Outcome {
+        state: JobState::Succeeded,
+        exit_code: Some(0),
+        error: None,
+        result: None,
+    }
+}
+
+async fn file_failure(sink: &mut Sink, message: String) -> Outcome {
+    sink.output(1, format!("{message}\n").as_bytes()).await;
+    Outcome {
+        state: JobState::Failed,
+        exit_code: Some(1),
+        error: Some(message),
+        result: None,
+    }
+}
+
+fn file_op<T>(
+    ws: &std::path::Path,
+    path: &str,
+    f: impl FnOnce(&Workspace, &WsPath) -> Result<T, cordon_tools::WorkspaceError>,
+) -> Result<T, String> {
+    let w = Workspace::open(ws).map_err(|e| e.to_string())?;
+    let p = WsPath::parse(path).map_err(|e| e.to_string())?;
+    f(&w, &p).map_err(|e| e.to_string())
+}
+
+struct AgentRun {
+    prompt: String,
+    model: Option<String>,
+    max_steps: Option<u32>,
+    session: PathBuf,
+}
+
+async fn run_agent(
+    shared: &Arc<Shared>,
+    sandbox: &Sandbox,
+    ws: &std::path::Path,
+    run: AgentRun,
+    deadline: Instant,
+    sink: &mut Sink,
+    cancel: &Cancel,
+) -> Outcome {
+    let Some(model_config) = shared.config.agent.as_ref() else {
+        return Outcome {
+            state: JobState::Failed,
+            exit_code: None,
+            error: Some("this server has no model configured".into()),
+            result: None,
+        };
+    };
+    let provider = match Provider::new(model_config.provider.clone()) {
+        Ok(p) => p,
+        Err(e) => {
+            return Outcome {
+                state: JobState::Failed,
+                exit_code: None,
+                error: Some(e.to_string()),
+                result: None,
+            };
+        }
+    };
+    let mut config = model_config.agent.clone();
+    if let Some(m) = run.model {
+        config.model = m;
+    }
+    if let Some(n) = run.max_steps {
+        config.max_steps = n;
+    }
+    let mut agent = Agent::new(
+        provider,
+        Toolbox::standard(),
+        ToolContext::new(sandbox.clone(), ws),
+        config,
+    );
+    match SessionLog::<Value>::create(&run.session) {
+        Ok(log) => agent = agent.with_log(log),
+        Err(e) => tracing::warn!("agent job session log: {e}"),
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let turn_cancel = Cancel::new();
+    let mut timed_out = false;
+    let result = {
+        let send = agent.send(&run.prompt, &tx, &turn_cancel);
+        tokio::pin!(send);
+        loop {
+            tokio::select! {
+                r = &mut send => break r,
+                Some(ev) = rx.recv() => {
+                    let kind = serde_json::to_value(&ev).ok()
+                        .and_then(|v| v["type"].as_str().map(str::to_string))
+                        .unwrap_or_else(|| "agent".into());
+                    sink.event(&kind, serde_json::to_value(&ev).unwrap_or_default()).await;
+                }
+                _ = cancel.cancelled(), if !turn_cancel.is_cancelled() => turn_cancel.cancel(),
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)), if !turn_cancel.is_cancelled() => {
+                    timed_out = true;
+                    turn_cancel.cancel();
+                }
+            }
+        }
+    };
+    drop(tx);
+    while let Some(ev) = rx.recv().await {
+        let v = serde_json::to_value(&ev).unwrap_or_default();
+        let kind = v["type"].as_str().unwrap_or("agent").to_string();
+        sink.event(&kind, v).await;
+    }
+    let usage = agent.usage();
+    match result {
+        Ok(o) => Outcome {
+            state: JobState::Succeeded,
+            exit_code: Some(0),
+            error: None,
+            result: Some(json!({
+                "text": o.text,
+                "stop_reason": o.stop_reason,
+                "steps": o.steps,
+                "usage": usage,
+                "cost_usd": o.cost_usd,
+            })),
+        },
+        Err(AgentError::Cancelled) if timed_out => Outcome {
+            state: JobState::TimedOut,
+            exit_code: Some(124),
+            error: Some("the job ran past its timeout".into()),
+            result: Some(json!({ "usage": usage })),
+        },
+        Err(AgentError::Cancelled) => Outcome {
+            result: Some(json!({ "usage": usage })),
+            ..cancelled()
+        },
+        Err(e) => Outcome {
+            state: JobState::Failed,
+            exit_code: Some(1),
+            error: Some(e.to_string()),
+            result: Some(json!({ "usage": usage })),
+        },
+    }
+}
+
+/// What agent jobs need from the server's configuration.
+#[derive(Clone)]
+pub struct AgentDefaults {
+    pub provider: cordon_agent::ProviderConfig,
+    pub agent: AgentConfig,
+}

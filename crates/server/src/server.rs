@@ -1,0 +1,225 @@
+//! The server's life: open the store, settle what a previous run left
+//! behind, start the workers, serve HTTP until told to stop.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cordon_agent::Cancel;
+use serde_json::json;
+use tokio::sync::Notify;
+
+use crate::hub::Hub;
+use crate::job::{Bounds, JobState};
+use crate::runner::{self, AgentDefaults};
+use crate::store::{NewEvent, Outcome, Store, StoreError};
+
+/// Everything `cordon serve` can be told.
+#[derive(Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// `postgres://…`, `sqlite://PATH` or a path.
+    pub db: String,
+    /// Job workspaces live in `<data_dir>/jobs/<id>/`.
+    pub data_dir: PathBuf,
+    /// Jobs run at once, in all.
+    pub workers: usize,
+    /// Jobs run at once per tenant.
+    pub per_tenant: i64,
+    /// Bytes of stdout (and of stderr) kept per job.
+    pub output_cap: usize,
+    /// Largest request body accepted, but for file uploads.
+    pub body_limit: usize,
+    /// Largest file uploaded or downloaded through the files API.
+    pub file_limit: usize,
+    pub bounds: Bounds,
+    /// The sandbox supervisor binary (default: the running executable).
+    pub supervisor: Option<PathBuf>,
+    /// The model for agent jobs; none refuses them.
+    pub agent: Option<AgentDefaults>,
+}
+
+impl ServerConfig {
+    pub fn new(db: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            db: db.into(),
+            data_dir: data_dir.into(),
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            per_tenant: 4,
+            output_cap: 1024 * 1024,
+            body_limit: 1024 * 1024,
+            file_limit: 16 * 1024 * 1024,
+            bounds: Bounds::default(),
+            supervisor: None,
+            agent: None,
+        }
+    }
+}
+
+/// State shared by handlers and workers.
+pub struct Shared {
+    pub store: Store,
+    pub hub: Hub,
+    pub config: ServerConfig,
+    /// Cancel handles of the jobs running in this process.
+    pub running: Mutex<HashMap<String, Cancel>>,
+    /// Wakes idle workers when a job is queued.
+    pub wake: Notify,
+    /// Claims are made one at a time in this process, so two workers never
+    /// race for the same job or past a tenant's limit.
+    claim: tokio::sync::Mutex<()>,
+}
+
+/// Errors starting the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A started server; dropping it does not stop it, [`Running::shutdown`] does.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub shared: Arc<Shared>,
+    stop: tokio::sync::watch::Sender<bool>,
+    serve: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops accepting requests and waits for open ones to end. Jobs still
+    /// running are left to the next start's recovery.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.serve.await;
+    }
+}
+
+const RESTARTED: &str = "server restarted";
+
+/// Jobs a previous server left `running` cannot be resumed: their sandbox
+/// died with it. Each is failed with a reason and a final event.
+async fn recover(shared: &Shared) -> Result<usize, StoreError> {
+    let ids = shared.store.running_ids().await?;
+    for id in &ids {
+        let outcome = Outcome {
+            state: JobState::Failed,
+            exit_code: None,
+            error: Some(RESTARTED.into()),
+            result: None,
+        };
+        let event = NewEvent::new(
+            "finished",
+            json!({"state": JobState::Failed, "exit_code": null, "error": RESTARTED}),
+        );
+        shared
+            .store
+            .finish(id, &[JobState::Running], &outcome, &event)
+            .await?;
+    }
+    if !ids.is_empty() {
+        tracing::warn!(
+            "{} job(s) were running when the server stopped; marked failed",
+            ids.len()
+        );
+    }
+    Ok(ids.len())
+}
+
+/// Opens the store, recovers, starts the workers and serves.
+pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
+    let store = Store::open(&config.db).await?;
+    let listen = config.listen;
+    let shared = Arc::new(Shared {
+        store,
+        hub: Hub::default(),
+        config,
+        running: Mutex::new(HashMap::new()),
+        wake: Notify::new(),
+        claim: tokio::sync::Mutex::new(()),
+    });
+    recover(&shared).await?;
+    for _ in 0..shared.config.workers.max(1) {
+        tokio::spawn(worker(shared.clone()));
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: listen,
+        source,
+    })?;
+    let app = crate::api::router(shared.clone());
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let serve = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!("server: {e}");
+        }
+    });
+    tracing::info!("listening on http://{addr}");
+    Ok(Running {
+        addr,
+        shared,
+        stop,
+        serve,
+    })
+}
+
+/// Takes queued jobs in order and runs them, one at a time per worker.
+async fn worker(shared: Arc<Shared>) {
+    loop {
+        // Registered before looking at the queue, so a job queued between
+        // the look and the wait still wakes this worker.
+        let notified = shared.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let claimed = {
+            let _turn = shared.claim.lock().await;
+            shared.store.claim(shared.config.per_tenant).await
+        };
+        match claimed {
+            Ok(Some(job)) => {
+                let cancel = Cancel::new();
+                shared
+                    .running
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(job.id.clone(), cancel.clone());
+                let id = job.id.clone();
+                runner::run(shared.clone(), job, cancel).await;
+                shared
+                    .running
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+                // A slot freed: a job held back by its tenant's limit may go.
+                shared.wake.notify_waiters();
+            }
+            Ok(None) => {
+                // Woken by a new job, or polling for jobs queued by another
+                // process sharing the database.
+                let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
+            }
+            Err(e) => {
+                tracing::error!("cannot take a job from the queue: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,487 @@
+//! The server's database: jobs (the queue itself), their events, and the
+//! tenants' tokens. SQLite by default, PostgreSQL with a `postgres://` URL,
+//! through one set of portable SQL statements over `sqlx::Any`.
+//!
+//! Every state change is one conditional `UPDATE` (`... WHERE state =
+//! 'running'`), so a job cannot be claimed twice or finished twice, however
+//! requests, workers and restarts interleave.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+
+use crate::job::JobState;
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A job as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRow {
+    pub seq: i64,
+    pub id: String,
+    pub tenant: String,
+    pub kind: String,
+    pub spec: Value,
+    pub state: JobState,
+    pub created_ms: i64,
+    pub started_ms: Option<i64>,
+    pub finished_ms: Option<i64>,
+    pub exit_code: Option<i64>,
+    pub error: Option<String>,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub result: Option<Value>,
+}
+
+/// One event of a job, as served on its SSE stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredEvent {
+    pub seq: i64,
+    pub ts_ms: i64,
+    pub kind: String,
+    pub data: Value,
+}
+
+/// An event to append; its `seq` is given by the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    pub kind: String,
+    pub data: Value,
+}
+
+impl NewEvent {
+    pub fn new(kind: &str, data: Value) -> Self {
+        NewEvent {
+            kind: kind.to_string(),
+            data,
+        }
+    }
+}
+
+/// How a job ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub state: JobState,
+    pub exit_code: Option<i64>,
+    pub error: Option<String>,
+    pub result: Option<Value>,
+}
+
+/// `GET /v1/jobs` filters; `before` is the cursor (a job's `seq`).
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    pub state: Option<JobState>,
+    pub kind: Option<String>,
+    pub before: Option<i64>,
+    pub limit: i64,
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Random bytes, hex-encoded.
+pub fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    getrandom::fill(&mut buf).expect("the kernel's random source");
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn hash_token(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The columns of a job, in statements built with `concat!` (sqlx takes
+/// only static SQL, which keeps injection out by construction).
+macro_rules! job_columns {
+    () => {
+        "seq, id, tenant, kind, spec, state, created_ms, started_ms, finished_ms, exit_code, \
+         error, stdout, stderr, stdout_truncated, stderr_truncated, result"
+    };
+}
+
+fn job_from_row(row: &AnyRow) -> Result<JobRow> {
+    let state: String = row.try_get("state")?;
+    let spec: String = row.try_get("spec")?;
+    let result: Option<String> = row.try_get("result")?;
+    Ok(JobRow {
+        seq: row.try_get("seq")?,
+        id: row.try_get("id")?,
+        tenant: row.try_get("tenant")?,
+        kind: row.try_get("kind")?,
+        spec: serde_json::from_str(&spec).unwrap_or(Value::Null),
+        state: JobState::parse(&state)
+            .ok_or_else(|| StoreError::Invalid(format!("unknown job state {state:?}")))?,
+        created_ms: row.try_get("created_ms")?,
+        started_ms: row.try_get("started_ms")?,
+        finished_ms: row.try_get("finished_ms")?,
+        exit_code: row.try_get("exit_code")?,
+        error: row.try_get("error")?,
+        stdout: row.try_get("stdout")?,
+        stderr: row.try_get("stderr")?,
+        stdout_truncated: row.try_get::<i64, _>("stdout_truncated")? != 0,
+        stderr_truncated: row.try_get::<i64, _>("stderr_truncated")? != 0,
+        result: result.and_then(|r| serde_json::from_str(&r).ok()),
+    })
+}
+
+/// The database, shared by every handler and worker.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+impl Store {
+    /// Opens (creating if needed) and migrates the database at `url`:
+    /// `postgres://…`, `sqlite://PATH` or a plain file path.
+    pub async fn open(url: &str) -> Result<Store> {
+        sqlx::any::install_default_drivers();
+        let (url, backend) = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            (url.to_string(), Backend::Postgres)
+        } else {
+            let path = url.strip_prefix("sqlite://").unwrap_or(url);
+            if let Some(dir) = Path::new(path)
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+            {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    StoreError::Invalid(format!("cannot create {}: {e}", dir.display()))
+                })?;
+            }
+            (format!("sqlite://{path}?mode=rwc"), Backend::Sqlite)
+        };
+        let mut options = AnyPoolOptions::new()
+            .max_connections(match backend {
+                Backend::Sqlite => 8,
+                Backend::Postgres => 16,
+            })
+            .acquire_timeout(Duration::from_secs(30));
+        if backend == Backend::Sqlite {
+            options = options.after_connect(|conn, _| {
+                Box::pin(async move {
+                    // Writers wait for each other instead of failing, and
+                    // readers never block the writer.
+                    sqlx::query("PRAGMA busy_timeout = 10000")
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::query("PRAGMA journal_mode = WAL")
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::query("PRAGMA synchronous = NORMAL")
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok(())
+                })
+            });
+        }
+        let pool = options.connect(&url).await?;
+        let store = Store { pool, backend };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let migrator = match self.backend {
+            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+            Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+        };
+        migrator.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// A new token for `tenant`; only its hash is stored.
+    pub async fn create_token(&self, tenant: &str) -> Result<String> {
+        let tenant = tenant.trim();
+        if tenant.is_empty()
+            || tenant.len() > 64
+            || !tenant
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(StoreError::Invalid(
+                "a tenant name is 1 to 64 letters, digits, '-', '_' or '.'".into(),
+            ));
+        }
+        let token = format!("cdn_{}", random_hex(24));
+        sqlx::query("INSERT INTO tokens (hash, tenant, created_ms) VALUES ($1, $2, $3)")
+            .bind(hash_token(&token))
+            .bind(tenant)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(token)
+    }
+
+    /// The tenant a token belongs to.
+    pub async fn tenant_of(&self, token: &str) -> Result<Option<String>> {
+        let row = sqlx::query("SELECT tenant FROM tokens WHERE hash = $1")
+            .bind(hash_token(token))
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get("tenant")).transpose()?)
+    }
+
+    pub async fn token_count(&self) -> Result<i64> {
+        Ok(sqlx::query("SELECT COUNT(*) AS n FROM tokens")
+            .fetch_one(&self.pool)
+            .await?
+            .try_get("n")?)
+    }
+
+    /// Queues a job.
+    pub async fn insert_job(
+        &self,
+        id: &str,
+        tenant: &str,
+        kind: &str,
+        spec: &Value,
+    ) -> Result<JobRow> {
+        let row = sqlx::query(concat!(
+            "INSERT INTO jobs (id, tenant, kind, spec, state, created_ms) \
+             VALUES ($1, $2, $3, $4, 'queued', $5) RETURNING ",
+            job_columns!()
+        ))
+        .bind(id)
+        .bind(tenant)
+        .bind(kind)
+        .bind(spec.to_string())
+        .bind(now_ms())
+        .fetch_one(&self.pool)
+        .await?;
+        job_from_row(&row)
+    }
+
+    /// A tenant's job; another tenant's is as absent as a missing one.
+    pub async fn job(&self, tenant: &str, id: &str) -> Result<Option<JobRow>> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            job_columns!(),
+            " FROM jobs WHERE id = $1 AND tenant = $2"
+        ))
+        .bind(id)
+        .bind(tenant)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    /// A tenant's jobs, newest first, one page.
+    pub async fn list(&self, tenant: &str, q: &ListQuery) -> Result<Vec<JobRow>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            job_columns!(),
+            " FROM jobs WHERE tenant = $1 \
+             AND ($2 = '' OR state = $2) AND ($3 = '' OR kind = $3) AND seq < $4 \
+             ORDER BY seq DESC LIMIT $5"
+        ))
+        .bind(tenant)
+        .bind(q.state.map_or("", JobState::as_str))
+        .bind(q.kind.as_deref().unwrap_or(""))
+        .bind(q.before.unwrap_or(i64::MAX))
+        .bind(q.limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    /// Takes the oldest queued job whose tenant runs fewer than
+    /// `per_tenant` jobs, and marks it running.
+    pub async fn claim(&self, per_tenant: i64) -> Result<Option<JobRow>> {
+        let row = sqlx::query(concat!(
+            "UPDATE jobs SET state = 'running', started_ms = $1 \
+             WHERE state = 'queued' AND seq = (\
+                SELECT q.seq FROM jobs q WHERE q.state = 'queued' AND \
+                (SELECT COUNT(*) FROM jobs r WHERE r.tenant = q.tenant AND r.state = 'running') < $2 \
+                ORDER BY q.seq LIMIT 1) \
+             RETURNING ",
+            job_columns!()
+        ))
+        .bind(now_ms())
+        .bind(per_tenant)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    /// Appends events to a job, numbering them after its last one, and
+    /// adds output to its stored stdout/stderr, all at once.
+    pub async fn append(
+        &self,
+        id: &str,
+        events: &[NewEvent],
+        output: Option<&OutputDelta>,
+    ) -> Result<Vec<StoredEvent>> {
+        let mut tx = self.pool.begin().await?;
+        let mut stored = Vec::with_capacity(events.len());
+        for e in events {
+            let ts = now_ms();
+            let data = e.data.to_string();
+            let row = sqlx::query(
+                "INSERT INTO job_events (job_id, seq, ts_ms, kind, data) VALUES \
+                 ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM job_events WHERE job_id = $1), $2, $3, $4) \
+                 RETURNING seq",
+            )
+            .bind(id)
+            .bind(ts)
+            .bind(&e.kind)
+            .bind(&data)
+            .fetch_one(&mut *tx)
+            .await?;
+            stored.push(StoredEvent {
+                seq: row.try_get("seq")?,
+                ts_ms: ts,
+                kind: e.kind.clone(),
+                data: e.data.clone(),
+            });
+        }
+        if let Some(o) = output {
+            sqlx::query(
+                "UPDATE jobs SET stdout = stdout || $1, stderr = stderr || $2, \
+                 stdout_truncated = $3, stderr_truncated = $4 WHERE id = $5",
+            )
+            .bind(&o.stdout)
+            .bind(&o.stderr)
+            .bind(i64::from(o.stdout_truncated))
+            .bind(i64::from(o.stderr_truncated))
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(stored)
+    }
+
+    /// Ends a job that is in one of `from` states; false if it was not
+    /// (already finished, or cancelled meanwhile). The final event is
+    /// appended in the same transaction.
+    pub async fn finish(
+        &self,
+        id: &str,
+        from: &[JobState],
+        outcome: &Outcome,
+        event: &NewEvent,
+    ) -> Result<Option<StoredEvent>> {
+        let mut tx = self.pool.begin().await?;
+        let states: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
+        let changed = sqlx::query(
+            "UPDATE jobs SET state = $1, finished_ms = $2, exit_code = $3, error = $4, result = $5 \
+             WHERE id = $6 AND (state = $7 OR state = $8)",
+        )
+        .bind(outcome.state.as_str())
+        .bind(now_ms())
+        .bind(outcome.exit_code)
+        .bind(outcome.error.as_deref())
+        .bind(outcome.result.as_ref().map(Value::to_string))
+        .bind(id)
+        .bind(states.first().copied().unwrap_or(""))
+        .bind(states.get(1).copied().unwrap_or(""))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if changed == 0 {
+            return Ok(None);
+        }
+        let ts = now_ms();
+        let row = sqlx::query(
+            "INSERT INTO job_events (job_id, seq, ts_ms, kind, data) VALUES \
+             ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM job_events WHERE job_id = $1), $2, $3, $4) \
+             RETURNING seq",
+        )
+        .bind(id)
+        .bind(ts)
+        .bind(&event.kind)
+        .bind(event.data.to_string())
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(StoredEvent {
+            seq: row.try_get("seq")?,
+            ts_ms: ts,
+            kind: event.kind.clone(),
+            data: event.data.clone(),
+        }))
+    }
+
+    /// Events of a job after `after`, in order.
+    pub async fn events_after(&self, id: &str, after: i64, limit: i64) -> Result<Vec<StoredEvent>> {
+        let rows = sqlx::query(
+            "SELECT seq, ts_ms, kind, data FROM job_events WHERE job_id = $1 AND seq > $2 \
+             ORDER BY seq LIMIT $3",
+        )
+        .bind(id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let data: String = r.try_get("data")?;
+                Ok(StoredEvent {
+                    seq: r.try_get("seq")?,
+                    ts_ms: r.try_get("ts_ms")?,
+                    kind: r.try_get("kind")?,
+                    data: serde_json::from_str(&data).unwrap_or(Value::Null),
+                })
+            })
+            .collect()
+    }
+
+    /// Ids of jobs left running by a server that stopped without finishing
+    /// them.
+    pub async fn running_ids(&self) -> Result<Vec<String>> {
+        let rows = sqlx::query("SELECT id FROM jobs WHERE state = 'running' ORDER BY seq")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| r.try_get("id").map_err(Into::into))
+            .collect()
+    }
+
+    /// A quick check that the database answers, for `/health`.
+    pub async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}
+
+/// Output to add to a job's stored stdout and stderr.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutputDelta {
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
