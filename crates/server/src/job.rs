@@ -551,7 +551,7 @@ mod tests {
                 "`memory`",
             ),
             (
-                json!({"kind": "shell", "command": "ls", "memory": "1T"}),
+                json!({"kind": "shell", "command": "ls", "memory": "64G"}),
                 "`memory` must be from",
             ),
             (

@@ -378,9 +378,10 @@ async fn single(
     cancel: &Cancel,
     cap: usize,
 ) -> Outcome {
+    // One byte past the cap, so the sink sees the overflow and flags it.
     let req = req
         .timeout(deadline.saturating_duration_since(Instant::now()))
-        .output_limit(cap as u64);
+        .output_limit(cap as u64 + 1);
     match exec(sandbox, req, sink, cancel).await {
         Ran::Exited(r) => outcome_of(&r),
         Ran::Cancelled => cancelled(),

@@ -1,0 +1,612 @@
+//! The jobs API against a real server on loopback, with real sandboxes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_runs_in_its_sandbox_with_output_and_exit_code() {
+    let s = TestServer::start().await;
+    let t = s.token("acme").await;
+    let cases = [
+        (
+            shell("echo out; echo err >&2; exit 3"),
+            "failed",
+            3,
+            "out\n",
+            "err\n",
+        ),
+        (
+            json!({"kind": "python", "code": "import sys\nprint(6 * 7)\nprint('warn', file=sys.stderr)"}),
+            "succeeded",
+            0,
+            "42\n",
+            "warn\n",
+        ),
+        (
+            json!({"kind": "javascript", "code": "console.log([1,2,3].map(x => x * 2).join(','))"}),
+            "succeeded",
+            0,
+            "2,4,6\n",
+            "",
+        ),
+        (
+            json!({"kind": "typescript", "code": "const n: number = 5;\nconsole.log(`n=${n}`)"}),
+            "succeeded",
+            0,
+            "n=5\n",
+            "",
+        ),
+    ];
+    let mut ids = Vec::new();
+    for (job, ..) in &cases {
+        ids.push(s.submit(&t, job.clone()).await);
+    }
+    for ((_, state, code, out, err), id) in cases.iter().zip(&ids) {
+        let job = s.wait(&t, id).await;
+        assert_eq!(job["state"], *state, "{job}");
+        assert_eq!(job["exit_code"], *code, "{job}");
+        assert_eq!(job["stdout"], *out, "{job}");
+        assert_eq!(job["stderr"], *err, "{job}");
+        for k in ["created_at", "started_at", "finished_at"] {
+            assert!(job[k].as_str().unwrap().ends_with('Z'), "{k}: {job}");
+        }
+    }
+    // No network, no host: the sandbox is the same as `cordon run`'s.
+    let id = s
+        .submit(
+            &t,
+            shell("cat /etc/shadow; ip -o link 2>/dev/null | wc -l; hostname"),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert!(
+        job["stdout"].as_str().unwrap().ends_with("cordon\n"),
+        "{job}"
+    );
+    assert!(!job["stdout"].as_str().unwrap().contains("root:"), "{job}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_share_one_session_and_stop_at_the_first_failure() {
+    let s = TestServer::start().await;
+    let t = s.token("acme").await;
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "steps", "steps": [
+                {"tool": "shell", "command": "export X=1; echo start > log.txt"},
+                {"tool": "python", "code": "open('hello.txt', 'w').write('Hello from the agent!')"},
+                {"tool": "write_file", "path": "sub/notes.md", "content": "# notes\n"},
+                {"tool": "read_file", "path": "hello.txt"},
+                {"tool": "shell", "command": "ls sub; exit 4"},
+                {"tool": "shell", "command": "echo never"},
+            ]}),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    assert_eq!(job["exit_code"], 4);
+    assert_eq!(job["stdout"], "Hello from the agent!notes.md\n");
+    let steps = job["result"]["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 5, "the sixth never ran: {job}");
+    assert_eq!(steps[4]["exit_code"], 4);
+    // continue_on_error runs them all and reports the first failure.
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "steps", "continue_on_error": true, "steps": [
+                {"tool": "read_file", "path": "missing.txt"},
+                {"tool": "shell", "command": "echo still"},
+            ]}),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "failed");
+    assert_eq!(job["stdout"], "still\n");
+    assert!(
+        job["stderr"].as_str().unwrap().contains("missing.txt"),
+        "{job}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_routes_take_both_payload_shapes() {
+    let s = TestServer::start().await;
+    let t = s.token("acme").await;
+    let (status, body) = s
+        .post(
+            &t,
+            "/schedule",
+            json!({"kind": "python", "code": "print(\"hello\")"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["job_id"].as_str().unwrap().to_string();
+    s.wait(&t, &id).await;
+    let (_, status_body) = s.get(&t, &format!("/status/{id}")).await;
+    assert_eq!(status_body["state"], "succeeded");
+    assert_eq!(status_body["stdout"], "hello\n");
+    let (status, body) = s
+        .post(
+            &t,
+            "/schedule",
+            json!({"kind": "shell", "code": "echo from-code"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let job = s.wait(&t, body["job_id"].as_str().unwrap()).await;
+    assert_eq!(job["stdout"], "from-code\n");
+    let (status, body) = s
+        .post(
+            &t,
+            "/schedule",
+            json!({"steps": [
+                {"tool": "shell", "command": "ls -a"},
+                {"tool": "python", "code": "with open(\"hello.txt\", \"w\") as f: f.write(\"Hello from the agent!\")"},
+                {"tool": "shell", "command": "cat hello.txt"},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let task = body["task_id"].as_str().unwrap();
+    s.wait(&t, task).await;
+    let (status, job) = s.get(&t, &format!("/status?task_id={task}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(
+        job["stdout"]
+            .as_str()
+            .unwrap()
+            .ends_with("Hello from the agent!")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_needs_a_token_and_tenants_never_see_each_other() {
+    let s = TestServer::start().await;
+    let a = s.token("a").await;
+    let b = s.token("b").await;
+    let r = s.client.get(s.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let id = s.submit(&a, shell("echo mine > secret.txt")).await;
+    s.wait(&a, &id).await;
+    for path in [
+        "/v1/jobs".to_string(),
+        format!("/v1/jobs/{id}"),
+        format!("/v1/jobs/{id}/events"),
+        format!("/v1/jobs/{id}/files/secret.txt"),
+        format!("/status/{id}"),
+    ] {
+        let r = s.client.get(s.url(&path)).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{path}");
+        assert_eq!(r.headers()["www-authenticate"], "Bearer");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "unauthorized", "{path}");
+        let (status, _) = s.get("cdn_not_a_token", &path).await;
+        assert_eq!(status, 401, "{path}");
+    }
+    // Tenant b gets 404 for a's job, exactly as for a job that does not exist.
+    for path in [
+        format!("/v1/jobs/{id}"),
+        format!("/v1/jobs/{id}/events"),
+        format!("/v1/jobs/{id}/files"),
+        format!("/v1/jobs/{id}/files/secret.txt"),
+        format!("/status/{id}"),
+        format!("/status?task_id={id}"),
+    ] {
+        let (status, body) = s.get(&b, &path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        let (missing, other) = s
+            .get(&b, &path.replace(&id, "job_000000000000000000000000"))
+            .await;
+        assert_eq!(
+            (missing, other["error"]["code"].clone()),
+            (404, body["error"]["code"].clone())
+        );
+    }
+    let (status, _) = s
+        .post(&b, &format!("/v1/jobs/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 404);
+    let r = s
+        .client
+        .put(s.url(&format!("/v1/jobs/{id}/files/x.txt")))
+        .bearer_auth(&b)
+        .body("intrusion")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let (_, list) = s.get(&b, "/v1/jobs").await;
+    assert_eq!(list["jobs"], json!([]));
+    let (_, list) = s.get(&a, "/v1/jobs").await;
+    assert_eq!(list["jobs"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_4xx_that_says_what_is_wrong() {
+    let s = TestServer::start_with(|c| c.body_limit = 64 * 1024).await;
+    let t = s.token("acme").await;
+    let send = |body: &'static str| {
+        s.client
+            .post(s.url("/v1/jobs"))
+            .bearer_auth(&t)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    for (body, want) in [
+        ("{not json", "not valid JSON"),
+        ("[]", "must be a JSON object"),
+        (
+            r#"{"kind": "shell", "command": 7}"#,
+            "`command` must be a string",
+        ),
+        (
+            r#"{"kind": "shell", "comand": "ls"}"#,
+            "unknown field `comand`",
+        ),
+        (
+            r#"{"kind": "agent", "prompt": "hi"}"#,
+            "no model configured",
+        ),
+        (
+            r#"{"kind": "shell", "command": "ls", "timeout_secs": -1}"#,
+            "`timeout_secs`",
+        ),
+    ] {
+        let r = send(body).await.unwrap();
+        assert_eq!(r.status(), 400, "{body}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "invalid_request");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(want),
+            "{body}: {v}"
+        );
+    }
+    let huge = json!({"kind": "shell", "command": "x".repeat(100 * 1024)});
+    let (status, v) = s.post(&t, "/v1/jobs", huge).await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (413, Some("too_large")),
+        "{v}"
+    );
+    let (status, v) = s.get(&t, "/v1/nothing").await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    let r = s
+        .client
+        .delete(s.url("/v1/jobs"))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "method_not_allowed");
+    for q in [
+        "state=sleeping",
+        "limit=0",
+        "limit=abc",
+        "cursor=-4",
+        "bogus=1",
+    ] {
+        let (status, v) = s.get(&t, &format!("/v1/jobs?{q}")).await;
+        assert_eq!(status, 400, "{q}: {v}");
+    }
+    // Nothing of that was queued.
+    let (_, list) = s.get(&t, "/v1/jobs").await;
+    assert_eq!(list["jobs"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_resume_after_last_event_id_without_loss_or_duplicates() {
+    let s = TestServer::start().await;
+    let t = s.token("acme").await;
+    let id = s
+        .submit(
+            &t,
+            shell("for i in $(seq 1 20); do echo line-$i; sleep 0.02; done"),
+        )
+        .await;
+    // Read the live stream for a while, then drop the connection.
+    let mut resp = s
+        .client
+        .get(s.url(&format!("/v1/jobs/{id}/events")))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut first = String::new();
+    while parse_sse(&first).iter().filter(|e| e.1 == "stdout").count() < 3 {
+        let chunk = resp.chunk().await.unwrap().expect("more events");
+        first.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    drop(resp);
+    let seen = parse_sse(&first);
+    let last = seen.last().unwrap().0;
+    // Reconnect as a browser does.
+    let rest = read_sse(
+        s.client
+            .get(s.url(&format!("/v1/jobs/{id}/events")))
+            .bearer_auth(&t)
+            .header("Last-Event-ID", last.to_string())
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let all: Vec<_> = seen.iter().chain(&rest).collect();
+    let ids: Vec<i64> = all.iter().map(|e| e.0).collect();
+    assert_eq!(
+        ids,
+        (1..=ids.len() as i64).collect::<Vec<_>>(),
+        "gapless, once each"
+    );
+    let out: String = all
+        .iter()
+        .filter(|e| e.1 == "stdout")
+        .map(|e| e.2["data"].as_str().unwrap())
+        .collect();
+    let want: String = (1..=20).map(|i| format!("line-{i}\n")).collect();
+    assert_eq!(out, want);
+    assert_eq!(all.last().unwrap().1, "finished");
+    assert_eq!(all.last().unwrap().2["state"], "succeeded");
+    // After the end, a fresh stream replays everything; `after` works too.
+    let replay = read_sse(
+        s.client
+            .get(s.url(&format!("/v1/jobs/{id}/events?after=2")))
+            .bearer_auth(&t)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(replay.first().unwrap().0, 3);
+    assert_eq!(replay.len(), ids.len() - 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_a_queued_or_running_job() {
+    let s = TestServer::start_with(|c| {
+        c.workers = 1;
+    })
+    .await;
+    let t = s.token("acme").await;
+    let running = s.submit(&t, shell("echo started; sleep 60")).await;
+    let queued = s.submit(&t, shell("echo never")).await;
+    s.wait_running(&t, &running).await;
+    while s.get(&t, &format!("/v1/jobs/{running}")).await.1["stdout"] != "started\n" {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, job) = s
+        .post(&t, &format!("/v1/jobs/{queued}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(job["state"], "cancelled");
+    let started = std::time::Instant::now();
+    let (status, job) = s
+        .post(&t, &format!("/v1/jobs/{running}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{job}");
+    assert_eq!(job["state"], "cancelled", "{job}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(job["stdout"], "started\n");
+    let (status, v) = s
+        .post(&t, &format!("/v1/jobs/{running}/cancel"), json!({}))
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (409, Some("already_finished"))
+    );
+    // The queued job never ran.
+    let job = s.wait(&t, &queued).await;
+    assert_eq!(job["stdout"], "");
+    let events = read_sse(
+        s.client
+            .get(s.url(&format!("/v1/jobs/{queued}/events")))
+            .bearer_auth(&t)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].2["state"], "cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_and_output_caps_are_reported() {
+    let s = TestServer::start_with(|c| c.output_cap = 1000).await;
+    let t = s.token("acme").await;
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "shell", "command": "echo before; sleep 30", "timeout_secs": 1}),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "timed_out", "{job}");
+    assert_eq!(job["exit_code"], 124);
+    assert_eq!(job["stdout"], "before\n");
+    let id = s
+        .submit(
+            &t,
+            shell("head -c 100000 /dev/zero | tr '\\0' x; echo tail >&2"),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["stdout"].as_str().unwrap().len(), 1000);
+    assert_eq!(job["stdout_truncated"], true);
+    assert_eq!(job["stderr"], "tail\n");
+    assert_eq!(job["stderr_truncated"], false);
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "python", "code": "x = bytearray(400 * 1024 * 1024)", "memory": "64M"}),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "failed", "{job}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_filters_and_pages_with_a_cursor() {
+    let s = TestServer::start().await;
+    let t = s.token("acme").await;
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        let job = if i % 2 == 0 {
+            shell("true")
+        } else {
+            shell("false")
+        };
+        ids.push(s.submit(&t, job).await);
+    }
+    for id in &ids {
+        s.wait(&t, id).await;
+    }
+    let mut seen = Vec::new();
+    let mut path = "/v1/jobs?limit=3".to_string();
+    loop {
+        let (status, page) = s.get(&t, &path).await;
+        assert_eq!(status, 200, "{page}");
+        for j in page["jobs"].as_array().unwrap() {
+            seen.push(j["id"].as_str().unwrap().to_string());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => path = format!("/v1/jobs?limit=3&cursor={c}"),
+            None => break,
+        }
+    }
+    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
+    assert_eq!(seen, newest_first);
+    let (_, failed) = s.get(&t, "/v1/jobs?state=failed").await;
+    assert_eq!(failed["jobs"].as_array().unwrap().len(), 3);
+    let (_, shells) = s.get(&t, "/v1/jobs?kind=shell&state=succeeded").await;
+    assert_eq!(shells["jobs"].as_array().unwrap().len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_are_read_and_written_beneath_the_workspace_only() {
+    let s = TestServer::start().await;
+    let t = s.token("acme").await;
+    let id = s
+        .submit(
+            &t,
+            shell("mkdir -p out && echo result > out/r.txt && ln -s /etc/hostname link"),
+        )
+        .await;
+    s.wait(&t, &id).await;
+    let get = |path: String| {
+        s.client
+            .get(s.url(&format!("/v1/jobs/{id}/files/{path}")))
+            .bearer_auth(&t)
+            .send()
+    };
+    let r = get("out/r.txt".into()).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "result\n");
+    let (status, root) = s.get(&t, &format!("/v1/jobs/{id}/files")).await;
+    assert_eq!(status, 200);
+    let names: Vec<&str> = root["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["link", "out"]);
+    let r = get("out".into()).await.unwrap();
+    let dir: Value = r.json().await.unwrap();
+    assert_eq!(dir["entries"][0]["name"], "r.txt");
+    assert_eq!(dir["entries"][0]["size"], 7);
+    let put = |path: &str, body: &'static str| {
+        s.client
+            .put(s.url(&format!("/v1/jobs/{id}/files/{path}")))
+            .bearer_auth(&t)
+            .body(body)
+            .send()
+    };
+    let r = put("in/data.csv", "a,b\n").await.unwrap();
+    assert_eq!(r.status(), 201);
+    let r = put("in/data.csv", "c,d\n").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        std::fs::read_to_string(
+            s.dir
+                .path()
+                .join(format!("data/jobs/{id}/workspace/in/data.csv"))
+        )
+        .unwrap(),
+        "c,d\n"
+    );
+    // Escapes: `..` (encoded so the client sends it), a symlink out, absolute paths.
+    for path in ["..%2F..%2Fserver.db", "link", "%2Fetc%2Fpasswd"] {
+        let r = get(path.into()).await.unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "invalid_request", "{path}: {v}");
+    }
+    let r = put("link", "overwrite").await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_ne!(
+        std::fs::read_to_string("/etc/hostname").unwrap(),
+        "overwrite"
+    );
+    let r = get("nope.txt".into()).await.unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_uploaded_before_a_job_runs_are_there_when_it_does() {
+    let s = TestServer::start_with(|c| c.workers = 1).await;
+    let t = s.token("acme").await;
+    let blocker = s.submit(&t, shell("sleep 1")).await;
+    let id = s.submit(&t, shell("cat input.txt")).await;
+    let r = s
+        .client
+        .put(s.url(&format!("/v1/jobs/{id}/files/input.txt")))
+        .bearer_auth(&t)
+        .body("uploaded first\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    s.wait(&t, &blocker).await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["stdout"], "uploaded first\n", "{job}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_runs_at_most_its_limit_at_once_while_others_proceed() {
+    let s = TestServer::start_with(|c| {
+        c.workers = 3;
+        c.per_tenant = 1;
+    })
+    .await;
+    let a = s.token("a").await;
+    let b = s.token("b").await;
+    let a1 = s.submit(&a, shell("sleep 1")).await;
+    let a2 = s.submit(&a, shell("sleep 1")).await;
+    let b1 = s.submit(&b, shell("true")).await;
+    s.wait_running(&a, &a1).await;
+    // b's job runs while a's second waits for a's first.
+    let jb = s.wait(&b, &b1).await;
+    assert_eq!(jb["state"], "succeeded");
+    let (_, j2) = s.get(&a, &format!("/v1/jobs/{a2}")).await;
+    assert_eq!(j2["state"], "queued", "{j2}");
+    let j1 = s.wait(&a, &a1).await;
+    let j2 = s.wait(&a, &a2).await;
+    assert!(
+        j2["started_at"].as_str().unwrap() >= j1["finished_at"].as_str().unwrap(),
+        "{j1}\n{j2}"
+    );
+}

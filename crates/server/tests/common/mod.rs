@@ -1,0 +1,164 @@
+//! A real server on loopback for each test, over SQLite or PostgreSQL.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cordon_server::{Running, ServerConfig};
+use serde_json::{Value, json};
+
+pub fn supervisor() -> PathBuf {
+    if let Some(p) = std::env::var_os("CORDON_SUPERVISOR") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let p = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("cordon-supervisor");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build -p cordon-sandbox --bins`",
+        p.display()
+    );
+    p
+}
+
+pub struct TestServer {
+    pub running: Option<Running>,
+    pub base: String,
+    pub client: reqwest::Client,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(tune: impl FnOnce(&mut ServerConfig)) -> TestServer {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = ServerConfig::new(
+            dir.path().join("server.db").display().to_string(),
+            dir.path().join("data"),
+        );
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.supervisor = Some(supervisor());
+        config.workers = 4;
+        tune(&mut config);
+        let running = cordon_server::start(config).await.unwrap();
+        let base = format!("http://{}", running.addr);
+        TestServer {
+            running: Some(running),
+            base,
+            client: reqwest::Client::new(),
+            dir,
+        }
+    }
+
+    pub async fn token(&self, tenant: &str) -> String {
+        self.running
+            .as_ref()
+            .unwrap()
+            .shared
+            .store
+            .create_token(tenant)
+            .await
+            .unwrap()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn post(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .client
+            .post(self.url(path))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, token: &str, path: &str) -> (u16, Value) {
+        let r = self
+            .client
+            .get(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Queues a job and returns its id.
+    pub async fn submit(&self, token: &str, job: Value) -> String {
+        let (status, body) = self.post(token, "/v1/jobs", job).await;
+        assert_eq!(status, 202, "{body}");
+        body["id"].as_str().unwrap().to_string()
+    }
+
+    /// Waits for a job to reach a terminal state and returns it.
+    pub async fn wait(&self, token: &str, id: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, job) = self.get(token, &format!("/v1/jobs/{id}")).await;
+            assert_eq!(status, 200, "{job}");
+            let state = job["state"].as_str().unwrap();
+            if !["queued", "running"].contains(&state) {
+                return job;
+            }
+            assert!(Instant::now() < deadline, "job {id} still {state}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until a job is running.
+    pub async fn wait_running(&self, token: &str, id: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, job) = self.get(token, &format!("/v1/jobs/{id}")).await;
+            if job["state"] == "running" {
+                return;
+            }
+            assert!(Instant::now() < deadline, "job {id} never ran: {job}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Reads an SSE response to its end: (id, event, data) triples.
+pub async fn read_sse(resp: reqwest::Response) -> Vec<(i64, String, Value)> {
+    let text = resp.text().await.unwrap();
+    parse_sse(&text)
+}
+
+pub fn parse_sse(text: &str) -> Vec<(i64, String, Value)> {
+    let mut out = Vec::new();
+    for block in text.split("\n\n") {
+        let (mut id, mut event, mut data) = (None, None, None);
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("id: ") {
+                id = v.parse().ok();
+            } else if let Some(v) = line.strip_prefix("event: ") {
+                event = Some(v.to_string());
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                data = serde_json::from_str(v).ok();
+            }
+        }
+        if let (Some(id), Some(event), Some(data)) = (id, event, data) {
+            out.push((id, event, data));
+        }
+    }
+    out
+}
+
+pub fn shell(command: &str) -> Value {
+    json!({"kind": "shell", "command": command})
+}
