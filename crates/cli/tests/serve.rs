@@ -1,0 +1,207 @@
+//! `cordon serve` as a process: it starts with no configuration, and a
+//! server killed with SIGKILL and started again loses nothing.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Server {
+    child: Child,
+    base: String,
+    /// The first token, when the server printed one.
+    token: Option<String>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(home: &Path, port: u16, extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut token = None;
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "the server did not start");
+        let line = lines.next().expect("the server exited").unwrap();
+        if line.starts_with("cdn_") {
+            token = Some(line.trim().to_string());
+        }
+        if line.contains("serving on") {
+            break;
+        }
+    }
+    // Keep draining stderr so the server never blocks writing to it.
+    std::thread::spawn(move || for _ in lines {});
+    Server {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+        token,
+    }
+}
+
+fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+fn submit(s: &Server, token: &str, command: &str) -> String {
+    let r = http()
+        .post(format!("{}/v1/jobs", s.base))
+        .bearer_auth(token)
+        .json(&json!({"kind": "shell", "command": command}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    r.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn job(s: &Server, token: &str, id: &str) -> Value {
+    http()
+        .get(format!("{}/v1/jobs/{id}", s.base))
+        .bearer_auth(token)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap()
+}
+
+fn wait_for(s: &Server, token: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let j = job(s, token, id);
+        if done(&j) {
+            return j;
+        }
+        assert!(Instant::now() < deadline, "waited too long: {j}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn terminal(j: &Value) -> bool {
+    !["queued", "running"].contains(&j["state"].as_str().unwrap_or(""))
+}
+
+#[test]
+fn a_server_killed_with_sigkill_loses_nothing_when_started_again() {
+    let home = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let first = serve(home.path(), port, &["--workers", "1"]);
+    let token = first.token.clone().expect("a first token is printed");
+    let running = submit(&first, &token, "echo begun; sleep 300");
+    let queued: Vec<String> = (0..3)
+        .map(|i| submit(&first, &token, &format!("echo queued-{i}")))
+        .collect();
+    wait_for(&first, &token, &running, |j| j["stdout"] == "begun\n");
+    // SIGKILL: no chance to tidy up.
+    let mut first = first;
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    drop(first);
+
+    let second = serve(home.path(), port, &["--workers", "1"]);
+    assert!(second.token.is_none(), "tokens survive; no new one is made");
+    let j = wait_for(&second, &token, &running, terminal);
+    assert_eq!(j["state"], "failed", "{j}");
+    assert_eq!(j["error"], "server restarted");
+    assert_eq!(j["stdout"], "begun\n", "its output so far is kept");
+    for (i, id) in queued.iter().enumerate() {
+        let j = wait_for(&second, &token, id, terminal);
+        assert_eq!(j["state"], "succeeded", "{j}");
+        assert_eq!(j["stdout"], format!("queued-{i}\n"));
+    }
+    // The killed job's sandbox died with its server: nothing sleeps on.
+    let left = Command::new("pgrep")
+        .args(["-f", "sleep 300"])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+    // Its event stream ends with the reason.
+    let text = http()
+        .get(format!("{}/v1/jobs/{running}/events", second.base))
+        .bearer_auth(&token)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(text.contains("event: finished"), "{text}");
+    assert!(text.contains("server restarted"), "{text}");
+}
+
+#[test]
+fn token_create_adds_a_tenant_that_the_server_accepts() {
+    let home = tempfile::tempdir().unwrap();
+    let db = home.path().join("data/cordon/server.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["token", "create", "--tenant", "team-a"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(token.starts_with("cdn_") && token.len() > 40, "{token}");
+    assert!(db.exists());
+    // The database holds a hash, never the token.
+    for file in ["server.db", "server.db-wal"] {
+        let raw = std::fs::read(db.with_file_name(file)).unwrap_or_default();
+        assert!(
+            !raw.windows(token.len()).any(|w| w == token.as_bytes()),
+            "{file}"
+        );
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["token", "create", "--tenant", "no spaces"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(78));
+    let s = serve(home.path(), free_port(), &[]);
+    assert!(s.token.is_none(), "a token exists already");
+    let id = submit(&s, &token, "echo ok");
+    let j = wait_for(&s, &token, &id, terminal);
+    assert_eq!(j["stdout"], "ok\n");
+}
