@@ -610,3 +610,98 @@ async fn a_tenant_runs_at_most_its_limit_at_once_while_others_proceed() {
         "{j1}\n{j2}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage() {
+    use cordon_testkit::{Scenario, ScriptedServer, Turn, Usage};
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Writing it.")
+                    .with_tool_call(
+                        "t1",
+                        "bash",
+                        json!({"command": "echo 'print(2 + 3)' > sum.py && python3 sum.py"}),
+                    )
+                    .usage(Usage {
+                        input_tokens: 100,
+                        output_tokens: 20,
+                        ..Default::default()
+                    }),
+            )
+            .turn(
+                Turn::text("sum.py prints 5.")
+                    .expect_tool_results(["t1"])
+                    .expect_contains("5")
+                    .usage(Usage {
+                        input_tokens: 150,
+                        output_tokens: 10,
+                        ..Default::default()
+                    }),
+            ),
+    );
+    let url = model.url();
+    let s = TestServer::start_with(move |c| {
+        let mut provider =
+            cordon_agent::ProviderConfig::new(cordon_agent::ProviderKind::Anthropic, url);
+        provider.api_key = Some("sk-test".into());
+        c.agent = Some(cordon_server::runner::AgentDefaults {
+            provider,
+            agent: cordon_agent::AgentConfig::new("claude-sonnet-4-5"),
+        });
+    })
+    .await;
+    let t = s.token("acme").await;
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "agent", "prompt": "write sum.py and run it", "max_steps": 5}),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    model.assert_finished();
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["result"]["text"], "sum.py prints 5.");
+    assert_eq!(job["result"]["usage"]["input_tokens"], 250);
+    assert_eq!(job["result"]["usage"]["output_tokens"], 30);
+    assert!(job["result"]["cost_usd"].as_f64().unwrap() > 0.0);
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/jobs/{id}/files/sum.py")))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.text().await.unwrap(), "print(2 + 3)\n");
+    // The events are the agent's, as `cordon exec --json` prints them.
+    let events = read_sse(
+        s.client
+            .get(s.url(&format!("/v1/jobs/{id}/events")))
+            .bearer_auth(&t)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.1.as_str()).collect();
+    for k in [
+        "turn_started",
+        "text_delta",
+        "tool_call_started",
+        "tool_call_finished",
+        "turn_completed",
+        "finished",
+    ] {
+        assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
+    }
+    let finished = events.iter().find(|e| e.1 == "tool_call_finished").unwrap();
+    assert_eq!(finished.2["type"], "tool_call_finished");
+    assert!(finished.2["output"].as_str().unwrap().contains('5'));
+    // The conversation is kept beside the workspace.
+    let log = s.dir.path().join(format!("data/jobs/{id}/session.jsonl"));
+    assert!(
+        std::fs::read_to_string(log)
+            .unwrap()
+            .contains("\"type\":\"turn_completed\"")
+    );
+}
