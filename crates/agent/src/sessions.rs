@@ -72,7 +72,8 @@ pub enum SessionError {
     Log(#[from] LogError),
 }
 
-fn summarize(path: &Path, records: &[crate::log::Record<Value>]) -> Option<SessionSummary> {
+/// What a session's records say about it; `None` unless it starts with `session_started`.
+pub fn summarize(path: &Path, records: &[crate::log::Record<Value>]) -> Option<SessionSummary> {
     let first = records.first()?;
     if first.data["type"] != "session_started" {
         return None;
@@ -146,17 +147,24 @@ pub fn resume(dir: &Path, id: Option<&str>) -> Result<Resumed, SessionError> {
             }
         }
     };
-    let (log, records, report) = SessionLog::<Value>::open(&chosen.path)?;
+    open(&chosen.path)
+}
+
+/// Opens the session log at `path` to continue it.
+pub fn open(path: &Path) -> Result<Resumed, SessionError> {
+    let (log, records, report) = SessionLog::<Value>::open(path)?;
     if report.partial_tail || !report.bad_lines.is_empty() {
         tracing::warn!(
-            "session {}: skipped a torn last line or unreadable lines {:?}",
-            chosen.id,
+            "{}: skipped a torn last line or unreadable lines {:?}",
+            path.display(),
             report.bad_lines
         );
     }
+    let summary = summarize(path, &records)
+        .ok_or_else(|| SessionError::NotFound(path.display().to_string()))?;
     let history = replay(records.iter().map(|r| &r.data));
     Ok(Resumed {
-        summary: chosen,
+        summary,
         history,
         log,
     })

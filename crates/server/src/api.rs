@@ -140,6 +140,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/schedule", post(schedule))
         .route("/status", get(status_by_query))
         .route("/status/{id}", get(status))
+        .merge(crate::sessions::routes())
         .fallback(|| async { ApiError::not_found("such route (see /openapi.json)") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -157,7 +158,7 @@ async fn health(State(shared): State<Arc<Shared>>) -> ApiResult<Json<Value>> {
     Ok(Json(json!({"status": "ok"})))
 }
 
-fn rfc3339(ms: Option<i64>) -> Value {
+pub(crate) fn rfc3339(ms: Option<i64>) -> Value {
     match ms {
         Some(ms) if ms >= 0 => json!(
             humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms as u64))
@@ -190,7 +191,7 @@ fn job_view(job: &JobRow, full: bool) -> Value {
     v
 }
 
-fn parse_json(body: &Bytes) -> ApiResult<Value> {
+pub(crate) fn parse_json(body: &Bytes) -> ApiResult<Value> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))
 }

@@ -11,6 +11,7 @@ pub mod hub;
 pub mod job;
 pub mod runner;
 pub mod server;
+pub mod sessions;
 pub mod store;
 
 pub use server::{Running, ServeError, ServerConfig, Shared, start};

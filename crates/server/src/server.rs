@@ -37,8 +37,10 @@ pub struct ServerConfig {
     pub bounds: Bounds,
     /// The sandbox supervisor binary (default: the running executable).
     pub supervisor: Option<PathBuf>,
-    /// The model for agent jobs; none refuses them.
+    /// The model for agent jobs and sessions; none refuses them.
     pub agent: Option<AgentDefaults>,
+    /// A session's sandbox is closed after this long without a message.
+    pub session_idle: Duration,
 }
 
 impl ServerConfig {
@@ -55,6 +57,7 @@ impl ServerConfig {
             bounds: Bounds::default(),
             supervisor: None,
             agent: None,
+            session_idle: Duration::from_secs(15 * 60),
         }
     }
 }
@@ -66,6 +69,8 @@ pub struct Shared {
     pub config: ServerConfig,
     /// Cancel handles of the jobs running in this process.
     pub running: Mutex<HashMap<String, Cancel>>,
+    /// Agent sessions in use.
+    pub sessions: crate::sessions::LiveSessions,
     /// Wakes idle workers when a job is queued.
     pub wake: Notify,
     /// Claims are made one at a time in this process, so two workers never
@@ -142,6 +147,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         hub: Hub::default(),
         config,
         running: Mutex::new(HashMap::new()),
+        sessions: Default::default(),
         wake: Notify::new(),
         claim: tokio::sync::Mutex::new(()),
     });
@@ -149,6 +155,16 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
     for _ in 0..shared.config.workers.max(1) {
         tokio::spawn(worker(shared.clone()));
     }
+    let reaper = Arc::downgrade(&shared);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let Some(shared) = reaper.upgrade() else {
+                break;
+            };
+            shared.sessions.reap(shared.config.session_idle).await;
+        }
+    });
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| ServeError::Bind {

@@ -540,12 +540,8 @@ async fn files_are_read_and_written_beneath_the_workspace_only() {
     let r = put("in/data.csv", "c,d\n").await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(
-        std::fs::read_to_string(
-            s.dir
-                .path()
-                .join(format!("data/jobs/{id}/workspace/in/data.csv"))
-        )
-        .unwrap(),
+        std::fs::read_to_string(s.dir.join(format!("data/jobs/{id}/workspace/in/data.csv")))
+            .unwrap(),
         "c,d\n"
     );
     // Escapes: `..` (encoded so the client sends it), a symlink out, absolute paths.
@@ -698,7 +694,7 @@ async fn an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage() 
     assert_eq!(finished.2["type"], "tool_call_finished");
     assert!(finished.2["output"].as_str().unwrap().contains('5'));
     // The conversation is kept beside the workspace.
-    let log = s.dir.path().join(format!("data/jobs/{id}/session.jsonl"));
+    let log = s.dir.join(format!("data/jobs/{id}/session.jsonl"));
     assert!(
         std::fs::read_to_string(log)
             .unwrap()

@@ -29,7 +29,9 @@ pub struct TestServer {
     pub running: Option<Running>,
     pub base: String,
     pub client: reqwest::Client,
-    pub dir: tempfile::TempDir,
+    /// Holds the database and the data directory.
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
 }
 
 impl TestServer {
@@ -38,10 +40,17 @@ impl TestServer {
     }
 
     pub async fn start_with(tune: impl FnOnce(&mut ServerConfig)) -> TestServer {
-        let dir = tempfile::tempdir().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let mut s = Self::start_at(tmp.path(), tune).await;
+        s._tmp = Some(tmp);
+        s
+    }
+
+    /// A server over the database and data in `dir`, which outlives it.
+    pub async fn start_at(dir: &Path, tune: impl FnOnce(&mut ServerConfig)) -> TestServer {
         let mut config = ServerConfig::new(
-            dir.path().join("server.db").display().to_string(),
-            dir.path().join("data"),
+            dir.join("server.db").display().to_string(),
+            dir.join("data"),
         );
         config.listen = "127.0.0.1:0".parse().unwrap();
         config.supervisor = Some(supervisor());
@@ -53,7 +62,8 @@ impl TestServer {
             running: Some(running),
             base,
             client: reqwest::Client::new(),
-            dir,
+            dir: dir.to_path_buf(),
+            _tmp: None,
         }
     }
 
@@ -116,6 +126,12 @@ impl TestServer {
             }
             assert!(Instant::now() < deadline, "job {id} still {state}");
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(r) = self.running.take() {
+            r.shutdown().await;
         }
     }
 

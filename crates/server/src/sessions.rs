@@ -1,0 +1,412 @@
+//! Conversations with the agent over HTTP: create one, post a message and
+//! receive the turn as SSE (the events of `cordon exec --json`), list and
+//! resume them, compact them.
+//!
+//! A session's sandbox and agent live in memory while it is used and are
+//! closed after it idles; its log (`<data>/sessions/<id>/session.jsonl`)
+//! and workspace stay on disk, so the next message, even after a restart,
+//! continues the conversation where it was.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router, routing::get, routing::post};
+use cordon_agent::{Agent, AgentConfig, AgentEvent, Cancel, Provider, SessionLog};
+use cordon_sandbox::{Sandbox, SandboxConfig};
+use cordon_tools::{ToolContext, Toolbox};
+use futures_util::Stream;
+use serde_json::{Value, json};
+use tokio::sync::{OwnedMutexGuard, mpsc};
+
+use crate::api::{ApiError, Tenant, parse_json, rfc3339};
+use crate::server::Shared;
+use crate::store::{SessionRow, random_hex};
+
+/// A session in use: its agent (which owns the conversation and its log)
+/// and its sandbox.
+struct Live {
+    agent: Agent,
+    sandbox: Sandbox,
+    last_used: Instant,
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<Live>>>;
+
+/// The sessions live in this process.
+#[derive(Default)]
+pub struct LiveSessions {
+    slots: Mutex<HashMap<String, Slot>>,
+    /// Cancels the turn running in a session.
+    turns: Mutex<HashMap<String, Cancel>>,
+}
+
+impl LiveSessions {
+    fn slot(&self, id: &str) -> Slot {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Closes the sandboxes of sessions idle longer than `idle`.
+    pub async fn reap(&self, idle: Duration) {
+        let slots: Vec<(String, Slot)> = self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (id, slot) in slots {
+            // A session in a turn is busy, not idle.
+            let Ok(mut guard) = slot.try_lock() else {
+                continue;
+            };
+            if guard.as_ref().is_some_and(|l| l.last_used.elapsed() > idle)
+                && let Some(live) = guard.take()
+            {
+                tracing::debug!("closing idle session {id}");
+                drop(live.agent);
+                live.sandbox.close().await;
+            }
+        }
+    }
+}
+
+pub fn routes() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/v1/sessions", post(create).get(list))
+        .route("/v1/sessions/{id}", get(show))
+        .route("/v1/sessions/{id}/messages", post(message))
+        .route("/v1/sessions/{id}/cancel", post(cancel))
+        .route("/v1/sessions/{id}/compact", post(compact))
+}
+
+fn dir(shared: &Shared, id: &str) -> std::path::PathBuf {
+    shared.config.data_dir.join("sessions").join(id)
+}
+
+fn view(row: &SessionRow) -> Value {
+    json!({
+        "id": row.id,
+        "title": row.title,
+        "model": row.model,
+        "created_at": rfc3339(Some(row.created_ms)),
+    })
+}
+
+fn no_model() -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "this server has no model configured for sessions (set ANTHROPIC_API_KEY or OPENAI_BASE_URL where `cordon serve` runs)",
+    )
+}
+
+async fn create(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body?;
+    let body = if body.is_empty() {
+        json!({})
+    } else {
+        parse_json(&body)?
+    };
+    let obj = body.as_object().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "the body must be a JSON object",
+        )
+    })?;
+    if let Some(k) = obj.keys().find(|k| k.as_str() != "model") {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("unknown field `{k}` (allowed: model)"),
+        ));
+    }
+    let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
+    let model = match obj.get("model") {
+        None | Some(Value::Null) => defaults.agent.model.clone(),
+        Some(Value::String(m)) if !m.trim().is_empty() => m.clone(),
+        Some(_) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "`model` must be a non-empty string",
+            ));
+        }
+    };
+    let id = format!("ses_{}", random_hex(12));
+    let d = dir(&shared, &id);
+    let unavailable = |e: std::io::Error| {
+        tracing::error!("session {id}: {e}");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "cannot create the session's files",
+        )
+    };
+    std::fs::create_dir_all(d.join("workspace")).map_err(unavailable)?;
+    let mut log = SessionLog::<Value>::create(d.join("session.jsonl"))
+        .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
+    log.append(&json!({
+        "type": "session_started",
+        "session_id": id,
+        "model": model,
+        "provider": defaults.provider.kind.to_string(),
+        "workspace": "/workspace",
+        "title": "",
+    }))
+    .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
+    let row = shared.store.insert_session(&id, &tenant, &model).await?;
+    Ok((StatusCode::CREATED, Json(view(&row))).into_response())
+}
+
+async fn list(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+) -> Result<Json<Value>, ApiError> {
+    let rows = shared.store.sessions(&tenant, 200).await?;
+    Ok(Json(
+        json!({"sessions": rows.iter().map(view).collect::<Vec<_>>()}),
+    ))
+}
+
+async fn find(shared: &Shared, tenant: &str, id: &str) -> Result<SessionRow, ApiError> {
+    shared.store.session(tenant, id).await?.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no session {id}"),
+        )
+    })
+}
+
+/// A session with its conversation as last sent to the model.
+async fn show(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let row = find(&shared, &tenant, &id).await?;
+    let path = dir(&shared, &id).join("session.jsonl");
+    let (records, _) = cordon_agent::log::load::<Value>(&path).map_err(|e| {
+        tracing::error!("session {id}: {e}");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "cannot read the session's log",
+        )
+    })?;
+    let summary = cordon_agent::sessions::summarize(&path, &records);
+    let messages = cordon_agent::sessions::replay(records.iter().map(|r| &r.data));
+    let mut v = view(&row);
+    v["turns"] = json!(summary.as_ref().map_or(0, |s| s.turns));
+    v["usage"] = json!(summary.map(|s| s.usage).unwrap_or_default());
+    v["messages"] = json!(messages);
+    Ok(Json(v))
+}
+
+/// Brings a session to life: a sandbox over its workspace and an agent
+/// with its history and log.
+async fn wake(shared: &Shared, row: &SessionRow) -> Result<Live, ApiError> {
+    let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
+    let d = dir(shared, &row.id);
+    let resumed = cordon_agent::sessions::open(&d.join("session.jsonl")).map_err(|e| {
+        tracing::error!("session {}: {e}", row.id);
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "cannot open the session's log",
+        )
+    })?;
+    let ws = d.join("workspace");
+    let mut sc = SandboxConfig::new(&ws);
+    sc.memory = Some(shared.config.bounds.default_memory);
+    sc.supervisor = shared.config.supervisor.clone();
+    let sandbox = Sandbox::create(sc).await.map_err(|e| {
+        tracing::error!("session {}: {e}", row.id);
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "sandbox_error",
+            format!("cannot create the sandbox: {e}"),
+        )
+    })?;
+    let provider = Provider::new(defaults.provider.clone()).map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            e.to_string(),
+        )
+    })?;
+    let agent = Agent::new(
+        provider,
+        Toolbox::standard(),
+        ToolContext::new(sandbox.clone(), &ws),
+        AgentConfig {
+            model: row.model.clone(),
+            ..defaults.agent.clone()
+        },
+    )
+    .with_history(resumed.history)
+    .with_log(resumed.log);
+    Ok(Live {
+        agent,
+        sandbox,
+        last_used: Instant::now(),
+    })
+}
+
+/// Takes a session for one operation: 409 while another runs.
+async fn take(
+    shared: &Shared,
+    row: &SessionRow,
+) -> Result<OwnedMutexGuard<Option<Live>>, ApiError> {
+    let slot = shared.sessions.slot(&row.id);
+    let mut guard = slot.try_lock_owned().map_err(|_| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "busy",
+            "a turn is already running in this session; wait for it or cancel it",
+        )
+    })?;
+    if guard.is_none() {
+        *guard = Some(wake(shared, row).await?);
+    }
+    Ok(guard)
+}
+
+fn text_of(body: &Value) -> Result<String, ApiError> {
+    let bad = |m: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", m);
+    let obj = body
+        .as_object()
+        .ok_or_else(|| bad("the body must be a JSON object with `text`"))?;
+    if let Some(k) = obj.keys().find(|k| k.as_str() != "text") {
+        return Err(bad(&format!("unknown field `{k}` (allowed: text)")));
+    }
+    match obj.get("text") {
+        Some(Value::String(t)) if !t.trim().is_empty() => Ok(t.clone()),
+        Some(Value::String(_)) => Err(bad("`text` is empty")),
+        Some(_) => Err(bad("`text` must be a string")),
+        None => Err(bad("the message needs `text`")),
+    }
+}
+
+/// Posts a message; the answer streams back as SSE, one event per agent
+/// event, and the stream ends with the turn. A client that goes away does
+/// not stop the turn: it runs to its end and is in the log.
+async fn message(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let text = text_of(&parse_json(&body?)?)?;
+    let row = find(&shared, &tenant, &id).await?;
+    let mut guard = take(&shared, &row).await?;
+    if row.title.is_empty() {
+        let title: String = text.lines().next().unwrap_or("").chars().take(72).collect();
+        shared.store.title_session(&id, &title).await?;
+    }
+    let (tx, rx) = mpsc::unbounded_channel::<AgentEvent>();
+    let cancel = Cancel::new();
+    shared
+        .sessions
+        .turns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id.clone(), cancel.clone());
+    let turn_shared = shared.clone();
+    tokio::spawn(async move {
+        if let Some(live) = guard.as_mut() {
+            let _ = live.agent.send(&text, &tx, &cancel).await;
+            live.last_used = Instant::now();
+        }
+        turn_shared
+            .sessions
+            .turns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        drop(guard);
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        let ev = rx.recv().await?;
+        let data = serde_json::to_value(&ev).unwrap_or_default();
+        let kind = data["type"].as_str().unwrap_or("event").to_string();
+        Some((Ok(Event::default().event(kind).data(data.to_string())), rx))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+async fn cancel(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    find(&shared, &tenant, &id).await?;
+    let turn = shared
+        .sessions
+        .turns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&id)
+        .cloned();
+    match turn {
+        Some(c) => {
+            c.cancel();
+            Ok(Json(json!({"cancelled": true})))
+        }
+        None => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "idle",
+            "no turn is running in this session",
+        )),
+    }
+}
+
+async fn compact(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let row = find(&shared, &tenant, &id).await?;
+    let mut guard = take(&shared, &row).await?;
+    let Some(live) = guard.as_mut() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the session is not live",
+        ));
+    };
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let result = live.agent.compact(&tx, &Cancel::new()).await;
+    live.last_used = Instant::now();
+    match result {
+        Ok(c) => Ok(Json(json!({
+            "replaced_messages": c.replaced_messages,
+            "tokens_before": c.tokens_before,
+            "tokens_after": c.tokens_after,
+            "summary": c.summary,
+        }))),
+        Err(e) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "cannot_compact",
+            e.to_string(),
+        )),
+    }
+}

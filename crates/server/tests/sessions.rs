@@ -1,0 +1,252 @@
+//! Conversations with the agent over HTTP, against the scripted model.
+
+mod common;
+
+use common::*;
+use cordon_testkit::{Scenario, ScriptedServer, Turn};
+use serde_json::{Value, json};
+
+fn with_model(url: String) -> impl FnOnce(&mut cordon_server::ServerConfig) {
+    move |c| {
+        let mut provider =
+            cordon_agent::ProviderConfig::new(cordon_agent::ProviderKind::Anthropic, url);
+        provider.api_key = Some("sk-test".into());
+        c.agent = Some(cordon_server::runner::AgentDefaults {
+            provider,
+            agent: cordon_agent::AgentConfig::new("claude-sonnet-4-5"),
+        });
+    }
+}
+
+async fn say(s: &TestServer, token: &str, id: &str, text: &str) -> Vec<(String, Value)> {
+    let r = s
+        .client
+        .post(s.url(&format!("/v1/sessions/{id}/messages")))
+        .bearer_auth(token)
+        .json(&json!({"text": text}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let text = r.text().await.unwrap();
+    // Session streams carry no ids: each is one turn, not resumable.
+    text.split("\n\n")
+        .filter_map(|block| {
+            let mut event = None;
+            let mut data = None;
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event: ") {
+                    event = Some(v.to_string());
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data = serde_json::from_str(v).ok();
+                }
+            }
+            Some((event?, data?))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_streams_turns_runs_tools_and_survives_a_restart() {
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Creating it.").with_tool_call(
+                "t1",
+                "write_file",
+                json!({"path": "notes.txt", "content": "remember 4217\n"}),
+            ))
+            .turn(Turn::text("Saved the number.").expect_tool_results(["t1"]))
+            .turn(
+                Turn::text("The number was 4217.")
+                    .expect_contains("save the number 4217")
+                    .expect_contains("Saved the number.")
+                    .expect_contains("which number"),
+            ),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let s = TestServer::start_at(dir.path(), with_model(model.url())).await;
+    let t = s.token("acme").await;
+    let (status, created) = s.post(&t, "/v1/sessions", json!({})).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let events = say(&s, &t, &id, "save the number 4217 in notes.txt").await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
+    for k in [
+        "turn_started",
+        "text_delta",
+        "tool_call_started",
+        "tool_call_finished",
+        "turn_completed",
+    ] {
+        assert!(kinds.contains(&k), "{k} missing: {kinds:?}");
+    }
+    // Each event's data is exactly what `cordon exec --json` prints.
+    for (kind, data) in &events {
+        assert_eq!(data["type"], *kind);
+    }
+    assert_eq!(
+        std::fs::read_to_string(
+            dir.path()
+                .join(format!("data/sessions/{id}/workspace/notes.txt"))
+        )
+        .unwrap(),
+        "remember 4217\n"
+    );
+    let (_, list) = s.get(&t, "/v1/sessions").await;
+    assert_eq!(list["sessions"][0]["id"], id.as_str());
+    assert_eq!(
+        list["sessions"][0]["title"],
+        "save the number 4217 in notes.txt"
+    );
+
+    // A restart: the next message continues with the earlier context.
+    s.stop().await;
+    let s = TestServer::start_at(dir.path(), with_model(model.url())).await;
+    let events = say(&s, &t, &id, "which number?").await;
+    let done = events
+        .iter()
+        .find(|e| e.0 == "turn_completed")
+        .expect("completed");
+    assert_eq!(done.1["stop_reason"], "end_turn");
+    model.assert_finished();
+    let (status, shown) = s.get(&t, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(shown["turns"], 2);
+    let messages = shown["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 6, "{shown}");
+    assert_eq!(messages[0]["role"], "user");
+
+    // Another tenant sees none of it.
+    let other = s.token("other").await;
+    let (status, _) = s.get(&other, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 404);
+    let (status, _) = s
+        .post(
+            &other,
+            &format!("/v1/sessions/{id}/messages"),
+            json!({"text": "hi"}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    let (_, list) = s.get(&other, "/v1/sessions").await;
+    assert_eq!(list["sessions"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_turn_at_a_time_cancel_and_compact() {
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Sleeping.").with_tool_call(
+                "s1",
+                "bash",
+                json!({"command": "sleep 30"}),
+            ))
+            .turn(
+                Turn::text("Stopped as asked.")
+                    .expect_tool_results(["s1"])
+                    .expect_contains("cancelled"),
+            )
+            .turn(
+                Turn::text("SUMMARY: a sleep was cancelled.")
+                    .expect_contains("about to be compacted"),
+            )
+            .turn(Turn::text("Fresh start.").expect_contains("SUMMARY: a sleep")),
+    );
+    let s = TestServer::start_with(with_model(model.url())).await;
+    let t = s.token("acme").await;
+    let (_, created) = s
+        .post(&t, "/v1/sessions", json!({"model": "claude-haiku-4-5"}))
+        .await;
+    let id = created["id"].as_str().unwrap().to_string();
+    assert_eq!(created["model"], "claude-haiku-4-5");
+    let (status, v) = s
+        .post(&t, &format!("/v1/sessions/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!((status, v["error"]["code"].as_str()), (409, Some("idle")));
+    // A turn that runs a long tool; a second message meanwhile is refused.
+    let mut first = s
+        .client
+        .post(s.url(&format!("/v1/sessions/{id}/messages")))
+        .bearer_auth(&t)
+        .json(&json!({"text": "sleep"}))
+        .send()
+        .await
+        .unwrap();
+    let mut text = String::new();
+    while !text.contains("event: tool_call_started") {
+        let chunk = first.chunk().await.unwrap().expect("the turn goes on");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let (status, v) = s
+        .post(
+            &t,
+            &format!("/v1/sessions/{id}/messages"),
+            json!({"text": "again"}),
+        )
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (409, Some("busy")),
+        "{v}"
+    );
+    let (status, _) = s
+        .post(&t, &format!("/v1/sessions/{id}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 200);
+    while let Some(chunk) = first.chunk().await.unwrap() {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(text.contains("cancelled"), "{text}");
+    let events = say(&s, &t, &id, "stop please").await;
+    assert!(events.iter().any(|e| e.0 == "turn_completed"));
+    let (status, c) = s
+        .post(&t, &format!("/v1/sessions/{id}/compact"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{c}");
+    assert!(c["summary"].as_str().unwrap().starts_with("SUMMARY"));
+    say(&s, &t, &id, "go on").await;
+    model.assert_finished();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_need_a_model_and_well_formed_messages() {
+    let s = TestServer::start().await;
+    let t = s.token("acme").await;
+    let (status, v) = s.post(&t, "/v1/sessions", json!({})).await;
+    assert_eq!(status, 400);
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("no model"),
+        "{v}"
+    );
+    let model = ScriptedServer::start(Scenario::new());
+    let s = TestServer::start_with(with_model(model.url())).await;
+    let t = s.token("acme").await;
+    let (_, created) = s.post(&t, "/v1/sessions", json!({})).await;
+    let id = created["id"].as_str().unwrap();
+    for (body, want) in [
+        (json!({}), "needs `text`"),
+        (json!({"text": 3}), "must be a string"),
+        (json!({"text": " "}), "is empty"),
+        (json!({"text": "x", "extra": 1}), "unknown field `extra`"),
+        (json!([]), "JSON object"),
+    ] {
+        let (status, v) = s
+            .post(&t, &format!("/v1/sessions/{id}/messages"), body.clone())
+            .await;
+        assert_eq!(status, 400, "{body}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(want),
+            "{body}: {v}"
+        );
+    }
+    let (status, v) = s.post(&t, "/v1/sessions", json!({"model": 5})).await;
+    assert_eq!(status, 400, "{v}");
+    let (status, _) = s
+        .post(
+            &t,
+            "/v1/sessions/ses_missing/messages",
+            json!({"text": "hi"}),
+        )
+        .await;
+    assert_eq!(status, 404);
+}
