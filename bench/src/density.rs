@@ -318,10 +318,10 @@ async fn round(n: usize, workspace: &Path, settle: Duration) -> Result<Round, St
             Some(r) => sup.add(r),
             None => unreadable += 1,
         }
-        if let Some(cg) = memory_cgroup(p) {
-            if Some(&cg) != own_cg.as_ref() {
-                cgroups.insert(cg);
-            }
+        if let Some(cg) = memory_cgroup(p)
+            && Some(&cg) != own_cg.as_ref()
+        {
+            cgroups.insert(cg);
         }
     }
     let (mut cg_usage, mut cg_kmem, mut cg_read) = (0.0, 0.0, 0usize);

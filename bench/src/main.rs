@@ -156,11 +156,11 @@ fn main() -> ExitCode {
     };
     match run(&args) {
         Ok(report) => {
-            if let Some(path) = args.str("json") {
-                if let Err(e) = std::fs::write(path, report.render()) {
-                    eprintln!("cordon-bench: cannot write {path}: {e}");
-                    return ExitCode::FAILURE;
-                }
+            if let Some(path) = args.str("json")
+                && let Err(e) = std::fs::write(path, report.render())
+            {
+                eprintln!("cordon-bench: cannot write {path}: {e}");
+                return ExitCode::FAILURE;
             }
             ExitCode::SUCCESS
         }

@@ -339,10 +339,10 @@ impl Settings {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(p) = self.get("provider") {
-            if !matches!(p, "anthropic" | "openai") {
-                return Err(self.invalid("provider", "expected anthropic or openai"));
-            }
+        if let Some(p) = self.get("provider")
+            && !matches!(p, "anthropic" | "openai")
+        {
+            return Err(self.invalid("provider", "expected anthropic or openai"));
         }
         for n in ["max_tokens", "context_window", "sandbox.pids"] {
             if self

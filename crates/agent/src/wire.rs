@@ -109,11 +109,11 @@ pub fn anthropic_body(req: &ModelRequest) -> Value {
         if marked == 2 {
             break;
         }
-        if m["role"] == "user" {
-            if let Some(last) = m["content"].as_array_mut().and_then(|c| c.last_mut()) {
-                last["cache_control"] = cache.clone();
-                marked += 1;
-            }
+        if m["role"] == "user"
+            && let Some(last) = m["content"].as_array_mut().and_then(|c| c.last_mut())
+        {
+            last["cache_control"] = cache.clone();
+            marked += 1;
         }
     }
     let mut body = json!({

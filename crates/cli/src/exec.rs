@@ -362,11 +362,11 @@ pub async fn exec(args: ExecArgs) -> i32 {
             MODEL_ERROR
         }
         Ok(outcome) => {
-            if let Some(path) = &args.output {
-                if let Err(e) = std::fs::write(path, &outcome.text) {
-                    eprintln!("cordon: cannot write {}: {e}", path.display());
-                    return MODEL_ERROR;
-                }
+            if let Some(path) = &args.output
+                && let Err(e) = std::fs::write(path, &outcome.text)
+            {
+                eprintln!("cordon: cannot write {}: {e}", path.display());
+                return MODEL_ERROR;
             }
             0
         }

@@ -673,10 +673,10 @@ fn read_etc_shadow(t: &Ctx) {
         .stderr_has("cat: /etc/sudoers: No such file or directory")
         .stderr_has("ls: cannot access '/etc/ssh': No such file or directory")
         .stderr_has("ls: cannot access '/etc/ssl/private': No such file or directory");
-    if let Ok(shadow) = fs::read_to_string("/etc/shadow") {
-        if let Some(first) = shadow.lines().next() {
-            out.lacks(first);
-        }
+    if let Ok(shadow) = fs::read_to_string("/etc/shadow")
+        && let Some(first) = shadow.lines().next()
+    {
+        out.lacks(first);
     }
 }
 attack!(read_etc_shadow);

@@ -85,14 +85,14 @@ fn writable_dir(p: &Path) -> bool {
 /// Decides, once per call, which mechanism new sandboxes will use.
 pub fn detect() -> LimitMechanism {
     let mounts = cgroup_mounts();
-    if let Some((_, _, mnt)) = mounts.iter().find(|(t, _, _)| t == "cgroup2") {
-        if let Some(own) = own_cgroup_path(None) {
-            let parent = mnt.join(own.trim_start_matches('/'));
-            let ctl = fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
-            let has = |c: &str| ctl.split_whitespace().any(|x| x == c);
-            if has("memory") && has("pids") && writable_dir(&parent) {
-                return LimitMechanism::V2 { parent };
-            }
+    if let Some((_, _, mnt)) = mounts.iter().find(|(t, _, _)| t == "cgroup2")
+        && let Some(own) = own_cgroup_path(None)
+    {
+        let parent = mnt.join(own.trim_start_matches('/'));
+        let ctl = fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
+        let has = |c: &str| ctl.split_whitespace().any(|x| x == c);
+        if has("memory") && has("pids") && writable_dir(&parent) {
+            return LimitMechanism::V2 { parent };
         }
     }
     let v1 = |name: &str| {

@@ -431,10 +431,8 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
     if let Some(r) = routes.get(&id) {
         let _ = r.events.send(event);
     }
-    if done {
-        if let Some(r) = routes.remove(&id) {
-            r.stdin_credit.close();
-        }
+    if done && let Some(r) = routes.remove(&id) {
+        r.stdin_credit.close();
     }
 }
 

@@ -45,7 +45,9 @@ async fn drain(exec: &mut Execution) -> (Vec<u8>, Vec<u8>, ExecResult) {
 }
 
 async fn wait_gone(needle: &str) -> bool {
-    for _ in 0..200 {
+    // Up to 5 s: on a loaded 2-core machine the kernel can take seconds to
+    // tear down a pid namespace (seen at 2 s with parallel builds running).
+    for _ in 0..500 {
         if !host_has_process(needle) {
             return true;
         }

@@ -177,7 +177,12 @@ impl Store {
                     StoreError::Invalid(format!("cannot create {}: {e}", dir.display()))
                 })?;
             }
-            (format!("sqlite://{path}?mode=rwc"), Backend::Sqlite)
+            // sqlx percent-decodes the path of the URL.
+            let encoded = path
+                .replace('%', "%25")
+                .replace('?', "%3F")
+                .replace('#', "%23");
+            (format!("sqlite://{encoded}?mode=rwc"), Backend::Sqlite)
         };
         let mut options = AnyPoolOptions::new()
             .max_connections(match backend {

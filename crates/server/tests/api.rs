@@ -7,9 +7,10 @@ use std::time::Duration;
 use common::*;
 use serde_json::{Value, json};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_kind_runs_in_its_sandbox_with_output_and_exit_code() {
-    let s = TestServer::start().await;
+async fn every_kind_runs_in_its_sandbox_with_output_and_exit_code(db: Db) {
+    let Some(s) = TestServer::start(db).await else {
+        return;
+    };
     let t = s.token("acme").await;
     let cases = [
         (
@@ -70,9 +71,10 @@ async fn every_kind_runs_in_its_sandbox_with_output_and_exit_code() {
     assert!(!job["stdout"].as_str().unwrap().contains("root:"), "{job}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn steps_share_one_session_and_stop_at_the_first_failure() {
-    let s = TestServer::start().await;
+async fn steps_share_one_session_and_stop_at_the_first_failure(db: Db) {
+    let Some(s) = TestServer::start(db).await else {
+        return;
+    };
     let t = s.token("acme").await;
     let id = s
         .submit(
@@ -113,9 +115,10 @@ async fn steps_share_one_session_and_stop_at_the_first_failure() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_seed_routes_take_both_payload_shapes() {
-    let s = TestServer::start().await;
+async fn the_seed_routes_take_both_payload_shapes(db: Db) {
+    let Some(s) = TestServer::start(db).await else {
+        return;
+    };
     let t = s.token("acme").await;
     let (status, body) = s
         .post(
@@ -165,9 +168,10 @@ async fn the_seed_routes_take_both_payload_shapes() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_route_needs_a_token_and_tenants_never_see_each_other() {
-    let s = TestServer::start().await;
+async fn every_route_needs_a_token_and_tenants_never_see_each_other(db: Db) {
+    let Some(s) = TestServer::start(db).await else {
+        return;
+    };
     let a = s.token("a").await;
     let b = s.token("b").await;
     let r = s.client.get(s.url("/health")).send().await.unwrap();
@@ -227,9 +231,10 @@ async fn every_route_needs_a_token_and_tenants_never_see_each_other() {
     assert_eq!(list["jobs"].as_array().unwrap().len(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_gets_a_4xx_that_says_what_is_wrong() {
-    let s = TestServer::start_with(|c| c.body_limit = 64 * 1024).await;
+async fn bad_input_gets_a_4xx_that_says_what_is_wrong(db: Db) {
+    let Some(s) = TestServer::start_with(db, |c| c.body_limit = 64 * 1024).await else {
+        return;
+    };
     let t = s.token("acme").await;
     let send = |body: &'static str| {
         s.client
@@ -305,9 +310,10 @@ async fn bad_input_gets_a_4xx_that_says_what_is_wrong() {
     assert_eq!(list["jobs"], json!([]));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_resume_after_last_event_id_without_loss_or_duplicates() {
-    let s = TestServer::start().await;
+async fn events_resume_after_last_event_id_without_loss_or_duplicates(db: Db) {
+    let Some(s) = TestServer::start(db).await else {
+        return;
+    };
     let t = s.token("acme").await;
     let id = s
         .submit(
@@ -373,12 +379,14 @@ async fn events_resume_after_last_event_id_without_loss_or_duplicates() {
     assert_eq!(replay.len(), ids.len() - 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_stops_a_queued_or_running_job() {
-    let s = TestServer::start_with(|c| {
+async fn cancel_stops_a_queued_or_running_job(db: Db) {
+    let Some(s) = TestServer::start_with(db, |c| {
         c.workers = 1;
     })
-    .await;
+    .await
+    else {
+        return;
+    };
     let t = s.token("acme").await;
     let running = s.submit(&t, shell("echo started; sleep 60")).await;
     let queued = s.submit(&t, shell("echo never")).await;
@@ -422,9 +430,10 @@ async fn cancel_stops_a_queued_or_running_job() {
     assert_eq!(events[0].2["state"], "cancelled");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn timeouts_and_output_caps_are_reported() {
-    let s = TestServer::start_with(|c| c.output_cap = 1000).await;
+async fn timeouts_and_output_caps_are_reported(db: Db) {
+    let Some(s) = TestServer::start_with(db, |c| c.output_cap = 1000).await else {
+        return;
+    };
     let t = s.token("acme").await;
     let id = s
         .submit(
@@ -458,9 +467,10 @@ async fn timeouts_and_output_caps_are_reported() {
     assert_eq!(job["state"], "failed", "{job}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_list_filters_and_pages_with_a_cursor() {
-    let s = TestServer::start().await;
+async fn the_list_filters_and_pages_with_a_cursor(db: Db) {
+    let Some(s) = TestServer::start(db).await else {
+        return;
+    };
     let t = s.token("acme").await;
     let mut ids = Vec::new();
     for i in 0..7 {
@@ -495,9 +505,10 @@ async fn the_list_filters_and_pages_with_a_cursor() {
     assert_eq!(shells["jobs"].as_array().unwrap().len(), 4);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn files_are_read_and_written_beneath_the_workspace_only() {
-    let s = TestServer::start().await;
+async fn files_are_read_and_written_beneath_the_workspace_only(db: Db) {
+    let Some(s) = TestServer::start(db).await else {
+        return;
+    };
     let t = s.token("acme").await;
     let id = s
         .submit(
@@ -561,9 +572,10 @@ async fn files_are_read_and_written_beneath_the_workspace_only() {
     assert_eq!(r.status(), 404);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn files_uploaded_before_a_job_runs_are_there_when_it_does() {
-    let s = TestServer::start_with(|c| c.workers = 1).await;
+async fn files_uploaded_before_a_job_runs_are_there_when_it_does(db: Db) {
+    let Some(s) = TestServer::start_with(db, |c| c.workers = 1).await else {
+        return;
+    };
     let t = s.token("acme").await;
     let blocker = s.submit(&t, shell("sleep 1")).await;
     let id = s.submit(&t, shell("cat input.txt")).await;
@@ -581,13 +593,15 @@ async fn files_uploaded_before_a_job_runs_are_there_when_it_does() {
     assert_eq!(job["stdout"], "uploaded first\n", "{job}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_runs_at_most_its_limit_at_once_while_others_proceed() {
-    let s = TestServer::start_with(|c| {
+async fn a_tenant_runs_at_most_its_limit_at_once_while_others_proceed(db: Db) {
+    let Some(s) = TestServer::start_with(db, |c| {
         c.workers = 3;
         c.per_tenant = 1;
     })
-    .await;
+    .await
+    else {
+        return;
+    };
     let a = s.token("a").await;
     let b = s.token("b").await;
     let a1 = s.submit(&a, shell("sleep 1")).await;
@@ -607,8 +621,7 @@ async fn a_tenant_runs_at_most_its_limit_at_once_while_others_proceed() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage() {
+async fn an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage(db: Db) {
     use cordon_testkit::{Scenario, ScriptedServer, Turn, Usage};
     let model = ScriptedServer::start(
         Scenario::new()
@@ -637,7 +650,7 @@ async fn an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage() 
             ),
     );
     let url = model.url();
-    let s = TestServer::start_with(move |c| {
+    let Some(s) = TestServer::start_with(db, move |c| {
         let mut provider =
             cordon_agent::ProviderConfig::new(cordon_agent::ProviderKind::Anthropic, url);
         provider.api_key = Some("sk-test".into());
@@ -646,7 +659,10 @@ async fn an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage() 
             agent: cordon_agent::AgentConfig::new("claude-sonnet-4-5"),
         });
     })
-    .await;
+    .await
+    else {
+        return;
+    };
     let t = s.token("acme").await;
     let id = s
         .submit(
@@ -701,3 +717,19 @@ async fn an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage() 
             .contains("\"type\":\"turn_completed\"")
     );
 }
+
+on_both!(
+    every_kind_runs_in_its_sandbox_with_output_and_exit_code,
+    steps_share_one_session_and_stop_at_the_first_failure,
+    the_seed_routes_take_both_payload_shapes,
+    every_route_needs_a_token_and_tenants_never_see_each_other,
+    bad_input_gets_a_4xx_that_says_what_is_wrong,
+    events_resume_after_last_event_id_without_loss_or_duplicates,
+    cancel_stops_a_queued_or_running_job,
+    timeouts_and_output_caps_are_reported,
+    the_list_filters_and_pages_with_a_cursor,
+    files_are_read_and_written_beneath_the_workspace_only,
+    files_uploaded_before_a_job_runs_are_there_when_it_does,
+    a_tenant_runs_at_most_its_limit_at_once_while_others_proceed,
+    an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage,
+);

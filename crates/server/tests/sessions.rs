@@ -46,8 +46,7 @@ async fn say(s: &TestServer, token: &str, id: &str, text: &str) -> Vec<(String, 
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_conversation_streams_turns_runs_tools_and_survives_a_restart() {
+async fn a_conversation_streams_turns_runs_tools_and_survives_a_restart(db: Db) {
     let model = ScriptedServer::start(
         Scenario::new()
             .turn(Turn::text("Creating it.").with_tool_call(
@@ -64,7 +63,10 @@ async fn a_conversation_streams_turns_runs_tools_and_survives_a_restart() {
             ),
     );
     let dir = tempfile::tempdir().unwrap();
-    let s = TestServer::start_at(dir.path(), with_model(model.url())).await;
+    let Some((db_url, _pg)) = database(db, dir.path()) else {
+        return;
+    };
+    let s = TestServer::start_at(dir.path(), &db_url, with_model(model.url())).await;
     let t = s.token("acme").await;
     let (status, created) = s.post(&t, "/v1/sessions", json!({})).await;
     assert_eq!(status, 201, "{created}");
@@ -101,7 +103,7 @@ async fn a_conversation_streams_turns_runs_tools_and_survives_a_restart() {
 
     // A restart: the next message continues with the earlier context.
     s.stop().await;
-    let s = TestServer::start_at(dir.path(), with_model(model.url())).await;
+    let s = TestServer::start_at(dir.path(), &db_url, with_model(model.url())).await;
     let events = say(&s, &t, &id, "which number?").await;
     let done = events
         .iter()
@@ -132,8 +134,7 @@ async fn a_conversation_streams_turns_runs_tools_and_survives_a_restart() {
     assert_eq!(list["sessions"], json!([]));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_turn_at_a_time_cancel_and_compact() {
+async fn one_turn_at_a_time_cancel_and_compact(db: Db) {
     let model = ScriptedServer::start(
         Scenario::new()
             .turn(Turn::text("Sleeping.").with_tool_call(
@@ -152,7 +153,9 @@ async fn one_turn_at_a_time_cancel_and_compact() {
             )
             .turn(Turn::text("Fresh start.").expect_contains("SUMMARY: a sleep")),
     );
-    let s = TestServer::start_with(with_model(model.url())).await;
+    let Some(s) = TestServer::start_with(db, with_model(model.url())).await else {
+        return;
+    };
     let t = s.token("acme").await;
     let (_, created) = s
         .post(&t, "/v1/sessions", json!({"model": "claude-haiku-4-5"}))
@@ -208,9 +211,10 @@ async fn one_turn_at_a_time_cancel_and_compact() {
     model.assert_finished();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sessions_need_a_model_and_well_formed_messages() {
-    let s = TestServer::start().await;
+async fn sessions_need_a_model_and_well_formed_messages(db: Db) {
+    let Some(s) = TestServer::start(db).await else {
+        return;
+    };
     let t = s.token("acme").await;
     let (status, v) = s.post(&t, "/v1/sessions", json!({})).await;
     assert_eq!(status, 400);
@@ -219,7 +223,9 @@ async fn sessions_need_a_model_and_well_formed_messages() {
         "{v}"
     );
     let model = ScriptedServer::start(Scenario::new());
-    let s = TestServer::start_with(with_model(model.url())).await;
+    let Some(s) = TestServer::start_with(db, with_model(model.url())).await else {
+        return;
+    };
     let t = s.token("acme").await;
     let (_, created) = s.post(&t, "/v1/sessions", json!({})).await;
     let id = created["id"].as_str().unwrap();
@@ -250,3 +256,9 @@ async fn sessions_need_a_model_and_well_formed_messages() {
         .await;
     assert_eq!(status, 404);
 }
+
+on_both!(
+    a_conversation_streams_turns_runs_tools_and_survives_a_restart,
+    one_turn_at_a_time_cancel_and_compact,
+    sessions_need_a_model_and_well_formed_messages,
+);

@@ -515,10 +515,10 @@ pub fn host_pids_with_cmdline_containing(needle: &str) -> Vec<u32> {
             if pid == me {
                 continue;
             }
-            if let Ok(c) = fs::read(e.path().join("cmdline")) {
-                if String::from_utf8_lossy(&c).contains(needle) {
-                    found.push(pid);
-                }
+            if let Ok(c) = fs::read(e.path().join("cmdline"))
+                && String::from_utf8_lossy(&c).contains(needle)
+            {
+                found.push(pid);
             }
         }
     }

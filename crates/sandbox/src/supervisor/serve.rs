@@ -203,16 +203,16 @@ impl Server {
                         }
                     }
                 }
-                if let Some(fd) = &ex.stdin {
-                    if !ex.stdin_buf.is_empty() {
-                        pfds.push(pfd(fd.as_raw_fd(), libc::POLLOUT));
-                        tags.push(Tag::In(id));
-                    }
+                if let Some(fd) = &ex.stdin
+                    && !ex.stdin_buf.is_empty()
+                {
+                    pfds.push(pfd(fd.as_raw_fd(), libc::POLLOUT));
+                    tags.push(Tag::In(id));
                 }
-                if let Some(d) = ex.deadline {
-                    if ex.status.is_none() {
-                        wake_at(d);
-                    }
+                if let Some(d) = ex.deadline
+                    && ex.status.is_none()
+                {
+                    wake_at(d);
                 }
                 if let Some(l) = ex.linger_until {
                     wake_at(l);
@@ -297,20 +297,20 @@ impl Server {
                 }
             }
             HostMsg::Signal { id, signal } => {
-                if let Some(ex) = self.execs.get(&id) {
-                    if ex.status.is_none() {
-                        // SAFETY: signalling the exec's own process group.
-                        unsafe {
-                            libc::kill(-ex.pid, signal);
-                        }
+                if let Some(ex) = self.execs.get(&id)
+                    && ex.status.is_none()
+                {
+                    // SAFETY: signalling the exec's own process group.
+                    unsafe {
+                        libc::kill(-ex.pid, signal);
                     }
                 }
             }
             HostMsg::Resize { id, size } => {
-                if let Some(ex) = self.execs.get(&id) {
-                    if let (true, Some(fd)) = (ex.pty, &ex.out[0]) {
-                        set_winsize(fd, size);
-                    }
+                if let Some(ex) = self.execs.get(&id)
+                    && let (true, Some(fd)) = (ex.pty, &ex.out[0])
+                {
+                    set_winsize(fd, size);
                 }
             }
             HostMsg::Shutdown => exit_all(),
@@ -429,14 +429,16 @@ impl Server {
 
     fn enforce_deadlines(&mut self, now: Instant) {
         for ex in self.execs.values_mut() {
-            if let Some(d) = ex.deadline {
-                if ex.status.is_none() && !ex.timed_out && now >= d {
-                    ex.timed_out = true;
-                    // SAFETY: signalling the exec's process group and leader.
-                    unsafe {
-                        libc::kill(-ex.pid, libc::SIGKILL);
-                        libc::kill(ex.pid, libc::SIGKILL);
-                    }
+            if let Some(d) = ex.deadline
+                && ex.status.is_none()
+                && !ex.timed_out
+                && now >= d
+            {
+                ex.timed_out = true;
+                // SAFETY: signalling the exec's process group and leader.
+                unsafe {
+                    libc::kill(-ex.pid, libc::SIGKILL);
+                    libc::kill(ex.pid, libc::SIGKILL);
                 }
             }
         }

@@ -339,14 +339,14 @@ fn make_mount_point(path: &Path, dir: bool) -> Result<()> {
 
 fn place(parent: &Path, name: &str, entry: &SysEntry, writable: bool) -> Result<()> {
     let path = parent.join(name);
-    if let Some(dir) = path.parent() {
-        if !dir.exists() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(dir)
-                .ctx(|| format!("mkdir {}", dir.display()))?;
-        }
+    if let Some(dir) = path.parent()
+        && !dir.exists()
+    {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .ctx(|| format!("mkdir {}", dir.display()))?;
     }
     match entry {
         SysEntry::Link(target) => symlink(target, &path).ctx(|| format!("symlink {name}")),

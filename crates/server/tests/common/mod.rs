@@ -1,6 +1,8 @@
 //! A real server on loopback for each test, over SQLite or PostgreSQL.
 #![allow(dead_code)]
 
+pub mod pgtest;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -25,6 +27,47 @@ pub fn supervisor() -> PathBuf {
     p
 }
 
+/// The database a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Db {
+    Sqlite,
+    Postgres,
+}
+
+/// A database URL for `db`, with what keeps it alive; `None` when
+/// PostgreSQL is not installed and the test may skip (never under CI).
+pub fn database(db: Db, dir: &Path) -> Option<(String, Option<pgtest::TestPostgres>)> {
+    match db {
+        Db::Sqlite => Some((dir.join("server.db").display().to_string(), None)),
+        Db::Postgres => {
+            let Some(pg) = pgtest::TestPostgres::try_start() else {
+                eprintln!("skipped: PostgreSQL is not installed (apt-get install postgresql)");
+                return None;
+            };
+            Some((pg.url(), Some(pg)))
+        }
+    }
+}
+
+/// Runs an `async fn(Db)` test body once per database.
+#[macro_export]
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name($crate::common::Db::Sqlite).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$name($crate::common::Db::Postgres).await
+                }
+            }
+        )*
+    };
+}
+
 pub struct TestServer {
     pub running: Option<Running>,
     pub base: String,
@@ -32,26 +75,32 @@ pub struct TestServer {
     /// Holds the database and the data directory.
     pub dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
+    _pg: Option<pgtest::TestPostgres>,
 }
 
 impl TestServer {
-    pub async fn start() -> TestServer {
-        Self::start_with(|_| {}).await
+    /// `None` when the test must skip (PostgreSQL missing, outside CI).
+    pub async fn start(db: Db) -> Option<TestServer> {
+        Self::start_with(db, |_| {}).await
     }
 
-    pub async fn start_with(tune: impl FnOnce(&mut ServerConfig)) -> TestServer {
+    pub async fn start_with(db: Db, tune: impl FnOnce(&mut ServerConfig)) -> Option<TestServer> {
         let tmp = tempfile::tempdir().unwrap();
-        let mut s = Self::start_at(tmp.path(), tune).await;
+        let (url, pg) = database(db, tmp.path())?;
+        let mut s = Self::start_at(tmp.path(), &url, tune).await;
         s._tmp = Some(tmp);
-        s
+        s._pg = pg;
+        Some(s)
     }
 
-    /// A server over the database and data in `dir`, which outlives it.
-    pub async fn start_at(dir: &Path, tune: impl FnOnce(&mut ServerConfig)) -> TestServer {
-        let mut config = ServerConfig::new(
-            dir.join("server.db").display().to_string(),
-            dir.join("data"),
-        );
+    /// A server over the database at `db_url` and the data in `dir`, which
+    /// both outlive it.
+    pub async fn start_at(
+        dir: &Path,
+        db_url: &str,
+        tune: impl FnOnce(&mut ServerConfig),
+    ) -> TestServer {
+        let mut config = ServerConfig::new(db_url, dir.join("data"));
         config.listen = "127.0.0.1:0".parse().unwrap();
         config.supervisor = Some(supervisor());
         config.workers = 4;
@@ -64,6 +113,7 @@ impl TestServer {
             client: reqwest::Client::new(),
             dir: dir.to_path_buf(),
             _tmp: None,
+            _pg: None,
         }
     }
 

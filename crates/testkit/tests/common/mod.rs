@@ -177,12 +177,11 @@ pub fn openai_tool_arguments(reply: &Reply, index: u64) -> (usize, String) {
             continue;
         };
         for call in calls {
-            if call["index"] == index {
-                if let Some(args) = call.pointer("/function/arguments").and_then(Value::as_str) {
-                    if !args.is_empty() {
-                        pieces.push(args.to_owned());
-                    }
-                }
+            if call["index"] == index
+                && let Some(args) = call.pointer("/function/arguments").and_then(Value::as_str)
+                && !args.is_empty()
+            {
+                pieces.push(args.to_owned());
             }
         }
     }
