@@ -141,6 +141,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/status", get(status_by_query))
         .route("/status/{id}", get(status))
         .merge(crate::sessions::routes())
+        .merge(crate::openapi::routes())
         .fallback(|| async { ApiError::not_found("such route (see /openapi.json)") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -153,7 +154,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-async fn health(State(shared): State<Arc<Shared>>) -> ApiResult<Json<Value>> {
+#[utoipa::path(get, path = "/health", tag = "jobs", security(()),
+    responses((status = 200, description = "The server and its database answer"),
+              (status = 503, description = "The database does not answer", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn health(State(shared): State<Arc<Shared>>) -> ApiResult<Json<Value>> {
     shared.store.ping().await?;
     Ok(Json(json!({"status": "ok"})))
 }
@@ -222,7 +226,12 @@ async fn submit(shared: &Shared, tenant: &str, body: &Value) -> ApiResult<JobRow
     Ok(job)
 }
 
-async fn create_job(
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs", summary = "Queue a job",
+    request_body = crate::openapi::JobRequestDoc,
+    responses((status = 202, description = "Queued; `Location` names it", body = crate::openapi::JobSummaryDoc),
+              (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc),
+              (status = 413, description = "The body is too large", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn create_job(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     body: Result<Bytes, BytesRejection>,
@@ -244,7 +253,10 @@ async fn find(shared: &Shared, tenant: &str, id: &str) -> ApiResult<JobRow> {
         .ok_or_else(|| ApiError::not_found(&format!("job {id}")))
 }
 
-async fn get_job(
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", summary = "A job: state, output, result",
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::openapi::JobDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn get_job(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
@@ -254,14 +266,20 @@ async fn get_job(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ListParams {
+pub(crate) struct ListParams {
     state: Option<String>,
     kind: Option<String>,
     limit: Option<String>,
     cursor: Option<String>,
 }
 
-async fn list_jobs(
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs", summary = "List jobs, newest first",
+    params(("state" = Option<String>, Query, description = "queued, running, succeeded, failed, cancelled or timed_out"),
+           ("kind" = Option<String>, Query, description = "shell, python, javascript, typescript, steps or agent"),
+           ("limit" = Option<u32>, Query, description = "1 to 200 (default 50)"),
+           ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")),
+    responses((status = 200, body = crate::openapi::JobListDoc), (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn list_jobs(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
@@ -312,7 +330,11 @@ async fn list_jobs(
     })))
 }
 
-async fn cancel_job(
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", summary = "Cancel a queued or running job",
+    params(("id" = String, Path)),
+    responses((status = 200, description = "The job, cancelled", body = crate::openapi::JobDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc),
+              (status = 409, description = "It has already finished", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn cancel_job(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
@@ -379,11 +401,16 @@ async fn cancel_running(shared: &Shared, id: &str) {
 /// Where an event stream resumes: after `Last-Event-ID`, as browsers send
 /// on reconnecting, or `?after=N`.
 #[derive(Deserialize)]
-struct EventParams {
+pub(crate) struct EventParams {
     after: Option<i64>,
 }
 
-async fn job_events(
+#[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs", summary = "The job's events as Server-Sent Events",
+    description = "Each event has an `id` (its sequence number), a name (`state`, `stdout`, `stderr`, `step_started`, `step_finished`, `output_truncated`, the agent's event types, and last `finished`) and JSON data. Reconnecting with `Last-Event-ID` (or `?after=`) resumes after that event: nothing is missed or repeated.",
+    params(("id" = String, Path), ("after" = Option<i64>, Query, description = "Resume after this event id"),
+           ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id")),
+    responses((status = 200, description = "An event stream", content_type = "text/event-stream"), (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn job_events(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
@@ -528,7 +555,10 @@ fn listing(ws: &Workspace, path: &WsPath) -> ApiResult<Value> {
     Ok(json!({"path": path.display(), "entries": entries}))
 }
 
-async fn list_root(
+#[utoipa::path(get, path = "/v1/jobs/{id}/files", tag = "jobs", summary = "The workspace's top directory",
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::openapi::ListingDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn list_root(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
@@ -539,7 +569,12 @@ async fn list_root(
 }
 
 /// A file's bytes, or a directory's listing as JSON.
-async fn get_file(
+#[utoipa::path(get, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "A workspace file's bytes, or a directory's listing",
+    params(("id" = String, Path), ("path" = String, Path, description = "Relative to the workspace; `..`, absolute paths and symlinks out are refused")),
+    responses((status = 200, description = "The file (application/octet-stream) or a listing (JSON)", body = crate::openapi::ListingDoc),
+              (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job or file", body = crate::openapi::ErrorDoc),
+              (status = 413, description = "Larger than the files API serves", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn get_file(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path((id, path)): Path<(String, String)>,
@@ -591,7 +626,13 @@ fn tokio_util_stream(file: tokio::fs::File) -> impl Stream<Item = Result<Bytes, 
     })
 }
 
-async fn put_file(
+#[utoipa::path(put, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "Write a workspace file (parents are created)",
+    params(("id" = String, Path), ("path" = String, Path)),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 201, description = "Created", body = crate::openapi::PutFileDoc),
+              (status = 200, description = "Replaced", body = crate::openapi::PutFileDoc),
+              (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc), (status = 413, description = "Too large", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn put_file(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path((id, path)): Path<(String, String)>,
@@ -619,7 +660,11 @@ async fn put_file(
 }
 
 /// The seeds' `POST /schedule`: `{kind, code}` or `{steps: [...]}`.
-async fn schedule(
+#[utoipa::path(post, path = "/schedule", tag = "seed", summary = "Queue a job, the seeds' way",
+    description = "Takes `{kind, code}` (kind python, shell, javascript or typescript) or `{steps: [{tool, command|code}]}`.",
+    request_body = crate::openapi::JobRequestDoc,
+    responses((status = 202, body = crate::openapi::ScheduledDoc), (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn schedule(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     body: Result<Bytes, BytesRejection>,
@@ -642,12 +687,15 @@ async fn schedule(
 }
 
 #[derive(Deserialize)]
-struct StatusParams {
+pub(crate) struct StatusParams {
     task_id: Option<String>,
     job_id: Option<String>,
 }
 
-async fn status(
+#[utoipa::path(get, path = "/status/{id}", tag = "seed", summary = "A job's state and output",
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::openapi::JobDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn status(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
@@ -655,7 +703,10 @@ async fn status(
     Ok(Json(job_view(&find(&shared, &tenant, &id).await?, true)))
 }
 
-async fn status_by_query(
+#[utoipa::path(get, path = "/status", tag = "seed", summary = "A job's state and output, by `task_id`",
+    params(("task_id" = Option<String>, Query), ("job_id" = Option<String>, Query)),
+    responses((status = 200, body = crate::openapi::JobDoc), (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn status_by_query(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     params: Result<Query<StatusParams>, axum::extract::rejection::QueryRejection>,

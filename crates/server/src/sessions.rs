@@ -113,7 +113,10 @@ fn no_model() -> ApiError {
     )
 }
 
-async fn create(
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions", summary = "Start a conversation",
+    request_body = crate::openapi::SessionCreateDoc,
+    responses((status = 201, body = crate::openapi::SessionDoc), (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn create(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     body: Result<Bytes, BytesRejection>,
@@ -176,7 +179,9 @@ async fn create(
     Ok((StatusCode::CREATED, Json(view(&row))).into_response())
 }
 
-async fn list(
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", summary = "List conversations, newest first",
+    responses((status = 200, body = crate::openapi::SessionListDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn list(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
 ) -> Result<Json<Value>, ApiError> {
@@ -197,7 +202,10 @@ async fn find(shared: &Shared, tenant: &str, id: &str) -> Result<SessionRow, Api
 }
 
 /// A session with its conversation as last sent to the model.
-async fn show(
+#[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", summary = "A conversation and its messages",
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::openapi::SessionDetailDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn show(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
@@ -309,7 +317,13 @@ fn text_of(body: &Value) -> Result<String, ApiError> {
 /// Posts a message; the answer streams back as SSE, one event per agent
 /// event, and the stream ends with the turn. A client that goes away does
 /// not stop the turn: it runs to its end and is in the log.
-async fn message(
+#[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions", summary = "Send a message; the turn streams back",
+    description = "Server-Sent Events, one per agent event, named by its `type` (the events of `cordon exec --json`); the stream ends with the turn.",
+    params(("id" = String, Path)),
+    request_body = crate::openapi::MessageDoc,
+    responses((status = 200, description = "An event stream", content_type = "text/event-stream"), (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
+              (status = 409, description = "A turn is already running", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn message(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
@@ -353,7 +367,11 @@ async fn message(
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-async fn cancel(
+#[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", summary = "Cancel the running turn",
+    params(("id" = String, Path)),
+    responses((status = 200, description = "Cancelled"), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
+              (status = 409, description = "No turn is running", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn cancel(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
@@ -379,7 +397,11 @@ async fn cancel(
     }
 }
 
-async fn compact(
+#[utoipa::path(post, path = "/v1/sessions/{id}/compact", tag = "sessions", summary = "Summarise the conversation so far",
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::openapi::CompactionDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
+              (status = 409, description = "Busy, or nothing to compact", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn compact(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,

@@ -733,3 +733,92 @@ on_both!(
     a_tenant_runs_at_most_its_limit_at_once_while_others_proceed,
     an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage,
 );
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_lists_every_route_and_docs_render_it() {
+    let Some(s) = TestServer::start(Db::Sqlite).await else {
+        return;
+    };
+    // Both are public, like /health: they describe, they hold no data.
+    let doc: Value = s
+        .client
+        .get(s.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let paths = doc["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/health", "get"),
+        ("/v1/jobs", "post"),
+        ("/v1/jobs", "get"),
+        ("/v1/jobs/{id}", "get"),
+        ("/v1/jobs/{id}/cancel", "post"),
+        ("/v1/jobs/{id}/events", "get"),
+        ("/v1/jobs/{id}/files", "get"),
+        ("/v1/jobs/{id}/files/{path}", "get"),
+        ("/v1/jobs/{id}/files/{path}", "put"),
+        ("/schedule", "post"),
+        ("/status", "get"),
+        ("/status/{id}", "get"),
+        ("/v1/sessions", "post"),
+        ("/v1/sessions", "get"),
+        ("/v1/sessions/{id}", "get"),
+        ("/v1/sessions/{id}/messages", "post"),
+        ("/v1/sessions/{id}/cancel", "post"),
+        ("/v1/sessions/{id}/compact", "post"),
+    ] {
+        assert!(
+            paths[path].get(method).is_some(),
+            "{method} {path} undocumented"
+        );
+    }
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+    // Every documented route exists: none answers "no such route".
+    let t = s.token("acme").await;
+    for (path, item) in paths {
+        let concrete = path.replace("{id}", "job_x").replace("{path}", "f");
+        for method in item.as_object().unwrap().keys() {
+            let r = s
+                .client
+                .request(method.to_uppercase().parse().unwrap(), s.url(&concrete))
+                .bearer_auth(&t)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            assert!(
+                !(status == 404
+                    && body["error"]["message"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains("route")),
+                "{method} {concrete}: {body}"
+            );
+            assert!(status != 405, "{method} {concrete}");
+        }
+    }
+    let r = s.client.get(s.url("/docs")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("default-src 'none'")
+    );
+    assert!(r.text().await.unwrap().contains("/docs/docs.js"));
+    let r = s.client.get(s.url("/docs/docs.js")).send().await.unwrap();
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/javascript")
+    );
+}
