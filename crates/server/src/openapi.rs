@@ -10,59 +10,132 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
+use serde_json::{Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::server::Shared;
 
-/// Limits common to every job kind.
-#[derive(ToSchema, Serialize)]
-#[allow(dead_code)]
-pub struct RunOptionsDoc {
-    /// Seconds before the job is killed (default 300).
-    #[schema(minimum = 1, maximum = 3600)]
-    timeout_secs: Option<u64>,
-    /// Memory limit for the whole sandbox, such as "512M" or "2G".
-    #[schema(example = "512M")]
-    memory: Option<String>,
-    /// `off` (default) or `loopback`; jobs never reach the host's network.
-    #[schema(pattern = "^(off|loopback)$")]
-    network: Option<String>,
+/// The limits every job kind takes, repeated in each kind's schema (a
+/// shared `allOf` part would clash with the kinds' closed field lists).
+macro_rules! job_kind {
+    ($(#[$doc:meta])* $name:ident ($kinds:literal) { $($(#[$fdoc:meta])* $field:ident : $ty:ty),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(ToSchema, Serialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        pub struct $name {
+            #[schema(pattern = $kinds)]
+            kind: String,
+            $($(#[$fdoc])* $field: $ty,)*
+            /// Seconds before the job is killed (default 300).
+            #[schema(minimum = 1, maximum = 3600)]
+            timeout_secs: Option<u64>,
+            /// Memory for the whole sandbox, 16M to 4G (default 512M).
+            #[schema(example = "512M", pattern = "^[0-9]+[KMG]?$")]
+            memory: Option<String>,
+            /// `off` (default) or `loopback`; never the host's network.
+            #[schema(pattern = "^(off|loopback)$")]
+            network: Option<String>,
+        }
+    };
 }
 
-/// A step of a `steps` job: `tool` is `shell` (with `command`), `python`,
-/// `javascript` or `typescript` (with `code`), `write_file` (with `path`
-/// and `content`) or `read_file` (with `path`). `kind` may stand for `tool`.
+job_kind!(
+    /// `bash -c command` in the sandbox.
+    ShellJobDoc("^shell$") {
+        #[schema(min_length = 1)]
+        command: String,
+    }
+);
+job_kind!(
+    /// A program run by python3 or node (TypeScript is transpiled first).
+    CodeJobDoc("^(python|javascript|typescript)$") {
+        #[schema(min_length = 1)]
+        code: String,
+    }
+);
+job_kind!(
+    /// Steps run in order in one sandbox; the first failure stops them
+    /// unless `continue_on_error`.
+    StepsJobDoc("^steps$") {
+        #[schema(min_items = 1, max_items = 100)]
+        steps: Vec<StepDoc>,
+        continue_on_error: Option<bool>,
+    }
+);
+job_kind!(
+    /// A task for the agent, with the server's model unless `model` is set.
+    AgentJobDoc("^agent$") {
+        #[schema(min_length = 1)]
+        prompt: String,
+        model: Option<String>,
+        #[schema(minimum = 1, maximum = 200)]
+        max_steps: Option<u32>,
+    }
+);
+
+/// A job to queue; `kind` decides its fields. Unknown fields are refused.
 #[derive(ToSchema, Serialize)]
+#[serde(untagged)]
 #[allow(dead_code)]
-pub struct StepDoc {
-    #[schema(pattern = "^(shell|python|javascript|typescript|write_file|read_file)$")]
+pub enum JobRequestDoc {
+    Shell(ShellJobDoc),
+    Code(CodeJobDoc),
+    Steps(StepsJobDoc),
+    Agent(AgentJobDoc),
+}
+
+#[derive(ToSchema, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct CommandStepDoc {
+    #[schema(pattern = "^shell$")]
     tool: String,
-    command: Option<String>,
-    code: Option<String>,
-    path: Option<String>,
-    content: Option<String>,
+    #[schema(min_length = 1)]
+    command: String,
 }
 
-/// A job to queue. `kind` decides the other fields: `shell` takes
-/// `command`; `python`, `javascript` and `typescript` take `code`; `steps`
-/// takes `steps` (and `continue_on_error`); `agent` takes `prompt` (and
-/// `model`, `max_steps`). Unknown fields are refused.
 #[derive(ToSchema, Serialize)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
-pub struct JobRequestDoc {
-    #[schema(pattern = "^(shell|python|javascript|typescript|steps|agent)$")]
-    kind: String,
-    command: Option<String>,
-    code: Option<String>,
-    steps: Option<Vec<StepDoc>>,
-    continue_on_error: Option<bool>,
-    prompt: Option<String>,
-    model: Option<String>,
-    #[schema(minimum = 1, maximum = 200)]
-    max_steps: Option<u32>,
-    #[serde(flatten)]
-    options: RunOptionsDoc,
+pub struct CodeStepDoc {
+    #[schema(pattern = "^(python|javascript|typescript)$")]
+    tool: String,
+    #[schema(min_length = 1)]
+    code: String,
+}
+
+#[derive(ToSchema, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct WriteStepDoc {
+    #[schema(pattern = "^write_file$")]
+    tool: String,
+    #[schema(min_length = 1)]
+    path: String,
+    content: String,
+}
+
+#[derive(ToSchema, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct ReadStepDoc {
+    #[schema(pattern = "^read_file$")]
+    tool: String,
+    #[schema(min_length = 1)]
+    path: String,
+}
+
+/// One step of a `steps` job (`kind` may stand for `tool`).
+#[derive(ToSchema, Serialize)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum StepDoc {
+    Shell(CommandStepDoc),
+    Code(CodeStepDoc),
+    WriteFile(WriteStepDoc),
+    ReadFile(ReadStepDoc),
 }
 
 /// A job's summary, as queued and as listed.
@@ -260,9 +333,69 @@ const DOCS_HTML: &str = include_str!("../ui/docs.html");
 const DOCS_JS: &str = include_str!("../ui/docs.js");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
 
+/// Links from an operation's answer to the operations that take the id it
+/// returns: how a client (or a fuzzer) follows a job from creation on.
+fn add_links(doc: &mut Value) {
+    let links = |ops: &[(&str, &str, &str)]| -> Value {
+        ops.iter()
+            .map(|(op, param, from)| {
+                (
+                    op.to_string(),
+                    json!({"operationId": op, "parameters": {*param: from}}),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    };
+    let job = "$response.body#/id";
+    let job_links = links(&[
+        ("get_job", "id", job),
+        ("cancel_job", "id", job),
+        ("job_events", "id", job),
+        ("list_root", "id", job),
+        ("get_file", "id", job),
+        ("put_file", "id", job),
+        ("status", "id", job),
+        ("status_by_query", "task_id", job),
+    ]);
+    let scheduled = links(&[
+        ("status", "id", "$response.body#/job_id"),
+        ("get_job", "id", "$response.body#/job_id"),
+    ]);
+    let session = "$response.body#/id";
+    let session_links = links(&[
+        ("show", "id", session),
+        ("message", "id", session),
+        ("cancel", "id", session),
+        ("compact", "id", session),
+    ]);
+    for (path, method, status, l) in [
+        ("/v1/jobs", "post", "202", job_links),
+        ("/schedule", "post", "202", scheduled),
+        ("/v1/sessions", "post", "201", session_links),
+    ] {
+        if let Some(r) = doc
+            .pointer_mut(&format!(
+                "/paths/{}/{method}/responses/{status}",
+                path.replace('/', "~1")
+            ))
+            .and_then(Value::as_object_mut)
+        {
+            r.insert("links".into(), l);
+        }
+    }
+}
+
+/// The document served at /openapi.json.
+pub fn document() -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    add_links(&mut doc);
+    doc
+}
+
 pub fn routes() -> Router<Arc<Shared>> {
     Router::new()
-        .route("/openapi.json", get(|| async { Json(ApiDoc::openapi()) }))
+        .route("/openapi.json", get(|| async { Json(document()) }))
         .route(
             "/docs",
             get(|| async {

@@ -1,0 +1,65 @@
+//! The API fuzzed from its own OpenAPI document with schemathesis: valid
+//! and invalid requests to every operation, and stateful sequences that
+//! follow the document's links (create a job, then read, cancel, stream
+//! and upload to it). No request may get a 5xx.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+/// The schemathesis CLI: `CORDON_SCHEMATHESIS` (set by scripts/test), or
+/// `st` on PATH. `None` when missing outside CI.
+fn schemathesis() -> Option<String> {
+    let candidates = [
+        std::env::var("CORDON_SCHEMATHESIS").ok(),
+        Some("st".to_string()),
+    ];
+    for c in candidates.into_iter().flatten() {
+        if Command::new(&c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return Some(c);
+        }
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("schemathesis is missing: scripts/test installs it (pip install schemathesis)");
+    }
+    eprintln!("skipped: schemathesis is not installed (run scripts/test)");
+    None
+}
+
+async fn no_request_gets_a_5xx(db: Db) {
+    let Some(st) = schemathesis() else { return };
+    let Some(s) = TestServer::start_with(db, |c| c.workers = 2).await else {
+        return;
+    };
+    let token = s.token("fuzz").await;
+    let report = tempfile::tempdir().unwrap();
+    let base = s.base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(st)
+            .args(["run", &format!("{base}/openapi.json")])
+            .args(["--header", &format!("Authorization: Bearer {token}")])
+            .args(["--checks", "not_a_server_error"])
+            .args(["--max-examples", "25", "--request-timeout", "60"])
+            .current_dir(report.path())
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "schemathesis found failures:\n{text}");
+    assert!(text.contains("passed"), "{text}");
+}
+
+on_both!(no_request_gets_a_5xx);
