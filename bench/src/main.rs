@@ -15,7 +15,8 @@
 //! `cold` times whole commands, interleaved round-robin so that a noisy
 //! host disturbs every command alike (a cross-check of hyperfine).
 //!
-//! The binary is its own sandbox supervisor.
+//! The binary is its own sandbox supervisor. The agent's benchmarks are
+//! `cordon-bench-agent`.
 
 mod cold;
 mod density;
