@@ -1,0 +1,66 @@
+//! `cordon-bench-agent`: measures cordon's agent (issue 3).
+//!
+//! ```text
+//! cordon-bench-agent agent-loop  [--steps 200] [--rounds 3] [--warmup 10]
+//! cordon-bench-agent session-log [--events 10000] [--rounds 3] [--loads 10] [--buckets 10]
+//! cordon-bench-agent exec-memory --cordon PATH [--runs 3] [--delay-ms 300] [--interval-ms 100]
+//! common: [--json FILE] [--workspace DIR] [--runtime multi|current]
+//! ```
+//!
+//! `agent-loop` times the agent loop's tool round trips against the
+//! scripted model server, next to the bare HTTP round trip and the tool
+//! alone. `session-log` times session-log appends as a log grows to 10,000
+//! records, and loading it. `exec-memory` samples the memory of the real
+//! `cordon exec` while it waits on a slow model, next to `cordon run`.
+//!
+//! The binary is the supervisor of the sandbox `agent-loop` opens.
+
+mod agentloop;
+mod execmem;
+mod sessionlog;
+
+use std::process::ExitCode;
+
+pub(crate) use cordon_bench::cli::{Args, whoami};
+pub(crate) use cordon_bench::stats;
+
+use cordon_bench::cli::{self, Workspace};
+use stats::Json;
+
+const USAGE: &str =
+    "usage: cordon-bench-agent <agent-loop|session-log|exec-memory> [--OPTION VALUE]...
+  agent-loop  --steps N (200) --rounds N (3) --warmup N (10 steps left out of each run)
+  session-log --events N (10000) --rounds N (3) --loads N (10) --buckets N (10)
+  exec-memory --cordon PATH (the release cordon) --runs N (3) --delay-ms MS (300, before every
+              streamed event) --interval-ms MS (100, between samples)
+  common      --json FILE  --workspace DIR (a fresh temporary directory)
+              --runtime multi|current (agent-loop only; current, as in cordon)";
+
+fn main() -> ExitCode {
+    // First, before any thread exists: this binary is also the supervisor.
+    cordon_sandbox::supervisor::run_if_supervisor();
+    cli::main("cordon-bench-agent", USAGE, run)
+}
+
+fn run(args: &Args) -> Result<Json, String> {
+    let known: &[&str] = match args.command.as_str() {
+        "agent-loop" => &["steps", "rounds", "warmup"],
+        "session-log" => &["events", "rounds", "loads", "buckets"],
+        "exec-memory" => &["cordon", "runs", "delay-ms", "interval-ms"],
+        other => return Err(format!("unknown subcommand {other:?}\n{USAGE}")),
+    };
+    args.check_known(known)?;
+    let ws = Workspace::new(args.str("workspace"))?;
+    match args.command.as_str() {
+        // Plain blocking code, timed without a runtime around it.
+        "session-log" => sessionlog::run(args, &ws.path).map(|j| cli::labelled(args, j, None)),
+        "exec-memory" => execmem::run(args, &ws.path).map(|j| cli::labelled(args, j, None)),
+        _ => {
+            // The single-threaded runtime, as `cordon` runs the loop.
+            let (runtime, name) = cli::runtime(args, "current")?;
+            let result = runtime.block_on(agentloop::run(args, &ws.path));
+            runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+            result.map(|j| cli::labelled(args, j, Some(&name)))
+        }
+    }
+}
