@@ -142,6 +142,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/status/{id}", get(status))
         .merge(crate::sessions::routes())
         .merge(crate::openapi::routes())
+        .merge(crate::ui::routes())
         .fallback(|| async { ApiError::not_found("such route (see /openapi.json)") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

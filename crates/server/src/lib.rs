@@ -14,6 +14,7 @@ pub mod runner;
 pub mod server;
 pub mod sessions;
 pub mod store;
+pub mod ui;
 
 pub use server::{Running, ServeError, ServerConfig, Shared, start};
 pub use store::Store;

@@ -1,0 +1,136 @@
+//! The web UI: a handful of static files compiled into the binary, so
+//! installing `cordon` installs the UI with no build step. They are served
+//! without a token because they hold no data: every API call the page makes
+//! carries the token the user typed. A strict Content-Security-Policy lets
+//! the page run only this origin's own script and style, so text from a
+//! model or a program can never become code even if it reached the DOM.
+
+use std::sync::{Arc, OnceLock};
+
+use axum::Router;
+use axum::extract::Path;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use sha2::{Digest, Sha256};
+
+use crate::api::ApiError;
+use crate::server::Shared;
+
+struct Asset {
+    name: &'static str,
+    content_type: &'static str,
+    body: &'static [u8],
+}
+
+const ASSETS: &[Asset] = &[
+    Asset {
+        name: "index.html",
+        content_type: "text/html; charset=utf-8",
+        body: include_bytes!("../ui/index.html"),
+    },
+    Asset {
+        name: "app.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../ui/app.js"),
+    },
+    Asset {
+        name: "app.css",
+        content_type: "text/css; charset=utf-8",
+        body: include_bytes!("../ui/app.css"),
+    },
+    Asset {
+        name: "icon.svg",
+        content_type: "image/svg+xml",
+        body: include_bytes!("../ui/icon.svg"),
+    },
+];
+
+/// Only this origin's files; no inline script or style, no plugins, no
+/// framing, and forms cannot be submitted natively (the script sends them,
+/// so a token typed before the script loaded never lands in a URL).
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+     style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; \
+     form-action 'none'; frame-ancestors 'none'";
+
+pub fn routes() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/", get(index))
+        .route("/ui/{*path}", get(asset))
+}
+
+async fn index(headers: HeaderMap) -> Response {
+    serve(0, &headers)
+}
+
+async fn asset(Path(path): Path<String>, headers: HeaderMap) -> Response {
+    match ASSETS.iter().position(|a| a.name == path) {
+        Some(i) => serve(i, &headers),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no UI file {path:?}"),
+        )
+        .into_response(),
+    }
+}
+
+/// Strong validators, computed once: the files change only with the binary.
+fn etags() -> &'static [HeaderValue] {
+    static ETAGS: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+    ETAGS.get_or_init(|| {
+        ASSETS
+            .iter()
+            .map(|a| {
+                let digest = Sha256::digest(a.body);
+                let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+                HeaderValue::from_str(&format!("\"{hex}\"")).expect("hex is a valid header")
+            })
+            .collect()
+    })
+}
+
+fn serve(i: usize, request: &HeaderMap) -> Response {
+    let a = &ASSETS[i];
+    let etag = etags()[i].clone();
+    // A browser revalidates every load (`no-cache`) so a new binary's UI is
+    // picked up at once; an unchanged file costs a 304 and no body.
+    let fresh = request
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+    let mut r = if fresh {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(a.content_type),
+            )],
+            a.body,
+        )
+            .into_response()
+    };
+    let h = r.headers_mut();
+    h.insert(header::ETAG, etag);
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    // For browsers that predate `frame-ancestors`.
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        HeaderName::from_static("cross-origin-opener-policy"),
+        HeaderValue::from_static("same-origin"),
+    );
+    r
+}

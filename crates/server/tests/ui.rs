@@ -1,0 +1,228 @@
+//! The web UI: its files as served, and the whole UI driven in headless
+//! Chromium through Playwright against a real server and the scripted model.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use cordon_testkit::{Fault, Scenario, ScriptedServer, Turn};
+use serde_json::{Value, json};
+
+/// The UI does not depend on the database: SQLite is enough here (the
+/// API's own tests run on both).
+async fn sqlite_server() -> TestServer {
+    TestServer::start(Db::Sqlite)
+        .await
+        .expect("SQLite needs nothing installed")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_is_served_without_a_token_under_a_strict_policy() {
+    let s = sqlite_server().await;
+    let r = s.client.get(s.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let h = r.headers().clone();
+    assert_eq!(h["content-type"], "text/html; charset=utf-8");
+    let csp = h["content-security-policy"].to_str().unwrap();
+    for want in [
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "connect-src 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(csp.contains(want), "{want} missing from {csp}");
+    }
+    assert!(!csp.contains("unsafe"), "{csp}");
+    assert_eq!(h["x-content-type-options"], "nosniff");
+    assert_eq!(h["referrer-policy"], "no-referrer");
+    assert_eq!(h["x-frame-options"], "DENY");
+    let html = r.text().await.unwrap();
+    assert!(html.contains(r#"<script src="ui/app.js" defer></script>"#));
+    // Every script is a file: the policy would block an inline one anyway,
+    // and this says so before a browser does.
+    assert_eq!(
+        html.matches("<script").count(),
+        html.matches("<script src=").count()
+    );
+    assert!(!html.contains("style="), "inline styles are blocked too");
+
+    // The API behind the page still wants a token.
+    let r = s.client.get(s.url("/v1/jobs")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assets_have_their_types_validators_and_a_json_404() {
+    let s = sqlite_server().await;
+    for (path, ty) in [
+        ("/ui/app.js", "text/javascript; charset=utf-8"),
+        ("/ui/app.css", "text/css; charset=utf-8"),
+        ("/ui/icon.svg", "image/svg+xml"),
+        ("/ui/index.html", "text/html; charset=utf-8"),
+    ] {
+        let r = s.client.get(s.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.headers()["content-type"], ty, "{path}");
+        assert_eq!(r.headers()["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(r.headers()["cache-control"], "no-cache", "{path}");
+        let etag = r.headers()["etag"].clone();
+        assert!(!r.bytes().await.unwrap().is_empty(), "{path}");
+        // Revalidation of an unchanged file costs no body.
+        let r = s
+            .client
+            .get(s.url(path))
+            .header("if-none-match", etag.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 304, "{path}");
+        assert_eq!(r.headers()["etag"], etag);
+        assert!(r.bytes().await.unwrap().is_empty());
+    }
+    for path in ["/ui/nope.js", "/ui/../Cargo.toml", "/ui/app.js/x", "/ui/"] {
+        let r = s.client.get(s.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "not_found", "{path}: {body}");
+    }
+    s.stop().await;
+}
+
+/// Text from a model or a program must reach the page as text, never as
+/// markup: the script uses no HTML-parsing sink at all.
+#[test]
+fn the_script_never_parses_strings_as_html() {
+    let js = include_str!("../ui/app.js");
+    for sink in [
+        "innerHTML",
+        "outerHTML",
+        "insertAdjacentHTML",
+        "document.write",
+        "createContextualFragment",
+        "DOMParser",
+        "eval(",
+        "new Function",
+    ] {
+        assert!(!js.contains(sink), "app.js uses {sink}");
+    }
+}
+
+fn with_model(url: String) -> impl FnOnce(&mut cordon_server::ServerConfig) {
+    move |c| {
+        let mut provider =
+            cordon_agent::ProviderConfig::new(cordon_agent::ProviderKind::Anthropic, url);
+        provider.api_key = Some("sk-test".into());
+        c.agent = Some(cordon_server::runner::AgentDefaults {
+            provider,
+            agent: cordon_agent::AgentConfig::new("claude-sonnet-4-5"),
+        });
+    }
+}
+
+fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// What the browser test needs from the machine, or why it cannot run.
+struct Browser {
+    node: PathBuf,
+    chromium: PathBuf,
+    playwright: PathBuf,
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn browser() -> Result<Browser, String> {
+    let node = find_in_path("node").ok_or("node is not installed")?;
+    let chromium = std::env::var_os("CORDON_CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/usr/bin/chromium".into());
+    if !chromium.is_file() {
+        return Err(format!(
+            "{} is missing (apt-get install chromium)",
+            chromium.display()
+        ));
+    }
+    let playwright = std::env::var_os("CORDON_PLAYWRIGHT_CORE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/var/cache/cordon/ui-test/node_modules/playwright-core".into());
+    if !playwright.join("index.mjs").is_file() {
+        return Err(format!(
+            "playwright-core is missing at {} (scripts/test installs it)",
+            playwright.display()
+        ));
+    }
+    Ok(Browser {
+        node,
+        chromium,
+        playwright,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_a_shell_job_streams_live_and_the_chat_shows_tool_calls() {
+    let b = match browser() {
+        Ok(b) => b,
+        // CI installs everything; a missing piece there is a failure.
+        Err(why) if in_ci() => panic!("the browser test cannot run: {why}"),
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Let me look at the workspace.")
+                    .with_tool_call("c1", "bash", json!({"command": "echo tool-said-$((6 * 7))"}))
+                    .with_tool_call("c2", "read_file", json!({"path": "missing.txt"})),
+            )
+            .turn(
+                // Slowed so the page has text to show before the turn ends.
+                Turn::text("The command printed tool-said-42 and missing.txt does not exist, so all is well.")
+                    .expect_tool_results(["c1", "c2"])
+                    .fault(Fault::chunk_delay_ms(40)),
+            )
+            // The agent job the page submits after the chat.
+            .turn(Turn::text("Writing it.").with_tool_call(
+                "a1",
+                "bash",
+                json!({"command": "echo agent-was-here | tee agent.txt"}),
+            ))
+            .turn(Turn::text("Left agent.txt.").expect_tool_results(["a1"])),
+    );
+    let s = TestServer::start_with(Db::Sqlite, with_model(model.url()))
+        .await
+        .expect("SQLite needs nothing installed");
+    let token = s.token("ui").await;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ui/browser.mjs");
+    let run = tokio::process::Command::new(&b.node)
+        .arg(&script)
+        .env("BASE_URL", &s.base)
+        .env("TOKEN", &token)
+        .env("CHROMIUM", &b.chromium)
+        .env("PLAYWRIGHT_CORE", &b.playwright)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(180), run)
+        .await
+        .expect("the browser script ran past 3 minutes")
+        .unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "browser.mjs failed:\n{log}");
+    eprintln!("{log}");
+    model.assert_finished();
+    s.stop().await;
+}

@@ -1,0 +1,214 @@
+// Drives cordon's web UI in headless Chromium, as a person would: sign in,
+// run a shell job and watch its output arrive while it runs, use its files,
+// then chat with the (scripted) agent and open one of its tool calls.
+// Run by crates/server/tests/ui.rs with BASE_URL, TOKEN, CHROMIUM and
+// PLAYWRIGHT_CORE (the playwright-core package directory) set.
+
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import net from 'node:net';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+
+const { BASE_URL, TOKEN, CHROMIUM, PLAYWRIGHT_CORE } = process.env;
+for (const [k, v] of Object.entries({ BASE_URL, TOKEN, CHROMIUM, PLAYWRIGHT_CORE })) {
+  if (!v) throw new Error(`${k} is not set`);
+}
+const { chromium } = await import(pathToFileURL(path.join(PLAYWRIGHT_CORE, 'index.mjs')).href);
+
+const step = (what) => console.log(`- ${what}`);
+// SCREENSHOTS=DIR keeps a picture of each page, to look at the UI by eye.
+let shot = async () => {};
+if (process.env.SCREENSHOTS) {
+  let n = 0;
+  shot = (page, name) => page.screenshot({ path: path.join(process.env.SCREENSHOTS, `${++n}-${name}.png`), fullPage: true });
+}
+
+// The browser reaches the server through this proxy, which can cut every
+// connection at once: a network drop in the middle of a stream.
+const upstream = new URL(BASE_URL);
+const sockets = new Set();
+const proxy = net.createServer((client) => {
+  const server = net.connect(Number(upstream.port), upstream.hostname);
+  for (const [a, b] of [[client, server], [server, client]]) {
+    sockets.add(a);
+    a.pipe(b);
+    a.on('close', () => { sockets.delete(a); b.destroy(); });
+    a.on('error', () => b.destroy());
+  }
+});
+await new Promise((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+const base = `http://127.0.0.1:${proxy.address().port}`;
+const dropConnections = () => { for (const s of sockets) s.destroy(); };
+
+const browser = await chromium.launch({
+  executablePath: CHROMIUM,
+  // The tests run as root, where Chromium's own sandbox cannot start; the
+  // rest keeps it from reaching for the network, which is closed here.
+  args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic'],
+});
+try {
+  const page = await browser.newPage({ viewport: { width: 1366, height: 768 } });
+  page.setDefaultTimeout(20000);
+  // Script errors and CSP violations fail the test; a refused request
+  // (the wrong token below) is expected.
+  const problems = [];
+  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+  page.on('console', (m) => {
+    if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) problems.push(`console: ${m.text()}`);
+  });
+
+  step('sign in: a wrong token shows the API\'s error, the right one the jobs');
+  await page.goto(`${base}/`);
+  await page.fill('input[name=token]', 'not-a-token');
+  await page.click('form.sign-in button[type=submit]');
+  await page.getByText('unknown token').waitFor();
+  await shot(page, 'sign-in');
+  await page.fill('input[name=token]', TOKEN);
+  await page.click('form.sign-in button[type=submit]');
+  await page.locator('table.jobs').waitFor();
+
+  step('submit a shell job');
+  await page.click('a[data-nav=new]');
+  await page.selectOption('select[name=kind]', 'shell');
+  await page.fill('textarea[name=command]',
+    'for i in 1 2 3; do echo tick-$i; sleep 0.5; done; echo made > out.txt; echo warn >&2');
+  await shot(page, 'new-job');
+  await page.click('form.job-form button[type=submit]');
+  await page.waitForURL(/#\/jobs\/job_/);
+  const jobId = decodeURIComponent(page.url().split('/').pop());
+
+  step('its output arrives while it runs');
+  await page.waitForFunction(() => document.querySelector('pre.output')?.textContent.includes('tick-1'));
+  const early = await page.evaluate(() => ({
+    out: document.querySelector('pre.output').textContent,
+    state: document.querySelector('.toolbar .badge')?.textContent,
+  }));
+  assert.ok(!early.out.includes('tick-3'), `tick-1 came with tick-3, not live: ${JSON.stringify(early)}`);
+  assert.ok(['queued', 'running'].includes(early.state), `the job had already ended: ${JSON.stringify(early)}`);
+
+  step('then it succeeds, with stdout and stderr told apart');
+  await page.locator('.toolbar .badge.state-succeeded').waitFor();
+  assert.equal(await page.textContent('pre.output .stdout'), 'tick-1\ntick-2\ntick-3\n');
+  assert.equal(await page.textContent('pre.output .stderr'), 'warn\n');
+  assert.match(await page.textContent('dl.facts'), /exit code\s*0/);
+
+  step('its workspace: the file it wrote, an upload, a preview, a download');
+  await page.locator('.files td', { hasText: 'out.txt' }).waitFor();
+  await page.setInputFiles('.files input[type=file]', {
+    name: 'up <b>.txt', mimeType: 'text/plain', buffer: Buffer.from('<i>uploaded</i>\n'),
+  });
+  const row = page.locator('.files tr', { hasText: 'up <b>.txt' });
+  await row.waitFor();
+  await row.getByText('view').click();
+  await page.locator('.preview pre', { hasText: '<i>uploaded</i>' }).waitFor();
+  const [download] = await Promise.all([
+    page.waitForEvent('download'),
+    page.locator('.files tr', { hasText: 'out.txt' }).getByText('download').click(),
+  ]);
+  assert.equal(download.suggestedFilename(), 'out.txt');
+  assert.equal(await readFile(await download.path(), 'utf8'), 'made\n');
+  await shot(page, 'job');
+
+  step('the job list shows it');
+  await page.click('a[data-nav=jobs]');
+  await page.locator(`tr[data-id="${jobId}"] .badge.state-succeeded`).waitFor();
+  await shot(page, 'jobs');
+  await page.selectOption('select[aria-label=state]', 'failed');
+  await page.getByText('No failed jobs.').waitFor();
+  await page.selectOption('select[aria-label=state]', 'succeeded');
+  await page.locator(`tr[data-id="${jobId}"]`).waitFor();
+  await page.selectOption('select[aria-label=state]', '');
+
+  step('a dropped connection resumes where it stopped');
+  await page.click('a[data-nav=new]');
+  await page.fill('textarea[name=command]', 'for i in $(seq 1 8); do echo line-$i; sleep 0.4; done');
+  await page.click('form.job-form button[type=submit]');
+  await page.waitForURL(/#\/jobs\/job_/);
+  await page.waitForFunction(() => document.querySelector('pre.output')?.textContent.includes('line-2'));
+  dropConnections();
+  await page.locator('.live', { hasText: 'reconnecting' }).waitFor();
+  await page.locator('.live', { hasText: 'live' }).waitFor();
+  await page.locator('.toolbar .badge.state-succeeded').waitFor();
+  assert.equal(await page.textContent('pre.output'),
+    [1, 2, 3, 4, 5, 6, 7, 8].map((i) => `line-${i}\n`).join(''));
+
+  step('cancel stops a running job');
+  await page.click('a[data-nav=new]');
+  await page.fill('textarea[name=command]', 'echo started; sleep 30');
+  await page.click('form.job-form button[type=submit]');
+  await page.waitForURL(/#\/jobs\/job_/);
+  await page.locator('pre.output', { hasText: 'started' }).waitFor();
+  await page.getByRole('button', { name: 'Cancel' }).click();
+  await page.locator('.toolbar .badge.state-cancelled').waitFor();
+  await page.getByRole('button', { name: 'Cancel' }).waitFor({ state: 'hidden' });
+
+  step('chat: a new session, a message sent with Enter');
+  await page.click('a[data-nav=chat]');
+  await page.getByRole('button', { name: 'New session' }).click();
+  await page.waitForURL(/#\/chat\/ses_/);
+  const box = page.locator('textarea[aria-label=message]');
+  await box.waitFor();
+  // Every length the answer's text takes on, to see it grow piece by piece.
+  await page.evaluate(() => {
+    window.lengths = [];
+    const t = document.querySelector('.transcript');
+    new MutationObserver(() => {
+      const text = [...t.querySelectorAll('.msg.assistant')].map((e) => e.textContent).join('');
+      if (window.lengths.at(-1) !== text.length) window.lengths.push(text.length);
+    }).observe(t, { subtree: true, childList: true, characterData: true });
+  });
+  await box.fill('look at the workspace');
+  await box.press('Enter');
+  await page.locator('.msg.user', { hasText: 'look at the workspace' }).waitFor();
+
+  step('a tool call: folded, named with its command, then its result');
+  const bash = page.locator('details.tool', { hasText: 'echo tool-said' });
+  await bash.waitFor();
+  assert.equal(await bash.evaluate((d) => d.open), false, 'tool calls start folded');
+  assert.equal(await bash.locator('.tool-name').textContent(), 'bash');
+  await page.locator('details.tool.done', { hasText: 'echo tool-said' }).waitFor();
+  await bash.locator('summary').click();
+  const output = bash.locator('.tool-output');
+  await output.waitFor({ state: 'visible' });
+  assert.match(await output.textContent(), /tool-said-42/);
+  const failed = page.locator('details.tool.failed', { hasText: 'read_file' });
+  await failed.waitFor();
+  await shot(page, 'chat-tool');
+
+  step('the answer streams in, and the turn ends');
+  await page.getByText('so all is well.').waitFor();
+  await page.locator('.note.done-line').waitFor();
+  const lengths = await page.evaluate(() => window.lengths);
+  assert.ok(lengths.length >= 5, `the text arrived in ${lengths.length} pieces: ${lengths}`);
+  assert.equal(await page.getByRole('button', { name: 'Stop' }).isHidden(), true);
+  assert.equal(await page.getByRole('button', { name: 'Send' }).isEnabled(), true);
+
+  step('reloaded, the conversation is the same');
+  await page.reload();
+  await page.locator('.msg.user', { hasText: 'look at the workspace' }).waitFor();
+  await page.locator('details.tool.done', { hasText: 'echo tool-said' }).waitFor();
+  await page.locator('details.tool.failed', { hasText: 'read_file' }).waitFor();
+  await page.getByText('so all is well.').waitFor();
+  await page.locator('.sessions li.current', { hasText: 'look at the workspace' }).waitFor();
+  await shot(page, 'chat');
+
+  step('an agent job shows the agent\'s work as the chat does');
+  await page.click('a[data-nav=new]');
+  await page.selectOption('select[name=kind]', 'agent');
+  await page.fill('textarea[name=prompt]', 'leave a note');
+  await page.click('form.job-form button[type=submit]');
+  await page.waitForURL(/#\/jobs\/job_/);
+  await page.locator('.transcript details.tool.done', { hasText: 'agent-was-here' }).waitFor();
+  await page.locator('.transcript .msg.assistant', { hasText: 'Left agent.txt.' }).waitFor();
+  await page.locator('.toolbar .badge.state-succeeded').waitFor();
+  await page.locator('.files td', { hasText: 'agent.txt' }).waitFor();
+  await shot(page, 'agent-job');
+
+  assert.deepEqual(problems, []);
+  step('all good');
+} finally {
+  await browser.close();
+  proxy.close();
+}

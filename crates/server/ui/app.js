@@ -1,0 +1,890 @@
+// cordon's web UI: jobs and chat over the /v1 API. No framework and no
+// build step, so the binary can embed this file as it is. Every piece of
+// text from the server goes into the page as a text node (textContent or
+// append(string)), never as HTML: model and program output is untrusted.
+'use strict';
+
+const STATES = ['queued', 'running', 'succeeded', 'failed', 'cancelled', 'timed_out'];
+const KINDS = ['shell', 'python', 'javascript', 'typescript', 'steps', 'agent'];
+const TOKEN_KEY = 'cordon.token';
+
+// ---- DOM helpers ----------------------------------------------------------
+
+const $ = (sel, root = document) => root.querySelector(sel);
+
+// Properties rather than attributes, so the element's live state is set.
+const PROPS = new Set(['value', 'checked', 'disabled', 'hidden', 'open', 'selected']);
+
+function h(tag, props = {}, ...kids) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(props)) {
+    if (v == null || v === false) continue;
+    if (k === 'class') el.className = v;
+    else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+    else if (PROPS.has(k)) el[k] = v;
+    else el.setAttribute(k, v === true ? '' : String(v));
+  }
+  for (const kid of kids.flat()) {
+    if (kid != null && kid !== false) el.append(kid);
+  }
+  return el;
+}
+
+const sleep = (ms, signal) =>
+  new Promise((resolve) => {
+    const t = setTimeout(resolve, ms);
+    signal?.addEventListener('abort', () => { clearTimeout(t); resolve(); }, { once: true });
+  });
+
+function fmtTime(iso) {
+  return iso ? new Date(iso).toLocaleString() : '—';
+}
+
+function fmtDuration(ms) {
+  if (ms == null || ms < 0) return '—';
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
+  return `${Math.floor(ms / 60000)} m ${Math.round((ms % 60000) / 1000)} s`;
+}
+
+function fmtSize(n) {
+  if (n == null) return '';
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 * 1024) return `${(n / 1024).toFixed(1)} KiB`;
+  return `${(n / 1024 / 1024).toFixed(1)} MiB`;
+}
+
+function jobDuration(job) {
+  if (!job.started_at) return null;
+  const end = job.finished_at ? Date.parse(job.finished_at) : Date.now();
+  return end - Date.parse(job.started_at);
+}
+
+const badge = (state) => h('span', { class: `badge state-${state}` }, state);
+
+// Keeps a scrolling element at its bottom while the user has not scrolled
+// up, so live output follows without stealing the reader's place.
+function follow(el) {
+  let pinned = true;
+  let queued = false;
+  el.addEventListener('scroll', () => {
+    pinned = el.scrollHeight - el.scrollTop - el.clientHeight < 40;
+  });
+  return () => {
+    if (!pinned || queued) return;
+    queued = true;
+    requestAnimationFrame(() => { queued = false; el.scrollTop = el.scrollHeight; });
+  };
+}
+
+// ---- the API ----------------------------------------------------------------
+
+const auth = {
+  get: () => sessionStorage.getItem(TOKEN_KEY) || localStorage.getItem(TOKEN_KEY),
+  set(token, remember) {
+    this.clear();
+    (remember ? localStorage : sessionStorage).setItem(TOKEN_KEY, token);
+  },
+  clear() {
+    sessionStorage.removeItem(TOKEN_KEY);
+    localStorage.removeItem(TOKEN_KEY);
+  },
+};
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+let signInMessage = '';
+
+// Paths are relative so the UI also works behind a proxy that mounts the
+// server under a prefix.
+async function api(method, path, { body, headers = {}, signal, raw = false, token } = {}) {
+  const init = { method, signal, headers: { Authorization: `Bearer ${token ?? auth.get()}`, ...headers } };
+  if (body instanceof Blob) {
+    init.body = body;
+    init.headers['Content-Type'] = 'application/octet-stream';
+  } else if (body !== undefined) {
+    init.body = JSON.stringify(body);
+    init.headers['Content-Type'] = 'application/json';
+  }
+  const r = await fetch(path, init);
+  if (!r.ok) {
+    let code = `http_${r.status}`;
+    let message = `${r.status} ${r.statusText}`;
+    try {
+      const j = await r.json();
+      if (j?.error) ({ code, message } = j.error);
+    } catch { /* not JSON: keep the status line */ }
+    // A token that stopped working (revoked, or the server's database was
+    // replaced) sends the user back to sign in, saying why.
+    if (r.status === 401 && token === undefined && auth.get()) {
+      auth.clear();
+      signInMessage = message;
+      setTimeout(route);
+    }
+    throw new ApiError(r.status, code, message);
+  }
+  return raw ? r : r.json();
+}
+
+const enc = (path) => path.split('/').map(encodeURIComponent).join('/');
+
+// Reads a text/event-stream body and calls onEvent({id, event, data}) for
+// each event. EventSource cannot send an Authorization header, hence fetch
+// and this parser.
+async function readEvents(response, onEvent) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = '';
+  let ev = { id: null, event: 'message', data: [] };
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buf += value;
+    // A CR at the very end may be the first half of a CRLF.
+    const hold = buf.endsWith('\r') ? '\r' : '';
+    const lines = (hold ? buf.slice(0, -1) : buf).split(/\r\n|\r|\n/);
+    buf = lines.pop() + hold;
+    for (const line of lines) {
+      if (line === '') {
+        if (ev.data.length) {
+          const text = ev.data.join('\n');
+          let data = text;
+          try { data = JSON.parse(text); } catch { /* plain text data */ }
+          onEvent({ id: ev.id, event: ev.event, data });
+        }
+        ev = { id: null, event: 'message', data: [] };
+        continue;
+      }
+      if (line.startsWith(':')) continue;
+      const colon = line.indexOf(':');
+      const field = colon < 0 ? line : line.slice(0, colon);
+      let value = colon < 0 ? '' : line.slice(colon + 1);
+      if (value.startsWith(' ')) value = value.slice(1);
+      if (field === 'id') ev.id = value;
+      else if (field === 'event') ev.event = value;
+      else if (field === 'data') ev.data.push(value);
+    }
+  }
+}
+
+// Follows a job's events to its `finished` event. A dropped connection is
+// resumed with Last-Event-ID, so nothing is shown twice or lost.
+async function followJob(id, onEvent, onStatus, signal) {
+  let last = null;
+  let delay = 500;
+  while (!signal.aborted) {
+    let finished = false;
+    try {
+      const headers = last == null ? {} : { 'Last-Event-ID': last };
+      const r = await api('GET', `v1/jobs/${encodeURIComponent(id)}/events`, { headers, signal, raw: true });
+      onStatus('live');
+      delay = 500;
+      await readEvents(r, (e) => {
+        if (e.id != null) last = e.id;
+        if (e.event === 'finished') finished = true;
+        onEvent(e);
+      });
+    } catch (e) {
+      if (signal.aborted) return;
+      if (e instanceof ApiError && e.status !== 503) throw e;
+    }
+    if (finished || signal.aborted) return;
+    onStatus('reconnecting…');
+    await sleep(delay, signal);
+    delay = Math.min(delay * 2, 5000);
+  }
+}
+
+// ---- the agent's events, for chat and agent jobs ---------------------------
+
+// The argument that says what a tool call does, shown on its folded line.
+function keyArgument(input) {
+  if (!input || typeof input !== 'object') return '';
+  for (const k of ['command', 'path', 'pattern', 'query', 'code']) {
+    if (typeof input[k] === 'string') return input[k];
+  }
+  const first = Object.values(input).find((v) => typeof v === 'string');
+  return first ?? '';
+}
+
+function oneLine(s, max = 120) {
+  const line = s.split('\n')[0];
+  return line.length > max || s.includes('\n') ? `${line.slice(0, max)}…` : line;
+}
+
+class Transcript {
+  constructor(root) {
+    this.root = root;
+    this.tools = new Map();
+    this.text = null; // the text node the next delta extends
+    this.thinking = null;
+    this.step = []; // elements streamed for the current model request
+    this.scroll = follow(root);
+  }
+
+  add(el) {
+    this.root.append(el);
+    this.step.push(el);
+    this.scroll();
+    return el;
+  }
+
+  user(text) {
+    this.text = null;
+    this.add(h('div', { class: 'msg user' }, text));
+  }
+
+  note(text, cls = '') {
+    this.text = null;
+    this.add(h('div', { class: `note ${cls}` }, text));
+  }
+
+  appendText(text) {
+    if (!this.text) {
+      this.text = document.createTextNode('');
+      this.add(h('div', { class: 'msg assistant' }, this.text));
+    }
+    this.text.appendData(text);
+    this.scroll();
+  }
+
+  appendThinking(text) {
+    if (!this.thinking) {
+      this.thinking = document.createTextNode('');
+      this.add(h('details', { class: 'thinking' }, h('summary', {}, 'thinking'), h('pre', {}, this.thinking)));
+    }
+    this.thinking.appendData(text);
+  }
+
+  toolStarted(id, name, input) {
+    this.text = null;
+    this.thinking = null;
+    const output = h('pre', { class: 'tool-output' }, 'running…');
+    const meta = h('span', { class: 'tool-meta' });
+    const el = h('details', { class: 'tool running' },
+      h('summary', {},
+        h('span', { class: 'tool-icon', 'aria-hidden': 'true' }),
+        h('span', { class: 'tool-name' }, name),
+        h('span', { class: 'tool-arg' }, oneLine(keyArgument(input))),
+        meta),
+      h('div', { class: 'tool-body' },
+        h('div', { class: 'label' }, 'input'),
+        h('pre', {}, JSON.stringify(input, null, 2)),
+        h('div', { class: 'label' }, 'output'),
+        output));
+    el.dataset.toolId = id;
+    this.tools.set(id, { el, output, meta });
+    this.add(el);
+  }
+
+  toolFinished(id, output, isError, durationMs) {
+    const t = this.tools.get(id);
+    if (!t) return;
+    t.el.classList.remove('running');
+    t.el.classList.add(isError ? 'failed' : 'done');
+    t.output.textContent = output;
+    t.meta.textContent = durationMs == null ? (isError ? 'error' : '') : fmtDuration(durationMs);
+  }
+
+  // Tool calls that will get no result (a cancelled or broken turn) stop
+  // spinning.
+  settle() {
+    for (const t of this.tools.values()) {
+      if (t.el.classList.contains('running')) {
+        t.el.classList.replace('running', 'unfinished');
+        t.output.textContent = '(no result)';
+      }
+    }
+  }
+
+  handle(ev) {
+    switch (ev.type) {
+      case 'turn_started':
+        this.step = [];
+        break;
+      case 'text_delta':
+        this.appendText(ev.text);
+        break;
+      case 'thinking_delta':
+        this.appendThinking(ev.text);
+        break;
+      case 'retrying':
+        // What streamed for the failed request is replaced by the retry.
+        for (const el of this.step) if (!el.classList.contains('tool')) el.remove();
+        this.step = [];
+        this.text = this.thinking = null;
+        this.note(`retrying: ${ev.reason}`, 'muted');
+        break;
+      case 'assistant_message':
+        this.text = this.thinking = null;
+        break;
+      case 'tool_call_started':
+        this.toolStarted(ev.id, ev.name, ev.input);
+        break;
+      case 'tool_call_finished':
+        this.toolFinished(ev.id, ev.output, ev.is_error, ev.duration_ms);
+        break;
+      case 'compaction_started':
+        this.note('compacting the conversation…', 'muted');
+        break;
+      case 'compacted':
+        this.note(`compacted ${ev.replaced_messages} messages (~${ev.tokens_before} → ~${ev.tokens_after} tokens)`, 'muted');
+        break;
+      case 'turn_completed': {
+        const u = ev.usage || {};
+        const parts = [`${ev.steps} step${ev.steps === 1 ? '' : 's'}`,
+          `${u.input_tokens ?? 0} in / ${u.output_tokens ?? 0} out tokens`];
+        if (ev.cost_usd != null) parts.push(`$${ev.cost_usd.toFixed(4)}`);
+        if (ev.stop_reason !== 'end_turn') parts.unshift(ev.stop_reason);
+        this.note(parts.join(' · '), ev.stop_reason === 'refusal' ? 'bad' : 'muted done-line');
+        this.settle();
+        break;
+      }
+      case 'error':
+        this.note(ev.message, 'bad');
+        this.settle();
+        break;
+      default:
+        break;
+    }
+  }
+
+  // A stored conversation (GET /v1/sessions/{id}): the same blocks as live.
+  history(messages) {
+    for (const m of messages) {
+      if (m.role === 'user') {
+        for (const r of m.tool_results || []) this.toolFinished(r.tool_use_id, r.content, r.is_error);
+        if (m.text) this.user(m.text);
+      } else {
+        for (const b of m.content || []) {
+          if (b.type === 'text') this.appendText(b.text);
+          else if (b.type === 'thinking') this.appendThinking(b.thinking);
+          else if (b.type === 'tool_use') this.toolStarted(b.id, b.name, b.input);
+        }
+        this.text = this.thinking = null;
+      }
+    }
+  }
+}
+
+// ---- views ------------------------------------------------------------------
+
+function errorBox() {
+  const el = h('p', { class: 'error', role: 'alert', hidden: true });
+  el.show = (e) => {
+    el.textContent = e ? (e.message || String(e)) : '';
+    el.hidden = !e;
+  };
+  return el;
+}
+
+function signIn(main) {
+  const token = h('input', { type: 'password', name: 'token', autocomplete: 'off', required: true, autofocus: true });
+  const remember = h('input', { type: 'checkbox', name: 'remember' });
+  const err = errorBox();
+  if (signInMessage) err.show(new Error(signInMessage));
+  signInMessage = '';
+  const form = h('form', { class: 'card sign-in' },
+    h('h1', {}, 'Sign in to cordon'),
+    h('label', {}, 'API token', token),
+    h('p', { class: 'muted' }, 'Create one with ', h('code', {}, 'cordon token create --tenant NAME'), '.'),
+    h('label', { class: 'inline' }, remember, 'Remember on this browser'),
+    err,
+    h('button', { type: 'submit' }, 'Sign in'));
+  form.addEventListener('submit', async (e) => {
+    e.preventDefault();
+    err.show(null);
+    const t = token.value.trim();
+    try {
+      await api('GET', 'v1/jobs?limit=1', { token: t });
+      auth.set(t, remember.checked);
+      route();
+    } catch (ex) {
+      err.show(ex);
+    }
+  });
+  main.append(form);
+  token.focus();
+}
+
+let listFilter = '';
+
+function jobList(main, signal) {
+  const filter = h('select', { 'aria-label': 'state' },
+    h('option', { value: '' }, 'all states'),
+    STATES.map((s) => h('option', { value: s }, s)));
+  filter.value = listFilter;
+  const tbody = h('tbody');
+  const more = h('button', { type: 'button', class: 'secondary', hidden: true }, 'Load more');
+  const err = errorBox();
+  main.append(
+    h('div', { class: 'toolbar' }, h('h1', {}, 'Jobs'), h('span', { class: 'spacer' }), filter,
+      h('a', { class: 'button', href: '#/new' }, 'New job')),
+    err,
+    h('table', { class: 'jobs' },
+      h('thead', {}, h('tr', {}, ['job', 'kind', 'state', 'created', 'duration', 'exit'].map((c) => h('th', {}, c)))),
+      tbody),
+    more);
+
+  let rows = [];
+  let cursor = null;
+  let shown = '';
+  const query = () => (listFilter ? `&state=${listFilter}` : '');
+
+  function render() {
+    const sig = JSON.stringify(rows) + cursor;
+    if (sig === shown) return; // nothing changed: leave the DOM alone
+    shown = sig;
+    tbody.replaceChildren(...rows.map((j) => h('tr', { 'data-id': j.id },
+      h('td', {}, h('a', { href: `#/jobs/${j.id}` }, j.id)),
+      h('td', {}, j.kind),
+      h('td', {}, badge(j.state)),
+      h('td', {}, fmtTime(j.created_at)),
+      h('td', {}, fmtDuration(jobDuration(j))),
+      h('td', {}, j.exit_code ?? ''))));
+    if (!rows.length) {
+      tbody.append(h('tr', {}, h('td', { colspan: 6, class: 'muted' }, listFilter ? `No ${listFilter} jobs.` : 'No jobs yet.')));
+    }
+    more.hidden = !cursor;
+  }
+
+  // Re-reads what is shown (up to the API's page limit) so states move live;
+  // rows loaded further down keep their place.
+  async function refresh() {
+    const n = Math.min(Math.max(rows.length, 50), 200);
+    const asked = listFilter;
+    const page = await api('GET', `v1/jobs?limit=${n}${query()}`, { signal });
+    if (asked !== listFilter) return; // the filter changed meanwhile
+    const fresh = new Set(page.jobs.map((j) => j.id));
+    const tail = rows.slice(n).filter((j) => !fresh.has(j.id));
+    rows = page.jobs.concat(tail);
+    if (!tail.length) cursor = page.next_cursor;
+    render();
+  }
+
+  more.addEventListener('click', async () => {
+    try {
+      const page = await api('GET', `v1/jobs?limit=50&cursor=${cursor}${query()}`, { signal });
+      rows = rows.concat(page.jobs);
+      cursor = page.next_cursor;
+      render();
+    } catch (e) { err.show(e); }
+  });
+  filter.addEventListener('change', () => {
+    listFilter = filter.value;
+    rows = [];
+    refresh().catch((e) => err.show(e));
+  });
+
+  (async () => {
+    while (!signal.aborted) {
+      if (!document.hidden) {
+        try { await refresh(); err.show(null); } catch (e) { if (!signal.aborted) err.show(e); }
+      }
+      await sleep(2000, signal);
+    }
+  })();
+}
+
+const EXAMPLE_STEPS = `[
+  {"tool": "shell", "command": "echo hello > hello.txt"},
+  {"tool": "python", "code": "print(open('hello.txt').read().upper())"},
+  {"tool": "read_file", "path": "hello.txt"}
+]`;
+
+function newJob(main) {
+  const kind = h('select', { name: 'kind' }, KINDS.map((k) => h('option', { value: k }, k)));
+  const command = h('textarea', { name: 'command', rows: 4, spellcheck: 'false', placeholder: 'echo hello; ls -la' });
+  const code = h('textarea', { name: 'code', rows: 10, spellcheck: 'false' });
+  const steps = h('textarea', { name: 'steps', rows: 10, spellcheck: 'false', value: EXAMPLE_STEPS });
+  const cont = h('input', { type: 'checkbox', name: 'continue_on_error' });
+  const prompt = h('textarea', { name: 'prompt', rows: 5, placeholder: 'What should the agent do?' });
+  const model = h('input', { name: 'model', placeholder: 'server default' });
+  const maxSteps = h('input', { name: 'max_steps', type: 'number', min: 1, max: 200, placeholder: 'default' });
+  const timeout = h('input', { name: 'timeout_secs', type: 'number', min: 1, placeholder: 'default' });
+  const memory = h('input', { name: 'memory', placeholder: 'e.g. 512M' });
+  const network = h('select', { name: 'network' }, h('option', { value: 'off' }, 'off'), h('option', { value: 'loopback' }, 'loopback'));
+  const err = errorBox();
+  const submit = h('button', { type: 'submit' }, 'Submit');
+
+  const groups = {
+    shell: h('label', {}, 'Command (bash)', command),
+    code: h('label', {}, 'Code', code),
+    steps: h('div', {}, h('label', {}, 'Steps (JSON: tool is shell, python, javascript, typescript, write_file or read_file)', steps),
+      h('label', { class: 'inline' }, cont, 'Continue after a failed step')),
+    agent: h('div', {}, h('label', {}, 'Prompt', prompt),
+      h('div', { class: 'row' }, h('label', {}, 'Model', model), h('label', {}, 'Max steps', maxSteps))),
+  };
+  const groupOf = (k) => (['python', 'javascript', 'typescript'].includes(k) ? 'code' : k);
+  const showGroup = () => {
+    for (const [name, el] of Object.entries(groups)) el.hidden = name !== groupOf(kind.value);
+  };
+  kind.addEventListener('change', showGroup);
+  showGroup();
+
+  const form = h('form', { class: 'card job-form' },
+    h('h1', {}, 'New job'),
+    h('label', {}, 'Kind', kind),
+    Object.values(groups),
+    h('fieldset', {}, h('legend', {}, 'Limits'),
+      h('div', { class: 'row' },
+        h('label', {}, 'Timeout (s)', timeout),
+        h('label', {}, 'Memory', memory),
+        h('label', {}, 'Network', network))),
+    err,
+    submit);
+
+  form.addEventListener('submit', async (e) => {
+    e.preventDefault();
+    err.show(null);
+    const body = { kind: kind.value };
+    const g = groupOf(kind.value);
+    if (g === 'shell') body.command = command.value;
+    if (g === 'code') body.code = code.value;
+    if (g === 'steps') {
+      try { body.steps = JSON.parse(steps.value); } catch (ex) {
+        err.show(new Error(`The steps are not valid JSON: ${ex.message}`));
+        return;
+      }
+      if (cont.checked) body.continue_on_error = true;
+    }
+    if (g === 'agent') {
+      body.prompt = prompt.value;
+      if (model.value.trim()) body.model = model.value.trim();
+      if (maxSteps.value) body.max_steps = Number(maxSteps.value);
+    }
+    if (timeout.value) body.timeout_secs = Number(timeout.value);
+    if (memory.value.trim()) body.memory = memory.value.trim();
+    body.network = network.value;
+    submit.disabled = true;
+    try {
+      const job = await api('POST', 'v1/jobs', { body });
+      location.hash = `#/jobs/${job.id}`;
+    } catch (ex) {
+      err.show(ex);
+    } finally {
+      submit.disabled = false;
+    }
+  });
+  // Ctrl+Enter submits from any text box, as in most editors.
+  form.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) form.requestSubmit();
+  });
+  main.append(form);
+  command.focus();
+}
+
+// The job's workspace: browse directories, view or download files, upload.
+function filesPanel(id, signal) {
+  let dir = '';
+  const err = errorBox();
+  const crumbs = h('div', { class: 'crumbs' });
+  const tbody = h('tbody');
+  const previewName = h('h3');
+  const previewText = h('pre');
+  const preview = h('div', { class: 'preview', hidden: true }, previewName, previewText);
+  const upload = h('input', { type: 'file', multiple: true, 'aria-label': 'upload files' });
+  const base = `v1/jobs/${encodeURIComponent(id)}/files`;
+  const full = (name) => (dir ? `${dir}/${name}` : name);
+
+  async function load() {
+    err.show(null);
+    try {
+      const listing = await api('GET', dir ? `${base}/${enc(dir)}` : base, { signal });
+      render(listing.entries);
+    } catch (e) { if (!signal.aborted) err.show(e); }
+  }
+
+  function render(entries) {
+    const parts = dir ? dir.split('/') : [];
+    crumbs.replaceChildren(
+      h('a', { href: '', onclick: (e) => { e.preventDefault(); dir = ''; load(); } }, '/workspace'),
+      parts.map((p, i) => ['/', h('a', { href: '', onclick: (e) => { e.preventDefault(); dir = parts.slice(0, i + 1).join('/'); load(); } }, p)]));
+    tbody.replaceChildren(...entries.map((f) => {
+      const name = f.type === 'directory'
+        ? h('a', { href: '', class: 'dir', onclick: (e) => { e.preventDefault(); dir = full(f.name); load(); } }, `${f.name}/`)
+        : h('span', {}, f.name);
+      const actions = f.type === 'file' ? [
+        h('button', { type: 'button', class: 'link', onclick: () => view(f) }, 'view'),
+        h('button', { type: 'button', class: 'link', onclick: () => download(f) }, 'download'),
+      ] : [];
+      return h('tr', {}, h('td', {}, name), h('td', { class: 'num' }, fmtSize(f.size)), h('td', {}, actions));
+    }));
+    if (!entries.length) tbody.append(h('tr', {}, h('td', { colspan: 3, class: 'muted' }, 'empty')));
+  }
+
+  async function fetchFile(f) {
+    return api('GET', `${base}/${enc(full(f.name))}`, { signal, raw: true });
+  }
+
+  async function view(f) {
+    try {
+      if (f.size > 1024 * 1024) throw new Error(`${f.name} is ${fmtSize(f.size)}; download it instead`);
+      const text = await (await fetchFile(f)).text();
+      previewName.textContent = full(f.name);
+      previewText.textContent = text.includes('\u0000') ? '(binary; download it instead)' : text;
+      preview.hidden = false;
+    } catch (e) { err.show(e); }
+  }
+
+  async function download(f) {
+    try {
+      const url = URL.createObjectURL(await (await fetchFile(f)).blob());
+      const a = h('a', { href: url, download: f.name, hidden: true });
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 30000);
+    } catch (e) { err.show(e); }
+  }
+
+  upload.addEventListener('change', async () => {
+    try {
+      for (const file of upload.files) {
+        await api('PUT', `${base}/${enc(full(file.name))}`, { body: file, signal });
+      }
+    } catch (e) { err.show(e); }
+    upload.value = '';
+    load();
+  });
+
+  const el = h('section', { class: 'files' },
+    h('div', { class: 'toolbar' }, h('h2', {}, 'Files'), crumbs, h('span', { class: 'spacer' }),
+      h('button', { type: 'button', class: 'secondary', onclick: load }, 'Refresh'),
+      h('label', { class: 'button secondary upload' }, 'Upload…', upload)),
+    err,
+    h('table', {}, tbody),
+    preview);
+  load();
+  return { el, load };
+}
+
+async function jobPage(main, id, signal) {
+  const err = errorBox();
+  const state = h('span');
+  const cancel = h('button', { type: 'button', class: 'danger', hidden: true }, 'Cancel');
+  const facts = h('dl', { class: 'facts' });
+  const live = h('span', { class: 'muted live' });
+  const output = h('pre', { class: 'output' });
+  const scroll = follow(output);
+  const request = h('pre');
+  const result = h('pre');
+  const resultBox = h('details', { hidden: true }, h('summary', {}, 'Result'), result);
+  main.append(
+    h('div', { class: 'toolbar' }, h('h1', {}, id), state, live, h('span', { class: 'spacer' }), cancel),
+    err, facts,
+    h('details', {}, h('summary', {}, 'Request'), request),
+    resultBox);
+
+  let job;
+  async function refresh() {
+    job = await api('GET', `v1/jobs/${encodeURIComponent(id)}`, { signal });
+    state.replaceChildren(badge(job.state));
+    cancel.hidden = !['queued', 'running'].includes(job.state);
+    const rows = [['kind', job.kind], ['created', fmtTime(job.created_at)], ['started', fmtTime(job.started_at)],
+      ['finished', fmtTime(job.finished_at)], ['duration', fmtDuration(jobDuration(job))],
+      ['exit code', job.exit_code ?? '—']];
+    if (job.error) rows.push(['error', job.error]);
+    facts.replaceChildren(...rows.flatMap(([k, v]) => [h('dt', {}, k), h('dd', { class: k === 'error' ? 'error-text' : '' }, String(v))]));
+    request.textContent = JSON.stringify(job.request, null, 2);
+    resultBox.hidden = job.result == null;
+    result.textContent = JSON.stringify(job.result, null, 2);
+  }
+  try { await refresh(); } catch (e) { err.show(e); return; }
+
+  cancel.addEventListener('click', async () => {
+    cancel.disabled = true;
+    try { await api('POST', `v1/jobs/${encodeURIComponent(id)}/cancel`, { signal }); await refresh(); } catch (e) { err.show(e); }
+    cancel.disabled = false;
+  });
+
+  let transcript = null;
+  if (job.kind === 'agent') {
+    const box = h('div', { class: 'transcript' });
+    main.append(h('h2', {}, 'Agent'), box);
+    transcript = new Transcript(box);
+    transcript.user(job.request.prompt);
+  }
+  // An agent job's work shows in its transcript; output appears only if some comes.
+  const outputBox = h('div', { class: 'stack', hidden: job.kind === 'agent' },
+    h('h2', {}, 'Output'), output);
+  main.append(outputBox);
+  const files = filesPanel(id, signal);
+  main.append(files.el);
+
+  // Consecutive output of one stream goes into one text node.
+  let last = null;
+  const write = (cls, text) => {
+    if (!last || last.cls !== cls) {
+      last = { cls, node: document.createTextNode('') };
+      outputBox.hidden = false;
+      output.append(h('span', { class: cls }, last.node));
+    }
+    last.node.appendData(text);
+    scroll();
+  };
+  const marker = (text) => {
+    last = null;
+    output.append(h('span', { class: 'marker' }, `${text}\n`));
+    scroll();
+  };
+
+  const onEvent = ({ event, data }) => {
+    if (event === 'stdout' || event === 'stderr') write(event, data.data);
+    else if (event === 'output_truncated') marker(`[${data.stream} truncated at ${fmtSize(data.cap_bytes)}]`);
+    else if (event === 'step_started') marker(`▸ step ${data.index + 1}: ${data.tool}`);
+    else if (event === 'step_finished') marker(`  ${data.state}${data.exit_code == null ? '' : ` (exit ${data.exit_code})`} in ${fmtDuration(data.duration_ms)}`);
+    else if (event === 'state' || event === 'finished') refresh().catch((e) => err.show(e));
+    else if (transcript && data && typeof data === 'object' && data.type) transcript.handle(data);
+    if (event === 'finished') files.load();
+  };
+  try {
+    await followJob(id, onEvent, (s) => { live.textContent = s; }, signal);
+    live.textContent = '';
+    transcript?.settle();
+  } catch (e) {
+    if (!signal.aborted) err.show(e);
+  }
+}
+
+async function chat(main, sessionId, signal) {
+  const err = errorBox();
+  const list = h('ul', { class: 'sessions' });
+  const model = h('input', { placeholder: 'model (server default)', 'aria-label': 'model' });
+  const create = h('button', { type: 'button' }, 'New session');
+  const convo = h('section', { class: 'conversation' });
+  main.append(h('div', { class: 'chat' },
+    h('aside', {}, create, model, err, list),
+    convo));
+
+  async function loadSessions() {
+    const { sessions } = await api('GET', 'v1/sessions', { signal });
+    list.replaceChildren(...sessions.map((s) => h('li', { class: s.id === sessionId ? 'current' : '' },
+      h('a', { href: `#/chat/${s.id}` }, s.title || '(new session)'),
+      h('span', { class: 'muted' }, `${fmtTime(s.created_at)} · ${s.model}`))));
+    if (!sessions.length) list.append(h('li', { class: 'muted' }, 'No sessions yet.'));
+  }
+  loadSessions().catch((e) => err.show(e));
+
+  create.addEventListener('click', async () => {
+    err.show(null);
+    try {
+      const body = model.value.trim() ? { model: model.value.trim() } : {};
+      const s = await api('POST', 'v1/sessions', { body, signal });
+      location.hash = `#/chat/${s.id}`;
+    } catch (e) { err.show(e); }
+  });
+
+  if (!sessionId) {
+    convo.append(h('p', { class: 'muted empty' }, 'Pick a session, or start a new one.'));
+    return;
+  }
+
+  const title = h('h1', {});
+  const box = h('div', { class: 'transcript' });
+  const input = h('textarea', { rows: 3, placeholder: 'Message the agent (Enter sends, Shift+Enter for a new line)', 'aria-label': 'message' });
+  const send = h('button', { type: 'submit' }, 'Send');
+  const stop = h('button', { type: 'button', class: 'danger', hidden: true }, 'Stop');
+  const sendErr = errorBox();
+  const composer = h('form', { class: 'composer' }, input, h('div', { class: 'buttons' }, send, stop));
+  convo.append(title, box, sendErr, composer);
+  const transcript = new Transcript(box);
+  let busy = false;
+
+  try {
+    const s = await api('GET', `v1/sessions/${encodeURIComponent(sessionId)}`, { signal });
+    title.textContent = s.title || '(new session)';
+    transcript.history(s.messages || []);
+    transcript.settle();
+  } catch (e) { sendErr.show(e); return; }
+  input.focus();
+
+  async function say() {
+    const text = input.value;
+    if (busy || !text.trim()) return;
+    busy = true;
+    send.disabled = true;
+    stop.hidden = false;
+    sendErr.show(null);
+    let ended = false;
+    // Shown at once; taken back if the server refuses the message.
+    transcript.user(text);
+    const mine = box.lastElementChild;
+    input.value = '';
+    try {
+      let r;
+      try {
+        r = await api('POST', `v1/sessions/${encodeURIComponent(sessionId)}/messages`, { body: { text }, raw: true, signal });
+      } catch (e) {
+        mine.remove();
+        input.value = text;
+        throw e;
+      }
+      await readEvents(r, ({ data }) => {
+        if (data?.type === 'turn_completed' || data?.type === 'error') ended = true;
+        transcript.handle(data);
+      });
+      if (!ended) transcript.note('The connection closed before the turn ended; it goes on on the server. Reopen the session to see it.', 'bad');
+    } catch (e) {
+      if (!signal.aborted) sendErr.show(e);
+    } finally {
+      transcript.settle();
+      busy = false;
+      send.disabled = false;
+      stop.hidden = true;
+      if (!title.textContent || title.textContent === '(new session)') title.textContent = oneLine(text, 72);
+      loadSessions().catch(() => {});
+    }
+  }
+
+  composer.addEventListener('submit', (e) => { e.preventDefault(); say(); });
+  input.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+      e.preventDefault();
+      say();
+    }
+  });
+  stop.addEventListener('click', async () => {
+    try { await api('POST', `v1/sessions/${encodeURIComponent(sessionId)}/cancel`, { signal }); } catch (e) { sendErr.show(e); }
+  });
+}
+
+// ---- routing ----------------------------------------------------------------
+
+let current = null; // the shown view's AbortController: leaving a view stops its streams and polls
+
+function route() {
+  current?.abort();
+  current = new AbortController();
+  const { signal } = current;
+  const main = $('#main');
+  main.replaceChildren();
+  main.className = '';
+  const signedIn = !!auth.get();
+  $('#top').hidden = !signedIn;
+  if (!signedIn) return signIn(main);
+  const [page, id] = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
+  for (const a of document.querySelectorAll('[data-nav]')) {
+    a.classList.toggle('active', a.dataset.nav === (page || 'jobs'));
+  }
+  main.className = `page-${page || 'jobs'}`;
+  const done = (p) => Promise.resolve(p).catch((e) => {
+    if (!signal.aborted) main.append(h('p', { class: 'error' }, e.message));
+  });
+  if (!page || page === 'jobs') return done(id ? jobPage(main, id, signal) : jobList(main, signal));
+  if (page === 'new') return done(newJob(main));
+  if (page === 'chat') return done(chat(main, id, signal));
+  main.append(h('p', { class: 'error' }, 'No such page. '), h('a', { href: '#/jobs' }, 'Back to the jobs'));
+}
+
+$('#sign-out').addEventListener('click', () => {
+  auth.clear();
+  route();
+});
+window.addEventListener('hashchange', route);
+route();
