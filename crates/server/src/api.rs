@@ -428,11 +428,12 @@ pub(crate) async fn job_events(
             .ok_or_else(|| ApiError::bad_request("Last-Event-ID must be an event id"))?,
         None => p.after.unwrap_or(0),
     };
-    Ok(Sse::new(event_stream(shared, id, after)).keep_alive(KeepAlive::default()))
+    Ok(Sse::new(event_stream(shared, tenant, id, after)).keep_alive(KeepAlive::default()))
 }
 
 struct Follow {
     shared: Arc<Shared>,
+    tenant: String,
     id: String,
     last: i64,
     live: Option<tokio::sync::broadcast::Receiver<StoredEvent>>,
@@ -444,12 +445,14 @@ struct Follow {
 /// exactly once, until its `finished` event.
 fn event_stream(
     shared: Arc<Shared>,
+    tenant: String,
     id: String,
     after: i64,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let live = shared.hub.subscribe(&id);
     let state = Follow {
         shared,
+        tenant,
         id,
         last: after,
         live,
@@ -475,6 +478,15 @@ fn event_stream(
             if s.done {
                 return None;
             }
+            // Not followed live here: has the job ended? Asked before the
+            // events are read, since a job's end and its `finished` event
+            // are stored in one transaction: if it has ended, the read
+            // below sees every event it will ever have.
+            let ended = s.live.is_none()
+                && matches!(
+                    s.shared.store.job(&s.tenant, &s.id).await,
+                    Ok(Some(job)) if job.state.is_terminal()
+                );
             // Stored events first: they include everything published
             // before we subscribed.
             match s.shared.store.events_after(&s.id, s.last, 500).await {
@@ -482,6 +494,9 @@ fn event_stream(
                     s.queue.extend(page);
                     continue;
                 }
+                // Resumed at or past the end (`after` beyond the last
+                // event): nothing more will come.
+                Ok(_) if ended => return None,
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!("events of {}: {e}", s.id);

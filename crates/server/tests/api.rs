@@ -377,6 +377,28 @@ async fn events_resume_after_last_event_id_without_loss_or_duplicates(db: Db) {
     .await;
     assert_eq!(replay.first().unwrap().0, 3);
     assert_eq!(replay.len(), ids.len() - 2);
+    // Resuming at or past the end of a finished job ends the stream at
+    // once instead of waiting for events that will never come.
+    for after in [last_id(&all), 1_000_000] {
+        let past = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            read_sse(
+                s.client
+                    .get(s.url(&format!("/v1/jobs/{id}/events?after={after}")))
+                    .bearer_auth(&t)
+                    .send()
+                    .await
+                    .unwrap(),
+            ),
+        )
+        .await
+        .expect("the stream of a finished job ends");
+        assert!(past.is_empty(), "{past:?}");
+    }
+}
+
+fn last_id(events: &[&(i64, String, Value)]) -> i64 {
+    events.last().map_or(0, |e| e.0)
 }
 
 async fn cancel_stops_a_queued_or_running_job(db: Db) {
