@@ -261,6 +261,25 @@ impl Journal<'_> {
     }
 }
 
+/// A user's answer to a tool call the model asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Approval {
+    Allow,
+    /// Not run; the reason goes back to the model as the call's result.
+    Deny(String),
+}
+
+/// Decides whether a tool call runs: the front ends' `--approval ask`.
+/// Asked once per call, in the model's order, after `ToolCallStarted`.
+pub trait Approver: Send + Sync {
+    fn approve<'a>(
+        &'a self,
+        id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+    ) -> futures_util::future::BoxFuture<'a, Approval>;
+}
+
 /// One conversation: the provider, the tools and their sandbox context, the
 /// history sent to the model and its session log.
 pub struct Agent {
@@ -268,6 +287,7 @@ pub struct Agent {
     tools: Toolbox,
     ctx: ToolContext,
     config: AgentConfig,
+    approver: Option<Arc<dyn Approver>>,
     history: Vec<Message>,
     log: Arc<Recorder>,
     /// The API's prompt tokens over our estimate for the last request: the
@@ -288,6 +308,7 @@ impl Agent {
             tools,
             ctx,
             config,
+            approver: None,
             history: Vec::new(),
             log: Arc::default(),
             ratio: 1.0,
@@ -317,6 +338,11 @@ impl Agent {
     pub fn with_history(mut self, history: Vec<Message>) -> Self {
         self.history = history;
         self
+    }
+
+    /// Asks `approver` before every tool call from now on (`None`: run all).
+    pub fn set_approver(&mut self, approver: Option<Arc<dyn Approver>>) {
+        self.approver = approver;
     }
 
     /// Records the conversation in `log` from now on.
@@ -720,10 +746,30 @@ impl Agent {
                     input: input.clone(),
                 });
             }
-            let runs = batch.iter().map(|(_, name, input)| {
+            // Asked one by one, before any of the batch runs: a denied
+            // call is answered without running.
+            let mut verdicts = Vec::with_capacity(batch.len());
+            if let Some(approver) = &self.approver {
+                for (id, name, input) in batch {
+                    let verdict = tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => None,
+                        v = approver.approve(id, name, input) => Some(v),
+                    };
+                    verdicts.push(verdict);
+                }
+                if cancel.is_cancelled() {
+                    break;
+                }
+            }
+            let runs = batch.iter().enumerate().map(|(k, (_, name, input))| {
                 let started = Instant::now();
+                let verdict = verdicts.get(k).cloned().flatten();
                 async move {
-                    let out = self.tools.call(&self.ctx, name, input.clone()).await;
+                    let out = match verdict {
+                        Some(Approval::Deny(reason)) => ToolOutput::error(denied(&reason)),
+                        _ => self.tools.call(&self.ctx, name, input.clone()).await,
+                    };
                     (out, started.elapsed())
                 }
             });
@@ -771,6 +817,16 @@ impl Agent {
                 })
             })
             .collect()
+    }
+}
+
+/// The result of a call the user denied, as the model sees it.
+fn denied(reason: &str) -> String {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        "The user denied this tool call. Ask them how to proceed, or try another way.".into()
+    } else {
+        format!("The user denied this tool call: {reason}")
     }
 }
 

@@ -19,7 +19,9 @@ pub mod sessions;
 pub mod stream;
 pub mod wire;
 
-pub use agent::{Agent, AgentConfig, AgentError, AgentEvent, Cancel, Compaction, TurnOutcome};
+pub use agent::{
+    Agent, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Compaction, TurnOutcome,
+};
 pub use log::{LoadReport, LogError, Record, SessionLog};
 pub use message::{AssistantMessage, ContentBlock, StopReason, StreamDelta, Usage};
 pub use provider::{Provider, ProviderConfig, ProviderError, ProviderKind};

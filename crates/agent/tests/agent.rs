@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cordon_agent::{
-    Agent, AgentConfig, AgentError, AgentEvent, Cancel, Message, Provider, ProviderConfig,
-    ProviderError, ProviderKind, SessionLog, StopReason,
+    Agent, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Message, Provider,
+    ProviderConfig, ProviderError, ProviderKind, SessionLog, StopReason,
 };
 use cordon_sandbox::{Sandbox, SandboxConfig};
 use cordon_testkit::{Fault, Scenario, ScriptedServer, StopReason as TurnStop, Turn};
@@ -556,5 +556,72 @@ async fn a_refusal_ends_the_turn_and_stays_out_of_the_history() {
     assert_eq!(out.text, "Sure.");
     server.assert_finished();
     assert!(!server.requests()[1].raw_body.contains("can't help"));
+    sandbox.close().await;
+}
+
+/// Allows `bash` calls whose command contains "allowed", denies the rest,
+/// and remembers what it was asked.
+struct Gate(std::sync::Mutex<Vec<String>>);
+
+impl Approver for Gate {
+    fn approve<'a>(
+        &'a self,
+        id: &'a str,
+        _name: &'a str,
+        input: &'a serde_json::Value,
+    ) -> futures_util::future::BoxFuture<'a, Approval> {
+        self.0.lock().unwrap().push(id.to_string());
+        let command = input["command"].as_str().unwrap_or("").to_string();
+        Box::pin(async move {
+            if command.contains("allowed") {
+                Approval::Allow
+            } else {
+                Approval::Deny("not on my laptop".into())
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn an_approver_sees_every_call_and_a_denied_one_never_runs() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Two commands.")
+                    .with_tool_call("a1", "bash", json!({"command": "touch denied.txt"}))
+                    .with_tool_call("a2", "bash", json!({"command": "echo allowed > ok.txt"})),
+            )
+            .turn(
+                Turn::text("One was refused.")
+                    .expect_tool_results(["a1", "a2"])
+                    .expect_contains("The user denied this tool call: not on my laptop"),
+            ),
+    );
+    let (mut agent, sandbox) = agent(&server, ProviderKind::Anthropic, ws.path()).await;
+    let gate = std::sync::Arc::new(Gate(Default::default()));
+    agent.set_approver(Some(gate.clone()));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    agent.send("run both", &tx, &Cancel::new()).await.unwrap();
+    server.assert_finished();
+    assert_eq!(*gate.0.lock().unwrap(), ["a1", "a2"]);
+    assert!(!ws.path().join("denied.txt").exists());
+    assert!(ws.path().join("ok.txt").exists());
+    let denied = drain(&mut rx).into_iter().find_map(|e| match e {
+        AgentEvent::ToolCallFinished {
+            id,
+            output,
+            is_error,
+            ..
+        } if id == "a1" => Some((output, is_error)),
+        _ => None,
+    });
+    assert_eq!(
+        denied,
+        Some((
+            "The user denied this tool call: not on my laptop".to_string(),
+            true
+        ))
+    );
     sandbox.close().await;
 }

@@ -61,15 +61,23 @@ touch is inside an isolated sandbox: the user's project is at /workspace, there 
 and /tmp is scratch space. Work step by step, check your work by running it, and finish with a \
 short summary of what you did.";
 
-fn config_error(msg: impl std::fmt::Display) -> i32 {
+pub(crate) fn config_error(msg: impl std::fmt::Display) -> i32 {
     eprintln!("cordon: {msg}");
     exit::CONFIG
 }
 
-struct Setup {
-    model: ModelSetup,
-    workspace: PathBuf,
-    sandbox: SandboxConfig,
+pub(crate) struct Setup {
+    pub model: ModelSetup,
+    pub workspace: PathBuf,
+    pub sandbox: SandboxConfig,
+}
+
+/// What `exec` and `chat` share on their command lines.
+pub(crate) struct Choices<'a> {
+    pub model: Option<&'a str>,
+    pub provider: Option<&'a str>,
+    pub workspace: Option<&'a std::path::Path>,
+    pub set: &'a [(String, String)],
 }
 
 /// The provider and the agent's settings, shared with `cordon serve`.
@@ -110,15 +118,16 @@ pub fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
     Ok(ModelSetup { provider, agent })
 }
 
-fn setup(args: &ExecArgs) -> Result<Setup, i32> {
-    let mut cli = args.set.clone();
-    if let Some(m) = &args.model {
-        cli.push(("model".into(), m.clone()));
+/// The settings from every layer with the command line's on top, checked.
+pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
+    let mut cli = args.set.to_vec();
+    if let Some(m) = args.model {
+        cli.push(("model".into(), m.to_string()));
     }
-    if let Some(p) = &args.provider {
-        cli.push(("provider".into(), p.clone()));
+    if let Some(p) = args.provider {
+        cli.push(("provider".into(), p.to_string()));
     }
-    if let Some(w) = &args.workspace {
+    if let Some(w) = args.workspace {
         cli.push(("workspace".into(), w.display().to_string()));
     }
     let settings = Settings::load(&Layers::from_process(cli)).map_err(config_error)?;
@@ -182,7 +191,12 @@ pub async fn exec(args: ExecArgs) -> i32 {
         // A resumed conversation continues in the workspace it started in.
         args.workspace = Some(PathBuf::from(&r.summary.workspace));
     }
-    let s = match setup(&args) {
+    let s = match setup(&Choices {
+        model: args.model.as_deref(),
+        provider: args.provider.as_deref(),
+        workspace: args.workspace.as_deref(),
+        set: &args.set,
+    }) {
         Ok(s) => s,
         Err(code) => return code,
     };

@@ -1,5 +1,6 @@
 //! `cordon`: a coding agent that can act only through a sandbox.
 
+mod chat;
 mod config_cmd;
 mod doctor;
 mod exec;
@@ -33,12 +34,15 @@ pub mod exit {
     about = "A coding agent whose every action runs in a sandbox"
 )]
 struct Cli {
+    /// With no command, `cordon` opens the chat UI.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Open the full-screen chat UI (what `cordon` alone does).
+    Chat(chat::ChatArgs),
     /// Run one command in a fresh sandbox.
     ///
     /// Exit status: the command's own (128+N if killed by signal N), or
@@ -77,16 +81,24 @@ fn main() {
             std::process::exit(code);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CORDON_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CORDON_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    if matches!(cli.command, None | Some(Command::Chat(_))) {
+        // The UI owns the screen: logs go to a file beside the sessions.
+        let file = chat::log_file();
+        logs.with_ansi(false)
+            .with_writer(std::sync::Mutex::new(file))
+            .init();
+    } else {
+        logs.with_writer(std::io::stderr).init();
+    }
 
+    let command = cli
+        .command
+        .unwrap_or_else(|| Command::Chat(chat::ChatArgs::default()));
     // The server runs jobs in parallel; everything else is one task at a time.
-    let mut builder = match cli.command {
+    let mut builder = match command {
         Command::Serve(_) => tokio::runtime::Builder::new_multi_thread(),
         _ => tokio::runtime::Builder::new_current_thread(),
     };
@@ -98,7 +110,8 @@ fn main() {
         }
     };
     let code = runtime.block_on(async {
-        match cli.command {
+        match command {
+            Command::Chat(args) => chat::chat(args).await,
             Command::Run(args) => run::run(args).await,
             Command::Shell(args) => run::shell(args).await,
             Command::Doctor(args) => doctor::doctor(args).await,

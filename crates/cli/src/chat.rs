@@ -1,0 +1,129 @@
+//! `cordon` and `cordon chat`: the full-screen terminal UI.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use cordon_agent::{AgentConfig, sessions};
+use cordon_tui::{ApprovalMode, SandboxState, Status, Worker};
+
+use crate::exec::{Choices, config_error, setup};
+
+#[derive(Debug, Clone, Copy, Default, ValueEnum)]
+pub enum ApprovalArg {
+    /// Every tool call runs in the sandbox without asking
+    #[default]
+    Auto,
+    /// Each tool call waits for you: once, always for that tool, or no
+    Ask,
+}
+
+#[derive(Args, Debug, Default)]
+pub struct ChatArgs {
+    /// Continue the session with this id (or a unique prefix), in its workspace
+    #[arg(long, value_name = "ID", conflicts_with = "last")]
+    pub resume: Option<String>,
+    /// Continue the most recent session
+    #[arg(long)]
+    pub last: bool,
+    /// Host directory mounted at /workspace [default: SAFEDIR or the current directory]
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Model name (overrides MODEL and config files)
+    #[arg(long)]
+    pub model: Option<String>,
+    /// anthropic or openai
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Whether tool calls wait for your approval
+    #[arg(long, value_enum, default_value_t = ApprovalArg::Auto)]
+    pub approval: ApprovalArg,
+    /// Model requests allowed per message
+    #[arg(long, default_value_t = 50)]
+    pub max_steps: u32,
+    /// Override any setting (repeatable), as `cordon config --set`
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
+    pub set: Vec<(String, String)>,
+}
+
+pub async fn chat(args: ChatArgs) -> i32 {
+    if !std::io::stdin().is_terminal() || !std::io::stdout().is_terminal() {
+        return config_error(
+            "the chat UI needs a terminal; for scripts use `cordon exec \"TASK\"`",
+        );
+    }
+    let mut resumed = None;
+    if args.resume.is_some() || args.last {
+        match sessions::resume(&sessions::sessions_dir(), args.resume.as_deref()) {
+            Ok(r) => resumed = Some(r),
+            Err(e) => return config_error(e),
+        }
+    }
+    // A resumed conversation continues in the workspace it started in.
+    let workspace = args.workspace.clone().or_else(|| {
+        resumed
+            .as_ref()
+            .map(|r| PathBuf::from(&r.summary.workspace))
+    });
+    let s = match setup(&Choices {
+        model: args.model.as_deref(),
+        provider: args.provider.as_deref(),
+        workspace: workspace.as_deref(),
+        set: &args.set,
+    }) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let status = Status {
+        model: s.model.agent.model.clone(),
+        workspace: s.workspace.display().to_string(),
+        sandbox: SandboxState::Starting,
+        session: None,
+        usage: Default::default(),
+        cost_usd: None,
+        context_tokens: 0,
+        context_window: s.model.agent.context_window,
+    };
+    let worker = Worker {
+        provider: s.model.provider,
+        agent: AgentConfig {
+            max_steps: args.max_steps,
+            ..s.model.agent
+        },
+        sandbox: s.sandbox,
+        approval: match args.approval {
+            ApprovalArg::Auto => ApprovalMode::Auto,
+            ApprovalArg::Ask => ApprovalMode::Ask,
+        },
+        sessions_dir: sessions::sessions_dir(),
+        resume: resumed,
+    };
+    match cordon_tui::run(status, worker).await {
+        Ok(out) => {
+            if let Some(id) = out.session {
+                println!("Session {id} is saved: `cordon chat --resume {id}` continues it.");
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("cordon: the terminal failed: {e}");
+            1
+        }
+    }
+}
+
+/// Where the chat UI's logs go (`CORDON_LOG` sets the level): a file in
+/// the data directory, or nowhere if it cannot be opened.
+pub fn log_file() -> Box<dyn std::io::Write + Send> {
+    let dir = sessions::sessions_dir();
+    let path = dir.parent().unwrap_or(&dir).join("chat.log");
+    let _ = std::fs::create_dir_all(path.parent().unwrap_or(&dir));
+    match std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+    {
+        Ok(f) => Box::new(f),
+        Err(_) => Box::new(std::io::sink()),
+    }
+}

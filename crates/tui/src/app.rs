@@ -1,0 +1,661 @@
+//! The UI's state and how keys, pastes, the mouse and the agent's events
+//! change it. No terminal here: the run loop feeds it, the view draws it,
+//! and the tests drive it directly.
+
+use std::time::{Duration, Instant};
+
+use cordon_agent::sessions::SessionSummary;
+use cordon_agent::{AgentEvent, Approval, Usage};
+use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers, MouseEvent, MouseEventKind};
+use ratatui_textarea::TextArea;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::transcript::{Entry, ToolCall, ToolState, Transcript};
+
+/// What the run loop must do for the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Send(String),
+    Cancel,
+    Quit,
+    Compact,
+    SetModel(String),
+    /// A new conversation in the same sandbox.
+    Clear,
+    /// A new conversation in a fresh sandbox.
+    New,
+    ListSessions,
+    Load(String),
+}
+
+/// A user's answer to an approval prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Once,
+    /// This tool runs without asking for the rest of the session.
+    Always,
+    Deny(String),
+}
+
+impl From<Answer> for Approval {
+    fn from(a: Answer) -> Approval {
+        match a {
+            Answer::Once | Answer::Always => Approval::Allow,
+            Answer::Deny(r) => Approval::Deny(r),
+        }
+    }
+}
+
+pub struct PendingApproval {
+    pub id: String,
+    pub name: String,
+    pub input: Value,
+    pub reply: Option<oneshot::Sender<Answer>>,
+    /// The user chose to deny and is typing the reason in the input box.
+    pub denying: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxState {
+    Starting,
+    Ready,
+    Busy,
+    Closed,
+}
+
+/// What the status line shows.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub model: String,
+    pub workspace: String,
+    pub sandbox: SandboxState,
+    pub session: Option<String>,
+    /// Summed over the session's requests.
+    pub usage: Usage,
+    pub cost_usd: Option<f64>,
+    pub context_tokens: u64,
+    pub context_window: u64,
+}
+
+pub struct Picker {
+    pub sessions: Vec<SessionSummary>,
+    pub selected: usize,
+}
+
+pub struct App {
+    pub transcript: Transcript,
+    pub input: TextArea<'static>,
+    pub status: Status,
+    /// A turn (or a compaction) is running.
+    pub busy: bool,
+    /// The first visible row when the user has scrolled up; `None`
+    /// follows new output.
+    pub scroll: Option<usize>,
+    /// Rows above the last row that can be the top one, and the view's
+    /// height: set by each draw, for scrolling.
+    pub max_top: usize,
+    pub view_height: usize,
+    /// Earlier prompts, oldest first, for Up/Down.
+    pub prompts: Vec<String>,
+    recall: Option<usize>,
+    draft: String,
+    pub approval: Option<PendingApproval>,
+    pub picker: Option<Picker>,
+    /// When Ctrl-C last did nothing but arm quitting.
+    quit_armed: Option<Instant>,
+    pub should_quit: bool,
+    pub tick: u64,
+}
+
+pub const HELP: &str = "\
+Enter sends · Alt+Enter, Shift+Enter or Ctrl+J: new line · Up/Down: earlier prompts
+PgUp/PgDn, mouse wheel: scroll · End: follow new output · Ctrl+O: expand tool output
+Ctrl+C: cancel the turn (twice: quit) · Ctrl+D on an empty box: quit
+/help  this help                /quit      leave
+/clear new conversation, same sandbox (its shell, files and processes)
+/new   new conversation in a fresh sandbox
+/sessions pick an earlier session   /load ID  continue one
+/compact  summarise the conversation now   /model NAME  switch model   /cost  tokens and cost";
+
+fn new_input() -> TextArea<'static> {
+    let mut t = TextArea::default();
+    t.set_placeholder_text("Ask cordon to do something  (/help for keys and commands)");
+    t.set_placeholder_style(crate::theme::dim());
+    t.set_cursor_line_style(ratatui::style::Style::default());
+    t.set_wrap_mode(ratatui_textarea::WrapMode::WordOrGlyph);
+    t
+}
+
+impl App {
+    pub fn new(status: Status) -> App {
+        App {
+            transcript: Transcript::default(),
+            input: new_input(),
+            status,
+            busy: false,
+            scroll: None,
+            max_top: 0,
+            view_height: 0,
+            prompts: Vec::new(),
+            recall: None,
+            draft: String::new(),
+            approval: None,
+            picker: None,
+            quit_armed: None,
+            should_quit: false,
+            tick: 0,
+        }
+    }
+
+    pub fn input_text(&self) -> String {
+        self.input.lines().join("\n")
+    }
+
+    fn set_input(&mut self, text: &str) {
+        self.input = new_input();
+        self.input.insert_str(text);
+    }
+
+    pub fn notice(&mut self, text: impl Into<String>) {
+        self.transcript.push(Entry::Notice(text.into()));
+    }
+
+    pub fn error(&mut self, message: impl Into<String>) {
+        let message = message.into();
+        let hint = hint_for(&message);
+        self.transcript.push(Entry::Error { message, hint });
+    }
+
+    // --- input ------------------------------------------------------------
+
+    pub fn on_paste(&mut self, text: &str) {
+        // Terminals send a pasted newline as CR; the prompt keeps it whole.
+        let text = text.replace("\r\n", "\n").replace('\r', "\n");
+        if self.picker.is_none() {
+            self.input.insert_str(text);
+        }
+    }
+
+    pub fn on_mouse(&mut self, m: MouseEvent) {
+        match m.kind {
+            MouseEventKind::ScrollUp => self.scroll_up(3),
+            MouseEventKind::ScrollDown => self.scroll_down(3),
+            _ => {}
+        }
+    }
+
+    pub fn scroll_up(&mut self, n: usize) {
+        let top = self.scroll.unwrap_or(self.max_top);
+        self.scroll = Some(top.saturating_sub(n));
+    }
+
+    pub fn scroll_down(&mut self, n: usize) {
+        if let Some(top) = self.scroll {
+            let top = top + n;
+            self.scroll = if top >= self.max_top { None } else { Some(top) };
+        }
+    }
+
+    pub fn on_key(&mut self, key: KeyEvent) -> Vec<Action> {
+        if key.kind == KeyEventKind::Release {
+            return Vec::new();
+        }
+        let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+        let alt = key.modifiers.contains(KeyModifiers::ALT);
+        let shift = key.modifiers.contains(KeyModifiers::SHIFT);
+
+        if ctrl && key.code == KeyCode::Char('c') {
+            return self.on_ctrl_c();
+        }
+        self.quit_armed = None;
+        if self.picker.is_some() {
+            return self.picker_key(key);
+        }
+        if let Some(a) = &self.approval
+            && !a.denying
+        {
+            return self.approval_key(key);
+        }
+        match key.code {
+            KeyCode::Char('d') if ctrl && self.input.is_empty() => {
+                self.should_quit = true;
+                return vec![Action::Quit];
+            }
+            KeyCode::Char('o') if ctrl => {
+                let on = !self.transcript.expanded();
+                self.transcript.set_expanded(on);
+            }
+            KeyCode::Char('j') if ctrl => self.input.insert_newline(),
+            KeyCode::Enter if alt || shift => self.input.insert_newline(),
+            KeyCode::Enter => return self.submit(),
+            KeyCode::PageUp => self.scroll_up(self.view_height.max(2) - 1),
+            KeyCode::PageDown => self.scroll_down(self.view_height.max(2) - 1),
+            KeyCode::End if ctrl || self.input.is_empty() => self.scroll = None,
+            KeyCode::Home if ctrl => self.scroll = Some(0),
+            KeyCode::Up if shift => self.scroll_up(1),
+            KeyCode::Down if shift => self.scroll_down(1),
+            KeyCode::Up if self.input.cursor().0 == 0 && !self.prompts.is_empty() => {
+                self.recall_older()
+            }
+            KeyCode::Down
+                if self.recall.is_some()
+                    && self.input.cursor().0 + 1 >= self.input.lines().len() =>
+            {
+                self.recall_newer()
+            }
+            KeyCode::Esc => {
+                if let Some(a) = &mut self.approval {
+                    // Back from typing a reason to the choice.
+                    a.denying = false;
+                    self.set_input("");
+                }
+            }
+            _ => {
+                self.input.input(key);
+            }
+        }
+        Vec::new()
+    }
+
+    fn on_ctrl_c(&mut self) -> Vec<Action> {
+        if self.busy {
+            // The approval prompt goes with the turn.
+            if let Some(mut a) = self.approval.take()
+                && let Some(tx) = a.reply.take()
+            {
+                let _ = tx.send(Answer::Deny("cancelled by the user".into()));
+            }
+            self.quit_armed = Some(Instant::now());
+            return vec![Action::Cancel];
+        }
+        if self.picker.take().is_some() {
+            return Vec::new();
+        }
+        if !self.input.is_empty() {
+            self.set_input("");
+            return Vec::new();
+        }
+        match self.quit_armed {
+            Some(t) if t.elapsed() < Duration::from_secs(3) => {
+                self.should_quit = true;
+                vec![Action::Quit]
+            }
+            _ => {
+                self.quit_armed = Some(Instant::now());
+                self.notice("Press Ctrl+C again to quit.");
+                Vec::new()
+            }
+        }
+    }
+
+    fn recall_older(&mut self) {
+        let i = match self.recall {
+            None => {
+                self.draft = self.input_text();
+                self.prompts.len() - 1
+            }
+            Some(0) => 0,
+            Some(i) => i - 1,
+        };
+        self.recall = Some(i);
+        let p = self.prompts[i].clone();
+        self.set_input(&p);
+    }
+
+    fn recall_newer(&mut self) {
+        match self.recall {
+            Some(i) if i + 1 < self.prompts.len() => {
+                self.recall = Some(i + 1);
+                let p = self.prompts[i + 1].clone();
+                self.set_input(&p);
+            }
+            _ => {
+                self.recall = None;
+                let d = std::mem::take(&mut self.draft);
+                self.set_input(&d);
+            }
+        }
+    }
+
+    fn submit(&mut self) -> Vec<Action> {
+        let text = self.input_text();
+        if let Some(a) = &mut self.approval
+            && a.denying
+        {
+            self.set_input("");
+            self.answer(Answer::Deny(text.trim().to_string()));
+            return Vec::new();
+        }
+        if text.trim().is_empty() {
+            return Vec::new();
+        }
+        self.set_input("");
+        self.recall = None;
+        if self.prompts.last() != Some(&text) {
+            self.prompts.push(text.clone());
+        }
+        let trimmed = text.trim();
+        if trimmed.starts_with('/') && !trimmed.contains('\n') {
+            return self.command(trimmed);
+        }
+        if self.busy {
+            self.notice("A turn is running: wait for it, or press Ctrl+C to cancel it.");
+            self.set_input(&text);
+            return Vec::new();
+        }
+        self.transcript.push(Entry::User(text.clone()));
+        self.scroll = None;
+        self.busy = true;
+        vec![Action::Send(text)]
+    }
+
+    fn command(&mut self, line: &str) -> Vec<Action> {
+        let (cmd, arg) = match line.split_once(char::is_whitespace) {
+            Some((c, a)) => (c, a.trim()),
+            None => (line, ""),
+        };
+        let needs_idle = matches!(cmd, "/clear" | "/new" | "/load" | "/compact" | "/sessions");
+        if needs_idle && self.busy {
+            self.notice(format!(
+                "{cmd} waits until the turn ends (Ctrl+C cancels it)."
+            ));
+            return Vec::new();
+        }
+        match cmd {
+            "/help" | "/?" => {
+                self.notice(HELP);
+                Vec::new()
+            }
+            "/quit" | "/exit" | "/q" => {
+                self.should_quit = true;
+                vec![Action::Quit]
+            }
+            "/clear" => {
+                self.transcript.clear();
+                self.scroll = None;
+                vec![Action::Clear]
+            }
+            "/new" => {
+                self.transcript.clear();
+                self.scroll = None;
+                vec![Action::New]
+            }
+            "/sessions" => vec![Action::ListSessions],
+            "/load" if arg.is_empty() => {
+                self.error("/load needs a session id (see /sessions)");
+                Vec::new()
+            }
+            "/load" => vec![Action::Load(arg.to_string())],
+            "/compact" => {
+                self.busy = true;
+                vec![Action::Compact]
+            }
+            "/model" if arg.is_empty() => {
+                self.notice(format!("The model is {}.", self.status.model));
+                Vec::new()
+            }
+            "/model" => {
+                self.status.model = arg.to_string();
+                self.notice(format!("From the next request on, the model is {arg}."));
+                vec![Action::SetModel(arg.to_string())]
+            }
+            "/cost" => {
+                let u = self.status.usage;
+                let cost = match self.status.cost_usd {
+                    Some(c) => format!("${c:.4} at list prices"),
+                    None => "cost unknown for this model".into(),
+                };
+                self.notice(format!(
+                    "This session: {} input tokens ({} read from cache, {} written to it), {} output tokens; {cost}.",
+                    u.prompt_tokens(),
+                    u.cache_read_tokens,
+                    u.cache_write_tokens,
+                    u.output_tokens
+                ));
+                Vec::new()
+            }
+            other => {
+                self.error(format!("unknown command {other}: /help lists them"));
+                Vec::new()
+            }
+        }
+    }
+
+    // --- approvals ----------------------------------------------------------
+
+    pub fn ask_approval(
+        &mut self,
+        id: String,
+        name: String,
+        input: Value,
+        reply: oneshot::Sender<Answer>,
+    ) {
+        if let Some(i) = self.transcript.tool_index(&id)
+            && let Some(Entry::Tool(call)) = self.transcript.get_mut(i)
+        {
+            call.state = ToolState::Pending;
+        }
+        self.scroll = None;
+        self.approval = Some(PendingApproval {
+            id,
+            name,
+            input,
+            reply: Some(reply),
+            denying: false,
+        });
+    }
+
+    fn approval_key(&mut self, key: KeyEvent) -> Vec<Action> {
+        match key.code {
+            KeyCode::Char('y') | KeyCode::Enter => self.answer(Answer::Once),
+            KeyCode::Char('a') => self.answer(Answer::Always),
+            KeyCode::Char('n') | KeyCode::Esc => {
+                if let Some(a) = &mut self.approval {
+                    a.denying = true;
+                    self.set_input("");
+                }
+            }
+            KeyCode::PageUp => self.scroll_up(self.view_height.max(2) - 1),
+            KeyCode::PageDown => self.scroll_down(self.view_height.max(2) - 1),
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    fn answer(&mut self, answer: Answer) {
+        let Some(mut a) = self.approval.take() else {
+            return;
+        };
+        if let Some(i) = self.transcript.tool_index(&a.id)
+            && let Some(Entry::Tool(call)) = self.transcript.get_mut(i)
+        {
+            call.state = ToolState::Running;
+        }
+        if let Answer::Always = answer {
+            self.notice(format!(
+                "{} runs without asking for the rest of this session.",
+                a.name
+            ));
+        }
+        if let Some(tx) = a.reply.take() {
+            let _ = tx.send(answer);
+        }
+    }
+
+    // --- session picker -------------------------------------------------------
+
+    pub fn show_sessions(&mut self, sessions: Vec<SessionSummary>) {
+        if sessions.is_empty() {
+            self.notice("No earlier sessions.");
+            return;
+        }
+        self.picker = Some(Picker {
+            sessions,
+            selected: 0,
+        });
+    }
+
+    fn picker_key(&mut self, key: KeyEvent) -> Vec<Action> {
+        let Some(p) = &mut self.picker else {
+            return Vec::new();
+        };
+        match key.code {
+            KeyCode::Up => p.selected = p.selected.saturating_sub(1),
+            KeyCode::Down => p.selected = (p.selected + 1).min(p.sessions.len() - 1),
+            KeyCode::PageUp => p.selected = p.selected.saturating_sub(10),
+            KeyCode::PageDown => p.selected = (p.selected + 10).min(p.sessions.len() - 1),
+            KeyCode::Esc | KeyCode::Char('q') => self.picker = None,
+            KeyCode::Enter => {
+                let id = p.sessions[p.selected].id.clone();
+                self.picker = None;
+                return vec![Action::Load(id)];
+            }
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    // --- the agent's events ---------------------------------------------------
+
+    pub fn on_agent_event(&mut self, ev: AgentEvent) {
+        match ev {
+            AgentEvent::TurnStarted { .. } => {}
+            AgentEvent::TextDelta { text } => self.transcript.append_assistant(&text),
+            AgentEvent::ThinkingDelta { text } => self.transcript.append_thinking(&text),
+            AgentEvent::Retrying {
+                attempt,
+                wait_ms,
+                reason,
+            } => {
+                self.transcript.drop_streamed();
+                self.notice(format!(
+                    "retrying (attempt {attempt}) in {:.1} s: {reason}",
+                    wait_ms as f64 / 1000.0
+                ));
+            }
+            AgentEvent::ToolCallStarted { id, name, input } => {
+                self.status.sandbox = SandboxState::Busy;
+                self.transcript.push(Entry::Tool(ToolCall {
+                    id,
+                    name,
+                    input,
+                    state: ToolState::Running,
+                }));
+            }
+            AgentEvent::ToolCallFinished {
+                id,
+                output,
+                is_error,
+                duration_ms,
+                ..
+            } => {
+                if let Some(i) = self.transcript.tool_index(&id)
+                    && let Some(Entry::Tool(call)) = self.transcript.get_mut(i)
+                {
+                    call.state = ToolState::Done {
+                        output,
+                        is_error,
+                        duration_ms,
+                    };
+                }
+                let running = self.transcript.entries().iter().any(|e| {
+                    matches!(
+                        e,
+                        Entry::Tool(ToolCall {
+                            state: ToolState::Running | ToolState::Pending,
+                            ..
+                        })
+                    )
+                });
+                if !running {
+                    self.status.sandbox = SandboxState::Ready;
+                }
+            }
+            AgentEvent::AssistantMessage { usage, .. } => {
+                add_usage(&mut self.status.usage, &usage);
+                self.status.cost_usd =
+                    cordon_agent::pricing::cost(&self.status.model, &self.status.usage);
+            }
+            AgentEvent::CompactionStarted { reason } => {
+                self.notice(format!("Compacting the conversation: {reason}"));
+            }
+            AgentEvent::Compacted {
+                replaced_messages,
+                tokens_before,
+                tokens_after,
+                ..
+            } => {
+                self.status.context_tokens = tokens_after;
+                self.notice(format!(
+                    "Compacted {replaced_messages} messages into a summary: ~{tokens_before} → ~{tokens_after} tokens."
+                ));
+            }
+            AgentEvent::TurnCompleted {
+                context_tokens,
+                context_window,
+                ..
+            } => {
+                self.status.context_tokens = context_tokens;
+                self.status.context_window = context_window;
+            }
+            AgentEvent::Error { message } => self.error(message),
+        }
+    }
+
+    /// The turn (or compaction) has ended; `error` says why, if it failed.
+    pub fn turn_done(&mut self, error: Option<String>, cancelled: bool) {
+        self.busy = false;
+        self.approval = None;
+        self.status.sandbox = match self.status.sandbox {
+            SandboxState::Busy => SandboxState::Ready,
+            s => s,
+        };
+        if cancelled {
+            self.notice("Cancelled. The conversation is intact: send the next message when ready.");
+        } else if let Some(e) = error {
+            // The agent has already reported it as an event unless it is new.
+            let seen =
+                self.transcript.entries().last().is_some_and(
+                    |last| matches!(last, Entry::Error { message, .. } if *message == e),
+                );
+            if !seen {
+                self.error(e);
+            }
+        }
+    }
+}
+
+fn add_usage(total: &mut Usage, u: &Usage) {
+    total.input_tokens += u.input_tokens;
+    total.output_tokens += u.output_tokens;
+    total.cache_read_tokens += u.cache_read_tokens;
+    total.cache_write_tokens += u.cache_write_tokens;
+}
+
+/// What to do about an error, where cordon can tell.
+pub fn hint_for(message: &str) -> Option<String> {
+    let m = message.to_ascii_lowercase();
+    let h = if m.contains("api key") || m.contains("authentication") || m.contains("401") {
+        "Check ANTHROPIC_API_KEY (or OPENAI_API_KEY) in the environment, .env or `cordon config`."
+    } else if m.contains("model") && (m.contains("not found") || m.contains("unknown")) {
+        "Pick another model with /model NAME (`cordon config` shows the current one)."
+    } else if m.contains("context") && (m.contains("too long") || m.contains("window")) {
+        "Try /compact, or /clear to start over in the same sandbox."
+    } else if m.contains("connect") || m.contains("unreachable") || m.contains("refused") {
+        "Is the model server running? Check ANTHROPIC_BASE_URL / OPENAI_BASE_URL, then send again."
+    } else if m.contains("overloaded")
+        || m.contains("rate")
+        || m.contains("429")
+        || m.contains("529")
+    {
+        "The provider is busy: wait a moment and send your message again."
+    } else if m.contains("step limit") || m.contains("steps") {
+        "Say \"continue\" to let it go on."
+    } else if m.starts_with("unknown command") || m.starts_with("/load") {
+        return None;
+    } else {
+        "Send your message again, or /help for what else to try."
+    };
+    Some(h.to_string())
+}

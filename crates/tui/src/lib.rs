@@ -1,0 +1,19 @@
+//! cordon's terminal UI: a full-screen agent session on ratatui.
+//!
+//! [`app`] holds the state and reacts to keys and the agent's events,
+//! [`view`] draws it, [`transcript`] (with [`markdown`] and [`wrap`]) turns
+//! the conversation into lines, [`worker`] owns the sandbox and the agent,
+//! and [`run`] drives the terminal.
+
+pub mod app;
+pub mod markdown;
+pub mod run;
+pub mod theme;
+pub mod transcript;
+pub mod view;
+pub mod worker;
+pub mod wrap;
+
+pub use app::{App, SandboxState, Status};
+pub use run::{Outcome, run};
+pub use worker::{ApprovalMode, Worker};

@@ -1,0 +1,572 @@
+//! What the conversation looks like on screen: a list of entries (the
+//! user's prompts, the model's answers, tool calls with their results,
+//! notices and errors), each rendered to wrapped lines for a width.
+//!
+//! Rendering is cached per entry and width; an entry is re-rendered only
+//! when it changes (the answer being streamed, a tool call finishing), so
+//! a long transcript costs nothing per frame but its visible rows.
+
+use cordon_agent::{ContentBlock, Message};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::{Line, Span};
+use serde_json::Value;
+
+use crate::{markdown, theme, wrap};
+
+/// Output lines of a finished tool call shown while collapsed.
+pub const COLLAPSED_LINES: usize = 4;
+/// Diff lines of an edit shown while collapsed.
+pub const COLLAPSED_DIFF_LINES: usize = 12;
+const SPINNER: [&str; 10] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"];
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolState {
+    /// Waiting for the user's approval.
+    Pending,
+    Running,
+    Done {
+        output: String,
+        is_error: bool,
+        duration_ms: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub input: Value,
+    pub state: ToolState,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entry {
+    User(String),
+    /// The model's answer, Markdown, possibly still streaming.
+    Assistant(String),
+    Thinking(String),
+    Tool(ToolCall),
+    /// Information from cordon itself (compaction, retries, /cost, /help).
+    Notice(String),
+    /// Something went wrong, and what to do about it.
+    Error {
+        message: String,
+        hint: Option<String>,
+    },
+}
+
+#[derive(Default)]
+pub struct Transcript {
+    entries: Vec<Entry>,
+    cache: Vec<Option<Cached>>,
+    /// Tool output shown whole instead of cut to a few lines.
+    expanded: bool,
+}
+
+struct Cached {
+    width: u16,
+    lines: Vec<Line<'static>>,
+}
+
+impl Transcript {
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    pub fn push(&mut self, e: Entry) {
+        self.entries.push(e);
+        self.cache.push(None);
+    }
+
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.cache.clear();
+    }
+
+    pub fn expanded(&self) -> bool {
+        self.expanded
+    }
+
+    pub fn set_expanded(&mut self, on: bool) {
+        if self.expanded != on {
+            self.expanded = on;
+            self.cache.iter_mut().for_each(|c| *c = None);
+        }
+    }
+
+    /// The entry at `i`, to change; its rendering is redone.
+    pub fn get_mut(&mut self, i: usize) -> Option<&mut Entry> {
+        if let Some(c) = self.cache.get_mut(i) {
+            *c = None;
+        }
+        self.entries.get_mut(i)
+    }
+
+    /// Appends streamed text to the answer being written, or starts one.
+    pub fn append_assistant(&mut self, text: &str) {
+        match self.entries.last_mut() {
+            Some(Entry::Assistant(s)) => {
+                s.push_str(text);
+                let last = self.cache.len() - 1;
+                self.cache[last] = None;
+            }
+            _ => self.push(Entry::Assistant(text.to_string())),
+        }
+    }
+
+    pub fn append_thinking(&mut self, text: &str) {
+        match self.entries.last_mut() {
+            Some(Entry::Thinking(s)) => {
+                s.push_str(text);
+                let last = self.cache.len() - 1;
+                self.cache[last] = None;
+            }
+            _ => self.push(Entry::Thinking(text.to_string())),
+        }
+    }
+
+    /// Drops what was streamed since the last tool call or prompt: the
+    /// request is being retried and its answer will come again.
+    pub fn drop_streamed(&mut self) {
+        while matches!(
+            self.entries.last(),
+            Some(Entry::Assistant(_) | Entry::Thinking(_))
+        ) {
+            self.entries.pop();
+            self.cache.pop();
+        }
+    }
+
+    pub fn tool_index(&self, id: &str) -> Option<usize> {
+        self.entries
+            .iter()
+            .rposition(|e| matches!(e, Entry::Tool(t) if t.id == id))
+    }
+
+    /// Every row of the transcript at `width`, entries one blank row apart.
+    /// `tick` drives the spinners of running tools.
+    pub fn lines(&mut self, width: u16, tick: u64) -> Vec<Line<'static>> {
+        let mut out = Vec::new();
+        for i in 0..self.entries.len() {
+            if i > 0 {
+                out.push(Line::default());
+            }
+            let live = matches!(
+                &self.entries[i],
+                Entry::Tool(ToolCall {
+                    state: ToolState::Running | ToolState::Pending,
+                    ..
+                })
+            );
+            if live {
+                // Spinners change every frame: not worth caching.
+                out.extend(render_entry(&self.entries[i], width, self.expanded, tick));
+                continue;
+            }
+            let fresh = self.cache[i].as_ref().is_some_and(|c| c.width == width);
+            if !fresh {
+                self.cache[i] = Some(Cached {
+                    width,
+                    lines: render_entry(&self.entries[i], width, self.expanded, tick),
+                });
+            }
+            out.extend(
+                self.cache[i]
+                    .as_ref()
+                    .expect("cached")
+                    .lines
+                    .iter()
+                    .cloned(),
+            );
+        }
+        out
+    }
+
+    /// Entries for an earlier conversation, from its history.
+    pub fn from_history(history: &[Message]) -> Transcript {
+        let mut t = Transcript::default();
+        for m in history {
+            match m {
+                Message::User { text, tool_results } => {
+                    for r in tool_results {
+                        if let Some(i) = t.tool_index(&r.tool_use_id)
+                            && let Some(Entry::Tool(call)) = t.get_mut(i)
+                        {
+                            call.state = ToolState::Done {
+                                output: r.content.clone(),
+                                is_error: r.is_error,
+                                duration_ms: 0,
+                            };
+                        }
+                    }
+                    if text.starts_with("[This conversation was compacted") {
+                        t.push(Entry::Notice(
+                            "Earlier turns were summarised to fit the context window.".into(),
+                        ));
+                    } else if !text.is_empty() {
+                        t.push(Entry::User(text.clone()));
+                    }
+                }
+                Message::Assistant(a) => {
+                    for block in &a.content {
+                        match block {
+                            ContentBlock::Text { text } if !text.trim().is_empty() => {
+                                t.push(Entry::Assistant(text.clone()));
+                            }
+                            ContentBlock::ToolUse { id, name, input } => {
+                                t.push(Entry::Tool(ToolCall {
+                                    id: id.clone(),
+                                    name: name.clone(),
+                                    input: input.clone(),
+                                    // Until its result is found below.
+                                    state: ToolState::Done {
+                                        output: String::new(),
+                                        is_error: false,
+                                        duration_ms: 0,
+                                    },
+                                }));
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+        t
+    }
+}
+
+/// One entry as wrapped lines.
+pub fn render_entry(e: &Entry, width: u16, expanded: bool, tick: u64) -> Vec<Line<'static>> {
+    let lines = match e {
+        Entry::User(text) => {
+            let mut v = Vec::new();
+            for (i, l) in text.lines().enumerate() {
+                let mark = if i == 0 { "› " } else { "  " };
+                v.push(Line::from(vec![
+                    Span::styled(mark, theme::user()),
+                    Span::styled(l.to_string(), Style::new().add_modifier(Modifier::BOLD)),
+                ]));
+            }
+            if v.is_empty() {
+                v.push(Line::from(Span::styled("› ", theme::user())));
+            }
+            v
+        }
+        Entry::Assistant(text) => markdown::render(text, width),
+        Entry::Thinking(text) => {
+            let style = theme::dim().add_modifier(Modifier::ITALIC);
+            let all: Vec<&str> = text.trim().lines().collect();
+            let shown = if expanded {
+                all.len()
+            } else {
+                all.len().min(2)
+            };
+            let mut v: Vec<Line<'static>> = all[..shown]
+                .iter()
+                .map(|l| Line::from(Span::styled(format!("✻ {l}"), style)))
+                .collect();
+            if shown < all.len() {
+                v.push(Line::from(Span::styled(
+                    format!("  … {} more lines of thinking (ctrl+o)", all.len() - shown),
+                    theme::dim(),
+                )));
+            }
+            v
+        }
+        Entry::Tool(call) => render_tool(call, width, expanded, tick),
+        Entry::Notice(text) => text
+            .lines()
+            .map(|l| Line::from(Span::styled(format!("· {l}"), theme::notice())))
+            .collect(),
+        Entry::Error { message, hint } => {
+            let mut v = vec![Line::from(vec![
+                Span::styled("✗ ", theme::error_bold()),
+                Span::styled(message.clone(), theme::error()),
+            ])];
+            if let Some(h) = hint {
+                v.push(Line::from(Span::styled(format!("  {h}"), theme::error())));
+            }
+            v
+        }
+    };
+    wrap::wrap_all(&lines, width)
+}
+
+/// The argument that says what a call does: the command, the path, …
+pub fn key_argument(name: &str, input: &Value) -> String {
+    let s = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or("");
+    let first_line = |t: &str| {
+        let mut l = t.lines().next().unwrap_or("").to_string();
+        if t.lines().nth(1).is_some() {
+            l.push_str(" …");
+        }
+        l
+    };
+    match name {
+        "bash" => {
+            if input.get("restart").and_then(Value::as_bool) == Some(true) {
+                "(restart)".into()
+            } else {
+                first_line(s("command"))
+            }
+        }
+        "read_file" | "write_file" | "edit_file" | "list_dir" => s("path").to_string(),
+        "search_files" => {
+            let path = s("path");
+            if path.is_empty() {
+                s("pattern").to_string()
+            } else {
+                format!("{} in {path}", s("pattern"))
+            }
+        }
+        "run_code" => format!("{}: {}", s("language"), first_line(s("code"))),
+        _ => {
+            let mut j = input.to_string();
+            if j.len() > 80 {
+                let mut end = 77;
+                while !j.is_char_boundary(end) {
+                    end -= 1;
+                }
+                j.truncate(end);
+                j.push('…');
+            }
+            j
+        }
+    }
+}
+
+fn render_tool(call: &ToolCall, width: u16, expanded: bool, tick: u64) -> Vec<Line<'static>> {
+    let (icon, icon_style) = match &call.state {
+        ToolState::Pending => ("?".to_string(), theme::approval()),
+        ToolState::Running => (
+            SPINNER[(tick as usize) % SPINNER.len()].to_string(),
+            theme::running(),
+        ),
+        ToolState::Done { is_error: true, .. } => ("✗".into(), theme::error_bold()),
+        ToolState::Done { .. } => ("✓".into(), theme::ok()),
+    };
+    let mut head = vec![
+        Span::styled(format!("{icon} "), icon_style),
+        Span::styled(call.name.clone(), theme::tool_name()),
+        Span::raw(" "),
+        Span::raw(key_argument(&call.name, &call.input)),
+    ];
+    if let ToolState::Done { duration_ms, .. } = &call.state
+        && *duration_ms > 0
+    {
+        head.push(Span::styled(
+            format!("  {}", duration(*duration_ms)),
+            theme::dim(),
+        ));
+    }
+    if call.state == ToolState::Pending {
+        head.push(Span::styled("  waiting for approval", theme::approval()));
+    }
+    let mut lines = vec![Line::from(head)];
+
+    // Edits show what they change, whatever the state.
+    if call.name == "edit_file" {
+        let old = call.input["old_string"].as_str().unwrap_or("");
+        let new = call.input["new_string"].as_str().unwrap_or("");
+        lines.extend(limit(diff_lines(old, new), expanded, COLLAPSED_DIFF_LINES));
+    } else if call.name == "write_file" && call.state == ToolState::Pending {
+        let content = call.input["content"].as_str().unwrap_or("");
+        lines.extend(limit(
+            diff_lines("", content),
+            expanded,
+            COLLAPSED_DIFF_LINES,
+        ));
+    } else if call.name == "bash" || call.name == "run_code" {
+        // A multi-line command or program is shown whole when expanded.
+        let key = if call.name == "bash" {
+            "command"
+        } else {
+            "code"
+        };
+        let text = call.input[key].as_str().unwrap_or("");
+        if expanded && text.lines().count() > 1 {
+            lines.extend(
+                text.lines()
+                    .map(|l| Line::from(Span::styled(format!("    {l}"), theme::dim()))),
+            );
+        }
+    }
+
+    if let ToolState::Done {
+        output, is_error, ..
+    } = &call.state
+    {
+        let show_output = call.name != "edit_file" || *is_error;
+        if show_output && !output.trim().is_empty() {
+            let style = if *is_error {
+                theme::error()
+            } else {
+                theme::dim()
+            };
+            let body: Vec<Line<'static>> = output
+                .trim_end()
+                .lines()
+                .map(|l| {
+                    Line::from(Span::styled(
+                        format!("  │ {}", l.replace('\t', "    ")),
+                        style,
+                    ))
+                })
+                .collect();
+            lines.extend(limit(body, expanded, COLLAPSED_LINES));
+        }
+    }
+    let _ = width;
+    lines
+}
+
+/// At most `n` of `lines` unless expanded, with a line saying what is hidden.
+fn limit(lines: Vec<Line<'static>>, expanded: bool, n: usize) -> Vec<Line<'static>> {
+    if expanded || lines.len() <= n {
+        return lines;
+    }
+    let hidden = lines.len() - n;
+    let mut v: Vec<Line<'static>> = lines.into_iter().take(n).collect();
+    v.push(Line::from(Span::styled(
+        format!("  … {hidden} more lines (ctrl+o to expand)"),
+        theme::dim(),
+    )));
+    v
+}
+
+/// A unified diff of `old` to `new`, coloured.
+pub fn diff_lines(old: &str, new: &str) -> Vec<Line<'static>> {
+    let patch = diffy::create_patch(old, new);
+    let mut out = Vec::new();
+    for hunk in patch.hunks() {
+        out.push(Line::from(Span::styled(
+            format!(
+                "  @@ -{},{} +{},{} @@",
+                hunk.old_range().start(),
+                hunk.old_range().len(),
+                hunk.new_range().start(),
+                hunk.new_range().len()
+            ),
+            theme::hunk(),
+        )));
+        for l in hunk.lines() {
+            let (mark, text, style) = match l {
+                diffy::Line::Delete(t) => ("-", *t, theme::removed()),
+                diffy::Line::Insert(t) => ("+", *t, theme::added()),
+                diffy::Line::Context(t) => (" ", *t, theme::dim()),
+            };
+            out.push(Line::from(Span::styled(
+                format!(
+                    "  {mark} {}",
+                    text.trim_end_matches('\n').replace('\t', "    ")
+                ),
+                style,
+            )));
+        }
+    }
+    out
+}
+
+fn duration(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else if ms < 60_000 {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    } else {
+        format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn plain(lines: &[Line<'_>]) -> Vec<String> {
+        lines
+            .iter()
+            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
+            .collect()
+    }
+
+    fn done(name: &str, input: Value, output: &str, is_error: bool) -> Entry {
+        Entry::Tool(ToolCall {
+            id: "t1".into(),
+            name: name.into(),
+            input,
+            state: ToolState::Done {
+                output: output.into(),
+                is_error,
+                duration_ms: 1500,
+            },
+        })
+    }
+
+    #[test]
+    fn tool_output_is_collapsed_until_expanded() {
+        let out: String = (1..=10).map(|i| format!("line {i}\n")).collect();
+        let e = done("bash", json!({"command": "seq 10"}), &out, false);
+        let collapsed = plain(&render_entry(&e, 60, false, 0));
+        assert_eq!(collapsed[0], "✓ bash seq 10  1.5 s");
+        assert_eq!(collapsed.len(), 1 + COLLAPSED_LINES + 1);
+        assert_eq!(collapsed[5], "  … 6 more lines (ctrl+o to expand)");
+        let expanded = plain(&render_entry(&e, 60, true, 0));
+        assert_eq!(expanded.len(), 11);
+        assert_eq!(expanded[10], "  │ line 10");
+    }
+
+    #[test]
+    fn an_edit_shows_a_coloured_diff() {
+        let e = done(
+            "edit_file",
+            json!({"path": "a.py", "old_string": "x = 1\n", "new_string": "x = 2\n"}),
+            "ok",
+            false,
+        );
+        let lines = render_entry(&e, 60, false, 0);
+        let text = plain(&lines);
+        assert_eq!(text[0], "✓ edit_file a.py  1.5 s");
+        let minus = text.iter().position(|l| l == "  - x = 1").unwrap();
+        let plus = text.iter().position(|l| l == "  + x = 2").unwrap();
+        assert_eq!(lines[minus].spans[0].style, theme::removed());
+        assert_eq!(lines[plus].spans[0].style, theme::added());
+    }
+
+    #[test]
+    fn history_becomes_entries_with_results_attached() {
+        let history = vec![
+            Message::User {
+                text: "list files".into(),
+                tool_results: vec![],
+            },
+            Message::Assistant(cordon_agent::AssistantMessage {
+                content: vec![
+                    ContentBlock::Text {
+                        text: "Listing.".into(),
+                    },
+                    ContentBlock::ToolUse {
+                        id: "c1".into(),
+                        name: "bash".into(),
+                        input: json!({"command": "ls"}),
+                    },
+                ],
+                stop_reason: cordon_agent::StopReason::ToolUse,
+                usage: Default::default(),
+            }),
+            Message::User {
+                text: String::new(),
+                tool_results: vec![cordon_agent::ToolResult {
+                    tool_use_id: "c1".into(),
+                    content: "a.txt".into(),
+                    is_error: false,
+                }],
+            },
+        ];
+        let t = Transcript::from_history(&history);
+        assert_eq!(t.entries().len(), 3);
+        assert!(
+            matches!(&t.entries()[2], Entry::Tool(ToolCall { state: ToolState::Done { output, .. }, .. }) if output == "a.txt")
+        );
+    }
+}

@@ -1,0 +1,212 @@
+//! Draws the app: the transcript, the approval prompt, the input box and
+//! the status line, with the session picker over them when open.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Clear, List, ListItem, ListState, Paragraph};
+
+use crate::app::{App, SandboxState};
+use crate::{theme, transcript};
+
+pub fn draw(f: &mut Frame<'_>, app: &mut App) {
+    let area = f.area();
+    let input_rows = (app.input.lines().len() as u16).clamp(1, 8) + 2;
+    let approval_rows = if app.approval.is_some() { 3 } else { 0 };
+    let [body, approval, input, status] = Layout::vertical([
+        Constraint::Min(1),
+        Constraint::Length(approval_rows),
+        Constraint::Length(input_rows),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+
+    draw_transcript(f, app, body);
+    if app.approval.is_some() {
+        draw_approval(f, app, approval);
+    }
+    draw_input(f, app, input);
+    draw_status(f, app, status);
+    if app.picker.is_some() {
+        draw_picker(f, app, area);
+    }
+}
+
+fn draw_transcript(f: &mut Frame<'_>, app: &mut App, area: Rect) {
+    let lines = app.transcript.lines(area.width, app.tick);
+    let height = area.height as usize;
+    app.view_height = height;
+    app.max_top = lines.len().saturating_sub(height);
+    let top = match app.scroll {
+        Some(t) if t < app.max_top => t,
+        Some(_) => {
+            app.scroll = None;
+            app.max_top
+        }
+        None => app.max_top,
+    };
+    let visible: Vec<Line<'static>> = lines.into_iter().skip(top).take(height).collect();
+    f.render_widget(Paragraph::new(visible), area);
+    if app.scroll.is_some() && area.height > 0 && area.width > 20 {
+        let below = app.max_top - top;
+        let tag = format!(" ↓ {below} more rows (End) ");
+        let w = tag.chars().count() as u16;
+        let r = Rect {
+            x: area.x + area.width.saturating_sub(w),
+            y: area.y + area.height - 1,
+            width: w.min(area.width),
+            height: 1,
+        };
+        f.render_widget(Paragraph::new(Span::styled(tag, theme::selected())), r);
+    }
+}
+
+fn draw_approval(f: &mut Frame<'_>, app: &App, area: Rect) {
+    let Some(a) = &app.approval else { return };
+    let what = transcript::key_argument(&a.name, &a.input);
+    let question = Line::from(vec![
+        Span::styled("Run ", theme::approval()),
+        Span::styled(
+            a.name.clone(),
+            theme::approval().add_modifier(Modifier::UNDERLINED),
+        ),
+        Span::styled(format!(" {what}?"), theme::approval()),
+    ]);
+    let choices = if a.denying {
+        Line::from(Span::styled(
+            "Type why (it goes back to the model) and press Enter · Esc: back",
+            theme::dim(),
+        ))
+    } else {
+        Line::from(vec![
+            Span::styled("[y]", theme::ok()),
+            Span::raw(" yes, once   "),
+            Span::styled("[a]", theme::ok()),
+            Span::raw(format!(" yes, and don't ask again for {}   ", a.name)),
+            Span::styled("[n]", theme::error()),
+            Span::raw(" no, and say why"),
+        ])
+    };
+    let block = Block::default()
+        .borders(Borders::TOP)
+        .border_style(theme::approval());
+    f.render_widget(Paragraph::new(vec![question, choices]).block(block), area);
+}
+
+fn draw_input(f: &mut Frame<'_>, app: &mut App, area: Rect) {
+    let title = if app.approval.as_ref().is_some_and(|a| a.denying) {
+        " reason for denying "
+    } else if app.busy {
+        " working… Ctrl+C to cancel "
+    } else {
+        ""
+    };
+    let border = if app.busy {
+        theme::running()
+    } else {
+        theme::dim()
+    };
+    app.input.set_block(
+        Block::default()
+            .borders(Borders::ALL)
+            .border_style(border)
+            .title(Span::styled(title, border)),
+    );
+    f.render_widget(&app.input, area);
+}
+
+fn draw_status(f: &mut Frame<'_>, app: &App, area: Rect) {
+    let s = &app.status;
+    let sandbox = match s.sandbox {
+        SandboxState::Starting => "sandbox starting",
+        SandboxState::Ready => "sandbox ready",
+        SandboxState::Busy => "sandbox running",
+        SandboxState::Closed => "sandbox closed",
+    };
+    let tokens = s.usage.prompt_tokens() + s.usage.output_tokens;
+    let cost = s.cost_usd.map(|c| format!(" ${c:.2}")).unwrap_or_default();
+    let pct = if s.context_window > 0 {
+        (s.context_tokens as f64 / s.context_window as f64 * 100.0).round() as u64
+    } else {
+        0
+    };
+    let right = format!(" {} tok{cost} · ctx {pct}% ", human(tokens));
+    let left_full = format!(" {} · {} · {sandbox} ", s.model, s.workspace);
+    let width = area.width as usize;
+    // On a narrow screen the workspace goes first, then the model.
+    let left = if left_full.chars().count() + right.chars().count() <= width {
+        left_full
+    } else {
+        let short = format!(" {} · {sandbox} ", s.model);
+        if short.chars().count() + right.chars().count() <= width {
+            short
+        } else {
+            format!(" {sandbox} ")
+        }
+    };
+    let pad = width.saturating_sub(left.chars().count() + right.chars().count());
+    let line = Line::from(vec![
+        Span::raw(left),
+        Span::raw(" ".repeat(pad)),
+        Span::raw(right),
+    ]);
+    f.render_widget(Paragraph::new(line).style(theme::status()), area);
+}
+
+fn human(n: u64) -> String {
+    if n >= 1_000_000 {
+        format!("{:.1}M", n as f64 / 1e6)
+    } else if n >= 10_000 {
+        format!("{}k", n / 1000)
+    } else if n >= 1000 {
+        format!("{:.1}k", n as f64 / 1000.0)
+    } else {
+        n.to_string()
+    }
+}
+
+fn draw_picker(f: &mut Frame<'_>, app: &App, area: Rect) {
+    let Some(p) = &app.picker else { return };
+    let w = area.width.saturating_sub(4).min(100);
+    let h = area
+        .height
+        .saturating_sub(4)
+        .min(p.sessions.len() as u16 + 2)
+        .max(3);
+    let r = Rect {
+        x: area.x + (area.width - w) / 2,
+        y: area.y + (area.height.saturating_sub(h)) / 2,
+        width: w,
+        height: h,
+    };
+    let items: Vec<ListItem<'_>> = p
+        .sessions
+        .iter()
+        .map(|s| {
+            let when = humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(s.started_ms),
+            )
+            .to_string()
+            .replace('T', " ")
+            .trim_end_matches('Z')
+            .to_string();
+            ListItem::new(Line::from(vec![
+                Span::styled(format!("{} ", s.id), theme::dim()),
+                Span::raw(format!("{when}  ")),
+                Span::styled(s.title.clone(), Style::new().add_modifier(Modifier::BOLD)),
+                Span::styled(format!("  {} turns", s.turns), theme::dim()),
+            ]))
+        })
+        .collect();
+    let list = List::new(items)
+        .block(
+            Block::default()
+                .borders(Borders::ALL)
+                .title(" sessions · Enter: load · Esc: close "),
+        )
+        .highlight_style(theme::selected());
+    let mut state = ListState::default().with_selected(Some(p.selected));
+    f.render_widget(Clear, r);
+    f.render_stateful_widget(list, r, &mut state);
+}

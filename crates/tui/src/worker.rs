@@ -1,0 +1,407 @@
+//! The conversation behind the UI: one task that owns the sandbox, the
+//! agent and the session log, and does what the UI asks, one request at a
+//! time. The UI stays responsive because nothing here runs on its task.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use cordon_agent::sessions::{self, SessionSummary};
+use cordon_agent::{
+    Agent, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Message, Provider,
+    ProviderConfig, SessionLog, StopReason, Usage,
+};
+use cordon_sandbox::{Sandbox, SandboxConfig};
+use cordon_tools::{ToolContext, Toolbox};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::app::Answer;
+
+#[derive(Debug)]
+pub enum Request {
+    Send(String),
+    Compact,
+    SetModel(String),
+    Clear,
+    New,
+    ListSessions,
+    Load(String),
+}
+
+pub enum Update {
+    /// The sandbox is up.
+    Ready,
+    /// The sandbox could not be created; nothing can run.
+    SandboxFailed(String),
+    /// A turn or a compaction ended.
+    Done {
+        error: Option<String>,
+        cancelled: bool,
+    },
+    Approval {
+        id: String,
+        name: String,
+        input: Value,
+        reply: oneshot::Sender<Answer>,
+    },
+    Sessions(Vec<SessionSummary>),
+    /// The conversation is now this session (a new one once it is logged,
+    /// or one loaded from disk).
+    Session {
+        id: String,
+        workspace: String,
+        history: Option<Vec<Message>>,
+        usage: Usage,
+    },
+    Notice(String),
+    Error(String),
+}
+
+/// Whether tool calls wait for the user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalMode {
+    Auto,
+    Ask,
+}
+
+/// Asks the UI about each call, except for tools the user allowed for the
+/// session.
+struct UiApprover {
+    updates: mpsc::UnboundedSender<Update>,
+    always: Mutex<HashSet<String>>,
+}
+
+impl Approver for UiApprover {
+    fn approve<'a>(
+        &'a self,
+        id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+    ) -> futures_util::future::BoxFuture<'a, Approval> {
+        Box::pin(async move {
+            if self
+                .always
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(name)
+            {
+                return Approval::Allow;
+            }
+            let (tx, rx) = oneshot::channel();
+            let asked = self.updates.send(Update::Approval {
+                id: id.to_string(),
+                name: name.to_string(),
+                input: input.clone(),
+                reply: tx,
+            });
+            if asked.is_err() {
+                return Approval::Deny("the user interface has closed".into());
+            }
+            match rx.await {
+                Ok(Answer::Always) => {
+                    self.always
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(name.to_string());
+                    Approval::Allow
+                }
+                Ok(a) => a.into(),
+                Err(_) => Approval::Deny("no answer from the user".into()),
+            }
+        })
+    }
+}
+
+pub struct Worker {
+    pub provider: ProviderConfig,
+    pub agent: AgentConfig,
+    pub sandbox: SandboxConfig,
+    pub approval: ApprovalMode,
+    pub sessions_dir: PathBuf,
+    /// A session to continue, from `--resume` or `--last`.
+    pub resume: Option<sessions::Resumed>,
+}
+
+struct State {
+    cfg: Worker,
+    sandbox: Option<Sandbox>,
+    agent: Option<Agent>,
+    /// The session's id once its log exists.
+    session: Option<String>,
+    approver: Option<Arc<UiApprover>>,
+    events: mpsc::UnboundedSender<AgentEvent>,
+    updates: mpsc::UnboundedSender<Update>,
+    cancel: Cancel,
+}
+
+impl Worker {
+    /// Serves `requests` until the UI drops its sender, then closes the
+    /// sandbox.
+    pub async fn run(
+        mut self,
+        mut requests: mpsc::UnboundedReceiver<Request>,
+        events: mpsc::UnboundedSender<AgentEvent>,
+        updates: mpsc::UnboundedSender<Update>,
+        cancel: Cancel,
+    ) {
+        let resume = self.resume.take();
+        let approver = (self.approval == ApprovalMode::Ask).then(|| {
+            Arc::new(UiApprover {
+                updates: updates.clone(),
+                always: Mutex::default(),
+            })
+        });
+        let mut st = State {
+            cfg: self,
+            sandbox: None,
+            agent: None,
+            session: None,
+            approver,
+            events,
+            updates,
+            cancel,
+        };
+        st.start_sandbox().await;
+        match resume {
+            Some(r) => st.adopt(r),
+            None => st.fresh_agent(),
+        }
+        while let Some(req) = requests.recv().await {
+            st.handle(req).await;
+        }
+        st.agent = None;
+        if let Some(sb) = st.sandbox.take() {
+            sb.close().await;
+        }
+    }
+}
+
+impl State {
+    async fn start_sandbox(&mut self) {
+        if let Some(sb) = self.sandbox.take() {
+            sb.close().await;
+        }
+        match Sandbox::create(self.cfg.sandbox.clone()).await {
+            Ok(sb) => {
+                self.sandbox = Some(sb);
+                let _ = self.updates.send(Update::Ready);
+            }
+            Err(e) => {
+                let _ = self.updates.send(Update::SandboxFailed(format!(
+                    "cannot create the sandbox: {e}"
+                )));
+            }
+        }
+    }
+
+    fn new_agent(&self) -> Option<Agent> {
+        let sandbox = self.sandbox.clone()?;
+        let provider = match Provider::new(self.cfg.provider.clone()) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.updates.send(Update::Error(e.to_string()));
+                return None;
+            }
+        };
+        let mut agent = Agent::new(
+            provider,
+            Toolbox::standard(),
+            ToolContext::new(sandbox, &self.cfg.sandbox.workspace),
+            self.cfg.agent.clone(),
+        );
+        if let Some(a) = &self.approver {
+            agent.set_approver(Some(a.clone() as Arc<dyn Approver>));
+        }
+        Some(agent)
+    }
+
+    fn fresh_agent(&mut self) {
+        self.agent = self.new_agent();
+        self.session = None;
+    }
+
+    /// Continues a session from disk in the current sandbox.
+    fn adopt(&mut self, r: sessions::Resumed) {
+        let Some(agent) = self.new_agent() else {
+            return;
+        };
+        let id = r.summary.id.clone();
+        let _ = self.updates.send(Update::Session {
+            id: id.clone(),
+            workspace: r.summary.workspace.clone(),
+            history: Some(r.history.clone()),
+            usage: r.summary.usage,
+        });
+        self.agent = Some(agent.with_history(r.history).with_log(r.log));
+        self.session = Some(id);
+    }
+
+    async fn handle(&mut self, req: Request) {
+        match req {
+            Request::Send(prompt) => self.send(&prompt).await,
+            Request::Compact => self.compact().await,
+            Request::SetModel(m) => {
+                self.cfg.agent.model = m.clone();
+                if let Some(a) = &mut self.agent {
+                    a.config_mut().model = m;
+                }
+            }
+            Request::Clear => self.fresh_agent(),
+            Request::New => {
+                self.agent = None;
+                self.start_sandbox().await;
+                self.fresh_agent();
+            }
+            Request::ListSessions => {
+                let dir = self.cfg.sessions_dir.clone();
+                let list = tokio::task::spawn_blocking(move || sessions::list(&dir))
+                    .await
+                    .unwrap_or_default();
+                let _ = self.updates.send(Update::Sessions(list));
+            }
+            Request::Load(id) => self.load(&id).await,
+        }
+    }
+
+    async fn load(&mut self, id: &str) {
+        let dir = self.cfg.sessions_dir.clone();
+        let wanted = id.to_string();
+        let resumed = tokio::task::spawn_blocking(move || sessions::resume(&dir, Some(&wanted)))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        let r = match resumed {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.updates.send(Update::Error(e));
+                return;
+            }
+        };
+        let ws = PathBuf::from(&r.summary.workspace);
+        if ws != self.cfg.sandbox.workspace {
+            // A session continues in the workspace it started in.
+            if !ws.is_dir() {
+                let _ = self.updates.send(Update::Error(format!(
+                    "session {id} worked in {}, which no longer exists",
+                    ws.display()
+                )));
+                return;
+            }
+            self.agent = None;
+            self.cfg.sandbox.workspace = ws;
+            self.start_sandbox().await;
+        }
+        self.adopt(r);
+    }
+
+    /// Opens the session log on the conversation's first message.
+    fn ensure_log(&mut self, prompt: &str) {
+        if self.session.is_some() {
+            return;
+        }
+        let Some(agent) = self.agent.take() else {
+            return;
+        };
+        let id = sessions::new_id();
+        let path = self.cfg.sessions_dir.join(format!("{id}.jsonl"));
+        let agent = match SessionLog::<Value>::create(&path) {
+            Ok(mut log) => {
+                let title: String = prompt
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .chars()
+                    .take(72)
+                    .collect();
+                let _ = log.append(&json!({
+                    "type": "session_started",
+                    "session_id": id,
+                    "model": self.cfg.agent.model,
+                    "provider": self.cfg.provider.kind.to_string(),
+                    "workspace": self.cfg.sandbox.workspace,
+                    "title": title,
+                    "resumed": false,
+                }));
+                let _ = self.updates.send(Update::Session {
+                    id: id.clone(),
+                    workspace: self.cfg.sandbox.workspace.display().to_string(),
+                    history: None,
+                    usage: Usage::default(),
+                });
+                self.session = Some(id);
+                agent.with_log(log)
+            }
+            Err(e) => {
+                let _ = self.updates.send(Update::Notice(format!(
+                    "This conversation is not saved: cannot create {}: {e}",
+                    path.display()
+                )));
+                agent
+            }
+        };
+        self.agent = Some(agent);
+    }
+
+    async fn send(&mut self, prompt: &str) {
+        if self.agent.is_none() {
+            self.fresh_agent();
+        }
+        if self.agent.is_none() {
+            let _ = self.updates.send(Update::Done {
+                error: Some("the sandbox is not running: /new starts a fresh one".into()),
+                cancelled: false,
+            });
+            return;
+        }
+        self.ensure_log(prompt);
+        self.cancel.reset();
+        let agent = self.agent.as_mut().expect("checked above");
+        let result = agent.send(prompt, &self.events, &self.cancel).await;
+        let done = match result {
+            Ok(o) if o.stop_reason == StopReason::Refusal => Update::Done {
+                error: Some("The model declined this request: rephrase it.".into()),
+                cancelled: false,
+            },
+            Ok(_) => Update::Done {
+                error: None,
+                cancelled: false,
+            },
+            Err(AgentError::Cancelled) => Update::Done {
+                error: None,
+                cancelled: true,
+            },
+            Err(e) => Update::Done {
+                error: Some(e.to_string()),
+                cancelled: false,
+            },
+        };
+        let _ = self.updates.send(done);
+    }
+
+    async fn compact(&mut self) {
+        self.cancel.reset();
+        let Some(agent) = self.agent.as_mut() else {
+            let _ = self.updates.send(Update::Done {
+                error: Some("nothing to compact".into()),
+                cancelled: false,
+            });
+            return;
+        };
+        let done = match agent.compact(&self.events, &self.cancel).await {
+            Ok(_) => Update::Done {
+                error: None,
+                cancelled: false,
+            },
+            Err(AgentError::Cancelled) => Update::Done {
+                error: None,
+                cancelled: true,
+            },
+            Err(e) => Update::Done {
+                error: Some(e.to_string()),
+                cancelled: false,
+            },
+        };
+        let _ = self.updates.send(done);
+    }
+}
