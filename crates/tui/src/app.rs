@@ -227,6 +227,10 @@ impl App {
                 self.transcript.set_expanded(on);
             }
             KeyCode::Char('j') if ctrl => self.input.insert_newline(),
+            // As in a shell, not the text area's undo.
+            KeyCode::Char('u') if ctrl => {
+                self.input.delete_line_by_head();
+            }
             KeyCode::Enter if alt || shift => self.input.insert_newline(),
             KeyCode::Enter => return self.submit(),
             KeyCode::PageUp => self.scroll_up(self.view_height.max(2) - 1),
@@ -642,7 +646,8 @@ pub fn hint_for(message: &str) -> Option<String> {
         "Pick another model with /model NAME (`cordon config` shows the current one)."
     } else if m.contains("context") && (m.contains("too long") || m.contains("window")) {
         "Try /compact, or /clear to start over in the same sandbox."
-    } else if m.contains("connect") || m.contains("unreachable") || m.contains("refused") {
+    } else if m.contains("connect") || m.contains("unreachable") || m.contains("connection refused")
+    {
         "Is the model server running? Check ANTHROPIC_BASE_URL / OPENAI_BASE_URL, then send again."
     } else if m.contains("overloaded")
         || m.contains("rate")

@@ -131,20 +131,27 @@ fn draw_status(f: &mut Frame<'_>, app: &App, area: Rect) {
     } else {
         0
     };
-    let right = format!(" {} tok{cost} · ctx {pct}% ", human(tokens));
-    let left_full = format!(" {} · {} · {sandbox} ", s.model, s.workspace);
+    // Fullest first; a narrow screen drops the workspace, then the model,
+    // then the cost, so the sandbox and the context stay in view.
+    let lefts = [
+        format!(" {} · {} · {sandbox} ", s.model, s.workspace),
+        format!(" {} · {sandbox} ", s.model),
+        format!(" {sandbox} "),
+        String::new(),
+    ];
+    let rights = [
+        format!(" {} tok{cost} · ctx {pct}% ", human(tokens)),
+        format!(" ctx {pct}% "),
+    ];
     let width = area.width as usize;
-    // On a narrow screen the workspace goes first, then the model.
-    let left = if left_full.chars().count() + right.chars().count() <= width {
-        left_full
-    } else {
-        let short = format!(" {} · {sandbox} ", s.model);
-        if short.chars().count() + right.chars().count() <= width {
-            short
-        } else {
-            format!(" {sandbox} ")
-        }
-    };
+    let fits = |l: &String, r: &String| l.chars().count() + r.chars().count() <= width;
+    let (left, right) = lefts
+        .iter()
+        .flat_map(|l| rights.iter().map(move |r| (l, r)))
+        .find(|(l, r)| fits(l, r))
+        .map_or((String::new(), String::new()), |(l, r)| {
+            (l.clone(), r.clone())
+        });
     let pad = width.saturating_sub(left.chars().count() + right.chars().count());
     let line = Line::from(vec![
         Span::raw(left),
@@ -195,7 +202,10 @@ fn draw_picker(f: &mut Frame<'_>, app: &App, area: Rect) {
                 Span::styled(format!("{} ", s.id), theme::dim()),
                 Span::raw(format!("{when}  ")),
                 Span::styled(s.title.clone(), Style::new().add_modifier(Modifier::BOLD)),
-                Span::styled(format!("  {} turns", s.turns), theme::dim()),
+                Span::styled(
+                    format!("  {} turn{}", s.turns, if s.turns == 1 { "" } else { "s" }),
+                    theme::dim(),
+                ),
             ]))
         })
         .collect();

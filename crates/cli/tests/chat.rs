@@ -1,0 +1,306 @@
+//! The chat UI end to end: the real `cordon` binary in a real terminal
+//! (tmux), driven by keystrokes and pastes, against the scripted model
+//! server over HTTP, with the real sandbox.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cordon_testkit::{Scenario, ScriptedServer, Turn};
+use serde_json::json;
+
+/// A tmux server of the test's own, one pane running `cmd`.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start(name: &str, cmd: &str, width: u16, height: u16) -> Tmux {
+        let have = Command::new("tmux").arg("-V").output();
+        if have.is_err() {
+            panic!("tmux is missing: apt-get install tmux (scripts/test installs it)");
+        }
+        let socket = format!("cordon-test-{name}-{}", std::process::id());
+        let t = Tmux { socket };
+        let ok = t
+            .cmd(&[
+                "new-session",
+                "-d",
+                "-x",
+                &width.to_string(),
+                "-y",
+                &height.to_string(),
+                cmd,
+            ])
+            .status
+            .success();
+        assert!(ok, "tmux new-session failed");
+        t
+    }
+
+    fn cmd(&self, args: &[&str]) -> std::process::Output {
+        Command::new("tmux")
+            .args(["-L", &self.socket, "-f", "/dev/null"])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "0"];
+        args.extend_from_slice(keys);
+        assert!(self.cmd(&args).status.success());
+    }
+
+    /// Types `text` literally.
+    fn type_text(&self, text: &str) {
+        assert!(
+            self.cmd(&["send-keys", "-t", "0", "-l", text])
+                .status
+                .success()
+        );
+    }
+
+    /// Pastes `text` as a terminal paste (bracketed, when the program asked).
+    fn paste(&self, text: &str) {
+        assert!(self.cmd(&["set-buffer", "--", text]).status.success());
+        assert!(
+            self.cmd(&["paste-buffer", "-p", "-t", "0"])
+                .status
+                .success()
+        );
+    }
+
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-t", "0"]).stdout).into_owned()
+    }
+
+    fn display(&self, format: &str) -> String {
+        let out = self.cmd(&["display-message", "-p", "-t", "0", format]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Waits until the screen shows `what`; the screen is in the panic.
+    fn wait_for(&self, what: &str) -> String {
+        self.wait_until(what, |s| s.contains(what))
+    }
+
+    fn wait_until(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let s = self.screen();
+            if ok(&s) {
+                return s;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what:?}; the screen:\n{s}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]);
+    }
+}
+
+/// The shell command the pane runs: cordon chat with a clean environment,
+/// then what the terminal looks like after it exits.
+fn chat_command(server: &ScriptedServer, ws: &Path, home: &Path, extra: &str) -> String {
+    format!(
+        "env -i PATH=/usr/bin:/bin TERM=xterm-256color HOME={home} XDG_CONFIG_HOME={home}/config \
+         XDG_DATA_HOME={home}/data ANTHROPIC_BASE_URL={url} ANTHROPIC_API_KEY=sk-test-key-0000 \
+         {bin} chat --workspace {ws} {extra}; echo EXIT=$?; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-*icanon\\|-*echo'; sleep 600",
+        home = home.display(),
+        url = server.url(),
+        bin = env!("CARGO_BIN_EXE_cordon"),
+        ws = ws.display(),
+    )
+}
+
+/// Runs `cordon exec` once so that an earlier session exists.
+fn earlier_session(home: &Path, ws: &Path) -> String {
+    let server = ScriptedServer::start(
+        Scenario::new().turn(Turn::text("The earlier answer, from yesterday.")),
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["exec", "--json", "--workspace"])
+        .arg(ws)
+        .arg("an earlier task")
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .env("ANTHROPIC_API_KEY", "sk-test-key-0000")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
+    first["session_id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn paste_run_cancel_load_and_quit_in_a_real_terminal() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let earlier = earlier_session(home.path(), ws.path());
+    let server = ScriptedServer::start(
+        Scenario::new()
+            // The pasted prompt arrives as one message, both lines in it.
+            .turn(
+                Turn::text("I'll run it in the sandbox.")
+                    .with_tool_call(
+                        "b1",
+                        "bash",
+                        json!({"command": "echo made-in-sandbox > proof.txt; echo sandboxed-$((6*7))"}),
+                    )
+                    .expect_contains("first line of the paste\\nsecond line of the paste"),
+            )
+            .turn(
+                Turn::text("It printed **sandboxed-42**.")
+                    .expect_tool_results(["b1"])
+                    .expect_contains("sandboxed-42"),
+            )
+            .turn(Turn::text("Sleeping.").with_tool_call(
+                "b2",
+                "bash",
+                json!({"command": "sleep 60"}),
+            ))
+            // After Ctrl-C the sleep has a result and the next turn works.
+            .turn(
+                Turn::text("Back after the cancel.")
+                    .expect_tool_results(["b2"])
+                    .expect_contains("after cancelling"),
+            ),
+    );
+    let tmux = Tmux::start(
+        "chat",
+        &chat_command(&server, ws.path(), home.path(), ""),
+        100,
+        30,
+    );
+    tmux.wait_for("sandbox ready");
+    // A multi-line paste stays one message: nothing is sent until Enter.
+    tmux.paste("first line of the paste\nsecond line of the paste");
+    let s = tmux.wait_for("second line of the paste");
+    assert!(s.contains("first line of the paste"), "{s}");
+    assert_eq!(server.requests().len(), 0, "the paste alone sent nothing");
+    tmux.keys(&["Enter"]);
+    // The tool call shows with its command, then its result; the answer
+    // is rendered Markdown (no asterisks).
+    let s = tmux.wait_for("It printed sandboxed-42.");
+    assert!(s.contains("✓ bash echo made-in-sandbox"), "{s}");
+    assert!(s.contains("│ sandboxed-42"), "{s}");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("proof.txt")).unwrap(),
+        "made-in-sandbox\n"
+    );
+
+    // A long tool call, cancelled with Ctrl-C.
+    tmux.type_text("now sleep");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("bash sleep 60");
+    let started = Instant::now();
+    tmux.keys(&["C-c"]);
+    tmux.wait_for("Cancelled.");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the cancel was prompt"
+    );
+    tmux.type_text("carry on after cancelling");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("Back after the cancel.");
+    server.assert_finished();
+
+    // The session picker lists the earlier session; /load continues it.
+    tmux.type_text("/sessions");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("an earlier task");
+    tmux.keys(&["Escape"]);
+    tmux.type_text(&format!("/load {earlier}"));
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for(&format!("Continuing session {earlier}"));
+    assert!(s.contains("The earlier answer, from yesterday."), "{s}");
+    assert!(!s.contains("Back after the cancel."), "{s}");
+
+    // Quit: the terminal is as it was (no alternate screen, no mouse
+    // reporting, canonical mode and echo back on).
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("EXIT=0");
+    assert!(s.contains("is saved: `cordon chat --resume"), "{s}");
+    tmux.wait_until("stty output", |s| s.lines().any(|l| l.trim() == "echo"));
+    let s = tmux.screen();
+    assert!(s.lines().any(|l| l.trim() == "icanon"), "{s}");
+    assert_eq!(tmux.display("#{alternate_on}"), "0");
+    assert_eq!(tmux.display("#{mouse_any_flag}"), "0");
+    assert_eq!(tmux.display("#{cursor_flag}"), "1");
+}
+
+#[test]
+fn sigterm_restores_the_terminal_and_an_approval_can_deny() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Cleaning up.").with_tool_call(
+                "r1",
+                "bash",
+                json!({"command": "touch should-not-exist"}),
+            ))
+            .turn(
+                Turn::text("Understood, leaving it.")
+                    .expect_tool_results(["r1"])
+                    .expect_contains("The user denied this tool call: not today"),
+            ),
+    );
+    let tmux = Tmux::start(
+        "approve",
+        &chat_command(&server, ws.path(), home.path(), "--approval ask"),
+        80,
+        24,
+    );
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("clean up");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("[n] no, and say why");
+    tmux.keys(&["n"]);
+    tmux.wait_for("reason for denying");
+    tmux.type_text("not today");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("Understood, leaving it.");
+    assert!(!ws.path().join("should-not-exist").exists());
+    server.assert_finished();
+
+    let pid = tmux.display("#{pane_pid}");
+    // The pane runs a shell; cordon is its child.
+    let out = Command::new("pgrep")
+        .args(["-P", &pid, "-f", "cordon chat"])
+        .output()
+        .unwrap();
+    let cordon = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        !cordon.is_empty(),
+        "cordon is running under the pane's shell"
+    );
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &cordon])
+            .status()
+            .unwrap()
+            .success()
+    );
+    tmux.wait_for("EXIT=0");
+    tmux.wait_until("stty output", |s| s.lines().any(|l| l.trim() == "echo"));
+    assert_eq!(tmux.display("#{alternate_on}"), "0");
+    assert_eq!(tmux.display("#{mouse_any_flag}"), "0");
+}
