@@ -1,0 +1,225 @@
+//! The UI's behaviour under keys, the mouse and streamed output, on
+//! ratatui's `TestBackend`: prompt recall, commands, quitting, scrolling
+//! and following new output, resizing.
+
+use cordon_agent::{AgentEvent, Usage};
+use cordon_tui::app::Action;
+use cordon_tui::{App, SandboxState, Status};
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers, MouseEvent, MouseEventKind};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+
+fn app() -> App {
+    App::new(Status {
+        model: "claude-sonnet-4-5".into(),
+        workspace: "/w".into(),
+        sandbox: SandboxState::Ready,
+        session: None,
+        usage: Usage::default(),
+        cost_usd: None,
+        context_tokens: 0,
+        context_window: 200_000,
+    })
+}
+
+fn key(code: KeyCode) -> KeyEvent {
+    KeyEvent::new(code, KeyModifiers::NONE)
+}
+
+fn type_text(app: &mut App, text: &str) {
+    for c in text.chars() {
+        app.on_key(key(KeyCode::Char(c)));
+    }
+}
+
+fn enter(app: &mut App) -> Vec<Action> {
+    app.on_key(key(KeyCode::Enter))
+}
+
+fn screen(t: &Terminal<TestBackend>) -> Vec<String> {
+    let buf = t.backend().buffer();
+    (0..buf.area.height)
+        .map(|y| {
+            (0..buf.area.width)
+                .map(|x| buf[(x, y)].symbol().to_string())
+                .collect::<String>()
+                .trim_end()
+                .to_string()
+        })
+        .collect()
+}
+
+fn draw(t: &mut Terminal<TestBackend>, app: &mut App) -> Vec<String> {
+    t.draw(|f| cordon_tui::view::draw(f, app)).unwrap();
+    screen(t)
+}
+
+#[test]
+fn up_and_down_recall_earlier_prompts_and_keep_the_draft() {
+    let mut a = app();
+    for p in ["first", "second"] {
+        type_text(&mut a, p);
+        assert_eq!(enter(&mut a), vec![Action::Send(p.into())]);
+        a.turn_done(None, false);
+    }
+    type_text(&mut a, "draft");
+    a.on_key(key(KeyCode::Up));
+    assert_eq!(a.input_text(), "second");
+    a.on_key(key(KeyCode::Up));
+    assert_eq!(a.input_text(), "first");
+    a.on_key(key(KeyCode::Up));
+    assert_eq!(a.input_text(), "first");
+    a.on_key(key(KeyCode::Down));
+    assert_eq!(a.input_text(), "second");
+    a.on_key(key(KeyCode::Down));
+    assert_eq!(a.input_text(), "draft");
+}
+
+#[test]
+fn commands_become_actions_and_nothing_is_sent_while_a_turn_runs() {
+    let mut a = app();
+    type_text(&mut a, "/model claude-opus-4-1");
+    assert_eq!(
+        enter(&mut a),
+        vec![Action::SetModel("claude-opus-4-1".into())]
+    );
+    assert_eq!(a.status.model, "claude-opus-4-1");
+    for (cmd, action) in [
+        ("/clear", Action::Clear),
+        ("/new", Action::New),
+        ("/sessions", Action::ListSessions),
+        ("/load 1795382010", Action::Load("1795382010".into())),
+    ] {
+        type_text(&mut a, cmd);
+        assert_eq!(enter(&mut a), vec![action], "{cmd}");
+    }
+    type_text(&mut a, "/compact");
+    assert_eq!(enter(&mut a), vec![Action::Compact]);
+    assert!(a.busy);
+    // While busy: prompts and /clear wait, the text stays in the box.
+    type_text(&mut a, "/clear");
+    assert_eq!(enter(&mut a), vec![]);
+    a.on_key(KeyEvent::new(KeyCode::Char('u'), KeyModifiers::CONTROL));
+    type_text(&mut a, "another task");
+    assert_eq!(enter(&mut a), vec![]);
+    assert_eq!(a.input_text(), "another task");
+    // Ctrl-C cancels the running turn.
+    assert_eq!(
+        a.on_key(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)),
+        vec![Action::Cancel]
+    );
+    a.turn_done(None, true);
+    assert!(!a.busy);
+    assert_eq!(enter(&mut a), vec![Action::Send("another task".into())]);
+    a.turn_done(None, false);
+    // Unknown commands are errors, not prompts.
+    type_text(&mut a, "/frobnicate");
+    assert_eq!(enter(&mut a), vec![]);
+    // /cost and /help only add to the transcript.
+    type_text(&mut a, "/cost");
+    assert_eq!(enter(&mut a), vec![]);
+    type_text(&mut a, "/help");
+    assert_eq!(enter(&mut a), vec![]);
+    let mut t = Terminal::new(TestBackend::new(100, 40)).unwrap();
+    let s = draw(&mut t, &mut a).join("\n");
+    assert!(
+        s.contains("✗ unknown command /frobnicate: /help lists them"),
+        "{s}"
+    );
+    assert!(s.contains("· This session: 0 input tokens"), "{s}");
+    assert!(
+        s.contains("/compact  summarise the conversation now"),
+        "{s}"
+    );
+}
+
+#[test]
+fn ctrl_c_twice_or_ctrl_d_on_an_empty_box_quits() {
+    let mut a = app();
+    let ctrl = |c| KeyEvent::new(KeyCode::Char(c), KeyModifiers::CONTROL);
+    type_text(&mut a, "half-typed");
+    // The first Ctrl-C clears the box, the next arms, the next quits.
+    assert_eq!(a.on_key(ctrl('c')), vec![]);
+    assert_eq!(a.input_text(), "");
+    assert_eq!(a.on_key(ctrl('c')), vec![]);
+    assert!(!a.should_quit);
+    assert_eq!(a.on_key(ctrl('c')), vec![Action::Quit]);
+    assert!(a.should_quit);
+
+    let mut b = app();
+    type_text(&mut b, "x");
+    assert_eq!(b.on_key(ctrl('d')), vec![], "not on a non-empty box");
+    b.on_key(key(KeyCode::Backspace));
+    assert_eq!(b.on_key(ctrl('d')), vec![Action::Quit]);
+}
+
+#[test]
+fn the_view_follows_output_unless_scrolled_up() {
+    let mut a = app();
+    type_text(&mut a, "count");
+    enter(&mut a);
+    let mut t = Terminal::new(TestBackend::new(40, 12)).unwrap();
+    for i in 1..=30 {
+        a.on_agent_event(AgentEvent::TextDelta {
+            text: format!("line {i}\n\n"),
+        });
+    }
+    let s = draw(&mut t, &mut a);
+    assert!(s.contains(&"line 30".to_string()), "follows: {s:#?}");
+    // The wheel scrolls up; new output no longer moves the view.
+    a.on_mouse(MouseEvent {
+        kind: MouseEventKind::ScrollUp,
+        column: 0,
+        row: 0,
+        modifiers: KeyModifiers::NONE,
+    });
+    let before = draw(&mut t, &mut a);
+    assert!(!before.contains(&"line 30".to_string()), "{before:#?}");
+    a.on_agent_event(AgentEvent::TextDelta {
+        text: "line 31\n\n".into(),
+    });
+    let after = draw(&mut t, &mut a);
+    assert_eq!(before[..6], after[..6], "the view stayed put");
+    assert!(
+        after.iter().any(|l| l.contains("more rows (End)")),
+        "{after:#?}"
+    );
+    // End follows again.
+    a.on_key(key(KeyCode::End));
+    let s = draw(&mut t, &mut a);
+    assert!(s.contains(&"line 31".to_string()), "{s:#?}");
+    // PageUp, then PageDown back to the bottom, follows too.
+    a.on_key(key(KeyCode::PageUp));
+    draw(&mut t, &mut a);
+    assert!(a.scroll.is_some());
+    a.on_key(key(KeyCode::PageDown));
+    draw(&mut t, &mut a);
+    assert!(a.scroll.is_none());
+}
+
+#[test]
+fn a_resize_redraws_to_the_new_size() {
+    let mut a = app();
+    type_text(&mut a, "go");
+    enter(&mut a);
+    a.on_agent_event(AgentEvent::TextDelta {
+        text: "A sentence long enough that it has to wrap on a narrow screen.".into(),
+    });
+    let mut t = Terminal::new(TestBackend::new(80, 10)).unwrap();
+    let wide = draw(&mut t, &mut a);
+    assert!(
+        wide.iter().any(|l| l.ends_with("narrow screen.")),
+        "{wide:#?}"
+    );
+    t.backend_mut().resize(30, 16);
+    t.resize(ratatui::layout::Rect::new(0, 0, 30, 16)).unwrap();
+    let narrow = draw(&mut t, &mut a);
+    assert!(narrow.iter().all(|l| l.chars().count() <= 30));
+    assert!(
+        narrow
+            .iter()
+            .any(|l| l.trim() == "A sentence long enough that it"),
+        "{narrow:#?}"
+    );
+    assert!(narrow.last().unwrap().contains("ctx 0%"), "{narrow:#?}");
+}
