@@ -65,6 +65,7 @@ pub struct Transcript {
 
 struct Cached {
     width: u16,
+    tick: u64,
     lines: Vec<Line<'static>>,
 }
 
@@ -143,14 +144,12 @@ impl Transcript {
             .rposition(|e| matches!(e, Entry::Tool(t) if t.id == id))
     }
 
-    /// Every row of the transcript at `width`, entries one blank row apart.
-    /// `tick` drives the spinners of running tools.
-    pub fn lines(&mut self, width: u16, tick: u64) -> Vec<Line<'static>> {
-        let mut out = Vec::new();
+    /// Renders what is stale at `width` and returns the number of rows,
+    /// entries one blank row apart. `tick` drives the spinners of running
+    /// tools, which are redone when it changes.
+    pub fn layout(&mut self, width: u16, tick: u64) -> usize {
+        let mut rows = 0;
         for i in 0..self.entries.len() {
-            if i > 0 {
-                out.push(Line::default());
-            }
             let live = matches!(
                 &self.entries[i],
                 Entry::Tool(ToolCall {
@@ -158,28 +157,51 @@ impl Transcript {
                     ..
                 })
             );
-            if live {
-                // Spinners change every frame: not worth caching.
-                out.extend(render_entry(&self.entries[i], width, self.expanded, tick));
-                continue;
-            }
-            let fresh = self.cache[i].as_ref().is_some_and(|c| c.width == width);
+            let fresh = self.cache[i]
+                .as_ref()
+                .is_some_and(|c| c.width == width && (!live || c.tick == tick));
             if !fresh {
                 self.cache[i] = Some(Cached {
                     width,
+                    tick,
                     lines: render_entry(&self.entries[i], width, self.expanded, tick),
                 });
             }
-            out.extend(
-                self.cache[i]
-                    .as_ref()
-                    .expect("cached")
-                    .lines
-                    .iter()
-                    .cloned(),
-            );
+            rows += usize::from(i > 0) + self.cache[i].as_ref().map_or(0, |c| c.lines.len());
+        }
+        rows
+    }
+
+    /// Rows `top..top + height` of the last [`Transcript::layout`]: only
+    /// what is on screen is copied, however long the conversation.
+    pub fn visible(&self, top: usize, height: usize) -> Vec<Line<'static>> {
+        let mut out = Vec::with_capacity(height);
+        let mut row = 0;
+        for (i, c) in self.cache.iter().enumerate() {
+            let Some(c) = c else { continue };
+            if out.len() >= height {
+                break;
+            }
+            let block = usize::from(i > 0) + c.lines.len();
+            if row + block <= top {
+                row += block;
+                continue;
+            }
+            let blank = std::iter::repeat_n(Line::default(), usize::from(i > 0));
+            for line in blank.chain(c.lines.iter().cloned()) {
+                if row >= top && out.len() < height {
+                    out.push(line);
+                }
+                row += 1;
+            }
         }
         out
+    }
+
+    /// Every row at `width`, for tests and small transcripts.
+    pub fn lines(&mut self, width: u16, tick: u64) -> Vec<Line<'static>> {
+        let rows = self.layout(width, tick);
+        self.visible(0, rows)
     }
 
     /// Entries for an earlier conversation, from its history.
@@ -531,6 +553,22 @@ mod tests {
         let plus = text.iter().position(|l| l == "  + x = 2").unwrap();
         assert_eq!(lines[minus].spans[0].style, theme::removed());
         assert_eq!(lines[plus].spans[0].style, theme::added());
+    }
+
+    #[test]
+    fn visible_rows_are_the_same_slice_as_all_rows() {
+        let mut t = Transcript::default();
+        for i in 0..50 {
+            t.push(Entry::User(format!("prompt {i}")));
+            t.push(Entry::Assistant(format!("answer {i}\n\nsecond paragraph")));
+        }
+        let all = plain(&t.lines(40, 0));
+        let rows = t.layout(40, 0);
+        assert_eq!(rows, all.len());
+        for (top, h) in [(0, 10), (7, 13), (rows - 5, 10), (rows, 3)] {
+            let want: Vec<String> = all.iter().skip(top).take(h).cloned().collect();
+            assert_eq!(plain(&t.visible(top, h)), want, "top {top} height {h}");
+        }
     }
 
     #[test]

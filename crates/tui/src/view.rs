@@ -34,10 +34,10 @@ pub fn draw(f: &mut Frame<'_>, app: &mut App) {
 }
 
 fn draw_transcript(f: &mut Frame<'_>, app: &mut App, area: Rect) {
-    let lines = app.transcript.lines(area.width, app.tick);
+    let rows = app.transcript.layout(area.width, app.tick);
     let height = area.height as usize;
     app.view_height = height;
-    app.max_top = lines.len().saturating_sub(height);
+    app.max_top = rows.saturating_sub(height);
     let top = match app.scroll {
         Some(t) if t < app.max_top => t,
         Some(_) => {
@@ -46,8 +46,7 @@ fn draw_transcript(f: &mut Frame<'_>, app: &mut App, area: Rect) {
         }
         None => app.max_top,
     };
-    let visible: Vec<Line<'static>> = lines.into_iter().skip(top).take(height).collect();
-    f.render_widget(Paragraph::new(visible), area);
+    f.render_widget(Paragraph::new(app.transcript.visible(top, height)), area);
     if app.scroll.is_some() && area.height > 0 && area.width > 20 {
         let below = app.max_top - top;
         let tag = format!(" ↓ {below} more rows (End) ");
