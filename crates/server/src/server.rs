@@ -175,6 +175,14 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         addr: listen,
         source,
     })?;
+    // Event streams write small frames long after the last request byte;
+    // with Nagle's algorithm each waits for the client's delayed ACK (a
+    // measured 20 ms per job's `finished` event).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+    });
     let app = crate::api::router(shared.clone());
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let serve = tokio::spawn(async move {
