@@ -504,17 +504,22 @@ fn event_stream(
                 }
             }
             if s.live.is_none() {
-                s.live = s.shared.hub.subscribe(&s.id);
+                // Queued: follow it as soon as a worker opens it; running
+                // in another process: the timeout makes this a poll.
+                let shared = s.shared.clone();
+                s.live = shared
+                    .hub
+                    .subscribe_within(&s.id, Duration::from_millis(250))
+                    .await;
+                continue;
             }
-            match s.live.as_mut() {
-                Some(rx) => match rx.recv().await {
+            if let Some(rx) = s.live.as_mut() {
+                match rx.recv().await {
                     Ok(e) => s.queue.push_back(e),
                     // Fell behind or the job ended: the store has it all.
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => s.live = None,
-                },
-                // Queued, or running in another process: poll.
-                None => tokio::time::sleep(Duration::from_millis(250)).await,
+                }
             }
         }
     })

@@ -17,6 +17,8 @@ const BUFFER: usize = 1024;
 #[derive(Default)]
 pub struct Hub {
     jobs: Mutex<HashMap<String, broadcast::Sender<StoredEvent>>>,
+    /// Woken whenever a job opens, for streams waiting on a queued job.
+    opened: tokio::sync::Notify,
 }
 
 impl Hub {
@@ -25,6 +27,30 @@ impl Hub {
         self.lock()
             .entry(id.to_string())
             .or_insert_with(|| broadcast::channel(BUFFER).0);
+        self.opened.notify_waiters();
+    }
+
+    /// Subscribes to `id`, waiting up to `patience` for it to open; `None`
+    /// if it did not (it is queued, or runs in another process).
+    pub async fn subscribe_within(
+        &self,
+        id: &str,
+        patience: std::time::Duration,
+    ) -> Option<broadcast::Receiver<StoredEvent>> {
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            let opened = self.opened.notified();
+            tokio::pin!(opened);
+            // Registered before looking, so an open in between is not missed.
+            opened.as_mut().enable();
+            if let Some(rx) = self.subscribe(id) {
+                return Some(rx);
+            }
+            // Another job's opening wakes us too: look again until the end.
+            if tokio::time::timeout_at(deadline, opened).await.is_err() {
+                return self.subscribe(id);
+            }
+        }
     }
 
     /// Live events of `id`, if it is running here.
