@@ -115,11 +115,11 @@ struct Timed {
 }
 
 impl Tool for Timed {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         self.inner.name()
     }
 
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         self.inner.description()
     }
 
@@ -257,8 +257,8 @@ fn encodings(history: &[Message], steps: usize) -> Vec<Encoding> {
         .specs()
         .into_iter()
         .map(|s| ToolSpec {
-            name: s.name.into(),
-            description: s.description.into(),
+            name: s.name,
+            description: s.description,
             input_schema: s.input_schema,
         })
         .collect();

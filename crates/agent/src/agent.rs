@@ -836,8 +836,8 @@ pub fn tool_specs(toolbox: &Toolbox) -> Vec<ToolSpec> {
         .specs()
         .into_iter()
         .map(|s| ToolSpec {
-            name: s.name.to_string(),
-            description: s.description.to_string(),
+            name: s.name,
+            description: s.description,
             input_schema: s.input_schema,
         })
         .collect()

@@ -9,10 +9,9 @@ use cordon_tui::{ApprovalMode, SandboxState, Status, Worker};
 
 use crate::exec::{Choices, config_error, setup};
 
-#[derive(Debug, Clone, Copy, Default, ValueEnum)]
+#[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum ApprovalArg {
     /// Every tool call runs in the sandbox without asking
-    #[default]
     Auto,
     /// Each tool call waits for you: once, always for that tool, or no
     Ask,
@@ -35,9 +34,9 @@ pub struct ChatArgs {
     /// anthropic or openai
     #[arg(long)]
     pub provider: Option<String>,
-    /// Whether tool calls wait for your approval
-    #[arg(long, value_enum, default_value_t = ApprovalArg::Auto)]
-    pub approval: ApprovalArg,
+    /// Whether tool calls wait for your approval [default: the `approval` setting, else auto]
+    #[arg(long, value_enum)]
+    pub approval: Option<ApprovalArg>,
     /// Model requests allowed per message
     #[arg(long, default_value_t = 50)]
     pub max_steps: u32,
@@ -65,6 +64,10 @@ pub async fn chat(args: ChatArgs) -> i32 {
             .as_ref()
             .map(|r| PathBuf::from(&r.summary.workspace))
     });
+    let mcp = match crate::mcp_cmd::configured() {
+        Ok(m) => m,
+        Err(e) => return config_error(e),
+    };
     let s = match setup(&Choices {
         model: args.model.as_deref(),
         provider: args.provider.as_deref(),
@@ -92,11 +95,15 @@ pub async fn chat(args: ChatArgs) -> i32 {
         },
         sandbox: s.sandbox,
         approval: match args.approval {
-            ApprovalArg::Auto => ApprovalMode::Auto,
-            ApprovalArg::Ask => ApprovalMode::Ask,
+            Some(ApprovalArg::Ask) => ApprovalMode::Ask,
+            Some(ApprovalArg::Auto) => ApprovalMode::Auto,
+            // Settings::load has checked it is auto or ask.
+            None if s.settings.get("approval") == Some("ask") => ApprovalMode::Ask,
+            None => ApprovalMode::Auto,
         },
         sessions_dir: sessions::sessions_dir(),
         resume: resumed,
+        mcp,
     };
     match cordon_tui::run(status, worker).await {
         Ok(out) => {

@@ -67,6 +67,7 @@ pub(crate) fn config_error(msg: impl std::fmt::Display) -> i32 {
 }
 
 pub(crate) struct Setup {
+    pub settings: Settings,
     pub model: ModelSetup,
     pub workspace: PathBuf,
     pub sandbox: SandboxConfig,
@@ -146,6 +147,7 @@ pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
         .parse::<Network>()
         .map_err(config_error)?;
     Ok(Setup {
+        settings,
         model,
         workspace,
         sandbox,
@@ -200,6 +202,10 @@ pub async fn exec(args: ExecArgs) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
+    let mcp_specs = match crate::mcp_cmd::configured() {
+        Ok(m) => m,
+        Err(e) => return config_error(e),
+    };
     let sandbox = match Sandbox::create(s.sandbox.clone()).await {
         Ok(sb) => sb,
         Err(e) => {
@@ -207,6 +213,16 @@ pub async fn exec(args: ExecArgs) -> i32 {
             return exit::SANDBOX;
         }
     };
+    // A server that fails is reported once, on stderr in both modes.
+    let mcp = cordon_mcp::McpClients::start(
+        &mcp_specs,
+        std::sync::Arc::new(|m: String| eprintln!("cordon: {m}")),
+    )
+    .await;
+    let mut toolbox = Toolbox::standard();
+    for t in &mcp.tools {
+        toolbox.register_arc(t.clone());
+    }
     let provider = match Provider::new(s.model.provider.clone()) {
         Ok(p) => p,
         Err(e) => return config_error(e),
@@ -250,7 +266,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
     }
     let mut agent = Agent::new(
         provider,
-        Toolbox::standard(),
+        toolbox,
         ToolContext::new(sandbox.clone(), &s.workspace),
         AgentConfig {
             max_steps: args.max_steps,
@@ -367,6 +383,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
     drop(tx);
     let _ = printer.await;
     drop(agent);
+    mcp.shutdown().await;
     sandbox.close().await;
     match result {
         Ok(outcome) if outcome.stop_reason == StopReason::Refusal => {

@@ -4,6 +4,7 @@ mod chat;
 mod config_cmd;
 mod doctor;
 mod exec;
+mod mcp_cmd;
 mod options;
 mod run;
 mod serve_cmd;
@@ -62,6 +63,9 @@ enum Command {
     Exec(exec::ExecArgs),
     /// List the sessions on disk: id, start, title, turns, tokens.
     Sessions,
+    /// Serve the sandbox's tools over MCP on stdio (one sandbox per
+    /// connection); `cordon mcp list` shows the MCP servers the agent uses.
+    Mcp(mcp_cmd::McpArgs),
     /// Serve the jobs API: a persistent queue of sandboxed jobs.
     Serve(serve_cmd::ServeArgs),
     /// Manage the server's bearer tokens.
@@ -118,6 +122,7 @@ fn main() {
             Command::Config(args) => config_cmd::config(args),
             Command::Exec(args) => exec::exec(args).await,
             Command::Sessions => sessions_cmd::sessions(),
+            Command::Mcp(args) => mcp_cmd::mcp(args).await,
             Command::Serve(args) => serve_cmd::serve(args).await,
             Command::Token(args) => serve_cmd::token(args).await,
         }

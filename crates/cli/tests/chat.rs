@@ -261,7 +261,19 @@ fn sigterm_restores_the_terminal_and_an_approval_can_deny() {
                 Turn::text("Understood, leaving it.")
                     .expect_tool_results(["r1"])
                     .expect_contains("The user denied this tool call: not today"),
-            ),
+            )
+            // "a": this call and every later bash call run without asking.
+            .turn(Turn::text("First file.").with_tool_call(
+                "m1",
+                "bash",
+                json!({"command": "touch first"}),
+            ))
+            .turn(
+                Turn::text("Second file.")
+                    .with_tool_call("m2", "bash", json!({"command": "touch second"}))
+                    .expect_tool_results(["m1"]),
+            )
+            .turn(Turn::text("Both made.").expect_tool_results(["m2"])),
     );
     let tmux = Tmux::start(
         "approve",
@@ -279,6 +291,17 @@ fn sigterm_restores_the_terminal_and_an_approval_can_deny() {
     tmux.keys(&["Enter"]);
     tmux.wait_for("Understood, leaving it.");
     assert!(!ws.path().join("should-not-exist").exists());
+    tmux.type_text("make two files");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("[a] yes, and don't ask again for bash");
+    tmux.keys(&["a"]);
+    let s = tmux.wait_for("Both made.");
+    assert!(
+        s.contains("bash runs without asking for the rest of this session"),
+        "{s}"
+    );
+    assert!(!s.contains("[a] yes"), "no second prompt: {s}");
+    assert!(ws.path().join("first").exists() && ws.path().join("second").exists());
     server.assert_finished();
 
     let pid = tmux.display("#{pane_pid}");

@@ -40,10 +40,10 @@ pub fn schema() -> Value {
 const DESCRIPTION: &str = "Edit a text file by replacing an exact string. `old_string` must match the file exactly once (whitespace included; leave out read_file's line numbers) unless `replace_all` is set; otherwise the error says how many matches there were and where, or which line came closest. Returns the edited region with line numbers. Use write_file to create new files.";
 
 impl Tool for EditFile {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "edit_file"
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {

@@ -82,9 +82,9 @@ pub type ToolFuture<'a> = Pin<Box<dyn Future<Output = ToolOutput> + Send + 'a>>;
 
 /// One tool the model can call.
 pub trait Tool: Send + Sync {
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &str;
     /// Written for the model: what the tool does and when to use it.
-    fn description(&self) -> &'static str;
+    fn description(&self) -> &str;
     /// JSON Schema of the arguments object.
     fn input_schema(&self) -> Value;
     /// True when calls never change anything, so the agent may run several
@@ -93,6 +93,11 @@ pub trait Tool: Send + Sync {
     /// Runs the tool. Never panics on bad input: invalid arguments give an
     /// error output that tells the model how to retry.
     fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a>;
+    /// False once the tool can no longer work (an MCP server that died):
+    /// it is then no longer offered to the model.
+    fn available(&self) -> bool {
+        true
+    }
 }
 
 /// Limits that shape what the model sees.
@@ -157,8 +162,8 @@ impl ToolContext {
 /// A tool's advertisement to the model.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ToolSpec {
-    pub name: &'static str,
-    pub description: &'static str,
+    pub name: String,
+    pub description: String,
     pub input_schema: Value,
     pub read_only: bool,
 }
@@ -189,24 +194,31 @@ impl Toolbox {
 
     /// Adds a tool, replacing one of the same name.
     pub fn register(&mut self, tool: impl Tool + 'static) {
+        self.register_arc(Arc::new(tool));
+    }
+
+    /// Adds a shared tool, replacing one of the same name.
+    pub fn register_arc(&mut self, tool: Arc<dyn Tool>) {
         self.tools.retain(|t| t.name() != tool.name());
-        self.tools.push(Arc::new(tool));
+        self.tools.push(tool);
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
         self.tools.iter().find(|t| t.name() == name)
     }
 
-    pub fn names(&self) -> Vec<&'static str> {
+    pub fn names(&self) -> Vec<&str> {
         self.tools.iter().map(|t| t.name()).collect()
     }
 
+    /// The tools that can be offered now (see [`Tool::available`]).
     pub fn specs(&self) -> Vec<ToolSpec> {
         self.tools
             .iter()
+            .filter(|t| t.available())
             .map(|t| ToolSpec {
-                name: t.name(),
-                description: t.description(),
+                name: t.name().to_string(),
+                description: t.description().to_string(),
                 input_schema: t.input_schema(),
                 read_only: t.read_only(),
             })

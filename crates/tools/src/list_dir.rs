@@ -40,10 +40,10 @@ pub fn schema() -> Value {
 const DESCRIPTION: &str = "List a directory of the workspace as an indented tree, to a given depth. Directories end with `/`, symbolic links show their target. Files ignored by .gitignore (and the .git directory) are left out. Long listings are capped; list a subdirectory or lower the depth to see the rest.";
 
 impl Tool for ListDir {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "list_dir"
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {

@@ -82,10 +82,10 @@ pub(crate) fn read_text(ctx: &ToolContext, path: &str) -> Result<(WsPath, String
 }
 
 impl Tool for ReadFile {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "read_file"
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {

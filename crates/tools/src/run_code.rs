@@ -51,10 +51,10 @@ pub fn schema() -> Value {
 const DESCRIPTION: &str = "Run a self-contained Python (python3), JavaScript (node) or TypeScript program in the sandbox, with /workspace as the working directory and no network. TypeScript is transpiled to JavaScript first (type annotations and interfaces are removed, not checked). JavaScript using `import`/`export` runs as an ES module, otherwise as CommonJS. Returns the exit code, stdout and stderr; long output is cut to its beginning and end. Each call is a fresh process: use files in /workspace to keep results.";
 
 impl Tool for RunCode {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "run_code"
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {

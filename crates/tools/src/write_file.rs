@@ -30,10 +30,10 @@ pub fn schema() -> Value {
 const DESCRIPTION: &str = "Write a file in the workspace, replacing it whole if it exists and creating missing parent directories. For changing part of an existing file prefer edit_file.";
 
 impl Tool for WriteFile {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "write_file"
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {

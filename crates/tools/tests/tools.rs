@@ -98,7 +98,7 @@ impl Env {
 async fn the_toolbox_lists_every_tool_with_an_object_schema() {
     let tools = Toolbox::standard();
     let specs = tools.specs();
-    let names: Vec<_> = specs.iter().map(|s| s.name).collect();
+    let names: Vec<_> = specs.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(
         names,
         [
@@ -118,7 +118,7 @@ async fn the_toolbox_lists_every_tool_with_an_object_schema() {
     let ro: Vec<_> = specs
         .iter()
         .filter(|s| s.read_only)
-        .map(|s| s.name)
+        .map(|s| s.name.as_str())
         .collect();
     assert_eq!(ro, ["read_file", "list_dir", "search_files"]);
 }

@@ -121,6 +121,8 @@ pub struct Worker {
     pub sessions_dir: PathBuf,
     /// A session to continue, from `--resume` or `--last`.
     pub resume: Option<sessions::Resumed>,
+    /// MCP servers whose tools the model gets too.
+    pub mcp: std::collections::BTreeMap<String, cordon_mcp::ServerSpec>,
 }
 
 struct State {
@@ -130,6 +132,7 @@ struct State {
     /// The session's id once its log exists.
     session: Option<String>,
     approver: Option<Arc<UiApprover>>,
+    extra_tools: Vec<Arc<dyn cordon_tools::Tool>>,
     events: mpsc::UnboundedSender<AgentEvent>,
     updates: mpsc::UnboundedSender<Update>,
     cancel: Cancel,
@@ -152,12 +155,21 @@ impl Worker {
                 always: Mutex::default(),
             })
         });
+        let report_to = updates.clone();
+        let mcp = cordon_mcp::McpClients::start(
+            &self.mcp,
+            Arc::new(move |m: String| {
+                let _ = report_to.send(Update::Error(m));
+            }),
+        )
+        .await;
         let mut st = State {
             cfg: self,
             sandbox: None,
             agent: None,
             session: None,
             approver,
+            extra_tools: mcp.tools.clone(),
             events,
             updates,
             cancel,
@@ -171,6 +183,8 @@ impl Worker {
             st.handle(req).await;
         }
         st.agent = None;
+        st.extra_tools.clear();
+        mcp.shutdown().await;
         if let Some(sb) = st.sandbox.take() {
             sb.close().await;
         }
@@ -204,9 +218,13 @@ impl State {
                 return None;
             }
         };
+        let mut tools = Toolbox::standard();
+        for t in &self.extra_tools {
+            tools.register_arc(t.clone());
+        }
         let mut agent = Agent::new(
             provider,
-            Toolbox::standard(),
+            tools,
             ToolContext::new(sandbox, &self.cfg.sandbox.workspace),
             self.cfg.agent.clone(),
         );

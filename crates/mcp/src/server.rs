@@ -1,0 +1,270 @@
+//! cordon's tools as an MCP server: one sandbox per connection (stdio) or
+//! per MCP session (Streamable HTTP), created when the first tool runs and
+//! torn down, with every process in it, when the connection ends.
+
+use std::sync::Arc;
+
+use cordon_sandbox::{Sandbox, SandboxConfig};
+use cordon_tools::{ToolContext, Toolbox};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::Value;
+use tokio::sync::OnceCell;
+
+const INSTRUCTIONS: &str = "cordon runs every tool inside one isolated Linux sandbox for this \
+connection: the workspace is mounted read-write at /workspace, there is no network, memory and \
+processes are bounded, and /tmp is scratch space. `bash` keeps one shell for the connection, so \
+the working directory, variables and background processes persist between calls. File tools take \
+paths relative to /workspace and refuse anything outside it.";
+
+/// Who an HTTP request is from: put in the request's extensions by the
+/// server's authentication, before rmcp sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpTenant(pub String);
+
+/// The MCP handler for one connection.
+pub struct SandboxServer {
+    config: SandboxConfig,
+    tools: Toolbox,
+    ctx: OnceCell<Result<ToolContext, String>>,
+    /// Over HTTP: the tenant the session belongs to, from its first request.
+    owner: std::sync::OnceLock<Option<McpTenant>>,
+    /// Remove the workspace when the connection ends (HTTP sessions).
+    remove_workspace: bool,
+}
+
+impl SandboxServer {
+    pub fn new(config: SandboxConfig) -> Self {
+        SandboxServer {
+            config,
+            tools: Toolbox::standard(),
+            ctx: OnceCell::new(),
+            owner: std::sync::OnceLock::new(),
+            remove_workspace: false,
+        }
+    }
+
+    /// A handler whose workspace is its own, removed when it ends.
+    pub fn ephemeral(config: SandboxConfig) -> Self {
+        let mut s = SandboxServer::new(config);
+        s.remove_workspace = true;
+        s
+    }
+
+    /// Over HTTP, a session is its first caller's: another tenant's request
+    /// in it is refused as if the session did not exist.
+    fn check_tenant(&self, context: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        let caller = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<McpTenant>())
+            .cloned();
+        let owner = self.owner.get_or_init(|| caller.clone());
+        if *owner == caller {
+            Ok(())
+        } else {
+            Err(ErrorData::invalid_request("no such session", None))
+        }
+    }
+
+    /// The connection's sandbox, created on first use; an error is kept
+    /// and reported on every call rather than retried in a loop.
+    async fn context(&self) -> Result<&ToolContext, String> {
+        self.ctx
+            .get_or_init(|| async {
+                std::fs::create_dir_all(&self.config.workspace).map_err(|e| {
+                    format!(
+                        "cannot create the workspace {}: {e}",
+                        self.config.workspace.display()
+                    )
+                })?;
+                let sandbox = Sandbox::create(self.config.clone())
+                    .await
+                    .map_err(|e| format!("cannot create the sandbox: {e}"))?;
+                Ok(ToolContext::new(sandbox, &self.config.workspace))
+            })
+            .await
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// Ends the sandbox now (its processes are killed), if one was made.
+    pub async fn close(&self) {
+        if let Some(Ok(ctx)) = self.ctx.get() {
+            ctx.sandbox.close().await;
+        }
+    }
+
+    fn tool_list(&self) -> Vec<Tool> {
+        self.tools
+            .specs()
+            .into_iter()
+            .filter_map(|s| {
+                let Value::Object(schema) = s.input_schema else {
+                    return None;
+                };
+                let annotations = ToolAnnotations::new()
+                    .read_only(s.read_only)
+                    .destructive(!s.read_only)
+                    .open_world(false);
+                Some(
+                    Tool::new(s.name, s.description, Arc::new(schema))
+                        .with_annotations(annotations),
+                )
+            })
+            .collect()
+    }
+}
+
+impl ServerHandler for SandboxServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("cordon", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        self.check_tenant(&context)?;
+        Ok(ListToolsResult::with_all_items(self.tool_list()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tool_list().into_iter().find(|t| t.name == name)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.check_tenant(&context)?;
+        let Some(tool) = self.tools.get(&request.name).cloned() else {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "unknown tool {:?}; the tools are {}",
+                    request.name,
+                    self.tools.names().join(", ")
+                ),
+                None,
+            ));
+        };
+        let ctx = match self.context().await {
+            Ok(c) => c,
+            Err(e) => return Ok(CallToolResult::error(vec![ContentBlock::text(e)]).into()),
+        };
+        let input = Value::Object(request.arguments.unwrap_or_default());
+        // A client's cancellation stops the call; the sandbox lives on.
+        let out = tokio::select! {
+            _ = context.ct.cancelled() => {
+                return Ok(CallToolResult::error(vec![ContentBlock::text(
+                    "cancelled by the client",
+                )])
+                .into());
+            }
+            out = tool.call(ctx, input) => out,
+        };
+        let mut result = if out.is_error {
+            CallToolResult::error(vec![ContentBlock::text(out.text)])
+        } else {
+            CallToolResult::success(vec![ContentBlock::text(out.text)])
+        };
+        // Structured results must be objects for clients before 2026-07-28.
+        if let Some(v @ Value::Object(_)) = out.structured {
+            result.structured_content = Some(v);
+        }
+        Ok(result.into())
+    }
+}
+
+impl Drop for SandboxServer {
+    fn drop(&mut self) {
+        // The sandbox itself ends with its last handle (killing what runs
+        // in it); an HTTP session's scratch workspace goes with it.
+        if self.remove_workspace {
+            let ws = self.config.workspace.clone();
+            drop(self.ctx.take());
+            if let Err(e) = std::fs::remove_dir_all(&ws)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!("cannot remove {}: {e}", ws.display());
+            }
+        }
+    }
+}
+
+/// The Streamable HTTP service: a handler (and, on first use, a sandbox
+/// over a fresh workspace from `config`) per MCP session. Mount it behind
+/// authentication that puts an [`McpTenant`] in each request.
+pub fn http_service(
+    config: impl Fn() -> SandboxConfig + Send + Sync + 'static,
+    idle: std::time::Duration,
+) -> rmcp::transport::StreamableHttpService<
+    SandboxServer,
+    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
+> {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(idle);
+    // Every request carries a bearer token, which a DNS-rebinding page
+    // cannot supply: the Host allow-list would only refuse remote users.
+    let http = rmcp::transport::StreamableHttpServerConfig::default().disable_allowed_hosts();
+    rmcp::transport::StreamableHttpService::new(
+        move || Ok(SandboxServer::ephemeral(config())),
+        Arc::new(sessions),
+        http,
+    )
+}
+
+/// Serves the sandbox tools on stdin/stdout, in a sandbox made from
+/// `config` on first use, until the client closes the connection; then
+/// ends the sandbox.
+pub async fn serve_stdio(config: SandboxConfig) -> Result<(), String> {
+    use rmcp::ServiceExt;
+    let server = Arc::new(SandboxServer::new(config));
+    let running = Handle(server.clone())
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| format!("the MCP client did not start a session: {e}"))?;
+    let reason = running.waiting().await;
+    tracing::debug!(?reason, "MCP connection ended");
+    server.close().await;
+    Ok(())
+}
+
+/// A shared handler, so the connection's owner can close its sandbox.
+struct Handle(Arc<SandboxServer>);
+
+impl ServerHandler for Handle {
+    fn get_info(&self) -> ServerConfig {
+        self.0.get_info()
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        self.0.list_tools(request, context).await
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.0.get_tool(name)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.0.call_tool(request, context).await
+    }
+}
