@@ -55,8 +55,9 @@ fn wait_gone(marker: &str) {
     }
 }
 
-/// Checks the observations client.py printed.
-pub fn check_scenario(out: &Value, ws: &Path) {
+/// Checks the observations client.py printed; `ws` is the workspace when
+/// the test knows it (stdio).
+fn check_scenario(out: &Value, ws: Option<&Path>) {
     assert_eq!(out["server"], "cordon");
     assert!(out["instructions"].as_str().unwrap().contains("/workspace"));
     let tools: Vec<&str> = out["tools"]
@@ -88,10 +89,12 @@ pub fn check_scenario(out: &Value, ws: &Path) {
     assert_eq!(out["structured"]["exit_code"], 0, "{}", out["structured"]);
     assert_eq!(out["write_error"], false);
     assert!(out["read"].as_str().unwrap().contains("written over mcp"));
-    assert_eq!(
-        std::fs::read_to_string(ws.join("notes/a.txt")).unwrap(),
-        "written over mcp\n"
-    );
+    if let Some(ws) = ws {
+        assert_eq!(
+            std::fs::read_to_string(ws.join("notes/a.txt")).unwrap(),
+            "written over mcp\n"
+        );
+    }
     assert_eq!(out["escape_error"], true, "{}", out["escape"]);
     assert_eq!(out["absolute_error"], true);
     assert!(!Path::new("/etc/cordon-mcp-test").exists());
@@ -128,9 +131,175 @@ fn the_python_sdk_drives_cordon_mcp_over_stdio() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("client.py prints JSON");
-    check_scenario(&v, ws.path());
+    check_scenario(&v, Some(ws.path()));
     assert!(v["background"].as_str().unwrap().contains("started"));
     // The client has disconnected: the sandbox and the process started
     // in the background inside it are gone.
     wait_gone(&marker);
+}
+
+/// `cordon serve` as a process, on a free port, with its first token.
+struct Serve {
+    child: std::process::Child,
+    base: String,
+    home: tempfile::TempDir,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    fn start() -> Serve {
+        use std::io::{BufRead, BufReader};
+        let home = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", home.path())
+            .env("XDG_DATA_HOME", home.path().join("data"))
+            .env("XDG_CONFIG_HOME", home.path().join("config"))
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        loop {
+            let line = lines.next().expect("the server exited").unwrap();
+            if line.contains("serving on") {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Serve {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            home,
+        }
+    }
+
+    fn token(&self, tenant: &str) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+            .args(["token", "create", "--tenant", tenant])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", self.home.path())
+            .env("XDG_DATA_HOME", self.home.path().join("data"))
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    fn mcp_dirs(&self) -> usize {
+        std::fs::read_dir(self.home.path().join("data/cordon/server/mcp"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+}
+
+/// One JSON-RPC message to /mcp; the answer's body (JSON or SSE) as text.
+fn rpc(
+    s: &Serve,
+    token: Option<&str>,
+    session: Option<&str>,
+    body: Value,
+) -> (u16, Option<String>, String) {
+    let mut r = reqwest::blocking::Client::new()
+        .post(format!("{}/mcp", s.base))
+        .header("Accept", "application/json, text/event-stream")
+        .json(&body);
+    if let Some(t) = token {
+        r = r.bearer_auth(t);
+    }
+    if let Some(id) = session {
+        r = r.header("Mcp-Session-Id", id);
+    }
+    let resp = r.send().unwrap();
+    let status = resp.status().as_u16();
+    let id = resp
+        .headers()
+        .get("mcp-session-id")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, id, resp.text().unwrap())
+}
+
+#[test]
+fn the_python_sdk_drives_cordon_serves_mcp_endpoint() {
+    let Some(py) = python() else { return };
+    let s = Serve::start();
+    let token = s.token("acme");
+    let marker = format!("{}.{}", 900 + std::process::id() % 99, 23);
+    let out = Command::new(&py)
+        .arg(client_script())
+        .args(["http", &format!("{}/mcp", s.base), &token, &marker])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("client.py prints JSON");
+    check_scenario(&v, None);
+    // The client ended its session: its sandbox, what ran in the
+    // background there, and its workspace are gone.
+    wait_gone(&marker);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.mcp_dirs() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the session's workspace is left behind"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn mcp_over_http_needs_a_token_and_a_session_is_its_tenants() {
+    let s = Serve::start();
+    let (a, b) = (s.token("a"), s.token("b"));
+    let init = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "test", "version": "1"}}
+    });
+    let (status, _, body) = rpc(&s, None, None, init.clone());
+    assert_eq!(status, 401, "{body}");
+    let (status, _, _) = rpc(&s, Some("cdn_not_a_token"), None, init.clone());
+    assert_eq!(status, 401);
+
+    let (status, session, body) = rpc(&s, Some(&a), None, init);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"cordon\""), "{body}");
+    let session = session.expect("a session id");
+    let (status, _, _) = rpc(
+        &s,
+        Some(&a),
+        Some(&session),
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    assert_eq!(status, 202);
+    let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    // Another tenant holding the session id gets nothing from it.
+    let (_, _, body) = rpc(&s, Some(&b), Some(&session), list.clone());
+    assert!(body.contains("no such session"), "{body}");
+    assert!(!body.contains("\"bash\""), "{body}");
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": "echo nope > stolen"}}});
+    let (_, _, body) = rpc(&s, Some(&b), Some(&session), call);
+    assert!(body.contains("no such session"), "{body}");
+    // Its owner still can.
+    let (_, _, body) = rpc(&s, Some(&a), Some(&session), list);
+    assert!(body.contains("\"bash\""), "{body}");
 }

@@ -141,6 +141,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/status", get(status_by_query))
         .route("/status/{id}", get(status))
         .merge(crate::sessions::routes())
+        .merge(crate::mcp::routes(&shared))
         .merge(crate::openapi::routes())
         .merge(crate::ui::routes())
         .fallback(|| async { ApiError::not_found("such route (see /openapi.json)") })

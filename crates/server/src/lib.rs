@@ -9,6 +9,7 @@
 pub mod api;
 pub mod hub;
 pub mod job;
+pub mod mcp;
 pub mod openapi;
 pub mod runner;
 pub mod server;
