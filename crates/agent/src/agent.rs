@@ -450,8 +450,13 @@ impl Agent {
             tool_results: Vec::new(),
         });
         let mut total = Usage::default();
-        let tools = self.specs();
+        let mut tools = self.specs();
         for step in 1..=self.config.max_steps {
+            // A tool that stopped working mid-turn (an MCP server that
+            // died) is no longer offered from the next request on.
+            if tools.len() != self.tools.available_count() {
+                tools = self.specs();
+            }
             emit(AgentEvent::TurnStarted { step });
             let mut request = self.request(&tools);
             let mut compacted = false;

@@ -303,3 +303,114 @@ fn mcp_over_http_needs_a_token_and_a_session_is_its_tenants() {
     let (_, _, body) = rpc(&s, Some(&a), Some(&session), list);
     assert!(body.contains("\"bash\""), "{body}");
 }
+
+#[test]
+fn the_agent_calls_an_mcp_servers_tools_and_survives_its_crash() {
+    use cordon_testkit::{Scenario, ScriptedServer, Turn};
+    use serde_json::json;
+    let Some(py) = python() else { return };
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("config/cordon");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.toml"),
+        format!(
+            "[mcp_servers.notes]\ncommand = {py:?}\nargs = [{:?}]\n\n\
+             [mcp_servers.broken]\ncommand = \"/nonexistent/mcp-server\"\n",
+            format!("{}/tests/mcp/notes_server.py", env!("CARGO_MANIFEST_DIR"))
+        ),
+    )
+    .unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Noting.").with_tool_call(
+                "n1",
+                "mcp__notes__add_note",
+                json!({"text": "buy milk"}),
+            ))
+            .turn(
+                Turn::text("Listing.")
+                    .with_tool_call("n2", "mcp__notes__list_notes", json!({}))
+                    .expect_tool_results(["n1"])
+                    .expect_contains("noted (1 so far): buy milk"),
+            )
+            .turn(
+                Turn::text("Crashing it.")
+                    .with_tool_call("n3", "mcp__notes__crash", json!({}))
+                    .expect_tool_results(["n2"])
+                    .expect_contains("buy milk"),
+            )
+            // The model tries the dead server once more, then goes on.
+            .turn(
+                Turn::text("Again.")
+                    .with_tool_call("n4", "mcp__notes__list_notes", json!({}))
+                    .expect_tool_results(["n3"])
+                    .expect_contains("The MCP server notes has stopped"),
+            )
+            .turn(
+                Turn::text("The notes server is gone; carrying on without it.")
+                    .expect_tool_results(["n4"])
+                    .expect_contains("its tools are no longer available"),
+            ),
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["exec", "--json", "note that I must buy milk"])
+        .current_dir(ws.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .env("ANTHROPIC_API_KEY", "sk-test-key-0000")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    server.assert_finished();
+    // Each failure is reported once, in one line.
+    assert_eq!(
+        stderr.matches("MCP server broken did not start").count(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("MCP server notes stopped").count(),
+        1,
+        "{stderr}"
+    );
+    // The MCP tools were offered like the built-in ones, and no longer
+    // once the server had died.
+    let offered = |i: usize| -> Vec<String> {
+        server.requests()[i].body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let first = offered(0);
+    assert!(
+        first.contains(&"mcp__notes__add_note".to_string()),
+        "{first:?}"
+    );
+    assert!(first.contains(&"bash".to_string()));
+    assert!(!first.iter().any(|n| n.starts_with("mcp__broken")));
+    let last = offered(server.requests().len() - 1);
+    assert!(
+        !last.iter().any(|n| n.starts_with("mcp__notes")),
+        "{last:?}"
+    );
+    // Calls and results went through the same events as built-in tools.
+    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let noted = events
+        .iter()
+        .find(|e| e["type"] == "tool_call_finished" && e["name"] == "mcp__notes__add_note");
+    let noted = noted.expect("the MCP call's result is an event");
+    assert_eq!(noted["is_error"], false);
+    assert!(noted["output"].as_str().unwrap().contains("buy milk"));
+}

@@ -211,6 +211,12 @@ impl Toolbox {
         self.tools.iter().map(|t| t.name()).collect()
     }
 
+    /// How many tools can be offered now: cheap, to see whether
+    /// [`Toolbox::specs`] would change.
+    pub fn available_count(&self) -> usize {
+        self.tools.iter().filter(|t| t.available()).count()
+    }
+
     /// The tools that can be offered now (see [`Tool::available`]).
     pub fn specs(&self) -> Vec<ToolSpec> {
         self.tools
