@@ -14,6 +14,10 @@ use crate::options::SandboxOpts;
 pub struct McpArgs {
     #[command(subcommand)]
     pub command: Option<McpCommand>,
+    /// Serve Streamable HTTP at http://ADDR/mcp instead of stdio: loopback
+    /// only, no tokens (`cordon serve` has /mcp behind tokens)
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub sandbox: SandboxOpts,
 }
@@ -34,11 +38,11 @@ pub fn configured() -> Result<BTreeMap<String, ServerSpec>, String> {
 pub async fn mcp(args: McpArgs) -> i32 {
     match args.command {
         Some(McpCommand::List) => list().await,
-        None => serve(args.sandbox).await,
+        None => serve(args.sandbox, args.listen).await,
     }
 }
 
-async fn serve(opts: SandboxOpts) -> i32 {
+async fn serve(opts: SandboxOpts, listen: Option<std::net::SocketAddr>) -> i32 {
     let mut config = match opts.config() {
         Ok(c) => c,
         Err(e) => {
@@ -55,7 +59,46 @@ async fn serve(opts: SandboxOpts) -> i32 {
         );
         return exit::SANDBOX;
     }
-    match cordon_mcp::serve_stdio(config).await {
+    let Some(addr) = listen else {
+        return match cordon_mcp::serve_stdio(config).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("cordon: {e}");
+                1
+            }
+        };
+    };
+    if !addr.ip().is_loopback() {
+        eprintln!(
+            "cordon: --listen {addr}: without tokens only a loopback address is allowed; \
+             `cordon serve` offers /mcp behind bearer tokens"
+        );
+        return exit::SANDBOX;
+    }
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("cordon: cannot listen on {addr}: {e}");
+            return exit::SANDBOX;
+        }
+    };
+    let service = cordon_mcp::http_service(
+        move || config.clone(),
+        std::time::Duration::from_secs(30 * 60),
+        cordon_mcp::Exposure::Local,
+    );
+    let app = axum::Router::new().nest_service("/mcp", service);
+    match listener.local_addr() {
+        Ok(a) => eprintln!("cordon: MCP on http://{a}/mcp"),
+        Err(e) => eprintln!("cordon: {e}"),
+    }
+    let stop = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    match axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+    {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("cordon: {e}");

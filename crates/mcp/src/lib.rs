@@ -8,4 +8,4 @@ pub mod server;
 
 pub use client::{McpClients, Report, qualified_name};
 pub use config::{McpConfigError, ServerSpec};
-pub use server::{McpTenant, SandboxServer, http_service, serve_stdio};
+pub use server::{Exposure, McpTenant, SandboxServer, http_service, serve_stdio};

@@ -213,12 +213,25 @@ impl Drop for SandboxServer {
     }
 }
 
+/// Who may reach an HTTP endpoint, and so what it must check itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposure {
+    /// Behind bearer tokens (`cordon serve`): any Host header, and each
+    /// session's workspace is its own, removed when the session ends.
+    Authenticated,
+    /// Loopback without tokens (`cordon mcp --listen`): only localhost
+    /// Host headers (no DNS rebinding), and every session works in the
+    /// user's workspace, which is kept.
+    Local,
+}
+
 /// The Streamable HTTP service: a handler (and, on first use, a sandbox
-/// over a fresh workspace from `config`) per MCP session. Mount it behind
+/// from `config`) per MCP session. Mount an `Authenticated` one behind
 /// authentication that puts an [`McpTenant`] in each request.
 pub fn http_service(
     config: impl Fn() -> SandboxConfig + Send + Sync + 'static,
     idle: std::time::Duration,
+    exposure: Exposure,
 ) -> rmcp::transport::StreamableHttpService<
     SandboxServer,
     rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
@@ -226,11 +239,21 @@ pub fn http_service(
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     let mut sessions = LocalSessionManager::default();
     sessions.session_config.keep_alive = Some(idle);
-    // Every request carries a bearer token, which a DNS-rebinding page
-    // cannot supply: the Host allow-list would only refuse remote users.
-    let http = rmcp::transport::StreamableHttpServerConfig::default().disable_allowed_hosts();
+    let http = match exposure {
+        // Every request carries a bearer token, which a DNS-rebinding page
+        // cannot supply: the Host allow-list would only refuse remote users.
+        Exposure::Authenticated => {
+            rmcp::transport::StreamableHttpServerConfig::default().disable_allowed_hosts()
+        }
+        Exposure::Local => rmcp::transport::StreamableHttpServerConfig::default(),
+    };
     rmcp::transport::StreamableHttpService::new(
-        move || Ok(SandboxServer::ephemeral(config())),
+        move || {
+            Ok(match exposure {
+                Exposure::Authenticated => SandboxServer::ephemeral(config()),
+                Exposure::Local => SandboxServer::new(config()),
+            })
+        },
         Arc::new(sessions),
         http,
     )

@@ -29,6 +29,7 @@ pub(crate) fn routes(shared: &Arc<Shared>) -> Router<Arc<Shared>> {
             c
         },
         shared.config.session_idle,
+        cordon_mcp::Exposure::Authenticated,
     );
     Router::new()
         .nest_service("/mcp", service)
