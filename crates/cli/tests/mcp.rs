@@ -478,3 +478,62 @@ fn the_mcp_conformance_suite_passes_but_for_its_fixture_scenarios() {
         );
     }
 }
+
+#[test]
+fn mcp_list_shows_each_servers_tools_or_why_it_failed() {
+    let Some(py) = python() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let config = home.path().join("config/cordon");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.toml"),
+        format!(
+            "[mcp_servers.notes]\ncommand = {py:?}\nargs = [{:?}]\n\n\
+             [mcp_servers.broken]\ncommand = \"/nonexistent/mcp-server\"\n\n\
+             [mcp_servers.off]\ncommand = \"true\"\nenabled = false\n",
+            format!("{}/tests/mcp/notes_server.py", env!("CARGO_MANIFEST_DIR"))
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["mcp", "list"])
+        .current_dir(ws.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // A failed server makes the listing exit 1, after listing everything.
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("notes  ("), "{text}");
+    assert!(text.contains("3 tools"), "{text}");
+    assert!(
+        text.contains("  mcp__notes__add_note  Keep a note."),
+        "{text}"
+    );
+    assert!(
+        text.contains("broken  (/nonexistent/mcp-server)  FAILED: cannot run"),
+        "{text}"
+    );
+    assert!(text.contains("off  (true)  disabled"), "{text}");
+    // A malformed configuration is a configuration error.
+    std::fs::write(config.join("config.toml"), "[mcp_servers.x]\nargs = []\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["mcp", "list"])
+        .current_dir(ws.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs either `command` or `url`"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
