@@ -40,6 +40,34 @@ pub fn new_id() -> String {
     )
 }
 
+/// The first record of a session's log (and of `cordon exec --json`): who
+/// works where, and a title from the first line of the first prompt.
+pub fn started_record(
+    id: &str,
+    model: &str,
+    provider: &str,
+    workspace: &Path,
+    prompt: &str,
+    resumed: bool,
+) -> Value {
+    let title: String = prompt
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(72)
+        .collect();
+    json!({
+        "type": "session_started",
+        "session_id": id,
+        "model": model,
+        "provider": provider,
+        "workspace": workspace,
+        "title": title,
+        "resumed": resumed,
+    })
+}
+
 /// What `cordon sessions` shows of one session.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionSummary {

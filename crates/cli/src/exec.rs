@@ -14,7 +14,6 @@ use cordon_agent::{
 };
 use cordon_sandbox::{Network, Sandbox, SandboxConfig, parse_size};
 use cordon_tools::{ToolContext, Toolbox};
-use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::exit;
@@ -239,22 +238,14 @@ pub async fn exec(args: ExecArgs) -> i32 {
             (id, Vec::new(), log)
         }
     };
-    let title: String = prompt
-        .lines()
-        .next()
-        .unwrap_or("")
-        .chars()
-        .take(72)
-        .collect();
-    let started = json!({
-        "type": "session_started",
-        "session_id": id,
-        "model": s.model.agent.model,
-        "provider": s.model.provider.kind.to_string(),
-        "workspace": s.workspace,
-        "title": title,
-        "resumed": !history.is_empty(),
-    });
+    let started = sessions::started_record(
+        &id,
+        &s.model.agent.model,
+        &s.model.provider.kind.to_string(),
+        &s.workspace,
+        &prompt,
+        !history.is_empty(),
+    );
     let mut stdout = std::io::stdout();
     if args.json {
         let _ = writeln!(stdout, "{started}");

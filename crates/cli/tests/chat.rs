@@ -275,6 +275,14 @@ fn sigterm_restores_the_terminal_and_an_approval_can_deny() {
             )
             .turn(Turn::text("Both made.").expect_tool_results(["m2"])),
     );
+    // An MCP server that cannot start is reported once, in red, with a hint.
+    let config = home.path().join("config/cordon");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.toml"),
+        "[mcp_servers.broken]\ncommand = \"/nonexistent/mcp-server\"\n",
+    )
+    .unwrap();
     let tmux = Tmux::start(
         "approve",
         &chat_command(&server, ws.path(), home.path(), "--approval ask"),
@@ -282,6 +290,8 @@ fn sigterm_restores_the_terminal_and_an_approval_can_deny() {
         24,
     );
     tmux.wait_for("sandbox ready");
+    let s = tmux.wait_for("MCP server broken did not start");
+    assert!(s.contains("cordon mcp list"), "{s}");
     tmux.type_text("clean up");
     tmux.keys(&["Enter"]);
     tmux.wait_for("[n] no, and say why");

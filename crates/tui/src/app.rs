@@ -640,7 +640,9 @@ fn add_usage(total: &mut Usage, u: &Usage) {
 /// What to do about an error, where cordon can tell.
 pub fn hint_for(message: &str) -> Option<String> {
     let m = message.to_ascii_lowercase();
-    let h = if m.contains("api key") || m.contains("authentication") || m.contains("401") {
+    let h = if m.starts_with("mcp server") {
+        "Check [mcp_servers] in your configuration; `cordon mcp list` shows what each server says."
+    } else if m.contains("api key") || m.contains("authentication") || m.contains("401") {
         "Check ANTHROPIC_API_KEY (or OPENAI_API_KEY) in the environment, .env or `cordon config`."
     } else if m.contains("model") && (m.contains("not found") || m.contains("unknown")) {
         "Pick another model with /model NAME (`cordon config` shows the current one)."

@@ -17,3 +17,16 @@ pub mod wrap;
 pub use app::{App, SandboxState, Status};
 pub use run::{Outcome, run};
 pub use worker::{ApprovalMode, Worker};
+
+#[cfg(test)]
+mod test_util {
+    use ratatui::text::Line;
+
+    /// The text of each line, styles dropped.
+    pub fn plain(lines: &[Line<'_>]) -> Vec<String> {
+        lines
+            .iter()
+            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
+            .collect()
+    }
+}

@@ -461,13 +461,7 @@ fn fit(cell: &[Span<'static>], width: usize) -> Vec<Span<'static>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn plain(lines: &[Line<'_>]) -> Vec<String> {
-        lines
-            .iter()
-            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
-            .collect()
-    }
+    use crate::test_util::plain;
 
     #[test]
     fn headings_lists_and_inline_styles() {

@@ -503,14 +503,8 @@ fn duration(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::plain;
     use serde_json::json;
-
-    fn plain(lines: &[Line<'_>]) -> Vec<String> {
-        lines
-            .iter()
-            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
-            .collect()
-    }
 
     fn done(name: &str, input: Value, output: &str, is_error: bool) -> Entry {
         Entry::Tool(ToolCall {

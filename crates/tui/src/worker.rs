@@ -155,26 +155,29 @@ impl Worker {
                 always: Mutex::default(),
             })
         });
-        let report_to = updates.clone();
-        let mcp = cordon_mcp::McpClients::start(
-            &self.mcp,
-            Arc::new(move |m: String| {
-                let _ = report_to.send(Update::Error(m));
-            }),
-        )
-        .await;
         let mut st = State {
             cfg: self,
             sandbox: None,
             agent: None,
             session: None,
             approver,
-            extra_tools: mcp.tools.clone(),
+            extra_tools: Vec::new(),
             events,
             updates,
             cancel,
         };
+        // The sandbox first: the UI can say it is ready while MCP servers
+        // (up to their start-up timeout) come up.
         st.start_sandbox().await;
+        let report_to = st.updates.clone();
+        let mcp = cordon_mcp::McpClients::start(
+            &st.cfg.mcp,
+            Arc::new(move |m: String| {
+                let _ = report_to.send(Update::Error(m));
+            }),
+        )
+        .await;
+        st.extra_tools = mcp.tools.clone();
         match resume {
             Some(r) => st.adopt(r),
             None => st.fresh_agent(),
@@ -376,23 +379,14 @@ impl State {
         self.cancel.reset();
         let agent = self.agent.as_mut().expect("checked above");
         let result = agent.send(prompt, &self.events, &self.cancel).await;
-        let done = match result {
-            Ok(o) if o.stop_reason == StopReason::Refusal => Update::Done {
+        let refused = matches!(&result, Ok(o) if o.stop_reason == StopReason::Refusal);
+        let done = if refused {
+            Update::Done {
                 error: Some("The model declined this request: rephrase it.".into()),
                 cancelled: false,
-            },
-            Ok(_) => Update::Done {
-                error: None,
-                cancelled: false,
-            },
-            Err(AgentError::Cancelled) => Update::Done {
-                error: None,
-                cancelled: true,
-            },
-            Err(e) => Update::Done {
-                error: Some(e.to_string()),
-                cancelled: false,
-            },
+            }
+        } else {
+            done(result)
         };
         let _ = self.updates.send(done);
     }
@@ -406,20 +400,25 @@ impl State {
             });
             return;
         };
-        let done = match agent.compact(&self.events, &self.cancel).await {
-            Ok(_) => Update::Done {
-                error: None,
-                cancelled: false,
-            },
-            Err(AgentError::Cancelled) => Update::Done {
-                error: None,
-                cancelled: true,
-            },
-            Err(e) => Update::Done {
-                error: Some(e.to_string()),
-                cancelled: false,
-            },
-        };
-        let _ = self.updates.send(done);
+        let result = agent.compact(&self.events, &self.cancel).await;
+        let _ = self.updates.send(done(result));
+    }
+}
+
+/// How a turn or a compaction ended, for the UI.
+fn done<T>(result: Result<T, AgentError>) -> Update {
+    match result {
+        Ok(_) => Update::Done {
+            error: None,
+            cancelled: false,
+        },
+        Err(AgentError::Cancelled) => Update::Done {
+            error: None,
+            cancelled: true,
+        },
+        Err(e) => Update::Done {
+            error: Some(e.to_string()),
+            cancelled: false,
+        },
     }
 }

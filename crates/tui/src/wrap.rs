@@ -103,13 +103,7 @@ fn to_line(row: Vec<(char, ratatui::style::Style)>) -> Line<'static> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn plain(lines: &[Line<'_>]) -> Vec<String> {
-        lines
-            .iter()
-            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
-            .collect()
-    }
+    use crate::test_util::plain;
 
     #[test]
     fn words_wrap_and_list_items_hang() {
