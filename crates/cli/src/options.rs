@@ -35,6 +35,10 @@ pub struct SandboxOpts {
     /// Working directory inside the sandbox
     #[arg(long, default_value = "/workspace", value_name = "DIR")]
     pub workdir: String,
+    /// Start a virtual X display of this size inside the sandbox (Xvfb and a
+    /// window manager; DISPLAY is set for the command)
+    #[arg(long, value_name = "WxH")]
+    pub display: Option<cordon_sandbox::Display>,
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -100,6 +104,7 @@ impl SandboxOpts {
         c.network = self.network;
         c.env = self.env.clone();
         c.workdir = self.workdir.clone();
+        c.display = self.display;
         // The CLI holds nothing secret when it creates the sandbox.
         c.fork_supervisor = true;
         for b in &self.ro {

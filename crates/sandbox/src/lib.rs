@@ -132,6 +132,36 @@ pub struct SandboxConfig {
     /// this process's memory: set it only where that memory holds nothing
     /// the sandbox must not have, even behind its non-dumpable supervisor.
     pub fork_supervisor: bool,
+    /// A virtual X display inside the sandbox, started with it.
+    pub display: Option<Display>,
+}
+
+/// A virtual screen: Xvfb inside the sandbox (its socket in the sandbox's
+/// own /tmp, no TCP), with a window manager when one is installed, and
+/// `DISPLAY` set for every exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Display {
+    pub width: u32,
+    pub height: u32,
+}
+
+/// The display's name inside every sandbox: each has its own /tmp.
+pub const DISPLAY: &str = ":0";
+
+impl std::str::FromStr for Display {
+    type Err = String;
+
+    /// `1280x800`.
+    fn from_str(s: &str) -> std::result::Result<Display, String> {
+        let bad = || format!("expected WIDTHxHEIGHT such as 1280x800, got {s:?}");
+        let (w, h) = s.trim().split_once(['x', 'X']).ok_or_else(bad)?;
+        let (width, height): (u32, u32) =
+            (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
+        if !(64..=8192).contains(&width) || !(64..=8192).contains(&height) {
+            return Err(format!("{s}: width and height must be between 64 and 8192"));
+        }
+        Ok(Display { width, height })
+    }
 }
 
 pub const MIB: u64 = 1024 * 1024;
@@ -151,6 +181,7 @@ impl SandboxConfig {
             supervisor: None,
             setup_timeout: Duration::from_secs(20),
             fork_supervisor: false,
+            display: None,
         }
     }
 }

@@ -157,9 +157,61 @@ pub enum ExecEvent {
 }
 
 impl Sandbox {
-    /// Creates a sandbox with the native backend.
+    /// Creates a sandbox with the native backend; with `config.display`,
+    /// its X display is up when this returns.
     pub async fn create(config: crate::SandboxConfig) -> Result<Sandbox> {
-        crate::native::create(&config).await
+        let mut config = config;
+        if config.display.is_some() {
+            config.env.retain(|(k, _)| k != "DISPLAY");
+            config.env.push(("DISPLAY".into(), crate::DISPLAY.into()));
+        }
+        let sandbox = crate::native::create(&config).await?;
+        if let Some(d) = config.display
+            && let Err(e) = sandbox.start_display(d).await
+        {
+            sandbox.close().await;
+            return Err(e);
+        }
+        Ok(sandbox)
+    }
+
+    /// Starts Xvfb inside the sandbox and waits for its socket, then a
+    /// window manager if one is installed. Both outlive this exec, as
+    /// background processes of the session; their output goes to files so
+    /// that nothing writes to the exec's closed pipes.
+    async fn start_display(&self, d: crate::Display) -> Result<()> {
+        let n = crate::DISPLAY.trim_start_matches(':');
+        let script = format!(
+            r#"command -v Xvfb >/dev/null || {{ echo "Xvfb is not installed (Debian: apt-get install xvfb)" >&2; exit 127; }}
+Xvfb :{n} -screen 0 {w}x{h}x24 -nolisten tcp -noreset >/tmp/.cordon-xvfb.log 2>&1 &
+i=0
+while [ ! -S /tmp/.X11-unix/X{n} ]; do
+    i=$((i + 1))
+    if [ $i -gt 400 ] || ! kill -0 $! 2>/dev/null; then cat /tmp/.cordon-xvfb.log >&2; exit 1; fi
+    sleep 0.025
+done
+for wm in openbox matchbox-window-manager; do
+    if command -v $wm >/dev/null; then $wm >/tmp/.cordon-wm.log 2>&1 & break; fi
+done"#,
+            w = d.width,
+            h = d.height,
+        );
+        let out = self
+            .exec(crate::ExecRequest {
+                timeout: Some(std::time::Duration::from_secs(20)),
+                ..crate::ExecRequest::shell(&script)
+            })
+            .await?;
+        if out.status != ExitStatus::Code(0) {
+            return Err(Error::Setup {
+                message: format!(
+                    "the X display did not start: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+                errno: 0,
+            });
+        }
+        Ok(())
     }
 
     pub fn info(&self) -> &SandboxInfo {
