@@ -20,10 +20,12 @@
 //! ```
 
 pub mod bash;
+pub mod computer;
 pub mod edit_file;
 pub mod list_dir;
 pub mod read_file;
 pub mod run_code;
+pub mod screen;
 pub mod search_files;
 pub mod write_file;
 

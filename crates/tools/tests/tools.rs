@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cordon_sandbox::{Sandbox, SandboxConfig};
+use cordon_sandbox::{Display, Sandbox, SandboxConfig};
 use cordon_tools::{Limits, ToolContext, ToolOutput, Toolbox};
 use serde_json::{Value, json};
 
@@ -45,9 +45,21 @@ impl Env {
     }
 
     async fn with_limits(limits: Limits) -> Env {
+        Self::build(limits, None).await
+    }
+
+    /// A sandbox with a display of `width` x `height`, and the computer tool.
+    async fn with_display(width: u32, height: u32) -> Env {
+        let mut env = Self::build(Limits::default(), Some(Display { width, height })).await;
+        env.tools.register(cordon_tools::computer::Computer);
+        env
+    }
+
+    async fn build(limits: Limits, display: Option<Display>) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let mut config = SandboxConfig::new(dir.path());
         config.supervisor = Some(supervisor());
+        config.display = display;
         let sandbox = Sandbox::create(config).await.expect("create sandbox");
         let ctx = ToolContext::new(sandbox, dir.path()).with_limits(limits);
         Env {
@@ -758,4 +770,190 @@ async fn run_code_times_out() {
     assert!(out.text.contains("Timed out"), "{}", out.text);
     assert!(out.text.contains("begun"), "{}", out.text);
     assert_eq!(out.structured.unwrap()["timed_out"], true);
+}
+
+// ---------------------------------------------------------------- computer
+
+/// The screenshot a computer call returned, decoded: (width, height).
+fn screenshot_size(out: &ToolOutput) -> (u32, u32) {
+    use base64::Engine;
+    let data = out.structured.as_ref().expect("an image")["image"]["data"]
+        .as_str()
+        .expect("base64 data")
+        .to_string();
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .unwrap();
+    let decoder = png::Decoder::new(std::io::Cursor::new(png));
+    let reader = decoder.read_info().expect("a PNG");
+    let info = reader.info();
+    (info.width, info.height)
+}
+
+impl Env {
+    /// Where the X pointer is, in screen pixels, asked inside the sandbox.
+    async fn pointer(&self) -> (u32, u32) {
+        let out = self
+            .ok(
+                "bash",
+                json!({"command": "xdotool getmouselocation --shell | head -2"}),
+            )
+            .await;
+        let num = |k: &str| -> u32 {
+            out.lines()
+                .find_map(|l| l.trim().strip_prefix(k))
+                .unwrap_or_else(|| panic!("no {k} in {out}"))
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        (num("X="), num("Y="))
+    }
+}
+
+#[tokio::test]
+async fn computer_screenshots_are_scaled_and_clicks_land_on_the_scaled_point() {
+    // 1280x960 is 4:3, so the model works in XGA, 1024x768.
+    let env = Env::with_display(1280, 960).await;
+    let shot = env.call("computer", json!({"action": "screenshot"})).await;
+    assert!(!shot.is_error, "{}", shot.text);
+    assert_eq!(screenshot_size(&shot), (1024, 768));
+    assert_eq!(
+        shot.structured.as_ref().unwrap()["screen"],
+        json!([1280, 960])
+    );
+
+    let click = env
+        .call(
+            "computer",
+            json!({"action": "left_click", "coordinate": [512, 384]}),
+        )
+        .await;
+    assert!(!click.is_error, "{}", click.text);
+    assert_eq!(screenshot_size(&click), (1024, 768), "a screenshot follows");
+    assert_eq!(env.pointer().await, (640, 480));
+    let at = env
+        .ok("computer", json!({"action": "cursor_position"}))
+        .await;
+    assert_eq!(at, "The mouse is at (512, 384).");
+
+    env.ok(
+        "computer",
+        json!({"action": "mouse_move", "coordinate": [1023, 0]}),
+    )
+    .await;
+    assert_eq!(env.pointer().await, (1279, 0));
+    let off = env
+        .err(
+            "computer",
+            json!({"action": "left_click", "coordinate": [1024, 10]}),
+        )
+        .await;
+    assert!(
+        off.contains("off the screen") && off.contains("0..1024"),
+        "{off}"
+    );
+    let zoom = env
+        .call(
+            "computer",
+            json!({"action": "zoom", "region": [0, 0, 256, 192]}),
+        )
+        .await;
+    assert!(!zoom.is_error, "{}", zoom.text);
+    // A quarter of the model's width is 320 screen pixels, shown at that size.
+    assert_eq!(screenshot_size(&zoom), (320, 240));
+}
+
+#[tokio::test]
+async fn computer_at_its_own_size_types_and_presses_keys_into_a_window() {
+    // XGA already: no scaling, the model's pixels are the screen's.
+    let env = Env::with_display(1024, 768).await;
+    // xev records what reaches its window.
+    env.ok(
+        "bash",
+        json!({"command": "xev -geometry 400x300+0+0 > /tmp/xev.log 2>&1 &"}),
+    )
+    .await;
+    // Where the window manager put it: click its middle to give it focus.
+    let geometry = env
+        .ok("bash", json!({"command": "w=$(xdotool search --sync --name 'Event Tester' | head -1); sleep 0.3; xdotool getwindowgeometry --shell $w | grep -E '^(X|Y|WIDTH|HEIGHT)='"}))
+        .await;
+    let num = |k: &str| -> i64 {
+        geometry
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .unwrap_or_else(|| panic!("no {k} in {geometry}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (cx, cy) = (
+        num("X=") + num("WIDTH=") / 2,
+        num("Y=") + num("HEIGHT=") / 2,
+    );
+    let shot = env.call("computer", json!({"action": "screenshot"})).await;
+    assert_eq!(screenshot_size(&shot), (1024, 768));
+    env.ok(
+        "computer",
+        json!({"action": "left_click", "coordinate": [cx, cy]}),
+    )
+    .await;
+    assert_eq!(env.pointer().await, (cx as u32, cy as u32));
+    let long = "cordon types long texts in chunks, 0123456789 abcdefghij!";
+    let typed = env
+        .ok("computer", json!({"action": "type", "text": long}))
+        .await;
+    assert!(
+        typed.starts_with(&format!("Typed {} characters.", long.len())),
+        "{typed}"
+    );
+    env.ok(
+        "computer",
+        json!({"action": "key", "text": "ctrl+a Return"}),
+    )
+    .await;
+    env.ok("computer", json!({"action": "scroll", "coordinate": [50, 50], "scroll_direction": "down", "scroll_amount": 2}))
+        .await;
+    // What reached the window, from xev's log (copied out: it is long).
+    env.ok(
+        "bash",
+        json!({"command": "sleep 0.3; cp /tmp/xev.log /workspace/xev.log"}),
+    )
+    .await;
+    let log = std::fs::read_to_string(env.path("xev.log")).unwrap();
+    let mut pressed = String::new();
+    let mut in_press = false;
+    for line in log.lines() {
+        if line.starts_with("KeyPress") {
+            in_press = true;
+        } else if line.starts_with("KeyRelease") {
+            in_press = false;
+        } else if in_press && let Some(rest) = line.split("XLookupString gives 1 bytes: (").nth(1) {
+            let hex = rest.split(')').next().unwrap();
+            pressed.push(char::from(u8::from_str_radix(hex, 16).unwrap()));
+        }
+    }
+    // Every character arrived once, in order; then ctrl+a and Return.
+    assert_eq!(pressed, format!("{long}\u{1}\r"), "{log}");
+    // Wheel down is button 5, twice (each a press and a release).
+    assert_eq!(log.matches("button 5,").count(), 4, "{log}");
+    let bad = env.err("computer", json!({"action": "key"})).await;
+    assert!(bad.contains("need `text`"), "{bad}");
+    let nonsense = env.err("computer", json!({"action": "dance"})).await;
+    assert!(
+        nonsense.contains("Invalid arguments for `computer`"),
+        "{nonsense}"
+    );
+}
+
+#[tokio::test]
+async fn computer_without_a_display_says_so() {
+    let env = Env::new().await;
+    let mut tools = Toolbox::standard();
+    tools.register(cordon_tools::computer::Computer);
+    let out = tools
+        .call(&env.ctx, "computer", json!({"action": "screenshot"}))
+        .await;
+    assert!(out.is_error);
+    assert!(out.text.contains("no usable display"), "{}", out.text);
 }
