@@ -557,6 +557,7 @@ impl Agent {
                         tool_use_id: id.clone(),
                         content: "Not run: your answer reached max_tokens before it ended. Issue the call again.".into(),
                         is_error: true,
+                        images: Vec::new(),
                     })
                     .collect()
             } else {
@@ -797,6 +798,7 @@ impl Agent {
                     tool_use_id: id.clone(),
                     content: out.text,
                     is_error: out.is_error,
+                    images: out.images,
                 });
             }
             i = j;
@@ -818,6 +820,7 @@ impl Agent {
                         tool_use_id: id.clone(),
                         content: CANCELLED.into(),
                         is_error: true,
+                        images: Vec::new(),
                     }
                 })
             })

@@ -144,6 +144,13 @@ pub const KEYS: &[Key] = &[
         default: Some("off"),
         doc: "off or loopback",
     },
+    Key {
+        name: "sandbox.display",
+        env: &["CORDON_DISPLAY"],
+        secret: false,
+        default: None,
+        doc: "a virtual X display in the sandbox, WIDTHxHEIGHT; gives the model the computer tool",
+    },
 ];
 
 fn key(name: &str) -> Option<&'static Key> {
@@ -372,6 +379,15 @@ impl Settings {
             .is_some_and(|v| !matches!(v, "off" | "loopback"))
         {
             return Err(self.invalid("sandbox.network", "expected off or loopback"));
+        }
+        if self
+            .get("sandbox.display")
+            .is_some_and(|v| v.parse::<cordon_tools::Display>().is_err())
+        {
+            return Err(self.invalid(
+                "sandbox.display",
+                "expected WIDTHxHEIGHT such as 1280x800, each 64 to 8192",
+            ));
         }
         Ok(())
     }

@@ -23,6 +23,42 @@ const MASK_MIN_BYTES: usize = 256;
 /// `keep_recent` tool-result messages are replaced by a stub saying what
 /// was dropped. Everything else is unchanged, in order.
 pub fn view(history: &[Message], keep_recent: usize) -> Vec<Message> {
+    let masked = mask_old_output(history, keep_recent);
+    drop_old_images(masked, KEEP_IMAGES)
+}
+
+/// Screenshots sent in full: older ones are replaced by a line (each is
+/// about 1,600 tokens, and the model needs only the latest few).
+const KEEP_IMAGES: usize = 3;
+
+/// Tokens counted for one image, whatever its bytes: about what the APIs
+/// charge for a screenshot of XGA to WXGA size.
+const IMAGE_TOKENS: u64 = 1600;
+
+fn drop_old_images(mut history: Vec<Message>, keep: usize) -> Vec<Message> {
+    let mut seen = 0;
+    for m in history.iter_mut().rev() {
+        if let Message::User { tool_results, .. } = m {
+            for r in tool_results.iter_mut().rev() {
+                if r.images.is_empty() {
+                    continue;
+                }
+                if seen >= keep {
+                    r.content.push_str(&format!(
+                        "\n[{} image(s) omitted to save context; take a new screenshot to see the screen]",
+                        r.images.len()
+                    ));
+                    r.images.clear();
+                } else {
+                    seen += r.images.len();
+                }
+            }
+        }
+    }
+    history
+}
+
+fn mask_old_output(history: &[Message], keep_recent: usize) -> Vec<Message> {
     let with_results: Vec<usize> = history
         .iter()
         .enumerate()
@@ -65,6 +101,21 @@ pub fn estimate_messages(messages: &[Message]) -> u64 {
 }
 
 fn estimate_message(m: &Message) -> u64 {
+    // Images count by what they cost, not by their base64 length.
+    if let Message::User { tool_results, .. } = m
+        && tool_results.iter().any(|r| !r.images.is_empty())
+    {
+        let mut bare = m.clone();
+        let mut images = 0;
+        if let Message::User { tool_results, .. } = &mut bare {
+            for r in tool_results {
+                images += r.images.len() as u64;
+                r.images.clear();
+            }
+        }
+        return estimate_tokens(&serde_json::to_string(&bare).unwrap_or_default())
+            + images * IMAGE_TOKENS;
+    }
     estimate_tokens(&serde_json::to_string(m).unwrap_or_default())
 }
 
@@ -228,6 +279,42 @@ mod tests {
     use super::*;
     use crate::wire::ToolResult;
 
+    fn screenshot(id: &str) -> Message {
+        Message::User {
+            text: String::new(),
+            tool_results: vec![ToolResult {
+                tool_use_id: id.into(),
+                content: "Screenshot.".into(),
+                is_error: false,
+                images: vec![cordon_tools::Image {
+                    media_type: "image/png".into(),
+                    data: "A".repeat(400_000),
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn only_the_latest_screenshots_are_sent_and_images_count_by_cost() {
+        let history: Vec<Message> = (0..5).map(|i| screenshot(&format!("s{i}"))).collect();
+        let sent = view(&history, 100);
+        let kept: Vec<usize> = sent
+            .iter()
+            .map(|m| match m {
+                Message::User { tool_results, .. } => tool_results[0].images.len(),
+                _ => 0,
+            })
+            .collect();
+        assert_eq!(kept, [0, 0, 1, 1, 1]);
+        let Message::User { tool_results, .. } = &sent[0] else {
+            panic!()
+        };
+        assert!(tool_results[0].content.contains("1 image(s) omitted"));
+        // 400 KB of base64 is not 100k tokens: one image is IMAGE_TOKENS.
+        let one = estimate_messages(&history[..1]);
+        assert!((IMAGE_TOKENS..IMAGE_TOKENS + 100).contains(&one), "{one}");
+    }
+
     fn results(id: &str, content: &str) -> Message {
         Message::User {
             text: String::new(),
@@ -235,6 +322,7 @@ mod tests {
                 tool_use_id: id.into(),
                 content: content.into(),
                 is_error: false,
+                images: Vec::new(),
             }],
         }
     }

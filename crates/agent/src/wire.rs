@@ -21,6 +21,9 @@ pub struct ToolResult {
     pub content: String,
     #[serde(default)]
     pub is_error: bool,
+    /// Screenshots and other images, shown to the model after `content`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<cordon_tools::Image>,
 }
 
 /// One message of the conversation as sent to the model.
@@ -70,10 +73,22 @@ pub fn anthropic_body(req: &ModelRequest) -> Value {
                 let mut content: Vec<Value> = tool_results
                     .iter()
                     .map(|r| {
+                        // With images, the content is a list of blocks.
+                        let content = if r.images.is_empty() {
+                            json!(r.content)
+                        } else {
+                            let mut blocks = vec![json!({"type": "text", "text": r.content})];
+                            blocks.extend(r.images.iter().map(|i| {
+                                json!({"type": "image", "source": {
+                                    "type": "base64", "media_type": i.media_type, "data": i.data,
+                                }})
+                            }));
+                            Value::Array(blocks)
+                        };
                         json!({
                             "type": "tool_result",
                             "tool_use_id": r.tool_use_id,
-                            "content": r.content,
+                            "content": content,
                             "is_error": r.is_error,
                         })
                     })
@@ -148,6 +163,18 @@ pub fn openai_body(req: &ModelRequest) -> Value {
                         r.content.clone()
                     };
                     messages.push(json!({ "role": "tool", "tool_call_id": r.tool_use_id, "content": content }));
+                }
+                // Tool messages carry text only: their images follow in a
+                // user message, each after a line saying whose it is.
+                let mut parts = Vec::new();
+                for r in tool_results.iter().filter(|r| !r.images.is_empty()) {
+                    parts.push(json!({"type": "text", "text": format!("Image(s) from tool call {}:", r.tool_use_id)}));
+                    parts.extend(r.images.iter().map(|i| {
+                        json!({"type": "image_url", "image_url": {"url": format!("data:{};base64,{}", i.media_type, i.data)}})
+                    }));
+                }
+                if !parts.is_empty() {
+                    messages.push(json!({ "role": "user", "content": parts }));
                 }
                 if !text.is_empty() {
                     messages.push(json!({ "role": "user", "content": text }));
@@ -275,6 +302,7 @@ mod tests {
                         tool_use_id: "t1".into(),
                         content: "a\nb".into(),
                         is_error: false,
+                        images: Vec::new(),
                     }],
                 },
             ],
@@ -292,6 +320,46 @@ mod tests {
             ],
             max_tokens: 1024,
         }
+    }
+
+    #[test]
+    fn images_go_as_blocks_to_anthropic_and_as_a_user_message_to_openai() {
+        let req = ModelRequest {
+            model: "m".into(),
+            system: String::new(),
+            messages: vec![Message::User {
+                text: String::new(),
+                tool_results: vec![ToolResult {
+                    tool_use_id: "c1".into(),
+                    content: "Screenshot.".into(),
+                    is_error: false,
+                    images: vec![cordon_tools::Image {
+                        media_type: "image/png".into(),
+                        data: "iVBORw0KGgo=".into(),
+                    }],
+                }],
+            }],
+            tools: vec![],
+            max_tokens: 10,
+        };
+        let a = anthropic_body(&req);
+        let result = &a["messages"][0]["content"][0];
+        assert_eq!(
+            result["content"][0],
+            json!({"type": "text", "text": "Screenshot."})
+        );
+        assert_eq!(
+            result["content"][1]["source"],
+            json!({"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="})
+        );
+        let o = openai_body(&req);
+        assert_eq!(o["messages"][0]["role"], "tool");
+        assert_eq!(o["messages"][0]["content"], "Screenshot.");
+        assert_eq!(o["messages"][1]["role"], "user");
+        assert_eq!(
+            o["messages"][1]["content"][1]["image_url"]["url"],
+            "data:image/png;base64,iVBORw0KGgo="
+        );
     }
 
     #[test]

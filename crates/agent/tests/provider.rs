@@ -93,6 +93,7 @@ async fn a_tool_call_and_its_result_make_a_round_trip_in_both_protocols() {
                             tool_use_id: "toolu_1".into(),
                             content: "a\nb".into(),
                             is_error: false,
+                            images: Vec::new(),
                         }],
                     },
                 ]),

@@ -145,6 +145,11 @@ pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
         .unwrap_or("off")
         .parse::<Network>()
         .map_err(config_error)?;
+    sandbox.display = settings
+        .get("sandbox.display")
+        .map(str::parse)
+        .transpose()
+        .map_err(config_error)?;
     Ok(Setup {
         settings,
         model,
@@ -219,6 +224,9 @@ pub async fn exec(args: ExecArgs) -> i32 {
     )
     .await;
     let mut toolbox = Toolbox::standard();
+    if s.sandbox.display.is_some() {
+        toolbox.register(cordon_tools::computer::Computer);
+    }
     for t in &mcp.tools {
         toolbox.register_arc(t.clone());
     }

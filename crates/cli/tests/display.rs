@@ -100,3 +100,112 @@ async fn a_session_keeps_its_display_across_execs_and_takes_it_down_when_closed(
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// `cordon exec` with a display, against the scripted model: the model
+/// gets the computer tool, asks for a screenshot and receives it as an
+/// image (a block for Anthropic, an image part for OpenAI-compatible
+/// servers), then clicks and types.
+#[test]
+fn the_agent_sees_the_screen_as_an_image_and_clicks_and_types() {
+    use cordon_testkit::{Scenario, ScriptedServer, Turn};
+    use serde_json::json;
+    for openai in [false, true] {
+        let image_marker = if openai {
+            "data:image/png;base64,"
+        } else {
+            "\"media_type\":\"image/png\""
+        };
+        let server = ScriptedServer::start(
+            Scenario::new()
+                .turn(Turn::text("Looking.").with_tool_call(
+                    "s1",
+                    "computer",
+                    json!({"action": "screenshot"}),
+                ))
+                .turn(
+                    Turn::text("Clicking.")
+                        .with_tool_call(
+                            "c1",
+                            "computer",
+                            json!({"action": "left_click", "coordinate": [10, 10]}),
+                        )
+                        .expect_tool_results(["s1"])
+                        .expect_contains(image_marker),
+                )
+                .turn(
+                    Turn::text("Typing.")
+                        .with_tool_call(
+                            "t1",
+                            "computer",
+                            json!({"action": "type", "text": "hello"}),
+                        )
+                        .expect_tool_results(["c1"])
+                        .expect_contains(image_marker),
+                )
+                .turn(
+                    Turn::text("Done.")
+                        .expect_tool_results(["t1"])
+                        .expect_contains("Typed 5 characters."),
+                ),
+        );
+        let ws = tempfile::tempdir().unwrap();
+        let home = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cordon"));
+        cmd.args([
+            "exec",
+            "--json",
+            "--set",
+            "sandbox.display=1024x768",
+            "use the screen",
+        ])
+        .current_dir(ws.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("XDG_DATA_HOME", home.path().join("data"));
+        if openai {
+            cmd.env("OPENAI_BASE_URL", server.openai_url())
+                .args(["--provider", "openai"]);
+        } else {
+            cmd.env("ANTHROPIC_BASE_URL", server.url())
+                .env("ANTHROPIC_API_KEY", "sk-test-key-0000");
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        server.assert_finished();
+        assert!(
+            server.requests()[0].raw_body.contains("\"computer\""),
+            "the computer tool is offered"
+        );
+        // The screenshot is in the request as an image, not in the events.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stdout.contains("iVBORw0KGgo"), "no base64 in the events");
+    }
+}
+
+#[test]
+fn without_a_display_the_computer_tool_is_not_offered() {
+    use cordon_testkit::{Scenario, ScriptedServer, Turn};
+    let server = ScriptedServer::start(Scenario::new().turn(Turn::text("Nothing to see.")));
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["exec", "look"])
+        .current_dir(ws.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home.path())
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .env("ANTHROPIC_API_KEY", "sk-test-key-0000")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!server.requests()[0].raw_body.contains("\"computer\""));
+}

@@ -243,6 +243,7 @@ impl Outcome {
             text,
             is_error,
             structured: Some(structured),
+            images: Vec::new(),
         }
     }
 }

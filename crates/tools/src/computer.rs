@@ -180,14 +180,15 @@ async fn screenshot(ctx: &ToolContext, s: &Scaling, note: &str) -> Result<ToolOu
 }
 
 fn with_image(text: String, png: &[u8], s: &Scaling) -> ToolOutput {
-    ToolOutput::ok(text).with_structured(json!({
-        "image": {
-            "media_type": "image/png",
-            "data": base64::engine::general_purpose::STANDARD.encode(png),
-        },
-        "screen": [s.screen.0, s.screen.1],
-        "scaled_to": [s.model.0, s.model.1],
-    }))
+    ToolOutput::ok(text)
+        .with_image(crate::Image {
+            media_type: "image/png".into(),
+            data: base64::engine::general_purpose::STANDARD.encode(png),
+        })
+        .with_structured(json!({
+            "screen": [s.screen.0, s.screen.1],
+            "scaled_to": [s.model.0, s.model.1],
+        }))
 }
 
 /// `xdotool` arguments that hold `mods` (e.g. "ctrl+shift") down around

@@ -34,6 +34,7 @@ mod output;
 mod walk;
 mod workspace;
 
+pub use cordon_sandbox::Display;
 pub use output::HeadTail;
 pub use workspace::{Workspace, WorkspaceError, WsPath};
 
@@ -54,6 +55,17 @@ pub struct ToolOutput {
     pub is_error: bool,
     /// Machine-readable details for front ends (exit codes, diffs, counts).
     pub structured: Option<Value>,
+    /// Images for the model (screenshots), after `text`.
+    pub images: Vec<Image>,
+}
+
+/// An image a tool returns to the model.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Image {
+    /// `image/png`.
+    pub media_type: String,
+    /// The bytes, in base64.
+    pub data: String,
 }
 
 impl ToolOutput {
@@ -62,6 +74,7 @@ impl ToolOutput {
             text: text.into(),
             is_error: false,
             structured: None,
+            images: Vec::new(),
         }
     }
 
@@ -70,7 +83,13 @@ impl ToolOutput {
             text: text.into(),
             is_error: true,
             structured: None,
+            images: Vec::new(),
         }
+    }
+
+    pub fn with_image(mut self, image: Image) -> Self {
+        self.images.push(image);
+        self
     }
 
     pub fn with_structured(mut self, value: Value) -> Self {

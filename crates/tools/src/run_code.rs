@@ -239,6 +239,7 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
             "stdout": out.render(),
             "stderr": err.render(),
         })),
+        images: Vec::new(),
     }
 }
 

@@ -777,10 +777,9 @@ async fn run_code_times_out() {
 /// The screenshot a computer call returned, decoded: (width, height).
 fn screenshot_size(out: &ToolOutput) -> (u32, u32) {
     use base64::Engine;
-    let data = out.structured.as_ref().expect("an image")["image"]["data"]
-        .as_str()
-        .expect("base64 data")
-        .to_string();
+    assert_eq!(out.images.len(), 1, "one image: {}", out.text);
+    assert_eq!(out.images[0].media_type, "image/png");
+    let data = out.images[0].data.clone();
     let png = base64::engine::general_purpose::STANDARD
         .decode(data)
         .unwrap();

@@ -592,6 +592,7 @@ mod tests {
                     tool_use_id: "c1".into(),
                     content: "a.txt".into(),
                     is_error: false,
+                    images: Vec::new(),
                 }],
             },
         ];

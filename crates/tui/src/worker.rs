@@ -222,6 +222,10 @@ impl State {
             }
         };
         let mut tools = Toolbox::standard();
+        // The screen is the model's only with a display to show.
+        if self.cfg.sandbox.display.is_some() {
+            tools.register(cordon_tools::computer::Computer);
+        }
         for t in &self.extra_tools {
             tools.register_arc(t.clone());
         }
