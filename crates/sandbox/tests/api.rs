@@ -44,6 +44,19 @@ async fn drain(exec: &mut Execution) -> (Vec<u8>, Vec<u8>, ExecResult) {
     }
 }
 
+/// Whether a process matching `needle` appears within 5 s: a command
+/// started in the background (`setsid cmd &`) may not have exec'd yet when
+/// the shell that started it returns.
+async fn wait_present(needle: &str) -> bool {
+    for _ in 0..500 {
+        if host_has_process(needle) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
 async fn wait_gone(needle: &str) -> bool {
     // Up to 5 s: on a loaded 2-core machine the kernel can take seconds to
     // tear down a pid namespace (seen at 2 s with parallel builds running).
@@ -399,7 +412,7 @@ async fn closing_or_dropping_the_session_kills_everything_in_it() {
     sb.exec(ExecRequest::shell("setsid sleep 7171 >/dev/null 2>&1 &"))
         .await
         .unwrap();
-    assert!(host_has_process("sleep 7171"));
+    assert!(wait_present("sleep 7171").await);
     let other = sb.clone();
     sb.close().await;
     assert!(
@@ -415,7 +428,7 @@ async fn closing_or_dropping_the_session_kills_everything_in_it() {
     sb.exec(ExecRequest::shell("setsid sleep 7272 >/dev/null 2>&1 &"))
         .await
         .unwrap();
-    assert!(host_has_process("sleep 7272"));
+    assert!(wait_present("sleep 7272").await);
     drop(sb);
     assert!(
         wait_gone("sleep 7272").await,

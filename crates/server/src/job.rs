@@ -79,10 +79,25 @@ impl Language {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "tool", rename_all = "snake_case")]
 pub enum Step {
-    Shell { command: String },
-    Code { language: Language, code: String },
-    WriteFile { path: String, content: String },
-    ReadFile { path: String },
+    Shell {
+        command: String,
+    },
+    Code {
+        language: Language,
+        code: String,
+    },
+    WriteFile {
+        path: String,
+        content: String,
+    },
+    ReadFile {
+        path: String,
+    },
+    /// An action of the computer tool; needs a display.
+    Computer {
+        #[serde(flatten)]
+        args: Map<String, Value>,
+    },
 }
 
 impl Step {
@@ -92,6 +107,7 @@ impl Step {
             Step::Code { language, .. } => language.as_str(),
             Step::WriteFile { .. } => "write_file",
             Step::ReadFile { .. } => "read_file",
+            Step::Computer { .. } => "computer",
         }
     }
 }
@@ -109,6 +125,8 @@ pub enum JobSpec {
     Steps {
         steps: Vec<Step>,
         continue_on_error: bool,
+        /// A virtual screen (`gui` jobs).
+        display: Option<cordon_sandbox::Display>,
     },
     Agent {
         prompt: String,
@@ -122,6 +140,9 @@ impl JobSpec {
         match self {
             JobSpec::Shell { .. } => "shell",
             JobSpec::Code { language, .. } => language.as_str(),
+            JobSpec::Steps {
+                display: Some(_), ..
+            } => "gui",
             JobSpec::Steps { .. } => "steps",
             JobSpec::Agent { .. } => "agent",
         }
@@ -165,7 +186,13 @@ impl Default for Bounds {
     }
 }
 
-const KINDS: &str = "shell, python, javascript, typescript, steps or agent";
+const KINDS: &str = "shell, python, javascript, typescript, steps, gui or agent";
+
+/// The screen of a `gui` job that names none: WXGA, a laptop's.
+pub const DEFAULT_DISPLAY: cordon_sandbox::Display = cordon_sandbox::Display {
+    width: 1280,
+    height: 800,
+};
 const OPTIONS: [&str; 3] = ["timeout_secs", "memory", "network"];
 
 fn field<'a>(obj: &'a Map<String, Value>, key: &str, what: &str) -> Result<&'a Value, String> {
@@ -238,7 +265,7 @@ fn step(i: usize, v: &Value) -> Result<Step, String> {
     };
     let tool = string(obj, key, &what).map_err(|_| {
         format!(
-            "{what} needs `tool`: shell, python, javascript, typescript, write_file or read_file"
+            "{what} needs `tool`: shell, python, javascript, typescript, write_file, read_file or computer"
         )
     })?;
     let step = match tool.as_str() {
@@ -261,6 +288,13 @@ fn step(i: usize, v: &Value) -> Result<Step, String> {
                 path: nonempty(obj, "path", &what)?,
             }
         }
+        "computer" => {
+            let mut args = obj.clone();
+            args.remove(key);
+            cordon_tools::computer::check(&Value::Object(args.clone()))
+                .map_err(|e| format!("{what}: {e}"))?;
+            Step::Computer { args }
+        }
         other => match Language::parse(other) {
             Some(language) => {
                 only(obj, &[key, "code"], &what)?;
@@ -271,7 +305,7 @@ fn step(i: usize, v: &Value) -> Result<Step, String> {
             }
             None => {
                 return Err(format!(
-                    "{what}: unknown tool `{other}` (expected shell, python, javascript, typescript, write_file or read_file)"
+                    "{what}: unknown tool `{other}` (expected shell, python, javascript, typescript, write_file, read_file or computer)"
                 ));
             }
         },
@@ -308,8 +342,12 @@ impl JobRequest {
                     command: nonempty(obj, "command", &what)?,
                 }
             }
-            "steps" => {
-                only(obj, &with_options(&["steps", "continue_on_error"]), &what)?;
+            "steps" | "gui" => {
+                only(
+                    obj,
+                    &with_options(&["steps", "continue_on_error", "display"]),
+                    &what,
+                )?;
                 let steps = match field(obj, "steps", &what)? {
                     Value::Array(items) if items.is_empty() => {
                         return Err("`steps` is empty".into());
@@ -339,9 +377,29 @@ impl JobRequest {
                         ));
                     }
                 };
+                let display = match obj.get("display") {
+                    None | Some(Value::Null) if kind == "gui" => Some(DEFAULT_DISPLAY),
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(d)) => Some(
+                        d.parse::<cordon_sandbox::Display>()
+                            .map_err(|e| format!("`display`: {e}"))?,
+                    ),
+                    Some(other) => {
+                        return Err(format!(
+                            "`display` must be a string such as \"1280x800\", not {}",
+                            type_name(other)
+                        ));
+                    }
+                };
+                if display.is_none() && steps.iter().any(|s| matches!(s, Step::Computer { .. })) {
+                    return Err(
+                        "computer steps need a display: use kind `gui`, or set `display`".into(),
+                    );
+                }
                 JobSpec::Steps {
                     steps,
                     continue_on_error,
+                    display,
                 }
             }
             "agent" => {
@@ -452,11 +510,18 @@ pub fn spec_json(req: &JobRequest) -> Value {
         JobSpec::Steps {
             steps,
             continue_on_error,
-        } => serde_json::json!({
-            "kind": "steps",
-            "steps": steps,
-            "continue_on_error": continue_on_error,
-        }),
+            display,
+        } => {
+            let mut v = serde_json::json!({
+                "kind": req.spec.kind(),
+                "steps": steps,
+                "continue_on_error": continue_on_error,
+            });
+            if let Some(d) = display {
+                v["display"] = format!("{}x{}", d.width, d.height).into();
+            }
+            v
+        }
         JobSpec::Agent {
             prompt,
             model,
@@ -508,6 +573,11 @@ mod tests {
                 {"tool": "read_file", "path": "a.txt"},
             ]}),
             json!({"kind": "agent", "prompt": "do it", "max_steps": 5}),
+            json!({"kind": "gui", "display": "1024x768", "steps": [
+                {"tool": "shell", "command": "xeyes &"},
+                {"tool": "computer", "action": "left_click", "coordinate": [10, 20], "text": "shift"},
+            ]}),
+            json!({"kind": "gui", "steps": [{"tool": "computer", "action": "screenshot"}]}),
         ] {
             let req = parse(body.clone()).unwrap_or_else(|e| panic!("{body}: {e}"));
             let again = parse(spec_json(&req)).unwrap();

@@ -62,6 +62,22 @@ job_kind!(
         #[schema(min_items = 1, max_items = 100)]
         steps: Vec<StepDoc>,
         continue_on_error: Option<bool>,
+        /// A virtual screen, WIDTHxHEIGHT (64 to 8192 each), for computer steps.
+        #[schema(example = "1280x800", pattern = "^[0-9]+x[0-9]+$")]
+        display: Option<String>,
+    }
+);
+job_kind!(
+    /// Steps on a virtual screen: shell steps launch programs, computer
+    /// steps click, type and take screenshots, which are saved to the
+    /// workspace as `screenshots/step-NN.png` and named in the result.
+    GuiJobDoc("^gui$") {
+        #[schema(min_items = 1, max_items = 100)]
+        steps: Vec<StepDoc>,
+        continue_on_error: Option<bool>,
+        /// WIDTHxHEIGHT, 64 to 8192 each (default 1280x800).
+        #[schema(example = "1280x800", pattern = "^[0-9]+x[0-9]+$")]
+        display: Option<String>,
     }
 );
 job_kind!(
@@ -83,6 +99,7 @@ pub enum JobRequestDoc {
     Shell(ShellJobDoc),
     Code(CodeJobDoc),
     Steps(StepsJobDoc),
+    Gui(GuiJobDoc),
     Agent(AgentJobDoc),
 }
 
@@ -127,6 +144,35 @@ pub struct ReadStepDoc {
     path: String,
 }
 
+/// An action of the computer tool (Anthropic's computer-use action set).
+#[derive(ToSchema, Serialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct ComputerStepDoc {
+    #[schema(pattern = "^computer$")]
+    tool: String,
+    #[schema(
+        pattern = "^(screenshot|left_click|right_click|middle_click|double_click|triple_click|mouse_move|left_click_drag|left_mouse_down|left_mouse_up|scroll|key|type|hold_key|wait|cursor_position|zoom)$"
+    )]
+    action: String,
+    /// [x, y] in screenshot pixels.
+    #[schema(min_items = 2, max_items = 2)]
+    coordinate: Option<Vec<i64>>,
+    #[schema(min_items = 2, max_items = 2)]
+    start_coordinate: Option<Vec<i64>>,
+    /// Text to type, key names (`ctrl+s`), or modifiers held during a click.
+    text: Option<String>,
+    #[schema(pattern = "^(up|down|left|right)$")]
+    scroll_direction: Option<String>,
+    #[schema(minimum = 1, maximum = 50)]
+    scroll_amount: Option<u32>,
+    #[schema(minimum = 0, maximum = 60)]
+    duration: Option<f64>,
+    /// [x0, y0, x1, y1] for `zoom`.
+    #[schema(min_items = 4, max_items = 4)]
+    region: Option<Vec<i64>>,
+}
+
 /// One step of a `steps` job (`kind` may stand for `tool`).
 #[derive(ToSchema, Serialize)]
 #[serde(untagged)]
@@ -136,6 +182,7 @@ pub enum StepDoc {
     Code(CodeStepDoc),
     WriteFile(WriteStepDoc),
     ReadFile(ReadStepDoc),
+    Computer(ComputerStepDoc),
 }
 
 /// A job's summary, as queued and as listed.

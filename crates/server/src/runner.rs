@@ -252,7 +252,11 @@ async fn run_request(
     if let Err(e) = std::fs::create_dir_all(&ws) {
         return failed(format!("cannot create the workspace: {e}"));
     }
-    let sandbox = match Sandbox::create(sandbox_config(shared, &ws, &req.options)).await {
+    let mut config = sandbox_config(shared, &ws, &req.options);
+    if let JobSpec::Steps { display, .. } = &req.spec {
+        config.display = *display;
+    }
+    let sandbox = match Sandbox::create(config).await {
         Ok(s) => s,
         Err(e) => return failed(format!("cannot create the sandbox: {e}")),
     };
@@ -295,6 +299,7 @@ async fn run_request(
         JobSpec::Steps {
             steps,
             continue_on_error,
+            ..
         } => {
             run_steps(
                 &sandbox,
@@ -418,6 +423,7 @@ async fn run_steps(
             return cancelled();
         }
         let started = Instant::now();
+        let mut screenshot = None;
         sink.event("step_started", json!({"index": index, "tool": step.tool()}))
             .await;
         let outcome = match step {
@@ -457,15 +463,24 @@ async fn run_steps(
                     Err(e) => file_failure(sink, format!("read_file {path}: {e}")).await,
                 }
             }
+            Step::Computer { args } => {
+                let (outcome, shot) = computer_step(sandbox, ws, index, args, sink).await;
+                screenshot = shot;
+                outcome
+            }
         };
-        results.push(json!({
+        let mut result = json!({
             "index": index,
             "tool": step.tool(),
             "state": outcome.state,
             "exit_code": outcome.exit_code,
             "error": outcome.error,
             "duration_ms": started.elapsed().as_millis() as u64,
-        }));
+        });
+        if let Some(path) = screenshot {
+            result["screenshot"] = Value::String(path);
+        }
+        results.push(result);
         sink.event("step_finished", results.last().cloned().unwrap_or_default())
             .await;
         let stop = match outcome.state {
@@ -484,6 +499,43 @@ async fn run_steps(
     let mut out = first_failure.unwrap_or(last);
     out.result = Some(json!({ "steps": results }));
     out
+}
+
+/// Runs one computer action; its text goes to stdout and its screenshot,
+/// if any, to `screenshots/step-NN.png` in the workspace (named in the
+/// result).
+async fn computer_step(
+    sandbox: &Sandbox,
+    ws: &std::path::Path,
+    index: usize,
+    args: &serde_json::Map<String, Value>,
+    sink: &mut Sink,
+) -> (Outcome, Option<String>) {
+    use base64::Engine;
+    use cordon_tools::Tool;
+    let ctx = cordon_tools::ToolContext::new(sandbox.clone(), ws);
+    let out = cordon_tools::computer::Computer
+        .call(&ctx, Value::Object(args.clone()))
+        .await;
+    if out.is_error {
+        return (file_failure(sink, out.text).await, None);
+    }
+    sink.output(0, format!("{}\n", out.text).as_bytes()).await;
+    let Some(image) = out.images.first() else {
+        return (succeeded(), None);
+    };
+    let path = format!("screenshots/step-{index:02}.png");
+    let saved = base64::engine::general_purpose::STANDARD
+        .decode(&image.data)
+        .map_err(|e| e.to_string())
+        .and_then(|png| file_op(ws, &path, |w, p| w.write(p, &png).map(|_| ())));
+    match saved {
+        Ok(()) => (succeeded(), Some(path)),
+        Err(e) => (
+            file_failure(sink, format!("saving {path}: {e}")).await,
+            None,
+        ),
+    }
 }
 
 fn succeeded() -> Outcome {

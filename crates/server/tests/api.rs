@@ -740,7 +740,81 @@ async fn an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage(db
     );
 }
 
+async fn a_gui_job_clicks_types_and_keeps_its_screenshots(db: Db) {
+    let Some(s) = TestServer::start(db).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "gui", "display": "1024x768", "steps": [
+                // xev records what reaches its window, put at the top left.
+                {"tool": "shell", "command": "xev -geometry 300x200+0+0 > /tmp/xev.log 2>&1 & \
+                    w=$(xdotool search --sync --name 'Event Tester' | head -1); \
+                    xdotool windowmove --sync $w 0 0; sleep 0.3"},
+                {"tool": "computer", "action": "screenshot"},
+                {"tool": "computer", "action": "left_click", "coordinate": [120, 100]},
+                {"tool": "computer", "action": "type", "text": "gui"},
+                {"tool": "shell", "command": "sleep 0.3; grep -c '^KeyPress' /tmp/xev.log"}
+            ]}),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["kind"], "gui");
+    let steps = job["result"]["steps"].as_array().unwrap();
+    assert_eq!(steps[1]["screenshot"], "screenshots/step-01.png", "{job}");
+    assert_eq!(steps[2]["screenshot"], "screenshots/step-02.png");
+    // Three keys pressed in xev's window.
+    let presses: u32 = job["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(presses >= 3, "{job}");
+    // The screenshot is a 1024x768 PNG in the workspace.
+    let png = s
+        .client
+        .get(s.url(&format!("/v1/jobs/{id}/files/screenshots/step-01.png")))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let size = |at: usize| u32::from_be_bytes([png[at], png[at + 1], png[at + 2], png[at + 3]]);
+    assert_eq!((size(16), size(20)), (1024, 768));
+
+    // Computer steps need a display; bad actions and sizes are refused.
+    for (bad, why) in [
+        (
+            json!({"kind": "steps", "steps": [{"tool": "computer", "action": "screenshot"}]}),
+            "computer steps need a display",
+        ),
+        (
+            json!({"kind": "gui", "steps": [{"tool": "computer", "action": "fly"}]}),
+            "invalid computer action",
+        ),
+        (
+            json!({"kind": "gui", "display": "9x9", "steps": [{"tool": "computer", "action": "screenshot"}]}),
+            "`display`",
+        ),
+    ] {
+        let (status, body) = s.post(&t, "/v1/jobs", bad).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body.to_string().contains(why), "{body}");
+    }
+}
+
 on_both!(
+    a_gui_job_clicks_types_and_keeps_its_screenshots,
     every_kind_runs_in_its_sandbox_with_output_and_exit_code,
     steps_share_one_session_and_stop_at_the_first_failure,
     the_seed_routes_take_both_payload_shapes,

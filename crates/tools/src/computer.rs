@@ -68,6 +68,14 @@ struct Input {
     region: Option<[i64; 4]>,
 }
 
+/// Whether `input` is a valid call, without running it: for callers that
+/// check requests before queueing them (the server's `gui` jobs).
+pub fn check(input: &Value) -> Result<(), String> {
+    serde_json::from_value::<Input>(input.clone())
+        .map(|_| ())
+        .map_err(|e| format!("invalid computer action: {e}"))
+}
+
 fn point_schema(description: &str) -> Value {
     json!({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2,
            "description": description})
