@@ -756,7 +756,7 @@ async fn a_gui_job_clicks_types_and_keeps_its_screenshots(db: Db) {
                 {"tool": "computer", "action": "screenshot"},
                 {"tool": "computer", "action": "left_click", "coordinate": [120, 100]},
                 {"tool": "computer", "action": "type", "text": "gui"},
-                {"tool": "shell", "command": "sleep 0.3; grep -c '^KeyPress' /tmp/xev.log"}
+                {"tool": "shell", "command": "pgrep -x xev >/dev/null && echo xev-still-running"}
             ]}),
         )
         .await;
@@ -766,17 +766,12 @@ async fn a_gui_job_clicks_types_and_keeps_its_screenshots(db: Db) {
     let steps = job["result"]["steps"].as_array().unwrap();
     assert_eq!(steps[1]["screenshot"], "screenshots/step-01.png", "{job}");
     assert_eq!(steps[2]["screenshot"], "screenshots/step-02.png");
-    // Three keys pressed in xev's window.
-    let presses: u32 = job["stdout"]
-        .as_str()
-        .unwrap()
-        .lines()
-        .last()
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(presses >= 3, "{job}");
+    // Where keys and clicks land is tested with the tool itself
+    // (crates/tools/tests/tools.rs); here, that the steps ran in order in
+    // one session, on one screen.
+    let stdout = job["stdout"].as_str().unwrap();
+    assert!(stdout.contains("Typed 3 characters."), "{job}");
+    assert!(stdout.ends_with("xev-still-running\n"), "{job}");
     // The screenshot is a 1024x768 PNG in the workspace.
     let png = s
         .client

@@ -868,9 +868,13 @@ async fn computer_at_its_own_size_types_and_presses_keys_into_a_window() {
     // XGA already: no scaling, the model's pixels are the screen's.
     let env = Env::with_display(1024, 768).await;
     // xev records what reaches its window.
+    // Without the window manager, which would place and focus the window
+    // in its own time (a race under load): X then gives the keyboard to the
+    // window under the pointer, and the test sees only the tool's doing.
     env.ok(
         "bash",
-        json!({"command": "xev -geometry 400x300+0+0 > /tmp/xev.log 2>&1 &"}),
+        json!({"command": "pkill -x openbox; while pgrep -x openbox >/dev/null; do sleep 0.05; done; \
+                           xev -geometry 400x300+0+0 > /tmp/xev.log 2>&1 &"}),
     )
     .await;
     // Where the window manager put it: click its middle to give it focus.
