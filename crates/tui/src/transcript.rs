@@ -296,7 +296,7 @@ pub fn render_entry(e: &Entry, width: u16, expanded: bool, tick: u64) -> Vec<Lin
             }
             v
         }
-        Entry::Tool(call) => render_tool(call, width, expanded, tick),
+        Entry::Tool(call) => render_tool(call, expanded, tick),
         Entry::Notice(text) => text
             .lines()
             .map(|l| Line::from(Span::styled(format!("· {l}"), theme::notice())))
@@ -358,7 +358,7 @@ pub fn key_argument(name: &str, input: &Value) -> String {
     }
 }
 
-fn render_tool(call: &ToolCall, width: u16, expanded: bool, tick: u64) -> Vec<Line<'static>> {
+fn render_tool(call: &ToolCall, expanded: bool, tick: u64) -> Vec<Line<'static>> {
     let (icon, icon_style) = match &call.state {
         ToolState::Pending => ("?".to_string(), theme::approval()),
         ToolState::Running => (
@@ -439,7 +439,6 @@ fn render_tool(call: &ToolCall, width: u16, expanded: bool, tick: u64) -> Vec<Li
             lines.extend(limit(body, expanded, COLLAPSED_LINES));
         }
     }
-    let _ = width;
     lines
 }
 

@@ -13,7 +13,7 @@ use cordon_agent::{
 };
 use cordon_sandbox::{Sandbox, SandboxConfig};
 use cordon_tools::{ToolContext, Toolbox};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::app::Answer;
@@ -332,22 +332,14 @@ impl State {
         let path = self.cfg.sessions_dir.join(format!("{id}.jsonl"));
         let agent = match SessionLog::<Value>::create(&path) {
             Ok(mut log) => {
-                let title: String = prompt
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .chars()
-                    .take(72)
-                    .collect();
-                let _ = log.append(&json!({
-                    "type": "session_started",
-                    "session_id": id,
-                    "model": self.cfg.agent.model,
-                    "provider": self.cfg.provider.kind.to_string(),
-                    "workspace": self.cfg.sandbox.workspace,
-                    "title": title,
-                    "resumed": false,
-                }));
+                let _ = log.append(&sessions::started_record(
+                    &id,
+                    &self.cfg.agent.model,
+                    &self.cfg.provider.kind.to_string(),
+                    &self.cfg.sandbox.workspace,
+                    prompt,
+                    false,
+                ));
                 let _ = self.updates.send(Update::Session {
                     id: id.clone(),
                     workspace: self.cfg.sandbox.workspace.display().to_string(),
