@@ -304,6 +304,37 @@ fn mcp_over_http_needs_a_token_and_a_session_is_its_tenants() {
     assert!(body.contains("\"bash\""), "{body}");
 }
 
+/// `cordon` run in `ws` with nothing of this environment but a PATH, and
+/// `home` as its home, configuration and data directories.
+fn cordon_in(home: &Path, ws: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cordon"));
+    c.current_dir(ws)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("XDG_DATA_HOME", home.join("data"));
+    c
+}
+
+/// Writes the user configuration under `home`: the notes server (Python
+/// `py`), one that cannot start, and `extra`. Returns the file's path.
+fn mcp_config(home: &Path, py: &str, extra: &str) -> std::path::PathBuf {
+    let dir = home.join("config/cordon");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("config.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[mcp_servers.notes]\ncommand = {py:?}\nargs = [{:?}]\n\n\
+             [mcp_servers.broken]\ncommand = \"/nonexistent/mcp-server\"\n{extra}",
+            format!("{}/tests/mcp/notes_server.py", env!("CARGO_MANIFEST_DIR"))
+        ),
+    )
+    .unwrap();
+    file
+}
+
 #[test]
 fn the_agent_calls_an_mcp_servers_tools_and_survives_its_crash() {
     use cordon_testkit::{Scenario, ScriptedServer, Turn};
@@ -311,17 +342,7 @@ fn the_agent_calls_an_mcp_servers_tools_and_survives_its_crash() {
     let Some(py) = python() else { return };
     let ws = tempfile::tempdir().unwrap();
     let home = tempfile::tempdir().unwrap();
-    let config = home.path().join("config/cordon");
-    std::fs::create_dir_all(&config).unwrap();
-    std::fs::write(
-        config.join("config.toml"),
-        format!(
-            "[mcp_servers.notes]\ncommand = {py:?}\nargs = [{:?}]\n\n\
-             [mcp_servers.broken]\ncommand = \"/nonexistent/mcp-server\"\n",
-            format!("{}/tests/mcp/notes_server.py", env!("CARGO_MANIFEST_DIR"))
-        ),
-    )
-    .unwrap();
+    mcp_config(home.path(), &py, "");
     let server = ScriptedServer::start(
         Scenario::new()
             .turn(Turn::text("Noting.").with_tool_call(
@@ -354,14 +375,8 @@ fn the_agent_calls_an_mcp_servers_tools_and_survives_its_crash() {
                     .expect_contains("its tools are no longer available"),
             ),
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+    let out = cordon_in(home.path(), ws.path())
         .args(["exec", "--json", "note that I must buy milk"])
-        .current_dir(ws.path())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("XDG_DATA_HOME", home.path().join("data"))
         .env("ANTHROPIC_BASE_URL", server.url())
         .env("ANTHROPIC_API_KEY", "sk-test-key-0000")
         .output()
@@ -484,25 +499,13 @@ fn mcp_list_shows_each_servers_tools_or_why_it_failed() {
     let Some(py) = python() else { return };
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let config = home.path().join("config/cordon");
-    std::fs::create_dir_all(&config).unwrap();
-    std::fs::write(
-        config.join("config.toml"),
-        format!(
-            "[mcp_servers.notes]\ncommand = {py:?}\nargs = [{:?}]\n\n\
-             [mcp_servers.broken]\ncommand = \"/nonexistent/mcp-server\"\n\n\
-             [mcp_servers.off]\ncommand = \"true\"\nenabled = false\n",
-            format!("{}/tests/mcp/notes_server.py", env!("CARGO_MANIFEST_DIR"))
-        ),
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+    let config = mcp_config(
+        home.path(),
+        &py,
+        "\n[mcp_servers.off]\ncommand = \"true\"\nenabled = false\n",
+    );
+    let out = cordon_in(home.path(), ws.path())
         .args(["mcp", "list"])
-        .current_dir(ws.path())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -520,14 +523,9 @@ fn mcp_list_shows_each_servers_tools_or_why_it_failed() {
     );
     assert!(text.contains("off  (true)  disabled"), "{text}");
     // A malformed configuration is a configuration error.
-    std::fs::write(config.join("config.toml"), "[mcp_servers.x]\nargs = []\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+    std::fs::write(&config, "[mcp_servers.x]\nargs = []\n").unwrap();
+    let out = cordon_in(home.path(), ws.path())
         .args(["mcp", "list"])
-        .current_dir(ws.path())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(78));
