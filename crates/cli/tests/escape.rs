@@ -1331,6 +1331,34 @@ fn capabilities_zero(t: &Ctx) {
 }
 attack!(capabilities_zero);
 
+/// Take on groups or another identity: `setgroups` succeeds (so programs
+/// that drop groups, such as xterm, run) but changes nothing, and setgid or
+/// setuid to an id outside the sandbox's single mapping fails (EINVAL: the
+/// id does not exist in the sandbox's user namespace).
+fn setgroups_and_identity(t: &Ctx) {
+    t.py(r#"
+import errno, os
+before = os.getgroups()
+os.setgroups([0, 4, 27, 65534])
+print('setgroups: ok')
+print('groups unchanged:', os.getgroups() == before)
+print('status:', [l for l in open('/proc/self/status') if l.startswith('Groups:')][0].strip())
+for name, call in (('setgid', os.setgid), ('setuid', os.setuid)):
+    try:
+        call(4242)
+        print(name + ': allowed')
+    except OSError as e:
+        print(name + ': ' + errno.errorcode[e.errno])
+"#)
+        .code(0)
+        .line("setgroups: ok")
+        .line("groups unchanged: True")
+        .line("status: Groups:")
+        .line("setgid: EINVAL")
+        .line("setuid: EINVAL");
+}
+attack!(setgroups_and_identity);
+
 /// Mount things: tmpfs over /tmp, a bind over /usr, proc, sysfs, a
 /// remount of /usr read-write, and the new mount API.
 fn mount_filesystems(t: &Ctx) {

@@ -950,6 +950,43 @@ async fn computer_at_its_own_size_types_and_presses_keys_into_a_window() {
 }
 
 #[tokio::test]
+async fn computer_drives_an_xterm_under_the_window_manager() {
+    let env = Env::with_display(1280, 800).await;
+    // The window manager stays: this is the desktop a model sees.
+    env.ok(
+        "bash",
+        json!({"command": "xterm -geometry 80x24+40+40 -title cordon-term >/dev/null 2>&1 &\n\
+                           xdotool search --sync --name cordon-term >/dev/null"}),
+    )
+    .await;
+    // 1280x800 is 16:10, so the model works in WXGA (1280x800): one to one.
+    let shot = env.call("computer", json!({"action": "screenshot"})).await;
+    assert_eq!(screenshot_size(&shot), (1280, 800));
+    // Click inside the terminal so it has the keyboard whatever the window
+    // manager decided, then type a command and run it.
+    env.ok(
+        "computer",
+        json!({"action": "left_click", "coordinate": [200, 150]}),
+    )
+    .await;
+    env.ok(
+        "computer",
+        json!({"action": "type", "text": "echo typed-in-$((6*7)) > /workspace/xterm.txt"}),
+    )
+    .await;
+    env.ok("computer", json!({"action": "key", "text": "Return"}))
+        .await;
+    let path = env.path("xterm.txt");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let written = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("the shell in xterm never wrote {}", path.display()));
+    assert_eq!(written, "typed-in-42\n");
+}
+
+#[tokio::test]
 async fn computer_without_a_display_says_so() {
     let env = Env::new().await;
     let mut tools = Toolbox::standard();

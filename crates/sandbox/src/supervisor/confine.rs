@@ -279,9 +279,10 @@ fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<BpfProg
         })
 }
 
-/// Builds the filters. Each filter has one errno, so there are three: the
+/// Builds the filters. Each filter has one errno, so there are four: the
 /// deny list (EPERM), `clone3` and `openat2` (ENOSYS, so libc falls back to
-/// calls whose arguments a filter can inspect) and exotic socket families.
+/// calls whose arguments a filter can inspect), exotic socket families, and
+/// `setgroups` (a no-op success).
 pub fn build_seccomp() -> Result<Vec<BpfProgram>> {
     use SeccompCmpArgLen::{Dword, Qword};
     use SeccompCmpOp::{Eq, MaskedEq};
@@ -375,7 +376,13 @@ pub fn build_seccomp() -> Result<Vec<BpfProgram>> {
         libc::EAFNOSUPPORT,
     )?;
 
-    Ok(vec![main, clone3, families])
+    // The sandbox has no supplementary groups and no CAP_SETGID, so a real
+    // setgroups() always fails, and programs that drop groups before running
+    // a child (xterm's initgroups) then refuse to start. Succeeding without
+    // effect grants nothing: the group list is empty before and after.
+    let setgroups = compile([(libc::SYS_setgroups, vec![])].into_iter().collect(), 0)?;
+
+    Ok(vec![main, clone3, families, setgroups])
 }
 
 /// On x86_64 the x32 ABI reaches the same kernel entry points with syscall
