@@ -20,6 +20,7 @@
 //! init process is that same binary, started with a hidden argument.
 
 pub mod cgroup;
+mod display;
 mod native;
 pub mod protocol;
 mod session;
@@ -30,6 +31,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
 
+pub use display::VncAccess;
 pub use native::{NativeBackend, host_report};
 pub use protocol::{ExitStatus, SpawnStage, WinSize};
 pub use session::{ExecEvent, ExecOutput, ExecResult, ExecStdin, Execution, Sandbox, SandboxInfo};
@@ -52,6 +54,9 @@ pub enum Error {
     SetupTimeout(Duration),
     #[error("the sandbox has exited")]
     Gone,
+    /// The display or its live view cannot be used.
+    #[error("{0}")]
+    Display(String),
     /// The command could not be started; `stage` says which part failed.
     #[error("{message}")]
     Exec {

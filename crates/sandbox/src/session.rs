@@ -77,6 +77,8 @@ pub(crate) struct Inner {
     info: std::sync::OnceLock<SandboxInfo>,
     base_env: Vec<(String, String)>,
     workdir: String,
+    /// The virtual screen, once it is up.
+    pub(crate) display: std::sync::OnceLock<crate::Display>,
 }
 
 impl Inner {
@@ -109,7 +111,7 @@ impl Drop for Inner {
 /// which ends when [`Sandbox::close`] is called or the last clone is dropped.
 #[derive(Clone)]
 pub struct Sandbox {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 /// The result of a finished command.
@@ -173,45 +175,6 @@ impl Sandbox {
             return Err(e);
         }
         Ok(sandbox)
-    }
-
-    /// Starts Xvfb inside the sandbox and waits for its socket, then a
-    /// window manager if one is installed. Both outlive this exec, as
-    /// background processes of the session; their output goes to files so
-    /// that nothing writes to the exec's closed pipes.
-    async fn start_display(&self, d: crate::Display) -> Result<()> {
-        let n = crate::DISPLAY.trim_start_matches(':');
-        let script = format!(
-            r#"command -v Xvfb >/dev/null || {{ echo "Xvfb is not installed (Debian: apt-get install xvfb)" >&2; exit 127; }}
-Xvfb :{n} -screen 0 {w}x{h}x24 -nolisten tcp -noreset >/tmp/.cordon-xvfb.log 2>&1 &
-i=0
-while [ ! -S /tmp/.X11-unix/X{n} ]; do
-    i=$((i + 1))
-    if [ $i -gt 400 ] || ! kill -0 $! 2>/dev/null; then cat /tmp/.cordon-xvfb.log >&2; exit 1; fi
-    sleep 0.025
-done
-for wm in openbox matchbox-window-manager; do
-    if command -v $wm >/dev/null; then $wm >/tmp/.cordon-wm.log 2>&1 & break; fi
-done"#,
-            w = d.width,
-            h = d.height,
-        );
-        let out = self
-            .exec(crate::ExecRequest {
-                timeout: Some(std::time::Duration::from_secs(20)),
-                ..crate::ExecRequest::shell(&script)
-            })
-            .await?;
-        if out.status != ExitStatus::Code(0) {
-            return Err(Error::Setup {
-                message: format!(
-                    "the X display did not start: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-                errno: 0,
-            });
-        }
-        Ok(())
     }
 
     pub fn info(&self) -> &SandboxInfo {
@@ -316,6 +279,7 @@ done"#,
                 lifecycle,
                 closed: AtomicBool::new(false),
                 info: std::sync::OnceLock::new(),
+                display: std::sync::OnceLock::new(),
                 base_env,
                 workdir,
             }
