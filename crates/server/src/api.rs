@@ -103,22 +103,42 @@ impl FromRequestParts<Arc<Shared>> for Tenant {
 
     async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> ApiResult<Tenant> {
         let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m);
-        let value = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .ok_or_else(|| unauthorized("send `Authorization: Bearer <token>` (create one with `cordon token create --tenant NAME`)"))?;
-        let token = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+        let token = match parts.headers.get(header::AUTHORIZATION) {
+            Some(value) => value
+                .to_str()
+                .ok()
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?,
+            // A browser cannot set headers on a WebSocket, only the
+            // subprotocols it offers: the token may come as one of those.
+            None => websocket_token(&parts.headers).ok_or_else(|| unauthorized("send `Authorization: Bearer <token>` (create one with `cordon token create --tenant NAME`)"))?,
+        };
         match shared.store.tenant_of(token).await? {
             Some(t) => Ok(Tenant(t)),
             None => Err(unauthorized("unknown token")),
         }
     }
+}
+
+/// The subprotocol that carries a token on a WebSocket upgrade.
+pub(crate) const WS_TOKEN_PROTOCOL: &str = "cordon.bearer.";
+
+/// The token offered as a `cordon.bearer.<token>` subprotocol of a
+/// WebSocket upgrade, if any.
+fn websocket_token(headers: &HeaderMap) -> Option<&str> {
+    let upgrade = headers.get(header::UPGRADE)?.to_str().ok()?;
+    if !upgrade.eq_ignore_ascii_case("websocket") {
+        return None;
+    }
+    headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|p| p.trim().strip_prefix(WS_TOKEN_PROTOCOL))
+        .filter(|t| !t.is_empty())
 }
 
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -130,6 +150,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/events", get(job_events))
+        .route("/v1/jobs/{id}/vnc", get(crate::desktop::job_vnc))
         .route("/v1/jobs/{id}/files", get(list_root))
         .route(
             "/v1/jobs/{id}/files/{*path}",
@@ -247,7 +268,7 @@ pub(crate) async fn create_job(
     Ok(r)
 }
 
-async fn find(shared: &Shared, tenant: &str, id: &str) -> ApiResult<JobRow> {
+pub(crate) async fn find(shared: &Shared, tenant: &str, id: &str) -> ApiResult<JobRow> {
     shared
         .store
         .job(tenant, id)
@@ -263,7 +284,9 @@ pub(crate) async fn get_job(
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    Ok(Json(job_view(&find(&shared, &tenant, &id).await?, true)))
+    let mut v = job_view(&find(&shared, &tenant, &id).await?, true);
+    v["live_desktop"] = json!(shared.desktops.get(&format!("job/{id}")).is_some());
+    Ok(Json(v))
 }
 
 #[derive(Deserialize)]
@@ -373,7 +396,9 @@ pub(crate) async fn cancel_job(
             ));
         }
     }
-    Ok(Json(job_view(&find(&shared, &tenant, &id).await?, true)))
+    let mut v = job_view(&find(&shared, &tenant, &id).await?, true);
+    v["live_desktop"] = json!(shared.desktops.get(&format!("job/{id}")).is_some());
+    Ok(Json(v))
 }
 
 /// Signals a running job and waits (a few seconds at most) for its runner
@@ -722,7 +747,9 @@ pub(crate) async fn status(
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
-    Ok(Json(job_view(&find(&shared, &tenant, &id).await?, true)))
+    let mut v = job_view(&find(&shared, &tenant, &id).await?, true);
+    v["live_desktop"] = json!(shared.desktops.get(&format!("job/{id}")).is_some());
+    Ok(Json(v))
 }
 
 #[utoipa::path(get, path = "/status", tag = "seed", summary = "A job's state and output, by `task_id`",
@@ -738,5 +765,7 @@ pub(crate) async fn status_by_query(
         .task_id
         .or(p.job_id)
         .ok_or_else(|| ApiError::bad_request("give `task_id`"))?;
-    Ok(Json(job_view(&find(&shared, &tenant, &id).await?, true)))
+    let mut v = job_view(&find(&shared, &tenant, &id).await?, true);
+    v["live_desktop"] = json!(shared.desktops.get(&format!("job/{id}")).is_some());
+    Ok(Json(v))
 }

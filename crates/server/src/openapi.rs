@@ -217,6 +217,9 @@ pub struct JobDoc {
     result: Option<serde_json::Value>,
     /// The request as stored, with defaults filled in.
     request: serde_json::Value,
+    /// `true` while the job's desktop can be watched at
+    /// `/v1/jobs/{id}/vnc` (a running job with a display).
+    live_desktop: bool,
 }
 
 #[derive(ToSchema, Serialize)]
@@ -355,6 +358,7 @@ impl Modify for Bearer {
         crate::api::get_job,
         crate::api::cancel_job,
         crate::api::job_events,
+        crate::desktop::job_vnc,
         crate::api::list_root,
         crate::api::get_file,
         crate::api::put_file,

@@ -260,6 +260,10 @@ async fn run_request(
         Ok(s) => s,
         Err(e) => return failed(format!("cannot create the sandbox: {e}")),
     };
+    // Viewable live while the job runs; unlisted before the sandbox closes.
+    let listed = sandbox
+        .display()
+        .map(|_| shared.desktops.list(format!("job/{id}"), &sandbox));
     let deadline = Instant::now() + Duration::from_secs(req.options.timeout_secs);
     let outcome = match req.spec {
         JobSpec::Shell { command } => {
@@ -328,6 +332,7 @@ async fn run_request(
             run_agent(shared, &sandbox, &ws, agent, deadline, sink, cancel).await
         }
     };
+    drop(listed);
     // Closing ends every process the job left behind.
     sandbox.close().await;
     outcome

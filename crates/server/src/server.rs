@@ -71,6 +71,8 @@ pub struct Shared {
     pub running: Mutex<HashMap<String, Cancel>>,
     /// Agent sessions in use.
     pub sessions: crate::sessions::LiveSessions,
+    /// Desktops of the running jobs and live sessions that have a display.
+    pub desktops: crate::desktop::Desktops,
     /// Wakes idle workers when a job is queued.
     pub wake: Notify,
     /// Claims are made one at a time in this process, so two workers never
@@ -148,6 +150,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         config,
         running: Mutex::new(HashMap::new()),
         sessions: Default::default(),
+        desktops: Default::default(),
         wake: Notify::new(),
         claim: tokio::sync::Mutex::new(()),
     });
