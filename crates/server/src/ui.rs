@@ -49,8 +49,10 @@ const ASSETS: &[Asset] = &[
 /// Only this origin's files; no inline script or style, no plugins, no
 /// framing, and forms cannot be submitted natively (the script sends them,
 /// so a token typed before the script loaded never lands in a URL).
+/// Images may also be `data:` URLs: noVNC draws the remote desktop's mouse
+/// cursor as one. An image cannot run script.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
-     style-src 'self'; img-src 'self'; connect-src 'self'; base-uri 'none'; \
+     style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; \
      form-action 'none'; frame-ancestors 'none'";
 
 pub fn routes() -> Router<Arc<Shared>> {
@@ -64,7 +66,7 @@ async fn index(headers: HeaderMap) -> Response {
 }
 
 async fn asset(Path(path): Path<String>, headers: HeaderMap) -> Response {
-    match ASSETS.iter().position(|a| a.name == path) {
+    match served().iter().position(|a| a.path == path) {
         Some(i) => serve(i, &headers),
         None => ApiError::new(
             StatusCode::NOT_FOUND,
@@ -75,24 +77,57 @@ async fn asset(Path(path): Path<String>, headers: HeaderMap) -> Response {
     }
 }
 
-/// Strong validators, computed once: the files change only with the binary.
-fn etags() -> &'static [HeaderValue] {
-    static ETAGS: OnceLock<Vec<HeaderValue>> = OnceLock::new();
-    ETAGS.get_or_init(|| {
-        ASSETS
+mod novnc {
+    include!(concat!(env!("OUT_DIR"), "/novnc.rs"));
+}
+
+/// Whether this binary carries noVNC (see build.rs).
+pub fn has_novnc() -> bool {
+    !novnc::NOVNC.is_empty()
+}
+
+/// A servable file: its path under `/ui/`, type, body and strong
+/// validator, computed once (the files change only with the binary).
+struct Served {
+    path: String,
+    content_type: &'static str,
+    body: &'static [u8],
+    etag: HeaderValue,
+}
+
+fn served() -> &'static [Served] {
+    static SERVED: OnceLock<Vec<Served>> = OnceLock::new();
+    SERVED.get_or_init(|| {
+        let own = ASSETS
             .iter()
-            .map(|a| {
-                let digest = Sha256::digest(a.body);
+            .map(|a| (a.name.to_string(), a.content_type, a.body));
+        // noVNC's modules, under `/ui/novnc/`, where the page imports them.
+        let vnc = novnc::NOVNC.iter().map(|(rel, body)| {
+            (
+                format!("novnc/{rel}"),
+                "text/javascript; charset=utf-8",
+                *body,
+            )
+        });
+        own.chain(vnc)
+            .map(|(path, content_type, body)| {
+                let digest = Sha256::digest(body);
                 let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-                HeaderValue::from_str(&format!("\"{hex}\"")).expect("hex is a valid header")
+                Served {
+                    path,
+                    content_type,
+                    body,
+                    etag: HeaderValue::from_str(&format!("\"{hex}\""))
+                        .expect("hex is a valid header"),
+                }
             })
             .collect()
     })
 }
 
 fn serve(i: usize, request: &HeaderMap) -> Response {
-    let a = &ASSETS[i];
-    let etag = etags()[i].clone();
+    let a = &served()[i];
+    let etag = a.etag.clone();
     // A browser revalidates every load (`no-cache`) so a new binary's UI is
     // picked up at once; an unchanged file costs a 304 and no body.
     let fresh = request

@@ -83,7 +83,29 @@ async fn assets_have_their_types_validators_and_a_json_404() {
         assert_eq!(r.headers()["etag"], etag);
         assert!(r.bytes().await.unwrap().is_empty());
     }
-    for path in ["/ui/nope.js", "/ui/../Cargo.toml", "/ui/app.js/x", "/ui/"] {
+    // noVNC's modules, embedded at build time, where the page imports them.
+    if cordon_server::ui::has_novnc() || in_ci() {
+        for path in [
+            "/ui/novnc/core/rfb.js",
+            "/ui/novnc/vendor/pako/lib/zlib/inflate.js",
+        ] {
+            let r = s.client.get(s.url(path)).send().await.unwrap();
+            assert_eq!(r.status(), 200, "{path}");
+            assert_eq!(
+                r.headers()["content-type"],
+                "text/javascript; charset=utf-8"
+            );
+            assert!(r.text().await.unwrap().contains("export"), "{path}");
+        }
+    }
+    for path in [
+        "/ui/nope.js",
+        "/ui/../Cargo.toml",
+        "/ui/app.js/x",
+        "/ui/",
+        "/ui/novnc/../app.js",
+        "/ui/novnc/core/nope.js",
+    ] {
         let r = s.client.get(s.url(path)).send().await.unwrap();
         assert_eq!(r.status(), 404, "{path}");
         let body: Value = r.json().await.unwrap();
@@ -224,5 +246,48 @@ async fn in_chromium_a_shell_job_streams_live_and_the_chat_shows_tool_calls() {
     assert!(out.status.success(), "browser.mjs failed:\n{log}");
     eprintln!("{log}");
     model.assert_finished();
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_a_gui_job_s_desktop_is_live_and_control_is_opt_in() {
+    let b = match browser() {
+        Ok(b) => b,
+        Err(why) if in_ci() => panic!("the browser test cannot run: {why}"),
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    assert!(
+        cordon_server::ui::has_novnc() || !in_ci(),
+        "this build has no noVNC (scripts/packages.txt installs it)"
+    );
+    if !cordon_server::ui::has_novnc() {
+        eprintln!("skipped: built without noVNC");
+        return;
+    }
+    let s = sqlite_server().await;
+    let token = s.token("ui").await;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ui/desktop.mjs");
+    let run = tokio::process::Command::new(&b.node)
+        .arg(&script)
+        .env("BASE_URL", &s.base)
+        .env("TOKEN", &token)
+        .env("CHROMIUM", &b.chromium)
+        .env("PLAYWRIGHT_CORE", &b.playwright)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(180), run)
+        .await
+        .expect("the browser script ran past 3 minutes")
+        .unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "desktop.mjs failed:\n{log}");
+    eprintln!("{log}");
     s.stop().await;
 }

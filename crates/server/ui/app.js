@@ -5,7 +5,7 @@
 'use strict';
 
 const STATES = ['queued', 'running', 'succeeded', 'failed', 'cancelled', 'timed_out'];
-const KINDS = ['shell', 'python', 'javascript', 'typescript', 'steps', 'agent'];
+const KINDS = ['shell', 'python', 'javascript', 'typescript', 'steps', 'gui', 'agent'];
 const TOKEN_KEY = 'cordon.token';
 
 // ---- DOM helpers ----------------------------------------------------------
@@ -503,6 +503,8 @@ function newJob(main) {
   const code = h('textarea', { name: 'code', rows: 10, spellcheck: 'false' });
   const steps = h('textarea', { name: 'steps', rows: 10, spellcheck: 'false', value: EXAMPLE_STEPS });
   const cont = h('input', { type: 'checkbox', name: 'continue_on_error' });
+  const display = h('input', { name: 'display', placeholder: '1280x800' });
+  const displayRow = h('label', {}, 'Display (WIDTHxHEIGHT)', display);
   const prompt = h('textarea', { name: 'prompt', rows: 5, placeholder: 'What should the agent do?' });
   const model = h('input', { name: 'model', placeholder: 'server default' });
   const maxSteps = h('input', { name: 'max_steps', type: 'number', min: 1, max: 200, placeholder: 'default' });
@@ -515,14 +517,16 @@ function newJob(main) {
   const groups = {
     shell: h('label', {}, 'Command (bash)', command),
     code: h('label', {}, 'Code', code),
-    steps: h('div', {}, h('label', {}, 'Steps (JSON: tool is shell, python, javascript, typescript, write_file or read_file)', steps),
+    steps: h('div', {}, h('label', {}, 'Steps (JSON: tool is shell, python, javascript, typescript, write_file, read_file or, with a display, computer)', steps),
+      displayRow,
       h('label', { class: 'inline' }, cont, 'Continue after a failed step')),
     agent: h('div', {}, h('label', {}, 'Prompt', prompt),
       h('div', { class: 'row' }, h('label', {}, 'Model', model), h('label', {}, 'Max steps', maxSteps))),
   };
-  const groupOf = (k) => (['python', 'javascript', 'typescript'].includes(k) ? 'code' : k);
+  const groupOf = (k) => ({ python: 'code', javascript: 'code', typescript: 'code', gui: 'steps' }[k] ?? k);
   const showGroup = () => {
     for (const [name, el] of Object.entries(groups)) el.hidden = name !== groupOf(kind.value);
+    displayRow.hidden = kind.value !== 'gui';
   };
   kind.addEventListener('change', showGroup);
   showGroup();
@@ -552,6 +556,7 @@ function newJob(main) {
         return;
       }
       if (cont.checked) body.continue_on_error = true;
+      if (kind.value === 'gui' && display.value.trim()) body.display = display.value.trim();
     }
     if (g === 'agent') {
       body.prompt = prompt.value;
@@ -664,6 +669,81 @@ function filesPanel(id, signal) {
   return { el, load };
 }
 
+// The job's desktop while it runs: noVNC over the job's /vnc WebSocket.
+// View-only until the user takes control, which reconnects with
+// access=control: the server enforces view-only, not just this page.
+function desktopPanel(id, signal) {
+  const err = errorBox();
+  const status = h('span', { class: 'muted status' }, 'connecting…');
+  const control = h('input', { type: 'checkbox', name: 'control' });
+  const screen = h('div', { class: 'screen', 'aria-label': 'the job\'s desktop' });
+  let rfb = null;
+  let ended = false;
+  let last = null;
+
+  async function connect() {
+    rfb?.disconnect();
+    rfb = null;
+    if (ended) return;
+    let RFB;
+    try {
+      ({ default: RFB } = await import('./novnc/core/rfb.js'));
+    } catch {
+      err.show(new Error('This server was built without noVNC, so the desktop cannot be shown (install the novnc package and rebuild cordon).'));
+      status.textContent = '';
+      return;
+    }
+    if (signal.aborted) return;
+    const url = new URL(`v1/jobs/${encodeURIComponent(id)}/vnc`, location.href);
+    url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
+    if (control.checked) url.searchParams.set('access', 'control');
+    status.textContent = 'connecting…';
+    // A WebSocket cannot carry an Authorization header: the token travels
+    // as a subprotocol, which the server reads and never echoes.
+    const r = new RFB(screen, url.href, { wsProtocols: ['binary', `cordon.bearer.${auth.get()}`] });
+    r.viewOnly = !control.checked;
+    r.scaleViewport = true;
+    r.addEventListener('connect', () => {
+      if (rfb !== r) return;
+      status.textContent = control.checked ? 'live · you have control' : 'live · view only';
+      screen.dataset.state = 'connected';
+    });
+    r.addEventListener('disconnect', () => {
+      if (rfb !== r) return;
+      screen.dataset.state = 'disconnected';
+      status.textContent = ended ? 'the job has ended' : 'disconnected';
+      // noVNC clears its canvas on disconnect: keep the last picture.
+      if (last) screen.replaceChildren(h('img', { class: 'last', src: last, alt: 'the desktop when it closed' }));
+    });
+    // A copy of the screen every second, cheap next to the stream itself.
+    const keep = setInterval(() => {
+      if (rfb !== r) return clearInterval(keep);
+      if (screen.dataset.state === 'connected') {
+        const canvas = screen.querySelector('canvas');
+        if (canvas?.width) last = canvas.toDataURL();
+      }
+    }, 1000);
+    rfb = r;
+  }
+
+  control.addEventListener('change', connect);
+  signal.addEventListener('abort', () => { rfb?.disconnect(); rfb = null; });
+  const el = h('section', { class: 'desktop' },
+    h('div', { class: 'toolbar' }, h('h2', {}, 'Desktop'), status, h('span', { class: 'spacer' }),
+      h('label', { class: 'control' }, control, ' Take control')),
+    err, screen);
+  return {
+    el,
+    connect,
+    // The job ended: its desktop is gone; the last picture stays.
+    end() {
+      ended = true;
+      control.disabled = true;
+      if (screen.dataset.state !== 'connected') status.textContent = 'the job has ended';
+    },
+  };
+}
+
 async function jobPage(main, id, signal) {
   const err = errorBox();
   const state = h('span');
@@ -717,6 +797,19 @@ async function jobPage(main, id, signal) {
   const files = filesPanel(id, signal);
   main.append(files.el);
 
+  // A desktop appears while the job runs with a display.
+  let desktop = null;
+  const showDesktop = () => {
+    if (job.live_desktop && !desktop) {
+      desktop = desktopPanel(id, signal);
+      outputBox.before(desktop.el);
+      desktop.connect();
+    } else if (desktop && !['queued', 'running'].includes(job.state)) {
+      desktop.end();
+    }
+  };
+  showDesktop();
+
   // Consecutive output of one stream goes into one text node.
   let last = null;
   const write = (cls, text) => {
@@ -737,9 +830,13 @@ async function jobPage(main, id, signal) {
   const onEvent = ({ event, data }) => {
     if (event === 'stdout' || event === 'stderr') write(event, data.data);
     else if (event === 'output_truncated') marker(`[${data.stream} truncated at ${fmtSize(data.cap_bytes)}]`);
-    else if (event === 'step_started') marker(`▸ step ${data.index + 1}: ${data.tool}`);
+    else if (event === 'step_started') {
+      marker(`▸ step ${data.index + 1}: ${data.tool}`);
+      // The desktop is up before the first step: show it if not yet shown.
+      if (!desktop && job.request?.display) refresh().then(showDesktop).catch((e) => err.show(e));
+    }
     else if (event === 'step_finished') marker(`  ${data.state}${data.exit_code == null ? '' : ` (exit ${data.exit_code})`} in ${fmtDuration(data.duration_ms)}`);
-    else if (event === 'state' || event === 'finished') refresh().catch((e) => err.show(e));
+    else if (event === 'state' || event === 'finished') refresh().then(showDesktop).catch((e) => err.show(e));
     else if (transcript && data && typeof data === 'object' && data.type) transcript.handle(data);
     if (event === 'finished') files.load();
   };
