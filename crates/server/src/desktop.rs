@@ -77,7 +77,7 @@ pub(crate) struct VncParams {
     access: Option<String>,
 }
 
-fn access_of(p: &VncParams) -> Result<VncAccess, ApiError> {
+pub(crate) fn access_of(p: &VncParams) -> Result<VncAccess, ApiError> {
     match p.access.as_deref() {
         None | Some("view") => Ok(VncAccess::ViewOnly),
         Some("control") => Ok(VncAccess::Control),

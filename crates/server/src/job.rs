@@ -132,7 +132,37 @@ pub enum JobSpec {
         prompt: String,
         model: Option<String>,
         max_steps: Option<u32>,
+        /// A virtual screen, which gives the agent the computer tool.
+        display: Option<cordon_sandbox::Display>,
     },
+}
+
+impl JobSpec {
+    /// The virtual screen the job's sandbox gets, if any.
+    pub fn display(&self) -> Option<cordon_sandbox::Display> {
+        match self {
+            JobSpec::Steps { display, .. } | JobSpec::Agent { display, .. } => *display,
+            _ => None,
+        }
+    }
+}
+
+/// The optional `display` field, WIDTHxHEIGHT.
+pub(crate) fn display_field(
+    obj: &serde_json::Map<String, Value>,
+    default: Option<cordon_sandbox::Display>,
+) -> Result<Option<cordon_sandbox::Display>, String> {
+    match obj.get("display") {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::String(d)) => d
+            .parse::<cordon_sandbox::Display>()
+            .map(Some)
+            .map_err(|e| format!("`display`: {e}")),
+        Some(other) => Err(format!(
+            "`display` must be a string such as \"1280x800\", not {}",
+            type_name(other)
+        )),
+    }
 }
 
 impl JobSpec {
@@ -377,20 +407,8 @@ impl JobRequest {
                         ));
                     }
                 };
-                let display = match obj.get("display") {
-                    None | Some(Value::Null) if kind == "gui" => Some(DEFAULT_DISPLAY),
-                    None | Some(Value::Null) => None,
-                    Some(Value::String(d)) => Some(
-                        d.parse::<cordon_sandbox::Display>()
-                            .map_err(|e| format!("`display`: {e}"))?,
-                    ),
-                    Some(other) => {
-                        return Err(format!(
-                            "`display` must be a string such as \"1280x800\", not {}",
-                            type_name(other)
-                        ));
-                    }
-                };
+                let default = (kind == "gui").then_some(DEFAULT_DISPLAY);
+                let display = display_field(obj, default)?;
                 if display.is_none() && steps.iter().any(|s| matches!(s, Step::Computer { .. })) {
                     return Err(
                         "computer steps need a display: use kind `gui`, or set `display`".into(),
@@ -403,7 +421,11 @@ impl JobRequest {
                 }
             }
             "agent" => {
-                only(obj, &with_options(&["prompt", "model", "max_steps"]), &what)?;
+                only(
+                    obj,
+                    &with_options(&["prompt", "model", "max_steps", "display"]),
+                    &what,
+                )?;
                 let max_steps = match obj.get("max_steps") {
                     None | Some(Value::Null) => None,
                     Some(v) => match v.as_u64() {
@@ -415,6 +437,7 @@ impl JobRequest {
                     prompt: nonempty(obj, "prompt", &what)?,
                     model: optional_string(obj, "model")?,
                     max_steps,
+                    display: display_field(obj, None)?,
                 }
             }
             other => match Language::parse(other) {
@@ -526,9 +549,16 @@ pub fn spec_json(req: &JobRequest) -> Value {
             prompt,
             model,
             max_steps,
-        } => serde_json::json!({
-            "kind": "agent", "prompt": prompt, "model": model, "max_steps": max_steps,
-        }),
+            display,
+        } => {
+            let mut v = serde_json::json!({
+                "kind": "agent", "prompt": prompt, "model": model, "max_steps": max_steps,
+            });
+            if let Some(d) = display {
+                v["display"] = format!("{}x{}", d.width, d.height).into();
+            }
+            v
+        }
     };
     // Steps serialise as {tool: python, language: python, code}; store the
     // shape the parser reads.
@@ -578,6 +608,7 @@ mod tests {
                 {"tool": "computer", "action": "left_click", "coordinate": [10, 20], "text": "shift"},
             ]}),
             json!({"kind": "gui", "steps": [{"tool": "computer", "action": "screenshot"}]}),
+            json!({"kind": "agent", "prompt": "use the screen", "display": "800x600"}),
         ] {
             let req = parse(body.clone()).unwrap_or_else(|e| panic!("{body}: {e}"));
             let again = parse(spec_json(&req)).unwrap();
@@ -607,6 +638,14 @@ mod tests {
             (
                 json!({"kind": "shell", "command": " "}),
                 "`command` is empty",
+            ),
+            (
+                json!({"kind": "agent", "prompt": "x", "display": 1280}),
+                "`display` must be a string",
+            ),
+            (
+                json!({"kind": "shell", "command": "ls", "display": "800x600"}),
+                "unknown field `display`",
             ),
             (
                 json!({"kind": "shell", "command": "ls", "timeout_secs": 0}),

@@ -88,6 +88,10 @@ job_kind!(
         model: Option<String>,
         #[schema(minimum = 1, maximum = 200)]
         max_steps: Option<u32>,
+        /// A virtual screen, WIDTHxHEIGHT (64 to 8192 each): the agent then
+        /// has the computer tool, and the desktop can be watched live.
+        #[schema(example = "1280x800", pattern = "^[0-9]+x[0-9]+$")]
+        display: Option<String>,
     }
 );
 
@@ -286,6 +290,10 @@ pub struct ScheduledDoc {
 pub struct SessionCreateDoc {
     /// The model (default: the server's).
     model: Option<String>,
+    /// A virtual screen, WIDTHxHEIGHT (64 to 8192 each): the agent then has
+    /// the computer tool, and `/v1/sessions/{id}/vnc` shows the desktop.
+    #[schema(example = "1280x800", pattern = "^[0-9]+x[0-9]+$")]
+    display: Option<String>,
 }
 
 #[derive(ToSchema, Serialize)]
@@ -314,6 +322,10 @@ pub struct SessionDetailDoc {
     turns: u64,
     usage: serde_json::Value,
     messages: Vec<serde_json::Value>,
+    /// The session's virtual screen, if it was created with one.
+    display: Option<String>,
+    /// `true` while its desktop is up (the session is awake).
+    live_desktop: bool,
 }
 
 #[derive(ToSchema, Serialize)]
@@ -371,6 +383,7 @@ impl Modify for Bearer {
         crate::sessions::message,
         crate::sessions::cancel,
         crate::sessions::compact,
+        crate::sessions::vnc,
     ),
     tags(
         (name = "jobs", description = "Queued, sandboxed jobs"),

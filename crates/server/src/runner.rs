@@ -253,9 +253,7 @@ async fn run_request(
         return failed(format!("cannot create the workspace: {e}"));
     }
     let mut config = sandbox_config(shared, &ws, &req.options);
-    if let JobSpec::Steps { display, .. } = &req.spec {
-        config.display = *display;
-    }
+    config.display = req.spec.display();
     let sandbox = match Sandbox::create(config).await {
         Ok(s) => s,
         Err(e) => return failed(format!("cannot create the sandbox: {e}")),
@@ -321,6 +319,7 @@ async fn run_request(
             prompt,
             model,
             max_steps,
+            ..
         } => {
             let session = job_dir(shared, id).join("session.jsonl");
             let agent = AgentRun {
@@ -614,9 +613,13 @@ async fn run_agent(
     if let Some(n) = run.max_steps {
         config.max_steps = n;
     }
+    let mut tools = Toolbox::standard();
+    if sandbox.display().is_some() {
+        tools.register(cordon_tools::computer::Computer);
+    }
     let mut agent = Agent::new(
         provider,
-        Toolbox::standard(),
+        tools,
         ToolContext::new(sandbox.clone(), ws),
         config,
     );

@@ -165,7 +165,10 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
             let Some(shared) = reaper.upgrade() else {
                 break;
             };
-            shared.sessions.reap(shared.config.session_idle).await;
+            shared
+                .sessions
+                .reap(shared.config.session_idle, &shared.desktops)
+                .await;
         }
     });
     let listener = tokio::net::TcpListener::bind(listen)

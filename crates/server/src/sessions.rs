@@ -59,7 +59,7 @@ impl LiveSessions {
     }
 
     /// Closes the sandboxes of sessions idle longer than `idle`.
-    pub async fn reap(&self, idle: Duration) {
+    pub async fn reap(&self, idle: Duration, desktops: &crate::desktop::Desktops) {
         let slots: Vec<(String, Slot)> = self
             .slots
             .lock()
@@ -76,6 +76,7 @@ impl LiveSessions {
                 && let Some(live) = guard.take()
             {
                 tracing::debug!("closing idle session {id}");
+                desktops.unlist(&desktop_key(&id));
                 drop(live.agent);
                 live.sandbox.close().await;
             }
@@ -90,6 +91,71 @@ pub fn routes() -> Router<Arc<Shared>> {
         .route("/v1/sessions/{id}/messages", post(message))
         .route("/v1/sessions/{id}/cancel", post(cancel))
         .route("/v1/sessions/{id}/compact", post(compact))
+        .route("/v1/sessions/{id}/vnc", get(vnc))
+}
+
+fn desktop_key(id: &str) -> String {
+    format!("session/{id}")
+}
+
+/// The display a session was created with, from its `session_started`.
+fn started_display<'a>(
+    mut records: impl Iterator<Item = &'a Value>,
+) -> Option<cordon_sandbox::Display> {
+    records
+        .find(|r| r["type"] == "session_started")?
+        .get("display")?
+        .as_str()?
+        .parse()
+        .ok()
+}
+
+/// `GET /v1/sessions/{id}/vnc`: the desktop of a session created with a
+/// display, woken if it was idle.
+#[utoipa::path(get, path = "/v1/sessions/{id}/vnc", tag = "sessions",
+    summary = "Live view of a session's desktop (WebSocket carrying RFB)",
+    description = "As `/v1/jobs/{id}/vnc`, for a session created with `display`; an idle session is woken.",
+    params(("id" = String, Path), ("access" = Option<String>, Query, description = "view (default) or control")),
+    responses((status = 101, description = "Switching to the WebSocket"),
+              (status = 400, description = "Bad `access`, or not a WebSocket request", body = crate::openapi::ErrorDoc),
+              (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc),
+              (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
+              (status = 409, description = "The session has no display, or a turn is waking it", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn vnc(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    params: Result<
+        axum::extract::Query<crate::desktop::VncParams>,
+        axum::extract::rejection::QueryRejection,
+    >,
+    upgrade: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
+) -> Result<Response, ApiError> {
+    let access = crate::desktop::access_of(&params.map_err(crate::desktop::bad_query)?.0)?;
+    let row = find(&shared, &tenant, &id).await?;
+    let sandbox = match shared.desktops.get(&desktop_key(&id)) {
+        Some(s) => s,
+        None => {
+            let d = dir(&shared, &id).join("session.jsonl");
+            let has_display = cordon_agent::log::load::<Value>(&d)
+                .ok()
+                .and_then(|(records, _)| started_display(records.iter().map(|r| &r.data)))
+                .is_some();
+            if !has_display {
+                return Err(crate::desktop::no_desktop(format!(
+                    "session {id} has no display: create it with `display`"
+                )));
+            }
+            let mut guard = take(&shared, &row).await?;
+            let live = guard.as_mut().expect("take wakes the session");
+            live.last_used = Instant::now();
+            live.sandbox.clone()
+        }
+    };
+    crate::desktop::bridge(sandbox, access, upgrade).await
 }
 
 fn dir(shared: &Shared, id: &str) -> std::path::PathBuf {
@@ -134,13 +200,18 @@ pub(crate) async fn create(
             "the body must be a JSON object",
         )
     })?;
-    if let Some(k) = obj.keys().find(|k| k.as_str() != "model") {
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !["model", "display"].contains(&k.as_str()))
+    {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_request",
-            format!("unknown field `{k}` (allowed: model)"),
+            format!("unknown field `{k}` (allowed: model, display)"),
         ));
     }
+    let display = crate::job::display_field(obj, None)
+        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", m))?;
     let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
     let model = match obj.get("model") {
         None | Some(Value::Null) => defaults.agent.model.clone(),
@@ -166,15 +237,19 @@ pub(crate) async fn create(
     std::fs::create_dir_all(d.join("workspace")).map_err(unavailable)?;
     let mut log = SessionLog::<Value>::create(d.join("session.jsonl"))
         .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
-    log.append(&json!({
+    let mut started = json!({
         "type": "session_started",
         "session_id": id,
         "model": model,
         "provider": defaults.provider.kind.to_string(),
         "workspace": "/workspace",
         "title": "",
-    }))
-    .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
+    });
+    if let Some(d) = display {
+        started["display"] = json!(format!("{}x{}", d.width, d.height));
+    }
+    log.append(&started)
+        .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
     let row = shared.store.insert_session(&id, &tenant, &model).await?;
     Ok((StatusCode::CREATED, Json(view(&row))).into_response())
 }
@@ -220,12 +295,15 @@ pub(crate) async fn show(
             "cannot read the session's log",
         )
     })?;
+    let display = started_display(records.iter().map(|r| &r.data));
     let summary = cordon_agent::sessions::summarize(&path, &records);
     let messages = cordon_agent::sessions::replay(records.iter().map(|r| &r.data));
     let mut v = view(&row);
     v["turns"] = json!(summary.as_ref().map_or(0, |s| s.turns));
     v["usage"] = json!(summary.map(|s| s.usage).unwrap_or_default());
     v["messages"] = json!(messages);
+    v["display"] = json!(display.map(|d| format!("{}x{}", d.width, d.height)));
+    v["live_desktop"] = json!(shared.desktops.get(&desktop_key(&id)).is_some());
     Ok(Json(v))
 }
 
@@ -246,6 +324,10 @@ async fn wake(shared: &Shared, row: &SessionRow) -> Result<Live, ApiError> {
     let mut sc = SandboxConfig::new(&ws);
     sc.memory = Some(shared.config.bounds.default_memory);
     sc.supervisor = shared.config.supervisor.clone();
+    sc.display = match cordon_agent::log::load::<Value>(&d.join("session.jsonl")) {
+        Ok((records, _)) => started_display(records.iter().map(|r| &r.data)),
+        Err(_) => None,
+    };
     let sandbox = Sandbox::create(sc).await.map_err(|e| {
         tracing::error!("session {}: {e}", row.id);
         ApiError::new(
@@ -261,9 +343,14 @@ async fn wake(shared: &Shared, row: &SessionRow) -> Result<Live, ApiError> {
             e.to_string(),
         )
     })?;
+    let mut tools = Toolbox::standard();
+    if sandbox.display().is_some() {
+        tools.register(cordon_tools::computer::Computer);
+        shared.desktops.insert(desktop_key(&row.id), &sandbox);
+    }
     let agent = Agent::new(
         provider,
-        Toolbox::standard(),
+        tools,
         ToolContext::new(sandbox.clone(), &ws),
         AgentConfig {
             model: row.model.clone(),

@@ -262,3 +262,90 @@ on_both!(
     one_turn_at_a_time_cancel_and_compact,
     sessions_need_a_model_and_well_formed_messages,
 );
+
+/// A session created with a display: the agent has the computer tool, its
+/// screenshot reaches the model as an image, and the desktop can be
+/// watched over `/v1/sessions/{id}/vnc`, which wakes an idle session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_with_a_display_gives_the_agent_a_desktop_to_watch() {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Looking.").with_tool_call(
+                "s1",
+                "computer",
+                json!({"action": "screenshot"}),
+            ))
+            .turn(
+                Turn::text("I see an empty 800x600 desktop.")
+                    .expect_tool_results(["s1"])
+                    .expect_contains("\"type\":\"image\""),
+            ),
+    );
+    let s = TestServer::start_with(Db::Sqlite, with_model(model.url()))
+        .await
+        .unwrap();
+    let t = s.token("acme").await;
+
+    let (status, body) = s.post(&t, "/v1/sessions", json!({"display": "tiny"})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("`display`"), "{body}");
+    let (status, plain) = s.post(&t, "/v1/sessions", json!({})).await;
+    assert_eq!(status, 201);
+    let plain = plain["id"].as_str().unwrap();
+
+    let (status, created) = s
+        .post(&t, "/v1/sessions", json!({"display": "800x600"}))
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let (_, shown) = s.get(&t, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(shown["display"], "800x600");
+    assert_eq!(shown["live_desktop"], false, "asleep until used");
+
+    // Watching wakes it.
+    let open = |path: String, token: String| async move {
+        let mut req = path.into_client_request().unwrap();
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        tokio_tungstenite::connect_async(req).await
+    };
+    let ws_url = |sid: &str| {
+        s.url(&format!("/v1/sessions/{sid}/vnc"))
+            .replacen("http", "ws", 1)
+    };
+    let (mut ws, _) = open(ws_url(&id), t.clone())
+        .await
+        .expect("the live view opens");
+    let first = tokio::time::timeout(std::time::Duration::from_secs(20), ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(&first.into_data()[..12], b"RFB 003.008\n");
+    let (_, shown) = s.get(&t, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(shown["live_desktop"], true);
+
+    // The agent works on the same screen.
+    let events = say(&s, &t, &id, "what is on the screen?").await;
+    let finished = events
+        .iter()
+        .find(|(k, _)| k == "tool_call_finished")
+        .expect("the computer tool ran");
+    assert_eq!(finished.1["is_error"], false, "{finished:?}");
+    model.assert_finished();
+
+    // No display, no desktop; another tenant sees nothing.
+    match open(ws_url(plain), t.clone()).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 409),
+        other => panic!("expected 409, got {:?}", other.map(|_| ())),
+    }
+    let other = s.token("globex").await;
+    match open(ws_url(&id), other).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 404),
+        other => panic!("expected 404, got {:?}", other.map(|_| ())),
+    }
+    s.stop().await;
+}
