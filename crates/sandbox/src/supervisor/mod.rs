@@ -51,6 +51,21 @@ pub(crate) fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// Set in a microVM guest, where the supervisor is the kernel's init and
+/// ending the sandbox means powering the machine off.
+static IN_GUEST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Ends the sandbox from its init: exits (native: the kernel then kills
+/// the pid namespace) or powers the guest off (microvm).
+pub(crate) fn end_sandbox() -> ! {
+    if IN_GUEST.load(std::sync::atomic::Ordering::Relaxed) {
+        rustix::fs::sync();
+        // SAFETY: reboot(2) with a valid command; as init we may.
+        unsafe { libc::reboot(libc::RB_POWER_OFF) };
+    }
+    exit_now(0)
+}
+
 fn send(ctl: &mut UnixStream, msg: &SupMsg) {
     let mut buf = Vec::new();
     protocol::encode(msg, &mut buf);
@@ -293,7 +308,7 @@ fn inner_main(mut ctl: UnixStream, spec: SetupSpec) -> ! {
     match result {
         Ok(info) => {
             send(&mut ctl, &SupMsg::Ready(info));
-            serve::serve(ctl)
+            serve::serve(ctl.into())
         }
         Err(e) => fail(&mut ctl, e),
     }

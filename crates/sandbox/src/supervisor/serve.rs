@@ -6,10 +6,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -65,7 +64,8 @@ enum Tag {
 }
 
 struct Server {
-    ctl: UnixStream,
+    /// The control channel: a socket (native) or a virtio port (microvm).
+    ctl: OwnedFd,
     inbuf: Vec<u8>,
     outbuf: Vec<u8>,
     execs: BTreeMap<u64, Exec>,
@@ -73,12 +73,12 @@ struct Server {
     sigfd: OwnedFd,
 }
 
-pub fn serve(ctl: UnixStream) -> ! {
+pub fn serve(ctl: OwnedFd) -> ! {
     let sigfd = match sigchld_fd() {
         Ok(fd) => fd,
         Err(_) => super::exit_now(1),
     };
-    let _ = ctl.set_nonblocking(true);
+    set_nonblocking(&ctl);
     let mut server = Server {
         ctl,
         inbuf: Vec::new(),
@@ -133,13 +133,13 @@ fn write_fd(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
 }
 
 /// Kills every process in the sandbox (pid 1 is spared by `kill(-1)`) and
-/// exits, which tears the namespaces down.
+/// exits, which tears the namespaces down; in a microVM, powers it off.
 fn exit_all() -> ! {
     // SAFETY: signalling; we are pid 1 of our own pid namespace.
     unsafe {
         libc::kill(-1, libc::SIGKILL);
     }
-    super::exit_now(0);
+    super::end_sandbox();
 }
 
 impl Server {
@@ -248,7 +248,7 @@ impl Server {
     fn read_control(&mut self) {
         let mut chunk = [0u8; 65536];
         loop {
-            match (&self.ctl).read(&mut chunk) {
+            match read_fd(self.ctl.as_raw_fd(), &mut chunk) {
                 Ok(0) => exit_all(),
                 Ok(n) => self.inbuf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
