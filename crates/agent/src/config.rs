@@ -151,6 +151,48 @@ pub const KEYS: &[Key] = &[
         default: None,
         doc: "a virtual X display in the sandbox, WIDTHxHEIGHT; gives the model the computer tool",
     },
+    Key {
+        name: "sandbox.backend",
+        env: &["CORDON_BACKEND"],
+        secret: false,
+        default: Some("native"),
+        doc: "native (namespaces on this kernel) or microvm (a QEMU virtual machine)",
+    },
+    Key {
+        name: "sandbox.cpus",
+        env: &["CORDON_CPUS"],
+        secret: false,
+        default: None,
+        doc: "virtual CPUs of a microVM (default 1)",
+    },
+    Key {
+        name: "vm.kernel",
+        env: &["CORDON_VM_KERNEL"],
+        secret: false,
+        default: None,
+        doc: "microvm guest kernel, vmlinuz or vmlinux (default: the one `cordon vm setup` fetched)",
+    },
+    Key {
+        name: "vm.modules",
+        env: &["CORDON_VM_MODULES"],
+        secret: false,
+        default: None,
+        doc: "the guest kernel's modules directory (lib/modules/VERSION)",
+    },
+    Key {
+        name: "vm.qemu",
+        env: &["CORDON_VM_QEMU"],
+        secret: false,
+        default: None,
+        doc: "the QEMU binary (default: qemu-system-x86_64 on PATH)",
+    },
+    Key {
+        name: "vm.accel",
+        env: &["CORDON_VM_ACCEL"],
+        secret: false,
+        default: None,
+        doc: "kvm or tcg (default tcg: a /dev/kvm that cannot run guests hangs them)",
+    },
 ];
 
 fn key(name: &str) -> Option<&'static Key> {
@@ -379,6 +421,24 @@ impl Settings {
             .is_some_and(|v| !matches!(v, "off" | "loopback"))
         {
             return Err(self.invalid("sandbox.network", "expected off or loopback"));
+        }
+        if self
+            .get("sandbox.backend")
+            .is_some_and(|v| v.parse::<cordon_tools::BackendKind>().is_err())
+        {
+            return Err(self.invalid("sandbox.backend", "expected native or microvm"));
+        }
+        if self
+            .get("sandbox.cpus")
+            .is_some_and(|v| v.parse::<u32>().map_or(true, |n| !(1..=64).contains(&n)))
+        {
+            return Err(self.invalid("sandbox.cpus", "expected a whole number from 1 to 64"));
+        }
+        if self
+            .get("vm.accel")
+            .is_some_and(|v| v.parse::<cordon_tools::Accel>().is_err())
+        {
+            return Err(self.invalid("vm.accel", "expected kvm or tcg"));
         }
         if self
             .get("sandbox.display")

@@ -118,6 +118,27 @@ pub fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
     Ok(ModelSetup { provider, agent })
 }
 
+/// The backend settings (`sandbox.backend`, `sandbox.cpus`, `vm.*`),
+/// already validated by [`Settings::load`].
+pub(crate) fn sandbox_backend(
+    settings: &Settings,
+    sandbox: &mut SandboxConfig,
+) -> Result<(), String> {
+    sandbox.backend = settings
+        .get("sandbox.backend")
+        .unwrap_or("native")
+        .parse()?;
+    sandbox.cpus = settings.get("sandbox.cpus").and_then(|v| v.parse().ok());
+    let path = |k: &str| settings.get(k).map(PathBuf::from);
+    sandbox.vm = cordon_sandbox::VmOptions {
+        qemu: path("vm.qemu"),
+        kernel: path("vm.kernel"),
+        modules: path("vm.modules"),
+        accel: settings.get("vm.accel").map(str::parse).transpose()?,
+    };
+    Ok(())
+}
+
 /// The settings from every layer with the command line's on top, checked.
 pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
     let mut cli = args.set.to_vec();
@@ -150,6 +171,7 @@ pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
         .map(str::parse)
         .transpose()
         .map_err(config_error)?;
+    sandbox_backend(&settings, &mut sandbox).map_err(config_error)?;
     Ok(Setup {
         settings,
         model,

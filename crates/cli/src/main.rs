@@ -9,6 +9,7 @@ mod options;
 mod run;
 mod serve_cmd;
 mod sessions_cmd;
+mod vm_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -70,6 +71,8 @@ enum Command {
     Serve(serve_cmd::ServeArgs),
     /// Manage the server's bearer tokens.
     Token(serve_cmd::TokenArgs),
+    /// Prepare the microvm backend: `cordon vm setup` fetches the guest kernel.
+    Vm(vm_cmd::VmArgs),
 }
 
 fn main() {
@@ -125,6 +128,7 @@ fn main() {
             Command::Mcp(args) => mcp_cmd::mcp(args).await,
             Command::Serve(args) => serve_cmd::serve(args).await,
             Command::Token(args) => serve_cmd::token(args).await,
+            Command::Vm(args) => vm_cmd::vm(args),
         }
     });
     // Exit at once: a blocking read of our stdin may still be pending.

@@ -39,6 +39,30 @@ pub struct SandboxOpts {
     /// window manager; DISPLAY is set for the command)
     #[arg(long, value_name = "WxH")]
     pub display: Option<cordon_sandbox::Display>,
+    /// Isolation backend: native (namespaces on this kernel) or microvm (a
+    /// QEMU virtual machine with its own kernel; see `cordon vm setup`)
+    #[arg(
+        long,
+        env = "CORDON_BACKEND",
+        default_value = "native",
+        value_name = "NAME"
+    )]
+    pub backend: cordon_sandbox::BackendKind,
+    /// Virtual CPUs of a microVM [default: 1]
+    #[arg(long, env = "CORDON_CPUS", value_name = "N")]
+    pub cpus: Option<u32>,
+    /// microvm: QEMU's accelerator, kvm or tcg [default: tcg unless set]
+    #[arg(long, env = "CORDON_VM_ACCEL", value_name = "ACCEL", hide = true)]
+    pub vm_accel: Option<cordon_sandbox::Accel>,
+    /// microvm: the guest kernel (vmlinuz or vmlinux) [default: `cordon vm setup`'s]
+    #[arg(long, env = "CORDON_VM_KERNEL", value_name = "PATH", hide = true)]
+    pub vm_kernel: Option<PathBuf>,
+    /// microvm: the guest kernel's modules directory
+    #[arg(long, env = "CORDON_VM_MODULES", value_name = "DIR", hide = true)]
+    pub vm_modules: Option<PathBuf>,
+    /// microvm: the QEMU binary
+    #[arg(long, env = "CORDON_VM_QEMU", value_name = "PATH", hide = true)]
+    pub vm_qemu: Option<PathBuf>,
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -105,6 +129,14 @@ impl SandboxOpts {
         c.env = self.env.clone();
         c.workdir = self.workdir.clone();
         c.display = self.display;
+        c.backend = self.backend;
+        c.cpus = self.cpus;
+        c.vm = cordon_sandbox::VmOptions {
+            qemu: self.vm_qemu.clone(),
+            kernel: self.vm_kernel.clone(),
+            modules: self.vm_modules.clone(),
+            accel: self.vm_accel,
+        };
         // The CLI holds nothing secret when it creates the sandbox.
         c.fork_supervisor = true;
         for b in &self.ro {

@@ -21,6 +21,7 @@
 
 pub mod cgroup;
 mod display;
+pub mod microvm;
 mod native;
 pub mod protocol;
 mod session;
@@ -139,6 +140,80 @@ pub struct SandboxConfig {
     pub fork_supervisor: bool,
     /// A virtual X display inside the sandbox, started with it.
     pub display: Option<Display>,
+    /// Which isolation backend builds the sandbox.
+    pub backend: BackendKind,
+    /// Virtual CPUs of a microVM (default 1); the native backend ignores it.
+    pub cpus: Option<u32>,
+    /// Settings of the microvm backend.
+    pub vm: VmOptions,
+}
+
+/// The isolation backend of a sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Linux namespaces, seccomp, Landlock and cgroups on the host's kernel.
+    #[default]
+    Native,
+    /// A QEMU microVM with its own kernel.
+    Microvm,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "native" => Ok(BackendKind::Native),
+            "microvm" | "vm" => Ok(BackendKind::Microvm),
+            other => Err(format!(
+                "unknown backend {other:?} (expected native or microvm)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Native => "native",
+            BackendKind::Microvm => "microvm",
+        })
+    }
+}
+
+/// How the microvm backend finds and runs its virtual machine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VmOptions {
+    /// The QEMU binary (default: `qemu-system-x86_64` on `PATH`).
+    pub qemu: Option<PathBuf>,
+    /// The guest kernel, a vmlinuz or vmlinux (default: the one
+    /// `cordon vm setup` fetched).
+    pub kernel: Option<PathBuf>,
+    /// Its modules directory (`lib/modules/VERSION`).
+    pub modules: Option<PathBuf>,
+    /// `kvm`, `tcg`, or `None` to decide.
+    pub accel: Option<Accel>,
+}
+
+/// How QEMU runs the guest's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualisation through /dev/kvm.
+    Kvm,
+    /// QEMU's own translator: slow, but needs nothing from the host.
+    Tcg,
+}
+
+impl std::str::FromStr for Accel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kvm" => Ok(Accel::Kvm),
+            "tcg" => Ok(Accel::Tcg),
+            other => Err(format!(
+                "unknown accelerator {other:?} (expected kvm or tcg)"
+            )),
+        }
+    }
 }
 
 /// A virtual screen: Xvfb inside the sandbox (its socket in the sandbox's
@@ -187,6 +262,9 @@ impl SandboxConfig {
             setup_timeout: Duration::from_secs(20),
             fork_supervisor: false,
             display: None,
+            backend: BackendKind::Native,
+            cpus: None,
+            vm: VmOptions::default(),
         }
     }
 }

@@ -210,7 +210,7 @@ fn spawn_supervisor(config: &SandboxConfig, child_end: OwnedFd) -> Result<i32> {
     Ok(child.id() as i32)
 }
 
-fn resolve_supervisor(config: &SandboxConfig) -> Result<PathBuf> {
+pub(crate) fn resolve_supervisor(config: &SandboxConfig) -> Result<PathBuf> {
     if let Some(p) = &config.supervisor {
         return Ok(p.clone());
     }
@@ -223,7 +223,7 @@ fn resolve_supervisor(config: &SandboxConfig) -> Result<PathBuf> {
     })
 }
 
-fn validate(config: &SandboxConfig) -> Result<(String, Vec<Bind>)> {
+pub(crate) fn validate(config: &SandboxConfig) -> Result<(String, Vec<Bind>)> {
     let ws = config
         .workspace
         .canonicalize()

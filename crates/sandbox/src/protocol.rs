@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Which output stream a chunk belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,6 +197,9 @@ pub enum SupMsg {
         stdout_bytes: u64,
         stderr_bytes: u64,
         truncated: bool,
+        /// The kernel killed a process for want of memory while this ran;
+        /// reported by a microVM guest (natively the host's cgroup tells).
+        oom_killed: bool,
     },
 }
 

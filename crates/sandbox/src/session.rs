@@ -159,15 +159,18 @@ pub enum ExecEvent {
 }
 
 impl Sandbox {
-    /// Creates a sandbox with the native backend; with `config.display`,
-    /// its X display is up when this returns.
+    /// Creates a sandbox with the backend `config.backend` names; with
+    /// `config.display`, its X display is up when this returns.
     pub async fn create(config: crate::SandboxConfig) -> Result<Sandbox> {
         let mut config = config;
         if config.display.is_some() {
             config.env.retain(|(k, _)| k != "DISPLAY");
             config.env.push(("DISPLAY".into(), crate::DISPLAY.into()));
         }
-        let sandbox = crate::native::create(&config).await?;
+        let sandbox = match config.backend {
+            crate::BackendKind::Native => crate::native::create(&config).await?,
+            crate::BackendKind::Microvm => crate::microvm::create(&config).await?,
+        };
         if let Some(d) = config.display
             && let Err(e) = sandbox.start_display(d).await
         {
@@ -550,12 +553,13 @@ impl Execution {
                 stdout_bytes,
                 stderr_bytes,
                 truncated,
+                oom_killed: guest_oom,
                 ..
             })) => {
                 self.finished = true;
                 let oom_after = self.inner.lifecycle.oom_kills();
-                let oom_killed =
-                    matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
+                let oom_killed = guest_oom
+                    || matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
                 Some(Ok(ExecEvent::Exit(ExecResult {
                     status,
                     duration: Duration::from_micros(duration_us),

@@ -305,38 +305,7 @@ pub fn build_seccomp() -> Result<Vec<BpfProgram>> {
             rule(vec![cond(1, Dword, Eq, 0x541C)?])?,
         ],
     );
-    // Files the sandbox writes to the workspace persist on the host, where
-    // a setuid or setgid bit would hand the sandbox's identity (root's,
-    // when root runs cordon) to whoever executes them later. The mode is a
-    // plain argument of every call that can set it.
-    let special = |mode_arg: u8, flags_arg: Option<u8>| -> Result<Vec<SeccompRule>> {
-        let mut rules = Vec::new();
-        for bit in [libc::S_ISUID as u64, libc::S_ISGID as u64] {
-            let mode = cond(mode_arg, Dword, MaskedEq(bit), bit)?;
-            match flags_arg {
-                None => rules.push(rule(vec![mode])?),
-                Some(f) => {
-                    for create in [libc::O_CREAT as u64, O_TMPFILE_BIT] {
-                        let flags = cond(f, Dword, MaskedEq(create), create)?;
-                        rules.push(rule(vec![flags, mode.clone()])?);
-                    }
-                }
-            }
-        }
-        Ok(rules)
-    };
-    deny.insert(libc::SYS_fchmod, special(1, None)?);
-    deny.insert(libc::SYS_fchmodat, special(2, None)?);
-    deny.insert(SYS_FCHMODAT2, special(2, None)?);
-    deny.insert(libc::SYS_openat, special(3, Some(2))?);
-    deny.insert(libc::SYS_mknodat, special(2, None)?);
-    #[cfg(target_arch = "x86_64")]
-    {
-        deny.insert(libc::SYS_chmod, special(1, None)?);
-        deny.insert(libc::SYS_open, special(2, Some(1))?);
-        deny.insert(libc::SYS_creat, special(1, None)?);
-        deny.insert(libc::SYS_mknod, special(1, None)?);
-    }
+    deny_setid_modes(&mut deny)?;
     let mut main = compile(deny, libc::EPERM)?;
     prepend_x32_guard(&mut main);
 
@@ -383,6 +352,68 @@ pub fn build_seccomp() -> Result<Vec<BpfProgram>> {
     let setgroups = compile([(libc::SYS_setgroups, vec![])].into_iter().collect(), 0)?;
 
     Ok(vec![main, clone3, families, setgroups])
+}
+
+/// Files the sandbox writes to the workspace persist on the host, where a
+/// setuid or setgid bit would hand the sandbox's identity (root's, when
+/// root runs cordon) to whoever executes them later. The mode is a plain
+/// argument of every call that can set it: refuse those bits there.
+fn deny_setid_modes(deny: &mut BTreeMap<i64, Vec<SeccompRule>>) -> Result<()> {
+    use SeccompCmpArgLen::Dword;
+    use SeccompCmpOp::MaskedEq;
+    let special = |mode_arg: u8, flags_arg: Option<u8>| -> Result<Vec<SeccompRule>> {
+        let mut rules = Vec::new();
+        for bit in [libc::S_ISUID as u64, libc::S_ISGID as u64] {
+            let mode = cond(mode_arg, Dword, MaskedEq(bit), bit)?;
+            match flags_arg {
+                None => rules.push(rule(vec![mode])?),
+                Some(f) => {
+                    for create in [libc::O_CREAT as u64, O_TMPFILE_BIT] {
+                        let flags = cond(f, Dword, MaskedEq(create), create)?;
+                        rules.push(rule(vec![flags, mode.clone()])?);
+                    }
+                }
+            }
+        }
+        Ok(rules)
+    };
+    deny.insert(libc::SYS_fchmod, special(1, None)?);
+    deny.insert(libc::SYS_fchmodat, special(2, None)?);
+    deny.insert(SYS_FCHMODAT2, special(2, None)?);
+    deny.insert(libc::SYS_openat, special(3, Some(2))?);
+    deny.insert(libc::SYS_mknodat, special(2, None)?);
+    #[cfg(target_arch = "x86_64")]
+    {
+        deny.insert(libc::SYS_chmod, special(1, None)?);
+        deny.insert(libc::SYS_open, special(2, Some(1))?);
+        deny.insert(libc::SYS_creat, special(1, None)?);
+        deny.insert(libc::SYS_mknod, special(1, None)?);
+    }
+    Ok(())
+}
+
+/// The filter a microVM's QEMU runs under. Its 9p server writes the
+/// guest's files on the host with QEMU's own identity, so the guest's root
+/// could otherwise chown them or leave setuid files in the workspace:
+/// those calls fail (EPERM), and `openat2`, whose mode a filter cannot
+/// read, reports ENOSYS so that callers fall back to `openat`.
+pub(crate) fn host_file_guard() -> Result<Vec<BpfProgram>> {
+    let mut deny: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    deny_setid_modes(&mut deny)?;
+    for nr in [libc::SYS_fchown, libc::SYS_fchownat] {
+        deny.insert(nr, vec![]);
+    }
+    #[cfg(target_arch = "x86_64")]
+    for nr in [libc::SYS_chown, libc::SYS_lchown] {
+        deny.insert(nr, vec![]);
+    }
+    let mut main = compile(deny, libc::EPERM)?;
+    prepend_x32_guard(&mut main);
+    let openat2 = compile(
+        [(libc::SYS_openat2, vec![])].into_iter().collect(),
+        libc::ENOSYS,
+    )?;
+    Ok(vec![main, openat2])
 }
 
 /// On x86_64 the x32 ABI reaches the same kernel entry points with syscall

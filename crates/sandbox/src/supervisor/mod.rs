@@ -9,7 +9,8 @@
 //! `Shutdown` or goes away. When pid 1 exits the kernel kills every process
 //! left in the namespace, so nothing outlives the session.
 
-mod confine;
+pub(crate) mod confine;
+pub(crate) mod guest;
 mod serve;
 pub(crate) mod setup;
 
@@ -28,6 +29,9 @@ pub use confine::landlock_abi_version;
 /// The hidden first argument that turns a binary into the supervisor.
 pub const SUPERVISOR_ARG: &str = "__cordon-supervisor";
 
+/// The same for the supervisor as a microVM guest's pid 1 (see guest.rs).
+pub const SUPERVISOR_GUEST_ARG: &str = "__cordon-guest";
+
 /// The control socket's descriptor number in the supervisor.
 pub(crate) const CONTROL_FD: i32 = 3;
 
@@ -38,8 +42,12 @@ pub(crate) const CONTROL_FD: i32 = 3;
 pub fn run_if_supervisor() {
     let mut args = std::env::args_os();
     let _ = args.next();
-    if args.next().as_deref() == Some(std::ffi::OsStr::new(SUPERVISOR_ARG)) {
-        outer_main();
+    match args.next() {
+        Some(a) if a == SUPERVISOR_ARG => outer_main(),
+        // Only as a guest's init: anywhere else its mounts would land on
+        // the host.
+        Some(a) if a == SUPERVISOR_GUEST_ARG && std::process::id() == 1 => guest::guest_main(),
+        _ => {}
     }
 }
 
@@ -58,22 +66,26 @@ static IN_GUEST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::
 /// Ends the sandbox from its init: exits (native: the kernel then kills
 /// the pid namespace) or powers the guest off (microvm).
 pub(crate) fn end_sandbox() -> ! {
+    end_sandbox_with(0)
+}
+
+fn end_sandbox_with(code: i32) -> ! {
     if IN_GUEST.load(std::sync::atomic::Ordering::Relaxed) {
         rustix::fs::sync();
         // SAFETY: reboot(2) with a valid command; as init we may.
         unsafe { libc::reboot(libc::RB_POWER_OFF) };
     }
-    exit_now(0)
+    exit_now(code)
 }
 
-fn send(ctl: &mut UnixStream, msg: &SupMsg) {
+fn send(ctl: &mut impl Write, msg: &SupMsg) {
     let mut buf = Vec::new();
     protocol::encode(msg, &mut buf);
     // If the host is gone there is nobody to tell.
     let _ = ctl.write_all(&buf);
 }
 
-fn fail(ctl: &mut UnixStream, err: SetupError) -> ! {
+fn fail(ctl: &mut impl Write, err: SetupError) -> ! {
     send(
         ctl,
         &SupMsg::SetupFailed {
@@ -81,10 +93,26 @@ fn fail(ctl: &mut UnixStream, err: SetupError) -> ! {
             errno: err.errno,
         },
     );
-    exit_now(1);
+    end_sandbox_with(1);
 }
 
-fn read_setup(ctl: &mut UnixStream) -> Result<SetupSpec, SetupError> {
+/// Reads the setup message, which must come first and speak our version.
+fn read_setup(ctl: &mut impl Read) -> Result<SetupSpec, SetupError> {
+    let spec = read_setup_message(ctl)?;
+    if spec.version != protocol::VERSION {
+        return Err(SetupError {
+            what: format!(
+                "protocol version mismatch: host {}, supervisor {}",
+                spec.version,
+                protocol::VERSION
+            ),
+            errno: 0,
+        });
+    }
+    Ok(spec)
+}
+
+fn read_setup_message(ctl: &mut impl Read) -> Result<SetupSpec, SetupError> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     loop {
@@ -108,7 +136,7 @@ fn read_setup(ctl: &mut UnixStream) -> Result<SetupSpec, SetupError> {
             SetupError::new("read setup", Errno::from_io_error(&e).unwrap_or(Errno::IO))
         })?;
         if n == 0 {
-            exit_now(1);
+            end_sandbox_with(1);
         }
         buf.extend_from_slice(&chunk[..n]);
     }
@@ -185,19 +213,6 @@ fn outer_main() -> ! {
         Ok(s) => s,
         Err(e) => fail(&mut ctl, e),
     };
-    if spec.version != protocol::VERSION {
-        fail(
-            &mut ctl,
-            SetupError {
-                what: format!(
-                    "protocol version mismatch: host {}, supervisor {}",
-                    spec.version,
-                    protocol::VERSION
-                ),
-                errno: 0,
-            },
-        );
-    }
     let flags = UnshareFlags::NEWUSER
         | UnshareFlags::NEWNS
         | UnshareFlags::NEWPID

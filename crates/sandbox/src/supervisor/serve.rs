@@ -43,6 +43,9 @@ struct Exec {
     exited_at: Option<Instant>,
     linger_until: Option<Instant>,
     timed_out: bool,
+    /// The kernel's OOM-kill count when the command started, in a microVM
+    /// guest, where the whole kernel is the sandbox's.
+    oom_at_start: Option<u64>,
 }
 
 impl Exec {
@@ -130,6 +133,22 @@ fn write_fd(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
     } else {
         Ok(n as usize)
     }
+}
+
+/// The guest kernel's OOM kills so far (`oom_kill` in /proc/vmstat); only
+/// in a microVM, where the host cannot see them. Natively the host reads
+/// the sandbox's cgroup instead.
+fn guest_oom_kills() -> Option<u64> {
+    if !super::IN_GUEST.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    std::fs::read_to_string("/proc/vmstat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Kills every process in the sandbox (pid 1 is spared by `kill(-1)`) and
@@ -468,6 +487,10 @@ impl Server {
                 stdout_bytes: ex.total[0],
                 stderr_bytes: ex.total[1],
                 truncated,
+                oom_killed: matches!(
+                    (ex.oom_at_start, guest_oom_kills()),
+                    (Some(a), Some(b)) if b > a
+                ),
             });
         }
     }
@@ -624,5 +647,6 @@ fn start(spec: &ExecSpec) -> Result<Exec, (SpawnStage, i32, String)> {
         exited_at: None,
         linger_until: None,
         timed_out: false,
+        oom_at_start: guest_oom_kills(),
     })
 }

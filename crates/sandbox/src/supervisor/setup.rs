@@ -71,13 +71,13 @@ impl<T> Context<T> for std::io::Result<T> {
 
 /// Host system directories bound read-only (or recreated as symlinks, on
 /// merged-/usr systems). Enough for coreutils, python3, node, gcc and git.
-const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+pub(crate) const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 
 /// Entries of the host's `/etc` that programs need and that hold no secrets.
 /// `/etc` is never bound whole: it holds shadow files, TLS private keys, SSH
 /// host keys and package-manager credentials, which a sandbox whose uid maps
 /// to the host's owner of those files could otherwise read.
-const ETC_ALLOW: &[&str] = &[
+pub(crate) const ETC_ALLOW: &[&str] = &[
     "alternatives",
     "bash.bashrc",
     "ca-certificates",

@@ -1,0 +1,52 @@
+//! `cordon vm setup`: fetches and prepares what the microvm backend needs
+//! that a fresh machine lacks (the distribution's kernel), into a cache.
+
+use clap::{Args, Subcommand};
+use cordon_sandbox::microvm::image;
+
+#[derive(Args, Debug)]
+pub struct VmArgs {
+    #[command(subcommand)]
+    command: VmCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum VmCommand {
+    /// Download the guest kernel through the package manager (without
+    /// installing it on this machine) and prepare it; safe to run again.
+    Setup,
+}
+
+pub fn vm(args: VmArgs) -> i32 {
+    match args.command {
+        VmCommand::Setup => {
+            let cache = image::cache_dir();
+            eprintln!("cordon vm setup: cache {}", cache.display());
+            let mut progress = |line: &str| eprintln!("  {line}");
+            match image::setup(&cache, &mut progress) {
+                Ok(k) => {
+                    println!("guest kernel {} ready: {}", k.version, k.vmlinux.display());
+                    if which("qemu-system-x86_64").is_none() {
+                        eprintln!(
+                            "cordon: qemu-system-x86_64 is not installed; the microvm backend needs it (Debian: apt-get install qemu-system-x86)"
+                        );
+                        return crate::exit::CONFIG;
+                    }
+                    0
+                }
+                Err(e) => {
+                    eprintln!("cordon: {e}");
+                    crate::exit::SANDBOX
+                }
+            }
+        }
+    }
+}
+
+fn which(name: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}

@@ -1,0 +1,529 @@
+//! The `microvm` backend: one QEMU `microvm` machine per sandbox, with its
+//! own kernel.
+//!
+//! The guest boots the distribution's kernel (fetched by `cordon vm setup`)
+//! with a small initramfs whose init (guest/init.rs) loads the virtio
+//! drivers, mounts the host's system directories read-only over 9p and
+//! execs cordon's supervisor, which then speaks the same framed protocol as
+//! the native one, over a virtio serial port, so every exec feature works
+//! unchanged. The workspace is a read-write 9p share; the guest has no
+//! network device.
+//!
+//! QEMU itself runs under a seccomp filter (no chown, no setuid or setgid
+//! bits: its 9p server writes the guest's files with QEMU's identity), with
+//! QEMU's own `-sandbox` and no new privileges, and dies with its parent.
+
+pub mod image;
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::protocol::{self, HostMsg, SetupSpec};
+use crate::session::{ConnectParams, Lifecycle, Sandbox};
+use crate::supervisor::guest::bind_tag;
+use crate::supervisor::setup::{ETC_ALLOW, SYSTEM_DIRS};
+use crate::{Accel, Error, MIB, Result, SandboxConfig};
+
+/// The guest init, built by build.rs; empty when that build failed.
+const GUEST_INIT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cordon-guest-init"));
+
+/// Drivers the guest needs: the virtio transport of the `microvm` machine,
+/// the serial port of the control channel and the 9p file system.
+const MODULES: &[&str] = &["virtio_mmio", "virtio_console", "9pnet_virtio", "9p"];
+
+/// Least memory a guest boots with usefully: the kernel alone takes ~60 MiB.
+const MIN_MEMORY: u64 = 128 * MIB;
+
+/// A guest boots in about 1.5 s under TCG on an idle machine; allow for a
+/// loaded one.
+const MIN_SETUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+struct VmLifecycle {
+    pid: i32,
+    reaped: Mutex<bool>,
+    /// The per-sandbox directory (the guest's /etc, the console log).
+    run_dir: PathBuf,
+}
+
+impl VmLifecycle {
+    fn wait(&self) {
+        let mut reaped = self.reaped.lock().unwrap();
+        if !*reaped {
+            let mut status = 0;
+            // SAFETY: reaping our own child.
+            unsafe { libc::waitpid(self.pid, &mut status, 0) };
+            *reaped = true;
+        }
+    }
+}
+
+impl Lifecycle for VmLifecycle {
+    fn oom_kills(&self) -> Option<u64> {
+        None
+    }
+
+    fn kill(&self) {
+        if !*self.reaped.lock().unwrap() {
+            // SAFETY: signalling our own, not yet reaped, child.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        }
+    }
+
+    fn reap(&self, grace: Duration) {
+        // The guest powers off when its control channel closes; give it
+        // that long, then stop it.
+        let deadline = std::time::Instant::now() + grace;
+        while std::time::Instant::now() < deadline {
+            let mut status = 0;
+            // SAFETY: polling our own child.
+            let r = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+            if r == self.pid {
+                *self.reaped.lock().unwrap() = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        self.wait();
+        let _ = std::fs::remove_dir_all(&self.run_dir);
+    }
+}
+
+impl Drop for VmLifecycle {
+    fn drop(&mut self) {
+        if !*self.reaped.lock().unwrap() {
+            self.kill();
+            let pid = self.pid;
+            let dir = self.run_dir.clone();
+            // Off the async runtime: reaping blocks.
+            std::thread::spawn(move || {
+                let mut status = 0;
+                // SAFETY: reaping our own child.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                let _ = std::fs::remove_dir_all(dir);
+            });
+        } else {
+            let _ = std::fs::remove_dir_all(&self.run_dir);
+        }
+    }
+}
+
+fn qemu_path(config: &SandboxConfig) -> Result<PathBuf> {
+    if let Some(q) = &config.vm.qemu {
+        return Ok(q.clone());
+    }
+    let name = "qemu-system-x86_64";
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "the microvm backend needs {name} (Debian: apt-get install qemu-system-x86)"
+            ))
+        })
+}
+
+/// The host's TSC frequency in kHz, which a TCG guest runs its clock from:
+/// calibrating it against emulated timers hangs now and then.
+fn tsc_khz() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let flags = info.lines().find(|l| l.starts_with("flags"))?;
+    if !flags.contains(" constant_tsc") {
+        return None;
+    }
+    let mhz: f64 = info
+        .lines()
+        .find(|l| l.starts_with("cpu MHz"))?
+        .split(':')
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()?;
+    Some((mhz * 1000.0) as u64)
+}
+
+/// The accelerator to use. KVM only when asked for: on hosts whose
+/// /dev/kvm exists but cannot run guests (nested virtualisation), a KVM
+/// guest hangs instead of failing, so presence proves nothing.
+fn accel(config: &SandboxConfig) -> Accel {
+    if let Some(a) = config.vm.accel {
+        return a;
+    }
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!(
+            "microvm: using QEMU's TCG emulation (slow); set vm.accel = \"kvm\" where /dev/kvm runs guests"
+        );
+    });
+    Accel::Tcg
+}
+
+/// Copies the allowed entries of the host's /etc into `dest`: the guest's
+/// /etc is this copy, shared read-only, never the host's directory, which
+/// holds secrets (shadow files, private keys) that QEMU could read.
+fn stage_etc(dest: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dest)?;
+    for name in ETC_ALLOW {
+        let src = Path::new("/etc").join(name);
+        if std::fs::symlink_metadata(&src).is_ok() {
+            copy_tree(&src, &dest.join(name))?;
+        }
+    }
+    // The sandbox's own identity, as the native backend has: root, and
+    // nobody for programs that want an unprivileged user.
+    std::fs::write(
+        dest.join("passwd"),
+        "root:x:0:0:root:/tmp:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    )?;
+    std::fs::write(dest.join("group"), "root:x:0:\nnogroup:x:65534:\n")?;
+    std::fs::write(
+        dest.join("hosts"),
+        "127.0.0.1\tlocalhost cordon\n::1\tlocalhost\n",
+    )?;
+    Ok(())
+}
+
+/// Copies files, directories and symlinks (as links) below `src`; skips
+/// what cannot be read rather than failing the sandbox.
+fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
+    let meta = std::fs::symlink_metadata(src)?;
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(src)?;
+        std::os::unix::fs::symlink(target, dest)?;
+    } else if meta.is_dir() {
+        std::fs::create_dir_all(dest)?;
+        for e in std::fs::read_dir(src)?.flatten() {
+            let _ = copy_tree(&e.path(), &dest.join(e.file_name()));
+        }
+    } else if meta.is_file() {
+        std::fs::copy(src, dest)?;
+    }
+    Ok(())
+}
+
+/// A copy of the supervisor binary in the cache, shared with the guest
+/// read-only: sharing its directory would expose whatever lies beside it.
+/// Hard-linked when the cache is on the same file system.
+fn stage_supervisor(cache: &Path, supervisor: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(supervisor).map_err(|e| Error::Spawn {
+        path: supervisor.to_path_buf(),
+        source: e,
+    })?;
+    let key = format!(
+        "{:x}-{:x}-{:x}-{:x}",
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime()
+    );
+    let dir = cache.join("bin").join(key);
+    let name = supervisor
+        .file_name()
+        .ok_or_else(|| Error::Config(format!("supervisor {}", supervisor.display())))?;
+    let staged = dir.join(name);
+    if !staged.is_file() {
+        std::fs::create_dir_all(&dir)?;
+        // A name of its own per attempt: sandboxes start concurrently.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(
+            ".{}.{}-{n}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        if std::fs::hard_link(supervisor, &tmp).is_err() {
+            std::fs::copy(supervisor, &tmp)?;
+        }
+        std::fs::rename(&tmp, &staged)?;
+    }
+    Ok(dir)
+}
+
+/// Host top-level system entries: merged-/usr symlinks go into the
+/// initramfs, real directories become read-only shares.
+fn system_layout() -> (Vec<(String, String)>, Vec<String>) {
+    let mut links = Vec::new();
+    let mut shares = Vec::new();
+    for name in SYSTEM_DIRS {
+        let path = Path::new("/").join(name);
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(t) = std::fs::read_link(&path) {
+                    links.push((name.to_string(), t.to_string_lossy().into_owned()));
+                }
+            }
+            Ok(m) if m.is_dir() => shares.push(name.to_string()),
+            _ => {}
+        }
+    }
+    (links, shares)
+}
+
+fn run_dir(cache: &Path) -> Result<PathBuf> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = cache
+        .join("run")
+        .join(format!("{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// The last lines of a log, for an error message.
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
+    let (workspace, binds) = crate::native::validate(config)?;
+    if GUEST_INIT.is_empty() {
+        return Err(Error::Config(
+            "this build of cordon has no microVM guest init (it needs a static C library at build time: Debian libc6-dev)".into(),
+        ));
+    }
+    let memory = config.memory.unwrap_or(512 * MIB);
+    if memory < MIN_MEMORY {
+        return Err(Error::Config(format!(
+            "a microVM needs at least {} MiB of memory, not {} MiB",
+            MIN_MEMORY / MIB,
+            memory / MIB
+        )));
+    }
+    let cpus = config.cpus.unwrap_or(1);
+    if !(1..=64).contains(&cpus) {
+        return Err(Error::Config(format!("cpus must be 1 to 64, not {cpus}")));
+    }
+    let qemu = qemu_path(config)?;
+    let cache = image::cache_dir();
+    let kernel = image::find_kernel(
+        &cache,
+        config.vm.kernel.as_deref(),
+        config.vm.modules.as_deref(),
+    )
+    .map_err(|e| Error::Config(e.to_string()))?;
+    let (symlinks, system_shares) = system_layout();
+    let initrd = image::initramfs(
+        &cache,
+        &kernel,
+        &image::InitramfsSpec {
+            init: GUEST_INIT,
+            modules: MODULES,
+            symlinks: &symlinks,
+        },
+    )
+    .map_err(|e| Error::Config(e.to_string()))?;
+    let supervisor = crate::native::resolve_supervisor(config)?;
+    let bin_dir = stage_supervisor(&cache, &supervisor)?;
+    let bin_name = supervisor
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let run = run_dir(&cache)?;
+    stage_etc(&run.join("etc"))?;
+
+    let accel = accel(config);
+    let mut append = vec![
+        "console=ttyS0".to_string(),
+        "panic=-1".into(),
+        "quiet".into(),
+        "cryptomgr.notests".into(),
+        format!("cordon.ro={}", system_shares.join(",")),
+        format!("cordon.bin={bin_name}"),
+    ];
+    if accel == Accel::Tcg
+        && let Some(khz) = tsc_khz()
+    {
+        append.push(format!("tsc_early_khz={khz}"));
+        append.push("tsc=reliable".into());
+    }
+    let mut shares: Vec<(String, String, bool)> = system_shares
+        .iter()
+        .map(|s| (s.clone(), format!("/{s}"), false))
+        .collect();
+    shares.push((
+        "etc".into(),
+        run.join("etc").to_string_lossy().into_owned(),
+        false,
+    ));
+    shares.push((
+        "cordon".into(),
+        bin_dir.to_string_lossy().into_owned(),
+        false,
+    ));
+    shares.push(("workspace".into(), workspace.clone(), true));
+    for (i, b) in binds.iter().enumerate() {
+        shares.push((bind_tag(i), b.source.clone(), b.writable));
+    }
+
+    let mut args: Vec<String> = vec![
+        "-M".into(),
+        "microvm,x-option-roms=off,isa-serial=on,pic=off,pit=off".into(),
+        "-accel".into(),
+        match accel {
+            Accel::Kvm => "kvm".into(),
+            Accel::Tcg => "tcg".into(),
+        },
+        "-cpu".into(),
+        if accel == Accel::Kvm { "host" } else { "max" }.into(),
+        "-m".into(),
+        format!("{}M", memory / MIB),
+        "-smp".into(),
+        cpus.to_string(),
+        "-nodefaults".into(),
+        "-no-user-config".into(),
+        "-nographic".into(),
+        "-no-reboot".into(),
+        // QEMU's own seccomp policy on top of ours.
+        "-sandbox".into(),
+        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
+        "-kernel".into(),
+        kernel.vmlinux.to_string_lossy().into_owned(),
+        "-initrd".into(),
+        initrd.to_string_lossy().into_owned(),
+        "-append".into(),
+        append.join(" "),
+        "-serial".into(),
+        format!("file:{}", run.join("console.log").display()),
+        "-device".into(),
+        "virtio-serial-device".into(),
+        "-chardev".into(),
+        format!("socket,id=cordon,fd={}", crate::supervisor::CONTROL_FD),
+        "-device".into(),
+        "virtserialport,chardev=cordon,name=cordon".into(),
+    ];
+    for (tag, path, writable) in &shares {
+        if path.contains(',') {
+            return Err(Error::Config(format!(
+                "the microvm backend cannot share {path}: a comma in the path"
+            )));
+        }
+        args.push("-fsdev".into());
+        args.push(format!(
+            "local,id={tag},path={path},security_model=none{}",
+            if *writable { "" } else { ",readonly=on" }
+        ));
+        args.push("-device".into());
+        args.push(format!("virtio-9p-device,fsdev={tag},mount_tag={tag}"));
+    }
+
+    let (host, guest_end) = std::os::unix::net::UnixStream::pair()?;
+    let pid = match spawn_qemu(&qemu, &args, guest_end.into(), &run) {
+        Ok(pid) => pid,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&run);
+            return Err(e);
+        }
+    };
+    let lifecycle = VmLifecycle {
+        pid,
+        reaped: Mutex::new(false),
+        run_dir: run.clone(),
+    };
+    let spec = SetupSpec {
+        version: protocol::VERSION,
+        workspace,
+        binds,
+        tmp_size: config.tmp_size,
+        loopback: config.network == crate::Network::Loopback,
+        hostname: config.hostname.clone(),
+        outer_uid: 0,
+        outer_gid: 0,
+        inner_uid: 0,
+        inner_gid: 0,
+        rlimit_memory: None,
+        rlimit_nproc: None,
+    };
+    host.set_nonblocking(true)?;
+    let stream = tokio::net::UnixStream::from_std(host)?;
+    let limits = format!(
+        "microvm: {} MiB of RAM, {cpus} vCPU, QEMU {}",
+        memory / MIB,
+        match accel {
+            Accel::Kvm => "with KVM",
+            Accel::Tcg => "TCG",
+        }
+    );
+    let console = run.join("console.log");
+    let qemu_log = run.join("qemu.log");
+    Sandbox::connect(
+        stream,
+        ConnectParams {
+            setup: HostMsg::Setup(spec),
+            lifecycle: Box::new(lifecycle),
+            limits,
+            backend: "microvm",
+            base_env: crate::native::base_env(config),
+            workdir: config.workdir.clone(),
+            setup_timeout: config.setup_timeout.max(MIN_SETUP_TIMEOUT),
+        },
+    )
+    .await
+    .map_err(|e| match e {
+        Error::Setup { message, errno } if message.contains("exited during setup") => {
+            Error::Setup {
+                message: format!(
+                    "the microVM stopped while starting; its console said:\n{}\n{}",
+                    tail(&console, 15),
+                    tail(&qemu_log, 5)
+                ),
+                errno,
+            }
+        }
+        other => other,
+    })
+}
+
+/// Starts QEMU with the guest's end of the control socket as fd 3,
+/// confined as the module says, in its own process group (the terminal's
+/// Ctrl-C belongs to the front end), dying with this process.
+fn spawn_qemu(qemu: &Path, args: &[String], guest_end: OwnedFd, run: &Path) -> Result<i32> {
+    let filters = crate::supervisor::confine::host_file_guard().map_err(|e| Error::Setup {
+        message: e.message(),
+        errno: e.errno,
+    })?;
+    let log = std::fs::File::create(run.join("qemu.log"))?;
+    let raw = guest_end.as_raw_fd();
+    let mut cmd = std::process::Command::new(qemu);
+    cmd.args(args)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .process_group(0);
+    // SAFETY: only async-signal-safe calls (prctl, seccomp, dup2, fcntl) on
+    // data prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let rc = if raw == crate::supervisor::CONTROL_FD {
+                libc::fcntl(raw, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(raw, crate::supervisor::CONTROL_FD)
+            };
+            if rc < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            for f in &filters {
+                seccompiler::apply_filter(f).map_err(std::io::Error::other)?;
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| Error::Spawn {
+        path: qemu.to_path_buf(),
+        source: e,
+    })?;
+    drop(guest_end);
+    Ok(child.id() as i32)
+}

@@ -1,0 +1,121 @@
+//! The supervisor as a microVM guest's pid 1.
+//!
+//! The guest init (guest/init.rs) has loaded the virtio drivers, mounted the
+//! host's system directories read-only over 9p and exec'd this binary with
+//! the control port on fd 3. Here the sandbox's own layout is finished from
+//! the setup message, as the native supervisor builds its root: `/etc` from
+//! the host's allow-list, the workspace and extra binds, a private `/tmp`.
+//! The virtual machine is the isolation boundary; nothing else is confined.
+
+use std::fs::File;
+use std::os::fd::{FromRawFd, OwnedFd};
+
+use rustix::io::Errno;
+use rustix::mount::MountFlags;
+
+use super::setup::SetupError;
+use super::{CONTROL_FD, IN_GUEST, fail, read_setup, send};
+use crate::protocol::{ReadyInfo, SetupSpec, SupMsg};
+
+/// 9p options for shares the guest writes (the workspace, writable binds):
+/// no page cache, so the host's edits show at once, but shared writable
+/// mappings still work.
+const RW_9P: &str = "trans=virtio,version=9p2000.L,cache=mmap,msize=512000";
+/// For read-only shares, the page cache: they do not change under a guest.
+const RO_9P: &str = "trans=virtio,version=9p2000.L,cache=loose,msize=512000";
+
+/// The 9p tag under which the host shares extra bind `i`.
+pub fn bind_tag(i: usize) -> String {
+    format!("bind{i}")
+}
+
+pub(super) fn guest_main() -> ! {
+    IN_GUEST.store(true, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: the guest init leaves the control port on fd 3 for us.
+    let fd = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    let mut ctl = File::from(fd);
+    let spec = match read_setup(&mut ctl) {
+        Ok(s) => s,
+        Err(e) => fail(&mut ctl, e),
+    };
+    match build(&spec) {
+        Ok(()) => {
+            send(
+                &mut ctl,
+                &SupMsg::Ready(ReadyInfo {
+                    landlock: "not used: the sandbox is a virtual machine".into(),
+                    landlock_abi: 0,
+                    seccomp_filters: 0,
+                }),
+            );
+            super::serve::serve(ctl.into())
+        }
+        Err(e) => fail(&mut ctl, e),
+    }
+}
+
+fn mount(
+    source: &str,
+    target: &str,
+    fstype: &str,
+    flags: MountFlags,
+    data: &str,
+) -> Result<(), SetupError> {
+    std::fs::create_dir_all(target).map_err(|e| {
+        SetupError::new(
+            format!("create {target}"),
+            Errno::from_io_error(&e).unwrap_or(Errno::IO),
+        )
+    })?;
+    let data = std::ffi::CString::new(data).expect("mount options have no NUL");
+    rustix::mount::mount(source, target, fstype, flags, data.as_c_str())
+        .map_err(|e| SetupError::new(format!("mount {fstype} {source} on {target}"), e))
+}
+
+fn build(spec: &SetupSpec) -> Result<(), SetupError> {
+    let nodev = MountFlags::NODEV | MountFlags::NOSUID;
+    mount("etc", "/etc", "9p", nodev | MountFlags::RDONLY, RO_9P)?;
+    mount("workspace", "/workspace", "9p", nodev, RW_9P)?;
+    for (i, b) in spec.binds.iter().enumerate() {
+        let (flags, opts) = if b.writable {
+            (nodev, RW_9P)
+        } else {
+            (nodev | MountFlags::RDONLY, RO_9P)
+        };
+        mount(&bind_tag(i), &b.target, "9p", flags, opts)?;
+    }
+    mount(
+        "tmpfs",
+        "/tmp",
+        "tmpfs",
+        nodev,
+        &format!("mode=1777,size={}", spec.tmp_size),
+    )?;
+    mount("tmpfs", "/run", "tmpfs", nodev, "mode=0755,size=16m")?;
+    mount(
+        "devpts",
+        "/dev/pts",
+        "devpts",
+        MountFlags::NOSUID | MountFlags::NOEXEC,
+        "ptmxmode=0666,mode=0620",
+    )?;
+    mount(
+        "tmpfs",
+        "/dev/shm",
+        "tmpfs",
+        nodev,
+        &format!("mode=1777,size={}", spec.tmp_size),
+    )?;
+    rustix::system::sethostname(spec.hostname.as_bytes())
+        .map_err(|e| SetupError::new("set hostname", e))?;
+    if spec.loopback {
+        super::setup::loopback_up()?;
+    }
+    std::env::set_current_dir("/workspace").map_err(|e| {
+        SetupError::new(
+            "enter /workspace",
+            Errno::from_io_error(&e).unwrap_or(Errno::IO),
+        )
+    })?;
+    Ok(())
+}

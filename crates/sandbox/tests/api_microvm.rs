@@ -1,0 +1,134 @@
+//! The sandbox semantics tests of api.rs, run against the microvm backend
+//! (QEMU under TCG here), and the checks only a virtual machine can pass:
+//! its own kernel, nothing of the host's processes or mounts, read-only
+//! shares that stay read-only even to the guest's root, and a QEMU that
+//! refuses to leave setuid files or foreign owners in the workspace.
+//!
+//! Needs `qemu-system-x86_64` and the guest kernel from `cordon vm setup`
+//! (scripts/test prepares both); without them every test fails saying
+//! which is missing.
+
+const BACKEND: cordon_sandbox::BackendKind = cordon_sandbox::BackendKind::Microvm;
+
+include!("semantics/body.rs");
+
+mod vm_only {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    async fn run(sb: &Sandbox, script: &str) -> cordon_sandbox::ExecOutput {
+        sb.exec(ExecRequest::shell(script)).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_guest_has_its_own_kernel_and_sees_nothing_of_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let sb = sandbox(dir.path()).await;
+        assert_eq!(sb.info().backend, "microvm");
+        let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let host_version = std::fs::read_to_string("/proc/version").unwrap();
+        let out = run(&sb, "uname -r; cat /proc/version").await;
+        let mut lines = out
+            .stdout_str()
+            .lines()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+            .into_iter();
+        assert_ne!(
+            lines.next().unwrap(),
+            host_release.trim(),
+            "the host's kernel"
+        );
+        assert_ne!(lines.next().unwrap(), host_version.trim());
+        // This test's own process, and every other host process, is absent:
+        // the guest's user-space processes are the supervisor and this shell.
+        let out = run(
+            &sb,
+            "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); [ -n \"$c\" ] && echo \"$c\"; done",
+        )
+        .await;
+        let procs = out.stdout_str();
+        assert!(procs.lines().count() < 10, "{procs}");
+        for host_only in ["cargo", "api_microvm", "qemu", "rustc"] {
+            assert!(!procs.contains(host_only), "{host_only} visible: {procs}");
+        }
+        // Mounts: the guest's own, none of the host's.
+        let out = run(&sb, "cat /proc/mounts").await;
+        let guest_mounts = out.stdout_str();
+        let host_mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        let host_root = host_mounts
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some("/"))
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string();
+        assert!(!guest_mounts.contains(&host_root), "{guest_mounts}");
+        assert!(
+            guest_mounts.contains("workspace /workspace 9p"),
+            "{guest_mounts}"
+        );
+        // No network device at all, and no host secrets in /etc.
+        let out = run(&sb, "ls /sys/class/net; test -e /etc/shadow && echo shadow").await;
+        assert_eq!(out.stdout_str(), "lo\n");
+        sb.close().await;
+    }
+
+    #[tokio::test]
+    async fn read_only_shares_stay_read_only_even_to_the_guest_s_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let sb = sandbox(dir.path()).await;
+        let out = run(
+            &sb,
+            "touch /usr/cordon-was-here 2>&1; mount -o remount,rw /usr 2>&1; \
+             touch /usr/cordon-was-here 2>&1; echo x > /etc/cordon-was-here 2>&1; true",
+        )
+        .await;
+        let text = out.stdout_str();
+        assert!(text.contains("Read-only file system"), "{text}");
+        assert!(
+            !std::path::Path::new("/usr/cordon-was-here").exists(),
+            "HOST CHANGED"
+        );
+        assert!(!text.contains("cordon-was-here: No such"), "{text}");
+        sb.close().await;
+    }
+
+    #[tokio::test]
+    async fn qemu_leaves_no_setuid_file_or_foreign_owner_in_the_workspace() {
+        let dir = tempfile::tempdir().unwrap();
+        let sb = sandbox(dir.path()).await;
+        let out = run(
+            &sb,
+            "cp /bin/sh /workspace/sh; chmod 4755 /workspace/sh; echo chmod=$?; \
+             chmod 2755 /workspace/sh; echo chmod_g=$?; \
+             chown 1234:1234 /workspace/sh; echo chown=$?; \
+             mknod /workspace/null c 1 3; echo mknod=$?; \
+             chmod 755 /workspace/sh; echo plain=$?",
+        )
+        .await;
+        let text = out.stdout_str();
+        for refused in ["chmod=1", "chmod_g=1", "chown=1", "mknod=1"] {
+            assert!(
+                text.contains(refused),
+                "{refused} missing: {text} {}",
+                out.stderr_str()
+            );
+        }
+        assert!(text.contains("plain=0"), "{text}");
+        let meta = std::fs::metadata(dir.path().join("sh")).unwrap();
+        assert_eq!(
+            meta.permissions().mode() & 0o7000,
+            0,
+            "a set-id bit reached the host"
+        );
+        assert_eq!(
+            meta.uid(),
+            rustix::process::geteuid().as_raw(),
+            "owner changed"
+        );
+        assert!(!dir.path().join("null").exists());
+        sb.close().await;
+    }
+}

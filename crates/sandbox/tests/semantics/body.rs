@@ -1,0 +1,536 @@
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cordon_sandbox::{
+    BackendKind, Error, ExecEvent, ExecRequest, ExecResult, Execution, ExitStatus, Network,
+    Sandbox, SandboxConfig,
+};
+
+fn config(dir: &Path) -> SandboxConfig {
+    let mut c = SandboxConfig::new(dir);
+    c.supervisor = Some(env!("CARGO_BIN_EXE_cordon-supervisor").into());
+    c.backend = BACKEND;
+    c
+}
+
+async fn sandbox(dir: &Path) -> Sandbox {
+    Sandbox::create(config(dir)).await.expect("create sandbox")
+}
+
+/// Whether a process whose command line contains `needle` runs on the host.
+fn host_has_process(needle: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .map(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(needle)
+            })
+            .unwrap_or(false)
+    })
+}
+
+/// Collects a streaming exec's remaining stdout and stderr and its result.
+async fn drain(exec: &mut Execution) -> (Vec<u8>, Vec<u8>, ExecResult) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    loop {
+        match exec.next().await.expect("an event").expect("no error") {
+            ExecEvent::Stdout(d) => out.extend(d),
+            ExecEvent::Stderr(d) => err.extend(d),
+            ExecEvent::Exit(r) => return (out, err, r),
+        }
+    }
+}
+
+/// Whether a process matching `needle` appears within 5 s: a command
+/// started in the background (`setsid cmd &`) may not have exec'd yet when
+/// the shell that started it returns.
+async fn wait_present(needle: &str) -> bool {
+    for _ in 0..500 {
+        if host_has_process(needle) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+async fn wait_gone(needle: &str) -> bool {
+    // Up to 5 s: on a loaded 2-core machine the kernel can take seconds to
+    // tear down a pid namespace (seen at 2 s with parallel builds running).
+    for _ in 0..500 {
+        if !host_has_process(needle) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn stdout_stderr_status_and_duration_are_reported_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    let out = sb
+        .exec(ExecRequest::shell(
+            "printf out; printf err >&2; sleep 0.1; exit 7",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"out");
+    assert_eq!(out.stderr, b"err");
+    assert_eq!(out.status, ExitStatus::Code(7));
+    assert!(
+        out.duration >= Duration::from_millis(100),
+        "{:?}",
+        out.duration
+    );
+    assert!(!out.timed_out && !out.truncated && !out.oom_killed);
+
+    let out = sb.exec(ExecRequest::shell("kill -TERM $$")).await.unwrap();
+    assert_eq!(out.status, ExitStatus::Signal(libc::SIGTERM));
+    assert_eq!(out.status.code(), 128 + libc::SIGTERM);
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn files_and_background_processes_persist_between_execs() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    sb.exec(ExecRequest::shell(
+        "echo kept > /tmp/note; echo ws > /workspace/file",
+    ))
+    .await
+    .unwrap();
+    let bg = sb
+        .exec(ExecRequest::shell(
+            "setsid sleep 4242 >/dev/null 2>&1 & echo started",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(bg.stdout_str(), "started\n");
+    let out = sb
+        .exec(ExecRequest::shell("cat /tmp/note; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done | grep -c '^sleep 4242'"))
+        .await
+        .unwrap();
+    assert_eq!(
+        out.stdout_str(),
+        "kept\n1\n",
+        "stderr: {}",
+        out.stderr_str()
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("file")).unwrap(),
+        "ws\n"
+    );
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn many_execs_run_concurrently_in_one_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let sb = sb.clone();
+            tokio::spawn(async move {
+                sb.exec(ExecRequest::shell(&format!("sleep 0.5; echo {i}")))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        assert_eq!(t.await.unwrap().stdout_str(), format!("{i}\n"));
+    }
+    // Serial execution would take at least 4 s.
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn stdin_bytes_round_trip_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    // Larger than the flow-control window, with every byte value.
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let out = sb
+        .exec(ExecRequest::argv(["cat"]).stdin(data.clone()))
+        .await
+        .unwrap();
+    assert_eq!(out.status, ExitStatus::Code(0));
+    assert!(
+        out.stdout == data,
+        "stdout differs: {} vs {} bytes",
+        out.stdout.len(),
+        data.len()
+    );
+    // Without stdin, the command reads end-of-file at once.
+    let out = sb.exec(ExecRequest::argv(["cat"])).await.unwrap();
+    assert!(out.stdout.is_empty());
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn argv_cwd_and_env_are_exact_and_nothing_is_inherited() {
+    // SAFETY: set before any sandbox runs in this test; tests only read it.
+    unsafe { std::env::set_var("CORDON_API_CANARY", "host-secret-1234") };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let mut cfg = config(dir.path());
+    cfg.env.push(("FROM_CONFIG".into(), "c".into()));
+    let sb = Sandbox::create(cfg).await.unwrap();
+    let out = sb
+        .exec(
+            ExecRequest::argv([
+                "sh",
+                "-c",
+                "pwd; printf '%s|' \"$0\" \"$1\"; echo; env | sort",
+                "arg with space",
+                "*",
+            ])
+            .cwd("/workspace/sub")
+            .env("FROM_REQUEST", "r"),
+        )
+        .await
+        .unwrap();
+    let text = out.stdout_str();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("/workspace/sub"));
+    assert_eq!(lines.next(), Some("arg with space|*|"));
+    let env: Vec<&str> = lines.collect();
+    assert!(
+        env.contains(&"FROM_CONFIG=c") && env.contains(&"FROM_REQUEST=r"),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"HOME=/tmp") && env.contains(&"LANG=C.UTF-8"),
+        "{env:?}"
+    );
+    assert!(
+        !text.contains("host-secret-1234"),
+        "host environment leaked: {text}"
+    );
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn timeouts_kill_the_command_and_its_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    let start = Instant::now();
+    let out = sb
+        .exec(
+            ExecRequest::shell("sleep 5373 & sleep 5374; echo never")
+                .timeout(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    assert!(out.timed_out);
+    assert_eq!(out.status, ExitStatus::Signal(libc::SIGKILL));
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert!(!out.stdout_str().contains("never"));
+    let ps = sb
+        .exec(ExecRequest::shell(
+            "cat /proc/[0-9]*/cmdline | tr '\\0' ' '",
+        ))
+        .await
+        .unwrap();
+    assert!(
+        !ps.stdout_str().contains("sleep 537"),
+        "{}",
+        ps.stdout_str()
+    );
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn output_beyond_the_limit_is_counted_and_flagged() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    let out = sb
+        .exec(ExecRequest::shell("head -c 1000000 /dev/zero; echo tail >&2").output_limit(1000))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout.len(), 1000);
+    assert_eq!(out.stderr, b"tail\n");
+    assert!(out.truncated);
+    // Endless output is capped too, and ended by its timeout.
+    let mut exec = sb
+        .exec_stream(
+            ExecRequest::argv(["yes"])
+                .output_limit(4096)
+                .timeout(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap();
+    let (stdout, _, result) = drain(&mut exec).await;
+    let got = stdout.len();
+    assert_eq!(got, 4096);
+    assert!(result.truncated && result.timed_out);
+    assert!(
+        result.stdout_bytes > 1_000_000,
+        "yes wrote only {}",
+        result.stdout_bytes
+    );
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn streaming_yields_output_as_it_is_produced() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    let start = Instant::now();
+    let mut exec = sb
+        .exec_stream(ExecRequest::shell("echo first; sleep 1; echo second"))
+        .await
+        .unwrap();
+    assert!(exec.pid() > 1);
+    match exec.next().await.unwrap().unwrap() {
+        ExecEvent::Stdout(d) => assert_eq!(d, b"first\n"),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(
+        start.elapsed() < Duration::from_millis(800),
+        "first chunk came late: {:?}",
+        start.elapsed()
+    );
+    let (rest, _, exit) = drain(&mut exec).await;
+    assert_eq!(rest, b"second\n");
+    assert!(exit.status.success());
+    assert!(exec.next().await.is_none());
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn streaming_stdin_and_signals_reach_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    let mut exec = sb
+        .exec_stream(ExecRequest::shell("trap 'echo got-int; exit 3' INT; read line; echo \"read:$line\"; while :; do sleep 0.05; done").stream_stdin())
+        .await
+        .unwrap();
+    exec.stdin().write(b"hello\n").await.unwrap();
+    match exec.next().await.unwrap().unwrap() {
+        ExecEvent::Stdout(d) => assert_eq!(d, b"read:hello\n"),
+        other => panic!("unexpected {other:?}"),
+    }
+    exec.signal(libc::SIGINT).unwrap();
+    let (out, _, exit) = drain(&mut exec).await;
+    assert_eq!(out, b"got-int\n");
+    assert_eq!(exit.status, ExitStatus::Code(3));
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn pty_execs_have_a_terminal_that_can_be_resized() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    let out = sb
+        .exec(ExecRequest::shell("tty; stty size; test -t 1 && echo interactive").pty(33, 101))
+        .await
+        .unwrap();
+    let text = out.stdout_str().replace('\r', "");
+    assert!(text.starts_with("/dev/pts/"), "{text}");
+    assert!(
+        text.contains("33 101\n") && text.contains("interactive"),
+        "{text}"
+    );
+
+    let mut exec = sb
+        .exec_stream(
+            ExecRequest::shell(
+                "trap 'stty size; exit 0' WINCH; echo ready; while :; do sleep 0.05; done",
+            )
+            .pty(24, 80)
+            .stream_stdin(),
+        )
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    while !seen.contains("ready") {
+        if let ExecEvent::Stdout(d) = exec.next().await.unwrap().unwrap() {
+            seen.push_str(&String::from_utf8_lossy(&d));
+        }
+    }
+    exec.resize(50, 132).unwrap();
+    let (rest, _, exit) = drain(&mut exec).await;
+    seen.push_str(&String::from_utf8_lossy(&rest));
+    assert!(seen.contains("50 132"), "{seen:?}");
+    assert!(exit.status.success());
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn a_missing_command_or_directory_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    let err = sb
+        .exec(ExecRequest::argv(["no-such-command-xyz"]))
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("no-such-command-xyz: command not found"),
+        "{err}"
+    );
+    let err = sb
+        .exec(ExecRequest::argv(["true"]).cwd("/workspace/missing"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("/workspace/missing"), "{err}");
+    let err = sb
+        .exec(ExecRequest::argv(Vec::<String>::new()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    // The session is still usable after errors.
+    assert!(
+        sb.exec(ExecRequest::argv(["true"]))
+            .await
+            .unwrap()
+            .status
+            .success()
+    );
+    sb.close().await;
+}
+
+/// Whether a process matching `needle` runs in the sandbox, asked inside.
+async fn running_inside(sb: &Sandbox, needle: &str) -> bool {
+    let script = format!(
+        "for i in $(seq 100); do for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -q '^{needle}' && exit 0; sleep 0.05; done; exit 1"
+    );
+    sb.exec(ExecRequest::shell(&script))
+        .await
+        .is_ok_and(|o| o.status.success())
+}
+
+/// What shows on the host while the sandbox lives: its processes
+/// themselves (native), or the QEMU that holds them, whose command line
+/// names the workspace (microvm).
+fn host_trace(needle: &str, workspace: &Path) -> String {
+    match BACKEND {
+        BackendKind::Native => needle.to_string(),
+        BackendKind::Microvm => format!("path={}", workspace.canonicalize().unwrap().display()),
+    }
+}
+
+#[tokio::test]
+async fn closing_or_dropping_the_session_kills_everything_in_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    sb.exec(ExecRequest::shell("setsid sleep 7171 >/dev/null 2>&1 &"))
+        .await
+        .unwrap();
+    assert!(running_inside(&sb, "sleep 7171").await);
+    let trace = host_trace("sleep 7171", dir.path());
+    assert!(wait_present(&trace).await);
+    let other = sb.clone();
+    sb.close().await;
+    assert!(wait_gone(&trace).await, "background process survived close");
+    assert!(matches!(
+        other.exec(ExecRequest::argv(["true"])).await,
+        Err(Error::Gone)
+    ));
+
+    let sb = sandbox(dir.path()).await;
+    sb.exec(ExecRequest::shell("setsid sleep 7272 >/dev/null 2>&1 &"))
+        .await
+        .unwrap();
+    assert!(running_inside(&sb, "sleep 7272").await);
+    let trace = host_trace("sleep 7272", dir.path());
+    assert!(wait_present(&trace).await);
+    drop(sb);
+    assert!(wait_gone(&trace).await, "background process survived drop");
+}
+
+#[tokio::test]
+async fn loopback_is_down_unless_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = "python3 -c \"import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); c=socket.create_connection(s.getsockname(), timeout=2); print('connected')\"";
+    let sb = sandbox(dir.path()).await;
+    let out = sb.exec(ExecRequest::shell(probe)).await.unwrap();
+    assert!(!out.status.success(), "{}", out.stdout_str());
+    sb.close().await;
+    let mut cfg = config(dir.path());
+    cfg.network = Network::Loopback;
+    let sb = Sandbox::create(cfg).await.unwrap();
+    let out = sb.exec(ExecRequest::shell(probe)).await.unwrap();
+    assert_eq!(out.stdout_str(), "connected\n", "{}", out.stderr_str());
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn bad_configuration_is_refused_before_anything_starts() {
+    let missing = SandboxConfig::new("/nonexistent/cordon/workspace");
+    let err = Sandbox::create(missing).await.err().unwrap();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(err.to_string().contains("/nonexistent/cordon/workspace"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.binds.push(cordon_sandbox::BindMount {
+        source: dir.path().into(),
+        target: "/proc/evil".into(),
+        writable: true,
+    });
+    assert!(matches!(Sandbox::create(cfg).await, Err(Error::Config(_))));
+    let mut cfg = config(dir.path());
+    cfg.supervisor = Some("/nonexistent/supervisor".into());
+    assert!(matches!(
+        Sandbox::create(cfg).await,
+        Err(Error::Spawn { .. })
+    ));
+}
+
+#[tokio::test]
+async fn the_memory_limit_kills_and_flags_a_hog() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    // A microVM's kernel takes its own share: give it enough to boot.
+    cfg.memory = Some(match BACKEND {
+        BackendKind::Native => 64,
+        BackendKind::Microvm => 192,
+    } * cordon_sandbox::MIB);
+    let sb = Sandbox::create(cfg).await.unwrap();
+    // Touches memory 8 MiB at a time, so that the kernel has to act
+    // rather than refuse one huge allocation up front.
+    let out = sb
+        .exec(ExecRequest::argv([
+            "python3",
+            "-c",
+            "x = []\nfor _ in range(128): x.append(bytearray(8 << 20))\nprint('survived')",
+        ]))
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!out.stdout_str().contains("survived"));
+    let limits = sb.info().limits.clone();
+    if limits.starts_with("cgroup") || limits.starts_with("microvm") {
+        assert!(out.oom_killed, "{limits}: {out:?}");
+        assert_eq!(out.status, ExitStatus::Signal(libc::SIGKILL));
+    } else {
+        // Per-process rlimits: the allocation itself fails.
+        assert!(
+            out.stderr_str().contains("MemoryError"),
+            "{}",
+            out.stderr_str()
+        );
+    }
+    // The session survives the kill.
+    assert!(
+        sb.exec(ExecRequest::argv(["true"]))
+            .await
+            .unwrap()
+            .status
+            .success()
+    );
+    sb.close().await;
+}
