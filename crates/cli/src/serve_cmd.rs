@@ -91,21 +91,31 @@ pub async fn serve(args: ServeArgs) -> i32 {
         config.workers = w.max(1);
     }
     config.per_tenant = args.per_tenant.max(1);
-    // Agent jobs need a model; without one the server still runs the rest.
-    config.agent = match Settings::load(&Layers::from_process(Vec::new())) {
-        Ok(settings) => match crate::exec::model_setup(&settings) {
-            Ok(m) => Some(AgentDefaults {
-                provider: m.provider,
-                agent: m.agent,
-            }),
-            Err(why) => {
-                eprintln!("cordon: agent jobs are off: {why}");
-                None
-            }
-        },
+    let settings = match Settings::load(&Layers::from_process(Vec::new())) {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("cordon: {e}");
             return exit::CONFIG;
+        }
+    };
+    // The backend every job gets unless it asks for another.
+    let mut defaults = cordon_sandbox::SandboxConfig::new(".");
+    if let Err(e) = crate::exec::sandbox_backend(&settings, &mut defaults) {
+        eprintln!("cordon: {e}");
+        return exit::CONFIG;
+    }
+    config.backend = defaults.backend;
+    config.cpus = defaults.cpus;
+    config.vm = defaults.vm;
+    // Agent jobs need a model; without one the server still runs the rest.
+    config.agent = match crate::exec::model_setup(&settings) {
+        Ok(m) => Some(AgentDefaults {
+            provider: m.provider,
+            agent: m.agent,
+        }),
+        Err(why) => {
+            eprintln!("cordon: agent jobs are off: {why}");
+            None
         }
     };
     let running = match cordon_server::start(config).await {

@@ -187,6 +187,8 @@ pub struct RunOptions {
     /// `off` (no interface up) or `loopback` (processes of the job may talk
     /// to each other); never the host's network, as with `cordon run`.
     pub network: cordon_sandbox::Network,
+    /// The isolation backend; `None` is the server's default.
+    pub backend: Option<cordon_sandbox::BackendKind>,
 }
 
 /// A checked job request.
@@ -223,7 +225,7 @@ pub const DEFAULT_DISPLAY: cordon_sandbox::Display = cordon_sandbox::Display {
     width: 1280,
     height: 800,
 };
-const OPTIONS: [&str; 3] = ["timeout_secs", "memory", "network"];
+const OPTIONS: [&str; 4] = ["timeout_secs", "memory", "network", "backend"];
 
 fn field<'a>(obj: &'a Map<String, Value>, key: &str, what: &str) -> Result<&'a Value, String> {
     obj.get(key)
@@ -516,10 +518,24 @@ fn options(obj: &Map<String, Value>, bounds: &Bounds) -> Result<RunOptions, Stri
             ));
         }
     };
+    let backend = match obj.get("backend") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(
+            s.parse()
+                .map_err(|_| format!("`backend` must be \"native\" or \"microvm\", not {s:?}"))?,
+        ),
+        Some(other) => {
+            return Err(format!(
+                "`backend` must be \"native\" or \"microvm\", not {}",
+                type_name(other)
+            ));
+        }
+    };
     Ok(RunOptions {
         timeout_secs,
         memory,
         network,
+        backend,
     })
 }
 
@@ -578,6 +594,9 @@ pub fn spec_json(req: &JobRequest) -> Value {
         cordon_sandbox::Network::Loopback => "loopback",
     }
     .into();
+    if let Some(b) = req.options.backend {
+        v["backend"] = b.to_string().into();
+    }
     v
 }
 
@@ -609,6 +628,7 @@ mod tests {
             ]}),
             json!({"kind": "gui", "steps": [{"tool": "computer", "action": "screenshot"}]}),
             json!({"kind": "agent", "prompt": "use the screen", "display": "800x600"}),
+            json!({"kind": "shell", "command": "uname -r", "backend": "microvm"}),
         ] {
             let req = parse(body.clone()).unwrap_or_else(|e| panic!("{body}: {e}"));
             let again = parse(spec_json(&req)).unwrap();
@@ -646,6 +666,10 @@ mod tests {
             (
                 json!({"kind": "shell", "command": "ls", "display": "800x600"}),
                 "unknown field `display`",
+            ),
+            (
+                json!({"kind": "shell", "command": "ls", "backend": "docker"}),
+                "`backend` must be \"native\" or \"microvm\"",
             ),
             (
                 json!({"kind": "shell", "command": "ls", "timeout_secs": 0}),

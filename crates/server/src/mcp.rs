@@ -11,7 +11,6 @@ use axum::extract::{FromRequestParts, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use cordon_mcp::McpTenant;
-use cordon_sandbox::SandboxConfig;
 
 use crate::api::Tenant;
 use crate::server::Shared;
@@ -19,15 +18,9 @@ use crate::store::random_hex;
 
 pub(crate) fn routes(shared: &Arc<Shared>) -> Router<Arc<Shared>> {
     let dir = shared.config.data_dir.join("mcp");
-    let supervisor = shared.config.supervisor.clone();
-    let memory = shared.config.bounds.default_memory;
+    let config = shared.config.clone();
     let service = cordon_mcp::http_service(
-        move || {
-            let mut c = SandboxConfig::new(dir.join(format!("mcp_{}", random_hex(12))));
-            c.memory = Some(memory);
-            c.supervisor = supervisor.clone();
-            c
-        },
+        move || config.sandbox(dir.join(format!("mcp_{}", random_hex(12)))),
         shared.config.session_idle,
         cordon_mcp::Exposure::Authenticated,
     );

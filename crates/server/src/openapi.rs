@@ -37,6 +37,10 @@ macro_rules! job_kind {
             /// `off` (default) or `loopback`; never the host's network.
             #[schema(pattern = "^(off|loopback)$")]
             network: Option<String>,
+            /// `native` or `microvm` (a virtual machine with its own
+            /// kernel); default: the server's.
+            #[schema(pattern = "^(native|microvm)$")]
+            backend: Option<String>,
         }
     };
 }

@@ -338,10 +338,12 @@ async fn run_request(
 }
 
 fn sandbox_config(shared: &Shared, ws: &std::path::Path, options: &RunOptions) -> SandboxConfig {
-    let mut c = SandboxConfig::new(ws);
+    let mut c = shared.config.sandbox(ws);
     c.memory = Some(options.memory);
     c.network = options.network;
-    c.supervisor = shared.config.supervisor.clone();
+    if let Some(b) = options.backend {
+        c.backend = b;
+    }
     c
 }
 

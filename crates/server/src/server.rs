@@ -41,6 +41,11 @@ pub struct ServerConfig {
     pub agent: Option<AgentDefaults>,
     /// A session's sandbox is closed after this long without a message.
     pub session_idle: Duration,
+    /// The isolation backend of every sandbox, unless a job asks for one.
+    pub backend: cordon_sandbox::BackendKind,
+    /// microVM settings, for the microvm backend.
+    pub cpus: Option<u32>,
+    pub vm: cordon_sandbox::VmOptions,
 }
 
 impl ServerConfig {
@@ -58,7 +63,22 @@ impl ServerConfig {
             supervisor: None,
             agent: None,
             session_idle: Duration::from_secs(15 * 60),
+            backend: cordon_sandbox::BackendKind::Native,
+            cpus: None,
+            vm: cordon_sandbox::VmOptions::default(),
         }
+    }
+
+    /// A sandbox over `workspace` with the server's defaults: the default
+    /// memory, the supervisor, the backend and its settings.
+    pub fn sandbox(&self, workspace: impl Into<PathBuf>) -> cordon_sandbox::SandboxConfig {
+        let mut c = cordon_sandbox::SandboxConfig::new(workspace);
+        c.memory = Some(self.bounds.default_memory);
+        c.supervisor = self.supervisor.clone();
+        c.backend = self.backend;
+        c.cpus = self.cpus;
+        c.vm = self.vm.clone();
+        c
     }
 }
 

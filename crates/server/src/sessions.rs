@@ -20,7 +20,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router, routing::get, routing::post};
 use cordon_agent::{Agent, AgentConfig, AgentEvent, Cancel, Provider, SessionLog};
-use cordon_sandbox::{Sandbox, SandboxConfig};
+use cordon_sandbox::Sandbox;
 use cordon_tools::{ToolContext, Toolbox};
 use futures_util::Stream;
 use serde_json::{Value, json};
@@ -321,9 +321,7 @@ async fn wake(shared: &Shared, row: &SessionRow) -> Result<Live, ApiError> {
         )
     })?;
     let ws = d.join("workspace");
-    let mut sc = SandboxConfig::new(&ws);
-    sc.memory = Some(shared.config.bounds.default_memory);
-    sc.supervisor = shared.config.supervisor.clone();
+    let mut sc = shared.config.sandbox(&ws);
     sc.display = match cordon_agent::log::load::<Value>(&d.join("session.jsonl")) {
         Ok((records, _)) => started_display(records.iter().map(|r| &r.data)),
         Err(_) => None,

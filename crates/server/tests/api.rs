@@ -913,3 +913,43 @@ async fn the_openapi_document_lists_every_route_and_docs_render_it() {
             .starts_with("text/javascript")
     );
 }
+
+/// A job may ask for the microvm backend: it then runs on a kernel of its
+/// own, with the same output, exit code and workspace as any other job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_on_the_microvm_backend_runs_on_its_own_kernel() {
+    let s = TestServer::start(Db::Sqlite).await.unwrap();
+    let t = s.token("acme").await;
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "shell", "backend": "microvm",
+                   "command": "uname -r; echo made > out.txt; echo oops >&2; exit 3"}),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    assert_eq!(job["exit_code"], 3, "{job}");
+    assert_eq!(job["request"]["backend"], "microvm");
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let guest = job["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    assert_ne!(guest, host.trim(), "{job}");
+    assert_eq!(job["stderr"], "oops\n");
+    let (status, _) = s.get(&t, &format!("/v1/jobs/{id}/files/out.txt")).await;
+    assert_eq!(status, 200);
+    let (status, body) = s
+        .post(
+            &t,
+            "/v1/jobs",
+            json!({"kind": "shell", "command": "true", "backend": "lxc"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    s.stop().await;
+}
