@@ -6,6 +6,7 @@
 //! cordon-bench-agent exec-memory --cordon PATH [--runs 3] [--delay-ms 300] [--interval-ms 100]
 //! cordon-bench-agent serve-e2e   --url URL --token T [--rounds 50] [--warmup 5] [--cordon PATH]
 //! cordon-bench-agent screenshot  [--cold 5] [--shots 30]
+//! cordon-bench-agent backends    [--cold 10] [--execs 50]
 //! common: [--json FILE] [--workspace DIR] [--runtime multi|current]
 //! ```
 //!
@@ -17,11 +18,13 @@
 //! `serve-e2e` times a trivial shell job through a running `cordon serve`
 //! from `POST` to `succeeded`, next to `cordon run -- true`. `screenshot`
 //! times the computer tool's screenshots next to the computer-use
-//! reference's way (scrot, then ImageMagick's convert).
+//! reference's way (scrot, then ImageMagick's convert). `backends` times
+//! sandbox creation and warm execs on the native and microvm backends.
 //!
 //! The binary is the supervisor of the sandbox `agent-loop` opens.
 
 mod agentloop;
+mod backends;
 mod execmem;
 mod screenshot;
 mod serve;
@@ -36,7 +39,7 @@ use cordon_bench::cli::{self, Workspace};
 use stats::Json;
 
 const USAGE: &str =
-    "usage: cordon-bench-agent <agent-loop|session-log|exec-memory|serve-e2e|screenshot> [--OPTION VALUE]...
+    "usage: cordon-bench-agent <agent-loop|session-log|exec-memory|serve-e2e|screenshot|backends> [--OPTION VALUE]...
   agent-loop  --steps N (200) --rounds N (3) --warmup N (10 steps left out of each run)
   session-log --events N (10000) --rounds N (3) --loads N (10) --buckets N (10)
   exec-memory --cordon PATH (the release cordon) --runs N (3) --delay-ms MS (300, before every
@@ -44,6 +47,7 @@ const USAGE: &str =
   serve-e2e   --url URL (a running cordon serve) --token TOKEN --rounds N (50) --warmup N (5)
               --cordon PATH (also time `cordon run -- true`, alternating)
   screenshot  --cold N (5, sandboxes started) --shots N (30, warm screenshots each way)
+  backends    --cold N (10, sandboxes started each way) --execs N (50, warm execs each way)
   common      --json FILE  --workspace DIR (a fresh temporary directory)
               --runtime multi|current (agent-loop only; current, as in cordon)";
 
@@ -60,6 +64,7 @@ fn run(args: &Args) -> Result<Json, String> {
         "exec-memory" => &["cordon", "runs", "delay-ms", "interval-ms"],
         "serve-e2e" => &["url", "token", "rounds", "warmup", "cordon"],
         "screenshot" => &["cold", "shots"],
+        "backends" => &["cold", "execs"],
         other => return Err(format!("unknown subcommand {other:?}\n{USAGE}")),
     };
     args.check_known(known)?;
@@ -71,6 +76,11 @@ fn run(args: &Args) -> Result<Json, String> {
         "screenshot" => {
             let (runtime, _) = cli::runtime(args, "current")?;
             let result = runtime.block_on(screenshot::run(args, &ws.path));
+            result.map(|j| cli::labelled(args, j, None))
+        }
+        "backends" => {
+            let (runtime, _) = cli::runtime(args, "current")?;
+            let result = runtime.block_on(backends::run(args, &ws.path));
             result.map(|j| cli::labelled(args, j, None))
         }
         "serve-e2e" => {
