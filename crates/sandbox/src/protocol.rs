@@ -86,7 +86,8 @@ pub struct SetupSpec {
     pub outer_gid: u32,
     pub inner_uid: u32,
     pub inner_gid: u32,
-    /// Limits applied with setrlimit when no cgroup enforces them.
+    /// Limits applied with setrlimit when no cgroup enforces them. In a
+    /// microVM, `rlimit_nproc` is the guest's process limit (a cgroup there).
     pub rlimit_memory: Option<u64>,
     pub rlimit_nproc: Option<u64>,
 }

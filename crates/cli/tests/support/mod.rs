@@ -14,6 +14,9 @@ pub const NOBODY: u32 = 65534;
 pub enum Who {
     Root,
     Unprivileged,
+    /// Root, with the microvm backend (QEMU, TCG chosen explicitly so that
+    /// no warning joins the output).
+    Microvm,
 }
 
 pub fn is_root() -> bool {
@@ -71,6 +74,12 @@ pub fn workspace(who: Who) -> tempfile::TempDir {
 pub fn cordon(who: Who, ws: &Path) -> Command {
     let mut cmd = match who {
         Who::Root => Command::new(env!("CARGO_BIN_EXE_cordon")),
+        Who::Microvm => {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_cordon"));
+            c.env("CORDON_BACKEND", "microvm")
+                .env("CORDON_VM_ACCEL", "tcg");
+            c
+        }
         Who::Unprivileged => {
             let mut c = Command::new(public_binary());
             if is_root() {

@@ -440,7 +440,8 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         inner_uid: 0,
         inner_gid: 0,
         rlimit_memory: None,
-        rlimit_nproc: None,
+        // The guest caps processes with a cgroup of its own.
+        rlimit_nproc: config.pids,
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

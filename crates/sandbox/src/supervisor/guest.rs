@@ -106,6 +106,9 @@ fn build(spec: &SetupSpec) -> Result<(), SetupError> {
         nodev,
         &format!("mode=1777,size={}", spec.tmp_size),
     )?;
+    if let Some(max) = spec.rlimit_nproc {
+        limit_pids(max)?;
+    }
     rustix::system::sethostname(spec.hostname.as_bytes())
         .map_err(|e| SetupError::new("set hostname", e))?;
     if spec.loopback {
@@ -117,5 +120,32 @@ fn build(spec: &SetupSpec) -> Result<(), SetupError> {
             Errno::from_io_error(&e).unwrap_or(Errno::IO),
         )
     })?;
+    Ok(())
+}
+
+/// Caps the number of processes: the guest's root ignores RLIMIT_NPROC, so
+/// the supervisor (and so everything it starts) moves into a cgroup with
+/// `pids.max`, as a native sandbox's cgroup does.
+fn limit_pids(max: u64) -> Result<(), SetupError> {
+    let io = |what: &str| {
+        let what = what.to_string();
+        move |e: std::io::Error| {
+            SetupError::new(what, Errno::from_io_error(&e).unwrap_or(Errno::IO))
+        }
+    };
+    mount(
+        "cgroup2",
+        "/sys/fs/cgroup",
+        "cgroup2",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        "",
+    )?;
+    std::fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+pids")
+        .map_err(io("enable the pids controller"))?;
+    std::fs::create_dir_all("/sys/fs/cgroup/sandbox").map_err(io("create the sandbox cgroup"))?;
+    std::fs::write("/sys/fs/cgroup/sandbox/pids.max", max.to_string())
+        .map_err(io("set pids.max"))?;
+    std::fs::write("/sys/fs/cgroup/sandbox/cgroup.procs", "0")
+        .map_err(io("enter the sandbox cgroup"))?;
     Ok(())
 }

@@ -534,3 +534,29 @@ async fn the_memory_limit_kills_and_flags_a_hog() {
     );
     sb.close().await;
 }
+
+#[tokio::test]
+async fn the_process_limit_refuses_forks_beyond_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.pids = Some(32);
+    let sb = Sandbox::create(cfg).await.unwrap();
+    let out = sb
+        .exec(ExecRequest::argv([
+            "python3",
+            "-c",
+            "import os, time\nn = 0\ntry:\n    for _ in range(200):\n        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('refused', e.errno)\nprint('children', n)",
+        ]))
+        .await
+        .unwrap();
+    let text = out.stdout_str();
+    assert!(text.contains(&format!("refused {}", libc::EAGAIN)), "{text} {}", out.stderr_str());
+    let children: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("children "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((8..32).contains(&children), "{children} children");
+    sb.close().await;
+}
