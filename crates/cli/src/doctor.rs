@@ -7,7 +7,12 @@ use clap::Args;
 use cordon_sandbox::{ExecRequest, Sandbox, SandboxConfig};
 
 #[derive(Args, Debug)]
-pub struct DoctorArgs {}
+pub struct DoctorArgs {
+    /// Also require the microvm backend to work (its checks then count as
+    /// failures rather than notes)
+    #[arg(long, value_name = "NAME")]
+    backend: Option<cordon_sandbox::BackendKind>,
+}
 
 const NAMESPACES: &[&str] = &["user", "mnt", "pid", "net", "ipc", "uts", "cgroup"];
 
@@ -37,7 +42,7 @@ impl Report {
     }
 }
 
-pub async fn doctor(_args: DoctorArgs) -> i32 {
+pub async fn doctor(args: DoctorArgs) -> i32 {
     println!("host");
     for (k, v) in cordon_sandbox::host_report() {
         println!("       {k:<44} {v}");
@@ -161,6 +166,11 @@ pub async fn doctor(_args: DoctorArgs) -> i32 {
     r.line(get("home_visible") == "0", "host homes", "not mounted");
     let limits = &sandbox.info().limits;
     r.line(true, "memory and pids limits", limits);
+    microvm(
+        &mut r,
+        args.backend == Some(cordon_sandbox::BackendKind::Microvm),
+    )
+    .await;
     if r.failures == 0 {
         println!("all isolation features are in force");
         0
@@ -168,6 +178,94 @@ pub async fn doctor(_args: DoctorArgs) -> i32 {
         println!("{} check(s) failed", r.failures);
         1
     }
+}
+
+/// The microvm backend: QEMU, the guest kernel, and which accelerator
+/// really runs a guest, found by booting one each way.
+async fn microvm(r: &mut Report, required: bool) {
+    use cordon_sandbox::microvm::{image, probe_kvm};
+    println!(
+        "microvm backend{}",
+        if required {
+            ""
+        } else {
+            " (notes: not the default backend)"
+        }
+    );
+    let mut line = |ok: bool, what: &str, detail: String| {
+        if required || ok {
+            r.line(ok, what, detail);
+        } else {
+            println!("  note {what:<26} {detail}");
+        }
+    };
+    let kernel = image::find_kernel(&image::cache_dir(), None, None);
+    match &kernel {
+        Ok(k) => line(
+            true,
+            "guest kernel",
+            format!("{} ({})", k.version, k.vmlinux.display()),
+        ),
+        Err(e) => line(false, "guest kernel", e.to_string()),
+    }
+    let qemu = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("qemu-system-x86_64"))
+            .find(|p| p.is_file())
+    });
+    match &qemu {
+        Some(q) => line(true, "qemu", q.display().to_string()),
+        None => line(
+            false,
+            "qemu",
+            "qemu-system-x86_64 not found (Debian: apt-get install qemu-system-x86)".into(),
+        ),
+    }
+    if kernel.is_err() || qemu.is_none() {
+        return;
+    }
+    let Ok(dir) = tempdir() else { return };
+    let mut config = SandboxConfig::new(&dir);
+    config.backend = cordon_sandbox::BackendKind::Microvm;
+    match probe_kvm(&config).await {
+        Ok(t) => line(
+            true,
+            "kvm",
+            format!("a KVM guest ran /bin/true {} ms after start", t.as_millis()),
+        ),
+        // Not a failure: TCG still works, only slower.
+        Err(why) => println!("  note {:<26} {why}: TCG is used", "kvm"),
+    }
+    config.vm.accel = Some(cordon_sandbox::Accel::Tcg);
+    let start = std::time::Instant::now();
+    let booted = async {
+        let sb = Sandbox::create(config).await.map_err(|e| e.to_string())?;
+        let out = sb
+            .exec(ExecRequest::shell("uname -r"))
+            .await
+            .map_err(|e| e.to_string());
+        sb.close().await;
+        out
+    }
+    .await;
+    match booted {
+        Ok(out) if out.status.success() => line(
+            true,
+            "tcg",
+            format!(
+                "a guest (kernel {}) ran its first command {} ms after start",
+                out.stdout_str().trim(),
+                start.elapsed().as_millis()
+            ),
+        ),
+        Ok(out) => line(
+            false,
+            "tcg",
+            format!("the guest's command failed: {}", out.stderr_str()),
+        ),
+        Err(e) => line(false, "tcg", e),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn tempdir() -> std::io::Result<std::path::PathBuf> {

@@ -618,3 +618,40 @@ fn shell_without_a_terminal_is_refused_clearly() {
         text(&out.stderr)
     );
 }
+
+/// `cordon doctor --backend microvm` boots guests to find out what works:
+/// KVM is judged by a guest actually running, not by /dev/kvm existing.
+#[test]
+fn doctor_probes_the_microvm_backend_by_booting_it() {
+    if !available(Who::Root) {
+        return;
+    }
+    let ws = workspace(Who::Root);
+    let out = cordon(Who::Root, ws.path())
+        .args(["doctor", "--backend", "microvm"])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let kvm = stdout
+        .lines()
+        .find(|l| l.contains(" kvm "))
+        .unwrap_or_else(|| panic!("no kvm line: {stdout}"));
+    // Either a guest ran under KVM, or the line says why not and that TCG
+    // is used instead (as on this project's machines).
+    assert!(
+        (kvm.contains("ok") && kvm.contains("ran /bin/true"))
+            || (kvm.contains("note") && kvm.ends_with("TCG is used")),
+        "{kvm}"
+    );
+    let tcg = stdout.lines().find(|l| l.contains(" tcg ")).unwrap();
+    assert!(
+        tcg.contains("ok") && tcg.contains("ran its first command"),
+        "{tcg}"
+    );
+    // The probe's answer is kept for this boot, where sandboxes find it.
+    let dir = std::env::var("CORDON_VM_DIR").unwrap_or_else(|_| "/var/cache/cordon/vm".into());
+    let cache = std::fs::read_to_string(format!("{dir}/accel")).unwrap();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert!(cache.starts_with(boot.trim()), "{cache}");
+}

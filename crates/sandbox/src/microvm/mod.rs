@@ -147,20 +147,135 @@ fn tsc_khz() -> Option<u64> {
     Some((mhz * 1000.0) as u64)
 }
 
-/// The accelerator to use. KVM only when asked for: on hosts whose
-/// /dev/kvm exists but cannot run guests (nested virtualisation), a KVM
-/// guest hangs instead of failing, so presence proves nothing.
-fn accel(config: &SandboxConfig) -> Accel {
+/// How long a KVM guest may take to answer before the probe gives up: a
+/// booting guest answers in well under a second; a /dev/kvm that cannot
+/// run guests (nested virtualisation) fails at once or hangs for ever.
+const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// The accelerator to use: the configured one, or KVM if this host's
+/// /dev/kvm has been seen to run a guest. The device's presence proves
+/// nothing, so the first sandbox after each host boot probes by booting one
+/// (see [`probe_kvm`]) and the answer is cached until the next boot.
+async fn accel(config: &SandboxConfig) -> Accel {
     if let Some(a) = config.vm.accel {
         return a;
     }
-    static WARNED: std::sync::Once = std::sync::Once::new();
-    WARNED.call_once(|| {
-        tracing::warn!(
-            "microvm: using QEMU's TCG emulation (slow); set vm.accel = \"kvm\" where /dev/kvm runs guests"
-        );
+    static CHOSEN: tokio::sync::OnceCell<Accel> = tokio::sync::OnceCell::const_new();
+    *CHOSEN
+        .get_or_init(|| async {
+            let (accel, why) = match cached_probe() {
+                Some(a) => (
+                    a,
+                    "a KVM guest did not run when probed after this host booted; `cordon doctor` says why".to_string(),
+                ),
+                None if !Path::new("/dev/kvm").exists() => (Accel::Tcg, "no /dev/kvm".into()),
+                None => {
+                    let result = probe_kvm(config).await;
+                    let accel = if result.is_ok() { Accel::Kvm } else { Accel::Tcg };
+                    (accel, result.err().unwrap_or_default())
+                }
+            };
+            if accel == Accel::Tcg {
+                tracing::warn!(
+                    "microvm: KVM cannot run guests here ({why}); using QEMU's TCG emulation, which is slow"
+                );
+            }
+            accel
+        })
+        .await
+}
+
+/// Boots a throw-away guest with KVM; Ok with the time to its first exec,
+/// or why it did not run. The answer is recorded for this host boot, where
+/// choosing the accelerator finds it. `cordon doctor` shows it.
+pub async fn probe_kvm(config: &SandboxConfig) -> std::result::Result<Duration, String> {
+    let result = try_kvm(config).await;
+    save_probe(if result.is_ok() {
+        Accel::Kvm
+    } else {
+        Accel::Tcg
     });
-    Accel::Tcg
+    result
+}
+
+async fn try_kvm(config: &SandboxConfig) -> std::result::Result<Duration, String> {
+    if !Path::new("/dev/kvm").exists() {
+        return Err("no /dev/kvm".into());
+    }
+    let dir = image::cache_dir().join("probe");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut c = SandboxConfig::new(&dir);
+    c.backend = crate::BackendKind::Microvm;
+    c.supervisor = config.supervisor.clone();
+    c.vm = crate::VmOptions {
+        accel: Some(Accel::Kvm),
+        ..config.vm.clone()
+    };
+    c.memory = Some(MIN_MEMORY);
+    let start = std::time::Instant::now();
+    let attempt = async {
+        // Boxed: creating a microVM may itself come here to probe.
+        let sb = Box::pin(Sandbox::create(c))
+            .await
+            .map_err(|e| e.to_string())?;
+        let out = sb
+            .exec(crate::ExecRequest::argv(["/bin/true"]))
+            .await
+            .map_err(|e| e.to_string());
+        sb.close().await;
+        match out {
+            Ok(o) if o.status.success() => Ok(start.elapsed()),
+            Ok(o) => Err(format!("the guest's /bin/true exited {:?}", o.status)),
+            Err(e) => Err(e),
+        }
+    };
+    match tokio::time::timeout(KVM_PROBE_TIMEOUT, attempt).await {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(format!(
+            "a KVM guest failed: {}",
+            e.lines()
+                .filter(|l| !l.trim().is_empty())
+                .last()
+                .unwrap_or("")
+        )),
+        Err(_) => Err(format!(
+            "a KVM guest did not answer within {} s",
+            KVM_PROBE_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// The probe's file: this boot's id and the accelerator found.
+fn probe_file() -> PathBuf {
+    image::cache_dir().join("accel")
+}
+
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn cached_probe() -> Option<Accel> {
+    let text = std::fs::read_to_string(probe_file()).ok()?;
+    let (id, accel) = text.trim().split_once(' ')?;
+    if Some(id) != boot_id().as_deref() {
+        return None;
+    }
+    accel.parse().ok()
+}
+
+fn save_probe(accel: Accel) {
+    let Some(id) = boot_id() else { return };
+    let name = match accel {
+        Accel::Kvm => "kvm",
+        Accel::Tcg => "tcg",
+    };
+    let path = probe_file();
+    let tmp = path.with_extension(format!("{}", std::process::id()));
+    if std::fs::write(&tmp, format!("{id} {name}\n")).is_ok() {
+        let _ = std::fs::rename(&tmp, &path);
+    }
 }
 
 /// Copies the allowed entries of the host's /etc into `dest`: the guest's
@@ -330,7 +445,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let run = run_dir(&cache)?;
     stage_etc(&run.join("etc"))?;
 
-    let accel = accel(config);
+    let accel = accel(config).await;
     let mut append = vec![
         "console=ttyS0".to_string(),
         "panic=-1".into(),
