@@ -233,10 +233,7 @@ async fn try_kvm(config: &SandboxConfig) -> std::result::Result<Duration, String
         Ok(Ok(t)) => Ok(t),
         Ok(Err(e)) => Err(format!(
             "a KVM guest failed: {}",
-            e.lines()
-                .filter(|l| !l.trim().is_empty())
-                .last()
-                .unwrap_or("")
+            e.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("")
         )),
         Err(_) => Err(format!(
             "a KVM guest did not answer within {} s",
