@@ -88,7 +88,17 @@ while [ ! -S /tmp/.X11-unix/X{n} ]; do
 done
 for wm in openbox matchbox-window-manager; do
     if command -v $wm >/dev/null; then $wm >/tmp/.cordon-wm.log 2>&1 & break; fi
-done"#,
+done
+# A window mapped while the window manager is still starting can be lost
+# (it stays unmapped for good): wait until the manager announces itself.
+if command -v xprop >/dev/null && [ -n "${{wm:-}}" ] && command -v $wm >/dev/null; then
+    i=0
+    until DISPLAY=:{n} xprop -root _NET_SUPPORTING_WM_CHECK 2>/dev/null | grep -q 'window id'; do
+        i=$((i + 1))
+        if [ $i -gt 200 ]; then break; fi
+        sleep 0.025
+    done
+fi"#,
             w = d.width,
             h = d.height,
         );

@@ -952,11 +952,14 @@ async fn computer_at_its_own_size_types_and_presses_keys_into_a_window() {
 #[tokio::test]
 async fn computer_drives_an_xterm_under_the_window_manager() {
     let env = Env::with_display(1280, 800).await;
-    // The window manager stays: this is the desktop a model sees.
+    // The window manager stays: this is the desktop a model sees. Wait
+    // until it has framed the window (it sets _NET_FRAME_EXTENTS then), so
+    // that a click lands on the terminal and not where it is about to be.
     env.ok(
         "bash",
         json!({"command": "xterm -geometry 80x24+40+40 -title cordon-term >/dev/null 2>&1 &\n\
-                           xdotool search --sync --name cordon-term >/dev/null"}),
+                           w=$(xdotool search --sync --onlyvisible --name cordon-term | head -1)\n\
+                           for i in $(seq 200); do xprop -id $w _NET_FRAME_EXTENTS | grep -q = && break; sleep 0.05; done"}),
     )
     .await;
     // 1280x800 is 16:10, so the model works in WXGA (1280x800): one to one.

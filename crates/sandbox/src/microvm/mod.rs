@@ -396,7 +396,16 @@ fn tail(path: &Path, lines: usize) -> String {
 }
 
 pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
-    let (workspace, binds) = crate::native::validate(config)?;
+    let (workspace, mut binds) = crate::native::validate(config)?;
+    // The font cache, as the native backend binds it (see setup.rs).
+    let fonts = crate::supervisor::setup::FONT_CACHE;
+    if Path::new(fonts).is_dir() && !binds.iter().any(|b| b.target == fonts) {
+        binds.push(crate::protocol::Bind {
+            source: fonts.into(),
+            target: fonts.into(),
+            writable: false,
+        });
+    }
     if GUEST_INIT.is_empty() {
         return Err(Error::Config(
             "this build of cordon has no microVM guest init (it needs a static C library at build time: Debian libc6-dev)".into(),

@@ -139,6 +139,9 @@ const PROC_MASKED: &[&str] = &[
 ];
 const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 
+/// The system's fontconfig cache, shared read-only with every sandbox.
+pub(crate) const FONT_CACHE: &str = "/var/cache/fontconfig";
+
 /// Where the new root is assembled, in our private mount namespace.
 const STAGE: &str = "/tmp";
 
@@ -229,6 +232,13 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
             dev.push((*node, Source::open(&host)?));
         }
     }
+    // The system's font cache, read-only: without it every program that
+    // draws text builds its own first (a second of CPU for a window
+    // manager), and holds nothing private.
+    let font_cache = match fs::metadata(FONT_CACHE) {
+        Ok(m) if m.is_dir() => Some(Source::open(FONT_CACHE)?),
+        _ => None,
+    };
     let workspace = Source::open(&spec.workspace)?;
     if !workspace.is_dir {
         return Err(SetupError {
@@ -296,6 +306,16 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
     let var = stage.join("var");
     mkdir(&var, 0o755)?;
     symlink("/tmp", var.join("tmp")).ctx(|| "symlink /var/tmp".into())?;
+    if let Some(src) = &font_cache {
+        let target = var.join("cache/fontconfig");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&target)
+            .ctx(|| "create /var/cache/fontconfig".into())?;
+        bind(src, &target)?;
+        set_attrs(&target, true, RO)?;
+    }
     mkdir(&stage.join("home"), 0o755)?;
     mkdir(&stage.join("run"), 0o755)?;
 
