@@ -1,6 +1,6 @@
 //! Shared harness for the escape battery: a per-test host directory, a
-//! `cordon run` launcher that can drop to an unprivileged user, and
-//! assertions on what the sandboxed command printed.
+//! `cordon run` launcher that can drop to an unprivileged user or choose the
+//! microvm backend, and assertions on what the sandboxed command printed.
 
 #![allow(dead_code)]
 
@@ -24,6 +24,11 @@ pub const NOBODY: u32 = 65534;
 /// and fails the test (a hang is a finding too).
 pub const RUN_DEADLINE: Duration = Duration::from_secs(60);
 
+/// Extra time a microvm run may take: the guest boots (about 2 s under TCG,
+/// several when the battery's VMs share two cores) and emulated programs
+/// start slower.
+pub const VM_SLACK: Duration = Duration::from_secs(10);
+
 /// Which identity `cordon run` is started with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -31,6 +36,10 @@ pub enum Mode {
     Root,
     /// As uid/gid 65534 (or as the invoking user when that is not root).
     Unprivileged,
+    /// As root, with the microvm backend (QEMU under TCG, chosen explicitly
+    /// so that no warning joins stderr): commands run as the guest's root,
+    /// with every capability, on the guest's own kernel.
+    Microvm,
 }
 
 pub fn euid() -> u32 {
@@ -109,14 +118,14 @@ impl Ctx {
     /// root variant cannot run here. Under CI=true it fails instead.
     pub fn new(mode: Mode) -> Option<Ctx> {
         let root = euid() == 0;
-        if mode == Mode::Root && !root {
+        if mode != Mode::Unprivileged && !root {
             if in_ci() {
                 panic!(
-                    "this root variant needs the tests to run as root (euid is {}); CI=true, so it fails rather than skips",
+                    "this {mode:?} variant needs the tests to run as root (euid is {}); CI=true, so it fails rather than skips",
                     euid()
                 );
             }
-            eprintln!("notice: skipping the root variant: the tests are not running as root");
+            eprintln!("notice: skipping the {mode:?} variant: the tests are not running as root");
             return None;
         }
         let switch_user = mode == Mode::Unprivileged && root;
@@ -136,6 +145,8 @@ impl Ctx {
         let (uid, gid) = if switch_user {
             std::os::unix::fs::chown(&workspace, Some(NOBODY), Some(NOBODY)).unwrap();
             (NOBODY, NOBODY)
+        } else if mode == Mode::Microvm {
+            (0, 0)
         } else {
             (euid(), rustix::process::getegid().as_raw())
         };
@@ -152,8 +163,19 @@ impl Ctx {
         })
     }
 
+    /// The native backend started by root.
     pub fn root(&self) -> bool {
         self.mode == Mode::Root
+    }
+
+    /// The microvm backend: the command runs as root inside a guest.
+    pub fn vm(&self) -> bool {
+        self.mode == Mode::Microvm
+    }
+
+    /// A time limit for a whole run, allowing for a microVM's boot.
+    pub fn within(&self, native: Duration) -> Duration {
+        if self.vm() { native + VM_SLACK } else { native }
     }
 
     /// The host directory holding workspace/ and outside/.
@@ -161,9 +183,15 @@ impl Ctx {
         self.dir.path()
     }
 
-    /// Picks the expectation for this mode.
+    /// Picks the expectation for this native mode; microvm variants state
+    /// their own.
+    #[track_caller]
     pub fn pick<'a>(&self, root: &'a str, unprivileged: &'a str) -> &'a str {
-        if self.root() { root } else { unprivileged }
+        match self.mode {
+            Mode::Root => root,
+            Mode::Unprivileged => unprivileged,
+            Mode::Microvm => panic!("pick() has no microvm expectation; branch on t.vm()"),
+        }
     }
 
     pub fn cordon_path(&self) -> &Path {
@@ -195,6 +223,13 @@ impl Ctx {
             .env_remove("CORDON_DEBUG_SUPERVISOR")
             .env_remove("CORDON_LOG")
             .stdin(Stdio::null());
+        if self.vm() {
+            cmd.env("CORDON_BACKEND", "microvm")
+                .env("CORDON_VM_ACCEL", "tcg");
+        } else {
+            cmd.env_remove("CORDON_BACKEND")
+                .env_remove("CORDON_VM_ACCEL");
+        }
         if self.switch_user {
             // std clears the supplementary groups (setgroups(0)) when it
             // changes uid without an explicit group list.
@@ -205,6 +240,11 @@ impl Ctx {
 
     /// `cordon run OPTS -- ARGV`.
     pub fn run(&self, opts: &[&str], argv: &[&str]) -> Out {
+        self.run_deadline(opts, argv, RUN_DEADLINE)
+    }
+
+    /// [`Ctx::run`], failing the test if the run takes longer than `deadline`.
+    pub fn run_deadline(&self, opts: &[&str], argv: &[&str], deadline: Duration) -> Out {
         let mut args: Vec<String> = vec!["run".into(), "--workspace".into()];
         args.push(self.workspace.to_str().unwrap().into());
         args.extend(opts.iter().map(|s| s.to_string()));
@@ -213,7 +253,92 @@ impl Ctx {
         let what = format!("[{:?}] cordon {}", self.mode, args.join(" "));
         let mut cmd = self.cordon(&args);
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        run_bounded(cmd, what)
+        let hazards = self.vm().then(|| workspace_hazards(&self.workspace));
+        let out = run_once(&mut cmd, what, deadline, &|pid| self.after_hang(pid));
+        if let Some(before) = hazards {
+            self.assert_vm_left_nothing(&out, &before);
+        }
+        out
+    }
+
+    /// After a hung `cordon` (pid) was killed: whether its QEMU went with
+    /// it, and its run directory removed (a killed cordon cannot).
+    fn after_hang(&self, pid: u32) -> String {
+        if !self.vm() {
+            return String::new();
+        }
+        let mut notes = String::new();
+        if !eventually(Duration::from_secs(5), || self.qemu_pids().is_empty()) {
+            notes += &format!("; HOST CHANGED: QEMU survived it: {:?}", self.qemu_pids());
+        }
+        if let Ok(entries) = fs::read_dir(vm_cache_dir().join("run")) {
+            for e in entries.flatten() {
+                if e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{pid}-"))
+                {
+                    let _ = fs::remove_dir_all(e.path());
+                    notes += &format!("; removed its run directory {}", e.path().display());
+                }
+            }
+        }
+        notes
+    }
+
+    /// The host-side trace of this test's microVMs: QEMU processes sharing
+    /// the workspace (`-fsdev local,…,path=<workspace>,…`).
+    pub fn qemu_pids(&self) -> Vec<u32> {
+        let ws = fs::canonicalize(&self.workspace).unwrap_or_else(|_| self.workspace.clone());
+        host_pids_with_cmdline_containing(&format!("path={},", ws.display()))
+    }
+
+    /// The host file QEMU writes the guest's serial console to, read from
+    /// the command line of this test's running QEMU.
+    pub fn vm_console_log(&self) -> Option<PathBuf> {
+        self.qemu_pids().into_iter().find_map(|pid| {
+            let c = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            c.split(|b| *b == 0)
+                .filter_map(|a| std::str::from_utf8(a).ok())
+                .find_map(|a| a.strip_prefix("file:"))
+                .map(PathBuf::from)
+        })
+    }
+
+    /// After a microvm session: its QEMU is gone, and the guest left no
+    /// set-id file, device node or foreign owner in the host workspace
+    /// (QEMU writes the guest's files with host root's identity).
+    #[track_caller]
+    pub fn assert_vm_left_nothing(&self, out: &Out, hazards_before: &[String]) {
+        if !eventually(Duration::from_secs(5), || self.qemu_pids().is_empty()) {
+            out.fail(format_args!(
+                "HOST CHANGED: QEMU outlived the session: pids {:?}",
+                self.qemu_pids()
+            ));
+        }
+        // cordon keeps the guest's /etc and console log in a run directory
+        // named after its pid, removed when the session ends.
+        let runs = vm_cache_dir().join("run");
+        let prefix = format!("{}-", out.pid);
+        if let Ok(entries) = fs::read_dir(&runs) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    out.fail(format_args!(
+                        "HOST CHANGED: the session's run directory {} was left behind",
+                        e.path().display()
+                    ));
+                }
+            }
+        }
+        let new: Vec<String> = workspace_hazards(&self.workspace)
+            .into_iter()
+            .filter(|h| !hazards_before.contains(h))
+            .collect();
+        if !new.is_empty() {
+            out.fail(format_args!(
+                "HOST CHANGED: the guest left in the host workspace: {}",
+                new.join(", ")
+            ));
+        }
     }
 
     /// A bash script in a fresh sandbox.
@@ -245,8 +370,53 @@ impl Ctx {
         if self.switch_user {
             cmd.uid(NOBODY).gid(NOBODY);
         }
-        run_bounded(cmd, format!("host {argv:?}"))
+        run_once(&mut cmd, format!("host {argv:?}"), RUN_DEADLINE, &|_| {
+            String::new()
+        })
     }
+}
+
+/// cordon's microVM cache for root (`CORDON_VM_DIR` overrides it).
+pub fn vm_cache_dir() -> PathBuf {
+    std::env::var_os("CORDON_VM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/cordon/vm"))
+}
+
+/// Entries of a host workspace (itself included, links not followed) that
+/// would hand a host user more than the workspace's owner has: set-id
+/// bits, device nodes, an owner other than root or the workspace's.
+pub fn workspace_hazards(ws: &Path) -> Vec<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let owner = fs::symlink_metadata(ws).map(|m| m.uid()).unwrap_or(0);
+    let mut found = Vec::new();
+    let mut stack = vec![ws.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(m) = fs::symlink_metadata(&p) else {
+            continue;
+        };
+        let t = m.file_type();
+        if m.mode() & 0o6000 != 0
+            || t.is_char_device()
+            || t.is_block_device()
+            || (m.uid() != 0 && m.uid() != owner)
+        {
+            found.push(format!(
+                "{} (mode {:o}, uid {}, gid {})",
+                p.display(),
+                m.mode(),
+                m.uid(),
+                m.gid()
+            ));
+        }
+        if t.is_dir()
+            && let Ok(entries) = fs::read_dir(&p)
+        {
+            stack.extend(entries.flatten().map(|e| e.path()));
+        }
+    }
+    found.sort();
+    found
 }
 
 /// Removes the indentation common to all non-blank lines (and a leading
@@ -301,22 +471,28 @@ def attempt(name, fn):
 /// What a run printed and how it ended.
 pub struct Out {
     pub what: String,
+    /// The host pid of the process that ran (cordon, for a sandbox).
+    pub pid: u32,
     pub code: Option<i32>,
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
 }
 
-/// Runs `cmd` to completion within [`RUN_DEADLINE`], collecting its output.
-fn run_bounded(mut cmd: Command, what: String) -> Out {
-    run_once(&mut cmd, what)
-}
-
-fn run_once(cmd: &mut Command, what: String) -> Out {
+/// Runs `cmd` to completion within `deadline`, collecting its output; a
+/// run killed at the deadline fails the test, with what `after_hang` (given
+/// the pid) has to add.
+fn run_once(
+    cmd: &mut Command,
+    what: String,
+    deadline: Duration,
+    after_hang: &dyn Fn(u32) -> String,
+) -> Out {
     let start = Instant::now();
     let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let pid = child.id();
     let reader = |r: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();
@@ -339,10 +515,15 @@ fn run_once(cmd: &mut Command, what: String) -> Out {
             .take()
             .map(|s| Box::new(s) as Box<dyn Read + Send>),
     );
-    let status = wait_bounded(&mut child, RUN_DEADLINE)
-        .unwrap_or_else(|| panic!("{what}: still running after {RUN_DEADLINE:?}; killed"));
+    let status = wait_bounded(&mut child, deadline).unwrap_or_else(|| {
+        panic!(
+            "{what}: still running after {deadline:?}; killed{}",
+            after_hang(pid)
+        )
+    });
     Out {
         what,
+        pid,
         code: status.code(),
         stdout: out_t.join().unwrap(),
         stderr: err_t.join().unwrap(),
@@ -403,6 +584,16 @@ impl Out {
             self.fail(format_args!(
                 "expected one of the stdout lines {expected:?}"
             ));
+        }
+        self
+    }
+
+    /// stdout has a line starting with `prefix` (for values that vary, such
+    /// as descriptor numbers and key serials).
+    #[track_caller]
+    pub fn line_starts(&self, prefix: &str) -> &Self {
+        if !self.stdout.lines().any(|l| l.starts_with(prefix)) {
+            self.fail(format_args!("expected a stdout line starting {prefix:?}"));
         }
         self
     }
