@@ -1549,7 +1549,7 @@ attack!(ptrace_supervisor);
 
 /// In a microVM the guest's root may trace and read its own pid 1: the
 /// supervisor is inside the boundary, which is the virtual machine. (A
-/// seize does not stop it, as an attach would.)
+/// seize does not stop it; see freeze_supervisor_past_timeout for a stop.)
 fn ptrace_guest_supervisor(t: &Ctx) {
     let out = py_nr(
         t,
@@ -1624,6 +1624,41 @@ fn signal_supervisor(t: &Ctx) {
         .faster_than(Duration::from_secs(10));
 }
 attack!(signal_supervisor);
+
+/// Freeze the supervisor (PTRACE_ATTACH stops its tracee; then SIGSTOP),
+/// then spin: --timeout must still end the run.
+fn freeze_supervisor_past_timeout(t: &Ctx) {
+    let code = format!(
+        "{PY_PRELUDE}\n{}{}",
+        nr_table(),
+        dedent(
+            r#"
+            import signal
+            sc('ptrace attach 1', NR['ptrace'], 16, 1, 0, 0)
+            attempt('SIGSTOP 1', lambda: os.kill(1, signal.SIGSTOP))
+            while True: pass
+        "#
+        )
+    );
+    // A hang is the finding: fail well before the harness's own deadline.
+    let out = t.run_deadline(
+        &["--timeout", "2"],
+        &["python3", "-c", &code],
+        t.within(Duration::from_secs(20)),
+    );
+    out.code(124)
+        .stderr_has("cordon: timed out after 2s; the command was killed")
+        .faster_than(t.within(Duration::from_secs(6)));
+    if !t.vm() {
+        out.line("ptrace attach 1: EPERM")
+            .line("SIGSTOP 1: OK None");
+    }
+}
+attack!(
+    freeze_supervisor_past_timeout,
+    microvm_ignore = "HOLE: --timeout is enforced only by the guest's supervisor: a guest that stops its \
+                      pid 1 (PTRACE_ATTACH) runs forever, and cordon ignores SIGTERM and SIGINT meanwhile"
+);
 
 /// Change the host's name or clock.
 fn host_name_and_clock(t: &Ctx) {
