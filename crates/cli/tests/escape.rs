@@ -2899,6 +2899,55 @@ fn fill_tmp(t: &Ctx) {
 }
 attack!(fill_tmp);
 
+/// Flood the consoles (/dev/console, the serial port) for a second each: natively there are none; a microVM's serial console is a
+/// file QEMU writes on the host, outside the workspace, which must not
+/// grow at the guest's will.
+fn console_flood(t: &Ctx) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let (done, peak) = (AtomicBool::new(false), AtomicU64::new(0));
+    let out = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                if let Some(m) = t.vm_console_log().and_then(|p| fs::metadata(p).ok()) {
+                    peak.fetch_max(m.len(), Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let out = t.sh_with(
+            &["--timeout", "20"],
+            "for d in /dev/console /dev/ttyS0; do \
+             timeout 1 sh -c \"yes cordon-console-flood > $d\"; echo \"$d: $?\"; done",
+        );
+        done.store(true, Ordering::Relaxed);
+        out
+    });
+    if t.vm() {
+        // yes runs until timeout stops it.
+        out.code(0)
+            .line("/dev/console: 124")
+            .line("/dev/ttyS0: 124");
+        let peak = peak.into_inner();
+        if peak > 256 << 10 {
+            out.fail(format_args!(
+                "HOST CHANGED: the guest grew the host file of its serial console to {peak} bytes"
+            ));
+        }
+    } else {
+        out.code(0)
+            .line("/dev/console: 2")
+            .line("/dev/ttyS0: 2")
+            .stderr_has("cannot create /dev/console: Read-only file system")
+            .stderr_has("cannot create /dev/ttyS0: Read-only file system");
+    }
+}
+attack!(
+    console_flood,
+    microvm_ignore = "HOLE: the guest's serial console is an uncapped host file (QEMU -serial file: in \
+                      cordon's run directory): the guest's root writes it at ~0.5 MB/s under TCG for as \
+                      long as the session lasts"
+);
+
 /// Leave daemons behind: `setsid nohup sleep &` and a double-forked,
 /// setsid'd Python daemon, then end the session.
 fn background_process_outlives_session(t: &Ctx) {
