@@ -1042,11 +1042,7 @@ fn inherited_fds(t: &Ctx) {
         .line("open fds: []")
         .line("fd dir: ['0', '1', '2', '3']");
 }
-attack!(
-    inherited_fds,
-    microvm_ignore = "HOLE: guest commands inherit the supervisor's control port (fd 3, /dev/vport0p1): \
-                      any process can forge or swallow protocol frames to and from the host"
-);
+attack!(inherited_fds);
 
 // ───────────────────────── network ─────────────────────────
 

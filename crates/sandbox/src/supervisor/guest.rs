@@ -33,6 +33,10 @@ pub(super) fn guest_main() -> ! {
     IN_GUEST.store(true, std::sync::atomic::Ordering::Relaxed);
     // SAFETY: the guest init leaves the control port on fd 3 for us.
     let fd = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    // The commands this supervisor starts must never hold the port: with
+    // it they could forge protocol frames to the host.
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe { libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
     let mut ctl = File::from(fd);
     let spec = match read_setup(&mut ctl) {
         Ok(s) => s,
