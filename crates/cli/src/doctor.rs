@@ -208,25 +208,18 @@ async fn microvm(r: &mut Report, required: bool) {
         ),
         Err(e) => line(false, "guest kernel", e.to_string()),
     }
-    let qemu = std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join("qemu-system-x86_64"))
-            .find(|p| p.is_file())
-    });
-    match &qemu {
-        Some(q) => line(true, "qemu", q.display().to_string()),
-        None => line(
-            false,
-            "qemu",
-            "qemu-system-x86_64 not found (Debian: apt-get install qemu-system-x86)".into(),
-        ),
-    }
-    if kernel.is_err() || qemu.is_none() {
-        return;
-    }
     let Ok(dir) = tempdir() else { return };
     let mut config = SandboxConfig::new(&dir);
     config.backend = cordon_sandbox::BackendKind::Microvm;
+    let qemu = cordon_sandbox::microvm::qemu_path(&config);
+    match &qemu {
+        Ok(q) => line(true, "qemu", q.display().to_string()),
+        Err(e) => line(false, "qemu", e.to_string()),
+    }
+    if kernel.is_err() || qemu.is_err() {
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     match probe_kvm(&config).await {
         Ok(t) => line(
             true,

@@ -26,10 +26,9 @@ pub fn vm(args: VmArgs) -> i32 {
             match image::setup(&cache, &mut progress) {
                 Ok(k) => {
                     println!("guest kernel {} ready: {}", k.version, k.vmlinux.display());
-                    if which("qemu-system-x86_64").is_none() {
-                        eprintln!(
-                            "cordon: qemu-system-x86_64 is not installed; the microvm backend needs it (Debian: apt-get install qemu-system-x86)"
-                        );
+                    let probe = cordon_sandbox::SandboxConfig::new(".");
+                    if let Err(e) = cordon_sandbox::microvm::qemu_path(&probe) {
+                        eprintln!("cordon: {e}");
                         return crate::exit::CONFIG;
                     }
                     0
@@ -41,12 +40,4 @@ pub fn vm(args: VmArgs) -> i32 {
             }
         }
     }
-}
-
-fn which(name: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
 }

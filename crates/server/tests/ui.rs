@@ -161,6 +161,33 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Runs the Playwright script `tests/ui/NAME` against the server at
+/// `base`, failing the test with its output if it fails.
+async fn drive(b: &Browser, name: &str, base: &str, token: &str) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/ui")
+        .join(name);
+    let run = tokio::process::Command::new(&b.node)
+        .arg(&script)
+        .env("BASE_URL", base)
+        .env("TOKEN", token)
+        .env("CHROMIUM", &b.chromium)
+        .env("PLAYWRIGHT_CORE", &b.playwright)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(180), run)
+        .await
+        .unwrap_or_else(|_| panic!("{name} ran past 3 minutes"))
+        .unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{name} failed:\n{log}");
+    eprintln!("{log}");
+}
+
 fn browser() -> Result<Browser, String> {
     let node = find_in_path("node").ok_or("node is not installed")?;
     let chromium = std::env::var_os("CORDON_CHROMIUM")
@@ -224,26 +251,7 @@ async fn in_chromium_a_shell_job_streams_live_and_the_chat_shows_tool_calls() {
         .await
         .expect("SQLite needs nothing installed");
     let token = s.token("ui").await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ui/browser.mjs");
-    let run = tokio::process::Command::new(&b.node)
-        .arg(&script)
-        .env("BASE_URL", &s.base)
-        .env("TOKEN", &token)
-        .env("CHROMIUM", &b.chromium)
-        .env("PLAYWRIGHT_CORE", &b.playwright)
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(180), run)
-        .await
-        .expect("the browser script ran past 3 minutes")
-        .unwrap();
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "browser.mjs failed:\n{log}");
-    eprintln!("{log}");
+    drive(&b, "browser.mjs", &s.base, &token).await;
     model.assert_finished();
     s.stop().await;
 }
@@ -268,25 +276,6 @@ async fn in_chromium_a_gui_job_s_desktop_is_live_and_control_is_opt_in() {
     }
     let s = sqlite_server().await;
     let token = s.token("ui").await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ui/desktop.mjs");
-    let run = tokio::process::Command::new(&b.node)
-        .arg(&script)
-        .env("BASE_URL", &s.base)
-        .env("TOKEN", &token)
-        .env("CHROMIUM", &b.chromium)
-        .env("PLAYWRIGHT_CORE", &b.playwright)
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(180), run)
-        .await
-        .expect("the browser script ran past 3 minutes")
-        .unwrap();
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "desktop.mjs failed:\n{log}");
-    eprintln!("{log}");
+    drive(&b, "desktop.mjs", &s.base, &token).await;
     s.stop().await;
 }

@@ -111,7 +111,9 @@ impl Drop for VmLifecycle {
     }
 }
 
-fn qemu_path(config: &SandboxConfig) -> Result<PathBuf> {
+/// QEMU's binary: `vm.qemu`, else `qemu-system-x86_64` on `PATH`, with
+/// an error that says how to install it.
+pub fn qemu_path(config: &SandboxConfig) -> Result<PathBuf> {
     if let Some(q) = &config.vm.qemu {
         return Ok(q.clone());
     }
