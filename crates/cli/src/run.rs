@@ -120,6 +120,11 @@ pub async fn run(args: RunArgs) -> i32 {
 /// Relays a running command's output and our signals until it exits.
 /// With a pty everything arrives as stdout, the window size is followed, and
 /// SIGTERM becomes SIGHUP (an interactive shell ignores SIGTERM).
+///
+/// A command may ignore the signals it is sent, and a sandbox may stop
+/// serving; the user must still be able to stop cordon. So a second SIGTERM
+/// or SIGHUP, or a third SIGINT, stops waiting: the caller then closes the
+/// sandbox, which kills everything in it.
 async fn forward(mut exec: Execution, memory: u64, timeout: Option<Duration>, pty: bool) -> i32 {
     pump_stdin(&exec);
     let mut out = tokio::io::stdout();
@@ -133,6 +138,11 @@ async fn forward(mut exec: Execution, memory: u64, timeout: Option<Duration>, pt
         return fail("cannot install signal handlers");
     };
     let on_term = if pty { libc::SIGHUP } else { libc::SIGTERM };
+    let (mut ints, mut terms) = (0, 0);
+    let give_up = |signal: i32| {
+        eprintln!("cordon: stopping the sandbox");
+        128 + signal
+    };
     loop {
         tokio::select! {
             ev = exec.next() => {
@@ -153,9 +163,27 @@ async fn forward(mut exec: Execution, memory: u64, timeout: Option<Duration>, pt
                     return 128 + libc::SIGPIPE;
                 }
             }
-            _ = int.recv() => { let _ = exec.signal(libc::SIGINT); }
-            _ = term.recv() => { let _ = exec.signal(on_term); }
-            _ = hup.recv() => { let _ = exec.signal(libc::SIGHUP); }
+            _ = int.recv() => {
+                ints += 1;
+                if ints >= 3 {
+                    return give_up(libc::SIGINT);
+                }
+                let _ = exec.signal(libc::SIGINT);
+            }
+            _ = term.recv() => {
+                terms += 1;
+                if terms >= 2 {
+                    return give_up(libc::SIGTERM);
+                }
+                let _ = exec.signal(on_term);
+            }
+            _ = hup.recv() => {
+                terms += 1;
+                if terms >= 2 {
+                    return give_up(libc::SIGHUP);
+                }
+                let _ = exec.signal(libc::SIGHUP);
+            }
             _ = winch.recv(), if pty => {
                 let (rows, cols) = terminal_size();
                 let _ = exec.resize(rows, cols);

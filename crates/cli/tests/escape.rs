@@ -1650,11 +1650,7 @@ fn freeze_supervisor_past_timeout(t: &Ctx) {
             .line("SIGSTOP 1: OK None");
     }
 }
-attack!(
-    freeze_supervisor_past_timeout,
-    microvm_ignore = "HOLE: --timeout is enforced only by the guest's supervisor: a guest that stops its \
-                      pid 1 (PTRACE_ATTACH) runs forever, and cordon ignores SIGTERM and SIGINT meanwhile"
-);
+attack!(freeze_supervisor_past_timeout);
 
 /// Change the host's name or clock.
 fn host_name_and_clock(t: &Ctx) {

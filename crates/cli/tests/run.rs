@@ -351,6 +351,71 @@ fn interrupt_is_forwarded(who: Who) {
     assert_eq!(child.wait().unwrap().code(), Some(5));
 }
 
+/// A command that ignores every signal still cannot hold cordon: the first
+/// SIGTERM and the first two SIGINTs are forwarded, the next one stops the
+/// sandbox, and nothing of it is left running.
+fn signals_repeated(who: Who) {
+    for (signal, forwarded, code) in [
+        (rustix::process::Signal::TERM, 1, 143),
+        (rustix::process::Signal::INT, 2, 130),
+    ] {
+        let ws = workspace(who);
+        let marker = format!("cordon-deaf-{}-{signal:?}", std::process::id());
+        std::fs::write(
+            ws.path().join("deaf.sh"),
+            "trap 'echo got' INT TERM; echo ready; while :; do sleep 0.05; done\n",
+        )
+        .unwrap();
+        let mut child = run(who, ws.path(), &[], &["sh", "deaf.sh", &marker])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut buf = [0u8; 6];
+        stdout.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"ready\n");
+        let pid = rustix::process::Pid::from_child(&child);
+        for _ in 0..forwarded {
+            rustix::process::kill_process(pid, signal).unwrap();
+            let mut got = [0u8; 4];
+            stdout.read_exact(&mut got).unwrap();
+            assert_eq!(&got, b"got\n", "{signal:?} was not forwarded");
+        }
+        let start = Instant::now();
+        rustix::process::kill_process(pid, signal).unwrap();
+        let status = child.wait().unwrap();
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert_eq!(status.code(), Some(code), "{signal:?}: {stderr}");
+        assert!(stderr.contains("cordon: stopping the sandbox"), "{stderr}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
+        // A microVM's processes live inside QEMU, named by the workspace.
+        let trace = match who {
+            Who::Microvm => format!("path={}", ws.path().canonicalize().unwrap().display()),
+            _ => marker.clone(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while processes_containing(&trace) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            processes_containing(&trace),
+            0,
+            "the command outlived cordon"
+        );
+    }
+}
+
 fn doctor_reports_everything_in_force(who: Who) {
     let ws = workspace(who);
     let out = cordon(who, ws.path()).arg("doctor").output().unwrap();
@@ -384,6 +449,7 @@ both! {
     python_node_gcc_git_and_coreutils_work => python_node_gcc_git_run;
     killing_cordon_with_sigkill_kills_the_sandbox => host_sigkill_takes_the_sandbox_down;
     ctrl_c_reaches_the_command => interrupt_is_forwarded;
+    repeated_signals_stop_a_command_that_ignores_them => signals_repeated;
     doctor_reports_every_feature_in_force => doctor_reports_everything_in_force;
 }
 
@@ -395,6 +461,7 @@ microvm! {
     python_node_gcc_git_and_coreutils_work => python_node_gcc_git_run;
     killing_cordon_with_sigkill_kills_the_sandbox => host_sigkill_takes_the_sandbox_down;
     ctrl_c_reaches_the_command => interrupt_is_forwarded;
+    repeated_signals_stop_a_command_that_ignores_them => signals_repeated;
 }
 
 #[test]

@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// Which output stream a chunk belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,6 +157,11 @@ pub enum HostMsg {
     },
     /// Kill everything and exit.
     Shutdown,
+    /// Answer with `Pong { seq }` at once: the host's check that the
+    /// supervisor is still serving (see `Sandbox`'s timeout watchdog).
+    Ping {
+        seq: u64,
+    },
 }
 
 /// Supervisor to host.
@@ -201,6 +206,10 @@ pub enum SupMsg {
         /// The kernel killed a process for want of memory while this ran;
         /// reported by a microVM guest (natively the host's cgroup tells).
         oom_killed: bool,
+    },
+    /// The answer to `Ping`.
+    Pong {
+        seq: u64,
     },
 }
 

@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use crate::protocol::{
     self, CHUNK, ExecSpec, ExitStatus, HostMsg, ReadyInfo, SpawnStage, Stream, SupMsg, WINDOW,
@@ -64,7 +64,19 @@ enum Event {
 struct Route {
     events: mpsc::UnboundedSender<Event>,
     stdin_credit: Arc<Semaphore>,
+    /// Output bytes seen so far (stdout, stderr), for a result the host
+    /// has to make up itself (see [`watchdog`]).
+    seen: [u64; 2],
 }
+
+/// How long past an exec's timeout its supervisor may take to report it
+/// before the host asks whether the supervisor still serves at all.
+const TIMEOUT_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a serving supervisor may take to answer a ping. Generous: a
+/// microVM's supervisor under TCG on a loaded host is slow, and a miss
+/// costs the whole sandbox.
+const PONG_WAIT: Duration = Duration::from_secs(5);
 
 pub(crate) struct Inner {
     tx: mpsc::UnboundedSender<Vec<u8>>,
@@ -79,6 +91,9 @@ pub(crate) struct Inner {
     workdir: String,
     /// The virtual screen, once it is up.
     pub(crate) display: std::sync::OnceLock<crate::Display>,
+    /// The highest `Pong` sequence number received.
+    pong: watch::Sender<u64>,
+    next_ping: AtomicU64,
 }
 
 impl Inner {
@@ -95,6 +110,76 @@ impl Inner {
             let _ = r.events.send(Event::Gone);
             // Wake writers waiting for stdin credit; they will see `gone`.
             r.stdin_credit.close();
+        }
+    }
+
+    /// The supervisor let exec `id` run past its timeout and no longer
+    /// answers: it may be stopped or traced from inside (a microVM's guest
+    /// root can do that to its pid 1). The timeout must hold anyway, so the
+    /// whole sandbox goes: the exec ends as timed out, every other as gone.
+    fn kill_unresponsive(&self, id: u64, started: Instant) {
+        tracing::warn!(
+            "the sandbox's supervisor did not end a command at its timeout and stopped answering; \
+             killing the sandbox"
+        );
+        if let Some(r) = self.routes.lock().unwrap().remove(&id) {
+            let _ = r.events.send(Event::Exited(SupMsg::Exited {
+                id,
+                status: ExitStatus::Signal(libc::SIGKILL),
+                duration_us: started.elapsed().as_micros() as u64,
+                timed_out: true,
+                stdout_bytes: r.seen[0],
+                stderr_bytes: r.seen[1],
+                truncated: false,
+                oom_killed: false,
+            }));
+            r.stdin_credit.close();
+        }
+        self.lifecycle.kill();
+        self.mark_gone();
+    }
+}
+
+/// Enforces exec `id`'s timeout from the host. The supervisor enforces it
+/// first; past `deadline` plus a grace period, while the exec is still
+/// unreported, the host pings the supervisor. A supervisor that answers is
+/// serving (perhaps waiting for a slow reader to take the output) and is
+/// asked again later; one that does not is taken to be frozen.
+async fn watchdog(weak: Weak<Inner>, id: u64, started: Instant, deadline: tokio::time::Instant) {
+    tokio::time::sleep_until(deadline + TIMEOUT_GRACE).await;
+    loop {
+        let (seq, mut pongs) = {
+            let Some(inner) = weak.upgrade() else {
+                return;
+            };
+            if inner.gone.load(Ordering::SeqCst) || !inner.routes.lock().unwrap().contains_key(&id)
+            {
+                return;
+            }
+            let seq = inner.next_ping.fetch_add(1, Ordering::Relaxed);
+            let pongs = inner.pong.subscribe();
+            if inner.send(&HostMsg::Ping { seq }).is_err() {
+                return;
+            }
+            (seq, pongs)
+        };
+        // Not holding the Inner while waiting: dropping the last handle
+        // must still end the sandbox.
+        let answer = tokio::time::timeout(PONG_WAIT, async {
+            pongs.wait_for(|&s| s >= seq).await.is_ok()
+        })
+        .await;
+        match answer {
+            Ok(true) => tokio::time::sleep(TIMEOUT_GRACE).await,
+            Ok(false) => return,
+            Err(_) => {
+                if let Some(inner) = weak.upgrade()
+                    && !inner.gone.load(Ordering::SeqCst)
+                {
+                    inner.kill_unresponsive(id, started);
+                }
+                return;
+            }
         }
     }
 }
@@ -285,6 +370,8 @@ impl Sandbox {
                 display: std::sync::OnceLock::new(),
                 base_env,
                 workdir,
+                pong: watch::Sender::new(0),
+                next_ping: AtomicU64::new(1),
             }
         });
         let ready = match tokio::time::timeout(setup_timeout, ready_rx).await {
@@ -368,9 +455,11 @@ impl Sandbox {
             Route {
                 events: etx,
                 stdin_credit: credit.clone(),
+                seen: [0; 2],
             },
         );
         let oom_before = self.inner.lifecycle.oom_kills();
+        let started = Instant::now();
         if let Err(e) = self.inner.send(&HostMsg::Exec(spec)) {
             self.inner.routes.lock().unwrap().remove(&id);
             return Err(e);
@@ -387,6 +476,10 @@ impl Sandbox {
             }
             _ => return Err(Error::Gone),
         };
+        if let Some(t) = req.timeout {
+            let deadline = tokio::time::Instant::from_std(started) + t;
+            tokio::spawn(watchdog(Arc::downgrade(&self.inner), id, started, deadline));
+        }
         let exec = Execution {
             id,
             pid,
@@ -441,13 +534,26 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
             return;
         }
         ref m @ SupMsg::Exited { id, .. } => (id, Event::Exited(m.clone())),
+        SupMsg::Pong { seq } => {
+            inner.pong.send_if_modified(|s| {
+                let newer = seq > *s;
+                if newer {
+                    *s = seq;
+                }
+                newer
+            });
+            return;
+        }
         SupMsg::Ready(_) | SupMsg::SetupFailed { .. } => return,
     };
     let done = matches!(event, Event::Exited(_) | Event::SpawnFailed(..));
     let mut routes = inner.routes.lock().unwrap();
     // A route is missing only when its handle was dropped, which already
     // killed the command and opened its window; the event has no reader.
-    if let Some(r) = routes.get(&id) {
+    if let Some(r) = routes.get_mut(&id) {
+        if let Event::Output(stream, data) = &event {
+            r.seen[*stream as usize] += data.len() as u64;
+        }
         let _ = r.events.send(event);
     }
     if done && let Some(r) = routes.remove(&id) {

@@ -312,7 +312,12 @@ impl Server {
             }
             HostMsg::Ack { id, bytes } => {
                 if let Some(ex) = self.execs.get_mut(&id) {
+                    let was_blocked = !ex.can_read();
                     ex.unacked = ex.unacked.saturating_sub(bytes);
+                    if was_blocked && ex.can_read() && ex.status.is_some() {
+                        // What waited in the pipe gets its full linger.
+                        ex.linger_until = Some(Instant::now() + LINGER);
+                    }
                 }
             }
             HostMsg::Signal { id, signal } => {
@@ -333,6 +338,7 @@ impl Server {
                 }
             }
             HostMsg::Shutdown => exit_all(),
+            HostMsg::Ping { seq } => self.send(&SupMsg::Pong { seq }),
         }
     }
 
@@ -468,8 +474,12 @@ impl Server {
             .execs
             .iter()
             .filter(|(_, ex)| {
+                // Lingering ends an exec whose streams a background process
+                // holds open, but not while the host has yet to take what
+                // is already there: a slow reader loses nothing.
                 ex.status.is_some()
-                    && (!ex.streams_open() || ex.linger_until.is_some_and(|l| now >= l))
+                    && (!ex.streams_open()
+                        || (ex.can_read() && ex.linger_until.is_some_and(|l| now >= l)))
             })
             .map(|(&id, _)| id)
             .collect();

@@ -251,6 +251,37 @@ async fn timeouts_kill_the_command_and_its_children() {
     sb.close().await;
 }
 
+/// The host enforces timeouts too, in case the supervisor stops serving
+/// (see freeze_supervisor_past_timeout in the escape battery). A reader that
+/// takes its time is no such case: the supervisor keeps the killed command's
+/// output for it, answers the host's pings, and the session lives on.
+#[tokio::test]
+async fn a_slow_reader_past_the_timeout_loses_neither_output_nor_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    let mut exec = sb
+        .exec_stream(
+            // More than the protocol's window: the supervisor must wait
+            // for the host to take some before it can report the exit.
+            ExecRequest::shell("head -c 4000000 /dev/zero; sleep 60")
+                .timeout(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap();
+    // Longer than the host's grace and ping wait together.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (stdout, _, result) = drain(&mut exec).await;
+    assert!(result.timed_out, "{result:?}");
+    // Everything written before the kill: the window's worth the host was
+    // sent at once, and what waited in the pipe (which used to be dropped
+    // once the supervisor had lingered 100 ms for it).
+    assert!(stdout.len() > 512 * 1024, "{} {result:?}", stdout.len());
+    assert_eq!(result.stdout_bytes, stdout.len() as u64);
+    let out = sb.exec(ExecRequest::shell("echo still")).await.unwrap();
+    assert_eq!(out.stdout_str(), "still\n");
+    sb.close().await;
+}
+
 #[tokio::test]
 async fn output_beyond_the_limit_is_counted_and_flagged() {
     let dir = tempfile::tempdir().unwrap();
