@@ -285,6 +285,7 @@ fn host_sigkill_takes_the_sandbox_down(who: Who) {
         // The guest has booted; give the sleeps a moment to start in it.
         std::thread::sleep(Duration::from_secs(2));
     }
+    let cordon_pid = child.id();
     child.kill().unwrap(); // SIGKILL: no cleanup code runs in cordon.
     child.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -294,6 +295,30 @@ fn host_sigkill_takes_the_sandbox_down(who: Who) {
             "sandboxed processes outlived a SIGKILLed host"
         );
         std::thread::sleep(Duration::from_millis(10));
+    }
+    if who == Who::Microvm {
+        // The killed cordon could not remove its run directory (the guest's
+        // /etc); the next microVM cordon starts removes it.
+        let runs = std::env::var_os("CORDON_VM_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| "/var/cache/cordon/vm".into())
+            .join("run");
+        let left = || {
+            std::fs::read_dir(&runs)
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| {
+                            e.file_name()
+                                .to_string_lossy()
+                                .starts_with(&format!("{cordon_pid}-"))
+                        })
+                        .count()
+                })
+                .unwrap_or(0)
+        };
+        let out = run(who, ws.path(), &[], &["true"]).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(left(), 0, "the dead cordon's run directory is still there");
     }
 }
 

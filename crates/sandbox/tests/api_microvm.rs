@@ -16,6 +16,27 @@ mod vm_only {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
+    /// A guest that dies while starting is explained by the last lines of
+    /// its serial console, which cordon reads through a pipe (keeping only
+    /// a tail) rather than letting QEMU write it to a host file.
+    #[tokio::test]
+    async fn a_guest_that_dies_while_starting_is_explained_by_its_console() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(dir.path());
+        // The guest's init execs this as pid 1; its exit panics the kernel.
+        c.supervisor = Some("/bin/false".into());
+        let err = match Sandbox::create(c).await {
+            Ok(_) => panic!("a guest without a supervisor started"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("the microVM stopped while starting; its console said:"),
+            "{err}"
+        );
+        assert!(err.contains("Kernel panic"), "{err}");
+        assert!(err.contains("Attempted to kill init"), "{err}");
+    }
+
     async fn run(sb: &Sandbox, script: &str) -> cordon_sandbox::ExecOutput {
         sb.exec(ExecRequest::shell(script)).await.unwrap()
     }

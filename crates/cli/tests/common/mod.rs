@@ -292,16 +292,44 @@ impl Ctx {
         host_pids_with_cmdline_containing(&format!("path={},", ws.display()))
     }
 
-    /// The host file QEMU writes the guest's serial console to, read from
-    /// the command line of this test's running QEMU.
-    pub fn vm_console_log(&self) -> Option<PathBuf> {
-        self.qemu_pids().into_iter().find_map(|pid| {
-            let c = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            c.split(|b| *b == 0)
-                .filter_map(|a| std::str::from_utf8(a).ok())
-                .find_map(|a| a.strip_prefix("file:"))
-                .map(PathBuf::from)
-        })
+    /// The largest regular file outside the workspace that this test's
+    /// QEMU holds open for writing: where a guest could grow something on
+    /// the host at will (a serial console log once was).
+    pub fn vm_largest_written_file(&self) -> u64 {
+        let ws = fs::canonicalize(&self.workspace).unwrap_or_else(|_| self.workspace.clone());
+        let mut largest = 0;
+        for pid in self.qemu_pids() {
+            let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+                continue;
+            };
+            for fd in fds.flatten() {
+                let info = fs::read_to_string(format!(
+                    "/proc/{pid}/fdinfo/{}",
+                    fd.file_name().to_string_lossy()
+                ))
+                .unwrap_or_default();
+                let flags = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("flags:"))
+                    .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+                    .unwrap_or(0);
+                if flags & 0o3 == 0 {
+                    continue; // read-only
+                }
+                let Ok(target) = fs::read_link(fd.path()) else {
+                    continue;
+                };
+                if target.starts_with(&ws) {
+                    continue;
+                }
+                if let Ok(m) = fs::metadata(fd.path())
+                    && m.is_file()
+                {
+                    largest = largest.max(m.len());
+                }
+            }
+        }
+        largest
     }
 
     /// After a microvm session: its QEMU is gone, and the guest left no

@@ -15,10 +15,11 @@
 
 pub mod image;
 
+use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::protocol::{self, HostMsg, SetupSpec};
@@ -44,7 +45,7 @@ const MIN_SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 struct VmLifecycle {
     pid: i32,
     reaped: Mutex<bool>,
-    /// The per-sandbox directory (the guest's /etc, the console log).
+    /// The per-sandbox directory (the guest's /etc).
     run_dir: PathBuf,
 }
 
@@ -379,22 +380,112 @@ fn system_layout() -> (Vec<(String, String)>, Vec<String>) {
     (links, shares)
 }
 
+/// A new per-sandbox directory, `<cache>/run/<pid>-<n>`. The first call
+/// in a process also removes those of cordon processes that died without
+/// removing their own (SIGKILL leaves them).
 fn run_dir(cache: &Path) -> Result<PathBuf> {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    let runs = cache.join("run");
+    SWEPT.call_once(|| sweep_run_dirs(&runs));
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = cache
-        .join("run")
-        .join(format!("{}-{n}", std::process::id()));
+    let dir = runs.join(format!("{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
 
-/// The last lines of a log, for an error message.
-fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
+/// Removes the run directories of processes that no longer exist. A live
+/// process's are left alone, even one that merely reuses a dead one's pid:
+/// a directory left a little longer costs nothing, one removed under a
+/// running guest would take its /etc away.
+fn sweep_run_dirs(runs: &Path) {
+    let Ok(entries) = std::fs::read_dir(runs) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            tracing::debug!(
+                "removing {}, left by a cordon that died",
+                e.path().display()
+            );
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// How much of the guest's console and QEMU's stderr is kept.
+const TAIL_BYTES: usize = 16 << 10;
+
+/// The last bytes of a stream QEMU writes (the guest's serial console, its
+/// own stderr), for error messages. The stream is read to its end and the
+/// rest dropped: the guest writes to its console at will, and must not be
+/// able to fill a host disk or memory with it.
+#[derive(Default)]
+struct Tail(Mutex<std::collections::VecDeque<u8>>);
+
+impl Tail {
+    /// Reads `from` on a thread of its own until end of file (QEMU exits).
+    fn drain(from: OwnedFd, name: &str) -> Result<Arc<Tail>> {
+        let tail = Arc::new(Tail::default());
+        let keep = tail.clone();
+        let mut from = std::fs::File::from(from);
+        std::thread::Builder::new()
+            .name(format!("cordon-vm-{name}"))
+            .spawn(move || {
+                let mut buf = vec![0u8; 8192];
+                loop {
+                    match from.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => keep.push(&buf[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+            })?;
+        Ok(tail)
+    }
+
+    fn push(&self, data: &[u8]) {
+        let mut q = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let data = &data[data.len().saturating_sub(TAIL_BYTES)..];
+        let excess = (q.len() + data.len()).saturating_sub(TAIL_BYTES);
+        q.drain(..excess);
+        q.extend(data);
+    }
+
+    fn text(&self) -> String {
+        let q = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (a, b) = q.as_slices();
+        String::from_utf8_lossy(&[a, b].concat()).into_owned()
+    }
+
+    /// The last `lines` non-blank lines.
+    fn lines(&self, lines: usize) -> String {
+        let text = self.text();
+        let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// What explains a guest's death: a kernel panic's line and the lines
+    /// that led to it (not the register dump and backtrace that follow it),
+    /// else the last `lines` lines.
+    fn explain(&self, lines: usize) -> String {
+        let text = self.text();
+        let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        match all.iter().rposition(|l| l.contains("Kernel panic")) {
+            Some(p) => all[p.saturating_sub(lines / 2)..=p].join("\n"),
+            None => all[all.len().saturating_sub(lines)..].join("\n"),
+        }
+    }
 }
 
 pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
@@ -514,8 +605,10 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         initrd.to_string_lossy().into_owned(),
         "-append".into(),
         append.join(" "),
+        "-chardev".into(),
+        format!("socket,id=console,fd={CONSOLE_FD}"),
         "-serial".into(),
-        format!("file:{}", run.join("console.log").display()),
+        "chardev:console".into(),
         "-device".into(),
         "virtio-serial-device".into(),
         "-chardev".into(),
@@ -539,8 +632,10 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     }
 
     let (host, guest_end) = std::os::unix::net::UnixStream::pair()?;
-    let pid = match spawn_qemu(&qemu, &args, guest_end.into(), &run) {
-        Ok(pid) => pid,
+    let (console_host, console_guest) = std::os::unix::net::UnixStream::pair()?;
+    let (pid, qemu_stderr) = match spawn_qemu(&qemu, &args, guest_end.into(), console_guest.into())
+    {
+        Ok(spawned) => spawned,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&run);
             return Err(e);
@@ -576,8 +671,10 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             Accel::Tcg => "TCG",
         }
     );
-    let console = run.join("console.log");
-    let qemu_log = run.join("qemu.log");
+    // Started after the lifecycle exists: should a thread fail to start,
+    // dropping it stops QEMU.
+    let console = Tail::drain(console_host.into(), "console")?;
+    let qemu_log = Tail::drain(qemu_stderr, "stderr")?;
     Sandbox::connect(
         stream,
         ConnectParams {
@@ -596,8 +693,8 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             Error::Setup {
                 message: format!(
                     "the microVM stopped while starting; its console said:\n{}\n{}",
-                    tail(&console, 15),
-                    tail(&qemu_log, 5)
+                    console.explain(15),
+                    qemu_log.lines(5)
                 ),
                 errno,
             }
@@ -606,48 +703,114 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     })
 }
 
-/// Starts QEMU with the guest's end of the control socket as fd 3,
-/// confined as the module says, in its own process group (the terminal's
-/// Ctrl-C belongs to the front end), dying with this process.
-fn spawn_qemu(qemu: &Path, args: &[String], guest_end: OwnedFd, run: &Path) -> Result<i32> {
+/// QEMU's descriptor for the guest's serial console (the control
+/// channel's is [`crate::supervisor::CONTROL_FD`]).
+const CONSOLE_FD: i32 = crate::supervisor::CONTROL_FD + 1;
+
+/// Starts QEMU with the guest's end of the control socket as fd 3 and the
+/// console socket as fd 4, confined as the module says, in its own process
+/// group (the terminal's Ctrl-C belongs to the front end), dying with this
+/// process. Returns its pid and the read end of its stderr.
+fn spawn_qemu(
+    qemu: &Path,
+    args: &[String],
+    control: OwnedFd,
+    console: OwnedFd,
+) -> Result<(i32, OwnedFd)> {
     let filters = crate::supervisor::confine::host_file_guard().map_err(|e| Error::Setup {
         message: e.message(),
         errno: e.errno,
     })?;
-    let log = std::fs::File::create(run.join("qemu.log"))?;
-    let raw = guest_end.as_raw_fd();
+    let (control_raw, console_raw) = (control.as_raw_fd(), console.as_raw_fd());
     let mut cmd = std::process::Command::new(qemu);
     cmd.args(args)
         .env_clear()
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(log)
+        .stderr(std::process::Stdio::piped())
         .process_group(0);
-    // SAFETY: only async-signal-safe calls (prctl, seccomp, dup2, fcntl) on
-    // data prepared before the fork.
+    // SAFETY: only async-signal-safe calls (prctl, seccomp, dup2, fcntl,
+    // close) on data prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            let rc = if raw == crate::supervisor::CONTROL_FD {
-                libc::fcntl(raw, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(raw, crate::supervisor::CONTROL_FD)
-            };
-            if rc < 0 {
+            // Copies above both targets first, so that neither dup2 can
+            // overwrite the other source; dup2 clears close-on-exec.
+            let low = CONSOLE_FD + 1;
+            let a = libc::fcntl(control_raw, libc::F_DUPFD, low);
+            let b = libc::fcntl(console_raw, libc::F_DUPFD, low);
+            if a < 0
+                || b < 0
+                || libc::dup2(a, crate::supervisor::CONTROL_FD) < 0
+                || libc::dup2(b, CONSOLE_FD) < 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
+            libc::close(a);
+            libc::close(b);
             for f in &filters {
                 seccompiler::apply_filter(f).map_err(std::io::Error::other)?;
             }
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(|e| Error::Spawn {
+    let mut child = cmd.spawn().map_err(|e| Error::Spawn {
         path: qemu.to_path_buf(),
         source: e,
     })?;
-    drop(guest_end);
-    Ok(child.id() as i32)
+    drop((control, console));
+    let stderr = child.stderr.take().expect("stderr was piped");
+    Ok((child.id() as i32, stderr.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tail_keeps_only_the_last_bytes_and_lines_of_an_endless_stream() {
+        let (mut w, r) = std::os::unix::net::UnixStream::pair().unwrap();
+        let tail = Tail::drain(r.into(), "test").unwrap();
+        let line = b"cordon-console-flood\n";
+        for _ in 0..(4 << 20) / line.len() {
+            std::io::Write::write_all(&mut w, line).unwrap();
+        }
+        std::io::Write::write_all(&mut w, b"\nlast words\n\n").unwrap();
+        drop(w);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !tail.lines(1).contains("last words") {
+            assert!(std::time::Instant::now() < deadline, "never drained");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(tail.0.lock().unwrap().len() <= TAIL_BYTES);
+        assert_eq!(
+            tail.lines(2),
+            "cordon-console-flood\nlast words",
+            "blank lines are skipped"
+        );
+        // A single write larger than the whole tail keeps its end.
+        tail.push(&vec![b'x'; 3 * TAIL_BYTES]);
+        tail.push(b"\nend");
+        assert_eq!(tail.0.lock().unwrap().len(), TAIL_BYTES);
+        assert_eq!(tail.lines(1), "end");
+    }
+
+    #[test]
+    fn a_panic_is_explained_by_the_lines_before_it_not_its_backtrace() {
+        let tail = Tail::default();
+        tail.push(b"[ 1.0] booting\n[ 1.1] cordon: cannot mount /usr\n");
+        tail.push(b"[ 1.2] Kernel panic - not syncing: Attempted to kill init!\n");
+        for i in 0..40 {
+            tail.push(format!("[ 1.3]  frame {i}\n").as_bytes());
+        }
+        let text = tail.explain(15);
+        assert!(text.ends_with("Attempted to kill init!"), "{text}");
+        assert!(text.contains("cannot mount /usr"), "{text}");
+        assert!(!text.contains("frame"), "{text}");
+        let quiet = Tail::default();
+        quiet.push(b"one\ntwo\nthree\n");
+        assert_eq!(quiet.explain(2), "two\nthree");
+    }
 }
