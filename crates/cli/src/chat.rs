@@ -40,6 +40,12 @@ pub struct ChatArgs {
     /// Model requests allowed per message
     #[arg(long, default_value_t = 50)]
     pub max_steps: u32,
+    /// Isolation backend, native or microvm (overrides `sandbox.backend`; see `cordon vm setup`)
+    #[arg(long, env = "CORDON_BACKEND", value_name = "NAME")]
+    pub backend: Option<cordon_sandbox::BackendKind>,
+    /// Virtual CPUs of a microVM (overrides `sandbox.cpus`)
+    #[arg(long, env = "CORDON_CPUS", value_name = "N")]
+    pub cpus: Option<u32>,
     /// Override any setting (repeatable), as `cordon config --set`
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
     pub set: Vec<(String, String)>,
@@ -72,6 +78,8 @@ pub async fn chat(args: ChatArgs) -> i32 {
         model: args.model.as_deref(),
         provider: args.provider.as_deref(),
         workspace: workspace.as_deref(),
+        backend: args.backend,
+        cpus: args.cpus,
         set: &args.set,
     }) {
         Ok(s) => s,
@@ -81,6 +89,7 @@ pub async fn chat(args: ChatArgs) -> i32 {
         model: s.model.agent.model.clone(),
         workspace: s.workspace.display().to_string(),
         sandbox: SandboxState::Starting,
+        backend: s.sandbox.backend.to_string(),
         session: None,
         usage: Default::default(),
         cost_usd: None,

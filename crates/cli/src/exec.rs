@@ -47,6 +47,12 @@ pub struct ExecArgs {
     /// Continue the most recent session
     #[arg(long)]
     pub last: bool,
+    /// Isolation backend, native or microvm (overrides `sandbox.backend`; see `cordon vm setup`)
+    #[arg(long, env = "CORDON_BACKEND", value_name = "NAME")]
+    pub backend: Option<cordon_sandbox::BackendKind>,
+    /// Virtual CPUs of a microVM (overrides `sandbox.cpus`)
+    #[arg(long, env = "CORDON_CPUS", value_name = "N")]
+    pub cpus: Option<u32>,
     /// Override any setting (repeatable), as `cordon config --set`
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
     pub set: Vec<(String, String)>,
@@ -77,6 +83,8 @@ pub(crate) struct Choices<'a> {
     pub model: Option<&'a str>,
     pub provider: Option<&'a str>,
     pub workspace: Option<&'a std::path::Path>,
+    pub backend: Option<cordon_sandbox::BackendKind>,
+    pub cpus: Option<u32>,
     pub set: &'a [(String, String)],
 }
 
@@ -151,6 +159,12 @@ pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
     if let Some(w) = args.workspace {
         cli.push(("workspace".into(), w.display().to_string()));
     }
+    if let Some(b) = args.backend {
+        cli.push(("sandbox.backend".into(), b.to_string()));
+    }
+    if let Some(n) = args.cpus {
+        cli.push(("sandbox.cpus".into(), n.to_string()));
+    }
     let settings = Settings::load(&Layers::from_process(cli)).map_err(config_error)?;
     let model = model_setup(&settings).map_err(config_error)?;
     let workspace = match settings.get("workspace") {
@@ -223,6 +237,8 @@ pub async fn exec(args: ExecArgs) -> i32 {
         model: args.model.as_deref(),
         provider: args.provider.as_deref(),
         workspace: args.workspace.as_deref(),
+        backend: args.backend,
+        cpus: args.cpus,
         set: &args.set,
     }) {
         Ok(s) => s,

@@ -51,7 +51,7 @@ pub struct SandboxOpts {
     /// Virtual CPUs of a microVM [default: 1]
     #[arg(long, env = "CORDON_CPUS", value_name = "N")]
     pub cpus: Option<u32>,
-    /// microvm: QEMU's accelerator, kvm or tcg [default: tcg unless set]
+    /// microvm: QEMU's accelerator, kvm or tcg [default: kvm where a probe guest boots on it, else tcg]
     #[arg(long, env = "CORDON_VM_ACCEL", value_name = "ACCEL", hide = true)]
     pub vm_accel: Option<cordon_sandbox::Accel>,
     /// microvm: the guest kernel (vmlinuz or vmlinux) [default: `cordon vm setup`'s]

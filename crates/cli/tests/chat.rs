@@ -246,6 +246,56 @@ fn paste_run_cancel_load_and_quit_in_a_real_terminal() {
     assert_eq!(tmux.display("#{cursor_flag}"), "1");
 }
 
+/// With `backend = "microvm"` in the config file, the chat's tools run in
+/// a virtual machine with its own kernel, and the status line says so.
+#[test]
+fn the_chat_runs_its_tools_in_a_microvm_when_configured() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("config/cordon");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.toml"),
+        "[sandbox]\nbackend = \"microvm\"\n",
+    )
+    .unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Looking.").with_tool_call(
+                "v1",
+                "bash",
+                json!({"command": "uname -r > kernel.txt; echo in-the-vm"}),
+            ))
+            .turn(
+                Turn::text("It runs in its own kernel.")
+                    .expect_tool_results(["v1"])
+                    .expect_contains("in-the-vm"),
+            ),
+    );
+    let tmux = Tmux::start(
+        "microvm",
+        &chat_command(&server, ws.path(), home.path(), ""),
+        100,
+        30,
+    );
+    // A guest under TCG on a loaded machine takes a while to boot.
+    tmux.wait_until("microvm sandbox ready", |s| {
+        s.contains("microvm sandbox ready") || s.contains("EXIT=")
+    });
+    let s = tmux.screen();
+    assert!(s.contains("microvm sandbox ready"), "{s}");
+    tmux.type_text("which kernel?");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("It runs in its own kernel.");
+    server.assert_finished();
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let guest = std::fs::read_to_string(ws.path().join("kernel.txt")).unwrap();
+    assert_ne!(guest, host);
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+}
+
 #[test]
 fn sigterm_restores_the_terminal_and_an_approval_can_deny() {
     let ws = tempfile::tempdir().unwrap();

@@ -447,3 +447,40 @@ fn context_too_long_is_survived_once_and_then_reported_in_one_line() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `--backend microvm`, or `backend = "microvm"` under `[sandbox]` in the
+/// config file, puts the agent's tools in a virtual machine with its own
+/// kernel; the flag overrides the file.
+#[test]
+fn the_backend_comes_from_the_flag_or_the_config_file() {
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let kernel_of = |args: &[&str], config: Option<&str>| -> String {
+        let ws = tempfile::tempdir().unwrap();
+        let home = tempfile::tempdir().unwrap();
+        if let Some(c) = config {
+            let dir = home.path().join("config/cordon");
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("config.toml"), c).unwrap();
+        }
+        let server = ScriptedServer::start(
+            Scenario::new()
+                .turn(Turn::text("Checking.").with_tool_call(
+                    "k1",
+                    "bash",
+                    json!({"command": "uname -r > kernel.txt"}),
+                ))
+                .turn(Turn::text("Done.").expect_tool_results(["k1"])),
+        );
+        let mut all = args.to_vec();
+        all.push("which kernel is this?");
+        let out = exec(&server, ws.path(), home.path(), &all);
+        assert_success(&out);
+        server.assert_finished();
+        std::fs::read_to_string(ws.path().join("kernel.txt")).unwrap()
+    };
+    let microvm = "[sandbox]\nbackend = \"microvm\"\n";
+    let by_flag = kernel_of(&["--backend", "microvm"], None);
+    assert_ne!(by_flag, host, "--backend microvm ran on the host's kernel");
+    assert_eq!(kernel_of(&[], Some(microvm)), by_flag);
+    assert_eq!(kernel_of(&["--backend", "native"], Some(microvm)), host);
+}

@@ -133,9 +133,62 @@ fn the_python_sdk_drives_cordon_mcp_over_stdio() {
     let v: Value = serde_json::from_slice(&out.stdout).expect("client.py prints JSON");
     check_scenario(&v, Some(ws.path()));
     assert!(v["background"].as_str().unwrap().contains("started"));
+    // The default backend shares the host's kernel.
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_eq!(v["kernel"].as_str().unwrap(), host.trim());
     // The client has disconnected: the sandbox and the process started
     // in the background inside it are gone.
     wait_gone(&marker);
+}
+
+/// The same scenario with `cordon mcp --backend microvm`: every tool runs
+/// in a virtual machine with its own kernel, which is gone (QEMU with it)
+/// once the client disconnects.
+#[test]
+fn the_python_sdk_drives_cordon_mcp_in_a_microvm() {
+    let Some(py) = python() else { return };
+    let ws = tempfile::tempdir().unwrap();
+    let marker = format!("{}.{}", 900 + std::process::id() % 99, 19);
+    let out = Command::new(&py)
+        .arg(client_script())
+        .args(["stdio", env!("CARGO_BIN_EXE_cordon")])
+        .arg(ws.path())
+        .arg(&marker)
+        .args(["--backend", "microvm"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("client.py prints JSON");
+    check_scenario(&v, Some(ws.path()));
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let guest = v["kernel"].as_str().unwrap();
+    assert!(!guest.is_empty() && guest != host.trim(), "{guest}");
+    // QEMU's command line names the workspace it shares.
+    let trace = format!("path={},", ws.path().canonicalize().unwrap().display());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while qemus_sharing(&trace) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "QEMU outlived the MCP connection"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn qemus_sharing(trace: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(trace))
+        })
+        .count()
 }
 
 /// `cordon serve` as a process, on a free port, with its first token.

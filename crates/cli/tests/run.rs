@@ -624,7 +624,7 @@ impl Terminal {
 
     /// Waits until the screen output contains `needle` after position `from`.
     fn expect(&self, needle: &str, from: usize) -> usize {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let seen = text(&self.seen.lock().unwrap());
             if let Some(pos) = seen.get(from..).and_then(|s| s.find(needle)) {
@@ -693,6 +693,27 @@ fn shell_has_a_real_terminal_with_ctrl_c_and_resizing() {
     term.send(b"exit 3\r");
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(3));
+}
+
+#[test]
+fn shell_in_a_microvm_has_a_terminal_and_the_guests_kernel() {
+    if !available(Who::Microvm) {
+        return;
+    }
+    let ws = workspace(Who::Microvm);
+    let mut cmd = cordon(Who::Microvm, ws.path());
+    cmd.args(["shell", "--backend", "microvm"]);
+    let (mut term, mut child) = Terminal::spawn(&mut cmd, 30, 90);
+    let at = term.expect("cordon", 0);
+    term.send(b"uname -r > kernel.txt; echo $((6*7)); tty; stty size\r");
+    let at = term.expect("42", at);
+    let at = term.expect("/dev/pts/", at);
+    let _ = term.expect("30 90", at);
+    term.send(b"exit 3\r");
+    assert_eq!(child.wait().unwrap().code(), Some(3));
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let guest = std::fs::read_to_string(ws.path().join("kernel.txt")).unwrap();
+    assert_ne!(guest, host);
 }
 
 #[test]

@@ -70,6 +70,8 @@ pub struct Status {
     pub model: String,
     pub workspace: String,
     pub sandbox: SandboxState,
+    /// The sandbox backend, shown when it is not the default `native`.
+    pub backend: String,
     pub session: Option<String>,
     /// Summed over the session's requests.
     pub usage: Usage,

@@ -117,11 +117,15 @@ fn draw_input(f: &mut Frame<'_>, app: &mut App, area: Rect) {
 
 fn draw_status(f: &mut Frame<'_>, app: &App, area: Rect) {
     let s = &app.status;
-    let sandbox = match s.sandbox {
+    let state = match s.sandbox {
         SandboxState::Starting => "sandbox starting",
         SandboxState::Ready => "sandbox ready",
         SandboxState::Busy => "sandbox running",
         SandboxState::Closed => "sandbox closed",
+    };
+    let sandbox = match s.backend.as_str() {
+        "" | "native" => state.to_string(),
+        other => format!("{other} {state}"),
     };
     let tokens = s.usage.prompt_tokens() + s.usage.output_tokens;
     let cost = s.cost_usd.map(|c| format!(" ${c:.2}")).unwrap_or_default();

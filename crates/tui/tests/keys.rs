@@ -14,6 +14,7 @@ fn app() -> App {
         model: "claude-sonnet-4-5".into(),
         workspace: "/w".into(),
         sandbox: SandboxState::Ready,
+        backend: String::new(),
         session: None,
         usage: Usage::default(),
         cost_usd: None,

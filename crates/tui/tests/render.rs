@@ -17,6 +17,7 @@ fn app() -> App {
         model: "claude-sonnet-4-5".into(),
         workspace: "/home/me/project".into(),
         sandbox: SandboxState::Ready,
+        backend: String::new(),
         session: None,
         usage: Usage::default(),
         cost_usd: None,

@@ -1,7 +1,7 @@
 """Drives cordon's MCP server with the official Python MCP SDK.
 
-usage: client.py stdio CORDON WORKSPACE
-       client.py http URL TOKEN
+usage: client.py stdio CORDON WORKSPACE MARKER [CORDON MCP OPTIONS...]
+       client.py http URL TOKEN MARKER
 
 Runs one scenario and prints its observations as one JSON object; the Rust
 test (crates/cli/tests/mcp.rs) asserts on them.
@@ -65,6 +65,10 @@ async def scenario(session, marker):
         out["unknown_tool"] = str(e)
 
     # Something that would outlive the connection if the sandbox did.
+    kernel = await session.call_tool("bash", {"command": "uname -r"})
+    # "Exit code: 0\nstdout:\n<release>\nstderr: (empty)"
+    out["kernel"] = text(kernel).split("stdout:\n", 1)[-1].split("\nstderr:", 1)[0].strip()
+
     bg = await session.call_tool("bash", {"command": f"(sleep {marker} &) ; echo started"})
     out["background"] = text(bg)
     return out
@@ -74,7 +78,10 @@ async def main():
     mode = sys.argv[1]
     if mode == "stdio":
         cordon, workspace, marker = sys.argv[2], sys.argv[3], sys.argv[4]
-        params = StdioServerParameters(command=cordon, args=["mcp", "--workspace", workspace])
+        extra = sys.argv[5:]
+        params = StdioServerParameters(
+            command=cordon, args=["mcp", "--workspace", workspace, *extra]
+        )
         async with stdio_client(params) as (read, write):
             async with ClientSession(read, write) as session:
                 out = await scenario(session, marker)
