@@ -16,6 +16,30 @@ mod vm_only {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
+    /// QEMU dies with the thread that started it (PR_SET_PDEATHSIG), so a
+    /// sandbox created through `block_on` on a thread that then ends must
+    /// not lose its VM: cordon starts every QEMU from a thread of its own.
+    #[test]
+    fn a_sandbox_outlives_the_thread_that_created_it() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let handle = rt.handle().clone();
+        let path = dir.path().to_path_buf();
+        let sb = std::thread::spawn(move || handle.block_on(sandbox(&path)))
+            .join()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let out = rt
+            .block_on(sb.exec(ExecRequest::shell("echo alive")))
+            .expect("the VM is still there");
+        assert_eq!(out.stdout_str(), "alive\n");
+        rt.block_on(sb.close());
+    }
+
     /// A guest that dies while starting is explained by the last lines of
     /// its serial console, which cordon reads through a pipe (keeping only
     /// a tail) rather than letting QEMU write it to a host file.

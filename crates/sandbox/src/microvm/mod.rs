@@ -633,14 +633,14 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
 
     let (host, guest_end) = std::os::unix::net::UnixStream::pair()?;
     let (console_host, console_guest) = std::os::unix::net::UnixStream::pair()?;
-    let (pid, qemu_stderr) = match spawn_qemu(&qemu, &args, guest_end.into(), console_guest.into())
-    {
-        Ok(spawned) => spawned,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&run);
-            return Err(e);
-        }
-    };
+    let (pid, qemu_stderr) =
+        match launch(move || spawn_qemu(&qemu, &args, guest_end.into(), console_guest.into())) {
+            Ok(spawned) => spawned,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&run);
+                return Err(e);
+            }
+        };
     let lifecycle = VmLifecycle {
         pid,
         reaped: Mutex::new(false),
@@ -701,6 +701,40 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         }
         other => other,
     })
+}
+
+/// Runs `start` on a thread that lives as long as the process. QEMU is
+/// started with PR_SET_PDEATHSIG, which fires when the *thread* that forked
+/// it exits, not the process: a sandbox created from a short-lived thread
+/// (`Handle::block_on` on a caller's thread) would otherwise lose its VM
+/// when that thread ends.
+fn launch<T: Send + 'static>(start: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    type Job = Box<dyn FnOnce() + Send>;
+    static LAUNCHER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Job>>> =
+        std::sync::OnceLock::new();
+    let gone = || Error::Io(std::io::Error::other("cordon's VM launcher thread is gone"));
+    let launcher = LAUNCHER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("cordon-vm-launcher".into())
+            .spawn(move || {
+                for job in rx {
+                    // A panicking job must not take the launcher with it;
+                    // its caller sees its result channel close.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                }
+            })
+            .ok()
+            .map(|_| tx)
+    });
+    let launcher = launcher.as_ref().ok_or_else(gone)?;
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    launcher
+        .send(Box::new(move || {
+            let _ = tx.send(start());
+        }))
+        .map_err(|_| gone())?;
+    rx.recv().map_err(|_| gone())?
 }
 
 /// QEMU's descriptor for the guest's serial console (the control
