@@ -358,6 +358,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             base_env: base_env(config),
             workdir: config.workdir.clone(),
             setup_timeout: config.setup_timeout,
+            set_clock: false,
         },
     )
     .await

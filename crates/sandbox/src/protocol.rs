@@ -157,6 +157,13 @@ pub enum HostMsg {
     },
     /// Kill everything and exit.
     Shutdown,
+    /// Set the clock to this many nanoseconds since the epoch: a microVM's
+    /// guest starts from its RTC, half a second or so behind the host, which
+    /// skews mtimes between files the host and the guest write. Sent as soon
+    /// as the supervisor is ready, so the time is fresh; ignored natively.
+    SetClock {
+        realtime_ns: u64,
+    },
     /// Answer with `Pong { seq }` at once: the host's check that the
     /// supervisor is still serving (see `Sandbox`'s timeout watchdog).
     Ping {

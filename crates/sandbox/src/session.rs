@@ -41,6 +41,9 @@ pub(crate) struct ConnectParams {
     pub base_env: Vec<(String, String)>,
     pub workdir: String,
     pub setup_timeout: Duration,
+    /// Set the supervisor's clock from the host's once it is ready (a
+    /// microVM's own clock starts from its RTC).
+    pub set_clock: bool,
 }
 
 /// Facts about a running sandbox, for diagnostics.
@@ -283,6 +286,7 @@ impl Sandbox {
             base_env,
             workdir,
             setup_timeout,
+            set_clock,
         } = params;
         let (mut rd, mut wr) = stream.into_split();
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
@@ -329,6 +333,17 @@ impl Sandbox {
                         };
                         match msg {
                             SupMsg::Ready(info) => {
+                                // Queued before the handle is returned, so
+                                // ahead of any exec.
+                                if set_clock
+                                    && let Some(inner) = weak.upgrade()
+                                    && let Ok(now) = std::time::SystemTime::now()
+                                        .duration_since(std::time::UNIX_EPOCH)
+                                {
+                                    let _ = inner.send(&HostMsg::SetClock {
+                                        realtime_ns: now.as_nanos() as u64,
+                                    });
+                                }
                                 if let Some(t) = ready_tx.take() {
                                     let _ = t.send(Ok(info));
                                 }

@@ -685,6 +685,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             base_env: crate::native::base_env(config),
             workdir: config.workdir.clone(),
             setup_timeout: config.setup_timeout.max(MIN_SETUP_TIMEOUT),
+            set_clock: true,
         },
     )
     .await

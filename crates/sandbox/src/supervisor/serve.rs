@@ -339,6 +339,17 @@ impl Server {
             }
             HostMsg::Shutdown => exit_all(),
             HostMsg::Ping { seq } => self.send(&SupMsg::Pong { seq }),
+            HostMsg::SetClock { realtime_ns } => {
+                if super::IN_GUEST.load(std::sync::atomic::Ordering::Relaxed) {
+                    let ts = libc::timespec {
+                        tv_sec: (realtime_ns / 1_000_000_000) as libc::time_t,
+                        tv_nsec: (realtime_ns % 1_000_000_000) as libc::c_long,
+                    };
+                    // Best effort: a wrong clock is no reason to fail.
+                    // SAFETY: a valid timespec, read by the call only.
+                    unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) };
+                }
+            }
         }
     }
 
