@@ -164,11 +164,6 @@ pub enum HostMsg {
     SetClock {
         realtime_ns: u64,
     },
-    /// Answer with `Pong { seq }` at once: the host's check that the
-    /// supervisor is still serving (see `Sandbox`'s timeout watchdog).
-    Ping {
-        seq: u64,
-    },
 }
 
 /// Supervisor to host.
@@ -213,10 +208,6 @@ pub enum SupMsg {
         /// The kernel killed a process for want of memory while this ran;
         /// reported by a microVM guest (natively the host's cgroup tells).
         oom_killed: bool,
-    },
-    /// The answer to `Ping`.
-    Pong {
-        seq: u64,
     },
 }
 

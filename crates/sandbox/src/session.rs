@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::protocol::{
     self, CHUNK, ExecSpec, ExitStatus, HostMsg, ReadyInfo, SpawnStage, Stream, SupMsg, WINDOW,
@@ -67,19 +67,27 @@ enum Event {
 struct Route {
     events: mpsc::UnboundedSender<Event>,
     stdin_credit: Arc<Semaphore>,
-    /// Output bytes seen so far (stdout, stderr), for a result the host
-    /// has to make up itself (see [`watchdog`]).
+    /// Output bytes received so far (stdout, stderr).
     seen: [u64; 2],
+    /// Output bytes the [`Execution`] has taken (and acknowledged).
+    consumed: Arc<AtomicU64>,
 }
 
-/// How long past an exec's timeout its supervisor may take to report it
-/// before the host asks whether the supervisor still serves at all.
-const TIMEOUT_GRACE: Duration = Duration::from_secs(1);
+/// How long the supervisor may go without reporting an exec past its
+/// timeout once the host has taken all the output it was sent. A serving
+/// supervisor reports at once, or after lingering up to 2 s for output of
+/// background processes; the rest is slack for a loaded microVM.
+const UNREPORTED_LIMIT: Duration = Duration::from_secs(5);
 
-/// How long a serving supervisor may take to answer a ping. Generous: a
-/// microVM's supervisor under TCG on a loaded host is slow, and a miss
-/// costs the whole sandbox.
-const PONG_WAIT: Duration = Duration::from_secs(5);
+/// How often the timeout watchdog looks.
+const WATCH_EVERY: Duration = Duration::from_millis(200);
+
+/// Output a supervisor may have sent that the host has not yet taken: its
+/// window, and a chunk it may read on the edge of it, with room to spare.
+/// A supervisor that sends more breaks the protocol; in a microVM it may
+/// have been taken over by the guest's root, and must not fill the host's
+/// memory.
+const MAX_UNCONSUMED: u64 = WINDOW + 2 * CHUNK as u64;
 
 pub(crate) struct Inner {
     tx: mpsc::UnboundedSender<Vec<u8>>,
@@ -94,9 +102,6 @@ pub(crate) struct Inner {
     workdir: String,
     /// The virtual screen, once it is up.
     pub(crate) display: std::sync::OnceLock<crate::Display>,
-    /// The highest `Pong` sequence number received.
-    pong: watch::Sender<u64>,
-    next_ping: AtomicU64,
 }
 
 impl Inner {
@@ -116,14 +121,14 @@ impl Inner {
         }
     }
 
-    /// The supervisor let exec `id` run past its timeout and no longer
-    /// answers: it may be stopped or traced from inside (a microVM's guest
-    /// root can do that to its pid 1). The timeout must hold anyway, so the
-    /// whole sandbox goes: the exec ends as timed out, every other as gone.
+    /// The supervisor let exec `id` run past its timeout and did not report
+    /// it, with nothing left for the host to take: it may be stopped, traced
+    /// or taken over from inside (a microVM's guest root can do that to its
+    /// pid 1). The timeout must hold anyway, so the whole sandbox goes: the
+    /// exec ends as timed out, every other one as gone.
     fn kill_unresponsive(&self, id: u64, started: Instant) {
         tracing::warn!(
-            "the sandbox's supervisor did not end a command at its timeout and stopped answering; \
-             killing the sandbox"
+            "the sandbox's supervisor did not end a command at its timeout; killing the sandbox"
         );
         if let Some(r) = self.routes.lock().unwrap().remove(&id) {
             let _ = r.events.send(Event::Exited(SupMsg::Exited {
@@ -141,49 +146,52 @@ impl Inner {
         self.lifecycle.kill();
         self.mark_gone();
     }
+
+    /// The supervisor broke the protocol: nothing it sends can be trusted
+    /// any more, so the sandbox goes.
+    fn violation(&self, what: &str) {
+        tracing::error!(
+            "the sandbox's supervisor broke the protocol ({what}); killing the sandbox"
+        );
+        self.lifecycle.kill();
+        self.mark_gone();
+    }
 }
 
-/// Enforces exec `id`'s timeout from the host. The supervisor enforces it
-/// first; past `deadline` plus a grace period, while the exec is still
-/// unreported, the host pings the supervisor. A supervisor that answers is
-/// serving (perhaps waiting for a slow reader to take the output) and is
-/// asked again later; one that does not is taken to be frozen.
+/// Enforces exec `id`'s timeout from the host; the supervisor enforces it
+/// first. Past the deadline, while the exec is unreported, the watchdog
+/// tells a supervisor that waits for the host (output the [`Execution`] has
+/// not taken yet: a slow reader) from one that does not report at all.
+/// The first may wait as long as the reader takes; the second has
+/// [`UNREPORTED_LIMIT`].
 async fn watchdog(weak: Weak<Inner>, id: u64, started: Instant, deadline: tokio::time::Instant) {
-    tokio::time::sleep_until(deadline + TIMEOUT_GRACE).await;
+    tokio::time::sleep_until(deadline).await;
+    let mut caught_up_since: Option<tokio::time::Instant> = None;
     loop {
-        let (seq, mut pongs) = {
+        {
             let Some(inner) = weak.upgrade() else {
                 return;
             };
-            if inner.gone.load(Ordering::SeqCst) || !inner.routes.lock().unwrap().contains_key(&id)
-            {
+            if inner.gone.load(Ordering::SeqCst) {
                 return;
             }
-            let seq = inner.next_ping.fetch_add(1, Ordering::Relaxed);
-            let pongs = inner.pong.subscribe();
-            if inner.send(&HostMsg::Ping { seq }).is_err() {
-                return;
-            }
-            (seq, pongs)
-        };
-        // Not holding the Inner while waiting: dropping the last handle
-        // must still end the sandbox.
-        let answer = tokio::time::timeout(PONG_WAIT, async {
-            pongs.wait_for(|&s| s >= seq).await.is_ok()
-        })
-        .await;
-        match answer {
-            Ok(true) => tokio::time::sleep(TIMEOUT_GRACE).await,
-            Ok(false) => return,
-            Err(_) => {
-                if let Some(inner) = weak.upgrade()
-                    && !inner.gone.load(Ordering::SeqCst)
-                {
+            let behind = match inner.routes.lock().unwrap().get(&id) {
+                None => return,
+                Some(r) => r.seen.iter().sum::<u64>() > r.consumed.load(Ordering::SeqCst),
+            };
+            if behind {
+                caught_up_since = None;
+            } else {
+                let since = *caught_up_since.get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() >= UNREPORTED_LIMIT {
                     inner.kill_unresponsive(id, started);
+                    return;
                 }
-                return;
             }
         }
+        // Not holding the Inner while waiting: dropping the last handle
+        // must still end the sandbox.
+        tokio::time::sleep(WATCH_EVERY).await;
     }
 }
 
@@ -385,8 +393,6 @@ impl Sandbox {
                 display: std::sync::OnceLock::new(),
                 base_env,
                 workdir,
-                pong: watch::Sender::new(0),
-                next_ping: AtomicU64::new(1),
             }
         });
         let ready = match tokio::time::timeout(setup_timeout, ready_rx).await {
@@ -465,12 +471,14 @@ impl Sandbox {
         let spec = self.build_spec(&req, id)?;
         let (etx, mut erx) = mpsc::unbounded_channel();
         let credit = Arc::new(Semaphore::new(WINDOW as usize));
+        let consumed = Arc::new(AtomicU64::new(0));
         self.inner.routes.lock().unwrap().insert(
             id,
             Route {
                 events: etx,
                 stdin_credit: credit.clone(),
                 seen: [0; 2],
+                consumed: consumed.clone(),
             },
         );
         let oom_before = self.inner.lifecycle.oom_kills();
@@ -503,6 +511,10 @@ impl Sandbox {
             credit,
             oom_before,
             finished: false,
+            consumed,
+            limit: req.output_limit,
+            kept: [0; 2],
+            cut: false,
         };
         if let Some(data) = req.stdin {
             let stdin = exec.stdin();
@@ -544,21 +556,16 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
         SupMsg::Output { id, stream, data } => (id, Event::Output(stream, data)),
         SupMsg::StdinAck { id, bytes } => {
             if let Some(r) = inner.routes.lock().unwrap().get(&id) {
-                r.stdin_credit.add_permits(bytes as usize);
+                // Never more credit than the window: an inflated ack would
+                // let stdin run ahead (and past the semaphore's maximum,
+                // which panics).
+                let room = (WINDOW as usize).saturating_sub(r.stdin_credit.available_permits());
+                r.stdin_credit
+                    .add_permits(usize::try_from(bytes).unwrap_or(usize::MAX).min(room));
             }
             return;
         }
         ref m @ SupMsg::Exited { id, .. } => (id, Event::Exited(m.clone())),
-        SupMsg::Pong { seq } => {
-            inner.pong.send_if_modified(|s| {
-                let newer = seq > *s;
-                if newer {
-                    *s = seq;
-                }
-                newer
-            });
-            return;
-        }
         SupMsg::Ready(_) | SupMsg::SetupFailed { .. } => return,
     };
     let done = matches!(event, Event::Exited(_) | Event::SpawnFailed(..));
@@ -568,6 +575,12 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
     if let Some(r) = routes.get_mut(&id) {
         if let Event::Output(stream, data) = &event {
             r.seen[*stream as usize] += data.len() as u64;
+            let unconsumed = r.seen.iter().sum::<u64>() - r.consumed.load(Ordering::SeqCst);
+            if unconsumed > MAX_UNCONSUMED {
+                drop(routes);
+                inner.violation("output beyond its window");
+                return;
+            }
         }
         let _ = r.events.send(event);
     }
@@ -585,6 +598,14 @@ pub struct Execution {
     credit: Arc<Semaphore>,
     oom_before: Option<u64>,
     finished: bool,
+    /// Output bytes taken, shared with the route (see [`watchdog`]).
+    consumed: Arc<AtomicU64>,
+    /// The request's output limit, enforced here too: a microVM's
+    /// supervisor is within reach of the guest's root.
+    limit: Option<u64>,
+    /// Bytes passed on per stream, and whether the limit cut any.
+    kept: [u64; 2],
+    cut: bool,
 }
 
 /// Writes to a running command's stdin, under the protocol's flow control.
@@ -653,52 +674,63 @@ impl Execution {
 
     /// The next output chunk or the final result; `None` after `Exit`.
     pub async fn next(&mut self) -> Option<Result<ExecEvent>> {
-        if self.finished {
-            return None;
-        }
-        match self.events.recv().await {
-            Some(Event::Output(stream, data)) => {
+        loop {
+            if self.finished {
+                return None;
+            }
+            let event = self.events.recv().await;
+            if let Some(Event::Output(stream, mut data)) = event {
+                let len = data.len() as u64;
+                self.consumed.fetch_add(len, Ordering::SeqCst);
                 let _ = self.inner.send(&HostMsg::Ack {
                     id: self.id,
-                    bytes: data.len() as u64,
+                    bytes: len,
                 });
-                Some(Ok(match stream {
+                let i = stream as usize;
+                if let Some(limit) = self.limit {
+                    let room = limit.saturating_sub(self.kept[i]);
+                    if len > room {
+                        data.truncate(room as usize);
+                        self.cut = true;
+                    }
+                }
+                self.kept[i] += data.len() as u64;
+                if data.is_empty() {
+                    continue;
+                }
+                return Some(Ok(match stream {
                     Stream::Stdout => ExecEvent::Stdout(data),
                     Stream::Stderr => ExecEvent::Stderr(data),
-                }))
+                }));
             }
-            Some(Event::Exited(SupMsg::Exited {
-                status,
-                duration_us,
-                timed_out,
-                stdout_bytes,
-                stderr_bytes,
-                truncated,
-                oom_killed: guest_oom,
-                ..
-            })) => {
-                self.finished = true;
-                let oom_after = self.inner.lifecycle.oom_kills();
-                let oom_killed = guest_oom
-                    || matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
-                Some(Ok(ExecEvent::Exit(ExecResult {
+            self.finished = true;
+            return Some(match event {
+                Some(Event::Exited(SupMsg::Exited {
                     status,
-                    duration: Duration::from_micros(duration_us),
+                    duration_us,
                     timed_out,
-                    truncated,
-                    oom_killed,
                     stdout_bytes,
                     stderr_bytes,
-                })))
-            }
-            Some(Event::Exited(_)) | Some(Event::Started(_)) | Some(Event::SpawnFailed(..)) => {
-                self.finished = true;
-                Some(Err(Error::Gone))
-            }
-            Some(Event::Gone) | None => {
-                self.finished = true;
-                Some(Err(Error::Gone))
-            }
+                    truncated,
+                    oom_killed: guest_oom,
+                    ..
+                })) => {
+                    let oom_after = self.inner.lifecycle.oom_kills();
+                    let oom_killed = guest_oom
+                        || matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
+                    Ok(ExecEvent::Exit(ExecResult {
+                        status,
+                        duration: Duration::from_micros(duration_us),
+                        timed_out,
+                        truncated: truncated || self.cut,
+                        oom_killed,
+                        // Never less than what arrived.
+                        stdout_bytes: stdout_bytes.max(self.kept[0]),
+                        stderr_bytes: stderr_bytes.max(self.kept[1]),
+                    }))
+                }
+                _ => Err(Error::Gone),
+            });
         }
     }
 

@@ -338,7 +338,6 @@ impl Server {
                 }
             }
             HostMsg::Shutdown => exit_all(),
-            HostMsg::Ping { seq } => self.send(&SupMsg::Pong { seq }),
             HostMsg::SetClock { realtime_ns } => {
                 if super::IN_GUEST.load(std::sync::atomic::Ordering::Relaxed) {
                     let ts = libc::timespec {
