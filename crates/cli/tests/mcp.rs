@@ -112,16 +112,18 @@ fn check_scenario(out: &Value, ws: Option<&Path>) {
     assert!(out["background"].as_str().unwrap().contains("started"));
 }
 
-#[test]
-fn the_python_sdk_drives_cordon_mcp_over_stdio() {
-    let Some(py) = python() else { return };
+/// Runs client.py's scenario against `cordon mcp` over stdio, with `extra`
+/// options, and checks it; the workspace, the background marker and the
+/// observations.
+fn drive_stdio(py: &str, extra: &[&str], tag: u32) -> (tempfile::TempDir, String, Value) {
     let ws = tempfile::tempdir().unwrap();
-    let marker = format!("{}.{}", 900 + std::process::id() % 99, 17);
-    let out = Command::new(&py)
+    let marker = format!("{}.{tag}", 900 + std::process::id() % 99);
+    let out = Command::new(py)
         .arg(client_script())
         .args(["stdio", env!("CARGO_BIN_EXE_cordon")])
         .arg(ws.path())
         .arg(&marker)
+        .args(extra)
         .output()
         .unwrap();
     assert!(
@@ -132,7 +134,13 @@ fn the_python_sdk_drives_cordon_mcp_over_stdio() {
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("client.py prints JSON");
     check_scenario(&v, Some(ws.path()));
-    assert!(v["background"].as_str().unwrap().contains("started"));
+    (ws, marker, v)
+}
+
+#[test]
+fn the_python_sdk_drives_cordon_mcp_over_stdio() {
+    let Some(py) = python() else { return };
+    let (_ws, marker, v) = drive_stdio(&py, &[], 17);
     // The default backend shares the host's kernel.
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     assert_eq!(v["kernel"].as_str().unwrap(), host.trim());
@@ -147,24 +155,7 @@ fn the_python_sdk_drives_cordon_mcp_over_stdio() {
 #[test]
 fn the_python_sdk_drives_cordon_mcp_in_a_microvm() {
     let Some(py) = python() else { return };
-    let ws = tempfile::tempdir().unwrap();
-    let marker = format!("{}.{}", 900 + std::process::id() % 99, 19);
-    let out = Command::new(&py)
-        .arg(client_script())
-        .args(["stdio", env!("CARGO_BIN_EXE_cordon")])
-        .arg(ws.path())
-        .arg(&marker)
-        .args(["--backend", "microvm"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "client.py failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("client.py prints JSON");
-    check_scenario(&v, Some(ws.path()));
+    let (ws, _marker, v) = drive_stdio(&py, &["--backend", "microvm"], 19);
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     let guest = v["kernel"].as_str().unwrap();
     assert!(!guest.is_empty() && guest != host.trim(), "{guest}");
