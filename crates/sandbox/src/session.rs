@@ -105,6 +105,12 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The exec routes. A panic elsewhere while they were held must not
+    /// make every later exec (and every Drop) panic too.
+    fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Route>> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn send(&self, msg: &HostMsg) -> Result<()> {
         let mut buf = Vec::new();
         protocol::encode(msg, &mut buf);
@@ -113,7 +119,7 @@ impl Inner {
 
     fn mark_gone(&self) {
         self.gone.store(true, Ordering::SeqCst);
-        let routes = std::mem::take(&mut *self.routes.lock().unwrap());
+        let routes = std::mem::take(&mut *self.routes());
         for (_, r) in routes {
             let _ = r.events.send(Event::Gone);
             // Wake writers waiting for stdin credit; they will see `gone`.
@@ -130,7 +136,7 @@ impl Inner {
         tracing::warn!(
             "the sandbox's supervisor did not end a command at its timeout; killing the sandbox"
         );
-        if let Some(r) = self.routes.lock().unwrap().remove(&id) {
+        if let Some(r) = self.routes().remove(&id) {
             let _ = r.events.send(Event::Exited(SupMsg::Exited {
                 id,
                 status: ExitStatus::Signal(libc::SIGKILL),
@@ -175,7 +181,7 @@ async fn watchdog(weak: Weak<Inner>, id: u64, started: Instant, deadline: tokio:
             if inner.gone.load(Ordering::SeqCst) {
                 return;
             }
-            let behind = match inner.routes.lock().unwrap().get(&id) {
+            let behind = match inner.routes().get(&id) {
                 None => return,
                 Some(r) => r.seen.iter().sum::<u64>() > r.consumed.load(Ordering::SeqCst),
             };
@@ -472,7 +478,7 @@ impl Sandbox {
         let (etx, mut erx) = mpsc::unbounded_channel();
         let credit = Arc::new(Semaphore::new(WINDOW as usize));
         let consumed = Arc::new(AtomicU64::new(0));
-        self.inner.routes.lock().unwrap().insert(
+        self.inner.routes().insert(
             id,
             Route {
                 events: etx,
@@ -484,13 +490,13 @@ impl Sandbox {
         let oom_before = self.inner.lifecycle.oom_kills();
         let started = Instant::now();
         if let Err(e) = self.inner.send(&HostMsg::Exec(spec)) {
-            self.inner.routes.lock().unwrap().remove(&id);
+            self.inner.routes().remove(&id);
             return Err(e);
         }
         let pid = match erx.recv().await {
             Some(Event::Started(pid)) => pid,
             Some(Event::SpawnFailed(stage, errno, message)) => {
-                self.inner.routes.lock().unwrap().remove(&id);
+                self.inner.routes().remove(&id);
                 return Err(Error::Exec {
                     stage,
                     message,
@@ -555,7 +561,7 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
         } => (id, Event::SpawnFailed(stage, errno, message)),
         SupMsg::Output { id, stream, data } => (id, Event::Output(stream, data)),
         SupMsg::StdinAck { id, bytes } => {
-            if let Some(r) = inner.routes.lock().unwrap().get(&id) {
+            if let Some(r) = inner.routes().get(&id) {
                 // Never more credit than the window: an inflated ack would
                 // let stdin run ahead (and past the semaphore's maximum,
                 // which panics).
@@ -569,7 +575,7 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
         SupMsg::Ready(_) | SupMsg::SetupFailed { .. } => return,
     };
     let done = matches!(event, Event::Exited(_) | Event::SpawnFailed(..));
-    let mut routes = inner.routes.lock().unwrap();
+    let mut routes = inner.routes();
     // A route is missing only when its handle was dropped, which already
     // killed the command and opened its window; the event has no reader.
     if let Some(r) = routes.get_mut(&id) {
@@ -771,7 +777,7 @@ impl Drop for Execution {
                 id: self.id,
                 bytes: u64::MAX / 2,
             });
-            self.inner.routes.lock().unwrap().remove(&self.id);
+            self.inner.routes().remove(&self.id);
         }
     }
 }
