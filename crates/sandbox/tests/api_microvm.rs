@@ -78,6 +78,69 @@ mod vm_only {
         rt.block_on(sb.close());
     }
 
+    /// QEMU is confined with Landlock: if a guest took it over, it would
+    /// hold no more of the host than the guest was given. A stand-in for
+    /// such a QEMU (`vm.qemu`, a script confined as QEMU is, which then
+    /// execs the real one) tries the host's secrets, a directory beside
+    /// the workspace, a host TCP listener and a host process.
+    #[tokio::test]
+    async fn qemu_reaches_only_what_the_guest_was_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let qemu = cordon_sandbox::microvm::qemu_path(&config(dir.path())).unwrap();
+        let probe = outside.path().join("qemu-probe");
+        let report = dir.path().join("report.txt");
+        std::fs::write(
+            &probe,
+            format!(
+                r#"#!/bin/sh
+try() {{ if out=$(sh -c "$2" 2>&1 >/dev/null); then echo "$1: yes"; else echo "$1: no"; echo "  $(echo "$out" | tail -1)"; fi; }}
+{{
+try "read /etc/shadow" "cat /etc/shadow"
+try "read /etc/hostname" "cat /etc/hostname"
+try "list /root" "ls /root"
+try "read /proc/1/environ" "cat /proc/1/environ"
+try "write beside the workspace" "echo x > {outside}/planted"
+try "connect to a host port" "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), timeout=2)'"
+try "signal host pid 1" "kill -0 1"
+try "write the workspace" "echo x > {ws}/from-qemu"
+}} > {report} 2>&1
+exec {qemu} "$@"
+"#,
+                outside = outside.path().display(),
+                ws = dir.path().display(),
+                report = report.display(),
+                qemu = qemu.display(),
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut c = config(dir.path());
+        c.vm.qemu = Some(probe);
+        let sb = Sandbox::create(c).await.expect("the confined QEMU boots");
+        assert_eq!(run(&sb, "echo booted").await.stdout_str(), "booted\n");
+        sb.close().await;
+        let report = std::fs::read_to_string(&report).unwrap();
+        for line in [
+            "read /etc/shadow: no",
+            "read /etc/hostname: no",
+            "list /root: no",
+            "read /proc/1/environ: no",
+            "write beside the workspace: no",
+            "connect to a host port: no",
+            "signal host pid 1: no",
+            "write the workspace: yes",
+        ] {
+            assert!(
+                report.lines().any(|l| l == line),
+                "{line:?} not in:\n{report}"
+            );
+        }
+        assert!(!outside.path().join("planted").exists());
+    }
+
     /// A guest that dies while starting is explained by the last lines of
     /// its serial console, which cordon reads through a pipe (keeping only
     /// a tail) rather than letting QEMU write it to a host file.

@@ -9,9 +9,13 @@
 //! unchanged. The workspace is a read-write 9p share; the guest has no
 //! network device.
 //!
-//! QEMU itself runs under a seccomp filter (no chown, no setuid or setgid
-//! bits: its 9p server writes the guest's files with QEMU's identity), with
-//! QEMU's own `-sandbox` and no new privileges, and dies with its parent.
+//! QEMU itself runs under Landlock (it reads its own files, the kernel and
+//! the read-only shares, writes only the workspace and writable binds, no
+//! TCP, no signals outside itself), a seccomp filter (no chown, no setuid
+//! or setgid bits: its 9p server writes the guest's files with QEMU's
+//! identity), QEMU's own `-sandbox` and no new privileges, and dies with
+//! its parent. cordon treats what the guest's supervisor says as untrusted
+//! (see session.rs): the guest's root can take over its pid 1.
 
 pub mod image;
 
@@ -631,16 +635,45 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         args.push(format!("virtio-9p-device,fsdev={tag},mount_tag={tag}"));
     }
 
+    // What QEMU may touch on the host: its own files, the kernel, and the
+    // shares, read-only but for the workspace and writable binds.
+    let mut read: Vec<PathBuf> = ["/usr", "/bin", "/sbin", "/lib", "/lib64"]
+        .iter()
+        .chain(QEMU_HOST_FILES)
+        .map(PathBuf::from)
+        .collect();
+    read.extend([qemu.clone(), kernel.vmlinux.clone(), initrd.clone()]);
+    // /dev/null: harmless, and what a library falls back on.
+    let mut write: Vec<PathBuf> = vec!["/dev/null".into()];
+    for (_, path, writable) in &shares {
+        if *writable { &mut write } else { &mut read }.push(PathBuf::from(path));
+    }
+    if accel == Accel::Kvm {
+        write.push("/dev/kvm".into());
+    }
+    let ruleset =
+        crate::supervisor::confine::vmm_ruleset(&read, &write).map_err(|e| Error::Setup {
+            message: e.message(),
+            errno: e.errno,
+        })?;
+
     let (host, guest_end) = std::os::unix::net::UnixStream::pair()?;
     let (console_host, console_guest) = std::os::unix::net::UnixStream::pair()?;
-    let (pid, qemu_stderr) =
-        match launch(move || spawn_qemu(&qemu, &args, guest_end.into(), console_guest.into())) {
-            Ok(spawned) => spawned,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&run);
-                return Err(e);
-            }
-        };
+    let (pid, qemu_stderr) = match launch(move || {
+        spawn_qemu(
+            &qemu,
+            &args,
+            guest_end.into(),
+            console_guest.into(),
+            ruleset,
+        )
+    }) {
+        Ok(spawned) => spawned,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&run);
+            return Err(e);
+        }
+    };
     let lifecycle = VmLifecycle {
         pid,
         reaped: Mutex::new(false),
@@ -738,25 +771,38 @@ fn launch<T: Send + 'static>(start: impl FnOnce() -> Result<T> + Send + 'static)
     rx.recv().map_err(|_| gone())?
 }
 
+/// Host files QEMU reads besides its program, libraries and the guest's
+/// files (found with strace): the loader's cache, the time zone, and the
+/// CPU and NUMA layout.
+const QEMU_HOST_FILES: &[&str] = &[
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/sys/devices/system/cpu",
+    "/sys/devices/system/node",
+];
+
 /// QEMU's descriptor for the guest's serial console (the control
 /// channel's is [`crate::supervisor::CONTROL_FD`]).
 const CONSOLE_FD: i32 = crate::supervisor::CONTROL_FD + 1;
 
 /// Starts QEMU with the guest's end of the control socket as fd 3 and the
-/// console socket as fd 4, confined as the module says, in its own process
-/// group (the terminal's Ctrl-C belongs to the front end), dying with this
-/// process. Returns its pid and the read end of its stderr.
+/// console socket as fd 4, confined as the module says (Landlock with
+/// `ruleset`, then seccomp), in its own process group (the terminal's
+/// Ctrl-C belongs to the front end), dying with this process. Returns its
+/// pid and the read end of its stderr.
 fn spawn_qemu(
     qemu: &Path,
     args: &[String],
     control: OwnedFd,
     console: OwnedFd,
+    ruleset: Option<OwnedFd>,
 ) -> Result<(i32, OwnedFd)> {
     let filters = crate::supervisor::confine::host_file_guard().map_err(|e| Error::Setup {
         message: e.message(),
         errno: e.errno,
     })?;
     let (control_raw, console_raw) = (control.as_raw_fd(), console.as_raw_fd());
+    let ruleset_raw = ruleset.as_ref().map(|f| f.as_raw_fd());
     let mut cmd = std::process::Command::new(qemu);
     cmd.args(args)
         .env_clear()
@@ -764,8 +810,8 @@ fn spawn_qemu(
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .process_group(0);
-    // SAFETY: only async-signal-safe calls (prctl, seccomp, dup2, fcntl,
-    // close) on data prepared before the fork.
+    // SAFETY: only async-signal-safe calls (prctl, landlock, seccomp, dup2,
+    // fcntl, close) on data prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -785,6 +831,12 @@ fn spawn_qemu(
             }
             libc::close(a);
             libc::close(b);
+            if let Some(fd) = ruleset_raw
+                && (libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    || libc::syscall(libc::SYS_landlock_restrict_self, fd, 0) != 0)
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             for f in &filters {
                 seccompiler::apply_filter(f).map_err(std::io::Error::other)?;
             }
@@ -795,7 +847,7 @@ fn spawn_qemu(
         path: qemu.to_path_buf(),
         source: e,
     })?;
-    drop((control, console));
+    drop((control, console, ruleset));
     let stderr = child.stderr.take().expect("stderr was piped");
     Ok((child.id() as i32, stderr.into()))
 }

@@ -392,6 +392,42 @@ fn deny_setid_modes(deny: &mut BTreeMap<i64, Vec<SeccompRule>>) -> Result<()> {
     Ok(())
 }
 
+/// A Landlock ruleset for a microVM's QEMU, created here and enforced in
+/// the child between fork and exec (see `microvm::spawn_qemu`): QEMU reads
+/// only beneath `read`, reads and writes only beneath `write`, makes no TCP
+/// connection, and can neither signal nor reach the abstract sockets of
+/// processes outside it. A QEMU taken over by its guest then holds no more
+/// of the host than the guest was given. `None` when the kernel has no
+/// Landlock. Paths that do not exist are left out.
+pub(crate) fn vmm_ruleset(
+    read: &[std::path::PathBuf],
+    write: &[std::path::PathBuf],
+) -> Result<Option<std::os::fd::OwnedFd>> {
+    let err = |e: landlock::RulesetError| SetupError {
+        what: format!("landlock for QEMU: {e}"),
+        errno: 0,
+    };
+    let abi = ABI::V6;
+    let existing = |paths: &[std::path::PathBuf]| -> Vec<std::path::PathBuf> {
+        paths.iter().filter(|p| p.exists()).cloned().collect()
+    };
+    let ruleset = landlock::Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(err)?
+        .handle_access(AccessNet::from_all(abi))
+        .map_err(err)?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .map_err(err)?
+        .create()
+        .map_err(err)?
+        .add_rules(path_beneath_rules(existing(read), AccessFs::from_read(abi)))
+        .map_err(err)?
+        .add_rules(path_beneath_rules(existing(write), AccessFs::from_all(abi)))
+        .map_err(err)?;
+    Ok(ruleset.into())
+}
+
 /// The filter a microVM's QEMU runs under. Its 9p server writes the
 /// guest's files on the host with QEMU's own identity, so the guest's root
 /// could otherwise chown them or leave setuid files in the workspace:
