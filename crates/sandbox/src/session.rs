@@ -581,7 +581,11 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
     if let Some(r) = routes.get_mut(&id) {
         if let Event::Output(stream, data) = &event {
             r.seen[*stream as usize] += data.len() as u64;
-            let unconsumed = r.seen.iter().sum::<u64>() - r.consumed.load(Ordering::SeqCst);
+            let unconsumed = r
+                .seen
+                .iter()
+                .sum::<u64>()
+                .saturating_sub(r.consumed.load(Ordering::SeqCst));
             if unconsumed > MAX_UNCONSUMED {
                 drop(routes);
                 inner.violation("output beyond its window");

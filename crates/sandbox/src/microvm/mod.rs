@@ -384,6 +384,23 @@ fn system_layout() -> (Vec<(String, String)>, Vec<String>) {
     (links, shares)
 }
 
+/// A run directory not yet handed to a [`VmLifecycle`]: removed on drop.
+struct RunDir(Option<PathBuf>);
+
+impl RunDir {
+    fn keep(mut self) -> PathBuf {
+        self.0.take().expect("kept once")
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 /// A new per-sandbox directory, `<cache>/run/<pid>-<n>`. The first call
 /// in a process also removes those of cordon processes that died without
 /// removing their own (SIGKILL leaves them).
@@ -546,6 +563,9 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let run = run_dir(&cache)?;
+    // Until QEMU runs and its lifecycle owns the directory, any failure
+    // removes it.
+    let run_guard = RunDir(Some(run.clone()));
     stage_etc(&run.join("etc"))?;
 
     let accel = accel(config).await;
@@ -659,7 +679,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
 
     let (host, guest_end) = std::os::unix::net::UnixStream::pair()?;
     let (console_host, console_guest) = std::os::unix::net::UnixStream::pair()?;
-    let (pid, qemu_stderr) = match launch(move || {
+    let (pid, qemu_stderr) = launch(move || {
         spawn_qemu(
             &qemu,
             &args,
@@ -667,17 +687,11 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             console_guest.into(),
             ruleset,
         )
-    }) {
-        Ok(spawned) => spawned,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&run);
-            return Err(e);
-        }
-    };
+    })?;
     let lifecycle = VmLifecycle {
         pid,
         reaped: Mutex::new(false),
-        run_dir: run.clone(),
+        run_dir: run_guard.keep(),
     };
     let spec = SetupSpec {
         version: protocol::VERSION,
