@@ -71,6 +71,17 @@ impl Sandbox {
         self.inner.display.get().copied()
     }
 
+    /// How long starting Xvfb, the window manager or x11vnc may take. Under
+    /// TCG they take seconds of emulated CPU (Xvfb 1.5 s and openbox 4 s on
+    /// an idle machine), so a microVM gets more room.
+    fn display_setup_timeout(&self) -> Duration {
+        if self.info().backend == "microvm" {
+            Duration::from_secs(90)
+        } else {
+            Duration::from_secs(20)
+        }
+    }
+
     /// Starts Xvfb inside the sandbox and waits for its socket, then a
     /// window manager if one is installed. Both outlive this exec, as
     /// background processes of the session; their output goes to files so
@@ -104,7 +115,7 @@ fi"#,
         );
         let out = self
             .exec(ExecRequest {
-                timeout: Some(Duration::from_secs(20)),
+                timeout: Some(self.display_setup_timeout()),
                 ..ExecRequest::shell(&script)
             })
             .await?;
@@ -164,7 +175,7 @@ done"#,
         );
         let out = self
             .exec(ExecRequest {
-                timeout: Some(Duration::from_secs(20)),
+                timeout: Some(self.display_setup_timeout()),
                 ..ExecRequest::shell(&script)
             })
             .await?;

@@ -141,6 +141,31 @@ exec {qemu} "$@"
         assert!(!outside.path().join("planted").exists());
     }
 
+    /// A virtual desktop works in a guest as natively (the computer tool
+    /// and the live view build on it), though Xvfb and openbox are slow
+    /// under TCG.
+    #[tokio::test]
+    async fn a_guest_has_a_desktop_with_a_window_manager() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(dir.path());
+        c.display = Some(cordon_sandbox::Display {
+            width: 640,
+            height: 480,
+        });
+        let sb = Sandbox::create(c).await.expect("the display starts");
+        let out = run(
+            &sb,
+            "xdpyinfo | grep dimensions; xprop -root _NET_SUPPORTING_WM_CHECK | grep -c 'window id'",
+        )
+        .await;
+        assert!(out.stdout_str().contains("640x480 pixels"), "{out:?}");
+        assert!(
+            out.stdout_str().ends_with("1\n"),
+            "no window manager: {out:?}"
+        );
+        sb.close().await;
+    }
+
     /// A guest that dies while starting is explained by the last lines of
     /// its serial console, which cordon reads through a pipe (keeping only
     /// a tail) rather than letting QEMU write it to a host file.
