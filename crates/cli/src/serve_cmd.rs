@@ -27,6 +27,11 @@ pub struct ServeArgs {
     /// Jobs run at once per tenant
     #[arg(long, default_value_t = 4)]
     pub per_tenant: i64,
+    /// Close the sandbox of an API or MCP session idle this long (`90s`,
+    /// `15m`, `1h`); an API session's next message starts a new one, an MCP
+    /// session is gone
+    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = crate::options::parse_timeout)]
+    pub session_idle: std::time::Duration,
 }
 
 #[derive(Args, Debug)]
@@ -91,6 +96,7 @@ pub async fn serve(args: ServeArgs) -> i32 {
         config.workers = w.max(1);
     }
     config.per_tenant = args.per_tenant.max(1);
+    config.session_idle = args.session_idle;
     let settings = match Settings::load(&Layers::from_process(Vec::new())) {
         Ok(s) => s,
         Err(e) => {

@@ -198,6 +198,10 @@ impl Drop for Serve {
 
 impl Serve {
     fn start() -> Serve {
+        Serve::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Serve {
         use std::io::{BufRead, BufReader};
         let home = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -207,6 +211,7 @@ impl Serve {
             .port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
             .env("HOME", home.path())
@@ -346,6 +351,53 @@ fn mcp_over_http_needs_a_token_and_a_session_is_its_tenants() {
     // Its owner still can.
     let (_, _, body) = rpc(&s, Some(&a), Some(&session), list);
     assert!(body.contains("\"bash\""), "{body}");
+}
+
+/// An MCP session left idle past `--session-idle` is closed: its sandbox,
+/// what runs in it and its workspace are gone, and its id is no more.
+#[test]
+fn an_idle_mcp_session_is_closed_with_its_sandbox() {
+    let s = Serve::start_with(&["--session-idle", "2s"]);
+    let token = s.token("idler");
+    let marker = format!("{}.{}", 900 + std::process::id() % 99, 29);
+    let init = serde_json::json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "test", "version": "1"}}
+    });
+    let (status, session, body) = rpc(&s, Some(&token), None, init);
+    assert_eq!(status, 200, "{body}");
+    let session = session.expect("a session id");
+    rpc(
+        &s,
+        Some(&token),
+        Some(&session),
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "bash", "arguments": {"command": format!("(sleep {marker} &); echo started")}}});
+    let (_, _, body) = rpc(&s, Some(&token), Some(&session), call);
+    assert!(body.contains("started"), "{body}");
+    assert_eq!(sleepers(&marker), 1);
+    assert_eq!(s.mcp_dirs(), 1);
+    let idle_from = Instant::now();
+    wait_gone(&marker);
+    assert!(
+        idle_from.elapsed() >= Duration::from_secs(2),
+        "closed before it was idle"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.mcp_dirs() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the session's workspace is still there"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let list = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"});
+    let (status, _, body) = rpc(&s, Some(&token), Some(&session), list);
+    assert!(!body.contains("\"bash\""), "{status} {body}");
+    assert_eq!(status, 404, "{body}");
 }
 
 /// `cordon` run in `ws` with nothing of this environment but a PATH, and

@@ -179,9 +179,12 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         tokio::spawn(worker(shared.clone()));
     }
     let reaper = Arc::downgrade(&shared);
+    // Often enough that a session closes close to its idle limit.
+    let every =
+        (shared.config.session_idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
     tokio::spawn(async move {
         loop {
-            tokio::time::sleep(Duration::from_secs(5)).await;
+            tokio::time::sleep(every).await;
             let Some(shared) = reaper.upgrade() else {
                 break;
             };
