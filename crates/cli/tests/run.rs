@@ -346,6 +346,15 @@ fn processes_matching(needle: &str) -> usize {
         .count()
 }
 
+/// Takes the child's stdout once the command has printed `ready`.
+fn until_ready(child: &mut std::process::Child) -> std::process::ChildStdout {
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = [0u8; 6];
+    stdout.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ready\n");
+    stdout
+}
+
 fn interrupt_is_forwarded(who: Who) {
     let ws = workspace(who);
     let mut child = run(
@@ -361,10 +370,7 @@ fn interrupt_is_forwarded(who: Who) {
     .stdout(Stdio::piped())
     .spawn()
     .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut buf = [0u8; 6];
-    stdout.read_exact(&mut buf).unwrap();
-    assert_eq!(&buf, b"ready\n");
+    let mut stdout = until_ready(&mut child);
     rustix::process::kill_process(
         rustix::process::Pid::from_child(&child),
         rustix::process::Signal::INT,
@@ -396,10 +402,7 @@ fn signals_repeated(who: Who) {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut stdout = child.stdout.take().unwrap();
-        let mut buf = [0u8; 6];
-        stdout.read_exact(&mut buf).unwrap();
-        assert_eq!(&buf, b"ready\n");
+        let mut stdout = until_ready(&mut child);
         let pid = rustix::process::Pid::from_child(&child);
         for _ in 0..forwarded {
             rustix::process::kill_process(pid, signal).unwrap();

@@ -146,13 +146,11 @@ fn sweep(parent: &Path) {
     };
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("cordon-")) else {
-            continue;
-        };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        if name
+            .to_str()
+            .and_then(|n| n.strip_prefix("cordon-"))
+            .is_some_and(crate::left_by_dead_process)
+        {
             let _ = fs::remove_dir(e.path());
         }
     }

@@ -37,6 +37,17 @@ pub use native::{NativeBackend, host_report};
 pub use protocol::{ExitStatus, SpawnStage, WinSize};
 pub use session::{ExecEvent, ExecOutput, ExecResult, ExecStdin, Execution, Sandbox, SandboxInfo};
 
+/// Whether `name`, of the form `<pid>-<n>` that cordon gives the host
+/// directories a process makes for its sandboxes (cgroups, microVM run
+/// directories), was left by a process that no longer exists. A live pid
+/// counts as alive even if it was reused: a directory left a little longer
+/// costs nothing, one removed under a running sandbox breaks it.
+pub(crate) fn left_by_dead_process(name: &str) -> bool {
+    name.split_once('-')
+        .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        .is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+}
+
 /// Errors from creating or using a sandbox.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

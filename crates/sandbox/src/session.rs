@@ -73,6 +73,16 @@ struct Route {
     consumed: Arc<AtomicU64>,
 }
 
+impl Route {
+    /// Output received that the [`Execution`] has not taken yet.
+    fn unconsumed(&self) -> u64 {
+        self.seen
+            .iter()
+            .sum::<u64>()
+            .saturating_sub(self.consumed.load(Ordering::SeqCst))
+    }
+}
+
 /// How long the supervisor may go without reporting an exec past its
 /// timeout once the host has taken all the output it was sent. A serving
 /// supervisor reports at once, or after lingering up to 2 s for output of
@@ -183,7 +193,7 @@ async fn watchdog(weak: Weak<Inner>, id: u64, started: Instant, deadline: tokio:
             }
             let behind = match inner.routes().get(&id) {
                 None => return,
-                Some(r) => r.seen.iter().sum::<u64>() > r.consumed.load(Ordering::SeqCst),
+                Some(r) => r.unconsumed() > 0,
             };
             if behind {
                 caught_up_since = None;
@@ -581,12 +591,7 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
     if let Some(r) = routes.get_mut(&id) {
         if let Event::Output(stream, data) = &event {
             r.seen[*stream as usize] += data.len() as u64;
-            let unconsumed = r
-                .seen
-                .iter()
-                .sum::<u64>()
-                .saturating_sub(r.consumed.load(Ordering::SeqCst));
-            if unconsumed > MAX_UNCONSUMED {
+            if r.unconsumed() > MAX_UNCONSUMED {
                 drop(routes);
                 inner.violation("output beyond its window");
                 return;

@@ -416,24 +416,15 @@ fn run_dir(cache: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Removes the run directories of processes that no longer exist. A live
-/// process's are left alone, even one that merely reuses a dead one's pid:
-/// a directory left a little longer costs nothing, one removed under a
-/// running guest would take its /etc away.
+/// Removes the run directories of processes that no longer exist (see
+/// [`crate::left_by_dead_process`]).
 fn sweep_run_dirs(runs: &Path) {
     let Ok(entries) = std::fs::read_dir(runs) else {
         return;
     };
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.split_once('-'))
-            .and_then(|(pid, _)| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        if name.to_str().is_some_and(crate::left_by_dead_process) {
             tracing::debug!(
                 "removing {}, left by a cordon that died",
                 e.path().display()
@@ -489,16 +480,9 @@ impl Tail {
         String::from_utf8_lossy(&[a, b].concat()).into_owned()
     }
 
-    /// The last `lines` non-blank lines.
-    fn lines(&self, lines: usize) -> String {
-        let text = self.text();
-        let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
-    }
-
-    /// What explains a guest's death: a kernel panic's line and the lines
-    /// that led to it (not the register dump and backtrace that follow it),
-    /// else the last `lines` lines.
+    /// What explains a guest's death, in non-blank lines: a kernel panic's
+    /// line and the lines that led to it (not the register dump and
+    /// backtrace that follow it), else the last `lines` lines.
     fn explain(&self, lines: usize) -> String {
         let text = self.text();
         let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
@@ -671,11 +655,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     if accel == Accel::Kvm {
         write.push("/dev/kvm".into());
     }
-    let ruleset =
-        crate::supervisor::confine::vmm_ruleset(&read, &write).map_err(|e| Error::Setup {
-            message: e.message(),
-            errno: e.errno,
-        })?;
+    let ruleset = crate::supervisor::confine::vmm_ruleset(&read, &write)?;
 
     let (host, guest_end) = std::os::unix::net::UnixStream::pair()?;
     let (console_host, console_guest) = std::os::unix::net::UnixStream::pair()?;
@@ -742,7 +722,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
                 message: format!(
                     "the microVM stopped while starting; its console said:\n{}\n{}",
                     console.explain(15),
-                    qemu_log.lines(5)
+                    qemu_log.explain(5)
                 ),
                 errno,
             }
@@ -811,10 +791,7 @@ fn spawn_qemu(
     console: OwnedFd,
     ruleset: Option<OwnedFd>,
 ) -> Result<(i32, OwnedFd)> {
-    let filters = crate::supervisor::confine::host_file_guard().map_err(|e| Error::Setup {
-        message: e.message(),
-        errno: e.errno,
-    })?;
+    let filters = crate::supervisor::confine::host_file_guard()?;
     let (control_raw, console_raw) = (control.as_raw_fd(), console.as_raw_fd());
     let ruleset_raw = ruleset.as_ref().map(|f| f.as_raw_fd());
     let mut cmd = std::process::Command::new(qemu);
@@ -881,13 +858,13 @@ mod tests {
         std::io::Write::write_all(&mut w, b"\nlast words\n\n").unwrap();
         drop(w);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !tail.lines(1).contains("last words") {
+        while !tail.explain(1).contains("last words") {
             assert!(std::time::Instant::now() < deadline, "never drained");
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(tail.0.lock().unwrap().len() <= TAIL_BYTES);
         assert_eq!(
-            tail.lines(2),
+            tail.explain(2),
             "cordon-console-flood\nlast words",
             "blank lines are skipped"
         );
@@ -895,7 +872,7 @@ mod tests {
         tail.push(&vec![b'x'; 3 * TAIL_BYTES]);
         tail.push(b"\nend");
         assert_eq!(tail.0.lock().unwrap().len(), TAIL_BYTES);
-        assert_eq!(tail.lines(1), "end");
+        assert_eq!(tail.explain(1), "end");
     }
 
     #[test]

@@ -23,6 +23,15 @@ pub struct SetupError {
     pub errno: i32,
 }
 
+impl From<SetupError> for crate::Error {
+    fn from(e: SetupError) -> crate::Error {
+        crate::Error::Setup {
+            message: e.message(),
+            errno: e.errno,
+        }
+    }
+}
+
 impl SetupError {
     pub fn new(what: impl Into<String>, errno: Errno) -> Self {
         SetupError {
