@@ -808,6 +808,14 @@ fn spawn_qemu(
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            // Landlock first: the ruleset's descriptor may be 3 or 4, which
+            // the dup2s below replace.
+            if let Some(fd) = ruleset_raw
+                && (libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    || libc::syscall(libc::SYS_landlock_restrict_self, fd, 0) != 0)
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             // Copies above both targets first, so that neither dup2 can
             // overwrite the other source; dup2 clears close-on-exec.
             let low = CONSOLE_FD + 1;
@@ -822,12 +830,6 @@ fn spawn_qemu(
             }
             libc::close(a);
             libc::close(b);
-            if let Some(fd) = ruleset_raw
-                && (libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                    || libc::syscall(libc::SYS_landlock_restrict_self, fd, 0) != 0)
-            {
-                return Err(std::io::Error::last_os_error());
-            }
             for f in &filters {
                 seccompiler::apply_filter(f).map_err(std::io::Error::other)?;
             }
