@@ -17,7 +17,7 @@ pub enum ApprovalArg {
     Ask,
 }
 
-#[derive(Args, Debug, Default)]
+#[derive(Args, Debug)]
 pub struct ChatArgs {
     /// Continue the session with this id (or a unique prefix), in its workspace
     #[arg(long, value_name = "ID", conflicts_with = "last")]
@@ -41,10 +41,10 @@ pub struct ChatArgs {
     #[arg(long, default_value_t = 50)]
     pub max_steps: u32,
     /// Isolation backend, native or microvm (overrides `sandbox.backend`; see `cordon vm setup`)
-    #[arg(long, env = "CORDON_BACKEND", value_name = "NAME")]
+    #[arg(long, value_name = "NAME")]
     pub backend: Option<cordon_sandbox::BackendKind>,
     /// Virtual CPUs of a microVM (overrides `sandbox.cpus`)
-    #[arg(long, env = "CORDON_CPUS", value_name = "N")]
+    #[arg(long, value_name = "N")]
     pub cpus: Option<u32>,
     /// Override any setting (repeatable), as `cordon config --set`
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
@@ -70,10 +70,6 @@ pub async fn chat(args: ChatArgs) -> i32 {
             .as_ref()
             .map(|r| PathBuf::from(&r.summary.workspace))
     });
-    let mcp = match crate::mcp_cmd::configured() {
-        Ok(m) => m,
-        Err(e) => return config_error(e),
-    };
     let s = match setup(&Choices {
         model: args.model.as_deref(),
         provider: args.provider.as_deref(),
@@ -84,6 +80,10 @@ pub async fn chat(args: ChatArgs) -> i32 {
     }) {
         Ok(s) => s,
         Err(code) => return code,
+    };
+    let mcp = match crate::mcp_cmd::configured(&s.settings) {
+        Ok(m) => m,
+        Err(e) => return config_error(e),
     };
     let status = Status {
         model: s.model.agent.model.clone(),
@@ -113,6 +113,7 @@ pub async fn chat(args: ChatArgs) -> i32 {
         sessions_dir: sessions::sessions_dir(),
         resume: resumed,
         mcp,
+        notices: s.notices,
     };
     match cordon_tui::run(status, worker).await {
         Ok(out) => {

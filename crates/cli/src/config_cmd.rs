@@ -30,5 +30,12 @@ pub fn config(args: ConfigArgs) -> i32 {
     for (key, value, source) in rows {
         println!("{key:<width$}  {value:<vwidth$}  {source}");
     }
+    let notice = crate::options::ignored_notice(&settings);
+    if !notice.is_empty() {
+        println!();
+        for line in notice {
+            println!("{line}");
+        }
+    }
     0
 }

@@ -6,13 +6,13 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 
 use clap::Args;
-use cordon_agent::config::{Layers, Settings};
+use cordon_agent::config::Settings;
 use cordon_agent::sessions;
 use cordon_agent::{
     Agent, AgentConfig, AgentError, AgentEvent, Cancel, Provider, ProviderConfig, ProviderKind,
     SessionLog, StopReason,
 };
-use cordon_sandbox::{Network, Sandbox, SandboxConfig, parse_size};
+use cordon_sandbox::{Sandbox, SandboxConfig};
 use cordon_tools::{ToolContext, Toolbox};
 use tokio::sync::mpsc;
 
@@ -48,10 +48,10 @@ pub struct ExecArgs {
     #[arg(long)]
     pub last: bool,
     /// Isolation backend, native or microvm (overrides `sandbox.backend`; see `cordon vm setup`)
-    #[arg(long, env = "CORDON_BACKEND", value_name = "NAME")]
+    #[arg(long, value_name = "NAME")]
     pub backend: Option<cordon_sandbox::BackendKind>,
     /// Virtual CPUs of a microVM (overrides `sandbox.cpus`)
-    #[arg(long, env = "CORDON_CPUS", value_name = "N")]
+    #[arg(long, value_name = "N")]
     pub cpus: Option<u32>,
     /// Override any setting (repeatable), as `cordon config --set`
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
@@ -66,16 +66,15 @@ touch is inside an isolated sandbox: the user's project is at /workspace, there 
 and /tmp is scratch space. Work step by step, check your work by running it, and finish with a \
 short summary of what you did.";
 
-pub(crate) fn config_error(msg: impl std::fmt::Display) -> i32 {
-    eprintln!("cordon: {msg}");
-    exit::CONFIG
-}
+pub(crate) use crate::options::config_error;
 
 pub(crate) struct Setup {
     pub settings: Settings,
     pub model: ModelSetup,
     pub workspace: PathBuf,
     pub sandbox: SandboxConfig,
+    /// What the configuration ignored, for the front end to show.
+    pub notices: Vec<String>,
 }
 
 /// What `exec` and `chat` share on their command lines.
@@ -107,10 +106,19 @@ pub fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
         ProviderKind::OpenAi => (get("openai_base_url"), get("openai_api_key")),
     };
     if kind == ProviderKind::Anthropic && key.is_none() {
-        return Err(
-            "no API key: set ANTHROPIC_API_KEY (or use an OpenAI-compatible server with OPENAI_BASE_URL)"
-                .into(),
+        let mut why = String::from(
+            "no API key: set ANTHROPIC_API_KEY (or use an OpenAI-compatible server with OPENAI_BASE_URL)",
         );
+        if settings
+            .ignored()
+            .iter()
+            .any(|i| i.key == "ANTHROPIC_API_KEY" || i.key == "anthropic_api_key")
+        {
+            why.push_str(
+                "; the project's key was ignored until you trust its file (`cordon trust`)",
+            );
+        }
+        return Err(why);
     }
     let mut provider = ProviderConfig::new(kind, base.unwrap_or_default());
     provider.api_key = key;
@@ -124,27 +132,6 @@ pub fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
         ..AgentConfig::new(get("model").unwrap_or_default())
     };
     Ok(ModelSetup { provider, agent })
-}
-
-/// The backend settings (`sandbox.backend`, `sandbox.cpus`, `vm.*`),
-/// already validated by [`Settings::load`].
-pub(crate) fn sandbox_backend(
-    settings: &Settings,
-    sandbox: &mut SandboxConfig,
-) -> Result<(), String> {
-    sandbox.backend = settings
-        .get("sandbox.backend")
-        .unwrap_or("native")
-        .parse()?;
-    sandbox.cpus = settings.get("sandbox.cpus").and_then(|v| v.parse().ok());
-    let path = |k: &str| settings.get(k).map(PathBuf::from);
-    sandbox.vm = cordon_sandbox::VmOptions {
-        qemu: path("vm.qemu"),
-        kernel: path("vm.kernel"),
-        modules: path("vm.modules"),
-        accel: settings.get("vm.accel").map(str::parse).transpose()?,
-    };
-    Ok(())
 }
 
 /// The settings from every layer with the command line's on top, checked.
@@ -165,32 +152,22 @@ pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
     if let Some(n) = args.cpus {
         cli.push(("sandbox.cpus".into(), n.to_string()));
     }
-    let settings = Settings::load(&Layers::from_process(cli)).map_err(config_error)?;
-    let model = model_setup(&settings).map_err(config_error)?;
-    let workspace = match settings.get("workspace") {
-        Some(w) => PathBuf::from(w),
-        None => std::env::current_dir().map_err(config_error)?,
-    };
-    let mut sandbox = SandboxConfig::new(&workspace);
-    sandbox.memory =
-        Some(parse_size(settings.get("sandbox.memory").unwrap_or("512M")).map_err(config_error)?);
-    sandbox.pids = settings.get("sandbox.pids").and_then(|v| v.parse().ok());
-    sandbox.network = settings
-        .get("sandbox.network")
-        .unwrap_or("off")
-        .parse::<Network>()
-        .map_err(config_error)?;
-    sandbox.display = settings
-        .get("sandbox.display")
-        .map(str::parse)
-        .transpose()
-        .map_err(config_error)?;
-    sandbox_backend(&settings, &mut sandbox).map_err(config_error)?;
+    let settings = crate::options::quiet_settings(cli)?;
+    let notices = crate::options::ignored_notice(&settings);
+    let model = model_setup(&settings).map_err(|e| {
+        for n in &notices {
+            eprintln!("cordon: {n}");
+        }
+        config_error(e)
+    })?;
+    let sandbox = crate::options::sandbox_config(&settings, &[]).map_err(config_error)?;
+    crate::options::guard_cordon_dirs(&sandbox).map_err(config_error)?;
     Ok(Setup {
+        workspace: sandbox.workspace.clone(),
         settings,
         model,
-        workspace,
         sandbox,
+        notices,
     })
 }
 
@@ -244,7 +221,10 @@ pub async fn exec(args: ExecArgs) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let mcp_specs = match crate::mcp_cmd::configured() {
+    for n in &s.notices {
+        eprintln!("cordon: {n}");
+    }
+    let mcp_specs = match crate::mcp_cmd::configured(&s.settings) {
         Ok(m) => m,
         Err(e) => return config_error(e),
     };

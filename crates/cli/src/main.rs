@@ -9,6 +9,7 @@ mod options;
 mod run;
 mod serve_cmd;
 mod sessions_cmd;
+mod trust_cmd;
 mod vm_cmd;
 
 use clap::{Parser, Subcommand};
@@ -33,12 +34,17 @@ pub mod exit {
 #[command(
     name = "cordon",
     version,
-    about = "A coding agent whose every action runs in a sandbox"
+    about = "A coding agent whose every action runs in a sandbox",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
     /// With no command, `cordon` opens the chat UI.
     #[command(subcommand)]
     command: Option<Command>,
+    /// `cordon` alone is `cordon chat`, with the same options and defaults:
+    /// clap parses them, so no hand-written default can drift from them.
+    #[command(flatten)]
+    chat: chat::ChatArgs,
 }
 
 #[derive(Subcommand)]
@@ -57,6 +63,9 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Print the effective configuration, each value's source, secrets masked.
     Config(config_cmd::ConfigArgs),
+    /// Trust the project's .cordon/config.toml and .env as they are now, so
+    /// they may set MCP servers, paths, endpoints, keys and limits.
+    Trust(trust_cmd::TrustArgs),
     /// Run one task with the agent, headless.
     ///
     /// Exit status: 0 done, 1 the model could not finish (API error, step
@@ -101,9 +110,7 @@ fn main() {
         logs.with_writer(std::io::stderr).init();
     }
 
-    let command = cli
-        .command
-        .unwrap_or_else(|| Command::Chat(chat::ChatArgs::default()));
+    let command = cli.command.unwrap_or(Command::Chat(cli.chat));
     // The server runs jobs in parallel; everything else is one task at a time.
     let mut builder = match command {
         Command::Serve(_) => tokio::runtime::Builder::new_multi_thread(),
@@ -123,6 +130,7 @@ fn main() {
             Command::Shell(args) => run::shell(args).await,
             Command::Doctor(args) => doctor::doctor(args).await,
             Command::Config(args) => config_cmd::config(args),
+            Command::Trust(args) => trust_cmd::trust(args),
             Command::Exec(args) => exec::exec(args).await,
             Command::Sessions => sessions_cmd::sessions(),
             Command::Mcp(args) => mcp_cmd::mcp(args).await,

@@ -8,6 +8,7 @@ use cordon_mcp::{McpClients, ServerSpec};
 
 use crate::exit;
 use crate::options::SandboxOpts;
+use cordon_agent::config::Settings;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -28,11 +29,10 @@ pub enum McpCommand {
     List,
 }
 
-/// The `[mcp_servers.*]` of the user's and the project's configuration.
-pub fn configured() -> Result<BTreeMap<String, ServerSpec>, String> {
-    let layers = cordon_agent::config::Layers::from_process(Vec::new());
-    let files = cordon_mcp::config::files(layers.config_home.as_deref(), &layers.cwd);
-    cordon_mcp::config::load(&files).map_err(|e| e.to_string())
+/// The `[mcp_servers.*]` of the user's configuration and of the project's
+/// when the user trusts it.
+pub fn configured(settings: &Settings) -> Result<BTreeMap<String, ServerSpec>, String> {
+    cordon_mcp::config::from_tables(settings.mcp_servers()).map_err(|e| e.to_string())
 }
 
 pub async fn mcp(args: McpArgs) -> i32 {
@@ -44,11 +44,8 @@ pub async fn mcp(args: McpArgs) -> i32 {
 
 async fn serve(opts: SandboxOpts, listen: Option<std::net::SocketAddr>) -> i32 {
     let mut config = match opts.config() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cordon: {e}");
-            return exit::SANDBOX;
-        }
+        Ok((_, c)) => c,
+        Err(code) => return code,
     };
     // A long-lived, multi-threaded server: exec the supervisor afresh.
     config.fork_supervisor = false;
@@ -108,7 +105,11 @@ async fn serve(opts: SandboxOpts, listen: Option<std::net::SocketAddr>) -> i32 {
 }
 
 async fn list() -> i32 {
-    let specs = match configured() {
+    let settings = match crate::options::load_settings(Vec::new()) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let specs = match configured(&settings) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("cordon: {e}");

@@ -1,28 +1,33 @@
-//! Sandbox options shared by `run`, `shell` and, later, every front end.
+//! Sandbox options and settings shared by every front end: the flags of
+//! `run`, `shell` and `mcp`, and the one way settings become a sandbox.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
+use cordon_agent::config::{Layers, Settings};
 use cordon_sandbox::{BindMount, Network, SandboxConfig, parse_size};
 
+/// The sandbox's flags. Each one that is also a setting (`sandbox.*`,
+/// `vm.*`, `workspace`) only overrides it: unset, the configuration
+/// decides, as it does for `exec` and `chat`.
 #[derive(Args, Debug, Clone)]
 pub struct SandboxOpts {
     /// Host directory mounted read-write at /workspace [default: the current directory]
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
-    /// Memory limit for the whole sandbox (K, M, G suffixes)
-    #[arg(long, default_value = "512M", value_parser = parse_size)]
-    pub memory: u64,
-    /// Maximum number of processes in the sandbox
-    #[arg(long, default_value_t = 256)]
-    pub pids: u64,
+    /// Memory limit for the whole sandbox (K, M, G suffixes) [default: `sandbox.memory`, 512M]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// Maximum number of processes in the sandbox [default: `sandbox.pids`, 256]
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
     /// Size of the /tmp tmpfs (K, M, G suffixes)
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub tmp_size: u64,
-    /// Network access: off (no interface up) or loopback
-    #[arg(long, default_value = "off", value_name = "MODE")]
-    pub network: Network,
+    /// Network access: off (no interface up) or loopback [default: `sandbox.network`, off]
+    #[arg(long, value_name = "MODE")]
+    pub network: Option<Network>,
     /// Set an environment variable in the sandbox (repeatable)
     #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
@@ -41,27 +46,23 @@ pub struct SandboxOpts {
     pub display: Option<cordon_sandbox::Display>,
     /// Isolation backend: native (namespaces on this kernel) or microvm (a
     /// QEMU virtual machine with its own kernel; see `cordon vm setup`)
-    #[arg(
-        long,
-        env = "CORDON_BACKEND",
-        default_value = "native",
-        value_name = "NAME"
-    )]
-    pub backend: cordon_sandbox::BackendKind,
-    /// Virtual CPUs of a microVM [default: 1]
-    #[arg(long, env = "CORDON_CPUS", value_name = "N")]
+    /// [default: `sandbox.backend` (CORDON_BACKEND), native]
+    #[arg(long, value_name = "NAME")]
+    pub backend: Option<cordon_sandbox::BackendKind>,
+    /// Virtual CPUs of a microVM [default: `sandbox.cpus` (CORDON_CPUS), 1]
+    #[arg(long, value_name = "N")]
     pub cpus: Option<u32>,
     /// microvm: QEMU's accelerator, kvm or tcg [default: kvm where a probe guest boots on it, else tcg]
-    #[arg(long, env = "CORDON_VM_ACCEL", value_name = "ACCEL", hide = true)]
+    #[arg(long, value_name = "ACCEL", hide = true)]
     pub vm_accel: Option<cordon_sandbox::Accel>,
     /// microvm: the guest kernel (vmlinuz or vmlinux) [default: `cordon vm setup`'s]
-    #[arg(long, env = "CORDON_VM_KERNEL", value_name = "PATH", hide = true)]
+    #[arg(long, value_name = "PATH", hide = true)]
     pub vm_kernel: Option<PathBuf>,
     /// microvm: the guest kernel's modules directory
-    #[arg(long, env = "CORDON_VM_MODULES", value_name = "DIR", hide = true)]
+    #[arg(long, value_name = "DIR", hide = true)]
     pub vm_modules: Option<PathBuf>,
     /// microvm: the QEMU binary
-    #[arg(long, env = "CORDON_VM_QEMU", value_name = "PATH", hide = true)]
+    #[arg(long, value_name = "PATH", hide = true)]
     pub vm_qemu: Option<PathBuf>,
 }
 
@@ -116,37 +117,200 @@ fn parse_bind(spec: &str, writable: bool) -> Result<BindMount, String> {
 }
 
 impl SandboxOpts {
-    pub fn config(&self) -> Result<SandboxConfig, String> {
-        let workspace = match &self.workspace {
-            Some(w) => w.clone(),
-            None => std::env::current_dir().map_err(|e| format!("current directory: {e}"))?,
+    /// The flags that override settings, by setting name.
+    pub fn overrides(&self) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = Vec::new();
+        let mut put = |k: &str, val: Option<String>| {
+            if let Some(val) = val {
+                v.push((k.into(), val));
+            }
         };
-        let mut c = SandboxConfig::new(workspace);
-        c.memory = Some(self.memory);
-        c.pids = Some(self.pids);
+        put(
+            "workspace",
+            self.workspace.as_ref().map(|p| p.display().to_string()),
+        );
+        put("sandbox.memory", self.memory.map(|n| n.to_string()));
+        put("sandbox.pids", self.pids.map(|n| n.to_string()));
+        put("sandbox.network", self.network.map(|n| n.to_string()));
+        put("sandbox.display", self.display.map(|d| d.to_string()));
+        put("sandbox.backend", self.backend.map(|b| b.to_string()));
+        put("sandbox.cpus", self.cpus.map(|n| n.to_string()));
+        put("vm.accel", self.vm_accel.map(|a| a.to_string()));
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        put("vm.kernel", path(&self.vm_kernel));
+        put("vm.modules", path(&self.vm_modules));
+        put("vm.qemu", path(&self.vm_qemu));
+        v
+    }
+
+    /// The settings with these flags on top, and the sandbox they describe
+    /// plus the flags that are not settings (binds, environment, /tmp).
+    /// An error is printed here; the exit code is returned.
+    pub fn config(&self) -> Result<(Settings, SandboxConfig), i32> {
+        let settings = load_settings(self.overrides())?;
+        let mut c = sandbox_config(&settings, &[]).map_err(config_error)?;
         c.tmp_size = self.tmp_size;
-        c.network = self.network;
         c.env = self.env.clone();
         c.workdir = self.workdir.clone();
-        c.display = self.display;
-        c.backend = self.backend;
-        c.cpus = self.cpus;
-        c.vm = cordon_sandbox::VmOptions {
-            qemu: self.vm_qemu.clone(),
-            kernel: self.vm_kernel.clone(),
-            modules: self.vm_modules.clone(),
-            accel: self.vm_accel,
-        };
         // The CLI holds nothing secret when it creates the sandbox.
         c.fork_supervisor = true;
         for b in &self.ro {
-            c.binds.push(parse_bind(b, false)?);
+            c.binds.push(parse_bind(b, false).map_err(sandbox_error)?);
         }
         for b in &self.rw {
-            c.binds.push(parse_bind(b, true)?);
+            c.binds.push(parse_bind(b, true).map_err(sandbox_error)?);
         }
-        Ok(c)
+        guard_cordon_dirs(&c).map_err(config_error)?;
+        Ok((settings, c))
     }
+}
+
+/// Prints a configuration error; its exit code (78).
+pub fn config_error(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("cordon: {msg}");
+    crate::exit::CONFIG
+}
+
+fn sandbox_error(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("cordon: {msg}");
+    crate::exit::SANDBOX
+}
+
+/// Every layer of settings with `cli` on top; what untrusted files set
+/// and cordon ignored is said on stderr.
+pub fn load_settings(cli: Vec<(String, String)>) -> Result<Settings, i32> {
+    let settings = quiet_settings(cli)?;
+    for line in ignored_notice(&settings) {
+        eprintln!("cordon: {line}");
+    }
+    Ok(settings)
+}
+
+/// [`load_settings`] for a front end that shows the notice itself.
+pub fn quiet_settings(cli: Vec<(String, String)>) -> Result<Settings, i32> {
+    Settings::load(&Layers::from_process(cli)).map_err(config_error)
+}
+
+/// What the user is told about settings cordon did not take, one line each.
+pub fn ignored_notice(settings: &Settings) -> Vec<String> {
+    let mut lines: Vec<String> = settings.ignored().iter().map(|i| i.to_string()).collect();
+    let from_project = settings.ignored().iter().any(|i| {
+        i.file.ends_with(cordon_agent::config::PROJECT_FILE)
+            || i.file.ends_with(cordon_agent::config::DOTENV_FILE)
+    });
+    if from_project {
+        lines.push(
+            "a sandbox may have written these files; `cordon trust` trusts them as they are now \
+             (after you have read them)"
+                .into(),
+        );
+    }
+    lines
+}
+
+/// The sandbox the settings describe. `hide_also` are more files it must
+/// not see; the settings' own secret-bearing project files always are.
+pub fn sandbox_config(settings: &Settings, hide_also: &[PathBuf]) -> Result<SandboxConfig, String> {
+    let workspace = match settings.get("workspace") {
+        Some(w) => PathBuf::from(w),
+        None => std::env::current_dir().map_err(|e| format!("current directory: {e}"))?,
+    };
+    let mut c = SandboxConfig::new(&workspace);
+    // Settings::load has validated every value below.
+    c.memory = Some(parse_size(
+        settings.get("sandbox.memory").unwrap_or("512M"),
+    )?);
+    c.pids = settings.get("sandbox.pids").and_then(|v| v.parse().ok());
+    c.network = settings.get("sandbox.network").unwrap_or("off").parse()?;
+    c.display = settings
+        .get("sandbox.display")
+        .map(str::parse)
+        .transpose()?;
+    sandbox_backend(settings, &mut c)?;
+    c.hidden = settings
+        .secret_files()
+        .iter()
+        .chain(hide_also)
+        .cloned()
+        .collect();
+    Ok(c)
+}
+
+/// The backend settings (`sandbox.backend`, `sandbox.cpus`, `vm.*`),
+/// already validated by [`Settings::load`].
+pub fn sandbox_backend(settings: &Settings, sandbox: &mut SandboxConfig) -> Result<(), String> {
+    sandbox.backend = settings
+        .get("sandbox.backend")
+        .unwrap_or("native")
+        .parse()?;
+    sandbox.cpus = settings.get("sandbox.cpus").and_then(|v| v.parse().ok());
+    let path = |k: &str| settings.get(k).map(PathBuf::from);
+    sandbox.vm = cordon_sandbox::VmOptions {
+        qemu: path("vm.qemu"),
+        kernel: path("vm.kernel"),
+        modules: path("vm.modules"),
+        accel: settings.get("vm.accel").map(str::parse).transpose()?,
+    };
+    Ok(())
+}
+
+/// cordon's own directories, which no sandbox may hold: its configuration
+/// (settings, MCP servers, the trusted files) and its data (sessions,
+/// whose recorded workspace a resume would mount).
+fn cordon_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(h) = cordon_agent::config::config_home() {
+        dirs.push(h.join("cordon"));
+    }
+    if let Some(d) = cordon_agent::sessions::sessions_dir().parent() {
+        dirs.push(d.to_path_buf());
+    }
+    dirs
+}
+
+/// `path` made absolute with its existing part resolved, so that a
+/// directory not created yet compares by where it would be.
+fn resolved(path: &Path) -> PathBuf {
+    let mut existing = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(c) = existing.canonicalize() {
+            return rest
+                .iter()
+                .rev()
+                .fold(c, |p, n: &std::ffi::OsString| p.join(n));
+        }
+        match (existing.file_name(), existing.parent()) {
+            (Some(n), Some(p)) => {
+                rest.push(n.to_os_string());
+                existing = p.to_path_buf();
+            }
+            _ => return existing,
+        }
+    }
+}
+
+/// Refuses a workspace or bind that holds cordon's own directories: a
+/// sandbox there could rewrite the configuration that starts host
+/// programs, or read the keys in it.
+pub fn guard_cordon_dirs(c: &SandboxConfig) -> Result<(), String> {
+    let own = cordon_dirs();
+    let shared = std::iter::once((&c.workspace, "the workspace"))
+        .chain(c.binds.iter().map(|b| (&b.source, "a bind")));
+    for (path, what) in shared {
+        let p = resolved(path);
+        for d in &own {
+            if resolved(d).starts_with(&p) {
+                return Err(format!(
+                    "{what} {} holds cordon's own {}: a sandbox could rewrite cordon's \
+                     configuration or sessions there; choose a narrower directory",
+                    path.display(),
+                    d.display()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

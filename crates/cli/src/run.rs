@@ -38,11 +38,15 @@ fn fail(msg: impl std::fmt::Display) -> i32 {
     exit::SANDBOX
 }
 
-async fn create(opts: &SandboxOpts) -> Result<Sandbox, i32> {
-    let config = opts.config().map_err(fail)?;
-    Sandbox::create(config)
+/// The sandbox of `opts` and the settings, and its memory limit (for the
+/// out-of-memory message).
+async fn create(opts: &SandboxOpts) -> Result<(Sandbox, u64), i32> {
+    let (_, config) = opts.config()?;
+    let memory = config.memory.unwrap_or(512 * cordon_sandbox::MIB);
+    let sandbox = Sandbox::create(config)
         .await
-        .map_err(|e| fail(format_args!("cannot create the sandbox: {e}")))
+        .map_err(|e| fail(format_args!("cannot create the sandbox: {e}")))?;
+    Ok((sandbox, memory))
 }
 
 fn exec_error(e: Error) -> i32 {
@@ -103,14 +107,14 @@ fn pump_stdin(exec: &Execution) {
 }
 
 pub async fn run(args: RunArgs) -> i32 {
-    let sandbox = match create(&args.sandbox).await {
+    let (sandbox, memory) = match create(&args.sandbox).await {
         Ok(s) => s,
         Err(code) => return code,
     };
     let mut req = ExecRequest::argv(args.command.clone()).stream_stdin();
     req.timeout = args.timeout;
     let code = match sandbox.exec_stream(req).await {
-        Ok(exec) => forward(exec, args.sandbox.memory, args.timeout, false).await,
+        Ok(exec) => forward(exec, memory, args.timeout, false).await,
         Err(e) => exec_error(e),
     };
     sandbox.close().await;
@@ -240,7 +244,7 @@ pub async fn shell(args: ShellArgs) -> i32 {
             "`cordon shell` needs a terminal on stdin; use `cordon run -- CMD` for non-interactive commands",
         );
     }
-    let sandbox = match create(&args.sandbox).await {
+    let (sandbox, memory) = match create(&args.sandbox).await {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -262,7 +266,7 @@ pub async fn shell(args: ShellArgs) -> i32 {
     let code = match sandbox.exec_stream(req).await {
         Ok(exec) => {
             let raw = RawMode::enter();
-            let code = forward(exec, args.sandbox.memory, None, true).await;
+            let code = forward(exec, memory, None, true).await;
             drop(raw);
             code
         }

@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use cordon_agent::config::{Layers, Settings};
 use cordon_server::runner::AgentDefaults;
 use cordon_server::{ServerConfig, Store};
 
@@ -97,16 +96,13 @@ pub async fn serve(args: ServeArgs) -> i32 {
     }
     config.per_tenant = args.per_tenant.max(1);
     config.session_idle = args.session_idle;
-    let settings = match Settings::load(&Layers::from_process(Vec::new())) {
+    let settings = match crate::options::load_settings(Vec::new()) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("cordon: {e}");
-            return exit::CONFIG;
-        }
+        Err(code) => return code,
     };
     // The backend every job gets unless it asks for another.
     let mut defaults = cordon_sandbox::SandboxConfig::new(".");
-    if let Err(e) = crate::exec::sandbox_backend(&settings, &mut defaults) {
+    if let Err(e) = crate::options::sandbox_backend(&settings, &mut defaults) {
         eprintln!("cordon: {e}");
         return exit::CONFIG;
     }

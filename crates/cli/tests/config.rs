@@ -27,6 +27,16 @@ fn shows_each_value_with_its_source_and_masks_secrets() {
         "ANTHROPIC_API_KEY=sk-ant-api03-verysecretvalue-XYZW\n",
     )
     .unwrap();
+    // The project's .env is the user's own: trusted as it is.
+    let trusted = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .arg("trust")
+        .current_dir(cwd.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("XDG_CONFIG_HOME", home.path())
+        .output()
+        .unwrap();
+    assert!(trusted.status.success(), "{trusted:?}");
     let out = cordon_config(home.path(), cwd.path())
         .env("MAX_TOKENS", "1234")
         .args(["--set", "approval=ask"])

@@ -1,6 +1,8 @@
 //! `[mcp_servers.NAME]` in the configuration files: the user's
 //! (`~/.config/cordon/config.toml`) and the project's
-//! (`.cordon/config.toml`), the project's winning for a name in both.
+//! (`.cordon/config.toml`) when the user trusts it, the project's winning
+//! for a name in both. The agent's settings read the files (once, and
+//! decide which are trusted); this module checks their tables.
 //!
 //! ```toml
 //! [mcp_servers.files]
@@ -62,26 +64,15 @@ pub struct McpConfigError {
     pub message: String,
 }
 
-#[derive(Deserialize)]
-struct File {
-    #[serde(default)]
-    mcp_servers: BTreeMap<String, toml::Value>,
-}
-
-/// The servers configured in `files`, in order of precedence (lowest
-/// first); files that do not exist are skipped.
-pub fn load(files: &[PathBuf]) -> Result<BTreeMap<String, ServerSpec>, McpConfigError> {
+/// The servers of these `[mcp_servers]` tables, in order of precedence
+/// (lowest first), each with the file it came from.
+pub fn from_tables(
+    tables: &[(PathBuf, toml::Table)],
+) -> Result<BTreeMap<String, ServerSpec>, McpConfigError> {
     let mut servers = BTreeMap::new();
-    for path in files {
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(error(path, e.to_string())),
-        };
-        // Only this section: the rest of the file is the agent's to check.
-        let file: File = toml::from_str(&text).map_err(|e| error(path, one_line(&e)))?;
-        for (name, value) in file.mcp_servers {
-            let spec: ServerSpec = value.try_into().map_err(|e: toml::de::Error| {
+    for (path, table) in tables {
+        for (name, value) in table {
+            let spec: ServerSpec = value.clone().try_into().map_err(|e: toml::de::Error| {
                 error(path, format!("[mcp_servers.{name}]: {}", one_line(&e)))
             })?;
             match (&spec.command, &spec.url) {
@@ -105,20 +96,10 @@ pub fn load(files: &[PathBuf]) -> Result<BTreeMap<String, ServerSpec>, McpConfig
                     ),
                 ));
             }
-            servers.insert(name, spec);
+            servers.insert(name.clone(), spec);
         }
     }
     Ok(servers)
-}
-
-/// The two configuration files, as the agent's settings find them.
-pub fn files(config_home: Option<&Path>, cwd: &Path) -> Vec<PathBuf> {
-    let mut v = Vec::new();
-    if let Some(h) = config_home {
-        v.push(h.join("cordon/config.toml"));
-    }
-    v.push(cwd.join(".cordon/config.toml"));
-    v
 }
 
 fn error(path: &Path, message: String) -> McpConfigError {
@@ -136,49 +117,44 @@ fn one_line(e: &toml::de::Error) -> String {
 mod tests {
     use super::*;
 
+    fn table(text: &str) -> toml::Table {
+        match text.parse::<toml::Table>().unwrap().remove("mcp_servers") {
+            Some(toml::Value::Table(t)) => t,
+            _ => toml::Table::new(),
+        }
+    }
+
     #[test]
-    fn project_entries_win_and_bad_ones_are_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let user = dir.path().join("user.toml");
-        let project = dir.path().join("project.toml");
-        std::fs::write(
-            &user,
-            "model = \"x\"\n[mcp_servers.a]\ncommand = \"one\"\n[mcp_servers.b]\nurl = \"http://h/mcp\"\n",
-        )
-        .unwrap();
-        std::fs::write(
-            &project,
-            "[mcp_servers.a]\ncommand = \"two\"\nargs = [\"-v\"]\n",
-        )
-        .unwrap();
-        let s = load(&[
-            user.clone(),
-            project.clone(),
-            dir.path().join("missing.toml"),
+    fn later_entries_win_and_bad_ones_are_named() {
+        let user = PathBuf::from("/home/u/.config/cordon/config.toml");
+        let project = PathBuf::from("/p/.cordon/config.toml");
+        let s = from_tables(&[
+            (
+                user.clone(),
+                table(
+                    "[mcp_servers.a]\ncommand = \"one\"\n[mcp_servers.b]\nurl = \"http://h/mcp\"\n",
+                ),
+            ),
+            (
+                project.clone(),
+                table("[mcp_servers.a]\ncommand = \"two\"\nargs = [\"-v\"]\n"),
+            ),
         ])
         .unwrap();
         assert_eq!(s["a"].command.as_deref(), Some("two"));
         assert_eq!(s["a"].args, ["-v"]);
         assert_eq!(s["b"].url.as_deref(), Some("http://h/mcp"));
 
-        std::fs::write(&project, "[mcp_servers.c]\nargs = []\n").unwrap();
-        let e = load(std::slice::from_ref(&project))
-            .unwrap_err()
-            .to_string();
+        let one = |text: &str| from_tables(&[(project.clone(), table(text))]);
+        let e = one("[mcp_servers.c]\nargs = []\n").unwrap_err().to_string();
         assert!(
-            e.contains("[mcp_servers.c] needs either `command` or `url`"),
+            e.contains("[mcp_servers.c] needs either `command` or `url`") && e.contains("/p/"),
             "{e}"
         );
-        std::fs::write(
-            &project,
-            "[mcp_servers.d]\ncommand = \"x\"\ncomand = \"typo\"\n",
-        )
-        .unwrap();
-        let e = load(std::slice::from_ref(&project))
+        let e = one("[mcp_servers.d]\ncommand = \"x\"\ncomand = \"typo\"\n")
             .unwrap_err()
             .to_string();
         assert!(e.contains("comand"), "{e}");
-        std::fs::write(&project, "[mcp_servers.\"a b\"]\ncommand = \"x\"\n").unwrap();
-        assert!(load(&[project]).is_err());
+        assert!(one("[mcp_servers.\"a b\"]\ncommand = \"x\"\n").is_err());
     }
 }

@@ -28,7 +28,7 @@ mod session;
 pub mod supervisor;
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -100,6 +100,15 @@ pub enum Network {
     Loopback,
 }
 
+impl std::fmt::Display for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Network::Off => "off",
+            Network::Loopback => "loopback",
+        })
+    }
+}
+
 impl std::str::FromStr for Network {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -134,6 +143,10 @@ pub struct SandboxConfig {
     pub tmp_size: u64,
     pub network: Network,
     pub binds: Vec<BindMount>,
+    /// Files in the workspace the sandbox must not read (a `.env` holding
+    /// the user's API key): each appears empty and read-only inside. Paths
+    /// on the host, beneath `workspace`; one that is missing is skipped.
+    pub hidden: Vec<PathBuf>,
     /// Environment added to every exec, over the built-in minimum.
     pub env: Vec<(String, String)>,
     /// Default working directory of execs.
@@ -214,6 +227,15 @@ pub enum Accel {
     Tcg,
 }
 
+impl std::fmt::Display for Accel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        })
+    }
+}
+
 impl std::str::FromStr for Accel {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -238,6 +260,12 @@ pub struct Display {
 
 /// The display's name inside every sandbox: each has its own /tmp.
 pub const DISPLAY: &str = ":0";
+
+impl std::fmt::Display for Display {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.width, self.height)
+    }
+}
 
 impl std::str::FromStr for Display {
     type Err = String;
@@ -266,6 +294,7 @@ impl SandboxConfig {
             tmp_size: 256 * MIB,
             network: Network::Off,
             binds: Vec::new(),
+            hidden: Vec::new(),
             env: Vec::new(),
             workdir: "/workspace".into(),
             hostname: "cordon".into(),
@@ -278,6 +307,27 @@ impl SandboxConfig {
             vm: VmOptions::default(),
         }
     }
+}
+
+/// [`SandboxConfig::hidden`] as paths relative to the canonical workspace
+/// `ws`: each file's directory is resolved, its own name is not (a link
+/// there is hidden as the link); files outside the workspace are dropped,
+/// since the sandbox cannot see them anyway.
+pub(crate) fn hidden_in_workspace(config: &SandboxConfig, ws: &str) -> Vec<String> {
+    let ws = Path::new(ws);
+    config
+        .hidden
+        .iter()
+        .filter_map(|h| {
+            let dir = h.parent()?.canonicalize().ok()?;
+            let rel = dir.join(h.file_name()?);
+            let rel = rel.strip_prefix(ws).ok()?;
+            rel.components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+                .then(|| rel.to_str().map(str::to_string))
+                .flatten()
+        })
+        .collect()
 }
 
 /// Parses sizes such as `512M`, `2G`, `64k` or `1048576` into bytes.

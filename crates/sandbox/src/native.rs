@@ -334,6 +334,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let rlimits = matches!(mech, LimitMechanism::Rlimit { .. });
     let spec = SetupSpec {
         version: protocol::VERSION,
+        hidden: crate::hidden_in_workspace(config, &workspace),
         workspace,
         binds,
         tmp_size: config.tmp_size,

@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 /// Which output stream a chunk belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +77,9 @@ pub struct Bind {
 pub struct SetupSpec {
     pub version: u32,
     pub workspace: String,
+    /// Files under the workspace, relative to it, that the sandbox sees as
+    /// empty and read-only (secret-bearing configuration).
+    pub hidden: Vec<String>,
     pub binds: Vec<Bind>,
     pub tmp_size: u64,
     pub loopback: bool,

@@ -34,7 +34,7 @@ mod output;
 mod walk;
 mod workspace;
 
-pub use cordon_sandbox::{Accel, BackendKind, Display};
+pub use cordon_sandbox::{Accel, BackendKind, Display, parse_size};
 pub use output::HeadTail;
 pub use workspace::{Workspace, WorkspaceError, WsPath};
 

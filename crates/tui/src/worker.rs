@@ -123,6 +123,9 @@ pub struct Worker {
     pub resume: Option<sessions::Resumed>,
     /// MCP servers whose tools the model gets too.
     pub mcp: std::collections::BTreeMap<String, cordon_mcp::ServerSpec>,
+    /// Said in the transcript before anything else (settings the
+    /// configuration ignored, and why).
+    pub notices: Vec<String>,
 }
 
 struct State {
@@ -149,6 +152,9 @@ impl Worker {
         cancel: Cancel,
     ) {
         let resume = self.resume.take();
+        for n in std::mem::take(&mut self.notices) {
+            let _ = updates.send(Update::Notice(n));
+        }
         let approver = (self.approval == ApprovalMode::Ask).then(|| {
             Arc::new(UiApprover {
                 updates: updates.clone(),

@@ -1,6 +1,8 @@
 //! Helpers for tests that drive the real `cordon` binary.
 #![allow(dead_code)]
 
+pub mod tmux;
+
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -42,7 +44,7 @@ pub fn available(who: Who) -> bool {
 
 /// The cordon binary, copied where an unprivileged user can execute it
 /// (the build directory may sit under a home directory of mode 0700).
-fn public_binary() -> &'static Path {
+pub fn public_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("cordon-test-bin-{}", std::process::id()));

@@ -26,6 +26,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod cover;
+
 use crate::protocol::{self, HostMsg, SetupSpec};
 use crate::session::{ConnectParams, Lifecycle, Sandbox};
 use crate::supervisor::guest::bind_tag;
@@ -551,6 +553,11 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     // removes it.
     let run_guard = RunDir(Some(run.clone()));
     stage_etc(&run.join("etc"))?;
+    let covers = cover::Covers::prepare(
+        &workspace,
+        &crate::hidden_in_workspace(config, &workspace),
+        &run,
+    )?;
 
     let accel = accel(config).await;
     let mut append = vec![
@@ -632,8 +639,15 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         }
         args.push("-fsdev".into());
         args.push(format!(
-            "local,id={tag},path={path},security_model=none{}",
-            if *writable { "" } else { ",readonly=on" }
+            "local,id={tag},path={path},security_model=none{}{}",
+            if *writable { "" } else { ",readonly=on" },
+            // A cover is a file of another file system: keep the guest's
+            // inode numbers apart.
+            if covers.is_some() && tag == "workspace" {
+                ",multidevs=remap"
+            } else {
+                ""
+            }
         ));
         args.push("-device".into());
         args.push(format!("virtio-9p-device,fsdev={tag},mount_tag={tag}"));
@@ -666,6 +680,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             guest_end.into(),
             console_guest.into(),
             ruleset,
+            covers,
         )
     })?;
     let lifecycle = VmLifecycle {
@@ -675,6 +690,9 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     };
     let spec = SetupSpec {
         version: protocol::VERSION,
+        // QEMU's own mount namespace hides them (spawn_qemu): the guest's
+        // root could unmount anything its supervisor mounted.
+        hidden: Vec::new(),
         workspace,
         binds,
         tmp_size: config.tmp_size,
@@ -790,6 +808,7 @@ fn spawn_qemu(
     control: OwnedFd,
     console: OwnedFd,
     ruleset: Option<OwnedFd>,
+    covers: Option<cover::Covers>,
 ) -> Result<(i32, OwnedFd)> {
     let filters = crate::supervisor::confine::host_file_guard()?;
     let (control_raw, console_raw) = (control.as_raw_fd(), console.as_raw_fd());
@@ -801,12 +820,16 @@ fn spawn_qemu(
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .process_group(0);
-    // SAFETY: only async-signal-safe calls (prctl, landlock, seccomp, dup2,
-    // fcntl, close) on data prepared before the fork.
+    // SAFETY: only async-signal-safe calls (prctl, unshare, mount calls,
+    // landlock, seccomp, dup2, fcntl, close) on data prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            // Mounts before Landlock, which forbids them.
+            if let Some(c) = &covers {
+                c.apply()?;
             }
             // Landlock first: the ruleset's descriptor may be 3 or 4, which
             // the dup2s below replace.

@@ -439,6 +439,23 @@ pub(crate) fn host_file_guard() -> Result<Vec<BpfProgram>> {
     for nr in [libc::SYS_fchown, libc::SYS_fchownat] {
         deny.insert(nr, vec![]);
     }
+    // A QEMU taken over by its guest must not lift the covers over hidden
+    // workspace files (microvm/cover.rs), nor mount anything else.
+    for nr in [
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_move_mount,
+        libc::SYS_open_tree,
+        libc::SYS_fsopen,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_mount_setattr,
+        libc::SYS_pivot_root,
+        libc::SYS_unshare,
+        libc::SYS_setns,
+    ] {
+        deny.insert(nr, vec![]);
+    }
     #[cfg(target_arch = "x86_64")]
     for nr in [libc::SYS_chown, libc::SYS_lchown] {
         deny.insert(nr, vec![]);

@@ -7,7 +7,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
@@ -292,6 +292,7 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
     mkdir(&ws, 0o755)?;
     bind(&workspace, &ws)?;
     set_attrs(&ws, true, RW)?;
+    hide(stage, &ws, &spec.hidden)?;
 
     for (b, src) in &binds {
         let target = stage.join(b.target.trim_start_matches('/'));
@@ -340,6 +341,72 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
     // The root itself holds only mount points and generated files.
     set_attrs(Path::new("/"), false, RO)?;
     rustix::process::chdir("/workspace").ctx(|| "chdir /workspace".into())?;
+    Ok(())
+}
+
+/// Covers each of `hidden` (relative to the workspace mounted at `ws`)
+/// with an empty read-only file. The targets are opened beneath the
+/// workspace without following links, and the cover is attached to that
+/// descriptor, so a concurrent sandbox on the same workspace cannot
+/// redirect it; the commands have no capability to unmount it.
+fn hide(stage: &Path, ws: &Path, hidden: &[String]) -> Result<()> {
+    use rustix::fs::ResolveFlags;
+    use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+    if hidden.is_empty() {
+        return Ok(());
+    }
+    let empty = stage.join(".cordon-hidden");
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .open(&empty)
+        .ctx(|| "create the cover for hidden files".into())?;
+    let ws_fd = rustix::fs::open(
+        ws,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ctx(|| "open the workspace".into())?;
+    for rel in hidden {
+        let target = match rustix::fs::openat2(
+            &ws_fd,
+            rel.as_str(),
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
+        ) {
+            Ok(fd) => fd,
+            // Gone since the host looked, or not a plain path: nothing
+            // of the file is reachable under that name.
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(SetupError::new(format!("open {rel} to hide it"), e)),
+        };
+        let st = rustix::fs::fstat(&target).ctx(|| format!("stat {rel}"))?;
+        if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() {
+            return Err(SetupError {
+                what: format!("cannot hide {rel}: not a regular file"),
+                errno: 0,
+            });
+        }
+        let cover = rustix::mount::open_tree(
+            rustix::fs::CWD,
+            &empty,
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )
+        .ctx(|| "clone the cover for hidden files".into())?;
+        set_attrs_fd(&cover, RO)?;
+        rustix::mount::move_mount(
+            &cover,
+            "",
+            &target,
+            "",
+            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+        )
+        .ctx(|| format!("hide {rel}"))?;
+    }
+    // The covers keep the inode; its name must not show at the root.
+    fs::remove_file(&empty).ctx(|| "remove the cover's name".into())?;
     Ok(())
 }
 
@@ -399,17 +466,17 @@ fn bind(src: &Source, target: &Path) -> Result<()> {
 }
 
 // Not yet wrapped by rustix; stable ABI since Linux 5.12.
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x4;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
 
 #[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
+pub(crate) struct MountAttr {
+    pub attr_set: u64,
+    pub attr_clr: u64,
+    pub propagation: u64,
+    pub userns_fd: u64,
 }
 
 /// Attributes for [`set_attrs`].
@@ -451,6 +518,34 @@ fn set_attrs(target: &Path, recursive: bool, set: u64) -> Result<()> {
             format!("set mount attributes on {}", target.display()),
             errno,
         ));
+    }
+    Ok(())
+}
+
+/// [`set_attrs`] on a detached mount (from `open_tree`).
+fn set_attrs_fd(fd: &OwnedFd, set: u64) -> Result<()> {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: a valid descriptor, an empty NUL-terminated path and a
+    // properly sized, initialised struct.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc != 0 {
+        let errno =
+            Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        return Err(SetupError::new("set mount attributes on a cover", errno));
     }
     Ok(())
 }
