@@ -96,6 +96,13 @@ pub enum SessionError {
     NotFound(String),
     #[error("there are no sessions yet")]
     None,
+    #[error("no session has worked in {0} yet (`cordon sessions --all` lists every workspace's)")]
+    NoneHere(String),
+    #[error("{prefix:?} is ambiguous: it starts {} (give more of the id)", .matches.join(", "))]
+    Ambiguous {
+        prefix: String,
+        matches: Vec<String>,
+    },
     #[error(transparent)]
     Log(#[from] LogError),
 }
@@ -155,27 +162,51 @@ pub fn list(dir: &Path) -> Vec<SessionSummary> {
 }
 
 /// Opens a session to continue it: `id` exactly, or a unique prefix of it;
-/// `None` takes the most recent.
-pub fn resume(dir: &Path, id: Option<&str>) -> Result<Resumed, SessionError> {
-    let all = list(dir);
-    let chosen = match id {
-        None => all.first().cloned().ok_or(SessionError::None)?,
-        Some(want) => {
-            let hits: Vec<_> = all
-                .iter()
-                .filter(|s| s.id == want || s.id.starts_with(want))
-                .collect();
-            match hits.as_slice() {
-                [one] => (*one).clone(),
-                _ => all
-                    .iter()
-                    .find(|s| s.id == want)
-                    .cloned()
-                    .ok_or_else(|| SessionError::NotFound(want.to_string()))?,
-            }
-        }
-    };
+/// `None` takes the most recent, of those that worked in `workspace` when
+/// one is given.
+pub fn resume(
+    dir: &Path,
+    id: Option<&str>,
+    workspace: Option<&Path>,
+) -> Result<Resumed, SessionError> {
+    let chosen = choose(&list(dir), id, workspace)?;
     open(&chosen.path)
+}
+
+/// [`resume`]'s choice among `all` (newest first).
+pub fn choose(
+    all: &[SessionSummary],
+    id: Option<&str>,
+    workspace: Option<&Path>,
+) -> Result<SessionSummary, SessionError> {
+    let Some(want) = id else {
+        let Some(ws) = workspace else {
+            return all.first().cloned().ok_or(SessionError::None);
+        };
+        return all
+            .iter()
+            .find(|s| Path::new(&s.workspace) == ws)
+            .cloned()
+            .ok_or_else(|| {
+                if all.is_empty() {
+                    SessionError::None
+                } else {
+                    SessionError::NoneHere(ws.display().to_string())
+                }
+            });
+    };
+    if let Some(exact) = all.iter().find(|s| s.id == want) {
+        return Ok(exact.clone());
+    }
+    let hits: Vec<&SessionSummary> = all.iter().filter(|s| s.id.starts_with(want)).collect();
+    match hits.as_slice() {
+        [] => Err(SessionError::NotFound(want.to_string())),
+        [one] => Ok((*one).clone()),
+        many => Err(SessionError::Ambiguous {
+            prefix: want.to_string(),
+            matches: many.iter().map(|s| s.id.clone()).collect(),
+        }),
+    }
 }
 
 /// Opens the session log at `path` to continue it.
@@ -283,10 +314,10 @@ mod tests {
         write(dir.path(), "100-aaaaa", "first", &["a"]);
         std::thread::sleep(std::time::Duration::from_millis(5));
         write(dir.path(), "200-bbbbb", "second", &["b", "c"]);
-        let r = resume(dir.path(), Some("100")).unwrap();
+        let r = resume(dir.path(), Some("100"), None).unwrap();
         assert_eq!(r.summary.id, "100-aaaaa");
         assert_eq!(r.history.len(), 1);
-        let r = resume(dir.path(), None).unwrap();
+        let r = resume(dir.path(), None, None).unwrap();
         assert_eq!(r.summary.id, "200-bbbbb");
         // Two user messages in a row (no answer between) merge, as they did
         // when they were sent.
@@ -298,13 +329,44 @@ mod tests {
             }]
         );
         assert!(matches!(
-            resume(dir.path(), Some("999")),
+            resume(dir.path(), Some("999"), None),
             Err(SessionError::NotFound(_))
         ));
         let empty = tempfile::tempdir().unwrap();
         assert!(matches!(
-            resume(empty.path(), None),
+            resume(empty.path(), None, None),
             Err(SessionError::None)
+        ));
+    }
+
+    #[test]
+    fn last_is_per_workspace_and_a_shared_prefix_is_ambiguous() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), "100-aaaaa", "first", &["a"]);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        write(dir.path(), "100-abbbb", "second", &["b"]);
+        let all = list(dir.path());
+        let e = choose(&all, Some("100-a"), None).unwrap_err();
+        match &e {
+            SessionError::Ambiguous { matches, .. } => {
+                assert_eq!(matches.len(), 2);
+            }
+            other => panic!("expected ambiguous, got {other:?}"),
+        }
+        assert!(e.to_string().contains("100-aaaaa") && e.to_string().contains("ambiguous"));
+        assert_eq!(choose(&all, Some("100-ab"), None).unwrap().id, "100-abbbb");
+        // An exact id wins over the longer ids it prefixes.
+        assert_eq!(
+            choose(&all, Some("100-aaaaa"), None).unwrap().id,
+            "100-aaaaa"
+        );
+        assert_eq!(
+            choose(&all, None, Some(Path::new("/w"))).unwrap().id,
+            "100-abbbb"
+        );
+        assert!(matches!(
+            choose(&all, None, Some(Path::new("/elsewhere"))),
+            Err(SessionError::NoneHere(_))
         ));
     }
 }

@@ -22,7 +22,7 @@ pub struct ChatArgs {
     /// Continue the session with this id (or a unique prefix), in its workspace
     #[arg(long, value_name = "ID", conflicts_with = "last")]
     pub resume: Option<String>,
-    /// Continue the most recent session
+    /// Continue the most recent session of this workspace
     #[arg(long)]
     pub last: bool,
     /// Host directory mounted at /workspace [default: SAFEDIR or the current directory]
@@ -57,13 +57,15 @@ pub async fn chat(args: ChatArgs) -> i32 {
             "the chat UI needs a terminal; for scripts use `cordon exec \"TASK\"`",
         );
     }
-    let mut resumed = None;
-    if args.resume.is_some() || args.last {
-        match sessions::resume(&sessions::sessions_dir(), args.resume.as_deref()) {
-            Ok(r) => resumed = Some(r),
-            Err(e) => return config_error(e),
-        }
-    }
+    let (resumed, resume_notice) = match crate::sessions_cmd::choose_resume(
+        args.resume.as_deref(),
+        args.last,
+        args.workspace.as_deref(),
+    ) {
+        Ok(Some((r, n))) => (Some(r), n),
+        Ok(None) => (None, None),
+        Err(e) => return config_error(e),
+    };
     // A resumed conversation continues in the workspace it started in.
     let workspace = args.workspace.clone().or_else(|| {
         resumed
@@ -113,7 +115,7 @@ pub async fn chat(args: ChatArgs) -> i32 {
         sessions_dir: sessions::sessions_dir(),
         resume: resumed,
         mcp,
-        notices: s.notices,
+        notices: s.notices.into_iter().chain(resume_notice).collect(),
     };
     match cordon_tui::run(status, worker).await {
         Ok(out) => {

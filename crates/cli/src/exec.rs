@@ -44,7 +44,7 @@ pub struct ExecArgs {
     /// Continue the session with this id (or a unique prefix), in its workspace
     #[arg(long, value_name = "ID", conflicts_with = "last")]
     pub resume: Option<String>,
-    /// Continue the most recent session
+    /// Continue the most recent session of this workspace
     #[arg(long)]
     pub last: bool,
     /// Isolation backend, native or microvm (overrides `sandbox.backend`; see `cordon vm setup`)
@@ -198,17 +198,22 @@ pub async fn exec(args: ExecArgs) -> i32 {
         Ok(_) => return config_error("the prompt is empty"),
         Err(code) => return code,
     };
-    let mut resumed = None;
-    if args.resume.is_some() || args.last {
-        match sessions::resume(&sessions::sessions_dir(), args.resume.as_deref()) {
-            Ok(r) => resumed = Some(r),
-            Err(e) => return config_error(e),
-        }
-    }
+    let (resumed, resume_notice) = match crate::sessions_cmd::choose_resume(
+        args.resume.as_deref(),
+        args.last,
+        args.workspace.as_deref(),
+    ) {
+        Ok(Some((r, n))) => (Some(r), n),
+        Ok(None) => (None, None),
+        Err(e) => return config_error(e),
+    };
     let mut args = args;
     if let (Some(r), None) = (&resumed, &args.workspace) {
         // A resumed conversation continues in the workspace it started in.
         args.workspace = Some(PathBuf::from(&r.summary.workspace));
+    }
+    if let Some(n) = resume_notice {
+        eprintln!("cordon: {n}");
     }
     let s = match setup(&Choices {
         model: args.model.as_deref(),
@@ -378,6 +383,13 @@ pub async fn exec(args: ExecArgs) -> i32 {
                     cost_usd,
                     ..
                 } => {
+                    // The answer's last line ends before the tally starts,
+                    // on a terminal where both streams meet.
+                    if !at_line_start {
+                        let _ = writeln!(out);
+                        let _ = out.flush();
+                        at_line_start = true;
+                    }
                     let cost = cost_usd.map(|c| format!(", ${c:.4}")).unwrap_or_default();
                     let _ = writeln!(
                         err,

@@ -71,8 +71,9 @@ enum Command {
     /// Exit status: 0 done, 1 the model could not finish (API error, step
     /// limit), 78 bad configuration, 125 sandbox error, 130 interrupted.
     Exec(exec::ExecArgs),
-    /// List the sessions on disk: id, start, title, turns, tokens.
-    Sessions,
+    /// List this directory's sessions (`--all`: every one): id, start,
+    /// turns, tokens, workspace, title.
+    Sessions(sessions_cmd::SessionsArgs),
     /// Serve the sandbox's tools over MCP on stdio (one sandbox per
     /// connection); `cordon mcp list` shows the MCP servers the agent uses.
     Mcp(mcp_cmd::McpArgs),
@@ -132,7 +133,7 @@ fn main() {
             Command::Config(args) => config_cmd::config(args),
             Command::Trust(args) => trust_cmd::trust(args),
             Command::Exec(args) => exec::exec(args).await,
-            Command::Sessions => sessions_cmd::sessions(),
+            Command::Sessions(args) => sessions_cmd::sessions(args),
             Command::Mcp(args) => mcp_cmd::mcp(args).await,
             Command::Serve(args) => serve_cmd::serve(args).await,
             Command::Token(args) => serve_cmd::token(args).await,

@@ -1,6 +1,76 @@
-//! `cordon sessions`: the conversations on disk, newest first.
+//! `cordon sessions`: the conversations on disk, newest first; and the
+//! choice of a session to resume (`--resume`, `--last`).
 
-use cordon_agent::sessions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use cordon_agent::sessions::{self, Resumed, SessionSummary};
+
+#[derive(Args, Debug)]
+pub struct SessionsArgs {
+    /// Every workspace's sessions, not only those of this directory (or --workspace)
+    #[arg(long)]
+    pub all: bool,
+    /// Only the sessions that worked in DIR
+    #[arg(long, value_name = "DIR", conflicts_with = "all")]
+    pub workspace: Option<PathBuf>,
+    /// One JSON object per session, per line
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `path` resolved for comparing workspaces (as given when it is gone).
+pub fn same_dir(path: &Path) -> PathBuf {
+    path.canonicalize()
+        .unwrap_or_else(|_| std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()))
+}
+
+/// The session `--resume ID` or `--last` names, and what the user must be
+/// told about where it continues. `--last` takes the newest session of
+/// `workspace` (the flag) or of the current directory.
+pub(crate) fn choose_resume(
+    id: Option<&str>,
+    last: bool,
+    workspace: Option<&Path>,
+) -> Result<Option<(Resumed, Option<String>)>, String> {
+    if id.is_none() && !last {
+        return Ok(None);
+    }
+    let here = match workspace {
+        Some(w) => same_dir(w),
+        None => std::env::current_dir()
+            .map(|d| same_dir(&d))
+            .map_err(|e| format!("current directory: {e}"))?,
+    };
+    let dir = sessions::sessions_dir();
+    let all: Vec<SessionSummary> = sessions::list(&dir)
+        .into_iter()
+        .map(|mut s| {
+            s.workspace = same_dir(Path::new(&s.workspace)).display().to_string();
+            s
+        })
+        .collect();
+    let chosen = sessions::choose(&all, id, id.is_none().then_some(here.as_path()))
+        .map_err(|e| e.to_string())?;
+    let resumed = sessions::open(&chosen.path).map_err(|e| e.to_string())?;
+    let theirs = PathBuf::from(&chosen.workspace);
+    let notice = match workspace {
+        Some(w) if same_dir(w) != theirs => Some(format!(
+            "session {} worked in {}; it continues in {}, as --workspace says",
+            chosen.id,
+            theirs.display(),
+            same_dir(w).display()
+        )),
+        None if theirs != here => Some(format!(
+            "session {} worked in {}, not in this directory: it continues there",
+            chosen.id,
+            theirs.display()
+        )),
+        _ => None,
+    };
+    Ok(Some((resumed, notice)))
+}
 
 fn utc(ms: u64) -> String {
     // Civil date from days since the epoch (Howard Hinnant's algorithm).
@@ -22,31 +92,100 @@ fn utc(ms: u64) -> String {
     )
 }
 
-pub fn sessions() -> i32 {
-    let all = sessions::list(&sessions::sessions_dir());
-    if all.is_empty() {
-        println!(
-            "no sessions yet (they are kept in {})",
-            sessions::sessions_dir().display()
-        );
-        return 0;
+pub fn sessions(args: SessionsArgs) -> i32 {
+    let dir = sessions::sessions_dir();
+    let here = if args.all {
+        None
+    } else {
+        match args
+            .workspace
+            .clone()
+            .map_or_else(std::env::current_dir, Ok)
+        {
+            Ok(d) => Some(same_dir(&d)),
+            Err(e) => return crate::options::config_error(format_args!("current directory: {e}")),
+        }
+    };
+    let all: Vec<SessionSummary> = sessions::list(&dir)
+        .into_iter()
+        .filter(|s| {
+            here.as_ref()
+                .is_none_or(|h| same_dir(Path::new(&s.workspace)) == *h)
+        })
+        .collect();
+    // A reader that goes away (`| head -1`) ends the listing quietly.
+    let mut out = std::io::stdout().lock();
+    match print(&mut out, &all, args.json, here.as_deref(), &dir) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            1
+        }
     }
-    println!(
-        "{:<17} {:<16} {:>5} {:>9}  title",
-        "id", "started (UTC)", "turns", "tokens"
-    );
+}
+
+fn print(
+    out: &mut impl Write,
+    all: &[SessionSummary],
+    json: bool,
+    here: Option<&Path>,
+    dir: &Path,
+) -> std::io::Result<()> {
+    if json {
+        for s in all {
+            let line = serde_json::json!({
+                "id": s.id,
+                "started_ms": s.started_ms,
+                "title": s.title,
+                "workspace": s.workspace,
+                "turns": s.turns,
+                "usage": s.usage,
+            });
+            writeln!(out, "{line}")?;
+        }
+        return out.flush();
+    }
+    if all.is_empty() {
+        match here {
+            Some(h) => writeln!(
+                out,
+                "no sessions in {} yet (`cordon sessions --all` lists every workspace's; they are kept in {})",
+                h.display(),
+                dir.display()
+            )?,
+            None => writeln!(out, "no sessions yet (they are kept in {})", dir.display())?,
+        }
+        return out.flush();
+    }
+    writeln!(
+        out,
+        "{:<17} {:<16} {:>5} {:>9}  {:<28}  title",
+        "id", "started (UTC)", "turns", "tokens", "workspace"
+    )?;
     for s in all {
         let tokens = s.usage.prompt_tokens() + s.usage.output_tokens;
-        println!(
-            "{:<17} {:<16} {:>5} {:>9}  {}",
+        // Titles and paths come from the session log, which holds model
+        // and user text: no terminal control characters reach the screen.
+        writeln!(
+            out,
+            "{:<17} {:<16} {:>5} {:>9}  {:<28}  {}",
             s.id,
             utc(s.started_ms),
             s.turns,
             tokens,
-            s.title
-        );
+            printable(&s.workspace),
+            printable(&s.title)
+        )?;
     }
-    0
+    out.flush()
+}
+
+/// `text` with control characters shown as `?`.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 #[cfg(test)]

@@ -293,3 +293,54 @@ fn sigterm_restores_the_terminal_and_an_approval_can_deny() {
     assert_eq!(tmux.display("#{alternate_on}"), "0");
     assert_eq!(tmux.display("#{mouse_any_flag}"), "0");
 }
+
+/// `cordon` alone, as the README's front door says, typed in its project
+/// directory: the same UI and defaults as `cordon chat`, and a task with
+/// several tool calls runs to its answer (it once stopped after 0 model
+/// requests: its step limit was a derived 0).
+#[test]
+fn bare_cordon_completes_a_task_with_tool_calls() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Writing it.").with_tool_call(
+                "w1",
+                "write_file",
+                json!({"path": "hello.py", "content": "print('hello from bare cordon')\n"}),
+            ))
+            .turn(
+                Turn::text("Running it.")
+                    .with_tool_call("b1", "bash", json!({"command": "python3 hello.py"}))
+                    .expect_tool_results(["w1"]),
+            )
+            .turn(
+                Turn::text("It printed the greeting.")
+                    .expect_tool_results(["b1"])
+                    .expect_contains("hello from bare cordon"),
+            ),
+    );
+    let cmd = format!(
+        "cd {ws} && env -i PATH=/usr/bin:/bin TERM=xterm-256color HOME={home} \
+         XDG_CONFIG_HOME={home}/config XDG_DATA_HOME={home}/data ANTHROPIC_BASE_URL={url} \
+         ANTHROPIC_API_KEY=sk-test-key-0000 {bin}; echo EXIT=$?; sleep 600",
+        ws = ws.path().display(),
+        home = home.path().display(),
+        url = server.url(),
+        bin = env!("CARGO_BIN_EXE_cordon"),
+    );
+    let tmux = Tmux::start("bare", &cmd, 100, 30);
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("write hello.py and run it");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("It printed the greeting.");
+    assert!(!s.contains("model requests without finishing"), "{s}");
+    server.assert_finished();
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("hello.py")).unwrap(),
+        "print('hello from bare cordon')\n"
+    );
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+}

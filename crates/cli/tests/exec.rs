@@ -242,16 +242,49 @@ fn a_resumed_session_continues_with_the_earlier_context() {
         &["remember the number 4217"],
     );
     assert_success(&out);
-    // Resume from elsewhere: the session's own workspace is used.
+    // `--last` is this workspace's last session: from elsewhere there is
+    // none, and it says so rather than taking another project's.
     let other = tempfile::tempdir().unwrap();
     let out = exec(
         &server,
         other.path(),
         home.path(),
-        &["--last", "--json", "which number?"],
+        &["--last", "which number?"],
+    );
+    assert_eq!(out.status.code(), Some(78));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no session has worked in"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Resumed by id from elsewhere: its own workspace is used, and said.
+    let sessions = |cwd: &Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_cordon"))
+            .arg("sessions")
+            .args(args)
+            .current_dir(cwd)
+            .env_clear()
+            .env("HOME", home.path())
+            .env("XDG_DATA_HOME", home.path().join("data"))
+            .output()
+            .unwrap()
+    };
+    let listed = sessions(ws.path(), &["--json"]);
+    let row: Value = serde_json::from_str(String::from_utf8_lossy(&listed.stdout).trim()).unwrap();
+    let id = row["id"].as_str().unwrap().to_string();
+    let out = exec(
+        &server,
+        other.path(),
+        home.path(),
+        &["--resume", &id, "--json", "which number?"],
     );
     assert_success(&out);
     server.assert_finished();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not in this directory: it continues there"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let first: Value =
         serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
     assert_eq!(first["resumed"], true);
@@ -259,20 +292,21 @@ fn a_resumed_session_continues_with_the_earlier_context() {
         std::fs::canonicalize(first["workspace"].as_str().unwrap()).unwrap(),
         std::fs::canonicalize(ws.path()).unwrap()
     );
-    // One session, two turns, listed.
-    let list = Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .arg("sessions")
-        .env_clear()
-        .env("HOME", home.path())
-        .env("XDG_DATA_HOME", home.path().join("data"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&list.stdout);
-    let rows: Vec<&str> = text.lines().skip(1).collect();
-    assert_eq!(rows.len(), 1, "{text}");
-    assert!(rows[0].contains("remember the number 4217"), "{text}");
-    let cols: Vec<&str> = rows[0].split_whitespace().collect();
-    assert_eq!(cols[3], "2", "turns: {text}");
+    // One session, two turns, listed in its workspace and under --all only.
+    for (cwd, args) in [(ws.path(), &[][..]), (other.path(), &["--all"][..])] {
+        let list = sessions(cwd, args);
+        let text = String::from_utf8_lossy(&list.stdout);
+        let rows: Vec<&str> = text.lines().skip(1).collect();
+        assert_eq!(rows.len(), 1, "{text}");
+        assert!(rows[0].contains("remember the number 4217"), "{text}");
+        let cols: Vec<&str> = rows[0].split_whitespace().collect();
+        assert_eq!(cols[3], "2", "turns: {text}");
+    }
+    let list = sessions(other.path(), &[]);
+    assert!(
+        String::from_utf8_lossy(&list.stdout).starts_with("no sessions in"),
+        "{list:?}"
+    );
     // An unknown id is a clear configuration error.
     let out = exec(&server, ws.path(), home.path(), &["--resume", "nope", "hi"]);
     assert_eq!(out.status.code(), Some(78));

@@ -25,7 +25,10 @@ pub enum Action {
     Clear,
     /// A new conversation in a fresh sandbox.
     New,
-    ListSessions,
+    /// Earlier sessions: this workspace's, or every one's.
+    ListSessions {
+        all: bool,
+    },
     Load(String),
 }
 
@@ -117,7 +120,7 @@ Ctrl+C: cancel the turn (twice: quit) · Ctrl+D on an empty box: quit
 /help  this help                /quit      leave
 /clear new conversation, same sandbox (its shell, files and processes)
 /new   new conversation in a fresh sandbox
-/sessions pick an earlier session   /load ID  continue one
+/sessions pick an earlier session of this workspace (/sessions all: any)   /load ID  continue one
 /compact  summarise the conversation now   /model NAME  switch model   /cost  tokens and cost";
 
 fn new_input() -> TextArea<'static> {
@@ -387,7 +390,7 @@ impl App {
                 self.scroll = None;
                 vec![Action::New]
             }
-            "/sessions" => vec![Action::ListSessions],
+            "/sessions" => vec![Action::ListSessions { all: arg == "all" }],
             "/load" if arg.is_empty() => {
                 self.error("/load needs a session id (see /sessions)");
                 Vec::new()
@@ -430,17 +433,21 @@ impl App {
 
     // --- approvals ----------------------------------------------------------
 
+    /// Asks about a tool call; `before` is a `write_file` target's current
+    /// content (`None`: a new file), shown as what the write deletes.
     pub fn ask_approval(
         &mut self,
         id: String,
         name: String,
         input: Value,
+        before: Option<String>,
         reply: oneshot::Sender<Answer>,
     ) {
         if let Some(i) = self.transcript.tool_index(&id)
             && let Some(Entry::Tool(call)) = self.transcript.get_mut(i)
         {
             call.state = ToolState::Pending;
+            call.before = before;
         }
         self.scroll = None;
         self.approval = Some(PendingApproval {
@@ -493,7 +500,7 @@ impl App {
 
     pub fn show_sessions(&mut self, sessions: Vec<SessionSummary>) {
         if sessions.is_empty() {
-            self.notice("No earlier sessions.");
+            self.notice("No earlier sessions in this workspace (/sessions all lists every one).");
             return;
         }
         self.picker = Some(Picker {
@@ -547,6 +554,7 @@ impl App {
                     name,
                     input,
                     state: ToolState::Running,
+                    before: None,
                 }));
             }
             AgentEvent::ToolCallFinished {

@@ -188,7 +188,7 @@ async fn event_loop(
                     app.status.sandbox = SandboxState::Starting;
                     Request::New
                 }
-                Action::ListSessions => Request::ListSessions,
+                Action::ListSessions { all } => Request::ListSessions { all },
                 Action::Load(id) => Request::Load(id),
             };
             if req_tx.send(req).is_err() {
@@ -218,8 +218,9 @@ fn on_update(app: &mut App, u: Update) -> Option<String> {
             id,
             name,
             input,
+            before,
             reply,
-        } => app.ask_approval(id, name, input, reply),
+        } => app.ask_approval(id, name, input, before, reply),
         Update::Sessions(list) => app.show_sessions(list),
         Update::Session {
             id,

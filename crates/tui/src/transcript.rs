@@ -37,6 +37,9 @@ pub struct ToolCall {
     pub name: String,
     pub input: Value,
     pub state: ToolState,
+    /// For a `write_file` waiting for approval: the file as it is now
+    /// (`None`: it does not exist), so the diff shows what it deletes.
+    pub before: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -246,6 +249,7 @@ impl Transcript {
                                         is_error: false,
                                         duration_ms: 0,
                                     },
+                                    before: None,
                                 }));
                             }
                             _ => {}
@@ -394,8 +398,17 @@ fn render_tool(call: &ToolCall, expanded: bool, tick: u64) -> Vec<Line<'static>>
         lines.extend(limit(diff_lines(old, new), expanded, COLLAPSED_DIFF_LINES));
     } else if call.name == "write_file" && call.state == ToolState::Pending {
         let content = call.input["content"].as_str().unwrap_or("");
+        let before = call.before.as_deref();
+        lines.push(Line::from(Span::styled(
+            if before.is_some() {
+                "  replaces the file:"
+            } else {
+                "  a new file:"
+            },
+            theme::approval(),
+        )));
         lines.extend(limit(
-            diff_lines("", content),
+            diff_lines(before.unwrap_or(""), content),
             expanded,
             COLLAPSED_DIFF_LINES,
         ));
@@ -515,6 +528,7 @@ mod tests {
                 is_error,
                 duration_ms: 1500,
             },
+            before: None,
         })
     }
 

@@ -209,6 +209,7 @@ fn draw_picker(f: &mut Frame<'_>, app: &App, area: Rect) {
                     format!("  {} turn{}", s.turns, if s.turns == 1 { "" } else { "s" }),
                     theme::dim(),
                 ),
+                Span::styled(format!("  {}", s.workspace), theme::dim()),
             ]))
         })
         .collect();

@@ -25,7 +25,7 @@ pub enum Request {
     SetModel(String),
     Clear,
     New,
-    ListSessions,
+    ListSessions { all: bool },
     Load(String),
 }
 
@@ -43,6 +43,8 @@ pub enum Update {
         id: String,
         name: String,
         input: Value,
+        /// A `write_file` target's current text (`None`: a new file).
+        before: Option<String>,
         reply: oneshot::Sender<Answer>,
     },
     Sessions(Vec<SessionSummary>),
@@ -70,6 +72,30 @@ pub enum ApprovalMode {
 struct UiApprover {
     updates: mpsc::UnboundedSender<Update>,
     always: Mutex<HashSet<String>>,
+    /// The host workspace, to show what a write would replace.
+    workspace: PathBuf,
+}
+
+/// Largest file whose replaced lines an approval shows.
+const MAX_BEFORE: u64 = 1 << 20;
+
+/// What `write_file` would replace at `path`, read beneath the workspace
+/// the way the tool itself reads (no link out of it is followed).
+fn current_text(workspace: &std::path::Path, path: &str) -> Option<String> {
+    use std::io::Read;
+    let ws = cordon_tools::Workspace::open(workspace).ok()?;
+    let (file, size) = ws
+        .open_read(&cordon_tools::WsPath::parse(path).ok()?)
+        .ok()?;
+    if size > MAX_BEFORE {
+        return Some(format!("[a file of {size} bytes, too large to show]\n"));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_BEFORE).read_to_end(&mut bytes).ok()?;
+    Some(match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => format!("[a binary file of {} bytes]\n", e.as_bytes().len()),
+    })
 }
 
 impl Approver for UiApprover {
@@ -88,11 +114,22 @@ impl Approver for UiApprover {
             {
                 return Approval::Allow;
             }
+            let before = match (name, input["path"].as_str()) {
+                ("write_file", Some(path)) => {
+                    let (ws, path) = (self.workspace.clone(), path.to_string());
+                    tokio::task::spawn_blocking(move || current_text(&ws, &path))
+                        .await
+                        .ok()
+                        .flatten()
+                }
+                _ => None,
+            };
             let (tx, rx) = oneshot::channel();
             let asked = self.updates.send(Update::Approval {
                 id: id.to_string(),
                 name: name.to_string(),
                 input: input.clone(),
+                before,
                 reply: tx,
             });
             if asked.is_err() {
@@ -159,6 +196,7 @@ impl Worker {
             Arc::new(UiApprover {
                 updates: updates.clone(),
                 always: Mutex::default(),
+                workspace: self.sandbox.workspace.clone(),
             })
         });
         let mut st = State {
@@ -284,11 +322,20 @@ impl State {
                 self.start_sandbox().await;
                 self.fresh_agent();
             }
-            Request::ListSessions => {
+            Request::ListSessions { all } => {
                 let dir = self.cfg.sessions_dir.clone();
-                let list = tokio::task::spawn_blocking(move || sessions::list(&dir))
-                    .await
-                    .unwrap_or_default();
+                let here = self.cfg.sandbox.workspace.clone();
+                let list = tokio::task::spawn_blocking(move || {
+                    let same =
+                        |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+                    let here = same(&here);
+                    sessions::list(&dir)
+                        .into_iter()
+                        .filter(|s| all || same(std::path::Path::new(&s.workspace)) == here)
+                        .collect()
+                })
+                .await
+                .unwrap_or_default();
                 let _ = self.updates.send(Update::Sessions(list));
             }
             Request::Load(id) => self.load(&id).await,
@@ -298,10 +345,11 @@ impl State {
     async fn load(&mut self, id: &str) {
         let dir = self.cfg.sessions_dir.clone();
         let wanted = id.to_string();
-        let resumed = tokio::task::spawn_blocking(move || sessions::resume(&dir, Some(&wanted)))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()));
+        let resumed =
+            tokio::task::spawn_blocking(move || sessions::resume(&dir, Some(&wanted), None))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
         let r = match resumed {
             Ok(r) => r,
             Err(e) => {
@@ -422,5 +470,32 @@ fn done<T>(result: Result<T, AgentError>) -> Update {
             error: Some(e.to_string()),
             cancelled: false,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::current_text;
+
+    #[test]
+    fn what_a_write_would_replace_is_read_beneath_the_workspace() {
+        let ws = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(ws.path().join("notes.txt"), "old line\n").unwrap();
+        std::fs::write(outside.path().join("secret"), "host secret\n").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), ws.path().join("link")).unwrap();
+        std::fs::write(ws.path().join("blob"), [0xff, 0xfe, 0]).unwrap();
+        assert_eq!(
+            current_text(ws.path(), "notes.txt").as_deref(),
+            Some("old line\n")
+        );
+        assert_eq!(current_text(ws.path(), "/workspace/new.txt"), None);
+        // A link out of the workspace is not followed: the host file
+        // never reaches the screen.
+        assert!(current_text(ws.path(), "link").is_none_or(|t| !t.contains("host secret")));
+        assert_eq!(
+            current_text(ws.path(), "blob").as_deref(),
+            Some("[a binary file of 3 bytes]\n")
+        );
     }
 }

@@ -88,7 +88,8 @@ fn commands_become_actions_and_nothing_is_sent_while_a_turn_runs() {
     for (cmd, action) in [
         ("/clear", Action::Clear),
         ("/new", Action::New),
-        ("/sessions", Action::ListSessions),
+        ("/sessions", Action::ListSessions { all: false }),
+        ("/sessions all", Action::ListSessions { all: true }),
         ("/load 1795382010", Action::Load("1795382010".into())),
     ] {
         type_text(&mut a, cmd);

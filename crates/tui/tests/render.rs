@@ -189,6 +189,7 @@ fn the_approval_prompt() {
         "b1".into(),
         "bash".into(),
         json!({"command": "rm -rf build/"}),
+        None,
         tx,
     );
     insta::assert_snapshot!("asking", draw(&mut a, 80, 12).backend());
@@ -202,6 +203,37 @@ fn the_approval_prompt() {
         Answer::Deny("keep the build".into())
     );
     assert!(a.approval.is_none());
+}
+
+#[test]
+fn approving_a_write_over_a_file_shows_the_lines_it_deletes() {
+    let mut a = app();
+    send(&mut a, "tidy notes.txt");
+    let input = json!({"path": "notes.txt", "content": "keep me\nnew line\n"});
+    started(&mut a, "w1", "write_file", input.clone());
+    let (tx, _rx) = tokio::sync::oneshot::channel();
+    a.ask_approval(
+        "w1".into(),
+        "write_file".into(),
+        input.clone(),
+        Some("keep me\ndelete me\n".into()),
+        tx,
+    );
+    let screen = draw(&mut a, 80, 16).backend().to_string();
+    assert!(screen.contains("replaces the file"), "{screen}");
+    assert!(screen.contains("- delete me"), "{screen}");
+    assert!(screen.contains("+ new line"), "{screen}");
+    assert!(screen.contains("   keep me"), "{screen}");
+
+    // A file that does not exist yet is said to be new.
+    let mut a = app();
+    send(&mut a, "start notes.txt");
+    started(&mut a, "w2", "write_file", input.clone());
+    let (tx, _rx) = tokio::sync::oneshot::channel();
+    a.ask_approval("w2".into(), "write_file".into(), input, None, tx);
+    let screen = draw(&mut a, 80, 16).backend().to_string();
+    assert!(screen.contains("a new file"), "{screen}");
+    assert!(screen.contains("+ keep me"), "{screen}");
 }
 
 #[test]

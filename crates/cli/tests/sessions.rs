@@ -1,0 +1,83 @@
+//! `cordon sessions`: the listing survives a reader that goes away, and
+//! speaks JSON lines.
+
+use std::process::{Command, Stdio};
+
+/// A session log as `cordon exec` starts one.
+fn fake_session(dir: &std::path::Path, n: usize, workspace: &std::path::Path) {
+    let id = format!("{}-{n:05x}", 1_700_000_000 + n);
+    let record = serde_json::json!({
+        "seq": 0,
+        "ts_ms": 1_700_000_000_000u64 + n as u64,
+        "type": "session_started",
+        "session_id": id,
+        "title": format!("task number {n}"),
+        "workspace": workspace,
+    });
+    std::fs::write(dir.join(format!("{id}.jsonl")), format!("{record}\n")).unwrap();
+}
+
+fn sessions(home: &std::path::Path, cwd: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cordon"));
+    c.arg("sessions")
+        .current_dir(cwd)
+        .env_clear()
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"));
+    c
+}
+
+#[test]
+fn a_closed_pipe_ends_the_listing_quietly() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let dir = home.path().join("data/cordon/sessions");
+    std::fs::create_dir_all(&dir).unwrap();
+    for n in 0..50 {
+        fake_session(&dir, n, ws.path());
+    }
+    // `cordon sessions | head -0`, made certain: the reading end is closed
+    // before cordon writes a byte.
+    for json in [false, true] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut cmd = sessions(home.path(), ws.path());
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd
+            .stdout(Stdio::from(writer))
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(out.status.code(), Some(0), "{err}");
+    }
+}
+
+#[test]
+fn json_lists_one_object_per_session_with_its_workspace() {
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let dir = home.path().join("data/cordon/sessions");
+    std::fs::create_dir_all(&dir).unwrap();
+    for n in 0..3 {
+        fake_session(&dir, n, ws.path());
+    }
+    let out = sessions(home.path(), ws.path())
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0]["title"], "task number 2", "newest first");
+    assert_eq!(
+        std::path::Path::new(rows[0]["workspace"].as_str().unwrap()),
+        ws.path()
+    );
+}
