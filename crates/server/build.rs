@@ -33,8 +33,14 @@ fn embed_novnc() {
             root.join("core/rfb.js").display()
         );
     } else {
+        // Looked for again on the next build once the package is there;
+        // meanwhile the server reads it at run time (ui.rs).
         println!(
-            "cargo:warning=noVNC not found at {} (Debian: apt-get install novnc, or set CORDON_NOVNC_DIR): the web UI's live view will be missing",
+            "cargo:rerun-if-changed={}",
+            root.join("core/rfb.js").display()
+        );
+        println!(
+            "cargo:warning=noVNC not found at {} (Debian: apt-get install novnc, or set CORDON_NOVNC_DIR): the server will look for it when it starts",
             root.display()
         );
     }

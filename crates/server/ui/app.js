@@ -689,7 +689,7 @@ function desktopPanel(id, signal) {
     try {
       ({ default: RFB } = await import('./novnc/core/rfb.js'));
     } catch {
-      err.show(new Error('This server was built without noVNC, so the desktop cannot be shown (install the novnc package and rebuild cordon).'));
+      err.show(new Error('This server has no noVNC, so the desktop cannot be shown (install the novnc package and restart cordon serve).'));
       status.textContent = '';
       return;
     }
