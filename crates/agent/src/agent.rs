@@ -52,6 +52,13 @@ pub enum AgentEvent {
         name: String,
         input: serde_json::Value,
     },
+    /// Output of a running tool call, as it arrives (`bash`, `run_code`);
+    /// `ToolCallFinished` then carries the whole result.
+    ToolOutput {
+        id: String,
+        stream: cordon_tools::OutputStream,
+        text: String,
+    },
     ToolCallFinished {
         id: String,
         name: String,
@@ -101,7 +108,9 @@ impl AgentEvent {
     pub fn is_delta(&self) -> bool {
         matches!(
             self,
-            AgentEvent::TextDelta { .. } | AgentEvent::ThinkingDelta { .. }
+            AgentEvent::TextDelta { .. }
+                | AgentEvent::ThinkingDelta { .. }
+                | AgentEvent::ToolOutput { .. }
         )
     }
 }
@@ -300,6 +309,15 @@ pub struct Agent {
 const KEEP_SHARE: f64 = 0.25;
 
 const CANCELLED: &str = "The user cancelled this tool call before it finished.";
+
+/// A cancelled call's result, with what it had printed.
+fn cancelled_with(output: &str) -> String {
+    if output.is_empty() {
+        CANCELLED.into()
+    } else {
+        format!("{CANCELLED} Its output until then (the end of it):\n{output}")
+    }
+}
 
 impl Agent {
     pub fn new(provider: Provider, tools: Toolbox, ctx: ToolContext, config: AgentConfig) -> Self {
@@ -768,13 +786,19 @@ impl Agent {
                     break;
                 }
             }
+            // Each call's output reaches the front ends while it runs.
+            let lives: Vec<_> = batch
+                .iter()
+                .map(|(id, _, _)| crate::live::Live::new(id, journal.events.clone()))
+                .collect();
             let runs = batch.iter().enumerate().map(|(k, (_, name, input))| {
                 let started = Instant::now();
                 let verdict = verdicts.get(k).cloned().flatten();
+                let ctx = self.ctx.with_progress(lives[k].progress());
                 async move {
                     let out = match verdict {
                         Some(Approval::Deny(reason)) => ToolOutput::error(denied(&reason)),
-                        _ => self.tools.call(&self.ctx, name, input.clone()).await,
+                        _ => self.tools.call(&ctx, name, input.clone()).await,
                     };
                     (out, started.elapsed())
                 }
@@ -784,7 +808,31 @@ impl Agent {
                 _ = cancel.cancelled() => None,
                 outs = futures_util::future::join_all(runs) => Some(outs),
             };
-            let Some(outputs) = outputs else { break };
+            let Some(outputs) = outputs else {
+                // What the cancelled calls had printed is theirs to show,
+                // and the model's to know.
+                for (k, ((id, name, _), live)) in batch.iter().zip(&lives).enumerate() {
+                    let text = cancelled_with(&live.finish());
+                    emit(AgentEvent::ToolCallFinished {
+                        id: id.clone(),
+                        name: name.clone(),
+                        output: text.clone(),
+                        is_error: true,
+                        structured: None,
+                        duration_ms: 0,
+                    });
+                    results[i + k] = Some(ToolResult {
+                        tool_use_id: id.clone(),
+                        content: text,
+                        is_error: true,
+                        images: Vec::new(),
+                    });
+                }
+                break;
+            };
+            for live in &lives {
+                live.finish();
+            }
             for (k, ((id, name, _), (out, took))) in batch.iter().zip(outputs).enumerate() {
                 emit(AgentEvent::ToolCallFinished {
                     id: id.clone(),

@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod config;
 pub mod context;
+mod live;
 pub mod log;
 pub mod message;
 pub mod pricing;

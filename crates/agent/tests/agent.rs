@@ -249,6 +249,73 @@ async fn cancelling_mid_tool_leaves_a_valid_history_and_the_next_turn_works() {
     sandbox.close().await;
 }
 
+/// A running command's output reaches the front ends while it runs, and
+/// what it printed before a cancel is shown and goes back to the model.
+#[tokio::test]
+async fn tool_output_streams_while_it_runs_and_survives_a_cancel() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Working.").with_tool_call(
+                "s1",
+                "bash",
+                json!({"command": "echo step-one-done; echo warming-up >&2; sleep 30; echo never"}),
+            ))
+            .turn(
+                Turn::text("I saw step one finish before you stopped me.")
+                    .expect_tool_results(["s1"])
+                    .expect_contains("cancelled")
+                    .expect_contains("step-one-done"),
+            ),
+    );
+    let (mut agent, sandbox) = agent(&server, ProviderKind::Anthropic, ws.path()).await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let cancel = Cancel::new();
+    let trigger = cancel.clone();
+    // Cancels once both lines have streamed, proving they came while the
+    // command still ran (it sleeps 30 s after them).
+    let watcher = tokio::spawn(async move {
+        let mut seen = String::new();
+        let mut events = Vec::new();
+        while let Some(e) = rx.recv().await {
+            if let AgentEvent::ToolOutput { text, .. } = &e {
+                seen.push_str(text);
+                if seen.contains("step-one-done") && seen.contains("warming-up") {
+                    trigger.cancel();
+                }
+            }
+            events.push(e);
+        }
+        events
+    });
+    let started = std::time::Instant::now();
+    let err = agent.send("do the work", &tx, &cancel).await.unwrap_err();
+    assert!(matches!(err, AgentError::Cancelled), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the stream never came"
+    );
+    cancel.reset();
+    let outcome = agent.send("what happened?", &tx, &cancel).await.unwrap();
+    assert_eq!(outcome.text, "I saw step one finish before you stopped me.");
+    server.assert_finished();
+    drop(tx);
+    let events = watcher.await.unwrap();
+    let finished = events
+        .iter()
+        .find_map(|e| match e {
+            AgentEvent::ToolCallFinished { id, output, .. } if id == "s1" => Some(output.clone()),
+            _ => None,
+        })
+        .expect("the cancelled call is reported finished");
+    assert!(
+        finished.contains("cancelled") && finished.contains("step-one-done"),
+        "{finished}"
+    );
+    assert!(!finished.contains("never"));
+    sandbox.close().await;
+}
+
 #[tokio::test]
 async fn a_provider_failure_is_reported_and_the_turn_ends_cleanly() {
     let ws = tempfile::tempdir().unwrap();

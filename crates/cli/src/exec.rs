@@ -182,6 +182,13 @@ fn read_prompt(arg: &str) -> Result<String, i32> {
     Ok(s)
 }
 
+/// `text` with control characters other than newlines shown as `?`.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() && c != '\n' { '?' } else { c })
+        .collect()
+}
+
 /// The first lines of a tool's output, for progress lines.
 fn abbreviate(text: &str, lines: usize) -> String {
     let mut out: Vec<&str> = text.lines().take(lines).collect();
@@ -319,6 +326,10 @@ pub async fn exec(args: ExecArgs) -> i32 {
             ("", "")
         };
         let mut at_line_start = true;
+        // Live tool output on stderr: whether a line of it is open, and
+        // whether the running call printed any.
+        let mut live_open = false;
+        let mut streamed = false;
         while let Some(ev) = rx.recv().await {
             if json_mode {
                 let _ = writeln!(out, "{}", serde_json::to_string(&ev).unwrap_or_default());
@@ -339,13 +350,49 @@ pub async fn exec(args: ExecArgs) -> i32 {
                         .iter()
                         .find_map(|k| input.get(k).and_then(|v| v.as_str()))
                         .unwrap_or("");
-                    let _ = writeln!(err, "{dim}▸ {name} {key}{reset}");
+                    let _ = writeln!(err, "{dim}▸ {name} {}{reset}", printable(key));
+                }
+                AgentEvent::ToolOutput { text, .. } => {
+                    streamed = true;
+                    let mut line = String::new();
+                    for c in text.chars() {
+                        if !live_open {
+                            line.push_str(dim);
+                            line.push_str("  │ ");
+                            live_open = true;
+                        }
+                        match c {
+                            '\n' => {
+                                line.push_str(reset);
+                                line.push('\n');
+                                live_open = false;
+                            }
+                            '\t' => line.push_str("    "),
+                            // Sandbox bytes never reach the terminal as
+                            // control sequences.
+                            c if c.is_control() => line.push('?'),
+                            c => line.push(c),
+                        }
+                    }
+                    let _ = err.write_all(line.as_bytes());
+                    let _ = err.flush();
                 }
                 AgentEvent::ToolCallFinished {
                     output, is_error, ..
                 } => {
+                    if live_open {
+                        let _ = writeln!(err, "{reset}");
+                        live_open = false;
+                    }
                     let mark = if is_error { "✗" } else { "✓" };
-                    let _ = writeln!(err, "{dim}  {mark} {}{reset}", abbreviate(&output, 4));
+                    // Streamed output was seen already: the verdict's first
+                    // line (the exit code) is enough.
+                    let lines = if std::mem::take(&mut streamed) { 1 } else { 4 };
+                    let _ = writeln!(
+                        err,
+                        "{dim}  {mark} {}{reset}",
+                        printable(&abbreviate(&output, lines))
+                    );
                 }
                 AgentEvent::Retrying {
                     attempt,

@@ -344,3 +344,52 @@ fn bare_cordon_completes_a_task_with_tool_calls() {
     tmux.keys(&["Enter"]);
     tmux.wait_for("EXIT=0");
 }
+
+/// A running command's output shows under it while it runs, and stays
+/// after Ctrl-C cancels it.
+#[test]
+fn tool_output_shows_while_it_runs_and_stays_after_ctrl_c() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Building.").with_tool_call(
+                "b1",
+                "bash",
+                json!({"command": "echo live-progress-line; sleep 60"}),
+            ))
+            .turn(
+                Turn::text("Stopped as asked.")
+                    .expect_tool_results(["b1"])
+                    .expect_contains("live-progress-line"),
+            ),
+    );
+    let tmux = Tmux::start(
+        "live",
+        &chat_command(&server, ws.path(), home.path(), ""),
+        100,
+        30,
+    );
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("build it");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("live-progress-line");
+    assert_eq!(
+        server.requests().len(),
+        1,
+        "still in the first tool call: {s}"
+    );
+    tmux.keys(&["C-c"]);
+    let s = tmux.wait_for("cancelled");
+    assert!(
+        s.contains("live-progress-line"),
+        "the output went with the cancel: {s}"
+    );
+    tmux.type_text("what happened?");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("Stopped as asked.");
+    server.assert_finished();
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+}

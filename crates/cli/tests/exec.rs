@@ -518,3 +518,75 @@ fn the_backend_comes_from_the_flag_or_the_config_file() {
     assert_eq!(kernel_of(&[], Some(microvm)), by_flag);
     assert_eq!(kernel_of(&["--backend", "native"], Some(microvm)), host);
 }
+
+/// A command's output is on stderr while it still runs (not only when it
+/// ends), free of the terminal's control sequences, and Ctrl-C keeps it:
+/// the cancelled call reports what it had printed.
+#[test]
+fn tool_output_streams_while_the_command_runs_and_ctrl_c_keeps_it() {
+    use std::io::{BufRead, BufReader};
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(Scenario::new().turn(
+        Turn::text("Building.").with_tool_call(
+            "b1",
+            "bash",
+            json!({"command": "printf 'compiling step 1\\n\\033]52;c;cHduZWQ=\\007\\033[2Kdone 1\\n'; sleep 60"}),
+        ),
+    ));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["exec", "build it"])
+        .current_dir(ws.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let started = std::time::Instant::now();
+    let mut lines = Vec::new();
+    while !lines.iter().any(|l: &String| l.contains("done 1")) {
+        match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(l) => lines.push(l),
+            Err(_) => panic!("no live output within 30 s: {lines:?}"),
+        }
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "the output came only when the command ended"
+    );
+    let live = lines.join("\n");
+    assert!(live.contains("compiling step 1"), "{live}");
+    assert!(
+        !live.contains('\u{1b}') && !live.contains('\u{7}'),
+        "control sequences reached the terminal: {live:?}"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let rest: Vec<String> = rx.iter().collect();
+    let finished = rest.join("\n");
+    assert!(
+        finished.contains("✗") && finished.contains("cancelled"),
+        "the cancelled call was not reported: {finished}"
+    );
+}

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cordon_agent::{Agent, AgentConfig, AgentError, Cancel, Provider, SessionLog};
+use cordon_agent::{Agent, AgentConfig, AgentError, AgentEvent, Cancel, Provider, SessionLog};
 use cordon_sandbox::{ExecEvent, ExecRequest, ExecResult, Sandbox, SandboxConfig};
 use cordon_tools::{ToolContext, Toolbox, Workspace, WsPath};
 use serde_json::{Value, json};
@@ -632,6 +632,9 @@ async fn run_agent(
     let (tx, mut rx) = mpsc::unbounded_channel();
     let turn_cancel = Cancel::new();
     let mut timed_out = false;
+    // Live tool output is stored up to the job's output cap; each call's
+    // result (its head and tail) is stored whatever the cap.
+    let mut live_room = shared.config.output_cap;
     let result = {
         let send = agent.send(&run.prompt, &tx, &turn_cancel);
         tokio::pin!(send);
@@ -639,6 +642,12 @@ async fn run_agent(
             tokio::select! {
                 r = &mut send => break r,
                 Some(ev) = rx.recv() => {
+                    if let AgentEvent::ToolOutput { text, .. } = &ev {
+                        if text.len() > live_room {
+                            continue;
+                        }
+                        live_room -= text.len();
+                    }
                     let kind = serde_json::to_value(&ev).ok()
                         .and_then(|v| v["type"].as_str().map(str::to_string))
                         .unwrap_or_else(|| "agent".into());

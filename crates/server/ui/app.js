@@ -282,12 +282,32 @@ class Transcript {
     this.add(el);
   }
 
+  // Output of a running call, as it arrives; the result replaces it. Text
+  // nodes only: sandbox output never becomes markup.
+  toolOutput(id, text) {
+    const t = this.tools.get(id);
+    if (!t || !t.el.classList.contains('running')) return;
+    if (!t.live) {
+      t.live = document.createTextNode('');
+      t.output.replaceChildren(t.live);
+      // Opened to show the output while it comes; closed again after
+      // unless the user opened it.
+      t.autoOpened = !t.el.open;
+      t.el.open = true;
+    }
+    t.live.appendData(text);
+    // The end is what matters while it runs: keep the node bounded.
+    if (t.live.length > 64 * 1024) t.live.deleteData(0, t.live.length - 64 * 1024);
+    this.scroll();
+  }
+
   toolFinished(id, output, isError, durationMs) {
     const t = this.tools.get(id);
     if (!t) return;
     t.el.classList.remove('running');
     t.el.classList.add(isError ? 'failed' : 'done');
     t.output.textContent = output;
+    if (t.autoOpened) t.el.open = false;
     t.meta.textContent = durationMs == null ? (isError ? 'error' : '') : fmtDuration(durationMs);
   }
 
@@ -325,6 +345,9 @@ class Transcript {
         break;
       case 'tool_call_started':
         this.toolStarted(ev.id, ev.name, ev.input);
+        break;
+      case 'tool_output':
+        this.toolOutput(ev.id, ev.text);
         break;
       case 'tool_call_finished':
         this.toolFinished(ev.id, ev.output, ev.is_error, ev.duration_ms);

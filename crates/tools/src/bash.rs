@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cordon_sandbox::{ExecEvent, ExecRequest, Execution, ExitStatus};
+
+use crate::OutputStream;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
@@ -287,7 +289,7 @@ impl Scan {
         }
     }
 
-    fn feed(&mut self, data: &[u8], out: &mut HeadTail) {
+    fn feed(&mut self, data: &[u8], out: &mut impl FnMut(&[u8])) {
         if self.found.is_some() {
             // Output after the sentinel comes from background jobs of this
             // call; it is dropped rather than attributed to the next call.
@@ -298,20 +300,24 @@ impl Scan {
             let after = &self.pending[pos + self.marker.len()..];
             if let Some(nl) = after.iter().position(|&b| b == b'\n') {
                 self.found = Some(String::from_utf8_lossy(&after[..nl]).into_owned());
-                out.push(&self.pending[..pos]);
+                out(&self.pending[..pos]);
                 self.pending.clear();
             }
             return;
         }
-        // Keep back what could be the start of a split marker.
-        let keep = self.marker.len().min(self.pending.len());
+        // Keep back only what could be the start of a split marker, so
+        // that everything else is passed on (and shown live) at once.
+        let keep = (1..self.marker.len().min(self.pending.len() + 1))
+            .rev()
+            .find(|&k| self.pending.ends_with(&self.marker[..k]))
+            .unwrap_or(0);
         let commit = self.pending.len() - keep;
-        out.push(&self.pending[..commit]);
+        out(&self.pending[..commit]);
         self.pending.drain(..commit);
     }
 
-    fn flush(&mut self, out: &mut HeadTail) {
-        out.push(&self.pending);
+    fn flush(&mut self, out: &mut impl FnMut(&[u8])) {
+        out(&self.pending);
         self.pending.clear();
     }
 }
@@ -361,6 +367,15 @@ impl Shell {
         // without one; that newline is not the command's, so look for it too.
         let marker = format!("\n{mark}");
         let (mut so, mut se) = (Scan::new(&marker), Scan::new(&marker));
+        // What the command prints is kept (head and tail) and reported live.
+        let mut to_out = |b: &[u8]| {
+            out.push(b);
+            ctx.report(OutputStream::Stdout, b);
+        };
+        let mut to_err = |b: &[u8]| {
+            err.push(b);
+            ctx.report(OutputStream::Stderr, b);
+        };
         let stdin = self.exec.stdin();
         let end = tokio::time::timeout(timeout, async {
             if let Err(e) = stdin.write(script.as_bytes()).await {
@@ -371,11 +386,11 @@ impl Shell {
                     return End::Done(code.trim().parse().unwrap_or(-1));
                 }
                 match self.exec.next().await {
-                    Some(Ok(ExecEvent::Stdout(d))) => so.feed(&d, &mut out),
-                    Some(Ok(ExecEvent::Stderr(d))) => se.feed(&d, &mut err),
+                    Some(Ok(ExecEvent::Stdout(d))) => so.feed(&d, &mut to_out),
+                    Some(Ok(ExecEvent::Stderr(d))) => se.feed(&d, &mut to_err),
                     Some(Ok(ExecEvent::Exit(r))) => {
-                        so.flush(&mut out);
-                        se.flush(&mut err);
+                        so.flush(&mut to_out);
+                        se.flush(&mut to_err);
                         return End::ShellExited(r.status);
                     }
                     Some(Err(e)) => return End::Lost(e.to_string()),
@@ -386,8 +401,8 @@ impl Shell {
         .await
         .unwrap_or(End::TimedOut);
         if matches!(end, End::TimedOut) {
-            so.flush(&mut out);
-            se.flush(&mut err);
+            so.flush(&mut to_out);
+            se.flush(&mut to_err);
         }
         Outcome {
             stdout: out,
@@ -411,11 +426,23 @@ mod tests {
     fn a_split_sentinel_is_still_found() {
         let mut out = HeadTail::new(100, 100);
         let mut s = Scan::new("\n__M_");
-        s.feed(b"hello\n_", &mut out);
-        s.feed(b"_M_0", &mut out);
+        s.feed(b"hello\n_", &mut |b| out.push(b));
+        s.feed(b"_M_0", &mut |b| out.push(b));
         assert!(s.found.is_none());
-        s.feed(b"\nlate", &mut out);
+        s.feed(b"\nlate", &mut |b| out.push(b));
         assert_eq!(s.found.as_deref(), Some("0"));
         assert_eq!(out.render(), "hello");
+    }
+
+    #[test]
+    fn only_a_possible_start_of_the_sentinel_is_held_back() {
+        let mut seen = Vec::new();
+        let mut s = Scan::new("\n__M_");
+        s.feed(b"progress 10%", &mut |b| seen.extend_from_slice(b));
+        assert_eq!(seen, b"progress 10%", "nothing held back");
+        s.feed(b"\nnext\n_", &mut |b| seen.extend_from_slice(b));
+        assert_eq!(seen, b"progress 10%\nnext", "only \\n_ held back");
+        s.feed(b"x", &mut |b| seen.extend_from_slice(b));
+        assert_eq!(seen, b"progress 10%\nnext\n_x");
     }
 }

@@ -148,6 +148,18 @@ impl Default for Limits {
     }
 }
 
+/// Which stream a piece of a command's output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// Receives a running call's output as the sandbox produces it: raw bytes,
+/// possibly split inside a character, before any cutting to head and tail.
+pub type Progress = Arc<dyn Fn(OutputStream, &[u8]) + Send + Sync>;
+
 /// Everything a tool call needs about its conversation. Cheap to clone;
 /// clones share the persistent shell.
 #[derive(Clone)]
@@ -157,6 +169,8 @@ pub struct ToolContext {
     pub workspace: PathBuf,
     pub limits: Limits,
     pub(crate) shell: Arc<bash::ShellSlot>,
+    /// Where `bash` and `run_code` report output while they run.
+    progress: Option<Progress>,
 }
 
 impl ToolContext {
@@ -166,6 +180,25 @@ impl ToolContext {
             workspace: workspace.into(),
             limits: Limits::default(),
             shell: Arc::default(),
+            progress: None,
+        }
+    }
+
+    /// This context for one call whose output goes to `progress` as it
+    /// arrives.
+    pub fn with_progress(&self, progress: Progress) -> ToolContext {
+        ToolContext {
+            progress: Some(progress),
+            ..self.clone()
+        }
+    }
+
+    /// Reports output of the running call, if anyone listens.
+    pub(crate) fn report(&self, stream: OutputStream, data: &[u8]) {
+        if let Some(p) = &self.progress
+            && !data.is_empty()
+        {
+            p(stream, data);
         }
     }
 

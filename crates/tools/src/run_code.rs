@@ -195,8 +195,14 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
     let mut err = HeadTail::new(ctx.limits.output_head, ctx.limits.output_tail);
     let result = loop {
         match exec.next().await {
-            Some(Ok(ExecEvent::Stdout(d))) => out.push(&d),
-            Some(Ok(ExecEvent::Stderr(d))) => err.push(&d),
+            Some(Ok(ExecEvent::Stdout(d))) => {
+                out.push(&d);
+                ctx.report(crate::OutputStream::Stdout, &d);
+            }
+            Some(Ok(ExecEvent::Stderr(d))) => {
+                err.push(&d);
+                ctx.report(crate::OutputStream::Stderr, &d);
+            }
             Some(Ok(ExecEvent::Exit(r))) => break r,
             Some(Err(e)) => {
                 return ToolOutput::error(format!(

@@ -555,7 +555,15 @@ impl App {
                     input,
                     state: ToolState::Running,
                     before: None,
+                    live: String::new(),
                 }));
+            }
+            AgentEvent::ToolOutput { id, text, .. } => {
+                if let Some(i) = self.transcript.tool_index(&id)
+                    && let Some(Entry::Tool(call)) = self.transcript.get_mut(i)
+                {
+                    call.push_live(&text);
+                }
             }
             AgentEvent::ToolCallFinished {
                 id,

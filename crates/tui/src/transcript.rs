@@ -40,6 +40,28 @@ pub struct ToolCall {
     /// For a `write_file` waiting for approval: the file as it is now
     /// (`None`: it does not exist), so the diff shows what it deletes.
     pub before: Option<String>,
+    /// What a running call has printed so far (its end), shown until the
+    /// result replaces it.
+    pub live: String,
+}
+
+/// How much of a running call's output the transcript keeps.
+const LIVE_KEEP: usize = 16 * 1024;
+/// Lines of a running call's output shown: the last ones.
+const LIVE_LINES: usize = 6;
+
+impl ToolCall {
+    /// Appends output of the running call, keeping its end.
+    pub fn push_live(&mut self, text: &str) {
+        self.live.push_str(text);
+        if self.live.len() > LIVE_KEEP {
+            let mut cut = self.live.len() - LIVE_KEEP;
+            while !self.live.is_char_boundary(cut) {
+                cut += 1;
+            }
+            self.live.drain(..cut);
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -250,6 +272,7 @@ impl Transcript {
                                         duration_ms: 0,
                                     },
                                     before: None,
+                                    live: String::new(),
                                 }));
                             }
                             _ => {}
@@ -428,6 +451,23 @@ fn render_tool(call: &ToolCall, expanded: bool, tick: u64) -> Vec<Line<'static>>
         }
     }
 
+    if matches!(call.state, ToolState::Running) && !call.live.trim().is_empty() {
+        // The last lines printed so far; a carriage return (a progress
+        // bar) starts its line over, and no control character is drawn.
+        let shown: Vec<String> = call
+            .live
+            .trim_end()
+            .lines()
+            .map(|l| printable(l.rsplit('\r').next().unwrap_or(l)))
+            .collect();
+        let from = shown.len().saturating_sub(LIVE_LINES);
+        lines.extend(
+            shown[from..]
+                .iter()
+                .map(|l| Line::from(Span::styled(format!("  ┊ {l}"), theme::dim()))),
+        );
+    }
+
     if let ToolState::Done {
         output, is_error, ..
     } = &call.state
@@ -442,17 +482,20 @@ fn render_tool(call: &ToolCall, expanded: bool, tick: u64) -> Vec<Line<'static>>
             let body: Vec<Line<'static>> = output
                 .trim_end()
                 .lines()
-                .map(|l| {
-                    Line::from(Span::styled(
-                        format!("  │ {}", l.replace('\t', "    ")),
-                        style,
-                    ))
-                })
+                .map(|l| Line::from(Span::styled(format!("  │ {}", printable(l)), style)))
                 .collect();
             lines.extend(limit(body, expanded, COLLAPSED_LINES));
         }
     }
     lines
+}
+
+/// `line` with tabs as spaces and other control characters as `?`.
+fn printable(line: &str) -> String {
+    line.replace('\t', "    ")
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// At most `n` of `lines` unless expanded, with a line saying what is hidden.
@@ -529,6 +572,7 @@ mod tests {
                 duration_ms: 1500,
             },
             before: None,
+            live: String::new(),
         })
     }
 
