@@ -9,6 +9,7 @@
 //! session log ([`log`], [`sessions`]).
 
 pub mod agent;
+mod builder;
 pub mod config;
 pub mod context;
 mod live;
@@ -23,6 +24,7 @@ pub mod wire;
 pub use agent::{
     Agent, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Compaction, TurnOutcome,
 };
+pub use builder::AgentBuilder;
 pub use log::{LoadReport, LogError, Record, SessionLog};
 pub use message::{AssistantMessage, ContentBlock, StopReason, StreamDelta, Usage};
 pub use provider::{Provider, ProviderConfig, ProviderError, ProviderKind};

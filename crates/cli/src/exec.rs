@@ -9,11 +9,10 @@ use clap::Args;
 use cordon_agent::config::Settings;
 use cordon_agent::sessions;
 use cordon_agent::{
-    Agent, AgentConfig, AgentError, AgentEvent, Cancel, Provider, ProviderConfig, ProviderKind,
+    AgentBuilder, AgentConfig, AgentError, AgentEvent, Cancel, ProviderConfig, ProviderKind,
     SessionLog, StopReason,
 };
 use cordon_sandbox::{Sandbox, SandboxConfig};
-use cordon_tools::{ToolContext, Toolbox};
 use tokio::sync::mpsc;
 
 use crate::exit;
@@ -253,17 +252,6 @@ pub async fn exec(args: ExecArgs) -> i32 {
         std::sync::Arc::new(|m: String| eprintln!("cordon: {m}")),
     )
     .await;
-    let mut toolbox = Toolbox::standard();
-    if s.sandbox.display.is_some() {
-        toolbox.register(cordon_tools::computer::Computer);
-    }
-    for t in &mcp.tools {
-        toolbox.register_arc(t.clone());
-    }
-    let provider = match Provider::new(s.model.provider.clone()) {
-        Ok(p) => p,
-        Err(e) => return config_error(e),
-    };
     let (id, history, mut log) = match resumed {
         Some(r) => (r.summary.id, r.history, Some(r.log)),
         None => {
@@ -293,20 +281,27 @@ pub async fn exec(args: ExecArgs) -> i32 {
     {
         let _ = l.append(&started);
     }
-    let mut agent = Agent::new(
-        provider,
-        toolbox,
-        ToolContext::new(sandbox.clone(), &s.workspace),
+    let mut builder = AgentBuilder::new(
+        &s.model.provider,
         AgentConfig {
             max_steps: args.max_steps,
             ..s.model.agent.clone()
         },
     )
-    .with_history(history);
+    .tools(&mcp.tools)
+    .history(history);
     if let Some(l) = log {
         // From here on the agent records the conversation as it happens.
-        agent = agent.with_log(l);
+        builder = builder.log(l);
     }
+    let mut agent = match builder.build(&sandbox, &s.workspace) {
+        Ok(a) => a,
+        Err(e) => {
+            mcp.shutdown().await;
+            sandbox.close().await;
+            return config_error(e);
+        }
+    };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let cancel = Cancel::new();
     let on_int = cancel.clone();

@@ -106,6 +106,11 @@ pub async fn serve(args: ServeArgs) -> i32 {
         eprintln!("cordon: {e}");
         return exit::CONFIG;
     }
+    // The operator's MCP servers reach agent jobs and API sessions too.
+    config.mcp_servers = match crate::mcp_cmd::configured(&settings) {
+        Ok(m) => m,
+        Err(e) => return crate::options::config_error(e),
+    };
     config.backend = defaults.backend;
     config.cpus = defaults.cpus;
     config.vm = defaults.vm;

@@ -202,8 +202,12 @@ impl Serve {
     }
 
     fn start_with(extra: &[&str]) -> Serve {
+        Serve::start_in(tempfile::tempdir().unwrap(), extra)
+    }
+
+    /// `cordon serve` with `home` as its home (configuration included).
+    fn start_in(home: tempfile::TempDir, extra: &[&str]) -> Serve {
         use std::io::{BufRead, BufReader};
-        let home = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -630,4 +634,93 @@ fn mcp_list_shows_each_servers_tools_or_why_it_failed() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The operator's `[mcp_servers]` reach the server's agent jobs and API
+/// sessions, not only `exec` and the chat: each starts its own server.
+#[test]
+fn agent_jobs_and_api_sessions_get_the_operators_mcp_tools() {
+    use cordon_testkit::{Scenario, ScriptedServer, Turn};
+    use serde_json::json;
+    let Some(py) = python() else { return };
+    let model = ScriptedServer::start(
+        Scenario::new()
+            // The job.
+            .turn(Turn::text("Noting.").with_tool_call(
+                "j1",
+                "mcp__notes__add_note",
+                json!({"text": "from-the-job"}),
+            ))
+            .turn(
+                Turn::text("Noted in the job.")
+                    .expect_tool_results(["j1"])
+                    .expect_contains("from-the-job"),
+            )
+            // The API session.
+            .turn(Turn::text("Listing.").with_tool_call("s1", "mcp__notes__list_notes", json!({})))
+            .turn(Turn::text("Listed in the session.").expect_tool_results(["s1"])),
+    );
+    let home = tempfile::tempdir().unwrap();
+    let file = mcp_config(home.path(), &py, "");
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text = format!(
+        "anthropic_base_url = {:?}\nanthropic_api_key = \"sk-test-key-0000\"\n{text}",
+        model.url()
+    );
+    std::fs::write(&file, text).unwrap();
+    let s = Serve::start_in(home, &[]);
+    let token = s.token("acme");
+    let client = reqwest::blocking::Client::new();
+    let job: serde_json::Value = client
+        .post(format!("{}/v1/jobs", s.base))
+        .bearer_auth(&token)
+        .json(&json!({"kind": "agent", "prompt": "note something"}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let id = job["id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let done = loop {
+        let j: serde_json::Value = client
+            .get(format!("{}/v1/jobs/{id}", s.base))
+            .bearer_auth(&token)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if j["state"] != "queued" && j["state"] != "running" {
+            break j;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job never ended: {j}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["result"]["text"], "Noted in the job.");
+
+    let session: serde_json::Value = client
+        .post(format!("{}/v1/sessions", s.base))
+        .bearer_auth(&token)
+        .json(&json!({}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let sid = session["id"].as_str().unwrap();
+    let events = client
+        .post(format!("{}/v1/sessions/{sid}/messages", s.base))
+        .bearer_auth(&token)
+        .json(&json!({"text": "list the notes"}))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        events.contains("mcp__notes__list_notes") && events.contains("Listed in the session."),
+        "{events}"
+    );
+    model.assert_finished();
 }

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cordon_agent::{Agent, AgentConfig, AgentError, AgentEvent, Cancel, Provider, SessionLog};
+use cordon_agent::{AgentBuilder, AgentConfig, AgentError, AgentEvent, Cancel, SessionLog};
 use cordon_sandbox::{ExecEvent, ExecRequest, ExecResult, Sandbox, SandboxConfig};
-use cordon_tools::{ToolContext, Toolbox, Workspace, WsPath};
+use cordon_tools::{Workspace, WsPath};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -597,9 +597,36 @@ async fn run_agent(
             result: None,
         };
     };
-    let provider = match Provider::new(model_config.provider.clone()) {
-        Ok(p) => p,
+    let mut config = model_config.agent.clone();
+    if let Some(m) = run.model {
+        config.model = m;
+    }
+    if let Some(n) = run.max_steps {
+        config.max_steps = n;
+    }
+    // The operator's MCP servers, started for this job alone; one that
+    // fails is said in the job's events and the job goes on without it.
+    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let noted = failures.clone();
+    let mcp = cordon_mcp::McpClients::start(
+        &shared.config.mcp_servers,
+        Arc::new(move |m: String| noted.lock().unwrap_or_else(|p| p.into_inner()).push(m)),
+    )
+    .await;
+    let failed = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));
+    for message in failed {
+        sink.event("error", json!({ "type": "error", "message": message }))
+            .await;
+    }
+    let mut builder = AgentBuilder::new(&model_config.provider, config).tools(&mcp.tools);
+    match SessionLog::<Value>::create(&run.session) {
+        Ok(log) => builder = builder.log(log),
+        Err(e) => tracing::warn!("agent job session log: {e}"),
+    }
+    let mut agent = match builder.build(sandbox, ws) {
+        Ok(a) => a,
         Err(e) => {
+            mcp.shutdown().await;
             return Outcome {
                 state: JobState::Failed,
                 exit_code: None,
@@ -608,27 +635,6 @@ async fn run_agent(
             };
         }
     };
-    let mut config = model_config.agent.clone();
-    if let Some(m) = run.model {
-        config.model = m;
-    }
-    if let Some(n) = run.max_steps {
-        config.max_steps = n;
-    }
-    let mut tools = Toolbox::standard();
-    if sandbox.display().is_some() {
-        tools.register(cordon_tools::computer::Computer);
-    }
-    let mut agent = Agent::new(
-        provider,
-        tools,
-        ToolContext::new(sandbox.clone(), ws),
-        config,
-    );
-    match SessionLog::<Value>::create(&run.session) {
-        Ok(log) => agent = agent.with_log(log),
-        Err(e) => tracing::warn!("agent job session log: {e}"),
-    }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let turn_cancel = Cancel::new();
     let mut timed_out = false;
@@ -668,6 +674,8 @@ async fn run_agent(
         sink.event(&kind, v).await;
     }
     let usage = agent.usage();
+    drop(agent);
+    mcp.shutdown().await;
     match result {
         Ok(o) => Outcome {
             state: JobState::Succeeded,

@@ -39,6 +39,9 @@ pub struct ServerConfig {
     pub supervisor: Option<PathBuf>,
     /// The model for agent jobs and sessions; none refuses them.
     pub agent: Option<AgentDefaults>,
+    /// MCP servers whose tools agent jobs and sessions get too (the
+    /// operator's configuration): each job or session starts its own.
+    pub mcp_servers: std::collections::BTreeMap<String, cordon_mcp::ServerSpec>,
     /// A session's sandbox is closed after this long without a message.
     pub session_idle: Duration,
     /// The isolation backend of every sandbox, unless a job asks for one.
@@ -62,6 +65,7 @@ impl ServerConfig {
             bounds: Bounds::default(),
             supervisor: None,
             agent: None,
+            mcp_servers: Default::default(),
             session_idle: Duration::from_secs(15 * 60),
             backend: cordon_sandbox::BackendKind::Native,
             cpus: None,

@@ -19,9 +19,8 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router, routing::get, routing::post};
-use cordon_agent::{Agent, AgentConfig, AgentEvent, Cancel, Provider, SessionLog};
+use cordon_agent::{Agent, AgentBuilder, AgentConfig, AgentEvent, Cancel, SessionLog};
 use cordon_sandbox::Sandbox;
-use cordon_tools::{ToolContext, Toolbox};
 use futures_util::Stream;
 use serde_json::{Value, json};
 use tokio::sync::{OwnedMutexGuard, mpsc};
@@ -35,7 +34,17 @@ use crate::store::{SessionRow, random_hex};
 struct Live {
     agent: Agent,
     sandbox: Sandbox,
+    /// The operator's MCP servers, started for this session.
+    mcp: cordon_mcp::McpClients,
     last_used: Instant,
+}
+
+impl Live {
+    async fn close(self) {
+        drop(self.agent);
+        self.mcp.shutdown().await;
+        self.sandbox.close().await;
+    }
 }
 
 type Slot = Arc<tokio::sync::Mutex<Option<Live>>>;
@@ -77,8 +86,7 @@ impl LiveSessions {
             {
                 tracing::debug!("closing idle session {id}");
                 desktops.unlist(&desktop_key(&id));
-                drop(live.agent);
-                live.sandbox.close().await;
+                live.close().await;
             }
         }
     }
@@ -334,32 +342,44 @@ async fn wake(shared: &Shared, row: &SessionRow) -> Result<Live, ApiError> {
             format!("cannot create the sandbox: {e}"),
         )
     })?;
-    let provider = Provider::new(defaults.provider.clone()).map_err(|e| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            e.to_string(),
-        )
-    })?;
-    let mut tools = Toolbox::standard();
     if sandbox.display().is_some() {
-        tools.register(cordon_tools::computer::Computer);
         shared.desktops.insert(desktop_key(&row.id), &sandbox);
     }
-    let agent = Agent::new(
-        provider,
-        tools,
-        ToolContext::new(sandbox.clone(), &ws),
+    // MCP servers that fail are logged: the session goes on without them.
+    let id = row.id.clone();
+    let mcp = cordon_mcp::McpClients::start(
+        &shared.config.mcp_servers,
+        Arc::new(move |m: String| tracing::warn!("session {id}: {m}")),
+    )
+    .await;
+    let built = AgentBuilder::new(
+        &defaults.provider,
         AgentConfig {
             model: row.model.clone(),
             ..defaults.agent.clone()
         },
     )
-    .with_history(resumed.history)
-    .with_log(resumed.log);
+    .tools(&mcp.tools)
+    .history(resumed.history)
+    .log(resumed.log)
+    .build(&sandbox, &ws);
+    let agent = match built {
+        Ok(a) => a,
+        Err(e) => {
+            shared.desktops.unlist(&desktop_key(&row.id));
+            mcp.shutdown().await;
+            sandbox.close().await;
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            ));
+        }
+    };
     Ok(Live {
         agent,
         sandbox,
+        mcp,
         last_used: Instant::now(),
     })
 }

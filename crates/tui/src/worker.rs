@@ -8,11 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use cordon_agent::sessions::{self, SessionSummary};
 use cordon_agent::{
-    Agent, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Message, Provider,
+    Agent, AgentBuilder, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Message,
     ProviderConfig, SessionLog, StopReason, Usage,
 };
 use cordon_sandbox::{Sandbox, SandboxConfig};
-use cordon_tools::{ToolContext, Toolbox};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
@@ -257,32 +256,22 @@ impl State {
     }
 
     fn new_agent(&self) -> Option<Agent> {
-        let sandbox = self.sandbox.clone()?;
-        let provider = match Provider::new(self.cfg.provider.clone()) {
-            Ok(p) => p,
+        let sandbox = self.sandbox.as_ref()?;
+        let built = AgentBuilder::new(&self.cfg.provider, self.cfg.agent.clone())
+            .tools(&self.extra_tools)
+            .approver(
+                self.approver
+                    .as_ref()
+                    .map(|a| a.clone() as Arc<dyn Approver>),
+            )
+            .build(sandbox, &self.cfg.sandbox.workspace);
+        match built {
+            Ok(agent) => Some(agent),
             Err(e) => {
                 let _ = self.updates.send(Update::Error(e.to_string()));
-                return None;
+                None
             }
-        };
-        let mut tools = Toolbox::standard();
-        // The screen is the model's only with a display to show.
-        if self.cfg.sandbox.display.is_some() {
-            tools.register(cordon_tools::computer::Computer);
         }
-        for t in &self.extra_tools {
-            tools.register_arc(t.clone());
-        }
-        let mut agent = Agent::new(
-            provider,
-            tools,
-            ToolContext::new(sandbox, &self.cfg.sandbox.workspace),
-            self.cfg.agent.clone(),
-        );
-        if let Some(a) = &self.approver {
-            agent.set_approver(Some(a.clone() as Arc<dyn Approver>));
-        }
-        Some(agent)
     }
 
     fn fresh_agent(&mut self) {
