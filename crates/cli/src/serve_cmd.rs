@@ -111,6 +111,17 @@ pub async fn serve(args: ServeArgs) -> i32 {
         Ok(m) => m,
         Err(e) => return crate::options::config_error(e),
     };
+    // The sandbox settings are the jobs' defaults: a job may ask for other
+    // memory (up to the bound), not for more processes.
+    let sandbox = match crate::options::sandbox_config(&settings, &[]) {
+        Ok(c) => c,
+        Err(e) => return crate::options::config_error(e),
+    };
+    if let Some(m) = sandbox.memory {
+        config.bounds.default_memory = m;
+        config.bounds.max_memory = config.bounds.max_memory.max(m);
+    }
+    config.pids = sandbox.pids;
     config.backend = defaults.backend;
     config.cpus = defaults.cpus;
     config.vm = defaults.vm;

@@ -46,6 +46,8 @@ pub struct ServerConfig {
     pub session_idle: Duration,
     /// The isolation backend of every sandbox, unless a job asks for one.
     pub backend: cordon_sandbox::BackendKind,
+    /// Processes per sandbox (`sandbox.pids`; default 256).
+    pub pids: Option<u64>,
     /// microVM settings, for the microvm backend.
     pub cpus: Option<u32>,
     pub vm: cordon_sandbox::VmOptions,
@@ -66,6 +68,7 @@ impl ServerConfig {
             supervisor: None,
             agent: None,
             mcp_servers: Default::default(),
+            pids: None,
             session_idle: Duration::from_secs(15 * 60),
             backend: cordon_sandbox::BackendKind::Native,
             cpus: None,
@@ -78,6 +81,9 @@ impl ServerConfig {
     pub fn sandbox(&self, workspace: impl Into<PathBuf>) -> cordon_sandbox::SandboxConfig {
         let mut c = cordon_sandbox::SandboxConfig::new(workspace);
         c.memory = Some(self.bounds.default_memory);
+        if self.pids.is_some() {
+            c.pids = self.pids;
+        }
         c.supervisor = self.supervisor.clone();
         c.backend = self.backend;
         c.cpus = self.cpus;
