@@ -408,9 +408,7 @@ fn check(name: &str, row: Row) {
         let ok = match &row.shows {
             // The probe ran to its end (cordon run may still exit 122 after an OOM kill).
             Shows::Output(pred) => output.contains(RAN) && pred(&output),
-            Shows::Request(pred) => {
-                !seen.requests.is_empty() && seen.requests.iter().all(pred)
-            }
+            Shows::Request(pred) => !seen.requests.is_empty() && seen.requests.iter().all(pred),
             Shows::Fails(what) => seen.failed && output.contains(what),
             Shows::Screen(what) => seen.screen.contains(what),
         };

@@ -514,6 +514,18 @@ impl App {
             return Vec::new();
         };
         match key.code {
+            // A terminal sends Escape as ESC, and ESC followed at once by a
+            // character as that character with Alt: Escape typed just
+            // before `/load ID` arrived as Alt+/ and left the picker open,
+            // whose Enter then loaded the highlighted session. Such a key
+            // closes the picker and is typed as what it was.
+            KeyCode::Char(c) if key.modifiers.contains(KeyModifiers::ALT) => {
+                self.picker = None;
+                return self.on_key(KeyEvent::new(
+                    KeyCode::Char(c),
+                    key.modifiers - KeyModifiers::ALT,
+                ));
+            }
             KeyCode::Up => p.selected = p.selected.saturating_sub(1),
             KeyCode::Down => p.selected = (p.selected + 1).min(p.sessions.len() - 1),
             KeyCode::PageUp => p.selected = p.selected.saturating_sub(10),

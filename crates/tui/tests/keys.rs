@@ -225,3 +225,28 @@ fn a_resize_redraws_to_the_new_size() {
     );
     assert!(narrow.last().unwrap().contains("ctx 0%"), "{narrow:#?}");
 }
+
+/// Escape then `/load ID` typed at once: the terminal delivers ESC and the
+/// `/` together, read as Alt+/. The picker must close and the command be
+/// typed as it was, not the highlighted session loaded (seen once in the
+/// tmux test under load).
+#[test]
+fn an_escape_read_with_the_next_key_closes_the_picker_and_types_the_key() {
+    use cordon_agent::sessions::SessionSummary;
+    let mut a = app();
+    let session = |id: &str| SessionSummary {
+        id: id.into(),
+        path: format!("/s/{id}.jsonl").into(),
+        started_ms: 0,
+        title: "t".into(),
+        workspace: "/w".into(),
+        turns: 1,
+        usage: Usage::default(),
+    };
+    a.show_sessions(vec![session("200-current"), session("100-earlier")]);
+    assert!(a.picker.is_some());
+    a.on_key(KeyEvent::new(KeyCode::Char('/'), KeyModifiers::ALT));
+    assert!(a.picker.is_none(), "the picker closed");
+    type_text(&mut a, "load 100-earlier");
+    assert_eq!(enter(&mut a), vec![Action::Load("100-earlier".into())]);
+}
