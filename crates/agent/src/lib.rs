@@ -12,6 +12,7 @@ pub mod agent;
 mod builder;
 pub mod config;
 pub mod context;
+pub mod events;
 mod live;
 pub mod log;
 pub mod message;

@@ -7,10 +7,11 @@ use std::path::PathBuf;
 
 use clap::Args;
 use cordon_agent::config::Settings;
+use cordon_agent::events::{EventSink, pump};
 use cordon_agent::sessions;
 use cordon_agent::{
-    AgentBuilder, AgentConfig, AgentError, AgentEvent, Cancel, ProviderConfig, ProviderKind,
-    SessionLog, StopReason,
+    AgentBuilder, AgentConfig, AgentError, Cancel, ProviderConfig, ProviderKind, SessionLog,
+    StopReason,
 };
 use cordon_sandbox::{Sandbox, SandboxConfig};
 use tokio::sync::mpsc;
@@ -181,23 +182,6 @@ fn read_prompt(arg: &str) -> Result<String, i32> {
     Ok(s)
 }
 
-/// `text` with control characters other than newlines shown as `?`.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() && c != '\n' { '?' } else { c })
-        .collect()
-}
-
-/// The first lines of a tool's output, for progress lines.
-fn abbreviate(text: &str, lines: usize) -> String {
-    let mut out: Vec<&str> = text.lines().take(lines).collect();
-    let total = text.lines().count();
-    if total > lines {
-        out.push("…");
-    }
-    out.join("\n    ")
-}
-
 pub async fn exec(args: ExecArgs) -> i32 {
     let prompt = match read_prompt(&args.prompt) {
         Ok(p) if !p.trim().is_empty() => p,
@@ -310,149 +294,17 @@ pub async fn exec(args: ExecArgs) -> i32 {
             on_int.cancel();
         }
     });
-    let json_mode = args.json;
-    let color = std::io::stderr().is_terminal();
-    let printer = tokio::spawn(async move {
-        let mut out = std::io::stdout();
-        let mut err = std::io::stderr();
-        let (dim, reset) = if color {
-            ("\x1b[2m", "\x1b[0m")
-        } else {
-            ("", "")
-        };
-        let mut at_line_start = true;
-        // Live tool output on stderr: whether a line of it is open, and
-        // whether the running call printed any.
-        let mut live_open = false;
-        let mut streamed = false;
-        while let Some(ev) = rx.recv().await {
-            if json_mode {
-                let _ = writeln!(out, "{}", serde_json::to_string(&ev).unwrap_or_default());
-                continue;
-            }
-            match ev {
-                AgentEvent::TextDelta { text } => {
-                    at_line_start = text.ends_with('\n');
-                    let _ = out.write_all(text.as_bytes());
-                    let _ = out.flush();
-                }
-                AgentEvent::ToolCallStarted { name, input, .. } => {
-                    if !at_line_start {
-                        let _ = writeln!(out);
-                        at_line_start = true;
-                    }
-                    let key = ["command", "path", "pattern", "language"]
-                        .iter()
-                        .find_map(|k| input.get(k).and_then(|v| v.as_str()))
-                        .unwrap_or("");
-                    let _ = writeln!(err, "{dim}▸ {name} {}{reset}", printable(key));
-                }
-                AgentEvent::ToolOutput { text, .. } => {
-                    streamed = true;
-                    let mut line = String::new();
-                    for c in text.chars() {
-                        if !live_open {
-                            line.push_str(dim);
-                            line.push_str("  │ ");
-                            live_open = true;
-                        }
-                        match c {
-                            '\n' => {
-                                line.push_str(reset);
-                                line.push('\n');
-                                live_open = false;
-                            }
-                            '\t' => line.push_str("    "),
-                            // Sandbox bytes never reach the terminal as
-                            // control sequences.
-                            c if c.is_control() => line.push('?'),
-                            c => line.push(c),
-                        }
-                    }
-                    let _ = err.write_all(line.as_bytes());
-                    let _ = err.flush();
-                }
-                AgentEvent::ToolCallFinished {
-                    output, is_error, ..
-                } => {
-                    if live_open {
-                        let _ = writeln!(err, "{reset}");
-                        live_open = false;
-                    }
-                    let mark = if is_error { "✗" } else { "✓" };
-                    // Streamed output was seen already: the verdict's first
-                    // line (the exit code) is enough.
-                    let lines = if std::mem::take(&mut streamed) { 1 } else { 4 };
-                    let _ = writeln!(
-                        err,
-                        "{dim}  {mark} {}{reset}",
-                        printable(&abbreviate(&output, lines))
-                    );
-                }
-                AgentEvent::Retrying {
-                    attempt,
-                    wait_ms,
-                    reason,
-                } => {
-                    // Printed text cannot be taken back: the retried
-                    // answer at least starts on a line of its own.
-                    if !at_line_start {
-                        let _ = writeln!(out);
-                        at_line_start = true;
-                    }
-                    let _ = writeln!(
-                        err,
-                        "{dim}  retrying (attempt {attempt}) in {wait_ms} ms: {reason}{reset}"
-                    );
-                }
-                AgentEvent::CompactionStarted { reason } => {
-                    let _ = writeln!(err, "{dim}  compacting the conversation: {reason}{reset}");
-                }
-                AgentEvent::Compacted {
-                    replaced_messages,
-                    tokens_before,
-                    tokens_after,
-                    ..
-                } => {
-                    let _ = writeln!(
-                        err,
-                        "{dim}  compacted {replaced_messages} messages: ~{tokens_before} → ~{tokens_after} tokens{reset}"
-                    );
-                }
-                AgentEvent::TurnCompleted {
-                    steps,
-                    usage,
-                    cost_usd,
-                    ..
-                } => {
-                    // The answer's last line ends before the tally starts,
-                    // on a terminal where both streams meet.
-                    if !at_line_start {
-                        let _ = writeln!(out);
-                        let _ = out.flush();
-                        at_line_start = true;
-                    }
-                    let cost = cost_usd.map(|c| format!(", ${c:.4}")).unwrap_or_default();
-                    let _ = writeln!(
-                        err,
-                        "{dim}· {steps} model requests, {} tokens in, {} out{cost}{reset}",
-                        usage.prompt_tokens(),
-                        usage.output_tokens
-                    );
-                }
-                AgentEvent::Error { message } => {
-                    let _ = writeln!(err, "cordon: {message}");
-                }
-                _ => {}
-            }
-        }
-        if !json_mode && !at_line_start {
-            let _ = writeln!(out);
-        }
-    });
-    let result = agent.send(&prompt, &tx, &cancel).await;
+    let mut sink: Box<dyn EventSink> = if args.json {
+        Box::new(crate::render::JsonLines::new(std::io::stdout()))
+    } else {
+        Box::new(crate::render::Human::new(
+            std::io::stdout(),
+            std::io::stderr(),
+            std::io::stderr().is_terminal(),
+        ))
+    };
+    let result = pump(agent.send(&prompt, &tx, &cancel), &mut rx, sink.as_mut()).await;
     drop(tx);
-    let _ = printer.await;
     drop(agent);
     mcp.shutdown().await;
     sandbox.close().await;

@@ -6,6 +6,7 @@ mod doctor;
 mod exec;
 mod mcp_cmd;
 mod options;
+mod render;
 mod run;
 mod serve_cmd;
 mod sessions_cmd;

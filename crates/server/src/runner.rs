@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cordon_agent::events::{BoxFuture, EventSink};
 use cordon_agent::{AgentBuilder, AgentConfig, AgentError, AgentEvent, Cancel, SessionLog};
 use cordon_sandbox::{ExecEvent, ExecRequest, ExecResult, Sandbox, SandboxConfig};
 use cordon_tools::{Workspace, WsPath};
@@ -638,27 +639,17 @@ async fn run_agent(
     let (tx, mut rx) = mpsc::unbounded_channel();
     let turn_cancel = Cancel::new();
     let mut timed_out = false;
-    // Live tool output is stored up to the job's output cap; each call's
-    // result (its head and tail) is stored whatever the cap.
-    let mut live_room = shared.config.output_cap;
+    let mut events = JobEvents {
+        live_room: shared.config.output_cap,
+        sink,
+    };
     let result = {
         let send = agent.send(&run.prompt, &tx, &turn_cancel);
         tokio::pin!(send);
         loop {
             tokio::select! {
                 r = &mut send => break r,
-                Some(ev) = rx.recv() => {
-                    if let AgentEvent::ToolOutput { text, .. } = &ev {
-                        if text.len() > live_room {
-                            continue;
-                        }
-                        live_room -= text.len();
-                    }
-                    let kind = serde_json::to_value(&ev).ok()
-                        .and_then(|v| v["type"].as_str().map(str::to_string))
-                        .unwrap_or_else(|| "agent".into());
-                    sink.event(&kind, serde_json::to_value(&ev).unwrap_or_default()).await;
-                }
+                Some(ev) = rx.recv() => events.event(ev).await,
                 _ = cancel.cancelled(), if !turn_cancel.is_cancelled() => turn_cancel.cancel(),
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)), if !turn_cancel.is_cancelled() => {
                     timed_out = true;
@@ -669,9 +660,7 @@ async fn run_agent(
     };
     drop(tx);
     while let Some(ev) = rx.recv().await {
-        let v = serde_json::to_value(&ev).unwrap_or_default();
-        let kind = v["type"].as_str().unwrap_or("agent").to_string();
-        sink.event(&kind, v).await;
+        events.event(ev).await;
     }
     let usage = agent.usage();
     drop(agent);
@@ -705,6 +694,31 @@ async fn run_agent(
             error: Some(e.to_string()),
             result: Some(json!({ "usage": usage })),
         },
+    }
+}
+
+/// An agent job's rendering of its events: stored with the job (and so
+/// served as Server-Sent Events, live and later), named by their type.
+/// Live tool output is kept up to the job's output cap; each call's result
+/// (its head and tail) whatever the cap.
+struct JobEvents<'a> {
+    sink: &'a mut Sink,
+    live_room: usize,
+}
+
+impl EventSink for JobEvents<'_> {
+    fn event(&mut self, ev: AgentEvent) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let AgentEvent::ToolOutput { text, .. } = &ev {
+                if text.len() > self.live_room {
+                    return;
+                }
+                self.live_room -= text.len();
+            }
+            let data = serde_json::to_value(&ev).unwrap_or_default();
+            let kind = data["type"].as_str().unwrap_or("agent").to_string();
+            self.sink.event(&kind, data).await;
+        })
     }
 }
 

@@ -19,6 +19,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router, routing::get, routing::post};
+use cordon_agent::events::{BoxFuture, EventSink, pump};
 use cordon_agent::{Agent, AgentBuilder, AgentConfig, AgentEvent, Cancel, SessionLog};
 use cordon_sandbox::Sandbox;
 use futures_util::Stream;
@@ -384,6 +385,22 @@ async fn wake(shared: &Shared, row: &SessionRow) -> Result<Live, ApiError> {
     })
 }
 
+/// An API session's rendering of its events: each one a Server-Sent Event
+/// named by its type, on the response that streams the turn. A client
+/// gone away does not stop the turn.
+struct SseSink(mpsc::UnboundedSender<Event>);
+
+impl EventSink for SseSink {
+    fn event(&mut self, ev: AgentEvent) -> BoxFuture<'_, ()> {
+        let data = serde_json::to_value(&ev).unwrap_or_default();
+        let kind = data["type"].as_str().unwrap_or("event").to_string();
+        let _ = self
+            .0
+            .send(Event::default().event(kind).data(data.to_string()));
+        Box::pin(async {})
+    }
+}
+
 /// Takes a session for one operation: 409 while another runs.
 async fn take(
     shared: &Shared,
@@ -441,7 +458,8 @@ pub(crate) async fn message(
         let title: String = text.lines().next().unwrap_or("").chars().take(72).collect();
         shared.store.title_session(&id, &title).await?;
     }
-    let (tx, rx) = mpsc::unbounded_channel::<AgentEvent>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<AgentEvent>();
+    let (sse, events) = mpsc::unbounded_channel::<Event>();
     let cancel = Cancel::new();
     shared
         .sessions
@@ -452,7 +470,8 @@ pub(crate) async fn message(
     let turn_shared = shared.clone();
     tokio::spawn(async move {
         if let Some(live) = guard.as_mut() {
-            let _ = live.agent.send(&text, &tx, &cancel).await;
+            let turn = live.agent.send(&text, &tx, &cancel);
+            let _ = pump(turn, &mut rx, &mut SseSink(sse)).await;
             live.last_used = Instant::now();
         }
         turn_shared
@@ -463,11 +482,9 @@ pub(crate) async fn message(
             .remove(&id);
         drop(guard);
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        let ev = rx.recv().await?;
-        let data = serde_json::to_value(&ev).unwrap_or_default();
-        let kind = data["type"].as_str().unwrap_or("event").to_string();
-        Some((Ok(Event::default().event(kind).data(data.to_string())), rx))
+    let stream = futures_util::stream::unfold(events, |mut events| async move {
+        let ev = events.recv().await?;
+        Some((Ok(ev), events))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
