@@ -108,9 +108,10 @@ pub async fn chat(args: ChatArgs) -> i32 {
         approval: match args.approval {
             Some(ApprovalArg::Ask) => ApprovalMode::Ask,
             Some(ApprovalArg::Auto) => ApprovalMode::Auto,
-            // Settings::load has checked it is auto or ask.
-            None if s.settings.get("approval") == Some("ask") => ApprovalMode::Ask,
-            None => ApprovalMode::Auto,
+            None => match s.settings.resolved().approval {
+                cordon_agent::config::ApprovalMode::Ask => ApprovalMode::Ask,
+                cordon_agent::config::ApprovalMode::Auto => ApprovalMode::Auto,
+            },
         },
         sessions_dir: sessions::sessions_dir(),
         resume: resumed,

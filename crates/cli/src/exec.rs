@@ -93,19 +93,11 @@ pub struct ModelSetup {
     pub agent: AgentConfig,
 }
 
-/// Reads the provider, key and model settings; an error names what is
-/// missing or wrong.
+/// The provider and the agent's settings; an error names what is missing.
 pub fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
-    let get = |k: &str| settings.get(k).map(str::to_string);
-    let kind = match settings.provider() {
-        "openai" => ProviderKind::OpenAi,
-        _ => ProviderKind::Anthropic,
-    };
-    let (base, key) = match kind {
-        ProviderKind::Anthropic => (get("anthropic_base_url"), get("anthropic_api_key")),
-        ProviderKind::OpenAi => (get("openai_base_url"), get("openai_api_key")),
-    };
-    if kind == ProviderKind::Anthropic && key.is_none() {
+    let r = settings.resolved();
+    let endpoint = r.endpoint();
+    if r.provider == ProviderKind::Anthropic && endpoint.api_key.is_none() {
         let mut why = String::from(
             "no API key: set ANTHROPIC_API_KEY (or use an OpenAI-compatible server with OPENAI_BASE_URL)",
         );
@@ -120,16 +112,14 @@ pub fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
         }
         return Err(why);
     }
-    let mut provider = ProviderConfig::new(kind, base.unwrap_or_default());
-    provider.api_key = key;
-    // Settings::load has validated the numbers already.
-    let number = |k: &str| settings.get(k).and_then(|v| v.parse::<f64>().ok());
+    let mut provider = ProviderConfig::new(r.provider, endpoint.base_url.clone());
+    provider.api_key = endpoint.api_key.clone();
     let agent = AgentConfig {
         system: SYSTEM.into(),
-        max_tokens: number("max_tokens").map_or(8192, |n| n as u32),
-        context_window: number("context_window").map_or(200_000, |n| n as u64),
-        compact_threshold: number("compact_threshold").unwrap_or(0.75),
-        ..AgentConfig::new(get("model").unwrap_or_default())
+        max_tokens: r.max_tokens,
+        context_window: r.context_window,
+        compact_threshold: r.compact_threshold,
+        ..AgentConfig::new(r.model.clone())
     };
     Ok(ModelSetup { provider, agent })
 }

@@ -211,22 +211,20 @@ pub fn ignored_notice(settings: &Settings) -> Vec<String> {
 /// The sandbox the settings describe. `hide_also` are more files it must
 /// not see; the settings' own secret-bearing project files always are.
 pub fn sandbox_config(settings: &Settings, hide_also: &[PathBuf]) -> Result<SandboxConfig, String> {
-    let workspace = match settings.get("workspace") {
-        Some(w) => PathBuf::from(w),
+    let r = settings.resolved();
+    let workspace = match &r.workspace {
+        Some(w) => w.clone(),
         None => std::env::current_dir().map_err(|e| format!("current directory: {e}"))?,
     };
     let mut c = SandboxConfig::new(&workspace);
-    // Settings::load has validated every value below.
-    c.memory = Some(parse_size(
-        settings.get("sandbox.memory").unwrap_or("512M"),
-    )?);
-    c.pids = settings.get("sandbox.pids").and_then(|v| v.parse().ok());
-    c.network = settings.get("sandbox.network").unwrap_or("off").parse()?;
-    c.display = settings
-        .get("sandbox.display")
-        .map(str::parse)
-        .transpose()?;
-    sandbox_backend(settings, &mut c)?;
+    let sb = &r.sandbox;
+    c.memory = Some(sb.memory);
+    c.pids = Some(sb.pids);
+    c.network = sb.network;
+    c.display = sb.display;
+    c.backend = sb.backend;
+    c.cpus = sb.cpus;
+    c.vm = sb.vm.clone();
     c.hidden = settings
         .secret_files()
         .iter()
@@ -234,24 +232,6 @@ pub fn sandbox_config(settings: &Settings, hide_also: &[PathBuf]) -> Result<Sand
         .cloned()
         .collect();
     Ok(c)
-}
-
-/// The backend settings (`sandbox.backend`, `sandbox.cpus`, `vm.*`),
-/// already validated by [`Settings::load`].
-pub fn sandbox_backend(settings: &Settings, sandbox: &mut SandboxConfig) -> Result<(), String> {
-    sandbox.backend = settings
-        .get("sandbox.backend")
-        .unwrap_or("native")
-        .parse()?;
-    sandbox.cpus = settings.get("sandbox.cpus").and_then(|v| v.parse().ok());
-    let path = |k: &str| settings.get(k).map(PathBuf::from);
-    sandbox.vm = cordon_sandbox::VmOptions {
-        qemu: path("vm.qemu"),
-        kernel: path("vm.kernel"),
-        modules: path("vm.modules"),
-        accel: settings.get("vm.accel").map(str::parse).transpose()?,
-    };
-    Ok(())
 }
 
 /// cordon's own directories, which no sandbox may hold: its configuration

@@ -100,31 +100,21 @@ pub async fn serve(args: ServeArgs) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    // The backend every job gets unless it asks for another.
-    let mut defaults = cordon_sandbox::SandboxConfig::new(".");
-    if let Err(e) = crate::options::sandbox_backend(&settings, &mut defaults) {
-        eprintln!("cordon: {e}");
-        return exit::CONFIG;
-    }
+    // The sandbox settings are the jobs' defaults: the backend unless a
+    // job asks for another, the memory unless it asks for other (up to the
+    // bound), the process limit.
+    let sb = &settings.resolved().sandbox;
+    config.bounds.default_memory = sb.memory;
+    config.bounds.max_memory = config.bounds.max_memory.max(sb.memory);
+    config.pids = Some(sb.pids);
+    config.backend = sb.backend;
+    config.cpus = sb.cpus;
+    config.vm = sb.vm.clone();
     // The operator's MCP servers reach agent jobs and API sessions too.
     config.mcp_servers = match crate::mcp_cmd::configured(&settings) {
         Ok(m) => m,
         Err(e) => return crate::options::config_error(e),
     };
-    // The sandbox settings are the jobs' defaults: a job may ask for other
-    // memory (up to the bound), not for more processes.
-    let sandbox = match crate::options::sandbox_config(&settings, &[]) {
-        Ok(c) => c,
-        Err(e) => return crate::options::config_error(e),
-    };
-    if let Some(m) = sandbox.memory {
-        config.bounds.default_memory = m;
-        config.bounds.max_memory = config.bounds.max_memory.max(m);
-    }
-    config.pids = sandbox.pids;
-    config.backend = defaults.backend;
-    config.cpus = defaults.cpus;
-    config.vm = defaults.vm;
     // Agent jobs need a model; without one the server still runs the rest.
     config.agent = match crate::exec::model_setup(&settings) {
         Ok(m) => Some(AgentDefaults {

@@ -12,8 +12,10 @@
 //! user trusted them as they are (`cordon trust`), each key's [`Guard`]
 //! decides whether they may set it (see [`trust`]).
 
+mod resolved;
 pub mod trust;
 
+pub use resolved::{ApprovalMode, Endpoint, Resolved, SandboxSettings};
 pub use trust::{Guard, Ignored, TrustStore};
 
 use std::collections::BTreeMap;
@@ -265,6 +267,8 @@ pub struct Settings {
     /// The `[mcp_servers]` tables of the trusted files, lowest first, as
     /// read (and hashed) once.
     mcp_servers: Vec<(PathBuf, toml::Table)>,
+    /// The values, typed; set by `load`.
+    resolved: Option<Resolved>,
 }
 
 /// Where to look, so tests need not touch the real home or environment.
@@ -434,7 +438,7 @@ impl Settings {
             s.values
                 .insert(k.name, (value.clone(), Source::CommandLine));
         }
-        s.validate()?;
+        s.resolved = Some(s.resolve()?);
         Ok(s)
     }
 
@@ -582,85 +586,17 @@ impl Settings {
         }
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(p) = self.get("provider")
-            && !matches!(p, "anthropic" | "openai")
-        {
-            return Err(self.invalid("provider", "expected anthropic or openai"));
-        }
-        for n in ["max_tokens", "context_window", "sandbox.pids"] {
-            if self
-                .get(n)
-                .is_some_and(|v| v.parse::<u64>().map_or(true, |x| x == 0))
-            {
-                return Err(self.invalid(n, "expected a positive whole number"));
-            }
-        }
-        if self.get("compact_threshold").is_some_and(|v| {
-            v.parse::<f64>()
-                .map_or(true, |x| !(0.1..=0.95).contains(&x))
-        }) {
-            return Err(self.invalid(
-                "compact_threshold",
-                "expected a fraction between 0.1 and 0.95",
-            ));
-        }
-        if self
-            .get("approval")
-            .is_some_and(|v| !matches!(v, "auto" | "ask"))
-        {
-            return Err(self.invalid("approval", "expected auto or ask"));
-        }
-        if let Some(v) = self.get("sandbox.memory") {
-            match cordon_tools::parse_size(v) {
-                Ok(n) if n >= MIN_MEMORY => {}
-                Ok(_) => {
-                    return Err(self.invalid("sandbox.memory", "expected at least 16M"));
-                }
-                Err(e) => return Err(self.invalid("sandbox.memory", e)),
-            }
-        }
-        for n in ["anthropic_base_url", "openai_base_url"] {
-            if let Some(v) = self.get(n)
-                && let Err(why) = check_url(v)
-            {
-                return Err(self.invalid(n, why));
-            }
-        }
-        if self
-            .get("sandbox.network")
-            .is_some_and(|v| !matches!(v, "off" | "loopback"))
-        {
-            return Err(self.invalid("sandbox.network", "expected off or loopback"));
-        }
-        if self
-            .get("sandbox.backend")
-            .is_some_and(|v| v.parse::<cordon_tools::BackendKind>().is_err())
-        {
-            return Err(self.invalid("sandbox.backend", "expected native or microvm"));
-        }
-        if self
-            .get("sandbox.cpus")
-            .is_some_and(|v| v.parse::<u32>().map_or(true, |n| !(1..=64).contains(&n)))
-        {
-            return Err(self.invalid("sandbox.cpus", "expected a whole number from 1 to 64"));
-        }
-        if self
-            .get("vm.accel")
-            .is_some_and(|v| v.parse::<cordon_tools::Accel>().is_err())
-        {
-            return Err(self.invalid("vm.accel", "expected kvm or tcg"));
-        }
-        if self
-            .get("sandbox.display")
-            .is_some_and(|v| v.parse::<cordon_tools::Display>().is_err())
-        {
-            return Err(self.invalid(
-                "sandbox.display",
-                "expected WIDTHxHEIGHT such as 1280x800, each 64 to 8192",
-            ));
-        }
-        Ok(())
+    /// Parses every value into its type, once; the first bad one is an
+    /// error naming the key, its value and where it came from.
+    fn resolve(&self) -> Result<Resolved, ConfigError> {
+        resolved::resolve(self)
+    }
+
+    /// The settings as typed values (what every front end uses).
+    pub fn resolved(&self) -> &Resolved {
+        self.resolved
+            .as_ref()
+            .expect("Settings::load resolves the settings")
     }
 
     pub fn get(&self, name: &str) -> Option<&str> {
@@ -672,15 +608,10 @@ impl Settings {
     }
 
     /// The provider to use: explicit, or inferred from which keys are set.
-    pub fn provider(&self) -> &str {
-        match self.get("provider") {
-            Some(p) => p,
-            None if self.get("anthropic_api_key").is_none()
-                && self.source("openai_base_url") != Some(&Source::Default) =>
-            {
-                "openai"
-            }
-            None => "anthropic",
+    pub fn provider(&self) -> &'static str {
+        match self.resolved().provider {
+            crate::provider::ProviderKind::Anthropic => "anthropic",
+            crate::provider::ProviderKind::OpenAi => "openai",
         }
     }
 
@@ -699,24 +630,6 @@ impl Settings {
             })
             .collect()
     }
-}
-
-/// The smallest memory limit a sandbox can start with.
-const MIN_MEMORY: u64 = 16 << 20;
-
-/// A base URL the providers can use: http or https, with a host.
-fn check_url(v: &str) -> Result<(), String> {
-    let url = reqwest::Url::parse(v).map_err(|e| format!("not a URL: {e}"))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!(
-            "expected an http or https URL, not {}:",
-            url.scheme()
-        ));
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err("the URL has no host".into());
-    }
-    Ok(())
 }
 
 /// Shows enough of a secret to recognise it, never enough to use it.
@@ -1005,6 +918,39 @@ mod tests {
                 .to_string();
             assert!(err.contains(k), "{k}={v}: {err}");
         }
+    }
+
+    #[test]
+    fn the_values_are_typed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = |k: &str| match k {
+            "OPENAI_BASE_URL" => Some("http://localhost:11434/v1".to_string()),
+            "CORDON_MEMORY" => Some("1G".to_string()),
+            _ => None,
+        };
+        let s = Settings::load(&layers(
+            dir.path(),
+            dir.path(),
+            &env,
+            &[("sandbox.display", "800x600"), ("approval", "ask")],
+        ))
+        .unwrap();
+        let r = s.resolved();
+        assert_eq!(r.provider, crate::provider::ProviderKind::OpenAi);
+        assert_eq!(r.endpoint().base_url, "http://localhost:11434/v1");
+        assert_eq!(r.sandbox.memory, 1 << 30);
+        assert_eq!(r.sandbox.pids, 256);
+        assert_eq!(r.sandbox.network, cordon_sandbox::Network::Off);
+        assert_eq!(
+            r.sandbox.display,
+            Some(cordon_sandbox::Display {
+                width: 800,
+                height: 600
+            })
+        );
+        assert_eq!(r.approval, ApprovalMode::Ask);
+        assert_eq!((r.max_tokens, r.context_window), (8192, 200_000));
+        assert_eq!(s.provider(), "openai");
     }
 
     #[test]

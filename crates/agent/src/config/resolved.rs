@@ -1,0 +1,179 @@
+//! The settings as typed values, parsed and checked once, when they are
+//! loaded: a front end reads `settings.resolved()` and never a string.
+
+use std::path::PathBuf;
+
+use cordon_sandbox::{Accel, BackendKind, Display, Network, VmOptions};
+
+use super::{ConfigError, Settings, Source};
+use crate::provider::ProviderKind;
+
+/// The smallest memory limit a sandbox can start with.
+const MIN_MEMORY: u64 = 16 << 20;
+
+/// Whether tool calls wait for the user (the terminal UI).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalMode {
+    Auto,
+    Ask,
+}
+
+/// A provider's address and key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    /// An http or https URL with a host.
+    pub base_url: String,
+    pub api_key: Option<String>,
+}
+
+/// What a sandbox is given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxSettings {
+    pub memory: u64,
+    pub pids: u64,
+    pub network: Network,
+    pub display: Option<Display>,
+    pub backend: BackendKind,
+    pub cpus: Option<u32>,
+    pub vm: VmOptions,
+}
+
+/// Every setting, typed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    /// Explicit, or inferred from which keys are set.
+    pub provider: ProviderKind,
+    pub model: String,
+    pub max_tokens: u32,
+    pub context_window: u64,
+    pub compact_threshold: f64,
+    pub approval: ApprovalMode,
+    /// The host directory at /workspace; `None`: the current directory.
+    pub workspace: Option<PathBuf>,
+    pub anthropic: Endpoint,
+    pub openai: Endpoint,
+    pub sandbox: SandboxSettings,
+}
+
+impl Resolved {
+    /// The endpoint of the provider in use.
+    pub fn endpoint(&self) -> &Endpoint {
+        match self.provider {
+            ProviderKind::Anthropic => &self.anthropic,
+            ProviderKind::OpenAi => &self.openai,
+        }
+    }
+}
+
+/// A base URL the providers can use: http or https, with a host.
+fn check_url(v: &str) -> Result<String, String> {
+    let url = reqwest::Url::parse(v).map_err(|e| format!("not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "expected an http or https URL, not {}:",
+            url.scheme()
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err("the URL has no host".into());
+    }
+    Ok(v.to_string())
+}
+
+pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
+    // Parses `key` when set (or defaulted) with `parse`, naming the key on
+    // failure.
+    fn opt<T>(
+        s: &Settings,
+        key: &str,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, ConfigError> {
+        s.get(key)
+            .map(|v| parse(v.trim()).map_err(|why| s.invalid(key, why)))
+            .transpose()
+    }
+    fn req<T>(
+        s: &Settings,
+        key: &str,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
+        opt(s, key, parse)?.ok_or_else(|| s.invalid(key, "has no value"))
+    }
+    let positive = |v: &str| match v.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a positive whole number".to_string()),
+    };
+    let provider = match s.get("provider") {
+        Some("anthropic") => ProviderKind::Anthropic,
+        Some("openai") => ProviderKind::OpenAi,
+        Some(_) => return Err(s.invalid("provider", "expected anthropic or openai")),
+        None if s.get("anthropic_api_key").is_none()
+            && s.source("openai_base_url") != Some(&Source::Default) =>
+        {
+            ProviderKind::OpenAi
+        }
+        None => ProviderKind::Anthropic,
+    };
+    let path = |key: &str| s.get(key).map(PathBuf::from);
+    Ok(Resolved {
+        provider,
+        model: req(s, "model", |v| Ok(v.to_string()))?,
+        max_tokens: req(s, "max_tokens", |v| {
+            positive(v).and_then(|n| u32::try_from(n).map_err(|e| e.to_string()))
+        })?,
+        context_window: req(s, "context_window", positive)?,
+        compact_threshold: req(s, "compact_threshold", |v| match v.parse::<f64>() {
+            Ok(x) if (0.1..=0.95).contains(&x) => Ok(x),
+            _ => Err("expected a fraction between 0.1 and 0.95".into()),
+        })?,
+        approval: req(s, "approval", |v| match v {
+            "auto" => Ok(ApprovalMode::Auto),
+            "ask" => Ok(ApprovalMode::Ask),
+            _ => Err("expected auto or ask".into()),
+        })?,
+        workspace: path("workspace"),
+        anthropic: Endpoint {
+            base_url: req(s, "anthropic_base_url", check_url)?,
+            api_key: s.get("anthropic_api_key").map(str::to_string),
+        },
+        openai: Endpoint {
+            base_url: req(s, "openai_base_url", check_url)?,
+            api_key: s.get("openai_api_key").map(str::to_string),
+        },
+        sandbox: SandboxSettings {
+            memory: req(s, "sandbox.memory", |v| {
+                match cordon_sandbox::parse_size(v)? {
+                    n if n >= MIN_MEMORY => Ok(n),
+                    _ => Err("expected at least 16M".into()),
+                }
+            })?,
+            pids: req(s, "sandbox.pids", positive)?,
+            network: req(s, "sandbox.network", |v| match v {
+                "off" => Ok(Network::Off),
+                "loopback" => Ok(Network::Loopback),
+                _ => Err("expected off or loopback".into()),
+            })?,
+            display: opt(s, "sandbox.display", |v| {
+                v.parse::<Display>().map_err(|_| {
+                    "expected WIDTHxHEIGHT such as 1280x800, each 64 to 8192".to_string()
+                })
+            })?,
+            backend: req(s, "sandbox.backend", |v| {
+                v.parse::<BackendKind>()
+                    .map_err(|_| "expected native or microvm".into())
+            })?,
+            cpus: opt(s, "sandbox.cpus", |v| match v.parse::<u32>() {
+                Ok(n) if (1..=64).contains(&n) => Ok(n),
+                _ => Err("expected a whole number from 1 to 64".into()),
+            })?,
+            vm: VmOptions {
+                qemu: path("vm.qemu"),
+                kernel: path("vm.kernel"),
+                modules: path("vm.modules"),
+                accel: opt(s, "vm.accel", |v| {
+                    v.parse::<Accel>().map_err(|_| "expected kvm or tcg".into())
+                })?,
+            },
+        },
+    })
+}
