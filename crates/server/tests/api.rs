@@ -732,12 +732,21 @@ async fn an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage(db
         "turn_started",
         "text_delta",
         "tool_call_started",
+        // The command's output, live, before its result.
+        "tool_output",
         "tool_call_finished",
         "turn_completed",
         "finished",
     ] {
         assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
     }
+    let live = events.iter().position(|e| e.1 == "tool_output").unwrap();
+    let done = events
+        .iter()
+        .position(|e| e.1 == "tool_call_finished")
+        .unwrap();
+    assert!(live < done, "live output comes before the result");
+    assert_eq!(events[live].2["text"], "5\n");
     let finished = events.iter().find(|e| e.1 == "tool_call_finished").unwrap();
     assert_eq!(finished.2["type"], "tool_call_finished");
     assert!(finished.2["output"].as_str().unwrap().contains('5'));

@@ -243,7 +243,8 @@ async fn in_chromium_a_shell_job_streams_live_and_the_chat_shows_tool_calls() {
             .turn(Turn::text("Writing it.").with_tool_call(
                 "a1",
                 "bash",
-                json!({"command": "echo agent-was-here | tee agent.txt"}),
+                // The sleep keeps it running while the page shows its output.
+                json!({"command": "echo agent-was-here | tee agent.txt; sleep 3"}),
             ))
             .turn(Turn::text("Left agent.txt.").expect_tool_results(["a1"])),
     );

@@ -290,10 +290,6 @@ class Transcript {
     if (!t.live) {
       t.live = document.createTextNode('');
       t.output.replaceChildren(t.live);
-      // Opened to show the output while it comes; closed again after
-      // unless the user opened it.
-      t.autoOpened = !t.el.open;
-      t.el.open = true;
     }
     t.live.appendData(text);
     // The end is what matters while it runs: keep the node bounded.
@@ -307,7 +303,6 @@ class Transcript {
     t.el.classList.remove('running');
     t.el.classList.add(isError ? 'failed' : 'done');
     t.output.textContent = output;
-    if (t.autoOpened) t.el.open = false;
     t.meta.textContent = durationMs == null ? (isError ? 'error' : '') : fmtDuration(durationMs);
   }
 

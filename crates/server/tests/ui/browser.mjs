@@ -200,6 +200,15 @@ try {
   await page.fill('textarea[name=prompt]', 'leave a note');
   await page.click('form.job-form button[type=submit]');
   await page.waitForURL(/#\/jobs\/job_/);
+  // The command's output shows while it still runs (it sleeps after it).
+  const running = page.locator('.transcript details.tool.running', { hasText: 'tee agent.txt' });
+  await running.waitFor();
+  await running.locator('summary').click();
+  await page.waitForFunction(() => {
+    const d = document.querySelector('.transcript details.tool.running');
+    return d && /^agent-was-here/.test(d.querySelector('.tool-output').textContent);
+  });
+  await shot(page, 'agent-job-running');
   await page.locator('.transcript details.tool.done', { hasText: 'agent-was-here' }).waitFor();
   await page.locator('.transcript .msg.assistant', { hasText: 'Left agent.txt.' }).waitFor();
   await page.locator('.toolbar .badge.state-succeeded').waitFor();
