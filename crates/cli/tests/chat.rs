@@ -393,3 +393,49 @@ fn tool_output_shows_while_it_runs_and_stays_after_ctrl_c() {
     tmux.keys(&["Enter"]);
     tmux.wait_for("EXIT=0");
 }
+
+/// With approval on, a write over an existing file is shown as a diff
+/// against the file as it is: the lines it would delete are there.
+#[test]
+fn an_approval_for_a_write_over_a_file_shows_what_it_deletes() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ws.path().join("notes.txt"),
+        "keep this line\nprecious line about to go\n",
+    )
+    .unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Tidying.").with_tool_call(
+                "w1",
+                "write_file",
+                json!({"path": "notes.txt", "content": "keep this line\n"}),
+            ))
+            .turn(Turn::text("Left it alone.").expect_tool_results(["w1"])),
+    );
+    let tmux = Tmux::start(
+        "approve-diff",
+        &chat_command(&server, ws.path(), home.path(), "--approval ask"),
+        100,
+        30,
+    );
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("tidy notes.txt");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("waiting for approval");
+    assert!(s.contains("replaces the file"), "{s}");
+    assert!(s.contains("- precious line about to go"), "{s}");
+    tmux.keys(&["n"]);
+    tmux.type_text("no");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("Left it alone.");
+    assert!(
+        std::fs::read_to_string(ws.path().join("notes.txt"))
+            .unwrap()
+            .contains("precious line")
+    );
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+}
