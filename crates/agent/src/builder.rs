@@ -4,7 +4,7 @@
 //! has a display, the configured MCP servers' tools) and, for a resumed
 //! session, its history and log.
 //!
-//! ```ignore
+//! ```text
 //! let mcp = McpClients::start(&servers, report).await;
 //! let agent = AgentBuilder::new(&provider, config)
 //!     .tools(&mcp.tools)

@@ -3,7 +3,7 @@
 //! `--json`, every event is one JSON object per line on stdout.
 
 use std::io::{IsTerminal, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use cordon_agent::config::Settings;
@@ -172,6 +172,39 @@ fn read_prompt(arg: &str) -> Result<String, i32> {
     Ok(s)
 }
 
+/// Writes `-o FILE`. A path in the workspace is one the sandbox could
+/// have planted a link at (`last-message.txt -> ~/.bashrc`): it is written
+/// beneath the workspace, no link out of it followed. Elsewhere the file
+/// itself must not be a link.
+fn write_output(path: &Path, workspace: &Path, text: &str) -> Result<(), String> {
+    let abs = std::path::absolute(path).map_err(|e| e.to_string())?;
+    // Lexically, so that a planted directory link cannot take the path out
+    // of the workspace before it is checked.
+    let roots = [
+        std::path::absolute(workspace).ok(),
+        workspace.canonicalize().ok(),
+    ];
+    for root in roots.iter().flatten() {
+        if let Ok(rel) = abs.strip_prefix(root) {
+            let ws = cordon_tools::Workspace::open(root).map_err(|e| e.to_string())?;
+            let rel =
+                cordon_tools::WsPath::parse(&rel.to_string_lossy()).map_err(|e| e.to_string())?;
+            return ws.write(&rel, text.as_bytes()).map(|_| ()).map_err(|e| {
+                format!("{e} (it is in the workspace, where a sandbox could have put a link)")
+            });
+        }
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&abs)
+        .map_err(|e| e.to_string())?;
+    f.write_all(text.as_bytes()).map_err(|e| e.to_string())
+}
+
 pub async fn exec(args: ExecArgs) -> i32 {
     let prompt = match read_prompt(&args.prompt) {
         Ok(p) if !p.trim().is_empty() => p,
@@ -307,7 +340,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
         }
         Ok(outcome) => {
             if let Some(path) = &args.output
-                && let Err(e) = std::fs::write(path, &outcome.text)
+                && let Err(e) = write_output(path, &s.workspace, &outcome.text)
             {
                 eprintln!("cordon: cannot write {}: {e}", path.display());
                 return MODEL_ERROR;

@@ -441,3 +441,43 @@ fn model_reads_the_dotenv_key(who: Who) {
     }
 }
 attack!(model_reads_the_dotenv_key, microvm);
+
+/// `cordon exec - -o last-message.txt` (the README's example) with a link
+/// the sandbox planted at that name, or a planted directory link on the
+/// way: the answer must not be written through it to a host file.
+fn output_file_link_overwrites_a_host_file(who: Who) {
+    let w = World::new(who);
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("The answer."))
+            .turn(Turn::text("The answer again.")),
+    );
+    w.user_config(&server.url(), true);
+    let victim = w.outside.join("victim");
+    std::fs::write(&victim, "host content\n").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o666)).unwrap();
+    w.in_sandbox(&format!(
+        "ln -s {v} last-message.txt && ln -s {o} out",
+        v = victim.display(),
+        o = w.outside.display()
+    ));
+    for target in ["last-message.txt", "out/msg.txt"] {
+        let out = w
+            .cordon(&["exec", "answer", "-o", target])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "[{target}] {err}");
+        assert!(err.contains("cannot write"), "[{target}] {err}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&victim).unwrap(),
+        "host content\n",
+        "HOST CHANGED: the answer was written through the planted link"
+    );
+    assert!(
+        !w.outside.join("msg.txt").exists(),
+        "HOST CHANGED: the answer was written through the planted directory link"
+    );
+}
+attack!(output_file_link_overwrites_a_host_file);
