@@ -1044,6 +1044,25 @@ fn inherited_fds(t: &Ctx) {
 }
 attack!(inherited_fds);
 
+/// Read the host's kernel command line (boot parameters: devices, hosts,
+/// sometimes secrets). Natively it is masked; a microVM's is its own.
+fn kernel_command_line(t: &Ctx) {
+    let host = fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let host = host.trim();
+    let out = t.sh("cat /proc/cmdline; echo; echo end-of-cmdline");
+    out.code(0).line("end-of-cmdline");
+    if !host.is_empty() && out.stdout.contains(host) {
+        out.fail("the host's kernel command line is readable");
+    }
+    if t.vm() {
+        // The guest's own, set by cordon.
+        out.stdout_has("console=ttyS0");
+    } else {
+        assert_eq!(out.stdout.trim(), "end-of-cmdline", "{}", out.stdout);
+    }
+}
+attack!(kernel_command_line);
+
 // ───────────────────────── network ─────────────────────────
 
 /// Asserts that a listener accepted no connection.

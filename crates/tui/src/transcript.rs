@@ -285,8 +285,26 @@ impl Transcript {
     }
 }
 
-/// One entry as wrapped lines.
+/// One entry as wrapped lines, with no control character left in them.
+///
+/// Every entry holds text from the model or the sandbox (answers, tool
+/// arguments, output, diffs, error messages): a raw escape sequence in it
+/// would reach the terminal as one (a clipboard write, a cursor move, a
+/// title), so every span passes through [`printable`] here, the one place
+/// all of them go through.
 pub fn render_entry(e: &Entry, width: u16, expanded: bool, tick: u64) -> Vec<Line<'static>> {
+    let mut lines = render_entry_raw(e, width, expanded, tick);
+    for line in &mut lines {
+        for span in &mut line.spans {
+            if span.content.chars().any(char::is_control) {
+                span.content = printable(&span.content).into();
+            }
+        }
+    }
+    lines
+}
+
+fn render_entry_raw(e: &Entry, width: u16, expanded: bool, tick: u64) -> Vec<Line<'static>> {
     let lines = match e {
         Entry::User(text) => {
             let mut v = Vec::new();
@@ -491,7 +509,7 @@ fn render_tool(call: &ToolCall, expanded: bool, tick: u64) -> Vec<Line<'static>>
 }
 
 /// `line` with tabs as spaces and other control characters as `?`.
-fn printable(line: &str) -> String {
+pub fn printable(line: &str) -> String {
     line.replace('\t', "    ")
         .chars()
         .map(|c| if c.is_control() { '?' } else { c })
@@ -587,6 +605,46 @@ mod tests {
         let expanded = plain(&render_entry(&e, 60, true, 0));
         assert_eq!(expanded.len(), 11);
         assert_eq!(expanded[10], "  │ line 10");
+    }
+
+    #[test]
+    fn no_control_character_from_the_model_or_the_sandbox_is_drawn() {
+        let evil = "\u{1b}]52;c;cHduZWQ=\u{7}\u{1b}[2K\u{1b}[1A";
+        let entries = [
+            Entry::User(format!("pasted {evil}")),
+            Entry::Assistant(format!("**bold** {evil} `code {evil}`")),
+            Entry::Thinking(format!("thinking {evil}")),
+            Entry::Notice(format!("notice {evil}")),
+            Entry::Error {
+                message: format!("error {evil}"),
+                hint: Some(format!("hint {evil}")),
+            },
+            done(
+                "bash",
+                json!({"command": format!("echo {evil}")}),
+                evil,
+                false,
+            ),
+            done(
+                "edit_file",
+                json!({"path": "a", "old_string": evil, "new_string": format!("x{evil}")}),
+                "ok",
+                false,
+            ),
+        ];
+        for e in &entries {
+            for expanded in [false, true] {
+                for line in render_entry(e, 80, expanded, 0) {
+                    for span in &line.spans {
+                        assert!(
+                            !span.content.chars().any(char::is_control),
+                            "{e:?} drew {:?}",
+                            span.content
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

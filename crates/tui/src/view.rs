@@ -1,6 +1,7 @@
 //! Draws the app: the transcript, the approval prompt, the input box and
 //! the status line, with the session picker over them when open.
 
+use crate::transcript::printable;
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
@@ -136,9 +137,11 @@ fn draw_status(f: &mut Frame<'_>, app: &App, area: Rect) {
     };
     // Fullest first; a narrow screen drops the workspace, then the model,
     // then the cost, so the sandbox and the context stay in view.
+    // The model's name and a resumed session's workspace come from files.
+    let (model, workspace) = (printable(&s.model), printable(&s.workspace));
     let lefts = [
-        format!(" {} · {} · {sandbox} ", s.model, s.workspace),
-        format!(" {} · {sandbox} ", s.model),
+        format!(" {model} · {workspace} · {sandbox} "),
+        format!(" {model} · {sandbox} "),
         format!(" {sandbox} "),
         String::new(),
     ];
@@ -204,12 +207,17 @@ fn draw_picker(f: &mut Frame<'_>, app: &App, area: Rect) {
             ListItem::new(Line::from(vec![
                 Span::styled(format!("{} ", s.id), theme::dim()),
                 Span::raw(format!("{when}  ")),
-                Span::styled(s.title.clone(), Style::new().add_modifier(Modifier::BOLD)),
+                // Titles and paths come from session logs: no control
+                // character of theirs reaches the terminal.
+                Span::styled(
+                    printable(&s.title),
+                    Style::new().add_modifier(Modifier::BOLD),
+                ),
                 Span::styled(
                     format!("  {} turn{}", s.turns, if s.turns == 1 { "" } else { "s" }),
                     theme::dim(),
                 ),
-                Span::styled(format!("  {}", s.workspace), theme::dim()),
+                Span::styled(format!("  {}", printable(&s.workspace)), theme::dim()),
             ]))
         })
         .collect();

@@ -133,8 +133,10 @@ pub(crate) const ETC_ALLOW: &[&str] = &[
 const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// Files under `/proc` hidden behind `/dev/null`, and directories made
-/// read-only, because they expose host-wide kernel state.
+/// read-only, because they expose host-wide kernel state (`cmdline`: the
+/// host's boot parameters, which can name devices, hosts or secrets).
 const PROC_MASKED: &[&str] = &[
+    "cmdline",
     "kcore",
     "keys",
     "key-users",
