@@ -270,10 +270,47 @@ fn resolved(path: &Path) -> PathBuf {
     }
 }
 
+/// Refuses a workspace or bind source reached through a symbolic link a
+/// sandbox could have planted: the path itself, or any directory on the
+/// way below the current directory (an earlier workspace, perhaps).
+/// `--workspace ./frontend`, with `frontend` a link to `/etc` left by a
+/// sandbox, would mount `/etc` read-write. Links above the current
+/// directory (`/home` -> `/var/home`) are the system's and are followed.
+fn refuse_planted_links(path: &Path, what: &str) -> Result<(), String> {
+    let abs = std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let cwd = std::env::current_dir()
+        .ok()
+        .and_then(|d| std::path::absolute(d).ok());
+    let mut at = PathBuf::new();
+    let last = abs.components().count();
+    for (i, c) in abs.components().enumerate() {
+        at.push(c);
+        let below_cwd = cwd.as_ref().is_some_and(|d| at.starts_with(d) && at != *d);
+        if (below_cwd || i + 1 == last)
+            && std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink())
+        {
+            let to = std::fs::read_link(&at)
+                .map(|t| t.display().to_string())
+                .unwrap_or_default();
+            return Err(format!(
+                "{what} {} is reached through the symbolic link {} (to {to}), which a sandbox \
+                 could have planted; cordon follows none: give the real path",
+                path.display(),
+                at.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Refuses a workspace or bind that holds cordon's own directories: a
 /// sandbox there could rewrite the configuration that starts host
 /// programs, or read the keys in it.
 pub fn guard_cordon_dirs(c: &SandboxConfig) -> Result<(), String> {
+    refuse_planted_links(&c.workspace, "the workspace")?;
+    for b in &c.binds {
+        refuse_planted_links(&b.source, "the bind source")?;
+    }
     let own = cordon_dirs();
     let shared = std::iter::once((&c.workspace, "the workspace"))
         .chain(c.binds.iter().map(|b| (&b.source, "a bind")));

@@ -481,3 +481,33 @@ fn output_file_link_overwrites_a_host_file(who: Who) {
     );
 }
 attack!(output_file_link_overwrites_a_host_file);
+
+/// A link the sandbox left in the project, then named by the user as a
+/// workspace or bind (`--workspace ./frontend`, `--ro ./vendor:/opt/v`):
+/// cordon must not follow it and mount what it points at.
+fn planted_link_as_workspace_or_bind(who: Who) {
+    let w = World::new(who);
+    w.in_sandbox(&format!(
+        "ln -s {o} frontend && mkdir -p libs && ln -s {o} libs/vendor",
+        o = w.outside.display()
+    ));
+    for args in [
+        &["run", "--workspace", "./frontend", "--", "ls", "/workspace"][..],
+        &["run", "--ro", "./libs/vendor:/opt/v", "--", "ls", "/opt/v"][..],
+        &["run", "--rw", "libs/vendor", "--", "true"][..],
+    ] {
+        let out = w.cordon(args).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !text.contains("outside-only.txt"),
+            "HOST CHANGED: {args:?} mounted the planted link's target: {text}"
+        );
+        assert_eq!(out.status.code(), Some(78), "{args:?}: {text}");
+        assert!(text.contains("symbolic link"), "{args:?}: {text}");
+    }
+}
+attack!(planted_link_as_workspace_or_bind);
