@@ -11,6 +11,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::marker::PhantomData;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
@@ -71,12 +72,19 @@ impl<T: Serialize + DeserializeOwned> SessionLog<T> {
             path: path.clone(),
             source,
         };
+        // A conversation holds the user's prompts, the model's answers and
+        // whatever the tools saw: readable by its owner only.
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(io_err)?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(io_err)?;
         }
         let file = OpenOptions::new()
             .append(true)
             .create_new(true)
+            .mode(0o600)
             .open(&path)
             .map_err(|e| {
                 if e.kind() == io::ErrorKind::AlreadyExists {

@@ -138,10 +138,11 @@ pub fn log_file() -> Box<dyn std::io::Write + Send> {
     let dir = sessions::sessions_dir();
     let path = dir.parent().unwrap_or(&dir).join("chat.log");
     let _ = std::fs::create_dir_all(path.parent().unwrap_or(&dir));
-    match std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
+    match std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new().create(true).append(true),
+        0o600,
+    )
+    .open(&path)
     {
         Ok(f) => Box::new(f),
         Err(_) => Box::new(std::io::sink()),

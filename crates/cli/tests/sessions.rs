@@ -81,3 +81,33 @@ fn json_lists_one_object_per_session_with_its_workspace() {
         ws.path()
     );
 }
+
+/// A conversation holds prompts, answers and what the tools saw: its log
+/// and the directory of logs are readable by their owner only.
+#[test]
+fn session_logs_are_the_owners_only() {
+    use cordon_testkit::{Scenario, ScriptedServer, Turn};
+    use std::os::unix::fs::PermissionsExt;
+    let home = tempfile::tempdir().unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(Scenario::new().turn(Turn::text("Done.")));
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["exec", "hello"])
+        .current_dir(ws.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let dir = home.path().join("data/cordon/sessions");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o700);
+    let logs: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(logs.len(), 1);
+    assert_eq!(mode(&logs[0].path()), 0o600);
+}

@@ -173,10 +173,23 @@ impl Store {
                 .parent()
                 .filter(|d| !d.as_os_str().is_empty())
             {
-                std::fs::create_dir_all(dir).map_err(|e| {
+                std::os::unix::fs::DirBuilderExt::mode(
+                    std::fs::DirBuilder::new().recursive(true),
+                    0o700,
+                )
+                .create(dir)
+                .map_err(|e| {
                     StoreError::Invalid(format!("cannot create {}: {e}", dir.display()))
                 })?;
             }
+            // The store holds token hashes and every job's output: its
+            // owner's only. SQLite gives its journal files the same mode.
+            std::os::unix::fs::OpenOptionsExt::mode(
+                std::fs::OpenOptions::new().append(true).create(true),
+                0o600,
+            )
+            .open(path)
+            .map_err(|e| StoreError::Invalid(format!("cannot create {path}: {e}")))?;
             // sqlx percent-decodes the path of the URL.
             let encoded = path
                 .replace('%', "%25")
@@ -564,4 +577,26 @@ pub struct OutputDelta {
     pub stderr: String,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    #[tokio::test]
+    async fn a_new_sqlite_store_and_its_directory_are_the_owners_only() {
+        let home = tempfile::tempdir().unwrap();
+        let path = home.path().join("data/cordon/server.db");
+        let store = super::Store::open(path.to_str().unwrap()).await.unwrap();
+        store.create_token("t").await.unwrap();
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+        for side in ["server.db-wal", "server.db-shm"] {
+            let p = path.with_file_name(side);
+            if p.exists() {
+                assert_eq!(mode(&p), 0o600, "{side}");
+            }
+        }
+    }
 }
