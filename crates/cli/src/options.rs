@@ -225,6 +225,9 @@ pub fn sandbox_config(settings: &Settings, hide_also: &[PathBuf]) -> Result<Sand
     c.backend = sb.backend;
     c.cpus = sb.cpus;
     c.vm = sb.vm.clone();
+    if sb.protect_git {
+        c.read_only = cordon_sandbox::git_control_files(&workspace);
+    }
     c.hidden = settings
         .secret_files()
         .iter()

@@ -511,3 +511,119 @@ fn planted_link_as_workspace_or_bind(who: Who) {
     }
 }
 attack!(planted_link_as_workspace_or_bind);
+
+/// A sandbox rewrites the repository's git configuration or hooks, or
+/// moves `.git` aside for one of its own: git on the host would then run
+/// its commands (`core.fsmonitor` on the next `git status`, a hook on the
+/// next commit). The model's own file tools try too, directly and through
+/// a link. Work in the repository, commits included, still goes on.
+fn git_runs_what_the_sandbox_wrote(who: Who) {
+    let w = World::new(who);
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Configuring.")
+                    .with_tool_call(
+                        "f1",
+                        "write_file",
+                        json!({"path": ".git/config", "content": "[core]\n\tfsmonitor = touch /tmp/x\n"}),
+                    )
+                    .with_tool_call("l1", "bash", json!({"command": "ln -s .git/hooks h"})),
+            )
+            .turn(
+                Turn::text("Hooking.")
+                    .with_tool_call(
+                        "f2",
+                        "write_file",
+                        json!({"path": "h/post-checkout", "content": "#!/bin/sh\ntouch /tmp/x\n"}),
+                    )
+                    .expect_tool_results(["f1", "l1"]),
+            )
+            .turn(Turn::text("Done.").expect_tool_results(["f2"])),
+    );
+    w.user_config(&server.url(), true);
+    let git = |args: &[&str]| {
+        let mut cmd = Command::new("git");
+        cmd.args(args)
+            .current_dir(&w.ws)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", &w.home)
+            .env("GIT_CONFIG_NOSYSTEM", "1");
+        if who == Who::Unprivileged && is_root() {
+            std::os::unix::process::CommandExt::uid(&mut cmd, NOBODY);
+            std::os::unix::process::CommandExt::gid(&mut cmd, NOBODY);
+        }
+        cmd.output().unwrap()
+    };
+    assert!(git(&["init", "-q"]).status.success());
+    let marker = w.outside.join("pwned-by-git");
+    std::fs::set_permissions(&w.outside, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let m = marker.display();
+    let out = w
+        .cordon(&[
+            "run",
+            "--",
+            "bash",
+            "-c",
+            &format!(
+                "git config core.fsmonitor 'touch {m}' 2>&1; echo config=$?; \
+                 printf '#!/bin/sh\\ntouch {m}\\n' > .git/hooks/pre-commit; echo hook=$?; \
+                 rm -rf .git/hooks 2>&1; echo rmhooks=$?; \
+                 mv .git .git-aside 2>&1; echo move=$?; \
+                 echo '* filter=evil' > .git/info/attributes; echo attr=$?; \
+                 echo work > work.txt && git add work.txt && \
+                 git -c user.email=s@x -c user.name=s commit -qm from-the-sandbox; echo commit=$?"
+            ),
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    for refused in ["config=", "hook=", "rmhooks=", "move=", "attr="] {
+        assert!(
+            said.lines()
+                .any(|l| l.starts_with(refused) && !l.ends_with("=0")),
+            "{refused} succeeded in the sandbox: {said}"
+        );
+    }
+    assert!(said.contains("commit=0"), "commits must still work: {said}");
+    // The model's tools, directly and through a link into .git/hooks.
+    let exec = w.cordon(&["exec", "set up git"]).output().unwrap();
+    assert!(exec.status.success(), "{exec:?}");
+    let results = server
+        .requests()
+        .iter()
+        .map(|r| r.raw_body.clone())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        results.matches("read-only: git on the host").count() >= 2,
+        "the model's writes were not refused with the reason: {results}"
+    );
+    // The host's git: status, a commit, a checkout.
+    for args in [
+        &["status"][..],
+        &[
+            "-c",
+            "user.email=u@x",
+            "-c",
+            "user.name=u",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "user",
+        ][..],
+        &["checkout", "-q", "-b", "next"][..],
+    ] {
+        let o = git(args);
+        assert!(o.status.success(), "git {args:?}: {o:?}");
+    }
+    assert!(
+        !marker.exists(),
+        "HOST CHANGED: git on the host ran a command the sandbox planted"
+    );
+    let log = String::from_utf8_lossy(&git(&["log", "--oneline"]).stdout).into_owned();
+    assert!(log.contains("from-the-sandbox"), "{log}");
+}
+attack!(git_runs_what_the_sandbox_wrote, microvm);

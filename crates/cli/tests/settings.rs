@@ -15,7 +15,8 @@
 //! drive them); `vm.accel` picks QEMU's accelerator, which the microvm
 //! tests assert (`cordon doctor`, tests/run.rs); `sandbox.network`,
 //! `sandbox.display` and `workspace` are job options or the server's own
-//! for `cordon serve`, not settings.
+//! for `cordon serve`, not settings, and a job's workspace is no repository
+//! for `sandbox.protect_git`.
 
 mod support;
 
@@ -89,6 +90,14 @@ impl World {
             std::fs::create_dir(d).unwrap();
         }
         std::fs::write(other.join("other-marker"), "").unwrap();
+        // A repository, as most projects are (for sandbox.protect_git).
+        let init = Command::new("git")
+            .args(["init", "-q"])
+            .current_dir(&ws)
+            .env("HOME", &home)
+            .output()
+            .unwrap();
+        assert!(init.status.success(), "{init:?}");
         World {
             _dir: dir,
             ws,
@@ -547,6 +556,19 @@ fn vm_paths() {
             },
         );
     }
+}
+
+#[test]
+fn sandbox_protect_git() {
+    check(
+        "sandbox.protect_git",
+        Row {
+            config: "[sandbox]\nprotect_git = false",
+            probe: "git config core.fsmonitor true && echo wrote-git-config",
+            shows: Shows::Output(|o| o.contains("wrote-git-config")),
+            fronts: SANDBOX_ONLY,
+        },
+    );
 }
 
 #[test]

@@ -147,6 +147,10 @@ pub struct SandboxConfig {
     /// the user's API key): each appears empty and read-only inside. Paths
     /// on the host, beneath `workspace`; one that is missing is skipped.
     pub hidden: Vec<PathBuf>,
+    /// Paths in the workspace the sandbox may read but not change, nor
+    /// rename away (their directories below the workspace are pinned):
+    /// see [`git_control_files`]. Missing ones are skipped.
+    pub read_only: Vec<PathBuf>,
     /// Environment added to every exec, over the built-in minimum.
     pub env: Vec<(String, String)>,
     /// Default working directory of execs.
@@ -295,6 +299,7 @@ impl SandboxConfig {
             network: Network::Off,
             binds: Vec::new(),
             hidden: Vec::new(),
+            read_only: Vec::new(),
             env: Vec::new(),
             workdir: "/workspace".into(),
             hostname: "cordon".into(),
@@ -309,14 +314,14 @@ impl SandboxConfig {
     }
 }
 
-/// [`SandboxConfig::hidden`] as paths relative to the canonical workspace
-/// `ws`: each file's directory is resolved, its own name is not (a link
-/// there is hidden as the link); files outside the workspace are dropped,
-/// since the sandbox cannot see them anyway.
-pub(crate) fn hidden_in_workspace(config: &SandboxConfig, ws: &str) -> Vec<String> {
+/// `paths` ([`SandboxConfig::hidden`], [`SandboxConfig::read_only`]) as
+/// paths relative to the canonical workspace `ws`: each one's directory is
+/// resolved, its own name is not (a link there is taken as the link);
+/// paths outside the workspace are dropped, since the sandbox cannot see
+/// them anyway.
+pub(crate) fn in_workspace(paths: &[PathBuf], ws: &str) -> Vec<String> {
     let ws = Path::new(ws);
-    config
-        .hidden
+    paths
         .iter()
         .filter_map(|h| {
             let dir = h.parent()?.canonicalize().ok()?;
@@ -328,6 +333,25 @@ pub(crate) fn hidden_in_workspace(config: &SandboxConfig, ws: &str) -> Vec<Strin
                 .flatten()
         })
         .collect()
+}
+
+/// What git runs commands from in a workspace that is a repository: its
+/// configuration (`core.fsmonitor`, `core.hooksPath`, filter and diff
+/// drivers), its hooks and `info/` (attributes there select drivers); or
+/// `.git` itself when it is a file naming the repository elsewhere. Made
+/// read-only in the sandbox, git on the host does not run what a sandbox
+/// wrote. Those that exist; none when the workspace is no repository.
+pub fn git_control_files(workspace: &Path) -> Vec<PathBuf> {
+    let git = workspace.join(".git");
+    match std::fs::symlink_metadata(&git) {
+        Ok(m) if m.is_dir() => ["config", "hooks", "info"]
+            .iter()
+            .map(|n| git.join(n))
+            .filter(|p| std::fs::symlink_metadata(p).is_ok())
+            .collect(),
+        Ok(m) if m.is_file() => vec![git],
+        _ => Vec::new(),
+    }
 }
 
 /// Parses sizes such as `512M`, `2G`, `64k` or `1048576` into bytes.

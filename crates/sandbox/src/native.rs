@@ -334,7 +334,8 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let rlimits = matches!(mech, LimitMechanism::Rlimit { .. });
     let spec = SetupSpec {
         version: protocol::VERSION,
-        hidden: crate::hidden_in_workspace(config, &workspace),
+        hidden: crate::in_workspace(&config.hidden, &workspace),
+        read_only: crate::in_workspace(&config.read_only, &workspace),
         workspace,
         binds,
         tmp_size: config.tmp_size,
@@ -358,6 +359,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             backend: "native",
             base_env: base_env(config),
             workdir: config.workdir.clone(),
+            read_only: config.read_only.clone(),
             setup_timeout: config.setup_timeout,
             set_clock: false,
         },

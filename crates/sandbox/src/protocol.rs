@@ -80,6 +80,10 @@ pub struct SetupSpec {
     /// Files under the workspace, relative to it, that the sandbox sees as
     /// empty and read-only (secret-bearing configuration).
     pub hidden: Vec<String>,
+    /// Paths under the workspace, relative to it, shown read-only; their
+    /// directories below the workspace are pinned (mounted on themselves)
+    /// so that they cannot be renamed away.
+    pub read_only: Vec<String>,
     pub binds: Vec<Bind>,
     pub tmp_size: u64,
     pub loopback: bool,

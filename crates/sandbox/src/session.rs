@@ -40,6 +40,8 @@ pub(crate) struct ConnectParams {
     pub backend: &'static str,
     pub base_env: Vec<(String, String)>,
     pub workdir: String,
+    /// [`crate::SandboxConfig::read_only`], for the host-side tools.
+    pub read_only: Vec<std::path::PathBuf>,
     pub setup_timeout: Duration,
     /// Set the supervisor's clock from the host's once it is ready (a
     /// microVM's own clock starts from its RTC).
@@ -110,6 +112,7 @@ pub(crate) struct Inner {
     info: std::sync::OnceLock<SandboxInfo>,
     base_env: Vec<(String, String)>,
     workdir: String,
+    read_only: Vec<std::path::PathBuf>,
     /// The virtual screen, once it is up.
     pub(crate) display: std::sync::OnceLock<crate::Display>,
 }
@@ -271,6 +274,13 @@ pub enum ExecEvent {
 }
 
 impl Sandbox {
+    /// Host paths in the workspace the sandbox sees read-only
+    /// ([`crate::SandboxConfig::read_only`]): host-side writers refuse them
+    /// too.
+    pub fn read_only(&self) -> &[std::path::PathBuf] {
+        &self.inner.read_only
+    }
+
     /// Creates a sandbox with the backend `config.backend` names; with
     /// `config.display`, its X display is up when this returns.
     pub async fn create(config: crate::SandboxConfig) -> Result<Sandbox> {
@@ -309,6 +319,7 @@ impl Sandbox {
             backend,
             base_env,
             workdir,
+            read_only,
             setup_timeout,
             set_clock,
         } = params;
@@ -409,6 +420,7 @@ impl Sandbox {
                 display: std::sync::OnceLock::new(),
                 base_env,
                 workdir,
+                read_only,
             }
         });
         let ready = match tokio::time::timeout(setup_timeout, ready_rx).await {

@@ -48,6 +48,9 @@ pub struct ServerConfig {
     pub backend: cordon_sandbox::BackendKind,
     /// Processes per sandbox (`sandbox.pids`; default 256).
     pub pids: Option<u64>,
+    /// `.git`'s configuration, hooks and info read-only in every sandbox
+    /// whose workspace is a repository (`sandbox.protect_git`).
+    pub protect_git: bool,
     /// microVM settings, for the microvm backend.
     pub cpus: Option<u32>,
     pub vm: cordon_sandbox::VmOptions,
@@ -69,6 +72,7 @@ impl ServerConfig {
             agent: None,
             mcp_servers: Default::default(),
             pids: None,
+            protect_git: true,
             session_idle: Duration::from_secs(15 * 60),
             backend: cordon_sandbox::BackendKind::Native,
             cpus: None,
@@ -83,6 +87,9 @@ impl ServerConfig {
         c.memory = Some(self.bounds.default_memory);
         if self.pids.is_some() {
             c.pids = self.pids;
+        }
+        if self.protect_git {
+            c.read_only = cordon_sandbox::git_control_files(&c.workspace);
         }
         c.supervisor = self.supervisor.clone();
         c.backend = self.backend;

@@ -209,7 +209,7 @@ impl ToolContext {
 
     /// Opens the workspace root for host-side file access beneath it.
     pub(crate) fn open_workspace(&self) -> Result<Workspace, WorkspaceError> {
-        Workspace::open(&self.workspace)
+        Ok(Workspace::open(&self.workspace)?.with_read_only(self.sandbox.read_only()))
     }
 }
 

@@ -45,6 +45,10 @@ pub enum WorkspaceError {
         path: String,
         source: std::io::Error,
     },
+    #[error(
+        "{path}: read-only: git on the host runs what .git's configuration and hooks name, so cordon keeps .git/config, .git/hooks and .git/info out of the sandbox's reach (the user can lift this with the setting sandbox.protect_git = false); work in the rest of the repository, and leave git configuration to the user"
+    )]
+    ReadOnly { path: String },
     #[error("cannot open the workspace directory {}: {source}", root.display())]
     Root {
         root: PathBuf,
@@ -116,6 +120,9 @@ impl WsPath {
 /// An open workspace root.
 pub struct Workspace {
     root: OwnedFd,
+    /// Host paths (resolved) a write must not reach: the sandbox's
+    /// read-only paths, which host-side writers honour too.
+    read_only: Vec<PathBuf>,
 }
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
@@ -131,7 +138,32 @@ impl Workspace {
             root: host_root.to_path_buf(),
             source: e.into(),
         })?;
-        Ok(Workspace { root })
+        Ok(Workspace {
+            root,
+            read_only: Vec::new(),
+        })
+    }
+
+    /// Refuses writes that reach any of `paths` (or beneath them), however
+    /// they are named: through a link, or a directory link on the way.
+    pub fn with_read_only(mut self, paths: &[PathBuf]) -> Self {
+        self.read_only = paths.iter().filter_map(|p| p.canonicalize().ok()).collect();
+        self
+    }
+
+    /// Whether the file `name` in the open directory `dir` is read-only.
+    fn is_read_only(&self, dir: &OwnedFd, name: &Path) -> bool {
+        if self.read_only.is_empty() {
+            return false;
+        }
+        // Where the kernel says the directory is: no name can hide it.
+        let Ok(at) = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
+            return true;
+        };
+        let target = at.join(name);
+        self.read_only
+            .iter()
+            .any(|ro| at.starts_with(ro) || target.starts_with(ro))
     }
 
     fn map(path: &WsPath, e: Errno) -> WorkspaceError {
@@ -262,6 +294,11 @@ impl Workspace {
             }
         };
         let dir = self.make_dirs(&parent, path)?;
+        if self.is_read_only(&dir, &name) {
+            return Err(WorkspaceError::ReadOnly {
+                path: path.display(),
+            });
+        }
         let base = OFlags::WRONLY | OFlags::NONBLOCK | OFlags::NOCTTY;
         let (fd, created) = match self.openat(&dir, &name, path, base, Mode::empty()) {
             Ok(fd) => (fd, false),

@@ -179,6 +179,14 @@ pub const KEYS: &[Key] = &[
         guard: Guard::Any,
     },
     Key {
+        name: "sandbox.protect_git",
+        env: &["CORDON_PROTECT_GIT"],
+        secret: false,
+        default: Some("true"),
+        doc: "keep the workspace's .git/config, hooks and info read-only in the sandbox (git on the host runs what they name)",
+        guard: Guard::Tighten,
+    },
+    Key {
         name: "sandbox.backend",
         env: &["CORDON_BACKEND"],
         secret: false,
@@ -349,6 +357,7 @@ fn tightens(name: &str, value: &str, current: Option<&str>) -> bool {
     match name {
         "approval" => value == "ask",
         "sandbox.network" => value == "off",
+        "sandbox.protect_git" => value == "true",
         "sandbox.memory" => {
             let size = |v: Option<&str>| v.and_then(|v| cordon_tools::parse_size(v).ok());
             matches!((size(Some(value)), size(current)), (Some(new), Some(old)) if new <= old)

@@ -36,6 +36,8 @@ pub struct SandboxSettings {
     pub backend: BackendKind,
     pub cpus: Option<u32>,
     pub vm: VmOptions,
+    /// `.git`'s configuration, hooks and info read-only inside.
+    pub protect_git: bool,
 }
 
 /// Every setting, typed.
@@ -161,6 +163,11 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
             backend: req(s, "sandbox.backend", |v| {
                 v.parse::<BackendKind>()
                     .map_err(|_| "expected native or microvm".into())
+            })?,
+            protect_git: req(s, "sandbox.protect_git", |v| match v {
+                "true" => Ok(true),
+                "false" => Ok(false),
+                _ => Err("expected true or false".into()),
             })?,
             cpus: opt(s, "sandbox.cpus", |v| match v.parse::<u32>() {
                 Ok(n) if (1..=64).contains(&n) => Ok(n),

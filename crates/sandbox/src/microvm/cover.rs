@@ -1,4 +1,5 @@
-//! Hidden workspace files for a microVM ([`crate::SandboxConfig::hidden`]).
+//! Hidden and read-only workspace files for a microVM
+//! ([`crate::SandboxConfig::hidden`], [`crate::SandboxConfig::read_only`]).
 //!
 //! The guest's root could unmount anything its supervisor mounted, so the
 //! files are hidden where the guest cannot reach: QEMU starts in a mount
@@ -24,6 +25,9 @@ pub(super) struct Covers {
     cover: CString,
     /// The files to hide, by absolute path under the canonical workspace.
     targets: Vec<CString>,
+    /// Paths mounted on themselves, in order: pinned directories
+    /// (read-write), then the read-only paths, with their attributes.
+    self_mounts: Vec<(CString, u64)>,
     /// Identity maps for the child's own user namespace, or None when
     /// cordon is root and a mount namespace alone will do.
     maps: Option<(CString, CString)>,
@@ -50,10 +54,40 @@ impl Covers {
     pub(super) fn prepare(
         workspace: &str,
         hidden: &[String],
+        read_only: &[String],
         run_dir: &Path,
     ) -> Result<Option<Covers>> {
-        if hidden.is_empty() {
+        if hidden.is_empty() && read_only.is_empty() {
             return Ok(None);
+        }
+        let cpath = |rel: &Path| {
+            CString::new(
+                Path::new(workspace)
+                    .join(rel)
+                    .as_os_str()
+                    .as_encoded_bytes(),
+            )
+            .map_err(|_| Error::Config(format!("{}: a NUL in its path", rel.display())))
+        };
+        // As the native supervisor does (setup.rs, protect): directories
+        // leading to a read-only path are pinned first, shallow first.
+        let mut pins = std::collections::BTreeSet::new();
+        for rel in read_only {
+            let mut dir = Path::new(rel).parent();
+            while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+                pins.insert(d.to_path_buf());
+                dir = d.parent();
+            }
+        }
+        let mut pins: Vec<_> = pins.into_iter().collect();
+        pins.sort_by_key(|p| p.components().count());
+        let rw = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+        let mut self_mounts = Vec::new();
+        for p in &pins {
+            self_mounts.push((cpath(p)?, rw));
+        }
+        for rel in read_only {
+            self_mounts.push((cpath(Path::new(rel))?, rw | MOUNT_ATTR_RDONLY));
         }
         let mut targets = Vec::new();
         for rel in hidden {
@@ -73,7 +107,7 @@ impl Covers {
                     .map_err(|_| Error::Config(format!("cannot hide {rel}: a NUL in its path")))?,
             );
         }
-        if targets.is_empty() {
+        if targets.is_empty() && self_mounts.is_empty() {
             return Ok(None);
         }
         let cover = run_dir.join("hidden-cover");
@@ -95,6 +129,7 @@ impl Covers {
         Ok(Some(Covers {
             cover,
             targets,
+            self_mounts,
             maps,
         }))
     }
@@ -173,6 +208,64 @@ impl Covers {
                     self.cover.as_ptr(),
                     OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
                 ))? as libc::c_int;
+                let done = check(libc::syscall(
+                    libc::SYS_mount_setattr,
+                    tree,
+                    c"".as_ptr(),
+                    libc::AT_EMPTY_PATH,
+                    &attr as *const MountAttr,
+                    std::mem::size_of::<MountAttr>(),
+                ))
+                .and_then(|_| {
+                    check(libc::syscall(
+                        libc::SYS_move_mount,
+                        tree,
+                        c"".as_ptr(),
+                        target,
+                        c"".as_ptr(),
+                        MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+                    ))
+                });
+                libc::close(tree);
+                libc::close(target);
+                done?;
+            }
+            for (path, attrs) in &self.self_mounts {
+                let target = libc::syscall(
+                    libc::SYS_openat2,
+                    libc::AT_FDCWD,
+                    path.as_ptr(),
+                    &how as *const OpenHow,
+                    std::mem::size_of::<OpenHow>(),
+                );
+                if target < 0 {
+                    let err = std::io::Error::last_os_error();
+                    if err.raw_os_error() == Some(libc::ENOENT) {
+                        continue;
+                    }
+                    return Err(err);
+                }
+                let target = target as libc::c_int;
+                let attr = MountAttr {
+                    attr_set: *attrs,
+                    attr_clr: 0,
+                    propagation: 0,
+                    userns_fd: 0,
+                };
+                let tree = libc::syscall(
+                    libc::SYS_open_tree,
+                    target,
+                    c"".as_ptr(),
+                    OPEN_TREE_CLONE
+                        | libc::O_CLOEXEC as libc::c_uint
+                        | libc::AT_EMPTY_PATH as libc::c_uint,
+                );
+                if tree < 0 {
+                    let err = std::io::Error::last_os_error();
+                    libc::close(target);
+                    return Err(err);
+                }
+                let tree = tree as libc::c_int;
                 let done = check(libc::syscall(
                     libc::SYS_mount_setattr,
                     tree,

@@ -555,7 +555,8 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     stage_etc(&run.join("etc"))?;
     let covers = cover::Covers::prepare(
         &workspace,
-        &crate::hidden_in_workspace(config, &workspace),
+        &crate::in_workspace(&config.hidden, &workspace),
+        &crate::in_workspace(&config.read_only, &workspace),
         &run,
     )?;
 
@@ -690,9 +691,11 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     };
     let spec = SetupSpec {
         version: protocol::VERSION,
-        // QEMU's own mount namespace hides them (spawn_qemu): the guest's
-        // root could unmount anything its supervisor mounted.
+        // QEMU's own mount namespace hides them and makes these read-only
+        // (spawn_qemu): the guest's root could unmount anything its
+        // supervisor mounted.
         hidden: Vec::new(),
+        read_only: Vec::new(),
         workspace,
         binds,
         tmp_size: config.tmp_size,
@@ -729,6 +732,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             backend: "microvm",
             base_env: crate::native::base_env(config),
             workdir: config.workdir.clone(),
+            read_only: config.read_only.clone(),
             setup_timeout: config.setup_timeout.max(MIN_SETUP_TIMEOUT),
             set_clock: true,
         },

@@ -295,6 +295,7 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
     bind(&workspace, &ws)?;
     set_attrs(&ws, true, RW)?;
     hide(stage, &ws, &spec.hidden)?;
+    protect(&ws, &spec.read_only)?;
 
     for (b, src) in &binds {
         let target = stage.join(b.target.trim_start_matches('/'));
@@ -410,6 +411,77 @@ fn hide(stage: &Path, ws: &Path, hidden: &[String]) -> Result<()> {
     // The covers keep the inode; its name must not show at the root.
     fs::remove_file(&empty).ctx(|| "remove the cover's name".into())?;
     Ok(())
+}
+
+/// Makes each of `read_only` (relative to the workspace mounted at `ws`)
+/// read-only, by mounting it on itself, after pinning the directories that
+/// lead to it below the workspace the same way (read-write): a mount point
+/// cannot be renamed or removed, so `.git` cannot be moved aside and a new
+/// one with a planted configuration put in its place. Paths are opened
+/// beneath the workspace without following links.
+fn protect(ws: &Path, read_only: &[String]) -> Result<()> {
+    if read_only.is_empty() {
+        return Ok(());
+    }
+    let ws_fd = rustix::fs::open(
+        ws,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ctx(|| "open the workspace".into())?;
+    let mut pins = std::collections::BTreeSet::new();
+    for rel in read_only {
+        let mut dir = Path::new(rel).parent();
+        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+            pins.insert(d.to_path_buf());
+            dir = d.parent();
+        }
+    }
+    // Shallow first: a pin's own path must resolve before deeper ones.
+    let mut pins: Vec<PathBuf> = pins.into_iter().collect();
+    pins.sort_by_key(|p| p.components().count());
+    for pin in &pins {
+        mount_on_itself(&ws_fd, pin, RW)?;
+    }
+    for rel in read_only {
+        mount_on_itself(&ws_fd, Path::new(rel), RO)?;
+    }
+    Ok(())
+}
+
+/// Mounts `rel` (beneath `ws_fd`) on itself with `attrs`; missing: skipped.
+fn mount_on_itself(ws_fd: &OwnedFd, rel: &Path, attrs: u64) -> Result<()> {
+    use rustix::fs::ResolveFlags;
+    use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+    let what = || rel.display().to_string();
+    let fd = match rustix::fs::openat2(
+        ws_fd,
+        rel,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(SetupError::new(format!("open {} to protect it", what()), e)),
+    };
+    let tree = rustix::mount::open_tree(
+        &fd,
+        "",
+        OpenTreeFlags::OPEN_TREE_CLONE
+            | OpenTreeFlags::OPEN_TREE_CLOEXEC
+            | OpenTreeFlags::AT_EMPTY_PATH,
+    )
+    .ctx(|| format!("clone {}", what()))?;
+    set_attrs_fd(&tree, attrs)?;
+    rustix::mount::move_mount(
+        &tree,
+        "",
+        &fd,
+        "",
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+    )
+    .ctx(|| format!("protect {}", what()))
 }
 
 fn mkdir(path: &Path, mode: u32) -> Result<()> {
