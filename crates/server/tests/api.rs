@@ -535,7 +535,10 @@ async fn files_are_read_and_written_beneath_the_workspace_only(db: Db) {
     let id = s
         .submit(
             &t,
-            shell("mkdir -p out && echo result > out/r.txt && ln -s /etc/hostname link"),
+            shell(
+                "mkdir -p out && echo result > out/r.txt && ln -s /etc/hostname link \
+                 && ln -s loop-b loop-a && ln -s loop-a loop-b",
+            ),
         )
         .await;
     s.wait(&t, &id).await;
@@ -556,7 +559,7 @@ async fn files_are_read_and_written_beneath_the_workspace_only(db: Db) {
         .iter()
         .map(|e| e["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["link", "out"]);
+    assert_eq!(names, ["link", "loop-a", "loop-b", "out"]);
     let r = get("out".into()).await.unwrap();
     let dir: Value = r.json().await.unwrap();
     assert_eq!(dir["entries"][0]["name"], "r.txt");
@@ -592,6 +595,20 @@ async fn files_are_read_and_written_beneath_the_workspace_only(db: Db) {
     );
     let r = get("nope.txt".into()).await.unwrap();
     assert_eq!(r.status(), 404);
+    // Names the sandbox or a client can make up are the client's error,
+    // not the server's: a NUL byte, a 300-byte name, a 4800-byte path, a
+    // loop of links.
+    let long_name = "n".repeat(300);
+    let long_path = vec!["d"; 2400].join("%2F");
+    for path in ["bad%00name", &long_name, &long_path, "loop-a"] {
+        let r = get(path.to_string()).await.unwrap();
+        let status = r.status();
+        assert_eq!(status, 400, "{}", &path[..path.len().min(40)]);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "invalid_request", "{v}");
+    }
+    let r = put("loop-a", "x").await.unwrap();
+    assert_eq!(r.status(), 400);
 }
 
 async fn files_uploaded_before_a_job_runs_are_there_when_it_does(db: Db) {

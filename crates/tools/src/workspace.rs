@@ -34,6 +34,10 @@ pub enum WorkspaceError {
     Escapes { path: String },
     #[error("{path}: no such file or directory")]
     NotFound { path: String },
+    #[error("{path}: {why}; give a shorter or plain name")]
+    BadName { path: String, why: &'static str },
+    #[error("{path}: a loop of symbolic links, or a link that cannot be followed safely")]
+    Loop { path: String },
     #[error("{path}: is a directory; use list_dir to see what it holds")]
     IsDirectory { path: String },
     #[error("{path}: not a directory")]
@@ -173,12 +177,16 @@ impl Workspace {
             Errno::NOENT => WorkspaceError::NotFound { path },
             Errno::ISDIR => WorkspaceError::IsDirectory { path },
             Errno::NOTDIR => WorkspaceError::NotDirectory { path },
-            // A magic link (such as /proc/self/root) was met.
-            Errno::LOOP => WorkspaceError::Io {
+            // A loop, or a magic link (such as /proc/self/root).
+            Errno::LOOP => WorkspaceError::Loop { path },
+            Errno::NAMETOOLONG => WorkspaceError::BadName {
                 path,
-                source: std::io::Error::other(
-                    "too many levels of symbolic links, or a link that cannot be followed safely",
-                ),
+                why: "the name or the path is too long",
+            },
+            // A NUL byte in the path is the only way rustix reaches EINVAL here.
+            Errno::INVAL => WorkspaceError::BadName {
+                path,
+                why: "the path holds a NUL byte",
             },
             e => WorkspaceError::Io {
                 path,
