@@ -70,20 +70,10 @@ impl Covers {
             .map_err(|_| Error::Config(format!("{}: a NUL in its path", rel.display())))
         };
         // As the native supervisor does (setup.rs, protect): directories
-        // leading to a read-only path are pinned first, shallow first.
-        let mut pins = std::collections::BTreeSet::new();
-        for rel in read_only {
-            let mut dir = Path::new(rel).parent();
-            while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
-                pins.insert(d.to_path_buf());
-                dir = d.parent();
-            }
-        }
-        let mut pins: Vec<_> = pins.into_iter().collect();
-        pins.sort_by_key(|p| p.components().count());
+        // leading to a read-only path are pinned first.
         let rw = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
         let mut self_mounts = Vec::new();
-        for p in &pins {
+        for p in &crate::supervisor::setup::pins(read_only) {
             self_mounts.push((cpath(p)?, rw));
         }
         for rel in read_only {
@@ -169,88 +159,31 @@ impl Covers {
                 )
                 .into(),
             )?;
-            let attr = MountAttr {
-                attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-                attr_clr: 0,
-                propagation: 0,
-                userns_fd: 0,
-            };
-            let how = OpenHow {
-                flags: (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
-                mode: 0,
-                resolve: RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS,
-            };
             for path in &self.targets {
-                let target = libc::syscall(
-                    libc::SYS_openat2,
-                    libc::AT_FDCWD,
-                    path.as_ptr(),
-                    &how as *const OpenHow,
-                    std::mem::size_of::<OpenHow>(),
-                );
-                if target < 0 {
-                    let err = std::io::Error::last_os_error();
+                let Some(target) = open_no_links(path)? else {
                     // Gone since the parent looked: nothing left to see.
-                    if err.raw_os_error() == Some(libc::ENOENT) {
-                        continue;
-                    }
-                    return Err(err);
-                }
-                let target = target as libc::c_int;
+                    continue;
+                };
                 let mut st: libc::stat = std::mem::zeroed();
                 if libc::fstat(target, &mut st) != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
                     libc::close(target);
                     return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
                 }
-                let tree = check(libc::syscall(
+                let tree = libc::syscall(
                     libc::SYS_open_tree,
                     libc::AT_FDCWD,
                     self.cover.as_ptr(),
                     OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
-                ))? as libc::c_int;
-                let done = check(libc::syscall(
-                    libc::SYS_mount_setattr,
+                );
+                attach(
                     tree,
-                    c"".as_ptr(),
-                    libc::AT_EMPTY_PATH,
-                    &attr as *const MountAttr,
-                    std::mem::size_of::<MountAttr>(),
-                ))
-                .and_then(|_| {
-                    check(libc::syscall(
-                        libc::SYS_move_mount,
-                        tree,
-                        c"".as_ptr(),
-                        target,
-                        c"".as_ptr(),
-                        MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-                    ))
-                });
-                libc::close(tree);
-                libc::close(target);
-                done?;
+                    target,
+                    MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                )?;
             }
             for (path, attrs) in &self.self_mounts {
-                let target = libc::syscall(
-                    libc::SYS_openat2,
-                    libc::AT_FDCWD,
-                    path.as_ptr(),
-                    &how as *const OpenHow,
-                    std::mem::size_of::<OpenHow>(),
-                );
-                if target < 0 {
-                    let err = std::io::Error::last_os_error();
-                    if err.raw_os_error() == Some(libc::ENOENT) {
-                        continue;
-                    }
-                    return Err(err);
-                }
-                let target = target as libc::c_int;
-                let attr = MountAttr {
-                    attr_set: *attrs,
-                    attr_clr: 0,
-                    propagation: 0,
-                    userns_fd: 0,
+                let Some(target) = open_no_links(path)? else {
+                    continue;
                 };
                 let tree = libc::syscall(
                     libc::SYS_open_tree,
@@ -260,37 +193,85 @@ impl Covers {
                         | libc::O_CLOEXEC as libc::c_uint
                         | libc::AT_EMPTY_PATH as libc::c_uint,
                 );
-                if tree < 0 {
-                    let err = std::io::Error::last_os_error();
-                    libc::close(target);
-                    return Err(err);
-                }
-                let tree = tree as libc::c_int;
-                let done = check(libc::syscall(
-                    libc::SYS_mount_setattr,
-                    tree,
-                    c"".as_ptr(),
-                    libc::AT_EMPTY_PATH,
-                    &attr as *const MountAttr,
-                    std::mem::size_of::<MountAttr>(),
-                ))
-                .and_then(|_| {
-                    check(libc::syscall(
-                        libc::SYS_move_mount,
-                        tree,
-                        c"".as_ptr(),
-                        target,
-                        c"".as_ptr(),
-                        MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-                    ))
-                });
-                libc::close(tree);
-                libc::close(target);
-                done?;
+                attach(tree, target, *attrs)?;
             }
         }
         Ok(())
     }
+}
+
+/// `path` opened as O_PATH with no symbolic link followed anywhere on it;
+/// None when it does not exist. Async-signal-safe.
+unsafe fn open_no_links(path: &std::ffi::CStr) -> std::io::Result<Option<libc::c_int>> {
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS,
+    };
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd >= 0 {
+        return Ok(Some(fd as libc::c_int));
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ENOENT) {
+        Ok(None)
+    } else {
+        Err(err)
+    }
+}
+
+/// Mounts the detached tree `tree` (open_tree's result, negative if it
+/// failed) on `target` with `attrs`, then closes both. Async-signal-safe.
+unsafe fn attach(tree: libc::c_long, target: libc::c_int, attrs: u64) -> std::io::Result<()> {
+    let fail = || std::io::Error::last_os_error();
+    if tree < 0 {
+        let err = fail();
+        unsafe { libc::close(target) };
+        return Err(err);
+    }
+    let tree = tree as libc::c_int;
+    let attr = MountAttr {
+        attr_set: attrs,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let done = unsafe {
+        if libc::syscall(
+            libc::SYS_mount_setattr,
+            tree,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        ) < 0
+            || libc::syscall(
+                libc::SYS_move_mount,
+                tree,
+                c"".as_ptr(),
+                target,
+                c"".as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+            ) < 0
+        {
+            Err(fail())
+        } else {
+            Ok(())
+        }
+    };
+    unsafe {
+        libc::close(tree);
+        libc::close(target);
+    }
+    done
 }
 
 /// open, write, close: async-signal-safe.

@@ -354,7 +354,7 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
 /// redirect it; the commands have no capability to unmount it.
 fn hide(stage: &Path, ws: &Path, hidden: &[String]) -> Result<()> {
     use rustix::fs::ResolveFlags;
-    use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+    use rustix::mount::OpenTreeFlags;
     if hidden.is_empty() {
         return Ok(());
     }
@@ -398,15 +398,7 @@ fn hide(stage: &Path, ws: &Path, hidden: &[String]) -> Result<()> {
             OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
         )
         .ctx(|| "clone the cover for hidden files".into())?;
-        set_attrs_fd(&cover, RO)?;
-        rustix::mount::move_mount(
-            &cover,
-            "",
-            &target,
-            "",
-            MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
-        )
-        .ctx(|| format!("hide {rel}"))?;
+        attach(&cover, &target, RO).ctx(|| format!("hide {rel}"))?;
     }
     // The covers keep the inode; its name must not show at the root.
     fs::remove_file(&empty).ctx(|| "remove the cover's name".into())?;
@@ -429,18 +421,7 @@ fn protect(ws: &Path, read_only: &[String]) -> Result<()> {
         Mode::empty(),
     )
     .ctx(|| "open the workspace".into())?;
-    let mut pins = std::collections::BTreeSet::new();
-    for rel in read_only {
-        let mut dir = Path::new(rel).parent();
-        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
-            pins.insert(d.to_path_buf());
-            dir = d.parent();
-        }
-    }
-    // Shallow first: a pin's own path must resolve before deeper ones.
-    let mut pins: Vec<PathBuf> = pins.into_iter().collect();
-    pins.sort_by_key(|p| p.components().count());
-    for pin in &pins {
+    for pin in &pins(read_only) {
         mount_on_itself(&ws_fd, pin, RW)?;
     }
     for rel in read_only {
@@ -449,10 +430,27 @@ fn protect(ws: &Path, read_only: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The directories leading to each of `read_only` below the workspace,
+/// each once, shallow first (a pin's own path must resolve before deeper
+/// ones): what [`protect`], and a microVM's QEMU, mount on themselves.
+pub(crate) fn pins(read_only: &[String]) -> Vec<PathBuf> {
+    let mut pins = std::collections::BTreeSet::new();
+    for rel in read_only {
+        let mut dir = Path::new(rel).parent();
+        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
+            pins.insert(d.to_path_buf());
+            dir = d.parent();
+        }
+    }
+    let mut pins: Vec<PathBuf> = pins.into_iter().collect();
+    pins.sort_by_key(|p| p.components().count());
+    pins
+}
+
 /// Mounts `rel` (beneath `ws_fd`) on itself with `attrs`; missing: skipped.
 fn mount_on_itself(ws_fd: &OwnedFd, rel: &Path, attrs: u64) -> Result<()> {
     use rustix::fs::ResolveFlags;
-    use rustix::mount::{MoveMountFlags, OpenTreeFlags};
+    use rustix::mount::OpenTreeFlags;
     let what = || rel.display().to_string();
     let fd = match rustix::fs::openat2(
         ws_fd,
@@ -473,15 +471,21 @@ fn mount_on_itself(ws_fd: &OwnedFd, rel: &Path, attrs: u64) -> Result<()> {
             | OpenTreeFlags::AT_EMPTY_PATH,
     )
     .ctx(|| format!("clone {}", what()))?;
-    set_attrs_fd(&tree, attrs)?;
+    attach(&tree, &fd, attrs).ctx(|| format!("protect {}", what()))
+}
+
+/// Mounts the detached tree `tree` (from `open_tree`) on the file or
+/// directory `target` refers to, with the mount attributes `attrs`.
+fn attach(tree: &OwnedFd, target: &OwnedFd, attrs: u64) -> rustix::io::Result<()> {
+    use rustix::mount::MoveMountFlags;
+    set_attrs_fd(tree, attrs).map_err(|e| Errno::from_raw_os_error(e.errno))?;
     rustix::mount::move_mount(
-        &tree,
+        tree,
         "",
-        &fd,
+        target,
         "",
         MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
     )
-    .ctx(|| format!("protect {}", what()))
 }
 
 fn mkdir(path: &Path, mode: u32) -> Result<()> {
