@@ -28,6 +28,13 @@ pub fn sessions_dir() -> PathBuf {
         .join("cordon/sessions")
 }
 
+/// `path` resolved for comparing workspaces (made absolute, as given,
+/// when it no longer exists).
+pub fn same_dir(path: &Path) -> PathBuf {
+    path.canonicalize()
+        .unwrap_or_else(|_| std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()))
+}
+
 /// A new, sortable session id: seconds since the epoch and a random tail.
 pub fn new_id() -> String {
     let now = std::time::SystemTime::now()

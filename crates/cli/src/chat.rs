@@ -57,21 +57,15 @@ pub async fn chat(args: ChatArgs) -> i32 {
             "the chat UI needs a terminal; for scripts use `cordon exec \"TASK\"`",
         );
     }
-    let (resumed, resume_notice) = match crate::sessions_cmd::choose_resume(
+    let resume = match crate::sessions_cmd::choose_resume(
         args.resume.as_deref(),
         args.last,
         args.workspace.as_deref(),
     ) {
-        Ok(Some((r, n))) => (Some(r), n),
-        Ok(None) => (None, None),
+        Ok(r) => r,
         Err(e) => return config_error(e),
     };
-    // A resumed conversation continues in the workspace it started in.
-    let workspace = args.workspace.clone().or_else(|| {
-        resumed
-            .as_ref()
-            .map(|r| PathBuf::from(&r.summary.workspace))
-    });
+    let (resumed, resume_notice, workspace) = (resume.resumed, resume.notice, resume.workspace);
     let s = match setup(&Choices {
         model: args.model.as_deref(),
         provider: args.provider.as_deref(),

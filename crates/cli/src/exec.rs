@@ -211,21 +211,18 @@ pub async fn exec(args: ExecArgs) -> i32 {
         Ok(_) => return config_error("the prompt is empty"),
         Err(code) => return code,
     };
-    let (resumed, resume_notice) = match crate::sessions_cmd::choose_resume(
+    let resume = match crate::sessions_cmd::choose_resume(
         args.resume.as_deref(),
         args.last,
         args.workspace.as_deref(),
     ) {
-        Ok(Some((r, n))) => (Some(r), n),
-        Ok(None) => (None, None),
+        Ok(r) => r,
         Err(e) => return config_error(e),
     };
     let mut args = args;
-    if let (Some(r), None) = (&resumed, &args.workspace) {
-        // A resumed conversation continues in the workspace it started in.
-        args.workspace = Some(PathBuf::from(&r.summary.workspace));
-    }
-    if let Some(n) = resume_notice {
+    args.workspace = resume.workspace;
+    let resumed = resume.resumed;
+    if let Some(n) = resume.notice {
         eprintln!("cordon: {n}");
     }
     let s = match setup(&Choices {

@@ -11,6 +11,7 @@ use std::io::Write;
 
 use cordon_agent::AgentEvent;
 use cordon_agent::events::{BoxFuture, EventSink};
+use cordon_tools::{printable, printable_lines};
 
 /// One JSON object per event, per line.
 pub struct JsonLines<W> {
@@ -84,26 +85,24 @@ impl<O: Write + Send, E: Write + Send> Human<O, E> {
 
     fn note(&mut self, text: &str) {
         let (dim, reset) = (self.dim, self.reset);
-        let _ = writeln!(self.err, "{dim}{}{reset}", printable(text));
+        let _ = writeln!(self.err, "{dim}{}{reset}", printable_lines(text));
     }
 
     fn live(&mut self, text: &str) {
         let mut line = String::new();
-        for c in text.chars() {
-            if !self.live_open {
+        let mut pieces = text.split('\n').peekable();
+        while let Some(piece) = pieces.next() {
+            let ends_line = pieces.peek().is_some();
+            if (!piece.is_empty() || ends_line) && !self.live_open {
                 line.push_str(self.dim);
                 line.push_str("  │ ");
                 self.live_open = true;
             }
-            match c {
-                '\n' => {
-                    line.push_str(self.reset);
-                    line.push('\n');
-                    self.live_open = false;
-                }
-                '\t' => line.push_str("    "),
-                c if c.is_control() => line.push('?'),
-                c => line.push(c),
+            line.push_str(&printable(piece));
+            if ends_line {
+                line.push_str(self.reset);
+                line.push('\n');
+                self.live_open = false;
             }
         }
         let _ = self.err.write_all(line.as_bytes());
@@ -184,7 +183,7 @@ impl<O: Write + Send, E: Write + Send> Human<O, E> {
                 ));
             }
             AgentEvent::Error { message } => {
-                let _ = writeln!(self.err, "cordon: {}", printable(&message));
+                let _ = writeln!(self.err, "cordon: {}", printable_lines(&message));
             }
             _ => {}
         }
@@ -202,13 +201,6 @@ impl<O: Write + Send, E: Write + Send> EventSink for Human<O, E> {
         let _ = self.err.flush();
         Box::pin(async {})
     }
-}
-
-/// `text` with control characters other than newlines shown as `?`.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() && c != '\n' { '?' } else { c })
-        .collect()
 }
 
 /// The first lines of a tool's output, for progress lines.

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use cordon_agent::sessions::{self, Resumed, SessionSummary};
+use cordon_agent::sessions::{self, Resumed, SessionSummary, same_dir};
 
 #[derive(Args, Debug)]
 pub struct SessionsArgs {
@@ -20,10 +20,14 @@ pub struct SessionsArgs {
     pub json: bool,
 }
 
-/// `path` resolved for comparing workspaces (as given when it is gone).
-pub fn same_dir(path: &Path) -> PathBuf {
-    path.canonicalize()
-        .unwrap_or_else(|_| std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()))
+/// What `--resume ID` or `--last` chose: the session, the workspace the
+/// conversation continues in (the flag's, else the session's), and what
+/// the user must be told about it.
+#[derive(Default)]
+pub(crate) struct Resume {
+    pub resumed: Option<Resumed>,
+    pub workspace: Option<PathBuf>,
+    pub notice: Option<String>,
 }
 
 /// The session `--resume ID` or `--last` names, and what the user must be
@@ -33,9 +37,12 @@ pub(crate) fn choose_resume(
     id: Option<&str>,
     last: bool,
     workspace: Option<&Path>,
-) -> Result<Option<(Resumed, Option<String>)>, String> {
+) -> Result<Resume, String> {
     if id.is_none() && !last {
-        return Ok(None);
+        return Ok(Resume {
+            workspace: workspace.map(Path::to_path_buf),
+            ..Resume::default()
+        });
     }
     let here = match workspace {
         Some(w) => same_dir(w),
@@ -69,7 +76,12 @@ pub(crate) fn choose_resume(
         )),
         _ => None,
     };
-    Ok(Some((resumed, notice)))
+    Ok(Resume {
+        // A resumed conversation continues in the workspace it started in.
+        workspace: Some(workspace.map_or(theirs, Path::to_path_buf)),
+        resumed: Some(resumed),
+        notice,
+    })
 }
 
 fn utc(ms: u64) -> String {
@@ -174,18 +186,11 @@ fn print(
             utc(s.started_ms),
             s.turns,
             tokens,
-            printable(&s.workspace),
-            printable(&s.title)
+            cordon_tools::printable(&s.workspace),
+            cordon_tools::printable(&s.title)
         )?;
     }
     out.flush()
-}
-
-/// `text` with control characters shown as `?`.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,6 +1,30 @@
-//! Keeping long command output to its head and tail.
+//! Keeping long command output to its head and tail, and showing it.
 
 use std::collections::VecDeque;
+
+/// Text from the sandbox or the model, fit for a terminal: tabs become
+/// four spaces and every other control character (newlines included) a
+/// `?`, so that no escape sequence in it reaches the user's terminal. The
+/// one sanitiser every front end's printing goes through.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\t' => out.push_str("    "),
+            c if c.is_control() => out.push('?'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// [`printable`] line by line: the newlines are kept.
+pub fn printable_lines(text: &str) -> String {
+    text.split('\n')
+        .map(printable)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
 
 /// Collects a stream, keeping its first `head` and last `tail` bytes and
 /// counting what falls between, so a command printing gigabytes costs
@@ -87,6 +111,13 @@ impl HeadTail {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn printable_text_carries_no_control_character() {
+        let evil = "a\u{1b}]52;c;eA==\u{7}b\tc\r\nd\u{9b}2K";
+        assert_eq!(printable(evil), "a?]52;c;eA==?b    c??d?2K");
+        assert_eq!(printable_lines(evil), "a?]52;c;eA==?b    c?\nd?2K");
+    }
 
     #[test]
     fn short_output_is_kept_whole() {

@@ -7,6 +7,7 @@
 //! a long transcript costs nothing per frame but its visible rows.
 
 use cordon_agent::{ContentBlock, Message};
+use cordon_tools::printable;
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use serde_json::Value;
@@ -506,14 +507,6 @@ fn render_tool(call: &ToolCall, expanded: bool, tick: u64) -> Vec<Line<'static>>
         }
     }
     lines
-}
-
-/// `line` with tabs as spaces and other control characters as `?`.
-pub fn printable(line: &str) -> String {
-    line.replace('\t', "    ")
-        .chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
 }
 
 /// At most `n` of `lines` unless expanded, with a line saying what is hidden.

@@ -1,7 +1,7 @@
 //! Draws the app: the transcript, the approval prompt, the input box and
 //! the status line, with the session picker over them when open.
 
-use crate::transcript::printable;
+use cordon_tools::printable;
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};

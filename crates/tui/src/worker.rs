@@ -315,12 +315,12 @@ impl State {
                 let dir = self.cfg.sessions_dir.clone();
                 let here = self.cfg.sandbox.workspace.clone();
                 let list = tokio::task::spawn_blocking(move || {
-                    let same =
-                        |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
-                    let here = same(&here);
+                    let here = sessions::same_dir(&here);
                     sessions::list(&dir)
                         .into_iter()
-                        .filter(|s| all || same(std::path::Path::new(&s.workspace)) == here)
+                        .filter(|s| {
+                            all || sessions::same_dir(std::path::Path::new(&s.workspace)) == here
+                        })
                         .collect()
                 })
                 .await
