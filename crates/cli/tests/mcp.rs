@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod support;
+
 /// The Python with the MCP SDK; under CI its absence is a failure.
 fn python() -> Option<String> {
     if let Ok(p) = std::env::var("CORDON_MCP_PYTHON") {
@@ -670,34 +672,8 @@ fn agent_jobs_and_api_sessions_get_the_operators_mcp_tools() {
     std::fs::write(&file, text).unwrap();
     let s = Serve::start_in(home, &[]);
     let token = s.token("acme");
+    let done = support::run_agent_job(&s.base, &token, "note something", Duration::from_secs(60));
     let client = reqwest::blocking::Client::new();
-    let job: serde_json::Value = client
-        .post(format!("{}/v1/jobs", s.base))
-        .bearer_auth(&token)
-        .json(&json!({"kind": "agent", "prompt": "note something"}))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let id = job["id"].as_str().unwrap().to_string();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let done = loop {
-        let j: serde_json::Value = client
-            .get(format!("{}/v1/jobs/{id}", s.base))
-            .bearer_auth(&token)
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        if j["state"] != "queued" && j["state"] != "running" {
-            break j;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the job never ended: {j}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    };
     assert_eq!(done["state"], "succeeded", "{done}");
     assert_eq!(done["result"]["text"], "Noted in the job.");
 

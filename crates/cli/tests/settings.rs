@@ -23,7 +23,7 @@ mod support;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cordon_testkit::{RecordedRequest, Scenario, ScriptedServer, Turn};
 use serde_json::{Value, json};
@@ -371,31 +371,7 @@ fn serve_probe(w: &World) -> Seen {
     .unwrap()
     .trim()
     .to_string();
-    let client = reqwest::blocking::Client::new();
-    let job: Value = client
-        .post(format!("{base}/v1/jobs"))
-        .bearer_auth(&token)
-        .json(&json!({"kind": "agent", "prompt": "probe"}))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let id = job["id"].as_str().unwrap_or_default().to_string();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let done = loop {
-        let j: Value = client
-            .get(format!("{base}/v1/jobs/{id}"))
-            .bearer_auth(&token)
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        if j["state"] != "queued" && j["state"] != "running" {
-            break j;
-        }
-        assert!(Instant::now() < deadline, "the job never ended: {j}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let done = support::run_agent_job(&base, &token, "probe", Duration::from_secs(90));
     let _ = child.kill();
     let _ = child.wait();
     Seen {

@@ -106,3 +106,41 @@ pub fn run(who: Who, ws: &Path, opts: &[&str], command: &[&str]) -> Command {
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
+
+/// Submits an agent job with `prompt` to a `cordon serve` at `base` and
+/// waits for it to end (failing the test after `within`): its final view.
+pub fn run_agent_job(
+    base: &str,
+    token: &str,
+    prompt: &str,
+    within: std::time::Duration,
+) -> serde_json::Value {
+    let client = reqwest::blocking::Client::new();
+    let job: serde_json::Value = client
+        .post(format!("{base}/v1/jobs"))
+        .bearer_auth(token)
+        .json(&serde_json::json!({"kind": "agent", "prompt": prompt}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let id = job["id"].as_str().unwrap_or_default().to_string();
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let j: serde_json::Value = client
+            .get(format!("{base}/v1/jobs/{id}"))
+            .bearer_auth(token)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if j["state"] != "queued" && j["state"] != "running" {
+            return j;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job never ended: {j}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
