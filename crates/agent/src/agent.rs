@@ -103,6 +103,14 @@ pub enum AgentEvent {
 }
 
 impl AgentEvent {
+    /// The event as `cordon exec --json` prints it, and its `type`, which
+    /// names it as a Server-Sent Event.
+    pub fn to_json(&self) -> (String, Value) {
+        let data = serde_json::to_value(self).unwrap_or_default();
+        let kind = data["type"].as_str().unwrap_or("agent").to_string();
+        (kind, data)
+    }
+
     /// Streamed fragments: shown live, but not worth a log record each
     /// (the complete text is in `assistant_message`).
     pub fn is_delta(&self) -> bool {

@@ -715,8 +715,7 @@ impl EventSink for JobEvents<'_> {
                 }
                 self.live_room -= text.len();
             }
-            let data = serde_json::to_value(&ev).unwrap_or_default();
-            let kind = data["type"].as_str().unwrap_or("agent").to_string();
+            let (kind, data) = ev.to_json();
             self.sink.event(&kind, data).await;
         })
     }

@@ -392,8 +392,7 @@ struct SseSink(mpsc::UnboundedSender<Event>);
 
 impl EventSink for SseSink {
     fn event(&mut self, ev: AgentEvent) -> BoxFuture<'_, ()> {
-        let data = serde_json::to_value(&ev).unwrap_or_default();
-        let kind = data["type"].as_str().unwrap_or("event").to_string();
+        let (kind, data) = ev.to_json();
         let _ = self
             .0
             .send(Event::default().event(kind).data(data.to_string()));
