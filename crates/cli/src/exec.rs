@@ -150,7 +150,7 @@ pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
         }
         config_error(e)
     })?;
-    let sandbox = crate::options::sandbox_config(&settings, &[]).map_err(config_error)?;
+    let sandbox = crate::options::sandbox_config(&settings).map_err(config_error)?;
     crate::options::guard_cordon_dirs(&sandbox).map_err(config_error)?;
     Ok(Setup {
         workspace: sandbox.workspace.clone(),

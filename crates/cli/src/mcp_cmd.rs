@@ -44,7 +44,7 @@ pub async fn mcp(args: McpArgs) -> i32 {
 
 async fn serve(opts: SandboxOpts, listen: Option<std::net::SocketAddr>) -> i32 {
     let mut config = match opts.config() {
-        Ok((_, c)) => c,
+        Ok(c) => c,
         Err(code) => return code,
     };
     // A long-lived, multi-threaded server: exec the supervisor afresh.

@@ -143,12 +143,12 @@ impl SandboxOpts {
         v
     }
 
-    /// The settings with these flags on top, and the sandbox they describe
-    /// plus the flags that are not settings (binds, environment, /tmp).
-    /// An error is printed here; the exit code is returned.
-    pub fn config(&self) -> Result<(Settings, SandboxConfig), i32> {
+    /// The sandbox the settings with these flags on top describe, plus the
+    /// flags that are not settings (binds, environment, /tmp). An error is
+    /// printed here; the exit code is returned.
+    pub fn config(&self) -> Result<SandboxConfig, i32> {
         let settings = load_settings(self.overrides())?;
-        let mut c = sandbox_config(&settings, &[]).map_err(config_error)?;
+        let mut c = sandbox_config(&settings).map_err(config_error)?;
         c.tmp_size = self.tmp_size;
         c.env = self.env.clone();
         c.workdir = self.workdir.clone();
@@ -161,7 +161,7 @@ impl SandboxOpts {
             c.binds.push(parse_bind(b, true).map_err(sandbox_error)?);
         }
         guard_cordon_dirs(&c).map_err(config_error)?;
-        Ok((settings, c))
+        Ok(c)
     }
 }
 
@@ -208,9 +208,9 @@ pub fn ignored_notice(settings: &Settings) -> Vec<String> {
     lines
 }
 
-/// The sandbox the settings describe. `hide_also` are more files it must
-/// not see; the settings' own secret-bearing project files always are.
-pub fn sandbox_config(settings: &Settings, hide_also: &[PathBuf]) -> Result<SandboxConfig, String> {
+/// The sandbox the settings describe; the settings' secret-bearing project
+/// files are hidden from it.
+pub fn sandbox_config(settings: &Settings) -> Result<SandboxConfig, String> {
     let r = settings.resolved();
     let workspace = match &r.workspace {
         Some(w) => w.clone(),
@@ -228,12 +228,7 @@ pub fn sandbox_config(settings: &Settings, hide_also: &[PathBuf]) -> Result<Sand
     if sb.protect_git {
         c.read_only = cordon_sandbox::git_control_files(&workspace);
     }
-    c.hidden = settings
-        .secret_files()
-        .iter()
-        .chain(hide_also)
-        .cloned()
-        .collect();
+    c.hidden = settings.secret_files().to_vec();
     Ok(c)
 }
 

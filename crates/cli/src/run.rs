@@ -41,7 +41,7 @@ fn fail(msg: impl std::fmt::Display) -> i32 {
 /// The sandbox of `opts` and the settings, and its memory limit (for the
 /// out-of-memory message).
 async fn create(opts: &SandboxOpts) -> Result<(Sandbox, u64), i32> {
-    let (_, config) = opts.config()?;
+    let config = opts.config()?;
     let memory = config.memory.unwrap_or(512 * cordon_sandbox::MIB);
     let sandbox = Sandbox::create(config)
         .await

@@ -500,7 +500,7 @@ impl Settings {
             }
             None => toml::Table::new(),
         };
-        let holds_secret = servers
+        let mut holds_secret = servers
             .values()
             .any(|v| v.get("bearer_token").is_some() || v.get("env").is_some());
         let mut flat = Vec::new();
@@ -513,9 +513,7 @@ impl Settings {
                     known: KEYS.iter().map(|k| k.name).collect::<Vec<_>>().join(", "),
                 });
             };
-            if !user && (holds_secret || k.secret) && !self.secret_files.iter().any(|f| f == path) {
-                self.secret_files.push(path.to_path_buf());
-            }
+            holds_secret |= k.secret;
             if !trusted && !self.allowed(k, &value) {
                 self.ignore(path, k.name, k.guard.why());
                 continue;
@@ -527,7 +525,8 @@ impl Settings {
             };
             self.values.insert(k.name, (value, src));
         }
-        if !user && holds_secret && !self.secret_files.iter().any(|f| f == path) {
+        // Each file is applied once: it is listed at most once.
+        if !user && holds_secret {
             self.secret_files.push(path.to_path_buf());
         }
         if servers.is_empty() {

@@ -312,3 +312,25 @@ fn secrets_are_masked() {
     assert_eq!(mask("short"), "****");
     assert_eq!(mask("sk-ant-api03-abcdefghijkl"), "sk-ant…ijkl");
 }
+
+#[test]
+fn a_project_file_holding_a_key_or_a_token_is_secret() {
+    let home = tempfile::tempdir().unwrap();
+    let none = |_: &str| None;
+    for text in [
+        "anthropic_api_key = \"sk-ant-in-the-project-000\"\n",
+        "[mcp_servers.x]\nurl = \"http://h/mcp\"\nbearer_token = \"t\"\n",
+        "[mcp_servers.y]\ncommand = \"y\"\nenv = { TOKEN = \"t\" }\n",
+    ] {
+        let cwd = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(cwd.path().join(".cordon")).unwrap();
+        std::fs::write(cwd.path().join(PROJECT_FILE), text).unwrap();
+        let s = Settings::load(&layers(home.path(), cwd.path(), &none, &[])).unwrap();
+        assert_eq!(s.secret_files(), [cwd.path().join(PROJECT_FILE)], "{text}");
+    }
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(cwd.path().join(".cordon")).unwrap();
+    std::fs::write(cwd.path().join(PROJECT_FILE), "model = \"m\"\n").unwrap();
+    let s = Settings::load(&layers(home.path(), cwd.path(), &none, &[])).unwrap();
+    assert!(s.secret_files().is_empty());
+}
