@@ -30,6 +30,7 @@
 //! variant of every attack (the microvm ones need QEMU and the guest kernel
 //! of `cordon vm setup`).
 
+#[macro_use]
 mod common;
 
 use std::fs;
@@ -42,44 +43,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// Generates `mod $name { #[test] fn root(); #[test] fn unprivileged();
-/// #[test] fn microvm(); }` running the attack function `$name` in each
-/// mode. `attack!($name, microvm_ignore = "HOLE: …")` marks only the
-/// microvm variant ignored, for a reported hole of that backend.
-macro_rules! attack {
-    ($name:ident) => {
-        attack!(@mod $name, []);
-    };
-    ($name:ident, microvm_ignore = $why:literal) => {
-        attack!(@mod $name, [ignore = $why]);
-    };
-    (@mod $name:ident, [$($vm_attr:meta)*]) => {
-        mod $name {
-            #[test]
-            fn root() {
-                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Root) {
-                    super::$name(&t);
-                }
-            }
-
-            #[test]
-            fn unprivileged() {
-                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Unprivileged) {
-                    super::$name(&t);
-                }
-            }
-
-            #[test]
-            $(#[$vm_attr])*
-            fn microvm() {
-                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Microvm) {
-                    super::$name(&t);
-                }
-            }
-        }
-    };
-}
 
 /// Serialises the attacks on host-global objects (/dev/full, a procfs
 /// entry), so that one variant's change is not blamed on the other.

@@ -17,6 +17,65 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+/// Generates `mod $name { #[test] fn root(); #[test] fn unprivileged();
+/// #[test] fn microvm(); }` running the attack function `$name` in each
+/// mode. `attack!($name, microvm_ignore = "HOLE: …")` marks only the
+/// microvm variant ignored, for a reported hole of that backend;
+/// `attack!($name, native)` makes only the root and unprivileged variants.
+/// A test file uses it with `#[macro_use] mod common;`.
+macro_rules! attack {
+    ($name:ident) => {
+        attack!(@mod $name, []);
+    };
+    ($name:ident, microvm_ignore = $why:literal) => {
+        attack!(@mod $name, [ignore = $why]);
+    };
+    // For a defence that lives in the native backend alone (the guest's
+    // kernel is its own): root and unprivileged only.
+    ($name:ident, native) => {
+        mod $name {
+            #[test]
+            fn root() {
+                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Root) {
+                    super::$name(&t);
+                }
+            }
+
+            #[test]
+            fn unprivileged() {
+                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Unprivileged) {
+                    super::$name(&t);
+                }
+            }
+        }
+    };
+    (@mod $name:ident, [$($vm_attr:meta)*]) => {
+        mod $name {
+            #[test]
+            fn root() {
+                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Root) {
+                    super::$name(&t);
+                }
+            }
+
+            #[test]
+            fn unprivileged() {
+                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Unprivileged) {
+                    super::$name(&t);
+                }
+            }
+
+            #[test]
+            $(#[$vm_attr])*
+            fn microvm() {
+                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Microvm) {
+                    super::$name(&t);
+                }
+            }
+        }
+    };
+}
+
 /// The user unprivileged variants run as when the test process is root.
 pub const NOBODY: u32 = 65534;
 
