@@ -347,6 +347,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         inner_gid: rustix::process::getegid().as_raw(),
         rlimit_memory: if rlimits { config.memory } else { None },
         rlimit_nproc: if rlimits { config.pids } else { None },
+        user_counts: Some(user_counts(pid)),
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;
@@ -365,6 +366,42 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         },
     )
     .await
+}
+
+/// A sandbox may take this fraction of each per-user count of its host uid,
+/// so that the host's own processes keep most of theirs even while several
+/// sandboxes of the same uid (an unprivileged user's) hold all they may.
+const USER_COUNT_SHARE: u64 = 8;
+
+/// Host uids `OWNER_UID_BASE + pid` own root's sandboxes' user namespaces:
+/// far above any real account's uid, distinct for each live supervisor.
+const OWNER_UID_BASE: u32 = 0xB000_0000;
+
+/// The sandbox whose outer supervisor is `pid`: its share of the per-user
+/// counts (see `supervisor::counts`), from this host's limits.
+fn user_counts(pid: i32) -> protocol::UserCounts {
+    use rustix::process::{Resource, getrlimit};
+    let share = |v: u64| (v / USER_COUNT_SHARE).max(1);
+    let namespace_max = protocol::UserCount::ALL
+        .into_iter()
+        .filter_map(|c| {
+            let host = std::fs::read_to_string(format!("/proc/sys/user/{}", c.sysctl())).ok()?;
+            Some((c, share(host.trim().parse().ok()?)))
+        })
+        .collect();
+    // An unlimited host limit still leaves the sandbox the kernel's usual
+    // default for an ordinary user.
+    let rlimit = |r, usual: u64| share(getrlimit(r).current.unwrap_or(usual));
+    let owner_uid = rustix::process::geteuid()
+        .is_root()
+        .then(|| OWNER_UID_BASE + pid as u32);
+    protocol::UserCounts {
+        namespace_max,
+        sigpending: rlimit(Resource::Sigpending, 63_000),
+        msgqueue: rlimit(Resource::Msgqueue, 819_200),
+        memlock: rlimit(Resource::Memlock, 8 << 20),
+        owner_uid,
+    }
 }
 
 /// Host facts that decide whether and how sandboxes work here, for

@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 /// Which output stream a chunk belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,6 +97,53 @@ pub struct SetupSpec {
     /// microVM, `rlimit_nproc` is the guest's process limit (a cgroup there).
     pub rlimit_memory: Option<u64>,
     pub rlimit_nproc: Option<u64>,
+    /// The sandbox's share of the kernel's per-user counts (native only).
+    pub user_counts: Option<UserCounts>,
+}
+
+/// Kernel objects counted per user, which a sandbox's processes are charged
+/// for in its own user namespace and again, up the chain, to the host uid
+/// that owns that namespace. Without a bound here, one sandbox could hold
+/// every inotify instance its host uid may have and starve the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserCounts {
+    /// Limits written to `/proc/sys/user/` in the sandbox's user namespace.
+    pub namespace_max: Vec<(UserCount, u64)>,
+    /// Rlimits of the sandbox's processes, which its commands cannot raise.
+    pub sigpending: u64,
+    pub msgqueue: u64,
+    pub memlock: u64,
+    /// A host uid of the sandbox's own to own its user namespace (root
+    /// only), so that what it is charged at the host's level is not root's.
+    pub owner_uid: Option<u32>,
+}
+
+/// The per-user counts a user namespace can limit for itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UserCount {
+    InotifyInstances,
+    InotifyWatches,
+    FanotifyGroups,
+    FanotifyMarks,
+}
+
+impl UserCount {
+    pub const ALL: [UserCount; 4] = [
+        UserCount::InotifyInstances,
+        UserCount::InotifyWatches,
+        UserCount::FanotifyGroups,
+        UserCount::FanotifyMarks,
+    ];
+
+    /// Its file under `/proc/sys/user/`.
+    pub fn sysctl(self) -> &'static str {
+        match self {
+            UserCount::InotifyInstances => "max_inotify_instances",
+            UserCount::InotifyWatches => "max_inotify_watches",
+            UserCount::FanotifyGroups => "max_fanotify_groups",
+            UserCount::FanotifyMarks => "max_fanotify_marks",
+        }
+    }
 }
 
 /// What the supervisor reports once the sandbox is built.

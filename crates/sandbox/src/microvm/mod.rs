@@ -708,6 +708,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         rlimit_memory: None,
         // The guest caps processes with a cgroup of its own.
         rlimit_nproc: config.pids,
+        user_counts: None,
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

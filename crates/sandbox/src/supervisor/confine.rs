@@ -69,6 +69,13 @@ fn apply_rlimits(spec: &SetupSpec) -> Result<()> {
     if let Some(n) = spec.rlimit_nproc {
         set(Resource::Nproc, "NPROC", n)?;
     }
+    if let Some(c) = &spec.user_counts {
+        // Each bounds what the sandbox is charged in its own namespace, and
+        // so its part of its owner's total (see `counts`).
+        set(Resource::Sigpending, "SIGPENDING", c.sigpending)?;
+        set(Resource::Msgqueue, "MSGQUEUE", c.msgqueue)?;
+        set(Resource::Memlock, "MEMLOCK", c.memlock)?;
+    }
     set(Resource::Core, "CORE", 0)
 }
 

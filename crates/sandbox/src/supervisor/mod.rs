@@ -10,6 +10,7 @@
 //! left in the namespace, so nothing outlives the session.
 
 pub(crate) mod confine;
+pub(crate) mod counts;
 pub(crate) mod guest;
 mod serve;
 pub(crate) mod setup;
@@ -220,13 +221,22 @@ fn outer_main() -> ! {
         | UnshareFlags::NEWIPC
         | UnshareFlags::NEWUTS
         | UnshareFlags::NEWCGROUP;
-    // SAFETY: single-threaded; we fork before relying on the new pid ns.
-    if let Err(e) = unsafe { rustix::thread::unshare_unsafe(flags) } {
-        let what = userns_diagnosis(e);
-        fail(&mut ctl, SetupError { what, errno: 0 });
-    }
-    if let Err(e) = setup::write_id_maps(&spec) {
-        fail(&mut ctl, e);
+    let owned = match spec.user_counts.as_ref().and_then(|c| c.owner_uid) {
+        Some(owner) => match counts::unshare_owned_by(owner, flags, &spec) {
+            Ok(done) => done,
+            Err(e) => fail(&mut ctl, e),
+        },
+        None => false,
+    };
+    if !owned {
+        // SAFETY: single-threaded; we fork before relying on the new pid ns.
+        if let Err(e) = unsafe { rustix::thread::unshare_unsafe(flags) } {
+            let what = userns_diagnosis(e);
+            fail(&mut ctl, SetupError { what, errno: 0 });
+        }
+        if let Err(e) = setup::write_id_maps(&spec) {
+            fail(&mut ctl, e);
+        }
     }
     // SAFETY: this process is single-threaded, so the child may do anything.
     let pid = unsafe { libc::fork() };

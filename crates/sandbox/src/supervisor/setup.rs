@@ -40,7 +40,7 @@ impl SetupError {
         }
     }
 
-    fn io(what: impl Into<String>, err: std::io::Error) -> Self {
+    pub(crate) fn io(what: impl Into<String>, err: std::io::Error) -> Self {
         SetupError {
             what: what.into(),
             errno: err.raw_os_error().unwrap_or(0),
@@ -316,6 +316,13 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
     let proc_dir = stage.join("proc");
     mkdir(&proc_dir, 0o555)?;
     mount_proc(&proc_dir, &stage.join("dev/null"))?;
+    if let Some(counts) = &spec.user_counts {
+        super::counts::write_namespace_max(&proc_dir, counts)?;
+    }
+    // Read-only as a whole: procfs keeps one mode per entry for every mount
+    // on the host, and Landlock does not cover chmod, so a sandbox whose uid
+    // maps to root could otherwise change host-wide entries' permissions.
+    set_attrs(&proc_dir, true, RO)?;
     let var = stage.join("var");
     mkdir(&var, 0o755)?;
     symlink("/tmp", var.join("tmp")).ctx(|| "symlink /var/tmp".into())?;
@@ -731,10 +738,7 @@ fn mount_proc(proc_dir: &Path, devnull: &Path) -> Result<()> {
                 .ctx(|| format!("bind /proc/{name}"))?;
         }
     }
-    // Read-only as a whole: procfs keeps one mode per entry for every mount
-    // on the host, and Landlock does not cover chmod, so a sandbox whose uid
-    // maps to root could otherwise change host-wide entries' permissions.
-    set_attrs(proc_dir, true, RO)
+    Ok(())
 }
 
 /// Brings the loopback interface up (it starts down in a new net namespace).

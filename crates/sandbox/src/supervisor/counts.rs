@@ -1,0 +1,164 @@
+//! The sandbox's share of the kernel's per-user counts.
+//!
+//! Inotify instances and watches, fanotify groups and marks, pending
+//! signals, POSIX message queue bytes and locked shared memory are counted
+//! per user, and a process in a user namespace is charged at every level of
+//! the chain: to its uid in its own namespace and to the namespace owner's
+//! uid in the parent. Left alone, a sandbox made by root holds root's
+//! counts: 128 inotify instances in the sandbox, and systemd, file watchers
+//! and other tenants' sandboxes get `EMFILE`.
+//!
+//! Three things bound that:
+//! - when the supervisor is root, the namespace is created under a host uid
+//!   of this sandbox's own, so what it is charged at the host's level is
+//!   that uid's, not root's (a short-lived child still in the host's
+//!   namespace writes the id maps, which the new namespace cannot);
+//! - `/proc/sys/user/max_*` written in the sandbox's namespace, which its
+//!   commands, without `CAP_SYS_RESOURCE`, cannot raise;
+//! - the rlimit-style counts (signals, message queues, locked memory) set as
+//!   rlimits inside (see `confine`), not before the namespace exists: the
+//!   kernel would take those as the namespace's ceiling on its owner's
+//!   *total*, and one sandbox of an unprivileged user would then starve the
+//!   next.
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use rustix::io::Errno;
+use rustix::thread::UnshareFlags;
+
+use super::setup::SetupError;
+use crate::protocol::{SetupSpec, UserCounts};
+
+type Result<T> = std::result::Result<T, SetupError>;
+
+/// Enters the sandbox's namespaces with the user namespace owned by `owner`
+/// and maps the spec's ids, as [`super::setup::write_id_maps`] does for a
+/// namespace owned by the caller. Returns `Ok(false)`, having changed
+/// nothing, when this host cannot switch to `owner` (the uid is not mapped
+/// where the supervisor runs, as in a container's user namespace).
+pub fn unshare_owned_by(owner: u32, flags: UnshareFlags, spec: &SetupSpec) -> Result<bool> {
+    // The mapper must stay in the host's user namespace: only a process
+    // there may map ids into a namespace that is not its own creator's uid.
+    let (mut go_rx, mut go_tx) = pipe()?;
+    let (mut done_rx, mut done_tx) = pipe()?;
+    let parent = rustix::process::getpid();
+    // SAFETY: the supervisor is single-threaded.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(SetupError::io(
+            "fork the id mapper",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    if pid == 0 {
+        drop(go_tx);
+        drop(done_rx);
+        let mut b = [0u8];
+        let code = match go_rx.read(&mut b) {
+            Ok(1) => match map_ids(parent.as_raw_nonzero().get(), spec) {
+                Ok(()) => 0u8,
+                Err(e) => e.raw_os_error().unwrap_or(libc::EIO) as u8,
+            },
+            // The supervisor gave up before unsharing.
+            _ => libc::ECANCELED as u8,
+        };
+        let _ = done_tx.write_all(&[code]);
+        super::exit_now(0);
+    }
+    drop(go_rx);
+    drop(done_tx);
+    let result = switch_and_unshare(owner, flags, &mut go_tx, &mut done_rx);
+    drop(go_tx);
+    let mut status = 0;
+    // SAFETY: reaping our own child.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+    {}
+    result
+}
+
+fn switch_and_unshare(
+    owner: u32,
+    flags: UnshareFlags,
+    go: &mut std::fs::File,
+    done: &mut std::fs::File,
+) -> Result<bool> {
+    use rustix::thread::{CapabilitiesSecureBits, set_capabilities_secure_bits};
+    // Keep the capabilities across the uid change, so that unsharing is
+    // allowed exactly as it is for root (an LSM may restrict user
+    // namespaces to capable callers).
+    set_capabilities_secure_bits(CapabilitiesSecureBits::NO_SETUID_FIXUP)
+        .map_err(|e| SetupError::new("keep capabilities across setuid", e))?;
+    // SAFETY: plain syscall; -1 leaves the real and saved uids alone.
+    if unsafe { libc::syscall(libc::SYS_setresuid, -1i32, owner, -1i32) } != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EINVAL) {
+            return Ok(false);
+        }
+        return Err(SetupError::io("switch to the sandbox's own uid", err));
+    }
+    // SAFETY: single-threaded, as the caller's unshare requires.
+    if let Err(e) = unsafe { rustix::thread::unshare_unsafe(flags) } {
+        return Err(SetupError {
+            what: super::userns_diagnosis(e),
+            errno: 0,
+        });
+    }
+    go.write_all(&[1])
+        .map_err(|e| SetupError::io("start the id mapper", e))?;
+    let mut code = [0u8];
+    done.read_exact(&mut code)
+        .map_err(|e| SetupError::io("hear from the id mapper", e))?;
+    if code[0] != 0 {
+        return Err(SetupError::new(
+            "write the sandbox's id maps",
+            Errno::from_raw_os_error(code[0].into()),
+        ));
+    }
+    // Root in the new namespace: host uid 0 again for file access, as a
+    // namespace owned by root would have it.
+    // SAFETY: plain syscall.
+    if unsafe { libc::syscall(libc::SYS_setresuid, 0, 0, 0) } != 0 {
+        return Err(SetupError::io(
+            "become root in the sandbox",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(true)
+}
+
+/// In the mapper: the maps of `pid`'s new user namespace.
+fn map_ids(pid: i32, spec: &SetupSpec) -> std::io::Result<()> {
+    let dir = format!("/proc/{pid}");
+    std::fs::write(format!("{dir}/setgroups"), "deny")?;
+    std::fs::write(
+        format!("{dir}/uid_map"),
+        format!("{} {} 1\n", spec.inner_uid, spec.outer_uid),
+    )?;
+    std::fs::write(
+        format!("{dir}/gid_map"),
+        format!("{} {} 1\n", spec.inner_gid, spec.outer_gid),
+    )
+}
+
+fn pipe() -> Result<(std::fs::File, std::fs::File)> {
+    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SetupError::new("pipe", e))?;
+    Ok((r.into(), w.into()))
+}
+
+/// Writes the namespace's own ceilings through the sandbox's fresh procfs,
+/// which is still writable here; the sandbox's commands cannot change them.
+pub fn write_namespace_max(proc_dir: &Path, counts: &UserCounts) -> Result<()> {
+    for (count, max) in &counts.namespace_max {
+        let path = proc_dir.join("sys/user").join(count.sysctl());
+        if !path.exists() {
+            // An older kernel without this count.
+            continue;
+        }
+        std::fs::write(&path, max.to_string())
+            .map_err(|e| SetupError::io(format!("write /proc/sys/user/{}", count.sysctl()), e))?;
+    }
+    Ok(())
+}
