@@ -274,3 +274,104 @@ while n < 1000 and libc.mq_open(b'/cordon-q%d' % n, os.O_CREAT | os.O_RDWR, 0o60
     );
 }
 attack!(message_queues);
+
+/// epoll watches are counted per host uid proper (no namespace level): a
+/// 2 GiB sandbox could take every one of root's, and systemd's next
+/// `epoll_ctl` failed. As root the sandbox's processes are a host uid of
+/// their own, over idmapped mounts; unprivileged they are the user's, and
+/// `--memory` is what bounds them (README, "What the host trusts").
+fn epoll_watches(t: &Ctx) {
+    let grab = "
+import os, select
+targets = [os.eventfd(0) for _ in range(1000)]
+eps, n = [], 0
+try:
+    while n < 8000000:
+        ep = select.epoll()
+        eps.append(ep)
+        for x in targets:
+            ep.register(x, select.EPOLLIN)
+            n += 1
+except OSError:
+    pass
+";
+    let probe = "import os, select\nep = select.epoll()\nn = 0\n\
+         try:\n\
+         \x20   for _ in range(1000):\n\
+         \x20       ep.register(os.eventfd(0), select.EPOLLIN); n += 1\n\
+         except OSError: pass\nprint(n)";
+    let (held, host) = hold_and_probe_with(t, &["--memory", "2G"], grab, probe);
+    assert_eq!(
+        host, "1000",
+        "HOST STARVED: with a sandbox holding {held:?} epoll watches, a host process \
+         of root could add only {host} of 1000"
+    );
+}
+
+#[test]
+fn epoll_watches_root() {
+    if let Some(t) = Ctx::new(Mode::Root) {
+        epoll_watches(&t);
+    }
+}
+
+/// What a process that left every namespace would be on the host: as root,
+/// the sandbox's processes are a uid and gid of their own with no
+/// supplementary group, owning nothing, while what they write in the
+/// workspace is still root's.
+#[test]
+fn roots_sandbox_is_not_host_root() {
+    let Some(t) = Ctx::new(Mode::Root) else {
+        return;
+    };
+    let marker = unique();
+    let tag = format!("id-{marker}");
+    let script = holder(
+        &tag,
+        &format!(
+            "import os, subprocess\n\
+             open('/workspace/written-inside', 'w').write('x')\n\
+             p = subprocess.Popen(['sleep', '{marker}'])\nn = p.pid"
+        ),
+    );
+    std::thread::scope(|s| {
+        let run = s.spawn(|| t.py(&script));
+        let held = t.workspace.join(format!("{tag}.held"));
+        let ready = eventually(Duration::from_secs(40), || held.exists());
+        let pids = host_pids_with_argv(&["sleep", &marker.to_string()]);
+        let status = pids
+            .first()
+            .and_then(|p| fs::read_to_string(format!("/proc/{p}/status")).ok());
+        fs::write(t.workspace.join(format!("{tag}.release")), "").unwrap();
+        run.join().unwrap().code(0);
+        assert!(ready, "the sandbox never started its sleep");
+        let status = status.expect("the sandbox's sleep is visible to the host");
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        let (uid, gid, groups) = (field("Uid:"), field("Gid:"), field("Groups:"));
+        assert!(
+            uid.iter().all(|u| u != "0") && gid.iter().all(|g| g != "0"),
+            "the sandbox's process is host root: Uid {uid:?} Gid {gid:?}"
+        );
+        assert!(groups.is_empty(), "supplementary groups {groups:?}");
+        let owner: u32 = uid[0].parse().unwrap();
+        assert!(
+            owner >= 0xB000_0000,
+            "uid {owner} is not from cordon's range"
+        );
+        let written = fs::metadata(t.workspace.join("written-inside")).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            (written.uid(), written.gid()),
+            (0, 0),
+            "the sandbox's files are the caller's"
+        );
+    });
+}

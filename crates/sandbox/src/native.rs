@@ -392,8 +392,7 @@ fn user_counts(pid: i32) -> protocol::UserCounts {
     // An unlimited host limit still leaves the sandbox the kernel's usual
     // default for an ordinary user.
     let rlimit = |r, usual: u64| share(getrlimit(r).current.unwrap_or(usual));
-    let owner_uid = rustix::process::geteuid()
-        .is_root()
+    let owner_uid = (rustix::process::geteuid().is_root() && in_initial_user_namespace())
         .then(|| OWNER_UID_BASE + pid as u32);
     protocol::UserCounts {
         namespace_max,
@@ -402,6 +401,13 @@ fn user_counts(pid: i32) -> protocol::UserCounts {
         memlock: rlimit(Resource::Memlock, 8 << 20),
         owner_uid,
     }
+}
+
+/// Whether this process's ids are the host's own: root in a container's
+/// user namespace has no other uid to give a sandbox.
+fn in_initial_user_namespace() -> bool {
+    std::fs::read_to_string("/proc/self/uid_map")
+        .is_ok_and(|m| m.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"])
 }
 
 /// Host facts that decide whether and how sandboxes work here, for

@@ -91,7 +91,8 @@ pub const VM_SLACK: Duration = Duration::from_secs(10);
 /// Which identity `cordon run` is started with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// As root: limits through cgroups, sandbox uid 0 maps to host uid 0.
+    /// As root: limits through cgroups, sandbox uid 0 is a host uid of its
+    /// own (idmapped mounts make its files root's).
     Root,
     /// As uid/gid 65534 (or as the invoking user when that is not root).
     Unprivileged,

@@ -35,9 +35,35 @@ type Result<T> = std::result::Result<T, SetupError>;
 /// Enters the sandbox's namespaces with the user namespace owned by `owner`
 /// and maps the spec's ids, as [`super::setup::write_id_maps`] does for a
 /// namespace owned by the caller. Returns `Ok(false)`, having changed
-/// nothing, when this host cannot switch to `owner` (the uid is not mapped
-/// where the supervisor runs, as in a container's user namespace).
-pub fn unshare_owned_by(owner: u32, flags: UnshareFlags, spec: &SetupSpec) -> Result<bool> {
+/// nothing that matters, when this host cannot switch to `owner` (the uid
+/// is not mapped where the supervisor runs, as in a container's user
+/// namespace, or the supervisor is itself inside a sandbox).
+pub fn unshare_owned_by(
+    owner: u32,
+    flags: UnshareFlags,
+    spec: &SetupSpec,
+    idmapped: bool,
+) -> Result<bool> {
+    // The host's supplementary groups (root's) would stay with the sandbox:
+    // once inside, setgroups is denied. Refused only where this "root" is
+    // itself in a user namespace, which keeps the caller's ids anyway.
+    // SAFETY: plain syscall with an empty list.
+    if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
+        return Ok(false);
+    }
+    // Idmapped mounts show the sandbox its files as uid 0; its processes
+    // can then be the owner uid on the host rather than root.
+    let ids = if idmapped {
+        Ids {
+            uid: (0, owner),
+            gid: (0, owner),
+        }
+    } else {
+        Ids {
+            uid: (spec.inner_uid, spec.outer_uid),
+            gid: (spec.inner_gid, spec.outer_gid),
+        }
+    };
     // The mapper must stay in the host's user namespace: only a process
     // there may map ids into a namespace that is not its own creator's uid.
     let (mut go_rx, mut go_tx) = pipe()?;
@@ -56,7 +82,7 @@ pub fn unshare_owned_by(owner: u32, flags: UnshareFlags, spec: &SetupSpec) -> Re
         drop(done_rx);
         let mut b = [0u8];
         let code = match go_rx.read(&mut b) {
-            Ok(1) => match map_ids(parent.as_raw_nonzero().get(), spec) {
+            Ok(1) => match map_ids(parent.as_raw_nonzero().get(), &ids) {
                 Ok(()) => 0u8,
                 Err(e) => e.raw_os_error().unwrap_or(libc::EIO) as u8,
             },
@@ -88,15 +114,14 @@ fn switch_and_unshare(
     // Keep the capabilities across the uid change, so that unsharing is
     // allowed exactly as it is for root (an LSM may restrict user
     // namespaces to capable callers).
-    set_capabilities_secure_bits(CapabilitiesSecureBits::NO_SETUID_FIXUP)
-        .map_err(|e| SetupError::new("keep capabilities across setuid", e))?;
+    // Either refused (the securebits locked, `owner` not mapped where the
+    // supervisor runs): nothing has changed, and the caller's ids are kept.
+    if set_capabilities_secure_bits(CapabilitiesSecureBits::NO_SETUID_FIXUP).is_err() {
+        return Ok(false);
+    }
     // SAFETY: plain syscall; -1 leaves the real and saved uids alone.
     if unsafe { libc::syscall(libc::SYS_setresuid, -1i32, owner, -1i32) } != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EINVAL) {
-            return Ok(false);
-        }
-        return Err(SetupError::io("switch to the sandbox's own uid", err));
+        return Ok(false);
     }
     // SAFETY: single-threaded, as the caller's unshare requires.
     if let Err(e) = unsafe { rustix::thread::unshare_unsafe(flags) } {
@@ -116,10 +141,11 @@ fn switch_and_unshare(
             Errno::from_raw_os_error(code[0].into()),
         ));
     }
-    // Root in the new namespace: host uid 0 again for file access, as a
-    // namespace owned by root would have it.
-    // SAFETY: plain syscall.
-    if unsafe { libc::syscall(libc::SYS_setresuid, 0, 0, 0) } != 0 {
+    // Root in the new namespace: whatever host ids the maps gave it.
+    // SAFETY: plain syscalls.
+    if unsafe { libc::syscall(libc::SYS_setresgid, 0, 0, 0) } != 0
+        || unsafe { libc::syscall(libc::SYS_setresuid, 0, 0, 0) } != 0
+    {
         return Err(SetupError::io(
             "become root in the sandbox",
             std::io::Error::last_os_error(),
@@ -128,17 +154,23 @@ fn switch_and_unshare(
     Ok(true)
 }
 
+/// One id each, (inside, outside), for the sandbox's user namespace.
+struct Ids {
+    uid: (u32, u32),
+    gid: (u32, u32),
+}
+
 /// In the mapper: the maps of `pid`'s new user namespace.
-fn map_ids(pid: i32, spec: &SetupSpec) -> std::io::Result<()> {
+fn map_ids(pid: i32, ids: &Ids) -> std::io::Result<()> {
     let dir = format!("/proc/{pid}");
     std::fs::write(format!("{dir}/setgroups"), "deny")?;
     std::fs::write(
         format!("{dir}/uid_map"),
-        format!("{} {} 1\n", spec.inner_uid, spec.outer_uid),
+        format!("{} {} 1\n", ids.uid.0, ids.uid.1),
     )?;
     std::fs::write(
         format!("{dir}/gid_map"),
-        format!("{} {} 1\n", spec.inner_gid, spec.outer_gid),
+        format!("{} {} 1\n", ids.gid.0, ids.gid.1),
     )
 }
 

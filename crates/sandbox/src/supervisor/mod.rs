@@ -12,6 +12,7 @@
 pub(crate) mod confine;
 pub(crate) mod counts;
 pub(crate) mod guest;
+mod idmap;
 mod serve;
 pub(crate) mod setup;
 
@@ -221,13 +222,24 @@ fn outer_main() -> ! {
         | UnshareFlags::NEWIPC
         | UnshareFlags::NEWUTS
         | UnshareFlags::NEWCGROUP;
-    let owned = match spec.user_counts.as_ref().and_then(|c| c.owner_uid) {
-        Some(owner) => match counts::unshare_owned_by(owner, flags, &spec) {
+    let owner = spec.user_counts.as_ref().and_then(|c| c.owner_uid);
+    // Made while this process still holds root's capabilities on the host.
+    let mut prepared = match owner.map(|o| idmap::prepare(o, &setup::idmap_wanted(&spec))) {
+        Some(Ok(p)) => p,
+        Some(Err(e)) => fail(&mut ctl, e),
+        None => None,
+    };
+    let owned = match owner {
+        Some(owner) => match counts::unshare_owned_by(owner, flags, &spec, prepared.is_some()) {
             Ok(done) => done,
             Err(e) => fail(&mut ctl, e),
         },
         None => false,
     };
+    if !owned {
+        // The uid switch was refused: the sandbox keeps the caller's ids.
+        prepared = None;
+    }
     if !owned {
         // SAFETY: single-threaded; we fork before relying on the new pid ns.
         if let Err(e) = unsafe { rustix::thread::unshare_unsafe(flags) } {
@@ -250,7 +262,7 @@ fn outer_main() -> ! {
         );
     }
     if pid == 0 {
-        inner_main(ctl, spec);
+        inner_main(ctl, spec, prepared.unwrap_or_default());
     }
     drop(ctl);
     let mut status = 0;
@@ -306,13 +318,13 @@ fn userns_diagnosis(e: Errno) -> String {
     )
 }
 
-fn inner_main(mut ctl: UnixStream, spec: SetupSpec) -> ! {
+fn inner_main(mut ctl: UnixStream, spec: SetupSpec, mut prepared: idmap::Prepared) -> ! {
     // If the outer supervisor is killed, take the whole sandbox down.
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
     let result = (|| -> Result<ReadyInfo, SetupError> {
         rustix::system::sethostname(spec.hostname.as_bytes())
             .map_err(|e| SetupError::new("set hostname", e))?;
-        setup::build_root(&spec)?;
+        setup::build_root(&spec, &mut prepared)?;
         if spec.loopback {
             setup::loopback_up()?;
         }

@@ -14,6 +14,7 @@ use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
 
+use super::idmap::{Prepared, Wanted};
 use crate::protocol::SetupSpec;
 
 /// A setup step that failed.
@@ -173,19 +174,31 @@ pub fn write_id_maps(spec: &SetupSpec) -> Result<()> {
     Ok(())
 }
 
-/// An O_PATH handle on a host path, opened before the stage hides anything.
+/// An O_PATH handle on a host path, opened before the stage hides anything,
+/// or a detached idmapped copy of it made for this sandbox (`idmap`).
 struct Source {
     fd: OwnedFd,
     is_dir: bool,
+    detached: bool,
 }
 
 impl Source {
-    fn open(path: &str) -> Result<Source> {
-        let fd = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
-            .ctx(|| format!("open {path}"))?;
+    fn open(path: &str, prepared: &mut Prepared) -> Result<Source> {
+        let (fd, detached) = match prepared.take(path) {
+            Some(fd) => (fd, true),
+            None => (
+                rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+                    .ctx(|| format!("open {path}"))?,
+                false,
+            ),
+        };
         let st = rustix::fs::fstat(&fd).ctx(|| format!("stat {path}"))?;
         let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir();
-        Ok(Source { fd, is_dir })
+        Ok(Source {
+            fd,
+            is_dir,
+            detached,
+        })
     }
 
     /// A path through which `mount` reaches this handle.
@@ -206,6 +219,7 @@ fn host_entries(
     base: &str,
     names: &[&'static str],
     dirs_only: bool,
+    prepared: &mut Prepared,
 ) -> Result<Vec<(&'static str, SysEntry)>> {
     let mut entries = Vec::new();
     for name in names {
@@ -216,7 +230,7 @@ fn host_entries(
                 entries.push((*name, SysEntry::Link(target)));
             }
             Ok(m) if m.is_dir() || !dirs_only => {
-                entries.push((*name, SysEntry::Bind(Source::open(&host)?)));
+                entries.push((*name, SysEntry::Bind(Source::open(&host, prepared)?)));
             }
             _ => {}
         }
@@ -224,9 +238,46 @@ fn host_entries(
     Ok(entries)
 }
 
+/// The host paths [`build_root`] binds that an idmapped copy can stand
+/// for: every one but the device nodes (whose file system cannot be
+/// idmapped, and whose owner does not matter).
+pub fn idmap_wanted(spec: &SetupSpec) -> Vec<Wanted> {
+    let mut wanted = vec![Wanted {
+        path: spec.workspace.clone(),
+        required: true,
+    }];
+    for b in &spec.binds {
+        wanted.push(Wanted {
+            path: b.source.clone(),
+            required: b.writable,
+        });
+    }
+    let lists: [(&str, &[&str], bool); 2] = [("/", SYSTEM_DIRS, true), ("/etc/", ETC_ALLOW, false)];
+    for (base, names, dirs_only) in lists {
+        for name in names {
+            let path = format!("{base}{name}");
+            match fs::symlink_metadata(&path) {
+                Ok(m) if m.file_type().is_symlink() => {}
+                Ok(m) if m.is_dir() || !dirs_only => wanted.push(Wanted {
+                    path,
+                    required: false,
+                }),
+                _ => {}
+            }
+        }
+    }
+    if fs::metadata(FONT_CACHE).is_ok_and(|m| m.is_dir()) {
+        wanted.push(Wanted {
+            path: FONT_CACHE.into(),
+            required: false,
+        });
+    }
+    wanted
+}
+
 /// Assembles the root filesystem and pivots into it. On return the process
 /// sees only the sandbox's tree, with the working directory `/workspace`.
-pub fn build_root(spec: &SetupSpec) -> Result<()> {
+pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
     rustix::mount::mount_change(
         "/",
         MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
@@ -234,23 +285,23 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
     .ctx(|| "make mounts private".into())?;
 
     // Open every source first: the workspace or a bind may live under STAGE.
-    let system = host_entries("/", SYSTEM_DIRS, true)?;
-    let etc = host_entries("/etc/", ETC_ALLOW, false)?;
+    let system = host_entries("/", SYSTEM_DIRS, true, prepared)?;
+    let etc = host_entries("/etc/", ETC_ALLOW, false, prepared)?;
     let mut dev = Vec::new();
     for node in DEV_NODES {
         let host = format!("/dev/{node}");
         if fs::symlink_metadata(&host).is_ok() {
-            dev.push((*node, Source::open(&host)?));
+            dev.push((*node, Source::open(&host, &mut Prepared::default())?));
         }
     }
     // The system's font cache, read-only: without it every program that
     // draws text builds its own first (a second of CPU for a window
     // manager), and holds nothing private.
     let font_cache = match fs::metadata(FONT_CACHE) {
-        Ok(m) if m.is_dir() => Some(Source::open(FONT_CACHE)?),
+        Ok(m) if m.is_dir() => Some(Source::open(FONT_CACHE, prepared)?),
         _ => None,
     };
-    let workspace = Source::open(&spec.workspace)?;
+    let workspace = Source::open(&spec.workspace, prepared)?;
     if !workspace.is_dir {
         return Err(SetupError {
             what: format!("workspace {} is not a directory", spec.workspace),
@@ -259,7 +310,7 @@ pub fn build_root(spec: &SetupSpec) -> Result<()> {
     }
     let mut binds = Vec::new();
     for b in &spec.binds {
-        binds.push((b, Source::open(&b.source)?));
+        binds.push((b, Source::open(&b.source, prepared)?));
     }
 
     let stage = Path::new(STAGE);
@@ -546,6 +597,16 @@ fn tmpfs(target: &Path, data: &str, flags: MountFlags) -> Result<()> {
 }
 
 fn bind(src: &Source, target: &Path) -> Result<()> {
+    if src.detached {
+        return rustix::mount::move_mount(
+            &src.fd,
+            "",
+            rustix::fs::CWD,
+            target,
+            rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+        .ctx(|| format!("attach an idmapped mount onto {}", target.display()));
+    }
     rustix::mount::mount_bind_recursive(src.proc_path().as_str(), target)
         .ctx(|| format!("bind mount onto {}", target.display()))
 }

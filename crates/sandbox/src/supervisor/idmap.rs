@@ -1,0 +1,161 @@
+//! Idmapped copies of the host paths a root-made sandbox binds.
+//!
+//! As root, a sandbox's processes run as a host uid and gid of their own
+//! (see `counts`): what the kernel counts per host user (epoll watches, pipe
+//! buffers, descriptors in flight) is then the sandbox's alone, and a
+//! process that got out of every namespace would own nothing on the host.
+//! Its files must still be the caller's: the workspace and the other binds
+//! are mounted idmapped, so that the sandbox's root writes and reads them as
+//! uid and gid 0 on disk.
+//!
+//! Making an idmapped mount takes `CAP_SYS_ADMIN` over the file system's
+//! own user namespace (the host's), so this runs in the supervisor before it
+//! leaves that namespace, with a throwaway user namespace holding the same
+//! maps as the sandbox's will.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use super::setup::SetupError;
+
+type Result<T> = std::result::Result<T, SetupError>;
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+/// Detached, idmapped mounts of host paths, by path, waiting to be attached
+/// where the sandbox's tree needs them.
+#[derive(Default)]
+pub struct Prepared {
+    mounts: HashMap<String, OwnedFd>,
+}
+
+impl Prepared {
+    /// The mount prepared for `path`, if any; each is attached once.
+    pub fn take(&mut self, path: &str) -> Option<OwnedFd> {
+        self.mounts.remove(path)
+    }
+}
+
+/// A host path to prepare; `required` ones (the workspace and writable
+/// binds) must all succeed, or the sandbox keeps root's ids instead.
+pub struct Wanted {
+    pub path: String,
+    pub required: bool,
+}
+
+/// Idmapped mounts of `wanted` for a sandbox whose root is host uid and gid
+/// `owner`; `None` when a required path's file system cannot be idmapped
+/// (9p, NFS, FUSE and older kernels), and nothing was changed.
+pub fn prepare(owner: u32, wanted: &[Wanted]) -> Result<Option<Prepared>> {
+    // A host where `owner` cannot be mapped (cordon in a container's user
+    // namespace) keeps root's ids, as on file systems without idmapping.
+    let Ok(userns) = throwaway_userns(owner) else {
+        return Ok(None);
+    };
+    let mut prepared = Prepared::default();
+    for w in wanted {
+        match idmapped(&w.path, &userns) {
+            Ok(fd) => {
+                prepared.mounts.insert(w.path.clone(), fd);
+            }
+            Err(_) if !w.required => {}
+            Err(_) => return Ok(None),
+        }
+    }
+    Ok(Some(prepared))
+}
+
+/// A user namespace mapping 0 to `owner`, held by descriptor only.
+fn throwaway_userns(owner: u32) -> Result<OwnedFd> {
+    let pipe = || {
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| SetupError::new("pipe", e))
+    };
+    let (ready_rx, ready_tx) = pipe()?;
+    let (done_rx, done_tx) = pipe()?;
+    // SAFETY: the supervisor is single-threaded.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(SetupError::io(
+            "fork for the idmap namespace",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    if pid == 0 {
+        drop((ready_rx, done_tx));
+        // SAFETY: plain syscall in the fresh child.
+        if unsafe { libc::unshare(libc::CLONE_NEWUSER) } == 0 {
+            let _ = rustix::io::write(&ready_tx, &[1]);
+            // Until the parent holds the namespace (EOF).
+            let _ = std::fs::File::from(done_rx).read(&mut [0u8]);
+        }
+        super::exit_now(0);
+    }
+    drop((ready_tx, done_rx));
+    let result = (|| {
+        let mut b = [0u8];
+        if std::fs::File::from(ready_rx).read(&mut b)? != 1 {
+            return Err(std::io::Error::other("the child could not unshare"));
+        }
+        let dir = format!("/proc/{pid}");
+        std::fs::write(format!("{dir}/setgroups"), "deny")?;
+        std::fs::write(format!("{dir}/uid_map"), format!("0 {owner} 1\n"))?;
+        std::fs::write(format!("{dir}/gid_map"), format!("0 {owner} 1\n"))?;
+        Ok(rustix::fs::open(
+            format!("{dir}/ns/user"),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?)
+    })();
+    drop(done_tx);
+    let mut status = 0;
+    // SAFETY: reaping our own child.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+    {}
+    result.map_err(|e| SetupError::io("make the idmap namespace", e))
+}
+
+/// A detached copy of the tree at `path`, idmapped through `userns`.
+fn idmapped(path: &str, userns: &OwnedFd) -> std::io::Result<OwnedFd> {
+    let c = std::ffi::CString::new(path)
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: open_tree with a valid path; the result is a new descriptor.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: open_tree returned a descriptor we now own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let attr = super::setup::MountAttr {
+        attr_set: MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    // SAFETY: mount_setattr on our detached tree with a valid attr struct.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
+            &attr as *const super::setup::MountAttr,
+            std::mem::size_of::<super::setup::MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
