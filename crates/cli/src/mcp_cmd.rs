@@ -79,7 +79,7 @@ async fn serve(opts: SandboxOpts, listen: Option<std::net::SocketAddr>) -> i32 {
             return exit::SANDBOX;
         }
     };
-    let service = cordon_mcp::http_service(
+    let (service, _owners) = cordon_mcp::http_service(
         move || config.clone(),
         std::time::Duration::from_secs(30 * 60),
         cordon_mcp::Exposure::Local,

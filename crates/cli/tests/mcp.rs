@@ -346,14 +346,15 @@ fn mcp_over_http_needs_a_token_and_a_session_is_its_tenants() {
     );
     assert_eq!(status, 202);
     let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
-    // Another tenant holding the session id gets nothing from it.
-    let (_, _, body) = rpc(&s, Some(&b), Some(&session), list.clone());
-    assert!(body.contains("no such session"), "{body}");
+    // Another tenant holding the session id gets nothing from it: to it
+    // the session does not exist.
+    let (status, _, body) = rpc(&s, Some(&b), Some(&session), list.clone());
+    assert_eq!(status, 404, "{body}");
     assert!(!body.contains("\"bash\""), "{body}");
     let call = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
         "params": {"name": "bash", "arguments": {"command": "echo nope > stolen"}}});
-    let (_, _, body) = rpc(&s, Some(&b), Some(&session), call);
-    assert!(body.contains("no such session"), "{body}");
+    let (status, _, body) = rpc(&s, Some(&b), Some(&session), call);
+    assert_eq!(status, 404, "{body}");
     // Its owner still can.
     let (_, _, body) = rpc(&s, Some(&a), Some(&session), list);
     assert!(body.contains("\"bash\""), "{body}");

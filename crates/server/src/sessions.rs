@@ -38,6 +38,8 @@ struct Live {
     /// The operator's MCP servers, started for this session.
     mcp: cordon_mcp::McpClients,
     last_used: Instant,
+    /// Its place under the live-session caps, given back with it.
+    _slot: crate::caps::Slot,
 }
 
 impl Live {
@@ -318,7 +320,11 @@ pub(crate) async fn show(
 
 /// Brings a session to life: a sandbox over its workspace and an agent
 /// with its history and log.
-async fn wake(shared: &Shared, row: &SessionRow) -> Result<Live, ApiError> {
+async fn wake(
+    shared: &Shared,
+    row: &SessionRow,
+    slot: crate::caps::Slot,
+) -> Result<Live, ApiError> {
     let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
     let d = dir(shared, &row.id);
     let resumed = cordon_agent::sessions::open(&d.join("session.jsonl")).map_err(|e| {
@@ -382,6 +388,7 @@ async fn wake(shared: &Shared, row: &SessionRow) -> Result<Live, ApiError> {
         sandbox,
         mcp,
         last_used: Instant::now(),
+        _slot: slot,
     })
 }
 
@@ -414,7 +421,9 @@ async fn take(
         )
     })?;
     if guard.is_none() {
-        *guard = Some(wake(shared, row).await?);
+        // Waking makes it live: a slot first, or 429.
+        let slot = shared.caps.acquire(&row.tenant)?;
+        *guard = Some(wake(shared, row, slot).await?);
     }
     Ok(guard)
 }
