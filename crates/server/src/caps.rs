@@ -1,7 +1,7 @@
 //! Caps on live sessions, per tenant and in all: each holds a sandbox, so
 //! without them one token could hold as many sandboxes as it asked for.
 //! An API session is live while its sandbox is (from its first message
-//! until it idles out); an MCP session from its `initialize`
+//! until it idles out or is deleted); an MCP session from its `initialize`
 //! until it is deleted or idles out. Both kinds count against one budget.
 
 use std::collections::HashMap;
@@ -72,8 +72,8 @@ impl SessionCaps {
         let mut c = self.lock();
         let mine = c.by_tenant.get(tenant).copied().unwrap_or(0);
         let free = format!(
-            "end an MCP session (DELETE /mcp with its Mcp-Session-Id) or wait until a \
-             session has been idle for {} (an idle API session's next message wakes it again)",
+            "end a session (DELETE /mcp with its Mcp-Session-Id, or DELETE \
+             /v1/sessions/{{id}}) or wait until one has been idle for {}",
             humantime::format_duration(self.idle)
         );
         if mine >= self.per_tenant {

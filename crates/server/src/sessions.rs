@@ -98,7 +98,7 @@ impl LiveSessions {
 pub fn routes() -> Router<Arc<Shared>> {
     Router::new()
         .route("/v1/sessions", post(create).get(list))
-        .route("/v1/sessions/{id}", get(show))
+        .route("/v1/sessions/{id}", get(show).delete(delete))
         .route("/v1/sessions/{id}/messages", post(message))
         .route("/v1/sessions/{id}/cancel", post(cancel))
         .route("/v1/sessions/{id}/compact", post(compact))
@@ -495,6 +495,55 @@ pub(crate) async fn message(
         Some((Ok(ev), events))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// Ends a session for good: its sandbox (if live), its log and its
+/// workspace; its slot under the live-session caps is free again.
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", summary = "Delete a conversation, its log and its workspace",
+    params(("id" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
+              (status = 409, description = "A turn is running", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn delete(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    find(&shared, &tenant, &id).await?;
+    let slot = shared.sessions.slot(&id);
+    let mut guard = slot.try_lock_owned().map_err(|_| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "busy",
+            "a turn is running in this session; cancel it (POST /v1/sessions/{id}/cancel) and delete again",
+        )
+    })?;
+    if let Some(live) = guard.take() {
+        shared.desktops.unlist(&desktop_key(&id));
+        live.close().await;
+    }
+    if !shared.store.delete_session(&tenant, &id).await? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no session {id}"),
+        ));
+    }
+    // The sandbox is gone, so nothing writes here any more; remove_dir_all
+    // unlinks symlinks rather than following them. Removed while the slot
+    // is held, so no message that raced the delete wakes it on its files.
+    if let Err(e) = std::fs::remove_dir_all(dir(&shared, &id))
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!("session {id}: cannot remove its files: {e}");
+    }
+    shared
+        .sessions
+        .slots
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id);
+    drop(guard);
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", summary = "Cancel the running turn",

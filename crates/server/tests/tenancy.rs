@@ -244,7 +244,10 @@ fn refused(status: u16, body: &str, flag: &str) {
     assert_eq!(v["error"]["code"], "too_many_sessions", "{body}");
     let m = v["error"]["message"].as_str().unwrap_or_default();
     assert!(m.contains(flag), "{body}");
-    assert!(m.contains("DELETE /mcp") && m.contains("idle"), "{body}");
+    assert!(
+        m.contains("DELETE /mcp") && m.contains("DELETE /v1/sessions/{id}") && m.contains("idle"),
+        "{body}"
+    );
 }
 
 /// The finding: one token held 10 `/mcp` sessions, each with a
@@ -293,6 +296,21 @@ async fn live_sessions_are_capped_per_tenant_and_in_all() {
     assert!(body.contains("three"), "{body}");
     let (status, _, body) = open(&s, &b).await;
     refused(status, &body, "--sessions`");
+    // Deleting an API session frees its slot too; it is another tenant's
+    // to nobody else.
+    let path = format!("/v1/sessions/{a_api}");
+    let del = |token: &str| {
+        s.client
+            .delete(s.url(&path))
+            .bearer_auth(token.to_string())
+            .send()
+    };
+    assert_eq!(del(&b).await.unwrap().status(), 404);
+    assert_eq!(del(&a).await.unwrap().status(), 204);
+    assert_eq!(del(&a).await.unwrap().status(), 404);
+    assert_eq!(s.get(&a, &path).await.0, 404);
+    assert!(!s.dir.join("data/sessions").join(&a_api).exists());
+    let _b_mcp2 = session(&s, &b).await;
     model.assert_finished();
 }
 
