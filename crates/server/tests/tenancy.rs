@@ -314,28 +314,45 @@ async fn live_sessions_are_capped_per_tenant_and_in_all() {
     model.assert_finished();
 }
 
-/// A session that idles out gives its slot back.
+/// A session that idles out, API or MCP, gives its slot back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_session_frees_its_slot() {
-    let s = TestServer::start_with(Db::Sqlite, with_caps(1, 8, Duration::from_secs(2), None))
-        .await
-        .unwrap();
+    let model = ScriptedServer::start(Scenario::new().turn(Turn::text("one")));
+    let s = TestServer::start_with(
+        Db::Sqlite,
+        with_caps(1, 8, Duration::from_secs(2), Some(model.url())),
+    )
+    .await
+    .unwrap();
     let a = s.token("a").await;
-    let first = session(&s, &a).await;
+    let api = api_session(&s, &a).await;
+    let (status, body) = say(&s, &a, &api).await;
+    assert_eq!(status, 200, "{body}");
     let (status, _, body) = open(&s, &a).await;
     refused(status, &body, "--sessions-per-tenant");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, id, body) = open(&s, &a).await;
-        if status == 200 {
-            assert_ne!(id.as_deref(), Some(first.as_str()));
-            break;
+    let next = |what: &'static str| {
+        let s = &s;
+        let a = a.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let (status, id, body) = open(s, &a).await;
+                if status == 200 {
+                    return id.unwrap();
+                }
+                refused(status, &body, "--sessions-per-tenant");
+                assert!(Instant::now() < deadline, "the idle {what} kept its slot");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         }
-        refused(status, &body, "--sessions-per-tenant");
-        assert!(Instant::now() < deadline, "the idle session kept its slot");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
+    let first = next("API session").await;
+    let (status, _, body) = open(&s, &a).await;
+    refused(status, &body, "--sessions-per-tenant");
+    let second = next("MCP session").await;
+    assert_ne!(first, second);
     // The idle one is gone, not merely uncounted.
     let (status, _) = post(&s, &a, Some(&first), list()).await;
     assert_eq!(status, 404);
+    model.assert_finished();
 }
