@@ -5,6 +5,7 @@ mod config_cmd;
 mod doctor;
 mod exec;
 mod mcp_cmd;
+mod mcp_listen;
 mod options;
 mod render;
 mod run;

@@ -16,9 +16,12 @@ pub struct McpArgs {
     #[command(subcommand)]
     pub command: Option<McpCommand>,
     /// Serve Streamable HTTP at http://ADDR/mcp instead of stdio: loopback
-    /// only, no tokens (`cordon serve` has /mcp behind tokens)
+    /// only, behind a token (random, or CORDON_MCP_TOKEN's)
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<std::net::SocketAddr>,
+    /// With --listen: write the token to FILE (mode 0600) for clients
+    #[arg(long, value_name = "FILE", requires = "listen")]
+    pub token_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub sandbox: SandboxOpts,
 }
@@ -38,11 +41,15 @@ pub fn configured(settings: &Settings) -> Result<BTreeMap<String, ServerSpec>, S
 pub async fn mcp(args: McpArgs) -> i32 {
     match args.command {
         Some(McpCommand::List) => list().await,
-        None => serve(args.sandbox, args.listen).await,
+        None => serve(args.sandbox, args.listen, args.token_file).await,
     }
 }
 
-async fn serve(opts: SandboxOpts, listen: Option<std::net::SocketAddr>) -> i32 {
+async fn serve(
+    opts: SandboxOpts,
+    listen: Option<std::net::SocketAddr>,
+    token_file: Option<std::path::PathBuf>,
+) -> i32 {
     let mut config = match opts.config() {
         Ok(c) => c,
         Err(code) => return code,
@@ -65,43 +72,7 @@ async fn serve(opts: SandboxOpts, listen: Option<std::net::SocketAddr>) -> i32 {
             }
         };
     };
-    if !addr.ip().is_loopback() {
-        eprintln!(
-            "cordon: --listen {addr}: without tokens only a loopback address is allowed; \
-             `cordon serve` offers /mcp behind bearer tokens"
-        );
-        return exit::SANDBOX;
-    }
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("cordon: cannot listen on {addr}: {e}");
-            return exit::SANDBOX;
-        }
-    };
-    let service = cordon_mcp::http_service(
-        move || config.clone(),
-        std::time::Duration::from_secs(30 * 60),
-        cordon_mcp::Exposure::Local,
-    );
-    let app = axum::Router::new().nest_service("/mcp", service);
-    match listener.local_addr() {
-        Ok(a) => eprintln!("cordon: MCP on http://{a}/mcp"),
-        Err(e) => eprintln!("cordon: {e}"),
-    }
-    let stop = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    match axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await
-    {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("cordon: {e}");
-            1
-        }
-    }
+    crate::mcp_listen::serve(config, addr, token_file).await
 }
 
 async fn list() -> i32 {

@@ -31,6 +31,12 @@ pub struct ServeArgs {
     /// session is gone
     #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = crate::options::parse_timeout)]
     pub session_idle: std::time::Duration,
+    /// Live sessions (API sessions with a sandbox, and /mcp sessions) at once
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub sessions: usize,
+    /// Live sessions (API and /mcp) at once per tenant
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub sessions_per_tenant: usize,
 }
 
 #[derive(Args, Debug)]
@@ -96,6 +102,8 @@ pub async fn serve(args: ServeArgs) -> i32 {
     }
     config.per_tenant = args.per_tenant.max(1);
     config.session_idle = args.session_idle;
+    config.sessions = args.sessions.max(1);
+    config.sessions_per_tenant = args.sessions_per_tenant.max(1);
     let settings = match crate::options::load_settings(Vec::new()) {
         Ok(s) => s,
         Err(code) => return code,

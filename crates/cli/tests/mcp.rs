@@ -320,6 +320,52 @@ fn the_python_sdk_drives_cordon_serves_mcp_endpoint() {
     }
 }
 
+/// A client of `cordon mcp --listen` connects with the token from
+/// `--token-file`; the README shows how.
+#[test]
+fn the_python_sdk_drives_cordon_mcp_listen_with_its_token() {
+    use std::io::{BufRead, BufReader};
+    let Some(py) = python() else { return };
+    let ws = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["mcp", "--listen", "127.0.0.1:0", "--token-file"])
+        .arg(&file)
+        .arg("--workspace")
+        .arg(ws.path())
+        .env_remove("CORDON_MCP_TOKEN")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("cordon mcp exited").unwrap();
+        if let Some(u) = line.strip_prefix("cordon: MCP on ") {
+            break u.trim().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let token = std::fs::read_to_string(&file).unwrap().trim().to_string();
+    let marker = format!("{}.{}", 900 + std::process::id() % 99, 31);
+    let out = Command::new(&py)
+        .arg(client_script())
+        .args(["http", &url, &token, &marker])
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        out.status.success(),
+        "client.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("client.py prints JSON");
+    check_scenario(&v, Some(ws.path()));
+    wait_gone(&marker);
+}
+
 #[test]
 fn mcp_over_http_needs_a_token_and_a_session_is_its_tenants() {
     let s = Serve::start();
@@ -346,14 +392,15 @@ fn mcp_over_http_needs_a_token_and_a_session_is_its_tenants() {
     );
     assert_eq!(status, 202);
     let list = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
-    // Another tenant holding the session id gets nothing from it.
-    let (_, _, body) = rpc(&s, Some(&b), Some(&session), list.clone());
-    assert!(body.contains("no such session"), "{body}");
+    // Another tenant holding the session id gets nothing from it: to it
+    // the session does not exist.
+    let (status, _, body) = rpc(&s, Some(&b), Some(&session), list.clone());
+    assert_eq!(status, 404, "{body}");
     assert!(!body.contains("\"bash\""), "{body}");
     let call = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
         "params": {"name": "bash", "arguments": {"command": "echo nope > stolen"}}});
-    let (_, _, body) = rpc(&s, Some(&b), Some(&session), call);
-    assert!(body.contains("no such session"), "{body}");
+    let (status, _, body) = rpc(&s, Some(&b), Some(&session), call);
+    assert_eq!(status, 404, "{body}");
     // Its owner still can.
     let (_, _, body) = rpc(&s, Some(&a), Some(&session), list);
     assert!(body.contains("\"bash\""), "{body}");
@@ -533,7 +580,8 @@ fn the_agent_calls_an_mcp_servers_tools_and_survives_its_crash() {
 }
 
 /// The official conformance suite (@modelcontextprotocol/conformance,
-/// installed by scripts/test) against `cordon mcp --listen`: everything
+/// installed by scripts/test) against `cordon mcp --listen`, through a
+/// proxy that adds the instance's token: everything
 /// passes but the scenarios in crates/mcp/conformance-baseline.yml, which
 /// need the suite's own fixture tools and prompts (see the README).
 #[test]
@@ -554,17 +602,25 @@ fn the_mcp_conformance_suite_passes_but_for_its_fixture_scenarios() {
     let mut server = Command::new(env!("CARGO_BIN_EXE_cordon"))
         .args(["mcp", "--listen", "127.0.0.1:0", "--workspace"])
         .arg(ws.path())
+        .env_remove("CORDON_MCP_TOKEN")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(server.stderr.take().unwrap()).lines();
-    let url = loop {
+    let mut token = None;
+    let addr: std::net::SocketAddr = loop {
         let line = lines.next().expect("cordon mcp exited").unwrap();
-        if let Some(u) = line.strip_prefix("cordon: MCP on ") {
-            break u.trim().to_string();
+        if let Some((_, t)) = line.split_once("Bearer …`): ") {
+            token = Some(t.trim().to_string());
+        }
+        if let Some(u) = line.strip_prefix("cordon: MCP on http://") {
+            break u.trim().trim_end_matches("/mcp").parse().unwrap();
         }
     };
     std::thread::spawn(move || for _ in lines {});
+    // The suite sends no token: a proxy adds it.
+    let proxy = support::proxy::start(addr, &token.expect("the token is printed"));
+    let url = format!("http://{proxy}/mcp");
     let results = tempfile::tempdir().unwrap();
     let out = Command::new(&runner)
         .args(["server", "--url", &url, "--expected-failures"])

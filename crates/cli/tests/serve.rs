@@ -205,3 +205,54 @@ fn token_create_adds_a_tenant_that_the_server_accepts() {
     let j = wait_for(&s, &token, &id, terminal);
     assert_eq!(j["stdout"], "ok\n");
 }
+
+/// The finding: on `--workers 2 --per-tenant 2` one token held 10
+/// `/mcp` sessions, each with a sandbox. `--sessions-per-tenant` and
+/// `--sessions` bound them.
+#[test]
+fn live_mcp_sessions_are_bounded_per_tenant_and_in_all() {
+    let home = tempfile::tempdir().unwrap();
+    let s = serve(
+        home.path(),
+        free_port(),
+        &[
+            "--workers",
+            "2",
+            "--per-tenant",
+            "2",
+            "--sessions-per-tenant",
+            "2",
+            "--sessions",
+            "3",
+        ],
+    );
+    let token = s.token.clone().expect("a first token is printed");
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["token", "create", "--tenant", "other"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .output()
+        .unwrap();
+    let other = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let open = |t: &str| {
+        let r = http()
+            .post(format!("{}/mcp", s.base))
+            .bearer_auth(t)
+            .header("Accept", "application/json, text/event-stream")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                           "clientInfo": {"name": "test", "version": "1"}}}))
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.text().unwrap())
+    };
+    let statuses: Vec<u16> = (0..10).map(|_| open(&token).0).collect();
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429, 429, 429, 429, 429]);
+    let (_, body) = open(&token);
+    assert!(body.contains("--sessions-per-tenant"), "{body}");
+    assert_eq!(open(&other).0, 200);
+    let (status, body) = open(&other);
+    assert_eq!(status, 429);
+    assert!(body.contains("`cordon serve --sessions`"), "{body}");
+}

@@ -4,8 +4,10 @@
 
 pub mod client;
 pub mod config;
+mod owned;
 pub mod server;
 
 pub use client::{McpClients, Report, qualified_name};
 pub use config::{McpConfigError, ServerSpec};
-pub use server::{Exposure, McpTenant, SandboxServer, http_service, serve_stdio};
+pub use owned::{OwnedSessions, SessionHold, SessionOwners};
+pub use server::{Exposure, HttpService, McpTenant, SandboxServer, http_service, serve_stdio};

@@ -219,26 +219,38 @@ pub enum Exposure {
     /// Behind bearer tokens (`cordon serve`): any Host header, and each
     /// session's workspace is its own, removed when the session ends.
     Authenticated,
-    /// Loopback without tokens (`cordon mcp --listen`): only localhost
-    /// Host headers (no DNS rebinding), and every session works in the
-    /// user's workspace, which is kept.
+    /// Loopback (`cordon mcp --listen`), behind a token and an Origin
+    /// check its caller makes: only localhost Host headers (no DNS
+    /// rebinding), and every session works in the user's workspace, which
+    /// is kept.
     Local,
 }
 
+/// The Streamable HTTP service as [`http_service`] makes it.
+pub type HttpService = rmcp::transport::StreamableHttpService<
+    SandboxServer,
+    crate::owned::OwnedSessions<
+        rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
+    >,
+>;
+
 /// The Streamable HTTP service: a handler (and, on first use, a sandbox
-/// from `config`) per MCP session. Mount an `Authenticated` one behind
-/// authentication that puts an [`McpTenant`] in each request.
+/// from `config`) per MCP session, and the sessions' owners. Mount an
+/// `Authenticated` one behind authentication that puts an [`McpTenant`] in
+/// each request and refuses (404) a request whose `Mcp-Session-Id` is
+/// another tenant's, by [`SessionOwners::belongs_to_another`].
+///
+/// [`SessionOwners::belongs_to_another`]: crate::SessionOwners::belongs_to_another
 pub fn http_service(
     config: impl Fn() -> SandboxConfig + Send + Sync + 'static,
     idle: std::time::Duration,
     exposure: Exposure,
-) -> rmcp::transport::StreamableHttpService<
-    SandboxServer,
-    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
-> {
+) -> (HttpService, Arc<crate::SessionOwners>) {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-    let mut sessions = LocalSessionManager::default();
-    sessions.session_config.keep_alive = Some(idle);
+    let mut local = LocalSessionManager::default();
+    local.session_config.keep_alive = Some(idle);
+    let owners = Arc::new(crate::SessionOwners::default());
+    let sessions = crate::owned::OwnedSessions::new(local, owners.clone());
     let http = match exposure {
         // Every request carries a bearer token, which a DNS-rebinding page
         // cannot supply: the Host allow-list would only refuse remote users.
@@ -247,7 +259,7 @@ pub fn http_service(
         }
         Exposure::Local => rmcp::transport::StreamableHttpServerConfig::default(),
     };
-    rmcp::transport::StreamableHttpService::new(
+    let service = rmcp::transport::StreamableHttpService::new(
         move || {
             Ok(match exposure {
                 Exposure::Authenticated => SandboxServer::ephemeral(config()),
@@ -256,7 +268,8 @@ pub fn http_service(
         },
         Arc::new(sessions),
         http,
-    )
+    );
+    (service, owners)
 }
 
 /// Serves the sandbox tools on stdin/stdout, in a sandbox made from

@@ -7,6 +7,7 @@
 //! with the same no-escape rule as the agent's file tools.
 
 pub mod api;
+pub mod caps;
 pub mod desktop;
 pub mod hub;
 pub mod job;

@@ -384,6 +384,7 @@ impl Modify for Bearer {
         crate::sessions::create,
         crate::sessions::list,
         crate::sessions::show,
+        crate::sessions::delete,
         crate::sessions::message,
         crate::sessions::cancel,
         crate::sessions::compact,

@@ -44,6 +44,10 @@ pub struct ServerConfig {
     pub mcp_servers: std::collections::BTreeMap<String, cordon_mcp::ServerSpec>,
     /// A session's sandbox is closed after this long without a message.
     pub session_idle: Duration,
+    /// Live sessions (API and MCP) at once, in all.
+    pub sessions: usize,
+    /// Live sessions (API and MCP) at once per tenant.
+    pub sessions_per_tenant: usize,
     /// The isolation backend of every sandbox, unless a job asks for one.
     pub backend: cordon_sandbox::BackendKind,
     /// Processes per sandbox (`sandbox.pids`; default 256).
@@ -74,6 +78,8 @@ impl ServerConfig {
             pids: None,
             protect_git: true,
             session_idle: Duration::from_secs(15 * 60),
+            sessions: 64,
+            sessions_per_tenant: 8,
             backend: cordon_sandbox::BackendKind::Native,
             cpus: None,
             vm: cordon_sandbox::VmOptions::default(),
@@ -108,6 +114,8 @@ pub struct Shared {
     pub running: Mutex<HashMap<String, Cancel>>,
     /// Agent sessions in use.
     pub sessions: crate::sessions::LiveSessions,
+    /// Live sessions' counts under their caps (API and MCP sessions).
+    pub caps: Arc<crate::caps::SessionCaps>,
     /// Desktops of the running jobs and live sessions that have a display.
     pub desktops: crate::desktop::Desktops,
     /// Wakes idle workers when a job is queued.
@@ -181,9 +189,15 @@ async fn recover(shared: &Shared) -> Result<usize, StoreError> {
 pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
     let store = Store::open(&config.db).await?;
     let listen = config.listen;
+    let caps = Arc::new(crate::caps::SessionCaps::new(
+        config.sessions_per_tenant,
+        config.sessions,
+        config.session_idle,
+    ));
     let shared = Arc::new(Shared {
         store,
         hub: Hub::default(),
+        caps,
         config,
         running: Mutex::new(HashMap::new()),
         sessions: Default::default(),

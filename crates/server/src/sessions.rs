@@ -38,6 +38,8 @@ struct Live {
     /// The operator's MCP servers, started for this session.
     mcp: cordon_mcp::McpClients,
     last_used: Instant,
+    /// Its place under the live-session caps, given back with it.
+    _slot: crate::caps::Slot,
 }
 
 impl Live {
@@ -96,7 +98,7 @@ impl LiveSessions {
 pub fn routes() -> Router<Arc<Shared>> {
     Router::new()
         .route("/v1/sessions", post(create).get(list))
-        .route("/v1/sessions/{id}", get(show))
+        .route("/v1/sessions/{id}", get(show).delete(delete))
         .route("/v1/sessions/{id}/messages", post(message))
         .route("/v1/sessions/{id}/cancel", post(cancel))
         .route("/v1/sessions/{id}/compact", post(compact))
@@ -318,7 +320,11 @@ pub(crate) async fn show(
 
 /// Brings a session to life: a sandbox over its workspace and an agent
 /// with its history and log.
-async fn wake(shared: &Shared, row: &SessionRow) -> Result<Live, ApiError> {
+async fn wake(
+    shared: &Shared,
+    row: &SessionRow,
+    slot: crate::caps::Slot,
+) -> Result<Live, ApiError> {
     let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
     let d = dir(shared, &row.id);
     let resumed = cordon_agent::sessions::open(&d.join("session.jsonl")).map_err(|e| {
@@ -382,6 +388,7 @@ async fn wake(shared: &Shared, row: &SessionRow) -> Result<Live, ApiError> {
         sandbox,
         mcp,
         last_used: Instant::now(),
+        _slot: slot,
     })
 }
 
@@ -414,7 +421,9 @@ async fn take(
         )
     })?;
     if guard.is_none() {
-        *guard = Some(wake(shared, row).await?);
+        // Waking makes it live: a slot first, or 429.
+        let slot = shared.caps.acquire(&row.tenant)?;
+        *guard = Some(wake(shared, row, slot).await?);
     }
     Ok(guard)
 }
@@ -486,6 +495,55 @@ pub(crate) async fn message(
         Some((Ok(ev), events))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// Ends a session for good: its sandbox (if live), its log and its
+/// workspace; its slot under the live-session caps is free again.
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", summary = "Delete a conversation, its log and its workspace",
+    params(("id" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
+              (status = 409, description = "A turn is running", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn delete(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    find(&shared, &tenant, &id).await?;
+    let slot = shared.sessions.slot(&id);
+    let mut guard = slot.try_lock_owned().map_err(|_| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "busy",
+            "a turn is running in this session; cancel it (POST /v1/sessions/{id}/cancel) and delete again",
+        )
+    })?;
+    if let Some(live) = guard.take() {
+        shared.desktops.unlist(&desktop_key(&id));
+        live.close().await;
+    }
+    if !shared.store.delete_session(&tenant, &id).await? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no session {id}"),
+        ));
+    }
+    // The sandbox is gone, so nothing writes here any more; remove_dir_all
+    // unlinks symlinks rather than following them. Removed while the slot
+    // is held, so no message that raced the delete wakes it on its files.
+    if let Err(e) = std::fs::remove_dir_all(dir(&shared, &id))
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!("session {id}: cannot remove its files: {e}");
+    }
+    shared
+        .sessions
+        .slots
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id);
+    drop(guard);
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", summary = "Cancel the running turn",

@@ -533,6 +533,16 @@ impl Store {
         rows.iter().map(session_from_row).collect()
     }
 
+    /// Deletes a tenant's session; false when it had none by that id.
+    pub async fn delete_session(&self, tenant: &str, id: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM sessions WHERE id = $1 AND tenant = $2")
+            .bind(id)
+            .bind(tenant)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     /// Sets a session's title if it has none yet.
     pub async fn title_session(&self, id: &str, title: &str) -> Result<()> {
         sqlx::query("UPDATE sessions SET title = $1 WHERE id = $2 AND title = ''")

@@ -894,6 +894,7 @@ async fn the_openapi_document_lists_every_route_and_docs_render_it() {
         ("/v1/sessions", "post"),
         ("/v1/sessions", "get"),
         ("/v1/sessions/{id}", "get"),
+        ("/v1/sessions/{id}", "delete"),
         ("/v1/sessions/{id}/messages", "post"),
         ("/v1/sessions/{id}/cancel", "post"),
         ("/v1/sessions/{id}/compact", "post"),

@@ -1,6 +1,7 @@
 //! Helpers for tests that drive the real `cordon` binary.
 #![allow(dead_code)]
 
+pub mod proxy;
 pub mod tmux;
 
 use std::os::unix::fs::PermissionsExt;
