@@ -301,9 +301,9 @@ fn refuse_planted_links(path: &Path, what: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Refuses a workspace or bind that holds cordon's own directories: a
-/// sandbox there could rewrite the configuration that starts host
-/// programs, or read the keys in it.
+/// Refuses a workspace or bind that holds cordon's own directories or the
+/// user's home: a sandbox there could rewrite the configuration that
+/// starts host programs, or read the keys in it.
 pub fn guard_cordon_dirs(c: &SandboxConfig) -> Result<(), String> {
     refuse_planted_links(&c.workspace, "the workspace")?;
     for b in &c.binds {
@@ -323,6 +323,20 @@ pub fn guard_cordon_dirs(c: &SandboxConfig) -> Result<(), String> {
                     d.display()
                 ));
             }
+        }
+        // Shell start-up files, SSH keys, every tool's configuration: what
+        // the user's own programs read and run from without asking.
+        if let Some(home) = std::env::var_os("HOME").map(PathBuf::from)
+            && home.is_absolute()
+            && resolved(&home).starts_with(&p)
+        {
+            return Err(format!(
+                "{what} {} holds your home directory {}: a sandbox could rewrite what \
+                 your shell and tools run from there (~/.bashrc, ~/.ssh); choose a \
+                 narrower directory",
+                path.display(),
+                home.display()
+            ));
         }
     }
     Ok(())

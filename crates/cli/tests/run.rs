@@ -160,6 +160,45 @@ fn sandbox_failure_is_one_line(who: Who) {
     );
 }
 
+/// A workspace or bind holding the user's home would let a sandbox rewrite
+/// what the user's shell and tools run (`~/.bashrc`, `~/.ssh`).
+fn home_is_no_workspace(who: Who) {
+    let ws = workspace(who);
+    let home = ws.path().join("home");
+    std::fs::create_dir_all(home.join("project")).unwrap();
+    // cordon's own directories elsewhere, so that only the home is at stake.
+    let xdg = workspace(who);
+    for (opts, what) in [
+        (vec![], "the workspace"),
+        (
+            vec!["--workspace", "home/project", "--rw", ".:/x"],
+            "a bind",
+        ),
+    ] {
+        let out = run(who, ws.path(), &opts, &["true"])
+            .env("HOME", &home)
+            .env("XDG_CONFIG_HOME", xdg.path().join("config"))
+            .env("XDG_DATA_HOME", xdg.path().join("data"))
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{err}");
+        assert!(
+            err.starts_with(&format!("cordon: {what} "))
+                && err.contains("holds your home directory"),
+            "{err}"
+        );
+    }
+    // Below the home directory is where projects live.
+    let out = run(who, ws.path(), &["--workspace", "home/project"], &["true"])
+        .env("HOME", &home)
+        .env("XDG_CONFIG_HOME", xdg.path().join("config"))
+        .env("XDG_DATA_HOME", xdg.path().join("data"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
 fn options_take_effect(who: Who) {
     let ws = workspace(who);
     let extra = workspace(who);
@@ -472,6 +511,7 @@ both! {
     stdin_is_passed_through => stdin_passes_through;
     exit_codes_follow_the_command_and_document_cordons_own => exit_codes;
     a_sandbox_that_cannot_be_created_gives_one_line_and_125 => sandbox_failure_is_one_line;
+    a_workspace_or_bind_holding_home_is_refused => home_is_no_workspace;
     env_binds_workdir_and_tmp_size_take_effect => options_take_effect;
     network_is_off_by_default_and_loopback_on_request => network_modes;
     python_node_gcc_git_and_coreutils_work => python_node_gcc_git_run;
