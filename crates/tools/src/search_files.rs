@@ -8,7 +8,7 @@ use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContex
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::walk::{Kind, Walk, open_file_at};
+use crate::walk::{Kind, MAX_WALK_DEPTH, Walk, open_file_at};
 use crate::workspace::WsPath;
 use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
 
@@ -163,7 +163,7 @@ fn search(ctx: &ToolContext, input: Input) -> ToolOutput {
         Err(e) => return ToolOutput::error(e.to_string()),
     };
     let (mut out, mut matches, mut capped, mut files) = (String::new(), 0usize, false, 0usize);
-    let mut changed = 0usize;
+    let (mut changed, mut too_deep) = (0usize, 0usize);
     let mut search_one = |file: std::fs::File, shown: &str, out: &mut String| {
         let before = matches;
         let mut sink = Collect {
@@ -218,6 +218,7 @@ fn search(ctx: &ToolContext, input: Input) -> ToolOutput {
             }
         });
         changed = walk.changed;
+        too_deep = walk.too_deep;
     }
     let note = if changed > 0 {
         format!(
@@ -227,6 +228,14 @@ fn search(ctx: &ToolContext, input: Input) -> ToolOutput {
         )
     } else {
         String::new()
+    };
+    let note = if too_deep > 0 {
+        format!(
+            "{note}[{too_deep} director{} deeper than {MAX_WALK_DEPTH} levels not searched; search there with path]\n",
+            if too_deep == 1 { "y" } else { "ies" },
+        )
+    } else {
+        note
     };
     if matches == 0 {
         return ToolOutput::ok(format!(

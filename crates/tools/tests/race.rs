@@ -195,3 +195,25 @@ async fn search_files_never_reads_through_a_directory_swapped_for_a_link() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walks_stop_at_a_depth_and_say_so() {
+    let race = Race::new().await;
+    // A file 70 levels down: deeper than a walk holds descriptors for.
+    let mut deep = race.ws.join("deep");
+    for i in 0..70 {
+        deep.push(format!("{i}"));
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    std::fs::write(deep.join("needle.txt"), "needle\n").unwrap();
+    let out = race
+        .tools
+        .call(&race.ctx, "search_files", json!({"pattern": "needle"}))
+        .await;
+    assert!(!out.is_error, "{}", out.text);
+    assert!(
+        out.text.contains("deeper than 64 levels not searched"),
+        "{}",
+        out.text
+    );
+}
