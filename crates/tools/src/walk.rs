@@ -205,9 +205,15 @@ impl Walk {
     /// Calls `f` for every entry not ignored, depth first, each directory's
     /// entries sorted by name, a directory before what it holds.
     pub(crate) fn run(&mut self, mut f: impl FnMut(&Entry<'_>) -> ControlFlow<()>) {
-        let root = match self.root.try_clone() {
-            Ok(fd) => fd,
-            Err(_) => return,
+        // A descriptor of its own, so that reading it starts at the top
+        // whatever reads of the root came before.
+        let Ok(root) = rustix::fs::openat(
+            &self.root,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            return;
         };
         let mut levels = Vec::new();
         let mut counts = (0, 0);

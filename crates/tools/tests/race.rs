@@ -1,4 +1,5 @@
-//! Races the sandbox can run against the host-side file tools.
+//! Races the sandbox can run against the host-side file tools, and the
+//! rules of the descriptor-by-descriptor walk that defeats them.
 //!
 //! A process in the sandbox exchanges a real directory with a symbolic
 //! link out of the workspace (`renameat2(RENAME_EXCHANGE)`, as fast as it
@@ -216,4 +217,38 @@ async fn walks_stop_at_a_depth_and_say_so() {
         "{}",
         out.text
     );
+}
+
+/// The walk's ignore rules, read through its own descriptors: `.gitignore`
+/// with a re-include, `.ignore`, a nested repository that the outer rules
+/// stop at, and a `.gitignore` that is a link, which is not read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn walks_honour_ignore_files_without_following_links() {
+    let race = Race::new().await;
+    let ws = &race.ws;
+    let put = |rel: &str, text: &str| {
+        let p = ws.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    put("rules/.gitignore", "*.log\n!keep.log\n");
+    put("rules/a.log", "");
+    put("rules/keep.log", "");
+    put("rules/.ignore", "private/\n");
+    put("rules/private/x", "");
+    put("rules/nested/.git/HEAD", "");
+    put("rules/nested/b.log", "");
+    put("rules/linked/c.txt", "");
+    std::fs::write(ws.join("../everything"), "*\n").unwrap();
+    std::os::unix::fs::symlink("../../../everything", ws.join("rules/linked/.gitignore")).unwrap();
+    let out = race
+        .tools
+        .call(&race.ctx, "list_dir", json!({"path": "rules", "depth": 3}))
+        .await;
+    let t = out.text;
+    assert!(t.contains("  keep.log\n") && !t.contains("a.log"), "{t}");
+    assert!(!t.contains("private"), "{t}");
+    assert!(t.contains("  nested/\n    b.log\n"), "{t}");
+    assert!(t.contains("    c.txt\n"), "{t}");
+    assert!(t.contains(".gitignore -> ../../../everything"), "{t}");
 }
