@@ -292,6 +292,28 @@ pub fn message_record(message: &Message) -> Value {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_recorded_workspace_that_now_leads_elsewhere_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let root = same_dir(d.path());
+        let sub = root.join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let recorded = sub.display().to_string();
+        assert_eq!(recorded_workspace("s1", &recorded).unwrap(), sub);
+        // What a sandbox of `root` can do to `sub`.
+        std::fs::create_dir(root.join("elsewhere")).unwrap();
+        std::fs::remove_dir(&sub).unwrap();
+        std::os::unix::fs::symlink("elsewhere", &sub).unwrap();
+        let e = recorded_workspace("s1", &recorded).unwrap_err();
+        assert!(
+            e.contains("symbolic link") && e.contains("--workspace"),
+            "{e}"
+        );
+        // Gone altogether: left to the sandbox to report.
+        std::fs::remove_file(&sub).unwrap();
+        assert_eq!(recorded_workspace("s1", &recorded).unwrap(), sub);
+    }
+
     fn write(dir: &Path, id: &str, title: &str, prompts: &[&str]) {
         let mut log = SessionLog::<Value>::create(dir.join(format!("{id}.jsonl"))).unwrap();
         log.append(
