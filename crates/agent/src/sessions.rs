@@ -35,6 +35,25 @@ pub fn same_dir(path: &Path) -> PathBuf {
         .unwrap_or_else(|_| std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()))
 }
 
+/// The workspace a resumed session continues in: the path it recorded,
+/// if that path still leads where it did. Sessions record their workspace
+/// resolved, so a path that now resolves elsewhere has a symbolic link on
+/// the way, which a sandbox working in a directory above could have
+/// planted (`sub -> /home/user/.ssh`), or was moved.
+pub fn recorded_workspace(id: &str, recorded: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(recorded);
+    let now = same_dir(&path);
+    if now == path {
+        return Ok(path);
+    }
+    Err(format!(
+        "session {id} worked in {recorded}, which now leads to {} (through a symbolic link, \
+         which a sandbox could have planted, or after a move); cordon does not follow it: \
+         resume with --workspace naming the directory to continue in",
+        now.display()
+    ))
+}
+
 /// A new, sortable session id: seconds since the epoch and a random tail.
 pub fn new_id() -> String {
     let now = std::time::SystemTime::now()
@@ -272,6 +291,28 @@ pub fn message_record(message: &Message) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recorded_workspace_that_now_leads_elsewhere_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let root = same_dir(d.path());
+        let sub = root.join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let recorded = sub.display().to_string();
+        assert_eq!(recorded_workspace("s1", &recorded).unwrap(), sub);
+        // What a sandbox of `root` can do to `sub`.
+        std::fs::create_dir(root.join("elsewhere")).unwrap();
+        std::fs::remove_dir(&sub).unwrap();
+        std::os::unix::fs::symlink("elsewhere", &sub).unwrap();
+        let e = recorded_workspace("s1", &recorded).unwrap_err();
+        assert!(
+            e.contains("symbolic link") && e.contains("--workspace"),
+            "{e}"
+        );
+        // Gone altogether: left to the sandbox to report.
+        std::fs::remove_file(&sub).unwrap();
+        assert_eq!(recorded_workspace("s1", &recorded).unwrap(), sub);
+    }
 
     fn write(dir: &Path, id: &str, title: &str, prompts: &[&str]) {
         let mut log = SessionLog::<Value>::create(dir.join(format!("{id}.jsonl"))).unwrap();

@@ -272,7 +272,8 @@ pub async fn exec(args: ExecArgs) -> i32 {
         &id,
         &s.model.agent.model,
         &s.model.provider.kind.to_string(),
-        &s.workspace,
+        // Resolved, so that a resume can tell if a link was planted since.
+        &sessions::same_dir(&s.workspace),
         &prompt,
         !history.is_empty(),
     );

@@ -51,8 +51,10 @@ pub(crate) fn choose_resume(
             .map_err(|e| format!("current directory: {e}"))?,
     };
     let dir = sessions::sessions_dir();
-    let all: Vec<SessionSummary> = sessions::list(&dir)
-        .into_iter()
+    let listed = sessions::list(&dir);
+    let all: Vec<SessionSummary> = listed
+        .iter()
+        .cloned()
         .map(|mut s| {
             s.workspace = same_dir(Path::new(&s.workspace)).display().to_string();
             s
@@ -76,9 +78,20 @@ pub(crate) fn choose_resume(
         )),
         _ => None,
     };
+    // A resumed conversation continues in the workspace it started in, as
+    // recorded: not wherever a link planted since then leads.
+    let continues = match workspace {
+        Some(w) => w.to_path_buf(),
+        None => {
+            let recorded = listed
+                .iter()
+                .find(|s| s.path == chosen.path)
+                .map_or(chosen.workspace.as_str(), |s| s.workspace.as_str());
+            sessions::recorded_workspace(&chosen.id, recorded)?
+        }
+    };
     Ok(Resume {
-        // A resumed conversation continues in the workspace it started in.
-        workspace: Some(workspace.map_or(theirs, Path::to_path_buf)),
+        workspace: Some(continues),
         resumed: Some(resumed),
         notice,
     })

@@ -3,7 +3,9 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::walk::walker;
+use std::ops::ControlFlow;
+
+use crate::walk::{Kind, Walk, read_link_at};
 use crate::workspace::WsPath;
 use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
 
@@ -70,37 +72,31 @@ fn list(ctx: &ToolContext, input: Input) -> ToolOutput {
     };
     let depth = input.depth.unwrap_or(DEFAULT_DEPTH).clamp(1, MAX_DEPTH);
     let limit = input.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
-    let mut walk = match walker(ctx, &dir) {
+    let mut walk = match Walk::new(ctx, &dir) {
         Ok(w) => w,
         Err(e) => return ToolOutput::error(e),
     };
-    walk.builder.max_depth(Some(depth));
+    walk.max_depth(depth);
     let mut out = format!("{}/\n", dir.display());
     let (mut shown, mut total) = (0usize, 0usize);
-    for entry in walk.builder.build() {
-        let Ok(entry) = entry else { continue };
-        if entry.depth() == 0 {
-            continue;
-        }
+    walk.run(|entry| {
         total += 1;
         if shown >= limit {
-            continue;
+            return ControlFlow::Continue(());
         }
         shown += 1;
-        let name = entry.file_name().to_string_lossy();
-        let indent = "  ".repeat(entry.depth());
-        let ft = entry.file_type();
-        if ft.is_some_and(|t| t.is_dir()) {
-            out.push_str(&format!("{indent}{name}/\n"));
-        } else if ft.is_some_and(|t| t.is_symlink()) {
-            let target = std::fs::read_link(entry.path())
-                .map(|t| t.display().to_string())
-                .unwrap_or_else(|_| "?".into());
-            out.push_str(&format!("{indent}{name} -> {target}\n"));
-        } else {
-            out.push_str(&format!("{indent}{name}\n"));
+        let name = entry.name.to_string_lossy();
+        let indent = "  ".repeat(entry.depth);
+        match entry.kind {
+            Kind::Dir => out.push_str(&format!("{indent}{name}/\n")),
+            Kind::Symlink => {
+                let target = read_link_at(entry.dir, entry.name).unwrap_or_else(|| "?".into());
+                out.push_str(&format!("{indent}{name} -> {target}\n"));
+            }
+            Kind::File | Kind::Other => out.push_str(&format!("{indent}{name}\n")),
         }
-    }
+        ControlFlow::Continue(())
+    });
     if total == 0 {
         out.push_str("  (empty)\n");
     }
@@ -110,7 +106,15 @@ fn list(ctx: &ToolContext, input: Input) -> ToolOutput {
             total - shown
         ));
     }
-    drop(walk);
-    ToolOutput::ok(out)
-        .with_structured(json!({"path": dir.display(), "entries": total, "shown": shown}))
+    if walk.changed > 0 {
+        out.push_str(&format!(
+            "[{} director{} changed while being listed (replaced by a link or a file, or removed) and {} not shown; list again once nothing is renaming them]\n",
+            walk.changed,
+            if walk.changed == 1 { "y" } else { "ies" },
+            if walk.changed == 1 { "its contents are" } else { "their contents are" },
+        ));
+    }
+    ToolOutput::ok(out).with_structured(
+        json!({"path": dir.display(), "entries": total, "shown": shown, "changed": walk.changed}),
+    )
 }

@@ -1,15 +1,14 @@
 //! `search_files`: regex search over the workspace with ripgrep's crates.
 
 use std::io;
-use std::path::Path;
+use std::ops::ControlFlow;
 
 use grep_regex::RegexMatcherBuilder;
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkMatch};
-use ignore::overrides::OverrideBuilder;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::walk::walker;
+use crate::walk::{Kind, MAX_WALK_DEPTH, Walk, open_file_at};
 use crate::workspace::WsPath;
 use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
 
@@ -164,6 +163,7 @@ fn search(ctx: &ToolContext, input: Input) -> ToolOutput {
         Err(e) => return ToolOutput::error(e.to_string()),
     };
     let (mut out, mut matches, mut capped, mut files) = (String::new(), 0usize, false, 0usize);
+    let (mut changed, mut too_deep) = (0usize, 0usize);
     let mut search_one = |file: std::fs::File, shown: &str, out: &mut String| {
         let before = matches;
         let mut sink = Collect {
@@ -185,44 +185,26 @@ fn search(ctx: &ToolContext, input: Input) -> ToolOutput {
             files += 1;
         }
     } else {
-        let mut walk = match walker(ctx, &dir) {
+        let mut walk = match Walk::new(ctx, &dir) {
             Ok(w) => w,
             Err(e) => return ToolOutput::error(e),
         };
-        if let Some(glob) = input.glob.as_deref().filter(|g| !g.is_empty()) {
-            let mut ob = OverrideBuilder::new(&walk.root);
-            let built = ob.add(glob).and_then(|b| b.build());
-            match built {
-                Ok(o) => {
-                    walk.builder.overrides(o);
-                }
-                Err(e) => {
-                    return ToolOutput::error(format!("Invalid glob {glob:?}: {e}"));
-                }
-            }
+        if let Some(glob) = input.glob.as_deref().filter(|g| !g.is_empty())
+            && let Err(e) = walk.glob(glob)
+        {
+            return ToolOutput::error(format!("Invalid glob {glob:?}: {e}"));
         }
-        for entry in walk.builder.build() {
-            let Ok(entry) = entry else { continue };
-            if !entry.file_type().is_some_and(|t| t.is_file()) {
-                continue;
+        walk.run(|entry| {
+            if entry.kind != Kind::File {
+                return ControlFlow::Continue(());
             }
-            let Ok(rel) = entry.path().strip_prefix(&walk.root) else {
-                continue;
+            // Opened in the directory the walk holds, never through a link.
+            let Ok((f, _)) = open_file_at(entry.dir, entry.name) else {
+                return ControlFlow::Continue(());
             };
-            // Re-open beneath the workspace root so that whatever the walk
-            // met, only files inside the workspace are read.
-            let p = WsPath {
-                rel: Path::new(".").join(&dir.rel).join(rel),
-            };
-            let Ok((f, _)) = walk.workspace.open_read(&p) else {
-                continue;
-            };
-            let shown = if dir.rel == Path::new(".") {
-                rel.display().to_string()
-            } else {
-                dir.rel.join(rel).display().to_string()
-            };
-            let (found, stop) = search_one(f, &shown, &mut out);
+            let shown = dir.rel.join(entry.rel);
+            let shown = shown.strip_prefix(".").unwrap_or(&shown);
+            let (found, stop) = search_one(f, &shown.display().to_string(), &mut out);
             if found {
                 files += 1;
                 if context > 0 {
@@ -230,22 +212,48 @@ fn search(ctx: &ToolContext, input: Input) -> ToolOutput {
                 }
             }
             if stop {
-                break;
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
             }
-        }
+        });
+        changed = walk.changed;
+        too_deep = walk.too_deep;
     }
+    let note = if changed > 0 {
+        format!(
+            "[{changed} director{} changed while being searched (replaced by a link or a file, or removed) and {} not searched; search again once nothing is renaming them]\n",
+            if changed == 1 { "y" } else { "ies" },
+            if changed == 1 { "was" } else { "were" },
+        )
+    } else {
+        String::new()
+    };
+    let note = if too_deep > 0 {
+        format!(
+            "{note}[{too_deep} director{} deeper than {MAX_WALK_DEPTH} levels not searched; search there with path]\n",
+            if too_deep == 1 { "y" } else { "ies" },
+        )
+    } else {
+        note
+    };
     if matches == 0 {
         return ToolOutput::ok(format!(
-            "No matches for {:?} in {}{}.",
+            "No matches for {:?} in {}{}.{}",
             input.pattern,
             dir.display(),
             input
                 .glob
                 .as_deref()
                 .map(|g| format!(" (files matching {g:?})"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            if note.is_empty() {
+                String::new()
+            } else {
+                format!("\n{note}")
+            }
         ))
-        .with_structured(json!({"matches": 0, "files": 0, "capped": false}));
+        .with_structured(json!({"matches": 0, "files": 0, "capped": false, "changed": changed}));
     }
     if out.ends_with("--\n") {
         out.truncate(out.len() - 3);
@@ -261,6 +269,8 @@ fn search(ctx: &ToolContext, input: Input) -> ToolOutput {
             if files == 1 { "" } else { "s" }
         ));
     }
-    ToolOutput::ok(out)
-        .with_structured(json!({"matches": matches, "files": files, "capped": capped}))
+    out.push_str(&note);
+    ToolOutput::ok(out).with_structured(
+        json!({"matches": matches, "files": files, "capped": capped, "changed": changed}),
+    )
 }

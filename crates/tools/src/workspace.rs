@@ -53,6 +53,10 @@ pub enum WorkspaceError {
         "{path}: read-only: git on the host runs what .git's configuration and hooks name, so cordon keeps .git/config, .git/hooks and .git/info out of the sandbox's reach (the user can lift this with the setting sandbox.protect_git = false); work in the rest of the repository, and leave git configuration to the user"
     )]
     ReadOnly { path: String },
+    #[error(
+        "{path}: changed while being opened (something in the sandbox keeps renaming it); try again once it is left alone"
+    )]
+    Raced { path: String },
     #[error("cannot open the workspace directory {}: {source}", root.display())]
     Root {
         root: PathBuf,
@@ -130,6 +134,8 @@ pub struct Workspace {
 }
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
+/// How often an open is retried when the kernel reports a racing rename.
+const RETRIES: usize = 64;
 
 impl Workspace {
     pub fn open(host_root: &Path) -> Result<Workspace, WorkspaceError> {
@@ -203,13 +209,17 @@ impl Workspace {
         flags: OFlags,
         mode: Mode,
     ) -> Result<OwnedFd, WorkspaceError> {
-        loop {
+        // openat2 asks callers to retry when a rename raced a `..` in the
+        // path; a sandbox renaming in a loop must not keep the host here.
+        for _ in 0..RETRIES {
             match rustix::fs::openat2(&dir, rel, flags | OFlags::CLOEXEC, mode, RESOLVE) {
-                // openat2 asks callers to retry when a rename raced it.
                 Err(Errno::AGAIN) | Err(Errno::INTR) => continue,
                 r => return r.map_err(|e| Self::map(shown, e)),
             }
         }
+        Err(WorkspaceError::Raced {
+            path: shown.display(),
+        })
     }
 
     /// Opens a regular file for reading. Non-blocking so that a FIFO

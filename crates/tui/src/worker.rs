@@ -346,9 +346,16 @@ impl State {
                 return;
             }
         };
-        let ws = PathBuf::from(&r.summary.workspace);
+        // A session continues in the workspace it started in, as recorded:
+        // not wherever a link planted since then leads.
+        let ws = match sessions::recorded_workspace(&r.summary.id, &r.summary.workspace) {
+            Ok(ws) => ws,
+            Err(e) => {
+                let _ = self.updates.send(Update::Error(e));
+                return;
+            }
+        };
         if ws != self.cfg.sandbox.workspace {
-            // A session continues in the workspace it started in.
             if !ws.is_dir() {
                 let _ = self.updates.send(Update::Error(format!(
                     "session {id} worked in {}, which no longer exists",
@@ -379,7 +386,9 @@ impl State {
                     &id,
                     &self.cfg.agent.model,
                     &self.cfg.provider.kind.to_string(),
-                    &self.cfg.sandbox.workspace,
+                    // Resolved, so that a resume can tell if a link was
+                    // planted since.
+                    &sessions::same_dir(&self.cfg.sandbox.workspace),
                     prompt,
                     false,
                 ));
