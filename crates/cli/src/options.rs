@@ -225,8 +225,8 @@ pub fn sandbox_config(settings: &Settings) -> Result<SandboxConfig, String> {
     c.backend = sb.backend;
     c.cpus = sb.cpus;
     c.vm = sb.vm.clone();
-    if sb.protect_git {
-        c.read_only = cordon_sandbox::git_control_files(&workspace);
+    if sb.protect_control_files {
+        c.read_only = cordon_sandbox::control_files(&workspace);
     }
     c.hidden = settings.secret_files().to_vec();
     Ok(c)

@@ -115,7 +115,7 @@ pub async fn serve(args: ServeArgs) -> i32 {
     config.bounds.default_memory = sb.memory;
     config.bounds.max_memory = config.bounds.max_memory.max(sb.memory);
     config.pids = Some(sb.pids);
-    config.protect_git = sb.protect_git;
+    config.protect_control_files = sb.protect_control_files;
     config.backend = sb.backend;
     config.cpus = sb.cpus;
     config.vm = sb.vm.clone();

@@ -627,3 +627,99 @@ fn git_runs_what_the_sandbox_wrote(who: Who) {
     assert!(log.contains("from-the-sandbox"), "{log}");
 }
 attack!(git_runs_what_the_sandbox_wrote, microvm);
+
+/// The same for what editors and coding agents on the host run from a
+/// project: a task VS Code runs on opening the folder, Claude Code's hooks,
+/// an MCP server to start. A sandbox's commands and the model's tools
+/// cannot change, add to, move or remove them.
+fn editor_and_agent_settings_the_sandbox_rewrites(who: Who) {
+    let w = World::new(who);
+    let files = [
+        (".vscode/tasks.json", "{\"tasks\": []}\n"),
+        (".idea/workspace.xml", "<project/>\n"),
+        (".claude/settings.json", "{}\n"),
+        (".mcp.json", "{\"mcpServers\": {}}\n"),
+    ];
+    for (path, body) in files {
+        let p = w.ws.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, body).unwrap();
+    }
+    if who == Who::Unprivileged && is_root() {
+        chown_tree(&w.ws);
+    }
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Configuring.")
+                    .with_tool_call(
+                        "v",
+                        "write_file",
+                        json!({"path": ".vscode/settings.json", "content": "{\"python.defaultInterpreterPath\": \"./evil\"}"}),
+                    )
+                    .with_tool_call(
+                        "c",
+                        "write_file",
+                        json!({"path": ".claude/settings.json", "content": "{\"hooks\": {}}"}),
+                    ),
+            )
+            .turn(Turn::text("Done.").expect_tool_results(["v", "c"])),
+    );
+    w.user_config(&server.url(), true);
+    let out = w
+        .cordon(&[
+            "run",
+            "--",
+            "bash",
+            "-c",
+            "echo evil > .vscode/tasks.json; echo task=$?; \
+             echo x > .vscode/new.json; echo new=$?; \
+             mv .vscode .v2 2>&1; echo move=$?; \
+             rm -rf .claude 2>&1; echo rm=$?; \
+             echo evil > .mcp.json; echo mcp=$?; \
+             echo evil > .idea/workspace.xml; echo idea=$?; \
+             echo fine > notes.txt; echo work=$?",
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    for refused in ["task=", "new=", "move=", "rm=", "mcp=", "idea="] {
+        assert!(
+            said.lines()
+                .any(|l| l.starts_with(refused) && !l.ends_with("=0")),
+            "{refused} succeeded in the sandbox: {said}"
+        );
+    }
+    assert!(
+        said.contains("work=0"),
+        "the rest of the workspace is writable: {said}"
+    );
+    let exec = w
+        .cordon(&["exec", "configure the editor"])
+        .output()
+        .unwrap();
+    assert!(exec.status.success(), "{exec:?}");
+    let results = server
+        .requests()
+        .iter()
+        .map(|r| r.raw_body.clone())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        results.contains("read-only: editors on the host")
+            && results.contains("read-only: coding agents on the host"),
+        "the model's writes were not refused with the reason: {results}"
+    );
+    for (path, body) in files {
+        assert_eq!(
+            std::fs::read_to_string(w.ws.join(path)).unwrap(),
+            body,
+            "HOST CHANGED: the sandbox rewrote {path}"
+        );
+    }
+    assert!(
+        !w.ws.join(".vscode/new.json").exists() && !w.ws.join(".vscode/settings.json").exists(),
+        "HOST CHANGED: the sandbox added editor settings"
+    );
+}
+attack!(editor_and_agent_settings_the_sandbox_rewrites, microvm);

@@ -16,7 +16,7 @@
 //! tests assert (`cordon doctor`, tests/run.rs); `sandbox.network`,
 //! `sandbox.display` and `workspace` are job options or the server's own
 //! for `cordon serve`, not settings, and a job's workspace is no repository
-//! for `sandbox.protect_git`.
+//! for `sandbox.protect_control_files`.
 
 mod support;
 
@@ -90,7 +90,7 @@ impl World {
             std::fs::create_dir(d).unwrap();
         }
         std::fs::write(other.join("other-marker"), "").unwrap();
-        // A repository, as most projects are (for sandbox.protect_git).
+        // A repository, as most projects are (for sandbox.protect_control_files).
         let init = Command::new("git")
             .args(["init", "-q"])
             .current_dir(&ws)
@@ -535,11 +535,11 @@ fn vm_paths() {
 }
 
 #[test]
-fn sandbox_protect_git() {
+fn sandbox_protect_control_files() {
     check(
-        "sandbox.protect_git",
+        "sandbox.protect_control_files",
         Row {
-            config: "[sandbox]\nprotect_git = false",
+            config: "[sandbox]\nprotect_control_files = false",
             probe: "git config core.fsmonitor true && echo wrote-git-config",
             shows: Shows::Output(|o| o.contains("wrote-git-config")),
             fronts: SANDBOX_ONLY,

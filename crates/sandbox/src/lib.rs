@@ -149,7 +149,7 @@ pub struct SandboxConfig {
     pub hidden: Vec<PathBuf>,
     /// Paths in the workspace the sandbox may read but not change, nor
     /// rename away (their directories below the workspace are pinned):
-    /// see [`git_control_files`]. Missing ones are skipped.
+    /// see [`control_files`]. Missing ones are skipped.
     pub read_only: Vec<PathBuf>,
     /// Environment added to every exec, over the built-in minimum.
     pub env: Vec<(String, String)>,
@@ -335,15 +335,22 @@ pub(crate) fn in_workspace(paths: &[PathBuf], ws: &str) -> Vec<String> {
         .collect()
 }
 
-/// What git runs commands from in a workspace that is a repository: its
-/// configuration (`core.fsmonitor`, `core.hooksPath`, filter and diff
-/// drivers), its hooks and `info/` (attributes there select drivers); or
-/// `.git` itself when it is a file naming the repository elsewhere. Made
-/// read-only in the sandbox, git on the host does not run what a sandbox
-/// wrote. Those that exist; none when the workspace is no repository.
-pub fn git_control_files(workspace: &Path) -> Vec<PathBuf> {
+/// Files in the workspace that programs the user runs on the host take
+/// commands from without asking, made read-only in the sandbox (and
+/// pinned, so they cannot be moved aside for planted ones):
+/// - git's: its configuration (`core.fsmonitor`, `core.hooksPath`, filter
+///   and diff drivers), hooks and `info/` (attributes there select
+///   drivers), or `.git` itself when it is a file naming the repository
+///   elsewhere;
+/// - editors': `.vscode` (tasks run on opening the folder, interpreter
+///   paths) and `.idea`;
+/// - coding agents': `.claude` (hooks) and `.mcp.json` (servers to start).
+///
+/// Those that exist, as files or directories (not links).
+pub fn control_files(workspace: &Path) -> Vec<PathBuf> {
+    let exists = |p: &PathBuf| std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_symlink());
     let git = workspace.join(".git");
-    match std::fs::symlink_metadata(&git) {
+    let mut paths: Vec<PathBuf> = match std::fs::symlink_metadata(&git) {
         Ok(m) if m.is_dir() => ["config", "hooks", "info"]
             .iter()
             .map(|n| git.join(n))
@@ -351,8 +358,19 @@ pub fn git_control_files(workspace: &Path) -> Vec<PathBuf> {
             .collect(),
         Ok(m) if m.is_file() => vec![git],
         _ => Vec::new(),
-    }
+    };
+    paths.extend(
+        CONTROL_FILES
+            .iter()
+            .map(|n| workspace.join(n))
+            .filter(exists),
+    );
+    paths
 }
+
+/// The names [`control_files`] protects besides git's, at the workspace's
+/// top level.
+pub const CONTROL_FILES: &[&str] = &[".vscode", ".idea", ".claude", ".mcp.json"];
 
 /// Parses sizes such as `512M`, `2G`, `64k` or `1048576` into bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {

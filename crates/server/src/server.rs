@@ -52,9 +52,9 @@ pub struct ServerConfig {
     pub backend: cordon_sandbox::BackendKind,
     /// Processes per sandbox (`sandbox.pids`; default 256).
     pub pids: Option<u64>,
-    /// `.git`'s configuration, hooks and info read-only in every sandbox
-    /// whose workspace is a repository (`sandbox.protect_git`).
-    pub protect_git: bool,
+    /// Git's, editors' and agents' control files read-only in every sandbox
+    /// (`sandbox.protect_control_files`, see `cordon_sandbox::control_files`).
+    pub protect_control_files: bool,
     /// microVM settings, for the microvm backend.
     pub cpus: Option<u32>,
     pub vm: cordon_sandbox::VmOptions,
@@ -76,7 +76,7 @@ impl ServerConfig {
             agent: None,
             mcp_servers: Default::default(),
             pids: None,
-            protect_git: true,
+            protect_control_files: true,
             session_idle: Duration::from_secs(15 * 60),
             sessions: 64,
             sessions_per_tenant: 8,
@@ -94,8 +94,8 @@ impl ServerConfig {
         if self.pids.is_some() {
             c.pids = self.pids;
         }
-        if self.protect_git {
-            c.read_only = cordon_sandbox::git_control_files(&c.workspace);
+        if self.protect_control_files {
+            c.read_only = cordon_sandbox::control_files(&c.workspace);
         }
         c.supervisor = self.supervisor.clone();
         c.backend = self.backend;

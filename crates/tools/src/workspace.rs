@@ -50,9 +50,9 @@ pub enum WorkspaceError {
         source: std::io::Error,
     },
     #[error(
-        "{path}: read-only: git on the host runs what .git's configuration and hooks name, so cordon keeps .git/config, .git/hooks and .git/info out of the sandbox's reach (the user can lift this with the setting sandbox.protect_git = false); work in the rest of the repository, and leave git configuration to the user"
+        "{path}: read-only: {why}, so cordon keeps it out of the sandbox's reach (the user can lift this with the setting sandbox.protect_control_files = false); work in the rest of the workspace, and leave this configuration to the user"
     )]
-    ReadOnly { path: String },
+    ReadOnly { path: String, why: &'static str },
     #[error(
         "{path}: changed while being opened (something in the sandbox keeps renaming it); try again once it is left alone"
     )]
@@ -161,19 +161,35 @@ impl Workspace {
         self
     }
 
-    /// Whether the file `name` in the open directory `dir` is read-only.
-    fn is_read_only(&self, dir: &OwnedFd, name: &Path) -> bool {
+    /// Why the file `name` in the open directory `dir` is read-only, if it
+    /// is.
+    fn read_only_reason(&self, dir: &OwnedFd, name: &Path) -> Option<&'static str> {
         if self.read_only.is_empty() {
-            return false;
+            return None;
         }
         // Where the kernel says the directory is: no name can hide it.
         let Ok(at) = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
-            return true;
+            return Some("cordon cannot tell where this directory is");
         };
         let target = at.join(name);
-        self.read_only
+        let ro = self
+            .read_only
             .iter()
-            .any(|ro| at.starts_with(ro) || target.starts_with(ro))
+            .find(|ro| at.starts_with(ro) || target.starts_with(ro))?;
+        let top = ro.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let is_git = ro.components().any(|c| c.as_os_str() == ".git");
+        Some(match top {
+            _ if is_git => {
+                "git on the host runs what .git's configuration, hooks and info/ name (core.fsmonitor on the next `git status`, hooks on a commit)"
+            }
+            ".vscode" | ".idea" => {
+                "editors on the host run the tasks and tools their project settings name (a task run on opening the folder, an interpreter path)"
+            }
+            ".claude" | ".mcp.json" => {
+                "coding agents on the host run the hooks and MCP servers these settings name"
+            }
+            _ => "programs on the host take commands from it",
+        })
     }
 
     fn map(path: &WsPath, e: Errno) -> WorkspaceError {
@@ -312,9 +328,10 @@ impl Workspace {
             }
         };
         let dir = self.make_dirs(&parent, path)?;
-        if self.is_read_only(&dir, &name) {
+        if let Some(why) = self.read_only_reason(&dir, &name) {
             return Err(WorkspaceError::ReadOnly {
                 path: path.display(),
+                why,
             });
         }
         let base = OFlags::WRONLY | OFlags::NONBLOCK | OFlags::NOCTTY;

@@ -179,11 +179,11 @@ pub const KEYS: &[Key] = &[
         guard: Guard::Any,
     },
     Key {
-        name: "sandbox.protect_git",
-        env: &["CORDON_PROTECT_GIT"],
+        name: "sandbox.protect_control_files",
+        env: &["CORDON_PROTECT_CONTROL_FILES"],
         secret: false,
         default: Some("true"),
-        doc: "keep the workspace's .git/config, hooks and info read-only in the sandbox (git on the host runs what they name)",
+        doc: "keep the files host programs take commands from read-only in the sandbox: .git/config, hooks and info, .vscode, .idea, .claude, .mcp.json",
         guard: Guard::Tighten,
     },
     Key {
@@ -357,7 +357,7 @@ fn tightens(name: &str, value: &str, current: Option<&str>) -> bool {
     match name {
         "approval" => value == "ask",
         "sandbox.network" => value == "off",
-        "sandbox.protect_git" => value == "true",
+        "sandbox.protect_control_files" => value == "true",
         "sandbox.memory" => {
             let size = |v: Option<&str>| v.and_then(|v| cordon_tools::parse_size(v).ok());
             matches!((size(Some(value)), size(current)), (Some(new), Some(old)) if new <= old)

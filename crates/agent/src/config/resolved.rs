@@ -36,8 +36,8 @@ pub struct SandboxSettings {
     pub backend: BackendKind,
     pub cpus: Option<u32>,
     pub vm: VmOptions,
-    /// `.git`'s configuration, hooks and info read-only inside.
-    pub protect_git: bool,
+    /// Git's, editors' and agents' control files read-only inside.
+    pub protect_control_files: bool,
 }
 
 /// Every setting, typed.
@@ -164,7 +164,7 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
                 v.parse::<BackendKind>()
                     .map_err(|_| "expected native or microvm".into())
             })?,
-            protect_git: req(s, "sandbox.protect_git", |v| match v {
+            protect_control_files: req(s, "sandbox.protect_control_files", |v| match v {
                 "true" => Ok(true),
                 "false" => Ok(false),
                 _ => Err("expected true or false".into()),
