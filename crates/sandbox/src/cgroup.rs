@@ -231,6 +231,15 @@ impl Cgroup {
         Ok(())
     }
 
+    /// SIGKILLs every process in the cgroup at once (cgroup v2's
+    /// `cgroup.kill`), rather than through the supervisor's death: a
+    /// sandbox stopped for its disk budget writes no more meanwhile.
+    pub fn kill_all(&self) {
+        for d in &self.dirs {
+            let _ = fs::write(d.join("cgroup.kill"), "1");
+        }
+    }
+
     /// Out-of-memory kills so far in this cgroup.
     pub fn oom_kills(&self) -> Option<u64> {
         let text = fs::read_to_string(&self.oom_file).ok()?;

@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 /// Which output stream a chunk belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,6 +97,9 @@ pub struct SetupSpec {
     /// microVM, `rlimit_nproc` is the guest's process limit (a cgroup there).
     pub rlimit_memory: Option<u64>,
     pub rlimit_nproc: Option<u64>,
+    /// RLIMIT_FSIZE: the largest file any process may write (the disk
+    /// budget, so that one file cannot pass it between two looks).
+    pub rlimit_fsize: Option<u64>,
 }
 
 /// What the supervisor reports once the sandbox is built.

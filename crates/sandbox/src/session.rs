@@ -73,6 +73,7 @@ struct Route {
     seen: [u64; 2],
     /// Output bytes the [`Execution`] has taken (and acknowledged).
     consumed: Arc<AtomicU64>,
+    started: Instant,
 }
 
 impl Route {
@@ -115,6 +116,10 @@ pub(crate) struct Inner {
     read_only: Vec<std::path::PathBuf>,
     /// The virtual screen, once it is up.
     pub(crate) display: std::sync::OnceLock<crate::Display>,
+    /// The disk budget's watcher, when there is a budget.
+    pub(crate) disk: std::sync::OnceLock<crate::disk::DiskWatch>,
+    /// Set when the watcher stopped the sandbox.
+    disk_stop: std::sync::OnceLock<DiskStop>,
 }
 
 impl Inner {
@@ -128,6 +133,46 @@ impl Inner {
         let mut buf = Vec::new();
         protocol::encode(msg, &mut buf);
         self.tx.send(buf).map_err(|_| Error::Gone)
+    }
+
+    pub(crate) fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::SeqCst)
+    }
+
+    /// The error for a sandbox that has ended: why, when cordon ended it.
+    fn gone_error(&self) -> Error {
+        match self.disk_stop.get() {
+            Some(stop) => Error::DiskBudget(*stop),
+            None => Error::Gone,
+        }
+    }
+
+    /// The workspace grew by `growth` bytes, past the disk budget: the
+    /// whole sandbox goes, and every running exec ends as killed by it.
+    pub(crate) fn disk_exceeded(&self, growth: u64) {
+        let budget = self.disk.get().map_or(0, |d| d.budget);
+        if self.disk_stop.set(DiskStop { budget, growth }).is_err() {
+            return;
+        }
+        tracing::warn!(
+            "the sandbox's workspace grew by {growth} bytes, past its disk budget of {budget}; stopping it"
+        );
+        let routes = std::mem::take(&mut *self.routes());
+        for (id, r) in routes {
+            let _ = r.events.send(Event::Exited(SupMsg::Exited {
+                id,
+                status: ExitStatus::Signal(libc::SIGKILL),
+                duration_us: r.started.elapsed().as_micros() as u64,
+                timed_out: false,
+                stdout_bytes: r.seen[0],
+                stderr_bytes: r.seen[1],
+                truncated: false,
+                oom_killed: false,
+            }));
+            r.stdin_credit.close();
+        }
+        self.lifecycle.kill();
+        self.mark_gone();
     }
 
     fn mark_gone(&self) {
@@ -229,6 +274,28 @@ pub struct Sandbox {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// Why a sandbox was stopped for its disk budget
+/// ([`crate::SandboxConfig::disk`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskStop {
+    /// The budget, in bytes.
+    pub budget: u64,
+    /// How much the workspace and writable binds had grown, in bytes.
+    pub growth: u64,
+}
+
+impl std::fmt::Display for DiskStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b.div_ceil(crate::MIB);
+        write!(
+            f,
+            "the sandbox was stopped: its workspace grew by {} MiB, past its disk budget of {} MiB",
+            mib(self.growth),
+            mib(self.budget)
+        )
+    }
+}
+
 /// The result of a finished command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecResult {
@@ -239,6 +306,9 @@ pub struct ExecResult {
     pub truncated: bool,
     /// The sandbox hit its memory limit and a process was killed.
     pub oom_killed: bool,
+    /// The workspace outgrew the disk budget and the whole sandbox was
+    /// stopped ([`Sandbox::disk_stopped`] says by how much).
+    pub disk_exceeded: bool,
     /// Bytes the command wrote, including any discarded.
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
@@ -254,6 +324,7 @@ pub struct ExecOutput {
     pub timed_out: bool,
     pub truncated: bool,
     pub oom_killed: bool,
+    pub disk_exceeded: bool,
 }
 
 impl ExecOutput {
@@ -289,10 +360,45 @@ impl Sandbox {
             config.env.retain(|(k, _)| k != "DISPLAY");
             config.env.push(("DISPLAY".into(), crate::DISPLAY.into()));
         }
+        if config.disk == Some(0) {
+            return Err(Error::Config(
+                "the disk budget must be greater than zero".into(),
+            ));
+        }
+        // What the workspace takes before the sandbox can write, measured
+        // while the sandbox starts.
+        let base = match config.disk {
+            Some(_) => {
+                let roots = crate::disk::roots(&config)
+                    .map_err(|e| Error::Config(format!("workspace or bind: {e}")))?;
+                let r = roots.clone();
+                Some((
+                    roots,
+                    tokio::task::spawn_blocking(move || crate::disk::measure(&r)),
+                ))
+            }
+            None => None,
+        };
         let sandbox = match config.backend {
             crate::BackendKind::Native => crate::native::create(&config).await?,
             crate::BackendKind::Microvm => crate::microvm::create(&config).await?,
         };
+        if let (Some(budget), Some((roots, base))) = (config.disk, base) {
+            let base = match base.await {
+                Ok(Ok(base)) => base,
+                Ok(Err(e)) => {
+                    sandbox.close().await;
+                    return Err(Error::Config(format!(
+                        "cannot measure the workspace for the disk budget: {e}"
+                    )));
+                }
+                Err(e) => {
+                    sandbox.close().await;
+                    return Err(Error::Config(format!("disk budget: {e}")));
+                }
+            };
+            sandbox.watch_disk(roots, budget, base);
+        }
         if let Some(d) = config.display
             && let Err(e) = sandbox.start_display(d).await
         {
@@ -300,6 +406,46 @@ impl Sandbox {
             return Err(e);
         }
         Ok(sandbox)
+    }
+
+    /// Set once the sandbox was stopped for outgrowing its disk budget.
+    pub fn disk_stopped(&self) -> Option<DiskStop> {
+        self.inner.disk_stop.get().copied()
+    }
+
+    /// With a disk budget, waits for a fresh look at the workspace (which
+    /// stops the sandbox if it has outgrown the budget); then as
+    /// [`Sandbox::disk_stopped`].
+    pub async fn check_disk(&self) -> Option<DiskStop> {
+        if let Some(watch) = self.inner.disk.get()
+            && self.inner.disk_stop.get().is_none()
+        {
+            watch.look().await;
+        }
+        self.disk_stopped()
+    }
+
+    /// Starts the disk budget's watcher: `base` is what `roots` took
+    /// before the sandbox could write.
+    pub(crate) fn watch_disk(&self, roots: Vec<std::path::PathBuf>, budget: u64, base: u64) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let watch = crate::disk::DiskWatch {
+            budget,
+            looks: Mutex::new(tx),
+        };
+        if self.inner.disk.set(watch).is_err() {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let spawned = std::thread::Builder::new()
+            .name("cordon-disk".into())
+            .spawn(move || crate::disk::watch(weak, roots, budget, base, rx));
+        if let Err(e) = spawned {
+            // Without its watcher the budget would not hold.
+            tracing::error!("cannot start the disk watcher: {e}; stopping the sandbox");
+            self.inner.lifecycle.kill();
+            self.inner.mark_gone();
+        }
     }
 
     pub fn info(&self) -> &SandboxInfo {
@@ -418,6 +564,8 @@ impl Sandbox {
                 closed: AtomicBool::new(false),
                 info: std::sync::OnceLock::new(),
                 display: std::sync::OnceLock::new(),
+                disk: std::sync::OnceLock::new(),
+                disk_stop: std::sync::OnceLock::new(),
                 base_env,
                 workdir,
                 read_only,
@@ -493,7 +641,7 @@ impl Sandbox {
     /// Fails if the command cannot be started (e.g. not found).
     pub async fn exec_stream(&self, req: ExecRequest) -> Result<Execution> {
         if self.inner.gone.load(Ordering::SeqCst) {
-            return Err(Error::Gone);
+            return Err(self.inner.gone_error());
         }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let spec = self.build_spec(&req, id)?;
@@ -507,10 +655,14 @@ impl Sandbox {
                 stdin_credit: credit.clone(),
                 seen: [0; 2],
                 consumed: consumed.clone(),
+                started: Instant::now(),
             },
         );
         let oom_before = self.inner.lifecycle.oom_kills();
         let started = Instant::now();
+        if let Some(r) = self.inner.routes().get_mut(&id) {
+            r.started = started;
+        }
         if let Err(e) = self.inner.send(&HostMsg::Exec(spec)) {
             self.inner.routes().remove(&id);
             return Err(e);
@@ -525,7 +677,7 @@ impl Sandbox {
                     errno,
                 });
             }
-            _ => return Err(Error::Gone),
+            _ => return Err(self.inner.gone_error()),
         };
         if let Some(t) = req.timeout {
             let deadline = tokio::time::Instant::from_std(started) + t;
@@ -745,18 +897,28 @@ impl Execution {
                     let oom_after = self.inner.lifecycle.oom_kills();
                     let oom_killed = guest_oom
                         || matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
+                    // One more look before the result: a command that
+                    // wrote past the budget and ended before the watcher
+                    // looked is reported as stopped for it.
+                    if let Some(watch) = self.inner.disk.get()
+                        && self.inner.disk_stop.get().is_none()
+                    {
+                        watch.look().await;
+                    }
+                    let disk_exceeded = self.inner.disk_stop.get().is_some();
                     Ok(ExecEvent::Exit(ExecResult {
                         status,
                         duration: Duration::from_micros(duration_us),
                         timed_out,
                         truncated: truncated || self.cut,
-                        oom_killed,
+                        oom_killed: oom_killed && !disk_exceeded,
+                        disk_exceeded,
                         // Never less than what arrived.
                         stdout_bytes: stdout_bytes.max(self.kept[0]),
                         stderr_bytes: stderr_bytes.max(self.kept[1]),
                     }))
                 }
-                _ => Err(Error::Gone),
+                _ => Err(self.inner.gone_error()),
             });
         }
     }
@@ -777,11 +939,12 @@ impl Execution {
                         timed_out: r.timed_out,
                         truncated: r.truncated,
                         oom_killed: r.oom_killed,
+                        disk_exceeded: r.disk_exceeded,
                     });
                 }
             }
         }
-        Err(Error::Gone)
+        Err(self.inner.gone_error())
     }
 }
 

@@ -708,6 +708,9 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         rlimit_memory: None,
         // The guest caps processes with a cgroup of its own.
         rlimit_nproc: config.pids,
+        // The guest's root could raise it: the host's watcher alone holds
+        // the budget here.
+        rlimit_fsize: None,
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

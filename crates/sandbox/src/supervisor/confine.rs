@@ -69,6 +69,9 @@ fn apply_rlimits(spec: &SetupSpec) -> Result<()> {
     if let Some(n) = spec.rlimit_nproc {
         set(Resource::Nproc, "NPROC", n)?;
     }
+    if let Some(n) = spec.rlimit_fsize {
+        set(Resource::Fsize, "FSIZE", n)?;
+    }
     set(Resource::Core, "CORE", 0)
 }
 
