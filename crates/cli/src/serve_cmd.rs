@@ -31,6 +31,25 @@ pub struct ServeArgs {
     /// session is gone
     #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = crate::options::parse_timeout)]
     pub session_idle: std::time::Duration,
+    /// Remove a finished job's workspace this long after it ended (`30m`,
+    /// `7d`; `0` at once, `forever` never); its output, events, result and
+    /// log are kept
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_keep)]
+    pub keep_workspaces: Keep,
+}
+
+/// How long finished jobs' workspaces are kept.
+#[derive(Debug, Clone, Copy)]
+pub struct Keep(Option<std::time::Duration>);
+
+fn parse_keep(s: &str) -> Result<Keep, String> {
+    match s.trim() {
+        "forever" | "never" => Ok(Keep(None)),
+        "0" => Ok(Keep(Some(std::time::Duration::ZERO))),
+        s => humantime::parse_duration(s)
+            .map(|d| Keep(Some(d)))
+            .map_err(|e| format!("invalid duration {s:?}: {e} (or `forever`)")),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -96,6 +115,7 @@ pub async fn serve(args: ServeArgs) -> i32 {
     }
     config.per_tenant = args.per_tenant.max(1);
     config.session_idle = args.session_idle;
+    config.keep_workspaces = args.keep_workspaces.0;
     let settings = match crate::options::load_settings(Vec::new()) {
         Ok(s) => s,
         Err(code) => return code,
@@ -106,6 +126,9 @@ pub async fn serve(args: ServeArgs) -> i32 {
     let sb = &settings.resolved().sandbox;
     config.bounds.default_memory = sb.memory;
     config.bounds.max_memory = config.bounds.max_memory.max(sb.memory);
+    // Jobs always have a disk budget: `sandbox.disk`, else 1G.
+    config.bounds.default_disk = sb.disk.unwrap_or(cordon_server::job::DEFAULT_DISK);
+    config.bounds.max_disk = config.bounds.max_disk.max(config.bounds.default_disk);
     config.pids = Some(sb.pids);
     config.protect_git = sb.protect_git;
     config.backend = sb.backend;

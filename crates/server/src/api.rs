@@ -206,6 +206,7 @@ fn job_view(job: &JobRow, full: bool) -> Value {
         "finished_at": rfc3339(job.finished_ms),
         "exit_code": job.exit_code,
         "error": job.error,
+        "workspace_removed_at": rfc3339(job.workspace_removed_ms),
     });
     if full {
         v["stdout"] = json!(job.stdout);
@@ -569,7 +570,18 @@ fn files_error(e: WorkspaceError) -> ApiError {
 }
 
 async fn workspace_of(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Workspace> {
-    find(shared, tenant, id).await?;
+    let job = find(shared, tenant, id).await?;
+    if job.workspace_removed_ms.is_some() {
+        return Err(ApiError::new(
+            StatusCode::GONE,
+            "gone",
+            format!(
+                "job {id}'s workspace was removed after the job finished (the server keeps \
+                 workspaces for `--keep-workspaces`); its output, events and result are kept \
+                 at /v1/jobs/{id}"
+            ),
+        ));
+    }
     Workspace::open(&workspace_dir(shared, id)).map_err(files_error)
 }
 
