@@ -342,6 +342,7 @@ pub(crate) fn watch(
         for w in waiting.drain(..) {
             let _ = w.send(());
         }
+        tracing::trace!(?took, ?pause, "disk look");
         match requests.recv_timeout(pause) {
             Ok(r) => {
                 waiting.push(r);
