@@ -396,6 +396,91 @@ mod tests {
         std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
     }
 
+    /// Run by [`locked_trees_become_removable_for_their_owner`] as the
+    /// tree's unprivileged owner; does nothing otherwise.
+    #[test]
+    fn removal_helper() {
+        if let Some(dir) = std::env::var_os("CORDON_TEST_REMOVE") {
+            let dir = PathBuf::from(dir);
+            assert!(
+                std::fs::remove_dir_all(&dir).is_err(),
+                "locked, yet removed"
+            );
+            make_removable(&dir).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+
+    /// A workspace whose sandbox locked directories (000, 555) against
+    /// their owner can still be removed by that owner (an unprivileged
+    /// `cordon serve` removing a finished job's workspace).
+    #[test]
+    fn locked_trees_become_removable_for_their_owner() {
+        use std::os::unix::process::CommandExt;
+        if rustix::process::geteuid().as_raw() != 0 {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "needs root to act as another user; CI=true, so it fails rather than skips"
+            );
+            eprintln!("notice: needs root to act as another user; skipped");
+            return;
+        }
+        let top = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(top.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let ws = top.path().join("ws");
+        for d in ["a/b", "ro/x", "link-target-kept"] {
+            std::fs::create_dir_all(ws.join(d)).unwrap();
+        }
+        std::fs::write(ws.join("a/b/f"), "x").unwrap();
+        std::fs::write(ws.join("ro/x/f"), "x").unwrap();
+        // Outside: must survive and keep its mode.
+        let outside = top.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("out")).unwrap();
+        let nobody = 65534;
+        for e in walk_paths(&ws) {
+            std::os::unix::fs::lchown(&e, Some(nobody), Some(nobody)).unwrap();
+        }
+        std::os::unix::fs::chown(&outside, Some(nobody), Some(nobody)).unwrap();
+        // The job directory holding the workspace is the server's.
+        std::os::unix::fs::chown(top.path(), Some(nobody), Some(nobody)).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o500)).unwrap();
+        std::fs::set_permissions(ws.join("a/b"), std::fs::Permissions::from_mode(0o000)).unwrap();
+        std::fs::set_permissions(ws.join("a"), std::fs::Permissions::from_mode(0o000)).unwrap();
+        std::fs::set_permissions(ws.join("ro"), std::fs::Permissions::from_mode(0o555)).unwrap();
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "disk::tests::removal_helper",
+                "--test-threads",
+                "1",
+            ])
+            .env("CORDON_TEST_REMOVE", &ws)
+            .uid(nobody)
+            .gid(nobody)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        assert!(!ws.exists());
+        let mode = std::fs::metadata(&outside).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o500, "a directory outside was changed");
+    }
+
+    fn walk_paths(root: &Path) -> Vec<PathBuf> {
+        let mut out = vec![root.to_path_buf()];
+        let mut i = 0;
+        while i < out.len() {
+            let p = out[i].clone();
+            if std::fs::symlink_metadata(&p).unwrap().is_dir() {
+                for e in std::fs::read_dir(&p).unwrap() {
+                    out.push(e.unwrap().path());
+                }
+            }
+            i += 1;
+        }
+        out
+    }
+
     #[test]
     fn walks_trees_deeper_than_the_open_levels() {
         let d = tempfile::tempdir().unwrap();
