@@ -213,6 +213,9 @@ pub struct JobSummaryDoc {
     finished_at: Option<String>,
     exit_code: Option<i64>,
     error: Option<String>,
+    /// RFC 3339: when the finished job's workspace was removed (the
+    /// server's `--keep-workspaces`); its files then answer 410.
+    workspace_removed_at: Option<String>,
 }
 
 /// A job with its output. Output past the server's cap is dropped and
