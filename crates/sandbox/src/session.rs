@@ -414,13 +414,15 @@ impl Sandbox {
     }
 
     /// With a disk budget, waits for a fresh look at the workspace (which
-    /// stops the sandbox if it has outgrown the budget); then as
+    /// stops the sandbox if it has outgrown the budget), up to a second:
+    /// a workspace too large to walk in that time is judged at the
+    /// watcher's next look, which still stops it. Then as
     /// [`Sandbox::disk_stopped`].
     pub async fn check_disk(&self) -> Option<DiskStop> {
         if let Some(watch) = self.inner.disk.get()
             && self.inner.disk_stop.get().is_none()
         {
-            watch.look().await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), watch.look()).await;
         }
         self.disk_stopped()
     }
