@@ -184,3 +184,21 @@ pub async fn serve(args: ServeArgs) -> i32 {
     running.shutdown().await;
     0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_keep;
+    use std::time::Duration;
+
+    #[test]
+    fn keep_workspaces_takes_durations_zero_and_forever() {
+        assert_eq!(
+            parse_keep("24h").unwrap().0,
+            Some(Duration::from_secs(86400))
+        );
+        assert_eq!(parse_keep("0").unwrap().0, Some(Duration::ZERO));
+        assert_eq!(parse_keep("forever").unwrap().0, None);
+        let e = parse_keep("a while").unwrap_err();
+        assert!(e.contains("forever"), "{e}");
+    }
+}

@@ -73,7 +73,7 @@ impl DiskWatch {
 
 /// The host directories a budget covers: the workspace and the writable
 /// binds, each resolved once by the host (their paths are the host's).
-pub(crate) fn roots(config: &crate::SandboxConfig) -> std::io::Result<Vec<PathBuf>> {
+pub(crate) fn roots(config: &crate::SandboxConfig) -> Result<Vec<PathBuf>, String> {
     std::iter::once(&config.workspace)
         .chain(
             config
@@ -82,7 +82,10 @@ pub(crate) fn roots(config: &crate::SandboxConfig) -> std::io::Result<Vec<PathBu
                 .filter(|b| b.writable)
                 .map(|b| &b.source),
         )
-        .map(|p| p.canonicalize())
+        .map(|p| {
+            p.canonicalize()
+                .map_err(|e| format!("{}: {e}", p.display()))
+        })
         .collect()
 }
 

@@ -369,8 +369,7 @@ impl Sandbox {
         // while the sandbox starts.
         let base = match config.disk {
             Some(_) => {
-                let roots = crate::disk::roots(&config)
-                    .map_err(|e| Error::Config(format!("workspace or bind: {e}")))?;
+                let roots = crate::disk::roots(&config).map_err(Error::Config)?;
                 let r = roots.clone();
                 Some((
                     roots,
