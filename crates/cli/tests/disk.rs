@@ -138,6 +138,29 @@ fn locked_directory(t: &Ctx) {
 }
 attack!(locked_directory);
 
+/// Files deleted while held open take space until closed, though no
+/// directory shows them: they count.
+fn deleted_but_open(t: &Ctx) {
+    let out = t.py_with(
+        LIMITS,
+        r#"
+        import time
+        held = []
+        for i in range(16):
+            f = open(f"/workspace/gone{i}", "wb")
+            os.unlink(f"/workspace/gone{i}")
+            f.write(b"z" * (8 << 20))
+            f.flush()
+            held.append(f)
+        time.sleep(2)
+        print("survived")
+        "#,
+    );
+    stopped(t, &out);
+    out.lacks("survived");
+}
+attack!(deleted_but_open);
+
 /// Hard links count once: 40 MiB linked twenty times is 40 MiB.
 fn hard_links_count_once(t: &Ctx) {
     let out = t.sh_with(

@@ -89,13 +89,46 @@ pub(crate) fn roots(config: &crate::SandboxConfig) -> Result<Vec<PathBuf>, Strin
         .collect()
 }
 
-/// Bytes allocated on disk beneath `roots`, each inode once.
-pub(crate) fn measure(roots: &[PathBuf]) -> std::io::Result<u64> {
+/// Bytes allocated on disk beneath `roots`, each inode once; with
+/// `holder`, also those of files on the roots' file systems that were
+/// deleted but are held open by `holder` or its descendants (a sandbox's
+/// processes, or the QEMU that serves a guest's files): they take space
+/// until closed, and no directory shows them.
+pub(crate) fn measure(roots: &[PathBuf], holder: Option<i32>) -> std::io::Result<u64> {
     let mut walk = Walk::new(0o500);
     for root in roots {
         walk.root(root)?;
     }
+    if let Some(pid) = holder {
+        walk.deleted_open_files(pid);
+    }
     Ok(walk.total)
+}
+
+/// Most processes looked at for open files: more than a sandbox may have.
+const MAX_HOLDERS: usize = 8192;
+
+/// `pid` and its descendants, through `/proc/PID/task/TID/children`.
+fn descendants(pid: i32) -> Vec<i32> {
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() && out.len() < MAX_HOLDERS {
+        let p = out[i];
+        i += 1;
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let path = t.path().join("children");
+            if let Ok(list) = std::fs::read_to_string(path) {
+                out.extend(
+                    list.split_whitespace()
+                        .filter_map(|c| c.parse::<i32>().ok()),
+                );
+            }
+        }
+    }
+    out
 }
 
 /// Gives every directory beneath `root` (a sandbox's workspace) that its
@@ -121,6 +154,8 @@ struct Walk {
     /// The owner's bits every directory must have: read and search to be
     /// measured, and write to be emptied.
     need: u32,
+    /// The devices of the roots walked.
+    devs: Vec<u64>,
 }
 
 /// A directory on the way down.
@@ -150,6 +185,32 @@ impl Walk {
             dev: 0,
             own_uid: rustix::process::geteuid().as_raw(),
             need,
+            devs: Vec::new(),
+        }
+    }
+
+    /// Counts the deleted files on the roots' devices that `holder` and
+    /// its descendants hold open. The descriptors are only looked at
+    /// (`stat` of `/proc/PID/fd/N` gives the open file's inode), never
+    /// opened; what a process hides from us (a non-dumpable supervisor)
+    /// holds no workspace file.
+    fn deleted_open_files(&mut self, holder: i32) {
+        for pid in descendants(holder) {
+            let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+                continue;
+            };
+            for fd in fds.flatten() {
+                let Ok(st) = rustix::fs::stat(fd.path()) else {
+                    continue;
+                };
+                if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                    && st.st_nlink == 0
+                    && self.devs.contains(&st.st_dev)
+                    && self.seen.insert(id(&st))
+                {
+                    self.total += st.st_blocks as u64 * 512;
+                }
+            }
         }
     }
 
@@ -157,6 +218,7 @@ impl Walk {
         let fd = rustix::fs::open(root, dir_flags(), Mode::empty())?;
         let st = rustix::fs::fstat(&fd)?;
         self.dev = st.st_dev;
+        self.devs.push(st.st_dev);
         if !self.seen.insert(id(&st)) {
             return Ok(());
         }
@@ -301,6 +363,7 @@ pub(crate) fn watch(
     roots: Vec<PathBuf>,
     budget: u64,
     base: u64,
+    holder: i32,
     requests: Receiver<LookRequest>,
 ) {
     // Ahead of the sandbox's writers on a busy host, where it can (root):
@@ -314,7 +377,7 @@ pub(crate) fn watch(
     let mut last: Option<(Instant, u64)> = None;
     loop {
         let started = Instant::now();
-        let used = measure(&roots);
+        let used = measure(&roots, Some(holder));
         let took = started.elapsed();
         let mut pause = (took * PAUSE_FACTOR).clamp(MIN_PAUSE, MAX_PAUSE);
         let Some(inner) = weak.upgrade() else { return };
@@ -363,7 +426,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     fn measure_dir(d: &Path) -> u64 {
-        measure(&[d.to_path_buf()]).unwrap()
+        measure(&[d.to_path_buf()], None).unwrap()
     }
 
     #[test]

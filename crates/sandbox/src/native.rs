@@ -112,6 +112,10 @@ impl Lifecycle for NativeLifecycle {
         }
     }
 
+    fn host_pid(&self) -> i32 {
+        self.pid
+    }
+
     fn reap(&self, grace: Duration) {
         self.wait(grace);
         if let Some(mut cg) = self.cgroup.lock().unwrap().take() {

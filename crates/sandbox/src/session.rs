@@ -29,6 +29,10 @@ pub(crate) trait Lifecycle: Send + Sync {
     /// Waits (blocking) until the sandbox is gone and releases host
     /// resources. Called at most once, off the async runtime.
     fn reap(&self, grace: Duration);
+    /// The host process every process of the sandbox descends from (the
+    /// outer supervisor, or QEMU): where the disk watcher looks for files
+    /// that were deleted but are still open.
+    fn host_pid(&self) -> i32;
 }
 
 /// What a backend hands to [`Sandbox::connect`] besides the stream.
@@ -133,6 +137,10 @@ impl Inner {
         let mut buf = Vec::new();
         protocol::encode(msg, &mut buf);
         self.tx.send(buf).map_err(|_| Error::Gone)
+    }
+
+    pub(crate) fn host_pid(&self) -> i32 {
+        self.lifecycle.host_pid()
     }
 
     pub(crate) fn is_gone(&self) -> bool {
@@ -373,7 +381,7 @@ impl Sandbox {
                 let r = roots.clone();
                 Some((
                     roots,
-                    tokio::task::spawn_blocking(move || crate::disk::measure(&r)),
+                    tokio::task::spawn_blocking(move || crate::disk::measure(&r, None)),
                 ))
             }
             None => None,
@@ -438,9 +446,10 @@ impl Sandbox {
             return;
         }
         let weak = Arc::downgrade(&self.inner);
+        let holder = self.inner.host_pid();
         let spawned = std::thread::Builder::new()
             .name("cordon-disk".into())
-            .spawn(move || crate::disk::watch(weak, roots, budget, base, rx));
+            .spawn(move || crate::disk::watch(weak, roots, budget, base, holder, rx));
         if let Err(e) = spawned {
             // Without its watcher the budget would not hold.
             tracing::error!("cannot start the disk watcher: {e}; stopping the sandbox");

@@ -68,6 +68,10 @@ impl VmLifecycle {
 }
 
 impl Lifecycle for VmLifecycle {
+    fn host_pid(&self) -> i32 {
+        self.pid
+    }
+
     fn oom_kills(&self) -> Option<u64> {
         None
     }
