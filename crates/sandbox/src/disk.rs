@@ -28,6 +28,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
 use tokio::sync::oneshot;
 
+use crate::Sandbox;
 use crate::session::Inner;
 
 /// The shortest pause between two looks.
@@ -67,6 +68,118 @@ impl DiskWatch {
             .is_ok();
         if sent {
             let _ = rx.await;
+        }
+    }
+}
+
+/// Why a sandbox was stopped for its disk budget
+/// ([`crate::SandboxConfig::disk`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskStop {
+    /// The budget, in bytes.
+    pub budget: u64,
+    /// How much the workspace and writable binds had grown, in bytes.
+    pub growth: u64,
+}
+
+impl std::fmt::Display for DiskStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b.div_ceil(crate::MIB);
+        write!(
+            f,
+            "the sandbox was stopped: its workspace grew by {} MiB, past its disk budget of {} MiB",
+            mib(self.growth),
+            mib(self.budget)
+        )
+    }
+}
+
+/// What the budget's roots took before the sandbox could write, being
+/// measured while the sandbox starts.
+pub(crate) struct Baseline {
+    budget: u64,
+    roots: Vec<PathBuf>,
+    base: tokio::task::JoinHandle<std::io::Result<u64>>,
+}
+
+impl Baseline {
+    /// Starts measuring, when `config` has a budget.
+    pub(crate) fn start(config: &crate::SandboxConfig) -> crate::Result<Option<Baseline>> {
+        let Some(budget) = config.disk else {
+            return Ok(None);
+        };
+        if budget == 0 {
+            return Err(crate::Error::Config(
+                "the disk budget must be greater than zero".into(),
+            ));
+        }
+        let roots = roots(config).map_err(crate::Error::Config)?;
+        let r = roots.clone();
+        let base = tokio::task::spawn_blocking(move || measure(&r, None));
+        Ok(Some(Baseline {
+            budget,
+            roots,
+            base,
+        }))
+    }
+
+    /// Starts `sandbox`'s watcher once the baseline is known; closes the
+    /// sandbox if it cannot be.
+    pub(crate) async fn watch(self, sandbox: &Sandbox) -> crate::Result<()> {
+        let why = match self.base.await {
+            Ok(Ok(base)) => {
+                sandbox.watch_disk(self.roots, self.budget, base);
+                return Ok(());
+            }
+            Ok(Err(e)) => format!("cannot measure the workspace for the disk budget: {e}"),
+            Err(e) => format!("disk budget: {e}"),
+        };
+        sandbox.close().await;
+        Err(crate::Error::Config(why))
+    }
+}
+
+impl Sandbox {
+    /// Set once the sandbox was stopped for outgrowing its disk budget.
+    pub fn disk_stopped(&self) -> Option<DiskStop> {
+        self.inner.disk_stop.get().copied()
+    }
+
+    /// With a disk budget, waits for a fresh look at the workspace (which
+    /// stops the sandbox if it has outgrown the budget), up to a second:
+    /// a workspace too large to walk in that time is judged at the
+    /// watcher's next look, which still stops it. Then as
+    /// [`Sandbox::disk_stopped`].
+    pub async fn check_disk(&self) -> Option<DiskStop> {
+        if let Some(watch) = self.inner.disk.get()
+            && self.inner.disk_stop.get().is_none()
+        {
+            let _ = tokio::time::timeout(Duration::from_secs(1), watch.look()).await;
+        }
+        self.disk_stopped()
+    }
+
+    /// Starts the disk budget's watcher: `base` is what `roots` took
+    /// before the sandbox could write.
+    pub(crate) fn watch_disk(&self, roots: Vec<std::path::PathBuf>, budget: u64, base: u64) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let watch = crate::disk::DiskWatch {
+            budget,
+            looks: std::sync::Mutex::new(tx),
+        };
+        if self.inner.disk.set(watch).is_err() {
+            return;
+        }
+        let weak = std::sync::Arc::downgrade(&self.inner);
+        let holder = self.inner.host_pid();
+        let spawned = std::thread::Builder::new()
+            .name("cordon-disk".into())
+            .spawn(move || crate::disk::watch(weak, roots, budget, base, holder, rx));
+        if let Err(e) = spawned {
+            // Without its watcher the budget would not hold.
+            tracing::error!("cannot start the disk watcher: {e}; stopping the sandbox");
+            self.inner.lifecycle.kill();
+            self.inner.mark_gone();
         }
     }
 }

@@ -33,13 +33,12 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::Duration;
 
+pub use disk::DiskStop;
 pub use disk::make_removable;
 pub use display::VncAccess;
 pub use native::{NativeBackend, host_report};
 pub use protocol::{ExitStatus, SpawnStage, WinSize};
-pub use session::{
-    DiskStop, ExecEvent, ExecOutput, ExecResult, ExecStdin, Execution, Sandbox, SandboxInfo,
-};
+pub use session::{ExecEvent, ExecOutput, ExecResult, ExecStdin, Execution, Sandbox, SandboxInfo};
 
 /// Whether `name`, of the form `<pid>-<n>` that cordon gives the host
 /// directories a process makes for its sandboxes (cgroups, microVM run

@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use crate::disk::DiskStop;
 use crate::protocol::{
     self, CHUNK, ExecSpec, ExitStatus, HostMsg, ReadyInfo, SpawnStage, Stream, SupMsg, WINDOW,
     WinSize,
@@ -111,7 +112,7 @@ pub(crate) struct Inner {
     routes: Mutex<HashMap<u64, Route>>,
     next_id: AtomicU64,
     gone: AtomicBool,
-    lifecycle: Box<dyn Lifecycle>,
+    pub(crate) lifecycle: Box<dyn Lifecycle>,
     closed: AtomicBool,
     /// Set once the supervisor reports ready, before the handle is returned.
     info: std::sync::OnceLock<SandboxInfo>,
@@ -123,7 +124,7 @@ pub(crate) struct Inner {
     /// The disk budget's watcher, when there is a budget.
     pub(crate) disk: std::sync::OnceLock<crate::disk::DiskWatch>,
     /// Set when the watcher stopped the sandbox.
-    disk_stop: std::sync::OnceLock<DiskStop>,
+    pub(crate) disk_stop: std::sync::OnceLock<DiskStop>,
 }
 
 impl Inner {
@@ -183,7 +184,7 @@ impl Inner {
         self.mark_gone();
     }
 
-    fn mark_gone(&self) {
+    pub(crate) fn mark_gone(&self) {
         self.gone.store(true, Ordering::SeqCst);
         let routes = std::mem::take(&mut *self.routes());
         for (_, r) in routes {
@@ -282,28 +283,6 @@ pub struct Sandbox {
     pub(crate) inner: Arc<Inner>,
 }
 
-/// Why a sandbox was stopped for its disk budget
-/// ([`crate::SandboxConfig::disk`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DiskStop {
-    /// The budget, in bytes.
-    pub budget: u64,
-    /// How much the workspace and writable binds had grown, in bytes.
-    pub growth: u64,
-}
-
-impl std::fmt::Display for DiskStop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mib = |b: u64| b.div_ceil(crate::MIB);
-        write!(
-            f,
-            "the sandbox was stopped: its workspace grew by {} MiB, past its disk budget of {} MiB",
-            mib(self.growth),
-            mib(self.budget)
-        )
-    }
-}
-
 /// The result of a finished command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecResult {
@@ -368,43 +347,15 @@ impl Sandbox {
             config.env.retain(|(k, _)| k != "DISPLAY");
             config.env.push(("DISPLAY".into(), crate::DISPLAY.into()));
         }
-        if config.disk == Some(0) {
-            return Err(Error::Config(
-                "the disk budget must be greater than zero".into(),
-            ));
-        }
         // What the workspace takes before the sandbox can write, measured
         // while the sandbox starts.
-        let base = match config.disk {
-            Some(_) => {
-                let roots = crate::disk::roots(&config).map_err(Error::Config)?;
-                let r = roots.clone();
-                Some((
-                    roots,
-                    tokio::task::spawn_blocking(move || crate::disk::measure(&r, None)),
-                ))
-            }
-            None => None,
-        };
+        let baseline = crate::disk::Baseline::start(&config)?;
         let sandbox = match config.backend {
             crate::BackendKind::Native => crate::native::create(&config).await?,
             crate::BackendKind::Microvm => crate::microvm::create(&config).await?,
         };
-        if let (Some(budget), Some((roots, base))) = (config.disk, base) {
-            let base = match base.await {
-                Ok(Ok(base)) => base,
-                Ok(Err(e)) => {
-                    sandbox.close().await;
-                    return Err(Error::Config(format!(
-                        "cannot measure the workspace for the disk budget: {e}"
-                    )));
-                }
-                Err(e) => {
-                    sandbox.close().await;
-                    return Err(Error::Config(format!("disk budget: {e}")));
-                }
-            };
-            sandbox.watch_disk(roots, budget, base);
+        if let Some(b) = baseline {
+            b.watch(&sandbox).await?;
         }
         if let Some(d) = config.display
             && let Err(e) = sandbox.start_display(d).await
@@ -413,49 +364,6 @@ impl Sandbox {
             return Err(e);
         }
         Ok(sandbox)
-    }
-
-    /// Set once the sandbox was stopped for outgrowing its disk budget.
-    pub fn disk_stopped(&self) -> Option<DiskStop> {
-        self.inner.disk_stop.get().copied()
-    }
-
-    /// With a disk budget, waits for a fresh look at the workspace (which
-    /// stops the sandbox if it has outgrown the budget), up to a second:
-    /// a workspace too large to walk in that time is judged at the
-    /// watcher's next look, which still stops it. Then as
-    /// [`Sandbox::disk_stopped`].
-    pub async fn check_disk(&self) -> Option<DiskStop> {
-        if let Some(watch) = self.inner.disk.get()
-            && self.inner.disk_stop.get().is_none()
-        {
-            let _ = tokio::time::timeout(Duration::from_secs(1), watch.look()).await;
-        }
-        self.disk_stopped()
-    }
-
-    /// Starts the disk budget's watcher: `base` is what `roots` took
-    /// before the sandbox could write.
-    pub(crate) fn watch_disk(&self, roots: Vec<std::path::PathBuf>, budget: u64, base: u64) {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let watch = crate::disk::DiskWatch {
-            budget,
-            looks: Mutex::new(tx),
-        };
-        if self.inner.disk.set(watch).is_err() {
-            return;
-        }
-        let weak = Arc::downgrade(&self.inner);
-        let holder = self.inner.host_pid();
-        let spawned = std::thread::Builder::new()
-            .name("cordon-disk".into())
-            .spawn(move || crate::disk::watch(weak, roots, budget, base, holder, rx));
-        if let Err(e) = spawned {
-            // Without its watcher the budget would not hold.
-            tracing::error!("cannot start the disk watcher: {e}; stopping the sandbox");
-            self.inner.lifecycle.kill();
-            self.inner.mark_gone();
-        }
     }
 
     pub fn info(&self) -> &SandboxInfo {
