@@ -46,6 +46,9 @@ pub struct ChatArgs {
     /// Virtual CPUs of a microVM (overrides `sandbox.cpus`)
     #[arg(long, value_name = "N")]
     pub cpus: Option<u32>,
+    /// Disk budget of the sandbox: how much the workspace may grow (overrides `sandbox.disk`)
+    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_disk)]
+    pub disk: Option<String>,
     /// Override any setting (repeatable), as `cordon config --set`
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
     pub set: Vec<(String, String)>,
@@ -72,6 +75,7 @@ pub async fn chat(args: ChatArgs) -> i32 {
         workspace: workspace.as_deref(),
         backend: args.backend,
         cpus: args.cpus,
+        disk: args.disk.as_deref(),
         set: &args.set,
     }) {
         Ok(s) => s,

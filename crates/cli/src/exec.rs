@@ -53,6 +53,9 @@ pub struct ExecArgs {
     /// Virtual CPUs of a microVM (overrides `sandbox.cpus`)
     #[arg(long, value_name = "N")]
     pub cpus: Option<u32>,
+    /// Disk budget of the sandbox: how much the workspace may grow (overrides `sandbox.disk`)
+    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_disk)]
+    pub disk: Option<String>,
     /// Override any setting (repeatable), as `cordon config --set`
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
     pub set: Vec<(String, String)>,
@@ -84,6 +87,7 @@ pub(crate) struct Choices<'a> {
     pub workspace: Option<&'a std::path::Path>,
     pub backend: Option<cordon_sandbox::BackendKind>,
     pub cpus: Option<u32>,
+    pub disk: Option<&'a str>,
     pub set: &'a [(String, String)],
 }
 
@@ -141,6 +145,9 @@ pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
     }
     if let Some(n) = args.cpus {
         cli.push(("sandbox.cpus".into(), n.to_string()));
+    }
+    if let Some(d) = args.disk {
+        cli.push(("sandbox.disk".into(), d.to_string()));
     }
     let settings = crate::options::quiet_settings(cli)?;
     let notices = crate::options::ignored_notice(&settings);
@@ -231,6 +238,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
         workspace: args.workspace.as_deref(),
         backend: args.backend,
         cpus: args.cpus,
+        disk: args.disk.as_deref(),
         set: &args.set,
     }) {
         Ok(s) => s,

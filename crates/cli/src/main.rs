@@ -22,6 +22,8 @@ pub mod exit {
     pub const TIMEOUT: i32 = 124;
     /// The sandbox exceeded `--memory` and the kernel killed a process.
     pub const OOM: i32 = 122;
+    /// The workspace outgrew `--disk` and the sandbox was stopped.
+    pub const DISK: i32 = 123;
     /// cordon itself failed: bad options, or the sandbox could not be created.
     pub const SANDBOX: i32 = 125;
     /// The command exists but could not be executed.
@@ -56,7 +58,8 @@ enum Command {
     /// Run one command in a fresh sandbox.
     ///
     /// Exit status: the command's own (128+N if killed by signal N), or
-    /// 124 timed out, 122 out of memory, 125 sandbox could not be created,
+    /// 124 timed out, 122 out of memory, 123 disk budget exceeded (the
+    /// sandbox was stopped), 125 sandbox could not be created,
     /// 126 command not executable, 127 command not found.
     Run(run::RunArgs),
     /// Open an interactive shell in a fresh sandbox, on a pseudo-terminal.

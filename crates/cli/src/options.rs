@@ -25,6 +25,10 @@ pub struct SandboxOpts {
     /// Size of the /tmp tmpfs (K, M, G suffixes)
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub tmp_size: u64,
+    /// How much the workspace and writable binds may grow on disk (K, M, G
+    /// suffixes, or `none`); past it the sandbox is stopped [default: `sandbox.disk`, none]
+    #[arg(long, value_name = "SIZE", value_parser = parse_disk)]
+    pub disk: Option<String>,
     /// Network access: off (no interface up) or loopback [default: `sandbox.network`, off]
     #[arg(long, value_name = "MODE")]
     pub network: Option<Network>,
@@ -64,6 +68,13 @@ pub struct SandboxOpts {
     /// microvm: the QEMU binary
     #[arg(long, value_name = "PATH", hide = true)]
     pub vm_qemu: Option<PathBuf>,
+}
+
+/// A `--disk` value: a size, or `none` for no budget; kept as the
+/// setting's text, which the settings check.
+pub fn parse_disk(s: &str) -> Result<String, String> {
+    cordon_agent::config::parse_disk(s)?;
+    Ok(s.trim().to_string())
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -131,6 +142,7 @@ impl SandboxOpts {
         );
         put("sandbox.memory", self.memory.map(|n| n.to_string()));
         put("sandbox.pids", self.pids.map(|n| n.to_string()));
+        put("sandbox.disk", self.disk.clone());
         put("sandbox.network", self.network.map(|n| n.to_string()));
         put("sandbox.display", self.display.map(|d| d.to_string()));
         put("sandbox.backend", self.backend.map(|b| b.to_string()));
@@ -220,6 +232,7 @@ pub fn sandbox_config(settings: &Settings) -> Result<SandboxConfig, String> {
     let sb = &r.sandbox;
     c.memory = Some(sb.memory);
     c.pids = Some(sb.pids);
+    c.disk = sb.disk;
     c.network = sb.network;
     c.display = sb.display;
     c.backend = sb.backend;

@@ -5,7 +5,9 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use clap::Args;
-use cordon_sandbox::{Error, ExecEvent, ExecRequest, ExecResult, Execution, Sandbox, SpawnStage};
+use cordon_sandbox::{
+    DiskStop, Error, ExecEvent, ExecRequest, ExecResult, Execution, Sandbox, SpawnStage,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -49,8 +51,22 @@ async fn create(opts: &SandboxOpts) -> Result<(Sandbox, u64), i32> {
     Ok((sandbox, memory))
 }
 
+/// Says that the sandbox outgrew its disk budget; the exit code.
+fn disk_stopped(stop: Option<DiskStop>) -> i32 {
+    match stop {
+        Some(s) => eprintln!(
+            "cordon: disk budget exceeded: the workspace grew by {} MiB, past its {} MiB budget, and the sandbox was stopped (free space, or raise it with --disk)",
+            s.growth.div_ceil(cordon_sandbox::MIB),
+            s.budget / cordon_sandbox::MIB
+        ),
+        None => eprintln!("cordon: disk budget exceeded; the sandbox was stopped"),
+    }
+    exit::DISK
+}
+
 fn exec_error(e: Error) -> i32 {
     match &e {
+        Error::DiskBudget(stop) => disk_stopped(Some(*stop)),
         Error::Exec {
             stage: SpawnStage::Program,
             errno,
@@ -68,7 +84,10 @@ fn exec_error(e: Error) -> i32 {
 }
 
 /// Maps a finished command to cordon's exit code, explaining cordon's own.
-fn finish(result: &ExecResult, memory: u64, timeout: Option<Duration>) -> i32 {
+fn finish(result: &ExecResult, memory: u64, timeout: Option<Duration>, sandbox: &Sandbox) -> i32 {
+    if result.disk_exceeded {
+        return disk_stopped(sandbox.disk_stopped());
+    }
     if result.timed_out {
         let t = timeout
             .map(|t| humantime::format_duration(t).to_string())
@@ -114,7 +133,7 @@ pub async fn run(args: RunArgs) -> i32 {
     let mut req = ExecRequest::argv(args.command.clone()).stream_stdin();
     req.timeout = args.timeout;
     let code = match sandbox.exec_stream(req).await {
-        Ok(exec) => forward(exec, memory, args.timeout, false).await,
+        Ok(exec) => forward(exec, &sandbox, memory, args.timeout, false).await,
         Err(e) => exec_error(e),
     };
     sandbox.close().await;
@@ -129,7 +148,13 @@ pub async fn run(args: RunArgs) -> i32 {
 /// serving; the user must still be able to stop cordon. So a second SIGTERM
 /// or SIGHUP, or a third SIGINT, stops waiting: the caller then closes the
 /// sandbox, which kills everything in it.
-async fn forward(mut exec: Execution, memory: u64, timeout: Option<Duration>, pty: bool) -> i32 {
+async fn forward(
+    mut exec: Execution,
+    sandbox: &Sandbox,
+    memory: u64,
+    timeout: Option<Duration>,
+    pty: bool,
+) -> i32 {
     pump_stdin(&exec);
     let mut out = tokio::io::stdout();
     let mut err = tokio::io::stderr();
@@ -152,13 +177,14 @@ async fn forward(mut exec: Execution, memory: u64, timeout: Option<Duration>, pt
             ev = exec.next() => {
                 let ev = match ev {
                     Some(Ok(ev)) => ev,
+                    Some(Err(Error::DiskBudget(stop))) => return disk_stopped(Some(stop)),
                     Some(Err(e)) => return fail(format_args!("the sandbox failed: {e}")),
                     None => return fail("the sandbox ended without a result"),
                 };
                 let written = match ev {
                     ExecEvent::Stdout(d) => write_all(&mut out, &d).await,
                     ExecEvent::Stderr(d) => write_all(&mut err, &d).await,
-                    ExecEvent::Exit(r) => return finish(&r, memory, timeout),
+                    ExecEvent::Exit(r) => return finish(&r, memory, timeout, sandbox),
                 };
                 if written.is_err() {
                     // Our reader went away (e.g. `| head`): behave as a
@@ -266,7 +292,7 @@ pub async fn shell(args: ShellArgs) -> i32 {
     let code = match sandbox.exec_stream(req).await {
         Ok(exec) => {
             let raw = RawMode::enter();
-            let code = forward(exec, memory, None, true).await;
+            let code = forward(exec, &sandbox, memory, None, true).await;
             drop(raw);
             code
         }

@@ -37,6 +37,25 @@ pub struct ServeArgs {
     /// Live sessions (API and /mcp) at once per tenant
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub sessions_per_tenant: usize,
+    /// Remove a finished job's workspace this long after it ended (`30m`,
+    /// `7d`; `0` at once, `forever` never); its output, events, result and
+    /// log are kept
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_keep)]
+    pub keep_workspaces: Keep,
+}
+
+/// How long finished jobs' workspaces are kept.
+#[derive(Debug, Clone, Copy)]
+pub struct Keep(Option<std::time::Duration>);
+
+fn parse_keep(s: &str) -> Result<Keep, String> {
+    match s.trim() {
+        "forever" | "never" => Ok(Keep(None)),
+        "0" => Ok(Keep(Some(std::time::Duration::ZERO))),
+        s => humantime::parse_duration(s)
+            .map(|d| Keep(Some(d)))
+            .map_err(|e| format!("invalid duration {s:?}: {e} (or `forever`)")),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -104,6 +123,7 @@ pub async fn serve(args: ServeArgs) -> i32 {
     config.session_idle = args.session_idle;
     config.sessions = args.sessions.max(1);
     config.sessions_per_tenant = args.sessions_per_tenant.max(1);
+    config.keep_workspaces = args.keep_workspaces.0;
     let settings = match crate::options::load_settings(Vec::new()) {
         Ok(s) => s,
         Err(code) => return code,
@@ -114,6 +134,9 @@ pub async fn serve(args: ServeArgs) -> i32 {
     let sb = &settings.resolved().sandbox;
     config.bounds.default_memory = sb.memory;
     config.bounds.max_memory = config.bounds.max_memory.max(sb.memory);
+    // Jobs always have a disk budget: `sandbox.disk`, else 1G.
+    config.bounds.default_disk = sb.disk.unwrap_or(cordon_server::job::DEFAULT_DISK);
+    config.bounds.max_disk = config.bounds.max_disk.max(config.bounds.default_disk);
     config.pids = Some(sb.pids);
     config.protect_control_files = sb.protect_control_files;
     config.backend = sb.backend;
@@ -168,4 +191,22 @@ pub async fn serve(args: ServeArgs) -> i32 {
     eprintln!("cordon: stopping");
     running.shutdown().await;
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_keep;
+    use std::time::Duration;
+
+    #[test]
+    fn keep_workspaces_takes_durations_zero_and_forever() {
+        assert_eq!(
+            parse_keep("24h").unwrap().0,
+            Some(Duration::from_secs(86400))
+        );
+        assert_eq!(parse_keep("0").unwrap().0, Some(Duration::ZERO));
+        assert_eq!(parse_keep("forever").unwrap().0, None);
+        let e = parse_keep("a while").unwrap_err();
+        assert!(e.contains("forever"), "{e}");
+    }
 }

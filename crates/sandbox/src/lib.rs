@@ -20,6 +20,7 @@
 //! init process is that same binary, started with a hidden argument.
 
 pub mod cgroup;
+mod disk;
 mod display;
 pub mod microvm;
 mod native;
@@ -32,6 +33,8 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::Duration;
 
+pub use disk::DiskStop;
+pub use disk::make_removable;
 pub use display::VncAccess;
 pub use native::{NativeBackend, host_report};
 pub use protocol::{ExitStatus, SpawnStage, WinSize};
@@ -66,6 +69,9 @@ pub enum Error {
     SetupTimeout(Duration),
     #[error("the sandbox has exited")]
     Gone,
+    /// The watcher stopped the sandbox for outgrowing its disk budget.
+    #[error("{0}")]
+    DiskBudget(DiskStop),
     /// The display or its live view cannot be used.
     #[error("{0}")]
     Display(String),
@@ -141,6 +147,10 @@ pub struct SandboxConfig {
     pub pids: Option<u64>,
     /// Size of the `/tmp` tmpfs in bytes (default 256 MiB).
     pub tmp_size: u64,
+    /// How much the workspace and the writable binds may grow on the
+    /// host's disk, in bytes (default: no budget). A host-side watcher
+    /// stops the whole sandbox past it; natively, no file may be larger.
+    pub disk: Option<u64>,
     pub network: Network,
     pub binds: Vec<BindMount>,
     /// Files in the workspace the sandbox must not read (a `.env` holding
@@ -296,6 +306,7 @@ impl SandboxConfig {
             memory: Some(512 * MIB),
             pids: Some(256),
             tmp_size: 256 * MIB,
+            disk: None,
             network: Network::Off,
             binds: Vec::new(),
             hidden: Vec::new(),

@@ -94,6 +94,9 @@ impl Lifecycle for NativeLifecycle {
         }
         let pid = self.pid;
         let cgroup = self.cgroup.lock().unwrap().take();
+        if let Some(cg) = &cgroup {
+            cg.kill_all();
+        }
         let needs_reap = !std::mem::replace(&mut *self.reaped.lock().unwrap(), true);
         if needs_reap || cgroup.is_some() {
             // Reaping and cgroup removal wait on the kernel: not on the
@@ -107,6 +110,10 @@ impl Lifecycle for NativeLifecycle {
                 drop(cgroup);
             });
         }
+    }
+
+    fn host_pid(&self) -> i32 {
+        self.pid
     }
 
     fn reap(&self, grace: Duration) {
@@ -348,6 +355,9 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         rlimit_memory: if rlimits { config.memory } else { None },
         rlimit_nproc: if rlimits { config.pids } else { None },
         user_counts: Some(user_counts(pid)),
+        // One byte over: a file that reaches the limit has passed the
+        // budget, and the watcher reports it.
+        rlimit_fsize: config.disk.map(|d| d.saturating_add(1)),
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

@@ -99,6 +99,9 @@ pub struct SetupSpec {
     pub rlimit_nproc: Option<u64>,
     /// The sandbox's share of the kernel's per-user counts (native only).
     pub user_counts: Option<UserCounts>,
+    /// RLIMIT_FSIZE: the largest file any process may write (the disk
+    /// budget, so that one file cannot pass it between two looks).
+    pub rlimit_fsize: Option<u64>,
 }
 
 /// Kernel objects counted per user, which a sandbox's processes are charged

@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use crate::disk::DiskStop;
 use crate::protocol::{
     self, CHUNK, ExecSpec, ExitStatus, HostMsg, ReadyInfo, SpawnStage, Stream, SupMsg, WINDOW,
     WinSize,
@@ -29,6 +30,10 @@ pub(crate) trait Lifecycle: Send + Sync {
     /// Waits (blocking) until the sandbox is gone and releases host
     /// resources. Called at most once, off the async runtime.
     fn reap(&self, grace: Duration);
+    /// The host process every process of the sandbox descends from (the
+    /// outer supervisor, or QEMU): where the disk watcher looks for files
+    /// that were deleted but are still open.
+    fn host_pid(&self) -> i32;
 }
 
 /// What a backend hands to [`Sandbox::connect`] besides the stream.
@@ -73,6 +78,7 @@ struct Route {
     seen: [u64; 2],
     /// Output bytes the [`Execution`] has taken (and acknowledged).
     consumed: Arc<AtomicU64>,
+    started: Instant,
 }
 
 impl Route {
@@ -106,7 +112,7 @@ pub(crate) struct Inner {
     routes: Mutex<HashMap<u64, Route>>,
     next_id: AtomicU64,
     gone: AtomicBool,
-    lifecycle: Box<dyn Lifecycle>,
+    pub(crate) lifecycle: Box<dyn Lifecycle>,
     closed: AtomicBool,
     /// Set once the supervisor reports ready, before the handle is returned.
     info: std::sync::OnceLock<SandboxInfo>,
@@ -115,6 +121,10 @@ pub(crate) struct Inner {
     read_only: Vec<std::path::PathBuf>,
     /// The virtual screen, once it is up.
     pub(crate) display: std::sync::OnceLock<crate::Display>,
+    /// The disk budget's watcher, when there is a budget.
+    pub(crate) disk: std::sync::OnceLock<crate::disk::DiskWatch>,
+    /// Set when the watcher stopped the sandbox.
+    pub(crate) disk_stop: std::sync::OnceLock<DiskStop>,
 }
 
 impl Inner {
@@ -130,7 +140,51 @@ impl Inner {
         self.tx.send(buf).map_err(|_| Error::Gone)
     }
 
-    fn mark_gone(&self) {
+    pub(crate) fn host_pid(&self) -> i32 {
+        self.lifecycle.host_pid()
+    }
+
+    pub(crate) fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::SeqCst)
+    }
+
+    /// The error for a sandbox that has ended: why, when cordon ended it.
+    fn gone_error(&self) -> Error {
+        match self.disk_stop.get() {
+            Some(stop) => Error::DiskBudget(*stop),
+            None => Error::Gone,
+        }
+    }
+
+    /// The workspace grew by `growth` bytes, past the disk budget: the
+    /// whole sandbox goes, and every running exec ends as killed by it.
+    pub(crate) fn disk_exceeded(&self, growth: u64) {
+        let budget = self.disk.get().map_or(0, |d| d.budget);
+        if self.disk_stop.set(DiskStop { budget, growth }).is_err() {
+            return;
+        }
+        tracing::warn!(
+            "the sandbox's workspace grew by {growth} bytes, past its disk budget of {budget}; stopping it"
+        );
+        let routes = std::mem::take(&mut *self.routes());
+        for (id, r) in routes {
+            let _ = r.events.send(Event::Exited(SupMsg::Exited {
+                id,
+                status: ExitStatus::Signal(libc::SIGKILL),
+                duration_us: r.started.elapsed().as_micros() as u64,
+                timed_out: false,
+                stdout_bytes: r.seen[0],
+                stderr_bytes: r.seen[1],
+                truncated: false,
+                oom_killed: false,
+            }));
+            r.stdin_credit.close();
+        }
+        self.lifecycle.kill();
+        self.mark_gone();
+    }
+
+    pub(crate) fn mark_gone(&self) {
         self.gone.store(true, Ordering::SeqCst);
         let routes = std::mem::take(&mut *self.routes());
         for (_, r) in routes {
@@ -239,6 +293,9 @@ pub struct ExecResult {
     pub truncated: bool,
     /// The sandbox hit its memory limit and a process was killed.
     pub oom_killed: bool,
+    /// The workspace outgrew the disk budget and the whole sandbox was
+    /// stopped ([`Sandbox::disk_stopped`] says by how much).
+    pub disk_exceeded: bool,
     /// Bytes the command wrote, including any discarded.
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
@@ -254,6 +311,7 @@ pub struct ExecOutput {
     pub timed_out: bool,
     pub truncated: bool,
     pub oom_killed: bool,
+    pub disk_exceeded: bool,
 }
 
 impl ExecOutput {
@@ -289,10 +347,16 @@ impl Sandbox {
             config.env.retain(|(k, _)| k != "DISPLAY");
             config.env.push(("DISPLAY".into(), crate::DISPLAY.into()));
         }
+        // What the workspace takes before the sandbox can write, measured
+        // while the sandbox starts.
+        let baseline = crate::disk::Baseline::start(&config)?;
         let sandbox = match config.backend {
             crate::BackendKind::Native => crate::native::create(&config).await?,
             crate::BackendKind::Microvm => crate::microvm::create(&config).await?,
         };
+        if let Some(b) = baseline {
+            b.watch(&sandbox).await?;
+        }
         if let Some(d) = config.display
             && let Err(e) = sandbox.start_display(d).await
         {
@@ -418,6 +482,8 @@ impl Sandbox {
                 closed: AtomicBool::new(false),
                 info: std::sync::OnceLock::new(),
                 display: std::sync::OnceLock::new(),
+                disk: std::sync::OnceLock::new(),
+                disk_stop: std::sync::OnceLock::new(),
                 base_env,
                 workdir,
                 read_only,
@@ -493,7 +559,7 @@ impl Sandbox {
     /// Fails if the command cannot be started (e.g. not found).
     pub async fn exec_stream(&self, req: ExecRequest) -> Result<Execution> {
         if self.inner.gone.load(Ordering::SeqCst) {
-            return Err(Error::Gone);
+            return Err(self.inner.gone_error());
         }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let spec = self.build_spec(&req, id)?;
@@ -507,10 +573,14 @@ impl Sandbox {
                 stdin_credit: credit.clone(),
                 seen: [0; 2],
                 consumed: consumed.clone(),
+                started: Instant::now(),
             },
         );
         let oom_before = self.inner.lifecycle.oom_kills();
         let started = Instant::now();
+        if let Some(r) = self.inner.routes().get_mut(&id) {
+            r.started = started;
+        }
         if let Err(e) = self.inner.send(&HostMsg::Exec(spec)) {
             self.inner.routes().remove(&id);
             return Err(e);
@@ -525,7 +595,7 @@ impl Sandbox {
                     errno,
                 });
             }
-            _ => return Err(Error::Gone),
+            _ => return Err(self.inner.gone_error()),
         };
         if let Some(t) = req.timeout {
             let deadline = tokio::time::Instant::from_std(started) + t;
@@ -745,18 +815,28 @@ impl Execution {
                     let oom_after = self.inner.lifecycle.oom_kills();
                     let oom_killed = guest_oom
                         || matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
+                    // One more look before the result: a command that
+                    // wrote past the budget and ended before the watcher
+                    // looked is reported as stopped for it.
+                    if let Some(watch) = self.inner.disk.get()
+                        && self.inner.disk_stop.get().is_none()
+                    {
+                        watch.look().await;
+                    }
+                    let disk_exceeded = self.inner.disk_stop.get().is_some();
                     Ok(ExecEvent::Exit(ExecResult {
                         status,
                         duration: Duration::from_micros(duration_us),
                         timed_out,
                         truncated: truncated || self.cut,
-                        oom_killed,
+                        oom_killed: oom_killed && !disk_exceeded,
+                        disk_exceeded,
                         // Never less than what arrived.
                         stdout_bytes: stdout_bytes.max(self.kept[0]),
                         stderr_bytes: stderr_bytes.max(self.kept[1]),
                     }))
                 }
-                _ => Err(Error::Gone),
+                _ => Err(self.inner.gone_error()),
             });
         }
     }
@@ -777,11 +857,12 @@ impl Execution {
                         timed_out: r.timed_out,
                         truncated: r.truncated,
                         oom_killed: r.oom_killed,
+                        disk_exceeded: r.disk_exceeded,
                     });
                 }
             }
         }
-        Err(Error::Gone)
+        Err(self.inner.gone_error())
     }
 }
 

@@ -206,6 +206,7 @@ fn job_view(job: &JobRow, full: bool) -> Value {
         "finished_at": rfc3339(job.finished_ms),
         "exit_code": job.exit_code,
         "error": job.error,
+        "workspace_removed_at": rfc3339(job.workspace_removed_ms),
     });
     if full {
         v["stdout"] = json!(job.stdout);
@@ -569,7 +570,18 @@ fn files_error(e: WorkspaceError) -> ApiError {
 }
 
 async fn workspace_of(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Workspace> {
-    find(shared, tenant, id).await?;
+    let job = find(shared, tenant, id).await?;
+    if job.workspace_removed_ms.is_some() {
+        return Err(ApiError::new(
+            StatusCode::GONE,
+            "gone",
+            format!(
+                "job {id}'s workspace was removed after the job finished (the server keeps \
+                 workspaces for `--keep-workspaces`); its output, events and result are kept \
+                 at /v1/jobs/{id}"
+            ),
+        ));
+    }
     Workspace::open(&workspace_dir(shared, id)).map_err(files_error)
 }
 
@@ -604,7 +616,7 @@ fn listing(ws: &Workspace, path: &WsPath) -> ApiResult<Value> {
 
 #[utoipa::path(get, path = "/v1/jobs/{id}/files", tag = "jobs", summary = "The workspace's top directory",
     params(("id" = String, Path)),
-    responses((status = 200, body = crate::openapi::ListingDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc)))]
+    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::openapi::ErrorDoc), (status = 200, body = crate::openapi::ListingDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc)))]
 pub(crate) async fn list_root(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -618,7 +630,7 @@ pub(crate) async fn list_root(
 /// A file's bytes, or a directory's listing as JSON.
 #[utoipa::path(get, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "A workspace file's bytes, or a directory's listing",
     params(("id" = String, Path), ("path" = String, Path, description = "Relative to the workspace; `..`, absolute paths and symlinks out are refused")),
-    responses((status = 200, description = "The file (application/octet-stream) or a listing (JSON)", body = crate::openapi::ListingDoc),
+    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::openapi::ErrorDoc), (status = 200, description = "The file (application/octet-stream) or a listing (JSON)", body = crate::openapi::ListingDoc),
               (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job or file", body = crate::openapi::ErrorDoc),
               (status = 413, description = "Larger than the files API serves", body = crate::openapi::ErrorDoc)))]
 pub(crate) async fn get_file(
@@ -676,7 +688,7 @@ fn tokio_util_stream(file: tokio::fs::File) -> impl Stream<Item = Result<Bytes, 
 #[utoipa::path(put, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "Write a workspace file (parents are created)",
     params(("id" = String, Path), ("path" = String, Path)),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
-    responses((status = 201, description = "Created", body = crate::openapi::PutFileDoc),
+    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::openapi::ErrorDoc), (status = 201, description = "Created", body = crate::openapi::PutFileDoc),
               (status = 200, description = "Replaced", body = crate::openapi::PutFileDoc),
               (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc), (status = 413, description = "Too large", body = crate::openapi::ErrorDoc)))]
 pub(crate) async fn put_file(

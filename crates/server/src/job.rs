@@ -184,6 +184,8 @@ impl JobSpec {
 pub struct RunOptions {
     pub timeout_secs: u64,
     pub memory: u64,
+    /// The disk budget: how much the workspace may grow, in bytes.
+    pub disk: u64,
     /// `off` (no interface up) or `loopback` (processes of the job may talk
     /// to each other); never the host's network, as with `cordon run`.
     pub network: cordon_sandbox::Network,
@@ -205,6 +207,10 @@ pub struct Bounds {
     pub max_timeout_secs: u64,
     pub default_memory: u64,
     pub max_memory: u64,
+    /// A job's disk budget unless it asks for another, and the most it
+    /// may ask for.
+    pub default_disk: u64,
+    pub max_disk: u64,
 }
 
 impl Default for Bounds {
@@ -214,9 +220,15 @@ impl Default for Bounds {
             max_timeout_secs: 3600,
             default_memory: 512 * 1024 * 1024,
             max_memory: 4 * 1024 * 1024 * 1024,
+            default_disk: DEFAULT_DISK,
+            max_disk: 8 * 1024 * 1024 * 1024,
         }
     }
 }
+
+/// A job's disk budget when neither it nor the server names one.
+pub const DEFAULT_DISK: u64 = 1024 * 1024 * 1024;
+const MIB: u64 = 1024 * 1024;
 
 const KINDS: &str = "shell, python, javascript, typescript, steps, gui or agent";
 
@@ -225,7 +237,7 @@ pub const DEFAULT_DISPLAY: cordon_sandbox::Display = cordon_sandbox::Display {
     width: 1280,
     height: 800,
 };
-const OPTIONS: [&str; 4] = ["timeout_secs", "memory", "network", "backend"];
+const OPTIONS: [&str; 5] = ["timeout_secs", "memory", "disk", "network", "backend"];
 
 fn field<'a>(obj: &'a Map<String, Value>, key: &str, what: &str) -> Result<&'a Value, String> {
     obj.get(key)
@@ -501,6 +513,33 @@ fn options(obj: &Map<String, Value>, bounds: &Bounds) -> Result<RunOptions, Stri
             ));
         }
     };
+    let disk = match obj.get("disk") {
+        None | Some(Value::Null) => bounds.default_disk,
+        Some(v) => {
+            let bad = || {
+                format!(
+                    "`disk` (how much the workspace may grow) must be a size from 1M to {}M",
+                    bounds.max_disk / MIB
+                )
+            };
+            let d = match v {
+                Value::String(s) => {
+                    cordon_sandbox::parse_size(s).map_err(|e| format!("`disk`: {e}"))?
+                }
+                Value::Number(n) => n.as_u64().ok_or_else(bad)?,
+                other => {
+                    return Err(format!(
+                        "`disk` must be a size such as \"1G\", not {}",
+                        type_name(other)
+                    ));
+                }
+            };
+            if !(MIB..=bounds.max_disk).contains(&d) {
+                return Err(bad());
+            }
+            d
+        }
+    };
     let network = match obj.get("network") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => cordon_sandbox::Network::Off,
         Some(Value::String(s)) => s
@@ -534,6 +573,7 @@ fn options(obj: &Map<String, Value>, bounds: &Bounds) -> Result<RunOptions, Stri
     Ok(RunOptions {
         timeout_secs,
         memory,
+        disk,
         network,
         backend,
     })
@@ -589,6 +629,7 @@ pub fn spec_json(req: &JobRequest) -> Value {
     }
     v["timeout_secs"] = req.options.timeout_secs.into();
     v["memory"] = req.options.memory.into();
+    v["disk"] = req.options.disk.into();
     v["network"] = match req.options.network {
         cordon_sandbox::Network::Off => "off",
         cordon_sandbox::Network::Loopback => "loopback",
@@ -614,6 +655,7 @@ mod tests {
         for body in [
             json!({"kind": "shell", "command": "echo hi", "timeout_secs": 5}),
             json!({"kind": "python", "code": "print(1)", "memory": "256M", "network": "loopback"}),
+            json!({"kind": "shell", "command": "ls", "disk": "100M"}),
             json!({"kind": "typescript", "code": "let x: number = 1"}),
             json!({"steps": [
                 {"tool": "shell", "command": "ls"},
@@ -686,6 +728,14 @@ mod tests {
             (
                 json!({"kind": "shell", "command": "ls", "memory": "64G"}),
                 "`memory` must be from",
+            ),
+            (
+                json!({"kind": "shell", "command": "ls", "disk": "64G"}),
+                "`disk` (how much the workspace may grow) must be a size from 1M to 8192M",
+            ),
+            (
+                json!({"kind": "shell", "command": "ls", "disk": true}),
+                "`disk` must be a size",
             ),
             (
                 json!({"kind": "shell", "command": "ls", "network": true}),

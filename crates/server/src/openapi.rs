@@ -34,6 +34,11 @@ macro_rules! job_kind {
             /// Memory for the whole sandbox, 16M to 4G (default 512M).
             #[schema(example = "512M", pattern = "^[0-9]+[KMG]?$")]
             memory: Option<String>,
+            /// How much the workspace may grow before the sandbox is
+            /// stopped, 1M to the server's ceiling (default 1G, at most
+            /// 8G unless the server says otherwise).
+            #[schema(example = "1G", pattern = "^[0-9]+[KMG]?$")]
+            disk: Option<String>,
             /// `off` (default) or `loopback`; never the host's network.
             #[schema(pattern = "^(off|loopback)$")]
             network: Option<String>,
@@ -208,6 +213,9 @@ pub struct JobSummaryDoc {
     finished_at: Option<String>,
     exit_code: Option<i64>,
     error: Option<String>,
+    /// RFC 3339: when the finished job's workspace was removed (the
+    /// server's `--keep-workspaces`); its files then answer 410.
+    workspace_removed_at: Option<String>,
 }
 
 /// A job with its output. Output past the server's cap is dropped and

@@ -341,6 +341,7 @@ async fn run_request(
 fn sandbox_config(shared: &Shared, ws: &std::path::Path, options: &RunOptions) -> SandboxConfig {
     let mut c = shared.config.sandbox(ws);
     c.memory = Some(options.memory);
+    c.disk = Some(options.disk);
     c.network = options.network;
     if let Some(b) = options.backend {
         c.backend = b;
@@ -350,7 +351,15 @@ fn sandbox_config(shared: &Shared, ws: &std::path::Path, options: &RunOptions) -
 
 fn outcome_of(r: &ExecResult) -> Outcome {
     let code = i64::from(r.status.code());
-    let (state, error) = if r.timed_out {
+    let (state, error) = if r.disk_exceeded {
+        (
+            JobState::Failed,
+            Some(
+                "the job's workspace grew past its disk budget and the sandbox was stopped (raise `disk`)"
+                    .into(),
+            ),
+        )
+    } else if r.timed_out {
         (
             JobState::TimedOut,
             Some("the job ran past its timeout".into()),

@@ -58,7 +58,13 @@ pub struct ServerConfig {
     /// microVM settings, for the microvm backend.
     pub cpus: Option<u32>,
     pub vm: cordon_sandbox::VmOptions,
+    /// How long a finished job's workspace is kept; `None`: for ever. Its
+    /// output, events, result and agent log are kept regardless.
+    pub keep_workspaces: Option<Duration>,
 }
+
+/// [`ServerConfig::keep_workspaces`] by default.
+pub const KEEP_WORKSPACES: Duration = Duration::from_secs(24 * 3600);
 
 impl ServerConfig {
     pub fn new(db: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
@@ -83,6 +89,7 @@ impl ServerConfig {
             backend: cordon_sandbox::BackendKind::Native,
             cpus: None,
             vm: cordon_sandbox::VmOptions::default(),
+            keep_workspaces: Some(KEEP_WORKSPACES),
         }
     }
 
@@ -91,6 +98,7 @@ impl ServerConfig {
     pub fn sandbox(&self, workspace: impl Into<PathBuf>) -> cordon_sandbox::SandboxConfig {
         let mut c = cordon_sandbox::SandboxConfig::new(workspace);
         c.memory = Some(self.bounds.default_memory);
+        c.disk = Some(self.bounds.default_disk);
         if self.pids.is_some() {
             c.pids = self.pids;
         }
@@ -225,6 +233,20 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
                 .await;
         }
     });
+    if let Some(keep) = shared.config.keep_workspaces {
+        let weak = Arc::downgrade(&shared);
+        let every = (keep / 10).clamp(Duration::from_millis(100), Duration::from_secs(60));
+        tokio::spawn(async move {
+            loop {
+                let Some(shared) = weak.upgrade() else {
+                    break;
+                };
+                remove_expired_workspaces(&shared, keep).await;
+                drop(shared);
+                tokio::time::sleep(every).await;
+            }
+        });
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| ServeError::Bind {
@@ -263,6 +285,59 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         stop,
         serve,
     })
+}
+
+/// Removes the workspaces of jobs that finished more than `keep` ago, and
+/// records each removal. The workspace was the sandbox's: removal never
+/// follows a link in it (std's `remove_dir_all` works descriptor-relative
+/// with `O_NOFOLLOW`), and directories it made unwritable to their owner
+/// are given their owner's bits back first. Removed first, recorded after:
+/// a server stopped in between removes (nothing) and records next time.
+async fn remove_expired_workspaces(shared: &Arc<Shared>, keep: Duration) {
+    let before = crate::store::now_ms().saturating_sub(keep.as_millis() as i64);
+    let ids = match shared.store.expired_workspaces(before, 100).await {
+        Ok(ids) => ids,
+        Err(e) => {
+            tracing::warn!("cannot list expired job workspaces: {e}");
+            return;
+        }
+    };
+    for id in ids {
+        // Ids are the server's own; anything else is not a path to join.
+        if id.is_empty()
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            continue;
+        }
+        let dir = runner::workspace_dir(shared, &id);
+        let removed = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
+        match removed {
+            Ok(Ok(())) => {
+                if let Err(e) = shared.store.workspace_removed(&id).await {
+                    tracing::warn!("cannot record that job {id}'s workspace was removed: {e}");
+                }
+            }
+            Ok(Err(e)) => tracing::warn!("cannot remove job {id}'s workspace: {e}"),
+            Err(e) => tracing::warn!("cannot remove job {id}'s workspace: {e}"),
+        }
+    }
+}
+
+/// Removes `dir` and everything in it; one that is already gone is fine.
+fn remove_tree(dir: &std::path::Path) -> std::io::Result<()> {
+    let gone = |r: std::io::Result<()>| match r {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    };
+    match gone(std::fs::remove_dir_all(dir)) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            cordon_sandbox::make_removable(dir)?;
+            gone(std::fs::remove_dir_all(dir))
+        }
+        r => r,
+    }
 }
 
 /// Takes queued jobs in order and runs them, one at a time per worker.

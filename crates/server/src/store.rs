@@ -54,6 +54,8 @@ pub struct JobRow {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub result: Option<Value>,
+    /// When the job's workspace was removed (`--keep-workspaces`).
+    pub workspace_removed_ms: Option<i64>,
 }
 
 /// One event of a job, as served on its SSE stream.
@@ -124,7 +126,7 @@ fn hash_token(token: &str) -> String {
 macro_rules! job_columns {
     () => {
         "seq, id, tenant, kind, spec, state, created_ms, started_ms, finished_ms, exit_code, \
-         error, stdout, stderr, stdout_truncated, stderr_truncated, result"
+         error, stdout, stderr, stdout_truncated, stderr_truncated, result, workspace_removed_ms"
     };
 }
 
@@ -150,6 +152,7 @@ fn job_from_row(row: &AnyRow) -> Result<JobRow> {
         stdout_truncated: row.try_get::<i64, _>("stdout_truncated")? != 0,
         stderr_truncated: row.try_get::<i64, _>("stderr_truncated")? != 0,
         result: result.and_then(|r| serde_json::from_str(&r).ok()),
+        workspace_removed_ms: row.try_get("workspace_removed_ms")?,
     })
 }
 
@@ -475,6 +478,38 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// Jobs that finished at or before `before_ms` and still have their
+    /// workspace, oldest first.
+    pub async fn expired_workspaces(&self, before_ms: i64, limit: i64) -> Result<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT id FROM jobs WHERE finished_ms IS NOT NULL AND finished_ms <= $1 \
+             AND workspace_removed_ms IS NULL AND state <> 'queued' AND state <> 'running' \
+             ORDER BY finished_ms LIMIT $2",
+        )
+        .bind(before_ms)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| r.try_get("id").map_err(Into::into))
+            .collect()
+    }
+
+    /// Records that a finished job's workspace is gone; false if it was
+    /// recorded already (another reaper sharing the database).
+    pub async fn workspace_removed(&self, id: &str) -> Result<bool> {
+        let changed = sqlx::query(
+            "UPDATE jobs SET workspace_removed_ms = $1 WHERE id = $2 \
+             AND workspace_removed_ms IS NULL AND finished_ms IS NOT NULL",
+        )
+        .bind(now_ms())
+        .bind(id)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(changed > 0)
     }
 
     /// Ids of jobs left running by a server that stopped without finishing

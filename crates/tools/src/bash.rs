@@ -117,6 +117,9 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
         Ok(t) => t,
         Err(e) => return e,
     };
+    if let Some(stop) = ctx.sandbox.disk_stopped() {
+        return ToolOutput::disk_stopped(&stop);
+    }
     let mut slot = ctx.shell.shell.lock().await;
     let mut note = String::new();
     if input.restart {
@@ -156,6 +159,19 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
     shell.busy = true;
     let outcome = shell.run(ctx, &command, timeout).await;
     shell.busy = false;
+    // A command may have written past the disk budget between two of the
+    // watcher's looks: look once more before saying it went well.
+    if let Some(stop) = ctx.sandbox.check_disk().await {
+        slot.take();
+        let mut out = ToolOutput::disk_stopped(&stop);
+        for (name, stream) in [("stdout", &outcome.stdout), ("stderr", &outcome.stderr)] {
+            if !stream.is_empty() {
+                out.text
+                    .push_str(&format!("\n{name}:\n{}", stream.render()));
+            }
+        }
+        return out;
+    }
     let mut restarted = false;
     match &outcome.end {
         End::Done(_) => {}

@@ -68,7 +68,27 @@ pub struct Image {
     pub data: String,
 }
 
+/// What the model is told when its sandbox was stopped for outgrowing its
+/// disk budget.
+pub fn disk_stopped(stop: &cordon_sandbox::DiskStop) -> String {
+    format!(
+        "{stop}. Everything running in it was killed, and no command can run in this session any more; \
+         the files written so far are still in the workspace. Do not retry: tell the user, who can \
+         delete large files from the workspace (build outputs, downloads, caches) and start again, \
+         or allow more with a larger disk budget (`--disk`, or a job's `disk`)."
+    )
+}
+
 impl ToolOutput {
+    /// The result of a tool whose sandbox was stopped for its disk budget.
+    pub fn disk_stopped(stop: &cordon_sandbox::DiskStop) -> Self {
+        ToolOutput::error(disk_stopped(stop)).with_structured(serde_json::json!({
+            "disk_exceeded": true,
+            "disk_budget_bytes": stop.budget,
+            "disk_growth_bytes": stop.growth,
+        }))
+    }
+
     pub fn ok(text: impl Into<String>) -> Self {
         ToolOutput {
             text: text.into(),
@@ -289,6 +309,11 @@ impl Toolbox {
     /// tools that exist, so the model can correct itself.
     pub async fn call(&self, ctx: &ToolContext, name: &str, input: Value) -> ToolOutput {
         match self.get(name) {
+            // The host-side file tools too: what a stopped sandbox's
+            // session writes must not grow the workspace further.
+            Some(_) if let Some(stop) = ctx.sandbox.disk_stopped() => {
+                ToolOutput::disk_stopped(&stop)
+            }
             Some(tool) => {
                 tracing::debug!(tool = name, "tool call");
                 tool.call(ctx, input).await

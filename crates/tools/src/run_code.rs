@@ -189,6 +189,7 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
     };
     let mut exec = match ctx.sandbox.exec_stream(req).await {
         Ok(e) => e,
+        Err(cordon_sandbox::Error::DiskBudget(stop)) => return ToolOutput::disk_stopped(&stop),
         Err(e) => return ToolOutput::error(format!("cannot run {program} in the sandbox: {e}")),
     };
     let mut out = HeadTail::new(ctx.limits.output_head, ctx.limits.output_tail);
@@ -204,6 +205,9 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
                 ctx.report(crate::OutputStream::Stderr, &d);
             }
             Some(Ok(ExecEvent::Exit(r))) => break r,
+            Some(Err(cordon_sandbox::Error::DiskBudget(stop))) => {
+                return ToolOutput::disk_stopped(&stop);
+            }
             Some(Err(e)) => {
                 return ToolOutput::error(format!(
                     "the sandbox failed while running the code: {e}"
@@ -212,6 +216,11 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
             None => return ToolOutput::error("the sandbox ended the run without a result"),
         }
     };
+    if result.disk_exceeded
+        && let Some(stop) = ctx.sandbox.disk_stopped()
+    {
+        return ToolOutput::disk_stopped(&stop);
+    }
     let code = result.status.code();
     let mut text = if result.timed_out {
         format!(

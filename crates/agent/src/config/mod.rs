@@ -163,6 +163,14 @@ pub const KEYS: &[Key] = &[
         guard: Guard::Tighten,
     },
     Key {
+        name: "sandbox.disk",
+        env: &["CORDON_DISK"],
+        secret: false,
+        default: None,
+        doc: "how much the sandbox's workspace may grow on disk before it is stopped (a size, or none)",
+        guard: Guard::Tighten,
+    },
+    Key {
         name: "sandbox.network",
         env: &["CORDON_NETWORK"],
         secret: false,
@@ -302,6 +310,21 @@ impl Layers<'_> {
     }
 }
 
+/// The smallest disk budget: less would stop a sandbox for a log file.
+const MIN_DISK: u64 = 1 << 20;
+
+/// A disk budget (`sandbox.disk`, `--disk`): a size such as `2G`, or
+/// `none` for no budget.
+pub fn parse_disk(v: &str) -> Result<Option<u64>, String> {
+    match v.trim() {
+        "none" | "off" | "unlimited" => Ok(None),
+        v => match cordon_sandbox::parse_size(v)? {
+            n if n >= MIN_DISK => Ok(Some(n)),
+            _ => Err("a disk budget must be at least 1M (or none)".into()),
+        },
+    }
+}
+
 /// `$XDG_CONFIG_HOME`, or `$HOME/.config`.
 pub fn config_home() -> Option<PathBuf> {
     std::env::var_os("XDG_CONFIG_HOME")
@@ -365,6 +388,12 @@ fn tightens(name: &str, value: &str, current: Option<&str>) -> bool {
         "sandbox.cpus" => {
             matches!(number(Some(value)), Some(n) if n >= 1 && n <= number(current).unwrap_or(1))
         }
+        // A budget tightens no budget, and a smaller one a larger one.
+        "sandbox.disk" => match (parse_disk(value), current.map(parse_disk)) {
+            (Ok(Some(new)), None | Some(Ok(None))) => new > 0,
+            (Ok(Some(new)), Some(Ok(Some(old)))) => new <= old,
+            _ => false,
+        },
         "sandbox.pids" => {
             matches!((number(Some(value)), number(current)), (Some(new), Some(old)) if new <= old)
         }

@@ -31,6 +31,8 @@ pub struct Endpoint {
 pub struct SandboxSettings {
     pub memory: u64,
     pub pids: u64,
+    /// The disk budget in bytes; `None`: none.
+    pub disk: Option<u64>,
     pub network: Network,
     pub display: Option<Display>,
     pub backend: BackendKind,
@@ -150,6 +152,7 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
                 }
             })?,
             pids: req(s, "sandbox.pids", positive)?,
+            disk: opt(s, "sandbox.disk", super::parse_disk)?.flatten(),
             network: req(s, "sandbox.network", |v| match v {
                 "off" => Ok(Network::Off),
                 "loopback" => Ok(Network::Loopback),

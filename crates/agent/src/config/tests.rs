@@ -334,3 +334,44 @@ fn a_project_file_holding_a_key_or_a_token_is_secret() {
     let s = Settings::load(&layers(home.path(), cwd.path(), &none, &[])).unwrap();
     assert!(s.secret_files().is_empty());
 }
+
+#[test]
+fn a_project_may_set_or_lower_the_disk_budget_but_not_raise_or_lift_it() {
+    let home = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(cwd.path().join(".cordon")).unwrap();
+    let load = |user: Option<&str>, project: &str| {
+        std::fs::create_dir_all(home.path().join("cordon")).unwrap();
+        let user_file = home.path().join("cordon/config.toml");
+        match user {
+            Some(u) => std::fs::write(&user_file, format!("[sandbox]\ndisk = \"{u}\"\n")).unwrap(),
+            None => {
+                let _ = std::fs::remove_file(&user_file);
+            }
+        }
+        std::fs::write(
+            cwd.path().join(PROJECT_FILE),
+            format!("[sandbox]\ndisk = \"{project}\"\n"),
+        )
+        .unwrap();
+        let none = |_: &str| None;
+        Settings::load(&layers(home.path(), cwd.path(), &none, &[])).unwrap()
+    };
+    // No budget yet: any budget tightens.
+    let s = load(None, "2G");
+    assert_eq!(s.resolved().sandbox.disk, Some(2 << 30));
+    let s = load(Some("1G"), "256M");
+    assert_eq!(s.resolved().sandbox.disk, Some(256 << 20));
+    for loosen in ["4G", "none"] {
+        let s = load(Some("1G"), loosen);
+        assert_eq!(s.resolved().sandbox.disk, Some(1 << 30), "{loosen}");
+        assert!(
+            s.ignored().iter().any(|i| i.key == "sandbox.disk"),
+            "{loosen} not reported"
+        );
+    }
+    let s = load(None, "none");
+    assert_eq!(s.resolved().sandbox.disk, None);
+    assert!(super::parse_disk("10K").is_err());
+    assert!(super::parse_disk("lots").is_err());
+}

@@ -68,6 +68,10 @@ impl VmLifecycle {
 }
 
 impl Lifecycle for VmLifecycle {
+    fn host_pid(&self) -> i32 {
+        self.pid
+    }
+
     fn oom_kills(&self) -> Option<u64> {
         None
     }
@@ -709,6 +713,9 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         // The guest caps processes with a cgroup of its own.
         rlimit_nproc: config.pids,
         user_counts: None,
+        // The guest's root could raise it: the host's watcher alone holds
+        // the budget here.
+        rlimit_fsize: None,
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

@@ -76,6 +76,9 @@ fn apply_rlimits(spec: &SetupSpec) -> Result<()> {
         set(Resource::Msgqueue, "MSGQUEUE", c.msgqueue)?;
         set(Resource::Memlock, "MEMLOCK", c.memlock)?;
     }
+    if let Some(n) = spec.rlimit_fsize {
+        set(Resource::Fsize, "FSIZE", n)?;
+    }
     set(Resource::Core, "CORE", 0)
 }
 

@@ -1,0 +1,149 @@
+//! Job workspaces on disk: each job's sandbox has a disk budget (the job
+//! option `disk`, bounded by the server), and a finished job's workspace is
+//! removed after `keep_workspaces` while its output and result are kept.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+
+/// Waits until the job says its workspace was removed.
+async fn wait_removed(s: &TestServer, t: &str, id: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, job) = s.get(t, &format!("/v1/jobs/{id}")).await;
+        if !job["workspace_removed_at"].is_null() {
+            return job;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the workspace was never removed: {job}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn finished_workspaces_are_removed_and_their_files_are_gone(db: Db) {
+    let Some(s) = TestServer::start_with(db, |c| {
+        c.keep_workspaces = Some(Duration::from_secs(2));
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    // A host directory the job's workspace links to: removing the
+    // workspace must not follow the links into it.
+    let victim = s.dir.join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("keep.txt"), "host data").unwrap();
+    let script = format!(
+        "echo kept-output; echo hi > x.txt; ln -s {v} link; ln -s {v}/keep.txt filelink; \
+         mkdir -p locked/deep && echo a > locked/deep/f && chmod 000 locked; \
+         mkdir ro && echo b > ro/f && chmod 555 ro",
+        v = victim.display()
+    );
+    let id = s
+        .submit(&t, json!({"kind": "shell", "command": script}))
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let ws = s.dir.join("data/jobs").join(&id).join("workspace");
+    // Kept for now.
+    let (status, _) = s.get(&t, &format!("/v1/jobs/{id}/files/x.txt")).await;
+    assert_eq!(status, 200);
+    assert!(ws.join("x.txt").exists());
+
+    let job = wait_removed(&s, &t, &id).await;
+    assert!(!ws.exists(), "{} is still there", ws.display());
+    assert_eq!(job["stdout"], "kept-output\n", "{job}");
+    assert_eq!(
+        std::fs::read_to_string(victim.join("keep.txt")).unwrap(),
+        "host data"
+    );
+    for path in ["files", "files/x.txt"] {
+        let (status, body) = s.get(&t, &format!("/v1/jobs/{id}/{path}")).await;
+        assert_eq!(status, 410, "{path}: {body}");
+        let msg = body["error"]["message"]
+            .as_str()
+            .or(body["message"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            msg.contains("workspace was removed") && msg.contains("kept"),
+            "{body}"
+        );
+    }
+    let put = s
+        .client
+        .put(s.url(&format!("/v1/jobs/{id}/files/new.txt")))
+        .bearer_auth(&t)
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status().as_u16(), 410);
+    assert!(!ws.exists(), "a PUT brought the workspace back");
+    // Events stay.
+    let (status, _) = s.get(&t, &format!("/v1/jobs/{id}")).await;
+    assert_eq!(status, 200);
+    s.stop().await;
+}
+
+async fn forever_keeps_workspaces(db: Db) {
+    let Some(s) = TestServer::start_with(db, |c| c.keep_workspaces = None).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let id = s.submit(&t, shell("echo hi > x.txt")).await;
+    s.wait(&t, &id).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, job) = s.get(&t, &format!("/v1/jobs/{id}")).await;
+    assert_eq!(status, 200);
+    assert!(job["workspace_removed_at"].is_null(), "{job}");
+    let (status, _) = s.get(&t, &format!("/v1/jobs/{id}/files/x.txt")).await;
+    assert_eq!(status, 200);
+    s.stop().await;
+}
+
+async fn a_job_past_its_disk_budget_fails_and_cannot_ask_past_the_ceiling(db: Db) {
+    let Some(s) = TestServer::start(db).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "shell", "disk": "16M",
+                   "command": "for i in $(seq 64); do head -c 1048576 /dev/zero > f$i; done; echo wrote"}),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    assert!(
+        job["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("disk budget"),
+        "{job}"
+    );
+    assert!(!job["stdout"].as_str().unwrap_or_default().contains("wrote"));
+    let (status, body) = s
+        .post(
+            &t,
+            "/v1/jobs",
+            json!({"kind": "shell", "command": "ls", "disk": "64G"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("`disk`"), "{body}");
+    s.stop().await;
+}
+
+on_both!(
+    finished_workspaces_are_removed_and_their_files_are_gone,
+    forever_keeps_workspaces,
+    a_job_past_its_disk_budget_fails_and_cannot_ask_past_the_ceiling,
+);
