@@ -82,6 +82,21 @@ struct Route {
 }
 
 impl Route {
+    /// Ends exec `id` as killed by the host, with what it had sent.
+    fn end_killed(&self, id: u64, started: Instant, timed_out: bool) {
+        let _ = self.events.send(Event::Exited(SupMsg::Exited {
+            id,
+            status: ExitStatus::Signal(libc::SIGKILL),
+            duration_us: started.elapsed().as_micros() as u64,
+            timed_out,
+            stdout_bytes: self.seen[0],
+            stderr_bytes: self.seen[1],
+            truncated: false,
+            oom_killed: false,
+        }));
+        self.stdin_credit.close();
+    }
+
     /// Output received that the [`Execution`] has not taken yet.
     fn unconsumed(&self) -> u64 {
         self.seen
@@ -168,17 +183,7 @@ impl Inner {
         );
         let routes = std::mem::take(&mut *self.routes());
         for (id, r) in routes {
-            let _ = r.events.send(Event::Exited(SupMsg::Exited {
-                id,
-                status: ExitStatus::Signal(libc::SIGKILL),
-                duration_us: r.started.elapsed().as_micros() as u64,
-                timed_out: false,
-                stdout_bytes: r.seen[0],
-                stderr_bytes: r.seen[1],
-                truncated: false,
-                oom_killed: false,
-            }));
-            r.stdin_credit.close();
+            r.end_killed(id, r.started, false);
         }
         self.lifecycle.kill();
         self.mark_gone();
@@ -204,17 +209,7 @@ impl Inner {
             "the sandbox's supervisor did not end a command at its timeout; killing the sandbox"
         );
         if let Some(r) = self.routes().remove(&id) {
-            let _ = r.events.send(Event::Exited(SupMsg::Exited {
-                id,
-                status: ExitStatus::Signal(libc::SIGKILL),
-                duration_us: started.elapsed().as_micros() as u64,
-                timed_out: true,
-                stdout_bytes: r.seen[0],
-                stderr_bytes: r.seen[1],
-                truncated: false,
-                oom_killed: false,
-            }));
-            r.stdin_credit.close();
+            r.end_killed(id, started, true);
         }
         self.lifecycle.kill();
         self.mark_gone();

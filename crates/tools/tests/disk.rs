@@ -4,23 +4,15 @@
 //!
 //! Needs the `cordon-supervisor` binary, as tests/tools.rs does.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 
 use cordon_sandbox::{Sandbox, SandboxConfig};
 use cordon_tools::{ToolContext, ToolOutput, Toolbox};
 use serde_json::json;
 
-fn supervisor() -> PathBuf {
-    if let Some(p) = std::env::var_os("CORDON_SUPERVISOR") {
-        return p.into();
-    }
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary lives in target/<profile>/deps");
-    dir.join("cordon-supervisor")
-}
+use common::supervisor;
 
 async fn budgeted(dir: &Path) -> (ToolContext, Toolbox) {
     let mut config = SandboxConfig::new(dir);

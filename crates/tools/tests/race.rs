@@ -11,30 +11,16 @@
 //! Like tests/tools.rs, this needs the `cordon-supervisor` binary built
 //! beside the test executable (`cargo build -p cordon-sandbox --bins`).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use cordon_sandbox::{ExecRequest, Sandbox, SandboxConfig};
 use cordon_tools::{ToolContext, Toolbox};
 use serde_json::{Value, json};
 
-fn supervisor() -> PathBuf {
-    if let Some(p) = std::env::var_os("CORDON_SUPERVISOR") {
-        return p.into();
-    }
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary lives in target/<profile>/deps");
-    let p = dir.join("cordon-supervisor");
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build -p cordon-sandbox --bins` or set CORDON_SUPERVISOR",
-        p.display()
-    );
-    p
-}
+use common::supervisor;
 
 /// What must never reach the model: names and contents beside the
 /// workspace, on the host.

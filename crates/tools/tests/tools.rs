@@ -7,31 +7,16 @@
 //! binary first (`cargo build --workspace --all-targets`), and by hand
 //! `cargo build -p cordon-sandbox --bins` does.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use cordon_sandbox::{Display, Sandbox, SandboxConfig};
 use cordon_tools::{Limits, ToolContext, ToolOutput, Toolbox};
 use serde_json::{Value, json};
 
-fn supervisor() -> PathBuf {
-    if let Some(p) = std::env::var_os("CORDON_SUPERVISOR") {
-        return p.into();
-    }
-    // .../target/debug/deps/tools-HASH -> .../target/debug/cordon-supervisor
-    let exe = std::env::current_exe().expect("current_exe");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binary lives in target/<profile>/deps");
-    let p = dir.join("cordon-supervisor");
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build -p cordon-sandbox --bins` (scripts/test builds it) or set CORDON_SUPERVISOR",
-        p.display()
-    );
-    p
-}
+use common::supervisor;
 
 struct Env {
     dir: tempfile::TempDir,

@@ -21,6 +21,7 @@
 //!   *total*, and one sandbox of an unprivileged user would then starve the
 //!   next.
 
+use std::fs::File;
 use std::io::{Read, Write};
 use std::path::Path;
 
@@ -66,36 +67,50 @@ pub fn unshare_owned_by(
     };
     // The mapper must stay in the host's user namespace: only a process
     // there may map ids into a namespace that is not its own creator's uid.
-    let (mut go_rx, mut go_tx) = pipe()?;
-    let (mut done_rx, mut done_tx) = pipe()?;
-    let parent = rustix::process::getpid();
+    let parent = rustix::process::getpid().as_raw_nonzero().get();
+    with_helper(
+        "fork the id mapper",
+        |mut go, mut done| {
+            let mut b = [0u8];
+            let code = match go.read(&mut b) {
+                Ok(1) => match map_ids(parent, &ids) {
+                    Ok(()) => 0u8,
+                    Err(e) => e.raw_os_error().unwrap_or(libc::EIO) as u8,
+                },
+                // The supervisor gave up before unsharing.
+                _ => libc::ECANCELED as u8,
+            };
+            let _ = done.write_all(&[code]);
+        },
+        |mut go, mut done, _| switch_and_unshare(owner, flags, &mut go, &mut done),
+    )
+}
+
+/// Forks a short-lived helper that runs `child` with a pipe from this
+/// process and one back to it, runs `parent` with the other ends and the
+/// helper's pid, and reaps the helper. The supervisor is single-threaded,
+/// so the helper may run ordinary code; it exits when `child` returns.
+pub(super) fn with_helper<T>(
+    what: &str,
+    child: impl FnOnce(File, File),
+    parent: impl FnOnce(File, File, i32) -> Result<T>,
+) -> Result<T> {
+    let (to_child_rx, to_child_tx) = pipe()?;
+    let (to_parent_rx, to_parent_tx) = pipe()?;
     // SAFETY: the supervisor is single-threaded.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(SetupError::io(
-            "fork the id mapper",
-            std::io::Error::last_os_error(),
-        ));
+        return Err(SetupError::io(what, std::io::Error::last_os_error()));
     }
     if pid == 0 {
-        drop(go_tx);
-        drop(done_rx);
-        let mut b = [0u8];
-        let code = match go_rx.read(&mut b) {
-            Ok(1) => match map_ids(parent.as_raw_nonzero().get(), &ids) {
-                Ok(()) => 0u8,
-                Err(e) => e.raw_os_error().unwrap_or(libc::EIO) as u8,
-            },
-            // The supervisor gave up before unsharing.
-            _ => libc::ECANCELED as u8,
-        };
-        let _ = done_tx.write_all(&[code]);
+        drop((to_child_tx, to_parent_rx));
+        child(to_child_rx, to_parent_tx);
         super::exit_now(0);
     }
-    drop(go_rx);
-    drop(done_tx);
-    let result = switch_and_unshare(owner, flags, &mut go_tx, &mut done_rx);
-    drop(go_tx);
+    drop((to_child_rx, to_parent_tx));
+    // The parent's ends close when `parent` returns, before the wait, so a
+    // helper still reading sees the end.
+    let result = parent(to_child_tx, to_parent_rx, pid);
     let mut status = 0;
     // SAFETY: reaping our own child.
     while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
@@ -107,8 +122,8 @@ pub fn unshare_owned_by(
 fn switch_and_unshare(
     owner: u32,
     flags: UnshareFlags,
-    go: &mut std::fs::File,
-    done: &mut std::fs::File,
+    go: &mut File,
+    done: &mut File,
 ) -> Result<bool> {
     use rustix::thread::{CapabilitiesSecureBits, set_capabilities_secure_bits};
     // Keep the capabilities across the uid change, so that unsharing is
@@ -174,7 +189,7 @@ fn map_ids(pid: i32, ids: &Ids) -> std::io::Result<()> {
     )
 }
 
-fn pipe() -> Result<(std::fs::File, std::fs::File)> {
+fn pipe() -> Result<(File, File)> {
     let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| SetupError::new("pipe", e))?;
     Ok((r.into(), w.into()))

@@ -14,7 +14,7 @@
 //! maps as the sandbox's will.
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use super::setup::SetupError;
@@ -70,53 +70,35 @@ pub fn prepare(owner: u32, wanted: &[Wanted]) -> Result<Option<Prepared>> {
 
 /// A user namespace mapping 0 to `owner`, held by descriptor only.
 fn throwaway_userns(owner: u32) -> Result<OwnedFd> {
-    let pipe = || {
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-            .map_err(|e| SetupError::new("pipe", e))
-    };
-    let (ready_rx, ready_tx) = pipe()?;
-    let (done_rx, done_tx) = pipe()?;
-    // SAFETY: the supervisor is single-threaded.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(SetupError::io(
-            "fork for the idmap namespace",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    if pid == 0 {
-        drop((ready_rx, done_tx));
-        // SAFETY: plain syscall in the fresh child.
-        if unsafe { libc::unshare(libc::CLONE_NEWUSER) } == 0 {
-            let _ = rustix::io::write(&ready_tx, &[1]);
-            // Until the parent holds the namespace (EOF).
-            let _ = std::fs::File::from(done_rx).read(&mut [0u8]);
-        }
-        super::exit_now(0);
-    }
-    drop((ready_tx, done_rx));
-    let result = (|| {
-        let mut b = [0u8];
-        if std::fs::File::from(ready_rx).read(&mut b)? != 1 {
-            return Err(std::io::Error::other("the child could not unshare"));
-        }
-        let dir = format!("/proc/{pid}");
-        std::fs::write(format!("{dir}/setgroups"), "deny")?;
-        std::fs::write(format!("{dir}/uid_map"), format!("0 {owner} 1\n"))?;
-        std::fs::write(format!("{dir}/gid_map"), format!("0 {owner} 1\n"))?;
-        Ok(rustix::fs::open(
-            format!("{dir}/ns/user"),
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )?)
-    })();
-    drop(done_tx);
-    let mut status = 0;
-    // SAFETY: reaping our own child.
-    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
-        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
-    {}
-    result.map_err(|e| SetupError::io("make the idmap namespace", e))
+    super::counts::with_helper(
+        "fork for the idmap namespace",
+        |mut done, mut ready| {
+            // SAFETY: plain syscall in the fresh helper.
+            if unsafe { libc::unshare(libc::CLONE_NEWUSER) } == 0 {
+                let _ = ready.write_all(&[1]);
+                // Until the parent holds the namespace (EOF).
+                let _ = done.read(&mut [0u8]);
+            }
+        },
+        |_done, mut ready, pid| {
+            let held = (|| {
+                let mut b = [0u8];
+                if ready.read(&mut b)? != 1 {
+                    return Err(std::io::Error::other("the helper could not unshare"));
+                }
+                let dir = format!("/proc/{pid}");
+                std::fs::write(format!("{dir}/setgroups"), "deny")?;
+                std::fs::write(format!("{dir}/uid_map"), format!("0 {owner} 1\n"))?;
+                std::fs::write(format!("{dir}/gid_map"), format!("0 {owner} 1\n"))?;
+                Ok(rustix::fs::open(
+                    format!("{dir}/ns/user"),
+                    rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )?)
+            })();
+            held.map_err(|e| SetupError::io("make the idmap namespace", e))
+        },
+    )
 }
 
 /// A detached copy of the tree at `path`, idmapped through `userns`.
