@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::serve::Serve;
 
 mod support;
 
@@ -184,82 +185,11 @@ fn qemus_sharing(trace: &str) -> usize {
         .count()
 }
 
-/// `cordon serve` as a process, on a free port, with its first token.
-struct Serve {
-    child: std::process::Child,
-    base: String,
-    home: tempfile::TempDir,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Serve {
-    fn start() -> Serve {
-        Serve::start_with(&[])
-    }
-
-    fn start_with(extra: &[&str]) -> Serve {
-        Serve::start_in(tempfile::tempdir().unwrap(), extra)
-    }
-
-    /// `cordon serve` with `home` as its home (configuration included).
-    fn start_in(home: tempfile::TempDir, extra: &[&str]) -> Serve {
-        use std::io::{BufRead, BufReader};
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(extra)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", home.path())
-            .env("XDG_DATA_HOME", home.path().join("data"))
-            .env("XDG_CONFIG_HOME", home.path().join("config"))
-            .stderr(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        loop {
-            let line = lines.next().expect("the server exited").unwrap();
-            if line.contains("serving on") {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Serve {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            home,
-        }
-    }
-
-    fn token(&self, tenant: &str) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
-            .args(["token", "create", "--tenant", tenant])
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", self.home.path())
-            .env("XDG_DATA_HOME", self.home.path().join("data"))
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
-    }
-
-    fn mcp_dirs(&self) -> usize {
-        std::fs::read_dir(self.home.path().join("data/cordon/server/mcp"))
-            .map(|d| d.count())
-            .unwrap_or(0)
-    }
+/// The MCP sessions' workspaces the server holds.
+fn mcp_dirs(s: &Serve) -> usize {
+    std::fs::read_dir(s.home.path().join("data/cordon/server/mcp"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// One JSON-RPC message to /mcp; the answer's body (JSON or SSE) as text.
@@ -311,7 +241,7 @@ fn the_python_sdk_drives_cordon_serves_mcp_endpoint() {
     // background there, and its workspace are gone.
     wait_gone(&marker);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while s.mcp_dirs() > 0 {
+    while mcp_dirs(&s) > 0 {
         assert!(
             Instant::now() < deadline,
             "the session's workspace is left behind"
@@ -432,7 +362,7 @@ fn an_idle_mcp_session_is_closed_with_its_sandbox() {
     let (_, _, body) = rpc(&s, Some(&token), Some(&session), call);
     assert!(body.contains("started"), "{body}");
     assert_eq!(sleepers(&marker), 1);
-    assert_eq!(s.mcp_dirs(), 1);
+    assert_eq!(mcp_dirs(&s), 1);
     let idle_from = Instant::now();
     wait_gone(&marker);
     assert!(
@@ -440,7 +370,7 @@ fn an_idle_mcp_session_is_closed_with_its_sandbox() {
         "closed before it was idle"
     );
     let deadline = Instant::now() + Duration::from_secs(10);
-    while s.mcp_dirs() > 0 {
+    while mcp_dirs(&s) > 0 {
         assert!(
             Instant::now() < deadline,
             "the session's workspace is still there"

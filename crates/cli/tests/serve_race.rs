@@ -5,10 +5,12 @@
 //! calls `list_dir` and `search_files` thousands of times. Nothing of the
 //! other tenant's may come back.
 
-use std::process::{Child, Command, Stdio};
+mod support;
+
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use support::serve::Serve;
 
 /// In the other tenant's file names and contents.
 const MARKER: &str = "HOSTMARKER";
@@ -27,74 +29,29 @@ while not os.path.exists("stop") and time.time() < end:
         libc.renameat2(-100, b"d", -100, b"l", 2)
 "#;
 
-struct Serve {
-    child: Child,
-    base: String,
-    home: tempfile::TempDir,
+/// The server, and a client for its API.
+struct Race {
+    serve: Serve,
     http: reqwest::blocking::Client,
 }
 
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Serve {
-    fn start() -> Serve {
-        use std::io::{BufRead, BufReader};
-        let home = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", home.path())
-            .env("XDG_DATA_HOME", home.path().join("data"))
-            .env("XDG_CONFIG_HOME", home.path().join("config"))
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        loop {
-            let line = lines.next().expect("the server exited").unwrap();
-            if line.contains("serving on") {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Serve {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            home,
+impl Race {
+    fn start() -> Race {
+        Race {
+            serve: Serve::start(),
             http: reqwest::blocking::Client::new(),
         }
     }
 
     fn token(&self, tenant: &str) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
-            .args(["token", "create", "--tenant", tenant])
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", self.home.path())
-            .env("XDG_DATA_HOME", self.home.path().join("data"))
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
+        self.serve.token(tenant)
     }
 
     /// Runs a shell job for `token` to its end; its id.
     fn job(&self, token: &str, command: &str) -> String {
         let r: Value = self
             .http
-            .post(format!("{}/v1/jobs", self.base))
+            .post(format!("{}/v1/jobs", self.serve.base))
             .bearer_auth(token)
             .json(&json!({"kind": "shell", "command": command}))
             .send()
@@ -106,7 +63,7 @@ impl Serve {
         loop {
             let j: Value = self
                 .http
-                .get(format!("{}/v1/jobs/{id}", self.base))
+                .get(format!("{}/v1/jobs/{id}", self.serve.base))
                 .bearer_auth(token)
                 .send()
                 .unwrap()
@@ -126,7 +83,7 @@ impl Serve {
     fn rpc(&self, token: &str, session: Option<&str>, body: Value) -> (Option<String>, String) {
         let mut r = self
             .http
-            .post(format!("{}/mcp", self.base))
+            .post(format!("{}/mcp", self.serve.base))
             .header("Accept", "application/json, text/event-stream")
             .bearer_auth(token)
             .json(&body);
@@ -149,7 +106,7 @@ fn call(name: &str, arguments: Value) -> Value {
 
 #[test]
 fn an_mcp_session_racing_its_tools_never_sees_another_tenants_files() {
-    let s = Serve::start();
+    let s = Race::start();
     let other = s.token("other");
     let theirs = s.job(
         &other,
@@ -172,7 +129,7 @@ fn an_mcp_session_racing_its_tools_never_sees_another_tenants_files() {
     // From the session's workspace (data/mcp/mcp_X) to the other
     // tenant's job workspace (data/jobs/ID/workspace).
     let target = format!("../../jobs/{theirs}/workspace");
-    let server_dir = s.home.path().join("data/cordon/server");
+    let server_dir = s.serve.home.path().join("data/cordon/server");
     assert!(
         server_dir
             .join(format!("jobs/{theirs}/workspace/{MARKER}-dir"))

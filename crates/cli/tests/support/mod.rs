@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod serve;
 pub mod tmux;
 
 use std::os::unix::fs::PermissionsExt;
