@@ -157,8 +157,8 @@ pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
         }
         config_error(e)
     })?;
-    let sandbox = crate::options::sandbox_config(&settings).map_err(config_error)?;
-    crate::options::guard_cordon_dirs(&sandbox).map_err(config_error)?;
+    let mut sandbox = crate::options::sandbox_config(&settings).map_err(config_error)?;
+    crate::options::guard_cordon_dirs(&mut sandbox).map_err(config_error)?;
     Ok(Setup {
         workspace: sandbox.workspace.clone(),
         settings,

@@ -172,7 +172,7 @@ impl SandboxOpts {
         for b in &self.rw {
             c.binds.push(parse_bind(b, true).map_err(sandbox_error)?);
         }
-        guard_cordon_dirs(&c).map_err(config_error)?;
+        guard_cordon_dirs(&mut c).map_err(config_error)?;
         Ok(c)
     }
 }
@@ -287,21 +287,47 @@ fn resolved(path: &Path) -> PathBuf {
 /// `--workspace ./frontend`, with `frontend` a link to `/etc` left by a
 /// sandbox, would mount `/etc` read-write. Links above the current
 /// directory (`/home` -> `/var/home`) are the system's and are followed.
-fn refuse_planted_links(path: &Path, what: &str) -> Result<(), String> {
+///
+/// Returns the path with those links resolved, as found by a walk that
+/// holds each directory open: a sandbox swapping a directory for a link
+/// meanwhile cannot slip it past the check. A path that does not open is
+/// returned as given, for the sandbox to report.
+fn resolve_refusing_planted_links(path: &Path, what: &str) -> Result<PathBuf, String> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    use std::path::Component;
     let abs = std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let cwd = std::env::current_dir()
         .ok()
         .and_then(|d| std::path::absolute(d).ok());
+    let comps: Vec<Component> = abs.components().collect();
+    let open = |at: &std::os::fd::OwnedFd, name: &std::ffi::OsStr, follow: bool| {
+        let mut flags = OFlags::PATH | OFlags::CLOEXEC;
+        if !follow {
+            flags |= OFlags::NOFOLLOW;
+        }
+        rustix::fs::openat(at, name, flags, Mode::empty())
+    };
+    let Ok(mut fd) = rustix::fs::open("/", OFlags::PATH | OFlags::CLOEXEC, Mode::empty()) else {
+        return Ok(path.to_path_buf());
+    };
     let mut at = PathBuf::new();
-    let last = abs.components().count();
-    for (i, c) in abs.components().enumerate() {
+    for (i, c) in comps.iter().enumerate() {
         at.push(c);
+        let name = match c {
+            Component::RootDir | Component::Prefix(_) | Component::CurDir => continue,
+            Component::ParentDir => std::ffi::OsStr::new(".."),
+            Component::Normal(n) => n,
+        };
         let below_cwd = cwd.as_ref().is_some_and(|d| at.starts_with(d) && at != *d);
-        if (below_cwd || i + 1 == last)
-            && std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink())
-        {
-            let to = std::fs::read_link(&at)
-                .map(|t| t.display().to_string())
+        let guarded = below_cwd || i + 1 == comps.len();
+        let Ok(next) = open(&fd, name, !guarded) else {
+            return Ok(path.to_path_buf());
+        };
+        let is_link = rustix::fs::fstat(&next)
+            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink);
+        if is_link {
+            let to = rustix::fs::readlinkat(&fd, name, Vec::new())
+                .map(|t| t.to_string_lossy().into_owned())
                 .unwrap_or_default();
             return Err(format!(
                 "{what} {} is reached through the symbolic link {} (to {to}), which a sandbox \
@@ -310,18 +336,25 @@ fn refuse_planted_links(path: &Path, what: &str) -> Result<(), String> {
                 at.display()
             ));
         }
+        fd = next;
     }
-    Ok(())
+    Ok(std::fs::read_link(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
+    ))
+    .unwrap_or_else(|_| path.to_path_buf()))
 }
 
 /// Refuses a workspace or bind that holds cordon's own directories or the
 /// user's home: a sandbox there could rewrite the configuration that
 /// starts host programs, or read the keys in it.
-pub fn guard_cordon_dirs(c: &SandboxConfig) -> Result<(), String> {
-    refuse_planted_links(&c.workspace, "the workspace")?;
-    for b in &c.binds {
-        refuse_planted_links(&b.source, "the bind source")?;
+pub fn guard_cordon_dirs(c: &mut SandboxConfig) -> Result<(), String> {
+    c.workspace = resolve_refusing_planted_links(&c.workspace, "the workspace")?;
+    for b in &mut c.binds {
+        b.source = resolve_refusing_planted_links(&b.source, "the bind source")?;
     }
+    // Resolved here: a link on these paths from now on was planted since.
+    c.follow_links = false;
     let own = cordon_dirs();
     let shared = std::iter::once((&c.workspace, "the workspace"))
         .chain(c.binds.iter().map(|b| (&b.source, "a bind")));

@@ -723,3 +723,88 @@ fn editor_and_agent_settings_the_sandbox_rewrites(who: Who) {
     );
 }
 attack!(editor_and_agent_settings_the_sandbox_rewrites, microvm);
+
+/// The race behind the rule above: a sandbox working on the project swaps
+/// a directory with a link out (`renameat2(RENAME_EXCHANGE)` in a loop)
+/// while the user starts `cordon run --workspace project/sub` again and
+/// again. cordon checks the path, resolves it, and its supervisor opens it
+/// later: a link swapped in between must be refused, never mounted.
+fn workspace_swapped_for_a_link_while_cordon_starts(who: Who) {
+    const TRIES: usize = 300;
+    let w = World::new(who);
+    std::fs::create_dir(w.ws.join("sub")).unwrap();
+    std::fs::write(w.ws.join("sub/inside.txt"), "inside\n").unwrap();
+    if who == Who::Unprivileged && is_root() {
+        chown_tree(&w.ws);
+    }
+    let swapper = format!(
+        "import ctypes, os, time\n\
+         os.symlink({o:?}, 'l')\n\
+         libc = ctypes.CDLL(None)\n\
+         open('swapping', 'w').close()\n\
+         end = time.time() + 120\n\
+         while not os.path.exists('stop') and time.time() < end:\n\
+         \x20   for _ in range(64): libc.renameat2(-100, b'sub', -100, b'l', 2)\n",
+        o = w.outside.display().to_string()
+    );
+    let mut attacker = w
+        .cordon(&["run", "--", "python3", "-c", &swapper])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !w.ws.join("swapping").exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the swapper never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (mut mounted, mut refused_late) = (0, 0);
+    let mut leak = None;
+    for _ in 0..TRIES {
+        // From the project's parent, as a user starting a second sandbox.
+        let out = w
+            .cordon(&[
+                "run",
+                "--workspace",
+                "project/sub",
+                "--",
+                "ls",
+                "/workspace",
+            ])
+            .current_dir(w.ws.parent().unwrap())
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if text.contains("outside-only.txt") {
+            leak = Some(text);
+            break;
+        }
+        match out.status.code() {
+            Some(0) => mounted += 1,
+            Some(125) if text.contains("symbolic link appeared") => refused_late += 1,
+            Some(78) => {}
+            other => panic!("unexpected outcome {other:?}: {text}"),
+        }
+    }
+    std::fs::write(w.ws.join("stop"), "").unwrap();
+    let _ = attacker.wait();
+    eprintln!(
+        "{who:?}: of {TRIES} starts, {mounted} mounted the real directory, {refused_late} were \
+         refused after the host's check, the rest by it"
+    );
+    if let Some(text) = leak {
+        panic!("HOST CHANGED: a sandbox's swapped-in link was mounted as the workspace: {text}");
+    }
+    // The race was run: some starts got past the host's check.
+    assert!(
+        mounted + refused_late > 0,
+        "every start was refused by the host's check; the race was never reached"
+    );
+}
+attack!(workspace_swapped_for_a_link_while_cordon_starts);

@@ -161,6 +161,11 @@ pub struct SandboxConfig {
     /// rename away (their directories below the workspace are pinned):
     /// see [`control_files`]. Missing ones are skipped.
     pub read_only: Vec<PathBuf>,
+    /// Whether the workspace's and the binds' paths may lead through
+    /// symbolic links. A caller that resolved them itself (cordon's front
+    /// ends, which refuse links a sandbox could have planted) sets it false:
+    /// a link that appears on them later was planted since, and is refused.
+    pub follow_links: bool,
     /// Environment added to every exec, over the built-in minimum.
     pub env: Vec<(String, String)>,
     /// Default working directory of execs.
@@ -311,6 +316,7 @@ impl SandboxConfig {
             binds: Vec::new(),
             hidden: Vec::new(),
             read_only: Vec::new(),
+            follow_links: true,
             env: Vec::new(),
             workdir: "/workspace".into(),
             hostname: "cordon".into(),

@@ -1,7 +1,7 @@
 //! The `native` backend: Linux namespaces, set up by the supervisor.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -230,11 +230,24 @@ pub(crate) fn resolve_supervisor(config: &SandboxConfig) -> Result<PathBuf> {
     })
 }
 
-pub(crate) fn validate(config: &SandboxConfig) -> Result<(String, Vec<Bind>)> {
-    let ws = config
-        .workspace
+/// `path` with every link resolved; unless `config` lets paths lead
+/// through links, it must have had none (see [`SandboxConfig::follow_links`]).
+fn resolve(config: &SandboxConfig, path: &Path, what: &str) -> Result<PathBuf> {
+    let real = path
         .canonicalize()
-        .map_err(|e| Error::Config(format!("workspace {}: {e}", config.workspace.display())))?;
+        .map_err(|e| Error::Config(format!("{what} {}: {e}", path.display())))?;
+    if !config.follow_links && real != path {
+        return Err(Error::Config(format!(
+            "{what} {}: a symbolic link appeared on this path after cordon resolved it \
+             (a sandbox working in a directory above may have planted it); cordon follows none",
+            path.display()
+        )));
+    }
+    Ok(real)
+}
+
+pub(crate) fn validate(config: &SandboxConfig) -> Result<(String, Vec<Bind>)> {
+    let ws = resolve(config, &config.workspace, "workspace")?;
     if !ws.is_dir() {
         return Err(Error::Config(format!(
             "workspace {} is not a directory",
@@ -247,10 +260,7 @@ pub(crate) fn validate(config: &SandboxConfig) -> Result<(String, Vec<Bind>)> {
         .to_string();
     let mut binds = Vec::new();
     for b in &config.binds {
-        let src = b
-            .source
-            .canonicalize()
-            .map_err(|e| Error::Config(format!("bind source {}: {e}", b.source.display())))?;
+        let src = resolve(config, &b.source, "bind source")?;
         let target = b.target.clone();
         if !target.starts_with('/') || target.split('/').any(|c| c == "..") {
             return Err(Error::Config(format!(

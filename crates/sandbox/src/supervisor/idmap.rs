@@ -101,17 +101,22 @@ fn throwaway_userns(owner: u32) -> Result<OwnedFd> {
     )
 }
 
-/// A detached copy of the tree at `path`, idmapped through `userns`.
+/// A detached copy of the tree at `path`, idmapped through `userns`. A
+/// path with a link on it is refused: the host resolved the workspace's and
+/// binds' (see `setup::open_no_links`), and a system path with one is bound
+/// as it is, by its plain open.
 fn idmapped(path: &str, userns: &OwnedFd) -> std::io::Result<OwnedFd> {
-    let c = std::ffi::CString::new(path)
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: open_tree with a valid path; the result is a new descriptor.
+    let at = super::setup::open_no_links(path)?;
+    // SAFETY: open_tree on our descriptor; the result is a new descriptor.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE,
+            at.as_raw_fd(),
+            c"".as_ptr(),
+            OPEN_TREE_CLONE
+                | libc::O_CLOEXEC as libc::c_uint
+                | AT_RECURSIVE
+                | libc::AT_EMPTY_PATH as libc::c_uint,
         )
     };
     if fd < 0 {

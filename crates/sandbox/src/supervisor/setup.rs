@@ -192,6 +192,21 @@ impl Source {
                 false,
             ),
         };
+        Source::from_fd(path, fd, detached)
+    }
+
+    /// The workspace or a bind source: a path the host resolved, so a link
+    /// anywhere on it now was planted since (a sandbox working in a
+    /// directory above can swap one in) and is refused, not followed.
+    fn open_resolved(path: &str, prepared: &mut Prepared) -> Result<Source> {
+        if let Some(fd) = prepared.take(path) {
+            return Source::from_fd(path, fd, true);
+        }
+        let fd = open_no_links(path).map_err(|e| planted(path, e))?;
+        Source::from_fd(path, fd, false)
+    }
+
+    fn from_fd(path: &str, fd: OwnedFd, detached: bool) -> Result<Source> {
         let st = rustix::fs::fstat(&fd).ctx(|| format!("stat {path}"))?;
         let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir();
         Ok(Source {
@@ -204,6 +219,34 @@ impl Source {
     /// A path through which `mount` reaches this handle.
     fn proc_path(&self) -> String {
         format!("/proc/self/fd/{}", self.fd.as_raw_fd())
+    }
+}
+
+/// An `O_PATH` handle on `path`, refusing a symbolic link on any part of it.
+pub(crate) fn open_no_links(path: &str) -> rustix::io::Result<OwnedFd> {
+    use rustix::fs::ResolveFlags;
+    rustix::fs::openat2(
+        rustix::fs::CWD,
+        path,
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+}
+
+/// The error for a resolved path that no longer opens without a link.
+fn planted(path: &str, e: Errno) -> SetupError {
+    if e == Errno::LOOP {
+        SetupError {
+            what: format!(
+                "{path}: a symbolic link appeared on this path after cordon resolved it \
+                 (a sandbox working in a directory above may have planted it); cordon \
+                 follows none"
+            ),
+            errno: 0,
+        }
+    } else {
+        SetupError::new(format!("open {path}"), e)
     }
 }
 
@@ -301,7 +344,7 @@ pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
         Ok(m) if m.is_dir() => Some(Source::open(FONT_CACHE, prepared)?),
         _ => None,
     };
-    let workspace = Source::open(&spec.workspace, prepared)?;
+    let workspace = Source::open_resolved(&spec.workspace, prepared)?;
     if !workspace.is_dir {
         return Err(SetupError {
             what: format!("workspace {} is not a directory", spec.workspace),
@@ -310,7 +353,7 @@ pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
     }
     let mut binds = Vec::new();
     for b in &spec.binds {
-        binds.push((b, Source::open(&b.source, prepared)?));
+        binds.push((b, Source::open_resolved(&b.source, prepared)?));
     }
 
     let stage = Path::new(STAGE);
