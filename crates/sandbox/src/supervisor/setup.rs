@@ -265,20 +265,46 @@ fn host_entries(
     prepared: &mut Prepared,
 ) -> Result<Vec<(&'static str, SysEntry)>> {
     let mut entries = Vec::new();
-    for name in names {
-        let host = format!("{base}{name}");
-        match fs::symlink_metadata(&host) {
-            Ok(m) if m.file_type().is_symlink() => {
-                let target = fs::read_link(&host).ctx(|| format!("readlink {host}"))?;
-                entries.push((*name, SysEntry::Link(target)));
+    for (name, host, kind) in host_listing(base, names, dirs_only) {
+        let entry = match kind {
+            HostKind::Link => {
+                SysEntry::Link(fs::read_link(&host).ctx(|| format!("readlink {host}"))?)
             }
-            Ok(m) if m.is_dir() || !dirs_only => {
-                entries.push((*name, SysEntry::Bind(Source::open(&host, prepared)?)));
-            }
-            _ => {}
-        }
+            HostKind::Bind => SysEntry::Bind(Source::open(&host, prepared)?),
+        };
+        entries.push((name, entry));
     }
     Ok(entries)
+}
+
+/// How [`host_entries`] places a host path in the sandbox.
+#[derive(PartialEq)]
+enum HostKind {
+    /// Recreated as the same symbolic link.
+    Link,
+    /// Bound.
+    Bind,
+}
+
+/// `names` under `base` that exist on the host (directories only, if
+/// `dirs_only`, but for links), with their full paths and kinds.
+fn host_listing(
+    base: &str,
+    names: &[&'static str],
+    dirs_only: bool,
+) -> Vec<(&'static str, String, HostKind)> {
+    names
+        .iter()
+        .filter_map(|name| {
+            let host = format!("{base}{name}");
+            let kind = match fs::symlink_metadata(&host) {
+                Ok(m) if m.file_type().is_symlink() => HostKind::Link,
+                Ok(m) if m.is_dir() || !dirs_only => HostKind::Bind,
+                _ => return None,
+            };
+            Some((*name, host, kind))
+        })
+        .collect()
 }
 
 /// The host paths [`build_root`] binds that an idmapped copy can stand
@@ -295,18 +321,14 @@ pub fn idmap_wanted(spec: &SetupSpec) -> Vec<Wanted> {
             required: b.writable,
         });
     }
-    let lists: [(&str, &[&str], bool); 2] = [("/", SYSTEM_DIRS, true), ("/etc/", ETC_ALLOW, false)];
-    for (base, names, dirs_only) in lists {
-        for name in names {
-            let path = format!("{base}{name}");
-            match fs::symlink_metadata(&path) {
-                Ok(m) if m.file_type().is_symlink() => {}
-                Ok(m) if m.is_dir() || !dirs_only => wanted.push(Wanted {
-                    path,
-                    required: false,
-                }),
-                _ => {}
-            }
+    let system = host_listing("/", SYSTEM_DIRS, true);
+    let etc = host_listing("/etc/", ETC_ALLOW, false);
+    for (_, path, kind) in system.into_iter().chain(etc) {
+        if kind == HostKind::Bind {
+            wanted.push(Wanted {
+                path,
+                required: false,
+            });
         }
     }
     if fs::metadata(FONT_CACHE).is_ok_and(|m| m.is_dir()) {
