@@ -58,6 +58,20 @@ fn wait_gone(marker: &str) {
     }
 }
 
+/// What client.py reported, once it succeeded, checked against the
+/// scenario it runs (`ws`: the workspace its files must be in, if known).
+fn client_result(out: &std::process::Output, ws: Option<&Path>) -> Value {
+    assert!(
+        out.status.success(),
+        "client.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("client.py prints JSON");
+    check_scenario(&v, ws);
+    v
+}
+
 /// Checks the observations client.py printed; `ws` is the workspace when
 /// the test knows it (stdio).
 fn check_scenario(out: &Value, ws: Option<&Path>) {
@@ -129,14 +143,7 @@ fn drive_stdio(py: &str, extra: &[&str], tag: u32) -> (tempfile::TempDir, String
         .args(extra)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "client.py failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("client.py prints JSON");
-    check_scenario(&v, Some(ws.path()));
+    let v = client_result(&out, Some(ws.path()));
     (ws, marker, v)
 }
 
@@ -229,14 +236,7 @@ fn the_python_sdk_drives_cordon_serves_mcp_endpoint() {
         .args(["http", &format!("{}/mcp", s.base), &token, &marker])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "client.py failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("client.py prints JSON");
-    check_scenario(&v, None);
+    client_result(&out, None);
     // The client ended its session: its sandbox, what ran in the
     // background there, and its workspace are gone.
     wait_gone(&marker);
@@ -285,14 +285,7 @@ fn the_python_sdk_drives_cordon_mcp_listen_with_its_token() {
         .unwrap();
     let _ = server.kill();
     let _ = server.wait();
-    assert!(
-        out.status.success(),
-        "client.py failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("client.py prints JSON");
-    check_scenario(&v, Some(ws.path()));
+    client_result(&out, Some(ws.path()));
     wait_gone(&marker);
 }
 

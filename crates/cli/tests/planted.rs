@@ -63,6 +63,17 @@ macro_rules! attack {
     };
 }
 
+/// Every request the model server received, its raw bodies together: what
+/// the model was told, tool results included.
+fn bodies(server: &ScriptedServer) -> String {
+    server
+        .requests()
+        .iter()
+        .map(|r| r.raw_body.clone())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The ways a user opens the next conversation.
 #[derive(Debug, Clone, Copy)]
 enum Front {
@@ -590,12 +601,7 @@ fn git_runs_what_the_sandbox_wrote(who: Who) {
     // The model's tools, directly and through a link into .git/hooks.
     let exec = w.cordon(&["exec", "set up git"]).output().unwrap();
     assert!(exec.status.success(), "{exec:?}");
-    let results = server
-        .requests()
-        .iter()
-        .map(|r| r.raw_body.clone())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let results = bodies(&server);
     assert!(
         results.matches("read-only: git on the host").count() >= 2,
         "the model's writes were not refused with the reason: {results}"
@@ -699,12 +705,7 @@ fn editor_and_agent_settings_the_sandbox_rewrites(who: Who) {
         .output()
         .unwrap();
     assert!(exec.status.success(), "{exec:?}");
-    let results = server
-        .requests()
-        .iter()
-        .map(|r| r.raw_body.clone())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let results = bodies(&server);
     assert!(
         results.contains("read-only: editors on the host")
             && results.contains("read-only: coding agents on the host"),

@@ -699,17 +699,7 @@ async fn an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage(db
             ),
     );
     let url = model.url();
-    let Some(s) = TestServer::start_with(db, move |c| {
-        let mut provider =
-            cordon_agent::ProviderConfig::new(cordon_agent::ProviderKind::Anthropic, url);
-        provider.api_key = Some("sk-test".into());
-        c.agent = Some(cordon_server::runner::AgentDefaults {
-            provider,
-            agent: cordon_agent::AgentConfig::new("claude-sonnet-4-5"),
-        });
-    })
-    .await
-    else {
+    let Some(s) = TestServer::start_with(db, with_model(url)).await else {
         return;
     };
     let t = s.token("acme").await;

@@ -6,18 +6,6 @@ use common::*;
 use cordon_testkit::{Scenario, ScriptedServer, Turn};
 use serde_json::{Value, json};
 
-fn with_model(url: String) -> impl FnOnce(&mut cordon_server::ServerConfig) {
-    move |c| {
-        let mut provider =
-            cordon_agent::ProviderConfig::new(cordon_agent::ProviderKind::Anthropic, url);
-        provider.api_key = Some("sk-test".into());
-        c.agent = Some(cordon_server::runner::AgentDefaults {
-            provider,
-            agent: cordon_agent::AgentConfig::new("claude-sonnet-4-5"),
-        });
-    }
-}
-
 async fn say(s: &TestServer, token: &str, id: &str, text: &str) -> Vec<(String, Value)> {
     let r = s
         .client

@@ -206,15 +206,7 @@ fn with_caps(
         c.sessions_per_tenant = per_tenant;
         c.sessions = total;
         c.session_idle = idle;
-        if let Some(url) = model {
-            let mut provider =
-                cordon_agent::ProviderConfig::new(cordon_agent::ProviderKind::Anthropic, url);
-            provider.api_key = Some("sk-test".into());
-            c.agent = Some(cordon_server::runner::AgentDefaults {
-                provider,
-                agent: cordon_agent::AgentConfig::new("claude-sonnet-4-5"),
-            });
-        }
+        c.agent = model.map(agent_at);
     }
 }
 

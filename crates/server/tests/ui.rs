@@ -132,18 +132,6 @@ fn the_script_never_parses_strings_as_html() {
     }
 }
 
-fn with_model(url: String) -> impl FnOnce(&mut cordon_server::ServerConfig) {
-    move |c| {
-        let mut provider =
-            cordon_agent::ProviderConfig::new(cordon_agent::ProviderKind::Anthropic, url);
-        provider.api_key = Some("sk-test".into());
-        c.agent = Some(cordon_server::runner::AgentDefaults {
-            provider,
-            agent: cordon_agent::AgentConfig::new("claude-sonnet-4-5"),
-        });
-    }
-}
-
 fn in_ci() -> bool {
     std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "0" && v != "false")
 }

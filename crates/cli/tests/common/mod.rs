@@ -34,43 +34,24 @@ macro_rules! attack {
     // kernel is its own): root and unprivileged only.
     ($name:ident, native) => {
         mod $name {
-            #[test]
-            fn root() {
-                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Root) {
-                    super::$name(&t);
-                }
-            }
-
-            #[test]
-            fn unprivileged() {
-                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Unprivileged) {
-                    super::$name(&t);
-                }
-            }
+            attack!(@test root, Root, $name, []);
+            attack!(@test unprivileged, Unprivileged, $name, []);
         }
     };
     (@mod $name:ident, [$($vm_attr:meta)*]) => {
         mod $name {
-            #[test]
-            fn root() {
-                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Root) {
-                    super::$name(&t);
-                }
-            }
-
-            #[test]
-            fn unprivileged() {
-                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Unprivileged) {
-                    super::$name(&t);
-                }
-            }
-
-            #[test]
-            $(#[$vm_attr])*
-            fn microvm() {
-                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::Microvm) {
-                    super::$name(&t);
-                }
+            attack!(@test root, Root, $name, []);
+            attack!(@test unprivileged, Unprivileged, $name, []);
+            attack!(@test microvm, Microvm, $name, [$($vm_attr)*]);
+        }
+    };
+    // One variant: the attack function `$name` in `Mode::$mode`.
+    (@test $variant:ident, $mode:ident, $name:ident, [$($attr:meta)*]) => {
+        #[test]
+        $(#[$attr])*
+        fn $variant() {
+            if let Some(t) = crate::common::Ctx::new(crate::common::Mode::$mode) {
+                super::$name(&t);
             }
         }
     };

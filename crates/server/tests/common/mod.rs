@@ -228,3 +228,20 @@ pub fn parse_sse(text: &str) -> Vec<(i64, String, Value)> {
 pub fn shell(command: &str) -> Value {
     json!({"kind": "shell", "command": command})
 }
+
+/// The agent of every agent job and API session: the scripted model server
+/// at `url`, over the Anthropic protocol.
+pub fn agent_at(url: String) -> cordon_server::runner::AgentDefaults {
+    let mut provider =
+        cordon_agent::ProviderConfig::new(cordon_agent::ProviderKind::Anthropic, url);
+    provider.api_key = Some("sk-test".into());
+    cordon_server::runner::AgentDefaults {
+        provider,
+        agent: cordon_agent::AgentConfig::new("claude-sonnet-4-5"),
+    }
+}
+
+/// A server tuning that gives it [`agent_at`] `url`.
+pub fn with_model(url: String) -> impl FnOnce(&mut ServerConfig) {
+    move |c| c.agent = Some(agent_at(url))
+}
