@@ -28,7 +28,7 @@ use std::path::Path;
 use rustix::io::Errno;
 use rustix::thread::UnshareFlags;
 
-use super::setup::SetupError;
+use super::setup::{IdMaps, SetupError, write_maps};
 use crate::protocol::{SetupSpec, UserCounts};
 
 type Result<T> = std::result::Result<T, SetupError>;
@@ -55,15 +55,12 @@ pub fn unshare_owned_by(
     // Idmapped mounts show the sandbox its files as uid 0; its processes
     // can then be the owner uid on the host rather than root.
     let ids = if idmapped {
-        Ids {
+        IdMaps {
             uid: (0, owner),
             gid: (0, owner),
         }
     } else {
-        Ids {
-            uid: (spec.inner_uid, spec.outer_uid),
-            gid: (spec.inner_gid, spec.outer_gid),
-        }
+        IdMaps::of(spec)
     };
     // The mapper must stay in the host's user namespace: only a process
     // there may map ids into a namespace that is not its own creator's uid.
@@ -73,9 +70,10 @@ pub fn unshare_owned_by(
         |mut go, mut done| {
             let mut b = [0u8];
             let code = match go.read(&mut b) {
-                Ok(1) => match map_ids(parent, &ids) {
+                Ok(1) => match write_maps(&format!("/proc/{parent}"), &ids) {
                     Ok(()) => 0u8,
-                    Err(e) => e.raw_os_error().unwrap_or(libc::EIO) as u8,
+                    Err(e) if e.errno != 0 => e.errno as u8,
+                    Err(_) => libc::EIO as u8,
                 },
                 // The supervisor gave up before unsharing.
                 _ => libc::ECANCELED as u8,
@@ -167,26 +165,6 @@ fn switch_and_unshare(
         ));
     }
     Ok(true)
-}
-
-/// One id each, (inside, outside), for the sandbox's user namespace.
-struct Ids {
-    uid: (u32, u32),
-    gid: (u32, u32),
-}
-
-/// In the mapper: the maps of `pid`'s new user namespace.
-fn map_ids(pid: i32, ids: &Ids) -> std::io::Result<()> {
-    let dir = format!("/proc/{pid}");
-    std::fs::write(format!("{dir}/setgroups"), "deny")?;
-    std::fs::write(
-        format!("{dir}/uid_map"),
-        format!("{} {} 1\n", ids.uid.0, ids.uid.1),
-    )?;
-    std::fs::write(
-        format!("{dir}/gid_map"),
-        format!("{} {} 1\n", ids.gid.0, ids.gid.1),
-    )
 }
 
 fn pipe() -> Result<(File, File)> {

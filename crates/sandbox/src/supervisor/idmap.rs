@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::setup::SetupError;
+use super::setup::{IdMaps, SetupError, write_maps};
 
 type Result<T> = std::result::Result<T, SetupError>;
 
@@ -81,22 +81,25 @@ fn throwaway_userns(owner: u32) -> Result<OwnedFd> {
             }
         },
         |_done, mut ready, pid| {
-            let held = (|| {
-                let mut b = [0u8];
-                if ready.read(&mut b)? != 1 {
-                    return Err(std::io::Error::other("the helper could not unshare"));
-                }
-                let dir = format!("/proc/{pid}");
-                std::fs::write(format!("{dir}/setgroups"), "deny")?;
-                std::fs::write(format!("{dir}/uid_map"), format!("0 {owner} 1\n"))?;
-                std::fs::write(format!("{dir}/gid_map"), format!("0 {owner} 1\n"))?;
-                Ok(rustix::fs::open(
-                    format!("{dir}/ns/user"),
-                    rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-                    rustix::fs::Mode::empty(),
-                )?)
-            })();
-            held.map_err(|e| SetupError::io("make the idmap namespace", e))
+            let mut b = [0u8];
+            if !matches!(ready.read(&mut b), Ok(1)) {
+                return Err(SetupError {
+                    what: "the idmap namespace's helper could not unshare".into(),
+                    errno: 0,
+                });
+            }
+            let dir = format!("/proc/{pid}");
+            let ids = IdMaps {
+                uid: (0, owner),
+                gid: (0, owner),
+            };
+            write_maps(&dir, &ids)?;
+            rustix::fs::open(
+                format!("{dir}/ns/user"),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| SetupError::new("open the idmap namespace", e))
         },
     )
 }
