@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use cordon_sandbox::{
-    DiskStop, Error, ExecEvent, ExecRequest, ExecResult, Execution, Sandbox, SpawnStage,
+    DiskStop, Error, ExecEvent, ExecRequest, ExecResult, Execution, ExitStatus, Sandbox, SpawnStage,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
@@ -40,15 +40,25 @@ fn fail(msg: impl std::fmt::Display) -> i32 {
     exit::SANDBOX
 }
 
-/// The sandbox of `opts` and the settings, and its memory limit (for the
-/// out-of-memory message).
-async fn create(opts: &SandboxOpts) -> Result<(Sandbox, u64), i32> {
+/// The limits a finished command's message names.
+#[derive(Clone, Copy)]
+struct Limits {
+    memory: u64,
+    disk: Option<u64>,
+}
+
+/// The sandbox of `opts` and the settings, and its limits (for the
+/// messages that say which one a command ran into).
+async fn create(opts: &SandboxOpts) -> Result<(Sandbox, Limits), i32> {
     let config = opts.config()?;
-    let memory = config.memory.unwrap_or(512 * cordon_sandbox::MIB);
+    let limits = Limits {
+        memory: config.memory.unwrap_or(512 * cordon_sandbox::MIB),
+        disk: config.disk,
+    };
     let sandbox = Sandbox::create(config)
         .await
         .map_err(|e| fail(format_args!("cannot create the sandbox: {e}")))?;
-    Ok((sandbox, memory))
+    Ok((sandbox, limits))
 }
 
 /// Says that the sandbox outgrew its disk budget; the exit code.
@@ -84,7 +94,12 @@ fn exec_error(e: Error) -> i32 {
 }
 
 /// Maps a finished command to cordon's exit code, explaining cordon's own.
-fn finish(result: &ExecResult, memory: u64, timeout: Option<Duration>, sandbox: &Sandbox) -> i32 {
+fn finish(
+    result: &ExecResult,
+    limits: Limits,
+    timeout: Option<Duration>,
+    sandbox: &Sandbox,
+) -> i32 {
     if result.disk_exceeded {
         return disk_stopped(sandbox.disk_stopped());
     }
@@ -98,9 +113,19 @@ fn finish(result: &ExecResult, memory: u64, timeout: Option<Duration>, sandbox: 
     if result.oom_killed {
         eprintln!(
             "cordon: out of memory: the sandbox exceeded its {} MiB limit and a process was killed (raise it with --memory)",
-            memory / cordon_sandbox::MIB
+            limits.memory / cordon_sandbox::MIB
         );
         return exit::OOM;
+    }
+    // The disk budget is also every file's size limit (RLIMIT_FSIZE): a
+    // write past it kills the writer with SIGXFSZ while the sandbox lives
+    // on. The command's own status stays (it may have lowered the limit
+    // itself); the message says which limit cordon set.
+    if let (ExitStatus::Signal(libc::SIGXFSZ), Some(disk)) = (result.status, limits.disk) {
+        eprintln!(
+            "cordon: killed by SIGXFSZ: a file reached the largest size the sandbox may write, its {} MiB disk budget (raise it with --disk)",
+            disk.div_ceil(cordon_sandbox::MIB)
+        );
     }
     result.status.code()
 }
@@ -126,14 +151,14 @@ fn pump_stdin(exec: &Execution) {
 }
 
 pub async fn run(args: RunArgs) -> i32 {
-    let (sandbox, memory) = match create(&args.sandbox).await {
+    let (sandbox, limits) = match create(&args.sandbox).await {
         Ok(s) => s,
         Err(code) => return code,
     };
     let mut req = ExecRequest::argv(args.command.clone()).stream_stdin();
     req.timeout = args.timeout;
     let code = match sandbox.exec_stream(req).await {
-        Ok(exec) => forward(exec, &sandbox, memory, args.timeout, false).await,
+        Ok(exec) => forward(exec, &sandbox, limits, args.timeout, false).await,
         Err(e) => exec_error(e),
     };
     sandbox.close().await;
@@ -151,7 +176,7 @@ pub async fn run(args: RunArgs) -> i32 {
 async fn forward(
     mut exec: Execution,
     sandbox: &Sandbox,
-    memory: u64,
+    limits: Limits,
     timeout: Option<Duration>,
     pty: bool,
 ) -> i32 {
@@ -184,7 +209,7 @@ async fn forward(
                 let written = match ev {
                     ExecEvent::Stdout(d) => write_all(&mut out, &d).await,
                     ExecEvent::Stderr(d) => write_all(&mut err, &d).await,
-                    ExecEvent::Exit(r) => return finish(&r, memory, timeout, sandbox),
+                    ExecEvent::Exit(r) => return finish(&r, limits, timeout, sandbox),
                 };
                 if written.is_err() {
                     // Our reader went away (e.g. `| head`): behave as a
@@ -270,7 +295,7 @@ pub async fn shell(args: ShellArgs) -> i32 {
             "`cordon shell` needs a terminal on stdin; use `cordon run -- CMD` for non-interactive commands",
         );
     }
-    let (sandbox, memory) = match create(&args.sandbox).await {
+    let (sandbox, limits) = match create(&args.sandbox).await {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -292,7 +317,7 @@ pub async fn shell(args: ShellArgs) -> i32 {
     let code = match sandbox.exec_stream(req).await {
         Ok(exec) => {
             let raw = RawMode::enter();
-            let code = forward(exec, &sandbox, memory, None, true).await;
+            let code = forward(exec, &sandbox, limits, None, true).await;
             drop(raw);
             code
         }

@@ -191,6 +191,16 @@ fn sparse_file(t: &Ctx) {
 }
 attack!(sparse_file);
 
+/// A command that writes one file past the budget is killed by SIGXFSZ
+/// (natively the budget is also RLIMIT_FSIZE) while the sandbox lives on:
+/// cordon keeps the command's status and says which limit it ran into.
+fn file_past_the_budget_says_why(t: &Ctx) {
+    let out = t.run(LIMITS, &["truncate", "-s", "1G", "/workspace/sparse"]);
+    out.code(128 + libc::SIGXFSZ)
+        .stderr_has("cordon: killed by SIGXFSZ: a file reached the largest size the sandbox may write, its 64 MiB disk budget (raise it with --disk)");
+}
+attack!(file_past_the_budget_says_why, native);
+
 /// Links to a big host directory, and to the host's root, are neither
 /// counted nor followed: the sandbox is not stopped, and the watcher
 /// changes nothing they point at (not even a locked directory's mode).

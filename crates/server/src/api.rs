@@ -32,6 +32,9 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Sent as `Retry-After` (seconds): a refused client's hint when to
+    /// try again.
+    retry_after: Option<std::time::Duration>,
 }
 
 impl ApiError {
@@ -40,7 +43,13 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    pub fn retry_after(mut self, after: std::time::Duration) -> Self {
+        self.retry_after = Some(after);
+        self
     }
 
     fn bad_request(message: impl Into<String>) -> Self {
@@ -62,6 +71,12 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::UNAUTHORIZED {
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if let Some(after) = self.retry_after {
+            // Whole seconds, at least one: RFC 9110's delay-seconds.
+            let secs = after.as_secs_f64().ceil().max(1.0) as u64;
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         r
     }

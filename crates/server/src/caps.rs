@@ -77,13 +77,13 @@ impl SessionCaps {
             humantime::format_duration(self.idle)
         );
         if mine >= self.per_tenant {
-            return Err(too_many(format!(
+            return Err(self.too_many(format!(
                 "this tenant has {mine} live sessions, the most allowed per tenant \
                  (`cordon serve --sessions-per-tenant`); {free}"
             )));
         }
         if c.total >= self.total {
-            return Err(too_many(format!(
+            return Err(self.too_many(format!(
                 "the server has {} live sessions, the most it allows (`cordon serve --sessions`); \
                  {free}, or try again later",
                 c.total
@@ -98,6 +98,12 @@ impl SessionCaps {
     }
 }
 
-fn too_many(message: String) -> ApiError {
-    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_sessions", message)
+impl SessionCaps {
+    /// 429, with a `Retry-After` no later than when an untouched session
+    /// idles out (sooner if a client ends one; a minute at most, so a
+    /// client that waits is not told to wait an hour).
+    fn too_many(&self, message: String) -> ApiError {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_sessions", message)
+            .retry_after(self.idle.min(Duration::from_secs(60)))
+    }
 }

@@ -35,6 +35,7 @@ async fn mcp(
     }
     let resp = r.send().await.unwrap();
     let status = resp.status().as_u16();
+    retry_after_on_429(&resp);
     let id = resp
         .headers()
         .get("mcp-session-id")
@@ -220,7 +221,21 @@ async fn say(s: &TestServer, token: &str, id: &str) -> (u16, String) {
         .send()
         .await
         .unwrap();
+    retry_after_on_429(&r);
     (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// Every 429 tells the client when to try again: whole seconds, no later
+/// than the idle timeout and at most a minute.
+fn retry_after_on_429(r: &reqwest::Response) {
+    if r.status() != 429 {
+        return;
+    }
+    let after = r.headers().get("retry-after").map(|v| v.to_str().unwrap());
+    let secs: u64 = after
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("a 429 without a Retry-After in seconds: {after:?}"));
+    assert!((1..=60).contains(&secs), "Retry-After: {secs}");
 }
 
 async fn api_session(s: &TestServer, token: &str) -> String {
