@@ -523,11 +523,14 @@ fn planted_link_as_workspace_or_bind(who: Who) {
 }
 attack!(planted_link_as_workspace_or_bind);
 
-/// A sandbox rewrites the repository's git configuration or hooks, or
-/// moves `.git` aside for one of its own: git on the host would then run
-/// its commands (`core.fsmonitor` on the next `git status`, a hook on the
-/// next commit). The model's own file tools try too, directly and through
-/// a link. Work in the repository, commits included, still goes on.
+/// A sandbox rewrites the repository's git configuration or hooks, moves
+/// `.git` aside for one of its own, or adds a `commondir` (git then reads
+/// configuration and hooks from the directory it names) or a submodule's
+/// git directory: git on the host would then run its commands
+/// (`core.fsmonitor` on the next `git status`, a hook on the next commit).
+/// The model's own file tools try too, directly and through a link. The
+/// whole of `.git` is read-only inside, so the sandbox's commit fails, and
+/// the model is told why; the user's git on the host works as before.
 fn git_runs_what_the_sandbox_wrote(who: Who) {
     let w = World::new(who);
     let server = ScriptedServer::start(
@@ -548,9 +551,14 @@ fn git_runs_what_the_sandbox_wrote(who: Who) {
                         "write_file",
                         json!({"path": "h/post-checkout", "content": "#!/bin/sh\ntouch /tmp/x\n"}),
                     )
+                    .with_tool_call(
+                        "g1",
+                        "bash",
+                        json!({"command": "git -c user.email=s@x -c user.name=s commit -q --allow-empty -m model"}),
+                    )
                     .expect_tool_results(["f1", "l1"]),
             )
-            .turn(Turn::text("Done.").expect_tool_results(["f2"])),
+            .turn(Turn::text("Done.").expect_tool_results(["f2", "g1"])),
     );
     w.user_config(&server.url(), true);
     let git = |args: &[&str]| {
@@ -583,21 +591,33 @@ fn git_runs_what_the_sandbox_wrote(who: Who) {
                  rm -rf .git/hooks 2>&1; echo rmhooks=$?; \
                  mv .git .git-aside 2>&1; echo move=$?; \
                  echo '* filter=evil' > .git/info/attributes; echo attr=$?; \
-                 echo work > work.txt && git add work.txt && \
+                 mkdir -p /tmp/evil && cp -r .git/. /tmp/evil/ && \
+                 git config --file /tmp/evil/config core.fsmonitor 'touch {m}' && \
+                 echo /tmp/evil > .git/commondir; echo commondir=$?; \
+                 mkdir -p .git/modules/sub; echo modules=$?; \
+                 echo work > work.txt && git add work.txt; \
                  git -c user.email=s@x -c user.name=s commit -qm from-the-sandbox; echo commit=$?"
             ),
         ])
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
-    for refused in ["config=", "hook=", "rmhooks=", "move=", "attr="] {
+    for refused in [
+        "config=",
+        "hook=",
+        "rmhooks=",
+        "move=",
+        "attr=",
+        "commondir=",
+        "modules=",
+        "commit=",
+    ] {
         assert!(
             said.lines()
                 .any(|l| l.starts_with(refused) && !l.ends_with("=0")),
             "{refused} succeeded in the sandbox: {said}"
         );
     }
-    assert!(said.contains("commit=0"), "commits must still work: {said}");
     // The model's tools, directly and through a link into .git/hooks.
     let exec = w.cordon(&["exec", "set up git"]).output().unwrap();
     assert!(exec.status.success(), "{exec:?}");
@@ -605,6 +625,10 @@ fn git_runs_what_the_sandbox_wrote(who: Who) {
     assert!(
         results.matches("read-only: git on the host").count() >= 2,
         "the model's writes were not refused with the reason: {results}"
+    );
+    assert!(
+        results.contains("Note: the repository's .git is read-only in this sandbox"),
+        "the model's failed commit was not explained: {results}"
     );
     // The host's git: status, a commit, a checkout.
     for args in [
@@ -630,7 +654,10 @@ fn git_runs_what_the_sandbox_wrote(who: Who) {
         "HOST CHANGED: git on the host ran a command the sandbox planted"
     );
     let log = String::from_utf8_lossy(&git(&["log", "--oneline"]).stdout).into_owned();
-    assert!(log.contains("from-the-sandbox"), "{log}");
+    assert!(
+        log.contains("user") && !log.contains("from-the-sandbox") && !log.contains("model"),
+        "{log}"
+    );
 }
 attack!(git_runs_what_the_sandbox_wrote, microvm);
 

@@ -355,10 +355,15 @@ pub(crate) fn in_workspace(paths: &[PathBuf], ws: &str) -> Vec<String> {
 /// Files in the workspace that programs the user runs on the host take
 /// commands from without asking, made read-only in the sandbox (and
 /// pinned, so they cannot be moved aside for planted ones):
-/// - git's: its configuration (`core.fsmonitor`, `core.hooksPath`, filter
-///   and diff drivers), hooks and `info/` (attributes there select
-///   drivers), or `.git` itself when it is a file naming the repository
-///   elsewhere;
+/// - git's: the whole of `.git` (or `.git` itself when it is a file naming
+///   the repository elsewhere). Its configuration (`core.fsmonitor`,
+///   `core.hooksPath`, filter and diff drivers), hooks and `info/` name
+///   commands, and protecting only those is not enough: git also follows
+///   files a writable `.git` may gain (`commondir` moves where the
+///   configuration and hooks are read from, `modules/*/` holds each
+///   submodule's own, `worktrees/*/` the linked worktrees'). Git cannot
+///   commit without creating files in `.git` itself, so the repository is
+///   the user's to change, as Codex has it;
 /// - editors': `.vscode` (tasks run on opening the folder, interpreter
 ///   paths) and `.idea`;
 /// - coding agents': `.claude` (hooks) and `.mcp.json` (servers to start).
@@ -368,12 +373,7 @@ pub fn control_files(workspace: &Path) -> Vec<PathBuf> {
     let exists = |p: &PathBuf| std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_symlink());
     let git = workspace.join(".git");
     let mut paths: Vec<PathBuf> = match std::fs::symlink_metadata(&git) {
-        Ok(m) if m.is_dir() => ["config", "hooks", "info"]
-            .iter()
-            .map(|n| git.join(n))
-            .filter(|p| std::fs::symlink_metadata(p).is_ok())
-            .collect(),
-        Ok(m) if m.is_file() => vec![git],
+        Ok(m) if m.is_dir() || m.is_file() => vec![git],
         _ => Vec::new(),
     };
     paths.extend(

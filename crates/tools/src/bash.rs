@@ -188,7 +188,12 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
         }
     }
     drop(slot);
-    outcome.render(note, timeout, restarted)
+    let git_protected = ctx
+        .sandbox
+        .read_only()
+        .iter()
+        .any(|p| p.file_name().is_some_and(|n| n == ".git"));
+    outcome.render(note, timeout, restarted, git_protected)
 }
 
 enum End {
@@ -206,7 +211,15 @@ struct Outcome {
 }
 
 impl Outcome {
-    fn render(self, mut text: String, timeout: Duration, restarted: bool) -> ToolOutput {
+    /// `git_protected`: the repository's `.git` is read-only in this
+    /// sandbox, and a failed write there gets the reason added.
+    fn render(
+        self,
+        mut text: String,
+        timeout: Duration,
+        restarted: bool,
+        git_protected: bool,
+    ) -> ToolOutput {
         let fresh = if restarted {
             " A fresh shell was started: the working directory is /workspace again and variables and functions are gone."
         } else {
@@ -247,6 +260,10 @@ impl Outcome {
                 }
             }
         }
+        // Git's own error names the file, not why: say it once.
+        if git_protected && text.contains(".git") && text.contains("Read-only file system") {
+            text.push_str(GIT_READ_ONLY);
+        }
         let structured = json!({
             "exit_code": code,
             "timed_out": matches!(self.end, End::TimedOut),
@@ -265,6 +282,10 @@ impl Outcome {
         }
     }
 }
+
+/// Added to a command's result when git failed to write the protected
+/// repository.
+const GIT_READ_ONLY: &str = "Note: the repository's .git is read-only in this sandbox, because git on the host runs what a repository's configuration and hooks name, and a writable .git could point it at planted ones (the user can lift this with the setting sandbox.protect_control_files = false). Reading history, logs and diffs works; leave commits, branches and staging to the user.\n";
 
 /// A sentinel nobody's output contains by accident: per-process random
 /// bits mixed with a counter.

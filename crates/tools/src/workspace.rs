@@ -180,7 +180,7 @@ impl Workspace {
         let is_git = ro.components().any(|c| c.as_os_str() == ".git");
         Some(match top {
             _ if is_git => {
-                "git on the host runs what .git's configuration, hooks and info/ name (core.fsmonitor on the next `git status`, hooks on a commit)"
+                "git on the host runs what a repository's configuration and hooks name (core.fsmonitor on the next `git status`, hooks on a commit), and a writable .git can point git at planted ones; read history and diffs freely, and leave commits to the user"
             }
             ".vscode" | ".idea" => {
                 "editors on the host run the tasks and tools their project settings name (a task run on opening the folder, an interpreter path)"

@@ -191,7 +191,7 @@ pub const KEYS: &[Key] = &[
         env: &["CORDON_PROTECT_CONTROL_FILES"],
         secret: false,
         default: Some("true"),
-        doc: "keep the files host programs take commands from read-only in the sandbox: .git/config, hooks and info, .vscode, .idea, .claude, .mcp.json",
+        doc: "keep the files host programs take commands from read-only in the sandbox: .git, .vscode, .idea, .claude, .mcp.json",
         guard: Guard::Tighten,
     },
     Key {
