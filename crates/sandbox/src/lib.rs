@@ -25,6 +25,7 @@ mod display;
 pub mod microvm;
 mod native;
 pub mod protocol;
+mod repos;
 mod session;
 pub mod supervisor;
 
@@ -368,7 +369,9 @@ pub(crate) fn in_workspace(paths: &[PathBuf], ws: &str) -> Vec<String> {
 ///   paths) and `.idea`;
 /// - coding agents': `.claude` (hooks) and `.mcp.json` (servers to start).
 ///
-/// Those that exist, as files or directories (not links).
+/// Those that exist, as files or directories (not links), at the top
+/// level, and every `.git` below it (other repositories and submodules,
+/// found by a bounded walk: see `repos.rs`).
 pub fn control_files(workspace: &Path) -> Vec<PathBuf> {
     let exists = |p: &PathBuf| std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_symlink());
     let git = workspace.join(".git");
@@ -382,6 +385,15 @@ pub fn control_files(workspace: &Path) -> Vec<PathBuf> {
             .map(|n| workspace.join(n))
             .filter(exists),
     );
+    let nested = repos::nested_git(workspace);
+    if nested.incomplete {
+        tracing::warn!(
+            "the workspace is too large to look through for git repositories below its top \
+             level: {} were found and protected, others may not be",
+            nested.git.len()
+        );
+    }
+    paths.extend(nested.git);
     paths
 }
 
