@@ -334,3 +334,36 @@ async fn nothing_listening_is_a_failure_not_a_refusal() {
     assert_eq!(status, 502);
     assert_eq!(b.event().await.reason, Reason::ResolveFailed);
 }
+
+#[tokio::test]
+async fn each_permitted_address_is_tried_and_only_those() {
+    let port = echo_server().await;
+    let config = BrokerConfig {
+        hello_timeout: std::time::Duration::from_millis(200),
+        ..Default::default()
+    };
+    // 127.0.0.2 refuses (the server listens on 127.0.0.1 only): next one.
+    let mut b =
+        TestBroker::start(policy(&[format!("two.test:{port}")], true), config.clone()).await;
+    let (status, body, _) = connect(b.addr, &format!("two.test:{port}")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        b.event().await.addr,
+        Some(format!("127.0.0.1:{port}").parse().unwrap())
+    );
+    // 10.0.0.1 is private and not listed: never attempted (it would hang
+    // until the connect timeout), 127.0.0.1 is listed by IP.
+    let mut b = TestBroker::start(
+        rules(&[format!("mixed.test:{port}"), format!("127.0.0.1:{port}")]),
+        config,
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let (status, _, _) = connect(b.addr, &format!("mixed.test:{port}")).await;
+    assert_eq!(status, 200);
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    assert_eq!(
+        b.event().await.addr,
+        Some(format!("127.0.0.1:{port}").parse().unwrap())
+    );
+}

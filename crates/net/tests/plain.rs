@@ -324,3 +324,39 @@ async fn random_bytes_never_break_the_broker() {
     let (status, _) = http_get(b.addr, &format!("http://upstream.test:{port}/")).await;
     assert_eq!(status, 200, "the broker still serves");
 }
+
+#[tokio::test]
+async fn the_upstream_sees_the_checked_host_not_the_host_header() {
+    let port = http_server().await;
+    let b = TestBroker::start(
+        policy(&[format!("upstream.test:{port}")], true),
+        BrokerConfig::default(),
+    )
+    .await;
+    let mut s = TcpStream::connect(b.addr).await.unwrap();
+    let req = format!(
+        "GET http://user:pw@upstream.test:{port}/p HTTP/1.1\r\nHost: evil.test\r\nProxy-Connection: keep-alive\r\nConnection: close, X-Secret\r\nX-Secret: 1\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let (status, _) = read_response_head_only(&mut s).await;
+    assert_eq!(status, 200);
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).await.unwrap();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.contains(&format!("GET /p host=upstream.test:{port} ")),
+        "{rest}"
+    );
+}
+
+/// Reads a response head (a chunked or close-delimited body stays unread).
+async fn read_response_head_only(s: &mut TcpStream) -> (u16, String) {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut b).await.unwrap(), 1);
+        head.push(b[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    (head.split(' ').nth(1).unwrap().parse().unwrap(), head)
+}

@@ -36,6 +36,8 @@ pub fn resolver() -> StaticResolver {
         r = r.with(n, &[LOOPBACK]);
     }
     r.with("mapped.test", &["::ffff:127.0.0.1".parse().unwrap()])
+        .with("two.test", &["127.0.0.2".parse().unwrap(), LOOPBACK])
+        .with("mixed.test", &["10.0.0.1".parse().unwrap(), LOOPBACK])
 }
 
 pub fn policy(entries: &[String], allow_private: bool) -> Policy {
