@@ -51,6 +51,8 @@ pub enum Reason {
     TooManyConnections,
     /// The upstream or the client broke the connection.
     Broken,
+    /// An intercepted host's certificate did not verify.
+    UpstreamUnverified,
 }
 
 /// One connection (CONNECT) or one request (plain HTTP) through the broker.
@@ -74,6 +76,9 @@ pub struct NetEvent {
     /// One line for people and the model, e.g.
     /// `network: HOST:PORT refused by policy (allowed: ...)`.
     pub message: String,
+    /// The tunnel's TLS was terminated to fill in secrets.
+    #[serde(default)]
+    pub intercepted: bool,
 }
 
 /// Where events go. Implemented for tokio's unbounded sender and for

@@ -33,6 +33,9 @@
 //!   one [`NetEvent`] (decision, closed [`Reason`], bytes, duration, and a
 //!   line for the model). A refusal before the tunnel opens answers `403`
 //!   with that line: `network: HOST:PORT refused by policy (allowed: ...)`.
+//! - **Secrets stay outside.** With an [`Intercept`], tunnels to a secret's
+//!   hosts are terminated with a per-sandbox CA and their request heads get
+//!   the real value in place of the placeholder ([`secrets`]).
 //! - **Live policy.** [`PolicyHandle`] swaps the policy; new connections see
 //!   the new one at once and open tunnels it no longer allows are closed.
 
@@ -43,6 +46,7 @@ pub mod policy;
 pub mod presets;
 mod proxy;
 pub mod resolve;
+pub mod secrets;
 pub mod sni;
 
 pub use events::{Decision, EventSink, NetEvent, Reason};
@@ -50,3 +54,4 @@ pub use policy::{Entry, Host, Policy, PolicyError, PolicyHandle, PolicySpec, Por
 pub use presets::{Expansion, PresetEnv};
 pub use proxy::{Broker, BrokerConfig};
 pub use resolve::{Resolve, StaticResolver, SystemResolver};
+pub use secrets::{Intercept, Secret, SecretError, SecretSpec};

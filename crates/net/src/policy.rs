@@ -146,7 +146,7 @@ impl Rule {
         Rule::from_str(&format!("{host}:{port}"))
     }
 
-    fn matches_name(&self, name: &str) -> bool {
+    pub(crate) fn matches_name(&self, name: &str) -> bool {
         match &self.target {
             Target::Name(n) => n == name,
             Target::Below(suffix) => {

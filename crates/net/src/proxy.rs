@@ -24,9 +24,11 @@ use crate::events::{Decision, EventSink, NetEvent, Reason};
 use crate::io::{Counted, Meter};
 use crate::policy::{Host, Policy, PolicyHandle, Refusal};
 use crate::resolve::Resolve;
+use crate::secrets::Intercept;
 use crate::sni::{Hello, HelloReader};
 
 mod forward;
+mod intercept;
 mod tunnel;
 
 type Body = BoxBody<Bytes, hyper::Error>;
@@ -50,6 +52,9 @@ pub struct BrokerConfig {
     /// An upstream connection with no bytes either way for this long is
     /// closed.
     pub idle_timeout: Duration,
+    /// TLS interception for secrets ([`crate::secrets`]): tunnels to a
+    /// secret's hosts are terminated and their requests filled in.
+    pub intercept: Option<Arc<Intercept>>,
 }
 
 impl Default for BrokerConfig {
@@ -62,6 +67,7 @@ impl Default for BrokerConfig {
             hello_timeout: Duration::from_secs(10),
             max_hello_bytes: 64 * 1024,
             idle_timeout: Duration::from_secs(300),
+            intercept: None,
         }
     }
 }
@@ -220,7 +226,8 @@ struct Subject<'a> {
 }
 
 impl Inner {
-    fn emit(
+    #[allow(clippy::too_many_arguments)]
+    fn event(
         &self,
         s: &Subject<'_>,
         decision: Decision,
@@ -228,10 +235,10 @@ impl Inner {
         addr: Option<SocketAddr>,
         meter: Option<&Meter>,
         message: String,
-    ) {
+        intercepted: bool,
+    ) -> NetEvent {
         let (up, down) = meter.map(Meter::totals).unwrap_or((0, 0));
-        tracing::debug!("{message}");
-        self.events.emit(NetEvent {
+        NetEvent {
             host: s.host.to_string(),
             port: s.port,
             method: s.method.to_string(),
@@ -242,7 +249,26 @@ impl Inner {
             bytes_down: down,
             duration_ms: s.started.elapsed().as_millis() as u64,
             message,
-        });
+            intercepted,
+        }
+    }
+
+    fn emit(
+        &self,
+        s: &Subject<'_>,
+        decision: Decision,
+        reason: Reason,
+        addr: Option<SocketAddr>,
+        meter: Option<&Meter>,
+        message: String,
+    ) {
+        let ev = self.event(s, decision, reason, addr, meter, message, false);
+        self.send(ev);
+    }
+
+    fn send(&self, ev: NetEvent) {
+        tracing::debug!("{}", ev.message);
+        self.events.emit(ev);
     }
 
     async fn too_many<S: AsyncWrite + Unpin>(&self, mut stream: S) {

@@ -15,7 +15,7 @@ const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

@@ -47,20 +47,31 @@ impl Inner {
             let _ = client.shutdown().await;
             return;
         }
-        // A per-host interception (TLS termination for scoped secrets)
-        // would branch here, after the name is known and checked; every
+        // Tunnels to a secret's hosts are terminated and filled in; every
         // other tunnel is spliced as is.
         let meter = Meter::new();
         let mut upstream = Counted::new(stream, meter.clone());
-        let reason = if upstream.write_all(&first).await.is_err() {
-            Reason::Broken
-        } else {
-            let mut rx = self.policy.subscribe();
-            tokio::select! {
+        let scoped = match (&self.config.intercept, &host) {
+            (Some(i), Host::Name(n)) => i.scoped(n, port),
+            _ => Vec::new(),
+        };
+        let intercepted = !scoped.is_empty();
+        let mut rx = self.policy.subscribe();
+        let reason = match (&self.config.intercept, &host) {
+            (Some(icpt), Host::Name(name)) if intercepted => {
+                let client = intercept::Prefixed::new(std::mem::take(&mut first), client);
+                tokio::select! {
+                    r = self.intercepted(icpt, scoped, client, upstream, name, port) => r,
+                    _ = meter.idle(self.config.idle_timeout) => Reason::Timeout,
+                    _ = revoked(&mut rx, &host, addr) => Reason::PolicyChanged,
+                }
+            }
+            _ if upstream.write_all(&first).await.is_err() => Reason::Broken,
+            _ => tokio::select! {
                 r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => if r.is_ok() { Reason::Listed } else { Reason::Broken },
                 _ = meter.idle(self.config.idle_timeout) => Reason::Timeout,
                 _ = revoked(&mut rx, &host, addr) => Reason::PolicyChanged,
-            }
+            },
         };
         let (up, down) = meter.totals();
         let (decision, line) = match reason {
@@ -78,12 +89,34 @@ impl Inner {
                     self.config.idle_timeout.as_secs()
                 ),
             ),
+            Reason::UpstreamUnverified => (
+                Decision::Failed,
+                format!(
+                    "network: {host_s}:{port} failed: the real host's certificate did not verify"
+                ),
+            ),
             _ => (
                 Decision::Allowed,
-                format!("network: {host_s}:{port} allowed ({up} bytes up, {down} down)"),
+                format!(
+                    "network: {host_s}:{port} allowed{} ({up} bytes up, {down} down)",
+                    if intercepted {
+                        ", secrets filled in"
+                    } else {
+                        ""
+                    }
+                ),
             ),
         };
-        self.emit(&subject, decision, reason, Some(addr), Some(&meter), line);
+        let ev = self.event(
+            &subject,
+            decision,
+            reason,
+            Some(addr),
+            Some(&meter),
+            line,
+            intercepted,
+        );
+        self.send(ev);
     }
 
     /// Reads the tunnel's first bytes into `first` until they make a

@@ -101,6 +101,7 @@ pub async fn echo_server() -> u16 {
 pub struct Tls {
     pub server: Arc<ServerConfig>,
     pub client: Arc<ClientConfig>,
+    pub root: CertificateDer<'static>,
 }
 
 pub fn tls() -> Tls {
@@ -116,7 +117,7 @@ pub fn tls() -> Tls {
         .with_single_cert(vec![cert.clone()], key)
         .unwrap();
     let mut roots = RootCertStore::empty();
-    roots.add(cert).unwrap();
+    roots.add(cert.clone()).unwrap();
     let client = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
@@ -125,6 +126,7 @@ pub fn tls() -> Tls {
     Tls {
         server: Arc::new(server),
         client: Arc::new(client),
+        root: cert,
     }
 }
 
