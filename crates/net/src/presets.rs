@@ -24,7 +24,9 @@
 //! missing or has no configuration expands to nothing, with a warning.
 //! Tools run in an empty temporary directory so nothing in the caller's
 //! working directory (perhaps a workspace) can configure them (an `.npmrc`)
-//! or be imported by them (a `pip` package next to `python3 -c`).
+//! or be imported by them (a `pip` package next to `python3 -c`), and
+//! nothing is run or read from [`PresetEnv::untrusted`] directories (pass
+//! the workspace): a workspace `.venv` on `PATH` is not the host's pip.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -58,6 +60,12 @@ pub struct PresetEnv {
     pub vars: BTreeMap<String, String>,
     /// apt's configuration directory (normally `/etc/apt`).
     pub apt_dir: PathBuf,
+    /// Directories nothing may be run or read from: the workspace, which
+    /// the sandbox writes. `PATH` entries inside them (and relative ones)
+    /// are dropped, a program that resolves into them is not run, and a
+    /// variable whose value names one is not passed on (an activated
+    /// `.venv` in the workspace, a `CARGO_HOME` there...).
+    pub untrusted: Vec<PathBuf>,
 }
 
 impl PresetEnv {
@@ -66,14 +74,74 @@ impl PresetEnv {
         PresetEnv {
             vars: std::env::vars().collect(),
             apt_dir: PathBuf::from("/etc/apt"),
+            untrusted: Vec::new(),
         }
+    }
+
+    /// The same, refusing anything from `dir` (see [`PresetEnv::untrusted`]).
+    pub fn untrusting(mut self, dir: impl Into<PathBuf>) -> PresetEnv {
+        self.untrusted.push(dir.into());
+        self
+    }
+
+    /// The untrusted directories as given and with links resolved.
+    fn untrusted_forms(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for u in &self.untrusted {
+            out.push(u.clone());
+            if let Ok(c) = std::fs::canonicalize(u) {
+                out.push(c);
+            }
+        }
+        out
+    }
+
+    /// Whether `p` (or what its links lead to) is inside an untrusted
+    /// directory.
+    fn is_untrusted(&self, p: &Path) -> bool {
+        let forms = self.untrusted_forms();
+        let real = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        forms
+            .iter()
+            .any(|u| p.starts_with(u) || real.starts_with(u))
+    }
+
+    /// Whether a variable's value names an untrusted directory.
+    fn mentions_untrusted(&self, value: &str) -> bool {
+        self.untrusted_forms()
+            .iter()
+            .filter_map(|u| u.to_str())
+            .any(|u| !u.is_empty() && value.contains(u))
+    }
+
+    /// `PATH` without relative entries and entries in untrusted places.
+    fn trusted_path(&self) -> Option<String> {
+        let path = self.vars.get("PATH")?;
+        let kept: Vec<PathBuf> = std::env::split_paths(path)
+            .filter(|d| d.is_absolute() && !self.is_untrusted(d))
+            .collect();
+        std::env::join_paths(kept).ok()?.into_string().ok()
+    }
+
+    /// The environment the tools get.
+    fn tool_vars(&self) -> BTreeMap<String, String> {
+        let mut out: BTreeMap<String, String> = self
+            .vars
+            .iter()
+            .filter(|(k, v)| k.as_str() != "PATH" && !self.mentions_untrusted(v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if let Some(p) = self.trusted_path() {
+            out.insert("PATH".into(), p);
+        }
+        out
     }
 
     fn var(&self, k: &str) -> Option<&str> {
         self.vars
             .get(k)
             .map(String::as_str)
-            .filter(|v| !v.is_empty())
+            .filter(|v| !v.is_empty() && !self.mentions_untrusted(v))
     }
 }
 
@@ -167,17 +235,24 @@ pub async fn expand(
 /// Runs a tool with exactly `env.vars`, in an empty directory, and returns
 /// its standard output.
 async fn run(env: &PresetEnv, program: &str, args: &[&str]) -> Result<String, String> {
-    // Found through the tools' PATH, not ours.
-    let path = env.var("PATH").ok_or("PATH is not set")?;
+    // Found through the tools' PATH, not ours, and never in the workspace.
+    let vars = env.tool_vars();
+    let path = vars.get("PATH").ok_or("PATH is not set")?;
     let exe = std::env::split_paths(path)
         .map(|d| d.join(program))
         .find(|p| p.is_file())
         .ok_or_else(|| format!("{program} is not on PATH"))?;
+    if env.is_untrusted(&exe) {
+        return Err(format!(
+            "{} leads into the workspace; not run",
+            exe.display()
+        ));
+    }
     let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.args(args)
         .env_clear()
-        .envs(&env.vars)
+        .envs(&vars)
         .current_dir(dir.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

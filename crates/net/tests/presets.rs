@@ -23,6 +23,7 @@ fn env_in(home: &Path) -> PresetEnv {
     PresetEnv {
         vars,
         apt_dir: home.join("apt"),
+        untrusted: Vec::new(),
     }
 }
 
@@ -298,6 +299,80 @@ async fn tools_run_in_an_empty_directory_with_only_the_given_environment() {
     assert_eq!(
         shown(&x.rules),
         ["cwd-0-none.invalid:80"],
+        "{:?}",
+        x.warnings
+    );
+}
+
+/// The workspace is the sandbox's: a tool found there (directly, through a
+/// link, or through a relative PATH entry) is not run, and variables that
+/// lead there (an activated workspace `.venv`, a `CARGO_HOME` in it) are
+/// neither passed on nor read.
+#[tokio::test]
+async fn nothing_in_the_workspace_is_run_or_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let home = tempfile::tempdir().unwrap();
+    let ws = home.path().join("ws");
+    let ws_bin = ws.join("bin");
+    std::fs::create_dir_all(&ws_bin).unwrap();
+    let mark = ws.join("ran");
+    for prog in ["python3", "npm"] {
+        let p = ws_bin.join(prog);
+        std::fs::write(
+            &p,
+            format!(
+                "#!/bin/sh\ntouch {}\necho '{{\"registry\":\"http://evil.invalid/\"}}'\n",
+                mark.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    // A trusted-looking directory whose tool is a link into the workspace.
+    let linked = home.path().join("linked");
+    std::fs::create_dir_all(&linked).unwrap();
+    std::os::unix::fs::symlink(ws_bin.join("npm"), linked.join("npm")).unwrap();
+    std::fs::create_dir_all(ws.join("cargo")).unwrap();
+    std::fs::write(
+        ws.join("cargo/config.toml"),
+        "[registries.evil]\nindex = \"https://evil.invalid/index\"\n",
+    )
+    .unwrap();
+
+    let mut env = env_in(home.path());
+    env.untrusted = vec![ws.clone()];
+    env.vars.insert(
+        "PATH".into(),
+        format!("{}:{}", ws_bin.display(), linked.display()),
+    );
+    env.vars
+        .insert("CARGO_HOME".into(), ws.join("cargo").display().to_string());
+    for p in ["python", "node", "rust"] {
+        let x = expand_preset(p, &env).await;
+        assert!(
+            !shown(&x.rules).iter().any(|r| r.contains("evil")),
+            "{p}: {:?}",
+            x.rules
+        );
+    }
+    assert!(!mark.exists(), "a workspace program ran on the host");
+
+    // A trusted tool does not see variables that lead into the workspace.
+    let bin = home.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let npm = bin.join("npm");
+    std::fs::write(&npm, "#!/bin/sh\necho \"{\\\"registry\\\":\\\"http://venv-${VIRTUAL_ENV:+set}${VIRTUAL_ENV:-none}.invalid/\\\"}\"\n").unwrap();
+    std::fs::set_permissions(&npm, std::fs::Permissions::from_mode(0o755)).unwrap();
+    env.vars.insert(
+        "PATH".into(),
+        format!("ws/bin:{}:/usr/bin:/bin", bin.display()),
+    );
+    env.vars
+        .insert("VIRTUAL_ENV".into(), ws.join(".venv").display().to_string());
+    let x = expand_preset("node", &env).await;
+    assert_eq!(
+        shown(&x.rules),
+        ["venv-none.invalid:80"],
         "{:?}",
         x.warnings
     );
