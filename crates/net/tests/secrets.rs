@@ -9,55 +9,10 @@ use bytes::Bytes;
 use common::*;
 use cordon_net::{BrokerConfig, Decision, Intercept, Reason, Secret};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
 use tokio_rustls::rustls::{self, RootCertStore};
 
 const VALUE: &str = "s3cr3t-real-value";
-
-/// A TLS HTTP server that answers with what it received, and repeats the
-/// Authorization header in a response header.
-async fn tls_http_server(config: Arc<rustls::ServerConfig>) -> u16 {
-    let l = TcpListener::bind((LOOPBACK, 0)).await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(s).await else {
-                    return;
-                };
-                let svc = hyper::service::service_fn(|req: hyper::Request<Incoming>| async move {
-                    let h = |k: &str| {
-                        req.headers()
-                            .get(k)
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("-")
-                            .to_string()
-                    };
-                    let line = format!(
-                        "{} host={} auth={} key={}",
-                        req.uri(),
-                        h("host"),
-                        h("authorization"),
-                        h("x-api-key")
-                    );
-                    let resp = hyper::Response::builder()
-                        .header("x-echo-auth", h("authorization"))
-                        .body(Full::new(Bytes::from(line)))
-                        .unwrap();
-                    Ok::<_, std::convert::Infallible>(resp)
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
-            });
-        }
-    });
-    port
-}
 
 fn roots_with(der: &rustls::pki_types::CertificateDer<'static>) -> RootCertStore {
     let mut r = RootCertStore::empty();

@@ -68,7 +68,7 @@ impl Inner {
             }
             _ if upstream.write_all(&first).await.is_err() => Reason::Broken,
             _ => tokio::select! {
-                r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => if r.is_ok() { Reason::Listed } else { Reason::Broken },
+                r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => splice_end(r),
                 _ = meter.idle(self.config.idle_timeout) => Reason::Timeout,
                 _ = revoked(&mut rx, &host, addr) => Reason::PolicyChanged,
             },
@@ -176,6 +176,29 @@ impl Inner {
                 }
                 Hello::Tls { .. } => return Ok(()),
             }
+        }
+    }
+}
+
+/// How a splice ended. Peers that reset or vanish instead of closing are
+/// common (many TLS clients close that way) and are a normal end: TLS
+/// itself tells its ends apart from truncation.
+fn splice_end(r: io::Result<(u64, u64)>) -> Reason {
+    match r {
+        Ok(_) => Reason::Listed,
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::NotConnected
+            ) =>
+        {
+            Reason::Listed
+        }
+        Err(e) => {
+            tracing::debug!("broker: tunnel: {e}");
+            Reason::Broken
         }
     }
 }

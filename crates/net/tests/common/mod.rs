@@ -300,3 +300,46 @@ pub async fn http_get(proxy: SocketAddr, url: &str) -> (u16, String) {
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
 }
+
+/// A TLS HTTP server that answers with what it received, and repeats the
+/// Authorization header in a response header.
+pub async fn tls_http_server(config: Arc<rustls::ServerConfig>) -> u16 {
+    let l = TcpListener::bind((LOOPBACK, 0)).await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(|req: hyper::Request<Incoming>| async move {
+                    let h = |k: &str| {
+                        req.headers()
+                            .get(k)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("-")
+                            .to_string()
+                    };
+                    let line = format!(
+                        "{} host={} auth={} key={}",
+                        req.uri(),
+                        h("host"),
+                        h("authorization"),
+                        h("x-api-key")
+                    );
+                    let resp = hyper::Response::builder()
+                        .header("x-echo-auth", h("authorization"))
+                        .body(Full::new(Bytes::from(line)))
+                        .unwrap();
+                    Ok::<_, std::convert::Infallible>(resp)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    port
+}
