@@ -5,8 +5,14 @@
 //! The IPv6 forms that carry an IPv4 address (IPv4-mapped, IPv4-compatible,
 //! the NAT64 well-known prefix, 6to4) are judged by the IPv4 address inside,
 //! so `::ffff:127.0.0.1` is as restricted as `127.0.0.1`. Everything outside
-//! IPv6 global unicast (`2000::/3`) is restricted, as are the special ranges
-//! inside it.
+//! IPv6 global unicast (`2000::/3`) is restricted, as are the IETF
+//! protocol assignments inside it.
+//!
+//! The documentation and benchmarking ranges (`192.0.2.0/24`,
+//! `198.51.100.0/24`, `203.0.113.0/24`, `198.18.0.0/15`, `2001:db8::/32`) are
+//! *not* restricted: they hold no host-local or internal service, and some
+//! networks do route to them on purpose (resolvers that answer with "fake"
+//! addresses for a local proxy, test farms whose registry mirror sits there).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -37,12 +43,8 @@ fn v4_restricted(ip: Ipv4Addr) -> bool {
         || in_net([169, 254, 0, 0], 16) // link-local, cloud metadata
         || in_net([172, 16, 0, 0], 12)
         || in_net([192, 0, 0, 0], 24) // IETF protocol assignments
-        || in_net([192, 0, 2, 0], 24) // documentation
         || in_net([192, 88, 99, 0], 24) // 6to4 relay anycast
         || in_net([192, 168, 0, 0], 16)
-        || in_net([198, 18, 0, 0], 15) // benchmarking
-        || in_net([198, 51, 100, 0], 24) // documentation
-        || in_net([203, 0, 113, 0], 24) // documentation
         || in_net([224, 0, 0, 0], 4) // multicast
         || in_net([240, 0, 0, 0], 4) // reserved, broadcast
 }
@@ -68,9 +70,9 @@ fn v6_restricted(ip: Ipv6Addr) -> bool {
     if s[0] & 0xe000 != 0x2000 {
         return true;
     }
-    // Inside 2000::/3: IETF protocol assignments 2001::/23 (Teredo among
-    // them) and documentation 2001:db8::/32, 3fff::/20.
-    (s[0] == 0x2001 && (s[1] < 0x0200 || s[1] == 0x0db8)) || (s[0] == 0x3fff && s[1] < 0x1000)
+    // Inside 2000::/3: IETF protocol assignments 2001::/23 (Teredo, which
+    // hides an IPv4 address, among them).
+    s[0] == 0x2001 && s[1] < 0x0200
 }
 
 #[cfg(test)]
@@ -96,7 +98,6 @@ mod tests {
             "192.168.1.1",
             "224.0.0.1",
             "255.255.255.255",
-            "198.18.0.1",
         ] {
             assert!(r(a), "{a}");
         }
@@ -128,7 +129,6 @@ mod tests {
             "fd00:ec2::254",
             "fe80::1",
             "ff02::1",
-            "2001:db8::1",
             "2001::1",
         ] {
             assert!(r(a), "{a}");
