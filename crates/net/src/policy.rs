@@ -146,6 +146,25 @@ impl Rule {
         Rule::from_str(&format!("{host}:{port}"))
     }
 
+    /// Whether everything this rule allows, `other` allows too.
+    fn within(&self, other: &Rule) -> bool {
+        let ports = match (self.ports, other.ports) {
+            (_, Ports::Any) => true,
+            (Ports::Any, _) => false,
+            (Ports::Web, Ports::Web) => true,
+            (Ports::Web, Ports::One(_)) => false,
+            (Ports::One(p), o) => o.contains(p),
+        };
+        let target = match (&self.target, &other.target) {
+            (Target::Name(n), _) => other.matches_name(n),
+            // *.a.b is within *.b and *.a.b, and not within any exact name.
+            (Target::Below(s), Target::Below(t)) => s == t || other.matches_name(s),
+            (Target::Net(a), Target::Net(b)) => b.contains(a),
+            _ => false,
+        };
+        ports && target
+    }
+
     pub(crate) fn matches_name(&self, name: &str) -> bool {
         match &self.target {
             Target::Name(n) => n == name,
@@ -430,6 +449,43 @@ impl Policy {
                 .any(|r| r.matches_ip(ip) && r.ports.contains(port))
     }
 
+    /// This policy with `rules` added (a session widened live).
+    pub fn widened(&self, rules: impl IntoIterator<Item = Rule>) -> Policy {
+        Policy::new(
+            self.rules.iter().cloned().chain(rules).collect(),
+            self.allow_private,
+        )
+    }
+
+    /// This policy without `rules` (a session narrowed live). Only rules
+    /// equal to one of `rules` go; a wider rule stays.
+    pub fn narrowed(&self, rules: &[Rule]) -> Policy {
+        Policy::new(
+            self.rules
+                .iter()
+                .filter(|r| !rules.contains(r))
+                .cloned()
+                .collect(),
+            self.allow_private,
+        )
+    }
+
+    /// What this policy allows beyond `ceiling` (a tenant's limit): each
+    /// rule no ceiling rule covers, and `allow_private` if the ceiling lacks
+    /// it. Empty means the policy is within the ceiling.
+    pub fn beyond(&self, ceiling: &Policy) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .rules
+            .iter()
+            .filter(|r| !ceiling.rules.iter().any(|c| r.within(c)))
+            .map(Rule::to_string)
+            .collect();
+        if self.allow_private && !ceiling.allow_private {
+            out.push("allow_private".into());
+        }
+        out
+    }
+
     /// The allow list in one line, for refusal messages (at most a dozen
     /// rules, then a count).
     pub fn summary(&self) -> String {
@@ -630,5 +686,49 @@ mod tests {
         assert!(rx.has_changed().unwrap());
         assert!(h.load().check(&name("a.test"), 443).is_err());
         assert_eq!(h.load().summary(), "b.test");
+    }
+
+    #[test]
+    fn ceilings_widening_and_narrowing() {
+        let ceiling = p(&["*.example.org", "api.test:*", "10.0.0.0/8:5432"]);
+        assert!(
+            p(&[
+                "a.example.org",
+                "*.b.example.org:443",
+                "api.test:8080",
+                "10.1.0.0/16:5432"
+            ])
+            .beyond(&ceiling)
+            .is_empty()
+        );
+        assert_eq!(
+            p(&[
+                "example.org",
+                "a.example.org:22",
+                "other.test",
+                "10.0.0.0/8:*",
+                "*.api.test"
+            ])
+            .beyond(&ceiling),
+            [
+                "example.org",
+                "a.example.org:22",
+                "other.test",
+                "10.0.0.0/8:*",
+                "*.api.test"
+            ]
+        );
+        assert_eq!(
+            Policy::parse(&["a.example.org"], true)
+                .unwrap()
+                .beyond(&ceiling),
+            ["allow_private"]
+        );
+        let w = p(&["a.test"]).widened([Rule::host_port("b.test", 8080).unwrap()]);
+        assert_eq!(w.summary(), "a.test, b.test:8080");
+        assert_eq!(
+            w.narrowed(&["a.test".parse().unwrap()]).summary(),
+            "b.test:8080"
+        );
     }
 }
