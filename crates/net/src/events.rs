@@ -51,6 +51,8 @@ pub enum Reason {
     TooManyConnections,
     /// The upstream or the client broke the connection.
     Broken,
+    /// The broker was closed (the sandbox ended) while this was open.
+    BrokerClosed,
     /// An intercepted host's certificate did not verify.
     UpstreamUnverified,
 }

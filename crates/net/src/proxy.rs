@@ -85,6 +85,8 @@ struct Inner {
     events: Arc<dyn EventSink>,
     config: BrokerConfig,
     permits: Arc<Semaphore>,
+    /// Set once by [`Broker::close`].
+    closed: watch::Sender<bool>,
 }
 
 /// An upstream connection opened for an allowed request.
@@ -118,6 +120,7 @@ impl Broker {
                 events,
                 config,
                 permits,
+                closed: watch::Sender::new(false),
             }),
         }
     }
@@ -132,6 +135,13 @@ impl Broker {
         self.inner.config.max_connections - self.inner.permits.available_permits()
     }
 
+    /// Ends everything: the [`Broker::serve`] loop returns, open streams
+    /// and tunnels are closed (tunnels report [`Reason::BrokerClosed`]), and
+    /// streams served later are closed at once. For the sandbox's end.
+    pub fn close(&self) {
+        self.inner.closed.send_replace(true);
+    }
+
     /// Serves one stream from the sandbox until it closes: its requests,
     /// and the tunnel if one is a CONNECT. Never panics on what the stream
     /// sends; errors end the stream and are reported as events.
@@ -140,6 +150,9 @@ impl Broker {
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let inner = &self.inner;
+        if *inner.closed.borrow() {
+            return;
+        }
         let Ok(permit) = inner.permits.clone().try_acquire_owned() else {
             inner.too_many(stream).await;
             return;
@@ -160,12 +173,14 @@ impl Broker {
             .header_read_timeout(inner.config.header_timeout)
             .max_buf_size(inner.config.max_header_bytes.max(8192))
             .max_headers(128);
-        if let Err(e) = builder
+        let conn = builder
             .serve_connection(TokioIo::new(stream), svc)
-            .with_upgrades()
-            .await
-        {
-            tracing::debug!("broker: client connection: {e}");
+            .with_upgrades();
+        tokio::select! {
+            r = conn => if let Err(e) = r {
+                tracing::debug!("broker: client connection: {e}");
+            },
+            _ = inner.closed() => return,
         }
         let tunnel = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = tunnel {
@@ -178,7 +193,11 @@ impl Broker {
     /// under the connection cap, until accepting fails for good.
     pub async fn serve(&self, listener: TcpListener) -> io::Result<()> {
         loop {
-            match listener.accept().await {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = self.inner.closed() => return Ok(()),
+            };
+            match accepted {
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
                     let me = self.clone();
@@ -226,6 +245,13 @@ struct Subject<'a> {
 }
 
 impl Inner {
+    /// Resolves once the broker is closed.
+    async fn closed(&self) {
+        let mut rx = self.closed.subscribe();
+        // The sender lives in `self`: waiting cannot fail.
+        let _ = rx.wait_for(|c| *c).await;
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn event(
         &self,

@@ -367,3 +367,54 @@ async fn each_permitted_address_is_tried_and_only_those() {
         Some(format!("127.0.0.1:{port}").parse().unwrap())
     );
 }
+
+#[tokio::test]
+async fn closing_the_broker_ends_tunnels_and_serving() {
+    let tls = tls();
+    let port = tls_echo_server(tls.server.clone()).await;
+    let mut b = TestBroker::start(
+        policy(&[format!("upstream.test:{port}")], true),
+        BrokerConfig::default(),
+    )
+    .await;
+    let (_, _, s) = connect(b.addr, &format!("upstream.test:{port}")).await;
+    let mut t = tls_client(&tls, s, "upstream.test").await.unwrap();
+    t.write_all(b"x").await.unwrap();
+    let mut one = [0u8; 1];
+    t.read_exact(&mut one).await.unwrap();
+    // A second client mid-request, before its head is complete.
+    let mut idle = tokio::net::TcpStream::connect(b.addr).await.unwrap();
+    idle.write_all(b"GET http://upstream.test/ HTTP/1.1\r\n")
+        .await
+        .unwrap();
+
+    b.broker.close();
+    let ev = b.event().await;
+    assert_eq!(
+        (ev.decision, ev.reason),
+        (Decision::Allowed, Reason::BrokerClosed)
+    );
+    assert!(
+        t.read(&mut one).await.map(|n| n == 0).unwrap_or(true),
+        "tunnel closed"
+    );
+    let mut rest = Vec::new();
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        idle.read_to_end(&mut rest),
+    )
+    .await;
+    assert!(r.is_ok(), "the half-sent request's connection is closed");
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    match tokio::net::TcpStream::connect(b.addr).await {
+        Err(_) => {}
+        Ok(mut s) => {
+            let mut buf = [0u8; 1];
+            let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut buf))
+                .await
+                .expect("closed in time")
+                .unwrap_or(0);
+            assert_eq!(n, 0, "nothing serves after close");
+        }
+    }
+}

@@ -127,6 +127,7 @@ impl Inner {
                 let reason = tokio::select! {
                     r = conn => if r.is_ok() { Reason::Listed } else { Reason::Broken },
                     _ = meter.idle(inner.config.idle_timeout) => Reason::Timeout,
+                    _ = inner.closed() => Reason::BrokerClosed,
                 };
                 let (up, down) = meter.totals();
                 let line = match reason {

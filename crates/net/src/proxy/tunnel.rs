@@ -64,6 +64,7 @@ impl Inner {
                     r = self.intercepted(icpt, scoped, client, upstream, name, port) => r,
                     _ = meter.idle(self.config.idle_timeout) => Reason::Timeout,
                     _ = revoked(&mut rx, &host, addr) => Reason::PolicyChanged,
+                    _ = self.closed() => Reason::BrokerClosed,
                 }
             }
             _ if upstream.write_all(&first).await.is_err() => Reason::Broken,
@@ -71,6 +72,7 @@ impl Inner {
                 r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => splice_end(r),
                 _ = meter.idle(self.config.idle_timeout) => Reason::Timeout,
                 _ = revoked(&mut rx, &host, addr) => Reason::PolicyChanged,
+                _ = self.closed() => Reason::BrokerClosed,
             },
         };
         let (up, down) = meter.totals();
@@ -87,6 +89,12 @@ impl Inner {
                 format!(
                     "network: {host_s}:{port} closed after {}s idle",
                     self.config.idle_timeout.as_secs()
+                ),
+            ),
+            Reason::BrokerClosed => (
+                Decision::Allowed,
+                format!(
+                    "network: {host_s}:{port} closed with the sandbox ({up} bytes up, {down} down)"
                 ),
             ),
             Reason::UpstreamUnverified => (
