@@ -1,5 +1,5 @@
 //! Hidden and read-only workspace files for a microVM
-//! ([`crate::SandboxConfig::hidden`], [`crate::SandboxConfig::read_only`]).
+//! ([`crate::config::SandboxConfig::hidden`], [`crate::config::SandboxConfig::read_only`]).
 //!
 //! The guest's root could unmount anything its supervisor mounted, so the
 //! files are hidden where the guest cannot reach: QEMU starts in a mount
@@ -16,8 +16,8 @@ use std::ffi::CString;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use crate::error::{Error, Result};
 use crate::supervisor::setup::{MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MountAttr};
-use crate::{Error, Result};
 
 /// What the child needs to cover the hidden files, prepared before fork.
 pub(super) struct Covers {

@@ -23,16 +23,36 @@ use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod cover;
 
-use crate::protocol::{self, HostMsg, SetupSpec};
-use crate::session::{ConnectParams, Lifecycle, Sandbox};
-use crate::supervisor::guest::bind_tag;
-use crate::supervisor::setup::{ETC_ALLOW, SYSTEM_DIRS};
-use crate::{Accel, Error, MIB, Result, SandboxConfig};
+use crate::backend::{Backend, left_by_dead_process, resolve_supervisor};
+use crate::config::{Accel, BackendKind, MIB, Network, SandboxConfig, VmOptions, in_workspace};
+use crate::error::{Error, Result};
+use crate::layout::{CONTROL_FD, ETC_ALLOW, FONT_CACHE, SYSTEM_DIRS, bind_tag};
+use crate::protocol::{self, Bind, HostMsg, SetupSpec};
+use crate::services::Services;
+use crate::session::{ConnectParams, ExecRequest, Lifecycle, Sandbox};
+
+/// One QEMU microVM per sandbox, with its own kernel.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MicrovmBackend;
+
+impl Backend for MicrovmBackend {
+    fn name(&self) -> &'static str {
+        "microvm"
+    }
+
+    fn create<'a>(
+        &'a self,
+        config: &'a SandboxConfig,
+    ) -> Pin<Box<dyn std::future::Future<Output = Result<Sandbox>> + Send + 'a>> {
+        Box::pin(create(config))
+    }
+}
 
 /// The guest init, built by build.rs; empty when that build failed.
 const GUEST_INIT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cordon-guest-init"));
@@ -218,21 +238,20 @@ async fn try_kvm(config: &SandboxConfig) -> std::result::Result<Duration, String
     let dir = image::cache_dir().join("probe");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut c = SandboxConfig::new(&dir);
-    c.backend = crate::BackendKind::Microvm;
+    c.backend = BackendKind::Microvm;
     c.supervisor = config.supervisor.clone();
-    c.vm = crate::VmOptions {
+    c.vm = VmOptions {
         accel: Some(Accel::Kvm),
         ..config.vm.clone()
     };
     c.memory = Some(MIN_MEMORY);
     let start = std::time::Instant::now();
     let attempt = async {
-        // Boxed: creating a microVM may itself come here to probe.
-        let sb = Box::pin(Sandbox::create(c))
-            .await
-            .map_err(|e| e.to_string())?;
+        // Boxed: creating a microVM may itself come here to probe. No
+        // display and no disk budget: the backend alone makes the sandbox.
+        let sb = Box::pin(create(&c)).await.map_err(|e| e.to_string())?;
         let out = sb
-            .exec(crate::ExecRequest::argv(["/bin/true"]))
+            .exec(ExecRequest::argv(["/bin/true"]))
             .await
             .map_err(|e| e.to_string());
         sb.close().await;
@@ -423,14 +442,14 @@ fn run_dir(cache: &Path) -> Result<PathBuf> {
 }
 
 /// Removes the run directories of processes that no longer exist (see
-/// [`crate::left_by_dead_process`]).
+/// [`left_by_dead_process`]).
 fn sweep_run_dirs(runs: &Path) {
     let Ok(entries) = std::fs::read_dir(runs) else {
         return;
     };
     for e in entries.flatten() {
         let name = e.file_name();
-        if name.to_str().is_some_and(crate::left_by_dead_process) {
+        if name.to_str().is_some_and(left_by_dead_process) {
             tracing::debug!(
                 "removing {}, left by a cordon that died",
                 e.path().display()
@@ -499,12 +518,12 @@ impl Tail {
     }
 }
 
-pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
-    let (workspace, mut binds) = crate::native::validate(config)?;
+async fn create(config: &SandboxConfig) -> Result<Sandbox> {
+    let (workspace, mut binds) = config.validate()?;
     // The font cache, as the native backend binds it (see setup.rs).
-    let fonts = crate::supervisor::setup::FONT_CACHE;
+    let fonts = FONT_CACHE;
     if Path::new(fonts).is_dir() && !binds.iter().any(|b| b.target == fonts) {
-        binds.push(crate::protocol::Bind {
+        binds.push(Bind {
             source: fonts.into(),
             target: fonts.into(),
             writable: false,
@@ -546,7 +565,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         },
     )
     .map_err(|e| Error::Config(e.to_string()))?;
-    let supervisor = crate::native::resolve_supervisor(config)?;
+    let supervisor = resolve_supervisor(config)?;
     let bin_dir = stage_supervisor(&cache, &supervisor)?;
     let bin_name = supervisor
         .file_name()
@@ -559,11 +578,13 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     stage_etc(&run.join("etc"))?;
     let covers = cover::Covers::prepare(
         &workspace,
-        &crate::in_workspace(&config.hidden, &workspace),
-        &crate::in_workspace(&config.read_only, &workspace),
+        &in_workspace(&config.hidden, &workspace),
+        &in_workspace(&config.read_only, &workspace),
         &run,
     )?;
 
+    // Before the command line: a service's channel is a device on it.
+    let services = Services::start(config)?;
     let accel = accel(config).await;
     let mut append = vec![
         "console=ttyS0".to_string(),
@@ -632,7 +653,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         "-device".into(),
         "virtio-serial-device".into(),
         "-chardev".into(),
-        format!("socket,id=cordon,fd={}", crate::supervisor::CONTROL_FD),
+        format!("socket,id=cordon,fd={}", CONTROL_FD),
         "-device".into(),
         "virtserialport,chardev=cordon,name=cordon".into(),
     ];
@@ -703,7 +724,7 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         workspace,
         binds,
         tmp_size: config.tmp_size,
-        loopback: config.network == crate::Network::Loopback,
+        loopback: config.network == Network::Loopback,
         hostname: config.hostname.clone(),
         outer_uid: 0,
         outer_gid: 0,
@@ -738,11 +759,12 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             lifecycle: Box::new(lifecycle),
             limits,
             backend: "microvm",
-            base_env: crate::native::base_env(config),
+            base_env: config.base_env(),
             workdir: config.workdir.clone(),
             read_only: config.read_only.clone(),
             setup_timeout: config.setup_timeout.max(MIN_SETUP_TIMEOUT),
             set_clock: true,
+            services,
         },
     )
     .await
@@ -806,8 +828,8 @@ const QEMU_HOST_FILES: &[&str] = &[
 ];
 
 /// QEMU's descriptor for the guest's serial console (the control
-/// channel's is [`crate::supervisor::CONTROL_FD`]).
-const CONSOLE_FD: i32 = crate::supervisor::CONTROL_FD + 1;
+/// channel's is [`CONTROL_FD`]).
+const CONSOLE_FD: i32 = CONTROL_FD + 1;
 
 /// Starts QEMU with the guest's end of the control socket as fd 3 and the
 /// console socket as fd 4, confined as the module says (Landlock with
@@ -856,11 +878,7 @@ fn spawn_qemu(
             let low = CONSOLE_FD + 1;
             let a = libc::fcntl(control_raw, libc::F_DUPFD, low);
             let b = libc::fcntl(console_raw, libc::F_DUPFD, low);
-            if a < 0
-                || b < 0
-                || libc::dup2(a, crate::supervisor::CONTROL_FD) < 0
-                || libc::dup2(b, CONSOLE_FD) < 0
-            {
+            if a < 0 || b < 0 || libc::dup2(a, CONTROL_FD) < 0 || libc::dup2(b, CONSOLE_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             libc::close(a);

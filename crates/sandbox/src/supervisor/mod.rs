@@ -23,6 +23,7 @@ use std::os::unix::net::UnixStream;
 use rustix::io::Errno;
 use rustix::thread::UnshareFlags;
 
+use crate::layout::CONTROL_FD;
 use crate::protocol::{self, HostMsg, ReadyInfo, SetupSpec, SupMsg};
 use setup::SetupError;
 
@@ -33,9 +34,6 @@ pub const SUPERVISOR_ARG: &str = "__cordon-supervisor";
 
 /// The same for the supervisor as a microVM guest's pid 1 (see guest.rs).
 pub const SUPERVISOR_GUEST_ARG: &str = "__cordon-guest";
-
-/// The control socket's descriptor number in the supervisor.
-pub(crate) const CONTROL_FD: i32 = 3;
 
 /// Runs the supervisor and never returns if the process was started as one;
 /// returns immediately otherwise. Call it first thing in `main`, before any

@@ -15,6 +15,7 @@ use rustix::io::Errno;
 use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
 
 use super::idmap::{Prepared, Wanted};
+use crate::layout::{ETC_ALLOW, FONT_CACHE, SYSTEM_DIRS};
 use crate::protocol::SetupSpec;
 
 /// A setup step that failed.
@@ -24,9 +25,9 @@ pub struct SetupError {
     pub errno: i32,
 }
 
-impl From<SetupError> for crate::Error {
-    fn from(e: SetupError) -> crate::Error {
-        crate::Error::Setup {
+impl From<SetupError> for crate::error::Error {
+    fn from(e: SetupError) -> crate::error::Error {
+        crate::error::Error::Setup {
             message: e.message(),
             errno: e.errno,
         }
@@ -79,57 +80,6 @@ impl<T> Context<T> for std::io::Result<T> {
     }
 }
 
-/// Host system directories bound read-only (or recreated as symlinks, on
-/// merged-/usr systems). Enough for coreutils, python3, node, gcc and git.
-pub(crate) const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
-
-/// Entries of the host's `/etc` that programs need and that hold no secrets.
-/// `/etc` is never bound whole: it holds shadow files, TLS private keys, SSH
-/// host keys and package-manager credentials, which a sandbox whose uid maps
-/// to the host's owner of those files could otherwise read.
-pub(crate) const ETC_ALLOW: &[&str] = &[
-    "alternatives",
-    "bash.bashrc",
-    "ca-certificates",
-    "ca-certificates.conf",
-    "debian_version",
-    "fonts",
-    "gai.conf",
-    "host.conf",
-    "inputrc",
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "locale.alias",
-    "locale.conf",
-    "locale.gen",
-    "localtime",
-    "magic",
-    "magic.mime",
-    "mime.types",
-    "mtab",
-    "networks",
-    "nsswitch.conf",
-    "os-release",
-    "perl",
-    "profile",
-    "protocols",
-    "python3",
-    "python3.11",
-    "python3.12",
-    "python3.13",
-    "services",
-    "shells",
-    "ssl/certs",
-    "ssl/openssl.cnf",
-    "terminfo",
-    "timezone",
-    "vim",
-    "X11",
-    "xdg",
-    "xml",
-];
-
 /// Device nodes bound from the host's `/dev` (a user namespace cannot mknod).
 const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -150,9 +100,6 @@ const PROC_MASKED: &[&str] = &[
     "kpagecgroup",
 ];
 const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
-
-/// The system's fontconfig cache, shared read-only with every sandbox.
-pub(crate) const FONT_CACHE: &str = "/var/cache/fontconfig";
 
 /// Where the new root is assembled, in our private mount namespace.
 const STAGE: &str = "/tmp";
