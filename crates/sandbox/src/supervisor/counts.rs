@@ -28,7 +28,8 @@ use std::path::Path;
 use rustix::io::Errno;
 use rustix::thread::UnshareFlags;
 
-use super::setup::{IdMaps, SetupError, write_maps};
+use super::error::SetupError;
+use super::setup::{IdMaps, write_maps};
 use crate::protocol::{SetupSpec, UserCounts};
 
 type Result<T> = std::result::Result<T, SetupError>;

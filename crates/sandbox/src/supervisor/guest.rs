@@ -13,7 +13,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use rustix::io::Errno;
 use rustix::mount::MountFlags;
 
-use super::setup::SetupError;
+use super::error::SetupError;
 use super::{IN_GUEST, fail, read_setup, send};
 use crate::layout::{CONTROL_FD, bind_tag};
 use crate::protocol::{ReadyInfo, SetupSpec, SupMsg};

@@ -17,7 +17,8 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::setup::{IdMaps, SetupError, write_maps};
+use super::error::SetupError;
+use super::setup::{IdMaps, write_maps};
 
 type Result<T> = std::result::Result<T, SetupError>;
 
@@ -127,7 +128,7 @@ fn idmapped(path: &str, userns: &OwnedFd) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: open_tree returned a descriptor we now own.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    let attr = super::setup::MountAttr {
+    let attr = super::mount::MountAttr {
         attr_set: MOUNT_ATTR_IDMAP,
         attr_clr: 0,
         propagation: 0,
@@ -140,8 +141,8 @@ fn idmapped(path: &str, userns: &OwnedFd) -> std::io::Result<OwnedFd> {
             fd.as_raw_fd(),
             c"".as_ptr(),
             libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
-            &attr as *const super::setup::MountAttr,
-            std::mem::size_of::<super::setup::MountAttr>(),
+            &attr as *const super::mount::MountAttr,
+            std::mem::size_of::<super::mount::MountAttr>(),
         )
     };
     if rc < 0 {

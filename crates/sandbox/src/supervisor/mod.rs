@@ -10,11 +10,14 @@
 //! left in the namespace, so nothing outlives the session.
 
 pub(crate) mod confine;
-pub(crate) mod counts;
-pub(crate) mod guest;
+mod counts;
+mod error;
+mod guest;
 mod idmap;
+pub(crate) mod mount;
+pub(crate) mod protect;
 mod serve;
-pub(crate) mod setup;
+mod setup;
 
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -25,7 +28,7 @@ use rustix::thread::UnshareFlags;
 
 use crate::layout::CONTROL_FD;
 use crate::protocol::{self, HostMsg, ReadyInfo, SetupSpec, SupMsg};
-use setup::SetupError;
+use error::SetupError;
 
 pub use confine::landlock_abi_version;
 

@@ -24,9 +24,9 @@ pub struct Kernel {
     pub modules: PathBuf,
 }
 
-/// The kernel prepared in `cache` by [`setup`], or from an explicit path:
-/// `kernel` may be a vmlinuz (an x86 bzImage, whatever its compression) or
-/// an ELF vmlinux. `modules` defaults to `lib/modules/<version>` next to the
+/// The kernel prepared in `cache` by [`setup`](super::setup), or from an
+/// explicit path: `kernel` may be a vmlinuz (an x86 bzImage, whatever its
+/// compression) or an ELF vmlinux. `modules` defaults to `lib/modules/<version>` next to the
 /// kernel's `boot` directory, then to the host's `/lib/modules/<version>`.
 /// A vmlinuz is uncompressed once and cached, keyed by the source file's
 /// identity, size and times.
