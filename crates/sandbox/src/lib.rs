@@ -20,13 +20,13 @@
 //! init process is that same binary, started with a hidden argument.
 //!
 //! The modules, each using only those listed before it:
-//! - `error`, `protocol` (the framed protocol between host and supervisor),
+//! - `protocol` (the framed protocol between host and supervisor), `error`,
 //!   `layout` (what the host and the supervisor agree the sandbox looks
 //!   like), `config` (how to build a sandbox, validated once);
 //! - `supervisor`: the sandbox's pid 1, native or in a microVM guest;
-//! - `session`: a live sandbox, whatever isolates it: its protocol stream,
-//!   its execs; `services`: the host-side services a sandbox has while it
-//!   lives, held by its session;
+//! - `services`: the host-side services a sandbox has while it lives;
+//!   `session`: a live sandbox, whatever isolates it: its protocol stream,
+//!   its execs, its services;
 //! - `backend`: the [`Backend`] trait and what backends share; `cgroup`;
 //! - the backends, `native` and `microvm`;
 //! - `disk` (the disk budget's watcher) and `display`, on a live session;
