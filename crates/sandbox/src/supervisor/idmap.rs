@@ -18,7 +18,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use super::error::SetupError;
-use super::setup::{IdMaps, write_maps};
+use super::ids::{IdMaps, write_maps};
 
 type Result<T> = std::result::Result<T, SetupError>;
 
@@ -107,10 +107,10 @@ fn throwaway_userns(owner: u32) -> Result<OwnedFd> {
 
 /// A detached copy of the tree at `path`, idmapped through `userns`. A
 /// path with a link on it is refused: the host resolved the workspace's and
-/// binds' (see `setup::open_no_links`), and a system path with one is bound
+/// binds' (see `mount::open_no_links`), and a system path with one is bound
 /// as it is, by its plain open.
 fn idmapped(path: &str, userns: &OwnedFd) -> std::io::Result<OwnedFd> {
-    let at = super::setup::open_no_links(path)?;
+    let at = super::mount::open_no_links(path)?;
     // SAFETY: open_tree on our descriptor; the result is a new descriptor.
     let fd = unsafe {
         libc::syscall(

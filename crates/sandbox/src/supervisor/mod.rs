@@ -14,6 +14,7 @@ mod counts;
 mod error;
 mod guest;
 mod idmap;
+mod ids;
 pub(crate) mod mount;
 pub(crate) mod protect;
 mod serve;
@@ -247,7 +248,7 @@ fn outer_main() -> ! {
             let what = userns_diagnosis(e);
             fail(&mut ctl, SetupError { what, errno: 0 });
         }
-        if let Err(e) = setup::write_id_maps(&spec) {
+        if let Err(e) = ids::write_id_maps(&spec) {
             fail(&mut ctl, e);
         }
     }

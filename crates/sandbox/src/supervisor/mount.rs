@@ -1,14 +1,28 @@
 //! The new mount API where rustix does not wrap it yet: mount attributes
 //! set with `mount_setattr`, on a path or on a detached tree, and trees
-//! attached with `move_mount`.
+//! attached with `move_mount`; and the `O_PATH` handles that mounts are
+//! made from, opened without following links.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
+use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
 use super::error::{Result, SetupError};
+
+/// An `O_PATH` handle on `path`, refusing a symbolic link on any part of it.
+pub(crate) fn open_no_links(path: &str) -> rustix::io::Result<OwnedFd> {
+    use rustix::fs::ResolveFlags;
+    rustix::fs::openat2(
+        rustix::fs::CWD,
+        path,
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+}
 
 /// Mounts the detached tree `tree` (from `open_tree`) on the file or
 /// directory `target` refers to, with the mount attributes `attrs`.

@@ -16,7 +16,7 @@ use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
 
 use super::error::{Context, Result, SetupError};
 use super::idmap::{Prepared, Wanted};
-use super::mount::{RO, RO_DEVICE, RW, set_attrs};
+use super::mount::{RO, RO_DEVICE, RW, open_no_links, set_attrs};
 use super::protect::{hide, protect};
 use crate::layout::{ETC_ALLOW, FONT_CACHE, SYSTEM_DIRS};
 use crate::protocol::SetupSpec;
@@ -44,44 +44,6 @@ const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 
 /// Where the new root is assembled, in our private mount namespace.
 const STAGE: &str = "/tmp";
-
-/// One id each way for a user namespace: (inside, outside), uid and gid.
-pub(crate) struct IdMaps {
-    pub uid: (u32, u32),
-    pub gid: (u32, u32),
-}
-
-impl IdMaps {
-    /// The caller's ids, as the spec maps them.
-    pub fn of(spec: &SetupSpec) -> IdMaps {
-        IdMaps {
-            uid: (spec.inner_uid, spec.outer_uid),
-            gid: (spec.inner_gid, spec.outer_gid),
-        }
-    }
-}
-
-/// Writes the id maps of the user namespace of the process whose `/proc`
-/// directory is `proc` (`/proc/self`, or `/proc/PID` of a child namespace).
-pub(crate) fn write_maps(proc: &str, ids: &IdMaps) -> Result<()> {
-    // Must precede gid_map for unprivileged callers; harmless for root.
-    fs::write(format!("{proc}/setgroups"), "deny").ctx(|| "deny setgroups".into())?;
-    fs::write(
-        format!("{proc}/uid_map"),
-        format!("{} {} 1\n", ids.uid.0, ids.uid.1),
-    )
-    .ctx(|| "write uid_map".into())?;
-    fs::write(
-        format!("{proc}/gid_map"),
-        format!("{} {} 1\n", ids.gid.0, ids.gid.1),
-    )
-    .ctx(|| "write gid_map".into())
-}
-
-/// Writes the uid/gid maps of the user namespace this process just entered.
-pub fn write_id_maps(spec: &SetupSpec) -> Result<()> {
-    write_maps("/proc/self", &IdMaps::of(spec))
-}
 
 /// An O_PATH handle on a host path, opened before the stage hides anything,
 /// or a detached idmapped copy of it made for this sandbox (`idmap`).
@@ -129,18 +91,6 @@ impl Source {
     fn proc_path(&self) -> String {
         format!("/proc/self/fd/{}", self.fd.as_raw_fd())
     }
-}
-
-/// An `O_PATH` handle on `path`, refusing a symbolic link on any part of it.
-pub(crate) fn open_no_links(path: &str) -> rustix::io::Result<OwnedFd> {
-    use rustix::fs::ResolveFlags;
-    rustix::fs::openat2(
-        rustix::fs::CWD,
-        path,
-        OFlags::PATH | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )
 }
 
 /// The error for a resolved path that no longer opens without a link.
