@@ -149,7 +149,7 @@ fn sweep(parent: &Path) {
         if name
             .to_str()
             .and_then(|n| n.strip_prefix("cordon-"))
-            .is_some_and(crate::left_by_dead_process)
+            .is_some_and(crate::backend::left_by_dead_process)
         {
             let _ = fs::remove_dir(e.path());
         }

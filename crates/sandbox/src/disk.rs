@@ -21,15 +21,15 @@ use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Weak;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
-use tokio::sync::oneshot;
 
-use crate::Sandbox;
-use crate::session::Inner;
+use crate::config::SandboxConfig;
+use crate::error::{DiskStop, Error, Result};
+use crate::session::{DiskWatch, Inner, LookRequest, Sandbox};
 
 /// The shortest pause between two looks.
 const MIN_PAUSE: Duration = Duration::from_millis(10);
@@ -45,55 +45,6 @@ const PAUSE_FACTOR: u32 = 9;
 /// number of descriptors.
 const OPEN_LEVELS: usize = 64;
 
-/// A request for a fresh look; answered once a walk that started after it
-/// has finished.
-pub(crate) type LookRequest = oneshot::Sender<()>;
-
-/// The budget of a running sandbox, held by its session.
-pub(crate) struct DiskWatch {
-    pub budget: u64,
-    pub looks: std::sync::Mutex<Sender<LookRequest>>,
-}
-
-impl DiskWatch {
-    /// Waits for a look that starts after now. Returns at once if the
-    /// watcher has ended (the sandbox stopped or closed).
-    pub async fn look(&self) {
-        let (tx, rx) = oneshot::channel();
-        let sent = self
-            .looks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(tx)
-            .is_ok();
-        if sent {
-            let _ = rx.await;
-        }
-    }
-}
-
-/// Why a sandbox was stopped for its disk budget
-/// ([`crate::SandboxConfig::disk`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DiskStop {
-    /// The budget, in bytes.
-    pub budget: u64,
-    /// How much the workspace and writable binds had grown, in bytes.
-    pub growth: u64,
-}
-
-impl std::fmt::Display for DiskStop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mib = |b: u64| b.div_ceil(crate::MIB);
-        write!(
-            f,
-            "the sandbox was stopped: its workspace grew by {} MiB, past its disk budget of {} MiB",
-            mib(self.growth),
-            mib(self.budget)
-        )
-    }
-}
-
 /// What the budget's roots took before the sandbox could write, being
 /// measured while the sandbox starts.
 pub(crate) struct Baseline {
@@ -104,16 +55,16 @@ pub(crate) struct Baseline {
 
 impl Baseline {
     /// Starts measuring, when `config` has a budget.
-    pub(crate) fn start(config: &crate::SandboxConfig) -> crate::Result<Option<Baseline>> {
+    pub(crate) fn start(config: &SandboxConfig) -> Result<Option<Baseline>> {
         let Some(budget) = config.disk else {
             return Ok(None);
         };
         if budget == 0 {
-            return Err(crate::Error::Config(
+            return Err(Error::Config(
                 "the disk budget must be greater than zero".into(),
             ));
         }
-        let roots = roots(config).map_err(crate::Error::Config)?;
+        let roots = roots(config).map_err(Error::Config)?;
         let r = roots.clone();
         let base = tokio::task::spawn_blocking(move || measure(&r, None));
         Ok(Some(Baseline {
@@ -125,7 +76,7 @@ impl Baseline {
 
     /// Starts `sandbox`'s watcher once the baseline is known; closes the
     /// sandbox if it cannot be.
-    pub(crate) async fn watch(self, sandbox: &Sandbox) -> crate::Result<()> {
+    pub(crate) async fn watch(self, sandbox: &Sandbox) -> Result<()> {
         let why = match self.base.await {
             Ok(Ok(base)) => {
                 sandbox.watch_disk(self.roots, self.budget, base);
@@ -135,7 +86,7 @@ impl Baseline {
             Err(e) => format!("disk budget: {e}"),
         };
         sandbox.close().await;
-        Err(crate::Error::Config(why))
+        Err(Error::Config(why))
     }
 }
 
@@ -163,7 +114,7 @@ impl Sandbox {
     /// before the sandbox could write.
     pub(crate) fn watch_disk(&self, roots: Vec<std::path::PathBuf>, budget: u64, base: u64) {
         let (tx, rx) = std::sync::mpsc::channel();
-        let watch = crate::disk::DiskWatch {
+        let watch = DiskWatch {
             budget,
             looks: std::sync::Mutex::new(tx),
         };
@@ -174,7 +125,7 @@ impl Sandbox {
         let holder = self.inner.host_pid();
         let spawned = std::thread::Builder::new()
             .name("cordon-disk".into())
-            .spawn(move || crate::disk::watch(weak, roots, budget, base, holder, rx));
+            .spawn(move || self::watch(weak, roots, budget, base, holder, rx));
         if let Err(e) = spawned {
             // Without its watcher the budget would not hold.
             tracing::error!("cannot start the disk watcher: {e}; stopping the sandbox");
@@ -186,7 +137,7 @@ impl Sandbox {
 
 /// The host directories a budget covers: the workspace and the writable
 /// binds, each resolved once by the host (their paths are the host's).
-pub(crate) fn roots(config: &crate::SandboxConfig) -> Result<Vec<PathBuf>, String> {
+pub(crate) fn roots(config: &SandboxConfig) -> std::result::Result<Vec<PathBuf>, String> {
     std::iter::once(&config.workspace)
         .chain(
             config

@@ -10,8 +10,10 @@
 
 use std::time::Duration;
 
+use crate::config::{DISPLAY, Display};
+use crate::error::{Error, Result};
 use crate::protocol::ExitStatus;
-use crate::{Display, Error, ExecRequest, Execution, Result, Sandbox};
+use crate::session::{ExecRequest, Execution, Sandbox};
 
 /// What a live viewer may do with the desktop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +89,7 @@ impl Sandbox {
     /// background processes of the session; their output goes to files so
     /// that nothing writes to the exec's closed pipes.
     pub(crate) async fn start_display(&self, d: Display) -> Result<()> {
-        let n = crate::DISPLAY.trim_start_matches(':');
+        let n = DISPLAY.trim_start_matches(':');
         let script = format!(
             r#"command -v Xvfb >/dev/null || {{ echo "Xvfb is not installed (Debian: apt-get install xvfb)" >&2; exit 127; }}
 Xvfb :{n} -screen 0 {w}x{h}x24 -nolisten tcp -noreset >/tmp/.cordon-xvfb.log 2>&1 &
@@ -171,7 +173,7 @@ while [ ! -S $sock ]; do
     if [ $i -gt 400 ] || ! kill -0 $! 2>/dev/null; then tail -n 20 $dir/{mode}.log >&2; exit 1; fi
     sleep 0.025
 done"#,
-            display = crate::DISPLAY,
+            display = DISPLAY,
         );
         let out = self
             .exec(ExecRequest {

@@ -1,18 +1,20 @@
 //! The `native` backend: Linux namespaces, set up by the supervisor.
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::backend::{Backend, resolve_supervisor};
 use crate::cgroup::{self, Cgroup, LimitMechanism};
-use crate::protocol::{self, Bind, HostMsg, SetupSpec};
+use crate::config::{Network, SandboxConfig, in_workspace};
+use crate::error::{Error, Result};
+use crate::layout::CONTROL_FD;
+use crate::protocol::{self, HostMsg, SetupSpec};
+use crate::services::Services;
 use crate::session::{ConnectParams, Lifecycle, Sandbox};
-use std::os::unix::process::CommandExt;
-
-use crate::supervisor::{CONTROL_FD, SUPERVISOR_ARG};
-use crate::{Backend, Error, Result, SandboxConfig};
+use crate::supervisor::SUPERVISOR_ARG;
 
 /// Linux namespaces, seccomp, Landlock and cgroups, no daemon.
 #[derive(Debug, Default, Clone, Copy)]
@@ -217,120 +219,15 @@ fn spawn_supervisor(config: &SandboxConfig, child_end: OwnedFd) -> Result<i32> {
     Ok(child.id() as i32)
 }
 
-pub(crate) fn resolve_supervisor(config: &SandboxConfig) -> Result<PathBuf> {
-    if let Some(p) = &config.supervisor {
-        return Ok(p.clone());
-    }
-    if let Some(p) = std::env::var_os("CORDON_SUPERVISOR") {
-        return Ok(PathBuf::from(p));
-    }
-    std::env::current_exe().map_err(|e| Error::Spawn {
-        path: PathBuf::from("/proc/self/exe"),
-        source: e,
-    })
-}
-
-/// `path` with every link resolved; unless `config` lets paths lead
-/// through links, it must have had none (see [`SandboxConfig::follow_links`]).
-fn resolve(config: &SandboxConfig, path: &Path, what: &str) -> Result<PathBuf> {
-    let real = path
-        .canonicalize()
-        .map_err(|e| Error::Config(format!("{what} {}: {e}", path.display())))?;
-    if !config.follow_links && real != path {
-        return Err(Error::Config(format!(
-            "{what} {}: a symbolic link appeared on this path after cordon resolved it \
-             (a sandbox working in a directory above may have planted it); cordon follows none",
-            path.display()
-        )));
-    }
-    Ok(real)
-}
-
-pub(crate) fn validate(config: &SandboxConfig) -> Result<(String, Vec<Bind>)> {
-    let ws = resolve(config, &config.workspace, "workspace")?;
-    if !ws.is_dir() {
-        return Err(Error::Config(format!(
-            "workspace {} is not a directory",
-            ws.display()
-        )));
-    }
-    let ws = ws
-        .to_str()
-        .ok_or_else(|| Error::Config("workspace path is not valid UTF-8".into()))?
-        .to_string();
-    let mut binds = Vec::new();
-    for b in &config.binds {
-        let src = resolve(config, &b.source, "bind source")?;
-        let target = b.target.clone();
-        if !target.starts_with('/') || target.split('/').any(|c| c == "..") {
-            return Err(Error::Config(format!(
-                "bind target {target:?} must be an absolute path without '..'"
-            )));
-        }
-        let reserved = [
-            "/",
-            "/proc",
-            "/dev",
-            "/workspace",
-            "/tmp",
-            "/etc/passwd",
-            "/etc/group",
-        ];
-        if reserved.contains(&target.trim_end_matches('/'))
-            || ["/proc/", "/dev/", "/workspace/"]
-                .iter()
-                .any(|p| target.starts_with(p))
-        {
-            return Err(Error::Config(format!(
-                "bind target {target} is reserved by the sandbox"
-            )));
-        }
-        binds.push(Bind {
-            source: src
-                .to_str()
-                .ok_or_else(|| Error::Config("bind source path is not valid UTF-8".into()))?
-                .to_string(),
-            target,
-            writable: b.writable,
-        });
-    }
-    if config.tmp_size == 0 {
-        return Err(Error::Config("tmp size must be greater than zero".into()));
-    }
-    if config.memory == Some(0) || config.pids == Some(0) {
-        return Err(Error::Config(
-            "memory and pids limits must be greater than zero".into(),
-        ));
-    }
-    Ok((ws, binds))
-}
-
-/// The environment every exec starts from: nothing of the host's.
-pub(crate) fn base_env(config: &SandboxConfig) -> Vec<(String, String)> {
-    let mut env = vec![
-        (
-            "PATH".to_string(),
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
-        ),
-        ("HOME".into(), "/tmp".into()),
-        ("LANG".into(), "C.UTF-8".into()),
-        ("TERM".into(), "dumb".into()),
-    ];
-    for (k, v) in &config.env {
-        env.retain(|(ek, _)| ek != k);
-        env.push((k.clone(), v.clone()));
-    }
-    env
-}
-
-pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
-    let (workspace, binds) = validate(config)?;
+async fn create(config: &SandboxConfig) -> Result<Sandbox> {
+    let (workspace, binds) = config.validate()?;
     let mech = cgroup::detect();
     let cgroup = match &mech {
         LimitMechanism::Rlimit { .. } => None,
         m => Some(Cgroup::create(m, config.memory, config.pids).map_err(Error::Limits)?),
     };
 
+    let services = Services::start(config)?;
     let (host, child_end) = std::os::unix::net::UnixStream::pair()?;
     let pid = spawn_supervisor(config, child_end.into())?;
     let lifecycle = NativeLifecycle {
@@ -351,12 +248,12 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let rlimits = matches!(mech, LimitMechanism::Rlimit { .. });
     let spec = SetupSpec {
         version: protocol::VERSION,
-        hidden: crate::in_workspace(&config.hidden, &workspace),
-        read_only: crate::in_workspace(&config.read_only, &workspace),
+        hidden: in_workspace(&config.hidden, &workspace),
+        read_only: in_workspace(&config.read_only, &workspace),
         workspace,
         binds,
         tmp_size: config.tmp_size,
-        loopback: config.network == crate::Network::Loopback,
+        loopback: config.network == Network::Loopback,
         hostname: config.hostname.clone(),
         outer_uid: rustix::process::geteuid().as_raw(),
         outer_gid: rustix::process::getegid().as_raw(),
@@ -378,11 +275,12 @@ pub(crate) async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             lifecycle: Box::new(lifecycle),
             limits: mech.to_string(),
             backend: "native",
-            base_env: base_env(config),
+            base_env: config.base_env(),
             workdir: config.workdir.clone(),
             read_only: config.read_only.clone(),
             setup_timeout: config.setup_timeout,
             set_clock: false,
+            services,
         },
     )
     .await

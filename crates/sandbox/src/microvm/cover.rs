@@ -1,5 +1,5 @@
 //! Hidden and read-only workspace files for a microVM
-//! ([`crate::SandboxConfig::hidden`], [`crate::SandboxConfig::read_only`]).
+//! ([`crate::config::SandboxConfig::hidden`], [`crate::config::SandboxConfig::read_only`]).
 //!
 //! The guest's root could unmount anything its supervisor mounted, so the
 //! files are hidden where the guest cannot reach: QEMU starts in a mount
@@ -16,8 +16,8 @@ use std::ffi::CString;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use crate::supervisor::setup::{MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MountAttr};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
+use crate::supervisor::mount::{MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MountAttr};
 
 /// What the child needs to cover the hidden files, prepared before fork.
 pub(super) struct Covers {
@@ -69,11 +69,11 @@ impl Covers {
             )
             .map_err(|_| Error::Config(format!("{}: a NUL in its path", rel.display())))
         };
-        // As the native supervisor does (setup.rs, protect): directories
+        // As the native supervisor does (supervisor/protect.rs): directories
         // leading to a read-only path are pinned first.
         let rw = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
         let mut self_mounts = Vec::new();
-        for p in &crate::supervisor::setup::pins(read_only) {
+        for p in &crate::supervisor::protect::pins(read_only) {
             self_mounts.push((cpath(p)?, rw));
         }
         for rel in read_only {

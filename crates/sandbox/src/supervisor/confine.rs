@@ -14,7 +14,7 @@ use seccompiler::{
     SeccompRule, TargetArch, sock_filter,
 };
 
-use super::setup::SetupError;
+use super::error::SetupError;
 use crate::protocol::SetupSpec;
 
 type Result<T> = std::result::Result<T, SetupError>;

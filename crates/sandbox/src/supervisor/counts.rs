@@ -28,13 +28,14 @@ use std::path::Path;
 use rustix::io::Errno;
 use rustix::thread::UnshareFlags;
 
-use super::setup::{IdMaps, SetupError, write_maps};
+use super::error::SetupError;
+use super::ids::{IdMaps, write_maps};
 use crate::protocol::{SetupSpec, UserCounts};
 
 type Result<T> = std::result::Result<T, SetupError>;
 
 /// Enters the sandbox's namespaces with the user namespace owned by `owner`
-/// and maps the spec's ids, as [`super::setup::write_id_maps`] does for a
+/// and maps the spec's ids, as [`super::ids::write_id_maps`] does for a
 /// namespace owned by the caller. Returns `Ok(false)`, having changed
 /// nothing that matters, when this host cannot switch to `owner` (the uid
 /// is not mapped where the supervisor runs, as in a container's user

@@ -13,8 +13,9 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use rustix::io::Errno;
 use rustix::mount::MountFlags;
 
-use super::setup::SetupError;
-use super::{CONTROL_FD, IN_GUEST, fail, read_setup, send};
+use super::error::SetupError;
+use super::{IN_GUEST, fail, read_setup, send};
+use crate::layout::{CONTROL_FD, bind_tag};
 use crate::protocol::{ReadyInfo, SetupSpec, SupMsg};
 
 /// 9p options for shares the guest writes (the workspace, writable binds):
@@ -23,11 +24,6 @@ use crate::protocol::{ReadyInfo, SetupSpec, SupMsg};
 const RW_9P: &str = "trans=virtio,version=9p2000.L,cache=mmap,msize=512000";
 /// For read-only shares, the page cache: they do not change under a guest.
 const RO_9P: &str = "trans=virtio,version=9p2000.L,cache=loose,msize=512000";
-
-/// The 9p tag under which the host shares extra bind `i`.
-pub fn bind_tag(i: usize) -> String {
-    format!("bind{i}")
-}
 
 pub(super) fn guest_main() -> ! {
     IN_GUEST.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -17,7 +17,8 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::setup::{IdMaps, SetupError, write_maps};
+use super::error::SetupError;
+use super::ids::{IdMaps, write_maps};
 
 type Result<T> = std::result::Result<T, SetupError>;
 
@@ -106,10 +107,10 @@ fn throwaway_userns(owner: u32) -> Result<OwnedFd> {
 
 /// A detached copy of the tree at `path`, idmapped through `userns`. A
 /// path with a link on it is refused: the host resolved the workspace's and
-/// binds' (see `setup::open_no_links`), and a system path with one is bound
+/// binds' (see `mount::open_no_links`), and a system path with one is bound
 /// as it is, by its plain open.
 fn idmapped(path: &str, userns: &OwnedFd) -> std::io::Result<OwnedFd> {
-    let at = super::setup::open_no_links(path)?;
+    let at = super::mount::open_no_links(path)?;
     // SAFETY: open_tree on our descriptor; the result is a new descriptor.
     let fd = unsafe {
         libc::syscall(
@@ -127,7 +128,7 @@ fn idmapped(path: &str, userns: &OwnedFd) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: open_tree returned a descriptor we now own.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    let attr = super::setup::MountAttr {
+    let attr = super::mount::MountAttr {
         attr_set: MOUNT_ATTR_IDMAP,
         attr_clr: 0,
         propagation: 0,
@@ -140,8 +141,8 @@ fn idmapped(path: &str, userns: &OwnedFd) -> std::io::Result<OwnedFd> {
             fd.as_raw_fd(),
             c"".as_ptr(),
             libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
-            &attr as *const super::setup::MountAttr,
-            std::mem::size_of::<super::setup::MountAttr>(),
+            &attr as *const super::mount::MountAttr,
+            std::mem::size_of::<super::mount::MountAttr>(),
         )
     };
     if rc < 0 {

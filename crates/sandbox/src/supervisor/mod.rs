@@ -10,11 +10,15 @@
 //! left in the namespace, so nothing outlives the session.
 
 pub(crate) mod confine;
-pub(crate) mod counts;
-pub(crate) mod guest;
+mod counts;
+mod error;
+mod guest;
 mod idmap;
+mod ids;
+pub(crate) mod mount;
+pub(crate) mod protect;
 mod serve;
-pub(crate) mod setup;
+mod setup;
 
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -23,8 +27,9 @@ use std::os::unix::net::UnixStream;
 use rustix::io::Errno;
 use rustix::thread::UnshareFlags;
 
+use crate::layout::CONTROL_FD;
 use crate::protocol::{self, HostMsg, ReadyInfo, SetupSpec, SupMsg};
-use setup::SetupError;
+use error::SetupError;
 
 pub use confine::landlock_abi_version;
 
@@ -33,9 +38,6 @@ pub const SUPERVISOR_ARG: &str = "__cordon-supervisor";
 
 /// The same for the supervisor as a microVM guest's pid 1 (see guest.rs).
 pub const SUPERVISOR_GUEST_ARG: &str = "__cordon-guest";
-
-/// The control socket's descriptor number in the supervisor.
-pub(crate) const CONTROL_FD: i32 = 3;
 
 /// Runs the supervisor and never returns if the process was started as one;
 /// returns immediately otherwise. Call it first thing in `main`, before any
@@ -246,7 +248,7 @@ fn outer_main() -> ! {
             let what = userns_diagnosis(e);
             fail(&mut ctl, SetupError { what, errno: 0 });
         }
-        if let Err(e) = setup::write_id_maps(&spec) {
+        if let Err(e) = ids::write_id_maps(&spec) {
             fail(&mut ctl, e);
         }
     }

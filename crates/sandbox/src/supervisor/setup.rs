@@ -7,128 +7,19 @@
 use std::ffi::CString;
 use std::fs;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt, symlink};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
 
+use super::error::{Context, Result, SetupError};
 use super::idmap::{Prepared, Wanted};
+use super::mount::{RO, RO_DEVICE, RW, open_no_links, set_attrs};
+use super::protect::{hide, protect};
+use crate::layout::{ETC_ALLOW, FONT_CACHE, SYSTEM_DIRS};
 use crate::protocol::SetupSpec;
-
-/// A setup step that failed.
-#[derive(Debug)]
-pub struct SetupError {
-    pub what: String,
-    pub errno: i32,
-}
-
-impl From<SetupError> for crate::Error {
-    fn from(e: SetupError) -> crate::Error {
-        crate::Error::Setup {
-            message: e.message(),
-            errno: e.errno,
-        }
-    }
-}
-
-impl SetupError {
-    pub fn new(what: impl Into<String>, errno: Errno) -> Self {
-        SetupError {
-            what: what.into(),
-            errno: errno.raw_os_error(),
-        }
-    }
-
-    pub(crate) fn io(what: impl Into<String>, err: std::io::Error) -> Self {
-        SetupError {
-            what: what.into(),
-            errno: err.raw_os_error().unwrap_or(0),
-        }
-    }
-
-    pub fn message(&self) -> String {
-        if self.errno == 0 {
-            self.what.clone()
-        } else {
-            format!(
-                "{}: {}",
-                self.what,
-                std::io::Error::from_raw_os_error(self.errno)
-            )
-        }
-    }
-}
-
-type Result<T> = std::result::Result<T, SetupError>;
-
-trait Context<T> {
-    fn ctx(self, what: impl FnOnce() -> String) -> Result<T>;
-}
-
-impl<T> Context<T> for rustix::io::Result<T> {
-    fn ctx(self, what: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|e| SetupError::new(what(), e))
-    }
-}
-
-impl<T> Context<T> for std::io::Result<T> {
-    fn ctx(self, what: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|e| SetupError::io(what(), e))
-    }
-}
-
-/// Host system directories bound read-only (or recreated as symlinks, on
-/// merged-/usr systems). Enough for coreutils, python3, node, gcc and git.
-pub(crate) const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
-
-/// Entries of the host's `/etc` that programs need and that hold no secrets.
-/// `/etc` is never bound whole: it holds shadow files, TLS private keys, SSH
-/// host keys and package-manager credentials, which a sandbox whose uid maps
-/// to the host's owner of those files could otherwise read.
-pub(crate) const ETC_ALLOW: &[&str] = &[
-    "alternatives",
-    "bash.bashrc",
-    "ca-certificates",
-    "ca-certificates.conf",
-    "debian_version",
-    "fonts",
-    "gai.conf",
-    "host.conf",
-    "inputrc",
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "locale.alias",
-    "locale.conf",
-    "locale.gen",
-    "localtime",
-    "magic",
-    "magic.mime",
-    "mime.types",
-    "mtab",
-    "networks",
-    "nsswitch.conf",
-    "os-release",
-    "perl",
-    "profile",
-    "protocols",
-    "python3",
-    "python3.11",
-    "python3.12",
-    "python3.13",
-    "services",
-    "shells",
-    "ssl/certs",
-    "ssl/openssl.cnf",
-    "terminfo",
-    "timezone",
-    "vim",
-    "X11",
-    "xdg",
-    "xml",
-];
 
 /// Device nodes bound from the host's `/dev` (a user namespace cannot mknod).
 const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
@@ -151,49 +42,8 @@ const PROC_MASKED: &[&str] = &[
 ];
 const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 
-/// The system's fontconfig cache, shared read-only with every sandbox.
-pub(crate) const FONT_CACHE: &str = "/var/cache/fontconfig";
-
 /// Where the new root is assembled, in our private mount namespace.
 const STAGE: &str = "/tmp";
-
-/// One id each way for a user namespace: (inside, outside), uid and gid.
-pub(crate) struct IdMaps {
-    pub uid: (u32, u32),
-    pub gid: (u32, u32),
-}
-
-impl IdMaps {
-    /// The caller's ids, as the spec maps them.
-    pub fn of(spec: &SetupSpec) -> IdMaps {
-        IdMaps {
-            uid: (spec.inner_uid, spec.outer_uid),
-            gid: (spec.inner_gid, spec.outer_gid),
-        }
-    }
-}
-
-/// Writes the id maps of the user namespace of the process whose `/proc`
-/// directory is `proc` (`/proc/self`, or `/proc/PID` of a child namespace).
-pub(crate) fn write_maps(proc: &str, ids: &IdMaps) -> Result<()> {
-    // Must precede gid_map for unprivileged callers; harmless for root.
-    fs::write(format!("{proc}/setgroups"), "deny").ctx(|| "deny setgroups".into())?;
-    fs::write(
-        format!("{proc}/uid_map"),
-        format!("{} {} 1\n", ids.uid.0, ids.uid.1),
-    )
-    .ctx(|| "write uid_map".into())?;
-    fs::write(
-        format!("{proc}/gid_map"),
-        format!("{} {} 1\n", ids.gid.0, ids.gid.1),
-    )
-    .ctx(|| "write gid_map".into())
-}
-
-/// Writes the uid/gid maps of the user namespace this process just entered.
-pub fn write_id_maps(spec: &SetupSpec) -> Result<()> {
-    write_maps("/proc/self", &IdMaps::of(spec))
-}
 
 /// An O_PATH handle on a host path, opened before the stage hides anything,
 /// or a detached idmapped copy of it made for this sandbox (`idmap`).
@@ -241,18 +91,6 @@ impl Source {
     fn proc_path(&self) -> String {
         format!("/proc/self/fd/{}", self.fd.as_raw_fd())
     }
-}
-
-/// An `O_PATH` handle on `path`, refusing a symbolic link on any part of it.
-pub(crate) fn open_no_links(path: &str) -> rustix::io::Result<OwnedFd> {
-    use rustix::fs::ResolveFlags;
-    rustix::fs::openat2(
-        rustix::fs::CWD,
-        path,
-        OFlags::PATH | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )
 }
 
 /// The error for a resolved path that no longer opens without a link.
@@ -491,147 +329,6 @@ pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
     Ok(())
 }
 
-/// Covers each of `hidden` (relative to the workspace mounted at `ws`)
-/// with an empty read-only file. The targets are opened beneath the
-/// workspace without following links, and the cover is attached to that
-/// descriptor, so a concurrent sandbox on the same workspace cannot
-/// redirect it; the commands have no capability to unmount it.
-fn hide(stage: &Path, ws: &Path, hidden: &[String]) -> Result<()> {
-    use rustix::fs::ResolveFlags;
-    use rustix::mount::OpenTreeFlags;
-    if hidden.is_empty() {
-        return Ok(());
-    }
-    let empty = stage.join(".cordon-hidden");
-    fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o444)
-        .open(&empty)
-        .ctx(|| "create the cover for hidden files".into())?;
-    let ws_fd = rustix::fs::open(
-        ws,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ctx(|| "open the workspace".into())?;
-    for rel in hidden {
-        let target = match rustix::fs::openat2(
-            &ws_fd,
-            rel.as_str(),
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_XDEV,
-        ) {
-            Ok(fd) => fd,
-            // Gone since the host looked, or not a plain path: nothing
-            // of the file is reachable under that name.
-            Err(Errno::NOENT) => continue,
-            Err(e) => return Err(SetupError::new(format!("open {rel} to hide it"), e)),
-        };
-        let st = rustix::fs::fstat(&target).ctx(|| format!("stat {rel}"))?;
-        if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() {
-            return Err(SetupError {
-                what: format!("cannot hide {rel}: not a regular file"),
-                errno: 0,
-            });
-        }
-        let cover = rustix::mount::open_tree(
-            rustix::fs::CWD,
-            &empty,
-            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-        )
-        .ctx(|| "clone the cover for hidden files".into())?;
-        attach(&cover, &target, RO).ctx(|| format!("hide {rel}"))?;
-    }
-    // The covers keep the inode; its name must not show at the root.
-    fs::remove_file(&empty).ctx(|| "remove the cover's name".into())?;
-    Ok(())
-}
-
-/// Makes each of `read_only` (relative to the workspace mounted at `ws`)
-/// read-only, by mounting it on itself, after pinning the directories that
-/// lead to it below the workspace the same way (read-write): a mount point
-/// cannot be renamed or removed, so `.git` cannot be moved aside and a new
-/// one with a planted configuration put in its place. Paths are opened
-/// beneath the workspace without following links.
-fn protect(ws: &Path, read_only: &[String]) -> Result<()> {
-    if read_only.is_empty() {
-        return Ok(());
-    }
-    let ws_fd = rustix::fs::open(
-        ws,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ctx(|| "open the workspace".into())?;
-    for pin in &pins(read_only) {
-        mount_on_itself(&ws_fd, pin, RW)?;
-    }
-    for rel in read_only {
-        mount_on_itself(&ws_fd, Path::new(rel), RO)?;
-    }
-    Ok(())
-}
-
-/// The directories leading to each of `read_only` below the workspace,
-/// each once, shallow first (a pin's own path must resolve before deeper
-/// ones): what [`protect`], and a microVM's QEMU, mount on themselves.
-pub(crate) fn pins(read_only: &[String]) -> Vec<PathBuf> {
-    let mut pins = std::collections::BTreeSet::new();
-    for rel in read_only {
-        let mut dir = Path::new(rel).parent();
-        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty()) {
-            pins.insert(d.to_path_buf());
-            dir = d.parent();
-        }
-    }
-    let mut pins: Vec<PathBuf> = pins.into_iter().collect();
-    pins.sort_by_key(|p| p.components().count());
-    pins
-}
-
-/// Mounts `rel` (beneath `ws_fd`) on itself with `attrs`; missing: skipped.
-fn mount_on_itself(ws_fd: &OwnedFd, rel: &Path, attrs: u64) -> Result<()> {
-    use rustix::fs::ResolveFlags;
-    use rustix::mount::OpenTreeFlags;
-    let what = || rel.display().to_string();
-    let fd = match rustix::fs::openat2(
-        ws_fd,
-        rel,
-        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
-    ) {
-        Ok(fd) => fd,
-        Err(Errno::NOENT) => return Ok(()),
-        Err(e) => return Err(SetupError::new(format!("open {} to protect it", what()), e)),
-    };
-    let tree = rustix::mount::open_tree(
-        &fd,
-        "",
-        OpenTreeFlags::OPEN_TREE_CLONE
-            | OpenTreeFlags::OPEN_TREE_CLOEXEC
-            | OpenTreeFlags::AT_EMPTY_PATH,
-    )
-    .ctx(|| format!("clone {}", what()))?;
-    attach(&tree, &fd, attrs).ctx(|| format!("protect {}", what()))
-}
-
-/// Mounts the detached tree `tree` (from `open_tree`) on the file or
-/// directory `target` refers to, with the mount attributes `attrs`.
-fn attach(tree: &OwnedFd, target: &OwnedFd, attrs: u64) -> rustix::io::Result<()> {
-    use rustix::mount::MoveMountFlags;
-    set_attrs_fd(tree, attrs).map_err(|e| Errno::from_raw_os_error(e.errno))?;
-    rustix::mount::move_mount(
-        tree,
-        "",
-        target,
-        "",
-        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
-    )
-}
-
 fn mkdir(path: &Path, mode: u32) -> Result<()> {
     fs::DirBuilder::new()
         .mode(mode)
@@ -695,91 +392,6 @@ fn bind(src: &Source, target: &Path) -> Result<()> {
     }
     rustix::mount::mount_bind_recursive(src.proc_path().as_str(), target)
         .ctx(|| format!("bind mount onto {}", target.display()))
-}
-
-// Not yet wrapped by rustix; stable ABI since Linux 5.12.
-pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x1;
-pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x2;
-pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x4;
-const AT_RECURSIVE: libc::c_uint = 0x8000;
-
-#[repr(C)]
-pub(crate) struct MountAttr {
-    pub attr_set: u64,
-    pub attr_clr: u64,
-    pub propagation: u64,
-    pub userns_fd: u64,
-}
-
-/// Attributes for [`set_attrs`].
-const RW: u64 = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-const RO: u64 = RW | MOUNT_ATTR_RDONLY;
-/// Read-only for device-node binds: writing to a device still works, but
-/// its inode (mode, owner, times), which is the host's, cannot change.
-const RO_DEVICE: u64 = MOUNT_ATTR_NOSUID | MOUNT_ATTR_RDONLY;
-
-/// Sets mount attributes on the mount at `target` (and, if `recursive`,
-/// every mount beneath it). `mount_setattr` keeps flags the kernel locked
-/// on mounts inherited from the host, which a classic remount would have to
-/// repeat by hand or fail with EPERM.
-fn set_attrs(target: &Path, recursive: bool, set: u64) -> Result<()> {
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    let path = CString::new(target.as_os_str().as_encoded_bytes())
-        .map_err(|_| SetupError::new("path with NUL", Errno::INVAL))?;
-    let flags = if recursive { AT_RECURSIVE } else { 0 };
-    // SAFETY: valid NUL-terminated path and a properly sized, initialised struct.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            flags,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if rc != 0 {
-        let errno =
-            Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
-        return Err(SetupError::new(
-            format!("set mount attributes on {}", target.display()),
-            errno,
-        ));
-    }
-    Ok(())
-}
-
-/// [`set_attrs`] on a detached mount (from `open_tree`).
-fn set_attrs_fd(fd: &OwnedFd, set: u64) -> Result<()> {
-    let attr = MountAttr {
-        attr_set: set,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
-    // SAFETY: a valid descriptor, an empty NUL-terminated path and a
-    // properly sized, initialised struct.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if rc != 0 {
-        let errno =
-            Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
-        return Err(SetupError::new("set mount attributes on a cover", errno));
-    }
-    Ok(())
 }
 
 fn build_dev(dev: &Path, nodes: &[(&str, Source)], shm_size: u64) -> Result<()> {

@@ -1,0 +1,456 @@
+//! How to build a sandbox: the configuration types, and their validation,
+//! done once before any backend starts anything.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::protocol::Bind;
+
+/// Network access inside the sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Network {
+    /// A network namespace whose only interface, loopback, is down.
+    #[default]
+    Off,
+    /// Loopback is up: processes in the sandbox can talk to each other.
+    Loopback,
+}
+
+impl std::fmt::Display for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Network::Off => "off",
+            Network::Loopback => "loopback",
+        })
+    }
+}
+
+impl std::str::FromStr for Network {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" | "none" => Ok(Network::Off),
+            "loopback" | "lo" => Ok(Network::Loopback),
+            other => Err(format!(
+                "unknown network mode {other:?} (expected off or loopback)"
+            )),
+        }
+    }
+}
+
+/// An extra bind mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindMount {
+    pub source: PathBuf,
+    pub target: String,
+    pub writable: bool,
+}
+
+/// How to build a sandbox. Defaults are the documented `cordon run` ones.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Host directory mounted read-write at `/workspace`.
+    pub workspace: PathBuf,
+    /// Memory limit in bytes for the whole sandbox (default 512 MiB).
+    pub memory: Option<u64>,
+    /// Maximum number of processes (default 256).
+    pub pids: Option<u64>,
+    /// Size of the `/tmp` tmpfs in bytes (default 256 MiB).
+    pub tmp_size: u64,
+    /// How much the workspace and the writable binds may grow on the
+    /// host's disk, in bytes (default: no budget). A host-side watcher
+    /// stops the whole sandbox past it; natively, no file may be larger.
+    pub disk: Option<u64>,
+    pub network: Network,
+    pub binds: Vec<BindMount>,
+    /// Files in the workspace the sandbox must not read (a `.env` holding
+    /// the user's API key): each appears empty and read-only inside. Paths
+    /// on the host, beneath `workspace`; one that is missing is skipped.
+    pub hidden: Vec<PathBuf>,
+    /// Paths in the workspace the sandbox may read but not change, nor
+    /// rename away (their directories below the workspace are pinned):
+    /// see [`control_files`]. Missing ones are skipped.
+    pub read_only: Vec<PathBuf>,
+    /// Whether the workspace's and the binds' paths may lead through
+    /// symbolic links. A caller that resolved them itself (cordon's front
+    /// ends, which refuse links a sandbox could have planted) sets it false:
+    /// a link that appears on them later was planted since, and is refused.
+    pub follow_links: bool,
+    /// Environment added to every exec, over the built-in minimum.
+    pub env: Vec<(String, String)>,
+    /// Default working directory of execs.
+    pub workdir: String,
+    pub hostname: String,
+    /// The executable to run as the supervisor; defaults to the current one.
+    pub supervisor: Option<PathBuf>,
+    /// How long setup may take before it is abandoned.
+    pub setup_timeout: Duration,
+    /// Start the supervisor by forking this process, without exec, when it
+    /// is single-threaded. Saves an exec of the binary (about half of
+    /// `cordon run`'s start-up), but the supervisor then begins as a copy of
+    /// this process's memory: set it only where that memory holds nothing
+    /// the sandbox must not have, even behind its non-dumpable supervisor.
+    pub fork_supervisor: bool,
+    /// A virtual X display inside the sandbox, started with it.
+    pub display: Option<Display>,
+    /// Which isolation backend builds the sandbox.
+    pub backend: BackendKind,
+    /// Virtual CPUs of a microVM (default 1); the native backend ignores it.
+    pub cpus: Option<u32>,
+    /// Settings of the microvm backend.
+    pub vm: VmOptions,
+}
+
+/// The isolation backend of a sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackendKind {
+    /// Linux namespaces, seccomp, Landlock and cgroups on the host's kernel.
+    #[default]
+    Native,
+    /// A QEMU microVM with its own kernel.
+    Microvm,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "native" => Ok(BackendKind::Native),
+            "microvm" | "vm" => Ok(BackendKind::Microvm),
+            other => Err(format!(
+                "unknown backend {other:?} (expected native or microvm)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Native => "native",
+            BackendKind::Microvm => "microvm",
+        })
+    }
+}
+
+/// How the microvm backend finds and runs its virtual machine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VmOptions {
+    /// The QEMU binary (default: `qemu-system-x86_64` on `PATH`).
+    pub qemu: Option<PathBuf>,
+    /// The guest kernel, a vmlinuz or vmlinux (default: the one
+    /// `cordon vm setup` fetched).
+    pub kernel: Option<PathBuf>,
+    /// Its modules directory (`lib/modules/VERSION`).
+    pub modules: Option<PathBuf>,
+    /// `kvm`, `tcg`, or `None` to decide.
+    pub accel: Option<Accel>,
+}
+
+/// How QEMU runs the guest's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualisation through /dev/kvm.
+    Kvm,
+    /// QEMU's own translator: slow, but needs nothing from the host.
+    Tcg,
+}
+
+impl std::fmt::Display for Accel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        })
+    }
+}
+
+impl std::str::FromStr for Accel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kvm" => Ok(Accel::Kvm),
+            "tcg" => Ok(Accel::Tcg),
+            other => Err(format!(
+                "unknown accelerator {other:?} (expected kvm or tcg)"
+            )),
+        }
+    }
+}
+
+/// A virtual screen: Xvfb inside the sandbox (its socket in the sandbox's
+/// own /tmp, no TCP), with a window manager when one is installed, and
+/// `DISPLAY` set for every exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Display {
+    pub width: u32,
+    pub height: u32,
+}
+
+/// The display's name inside every sandbox: each has its own /tmp.
+pub const DISPLAY: &str = ":0";
+
+impl std::fmt::Display for Display {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.width, self.height)
+    }
+}
+
+impl std::str::FromStr for Display {
+    type Err = String;
+
+    /// `1280x800`.
+    fn from_str(s: &str) -> std::result::Result<Display, String> {
+        let bad = || format!("expected WIDTHxHEIGHT such as 1280x800, got {s:?}");
+        let (w, h) = s.trim().split_once(['x', 'X']).ok_or_else(bad)?;
+        let (width, height): (u32, u32) =
+            (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
+        if !(64..=8192).contains(&width) || !(64..=8192).contains(&height) {
+            return Err(format!("{s}: width and height must be between 64 and 8192"));
+        }
+        Ok(Display { width, height })
+    }
+}
+
+pub const MIB: u64 = 1024 * 1024;
+
+impl SandboxConfig {
+    pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        SandboxConfig {
+            workspace: workspace.into(),
+            memory: Some(512 * MIB),
+            pids: Some(256),
+            tmp_size: 256 * MIB,
+            disk: None,
+            network: Network::Off,
+            binds: Vec::new(),
+            hidden: Vec::new(),
+            read_only: Vec::new(),
+            follow_links: true,
+            env: Vec::new(),
+            workdir: "/workspace".into(),
+            hostname: "cordon".into(),
+            supervisor: None,
+            setup_timeout: Duration::from_secs(20),
+            fork_supervisor: false,
+            display: None,
+            backend: BackendKind::Native,
+            cpus: None,
+            vm: VmOptions::default(),
+        }
+    }
+}
+
+/// `paths` ([`SandboxConfig::hidden`], [`SandboxConfig::read_only`]) as
+/// paths relative to the canonical workspace `ws`: each one's directory is
+/// resolved, its own name is not (a link there is taken as the link);
+/// paths outside the workspace are dropped, since the sandbox cannot see
+/// them anyway.
+pub(crate) fn in_workspace(paths: &[PathBuf], ws: &str) -> Vec<String> {
+    let ws = Path::new(ws);
+    paths
+        .iter()
+        .filter_map(|h| {
+            let dir = h.parent()?.canonicalize().ok()?;
+            let rel = dir.join(h.file_name()?);
+            let rel = rel.strip_prefix(ws).ok()?;
+            rel.components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+                .then(|| rel.to_str().map(str::to_string))
+                .flatten()
+        })
+        .collect()
+}
+
+/// Files in the workspace that programs the user runs on the host take
+/// commands from without asking, made read-only in the sandbox (and
+/// pinned, so they cannot be moved aside for planted ones):
+/// - git's: the whole of `.git` (or `.git` itself when it is a file naming
+///   the repository elsewhere). Its configuration (`core.fsmonitor`,
+///   `core.hooksPath`, filter and diff drivers), hooks and `info/` name
+///   commands, and protecting only those is not enough: git also follows
+///   files a writable `.git` may gain (`commondir` moves where the
+///   configuration and hooks are read from, `modules/*/` holds each
+///   submodule's own, `worktrees/*/` the linked worktrees'). Git cannot
+///   commit without creating files in `.git` itself, so the repository is
+///   the user's to change, as Codex has it;
+/// - editors': `.vscode` (tasks run on opening the folder, interpreter
+///   paths) and `.idea`;
+/// - coding agents': `.claude` (hooks) and `.mcp.json` (servers to start).
+///
+/// Those that exist, as files or directories (not links), at the top
+/// level, and every `.git` below it (other repositories and submodules,
+/// found by a bounded walk: see `repos.rs`).
+pub fn control_files(workspace: &Path) -> Vec<PathBuf> {
+    let exists = |p: &PathBuf| std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_symlink());
+    let git = workspace.join(".git");
+    let mut paths: Vec<PathBuf> = match std::fs::symlink_metadata(&git) {
+        Ok(m) if m.is_dir() || m.is_file() => vec![git],
+        _ => Vec::new(),
+    };
+    paths.extend(
+        CONTROL_FILES
+            .iter()
+            .map(|n| workspace.join(n))
+            .filter(exists),
+    );
+    let nested = crate::repos::nested_git(workspace);
+    if nested.incomplete {
+        tracing::warn!(
+            "the workspace is too large to look through for git repositories below its top \
+             level: {} were found and protected, others may not be",
+            nested.git.len()
+        );
+    }
+    paths.extend(nested.git);
+    paths
+}
+
+/// The names [`control_files`] protects besides git's, at the workspace's
+/// top level.
+pub const CONTROL_FILES: &[&str] = &[".vscode", ".idea", ".claude", ".mcp.json"];
+
+/// Parses sizes such as `512M`, `2G`, `64k` or `1048576` into bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| {
+        format!("invalid size {s:?}: expected a number with an optional K, M or G suffix")
+    })?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1024,
+        "m" | "mb" | "mib" => MIB,
+        "g" | "gb" | "gib" => 1024 * MIB,
+        other => {
+            return Err(format!(
+                "invalid size unit {other:?} in {s:?} (use K, M or G)"
+            ));
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// `path` with every link resolved; unless `config` lets paths lead
+/// through links, it must have had none (see [`SandboxConfig::follow_links`]).
+fn resolve(config: &SandboxConfig, path: &Path, what: &str) -> Result<PathBuf> {
+    let real = path
+        .canonicalize()
+        .map_err(|e| Error::Config(format!("{what} {}: {e}", path.display())))?;
+    if !config.follow_links && real != path {
+        return Err(Error::Config(format!(
+            "{what} {}: a symbolic link appeared on this path after cordon resolved it \
+             (a sandbox working in a directory above may have planted it); cordon follows none",
+            path.display()
+        )));
+    }
+    Ok(real)
+}
+
+impl SandboxConfig {
+    /// Checks the configuration every backend builds from, and resolves
+    /// its host paths: the workspace's, and the extra binds as the
+    /// supervisor mounts them.
+    pub(crate) fn validate(&self) -> Result<(String, Vec<Bind>)> {
+        let ws = resolve(self, &self.workspace, "workspace")?;
+        if !ws.is_dir() {
+            return Err(Error::Config(format!(
+                "workspace {} is not a directory",
+                ws.display()
+            )));
+        }
+        let ws = ws
+            .to_str()
+            .ok_or_else(|| Error::Config("workspace path is not valid UTF-8".into()))?
+            .to_string();
+        let mut binds = Vec::new();
+        for b in &self.binds {
+            let src = resolve(self, &b.source, "bind source")?;
+            let target = b.target.clone();
+            if !target.starts_with('/') || target.split('/').any(|c| c == "..") {
+                return Err(Error::Config(format!(
+                    "bind target {target:?} must be an absolute path without '..'"
+                )));
+            }
+            let reserved = [
+                "/",
+                "/proc",
+                "/dev",
+                "/workspace",
+                "/tmp",
+                "/etc/passwd",
+                "/etc/group",
+            ];
+            if reserved.contains(&target.trim_end_matches('/'))
+                || ["/proc/", "/dev/", "/workspace/"]
+                    .iter()
+                    .any(|p| target.starts_with(p))
+            {
+                return Err(Error::Config(format!(
+                    "bind target {target} is reserved by the sandbox"
+                )));
+            }
+            binds.push(Bind {
+                source: src
+                    .to_str()
+                    .ok_or_else(|| Error::Config("bind source path is not valid UTF-8".into()))?
+                    .to_string(),
+                target,
+                writable: b.writable,
+            });
+        }
+        if self.tmp_size == 0 {
+            return Err(Error::Config("tmp size must be greater than zero".into()));
+        }
+        if self.memory == Some(0) || self.pids == Some(0) {
+            return Err(Error::Config(
+                "memory and pids limits must be greater than zero".into(),
+            ));
+        }
+        Ok((ws, binds))
+    }
+
+    /// The environment every exec starts from: nothing of the host's.
+    pub(crate) fn base_env(&self) -> Vec<(String, String)> {
+        let mut env = vec![
+            (
+                "PATH".to_string(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+            ),
+            ("HOME".into(), "/tmp".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("TERM".into(), "dumb".into()),
+        ];
+        for (k, v) in &self.env {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        env
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("512M").unwrap(), 512 * MIB);
+        assert_eq!(parse_size("2g").unwrap(), 2048 * MIB);
+        assert_eq!(parse_size("64k").unwrap(), 65536);
+        assert_eq!(parse_size("100").unwrap(), 100);
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn network_modes_parse() {
+        assert_eq!("off".parse::<Network>().unwrap(), Network::Off);
+        assert_eq!("loopback".parse::<Network>().unwrap(), Network::Loopback);
+        assert!("host".parse::<Network>().is_err());
+    }
+}

@@ -1,0 +1,71 @@
+//! The sandbox's layout, as the host and the supervisor (native, or a
+//! microVM guest's) both know it: which host directories it is built from,
+//! what of the host's `/etc` it sees, the descriptor the control channel
+//! arrives on, and the names a microVM's shares go by.
+//!
+//! guest/init.rs is built on its own (see build.rs) and cannot use this
+//! module: it repeats [`CONTROL_FD`] and the share names it mounts.
+
+/// The descriptor on which the supervisor finds its control channel: the
+/// native supervisor from the host, QEMU's virtio serial port from it, and
+/// the guest's supervisor from the guest init.
+pub(crate) const CONTROL_FD: i32 = 3;
+
+/// Host system directories bound read-only (or recreated as symlinks, on
+/// merged-/usr systems). Enough for coreutils, python3, node, gcc and git.
+pub(crate) const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// Entries of the host's `/etc` that programs need and that hold no secrets.
+/// `/etc` is never bound whole: it holds shadow files, TLS private keys, SSH
+/// host keys and package-manager credentials, which a sandbox whose uid maps
+/// to the host's owner of those files could otherwise read.
+pub(crate) const ETC_ALLOW: &[&str] = &[
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "fonts",
+    "gai.conf",
+    "host.conf",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "locale.conf",
+    "locale.gen",
+    "localtime",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "mtab",
+    "networks",
+    "nsswitch.conf",
+    "os-release",
+    "perl",
+    "profile",
+    "protocols",
+    "python3",
+    "python3.11",
+    "python3.12",
+    "python3.13",
+    "services",
+    "shells",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "terminfo",
+    "timezone",
+    "vim",
+    "X11",
+    "xdg",
+    "xml",
+];
+
+/// The system's fontconfig cache, shared read-only with every sandbox.
+pub(crate) const FONT_CACHE: &str = "/var/cache/fontconfig";
+
+/// The 9p tag under which the host shares extra bind `i` with a microVM.
+pub(crate) fn bind_tag(i: usize) -> String {
+    format!("bind{i}")
+}

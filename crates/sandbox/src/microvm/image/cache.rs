@@ -1,0 +1,161 @@
+//! The image cache: where it is, the files that name its current kernel,
+//! and how entries are written into it (under a lock, through a temporary
+//! file and a rename) and pruned.
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::hash::{DefaultHasher, Hasher};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::{At, ImageError};
+
+/// Where guest images are cached: `$CORDON_VM_DIR`, else
+/// `/var/cache/cordon/vm` when running as root, else
+/// `$XDG_CACHE_HOME/cordon/vm` (`~/.cache/cordon/vm`).
+pub fn cache_dir() -> PathBuf {
+    cache_dir_from(
+        std::env::var_os("CORDON_VM_DIR"),
+        rustix::process::geteuid().is_root(),
+        std::env::var_os("XDG_CACHE_HOME"),
+        std::env::var_os("HOME"),
+    )
+}
+
+fn cache_dir_from(
+    vm_dir: Option<OsString>,
+    root: bool,
+    xdg: Option<OsString>,
+    home: Option<OsString>,
+) -> PathBuf {
+    if let Some(dir) = vm_dir.filter(|d| !d.is_empty()) {
+        return dir.into();
+    }
+    if root {
+        return PathBuf::from("/var/cache/cordon/vm");
+    }
+    // The XDG spec says to ignore relative paths in these variables.
+    let absolute = |v: Option<OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
+    match absolute(xdg).or_else(|| absolute(home).map(|h| h.join(".cache"))) {
+        Some(base) => base.join("cordon/vm"),
+        // A service account without a home: per user, and still kept
+        // between runs.
+        None => {
+            std::env::temp_dir().join(format!("cordon-vm-{}", rustix::process::getuid().as_raw()))
+        }
+    }
+}
+
+/// Marks a complete kernel tree in the cache, written last.
+pub(super) const MARKER: &str = ".cordon-kernel";
+
+/// The version `setup` made current, if any.
+pub(super) fn current_version(cache: &Path) -> Result<Option<String>, ImageError> {
+    let path = cache.join("current");
+    match fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(text.trim().to_owned()).filter(|v| !v.is_empty() && !v.contains('/'))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).at(&path),
+    }
+}
+
+/// Removes the entries of `dir` that `pred(name, path)` picks, ignoring
+/// failures: this only reclaims space.
+pub(super) fn remove_matching(dir: &Path, mut pred: impl FnMut(&str, &Path) -> bool) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if pred(&name, &path) {
+            let _ = match entry.file_type() {
+                Ok(t) if t.is_dir() => fs::remove_dir_all(&path),
+                _ => fs::remove_file(&path),
+            };
+        }
+    }
+}
+
+/// A 64-bit key for cache file names. SipHash with fixed keys is stable for
+/// a given build of std; a new Rust release may change it, which costs one
+/// rebuild of the cached images.
+pub(super) fn hash_hex(feed: impl FnOnce(&mut DefaultHasher)) -> String {
+    let mut h = DefaultHasher::new();
+    feed(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+/// Takes an exclusive lock on `path` (created if needed), held until the
+/// returned file is dropped, so that only one process builds a cache entry
+/// while the others wait and then reuse it.
+pub(super) fn lock(path: &Path) -> Result<File, ImageError> {
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .at(path)?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(io::Error::from)
+        .at(path)?;
+    Ok(file)
+}
+
+/// Writes `path` through a temporary file in the same directory and a
+/// rename, so readers see either the old file or the whole new one.
+pub(super) fn write_atomic(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> io::Result<()>,
+) -> Result<(), ImageError> {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let mut tmp_name = OsString::from(".");
+    tmp_name.push(path.file_name().unwrap_or_default());
+    tmp_name.push(format!(
+        ".tmp{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let tmp = path.with_file_name(tmp_name);
+    let result = (|| {
+        let mut file = File::create(&tmp)?;
+        write(&mut file)?;
+        // Durable before it is visible, so a crash cannot leave an empty
+        // file under the final name.
+        file.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.at(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_dir_follows_the_environment() {
+        let s = |v: &str| Some(OsString::from(v));
+        assert_eq!(
+            cache_dir_from(s("/x/vm"), true, None, None),
+            PathBuf::from("/x/vm")
+        );
+        assert_eq!(
+            cache_dir_from(s(""), true, None, None),
+            PathBuf::from("/var/cache/cordon/vm")
+        );
+        assert_eq!(
+            cache_dir_from(None, false, s("/xdg"), s("/home/u")),
+            PathBuf::from("/xdg/cordon/vm")
+        );
+        assert_eq!(
+            cache_dir_from(None, false, s("relative"), s("/home/u")),
+            PathBuf::from("/home/u/.cache/cordon/vm")
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! Finding QEMU and starting it, confined, from a thread that lives as
+//! long as the process.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use super::cover;
+use crate::config::SandboxConfig;
+use crate::error::{Error, Result};
+use crate::layout::CONTROL_FD;
+
+/// QEMU's binary: `vm.qemu`, else `qemu-system-x86_64` on `PATH`, with
+/// an error that says how to install it.
+pub fn qemu_path(config: &SandboxConfig) -> Result<PathBuf> {
+    if let Some(q) = &config.vm.qemu {
+        return Ok(q.clone());
+    }
+    let name = "qemu-system-x86_64";
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "the microvm backend needs {name} (Debian: apt-get install qemu-system-x86)"
+            ))
+        })
+}
+
+/// Runs `start` on a thread that lives as long as the process. QEMU is
+/// started with PR_SET_PDEATHSIG, which fires when the *thread* that forked
+/// it exits, not the process: a sandbox created from a short-lived thread
+/// (`Handle::block_on` on a caller's thread) would otherwise lose its VM
+/// when that thread ends.
+pub(super) fn launch<T: Send + 'static>(
+    start: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    type Job = Box<dyn FnOnce() + Send>;
+    static LAUNCHER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Job>>> =
+        std::sync::OnceLock::new();
+    let gone = || Error::Io(std::io::Error::other("cordon's VM launcher thread is gone"));
+    let launcher = LAUNCHER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("cordon-vm-launcher".into())
+            .spawn(move || {
+                for job in rx {
+                    // A panicking job must not take the launcher with it;
+                    // its caller sees its result channel close.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                }
+            })
+            .ok()
+            .map(|_| tx)
+    });
+    let launcher = launcher.as_ref().ok_or_else(gone)?;
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    launcher
+        .send(Box::new(move || {
+            let _ = tx.send(start());
+        }))
+        .map_err(|_| gone())?;
+    rx.recv().map_err(|_| gone())?
+}
+
+/// Host files QEMU reads besides its program, libraries and the guest's
+/// files (found with strace): the loader's cache, the time zone, and the
+/// CPU and NUMA layout.
+pub(super) const QEMU_HOST_FILES: &[&str] = &[
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/sys/devices/system/cpu",
+    "/sys/devices/system/node",
+];
+
+/// QEMU's descriptor for the guest's serial console (the control
+/// channel's is [`CONTROL_FD`]).
+pub(super) const CONSOLE_FD: i32 = CONTROL_FD + 1;
+
+/// Starts QEMU with the guest's end of the control socket as fd 3 and the
+/// console socket as fd 4, confined as the module says (Landlock with
+/// `ruleset`, then seccomp), in its own process group (the terminal's
+/// Ctrl-C belongs to the front end), dying with this process. Returns its
+/// pid and the read end of its stderr.
+pub(super) fn spawn_qemu(
+    qemu: &Path,
+    args: &[String],
+    control: OwnedFd,
+    console: OwnedFd,
+    ruleset: Option<OwnedFd>,
+    covers: Option<cover::Covers>,
+) -> Result<(i32, OwnedFd)> {
+    let filters = crate::supervisor::confine::host_file_guard()?;
+    let (control_raw, console_raw) = (control.as_raw_fd(), console.as_raw_fd());
+    let ruleset_raw = ruleset.as_ref().map(|f| f.as_raw_fd());
+    let mut cmd = std::process::Command::new(qemu);
+    cmd.args(args)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0);
+    // SAFETY: only async-signal-safe calls (prctl, unshare, mount calls,
+    // landlock, seccomp, dup2, fcntl, close) on data prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Mounts before Landlock, which forbids them.
+            if let Some(c) = &covers {
+                c.apply()?;
+            }
+            // Landlock first: the ruleset's descriptor may be 3 or 4, which
+            // the dup2s below replace.
+            if let Some(fd) = ruleset_raw
+                && (libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    || libc::syscall(libc::SYS_landlock_restrict_self, fd, 0) != 0)
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Copies above both targets first, so that neither dup2 can
+            // overwrite the other source; dup2 clears close-on-exec.
+            let low = CONSOLE_FD + 1;
+            let a = libc::fcntl(control_raw, libc::F_DUPFD, low);
+            let b = libc::fcntl(console_raw, libc::F_DUPFD, low);
+            if a < 0 || b < 0 || libc::dup2(a, CONTROL_FD) < 0 || libc::dup2(b, CONSOLE_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(a);
+            libc::close(b);
+            for f in &filters {
+                seccompiler::apply_filter(f).map_err(std::io::Error::other)?;
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| Error::Spawn {
+        path: qemu.to_path_buf(),
+        source: e,
+    })?;
+    drop((control, console, ruleset));
+    let stderr = child.stderr.take().expect("stderr was piped");
+    Ok((child.id() as i32, stderr.into()))
+}
