@@ -15,6 +15,9 @@ pub enum Network {
     Off,
     /// Loopback is up: processes in the sandbox can talk to each other.
     Loopback,
+    /// Loopback, and an HTTP proxy on it through which cordon's broker
+    /// reaches what [`SandboxConfig::egress`]'s policy allows.
+    Allow,
 }
 
 impl std::fmt::Display for Network {
@@ -22,6 +25,7 @@ impl std::fmt::Display for Network {
         f.write_str(match self {
             Network::Off => "off",
             Network::Loopback => "loopback",
+            Network::Allow => "allow",
         })
     }
 }
@@ -32,8 +36,9 @@ impl std::str::FromStr for Network {
         match s {
             "off" | "none" => Ok(Network::Off),
             "loopback" | "lo" => Ok(Network::Loopback),
+            "allow" => Ok(Network::Allow),
             other => Err(format!(
-                "unknown network mode {other:?} (expected off or loopback)"
+                "unknown network mode {other:?} (expected off, loopback or allow)"
             )),
         }
     }
@@ -63,6 +68,8 @@ pub struct SandboxConfig {
     /// stops the whole sandbox past it; natively, no file may be larger.
     pub disk: Option<u64>,
     pub network: Network,
+    /// The broker of [`Network::Allow`]; required by it, refused without it.
+    pub egress: Option<crate::egress::Egress>,
     pub binds: Vec<BindMount>,
     /// Files in the workspace the sandbox must not read (a `.env` holding
     /// the user's API key): each appears empty and read-only inside. Paths
@@ -224,6 +231,7 @@ impl SandboxConfig {
             tmp_size: 256 * MIB,
             disk: None,
             network: Network::Off,
+            egress: None,
             binds: Vec::new(),
             hidden: Vec::new(),
             read_only: Vec::new(),
@@ -410,6 +418,20 @@ impl SandboxConfig {
                 "memory and pids limits must be greater than zero".into(),
             ));
         }
+        match (self.network, &self.egress) {
+            (Network::Allow, None) => {
+                return Err(Error::Config(
+                    "network mode allow needs a policy (SandboxConfig::egress)".into(),
+                ));
+            }
+            (Network::Off | Network::Loopback, Some(_)) => {
+                return Err(Error::Config(format!(
+                    "an egress policy was given, but the network mode is {}: use allow",
+                    self.network
+                )));
+            }
+            _ => {}
+        }
         Ok((ws, binds))
     }
 
@@ -424,6 +446,9 @@ impl SandboxConfig {
             ("LANG".into(), "C.UTF-8".into()),
             ("TERM".into(), "dumb".into()),
         ];
+        if self.network == Network::Allow {
+            env.extend(crate::egress::proxy_env());
+        }
         for (k, v) in &self.env {
             env.retain(|(ek, _)| ek != k);
             env.push((k.clone(), v.clone()));

@@ -11,6 +11,11 @@
 /// the guest's supervisor from the guest init.
 pub(crate) const CONTROL_FD: i32 = 3;
 
+/// The descriptor on which the native supervisor finds the host's services
+/// channel, when its setup asks for a service (the broker's listener goes
+/// back over it); closed otherwise.
+pub(crate) const SERVICES_FD: i32 = CONTROL_FD + 1;
+
 /// Host system directories bound read-only (or recreated as symlinks, on
 /// merged-/usr systems). Enough for coreutils, python3, node, gcc and git.
 pub(crate) const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];

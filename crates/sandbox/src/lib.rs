@@ -23,7 +23,8 @@
 //! - `protocol` (the framed protocol between host and supervisor), `error`,
 //!   `layout` (what the host and the supervisor agree the sandbox looks
 //!   like), `repos` (git repositories below the workspace's top level),
-//!   `config` (how to build a sandbox, validated once);
+//!   `egress` (the broker's part of a configuration), `config` (how to
+//!   build a sandbox, validated once);
 //! - `supervisor`: the sandbox's pid 1, native or in a microVM guest;
 //! - `services`: the host-side services a sandbox has while it lives;
 //!   `session`: a live sandbox, whatever isolates it: its protocol stream,
@@ -39,6 +40,7 @@ mod config;
 mod create;
 mod disk;
 mod display;
+mod egress;
 mod error;
 mod layout;
 pub mod microvm;
@@ -56,6 +58,7 @@ pub use config::{
 };
 pub use disk::make_removable;
 pub use display::VncAccess;
+pub use egress::{Egress, PROXY_PORT};
 pub use error::{DiskStop, Error, Result};
 pub use microvm::MicrovmBackend;
 pub use native::{NativeBackend, host_report};

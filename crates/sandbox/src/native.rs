@@ -1,6 +1,6 @@
 //! The `native` backend: Linux namespaces, set up by the supervisor.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::pin::Pin;
 use std::sync::Mutex;
@@ -10,7 +10,7 @@ use crate::backend::{Backend, resolve_supervisor};
 use crate::cgroup::{self, Cgroup, LimitMechanism};
 use crate::config::{Network, SandboxConfig, in_workspace};
 use crate::error::{Error, Result};
-use crate::layout::CONTROL_FD;
+use crate::layout::{CONTROL_FD, SERVICES_FD};
 use crate::protocol::{self, HostMsg, SetupSpec};
 use crate::services::Services;
 use crate::session::{ConnectParams, Lifecycle, Sandbox};
@@ -146,8 +146,21 @@ fn single_threaded() -> bool {
 /// which costs more than the rest of the sandbox's start-up. Otherwise it
 /// execs: after `fork` in a multi-threaded process only async-signal-safe
 /// calls are allowed, and an exec leaves the host's memory behind.
-fn spawn_supervisor(config: &SandboxConfig, child_end: OwnedFd) -> Result<i32> {
+fn spawn_supervisor(
+    config: &SandboxConfig,
+    child_end: OwnedFd,
+    services: Option<BorrowedFd<'_>>,
+) -> Result<i32> {
+    // Above the numbers they are moved to, so that moving one cannot
+    // overwrite the other.
+    let high = |fd: BorrowedFd<'_>| rustix::io::fcntl_dupfd_cloexec(fd, SERVICES_FD + 1);
+    let child_end = high(child_end.as_fd()).map_err(|e| Error::Io(e.into()))?;
+    let services = services
+        .map(high)
+        .transpose()
+        .map_err(|e| Error::Io(e.into()))?;
     let raw = child_end.as_raw_fd();
+    let svc = services.as_ref().map(|fd| fd.as_raw_fd());
     let debug = std::env::var_os("CORDON_DEBUG_SUPERVISOR").is_some();
     let explicit = config.supervisor.is_some() || std::env::var_os("CORDON_SUPERVISOR").is_some();
     if config.fork_supervisor && !explicit && single_threaded() {
@@ -171,10 +184,9 @@ fn spawn_supervisor(config: &SandboxConfig, child_end: OwnedFd) -> Result<i32> {
                 if !debug {
                     libc::dup2(null, 2);
                 }
-                if raw == CONTROL_FD {
-                    libc::fcntl(raw, libc::F_SETFD, 0);
-                } else {
-                    libc::dup2(raw, CONTROL_FD);
+                libc::dup2(raw, CONTROL_FD);
+                if let Some(svc) = svc {
+                    libc::dup2(svc, SERVICES_FD);
                 }
             }
             crate::supervisor::forked_main();
@@ -198,13 +210,11 @@ fn spawn_supervisor(config: &SandboxConfig, child_end: OwnedFd) -> Result<i32> {
     // spawn returns.
     unsafe {
         cmd.pre_exec(move || {
-            // dup2 onto itself would leave close-on-exec set.
-            let rc = if raw == CONTROL_FD {
-                libc::fcntl(raw, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(raw, CONTROL_FD)
-            };
-            if rc < 0 {
+            // Both sources are above both targets (see `high`), and dup2's
+            // copies do not close on exec.
+            if libc::dup2(raw, CONTROL_FD) < 0
+                || svc.is_some_and(|svc| libc::dup2(svc, SERVICES_FD) < 0)
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -229,7 +239,8 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
 
     let services = Services::start(config)?;
     let (host, child_end) = std::os::unix::net::UnixStream::pair()?;
-    let pid = spawn_supervisor(config, child_end.into())?;
+    let pid = services.with_sandbox_end(|svc| spawn_supervisor(config, child_end.into(), svc))?;
+    services.launched();
     let lifecycle = NativeLifecycle {
         pid,
         reaped: Mutex::new(false),
@@ -253,7 +264,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         workspace,
         binds,
         tmp_size: config.tmp_size,
-        loopback: config.network == Network::Loopback,
+        loopback: matches!(config.network, Network::Loopback | Network::Allow),
         hostname: config.hostname.clone(),
         outer_uid: rustix::process::geteuid().as_raw(),
         outer_gid: rustix::process::getegid().as_raw(),
@@ -265,6 +276,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         // One byte over: a file that reaches the limit has passed the
         // budget, and the watcher reports it.
         rlimit_fsize: config.disk.map(|d| d.saturating_add(1)),
+        proxy_port: services.proxy_port(),
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 
 /// Which output stream a chunk belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,6 +102,10 @@ pub struct SetupSpec {
     /// RLIMIT_FSIZE: the largest file any process may write (the disk
     /// budget, so that one file cannot pass it between two looks).
     pub rlimit_fsize: Option<u64>,
+    /// Listen on 127.0.0.1 at this port once loopback is up, and hand the
+    /// listening socket to the host over the services descriptor (native
+    /// only): the broker's one way in.
+    pub proxy_port: Option<u16>,
 }
 
 /// Kernel objects counted per user, which a sandbox's processes are charged

@@ -542,9 +542,14 @@ fn options(obj: &Map<String, Value>, bounds: &Bounds) -> Result<RunOptions, Stri
     };
     let network = match obj.get("network") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => cordon_sandbox::Network::Off,
-        Some(Value::String(s)) => s
-            .parse()
-            .map_err(|_| format!("`network` must be \"off\" or \"loopback\", not {s:?}"))?,
+        Some(Value::String(s)) => match s.parse() {
+            Ok(cordon_sandbox::Network::Allow) | Err(_) => {
+                return Err(format!(
+                    "`network` must be \"off\" or \"loopback\", not {s:?}"
+                ));
+            }
+            Ok(n) => n,
+        },
         Some(Value::Bool(true)) => {
             return Err(
                 "jobs have no network access; `network` may be \"off\" or \"loopback\"".into(),
@@ -630,11 +635,7 @@ pub fn spec_json(req: &JobRequest) -> Value {
     v["timeout_secs"] = req.options.timeout_secs.into();
     v["memory"] = req.options.memory.into();
     v["disk"] = req.options.disk.into();
-    v["network"] = match req.options.network {
-        cordon_sandbox::Network::Off => "off",
-        cordon_sandbox::Network::Loopback => "loopback",
-    }
-    .into();
+    v["network"] = req.options.network.to_string().into();
     if let Some(b) = req.options.backend {
         v["backend"] = b.to_string().into();
     }

@@ -151,6 +151,13 @@ impl Drop for VmLifecycle {
 
 async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let (workspace, mut binds) = config.validate()?;
+    if config.network == crate::config::Network::Allow {
+        return Err(Error::Config(
+            "network mode allow is not available on the microvm backend yet; use the native \
+             backend, or off or loopback"
+                .into(),
+        ));
+    }
     // The font cache, as the native backend binds it (see supervisor/setup.rs).
     let fonts = FONT_CACHE;
     if Path::new(fonts).is_dir() && !binds.iter().any(|b| b.target == fonts) {
@@ -368,6 +375,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         // The guest's root could raise it: the host's watcher alone holds
         // the budget here.
         rlimit_fsize: None,
+        proxy_port: None,
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

@@ -135,7 +135,7 @@ pub(crate) struct Inner {
     /// Set when the watcher stopped the sandbox.
     pub(crate) disk_stop: std::sync::OnceLock<DiskStop>,
     /// Held, not used: they stop when the session's last handle goes.
-    _services: Services,
+    services: Services,
 }
 
 impl Inner {
@@ -367,7 +367,7 @@ impl Sandbox {
                 base_env,
                 workdir,
                 read_only,
-                _services: services,
+                services,
             }
         });
         let ready = match tokio::time::timeout(setup_timeout, ready_rx).await {
@@ -377,6 +377,11 @@ impl Sandbox {
         };
         match ready {
             Ok(info) => {
+                if let Err(e) = inner.services.ready() {
+                    inner.closed.store(true, Ordering::SeqCst);
+                    inner.lifecycle.kill();
+                    return Err(e);
+                }
                 let _ = inner.info.set(SandboxInfo {
                     backend,
                     limits,

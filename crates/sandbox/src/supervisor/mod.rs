@@ -27,7 +27,7 @@ use std::os::unix::net::UnixStream;
 use rustix::io::Errno;
 use rustix::thread::UnshareFlags;
 
-use crate::layout::CONTROL_FD;
+use crate::layout::{CONTROL_FD, SERVICES_FD};
 use crate::protocol::{self, HostMsg, ReadyInfo, SetupSpec, SupMsg};
 use error::SetupError;
 
@@ -206,16 +206,28 @@ fn outer_main() -> ! {
     // in this process owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
     let mut ctl = UnixStream::from(fd);
-    // Nothing but the control socket may cross into the sandbox, and even
-    // that must not reach the commands it runs.
+    // Nothing but the control socket (and the services channel, when the
+    // setup asks for a service) may cross into the sandbox, and even those
+    // must not reach the commands it runs.
     // SAFETY: plain syscalls on descriptor numbers.
     unsafe {
-        libc::syscall(libc::SYS_close_range, CONTROL_FD + 1, u32::MAX, 0);
+        libc::syscall(libc::SYS_close_range, SERVICES_FD + 1, u32::MAX, 0);
         libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(SERVICES_FD, libc::F_SETFD, libc::FD_CLOEXEC);
     }
     let spec = match read_setup(&mut ctl) {
         Ok(s) => s,
         Err(e) => fail(&mut ctl, e),
+    };
+    // Without a service, whatever is at the services number is not ours
+    // (a forked supervisor inherits the host's descriptors).
+    let services = if spec.proxy_port.is_some() {
+        // SAFETY: the host put the services channel there for this setup.
+        Some(unsafe { OwnedFd::from_raw_fd(SERVICES_FD) })
+    } else {
+        // SAFETY: closing a descriptor number nothing here uses.
+        unsafe { libc::close(SERVICES_FD) };
+        None
     };
     let flags = UnshareFlags::NEWUSER
         | UnshareFlags::NEWNS
@@ -264,9 +276,10 @@ fn outer_main() -> ! {
         );
     }
     if pid == 0 {
-        inner_main(ctl, spec, prepared.unwrap_or_default());
+        inner_main(ctl, services, spec, prepared.unwrap_or_default());
     }
     drop(ctl);
+    drop(services);
     let mut status = 0;
     loop {
         // SAFETY: waiting on our own child.
@@ -320,7 +333,12 @@ fn userns_diagnosis(e: Errno) -> String {
     )
 }
 
-fn inner_main(mut ctl: UnixStream, spec: SetupSpec, mut prepared: idmap::Prepared) -> ! {
+fn inner_main(
+    mut ctl: UnixStream,
+    services: Option<OwnedFd>,
+    spec: SetupSpec,
+    mut prepared: idmap::Prepared,
+) -> ! {
     // If the outer supervisor is killed, take the whole sandbox down.
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
     let result = (|| -> Result<ReadyInfo, SetupError> {
@@ -330,6 +348,10 @@ fn inner_main(mut ctl: UnixStream, spec: SetupSpec, mut prepared: idmap::Prepare
         if spec.loopback {
             setup::loopback_up()?;
         }
+        if let (Some(port), Some(channel)) = (spec.proxy_port, &services) {
+            setup::hand_over_proxy_listener(port, channel)?;
+        }
+        drop(services);
         let mut writable = vec!["/workspace".to_string(), "/tmp".into(), "/dev".into()];
         writable.extend(
             spec.binds

@@ -6,7 +6,7 @@
 
 use std::ffi::CString;
 use std::fs;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
@@ -497,6 +497,47 @@ fn mount_proc(proc_dir: &Path, devnull: &Path) -> Result<()> {
                 .ctx(|| format!("bind /proc/{name}"))?;
         }
     }
+    Ok(())
+}
+
+/// Listens on 127.0.0.1:`port` in the sandbox's network namespace and
+/// sends the listening socket to the host over `channel` (`SCM_RIGHTS`),
+/// keeping no copy: the host's broker accepts on it directly. Done before
+/// any command runs, so nothing in the sandbox can hold the port first.
+pub fn hand_over_proxy_listener(port: u16, channel: &OwnedFd) -> Result<()> {
+    use rustix::net::{
+        AddressFamily, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrV4,
+        SocketFlags, SocketType,
+    };
+    let sock = rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .ctx(|| "socket for the network broker".into())?;
+    rustix::net::bind(
+        &sock,
+        &SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port),
+    )
+    .ctx(|| format!("bind 127.0.0.1:{port} for the network broker"))?;
+    rustix::net::listen(&sock, 128).ctx(|| "listen for the network broker".into())?;
+    let fds = [sock.as_fd()];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(SetupError::new(
+            "hand the network broker its listener",
+            Errno::NOSPC,
+        ));
+    }
+    rustix::net::sendmsg(
+        channel,
+        &[std::io::IoSlice::new(&[0])],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )
+    .ctx(|| "hand the network broker its listener".into())?;
     Ok(())
 }
 

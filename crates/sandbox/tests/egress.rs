@@ -1,0 +1,158 @@
+//! Egress through the broker (`Network::Allow`), natively: the sandbox
+//! reaches an allowed host only through the proxy on its loopback, with
+//! nothing but the proxy variables to find it; a host the policy does not
+//! list is refused with a line the model can read, and a program that
+//! ignores the proxy finds no route and no DNS. The upstream is a server on
+//! the host's loopback, named by a resolver the test controls.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::path::Path;
+use std::sync::Arc;
+
+use cordon_net::{Decision, NetEvent, Policy, PolicyHandle, Reason, StaticResolver};
+use cordon_sandbox::{Egress, ExecRequest, Network, Sandbox, SandboxConfig};
+use tokio::sync::mpsc;
+
+/// A one-line HTTP server on the host's loopback; its port.
+fn upstream() -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut conn = conn;
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let body = "hello from the host\n";
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+fn config(dir: &Path, rules: &[String]) -> (SandboxConfig, mpsc::UnboundedReceiver<NetEvent>) {
+    let mut c = SandboxConfig::new(dir);
+    c.supervisor = Some(env!("CARGO_BIN_EXE_cordon-supervisor").into());
+    c.network = Network::Allow;
+    let (tx, rx) = mpsc::unbounded_channel();
+    // The upstream is on the host's loopback, which only an explicit
+    // permission reaches.
+    let policy = Policy::parse(rules, true).unwrap();
+    let mut egress = Egress::new(PolicyHandle::new(policy), Arc::new(tx));
+    let localhost = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
+    egress.resolver = Arc::new(
+        StaticResolver::new()
+            .with("upstream.test", &localhost)
+            .with("other.test", &localhost),
+    );
+    c.egress = Some(egress);
+    (c, rx)
+}
+
+#[tokio::test]
+async fn an_allowed_host_is_reached_through_the_broker_and_nothing_else() {
+    let port = upstream();
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, mut events) = config(dir.path(), &[format!("upstream.test:{port}")]);
+    let sb = Sandbox::create(cfg).await.expect("create sandbox");
+
+    // curl finds the broker through the proxy variables alone.
+    let out = sb
+        .exec(ExecRequest::shell(&format!(
+            "curl -sS --max-time 10 http://upstream.test:{port}/"
+        )))
+        .await
+        .unwrap();
+    assert_eq!(
+        out.stdout_str(),
+        "hello from the host\n",
+        "{}",
+        out.stderr_str()
+    );
+    // So does Python's urllib (pip's way).
+    let out = sb
+        .exec(ExecRequest::argv([
+            "python3",
+            "-c",
+            &format!(
+                "import urllib.request; print(urllib.request.urlopen('http://upstream.test:{port}/', timeout=10).read().decode(), end='')"
+            ),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(
+        out.stdout_str(),
+        "hello from the host\n",
+        "{}",
+        out.stderr_str()
+    );
+
+    // A host the policy does not list: 403, with the line for the model.
+    let out = sb
+        .exec(ExecRequest::shell(&format!(
+            "curl -sS --max-time 10 http://other.test:{port}/"
+        )))
+        .await
+        .unwrap();
+    assert!(
+        out.stdout_str()
+            .contains(&format!("network: other.test:{port} refused by policy")),
+        "{} / {}",
+        out.stdout_str(),
+        out.stderr_str()
+    );
+
+    // Around the proxy: no name resolves, and no address is reachable,
+    // not even the host's loopback where the upstream listens.
+    for probe in [
+        format!("curl -sS --noproxy '*' --max-time 5 http://upstream.test:{port}/"),
+        format!("curl -sS --noproxy '*' --max-time 5 http://127.0.0.1:{port}/"),
+        "getent hosts upstream.test".to_string(),
+    ] {
+        let out = sb.exec(ExecRequest::shell(&probe)).await.unwrap();
+        assert!(
+            !out.status.success() && !out.stdout_str().contains("hello"),
+            "{probe}: {} / {}",
+            out.stdout_str(),
+            out.stderr_str()
+        );
+    }
+    sb.close().await;
+
+    // Every connection is an event: the two allowed, the one refused.
+    let mut seen = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        seen.push((e.host.clone(), e.decision, e.reason));
+    }
+    let allowed = seen
+        .iter()
+        .filter(|(h, d, _)| h == "upstream.test" && *d == Decision::Allowed)
+        .count();
+    assert_eq!(allowed, 2, "{seen:?}");
+    assert!(
+        seen.iter().any(|(h, d, r)| h == "other.test"
+            && *d == Decision::Refused
+            && *r == Reason::NotListed),
+        "{seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn allow_needs_a_policy_and_a_policy_needs_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = SandboxConfig::new(dir.path());
+    cfg.network = Network::Allow;
+    let err = Sandbox::create(cfg).await.err().unwrap();
+    assert!(err.to_string().contains("needs a policy"), "{err}");
+    let (mut cfg, _events) = config(dir.path(), &[]);
+    cfg.network = Network::Loopback;
+    let err = Sandbox::create(cfg).await.err().unwrap();
+    assert!(err.to_string().contains("use allow"), "{err}");
+}
