@@ -49,6 +49,9 @@ pub struct ChatArgs {
     /// Disk budget of the sandbox: how much the workspace may grow (overrides `sandbox.disk`)
     #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_disk)]
     pub disk: Option<String>,
+    /// Let the sandbox reach HOST[:PORT] through cordon's broker (repeatable; *.DOMAIN, IP/CIDR, or a preset: @python @node @rust @debian @git-hosting); implies --network allow (overrides `network.allow`)
+    #[arg(long = "allow", value_name = "HOST")]
+    pub allow: Vec<String>,
     /// Override any setting (repeatable), as `cordon config --set`
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
     pub set: Vec<(String, String)>,
@@ -76,6 +79,7 @@ pub async fn chat(args: ChatArgs) -> i32 {
         backend: args.backend,
         cpus: args.cpus,
         disk: args.disk.as_deref(),
+        allow: &args.allow,
         set: &args.set,
     }) {
         Ok(s) => s,

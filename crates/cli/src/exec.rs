@@ -56,6 +56,9 @@ pub struct ExecArgs {
     /// Disk budget of the sandbox: how much the workspace may grow (overrides `sandbox.disk`)
     #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_disk)]
     pub disk: Option<String>,
+    /// Let the sandbox reach HOST[:PORT] through cordon's broker (repeatable; *.DOMAIN, IP/CIDR, or a preset: @python @node @rust @debian @git-hosting); implies --network allow (overrides `network.allow`)
+    #[arg(long = "allow", value_name = "HOST")]
+    pub allow: Vec<String>,
     /// Override any setting (repeatable), as `cordon config --set`
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
     pub set: Vec<(String, String)>,
@@ -88,6 +91,7 @@ pub(crate) struct Choices<'a> {
     pub backend: Option<cordon_sandbox::BackendKind>,
     pub cpus: Option<u32>,
     pub disk: Option<&'a str>,
+    pub allow: &'a [String],
     pub set: &'a [(String, String)],
 }
 
@@ -148,6 +152,9 @@ pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
     }
     if let Some(d) = args.disk {
         cli.push(("sandbox.disk".into(), d.to_string()));
+    }
+    if !args.allow.is_empty() {
+        cli.push(("network.allow".into(), args.allow.join(",")));
     }
     let settings = crate::options::quiet_settings(cli)?;
     let notices = crate::options::ignored_notice(&settings);
@@ -239,6 +246,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
         backend: args.backend,
         cpus: args.cpus,
         disk: args.disk.as_deref(),
+        allow: &args.allow,
         set: &args.set,
     }) {
         Ok(s) => s,

@@ -29,9 +29,12 @@ pub struct SandboxOpts {
     /// suffixes, or `none`); past it the sandbox is stopped [default: `sandbox.disk`, none]
     #[arg(long, value_name = "SIZE", value_parser = parse_disk)]
     pub disk: Option<String>,
-    /// Network access: off (no interface up) or loopback [default: `sandbox.network`, off]
+    /// Network access: off (no interface up), loopback, or allow (the hosts of --allow, through cordon's broker) [default: `sandbox.network`, off]
     #[arg(long, value_name = "MODE")]
     pub network: Option<Network>,
+    /// Let the sandbox reach HOST[:PORT] through cordon's broker (repeatable; *.DOMAIN, IP/CIDR, or a preset: @python @node @rust @debian @git-hosting); implies --network allow (overrides `network.allow`)
+    #[arg(long = "allow", value_name = "HOST")]
+    pub allow: Vec<String>,
     /// Set an environment variable in the sandbox (repeatable)
     #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
@@ -144,6 +147,10 @@ impl SandboxOpts {
         put("sandbox.pids", self.pids.map(|n| n.to_string()));
         put("sandbox.disk", self.disk.clone());
         put("sandbox.network", self.network.map(|n| n.to_string()));
+        put(
+            "network.allow",
+            (!self.allow.is_empty()).then(|| self.allow.join(",")),
+        );
         put("sandbox.display", self.display.map(|d| d.to_string()));
         put("sandbox.backend", self.backend.map(|b| b.to_string()));
         put("sandbox.cpus", self.cpus.map(|n| n.to_string()));
@@ -234,6 +241,12 @@ pub fn sandbox_config(settings: &Settings) -> Result<SandboxConfig, String> {
     c.pids = Some(sb.pids);
     c.disk = sb.disk;
     c.network = sb.network;
+    if sb.network == Network::Allow {
+        c.egress = Some(cordon_sandbox::Egress::new(cordon_net::PolicySpec {
+            allow: sb.allow.clone(),
+            allow_private: sb.allow_private,
+        }));
+    }
     c.display = sb.display;
     c.backend = sb.backend;
     c.cpus = sb.cpus;

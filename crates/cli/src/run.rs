@@ -130,6 +130,43 @@ fn finish(
     result.status.code()
 }
 
+/// Says on stderr, as it happens, each connection the network broker
+/// refused or could not make (each host and port once), so that a command
+/// that fails for want of network says why. Stops when dropped.
+fn report_network(sandbox: &Sandbox, eol: &'static str) -> Option<AbortOnDrop> {
+    let net = sandbox.network()?;
+    for w in &net.warnings {
+        eprint!(
+            "cordon: network policy: {}{eol}",
+            cordon_tools::printable(w)
+        );
+    }
+    let mut events = net.subscribe();
+    let task = tokio::spawn(async move {
+        let mut seen = std::collections::HashSet::new();
+        loop {
+            match events.recv().await {
+                Ok(e) if e.decision != cordon_net::Decision::Allowed => {
+                    if seen.insert((e.host.clone(), e.port)) {
+                        eprint!("cordon: {}{eol}", cordon_tools::printable(&e.message));
+                    }
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => break,
+            }
+        }
+    });
+    Some(AbortOnDrop(task))
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Forwards our stdin to the command until EOF.
 fn pump_stdin(exec: &Execution) {
     let stdin = exec.stdin();
@@ -155,6 +192,7 @@ pub async fn run(args: RunArgs) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
+    let _net = report_network(&sandbox, "\n");
     let mut req = ExecRequest::argv(args.command.clone()).stream_stdin();
     req.timeout = args.timeout;
     let code = match sandbox.exec_stream(req).await {
@@ -304,6 +342,8 @@ pub async fn shell(args: ShellArgs) -> i32 {
     } else {
         args.command.clone()
     };
+    // The terminal is raw while the shell runs: lines end in CR LF.
+    let _net = report_network(&sandbox, "\r\n");
     let (rows, cols) = terminal_size();
     let mut req = ExecRequest::argv(argv).stream_stdin().pty(rows, cols);
     let term = std::env::var("TERM")

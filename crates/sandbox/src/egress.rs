@@ -10,32 +10,38 @@
 use std::fmt;
 use std::sync::Arc;
 
-use cordon_net::{BrokerConfig, EventSink, PolicyHandle, Resolve, SystemResolver};
+use cordon_net::{
+    BrokerConfig, EventSink, NetEvent, PolicyHandle, PolicySpec, Resolve, SystemResolver,
+};
+use tokio::sync::broadcast;
 
 /// The port the broker listens on inside the sandbox, on 127.0.0.1: the
 /// port HTTP proxies customarily use, so it reads as one in a log.
 pub const PROXY_PORT: u16 = 3128;
 
-/// The broker of one sandbox: its policy (which the caller may widen or
-/// narrow while the sandbox runs), where its connection events go, and how
-/// it resolves names.
+/// The broker of one sandbox, as configured: its rules (presets among
+/// them are expanded when the sandbox is created, from the host tools' own
+/// configuration and never the workspace's), how it resolves names, its
+/// bounds, and an optional sink that sees every connection too. The live
+/// policy, its expansion's warnings and a subscription to the events are
+/// on the sandbox ([`crate::Sandbox::network`]).
 #[derive(Clone)]
 pub struct Egress {
-    pub policy: PolicyHandle,
-    pub events: Arc<dyn EventSink>,
+    pub spec: PolicySpec,
     pub resolver: Arc<dyn Resolve>,
     pub broker: BrokerConfig,
+    pub events: Option<Arc<dyn EventSink>>,
 }
 
 impl Egress {
-    /// A broker with `policy`, events to `events`, names resolved by the
-    /// host's resolver, and the broker's default bounds.
-    pub fn new(policy: PolicyHandle, events: Arc<dyn EventSink>) -> Egress {
+    /// A broker allowing what `spec` lists, with names resolved by the
+    /// host's resolver and the broker's default bounds.
+    pub fn new(spec: PolicySpec) -> Egress {
         Egress {
-            policy,
-            events,
+            spec,
             resolver: Arc::new(SystemResolver),
             broker: BrokerConfig::default(),
+            events: None,
         }
     }
 }
@@ -43,8 +49,51 @@ impl Egress {
 impl fmt::Debug for Egress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Egress")
-            .field("policy", &self.policy.load().summary())
+            .field("spec", &self.spec)
             .finish_non_exhaustive()
+    }
+}
+
+/// A live sandbox's egress: the policy the broker applies now (widen or
+/// narrow it with [`PolicyHandle::set`]), what expanding its presets had
+/// to say, and its connections as they end.
+#[derive(Clone)]
+pub struct NetworkInfo {
+    pub policy: PolicyHandle,
+    pub warnings: Vec<String>,
+    pub(crate) events: broadcast::Sender<NetEvent>,
+}
+
+impl NetworkInfo {
+    /// Every connection from now on, allowed or refused, as it ends (a
+    /// refusal at once). A receiver that lags loses the oldest.
+    pub fn subscribe(&self) -> broadcast::Receiver<NetEvent> {
+        self.events.subscribe()
+    }
+}
+
+impl fmt::Debug for NetworkInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NetworkInfo")
+            .field("policy", &self.policy.load().summary())
+            .field("warnings", &self.warnings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Events go to the sandbox's subscribers and to the configured sink.
+pub(crate) struct Tee {
+    pub(crate) events: broadcast::Sender<NetEvent>,
+    pub(crate) sink: Option<Arc<dyn EventSink>>,
+}
+
+impl EventSink for Tee {
+    fn emit(&self, event: NetEvent) {
+        if let Some(sink) = &self.sink {
+            sink.emit(event.clone());
+        }
+        // No subscriber is not an error: nobody is listening.
+        let _ = self.events.send(event);
     }
 }
 

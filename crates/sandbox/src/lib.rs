@@ -58,7 +58,7 @@ pub use config::{
 };
 pub use disk::make_removable;
 pub use display::VncAccess;
-pub use egress::{Egress, PROXY_PORT};
+pub use egress::{Egress, NetworkInfo, PROXY_PORT};
 pub use error::{DiskStop, Error, Result};
 pub use microvm::MicrovmBackend;
 pub use native::{NativeBackend, host_report};

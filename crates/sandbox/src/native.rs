@@ -237,7 +237,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         m => Some(Cgroup::create(m, config.memory, config.pids).map_err(Error::Limits)?),
     };
 
-    let services = Services::start(config)?;
+    let services = Services::start(config, &workspace).await?;
     let (host, child_end) = std::os::unix::net::UnixStream::pair()?;
     let pid = services.with_sandbox_end(|svc| spawn_supervisor(config, child_end.into(), svc))?;
     services.launched();

@@ -19,14 +19,21 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Mutex;
 
-use cordon_net::Broker;
+use std::sync::Arc;
+
+use cordon_net::{Broker, PolicyHandle, PresetEnv};
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketFlags, SocketType,
 };
+use tokio::sync::broadcast;
 
 use crate::config::{Network, SandboxConfig};
-use crate::egress::PROXY_PORT;
+use crate::egress::{NetworkInfo, PROXY_PORT, Tee};
 use crate::error::{Error, Result};
+
+/// Connection events a subscriber may fall behind by before it loses the
+/// oldest.
+const EVENT_BACKLOG: usize = 1024;
 
 /// The host-side services of one sandbox.
 #[derive(Default)]
@@ -36,6 +43,7 @@ pub(crate) struct Services {
 
 struct EgressService {
     broker: Broker,
+    info: NetworkInfo,
     /// The host's end of the channel the listener comes back on, until it
     /// has.
     host_end: Mutex<Option<OwnedFd>>,
@@ -53,8 +61,10 @@ impl std::fmt::Debug for Services {
 }
 
 impl Services {
-    /// Starts the services `config` asks for.
-    pub(crate) fn start(config: &SandboxConfig) -> Result<Services> {
+    /// Starts the services `config` asks for. The broker's presets are
+    /// expanded here, from the host tools' configuration; nothing in the
+    /// workspace (`workspace`, the host path) is run or read for it.
+    pub(crate) async fn start(config: &SandboxConfig, workspace: &str) -> Result<Services> {
         let Some(egress) = config
             .egress
             .as_ref()
@@ -62,6 +72,13 @@ impl Services {
         else {
             return Ok(Services::default());
         };
+        let env = PresetEnv::from_host().untrusting(workspace);
+        let (policy, warnings) = cordon_net::presets::expand(&egress.spec, &env)
+            .await
+            .map_err(|e| Error::Config(format!("network policy: {e}")))?;
+        for w in &warnings {
+            tracing::warn!("network policy: {w}");
+        }
         let (host_end, sandbox_end) = rustix::net::socketpair(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -69,19 +86,34 @@ impl Services {
             None,
         )
         .map_err(|e| Error::Io(e.into()))?;
+        let (events, _) = broadcast::channel(EVENT_BACKLOG);
+        let info = NetworkInfo {
+            policy: PolicyHandle::new(policy),
+            warnings,
+            events: events.clone(),
+        };
         let broker = Broker::new(
-            egress.policy.clone(),
+            info.policy.clone(),
             egress.resolver.clone(),
-            egress.events.clone(),
+            Arc::new(Tee {
+                events,
+                sink: egress.events.clone(),
+            }),
             egress.broker.clone(),
         );
         Ok(Services {
             egress: Some(EgressService {
                 broker,
+                info,
                 host_end: Mutex::new(Some(host_end)),
                 sandbox_end: Mutex::new(Some(sandbox_end)),
             }),
         })
+    }
+
+    /// The live egress, with [`Network::Allow`].
+    pub(crate) fn network(&self) -> Option<&NetworkInfo> {
+        self.egress.as_ref().map(|e| &e.info)
     }
 
     /// The port the supervisor is to listen on for the broker, if any.

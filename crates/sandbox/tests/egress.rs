@@ -10,9 +10,8 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::path::Path;
 use std::sync::Arc;
 
-use cordon_net::{Decision, NetEvent, Policy, PolicyHandle, Reason, StaticResolver};
+use cordon_net::{Decision, PolicySpec, Reason, Rule, StaticResolver};
 use cordon_sandbox::{Egress, ExecRequest, Network, Sandbox, SandboxConfig};
-use tokio::sync::mpsc;
 
 /// A one-line HTTP server on the host's loopback; its port.
 fn upstream() -> u16 {
@@ -37,15 +36,16 @@ fn upstream() -> u16 {
     port
 }
 
-fn config(dir: &Path, rules: &[String]) -> (SandboxConfig, mpsc::UnboundedReceiver<NetEvent>) {
+fn config(dir: &Path, rules: &[String]) -> SandboxConfig {
     let mut c = SandboxConfig::new(dir);
     c.supervisor = Some(env!("CARGO_BIN_EXE_cordon-supervisor").into());
     c.network = Network::Allow;
-    let (tx, rx) = mpsc::unbounded_channel();
     // The upstream is on the host's loopback, which only an explicit
     // permission reaches.
-    let policy = Policy::parse(rules, true).unwrap();
-    let mut egress = Egress::new(PolicyHandle::new(policy), Arc::new(tx));
+    let mut egress = Egress::new(PolicySpec {
+        allow: rules.to_vec(),
+        allow_private: true,
+    });
     let localhost = [IpAddr::V4(Ipv4Addr::LOCALHOST)];
     egress.resolver = Arc::new(
         StaticResolver::new()
@@ -53,15 +53,16 @@ fn config(dir: &Path, rules: &[String]) -> (SandboxConfig, mpsc::UnboundedReceiv
             .with("other.test", &localhost),
     );
     c.egress = Some(egress);
-    (c, rx)
+    c
 }
 
 #[tokio::test]
 async fn an_allowed_host_is_reached_through_the_broker_and_nothing_else() {
     let port = upstream();
     let dir = tempfile::tempdir().unwrap();
-    let (cfg, mut events) = config(dir.path(), &[format!("upstream.test:{port}")]);
+    let cfg = config(dir.path(), &[format!("upstream.test:{port}")]);
     let sb = Sandbox::create(cfg).await.expect("create sandbox");
+    let mut events = sb.network().expect("network allow").subscribe();
 
     // curl finds the broker through the proxy variables alone.
     let out = sb
@@ -109,6 +110,23 @@ async fn an_allowed_host_is_reached_through_the_broker_and_nothing_else() {
         out.stderr_str()
     );
 
+    // Widened while the sandbox runs, the next connection gets through.
+    let net = sb.network().unwrap();
+    let rule: Rule = format!("other.test:{port}").parse().unwrap();
+    net.policy.set(net.policy.load().widened([rule]));
+    let out = sb
+        .exec(ExecRequest::shell(&format!(
+            "curl -sS --max-time 10 http://other.test:{port}/"
+        )))
+        .await
+        .unwrap();
+    assert_eq!(
+        out.stdout_str(),
+        "hello from the host\n",
+        "{}",
+        out.stderr_str()
+    );
+
     // Around the proxy: no name resolves, and no address is reachable,
     // not even the host's loopback where the upstream listens.
     for probe in [
@@ -133,9 +151,9 @@ async fn an_allowed_host_is_reached_through_the_broker_and_nothing_else() {
     }
     let allowed = seen
         .iter()
-        .filter(|(h, d, _)| h == "upstream.test" && *d == Decision::Allowed)
+        .filter(|(h, d, _)| h.ends_with(".test") && *d == Decision::Allowed)
         .count();
-    assert_eq!(allowed, 2, "{seen:?}");
+    assert_eq!(allowed, 3, "{seen:?}");
     assert!(
         seen.iter().any(|(h, d, r)| h == "other.test"
             && *d == Decision::Refused
@@ -151,7 +169,7 @@ async fn allow_needs_a_policy_and_a_policy_needs_allow() {
     cfg.network = Network::Allow;
     let err = Sandbox::create(cfg).await.err().unwrap();
     assert!(err.to_string().contains("needs a policy"), "{err}");
-    let (mut cfg, _events) = config(dir.path(), &[]);
+    let mut cfg = config(dir.path(), &[]);
     cfg.network = Network::Loopback;
     let err = Sandbox::create(cfg).await.err().unwrap();
     assert!(err.to_string().contains("use allow"), "{err}");

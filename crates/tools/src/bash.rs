@@ -156,6 +156,7 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
         }
     }
     let shell = slot.as_mut().expect("started above");
+    let net = crate::net::NetWatch::start(&ctx.sandbox);
     shell.busy = true;
     let outcome = shell.run(ctx, &command, timeout).await;
     shell.busy = false;
@@ -193,7 +194,11 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
         .read_only()
         .iter()
         .any(|p| p.file_name().is_some_and(|n| n == ".git"));
-    outcome.render(note, timeout, restarted, git_protected)
+    let mut out = outcome.render(note, timeout, restarted, git_protected);
+    if let Some(net) = net {
+        net.append_to(&mut out.text);
+    }
+    out
 }
 
 enum End {

@@ -30,6 +30,7 @@ pub mod search_files;
 pub mod write_file;
 
 mod args;
+mod net;
 mod output;
 mod walk;
 mod workspace;

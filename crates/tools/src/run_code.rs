@@ -187,6 +187,7 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
             );
         }
     };
+    let net = crate::net::NetWatch::start(&ctx.sandbox);
     let mut exec = match ctx.sandbox.exec_stream(req).await {
         Ok(e) => e,
         Err(cordon_sandbox::Error::DiskBudget(stop)) => return ToolOutput::disk_stopped(&stop),
@@ -242,6 +243,9 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
                 text.push('\n');
             }
         }
+    }
+    if let Some(net) = net {
+        net.append_to(&mut text);
     }
     ToolOutput {
         text,

@@ -175,7 +175,23 @@ pub const KEYS: &[Key] = &[
         env: &["CORDON_NETWORK"],
         secret: false,
         default: Some("off"),
-        doc: "off or loopback",
+        doc: "off, loopback, or allow (the hosts of network.allow, through cordon's broker)",
+        guard: Guard::Tighten,
+    },
+    Key {
+        name: "network.allow",
+        env: &["CORDON_ALLOW"],
+        secret: false,
+        default: None,
+        doc: "hosts the sandbox may reach through cordon's broker: HOST[:PORT], *.DOMAIN, IP or CIDR, @python @node @rust @debian @git-hosting; comma-separated or a TOML list; implies sandbox.network = allow",
+        guard: Guard::Tighten,
+    },
+    Key {
+        name: "network.allow_private",
+        env: &["CORDON_ALLOW_PRIVATE"],
+        secret: false,
+        default: Some("false"),
+        doc: "let allowed names resolve to loopback, private and link-local addresses",
         guard: Guard::Tighten,
     },
     Key {
@@ -380,6 +396,7 @@ fn tightens(name: &str, value: &str, current: Option<&str>) -> bool {
     match name {
         "approval" => value == "ask",
         "sandbox.network" => value == "off",
+        "network.allow_private" => value == "false",
         "sandbox.protect_control_files" => value == "true",
         "sandbox.memory" => {
             let size = |v: Option<&str>| v.and_then(|v| cordon_tools::parse_size(v).ok());

@@ -40,6 +40,10 @@ pub struct SandboxSettings {
     pub vm: VmOptions,
     /// Git's, editors' and agents' control files read-only inside.
     pub protect_control_files: bool,
+    /// What the broker lets through with [`Network::Allow`]: rules and
+    /// presets, each checked, presets not yet expanded.
+    pub allow: Vec<String>,
+    pub allow_private: bool,
 }
 
 /// Every setting, typed.
@@ -107,6 +111,7 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
         Ok(n) if n > 0 => Ok(n),
         _ => Err("expected a positive whole number".to_string()),
     };
+    let allow = opt(s, "network.allow", parse_allow)?.unwrap_or_default();
     let provider = match s.get("provider") {
         Some("anthropic") => ProviderKind::Anthropic,
         Some("openai") => ProviderKind::OpenAi,
@@ -153,10 +158,12 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
             })?,
             pids: req(s, "sandbox.pids", positive)?,
             disk: opt(s, "sandbox.disk", super::parse_disk)?.flatten(),
-            network: req(s, "sandbox.network", |v| match v {
-                "off" => Ok(Network::Off),
-                "loopback" => Ok(Network::Loopback),
-                _ => Err("expected off or loopback".into()),
+            network: network(s, &allow)?,
+            allow,
+            allow_private: req(s, "network.allow_private", |v| match v {
+                "true" => Ok(true),
+                "false" => Ok(false),
+                _ => Err("expected true or false".into()),
             })?,
             display: opt(s, "sandbox.display", |v| {
                 v.parse::<Display>().map_err(|_| {
@@ -186,4 +193,49 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
             },
         },
     })
+}
+
+/// `network.allow`: a TOML list (from a file) or a comma-separated list
+/// (from the environment or the command line), each entry a rule or a
+/// preset the broker understands.
+fn parse_allow(v: &str) -> Result<Vec<String>, String> {
+    #[derive(serde::Deserialize)]
+    struct List {
+        v: Vec<String>,
+    }
+    let entries: Vec<String> = if v.starts_with('[') {
+        toml::from_str::<List>(&format!("v = {v}"))
+            .map_err(|_| "expected a list of strings".to_string())?
+            .v
+    } else {
+        v.split(',').map(|e| e.trim().to_string()).collect()
+    };
+    let entries: Vec<String> = entries.into_iter().filter(|e| !e.is_empty()).collect();
+    for e in &entries {
+        e.parse::<cordon_net::Entry>()
+            .map_err(|why| format!("{e:?}: {why}"))?;
+    }
+    Ok(entries)
+}
+
+/// `sandbox.network`; hosts in `network.allow` imply `allow` unless the
+/// mode was chosen, and `allow` needs at least one.
+fn network(s: &Settings, allow: &[String]) -> Result<Network, ConfigError> {
+    let chosen = !matches!(s.source("sandbox.network"), None | Some(Source::Default));
+    let mode = match s.get("sandbox.network").map(str::trim) {
+        Some("off") | None => Network::Off,
+        Some("loopback") => Network::Loopback,
+        Some("allow") => Network::Allow,
+        Some(_) => {
+            return Err(s.invalid("sandbox.network", "expected off, loopback or allow"));
+        }
+    };
+    match mode {
+        Network::Off if !chosen && !allow.is_empty() => Ok(Network::Allow),
+        Network::Allow if allow.is_empty() => Err(s.invalid(
+            "sandbox.network",
+            "allow needs at least one host in network.allow (--allow HOST)",
+        )),
+        m => Ok(m),
+    }
 }

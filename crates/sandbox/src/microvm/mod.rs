@@ -222,7 +222,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     )?;
 
     // Before the command line: a service's channel is a device on it.
-    let services = Services::start(config)?;
+    let services = Services::start(config, &workspace).await?;
     let accel = accel(config).await;
     let mut append = vec![
         "console=ttyS0".to_string(),

@@ -245,6 +245,12 @@ impl Sandbox {
         &self.inner.read_only
     }
 
+    /// The broker's policy, warnings and events, with
+    /// [`crate::Network::Allow`].
+    pub fn network(&self) -> Option<&crate::egress::NetworkInfo> {
+        self.inner.services.network()
+    }
+
     pub fn info(&self) -> &SandboxInfo {
         self.inner
             .info

