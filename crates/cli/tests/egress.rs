@@ -182,3 +182,54 @@ fn a_listed_name_resolving_to_loopback_is_refused(t: &Ctx) {
     .lacks("host-only-service");
 }
 attack!(a_listed_name_resolving_to_loopback_is_refused, native);
+
+/// Through `cordon exec`: the model is told what it may reach, and a
+/// refused connection is a line in the tool's result it can act on.
+#[test]
+fn the_model_sees_the_policy_and_each_refusal() {
+    use cordon_testkit::{Scenario, ScriptedServer, Turn};
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Fetching.").with_tool_call(
+                "b1",
+                "bash",
+                serde_json::json!({"command": "curl -sS --max-time 10 https://evil.invalid/ >/dev/null; echo curl=$?"}),
+            ))
+            .turn(Turn::text("It was refused.").expect_tool_results(["b1"])),
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["exec", "--allow", "@python", "fetch it"])
+        .current_dir(ws.path())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bodies: Vec<String> = server
+        .requests()
+        .iter()
+        .map(|r| r.body.to_string())
+        .collect();
+    assert!(
+        bodies[0].contains("only through a proxy") && bodies[0].contains("@python"),
+        "the system prompt does not tell the policy: {}",
+        bodies[0]
+    );
+    assert!(
+        bodies[1].contains("network: evil.invalid:443 refused by policy (allowed: "),
+        "the refusal is not in the tool result: {}",
+        bodies[1]
+    );
+}
