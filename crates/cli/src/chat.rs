@@ -120,7 +120,10 @@ pub async fn chat(args: ChatArgs) -> i32 {
         mcp,
         notices: s.notices.into_iter().chain(resume_notice).collect(),
     };
-    match cordon_tui::run(status, worker).await {
+    let result = cordon_tui::run(status, worker).await;
+    // The terminal is the user's again.
+    s.after.report();
+    match result {
         Ok(out) => {
             if let Some(id) = out.session {
                 println!("Session {id} is saved: `cordon chat --resume {id}` continues it.");

@@ -102,6 +102,8 @@ pub(crate) struct Setup {
     pub sandbox: SandboxConfig,
     /// What the configuration ignored, for the front end to show.
     pub notices: Vec<String>,
+    /// The look taken at the workspace once the sandbox has ended.
+    pub after: crate::options::Aftercheck,
 }
 
 /// What `exec` and `chat` share on their command lines.
@@ -189,6 +191,7 @@ pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
     crate::options::guard_cordon_dirs(&mut sandbox).map_err(config_error)?;
     Ok(Setup {
         workspace: sandbox.workspace.clone(),
+        after: crate::options::Aftercheck::new(&sandbox, &settings),
         settings,
         model,
         sandbox,
@@ -366,6 +369,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
     drop(agent);
     mcp.shutdown().await;
     sandbox.close().await;
+    s.after.report();
     match result {
         Ok(outcome) if outcome.stop_reason == StopReason::Refusal => {
             eprintln!(

@@ -50,8 +50,10 @@ async fn serve(
     listen: Option<std::net::SocketAddr>,
     token_file: Option<std::path::PathBuf>,
 ) -> i32 {
+    // No look at the workspace afterwards: an MCP server's stderr is its
+    // client's log, and its sandboxes come and go with connections.
     let mut config = match opts.config() {
-        Ok(c) => c,
+        Ok((c, _)) => c,
         Err(code) => return code,
     };
     // A long-lived, multi-threaded server: exec the supervisor afresh.

@@ -165,7 +165,7 @@ impl SandboxOpts {
     /// The sandbox the settings with these flags on top describe, plus the
     /// flags that are not settings (binds, environment, /tmp). An error is
     /// printed here; the exit code is returned.
-    pub fn config(&self) -> Result<SandboxConfig, i32> {
+    pub fn config(&self) -> Result<(SandboxConfig, Aftercheck), i32> {
         let settings = load_settings(self.overrides())?;
         let mut c = sandbox_config(&settings).map_err(config_error)?;
         c.tmp_size = self.tmp_size;
@@ -180,7 +180,42 @@ impl SandboxOpts {
             c.binds.push(parse_bind(b, true).map_err(sandbox_error)?);
         }
         guard_cordon_dirs(&mut c).map_err(config_error)?;
-        Ok(c)
+        let after = Aftercheck::new(&c, &settings);
+        Ok((c, after))
+    }
+}
+
+/// The look cordon takes once a sandbox on the workspace has ended, for
+/// repositories and settings it may have left for the user's own tools
+/// (see `cordon_sandbox::leftovers`); only when control files are
+/// protected, since otherwise the user chose to let the sandbox write them.
+pub struct Aftercheck {
+    workspace: PathBuf,
+    protected: Vec<PathBuf>,
+    enabled: bool,
+}
+
+impl Aftercheck {
+    pub fn new(c: &SandboxConfig, settings: &Settings) -> Aftercheck {
+        Aftercheck {
+            workspace: c.workspace.clone(),
+            protected: c.read_only.clone(),
+            enabled: settings.resolved().sandbox.protect_control_files,
+        }
+    }
+
+    /// Says on stderr what was left, one line each.
+    pub fn report(&self) {
+        if !self.enabled {
+            return;
+        }
+        for l in cordon_sandbox::leftovers(&self.workspace, &self.protected) {
+            eprintln!(
+                "cordon: warning: the sandbox left {} in the workspace: {}; read it before you run git or open an editor there",
+                cordon_tools::printable(&l.path.to_string_lossy()),
+                l.why
+            );
+        }
     }
 }
 

@@ -47,10 +47,18 @@ struct Limits {
     disk: Option<u64>,
 }
 
+/// A sandbox as `run` and `shell` start it: the session, the limits its
+/// messages name, and the look taken at the workspace when it ends.
+struct Started {
+    sandbox: Sandbox,
+    limits: Limits,
+    after: crate::options::Aftercheck,
+}
+
 /// The sandbox of `opts` and the settings, and its limits (for the
 /// messages that say which one a command ran into).
-async fn create(opts: &SandboxOpts) -> Result<(Sandbox, Limits), i32> {
-    let config = opts.config()?;
+async fn create(opts: &SandboxOpts) -> Result<Started, i32> {
+    let (config, after) = opts.config()?;
     let limits = Limits {
         memory: config.memory.unwrap_or(512 * cordon_sandbox::MIB),
         disk: config.disk,
@@ -58,7 +66,11 @@ async fn create(opts: &SandboxOpts) -> Result<(Sandbox, Limits), i32> {
     let sandbox = Sandbox::create(config)
         .await
         .map_err(|e| fail(format_args!("cannot create the sandbox: {e}")))?;
-    Ok((sandbox, limits))
+    Ok(Started {
+        sandbox,
+        limits,
+        after,
+    })
 }
 
 /// Says that the sandbox outgrew its disk budget; the exit code.
@@ -188,7 +200,11 @@ fn pump_stdin(exec: &Execution) {
 }
 
 pub async fn run(args: RunArgs) -> i32 {
-    let (sandbox, limits) = match create(&args.sandbox).await {
+    let Started {
+        sandbox,
+        limits,
+        after,
+    } = match create(&args.sandbox).await {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -200,6 +216,7 @@ pub async fn run(args: RunArgs) -> i32 {
         Err(e) => exec_error(e),
     };
     sandbox.close().await;
+    after.report();
     code
 }
 
@@ -333,7 +350,11 @@ pub async fn shell(args: ShellArgs) -> i32 {
             "`cordon shell` needs a terminal on stdin; use `cordon run -- CMD` for non-interactive commands",
         );
     }
-    let (sandbox, limits) = match create(&args.sandbox).await {
+    let Started {
+        sandbox,
+        limits,
+        after,
+    } = match create(&args.sandbox).await {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -364,5 +385,6 @@ pub async fn shell(args: ShellArgs) -> i32 {
         Err(e) => exec_error(e),
     };
     sandbox.close().await;
+    after.report();
     code
 }

@@ -103,3 +103,21 @@ fn nested_repositories_run_what_the_sandbox_wrote(t: &Ctx) {
     }
 }
 attack!(nested_repositories_run_what_the_sandbox_wrote);
+
+/// A repository the sandbox makes (where there was none, or in a new
+/// directory) cannot be protected while it runs; cordon says so when the
+/// sandbox ends, naming what git would run, and says nothing of a plain
+/// one.
+fn a_repository_made_in_the_sandbox_is_reported(t: &Ctx) {
+    let out = t.sh(
+        "git init -q && git config core.fsmonitor 'touch /tmp/x' && \
+         git init -q plain && mkdir -p sub && git -C sub init -q && \
+         printf '#!/bin/sh\\n' > sub/.git/hooks/pre-commit && echo planted",
+    );
+    out.code(0)
+        .line("planted")
+        .stderr_has("cordon: warning: the sandbox left .git in the workspace: configuration git may run commands from: core.fsmonitor")
+        .stderr_has("cordon: warning: the sandbox left sub/.git in the workspace: hooks: pre-commit")
+        .lacks("plain/.git");
+}
+attack!(a_repository_made_in_the_sandbox_is_reported);

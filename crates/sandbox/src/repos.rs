@@ -39,6 +39,11 @@ pub(crate) struct Nested {
 
 /// Every `.git` below `workspace`'s top level, not descending into them.
 pub(crate) fn nested_git(workspace: &Path) -> Nested {
+    find_git(workspace, false)
+}
+
+/// Every `.git` in `workspace`, the top level's too when `top`.
+pub(crate) fn find_git(workspace: &Path, top: bool) -> Nested {
     let mut found = Nested::default();
     let Ok(root) = rustix::fs::open(
         workspace,
@@ -50,6 +55,7 @@ pub(crate) fn nested_git(workspace: &Path) -> Nested {
     let mut walk = Walk {
         entries: 0,
         stopped: false,
+        top,
         found: &mut found,
     };
     walk.dir(&root, workspace, 0);
@@ -60,6 +66,8 @@ struct Walk<'a> {
     entries: usize,
     /// A bound on entries or repositories was reached: nothing more is read.
     stopped: bool,
+    /// The top level's `.git` counts too.
+    top: bool,
     found: &'a mut Nested,
 }
 
@@ -94,7 +102,9 @@ impl Walk<'_> {
             };
             if name == ".git" {
                 // The top level's own is protected by name already.
-                if depth > 0 && matches!(kind, FileType::Directory | FileType::RegularFile) {
+                if (depth > 0 || self.top)
+                    && matches!(kind, FileType::Directory | FileType::RegularFile)
+                {
                     if self.found.git.len() == MAX_REPOS {
                         self.stop();
                         return;
