@@ -284,7 +284,21 @@ pub(crate) async fn create_job(
     Ok(r)
 }
 
+/// Whether `id` could be one of the ids this server makes (`job_` or
+/// `ses_` and hex): anything else is no such thing, answered without
+/// asking the store, which may refuse the bytes (PostgreSQL refuses a NUL
+/// in text, and that was a 503).
+pub(crate) fn plausible_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 pub(crate) async fn find(shared: &Shared, tenant: &str, id: &str) -> ApiResult<JobRow> {
+    if !plausible_id(id) {
+        return Err(ApiError::not_found("such job"));
+    }
     shared
         .store
         .job(tenant, id)

@@ -278,6 +278,13 @@ pub(crate) async fn list(
 }
 
 async fn find(shared: &Shared, tenant: &str, id: &str) -> Result<SessionRow, ApiError> {
+    if !crate::api::plausible_id(id) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such session",
+        ));
+    }
     shared.store.session(tenant, id).await?.ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,

@@ -212,6 +212,17 @@ async fn every_route_needs_a_token_and_tenants_never_see_each_other(db: Db) {
             (404, body["error"]["code"].clone())
         );
     }
+    // An id no job could have, with bytes the store may refuse (a NUL, which
+    // PostgreSQL does not take in text: that was a 503), is no such job.
+    for path in [
+        "/status?task_id=job_1%00%0E".to_string(),
+        "/v1/jobs/job_1%00".to_string(),
+        format!("/v1/jobs/{}", "a".repeat(300)),
+        "/v1/sessions/ses_1%00".to_string(),
+    ] {
+        let (status, body) = s.get(&a, &path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+    }
     let (status, _) = s
         .post(&b, &format!("/v1/jobs/{id}/cancel"), json!({}))
         .await;
