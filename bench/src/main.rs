@@ -5,6 +5,7 @@
 //! cordon-bench lifecycle [--cycles 100] [--warmup 10]
 //! cordon-bench density   [--sessions 100] [--settle-ms 3000] [--rounds 3]
 //! cordon-bench cold      [--runs 300] [--warmup 20] --cmd 'LABEL=ARGV...' --cmd ...
+//! cordon-bench net       [--mib 256] [--rounds 5] [--requests 200]
 //! common: [--json FILE] [--workspace DIR] [--runtime multi|current]
 //! ```
 //!
@@ -13,13 +14,15 @@
 //! splits a library cold start into create, first exec and close.
 //! `density` opens many idle sessions and reports the memory they hold.
 //! `cold` times whole commands, interleaved round-robin so that a noisy
-//! host disturbs every command alike (a cross-check of hyperfine).
+//! host disturbs every command alike (a cross-check of hyperfine). `net`
+//! downloads through the egress broker next to a direct download.
 //!
 //! The binary is its own sandbox supervisor. The agent's benchmarks are
 //! `cordon-bench-agent`.
 
 mod cold;
 mod density;
+mod net;
 mod warm;
 
 use std::process::ExitCode;
@@ -34,6 +37,7 @@ const USAGE: &str = "usage: cordon-bench <warm|lifecycle|density|cold> [--OPTION
   warm      --execs N (2000) --warmup N (100) --concurrency N (8) --concurrent-execs N (2000)
   lifecycle --cycles N (100) --warmup N (10)
   density   --sessions N (100) --settle-ms MS (3000) --rounds N (3)
+  net       --mib N (256) --rounds N (5) --requests N (200)
   cold      --runs N (300) --warmup N (20) --cmd 'LABEL=PROGRAM ARG...' (repeatable; argv split on
             whitespace, no quoting) --ratio-to LABEL (the second command)
   common    --json FILE  --workspace DIR (a fresh temporary directory)  --runtime multi|current (multi)";
@@ -53,6 +57,7 @@ fn run(args: &Args) -> Result<Json, String> {
         "warm" => &["execs", "warmup", "concurrency", "concurrent-execs"],
         "lifecycle" => &["cycles", "warmup"],
         "density" => &["sessions", "settle-ms", "rounds"],
+        "net" => &["mib", "rounds", "requests"],
         other => return Err(format!("unknown subcommand {other:?}\n{USAGE}")),
     };
     args.check_known(known)?;
@@ -62,6 +67,7 @@ fn run(args: &Args) -> Result<Json, String> {
         match args.command.as_str() {
             "warm" => warm::warm(args, &ws.path).await,
             "lifecycle" => warm::lifecycle(args, &ws.path).await,
+            "net" => net::run(args, &ws.path).await,
             _ => density::run(args, &ws.path).await,
         }
     });
