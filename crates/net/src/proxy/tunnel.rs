@@ -2,6 +2,12 @@
 
 use super::*;
 
+/// Buffers of a spliced tunnel. Downloads dominate: with tokio's default
+/// 8 KiB each way, a tunnel moved 792 MiB/s where a direct download on the
+/// same host moved 4733 (bench/run --net).
+const UP_BUFFER: usize = 64 * 1024;
+const DOWN_BUFFER: usize = 256 * 1024;
+
 impl Inner {
     /// Runs a CONNECT tunnel once hyper has handed over the stream.
     pub(super) async fn tunnel(&self, t: Tunnel) {
@@ -69,7 +75,9 @@ impl Inner {
             }
             _ if upstream.write_all(&first).await.is_err() => Reason::Broken,
             _ => tokio::select! {
-                r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => splice_end(r),
+                r = tokio::io::copy_bidirectional_with_sizes(
+                    &mut client, &mut upstream, UP_BUFFER, DOWN_BUFFER,
+                ) => splice_end(r),
                 _ = meter.idle(self.config.idle_timeout) => Reason::Timeout,
                 _ = revoked(&mut rx, &host, addr) => Reason::PolicyChanged,
                 _ = self.closed() => Reason::BrokerClosed,
