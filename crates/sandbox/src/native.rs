@@ -12,7 +12,7 @@ use crate::config::{Network, SandboxConfig, in_workspace};
 use crate::error::{Error, Result};
 use crate::layout::{CONTROL_FD, SERVICES_FD};
 use crate::protocol::{self, HostMsg, SetupSpec};
-use crate::services::Services;
+use crate::services::{Channel, Services};
 use crate::session::{ConnectParams, Lifecycle, Sandbox};
 use crate::supervisor::SUPERVISOR_ARG;
 
@@ -237,7 +237,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         m => Some(Cgroup::create(m, config.memory, config.pids).map_err(Error::Limits)?),
     };
 
-    let services = Services::start(config, &workspace).await?;
+    let services = Services::start(config, &workspace, Channel::Socket).await?;
     let (host, child_end) = std::os::unix::net::UnixStream::pair()?;
     let pid = services.with_sandbox_end(|svc| spawn_supervisor(config, child_end.into(), svc))?;
     services.launched();

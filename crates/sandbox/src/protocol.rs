@@ -225,6 +225,26 @@ pub enum HostMsg {
     SetClock {
         realtime_ns: u64,
     },
+    /// Bytes from the broker for proxy connection `conn` (microvm egress;
+    /// see `supervisor::relay`).
+    NetData {
+        conn: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// The broker has finished writing to `conn`.
+    NetEof {
+        conn: u64,
+    },
+    /// The host wrote this many bytes of `conn` to the broker.
+    NetAck {
+        conn: u64,
+        bytes: u64,
+    },
+    /// The host ended `conn` (or refused it).
+    NetClose {
+        conn: u64,
+    },
 }
 
 /// Supervisor to host.
@@ -269,6 +289,30 @@ pub enum SupMsg {
         /// The kernel killed a process for want of memory while this ran;
         /// reported by a microVM guest (natively the host's cgroup tells).
         oom_killed: bool,
+    },
+    /// A program in the guest connected to the broker's port: proxy
+    /// connection `conn` (microvm egress).
+    NetOpen {
+        conn: u64,
+    },
+    /// Bytes the program sent on `conn`.
+    NetData {
+        conn: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// The program has finished writing to `conn`.
+    NetEof {
+        conn: u64,
+    },
+    /// The guest wrote this many bytes of `conn` to the program.
+    NetAck {
+        conn: u64,
+        bytes: u64,
+    },
+    /// `conn` ended on the guest's side.
+    NetClose {
+        conn: u64,
     },
 }
 

@@ -30,10 +30,20 @@ use tokio::sync::broadcast;
 use crate::config::{Network, SandboxConfig};
 use crate::egress::{NetworkInfo, PROXY_PORT, Tee};
 use crate::error::{Error, Result};
+use crate::session::net::NetRelay;
 
 /// Connection events a subscriber may fall behind by before it loses the
 /// oldest.
 const EVENT_BACKLOG: usize = 1024;
+
+/// How the sandbox reaches its services: natively the supervisor hands the
+/// broker its listening socket; a microVM guest relays each connection
+/// over the control channel ([`NetRelay`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Channel {
+    Socket,
+    Relay,
+}
 
 /// The host-side services of one sandbox.
 #[derive(Default)]
@@ -44,6 +54,8 @@ pub(crate) struct Services {
 struct EgressService {
     broker: Broker,
     info: NetworkInfo,
+    /// A microVM guest's connections.
+    relay: Option<Arc<NetRelay>>,
     /// The host's end of the channel the listener comes back on, until it
     /// has.
     host_end: Mutex<Option<OwnedFd>>,
@@ -64,7 +76,11 @@ impl Services {
     /// Starts the services `config` asks for. The broker's presets are
     /// expanded here, from the host tools' configuration; nothing in the
     /// workspace (`workspace`, the host path) is run or read for it.
-    pub(crate) async fn start(config: &SandboxConfig, workspace: &str) -> Result<Services> {
+    pub(crate) async fn start(
+        config: &SandboxConfig,
+        workspace: &str,
+        channel: Channel,
+    ) -> Result<Services> {
         let Some(egress) = config
             .egress
             .as_ref()
@@ -101,14 +117,31 @@ impl Services {
             }),
             egress.broker.clone(),
         );
+        let (relay, host_end, sandbox_end) = match channel {
+            Channel::Socket => (None, Some(host_end), Some(sandbox_end)),
+            Channel::Relay => (
+                Some(Arc::new(NetRelay::new(
+                    broker.clone(),
+                    egress.broker.max_connections,
+                ))),
+                None,
+                None,
+            ),
+        };
         Ok(Services {
             egress: Some(EgressService {
                 broker,
                 info,
-                host_end: Mutex::new(Some(host_end)),
-                sandbox_end: Mutex::new(Some(sandbox_end)),
+                relay,
+                host_end: Mutex::new(host_end),
+                sandbox_end: Mutex::new(sandbox_end),
             }),
         })
+    }
+
+    /// A microVM guest's proxy connections, with egress.
+    pub(crate) fn relay(&self) -> Option<&Arc<NetRelay>> {
+        self.egress.as_ref().and_then(|e| e.relay.as_ref())
     }
 
     /// The live egress, with [`Network::Allow`].

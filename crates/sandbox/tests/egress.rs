@@ -1,4 +1,5 @@
-//! Egress through the broker (`Network::Allow`), natively: the sandbox
+//! Egress through the broker (`Network::Allow`), on both backends (a
+//! microVM guest relays its connections over the control channel): the sandbox
 //! reaches an allowed host only through the proxy on its loopback, with
 //! nothing but the proxy variables to find it; a host the policy does not
 //! list is refused with a line the model can read, and a program that
@@ -11,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cordon_net::{Decision, PolicySpec, Reason, Rule, StaticResolver};
-use cordon_sandbox::{Egress, ExecRequest, Network, Sandbox, SandboxConfig};
+use cordon_sandbox::{BackendKind, Egress, ExecRequest, Network, Sandbox, SandboxConfig};
 
 /// A one-line HTTP server on the host's loopback; its port.
 fn upstream() -> u16 {
@@ -36,9 +37,10 @@ fn upstream() -> u16 {
     port
 }
 
-fn config(dir: &Path, rules: &[String]) -> SandboxConfig {
+fn config(dir: &Path, backend: BackendKind, rules: &[String]) -> SandboxConfig {
     let mut c = SandboxConfig::new(dir);
     c.supervisor = Some(env!("CARGO_BIN_EXE_cordon-supervisor").into());
+    c.backend = backend;
     c.network = Network::Allow;
     // The upstream is on the host's loopback, which only an explicit
     // permission reaches.
@@ -57,10 +59,19 @@ fn config(dir: &Path, rules: &[String]) -> SandboxConfig {
 }
 
 #[tokio::test]
-async fn an_allowed_host_is_reached_through_the_broker_and_nothing_else() {
+async fn native() {
+    an_allowed_host_is_reached_through_the_broker_and_nothing_else(BackendKind::Native).await
+}
+
+#[tokio::test]
+async fn microvm() {
+    an_allowed_host_is_reached_through_the_broker_and_nothing_else(BackendKind::Microvm).await
+}
+
+async fn an_allowed_host_is_reached_through_the_broker_and_nothing_else(backend: BackendKind) {
     let port = upstream();
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), &[format!("upstream.test:{port}")]);
+    let cfg = config(dir.path(), backend, &[format!("upstream.test:{port}")]);
     let sb = Sandbox::create(cfg).await.expect("create sandbox");
     let mut events = sb.network().expect("network allow").subscribe();
 
@@ -169,7 +180,7 @@ async fn allow_needs_a_policy_and_a_policy_needs_allow() {
     cfg.network = Network::Allow;
     let err = Sandbox::create(cfg).await.err().unwrap();
     assert!(err.to_string().contains("needs a policy"), "{err}");
-    let mut cfg = config(dir.path(), &[]);
+    let mut cfg = config(dir.path(), BackendKind::Native, &[]);
     cfg.network = Network::Loopback;
     let err = Sandbox::create(cfg).await.err().unwrap();
     assert!(err.to_string().contains("use allow"), "{err}");

@@ -34,7 +34,7 @@ use crate::config::{Accel, MIB, Network, SandboxConfig, in_workspace};
 use crate::error::{Error, Result};
 use crate::layout::{CONTROL_FD, FONT_CACHE, bind_tag};
 use crate::protocol::{self, Bind, HostMsg, SetupSpec};
-use crate::services::Services;
+use crate::services::{Channel, Services};
 use crate::session::{ConnectParams, Lifecycle, Sandbox};
 use accel::{accel, tsc_khz};
 use qemu::{CONSOLE_FD, QEMU_HOST_FILES, launch, spawn_qemu};
@@ -151,13 +151,7 @@ impl Drop for VmLifecycle {
 
 async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let (workspace, mut binds) = config.validate()?;
-    if config.network == crate::config::Network::Allow {
-        return Err(Error::Config(
-            "network mode allow is not available on the microvm backend yet; use the native \
-             backend, or off or loopback"
-                .into(),
-        ));
-    }
+
     // The font cache, as the native backend binds it (see supervisor/setup.rs).
     let fonts = FONT_CACHE;
     if Path::new(fonts).is_dir() && !binds.iter().any(|b| b.target == fonts) {
@@ -222,7 +216,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     )?;
 
     // Before the command line: a service's channel is a device on it.
-    let services = Services::start(config, &workspace).await?;
+    let services = Services::start(config, &workspace, Channel::Relay).await?;
     let accel = accel(config).await;
     let mut append = vec![
         "console=ttyS0".to_string(),
@@ -362,7 +356,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         workspace,
         binds,
         tmp_size: config.tmp_size,
-        loopback: config.network == Network::Loopback,
+        loopback: matches!(config.network, Network::Loopback | Network::Allow),
         hostname: config.hostname.clone(),
         outer_uid: 0,
         outer_gid: 0,
@@ -375,7 +369,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         // The guest's root could raise it: the host's watcher alone holds
         // the budget here.
         rlimit_fsize: None,
-        proxy_port: None,
+        proxy_port: services.proxy_port(),
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

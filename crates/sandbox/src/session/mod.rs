@@ -3,6 +3,7 @@
 //! concurrent execs over it.
 
 mod exec;
+pub(crate) mod net;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -275,6 +276,9 @@ impl Sandbox {
         } = params;
         let (mut rd, mut wr) = stream.into_split();
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        if let Some(relay) = services.relay() {
+            relay.bind(tx.clone());
+        }
         let mut first = Vec::new();
         protocol::encode(&setup, &mut first);
         tx.send(first).map_err(|_| Error::Gone)?;
@@ -440,6 +444,18 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
         }
         ref m @ SupMsg::Exited { id, .. } => (id, Event::Exited(m.clone())),
         SupMsg::Ready(_) | SupMsg::SetupFailed { .. } => return,
+        m @ (SupMsg::NetOpen { .. }
+        | SupMsg::NetData { .. }
+        | SupMsg::NetEof { .. }
+        | SupMsg::NetAck { .. }
+        | SupMsg::NetClose { .. }) => {
+            // Without egress nothing listens for these in the guest; a
+            // guest that sends them anyway is ignored.
+            if let Some(relay) = inner.services.relay() {
+                relay.on_frame(m);
+            }
+            return;
+        }
     };
     let done = matches!(event, Event::Exited(_) | Event::SpawnFailed(..));
     let mut routes = inner.routes();

@@ -38,8 +38,21 @@ pub(super) fn guest_main() -> ! {
         Ok(s) => s,
         Err(e) => fail(&mut ctl, e),
     };
-    match build(&spec) {
-        Ok(()) => {
+    // The broker's port, before any command runs (see `relay`).
+    let built = build(&spec).and_then(|()| {
+        spec.proxy_port
+            .map(|port| {
+                super::relay::listen(port).map_err(|e| {
+                    SetupError::new(
+                        "listen for the network broker",
+                        Errno::from_io_error(&e).unwrap_or(Errno::IO),
+                    )
+                })
+            })
+            .transpose()
+    });
+    match built {
+        Ok(relay) => {
             send(
                 &mut ctl,
                 &SupMsg::Ready(ReadyInfo {
@@ -48,7 +61,7 @@ pub(super) fn guest_main() -> ! {
                     seccomp_filters: 0,
                 }),
             );
-            super::serve::serve(ctl.into())
+            super::serve::serve(ctl.into(), relay)
         }
         Err(e) => fail(&mut ctl, e),
     }

@@ -17,6 +17,7 @@ mod idmap;
 mod ids;
 pub(crate) mod mount;
 pub(crate) mod protect;
+mod relay;
 mod serve;
 mod setup;
 
@@ -369,7 +370,7 @@ fn inner_main(
     match result {
         Ok(info) => {
             send(&mut ctl, &SupMsg::Ready(info));
-            serve::serve(ctl.into())
+            serve::serve(ctl.into(), None)
         }
         Err(e) => fail(&mut ctl, e),
     }

@@ -13,6 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::relay::{NetTag, Relay};
 use crate::protocol::{
     self, CHUNK, ExecSpec, ExitStatus, HostMsg, SpawnStage, Stream, SupMsg, WINDOW, WinSize,
 };
@@ -64,6 +65,7 @@ enum Tag {
     Sig,
     Out(u64, usize),
     In(u64),
+    Net(NetTag),
 }
 
 struct Server {
@@ -74,9 +76,13 @@ struct Server {
     execs: BTreeMap<u64, Exec>,
     by_pid: HashMap<i32, u64>,
     sigfd: OwnedFd,
+    /// A microVM guest's proxy connections, with egress.
+    relay: Option<Relay>,
 }
 
-pub fn serve(ctl: OwnedFd) -> ! {
+/// Serves the host over `ctl` until it goes; `relay`: the guest's proxy
+/// listener, whose connections go to the host's broker over `ctl`.
+pub fn serve(ctl: OwnedFd, relay: Option<OwnedFd>) -> ! {
     let sigfd = match sigchld_fd() {
         Ok(fd) => fd,
         Err(_) => super::exit_now(1),
@@ -89,6 +95,7 @@ pub fn serve(ctl: OwnedFd) -> ! {
         execs: BTreeMap::new(),
         by_pid: HashMap::new(),
         sigfd,
+        relay: relay.map(Relay::new),
     };
     server.run()
 }
@@ -237,6 +244,14 @@ impl Server {
                     wake_at(l);
                 }
             }
+            if let Some(relay) = &self.relay {
+                let mut net = Vec::new();
+                relay.poll_fds(backlog, &mut net);
+                for (fd, events, tag) in net {
+                    pfds.push(pfd(fd, events));
+                    tags.push(Tag::Net(tag));
+                }
+            }
             let ms = timeout.map_or(-1, |d| d.as_millis().min(60_000) as i32 + 1);
             // SAFETY: pfds is a valid array of pollfd of the given length.
             let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
@@ -259,6 +274,17 @@ impl Server {
                     Tag::Sig => self.reap(),
                     Tag::Out(id, i) => self.read_output(id, i, &mut buf),
                     Tag::In(id) => self.write_stdin(id),
+                    Tag::Net(tag) => {
+                        let outbuf = &mut self.outbuf;
+                        let mut send = |m: &SupMsg| protocol::encode(m, outbuf);
+                        if let Some(relay) = self.relay.as_mut() {
+                            match tag {
+                                NetTag::Listen => relay.on_listen(&mut send),
+                                NetTag::Read(id) => relay.on_read(id, &mut buf, &mut send),
+                                NetTag::Write(id) => relay.on_write(id, &mut send),
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -293,6 +319,27 @@ impl Server {
     fn handle(&mut self, msg: HostMsg) {
         match msg {
             HostMsg::Setup(_) => {}
+            HostMsg::NetData { conn, data } => {
+                let outbuf = &mut self.outbuf;
+                if let Some(relay) = self.relay.as_mut() {
+                    relay.on_host_data(conn, data, &mut |m| protocol::encode(m, outbuf));
+                }
+            }
+            HostMsg::NetEof { conn } => {
+                if let Some(relay) = self.relay.as_mut() {
+                    relay.on_host_eof(conn);
+                }
+            }
+            HostMsg::NetAck { conn, bytes } => {
+                if let Some(relay) = self.relay.as_mut() {
+                    relay.on_host_ack(conn, bytes);
+                }
+            }
+            HostMsg::NetClose { conn } => {
+                if let Some(relay) = self.relay.as_mut() {
+                    relay.on_host_close(conn);
+                }
+            }
             HostMsg::Exec(spec) => self.spawn(spec),
             HostMsg::Stdin { id, data } => {
                 let len = data.len() as u64;

@@ -1,0 +1,222 @@
+//! A microVM guest's way to the egress broker: the supervisor listens on
+//! 127.0.0.1 at the proxy port inside the guest and carries each accepted
+//! connection over the control channel as `Net*` frames, under the same
+//! credit window as an exec's streams ([`WINDOW`] unacknowledged bytes per
+//! connection and direction). The host hands each connection to its
+//! broker, which checks everything; nothing here decides what is allowed.
+//! (Natively the host accepts on the listening socket itself; see
+//! `setup::hand_over_proxy_listener`.)
+//!
+//! Part of the supervisor's single-threaded `poll` loop: [`Relay::poll_fds`]
+//! says what to wait for, the `on_*` methods act on what `poll` reported,
+//! and frames for the host go out through the caller's `send`.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use crate::protocol::{CHUNK, SupMsg, WINDOW};
+
+/// Connections open at once; one more is accepted and closed at once.
+const MAX_CONNS: usize = 256;
+
+/// What the loop waits for on one descriptor of the relay.
+#[derive(Clone, Copy)]
+pub(super) enum NetTag {
+    Listen,
+    Read(u64),
+    Write(u64),
+}
+
+struct Conn {
+    sock: OwnedFd,
+    /// From the broker, not yet written to the program.
+    pending: Vec<u8>,
+    /// The broker finished writing: shut our write side once `pending` is.
+    eof_in: bool,
+    /// The program finished writing (or its side failed).
+    eof_out: bool,
+    /// Sent to the host and not yet acknowledged.
+    unacked: u64,
+}
+
+pub(super) struct Relay {
+    listener: OwnedFd,
+    conns: BTreeMap<u64, Conn>,
+    next: u64,
+}
+
+impl Relay {
+    /// Relays the connections `listener` (non-blocking, listening) accepts.
+    pub(super) fn new(listener: OwnedFd) -> Relay {
+        Relay {
+            listener,
+            conns: BTreeMap::new(),
+            next: 1,
+        }
+    }
+
+    /// The descriptors to poll and what for; `backlog`: the control
+    /// channel is full, so read nothing more from programs.
+    pub(super) fn poll_fds(&self, backlog: bool, out: &mut Vec<(RawFd, i16, NetTag)>) {
+        out.push((self.listener.as_raw_fd(), libc::POLLIN, NetTag::Listen));
+        for (&id, c) in &self.conns {
+            if !c.eof_out && !backlog && c.unacked < WINDOW {
+                out.push((c.sock.as_raw_fd(), libc::POLLIN, NetTag::Read(id)));
+            }
+            if !c.pending.is_empty() {
+                out.push((c.sock.as_raw_fd(), libc::POLLOUT, NetTag::Write(id)));
+            }
+        }
+    }
+
+    pub(super) fn on_listen(&mut self, send: &mut impl FnMut(&SupMsg)) {
+        loop {
+            let sock = match rustix::net::accept_with(
+                &self.listener,
+                rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
+            ) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
+            if self.conns.len() >= MAX_CONNS {
+                continue; // dropped: the program sees the connection close
+            }
+            let id = self.next;
+            self.next += 1;
+            self.conns.insert(
+                id,
+                Conn {
+                    sock,
+                    pending: Vec::new(),
+                    eof_in: false,
+                    eof_out: false,
+                    unacked: 0,
+                },
+            );
+            send(&SupMsg::NetOpen { conn: id });
+        }
+    }
+
+    pub(super) fn on_read(&mut self, id: u64, buf: &mut [u8], send: &mut impl FnMut(&SupMsg)) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let room = (WINDOW - c.unacked.min(WINDOW)) as usize;
+        let want = buf.len().min(CHUNK).min(room);
+        if want == 0 {
+            return;
+        }
+        match rustix::io::read(&c.sock, &mut buf[..want]) {
+            Ok(0) => {
+                c.eof_out = true;
+                send(&SupMsg::NetEof { conn: id });
+                self.maybe_shut(id);
+            }
+            Ok(n) => {
+                c.unacked += n as u64;
+                send(&SupMsg::NetData {
+                    conn: id,
+                    data: buf[..n].to_vec(),
+                });
+            }
+            Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => self.close(id, send),
+        }
+    }
+
+    pub(super) fn on_write(&mut self, id: u64, send: &mut impl FnMut(&SupMsg)) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let mut wrote = 0usize;
+        while wrote < c.pending.len() {
+            match rustix::io::write(&c.sock, &c.pending[wrote..]) {
+                Ok(n) => wrote += n,
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => {
+                    self.close(id, send);
+                    return;
+                }
+            }
+        }
+        c.pending.drain(..wrote);
+        if wrote > 0 {
+            send(&SupMsg::NetAck {
+                conn: id,
+                bytes: wrote as u64,
+            });
+        }
+        self.maybe_shut(id);
+    }
+
+    /// A frame from the host about a connection.
+    pub(super) fn on_host_data(&mut self, id: u64, data: Vec<u8>, send: &mut impl FnMut(&SupMsg)) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        // The host keeps to the window; one that does not is cut off here
+        // rather than filling the guest's memory.
+        if c.pending.len() as u64 + data.len() as u64 > WINDOW {
+            self.close(id, send);
+            return;
+        }
+        c.pending.extend_from_slice(&data);
+        self.on_write(id, send);
+    }
+
+    pub(super) fn on_host_eof(&mut self, id: u64) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.eof_in = true;
+        }
+        self.maybe_shut(id);
+    }
+
+    pub(super) fn on_host_ack(&mut self, id: u64, bytes: u64) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.unacked = c.unacked.saturating_sub(bytes);
+        }
+    }
+
+    pub(super) fn on_host_close(&mut self, id: u64) {
+        self.conns.remove(&id);
+    }
+
+    /// Shuts the program's read side once the broker is done and every byte
+    /// is written; forgets the connection once both sides are done.
+    fn maybe_shut(&mut self, id: u64) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        if c.eof_in && c.pending.is_empty() {
+            let _ = rustix::net::shutdown(&c.sock, rustix::net::Shutdown::Write);
+            if c.eof_out {
+                self.conns.remove(&id);
+            }
+        }
+    }
+
+    fn close(&mut self, id: u64, send: &mut impl FnMut(&SupMsg)) {
+        if self.conns.remove(&id).is_some() {
+            send(&SupMsg::NetClose { conn: id });
+        }
+    }
+}
+
+/// The guest's listener on 127.0.0.1:`port`, non-blocking.
+pub(super) fn listen(port: u16) -> io::Result<OwnedFd> {
+    use rustix::net::{AddressFamily, SocketAddrV4, SocketFlags, SocketType};
+    let sock = rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    rustix::net::bind(
+        &sock,
+        &SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port),
+    )?;
+    rustix::net::listen(&sock, 128)?;
+    Ok(sock)
+}
