@@ -131,7 +131,13 @@ impl Relay {
         };
         let mut wrote = 0usize;
         while wrote < c.pending.len() {
-            match rustix::io::write(&c.sock, &c.pending[wrote..]) {
+            // A program that closed its socket must not kill the supervisor
+            // with SIGPIPE.
+            match rustix::net::send(
+                &c.sock,
+                &c.pending[wrote..],
+                rustix::net::SendFlags::NOSIGNAL,
+            ) {
                 Ok(n) => wrote += n,
                 Err(rustix::io::Errno::AGAIN) => break,
                 Err(rustix::io::Errno::INTR) => continue,
