@@ -80,6 +80,10 @@ fn system_prompt(sandbox: &cordon_agent::config::SandboxSettings) -> String {
             "there is no network",
             "there is no network beyond loopback (servers you start can be reached on 127.0.0.1)",
         ),
+        cordon_sandbox::Network::Full => SYSTEM.replace(
+            "there is no network",
+            "the network is the host's own (the user chose it)",
+        ),
         cordon_sandbox::Network::Allow => SYSTEM.replace(
             "there is no network",
             &format!(

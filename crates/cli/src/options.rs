@@ -29,7 +29,7 @@ pub struct SandboxOpts {
     /// suffixes, or `none`); past it the sandbox is stopped [default: `sandbox.disk`, none]
     #[arg(long, value_name = "SIZE", value_parser = parse_disk)]
     pub disk: Option<String>,
-    /// Network access: off (no interface up), loopback, or allow (the hosts of --allow, through cordon's broker) [default: `sandbox.network`, off]
+    /// Network access: off (no interface up), loopback, allow (the hosts of --allow, through cordon's broker), or full (the host's network, with a warning) [default: `sandbox.network`, off]
     #[arg(long, value_name = "MODE")]
     pub network: Option<Network>,
     /// Let the sandbox reach HOST[:PORT] through cordon's broker (repeatable; *.DOMAIN, IP/CIDR, or a preset: @python @node @rust @debian @git-hosting); implies --network allow (overrides `network.allow`)
@@ -276,6 +276,14 @@ pub fn sandbox_config(settings: &Settings) -> Result<SandboxConfig, String> {
     c.pids = Some(sb.pids);
     c.disk = sb.disk;
     c.network = sb.network;
+    if sb.network == Network::Full {
+        eprintln!(
+            "cordon: WARNING: --network full: the sandbox shares this machine's network. It can \
+             reach every service here (databases and admin ports on localhost included) and on \
+             your networks, and send anything it can read anywhere. Use --allow HOST instead \
+             unless you trust everything this session will run."
+        );
+    }
     if sb.network == Network::Allow {
         c.egress = Some(cordon_sandbox::Egress::new(cordon_net::PolicySpec {
             allow: sb.allow.clone(),

@@ -258,3 +258,36 @@ fn the_model_sees_the_policy_and_each_refusal() {
         bodies[1]
     );
 }
+
+/// `--network full` is the host's network, for trusted work: a service on
+/// the host's loopback answers, and cordon says loudly what that means. A
+/// microVM has no network device to share and refuses it.
+fn full_network_is_the_hosts_with_a_warning(t: &Ctx) {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().flatten() {
+            use std::io::Write;
+            let body = "host-service";
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let url = format!("http://127.0.0.1:{port}/");
+    let out = t.run(
+        &["--network", "full"],
+        &["curl", "-sS", "--max-time", "10", &url],
+    );
+    out.stderr_has("cordon: WARNING: --network full: the sandbox shares this machine's network");
+    if t.vm() {
+        out.code(125)
+            .stderr_has("network mode full is for the native backend")
+            .lacks("host-service");
+    } else {
+        out.code(0).line("host-service");
+    }
+}
+attack!(full_network_is_the_hosts_with_a_warning);

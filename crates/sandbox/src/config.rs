@@ -18,6 +18,9 @@ pub enum Network {
     /// Loopback, and an HTTP proxy on it through which cordon's broker
     /// reaches what [`SandboxConfig::egress`]'s policy allows.
     Allow,
+    /// The host's own network namespace: every address the host reaches,
+    /// its loopback services included. For trusted work only (native).
+    Full,
 }
 
 impl std::fmt::Display for Network {
@@ -26,6 +29,7 @@ impl std::fmt::Display for Network {
             Network::Off => "off",
             Network::Loopback => "loopback",
             Network::Allow => "allow",
+            Network::Full => "full",
         })
     }
 }
@@ -37,8 +41,9 @@ impl std::str::FromStr for Network {
             "off" | "none" => Ok(Network::Off),
             "loopback" | "lo" => Ok(Network::Loopback),
             "allow" => Ok(Network::Allow),
+            "full" => Ok(Network::Full),
             other => Err(format!(
-                "unknown network mode {other:?} (expected off, loopback or allow)"
+                "unknown network mode {other:?} (expected off, loopback, allow or full)"
             )),
         }
     }
@@ -424,7 +429,7 @@ impl SandboxConfig {
                     "network mode allow needs a policy (SandboxConfig::egress)".into(),
                 ));
             }
-            (Network::Off | Network::Loopback, Some(_)) => {
+            (Network::Off | Network::Loopback | Network::Full, Some(_)) => {
                 return Err(Error::Config(format!(
                     "an egress policy was given, but the network mode is {}: use allow",
                     self.network

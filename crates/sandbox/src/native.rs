@@ -277,6 +277,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         // budget, and the watcher reports it.
         rlimit_fsize: config.disk.map(|d| d.saturating_add(1)),
         proxy_port: services.proxy_port(),
+        host_network: config.network == Network::Full,
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

@@ -106,6 +106,9 @@ pub struct SetupSpec {
     /// listening socket to the host over the services descriptor (native
     /// only): the broker's one way in.
     pub proxy_port: Option<u16>,
+    /// Stay in the host's network namespace (`Network::Full`, native only):
+    /// no namespace of its own, the host's resolver configuration.
+    pub host_network: bool,
 }
 
 /// Kernel objects counted per user, which a sandbox's processes are charged

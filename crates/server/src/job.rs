@@ -543,7 +543,7 @@ fn options(obj: &Map<String, Value>, bounds: &Bounds) -> Result<RunOptions, Stri
     let network = match obj.get("network") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => cordon_sandbox::Network::Off,
         Some(Value::String(s)) => match s.parse() {
-            Ok(cordon_sandbox::Network::Allow) | Err(_) => {
+            Ok(cordon_sandbox::Network::Allow | cordon_sandbox::Network::Full) | Err(_) => {
                 return Err(format!(
                     "`network` must be \"off\" or \"loopback\", not {s:?}"
                 ));
@@ -744,6 +744,15 @@ mod tests {
             ),
             (
                 json!({"kind": "shell", "command": "ls", "network": "host"}),
+                "\"off\" or \"loopback\"",
+            ),
+            // Not for jobs yet: no policy or ceiling reaches them.
+            (
+                json!({"kind": "shell", "command": "ls", "network": "full"}),
+                "\"off\" or \"loopback\"",
+            ),
+            (
+                json!({"kind": "shell", "command": "ls", "network": "allow"}),
                 "\"off\" or \"loopback\"",
             ),
             (json!({"steps": []}), "`steps` is empty"),

@@ -175,7 +175,7 @@ pub const KEYS: &[Key] = &[
         env: &["CORDON_NETWORK"],
         secret: false,
         default: Some("off"),
-        doc: "off, loopback, or allow (the hosts of network.allow, through cordon's broker)",
+        doc: "off, loopback, allow (the hosts of network.allow, through cordon's broker), or full (the host's network: trusted work only)",
         guard: Guard::Tighten,
     },
     Key {

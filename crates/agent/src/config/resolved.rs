@@ -226,8 +226,9 @@ fn network(s: &Settings, allow: &[String]) -> Result<Network, ConfigError> {
         Some("off") | None => Network::Off,
         Some("loopback") => Network::Loopback,
         Some("allow") => Network::Allow,
+        Some("full") => Network::Full,
         Some(_) => {
-            return Err(s.invalid("sandbox.network", "expected off, loopback or allow"));
+            return Err(s.invalid("sandbox.network", "expected off, loopback, allow or full"));
         }
     };
     match mode {

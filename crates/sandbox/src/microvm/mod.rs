@@ -151,6 +151,13 @@ impl Drop for VmLifecycle {
 
 async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let (workspace, mut binds) = config.validate()?;
+    if config.network == Network::Full {
+        return Err(Error::Config(
+            "network mode full is for the native backend: a microVM has no network device; \
+             use allow with the hosts it needs"
+                .into(),
+        ));
+    }
 
     // The font cache, as the native backend binds it (see supervisor/setup.rs).
     let fonts = FONT_CACHE;
@@ -370,6 +377,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         // the budget here.
         rlimit_fsize: None,
         proxy_port: services.proxy_port(),
+        host_network: false,
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

@@ -96,7 +96,7 @@ fn apply_landlock(spec: &SetupSpec, writable: &[String]) -> Result<(String, i32)
         .map_err(err)?
         .scope(Scope::AbstractUnixSocket | Scope::Signal)
         .map_err(err)?;
-    if !spec.loopback {
+    if !spec.loopback && !spec.host_network {
         // No interface can carry traffic anyway; this makes TCP fail early
         // and stays in force if a future bug left an interface behind.
         ruleset = ruleset

@@ -230,13 +230,16 @@ fn outer_main() -> ! {
         unsafe { libc::close(SERVICES_FD) };
         None
     };
-    let flags = UnshareFlags::NEWUSER
+    let mut flags = UnshareFlags::NEWUSER
         | UnshareFlags::NEWNS
         | UnshareFlags::NEWPID
         | UnshareFlags::NEWNET
         | UnshareFlags::NEWIPC
         | UnshareFlags::NEWUTS
         | UnshareFlags::NEWCGROUP;
+    if spec.host_network {
+        flags.remove(UnshareFlags::NEWNET);
+    }
     let owner = spec.user_counts.as_ref().and_then(|c| c.owner_uid);
     // Made while this process still holds root's capabilities on the host.
     let mut prepared = match owner.map(|o| idmap::prepare(o, &setup::idmap_wanted(&spec))) {

@@ -464,7 +464,16 @@ fn write_generated_etc(etc: &Path, spec: &SetupSpec) -> Result<()> {
                 h = spec.hostname
             ),
         ),
-        ("resolv.conf", String::new()),
+        // The host's resolvers only where the host's network is the
+        // sandbox's; read here, before the pivot, never bound.
+        (
+            "resolv.conf",
+            if spec.host_network {
+                fs::read_to_string("/etc/resolv.conf").unwrap_or_default()
+            } else {
+                String::new()
+            },
+        ),
     ];
     for (name, body) in files {
         let path = etc.join(name);
