@@ -34,7 +34,7 @@ impl VncAccess {
     }
 }
 
-/// Copies stdin to the socket named by argv[1] and the socket to stdout,
+/// Copies stdin to the socket named by `argv[1]` and the socket to stdout,
 /// until either side closes. Python because it is already in every sandbox
 /// that runs code, and the relay must run inside the sandbox.
 const RELAY: &str = r#"
