@@ -100,6 +100,17 @@ pub enum AgentEvent {
     Error {
         message: String,
     },
+    /// The sandbox's network broker refused a connection, or could not
+    /// make it, while a tool ran: each host and port once per tool call.
+    /// The tool's result carries `message` too; this is its record.
+    NetworkRefused {
+        tool_id: String,
+        host: String,
+        port: u16,
+        decision: cordon_net::Decision,
+        reason: cordon_net::Reason,
+        message: String,
+    },
 }
 
 impl AgentEvent {
@@ -811,6 +822,9 @@ impl Agent {
                     (out, started.elapsed())
                 }
             });
+            // The broker's refusals while this batch runs, for their
+            // records (the tools put the same lines in their results).
+            let mut net = self.ctx.sandbox.network().map(|n| n.subscribe());
             let outputs: Option<Vec<(ToolOutput, Duration)>> = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => None,
@@ -840,6 +854,20 @@ impl Agent {
             };
             for live in &lives {
                 live.finish();
+            }
+            if let Some(net) = net.as_mut() {
+                // A batch of several calls runs together; the refusals are
+                // the batch's, filed under its first call.
+                for e in crate::netlog::refusals(net) {
+                    emit(AgentEvent::NetworkRefused {
+                        tool_id: batch[0].0.clone(),
+                        host: e.host,
+                        port: e.port,
+                        decision: e.decision,
+                        reason: e.reason,
+                        message: e.message,
+                    });
+                }
             }
             for (k, ((id, name, _), (out, took))) in batch.iter().zip(outputs).enumerate() {
                 emit(AgentEvent::ToolCallFinished {

@@ -16,6 +16,7 @@ pub mod events;
 mod live;
 pub mod log;
 pub mod message;
+mod netlog;
 pub mod pricing;
 pub mod provider;
 pub mod sessions;

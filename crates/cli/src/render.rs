@@ -185,6 +185,10 @@ impl<O: Write + Send, E: Write + Send> Human<O, E> {
             AgentEvent::Error { message } => {
                 let _ = writeln!(self.err, "cordon: {}", printable_lines(&message));
             }
+            AgentEvent::NetworkRefused { message, .. } => {
+                self.end_answer_line();
+                self.note(&format!("  {message}"));
+            }
             _ => {}
         }
     }

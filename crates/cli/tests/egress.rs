@@ -225,7 +225,7 @@ fn the_model_sees_the_policy_and_each_refusal() {
             .turn(Turn::text("It was refused.").expect_tool_results(["b1"])),
     );
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["exec", "--allow", "@python", "fetch it"])
+        .args(["exec", "--json", "--allow", "@python", "fetch it"])
         .current_dir(ws.path())
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
@@ -256,6 +256,27 @@ fn the_model_sees_the_policy_and_each_refusal() {
         bodies[1].contains("network: evil.invalid:443 refused by policy (allowed: "),
         "the refusal is not in the tool result: {}",
         bodies[1]
+    );
+    // A typed event in `exec --json`, and the same record in the session log.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let event = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["type"] == "network_refused")
+        .unwrap_or_else(|| panic!("no network_refused event: {stdout}"));
+    assert_eq!(event["host"], "evil.invalid");
+    assert_eq!(event["port"], 443);
+    assert_eq!(event["tool_id"], "b1");
+    assert_eq!(event["decision"], "refused");
+    let sessions = home.path().join("data/cordon/sessions");
+    let log = std::fs::read_dir(&sessions)
+        .unwrap()
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect::<String>();
+    assert!(
+        log.contains("\"type\":\"network_refused\"") && log.contains("evil.invalid"),
+        "the session log has no record of the refusal: {log}"
     );
 }
 

@@ -634,6 +634,8 @@ impl App {
                 self.status.context_window = context_window;
             }
             AgentEvent::Error { message } => self.error(message),
+            // The line the broker wrote; the transcript makes it printable.
+            AgentEvent::NetworkRefused { message, .. } => self.notice(message),
         }
     }
 

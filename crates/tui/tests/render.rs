@@ -300,3 +300,41 @@ fn multi_line_input_and_the_session_picker() {
         vec![Action::Load("1795300000-11111".into())]
     );
 }
+
+/// A connection the network broker refused shows in the transcript as a
+/// notice, its control bytes (the host name is the sandbox's to choose)
+/// made harmless.
+#[test]
+fn a_refused_connection_is_a_notice() {
+    let mut a = app();
+    send(&mut a, "install flask");
+    started(
+        &mut a,
+        "t1",
+        "bash",
+        json!({"command": "pip install flask"}),
+    );
+    a.on_agent_event(AgentEvent::NetworkRefused {
+        tool_id: "t1".into(),
+        host: "evil.example".into(),
+        port: 443,
+        decision: cordon_net::Decision::Refused,
+        reason: cordon_net::Reason::NotListed,
+        message: "network: evil.example:443 refused by policy (allowed: \u{1b}[2Jnothing)".into(),
+    });
+    let t = draw(&mut a, 80, 12);
+    let buf = t.backend().buffer();
+    let screen: String = (0..buf.area.height)
+        .map(|y| {
+            (0..buf.area.width)
+                .map(|x| buf[(x, y)].symbol().to_string())
+                .collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        screen.contains("network: evil.example:443 refused by policy"),
+        "{screen}"
+    );
+    assert!(!screen.contains('\u{1b}'), "{screen}");
+}
