@@ -30,6 +30,8 @@ pub enum Action {
         all: bool,
     },
     Load(String),
+    /// Let the sandbox reach this host for the rest of the session.
+    AllowHost(cordon_net::Rule),
 }
 
 /// A user's answer to an approval prompt.
@@ -106,6 +108,8 @@ pub struct App {
     recall: Option<usize>,
     draft: String,
     pub approval: Option<PendingApproval>,
+    /// The sandbox broker's live policy, when its network is brokered.
+    pub network: Option<cordon_net::PolicyHandle>,
     pub picker: Option<Picker>,
     /// When Ctrl-C last did nothing but arm quitting.
     quit_armed: Option<Instant>,
@@ -121,7 +125,8 @@ Ctrl+C: cancel the turn (twice: quit) · Ctrl+D on an empty box: quit
 /clear new conversation, same sandbox (its shell, files and processes)
 /new   new conversation in a fresh sandbox
 /sessions pick an earlier session of this workspace (/sessions all: any)   /load ID  continue one
-/compact  summarise the conversation now   /model NAME  switch model   /cost  tokens and cost";
+/compact  summarise the conversation now   /model NAME  switch model   /cost  tokens and cost
+/allow HOST[:PORT]  let the sandbox reach a host for this session (with --allow; alone: what it may reach)";
 
 fn new_input() -> TextArea<'static> {
     let mut t = TextArea::default();
@@ -146,6 +151,7 @@ impl App {
             recall: None,
             draft: String::new(),
             approval: None,
+            network: None,
             picker: None,
             quit_armed: None,
             should_quit: false,
@@ -409,6 +415,26 @@ impl App {
                 self.notice(format!("From the next request on, the model is {arg}."));
                 vec![Action::SetModel(arg.to_string())]
             }
+            "/allow" if arg.is_empty() => {
+                self.notice(match &self.network {
+                    Some(p) => format!(
+                        "The sandbox may reach: {}. /allow HOST[:PORT] adds one for this session.",
+                        p.load().summary()
+                    ),
+                    None => {
+                        "This session's network is not brokered (start cordon with --allow HOST)."
+                            .into()
+                    }
+                });
+                Vec::new()
+            }
+            "/allow" => match arg.parse::<cordon_net::Rule>() {
+                Ok(rule) => vec![Action::AllowHost(rule)],
+                Err(e) => {
+                    self.error(format!("/allow {arg}: {e}"));
+                    Vec::new()
+                }
+            },
             "/cost" => {
                 let u = self.status.usage;
                 let cost = match self.status.cost_usd {
@@ -635,7 +661,16 @@ impl App {
             }
             AgentEvent::Error { message } => self.error(message),
             // The line the broker wrote; the transcript makes it printable.
-            AgentEvent::NetworkRefused { message, .. } => self.notice(message),
+            AgentEvent::NetworkRefused {
+                message,
+                host,
+                port,
+                ..
+            } => {
+                self.notice(format!(
+                    "{message}\n/allow {host}:{port} lets it through for this session"
+                ));
+            }
         }
     }
 

@@ -190,6 +190,21 @@ async fn event_loop(
                 }
                 Action::ListSessions { all } => Request::ListSessions { all },
                 Action::Load(id) => Request::Load(id),
+                // At once, even mid-turn: the broker reads the policy for
+                // each new connection.
+                Action::AllowHost(rule) => {
+                    match &app.network {
+                        Some(policy) => {
+                            let line = format!("network: {rule} allowed for this session");
+                            policy.set(policy.load().widened([rule]));
+                            app.notice(line);
+                        }
+                        None => app.error(
+                            "this session's network is not brokered: start cordon with --allow HOST to let hosts through",
+                        ),
+                    }
+                    continue;
+                }
             };
             if req_tx.send(req).is_err() {
                 app.error("the conversation has stopped; restart cordon");
@@ -208,7 +223,10 @@ async fn event_loop(
 /// Applies a worker update; returns the session id when it changes.
 fn on_update(app: &mut App, u: Update) -> Option<String> {
     match u {
-        Update::Ready => app.status.sandbox = SandboxState::Ready,
+        Update::Ready { network } => {
+            app.status.sandbox = SandboxState::Ready;
+            app.network = network;
+        }
         Update::SandboxFailed(e) => {
             app.status.sandbox = SandboxState::Closed;
             app.error(e);

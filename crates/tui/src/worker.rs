@@ -29,8 +29,11 @@ pub enum Request {
 }
 
 pub enum Update {
-    /// The sandbox is up.
-    Ready,
+    /// The sandbox is up; `network`: its broker's live policy, when the
+    /// network is brokered (`--allow`).
+    Ready {
+        network: Option<cordon_net::PolicyHandle>,
+    },
     /// The sandbox could not be created; nothing can run.
     SandboxFailed(String),
     /// A turn or a compaction ended.
@@ -244,8 +247,9 @@ impl State {
         }
         match Sandbox::create(self.cfg.sandbox.clone()).await {
             Ok(sb) => {
+                let network = sb.network().map(|n| n.policy.clone());
                 self.sandbox = Some(sb);
-                let _ = self.updates.send(Update::Ready);
+                let _ = self.updates.send(Update::Ready { network });
             }
             Err(e) => {
                 let _ = self.updates.send(Update::SandboxFailed(format!(

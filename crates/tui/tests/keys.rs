@@ -250,3 +250,39 @@ fn an_escape_read_with_the_next_key_closes_the_picker_and_types_the_key() {
     type_text(&mut a, "load 100-earlier");
     assert_eq!(enter(&mut a), vec![Action::Load("100-earlier".into())]);
 }
+
+/// `/allow HOST[:PORT]` lets the sandbox reach a host for the session:
+/// checked here, applied at once by the loop (even mid-turn); a bad rule
+/// is an error, and `/allow` alone says what the sandbox may reach.
+#[test]
+fn allow_widens_the_network_for_the_session() {
+    let mut a = app();
+    type_text(&mut a, "/allow evil.example:443");
+    assert_eq!(
+        enter(&mut a),
+        vec![Action::AllowHost("evil.example:443".parse().unwrap())]
+    );
+    type_text(&mut a, "/allow *");
+    assert_eq!(enter(&mut a), Vec::<Action>::new());
+    let last = |a: &App| format!("{:?}", a.transcript.entries().last());
+    assert!(last(&a).contains("/allow *"), "{}", last(&a));
+    type_text(&mut a, "/allow");
+    assert_eq!(enter(&mut a), Vec::<Action>::new());
+    assert!(last(&a).contains("not brokered"), "{}", last(&a));
+    a.network = Some(cordon_net::PolicyHandle::new(
+        cordon_net::Policy::parse(&["pkg.example"], false).unwrap(),
+    ));
+    type_text(&mut a, "/allow");
+    enter(&mut a);
+    assert!(last(&a).contains("pkg.example"), "{}", last(&a));
+    // A refusal says how to lift it.
+    a.on_agent_event(AgentEvent::NetworkRefused {
+        tool_id: "t1".into(),
+        host: "evil.example".into(),
+        port: 443,
+        decision: cordon_net::Decision::Refused,
+        reason: cordon_net::Reason::NotListed,
+        message: "network: evil.example:443 refused by policy (allowed: pkg.example)".into(),
+    });
+    assert!(last(&a).contains("/allow evil.example:443"), "{}", last(&a));
+}
