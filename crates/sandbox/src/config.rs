@@ -453,6 +453,13 @@ impl SandboxConfig {
         ];
         if self.network == Network::Allow {
             env.extend(crate::egress::proxy_env());
+            if self
+                .egress
+                .as_ref()
+                .is_some_and(|e| e.broker.intercept.is_some())
+            {
+                env.extend(crate::egress::trust_env());
+            }
         }
         for (k, v) in &self.env {
             env.retain(|(ek, _)| ek != k);

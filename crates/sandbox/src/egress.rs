@@ -97,6 +97,47 @@ impl EventSink for Tee {
     }
 }
 
+/// Where the sandbox finds the broker's certificate authority, alone and
+/// appended to the host's trust bundle, when secrets are filled in.
+pub const CA_FILE: &str = "/etc/cordon/ca.pem";
+pub const BUNDLE_FILE: &str = "/etc/cordon/bundle.pem";
+
+/// The host's bundle of trusted certificates, which the sandbox's `/etc`
+/// shows as well.
+const HOST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The CA and the bundle with it, for a broker that terminates TLS for
+/// its secrets' hosts: programs in the sandbox must trust it for those
+/// hosts (and only those: the CA is name-constrained to them).
+pub(crate) fn trust(egress: &Egress) -> Option<(String, String)> {
+    let ca = egress.broker.intercept.as_ref()?.ca_pem().to_string();
+    let mut bundle = std::fs::read_to_string(HOST_BUNDLE).unwrap_or_default();
+    if !bundle.is_empty() && !bundle.ends_with('\n') {
+        bundle.push('\n');
+    }
+    bundle.push_str(&ca);
+    Some((ca, bundle))
+}
+
+/// The variables that make programs trust [`BUNDLE_FILE`]: OpenSSL and
+/// curl, Python's requests and pip, cargo, git; Node adds [`CA_FILE`] to
+/// its own store.
+pub(crate) fn trust_env() -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        "SSL_CERT_FILE",
+        "CURL_CA_BUNDLE",
+        "REQUESTS_CA_BUNDLE",
+        "PIP_CERT",
+        "CARGO_HTTP_CAINFO",
+        "GIT_SSL_CAINFO",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), BUNDLE_FILE.to_string()))
+    .collect();
+    env.push(("NODE_EXTRA_CA_CERTS".into(), CA_FILE.into()));
+    env
+}
+
 /// The variables that point programs at the broker: curl, pip, git and
 /// Python's urllib read the lower- and upper-case proxy variables, npm its
 /// own, cargo its own. Loopback stays direct, for servers the sandbox runs.

@@ -278,6 +278,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         rlimit_fsize: config.disk.map(|d| d.saturating_add(1)),
         proxy_port: services.proxy_port(),
         host_network: config.network == Network::Full,
+        trust: config.egress.as_ref().and_then(crate::egress::trust),
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

@@ -109,6 +109,11 @@ pub struct SetupSpec {
     /// Stay in the host's network namespace (`Network::Full`, native only):
     /// no namespace of its own, the host's resolver configuration.
     pub host_network: bool,
+    /// The broker's certificate authority for its secrets' hosts (PEM) and
+    /// the host's trust bundle with it appended, written to
+    /// `/etc/cordon/ca.pem` and `/etc/cordon/bundle.pem` (native; a
+    /// microVM's staged `/etc` gets them from the host).
+    pub trust: Option<(String, String)>,
 }
 
 /// Kernel objects counted per user, which a sandbox's processes are charged

@@ -185,3 +185,127 @@ async fn allow_needs_a_policy_and_a_policy_needs_allow() {
     let err = Sandbox::create(cfg).await.err().unwrap();
     assert!(err.to_string().contains("use allow"), "{err}");
 }
+
+/// The real value of the secret the test gives the broker.
+const SECRET: &str = "s3cr3t-value-the-sandbox-never-sees";
+
+/// A TLS server for `secret.test` on the host's loopback that records the
+/// `Authorization` header of each request it gets; its port, its
+/// certificate, and what it recorded.
+async fn tls_upstream() -> (
+    u16,
+    rustls::pki_types::CertificateDer<'static>,
+    Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ck = rcgen::generate_simple_self_signed(vec!["secret.test".to_string()]).unwrap();
+    let der = ck.cert.der().clone();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![der.clone()], key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, record) = (acceptor.clone(), record.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                if let Some(auth) = head.lines().find_map(|l| {
+                    l.strip_prefix("authorization: ")
+                        .or(l.strip_prefix("Authorization: "))
+                }) {
+                    record.lock().unwrap().push(auth.to_string());
+                }
+                let _ = tls
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n",
+                    )
+                    .await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (port, der, seen)
+}
+
+/// A secret scoped to one host: the sandbox holds only its placeholder
+/// (environment, files, its own processes), trusts the broker's CA for
+/// that host, and the request that reaches the host carries the real
+/// value.
+async fn a_secret_reaches_its_host_and_never_the_sandbox(backend: BackendKind) {
+    let (port, cert, seen) = tls_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), backend, &[format!("secret.test:{port}")]);
+    let secret =
+        cordon_net::Secret::new("TOKEN", SECRET, &[format!("secret.test:{port}")]).unwrap();
+    let placeholder = secret.placeholder().to_string();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert).unwrap();
+    let egress = cfg.egress.as_mut().unwrap();
+    egress.resolver =
+        Arc::new(StaticResolver::new().with("secret.test", &[IpAddr::V4(Ipv4Addr::LOCALHOST)]));
+    egress.broker.intercept = Some(Arc::new(
+        cordon_net::Intercept::with_roots(vec![secret], roots).unwrap(),
+    ));
+    cfg.env.push(("API_TOKEN".into(), placeholder.clone()));
+    let sb = Sandbox::create(cfg).await.expect("create sandbox");
+    let out = sb
+        .exec(ExecRequest::shell(&format!(
+            "curl -sS --max-time 20 -H \"Authorization: Bearer $API_TOKEN\" https://secret.test:{port}/"
+        )))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "ok\n", "{}", out.stderr_str());
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        [format!("Bearer {SECRET}")],
+        "the host did not get the real value"
+    );
+    // Nowhere inside: the environment, /etc, /tmp, the processes' memory
+    // maps and environments.
+    let out = sb
+        .exec(ExecRequest::shell(&format!(
+            "echo env=$API_TOKEN; grep -rl '{SECRET}' /etc /tmp /proc/[0-9]*/environ 2>/dev/null; echo searched"
+        )))
+        .await
+        .unwrap();
+    assert!(
+        out.stdout_str().contains(&format!("env={placeholder}"))
+            && out.stdout_str().ends_with("searched\n")
+            && !out.stdout_str().contains("/"),
+        "{}",
+        out.stdout_str()
+    );
+    sb.close().await;
+}
+
+#[tokio::test]
+async fn secrets_native() {
+    a_secret_reaches_its_host_and_never_the_sandbox(BackendKind::Native).await
+}
+
+#[tokio::test]
+async fn secrets_microvm() {
+    a_secret_reaches_its_host_and_never_the_sandbox(BackendKind::Microvm).await
+}

@@ -215,6 +215,13 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     // removes it.
     let run_guard = RunDir(Some(run.clone()));
     stage_etc(&run.join("etc"))?;
+    // The broker's CA, for a guest whose secrets' hosts it intercepts.
+    if let Some((ca, bundle)) = config.egress.as_ref().and_then(crate::egress::trust) {
+        let dir = run.join("etc/cordon");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("ca.pem"), ca)?;
+        std::fs::write(dir.join("bundle.pem"), bundle)?;
+    }
     let covers = cover::Covers::prepare(
         &workspace,
         &in_workspace(&config.hidden, &workspace),
@@ -378,6 +385,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         rlimit_fsize: None,
         proxy_port: services.proxy_port(),
         host_network: false,
+        trust: None,
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

@@ -475,6 +475,13 @@ fn write_generated_etc(etc: &Path, spec: &SetupSpec) -> Result<()> {
             },
         ),
     ];
+    if let Some((ca, bundle)) = &spec.trust {
+        let dir = etc.join("cordon");
+        mkdir(&dir, 0o755)?;
+        for (name, body) in [("ca.pem", ca), ("bundle.pem", bundle)] {
+            fs::write(dir.join(name), body).ctx(|| format!("write /etc/cordon/{name}"))?;
+        }
+    }
     for (name, body) in files {
         let path = etc.join(name);
         fs::write(&path, body).ctx(|| format!("write /etc/{name}"))?;
