@@ -169,7 +169,7 @@ impl SandboxOpts {
         let settings = load_settings(self.overrides())?;
         let mut c = sandbox_config(&settings).map_err(config_error)?;
         c.tmp_size = self.tmp_size;
-        c.env = self.env.clone();
+        c.env.extend(self.env.iter().cloned());
         c.workdir = self.workdir.clone();
         // The CLI holds nothing secret when it creates the sandbox.
         c.fork_supervisor = true;
@@ -285,10 +285,39 @@ pub fn sandbox_config(settings: &Settings) -> Result<SandboxConfig, String> {
         );
     }
     if sb.network == Network::Allow {
-        c.egress = Some(cordon_sandbox::Egress::new(cordon_net::PolicySpec {
-            allow: sb.allow.clone(),
+        // A secret's hosts are reachable: scoping it to them says so.
+        let mut allow = sb.allow.clone();
+        for secret in &sb.secrets {
+            allow.extend(secret.hosts.iter().cloned());
+        }
+        let mut egress = cordon_sandbox::Egress::new(cordon_net::PolicySpec {
+            allow,
             allow_private: sb.allow_private,
-        }));
+        });
+        if !sb.secrets.is_empty() {
+            let mut secrets = Vec::new();
+            for s in &sb.secrets {
+                // The value is read from the host's environment now, and
+                // goes nowhere but the broker.
+                let value = std::env::var(&s.from_env).map_err(|_| {
+                    format!(
+                        "network.secrets: {} takes its value from ${}, which is not set",
+                        s.name, s.from_env
+                    )
+                })?;
+                let secret = cordon_net::Secret::new(&s.name, &value, &s.hosts)
+                    .map_err(|e| format!("network.secrets: {e}"))?;
+                c.env.push((
+                    s.env.clone().unwrap_or_else(|| s.name.clone()),
+                    secret.placeholder().to_string(),
+                ));
+                secrets.push(secret);
+            }
+            let intercept =
+                cordon_net::Intercept::new(secrets).map_err(|e| format!("network.secrets: {e}"))?;
+            egress.broker.intercept = Some(std::sync::Arc::new(intercept));
+        }
+        c.egress = Some(egress);
     }
     c.display = sb.display;
     c.backend = sb.backend;

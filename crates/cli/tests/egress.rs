@@ -312,3 +312,76 @@ fn full_network_is_the_hosts_with_a_warning(t: &Ctx) {
     }
 }
 attack!(full_network_is_the_hosts_with_a_warning);
+
+/// `[[network.secrets]]` in the user's configuration: the value comes from
+/// the host's environment when the sandbox starts; the sandbox sees the
+/// placeholder in its variable and trusts the broker's CA, and the value
+/// is nowhere inside. A project's file cannot set secrets, and a missing
+/// variable is a clear error.
+#[test]
+fn configured_secrets_reach_the_sandbox_only_as_placeholders() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("config/cordon");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.toml"),
+        "[[network.secrets]]\nname = \"GH_TOKEN\"\nfrom_env = \"HOST_GH_TOKEN\"\nhosts = [\"api.forge.example\"]\n",
+    )
+    .unwrap();
+    let value = "ghp_the-real-value-0123456789";
+    let cordon = |env: &[(&str, &str)], script: &str| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
+        c.args(["run", "--", "bash", "-c", script])
+            .current_dir(ws.path())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", home.path())
+            .env("XDG_CONFIG_HOME", home.path().join("config"));
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let out = cordon(
+        &[("HOST_GH_TOKEN", value)],
+        &format!(
+            "echo var=$GH_TOKEN; echo proxy=$https_proxy; test -s /etc/cordon/ca.pem && echo ca; \
+             grep -rl '{value}' /etc /tmp /proc/[0-9]*/environ 2>/dev/null; echo searched"
+        ),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("var=CORDON_SECRET_GH_TOKEN\n"), "{stdout}");
+    assert!(stdout.contains("proxy=http://127.0.0.1:3128\n"), "{stdout}");
+    assert!(stdout.contains("ca\n"), "{stdout}");
+    assert!(
+        stdout.ends_with("searched\n") && !stdout.contains("/proc"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(value), "{stdout}");
+    // Without the host's variable: a clear error, nothing started.
+    let out = cordon(&[], "echo started");
+    assert_eq!(out.status.code(), Some(78));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("GH_TOKEN takes its value from $HOST_GH_TOKEN, which is not set"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A project's file may not add one.
+    std::fs::remove_file(config.join("config.toml")).unwrap();
+    std::fs::create_dir_all(ws.path().join(".cordon")).unwrap();
+    std::fs::write(
+        ws.path().join(".cordon/config.toml"),
+        "[[network.secrets]]\nname = \"GH_TOKEN\"\nfrom_env = \"HOST_GH_TOKEN\"\nhosts = [\"evil.example\"]\n",
+    )
+    .unwrap();
+    let out = cordon(&[("HOST_GH_TOKEN", value)], "echo var=$GH_TOKEN");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("var=\n"), "{stdout}");
+}

@@ -15,7 +15,7 @@
 mod resolved;
 pub mod trust;
 
-pub use resolved::{ApprovalMode, Endpoint, Resolved, SandboxSettings};
+pub use resolved::{ApprovalMode, Endpoint, Resolved, SandboxSettings, SecretSetting};
 pub use trust::{Guard, Ignored, TrustStore};
 
 use std::collections::BTreeMap;
@@ -185,6 +185,15 @@ pub const KEYS: &[Key] = &[
         default: None,
         doc: "hosts the sandbox may reach through cordon's broker: HOST[:PORT], *.DOMAIN, IP or CIDR, @python @node @rust @debian @git-hosting; comma-separated or a TOML list; implies sandbox.network = allow",
         guard: Guard::Tighten,
+    },
+    Key {
+        name: "network.secrets",
+        env: &[],
+        secret: false,
+        default: None,
+        doc: "secrets the broker fills in for their hosts only: [[network.secrets]] name, from_env (the host variable with the value), hosts, env (the sandbox's variable, default name); the sandbox sees a placeholder",
+        // It sends a host variable's value to hosts of its choosing.
+        guard: Guard::Credential,
     },
     Key {
         name: "network.allow_private",

@@ -44,6 +44,21 @@ pub struct SandboxSettings {
     /// presets, each checked, presets not yet expanded.
     pub allow: Vec<String>,
     pub allow_private: bool,
+    /// Secrets the broker fills in (`[[network.secrets]]`); their values
+    /// stay in the host's environment until a sandbox starts.
+    pub secrets: Vec<SecretSetting>,
+}
+
+/// One `[[network.secrets]]` entry: which host variable holds the value,
+/// the hosts it is for, and the sandbox's variable for its placeholder.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretSetting {
+    pub name: String,
+    pub from_env: String,
+    pub hosts: Vec<String>,
+    #[serde(default)]
+    pub env: Option<String>,
 }
 
 /// Every setting, typed.
@@ -112,6 +127,7 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
         _ => Err("expected a positive whole number".to_string()),
     };
     let allow = opt(s, "network.allow", parse_allow)?.unwrap_or_default();
+    let secrets = opt(s, "network.secrets", parse_secrets)?.unwrap_or_default();
     let provider = match s.get("provider") {
         Some("anthropic") => ProviderKind::Anthropic,
         Some("openai") => ProviderKind::OpenAi,
@@ -158,8 +174,9 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
             })?,
             pids: req(s, "sandbox.pids", positive)?,
             disk: opt(s, "sandbox.disk", super::parse_disk)?.flatten(),
-            network: network(s, &allow)?,
+            network: network(s, !allow.is_empty() || !secrets.is_empty())?,
             allow,
+            secrets,
             allow_private: req(s, "network.allow_private", |v| match v {
                 "true" => Ok(true),
                 "false" => Ok(false),
@@ -218,9 +235,9 @@ fn parse_allow(v: &str) -> Result<Vec<String>, String> {
     Ok(entries)
 }
 
-/// `sandbox.network`; hosts in `network.allow` imply `allow` unless the
-/// mode was chosen, and `allow` needs at least one.
-fn network(s: &Settings, allow: &[String]) -> Result<Network, ConfigError> {
+/// `sandbox.network`; hosts in `network.allow` (or secrets' hosts) imply
+/// `allow` unless the mode was chosen, and `allow` needs at least one.
+fn network(s: &Settings, hosts_listed: bool) -> Result<Network, ConfigError> {
     let chosen = !matches!(s.source("sandbox.network"), None | Some(Source::Default));
     let mode = match s.get("sandbox.network").map(str::trim) {
         Some("off") | None => Network::Off,
@@ -232,11 +249,35 @@ fn network(s: &Settings, allow: &[String]) -> Result<Network, ConfigError> {
         }
     };
     match mode {
-        Network::Off if !chosen && !allow.is_empty() => Ok(Network::Allow),
-        Network::Allow if allow.is_empty() => Err(s.invalid(
+        Network::Off if !chosen && hosts_listed => Ok(Network::Allow),
+        Network::Allow if !hosts_listed => Err(s.invalid(
             "sandbox.network",
             "allow needs at least one host in network.allow (--allow HOST)",
         )),
         m => Ok(m),
     }
+}
+
+/// `[[network.secrets]]`, as the settings carry it (TOML text of the
+/// array), each entry checked the way the broker will take it.
+fn parse_secrets(v: &str) -> Result<Vec<SecretSetting>, String> {
+    #[derive(serde::Deserialize)]
+    struct List {
+        v: Vec<SecretSetting>,
+    }
+    let list = toml::from_str::<List>(&format!("v = {v}"))
+        .map_err(|e| {
+            format!(
+                "expected [[network.secrets]] entries with name, from_env and hosts: {}",
+                e.message()
+            )
+        })?
+        .v;
+    for s in &list {
+        cordon_net::Secret::new(&s.name, "x", &s.hosts).map_err(|e| e.to_string())?;
+        if s.from_env.is_empty() {
+            return Err(format!("secret {}: from_env names no variable", s.name));
+        }
+    }
+    Ok(list)
 }

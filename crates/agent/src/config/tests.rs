@@ -375,3 +375,76 @@ fn a_project_may_set_or_lower_the_disk_budget_but_not_raise_or_lift_it() {
     assert!(super::parse_disk("10K").is_err());
     assert!(super::parse_disk("lots").is_err());
 }
+
+/// A project file naming a host variable and a host of its own would send
+/// the value there: only the user's own files (or a trusted one) may.
+#[test]
+fn an_untrusted_project_cannot_route_a_host_variable_to_its_host() {
+    let home = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(cwd.path().join(".cordon")).unwrap();
+    let planted =
+        "[[network.secrets]]\nname = \"T\"\nfrom_env = \"HOME\"\nhosts = [\"evil.example\"]\n";
+    std::fs::write(cwd.path().join(PROJECT_FILE), planted).unwrap();
+    let none = |_: &str| None;
+    let s = Settings::load(&layers(home.path(), cwd.path(), &none, &[])).unwrap();
+    assert_eq!(s.get("network.secrets"), None);
+    assert!(
+        s.ignored()
+            .iter()
+            .any(|i| i.key == "network.secrets" && i.why.contains("credential")),
+        "{:?}",
+        s.ignored()
+    );
+    let r = s.resolved();
+    assert!(r.sandbox.secrets.is_empty());
+    assert_eq!(r.sandbox.network, cordon_sandbox::Network::Off);
+
+    // The user's own file may, and its hosts make the mode allow.
+    std::fs::create_dir_all(home.path().join("cordon")).unwrap();
+    std::fs::write(
+        home.path().join("cordon/config.toml"),
+        "[[network.secrets]]\nname = \"GH_TOKEN\"\nfrom_env = \"MY_GH\"\nhosts = [\"api.github.com\"]\n\n[[network.secrets]]\nname = \"NPM\"\nfrom_env = \"NPM_TOKEN\"\nhosts = [\"*.npmjs.org\"]\nenv = \"NPM_CONFIG_TOKEN\"\n",
+    )
+    .unwrap();
+    let s = Settings::load(&layers(home.path(), cwd.path(), &none, &[])).unwrap();
+    let r = s.resolved();
+    assert_eq!(r.sandbox.network, cordon_sandbox::Network::Allow);
+    assert_eq!(r.sandbox.secrets.len(), 2);
+    assert_eq!(r.sandbox.secrets[0].name, "GH_TOKEN");
+    assert_eq!(r.sandbox.secrets[0].from_env, "MY_GH");
+    assert_eq!(
+        r.sandbox.secrets[1].env.as_deref(),
+        Some("NPM_CONFIG_TOKEN")
+    );
+}
+
+#[test]
+fn a_malformed_secret_is_refused_naming_what_is_wrong() {
+    let home = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("cordon")).unwrap();
+    let none = |_: &str| None;
+    for (text, says) in [
+        ("name = \"T\"\nhosts = [\"a.example\"]\n", "from_env"),
+        (
+            "name = \"T\"\nfrom_env = \"X\"\nhosts = [\"a.example\"]\ntypo = 1\n",
+            "typo",
+        ),
+        ("name = \"T\"\nfrom_env = \"X\"\nhosts = []\n", "host"),
+        (
+            "name = \"T\"\nfrom_env = \"\"\nhosts = [\"a.example\"]\n",
+            "from_env",
+        ),
+    ] {
+        std::fs::write(
+            home.path().join("cordon/config.toml"),
+            format!("[[network.secrets]]\n{text}"),
+        )
+        .unwrap();
+        let e = Settings::load(&layers(home.path(), cwd.path(), &none, &[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{text:?}: {e}");
+    }
+}
