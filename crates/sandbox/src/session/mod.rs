@@ -175,6 +175,8 @@ impl Inner {
         if self.disk_stop.set(DiskStop { budget, growth }).is_err() {
             return;
         }
+        // Stop the writers first: every moment here is more bytes written.
+        self.lifecycle.kill();
         tracing::warn!(
             "the sandbox's workspace grew by {growth} bytes, past its disk budget of {budget}; stopping it"
         );
@@ -182,7 +184,6 @@ impl Inner {
         for (id, r) in routes {
             r.end_killed(id, r.started, false);
         }
-        self.lifecycle.kill();
         self.mark_gone();
     }
 
