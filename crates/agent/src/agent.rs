@@ -247,13 +247,15 @@ impl AgentConfig {
 /// A write that fails is reported once and the session goes on: losing the
 /// record is better than losing the work.
 #[derive(Default)]
-struct Recorder {
-    log: Mutex<Option<SessionLog<Value>>>,
+pub(crate) struct Recorder {
+    pub(crate) log: Mutex<Option<SessionLog<Value>>>,
     warned: AtomicBool,
+    /// A task records the network policy's changes in this log.
+    watching_policy: AtomicBool,
 }
 
 impl Recorder {
-    fn append(&self, record: &impl Serialize) {
+    pub(crate) fn append(&self, record: &impl Serialize) {
         let mut guard = self.log.lock().unwrap_or_else(|p| p.into_inner());
         let Some(log) = guard.as_mut() else { return };
         let result = serde_json::to_value(record)
@@ -385,6 +387,13 @@ impl Agent {
     /// Records the conversation in `log` from now on.
     pub fn with_log(self, log: SessionLog<Value>) -> Self {
         *self.log.log.lock().unwrap_or_else(|p| p.into_inner()) = Some(log);
+        // Changes to the sandbox's network policy, by whoever makes them,
+        // go into the log too; one watcher per agent.
+        if let Some(net) = self.ctx.sandbox.network()
+            && !self.log.watching_policy.swap(true, Ordering::SeqCst)
+        {
+            crate::netlog::record_changes(&net.policy, Arc::downgrade(&self.log));
+        }
         self
     }
 

@@ -439,3 +439,50 @@ fn an_approval_for_a_write_over_a_file_shows_what_it_deletes() {
     tmux.keys(&["Enter"]);
     tmux.wait_for("EXIT=0");
 }
+
+/// `/allow` widens a brokered session's network at once, and the session's
+/// log records the change (what was added, and all it allows now).
+#[test]
+fn allow_in_the_chat_is_recorded_in_the_session_log() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(Scenario::new().turn(Turn::text("Hello there.")));
+    let cmd = format!(
+        "cd {ws} && env -i PATH=/usr/bin:/bin TERM=xterm-256color HOME={home} \
+         XDG_CONFIG_HOME={home}/config XDG_DATA_HOME={home}/data ANTHROPIC_BASE_URL={url} \
+         ANTHROPIC_API_KEY=sk-test-key-0000 {bin} --allow 127.0.0.1:1; echo EXIT=$?; sleep 600",
+        ws = ws.path().display(),
+        home = home.path().display(),
+        url = server.url(),
+        bin = env!("CARGO_BIN_EXE_cordon"),
+    );
+    let tmux = Tmux::start("allowlog", &cmd, 100, 30);
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("hi");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("Hello there.");
+    tmux.type_text("/allow 127.0.0.1:9");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("127.0.0.1:9 allowed for this session");
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+
+    let sessions = home.path().join("data/cordon/sessions");
+    let logs: Vec<_> = std::fs::read_dir(&sessions)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    let text = std::fs::read_to_string(&logs[0]).unwrap();
+    let records: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|r: &serde_json::Value| r["type"] == "network_policy")
+        .collect();
+    assert_eq!(records.len(), 1, "{text}");
+    assert_eq!(records[0]["added"], json!(["127.0.0.1:9"]));
+    assert_eq!(records[0]["allow"], json!(["127.0.0.1:1", "127.0.0.1:9"]));
+}
