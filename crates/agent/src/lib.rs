@@ -18,6 +18,7 @@ pub mod log;
 pub mod message;
 mod netlog;
 pub mod pricing;
+pub mod prompt;
 pub mod provider;
 pub mod sessions;
 pub mod stream;

@@ -67,36 +67,6 @@ pub struct ExecArgs {
 /// Exit status when the model could not complete the task.
 pub const MODEL_ERROR: i32 = 1;
 
-const SYSTEM: &str = "You are cordon, a coding agent. Every command you run and every file you \
-touch is inside an isolated sandbox: the user's project is at /workspace, there is no network, \
-and /tmp is scratch space. Work step by step, check your work by running it, and finish with a \
-short summary of what you did.";
-
-/// [`SYSTEM`], with what the network really is when it is more than none.
-fn system_prompt(sandbox: &cordon_agent::config::SandboxSettings) -> String {
-    match sandbox.network {
-        cordon_sandbox::Network::Off => SYSTEM.into(),
-        cordon_sandbox::Network::Loopback => SYSTEM.replace(
-            "there is no network",
-            "there is no network beyond loopback (servers you start can be reached on 127.0.0.1)",
-        ),
-        cordon_sandbox::Network::Full => SYSTEM.replace(
-            "there is no network",
-            "the network is the host's own (the user chose it)",
-        ),
-        cordon_sandbox::Network::Allow => SYSTEM.replace(
-            "there is no network",
-            &format!(
-                "the network is reachable only through a proxy that the environment's proxy \
-                 variables already point to (pip, npm, cargo, git and curl use it), and only for \
-                 these hosts: {}. A refused connection is named in the tool's result; ask the \
-                 user if you need another host",
-                sandbox.allow.join(", ")
-            ),
-        ),
-    }
-}
-
 pub(crate) use crate::options::config_error;
 
 pub(crate) struct Setup {
@@ -150,7 +120,7 @@ pub fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
     let mut provider = ProviderConfig::new(r.provider, endpoint.base_url.clone());
     provider.api_key = endpoint.api_key.clone();
     let agent = AgentConfig {
-        system: system_prompt(&r.sandbox),
+        system: cordon_agent::prompt::system(r.sandbox.network, &r.sandbox.allow),
         max_tokens: r.max_tokens,
         context_window: r.context_window,
         compact_threshold: r.compact_threshold,

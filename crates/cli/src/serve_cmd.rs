@@ -42,6 +42,48 @@ pub struct ServeArgs {
     /// log are kept
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_keep)]
     pub keep_workspaces: Keep,
+    /// What every tenant's jobs and sessions may reach through cordon's
+    /// broker, at most (repeatable: HOST[:PORT], *.DOMAIN, IP/CIDR, or
+    /// @python @node @rust @debian @git-hosting). A job asks for hosts
+    /// within it (`"network": "allow"`); without any, jobs reach nothing
+    #[arg(long = "allow", value_name = "HOST", value_parser = parse_entry)]
+    pub allow: Vec<String>,
+    /// A tenant's own ceiling instead of --allow's: TENANT=HOST[,HOST...]
+    /// (repeatable; `TENANT=` alone: nothing)
+    #[arg(long = "tenant-allow", value_name = "TENANT=HOSTS", value_parser = parse_tenant_allow)]
+    pub tenant_allow: Vec<(String, Vec<String>)>,
+    /// Let the ceilings' names resolve to private, loopback or link-local
+    /// addresses (a job must still ask for it with `allow_private`)
+    #[arg(long)]
+    pub allow_private: bool,
+}
+
+/// One `--allow` entry, checked as the broker will read it.
+fn parse_entry(s: &str) -> Result<String, String> {
+    s.parse::<cordon_net::Entry>()
+        .map(|_| s.trim().to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// `TENANT=HOST[,HOST...]`.
+fn parse_tenant_allow(s: &str) -> Result<(String, Vec<String>), String> {
+    let (tenant, hosts) = s.split_once('=').ok_or("expected TENANT=HOST[,HOST...]")?;
+    let tenant = tenant.trim();
+    if tenant.is_empty()
+        || tenant.len() > 64
+        || !tenant
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err("a tenant name is 1 to 64 letters, digits, '-', '_' or '.'".into());
+    }
+    let hosts = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(parse_entry)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((tenant.to_string(), hosts))
 }
 
 /// How long finished jobs' workspaces are kept.
@@ -124,6 +166,19 @@ pub async fn serve(args: ServeArgs) -> i32 {
     config.sessions = args.sessions.max(1);
     config.sessions_per_tenant = args.sessions_per_tenant.max(1);
     config.keep_workspaces = args.keep_workspaces.0;
+    config.network.all = cordon_net::PolicySpec {
+        allow: args.allow,
+        allow_private: args.allow_private,
+    };
+    for (tenant, allow) in args.tenant_allow {
+        config.network.tenants.insert(
+            tenant,
+            cordon_net::PolicySpec {
+                allow,
+                allow_private: args.allow_private,
+            },
+        );
+    }
     let settings = match crate::options::load_settings(Vec::new()) {
         Ok(s) => s,
         Err(code) => return code,
@@ -195,8 +250,33 @@ pub async fn serve(args: ServeArgs) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_keep;
+    use super::{parse_keep, parse_tenant_allow};
     use std::time::Duration;
+
+    #[test]
+    fn tenant_ceilings_are_checked_as_the_broker_reads_them() {
+        assert_eq!(
+            parse_tenant_allow("acme=@python, *.acme.example:8443").unwrap(),
+            (
+                "acme".to_string(),
+                vec!["@python".to_string(), "*.acme.example:8443".to_string()]
+            )
+        );
+        assert_eq!(
+            parse_tenant_allow("closed=").unwrap(),
+            ("closed".to_string(), vec![])
+        );
+        for (bad, says) in [
+            ("acme", "TENANT=HOST"),
+            ("=a.example", "tenant name"),
+            ("a b=a.example", "tenant name"),
+            ("acme=@pyhton", "unknown preset"),
+            ("acme=a.example:0", "port"),
+        ] {
+            let e = parse_tenant_allow(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn keep_workspaces_takes_durations_zero_and_forever() {

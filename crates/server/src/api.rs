@@ -52,7 +52,7 @@ impl ApiError {
         self
     }
 
-    fn bad_request(message: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
     }
 
@@ -165,6 +165,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/jobs/{id}", get(get_job))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/events", get(job_events))
+        .route(
+            "/v1/jobs/{id}/network",
+            get(crate::network::get_job_network).put(crate::network::put_job_network),
+        )
         .route("/v1/jobs/{id}/vnc", get(crate::desktop::job_vnc))
         .route("/v1/jobs/{id}/files", get(list_root))
         .route(
@@ -242,7 +246,14 @@ pub(crate) fn parse_json(body: &Bytes) -> ApiResult<Value> {
 /// Checks, stores and queues a job; its workspace exists from now on, so
 /// files can be uploaded before it runs.
 async fn submit(shared: &Shared, tenant: &str, body: &Value) -> ApiResult<JobRow> {
-    let req = JobRequest::from_json(body, &shared.config.bounds).map_err(ApiError::bad_request)?;
+    let mut req =
+        JobRequest::from_json(body, &shared.config.bounds).map_err(ApiError::bad_request)?;
+    if let Some(asked) = &req.options.egress {
+        let policy =
+            crate::network::settle(&shared.ceilings, &shared.config.data_dir, tenant, asked)
+                .await?;
+        req.options.egress = Some(policy.into());
+    }
     if matches!(req.spec, JobSpec::Agent { .. }) && shared.config.agent.is_none() {
         return Err(ApiError::bad_request(
             "this server has no model configured for agent jobs (set ANTHROPIC_API_KEY or OPENAI_BASE_URL where `cordon serve` runs)",

@@ -186,9 +186,15 @@ pub struct RunOptions {
     pub memory: u64,
     /// The disk budget: how much the workspace may grow, in bytes.
     pub disk: u64,
-    /// `off` (no interface up) or `loopback` (processes of the job may talk
-    /// to each other); never the host's network, as with `cordon run`.
+    /// `off` (no interface up), `loopback` (processes of the job may talk
+    /// to each other) or `allow` (through the broker, to [`Self::egress`]);
+    /// never the host's network.
     pub network: cordon_sandbox::Network,
+    /// With `allow`, what the job asked for: entries as written (presets
+    /// among them), or none for all the tenant's ceiling allows. Checked
+    /// against the ceiling and expanded when the job is submitted, so a
+    /// stored job holds plain rules.
+    pub egress: Option<cordon_net::PolicySpec>,
     /// The isolation backend; `None` is the server's default.
     pub backend: Option<cordon_sandbox::BackendKind>,
 }
@@ -237,7 +243,15 @@ pub const DEFAULT_DISPLAY: cordon_sandbox::Display = cordon_sandbox::Display {
     width: 1280,
     height: 800,
 };
-const OPTIONS: [&str; 5] = ["timeout_secs", "memory", "disk", "network", "backend"];
+const OPTIONS: [&str; 7] = [
+    "timeout_secs",
+    "memory",
+    "disk",
+    "network",
+    "allow",
+    "allow_private",
+    "backend",
+];
 
 fn field<'a>(obj: &'a Map<String, Value>, key: &str, what: &str) -> Result<&'a Value, String> {
     obj.get(key)
@@ -540,28 +554,7 @@ fn options(obj: &Map<String, Value>, bounds: &Bounds) -> Result<RunOptions, Stri
             d
         }
     };
-    let network = match obj.get("network") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => cordon_sandbox::Network::Off,
-        Some(Value::String(s)) => match s.parse() {
-            Ok(cordon_sandbox::Network::Allow | cordon_sandbox::Network::Full) | Err(_) => {
-                return Err(format!(
-                    "`network` must be \"off\" or \"loopback\", not {s:?}"
-                ));
-            }
-            Ok(n) => n,
-        },
-        Some(Value::Bool(true)) => {
-            return Err(
-                "jobs have no network access; `network` may be \"off\" or \"loopback\"".into(),
-            );
-        }
-        Some(other) => {
-            return Err(format!(
-                "`network` must be \"off\" or \"loopback\", not {}",
-                type_name(other)
-            ));
-        }
-    };
+    let (network, egress) = network_option(obj)?;
     let backend = match obj.get("backend") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(
@@ -580,9 +573,98 @@ fn options(obj: &Map<String, Value>, bounds: &Bounds) -> Result<RunOptions, Stri
         memory,
         disk,
         network,
+        egress,
         backend,
     })
 }
+
+/// `network`, `allow` and `allow_private`: a list of hosts implies
+/// `allow`; `allow` alone means all the tenant's ceiling allows.
+pub(crate) fn network_option(
+    obj: &Map<String, Value>,
+) -> Result<(cordon_sandbox::Network, Option<cordon_net::PolicySpec>), String> {
+    use cordon_sandbox::Network;
+    const MODES: &str = "\"off\", \"loopback\" or \"allow\" (with `allow`: the hosts)";
+    let allow = match obj.get("allow") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) => {
+            if items.len() > MAX_ALLOW {
+                return Err(format!(
+                    "`allow` has {} entries; at most {MAX_ALLOW}",
+                    items.len()
+                ));
+            }
+            let mut entries = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let Value::String(e) = item else {
+                    return Err(format!(
+                        "`allow[{i}]` must be a string (HOST[:PORT], *.DOMAIN, IP/CIDR or @preset), not {}",
+                        type_name(item)
+                    ));
+                };
+                e.parse::<cordon_net::Entry>()
+                    .map_err(|err| format!("`allow[{i}]`: {err}"))?;
+                entries.push(e.clone());
+            }
+            Some(entries)
+        }
+        Some(other) => {
+            return Err(format!(
+                "`allow` must be an array of hosts, not {}",
+                type_name(other)
+            ));
+        }
+    };
+    let allow_private = match obj.get("allow_private") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(other) => {
+            return Err(format!(
+                "`allow_private` must be a boolean, not {}",
+                type_name(other)
+            ));
+        }
+    };
+    let network = match obj.get("network") {
+        None | Some(Value::Null) if allow.is_some() => Network::Allow,
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Network::Off,
+        Some(Value::String(s)) => match s.parse() {
+            Ok(Network::Full) => {
+                return Err(
+                    "jobs never get the host's network; `network` may be \"allow\" with the hosts in `allow`"
+                        .into(),
+                );
+            }
+            Ok(n) => n,
+            Err(_) => return Err(format!("`network` must be {MODES}, not {s:?}")),
+        },
+        Some(Value::Bool(true)) => {
+            return Err(format!(
+                "`network` must be {MODES}; `true` would be the host's network, which jobs never get"
+            ));
+        }
+        Some(other) => {
+            return Err(format!(
+                "`network` must be {MODES}, not {}",
+                type_name(other)
+            ));
+        }
+    };
+    if network != Network::Allow && (allow.is_some() || allow_private.is_some()) {
+        return Err(format!(
+            "`allow` and `allow_private` need `network` \"allow\", not {:?}",
+            network.to_string()
+        ));
+    }
+    let egress = (network == Network::Allow).then(|| cordon_net::PolicySpec {
+        allow: allow.unwrap_or_default(),
+        allow_private: allow_private.unwrap_or(false),
+    });
+    Ok((network, egress))
+}
+
+/// Entries in a job's `allow`, at most (a preset counts one).
+const MAX_ALLOW: usize = 256;
 
 /// The stored form of a request, from which a worker rebuilds it.
 pub fn spec_json(req: &JobRequest) -> Value {
@@ -636,6 +718,10 @@ pub fn spec_json(req: &JobRequest) -> Value {
     v["memory"] = req.options.memory.into();
     v["disk"] = req.options.disk.into();
     v["network"] = req.options.network.to_string().into();
+    if let Some(e) = &req.options.egress {
+        v["allow"] = e.allow.clone().into();
+        v["allow_private"] = e.allow_private.into();
+    }
     if let Some(b) = req.options.backend {
         v["backend"] = b.to_string().into();
     }
@@ -740,20 +826,20 @@ mod tests {
             ),
             (
                 json!({"kind": "shell", "command": "ls", "network": true}),
-                "no network access",
+                "which jobs never get",
             ),
             (
                 json!({"kind": "shell", "command": "ls", "network": "host"}),
-                "\"off\" or \"loopback\"",
+                "\"off\", \"loopback\" or \"allow\"",
             ),
-            // Not for jobs yet: no policy or ceiling reaches them.
+            // Jobs reach hosts through the broker only.
             (
                 json!({"kind": "shell", "command": "ls", "network": "full"}),
-                "\"off\" or \"loopback\"",
+                "never get the host's network",
             ),
             (
-                json!({"kind": "shell", "command": "ls", "network": "allow"}),
-                "\"off\" or \"loopback\"",
+                json!({"kind": "shell", "command": "ls", "allow": ["a.example"], "network": "off"}),
+                "need `network` \"allow\"",
             ),
             (json!({"steps": []}), "`steps` is empty"),
             (json!({"steps": {}}), "`steps` must be an array"),

@@ -12,6 +12,7 @@ pub mod desktop;
 pub mod hub;
 pub mod job;
 pub mod mcp;
+pub mod network;
 pub mod openapi;
 pub mod runner;
 pub mod server;

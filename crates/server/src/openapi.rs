@@ -39,9 +39,20 @@ macro_rules! job_kind {
             /// 8G unless the server says otherwise).
             #[schema(example = "1G", pattern = "^[0-9]+[KMG]?$")]
             disk: Option<String>,
-            /// `off` (default) or `loopback`; never the host's network.
-            #[schema(pattern = "^(off|loopback)$")]
+            /// `off` (default), `loopback`, or `allow`: through cordon's
+            /// broker to the hosts in `allow`, within this tenant's
+            /// ceiling; never the host's network.
+            #[schema(pattern = "^(off|loopback|allow)$")]
             network: Option<String>,
+            /// Hosts the job may reach (implies `network` "allow"):
+            /// HOST[:PORT], *.DOMAIN, IP or CIDR, or a preset (`@python`,
+            /// `@node`, `@rust`, `@debian`, `@git-hosting`); empty or
+            /// absent with "allow": all this tenant's ceiling allows.
+            #[schema(max_items = 256, example = json!(["@python"]))]
+            allow: Option<Vec<String>>,
+            /// Let allowed names resolve to private addresses (if the
+            /// ceiling does).
+            allow_private: Option<bool>,
             /// `native` or `microvm` (a virtual machine with its own
             /// kernel); default: the server's.
             #[schema(pattern = "^(native|microvm)$")]
@@ -306,6 +317,13 @@ pub struct SessionCreateDoc {
     /// the computer tool, and `/v1/sessions/{id}/vnc` shows the desktop.
     #[schema(example = "1280x800", pattern = "^[0-9]+x[0-9]+$")]
     display: Option<String>,
+    /// As a job's: `off` (default), `loopback` or `allow`.
+    #[schema(pattern = "^(off|loopback|allow)$")]
+    network: Option<String>,
+    /// As a job's: the hosts, within this tenant's ceiling.
+    #[schema(max_items = 256, example = json!(["@python"]))]
+    allow: Option<Vec<String>>,
+    allow_private: Option<bool>,
 }
 
 #[derive(ToSchema, Serialize)]
@@ -382,6 +400,8 @@ impl Modify for Bearer {
         crate::api::get_job,
         crate::api::cancel_job,
         crate::api::job_events,
+        crate::network::get_job_network,
+        crate::network::put_job_network,
         crate::desktop::job_vnc,
         crate::api::list_root,
         crate::api::get_file,
@@ -397,6 +417,8 @@ impl Modify for Bearer {
         crate::sessions::cancel,
         crate::sessions::compact,
         crate::sessions::vnc,
+        crate::sessions::get_network,
+        crate::sessions::put_network,
     ),
     tags(
         (name = "jobs", description = "Queued, sandboxed jobs"),

@@ -211,7 +211,7 @@ pub async fn run(shared: Arc<Shared>, job: JobRow, cancel: Cancel) {
     let mut sink = Sink::new(shared.clone(), &id);
     sink.event("state", json!({"state": "running"})).await;
     let outcome = match JobRequest::from_json(&job.spec, &shared.config.bounds) {
-        Ok(req) => run_request(&shared, &id, req, &mut sink, &cancel).await,
+        Ok(req) => run_request(&shared, &id, &job.tenant, req, &mut sink, &cancel).await,
         Err(e) => Outcome {
             state: JobState::Failed,
             exit_code: None,
@@ -239,6 +239,7 @@ pub async fn run(shared: Arc<Shared>, job: JobRow, cancel: Cancel) {
 async fn run_request(
     shared: &Arc<Shared>,
     id: &str,
+    tenant: &str,
     req: JobRequest,
     sink: &mut Sink,
     cancel: &Cancel,
@@ -253,12 +254,39 @@ async fn run_request(
     if let Err(e) = std::fs::create_dir_all(&ws) {
         return failed(format!("cannot create the workspace: {e}"));
     }
+    // The ceiling may have been lowered since the job was submitted.
+    if let Some(spec) = &req.options.egress {
+        let ceiling = shared.ceilings.of(tenant);
+        let beyond = crate::network::stored_policy(spec)
+            .map(|p| p.beyond(ceiling))
+            .unwrap_or_else(|| vec!["an unreadable rule".into()]);
+        if !beyond.is_empty() {
+            return failed(format!(
+                "the job's network goes beyond what its tenant may reach now: {}",
+                beyond.join(", ")
+            ));
+        }
+    }
     let mut config = sandbox_config(shared, &ws, &req.options);
     config.display = req.spec.display();
     let sandbox = match Sandbox::create(config).await {
         Ok(s) => s,
         Err(e) => return failed(format!("cannot create the sandbox: {e}")),
     };
+    // The API may change its policy while it runs; an agent reports its
+    // own refusals, other jobs' are forwarded as events.
+    let _policy = sandbox.network().map(|net| {
+        if !matches!(req.spec, JobSpec::Agent { .. }) {
+            tokio::spawn(forward_refusals(
+                shared.clone(),
+                id.to_string(),
+                net.subscribe(),
+            ));
+        }
+        shared
+            .policies
+            .list(crate::network::job_key(id), net.policy.clone())
+    });
     // Viewable live while the job runs; unlisted before the sandbox closes.
     let listed = sandbox
         .display()
@@ -328,6 +356,13 @@ async fn run_request(
                 model,
                 max_steps,
                 session,
+                network: req.options.network,
+                allow: req
+                    .options
+                    .egress
+                    .as_ref()
+                    .map(|e| e.allow.clone())
+                    .unwrap_or_default(),
             };
             run_agent(shared, &sandbox, &ws, agent, deadline, sink, cancel).await
         }
@@ -343,10 +378,49 @@ fn sandbox_config(shared: &Shared, ws: &std::path::Path, options: &RunOptions) -
     c.memory = Some(options.memory);
     c.disk = Some(options.disk);
     c.network = options.network;
+    c.egress = options.egress.clone().map(cordon_sandbox::Egress::new);
     if let Some(b) = options.backend {
         c.backend = b;
     }
     c
+}
+
+/// Refusals at most recorded per job: a retry loop must not fill the
+/// events table.
+const MAX_REFUSALS: usize = 100;
+
+/// The broker's refusals while the job runs, each host and port once, as
+/// `network_refused` events.
+async fn forward_refusals(
+    shared: Arc<Shared>,
+    id: String,
+    mut rx: tokio::sync::broadcast::Receiver<cordon_net::NetEvent>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    let mut seen: Vec<(String, u16)> = Vec::new();
+    loop {
+        let e = match rx.recv().await {
+            Ok(e) => e,
+            Err(RecvError::Lagged(_)) => continue,
+            Err(RecvError::Closed) => return,
+        };
+        if e.decision == cordon_net::Decision::Allowed
+            || seen.len() >= MAX_REFUSALS
+            || seen.iter().any(|(h, p)| *h == e.host && *p == e.port)
+        {
+            continue;
+        }
+        seen.push((e.host.clone(), e.port));
+        let event = NewEvent::new(
+            "network_refused",
+            json!({"host": e.host, "port": e.port, "decision": e.decision,
+                   "reason": e.reason, "message": e.message}),
+        );
+        match shared.store.append(&id, &[event], None).await {
+            Ok(stored) => shared.hub.publish(&id, &stored),
+            Err(err) => tracing::warn!(job = %id, "cannot record a refusal: {err}"),
+        }
+    }
 }
 
 fn outcome_of(r: &ExecResult) -> Outcome {
@@ -588,6 +662,9 @@ struct AgentRun {
     model: Option<String>,
     max_steps: Option<u32>,
     session: PathBuf,
+    /// What the model is told of its network.
+    network: cordon_sandbox::Network,
+    allow: Vec<String>,
 }
 
 async fn run_agent(
@@ -608,6 +685,7 @@ async fn run_agent(
         };
     };
     let mut config = model_config.agent.clone();
+    config.system = cordon_agent::prompt::system(run.network, &run.allow);
     if let Some(m) = run.model {
         config.model = m;
     }

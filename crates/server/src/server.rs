@@ -61,6 +61,8 @@ pub struct ServerConfig {
     /// How long a finished job's workspace is kept; `None`: for ever. Its
     /// output, events, result and agent log are kept regardless.
     pub keep_workspaces: Option<Duration>,
+    /// What jobs and sessions may reach through the broker, at most.
+    pub network: crate::network::NetworkCeilings,
 }
 
 /// [`ServerConfig::keep_workspaces`] by default.
@@ -90,6 +92,7 @@ impl ServerConfig {
             cpus: None,
             vm: cordon_sandbox::VmOptions::default(),
             keep_workspaces: Some(KEEP_WORKSPACES),
+            network: Default::default(),
         }
     }
 
@@ -128,6 +131,10 @@ pub struct Shared {
     pub desktops: crate::desktop::Desktops,
     /// Wakes idle workers when a job is queued.
     pub wake: Notify,
+    /// The operator's network ceilings, expanded.
+    pub ceilings: crate::network::Ceilings,
+    /// The brokers' policies of running jobs and live sessions.
+    pub policies: crate::network::LivePolicies,
     /// Claims are made one at a time in this process, so two workers never
     /// race for the same job or past a tenant's limit.
     claim: tokio::sync::Mutex<()>,
@@ -138,6 +145,8 @@ pub struct Shared {
 pub enum ServeError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("the network ceiling: {0}")]
+    Network(#[from] cordon_net::PolicyError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -202,7 +211,14 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         config.sessions,
         config.session_idle,
     ));
+    let (ceilings, warnings) =
+        crate::network::Ceilings::expand(&config.network, &config.data_dir).await?;
+    for w in warnings {
+        tracing::warn!("network ceiling: {w}");
+    }
     let shared = Arc::new(Shared {
+        ceilings,
+        policies: Default::default(),
         store,
         hub: Hub::default(),
         caps,

@@ -38,6 +38,8 @@ struct Live {
     /// The operator's MCP servers, started for this session.
     mcp: cordon_mcp::McpClients,
     last_used: Instant,
+    /// Its broker's policy, listed for the API while it lives.
+    _policy: Option<crate::network::Listed>,
     /// Its place under the live-session caps, given back with it.
     _slot: crate::caps::Slot,
 }
@@ -103,6 +105,10 @@ pub fn routes() -> Router<Arc<Shared>> {
         .route("/v1/sessions/{id}/cancel", post(cancel))
         .route("/v1/sessions/{id}/compact", post(compact))
         .route("/v1/sessions/{id}/vnc", get(vnc))
+        .route(
+            "/v1/sessions/{id}/network",
+            get(get_network).put(put_network),
+        )
 }
 
 fn desktop_key(id: &str) -> String {
@@ -211,18 +217,24 @@ pub(crate) async fn create(
             "the body must be a JSON object",
         )
     })?;
-    if let Some(k) = obj
-        .keys()
-        .find(|k| !["model", "display"].contains(&k.as_str()))
-    {
+    const FIELDS: [&str; 5] = ["model", "display", "network", "allow", "allow_private"];
+    if let Some(k) = obj.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_request",
-            format!("unknown field `{k}` (allowed: model, display)"),
+            format!("unknown field `{k}` (allowed: {})", FIELDS.join(", ")),
         ));
     }
     let display = crate::job::display_field(obj, None)
         .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", m))?;
+    let (network, egress) = crate::job::network_option(obj).map_err(ApiError::bad_request)?;
+    let policy = match &egress {
+        Some(asked) => Some(
+            crate::network::settle(&shared.ceilings, &shared.config.data_dir, &tenant, asked)
+                .await?,
+        ),
+        None => None,
+    };
     let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
     let model = match obj.get("model") {
         None | Some(Value::Null) => defaults.agent.model.clone(),
@@ -258,6 +270,12 @@ pub(crate) async fn create(
     });
     if let Some(d) = display {
         started["display"] = json!(format!("{}x{}", d.width, d.height));
+    }
+    started["network"] = json!(network.to_string());
+    if let Some(p) = &policy {
+        let spec = cordon_net::PolicySpec::from(p.clone());
+        started["allow"] = json!(spec.allow);
+        started["allow_private"] = json!(spec.allow_private);
     }
     log.append(&started)
         .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
@@ -314,6 +332,7 @@ pub(crate) async fn show(
         )
     })?;
     let display = started_display(records.iter().map(|r| &r.data));
+    let (network, policy) = logged_network(records.iter().map(|r| &r.data));
     let summary = cordon_agent::sessions::summarize(&path, &records);
     let messages = cordon_agent::sessions::replay(records.iter().map(|r| &r.data));
     let mut v = view(&row);
@@ -321,6 +340,16 @@ pub(crate) async fn show(
     v["usage"] = json!(summary.map(|s| s.usage).unwrap_or_default());
     v["messages"] = json!(messages);
     v["display"] = json!(display.map(|d| format!("{}x{}", d.width, d.height)));
+    v["network"] = json!(network.to_string());
+    v["allow"] = json!(
+        policy
+            .map(|p| p
+                .rules()
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>())
+            .unwrap_or_default()
+    );
     v["live_desktop"] = json!(shared.desktops.get(&desktop_key(&id)).is_some());
     Ok(Json(v))
 }
@@ -344,10 +373,39 @@ async fn wake(
     })?;
     let ws = d.join("workspace");
     let mut sc = shared.config.sandbox(&ws);
-    sc.display = match cordon_agent::log::load::<Value>(&d.join("session.jsonl")) {
-        Ok((records, _)) => started_display(records.iter().map(|r| &r.data)),
-        Err(_) => None,
+    let records = match cordon_agent::log::load::<Value>(&d.join("session.jsonl")) {
+        Ok((records, _)) => records,
+        Err(_) => Vec::new(),
     };
+    sc.display = started_display(records.iter().map(|r| &r.data));
+    let (network, policy) = logged_network(records.iter().map(|r| &r.data));
+    // Within the ceiling as it is now: the operator may have lowered it.
+    let policy = policy.map(|p| {
+        let ceiling = shared.ceilings.of(&row.tenant);
+        let beyond: Vec<cordon_net::Rule> = p
+            .rules()
+            .iter()
+            .filter(|r| p.beyond(ceiling).contains(&r.to_string()))
+            .cloned()
+            .collect();
+        if !beyond.is_empty() {
+            tracing::warn!(
+                "session {}: {} rule(s) beyond its tenant's ceiling dropped",
+                row.id,
+                beyond.len()
+            );
+        }
+        let narrowed = p.narrowed(&beyond);
+        if narrowed.allow_private() && !ceiling.allow_private() {
+            cordon_net::Policy::new(narrowed.rules().to_vec(), false)
+        } else {
+            narrowed
+        }
+    });
+    sc.network = network;
+    sc.egress = policy
+        .as_ref()
+        .map(|p| cordon_sandbox::Egress::new(p.clone().into()));
     let sandbox = Sandbox::create(sc).await.map_err(|e| {
         tracing::error!("session {}: {e}", row.id);
         ApiError::new(
@@ -366,10 +424,15 @@ async fn wake(
         Arc::new(move |m: String| tracing::warn!("session {id}: {m}")),
     )
     .await;
+    let allow: Vec<String> = policy
+        .as_ref()
+        .map(|p| p.rules().iter().map(ToString::to_string).collect())
+        .unwrap_or_default();
     let built = AgentBuilder::new(
         &defaults.provider,
         AgentConfig {
             model: row.model.clone(),
+            system: cordon_agent::prompt::system(network, &allow),
             ..defaults.agent.clone()
         },
     )
@@ -390,11 +453,17 @@ async fn wake(
             ));
         }
     };
+    let _policy = sandbox.network().map(|net| {
+        shared
+            .policies
+            .list(crate::network::session_key(&row.id), net.policy.clone())
+    });
     Ok(Live {
         agent,
         sandbox,
         mcp,
         last_used: Instant::now(),
+        _policy,
         _slot: slot,
     })
 }
@@ -617,4 +686,154 @@ pub(crate) async fn compact(
             e.to_string(),
         )),
     }
+}
+
+/// A session's network from its log: the mode and hosts it was created
+/// with, as the last `network_policy` record left them.
+fn logged_network<'a>(
+    records: impl Iterator<Item = &'a Value>,
+) -> (cordon_sandbox::Network, Option<cordon_net::Policy>) {
+    let mut network = cordon_sandbox::Network::Off;
+    let mut policy = None;
+    for r in records {
+        match r["type"].as_str() {
+            Some("session_started") => {
+                network = r["network"]
+                    .as_str()
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(cordon_sandbox::Network::Off);
+                if network == cordon_sandbox::Network::Allow {
+                    policy = serde_json::from_value::<cordon_net::PolicySpec>(json!({
+                        "allow": r["allow"], "allow_private": r["allow_private"],
+                    }))
+                    .ok()
+                    .as_ref()
+                    .and_then(crate::network::stored_policy);
+                }
+            }
+            Some("network_policy") if network == cordon_sandbox::Network::Allow => {
+                if let Ok(rec) = serde_json::from_value::<cordon_agent::PolicyRecord>(r.clone())
+                    && let Ok(p) = cordon_net::Policy::parse(&rec.allow, rec.allow_private)
+                {
+                    policy = Some(p);
+                }
+            }
+            _ => {}
+        }
+    }
+    (network, policy)
+}
+
+fn read_log(shared: &Shared, id: &str) -> Result<Vec<Value>, ApiError> {
+    let path = dir(shared, id).join("session.jsonl");
+    let (records, _) = cordon_agent::log::load::<Value>(&path).map_err(|e| {
+        tracing::error!("session {id}: {e}");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "cannot read the session's log",
+        )
+    })?;
+    Ok(records.into_iter().map(|r| r.data).collect())
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/network", tag = "sessions", summary = "A session's network policy",
+    description = "What the session's sandbox may reach through cordon's broker: while it is live, the policy applied now; otherwise the one its next message starts with.",
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::network::NetworkView), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn get_network(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<crate::network::NetworkView>, ApiError> {
+    find(&shared, &tenant, &id).await?;
+    let records = read_log(&shared, &id)?;
+    let (network, logged) = logged_network(records.iter());
+    let live = shared.policies.get(&crate::network::session_key(&id));
+    let policy = live.as_ref().map(|h| (*h.load()).clone()).or(logged);
+    Ok(Json(crate::network::NetworkView::new(
+        network,
+        policy.as_ref(),
+        live.is_some(),
+        shared.ceilings.of(&tenant),
+    )))
+}
+
+#[utoipa::path(put, path = "/v1/sessions/{id}/network", tag = "sessions", summary = "Change a session's network policy",
+    description = "Replaces what a session created with `network` \"allow\" may reach, within this tenant's ceiling: at once if it is live (even mid-turn), else from its next message. Recorded in the session's log as a `network_policy` record.",
+    params(("id" = String, Path)),
+    request_body = crate::network::PolicyChange,
+    responses((status = 200, body = crate::network::NetworkView), (status = 400, description = "The body says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc),
+              (status = 403, description = "Beyond this tenant's ceiling", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
+              (status = 409, description = "Its network is not brokered, or it is waking", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn put_network(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<crate::network::NetworkView>, ApiError> {
+    let row = find(&shared, &tenant, &id).await?;
+    let change = crate::network::parse_change(&body?)?;
+    let records = read_log(&shared, &id)?;
+    let (network, logged) = logged_network(records.iter());
+    if network != cordon_sandbox::Network::Allow {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_brokered",
+            format!(
+                "session {id}'s network is {network:?}, not brokered: create a session with `network` \"allow\" to change what it reaches"
+            ),
+        ));
+    }
+    let policy = crate::network::settle_change(&shared, &row.tenant, change).await?;
+    let key = crate::network::session_key(&id);
+    let view = |live: bool| {
+        Json(crate::network::NetworkView::new(
+            network,
+            Some(&policy),
+            live,
+            shared.ceilings.of(&tenant),
+        ))
+    };
+    // Live: the broker takes it at once and the session's agent records it.
+    // Held, it cannot be reaped meanwhile; busy, a turn is running (or the
+    // session is waking, and not listed yet).
+    let slot = shared.sessions.slot(&id);
+    let guard = match slot.try_lock_owned() {
+        Ok(mut guard) => {
+            if let Some(live) = guard.as_mut() {
+                live.last_used = Instant::now();
+            }
+            Some(guard)
+        }
+        Err(_) => None,
+    };
+    if let Some(handle) = shared.policies.get(&key) {
+        handle.set(policy.clone());
+        return Ok(view(true));
+    }
+    if guard.is_none() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "busy",
+            "the session is waking; try again in a moment",
+        ));
+    }
+    // Idle: nothing else writes its log while the slot is held.
+    let before = logged.unwrap_or_default();
+    let record = cordon_agent::PolicyRecord::between(&before, &policy);
+    let path = dir(&shared, &id).join("session.jsonl");
+    let appended = SessionLog::<Value>::open(&path).and_then(|(mut log, _, _)| {
+        log.append(&serde_json::to_value(&record).unwrap_or_default())?;
+        log.sync()
+    });
+    appended.map_err(|e| {
+        tracing::error!("session {id}: {e}");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "cannot record the change in the session's log",
+        )
+    })?;
+    Ok(view(false))
 }

@@ -161,6 +161,11 @@ fn job_from_row(row: &AnyRow) -> Result<JobRow> {
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// A job's events are numbered after its last one inside the
+    /// appending transaction; two at once (the runner, and a handler
+    /// recording a cancel or a policy change) could take the same number,
+    /// so this process appends one at a time.
+    appending: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Store {
@@ -225,7 +230,11 @@ impl Store {
             });
         }
         let pool = options.connect(&url).await?;
-        let store = Store { pool, backend };
+        let store = Store {
+            pool,
+            backend,
+            appending: Default::default(),
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -365,6 +374,7 @@ impl Store {
         events: &[NewEvent],
         output: Option<&OutputDelta>,
     ) -> Result<Vec<StoredEvent>> {
+        let _one_at_a_time = self.appending.lock().await;
         let mut tx = self.pool.begin().await?;
         let mut stored = Vec::with_capacity(events.len());
         for e in events {
@@ -415,6 +425,7 @@ impl Store {
         outcome: &Outcome,
         event: &NewEvent,
     ) -> Result<Option<StoredEvent>> {
+        let _one_at_a_time = self.appending.lock().await;
         let mut tx = self.pool.begin().await?;
         let states: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
         let changed = sqlx::query(
