@@ -162,7 +162,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/v1/jobs", post(create_job).get(list_jobs))
-        .route("/v1/jobs/{id}", get(get_job))
+        .route("/v1/jobs/{id}", get(get_job).delete(delete_job))
         .route("/v1/jobs/{id}/cancel", post(cancel_job))
         .route("/v1/jobs/{id}/events", get(job_events))
         .route(
@@ -406,6 +406,49 @@ pub(crate) async fn cancel_job(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let job = find(&shared, &tenant, &id).await?;
+    cancel(&shared, &job).await?;
+    let mut v = job_view(&find(&shared, &tenant, &id).await?, true);
+    v["live_desktop"] = json!(shared.desktops.get(&format!("job/{id}")).is_some());
+    Ok(Json(v))
+}
+
+#[utoipa::path(delete, path = "/v1/jobs/{id}", tag = "jobs", summary = "Delete a job",
+    description = "Cancels it if it is queued or running, then removes it: its record, events, output, workspace and log. Removal follows no link the job left in its workspace.",
+    params(("id" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc),
+              (status = 409, description = "It is still stopping; try again", body = crate::openapi::ErrorDoc)))]
+pub(crate) async fn delete_job(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let job = find(&shared, &tenant, &id).await?;
+    if matches!(job.state, JobState::Queued | JobState::Running) {
+        cancel(&shared, &job).await?;
+    }
+    if !shared.store.delete_job(&tenant, &id).await? {
+        // Deleted meanwhile, or its runner has not recorded the end yet.
+        find(&shared, &tenant, &id).await?;
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "still_running",
+            format!("job {id} is still stopping; delete it again in a moment"),
+        ));
+    }
+    // Gone from the store first: nothing serves its files any more, and a
+    // removal that fails leaves files, not a job that cannot be opened.
+    let dir = crate::runner::job_dir(&shared, &id);
+    match tokio::task::spawn_blocking(move || crate::server::remove_tree(&dir)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(job = %id, "cannot remove the job's files: {e}"),
+        Err(e) => tracing::warn!(job = %id, "cannot remove the job's files: {e}"),
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Cancels a queued or running job; 409 if it has finished.
+async fn cancel(shared: &Shared, job: &JobRow) -> ApiResult<()> {
+    let id = job.id.as_str();
     match job.state {
         JobState::Queued => {
             let outcome = Outcome {
@@ -421,14 +464,14 @@ pub(crate) async fn cancel_job(
             // A worker may have claimed it meanwhile: then cancel the run.
             if shared
                 .store
-                .finish(&id, &[JobState::Queued], &outcome, &event)
+                .finish(id, &[JobState::Queued], &outcome, &event)
                 .await?
                 .is_none()
             {
-                cancel_running(&shared, &id).await;
+                cancel_running(shared, id).await;
             }
         }
-        JobState::Running => cancel_running(&shared, &id).await,
+        JobState::Running => cancel_running(shared, id).await,
         s => {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
@@ -437,9 +480,7 @@ pub(crate) async fn cancel_job(
             ));
         }
     }
-    let mut v = job_view(&find(&shared, &tenant, &id).await?, true);
-    v["live_desktop"] = json!(shared.desktops.get(&format!("job/{id}")).is_some());
-    Ok(Json(v))
+    Ok(())
 }
 
 /// Signals a running job and waits (a few seconds at most) for its runner

@@ -399,6 +399,7 @@ impl Modify for Bearer {
         crate::api::list_jobs,
         crate::api::get_job,
         crate::api::cancel_job,
+        crate::api::delete_job,
         crate::api::job_events,
         crate::network::get_job_network,
         crate::network::put_job_network,

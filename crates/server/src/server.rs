@@ -342,7 +342,7 @@ async fn remove_expired_workspaces(shared: &Arc<Shared>, keep: Duration) {
 }
 
 /// Removes `dir` and everything in it; one that is already gone is fine.
-fn remove_tree(dir: &std::path::Path) -> std::io::Result<()> {
+pub(crate) fn remove_tree(dir: &std::path::Path) -> std::io::Result<()> {
     let gone = |r: std::io::Result<()>| match r {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         r => r,

@@ -607,10 +607,11 @@ pub(crate) async fn delete(
     // The sandbox is gone, so nothing writes here any more; remove_dir_all
     // unlinks symlinks rather than following them. Removed while the slot
     // is held, so no message that raced the delete wakes it on its files.
-    if let Err(e) = std::fs::remove_dir_all(dir(&shared, &id))
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::warn!("session {id}: cannot remove its files: {e}");
+    let d = dir(&shared, &id);
+    match tokio::task::spawn_blocking(move || crate::server::remove_tree(&d)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("session {id}: cannot remove its files: {e}"),
+        Err(e) => tracing::warn!("session {id}: cannot remove its files: {e}"),
     }
     shared
         .sessions

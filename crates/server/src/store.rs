@@ -580,6 +580,29 @@ impl Store {
     }
 
     /// Deletes a tenant's session; false when it had none by that id.
+    /// Deletes a tenant's finished job and its events; false if there is
+    /// no such job or it is queued or running (cancel it first).
+    pub async fn delete_job(&self, tenant: &str, id: &str) -> Result<bool> {
+        let _one_at_a_time = self.appending.lock().await;
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query(
+            "DELETE FROM jobs WHERE id = $1 AND tenant = $2 AND state <> 'queued' AND state <> 'running'",
+        )
+        .bind(id)
+        .bind(tenant)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Ok(false);
+        }
+        sqlx::query("DELETE FROM job_events WHERE job_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
     pub async fn delete_session(&self, tenant: &str, id: &str) -> Result<bool> {
         let done = sqlx::query("DELETE FROM sessions WHERE id = $1 AND tenant = $2")
             .bind(id)
