@@ -18,12 +18,8 @@ use clap::{Parser, Subcommand};
 
 /// Exit codes of `cordon run` and `cordon shell` that are cordon's own.
 pub mod exit {
-    /// The command ran past `--timeout` and was killed.
-    pub const TIMEOUT: i32 = 124;
-    /// The sandbox exceeded `--memory` and the kernel killed a process.
-    pub const OOM: i32 = 122;
-    /// The workspace outgrew `--disk` and the sandbox was stopped.
-    pub const DISK: i32 = 123;
+    // The limits' codes are the sandbox crate's, shared with `cordon serve`.
+    pub use cordon_sandbox::exit_code::{DISK, OOM, TIMEOUT};
     /// cordon itself failed: bad options, or the sandbox could not be created.
     pub const SANDBOX: i32 = 125;
     /// The command exists but could not be executed.

@@ -67,4 +67,5 @@ pub use native::{NativeBackend, host_report};
 pub use protocol::{ExitStatus, SpawnStage, WinSize};
 pub use session::{
     ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution, Sandbox, SandboxInfo,
+    exit_code,
 };

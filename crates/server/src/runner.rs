@@ -426,13 +426,7 @@ async fn forward_refusals(
 fn outcome_of(r: &ExecResult) -> Outcome {
     let code = i64::from(r.status.code());
     let (state, error) = if r.disk_exceeded {
-        (
-            JobState::Failed,
-            Some(
-                "the job's workspace grew past its disk budget and the sandbox was stopped (raise `disk`)"
-                    .into(),
-            ),
-        )
+        (JobState::Failed, Some(DISK_STOPPED.into()))
     } else if r.timed_out {
         (
             JobState::TimedOut,
@@ -450,7 +444,7 @@ fn outcome_of(r: &ExecResult) -> Outcome {
     };
     Outcome {
         state,
-        exit_code: Some(if r.timed_out { 124 } else { code }),
+        exit_code: Some(i64::from(r.exit_code())),
         error,
         result: None,
     }
@@ -480,6 +474,8 @@ async fn single(
     match exec(sandbox, req, sink, cancel).await {
         Ran::Exited(r) => outcome_of(&r),
         Ran::Cancelled => cancelled(),
+        // The budget's stop can end the stream before its result does.
+        Ran::Failed(_) if sandbox.disk_stopped().is_some() => disk_outcome(),
         Ran::Failed(e) => Outcome {
             state: JobState::Failed,
             exit_code: None,
@@ -488,6 +484,18 @@ async fn single(
         },
     }
 }
+
+fn disk_outcome() -> Outcome {
+    Outcome {
+        state: JobState::Failed,
+        exit_code: Some(i64::from(cordon_sandbox::exit_code::DISK)),
+        error: Some(DISK_STOPPED.into()),
+        result: None,
+    }
+}
+
+const DISK_STOPPED: &str =
+    "the job's workspace grew past its disk budget and the sandbox was stopped (raise `disk`)";
 
 #[allow(clippy::too_many_arguments)]
 async fn run_steps(
@@ -767,7 +775,7 @@ async fn run_agent(
         },
         Err(AgentError::Cancelled) if timed_out => Outcome {
             state: JobState::TimedOut,
-            exit_code: Some(124),
+            exit_code: Some(i64::from(cordon_sandbox::exit_code::TIMEOUT)),
             error: Some("the job ran past its timeout".into()),
             result: Some(json!({ "usage": usage })),
         },

@@ -130,6 +130,27 @@ async fn a_job_past_its_disk_budget_fails_and_cannot_ask_past_the_ceiling(db: Db
         "{job}"
     );
     assert!(!job["stdout"].as_str().unwrap_or_default().contains("wrote"));
+    // The CLI's code for it (`cordon run` exits 123 too).
+    assert_eq!(job["exit_code"], 123, "{job}");
+
+    // Out of memory: the CLI's 122, not the SIGKILL's 137.
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "python", "memory": "64M",
+                   "code": "x = []\nwhile True:\n    x.append(bytearray(8 << 20))\n"}),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    assert_eq!(job["exit_code"], 122, "{job}");
+    assert!(
+        job["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("out of memory"),
+        "{job}"
+    );
     let (status, body) = s
         .post(
             &t,

@@ -153,6 +153,35 @@ pub struct ExecResult {
     pub stderr_bytes: u64,
 }
 
+/// The exit codes cordon gives a command that one of the sandbox's limits
+/// ended, the same in `cordon run`, in a job's `exit_code` and everywhere
+/// else a command's end is a number; any other end is the command's own
+/// ([`ExitStatus::code`]: 128 + the signal for a signal).
+pub mod exit_code {
+    /// The sandbox exceeded its memory limit and the kernel killed a process.
+    pub const OOM: i32 = 122;
+    /// The workspace outgrew the disk budget and the sandbox was stopped.
+    pub const DISK: i32 = 123;
+    /// The command ran past its timeout and was killed.
+    pub const TIMEOUT: i32 = 124;
+}
+
+impl ExecResult {
+    /// The command's end as one number, cordon's limits first (see
+    /// [`exit_code`]): the disk budget, then the timeout, then memory.
+    pub fn exit_code(&self) -> i32 {
+        if self.disk_exceeded {
+            exit_code::DISK
+        } else if self.timed_out {
+            exit_code::TIMEOUT
+        } else if self.oom_killed {
+            exit_code::OOM
+        } else {
+            self.status.code()
+        }
+    }
+}
+
 /// Output and result of [`Sandbox::exec`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecOutput {

@@ -20,7 +20,7 @@ use crate::protocol::{
 };
 use crate::services::Services;
 
-pub use exec::{ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution};
+pub use exec::{ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution, exit_code};
 
 /// What a backend provides beyond the protocol stream: killing the
 /// sandbox from outside and reading its out-of-memory counter.
