@@ -226,6 +226,7 @@ fn job_view(job: &JobRow, full: bool) -> Value {
         "exit_code": job.exit_code,
         "error": job.error,
         "workspace_removed_at": rfc3339(job.workspace_removed_ms),
+        "preview": crate::job::preview(&job.spec),
     });
     if full {
         v["stdout"] = json!(job.stdout);
@@ -335,13 +336,15 @@ pub(crate) async fn get_job(
 pub(crate) struct ListParams {
     state: Option<String>,
     kind: Option<String>,
+    since: Option<String>,
     limit: Option<String>,
     cursor: Option<String>,
 }
 
 #[utoipa::path(get, path = "/v1/jobs", tag = "jobs", summary = "List jobs, newest first",
     params(("state" = Option<String>, Query, description = "queued, running, succeeded, failed, cancelled or timed_out"),
-           ("kind" = Option<String>, Query, description = "shell, python, javascript, typescript, steps or agent"),
+           ("kind" = Option<String>, Query, description = "shell, python, javascript, typescript, steps, gui or agent"),
+           ("since" = Option<String>, Query, description = "Only jobs created at or after this RFC 3339 time, e.g. 2026-11-24T09:00:00Z"),
            ("limit" = Option<u32>, Query, description = "1 to 200 (default 50)"),
            ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")),
     responses((status = 200, body = crate::openapi::JobListDoc), (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc)))]
@@ -376,9 +379,24 @@ pub(crate) async fn list_jobs(
             ApiError::bad_request("`cursor` must be a `next_cursor` from an earlier page")
         })?),
     };
+    let since_ms = match p.since.as_deref() {
+        None | Some("") => None,
+        Some(t) => Some(
+            humantime::parse_rfc3339_weak(t)
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as i64)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "`since` must be an RFC 3339 time such as 2026-11-24T09:00:00Z, not {t:?}"
+                    ))
+                })?,
+        ),
+    };
     let q = ListQuery {
         state,
         kind: p.kind.filter(|k| !k.is_empty()),
+        since_ms,
         before,
         limit: limit + 1,
     };

@@ -666,6 +666,47 @@ pub(crate) fn network_option(
 /// Entries in a job's `allow`, at most (a preset counts one).
 const MAX_ALLOW: usize = 256;
 
+/// Characters of a job's preview at most.
+const PREVIEW_CHARS: usize = 120;
+
+/// What a job does, in one line for a list: its command, code or prompt
+/// (the first line, cut), or its steps' count and first step.
+pub fn preview(spec: &Value) -> String {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let line = match spec["kind"].as_str() {
+        Some("shell") => text(&spec["command"]),
+        Some("agent") => text(&spec["prompt"]),
+        Some("python" | "javascript" | "typescript") => text(&spec["code"]),
+        _ => match spec["steps"].as_array() {
+            Some(steps) => {
+                let first = steps.first().map_or(String::new(), |s| {
+                    let what = ["command", "code", "path", "action"]
+                        .iter()
+                        .find_map(|k| s[*k].as_str())
+                        .unwrap_or_default();
+                    format!(": {} {what}", s["tool"].as_str().unwrap_or("?"))
+                });
+                let n = steps.len();
+                format!("{n} step{}{first}", if n == 1 { "" } else { "s" })
+            }
+            None => String::new(),
+        },
+    };
+    // One line, no control characters: a list is no place for a
+    // job's terminal escapes.
+    let first = line.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let clean: String = first
+        .trim()
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let mut cut: String = clean.chars().take(PREVIEW_CHARS).collect();
+    if clean.chars().count() > PREVIEW_CHARS || line.trim().lines().count() > 1 {
+        cut.push('…');
+    }
+    cut
+}
+
 /// The stored form of a request, from which a worker rebuilds it.
 pub fn spec_json(req: &JobRequest) -> Value {
     let mut v = match &req.spec {
@@ -735,6 +776,35 @@ mod tests {
 
     fn parse(v: Value) -> Result<JobRequest, String> {
         JobRequest::from_json(&v, &Bounds::default())
+    }
+
+    #[test]
+    fn a_preview_is_one_clean_line() {
+        assert_eq!(
+            preview(&json!({"kind": "shell", "command": "ls -la"})),
+            "ls -la"
+        );
+        assert_eq!(
+            preview(&json!({"kind": "python", "code": "\nimport os\nprint(os.getcwd())\n"})),
+            "import os…"
+        );
+        assert_eq!(
+            preview(&json!({"kind": "agent", "prompt": "fix \u{1b}[2Jthe tests"})),
+            "fix  [2Jthe tests"
+        );
+        let long = "x".repeat(500);
+        assert_eq!(
+            preview(&json!({"kind": "shell", "command": long}))
+                .chars()
+                .count(),
+            PREVIEW_CHARS + 1
+        );
+        assert_eq!(
+            preview(
+                &json!({"kind": "steps", "steps": [{"tool": "shell", "command": "make"}, {"tool": "read_file", "path": "out"}]})
+            ),
+            "2 steps: shell make"
+        );
     }
 
     #[test]

@@ -227,6 +227,10 @@ pub struct JobSummaryDoc {
     /// RFC 3339: when the finished job's workspace was removed (the
     /// server's `--keep-workspaces`); its files then answer 410.
     workspace_removed_at: Option<String>,
+    /// What it does, one line: its command, code or prompt (first line,
+    /// at most 120 characters and an ellipsis), or its steps.
+    #[schema(example = "pip install flask && python3 app.py")]
+    preview: String,
 }
 
 /// A job with its output. Output past the server's cap is dropped and

@@ -97,6 +97,8 @@ pub struct Outcome {
 pub struct ListQuery {
     pub state: Option<JobState>,
     pub kind: Option<String>,
+    /// Only jobs created at or after this time (ms since the epoch).
+    pub since_ms: Option<i64>,
     pub before: Option<i64>,
     pub limit: i64,
 }
@@ -335,6 +337,7 @@ impl Store {
             job_columns!(),
             " FROM jobs WHERE tenant = $1 \
              AND ($2 = '' OR state = $2) AND ($3 = '' OR kind = $3) AND seq < $4 \
+             AND created_ms >= $6 \
              ORDER BY seq DESC LIMIT $5"
         ))
         .bind(tenant)
@@ -342,6 +345,7 @@ impl Store {
         .bind(q.kind.as_deref().unwrap_or(""))
         .bind(q.before.unwrap_or(i64::MAX))
         .bind(q.limit)
+        .bind(q.since_ms.unwrap_or(i64::MIN))
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(job_from_row).collect()

@@ -459,7 +459,10 @@ function jobList(main, signal) {
     if (sig === shown) return; // nothing changed: leave the DOM alone
     shown = sig;
     tbody.replaceChildren(...rows.map((j) => h('tr', { 'data-id': j.id },
-      h('td', {}, h('a', { href: `#/jobs/${j.id}` }, j.id)),
+      // What the job does, then its id: ids alone say nothing.
+      h('td', { class: 'job-cell' },
+        h('a', { href: `#/jobs/${j.id}`, title: j.id }, j.preview || j.id),
+        j.preview ? h('div', { class: 'muted job-id' }, j.id) : null),
       h('td', {}, j.kind),
       h('td', {}, badge(j.state)),
       h('td', {}, fmtTime(j.created_at)),
