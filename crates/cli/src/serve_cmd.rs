@@ -116,6 +116,28 @@ pub enum TokenCommand {
         #[arg(long, value_name = "URL")]
         db: Option<String>,
     },
+    /// List tokens: their ids (the start of each hash), tenants and ages.
+    List {
+        /// Only this tenant's
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The server's database, as for `cordon serve --db`
+        #[arg(long, value_name = "URL")]
+        db: Option<String>,
+    },
+    /// Revoke a token by its id (from `cordon token list`), or all of a
+    /// tenant's; a running server refuses it from its next request on.
+    Revoke {
+        /// The token's id, or at least its first 8 hex digits
+        #[arg(required_unless_present = "tenant", conflicts_with = "tenant")]
+        id: Option<String>,
+        /// Every token of this tenant
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The server's database, as for `cordon serve --db`
+        #[arg(long, value_name = "URL")]
+        db: Option<String>,
+    },
 }
 
 fn data_home() -> PathBuf {
@@ -132,7 +154,11 @@ fn default_db() -> String {
 }
 
 pub async fn token(args: TokenArgs) -> i32 {
-    let TokenCommand::Create { tenant, db } = args.command;
+    let db = match &args.command {
+        TokenCommand::Create { db, .. }
+        | TokenCommand::List { db, .. }
+        | TokenCommand::Revoke { db, .. } => db.clone(),
+    };
     let store = match Store::open(&db.unwrap_or_else(default_db)).await {
         Ok(s) => s,
         Err(e) => {
@@ -140,13 +166,58 @@ pub async fn token(args: TokenArgs) -> i32 {
             return exit::CONFIG;
         }
     };
-    match store.create_token(&tenant).await {
-        Ok(t) => {
-            println!("{t}");
-            0
-        }
-        Err(e) => {
-            eprintln!("cordon: {e}");
+    let fail = |e: cordon_server::store::StoreError| {
+        eprintln!("cordon: {e}");
+        exit::CONFIG
+    };
+    match args.command {
+        TokenCommand::Create { tenant, .. } => match store.create_token(&tenant).await {
+            Ok(t) => {
+                println!("{t}");
+                0
+            }
+            Err(e) => fail(e),
+        },
+        TokenCommand::List { tenant, .. } => match store.tokens(tenant.as_deref()).await {
+            Ok(tokens) => {
+                println!("{:<14}{:<24}CREATED", "ID", "TENANT");
+                for t in tokens {
+                    let created = std::time::UNIX_EPOCH
+                        + std::time::Duration::from_millis(t.created_ms.max(0) as u64);
+                    println!(
+                        "{:<14}{:<24}{}",
+                        t.id,
+                        t.tenant,
+                        humantime::format_rfc3339_seconds(created)
+                    );
+                }
+                0
+            }
+            Err(e) => fail(e),
+        },
+        TokenCommand::Revoke { id: Some(id), .. } => match store.revoke_token(&id).await {
+            Ok(Some(t)) => {
+                eprintln!("cordon: revoked token {} of tenant {}", t.id, t.tenant);
+                0
+            }
+            Ok(None) => {
+                eprintln!("cordon: no token's id starts with {id} (see `cordon token list`)");
+                1
+            }
+            Err(e) => fail(e),
+        },
+        TokenCommand::Revoke {
+            tenant: Some(tenant),
+            ..
+        } => match store.revoke_tenant(&tenant).await {
+            Ok(n) => {
+                eprintln!("cordon: revoked {n} token(s) of tenant {tenant}");
+                0
+            }
+            Err(e) => fail(e),
+        },
+        TokenCommand::Revoke { .. } => {
+            eprintln!("cordon: give a token id or --tenant NAME");
             exit::CONFIG
         }
     }

@@ -256,3 +256,94 @@ fn live_mcp_sessions_are_bounded_per_tenant_and_in_all() {
     assert_eq!(status, 429);
     assert!(body.contains("`cordon serve --sessions`"), "{body}");
 }
+
+/// `cordon token`: tokens are listed by id (never shown again), and a
+/// revoked one is refused by the running server from its next request.
+#[test]
+fn tokens_are_listed_by_id_and_revoked_at_once() {
+    let home = tempfile::tempdir().unwrap();
+    let token = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+            .arg("token")
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", home.path())
+            .env("XDG_DATA_HOME", home.path().join("data"))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, a1, err) = token(&["create", "--tenant", "acme"]);
+    assert_eq!(code, Some(0), "{err}");
+    let a1 = a1.trim().to_string();
+    let (_, a2, _) = token(&["create", "--tenant", "acme"]);
+    let a2 = a2.trim().to_string();
+    let (_, b1, _) = token(&["create", "--tenant", "beta"]);
+    let b1 = b1.trim().to_string();
+
+    let (code, list, _) = token(&["list"]);
+    assert_eq!(code, Some(0));
+    let rows: Vec<&str> = list.lines().skip(1).collect();
+    assert_eq!(rows.len(), 3, "{list}");
+    for t in [&a1, &a2, &b1] {
+        assert!(
+            !list.contains(t.as_str()),
+            "a token was shown again: {list}"
+        );
+    }
+    let (_, acme, _) = token(&["list", "--tenant", "acme"]);
+    assert_eq!(acme.lines().skip(1).count(), 2, "{acme}");
+    let beta_id = rows
+        .iter()
+        .find(|r| r.contains("beta"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+
+    // A running server takes a revocation from the next request on.
+    let port = free_port();
+    let s = serve(home.path(), port, &[]);
+    assert!(s.token.is_none(), "tokens existed: no first token");
+    let status = |t: &str| {
+        http()
+            .get(format!("{}/v1/jobs", s.base))
+            .bearer_auth(t)
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(status(&b1), 200);
+    let (code, _, err) = token(&["revoke", &beta_id]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("revoked token") && err.contains("beta"),
+        "{err}"
+    );
+    assert_eq!(status(&b1), 401);
+    assert_eq!(status(&a1), 200);
+
+    // By tenant; bad ids say what an id is; an unknown one is an error.
+    let (code, _, err) = token(&["revoke", "--tenant", "acme"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("revoked 2 token(s)"), "{err}");
+    assert_eq!(status(&a1), 401);
+    assert_eq!(status(&a2), 401);
+    let (code, _, err) = token(&["revoke", "abc"]);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("8 to 64 hex digits"), "{err}");
+    let (code, _, err) = token(&["revoke", "%%%%%%%%"]);
+    assert_eq!(code, Some(78), "{err}");
+    let (code, _, err) = token(&["revoke", "0123456789ab"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no token"), "{err}");
+    let (_, list, _) = token(&["list"]);
+    assert_eq!(list.lines().count(), 1, "{list}");
+}

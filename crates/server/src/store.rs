@@ -158,6 +158,17 @@ fn job_from_row(row: &AnyRow) -> Result<JobRow> {
     })
 }
 
+/// Hex digits of a token's hash that name it in lists.
+pub const TOKEN_ID_CHARS: usize = 12;
+
+/// A token as lists show it: never the token, only its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRow {
+    pub id: String,
+    pub tenant: String,
+    pub created_ms: i64,
+}
+
 /// The database, shared by every handler and worker.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -275,6 +286,82 @@ impl Store {
             .execute(&self.pool)
             .await?;
         Ok(token)
+    }
+
+    /// Tokens, oldest first: all, or `tenant`'s. A token is named by its
+    /// id, the start of its hash (the token itself is never stored).
+    pub async fn tokens(&self, tenant: Option<&str>) -> Result<Vec<TokenRow>> {
+        let rows = sqlx::query(
+            "SELECT hash, tenant, created_ms FROM tokens WHERE ($1 = '' OR tenant = $1) \
+             ORDER BY created_ms, hash",
+        )
+        .bind(tenant.unwrap_or(""))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let hash: String = r.try_get("hash")?;
+                Ok(TokenRow {
+                    id: hash.chars().take(TOKEN_ID_CHARS).collect(),
+                    tenant: r.try_get("tenant")?,
+                    created_ms: r.try_get("created_ms")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Revokes the one token whose id starts with `id` (at least 8 hex
+    /// digits); its next request is refused. `Invalid` when `id` is not
+    /// such a prefix or names several tokens; `None` when it names none.
+    pub async fn revoke_token(&self, id: &str) -> Result<Option<TokenRow>> {
+        let id = id.trim().to_ascii_lowercase();
+        if !(8..=64).contains(&id.len()) || !id.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(StoreError::Invalid(
+                "a token id is 8 to 64 hex digits, as `cordon token list` shows it".into(),
+            ));
+        }
+        // Few tokens exist; matching in Rust keeps LIKE's wildcards out.
+        let mut hashes = Vec::new();
+        for r in sqlx::query("SELECT hash FROM tokens")
+            .fetch_all(&self.pool)
+            .await?
+        {
+            let h: String = r.try_get("hash")?;
+            if h.starts_with(&id) {
+                hashes.push(h);
+            }
+        }
+        match hashes.as_slice() {
+            [] => Ok(None),
+            [hash] => {
+                let row =
+                    sqlx::query("DELETE FROM tokens WHERE hash = $1 RETURNING tenant, created_ms")
+                        .bind(hash)
+                        .fetch_optional(&self.pool)
+                        .await?;
+                row.map(|r| {
+                    Ok(TokenRow {
+                        id: hash.chars().take(TOKEN_ID_CHARS).collect(),
+                        tenant: r.try_get("tenant")?,
+                        created_ms: r.try_get("created_ms")?,
+                    })
+                })
+                .transpose()
+            }
+            _ => Err(StoreError::Invalid(format!(
+                "{id} is the start of {} tokens' ids; give more of it",
+                hashes.len()
+            ))),
+        }
+    }
+
+    /// Revokes every token of `tenant`; how many there were.
+    pub async fn revoke_tenant(&self, tenant: &str) -> Result<u64> {
+        let done = sqlx::query("DELETE FROM tokens WHERE tenant = $1")
+            .bind(tenant)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     /// The tenant a token belongs to.
