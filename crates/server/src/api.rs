@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
@@ -16,7 +16,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use cordon_tools::{Workspace, WorkspaceError, WsPath};
+use cordon_tools::Workspace;
 use futures_util::Stream;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -108,7 +108,7 @@ impl From<BytesRejection> for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// The tenant a request's bearer token belongs to.
 pub struct Tenant(pub String);
@@ -180,7 +180,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/schedule", post(schedule))
         .route("/status", get(status_by_query))
         .route("/status/{id}", get(status))
-        .merge(crate::sessions::routes())
+        .merge(crate::sessions::routes(file_limit))
         .merge(crate::mcp::routes(&shared))
         .merge(crate::openapi::routes())
         .merge(crate::ui::routes())
@@ -651,23 +651,6 @@ fn event_stream(
     })
 }
 
-fn files_error(e: WorkspaceError) -> ApiError {
-    match e {
-        WorkspaceError::NotFound { .. } => {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
-        }
-        WorkspaceError::Io { .. } | WorkspaceError::Root { .. } => {
-            tracing::error!("files: {e}");
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "cannot read the workspace",
-            )
-        }
-        _ => ApiError::bad_request(e.to_string()),
-    }
-}
-
 async fn workspace_of(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Workspace> {
     let job = find(shared, tenant, id).await?;
     if job.workspace_removed_ms.is_some() {
@@ -681,36 +664,7 @@ async fn workspace_of(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Work
             ),
         ));
     }
-    Workspace::open(&workspace_dir(shared, id)).map_err(files_error)
-}
-
-fn listing(ws: &Workspace, path: &WsPath) -> ApiResult<Value> {
-    let (_fd, dir) = ws.open_dir(path).map_err(files_error)?;
-    let mut entries: Vec<Value> = std::fs::read_dir(&dir)
-        .map_err(|e| {
-            files_error(WorkspaceError::Io {
-                path: path.display(),
-                source: e,
-            })
-        })?
-        .flatten()
-        .map(|e| {
-            let meta = e.metadata().ok();
-            let kind = match meta.as_ref().map(|m| m.file_type()) {
-                Some(t) if t.is_dir() => "directory",
-                Some(t) if t.is_file() => "file",
-                Some(t) if t.is_symlink() => "symlink",
-                _ => "other",
-            };
-            json!({
-                "name": e.file_name().to_string_lossy(),
-                "type": kind,
-                "size": meta.filter(|m| m.is_file()).map(|m| m.len()),
-            })
-        })
-        .collect();
-    entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    Ok(json!({"path": path.display(), "entries": entries}))
+    Workspace::open(&workspace_dir(shared, id)).map_err(crate::files::error)
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{id}/files", tag = "jobs", summary = "The workspace's top directory",
@@ -722,8 +676,7 @@ pub(crate) async fn list_root(
     Path(id): Path<String>,
 ) -> ApiResult<Json<Value>> {
     let ws = workspace_of(&shared, &tenant, &id).await?;
-    let root = WsPath::parse(".").map_err(files_error)?;
-    Ok(Json(listing(&ws, &root)?))
+    Ok(Json(crate::files::list(&ws, ".")?))
 }
 
 /// A file's bytes, or a directory's listing as JSON.
@@ -738,50 +691,7 @@ pub(crate) async fn get_file(
     Path((id, path)): Path<(String, String)>,
 ) -> ApiResult<Response> {
     let ws = workspace_of(&shared, &tenant, &id).await?;
-    let p = WsPath::parse(&path).map_err(files_error)?;
-    match ws.open_read(&p) {
-        Ok((file, size)) => {
-            if size > shared.config.file_limit as u64 {
-                return Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    format!(
-                        "{path} is {size} bytes; the files API serves at most {}",
-                        shared.config.file_limit
-                    ),
-                ));
-            }
-            let file = tokio::fs::File::from_std(file);
-            let body = Body::from_stream(tokio_util_stream(file));
-            Ok((
-                [
-                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-                    (header::CONTENT_LENGTH, size.to_string()),
-                ],
-                body,
-            )
-                .into_response())
-        }
-        Err(WorkspaceError::IsDirectory { .. }) => Ok(Json(listing(&ws, &p)?).into_response()),
-        Err(e) => Err(files_error(e)),
-    }
-}
-
-/// Reads a file in chunks without a dependency on tokio-util.
-fn tokio_util_stream(file: tokio::fs::File) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
-    use tokio::io::AsyncReadExt;
-    futures_util::stream::unfold(Some(file), |file| async move {
-        let mut file = file?;
-        let mut buf = vec![0u8; 64 * 1024];
-        match file.read(&mut buf).await {
-            Ok(0) => None,
-            Ok(n) => {
-                buf.truncate(n);
-                Some((Ok(Bytes::from(buf)), Some(file)))
-            }
-            Err(e) => Some((Err(e), None)),
-        }
-    })
+    crate::files::read(&ws, &path, shared.config.file_limit)
 }
 
 #[utoipa::path(put, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "Write a workspace file (parents are created)",
@@ -798,23 +708,7 @@ pub(crate) async fn put_file(
 ) -> ApiResult<Response> {
     let body = body?;
     let ws = workspace_of(&shared, &tenant, &id).await?;
-    let p = WsPath::parse(&path).map_err(files_error)?;
-    let created = tokio::task::spawn_blocking(move || ws.write(&p, &body))
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "the write failed",
-            )
-        })?
-        .map_err(files_error)?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(json!({"path": path, "created": created}))).into_response())
+    crate::files::write(ws, path, body).await
 }
 
 /// The seeds' `POST /schedule`: `{kind, code}` or `{steps: [...]}`.

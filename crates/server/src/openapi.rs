@@ -423,6 +423,9 @@ impl Modify for Bearer {
         crate::sessions::compact,
         crate::sessions::vnc,
         crate::sessions::get_network,
+        crate::sessions::list_files,
+        crate::sessions::get_file,
+        crate::sessions::put_file,
         crate::sessions::put_network,
     ),
     tags(

@@ -1,0 +1,135 @@
+//! The files API over one workspace, a job's or a session's: list a
+//! directory, read a file, write one. Every path goes through
+//! [`Workspace`], which the kernel keeps beneath the workspace
+//! (`openat2` with `RESOLVE_BENEATH`): the workspace is the sandbox's, and
+//! a link or `..` in it leads nowhere else.
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use cordon_tools::{Workspace, WorkspaceError, WsPath};
+use futures_util::Stream;
+use serde_json::{Value, json};
+
+use crate::api::{ApiError, ApiResult};
+
+/// A workspace error as the API answers it.
+pub(crate) fn error(e: WorkspaceError) -> ApiError {
+    match e {
+        WorkspaceError::NotFound { .. } => {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string())
+        }
+        WorkspaceError::Io { .. } | WorkspaceError::Root { .. } => {
+            tracing::error!("files: {e}");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "cannot read the workspace",
+            )
+        }
+        _ => ApiError::bad_request(e.to_string()),
+    }
+}
+
+/// A directory's entries, sorted by name: each one's name, type and (for
+/// a file) size. Names are data, shown as JSON strings, never followed.
+pub(crate) fn list(ws: &Workspace, path: &str) -> ApiResult<Value> {
+    let path = WsPath::parse(path).map_err(error)?;
+    listing(ws, &path)
+}
+
+fn listing(ws: &Workspace, path: &WsPath) -> ApiResult<Value> {
+    let (_fd, dir) = ws.open_dir(path).map_err(error)?;
+    let mut entries: Vec<Value> = std::fs::read_dir(&dir)
+        .map_err(|e| {
+            error(WorkspaceError::Io {
+                path: path.display(),
+                source: e,
+            })
+        })?
+        .flatten()
+        .map(|e| {
+            let meta = e.metadata().ok();
+            let kind = match meta.as_ref().map(|m| m.file_type()) {
+                Some(t) if t.is_dir() => "directory",
+                Some(t) if t.is_file() => "file",
+                Some(t) if t.is_symlink() => "symlink",
+                _ => "other",
+            };
+            json!({
+                "name": e.file_name().to_string_lossy(),
+                "type": kind,
+                "size": meta.filter(|m| m.is_file()).map(|m| m.len()),
+            })
+        })
+        .collect();
+    entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    Ok(json!({"path": path.display(), "entries": entries}))
+}
+
+/// A file's bytes (at most `limit`), or a directory's listing as JSON.
+pub(crate) fn read(ws: &Workspace, path: &str, limit: usize) -> ApiResult<Response> {
+    let p = WsPath::parse(path).map_err(error)?;
+    match ws.open_read(&p) {
+        Ok((file, size)) => {
+            if size > limit as u64 {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("{path} is {size} bytes; the files API serves at most {limit}"),
+                ));
+            }
+            let file = tokio::fs::File::from_std(file);
+            let body = Body::from_stream(chunks(file));
+            Ok((
+                [
+                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                    (header::CONTENT_LENGTH, size.to_string()),
+                ],
+                body,
+            )
+                .into_response())
+        }
+        Err(WorkspaceError::IsDirectory { .. }) => Ok(Json(listing(ws, &p)?).into_response()),
+        Err(e) => Err(error(e)),
+    }
+}
+
+/// Writes `body` to `path` (parents created): 201 if it is new, else 200.
+pub(crate) async fn write(ws: Workspace, path: String, body: Bytes) -> ApiResult<Response> {
+    let p = WsPath::parse(&path).map_err(error)?;
+    let created = tokio::task::spawn_blocking(move || ws.write(&p, &body))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the write failed",
+            )
+        })?
+        .map_err(error)?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(json!({"path": path, "created": created}))).into_response())
+}
+
+/// Reads a file in chunks without a dependency on tokio-util.
+fn chunks(file: tokio::fs::File) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
+    use tokio::io::AsyncReadExt;
+    futures_util::stream::unfold(Some(file), |file| async move {
+        let mut file = file?;
+        let mut buf = vec![0u8; 64 * 1024];
+        match file.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(Bytes::from(buf)), Some(file)))
+            }
+            Err(e) => Some((Err(e), None)),
+        }
+    })
+}
