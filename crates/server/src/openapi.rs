@@ -244,7 +244,12 @@ pub struct JobDoc {
     stderr: String,
     stdout_truncated: bool,
     stderr_truncated: bool,
-    /// `steps`: per-step results; `agent`: the final text, usage and cost.
+    /// `steps` and `gui`: `{"steps": [...]}`, one per step in order, each
+    /// with `index`, `tool`, `state` (`skipped` for a step a failure kept
+    /// from running), `exit_code`, `error`, `duration_ms`, its own
+    /// `stdout` and `stderr` (64 KiB each at most, with truncation flags)
+    /// and, for a computer step, `screenshot`. `agent`: the final text,
+    /// usage and cost.
     result: Option<serde_json::Value>,
     /// The request as stored, with defaults filled in.
     request: serde_json::Value,

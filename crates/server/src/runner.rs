@@ -36,6 +36,19 @@ struct Sink {
     /// Bytes of a UTF-8 character split across chunks, per stream.
     partial: [Vec<u8>; 2],
     since: Option<Instant>,
+    /// The running step's own output, when a `steps` job runs one.
+    step: Option<StepOutput>,
+}
+
+/// Characters of each stream kept in a step's own result; the job's
+/// stdout and stderr keep more, across steps.
+const STEP_OUTPUT_CAP: usize = 64 * 1024;
+
+/// One step's stdout and stderr, capped.
+#[derive(Default)]
+struct StepOutput {
+    text: [String; 2],
+    truncated: [bool; 2],
 }
 
 impl Sink {
@@ -51,7 +64,25 @@ impl Sink {
             truncated: [false, false],
             partial: [Vec::new(), Vec::new()],
             since: None,
+            step: None,
         }
+    }
+
+    /// From now on, output is also the running step's own.
+    fn begin_step(&mut self) {
+        self.step = Some(StepOutput::default());
+    }
+
+    /// The step's own output, as its result shows it.
+    fn end_step(&mut self) -> Value {
+        let s = self.step.take().unwrap_or_default();
+        let [stdout, stderr] = s.text;
+        json!({
+            "stdout": stdout,
+            "stderr": stderr,
+            "stdout_truncated": s.truncated[0],
+            "stderr_truncated": s.truncated[1],
+        })
     }
 
     async fn event(&mut self, kind: &str, data: Value) {
@@ -80,6 +111,15 @@ impl Sink {
             self.partial[stream].clear();
         }
         self.stored[stream] += text.len();
+        if let Some(step) = self.step.as_mut() {
+            let room = STEP_OUTPUT_CAP.saturating_sub(step.text[stream].len());
+            let mut end = text.len().min(room);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            step.text[stream].push_str(&text[..end]);
+            step.truncated[stream] |= end < text.len() || self.truncated[stream];
+        }
         let name = if stream == 0 { "stdout" } else { "stderr" };
         if !text.is_empty() {
             self.pending_events
@@ -524,6 +564,7 @@ async fn run_steps(
         let mut screenshot = None;
         sink.event("step_started", json!({"index": index, "tool": step.tool()}))
             .await;
+        sink.begin_step();
         let outcome = match step {
             Step::Shell { command } => {
                 let r = ExecRequest::argv(["bash", "-c", command]);
@@ -575,6 +616,9 @@ async fn run_steps(
             "error": outcome.error,
             "duration_ms": started.elapsed().as_millis() as u64,
         });
+        if let (Some(r), Value::Object(output)) = (result.as_object_mut(), sink.end_step()) {
+            r.extend(output);
+        }
         if let Some(path) = screenshot {
             result["screenshot"] = Value::String(path);
         }
@@ -593,6 +637,10 @@ async fn run_steps(
         if stop {
             break;
         }
+    }
+    // The steps a failure (or the end of time) kept from running.
+    for (index, step) in steps.iter().enumerate().skip(results.len()) {
+        results.push(json!({"index": index, "tool": step.tool(), "state": "skipped"}));
     }
     let mut out = first_failure.unwrap_or(last);
     out.result = Some(json!({ "steps": results }));

@@ -94,8 +94,20 @@ async fn steps_share_one_session_and_stop_at_the_first_failure(db: Db) {
     assert_eq!(job["exit_code"], 4);
     assert_eq!(job["stdout"], "Hello from the agent!notes.md\n");
     let steps = job["result"]["steps"].as_array().unwrap();
-    assert_eq!(steps.len(), 5, "the sixth never ran: {job}");
+    assert_eq!(steps.len(), 6, "{job}");
     assert_eq!(steps[4]["exit_code"], 4);
+    // Each step's own output and end; the one a failure kept from running
+    // is listed as skipped.
+    assert_eq!(steps[3]["stdout"], "Hello from the agent!", "{job}");
+    assert_eq!(steps[4]["stdout"], "notes.md\n", "{job}");
+    assert_eq!(steps[4]["state"], "failed");
+    assert_eq!(steps[0]["stdout"], "", "{job}");
+    assert!(steps[4]["duration_ms"].is_u64());
+    assert_eq!(
+        steps[5],
+        json!({"index": 5, "tool": "shell", "state": "skipped"}),
+        "the sixth never ran: {job}"
+    );
     // continue_on_error runs them all and reports the first failure.
     let id = s
         .submit(
@@ -113,6 +125,13 @@ async fn steps_share_one_session_and_stop_at_the_first_failure(db: Db) {
         job["stderr"].as_str().unwrap().contains("missing.txt"),
         "{job}"
     );
+    let steps = job["result"]["steps"].as_array().unwrap();
+    assert!(
+        steps[0]["stderr"].as_str().unwrap().contains("missing.txt"),
+        "{job}"
+    );
+    assert_eq!(steps[1]["stdout"], "still\n");
+    assert_eq!(steps[1]["stderr"], "");
 }
 
 async fn the_seed_routes_take_both_payload_shapes(db: Db) {
