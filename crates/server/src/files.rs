@@ -84,8 +84,13 @@ pub(crate) fn read(ws: &Workspace, path: &str, limit: usize) -> ApiResult<Respon
             let body = Body::from_stream(chunks(file));
             Ok((
                 [
-                    (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                    (header::CONTENT_TYPE, content_type(path).to_string()),
                     (header::CONTENT_LENGTH, size.to_string()),
+                    // The bytes are the sandbox's: never let a browser
+                    // guess them into something that runs, and an SVG or
+                    // a file opened on its own runs nothing either.
+                    (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
+                    (header::CONTENT_SECURITY_POLICY, FILE_CSP.to_string()),
                 ],
                 body,
             )
@@ -93,6 +98,35 @@ pub(crate) fn read(ws: &Workspace, path: &str, limit: usize) -> ApiResult<Respon
         }
         Err(WorkspaceError::IsDirectory { .. }) => Ok(Json(listing(ws, &p)?).into_response()),
         Err(e) => Err(error(e)),
+    }
+}
+
+/// What a workspace file may be shown as: no script, no style from
+/// elsewhere, no framing; a document opened directly is sandboxed.
+const FILE_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; sandbox";
+
+/// The type a file is served as, by its name's extension: images a
+/// browser shows as images, text as plain UTF-8 text (HTML too: never a
+/// page of this origin), anything else as bytes to download.
+fn content_type(path: &str) -> &'static str {
+    let ext = path
+        .rsplit('/')
+        .next()
+        .and_then(|name| name.rsplit_once('.'))
+        .map(|(_, ext)| ext.to_ascii_lowercase())
+        .unwrap_or_default();
+    match ext.as_str() {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        "svg" => "image/svg+xml",
+        "txt" | "md" | "log" | "csv" | "tsv" | "json" | "jsonl" | "toml" | "yaml" | "yml"
+        | "ini" | "cfg" | "py" | "js" | "mjs" | "ts" | "rs" | "go" | "c" | "h" | "cpp" | "java"
+        | "rb" | "sh" | "html" | "htm" | "css" | "xml" | "sql" | "diff" | "patch" => {
+            "text/plain; charset=utf-8"
+        }
+        _ => "application/octet-stream",
     }
 }
 
@@ -132,4 +166,21 @@ fn chunks(file: tokio::fs::File) -> impl Stream<Item = Result<Bytes, std::io::Er
             Err(e) => Some((Err(e), None)),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::content_type;
+
+    #[test]
+    fn files_are_typed_by_an_allowlist_and_html_is_text() {
+        assert_eq!(content_type("screenshots/step-01.png"), "image/png");
+        assert_eq!(content_type("a/b.JPG"), "image/jpeg");
+        assert_eq!(content_type("plot.svg"), "image/svg+xml");
+        assert_eq!(content_type("index.html"), "text/plain; charset=utf-8");
+        assert_eq!(content_type("app.py"), "text/plain; charset=utf-8");
+        assert_eq!(content_type("Makefile"), "application/octet-stream");
+        assert_eq!(content_type("x.exe"), "application/octet-stream");
+        assert_eq!(content_type("dir.png/file"), "application/octet-stream");
+    }
 }

@@ -49,10 +49,11 @@ const ASSETS: &[Asset] = &[
 /// Only this origin's files; no inline script or style, no plugins, no
 /// framing, and forms cannot be submitted natively (the script sends them,
 /// so a token typed before the script loaded never lands in a URL).
-/// Images may also be `data:` URLs: noVNC draws the remote desktop's mouse
-/// cursor as one. An image cannot run script.
+/// Images may also be `data:` URLs (noVNC draws the remote desktop's mouse
+/// cursor as one) and `blob:` URLs (a workspace's image, fetched with the
+/// token and shown). An image cannot run script, an SVG one included.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
-     style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; \
+     style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; base-uri 'none'; \
      form-action 'none'; frame-ancestors 'none'";
 
 pub fn routes() -> Router<Arc<Shared>> {

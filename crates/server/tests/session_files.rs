@@ -42,8 +42,36 @@ async fn a_sessions_files_are_read_and_written_within_its_workspace(db: Db) {
     let (status, listing) = s.get(&t, &files).await;
     assert_eq!(status, 200, "{listing}");
     assert_eq!(listing["entries"][0]["name"], "src", "{listing}");
+    assert_eq!(listing["entries"][0]["type"], "directory", "{listing}");
     let (_, sub) = s.get(&t, &format!("{files}/src")).await;
     assert_eq!(sub["entries"][0]["name"], "app.py", "{sub}");
+
+    // Typed by name from an allowlist, never sniffed, never a page.
+    for (name, body, want) in [
+        ("a.png", "not really a png", "image/png"),
+        (
+            "page.html",
+            "<script>alert(1)</script>",
+            "text/plain; charset=utf-8",
+        ),
+        ("blob.bin", "x", "application/octet-stream"),
+    ] {
+        put(&t, name, body).await.unwrap();
+        let r = s
+            .client
+            .get(s.url(&format!("{files}/{name}")))
+            .bearer_auth(&t)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["content-type"], want, "{name}");
+        assert_eq!(r.headers()["x-content-type-options"], "nosniff", "{name}");
+        let csp = r.headers()["content-security-policy"].to_str().unwrap();
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("sandbox"),
+            "{csp}"
+        );
+    }
 
     // Another tenant's session is absent; paths out of it are refused,
     // and a link the sandbox planted is not followed.

@@ -613,7 +613,9 @@ function filesPanel(id, signal) {
   const tbody = h('tbody');
   const previewName = h('h3');
   const previewText = h('pre');
-  const preview = h('div', { class: 'preview', hidden: true }, previewName, previewText);
+  const previewImage = h('img', { alt: '', hidden: true });
+  const preview = h('div', { class: 'preview', hidden: true }, previewName, previewText, previewImage);
+  let imageUrl = null;
   const upload = h('input', { type: 'file', multiple: true, 'aria-label': 'upload files' });
   const base = `v1/jobs/${encodeURIComponent(id)}/files`;
   const full = (name) => (dir ? `${dir}/${name}` : name);
@@ -628,9 +630,11 @@ function filesPanel(id, signal) {
 
   function render(entries) {
     const parts = dir ? dir.split('/') : [];
+    // Spread, not nested: replaceChildren would print an array as text
+    // (an anchor's text is its href).
     crumbs.replaceChildren(
       h('a', { href: '', onclick: (e) => { e.preventDefault(); dir = ''; load(); } }, '/workspace'),
-      parts.map((p, i) => ['/', h('a', { href: '', onclick: (e) => { e.preventDefault(); dir = parts.slice(0, i + 1).join('/'); load(); } }, p)]));
+      ...parts.flatMap((p, i) => ['/', h('a', { href: '', onclick: (e) => { e.preventDefault(); dir = parts.slice(0, i + 1).join('/'); load(); } }, p)]));
     tbody.replaceChildren(...entries.map((f) => {
       const name = f.type === 'directory'
         ? h('a', { href: '', class: 'dir', onclick: (e) => { e.preventDefault(); dir = full(f.name); load(); } }, `${f.name}/`)
@@ -651,9 +655,24 @@ function filesPanel(id, signal) {
   async function view(f) {
     try {
       if (f.size > 1024 * 1024) throw new Error(`${f.name} is ${fmtSize(f.size)}; download it instead`);
-      const text = await (await fetchFile(f)).text();
+      const resp = await fetchFile(f);
+      const type = resp.headers.get('Content-Type') || '';
       previewName.textContent = full(f.name);
-      previewText.textContent = text.includes('\u0000') ? '(binary; download it instead)' : text;
+      if (imageUrl) URL.revokeObjectURL(imageUrl);
+      imageUrl = null;
+      if (type.startsWith('image/')) {
+        // Shown as an <img>: an SVG's scripts never run there.
+        imageUrl = URL.createObjectURL(await resp.blob());
+        previewImage.src = imageUrl;
+        previewImage.alt = full(f.name);
+        previewImage.hidden = false;
+        previewText.hidden = true;
+      } else {
+        const text = await resp.text();
+        previewText.textContent = text.includes('\u0000') ? '(binary; download it instead)' : text;
+        previewText.hidden = false;
+        previewImage.hidden = true;
+      }
       preview.hidden = false;
     } catch (e) { err.show(e); }
   }

@@ -73,7 +73,7 @@ try {
   await page.click('a[data-nav=new]');
   await page.selectOption('select[name=kind]', 'shell');
   await page.fill('textarea[name=command]',
-    'for i in 1 2 3; do echo tick-$i; sleep 0.5; done; echo made > out.txt; echo warn >&2');
+    'for i in 1 2 3; do echo tick-$i; sleep 0.5; done; echo made > out.txt; mkdir sub; echo inner > sub/in.txt; echo warn >&2');
   await shot(page, 'new-job');
   await page.click('form.job-form button[type=submit]');
   await page.waitForURL(/#\/jobs\/job_/);
@@ -109,6 +109,36 @@ try {
   ]);
   assert.equal(download.suggestedFilename(), 'out.txt');
   assert.equal(await readFile(await download.path(), 'utf8'), 'made\n');
+
+  step('images show as images; an SVG\'s script never runs');
+  const png = Buffer.from('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==', 'base64');
+  const svg = Buffer.from('<svg xmlns="http://www.w3.org/2000/svg" width="40" height="20" onload="document.title=\'pwned\'">'
+    + '<script>document.title=\'pwned\'</script><rect width="40" height="20" fill="teal"/></svg>');
+  const title = await page.title();
+  await page.setInputFiles('.files input[type=file]', [
+    { name: 'dot.png', mimeType: 'image/png', buffer: png },
+    { name: 'pic.svg', mimeType: 'image/svg+xml', buffer: svg },
+  ]);
+  for (const [name, width] of [['dot.png', 1], ['pic.svg', 40]]) {
+    const r = page.locator('.files tr', { hasText: name });
+    await r.waitFor();
+    await r.getByText('view').click();
+    await page.waitForFunction(([n, w]) => {
+      const img = document.querySelector('.preview img');
+      return img && !img.hidden && img.alt.endsWith(n) && img.complete && img.naturalWidth === w;
+    }, [name, width]);
+  }
+  assert.equal(await page.title(), title, 'the SVG ran its script');
+  await shot(page, 'image');
+
+  step('a sub-folder\'s path and files');
+  await page.locator('.files a.dir', { hasText: 'sub/' }).click();
+  await page.locator('.files tr', { hasText: 'in.txt' }).waitFor();
+  assert.equal((await page.textContent('.files .crumbs')).trim(), '/workspace/sub');
+  await page.locator('.files tr', { hasText: 'in.txt' }).getByText('view').click();
+  await page.locator('.preview pre', { hasText: 'inner' }).waitFor();
+  await page.locator('.files .crumbs a', { hasText: '/workspace' }).click();
+  await page.locator('.files tr', { hasText: 'out.txt' }).waitFor();
   await shot(page, 'job');
 
   step('the job list shows it');
