@@ -62,6 +62,18 @@ function jobDuration(job) {
 
 const badge = (state) => h('span', { class: `badge state-${state}` }, state);
 
+// A running job's duration as an element that keeps counting: every
+// second, each one on the page shows the time since its start.
+function durationOf(job) {
+  const running = job.started_at && !job.finished_at;
+  return h('span', { 'data-started': running ? job.started_at : null }, fmtDuration(jobDuration(job)));
+}
+setInterval(() => {
+  for (const el of document.querySelectorAll('[data-started]')) {
+    el.textContent = fmtDuration(Date.now() - Date.parse(el.dataset.started));
+  }
+}, 1000);
+
 // Keeps a scrolling element at its bottom while the user has not scrolled
 // up, so live output follows without stealing the reader's place.
 function follow(el) {
@@ -466,7 +478,7 @@ function jobList(main, signal) {
       h('td', {}, j.kind),
       h('td', {}, badge(j.state)),
       h('td', {}, fmtTime(j.created_at)),
-      h('td', {}, fmtDuration(jobDuration(j))),
+      h('td', { class: 'duration' }, durationOf(j)),
       h('td', {}, j.exit_code ?? ''))));
     if (!rows.length) {
       tbody.append(h('tr', {}, h('td', { colspan: 6, class: 'muted' }, listFilter ? `No ${listFilter} jobs.` : 'No jobs yet.')));
@@ -807,10 +819,11 @@ async function jobPage(main, id, signal) {
     state.replaceChildren(badge(job.state));
     cancel.hidden = !['queued', 'running'].includes(job.state);
     const rows = [['kind', job.kind], ['created', fmtTime(job.created_at)], ['started', fmtTime(job.started_at)],
-      ['finished', fmtTime(job.finished_at)], ['duration', fmtDuration(jobDuration(job))],
+      ['finished', fmtTime(job.finished_at)], ['duration', durationOf(job)],
       ['exit code', job.exit_code ?? '—']];
     if (job.error) rows.push(['error', job.error]);
-    facts.replaceChildren(...rows.flatMap(([k, v]) => [h('dt', {}, k), h('dd', { class: k === 'error' ? 'error-text' : '' }, String(v))]));
+    facts.replaceChildren(...rows.flatMap(([k, v]) => [h('dt', {}, k),
+      h('dd', { class: k === 'error' ? 'error-text' : '' }, v instanceof Node ? v : String(v))]));
     request.textContent = JSON.stringify(job.request, null, 2);
     resultBox.hidden = job.result == null;
     result.textContent = JSON.stringify(job.result, null, 2);

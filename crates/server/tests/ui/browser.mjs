@@ -170,6 +170,33 @@ try {
   await page.click('form.job-form button[type=submit]');
   await page.waitForURL(/#\/jobs\/job_/);
   await page.locator('pre.output', { hasText: 'started' }).waitFor();
+
+  step('a running job\'s duration keeps counting, on its page and in the list');
+  const runningUrl = page.url();
+  const ticks = async (selector) => {
+    const first = await page.textContent(selector);
+    await page.waitForFunction(([sel, was]) => document.querySelector(sel)?.textContent !== was,
+      [selector, first], { timeout: 3000 });
+  };
+  await ticks('dl.facts dd [data-started]');
+  await page.click('a[data-nav=jobs]');
+  const runningId = decodeURIComponent(runningUrl.split('/').pop());
+  await page.locator(`tr[data-id="${runningId}"] .badge.state-running`).waitFor();
+  await ticks(`tr[data-id="${runningId}"] td.duration span`);
+
+  step('the jobs list fits a phone\'s screen');
+  const wide = page.viewportSize();
+  await page.setViewportSize({ width: 390, height: 844 });
+  const fits = await page.evaluate(() => {
+    const t = document.querySelector('table.jobs').getBoundingClientRect();
+    return t.left >= 0 && t.right <= window.innerWidth + 1
+      && document.documentElement.scrollWidth <= window.innerWidth + 1;
+  });
+  await shot(page, 'jobs-phone');
+  assert.ok(fits, 'the jobs table is cut off at phone width');
+  await page.setViewportSize(wide);
+  await page.goto(runningUrl);
+  await page.locator('pre.output', { hasText: 'started' }).waitFor();
   await page.getByRole('button', { name: 'Cancel' }).click();
   await page.locator('.toolbar .badge.state-cancelled').waitFor();
   await page.getByRole('button', { name: 'Cancel' }).waitFor({ state: 'hidden' });
