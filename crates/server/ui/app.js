@@ -807,11 +807,33 @@ async function jobPage(main, id, signal) {
   const request = h('pre');
   const result = h('pre');
   const resultBox = h('details', { hidden: true }, h('summary', {}, 'Result'), result);
+  // A gui job's screenshots, one per computer step, in order.
+  const strip = h('div', { class: 'shots' });
+  const shotsBox = h('section', { hidden: true }, h('h2', {}, 'Screenshots'), strip);
+  const shown = new Set();
   main.append(
     h('div', { class: 'toolbar' }, h('h1', {}, id), state, live, h('span', { class: 'spacer' }), cancel),
     err, facts,
     h('details', {}, h('summary', {}, 'Request'), request),
-    resultBox);
+    resultBox, shotsBox);
+
+  async function showShots(steps) {
+    // An agent job's `steps` is a count, not a list.
+    if (!Array.isArray(steps)) return;
+    for (const step of steps) {
+      const path = step.screenshot;
+      if (typeof path !== 'string' || shown.has(path)) continue;
+      shown.add(path);
+      try {
+        const resp = await api('GET', `v1/jobs/${encodeURIComponent(id)}/files/${enc(path)}`, { signal, raw: true });
+        const url = URL.createObjectURL(await resp.blob());
+        strip.append(h('figure', {},
+          h('img', { src: url, alt: `step ${step.index}: ${path}` }),
+          h('figcaption', { class: 'muted' }, `step ${step.index}`)));
+        shotsBox.hidden = false;
+      } catch (e) { if (!signal.aborted) err.show(e); }
+    }
+  }
 
   let job;
   async function refresh() {
@@ -827,6 +849,7 @@ async function jobPage(main, id, signal) {
     request.textContent = JSON.stringify(job.request, null, 2);
     resultBox.hidden = job.result == null;
     result.textContent = JSON.stringify(job.result, null, 2);
+    showShots(job.result?.steps);
   }
   try { await refresh(); } catch (e) { err.show(e); return; }
 

@@ -55,6 +55,7 @@ try {
   await page.fill('textarea[name=steps]', JSON.stringify([
     { tool: 'shell', command: "xsetroot -solid '#3366cc'; xterm -geometry 40x8+0+0 -title typer -e sh -c 'read line; echo \"$line\" > /workspace/typed.txt' >/dev/null 2>&1 & xdotool search --sync --name typer >/dev/null" },
     { tool: 'shell', command: 'while [ ! -s /workspace/typed.txt ]; do sleep 0.1; done; cat /workspace/typed.txt' },
+    { tool: 'computer', action: 'screenshot' },
   ]));
   await page.fill('input[name=timeout_secs]', '120');
   await page.click('form.job-form button[type=submit]');
@@ -113,6 +114,13 @@ try {
   await page.locator('.desktop .status', { hasText: 'the job has ended' }).waitFor();
   await page.locator('.desktop .screen img.last').waitFor();
   assert.equal(await page.isDisabled('.desktop input[name=control]'), true);
+
+  step('its screenshots show as a strip');
+  await page.waitForFunction(() => {
+    const img = document.querySelector('.shots img');
+    return img && img.complete && img.naturalWidth === 800 && img.naturalHeight === 600;
+  });
+  assert.match(await page.getAttribute('.shots img', 'alt'), /step 2: screenshots\/step-02\.png/);
   await shot(page, 'ended');
 
   assert.deepEqual(problems, []);
