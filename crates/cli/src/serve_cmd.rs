@@ -69,14 +69,7 @@ fn parse_entry(s: &str) -> Result<String, String> {
 fn parse_tenant_allow(s: &str) -> Result<(String, Vec<String>), String> {
     let (tenant, hosts) = s.split_once('=').ok_or("expected TENANT=HOST[,HOST...]")?;
     let tenant = tenant.trim();
-    if tenant.is_empty()
-        || tenant.len() > 64
-        || !tenant
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
-        return Err("a tenant name is 1 to 64 letters, digits, '-', '_' or '.'".into());
-    }
+    cordon_server::store::check_tenant(tenant)?;
     let hosts = hosts
         .split(',')
         .map(str::trim)

@@ -158,6 +158,20 @@ fn job_from_row(row: &AnyRow) -> Result<JobRow> {
     })
 }
 
+/// Whether `tenant` is a tenant's name: 1 to 64 letters, digits, `-`,
+/// `_` or `.`.
+pub fn check_tenant(tenant: &str) -> std::result::Result<(), String> {
+    let ok = (1..=64).contains(&tenant.len())
+        && tenant
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err("a tenant name is 1 to 64 letters, digits, '-', '_' or '.'".into())
+    }
+}
+
 /// Hex digits of a token's hash that name it in lists.
 pub const TOKEN_ID_CHARS: usize = 12;
 
@@ -268,16 +282,7 @@ impl Store {
     /// A new token for `tenant`; only its hash is stored.
     pub async fn create_token(&self, tenant: &str) -> Result<String> {
         let tenant = tenant.trim();
-        if tenant.is_empty()
-            || tenant.len() > 64
-            || !tenant
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            return Err(StoreError::Invalid(
-                "a tenant name is 1 to 64 letters, digits, '-', '_' or '.'".into(),
-            ));
-        }
+        check_tenant(tenant).map_err(StoreError::Invalid)?;
         let token = format!("cdn_{}", random_hex(24));
         sqlx::query("INSERT INTO tokens (hash, tenant, created_ms) VALUES ($1, $2, $3)")
             .bind(hash_token(&token))

@@ -336,14 +336,7 @@ pub(crate) async fn show(
 ) -> Result<Json<Value>, ApiError> {
     let row = find(&shared, &tenant, &id).await?;
     let path = dir(&shared, &id).join("session.jsonl");
-    let (records, _) = cordon_agent::log::load::<Value>(&path).map_err(|e| {
-        tracing::error!("session {id}: {e}");
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "cannot read the session's log",
-        )
-    })?;
+    let records = load_log(&path, &id)?;
     let display = started_display(records.iter().map(|r| &r.data));
     let (network, policy) = logged_network(records.iter().map(|r| &r.data));
     let summary = cordon_agent::sessions::summarize(&path, &records);
@@ -700,4 +693,20 @@ pub(crate) async fn compact(
             e.to_string(),
         )),
     }
+}
+
+/// A session's log records; 503 if it cannot be read.
+fn load_log(
+    path: &std::path::Path,
+    id: &str,
+) -> Result<Vec<cordon_agent::Record<Value>>, ApiError> {
+    let (records, _) = cordon_agent::log::load::<Value>(path).map_err(|e| {
+        tracing::error!("session {id}: {e}");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "cannot read the session's log",
+        )
+    })?;
+    Ok(records)
 }

@@ -42,15 +42,7 @@ pub(super) fn logged_network<'a>(
 
 fn read_log(shared: &Shared, id: &str) -> Result<Vec<Value>, ApiError> {
     let path = dir(shared, id).join("session.jsonl");
-    let (records, _) = cordon_agent::log::load::<Value>(&path).map_err(|e| {
-        tracing::error!("session {id}: {e}");
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "cannot read the session's log",
-        )
-    })?;
-    Ok(records.into_iter().map(|r| r.data).collect())
+    Ok(load_log(&path, id)?.into_iter().map(|r| r.data).collect())
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/network", tag = "sessions", summary = "A session's network policy",
