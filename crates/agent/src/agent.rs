@@ -833,7 +833,11 @@ impl Agent {
             });
             // The broker's refusals while this batch runs, for their
             // records (the tools put the same lines in their results).
-            let mut net = self.ctx.sandbox.network().map(|n| n.subscribe());
+            let mut net = self
+                .ctx
+                .sandbox
+                .network()
+                .map(|n| n.refusals(crate::netlog::MAX_RECORDS));
             let outputs: Option<Vec<(ToolOutput, Duration)>> = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => None,
@@ -867,7 +871,7 @@ impl Agent {
             if let Some(net) = net.as_mut() {
                 // A batch of several calls runs together; the refusals are
                 // the batch's, filed under its first call.
-                for e in crate::netlog::refusals(net) {
+                for e in net.ready() {
                     emit(AgentEvent::NetworkRefused {
                         tool_id: batch[0].0.clone(),
                         host: e.host,

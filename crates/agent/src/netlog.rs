@@ -1,32 +1,9 @@
-//! The network broker's refusals while the agent's tools ran, read off the
-//! sandbox's event broadcast: each host and port once, allowed connections
-//! left out, a bounded number (a retry loop must not flood the log).
+//! The network in the session log: how many of the broker's refusals a
+//! tool batch records, and each change to the sandbox's policy.
 
-use cordon_net::{Decision, NetEvent};
-use tokio::sync::broadcast::{self, error::TryRecvError};
-
-/// Records per tool batch at most.
-const MAX: usize = 20;
-
-/// What `rx` holds now that was refused or failed.
-pub(crate) fn refusals(rx: &mut broadcast::Receiver<NetEvent>) -> Vec<NetEvent> {
-    let mut out: Vec<NetEvent> = Vec::new();
-    loop {
-        match rx.try_recv() {
-            Ok(e) => {
-                if e.decision != Decision::Allowed
-                    && out.len() < MAX
-                    && !out.iter().any(|o| o.host == e.host && o.port == e.port)
-                {
-                    out.push(e);
-                }
-            }
-            Err(TryRecvError::Lagged(_)) => continue,
-            Err(_) => break,
-        }
-    }
-    out
-}
+/// Refusals recorded per tool batch at most: a retry loop must not flood
+/// the log.
+pub(crate) const MAX_RECORDS: usize = 20;
 
 /// The log record of a change to the sandbox's network policy, made by
 /// whoever holds its handle (the TUI's `/allow`, the server's API): what

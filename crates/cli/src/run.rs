@@ -153,19 +153,10 @@ fn report_network(sandbox: &Sandbox, eol: &'static str) -> Option<AbortOnDrop> {
             cordon_tools::printable(w)
         );
     }
-    let mut events = net.subscribe();
+    let mut refusals = net.refusals(usize::MAX);
     let task = tokio::spawn(async move {
-        let mut seen = std::collections::HashSet::new();
-        loop {
-            match events.recv().await {
-                Ok(e) if e.decision != cordon_net::Decision::Allowed => {
-                    if seen.insert((e.host.clone(), e.port)) {
-                        eprint!("cordon: {}{eol}", cordon_tools::printable(&e.message));
-                    }
-                }
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(_) => break,
-            }
+        while let Some(e) = refusals.next().await {
+            eprint!("cordon: {}{eol}", cordon_tools::printable(&e.message));
         }
     });
     Some(AbortOnDrop(task))

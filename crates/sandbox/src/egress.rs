@@ -7,11 +7,12 @@
 //! [`cordon_net::Broker`] serves it. Programs find it through the usual
 //! proxy variables; a program that ignores them finds no route and no DNS.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
 use cordon_net::{
-    BrokerConfig, EventSink, NetEvent, PolicyHandle, PolicySpec, Resolve, SystemResolver,
+    BrokerConfig, Decision, EventSink, NetEvent, PolicyHandle, PolicySpec, Resolve, SystemResolver,
 };
 use tokio::sync::broadcast;
 
@@ -69,6 +70,84 @@ impl NetworkInfo {
     /// refusal at once). A receiver that lags loses the oldest.
     pub fn subscribe(&self) -> broadcast::Receiver<NetEvent> {
         self.events.subscribe()
+    }
+
+    /// The connections refused (or failed) from now on, each host and
+    /// port once, at most `max` of them (see [`Refusals`]).
+    pub fn refusals(&self, max: usize) -> Refusals {
+        Refusals {
+            rx: self.subscribe(),
+            seen: HashSet::new(),
+            returned: 0,
+            max,
+            skipped: 0,
+        }
+    }
+}
+
+/// Hosts and ports a [`Refusals`] remembers at most: the sandbox chooses
+/// how many distinct ones it tries, and the host's memory is not its to
+/// fill. Past this, repeats are no longer told apart.
+const REFUSALS_SEEN: usize = 4096;
+
+/// What a front end reports of the broker's refusals: each refused or
+/// failed host and port once, the first `max` of them; the rest, and any
+/// a lagging receiver lost, only counted in [`Refusals::skipped`].
+pub struct Refusals {
+    rx: broadcast::Receiver<NetEvent>,
+    seen: HashSet<(String, u16)>,
+    returned: usize,
+    max: usize,
+    /// Refusals not returned: past `max`, or lost while lagging.
+    pub skipped: u64,
+}
+
+impl Refusals {
+    /// Whether `e` is a refusal to return.
+    fn admit(&mut self, e: &NetEvent) -> bool {
+        if e.decision == Decision::Allowed {
+            return false;
+        }
+        let key = (e.host.clone(), e.port);
+        if self.seen.contains(&key) {
+            return false;
+        }
+        if self.seen.len() < REFUSALS_SEEN {
+            self.seen.insert(key);
+        }
+        if self.returned < self.max {
+            self.returned += 1;
+            true
+        } else {
+            self.skipped += 1;
+            false
+        }
+    }
+
+    /// The next refusal to report; `None` once the broker is gone.
+    pub async fn next(&mut self) -> Option<NetEvent> {
+        loop {
+            match self.rx.recv().await {
+                Ok(e) if self.admit(&e) => return Some(e),
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(n)) => self.skipped += n,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+
+    /// The refusals to report that came since the last look, without
+    /// waiting.
+    pub fn ready(&mut self) -> Vec<NetEvent> {
+        let mut out = Vec::new();
+        loop {
+            match self.rx.try_recv() {
+                Ok(e) if self.admit(&e) => out.push(e),
+                Ok(_) => {}
+                Err(broadcast::error::TryRecvError::Lagged(n)) => self.skipped += n,
+                Err(_) => return out,
+            }
+        }
     }
 }
 
@@ -155,4 +234,68 @@ pub(crate) fn proxy_env() -> Vec<(String, String)> {
     env.push(("npm_config_https_proxy".into(), url.clone()));
     env.push(("CARGO_HTTP_PROXY".into(), url));
     env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cordon_net::{Policy, Reason};
+
+    fn event(host: &str, port: u16, decision: Decision) -> NetEvent {
+        NetEvent {
+            host: host.into(),
+            port,
+            method: "CONNECT".into(),
+            decision,
+            reason: Reason::NotListed,
+            addr: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 0,
+            message: format!("network: {host}:{port} refused by policy"),
+            intercepted: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn refusals_come_once_each_bounded_and_the_rest_are_counted() {
+        let (events, _) = broadcast::channel(64);
+        let info = NetworkInfo {
+            policy: PolicyHandle::new(Policy::deny_all()),
+            warnings: Vec::new(),
+            events: events.clone(),
+        };
+        let mut r = info.refusals(2);
+        for (host, port, decision) in [
+            ("a.example", 443, Decision::Refused),
+            ("a.example", 443, Decision::Refused),
+            ("ok.example", 443, Decision::Allowed),
+            ("a.example", 80, Decision::Failed),
+            ("b.example", 443, Decision::Refused),
+            ("b.example", 443, Decision::Refused),
+            ("c.example", 443, Decision::Refused),
+        ] {
+            events.send(event(host, port, decision)).unwrap();
+        }
+        let got: Vec<(String, u16)> = r.ready().into_iter().map(|e| (e.host, e.port)).collect();
+        assert_eq!(got, [("a.example".into(), 443), ("a.example".into(), 80)]);
+        // b and c were past the two; b's repeat is still a repeat.
+        assert_eq!(r.skipped, 2);
+        assert!(r.ready().is_empty());
+
+        // The host's memory of them is bounded, whatever the sandbox tries.
+        let mut r = info.refusals(usize::MAX);
+        let mut seen = 0;
+        for i in 0..(REFUSALS_SEEN + 10) {
+            events
+                .send(event(&format!("h{i}.example"), 443, Decision::Refused))
+                .unwrap();
+            seen += r.ready().len();
+        }
+        assert_eq!(seen, REFUSALS_SEEN + 10);
+        assert_eq!(r.seen.len(), REFUSALS_SEEN);
+        drop(events);
+        drop(info);
+        assert!(r.next().await.is_none(), "the broker is gone");
+    }
 }

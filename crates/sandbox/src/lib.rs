@@ -59,7 +59,7 @@ pub use config::{
 };
 pub use disk::make_removable;
 pub use display::VncAccess;
-pub use egress::{Egress, NetworkInfo, PROXY_PORT};
+pub use egress::{Egress, NetworkInfo, PROXY_PORT, Refusals};
 pub use error::{DiskStop, Error, Result};
 pub use leftovers::{Leftover, leftovers};
 pub use microvm::MicrovmBackend;

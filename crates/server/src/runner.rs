@@ -320,7 +320,7 @@ async fn run_request(
             tokio::spawn(forward_refusals(
                 shared.clone(),
                 id.to_string(),
-                net.subscribe(),
+                net.refusals(MAX_REFUSALS),
             ));
         }
         shared
@@ -431,26 +431,8 @@ const MAX_REFUSALS: usize = 100;
 
 /// The broker's refusals while the job runs, each host and port once, as
 /// `network_refused` events.
-async fn forward_refusals(
-    shared: Arc<Shared>,
-    id: String,
-    mut rx: tokio::sync::broadcast::Receiver<cordon_net::NetEvent>,
-) {
-    use tokio::sync::broadcast::error::RecvError;
-    let mut seen: Vec<(String, u16)> = Vec::new();
-    loop {
-        let e = match rx.recv().await {
-            Ok(e) => e,
-            Err(RecvError::Lagged(_)) => continue,
-            Err(RecvError::Closed) => return,
-        };
-        if e.decision == cordon_net::Decision::Allowed
-            || seen.len() >= MAX_REFUSALS
-            || seen.iter().any(|(h, p)| *h == e.host && *p == e.port)
-        {
-            continue;
-        }
-        seen.push((e.host.clone(), e.port));
+async fn forward_refusals(shared: Arc<Shared>, id: String, mut refusals: cordon_sandbox::Refusals) {
+    while let Some(e) = refusals.next().await {
         let event = NewEvent::new(
             "network_refused",
             json!({"host": e.host, "port": e.port, "decision": e.decision,

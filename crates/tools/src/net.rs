@@ -3,50 +3,33 @@
 //! around it. The lines are the broker's own (`network: HOST:PORT refused
 //! by policy (allowed: ...)`), each host and port once, in order.
 
-use cordon_net::{Decision, NetEvent};
-use cordon_sandbox::Sandbox;
-use tokio::sync::broadcast::{self, error::TryRecvError};
+use cordon_sandbox::{Refusals, Sandbox};
 
 /// Most lines added to one result: a loop that retries forever should not
 /// fill the model's context.
 const MAX_LINES: usize = 20;
 
 /// Watches a sandbox's broker from before a tool runs.
-pub(crate) struct NetWatch(broadcast::Receiver<NetEvent>);
+pub(crate) struct NetWatch(Refusals);
 
 impl NetWatch {
     /// `None` when the sandbox has no broker (network off or loopback).
     pub(crate) fn start(sandbox: &Sandbox) -> Option<NetWatch> {
-        sandbox.network().map(|n| NetWatch(n.subscribe()))
+        sandbox.network().map(|n| NetWatch(n.refusals(MAX_LINES)))
     }
 
     /// The lines for the connections refused or failed since the start.
     pub(crate) fn lines(&mut self) -> Vec<String> {
-        let mut seen = Vec::<(String, u16)>::new();
-        let mut lines = Vec::new();
-        let mut more = 0usize;
-        loop {
-            let e = match self.0.try_recv() {
-                Ok(e) => e,
-                Err(TryRecvError::Lagged(n)) => {
-                    more += n as usize;
-                    continue;
-                }
-                Err(_) => break,
-            };
-            if e.decision == Decision::Allowed || seen.contains(&(e.host.clone(), e.port)) {
-                continue;
-            }
-            seen.push((e.host.clone(), e.port));
-            if lines.len() < MAX_LINES {
-                lines.push(crate::printable(&e.message));
-            } else {
-                more += 1;
-            }
-        }
-        if more > 0 {
+        let mut lines: Vec<String> = self
+            .0
+            .ready()
+            .iter()
+            .map(|e| crate::printable(&e.message))
+            .collect();
+        if self.0.skipped > 0 {
             lines.push(format!(
-                "network: {more} more connections refused or failed"
+                "network: {} more connections refused or failed",
+                self.0.skipped
             ));
         }
         lines
