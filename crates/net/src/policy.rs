@@ -470,6 +470,19 @@ impl Policy {
         )
     }
 
+    /// This policy cut down to `ceiling`: the rules a ceiling rule covers,
+    /// and `allow_private` only if the ceiling has it too.
+    pub fn clamped_to(&self, ceiling: &Policy) -> Policy {
+        Policy::new(
+            self.rules
+                .iter()
+                .filter(|r| ceiling.rules.iter().any(|c| r.within(c)))
+                .cloned()
+                .collect(),
+            self.allow_private && ceiling.allow_private,
+        )
+    }
+
     /// What this policy allows beyond `ceiling` (a tenant's limit): each
     /// rule no ceiling rule covers, and `allow_private` if the ceiling lacks
     /// it. Empty means the policy is within the ceiling.
@@ -724,6 +737,13 @@ mod tests {
                 .beyond(&ceiling),
             ["allow_private"]
         );
+        let mixed = Policy::parse(&["a.example.org", "other.test", "api.test:8080"], true).unwrap();
+        let clamped = mixed.clamped_to(&ceiling);
+        assert_eq!(clamped.summary(), "a.example.org, api.test:8080");
+        assert!(!clamped.allow_private());
+        assert!(clamped.beyond(&ceiling).is_empty());
+        let within = p(&["a.example.org"]);
+        assert_eq!(within.clamped_to(&ceiling), within);
         let w = p(&["a.test"]).widened([Rule::host_port("b.test", 8080).unwrap()]);
         assert_eq!(w.summary(), "a.test, b.test:8080");
         assert_eq!(

@@ -251,8 +251,7 @@ async fn submit(shared: &Shared, tenant: &str, body: &Value) -> ApiResult<JobRow
         JobRequest::from_json(body, &shared.config.bounds).map_err(ApiError::bad_request)?;
     if let Some(asked) = &req.options.egress {
         let policy =
-            crate::network::settle(&shared.ceilings, &shared.config.data_dir, tenant, asked)
-                .await?;
+            crate::network::settle(shared, tenant, asked, crate::network::Empty::Ceiling).await?;
         req.options.egress = Some(policy.into());
     }
     if matches!(req.spec, JobSpec::Agent { .. }) && shared.config.agent.is_none() {

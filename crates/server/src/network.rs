@@ -66,32 +66,46 @@ impl Ceilings {
     }
 }
 
-/// The policy `asked` comes to for `tenant`: its presets expanded, or all
-/// the ceiling allows when it lists nothing; 403 naming what goes beyond.
+/// What an empty `allow` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Empty {
+    /// All the tenant's ceiling allows (a job's or session's `allow`).
+    Ceiling,
+    /// Nothing (a `PUT .../network` that takes everything away).
+    Nothing,
+}
+
+/// The policy `asked` comes to for `tenant`: its presets expanded, or
+/// what `empty` says when it lists nothing; 403 naming what goes beyond
+/// the tenant's ceiling.
 pub async fn settle(
-    ceilings: &Ceilings,
-    data_dir: &Path,
+    shared: &Shared,
     tenant: &str,
     asked: &PolicySpec,
+    empty: Empty,
 ) -> Result<Policy, ApiError> {
-    let ceiling = ceilings.of(tenant);
-    if ceiling.rules().is_empty() {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "network_not_allowed",
-            "this server lets this tenant reach no hosts: `network` may be \"off\" or \
-             \"loopback\" (the operator allows hosts with `cordon serve --allow HOST` or \
-             `--tenant-allow TENANT=HOST,...`)",
-        ));
-    }
-    let policy = if asked.allow.is_empty() {
-        Policy::new(ceiling.rules().to_vec(), asked.allow_private)
+    let ceiling = shared.ceilings.of(tenant);
+    let policy = if asked.allow.is_empty() && empty == Empty::Nothing {
+        Policy::new(Vec::new(), asked.allow_private)
     } else {
-        let env = PresetEnv::from_host().untrusting(data_dir);
-        cordon_net::presets::expand(asked, &env)
-            .await
-            .map_err(|e| ApiError::bad_request(format!("`allow`: {e}")))?
-            .0
+        if ceiling.rules().is_empty() {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "network_not_allowed",
+                "this server lets this tenant reach no hosts: `network` may be \"off\" or \
+                 \"loopback\" (the operator allows hosts with `cordon serve --allow HOST` or \
+                 `--tenant-allow TENANT=HOST,...`)",
+            ));
+        }
+        if asked.allow.is_empty() {
+            Policy::new(ceiling.rules().to_vec(), asked.allow_private)
+        } else {
+            let env = PresetEnv::from_host().untrusting(&shared.config.data_dir);
+            cordon_net::presets::expand(asked, &env)
+                .await
+                .map_err(|e| ApiError::bad_request(format!("`allow`: {e}")))?
+                .0
+        }
     };
     let beyond = policy.beyond(ceiling);
     if !beyond.is_empty() {
@@ -229,39 +243,17 @@ pub fn session_key(id: &str) -> String {
     format!("session/{id}")
 }
 
-/// The policy a `PUT .../network` asks for: exactly its list (empty:
-/// nothing), within the ceiling.
-pub async fn settle_change(
-    shared: &Shared,
-    tenant: &str,
-    change: PolicyChange,
-) -> Result<Policy, ApiError> {
-    let spec = PolicySpec {
-        allow: change.allow,
-        allow_private: change.allow_private,
-    };
-    if spec.allow.is_empty() {
-        let none = Policy::new(Vec::new(), spec.allow_private);
-        let beyond = none.beyond(shared.ceilings.of(tenant));
-        if !beyond.is_empty() {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "beyond_ceiling",
-                "`allow_private` goes beyond what this tenant may reach",
-            ));
-        }
-        return Ok(none);
-    }
-    settle(&shared.ceilings, &shared.config.data_dir, tenant, &spec).await
-}
-
 /// A `PUT .../network` body: a JSON object with `allow` (and
 /// `allow_private`), nothing else.
-pub fn parse_change(body: &[u8]) -> Result<PolicyChange, ApiError> {
-    serde_json::from_slice(body).map_err(|e| {
+pub fn parse_change(body: &[u8]) -> Result<PolicySpec, ApiError> {
+    let change: PolicyChange = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(format!(
             "the body must be {{\"allow\": [HOST, ...], \"allow_private\": false}}: {e}"
         ))
+    })?;
+    Ok(PolicySpec {
+        allow: change.allow,
+        allow_private: change.allow_private,
     })
 }
 
@@ -324,7 +316,7 @@ pub(crate) async fn put_job_network(
         };
         return Err(ApiError::new(StatusCode::CONFLICT, "not_running", why));
     };
-    let policy = settle_change(&shared, &tenant, change).await?;
+    let policy = settle(&shared, &tenant, &change, Empty::Nothing).await?;
     let before = handle.set(policy.clone());
     let record = cordon_agent::PolicyRecord::between(&before, &policy);
     let event = NewEvent::new(

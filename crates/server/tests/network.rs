@@ -428,3 +428,55 @@ async fn a_sessions_network_is_chosen_at_creation_and_changed_live_or_idle() {
     assert_eq!(status, 409, "{body}");
     s.stop().await;
 }
+
+/// A ceiling lowered while a session slept: its next sandbox gets only
+/// what the ceiling allows now, whatever its log says it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_ceiling_narrows_a_session_when_it_wakes() {
+    let b = service("service-b");
+    let rule_b = format!("127.0.0.1:{b}");
+    let a = service("service-a");
+    let rule_a = format!("127.0.0.1:{a}");
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Fetching B.").with_tool_call(
+                "c1",
+                "bash",
+                json!({"command": fetch(b)}),
+            ))
+            .turn(
+                Turn::text("Refused.")
+                    .expect_tool_results(["c1"])
+                    .expect_contains(format!("network: 127.0.0.1:{b} refused by policy")),
+            ),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let db = tmp.path().join("server.db").display().to_string();
+    let (ra, rb, url) = (rule_a.clone(), rule_b.clone(), model.url());
+    let s = TestServer::start_at(tmp.path(), &db, move |c| {
+        c.agent = Some(agent_at(url));
+        c.network.all.allow = vec![ra, rb];
+    })
+    .await;
+    let t = s.token("t").await;
+    let (status, ses) = s
+        .post(&t, "/v1/sessions", json!({"allow": [rule_a, rule_b]}))
+        .await;
+    assert_eq!(status, 201, "{ses}");
+    let id = ses["id"].as_str().unwrap().to_string();
+    s.stop().await;
+
+    let (url, ra) = (model.url(), rule_a.clone());
+    let s = TestServer::start_at(tmp.path(), &db, move |c| {
+        c.agent = Some(agent_at(url));
+        c.network.all.allow = vec![ra];
+    })
+    .await;
+    let turn = say(&s, &t, &id, "fetch B").await;
+    assert!(turn.contains("Refused."), "{turn}");
+    model.assert_finished();
+    let (_, net) = s.get(&t, &format!("/v1/sessions/{id}/network")).await;
+    assert_eq!(net["live"], true, "{net}");
+    assert_eq!(net["allow"], json!([rule_a]), "{net}");
+    s.stop().await;
+}

@@ -243,8 +243,7 @@ pub(crate) async fn create(
     let (network, egress) = crate::job::network_option(obj).map_err(ApiError::bad_request)?;
     let policy = match &egress {
         Some(asked) => Some(
-            crate::network::settle(&shared.ceilings, &shared.config.data_dir, &tenant, asked)
-                .await?,
+            crate::network::settle(&shared, &tenant, asked, crate::network::Empty::Ceiling).await?,
         ),
         None => None,
     };
@@ -388,25 +387,15 @@ async fn wake(
     // Within the ceiling as it is now: the operator may have lowered it.
     let policy = policy.map(|p| {
         let ceiling = shared.ceilings.of(&row.tenant);
-        let beyond: Vec<cordon_net::Rule> = p
-            .rules()
-            .iter()
-            .filter(|r| p.beyond(ceiling).contains(&r.to_string()))
-            .cloned()
-            .collect();
-        if !beyond.is_empty() {
+        let clamped = p.clamped_to(ceiling);
+        if clamped != p {
             tracing::warn!(
-                "session {}: {} rule(s) beyond its tenant's ceiling dropped",
+                "session {}: beyond its tenant's ceiling, dropped: {}",
                 row.id,
-                beyond.len()
+                p.beyond(ceiling).join(", ")
             );
         }
-        let narrowed = p.narrowed(&beyond);
-        if narrowed.allow_private() && !ceiling.allow_private() {
-            cordon_net::Policy::new(narrowed.rules().to_vec(), false)
-        } else {
-            narrowed
-        }
+        clamped
     });
     sc.network = network;
     sc.egress = policy

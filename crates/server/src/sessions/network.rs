@@ -19,12 +19,11 @@ pub(super) fn logged_network<'a>(
                     .and_then(|n| n.parse().ok())
                     .unwrap_or(cordon_sandbox::Network::Off);
                 if network == cordon_sandbox::Network::Allow {
-                    policy = serde_json::from_value::<cordon_net::PolicySpec>(json!({
+                    // A policy deserializes through its spec, checked.
+                    policy = serde_json::from_value::<cordon_net::Policy>(json!({
                         "allow": r["allow"], "allow_private": r["allow_private"],
                     }))
-                    .ok()
-                    .as_ref()
-                    .and_then(crate::network::stored_policy);
+                    .ok();
                 }
             }
             Some("network_policy") if network == cordon_sandbox::Network::Allow => {
@@ -93,7 +92,13 @@ pub(crate) async fn put_network(
             ),
         ));
     }
-    let policy = crate::network::settle_change(&shared, &row.tenant, change).await?;
+    let policy = crate::network::settle(
+        &shared,
+        &row.tenant,
+        &change,
+        crate::network::Empty::Nothing,
+    )
+    .await?;
     let key = crate::network::session_key(&id);
     let view = |live: bool| {
         Json(crate::network::NetworkView::new(
