@@ -38,19 +38,6 @@ fn fetch(port: u16) -> String {
     )
 }
 
-async fn put(s: &TestServer, token: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = s
-        .client
-        .put(s.url(path))
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
 async fn events(s: &TestServer, token: &str, id: &str) -> Vec<(String, Value)> {
     let r = s
         .client
@@ -220,13 +207,13 @@ async fn a_running_jobs_policy_changes_through_the_api_within_the_ceiling() {
         .submit(&t, json!({"kind": "shell", "command": "sleep 30"}))
         .await;
     s.wait_running(&t, &off).await;
-    let (status, body) = put(
-        &s,
-        &t,
-        &format!("/v1/jobs/{off}/network"),
-        json!({"allow": [rule_a]}),
-    )
-    .await;
+    let (status, body) = s
+        .put(
+            &t,
+            &format!("/v1/jobs/{off}/network"),
+            json!({"allow": [rule_a]}),
+        )
+        .await;
     assert_eq!(status, 409, "{body}");
     assert!(
         body["error"]["message"]
@@ -263,14 +250,16 @@ async fn a_running_jobs_policy_changes_through_the_api_within_the_ceiling() {
     }
 
     // Another tenant's job is as absent as a missing one.
-    let (status, _) = put(&s, &other, &path, json!({"allow": [rule_b]})).await;
+    let (status, _) = s.put(&other, &path, json!({"allow": [rule_b]})).await;
     assert_eq!(status, 404);
     let (status, _) = s.get(&other, &path).await;
     assert_eq!(status, 404);
     // Beyond the ceiling, or a body that is not a change: refused.
-    let (status, body) = put(&s, &t, &path, json!({"allow": ["127.0.0.1:1"]})).await;
+    let (status, body) = s.put(&t, &path, json!({"allow": ["127.0.0.1:1"]})).await;
     assert_eq!(status, 403, "{body}");
-    let (status, body) = put(&s, &t, &path, json!({"allow": [rule_b], "deny": []})).await;
+    let (status, body) = s
+        .put(&t, &path, json!({"allow": [rule_b], "deny": []}))
+        .await;
     assert_eq!(status, 400, "{body}");
     assert!(
         body["error"]["message"].as_str().unwrap().contains("deny"),
@@ -283,7 +272,7 @@ async fn a_running_jobs_policy_changes_through_the_api_within_the_ceiling() {
     );
 
     // Widened: the retry loop gets through at once.
-    let (status, net) = put(&s, &t, &path, json!({"allow": [rule_a, rule_b]})).await;
+    let (status, net) = s.put(&t, &path, json!({"allow": [rule_a, rule_b]})).await;
     assert_eq!(status, 200, "{net}");
     assert_eq!(net["live"], true);
     assert_eq!(net["allow"], json!([rule_a, rule_b]));
@@ -304,22 +293,15 @@ async fn a_running_jobs_policy_changes_through_the_api_within_the_ceiling() {
     assert_eq!(changes[0]["added"], json!([rule_b]));
     assert_eq!(changes[0]["allow"], json!([rule_a, rule_b]));
     // Over: nothing live to change.
-    let (status, body) = put(&s, &t, &path, json!({"allow": []})).await;
+    let (status, body) = s.put(&t, &path, json!({"allow": []})).await;
     assert_eq!(status, 409, "{body}");
     s.stop().await;
 }
 
-async fn say(s: &TestServer, token: &str, id: &str, text: &str) -> String {
-    let r = s
-        .client
-        .post(s.url(&format!("/v1/sessions/{id}/messages")))
-        .bearer_auth(token)
-        .json(&json!({"text": text}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.text().await.unwrap()
+/// Whether the model said `text` in a turn.
+fn said(turn: &[(String, Value)], text: &str) -> bool {
+    turn.iter()
+        .any(|(kind, data)| kind == "assistant_message" && data["text"] == text)
 }
 
 fn network_records(s: &TestServer, id: &str) -> Vec<Value> {
@@ -384,14 +366,17 @@ async fn a_sessions_network_is_chosen_at_creation_and_changed_live_or_idle() {
         (json!("allow"), json!([rule_a]), json!(false))
     );
 
-    let turn = say(&s, &t, &id, "fetch B").await;
-    assert!(turn.contains("network_refused"), "{turn}");
+    let turn = s.say(&t, &id, "fetch B").await;
+    assert!(
+        turn.iter().any(|(kind, _)| kind == "network_refused"),
+        "{turn:?}"
+    );
     // Live between turns: the broker takes it at once, the agent logs it.
-    let (status, net) = put(&s, &t, &path, json!({"allow": [rule_a, rule_b]})).await;
+    let (status, net) = s.put(&t, &path, json!({"allow": [rule_a, rule_b]})).await;
     assert_eq!(status, 200, "{net}");
     assert_eq!(net["live"], true, "{net}");
-    let turn = say(&s, &t, &id, "again").await;
-    assert!(turn.contains("B answered."), "{turn}");
+    let turn = s.say(&t, &id, "again").await;
+    assert!(said(&turn, "B answered."), "{turn:?}");
     model.assert_finished();
     let records = network_records(&s, &id);
     assert_eq!(records.len(), 1, "{records:?}");
@@ -404,7 +389,7 @@ async fn a_sessions_network_is_chosen_at_creation_and_changed_live_or_idle() {
         assert!(Instant::now() < deadline, "the session never idled out");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let (status, net) = put(&s, &t, &path, json!({"allow": [rule_a]})).await;
+    let (status, net) = s.put(&t, &path, json!({"allow": [rule_a]})).await;
     assert_eq!(status, 200, "{net}");
     assert_eq!(net["live"], false);
     let (_, net) = s.get(&t, &path).await;
@@ -418,13 +403,13 @@ async fn a_sessions_network_is_chosen_at_creation_and_changed_live_or_idle() {
     // A session off the network has nothing to change.
     let (_, plain) = s.post(&t, "/v1/sessions", json!({})).await;
     let plain = plain["id"].as_str().unwrap();
-    let (status, body) = put(
-        &s,
-        &t,
-        &format!("/v1/sessions/{plain}/network"),
-        json!({"allow": [rule_a]}),
-    )
-    .await;
+    let (status, body) = s
+        .put(
+            &t,
+            &format!("/v1/sessions/{plain}/network"),
+            json!({"allow": [rule_a]}),
+        )
+        .await;
     assert_eq!(status, 409, "{body}");
     s.stop().await;
 }
@@ -472,8 +457,8 @@ async fn a_lowered_ceiling_narrows_a_session_when_it_wakes() {
         c.network.all.allow = vec![ra];
     })
     .await;
-    let turn = say(&s, &t, &id, "fetch B").await;
-    assert!(turn.contains("Refused."), "{turn}");
+    let turn = s.say(&t, &id, "fetch B").await;
+    assert!(said(&turn, "Refused."), "{turn:?}");
     model.assert_finished();
     let (_, net) = s.get(&t, &format!("/v1/sessions/{id}/network")).await;
     assert_eq!(net["live"], true, "{net}");

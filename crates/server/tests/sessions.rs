@@ -4,35 +4,7 @@ mod common;
 
 use common::*;
 use cordon_testkit::{Scenario, ScriptedServer, Turn};
-use serde_json::{Value, json};
-
-async fn say(s: &TestServer, token: &str, id: &str, text: &str) -> Vec<(String, Value)> {
-    let r = s
-        .client
-        .post(s.url(&format!("/v1/sessions/{id}/messages")))
-        .bearer_auth(token)
-        .json(&json!({"text": text}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
-    let text = r.text().await.unwrap();
-    // Session streams carry no ids: each is one turn, not resumable.
-    text.split("\n\n")
-        .filter_map(|block| {
-            let mut event = None;
-            let mut data = None;
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("event: ") {
-                    event = Some(v.to_string());
-                } else if let Some(v) = line.strip_prefix("data: ") {
-                    data = serde_json::from_str(v).ok();
-                }
-            }
-            Some((event?, data?))
-        })
-        .collect()
-}
+use serde_json::json;
 
 async fn a_conversation_streams_turns_runs_tools_and_survives_a_restart(db: Db) {
     let model = ScriptedServer::start(
@@ -59,7 +31,7 @@ async fn a_conversation_streams_turns_runs_tools_and_survives_a_restart(db: Db) 
     let (status, created) = s.post(&t, "/v1/sessions", json!({})).await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap().to_string();
-    let events = say(&s, &t, &id, "save the number 4217 in notes.txt").await;
+    let events = s.say(&t, &id, "save the number 4217 in notes.txt").await;
     let kinds: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
     for k in [
         "turn_started",
@@ -92,7 +64,7 @@ async fn a_conversation_streams_turns_runs_tools_and_survives_a_restart(db: Db) 
     // A restart: the next message continues with the earlier context.
     s.stop().await;
     let s = TestServer::start_at(dir.path(), &db_url, with_model(model.url())).await;
-    let events = say(&s, &t, &id, "which number?").await;
+    let events = s.say(&t, &id, "which number?").await;
     let done = events
         .iter()
         .find(|e| e.0 == "turn_completed")
@@ -188,14 +160,14 @@ async fn one_turn_at_a_time_cancel_and_compact(db: Db) {
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(text.contains("cancelled"), "{text}");
-    let events = say(&s, &t, &id, "stop please").await;
+    let events = s.say(&t, &id, "stop please").await;
     assert!(events.iter().any(|e| e.0 == "turn_completed"));
     let (status, c) = s
         .post(&t, &format!("/v1/sessions/{id}/compact"), json!({}))
         .await;
     assert_eq!(status, 200, "{c}");
     assert!(c["summary"].as_str().unwrap().starts_with("SUMMARY"));
-    say(&s, &t, &id, "go on").await;
+    s.say(&t, &id, "go on").await;
     model.assert_finished();
 }
 
@@ -317,7 +289,7 @@ async fn a_session_with_a_display_gives_the_agent_a_desktop_to_watch() {
     assert_eq!(shown["live_desktop"], true);
 
     // The agent works on the same screen.
-    let events = say(&s, &t, &id, "what is on the screen?").await;
+    let events = s.say(&t, &id, "what is on the screen?").await;
     let finished = events
         .iter()
         .find(|(k, _)| k == "tool_call_finished")

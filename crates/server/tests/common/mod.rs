@@ -157,6 +157,49 @@ impl TestServer {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    pub async fn put(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .client
+            .put(self.url(path))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Sends a message to session `id` and reads its turn to the end: the
+    /// events, (type, data), in order.
+    pub async fn say(&self, token: &str, id: &str, text: &str) -> Vec<(String, Value)> {
+        let r = self
+            .client
+            .post(self.url(&format!("/v1/sessions/{id}/messages")))
+            .bearer_auth(token)
+            .json(&json!({"text": text}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        let text = r.text().await.unwrap();
+        // Session streams carry no ids: each is one turn, not resumable.
+        text.split("\n\n")
+            .filter_map(|block| {
+                let mut event = None;
+                let mut data = None;
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event: ") {
+                        event = Some(v.to_string());
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data = serde_json::from_str(v).ok();
+                    }
+                }
+                Some((event?, data?))
+            })
+            .collect()
+    }
+
     /// Queues a job and returns its id.
     pub async fn submit(&self, token: &str, job: Value) -> String {
         let (status, body) = self.post(token, "/v1/jobs", job).await;
