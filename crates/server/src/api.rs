@@ -454,12 +454,7 @@ pub(crate) async fn delete_job(
     }
     // Gone from the store first: nothing serves its files any more, and a
     // removal that fails leaves files, not a job that cannot be opened.
-    let dir = crate::runner::job_dir(&shared, &id);
-    match tokio::task::spawn_blocking(move || crate::server::remove_tree(&dir)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(job = %id, "cannot remove the job's files: {e}"),
-        Err(e) => tracing::warn!(job = %id, "cannot remove the job's files: {e}"),
-    }
+    crate::server::remove_files(crate::runner::job_dir(&shared, &id), &format!("job {id}")).await;
     Ok(StatusCode::NO_CONTENT)
 }
 

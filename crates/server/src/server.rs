@@ -341,8 +341,17 @@ async fn remove_expired_workspaces(shared: &Arc<Shared>, keep: Duration) {
     }
 }
 
+/// [`remove_tree`] off the async runtime, a failure logged as `what`'s.
+pub(crate) async fn remove_files(dir: std::path::PathBuf, what: &str) {
+    match tokio::task::spawn_blocking(move || remove_tree(&dir)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("cannot remove {what}'s files: {e}"),
+        Err(e) => tracing::warn!("cannot remove {what}'s files: {e}"),
+    }
+}
+
 /// Removes `dir` and everything in it; one that is already gone is fine.
-pub(crate) fn remove_tree(dir: &std::path::Path) -> std::io::Result<()> {
+fn remove_tree(dir: &std::path::Path) -> std::io::Result<()> {
     let gone = |r: std::io::Result<()>| match r {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         r => r,

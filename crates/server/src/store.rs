@@ -303,16 +303,7 @@ impl Store {
         .bind(tenant.unwrap_or(""))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|r| {
-                let hash: String = r.try_get("hash")?;
-                Ok(TokenRow {
-                    id: hash.chars().take(TOKEN_ID_CHARS).collect(),
-                    tenant: r.try_get("tenant")?,
-                    created_ms: r.try_get("created_ms")?,
-                })
-            })
-            .collect()
+        rows.iter().map(token_from_row).collect()
     }
 
     /// Revokes the one token whose id starts with `id` (at least 8 hex
@@ -339,19 +330,13 @@ impl Store {
         match hashes.as_slice() {
             [] => Ok(None),
             [hash] => {
-                let row =
-                    sqlx::query("DELETE FROM tokens WHERE hash = $1 RETURNING tenant, created_ms")
-                        .bind(hash)
-                        .fetch_optional(&self.pool)
-                        .await?;
-                row.map(|r| {
-                    Ok(TokenRow {
-                        id: hash.chars().take(TOKEN_ID_CHARS).collect(),
-                        tenant: r.try_get("tenant")?,
-                        created_ms: r.try_get("created_ms")?,
-                    })
-                })
-                .transpose()
+                sqlx::query("DELETE FROM tokens WHERE hash = $1 RETURNING hash, tenant, created_ms")
+                    .bind(hash)
+                    .fetch_optional(&self.pool)
+                    .await?
+                    .as_ref()
+                    .map(token_from_row)
+                    .transpose()
             }
             _ => Err(StoreError::Invalid(format!(
                 "{id} is the start of {} tokens' ids; give more of it",
@@ -733,6 +718,16 @@ pub struct SessionRow {
     pub created_ms: i64,
     pub title: String,
     pub model: String,
+}
+
+/// A token row of `hash, tenant, created_ms`, named by its id.
+fn token_from_row(row: &AnyRow) -> Result<TokenRow> {
+    let hash: String = row.try_get("hash")?;
+    Ok(TokenRow {
+        id: hash.chars().take(TOKEN_ID_CHARS).collect(),
+        tenant: row.try_get("tenant")?,
+        created_ms: row.try_get("created_ms")?,
+    })
 }
 
 fn session_from_row(row: &AnyRow) -> Result<SessionRow> {

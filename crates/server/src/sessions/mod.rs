@@ -602,12 +602,7 @@ pub(crate) async fn delete(
     // The sandbox is gone, so nothing writes here any more; remove_dir_all
     // unlinks symlinks rather than following them. Removed while the slot
     // is held, so no message that raced the delete wakes it on its files.
-    let d = dir(&shared, &id);
-    match tokio::task::spawn_blocking(move || crate::server::remove_tree(&d)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!("session {id}: cannot remove its files: {e}"),
-        Err(e) => tracing::warn!("session {id}: cannot remove its files: {e}"),
-    }
+    crate::server::remove_files(dir(&shared, &id), &format!("session {id}")).await;
     shared
         .sessions
         .slots
