@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 
-use crate::api::ApiError;
+use crate::http::ApiError;
 
 #[derive(Default)]
 struct Counts {

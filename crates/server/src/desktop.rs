@@ -19,7 +19,7 @@ use cordon_sandbox::{ExecEvent, Execution, Sandbox, VncAccess};
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
 
-use crate::api::{ApiError, Tenant};
+use crate::http::{ApiError, Tenant};
 use crate::job::JobState;
 use crate::server::Shared;
 
@@ -97,10 +97,10 @@ type Upgrade = Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketU
     description = "A WebSocket upgrade; each binary message carries RFB (VNC) bytes. View-only unless `access=control`. Browsers, which cannot set headers on a WebSocket, may send the token as the subprotocol `cordon.bearer.<token>` next to `binary`.",
     params(("id" = String, Path), ("access" = Option<String>, Query, description = "view (default) or control")),
     responses((status = 101, description = "Switching to the WebSocket"),
-              (status = 400, description = "Bad `access`, or not a WebSocket request", body = crate::openapi::ErrorDoc),
-              (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc),
-              (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc),
-              (status = 409, description = "The job has no live desktop", body = crate::openapi::ErrorDoc)))]
+              (status = 400, description = "Bad `access`, or not a WebSocket request", body = crate::http::ErrorResponse),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "The job has no live desktop", body = crate::http::ErrorResponse)))]
 pub(crate) async fn job_vnc(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -109,7 +109,7 @@ pub(crate) async fn job_vnc(
     upgrade: Upgrade,
 ) -> Result<Response, ApiError> {
     let access = access_of(&params.map_err(bad_query)?.0)?;
-    let job = crate::api::find(&shared, &tenant, &id).await?;
+    let job = crate::jobs::find(&shared, &tenant, &id).await?;
     let sandbox = shared.desktops.get(&format!("job/{id}")).ok_or_else(|| {
         let why = match job.state {
             JobState::Queued => "it has not started yet",

@@ -10,9 +10,45 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cordon_tools::{Workspace, WorkspaceError, WsPath};
 use futures_util::Stream;
-use serde_json::{Value, json};
+use serde::Serialize;
+use utoipa::ToSchema;
 
-use crate::api::{ApiError, ApiResult};
+use crate::http::{ApiError, ApiResult};
+
+/// A directory of a workspace.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Listing {
+    /// Relative to the workspace.
+    pub path: String,
+    /// Sorted by name.
+    pub entries: Vec<Entry>,
+}
+
+/// One name in a directory: data, shown as a JSON string, never followed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Entry {
+    pub name: String,
+    pub r#type: EntryType,
+    /// A file's size in bytes.
+    pub size: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryType {
+    File,
+    Directory,
+    Symlink,
+    Other,
+}
+
+/// What a write did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Written {
+    pub path: String,
+    /// False when an existing file was replaced.
+    pub created: bool,
+}
 
 /// A workspace error as the API answers it.
 pub(crate) fn error(e: WorkspaceError) -> ApiError {
@@ -34,14 +70,14 @@ pub(crate) fn error(e: WorkspaceError) -> ApiError {
 
 /// A directory's entries, sorted by name: each one's name, type and (for
 /// a file) size. Names are data, shown as JSON strings, never followed.
-pub(crate) fn list(ws: &Workspace, path: &str) -> ApiResult<Value> {
+pub(crate) fn list(ws: &Workspace, path: &str) -> ApiResult<Listing> {
     let path = WsPath::parse(path).map_err(error)?;
     listing(ws, &path)
 }
 
-fn listing(ws: &Workspace, path: &WsPath) -> ApiResult<Value> {
+fn listing(ws: &Workspace, path: &WsPath) -> ApiResult<Listing> {
     let (_fd, dir) = ws.open_dir(path).map_err(error)?;
-    let mut entries: Vec<Value> = std::fs::read_dir(&dir)
+    let mut entries: Vec<Entry> = std::fs::read_dir(&dir)
         .map_err(|e| {
             error(WorkspaceError::Io {
                 path: path.display(),
@@ -52,20 +88,23 @@ fn listing(ws: &Workspace, path: &WsPath) -> ApiResult<Value> {
         .map(|e| {
             let meta = e.metadata().ok();
             let kind = match meta.as_ref().map(|m| m.file_type()) {
-                Some(t) if t.is_dir() => "directory",
-                Some(t) if t.is_file() => "file",
-                Some(t) if t.is_symlink() => "symlink",
-                _ => "other",
+                Some(t) if t.is_dir() => EntryType::Directory,
+                Some(t) if t.is_file() => EntryType::File,
+                Some(t) if t.is_symlink() => EntryType::Symlink,
+                _ => EntryType::Other,
             };
-            json!({
-                "name": e.file_name().to_string_lossy(),
-                "type": kind,
-                "size": meta.filter(|m| m.is_file()).map(|m| m.len()),
-            })
+            Entry {
+                name: e.file_name().to_string_lossy().into_owned(),
+                r#type: kind,
+                size: meta.filter(|m| m.is_file()).map(|m| m.len()),
+            }
         })
         .collect();
-    entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
-    Ok(json!({"path": path.display(), "entries": entries}))
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Listing {
+        path: path.display().to_string(),
+        entries,
+    })
 }
 
 /// A file's bytes (at most `limit`), or a directory's listing as JSON.
@@ -148,7 +187,7 @@ pub(crate) async fn write(ws: Workspace, path: String, body: Bytes) -> ApiResult
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(json!({"path": path, "created": created}))).into_response())
+    Ok((status, Json(Written { path, created })).into_response())
 }
 
 /// Reads a file in chunks without a dependency on tokio-util.

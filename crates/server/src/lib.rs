@@ -6,15 +6,17 @@
 //! `<data_dir>/jobs/<id>/workspace`, which the files API reads and writes
 //! with the same no-escape rule as the agent's file tools.
 
-pub mod api;
 pub mod caps;
 pub mod desktop;
 mod files;
+pub mod http;
 pub mod hub;
 pub mod job;
+pub mod jobs;
 pub mod mcp;
 pub mod network;
 pub mod openapi;
+pub mod routes;
 pub mod runner;
 pub mod server;
 pub mod sessions;

@@ -16,7 +16,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use cordon_mcp::{McpTenant, SessionHold, SessionOwners};
 
-use crate::api::Tenant;
+use crate::http::Tenant;
 use crate::server::Shared;
 use crate::store::random_hex;
 

@@ -22,7 +22,7 @@ use axum::http::StatusCode;
 use cordon_net::{Policy, PolicyError, PolicyHandle, PolicySpec, PresetEnv};
 use serde::{Deserialize, Serialize};
 
-use crate::api::{ApiError, Tenant};
+use crate::http::{ApiError, Tenant};
 use crate::server::Shared;
 use crate::store::{JobRow, NewEvent};
 
@@ -260,25 +260,29 @@ pub fn parse_change(body: &[u8]) -> Result<PolicySpec, ApiError> {
 /// A job's network as it was submitted (plain rules), from its stored
 /// request.
 fn job_network(shared: &Shared, job: &JobRow) -> (cordon_sandbox::Network, Option<Policy>) {
-    match crate::job::JobRequest::from_json(&job.spec, &shared.config.bounds) {
-        Ok(req) => (
-            req.options.network,
-            req.options.egress.as_ref().and_then(stored_policy),
+    match job
+        .request
+        .as_ref()
+        .map(|r| r.limits().check(&shared.config.bounds))
+    {
+        Ok(Ok(options)) => (
+            options.network.into(),
+            options.egress.as_ref().and_then(stored_policy),
         ),
-        Err(_) => (cordon_sandbox::Network::Off, None),
+        _ => (cordon_sandbox::Network::Off, None),
     }
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{id}/network", tag = "jobs", summary = "A job's network policy",
     description = "What the job's sandbox may reach through cordon's broker: while it runs, the policy applied now; otherwise the one it was submitted with. `ceiling`: what this tenant may reach at most.",
     params(("id" = String, Path)),
-    responses((status = 200, body = NetworkView), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc)))]
+    responses((status = 200, body = NetworkView), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn get_job_network(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     AxPath(id): AxPath<String>,
 ) -> Result<Json<NetworkView>, ApiError> {
-    let job = crate::api::find(&shared, &tenant, &id).await?;
+    let job = crate::jobs::find(&shared, &tenant, &id).await?;
     let (network, stored) = job_network(&shared, &job);
     let live = shared.policies.get(&job_key(&id));
     let policy = live.as_ref().map(|h| (*h.load()).clone()).or(stored);
@@ -294,16 +298,16 @@ pub(crate) async fn get_job_network(
     description = "Replaces what a running job (submitted with `network` \"allow\") may reach, at once: the broker checks every new connection against it. Within this tenant's ceiling; recorded as a `network_policy` event.",
     params(("id" = String, Path)),
     request_body = PolicyChange,
-    responses((status = 200, body = NetworkView), (status = 400, description = "The body says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc),
-              (status = 403, description = "Beyond this tenant's ceiling", body = crate::openapi::ErrorDoc), (status = 404, description = "No such job (or another tenant's)", body = crate::openapi::ErrorDoc),
-              (status = 409, description = "The job is not running, or its network is not brokered", body = crate::openapi::ErrorDoc)))]
+    responses((status = 200, body = NetworkView), (status = 400, description = "The body says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "Beyond this tenant's ceiling", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "The job is not running, or its network is not brokered", body = crate::http::ErrorResponse)))]
 pub(crate) async fn put_job_network(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     AxPath(id): AxPath<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<NetworkView>, ApiError> {
-    let job = crate::api::find(&shared, &tenant, &id).await?;
+    let job = crate::jobs::find(&shared, &tenant, &id).await?;
     let change = parse_change(&body?)?;
     let (network, _) = job_network(&shared, &job);
     let Some(handle) = shared.policies.get(&job_key(&id)) else {

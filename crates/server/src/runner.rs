@@ -14,7 +14,9 @@ use cordon_tools::{Workspace, WsPath};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::job::{JobRequest, JobSpec, JobState, Language, RunOptions, Step};
+use crate::job::{
+    AgentResult, Job, JobResult, JobSpec, JobState, Language, RunOptions, Step, StepResult,
+};
 use crate::server::Shared;
 use crate::store::{JobRow, NewEvent, Outcome, OutputDelta};
 
@@ -74,15 +76,8 @@ impl Sink {
     }
 
     /// The step's own output, as its result shows it.
-    fn end_step(&mut self) -> Value {
-        let s = self.step.take().unwrap_or_default();
-        let [stdout, stderr] = s.text;
-        json!({
-            "stdout": stdout,
-            "stderr": stderr,
-            "stdout_truncated": s.truncated[0],
-            "stderr_truncated": s.truncated[1],
-        })
+    fn end_step(&mut self) -> StepOutput {
+        self.step.take().unwrap_or_default()
     }
 
     async fn event(&mut self, kind: &str, data: Value) {
@@ -250,7 +245,11 @@ pub async fn run(shared: Arc<Shared>, job: JobRow, cancel: Cancel) {
     shared.hub.open(&id);
     let mut sink = Sink::new(shared.clone(), &id);
     sink.event("state", json!({"state": "running"})).await;
-    let outcome = match JobRequest::from_json(&job.spec, &shared.config.bounds) {
+    let checked = job
+        .request
+        .clone()
+        .and_then(|r| r.check(&shared.config.bounds));
+    let outcome = match checked {
         Ok(req) => run_request(&shared, &id, &job.tenant, req, &mut sink, &cancel).await,
         Err(e) => Outcome {
             state: JobState::Failed,
@@ -280,7 +279,7 @@ async fn run_request(
     shared: &Arc<Shared>,
     id: &str,
     tenant: &str,
-    req: JobRequest,
+    req: Job,
     sink: &mut Sink,
     cancel: &Cancel,
 ) -> Outcome {
@@ -334,7 +333,7 @@ async fn run_request(
     let deadline = Instant::now() + Duration::from_secs(req.options.timeout_secs);
     let outcome = match req.spec {
         JobSpec::Shell { command } => {
-            let r = ExecRequest::argv(["bash", "-c", &command]);
+            let r = ExecRequest::argv(["bash", "-c", &*command]);
             single(
                 &sandbox,
                 r,
@@ -392,11 +391,11 @@ async fn run_request(
         } => {
             let session = job_dir(shared, id).join("session.jsonl");
             let agent = AgentRun {
-                prompt,
+                prompt: prompt.into(),
                 model,
                 max_steps,
                 session,
-                network: req.options.network,
+                network: req.options.network.into(),
                 allow: req
                     .options
                     .egress
@@ -417,7 +416,7 @@ fn sandbox_config(shared: &Shared, ws: &std::path::Path, options: &RunOptions) -
     let mut c = shared.config.sandbox(ws);
     c.memory = Some(options.memory);
     c.disk = Some(options.disk);
-    c.network = options.network;
+    c.network = options.network.into();
     c.egress = options.egress.clone().map(cordon_sandbox::Egress::new);
     if let Some(b) = options.backend {
         c.backend = b;
@@ -548,21 +547,32 @@ async fn run_steps(
             .await;
         sink.begin_step();
         let outcome = match step {
-            Step::Shell { command } => {
-                let r = ExecRequest::argv(["bash", "-c", command]);
+            Step::Shell(s) => {
+                let r = ExecRequest::argv(["bash", "-c", &*s.command]);
                 single(sandbox, r, deadline, sink, cancel, cap).await
             }
-            Step::Code { language, code } => match code_request(*language, code) {
-                Ok(r) => single(sandbox, r, deadline, sink, cancel, cap).await,
-                Err(e) => file_failure(sink, e).await,
-            },
-            Step::WriteFile { path, content } => {
-                match file_op(ws, path, |w, p| w.write(p, content.as_bytes()).map(|_| ())) {
+            Step::Python(s) | Step::Javascript(s) | Step::Typescript(s) => {
+                let language = match step {
+                    Step::Javascript(_) => Language::Javascript,
+                    Step::Typescript(_) => Language::Typescript,
+                    _ => Language::Python,
+                };
+                match code_request(language, &s.code) {
+                    Ok(r) => single(sandbox, r, deadline, sink, cancel, cap).await,
+                    Err(e) => file_failure(sink, e).await,
+                }
+            }
+            Step::WriteFile(s) => {
+                let path = &*s.path;
+                match file_op(ws, path, |w, p| {
+                    w.write(p, s.content.as_bytes()).map(|_| ())
+                }) {
                     Ok(()) => succeeded(),
                     Err(e) => file_failure(sink, format!("write_file {path}: {e}")).await,
                 }
             }
-            Step::ReadFile { path } => {
+            Step::ReadFile(s) => {
+                let path = &*s.path;
                 let read = file_op(ws, path, |w, p| {
                     let (mut f, _) = w.open_read(p)?;
                     let mut buf = Vec::new();
@@ -584,29 +594,29 @@ async fn run_steps(
                     Err(e) => file_failure(sink, format!("read_file {path}: {e}")).await,
                 }
             }
-            Step::Computer { args } => {
-                let (outcome, shot) = computer_step(sandbox, ws, index, args, sink).await;
+            Step::Computer(action) => {
+                let (outcome, shot) = computer_step(sandbox, ws, index, &action.0, sink).await;
                 screenshot = shot;
                 outcome
             }
         };
-        let mut result = json!({
-            "index": index,
-            "tool": step.tool(),
-            "state": outcome.state,
-            "exit_code": outcome.exit_code,
-            "error": outcome.error,
-            "duration_ms": started.elapsed().as_millis() as u64,
-        });
-        if let (Some(r), Value::Object(output)) = (result.as_object_mut(), sink.end_step()) {
-            r.extend(output);
-        }
-        if let Some(path) = screenshot {
-            result["screenshot"] = Value::String(path);
-        }
+        let output = sink.end_step();
+        let [stdout, stderr] = output.text;
+        let result = StepResult {
+            index,
+            tool: step.tool().to_string(),
+            state: outcome.state.into(),
+            exit_code: outcome.exit_code,
+            error: outcome.error.clone(),
+            duration_ms: Some(started.elapsed().as_millis() as u64),
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            stdout_truncated: Some(output.truncated[0]),
+            stderr_truncated: Some(output.truncated[1]),
+            screenshot,
+        };
+        sink.event("step_finished", json!(result)).await;
         results.push(result);
-        sink.event("step_finished", results.last().cloned().unwrap_or_default())
-            .await;
         let stop = match outcome.state {
             JobState::Succeeded => false,
             JobState::Cancelled | JobState::TimedOut => true,
@@ -622,10 +632,10 @@ async fn run_steps(
     }
     // The steps a failure (or the end of time) kept from running.
     for (index, step) in steps.iter().enumerate().skip(results.len()) {
-        results.push(json!({"index": index, "tool": step.tool(), "state": "skipped"}));
+        results.push(StepResult::skipped(index, step.tool()));
     }
     let mut out = first_failure.unwrap_or(last);
-    out.result = Some(json!({ "steps": results }));
+    out.result = Some(JobResult::Steps { steps: results });
     out
 }
 
@@ -795,29 +805,29 @@ async fn run_agent(
             state: JobState::Succeeded,
             exit_code: Some(0),
             error: None,
-            result: Some(json!({
-                "text": o.text,
-                "stop_reason": o.stop_reason,
-                "steps": o.steps,
-                "usage": usage,
-                "cost_usd": o.cost_usd,
+            result: Some(JobResult::Agent(AgentResult {
+                text: Some(o.text),
+                stop_reason: Some(o.stop_reason),
+                steps: Some(o.steps),
+                usage,
+                cost_usd: o.cost_usd,
             })),
         },
         Err(AgentError::Cancelled) if timed_out => Outcome {
             state: JobState::TimedOut,
             exit_code: Some(i64::from(cordon_sandbox::exit_code::TIMEOUT)),
             error: Some("the job ran past its timeout".into()),
-            result: Some(json!({ "usage": usage })),
+            result: Some(JobResult::Agent(AgentResult::usage(usage))),
         },
         Err(AgentError::Cancelled) => Outcome {
-            result: Some(json!({ "usage": usage })),
+            result: Some(JobResult::Agent(AgentResult::usage(usage))),
             ..cancelled()
         },
         Err(e) => Outcome {
             state: JobState::Failed,
             exit_code: Some(1),
             error: Some(e.to_string()),
-            result: Some(json!({ "usage": usage })),
+            result: Some(JobResult::Agent(AgentResult::usage(usage))),
         },
     }
 }

@@ -140,6 +140,12 @@ pub struct Shared {
     claim: tokio::sync::Mutex<()>,
 }
 
+impl AsRef<Store> for Shared {
+    fn as_ref(&self) -> &Store {
+        &self.store
+    }
+}
+
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -281,7 +287,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
             tracing::debug!("TCP_NODELAY: {e}");
         }
     });
-    let app = crate::api::router(shared.clone());
+    let app = crate::routes::router(shared.clone());
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let serve = tokio::spawn(async move {
         let shutdown = async move {

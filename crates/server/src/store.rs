@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
-use crate::job::JobState;
+use crate::job::{JobKind, JobRequest, JobResult, JobState};
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -41,8 +41,10 @@ pub struct JobRow {
     pub seq: i64,
     pub id: String,
     pub tenant: String,
-    pub kind: String,
-    pub spec: Value,
+    pub kind: JobKind,
+    /// The request as stored; an error if it no longer reads (a stored
+    /// job from an incompatible version).
+    pub request: std::result::Result<JobRequest, String>,
     pub state: JobState,
     pub created_ms: i64,
     pub started_ms: Option<i64>,
@@ -53,7 +55,7 @@ pub struct JobRow {
     pub stderr: String,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
-    pub result: Option<Value>,
+    pub result: Option<JobResult>,
     /// When the job's workspace was removed (`--keep-workspaces`).
     pub workspace_removed_ms: Option<i64>,
 }
@@ -89,14 +91,14 @@ pub struct Outcome {
     pub state: JobState,
     pub exit_code: Option<i64>,
     pub error: Option<String>,
-    pub result: Option<Value>,
+    pub result: Option<JobResult>,
 }
 
 /// `GET /v1/jobs` filters; `before` is the cursor (a job's `seq`).
 #[derive(Debug, Clone, Default)]
 pub struct ListQuery {
     pub state: Option<JobState>,
-    pub kind: Option<String>,
+    pub kind: Option<JobKind>,
     /// Only jobs created at or after this time (ms since the epoch).
     pub since_ms: Option<i64>,
     pub before: Option<i64>,
@@ -134,14 +136,16 @@ macro_rules! job_columns {
 
 fn job_from_row(row: &AnyRow) -> Result<JobRow> {
     let state: String = row.try_get("state")?;
+    let kind: String = row.try_get("kind")?;
     let spec: String = row.try_get("spec")?;
     let result: Option<String> = row.try_get("result")?;
     Ok(JobRow {
         seq: row.try_get("seq")?,
         id: row.try_get("id")?,
         tenant: row.try_get("tenant")?,
-        kind: row.try_get("kind")?,
-        spec: serde_json::from_str(&spec).unwrap_or(Value::Null),
+        kind: JobKind::parse(&kind)
+            .ok_or_else(|| StoreError::Invalid(format!("unknown job kind {kind:?}")))?,
+        request: serde_json::from_str(&spec).map_err(|e| e.to_string()),
         state: JobState::parse(&state)
             .ok_or_else(|| StoreError::Invalid(format!("unknown job state {state:?}")))?,
         created_ms: row.try_get("created_ms")?,
@@ -371,13 +375,9 @@ impl Store {
     }
 
     /// Queues a job.
-    pub async fn insert_job(
-        &self,
-        id: &str,
-        tenant: &str,
-        kind: &str,
-        spec: &Value,
-    ) -> Result<JobRow> {
+    pub async fn insert_job(&self, id: &str, tenant: &str, request: &JobRequest) -> Result<JobRow> {
+        let spec = serde_json::to_string(request)
+            .map_err(|e| StoreError::Invalid(format!("a job that does not serialize: {e}")))?;
         let row = sqlx::query(concat!(
             "INSERT INTO jobs (id, tenant, kind, spec, state, created_ms) \
              VALUES ($1, $2, $3, $4, 'queued', $5) RETURNING ",
@@ -385,8 +385,8 @@ impl Store {
         ))
         .bind(id)
         .bind(tenant)
-        .bind(kind)
-        .bind(spec.to_string())
+        .bind(request.kind().as_str())
+        .bind(spec)
         .bind(now_ms())
         .fetch_one(&self.pool)
         .await?;
@@ -419,7 +419,7 @@ impl Store {
         ))
         .bind(tenant)
         .bind(q.state.map_or("", JobState::as_str))
-        .bind(q.kind.as_deref().unwrap_or(""))
+        .bind(q.kind.map_or("", JobKind::as_str))
         .bind(q.before.unwrap_or(i64::MAX))
         .bind(q.limit)
         .bind(q.since_ms.unwrap_or(i64::MIN))
@@ -517,7 +517,12 @@ impl Store {
         .bind(now_ms())
         .bind(outcome.exit_code)
         .bind(outcome.error.as_deref())
-        .bind(outcome.result.as_ref().map(Value::to_string))
+        .bind(
+            outcome
+                .result
+                .as_ref()
+                .and_then(|r| serde_json::to_string(r).ok()),
+        )
         .bind(id)
         .bind(states.first().copied().unwrap_or(""))
         .bind(states.get(1).copied().unwrap_or(""))

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use sha2::{Digest, Sha256};
 
-use crate::api::ApiError;
+use crate::http::ApiError;
 use crate::server::Shared;
 
 struct Asset {

@@ -276,10 +276,10 @@ async fn bad_input_gets_a_4xx_that_says_what_is_wrong(db: Db) {
     };
     for (body, want) in [
         ("{not json", "not valid JSON"),
-        ("[]", "must be a JSON object"),
+        ("[]", "the body must be a JSON object, not an array"),
         (
             r#"{"kind": "shell", "command": 7}"#,
-            "`command` must be a string",
+            "`command`: invalid type: integer `7`, expected a string",
         ),
         (
             r#"{"kind": "shell", "comand": "ls"}"#,
@@ -291,7 +291,11 @@ async fn bad_input_gets_a_4xx_that_says_what_is_wrong(db: Db) {
         ),
         (
             r#"{"kind": "shell", "command": "ls", "timeout_secs": -1}"#,
-            "`timeout_secs`",
+            "`timeout_secs`: invalid value: integer `-1`",
+        ),
+        (
+            r#"{"steps": [{"tool": "shell", "command": "ls"}, {"tool": "python"}]}"#,
+            "`steps[1]`: missing field `code`",
         ),
     ] {
         let r = send(body).await.unwrap();

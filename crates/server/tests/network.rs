@@ -164,7 +164,7 @@ async fn jobs_reach_what_they_ask_within_the_ceiling_and_nothing_else() {
         ),
         (
             json!({"kind": "shell", "command": "true", "allow": "x"}),
-            "array",
+            "`allow`: invalid type: string \"x\", expected a sequence",
         ),
         (
             json!({"kind": "shell", "command": "true", "allow": ["@nope"]}),

@@ -190,11 +190,17 @@ async fn sessions_need_a_model_and_well_formed_messages(db: Db) {
     let (_, created) = s.post(&t, "/v1/sessions", json!({})).await;
     let id = created["id"].as_str().unwrap();
     for (body, want) in [
-        (json!({}), "needs `text`"),
-        (json!({"text": 3}), "must be a string"),
-        (json!({"text": " "}), "is empty"),
-        (json!({"text": "x", "extra": 1}), "unknown field `extra`"),
-        (json!([]), "JSON object"),
+        (json!({}), "missing field `text`"),
+        (
+            json!({"text": 3}),
+            "`text`: invalid type: integer `3`, expected a string",
+        ),
+        (json!({"text": " "}), "`text`: must not be empty"),
+        (
+            json!({"text": "x", "extra": 1}),
+            "unknown field `extra`, expected `text`",
+        ),
+        (json!([]), "the body must be a JSON object, not an array"),
     ] {
         let (status, v) = s
             .post(&t, &format!("/v1/sessions/{id}/messages"), body.clone())

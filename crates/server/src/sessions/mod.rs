@@ -26,12 +26,18 @@ use futures_util::Stream;
 use serde_json::{Value, json};
 use tokio::sync::{OwnedMutexGuard, mpsc};
 
-use crate::api::{ApiError, Tenant, parse_json, rfc3339};
+use crate::http::{ApiError, Tenant, plausible_id, read_json};
+use crate::job::NetworkMode;
 use crate::server::Shared;
 use crate::store::{SessionRow, random_hex};
 
 pub(crate) mod files;
 pub(crate) mod network;
+mod view;
+
+pub use view::{
+    Cancelled, Compaction, NewMessage, NewSession, SessionList, SessionSummary, SessionView,
+};
 
 use files::{get_file, list_files, put_file};
 use network::{get_network, logged_network, put_network};
@@ -147,10 +153,10 @@ fn started_display<'a>(
     description = "As `/v1/jobs/{id}/vnc`, for a session created with `display`; an idle session is woken.",
     params(("id" = String, Path), ("access" = Option<String>, Query, description = "view (default) or control")),
     responses((status = 101, description = "Switching to the WebSocket"),
-              (status = 400, description = "Bad `access`, or not a WebSocket request", body = crate::openapi::ErrorDoc),
-              (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc),
-              (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
-              (status = 409, description = "The session has no display, or a turn is waking it", body = crate::openapi::ErrorDoc)))]
+              (status = 400, description = "Bad `access`, or not a WebSocket request", body = crate::http::ErrorResponse),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "The session has no display, or a turn is waking it", body = crate::http::ErrorResponse)))]
 pub(crate) async fn vnc(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -192,15 +198,6 @@ fn dir(shared: &Shared, id: &str) -> std::path::PathBuf {
     shared.config.data_dir.join("sessions").join(id)
 }
 
-fn view(row: &SessionRow) -> Value {
-    json!({
-        "id": row.id,
-        "title": row.title,
-        "model": row.model,
-        "created_at": rfc3339(Some(row.created_ms)),
-    })
-}
-
 fn no_model() -> ApiError {
     ApiError::new(
         StatusCode::BAD_REQUEST,
@@ -210,37 +207,23 @@ fn no_model() -> ApiError {
 }
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", summary = "Start a conversation",
-    request_body = crate::openapi::SessionCreateDoc,
-    responses((status = 201, body = crate::openapi::SessionDoc), (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc)))]
+    request_body = NewSession,
+    responses((status = 201, body = SessionSummary), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse)))]
 pub(crate) async fn create(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body?;
-    let body = if body.is_empty() {
-        json!({})
+    let asked: NewSession = if body.is_empty() {
+        NewSession::default()
     } else {
-        parse_json(&body)?
+        read_json(&body)?
     };
-    let obj = body.as_object().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "the body must be a JSON object",
-        )
-    })?;
-    const FIELDS: [&str; 5] = ["model", "display", "network", "allow", "allow_private"];
-    if let Some(k) = obj.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            format!("unknown field `{k}` (allowed: {})", FIELDS.join(", ")),
-        ));
-    }
-    let display = crate::job::display_field(obj, None)
-        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", m))?;
-    let (network, egress) = crate::job::network_option(obj).map_err(ApiError::bad_request)?;
+    let display = asked.display.map(|s| s.0);
+    let (network, egress) =
+        crate::job::network_choice(asked.network, asked.allow.as_deref(), asked.allow_private)
+            .map_err(ApiError::bad_request)?;
     let policy = match &egress {
         Some(asked) => Some(
             crate::network::settle(&shared, &tenant, asked, crate::network::Empty::Ceiling).await?,
@@ -248,17 +231,9 @@ pub(crate) async fn create(
         None => None,
     };
     let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
-    let model = match obj.get("model") {
-        None | Some(Value::Null) => defaults.agent.model.clone(),
-        Some(Value::String(m)) if !m.trim().is_empty() => m.clone(),
-        Some(_) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request",
-                "`model` must be a non-empty string",
-            ));
-        }
-    };
+    let model = asked
+        .model
+        .map_or_else(|| defaults.agent.model.clone(), String::from);
     let id = format!("ses_{}", random_hex(12));
     let d = dir(&shared, &id);
     let unavailable = |e: std::io::Error| {
@@ -283,7 +258,7 @@ pub(crate) async fn create(
     if let Some(d) = display {
         started["display"] = json!(format!("{}x{}", d.width, d.height));
     }
-    started["network"] = json!(network.to_string());
+    started["network"] = json!(cordon_sandbox::Network::from(network).to_string());
     if let Some(p) = &policy {
         let spec = cordon_net::PolicySpec::from(p.clone());
         started["allow"] = json!(spec.allow);
@@ -292,23 +267,23 @@ pub(crate) async fn create(
     log.append(&started)
         .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
     let row = shared.store.insert_session(&id, &tenant, &model).await?;
-    Ok((StatusCode::CREATED, Json(view(&row))).into_response())
+    Ok((StatusCode::CREATED, Json(SessionSummary::of(&row))).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", summary = "List conversations, newest first",
-    responses((status = 200, body = crate::openapi::SessionListDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc)))]
+    responses((status = 200, body = SessionList), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse)))]
 pub(crate) async fn list(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionList>, ApiError> {
     let rows = shared.store.sessions(&tenant, 200).await?;
-    Ok(Json(
-        json!({"sessions": rows.iter().map(view).collect::<Vec<_>>()}),
-    ))
+    Ok(Json(SessionList {
+        sessions: rows.iter().map(SessionSummary::of).collect(),
+    }))
 }
 
 async fn find(shared: &Shared, tenant: &str, id: &str) -> Result<SessionRow, ApiError> {
-    if !crate::api::plausible_id(id) {
+    if !plausible_id(id) {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -327,12 +302,12 @@ async fn find(shared: &Shared, tenant: &str, id: &str) -> Result<SessionRow, Api
 /// A session with its conversation as last sent to the model.
 #[utoipa::path(get, path = "/v1/sessions/{id}", tag = "sessions", summary = "A conversation and its messages",
     params(("id" = String, Path)),
-    responses((status = 200, body = crate::openapi::SessionDetailDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc)))]
+    responses((status = 200, body = SessionView), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn show(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionView>, ApiError> {
     let row = find(&shared, &tenant, &id).await?;
     let path = dir(&shared, &id).join("session.jsonl");
     let records = load_log(&path, &id)?;
@@ -340,23 +315,18 @@ pub(crate) async fn show(
     let (network, policy) = logged_network(records.iter().map(|r| &r.data));
     let summary = cordon_agent::sessions::summarize(&path, &records);
     let messages = cordon_agent::sessions::replay(records.iter().map(|r| &r.data));
-    let mut v = view(&row);
-    v["turns"] = json!(summary.as_ref().map_or(0, |s| s.turns));
-    v["usage"] = json!(summary.map(|s| s.usage).unwrap_or_default());
-    v["messages"] = json!(messages);
-    v["display"] = json!(display.map(|d| format!("{}x{}", d.width, d.height)));
-    v["network"] = json!(network.to_string());
-    v["allow"] = json!(
-        policy
-            .map(|p| p
-                .rules()
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>())
-            .unwrap_or_default()
-    );
-    v["live_desktop"] = json!(shared.desktops.get(&desktop_key(&id)).is_some());
-    Ok(Json(v))
+    Ok(Json(SessionView {
+        summary: SessionSummary::of(&row),
+        turns: summary.as_ref().map_or(0, |s| s.turns),
+        usage: summary.map(|s| s.usage).unwrap_or_default(),
+        messages,
+        display: display.map(crate::job::Screen),
+        network: NetworkMode::try_from(network).unwrap_or(NetworkMode::Off),
+        allow: policy
+            .map(|p| p.rules().iter().map(ToString::to_string).collect())
+            .unwrap_or_default(),
+        live_desktop: shared.desktops.get(&desktop_key(&id)).is_some(),
+    }))
 }
 
 /// Brings a session to life: a sandbox over its workspace and an agent
@@ -499,38 +469,22 @@ async fn take(
     Ok(guard)
 }
 
-fn text_of(body: &Value) -> Result<String, ApiError> {
-    let bad = |m: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", m);
-    let obj = body
-        .as_object()
-        .ok_or_else(|| bad("the body must be a JSON object with `text`"))?;
-    if let Some(k) = obj.keys().find(|k| k.as_str() != "text") {
-        return Err(bad(&format!("unknown field `{k}` (allowed: text)")));
-    }
-    match obj.get("text") {
-        Some(Value::String(t)) if !t.trim().is_empty() => Ok(t.clone()),
-        Some(Value::String(_)) => Err(bad("`text` is empty")),
-        Some(_) => Err(bad("`text` must be a string")),
-        None => Err(bad("the message needs `text`")),
-    }
-}
-
 /// Posts a message; the answer streams back as SSE, one event per agent
 /// event, and the stream ends with the turn. A client that goes away does
 /// not stop the turn: it runs to its end and is in the log.
 #[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions", summary = "Send a message; the turn streams back",
     description = "Server-Sent Events, one per agent event, named by its `type` (the events of `cordon exec --json`); the stream ends with the turn.",
     params(("id" = String, Path)),
-    request_body = crate::openapi::MessageDoc,
-    responses((status = 200, description = "An event stream", content_type = "text/event-stream"), (status = 400, description = "The request says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
-              (status = 409, description = "A turn is already running", body = crate::openapi::ErrorDoc)))]
+    request_body = NewMessage,
+    responses((status = 200, description = "An event stream", content_type = "text/event-stream"), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "A turn is already running", body = crate::http::ErrorResponse)))]
 pub(crate) async fn message(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let text = text_of(&parse_json(&body?)?)?;
+    let text = String::from(read_json::<NewMessage>(&body?)?.text);
     let row = find(&shared, &tenant, &id).await?;
     let mut guard = take(&shared, &row).await?;
     if row.title.is_empty() {
@@ -572,8 +526,8 @@ pub(crate) async fn message(
 /// workspace; its slot under the live-session caps is free again.
 #[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", summary = "Delete a conversation, its log and its workspace",
     params(("id" = String, Path)),
-    responses((status = 204, description = "Deleted"), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
-              (status = 409, description = "A turn is running", body = crate::openapi::ErrorDoc)))]
+    responses((status = 204, description = "Deleted"), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "A turn is running", body = crate::http::ErrorResponse)))]
 pub(crate) async fn delete(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -615,13 +569,13 @@ pub(crate) async fn delete(
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", summary = "Cancel the running turn",
     params(("id" = String, Path)),
-    responses((status = 200, description = "Cancelled"), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
-              (status = 409, description = "No turn is running", body = crate::openapi::ErrorDoc)))]
+    responses((status = 200, description = "Cancelled", body = Cancelled), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "No turn is running", body = crate::http::ErrorResponse)))]
 pub(crate) async fn cancel(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Cancelled>, ApiError> {
     find(&shared, &tenant, &id).await?;
     let turn = shared
         .sessions
@@ -633,7 +587,7 @@ pub(crate) async fn cancel(
     match turn {
         Some(c) => {
             c.cancel();
-            Ok(Json(json!({"cancelled": true})))
+            Ok(Json(Cancelled { cancelled: true }))
         }
         None => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -645,13 +599,13 @@ pub(crate) async fn cancel(
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/compact", tag = "sessions", summary = "Summarise the conversation so far",
     params(("id" = String, Path)),
-    responses((status = 200, body = crate::openapi::CompactionDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
-              (status = 409, description = "Busy, or nothing to compact", body = crate::openapi::ErrorDoc)))]
+    responses((status = 200, body = Compaction), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "Busy, or nothing to compact", body = crate::http::ErrorResponse)))]
 pub(crate) async fn compact(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Compaction>, ApiError> {
     let row = find(&shared, &tenant, &id).await?;
     let mut guard = take(&shared, &row).await?;
     let Some(live) = guard.as_mut() else {
@@ -665,12 +619,12 @@ pub(crate) async fn compact(
     let result = live.agent.compact(&tx, &Cancel::new()).await;
     live.last_used = Instant::now();
     match result {
-        Ok(c) => Ok(Json(json!({
-            "replaced_messages": c.replaced_messages,
-            "tokens_before": c.tokens_before,
-            "tokens_after": c.tokens_after,
-            "summary": c.summary,
-        }))),
+        Ok(c) => Ok(Json(Compaction {
+            replaced_messages: c.replaced_messages as u64,
+            tokens_before: c.tokens_before,
+            tokens_after: c.tokens_after,
+            summary: c.summary,
+        })),
         Err(e) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "cannot_compact",

@@ -47,7 +47,7 @@ fn read_log(shared: &Shared, id: &str) -> Result<Vec<Value>, ApiError> {
 #[utoipa::path(get, path = "/v1/sessions/{id}/network", tag = "sessions", summary = "A session's network policy",
     description = "What the session's sandbox may reach through cordon's broker: while it is live, the policy applied now; otherwise the one its next message starts with.",
     params(("id" = String, Path)),
-    responses((status = 200, body = crate::network::NetworkView), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc)))]
+    responses((status = 200, body = crate::network::NetworkView), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn get_network(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -70,9 +70,9 @@ pub(crate) async fn get_network(
     description = "Replaces what a session created with `network` \"allow\" may reach, within this tenant's ceiling: at once if it is live (even mid-turn), else from its next message. Recorded in the session's log as a `network_policy` record.",
     params(("id" = String, Path)),
     request_body = crate::network::PolicyChange,
-    responses((status = 200, body = crate::network::NetworkView), (status = 400, description = "The body says what is wrong", body = crate::openapi::ErrorDoc), (status = 401, description = "No or unknown token", body = crate::openapi::ErrorDoc),
-              (status = 403, description = "Beyond this tenant's ceiling", body = crate::openapi::ErrorDoc), (status = 404, description = "No such session (or another tenant's)", body = crate::openapi::ErrorDoc),
-              (status = 409, description = "Its network is not brokered, or it is waking", body = crate::openapi::ErrorDoc)))]
+    responses((status = 200, body = crate::network::NetworkView), (status = 400, description = "The body says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "Beyond this tenant's ceiling", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "Its network is not brokered, or it is waking", body = crate::http::ErrorResponse)))]
 pub(crate) async fn put_network(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,

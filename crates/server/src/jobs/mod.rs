@@ -1,0 +1,462 @@
+//! Jobs: queue one, list, show, cancel and delete them, follow their
+//! events, and read and write their workspaces' files; and the seeds'
+//! `/schedule` and `/status` views of the same jobs. Another tenant's job
+//! is as absent as a missing one.
+
+mod events;
+mod view;
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use cordon_tools::Workspace;
+use serde::Deserialize;
+use serde_json::json;
+
+pub(crate) use events::{__path_job_events, job_events};
+pub use view::{JobList, JobSummary, JobView, Scheduled};
+
+use crate::files::Listing;
+use crate::http::{ApiError, ApiResult, Tenant, plausible_id, read_json};
+use crate::job::{JobKind, JobRequest, JobSpec, JobState, ShellJob, Text};
+use crate::server::Shared;
+use crate::store::{JobRow, ListQuery, NewEvent, Outcome, random_hex};
+
+/// A job as shown alone, with whether its desktop is live now.
+fn full_view(shared: &Shared, job: &JobRow) -> JobView {
+    let live = shared.desktops.get(&format!("job/{}", job.id)).is_some();
+    JobView::of(job, live)
+}
+
+/// Checks, stores and queues a job; its workspace exists from now on, so
+/// files can be uploaded before it runs.
+async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult<JobRow> {
+    let mut req = request
+        .check(&shared.config.bounds)
+        .map_err(ApiError::bad_request)?;
+    if let Some(asked) = &req.options.egress {
+        let policy =
+            crate::network::settle(shared, tenant, asked, crate::network::Empty::Ceiling).await?;
+        req.options.egress = Some(policy.into());
+    }
+    if matches!(req.spec, JobSpec::Agent { .. }) && shared.config.agent.is_none() {
+        return Err(ApiError::bad_request(
+            "this server has no model configured for agent jobs (set ANTHROPIC_API_KEY or OPENAI_BASE_URL where `cordon serve` runs)",
+        ));
+    }
+    let id = format!("job_{}", random_hex(12));
+    std::fs::create_dir_all(crate::runner::workspace_dir(shared, &id)).map_err(|e| {
+        tracing::error!("cannot create a job workspace: {e}");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "cannot create the job's workspace",
+        )
+    })?;
+    let job = shared.store.insert_job(&id, tenant, &req.request()).await?;
+    shared.wake.notify_waiters();
+    Ok(job)
+}
+
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs", summary = "Queue a job",
+    request_body(content = crate::job::JobRequest, description = "The job; `kind` decides its fields", examples(
+        ("shell" = (summary = "A shell command", value = json!({"kind": "shell", "command": "echo hello from the sandbox && uname -a", "timeout_secs": 60}))),
+        ("python" = (summary = "Python code", value = json!({"kind": "python", "code": "import sys\nprint(sys.version)", "memory": "256M"}))),
+        ("javascript" = (summary = "JavaScript on node", value = json!({"kind": "javascript", "code": "console.log([1, 2, 3].map(x => x * 2))"}))),
+        ("typescript" = (summary = "TypeScript, transpiled", value = json!({"kind": "typescript", "code": "const n: number = 6 * 7;\nconsole.log(n)"}))),
+        ("steps" = (summary = "Steps in one sandbox", value = json!({"kind": "steps", "steps": [
+            {"tool": "write_file", "path": "hello.py", "content": "print('hi')\n"},
+            {"tool": "shell", "command": "python3 hello.py"},
+            {"tool": "read_file", "path": "hello.py"}]}))),
+        ("gui" = (summary = "A program on a virtual screen", value = json!({"kind": "gui", "display": "1024x768", "steps": [
+            {"tool": "shell", "command": "xterm &"},
+            {"tool": "computer", "action": "wait", "duration": 1},
+            {"tool": "computer", "action": "screenshot"}]}))),
+        ("agent" = (summary = "A task for the agent", value = json!({"kind": "agent", "prompt": "Write fizzbuzz.py, run it for 1 to 15 and show the output", "max_steps": 20}))),
+        ("network" = (summary = "A job that may reach the Python registry", value = json!({"kind": "shell", "command": "pip download --no-deps requests -d /tmp/dl", "allow": ["@python"]}))),
+    )),
+    responses((status = 202, description = "Queued; `Location` names it", body = crate::jobs::JobSummary),
+              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 413, description = "The body is too large", body = crate::http::ErrorResponse)))]
+pub(crate) async fn create_job(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let request = read_json(&body?)?;
+    let job = submit(&shared, &tenant, request).await?;
+    let mut r = (StatusCode::ACCEPTED, Json(JobSummary::of(&job))).into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/jobs/{}", job.id)) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(r)
+}
+
+pub(crate) async fn find(shared: &Shared, tenant: &str, id: &str) -> ApiResult<JobRow> {
+    if !plausible_id(id) {
+        return Err(ApiError::not_found("such job"));
+    }
+    shared
+        .store
+        .job(tenant, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("job {id}")))
+}
+
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", summary = "A job: state, output, result",
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::jobs::JobView), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse)))]
+pub(crate) async fn get_job(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<JobView>> {
+    Ok(Json(full_view(
+        &shared,
+        &find(&shared, &tenant, &id).await?,
+    )))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListParams {
+    state: Option<String>,
+    kind: Option<String>,
+    since: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs", summary = "List jobs, newest first",
+    params(("state" = Option<String>, Query, description = "queued, running, succeeded, failed, cancelled or timed_out"),
+           ("kind" = Option<String>, Query, description = "shell, python, javascript, typescript, steps, gui or agent"),
+           ("since" = Option<String>, Query, description = "Only jobs created at or after this RFC 3339 time, e.g. 2026-11-24T09:00:00Z"),
+           ("limit" = Option<u32>, Query, description = "1 to 200 (default 50)"),
+           ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")),
+    responses((status = 200, body = crate::jobs::JobList), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse)))]
+pub(crate) async fn list_jobs(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<JobList>> {
+    let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let state = match p.state.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unknown state {s:?} (expected queued, running, succeeded, failed, cancelled or timed_out)"
+            ))
+        })?),
+    };
+    let kind = match p.kind.as_deref() {
+        None | Some("") => None,
+        Some(k) => Some(JobKind::parse(k).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unknown kind {k:?} (expected shell, python, javascript, typescript, steps, gui or agent)"
+            ))
+        })?),
+    };
+    let limit = match p.limit.as_deref() {
+        None | Some("") => 50,
+        Some(l) => match l.parse::<i64>() {
+            Ok(n @ 1..=200) => n,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "`limit` must be a number from 1 to 200",
+                ));
+            }
+        },
+    };
+    let before = match p.cursor.as_deref() {
+        None | Some("") => None,
+        Some(c) => Some(c.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+            ApiError::bad_request("`cursor` must be a `next_cursor` from an earlier page")
+        })?),
+    };
+    let since_ms = match p.since.as_deref() {
+        None | Some("") => None,
+        Some(t) => Some(
+            humantime::parse_rfc3339_weak(t)
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as i64)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "`since` must be an RFC 3339 time such as 2026-11-24T09:00:00Z, not {t:?}"
+                    ))
+                })?,
+        ),
+    };
+    let q = ListQuery {
+        state,
+        kind,
+        since_ms,
+        before,
+        limit: limit + 1,
+    };
+    let mut jobs = shared.store.list(&tenant, &q).await?;
+    let more = jobs.len() as i64 > limit;
+    jobs.truncate(limit as usize);
+    let next = if more {
+        jobs.last().map(|j| j.seq.to_string())
+    } else {
+        None
+    };
+    Ok(Json(JobList {
+        jobs: jobs.iter().map(JobSummary::of).collect(),
+        next_cursor: next,
+    }))
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", summary = "Cancel a queued or running job",
+    params(("id" = String, Path)),
+    responses((status = 200, description = "The job, cancelled", body = crate::jobs::JobView), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "It has already finished", body = crate::http::ErrorResponse)))]
+pub(crate) async fn cancel_job(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<JobView>> {
+    let job = find(&shared, &tenant, &id).await?;
+    cancel(&shared, &job).await?;
+    Ok(Json(full_view(
+        &shared,
+        &find(&shared, &tenant, &id).await?,
+    )))
+}
+
+#[utoipa::path(delete, path = "/v1/jobs/{id}", tag = "jobs", summary = "Delete a job",
+    description = "Cancels it if it is queued or running, then removes it: its record, events, output, workspace and log. Removal follows no link the job left in its workspace.",
+    params(("id" = String, Path)),
+    responses((status = 204, description = "Deleted"), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "It is still stopping; try again", body = crate::http::ErrorResponse)))]
+pub(crate) async fn delete_job(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let job = find(&shared, &tenant, &id).await?;
+    if matches!(job.state, JobState::Queued | JobState::Running) {
+        cancel(&shared, &job).await?;
+    }
+    if !shared.store.delete_job(&tenant, &id).await? {
+        // Deleted meanwhile, or its runner has not recorded the end yet.
+        find(&shared, &tenant, &id).await?;
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "still_running",
+            format!("job {id} is still stopping; delete it again in a moment"),
+        ));
+    }
+    // Gone from the store first: nothing serves its files any more, and a
+    // removal that fails leaves files, not a job that cannot be opened.
+    crate::server::remove_files(crate::runner::job_dir(&shared, &id), &format!("job {id}")).await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Cancels a queued or running job; 409 if it has finished.
+async fn cancel(shared: &Shared, job: &JobRow) -> ApiResult<()> {
+    let id = job.id.as_str();
+    match job.state {
+        JobState::Queued => {
+            let outcome = Outcome {
+                state: JobState::Cancelled,
+                exit_code: None,
+                error: Some("cancelled before it ran".into()),
+                result: None,
+            };
+            let event = NewEvent::new(
+                "finished",
+                json!({"state": JobState::Cancelled, "exit_code": null, "error": outcome.error}),
+            );
+            // A worker may have claimed it meanwhile: then cancel the run.
+            if shared
+                .store
+                .finish(id, &[JobState::Queued], &outcome, &event)
+                .await?
+                .is_none()
+            {
+                cancel_running(shared, id).await;
+            }
+        }
+        JobState::Running => cancel_running(shared, id).await,
+        s => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "already_finished",
+                format!("job {id} has already finished ({})", s.as_str()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Signals a running job and waits (a few seconds at most) for its runner
+/// to record the end.
+async fn cancel_running(shared: &Shared, id: &str) {
+    let handle = shared
+        .running
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(id)
+        .cloned();
+    let Some(cancel) = handle else { return };
+    cancel.cancel();
+    for _ in 0..100 {
+        let still = shared
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(id);
+        if !still {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn workspace_of(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Workspace> {
+    let job = find(shared, tenant, id).await?;
+    if job.workspace_removed_ms.is_some() {
+        return Err(ApiError::new(
+            StatusCode::GONE,
+            "gone",
+            format!(
+                "job {id}'s workspace was removed after the job finished (the server keeps \
+                 workspaces for `--keep-workspaces`); its output, events and result are kept \
+                 at /v1/jobs/{id}"
+            ),
+        ));
+    }
+    Workspace::open(&crate::runner::workspace_dir(shared, id)).map_err(crate::files::error)
+}
+
+#[utoipa::path(get, path = "/v1/jobs/{id}/files", tag = "jobs", summary = "The workspace's top directory",
+    params(("id" = String, Path)),
+    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 200, body = crate::files::Listing), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse)))]
+pub(crate) async fn list_root(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Listing>> {
+    let ws = workspace_of(&shared, &tenant, &id).await?;
+    Ok(Json(crate::files::list(&ws, ".")?))
+}
+
+/// A file's bytes, or a directory's listing as JSON.
+#[utoipa::path(get, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "A workspace file's bytes, or a directory's listing",
+    params(("id" = String, Path), ("path" = String, Path, description = "Relative to the workspace; `..`, absolute paths and symlinks out are refused")),
+    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 200, description = "The file (application/octet-stream) or a listing (JSON)", body = crate::files::Listing),
+              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job or file", body = crate::http::ErrorResponse),
+              (status = 413, description = "Larger than the files API serves", body = crate::http::ErrorResponse)))]
+pub(crate) async fn get_file(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path((id, path)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let ws = workspace_of(&shared, &tenant, &id).await?;
+    crate::files::read(&ws, &path, shared.config.file_limit)
+}
+
+#[utoipa::path(put, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "Write a workspace file (parents are created)",
+    params(("id" = String, Path), ("path" = String, Path)),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 201, description = "Created", body = crate::files::Written),
+              (status = 200, description = "Replaced", body = crate::files::Written),
+              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse), (status = 413, description = "Too large", body = crate::http::ErrorResponse)))]
+pub(crate) async fn put_file(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path((id, path)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let body = body?;
+    let ws = workspace_of(&shared, &tenant, &id).await?;
+    crate::files::write(ws, path, body).await
+}
+
+/// A seed's shell job: `{"kind": "shell", "code": ...}`, nothing else.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SeedShell {
+    #[allow(dead_code)]
+    kind: SeedShellKind,
+    code: Text,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum SeedShellKind {
+    Shell,
+}
+
+/// The seeds' `POST /schedule`: `{kind, code}` or `{steps: [...]}`.
+#[utoipa::path(post, path = "/schedule", tag = "seed", summary = "Queue a job, the seeds' way",
+    description = "Takes `{kind, code}` (kind python, shell, javascript or typescript) or `{steps: [{tool, command|code}]}`.",
+    request_body = crate::job::JobRequest,
+    responses((status = 202, body = crate::jobs::Scheduled), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse)))]
+pub(crate) async fn schedule(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let body = body?;
+    // The seeds send shell jobs as `code`: the one shape `/v1/jobs` does
+    // not take.
+    let request = match serde_json::from_slice::<SeedShell>(&body) {
+        Ok(seed) => JobRequest::Shell(ShellJob::new(seed.code)),
+        Err(_) => read_json(&body)?,
+    };
+    let job = submit(&shared, &tenant, request).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Scheduled {
+            job_id: job.id.clone(),
+            task_id: job.id,
+            state: job.state,
+        }),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+pub(crate) struct StatusParams {
+    task_id: Option<String>,
+    job_id: Option<String>,
+}
+
+#[utoipa::path(get, path = "/status/{id}", tag = "seed", summary = "A job's state and output",
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::jobs::JobView), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse)))]
+pub(crate) async fn status(
+    shared: State<Arc<Shared>>,
+    tenant: Tenant,
+    id: Path<String>,
+) -> ApiResult<Json<JobView>> {
+    get_job(shared, tenant, id).await
+}
+
+#[utoipa::path(get, path = "/status", tag = "seed", summary = "A job's state and output, by `task_id`",
+    params(("task_id" = Option<String>, Query), ("job_id" = Option<String>, Query)),
+    responses((status = 200, body = crate::jobs::JobView), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse)))]
+pub(crate) async fn status_by_query(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    params: Result<Query<StatusParams>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<JobView>> {
+    let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let id = p
+        .task_id
+        .or(p.job_id)
+        .ok_or_else(|| ApiError::bad_request("give `task_id`"))?;
+    Ok(Json(full_view(
+        &shared,
+        &find(&shared, &tenant, &id).await?,
+    )))
+}

@@ -1,0 +1,104 @@
+//! What the sessions API takes and answers.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::http::Timestamp;
+use crate::job::{AllowEntry, NetworkMode, Screen, Text};
+use crate::store::SessionRow;
+
+/// A new conversation; every field may be left out.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewSession {
+    /// The model (default: the server's).
+    #[serde(default)]
+    pub model: Option<Text>,
+    /// A virtual screen: the agent then has the computer tool, and
+    /// `/v1/sessions/{id}/vnc` shows the desktop.
+    #[serde(default)]
+    pub display: Option<Screen>,
+    /// As a job's: `off` (the default; `allow` when `allow` is given),
+    /// `loopback` or `allow`.
+    #[serde(default)]
+    pub network: Option<NetworkMode>,
+    /// As a job's: the hosts, within this tenant's ceiling.
+    #[serde(default)]
+    #[schema(max_items = 256)]
+    pub allow: Option<Vec<AllowEntry>>,
+    #[serde(default)]
+    pub allow_private: Option<bool>,
+}
+
+/// A message to the agent.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewMessage {
+    #[schema(example = "Add a test for the parser and run it")]
+    pub text: Text,
+}
+
+/// A conversation, as listed.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionSummary {
+    #[schema(example = "ses_0f9c2a4d783dc2aec74a934e")]
+    pub id: String,
+    /// The first line of the first message.
+    pub title: String,
+    pub model: String,
+    pub created_at: Timestamp,
+}
+
+impl SessionSummary {
+    pub fn of(row: &SessionRow) -> SessionSummary {
+        SessionSummary {
+            id: row.id.clone(),
+            title: row.title.clone(),
+            model: row.model.clone(),
+            created_at: Timestamp::from_ms(row.created_ms)
+                .unwrap_or_else(|| Timestamp::from_ms(0).expect("the epoch")),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<SessionSummary>,
+}
+
+/// A conversation with its messages as last sent to the model.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionView {
+    #[serde(flatten)]
+    pub summary: SessionSummary,
+    pub turns: u64,
+    /// Tokens: `input_tokens`, `output_tokens`, `cache_read_tokens`,
+    /// `cache_write_tokens`.
+    #[schema(value_type = Object)]
+    pub usage: cordon_agent::Usage,
+    /// In the Anthropic Messages shape.
+    #[schema(value_type = Vec<Object>)]
+    pub messages: Vec<cordon_agent::Message>,
+    /// The session's virtual screen, if it was created with one.
+    pub display: Option<Screen>,
+    pub network: NetworkMode,
+    /// The rules its broker applies now (presets expanded).
+    pub allow: Vec<String>,
+    /// `true` while its desktop is up (the session is awake).
+    pub live_desktop: bool,
+}
+
+/// What cancelling did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Cancelled {
+    pub cancelled: bool,
+}
+
+/// What compaction did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Compaction {
+    pub replaced_messages: u64,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    pub summary: String,
+}
