@@ -9,6 +9,7 @@
 pub mod api;
 pub mod caps;
 pub mod desktop;
+pub mod docs;
 mod files;
 pub mod hub;
 pub mod job;
