@@ -96,6 +96,9 @@ try {
   await live.scrollIntoViewIfNeeded();
   await shot(page, 'executed');
 
+  // The token is kept in the page, as the README says, not in storage.
+  assert.equal(await page.evaluate(() => localStorage.length + sessionStorage.length), 0);
+
   step('the schemas at the foot of the page open');
   await page.locator('.swagger-ui section.models .models-control').click();
   const model = page.locator('.swagger-ui section.models article.json-schema-2020-12', { hasText: 'ShellJobDoc' }).first();
