@@ -22,11 +22,12 @@ mod swagger_ui {
 /// Only this origin's scripts and styles, no `eval`, nothing inline:
 /// Swagger UI's bundle and stylesheet and our `docs-init.js` and
 /// `docs.css` (its components style through the DOM, which the policy
-/// allows). Its stylesheet draws icons from `data:` images. Requests ("Try
-/// it out") go to this origin only, so neither a crafted document nor a
-/// link can send the token elsewhere.
+/// allows). Its stylesheet draws icons from `data:` images, and it shows
+/// an image answer from a `blob:` URL (an image cannot run script).
+/// Requests ("Try it out") go to this origin only, so neither a crafted
+/// document nor a link can send the token elsewhere.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
-     style-src 'self'; img-src 'self' data:; connect-src 'self'; \
+     style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; \
      base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// Whether this build embeds Swagger UI (else /docs says how to get it).

@@ -22,11 +22,28 @@ if (process.env.SCREENSHOTS) {
     page.screenshot({ path: path.join(process.env.SCREENSHOTS, `docs-${++n}-${name}.png`), ...opts });
 }
 
-const api = async (p) => {
-  const r = await fetch(`${BASE_URL}${p}`, { headers: { Authorization: `Bearer ${TOKEN}` } });
-  assert.equal(r.status, 200, `GET ${p}`);
+const api = async (p, body) => {
+  const r = await fetch(`${BASE_URL}${p}`, {
+    method: body ? 'POST' : 'GET',
+    headers: { Authorization: `Bearer ${TOKEN}`, 'Content-Type': 'application/json' },
+    body: body && JSON.stringify(body),
+  });
+  assert.equal(r.status, body ? 202 : 200, `${p}: ${await r.clone().text()}`);
   return r.json();
 };
+const finished = async (jobId) => {
+  for (let i = 0; i < 300; i++) {
+    const job = await api(`/v1/jobs/${jobId}`);
+    if (!['queued', 'running'].includes(job.state)) return job;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new Error(`${jobId} did not finish`);
+};
+
+// Markup a sandboxed program controls, in its output and in its files:
+// shown by the page, it must stay text.
+const HOSTILE = '<img src=x onerror="window.pwned=\'img\'"><script>window.pwned=\'script\'</script>';
+const HOSTILE_SVG = '<svg xmlns="http://www.w3.org/2000/svg" onload="window.pwned=\'svg\'"><script>window.pwned=\'svg-script\'</script></svg>';
 
 const browser = await chromium.launch({
   executablePath: CHROMIUM,
@@ -62,7 +79,11 @@ try {
   step('/docs loads Swagger UI on /openapi.json');
   await page.goto(`${BASE_URL}/docs`);
   await page.locator('.swagger-ui .info .title', { hasText: 'cordon' }).waitFor();
-  const op = page.locator('#operations-jobs-create_job');
+  // An operation's block, by method and path (not by tag or operationId).
+  const opFor = (method, p) => page.locator(`.opblock-${method}`, {
+    has: page.locator(`.opblock-summary-path[data-path="${p}"]`),
+  }).first();
+  const op = opFor('post', '/v1/jobs');
   await op.waitFor();
   await shot(page, 'overview');
 
@@ -101,19 +122,48 @@ try {
 
   step('the schemas at the foot of the page open');
   await page.locator('.swagger-ui section.models .models-control').click();
-  const model = page.locator('.swagger-ui section.models article.json-schema-2020-12', { hasText: 'ShellJobDoc' }).first();
+  const model = page.locator('.swagger-ui section.models article.json-schema-2020-12').first();
   await model.locator('.json-schema-2020-12-expand-deep-button').first().click();
-  await model.locator('.json-schema-2020-12-property', { hasText: 'command' }).first().waitFor();
+  await model.locator('.json-schema-2020-12-property').first().waitFor();
 
   step(`${jobId} runs and says from-docs`);
-  let job;
-  for (let i = 0; i < 300; i++) {
-    job = await api(`/v1/jobs/${jobId}`);
-    if (!['queued', 'running'].includes(job.state)) break;
-    await new Promise((r) => setTimeout(r, 200));
-  }
+  const job = await finished(jobId);
   assert.equal(job.state, 'succeeded', JSON.stringify(job));
   assert.equal(job.stdout, 'from-docs\n');
+
+  step('a job\'s hostile output and files, tried out, show as text and run nothing');
+  const { id: evilId } = await api('/v1/jobs', {
+    kind: 'steps',
+    steps: [
+      { tool: 'write_file', path: 'evil.html', content: `<html>${HOSTILE}</html>` },
+      { tool: 'write_file', path: 'evil.svg', content: HOSTILE_SVG },
+      { tool: 'shell', command: 'cat evil.html' },
+    ],
+  });
+  assert.equal((await finished(evilId)).state, 'succeeded');
+  const tryIt = async (o, params, shows) => {
+    await o.locator('.opblock-summary').first().click();
+    await o.locator('button.try-out__btn').click();
+    for (const [name, value] of Object.entries(params)) {
+      await o.locator(`tr[data-param-name="${name}"] input`).fill(value);
+    }
+    await o.locator('button.execute').click();
+    const response = o.locator('.live-responses-table .response');
+    await response.locator('.response-col_status', { hasText: '200' }).waitFor();
+    await response.locator('.response-col_description', { hasText: shows }).waitFor();
+  };
+  // In the job's JSON, its stdout (quotes escaped); the file, as it is.
+  await tryIt(opFor('get', '/v1/jobs/{id}'), { id: evilId }, "<script>window.pwned='script'</script>");
+  const file = opFor('get', '/v1/jobs/{id}/files/{path}');
+  await tryIt(file, { id: evilId, path: 'evil.html' }, HOSTILE);
+  await file.locator('button.btn-clear').click();
+  await file.locator('tr[data-param-name="path"] input').fill('evil.svg');
+  await file.locator('button.execute').click();
+  await file.locator('.live-responses-table .response-col_description', { hasText: 'svg' }).first().waitFor();
+  await page.waitForTimeout(500);
+  assert.equal(await page.evaluate(() => window.pwned), undefined, 'markup from the sandbox ran');
+  await file.scrollIntoViewIfNeeded();
+  await shot(page, 'hostile-file');
 
   problems.push(...(await page.evaluate(() => window.cspViolations)).map((v) => `csp: ${v}`));
   assert.deepEqual(problems, []);
