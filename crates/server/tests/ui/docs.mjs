@@ -93,6 +93,8 @@ try {
   await dialog.waitFor();
   await dialog.locator('input[type=text], input[type=password]').first().fill(TOKEN);
   await dialog.locator('.auth-btn-wrapper button.authorize').click();
+  await dialog.locator('.auth-btn-wrapper button.btn-done, button.btn-done').first().waitFor();
+  await shot(page, 'authorized');
   await dialog.locator('button.btn-done').click();
   await dialog.waitFor({ state: 'detached' });
 
