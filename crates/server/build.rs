@@ -1,4 +1,5 @@
-//! Build steps: rebuild on new migrations, and embed noVNC for the live view.
+//! Build steps: rebuild on new migrations, embed noVNC for the live view,
+//! and embed Swagger UI for /docs.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -8,6 +9,98 @@ fn main() {
     // notices edits to files it already saw: rebuild when one is added.
     println!("cargo:rerun-if-changed=migrations");
     embed_novnc();
+    embed_swagger_ui();
+}
+
+/// The files of swagger-ui-dist that /docs serves (scripts/fetch-ui-assets
+/// keeps exactly these, and VERSION last).
+const SWAGGER_UI_FILES: [&str; 3] = ["swagger-ui-bundle.js", "swagger-ui.css", "LICENSE"];
+
+/// Generates `$OUT_DIR/swagger_ui.rs`: Swagger UI's bundle, stylesheet and
+/// licence as `(name, bytes)` pairs and its version, from
+/// `CORDON_SWAGGER_UI_DIR` or cordon's cache (`/var/cache/cordon/swagger-ui`
+/// as root, `~/.cache/cordon/swagger-ui` otherwise). `scripts/fetch-ui-assets`
+/// puts them there from the npm registry; this runs it first (a no-op when
+/// they are there) so `cargo build` alone gets them where npm works, unless
+/// `CORDON_SWAGGER_UI_FETCH=0`. Without them the table is empty and /docs
+/// says how to get them.
+fn embed_swagger_ui() {
+    println!("cargo:rerun-if-env-changed=CORDON_SWAGGER_UI_DIR");
+    println!("cargo:rerun-if-env-changed=CORDON_SWAGGER_UI_FETCH");
+    let dir = std::env::var_os("CORDON_SWAGGER_UI_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(default_swagger_ui_dir);
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
+    let script = manifest.join("../../scripts/fetch-ui-assets");
+    // A new pin in the script fetches the new version on the next build.
+    println!("cargo:rerun-if-changed={}", script.display());
+    // Written last by the script; while it is missing, every build looks again.
+    let version_file = dir.join("VERSION");
+    println!("cargo:rerun-if-changed={}", version_file.display());
+    let fetch = std::env::var_os("CORDON_SWAGGER_UI_FETCH").is_none_or(|v| v != "0");
+    if fetch && script.is_file() {
+        match std::process::Command::new("bash")
+            .arg(&script)
+            .arg(&dir)
+            .output()
+        {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => println!(
+                "cargo:warning=scripts/fetch-ui-assets failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+                    .trim()
+                    .replace('\n', " / ")
+            ),
+            Err(e) => println!("cargo:warning=scripts/fetch-ui-assets did not run: {e}"),
+        }
+    }
+    let version = std::fs::read_to_string(&version_file).unwrap_or_default();
+    let version = version.trim();
+    let complete = !version.is_empty() && SWAGGER_UI_FILES.iter().all(|f| dir.join(f).is_file());
+    let mut out = String::from("/// Swagger UI's files: (name, contents).\n");
+    out.push_str("pub const FILES: &[(&str, &[u8])] = &[\n");
+    if complete {
+        for f in SWAGGER_UI_FILES {
+            let abs = dir.join(f);
+            println!("cargo:rerun-if-changed={}", abs.display());
+            writeln!(
+                out,
+                "    ({f:?}, include_bytes!({:?})),",
+                abs.display().to_string()
+            )
+            .unwrap();
+        }
+    } else {
+        println!(
+            "cargo:warning=Swagger UI not found in {} (run scripts/fetch-ui-assets, or set CORDON_SWAGGER_UI_DIR): /docs will say how to get it",
+            dir.display()
+        );
+    }
+    out.push_str("];\n");
+    writeln!(
+        out,
+        "/// Its version (empty without it).\npub const VERSION: &str = {:?};",
+        if complete { version } else { "" }
+    )
+    .unwrap();
+    let dest = Path::new(&std::env::var("OUT_DIR").unwrap()).join("swagger_ui.rs");
+    std::fs::write(dest, out).unwrap();
+}
+
+/// Where scripts/fetch-ui-assets puts Swagger UI when given no directory.
+fn default_swagger_ui_dir() -> PathBuf {
+    use std::os::unix::fs::MetadataExt as _;
+    // /proc/self belongs to the effective user: root builds share the
+    // machine's cache, as scripts/test's tools do.
+    if std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
+        return PathBuf::from("/var/cache/cordon/swagger-ui");
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/nonexistent"));
+    cache.join("cordon/swagger-ui")
 }
 
 /// Generates `$OUT_DIR/novnc.rs`: noVNC's ES modules (its `core` and the

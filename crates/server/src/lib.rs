@@ -8,6 +8,7 @@
 
 pub mod caps;
 pub mod desktop;
+pub mod docs;
 mod files;
 pub mod http;
 pub mod hub;

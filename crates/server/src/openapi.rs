@@ -1,11 +1,9 @@
-//! The OpenAPI document (`/openapi.json`) and a page that renders it
-//! (`/docs`). Every schema in it is derived from the type the handlers
-//! read or write; nothing here describes the wire a second time.
+//! The OpenAPI document (`/openapi.json`; docs.rs renders it at `/docs`).
+//! Every schema in it is derived from the type the handlers read or write;
+//! nothing here describes the wire a second time.
 
 use std::sync::Arc;
 
-use axum::http::header;
-use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{Value, json};
@@ -73,10 +71,6 @@ impl Modify for Bearer {
     )
 )]
 pub struct ApiDoc;
-
-const DOCS_HTML: &str = include_str!("../ui/docs.html");
-const DOCS_JS: &str = include_str!("../ui/docs.js");
-const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'";
 
 /// Links from an operation's answer to the operations that take the id it
 /// returns: how a client (or a fuzzer) follows a job from creation on.
@@ -203,35 +197,7 @@ pub fn document() -> Value {
 }
 
 pub fn routes() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/openapi.json", get(|| async { Json(document()) }))
-        .route(
-            "/docs",
-            get(|| async {
-                (
-                    [
-                        (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-                        (header::CONTENT_SECURITY_POLICY, CSP),
-                        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-                    ],
-                    DOCS_HTML,
-                )
-                    .into_response()
-            }),
-        )
-        .route(
-            "/docs/docs.js",
-            get(|| async {
-                (
-                    [
-                        (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
-                        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-                    ],
-                    DOCS_JS,
-                )
-                    .into_response()
-            }),
-        )
+    Router::new().route("/openapi.json", get(|| async { Json(document()) }))
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(crate::sessions::routes(file_limit))
         .merge(crate::mcp::routes(&shared))
         .merge(crate::openapi::routes())
+        .merge(crate::docs::routes())
         .merge(crate::ui::routes())
         .fallback(|| async { ApiError::not_found("such route (see /openapi.json)") })
         .method_not_allowed_fallback(|| async {

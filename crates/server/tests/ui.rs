@@ -268,3 +268,121 @@ async fn in_chromium_a_gui_job_s_desktop_is_live_and_control_is_opt_in() {
     drive(&b, "desktop.mjs", &s.base, &token).await;
     s.stop().await;
 }
+
+/// Swagger UI at /docs: our page and script, its bundle and stylesheet
+/// (embedded at build time), each with its type and `nosniff`, under a
+/// policy with no `eval` and no other origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docs_serve_swagger_ui_under_a_strict_policy() {
+    let embedded = cordon_server::docs::has_swagger_ui();
+    assert!(
+        embedded || !in_ci(),
+        "this build has no Swagger UI (scripts/test runs scripts/fetch-ui-assets)"
+    );
+    let s = sqlite_server().await;
+    let r = s.client.get(s.url("/docs")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let h = r.headers().clone();
+    assert_eq!(h["content-type"], "text/html; charset=utf-8");
+    assert_eq!(h["x-content-type-options"], "nosniff");
+    let csp = h["content-security-policy"].to_str().unwrap();
+    for want in [
+        "default-src 'none'",
+        "script-src 'self';",
+        "style-src 'self';",
+        "connect-src 'self';",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(csp.contains(want), "{want} missing from {csp}");
+    }
+    // No eval and no inline script or style: Swagger UI runs without them.
+    assert!(!csp.contains("unsafe"), "{csp}");
+    let html = r.text().await.unwrap();
+    if !embedded {
+        // The page that says how to get it, and nothing to load.
+        assert!(html.contains("scripts/fetch-ui-assets"), "{html}");
+        assert!(!html.contains("<script"), "{html}");
+        eprintln!("skipped the assets: built without Swagger UI");
+        s.stop().await;
+        return;
+    }
+    assert!(html.contains(r#"<script src="/docs/docs-init.js"></script>"#));
+    let version = cordon_server::docs::swagger_ui_version().unwrap();
+    assert!(version.starts_with("5."), "{version}");
+    for (path, ty, has) in [
+        (
+            "/docs/docs-init.js",
+            "text/javascript; charset=utf-8",
+            "validatorUrl: null",
+        ),
+        ("/docs/docs.css", "text/css; charset=utf-8", "box-sizing"),
+        (
+            "/docs/swagger-ui-bundle.js",
+            "text/javascript; charset=utf-8",
+            "SwaggerUIBundle",
+        ),
+        (
+            "/docs/swagger-ui.css",
+            "text/css; charset=utf-8",
+            ".swagger-ui",
+        ),
+        (
+            "/docs/LICENSE",
+            "text/plain; charset=utf-8",
+            "Apache License",
+        ),
+    ] {
+        let r = s.client.get(s.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.headers()["content-type"], ty, "{path}");
+        assert_eq!(r.headers()["x-content-type-options"], "nosniff", "{path}");
+        let etag = r.headers()["etag"].clone();
+        assert!(r.text().await.unwrap().contains(has), "{path}");
+        let r = s
+            .client
+            .get(s.url(path))
+            .header("if-none-match", etag)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 304, "{path}");
+    }
+    // Only those files: the rest of the package was never embedded.
+    for path in [
+        "/docs/index.html",
+        "/docs/swagger-ui-bundle.js.map",
+        "/docs/swagger-initializer.js",
+        "/docs/../openapi.json/x",
+        "/docs/",
+    ] {
+        let r = s.client.get(s.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "not_found", "{path}: {body}");
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_a_job_is_submitted_from_docs() {
+    let b = match browser() {
+        Ok(b) => b,
+        Err(why) if in_ci() => panic!("the browser test cannot run: {why}"),
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    assert!(
+        cordon_server::docs::has_swagger_ui() || !in_ci(),
+        "this build has no Swagger UI (scripts/test runs scripts/fetch-ui-assets)"
+    );
+    if !cordon_server::docs::has_swagger_ui() {
+        eprintln!("skipped: built without Swagger UI");
+        return;
+    }
+    let s = sqlite_server().await;
+    let token = s.token("docs").await;
+    drive(&b, "docs.mjs", &s.base, &token).await;
+    s.stop().await;
+}
