@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use cordon_server::runner::AgentDefaults;
+use cordon_server::AgentDefaults;
 use cordon_server::{ServerConfig, Store};
 
 use crate::exit;

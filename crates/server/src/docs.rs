@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use sha2::{Digest, Sha256};
 
-use crate::server::Shared;
+use crate::state::Shared;
 
 mod swagger_ui {
     include!(concat!(env!("OUT_DIR"), "/swagger_ui.rs"));

@@ -207,6 +207,30 @@ fn chunks(file: tokio::fs::File) -> impl Stream<Item = Result<Bytes, std::io::Er
     })
 }
 
+/// [`remove_tree`] off the async runtime, a failure logged as `what`'s.
+pub(crate) async fn remove_files(dir: std::path::PathBuf, what: &str) {
+    match tokio::task::spawn_blocking(move || remove_tree(&dir)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("cannot remove {what}'s files: {e}"),
+        Err(e) => tracing::warn!("cannot remove {what}'s files: {e}"),
+    }
+}
+
+/// Removes `dir` and everything in it; one that is already gone is fine.
+pub(crate) fn remove_tree(dir: &std::path::Path) -> std::io::Result<()> {
+    let gone = |r: std::io::Result<()>| match r {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    };
+    match gone(std::fs::remove_dir_all(dir)) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            cordon_sandbox::make_removable(dir)?;
+            gone(std::fs::remove_dir_all(dir))
+        }
+        r => r,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::content_type;

@@ -5,24 +5,58 @@
 //! Each job runs in its own sandbox over its own workspace,
 //! `<data_dir>/jobs/<id>/workspace`, which the files API reads and writes
 //! with the same no-escape rule as the agent's file tools.
+//!
+//! # Layout
+//!
+//! The modules are layered, in the order of [`LAYERS`]: each may use only
+//! the ones before it, so nothing imports in a circle (a test checks it).
+//!
+//! - Data: `job` (the request, checked once, its states and results),
+//!   `store` (the database), `hub` (live events).
+//! - HTTP plumbing: `http` (the error answer, the tenant of a token, typed
+//!   bodies, ids and times).
+//! - Shared parts, each with its own type: `caps` (live-session caps),
+//!   `files` (the files API over a workspace), `network` (ceilings and
+//!   live policies), `desktop` (live desktops and their bridge), `live`
+//!   (the sessions live in this process).
+//! - `state`: the configuration and the state handlers and workers share,
+//!   built from the parts above.
+//! - `runner`: runs one claimed job.
+//! - Resources, one module each: `health`, `ui`, `docs`, `mcp`, `jobs`,
+//!   `sessions`.
+//! - On top: `openapi` (the document, from the resources' types and
+//!   paths), `routes` (the router), `server` (start, workers, recovery).
 
-pub mod caps;
-pub mod desktop;
+mod caps;
+mod desktop;
 pub mod docs;
 mod files;
+mod health;
 pub mod http;
-pub mod hub;
+mod hub;
 pub mod job;
 pub mod jobs;
-pub mod mcp;
+mod live;
+mod mcp;
 pub mod network;
 pub mod openapi;
-pub mod routes;
+mod routes;
 pub mod runner;
-pub mod server;
+mod server;
 pub mod sessions;
+pub mod state;
 pub mod store;
 pub mod ui;
 
-pub use server::{Running, ServeError, ServerConfig, Shared, start};
+pub use server::{Running, ServeError, start};
+pub use state::{AgentDefaults, ServerConfig, Shared};
 pub use store::Store;
+
+/// The crate's modules, lowest first: each may use only those before it.
+pub const LAYERS: &[&str] = &[
+    "job", "store", "hub", "http", "caps", "files", "network", "desktop", "live", "state",
+    "runner", "health", "ui", "docs", "mcp", "jobs", "sessions", "openapi", "routes", "server",
+];
+
+#[cfg(test)]
+mod layout;

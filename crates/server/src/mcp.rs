@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use cordon_mcp::{McpTenant, SessionHold, SessionOwners};
 
 use crate::http::Tenant;
-use crate::server::Shared;
+use crate::state::Shared;
 use crate::store::random_hex;
 
 pub(crate) fn routes(shared: &Arc<Shared>) -> Router<Arc<Shared>> {

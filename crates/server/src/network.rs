@@ -11,20 +11,14 @@
 //! plain rules.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path as AxPath, State};
 use axum::http::StatusCode;
 use cordon_net::{Policy, PolicyError, PolicyHandle, PolicySpec, PresetEnv};
 use serde::{Deserialize, Serialize};
 
-use crate::http::{ApiError, Tenant};
-use crate::server::Shared;
-use crate::store::{JobRow, NewEvent};
+use crate::http::ApiError;
 
 /// The operator's ceilings, as configured (entries as written).
 #[derive(Debug, Clone, Default)]
@@ -40,6 +34,8 @@ pub struct NetworkCeilings {
 pub struct Ceilings {
     all: Policy,
     tenants: HashMap<String, Policy>,
+    /// Where presets must never be read from (every workspace is in it).
+    untrusted: PathBuf,
 }
 
 impl Ceilings {
@@ -57,7 +53,15 @@ impl Ceilings {
             warnings.extend(w.into_iter().map(|w| format!("tenant {tenant}: {w}")));
             tenants.insert(tenant.clone(), p);
         }
-        Ok((Ceilings { all, tenants }, warnings))
+        let untrusted = data_dir.to_path_buf();
+        Ok((
+            Ceilings {
+                all,
+                tenants,
+                untrusted,
+            },
+            warnings,
+        ))
     }
 
     /// What `tenant`'s jobs and sessions may reach at most.
@@ -75,56 +79,58 @@ pub enum Empty {
     Nothing,
 }
 
-/// The policy `asked` comes to for `tenant`: its presets expanded, or
-/// what `empty` says when it lists nothing; 403 naming what goes beyond
-/// the tenant's ceiling.
-pub async fn settle(
-    shared: &Shared,
-    tenant: &str,
-    asked: &PolicySpec,
-    empty: Empty,
-) -> Result<Policy, ApiError> {
-    let ceiling = shared.ceilings.of(tenant);
-    let policy = if asked.allow.is_empty() && empty == Empty::Nothing {
-        Policy::new(Vec::new(), asked.allow_private)
-    } else {
-        if ceiling.rules().is_empty() {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "network_not_allowed",
-                "this server lets this tenant reach no hosts: `network` may be \"off\" or \
+impl Ceilings {
+    /// The policy `asked` comes to for `tenant`: its presets expanded, or
+    /// what `empty` says when it lists nothing; 403 naming what goes beyond
+    /// the tenant's ceiling.
+    pub async fn settle(
+        &self,
+        tenant: &str,
+        asked: &PolicySpec,
+        empty: Empty,
+    ) -> Result<Policy, ApiError> {
+        let ceiling = self.of(tenant);
+        let policy = if asked.allow.is_empty() && empty == Empty::Nothing {
+            Policy::new(Vec::new(), asked.allow_private)
+        } else {
+            if ceiling.rules().is_empty() {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "network_not_allowed",
+                    "this server lets this tenant reach no hosts: `network` may be \"off\" or \
                  \"loopback\" (the operator allows hosts with `cordon serve --allow HOST` or \
                  `--tenant-allow TENANT=HOST,...`)",
+                ));
+            }
+            if asked.allow.is_empty() {
+                Policy::new(ceiling.rules().to_vec(), asked.allow_private)
+            } else {
+                let env = PresetEnv::from_host().untrusting(&self.untrusted);
+                cordon_net::presets::expand(asked, &env)
+                    .await
+                    .map_err(|e| ApiError::bad_request(format!("`allow`: {e}")))?
+                    .0
+            }
+        };
+        let beyond = policy.beyond(ceiling);
+        if !beyond.is_empty() {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "beyond_ceiling",
+                format!(
+                    "`allow` goes beyond what this tenant may reach: {}; it may reach {}{}",
+                    beyond.join(", "),
+                    ceiling.summary(),
+                    if ceiling.allow_private() {
+                        ""
+                    } else {
+                        " (and no private addresses)"
+                    }
+                ),
             ));
         }
-        if asked.allow.is_empty() {
-            Policy::new(ceiling.rules().to_vec(), asked.allow_private)
-        } else {
-            let env = PresetEnv::from_host().untrusting(&shared.config.data_dir);
-            cordon_net::presets::expand(asked, &env)
-                .await
-                .map_err(|e| ApiError::bad_request(format!("`allow`: {e}")))?
-                .0
-        }
-    };
-    let beyond = policy.beyond(ceiling);
-    if !beyond.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "beyond_ceiling",
-            format!(
-                "`allow` goes beyond what this tenant may reach: {}; it may reach {}{}",
-                beyond.join(", "),
-                ceiling.summary(),
-                if ceiling.allow_private() {
-                    ""
-                } else {
-                    " (and no private addresses)"
-                }
-            ),
-        ));
+        Ok(policy)
     }
-    Ok(policy)
 }
 
 /// `PUT .../network`: the policy a running job or live session gets
@@ -255,86 +261,4 @@ pub fn parse_change(body: &[u8]) -> Result<PolicySpec, ApiError> {
         allow: change.allow,
         allow_private: change.allow_private,
     })
-}
-
-/// A job's network as it was submitted (plain rules), from its stored
-/// request.
-fn job_network(shared: &Shared, job: &JobRow) -> (cordon_sandbox::Network, Option<Policy>) {
-    match job
-        .request
-        .as_ref()
-        .map(|r| r.limits().check(&shared.config.bounds))
-    {
-        Ok(Ok(options)) => (
-            options.network.into(),
-            options.egress.as_ref().and_then(stored_policy),
-        ),
-        _ => (cordon_sandbox::Network::Off, None),
-    }
-}
-
-#[utoipa::path(get, path = "/v1/jobs/{id}/network", tag = "jobs", summary = "A job's network policy",
-    description = "What the job's sandbox may reach through cordon's broker: while it runs, the policy applied now; otherwise the one it was submitted with. `ceiling`: what this tenant may reach at most.",
-    params(("id" = String, Path)),
-    responses((status = 200, body = NetworkView), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse)))]
-pub(crate) async fn get_job_network(
-    State(shared): State<Arc<Shared>>,
-    Tenant(tenant): Tenant,
-    AxPath(id): AxPath<String>,
-) -> Result<Json<NetworkView>, ApiError> {
-    let job = crate::jobs::find(&shared, &tenant, &id).await?;
-    let (network, stored) = job_network(&shared, &job);
-    let live = shared.policies.get(&job_key(&id));
-    let policy = live.as_ref().map(|h| (*h.load()).clone()).or(stored);
-    Ok(Json(NetworkView::new(
-        network,
-        policy.as_ref(),
-        live.is_some(),
-        shared.ceilings.of(&tenant),
-    )))
-}
-
-#[utoipa::path(put, path = "/v1/jobs/{id}/network", tag = "jobs", summary = "Change a running job's network policy",
-    description = "Replaces what a running job (submitted with `network` \"allow\") may reach, at once: the broker checks every new connection against it. Within this tenant's ceiling; recorded as a `network_policy` event.",
-    params(("id" = String, Path)),
-    request_body = PolicyChange,
-    responses((status = 200, body = NetworkView), (status = 400, description = "The body says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
-              (status = 403, description = "Beyond this tenant's ceiling", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse),
-              (status = 409, description = "The job is not running, or its network is not brokered", body = crate::http::ErrorResponse)))]
-pub(crate) async fn put_job_network(
-    State(shared): State<Arc<Shared>>,
-    Tenant(tenant): Tenant,
-    AxPath(id): AxPath<String>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<NetworkView>, ApiError> {
-    let job = crate::jobs::find(&shared, &tenant, &id).await?;
-    let change = parse_change(&body?)?;
-    let (network, _) = job_network(&shared, &job);
-    let Some(handle) = shared.policies.get(&job_key(&id)) else {
-        let why = if network != cordon_sandbox::Network::Allow {
-            format!(
-                "job {id}'s network is {network:?}, not brokered: submit it with `network` \"allow\" to change what it reaches while it runs"
-            )
-        } else {
-            format!("job {id} is not running; a job's network changes only while it runs")
-        };
-        return Err(ApiError::new(StatusCode::CONFLICT, "not_running", why));
-    };
-    let policy = settle(&shared, &tenant, &change, Empty::Nothing).await?;
-    let before = handle.set(policy.clone());
-    let record = cordon_agent::PolicyRecord::between(&before, &policy);
-    let event = NewEvent::new(
-        "network_policy",
-        serde_json::to_value(&record).unwrap_or_default(),
-    );
-    match shared.store.append(&id, &[event], None).await {
-        Ok(stored) => shared.hub.publish(&id, &stored),
-        Err(e) => tracing::error!(job = %id, "cannot record a policy change: {e}"),
-    }
-    Ok(Json(NetworkView::new(
-        network,
-        Some(&policy),
-        true,
-        shared.ceilings.of(&tenant),
-    )))
 }

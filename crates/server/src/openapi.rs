@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::server::Shared;
+use crate::state::Shared;
 
 struct Bearer;
 
@@ -33,16 +33,16 @@ impl Modify for Bearer {
     modifiers(&Bearer),
     security(("bearer" = [])),
     paths(
-        crate::routes::health,
+        crate::health::health,
         crate::jobs::create_job,
         crate::jobs::list_jobs,
         crate::jobs::get_job,
         crate::jobs::cancel_job,
         crate::jobs::delete_job,
         crate::jobs::job_events,
-        crate::network::get_job_network,
-        crate::network::put_job_network,
-        crate::desktop::job_vnc,
+        crate::jobs::get_job_network,
+        crate::jobs::put_job_network,
+        crate::jobs::job_vnc,
         crate::jobs::list_root,
         crate::jobs::get_file,
         crate::jobs::put_file,

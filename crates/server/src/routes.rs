@@ -4,31 +4,29 @@
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde::Serialize;
-use utoipa::ToSchema;
 
-use crate::http::{ApiError, ApiResult};
+use crate::http::ApiError;
 use crate::jobs;
-use crate::server::Shared;
+use crate::state::Shared;
 
 pub fn router(shared: Arc<Shared>) -> Router {
     let file_limit = shared.config.file_limit;
     let body_limit = shared.config.body_limit;
     Router::new()
-        .route("/health", get(health))
+        .route("/health", get(crate::health::health))
         .route("/v1/jobs", post(jobs::create_job).get(jobs::list_jobs))
         .route("/v1/jobs/{id}", get(jobs::get_job).delete(jobs::delete_job))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel_job))
         .route("/v1/jobs/{id}/events", get(jobs::job_events))
         .route(
             "/v1/jobs/{id}/network",
-            get(crate::network::get_job_network).put(crate::network::put_job_network),
+            get(jobs::get_job_network).put(jobs::put_job_network),
         )
-        .route("/v1/jobs/{id}/vnc", get(crate::desktop::job_vnc))
+        .route("/v1/jobs/{id}/vnc", get(jobs::job_vnc))
         .route("/v1/jobs/{id}/files", get(jobs::list_root))
         .route(
             "/v1/jobs/{id}/files/{*path}",
@@ -54,19 +52,4 @@ pub fn router(shared: Arc<Shared>) -> Router {
         })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(shared)
-}
-
-/// What `/health` answers.
-#[derive(Serialize, ToSchema)]
-pub struct Health {
-    #[schema(example = "ok")]
-    pub status: &'static str,
-}
-
-#[utoipa::path(get, path = "/health", tag = "server", security(()),
-    responses((status = 200, description = "The server and its database answer", body = Health),
-              (status = 503, description = "The database does not answer", body = crate::http::ErrorResponse)))]
-pub(crate) async fn health(State(shared): State<Arc<Shared>>) -> ApiResult<Json<Health>> {
-    shared.store.ping().await?;
-    Ok(Json(Health { status: "ok" }))
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cordon_agent::events::{BoxFuture, EventSink};
-use cordon_agent::{AgentBuilder, AgentConfig, AgentError, AgentEvent, Cancel, SessionLog};
+use cordon_agent::{AgentBuilder, AgentError, AgentEvent, Cancel, SessionLog};
 use cordon_sandbox::{ExecEvent, ExecRequest, ExecResult, Sandbox, SandboxConfig};
 use cordon_tools::{Workspace, WsPath};
 use serde_json::{Value, json};
@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use crate::job::{
     AgentResult, Job, JobResult, JobSpec, JobState, Language, RunOptions, Step, StepResult,
 };
-use crate::server::Shared;
+use crate::state::Shared;
 use crate::store::{JobRow, NewEvent, Outcome, OutputDelta};
 
 /// Output is flushed to the database at least this often while it flows.
@@ -854,11 +854,4 @@ impl EventSink for JobEvents<'_> {
             self.sink.event(&kind, data).await;
         })
     }
-}
-
-/// What agent jobs need from the server's configuration.
-#[derive(Clone)]
-pub struct AgentDefaults {
-    pub provider: cordon_agent::ProviderConfig,
-    pub agent: AgentConfig,
 }

@@ -15,7 +15,7 @@ use axum::routing::get;
 use sha2::{Digest, Sha256};
 
 use crate::http::ApiError;
-use crate::server::Shared;
+use crate::state::Shared;
 
 struct Asset {
     name: &'static str,

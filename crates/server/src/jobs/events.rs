@@ -13,7 +13,7 @@ use futures_util::Stream;
 use serde::Deserialize;
 
 use crate::http::{ApiError, ApiResult, Tenant};
-use crate::server::Shared;
+use crate::state::Shared;
 use crate::store::StoredEvent;
 
 use super::find;

@@ -3,7 +3,9 @@
 //! `/schedule` and `/status` views of the same jobs. Another tenant's job
 //! is as absent as a missing one.
 
+mod desktop;
 mod events;
+mod network;
 mod view;
 
 use std::sync::Arc;
@@ -19,13 +21,17 @@ use cordon_tools::Workspace;
 use serde::Deserialize;
 use serde_json::json;
 
+pub(crate) use desktop::{__path_job_vnc, job_vnc};
 pub(crate) use events::{__path_job_events, job_events};
+pub(crate) use network::{
+    __path_get_job_network, __path_put_job_network, get_job_network, put_job_network,
+};
 pub use view::{JobList, JobSummary, JobView, Scheduled};
 
 use crate::files::Listing;
 use crate::http::{ApiError, ApiResult, Tenant, plausible_id, read_json};
 use crate::job::{JobKind, JobRequest, JobSpec, JobState, ShellJob, Text};
-use crate::server::Shared;
+use crate::state::Shared;
 use crate::store::{JobRow, ListQuery, NewEvent, Outcome, random_hex};
 
 /// A job as shown alone, with whether its desktop is live now.
@@ -41,8 +47,10 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
         .check(&shared.config.bounds)
         .map_err(ApiError::bad_request)?;
     if let Some(asked) = &req.options.egress {
-        let policy =
-            crate::network::settle(shared, tenant, asked, crate::network::Empty::Ceiling).await?;
+        let policy = shared
+            .ceilings
+            .settle(tenant, asked, crate::network::Empty::Ceiling)
+            .await?;
         req.options.egress = Some(policy.into());
     }
     if matches!(req.spec, JobSpec::Agent { .. }) && shared.config.agent.is_none() {
@@ -256,7 +264,7 @@ pub(crate) async fn delete_job(
     }
     // Gone from the store first: nothing serves its files any more, and a
     // removal that fails leaves files, not a job that cannot be opened.
-    crate::server::remove_files(crate::runner::job_dir(&shared, &id), &format!("job {id}")).await;
+    crate::files::remove_files(crate::runner::job_dir(&shared, &id), &format!("job {id}")).await;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -7,10 +7,9 @@
 //! and workspace stay on disk, so the next message, even after a restart,
 //! continues the conversation where it was.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -20,7 +19,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router, routing::get, routing::post};
 use cordon_agent::events::{BoxFuture, EventSink, pump};
-use cordon_agent::{Agent, AgentBuilder, AgentConfig, AgentEvent, Cancel, SessionLog};
+use cordon_agent::{AgentBuilder, AgentConfig, AgentEvent, Cancel, SessionLog};
 use cordon_sandbox::Sandbox;
 use futures_util::Stream;
 use serde_json::{Value, json};
@@ -28,7 +27,7 @@ use tokio::sync::{OwnedMutexGuard, mpsc};
 
 use crate::http::{ApiError, Tenant, plausible_id, read_json};
 use crate::job::NetworkMode;
-use crate::server::Shared;
+use crate::state::Shared;
 use crate::store::{SessionRow, random_hex};
 
 pub(crate) mod files;
@@ -42,72 +41,7 @@ pub use view::{
 use files::{get_file, list_files, put_file};
 use network::{get_network, logged_network, put_network};
 
-/// A session in use: its agent (which owns the conversation and its log)
-/// and its sandbox.
-struct Live {
-    agent: Agent,
-    sandbox: Sandbox,
-    /// The operator's MCP servers, started for this session.
-    mcp: cordon_mcp::McpClients,
-    last_used: Instant,
-    /// Its broker's policy, listed for the API while it lives.
-    _policy: Option<crate::network::Listed>,
-    /// Its place under the live-session caps, given back with it.
-    _slot: crate::caps::Slot,
-}
-
-impl Live {
-    async fn close(self) {
-        drop(self.agent);
-        self.mcp.shutdown().await;
-        self.sandbox.close().await;
-    }
-}
-
-type Slot = Arc<tokio::sync::Mutex<Option<Live>>>;
-
-/// The sessions live in this process.
-#[derive(Default)]
-pub struct LiveSessions {
-    slots: Mutex<HashMap<String, Slot>>,
-    /// Cancels the turn running in a session.
-    turns: Mutex<HashMap<String, Cancel>>,
-}
-
-impl LiveSessions {
-    fn slot(&self, id: &str) -> Slot {
-        self.slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(id.to_string())
-            .or_default()
-            .clone()
-    }
-
-    /// Closes the sandboxes of sessions idle longer than `idle`.
-    pub async fn reap(&self, idle: Duration, desktops: &crate::desktop::Desktops) {
-        let slots: Vec<(String, Slot)> = self
-            .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        for (id, slot) in slots {
-            // A session in a turn is busy, not idle.
-            let Ok(mut guard) = slot.try_lock() else {
-                continue;
-            };
-            if guard.as_ref().is_some_and(|l| l.last_used.elapsed() > idle)
-                && let Some(live) = guard.take()
-            {
-                tracing::debug!("closing idle session {id}");
-                desktops.unlist(&desktop_key(&id));
-                live.close().await;
-            }
-        }
-    }
-}
+use crate::live::{Live, desktop_key};
 
 pub fn routes(file_limit: usize) -> Router<Arc<Shared>> {
     Router::new()
@@ -128,10 +62,6 @@ pub fn routes(file_limit: usize) -> Router<Arc<Shared>> {
             "/v1/sessions/{id}/network",
             get(get_network).put(put_network),
         )
-}
-
-fn desktop_key(id: &str) -> String {
-    format!("session/{id}")
 }
 
 /// The display a session was created with, from its `session_started`.
@@ -226,7 +156,10 @@ pub(crate) async fn create(
             .map_err(ApiError::bad_request)?;
     let policy = match &egress {
         Some(asked) => Some(
-            crate::network::settle(&shared, &tenant, asked, crate::network::Empty::Ceiling).await?,
+            shared
+                .ceilings
+                .settle(&tenant, asked, crate::network::Empty::Ceiling)
+                .await?,
         ),
         None => None,
     };
@@ -556,7 +489,7 @@ pub(crate) async fn delete(
     // The sandbox is gone, so nothing writes here any more; remove_dir_all
     // unlinks symlinks rather than following them. Removed while the slot
     // is held, so no message that raced the delete wakes it on its files.
-    crate::server::remove_files(dir(&shared, &id), &format!("session {id}")).await;
+    crate::files::remove_files(dir(&shared, &id), &format!("session {id}")).await;
     shared
         .sessions
         .slots

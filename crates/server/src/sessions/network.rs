@@ -92,13 +92,10 @@ pub(crate) async fn put_network(
             ),
         ));
     }
-    let policy = crate::network::settle(
-        &shared,
-        &row.tenant,
-        &change,
-        crate::network::Empty::Nothing,
-    )
-    .await?;
+    let policy = shared
+        .ceilings
+        .settle(&row.tenant, &change, crate::network::Empty::Nothing)
+        .await?;
     let key = crate::network::session_key(&id);
     let view = |live: bool| {
         Json(crate::network::NetworkView::new(

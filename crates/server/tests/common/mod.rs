@@ -274,11 +274,11 @@ pub fn shell(command: &str) -> Value {
 
 /// The agent of every agent job and API session: the scripted model server
 /// at `url`, over the Anthropic protocol.
-pub fn agent_at(url: String) -> cordon_server::runner::AgentDefaults {
+pub fn agent_at(url: String) -> cordon_server::AgentDefaults {
     let mut provider =
         cordon_agent::ProviderConfig::new(cordon_agent::ProviderKind::Anthropic, url);
     provider.api_key = Some("sk-test".into());
-    cordon_server::runner::AgentDefaults {
+    cordon_server::AgentDefaults {
         provider,
         agent: cordon_agent::AgentConfig::new("claude-sonnet-4-5"),
     }

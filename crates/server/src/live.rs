@@ -1,0 +1,81 @@
+//! The API sessions live in this process: each one's agent and sandbox
+//! while it is in use, and the turn running in it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cordon_agent::{Agent, Cancel};
+use cordon_sandbox::Sandbox;
+
+/// A session in use: its agent (which owns the conversation and its log)
+/// and its sandbox.
+pub(crate) struct Live {
+    pub(crate) agent: Agent,
+    pub(crate) sandbox: Sandbox,
+    /// The operator's MCP servers, started for this session.
+    pub(crate) mcp: cordon_mcp::McpClients,
+    pub(crate) last_used: Instant,
+    /// Its broker's policy, listed for the API while it lives.
+    pub(crate) _policy: Option<crate::network::Listed>,
+    /// Its place under the live-session caps, given back with it.
+    pub(crate) _slot: crate::caps::Slot,
+}
+
+impl Live {
+    pub(crate) async fn close(self) {
+        drop(self.agent);
+        self.mcp.shutdown().await;
+        self.sandbox.close().await;
+    }
+}
+
+pub(crate) type Slot = Arc<tokio::sync::Mutex<Option<Live>>>;
+
+/// The sessions live in this process.
+#[derive(Default)]
+pub struct LiveSessions {
+    pub(crate) slots: Mutex<HashMap<String, Slot>>,
+    /// Cancels the turn running in a session.
+    pub(crate) turns: Mutex<HashMap<String, Cancel>>,
+}
+
+impl LiveSessions {
+    pub(crate) fn slot(&self, id: &str) -> Slot {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Closes the sandboxes of sessions idle longer than `idle`.
+    pub async fn reap(&self, idle: Duration, desktops: &crate::desktop::Desktops) {
+        let slots: Vec<(String, Slot)> = self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (id, slot) in slots {
+            // A session in a turn is busy, not idle.
+            let Ok(mut guard) = slot.try_lock() else {
+                continue;
+            };
+            if guard.as_ref().is_some_and(|l| l.last_used.elapsed() > idle)
+                && let Some(live) = guard.take()
+            {
+                tracing::debug!("closing idle session {id}");
+                desktops.unlist(&desktop_key(&id));
+                live.close().await;
+            }
+        }
+    }
+}
+
+/// Where a session's desktop is listed.
+pub(crate) fn desktop_key(id: &str) -> String {
+    format!("session/{id}")
+}
