@@ -11,11 +11,12 @@ use cordon_agent::events::{BoxFuture, EventSink};
 use cordon_agent::{AgentBuilder, AgentError, AgentEvent, Cancel, SessionLog};
 use cordon_sandbox::{ExecEvent, ExecRequest, ExecResult, Sandbox, SandboxConfig};
 use cordon_tools::{Workspace, WsPath};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::job::{
-    AgentResult, Job, JobResult, JobSpec, JobState, Language, RunOptions, Step, StepResult,
+    AgentResult, Job, JobEvent, JobResult, JobSpec, JobState, Language, Problem, RunOptions, Step,
+    StepResult, Stream,
 };
 use crate::state::Shared;
 use crate::store::{JobRow, NewEvent, Outcome, OutputDelta};
@@ -80,8 +81,12 @@ impl Sink {
         self.step.take().unwrap_or_default()
     }
 
-    async fn event(&mut self, kind: &str, data: Value) {
-        self.pending_events.push(NewEvent::new(kind, data));
+    async fn event(&mut self, event: JobEvent) {
+        self.push(event.into()).await;
+    }
+
+    async fn push(&mut self, event: NewEvent) {
+        self.pending_events.push(event);
         self.flush().await;
     }
 
@@ -115,10 +120,17 @@ impl Sink {
             step.text[stream].push_str(&text[..end]);
             step.truncated[stream] |= end < text.len() || self.truncated[stream];
         }
-        let name = if stream == 0 { "stdout" } else { "stderr" };
+        let which = if stream == 0 {
+            Stream::Stdout
+        } else {
+            Stream::Stderr
+        };
         if !text.is_empty() {
-            self.pending_events
-                .push(NewEvent::new(name, json!({ "data": text })));
+            let event = match which {
+                Stream::Stdout => JobEvent::Stdout { data: text.clone() },
+                Stream::Stderr => JobEvent::Stderr { data: text.clone() },
+            };
+            self.pending_events.push(event.into());
             if stream == 0 {
                 self.pending.stdout.push_str(&text);
             } else {
@@ -126,10 +138,13 @@ impl Sink {
             }
         }
         if self.truncated[stream] {
-            self.pending_events.push(NewEvent::new(
-                "output_truncated",
-                json!({ "stream": name, "cap_bytes": self.cap }),
-            ));
+            self.pending_events.push(
+                JobEvent::OutputTruncated {
+                    stream: which,
+                    cap_bytes: self.cap,
+                }
+                .into(),
+            );
         }
         self.since.get_or_insert_with(Instant::now);
         if self.pending.stdout.len() + self.pending.stderr.len() >= FLUSH_BYTES
@@ -244,7 +259,10 @@ pub async fn run(shared: Arc<Shared>, job: JobRow, cancel: Cancel) {
     let id = job.id.clone();
     shared.hub.open(&id);
     let mut sink = Sink::new(shared.clone(), &id);
-    sink.event("state", json!({"state": "running"})).await;
+    sink.event(JobEvent::State {
+        state: JobState::Running,
+    })
+    .await;
     let checked = job
         .request
         .clone()
@@ -259,10 +277,11 @@ pub async fn run(shared: Arc<Shared>, job: JobRow, cancel: Cancel) {
         },
     };
     sink.flush().await;
-    let finished = NewEvent::new(
-        "finished",
-        json!({"state": outcome.state, "exit_code": outcome.exit_code, "error": outcome.error}),
-    );
+    let finished = NewEvent::from(JobEvent::Finished {
+        state: outcome.state,
+        exit_code: outcome.exit_code,
+        error: outcome.error.clone(),
+    });
     match shared
         .store
         .finish(&id, &[JobState::Running], &outcome, &finished)
@@ -432,11 +451,13 @@ const MAX_REFUSALS: usize = 100;
 /// `network_refused` events.
 async fn forward_refusals(shared: Arc<Shared>, id: String, mut refusals: cordon_sandbox::Refusals) {
     while let Some(e) = refusals.next().await {
-        let event = NewEvent::new(
-            "network_refused",
-            json!({"host": e.host, "port": e.port, "decision": e.decision,
-                   "reason": e.reason, "message": e.message}),
-        );
+        let event = NewEvent::from(JobEvent::NetworkRefused {
+            host: e.host,
+            port: e.port,
+            decision: e.decision,
+            reason: e.reason,
+            message: e.message,
+        });
         match shared.store.append(&id, &[event], None).await {
             Ok(stored) => shared.hub.publish(&id, &stored),
             Err(err) => tracing::warn!(job = %id, "cannot record a refusal: {err}"),
@@ -543,8 +564,11 @@ async fn run_steps(
         }
         let started = Instant::now();
         let mut screenshot = None;
-        sink.event("step_started", json!({"index": index, "tool": step.tool()}))
-            .await;
+        sink.event(JobEvent::StepStarted {
+            index,
+            tool: step.tool().to_string(),
+        })
+        .await;
         sink.begin_step();
         let outcome = match step {
             Step::Shell(s) => {
@@ -615,7 +639,7 @@ async fn run_steps(
             stderr_truncated: Some(output.truncated[1]),
             screenshot,
         };
-        sink.event("step_finished", json!(result)).await;
+        sink.event(JobEvent::StepFinished(result.clone())).await;
         results.push(result);
         let stop = match outcome.state {
             JobState::Succeeded => false,
@@ -751,8 +775,7 @@ async fn run_agent(
     .await;
     let failed = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));
     for message in failed {
-        sink.event("error", json!({ "type": "error", "message": message }))
-            .await;
+        sink.event(JobEvent::Error(Problem { message })).await;
     }
     let mut builder = AgentBuilder::new(&model_config.provider, config).tools(&mcp.tools);
     match SessionLog::<Value>::create(&run.session) {
@@ -850,8 +873,9 @@ impl EventSink for JobEvents<'_> {
                 }
                 self.live_room -= text.len();
             }
+            // The agent's own events, as `cordon exec --json` writes them.
             let (kind, data) = ev.to_json();
-            self.sink.event(&kind, data).await;
+            self.sink.push(NewEvent::new(&kind, data)).await;
         })
     }
 }

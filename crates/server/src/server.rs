@@ -7,12 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cordon_agent::Cancel;
-use serde_json::json;
 use tokio::sync::Notify;
 
 use crate::files::remove_tree;
 use crate::hub::Hub;
-use crate::job::JobState;
+use crate::job::{JobEvent, JobState};
 use crate::runner;
 use crate::state::{ServerConfig, Shared};
 use crate::store::{NewEvent, Outcome, Store, StoreError};
@@ -61,10 +60,11 @@ async fn recover(shared: &Shared) -> Result<usize, StoreError> {
             error: Some(RESTARTED.into()),
             result: None,
         };
-        let event = NewEvent::new(
-            "finished",
-            json!({"state": JobState::Failed, "exit_code": null, "error": RESTARTED}),
-        );
+        let event = NewEvent::from(JobEvent::Finished {
+            state: JobState::Failed,
+            exit_code: None,
+            error: Some(RESTARTED.into()),
+        });
         shared
             .store
             .finish(id, &[JobState::Running], &outcome, &event)

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
-use crate::job::{JobKind, JobRequest, JobResult, JobState};
+use crate::job::{JobEvent, JobKind, JobRequest, JobResult, JobState};
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +74,13 @@ pub struct StoredEvent {
 pub struct NewEvent {
     pub kind: String,
     pub data: Value,
+}
+
+impl From<JobEvent> for NewEvent {
+    fn from(e: JobEvent) -> Self {
+        let (kind, data) = e.parts();
+        NewEvent::new(kind, data)
+    }
 }
 
 impl NewEvent {

@@ -2,6 +2,7 @@
 //! ([`request`]), the same request checked against the server's bounds
 //! ([`Job`], what a worker runs), and the states a job moves through.
 
+mod event;
 mod request;
 mod result;
 
@@ -14,6 +15,7 @@ pub use request::{
     Screen, ShellJob, Size, Step, StepsJob, Text, read, type_name,
 };
 
+pub use event::{JobEvent, PolicyChanged, Problem, Stream};
 pub use result::{AgentResult, JobResult, StepResult, StepState};
 
 /// Where a job is in its life. Terminal states never change again.

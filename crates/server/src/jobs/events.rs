@@ -26,7 +26,7 @@ pub(crate) struct EventParams {
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{id}/events", tag = "jobs", summary = "The job's events as Server-Sent Events",
-    description = "Each event has an `id` (its sequence number), a name (`state`, `stdout`, `stderr`, `step_started`, `step_finished`, `output_truncated`, the agent's event types, and last `finished`) and JSON data. Reconnecting with `Last-Event-ID` (or `?after=`) resumes after that event: nothing is missed or repeated.",
+    description = "Each event has an `id` (its sequence number), a name and JSON data: the schema `JobEvent` lists each name (its `event`) with its data (`state`, `stdout`, `stderr`, `output_truncated`, `step_started`, `step_finished`, `network_refused`, `network_policy`, `error`, last `finished`); an agent job adds the agent's own events (those of `cordon exec --json`). Reconnecting with `Last-Event-ID` (or `?after=`) resumes after that event: nothing is missed or repeated.",
     params(("id" = String, Path), ("after" = Option<i64>, Query, description = "Resume after this event id"),
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id")),
     responses((status = 200, description = "An event stream", content_type = "text/event-stream"), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse)))]

@@ -19,7 +19,6 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cordon_tools::Workspace;
 use serde::Deserialize;
-use serde_json::json;
 
 pub(crate) use desktop::{__path_job_vnc, job_vnc};
 pub(crate) use events::{__path_job_events, job_events};
@@ -30,7 +29,7 @@ pub use view::{JobList, JobSummary, JobView, Scheduled};
 
 use crate::files::Listing;
 use crate::http::{ApiError, ApiResult, Tenant, plausible_id, read_json};
-use crate::job::{JobKind, JobRequest, JobSpec, JobState, ShellJob, Text};
+use crate::job::{JobEvent, JobKind, JobRequest, JobSpec, JobState, ShellJob, Text};
 use crate::state::Shared;
 use crate::store::{JobRow, ListQuery, NewEvent, Outcome, random_hex};
 
@@ -279,10 +278,11 @@ async fn cancel(shared: &Shared, job: &JobRow) -> ApiResult<()> {
                 error: Some("cancelled before it ran".into()),
                 result: None,
             };
-            let event = NewEvent::new(
-                "finished",
-                json!({"state": JobState::Cancelled, "exit_code": null, "error": outcome.error}),
-            );
+            let event = NewEvent::from(JobEvent::Finished {
+                state: JobState::Cancelled,
+                exit_code: None,
+                error: outcome.error.clone(),
+            });
             // A worker may have claimed it meanwhile: then cancel the run.
             if shared
                 .store

@@ -85,10 +85,9 @@ pub(crate) async fn put_job_network(
         .await?;
     let before = handle.set(policy.clone());
     let record = cordon_agent::PolicyRecord::between(&before, &policy);
-    let event = NewEvent::new(
-        "network_policy",
-        serde_json::to_value(&record).unwrap_or_default(),
-    );
+    let event = NewEvent::from(crate::job::JobEvent::NetworkPolicy(
+        crate::job::PolicyChanged(record),
+    ));
     match shared.store.append(&id, &[event], None).await {
         Ok(stored) => shared.hub.publish(&id, &stored),
         Err(e) => tracing::error!(job = %id, "cannot record a policy change: {e}"),

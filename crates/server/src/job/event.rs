@@ -1,0 +1,151 @@
+//! A job's events, as stored and served on its SSE stream: each one's
+//! name is the SSE event name and the rest its JSON data. An agent job's
+//! events are the agent's own (`cordon exec --json`) and pass through.
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::{JobState, StepResult};
+
+/// Which output stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// A policy change as the agent's log records it: the allow list now,
+/// `added` and `removed`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct PolicyChanged(pub cordon_agent::PolicyRecord);
+
+impl utoipa::PartialSchema for PolicyChanged {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .description(Some(
+                "`type` \"network_policy\", `allow` (the rules now), `allow_private`, `added` and `removed`.",
+            ))
+            .into()
+    }
+}
+impl ToSchema for PolicyChanged {}
+
+/// A problem, with `"type": "error"` as the agent's events carry their
+/// type.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(tag = "type", rename = "error")]
+pub struct Problem {
+    pub message: String,
+}
+
+/// An event of a job; `event` names it on the stream, `data` is what it
+/// carries.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(tag = "event", content = "data", rename_all = "snake_case")]
+pub enum JobEvent {
+    /// The job started running.
+    State {
+        state: JobState,
+    },
+    /// Output, as it came (UTF-8; a character split across reads waits
+    /// for its end).
+    Stdout {
+        data: String,
+    },
+    Stderr {
+        data: String,
+    },
+    /// The stream reached the job's output cap; the rest is dropped.
+    OutputTruncated {
+        stream: Stream,
+        cap_bytes: usize,
+    },
+    StepStarted {
+        index: usize,
+        #[schema(example = "shell")]
+        tool: String,
+    },
+    StepFinished(StepResult),
+    /// The broker refused a connection (each host and port once).
+    NetworkRefused {
+        host: String,
+        port: u16,
+        #[schema(value_type = String, example = "refused")]
+        decision: cordon_net::Decision,
+        #[schema(value_type = String, example = "not_allowed")]
+        reason: cordon_net::Reason,
+        message: String,
+    },
+    /// The job's policy was replaced through the API.
+    NetworkPolicy(PolicyChanged),
+    /// Something beside the job's own output went wrong (an MCP server
+    /// that did not start); shaped like the agent's own events.
+    Error(Problem),
+    /// The last event: how the job ended.
+    Finished {
+        state: JobState,
+        exit_code: Option<i64>,
+        error: Option<String>,
+    },
+}
+
+impl JobEvent {
+    /// The event's name and its data, as the store keeps them.
+    pub fn parts(&self) -> (&'static str, serde_json::Value) {
+        let name = match self {
+            JobEvent::State { .. } => "state",
+            JobEvent::Stdout { .. } => "stdout",
+            JobEvent::Stderr { .. } => "stderr",
+            JobEvent::OutputTruncated { .. } => "output_truncated",
+            JobEvent::StepStarted { .. } => "step_started",
+            JobEvent::StepFinished(_) => "step_finished",
+            JobEvent::NetworkRefused { .. } => "network_refused",
+            JobEvent::NetworkPolicy(_) => "network_policy",
+            JobEvent::Error(_) => "error",
+            JobEvent::Finished { .. } => "finished",
+        };
+        let data = serde_json::to_value(self)
+            .ok()
+            .and_then(|mut v| v.get_mut("data").map(serde_json::Value::take))
+            .unwrap_or_default();
+        (name, data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn an_event_is_its_name_and_its_data() {
+        assert_eq!(
+            JobEvent::Stdout {
+                data: "hi\n".into()
+            }
+            .parts(),
+            ("stdout", json!({"data": "hi\n"}))
+        );
+        assert_eq!(
+            JobEvent::Finished {
+                state: JobState::TimedOut,
+                exit_code: Some(124),
+                error: None
+            }
+            .parts(),
+            (
+                "finished",
+                json!({"state": "timed_out", "exit_code": 124, "error": null})
+            )
+        );
+        let (name, data) = JobEvent::StepFinished(StepResult::skipped(2, "shell")).parts();
+        assert_eq!(name, "step_finished");
+        assert_eq!(
+            data,
+            json!({"index": 2, "tool": "shell", "state": "skipped"})
+        );
+    }
+}
