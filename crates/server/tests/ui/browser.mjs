@@ -68,6 +68,8 @@ try {
   await page.fill('input[name=token]', TOKEN);
   await page.click('form.sign-in button[type=submit]');
   await page.locator('table.jobs').waitFor();
+  const docs = await page.getAttribute('#api-docs', 'href');
+  if (new URL(docs, page.url()).pathname !== '/docs') throw new Error(`the API link goes to ${docs}`);
 
   step('submit a shell job');
   await page.click('a[data-nav=new]');
