@@ -310,6 +310,8 @@ impl Sandbox {
             credit,
             oom_before,
             finished: false,
+            end: None,
+            look: None,
             consumed,
             limit: req.output_limit,
             kept: [0; 2],
@@ -340,6 +342,13 @@ pub struct Execution {
     credit: Arc<Semaphore>,
     oom_before: Option<u64>,
     finished: bool,
+    /// The end, received and not yet returned: kept here so that a `next`
+    /// dropped while it awaits (a `select!` whose other branch won) loses
+    /// nothing, and the next call returns it.
+    end: Option<Option<Event>>,
+    /// The disk budget's last look, asked for and not yet answered, kept
+    /// for the same reason.
+    look: Option<tokio::sync::oneshot::Receiver<()>>,
     /// Output bytes taken, shared with the route (see [`watchdog`]).
     consumed: Arc<AtomicU64>,
     /// The request's output limit, enforced here too: a microVM's
@@ -415,12 +424,18 @@ impl Execution {
     }
 
     /// The next output chunk or the final result; `None` after `Exit`.
+    ///
+    /// Cancel-safe: dropped before it returns, it has consumed nothing that
+    /// the next call does not return (callers race it against timers).
     pub async fn next(&mut self) -> Option<Result<ExecEvent>> {
         loop {
             if self.finished {
                 return None;
             }
-            let event = self.events.recv().await;
+            let event = match self.end.take() {
+                Some(end) => end,
+                None => self.events.recv().await,
+            };
             if let Some(Event::Output(stream, mut data)) = event {
                 let len = data.len() as u64;
                 self.consumed.fetch_add(len, Ordering::SeqCst);
@@ -445,44 +460,73 @@ impl Execution {
                     Stream::Stderr => ExecEvent::Stderr(data),
                 }));
             }
-            self.finished = true;
-            return Some(match event {
-                Some(Event::Exited(SupMsg::Exited {
+            // Held until it is returned: the await below may be cancelled.
+            self.end = Some(event);
+            let exited = match &self.end {
+                Some(Some(Event::Exited(SupMsg::Exited {
                     status,
                     duration_us,
                     timed_out,
                     stdout_bytes,
                     stderr_bytes,
                     truncated,
-                    oom_killed: guest_oom,
+                    oom_killed,
                     ..
-                })) => {
-                    let oom_after = self.inner.lifecycle.oom_kills();
-                    let oom_killed = guest_oom
-                        || matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
-                    // One more look before the result: a command that
-                    // wrote past the budget and ended before the watcher
-                    // looked is reported as stopped for it.
-                    if let Some(watch) = self.inner.disk.get()
-                        && self.inner.disk_stop.get().is_none()
-                    {
-                        watch.look().await;
-                    }
-                    let disk_exceeded = self.inner.disk_stop.get().is_some();
-                    Ok(ExecEvent::Exit(ExecResult {
-                        status,
-                        duration: Duration::from_micros(duration_us),
-                        timed_out,
-                        truncated: truncated || self.cut,
-                        oom_killed: oom_killed && !disk_exceeded,
-                        disk_exceeded,
-                        // Never less than what arrived.
-                        stdout_bytes: stdout_bytes.max(self.kept[0]),
-                        stderr_bytes: stderr_bytes.max(self.kept[1]),
-                    }))
-                }
-                _ => Err(self.inner.gone_error()),
-            });
+                }))) => Some((
+                    *status,
+                    *duration_us,
+                    *timed_out,
+                    *stdout_bytes,
+                    *stderr_bytes,
+                    *truncated,
+                    *oom_killed,
+                )),
+                _ => None,
+            };
+            let Some((
+                status,
+                duration_us,
+                timed_out,
+                stdout_bytes,
+                stderr_bytes,
+                truncated,
+                guest_oom,
+            )) = exited
+            else {
+                self.end = None;
+                self.finished = true;
+                return Some(Err(self.inner.gone_error()));
+            };
+            let oom_after = self.inner.lifecycle.oom_kills();
+            let oom_killed =
+                guest_oom || matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
+            // One more look before the result: a command that wrote past
+            // the budget and ended before the watcher looked is reported
+            // as stopped for it.
+            if self.look.is_none()
+                && let Some(watch) = self.inner.disk.get()
+                && self.inner.disk_stop.get().is_none()
+            {
+                self.look = watch.ask();
+            }
+            if let Some(look) = self.look.as_mut() {
+                let _ = look.await;
+            }
+            self.look = None;
+            let disk_exceeded = self.inner.disk_stop.get().is_some();
+            self.end = None;
+            self.finished = true;
+            return Some(Ok(ExecEvent::Exit(ExecResult {
+                status,
+                duration: Duration::from_micros(duration_us),
+                timed_out,
+                truncated: truncated || self.cut,
+                oom_killed: oom_killed && !disk_exceeded,
+                disk_exceeded,
+                // Never less than what arrived.
+                stdout_bytes: stdout_bytes.max(self.kept[0]),
+                stderr_bytes: stderr_bytes.max(self.kept[1]),
+            })));
         }
     }
 

@@ -492,15 +492,21 @@ impl DiskWatch {
     /// Waits for a look that starts after now. Returns at once if the
     /// watcher has ended (the sandbox stopped or closed).
     pub async fn look(&self) {
+        if let Some(rx) = self.ask() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Asks for a look that starts after now: the answer comes on the
+    /// receiver (none if the watcher has ended). Held across awaits that
+    /// may be cancelled, it is still the same look when awaited again.
+    pub fn ask(&self) -> Option<oneshot::Receiver<()>> {
         let (tx, rx) = oneshot::channel();
-        let sent = self
-            .looks
+        self.looks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(tx)
-            .is_ok();
-        if sent {
-            let _ = rx.await;
-        }
+            .is_ok()
+            .then_some(rx)
     }
 }

@@ -591,3 +591,43 @@ async fn the_process_limit_refuses_forks_beyond_it() {
     assert!((8..32).contains(&children), "{children} children");
     sb.close().await;
 }
+
+/// `Execution::next` is raced against timers (the server flushes output
+/// on one): a `next` dropped at any await must lose nothing. Each call
+/// here is polled once and dropped if it is not ready. With a disk budget
+/// over a workspace of many files, the budget's last look before the
+/// result takes a while: dropped there, `next` lost the result ("the
+/// sandbox ended without a result", seen in CI on a loaded machine).
+#[tokio::test]
+async fn a_dropped_next_loses_no_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.disk = Some(64 * 1024 * 1024);
+    let sb = Sandbox::create(c).await.expect("create sandbox");
+    for _ in 0..3 {
+        let mut exec = sb
+            .exec_stream(ExecRequest::shell(
+                "mkdir -p d; for i in $(seq 3000); do : > d/$i; done; printf one; printf two >&2; exit 4",
+            ))
+            .await
+            .unwrap();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let result = loop {
+            assert!(Instant::now() < deadline, "no result within 30 s");
+            match tokio::time::timeout(Duration::ZERO, exec.next()).await {
+                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+                Ok(None) => panic!("the stream ended without its result"),
+                Ok(Some(ev)) => match ev.expect("no error") {
+                    ExecEvent::Stdout(d) => out.extend(d),
+                    ExecEvent::Stderr(d) => err.extend(d),
+                    ExecEvent::Exit(r) => break r,
+                },
+            }
+        };
+        assert_eq!((out, err), (b"one".to_vec(), b"two".to_vec()));
+        assert_eq!(result.status, ExitStatus::Code(4));
+        assert!(exec.next().await.is_none());
+    }
+    sb.close().await;
+}
