@@ -345,7 +345,7 @@ pub struct Execution {
     /// The end, received and not yet returned: kept here so that a `next`
     /// dropped while it awaits (a `select!` whose other branch won) loses
     /// nothing, and the next call returns it.
-    end: Option<Option<Event>>,
+    end: Option<Event>,
     /// The disk budget's last look, asked for and not yet answered, kept
     /// for the same reason.
     look: Option<tokio::sync::oneshot::Receiver<()>>,
@@ -432,8 +432,8 @@ impl Execution {
             if self.finished {
                 return None;
             }
-            let event = match self.end.take() {
-                Some(end) => end,
+            let mut event = match self.end.take() {
+                Some(end) => Some(end),
                 None => self.events.recv().await,
             };
             if let Some(Event::Output(stream, mut data)) = event {
@@ -460,74 +460,61 @@ impl Execution {
                     Stream::Stderr => ExecEvent::Stderr(data),
                 }));
             }
-            // Held until it is returned: the await below may be cancelled.
-            self.end = Some(event);
-            let exited = match &self.end {
-                Some(Some(Event::Exited(SupMsg::Exited {
+            if let Some(end @ Event::Exited(_)) = event {
+                // Held while the last look is awaited: that await may be
+                // cancelled, and the next call takes it up again.
+                self.end = Some(end);
+                self.last_look().await;
+                event = self.end.take();
+            }
+            self.finished = true;
+            return Some(match event {
+                Some(Event::Exited(SupMsg::Exited {
                     status,
                     duration_us,
                     timed_out,
                     stdout_bytes,
                     stderr_bytes,
                     truncated,
-                    oom_killed,
+                    oom_killed: guest_oom,
                     ..
-                }))) => Some((
-                    *status,
-                    *duration_us,
-                    *timed_out,
-                    *stdout_bytes,
-                    *stderr_bytes,
-                    *truncated,
-                    *oom_killed,
-                )),
-                _ => None,
-            };
-            let Some((
-                status,
-                duration_us,
-                timed_out,
-                stdout_bytes,
-                stderr_bytes,
-                truncated,
-                guest_oom,
-            )) = exited
-            else {
-                self.end = None;
-                self.finished = true;
-                return Some(Err(self.inner.gone_error()));
-            };
-            let oom_after = self.inner.lifecycle.oom_kills();
-            let oom_killed =
-                guest_oom || matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
-            // One more look before the result: a command that wrote past
-            // the budget and ended before the watcher looked is reported
-            // as stopped for it.
-            if self.look.is_none()
-                && let Some(watch) = self.inner.disk.get()
-                && self.inner.disk_stop.get().is_none()
-            {
-                self.look = watch.ask();
-            }
-            if let Some(look) = self.look.as_mut() {
-                let _ = look.await;
-            }
-            self.look = None;
-            let disk_exceeded = self.inner.disk_stop.get().is_some();
-            self.end = None;
-            self.finished = true;
-            return Some(Ok(ExecEvent::Exit(ExecResult {
-                status,
-                duration: Duration::from_micros(duration_us),
-                timed_out,
-                truncated: truncated || self.cut,
-                oom_killed: oom_killed && !disk_exceeded,
-                disk_exceeded,
-                // Never less than what arrived.
-                stdout_bytes: stdout_bytes.max(self.kept[0]),
-                stderr_bytes: stderr_bytes.max(self.kept[1]),
-            })));
+                })) => {
+                    let oom_after = self.inner.lifecycle.oom_kills();
+                    let oom_killed = guest_oom
+                        || matches!((self.oom_before, oom_after), (Some(a), Some(b)) if b > a);
+                    let disk_exceeded = self.inner.disk_stop.get().is_some();
+                    Ok(ExecEvent::Exit(ExecResult {
+                        status,
+                        duration: Duration::from_micros(duration_us),
+                        timed_out,
+                        truncated: truncated || self.cut,
+                        oom_killed: oom_killed && !disk_exceeded,
+                        disk_exceeded,
+                        // Never less than what arrived.
+                        stdout_bytes: stdout_bytes.max(self.kept[0]),
+                        stderr_bytes: stderr_bytes.max(self.kept[1]),
+                    }))
+                }
+                _ => Err(self.inner.gone_error()),
+            });
         }
+    }
+
+    /// One more look at the disk budget before the result: a command that
+    /// wrote past the budget and ended before the watcher looked is
+    /// reported as stopped for it. Cancel-safe: the look asked for is kept
+    /// until answered.
+    async fn last_look(&mut self) {
+        if self.look.is_none()
+            && let Some(watch) = self.inner.disk.get()
+            && self.inner.disk_stop.get().is_none()
+        {
+            self.look = watch.ask();
+        }
+        if let Some(look) = self.look.as_mut() {
+            let _ = look.await;
+        }
+        self.look = None;
     }
 
     /// Collects all output until the command finishes.
