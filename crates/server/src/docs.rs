@@ -8,11 +8,10 @@
 use std::sync::{Arc, OnceLock};
 
 use axum::Router;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::HeaderMap;
 use axum::routing::get;
-use sha2::{Digest, Sha256};
 
+use crate::http::Asset;
 use crate::state::Shared;
 
 mod swagger_ui {
@@ -44,17 +43,9 @@ const JS: &str = "text/javascript; charset=utf-8";
 const CSS: &str = "text/css; charset=utf-8";
 const HTML: &str = "text/html; charset=utf-8";
 
-/// A servable file: its path, type, body and strong validator.
-struct Served {
-    path: String,
-    content_type: &'static str,
-    body: &'static [u8],
-    etag: HeaderValue,
-}
-
 /// Every file under /docs, computed once (they change only with the binary).
-fn served() -> &'static [Served] {
-    static SERVED: OnceLock<Vec<Served>> = OnceLock::new();
+fn served() -> &'static [Asset] {
+    static SERVED: OnceLock<Vec<Asset>> = OnceLock::new();
     SERVED.get_or_init(|| {
         let page: &'static [u8] = if has_swagger_ui() {
             include_bytes!("../ui/docs.html")
@@ -81,70 +72,21 @@ fn served() -> &'static [Served] {
         own.into_iter()
             .map(|(p, ty, body)| (p.to_string(), ty, body))
             .chain(theirs)
-            .map(|(path, content_type, body)| {
-                let digest = Sha256::digest(body);
-                let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-                Served {
-                    path,
-                    content_type,
-                    body,
-                    etag: HeaderValue::from_str(&format!("\"{hex}\""))
-                        .expect("hex is a valid header"),
-                }
-            })
+            .map(|(path, content_type, body)| Asset::new(path, content_type, body))
             .collect()
     })
 }
 
 /// One route per file; any other path under /docs gets the API's JSON 404.
 pub fn routes() -> Router<Arc<Shared>> {
-    served()
-        .iter()
-        .enumerate()
-        .fold(Router::new(), |router, (i, file)| {
-            router.route(
+    served().iter().fold(Router::new(), |router, file| {
+        router.route(
                 &file.path,
-                get(move |headers: HeaderMap| async move { serve(&served()[i], &headers) }),
+                get(move |headers: HeaderMap| async move {
+                    file.serve(&headers, CONTENT_SECURITY_POLICY)
+                }),
             )
-        })
-}
-
-fn serve(file: &Served, request: &HeaderMap) -> Response {
-    // Revalidated on every load, so a new binary's files are used at once;
-    // an unchanged one (the 1.7 MB bundle) costs a 304 and no body.
-    let fresh = request
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == file.etag));
-    let mut r = if fresh {
-        StatusCode::NOT_MODIFIED.into_response()
-    } else {
-        (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(file.content_type),
-            )],
-            file.body,
-        )
-            .into_response()
-    };
-    let h = r.headers_mut();
-    h.insert(header::ETAG, file.etag.clone());
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
-    );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    r
+    })
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
 use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
@@ -177,9 +178,18 @@ pub struct Timestamp(String);
 impl Timestamp {
     /// From milliseconds since the epoch; none before it.
     pub fn from_ms(ms: i64) -> Option<Timestamp> {
-        let ms = u64::try_from(ms).ok()?;
+        u64::try_from(ms).ok().map(Timestamp::since_epoch)
+    }
+
+    /// From milliseconds since the epoch; a time before it (which the
+    /// store never writes) as the epoch itself.
+    pub fn at(ms: i64) -> Timestamp {
+        Timestamp::since_epoch(u64::try_from(ms).unwrap_or(0))
+    }
+
+    fn since_epoch(ms: u64) -> Timestamp {
         let t = UNIX_EPOCH + Duration::from_millis(ms);
-        Some(Timestamp(humantime::format_rfc3339_millis(t).to_string()))
+        Timestamp(humantime::format_rfc3339_millis(t).to_string())
     }
 }
 
@@ -216,4 +226,66 @@ pub(crate) fn plausible_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// A file the server serves from its own binary (the web UI's, /docs'):
+/// its path, type, body and strong validator, made once.
+pub(crate) struct Asset {
+    pub path: String,
+    pub content_type: &'static str,
+    pub body: &'static [u8],
+    etag: HeaderValue,
+}
+
+impl Asset {
+    pub fn new(path: String, content_type: &'static str, body: &'static [u8]) -> Asset {
+        let digest = Sha256::digest(body);
+        let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+        Asset {
+            path,
+            content_type,
+            body,
+            etag: HeaderValue::from_str(&format!("\"{hex}\"")).expect("hex is a valid header"),
+        }
+    }
+
+    /// The file under `csp`, never sniffed, framed or sent a referrer. A
+    /// browser revalidates it on every load (`no-cache`), so a new binary's
+    /// files are used at once; an unchanged one costs a 304 and no body.
+    pub fn serve(&self, request: &HeaderMap, csp: &'static str) -> Response {
+        let fresh = request
+            .get(header::IF_NONE_MATCH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.split(',').any(|t| t.trim() == self.etag));
+        let mut r = if fresh {
+            StatusCode::NOT_MODIFIED.into_response()
+        } else {
+            (
+                [(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static(self.content_type),
+                )],
+                self.body,
+            )
+                .into_response()
+        };
+        let h = r.headers_mut();
+        h.insert(header::ETAG, self.etag.clone());
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        h.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(csp),
+        );
+        h.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+        h.insert(
+            header::REFERRER_POLICY,
+            HeaderValue::from_static("no-referrer"),
+        );
+        // For browsers that predate `frame-ancestors`.
+        h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+        r
+    }
 }

@@ -9,41 +9,35 @@ use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::extract::Path;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use sha2::{Digest, Sha256};
 
-use crate::http::ApiError;
+use crate::http::{ApiError, Asset};
 use crate::state::Shared;
 
-struct Asset {
-    name: &'static str,
-    content_type: &'static str,
-    body: &'static [u8],
-}
-
-const ASSETS: &[Asset] = &[
-    Asset {
-        name: "index.html",
-        content_type: "text/html; charset=utf-8",
-        body: include_bytes!("../ui/index.html"),
-    },
-    Asset {
-        name: "app.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../ui/app.js"),
-    },
-    Asset {
-        name: "app.css",
-        content_type: "text/css; charset=utf-8",
-        body: include_bytes!("../ui/app.css"),
-    },
-    Asset {
-        name: "icon.svg",
-        content_type: "image/svg+xml",
-        body: include_bytes!("../ui/icon.svg"),
-    },
+/// The page's own files: name under `/ui/`, type, body.
+const OWN: &[(&str, &str, &[u8])] = &[
+    (
+        "index.html",
+        "text/html; charset=utf-8",
+        include_bytes!("../ui/index.html"),
+    ),
+    (
+        "app.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("../ui/app.js"),
+    ),
+    (
+        "app.css",
+        "text/css; charset=utf-8",
+        include_bytes!("../ui/app.css"),
+    ),
+    (
+        "icon.svg",
+        "image/svg+xml",
+        include_bytes!("../ui/icon.svg"),
+    ),
 ];
 
 /// Only this origin's files; no inline script or style, no plugins, no
@@ -146,84 +140,29 @@ pub fn has_novnc() -> bool {
     !novnc_files().is_empty()
 }
 
-/// A servable file: its path under `/ui/`, type, body and strong
-/// validator, computed once (the files change only with the binary).
-struct Served {
-    path: String,
-    content_type: &'static str,
-    body: &'static [u8],
-    etag: HeaderValue,
-}
-
-fn served() -> &'static [Served] {
-    static SERVED: OnceLock<Vec<Served>> = OnceLock::new();
+/// The page and its files (paths under `/ui/`), made once: they change
+/// only with the binary.
+fn served() -> &'static [Asset] {
+    static SERVED: OnceLock<Vec<Asset>> = OnceLock::new();
     SERVED.get_or_init(|| {
-        let own = ASSETS
+        let own = OWN
             .iter()
-            .map(|a| (a.name.to_string(), a.content_type, a.body));
+            .map(|(name, ty, body)| Asset::new(name.to_string(), ty, body));
         // noVNC's modules, under `/ui/novnc/`, where the page imports them.
         let vnc = novnc_files().iter().map(|(rel, body)| {
-            (
+            Asset::new(
                 format!("novnc/{rel}"),
                 "text/javascript; charset=utf-8",
-                *body,
+                body,
             )
         });
-        own.chain(vnc)
-            .map(|(path, content_type, body)| {
-                let digest = Sha256::digest(body);
-                let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
-                Served {
-                    path,
-                    content_type,
-                    body,
-                    etag: HeaderValue::from_str(&format!("\"{hex}\""))
-                        .expect("hex is a valid header"),
-                }
-            })
-            .collect()
+        own.chain(vnc).collect()
     })
 }
 
 fn serve(i: usize, request: &HeaderMap) -> Response {
-    let a = &served()[i];
-    let etag = a.etag.clone();
-    // A browser revalidates every load (`no-cache`) so a new binary's UI is
-    // picked up at once; an unchanged file costs a 304 and no body.
-    let fresh = request
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
-    let mut r = if fresh {
-        StatusCode::NOT_MODIFIED.into_response()
-    } else {
-        (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(a.content_type),
-            )],
-            a.body,
-        )
-            .into_response()
-    };
-    let h = r.headers_mut();
-    h.insert(header::ETAG, etag);
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
-    );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    // For browsers that predate `frame-ancestors`.
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(
+    let mut r = served()[i].serve(request, CONTENT_SECURITY_POLICY);
+    r.headers_mut().insert(
         HeaderName::from_static("cross-origin-opener-policy"),
         HeaderValue::from_static("same-origin"),
     );
