@@ -37,8 +37,7 @@ impl JobSummary {
             id: job.id.clone(),
             kind: job.kind,
             state: job.state,
-            created_at: Timestamp::from_ms(job.created_ms)
-                .unwrap_or_else(|| Timestamp::from_ms(0).expect("the epoch")),
+            created_at: Timestamp::at(job.created_ms),
             started_at: job.started_ms.and_then(Timestamp::from_ms),
             finished_at: job.finished_ms.and_then(Timestamp::from_ms),
             exit_code: job.exit_code,

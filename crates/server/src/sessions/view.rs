@@ -55,8 +55,7 @@ impl SessionSummary {
             id: row.id.clone(),
             title: row.title.clone(),
             model: row.model.clone(),
-            created_at: Timestamp::from_ms(row.created_ms)
-                .unwrap_or_else(|| Timestamp::from_ms(0).expect("the epoch")),
+            created_at: Timestamp::at(row.created_ms),
         }
     }
 }
