@@ -176,6 +176,20 @@ async fn drive(b: &Browser, name: &str, base: &str, token: &str) {
     eprintln!("{log}");
 }
 
+/// The browser, when it and what the test drives (`missing`: the build
+/// lacks it, and why) are here. CI installs everything, so there a missing
+/// piece fails the test; elsewhere the test is skipped.
+fn ready(missing: Option<&str>) -> Option<Browser> {
+    let why = match (browser(), missing) {
+        (Ok(b), None) => return Some(b),
+        (Err(why), _) => why,
+        (Ok(_), Some(why)) => why.to_string(),
+    };
+    assert!(!in_ci(), "the browser test cannot run: {why}");
+    eprintln!("skipped: {why}");
+    None
+}
+
 fn browser() -> Result<Browser, String> {
     let node = find_in_path("node").ok_or("node is not installed")?;
     let chromium = std::env::var_os("CORDON_CHROMIUM")
@@ -205,15 +219,7 @@ fn browser() -> Result<Browser, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_chromium_a_shell_job_streams_live_and_the_chat_shows_tool_calls() {
-    let b = match browser() {
-        Ok(b) => b,
-        // CI installs everything; a missing piece there is a failure.
-        Err(why) if in_ci() => panic!("the browser test cannot run: {why}"),
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
-    };
+    let Some(b) = ready(None) else { return };
     let model = ScriptedServer::start(
         Scenario::new()
             .turn(
@@ -247,22 +253,9 @@ async fn in_chromium_a_shell_job_streams_live_and_the_chat_shows_tool_calls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_chromium_a_gui_job_s_desktop_is_live_and_control_is_opt_in() {
-    let b = match browser() {
-        Ok(b) => b,
-        Err(why) if in_ci() => panic!("the browser test cannot run: {why}"),
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
-    };
-    assert!(
-        cordon_server::ui::has_novnc() || !in_ci(),
-        "this build has no noVNC (scripts/packages.txt installs it)"
-    );
-    if !cordon_server::ui::has_novnc() {
-        eprintln!("skipped: built without noVNC");
-        return;
-    }
+    let missing = (!cordon_server::ui::has_novnc())
+        .then_some("this build has no noVNC (scripts/packages.txt installs it)");
+    let Some(b) = ready(missing) else { return };
     let s = sqlite_server().await;
     let token = s.token("ui").await;
     drive(&b, "desktop.mjs", &s.base, &token).await;
@@ -365,22 +358,9 @@ async fn docs_serve_swagger_ui_under_a_strict_policy() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_chromium_a_job_is_submitted_from_docs() {
-    let b = match browser() {
-        Ok(b) => b,
-        Err(why) if in_ci() => panic!("the browser test cannot run: {why}"),
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
-    };
-    assert!(
-        cordon_server::docs::has_swagger_ui() || !in_ci(),
-        "this build has no Swagger UI (scripts/test runs scripts/fetch-ui-assets)"
-    );
-    if !cordon_server::docs::has_swagger_ui() {
-        eprintln!("skipped: built without Swagger UI");
-        return;
-    }
+    let missing = (!cordon_server::docs::has_swagger_ui())
+        .then_some("this build has no Swagger UI (scripts/test runs scripts/fetch-ui-assets)");
+    let Some(b) = ready(missing) else { return };
     let s = sqlite_server().await;
     let token = s.token("docs").await;
     drive(&b, "docs.mjs", &s.base, &token).await;

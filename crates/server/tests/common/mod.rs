@@ -132,42 +132,39 @@ impl TestServer {
         format!("{}{}", self.base, path)
     }
 
-    pub async fn post(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
-        let r = self
+    /// A JSON request with `token`: the status and the JSON answer (null
+    /// if it is none).
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        token: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self
             .client
-            .post(self.url(path))
-            .bearer_auth(token)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+            .request(method, self.url(path))
+            .bearer_auth(token);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let r = req.send().await.unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn post(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
+        self.send(reqwest::Method::POST, token, path, Some(body))
+            .await
     }
 
     pub async fn get(&self, token: &str, path: &str) -> (u16, Value) {
-        let r = self
-            .client
-            .get(self.url(path))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+        self.send(reqwest::Method::GET, token, path, None).await
     }
 
     pub async fn put(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .client
-            .put(self.url(path))
-            .bearer_auth(token)
-            .json(&body)
-            .send()
+        self.send(reqwest::Method::PUT, token, path, Some(body))
             .await
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
     }
 
     /// Sends a message to session `id` and reads its turn to the end: the

@@ -7,22 +7,11 @@
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import net from 'node:net';
-import path from 'node:path';
-import { pathToFileURL } from 'node:url';
 
-const { BASE_URL, TOKEN, CHROMIUM, PLAYWRIGHT_CORE } = process.env;
-for (const [k, v] of Object.entries({ BASE_URL, TOKEN, CHROMIUM, PLAYWRIGHT_CORE })) {
-  if (!v) throw new Error(`${k} is not set`);
-}
-const { chromium } = await import(pathToFileURL(path.join(PLAYWRIGHT_CORE, 'index.mjs')).href);
+import { BASE_URL, TOKEN, CHROMIUM, chromium, step, shooter } from './harness.mjs';
 
-const step = (what) => console.log(`- ${what}`);
-// SCREENSHOTS=DIR keeps a picture of each page, to look at the UI by eye.
-let shot = async () => {};
-if (process.env.SCREENSHOTS) {
-  let n = 0;
-  shot = (page, name) => page.screenshot({ path: path.join(process.env.SCREENSHOTS, `${++n}-${name}.png`), fullPage: true });
-}
+// A picture of each whole page.
+const shot = shooter('', { fullPage: true });
 
 // The browser reaches the server through this proxy, which can cut every
 // connection at once: a network drop in the middle of a stream.

@@ -6,21 +6,10 @@
 // PLAYWRIGHT_CORE set.
 
 import assert from 'node:assert/strict';
-import path from 'node:path';
-import { pathToFileURL } from 'node:url';
 
-const { BASE_URL, TOKEN, CHROMIUM, PLAYWRIGHT_CORE } = process.env;
-for (const [k, v] of Object.entries({ BASE_URL, TOKEN, CHROMIUM, PLAYWRIGHT_CORE })) {
-  if (!v) throw new Error(`${k} is not set`);
-}
-const { chromium } = await import(pathToFileURL(path.join(PLAYWRIGHT_CORE, 'index.mjs')).href);
-const step = (what) => console.log(`- ${what}`);
-let shot = async () => {};
-if (process.env.SCREENSHOTS) {
-  let n = 0;
-  shot = (page, name, opts = {}) =>
-    page.screenshot({ path: path.join(process.env.SCREENSHOTS, `docs-${++n}-${name}.png`), ...opts });
-}
+import { BASE_URL, TOKEN, CHROMIUM, chromium, step, shooter } from './harness.mjs';
+
+const shot = shooter('docs-');
 
 const api = async (p, body) => {
   const r = await fetch(`${BASE_URL}${p}`, {
