@@ -12,6 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::log::{LogError, SessionLog, load};
@@ -67,31 +68,90 @@ pub fn new_id() -> String {
 }
 
 /// The first record of a session's log (and of `cordon exec --json`): who
-/// works where, and a title from the first line of the first prompt.
-pub fn started_record(
-    id: &str,
-    model: &str,
-    provider: &str,
-    workspace: &Path,
-    prompt: &str,
-    resumed: bool,
-) -> Value {
-    let title: String = prompt
+/// works where, a title from the first line of the first prompt, and, for
+/// the server's sessions, the screen and network they were created with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionStarted {
+    pub session_id: String,
+    #[serde(default)]
+    pub model: String,
+    #[serde(default)]
+    pub provider: String,
+    /// The host directory, resolved (so a resume can tell if a link was
+    /// planted since); `/workspace` for the server's sessions.
+    #[serde(default)]
+    pub workspace: String,
+    #[serde(default)]
+    pub title: String,
+    #[serde(default)]
+    pub resumed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display: Option<cordon_sandbox::Display>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<cordon_sandbox::Network>,
+    /// With `network: allow`: the rules it started with, as a policy's
+    /// spec writes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_private: Option<bool>,
+}
+
+impl SessionStarted {
+    /// A local session's first record (`cordon exec`, the TUI).
+    pub fn new(
+        id: &str,
+        model: &str,
+        provider: &str,
+        workspace: &Path,
+        prompt: &str,
+        resumed: bool,
+    ) -> SessionStarted {
+        SessionStarted {
+            session_id: id.to_string(),
+            model: model.to_string(),
+            provider: provider.to_string(),
+            workspace: workspace.to_string_lossy().into_owned(),
+            title: title_of(prompt),
+            resumed,
+            display: None,
+            network: None,
+            allow: None,
+            allow_private: None,
+        }
+    }
+
+    /// As a log record.
+    pub fn record(&self) -> Value {
+        serde_json::to_value(Started::SessionStarted(self.clone()))
+            .expect("a record of strings serializes")
+    }
+
+    /// The start `record` says, if it is one.
+    pub fn from_record(record: &Value) -> Option<SessionStarted> {
+        match Started::deserialize(record) {
+            Ok(Started::SessionStarted(s)) => Some(s),
+            Err(_) => None,
+        }
+    }
+}
+
+/// The record's `type` names it; serde checks a tag only on an enum.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Started {
+    SessionStarted(SessionStarted),
+}
+
+/// A session's title: the first line of its first prompt, cut.
+fn title_of(prompt: &str) -> String {
+    prompt
         .lines()
         .next()
         .unwrap_or("")
         .chars()
         .take(72)
-        .collect();
-    json!({
-        "type": "session_started",
-        "session_id": id,
-        "model": model,
-        "provider": provider,
-        "workspace": workspace,
-        "title": title,
-        "resumed": resumed,
-    })
+        .collect()
 }
 
 /// What `cordon sessions` shows of one session.
@@ -136,15 +196,13 @@ pub enum SessionError {
 /// What a session's records say about it; `None` unless it starts with `session_started`.
 pub fn summarize(path: &Path, records: &[crate::log::Record<Value>]) -> Option<SessionSummary> {
     let first = records.first()?;
-    if first.data["type"] != "session_started" {
-        return None;
-    }
+    let started = SessionStarted::from_record(&first.data)?;
     let mut s = SessionSummary {
-        id: first.data["session_id"].as_str()?.to_string(),
+        id: started.session_id,
         path: path.to_path_buf(),
         started_ms: first.ts_ms,
-        title: first.data["title"].as_str().unwrap_or("").to_string(),
-        workspace: first.data["workspace"].as_str().unwrap_or("").to_string(),
+        title: started.title,
+        workspace: started.workspace,
         turns: 0,
         usage: Usage::default(),
     };
@@ -312,6 +370,40 @@ mod tests {
         // Gone altogether: left to the sandbox to report.
         std::fs::remove_file(&sub).unwrap();
         assert_eq!(recorded_workspace("s1", &recorded).unwrap(), sub);
+    }
+
+    #[test]
+    fn a_started_record_reads_back_as_written_and_nothing_else_does() {
+        let mut s = SessionStarted::new(
+            "s1",
+            "m",
+            "anthropic",
+            Path::new("/w"),
+            "fix the parser\nthen test",
+            false,
+        );
+        assert_eq!(s.title, "fix the parser");
+        s.display = Some("1280x800".parse().unwrap());
+        s.network = Some(cordon_sandbox::Network::Allow);
+        s.allow = Some(vec!["example.com:443".into()]);
+        s.allow_private = Some(false);
+        let record = s.record();
+        assert_eq!(record["type"], "session_started");
+        assert_eq!(record["display"], "1280x800");
+        assert_eq!(record["network"], "allow");
+        assert_eq!(SessionStarted::from_record(&record), Some(s));
+        // A local session's record has no server fields at all.
+        let local = SessionStarted::new("s2", "m", "p", Path::new("/w"), "", true).record();
+        assert!(local.get("network").is_none() && local.get("display").is_none());
+        // Another record, a bad screen, a bad mode: not a start.
+        for bad in [
+            json!({"type": "message", "session_id": "s1"}),
+            json!({"type": "session_started"}),
+            json!({"type": "session_started", "session_id": "s", "display": "huge"}),
+            json!({"type": "session_started", "session_id": "s", "network": "host"}),
+        ] {
+            assert!(SessionStarted::from_record(&bad).is_none(), "{bad}");
+        }
     }
 
     fn write(dir: &Path, id: &str, title: &str, prompts: &[&str]) {

@@ -282,7 +282,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
             (id, Vec::new(), log)
         }
     };
-    let started = sessions::started_record(
+    let started = sessions::SessionStarted::new(
         &id,
         &s.model.agent.model,
         &s.model.provider.kind.to_string(),
@@ -290,7 +290,8 @@ pub async fn exec(args: ExecArgs) -> i32 {
         &sessions::same_dir(&s.workspace),
         &prompt,
         !history.is_empty(),
-    );
+    )
+    .record();
     let mut stdout = std::io::stdout();
     if args.json {
         let _ = writeln!(stdout, "{started}");

@@ -7,8 +7,10 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::protocol::Bind;
 
-/// Network access inside the sandbox.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Network access inside the sandbox; in records and configuration, its
+/// name (`off`, `loopback`, `allow`, `full`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub enum Network {
     /// A network namespace whose only interface, loopback, is down.
     #[default]
@@ -46,6 +48,19 @@ impl std::str::FromStr for Network {
                 "unknown network mode {other:?} (expected off, loopback, allow or full)"
             )),
         }
+    }
+}
+
+impl From<Network> for String {
+    fn from(n: Network) -> String {
+        n.to_string()
+    }
+}
+
+impl TryFrom<String> for Network {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
     }
 }
 
@@ -193,8 +208,9 @@ impl std::str::FromStr for Accel {
 
 /// A virtual screen: Xvfb inside the sandbox (its socket in the sandbox's
 /// own /tmp, no TCP), with a window manager when one is installed, and
-/// `DISPLAY` set for every exec.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `DISPLAY` set for every exec. In records, `WxH`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub struct Display {
     pub width: u32,
     pub height: u32,
@@ -222,6 +238,19 @@ impl std::str::FromStr for Display {
             return Err(format!("{s}: width and height must be between 64 and 8192"));
         }
         Ok(Display { width, height })
+    }
+}
+
+impl From<Display> for String {
+    fn from(d: Display) -> String {
+        d.to_string()
+    }
+}
+
+impl TryFrom<String> for Display {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
     }
 }
 

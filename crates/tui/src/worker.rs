@@ -386,16 +386,19 @@ impl State {
         let path = self.cfg.sessions_dir.join(format!("{id}.jsonl"));
         let agent = match SessionLog::<Value>::create(&path) {
             Ok(mut log) => {
-                let _ = log.append(&sessions::started_record(
-                    &id,
-                    &self.cfg.agent.model,
-                    &self.cfg.provider.kind.to_string(),
-                    // Resolved, so that a resume can tell if a link was
-                    // planted since.
-                    &sessions::same_dir(&self.cfg.sandbox.workspace),
-                    prompt,
-                    false,
-                ));
+                let _ = log.append(
+                    &sessions::SessionStarted::new(
+                        &id,
+                        &self.cfg.agent.model,
+                        &self.cfg.provider.kind.to_string(),
+                        // Resolved, so that a resume can tell if a link was
+                        // planted since.
+                        &sessions::same_dir(&self.cfg.sandbox.workspace),
+                        prompt,
+                        false,
+                    )
+                    .record(),
+                );
                 let _ = self.updates.send(Update::Session {
                     id: id.clone(),
                     workspace: self.cfg.sandbox.workspace.display().to_string(),

@@ -19,10 +19,11 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router, routing::get, routing::post};
 use cordon_agent::events::{BoxFuture, EventSink, pump};
+use cordon_agent::sessions::SessionStarted;
 use cordon_agent::{AgentBuilder, AgentConfig, AgentEvent, Cancel, SessionLog};
 use cordon_sandbox::Sandbox;
 use futures_util::Stream;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::{OwnedMutexGuard, mpsc};
 
 use crate::http::{ApiError, Tenant, plausible_id, read_json};
@@ -64,16 +65,16 @@ pub fn routes(file_limit: usize) -> Router<Arc<Shared>> {
         )
 }
 
+/// A session's `session_started` record, if its log has one.
+fn started<'a>(mut records: impl Iterator<Item = &'a Value>) -> Option<SessionStarted> {
+    records.find_map(SessionStarted::from_record)
+}
+
 /// The display a session was created with, from its `session_started`.
 fn started_display<'a>(
-    mut records: impl Iterator<Item = &'a Value>,
+    records: impl Iterator<Item = &'a Value>,
 ) -> Option<cordon_sandbox::Display> {
-    records
-        .find(|r| r["type"] == "session_started")?
-        .get("display")?
-        .as_str()?
-        .parse()
-        .ok()
+    started(records)?.display
 }
 
 /// `GET /v1/sessions/{id}/vnc`: the desktop of a session created with a
@@ -180,23 +181,20 @@ pub(crate) async fn create(
     std::fs::create_dir_all(d.join("workspace")).map_err(unavailable)?;
     let mut log = SessionLog::<Value>::create(d.join("session.jsonl"))
         .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
-    let mut started = json!({
-        "type": "session_started",
-        "session_id": id,
-        "model": model,
-        "provider": defaults.provider.kind.to_string(),
-        "workspace": "/workspace",
-        "title": "",
-    });
-    if let Some(d) = display {
-        started["display"] = json!(format!("{}x{}", d.width, d.height));
+    let spec = policy.clone().map(cordon_net::PolicySpec::from);
+    let started = cordon_agent::sessions::SessionStarted {
+        session_id: id.clone(),
+        model: model.clone(),
+        provider: defaults.provider.kind.to_string(),
+        workspace: "/workspace".into(),
+        title: String::new(),
+        resumed: false,
+        display,
+        network: Some(network.into()),
+        allow: spec.as_ref().map(|s| s.allow.clone()),
+        allow_private: spec.map(|s| s.allow_private),
     }
-    started["network"] = json!(cordon_sandbox::Network::from(network).to_string());
-    if let Some(p) = &policy {
-        let spec = cordon_net::PolicySpec::from(p.clone());
-        started["allow"] = json!(spec.allow);
-        started["allow_private"] = json!(spec.allow_private);
-    }
+    .record();
     log.append(&started)
         .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
     let row = shared.store.insert_session(&id, &tenant, &model).await?;

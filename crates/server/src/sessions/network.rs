@@ -14,15 +14,15 @@ pub(super) fn logged_network<'a>(
     for r in records {
         match r["type"].as_str() {
             Some("session_started") => {
-                network = r["network"]
-                    .as_str()
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(cordon_sandbox::Network::Off);
+                let Some(s) = SessionStarted::from_record(r) else {
+                    continue;
+                };
+                network = s.network.unwrap_or_default();
                 if network == cordon_sandbox::Network::Allow {
-                    // A policy deserializes through its spec, checked.
-                    policy = serde_json::from_value::<cordon_net::Policy>(json!({
-                        "allow": r["allow"], "allow_private": r["allow_private"],
-                    }))
+                    policy = cordon_net::Policy::parse(
+                        &s.allow.unwrap_or_default(),
+                        s.allow_private.unwrap_or(false),
+                    )
                     .ok();
                 }
             }
