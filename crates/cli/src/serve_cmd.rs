@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use cordon_server::AgentDefaults;
+use cordon_server::store::Role;
 use cordon_server::{ServerConfig, Store};
 
 use crate::exit;
@@ -105,6 +106,10 @@ pub enum TokenCommand {
     Create {
         #[arg(long)]
         tenant: String,
+        /// The operator's: it may also list, create and revoke every
+        /// tenant's tokens over the API (`/v1/tokens`)
+        #[arg(long)]
+        operator: bool,
         /// The server's database, as for `cordon serve --db`
         #[arg(long, value_name = "URL")]
         db: Option<String>,
@@ -164,21 +169,34 @@ pub async fn token(args: TokenArgs) -> i32 {
         exit::CONFIG
     };
     match args.command {
-        TokenCommand::Create { tenant, .. } => match store.create_token(&tenant).await {
-            Ok(t) => {
-                println!("{t}");
-                0
+        TokenCommand::Create {
+            tenant, operator, ..
+        } => {
+            let role = if operator {
+                Role::Operator
+            } else {
+                Role::Tenant
+            };
+            match store.create_token(&tenant, role).await {
+                Ok(t) => {
+                    println!("{}", t.token);
+                    0
+                }
+                Err(e) => fail(e),
             }
-            Err(e) => fail(e),
-        },
+        }
         TokenCommand::List { tenant, .. } => match store.tokens(tenant.as_deref()).await {
             Ok(tokens) => {
-                println!("{:<14}{:<24}CREATED", "ID", "TENANT");
+                println!("{:<14}{:<24}{:<10}CREATED", "ID", "TENANT", "ROLE");
                 for t in tokens {
                     let created = std::time::UNIX_EPOCH
                         + std::time::Duration::from_millis(t.created_ms.max(0) as u64);
+                    let role = match t.role {
+                        Role::Tenant => "tenant",
+                        Role::Operator => "operator",
+                    };
                     println!(
-                        "{:<14}{:<24}{}",
+                        "{:<14}{:<24}{role:<10}{}",
                         t.id,
                         t.tenant,
                         humantime::format_rfc3339_seconds(created)
@@ -286,9 +304,17 @@ pub async fn serve(args: ServeArgs) -> i32 {
     };
     // Starting with no configuration must still give a way in.
     match running.shared.store.token_count().await {
-        Ok(0) => match running.shared.store.create_token("default").await {
+        // The first token is the operator's: whoever started the server.
+        Ok(0) => match running
+            .shared
+            .store
+            .create_token("default", Role::Operator)
+            .await
+        {
             Ok(t) => eprintln!(
-                "cordon: no tokens yet; created one for tenant \"default\" (shown once, keep it):\n{t}"
+                "cordon: no tokens yet; created an operator's token for tenant \"default\" \
+                 (shown once, keep it):\n{}",
+                t.token
             ),
             Err(e) => eprintln!("cordon: cannot create a first token: {e}"),
         },

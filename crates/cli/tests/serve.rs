@@ -119,6 +119,16 @@ fn a_server_killed_with_sigkill_loses_nothing_when_started_again() {
     let port = free_port();
     let first = serve(home.path(), port, &["--workers", "1"]);
     let token = first.token.clone().expect("a first token is printed");
+    // It is the operator's: whoever started the server manages tokens.
+    let r = http()
+        .get(format!("{}/v1/tokens", first.base))
+        .bearer_auth(&token)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let listed: Value = r.json().unwrap();
+    assert_eq!(listed["tokens"][0]["role"], "operator", "{listed}");
+    assert_eq!(listed["tokens"][0]["tenant"], "default", "{listed}");
     let running = submit(&first, &token, "echo begun; sleep 300");
     let queued: Vec<String> = (0..3)
         .map(|i| submit(&first, &token, &format!("echo queued-{i}")))
@@ -321,6 +331,31 @@ fn tokens_are_listed_by_id_and_revoked_at_once() {
             .as_u16()
     };
     assert_eq!(status(&b1), 200);
+
+    // An operator's token also manages tokens over the API; a tenant's
+    // may not.
+    let (code, op, err) = token(&["create", "--tenant", "ops", "--operator"]);
+    assert_eq!(code, Some(0), "{err}");
+    let op = op.trim().to_string();
+    let (_, list, _) = token(&["list", "--tenant", "ops"]);
+    assert!(list.lines().next().unwrap().contains("ROLE"), "{list}");
+    assert!(list.lines().nth(1).unwrap().contains("operator"), "{list}");
+    let (_, acme, _) = token(&["list", "--tenant", "acme"]);
+    assert!(
+        acme.lines().skip(1).all(|l| l.contains(" tenant ")),
+        "{acme}"
+    );
+    let tokens = |t: &str| {
+        http()
+            .get(format!("{}/v1/tokens", s.base))
+            .bearer_auth(t)
+            .send()
+            .unwrap()
+    };
+    let listed: Value = tokens(&op).json().unwrap();
+    assert_eq!(listed["tokens"].as_array().unwrap().len(), 4, "{listed}");
+    assert_eq!(tokens(&b1).status(), 403);
+
     let (code, _, err) = token(&["revoke", &beta_id]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
@@ -345,5 +380,9 @@ fn tokens_are_listed_by_id_and_revoked_at_once() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("no token"), "{err}");
     let (_, list, _) = token(&["list"]);
-    assert_eq!(list.lines().count(), 1, "{list}");
+    assert_eq!(
+        list.lines().count(),
+        2,
+        "only the operator's is left: {list}"
+    );
 }

@@ -18,7 +18,7 @@ use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::store::{Store, StoreError};
+use crate::store::{Caller, Role, Store, StoreError};
 
 /// An error answered as `{"error": {"code", "message"}}`.
 #[derive(Debug)]
@@ -95,6 +95,9 @@ impl IntoResponse for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
+        if let StoreError::Refused(m) = e {
+            return ApiError::bad_request(m);
+        }
         tracing::error!("store: {e}");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -124,6 +127,34 @@ pub(crate) type ApiResult<T> = Result<T, ApiError>;
 /// The tenant a request's bearer token belongs to.
 pub struct Tenant(pub String);
 
+/// A request whose token is the operator's: the token's own tenant.
+pub struct Operator(pub String);
+
+/// Whom the request's bearer token speaks for.
+async fn caller(parts: &Parts, store: &Store) -> ApiResult<Caller> {
+    let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m);
+    let token = match parts.headers.get(header::AUTHORIZATION) {
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?,
+        // A browser cannot set headers on a WebSocket, only the
+        // subprotocols it offers: the token may come as one of those.
+        None => websocket_token(&parts.headers).ok_or_else(|| {
+            unauthorized(
+                "send `Authorization: Bearer <token>` (create one with `cordon token create --tenant NAME`)",
+            )
+        })?,
+    };
+    store
+        .caller(token)
+        .await?
+        .ok_or_else(|| unauthorized("unknown token"))
+}
+
 impl<S> FromRequestParts<Arc<S>> for Tenant
 where
     S: AsRef<Store> + Send + Sync,
@@ -131,22 +162,25 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<S>) -> ApiResult<Tenant> {
-        let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m);
-        let token = match parts.headers.get(header::AUTHORIZATION) {
-            Some(value) => value
-                .to_str()
-                .ok()
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?,
-            // A browser cannot set headers on a WebSocket, only the
-            // subprotocols it offers: the token may come as one of those.
-            None => websocket_token(&parts.headers).ok_or_else(|| unauthorized("send `Authorization: Bearer <token>` (create one with `cordon token create --tenant NAME`)"))?,
-        };
-        match (**state).as_ref().tenant_of(token).await? {
-            Some(t) => Ok(Tenant(t)),
-            None => Err(unauthorized("unknown token")),
+        Ok(Tenant(caller(parts, (**state).as_ref()).await?.tenant))
+    }
+}
+
+impl<S> FromRequestParts<Arc<S>> for Operator
+where
+    S: AsRef<Store> + Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<S>) -> ApiResult<Operator> {
+        let c = caller(parts, (**state).as_ref()).await?;
+        match c.role {
+            Role::Operator => Ok(Operator(c.tenant)),
+            Role::Tenant => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "only an operator's token may do this (`cordon token create --tenant NAME --operator`)",
+            )),
         }
     }
 }

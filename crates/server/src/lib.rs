@@ -19,15 +19,19 @@
 //!   `files` (the files API over a workspace), `network` (ceilings and
 //!   live policies), `desktop` (live desktops and their bridge), `live`
 //!   (the sessions live in this process).
-//! - `state`: the configuration and the state handlers and workers share,
-//!   built from the parts above.
-//! - `runner`: runs one claimed job.
+//! - `config`: what the server is told, and the parts of it others take
+//!   alone (sandbox defaults, the jobs' directories).
+//! - `runner`: runs one claimed job, holding only what that takes (store,
+//!   hub, directories, limits, the model, the live registries).
+//! - `state`: the state handlers and workers share, built from the parts
+//!   above.
 //! - Resources, one module each: `health`, `ui`, `docs`, `mcp`, `jobs`,
-//!   `sessions`.
+//!   `sessions`, `tokens`.
 //! - On top: `openapi` (the document, from the resources' types and
 //!   paths), `routes` (the router), `server` (start, workers, recovery).
 
 mod caps;
+pub mod config;
 mod desktop;
 pub mod docs;
 mod files;
@@ -41,21 +45,24 @@ mod mcp;
 pub mod network;
 pub mod openapi;
 mod routes;
-pub mod runner;
+mod runner;
 mod server;
 pub mod sessions;
 pub mod state;
 pub mod store;
+mod tokens;
 pub mod ui;
 
+pub use config::{AgentDefaults, ServerConfig};
 pub use server::{Running, ServeError, start};
-pub use state::{AgentDefaults, ServerConfig, Shared};
+pub use state::Shared;
 pub use store::Store;
 
 /// The crate's modules, lowest first: each may use only those before it.
 pub const LAYERS: &[&str] = &[
-    "job", "store", "hub", "http", "caps", "files", "network", "desktop", "live", "state",
-    "runner", "health", "ui", "docs", "mcp", "jobs", "sessions", "openapi", "routes", "server",
+    "job", "store", "hub", "http", "caps", "files", "network", "config", "desktop", "live",
+    "runner", "state", "health", "ui", "docs", "mcp", "jobs", "sessions", "tokens", "openapi",
+    "routes", "server",
 ];
 
 #[cfg(test)]

@@ -63,11 +63,15 @@ impl Modify for Bearer {
         crate::sessions::files::get_file,
         crate::sessions::files::put_file,
         crate::sessions::network::put_network,
+        crate::tokens::list_tokens,
+        crate::tokens::create_token,
+        crate::tokens::revoke_token,
     ),
     tags(
         (name = "jobs", description = "Queued, sandboxed jobs"),
         (name = "server", description = "The server itself"),
         (name = "sessions", description = "Conversations with the agent"),
+        (name = "tokens", description = "Bearer tokens, for an operator's token only"),
         (name = "seed", description = "The routes of cordon's original sketches"),
     )
 )]

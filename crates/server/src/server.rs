@@ -1,19 +1,16 @@
 //! The server's life: open the store, settle what a previous run left
 //! behind, start the workers, serve HTTP until told to stop.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cordon_agent::Cancel;
-use tokio::sync::Notify;
 
+use crate::config::ServerConfig;
 use crate::files::remove_tree;
-use crate::hub::Hub;
 use crate::job::{JobEvent, JobState};
-use crate::runner;
-use crate::state::{ServerConfig, Shared};
+use crate::state::Shared;
 use crate::store::{NewEvent, Outcome, Store, StoreError};
 
 /// Errors starting the server.
@@ -83,29 +80,12 @@ async fn recover(shared: &Shared) -> Result<usize, StoreError> {
 pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
     let store = Store::open(&config.db).await?;
     let listen = config.listen;
-    let caps = Arc::new(crate::caps::SessionCaps::new(
-        config.sessions_per_tenant,
-        config.sessions,
-        config.session_idle,
-    ));
     let (ceilings, warnings) =
         crate::network::Ceilings::expand(&config.network, &config.data_dir).await?;
     for w in warnings {
         tracing::warn!("network ceiling: {w}");
     }
-    let shared = Arc::new(Shared {
-        ceilings,
-        policies: Default::default(),
-        store,
-        hub: Hub::default(),
-        caps,
-        config,
-        running: Mutex::new(HashMap::new()),
-        sessions: Default::default(),
-        desktops: Default::default(),
-        wake: Notify::new(),
-        claim: tokio::sync::Mutex::new(()),
-    });
+    let shared = Arc::new(Shared::new(config, store, ceilings));
     recover(&shared).await?;
     for _ in 0..shared.config.workers.max(1) {
         tokio::spawn(worker(shared.clone()));
@@ -204,7 +184,7 @@ async fn remove_expired_workspaces(shared: &Arc<Shared>, keep: Duration) {
         {
             continue;
         }
-        let dir = runner::workspace_dir(shared, &id);
+        let dir = shared.config.job_dirs().workspace(&id);
         let removed = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
         match removed {
             Ok(Ok(())) => {
@@ -239,7 +219,7 @@ async fn worker(shared: Arc<Shared>) {
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(job.id.clone(), cancel.clone());
                 let id = job.id.clone();
-                runner::run(shared.clone(), job, cancel).await;
+                shared.runner.run(job, cancel).await;
                 shared
                     .running
                     .lock()

@@ -58,7 +58,7 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
         ));
     }
     let id = format!("job_{}", random_hex(12));
-    std::fs::create_dir_all(crate::runner::workspace_dir(shared, &id)).map_err(|e| {
+    std::fs::create_dir_all(shared.config.job_dirs().workspace(&id)).map_err(|e| {
         tracing::error!("cannot create a job workspace: {e}");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -263,7 +263,7 @@ pub(crate) async fn delete_job(
     }
     // Gone from the store first: nothing serves its files any more, and a
     // removal that fails leaves files, not a job that cannot be opened.
-    crate::files::remove_files(crate::runner::job_dir(&shared, &id), &format!("job {id}")).await;
+    crate::files::remove_files(shared.config.job_dirs().job(&id), &format!("job {id}")).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -342,7 +342,7 @@ async fn workspace_of(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Work
             ),
         ));
     }
-    Workspace::open(&crate::runner::workspace_dir(shared, id)).map_err(crate::files::error)
+    Workspace::open(&shared.config.job_dirs().workspace(id)).map_err(crate::files::error)
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{id}/files", tag = "jobs", summary = "The workspace's top directory",

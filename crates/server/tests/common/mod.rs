@@ -117,15 +117,23 @@ impl TestServer {
         }
     }
 
+    /// A token of `tenant`'s.
     pub async fn token(&self, tenant: &str) -> String {
+        self.token_as(tenant, cordon_server::store::Role::Tenant)
+            .await
+    }
+
+    /// A token of `tenant`'s with `role`.
+    pub async fn token_as(&self, tenant: &str, role: cordon_server::store::Role) -> String {
         self.running
             .as_ref()
             .unwrap()
             .shared
             .store
-            .create_token(tenant)
+            .create_token(tenant, role)
             .await
             .unwrap()
+            .token
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -165,6 +173,10 @@ impl TestServer {
     pub async fn put(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
         self.send(reqwest::Method::PUT, token, path, Some(body))
             .await
+    }
+
+    pub async fn delete(&self, token: &str, path: &str) -> (u16, Value) {
+        self.send(reqwest::Method::DELETE, token, path, None).await
     }
 
     /// Sends a message to session `id` and reads its turn to the end: the

@@ -10,11 +10,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 
 use crate::job::{JobEvent, JobKind, JobRequest, JobResult, JobState};
+
+mod tokens;
+pub use tokens::{Caller, NewToken, Role, TOKEN_ID_CHARS, TokenRow, check_tenant};
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]
@@ -23,8 +25,12 @@ pub enum StoreError {
     Db(#[from] sqlx::Error),
     #[error("database migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The store's own data is not what it should be.
     #[error("{0}")]
     Invalid(String),
+    /// The caller asked for something the store cannot do, as said.
+    #[error("{0}")]
+    Refused(String),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -125,13 +131,6 @@ pub fn random_hex(bytes: usize) -> String {
     buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn hash_token(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// The columns of a job, in statements built with `concat!` (sqlx takes
 /// only static SQL, which keeps injection out by construction).
 macro_rules! job_columns {
@@ -167,31 +166,6 @@ fn job_from_row(row: &AnyRow) -> Result<JobRow> {
         result: result.and_then(|r| serde_json::from_str(&r).ok()),
         workspace_removed_ms: row.try_get("workspace_removed_ms")?,
     })
-}
-
-/// Whether `tenant` is a tenant's name: 1 to 64 letters, digits, `-`,
-/// `_` or `.`.
-pub fn check_tenant(tenant: &str) -> std::result::Result<(), String> {
-    let ok = (1..=64).contains(&tenant.len())
-        && tenant
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-    if ok {
-        Ok(())
-    } else {
-        Err("a tenant name is 1 to 64 letters, digits, '-', '_' or '.'".into())
-    }
-}
-
-/// Hex digits of a token's hash that name it in lists.
-pub const TOKEN_ID_CHARS: usize = 12;
-
-/// A token as lists show it: never the token, only its id.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenRow {
-    pub id: String,
-    pub tenant: String,
-    pub created_ms: i64,
 }
 
 /// The database, shared by every handler and worker.
@@ -288,97 +262,6 @@ impl Store {
         };
         migrator.run(&self.pool).await?;
         Ok(())
-    }
-
-    /// A new token for `tenant`; only its hash is stored.
-    pub async fn create_token(&self, tenant: &str) -> Result<String> {
-        let tenant = tenant.trim();
-        check_tenant(tenant).map_err(StoreError::Invalid)?;
-        let token = format!("cdn_{}", random_hex(24));
-        sqlx::query("INSERT INTO tokens (hash, tenant, created_ms) VALUES ($1, $2, $3)")
-            .bind(hash_token(&token))
-            .bind(tenant)
-            .bind(now_ms())
-            .execute(&self.pool)
-            .await?;
-        Ok(token)
-    }
-
-    /// Tokens, oldest first: all, or `tenant`'s. A token is named by its
-    /// id, the start of its hash (the token itself is never stored).
-    pub async fn tokens(&self, tenant: Option<&str>) -> Result<Vec<TokenRow>> {
-        let rows = sqlx::query(
-            "SELECT hash, tenant, created_ms FROM tokens WHERE ($1 = '' OR tenant = $1) \
-             ORDER BY created_ms, hash",
-        )
-        .bind(tenant.unwrap_or(""))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(token_from_row).collect()
-    }
-
-    /// Revokes the one token whose id starts with `id` (at least 8 hex
-    /// digits); its next request is refused. `Invalid` when `id` is not
-    /// such a prefix or names several tokens; `None` when it names none.
-    pub async fn revoke_token(&self, id: &str) -> Result<Option<TokenRow>> {
-        let id = id.trim().to_ascii_lowercase();
-        if !(8..=64).contains(&id.len()) || !id.chars().all(|c| c.is_ascii_hexdigit()) {
-            return Err(StoreError::Invalid(
-                "a token id is 8 to 64 hex digits, as `cordon token list` shows it".into(),
-            ));
-        }
-        // Few tokens exist; matching in Rust keeps LIKE's wildcards out.
-        let mut hashes = Vec::new();
-        for r in sqlx::query("SELECT hash FROM tokens")
-            .fetch_all(&self.pool)
-            .await?
-        {
-            let h: String = r.try_get("hash")?;
-            if h.starts_with(&id) {
-                hashes.push(h);
-            }
-        }
-        match hashes.as_slice() {
-            [] => Ok(None),
-            [hash] => {
-                sqlx::query("DELETE FROM tokens WHERE hash = $1 RETURNING hash, tenant, created_ms")
-                    .bind(hash)
-                    .fetch_optional(&self.pool)
-                    .await?
-                    .as_ref()
-                    .map(token_from_row)
-                    .transpose()
-            }
-            _ => Err(StoreError::Invalid(format!(
-                "{id} is the start of {} tokens' ids; give more of it",
-                hashes.len()
-            ))),
-        }
-    }
-
-    /// Revokes every token of `tenant`; how many there were.
-    pub async fn revoke_tenant(&self, tenant: &str) -> Result<u64> {
-        let done = sqlx::query("DELETE FROM tokens WHERE tenant = $1")
-            .bind(tenant)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    /// The tenant a token belongs to.
-    pub async fn tenant_of(&self, token: &str) -> Result<Option<String>> {
-        let row = sqlx::query("SELECT tenant FROM tokens WHERE hash = $1")
-            .bind(hash_token(token))
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| r.try_get("tenant")).transpose()?)
-    }
-
-    pub async fn token_count(&self) -> Result<i64> {
-        Ok(sqlx::query("SELECT COUNT(*) AS n FROM tokens")
-            .fetch_one(&self.pool)
-            .await?
-            .try_get("n")?)
     }
 
     /// Queues a job.
@@ -732,16 +615,6 @@ pub struct SessionRow {
     pub model: String,
 }
 
-/// A token row of `hash, tenant, created_ms`, named by its id.
-fn token_from_row(row: &AnyRow) -> Result<TokenRow> {
-    let hash: String = row.try_get("hash")?;
-    Ok(TokenRow {
-        id: hash.chars().take(TOKEN_ID_CHARS).collect(),
-        tenant: row.try_get("tenant")?,
-        created_ms: row.try_get("created_ms")?,
-    })
-}
-
 fn session_from_row(row: &AnyRow) -> Result<SessionRow> {
     Ok(SessionRow {
         id: row.try_get("id")?,
@@ -770,7 +643,7 @@ mod tests {
         let home = tempfile::tempdir().unwrap();
         let path = home.path().join("data/cordon/server.db");
         let store = super::Store::open(path.to_str().unwrap()).await.unwrap();
-        store.create_token("t").await.unwrap();
+        store.create_token("t", super::Role::Tenant).await.unwrap();
         let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&path), 0o600);
         assert_eq!(mode(path.parent().unwrap()), 0o700);

@@ -1,0 +1,180 @@
+//! What `cordon serve` is told when it starts, and the parts of it that
+//! others take alone: the sandbox defaults and the jobs' directories.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cordon_agent::AgentConfig;
+
+use crate::job::Bounds;
+
+/// Everything `cordon serve` can be told.
+#[derive(Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// `postgres://…`, `sqlite://PATH` or a path.
+    pub db: String,
+    /// Job workspaces live in `<data_dir>/jobs/<id>/`.
+    pub data_dir: PathBuf,
+    /// Jobs run at once, in all.
+    pub workers: usize,
+    /// Jobs run at once per tenant.
+    pub per_tenant: i64,
+    /// Bytes of stdout (and of stderr) kept per job.
+    pub output_cap: usize,
+    /// Largest request body accepted, but for file uploads.
+    pub body_limit: usize,
+    /// Largest file uploaded or downloaded through the files API.
+    pub file_limit: usize,
+    pub bounds: Bounds,
+    /// The sandbox supervisor binary (default: the running executable).
+    pub supervisor: Option<PathBuf>,
+    /// The model for agent jobs and sessions; none refuses them.
+    pub agent: Option<AgentDefaults>,
+    /// MCP servers whose tools agent jobs and sessions get too (the
+    /// operator's configuration): each job or session starts its own.
+    pub mcp_servers: BTreeMap<String, cordon_mcp::ServerSpec>,
+    /// A session's sandbox is closed after this long without a message.
+    pub session_idle: Duration,
+    /// Live sessions (API and MCP) at once, in all.
+    pub sessions: usize,
+    /// Live sessions (API and MCP) at once per tenant.
+    pub sessions_per_tenant: usize,
+    /// The isolation backend of every sandbox, unless a job asks for one.
+    pub backend: cordon_sandbox::BackendKind,
+    /// Processes per sandbox (`sandbox.pids`; default 256).
+    pub pids: Option<u64>,
+    /// Git's, editors' and agents' control files read-only in every sandbox
+    /// (`sandbox.protect_control_files`, see `cordon_sandbox::control_files`).
+    pub protect_control_files: bool,
+    /// microVM settings, for the microvm backend.
+    pub cpus: Option<u32>,
+    pub vm: cordon_sandbox::VmOptions,
+    /// How long a finished job's workspace is kept; `None`: for ever. Its
+    /// output, events, result and agent log are kept regardless.
+    pub keep_workspaces: Option<Duration>,
+    /// What jobs and sessions may reach through the broker, at most.
+    pub network: crate::network::NetworkCeilings,
+}
+
+/// [`ServerConfig::keep_workspaces`] by default.
+pub const KEEP_WORKSPACES: Duration = Duration::from_secs(24 * 3600);
+
+impl ServerConfig {
+    pub fn new(db: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            db: db.into(),
+            data_dir: data_dir.into(),
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            per_tenant: 4,
+            output_cap: 1024 * 1024,
+            body_limit: 1024 * 1024,
+            file_limit: 16 * 1024 * 1024,
+            bounds: Bounds::default(),
+            supervisor: None,
+            agent: None,
+            mcp_servers: Default::default(),
+            pids: None,
+            protect_control_files: true,
+            session_idle: Duration::from_secs(15 * 60),
+            sessions: 64,
+            sessions_per_tenant: 8,
+            backend: cordon_sandbox::BackendKind::Native,
+            cpus: None,
+            vm: cordon_sandbox::VmOptions::default(),
+            keep_workspaces: Some(KEEP_WORKSPACES),
+            network: Default::default(),
+        }
+    }
+
+    /// A sandbox over `workspace` with the server's defaults.
+    pub fn sandbox(&self, workspace: impl Into<PathBuf>) -> cordon_sandbox::SandboxConfig {
+        self.sandboxes().sandbox(workspace)
+    }
+
+    /// What every sandbox gets unless its job or session says otherwise.
+    pub fn sandboxes(&self) -> SandboxDefaults {
+        SandboxDefaults {
+            memory: self.bounds.default_memory,
+            disk: self.bounds.default_disk,
+            pids: self.pids,
+            protect_control_files: self.protect_control_files,
+            supervisor: self.supervisor.clone(),
+            backend: self.backend,
+            cpus: self.cpus,
+            vm: self.vm.clone(),
+        }
+    }
+
+    /// Where jobs' directories are.
+    pub fn job_dirs(&self) -> JobDirs {
+        JobDirs(self.data_dir.join("jobs"))
+    }
+}
+
+/// What agent jobs need from the server's configuration.
+#[derive(Clone)]
+pub struct AgentDefaults {
+    pub provider: cordon_agent::ProviderConfig,
+    pub agent: AgentConfig,
+}
+
+/// The sandbox settings every job and session starts from.
+#[derive(Clone)]
+pub struct SandboxDefaults {
+    memory: u64,
+    disk: u64,
+    pids: Option<u64>,
+    protect_control_files: bool,
+    supervisor: Option<PathBuf>,
+    backend: cordon_sandbox::BackendKind,
+    cpus: Option<u32>,
+    vm: cordon_sandbox::VmOptions,
+}
+
+impl SandboxDefaults {
+    /// A sandbox over `workspace` with these defaults.
+    pub fn sandbox(&self, workspace: impl Into<PathBuf>) -> cordon_sandbox::SandboxConfig {
+        let mut c = cordon_sandbox::SandboxConfig::new(workspace);
+        c.memory = Some(self.memory);
+        c.disk = Some(self.disk);
+        if self.pids.is_some() {
+            c.pids = self.pids;
+        }
+        if self.protect_control_files {
+            c.read_only = cordon_sandbox::control_files(&c.workspace);
+        }
+        c.supervisor = self.supervisor.clone();
+        c.backend = self.backend;
+        c.cpus = self.cpus;
+        c.vm = self.vm.clone();
+        c
+    }
+}
+
+/// The jobs' directories: `<data>/jobs/<id>/workspace` (mounted at
+/// /workspace) and, for agent jobs, `<data>/jobs/<id>/session.jsonl`. Ids
+/// are the server's own, never a client's path.
+#[derive(Clone, Debug)]
+pub struct JobDirs(PathBuf);
+
+impl JobDirs {
+    pub fn job(&self, id: &str) -> PathBuf {
+        self.0.join(id)
+    }
+
+    pub fn workspace(&self, id: &str) -> PathBuf {
+        self.job(id).join("workspace")
+    }
+
+    pub fn session_log(&self, id: &str) -> PathBuf {
+        self.job(id).join("session.jsonl")
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.0
+    }
+}

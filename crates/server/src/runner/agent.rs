@@ -1,0 +1,171 @@
+//! An `agent` job: the model's turn in the job's sandbox, its events
+//! stored with the job.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cordon_agent::events::{BoxFuture, EventSink};
+use cordon_agent::{AgentBuilder, AgentError, AgentEvent, Cancel, SessionLog};
+use cordon_sandbox::Sandbox;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::exec::cancelled;
+use super::sink::Sink;
+use crate::config::AgentDefaults;
+use crate::job::{AgentResult, JobEvent, JobResult, JobState, Problem};
+use crate::store::{NewEvent, Outcome};
+
+pub(super) struct AgentRun {
+    pub(super) prompt: String,
+    pub(super) model: Option<String>,
+    pub(super) max_steps: Option<u32>,
+    pub(super) session: PathBuf,
+    /// What the model is told of its network.
+    pub(super) network: cordon_sandbox::Network,
+    pub(super) allow: Vec<String>,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run_agent(
+    model: Option<&AgentDefaults>,
+    mcp_servers: &std::collections::BTreeMap<String, cordon_mcp::ServerSpec>,
+    sandbox: &Sandbox,
+    ws: &Path,
+    run: AgentRun,
+    deadline: Instant,
+    sink: &mut Sink,
+    cancel: &Cancel,
+) -> Outcome {
+    let Some(model_config) = model else {
+        return Outcome {
+            state: JobState::Failed,
+            exit_code: None,
+            error: Some("this server has no model configured".into()),
+            result: None,
+        };
+    };
+    let mut config = model_config.agent.clone();
+    config.system = cordon_agent::prompt::system(run.network, &run.allow);
+    if let Some(m) = run.model {
+        config.model = m;
+    }
+    if let Some(n) = run.max_steps {
+        config.max_steps = n;
+    }
+    // The operator's MCP servers, started for this job alone; one that
+    // fails is said in the job's events and the job goes on without it.
+    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let noted = failures.clone();
+    let mcp = cordon_mcp::McpClients::start(
+        mcp_servers,
+        Arc::new(move |m: String| noted.lock().unwrap_or_else(|p| p.into_inner()).push(m)),
+    )
+    .await;
+    let failed = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));
+    for message in failed {
+        sink.event(JobEvent::Error(Problem { message })).await;
+    }
+    let mut builder = AgentBuilder::new(&model_config.provider, config).tools(&mcp.tools);
+    match SessionLog::<Value>::create(&run.session) {
+        Ok(log) => builder = builder.log(log),
+        Err(e) => tracing::warn!("agent job session log: {e}"),
+    }
+    let mut agent = match builder.build(sandbox, ws) {
+        Ok(a) => a,
+        Err(e) => {
+            mcp.shutdown().await;
+            return Outcome {
+                state: JobState::Failed,
+                exit_code: None,
+                error: Some(e.to_string()),
+                result: None,
+            };
+        }
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let turn_cancel = Cancel::new();
+    let mut timed_out = false;
+    let mut events = JobEvents {
+        live_room: sink.cap(),
+        sink,
+    };
+    let result = {
+        let send = agent.send(&run.prompt, &tx, &turn_cancel);
+        tokio::pin!(send);
+        loop {
+            tokio::select! {
+                r = &mut send => break r,
+                Some(ev) = rx.recv() => events.event(ev).await,
+                _ = cancel.cancelled(), if !turn_cancel.is_cancelled() => turn_cancel.cancel(),
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)), if !turn_cancel.is_cancelled() => {
+                    timed_out = true;
+                    turn_cancel.cancel();
+                }
+            }
+        }
+    };
+    drop(tx);
+    while let Some(ev) = rx.recv().await {
+        events.event(ev).await;
+    }
+    let usage = agent.usage();
+    drop(agent);
+    mcp.shutdown().await;
+    match result {
+        Ok(o) => Outcome {
+            state: JobState::Succeeded,
+            exit_code: Some(0),
+            error: None,
+            result: Some(JobResult::Agent(AgentResult {
+                text: Some(o.text),
+                stop_reason: Some(o.stop_reason),
+                steps: Some(o.steps),
+                usage,
+                cost_usd: o.cost_usd,
+            })),
+        },
+        Err(AgentError::Cancelled) if timed_out => Outcome {
+            state: JobState::TimedOut,
+            exit_code: Some(i64::from(cordon_sandbox::exit_code::TIMEOUT)),
+            error: Some("the job ran past its timeout".into()),
+            result: Some(JobResult::Agent(AgentResult::usage(usage))),
+        },
+        Err(AgentError::Cancelled) => Outcome {
+            result: Some(JobResult::Agent(AgentResult::usage(usage))),
+            ..cancelled()
+        },
+        Err(e) => Outcome {
+            state: JobState::Failed,
+            exit_code: Some(1),
+            error: Some(e.to_string()),
+            result: Some(JobResult::Agent(AgentResult::usage(usage))),
+        },
+    }
+}
+
+/// An agent job's rendering of its events: stored with the job (and so
+/// served as Server-Sent Events, live and later), named by their type.
+/// Live tool output is kept up to the job's output cap; each call's result
+/// (its head and tail) whatever the cap.
+struct JobEvents<'a> {
+    sink: &'a mut Sink,
+    live_room: usize,
+}
+
+impl EventSink for JobEvents<'_> {
+    fn event(&mut self, ev: AgentEvent) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let AgentEvent::ToolOutput { text, .. } = &ev {
+                if text.len() > self.live_room {
+                    return;
+                }
+                self.live_room -= text.len();
+            }
+            // The agent's own events, as `cordon exec --json` writes them.
+            let (kind, data) = ev.to_json();
+            self.sink.push(NewEvent::new(&kind, data)).await;
+        })
+    }
+}

@@ -1,0 +1,285 @@
+//! Running one job: a fresh sandbox over the job's own workspace, its
+//! output streamed into the job's events as it comes (in batches, so a
+//! chatty program does not write the database once per line), and one
+//! final state.
+//!
+//! [`Runner`] holds what that takes and nothing else of the server: the
+//! store and the event hub, the jobs' directories, the limits and sandbox
+//! defaults, the model, and the registries a running job is listed in
+//! (network ceilings and policies, desktops).
+
+mod agent;
+mod exec;
+mod sink;
+mod steps;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cordon_agent::Cancel;
+use cordon_sandbox::{ExecRequest, Sandbox, SandboxConfig};
+
+use crate::config::{AgentDefaults, JobDirs, SandboxDefaults, ServerConfig};
+use crate::desktop::Desktops;
+use crate::hub::Hub;
+use crate::job::{Bounds, Job, JobEvent, JobSpec, JobState, RunOptions};
+use crate::network::{Ceilings, LivePolicies};
+use crate::store::{JobRow, NewEvent, Outcome, Store};
+use sink::Sink;
+
+/// What running jobs takes.
+pub struct Runner {
+    store: Store,
+    hub: Arc<Hub>,
+    dirs: JobDirs,
+    bounds: Bounds,
+    /// Bytes of stdout (and of stderr) kept per job.
+    output_cap: usize,
+    sandboxes: SandboxDefaults,
+    agent: Option<AgentDefaults>,
+    mcp_servers: BTreeMap<String, cordon_mcp::ServerSpec>,
+    /// The tenant's ceiling, checked again when the job starts.
+    ceilings: Arc<Ceilings>,
+    /// Where a running job's network policy is listed for the API.
+    policies: LivePolicies,
+    /// Where a running job's desktop is listed for its live view.
+    desktops: Arc<Desktops>,
+}
+
+/// The live parts a [`Runner`] shares with the rest of the server.
+pub struct Shares {
+    pub store: Store,
+    pub hub: Arc<Hub>,
+    pub ceilings: Arc<Ceilings>,
+    pub policies: LivePolicies,
+    pub desktops: Arc<Desktops>,
+}
+
+impl Runner {
+    /// Takes from `config` only what running a job reads.
+    pub fn new(config: &ServerConfig, shares: Shares) -> Runner {
+        Runner {
+            store: shares.store,
+            hub: shares.hub,
+            dirs: config.job_dirs(),
+            bounds: config.bounds.clone(),
+            output_cap: config.output_cap,
+            sandboxes: config.sandboxes(),
+            agent: config.agent.clone(),
+            mcp_servers: config.mcp_servers.clone(),
+            ceilings: shares.ceilings,
+            policies: shares.policies,
+            desktops: shares.desktops,
+        }
+    }
+
+    /// Runs a claimed job to its end and records the outcome.
+    pub async fn run(&self, job: JobRow, cancel: Cancel) {
+        let id = job.id.clone();
+        self.hub.open(&id);
+        let mut sink = Sink::new(self.store.clone(), self.hub.clone(), &id, self.output_cap);
+        sink.event(JobEvent::State {
+            state: JobState::Running,
+        })
+        .await;
+        let checked = job.request.clone().and_then(|r| r.check(&self.bounds));
+        let outcome = match checked {
+            Ok(req) => {
+                self.run_request(&id, &job.tenant, req, &mut sink, &cancel)
+                    .await
+            }
+            Err(e) => Outcome {
+                state: JobState::Failed,
+                exit_code: None,
+                error: Some(format!("the stored job is no longer valid here: {e}")),
+                result: None,
+            },
+        };
+        sink.flush().await;
+        let finished = NewEvent::from(JobEvent::Finished {
+            state: outcome.state,
+            exit_code: outcome.exit_code,
+            error: outcome.error.clone(),
+        });
+        match self
+            .store
+            .finish(&id, &[JobState::Running], &outcome, &finished)
+            .await
+        {
+            Ok(Some(e)) => self.hub.publish(&id, &[e]),
+            Ok(None) => {}
+            Err(e) => tracing::error!(job = %id, "cannot record the outcome: {e}"),
+        }
+        self.hub.close(&id);
+    }
+
+    async fn run_request(
+        &self,
+        id: &str,
+        tenant: &str,
+        req: Job,
+        sink: &mut Sink,
+        cancel: &Cancel,
+    ) -> Outcome {
+        let failed = |error: String| Outcome {
+            state: JobState::Failed,
+            exit_code: None,
+            error: Some(error),
+            result: None,
+        };
+        let ws = self.dirs.workspace(id);
+        if let Err(e) = std::fs::create_dir_all(&ws) {
+            return failed(format!("cannot create the workspace: {e}"));
+        }
+        // The ceiling may have been lowered since the job was submitted.
+        if let Some(spec) = &req.options.egress {
+            let ceiling = self.ceilings.of(tenant);
+            let beyond = crate::network::stored_policy(spec)
+                .map(|p| p.beyond(ceiling))
+                .unwrap_or_else(|| vec!["an unreadable rule".into()]);
+            if !beyond.is_empty() {
+                return failed(format!(
+                    "the job's network goes beyond what its tenant may reach now: {}",
+                    beyond.join(", ")
+                ));
+            }
+        }
+        let mut config = self.sandbox_config(&ws, &req.options);
+        config.display = req.spec.display();
+        let sandbox = match Sandbox::create(config).await {
+            Ok(s) => s,
+            Err(e) => return failed(format!("cannot create the sandbox: {e}")),
+        };
+        // The API may change its policy while it runs; an agent reports its
+        // own refusals, other jobs' are forwarded as events.
+        let _policy = sandbox.network().map(|net| {
+            if !matches!(req.spec, JobSpec::Agent { .. }) {
+                tokio::spawn(forward_refusals(
+                    self.store.clone(),
+                    self.hub.clone(),
+                    id.to_string(),
+                    net.refusals(MAX_REFUSALS),
+                ));
+            }
+            self.policies
+                .list(crate::network::job_key(id), net.policy.clone())
+        });
+        // Viewable live while the job runs; unlisted before the sandbox closes.
+        let listed = sandbox
+            .display()
+            .map(|_| self.desktops.list(format!("job/{id}"), &sandbox));
+        let deadline = Instant::now() + Duration::from_secs(req.options.timeout_secs);
+        let outcome = match req.spec {
+            JobSpec::Shell { command } => {
+                let r = ExecRequest::argv(["bash", "-c", &*command]);
+                exec::single(&sandbox, r, deadline, sink, cancel, self.output_cap).await
+            }
+            JobSpec::Code { language, code } => match exec::code_request(language, &code) {
+                Ok(r) => exec::single(&sandbox, r, deadline, sink, cancel, self.output_cap).await,
+                Err(e) => {
+                    sink.output(1, format!("{e}\n").as_bytes()).await;
+                    Outcome {
+                        state: JobState::Failed,
+                        exit_code: Some(1),
+                        error: Some(e),
+                        result: None,
+                    }
+                }
+            },
+            JobSpec::Steps {
+                steps,
+                continue_on_error,
+                ..
+            } => {
+                steps::run_steps(
+                    &sandbox,
+                    &ws,
+                    &steps,
+                    continue_on_error,
+                    deadline,
+                    sink,
+                    cancel,
+                    self.output_cap,
+                )
+                .await
+            }
+            JobSpec::Agent {
+                prompt,
+                model,
+                max_steps,
+                ..
+            } => {
+                let session = self.dirs.session_log(id);
+                let agent = agent::AgentRun {
+                    prompt: prompt.into(),
+                    model,
+                    max_steps,
+                    session,
+                    network: req.options.network.into(),
+                    allow: req
+                        .options
+                        .egress
+                        .as_ref()
+                        .map(|e| e.allow.clone())
+                        .unwrap_or_default(),
+                };
+                agent::run_agent(
+                    self.agent.as_ref(),
+                    &self.mcp_servers,
+                    &sandbox,
+                    &ws,
+                    agent,
+                    deadline,
+                    sink,
+                    cancel,
+                )
+                .await
+            }
+        };
+        drop(listed);
+        // Closing ends every process the job left behind.
+        sandbox.close().await;
+        outcome
+    }
+
+    fn sandbox_config(&self, ws: &Path, options: &RunOptions) -> SandboxConfig {
+        let mut c = self.sandboxes.sandbox(ws);
+        c.memory = Some(options.memory);
+        c.disk = Some(options.disk);
+        c.network = options.network.into();
+        c.egress = options.egress.clone().map(cordon_sandbox::Egress::new);
+        if let Some(b) = options.backend {
+            c.backend = b;
+        }
+        c
+    }
+}
+
+/// Refusals at most recorded per job: a retry loop must not fill the
+/// events table.
+const MAX_REFUSALS: usize = 100;
+
+/// The broker's refusals while the job runs, each host and port once, as
+/// `network_refused` events.
+async fn forward_refusals(
+    store: Store,
+    hub: Arc<Hub>,
+    id: String,
+    mut refusals: cordon_sandbox::Refusals,
+) {
+    while let Some(e) = refusals.next().await {
+        let event = NewEvent::from(JobEvent::NetworkRefused {
+            host: e.host,
+            port: e.port,
+            decision: e.decision,
+            reason: e.reason,
+            message: e.message,
+        });
+        match store.append(&id, &[event], None).await {
+            Ok(stored) => hub.publish(&id, &stored),
+            Err(err) => tracing::warn!(job = %id, "cannot record a refusal: {err}"),
+        }
+    }
+}

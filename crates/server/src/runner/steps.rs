@@ -1,0 +1,195 @@
+//! A `steps` job: each step in turn, with its own result.
+
+use std::path::Path;
+use std::time::Instant;
+
+use cordon_agent::Cancel;
+use cordon_sandbox::{ExecRequest, Sandbox};
+use cordon_tools::{Workspace, WsPath};
+use serde_json::Value;
+
+use super::exec::{cancelled, code_request, single, succeeded};
+use super::sink::Sink;
+use crate::job::{JobEvent, JobResult, JobState, Language, Step, StepResult};
+use crate::store::Outcome;
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run_steps(
+    sandbox: &Sandbox,
+    ws: &Path,
+    steps: &[Step],
+    continue_on_error: bool,
+    deadline: Instant,
+    sink: &mut Sink,
+    cancel: &Cancel,
+    cap: usize,
+) -> Outcome {
+    let mut results = Vec::new();
+    let mut last = Outcome {
+        state: JobState::Succeeded,
+        exit_code: Some(0),
+        error: None,
+        result: None,
+    };
+    let mut first_failure: Option<Outcome> = None;
+    for (index, step) in steps.iter().enumerate() {
+        if cancel.is_cancelled() {
+            return cancelled();
+        }
+        let started = Instant::now();
+        let mut screenshot = None;
+        sink.event(JobEvent::StepStarted {
+            index,
+            tool: step.tool().to_string(),
+        })
+        .await;
+        sink.begin_step();
+        let outcome = match step {
+            Step::Shell(s) => {
+                let r = ExecRequest::argv(["bash", "-c", &*s.command]);
+                single(sandbox, r, deadline, sink, cancel, cap).await
+            }
+            Step::Python(s) | Step::Javascript(s) | Step::Typescript(s) => {
+                let language = match step {
+                    Step::Javascript(_) => Language::Javascript,
+                    Step::Typescript(_) => Language::Typescript,
+                    _ => Language::Python,
+                };
+                match code_request(language, &s.code) {
+                    Ok(r) => single(sandbox, r, deadline, sink, cancel, cap).await,
+                    Err(e) => file_failure(sink, e).await,
+                }
+            }
+            Step::WriteFile(s) => {
+                let path = &*s.path;
+                match file_op(ws, path, |w, p| {
+                    w.write(p, s.content.as_bytes()).map(|_| ())
+                }) {
+                    Ok(()) => succeeded(),
+                    Err(e) => file_failure(sink, format!("write_file {path}: {e}")).await,
+                }
+            }
+            Step::ReadFile(s) => {
+                let path = &*s.path;
+                let read = file_op(ws, path, |w, p| {
+                    let (mut f, _) = w.open_read(p)?;
+                    let mut buf = Vec::new();
+                    use std::io::Read;
+                    f.by_ref()
+                        .take(cap as u64)
+                        .read_to_end(&mut buf)
+                        .map_err(|e| cordon_tools::WorkspaceError::Io {
+                            path: p.display(),
+                            source: e,
+                        })?;
+                    Ok(buf)
+                });
+                match read {
+                    Ok(bytes) => {
+                        sink.output(0, &bytes).await;
+                        succeeded()
+                    }
+                    Err(e) => file_failure(sink, format!("read_file {path}: {e}")).await,
+                }
+            }
+            Step::Computer(action) => {
+                let (outcome, shot) = computer_step(sandbox, ws, index, &action.0, sink).await;
+                screenshot = shot;
+                outcome
+            }
+        };
+        let output = sink.end_step();
+        let [stdout, stderr] = output.text;
+        let result = StepResult {
+            index,
+            tool: step.tool().to_string(),
+            state: outcome.state.into(),
+            exit_code: outcome.exit_code,
+            error: outcome.error.clone(),
+            duration_ms: Some(started.elapsed().as_millis() as u64),
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+            stdout_truncated: Some(output.truncated[0]),
+            stderr_truncated: Some(output.truncated[1]),
+            screenshot,
+        };
+        sink.event(JobEvent::StepFinished(result.clone())).await;
+        results.push(result);
+        let stop = match outcome.state {
+            JobState::Succeeded => false,
+            JobState::Cancelled | JobState::TimedOut => true,
+            _ => !continue_on_error,
+        };
+        if outcome.state != JobState::Succeeded && first_failure.is_none() {
+            first_failure = Some(outcome.clone());
+        }
+        last = outcome;
+        if stop {
+            break;
+        }
+    }
+    // The steps a failure (or the end of time) kept from running.
+    for (index, step) in steps.iter().enumerate().skip(results.len()) {
+        results.push(StepResult::skipped(index, step.tool()));
+    }
+    let mut out = first_failure.unwrap_or(last);
+    out.result = Some(JobResult::Steps { steps: results });
+    out
+}
+
+/// Runs one computer action; its text goes to stdout and its screenshot,
+/// if any, to `screenshots/step-NN.png` in the workspace (named in the
+/// result).
+async fn computer_step(
+    sandbox: &Sandbox,
+    ws: &Path,
+    index: usize,
+    args: &serde_json::Map<String, Value>,
+    sink: &mut Sink,
+) -> (Outcome, Option<String>) {
+    use base64::Engine;
+    use cordon_tools::Tool;
+    let ctx = cordon_tools::ToolContext::new(sandbox.clone(), ws);
+    let out = cordon_tools::computer::Computer
+        .call(&ctx, Value::Object(args.clone()))
+        .await;
+    if out.is_error {
+        return (file_failure(sink, out.text).await, None);
+    }
+    sink.output(0, format!("{}\n", out.text).as_bytes()).await;
+    let Some(image) = out.images.first() else {
+        return (succeeded(), None);
+    };
+    let path = format!("screenshots/step-{index:02}.png");
+    let saved = base64::engine::general_purpose::STANDARD
+        .decode(&image.data)
+        .map_err(|e| e.to_string())
+        .and_then(|png| file_op(ws, &path, |w, p| w.write(p, &png).map(|_| ())));
+    match saved {
+        Ok(()) => (succeeded(), Some(path)),
+        Err(e) => (
+            file_failure(sink, format!("saving {path}: {e}")).await,
+            None,
+        ),
+    }
+}
+
+async fn file_failure(sink: &mut Sink, message: String) -> Outcome {
+    sink.output(1, format!("{message}\n").as_bytes()).await;
+    Outcome {
+        state: JobState::Failed,
+        exit_code: Some(1),
+        error: Some(message),
+        result: None,
+    }
+}
+
+fn file_op<T>(
+    ws: &Path,
+    path: &str,
+    f: impl FnOnce(&Workspace, &WsPath) -> Result<T, cordon_tools::WorkspaceError>,
+) -> Result<T, String> {
+    let w = Workspace::open(ws).map_err(|e| e.to_string())?;
+    let p = WsPath::parse(path).map_err(|e| e.to_string())?;
+    f(&w, &p).map_err(|e| e.to_string())
+}
