@@ -3,7 +3,8 @@
 //! built (`scripts/fetch-ui-assets`, embedded by build.rs); a build without
 //! them serves a page that says how to get them. Like the web UI's, these
 //! files hold no data and need no token: the token given to "Authorize"
-//! stays in the page and goes only to this origin, as a bearer header.
+//! (or the web UI's, which it starts with) stays in the page and goes only
+//! to this origin, as a bearer header.
 
 use std::sync::{Arc, OnceLock};
 

@@ -2,6 +2,10 @@
 // inline script: /docs's Content-Security-Policy runs only this origin's.
 'use strict';
 
+// Where the web UI keeps its token (app.js): this tab's session storage,
+// or the browser's when "Remember" was ticked. Both are this origin's.
+const TOKEN_KEY = 'cordon.token';
+
 window.ui = SwaggerUIBundle({
   url: '/openapi.json',
   dom_id: '#swagger-ui',
@@ -17,4 +21,10 @@ window.ui = SwaggerUIBundle({
   persistAuthorization: false,
   displayRequestDuration: true,
   defaultModelsExpandDepth: 0,
+  // Signed in to the web UI: "Authorize" starts with that token, read
+  // from storage, never written back.
+  onComplete() {
+    const token = sessionStorage.getItem(TOKEN_KEY) || localStorage.getItem(TOKEN_KEY);
+    if (token) window.ui.preauthorizeApiKey('bearer', token);
+  },
 });

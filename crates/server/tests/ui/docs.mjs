@@ -157,6 +157,38 @@ try {
   await shot(page, 'hostile-file');
 
   problems.push(...(await page.evaluate(() => window.cspViolations)).map((v) => `csp: ${v}`));
+
+  step('signed in to the web UI, its API link opens /docs already authorized');
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const signedIn = await context.newPage();
+  signedIn.setDefaultTimeout(20000);
+  signedIn.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+  const listed = [];
+  signedIn.on('request', (r) => {
+    const u = new URL(r.url());
+    if (u.origin !== origin && u.protocol !== 'data:' && u.protocol !== 'blob:') elsewhere.push(r.url());
+    if (r.method() === 'GET' && u.pathname === '/v1/jobs') listed.push(r);
+  });
+  await signedIn.goto(`${BASE_URL}/`);
+  await signedIn.fill('input[name=token]', TOKEN);
+  await signedIn.click('form.sign-in button[type=submit]');
+  await signedIn.locator('table.jobs').waitFor();
+  await signedIn.click('#api-docs');
+  await signedIn.waitForURL(/\/docs$/);
+  await signedIn.locator('.swagger-ui .auth-wrapper button.authorize.locked').waitFor();
+  const list = signedIn.locator('.opblock-get', {
+    has: signedIn.locator('.opblock-summary-path[data-path="/v1/jobs"]'),
+  }).first();
+  listed.length = 0;
+  await list.locator('.opblock-summary').first().click();
+  await list.locator('button.try-out__btn').click();
+  await list.locator('button.execute').click();
+  await list.locator('.live-responses-table .response-col_status', { hasText: '200' }).waitFor();
+  assert.equal(listed.length, 1, 'one GET /v1/jobs from /docs');
+  assert.equal(listed[0].headers().authorization, `Bearer ${TOKEN}`);
+  await shot(signedIn, 'preauthorized');
+  await context.close();
+
   assert.deepEqual(problems, []);
   assert.deepEqual(elsewhere, [], 'requests to another origin');
   step('all good');
