@@ -12,6 +12,8 @@ use cordon_tools::{Workspace, WorkspaceError, WsPath};
 use futures_util::Stream;
 use serde::Serialize;
 use utoipa::ToSchema;
+use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+use utoipa::openapi::{RefOr, Schema};
 
 use crate::http::{ApiError, ApiResult};
 
@@ -143,6 +145,19 @@ pub(crate) fn read(ws: &Workspace, path: &str, limit: usize) -> ApiResult<Respon
 /// What a workspace file may be shown as: no script, no style from
 /// elsewhere, no framing; a document opened directly is sandboxed.
 const FILE_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; sandbox";
+
+/// A file's bytes, as they are: in the OpenAPI document, a binary string.
+pub struct FileBytes;
+
+impl utoipa::PartialSchema for FileBytes {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+            .into()
+    }
+}
+impl ToSchema for FileBytes {}
 
 /// The type a file is served as, by its name's extension: images a
 /// browser shows as images, text as plain UTF-8 text (HTML too: never a

@@ -521,6 +521,9 @@ async fn timeouts_and_output_caps_are_reported(db: Db) {
         .await;
     let job = s.wait(&t, &id).await;
     assert_eq!(job["state"], "failed", "{job}");
+    // The CLI's convention: 122 is out of memory, not the signal's 137.
+    assert_eq!(job["exit_code"], 122, "{job}");
+    assert!(job["error"].as_str().unwrap().contains("memory"), "{job}");
 }
 
 async fn the_list_filters_and_pages_with_a_cursor(db: Db) {

@@ -89,7 +89,7 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
         ("network" = (summary = "A job that may reach the Python registry", value = json!({"kind": "shell", "command": "pip download --no-deps requests -d /tmp/dl", "allow": ["@python"]}))),
     )),
     responses((status = 202, description = "Queued; `Location` names it", body = crate::jobs::JobSummary),
-              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 403, description = "A network beyond this tenant's ceiling", body = crate::http::ErrorResponse),
               (status = 413, description = "The body is too large", body = crate::http::ErrorResponse)))]
 pub(crate) async fn create_job(
     State(shared): State<Arc<Shared>>,
@@ -360,7 +360,15 @@ pub(crate) async fn list_root(
 /// A file's bytes, or a directory's listing as JSON.
 #[utoipa::path(get, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "A workspace file's bytes, or a directory's listing",
     params(("id" = String, Path), ("path" = String, Path, description = "Relative to the workspace; `..`, absolute paths and symlinks out are refused")),
-    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 200, description = "The file (application/octet-stream) or a listing (JSON)", body = crate::files::Listing),
+    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 200, description = "A directory's listing (JSON), or the file's bytes typed by its name: images as themselves, UTF-8 text as text/plain, anything else as application/octet-stream", content(
+        (crate::files::Listing = "application/json"),
+        (crate::files::FileBytes = "application/octet-stream"),
+        (String = "text/plain"),
+        (crate::files::FileBytes = "image/png"),
+        (crate::files::FileBytes = "image/jpeg"),
+        (crate::files::FileBytes = "image/gif"),
+        (crate::files::FileBytes = "image/webp"),
+        (crate::files::FileBytes = "image/svg+xml"))),
               (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job or file", body = crate::http::ErrorResponse),
               (status = 413, description = "Larger than the files API serves", body = crate::http::ErrorResponse)))]
 pub(crate) async fn get_file(
@@ -408,7 +416,7 @@ enum SeedShellKind {
 #[utoipa::path(post, path = "/schedule", tag = "seed", summary = "Queue a job, the seeds' way",
     description = "Takes `{kind, code}` (kind python, shell, javascript or typescript) or `{steps: [{tool, command|code}]}`.",
     request_body = crate::job::JobRequest,
-    responses((status = 202, body = crate::jobs::Scheduled), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse)))]
+    responses((status = 202, body = crate::jobs::Scheduled), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 403, description = "A network beyond this tenant's ceiling", body = crate::http::ErrorResponse)))]
 pub(crate) async fn schedule(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,

@@ -139,7 +139,7 @@ fn no_model() -> ApiError {
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", summary = "Start a conversation",
     request_body = NewSession,
-    responses((status = 201, body = SessionSummary), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse)))]
+    responses((status = 201, body = SessionSummary), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 403, description = "A network beyond this tenant's ceiling", body = crate::http::ErrorResponse)))]
 pub(crate) async fn create(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
