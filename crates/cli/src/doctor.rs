@@ -171,12 +171,34 @@ pub async fn doctor(args: DoctorArgs) -> i32 {
         args.backend == Some(cordon_sandbox::BackendKind::Microvm),
     )
     .await;
+    lab();
     if r.failures == 0 {
         println!("all isolation features are in force");
         0
     } else {
         println!("{} check(s) failed", r.failures);
         1
+    }
+}
+
+/// JupyterLab and the kernel behind `run_code`: optional, so a note.
+fn lab() {
+    println!("jupyter (notes: optional)");
+    let cache = cordon_lab::cache_dir();
+    match cordon_lab::installed(&cache) {
+        Some(lab) => println!(
+            "  ok   {:<26} JupyterLab {}, ipykernel {}, Python {} in {}",
+            "lab environment",
+            lab.versions.jupyterlab,
+            lab.versions.ipykernel,
+            lab.versions.python,
+            lab.dir.display()
+        ),
+        None => println!(
+            "  note {:<26} not installed in {}: run `cordon lab setup`",
+            "lab environment",
+            cache.display()
+        ),
     }
 }
 

@@ -4,6 +4,7 @@ mod chat;
 mod config_cmd;
 mod doctor;
 mod exec;
+mod lab_cmd;
 mod mcp_cmd;
 mod mcp_listen;
 mod options;
@@ -84,6 +85,9 @@ enum Command {
     Token(serve_cmd::TokenArgs),
     /// Prepare the microvm backend: `cordon vm setup` fetches the guest kernel.
     Vm(vm_cmd::VmArgs),
+    /// JupyterLab and the Python kernel: `cordon lab setup` installs them
+    /// into cordon's cache.
+    Lab(lab_cmd::LabArgs),
 }
 
 fn main() {
@@ -139,6 +143,7 @@ fn main() {
             Command::Serve(args) => serve_cmd::serve(args).await,
             Command::Token(args) => serve_cmd::token(args).await,
             Command::Vm(args) => vm_cmd::vm(args),
+            Command::Lab(args) => lab_cmd::lab(args),
         }
     });
     // Exit at once: a blocking read of our stdin may still be pending.

@@ -35,6 +35,7 @@
 //! - `create`: [`Sandbox::create`], through the backend the config names.
 
 mod backend;
+mod cache;
 pub mod cgroup;
 mod config;
 mod create;
@@ -53,6 +54,7 @@ mod session;
 pub mod supervisor;
 
 pub use backend::Backend;
+pub use cache::cache_dir;
 pub use config::{
     Accel, BackendKind, BindMount, CONTROL_FILES, DISPLAY, Display, MIB, Network, SandboxConfig,
     VmOptions, control_files, parse_size,

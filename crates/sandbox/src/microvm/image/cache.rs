@@ -15,36 +15,7 @@ use super::{At, ImageError};
 /// `/var/cache/cordon/vm` when running as root, else
 /// `$XDG_CACHE_HOME/cordon/vm` (`~/.cache/cordon/vm`).
 pub fn cache_dir() -> PathBuf {
-    cache_dir_from(
-        std::env::var_os("CORDON_VM_DIR"),
-        rustix::process::geteuid().is_root(),
-        std::env::var_os("XDG_CACHE_HOME"),
-        std::env::var_os("HOME"),
-    )
-}
-
-fn cache_dir_from(
-    vm_dir: Option<OsString>,
-    root: bool,
-    xdg: Option<OsString>,
-    home: Option<OsString>,
-) -> PathBuf {
-    if let Some(dir) = vm_dir.filter(|d| !d.is_empty()) {
-        return dir.into();
-    }
-    if root {
-        return PathBuf::from("/var/cache/cordon/vm");
-    }
-    // The XDG spec says to ignore relative paths in these variables.
-    let absolute = |v: Option<OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
-    match absolute(xdg).or_else(|| absolute(home).map(|h| h.join(".cache"))) {
-        Some(base) => base.join("cordon/vm"),
-        // A service account without a home: per user, and still kept
-        // between runs.
-        None => {
-            std::env::temp_dir().join(format!("cordon-vm-{}", rustix::process::getuid().as_raw()))
-        }
-    }
+    crate::cache::cache_dir("vm", "CORDON_VM_DIR")
 }
 
 /// Marks a complete kernel tree in the cache, written last.
@@ -132,30 +103,4 @@ pub(super) fn write_atomic(
         let _ = fs::remove_file(&tmp);
     }
     result.at(path)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cache_dir_follows_the_environment() {
-        let s = |v: &str| Some(OsString::from(v));
-        assert_eq!(
-            cache_dir_from(s("/x/vm"), true, None, None),
-            PathBuf::from("/x/vm")
-        );
-        assert_eq!(
-            cache_dir_from(s(""), true, None, None),
-            PathBuf::from("/var/cache/cordon/vm")
-        );
-        assert_eq!(
-            cache_dir_from(None, false, s("/xdg"), s("/home/u")),
-            PathBuf::from("/xdg/cordon/vm")
-        );
-        assert_eq!(
-            cache_dir_from(None, false, s("relative"), s("/home/u")),
-            PathBuf::from("/home/u/.cache/cordon/vm")
-        );
-    }
 }
