@@ -178,6 +178,7 @@ class Bridge:
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
         deadline = time.monotonic() + timeout
         interrupted_at = None
+        reply = None
         while True:
             now = time.monotonic()
             if interrupted_at is None and now >= deadline:
@@ -195,6 +196,12 @@ class Bridge:
                 if not self.km.is_alive():
                     call.done("dead")
                     return
+                # ZeroMQ drops iopub messages past its high-water mark, the
+                # final "idle" among them: the shell's reply and a quiet
+                # iopub end the call as well.
+                if reply is not None:
+                    break
+                reply = self.shell_reply(msg_id, 0)
                 continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
@@ -211,19 +218,26 @@ class Bridge:
             elif kind == "status" and content.get("execution_state") == "idle":
                 break
         status = "ok"
-        try:
-            reply = self.kc.get_shell_msg(timeout=5)
-            while reply.get("parent_header", {}).get("msg_id") != msg_id:
-                reply = self.kc.get_shell_msg(timeout=5)
+        if reply is None:
+            reply = self.shell_reply(msg_id, 5)
+        if reply is not None:
             status = reply.get("content", {}).get("status", "ok")
             count = reply.get("content", {}).get("execution_count")
             if isinstance(count, int):
                 call.count = count
-        except queue.Empty:
-            pass
         if interrupted_at is not None:
             status = "timeout"
         call.done(status if status in ("ok", "error", "aborted", "timeout") else "error")
+
+    def shell_reply(self, msg_id, timeout):
+        """The shell's reply to msg_id, or None if it is not there yet."""
+        try:
+            while True:
+                reply = self.kc.get_shell_msg(timeout=timeout)
+                if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                    return reply
+        except queue.Empty:
+            return None
 
     def close(self):
         try:
