@@ -207,6 +207,35 @@ async fn a_timeout_interrupts_and_the_state_survives() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_deaf_to_the_interrupt_is_restarted() {
+    let Some(lab) = lab().await else { return };
+    let mut k = kernel(&lab).await;
+    let code =
+        "import signal\nx = 1\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass";
+    let r = k.execute(code, Duration::from_secs(2)).await.unwrap();
+    assert!(r.timed_out && r.restarted, "{r:?}");
+    let r = run(&mut k, "'x' in globals()").await;
+    assert_eq!(r.result.as_deref(), Some("False"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_over_the_memory_limit_is_reported_and_replaced() {
+    let Some(lab) = lab().await else { return };
+    let mut k = kernel(&lab).await;
+    // Beyond the sandbox's 512 MiB, touched page by page.
+    let e = k.execute("hog = b'x' * (1 << 30)", T).await.unwrap_err();
+    // The memory cgroup's killer picks the kernel, the biggest process;
+    // should it pick the bridge, that is reported too.
+    assert!(
+        matches!(e, KernelError::Died | KernelError::BridgeExited(_)),
+        "{e}"
+    );
+    let r = run(&mut k, "1 + 1").await;
+    assert!(r.restarted);
+    assert_eq!(r.result.as_deref(), Some("2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_loses_the_state() {
     let Some(lab) = lab().await else { return };
     let mut k = kernel(&lab).await;
@@ -249,6 +278,19 @@ async fn a_killed_bridge_is_reported_and_replaced() {
     let r = run(&mut k, "1 + 1").await;
     assert!(r.restarted, "{r:?}");
     assert_eq!(r.result.as_deref(), Some("2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_leaves_a_fresh_kernel_for_the_next() {
+    let Some(lab) = lab().await else { return };
+    let mut k = kernel(&lab).await;
+    run(&mut k, "x = 1").await;
+    // The caller gives up (its turn was cancelled) while the code runs.
+    let gone = tokio::time::timeout(Duration::from_secs(2), k.execute("while True: pass", T)).await;
+    assert!(gone.is_err());
+    let r = run(&mut k, "'x' in globals()").await;
+    assert!(r.restarted, "{r:?}");
+    assert_eq!(r.result.as_deref(), Some("False"));
 }
 
 /// Python that lists the kernels running in the sandbox.
