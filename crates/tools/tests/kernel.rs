@@ -13,7 +13,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use cordon_sandbox::{BindMount, ExecRequest, Network, Sandbox, SandboxConfig};
+use cordon_sandbox::{BackendKind, BindMount, ExecRequest, Network, Sandbox, SandboxConfig};
 use cordon_tools::kernel::{DisplayItem, ExecutionResult, Kernel, KernelError};
 
 use common::supervisor;
@@ -44,11 +44,16 @@ struct Lab {
 }
 
 async fn lab() -> Option<Lab> {
+    lab_on(BackendKind::Native).await
+}
+
+async fn lab_on(backend: BackendKind) -> Option<Lab> {
     let venv = venv()?;
     let dir = tempfile::tempdir().unwrap();
     let mut config = SandboxConfig::new(dir.path());
     config.supervisor = Some(supervisor());
     config.network = Network::Off;
+    config.backend = backend;
     config.binds.push(BindMount {
         source: venv,
         target: "/opt/cordon/jupyter".into(),
@@ -123,6 +128,24 @@ async fn state_survives_between_calls_and_streams_come_apart() {
         !r.timed_out && !r.restarted && r.outputs.is_empty(),
         "{r:?}"
     );
+}
+
+/// The microVM shares the venv read-only like the native backend binds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kernel_runs_in_a_microvm() {
+    let Some(lab) = lab_on(BackendKind::Microvm).await else {
+        return;
+    };
+    let mut k = kernel(&lab).await;
+    run(&mut k, "x = 41").await;
+    let r = k
+        .execute("while True: pass", Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(r.timed_out && !r.restarted, "{r:?}");
+    let r = run(&mut k, "print('out')\nx + 1").await;
+    assert_eq!(r.stdout.render(), "out\n");
+    assert_eq!(r.result.as_deref(), Some("42"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
