@@ -612,6 +612,12 @@ mod tests {
     }
 
     #[test]
+    fn a_kernel_can_live_in_a_shared_slot() {
+        fn shared<T: Send + Sync + 'static>() {}
+        shared::<tokio::sync::Mutex<Option<Kernel>>>();
+    }
+
+    #[test]
     fn lines_split_across_chunks() {
         assert_eq!(
             lines(10, &[b"ab", b"c\nde", b"\n\nf"]),
