@@ -22,6 +22,7 @@
 pub mod bash;
 pub mod computer;
 pub mod edit_file;
+pub mod kernel;
 pub mod list_dir;
 pub mod read_file;
 pub mod run_code;
