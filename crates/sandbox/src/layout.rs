@@ -43,6 +43,8 @@ pub(crate) const ETC_ALLOW: &[&str] = &[
     "localtime",
     "magic",
     "magic.mime",
+    // Debian's matplotlib looks for its defaults here.
+    "matplotlibrc",
     "mime.types",
     "mtab",
     "networks",

@@ -3,8 +3,8 @@
 //! interrupt, restarts, dead kernels, and what a hostile cell can do to the
 //! host's side of the bridge.
 //!
-//! Needs a venv with ipykernel and jupyter_client at `CORDON_TEST_JUPYTER`
-//! (default /var/cache/cordon/tools/jupyter-venv; scripts/test makes it),
+//! Needs the lab environment (`cordon lab setup`, which scripts/test runs),
+//! or a venv with ipykernel and jupyter_client at `CORDON_TEST_JUPYTER`,
 //! mounted read-only at /opt/cordon/jupyter, and the `cordon-supervisor`
 //! binary beside the test executable (`cargo build -p cordon-sandbox --bins`).
 
@@ -18,23 +18,27 @@ use cordon_tools::kernel::{DisplayItem, ExecutionResult, Kernel, KernelError};
 
 use common::supervisor;
 
-const PYTHON: &str = "/opt/cordon/jupyter/bin/python";
+const PYTHON: &str = cordon_lab::SANDBOX_PYTHON;
 const T: Duration = Duration::from_secs(30);
 
 /// The test venv on the host, or `None` (outside CI) to skip.
 fn venv() -> Option<PathBuf> {
-    let p: PathBuf = std::env::var_os("CORDON_TEST_JUPYTER")
-        .map(Into::into)
-        .unwrap_or_else(|| "/var/cache/cordon/tools/jupyter-venv".into());
+    let p: PathBuf = match std::env::var_os("CORDON_TEST_JUPYTER") {
+        Some(p) => p.into(),
+        None => match cordon_lab::installed(&cordon_lab::cache_dir()) {
+            Some(lab) => lab.dir,
+            None => cordon_lab::cache_dir(),
+        },
+    };
     if p.join("pyvenv.cfg").exists() {
         return Some(p);
     }
     assert!(
         std::env::var("CI").as_deref() != Ok("true"),
-        "{} is missing: scripts/test creates it (a venv with ipykernel and jupyter_client)",
+        "no lab environment in {}: run `cordon lab setup` (scripts/test does)",
         p.display()
     );
-    eprintln!("skipped: no Jupyter venv at {}", p.display());
+    eprintln!("skipped: no lab environment in {}", p.display());
     None
 }
 
@@ -205,6 +209,38 @@ async fn display_data_comes_back_as_what_it_is() {
         r.result.as_deref(),
         Some("<IPython.core.display.Image object>")
     );
+}
+
+/// The Debian matplotlib (scripts/packages.txt), seen through the
+/// environment's system site packages, draws inline: a plot is a PNG.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_matplotlib_plot_comes_back_as_a_png() {
+    use base64::Engine;
+    let Some(lab) = lab().await else { return };
+    let mut k = kernel(&lab).await;
+    let r = run(
+        &mut k,
+        "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('rise')\nplt.show()",
+    )
+    .await;
+    assert!(r.error.is_none(), "{r:?}");
+    let images: Vec<_> = r
+        .outputs
+        .iter()
+        .filter_map(|o| match o {
+            DisplayItem::Image(i) => Some(i),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(images.len(), 1, "{:?}", r.outputs);
+    assert_eq!(images[0].media_type, "image/png");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(&images[0].data)
+        .unwrap();
+    let info = png::Decoder::new(std::io::Cursor::new(bytes))
+        .read_info()
+        .unwrap();
+    assert!(info.info().width > 100 && info.info().height > 100);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
