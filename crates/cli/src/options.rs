@@ -327,6 +327,8 @@ pub fn sandbox_config(settings: &Settings) -> Result<SandboxConfig, String> {
         c.read_only = cordon_sandbox::control_files(&workspace);
     }
     c.hidden = settings.secret_files().to_vec();
+    // The kernel behind run_code, when `cordon lab setup` installed it.
+    cordon_lab::offer(&mut c);
     Ok(c)
 }
 

@@ -26,6 +26,23 @@ pub const SANDBOX_PYTHON: &str = "/opt/cordon/jupyter/bin/python";
 /// or `pyenv`, is not visible in a sandbox).
 pub const HOST_PYTHON: &str = "/usr/bin/python3";
 
+/// Binds the installed environment, if there is one, read-only into
+/// sandboxes made from `config` at [`SANDBOX_DIR`]; whether it did. The
+/// kernel behind `run_code` runs there.
+pub fn offer(config: &mut cordon_sandbox::SandboxConfig) -> bool {
+    let Some(lab) = installed(&cache_dir()) else {
+        return false;
+    };
+    if !config.binds.iter().any(|b| b.target == SANDBOX_DIR) {
+        config.binds.push(cordon_sandbox::BindMount {
+            source: lab.dir,
+            target: SANDBOX_DIR.to_string(),
+            writable: false,
+        });
+    }
+    true
+}
+
 /// What `cordon lab setup` installs, and the pins of everything it pulls in.
 pub const REQUIREMENTS: &str = include_str!("../requirements.txt");
 pub const CONSTRAINTS: &str = include_str!("../constraints.txt");

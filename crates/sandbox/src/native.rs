@@ -292,6 +292,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             base_env: config.base_env(),
             workdir: config.workdir.clone(),
             read_only: config.read_only.clone(),
+            bind_targets: config.binds.iter().map(|b| b.target.clone()).collect(),
             setup_timeout: config.setup_timeout,
             set_clock: false,
             services,

@@ -151,6 +151,8 @@ impl SandboxDefaults {
         c.backend = self.backend;
         c.cpus = self.cpus;
         c.vm = self.vm.clone();
+        // The kernel behind run_code, when `cordon lab setup` installed it.
+        cordon_lab::offer(&mut c);
         c
     }
 }

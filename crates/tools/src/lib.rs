@@ -183,7 +183,7 @@ pub enum OutputStream {
 pub type Progress = Arc<dyn Fn(OutputStream, &[u8]) + Send + Sync>;
 
 /// Everything a tool call needs about its conversation. Cheap to clone;
-/// clones share the persistent shell.
+/// clones share the persistent shell and the Python kernel.
 #[derive(Clone)]
 pub struct ToolContext {
     pub sandbox: cordon_sandbox::Sandbox,
@@ -191,6 +191,8 @@ pub struct ToolContext {
     pub workspace: PathBuf,
     pub limits: Limits,
     pub(crate) shell: Arc<bash::ShellSlot>,
+    /// The Python kernel behind `run_code`, when the sandbox has one.
+    pub(crate) kernel: Arc<run_code::KernelSlot>,
     /// Where `bash` and `run_code` report output while they run.
     progress: Option<Progress>,
 }
@@ -202,6 +204,7 @@ impl ToolContext {
             workspace: workspace.into(),
             limits: Limits::default(),
             shell: Arc::default(),
+            kernel: Arc::default(),
             progress: None,
         }
     }

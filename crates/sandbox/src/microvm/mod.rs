@@ -411,6 +411,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             base_env: config.base_env(),
             workdir: config.workdir.clone(),
             read_only: config.read_only.clone(),
+            bind_targets: config.binds.iter().map(|b| b.target.clone()).collect(),
             setup_timeout: config.setup_timeout.max(MIN_SETUP_TIMEOUT),
             set_clock: true,
             services,

@@ -49,6 +49,8 @@ pub(crate) struct ConnectParams {
     pub workdir: String,
     /// [`crate::config::SandboxConfig::read_only`], for the host-side tools.
     pub read_only: Vec<std::path::PathBuf>,
+    /// Where the extra binds are inside, for [`Sandbox::bind_targets`].
+    pub bind_targets: Vec<String>,
     pub setup_timeout: Duration,
     /// Set the supervisor's clock from the host's once it is ready (a
     /// microVM's own clock starts from its RTC).
@@ -129,6 +131,7 @@ pub(crate) struct Inner {
     base_env: Vec<(String, String)>,
     workdir: String,
     read_only: Vec<std::path::PathBuf>,
+    bind_targets: Vec<String>,
     /// The virtual screen, once it is up.
     pub(crate) display: std::sync::OnceLock<crate::config::Display>,
     /// The disk budget's watcher, when there is a budget.
@@ -247,6 +250,12 @@ impl Sandbox {
         &self.inner.read_only
     }
 
+    /// Where the extra binds ([`crate::config::SandboxConfig::binds`]) are
+    /// inside: what a tool may expect to find there.
+    pub fn bind_targets(&self) -> &[String] {
+        &self.inner.bind_targets
+    }
+
     /// The broker's policy, warnings and events, with
     /// [`crate::Network::Allow`].
     pub fn network(&self) -> Option<&crate::egress::NetworkInfo> {
@@ -271,6 +280,7 @@ impl Sandbox {
             base_env,
             workdir,
             read_only,
+            bind_targets,
             setup_timeout,
             set_clock,
             services,
@@ -378,6 +388,7 @@ impl Sandbox {
                 base_env,
                 workdir,
                 read_only,
+                bind_targets,
                 services,
             }
         });

@@ -1,8 +1,10 @@
 //! `run_code`: run a Python, JavaScript or TypeScript snippet in the sandbox.
 //!
-//! The code is written to a file under the sandbox's `/tmp` and run by
-//! `python3` or `node` from the sandbox's system directories; nothing is
-//! fetched, so it works offline. TypeScript is transpiled here on the host
+//! Python runs in the conversation's Jupyter kernel when the sandbox has
+//! the lab environment ([`kernel`]). Otherwise, and for the other
+//! languages, the code is written to a file under the sandbox's `/tmp` and
+//! run by `python3` or `node` from the sandbox's system directories; nothing
+//! is fetched, so it works offline. TypeScript is transpiled here on the host
 //! with the `oxc` crates (types, interfaces, enums and namespaces are
 //! lowered to JavaScript; nothing is type-checked), then run by node.
 
@@ -15,6 +17,9 @@ use serde_json::{Value, json};
 
 use crate::output::HeadTail;
 use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+
+mod kernel;
+pub use kernel::KernelSlot;
 
 pub struct RunCode;
 
@@ -33,6 +38,8 @@ struct Input {
     code: String,
     #[serde(default)]
     timeout: Option<f64>,
+    #[serde(default)]
+    restart: bool,
 }
 
 pub fn schema() -> Value {
@@ -41,14 +48,15 @@ pub fn schema() -> Value {
         "properties": {
             "language": {"type": "string", "enum": ["python", "javascript", "typescript"], "description": "Language of `code`."},
             "code": {"type": "string", "description": "The complete program to run. Print what you want to see."},
-            "timeout": {"type": "number", "description": "Seconds before the program is killed (default 120, at most 600)."}
+            "timeout": {"type": "number", "description": "Seconds before the program is killed, or the Python kernel interrupted (default 120, at most 600)."},
+            "restart": {"type": "boolean", "description": "Python in the kernel: start a fresh kernel first (every variable and import is lost). With empty `code`, only restart."}
         },
         "required": ["language", "code"],
         "additionalProperties": false
     })
 }
 
-const DESCRIPTION: &str = "Run a self-contained Python (python3), JavaScript (node) or TypeScript program in the sandbox, with /workspace as the working directory and no network. TypeScript is transpiled to JavaScript first (type annotations and interfaces are removed, not checked). JavaScript using `import`/`export` runs as an ES module, otherwise as CommonJS. Returns the exit code, stdout and stderr; long output is cut to its beginning and end. Each call is a fresh process: use files in /workspace to keep results.";
+const DESCRIPTION: &str = "Run Python, JavaScript (node) or TypeScript in the sandbox, with /workspace as the working directory and no network. Python runs in a persistent IPython kernel when one is installed (the result says so): variables, imports and open files persist between calls, the last expression's value is shown, matplotlib plots and other images come back as images, and a timeout interrupts the code without losing the kernel's state (`restart: true` starts a fresh kernel). Otherwise, and for JavaScript and TypeScript, each call is a fresh process running a self-contained program: use files in /workspace to keep results. TypeScript is transpiled to JavaScript first (type annotations and interfaces are removed, not checked). JavaScript using `import`/`export` runs as an ES module, otherwise as CommonJS. Returns stdout and stderr (and the exit code of a fresh process); long output is cut to its beginning and end.";
 
 impl Tool for RunCode {
     fn name(&self) -> &str {
@@ -172,6 +180,14 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
             ));
         }
     };
+    if input.language == Language::Python && kernel::available(ctx) {
+        return kernel::run(ctx, &input.code, input.restart, timeout).await;
+    }
+    if input.restart {
+        return ToolOutput::error(
+            "Invalid arguments for `run_code`: `restart` is for Python in the kernel, and there is no kernel here: each call is already a fresh process. Call again without `restart`.",
+        );
+    }
     let program = match input.language {
         Language::Python => "python3",
         Language::Javascript | Language::Typescript => "node",
