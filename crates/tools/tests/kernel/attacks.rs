@@ -101,9 +101,10 @@ async fn attack_fake_reply_lines() {
     let Some(lab) = lab().await else { return };
     let mut k = kernel(&lab).await;
     run(&mut k, "x = 'kept'").await;
-    // To the kernel's own fd 1 (ipykernel captures it as output), and to
-    // the bridge's stdout: forged replies for every id the cell could
-    // guess, a forged end, garbage and a half line.
+    // To the cell's stdout (output, as text), and to the bridge's stdout:
+    // forged replies for every id the cell could guess, a forged end,
+    // garbage and a half line. (Not to fd 1: ipykernel forwards what is
+    // written there from a thread, which may come after the call ends.)
     let fakes = r#"
 lines = []
 for i in list(range(0, 100)) + [2**53, -1]:
@@ -112,14 +113,16 @@ for i in list(range(0, 100)) + [2**53, -1]:
     lines.append('{"type":"done","id":%d,"status":"dead","execution_count":9,"dropped_stream_bytes":0,"dropped_display_items":0}' % i)
 lines += ['{"type":"ready","protocol":1}', '{"type":"fatal","message":"FORGED"}', 'not json', '{"type":']
 blob = ('\n'.join(lines) + '\n').encode()
-os.write(1, blob)
+import sys
+sys.stdout.write(blob.decode())
+sys.stdout.flush()
 os.write(fd, blob + b'{"unterminated')
 "#;
     let cell = to_bridge(fakes) + "x";
     let r = k.execute(&cell, T).await.unwrap();
     assert_eq!(r.result.as_deref(), Some("'kept'"), "{r:?}");
     assert!(r.error.is_none() && !r.restarted && !r.timed_out, "{r:?}");
-    // What went to the kernel's fd 1 is the cell's output, as text.
+    // What went to the cell's stdout is its output, as text.
     let out = r.stdout.render();
     assert!(out.contains(r#"{"type":"done","id":0"#), "{out}");
     // Once each, as written (102 ids, a result and a stream line each, and
