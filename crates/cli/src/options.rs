@@ -179,6 +179,9 @@ impl SandboxOpts {
         for b in &self.rw {
             c.binds.push(parse_bind(b, true).map_err(sandbox_error)?);
         }
+        // The kernel behind run_code, when `cordon lab setup` installed it,
+        // unless a bind of the user's takes its place.
+        cordon_lab::offer(&mut c);
         guard_cordon_dirs(&mut c).map_err(config_error)?;
         let after = Aftercheck::new(&c, &settings);
         Ok((c, after))
@@ -327,8 +330,6 @@ pub fn sandbox_config(settings: &Settings) -> Result<SandboxConfig, String> {
         c.read_only = cordon_sandbox::control_files(&workspace);
     }
     c.hidden = settings.secret_files().to_vec();
-    // The kernel behind run_code, when `cordon lab setup` installed it.
-    cordon_lab::offer(&mut c);
     Ok(c)
 }
 

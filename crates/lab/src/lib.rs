@@ -28,21 +28,76 @@ pub const HOST_PYTHON: &str = "/usr/bin/python3";
 
 /// Binds the installed environment, if there is one, read-only into
 /// sandboxes made from `config` at [`SANDBOX_DIR`]; whether it did. The
-/// kernel behind `run_code` runs there.
+/// kernel behind `run_code` runs there. Call it after the user's own
+/// binds: one at, above or beneath [`SANDBOX_DIR`] wins, and the
+/// environment is left out.
 pub fn offer(config: &mut cordon_sandbox::SandboxConfig) -> bool {
-    let Some(lab) = installed(&cache_dir()) else {
-        return false;
+    match installed(&cache_dir()) {
+        Some(lab) => bind_into(config, lab.dir),
+        None => false,
+    }
+}
+
+fn bind_into(config: &mut cordon_sandbox::SandboxConfig, dir: std::path::PathBuf) -> bool {
+    let overlaps = |target: &str| {
+        let t = target.trim_end_matches('/');
+        t == SANDBOX_DIR
+            || t.is_empty()
+            || SANDBOX_DIR.starts_with(&format!("{t}/"))
+            || t.starts_with(&format!("{SANDBOX_DIR}/"))
     };
-    if !config.binds.iter().any(|b| b.target == SANDBOX_DIR) {
-        config.binds.push(cordon_sandbox::BindMount {
-            source: lab.dir,
-            target: SANDBOX_DIR.to_string(),
-            writable: false,
+    if config.binds.iter().any(|b| overlaps(&b.target)) {
+        return config.binds.iter().any(|b| {
+            b.target.trim_end_matches('/') == SANDBOX_DIR && b.source == dir && !b.writable
         });
     }
+    config.binds.push(cordon_sandbox::BindMount {
+        source: dir,
+        target: SANDBOX_DIR.to_string(),
+        writable: false,
+    });
     true
 }
 
 /// What `cordon lab setup` installs, and the pins of everything it pulls in.
 pub const REQUIREMENTS: &str = include_str!("../requirements.txt");
 pub const CONSTRAINTS: &str = include_str!("../constraints.txt");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_users_bind_at_above_or_beneath_the_place_wins() {
+        let dir = std::path::PathBuf::from("/cache/lab/env");
+        let with = |targets: &[&str]| {
+            let mut c = cordon_sandbox::SandboxConfig::new("/w");
+            for t in targets {
+                c.binds.push(cordon_sandbox::BindMount {
+                    source: "/host/x".into(),
+                    target: t.to_string(),
+                    writable: false,
+                });
+            }
+            let offered = bind_into(&mut c, dir.clone());
+            (offered, c.binds.len())
+        };
+        assert_eq!(with(&[]), (true, 1));
+        assert_eq!(with(&["/opt/other", "/opt/cordonx"]), (true, 3));
+        for taken in [
+            "/opt/cordon",
+            "/opt/cordon/",
+            "/opt",
+            "/",
+            "/opt/cordon/jupyter",
+            "/opt/cordon/jupyter/lib",
+        ] {
+            assert_eq!(with(&[taken]), (false, 1), "{taken}");
+        }
+        // Offered twice: bound once.
+        let mut c = cordon_sandbox::SandboxConfig::new("/w");
+        assert!(bind_into(&mut c, dir.clone()));
+        assert!(bind_into(&mut c, dir));
+        assert_eq!(c.binds.len(), 1);
+    }
+}
