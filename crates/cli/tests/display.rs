@@ -5,6 +5,8 @@
 
 use std::process::Command;
 
+mod support;
+
 use cordon_sandbox::{Display, ExecRequest, Sandbox, SandboxConfig};
 
 fn run(ws: &std::path::Path, args: &[&str], script: &str) -> (i32, String, String) {
@@ -150,28 +152,18 @@ fn the_agent_sees_the_screen_as_an_image_and_clicks_and_types() {
         );
         let ws = tempfile::tempdir().unwrap();
         let home = tempfile::tempdir().unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cordon"));
-        cmd.args([
-            "exec",
-            "--json",
-            "--set",
-            "sandbox.display=1024x768",
-            "use the screen",
-        ])
-        .current_dir(ws.path())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("XDG_DATA_HOME", home.path().join("data"));
-        if openai {
-            cmd.env("OPENAI_BASE_URL", server.openai_url())
-                .args(["--provider", "openai"]);
-        } else {
-            cmd.env("ANTHROPIC_BASE_URL", server.url())
-                .env("ANTHROPIC_API_KEY", "sk-test-key-0000");
-        }
-        let out = cmd.output().unwrap();
+        let out = support::exec_against(
+            &server,
+            openai,
+            ws.path(),
+            home.path(),
+            &[
+                "--json",
+                "--set",
+                "sandbox.display=1024x768",
+                "use the screen",
+            ],
+        );
         assert_eq!(
             out.status.code(),
             Some(0),
@@ -195,17 +187,7 @@ fn without_a_display_the_computer_tool_is_not_offered() {
     let server = ScriptedServer::start(Scenario::new().turn(Turn::text("Nothing to see.")));
     let ws = tempfile::tempdir().unwrap();
     let home = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["exec", "look"])
-        .current_dir(ws.path())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home.path())
-        .env("XDG_DATA_HOME", home.path().join("data"))
-        .env("ANTHROPIC_BASE_URL", server.url())
-        .env("ANTHROPIC_API_KEY", "sk-test-key-0000")
-        .output()
-        .unwrap();
+    let out = support::exec_against(&server, false, ws.path(), home.path(), &["look"]);
     assert_eq!(out.status.code(), Some(0));
     assert!(!server.requests()[0].raw_body.contains("\"computer\""));
 }

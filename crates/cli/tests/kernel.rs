@@ -4,10 +4,10 @@
 //! matplotlib plot reaches the model as an image, and a timeout interrupts
 //! the code while the kernel keeps its state.
 
-use std::process::Command;
-
 use cordon_testkit::{Scenario, ScriptedServer, Turn};
 use serde_json::json;
+
+mod support;
 
 /// Whether `cordon lab setup` has run (scripts/test runs it); required
 /// under CI.
@@ -89,22 +89,13 @@ fn python_state_plots_and_timeouts_live_in_the_kernel() {
         );
         let ws = tempfile::tempdir().unwrap();
         let home = tempfile::tempdir().unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cordon"));
-        cmd.args(["exec", "--json", "compute"])
-            .current_dir(ws.path())
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", home.path())
-            .env("XDG_CONFIG_HOME", home.path().join("config"))
-            .env("XDG_DATA_HOME", home.path().join("data"));
-        if openai {
-            cmd.env("OPENAI_BASE_URL", server.openai_url())
-                .args(["--provider", "openai"]);
-        } else {
-            cmd.env("ANTHROPIC_BASE_URL", server.url())
-                .env("ANTHROPIC_API_KEY", "sk-test-key-0000");
-        }
-        let out = cmd.output().unwrap();
+        let out = support::exec_against(
+            &server,
+            openai,
+            ws.path(),
+            home.path(),
+            &["--json", "compute"],
+        );
         assert_eq!(
             out.status.code(),
             Some(0),

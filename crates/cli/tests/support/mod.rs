@@ -112,6 +112,35 @@ pub fn run(who: Who, ws: &Path, opts: &[&str], command: &[&str]) -> Command {
     cmd
 }
 
+/// `cordon exec ARGS` in `ws` against the scripted model `server`, over
+/// its OpenAI-compatible protocol or Anthropic's, with a clean
+/// environment and a home of its own (`home`).
+pub fn exec_against(
+    server: &cordon_testkit::ScriptedServer,
+    openai: bool,
+    ws: &Path,
+    home: &Path,
+    args: &[&str],
+) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cordon"));
+    cmd.arg("exec")
+        .args(args)
+        .current_dir(ws)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("XDG_DATA_HOME", home.join("data"));
+    if openai {
+        cmd.env("OPENAI_BASE_URL", server.openai_url())
+            .args(["--provider", "openai"]);
+    } else {
+        cmd.env("ANTHROPIC_BASE_URL", server.url())
+            .env("ANTHROPIC_API_KEY", "sk-test-key-0000");
+    }
+    cmd.output().unwrap()
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
