@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use cordon_agent::AgentConfig;
@@ -174,9 +174,5 @@ impl JobDirs {
 
     pub fn session_log(&self, id: &str) -> PathBuf {
         self.job(id).join("session.jsonl")
-    }
-
-    pub fn root(&self) -> &Path {
-        &self.0
     }
 }

@@ -159,6 +159,24 @@ impl utoipa::PartialSchema for FileBytes {
 }
 impl ToSchema for FileBytes {}
 
+/// What reading a workspace path answers, for the OpenAPI document: one
+/// content type per kind [`content_type`] gives, and a directory's listing.
+#[derive(utoipa::ToResponse)]
+#[response(
+    description = "A directory's listing (JSON), or the file's bytes typed by its name: images as themselves, UTF-8 text as text/plain, anything else as application/octet-stream"
+)]
+#[allow(dead_code)] // Only its schema is used.
+pub enum FileAnswer {
+    Listing(#[content("application/json")] Listing),
+    Bytes(#[content("application/octet-stream")] FileBytes),
+    Text(#[content("text/plain")] String),
+    Png(#[content("image/png")] FileBytes),
+    Jpeg(#[content("image/jpeg")] FileBytes),
+    Gif(#[content("image/gif")] FileBytes),
+    Webp(#[content("image/webp")] FileBytes),
+    Svg(#[content("image/svg+xml")] FileBytes),
+}
+
 /// The type a file is served as, by its name's extension: images a
 /// browser shows as images, text as plain UTF-8 text (HTML too: never a
 /// page of this origin), anything else as bytes to download.

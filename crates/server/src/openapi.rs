@@ -31,7 +31,7 @@ impl Modify for Bearer {
         description = "Jobs and agent sessions in cordon's sandbox. Every route but /health needs `Authorization: Bearer <token>` (`cordon token create --tenant NAME`)."
     ),
     modifiers(&Bearer),
-    components(schemas(crate::job::JobEvent)),
+    components(schemas(crate::job::JobEvent), responses(crate::files::FileAnswer)),
     security(("bearer" = [])),
     paths(
         crate::health::health,

@@ -6,12 +6,12 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{delete, get};
-use axum::{Router, routing::MethodRouter};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -88,9 +88,8 @@ pub struct TokenFilter {
 }
 
 pub(crate) fn routes() -> Router<Arc<Shared>> {
-    let list: MethodRouter<Arc<Shared>> = get(list_tokens).post(create_token);
     Router::new()
-        .route("/v1/tokens", list)
+        .route("/v1/tokens", get(list_tokens).post(create_token))
         .route("/v1/tokens/{id}", delete(revoke_token))
 }
 

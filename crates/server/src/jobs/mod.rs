@@ -360,15 +360,7 @@ pub(crate) async fn list_root(
 /// A file's bytes, or a directory's listing as JSON.
 #[utoipa::path(get, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "A workspace file's bytes, or a directory's listing",
     params(("id" = String, Path), ("path" = String, Path, description = "Relative to the workspace; `..`, absolute paths and symlinks out are refused")),
-    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 200, description = "A directory's listing (JSON), or the file's bytes typed by its name: images as themselves, UTF-8 text as text/plain, anything else as application/octet-stream", content(
-        (crate::files::Listing = "application/json"),
-        (crate::files::FileBytes = "application/octet-stream"),
-        (String = "text/plain"),
-        (crate::files::FileBytes = "image/png"),
-        (crate::files::FileBytes = "image/jpeg"),
-        (crate::files::FileBytes = "image/gif"),
-        (crate::files::FileBytes = "image/webp"),
-        (crate::files::FileBytes = "image/svg+xml"))),
+    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 200, response = crate::files::FileAnswer),
               (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job or file", body = crate::http::ErrorResponse),
               (status = 413, description = "Larger than the files API serves", body = crate::http::ErrorResponse)))]
 pub(crate) async fn get_file(

@@ -82,11 +82,16 @@ fn hash_token(token: &str) -> String {
         .collect()
 }
 
+/// A token's id: the start of its hash.
+fn id_of(hash: &str) -> String {
+    hash.chars().take(TOKEN_ID_CHARS).collect()
+}
+
 /// A row of `hash, tenant, operator, created_ms`, named by its id.
 fn token_from_row(row: &AnyRow) -> Result<TokenRow> {
     let hash: String = row.try_get("hash")?;
     Ok(TokenRow {
-        id: hash.chars().take(TOKEN_ID_CHARS).collect(),
+        id: id_of(&hash),
         tenant: row.try_get("tenant")?,
         role: Role::from_column(row.try_get("operator")?),
         created_ms: row.try_get("created_ms")?,
@@ -113,7 +118,7 @@ impl Store {
         Ok(NewToken {
             token,
             row: TokenRow {
-                id: hash.chars().take(TOKEN_ID_CHARS).collect(),
+                id: id_of(&hash),
                 tenant: tenant.to_string(),
                 role,
                 created_ms,
