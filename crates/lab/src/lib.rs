@@ -11,8 +11,14 @@
 //! into the system's Python.
 
 mod install;
+pub mod jupyter;
+pub mod proxy;
+pub mod site;
 
 pub use install::{Lab, LabError, Versions, cache_dir, installed, setup};
+pub use jupyter::{SOCKET, StartError, start};
+pub use proxy::Upstream;
+pub use site::Site;
 
 /// Where a sandbox sees the environment.
 pub const SANDBOX_DIR: &str = "/opt/cordon/jupyter";

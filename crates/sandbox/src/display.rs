@@ -34,39 +34,6 @@ impl VncAccess {
     }
 }
 
-/// Copies stdin to the socket named by `argv[1]` and the socket to stdout,
-/// until either side closes. Python because it is already in every sandbox
-/// that runs code, and the relay must run inside the sandbox.
-const RELAY: &str = r#"
-import os, socket, sys, threading
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-def upstream():
-    try:
-        while True:
-            d = os.read(0, 65536)
-            if not d:
-                break
-            s.sendall(d)
-    except OSError:
-        pass
-    try:
-        s.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-threading.Thread(target=upstream, daemon=True).start()
-try:
-    while True:
-        d = s.recv(65536)
-        if not d:
-            break
-        v = memoryview(d)
-        while v:
-            v = v[os.write(1, v):]
-except OSError:
-    pass
-"#;
-
 impl Sandbox {
     /// The virtual screen this sandbox was created with, if any.
     pub fn display(&self) -> Option<Display> {
@@ -187,8 +154,7 @@ done"#,
                 out.stderr_str().trim()
             )));
         }
-        let sock = format!("/tmp/.cordon-vnc/{mode}.sock");
-        self.exec_stream(ExecRequest::argv(["python3", "-c", RELAY, &sock]).stream_stdin())
+        self.connect_unix(&format!("/tmp/.cordon-vnc/{mode}.sock"))
             .await
             .map_err(|e| match e {
                 e if e.is_not_found() => {

@@ -38,6 +38,7 @@ mod backend;
 mod cache;
 pub mod cgroup;
 mod config;
+mod connect;
 mod create;
 mod disk;
 mod display;

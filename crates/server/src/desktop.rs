@@ -8,9 +8,6 @@
 //! for `?access=control`, and x11vnc itself drops a view-only viewer's
 //! input, so a page that ignores its own switch still cannot type.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 
 use axum::http::StatusCode;
@@ -20,53 +17,6 @@ use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
 
 use crate::http::ApiError;
-
-/// Sandboxes with a display that are live in this process, by owner
-/// (`job/<id>` or `session/<id>`).
-#[derive(Default)]
-pub struct Desktops {
-    live: Mutex<HashMap<String, Sandbox>>,
-}
-
-/// Keeps a desktop listed until dropped.
-pub struct Listed<'a> {
-    desktops: &'a Desktops,
-    key: String,
-}
-
-impl Drop for Listed<'_> {
-    fn drop(&mut self) {
-        self.desktops.lock().remove(&self.key);
-    }
-}
-
-impl Desktops {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Sandbox>> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Lists `sandbox` under `key` while the returned guard lives.
-    pub fn list(&self, key: String, sandbox: &Sandbox) -> Listed<'_> {
-        self.lock().insert(key.clone(), sandbox.clone());
-        Listed {
-            desktops: self,
-            key,
-        }
-    }
-
-    /// Lists `sandbox` under `key` until [`Desktops::unlist`].
-    pub fn insert(&self, key: String, sandbox: &Sandbox) {
-        self.lock().insert(key, sandbox.clone());
-    }
-
-    pub fn unlist(&self, key: &str) {
-        self.lock().remove(key);
-    }
-
-    pub fn get(&self, key: &str) -> Option<Sandbox> {
-        self.lock().get(key).cloned()
-    }
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -17,8 +17,10 @@
 //!   bodies, ids and times).
 //! - Shared parts, each with its own type: `caps` (live-session caps),
 //!   `files` (the files API over a workspace), `network` (ceilings and
-//!   live policies), `desktop` (live desktops and their bridge), `live`
-//!   (the sessions live in this process).
+//!   live policies), `sandboxes` (the live sandboxes by owner, and
+//!   their Labs), `desktop` (the live view's bridge), `lab` (the Lab's
+//!   opening and bearer route), `live` (the sessions live in this
+//!   process).
 //! - `config`: what the server is told, and the parts of it others take
 //!   alone (sandbox defaults, the jobs' directories).
 //! - `runner`: runs one claimed job, holding only what that takes (store,
@@ -40,12 +42,14 @@ pub mod http;
 mod hub;
 pub mod job;
 pub mod jobs;
+mod lab;
 mod live;
 mod mcp;
 pub mod network;
 pub mod openapi;
 mod routes;
 mod runner;
+mod sandboxes;
 mod server;
 pub mod sessions;
 pub mod state;
@@ -60,9 +64,30 @@ pub use store::Store;
 
 /// The crate's modules, lowest first: each may use only those before it.
 pub const LAYERS: &[&str] = &[
-    "job", "store", "hub", "http", "caps", "files", "network", "config", "desktop", "live",
-    "runner", "state", "health", "ui", "docs", "mcp", "jobs", "sessions", "tokens", "openapi",
-    "routes", "server",
+    "job",
+    "store",
+    "hub",
+    "http",
+    "caps",
+    "files",
+    "network",
+    "config",
+    "sandboxes",
+    "desktop",
+    "lab",
+    "live",
+    "runner",
+    "state",
+    "health",
+    "ui",
+    "docs",
+    "mcp",
+    "jobs",
+    "sessions",
+    "tokens",
+    "openapi",
+    "routes",
+    "server",
 ];
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ impl LiveSessions {
     }
 
     /// Closes the sandboxes of sessions idle longer than `idle`.
-    pub async fn reap(&self, idle: Duration, desktops: &crate::desktop::Desktops) {
+    pub async fn reap(&self, idle: Duration, sandboxes: &crate::sandboxes::Sandboxes) {
         let slots: Vec<(String, Slot)> = self
             .slots
             .lock()
@@ -64,18 +64,24 @@ impl LiveSessions {
             let Ok(mut guard) = slot.try_lock() else {
                 continue;
             };
-            if guard.as_ref().is_some_and(|l| l.last_used.elapsed() > idle)
+            // A Lab in use keeps its session's sandbox.
+            let lab_idle = sandboxes
+                .lab_idle(&sandbox_key(&id))
+                .unwrap_or(Duration::MAX);
+            if guard
+                .as_ref()
+                .is_some_and(|l| l.last_used.elapsed() > idle && lab_idle > idle)
                 && let Some(live) = guard.take()
             {
                 tracing::debug!("closing idle session {id}");
-                desktops.unlist(&desktop_key(&id));
+                sandboxes.unlist(&sandbox_key(&id));
                 live.close().await;
             }
         }
     }
 }
 
-/// Where a session's desktop is listed.
-pub(crate) fn desktop_key(id: &str) -> String {
+/// Where a session's sandbox is listed (for its live view and Lab).
+pub(crate) fn sandbox_key(id: &str) -> String {
     format!("session/{id}")
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 
 use crate::http::ApiError;
 use crate::jobs;
@@ -27,6 +27,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
             get(jobs::get_job_network).put(jobs::put_job_network),
         )
         .route("/v1/jobs/{id}/vnc", get(jobs::job_vnc))
+        .route("/v1/jobs/{id}/lab", post(jobs::open_job_lab))
+        .route("/v1/jobs/{id}/lab/", any(jobs::job_lab))
+        .route("/v1/jobs/{id}/lab/{*path}", any(jobs::job_lab))
         .route("/v1/jobs/{id}/files", get(jobs::list_root))
         .route(
             "/v1/jobs/{id}/files/{*path}",

@@ -102,7 +102,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
             };
             shared
                 .sessions
-                .reap(shared.config.session_idle, &shared.desktops)
+                .reap(shared.config.session_idle, &shared.sandboxes)
                 .await;
         }
     });

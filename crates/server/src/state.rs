@@ -1,5 +1,5 @@
 //! The state handlers and workers share. It holds each part by the type
-//! its own module defines (store, hub, caps, desktops, network ceilings
+//! its own module defines (store, hub, caps, sandboxes, network ceilings
 //! and policies, live sessions, the runner) and knows no handler.
 
 use std::collections::HashMap;
@@ -9,10 +9,10 @@ use cordon_agent::Cancel;
 use tokio::sync::Notify;
 
 use crate::config::ServerConfig;
-use crate::desktop::Desktops;
 use crate::hub::Hub;
 use crate::network::{Ceilings, LivePolicies};
 use crate::runner::{Runner, Shares};
+use crate::sandboxes::Sandboxes;
 use crate::store::Store;
 
 /// State shared by handlers and workers.
@@ -26,8 +26,8 @@ pub struct Shared {
     pub sessions: crate::live::LiveSessions,
     /// Live sessions' counts under their caps (API and MCP sessions).
     pub caps: Arc<crate::caps::SessionCaps>,
-    /// Desktops of the running jobs and live sessions that have a display.
-    pub desktops: Arc<Desktops>,
+    /// Sandboxes of the running jobs and live sessions that have a display.
+    pub sandboxes: Arc<Sandboxes>,
     /// Wakes idle workers when a job is queued.
     pub wake: Notify,
     /// The operator's network ceilings, expanded.
@@ -52,7 +52,7 @@ impl Shared {
         let hub = Arc::new(Hub::default());
         let ceilings = Arc::new(ceilings);
         let policies = LivePolicies::default();
-        let desktops = Arc::new(Desktops::default());
+        let sandboxes = Arc::new(Sandboxes::default());
         let runner = Runner::new(
             &config,
             Shares {
@@ -60,7 +60,7 @@ impl Shared {
                 hub: hub.clone(),
                 ceilings: ceilings.clone(),
                 policies: policies.clone(),
-                desktops: desktops.clone(),
+                sandboxes: sandboxes.clone(),
             },
         );
         Shared {
@@ -70,7 +70,7 @@ impl Shared {
             running: Mutex::new(HashMap::new()),
             sessions: Default::default(),
             caps,
-            desktops,
+            sandboxes,
             wake: Notify::new(),
             ceilings,
             policies,

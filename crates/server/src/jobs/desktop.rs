@@ -28,13 +28,16 @@ pub(crate) async fn job_vnc(
 ) -> Result<Response, ApiError> {
     let access = access_of(&params.map_err(bad_query)?.0)?;
     let job = super::find(&shared, &tenant, &id).await?;
-    let sandbox = shared.desktops.get(&format!("job/{id}")).ok_or_else(|| {
-        let why = match job.state {
-            JobState::Queued => "it has not started yet",
-            JobState::Running => "it runs without a display (kind `gui`, or set `display`)",
-            _ => "it has finished, and its desktop with it",
-        };
-        no_desktop(format!("job {id} has no live desktop: {why}"))
-    })?;
+    let sandbox = shared
+        .sandboxes
+        .desktop(&format!("job/{id}"))
+        .ok_or_else(|| {
+            let why = match job.state {
+                JobState::Queued => "it has not started yet",
+                JobState::Running => "it runs without a display (kind `gui`, or set `display`)",
+                _ => "it has finished, and its desktop with it",
+            };
+            no_desktop(format!("job {id} has no live desktop: {why}"))
+        })?;
     bridge(sandbox, access, upgrade).await
 }

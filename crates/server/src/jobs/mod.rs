@@ -5,6 +5,7 @@
 
 mod desktop;
 mod events;
+mod lab;
 mod network;
 mod view;
 
@@ -22,6 +23,7 @@ use serde::Deserialize;
 
 pub(crate) use desktop::{__path_job_vnc, job_vnc};
 pub(crate) use events::{__path_job_events, job_events};
+pub(crate) use lab::{__path_job_lab, __path_open_job_lab, job_lab, open_job_lab};
 pub(crate) use network::{
     __path_get_job_network, __path_put_job_network, get_job_network, put_job_network,
 };
@@ -35,7 +37,10 @@ use crate::store::{JobRow, ListQuery, NewEvent, Outcome, random_hex};
 
 /// A job as shown alone, with whether its desktop is live now.
 fn full_view(shared: &Shared, job: &JobRow) -> JobView {
-    let live = shared.desktops.get(&format!("job/{}", job.id)).is_some();
+    let live = shared
+        .sandboxes
+        .desktop(&format!("job/{}", job.id))
+        .is_some();
     JobView::of(job, live)
 }
 

@@ -6,7 +6,7 @@
 //! [`Runner`] holds what that takes and nothing else of the server: the
 //! store and the event hub, the jobs' directories, the limits and sandbox
 //! defaults, the model, and the registries a running job is listed in
-//! (network ceilings and policies, desktops).
+//! (network ceilings and policies, sandboxes).
 
 mod agent;
 mod exec;
@@ -22,10 +22,10 @@ use cordon_agent::Cancel;
 use cordon_sandbox::{ExecRequest, Sandbox, SandboxConfig};
 
 use crate::config::{AgentDefaults, JobDirs, SandboxDefaults, ServerConfig};
-use crate::desktop::Desktops;
 use crate::hub::Hub;
 use crate::job::{Bounds, Job, JobEvent, JobSpec, JobState, RunOptions};
 use crate::network::{Ceilings, LivePolicies};
+use crate::sandboxes::Sandboxes;
 use crate::store::{JobRow, NewEvent, Outcome, Store};
 use sink::Sink;
 
@@ -44,8 +44,8 @@ pub struct Runner {
     ceilings: Arc<Ceilings>,
     /// Where a running job's network policy is listed for the API.
     policies: LivePolicies,
-    /// Where a running job's desktop is listed for its live view.
-    desktops: Arc<Desktops>,
+    /// Where a running job's sandbox is listed for its live view and Lab.
+    live: Arc<Sandboxes>,
 }
 
 /// The live parts a [`Runner`] shares with the rest of the server.
@@ -54,7 +54,7 @@ pub struct Shares {
     pub hub: Arc<Hub>,
     pub ceilings: Arc<Ceilings>,
     pub policies: LivePolicies,
-    pub desktops: Arc<Desktops>,
+    pub sandboxes: Arc<Sandboxes>,
 }
 
 impl Runner {
@@ -71,7 +71,7 @@ impl Runner {
             mcp_servers: config.mcp_servers.clone(),
             ceilings: shares.ceilings,
             policies: shares.policies,
-            desktops: shares.desktops,
+            live: shares.sandboxes,
         }
     }
 
@@ -167,9 +167,7 @@ impl Runner {
                 .list(crate::network::job_key(id), net.policy.clone())
         });
         // Viewable live while the job runs; unlisted before the sandbox closes.
-        let listed = sandbox
-            .display()
-            .map(|_| self.desktops.list(format!("job/{id}"), &sandbox));
+        let listed = self.live.list(format!("job/{id}"), &sandbox);
         let deadline = Instant::now() + Duration::from_secs(req.options.timeout_secs);
         let outcome = match req.spec {
             JobSpec::Shell { command } => {

@@ -32,6 +32,7 @@ use crate::state::Shared;
 use crate::store::{SessionRow, random_hex};
 
 pub(crate) mod files;
+pub(crate) mod lab;
 pub(crate) mod network;
 mod view;
 
@@ -42,7 +43,7 @@ pub use view::{
 use files::{get_file, list_files, put_file};
 use network::{get_network, logged_network, put_network};
 
-use crate::live::{Live, desktop_key};
+use crate::live::{Live, sandbox_key};
 
 pub fn routes(file_limit: usize) -> Router<Arc<Shared>> {
     Router::new()
@@ -59,6 +60,12 @@ pub fn routes(file_limit: usize) -> Router<Arc<Shared>> {
         .route("/v1/sessions/{id}/cancel", post(cancel))
         .route("/v1/sessions/{id}/compact", post(compact))
         .route("/v1/sessions/{id}/vnc", get(vnc))
+        .route("/v1/sessions/{id}/lab", post(lab::open_lab))
+        .route("/v1/sessions/{id}/lab/", axum::routing::any(lab::lab))
+        .route(
+            "/v1/sessions/{id}/lab/{*path}",
+            axum::routing::any(lab::lab),
+        )
         .route(
             "/v1/sessions/{id}/network",
             get(get_network).put(put_network),
@@ -103,7 +110,7 @@ pub(crate) async fn vnc(
 ) -> Result<Response, ApiError> {
     let access = crate::desktop::access_of(&params.map_err(crate::desktop::bad_query)?.0)?;
     let row = find(&shared, &tenant, &id).await?;
-    let sandbox = match shared.desktops.get(&desktop_key(&id)) {
+    let sandbox = match shared.sandboxes.desktop(&sandbox_key(&id)) {
         Some(s) => s,
         None => {
             let d = dir(&shared, &id).join("session.jsonl");
@@ -256,7 +263,7 @@ pub(crate) async fn show(
         allow: policy
             .map(|p| p.rules().iter().map(ToString::to_string).collect())
             .unwrap_or_default(),
-        live_desktop: shared.desktops.get(&desktop_key(&id)).is_some(),
+        live_desktop: shared.sandboxes.desktop(&sandbox_key(&id)).is_some(),
     }))
 }
 
@@ -310,9 +317,7 @@ async fn wake(
             format!("cannot create the sandbox: {e}"),
         )
     })?;
-    if sandbox.display().is_some() {
-        shared.desktops.insert(desktop_key(&row.id), &sandbox);
-    }
+    shared.sandboxes.insert(sandbox_key(&row.id), &sandbox);
     // MCP servers that fail are logged: the session goes on without them.
     let id = row.id.clone();
     let mcp = cordon_mcp::McpClients::start(
@@ -339,7 +344,7 @@ async fn wake(
     let agent = match built {
         Ok(a) => a,
         Err(e) => {
-            shared.desktops.unlist(&desktop_key(&row.id));
+            shared.sandboxes.unlist(&sandbox_key(&row.id));
             mcp.shutdown().await;
             sandbox.close().await;
             return Err(ApiError::new(
@@ -474,7 +479,7 @@ pub(crate) async fn delete(
         )
     })?;
     if let Some(live) = guard.take() {
-        shared.desktops.unlist(&desktop_key(&id));
+        shared.sandboxes.unlist(&sandbox_key(&id));
         live.close().await;
     }
     if !shared.store.delete_session(&tenant, &id).await? {

@@ -1,0 +1,364 @@
+//! HTTP and WebSocket to the JupyterLab inside a sandbox.
+//!
+//! Each upstream connection is one relay exec (see
+//! [`cordon_sandbox::Sandbox::connect_unix`]) speaking HTTP/1.1 to
+//! Jupyter's socket; idle ones are kept for the next request, because a
+//! page load is dozens of requests and an exec costs a process start. A
+//! WebSocket (kernels, terminals) gets a connection of its own, upgraded
+//! on both sides, and bytes are copied until either end closes.
+//!
+//! What answers is the sandbox's to shape, so both directions are
+//! filtered: cordon's credentials (the `Authorization` header, a token
+//! offered as a WebSocket subprotocol, cordon's own cookies) never reach
+//! the sandbox, and the sandbox cannot set cordon's cookies.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use cordon_sandbox::{ExecEvent, Sandbox};
+
+use crate::jupyter::SOCKET;
+
+/// The prefix of every cookie cordon sets for a Lab; a request's cookies
+/// of this name are cordon's, and a response setting one is refused.
+pub const COOKIE_PREFIX: &str = "cordon_lab";
+
+/// The prefix of a bearer token offered as a WebSocket subprotocol.
+const BEARER_PROTOCOL: &str = "cordon.bearer.";
+
+/// Idle connections kept per Lab.
+const IDLE_MAX: usize = 8;
+
+/// Bytes buffered between hyper and a relay, each way.
+const PIPE: usize = 64 * 1024;
+
+/// Hop-by-hop headers (RFC 9110, 7.6.1): about one connection, never
+/// forwarded. `connection` and `upgrade` are put back for a WebSocket.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// A sandbox's JupyterLab, as the host reaches it.
+pub struct Upstream {
+    sandbox: Sandbox,
+    idle: Mutex<Vec<SendRequest<Body>>>,
+    /// When a request last came.
+    used: Mutex<Instant>,
+}
+
+impl Upstream {
+    pub fn new(sandbox: Sandbox) -> Upstream {
+        Upstream {
+            sandbox,
+            idle: Mutex::new(Vec::new()),
+            used: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// How long since a request last came.
+    pub fn idle(&self) -> Duration {
+        lock(&self.used).elapsed()
+    }
+
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    /// Forwards `req` (its path already checked to be the Lab's) and
+    /// returns Jupyter's answer, or a 502 that says what failed.
+    pub async fn forward(&self, mut req: Request<Body>) -> Response<Body> {
+        *lock(&self.used) = Instant::now();
+        let websocket = is_websocket(req.headers());
+        let downstream = websocket.then(|| hyper::upgrade::on(&mut req));
+        clean_request(req.headers_mut(), websocket);
+        let mut sender = match self.sender(websocket).await {
+            Ok(s) => s,
+            Err(e) => return bad_gateway(&e),
+        };
+        let mut resp = match sender.send_request(req).await {
+            Ok(r) => r,
+            Err(e) => return bad_gateway(&format!("the connection failed: {e}")),
+        };
+        if !websocket {
+            self.keep(sender);
+        }
+        let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+        let upstream = (websocket && switching).then(|| hyper::upgrade::on(&mut resp));
+        let (mut parts, body) = resp.into_parts();
+        clean_response(&mut parts.headers, websocket && switching);
+        if let (Some(up), Some(down)) = (upstream, downstream) {
+            tokio::spawn(async move {
+                let (Ok(up), Ok(down)) = tokio::join!(up, down) else {
+                    return;
+                };
+                let mut up = TokioIo::new(up);
+                let mut down = TokioIo::new(down);
+                let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+            });
+        }
+        Response::from_parts(parts, Body::new(body))
+    }
+
+    /// An idle connection ready for a request, else a new one. A WebSocket
+    /// always gets a new one: it is never given back.
+    async fn sender(&self, websocket: bool) -> Result<SendRequest<Body>, String> {
+        if !websocket {
+            let mut idle = lock(&self.idle);
+            idle.retain(|s| !s.is_closed());
+            if let Some(i) = idle.iter().position(SendRequest::is_ready) {
+                return Ok(idle.swap_remove(i));
+            }
+        }
+        self.open().await
+    }
+
+    fn keep(&self, sender: SendRequest<Body>) {
+        let mut idle = lock(&self.idle);
+        if idle.len() < IDLE_MAX {
+            idle.push(sender);
+        }
+    }
+
+    /// A new HTTP/1.1 connection through a relay exec.
+    async fn open(&self) -> Result<SendRequest<Body>, String> {
+        let mut exec = self
+            .sandbox
+            .connect_unix(SOCKET)
+            .await
+            .map_err(|e| format!("cannot reach the sandbox: {e}"))?;
+        let (ours, theirs) = tokio::io::duplex(PIPE);
+        let (mut from_hyper, mut to_hyper) = tokio::io::split(theirs);
+        let stdin = exec.stdin();
+        tokio::spawn(async move {
+            let mut buf = vec![0; PIPE];
+            while let Ok(n) = from_hyper.read(&mut buf).await {
+                if n == 0 || stdin.write(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            let _ = stdin.close();
+        });
+        tokio::spawn(async move {
+            while let Some(Ok(event)) = exec.next().await {
+                match event {
+                    ExecEvent::Stdout(d) => {
+                        if to_hyper.write_all(&d).await.is_err() {
+                            break;
+                        }
+                    }
+                    // The relay's own complaint (nothing listens): the
+                    // sandbox's bytes, logged escaped.
+                    ExecEvent::Stderr(d) => {
+                        tracing::debug!("lab relay: {:?}", String::from_utf8_lossy(&d));
+                    }
+                    ExecEvent::Exit(_) => break,
+                }
+            }
+            let _ = to_hyper.shutdown().await;
+        });
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(ours))
+            .await
+            .map_err(|e| format!("cannot speak HTTP to JupyterLab: {e}"))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!("lab connection: {e}");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn is_websocket(headers: &HeaderMap) -> bool {
+    let has = |name, token: &str| {
+        headers.get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    has(header::CONNECTION, "upgrade") && has(header::UPGRADE, "websocket")
+}
+
+/// Drops what concerns only the hop to cordon, and cordon's credentials.
+fn clean_request(headers: &mut HeaderMap, websocket: bool) {
+    drop_hop_by_hop(headers);
+    headers.remove(header::AUTHORIZATION);
+    let cookies: Vec<String> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && !cookie_name(c).starts_with(COOKIE_PREFIX))
+        .map(str::to_string)
+        .collect();
+    headers.remove(header::COOKIE);
+    if !cookies.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&cookies.join("; "))
+    {
+        headers.insert(header::COOKIE, v);
+    }
+    let protocols: Vec<String> = headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && !p.starts_with(BEARER_PROTOCOL))
+        .map(str::to_string)
+        .collect();
+    headers.remove(header::SEC_WEBSOCKET_PROTOCOL);
+    if !protocols.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&protocols.join(", "))
+    {
+        headers.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
+    }
+    if websocket {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    }
+}
+
+/// Drops the hop's headers and any cookie of cordon's the sandbox sets.
+fn clean_response(headers: &mut HeaderMap, switching: bool) {
+    drop_hop_by_hop(headers);
+    let kept: Vec<HeaderValue> = headers
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .filter(|v| {
+            v.to_str().is_ok_and(|v| {
+                !cookie_name(v)
+                    .to_ascii_lowercase()
+                    .starts_with(COOKIE_PREFIX)
+            })
+        })
+        .cloned()
+        .collect();
+    headers.remove(header::SET_COOKIE);
+    for v in kept {
+        headers.append(header::SET_COOKIE, v);
+    }
+    if switching {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    }
+}
+
+fn drop_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers the Connection header names are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// A cookie's name, from `name=value` or a `Set-Cookie` line; browsers
+/// trim the whitespace around it.
+fn cookie_name(cookie: &str) -> &str {
+    cookie.split('=').next().unwrap_or("").trim()
+}
+
+fn bad_gateway(why: &str) -> Response<Body> {
+    let mut resp = Response::new(Body::from(format!(
+        "JupyterLab in the sandbox did not answer: {why}\n"
+    )));
+    *resp.status_mut() = StatusCode::BAD_GATEWAY;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn cordons_credentials_never_go_upstream() {
+        let mut h = headers(&[
+            ("authorization", "Bearer secret"),
+            ("cookie", "_xsrf=abc; cordon_lab_4242=secret"),
+            ("cookie", " cordon_lab=x;username-1=u"),
+            (
+                "sec-websocket-protocol",
+                "cordon.bearer.secret, v1.kernel.websocket.jupyter.org",
+            ),
+            ("connection", "keep-alive, x-private"),
+            ("x-private", "hop"),
+            ("host", "127.0.0.1:9000"),
+        ]);
+        clean_request(&mut h, false);
+        let all = format!("{h:?}");
+        assert!(!all.contains("secret"), "{all}");
+        assert_eq!(h["cookie"], "_xsrf=abc; username-1=u");
+        assert_eq!(
+            h["sec-websocket-protocol"],
+            "v1.kernel.websocket.jupyter.org"
+        );
+        assert!(h.get("x-private").is_none() && h.get("connection").is_none());
+        assert_eq!(h["host"], "127.0.0.1:9000");
+    }
+
+    #[test]
+    fn the_sandbox_cannot_set_cordons_cookies() {
+        let mut h = headers(&[
+            ("set-cookie", "_xsrf=1; Path=/"),
+            ("set-cookie", " Cordon_Lab_9=stolen; Path=/"),
+            ("set-cookie", "cordon_lab=x"),
+            ("transfer-encoding", "chunked"),
+        ]);
+        clean_response(&mut h, false);
+        let kept: Vec<_> = h.get_all("set-cookie").iter().collect();
+        assert_eq!(kept, ["_xsrf=1; Path=/"]);
+        assert!(h.get("transfer-encoding").is_none());
+    }
+
+    #[test]
+    fn only_a_websocket_upgrade_is_one() {
+        assert!(is_websocket(&headers(&[
+            ("connection", "keep-alive, Upgrade"),
+            ("upgrade", "websocket")
+        ])));
+        assert!(!is_websocket(&headers(&[("upgrade", "websocket")])));
+        assert!(!is_websocket(&headers(&[
+            ("connection", "upgrade"),
+            ("upgrade", "h2c")
+        ])));
+    }
+}

@@ -1,0 +1,261 @@
+//! A Lab's own origin: one listener per Lab, for browsers.
+//!
+//! JupyterLab's pages are the sandbox's to shape (it can replace the
+//! server, or a notebook can carry script), so they must never run in
+//! cordon's own origin, where the web UI keeps its token, nor in another
+//! Lab's. Each Lab is served from a port of its own, which browsers treat
+//! as a separate origin. A browser gets in with a one-time ticket in the
+//! URL (`?cordon_ticket=`), which is exchanged at once for an `HttpOnly`,
+//! `SameSite=Strict` cookie scoped to the Lab's path, and the browser is
+//! sent on to the same URL without it: the ticket is spent before anything
+//! could log or leak it, and no bearer token is ever in a URL.
+//!
+//! Cookies do not tell ports apart, and other ports of the same host are
+//! the same site, so a hostile Lab's page could send requests to another
+//! Lab's port with that Lab's cookie. The listener refuses them: a browser
+//! request from another origin (`Sec-Fetch-Site`, `Origin`) is answered
+//! 403, except a top-level GET navigation, which cannot read the answer.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::response::IntoResponse;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+
+use crate::proxy::{COOKIE_PREFIX, Upstream};
+
+/// The query parameter that carries a ticket.
+pub const TICKET_PARAM: &str = "cordon_ticket";
+
+/// How long a ticket may wait to be used.
+pub const TICKET_TTL: Duration = Duration::from_secs(60);
+
+/// A Lab served on its own port. Dropping it stops the listener.
+pub struct Site {
+    addr: SocketAddr,
+    state: Arc<State>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct State {
+    upstream: Arc<Upstream>,
+    /// Where the Lab is served: starts and ends with `/`.
+    base: String,
+    /// `cordon_lab_<port>`: a name per Lab, as cookies are shared between
+    /// the ports of a host.
+    cookie: String,
+    /// Unspent tickets and when each expires.
+    tickets: Mutex<HashMap<String, Instant>>,
+    /// The cookie values handed out.
+    sessions: Mutex<HashSet<String>>,
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Site {
+    /// Serves `upstream`'s Lab, mounted at `base`, on `listener`.
+    pub fn serve(
+        listener: tokio::net::TcpListener,
+        upstream: Arc<Upstream>,
+        base: String,
+    ) -> std::io::Result<Site> {
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            upstream,
+            base,
+            cookie: format!("{COOKIE_PREFIX}_{}", addr.port()),
+            tickets: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashSet::new()),
+        });
+        let handler = state.clone();
+        let app = axum::Router::new().fallback(move |req: Request<Body>| {
+            let state = handler.clone();
+            async move { state.handle(req).await }
+        });
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::warn!("lab listener: {e}");
+            }
+        });
+        Ok(Site { addr, state, task })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn upstream(&self) -> &Arc<Upstream> {
+        &self.state.upstream
+    }
+
+    /// A new one-time ticket, good for [`TICKET_TTL`].
+    pub fn ticket(&self) -> String {
+        let ticket = random_hex();
+        let mut tickets = lock(&self.state.tickets);
+        let now = Instant::now();
+        tickets.retain(|_, expires| *expires > now);
+        tickets.insert(ticket.clone(), now + TICKET_TTL);
+        ticket
+    }
+
+    /// The URL that lets a browser in once: `http://HOST:PORT/BASE?cordon_ticket=…`,
+    /// `host` as the browser names this machine.
+    pub fn url(&self, host: &str) -> String {
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host.to_string()
+        };
+        format!(
+            "http://{host}:{}{}?{TICKET_PARAM}={}",
+            self.addr.port(),
+            self.state.base,
+            self.ticket()
+        )
+    }
+}
+
+impl State {
+    async fn handle(&self, req: Request<Body>) -> Response<Body> {
+        let path = req.uri().path();
+        if !path.starts_with(&self.base) {
+            if format!("{path}/") == self.base {
+                return redirect(&self.base, None);
+            }
+            return text(StatusCode::NOT_FOUND, "not found: this port serves one Lab");
+        }
+        if let Err(why) = same_origin(&req) {
+            return text(StatusCode::FORBIDDEN, why);
+        }
+        let query = req.uri().query().unwrap_or("");
+        let ticket = form_urlencoded::parse(query.as_bytes())
+            .find(|(k, _)| k == TICKET_PARAM)
+            .map(|(_, v)| v.into_owned());
+        if let Some(ticket) = ticket {
+            return self.exchange(&ticket, path, query);
+        }
+        if !self.signed_in(&req) {
+            return text(
+                StatusCode::UNAUTHORIZED,
+                "open this Lab from cordon: the Lab link of the web UI, or `cordon lab`",
+            );
+        }
+        self.upstream.forward(req).await
+    }
+
+    /// Spends `ticket` for a cookie and sends the browser on without it.
+    fn exchange(&self, ticket: &str, path: &str, query: &str) -> Response<Body> {
+        let valid = lock(&self.tickets)
+            .remove(ticket)
+            .is_some_and(|expires| expires > Instant::now());
+        if !valid {
+            return text(
+                StatusCode::UNAUTHORIZED,
+                "this Lab link was used already or has expired: open the Lab again from cordon",
+            );
+        }
+        let session = random_hex();
+        lock(&self.sessions).insert(session.clone());
+        let rest: String = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(
+                form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k != TICKET_PARAM),
+            )
+            .finish();
+        // `//host` would be another site's address: go to the Lab's root.
+        let path = if path.starts_with("//") {
+            &self.base
+        } else {
+            path
+        };
+        let to = if rest.is_empty() {
+            path.to_string()
+        } else {
+            format!("{path}?{rest}")
+        };
+        let cookie = format!(
+            "{}={session}; Path={}; HttpOnly; SameSite=Strict",
+            self.cookie, self.base
+        );
+        redirect(&to, Some(cookie))
+    }
+
+    fn signed_in(&self, req: &Request<Body>) -> bool {
+        let sessions = lock(&self.sessions);
+        req.headers()
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|c| c.trim().split_once('='))
+            .any(|(name, value)| name == self.cookie && sessions.contains(value))
+    }
+}
+
+/// Refuses a browser's request from another origin, but for a top-level
+/// navigation by GET (a link from cordon's web UI is one).
+fn same_origin(req: &Request<Body>) -> Result<(), &'static str> {
+    let h = req.headers();
+    let get = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+    let navigation = req.method() == Method::GET && get("sec-fetch-mode") == Some("navigate");
+    if let Some(site) = get("sec-fetch-site")
+        && !matches!(site, "same-origin" | "none")
+        && !navigation
+    {
+        return Err("a request from another site or origin may not use this Lab");
+    }
+    if let Some(origin) = get("origin") {
+        let host = get("host").unwrap_or("");
+        let own = ["http://", "https://"]
+            .iter()
+            .any(|s| origin.strip_prefix(s) == Some(host));
+        if !own && !navigation {
+            return Err("a request from another origin may not use this Lab");
+        }
+    }
+    Ok(())
+}
+
+fn redirect(to: &str, cookie: Option<String>) -> Response<Body> {
+    let mut resp = StatusCode::SEE_OTHER.into_response();
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(to) {
+        h.insert(header::LOCATION, v);
+    }
+    if let Some(c) = cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
+        h.insert(header::SET_COOKIE, c);
+    }
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    resp
+}
+
+fn text(status: StatusCode, message: &'static str) -> Response<Body> {
+    let mut resp = (status, format!("{message}\n")).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// 128 bits from the system's generator, as hex.
+fn random_hex() -> String {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("the system's random source");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

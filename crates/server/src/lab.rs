@@ -1,0 +1,100 @@
+//! JupyterLab in a job's or session's sandbox, reached through the server.
+//!
+//! A Lab starts inside the sandbox on first use and ends with it (see
+//! [`cordon_lab::jupyter`]). Two ways lead in, both behind the tenant's
+//! token:
+//!
+//! - `POST …/lab` answers a URL on the Lab's own origin (a port of its own,
+//!   see [`cordon_lab::site`]) with a one-time ticket: what a browser opens.
+//!   The Lab's pages are the sandbox's to shape and must never run in this
+//!   server's origin, where the web UI keeps its token.
+//! - `…/lab/{path}`, any method and WebSockets, with the bearer token (a
+//!   header, or a WebSocket subprotocol): for programs. Its answers carry
+//!   `Content-Security-Policy: sandbox`, so that a browser made to render
+//!   one runs it in no origin at all.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
+use axum::response::Response;
+use cordon_lab::{Site, Upstream};
+use serde::Serialize;
+
+use crate::http::ApiError;
+use crate::sandboxes::Sandboxes;
+
+/// The answer to `POST …/lab`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct LabOpened {
+    /// Open this in a browser: the Lab's own origin and a ticket that lets
+    /// one browser in, once.
+    pub url: String,
+    /// Seconds the ticket may wait to be used.
+    pub expires_in: u64,
+}
+
+/// Where `owner`'s Lab is served, on either origin: `/v1/jobs/ID/lab/`.
+pub(crate) fn base(owner: &str) -> String {
+    format!("/v1/{owner}/lab/")
+}
+
+/// The Lab of the sandbox listed under `key` (`jobs/ID` → `job/ID`), started
+/// now if it is not yet; its listener binds `ip`.
+pub(crate) async fn open(
+    sandboxes: &Sandboxes,
+    key: &str,
+    base: &str,
+    ip: IpAddr,
+    gone: impl FnOnce() -> ApiError,
+) -> Result<Arc<Site>, ApiError> {
+    let (sandbox, slot) = sandboxes.lab(key).ok_or_else(gone)?;
+    let site = slot
+        .get_or_try_init(|| async {
+            cordon_lab::start(&sandbox, base)
+                .await
+                .map_err(unavailable)?;
+            let listener = tokio::net::TcpListener::bind((ip, 0))
+                .await
+                .map_err(|e| unavailable(format!("cannot listen for the Lab on {ip}: {e}")))?;
+            let site = Site::serve(listener, Arc::new(Upstream::new(sandbox)), base.to_string())
+                .map_err(|e| unavailable(format!("the Lab's listener: {e}")))?;
+            tracing::info!("{key}: JupyterLab at {}", site.addr());
+            Ok::<_, ApiError>(Arc::new(site))
+        })
+        .await?;
+    Ok(site.clone())
+}
+
+fn unavailable(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "lab_unavailable",
+        e.to_string(),
+    )
+}
+
+/// The answer to `POST …/lab`: a URL for the host name the client used.
+pub(crate) fn opened(site: &Site, headers: &HeaderMap) -> LabOpened {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
+        .map(|a| a.host().trim_matches(['[', ']']).to_string())
+        .unwrap_or_else(|| site.addr().ip().to_string());
+    LabOpened {
+        url: site.url(&host),
+        expires_in: cordon_lab::site::TICKET_TTL.as_secs(),
+    }
+}
+
+/// Forwards a bearer-authenticated request on the server's own origin.
+pub(crate) async fn forward(site: &Site, req: Request<Body>) -> Response {
+    let mut resp = site.upstream().forward(req).await;
+    resp.headers_mut().insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox"),
+    );
+    resp
+}
