@@ -85,7 +85,8 @@ enum Command {
     Token(serve_cmd::TokenArgs),
     /// Prepare the microvm backend: `cordon vm setup` fetches the guest kernel.
     Vm(vm_cmd::VmArgs),
-    /// JupyterLab and the Python kernel: `cordon lab setup` installs them
+    /// JupyterLab in a sandbox over the workspace, on a loopback URL;
+    /// `cordon lab setup` installs it (and the Python kernel of `run_code`)
     /// into cordon's cache.
     Lab(lab_cmd::LabArgs),
 }
@@ -143,7 +144,7 @@ fn main() {
             Command::Serve(args) => serve_cmd::serve(args).await,
             Command::Token(args) => serve_cmd::token(args).await,
             Command::Vm(args) => vm_cmd::vm(args),
-            Command::Lab(args) => lab_cmd::lab(args),
+            Command::Lab(args) => lab_cmd::lab(args).await,
         }
     });
     // Exit at once: a blocking read of our stdin may still be pending.

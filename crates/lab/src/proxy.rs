@@ -58,6 +58,8 @@ pub struct Upstream {
     idle: Mutex<Vec<SendRequest<Body>>>,
     /// When a request last came.
     used: Mutex<Instant>,
+    /// The WebSockets' copies, stopped when this is dropped.
+    sockets: Mutex<tokio::task::JoinSet<()>>,
 }
 
 impl Upstream {
@@ -66,6 +68,7 @@ impl Upstream {
             sandbox,
             idle: Mutex::new(Vec::new()),
             used: Mutex::new(Instant::now()),
+            sockets: Mutex::new(tokio::task::JoinSet::new()),
         }
     }
 
@@ -101,7 +104,10 @@ impl Upstream {
         let (mut parts, body) = resp.into_parts();
         clean_response(&mut parts.headers, websocket && switching);
         if let (Some(up), Some(down)) = (upstream, downstream) {
-            tokio::spawn(async move {
+            let mut sockets = lock(&self.sockets);
+            // Reap the finished ones as new ones come.
+            while sockets.try_join_next().is_some() {}
+            sockets.spawn(async move {
                 let (Ok(up), Ok(down)) = tokio::join!(up, down) else {
                     return;
                 };

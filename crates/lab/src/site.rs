@@ -80,11 +80,7 @@ impl Site {
             let state = handler.clone();
             async move { state.handle(req).await }
         });
-        let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::warn!("lab listener: {e}");
-            }
-        });
+        let task = tokio::spawn(accept(listener, app));
         Ok(Site { addr, state, task })
     }
 
@@ -120,6 +116,37 @@ impl Site {
             self.state.base,
             self.ticket()
         )
+    }
+}
+
+/// Serves each connection in a task of this one's, so that stopping it
+/// (dropping the [`Site`]) closes every open connection too, not only the
+/// listener: nothing is left that reaches the closed sandbox.
+async fn accept(listener: tokio::net::TcpListener, app: axum::Router) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of descriptors, say: wait rather than spin.
+                        tracing::warn!("lab listener: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                connections.spawn(async move {
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+            Some(_) = connections.join_next() => {}
+        }
     }
 }
 

@@ -49,8 +49,10 @@ pub(crate) async fn open(
     ip: IpAddr,
     gone: impl FnOnce() -> ApiError,
 ) -> Result<Arc<Site>, ApiError> {
-    let (sandbox, slot) = sandboxes.lab(key).ok_or_else(gone)?;
-    let site = slot
+    let opening = sandboxes.lab(key).ok_or_else(gone)?;
+    let sandbox = opening.sandbox.clone();
+    let site = opening
+        .lab
         .get_or_try_init(|| async {
             cordon_lab::start(&sandbox, base)
                 .await

@@ -4,8 +4,9 @@
 //! and ends with it: unlisting a sandbox closes its Lab's listener.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cordon_sandbox::Sandbox;
 
@@ -16,6 +17,26 @@ pub type LabSlot = Arc<tokio::sync::OnceCell<Arc<cordon_lab::Site>>>;
 struct Entry {
     sandbox: Sandbox,
     lab: LabSlot,
+    /// When its Lab was last opened (or the entry made).
+    opened: Arc<Mutex<Instant>>,
+    /// Requests opening its Lab now: starting Jupyter may take longer than
+    /// a session's idle time.
+    opening: Arc<AtomicUsize>,
+}
+
+/// A Lab being opened, which keeps its sandbox from counting as idle.
+pub struct Opening {
+    pub sandbox: Sandbox,
+    pub lab: LabSlot,
+    opened: Arc<Mutex<Instant>>,
+    opening: Arc<AtomicUsize>,
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        *self.opened.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        self.opening.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 #[derive(Default)]
@@ -54,6 +75,8 @@ impl Sandboxes {
         let entry = Entry {
             sandbox: sandbox.clone(),
             lab: LabSlot::default(),
+            opened: Arc::new(Mutex::new(Instant::now())),
+            opening: Arc::default(),
         };
         self.lock().insert(key, entry);
     }
@@ -73,18 +96,30 @@ impl Sandboxes {
         self.get(key).filter(|s| s.display().is_some())
     }
 
-    /// `key`'s sandbox and the place of its Lab.
-    pub fn lab(&self, key: &str) -> Option<(Sandbox, LabSlot)> {
-        self.lock()
-            .get(key)
-            .map(|e| (e.sandbox.clone(), e.lab.clone()))
+    /// `key`'s sandbox and the place of its Lab, in use until dropped.
+    pub fn lab(&self, key: &str) -> Option<Opening> {
+        self.lock().get(key).map(|e| {
+            e.opening.fetch_add(1, Ordering::SeqCst);
+            Opening {
+                sandbox: e.sandbox.clone(),
+                lab: e.lab.clone(),
+                opened: e.opened.clone(),
+                opening: e.opening.clone(),
+            }
+        })
     }
 
-    /// How long since `key`'s Lab was last asked anything; `None` when it
-    /// has none. An open Lab page polls, so a session in use by its Lab
-    /// alone is not idle.
+    /// How long since `key`'s Lab was last opened or asked anything. An
+    /// open Lab page polls, so a session in use by its Lab alone is not
+    /// idle.
     pub fn lab_idle(&self, key: &str) -> Option<Duration> {
-        let lab = self.lock().get(key)?.lab.get()?.clone();
-        Some(lab.upstream().idle())
+        let live = self.lock();
+        let e = live.get(key)?;
+        if e.opening.load(Ordering::SeqCst) > 0 {
+            return Some(Duration::ZERO);
+        }
+        let opened = e.opened.lock().unwrap_or_else(|p| p.into_inner()).elapsed();
+        let asked = e.lab.get().map_or(Duration::MAX, |l| l.upstream().idle());
+        Some(opened.min(asked))
     }
 }

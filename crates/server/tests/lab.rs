@@ -114,7 +114,8 @@ async fn ws(url: &str, headers: &[(&'static str, String)]) -> Result<Ws, u16> {
 }
 
 /// Runs `code` in the kernel behind `ws` (Jupyter's JSON protocol) and
-/// returns its stdout.
+/// returns its stdout: complete once the reply (shell) and the kernel's
+/// return to idle (iopub) have both come, as the channels are not ordered.
 async fn execute(ws: &mut Ws, code: &str) -> String {
     let msg = json!({
         "header": {"msg_id": "m1", "username": "test", "session": "s1",
@@ -127,8 +128,9 @@ async fn execute(ws: &mut Ws, code: &str) -> String {
         .await
         .unwrap();
     let mut out = String::new();
+    let (mut replied, mut idle) = (false, false);
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    while !(replied && idle) {
         let m = tokio::time::timeout_at(deadline.into(), ws.next())
             .await
             .expect("the kernel answers within 60 s")
@@ -142,10 +144,12 @@ async fn execute(ws: &mut Ws, code: &str) -> String {
         match v["msg_type"].as_str() {
             Some("stream") => out.push_str(v["content"]["text"].as_str().unwrap()),
             Some("error") => panic!("{code}: {}", v["content"]),
-            Some("execute_reply") => return out,
+            Some("execute_reply") => replied = true,
+            Some("status") => idle |= v["content"]["execution_state"] == "idle",
             _ => {}
         }
     }
+    out
 }
 
 /// Types `line` into the terminal behind `ws` and returns its output up to
@@ -577,5 +581,86 @@ while True:
         "Jupyter's own cookie passes: {seen}"
     );
     release(&s, &t, &id).await;
+    s.stop().await;
+}
+
+/// A session's Lab wakes its sandbox, is its tenant's alone, keeps the
+/// session from idling out while it is used, and closes with it after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_lab_wakes_it_and_keeps_it_while_used() {
+    if !lab_installed() {
+        return;
+    }
+    let model = cordon_testkit::ScriptedServer::start(cordon_testkit::Scenario::new());
+    let idle = Duration::from_secs(2);
+    let s = TestServer::start_with(Db::Sqlite, |c| {
+        with_model(model.url())(c);
+        c.session_idle = idle;
+    })
+    .await
+    .unwrap();
+    let t = s.token("acme").await;
+    let other = s.token("globex").await;
+    let (status, created) = s.post(&t, "/v1/sessions", json!({})).await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap();
+    let lab = format!("/v1/sessions/{id}/lab");
+    assert_eq!(s.post(&other, &lab, json!({})).await.0, 404);
+    assert_eq!(s.get(&other, &format!("{lab}/api/contents")).await.0, 404);
+
+    let (status, body) = s.post(&t, &lab, json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let url = body["url"].as_str().unwrap();
+    assert!(
+        url.contains(&format!("/v1/sessions/{id}/lab/?cordon_ticket=")),
+        "{url}"
+    );
+    let r = client().get(url).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let cookie = r.headers()[SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let home = format!(
+        "{}{}",
+        url.split("/v1/").next().unwrap(),
+        r.headers()[LOCATION].to_str().unwrap()
+    );
+    let (status, listing) = s.get(&t, &format!("{lab}/api/contents")).await;
+    assert_eq!(status, 200, "{listing}");
+
+    // Used for three idle periods: still there.
+    let until = Instant::now() + idle * 3;
+    while Instant::now() < until {
+        let r = client()
+            .get(format!("{home}api/status"))
+            .header(COOKIE, &cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "the Lab closed while in use");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Left alone: the session idles out, and its Lab with it (watched
+    // without the cookie, which the Lab answers without asking Jupyter).
+    let deadline = Instant::now() + idle * 5;
+    while client()
+        .get(format!("{home}api/status"))
+        .send()
+        .await
+        .is_ok()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the Lab outlived its idle session"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Opening it again wakes the session again.
+    let (status, body) = s.post(&t, &lab, json!({})).await;
+    assert_eq!(status, 200, "{body}");
     s.stop().await;
 }

@@ -2,6 +2,7 @@
 //! closed while idle is woken, as for a message.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
@@ -25,9 +26,10 @@ async fn site(shared: &Shared, tenant: &str, id: &str) -> Result<Arc<cordon_lab:
     let row = super::find(shared, tenant, id).await?;
     let key = sandbox_key(id);
     if shared.sandboxes.get(&key).is_none() {
-        // Woken, listed, and given back at once: the Lab keeps it from
-        // idling while it is used.
-        drop(super::take(shared, &row).await?);
+        // Not listed, so no turn runs in it, but it may be closing after
+        // idling out: waited for, woken, listed, and given back at once
+        // (the Lab keeps it from idling while it is used).
+        drop(super::take_waiting(shared, &row, Duration::from_secs(30)).await?);
     }
     let gone = || {
         ApiError::new(

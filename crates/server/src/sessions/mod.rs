@@ -390,13 +390,42 @@ async fn take(
     row: &SessionRow,
 ) -> Result<OwnedMutexGuard<Option<Live>>, ApiError> {
     let slot = shared.sessions.slot(&row.id);
-    let mut guard = slot.try_lock_owned().map_err(|_| {
+    let guard = slot.try_lock_owned().map_err(|_| {
         ApiError::new(
             StatusCode::CONFLICT,
             "busy",
             "a turn is already running in this session; wait for it or cancel it",
         )
     })?;
+    woken(shared, row, guard).await
+}
+
+/// Takes a session whose slot may be held a moment (being woken, or
+/// closed after idling): waits for it up to `wait`.
+async fn take_waiting(
+    shared: &Shared,
+    row: &SessionRow,
+    wait: std::time::Duration,
+) -> Result<OwnedMutexGuard<Option<Live>>, ApiError> {
+    let slot = shared.sessions.slot(&row.id);
+    let guard = tokio::time::timeout(wait, slot.lock_owned())
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "busy",
+                "the session is busy; try again",
+            )
+        })?;
+    woken(shared, row, guard).await
+}
+
+/// `guard`'s session, woken if it was not live.
+async fn woken(
+    shared: &Shared,
+    row: &SessionRow,
+    mut guard: OwnedMutexGuard<Option<Live>>,
+) -> Result<OwnedMutexGuard<Option<Live>>, ApiError> {
     if guard.is_none() {
         // Waking makes it live: a slot first, or 429.
         let slot = shared.caps.acquire(&row.tenant)?;
