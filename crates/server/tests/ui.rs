@@ -152,6 +152,11 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
 /// Runs the Playwright script `tests/ui/NAME` against the server at
 /// `base`, failing the test with its output if it fails.
 async fn drive(b: &Browser, name: &str, base: &str, token: &str) {
+    drive_with(b, name, base, token, &[]).await
+}
+
+/// As [`drive`], with more of the script's environment (`env`).
+async fn drive_with(b: &Browser, name: &str, base: &str, token: &str, env: &[(&str, &str)]) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/ui")
         .join(name);
@@ -161,11 +166,14 @@ async fn drive(b: &Browser, name: &str, base: &str, token: &str) {
         .env("TOKEN", token)
         .env("CHROMIUM", &b.chromium)
         .env("PLAYWRIGHT_CORE", &b.playwright)
+        .envs(env.iter().copied())
         .kill_on_drop(true)
         .output();
-    let out = tokio::time::timeout(Duration::from_secs(180), run)
+    // A guard against a hang: JupyterLab's first load on a slow machine
+    // takes minutes.
+    let out = tokio::time::timeout(Duration::from_secs(600), run)
         .await
-        .unwrap_or_else(|_| panic!("{name} ran past 3 minutes"))
+        .unwrap_or_else(|_| panic!("{name} ran past 10 minutes"))
         .unwrap();
     let log = format!(
         "{}{}",
@@ -364,5 +372,43 @@ async fn in_chromium_a_job_is_submitted_from_docs() {
     let s = sqlite_server().await;
     let token = s.token("docs").await;
     drive(&b, "docs.mjs", &s.base, &token).await;
+    s.stop().await;
+}
+
+/// A running job's and a session's JupyterLab, opened from the UI's "Open
+/// Lab": a notebook cell writes a file the files API then finds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_a_job_s_lab_runs_a_cell_that_writes_the_workspace() {
+    let installed = cordon_lab::installed(&cordon_lab::cache_dir()).is_some();
+    let missing =
+        (!installed).then_some("no lab environment (cordon lab setup; scripts/test runs it)");
+    let Some(b) = ready(missing) else { return };
+    // A session needs a model to be made; the page sends it no message.
+    let model = ScriptedServer::start(Scenario::new());
+    let s = TestServer::start_with(Db::Sqlite, with_model(model.url()))
+        .await
+        .expect("SQLite needs nothing installed");
+    let token = s.token("lab").await;
+    // Held open until the page is done with it.
+    let id = s
+        .submit(
+            &token,
+            json!({"kind": "shell", "timeout_secs": 900,
+                "command": "while [ ! -f /workspace/release ]; do sleep 0.1; done"}),
+        )
+        .await;
+    s.wait_running(&token, &id).await;
+    drive_with(&b, "lab.mjs", &s.base, &token, &[("JOB_ID", &id)]).await;
+    let r = s
+        .client
+        .put(s.url(&format!("/v1/jobs/{id}/files/release")))
+        .bearer_auth(&token)
+        .body("")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let job = s.wait(&token, &id).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
     s.stop().await;
 }

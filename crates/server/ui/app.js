@@ -796,10 +796,80 @@ function desktopPanel(id, signal) {
   };
 }
 
+// "Open Lab": JupyterLab in a job's or session's sandbox (`path`, e.g.
+// v1/jobs/ID/lab). POST …/lab answers a URL on the Lab's own origin with a
+// one-time ticket; the bearer token never leaves this page. Starting
+// Jupyter takes seconds (minutes on a slow machine), far longer than a
+// browser lets a page open a window after a click, so the window is opened
+// at once, blank, and sent to the URL when it comes. Before it goes there
+// it is cut from this page (`opener = null`), as `noopener` would have
+// done, and this page's Cross-Origin-Opener-Policy puts the Lab in a
+// browsing context group of its own: the Lab's pages, which the sandbox
+// shapes, get no handle on this one. Were the window blocked or closed
+// meanwhile, the URL is offered as a link instead.
+function labControl(path, signal) {
+  const button = h('button', { type: 'button', class: 'secondary lab-open' }, 'Open Lab');
+  const status = h('span', { class: 'muted lab-status', role: 'status' });
+  const err = errorBox();
+  err.classList.add('lab-error');
+  let timer = null;
+  const settle = (text = '') => {
+    clearInterval(timer);
+    timer = null;
+    status.replaceChildren(text);
+    button.disabled = false;
+  };
+
+  button.addEventListener('click', async () => {
+    err.show(null);
+    button.disabled = true;
+    const w = window.open('', '_blank');
+    if (w) {
+      w.document.title = 'Opening JupyterLab…';
+      w.document.body?.append('Starting JupyterLab in the sandbox…');
+    }
+    const started = Date.now();
+    const tick = () => status.replaceChildren(`starting JupyterLab… ${fmtDuration(Date.now() - started)}`);
+    tick();
+    timer = setInterval(tick, 1000);
+    let url;
+    let expiresIn;
+    try {
+      ({ url, expires_in: expiresIn } = await api('POST', path, { signal }));
+      if (typeof url !== 'string' || !/^https?:\/\//.test(url)) throw new Error('the server answered no Lab URL');
+    } catch (e) {
+      w?.close();
+      settle();
+      if (!signal.aborted) err.show(e);
+      return;
+    }
+    if (w && !w.closed) {
+      w.opener = null;
+      w.location.replace(url);
+      settle('opened in a new tab');
+    } else {
+      // A click on a link opens a window whatever a popup blocker thinks.
+      // It lets one browser in, once, for `expires_in` seconds.
+      settle();
+      const link = h('a', { href: url, target: '_blank', rel: 'noopener noreferrer', class: 'lab-link' }, 'Open the Lab');
+      const spent = setTimeout(() => { if (link.isConnected) settle(); }, (expiresIn || 60) * 1000);
+      link.addEventListener('click', () => {
+        clearTimeout(spent);
+        setTimeout(() => settle('opened in a new tab'));
+      });
+      status.replaceChildren(link, ' (the link works once, for a minute)');
+    }
+  });
+  signal.addEventListener('abort', () => clearInterval(timer));
+  return { el: h('span', { class: 'lab' }, button, status), err, button };
+}
+
 async function jobPage(main, id, signal) {
   const err = errorBox();
   const state = h('span');
   const cancel = h('button', { type: 'button', class: 'danger', hidden: true }, 'Cancel');
+  const lab = labControl(`v1/jobs/${encodeURIComponent(id)}/lab`, signal);
+  lab.el.hidden = true;
   const facts = h('dl', { class: 'facts' });
   const live = h('span', { class: 'muted live' });
   const output = h('pre', { class: 'output' });
@@ -812,8 +882,8 @@ async function jobPage(main, id, signal) {
   const shotsBox = h('section', { hidden: true }, h('h2', {}, 'Screenshots'), strip);
   const shown = new Set();
   main.append(
-    h('div', { class: 'toolbar' }, h('h1', {}, id), state, live, h('span', { class: 'spacer' }), cancel),
-    err, facts,
+    h('div', { class: 'toolbar' }, h('h1', {}, id), state, live, h('span', { class: 'spacer' }), lab.el, cancel),
+    err, lab.err, facts,
     h('details', {}, h('summary', {}, 'Request'), request),
     resultBox, shotsBox);
 
@@ -840,6 +910,8 @@ async function jobPage(main, id, signal) {
     job = await api('GET', `v1/jobs/${encodeURIComponent(id)}`, { signal });
     state.replaceChildren(badge(job.state));
     cancel.hidden = !['queued', 'running'].includes(job.state);
+    // Only a running job has a sandbox for a Lab.
+    lab.el.hidden = job.state !== 'running';
     const rows = [['kind', job.kind], ['created', fmtTime(job.created_at)], ['started', fmtTime(job.started_at)],
       ['finished', fmtTime(job.finished_at)], ['duration', durationOf(job)],
       ['exit code', job.exit_code ?? '—']];
@@ -959,13 +1031,14 @@ async function chat(main, sessionId, signal) {
   }
 
   const title = h('h1', {});
+  const lab = labControl(`v1/sessions/${encodeURIComponent(sessionId)}/lab`, signal);
   const box = h('div', { class: 'transcript' });
   const input = h('textarea', { rows: 3, placeholder: 'Message the agent (Enter sends, Shift+Enter for a new line)', 'aria-label': 'message' });
   const send = h('button', { type: 'submit' }, 'Send');
   const stop = h('button', { type: 'button', class: 'danger', hidden: true }, 'Stop');
   const sendErr = errorBox();
   const composer = h('form', { class: 'composer' }, input, h('div', { class: 'buttons' }, send, stop));
-  convo.append(title, box, sendErr, composer);
+  convo.append(h('div', { class: 'toolbar' }, title, h('span', { class: 'spacer' }), lab.el), lab.err, box, sendErr, composer);
   const transcript = new Transcript(box);
   let busy = false;
 

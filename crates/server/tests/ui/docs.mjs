@@ -117,6 +117,19 @@ try {
   await model.locator('.json-schema-2020-12-expand-deep-button').first().click();
   await model.locator('.json-schema-2020-12-property').first().waitFor();
 
+  step('the Lab\'s routes are listed, for jobs and sessions, with what POST …/lab answers');
+  for (const [method, p] of [['post', '/v1/jobs/{id}/lab'], ['get', '/v1/jobs/{id}/lab/{path}'],
+    ['post', '/v1/sessions/{id}/lab'], ['get', '/v1/sessions/{id}/lab/{path}']]) {
+    await opFor(method, p).waitFor();
+  }
+  const openLab = opFor('post', '/v1/jobs/{id}/lab');
+  await openLab.locator('.opblock-summary').first().click();
+  await openLab.locator('.opblock-description-wrapper', { hasText: 'one-time ticket' }).waitFor();
+  await openLab.locator('.responses-wrapper', { hasText: 'expires_in' }).waitFor();
+  await openLab.scrollIntoViewIfNeeded();
+  await shot(page, 'lab-route');
+  await openLab.locator('.opblock-summary').first().click();
+
   step(`${jobId} runs and says from-docs`);
   const job = await finished(jobId);
   assert.equal(job.state, 'succeeded', JSON.stringify(job));
