@@ -27,6 +27,10 @@ use crate::sandboxes::Sandboxes;
 
 /// The answer to `POST …/lab`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(example = json!({
+    "url": "http://127.0.0.1:41873/v1/jobs/job_0fcf835d016a42b3b239b226/lab/?cordon_ticket=9692cc8fae08533f5bd21a887c640140",
+    "expires_in": 60
+}))]
 pub struct LabOpened {
     /// Open this in a browser: the Lab's own origin and a ticket that lets
     /// one browser in, once.
