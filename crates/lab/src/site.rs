@@ -16,7 +16,7 @@
 //! request from another origin (`Sec-Fetch-Site`, `Origin`) is answered
 //! 403, except a top-level GET navigation, which cannot read the answer.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,6 +34,12 @@ pub const TICKET_PARAM: &str = "cordon_ticket";
 /// How long a ticket may wait to be used.
 pub const TICKET_TTL: Duration = Duration::from_secs(60);
 
+/// Unspent tickets kept; a caller asking for more loses its oldest.
+const MAX_TICKETS: usize = 64;
+
+/// Browsers signed in at once; the 65th logs the first out.
+const MAX_SESSIONS: usize = 64;
+
 /// A Lab served on its own port. Dropping it stops the listener.
 pub struct Site {
     addr: SocketAddr,
@@ -50,8 +56,8 @@ struct State {
     cookie: String,
     /// Unspent tickets and when each expires.
     tickets: Mutex<HashMap<String, Instant>>,
-    /// The cookie values handed out.
-    sessions: Mutex<HashSet<String>>,
+    /// The cookie values handed out, oldest first.
+    sessions: Mutex<VecDeque<String>>,
 }
 
 impl Drop for Site {
@@ -73,7 +79,7 @@ impl Site {
             base,
             cookie: format!("{COOKIE_PREFIX}_{}", addr.port()),
             tickets: Mutex::new(HashMap::new()),
-            sessions: Mutex::new(HashSet::new()),
+            sessions: Mutex::new(VecDeque::new()),
         });
         let handler = state.clone();
         let app = axum::Router::new().fallback(move |req: Request<Body>| {
@@ -98,6 +104,14 @@ impl Site {
         let mut tickets = lock(&self.state.tickets);
         let now = Instant::now();
         tickets.retain(|_, expires| *expires > now);
+        if tickets.len() >= MAX_TICKETS {
+            // Asked for faster than browsers use them: the oldest goes.
+            let oldest = tickets
+                .iter()
+                .min_by_key(|(_, e)| **e)
+                .map(|(t, _)| t.clone());
+            tickets.remove(&oldest.unwrap_or_default());
+        }
         tickets.insert(ticket.clone(), now + TICKET_TTL);
         ticket
     }
@@ -190,7 +204,12 @@ impl State {
             );
         }
         let session = random_hex();
-        lock(&self.sessions).insert(session.clone());
+        let mut sessions = lock(&self.sessions);
+        if sessions.len() >= MAX_SESSIONS {
+            sessions.pop_front();
+        }
+        sessions.push_back(session.clone());
+        drop(sessions);
         let rest: String = form_urlencoded::Serializer::new(String::new())
             .extend_pairs(
                 form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k != TICKET_PARAM),
@@ -222,7 +241,7 @@ impl State {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(';'))
             .filter_map(|c| c.trim().split_once('='))
-            .any(|(name, value)| name == self.cookie && sessions.contains(value))
+            .any(|(name, value)| name == self.cookie && sessions.iter().any(|s| s == value))
     }
 }
 
@@ -285,4 +304,56 @@ fn random_hex() -> String {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).expect("the system's random source");
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(method: &str, headers: &[(&str, &str)]) -> Request<Body> {
+        let mut b = Request::builder().method(method).uri("/lab");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(Body::empty()).unwrap()
+    }
+
+    #[test]
+    fn only_this_origin_or_a_navigation_gets_in() {
+        let host = ("host", "127.0.0.1:4000");
+        // Programs and the Lab's own pages.
+        assert!(same_origin(&req("POST", &[host])).is_ok());
+        assert!(same_origin(&req("POST", &[host, ("sec-fetch-site", "same-origin")])).is_ok());
+        assert!(same_origin(&req("POST", &[host, ("origin", "http://127.0.0.1:4000")])).is_ok());
+        assert!(same_origin(&req("GET", &[host, ("sec-fetch-site", "none")])).is_ok());
+        // A link from cordon's web UI, on another port of the same host.
+        let link = [
+            host,
+            ("sec-fetch-site", "same-site"),
+            ("sec-fetch-mode", "navigate"),
+        ];
+        assert!(same_origin(&req("GET", &link)).is_ok());
+        // Another Lab's page: scripts, forms, and a navigation that posts.
+        for site in ["same-site", "cross-site"] {
+            for mode in ["cors", "no-cors", "websocket"] {
+                let h = [host, ("sec-fetch-site", site), ("sec-fetch-mode", mode)];
+                assert!(same_origin(&req("GET", &h)).is_err(), "{site} {mode}");
+            }
+            let h = [
+                host,
+                ("sec-fetch-site", site),
+                ("sec-fetch-mode", "navigate"),
+            ];
+            assert!(same_origin(&req("POST", &h)).is_err(), "{site} form");
+        }
+        // A browser without fetch metadata still sends Origin.
+        for origin in [
+            "http://127.0.0.1:4001",
+            "null",
+            "http://127.0.0.1:4000.evil",
+        ] {
+            let h = [host, ("origin", origin)];
+            assert!(same_origin(&req("POST", &h)).is_err(), "{origin}");
+        }
+    }
 }
