@@ -218,6 +218,11 @@ impl ToolContext {
         }
     }
 
+    /// Where the running call's output goes, if anyone listens.
+    pub(crate) fn progress(&self) -> Option<Progress> {
+        self.progress.clone()
+    }
+
     /// Reports output of the running call, if anyone listens.
     pub(crate) fn report(&self, stream: OutputStream, data: &[u8]) {
         if let Some(p) = &self.progress

@@ -381,3 +381,32 @@ async fn dropping_the_kernel_ends_it() {
 
 #[path = "kernel/attacks.rs"]
 mod attacks;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_arrives_while_the_code_runs() {
+    let Some(lab) = lab().await else { return };
+    let mut k = kernel(&lab).await;
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>> = Default::default();
+    let log = seen.clone();
+    let live: cordon_tools::Progress = std::sync::Arc::new(move |stream, data: &[u8]| {
+        log.lock().unwrap().push((
+            Instant::now(),
+            format!("{stream:?}:{}", String::from_utf8_lossy(data)),
+        ));
+    });
+    let code = "import sys, time\nprint('first', flush=True)\ntime.sleep(2)\nprint('oops', file=sys.stderr, flush=True)\nprint('second')";
+    let r = k.execute_live(code, T, Some(live)).await.unwrap();
+    let done = Instant::now();
+    assert_eq!(r.stdout.render(), "first\nsecond\n");
+    let seen = seen.lock().unwrap();
+    let text: String = seen.iter().map(|(_, t)| t.as_str()).collect();
+    // Both streams, in the order each was written.
+    assert!(text.contains("Stderr:oops\n"), "{text}");
+    assert_eq!(text.replace("Stderr:oops\n", ""), "Stdout:first\nStdout:second\n");
+    let first = seen[0].0;
+    assert!(
+        done - first >= Duration::from_millis(1500),
+        "`first` came only {:?} before the end",
+        done - first
+    );
+}

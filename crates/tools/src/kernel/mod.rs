@@ -281,9 +281,21 @@ impl Kernel {
         code: &str,
         timeout: Duration,
     ) -> Result<ExecutionResult, KernelError> {
+        self.execute_live(code, timeout, None).await
+    }
+
+    /// [`Kernel::execute`], with stdout and stderr also going to `live` as
+    /// the kernel sends them (each piece already within the bridge's caps).
+    pub async fn execute_live(
+        &mut self,
+        code: &str,
+        timeout: Duration,
+        live: Option<crate::Progress>,
+    ) -> Result<ExecutionResult, KernelError> {
         let restarted = self.ensure().await?;
         let id = self.id();
         let mut sink = Collector::new(&self.limits);
+        sink.live = live;
         let req = Request::Execute {
             id,
             code: code.to_owned(),
@@ -467,6 +479,8 @@ struct Collector {
     display_bytes: usize,
     max_items: usize,
     max_display_bytes: usize,
+    /// Where the streams go as they come, too.
+    live: Option<crate::Progress>,
 }
 
 impl Collector {
@@ -483,15 +497,24 @@ impl Collector {
             display_bytes: 0,
             max_items: l.max_items,
             max_display_bytes: l.max_display_bytes,
+            live: None,
         }
     }
 
     fn take(&mut self, id: u64, reply: Reply) {
         match reply {
-            Reply::Stream { id: i, name, text } if i == id => match name {
-                StreamName::Stdout => self.stdout.push(text.as_bytes()),
-                StreamName::Stderr => self.stderr.push(text.as_bytes()),
-            },
+            Reply::Stream { id: i, name, text } if i == id => {
+                let (stream, kept) = match name {
+                    StreamName::Stdout => (crate::OutputStream::Stdout, &mut self.stdout),
+                    StreamName::Stderr => (crate::OutputStream::Stderr, &mut self.stderr),
+                };
+                kept.push(text.as_bytes());
+                if let Some(live) = &self.live
+                    && !text.is_empty()
+                {
+                    live(stream, text.as_bytes());
+                }
+            }
             Reply::Display { id: i, data } if i == id => self.display(data),
             Reply::Result { id: i, mut data } if i == id => {
                 self.result = data.plain.take();

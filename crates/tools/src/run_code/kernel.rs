@@ -59,8 +59,9 @@ pub(crate) async fn run(
         };
     }
     let kernel = slot.as_mut().expect("started above");
-    match kernel.execute(code, timeout).await {
-        Ok(r) => render(ctx, r, note, timeout),
+    // Output is reported as the kernel sends it, not at the end.
+    match kernel.execute_live(code, timeout, ctx.progress()).await {
+        Ok(r) => render(r, note, timeout),
         Err(e) => {
             // A dead kernel restarts itself on the next call; anything else
             // (the bridge gone or silent) is replaced by a fresh start.
@@ -80,7 +81,7 @@ fn failure(e: KernelError) -> ToolOutput {
 }
 
 /// The model's view of one execution.
-fn render(ctx: &ToolContext, r: ExecutionResult, note: String, timeout: Duration) -> ToolOutput {
+fn render(r: ExecutionResult, note: String, timeout: Duration) -> ToolOutput {
     let count = r
         .execution_count
         .map_or(String::new(), |n| format!(" [{n}]"));
@@ -101,14 +102,6 @@ fn render(ctx: &ToolContext, r: ExecutionResult, note: String, timeout: Duration
             continue;
         }
         let body = stream.render();
-        ctx.report(
-            if name == "stdout" {
-                crate::OutputStream::Stdout
-            } else {
-                crate::OutputStream::Stderr
-            },
-            body.as_bytes(),
-        );
         text.push_str(&format!("{name}:\n{body}"));
         if !body.ends_with('\n') {
             text.push('\n');
