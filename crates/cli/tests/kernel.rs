@@ -9,19 +9,7 @@ use serde_json::json;
 
 mod support;
 
-/// Whether `cordon lab setup` has run (scripts/test runs it); required
-/// under CI.
-fn lab_installed() -> bool {
-    if cordon_lab::installed(&cordon_lab::cache_dir()).is_some() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "no lab environment: run `cordon lab setup` (scripts/test does)"
-    );
-    eprintln!("skipped: no lab environment (cordon lab setup)");
-    false
-}
+use support::lab_installed;
 
 fn run_code(code: &str) -> serde_json::Value {
     json!({"language": "python", "code": code})

@@ -10,19 +10,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reqwest::blocking::Client;
-use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
 
-fn lab_installed() -> bool {
-    if cordon_lab::installed(&cordon_lab::cache_dir()).is_some() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "no lab environment: run `cordon lab setup` (scripts/test does)"
-    );
-    eprintln!("skipped: no lab environment (cordon lab setup)");
-    false
-}
+mod support;
+
+use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
+use support::lab_installed;
 
 fn client() -> Client {
     Client::builder()

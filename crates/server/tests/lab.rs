@@ -54,6 +54,16 @@ async fn release(s: &TestServer, t: &str, id: &str) {
     s.wait(t, id).await;
 }
 
+/// `GET path` on the server with `t`'s token.
+async fn bearer_get(s: &TestServer, t: &str, path: &str) -> reqwest::Response {
+    client()
+        .get(s.url(path))
+        .bearer_auth(t)
+        .send()
+        .await
+        .unwrap()
+}
+
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -333,12 +343,7 @@ async fn a_jobs_lab_runs_in_its_sandbox_for_its_tenant_alone() {
     assert_eq!(out.trim(), "/workspace 0", "{out}");
     let (status, _) = s.get(&t, &format!("/v1/jobs/{id}/files")).await;
     assert_eq!(status, 200);
-    let r = client()
-        .get(s.url(&format!("/v1/jobs/{id}/files/from-lab.txt")))
-        .bearer_auth(&t)
-        .send()
-        .await
-        .unwrap();
+    let r = bearer_get(&s, &t, &format!("/v1/jobs/{id}/files/from-lab.txt")).await;
     assert_eq!(r.text().await.unwrap(), "written in the Lab");
 
     // Another tenant reaches neither the kernel nor the contents.
@@ -360,12 +365,7 @@ async fn a_jobs_lab_runs_in_its_sandbox_for_its_tenant_alone() {
 
     // The programs' way: the bearer token, on the server's origin, in no
     // origin if a browser renders it.
-    let r = client()
-        .get(s.url(&format!("{lab}/api/contents/from-lab.txt")))
-        .bearer_auth(&t)
-        .send()
-        .await
-        .unwrap();
+    let r = bearer_get(&s, &t, &format!("{lab}/api/contents/from-lab.txt")).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-security-policy"], "sandbox");
     let file: Value = r.json().await.unwrap();
@@ -542,12 +542,7 @@ while True:
         ["ok=1"],
         "cordon's cookie is not the sandbox's to set"
     );
-    let program = client()
-        .get(s.url(&format!("/v1/jobs/{id}/lab/api/contents")))
-        .bearer_auth(&t)
-        .send()
-        .await
-        .unwrap();
+    let program = bearer_get(&s, &t, &format!("/v1/jobs/{id}/lab/api/contents")).await;
     assert_eq!(program.status(), 200);
     assert_eq!(program.headers()["content-security-policy"], "sandbox");
     let proto = format!("cordon.bearer.{t}, v1.kernel.websocket.jupyter.org");
@@ -557,12 +552,7 @@ while True:
     )
     .await;
 
-    let r = client()
-        .get(s.url(&format!("/v1/jobs/{id}/files/seen")))
-        .bearer_auth(&t)
-        .send()
-        .await
-        .unwrap();
+    let r = bearer_get(&s, &t, &format!("/v1/jobs/{id}/files/seen")).await;
     let seen = r.text().await.unwrap();
     assert_eq!(seen.matches("GET ").count(), 3, "{seen}");
     let session = cookie.split('=').nth(1).unwrap();

@@ -402,7 +402,10 @@ async fn output_arrives_while_the_code_runs() {
     let text: String = seen.iter().map(|(_, t)| t.as_str()).collect();
     // Both streams, in the order each was written.
     assert!(text.contains("Stderr:oops\n"), "{text}");
-    assert_eq!(text.replace("Stderr:oops\n", ""), "Stdout:first\nStdout:second\n");
+    assert_eq!(
+        text.replace("Stderr:oops\n", ""),
+        "Stdout:first\nStdout:second\n"
+    );
     let first = seen[0].0;
     assert!(
         done - first >= Duration::from_millis(1500),

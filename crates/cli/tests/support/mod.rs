@@ -13,6 +13,20 @@ use std::sync::OnceLock;
 
 pub const NOBODY: u32 = 65534;
 
+/// Whether `cordon lab setup` has run (scripts/test runs it); required
+/// under CI.
+pub fn lab_installed() -> bool {
+    if cordon_lab::installed(&cordon_lab::cache_dir()).is_some() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "no lab environment: run `cordon lab setup` (scripts/test does)"
+    );
+    eprintln!("skipped: no lab environment (cordon lab setup)");
+    false
+}
+
 /// Who runs `cordon`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Who {
