@@ -150,6 +150,11 @@ async fn accept(listener: tokio::net::TcpListener, app: axum::Router) {
                         continue;
                     }
                 };
+                // The last small segment of an answer (or a kernel's frame)
+                // must not wait for the browser's delayed ACK.
+                if let Err(e) = stream.set_nodelay(true) {
+                    tracing::debug!("TCP_NODELAY: {e}");
+                }
                 let service = hyper_util::service::TowerToHyperService::new(app.clone());
                 connections.spawn(async move {
                     let io = hyper_util::rt::TokioIo::new(stream);
