@@ -7,6 +7,8 @@
 //! cordon-bench-agent serve-e2e   --url URL --token T [--rounds 50] [--warmup 5] [--cordon PATH]
 //! cordon-bench-agent screenshot  [--cold 5] [--shots 30]
 //! cordon-bench-agent backends    [--cold 10] [--execs 50]
+//! cordon-bench-agent kernel      [--calls 200] [--heavy-calls 20] [--cold 5] [--warmup 10]
+//! cordon-bench-agent lab-page    --url URL --token T [--cold 5] [--warm 10] [--fetches 50]
 //! common: [--json FILE] [--workspace DIR] [--runtime multi|current]
 //! ```
 //!
@@ -20,12 +22,17 @@
 //! times the computer tool's screenshots next to the computer-use
 //! reference's way (scrot, then ImageMagick's convert). `backends` times
 //! sandbox creation and warm execs on the native and microvm backends.
+//! `kernel` times Python through the Jupyter kernel behind `run_code` next
+//! to a fresh interpreter per call. `lab-page` times JupyterLab's first
+//! page through a running `cordon serve`, and its proxy.
 //!
 //! The binary is the supervisor of the sandbox `agent-loop` opens.
 
 mod agentloop;
 mod backends;
 mod execmem;
+mod kernel;
+mod lab;
 mod screenshot;
 mod serve;
 mod sessionlog;
@@ -39,7 +46,7 @@ use cordon_bench::cli::{self, Workspace};
 use stats::Json;
 
 const USAGE: &str =
-    "usage: cordon-bench-agent <agent-loop|session-log|exec-memory|serve-e2e|screenshot|backends> [--OPTION VALUE]...
+    "usage: cordon-bench-agent <agent-loop|session-log|exec-memory|serve-e2e|screenshot|backends|kernel|lab-page> [--OPTION VALUE]...
   agent-loop  --steps N (200) --rounds N (3) --warmup N (10 steps left out of each run)
   session-log --events N (10000) --rounds N (3) --loads N (10) --buckets N (10)
   exec-memory --cordon PATH (the release cordon) --runs N (3) --delay-ms MS (300, before every
@@ -48,6 +55,10 @@ const USAGE: &str =
               --cordon PATH (also time `cordon run -- true`, alternating)
   screenshot  --cold N (5, sandboxes started) --shots N (30, warm screenshots each way)
   backends    --cold N (10, sandboxes started each way) --execs N (50, warm execs each way)
+  kernel      --calls N (200, trivial calls each way) --heavy-calls N (20, numpy + pyplot each way)
+              --cold N (5, kernels started) --warmup N (10)
+  lab-page    --url URL (a running cordon serve with the lab environment) --token TOKEN
+              --cold N (5, fresh jobs) --warm N (10, loads per job) --fetches N (50, per side)
   common      --json FILE  --workspace DIR (a fresh temporary directory)
               --runtime multi|current (agent-loop only; current, as in cordon)";
 
@@ -65,6 +76,8 @@ fn run(args: &Args) -> Result<Json, String> {
         "serve-e2e" => &["url", "token", "rounds", "warmup", "cordon"],
         "screenshot" => &["cold", "shots"],
         "backends" => &["cold", "execs"],
+        "kernel" => &["calls", "heavy-calls", "cold", "warmup"],
+        "lab-page" => &["url", "token", "cold", "warm", "fetches"],
         other => return Err(format!("unknown subcommand {other:?}\n{USAGE}")),
     };
     args.check_known(known)?;
@@ -81,6 +94,16 @@ fn run(args: &Args) -> Result<Json, String> {
         "backends" => {
             let (runtime, _) = cli::runtime(args, "current")?;
             let result = runtime.block_on(backends::run(args, &ws.path));
+            result.map(|j| cli::labelled(args, j, None))
+        }
+        "kernel" => {
+            let (runtime, _) = cli::runtime(args, "current")?;
+            let result = runtime.block_on(kernel::run(args, &ws.path));
+            result.map(|j| cli::labelled(args, j, None))
+        }
+        "lab-page" => {
+            let (runtime, _) = cli::runtime(args, "current")?;
+            let result = runtime.block_on(lab::run(args));
             result.map(|j| cli::labelled(args, j, None))
         }
         "serve-e2e" => {

@@ -313,6 +313,9 @@ fn random_hex() -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
+    use std::os::fd::BorrowedFd;
+
     use super::*;
 
     fn req(method: &str, headers: &[(&str, &str)]) -> Request<Body> {
@@ -360,5 +363,50 @@ mod tests {
             let h = [host, ("origin", origin)];
             assert!(same_origin(&req("POST", &h)).is_err(), "{origin}");
         }
+    }
+
+    /// The server's end of the connection whose peer is `client`: found
+    /// among this process's descriptors, since the listener runs here.
+    fn nodelay_of_peer(client: SocketAddr) -> Option<bool> {
+        for entry in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+            let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let is_socket = std::fs::read_link(entry.path())
+                .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"));
+            if !is_socket {
+                continue;
+            }
+            // SAFETY: only used while the test's server holds the socket
+            // open (the client's connection is still open).
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            let peer = rustix::net::getpeername(fd).ok().flatten();
+            if peer.and_then(|p| SocketAddr::try_from(p).ok()) == Some(client) {
+                return rustix::net::sockopt::tcp_nodelay(fd).ok();
+            }
+        }
+        None
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_do_not_wait_for_delayed_acks() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new().fallback(|| async { "ok" });
+        let server = tokio::spawn(async move { accept(listener, app).await });
+        let client = tokio::task::spawn_blocking(move || {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            let mut buf = [0u8; 512];
+            let n = c.read(&mut buf).unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+            // Still open: the server's end is there to look at.
+            let me = c.local_addr().unwrap();
+            (c, me)
+        })
+        .await
+        .unwrap();
+        assert_eq!(nodelay_of_peer(client.1), Some(true));
+        server.abort();
     }
 }
