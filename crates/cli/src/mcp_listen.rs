@@ -194,6 +194,12 @@ pub async fn serve(config: SandboxConfig, addr: SocketAddr, token_file: Option<P
     let stop = async {
         let _ = tokio::signal::ctrl_c().await;
     };
+    // Small streamed answers must not wait for the client's delayed ACK.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+    });
     match axum::serve(listener, app)
         .with_graceful_shutdown(stop)
         .await

@@ -58,11 +58,33 @@ pub fn available(who: Who) -> bool {
     false
 }
 
+/// Removes the binaries of test processes that have ended: each holds a
+/// build alive (~150 MB) and, run after run, they filled the disk.
+fn remove_dead_binaries() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("cordon-test-bin-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// The cordon binary, copied where an unprivileged user can execute it
 /// (the build directory may sit under a home directory of mode 0700).
 pub fn public_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        remove_dead_binaries();
         let dir = std::env::temp_dir().join(format!("cordon-test-bin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
