@@ -39,19 +39,6 @@ const IDLE_MAX: usize = 8;
 /// Bytes buffered between hyper and a relay, each way.
 const PIPE: usize = 64 * 1024;
 
-/// Hop-by-hop headers (RFC 9110, 7.6.1): about one connection, never
-/// forwarded. `connection` and `upgrade` are put back for a WebSocket.
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
 /// A sandbox's JupyterLab, as the host reaches it.
 pub struct Upstream {
     sandbox: Sandbox,
@@ -205,47 +192,22 @@ fn is_websocket(headers: &HeaderMap) -> bool {
 
 /// Drops what concerns only the hop to cordon, and cordon's credentials.
 fn clean_request(headers: &mut HeaderMap, websocket: bool) {
-    drop_hop_by_hop(headers);
+    cordon_net::strip_hop_by_hop(headers);
     headers.remove(header::AUTHORIZATION);
-    let cookies: Vec<String> = headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .map(str::trim)
-        .filter(|c| !c.is_empty() && !cookie_name(c).starts_with(COOKIE_PREFIX))
-        .map(str::to_string)
-        .collect();
-    headers.remove(header::COOKIE);
-    if !cookies.is_empty()
-        && let Ok(v) = HeaderValue::from_str(&cookies.join("; "))
-    {
-        headers.insert(header::COOKIE, v);
-    }
-    let protocols: Vec<String> = headers
-        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|p| !p.is_empty() && !p.starts_with(BEARER_PROTOCOL))
-        .map(str::to_string)
-        .collect();
-    headers.remove(header::SEC_WEBSOCKET_PROTOCOL);
-    if !protocols.is_empty()
-        && let Ok(v) = HeaderValue::from_str(&protocols.join(", "))
-    {
-        headers.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
-    }
+    keep_items(headers, header::COOKIE, ';', "; ", |c| {
+        !cookie_name(c).starts_with(COOKIE_PREFIX)
+    });
+    keep_items(headers, header::SEC_WEBSOCKET_PROTOCOL, ',', ", ", |p| {
+        !p.starts_with(BEARER_PROTOCOL)
+    });
     if websocket {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        mark_websocket(headers);
     }
 }
 
 /// Drops the hop's headers and any cookie of cordon's the sandbox sets.
 fn clean_response(headers: &mut HeaderMap, switching: bool) {
-    drop_hop_by_hop(headers);
+    cordon_net::strip_hop_by_hop(headers);
     let kept: Vec<HeaderValue> = headers
         .get_all(header::SET_COOKIE)
         .iter()
@@ -263,23 +225,41 @@ fn clean_response(headers: &mut HeaderMap, switching: bool) {
         headers.append(header::SET_COOKIE, v);
     }
     if switching {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        mark_websocket(headers);
     }
 }
 
-fn drop_hop_by_hop(headers: &mut HeaderMap) {
-    // Headers the Connection header names are hop-by-hop too.
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
+/// Rewrites the list header `name` (items split at `sep`, in any number of
+/// lines) to the items `keep` accepts, joined by `join`; a line that is
+/// not text goes, and so does the header if nothing is kept.
+fn keep_items(
+    headers: &mut HeaderMap,
+    name: HeaderName,
+    sep: char,
+    join: &str,
+    keep: impl Fn(&str) -> bool,
+) {
+    let kept: Vec<&str> = headers
+        .get_all(&name)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .flat_map(|v| v.split(sep))
+        .map(str::trim)
+        .filter(|item| !item.is_empty() && keep(item))
         .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(name);
+    let value = (!kept.is_empty())
+        .then(|| HeaderValue::from_str(&kept.join(join)).ok())
+        .flatten();
+    headers.remove(&name);
+    if let Some(v) = value {
+        headers.insert(name, v);
     }
+}
+
+/// Puts back the hop-by-hop pair a WebSocket upgrade needs.
+fn mark_websocket(headers: &mut HeaderMap) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
 }
 
 /// A cookie's name, from `name=value` or a `Set-Cookie` line; browsers

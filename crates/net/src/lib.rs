@@ -52,6 +52,6 @@ pub mod sni;
 pub use events::{Decision, EventSink, NetEvent, Reason};
 pub use policy::{Entry, Host, Policy, PolicyError, PolicyHandle, PolicySpec, Ports, Rule, Target};
 pub use presets::{Expansion, PresetEnv};
-pub use proxy::{Broker, BrokerConfig};
+pub use proxy::{Broker, BrokerConfig, strip_hop_by_hop};
 pub use resolve::{Resolve, StaticResolver, SystemResolver};
 pub use secrets::{Intercept, Secret, SecretError, SecretSpec};

@@ -28,6 +28,8 @@ use crate::secrets::Intercept;
 use crate::sni::{Hello, HelloReader};
 
 mod forward;
+
+pub use forward::strip_hop_by_hop;
 mod intercept;
 mod tunnel;
 

@@ -15,7 +15,9 @@ const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
-pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// Removes the headers that belong to one hop (RFC 9110, 7.6.1): the
+/// fixed ones and those the `Connection` header names. For any proxy.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
