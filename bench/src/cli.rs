@@ -43,6 +43,18 @@ impl Args {
         self.opts.get(key).map_or(&[], Vec::as_slice)
     }
 
+    /// `--url` (without a trailing slash) and `--token`: the server a
+    /// benchmark of `cordon serve` talks to.
+    pub fn server(&self) -> Result<(String, String), String> {
+        let url = self
+            .str("url")
+            .ok_or("--url is required (the server, e.g. http://127.0.0.1:8080)")?
+            .trim_end_matches('/')
+            .to_string();
+        let token = self.str("token").ok_or("--token is required")?.to_string();
+        Ok((url, token))
+    }
+
     pub fn num(&self, key: &str, default: usize) -> Result<usize, String> {
         match self.str(key) {
             None => Ok(default),

@@ -274,12 +274,7 @@ fn host_curl(url: &str, cookie: &str, n: usize) -> Result<(Vec<Duration>, u64), 
 }
 
 pub async fn run(args: &Args) -> Result<Json, String> {
-    let url = args
-        .str("url")
-        .ok_or("--url is required (the server, e.g. http://127.0.0.1:8080)")?
-        .trim_end_matches('/')
-        .to_string();
-    let token = args.str("token").ok_or("--token is required")?.to_string();
+    let (url, token) = args.server()?;
     let cold_rounds = args.num("cold", 5)?;
     let warm_rounds = args.num("warm", 10)?;
     let fetches = args.num("fetches", 50)?;

@@ -21,12 +21,7 @@ use crate::Args;
 use crate::stats::{Json, Summary, ms};
 
 pub async fn run(args: &Args, workspace: &Path) -> Result<Json, String> {
-    let url = args
-        .str("url")
-        .ok_or("--url is required (the server, e.g. http://127.0.0.1:8080)")?
-        .trim_end_matches('/')
-        .to_string();
-    let token = args.str("token").ok_or("--token is required")?.to_string();
+    let (url, token) = args.server()?;
     let rounds = args.num("rounds", 50)?;
     let warmup = args.num("warmup", 5)?;
     let cordon = args.str("cordon");
