@@ -19,7 +19,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use axum::response::Response;
-use cordon_lab::{Site, Upstream};
+use cordon_lab::{Site, StartError, Upstream};
 use serde::Serialize;
 
 use crate::http::ApiError;
@@ -51,16 +51,23 @@ pub(crate) async fn open(
     key: &str,
     base: &str,
     ip: IpAddr,
-    gone: impl FnOnce() -> ApiError,
+    gone: impl Fn() -> ApiError,
 ) -> Result<Arc<Site>, ApiError> {
-    let opening = sandboxes.lab(key).ok_or_else(gone)?;
+    let opening = sandboxes.lab(key).ok_or_else(&gone)?;
     let sandbox = opening.sandbox.clone();
     let site = opening
         .lab
         .get_or_try_init(|| async {
-            cordon_lab::start(&sandbox, base)
-                .await
-                .map_err(unavailable)?;
+            cordon_lab::start(&sandbox, base).await.map_err(|e| {
+                // The job may end while its Lab starts: that is the client's
+                // race to lose (409), not the server failing (503).
+                let exited = matches!(e, StartError::Sandbox(cordon_sandbox::Error::Gone));
+                if exited || sandboxes.get(key).is_none() {
+                    gone()
+                } else {
+                    unavailable(e)
+                }
+            })?;
             let listener = tokio::net::TcpListener::bind((ip, 0))
                 .await
                 .map_err(|e| unavailable(format!("cannot listen for the Lab on {ip}: {e}")))?;

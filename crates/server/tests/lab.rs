@@ -654,3 +654,36 @@ async fn a_sessions_lab_wakes_it_and_keeps_it_while_used() {
     assert_eq!(status, 200, "{body}");
     s.stop().await;
 }
+
+/// A job that ends while its Lab starts: the client lost a race (409, and
+/// the job's files named), the server did not fail (the fuzzer's 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_ends_while_its_lab_starts_is_a_conflict() {
+    if !lab_installed() {
+        return;
+    }
+    let s = TestServer::start(Db::Sqlite).await.unwrap();
+    let t = s.token("acme").await;
+    // The job ends the moment Jupyter's start makes its directory.
+    let id = s
+        .submit(
+            &t,
+            shell("while [ ! -d /tmp/.cordon-lab ]; do sleep 0.02; done"),
+        )
+        .await;
+    s.wait_running(&t, &id).await;
+    let (status, body) = s.post(&t, &format!("/v1/jobs/{id}/lab"), json!({})).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "not_running", "{body}");
+    s.wait(&t, &id).await;
+    // Asked again once it has ended, the answer names its files.
+    let (status, body) = s.post(&t, &format!("/v1/jobs/{id}/lab"), json!({})).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/files"),
+        "{body}"
+    );
+}
