@@ -112,7 +112,10 @@ async fn serve_in(sandbox: &Sandbox, args: &LabArgs, workspace: &std::path::Path
     // Loopback only: the ticket, not the address, keeps others out, but
     // nothing beyond this machine has any business here.
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, args.port.unwrap_or(0)));
-    let listener = match tokio::net::TcpListener::bind(addr).await {
+    let listener = match tokio::net::TcpListener::bind(addr)
+        .await
+        .and_then(|tcp| cordon_listen::Listener::new(tcp, None))
+    {
         Ok(l) => l,
         Err(e) => return fail(format_args!("cannot listen on {addr}: {e}")),
     };

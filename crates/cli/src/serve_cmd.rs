@@ -57,6 +57,13 @@ pub struct ServeArgs {
     /// addresses (a job must still ask for it with `allow_private`)
     #[arg(long)]
     pub allow_private: bool,
+    /// Serve over TLS with this certificate chain (PEM, the server's own
+    /// first); read again when the file changes
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM)
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// One `--allow` entry, checked as the broker will read it.
@@ -240,6 +247,15 @@ pub async fn serve(args: ServeArgs) -> i32 {
         args.data_dir.unwrap_or_else(|| data_home().join("server")),
     );
     config.listen = args.listen;
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        config.tls = match cordon_listen::Tls::load(cert, key) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("cordon: --tls-cert/--tls-key: {e}");
+                return exit::CONFIG;
+            }
+        };
+    }
     if let Some(w) = args.workers {
         config.workers = w.max(1);
     }
@@ -321,7 +337,12 @@ pub async fn serve(args: ServeArgs) -> i32 {
         Ok(_) => {}
         Err(e) => eprintln!("cordon: {e}"),
     }
-    eprintln!("cordon: serving on http://{}", running.addr);
+    let scheme = if running.shared.config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    eprintln!("cordon: serving on {scheme}://{}", running.addr);
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {

@@ -45,6 +45,7 @@ fn serve(home: &Path, port: u16, extra: &[&str]) -> Server {
         .spawn()
         .unwrap();
     let mut token = None;
+    let base;
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -53,7 +54,8 @@ fn serve(home: &Path, port: u16, extra: &[&str]) -> Server {
         if line.starts_with("cdn_") {
             token = Some(line.trim().to_string());
         }
-        if line.contains("serving on") {
+        if let Some(url) = line.strip_prefix("cordon: serving on ") {
+            base = Some(url.trim().to_string());
             break;
         }
     }
@@ -61,7 +63,7 @@ fn serve(home: &Path, port: u16, extra: &[&str]) -> Server {
     std::thread::spawn(move || for _ in lines {});
     Server {
         child,
-        base: format!("http://127.0.0.1:{port}"),
+        base: base.unwrap(),
         token,
     }
 }
@@ -111,6 +113,88 @@ fn wait_for(s: &Server, token: &str, id: &str, done: impl Fn(&Value) -> bool) ->
 
 fn terminal(j: &Value) -> bool {
     !["queued", "running"].contains(&j["state"].as_str().unwrap_or(""))
+}
+
+/// What users type: `--tls-cert`/`--tls-key`, a pair that does not fit,
+/// and one flag without the other.
+#[test]
+fn serve_over_tls_with_the_certificate_the_user_names() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    let pem = |name: &str| {
+        let c = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        std::fs::write(dir.join(format!("{name}.crt")), c.cert.pem()).unwrap();
+        std::fs::write(
+            dir.join(format!("{name}.key")),
+            c.signing_key.serialize_pem(),
+        )
+        .unwrap();
+        c.cert.pem()
+    };
+    let cert_pem = pem("server");
+    pem("other");
+    let path = |f: &str| dir.join(f).display().to_string();
+    let run = |args: &[String]| {
+        Command::new(env!("CARGO_BIN_EXE_cordon"))
+            .arg("serve")
+            .args(args)
+            .env("HOME", dir)
+            .env("XDG_DATA_HOME", dir.join("data"))
+            .output()
+            .unwrap()
+    };
+
+    // Bad options are cordon's own failure (125), before anything starts.
+    let out = run(&["--tls-cert".into(), path("server.crt")]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-key"));
+    let out = run(&[
+        "--tls-cert".into(),
+        path("server.crt"),
+        "--tls-key".into(),
+        path("other.key"),
+    ]);
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("do not belong together"), "{err}");
+    let out = run(&[
+        "--tls-cert".into(),
+        path("missing.crt"),
+        "--tls-key".into(),
+        path("server.key"),
+    ]);
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.crt"));
+
+    let port = free_port();
+    let s = serve(
+        dir,
+        port,
+        &[
+            "--tls-cert",
+            &path("server.crt"),
+            "--tls-key",
+            &path("server.key"),
+        ],
+    );
+    assert_eq!(s.base, format!("https://127.0.0.1:{port}"));
+    let client = reqwest::blocking::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(cert_pem.as_bytes()).unwrap()])
+        .build()
+        .unwrap();
+    let r = client
+        .get(format!("https://localhost:{port}/health"))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let token = s.token.clone().unwrap();
+    let r = client
+        .post(format!("https://localhost:{port}/v1/jobs"))
+        .bearer_auth(&token)
+        .json(&json!({"kind": "shell", "command": "echo hi"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202, "{:?}", r.text());
 }
 
 #[test]

@@ -43,6 +43,8 @@ const MAX_SESSIONS: usize = 64;
 /// A Lab served on its own port. Dropping it stops the listener.
 pub struct Site {
     addr: SocketAddr,
+    /// `http` or `https`, as the listener serves.
+    scheme: &'static str,
     state: Arc<State>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -54,6 +56,8 @@ struct State {
     /// `cordon_lab_<port>`: a name per Lab, as cookies are shared between
     /// the ports of a host.
     cookie: String,
+    /// Cookies are sent over TLS alone when the Lab is served over it.
+    secure: bool,
     /// Unspent tickets and when each expires.
     tickets: Mutex<HashMap<String, Instant>>,
     /// The cookie values handed out, oldest first.
@@ -69,15 +73,17 @@ impl Drop for Site {
 impl Site {
     /// Serves `upstream`'s Lab, mounted at `base`, on `listener`.
     pub fn serve(
-        listener: tokio::net::TcpListener,
+        listener: cordon_listen::Listener,
         upstream: Arc<Upstream>,
         base: String,
     ) -> std::io::Result<Site> {
-        let addr = listener.local_addr()?;
+        let addr = listener.local_addr();
+        let scheme = listener.scheme();
         let state = Arc::new(State {
             upstream,
             base,
             cookie: format!("{COOKIE_PREFIX}_{}", addr.port()),
+            secure: scheme == "https",
             tickets: Mutex::new(HashMap::new()),
             sessions: Mutex::new(VecDeque::new()),
         });
@@ -87,7 +93,12 @@ impl Site {
             async move { state.handle(req).await }
         });
         let task = tokio::spawn(accept(listener, app));
-        Ok(Site { addr, state, task })
+        Ok(Site {
+            addr,
+            scheme,
+            state,
+            task,
+        })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -116,7 +127,7 @@ impl Site {
         ticket
     }
 
-    /// The URL that lets a browser in once: `http://HOST:PORT/BASE?cordon_ticket=…`,
+    /// The URL that lets a browser in once: `http[s]://HOST:PORT/BASE?cordon_ticket=…`,
     /// `host` as the browser names this machine.
     pub fn url(&self, host: &str) -> String {
         let host = if host.contains(':') && !host.starts_with('[') {
@@ -125,7 +136,8 @@ impl Site {
             host.to_string()
         };
         format!(
-            "http://{host}:{}{}?{TICKET_PARAM}={}",
+            "{}://{host}:{}{}?{TICKET_PARAM}={}",
+            self.scheme,
             self.addr.port(),
             self.state.base,
             self.ticket()
@@ -136,25 +148,11 @@ impl Site {
 /// Serves each connection in a task of this one's, so that stopping it
 /// (dropping the [`Site`]) closes every open connection too, not only the
 /// listener: nothing is left that reaches the closed sandbox.
-async fn accept(listener: tokio::net::TcpListener, app: axum::Router) {
+async fn accept(mut listener: cordon_listen::Listener, app: axum::Router) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        // Out of descriptors, say: wait rather than spin.
-                        tracing::warn!("lab listener: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                // The last small segment of an answer (or a kernel's frame)
-                // must not wait for the browser's delayed ACK.
-                if let Err(e) = stream.set_nodelay(true) {
-                    tracing::debug!("TCP_NODELAY: {e}");
-                }
+            (stream, _) = listener.accept() => {
                 let service = hyper_util::service::TowerToHyperService::new(app.clone());
                 connections.spawn(async move {
                     let io = hyper_util::rt::TokioIo::new(stream);
@@ -231,8 +229,9 @@ impl State {
         } else {
             format!("{path}?{rest}")
         };
+        let secure = if self.secure { "; Secure" } else { "" };
         let cookie = format!(
-            "{}={session}; Path={}; HttpOnly; SameSite=Strict",
+            "{}={session}; Path={}; HttpOnly; SameSite=Strict{secure}",
             self.cookie, self.base
         );
         redirect(&to, Some(cookie))
@@ -390,8 +389,9 @@ mod tests {
 
     #[tokio::test]
     async fn accepted_connections_do_not_wait_for_delayed_acks() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = cordon_listen::Listener::new(tcp, None).unwrap();
+        let addr = listener.local_addr();
         let app = axum::Router::new().fallback(|| async { "ok" });
         let server = tokio::spawn(async move { accept(listener, app).await });
         let client = tokio::task::spawn_blocking(move || {

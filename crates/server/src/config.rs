@@ -14,6 +14,9 @@ use crate::job::Bounds;
 #[derive(Clone)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
+    /// The certificate and key the API, web UI, live view, `/mcp` and
+    /// every Lab's origin are served with; none: plain HTTP.
+    pub tls: Option<cordon_listen::Tls>,
     /// `postgres://…`, `sqlite://PATH` or a path.
     pub db: String,
     /// Job workspaces live in `<data_dir>/jobs/<id>/`.
@@ -66,6 +69,7 @@ impl ServerConfig {
     pub fn new(db: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
         ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            tls: None,
             db: db.into(),
             data_dir: data_dir.into(),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),

@@ -51,6 +51,7 @@ pub(crate) async fn open(
     key: &str,
     base: &str,
     ip: IpAddr,
+    tls: Option<&cordon_listen::Tls>,
     gone: impl Fn() -> ApiError,
 ) -> Result<Arc<Site>, ApiError> {
     let opening = sandboxes.lab(key).ok_or_else(&gone)?;
@@ -68,9 +69,12 @@ pub(crate) async fn open(
                     unavailable(e)
                 }
             })?;
-            let listener = tokio::net::TcpListener::bind((ip, 0))
+            let tcp = tokio::net::TcpListener::bind((ip, 0))
                 .await
                 .map_err(|e| unavailable(format!("cannot listen for the Lab on {ip}: {e}")))?;
+            // The Lab's origin is served as the API is: over TLS when it is.
+            let listener = cordon_listen::Listener::new(tcp, tls.cloned())
+                .map_err(|e| unavailable(format!("the Lab's listener: {e}")))?;
             let site = Site::serve(listener, Arc::new(Upstream::new(sandbox)), base.to_string())
                 .map_err(|e| unavailable(format!("the Lab's listener: {e}")))?;
             tracing::info!("{key}: JupyterLab at {}", site.addr());

@@ -120,24 +120,24 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
             }
         });
     }
-    let listener = tokio::net::TcpListener::bind(listen)
+    let tcp = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| ServeError::Bind {
             addr: listen,
             source,
         })?;
-    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
-        addr: listen,
-        source,
-    })?;
-    // Event streams write small frames long after the last request byte;
-    // with Nagle's algorithm each waits for the client's delayed ACK (a
-    // measured 20 ms per job's `finished` event).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY: {e}");
-        }
-    });
+    // Event streams write small frames long after the last request byte:
+    // the listener sets TCP_NODELAY (with Nagle each `finished` event
+    // waited a measured 20 ms for the client's delayed ACK).
+    let listener =
+        cordon_listen::Listener::new(tcp, shared.config.tls.clone()).map_err(|source| {
+            ServeError::Bind {
+                addr: listen,
+                source,
+            }
+        })?;
+    let addr = listener.local_addr();
+    let scheme = listener.scheme();
     let app = crate::routes::router(shared.clone());
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let serve = tokio::spawn(async move {
@@ -151,7 +151,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
             tracing::error!("server: {e}");
         }
     });
-    tracing::info!("listening on http://{addr}");
+    tracing::info!("listening on {scheme}://{addr}");
     Ok(Running {
         addr,
         shared,

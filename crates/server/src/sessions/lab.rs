@@ -43,6 +43,7 @@ async fn site(shared: &Shared, tenant: &str, id: &str) -> Result<Arc<cordon_lab:
         &key,
         &base(&format!("sessions/{id}")),
         shared.config.listen.ip(),
+        shared.config.tls.as_ref(),
         gone,
     )
     .await
