@@ -64,6 +64,12 @@ pub struct ServeArgs {
     /// The private key of --tls-cert (PEM)
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Serve Prometheus metrics at /metrics on this address, plain HTTP
+    /// and without a token (queue depth, jobs by state, durations,
+    /// sandbox starts, leases): bind it to a network only your monitoring
+    /// reaches
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// One `--allow` entry, checked as the broker will read it.
@@ -247,6 +253,7 @@ pub async fn serve(args: ServeArgs) -> i32 {
         args.data_dir.unwrap_or_else(|| data_home().join("server")),
     );
     config.listen = args.listen;
+    config.metrics_listen = args.metrics_listen;
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         config.tls = match cordon_listen::Tls::load(cert, key) {
             Ok(t) => Some(t),

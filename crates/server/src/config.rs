@@ -17,6 +17,9 @@ pub struct ServerConfig {
     /// The certificate and key the API, web UI, live view, `/mcp` and
     /// every Lab's origin are served with; none: plain HTTP.
     pub tls: Option<cordon_listen::Tls>,
+    /// Where `GET /metrics` (Prometheus) is served, without a token: an
+    /// address on the cluster's own network. None: not served.
+    pub metrics_listen: Option<SocketAddr>,
     /// `postgres://…`, `sqlite://PATH` or a path.
     pub db: String,
     /// Job workspaces live in `<data_dir>/jobs/<id>/`.
@@ -70,6 +73,7 @@ impl ServerConfig {
         ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             tls: None,
+            metrics_listen: None,
             db: db.into(),
             data_dir: data_dir.into(),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),

@@ -45,6 +45,7 @@ pub mod jobs;
 mod lab;
 mod live;
 mod mcp;
+pub mod metrics;
 pub mod network;
 pub mod openapi;
 mod routes;

@@ -30,6 +30,8 @@ pub enum ServeError {
 /// A started server; dropping it does not stop it, [`Running::shutdown`] does.
 pub struct Running {
     pub addr: SocketAddr,
+    /// Where `/metrics` is served, if it is.
+    pub metrics_addr: Option<SocketAddr>,
     pub shared: Arc<Shared>,
     stop: tokio::sync::watch::Sender<bool>,
     serve: tokio::task::JoinHandle<()>,
@@ -140,6 +142,10 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
     let scheme = listener.scheme();
     let app = crate::routes::router(shared.clone());
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let metrics_addr = match shared.config.metrics_listen {
+        Some(at) => Some(serve_metrics(&shared, at, stopped.clone()).await?),
+        None => None,
+    };
     let serve = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stopped.wait_for(|s| *s).await;
@@ -154,10 +160,37 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
     tracing::info!("listening on {scheme}://{addr}");
     Ok(Running {
         addr,
+        metrics_addr,
         shared,
         stop,
         serve,
     })
+}
+
+/// Serves `/metrics` on `at`, plain HTTP without a token, until `stop`.
+async fn serve_metrics(
+    shared: &Arc<Shared>,
+    at: SocketAddr,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<SocketAddr, ServeError> {
+    let bind = |source| ServeError::Bind { addr: at, source };
+    let tcp = tokio::net::TcpListener::bind(at).await.map_err(bind)?;
+    let listener = cordon_listen::Listener::new(tcp, None).map_err(bind)?;
+    let addr = listener.local_addr();
+    let app = crate::metrics::router(shared.clone());
+    tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!("metrics: {e}");
+        }
+    });
+    tracing::info!("metrics on http://{addr}/metrics");
+    Ok(addr)
 }
 
 /// Removes the workspaces of jobs that finished more than `keep` ago, and
@@ -219,7 +252,9 @@ async fn worker(shared: Arc<Shared>) {
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(job.id.clone(), cancel.clone());
                 let id = job.id.clone();
+                shared.metrics.lease_taken();
                 shared.runner.run(job, cancel).await;
+                shared.metrics.lease_ended();
                 shared
                     .running
                     .lock()

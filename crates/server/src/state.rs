@@ -34,6 +34,8 @@ pub struct Shared {
     pub ceilings: Arc<Ceilings>,
     /// The brokers' policies of running jobs and live sessions.
     pub policies: LivePolicies,
+    /// This process's Prometheus metrics.
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Runs the jobs the workers claim.
     pub(crate) runner: Runner,
     /// Claims are made one at a time in this process, so two workers never
@@ -53,6 +55,7 @@ impl Shared {
         let ceilings = Arc::new(ceilings);
         let policies = LivePolicies::default();
         let sandboxes = Arc::new(Sandboxes::default());
+        let metrics = Arc::new(crate::metrics::Metrics::default());
         let runner = Runner::new(
             &config,
             Shares {
@@ -61,6 +64,7 @@ impl Shared {
                 ceilings: ceilings.clone(),
                 policies: policies.clone(),
                 sandboxes: sandboxes.clone(),
+                metrics: metrics.clone(),
             },
         );
         Shared {
@@ -74,6 +78,7 @@ impl Shared {
             wake: Notify::new(),
             ceilings,
             policies,
+            metrics,
             runner,
             claim: tokio::sync::Mutex::new(()),
         }

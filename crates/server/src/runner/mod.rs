@@ -46,6 +46,7 @@ pub struct Runner {
     policies: LivePolicies,
     /// Where a running job's sandbox is listed for its live view and Lab.
     live: Arc<Sandboxes>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The live parts a [`Runner`] shares with the rest of the server.
@@ -55,6 +56,7 @@ pub struct Shares {
     pub ceilings: Arc<Ceilings>,
     pub policies: LivePolicies,
     pub sandboxes: Arc<Sandboxes>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Runner {
@@ -72,12 +74,14 @@ impl Runner {
             ceilings: shares.ceilings,
             policies: shares.policies,
             live: shares.sandboxes,
+            metrics: shares.metrics,
         }
     }
 
     /// Runs a claimed job to its end and records the outcome.
     pub async fn run(&self, job: JobRow, cancel: Cancel) {
         let id = job.id.clone();
+        let started = Instant::now();
         self.hub.open(&id);
         let mut sink = Sink::new(self.store.clone(), self.hub.clone(), &id, self.output_cap);
         sink.event(JobEvent::State {
@@ -108,7 +112,11 @@ impl Runner {
             .finish(&id, &[JobState::Running], &outcome, &finished)
             .await
         {
-            Ok(Some(e)) => self.hub.publish(&id, &[e]),
+            Ok(Some(e)) => {
+                self.hub.publish(&id, &[e]);
+                self.metrics
+                    .job_finished(job.kind, outcome.state, started.elapsed().as_secs_f64());
+            }
             Ok(None) => {}
             Err(e) => tracing::error!(job = %id, "cannot record the outcome: {e}"),
         }
@@ -148,7 +156,10 @@ impl Runner {
         }
         let mut config = self.sandbox_config(&ws, &req.options);
         config.display = req.spec.display();
-        let sandbox = match Sandbox::create(config).await {
+        let backend = config.backend;
+        let created = Sandbox::create(config).await;
+        self.metrics.sandbox_started(backend, created.is_ok());
+        let sandbox = match created {
             Ok(s) => s,
             Err(e) => return failed(format!("cannot create the sandbox: {e}")),
         };

@@ -309,7 +309,10 @@ async fn wake(
     sc.egress = policy
         .as_ref()
         .map(|p| cordon_sandbox::Egress::new(p.clone().into()));
-    let sandbox = Sandbox::create(sc).await.map_err(|e| {
+    let backend = sc.backend;
+    let created = Sandbox::create(sc).await;
+    shared.metrics.sandbox_started(backend, created.is_ok());
+    let sandbox = created.map_err(|e| {
         tracing::error!("session {}: {e}", row.id);
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -499,6 +499,21 @@ impl Store {
         Ok(changed > 0)
     }
 
+    /// How many jobs are in each state (states with none are left out).
+    pub async fn count_by_state(&self) -> Result<Vec<(JobState, i64)>> {
+        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let state: String = r.try_get("state")?;
+                let state = JobState::parse(&state)
+                    .ok_or_else(|| StoreError::Invalid(format!("unknown job state {state:?}")))?;
+                Ok((state, r.try_get("n")?))
+            })
+            .collect()
+    }
+
     /// Ids of jobs left running by a server that stopped without finishing
     /// them.
     pub async fn running_ids(&self) -> Result<Vec<String>> {

@@ -1,0 +1,100 @@
+//! `/metrics` on the metrics listener: the queue depth an autoscaler reads,
+//! jobs by state, durations, sandbox starts and leases, in Prometheus'
+//! text format; and nothing of it on the API's own port.
+
+mod common;
+
+use common::*;
+
+async fn scrape(s: &TestServer) -> String {
+    let addr = s.running.as_ref().unwrap().metrics_addr.unwrap();
+    let r = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let ct = r.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
+    r.text().await.unwrap()
+}
+
+/// The value of the sample named exactly `series` (name and labels).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+async fn metrics(db: Db) {
+    let Some(s) = TestServer::start_with(db, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.workers = 1;
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let held = s
+        .submit(
+            &t,
+            shell("while [ ! -f /workspace/release ]; do sleep 0.05; done"),
+        )
+        .await;
+    s.wait_running(&t, &held).await;
+    let queued = [
+        s.submit(&t, shell("true")).await,
+        s.submit(&t, shell("exit 3")).await,
+    ];
+    let text = scrape(&s).await;
+    assert_eq!(sample(&text, "cordon_jobs_queued"), Some(2.0), "{text}");
+    assert_eq!(
+        sample(&text, r#"cordon_jobs{state="running"}"#),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(sample(&text, "cordon_worker_leases"), Some(1.0), "{text}");
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+
+    let r = s
+        .client
+        .put(s.url(&format!("/v1/jobs/{held}/files/release")))
+        .bearer_auth(&t)
+        .body("")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    for id in [&held, &queued[0], &queued[1]] {
+        s.wait(&t, id).await;
+    }
+    let text = scrape(&s).await;
+    assert_eq!(sample(&text, "cordon_jobs_queued"), Some(0.0), "{text}");
+    assert_eq!(
+        sample(&text, r#"cordon_jobs{state="succeeded"}"#),
+        Some(2.0)
+    );
+    assert_eq!(sample(&text, r#"cordon_jobs{state="failed"}"#), Some(1.0));
+    assert_eq!(sample(&text, "cordon_worker_leases"), Some(0.0));
+    assert_eq!(
+        sample(
+            &text,
+            r#"cordon_job_duration_seconds_count{kind="shell",state="succeeded"}"#
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            r#"cordon_sandbox_starts_total{backend="native",result="ok"}"#
+        ),
+        Some(3.0),
+        "{text}"
+    );
+
+    // Not on the API's port, where everything else needs a token.
+    let r = s.client.get(s.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+on_both!(metrics);
