@@ -81,6 +81,9 @@ enum Command {
     Mcp(mcp_cmd::McpArgs),
     /// Serve the jobs API: a persistent queue of sandboxed jobs.
     Serve(serve_cmd::ServeArgs),
+    /// Run jobs from a `cordon serve`'s database (PostgreSQL), beside any
+    /// number of API processes and other workers; takes `serve`'s options.
+    Worker(serve_cmd::ServeArgs),
     /// Manage the server's bearer tokens.
     Token(serve_cmd::TokenArgs),
     /// Prepare the microvm backend: `cordon vm setup` fetches the guest kernel.
@@ -120,7 +123,7 @@ fn main() {
     let command = cli.command.unwrap_or(Command::Chat(cli.chat));
     // The server runs jobs in parallel; everything else is one task at a time.
     let mut builder = match command {
-        Command::Serve(_) => tokio::runtime::Builder::new_multi_thread(),
+        Command::Serve(_) | Command::Worker(_) => tokio::runtime::Builder::new_multi_thread(),
         _ => tokio::runtime::Builder::new_current_thread(),
     };
     let runtime = match builder.enable_all().build() {
@@ -142,6 +145,7 @@ fn main() {
             Command::Sessions(args) => sessions_cmd::sessions(args),
             Command::Mcp(args) => mcp_cmd::mcp(args).await,
             Command::Serve(args) => serve_cmd::serve(args).await,
+            Command::Worker(args) => serve_cmd::worker(args).await,
             Command::Token(args) => serve_cmd::token(args).await,
             Command::Vm(args) => vm_cmd::vm(args),
             Command::Lab(args) => lab_cmd::lab(args).await,

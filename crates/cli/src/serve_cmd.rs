@@ -16,14 +16,23 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// `postgres://…`, or a SQLite file [default: the XDG data directory's cordon/server.db]
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", env = "CORDON_DB", hide_env_values = true)]
     pub db: Option<String>,
     /// Where job workspaces live [default: the XDG data directory's cordon/server]
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Jobs run at once [default: the number of CPUs]
+    /// Jobs run at once [default: the number of CPUs]; `serve --workers 0`
+    /// runs none (an API process beside `cordon worker`s)
     #[arg(long)]
     pub workers: Option<usize>,
+    /// How long a worker's claim on a job lasts unless renewed (every sixth
+    /// of it): a worker silent this long loses its jobs to the others
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::options::parse_timeout)]
+    pub lease: std::time::Duration,
+    /// Times a job may be started: a job whose worker died (or restarted)
+    /// is queued again until then, else failed
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..=100))]
+    pub max_attempts: i64,
     /// Jobs run at once per tenant
     #[arg(long, default_value_t = 4)]
     pub per_tenant: i64,
@@ -124,7 +133,7 @@ pub enum TokenCommand {
         #[arg(long)]
         operator: bool,
         /// The server's database, as for `cordon serve --db`
-        #[arg(long, value_name = "URL")]
+        #[arg(long, value_name = "URL", env = "CORDON_DB", hide_env_values = true)]
         db: Option<String>,
     },
     /// List tokens: their ids (the start of each hash), tenants and ages.
@@ -133,7 +142,7 @@ pub enum TokenCommand {
         #[arg(long)]
         tenant: Option<String>,
         /// The server's database, as for `cordon serve --db`
-        #[arg(long, value_name = "URL")]
+        #[arg(long, value_name = "URL", env = "CORDON_DB", hide_env_values = true)]
         db: Option<String>,
     },
     /// Revoke a token by its id (from `cordon token list`), or all of a
@@ -146,7 +155,7 @@ pub enum TokenCommand {
         #[arg(long)]
         tenant: Option<String>,
         /// The server's database, as for `cordon serve --db`
-        #[arg(long, value_name = "URL")]
+        #[arg(long, value_name = "URL", env = "CORDON_DB", hide_env_values = true)]
         db: Option<String>,
     },
 }
@@ -248,6 +257,15 @@ pub async fn token(args: TokenArgs) -> i32 {
 }
 
 pub async fn serve(args: ServeArgs) -> i32 {
+    run(args, true).await
+}
+
+/// `cordon worker`: runs jobs from the shared database, serves no API.
+pub async fn worker(args: ServeArgs) -> i32 {
+    run(args, false).await
+}
+
+async fn run(args: ServeArgs, api: bool) -> i32 {
     let mut config = ServerConfig::new(
         args.db.unwrap_or_else(default_db),
         args.data_dir.unwrap_or_else(|| data_home().join("server")),
@@ -264,8 +282,15 @@ pub async fn serve(args: ServeArgs) -> i32 {
         };
     }
     if let Some(w) = args.workers {
-        config.workers = w.max(1);
+        config.workers = w;
     }
+    if !api && config.workers == 0 {
+        eprintln!("cordon: a worker with --workers 0 would run nothing");
+        return exit::CONFIG;
+    }
+    config.api = api;
+    config.lease = args.lease;
+    config.max_attempts = args.max_attempts;
     config.per_tenant = args.per_tenant.max(1);
     config.session_idle = args.session_idle;
     config.sessions = args.sessions.max(1);
@@ -325,6 +350,13 @@ pub async fn serve(args: ServeArgs) -> i32 {
             return exit::CONFIG;
         }
     };
+    if !api {
+        eprintln!(
+            "cordon: worker {} runs up to {} jobs at once; /health on http://{}",
+            running.shared.worker, running.shared.config.workers, running.addr
+        );
+        return until_stopped(running).await;
+    }
     // Starting with no configuration must still give a way in.
     match running.shared.store.token_count().await {
         // The first token is the operator's: whoever started the server.
@@ -350,6 +382,10 @@ pub async fn serve(args: ServeArgs) -> i32 {
         "http"
     };
     eprintln!("cordon: serving on {scheme}://{}", running.addr);
+    until_stopped(running).await
+}
+
+async fn until_stopped(running: cordon_server::Running) -> i32 {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {

@@ -24,8 +24,17 @@ pub struct ServerConfig {
     pub db: String,
     /// Job workspaces live in `<data_dir>/jobs/<id>/`.
     pub data_dir: PathBuf,
-    /// Jobs run at once, in all.
+    /// Whether this process serves the API (`cordon serve`); a worker
+    /// alone (`cordon worker`) answers `/health` only.
+    pub api: bool,
+    /// Jobs run at once, in all; 0: none (an API-only process).
     pub workers: usize,
+    /// How long a worker's claim on a job lasts unless renewed (it renews
+    /// every sixth of it); a worker silent this long loses its jobs.
+    pub lease: Duration,
+    /// Times a job may be started: one whose worker died is queued again
+    /// until it has been started this often, then failed.
+    pub max_attempts: i64,
     /// Jobs run at once per tenant.
     pub per_tenant: i64,
     /// Bytes of stdout (and of stderr) kept per job.
@@ -77,7 +86,10 @@ impl ServerConfig {
             db: db.into(),
             data_dir: data_dir.into(),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            api: true,
             per_tenant: 4,
+            lease: Duration::from_secs(30),
+            max_attempts: 1,
             output_cap: 1024 * 1024,
             body_limit: 1024 * 1024,
             file_limit: 16 * 1024 * 1024,

@@ -23,6 +23,7 @@
 //!   process).
 //! - `config`: what the server is told, and the parts of it others take
 //!   alone (sandbox defaults, the jobs' directories).
+//! - `metrics`: this process's Prometheus metrics.
 //! - `runner`: runs one claimed job, holding only what that takes (store,
 //!   hub, directories, limits, the model, the live registries).
 //! - `state`: the state handlers and workers share, built from the parts
@@ -30,7 +31,8 @@
 //! - Resources, one module each: `health`, `ui`, `docs`, `mcp`, `jobs`,
 //!   `sessions`, `tokens`.
 //! - On top: `openapi` (the document, from the resources' types and
-//!   paths), `routes` (the router), `server` (start, workers, recovery).
+//!   paths), `routes` (the router), `worker` (claims, leases, heartbeats,
+//!   and settling a dead worker's jobs), `server` (start and listen).
 
 mod caps;
 pub mod config;
@@ -57,6 +59,7 @@ pub mod state;
 pub mod store;
 mod tokens;
 pub mod ui;
+mod worker;
 
 pub use config::{AgentDefaults, ServerConfig};
 pub use server::{Running, ServeError, start};
@@ -77,6 +80,7 @@ pub const LAYERS: &[&str] = &[
     "desktop",
     "lab",
     "live",
+    "metrics",
     "runner",
     "state",
     "health",
@@ -88,6 +92,7 @@ pub const LAYERS: &[&str] = &[
     "tokens",
     "openapi",
     "routes",
+    "worker",
     "server",
 ];
 

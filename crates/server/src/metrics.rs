@@ -15,14 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use std::sync::Arc;
-
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-
 use crate::job::{JobKind, JobState};
-use crate::state::Shared;
 use crate::store::{Store, StoreError};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -171,34 +164,5 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .map_err(|e| StoreError::Invalid(format!("encoding metrics: {e}")))?;
         Ok(out)
-    }
-}
-
-/// The metrics listener's routes: `/metrics`, and `/health` for probes.
-pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
-    axum::Router::new()
-        .route("/metrics", axum::routing::get(scrape))
-        .route("/health", axum::routing::get(|| async { "ok" }))
-        .with_state(shared)
-}
-
-async fn scrape(State(shared): State<Arc<Shared>>) -> Response {
-    match shared.metrics.render(&shared.store).await {
-        Ok(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(e) => {
-            tracing::warn!("metrics: {e}");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the database did not answer\n",
-            )
-                .into_response()
-        }
     }
 }

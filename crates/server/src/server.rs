@@ -5,13 +5,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cordon_agent::Cancel;
-
 use crate::config::ServerConfig;
 use crate::files::remove_tree;
-use crate::job::{JobEvent, JobState};
 use crate::state::Shared;
-use crate::store::{NewEvent, Outcome, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -46,38 +43,6 @@ impl Running {
     }
 }
 
-const RESTARTED: &str = "server restarted";
-
-/// Jobs a previous server left `running` cannot be resumed: their sandbox
-/// died with it. Each is failed with a reason and a final event.
-async fn recover(shared: &Shared) -> Result<usize, StoreError> {
-    let ids = shared.store.running_ids().await?;
-    for id in &ids {
-        let outcome = Outcome {
-            state: JobState::Failed,
-            exit_code: None,
-            error: Some(RESTARTED.into()),
-            result: None,
-        };
-        let event = NewEvent::from(JobEvent::Finished {
-            state: JobState::Failed,
-            exit_code: None,
-            error: Some(RESTARTED.into()),
-        });
-        shared
-            .store
-            .finish(id, &[JobState::Running], &outcome, &event)
-            .await?;
-    }
-    if !ids.is_empty() {
-        tracing::warn!(
-            "{} job(s) were running when the server stopped; marked failed",
-            ids.len()
-        );
-    }
-    Ok(ids.len())
-}
-
 /// Opens the store, recovers, starts the workers and serves.
 pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
     let store = Store::open(&config.db).await?;
@@ -87,11 +52,18 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
     for w in warnings {
         tracing::warn!("network ceiling: {w}");
     }
-    let shared = Arc::new(Shared::new(config, store, ceilings));
-    recover(&shared).await?;
-    for _ in 0..shared.config.workers.max(1) {
-        tokio::spawn(worker(shared.clone()));
+    let worker = crate::worker::worker_id(&config.data_dir).map_err(|e| {
+        StoreError::Invalid(format!(
+            "cannot keep a worker id in {}: {e}",
+            config.data_dir.display()
+        ))
+    })?;
+    let shared = Arc::new(Shared::new(config, store, ceilings, worker));
+    let settled = crate::worker::recover(&shared).await?;
+    if settled > 0 {
+        tracing::warn!("{settled} job(s) were running when this server stopped; settled");
     }
+    crate::worker::start(&shared);
     let reaper = Arc::downgrade(&shared);
     // Often enough that a session closes close to its idle limit.
     let every =
@@ -140,7 +112,11 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         })?;
     let addr = listener.local_addr();
     let scheme = listener.scheme();
-    let app = crate::routes::router(shared.clone());
+    let app = if shared.config.api {
+        crate::routes::router(shared.clone())
+    } else {
+        axum::Router::new().route("/health", axum::routing::get(|| async { "ok" }))
+    };
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let metrics_addr = match shared.config.metrics_listen {
         Some(at) => Some(serve_metrics(&shared, at, stopped.clone()).await?),
@@ -177,7 +153,7 @@ async fn serve_metrics(
     let tcp = tokio::net::TcpListener::bind(at).await.map_err(bind)?;
     let listener = cordon_listen::Listener::new(tcp, None).map_err(bind)?;
     let addr = listener.local_addr();
-    let app = crate::metrics::router(shared.clone());
+    let app = metrics_router(shared.clone());
     tokio::spawn(async move {
         let shutdown = async move {
             let _ = stop.wait_for(|s| *s).await;
@@ -231,47 +207,34 @@ async fn remove_expired_workspaces(shared: &Arc<Shared>, keep: Duration) {
     }
 }
 
-/// Takes queued jobs in order and runs them, one at a time per worker.
-async fn worker(shared: Arc<Shared>) {
-    loop {
-        // Registered before looking at the queue, so a job queued between
-        // the look and the wait still wakes this worker.
-        let notified = shared.wake.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let claimed = {
-            let _turn = shared.claim.lock().await;
-            shared.store.claim(shared.config.per_tenant).await
-        };
-        match claimed {
-            Ok(Some(job)) => {
-                let cancel = Cancel::new();
-                shared
-                    .running
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(job.id.clone(), cancel.clone());
-                let id = job.id.clone();
-                shared.metrics.lease_taken();
-                shared.runner.run(job, cancel).await;
-                shared.metrics.lease_ended();
-                shared
-                    .running
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&id);
-                // A slot freed: a job held back by its tenant's limit may go.
-                shared.wake.notify_waiters();
-            }
-            Ok(None) => {
-                // Woken by a new job, or polling for jobs queued by another
-                // process sharing the database.
-                let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
-            }
-            Err(e) => {
-                tracing::error!("cannot take a job from the queue: {e}");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
+/// The metrics listener's routes: `/metrics`, and `/health` for probes.
+fn metrics_router(shared: Arc<Shared>) -> axum::Router {
+    axum::Router::new()
+        .route("/metrics", axum::routing::get(scrape))
+        .route("/health", axum::routing::get(|| async { "ok" }))
+        .with_state(shared)
+}
+
+async fn scrape(
+    axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match shared.metrics.render(&shared.store).await {
+        Ok(text) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => {
+            tracing::warn!("metrics: {e}");
+            (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "the database did not answer\n",
+            )
+                .into_response()
         }
     }
 }

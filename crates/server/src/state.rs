@@ -36,6 +36,8 @@ pub struct Shared {
     pub policies: LivePolicies,
     /// This process's Prometheus metrics.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// This process's worker id: what its leases are held under.
+    pub worker: String,
     /// Runs the jobs the workers claim.
     pub(crate) runner: Runner,
     /// Claims are made one at a time in this process, so two workers never
@@ -45,7 +47,7 @@ pub struct Shared {
 
 impl Shared {
     /// The state of a server started with `config`, over `store`.
-    pub fn new(config: ServerConfig, store: Store, ceilings: Ceilings) -> Shared {
+    pub fn new(config: ServerConfig, store: Store, ceilings: Ceilings, worker: String) -> Shared {
         let caps = Arc::new(crate::caps::SessionCaps::new(
             config.sessions_per_tenant,
             config.sessions,
@@ -65,6 +67,7 @@ impl Shared {
                 policies: policies.clone(),
                 sandboxes: sandboxes.clone(),
                 metrics: metrics.clone(),
+                worker: worker.clone(),
             },
         );
         Shared {
@@ -79,6 +82,7 @@ impl Shared {
             ceilings,
             policies,
             metrics,
+            worker,
             runner,
             claim: tokio::sync::Mutex::new(()),
         }

@@ -83,6 +83,14 @@ pub enum JobEvent {
     /// Something beside the job's own output went wrong (an MCP server
     /// that did not start); shaped like the agent's own events.
     Error(Problem),
+    /// The worker running the job stopped answering (its lease lapsed) or
+    /// restarted, and the job is queued to run again from the start, in a
+    /// fresh sandbox: `attempts` runs so far, of the server's
+    /// `--max-attempts`.
+    Requeued {
+        reason: String,
+        attempts: i64,
+    },
     /// The last event: how the job ended.
     Finished {
         state: JobState,
@@ -104,6 +112,7 @@ impl JobEvent {
             JobEvent::NetworkRefused { .. } => "network_refused",
             JobEvent::NetworkPolicy(_) => "network_policy",
             JobEvent::Error(_) => "error",
+            JobEvent::Requeued { .. } => "requeued",
             JobEvent::Finished { .. } => "finished",
         };
         let data = serde_json::to_value(self)

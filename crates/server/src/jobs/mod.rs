@@ -291,7 +291,7 @@ async fn cancel(shared: &Shared, job: &JobRow) -> ApiResult<()> {
             // A worker may have claimed it meanwhile: then cancel the run.
             if shared
                 .store
-                .finish(id, &[JobState::Queued], &outcome, &event)
+                .finish(id, &[JobState::Queued], None, &outcome, &event)
                 .await?
                 .is_none()
             {
@@ -311,7 +311,8 @@ async fn cancel(shared: &Shared, job: &JobRow) -> ApiResult<()> {
 }
 
 /// Signals a running job and waits (a few seconds at most) for its runner
-/// to record the end.
+/// to record the end. A job running in another process is asked through
+/// the database; its worker sees the request within a second.
 async fn cancel_running(shared: &Shared, id: &str) {
     let handle = shared
         .running
@@ -319,7 +320,22 @@ async fn cancel_running(shared: &Shared, id: &str) {
         .unwrap_or_else(|p| p.into_inner())
         .get(id)
         .cloned();
-    let Some(cancel) = handle else { return };
+    let Some(cancel) = handle else {
+        match shared.store.request_cancel(id).await {
+            Ok(true) => {
+                for _ in 0..100 {
+                    match shared.store.holder(id).await {
+                        Ok(Some((state, _))) if state.is_terminal() => break,
+                        Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
+                        _ => break,
+                    }
+                }
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(job = %id, "cannot ask for a cancel: {e}"),
+        }
+        return;
+    };
     cancel.cancel();
     for _ in 0..100 {
         let still = shared

@@ -47,6 +47,8 @@ pub struct Runner {
     /// Where a running job's sandbox is listed for its live view and Lab.
     live: Arc<Sandboxes>,
     metrics: Arc<crate::metrics::Metrics>,
+    /// The worker id this process's leases are held under.
+    worker: String,
 }
 
 /// The live parts a [`Runner`] shares with the rest of the server.
@@ -57,6 +59,7 @@ pub struct Shares {
     pub policies: LivePolicies,
     pub sandboxes: Arc<Sandboxes>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    pub worker: String,
 }
 
 impl Runner {
@@ -75,6 +78,7 @@ impl Runner {
             policies: shares.policies,
             live: shares.sandboxes,
             metrics: shares.metrics,
+            worker: shares.worker,
         }
     }
 
@@ -109,7 +113,13 @@ impl Runner {
         });
         match self
             .store
-            .finish(&id, &[JobState::Running], &outcome, &finished)
+            .finish(
+                &id,
+                &[JobState::Running],
+                Some(&self.worker),
+                &outcome,
+                &finished,
+            )
             .await
         {
             Ok(Some(e)) => {

@@ -16,6 +16,7 @@ use sqlx::{AnyPool, Row};
 use crate::job::{JobEvent, JobKind, JobRequest, JobResult, JobState};
 
 mod tokens;
+pub use leases::Held;
 pub use tokens::{Caller, NewToken, Role, TOKEN_ID_CHARS, TokenRow, check_tenant};
 
 /// Errors of the store.
@@ -131,6 +132,31 @@ pub fn random_hex(bytes: usize) -> String {
     buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+type Tx<'a> = sqlx::Transaction<'a, sqlx::Any>;
+
+/// Appends `e` to job `id`'s events, numbered after its last one; the
+/// caller holds the job's row (see [`Store::lock_job`]).
+async fn push_event(tx: &mut Tx<'_>, id: &str, e: &NewEvent) -> Result<StoredEvent> {
+    let ts = now_ms();
+    let row = sqlx::query(
+        "INSERT INTO job_events (job_id, seq, ts_ms, kind, data) VALUES \
+         ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM job_events WHERE job_id = $1), $2, $3, $4) \
+         RETURNING seq",
+    )
+    .bind(id)
+    .bind(ts)
+    .bind(&e.kind)
+    .bind(e.data.to_string())
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(StoredEvent {
+        seq: row.try_get("seq")?,
+        ts_ms: ts,
+        kind: e.kind.clone(),
+        data: e.data.clone(),
+    })
+}
+
 /// The columns of a job, in statements built with `concat!` (sqlx takes
 /// only static SQL, which keeps injection out by construction).
 macro_rules! job_columns {
@@ -139,6 +165,8 @@ macro_rules! job_columns {
          error, stdout, stderr, stdout_truncated, stderr_truncated, result, workspace_removed_ms"
     };
 }
+
+mod leases;
 
 fn job_from_row(row: &AnyRow) -> Result<JobRow> {
     let state: String = row.try_get("state")?;
@@ -255,6 +283,19 @@ impl Store {
         self.backend
     }
 
+    /// Holds job `id`'s row until the transaction ends, so that processes
+    /// sharing the database number its events one at a time (SQLite's
+    /// writer lock does this by itself).
+    async fn lock_job(&self, tx: &mut Tx<'_>, id: &str) -> Result<()> {
+        if self.backend == Backend::Postgres {
+            sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE")
+                .bind(id)
+                .fetch_optional(&mut **tx)
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn migrate(&self) -> Result<()> {
         let migrator = match self.backend {
             Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
@@ -318,25 +359,6 @@ impl Store {
         rows.iter().map(job_from_row).collect()
     }
 
-    /// Takes the oldest queued job whose tenant runs fewer than
-    /// `per_tenant` jobs, and marks it running.
-    pub async fn claim(&self, per_tenant: i64) -> Result<Option<JobRow>> {
-        let row = sqlx::query(concat!(
-            "UPDATE jobs SET state = 'running', started_ms = $1 \
-             WHERE state = 'queued' AND seq = (\
-                SELECT q.seq FROM jobs q WHERE q.state = 'queued' AND \
-                (SELECT COUNT(*) FROM jobs r WHERE r.tenant = q.tenant AND r.state = 'running') < $2 \
-                ORDER BY q.seq LIMIT 1) \
-             RETURNING ",
-            job_columns!()
-        ))
-        .bind(now_ms())
-        .bind(per_tenant)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.as_ref().map(job_from_row).transpose()
-    }
-
     /// Appends events to a job, numbering them after its last one, and
     /// adds output to its stored stdout/stderr, all at once.
     pub async fn append(
@@ -347,27 +369,10 @@ impl Store {
     ) -> Result<Vec<StoredEvent>> {
         let _one_at_a_time = self.appending.lock().await;
         let mut tx = self.pool.begin().await?;
+        self.lock_job(&mut tx, id).await?;
         let mut stored = Vec::with_capacity(events.len());
         for e in events {
-            let ts = now_ms();
-            let data = e.data.to_string();
-            let row = sqlx::query(
-                "INSERT INTO job_events (job_id, seq, ts_ms, kind, data) VALUES \
-                 ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM job_events WHERE job_id = $1), $2, $3, $4) \
-                 RETURNING seq",
-            )
-            .bind(id)
-            .bind(ts)
-            .bind(&e.kind)
-            .bind(&data)
-            .fetch_one(&mut *tx)
-            .await?;
-            stored.push(StoredEvent {
-                seq: row.try_get("seq")?,
-                ts_ms: ts,
-                kind: e.kind.clone(),
-                data: e.data.clone(),
-            });
+            stored.push(push_event(&mut tx, id, e).await?);
         }
         if let Some(o) = output {
             sqlx::query(
@@ -386,22 +391,26 @@ impl Store {
         Ok(stored)
     }
 
-    /// Ends a job that is in one of `from` states; false if it was not
-    /// (already finished, or cancelled meanwhile). The final event is
+    /// Ends a job that is in one of `from` states and, with `worker`, is
+    /// still that worker's; None if it was not (already finished, cancelled
+    /// meanwhile, or its lease lost to another). The final event is
     /// appended in the same transaction.
     pub async fn finish(
         &self,
         id: &str,
         from: &[JobState],
+        worker: Option<&str>,
         outcome: &Outcome,
         event: &NewEvent,
     ) -> Result<Option<StoredEvent>> {
         let _one_at_a_time = self.appending.lock().await;
         let mut tx = self.pool.begin().await?;
+        self.lock_job(&mut tx, id).await?;
         let states: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
         let changed = sqlx::query(
-            "UPDATE jobs SET state = $1, finished_ms = $2, exit_code = $3, error = $4, result = $5 \
-             WHERE id = $6 AND (state = $7 OR state = $8)",
+            "UPDATE jobs SET state = $1, finished_ms = $2, exit_code = $3, error = $4, result = $5, \
+             lease_until_ms = NULL \
+             WHERE id = $6 AND (state = $7 OR state = $8) AND ($9 = '' OR worker = $9)",
         )
         .bind(outcome.state.as_str())
         .bind(now_ms())
@@ -416,31 +425,16 @@ impl Store {
         .bind(id)
         .bind(states.first().copied().unwrap_or(""))
         .bind(states.get(1).copied().unwrap_or(""))
+        .bind(worker.unwrap_or(""))
         .execute(&mut *tx)
         .await?
         .rows_affected();
         if changed == 0 {
             return Ok(None);
         }
-        let ts = now_ms();
-        let row = sqlx::query(
-            "INSERT INTO job_events (job_id, seq, ts_ms, kind, data) VALUES \
-             ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM job_events WHERE job_id = $1), $2, $3, $4) \
-             RETURNING seq",
-        )
-        .bind(id)
-        .bind(ts)
-        .bind(&event.kind)
-        .bind(event.data.to_string())
-        .fetch_one(&mut *tx)
-        .await?;
+        let stored = push_event(&mut tx, id, event).await?;
         tx.commit().await?;
-        Ok(Some(StoredEvent {
-            seq: row.try_get("seq")?,
-            ts_ms: ts,
-            kind: event.kind.clone(),
-            data: event.data.clone(),
-        }))
+        Ok(Some(stored))
     }
 
     /// Events of a job after `after`, in order.

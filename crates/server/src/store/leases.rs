@@ -1,0 +1,343 @@
+//! Leases: how processes sharing the database run each job once.
+//!
+//! A worker claims a queued job and holds it until `lease_until_ms`,
+//! extending the lease while the job runs ([`Store::heartbeat`]). Lease
+//! times are the database's clock, so workers on machines whose clocks
+//! disagree still agree on when a lease lapsed. A job whose lease lapsed,
+//! or whose worker restarted, is settled by whichever process sees it
+//! first ([`Store::settle_lost`]): queued again while it has run fewer
+//! than the allowed attempts, else failed; cancelled if a cancel was asked.
+//! Every change is one conditional `UPDATE` inside a transaction that also
+//! records its event, so two processes never both settle or claim a job.
+//!
+//! On PostgreSQL, claims pick the oldest eligible job with `FOR UPDATE
+//! SKIP LOCKED` (claimers never wait on each other's rows) and then take a
+//! per-tenant advisory lock to count the tenant's running jobs again, so
+//! the per-tenant limit holds across processes too.
+
+use std::time::Duration;
+
+use sqlx::Row;
+
+use super::{
+    Backend, JobRow, NewEvent, Result, Store, StoredEvent, job_from_row, now_ms, push_event,
+};
+use crate::job::{JobEvent, JobState};
+
+/// The database's clock in ms since the epoch, per backend.
+macro_rules! pg_now {
+    () => {
+        "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT"
+    };
+}
+macro_rules! sqlite_now {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)"
+    };
+}
+
+/// A job a worker holds, as its heartbeat found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub id: String,
+    /// A cancel was asked through some API process.
+    pub cancel: bool,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Store {
+    /// Takes the oldest queued job whose tenant runs fewer than
+    /// `per_tenant` jobs, marks it running on `worker` and leases it for
+    /// `lease`.
+    pub async fn claim(
+        &self,
+        per_tenant: i64,
+        worker: &str,
+        lease: Duration,
+    ) -> Result<Option<JobRow>> {
+        match self.backend {
+            Backend::Sqlite => {
+                // One statement: SQLite runs one writer at a time.
+                let row = sqlx::query(concat!(
+                    "UPDATE jobs SET state = 'running', started_ms = $1, worker = $3, \
+                     lease_until_ms = ",
+                    sqlite_now!(),
+                    " + $4, attempts = attempts + 1, cancel_requested = 0 \
+                     WHERE state = 'queued' AND seq = (\
+                        SELECT q.seq FROM jobs q WHERE q.state = 'queued' AND \
+                        (SELECT COUNT(*) FROM jobs r WHERE r.tenant = q.tenant AND r.state = 'running') < $2 \
+                        ORDER BY q.seq LIMIT 1) \
+                     RETURNING ",
+                    job_columns!()
+                ))
+                .bind(now_ms())
+                .bind(per_tenant)
+                .bind(worker)
+                .bind(ms(lease))
+                .fetch_optional(&self.pool)
+                .await?;
+                row.as_ref().map(job_from_row).transpose()
+            }
+            Backend::Postgres => {
+                let mut tx = self.pool.begin().await?;
+                let pick = sqlx::query(
+                    "SELECT q.seq, q.tenant FROM jobs q WHERE q.state = 'queued' AND \
+                     (SELECT COUNT(*) FROM jobs r WHERE r.tenant = q.tenant AND r.state = 'running') < $1 \
+                     ORDER BY q.seq LIMIT 1 FOR UPDATE SKIP LOCKED",
+                )
+                .bind(per_tenant)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(pick) = pick else {
+                    return Ok(None);
+                };
+                let seq: i64 = pick.try_get("seq")?;
+                let tenant: String = pick.try_get("tenant")?;
+                // Claims for one tenant, one at a time across processes:
+                // the count below then sees every earlier claim committed.
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))::TEXT")
+                    .bind(format!("cordon-claim:{tenant}"))
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let running: i64 = sqlx::query(
+                    "SELECT COUNT(*) AS n FROM jobs WHERE tenant = $1 AND state = 'running'",
+                )
+                .bind(&tenant)
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get("n")?;
+                if running >= per_tenant {
+                    return Ok(None);
+                }
+                let row = sqlx::query(concat!(
+                    "UPDATE jobs SET state = 'running', started_ms = $1, worker = $2, \
+                     lease_until_ms = ",
+                    pg_now!(),
+                    " + $3, attempts = attempts + 1, cancel_requested = 0 \
+                     WHERE seq = $4 AND state = 'queued' RETURNING ",
+                    job_columns!()
+                ))
+                .bind(now_ms())
+                .bind(worker)
+                .bind(ms(lease))
+                .bind(seq)
+                .fetch_optional(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                row.as_ref().map(job_from_row).transpose()
+            }
+        }
+    }
+
+    /// Extends `worker`'s leases by `lease` from now and answers the jobs
+    /// it holds: a job it runs that is missing was taken from it.
+    pub async fn heartbeat(&self, worker: &str, lease: Duration) -> Result<Vec<Held>> {
+        let sql = match self.backend {
+            Backend::Sqlite => concat!(
+                "UPDATE jobs SET lease_until_ms = ",
+                sqlite_now!(),
+                " + $1 WHERE worker = $2 AND state = 'running' RETURNING id, cancel_requested"
+            ),
+            Backend::Postgres => concat!(
+                "UPDATE jobs SET lease_until_ms = ",
+                pg_now!(),
+                " + $1 WHERE worker = $2 AND state = 'running' RETURNING id, cancel_requested"
+            ),
+        };
+        let rows = sqlx::query(sql)
+            .bind(ms(lease))
+            .bind(worker)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Held {
+                    id: r.try_get("id")?,
+                    cancel: r.try_get::<i64, _>("cancel_requested")? != 0,
+                })
+            })
+            .collect()
+    }
+
+    /// `worker`'s running jobs that some API process asked to cancel.
+    pub async fn cancels_for(&self, worker: &str) -> Result<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT id FROM jobs WHERE worker = $1 AND state = 'running' AND cancel_requested <> 0",
+        )
+        .bind(worker)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| r.try_get("id").map_err(Into::into))
+            .collect()
+    }
+
+    /// Asks the worker running `id` to cancel it; false if it is not
+    /// running.
+    pub async fn request_cancel(&self, id: &str) -> Result<bool> {
+        let changed =
+            sqlx::query("UPDATE jobs SET cancel_requested = 1 WHERE id = $1 AND state = 'running'")
+                .bind(id)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+        Ok(changed > 0)
+    }
+
+    /// Running jobs whose lease has lapsed (or that never had one: rows
+    /// from before leases), oldest first.
+    pub async fn lapsed(&self, limit: i64) -> Result<Vec<String>> {
+        let sql = match self.backend {
+            Backend::Sqlite => concat!(
+                "SELECT id FROM jobs WHERE state = 'running' AND \
+                 (lease_until_ms IS NULL OR lease_until_ms < ",
+                sqlite_now!(),
+                ") ORDER BY seq LIMIT $1"
+            ),
+            Backend::Postgres => concat!(
+                "SELECT id FROM jobs WHERE state = 'running' AND \
+                 (lease_until_ms IS NULL OR lease_until_ms < ",
+                pg_now!(),
+                ") ORDER BY seq LIMIT $1"
+            ),
+        };
+        let rows = sqlx::query(sql).bind(limit).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| r.try_get("id").map_err(Into::into))
+            .collect()
+    }
+
+    /// Job `id`'s state and the worker it is on (None once settled
+    /// without it).
+    pub async fn holder(&self, id: &str) -> Result<Option<(JobState, Option<String>)>> {
+        let row = sqlx::query("SELECT state, worker FROM jobs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let state: String = row.try_get("state")?;
+        let state = JobState::parse(&state)
+            .ok_or_else(|| super::StoreError::Invalid(format!("unknown job state {state:?}")))?;
+        Ok(Some((state, row.try_get("worker")?)))
+    }
+
+    /// Running jobs `worker` holds: at its start, what it held before it
+    /// stopped.
+    pub async fn held_by(&self, worker: &str) -> Result<Vec<String>> {
+        let rows =
+            sqlx::query("SELECT id FROM jobs WHERE worker = $1 AND state = 'running' ORDER BY seq")
+                .bind(worker)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|r| r.try_get("id").map_err(Into::into))
+            .collect()
+    }
+
+    /// Settles job `id`, lost by its worker: if it is still running and
+    /// its lease lapsed (or, with `worker`, it is that worker's), it is
+    /// cancelled when a cancel was asked, queued again when it has run
+    /// fewer than `max_attempts` times, else failed with `reason`. Returns
+    /// the state it went to and its event; None if another process
+    /// settled it first or its worker came back.
+    pub async fn settle_lost(
+        &self,
+        id: &str,
+        worker: Option<&str>,
+        max_attempts: i64,
+        reason: &str,
+    ) -> Result<Option<(JobState, StoredEvent)>> {
+        let _one_at_a_time = self.appending.lock().await;
+        let mut tx = self.pool.begin().await?;
+        // On PostgreSQL the row stays locked until the end: a heartbeat or
+        // another settler waits, then finds it changed.
+        let sql = match (self.backend, worker.is_some()) {
+            (Backend::Sqlite, true) => concat!(
+                "SELECT attempts, cancel_requested FROM jobs ",
+                "WHERE id = $1 AND state = 'running' AND worker = $2"
+            ),
+            (Backend::Postgres, true) => concat!(
+                "SELECT attempts, cancel_requested FROM jobs ",
+                "WHERE id = $1 AND state = 'running' AND worker = $2 FOR UPDATE"
+            ),
+            (Backend::Sqlite, false) => concat!(
+                "SELECT attempts, cancel_requested FROM jobs WHERE id = $1 AND $2 = '' ",
+                "AND state = 'running' AND (lease_until_ms IS NULL OR lease_until_ms < ",
+                sqlite_now!(),
+                ")"
+            ),
+            (Backend::Postgres, false) => concat!(
+                "SELECT attempts, cancel_requested FROM jobs WHERE id = $1 AND $2 = '' ",
+                "AND state = 'running' AND (lease_until_ms IS NULL OR lease_until_ms < ",
+                pg_now!(),
+                ") FOR UPDATE"
+            ),
+        };
+        let Some(row) = sqlx::query(sql)
+            .bind(id)
+            .bind(worker.unwrap_or(""))
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let attempts: i64 = row.try_get("attempts")?;
+        let cancel = row.try_get::<i64, _>("cancel_requested")? != 0;
+        let (state, event) = if cancel {
+            let error = format!("cancelled; {reason}");
+            finish_row(&mut tx, id, JobState::Cancelled, &error).await?;
+            let event = JobEvent::Finished {
+                state: JobState::Cancelled,
+                exit_code: None,
+                error: Some(error),
+            };
+            (JobState::Cancelled, event)
+        } else if attempts < max_attempts {
+            sqlx::query(
+                "UPDATE jobs SET state = 'queued', worker = NULL, lease_until_ms = NULL, \
+                 started_ms = NULL WHERE id = $1 AND state = 'running'",
+            )
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+            let event = JobEvent::Requeued {
+                reason: reason.to_string(),
+                attempts,
+            };
+            (JobState::Queued, event)
+        } else {
+            let error = if max_attempts > 1 {
+                format!("{reason} (it ran {attempts} times, the most allowed)")
+            } else {
+                reason.to_string()
+            };
+            finish_row(&mut tx, id, JobState::Failed, &error).await?;
+            let event = JobEvent::Finished {
+                state: JobState::Failed,
+                exit_code: None,
+                error: Some(error),
+            };
+            (JobState::Failed, event)
+        };
+        let stored = push_event(&mut tx, id, &NewEvent::from(event)).await?;
+        tx.commit().await?;
+        Ok(Some((state, stored)))
+    }
+}
+
+async fn finish_row(tx: &mut super::Tx<'_>, id: &str, state: JobState, error: &str) -> Result<()> {
+    sqlx::query(
+        "UPDATE jobs SET state = $1, finished_ms = $2, error = $3, lease_until_ms = NULL, \
+         worker = NULL WHERE id = $4 AND state = 'running'",
+    )
+    .bind(state.as_str())
+    .bind(now_ms())
+    .bind(error)
+    .bind(id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

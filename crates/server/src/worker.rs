@@ -1,0 +1,258 @@
+//! This process as a worker: it claims jobs with leases, runs each in its
+//! runner, keeps the leases alive, stops a job whose lease it lost or that
+//! an API process cancelled, and settles the jobs of workers that died
+//! (see [`crate::store`]'s leases for the rules).
+//!
+//! A worker's id is kept in its data directory, so that a worker that
+//! restarts settles at once what it held before it stopped, rather than
+//! after its leases lapse. One process per data directory.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cordon_agent::Cancel;
+
+use crate::job::JobState;
+use crate::state::Shared;
+use crate::store::StoreError;
+
+/// What a job lost with its worker is told.
+const LOST: &str = "its worker stopped answering (lease expired)";
+/// What a job running when its worker stopped is told, once it is back.
+pub(crate) const RESTARTED: &str = "server restarted";
+
+/// How often a worker looks for cancels asked through another process.
+const CANCEL_POLL: Duration = Duration::from_secs(1);
+
+/// This process's worker id: `w-` and 12 hex digits, made once per data
+/// directory and kept in `<data_dir>/worker-id`.
+pub(crate) fn worker_id(data_dir: &std::path::Path) -> std::io::Result<String> {
+    let path = data_dir.join("worker-id");
+    let valid = |s: &str| {
+        s.len() == 14 && s.starts_with("w-") && s[2..].bytes().all(|b| b.is_ascii_hexdigit())
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(s) if valid(s.trim()) => return Ok(s.trim().to_string()),
+        Ok(_) => tracing::warn!("{} is not a worker id; making a new one", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::create_dir_all(data_dir)?;
+    let id = format!("w-{}", crate::store::random_hex(6));
+    let tmp = data_dir.join(format!(".worker-id.{}", std::process::id()));
+    std::fs::write(&tmp, format!("{id}\n"))?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(id)
+}
+
+/// Settles at once what this worker held when it last stopped: those
+/// jobs' sandboxes died with it.
+pub(crate) async fn recover(shared: &Shared) -> Result<usize, StoreError> {
+    let ids = shared.store.held_by(&shared.worker).await?;
+    let mut n = 0;
+    for id in &ids {
+        if let Some((state, event)) = shared
+            .store
+            .settle_lost(
+                id,
+                Some(&shared.worker),
+                shared.config.max_attempts,
+                RESTARTED,
+            )
+            .await?
+        {
+            shared.hub.publish(id, &[event]);
+            n += 1;
+            tracing::warn!(job = %id, "was running when this worker stopped: now {}", state.as_str());
+        }
+    }
+    Ok(n)
+}
+
+/// Starts this process's job workers, its heartbeat and its sweeper of
+/// lapsed leases. With no workers (an API-only process) the sweeper runs
+/// alone: any process may settle a dead worker's jobs.
+pub(crate) fn start(shared: &Arc<Shared>) {
+    for _ in 0..shared.config.workers {
+        tokio::spawn(run_jobs(shared.clone()));
+    }
+    if shared.config.workers > 0 {
+        tokio::spawn(heartbeat(Arc::downgrade(shared)));
+        tokio::spawn(cancels(Arc::downgrade(shared)));
+    }
+    tokio::spawn(sweep(Arc::downgrade(shared)));
+}
+
+/// Takes queued jobs in order and runs them, one at a time per worker.
+async fn run_jobs(shared: Arc<Shared>) {
+    loop {
+        // Registered before looking at the queue, so a job queued between
+        // the look and the wait still wakes this worker.
+        let notified = shared.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let claimed = {
+            let _turn = shared.claim.lock().await;
+            shared
+                .store
+                .claim(
+                    shared.config.per_tenant,
+                    &shared.worker,
+                    shared.config.lease,
+                )
+                .await
+        };
+        match claimed {
+            Ok(Some(job)) => {
+                let cancel = Cancel::new();
+                shared
+                    .running
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(job.id.clone(), cancel.clone());
+                let id = job.id.clone();
+                shared.metrics.lease_taken();
+                shared.runner.run(job, cancel).await;
+                shared.metrics.lease_ended();
+                shared
+                    .running
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+                // A slot freed: a job held back by its tenant's limit may go.
+                shared.wake.notify_waiters();
+            }
+            Ok(None) => {
+                // Woken by a new job, or polling for jobs queued by another
+                // process sharing the database.
+                let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
+            }
+            Err(e) => {
+                tracing::error!("cannot take a job from the queue: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// The jobs this process runs now, with their cancel handles.
+fn running(shared: &Shared) -> Vec<(String, Cancel)> {
+    shared
+        .running
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(id, c)| (id.clone(), c.clone()))
+        .collect()
+}
+
+/// Extends this worker's leases every sixth of a lease. A job it runs that
+/// the database no longer gives it was settled by another process: it is
+/// stopped. If the database cannot be reached for most of a lease, every
+/// job is stopped before another process may take it over.
+async fn heartbeat(weak: std::sync::Weak<Shared>) {
+    let mut last_held = Instant::now();
+    loop {
+        let Some(shared) = weak.upgrade() else { return };
+        let lease = shared.config.lease;
+        let every = (lease / 6).max(Duration::from_millis(50));
+        let sent = Instant::now();
+        match shared.store.heartbeat(&shared.worker, lease).await {
+            Ok(held) => {
+                last_held = sent;
+                for (id, cancel) in running(&shared) {
+                    match held.iter().find(|h| h.id == id) {
+                        Some(h) if h.cancel => cancel.cancel(),
+                        Some(_) => {}
+                        // Missing: finished here a moment ago, or lost.
+                        None => {
+                            if !still_ours(&shared, &id).await {
+                                tracing::warn!(job = %id, "its lease was taken: stopping it");
+                                shared.metrics.lease_lost();
+                                cancel.cancel();
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!("heartbeat: {e}");
+                // Stop before the lease can lapse (another process then
+                // runs the job), with a margin for the database's clock.
+                if last_held.elapsed() >= lease.mul_f32(0.8) {
+                    for (id, cancel) in running(&shared) {
+                        tracing::error!(job = %id, "the database is out of reach: stopping it");
+                        shared.metrics.lease_lost();
+                        cancel.cancel();
+                    }
+                }
+            }
+        }
+        drop(shared);
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Whether job `id` is still this worker's: running on its lease, or
+/// finished by it (its runner records the end before it lets go). A job
+/// settled by another process has no worker, or another one.
+async fn still_ours(shared: &Shared, id: &str) -> bool {
+    match shared.store.holder(id).await {
+        Ok(Some((_, Some(w)))) => w == shared.worker,
+        Ok(_) => false,
+        // Unknown: the lease deadline above decides.
+        Err(_) => true,
+    }
+}
+
+/// Cancels asked through another process reach the job here within a
+/// second.
+async fn cancels(weak: std::sync::Weak<Shared>) {
+    loop {
+        tokio::time::sleep(CANCEL_POLL).await;
+        let Some(shared) = weak.upgrade() else { return };
+        match shared.store.cancels_for(&shared.worker).await {
+            Ok(ids) => {
+                let running = running(&shared);
+                for id in ids {
+                    if let Some((_, c)) = running.iter().find(|(r, _)| *r == id) {
+                        c.cancel();
+                    }
+                }
+            }
+            Err(e) => tracing::debug!("cancels: {e}"),
+        }
+    }
+}
+
+/// Settles the jobs of workers whose leases lapsed, every half lease.
+async fn sweep(weak: std::sync::Weak<Shared>) {
+    loop {
+        let Some(shared) = weak.upgrade() else { return };
+        let every = (shared.config.lease / 2).max(Duration::from_millis(50));
+        match shared.store.lapsed(100).await {
+            Ok(ids) => {
+                for id in ids {
+                    match shared
+                        .store
+                        .settle_lost(&id, None, shared.config.max_attempts, LOST)
+                        .await
+                    {
+                        Ok(Some((state, event))) => {
+                            shared.hub.publish(&id, &[event]);
+                            if state == JobState::Queued {
+                                shared.wake.notify_waiters();
+                            }
+                            tracing::warn!(job = %id, "its worker stopped answering: now {}", state.as_str());
+                        }
+                        Ok(None) => {}
+                        Err(e) => tracing::warn!(job = %id, "cannot settle: {e}"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("cannot look for lapsed leases: {e}"),
+        }
+        drop(shared);
+        tokio::time::sleep(every).await;
+    }
+}
