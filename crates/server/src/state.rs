@@ -20,8 +20,9 @@ pub struct Shared {
     pub store: Store,
     pub hub: Arc<Hub>,
     pub config: ServerConfig,
-    /// Cancel handles of the jobs running in this process.
-    pub running: Mutex<HashMap<String, Cancel>>,
+    /// Cancel handles of the jobs running in this process, with the claim
+    /// each runs on.
+    pub running: Mutex<HashMap<String, (Cancel, i64)>>,
     /// Agent sessions in use.
     pub sessions: crate::live::LiveSessions,
     /// Live sessions' counts under their caps (API and MCP sessions).

@@ -109,7 +109,7 @@ async fn run_jobs(shared: Arc<Shared>) {
                     .running
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(job.id.clone(), cancel.clone());
+                    .insert(job.id.clone(), (cancel.clone(), job.attempts));
                 let id = job.id.clone();
                 shared.metrics.lease_taken();
                 shared.runner.run(job, cancel).await;
@@ -135,14 +135,14 @@ async fn run_jobs(shared: Arc<Shared>) {
     }
 }
 
-/// The jobs this process runs now, with their cancel handles.
-fn running(shared: &Shared) -> Vec<(String, Cancel)> {
+/// The jobs this process runs now: id, cancel handle, claim.
+fn running(shared: &Shared) -> Vec<(String, Cancel, i64)> {
     shared
         .running
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .map(|(id, c)| (id.clone(), c.clone()))
+        .map(|(id, (c, a))| (id.clone(), c.clone(), *a))
         .collect()
 }
 
@@ -160,13 +160,13 @@ async fn heartbeat(weak: std::sync::Weak<Shared>) {
         match shared.store.heartbeat(&shared.worker, lease).await {
             Ok(held) => {
                 last_held = sent;
-                for (id, cancel) in running(&shared) {
-                    match held.iter().find(|h| h.id == id) {
+                for (id, cancel, attempt) in running(&shared) {
+                    match held.iter().find(|h| h.id == id && h.attempt == attempt) {
                         Some(h) if h.cancel => cancel.cancel(),
                         Some(_) => {}
                         // Missing: finished here a moment ago, or lost.
                         None => {
-                            if !still_ours(&shared, &id).await {
+                            if !still_ours(&shared, &id, attempt).await {
                                 tracing::warn!(job = %id, "its lease was taken: stopping it");
                                 shared.metrics.lease_lost();
                                 cancel.cancel();
@@ -180,7 +180,7 @@ async fn heartbeat(weak: std::sync::Weak<Shared>) {
                 // Stop before the lease can lapse (another process then
                 // runs the job), with a margin for the database's clock.
                 if last_held.elapsed() >= lease.mul_f32(0.8) {
-                    for (id, cancel) in running(&shared) {
+                    for (id, cancel, _) in running(&shared) {
                         tracing::error!(job = %id, "the database is out of reach: stopping it");
                         shared.metrics.lease_lost();
                         cancel.cancel();
@@ -193,12 +193,13 @@ async fn heartbeat(weak: std::sync::Weak<Shared>) {
     }
 }
 
-/// Whether job `id` is still this worker's: running on its lease, or
-/// finished by it (its runner records the end before it lets go). A job
-/// settled by another process has no worker, or another one.
-async fn still_ours(shared: &Shared, id: &str) -> bool {
+/// Whether this worker's claim `attempt` on job `id` still holds: running
+/// on it, or finished by it (its runner records the end before it lets
+/// go). A job settled by another process has no worker; one claimed again
+/// has another claim, even if by this worker.
+async fn still_ours(shared: &Shared, id: &str, attempt: i64) -> bool {
     match shared.store.holder(id).await {
-        Ok(Some((_, Some(w)))) => w == shared.worker,
+        Ok(Some((_, Some(l)))) => l.worker == shared.worker && l.attempt == attempt,
         Ok(_) => false,
         // Unknown: the lease deadline above decides.
         Err(_) => true,
@@ -215,7 +216,7 @@ async fn cancels(weak: std::sync::Weak<Shared>) {
             Ok(ids) => {
                 let running = running(&shared);
                 for id in ids {
-                    if let Some((_, c)) = running.iter().find(|(r, _)| *r == id) {
+                    if let Some((_, c, _)) = running.iter().find(|(r, _, _)| *r == id) {
                         c.cancel();
                     }
                 }

@@ -45,9 +45,12 @@ pub struct Problem {
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 #[serde(tag = "event", content = "data", rename_all = "snake_case")]
 pub enum JobEvent {
-    /// The job started running.
+    /// The job started running, on this worker (its id, as `cordon
+    /// worker` prints it).
     State {
         state: JobState,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        worker: Option<String>,
     },
     /// Output, as it came (UTF-8; a character split across reads waits
     /// for its end).
@@ -86,7 +89,8 @@ pub enum JobEvent {
     /// The worker running the job stopped answering (its lease lapsed) or
     /// restarted, and the job is queued to run again from the start, in a
     /// fresh sandbox: `attempts` runs so far, of the server's
-    /// `--max-attempts`.
+    /// `--max-attempts`. Its stdout and stderr start again empty; the
+    /// events keep what the lost run printed.
     Requeued {
         reason: String,
         attempts: i64,

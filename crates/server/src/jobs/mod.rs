@@ -319,7 +319,7 @@ async fn cancel_running(shared: &Shared, id: &str) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get(id)
-        .cloned();
+        .map(|(c, _)| c.clone());
     let Some(cancel) = handle else {
         match shared.store.request_cancel(id).await {
             Ok(true) => {

@@ -88,7 +88,7 @@ pub(crate) async fn put_job_network(
     let event = NewEvent::from(crate::job::JobEvent::NetworkPolicy(
         crate::job::PolicyChanged(record),
     ));
-    match shared.store.append(&id, &[event], None).await {
+    match shared.store.append(&id, None, &[event], None).await {
         Ok(stored) => shared.hub.publish(&id, &stored),
         Err(e) => tracing::error!(job = %id, "cannot record a policy change: {e}"),
     }

@@ -87,15 +87,26 @@ impl Runner {
         let id = job.id.clone();
         let started = Instant::now();
         self.hub.open(&id);
-        let mut sink = Sink::new(self.store.clone(), self.hub.clone(), &id, self.output_cap);
+        let lease = crate::store::Lease {
+            worker: self.worker.clone(),
+            attempt: job.attempts,
+        };
+        let mut sink = Sink::new(
+            self.store.clone(),
+            self.hub.clone(),
+            &id,
+            lease.clone(),
+            self.output_cap,
+        );
         sink.event(JobEvent::State {
             state: JobState::Running,
+            worker: Some(self.worker.clone()),
         })
         .await;
         let checked = job.request.clone().and_then(|r| r.check(&self.bounds));
         let outcome = match checked {
             Ok(req) => {
-                self.run_request(&id, &job.tenant, req, &mut sink, &cancel)
+                self.run_request(&id, &lease, &job.tenant, req, &mut sink, &cancel)
                     .await
             }
             Err(e) => Outcome {
@@ -113,13 +124,7 @@ impl Runner {
         });
         match self
             .store
-            .finish(
-                &id,
-                &[JobState::Running],
-                Some(&self.worker),
-                &outcome,
-                &finished,
-            )
+            .finish(&id, &[JobState::Running], Some(&lease), &outcome, &finished)
             .await
         {
             Ok(Some(e)) => {
@@ -136,6 +141,7 @@ impl Runner {
     async fn run_request(
         &self,
         id: &str,
+        lease: &crate::store::Lease,
         tenant: &str,
         req: Job,
         sink: &mut Sink,
@@ -181,6 +187,7 @@ impl Runner {
                     self.store.clone(),
                     self.hub.clone(),
                     id.to_string(),
+                    lease.clone(),
                     net.refusals(MAX_REFUSALS),
                 ));
             }
@@ -286,6 +293,7 @@ async fn forward_refusals(
     store: Store,
     hub: Arc<Hub>,
     id: String,
+    lease: crate::store::Lease,
     mut refusals: cordon_sandbox::Refusals,
 ) {
     while let Some(e) = refusals.next().await {
@@ -296,7 +304,7 @@ async fn forward_refusals(
             reason: e.reason,
             message: e.message,
         });
-        match store.append(&id, &[event], None).await {
+        match store.append(&id, Some(&lease), &[event], None).await {
             Ok(stored) => hub.publish(&id, &stored),
             Err(err) => tracing::warn!(job = %id, "cannot record a refusal: {err}"),
         }

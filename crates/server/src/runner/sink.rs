@@ -19,6 +19,8 @@ pub(super) struct Sink {
     store: Store,
     hub: Arc<Hub>,
     id: String,
+    /// The claim the job must still be on for this run to write.
+    lease: crate::store::Lease,
     cap: usize,
     pending: OutputDelta,
     pending_events: Vec<NewEvent>,
@@ -43,11 +45,18 @@ pub(super) struct StepOutput {
 }
 
 impl Sink {
-    pub(super) fn new(store: Store, hub: Arc<Hub>, id: &str, cap: usize) -> Sink {
+    pub(super) fn new(
+        store: Store,
+        hub: Arc<Hub>,
+        id: &str,
+        lease: crate::store::Lease,
+        cap: usize,
+    ) -> Sink {
         Sink {
             store,
             hub,
             id: id.to_string(),
+            lease,
             cap,
             pending: OutputDelta::default(),
             pending_events: Vec::new(),
@@ -162,7 +171,11 @@ impl Sink {
         let events = std::mem::take(&mut self.pending_events);
         let output = std::mem::take(&mut self.pending);
         self.since = None;
-        match self.store.append(&self.id, &events, Some(&output)).await {
+        match self
+            .store
+            .append(&self.id, Some(&self.lease), &events, Some(&output))
+            .await
+        {
             Ok(stored) => self.hub.publish(&self.id, &stored),
             Err(e) => tracing::error!(job = %self.id, "cannot record output: {e}"),
         }

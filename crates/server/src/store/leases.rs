@@ -40,6 +40,8 @@ macro_rules! sqlite_now {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
     pub id: String,
+    /// The claim it is on: a run of an earlier claim has lost it.
+    pub attempt: i64,
     /// A cancel was asked through some API process.
     pub cancel: bool,
 }
@@ -139,12 +141,14 @@ impl Store {
             Backend::Sqlite => concat!(
                 "UPDATE jobs SET lease_until_ms = ",
                 sqlite_now!(),
-                " + $1 WHERE worker = $2 AND state = 'running' RETURNING id, cancel_requested"
+                " + $1 WHERE worker = $2 AND state = 'running' \
+                 RETURNING id, attempts, cancel_requested"
             ),
             Backend::Postgres => concat!(
                 "UPDATE jobs SET lease_until_ms = ",
                 pg_now!(),
-                " + $1 WHERE worker = $2 AND state = 'running' RETURNING id, cancel_requested"
+                " + $1 WHERE worker = $2 AND state = 'running' \
+                 RETURNING id, attempts, cancel_requested"
             ),
         };
         let rows = sqlx::query(sql)
@@ -156,6 +160,7 @@ impl Store {
             .map(|r| {
                 Ok(Held {
                     id: r.try_get("id")?,
+                    attempt: r.try_get("attempts")?,
                     cancel: r.try_get::<i64, _>("cancel_requested")? != 0,
                 })
             })
@@ -210,10 +215,10 @@ impl Store {
             .collect()
     }
 
-    /// Job `id`'s state and the worker it is on (None once settled
-    /// without it).
-    pub async fn holder(&self, id: &str) -> Result<Option<(JobState, Option<String>)>> {
-        let row = sqlx::query("SELECT state, worker FROM jobs WHERE id = $1")
+    /// Job `id`'s state and the lease it is on (None once settled
+    /// without one).
+    pub async fn holder(&self, id: &str) -> Result<Option<(JobState, Option<super::Lease>)>> {
+        let row = sqlx::query("SELECT state, worker, attempts FROM jobs WHERE id = $1")
             .bind(id)
             .fetch_optional(&self.pool)
             .await?;
@@ -221,7 +226,12 @@ impl Store {
         let state: String = row.try_get("state")?;
         let state = JobState::parse(&state)
             .ok_or_else(|| super::StoreError::Invalid(format!("unknown job state {state:?}")))?;
-        Ok(Some((state, row.try_get("worker")?)))
+        let worker: Option<String> = row.try_get("worker")?;
+        let attempt: i64 = row.try_get("attempts")?;
+        Ok(Some((
+            state,
+            worker.map(|worker| super::Lease { worker, attempt }),
+        )))
     }
 
     /// Running jobs `worker` holds: at its start, what it held before it
@@ -252,6 +262,13 @@ impl Store {
     ) -> Result<Option<(JobState, StoredEvent)>> {
         let _one_at_a_time = self.appending.lock().await;
         let mut tx = self.pool.begin().await?;
+        if self.backend == Backend::Sqlite {
+            // Take the writer's lock before reading (see `lock_job`).
+            sqlx::query("UPDATE jobs SET attempts = attempts WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
         // On PostgreSQL the row stays locked until the end: a heartbeat or
         // another settler waits, then finds it changed.
         let sql = match (self.backend, worker.is_some()) {
@@ -298,7 +315,8 @@ impl Store {
         } else if attempts < max_attempts {
             sqlx::query(
                 "UPDATE jobs SET state = 'queued', worker = NULL, lease_until_ms = NULL, \
-                 started_ms = NULL WHERE id = $1 AND state = 'running'",
+                 started_ms = NULL, stdout = '', stderr = '', stdout_truncated = 0, \
+                 stderr_truncated = 0 WHERE id = $1 AND state = 'running'",
             )
             .bind(id)
             .execute(&mut *tx)

@@ -32,6 +32,10 @@ pub enum StoreError {
     /// The caller asked for something the store cannot do, as said.
     #[error("{0}")]
     Refused(String),
+    /// A worker wrote for a job it no longer holds: the job was settled
+    /// by another process after its lease lapsed.
+    #[error("job {0} is no longer this worker's (its lease lapsed)")]
+    LeaseLost(String),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -65,6 +69,18 @@ pub struct JobRow {
     pub result: Option<JobResult>,
     /// When the job's workspace was removed (`--keep-workspaces`).
     pub workspace_removed_ms: Option<i64>,
+    /// Times the job has been claimed: with the worker, what names one
+    /// run of it (see [`Lease`]).
+    pub attempts: i64,
+}
+
+/// One run of a job: the worker that claimed it and the claim's number.
+/// A worker that claims a job again after losing it holds a new lease,
+/// and the old run's writes are refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub worker: String,
+    pub attempt: i64,
 }
 
 /// One event of a job, as served on its SSE stream.
@@ -162,7 +178,8 @@ async fn push_event(tx: &mut Tx<'_>, id: &str, e: &NewEvent) -> Result<StoredEve
 macro_rules! job_columns {
     () => {
         "seq, id, tenant, kind, spec, state, created_ms, started_ms, finished_ms, exit_code, \
-         error, stdout, stderr, stdout_truncated, stderr_truncated, result, workspace_removed_ms"
+         error, stdout, stderr, stdout_truncated, stderr_truncated, result, workspace_removed_ms, \
+         attempts"
     };
 }
 
@@ -193,6 +210,7 @@ fn job_from_row(row: &AnyRow) -> Result<JobRow> {
         stderr_truncated: row.try_get::<i64, _>("stderr_truncated")? != 0,
         result: result.and_then(|r| serde_json::from_str(&r).ok()),
         workspace_removed_ms: row.try_get("workspace_removed_ms")?,
+        attempts: row.try_get("attempts")?,
     })
 }
 
@@ -284,14 +302,40 @@ impl Store {
     }
 
     /// Holds job `id`'s row until the transaction ends, so that processes
-    /// sharing the database number its events one at a time (SQLite's
-    /// writer lock does this by itself).
-    async fn lock_job(&self, tx: &mut Tx<'_>, id: &str) -> Result<()> {
-        if self.backend == Backend::Postgres {
-            sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE")
+    /// sharing the database number its events one at a time; with `lease`,
+    /// only while that run holds it: a run that lost the job writes nothing
+    /// more.
+    async fn lock_job(&self, tx: &mut Tx<'_>, id: &str, lease: Option<&Lease>) -> Result<()> {
+        if self.backend == Backend::Sqlite {
+            // Write first: a SQLite transaction that reads before it writes
+            // cannot take the writer's lock once another connection wrote
+            // meanwhile (SQLITE_BUSY, whatever the busy timeout), while one
+            // that writes first waits its turn for the lock.
+            sqlx::query("UPDATE jobs SET attempts = attempts WHERE id = $1")
                 .bind(id)
-                .fetch_optional(&mut **tx)
+                .execute(&mut **tx)
                 .await?;
+        }
+        let sql = match self.backend {
+            Backend::Postgres => {
+                "SELECT worker, state, attempts FROM jobs WHERE id = $1 FOR UPDATE"
+            }
+            Backend::Sqlite => "SELECT worker, state, attempts FROM jobs WHERE id = $1",
+        };
+        let row = sqlx::query(sql).bind(id).fetch_optional(&mut **tx).await?;
+        if let Some(lease) = lease {
+            let held = row.is_some_and(|r| {
+                r.try_get::<Option<String>, _>("worker")
+                    .ok()
+                    .flatten()
+                    .as_deref()
+                    == Some(lease.worker.as_str())
+                    && r.try_get::<String, _>("state").ok().as_deref() == Some("running")
+                    && r.try_get::<i64, _>("attempts").ok() == Some(lease.attempt)
+            });
+            if !held {
+                return Err(StoreError::LeaseLost(id.to_string()));
+            }
         }
         Ok(())
     }
@@ -364,12 +408,13 @@ impl Store {
     pub async fn append(
         &self,
         id: &str,
+        lease: Option<&Lease>,
         events: &[NewEvent],
         output: Option<&OutputDelta>,
     ) -> Result<Vec<StoredEvent>> {
         let _one_at_a_time = self.appending.lock().await;
         let mut tx = self.pool.begin().await?;
-        self.lock_job(&mut tx, id).await?;
+        self.lock_job(&mut tx, id, lease).await?;
         let mut stored = Vec::with_capacity(events.len());
         for e in events {
             stored.push(push_event(&mut tx, id, e).await?);
@@ -391,26 +436,27 @@ impl Store {
         Ok(stored)
     }
 
-    /// Ends a job that is in one of `from` states and, with `worker`, is
-    /// still that worker's; None if it was not (already finished, cancelled
-    /// meanwhile, or its lease lost to another). The final event is
+    /// Ends a job that is in one of `from` states and, with `lease`, still
+    /// on that lease; None if it was not (already finished, cancelled
+    /// meanwhile, or its lease lost). The final event is
     /// appended in the same transaction.
     pub async fn finish(
         &self,
         id: &str,
         from: &[JobState],
-        worker: Option<&str>,
+        lease: Option<&Lease>,
         outcome: &Outcome,
         event: &NewEvent,
     ) -> Result<Option<StoredEvent>> {
         let _one_at_a_time = self.appending.lock().await;
         let mut tx = self.pool.begin().await?;
-        self.lock_job(&mut tx, id).await?;
+        self.lock_job(&mut tx, id, None).await?;
         let states: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
         let changed = sqlx::query(
             "UPDATE jobs SET state = $1, finished_ms = $2, exit_code = $3, error = $4, result = $5, \
              lease_until_ms = NULL \
-             WHERE id = $6 AND (state = $7 OR state = $8) AND ($9 = '' OR worker = $9)",
+             WHERE id = $6 AND (state = $7 OR state = $8) \
+             AND ($9 = '' OR (worker = $9 AND attempts = $10))",
         )
         .bind(outcome.state.as_str())
         .bind(now_ms())
@@ -425,7 +471,8 @@ impl Store {
         .bind(id)
         .bind(states.first().copied().unwrap_or(""))
         .bind(states.get(1).copied().unwrap_or(""))
-        .bind(worker.unwrap_or(""))
+        .bind(lease.map_or("", |l| l.worker.as_str()))
+        .bind(lease.map_or(0, |l| l.attempt))
         .execute(&mut *tx)
         .await?
         .rows_affected();

@@ -1,0 +1,383 @@
+//! cordon split over one PostgreSQL: two API processes (`serve --workers
+//! 0`) and three `cordon worker`s, each with a data directory of its own.
+//! 200 jobs go in through both APIs; one worker is killed with SIGKILL
+//! mid-job and another stalls (SIGSTOP) past its lease. Every job ends
+//! exactly once and succeeds; a job lost with its worker is run again by
+//! another, and nothing the lost run does after it lost the job reaches
+//! the job's record; a job's events reach a client of the other API while
+//! it runs.
+
+#[path = "../../server/tests/common/pgtest.rs"]
+mod pgtest;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+struct Proc {
+    child: Child,
+    /// What it printed when ready: the URL it serves, a worker's id.
+    url: String,
+    worker: Option<String>,
+    token: Option<String>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // A stopped process must be continued to die of SIGKILL cleanly.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn(home: &Path, args: &[&str]) -> Proc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (mut token, mut worker) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let url = loop {
+        assert!(Instant::now() < deadline, "{args:?} did not start");
+        let line = lines.next().expect("it exited").unwrap();
+        if line.starts_with("cdn_") {
+            token = Some(line.trim().to_string());
+        }
+        if let Some(url) = line.strip_prefix("cordon: serving on ") {
+            break url.trim().to_string();
+        }
+        if let Some(rest) = line.strip_prefix("cordon: worker ") {
+            worker = Some(rest.split(' ').next().unwrap().to_string());
+            break rest.rsplit(' ').next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    Proc {
+        child,
+        url,
+        worker,
+        token,
+    }
+}
+
+fn http() -> &'static reqwest::blocking::Client {
+    static CLIENT: std::sync::OnceLock<reqwest::blocking::Client> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(|| {
+        reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    })
+}
+
+fn job(api: &Proc, token: &str, id: &str) -> Value {
+    let r = http()
+        .get(format!("{}/v1/jobs/{id}", api.url))
+        .bearer_auth(token)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().unwrap()
+}
+
+/// A job's stored events, from its (ended) stream.
+fn events(api: &Proc, token: &str, id: &str) -> Vec<(String, Value)> {
+    let mut text = String::new();
+    http()
+        .get(format!("{}/v1/jobs/{id}/events", api.url))
+        .bearer_auth(token)
+        .send()
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    parse_sse(&text)
+}
+
+fn parse_sse(text: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for block in text.split("\n\n") {
+        let mut name = None;
+        let mut data = None;
+        for line in block.lines() {
+            if let Some(n) = line.strip_prefix("event: ") {
+                name = Some(n.to_string());
+            }
+            if let Some(d) = line.strip_prefix("data: ") {
+                data = Some(serde_json::from_str(d).unwrap());
+            }
+        }
+        if let (Some(n), Some(d)) = (name, data) {
+            out.push((n, d));
+        }
+    }
+    out
+}
+
+/// The worker a running job is on, from its last `state` event.
+fn worker_of(api: &Proc, token: &str, id: &str) -> Option<String> {
+    let mut text = String::new();
+    // A running job's stream stays open: read what is there for a moment.
+    let r = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_millis(1500))
+        .build()
+        .unwrap()
+        .get(format!("{}/v1/jobs/{id}/events", api.url))
+        .bearer_auth(token)
+        .send()
+        .ok()?;
+    let _ = BufReader::new(r).read_to_string(&mut text);
+    parse_sse(&text)
+        .iter()
+        .rev()
+        .find(|(n, _)| n == "state")
+        .and_then(|(_, d)| d["worker"].as_str().map(str::to_string))
+}
+
+/// Jobs that sleep 6 s: what the worker that is killed or stalled runs.
+const LONG: usize = 24;
+
+#[test]
+fn two_apis_and_three_workers_run_every_job_exactly_once() {
+    let pg = pgtest::TestPostgres::start();
+    let db = pg.url();
+    let home = tempfile::tempdir().unwrap();
+    let dir = |name: &str| home.path().join(name).display().to_string();
+    let mut workers: Vec<Proc> = (0..3)
+        .map(|i| {
+            spawn(
+                home.path(),
+                &[
+                    "worker",
+                    "--db",
+                    &db,
+                    "--data-dir",
+                    &dir(&format!("worker-{i}")),
+                    "--workers",
+                    "4",
+                    "--per-tenant",
+                    "100",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--lease",
+                    "3s",
+                    "--max-attempts",
+                    "3",
+                ],
+            )
+        })
+        .collect();
+    let apis: Vec<Proc> = (0..2)
+        .map(|i| {
+            let port = free_port().to_string();
+            spawn(
+                home.path(),
+                &[
+                    "serve",
+                    "--db",
+                    &db,
+                    "--data-dir",
+                    &dir(&format!("api-{i}")),
+                    "--workers",
+                    "0",
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                ],
+            )
+        })
+        .collect();
+    let token = apis[0].token.clone().expect("the first API makes a token");
+    assert!(apis[1].token.is_none(), "one database, one first token");
+    for w in &workers {
+        let r = http().get(format!("{}/health", w.url)).send().unwrap();
+        assert_eq!(r.status(), 200);
+    }
+
+    // 200 jobs, alternately through each API; the first 24 (two per
+    // worker slot) run long enough to be caught mid-job.
+    let started = Instant::now();
+    let ids: Vec<String> = (0..200)
+        .map(|i| {
+            let api = &apis[i % 2];
+            let pause = if i < LONG { "6" } else { "0.$((RANDOM % 6))" };
+            let command = format!("echo start-{i}; sleep {pause}; echo done-{i}");
+            let r = http()
+                .post(format!("{}/v1/jobs", api.url))
+                .bearer_auth(&token)
+                .json(&json!({"kind": "shell", "command": command}))
+                .send()
+                .unwrap();
+            assert_eq!(r.status(), 202);
+            r.json::<Value>().unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    eprintln!("200 jobs accepted in {:?}", started.elapsed());
+
+    // A job submitted through API 1, followed live through API 0.
+    let followed = {
+        let r = http()
+            .post(format!("{}/v1/jobs", apis[1].url))
+            .bearer_auth(&token)
+            .json(&json!({"kind": "shell", "command": "echo first; sleep 2; echo second"}))
+            .send()
+            .unwrap();
+        r.json::<Value>().unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let follower = {
+        let (url, token, id) = (apis[0].url.clone(), token.clone(), followed.clone());
+        std::thread::spawn(move || {
+            let r = http()
+                .get(format!("{url}/v1/jobs/{id}/events"))
+                .bearer_auth(&token)
+                .send()
+                .unwrap();
+            let mut seen = Vec::new();
+            let mut block = String::new();
+            for line in BufReader::new(r).lines() {
+                let line = line.unwrap();
+                if line.is_empty() {
+                    seen.extend(parse_sse(&block));
+                    block.clear();
+                    if seen.iter().any(|(n, _)| n == "finished") {
+                        break;
+                    }
+                } else {
+                    block.push_str(&line);
+                    block.push('\n');
+                }
+            }
+            seen
+        })
+    };
+
+    // Kill a worker that runs a job, mid-job.
+    let by_id: HashMap<String, usize> = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.worker.clone().unwrap(), i))
+        .collect();
+    let victim = find_busy(&apis[0], &token, &ids[..LONG], &by_id, None);
+    eprintln!("SIGKILL to worker {victim}");
+    workers[victim].child.kill().unwrap();
+    workers[victim].child.wait().unwrap();
+
+    // Stall another past its lease, then let it go on.
+    let stalled = find_busy(&apis[0], &token, &ids[..LONG], &by_id, Some(victim));
+    let pid = workers[stalled].child.id() as i32;
+    eprintln!("SIGSTOP to worker {stalled} for 8 s");
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_secs(8));
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+
+    // Every job ends, once, and succeeds, with one run's output.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut requeued = 0;
+    for (i, id) in ids.iter().enumerate() {
+        let api = &apis[(i + 1) % 2];
+        let j = loop {
+            let j = job(api, &token, id);
+            if !["queued", "running"].contains(&j["state"].as_str().unwrap()) {
+                break j;
+            }
+            assert!(Instant::now() < deadline, "job {i} never ended: {j}");
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(j["state"], "succeeded", "{j}");
+        assert_eq!(j["stdout"], format!("start-{i}\ndone-{i}\n"), "{j}");
+        let ev = events(api, &token, id);
+        let finished = ev.iter().filter(|(n, _)| n == "finished").count();
+        assert_eq!(finished, 1, "job {i}: {ev:?}");
+        assert_eq!(ev.last().unwrap().0, "finished");
+        // Runs never overlap in the record: after a `requeued`, nothing of
+        // the lost run comes before the next run's `state`.
+        let mut between = false;
+        let mut runs = 0;
+        for (name, data) in &ev {
+            match name.as_str() {
+                "state" => {
+                    between = false;
+                    runs += 1;
+                    assert!(data["worker"].is_string(), "{data}");
+                }
+                "requeued" => {
+                    between = true;
+                    requeued += 1;
+                }
+                "stdout" | "stderr" => assert!(!between, "job {i}: output after requeued: {ev:?}"),
+                _ => {}
+            }
+        }
+        let again = ev.iter().filter(|(n, _)| n == "requeued").count();
+        assert_eq!(runs, again + 1, "job {i}: {ev:?}");
+    }
+    eprintln!(
+        "all 200 ended in {:?}; {requeued} run(s) lost with a worker and run again",
+        started.elapsed()
+    );
+    assert!(
+        requeued >= 2,
+        "both the killed and the stalled worker lost a job"
+    );
+
+    let seen = follower.join().unwrap();
+    let out: String = seen
+        .iter()
+        .filter(|(n, _)| n == "stdout")
+        .map(|(_, d)| d["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(out, "first\nsecond\n", "{seen:?}");
+    assert!(
+        seen.iter()
+            .any(|(n, d)| n == "finished" && d["state"] == "succeeded")
+    );
+}
+
+/// A worker (by index, other than `not`) running one of `ids` now.
+fn find_busy(
+    api: &Proc,
+    token: &str,
+    ids: &[String],
+    by_id: &HashMap<String, usize>,
+    not: Option<usize>,
+) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for id in ids {
+            if job(api, token, id)["state"] != "running" {
+                continue;
+            }
+            if let Some(w) = worker_of(api, token, id).and_then(|w| by_id.get(&w).copied())
+                && Some(w) != not
+            {
+                return w;
+            }
+        }
+        assert!(Instant::now() < deadline, "no worker is busy");
+    }
+}
