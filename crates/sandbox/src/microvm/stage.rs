@@ -87,7 +87,66 @@ pub(super) fn stage_supervisor(cache: &Path, supervisor: &Path) -> Result<PathBu
         }
         std::fs::rename(&tmp, &staged)?;
     }
+    // Marked used now; copies of binaries unused for a while go (each
+    // rebuild or upgrade of cordon stages a new one, and a hard link keeps
+    // a replaced binary's blocks: 127 of them filled 11 GiB).
+    let _ = std::fs::File::open(&dir).and_then(|d| d.set_modified(std::time::SystemTime::now()));
+    prune_staged(&cache.join("bin"), &dir, STAGED_UNUSED);
     Ok(dir)
+}
+
+/// How long a staged supervisor may go unused before it is removed: a
+/// microVM started from it long ago still runs from its open files.
+const STAGED_UNUSED: std::time::Duration = std::time::Duration::from_secs(2 * 24 * 3600);
+
+/// Removes the staged copies in `bin` other than `keep` not used for `unused`.
+fn prune_staged(bin: &Path, keep: &Path, unused: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(bin) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let old = e
+            .metadata()
+            .ok()
+            .filter(|m| m.is_dir())
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > unused);
+        if old && path != keep {
+            // The cache is cordon's own; remove_dir_all does not follow links.
+            if let Err(err) = std::fs::remove_dir_all(&path) {
+                tracing::debug!("cannot remove {}: {err}", path.display());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_copies_unused_for_long_are_removed() {
+        let cache = tempfile::tempdir().unwrap();
+        let bin = cache.path().join("bin");
+        let (old, recent) = (bin.join("old"), bin.join("recent"));
+        for d in [&old, &recent] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("cordon"), "x").unwrap();
+        }
+        let long_ago = std::time::SystemTime::now() - STAGED_UNUSED * 2;
+        std::fs::File::open(&old)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+        let supervisor = cache.path().join("cordon-supervisor");
+        std::fs::write(&supervisor, "binary").unwrap();
+        let kept = stage_supervisor(cache.path(), &supervisor).unwrap();
+        assert!(kept.join("cordon-supervisor").is_file());
+        assert!(!old.exists(), "an old copy stayed");
+        assert!(recent.exists(), "a recent copy went");
+    }
 }
 
 /// Host top-level system entries: merged-/usr symlinks go into the
