@@ -122,33 +122,6 @@ fn prune_staged(bin: &Path, keep: &Path, unused: std::time::Duration) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn staged_copies_unused_for_long_are_removed() {
-        let cache = tempfile::tempdir().unwrap();
-        let bin = cache.path().join("bin");
-        let (old, recent) = (bin.join("old"), bin.join("recent"));
-        for d in [&old, &recent] {
-            std::fs::create_dir_all(d).unwrap();
-            std::fs::write(d.join("cordon"), "x").unwrap();
-        }
-        let long_ago = std::time::SystemTime::now() - STAGED_UNUSED * 2;
-        std::fs::File::open(&old)
-            .unwrap()
-            .set_modified(long_ago)
-            .unwrap();
-        let supervisor = cache.path().join("cordon-supervisor");
-        std::fs::write(&supervisor, "binary").unwrap();
-        let kept = stage_supervisor(cache.path(), &supervisor).unwrap();
-        assert!(kept.join("cordon-supervisor").is_file());
-        assert!(!old.exists(), "an old copy stayed");
-        assert!(recent.exists(), "a recent copy went");
-    }
-}
-
 /// Host top-level system entries: merged-/usr symlinks go into the
 /// initramfs, real directories become read-only shares.
 pub(super) fn system_layout() -> (Vec<(String, String)>, Vec<String>) {
@@ -216,5 +189,32 @@ fn sweep_run_dirs(runs: &Path) {
             );
             let _ = std::fs::remove_dir_all(e.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_copies_unused_for_long_are_removed() {
+        let cache = tempfile::tempdir().unwrap();
+        let bin = cache.path().join("bin");
+        let (old, recent) = (bin.join("old"), bin.join("recent"));
+        for d in [&old, &recent] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("cordon"), "x").unwrap();
+        }
+        let long_ago = std::time::SystemTime::now() - STAGED_UNUSED * 2;
+        std::fs::File::open(&old)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+        let supervisor = cache.path().join("cordon-supervisor");
+        std::fs::write(&supervisor, "binary").unwrap();
+        let kept = stage_supervisor(cache.path(), &supervisor).unwrap();
+        assert!(kept.join("cordon-supervisor").is_file());
+        assert!(!old.exists(), "an old copy stayed");
+        assert!(recent.exists(), "a recent copy went");
     }
 }
