@@ -345,6 +345,33 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
         "both the killed and the stalled worker lost a job"
     );
 
+    // Idle workers are woken by PostgreSQL's NOTIFY, not their 1 s poll,
+    // and the other API's stream by its NOTIFY: POST to `finished` seen
+    // through the other API, one job at a time.
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let r = http()
+            .post(format!("{}/v1/jobs", apis[1].url))
+            .bearer_auth(&token)
+            .json(&json!({"kind": "shell", "command": "true"}))
+            .send()
+            .unwrap();
+        let id = r.json::<Value>().unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let ev = events(&apis[0], &token, &id);
+        assert_eq!(ev.last().unwrap().0, "finished");
+        times.push(t0.elapsed());
+    }
+    times.sort();
+    eprintln!("POST to finished across processes: median {:?}", times[2]);
+    assert!(
+        times[2] < Duration::from_millis(2500),
+        "a job waits for polls: {times:?}"
+    );
+
     let seen = follower.join().unwrap();
     let out: String = seen
         .iter()

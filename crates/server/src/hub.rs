@@ -72,6 +72,13 @@ impl Hub {
         self.lock().remove(id);
     }
 
+    /// Another process stored events (PostgreSQL's NOTIFY): streams of
+    /// jobs not running here read the database again now rather than at
+    /// their next poll.
+    pub fn poke(&self) {
+        self.opened.notify_waiters();
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, broadcast::Sender<StoredEvent>>> {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
     }

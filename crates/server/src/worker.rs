@@ -81,6 +81,43 @@ pub(crate) fn start(shared: &Arc<Shared>) {
         tokio::spawn(cancels(Arc::downgrade(shared)));
     }
     tokio::spawn(sweep(Arc::downgrade(shared)));
+    if shared.store.backend() == crate::store::Backend::Postgres {
+        tokio::spawn(listen(shared.config.db.clone(), Arc::downgrade(shared)));
+    }
+}
+
+/// PostgreSQL's LISTEN: a job queued or a slot freed by any process wakes
+/// this one's idle workers at once, and new events of a job running
+/// elsewhere wake its streams here. The polls stay, for what is missed
+/// while the connection is down.
+async fn listen(url: String, weak: std::sync::Weak<Shared>) {
+    loop {
+        match sqlx::postgres::PgListener::connect(&url).await {
+            Ok(mut l) => match l.listen_all(["cordon_jobs", "cordon_events"]).await {
+                Ok(()) => loop {
+                    let n = match l.recv().await {
+                        Ok(n) => n,
+                        Err(e) => {
+                            tracing::warn!("listening for other processes' jobs: {e}");
+                            break;
+                        }
+                    };
+                    let Some(shared) = weak.upgrade() else { return };
+                    if n.channel() == "cordon_jobs" {
+                        shared.wake.notify_waiters();
+                    } else {
+                        shared.hub.poke();
+                    }
+                },
+                Err(e) => tracing::warn!("LISTEN: {e}"),
+            },
+            Err(e) => tracing::warn!("cannot listen for other processes' jobs: {e}"),
+        }
+        if weak.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
 }
 
 /// Takes queued jobs in order and runs them, one at a time per worker.

@@ -341,7 +341,9 @@ impl Store {
             (JobState::Failed, event)
         };
         let stored = push_event(&mut tx, id, &NewEvent::from(event)).await?;
+        self.notify_events(&mut tx, id).await?;
         tx.commit().await?;
+        self.notify_jobs().await;
         Ok(Some((state, stored)))
     }
 }

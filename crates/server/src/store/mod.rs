@@ -349,6 +349,30 @@ impl Store {
         Ok(())
     }
 
+    /// Tells every process listening (PostgreSQL) that a job may be
+    /// claimed: one was queued, or a running one ended and freed a slot.
+    pub async fn notify_jobs(&self) {
+        if self.backend == Backend::Postgres
+            && let Err(e) = sqlx::query("SELECT pg_notify('cordon_jobs', '')::TEXT")
+                .fetch_one(&self.pool)
+                .await
+        {
+            tracing::debug!("notify: {e}");
+        }
+    }
+
+    /// Within `tx`: tells listening processes that job `id` has new events;
+    /// delivered when the transaction commits.
+    async fn notify_events(&self, tx: &mut Tx<'_>, id: &str) -> Result<()> {
+        if self.backend == Backend::Postgres {
+            sqlx::query("SELECT pg_notify('cordon_events', $1)::TEXT")
+                .bind(id)
+                .fetch_one(&mut **tx)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Queues a job.
     pub async fn insert_job(&self, id: &str, tenant: &str, request: &JobRequest) -> Result<JobRow> {
         let spec = serde_json::to_string(request)
@@ -365,6 +389,7 @@ impl Store {
         .bind(now_ms())
         .fetch_one(&self.pool)
         .await?;
+        self.notify_jobs().await;
         job_from_row(&row)
     }
 
@@ -418,6 +443,9 @@ impl Store {
         let mut stored = Vec::with_capacity(events.len());
         for e in events {
             stored.push(push_event(&mut tx, id, e).await?);
+        }
+        if !stored.is_empty() {
+            self.notify_events(&mut tx, id).await?;
         }
         if let Some(o) = output {
             sqlx::query(
@@ -480,7 +508,10 @@ impl Store {
             return Ok(None);
         }
         let stored = push_event(&mut tx, id, event).await?;
+        self.notify_events(&mut tx, id).await?;
         tx.commit().await?;
+        // A slot of its tenant's is free.
+        self.notify_jobs().await;
         Ok(Some(stored))
     }
 
