@@ -1,0 +1,394 @@
+//! cordon's image (deploy/image): built by scripts/image from Debian's
+//! packages without a container engine, unpacked with umoci, and its
+//! entrypoint, as its OCI config gives it, run in fresh namespaces the way
+//! a container runtime would: `/health` answers, the image's own `cordon
+//! token create` makes a token, and a shell job runs in a sandbox. Once as
+//! root (the runtime's usual case, the image's user dropping every
+//! capability) and once from an unprivileged host user in a user namespace
+//! (a rootless runtime's).
+//!
+//! Needs root (debootstrap and buildah's chroot builds); the image and its
+//! root file system are cached in /var/cache/cordon/image (see README, "The
+//! image", for what a cold and a warm run cost).
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// The user the unprivileged run starts from, when the test runs as root.
+const NOBODY: u32 = 65534;
+
+/// What a container runtime does before it runs the image's command.
+const CONTAINER_SH: &str = include_str!("image/container.sh");
+
+// The OCI image layout's files, as far as the test reads them.
+#[derive(Deserialize)]
+struct Index {
+    manifests: Vec<Descriptor>,
+}
+
+#[derive(Deserialize)]
+struct Descriptor {
+    digest: String,
+    #[serde(default)]
+    annotations: HashMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct Manifest {
+    config: Descriptor,
+}
+
+#[derive(Deserialize)]
+struct ImageConfig {
+    config: RunConfig,
+}
+
+/// The image's run configuration (the Dockerfile's USER, ENV, ENTRYPOINT,
+/// CMD and WORKDIR).
+#[derive(Deserialize, Debug)]
+#[serde(rename_all = "PascalCase")]
+struct RunConfig {
+    #[serde(default)]
+    user: String,
+    #[serde(default)]
+    env: Vec<String>,
+    #[serde(default)]
+    entrypoint: Vec<String>,
+    #[serde(default)]
+    cmd: Vec<String>,
+    #[serde(default)]
+    working_dir: String,
+}
+
+/// The built and unpacked image, shared by the tests of this binary.
+struct Image {
+    rootfs: PathBuf,
+    config: RunConfig,
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn cache() -> PathBuf {
+    std::env::var_os("CORDON_IMAGE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/cordon/image"))
+}
+
+/// Whether this machine can build the image; outside CI a test may skip.
+fn can_build() -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    assert!(!in_ci(), "the image test needs root under CI");
+    eprintln!("skipped: building the image needs root (debootstrap, buildah)");
+    false
+}
+
+fn run(cmd: &mut Command, what: &str) -> String {
+    let started = Instant::now();
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(out.status.success(), "{what} failed: {}", out.status);
+    eprintln!("{what}: {:.0?}", started.elapsed());
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+fn image() -> &'static Image {
+    static IMAGE: OnceLock<Image> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let cache = cache();
+        let reference = run(
+            Command::new(repo().join("scripts/image"))
+                .args(["--cordon", env!("CARGO_BIN_EXE_cordon")])
+                .arg("--out")
+                .arg(cache.join("oci")),
+            "scripts/image",
+        );
+        let reference = reference
+            .lines()
+            .last()
+            .expect("scripts/image names the image");
+        let (layout, tag) = reference.rsplit_once(':').expect("DIR:TAG");
+        let layout = Path::new(layout);
+        let read = |path: PathBuf| fs::read(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        let blob = |digest: &str| {
+            let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+            read(layout.join("blobs/sha256").join(hex))
+        };
+        let index: Index = serde_json::from_slice(&read(layout.join("index.json"))).unwrap();
+        let manifest = index
+            .manifests
+            .iter()
+            .find(|m| {
+                m.annotations
+                    .get("org.opencontainers.image.ref.name")
+                    .map(String::as_str)
+                    == Some(tag)
+            })
+            .expect("the index names the tag");
+        let manifest: Manifest = serde_json::from_slice(&blob(&manifest.digest)).unwrap();
+        let config: ImageConfig = serde_json::from_slice(&blob(&manifest.config.digest)).unwrap();
+
+        // One unpacked copy, kept until the image changes: the containers
+        // write only to their own tmpfs and data volume.
+        let unpacked = cache.join("unpacked");
+        let rootfs = unpacked.join("rootfs");
+        let stamp = unpacked.join("manifest");
+        if fs::read_to_string(&stamp).ok().as_deref() != Some(manifest.config.digest.as_str()) {
+            let _ = fs::remove_dir_all(&unpacked);
+            fs::create_dir_all(&unpacked).unwrap();
+            run(
+                Command::new("umoci")
+                    .args(["raw", "unpack", "--image", reference])
+                    .arg(&rootfs),
+                "umoci raw unpack",
+            );
+            fs::write(&stamp, &manifest.config.digest).unwrap();
+        }
+        // The unprivileged run's user reaches the root through these.
+        for dir in [&cache, &unpacked, &rootfs] {
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        Image {
+            rootfs,
+            config: config.config,
+        }
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A container of the image: `argv` run as the image's user, with `data`
+/// as its volume at /var/lib/cordon. `as_user`: started by that host user
+/// in a user namespace of its own, else by root.
+fn container(image: &Image, data: &Path, as_user: Option<u32>, argv: &[String]) -> Command {
+    let (uid, gid) = image
+        .config
+        .user
+        .split_once(':')
+        .expect("the image names its user as UID:GID");
+    let cwd = match image.config.working_dir.as_str() {
+        "" => "/",
+        dir => dir,
+    };
+    assert!(
+        !argv[0].contains('='),
+        "env(1) would take {:?} for a variable",
+        argv[0]
+    );
+    let mut cmd = match as_user {
+        Some(user) => {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid", &user.to_string(), "--regid", &user.to_string()])
+                .args(["--clear-groups", "unshare", "--user", "--map-root-user"]);
+            c
+        }
+        None => Command::new("unshare"),
+    };
+    cmd.args([
+        "--mount",
+        "--pid",
+        "--ipc",
+        "--uts",
+        "--cgroup",
+        "--fork",
+        "--kill-child",
+    ])
+    .args(["sh", "-c", CONTAINER_SH, "container.sh"])
+    .arg(&image.rootfs)
+    .arg(data)
+    .arg(if as_user.is_some() { "1" } else { "0" })
+    .args([uid, gid, cwd])
+    .args(&image.config.env)
+    .args(argv)
+    .env_clear()
+    .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    cmd
+}
+
+/// Kills the container (its pid 1, and so everything in it) when dropped.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Builds the image, runs its entrypoint, and sees a job succeed in it.
+fn serve_a_job(as_user: Option<u32>) {
+    if !can_build() {
+        return;
+    }
+    let image = image();
+    let host_owner = as_user.unwrap_or_else(|| {
+        image
+            .config
+            .user
+            .split(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    });
+    let data = tempfile::Builder::new()
+        .prefix("cordon-image-data-")
+        .tempdir()
+        .unwrap();
+    chown(data.path(), Some(host_owner), Some(host_owner)).unwrap();
+
+    // The entrypoint as the image gives it, listening on a free loopback
+    // port of the host's network instead of 8080 (as a runtime's port
+    // mapping would make it reachable).
+    let mut argv: Vec<String> = image
+        .config
+        .entrypoint
+        .iter()
+        .chain(&image.config.cmd)
+        .cloned()
+        .collect();
+    assert_eq!(argv[..2], ["/usr/local/bin/cordon", "serve"], "{argv:?}");
+    let listen = argv
+        .iter()
+        .position(|a| a == "--listen")
+        .expect("the entrypoint names --listen")
+        + 1;
+    assert_eq!(argv[listen], "0.0.0.0:8080");
+    let port = free_port();
+    argv[listen] = format!("127.0.0.1:{port}");
+    let db = argv[argv
+        .iter()
+        .position(|a| a == "--db")
+        .expect("the entrypoint names --db")
+        + 1]
+    .clone();
+
+    // A token from the image's own cordon, in a container of its own over
+    // the same volume (`docker run --rm IMAGE cordon token create`).
+    let token_argv: Vec<String> = [
+        argv[0].as_str(),
+        "token",
+        "create",
+        "--tenant",
+        "ci",
+        "--db",
+        &db,
+    ]
+    .map(String::from)
+    .to_vec();
+    let token = run(
+        &mut container(image, data.path(), as_user, &token_argv),
+        "cordon token create",
+    );
+    let token = token.trim().to_string();
+    assert!(token.starts_with("cdn_"), "{token:?}");
+
+    let mut server = container(image, data.path(), as_user, &argv);
+    let mut child = server
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let server = Running(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("container: {line}");
+            let _ = tx.send(line);
+        }
+    });
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(r) = http().get(format!("{base}/health")).send()
+            && r.status().is_success()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/health never answered; the container said: {:?}",
+            rx.try_iter().collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let r = http()
+        .post(format!("{base}/v1/jobs"))
+        .bearer_auth(&token)
+        .json(&json!({"kind": "shell", "command": "echo hi from the image"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202, "{:?}", r.text());
+    let id = r.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let job = loop {
+        let job: Value = http()
+            .get(format!("{base}/v1/jobs/{id}"))
+            .bearer_auth(&token)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if !matches!(job["state"].as_str(), Some("queued" | "running")) {
+            break job;
+        }
+        assert!(Instant::now() < deadline, "the job did not end: {job}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["stdout"], "hi from the image\n", "{job}");
+    drop(server);
+}
+
+#[test]
+fn the_image_serves_a_job_as_root_starts_it() {
+    serve_a_job(None);
+}
+
+#[test]
+fn the_image_serves_a_job_in_an_unprivileged_user_namespace() {
+    let user = if rustix::process::geteuid().is_root() {
+        NOBODY
+    } else {
+        rustix::process::geteuid().as_raw()
+    };
+    serve_a_job(Some(user));
+}
