@@ -2,7 +2,8 @@
 //! packages without a container engine, unpacked with umoci, and its
 //! entrypoint, as its OCI config gives it, run in fresh namespaces the way
 //! a container runtime would: `/health` answers, the image's own `cordon
-//! token create` makes a token, and a shell job runs in a sandbox. Once as
+//! token create` makes a token, a shell job runs in a sandbox, and its
+//! `cordon doctor` finds the guest kernel and JupyterLab. Once as
 //! root (the runtime's usual case, the image's user dropping every
 //! capability) and once from an unprivileged host user in a user namespace
 //! (a rootless runtime's).
@@ -315,6 +316,38 @@ fn serve_a_job(as_user: Option<u32>) {
     );
     let token = token.trim().to_string();
     assert!(token.starts_with("cdn_"), "{token:?}");
+
+    // What the image holds for sandboxes, as its own `cordon doctor` sees
+    // it in the container: the native sandbox with every isolation
+    // feature, the guest kernel and QEMU, and JupyterLab. A microVM guest
+    // boots (under TCG: the container has no /dev/kvm) where the image's
+    // user owns its cache: not in the user namespace, which maps that uid
+    // alone, so the image's files (owned by the host's uid 10001, not
+    // shifted as a rootless runtime's would be) are nobody's there.
+    let doctor = run(
+        &mut container(
+            image,
+            data.path(),
+            as_user,
+            &[argv[0].clone(), "doctor".into()],
+        ),
+        "cordon doctor",
+    );
+    let mut expected = vec![
+        "all isolation features are in force",
+        "ok   guest kernel",
+        "ok   qemu",
+        "ok   lab environment",
+    ];
+    if as_user.is_none() {
+        expected.push("ok   tcg");
+    }
+    for line in expected {
+        assert!(
+            doctor.contains(line),
+            "cordon doctor says no {line:?}:\n{doctor}"
+        );
+    }
 
     let mut server = container(image, data.path(), as_user, &argv);
     let mut child = server
