@@ -25,8 +25,9 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-/// The user the unprivileged run starts from, when the test runs as root.
-const NOBODY: u32 = 65534;
+/// The image's user (deploy/image/Dockerfile), whom the unprivileged run
+/// starts as when the test runs as root.
+const IMAGE_UID: u32 = 10001;
 
 /// What a container runtime does before it runs the image's command.
 const CONTAINER_SH: &str = include_str!("image/container.sh");
@@ -108,7 +109,12 @@ fn run(cmd: &mut Command, what: &str) -> String {
         .stderr(Stdio::inherit())
         .output()
         .unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(out.status.success(), "{what} failed: {}", out.status);
+    assert!(
+        out.status.success(),
+        "{what} failed: {}; its output:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
     eprintln!("{what}: {:.0?}", started.elapsed());
     String::from_utf8(out.stdout).expect("UTF-8 output")
 }
@@ -184,52 +190,62 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A container of the image: `argv` run as the image's user, with `data`
-/// as its volume at /var/lib/cordon. `as_user`: started by that host user
-/// in a user namespace of its own, else by root.
-fn container(image: &Image, data: &Path, as_user: Option<u32>, argv: &[String]) -> Command {
-    let (uid, gid) = image
-        .config
-        .user
-        .split_once(':')
-        .expect("the image names its user as UID:GID");
-    let cwd = match image.config.working_dir.as_str() {
-        "" => "/",
-        dir => dir,
-    };
-    assert!(
-        !argv[0].contains('='),
-        "env(1) would take {:?} for a variable",
-        argv[0]
-    );
-    let mut cmd = match as_user {
-        Some(user) => {
-            let mut c = Command::new("setpriv");
-            c.args(["--reuid", &user.to_string(), "--regid", &user.to_string()])
-                .args(["--clear-groups", "unshare", "--user", "--map-root-user"]);
-            c
-        }
-        None => Command::new("unshare"),
-    };
-    cmd.args([
-        "--mount",
-        "--pid",
-        "--ipc",
-        "--uts",
-        "--cgroup",
-        "--fork",
-        "--kill-child",
-    ])
-    .args(["sh", "-c", CONTAINER_SH, "container.sh"])
-    .arg(&image.rootfs)
-    .arg(data)
-    .arg(if as_user.is_some() { "1" } else { "0" })
-    .args([uid, gid, cwd])
-    .args(&image.config.env)
-    .args(argv)
-    .env_clear()
-    .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-    cmd
+/// How the image's containers are started: by root, or by `as_user` in a
+/// user namespace of its own; with `data` as their volume at
+/// /var/lib/cordon, and each with a writable layer of its own.
+struct Containers<'a> {
+    image: &'a Image,
+    data: &'a Path,
+    as_user: Option<u32>,
+    layers: std::cell::RefCell<Vec<tempfile::TempDir>>,
+}
+
+impl Containers<'_> {
+    /// A container running `argv` as the image's user.
+    fn command(&self, argv: &[String]) -> Command {
+        let config = &self.image.config;
+        let (uid, gid) = config
+            .user
+            .split_once(':')
+            .expect("the image names its user as UID:GID");
+        let cwd = match config.working_dir.as_str() {
+            "" => "/",
+            dir => dir,
+        };
+        assert!(
+            !argv[0].contains('='),
+            "env(1) would take {:?} for a variable",
+            argv[0]
+        );
+        let layer = tempfile::Builder::new()
+            .prefix("cordon-image-layer-")
+            .tempdir()
+            .unwrap();
+        let mut cmd = match self.as_user {
+            Some(user) => {
+                chown(layer.path(), Some(user), Some(user)).unwrap();
+                let mut c = Command::new("setpriv");
+                c.args(["--reuid", &user.to_string(), "--regid", &user.to_string()])
+                    .args(["--clear-groups", "unshare", "--user", "--map-root-user"]);
+                c
+            }
+            None => Command::new("unshare"),
+        };
+        cmd.args(["--mount", "--pid", "--ipc", "--uts", "--cgroup"])
+            .args(["--fork", "--kill-child"])
+            .args(["sh", "-c", CONTAINER_SH, "container.sh"])
+            .arg(&self.image.rootfs)
+            .arg(layer.path())
+            .arg(self.data)
+            .arg(if self.as_user.is_some() { "1" } else { "0" })
+            .args([uid, gid, cwd])
+            .args(&config.env)
+            .args(argv)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        self.layers.borrow_mut().push(layer);
+        cmd
+    }
 }
 
 /// Kills the container (its pid 1, and so everything in it) when dropped.
@@ -255,21 +271,19 @@ fn serve_a_job(as_user: Option<u32>) {
         return;
     }
     let image = image();
-    let host_owner = as_user.unwrap_or_else(|| {
-        image
-            .config
-            .user
-            .split(':')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    });
+    assert_eq!(image.config.user, format!("{IMAGE_UID}:{IMAGE_UID}"));
     let data = tempfile::Builder::new()
         .prefix("cordon-image-data-")
         .tempdir()
         .unwrap();
-    chown(data.path(), Some(host_owner), Some(host_owner)).unwrap();
+    let owner = as_user.unwrap_or(IMAGE_UID);
+    chown(data.path(), Some(owner), Some(owner)).unwrap();
+    let containers = Containers {
+        image,
+        data: data.path(),
+        as_user,
+        layers: Default::default(),
+    };
 
     // The entrypoint as the image gives it, listening on a free loopback
     // port of the host's network instead of 8080 (as a runtime's port
@@ -282,36 +296,29 @@ fn serve_a_job(as_user: Option<u32>) {
         .cloned()
         .collect();
     assert_eq!(argv[..2], ["/usr/local/bin/cordon", "serve"], "{argv:?}");
-    let listen = argv
-        .iter()
-        .position(|a| a == "--listen")
-        .expect("the entrypoint names --listen")
-        + 1;
+    let value = |flag: &str| {
+        argv.iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("the entrypoint names {flag}: {argv:?}"))
+            + 1
+    };
+    let listen = value("--listen");
     assert_eq!(argv[listen], "0.0.0.0:8080");
+    // The database `cordon token create` finds by default in the image
+    // (README: `docker exec CONTAINER cordon token create`).
+    assert_eq!(argv[value("--db")], "/var/lib/cordon/server.db");
     let port = free_port();
     argv[listen] = format!("127.0.0.1:{port}");
-    let db = argv[argv
-        .iter()
-        .position(|a| a == "--db")
-        .expect("the entrypoint names --db")
-        + 1]
-    .clone();
+    let cordon = |args: &[&str]| -> Vec<String> {
+        std::iter::once(argv[0].clone())
+            .chain(args.iter().map(|a| a.to_string()))
+            .collect()
+    };
 
     // A token from the image's own cordon, in a container of its own over
     // the same volume (`docker run --rm IMAGE cordon token create`).
-    let token_argv: Vec<String> = [
-        argv[0].as_str(),
-        "token",
-        "create",
-        "--tenant",
-        "ci",
-        "--db",
-        &db,
-    ]
-    .map(String::from)
-    .to_vec();
     let token = run(
-        &mut container(image, data.path(), as_user, &token_argv),
+        &mut containers.command(&cordon(&["token", "create", "--tenant", "ci"])),
         "cordon token create",
     );
     let token = token.trim().to_string();
@@ -319,38 +326,27 @@ fn serve_a_job(as_user: Option<u32>) {
 
     // What the image holds for sandboxes, as its own `cordon doctor` sees
     // it in the container: the native sandbox with every isolation
-    // feature, the guest kernel and QEMU, and JupyterLab. A microVM guest
-    // boots (under TCG: the container has no /dev/kvm) where the image's
-    // user owns its cache: not in the user namespace, which maps that uid
-    // alone, so the image's files (owned by the host's uid 10001, not
-    // shifted as a rootless runtime's would be) are nobody's there.
+    // feature, the guest kernel and QEMU (a microVM guest boots, under TCG:
+    // the container has no /dev/kvm), and JupyterLab.
     let doctor = run(
-        &mut container(
-            image,
-            data.path(),
-            as_user,
-            &[argv[0].clone(), "doctor".into()],
-        ),
+        &mut containers.command(&cordon(&["doctor"])),
         "cordon doctor",
     );
-    let mut expected = vec![
+    for line in [
         "all isolation features are in force",
         "ok   guest kernel",
         "ok   qemu",
+        "ok   tcg",
         "ok   lab environment",
-    ];
-    if as_user.is_none() {
-        expected.push("ok   tcg");
-    }
-    for line in expected {
+    ] {
         assert!(
             doctor.contains(line),
             "cordon doctor says no {line:?}:\n{doctor}"
         );
     }
 
-    let mut server = container(image, data.path(), as_user, &argv);
-    let mut child = server
+    let mut child = containers
+        .command(&argv)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -412,16 +408,21 @@ fn serve_a_job(as_user: Option<u32>) {
 }
 
 #[test]
-fn the_image_serves_a_job_as_root_starts_it() {
+fn the_image_serves_a_job_started_by_root() {
     serve_a_job(None);
 }
 
+/// A rootless runtime's case: the container's root is an unprivileged
+/// host user (the image's uid, which owns the image's files, when the test
+/// runs as root), and the image's user is that same host user one user
+/// namespace further in.
 #[test]
-fn the_image_serves_a_job_in_an_unprivileged_user_namespace() {
-    let user = if rustix::process::geteuid().is_root() {
-        NOBODY
+fn the_image_serves_a_job_started_by_an_unprivileged_user() {
+    let euid = rustix::process::geteuid();
+    let user = if euid.is_root() {
+        IMAGE_UID
     } else {
-        rustix::process::geteuid().as_raw()
+        euid.as_raw()
     };
     serve_a_job(Some(user));
 }

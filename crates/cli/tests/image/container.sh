@@ -1,16 +1,34 @@
 # Runs a command in an unpacked image as a container runtime would: fresh
 # mount, pid, ipc, uts and cgroup namespaces (made by the caller with
-# unshare) and the host's network; /proc, /dev, /sys and the cgroup file
-# systems mounted; the data volume bound at /var/lib/cordon; the root
-# pivoted; the image's user, working directory and environment.
-# Arguments: ROOTFS DATA USERNS(0|1) UID GID CWD NAME=VALUE... ARGV...
-# (as env(1) takes them: the environment ends at the first word without =).
+# unshare) and the host's network; a writable layer over the image's root
+# (overlayfs, so the unpacked image stays as it is; see below for the user
+# namespace); /proc, /dev, /sys and
+# the cgroup file systems mounted; the data volume bound at
+# /var/lib/cordon; the root pivoted; the image's user, working directory
+# and environment.
+# Arguments: ROOTFS LAYER DATA USERNS(0|1) UID GID CWD NAME=VALUE... ARGV...
+# (LAYER: an empty directory for the writable layer; the environment ends,
+# as env(1) takes it, at the first word without =).
 set -eu
-root=$1 data=$2 userns=$3 uid=$4 gid=$5 cwd=$6
-shift 6
+image=$1 layer=$2 data=$3 userns=$4 uid=$5 gid=$6 cwd=$7
+shift 7
 
 mount --make-rprivate /
-mount --bind "$root" "$root"
+root=$layer/root
+mkdir "$root"
+if [ "$userns" = 1 ]; then
+    # The image's files belong to the host's uids, of which this namespace
+    # maps one (the image's user's): overlayfs cannot copy up a directory
+    # whose owner it does not map (EOVERFLOW), so this container writes
+    # into the unpacked image itself, where its user owns only its data
+    # and the microvm cache, and gets a tmpfs as its world-writable /tmp.
+    # (A rootless runtime shifts the image's owners into its namespace.)
+    mount --bind "$image" "$root"
+    mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs "$root/tmp"
+else
+    mkdir "$layer/upper" "$layer/work"
+    mount -t overlay overlay -o "lowerdir=$image,upperdir=$layer/upper,workdir=$layer/work" "$root"
+fi
 mount -t proc -o nosuid,nodev,noexec proc "$root/proc"
 mount -t tmpfs -o nosuid,mode=755,size=65536k tmpfs "$root/dev"
 for d in null zero full random urandom tty; do
@@ -25,9 +43,6 @@ ln -s /proc/self/fd "$root/dev/fd"
 ln -s /proc/self/fd/0 "$root/dev/stdin"
 ln -s /proc/self/fd/1 "$root/dev/stdout"
 ln -s /proc/self/fd/2 "$root/dev/stderr"
-# What the runtime's writable layer would take: the unpacked root stays
-# as the image made it, for the next container.
-mount -t tmpfs -o nosuid,nodev,mode=1777 tmpfs "$root/tmp"
 if [ "$userns" = 1 ]; then
     # sysfs belongs to the network namespace, which is the host's: a user
     # namespace may only bind it (as rootless runtimes do with the host's
@@ -50,7 +65,7 @@ umount -l /mnt
 cd "$cwd"
 if [ "$userns" = 1 ]; then
     # The image's user in a user namespace of its own, mapped onto this
-    # namespace's root (the unprivileged host user).
+    # namespace's root (the unprivileged host user who started it).
     exec unshare --user --map-user="$uid" --map-group="$gid" -- \
         setpriv --no-new-privs -- env -i "$@"
 else
