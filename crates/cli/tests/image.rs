@@ -2,11 +2,11 @@
 //! packages without a container engine, unpacked with umoci, and its
 //! entrypoint, as its OCI config gives it, run in fresh namespaces the way
 //! a container runtime would: `/health` answers, the image's own `cordon
-//! token create` makes a token, a shell job runs in a sandbox, and its
-//! `cordon doctor` finds the guest kernel and JupyterLab. Once as
-//! root (the runtime's usual case, the image's user dropping every
-//! capability) and once from an unprivileged host user in a user namespace
-//! (a rootless runtime's).
+//! token create` makes a token, a shell job and a GUI job's screenshot run
+//! in sandboxes, and its `cordon doctor` finds the guest kernel and
+//! JupyterLab. Once as root (the runtime's usual case, the image's user
+//! dropping every capability) and once from an unprivileged host user in a
+//! user namespace (a rootless runtime's).
 //!
 //! Needs root (debootstrap and buildah's chroot builds); the image and its
 //! root file system are cached in /var/cache/cordon/image (see README, "The
@@ -267,6 +267,36 @@ fn http() -> reqwest::blocking::Client {
         .unwrap()
 }
 
+/// Submits `request` and waits for the job to end; its view.
+fn run_job(base: &str, token: &str, request: Value) -> Value {
+    let r = http()
+        .post(format!("{base}/v1/jobs"))
+        .bearer_auth(token)
+        .json(&request)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202, "{:?}", r.text());
+    let id = r.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let job: Value = http()
+            .get(format!("{base}/v1/jobs/{id}"))
+            .bearer_auth(token)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if !matches!(job["state"].as_str(), Some("queued" | "running")) {
+            return job;
+        }
+        assert!(Instant::now() < deadline, "the job did not end: {job}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Builds the image, runs its entrypoint, and sees a job succeed in it.
 fn serve_a_job(as_user: Option<u32>) {
     if !can_build() {
@@ -378,34 +408,24 @@ fn serve_a_job(as_user: Option<u32>) {
         std::thread::sleep(Duration::from_millis(200));
     }
 
-    let r = http()
-        .post(format!("{base}/v1/jobs"))
-        .bearer_auth(&token)
-        .json(&json!({"kind": "shell", "command": "echo hi from the image"}))
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202, "{:?}", r.text());
-    let id = r.json::<Value>().unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let job = loop {
-        let job: Value = http()
-            .get(format!("{base}/v1/jobs/{id}"))
-            .bearer_auth(&token)
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
-        if !matches!(job["state"].as_str(), Some("queued" | "running")) {
-            break job;
-        }
-        assert!(Instant::now() < deadline, "the job did not end: {job}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let job = run_job(
+        &base,
+        &token,
+        json!({"kind": "shell", "command": "echo hi from the image"}),
+    );
     assert_eq!(job["state"], "succeeded", "{job}");
     assert_eq!(job["stdout"], "hi from the image\n", "{job}");
+    // The virtual display the image carries (Xvfb, openbox, xdotool): a
+    // GUI job's screenshot.
+    let job = run_job(
+        &base,
+        &token,
+        json!({"kind": "gui", "display": "800x600", "steps": [
+            {"tool": "shell", "command": "true"},
+            {"tool": "computer", "action": "screenshot"},
+        ]}),
+    );
+    assert_eq!(job["state"], "succeeded", "{job}");
     drop(server);
 }
 
