@@ -190,16 +190,7 @@ async fn a_running_gui_job_can_be_watched_by_its_tenant_only_until_it_ends() {
         .await;
 
     // When the job ends, its viewers are told and the desktop is gone.
-    let r = s
-        .client
-        .put(s.url(&format!("/v1/jobs/{id}/files/release")))
-        .bearer_auth(&t)
-        .body("")
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.status());
-    let job = s.wait(&t, &id).await;
+    let job = s.release(&t, &id).await;
     assert_eq!(job["state"], "succeeded", "{job}");
     assert_eq!(job["live_desktop"], false);
     let closed = tokio::time::timeout(Duration::from_secs(20), async {

@@ -42,18 +42,6 @@ fn held() -> Value {
     shell("while [ ! -f /workspace/release ]; do sleep 0.1; done")
 }
 
-async fn release(s: &TestServer, t: &str, id: &str) {
-    let r = client()
-        .put(s.url(&format!("/v1/jobs/{id}/files/release")))
-        .bearer_auth(t)
-        .body("")
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.status());
-    s.wait(t, id).await;
-}
-
 /// `GET path` on the server with `t`'s token.
 async fn bearer_get(s: &TestServer, t: &str, path: &str) -> reqwest::Response {
     client()
@@ -409,7 +397,7 @@ async fn a_jobs_lab_runs_in_its_sandbox_for_its_tenant_alone() {
 
     // The job ends: its Lab with it.
     drop((k, k2, sh));
-    release(&s, &t, &id).await;
+    s.release(&t, &id).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while client()
         .get(format!("{home}lab"))
@@ -570,7 +558,7 @@ while True:
         seen.contains("_xsrf=x"),
         "Jupyter's own cookie passes: {seen}"
     );
-    release(&s, &t, &id).await;
+    s.release(&t, &id).await;
     s.stop().await;
 }
 

@@ -55,15 +55,7 @@ async fn metrics(db: Db) {
     assert_eq!(sample(&text, "cordon_worker_leases"), Some(1.0), "{text}");
     assert!(text.trim_end().ends_with("# EOF"), "{text}");
 
-    let r = s
-        .client
-        .put(s.url(&format!("/v1/jobs/{held}/files/release")))
-        .bearer_auth(&t)
-        .body("")
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
+    s.release(&t, &held).await;
     for id in [&held, &queued[0], &queued[1]] {
         s.wait(&t, id).await;
     }

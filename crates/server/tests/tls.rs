@@ -190,16 +190,7 @@ async fn the_api_ui_mcp_and_live_view_are_served_over_tls() {
     }
     assert_eq!(&greeting[..12], b"RFB 003.008\n");
     drop(ws);
-    let r = s
-        .client
-        .put(s.url(&format!("/v1/jobs/{id}/files/release")))
-        .bearer_auth(&t)
-        .body("")
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
-    assert_eq!(s.wait(&t, &id).await["state"], "succeeded");
+    assert_eq!(s.release(&t, &id).await["state"], "succeeded");
 }
 
 /// A Lab's own origin is served over TLS too: its link says `https`, its
@@ -242,14 +233,5 @@ async fn a_labs_origin_is_served_over_tls() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let r = s
-        .client
-        .put(s.url(&format!("/v1/jobs/{id}/files/release")))
-        .bearer_auth(&t)
-        .body("")
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success());
-    s.wait(&t, &id).await;
+    s.release(&t, &id).await;
 }

@@ -303,16 +303,17 @@ impl Store {
         };
         let attempts: i64 = row.try_get("attempts")?;
         let cancel = row.try_get::<i64, _>("cancel_requested")? != 0;
-        let (state, event) = if cancel {
-            let error = format!("cancelled; {reason}");
-            finish_row(&mut tx, id, JobState::Cancelled, &error).await?;
-            let event = JobEvent::Finished {
-                state: JobState::Cancelled,
-                exit_code: None,
-                error: Some(error),
-            };
-            (JobState::Cancelled, event)
+        let (state, error) = if cancel {
+            (JobState::Cancelled, format!("cancelled; {reason}"))
         } else if attempts < max_attempts {
+            (JobState::Queued, String::new())
+        } else if max_attempts > 1 {
+            let why = format!("{reason} (it ran {attempts} times, the most allowed)");
+            (JobState::Failed, why)
+        } else {
+            (JobState::Failed, reason.to_string())
+        };
+        let event = if state == JobState::Queued {
             sqlx::query(
                 "UPDATE jobs SET state = 'queued', worker = NULL, lease_until_ms = NULL, \
                  started_ms = NULL, stdout = '', stderr = '', stdout_truncated = 0, \
@@ -321,24 +322,17 @@ impl Store {
             .bind(id)
             .execute(&mut *tx)
             .await?;
-            let event = JobEvent::Requeued {
+            JobEvent::Requeued {
                 reason: reason.to_string(),
                 attempts,
-            };
-            (JobState::Queued, event)
+            }
         } else {
-            let error = if max_attempts > 1 {
-                format!("{reason} (it ran {attempts} times, the most allowed)")
-            } else {
-                reason.to_string()
-            };
-            finish_row(&mut tx, id, JobState::Failed, &error).await?;
-            let event = JobEvent::Finished {
-                state: JobState::Failed,
+            finish_row(&mut tx, id, state, &error).await?;
+            JobEvent::Finished {
+                state,
                 exit_code: None,
                 error: Some(error),
-            };
-            (JobState::Failed, event)
+            }
         };
         let stored = push_event(&mut tx, id, &NewEvent::from(event)).await?;
         self.notify_events(&mut tx, id).await?;

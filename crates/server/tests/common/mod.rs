@@ -216,6 +216,21 @@ impl TestServer {
         body["id"].as_str().unwrap().to_string()
     }
 
+    /// Lets a job held by `while [ ! -f /workspace/release ]` go: uploads
+    /// the file and waits for the job's end, which it returns.
+    pub async fn release(&self, token: &str, id: &str) -> Value {
+        let r = self
+            .client
+            .put(self.url(&format!("/v1/jobs/{id}/files/release")))
+            .bearer_auth(token)
+            .body("")
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        self.wait(token, id).await
+    }
+
     /// Waits for a job to reach a terminal state and returns it.
     pub async fn wait(&self, token: &str, id: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(60);
