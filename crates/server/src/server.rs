@@ -94,45 +94,27 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
             }
         });
     }
-    let tcp = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: listen,
-            source,
-        })?;
-    // Event streams write small frames long after the last request byte:
-    // the listener sets TCP_NODELAY (with Nagle each `finished` event
-    // waited a measured 20 ms for the client's delayed ACK).
-    let listener =
-        cordon_listen::Listener::new(tcp, shared.config.tls.clone()).map_err(|source| {
-            ServeError::Bind {
-                addr: listen,
-                source,
-            }
-        })?;
-    let addr = listener.local_addr();
-    let scheme = listener.scheme();
     let app = if shared.config.api {
         crate::routes::router(shared.clone())
     } else {
         axum::Router::new().route("/health", axum::routing::get(|| async { "ok" }))
     };
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let metrics_addr = match shared.config.metrics_listen {
-        Some(at) => Some(serve_metrics(&shared, at, stopped.clone()).await?),
+        Some(at) => {
+            let app = metrics_router(shared.clone());
+            let (addr, _) = serve_on(at, None, app, stopped.clone()).await?;
+            tracing::info!("metrics on http://{addr}/metrics");
+            Some(addr)
+        }
         None => None,
     };
-    let serve = tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        };
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!("server: {e}");
-        }
-    });
+    let (addr, serve) = serve_on(listen, shared.config.tls.clone(), app, stopped).await?;
+    let scheme = if shared.config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     tracing::info!("listening on {scheme}://{addr}");
     Ok(Running {
         addr,
@@ -143,18 +125,22 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
     })
 }
 
-/// Serves `/metrics` on `at`, plain HTTP without a token, until `stop`.
-async fn serve_metrics(
-    shared: &Arc<Shared>,
+/// Binds `at` and serves `app` there (over TLS with `tls`) until `stop`;
+/// answers the bound address and the serving task. The listener sets
+/// TCP_NODELAY: event streams write small frames long after the last
+/// request byte, and with Nagle each `finished` event waited a measured
+/// 20 ms for the client's delayed ACK.
+async fn serve_on(
     at: SocketAddr,
+    tls: Option<cordon_listen::Tls>,
+    app: axum::Router,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) -> Result<SocketAddr, ServeError> {
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), ServeError> {
     let bind = |source| ServeError::Bind { addr: at, source };
     let tcp = tokio::net::TcpListener::bind(at).await.map_err(bind)?;
-    let listener = cordon_listen::Listener::new(tcp, None).map_err(bind)?;
+    let listener = cordon_listen::Listener::new(tcp, tls).map_err(bind)?;
     let addr = listener.local_addr();
-    let app = metrics_router(shared.clone());
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
@@ -162,11 +148,10 @@ async fn serve_metrics(
             .with_graceful_shutdown(shutdown)
             .await
         {
-            tracing::error!("metrics: {e}");
+            tracing::error!("serving on {addr}: {e}");
         }
     });
-    tracing::info!("metrics on http://{addr}/metrics");
-    Ok(addr)
+    Ok((addr, task))
 }
 
 /// Removes the workspaces of jobs that finished more than `keep` ago, and

@@ -20,7 +20,8 @@ use std::time::Duration;
 use sqlx::Row;
 
 use super::{
-    Backend, JobRow, NewEvent, Result, Store, StoredEvent, job_from_row, now_ms, push_event,
+    Backend, JobRow, NewEvent, Result, Store, StoredEvent, ids, job_from_row, now_ms, push_event,
+    state_of,
 };
 use crate::job::{JobEvent, JobState};
 
@@ -175,9 +176,7 @@ impl Store {
         .bind(worker)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|r| r.try_get("id").map_err(Into::into))
-            .collect()
+        ids(&rows)
     }
 
     /// Asks the worker running `id` to cancel it; false if it is not
@@ -210,9 +209,7 @@ impl Store {
             ),
         };
         let rows = sqlx::query(sql).bind(limit).fetch_all(&self.pool).await?;
-        rows.iter()
-            .map(|r| r.try_get("id").map_err(Into::into))
-            .collect()
+        ids(&rows)
     }
 
     /// Job `id`'s state and the lease it is on (None once settled
@@ -223,9 +220,7 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         let Some(row) = row else { return Ok(None) };
-        let state: String = row.try_get("state")?;
-        let state = JobState::parse(&state)
-            .ok_or_else(|| super::StoreError::Invalid(format!("unknown job state {state:?}")))?;
+        let state = state_of(&row)?;
         let worker: Option<String> = row.try_get("worker")?;
         let attempt: i64 = row.try_get("attempts")?;
         Ok(Some((
@@ -242,9 +237,7 @@ impl Store {
                 .bind(worker)
                 .fetch_all(&self.pool)
                 .await?;
-        rows.iter()
-            .map(|r| r.try_get("id").map_err(Into::into))
-            .collect()
+        ids(&rows)
     }
 
     /// Settles job `id`, lost by its worker: if it is still running and
@@ -262,23 +255,13 @@ impl Store {
     ) -> Result<Option<(JobState, StoredEvent)>> {
         let _one_at_a_time = self.appending.lock().await;
         let mut tx = self.pool.begin().await?;
-        if self.backend == Backend::Sqlite {
-            // Take the writer's lock before reading (see `lock_job`).
-            sqlx::query("UPDATE jobs SET attempts = attempts WHERE id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        // On PostgreSQL the row stays locked until the end: a heartbeat or
-        // another settler waits, then finds it changed.
+        // The row stays locked until the end: a heartbeat or another
+        // settler waits, then finds it changed.
+        self.lock_job(&mut tx, id, None).await?;
         let sql = match (self.backend, worker.is_some()) {
-            (Backend::Sqlite, true) => concat!(
+            (_, true) => concat!(
                 "SELECT attempts, cancel_requested FROM jobs ",
                 "WHERE id = $1 AND state = 'running' AND worker = $2"
-            ),
-            (Backend::Postgres, true) => concat!(
-                "SELECT attempts, cancel_requested FROM jobs ",
-                "WHERE id = $1 AND state = 'running' AND worker = $2 FOR UPDATE"
             ),
             (Backend::Sqlite, false) => concat!(
                 "SELECT attempts, cancel_requested FROM jobs WHERE id = $1 AND $2 = '' ",
@@ -290,7 +273,7 @@ impl Store {
                 "SELECT attempts, cancel_requested FROM jobs WHERE id = $1 AND $2 = '' ",
                 "AND state = 'running' AND (lease_until_ms IS NULL OR lease_until_ms < ",
                 pg_now!(),
-                ") FOR UPDATE"
+                ")"
             ),
         };
         let Some(row) = sqlx::query(sql)

@@ -185,8 +185,21 @@ macro_rules! job_columns {
 
 mod leases;
 
-fn job_from_row(row: &AnyRow) -> Result<JobRow> {
+/// The `id` column of each row.
+fn ids(rows: &[AnyRow]) -> Result<Vec<String>> {
+    rows.iter()
+        .map(|r| r.try_get("id").map_err(Into::into))
+        .collect()
+}
+
+/// A row's `state` column, which must name a job state.
+fn state_of(row: &AnyRow) -> Result<JobState> {
     let state: String = row.try_get("state")?;
+    JobState::parse(&state)
+        .ok_or_else(|| StoreError::Invalid(format!("unknown job state {state:?}")))
+}
+
+fn job_from_row(row: &AnyRow) -> Result<JobRow> {
     let kind: String = row.try_get("kind")?;
     let spec: String = row.try_get("spec")?;
     let result: Option<String> = row.try_get("result")?;
@@ -197,8 +210,7 @@ fn job_from_row(row: &AnyRow) -> Result<JobRow> {
         kind: JobKind::parse(&kind)
             .ok_or_else(|| StoreError::Invalid(format!("unknown job kind {kind:?}")))?,
         request: serde_json::from_str(&spec).map_err(|e| e.to_string()),
-        state: JobState::parse(&state)
-            .ok_or_else(|| StoreError::Invalid(format!("unknown job state {state:?}")))?,
+        state: state_of(row)?,
         created_ms: row.try_get("created_ms")?,
         started_ms: row.try_get("started_ms")?,
         finished_ms: row.try_get("finished_ms")?,
@@ -551,9 +563,7 @@ impl Store {
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
-            .map(|r| r.try_get("id").map_err(Into::into))
-            .collect()
+        ids(&rows)
     }
 
     /// Records that a finished job's workspace is gone; false if it was
@@ -577,23 +587,7 @@ impl Store {
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
-            .map(|r| {
-                let state: String = r.try_get("state")?;
-                let state = JobState::parse(&state)
-                    .ok_or_else(|| StoreError::Invalid(format!("unknown job state {state:?}")))?;
-                Ok((state, r.try_get("n")?))
-            })
-            .collect()
-    }
-
-    /// Ids of jobs left running by a server that stopped without finishing
-    /// them.
-    pub async fn running_ids(&self) -> Result<Vec<String>> {
-        let rows = sqlx::query("SELECT id FROM jobs WHERE state = 'running' ORDER BY seq")
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| r.try_get("id").map_err(Into::into))
+            .map(|r| Ok((state_of(r)?, r.try_get("n")?)))
             .collect()
     }
 
