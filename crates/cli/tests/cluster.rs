@@ -9,77 +9,14 @@
 
 #[path = "../../server/tests/common/pgtest.rs"]
 mod pgtest;
+mod support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-
-struct Proc {
-    child: Child,
-    /// What it printed when ready: the URL it serves, a worker's id.
-    url: String,
-    worker: Option<String>,
-    token: Option<String>,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // A stopped process must be continued to die of SIGKILL cleanly.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn spawn(home: &Path, args: &[&str]) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(args)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home)
-        .env("XDG_DATA_HOME", home.join("data"))
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let (mut token, mut worker) = (None, None);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let url = loop {
-        assert!(Instant::now() < deadline, "{args:?} did not start");
-        let line = lines.next().expect("it exited").unwrap();
-        if line.starts_with("cdn_") {
-            token = Some(line.trim().to_string());
-        }
-        if let Some(url) = line.strip_prefix("cordon: serving on ") {
-            break url.trim().to_string();
-        }
-        if let Some(rest) = line.strip_prefix("cordon: worker ") {
-            worker = Some(rest.split(' ').next().unwrap().to_string());
-            break rest.rsplit(' ').next().unwrap().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    Proc {
-        child,
-        url,
-        worker,
-        token,
-    }
-}
+use support::serve::{Started as Proc, free_port, spawn};
 
 fn http() -> &'static reqwest::blocking::Client {
     static CLIENT: std::sync::OnceLock<reqwest::blocking::Client> = std::sync::OnceLock::new();

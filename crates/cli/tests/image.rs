@@ -12,10 +12,11 @@
 //! root file system are cached in /var/cache/cordon/image (see README, "The
 //! image", for what a cold and a warm run cost).
 
+mod support;
+
 use std::collections::HashMap;
 use std::fs;
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::os::unix::fs::{PermissionsExt, chown};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::{Value, json};
+use support::serve::free_port;
 
 /// The image's user (deploy/image/Dockerfile), whom the unprivileged run
 /// starts as when the test runs as root.
@@ -182,14 +184,6 @@ fn image() -> &'static Image {
             config: config.config,
         }
     })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// How the image's containers are started: by root, or by `as_user` in a

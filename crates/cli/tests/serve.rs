@@ -1,71 +1,21 @@
 //! `cordon serve` as a process: it starts with no configuration, and a
 //! server killed with SIGKILL and started again loses nothing.
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
+mod support;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use support::serve::{Started as Server, free_port};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Server {
-    child: Child,
-    base: String,
-    /// The first token, when the server printed one.
-    token: Option<String>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
+/// `cordon serve --listen 127.0.0.1:PORT EXTRA` with `home` as its home.
 fn serve(home: &Path, port: u16, extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(extra)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home)
-        .env("XDG_DATA_HOME", home.join("data"))
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut token = None;
-    let base;
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        assert!(Instant::now() < deadline, "the server did not start");
-        let line = lines.next().expect("the server exited").unwrap();
-        if line.starts_with("cdn_") {
-            token = Some(line.trim().to_string());
-        }
-        if let Some(url) = line.strip_prefix("cordon: serving on ") {
-            base = Some(url.trim().to_string());
-            break;
-        }
-    }
-    // Keep draining stderr so the server never blocks writing to it.
-    std::thread::spawn(move || for _ in lines {});
-    Server {
-        child,
-        base: base.unwrap(),
-        token,
-    }
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec!["serve", "--listen", &listen];
+    args.extend_from_slice(extra);
+    support::serve::spawn(home, &args)
 }
 
 fn http() -> reqwest::blocking::Client {
@@ -77,7 +27,7 @@ fn http() -> reqwest::blocking::Client {
 
 fn submit(s: &Server, token: &str, command: &str) -> String {
     let r = http()
-        .post(format!("{}/v1/jobs", s.base))
+        .post(format!("{}/v1/jobs", s.url))
         .bearer_auth(token)
         .json(&json!({"kind": "shell", "command": command}))
         .send()
@@ -91,7 +41,7 @@ fn submit(s: &Server, token: &str, command: &str) -> String {
 
 fn job(s: &Server, token: &str, id: &str) -> Value {
     http()
-        .get(format!("{}/v1/jobs/{id}", s.base))
+        .get(format!("{}/v1/jobs/{id}", s.url))
         .bearer_auth(token)
         .send()
         .unwrap()
@@ -177,7 +127,7 @@ fn serve_over_tls_with_the_certificate_the_user_names() {
             &path("server.key"),
         ],
     );
-    assert_eq!(s.base, format!("https://127.0.0.1:{port}"));
+    assert_eq!(s.url, format!("https://127.0.0.1:{port}"));
     let client = reqwest::blocking::Client::builder()
         .tls_certs_only([reqwest::Certificate::from_pem(cert_pem.as_bytes()).unwrap()])
         .build()
@@ -205,7 +155,7 @@ fn a_server_killed_with_sigkill_loses_nothing_when_started_again() {
     let token = first.token.clone().expect("a first token is printed");
     // It is the operator's: whoever started the server manages tokens.
     let r = http()
-        .get(format!("{}/v1/tokens", first.base))
+        .get(format!("{}/v1/tokens", first.url))
         .bearer_auth(&token)
         .send()
         .unwrap();
@@ -247,7 +197,7 @@ fn a_server_killed_with_sigkill_loses_nothing_when_started_again() {
     );
     // Its event stream ends with the reason.
     let text = http()
-        .get(format!("{}/v1/jobs/{running}/events", second.base))
+        .get(format!("{}/v1/jobs/{running}/events", second.url))
         .bearer_auth(&token)
         .send()
         .unwrap()
@@ -331,7 +281,7 @@ fn live_mcp_sessions_are_bounded_per_tenant_and_in_all() {
     let other = String::from_utf8(out.stdout).unwrap().trim().to_string();
     let open = |t: &str| {
         let r = http()
-            .post(format!("{}/mcp", s.base))
+            .post(format!("{}/mcp", s.url))
             .bearer_auth(t)
             .header("Accept", "application/json, text/event-stream")
             .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -407,7 +357,7 @@ fn tokens_are_listed_by_id_and_revoked_at_once() {
     assert!(s.token.is_none(), "tokens existed: no first token");
     let status = |t: &str| {
         http()
-            .get(format!("{}/v1/jobs", s.base))
+            .get(format!("{}/v1/jobs", s.url))
             .bearer_auth(t)
             .send()
             .unwrap()
@@ -431,7 +381,7 @@ fn tokens_are_listed_by_id_and_revoked_at_once() {
     );
     let tokens = |t: &str| {
         http()
-            .get(format!("{}/v1/tokens", s.base))
+            .get(format!("{}/v1/tokens", s.url))
             .bearer_auth(t)
             .send()
             .unwrap()

@@ -1,21 +1,88 @@
 //! A real `cordon serve` on a loopback port, with a home of its own.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free loopback port: free when asked, for a server about to bind it.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `cordon serve` or `cordon worker` process, and what it printed when
+/// it was ready.
+pub struct Started {
+    pub child: Child,
+    /// Where it serves: `cordon serve`'s URL, or a worker's `/health` one.
+    pub url: String,
+    /// The first token, when the server printed one.
+    pub token: Option<String>,
+    /// A worker's id.
+    pub worker: Option<String>,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        // A test may have stopped it: a stopped process dies of SIGKILL
+        // too, but continuing it first lets it be reaped at once.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `cordon ARGS` with `home` as its home (configuration under
+/// `config/`, data under `data/`) until it says where it serves.
+pub fn spawn(home: &Path, args: &[&str]) -> Started {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (mut token, mut worker) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let url = loop {
+        assert!(Instant::now() < deadline, "cordon {args:?} did not start");
+        let line = lines.next().expect("it exited").unwrap();
+        if line.starts_with("cdn_") {
+            token = Some(line.trim().to_string());
+        }
+        if let Some(url) = line.strip_prefix("cordon: serving on ") {
+            break url.trim().to_string();
+        }
+        if let Some(rest) = line.strip_prefix("cordon: worker ") {
+            worker = rest.split(' ').next().map(str::to_string);
+            break rest.rsplit(' ').next().unwrap().to_string();
+        }
+    };
+    // Keep draining stderr so the process never blocks writing to it.
+    std::thread::spawn(move || for _ in lines {});
+    Started {
+        child,
+        url,
+        token,
+        worker,
+    }
+}
 
 pub struct Serve {
-    child: Child,
+    pub process: Started,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
     /// Its home: configuration under `config/`, data under `data/`.
     pub home: tempfile::TempDir,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Serve {
@@ -30,34 +97,13 @@ impl Serve {
     /// `cordon serve EXTRA` with `home` as its home (configuration
     /// included), once it says it is serving.
     pub fn start_in(home: tempfile::TempDir, extra: &[&str]) -> Serve {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(extra)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", home.path())
-            .env("XDG_DATA_HOME", home.path().join("data"))
-            .env("XDG_CONFIG_HOME", home.path().join("config"))
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        loop {
-            let line = lines.next().expect("the server exited").unwrap();
-            if line.contains("serving on") {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
+        let listen = format!("127.0.0.1:{}", free_port());
+        let mut args = vec!["serve", "--listen", &listen];
+        args.extend_from_slice(extra);
+        let process = spawn(home.path(), &args);
         Serve {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
+            base: process.url.clone(),
+            process,
             home,
         }
     }
