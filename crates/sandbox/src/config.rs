@@ -152,12 +152,19 @@ impl std::str::FromStr for BackendKind {
     }
 }
 
-impl std::fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
+impl BackendKind {
+    /// Its name, as settings spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
             BackendKind::Native => "native",
             BackendKind::Microvm => "microvm",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -117,10 +117,7 @@ impl Metrics {
     }
 
     pub fn sandbox_started(&self, backend: cordon_sandbox::BackendKind, ok: bool) {
-        let backend = match backend {
-            cordon_sandbox::BackendKind::Native => "native",
-            cordon_sandbox::BackendKind::Microvm => "microvm",
-        };
+        let backend = backend.as_str();
         let result = if ok {
             StartResult::ok
         } else {
