@@ -15,13 +15,16 @@ use support::serve::Serve;
 /// In the other tenant's file names and contents.
 const MARKER: &str = "HOSTMARKER";
 
-/// Makes `d/inner/file.txt` and `l -> TARGET`, then swaps them for a
-/// minute or until `stop` appears.
+/// Makes `d/inner/file.txt` and `l -> TARGET`, writes TARGET to
+/// `started`, then swaps them for a minute or until `stop` appears.
 const SWAPPER: &str = r#"
 import ctypes, os, sys, time
 os.makedirs("d/inner", exist_ok=True)
 open("d/inner/file.txt", "w").write("own text\n")
 os.symlink(sys.argv[1], "l")
+# The test waits for this, not for a link: with the swap running, two
+# readlinks can both land on the directory.
+open("started", "w").write(os.readlink("l"))
 libc = ctypes.CDLL(None, use_errno=True)
 end = time.time() + 60
 while not os.path.exists("stop") and time.time() < end:
@@ -152,7 +155,7 @@ fn an_mcp_session_racing_its_tools_never_sees_another_tenants_files() {
             "bash",
             json!({"command": format!(
                 "setsid python3 swapper.py {target} </dev/null >/dev/null 2>&1 & \
-                 for i in $(seq 200); do [ -L d ] || [ -L l ] && break; sleep 0.05; done; readlink d l; true"
+                 for i in $(seq 200); do [ -s started ] && break; sleep 0.05; done; cat started; true"
             )}),
         ),
     );
