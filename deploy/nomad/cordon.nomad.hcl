@@ -1,7 +1,7 @@
 # cordon on Nomad: an api group of stateless `cordon serve --workers 0`
 # processes and a worker group of `cordon worker` processes sharing one
 # PostgreSQL. Step by step in docs/deploy.md. Secrets come from the Nomad
-# variable nomad/jobs/cordon (CORDON_DB, TLS_CERT,
+# variable nomad/jobs/cordon (CORDON_DB, CORDON_CLUSTER_KEY, TLS_CERT,
 # TLS_KEY, optionally ANTHROPIC_API_KEY); nothing secret is in this file.
 #
 # Both groups use the docker driver with the image you built: the same image
@@ -98,6 +98,7 @@ job "cordon" {
         data        = <<-EOT
           {{ with nomadVar "nomad/jobs/cordon" }}
           CORDON_DB={{ .CORDON_DB }}
+          CORDON_CLUSTER_KEY={{ .CORDON_CLUSTER_KEY }}
           {{ end }}
         EOT
       }
@@ -177,6 +178,9 @@ job "cordon" {
           "--data-dir=${NOMAD_TASK_DIR}/data",
           "--workers=4",
           "--listen=0.0.0.0:8081",
+          # The address API processes on other nodes reach this worker's
+          # relay at: the node's address and the port Nomad mapped.
+          "--advertise=http://${NOMAD_ADDR_relay}",
           "--metrics-listen=0.0.0.0:9090",
         ]
         ports = ["relay", "metrics"]
@@ -222,6 +226,7 @@ job "cordon" {
         data        = <<-EOT
           {{ with nomadVar "nomad/jobs/cordon" }}
           CORDON_DB={{ .CORDON_DB }}
+          CORDON_CLUSTER_KEY={{ .CORDON_CLUSTER_KEY }}
           ANTHROPIC_API_KEY={{ .ANTHROPIC_API_KEY }}
           {{ end }}
         EOT

@@ -79,6 +79,12 @@ pub struct ServeArgs {
     /// reaches
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Where API processes reach this worker's --listen for its jobs'
+    /// files, live views and Labs (`http://worker-1.cordon:8081`). Needs
+    /// CORDON_CLUSTER_KEY, the secret every process of the deployment
+    /// shares (at least 32 characters), in the environment of each
+    #[arg(long, value_name = "URL", value_parser = cordon_server::cluster::check_advertise)]
+    pub advertise: Option<String>,
 }
 
 /// One `--allow` entry, checked as the broker will read it.
@@ -281,6 +287,13 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
             }
         };
     }
+    config.cluster = match cluster(args.advertise, api) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return exit::CONFIG;
+        }
+    };
     if let Some(w) = args.workers {
         config.workers = w;
     }
@@ -352,8 +365,15 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
     };
     if !api {
         eprintln!(
-            "cordon: worker {} runs up to {} jobs at once; /health on http://{}",
-            running.shared.worker, running.shared.config.workers, running.addr
+            "cordon: worker {} runs up to {} jobs at once; /health on {}://{}",
+            running.shared.worker,
+            running.shared.config.workers,
+            if running.shared.config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            },
+            running.addr
         );
         return until_stopped(running).await;
     }
@@ -383,6 +403,36 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
     };
     eprintln!("cordon: serving on {scheme}://{}", running.addr);
     until_stopped(running).await
+}
+
+/// The cluster key, from `CORDON_CLUSTER_KEY` (never a flag: `ps` shows
+/// those), and where this process is reached.
+fn cluster(
+    advertise: Option<String>,
+    api: bool,
+) -> Result<Option<cordon_server::cluster::Cluster>, String> {
+    let key = std::env::var("CORDON_CLUSTER_KEY")
+        .ok()
+        .filter(|k| !k.trim().is_empty());
+    let Some(key) = key else {
+        return match advertise {
+            Some(_) => Err(
+                "--advertise needs CORDON_CLUSTER_KEY in the environment: the secret every \
+                 process of the deployment shares (make one with `openssl rand -hex 32`)"
+                    .into(),
+            ),
+            None => Ok(None),
+        };
+    };
+    let key = cordon_server::cluster::ClusterKey::new(&key)
+        .map_err(|e| format!("CORDON_CLUSTER_KEY: {e}"))?;
+    if !api && advertise.is_none() {
+        eprintln!(
+            "cordon: without --advertise, API processes cannot reach this worker's jobs' files, \
+             live views and Labs"
+        );
+    }
+    Ok(Some(cordon_server::cluster::Cluster { key, advertise }))
 }
 
 async fn until_stopped(running: cordon_server::Running) -> i32 {

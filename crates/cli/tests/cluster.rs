@@ -5,7 +5,9 @@
 //! exactly once and succeeds; a job lost with its worker is run again by
 //! another, and nothing the lost run does after it lost the job reaches
 //! the job's record; a job's events reach a client of the other API while
-//! it runs.
+//! it runs. A running job's files and live view are served through an API
+//! process that runs nothing, relayed to the job's worker and signed with
+//! the cluster key; the workers' listeners take nothing else.
 
 #[path = "../../server/tests/common/pgtest.rs"]
 mod pgtest;
@@ -16,7 +18,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::serve::{Started as Proc, free_port, spawn};
+use support::serve::{Started as Proc, free_port, spawn_env};
 
 fn http() -> &'static reqwest::blocking::Client {
     static CLIENT: std::sync::OnceLock<reqwest::blocking::Client> = std::sync::OnceLock::new();
@@ -91,6 +93,9 @@ fn worker_of(api: &Proc, token: &str, id: &str) -> Option<String> {
         .and_then(|(_, d)| d["worker"].as_str().map(str::to_string))
 }
 
+/// Every process's `CORDON_CLUSTER_KEY`.
+const KEY: &str = "test-cluster-key-0123456789abcdef0123456789";
+
 /// Jobs that sleep 6 s: what the worker that is killed or stalled runs.
 const LONG: usize = 24;
 
@@ -100,12 +105,16 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
     let db = pg.url();
     let home = tempfile::tempdir().unwrap();
     let dir = |name: &str| home.path().join(name).display().to_string();
+    let env = [("CORDON_CLUSTER_KEY", KEY)];
     let mut workers: Vec<Proc> = (0..3)
         .map(|i| {
-            spawn(
+            let port = free_port();
+            spawn_env(
                 home.path(),
                 &[
                     "worker",
+                    "--advertise",
+                    &format!("http://127.0.0.1:{port}"),
                     "--db",
                     &db,
                     "--data-dir",
@@ -115,19 +124,20 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
                     "--per-tenant",
                     "100",
                     "--listen",
-                    "127.0.0.1:0",
+                    &format!("127.0.0.1:{port}"),
                     "--lease",
                     "3s",
                     "--max-attempts",
                     "3",
                 ],
+                &env,
             )
         })
         .collect();
     let apis: Vec<Proc> = (0..2)
         .map(|i| {
             let port = free_port().to_string();
-            spawn(
+            spawn_env(
                 home.path(),
                 &[
                     "serve",
@@ -140,6 +150,7 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
                     "--listen",
                     &format!("127.0.0.1:{port}"),
                 ],
+                &env,
             )
         })
         .collect();
@@ -309,6 +320,8 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
         "a job waits for polls: {times:?}"
     );
 
+    files_and_live_view_through_an_api_that_runs_nothing(&apis, &workers, &token);
+
     let seen = follower.join().unwrap();
     let out: String = seen
         .iter()
@@ -343,5 +356,186 @@ fn find_busy(
             }
         }
         assert!(Instant::now() < deadline, "no worker is busy");
+    }
+}
+
+/// A gui job runs on some worker; its files are read and written, and its
+/// desktop watched, through the API processes (which run nothing). The
+/// worker's own listener refuses what is not relayed and signed.
+fn files_and_live_view_through_an_api_that_runs_nothing(
+    apis: &[Proc],
+    workers: &[Proc],
+    token: &str,
+) {
+    let r = http()
+        .post(format!("{}/v1/jobs", apis[0].url))
+        .bearer_auth(token)
+        .json(&json!({"kind": "gui", "display": "640x480", "steps": [
+            {"tool": "shell", "command": "echo from-the-sandbox > made.txt; \
+                while [ ! -f go ]; do sleep 0.05; done; cat go"}
+        ]}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let id = r.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // Its file, through the other API, once the job has made it.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let made = loop {
+        let r = http()
+            .get(format!("{}/v1/jobs/{id}/files/made.txt", apis[1].url))
+            .bearer_auth(token)
+            .send()
+            .unwrap();
+        let status = r.status();
+        let body = r.text().unwrap();
+        if status == 200 {
+            break body;
+        }
+        // Queued (409), or made but not yet written (404).
+        assert!([404, 409].contains(&status.as_u16()), "{status}: {body}");
+        assert!(
+            Instant::now() < deadline,
+            "the job never made its file: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(made, "from-the-sandbox\n");
+    let listing: Value = http()
+        .get(format!("{}/v1/jobs/{id}/files", apis[0].url))
+        .bearer_auth(token)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert!(listing.to_string().contains("made.txt"), "{listing}");
+    let j = job(&apis[1], token, &id);
+    assert_eq!(j["live_desktop"], true, "{j}");
+
+    // Another tenant's token finds nothing, through either API.
+    let other: Value = http()
+        .post(format!("{}/v1/tokens", apis[0].url))
+        .bearer_auth(token)
+        .json(&json!({"tenant": "other"}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let other = other["token"].as_str().expect("a token").to_string();
+    for api in apis {
+        let r = http()
+            .get(format!("{}/v1/jobs/{id}/files/made.txt", api.url))
+            .bearer_auth(&other)
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 404);
+    }
+
+    // The worker's listener: no token, a tenant's token, forged relay
+    // headers and a replayed request's headers are all refused.
+    let worker = worker_of(&apis[0], token, &id).expect("the job runs on a worker");
+    let at = &workers
+        .iter()
+        .find(|w| w.worker.as_deref() == Some(worker.as_str()))
+        .unwrap()
+        .url;
+    let path = format!("/v1/jobs/{id}/files/made.txt");
+    let forged = [
+        ("x-cordon-relay-tenant", "default".to_string()),
+        ("x-cordon-relay-time", format!("{}", now_ms())),
+        ("x-cordon-relay-nonce", "0".repeat(32)),
+        ("x-cordon-relay-signature", "00".repeat(32)),
+    ];
+    for headers in [
+        vec![],
+        vec![("authorization", format!("Bearer {token}"))],
+        forged.to_vec(),
+    ] {
+        let mut r = http().get(format!("{at}{path}"));
+        for (k, v) in &headers {
+            r = r.header(*k, v);
+        }
+        let r = r.send().unwrap();
+        assert_eq!(r.status(), 401, "{headers:?}");
+        assert!(!r.text().unwrap().contains("from-the-sandbox"));
+    }
+
+    // The live view, through the API: RFB's greeting.
+    let greeting = vnc_greeting(&apis[1], token, &id);
+    assert_eq!(&greeting[..12], b"RFB 003.008\n");
+
+    // Written through an API, read by the job in its sandbox.
+    let r = http()
+        .put(format!("{}/v1/jobs/{id}/files/go", apis[1].url))
+        .bearer_auth(token)
+        .body("from-the-api\n")
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let j = loop {
+        let j = job(&apis[0], token, &id);
+        if !["queued", "running"].contains(&j["state"].as_str().unwrap()) {
+            break j;
+        }
+        assert!(Instant::now() < deadline, "the job never ended: {j}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(j["state"], "succeeded", "{j}");
+    assert!(j.to_string().contains("from-the-api"), "{j}");
+    // Its worker still serves the finished job's files.
+    let r = http()
+        .get(format!("{}/v1/jobs/{id}/files/go", apis[0].url))
+        .bearer_auth(token)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().unwrap(), "from-the-api\n");
+    eprintln!("job {id} on worker {worker}: files and live view served through both APIs");
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+/// The first bytes of job `id`'s live view through `api`, the token
+/// offered as browsers do (a subprotocol); tried until its desktop is up.
+fn vnc_greeting(api: &Proc, token: &str, id: &str) -> Vec<u8> {
+    use tungstenite::client::IntoClientRequest;
+    let ws_url = format!("{}/v1/jobs/{id}/vnc", api.url.replacen("http", "ws", 1));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut req = ws_url.as_str().into_client_request().unwrap();
+        req.headers_mut().insert(
+            "sec-websocket-protocol",
+            format!("binary, cordon.bearer.{token}").parse().unwrap(),
+        );
+        let stream = std::net::TcpStream::connect(api.url.trim_start_matches("http://")).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        match tungstenite::client::client(req, stream) {
+            Ok((mut ws, resp)) => {
+                assert_eq!(resp.headers()["sec-websocket-protocol"], "binary");
+                let mut greeting = Vec::new();
+                while greeting.len() < 12 {
+                    match ws.read().unwrap() {
+                        tungstenite::Message::Binary(b) => greeting.extend_from_slice(&b),
+                        other => panic!("{other:?}"),
+                    }
+                }
+                return greeting;
+            }
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no live view: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
     }
 }

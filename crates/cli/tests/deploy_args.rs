@@ -2,7 +2,8 @@
 //! run with `--help` appended, which clap answers only once every option
 //! before it is known and its value parses. (The manifests' own schemas
 //! are checked in crates/testkit/tests/deploy.rs; they cannot know
-//! cordon's options.)
+//! cordon's options.) Each platform's variables are given an example value
+//! first, as the platform would, so that the values are checked too.
 
 use std::path::Path;
 use std::process::Command;
@@ -61,7 +62,8 @@ fn nomad_args(text: &str) -> Vec<Vec<String>> {
     all
 }
 
-/// `[processes]` of fly.toml: whole command lines starting with `cordon`.
+/// `[processes]` of fly.toml: whole command lines starting with `cordon`,
+/// or `sh -c 'exec cordon …'` (for a variable in an argument).
 fn fly_args(text: &str) -> Vec<Vec<String>> {
     #[derive(serde::Deserialize)]
     struct Fly {
@@ -71,11 +73,24 @@ fn fly_args(text: &str) -> Vec<Vec<String>> {
     fly.processes
         .values()
         .map(|cmd| {
-            let words: Vec<String> = cmd.split_whitespace().map(str::to_string).collect();
+            let line = cmd
+                .strip_prefix("sh -c 'exec ")
+                .and_then(|c| c.strip_suffix('\''))
+                .unwrap_or(cmd);
+            let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
             assert_eq!(words[0], "cordon", "{cmd}");
             words[1..].to_vec()
         })
         .collect()
+}
+
+/// What Kubernetes, Nomad and Fly put for the variables the manifests use.
+fn expand(arg: &str) -> String {
+    arg.replace("$(POD_IP)", "10.1.2.3")
+        .replace("${NOMAD_ADDR_relay}", "10.1.2.3:24816")
+        .replace("${NOMAD_SECRETS_DIR}", "/secrets")
+        .replace("${NOMAD_TASK_DIR}", "/local")
+        .replace("$FLY_PRIVATE_IP", "fdaa:0:1:a7b:1::2")
 }
 
 #[test]
@@ -93,8 +108,12 @@ fn every_command_line_in_deploy_is_one_cordon_accepts() {
     assert!(lines.len() >= 6, "{lines:?}");
     for args in lines {
         assert!(matches!(args[0].as_str(), "serve" | "worker"), "{args:?}");
+        assert!(
+            !args.iter().any(|a| expand(a).contains('$')),
+            "a variable this test does not know: {args:?}"
+        );
         let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
-            .args(&args)
+            .args(args.iter().map(|a| expand(a)))
             .arg("--help")
             .output()
             .unwrap();
@@ -110,7 +129,13 @@ fn every_command_line_in_deploy_is_one_cordon_accepts() {
 #[test]
 fn an_option_cordon_does_not_know_is_caught() {
     let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["worker", "--advertise=http://10.0.0.1:8081", "--help"])
+        .args(["worker", "--cluster-key=secret", "--help"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    // And a value it does not take.
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["worker", "--advertise=worker-1:8081", "--help"])
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -420,3 +420,43 @@ fn tokens_are_listed_by_id_and_revoked_at_once() {
         "only the operator's is left: {list}"
     );
 }
+
+/// A worker's relay needs the cluster key, from the environment only, and
+/// a base URL to advertise: each mistake is named before anything starts,
+/// and the key is never echoed.
+#[test]
+fn a_worker_advertises_only_with_a_cluster_key_and_a_base_url() {
+    let home = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], key: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cordon"));
+        c.arg("worker")
+            .args(args)
+            .env_remove("CORDON_CLUSTER_KEY")
+            .env("HOME", home.path())
+            .env("XDG_DATA_HOME", home.path().join("data"));
+        if let Some(k) = key {
+            c.env("CORDON_CLUSTER_KEY", k);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&["--advertise", "http://127.0.0.1:8081"], None);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("CORDON_CLUSTER_KEY"), "{err}");
+    let (code, err) = run(&["--advertise", "http://127.0.0.1:8081"], Some("tooshort"));
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("at least 32"), "{err}");
+    assert!(!err.contains("tooshort"), "{err}");
+    let (code, err) = run(
+        &["--advertise", "http://127.0.0.1:8081/relay"],
+        Some("0123456789abcdef0123456789abcdef"),
+    );
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("no path"), "{err}");
+    // There is no flag for the key: `ps` would show it.
+    let (code, err) = run(&["--cluster-key", "0123456789abcdef0123456789abcdef"], None);
+    assert_eq!(code, Some(125), "{err}");
+}

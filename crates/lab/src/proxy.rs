@@ -16,12 +16,13 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use cordon_net::{is_websocket_upgrade, keep_list_items, mark_websocket_upgrade, strip_hop_by_hop};
 use cordon_sandbox::{ExecEvent, Sandbox};
 
 use crate::jupyter::SOCKET;
@@ -72,7 +73,7 @@ impl Upstream {
     /// returns Jupyter's answer, or a 502 that says what failed.
     pub async fn forward(&self, mut req: Request<Body>) -> Response<Body> {
         *lock(&self.used) = Instant::now();
-        let websocket = is_websocket(req.headers());
+        let websocket = is_websocket_upgrade(req.headers());
         let downstream = websocket.then(|| hyper::upgrade::on(&mut req));
         clean_request(req.headers_mut(), websocket);
         let mut sender = match self.sender(websocket).await {
@@ -180,34 +181,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn is_websocket(headers: &HeaderMap) -> bool {
-    let has = |name, token: &str| {
-        headers.get_all(name).iter().any(|v| {
-            v.to_str()
-                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-        })
-    };
-    has(header::CONNECTION, "upgrade") && has(header::UPGRADE, "websocket")
-}
-
 /// Drops what concerns only the hop to cordon, and cordon's credentials.
 fn clean_request(headers: &mut HeaderMap, websocket: bool) {
-    cordon_net::strip_hop_by_hop(headers);
+    strip_hop_by_hop(headers);
     headers.remove(header::AUTHORIZATION);
-    keep_items(headers, header::COOKIE, ';', "; ", |c| {
+    keep_list_items(headers, header::COOKIE, ';', "; ", |c| {
         !cookie_name(c).starts_with(COOKIE_PREFIX)
     });
-    keep_items(headers, header::SEC_WEBSOCKET_PROTOCOL, ',', ", ", |p| {
+    keep_list_items(headers, header::SEC_WEBSOCKET_PROTOCOL, ',', ", ", |p| {
         !p.starts_with(BEARER_PROTOCOL)
     });
     if websocket {
-        mark_websocket(headers);
+        mark_websocket_upgrade(headers);
     }
 }
 
 /// Drops the hop's headers and any cookie of cordon's the sandbox sets.
 fn clean_response(headers: &mut HeaderMap, switching: bool) {
-    cordon_net::strip_hop_by_hop(headers);
+    strip_hop_by_hop(headers);
     let kept: Vec<HeaderValue> = headers
         .get_all(header::SET_COOKIE)
         .iter()
@@ -225,41 +216,8 @@ fn clean_response(headers: &mut HeaderMap, switching: bool) {
         headers.append(header::SET_COOKIE, v);
     }
     if switching {
-        mark_websocket(headers);
+        mark_websocket_upgrade(headers);
     }
-}
-
-/// Rewrites the list header `name` (items split at `sep`, in any number of
-/// lines) to the items `keep` accepts, joined by `join`; a line that is
-/// not text goes, and so does the header if nothing is kept.
-fn keep_items(
-    headers: &mut HeaderMap,
-    name: HeaderName,
-    sep: char,
-    join: &str,
-    keep: impl Fn(&str) -> bool,
-) {
-    let kept: Vec<&str> = headers
-        .get_all(&name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(sep))
-        .map(str::trim)
-        .filter(|item| !item.is_empty() && keep(item))
-        .collect();
-    let value = (!kept.is_empty())
-        .then(|| HeaderValue::from_str(&kept.join(join)).ok())
-        .flatten();
-    headers.remove(&name);
-    if let Some(v) = value {
-        headers.insert(name, v);
-    }
-}
-
-/// Puts back the hop-by-hop pair a WebSocket upgrade needs.
-fn mark_websocket(headers: &mut HeaderMap) {
-    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
 }
 
 /// A cookie's name, from `name=value` or a `Set-Cookie` line; browsers
@@ -283,6 +241,7 @@ fn bad_gateway(why: &str) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::HeaderName;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -337,12 +296,12 @@ mod tests {
 
     #[test]
     fn only_a_websocket_upgrade_is_one() {
-        assert!(is_websocket(&headers(&[
+        assert!(is_websocket_upgrade(&headers(&[
             ("connection", "keep-alive, Upgrade"),
             ("upgrade", "websocket")
         ])));
-        assert!(!is_websocket(&headers(&[("upgrade", "websocket")])));
-        assert!(!is_websocket(&headers(&[
+        assert!(!is_websocket_upgrade(&headers(&[("upgrade", "websocket")])));
+        assert!(!is_websocket_upgrade(&headers(&[
             ("connection", "upgrade"),
             ("upgrade", "h2c")
         ])));

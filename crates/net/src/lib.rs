@@ -52,6 +52,9 @@ pub mod sni;
 pub use events::{Decision, EventSink, NetEvent, Reason};
 pub use policy::{Entry, Host, Policy, PolicyError, PolicyHandle, PolicySpec, Ports, Rule, Target};
 pub use presets::{Expansion, PresetEnv};
-pub use proxy::{Broker, BrokerConfig, strip_hop_by_hop};
+pub use proxy::{
+    Broker, BrokerConfig, is_websocket_upgrade, keep_list_items, mark_websocket_upgrade,
+    strip_hop_by_hop,
+};
 pub use resolve::{Resolve, StaticResolver, SystemResolver};
 pub use secrets::{Intercept, Secret, SecretError, SecretSpec};

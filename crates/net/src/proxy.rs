@@ -29,7 +29,9 @@ use crate::sni::{Hello, HelloReader};
 
 mod forward;
 
-pub use forward::strip_hop_by_hop;
+pub use forward::{
+    is_websocket_upgrade, keep_list_items, mark_websocket_upgrade, strip_hop_by_hop,
+};
 mod intercept;
 mod tunnel;
 

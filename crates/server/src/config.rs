@@ -27,6 +27,10 @@ pub struct ServerConfig {
     /// Whether this process serves the API (`cordon serve`); a worker
     /// alone (`cordon worker`) answers `/health` only.
     pub api: bool,
+    /// This process's place in a deployment of many processes: the key
+    /// they share and, for a worker, where API processes reach it. None:
+    /// a job's files, live view and Lab are served only where it runs.
+    pub cluster: Option<crate::cluster::Cluster>,
     /// Jobs run at once, in all; 0: none (an API-only process).
     pub workers: usize,
     /// How long a worker's claim on a job lasts unless renewed (it renews
@@ -87,6 +91,7 @@ impl ServerConfig {
             data_dir: data_dir.into(),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             api: true,
+            cluster: None,
             per_tenant: 4,
             lease: Duration::from_secs(30),
             max_attempts: 1,

@@ -14,7 +14,8 @@
 //! - Data: `job` (the request, checked once, its states and results),
 //!   `store` (the database), `hub` (live events).
 //! - HTTP plumbing: `http` (the error answer, the tenant of a token, typed
-//!   bodies, ids and times).
+//!   bodies, ids and times); `cluster` (the key the processes of one
+//!   deployment sign relayed requests with).
 //! - Shared parts, each with its own type: `caps` (live-session caps),
 //!   `files` (the files API over a workspace), `network` (ceilings and
 //!   live policies), `sandboxes` (the live sandboxes by owner, and
@@ -28,6 +29,8 @@
 //!   hub, directories, limits, the model, the live registries).
 //! - `state`: the state handlers and workers share, built from the parts
 //!   above.
+//! - `relay`: a job's requests sent on to the worker that runs it, and a
+//!   worker's check of what it is sent.
 //! - Resources, one module each: `health`, `ui`, `docs`, `mcp`, `jobs`,
 //!   `sessions`, `tokens`.
 //! - On top: `openapi` (the document, from the resources' types and
@@ -35,6 +38,7 @@
 //!   and settling a dead worker's jobs), `server` (start and listen).
 
 mod caps;
+pub mod cluster;
 pub mod config;
 mod desktop;
 pub mod docs;
@@ -50,6 +54,7 @@ mod mcp;
 pub mod metrics;
 pub mod network;
 pub mod openapi;
+mod relay;
 mod routes;
 mod runner;
 mod sandboxes;
@@ -72,6 +77,7 @@ pub const LAYERS: &[&str] = &[
     "store",
     "hub",
     "http",
+    "cluster",
     "caps",
     "files",
     "network",
@@ -83,6 +89,7 @@ pub const LAYERS: &[&str] = &[
     "metrics",
     "runner",
     "state",
+    "relay",
     "health",
     "ui",
     "docs",

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
+use axum::middleware;
 use axum::routing::{any, get, post};
 
 use crate::http::ApiError;
@@ -16,6 +17,13 @@ use crate::state::Shared;
 pub fn router(shared: Arc<Shared>) -> Router {
     let file_limit = shared.config.file_limit;
     let body_limit = shared.config.body_limit;
+    let mut relayed = job_on_its_worker(file_limit);
+    if shared.config.cluster.is_some() {
+        relayed = relayed.route_layer(middleware::from_fn_with_state(
+            shared.clone(),
+            crate::relay::to_worker,
+        ));
+    }
     Router::new()
         .route("/health", get(crate::health::health))
         .route("/v1/jobs", post(jobs::create_job).get(jobs::list_jobs))
@@ -26,17 +34,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
             "/v1/jobs/{id}/network",
             get(jobs::get_job_network).put(jobs::put_job_network),
         )
-        .route("/v1/jobs/{id}/vnc", get(jobs::job_vnc))
         .route("/v1/jobs/{id}/lab", post(jobs::open_job_lab))
-        .route("/v1/jobs/{id}/lab/", any(jobs::job_lab))
-        .route("/v1/jobs/{id}/lab/{*path}", any(jobs::job_lab))
-        .route("/v1/jobs/{id}/files", get(jobs::list_root))
-        .route(
-            "/v1/jobs/{id}/files/{*path}",
-            get(jobs::get_file)
-                .put(jobs::put_file)
-                .layer(DefaultBodyLimit::max(file_limit)),
-        )
+        .merge(relayed)
         .route("/schedule", post(jobs::schedule))
         .route("/status", get(jobs::status_by_query))
         .route("/status/{id}", get(jobs::status))
@@ -46,14 +45,53 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(crate::openapi::routes())
         .merge(crate::docs::routes())
         .merge(crate::ui::routes())
-        .fallback(|| async { ApiError::not_found("such route (see /openapi.json)") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "this route does not take that method",
-            )
-        })
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(shared)
+}
+
+/// What of a job is served by the process that runs it: its files, its
+/// live view and its Lab's bearer route. An API process relays them to
+/// the job's worker (see [`crate::relay`]).
+fn job_on_its_worker(file_limit: usize) -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/v1/jobs/{id}/vnc", get(jobs::job_vnc))
+        .route("/v1/jobs/{id}/lab/", any(jobs::job_lab))
+        .route("/v1/jobs/{id}/lab/{*path}", any(jobs::job_lab))
+        .route("/v1/jobs/{id}/files", get(jobs::list_root))
+        .route(
+            "/v1/jobs/{id}/files/{*path}",
+            get(jobs::get_file)
+                .put(jobs::put_file)
+                .layer(DefaultBodyLimit::max(file_limit)),
+        )
+}
+
+/// A worker's listener: `/health`, and in a deployment with a cluster key
+/// the job routes, for requests the API processes relay and sign.
+pub fn worker_router(shared: Arc<Shared>) -> Router {
+    let mut app = Router::new();
+    if shared.config.cluster.is_some() {
+        app = job_on_its_worker(shared.config.file_limit).route_layer(
+            middleware::from_fn_with_state(shared.clone(), crate::relay::admit),
+        );
+    }
+    app.route("/health", get(crate::health::health))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(shared.config.body_limit))
+        .with_state(shared)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("such route (see /openapi.json)")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method",
+    )
 }

@@ -59,6 +59,15 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         ))
     })?;
     let shared = Arc::new(Shared::new(config, store, ceilings, worker));
+    if let Some(url) = shared
+        .config
+        .cluster
+        .as_ref()
+        .and_then(|c| c.advertise.as_ref())
+    {
+        shared.store.advertise(&shared.worker, url).await?;
+        tracing::info!("relayed requests reach worker {} at {url}", shared.worker);
+    }
     let settled = crate::worker::recover(&shared).await?;
     if settled > 0 {
         tracing::warn!("{settled} job(s) were running when this server stopped; settled");
@@ -97,7 +106,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
     let app = if shared.config.api {
         crate::routes::router(shared.clone())
     } else {
-        axum::Router::new().route("/health", axum::routing::get(|| async { "ok" }))
+        crate::routes::worker_router(shared.clone())
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let metrics_addr = match shared.config.metrics_listen {

@@ -44,6 +44,8 @@ pub struct Shared {
     /// Claims are made one at a time in this process, so two workers never
     /// race for the same job or past a tenant's limit.
     pub(crate) claim: tokio::sync::Mutex<()>,
+    /// The relayed requests' nonces this worker has accepted lately.
+    pub(crate) nonces: crate::cluster::Nonces,
 }
 
 impl Shared {
@@ -86,6 +88,7 @@ impl Shared {
             worker,
             runner,
             claim: tokio::sync::Mutex::new(()),
+            nonces: Default::default(),
         }
     }
 }

@@ -481,8 +481,8 @@ struct AdapterName {
 
 /// The manifests agree with each other and with cordon's interface: the
 /// autoscaler's metrics are the adapter's, which are cordon's; the secret
-/// keys the pods read are the example Secret's; the worker listens where
-/// its probes look.
+/// keys the pods read are the example Secret's; the worker advertises the
+/// address the API reaches it at.
 #[test]
 fn kubernetes_manifests_agree() {
     let Some(tools) = tools() else { return };
@@ -537,7 +537,9 @@ fn kubernetes_manifests_agree() {
         let c = &d.spec.template.spec.containers[0];
         assert_eq!(c.image.as_deref(), Some("cordon:latest"), "{file}");
         let names: Vec<&str> = c.env.iter().map(|e| e.name.as_str()).collect();
-        assert!(names.contains(&"CORDON_DB"), "{file}: no CORDON_DB");
+        for wanted in ["CORDON_DB", "CORDON_CLUSTER_KEY"] {
+            assert!(names.contains(&wanted), "{file}: no {wanted}");
+        }
         for r in c
             .env
             .iter()
@@ -559,7 +561,15 @@ fn kubernetes_manifests_agree() {
     let worker: Deployment = yaml_documents(&tools, &dir.join("worker-deployment.yaml")).remove(0);
     let c = &worker.spec.template.spec.containers[0];
     assert_eq!(c.args[0], "worker");
+    assert!(
+        c.args
+            .contains(&"--advertise=http://$(POD_IP):8081".to_string())
+    );
     assert!(c.args.contains(&"--listen=0.0.0.0:8081".to_string()));
+    assert!(
+        c.env.iter().any(|e| e.name == "POD_IP"),
+        "POD_IP is not defined"
+    );
     let api: Deployment = yaml_documents(&tools, &dir.join("api-deployment.yaml")).remove(0);
     let c = &api.spec.template.spec.containers[0];
     assert_eq!(c.args[0], "serve");
@@ -718,7 +728,7 @@ fn fly_toml_is_valid() {
     );
     assert!(config.processes["api"].contains("--listen [::]:8080"));
     assert!(config.processes["api"].contains("--workers 0"));
-    assert!(config.processes["worker"].starts_with("cordon worker "));
+    assert!(config.processes["worker"].contains("--advertise http://[$FLY_PRIVATE_IP]:8081"));
     assert_eq!(config.http_service.internal_port, 8080);
     assert_eq!(config.http_service.processes, ["api"]);
     assert!(config.http_service.force_https);

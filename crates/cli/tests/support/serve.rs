@@ -38,7 +38,13 @@ impl Drop for Started {
 
 /// Runs `cordon ARGS` with `home` as its home (configuration under
 /// `config/`, data under `data/`) until it says where it serves.
+#[allow(dead_code)]
 pub fn spawn(home: &Path, args: &[&str]) -> Started {
+    spawn_env(home, args, &[])
+}
+
+/// [`spawn`], with `env` in its environment too.
+pub fn spawn_env(home: &Path, args: &[&str], env: &[(&str, &str)]) -> Started {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
         .args(args)
         .env_clear()
@@ -46,6 +52,7 @@ pub fn spawn(home: &Path, args: &[&str]) -> Started {
         .env("HOME", home)
         .env("XDG_DATA_HOME", home.join("data"))
         .env("XDG_CONFIG_HOME", home.join("config"))
+        .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()

@@ -33,6 +33,51 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Whether a request asks to become a WebSocket (`Connection: upgrade`
+/// and `Upgrade: websocket`, any case, in any list).
+pub fn is_websocket_upgrade(headers: &HeaderMap) -> bool {
+    let has = |name, token: &str| {
+        headers.get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    has(header::CONNECTION, "upgrade") && has(header::UPGRADE, "websocket")
+}
+
+/// Rewrites the list header `name` (items split at `sep`, in any number of
+/// lines) to the items `keep` accepts, joined by `join`; a line that is
+/// not text goes, and so does the header if nothing is kept.
+pub fn keep_list_items(
+    headers: &mut HeaderMap,
+    name: HeaderName,
+    sep: char,
+    join: &str,
+    keep: impl Fn(&str) -> bool,
+) {
+    let kept: Vec<&str> = headers
+        .get_all(&name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(sep))
+        .map(str::trim)
+        .filter(|item| !item.is_empty() && keep(item))
+        .collect();
+    let value = (!kept.is_empty())
+        .then(|| HeaderValue::from_str(&kept.join(join)).ok())
+        .flatten();
+    headers.remove(&name);
+    if let Some(v) = value {
+        headers.insert(name, v);
+    }
+}
+
+/// Puts back the hop-by-hop pair a WebSocket upgrade needs.
+pub fn mark_websocket_upgrade(headers: &mut HeaderMap) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+}
+
 impl Inner {
     /// Forwards one absolute-form plain HTTP request.
     pub(super) async fn forward(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {

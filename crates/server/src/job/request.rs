@@ -504,6 +504,17 @@ impl JobRequest {
         }
     }
 
+    /// Whether the job's sandbox gets a virtual screen (a `gui` job's by
+    /// default).
+    pub fn has_display(&self) -> bool {
+        match self {
+            JobRequest::Gui(_) => true,
+            JobRequest::Steps(j) => j.display.is_some(),
+            JobRequest::Agent(j) => j.display.is_some(),
+            _ => false,
+        }
+    }
+
     pub fn limits(&self) -> Limits {
         match self {
             JobRequest::Shell(j) => j.limits(),

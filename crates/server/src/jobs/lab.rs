@@ -28,6 +28,18 @@ pub(crate) struct LabPath {
 async fn site(shared: &Shared, tenant: &str, id: &str) -> Result<Arc<cordon_lab::Site>, ApiError> {
     let key = format!("job/{id}");
     let mut job = super::find(shared, tenant, id).await?;
+    if shared.config.cluster.is_some() && job.worker.as_ref().is_some_and(|w| *w != shared.worker) {
+        // The Lab's own origin is a port of the process that runs the job;
+        // API processes do not open one for another's sandbox (yet).
+        return Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "elsewhere",
+            format!(
+                "job {id} runs on another machine of this deployment, where its Lab opens \
+                 only for programs: use /v1/jobs/{id}/lab/ with your token"
+            ),
+        ));
+    }
     // A job is running a moment before its sandbox is made and listed.
     let deadline = Instant::now() + LISTING;
     while job.state == JobState::Running

@@ -35,13 +35,50 @@ use crate::job::{JobEvent, JobKind, JobRequest, JobSpec, JobState, ShellJob, Tex
 use crate::state::Shared;
 use crate::store::{JobRow, ListQuery, NewEvent, Outcome, random_hex};
 
-/// A job as shown alone, with whether its desktop is live now.
+/// A job as shown alone, with whether its desktop is live now. One that
+/// runs on another worker is taken at its word: running, with a display.
 fn full_view(shared: &Shared, job: &JobRow) -> JobView {
-    let live = shared
-        .sandboxes
-        .desktop(&format!("job/{}", job.id))
-        .is_some();
+    let live = match &job.worker {
+        Some(w) if *w != shared.worker && shared.config.cluster.is_some() => {
+            job.state == JobState::Running
+                && job.request.as_ref().is_ok_and(JobRequest::has_display)
+        }
+        _ => shared
+            .sandboxes
+            .desktop(&format!("job/{}", job.id))
+            .is_some(),
+    };
     JobView::of(job, live)
+}
+
+/// In a deployment of many processes, whether job's files are this
+/// process's to serve: only a worker's, for the jobs it runs or ran.
+fn served_here(shared: &Shared, job: &JobRow) -> ApiResult<()> {
+    if shared.config.cluster.is_none() {
+        return Ok(());
+    }
+    let id = &job.id;
+    match &job.worker {
+        Some(w) if *w == shared.worker => Ok(()),
+        // Relayed here by an API process whose look at the job is older
+        // than the job's move to another worker.
+        Some(_) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "moved",
+            format!("job {id} has moved to another worker; try again"),
+        )),
+        None => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_started",
+            match job.state {
+                JobState::Queued => format!(
+                    "job {id} is queued, and its workspace is made on the worker that runs it: \
+                     its files can be read and written once it runs"
+                ),
+                _ => format!("job {id} ended without running on a worker: it has no workspace"),
+            },
+        )),
+    }
 }
 
 /// Checks, stores and queues a job; its workspace exists from now on, so
@@ -352,6 +389,7 @@ async fn cancel_running(shared: &Shared, id: &str) {
 
 async fn workspace_of(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Workspace> {
     let job = find(shared, tenant, id).await?;
+    served_here(shared, &job)?;
     if job.workspace_removed_ms.is_some() {
         return Err(ApiError::new(
             StatusCode::GONE,

@@ -323,6 +323,30 @@ impl Store {
         self.notify_jobs().await;
         Ok(Some((state, stored)))
     }
+
+    /// Records where `worker` takes relayed requests (its `--advertise`).
+    pub async fn advertise(&self, worker: &str, url: &str) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO workers (id, url, advertised_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (id) DO UPDATE SET url = excluded.url, \
+             advertised_ms = excluded.advertised_ms",
+        )
+        .bind(worker)
+        .bind(url)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Where `worker` said it takes relayed requests, if it did.
+    pub async fn worker_url(&self, worker: &str) -> Result<Option<String>> {
+        let row = sqlx::query("SELECT url FROM workers WHERE id = $1")
+            .bind(worker)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get("url")).transpose()?)
+    }
 }
 
 async fn finish_row(tx: &mut super::Tx<'_>, id: &str, state: JobState, error: &str) -> Result<()> {

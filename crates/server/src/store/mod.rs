@@ -72,6 +72,9 @@ pub struct JobRow {
     /// Times the job has been claimed: with the worker, what names one
     /// run of it (see [`Lease`]).
     pub attempts: i64,
+    /// The worker that runs it, or ran it last; none while queued, or once
+    /// settled without one.
+    pub worker: Option<String>,
 }
 
 /// One run of a job: the worker that claimed it and the claim's number.
@@ -179,7 +182,7 @@ macro_rules! job_columns {
     () => {
         "seq, id, tenant, kind, spec, state, created_ms, started_ms, finished_ms, exit_code, \
          error, stdout, stderr, stdout_truncated, stderr_truncated, result, workspace_removed_ms, \
-         attempts"
+         attempts, worker"
     };
 }
 
@@ -223,6 +226,7 @@ fn job_from_row(row: &AnyRow) -> Result<JobRow> {
         result: result.and_then(|r| serde_json::from_str(&r).ok()),
         workspace_removed_ms: row.try_get("workspace_removed_ms")?,
         attempts: row.try_get("attempts")?,
+        worker: row.try_get("worker")?,
     })
 }
 
