@@ -4,7 +4,7 @@
 //! seen, so nothing falls between the two.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 
@@ -14,11 +14,26 @@ use crate::store::StoredEvent;
 /// re-reads the database.
 const BUFFER: usize = 1024;
 
-#[derive(Default)]
+/// Pokes buffered per stream; one that falls further behind reads the
+/// database again, as on a poke.
+const POKES: usize = 256;
+
 pub struct Hub {
     jobs: Mutex<HashMap<String, broadcast::Sender<StoredEvent>>>,
     /// Woken whenever a job opens, for streams waiting on a queued job.
     opened: tokio::sync::Notify,
+    /// The ids of jobs another process stored events of.
+    pokes: broadcast::Sender<Arc<str>>,
+}
+
+impl Default for Hub {
+    fn default() -> Hub {
+        Hub {
+            jobs: Mutex::default(),
+            opened: tokio::sync::Notify::new(),
+            pokes: broadcast::channel(POKES).0,
+        }
+    }
 }
 
 impl Hub {
@@ -30,12 +45,20 @@ impl Hub {
         self.opened.notify_waiters();
     }
 
+    /// Pokes from now on: taken before a stream reads the database, so
+    /// that a poke while it reads is not missed.
+    pub fn pokes(&self) -> broadcast::Receiver<Arc<str>> {
+        self.pokes.subscribe()
+    }
+
     /// Subscribes to `id`, waiting up to `patience` for it to open; `None`
-    /// if it did not (it is queued, or runs in another process).
+    /// if it did not (it is queued, or runs in another process), or if
+    /// another process stored events of it (read them from the database).
     pub async fn subscribe_within(
         &self,
         id: &str,
         patience: std::time::Duration,
+        pokes: &mut broadcast::Receiver<Arc<str>>,
     ) -> Option<broadcast::Receiver<StoredEvent>> {
         let deadline = tokio::time::Instant::now() + patience;
         loop {
@@ -46,9 +69,19 @@ impl Hub {
             if let Some(rx) = self.subscribe(id) {
                 return Some(rx);
             }
-            // Another job's opening wakes us too: look again until the end.
-            if tokio::time::timeout_at(deadline, opened).await.is_err() {
-                return self.subscribe(id);
+            tokio::select! {
+                // Another job's opening wakes us too: look again.
+                _ = &mut opened => {}
+                poke = pokes.recv() => match poke {
+                    Ok(job) if *job == *id => return None,
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => return None,
+                    Err(broadcast::error::RecvError::Closed) => {
+                        tokio::time::sleep_until(deadline).await;
+                        return self.subscribe(id);
+                    }
+                },
+                _ = tokio::time::sleep_until(deadline) => return self.subscribe(id),
             }
         }
     }
@@ -72,14 +105,50 @@ impl Hub {
         self.lock().remove(id);
     }
 
-    /// Another process stored events (PostgreSQL's NOTIFY): streams of
-    /// jobs not running here read the database again now rather than at
-    /// their next poll.
-    pub fn poke(&self) {
-        self.opened.notify_waiters();
+    /// Another process stored events of job `id` (PostgreSQL's NOTIFY):
+    /// its streams here read the database again now rather than at their
+    /// next poll.
+    pub fn poke(&self, id: &str) {
+        // No receivers is fine: nobody is watching.
+        let _ = self.pokes.send(Arc::from(id));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, broadcast::Sender<StoredEvent>>> {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_poke_for_its_job_ends_the_wait_and_others_do_not() {
+        let hub = Arc::new(Hub::default());
+        let mut pokes = hub.pokes();
+        let poker = hub.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            poker.poke("job_other");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            poker.poke("job_mine");
+        });
+        let t = tokio::time::Instant::now();
+        let got = hub
+            .subscribe_within("job_mine", Duration::from_secs(10), &mut pokes)
+            .await;
+        assert!(got.is_none());
+        let waited = t.elapsed();
+        assert!(
+            waited >= Duration::from_millis(40) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+        // A poke while the stream read the database is kept for its wait.
+        hub.poke("job_mine");
+        let t = tokio::time::Instant::now();
+        hub.subscribe_within("job_mine", Duration::from_secs(10), &mut pokes)
+            .await;
+        assert!(t.elapsed() < Duration::from_secs(5));
     }
 }

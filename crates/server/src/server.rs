@@ -171,7 +171,14 @@ async fn serve_on(
 /// a server stopped in between removes (nothing) and records next time.
 async fn remove_expired_workspaces(shared: &Arc<Shared>, keep: Duration) {
     let before = crate::store::now_ms().saturating_sub(keep.as_millis() as i64);
-    let ids = match shared.store.expired_workspaces(before, 100).await {
+    // Split across machines, a job's workspace is on its worker: an API
+    // process recording another's removal would leave it there for ever.
+    let only = shared
+        .config
+        .cluster
+        .as_ref()
+        .map(|_| shared.worker.as_str());
+    let ids = match shared.store.expired_workspaces(before, 100, only).await {
         Ok(ids) => ids,
         Err(e) => {
             tracing::warn!("cannot list expired job workspaces: {e}");

@@ -88,7 +88,7 @@ pub(crate) fn start(shared: &Arc<Shared>) {
 
 /// PostgreSQL's LISTEN: a job queued or a slot freed by any process wakes
 /// this one's idle workers at once, and new events of a job running
-/// elsewhere wake its streams here. The polls stay, for what is missed
+/// elsewhere wake that job's streams here (the payload is its id). The polls stay, for what is missed
 /// while the connection is down.
 async fn listen(url: String, weak: std::sync::Weak<Shared>) {
     loop {
@@ -106,7 +106,7 @@ async fn listen(url: String, weak: std::sync::Weak<Shared>) {
                     if n.channel() == "cordon_jobs" {
                         shared.wake.notify_waiters();
                     } else {
-                        shared.hub.poke();
+                        shared.hub.poke(n.payload());
                     }
                 },
                 Err(e) => tracing::warn!("LISTEN: {e}"),

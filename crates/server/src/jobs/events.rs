@@ -56,6 +56,8 @@ struct Follow {
     id: String,
     last: i64,
     live: Option<tokio::sync::broadcast::Receiver<StoredEvent>>,
+    /// Other processes' word that a job has new events.
+    pokes: tokio::sync::broadcast::Receiver<std::sync::Arc<str>>,
     queue: VecDeque<StoredEvent>,
     done: bool,
 }
@@ -69,12 +71,14 @@ fn event_stream(
     after: i64,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let live = shared.hub.subscribe(&id);
+    let pokes = shared.hub.pokes();
     let state = Follow {
         shared,
         tenant,
         id,
         last: after,
         live,
+        pokes,
         queue: VecDeque::new(),
         done: false,
     };
@@ -128,7 +132,7 @@ fn event_stream(
                 let shared = s.shared.clone();
                 s.live = shared
                     .hub
-                    .subscribe_within(&s.id, Duration::from_millis(250))
+                    .subscribe_within(&s.id, Duration::from_millis(250), &mut s.pokes)
                     .await;
                 continue;
             }

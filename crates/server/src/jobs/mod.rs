@@ -100,17 +100,25 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
         ));
     }
     let id = format!("job_{}", random_hex(12));
-    std::fs::create_dir_all(shared.config.job_dirs().workspace(&id)).map_err(|e| {
+    // Split across machines, the workspace is made by the worker that
+    // takes the job (see `served_here`).
+    if shared.config.cluster.is_none() {
+        make_workspace(shared, &id)?;
+    }
+    let job = shared.store.insert_job(&id, tenant, &req.request()).await?;
+    shared.wake.notify_waiters();
+    Ok(job)
+}
+
+fn make_workspace(shared: &Shared, id: &str) -> ApiResult<()> {
+    std::fs::create_dir_all(shared.config.job_dirs().workspace(id)).map_err(|e| {
         tracing::error!("cannot create a job workspace: {e}");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
             "cannot create the job's workspace",
         )
-    })?;
-    let job = shared.store.insert_job(&id, tenant, &req.request()).await?;
-    shared.wake.notify_waiters();
-    Ok(job)
+    })
 }
 
 #[utoipa::path(post, path = "/v1/jobs", tag = "jobs", summary = "Queue a job",

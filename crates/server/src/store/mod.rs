@@ -557,14 +557,23 @@ impl Store {
 
     /// Jobs that finished at or before `before_ms` and still have their
     /// workspace, oldest first.
-    pub async fn expired_workspaces(&self, before_ms: i64, limit: i64) -> Result<Vec<String>> {
+    /// With `worker`, only the jobs that worker ran: in a deployment of
+    /// many machines, each keeps the workspaces of its own jobs.
+    pub async fn expired_workspaces(
+        &self,
+        before_ms: i64,
+        limit: i64,
+        worker: Option<&str>,
+    ) -> Result<Vec<String>> {
         let rows = sqlx::query(
             "SELECT id FROM jobs WHERE finished_ms IS NOT NULL AND finished_ms <= $1 \
              AND workspace_removed_ms IS NULL AND state <> 'queued' AND state <> 'running' \
+             AND ($3 = '' OR worker = $3) \
              ORDER BY finished_ms LIMIT $2",
         )
         .bind(before_ms)
         .bind(limit)
+        .bind(worker.unwrap_or(""))
         .fetch_all(&self.pool)
         .await?;
         ids(&rows)
