@@ -40,6 +40,21 @@ fn job(api: &Proc, token: &str, id: &str) -> Value {
     r.json().unwrap()
 }
 
+/// Queues `body` through `api`; the new job's id.
+fn submit(api: &Proc, token: &str, body: Value) -> String {
+    let r = http()
+        .post(format!("{}/v1/jobs", api.url))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    r.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 /// A job's stored events, from its (ended) stream.
 fn events(api: &Proc, token: &str, id: &str) -> Vec<(String, Value)> {
     let mut text = String::new();
@@ -169,34 +184,17 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
             let api = &apis[i % 2];
             let pause = if i < LONG { "6" } else { "0.$((RANDOM % 6))" };
             let command = format!("echo start-{i}; sleep {pause}; echo done-{i}");
-            let r = http()
-                .post(format!("{}/v1/jobs", api.url))
-                .bearer_auth(&token)
-                .json(&json!({"kind": "shell", "command": command}))
-                .send()
-                .unwrap();
-            assert_eq!(r.status(), 202);
-            r.json::<Value>().unwrap()["id"]
-                .as_str()
-                .unwrap()
-                .to_string()
+            submit(api, &token, json!({"kind": "shell", "command": command}))
         })
         .collect();
     eprintln!("200 jobs accepted in {:?}", started.elapsed());
 
     // A job submitted through API 1, followed live through API 0.
-    let followed = {
-        let r = http()
-            .post(format!("{}/v1/jobs", apis[1].url))
-            .bearer_auth(&token)
-            .json(&json!({"kind": "shell", "command": "echo first; sleep 2; echo second"}))
-            .send()
-            .unwrap();
-        r.json::<Value>().unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
+    let followed = submit(
+        &apis[1],
+        &token,
+        json!({"kind": "shell", "command": "echo first; sleep 2; echo second"}),
+    );
     let follower = {
         let (url, token, id) = (apis[0].url.clone(), token.clone(), followed.clone());
         std::thread::spawn(move || {
@@ -299,16 +297,11 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
     let mut times = Vec::new();
     for _ in 0..5 {
         let t0 = Instant::now();
-        let r = http()
-            .post(format!("{}/v1/jobs", apis[1].url))
-            .bearer_auth(&token)
-            .json(&json!({"kind": "shell", "command": "true"}))
-            .send()
-            .unwrap();
-        let id = r.json::<Value>().unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let id = submit(
+            &apis[1],
+            &token,
+            json!({"kind": "shell", "command": "true"}),
+        );
         let ev = events(&apis[0], &token, &id);
         assert_eq!(ev.last().unwrap().0, "finished");
         times.push(t0.elapsed());
@@ -369,20 +362,14 @@ fn files_and_live_view_through_an_api_that_runs_nothing(
     workers: &[Proc],
     token: &str,
 ) {
-    let r = http()
-        .post(format!("{}/v1/jobs", apis[0].url))
-        .bearer_auth(token)
-        .json(&json!({"kind": "gui", "display": "640x480", "steps": [
+    let id = submit(
+        &apis[0],
+        token,
+        json!({"kind": "gui", "display": "640x480", "steps": [
             {"tool": "shell", "command": "echo from-the-sandbox > made.txt; \
                 while [ ! -f go ]; do sleep 0.05; done; cat go"}
-        ]}))
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 202);
-    let id = r.json::<Value>().unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+        ]}),
+    );
 
     // Its file, through the other API, once the job has made it.
     let deadline = Instant::now() + Duration::from_secs(90);

@@ -85,10 +85,7 @@ pub(crate) async fn to_worker(
     // Relayed here (a `cordon serve` that runs jobs too): served here,
     // never sent on.
     if req.headers().contains_key(cluster::SIGNATURE) {
-        return match admitted(&shared, req) {
-            Ok(req) => next.run(req).await,
-            Err(refused) => refused.into_response(),
-        };
+        return admit(State(shared), req, next).await;
     }
     let (mut parts, body) = req.into_parts();
     let tenant = match Tenant::from_request_parts(&mut parts, &shared).await {
@@ -104,9 +101,8 @@ pub(crate) async fn to_worker(
         Ok(None) => return next.run(Request::from_parts(parts, body)).await,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let worker = match job.worker {
-        Some(w) if w != shared.worker => w,
-        _ => return next.run(Request::from_parts(parts, body)).await,
+    let Some(worker) = shared.elsewhere(&job).map(str::to_string) else {
+        return next.run(Request::from_parts(parts, body)).await;
     };
     let url = match shared.store.worker_url(&worker).await {
         Ok(Some(url)) => url,

@@ -13,7 +13,7 @@ use crate::hub::Hub;
 use crate::network::{Ceilings, LivePolicies};
 use crate::runner::{Runner, Shares};
 use crate::sandboxes::Sandboxes;
-use crate::store::Store;
+use crate::store::{JobRow, Store};
 
 /// State shared by handlers and workers.
 pub struct Shared {
@@ -49,6 +49,13 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The worker that runs (or ran) `job`, if that is another process of
+    /// a deployment of many: what this process cannot serve itself.
+    pub(crate) fn elsewhere<'j>(&self, job: &'j JobRow) -> Option<&'j str> {
+        self.config.cluster.as_ref()?;
+        job.worker.as_deref().filter(|w| *w != self.worker)
+    }
+
     /// The state of a server started with `config`, over `store`.
     pub fn new(config: ServerConfig, store: Store, ceilings: Ceilings, worker: String) -> Shared {
         let caps = Arc::new(crate::caps::SessionCaps::new(

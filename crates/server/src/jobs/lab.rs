@@ -28,7 +28,7 @@ pub(crate) struct LabPath {
 async fn site(shared: &Shared, tenant: &str, id: &str) -> Result<Arc<cordon_lab::Site>, ApiError> {
     let key = format!("job/{id}");
     let mut job = super::find(shared, tenant, id).await?;
-    if shared.config.cluster.is_some() && job.worker.as_ref().is_some_and(|w| *w != shared.worker) {
+    if shared.elsewhere(&job).is_some() {
         // The Lab's own origin is a port of the process that runs the job;
         // API processes do not open one for another's sandbox (yet).
         return Err(ApiError::new(

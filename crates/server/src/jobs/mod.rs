@@ -38,15 +38,13 @@ use crate::store::{JobRow, ListQuery, NewEvent, Outcome, random_hex};
 /// A job as shown alone, with whether its desktop is live now. One that
 /// runs on another worker is taken at its word: running, with a display.
 fn full_view(shared: &Shared, job: &JobRow) -> JobView {
-    let live = match &job.worker {
-        Some(w) if *w != shared.worker && shared.config.cluster.is_some() => {
-            job.state == JobState::Running
-                && job.request.as_ref().is_ok_and(JobRequest::has_display)
-        }
-        _ => shared
+    let live = if shared.elsewhere(job).is_some() {
+        job.state == JobState::Running && job.request.as_ref().is_ok_and(JobRequest::has_display)
+    } else {
+        shared
             .sandboxes
             .desktop(&format!("job/{}", job.id))
-            .is_some(),
+            .is_some()
     };
     JobView::of(job, live)
 }
