@@ -94,8 +94,7 @@ try {
   step('a notebook cell writes a file in the workspace and prints');
   await card.click();
   const editor = lab.locator('.jp-Notebook .jp-Cell .jp-InputArea-editor').first();
-  // The kernel has started once the toolbar's indicator says idle.
-  await lab.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').waitFor({ timeout: 120000 });
+  await kernelConnected(lab);
   await editor.click();
   const code = "import os; open('from-browser.txt', 'w').write('hello from the Lab'); print('cwd', os.getcwd(), 6 * 7)";
   await lab.keyboard.type(code);
@@ -140,6 +139,17 @@ try {
   assert.deepEqual(problems, []);
   step('all good');
 } catch (e) {
+  // What each Lab tab knew when it failed: the kernel as Jupyter and as
+  // the page see it, and the end of Jupyter's log.
+  for (const p of browser.contexts().flatMap((c) => c.pages())) {
+    if (!p.url().includes('/lab/lab')) continue;
+    const state = await Promise.race([
+      labState(p).catch((err) => `cannot read it: ${err.message}`),
+      new Promise((resolve) => setTimeout(() => resolve('no answer in 20 s'), 20000)),
+    ]);
+    // JSON: the log is the sandbox's bytes, printed escaped.
+    console.log(`(the Lab at ${p.url()}: ${JSON.stringify(state, null, 1)})`);
+  }
   // What every tab showed when it failed, to look at.
   if (process.env.SCREENSHOTS) {
     for (const [i, p] of browser.contexts().flatMap((c) => c.pages()).entries()) {
@@ -149,4 +159,66 @@ try {
   throw e;
 } finally {
   await browser.close();
+}
+
+// Waits until Jupyter runs the notebook's kernel, idle, with this page
+// connected to it. The toolbar's indicator is no sign: it says "idle"
+// before any kernel exists.
+async function kernelConnected(lab) {
+  await lab.waitForFunction(async () => {
+    const base = JSON.parse(document.getElementById('jupyter-config-data').textContent).baseUrl;
+    const r = await fetch(`${base}api/kernels`);
+    if (!r.ok) return false;
+    const kernels = await r.json();
+    return kernels.length === 1 && kernels[0].execution_state === 'idle' && kernels[0].connections > 0;
+  }, null, { polling: 500, timeout: 120000 });
+}
+
+// A Lab page's view of its kernel, and the end of the Jupyter server's
+// log (read through a Jupyter terminal: it is in the sandbox's /tmp).
+function labState(p) {
+  return p.evaluate(async () => {
+    const base = JSON.parse(document.getElementById('jupyter-config-data').textContent).baseUrl;
+    const get = async (u) => {
+      try {
+        const r = await fetch(base + u);
+        return `${r.status} ${await r.text()}`;
+      } catch (err) {
+        return String(err);
+      }
+    };
+    const text = (sel) => [...document.querySelectorAll(sel)].map((el) => el.textContent.trim());
+    const xsrf = (document.cookie.split('; ').find((c) => c.startsWith('_xsrf=')) || '').slice(6);
+    let log = '';
+    try {
+      const r = await fetch(`${base}api/terminals`, {
+        method: 'POST', headers: { 'X-XSRFToken': decodeURIComponent(xsrf) },
+      });
+      const { name } = await r.json();
+      const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
+      const ws = new WebSocket(`${scheme}://${location.host}${base}terminals/websocket/${name}`);
+      await new Promise((resolve) => {
+        ws.onopen = () => ws.send(JSON.stringify(['stdin', 'tail -n 80 /tmp/.cordon-lab/log; exit\r']));
+        ws.onmessage = (m) => {
+          const [kind, data] = JSON.parse(m.data);
+          if (kind === 'stdout') log += data;
+        };
+        ws.onclose = resolve;
+        ws.onerror = resolve;
+        setTimeout(resolve, 8000);
+      });
+    } catch (err) {
+      log += `(no terminal: ${err})`;
+    }
+    return {
+      indicator: document.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status,
+      statusbar: text('.jp-StatusBar-TextItem'),
+      prompts: text('.jp-InputPrompt'),
+      outputs: text('.jp-OutputArea-output'),
+      dialogs: text('.jp-Dialog'),
+      kernels: await get('api/kernels'),
+      sessions: await get('api/sessions'),
+      log,
+    };
+  });
 }
