@@ -21,6 +21,12 @@ pub struct ServeArgs {
     /// Where job workspaces live [default: the XDG data directory's cordon/server]
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Keep finished jobs' workspaces and logs where every process can
+    /// serve them: `s3://BUCKET[/PREFIX]` (endpoint, region and
+    /// credentials from the AWS_* environment) or `file:///DIR` (a volume
+    /// every process mounts); --keep-workspaces applies there
+    #[arg(long, value_name = "URL", env = "CORDON_ARCHIVE")]
+    pub archive: Option<cordon_server::archive::ArchiveUrl>,
     /// Jobs run at once [default: the number of CPUs]; `serve --workers 0`
     /// runs none (an API process beside `cordon worker`s)
     #[arg(long)]
@@ -278,6 +284,7 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
     );
     config.listen = args.listen;
     config.metrics_listen = args.metrics_listen;
+    config.archive = args.archive;
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         config.tls = match cordon_listen::Tls::load(cert, key) {
             Ok(t) => Some(t),

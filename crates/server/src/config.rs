@@ -24,6 +24,9 @@ pub struct ServerConfig {
     pub db: String,
     /// Job workspaces live in `<data_dir>/jobs/<id>/`.
     pub data_dir: PathBuf,
+    /// Where finished jobs' workspaces and logs go, for every process to
+    /// serve (see [`crate::archive`]). None: they stay where they ran.
+    pub archive: Option<crate::archive::ArchiveUrl>,
     /// Whether this process serves the API (`cordon serve`); a worker
     /// alone (`cordon worker`) answers `/health` only.
     pub api: bool,
@@ -89,6 +92,7 @@ impl ServerConfig {
             metrics_listen: None,
             db: db.into(),
             data_dir: data_dir.into(),
+            archive: None,
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             api: true,
             cluster: None,

@@ -9,12 +9,13 @@ use axum::body::{Body, Bytes};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cordon_tools::{Workspace, WorkspaceError, WsPath};
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use serde::Serialize;
 use utoipa::ToSchema;
 use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
 use utoipa::openapi::{RefOr, Schema};
 
+use crate::archive::{Archive, ArchiveError, Kind, Tree};
 use crate::http::{ApiError, ApiResult};
 
 /// A directory of a workspace.
@@ -114,32 +115,108 @@ pub(crate) fn read(ws: &Workspace, path: &str, limit: usize) -> ApiResult<Respon
     let p = WsPath::parse(path).map_err(error)?;
     match ws.open_read(&p) {
         Ok((file, size)) => {
-            if size > limit as u64 {
-                return Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    format!("{path} is {size} bytes; the files API serves at most {limit}"),
-                ));
-            }
+            too_large(path, size, limit)?;
             let file = tokio::fs::File::from_std(file);
-            let body = Body::from_stream(chunks(file));
-            Ok((
-                [
-                    (header::CONTENT_TYPE, content_type(path).to_string()),
-                    (header::CONTENT_LENGTH, size.to_string()),
-                    // The bytes are the sandbox's: never let a browser
-                    // guess them into something that runs, and an SVG or
-                    // a file opened on its own runs nothing either.
-                    (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
-                    (header::CONTENT_SECURITY_POLICY, FILE_CSP.to_string()),
-                ],
-                body,
-            )
-                .into_response())
+            Ok(file_answer(path, size, Body::from_stream(chunks(file))))
         }
         Err(WorkspaceError::IsDirectory { .. }) => Ok(Json(listing(ws, &p)?).into_response()),
         Err(e) => Err(error(e)),
     }
+}
+
+/// As [`read`], from job `id`'s archive: the index resolves the path (its
+/// links within the workspace only), and a file is one ranged read.
+pub(crate) async fn read_archived(
+    archive: &Archive,
+    id: &str,
+    path: &str,
+    limit: usize,
+) -> ApiResult<Response> {
+    let p = WsPath::parse(path).map_err(error)?;
+    let tree = archive.index(id).await.map_err(unavailable)?;
+    let found = tree.resolve(&p).map_err(error)?;
+    match *found.kind {
+        Kind::File { size, offset } => {
+            too_large(path, size, limit)?;
+            let bytes = archive
+                .range(id, offset..offset + size)
+                .await
+                .map_err(unavailable)?;
+            let body = Body::from_stream(bytes.map(|b| b.map_err(std::io::Error::other)));
+            Ok(file_answer(path, size, body))
+        }
+        _ => Ok(Json(archived_listing(&tree, &found.path, &p)).into_response()),
+    }
+}
+
+/// A directory of job `id`'s archive.
+pub(crate) async fn list_archived(archive: &Archive, id: &str, path: &str) -> ApiResult<Listing> {
+    let p = WsPath::parse(path).map_err(error)?;
+    let tree = archive.index(id).await.map_err(unavailable)?;
+    let found = tree.resolve(&p).map_err(error)?;
+    match found.kind {
+        Kind::Directory => Ok(archived_listing(&tree, &found.path, &p)),
+        _ => Err(error(WorkspaceError::NotDirectory { path: p.display() })),
+    }
+}
+
+fn archived_listing(tree: &Tree, dir: &str, shown: &WsPath) -> Listing {
+    Listing {
+        path: shown.display(),
+        entries: tree
+            .children(dir)
+            .map(|(name, kind)| Entry {
+                name: name.to_string(),
+                r#type: match kind {
+                    Kind::File { .. } => EntryType::File,
+                    Kind::Directory => EntryType::Directory,
+                    Kind::Symlink { .. } => EntryType::Symlink,
+                },
+                size: match kind {
+                    Kind::File { size, .. } => Some(*size),
+                    _ => None,
+                },
+            })
+            .collect(),
+    }
+}
+
+/// The archive failed: logged here, a retry asked of the client.
+fn unavailable(e: ArchiveError) -> ApiError {
+    tracing::error!("files: {e}");
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "cannot read the archive; try again",
+    )
+}
+
+fn too_large(path: &str, size: u64, limit: usize) -> ApiResult<()> {
+    if size > limit as u64 {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("{path} is {size} bytes; the files API serves at most {limit}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A workspace file's bytes as the API answers them.
+fn file_answer(path: &str, size: u64, body: Body) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type(path).to_string()),
+            (header::CONTENT_LENGTH, size.to_string()),
+            // The bytes are the sandbox's: never let a browser guess them
+            // into something that runs, and an SVG or a file opened on its
+            // own runs nothing either.
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_string()),
+            (header::CONTENT_SECURITY_POLICY, FILE_CSP.to_string()),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 /// What a workspace file may be shown as: no script, no style from

@@ -37,6 +37,7 @@
 //!   paths), `routes` (the router), `worker` (claims, leases, heartbeats,
 //!   and settling a dead worker's jobs), `server` (start and listen).
 
+pub mod archive;
 mod caps;
 pub mod cluster;
 pub mod config;
@@ -78,6 +79,7 @@ pub const LAYERS: &[&str] = &[
     "hub",
     "http",
     "cluster",
+    "archive",
     "caps",
     "files",
     "network",

@@ -17,6 +17,8 @@ pub enum ServeError {
     Store(#[from] StoreError),
     #[error("the network ceiling: {0}")]
     Network(#[from] cordon_net::PolicyError),
+    #[error(transparent)]
+    Archive(#[from] crate::archive::ArchiveError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -58,7 +60,16 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
             config.data_dir.display()
         ))
     })?;
-    let shared = Arc::new(Shared::new(config, store, ceilings, worker));
+    let archive = match &config.archive {
+        Some(url) => {
+            let archive = crate::archive::Archive::open(url)?;
+            archive.probe(&worker).await?;
+            tracing::info!("finished jobs are kept in {url}");
+            Some(archive)
+        }
+        None => None,
+    };
+    let shared = Arc::new(Shared::new(config, store, ceilings, worker, archive));
     if let Some(url) = shared
         .config
         .cluster
@@ -163,8 +174,8 @@ async fn serve_on(
     Ok((addr, task))
 }
 
-/// Removes the workspaces of jobs that finished more than `keep` ago, and
-/// records each removal. The workspace was the sandbox's: removal never
+/// Removes the workspaces of jobs that finished more than `keep` ago (on
+/// this machine and in the archive), and records each removal. The workspace was the sandbox's: removal never
 /// follows a link in it (std's `remove_dir_all` works descriptor-relative
 /// with `O_NOFOLLOW`), and directories it made unwritable to their owner
 /// are given their owner's bits back first. Removed first, recorded after:
@@ -192,6 +203,12 @@ async fn remove_expired_workspaces(shared: &Arc<Shared>, keep: Duration) {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
+            continue;
+        }
+        if let Some(archive) = &shared.archive
+            && let Err(e) = archive.forget(&id).await
+        {
+            tracing::warn!("cannot remove job {id} from the archive: {e}");
             continue;
         }
         let dir = shared.config.job_dirs().workspace(&id);

@@ -46,6 +46,8 @@ pub struct Shared {
     pub(crate) claim: tokio::sync::Mutex<()>,
     /// The relayed requests' nonces this worker has accepted lately.
     pub(crate) nonces: crate::cluster::Nonces,
+    /// Where finished jobs are kept, for every process to serve.
+    pub(crate) archive: Option<Arc<crate::archive::Archive>>,
 }
 
 impl Shared {
@@ -53,11 +55,27 @@ impl Shared {
     /// a deployment of many: what this process cannot serve itself.
     pub(crate) fn elsewhere<'j>(&self, job: &'j JobRow) -> Option<&'j str> {
         self.config.cluster.as_ref()?;
+        if self.archived(job).is_some() {
+            return None;
+        }
         job.worker.as_deref().filter(|w| *w != self.worker)
     }
 
-    /// The state of a server started with `config`, over `store`.
-    pub fn new(config: ServerConfig, store: Store, ceilings: Ceilings, worker: String) -> Shared {
+    /// The archive that holds `job`'s workspace, if it went up there.
+    pub(crate) fn archived(&self, job: &JobRow) -> Option<&crate::archive::Archive> {
+        job.archived_ms?;
+        self.archive.as_deref()
+    }
+
+    /// The state of a server started with `config`, over `store`, keeping
+    /// finished jobs in `archive`.
+    pub fn new(
+        config: ServerConfig,
+        store: Store,
+        ceilings: Ceilings,
+        worker: String,
+        archive: Option<crate::archive::Archive>,
+    ) -> Shared {
         let caps = Arc::new(crate::caps::SessionCaps::new(
             config.sessions_per_tenant,
             config.sessions,
@@ -96,6 +114,7 @@ impl Shared {
             runner,
             claim: tokio::sync::Mutex::new(()),
             nonces: Default::default(),
+            archive: archive.map(Arc::new),
         }
     }
 }

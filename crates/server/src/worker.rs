@@ -24,6 +24,14 @@ pub(crate) const RESTARTED: &str = "server restarted";
 /// How often a worker looks for cancels asked through another process.
 const CANCEL_POLL: Duration = Duration::from_secs(1);
 
+/// How often a worker looks for finished jobs of its own still to archive
+/// (an upload that failed, or a restart before one).
+const ARCHIVE_POLL: Duration = Duration::from_secs(30);
+
+/// How long a just-archived workspace stays on disk, for the reads that
+/// looked at the job before it was archived.
+const ARCHIVE_GRACE: Duration = Duration::from_secs(2);
+
 /// This process's worker id: `w-` and 12 hex digits, made once per data
 /// directory and kept in `<data_dir>/worker-id`.
 pub(crate) fn worker_id(data_dir: &std::path::Path) -> std::io::Result<String> {
@@ -79,6 +87,9 @@ pub(crate) fn start(shared: &Arc<Shared>) {
     if shared.config.workers > 0 {
         tokio::spawn(heartbeat(Arc::downgrade(shared)));
         tokio::spawn(cancels(Arc::downgrade(shared)));
+        if shared.archive.is_some() {
+            tokio::spawn(archive_backlog(Arc::downgrade(shared)));
+        }
     }
     tokio::spawn(sweep(Arc::downgrade(shared)));
     if shared.store.backend() == crate::store::Backend::Postgres {
@@ -156,6 +167,11 @@ async fn run_jobs(shared: Arc<Shared>) {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&id);
+                if shared.archive.is_some() {
+                    // Off the slot: the next job need not wait for an upload.
+                    let shared = shared.clone();
+                    tokio::spawn(async move { archive(&shared, &id, ARCHIVE_GRACE).await });
+                }
                 // A slot freed: a job held back by its tenant's limit may go.
                 shared.wake.notify_waiters();
             }
@@ -292,5 +308,81 @@ async fn sweep(weak: std::sync::Weak<Shared>) {
         }
         drop(shared);
         tokio::time::sleep(every).await;
+    }
+}
+
+/// Sends finished job `id`'s workspace and log up to the archive, records
+/// that, and removes the local copy (after `grace`): from then on every
+/// process serves its files. A failure is logged and left to
+/// [`archive_backlog`]; uploading again is harmless.
+async fn archive(shared: &Shared, id: &str, grace: Duration) {
+    let Some(archive) = &shared.archive else {
+        return;
+    };
+    let dirs = shared.config.job_dirs();
+    let workspace = dirs.workspace(id);
+    if let Err(e) = std::fs::symlink_metadata(&workspace) {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            // Nothing to keep (it never had one, or it went by hand).
+            if let Err(e) = shared.store.workspace_removed(id).await {
+                tracing::warn!(job = %id, "cannot record a missing workspace: {e}");
+            }
+        }
+        return;
+    }
+    let started = Instant::now();
+    match archive
+        .keep(id, &workspace, Some(&dirs.session_log(id)))
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => {
+            tracing::warn!(job = %id, "cannot archive the job (tried again later): {e}");
+            return;
+        }
+    }
+    match shared.store.archived(id).await {
+        Ok(true) => {
+            tracing::debug!(job = %id, "archived in {:?}", started.elapsed());
+        }
+        Ok(false) => {
+            // Archived before (by an earlier try), or its workspace was
+            // removed meanwhile: then the copy just made is not wanted.
+            match shared.store.is_archived(id).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    if let Err(e) = archive.forget(id).await {
+                        tracing::warn!(job = %id, "cannot remove an unwanted archive: {e}");
+                    }
+                }
+                Err(e) => tracing::warn!(job = %id, "cannot look at the job: {e}"),
+            }
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(job = %id, "cannot record the archive (tried again later): {e}");
+            return;
+        }
+    }
+    tokio::time::sleep(grace).await;
+    crate::files::remove_files(workspace, &format!("job {id}")).await;
+}
+
+/// Archives this worker's finished jobs that are not yet: at start, then
+/// every [`ARCHIVE_POLL`].
+async fn archive_backlog(weak: std::sync::Weak<Shared>) {
+    loop {
+        let Some(shared) = weak.upgrade() else { return };
+        match shared.store.unarchived(&shared.worker, 50).await {
+            Ok(ids) => {
+                for id in ids {
+                    archive(&shared, &id, Duration::ZERO).await;
+                }
+            }
+            Err(e) => tracing::warn!("cannot list the jobs to archive: {e}"),
+        }
+        drop(shared);
+        tokio::time::sleep(ARCHIVE_POLL).await;
     }
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod s3;
 pub mod serve;
 pub mod tmux;
 

@@ -312,6 +312,11 @@ pub(crate) async fn delete_job(
     // Gone from the store first: nothing serves its files any more, and a
     // removal that fails leaves files, not a job that cannot be opened.
     crate::files::remove_files(shared.config.job_dirs().job(&id), &format!("job {id}")).await;
+    if let Some(archive) = &shared.archive
+        && let Err(e) = archive.forget(&id).await
+    {
+        tracing::warn!(job = %id, "cannot remove the job from the archive: {e}");
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -393,9 +398,15 @@ async fn cancel_running(shared: &Shared, id: &str) {
     }
 }
 
-async fn workspace_of(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Workspace> {
+/// Where a job's files are: its workspace on this machine, or the archive
+/// every process reads.
+enum JobFiles<'s> {
+    Here(Workspace),
+    Archived(&'s crate::archive::Archive),
+}
+
+async fn files_of<'s>(shared: &'s Shared, tenant: &str, id: &str) -> ApiResult<JobFiles<'s>> {
     let job = find(shared, tenant, id).await?;
-    served_here(shared, &job)?;
     if job.workspace_removed_ms.is_some() {
         return Err(ApiError::new(
             StatusCode::GONE,
@@ -407,19 +418,27 @@ async fn workspace_of(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Work
             ),
         ));
     }
-    Workspace::open(&shared.config.job_dirs().workspace(id)).map_err(crate::files::error)
+    if let Some(archive) = shared.archived(&job) {
+        return Ok(JobFiles::Archived(archive));
+    }
+    served_here(shared, &job)?;
+    Workspace::open(&shared.config.job_dirs().workspace(id))
+        .map(JobFiles::Here)
+        .map_err(crate::files::error)
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{id}/files", tag = "jobs", summary = "The workspace's top directory",
     params(("id" = String, Path)),
-    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 200, body = crate::files::Listing), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse)))]
+    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 200, body = crate::files::Listing), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse), (status = 409, description = "In a deployment of many machines: the job has not started on a worker yet, or has just moved", body = crate::http::ErrorResponse), (status = 503, description = "The workspace or the archive cannot be read now; try again", body = crate::http::ErrorResponse)))]
 pub(crate) async fn list_root(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Listing>> {
-    let ws = workspace_of(&shared, &tenant, &id).await?;
-    Ok(Json(crate::files::list(&ws, ".")?))
+    match files_of(&shared, &tenant, &id).await? {
+        JobFiles::Here(ws) => Ok(Json(crate::files::list(&ws, ".")?)),
+        JobFiles::Archived(a) => Ok(Json(crate::files::list_archived(a, &id, ".").await?)),
+    }
 }
 
 /// A file's bytes, or a directory's listing as JSON.
@@ -427,14 +446,19 @@ pub(crate) async fn list_root(
     params(("id" = String, Path), ("path" = String, Path, description = "Relative to the workspace; `..`, absolute paths and symlinks out are refused")),
     responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 200, response = crate::files::FileAnswer),
               (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job or file", body = crate::http::ErrorResponse),
-              (status = 413, description = "Larger than the files API serves", body = crate::http::ErrorResponse)))]
+              (status = 409, description = "In a deployment of many machines: the job has not started on a worker yet, or has just moved", body = crate::http::ErrorResponse),
+              (status = 413, description = "Larger than the files API serves", body = crate::http::ErrorResponse),
+              (status = 503, description = "The workspace or the archive cannot be read now; try again", body = crate::http::ErrorResponse)))]
 pub(crate) async fn get_file(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path((id, path)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    let ws = workspace_of(&shared, &tenant, &id).await?;
-    crate::files::read(&ws, &path, shared.config.file_limit)
+    let limit = shared.config.file_limit;
+    match files_of(&shared, &tenant, &id).await? {
+        JobFiles::Here(ws) => crate::files::read(&ws, &path, limit),
+        JobFiles::Archived(a) => crate::files::read_archived(a, &id, &path, limit).await,
+    }
 }
 
 #[utoipa::path(put, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "Write a workspace file (parents are created)",
@@ -442,7 +466,7 @@ pub(crate) async fn get_file(
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 201, description = "Created", body = crate::files::Written),
               (status = 200, description = "Replaced", body = crate::files::Written),
-              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse), (status = 413, description = "Too large", body = crate::http::ErrorResponse)))]
+              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse), (status = 409, description = "The job's workspace is archived (read-only), or in a deployment of many machines not made yet", body = crate::http::ErrorResponse), (status = 413, description = "Too large", body = crate::http::ErrorResponse)))]
 pub(crate) async fn put_file(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -450,8 +474,17 @@ pub(crate) async fn put_file(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let body = body?;
-    let ws = workspace_of(&shared, &tenant, &id).await?;
-    crate::files::write(ws, path, body).await
+    match files_of(&shared, &tenant, &id).await? {
+        JobFiles::Here(ws) => crate::files::write(ws, path, body).await,
+        JobFiles::Archived(_) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "archived",
+            format!(
+                "job {id} has finished and its workspace is archived: its files can be read, \
+                 not written"
+            ),
+        )),
+    }
 }
 
 /// A seed's shell job: `{"kind": "shell", "code": ...}`, nothing else.

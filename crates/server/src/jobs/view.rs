@@ -25,6 +25,10 @@ pub struct JobSummary {
     /// When the finished job's workspace was removed (the server's
     /// `--keep-workspaces`); its files then answer 410.
     pub workspace_removed_at: Option<Timestamp>,
+    /// When the finished job's workspace and log went up to the server's
+    /// archive (`--archive`); its files are then read-only, served from
+    /// there by any process of the deployment.
+    pub workspace_archived_at: Option<Timestamp>,
     /// What it does, one line: its command, code or prompt (first line,
     /// at most 120 characters and an ellipsis), or its steps.
     #[schema(example = "pip install flask && python3 app.py")]
@@ -43,6 +47,7 @@ impl JobSummary {
             exit_code: job.exit_code,
             error: job.error.clone(),
             workspace_removed_at: job.workspace_removed_ms.and_then(Timestamp::from_ms),
+            workspace_archived_at: job.archived_ms.and_then(Timestamp::from_ms),
             preview: job
                 .request
                 .as_ref()

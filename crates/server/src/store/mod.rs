@@ -69,6 +69,9 @@ pub struct JobRow {
     pub result: Option<JobResult>,
     /// When the job's workspace was removed (`--keep-workspaces`).
     pub workspace_removed_ms: Option<i64>,
+    /// When the job's workspace and log went up to the archive
+    /// (`--archive`): every process serves its files from there since.
+    pub archived_ms: Option<i64>,
     /// Times the job has been claimed: with the worker, what names one
     /// run of it (see [`Lease`]).
     pub attempts: i64,
@@ -182,10 +185,11 @@ macro_rules! job_columns {
     () => {
         "seq, id, tenant, kind, spec, state, created_ms, started_ms, finished_ms, exit_code, \
          error, stdout, stderr, stdout_truncated, stderr_truncated, result, workspace_removed_ms, \
-         attempts, worker"
+         attempts, worker, archived_ms"
     };
 }
 
+mod archive;
 mod leases;
 
 /// The `id` column of each row.
@@ -227,6 +231,7 @@ fn job_from_row(row: &AnyRow) -> Result<JobRow> {
         workspace_removed_ms: row.try_get("workspace_removed_ms")?,
         attempts: row.try_get("attempts")?,
         worker: row.try_get("worker")?,
+        archived_ms: row.try_get("archived_ms")?,
     })
 }
 
@@ -557,8 +562,9 @@ impl Store {
 
     /// Jobs that finished at or before `before_ms` and still have their
     /// workspace, oldest first.
-    /// With `worker`, only the jobs that worker ran: in a deployment of
-    /// many machines, each keeps the workspaces of its own jobs.
+    /// With `worker`, only the jobs that worker ran, and archived ones: in
+    /// a deployment of many machines, each keeps the workspaces of its own
+    /// jobs, and any process may remove what the archive keeps.
     pub async fn expired_workspaces(
         &self,
         before_ms: i64,
@@ -568,7 +574,7 @@ impl Store {
         let rows = sqlx::query(
             "SELECT id FROM jobs WHERE finished_ms IS NOT NULL AND finished_ms <= $1 \
              AND workspace_removed_ms IS NULL AND state <> 'queued' AND state <> 'running' \
-             AND ($3 = '' OR worker = $3) \
+             AND ($3 = '' OR worker = $3 OR archived_ms IS NOT NULL) \
              ORDER BY finished_ms LIMIT $2",
         )
         .bind(before_ms)

@@ -1,0 +1,241 @@
+//! `cordon serve --archive s3://…` against a local S3-compatible server: a
+//! finished job's workspace goes up as one tar with its index, the local
+//! copy goes, and the files API serves it from the archive, read-only,
+//! with links followed only within the workspace; another node (another
+//! data directory over the same database) serves it too; `--keep-workspaces`
+//! removes it from the archive; a bad archive stops the server with a
+//! clear error.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::s3::S3;
+use support::serve::{Started, free_port, spawn_env};
+
+fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// `cordon serve` with `home`, over the archive, with `extra` flags.
+fn serve(home: &Path, s3: &S3, archive: &str, extra: &[&str]) -> Started {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let mut args = vec!["serve", "--listen", &listen, "--archive", archive];
+    args.extend_from_slice(extra);
+    let env = s3.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    spawn_env(home, &args, &env)
+}
+
+fn token(home: &Path, tenant: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["token", "create", "--tenant", tenant])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn get(base: &str, token: &str, path: &str) -> reqwest::blocking::Response {
+    http()
+        .get(format!("{base}{path}"))
+        .bearer_auth(token)
+        .send()
+        .unwrap()
+}
+
+/// The job once `done(job)` holds, within `patience`.
+fn job_until(
+    base: &str,
+    token: &str,
+    id: &str,
+    patience: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + patience;
+    loop {
+        let job: Value = get(base, token, &format!("/v1/jobs/{id}")).json().unwrap();
+        if done(&job) {
+            return job;
+        }
+        assert!(Instant::now() < deadline, "{job}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn numbers() -> String {
+    (1..=60_000).map(|n| format!("{n}\n")).collect()
+}
+
+#[test]
+fn a_finished_job_is_served_from_the_archive_by_any_node_and_expires_there() {
+    let Some(s3) = S3::start("cordon-archive") else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let archive = "s3://cordon-archive/deploy-1";
+    let a = serve(home.path(), &s3, archive, &[]);
+    let tok = a.token.clone().expect("the first token");
+    let other = token(home.path(), "other");
+
+    // What a hostile job leaves: a link out, a link within, a FIFO.
+    let r = http()
+        .post(format!("{}/v1/jobs", a.url))
+        .bearer_auth(&tok)
+        .json(&json!({"kind": "shell", "command":
+            "mkdir -p src/deep && printf 'hello\\n' > README.md && seq 1 60000 > src/deep/numbers.txt \
+             && ln -s ../../../../etc/passwd src/out && ln -s src/deep inside && mkfifo fifo"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let id = r.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let job = job_until(&a.url, &tok, &id, Duration::from_secs(60), |j| {
+        !j["workspace_archived_at"].is_null()
+    });
+    assert_eq!(job["state"], "succeeded", "{job}");
+
+    // Up as one tar and its index, under the prefix; the local copy goes.
+    let key = format!("deploy-1/jobs/{id}");
+    let tar = s3.object(&format!("{key}/workspace.tar"));
+    assert_eq!(tar.status(), 200);
+    assert!(tar.bytes().unwrap().len() > 350_000);
+    assert_eq!(s3.object(&format!("{key}/index.json")).status(), 200);
+    let local = home
+        .path()
+        .join(format!("data/cordon/server/jobs/{id}/workspace"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while local.exists() {
+        assert!(Instant::now() < deadline, "the local copy stays");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let files = |base: &str| {
+        let r = get(base, &tok, &format!("/v1/jobs/{id}/files/README.md"));
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+        assert_eq!(r.text().unwrap(), "hello\n");
+        // Through the link within, the same bytes as directly.
+        for path in ["src/deep/numbers.txt", "inside/numbers.txt"] {
+            let r = get(base, &tok, &format!("/v1/jobs/{id}/files/{path}"));
+            assert_eq!(r.status(), 200, "{path}");
+            assert_eq!(r.text().unwrap(), numbers(), "{path}");
+        }
+        // The link out is refused, not followed.
+        let r = get(base, &tok, &format!("/v1/jobs/{id}/files/src/out"));
+        assert_eq!(r.status(), 400);
+        let body = r.text().unwrap();
+        assert!(body.contains("outside the workspace"), "{body}");
+        assert!(!body.contains("root:"), "{body}");
+        let root: Value = get(base, &tok, &format!("/v1/jobs/{id}/files"))
+            .json()
+            .unwrap();
+        let names: Vec<(&str, &str)> = root["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].as_str().unwrap(), e["type"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("README.md", "file"),
+                ("inside", "symlink"),
+                ("src", "directory")
+            ],
+            "{root}"
+        );
+        let src: Value = get(base, &tok, &format!("/v1/jobs/{id}/files/src"))
+            .json()
+            .unwrap();
+        assert_eq!(src["path"], "/workspace/src");
+        assert_eq!(src["entries"].as_array().unwrap().len(), 2, "{src}");
+        // Another tenant sees nothing; nobody writes an archived workspace.
+        let r = get(base, &other, &format!("/v1/jobs/{id}/files/README.md"));
+        assert_eq!(r.status(), 404);
+        let r = http()
+            .put(format!("{base}/v1/jobs/{id}/files/new.txt"))
+            .bearer_auth(&tok)
+            .body("x")
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 409);
+        assert_eq!(r.json::<Value>().unwrap()["error"]["code"], "archived");
+    };
+    files(&a.url);
+
+    // Another node: its own data directory, the same database and archive.
+    drop(a);
+    let elsewhere = home.path().join("node-b");
+    let b = serve(
+        home.path(),
+        &s3,
+        archive,
+        &[
+            "--data-dir",
+            elsewhere.to_str().unwrap(),
+            "--keep-workspaces",
+            "4s",
+        ],
+    );
+    files(&b.url);
+    assert!(!elsewhere.join(format!("jobs/{id}")).exists());
+
+    // Past --keep-workspaces, gone from the archive too.
+    job_until(&b.url, &tok, &id, Duration::from_secs(30), |j| {
+        !j["workspace_removed_at"].is_null()
+    });
+    assert_eq!(s3.object(&format!("{key}/workspace.tar")).status(), 404);
+    assert_eq!(s3.object(&format!("{key}/index.json")).status(), 404);
+    let r = get(&b.url, &tok, &format!("/v1/jobs/{id}/files/README.md"));
+    assert_eq!(r.status(), 410);
+}
+
+#[test]
+fn an_archive_the_server_cannot_use_stops_it_with_a_clear_error() {
+    let Some(s3) = S3::start("cordon-exists") else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let run = |archive: &str, secret: &str| {
+        let mut env = s3.env();
+        env.retain(|(k, _)| *k != "AWS_SECRET_ACCESS_KEY");
+        std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--archive", archive])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", home.path())
+            .env("XDG_DATA_HOME", home.path().join("data"))
+            .envs(env)
+            .env("AWS_SECRET_ACCESS_KEY", secret)
+            .output()
+            .unwrap()
+    };
+    // No such bucket: the start fails, naming the archive, not the secret.
+    let out = run("s3://no-such-bucket/x", "hush-hush-secret");
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("s3://no-such-bucket/x"), "{err}");
+    assert!(!err.contains("hush-hush"), "{err}");
+    // Not an archive at all: refused before anything starts.
+    for (bad, says) in [
+        ("http://cordon-exists", "s3://BUCKET"),
+        ("s3://key:secret@cordon-exists", "credentials"),
+    ] {
+        let out = run(bad, "x");
+        assert_eq!(out.status.code(), Some(125), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+}
