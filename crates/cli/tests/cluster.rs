@@ -7,7 +7,9 @@
 //! the job's record; a job's events reach a client of the other API while
 //! it runs. A running job's files and live view are served through an API
 //! process that runs nothing, relayed to the job's worker and signed with
-//! the cluster key; the workers' listeners take nothing else.
+//! the cluster key; the workers' listeners take nothing else. With an
+//! archive in S3 (moto's server), a finished job's files outlive its
+//! worker.
 
 #[path = "../../server/tests/common/pgtest.rs"]
 mod pgtest;
@@ -18,6 +20,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use support::s3::S3;
 use support::serve::{Started as Proc, free_port, spawn_env};
 
 fn http() -> &'static reqwest::blocking::Client {
@@ -120,7 +123,15 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
     let db = pg.url();
     let home = tempfile::tempdir().unwrap();
     let dir = |name: &str| home.path().join(name).display().to_string();
-    let env = [("CORDON_CLUSTER_KEY", KEY)];
+    // The archive every process shares, when the S3 server is installed
+    // (always under CI).
+    let s3 = S3::start("cordon-cluster");
+    let mut env = vec![("CORDON_CLUSTER_KEY", KEY.to_string())];
+    if let Some(s3) = &s3 {
+        env.extend(s3.env());
+        env.push(("CORDON_ARCHIVE", "s3://cordon-cluster/c".into()));
+    }
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut workers: Vec<Proc> = (0..3)
         .map(|i| {
             let port = free_port();
@@ -317,6 +328,10 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
 
     files_and_live_view_through_an_api_that_runs_nothing(&apis, &workers, &token);
 
+    if s3.is_some() {
+        files_outlive_their_worker(&apis, &mut workers, &by_id, &token);
+    }
+
     let seen = follower.join().unwrap();
     let out: String = seen
         .iter()
@@ -328,6 +343,45 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
         seen.iter()
             .any(|(n, d)| n == "finished" && d["state"] == "succeeded")
     );
+}
+
+/// A finished job's files, in the archive, served by both API processes
+/// after its worker died with SIGKILL.
+fn files_outlive_their_worker(
+    apis: &[Proc],
+    workers: &mut [Proc],
+    by_id: &HashMap<String, usize>,
+    token: &str,
+) {
+    let id = submit(
+        &apis[1],
+        token,
+        json!({"kind": "shell", "command": "mkdir -p out && echo kept > out/kept.txt"}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let j = loop {
+        let j = job(&apis[0], token, &id);
+        if !j["workspace_archived_at"].is_null() {
+            break j;
+        }
+        assert!(Instant::now() < deadline, "never archived: {j}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(j["state"], "succeeded", "{j}");
+    let worker = worker_of(&apis[0], token, &id).expect("the job names its worker");
+    let w = &mut workers[by_id[&worker]];
+    eprintln!("SIGKILL to worker {worker}, which ran {id}");
+    w.child.kill().unwrap();
+    w.child.wait().unwrap();
+    for api in apis {
+        let r = http()
+            .get(format!("{}/v1/jobs/{id}/files/out/kept.txt", api.url))
+            .bearer_auth(token)
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.text().unwrap(), "kept\n");
+    }
 }
 
 /// A worker (by index, other than `not`) running one of `ids` now.
