@@ -239,3 +239,83 @@ fn an_archive_the_server_cannot_use_stops_it_with_a_clear_error() {
         assert!(err.contains(says), "{bad}: {err}");
     }
 }
+
+/// In a deployment of many machines no worker has a queued job's
+/// workspace yet: a file written to it waits in the archive, and the
+/// worker that takes the job writes it into the workspace first.
+#[test]
+fn files_written_to_a_queued_job_wait_in_the_archive_for_its_worker() {
+    let Some(s3) = S3::start("cordon-inbox") else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let key = "test-cluster-key-0123456789abcdef0123456789";
+    let start = |workers: &str| {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let mut env = s3.env();
+        env.push(("CORDON_CLUSTER_KEY", key.into()));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let args = [
+            "serve",
+            "--listen",
+            &listen,
+            "--archive",
+            "s3://cordon-inbox",
+            "--workers",
+            workers,
+        ];
+        spawn_env(home.path(), &args, &env)
+    };
+    let api = start("0");
+    let tok = api.token.clone().expect("the first token");
+    let r = http()
+        .post(format!("{}/v1/jobs", api.url))
+        .bearer_auth(&tok)
+        .json(&json!({"kind": "shell", "command": "cat in/data.txt; ls -A"}))
+        .send()
+        .unwrap();
+    let id = r.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let put = |path: &str, body: &str| {
+        http()
+            .put(format!("{}/v1/jobs/{id}/files/{path}", api.url))
+            .bearer_auth(&tok)
+            .body(body.to_string())
+            .send()
+            .unwrap()
+    };
+    assert_eq!(put("in/data.txt", "first").status(), 201);
+    let again = put("in/data.txt", "staged before it ran\n");
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.json::<Value>().unwrap()["created"], false);
+    // Paths that leave the workspace are refused as on disk.
+    for bad in ["..%2Fescape", "%2Fetc%2Fpasswd", "in/..%2F..%2Fx"] {
+        let r = put(bad, "x");
+        assert_eq!(r.status(), 400, "{bad}");
+    }
+    let r = get(&api.url, &tok, &format!("/v1/jobs/{id}/files/in/data.txt"));
+    assert_eq!(r.status(), 409);
+    let body = r.text().unwrap();
+    assert!(body.contains("wait for it in the archive"), "{body}");
+
+    // A process that runs jobs takes it, and the file with it.
+    drop(api);
+    let worker = start("1");
+    let job = job_until(&worker.url, &tok, &id, Duration::from_secs(60), |j| {
+        !["queued", "running"].contains(&j["state"].as_str().unwrap())
+    });
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["stdout"], "staged before it ran\nin\n", "{job}");
+    let staged = hex(b"in/data.txt");
+    assert_eq!(
+        s3.object(&format!("jobs/{id}/inbox/{staged}")).status(),
+        404,
+        "taken out of the archive"
+    );
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -86,6 +86,7 @@ impl Shared {
         let policies = LivePolicies::default();
         let sandboxes = Arc::new(Sandboxes::default());
         let metrics = Arc::new(crate::metrics::Metrics::default());
+        let archive = archive.map(Arc::new);
         let runner = Runner::new(
             &config,
             Shares {
@@ -96,6 +97,7 @@ impl Shared {
                 sandboxes: sandboxes.clone(),
                 metrics: metrics.clone(),
                 worker: worker.clone(),
+                archive: archive.clone(),
             },
         );
         Shared {
@@ -114,7 +116,7 @@ impl Shared {
             runner,
             claim: tokio::sync::Mutex::new(()),
             nonces: Default::default(),
-            archive: archive.map(Arc::new),
+            archive,
         }
     }
 }

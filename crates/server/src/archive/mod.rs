@@ -51,6 +51,11 @@ const MAX_LINKS: usize = 40;
 const CACHED_INDEXES: usize = 32;
 const CACHED_ENTRIES_MAX: usize = 50_000;
 
+/// Files a queued job may have staged for it, and how long a path may be
+/// (its key is the path in hex, within S3's 1,024 bytes).
+const MAX_STAGED: usize = 1_000;
+const MAX_STAGED_PATH: usize = 400;
+
 /// The tar streams from the packing thread to the upload in chunks this
 /// size, a few at a time.
 const CHUNK: usize = 1 << 20;
@@ -122,6 +127,8 @@ pub enum ArchiveError {
         #[source]
         source: io::Error,
     },
+    #[error("{0}")]
+    Staging(String),
     #[error("job {id}'s archived index: {why}")]
     Index { id: String, why: String },
 }
@@ -335,6 +342,108 @@ impl Archive {
         Ok(got.into_stream())
     }
 
+    /// Keeps `data` as `path` of queued job `id`'s workspace until a
+    /// worker takes the job ([`Archive::unstage`]); true if no file was
+    /// staged there before.
+    pub async fn stage(&self, id: &str, path: &WsPath, data: Bytes) -> Result<bool, ArchiveError> {
+        let rel = path.rel.to_string_lossy();
+        if rel == "." {
+            return Err(ArchiveError::Staging(
+                "the workspace itself is a directory; name a file in it".into(),
+            ));
+        }
+        if rel.len() > MAX_STAGED_PATH {
+            return Err(ArchiveError::Staging(format!(
+                "{}: a file written before the job runs may have a path of at most \
+                 {MAX_STAGED_PATH} bytes; write it once the job runs",
+                path.display()
+            )));
+        }
+        let key = staged_key(id, &rel);
+        let new = match self.store.head(&key).await {
+            Ok(_) => false,
+            Err(object_store::Error::NotFound { .. }) => true,
+            Err(e) => return Err(self.err(e)),
+        };
+        if new && self.staged(id).await?.len() >= MAX_STAGED {
+            return Err(ArchiveError::Staging(format!(
+                "job {id} has {MAX_STAGED} files written before it runs, the most it may; \
+                 write the rest once it runs, or send one archive of them"
+            )));
+        }
+        self.store
+            .put(&key, PutPayload::from(data))
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(new)
+    }
+
+    /// Removes what was staged as `path` for job `id`, if anything was.
+    pub async fn unstage_path(&self, id: &str, path: &WsPath) -> Result<(), ArchiveError> {
+        match self
+            .store
+            .delete(&staged_key(id, &path.rel.to_string_lossy()))
+            .await
+        {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    /// Writes the files staged for job `id` into its workspace at `root`
+    /// (beneath it, as the files API writes), then removes them from the
+    /// archive; answers how many there were.
+    pub async fn unstage(&self, id: &str, root: &Path) -> Result<usize, ArchiveError> {
+        let staged = self.staged(id).await?;
+        let write_err = |why: String| ArchiveError::Staging(why);
+        for (key, rel) in &staged {
+            let data = self
+                .store
+                .get(key)
+                .await
+                .map_err(|e| self.err(e))?
+                .bytes()
+                .await
+                .map_err(|e| self.err(e))?;
+            let path = WsPath::parse(rel).map_err(|e| write_err(e.to_string()))?;
+            let ws = Workspace::open(root).map_err(|e| write_err(e.to_string()))?;
+            tokio::task::spawn_blocking(move || ws.write(&path, &data))
+                .await
+                .map_err(|e| write_err(e.to_string()))?
+                .map_err(|e| write_err(e.to_string()))?;
+        }
+        for (key, _) in &staged {
+            match self.store.delete(key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Ok(staged.len())
+    }
+
+    /// The files staged for job `id`: each one's key and path.
+    async fn staged(&self, id: &str) -> Result<Vec<(Key, String)>, ArchiveError> {
+        let prefix = Key::from(format!("jobs/{id}/inbox"));
+        let mut out = Vec::new();
+        let mut list = self.store.list(Some(&prefix));
+        while let Some(meta) = list.next().await {
+            let key = match meta {
+                Ok(m) => m.location,
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(self.err(e)),
+            };
+            let Some(rel) = key
+                .filename()
+                .and_then(|hex| hex::decode(hex).ok())
+                .and_then(|b| String::from_utf8(b).ok())
+            else {
+                continue;
+            };
+            out.push((key, rel));
+        }
+        Ok(out)
+    }
+
     /// Removes everything kept of job `id`; what is gone already is fine.
     pub async fn forget(&self, id: &str) -> Result<(), ArchiveError> {
         lock(&self.cache).retain(|(k, _)| k != id);
@@ -361,6 +470,12 @@ impl Archive {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A staged file's key: its path in hex, so that any name is one plain
+/// key part.
+fn staged_key(id: &str, rel: &str) -> Key {
+    Key::from(format!("jobs/{id}/inbox/{}", hex::encode(rel.as_bytes())))
 }
 
 fn key(id: &str, name: &str) -> Key {

@@ -69,6 +69,10 @@ fn served_here(shared: &Shared, job: &JobRow) -> ApiResult<()> {
             StatusCode::CONFLICT,
             "not_started",
             match job.state {
+                JobState::Queued if shared.archive.is_some() => format!(
+                    "job {id} is queued, and its workspace is made on the worker that runs it: \
+                     files written now wait for it in the archive, and can be read once it runs"
+                ),
                 JobState::Queued => format!(
                     "job {id} is queued, and its workspace is made on the worker that runs it: \
                      its files can be read and written once it runs"
@@ -407,6 +411,11 @@ enum JobFiles<'s> {
 
 async fn files_of<'s>(shared: &'s Shared, tenant: &str, id: &str) -> ApiResult<JobFiles<'s>> {
     let job = find(shared, tenant, id).await?;
+    files_of_job(shared, &job)
+}
+
+fn files_of_job<'s>(shared: &'s Shared, job: &JobRow) -> ApiResult<JobFiles<'s>> {
+    let id = &job.id;
     if job.workspace_removed_ms.is_some() {
         return Err(ApiError::new(
             StatusCode::GONE,
@@ -418,10 +427,10 @@ async fn files_of<'s>(shared: &'s Shared, tenant: &str, id: &str) -> ApiResult<J
             ),
         ));
     }
-    if let Some(archive) = shared.archived(&job) {
+    if let Some(archive) = shared.archived(job) {
         return Ok(JobFiles::Archived(archive));
     }
-    served_here(shared, &job)?;
+    served_here(shared, job)?;
     Workspace::open(&shared.config.job_dirs().workspace(id))
         .map(JobFiles::Here)
         .map_err(crate::files::error)
@@ -474,7 +483,11 @@ pub(crate) async fn put_file(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let body = body?;
-    match files_of(&shared, &tenant, &id).await? {
+    let job = find(&shared, &tenant, &id).await?;
+    if let Some(archive) = staging(&shared, &job) {
+        return stage(&shared, archive, &tenant, &id, path, body).await;
+    }
+    match files_of_job(&shared, &job)? {
         JobFiles::Here(ws) => crate::files::write(ws, path, body).await,
         JobFiles::Archived(_) => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -485,6 +498,59 @@ pub(crate) async fn put_file(
             ),
         )),
     }
+}
+
+/// Where a file written to a queued job goes in a deployment of many
+/// machines with an archive: no worker has its workspace yet, so the
+/// archive keeps the file until one takes the job.
+fn staging<'s>(shared: &'s Shared, job: &JobRow) -> Option<&'s crate::archive::Archive> {
+    shared.config.cluster.as_ref()?;
+    if job.state != JobState::Queued || job.worker.is_some() {
+        return None;
+    }
+    shared.archive.as_deref()
+}
+
+/// Stages `body` as `path` of queued job `id` (see [`staging`]).
+async fn stage(
+    shared: &Shared,
+    archive: &crate::archive::Archive,
+    tenant: &str,
+    id: &str,
+    path: String,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let p = cordon_tools::WsPath::parse(&path).map_err(crate::files::error)?;
+    let created = archive.stage(id, &p, body).await.map_err(|e| match e {
+        crate::archive::ArchiveError::Staging(why) => ApiError::bad_request(why),
+        e => {
+            tracing::error!(job = %id, "staging a file: {e}");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "cannot keep the file in the archive; try again",
+            )
+        }
+    })?;
+    // A worker that took the job meanwhile may have looked before the
+    // file came: then it goes, and the client writes it to the worker.
+    let now = find(shared, tenant, id).await?;
+    if staging(shared, &now).is_none() {
+        if let Err(e) = archive.unstage_path(id, &p).await {
+            tracing::warn!(job = %id, "cannot remove a late staged file: {e}");
+        }
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "started",
+            format!("job {id} started while {path} was being written; write it again"),
+        ));
+    }
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(crate::files::Written { path, created })).into_response())
 }
 
 /// A seed's shell job: `{"kind": "shell", "code": ...}`, nothing else.

@@ -49,6 +49,9 @@ pub struct Runner {
     metrics: Arc<crate::metrics::Metrics>,
     /// The worker id this process's leases are held under.
     worker: String,
+    /// Where files written to a queued job wait for the worker that takes
+    /// it, in a deployment of many machines.
+    archive: Option<Arc<crate::archive::Archive>>,
 }
 
 /// The live parts a [`Runner`] shares with the rest of the server.
@@ -60,6 +63,7 @@ pub struct Shares {
     pub sandboxes: Arc<Sandboxes>,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub worker: String,
+    pub archive: Option<Arc<crate::archive::Archive>>,
 }
 
 impl Runner {
@@ -79,6 +83,7 @@ impl Runner {
             live: shares.sandboxes,
             metrics: shares.metrics,
             worker: shares.worker,
+            archive: shares.archive,
         }
     }
 
@@ -156,6 +161,15 @@ impl Runner {
         let ws = self.dirs.workspace(id);
         if let Err(e) = std::fs::create_dir_all(&ws) {
             return failed(format!("cannot create the workspace: {e}"));
+        }
+        if let Some(archive) = &self.archive {
+            match archive.unstage(id, &ws).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(job = %id, "{n} file(s) written before it ran"),
+                Err(e) => {
+                    return failed(format!("cannot take the files written before it ran: {e}"));
+                }
+            }
         }
         // The ceiling may have been lowered since the job was submitted.
         if let Some(spec) = &req.options.egress {

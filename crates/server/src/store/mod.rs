@@ -562,9 +562,10 @@ impl Store {
 
     /// Jobs that finished at or before `before_ms` and still have their
     /// workspace, oldest first.
-    /// With `worker`, only the jobs that worker ran, and archived ones: in
-    /// a deployment of many machines, each keeps the workspaces of its own
-    /// jobs, and any process may remove what the archive keeps.
+    /// With `worker`, only the jobs that worker ran, archived ones and ones
+    /// that never ran: in a deployment of many machines, each keeps the
+    /// workspaces of its own jobs, and any process may remove what the
+    /// archive keeps.
     pub async fn expired_workspaces(
         &self,
         before_ms: i64,
@@ -574,7 +575,7 @@ impl Store {
         let rows = sqlx::query(
             "SELECT id FROM jobs WHERE finished_ms IS NOT NULL AND finished_ms <= $1 \
              AND workspace_removed_ms IS NULL AND state <> 'queued' AND state <> 'running' \
-             AND ($3 = '' OR worker = $3 OR archived_ms IS NOT NULL) \
+             AND ($3 = '' OR worker = $3 OR worker IS NULL OR archived_ms IS NOT NULL) \
              ORDER BY finished_ms LIMIT $2",
         )
         .bind(before_ms)
