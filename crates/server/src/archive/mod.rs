@@ -251,7 +251,9 @@ impl Archive {
             .map_err(|e| pack_err(io::Error::other(e.to_string())))?;
         let index = match (packed, sent) {
             (Ok(index), Ok(())) => index,
-            (Err(e), _) | (Ok(_), Err(e)) => {
+            // The upload's own error first: the packer's is then only that
+            // the upload stopped.
+            (_, Err(e)) | (Err(e), Ok(())) => {
                 let _ = upload.abort().await;
                 return Err(pack_err(e));
             }
@@ -663,7 +665,15 @@ fn pack(root: &Path, out: impl Write) -> io::Result<Index> {
                 continue;
             }
         };
-        let mut names: Vec<_> = std::fs::read_dir(&proc)?.collect::<io::Result<_>>()?;
+        // What cannot be read (a directory the job locked) is left out, and
+        // said: one such entry must not keep the rest out of the archive.
+        let mut names: Vec<_> = match std::fs::read_dir(&proc) {
+            Ok(d) => d.filter_map(Result::ok).collect(),
+            Err(e) => {
+                tracing::warn!("archive: leaving out {}: {e}", at.display());
+                continue;
+            }
+        };
         names.sort_by_key(|e| e.file_name());
         for e in names {
             if entries.len() >= MAX_ENTRIES {
@@ -673,7 +683,7 @@ fn pack(root: &Path, out: impl Write) -> io::Result<Index> {
             let rel = dir.join(e.file_name());
             let path = rel.to_string_lossy().into_owned();
             // Of the entry itself, never of what a link names.
-            let meta = e.metadata()?;
+            let Ok(meta) = e.metadata() else { continue };
             let mut header = tar::Header::new_gnu();
             header.set_mode(meta.permissions().mode() & 0o777);
             header.set_mtime(meta.mtime().max(0) as u64);
@@ -686,7 +696,9 @@ fn pack(root: &Path, out: impl Write) -> io::Result<Index> {
                 dirs.push(rel);
                 Kind::Directory
             } else if meta.is_symlink() {
-                let target = std::fs::read_link(proc.join(e.file_name()))?;
+                let Ok(target) = std::fs::read_link(proc.join(e.file_name())) else {
+                    continue;
+                };
                 header.set_entry_type(tar::EntryType::Symlink);
                 header.set_size(0);
                 tar.append_link(&mut header, &rel, &target)?;
