@@ -198,11 +198,7 @@ async fn remove_expired_workspaces(shared: &Arc<Shared>, keep: Duration) {
     };
     for id in ids {
         // Ids are the server's own; anything else is not a path to join.
-        if id.is_empty()
-            || !id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
+        if !crate::http::plausible_id(&id) {
             continue;
         }
         if let Some(archive) = &shared.archive

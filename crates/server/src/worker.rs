@@ -319,6 +319,10 @@ async fn archive(shared: &Shared, id: &str, grace: Duration) {
     let Some(archive) = &shared.archive else {
         return;
     };
+    // Ids are the server's own; anything else is not a path to join.
+    if !crate::http::plausible_id(id) {
+        return;
+    }
     let dirs = shared.config.job_dirs();
     let workspace = dirs.workspace(id);
     if let Err(e) = std::fs::symlink_metadata(&workspace) {
