@@ -97,13 +97,17 @@ fn bare_cordon_lab_serves_the_current_directory_and_opens_the_browser() {
     }
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("notes.txt"), "from the host").unwrap();
-    // A "browser" that writes down what it was asked to open.
+    // A "browser" that writes down what it was asked to open, whole: the
+    // file appears by a rename, or the test could read it half-written.
     let bin = tempfile::tempdir().unwrap();
     let opened = bin.path().join("opened");
     let browser = bin.path().join("browser");
     std::fs::write(
         &browser,
-        format!("#!/bin/sh\nprintf %s \"$1\" > {}\n", opened.display()),
+        format!(
+            "#!/bin/sh\nprintf %s \"$1\" > {0}.part && mv {0}.part {0}\n",
+            opened.display()
+        ),
     )
     .unwrap();
     std::fs::set_permissions(
