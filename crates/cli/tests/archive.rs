@@ -13,14 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::s3::S3;
-use support::serve::{Started, free_port, spawn_env};
-
-fn http() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
+use support::serve::{Started, free_port, http, job, spawn_env, submit, token};
 
 /// `cordon serve` with `home`, over the archive, with `extra` flags.
 fn serve(home: &Path, s3: &S3, archive: &str, extra: &[&str]) -> Started {
@@ -30,19 +23,6 @@ fn serve(home: &Path, s3: &S3, archive: &str, extra: &[&str]) -> Started {
     let env = s3.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     spawn_env(home, &args, &env)
-}
-
-fn token(home: &Path, tenant: &str) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["token", "create", "--tenant", tenant])
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home)
-        .env("XDG_DATA_HOME", home.join("data"))
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 fn get(base: &str, token: &str, path: &str) -> reqwest::blocking::Response {
@@ -63,7 +43,7 @@ fn job_until(
 ) -> Value {
     let deadline = Instant::now() + patience;
     loop {
-        let job: Value = get(base, token, &format!("/v1/jobs/{id}")).json().unwrap();
+        let job = job(base, token, id);
         if done(&job) {
             return job;
         }
@@ -88,19 +68,13 @@ fn a_finished_job_is_served_from_the_archive_by_any_node_and_expires_there() {
     let other = token(home.path(), "other");
 
     // What a hostile job leaves: a link out, a link within, a FIFO.
-    let r = http()
-        .post(format!("{}/v1/jobs", a.url))
-        .bearer_auth(&tok)
-        .json(&json!({"kind": "shell", "command":
+    let id = submit(
+        &a.url,
+        &tok,
+        json!({"kind": "shell", "command":
             "mkdir -p src/deep && printf 'hello\\n' > README.md && seq 1 60000 > src/deep/numbers.txt \
-             && ln -s ../../../../etc/passwd src/out && ln -s src/deep inside && mkfifo fifo"}))
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 202);
-    let id = r.json::<Value>().unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+             && ln -s ../../../../etc/passwd src/out && ln -s src/deep inside && mkfifo fifo"}),
+    );
     let job = job_until(&a.url, &tok, &id, Duration::from_secs(60), |j| {
         !j["workspace_archived_at"].is_null()
     });
@@ -268,16 +242,11 @@ fn files_written_to_a_queued_job_wait_in_the_archive_for_its_worker() {
     };
     let api = start("0");
     let tok = api.token.clone().expect("the first token");
-    let r = http()
-        .post(format!("{}/v1/jobs", api.url))
-        .bearer_auth(&tok)
-        .json(&json!({"kind": "shell", "command": "cat in/data.txt; ls -A"}))
-        .send()
-        .unwrap();
-    let id = r.json::<Value>().unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = submit(
+        &api.url,
+        &tok,
+        json!({"kind": "shell", "command": "cat in/data.txt; ls -A"}),
+    );
     let put = |path: &str, body: &str| {
         http()
             .put(format!("{}/v1/jobs/{id}/files/{path}", api.url))

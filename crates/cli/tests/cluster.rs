@@ -21,42 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::s3::S3;
-use support::serve::{Started as Proc, free_port, spawn_env};
-
-fn http() -> &'static reqwest::blocking::Client {
-    static CLIENT: std::sync::OnceLock<reqwest::blocking::Client> = std::sync::OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .unwrap()
-    })
-}
-
-fn job(api: &Proc, token: &str, id: &str) -> Value {
-    let r = http()
-        .get(format!("{}/v1/jobs/{id}", api.url))
-        .bearer_auth(token)
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.json().unwrap()
-}
-
-/// Queues `body` through `api`; the new job's id.
-fn submit(api: &Proc, token: &str, body: Value) -> String {
-    let r = http()
-        .post(format!("{}/v1/jobs", api.url))
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .unwrap();
-    assert_eq!(r.status(), 202);
-    r.json::<Value>().unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
+use support::serve::{Started as Proc, free_port, http, job, spawn_env, submit};
 
 /// A job's stored events, from its (ended) stream.
 fn events(api: &Proc, token: &str, id: &str) -> Vec<(String, Value)> {
@@ -195,14 +160,18 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
             let api = &apis[i % 2];
             let pause = if i < LONG { "6" } else { "0.$((RANDOM % 6))" };
             let command = format!("echo start-{i}; sleep {pause}; echo done-{i}");
-            submit(api, &token, json!({"kind": "shell", "command": command}))
+            submit(
+                &api.url,
+                &token,
+                json!({"kind": "shell", "command": command}),
+            )
         })
         .collect();
     eprintln!("200 jobs accepted in {:?}", started.elapsed());
 
     // A job submitted through API 1, followed live through API 0.
     let followed = submit(
-        &apis[1],
+        &apis[1].url,
         &token,
         json!({"kind": "shell", "command": "echo first; sleep 2; echo second"}),
     );
@@ -258,7 +227,7 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
     for (i, id) in ids.iter().enumerate() {
         let api = &apis[(i + 1) % 2];
         let j = loop {
-            let j = job(api, &token, id);
+            let j = job(&api.url, &token, id);
             if !["queued", "running"].contains(&j["state"].as_str().unwrap()) {
                 break j;
             }
@@ -309,7 +278,7 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
     for _ in 0..5 {
         let t0 = Instant::now();
         let id = submit(
-            &apis[1],
+            &apis[1].url,
             &token,
             json!({"kind": "shell", "command": "true"}),
         );
@@ -354,13 +323,13 @@ fn files_outlive_their_worker(
     token: &str,
 ) {
     let id = submit(
-        &apis[1],
+        &apis[1].url,
         token,
         json!({"kind": "shell", "command": "mkdir -p out && echo kept > out/kept.txt"}),
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     let j = loop {
-        let j = job(&apis[0], token, &id);
+        let j = job(&apis[0].url, token, &id);
         if !j["workspace_archived_at"].is_null() {
             break j;
         }
@@ -395,7 +364,7 @@ fn find_busy(
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         for id in ids {
-            if job(api, token, id)["state"] != "running" {
+            if job(&api.url, token, id)["state"] != "running" {
                 continue;
             }
             if let Some(w) = worker_of(api, token, id).and_then(|w| by_id.get(&w).copied())
@@ -417,7 +386,7 @@ fn files_and_live_view_through_an_api_that_runs_nothing(
     token: &str,
 ) {
     let id = submit(
-        &apis[0],
+        &apis[0].url,
         token,
         json!({"kind": "gui", "display": "640x480", "steps": [
             {"tool": "shell", "command": "echo from-the-sandbox > made.txt; \
@@ -455,7 +424,7 @@ fn files_and_live_view_through_an_api_that_runs_nothing(
         .json()
         .unwrap();
     assert!(listing.to_string().contains("made.txt"), "{listing}");
-    let j = job(&apis[1], token, &id);
+    let j = job(&apis[1].url, token, &id);
     assert_eq!(j["live_desktop"], true, "{j}");
 
     // Another tenant's token finds nothing, through either API.
@@ -520,7 +489,7 @@ fn files_and_live_view_through_an_api_that_runs_nothing(
     assert_eq!(r.status(), 201, "{}", r.text().unwrap());
     let deadline = Instant::now() + Duration::from_secs(60);
     let j = loop {
-        let j = job(&apis[0], token, &id);
+        let j = job(&apis[0].url, token, &id);
         if !["queued", "running"].contains(&j["state"].as_str().unwrap()) {
             break j;
         }

@@ -117,15 +117,58 @@ impl Serve {
 
     /// A new bearer token for `tenant`, from `cordon token create`.
     pub fn token(&self, tenant: &str) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
-            .args(["token", "create", "--tenant", tenant])
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", self.home.path())
-            .env("XDG_DATA_HOME", self.home.path().join("data"))
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
+        token(self.home.path(), tenant)
     }
+}
+
+/// A new bearer token for `tenant` of the server whose home is `home`,
+/// from `cordon token create`.
+pub fn token(home: &Path, tenant: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["token", "create", "--tenant", tenant])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// One HTTP client for a test binary's requests to its servers.
+pub fn http() -> &'static reqwest::blocking::Client {
+    static CLIENT: std::sync::OnceLock<reqwest::blocking::Client> = std::sync::OnceLock::new();
+    CLIENT.get_or_init(|| {
+        reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap()
+    })
+}
+
+/// Queues `body` at the server at `base`; the new job's id.
+pub fn submit(base: &str, token: &str, body: serde_json::Value) -> String {
+    let r = http()
+        .post(format!("{base}/v1/jobs"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    r.json::<serde_json::Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Job `id` as the server at `base` shows it.
+pub fn job(base: &str, token: &str, id: &str) -> serde_json::Value {
+    let r = http()
+        .get(format!("{base}/v1/jobs/{id}"))
+        .bearer_auth(token)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().unwrap()
 }
