@@ -175,10 +175,11 @@ async fn serve_on(
 }
 
 /// Removes the workspaces of jobs that finished more than `keep` ago (on
-/// this machine and in the archive), and records each removal. The workspace was the sandbox's: removal never
-/// follows a link in it (std's `remove_dir_all` works descriptor-relative
-/// with `O_NOFOLLOW`), and directories it made unwritable to their owner
-/// are given their owner's bits back first. Removed first, recorded after:
+/// this machine and in the archive), and records each removal. The
+/// workspace was the sandbox's: removal never follows a link in it (std's
+/// `remove_dir_all` works descriptor-relative with `O_NOFOLLOW`), and
+/// directories it made unwritable to their owner are given their owner's
+/// bits back first. Removed first, recorded after:
 /// a server stopped in between removes (nothing) and records next time.
 async fn remove_expired_workspaces(shared: &Arc<Shared>, keep: Duration) {
     let before = crate::store::now_ms().saturating_sub(keep.as_millis() as i64);
