@@ -7,9 +7,10 @@
 //! the job's record; a job's events reach a client of the other API while
 //! it runs. A running job's files and live view are served through an API
 //! process that runs nothing, relayed to the job's worker and signed with
-//! the cluster key; the workers' listeners take nothing else. With an
+//! the cluster key; the workers' listeners take nothing else. Its Lab
+//! page opens on a port of that API process, relayed the same way. With an
 //! archive in S3 (moto's server), a finished job's files outlive its
-//! worker.
+//! worker. An API session stays with the API process that made it.
 
 #[path = "../../server/tests/common/pgtest.rs"]
 mod pgtest;
@@ -19,6 +20,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
 use std::time::{Duration, Instant};
 
+use cordon_testkit::{Scenario, ScriptedServer, Turn};
 use serde_json::{Value, json};
 use support::s3::S3;
 use support::serve::{Started as Proc, free_port, http, job, spawn_env, submit};
@@ -91,7 +93,17 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
     // The archive every process shares, when the S3 server is installed
     // (always under CI).
     let s3 = S3::start("cordon-cluster");
-    let mut env = vec![("CORDON_CLUSTER_KEY", KEY.to_string())];
+    // A model for the API processes' sessions.
+    let model = ScriptedServer::start(Scenario::new().turn(Turn::text("hello from the model")));
+    let mut env = vec![
+        ("CORDON_CLUSTER_KEY", KEY.to_string()),
+        (
+            "CORDON_LAB_DIR",
+            cordon_lab::cache_dir().display().to_string(),
+        ),
+        ("ANTHROPIC_BASE_URL", model.url()),
+        ("ANTHROPIC_API_KEY", "sk-test-key-0000".to_string()),
+    ];
     if let Some(s3) = &s3 {
         env.extend(s3.env());
         env.push(("CORDON_ARCHIVE", "s3://cordon-cluster/c".into()));
@@ -296,6 +308,7 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
     );
 
     files_and_live_view_through_an_api_that_runs_nothing(&apis, &workers, &token);
+    a_session_stays_with_its_api(&apis, &token);
 
     if s3.is_some() {
         files_outlive_their_worker(&apis, &mut workers, &by_id, &token);
@@ -312,6 +325,36 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
         seen.iter()
             .any(|(n, d)| n == "finished" && d["state"] == "succeeded")
     );
+}
+
+/// An API session lives in the API process that made it: the other one
+/// says where it is and loses nothing of it.
+fn a_session_stays_with_its_api(apis: &[Proc], token: &str) {
+    let made: Value = http()
+        .post(format!("{}/v1/sessions", apis[0].url))
+        .bearer_auth(token)
+        .json(&json!({}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let id = made["id"].as_str().expect("a session").to_string();
+    let say = |api: &Proc| {
+        http()
+            .post(format!("{}/v1/sessions/{id}/messages", api.url))
+            .bearer_auth(token)
+            .json(&json!({"text": "hello"}))
+            .send()
+            .unwrap()
+    };
+    let r = say(&apis[1]);
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().unwrap();
+    assert_eq!(body["error"]["code"], "elsewhere", "{body}");
+    let r = say(&apis[0]);
+    assert_eq!(r.status(), 200);
+    let turn = r.text().unwrap();
+    assert!(turn.contains("hello from the model"), "{turn}");
 }
 
 /// A finished job's files, in the archive, served by both API processes
@@ -479,6 +522,9 @@ fn files_and_live_view_through_an_api_that_runs_nothing(
     let greeting = vnc_greeting(&apis[1], token, &id);
     assert_eq!(&greeting[..12], b"RFB 003.008\n");
 
+    // The browser's Lab page, on a port of an API that runs nothing.
+    let lab = lab_through_an_api(&apis[1], token, &other, &id);
+
     // Written through an API, read by the job in its sandbox.
     let r = http()
         .put(format!("{}/v1/jobs/{id}/files/go", apis[1].url))
@@ -506,7 +552,139 @@ fn files_and_live_view_through_an_api_that_runs_nothing(
         .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().unwrap(), "from-the-api\n");
-    eprintln!("job {id} on worker {worker}: files and live view served through both APIs");
+    // The Lab's port on the API closes once the job has ended.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(&lab).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the Lab at {lab} outlived its job"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("job {id} on worker {worker}: files, live view and Lab served through both APIs");
+}
+
+/// Opens job `id`'s Lab through `api`, as a browser does, and works in it:
+/// a file of the job's sandbox, a terminal there over a WebSocket. Returns
+/// the Lab's address (`HOST:PORT`).
+fn lab_through_an_api(api: &Proc, token: &str, other: &str, id: &str) -> String {
+    use tungstenite::client::IntoClientRequest;
+    let browser = reqwest::blocking::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let open = |t: &str| {
+        browser
+            .post(format!("{}/v1/jobs/{id}/lab", api.url))
+            .bearer_auth(t)
+            .send()
+            .unwrap()
+    };
+    assert_eq!(open(other).status(), 404, "another tenant's job");
+    let r = open(token);
+    assert_eq!(r.status(), 200);
+    let url = r.json::<Value>().unwrap()["url"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let origin = url.split("/v1/").next().unwrap().to_string();
+    assert_ne!(origin, api.url, "the Lab has an origin of its own");
+    let home = format!("{origin}/v1/jobs/{id}/lab/");
+
+    // The ticket, spent for the cookie.
+    let r = browser.get(&url).send().unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap();
+    let cookie = cookie.split(';').next().unwrap().to_string();
+    let bare = browser.get(format!("{home}api/status")).send().unwrap();
+    assert_eq!(bare.status(), 401, "no cookie");
+
+    // The page, as Jupyter in the job's sandbox serves it: no policy of
+    // the bearer route's, and Jupyter's `_xsrf` cookie.
+    let page = browser
+        .get(format!("{home}lab"))
+        .header("cookie", &cookie)
+        .send()
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let policies: Vec<_> = page
+        .headers()
+        .get_all("content-security-policy")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    assert!(!policies.iter().any(|p| p == "sandbox"), "{policies:?}");
+    let xsrf = page
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok()?.strip_prefix("_xsrf="))
+        .map(|v| v.split(';').next().unwrap().to_string())
+        .next()
+        .expect("Jupyter sets _xsrf");
+    assert!(page.text().unwrap().contains("JupyterLab"));
+    let both = format!("{cookie}; _xsrf={xsrf}");
+    let file: Value = browser
+        .get(format!("{home}api/contents/made.txt"))
+        .header("cookie", &both)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(file["content"], "from-the-sandbox\n", "{file}");
+
+    // A terminal in the job's sandbox, its WebSocket joined end to end.
+    let term: Value = browser
+        .post(format!("{home}api/terminals"))
+        .header("cookie", &both)
+        .header("x-xsrftoken", &xsrf)
+        .header("origin", &origin)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let name = term["name"].as_str().expect("a terminal");
+    let addr = origin.trim_start_matches("http://").to_string();
+    let mut req = format!("ws://{addr}/v1/jobs/{id}/lab/terminals/websocket/{name}")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut().insert("cookie", both.parse().unwrap());
+    req.headers_mut().insert("origin", origin.parse().unwrap());
+    let stream = std::net::TcpStream::connect(&addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let (mut ws, _) = tungstenite::client::client(req, stream).expect("the terminal");
+    ws.send(tungstenite::Message::text(
+        json!(["stdin", "cat made.txt; echo END-$((6*7))\r"]).to_string(),
+    ))
+    .unwrap();
+    let mut out = String::new();
+    while !out.contains("END-42") {
+        if let tungstenite::Message::Text(t) = ws.read().expect("the terminal's output") {
+            let v: Value = serde_json::from_str(&t).unwrap();
+            if v[0] == "stdout" {
+                out.push_str(v[1].as_str().unwrap());
+            }
+        }
+    }
+    assert!(out.contains("from-the-sandbox"), "{out}");
+
+    // Programs' way, through the same API: the bearer route, sandboxed.
+    let r = browser
+        .get(format!("{}/v1/jobs/{id}/lab/api/status", api.url))
+        .bearer_auth(token)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()
+            .get_all("content-security-policy")
+            .iter()
+            .any(|v| v == "sandbox")
+    );
+    addr
 }
 
 fn now_ms() -> u128 {

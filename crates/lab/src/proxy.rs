@@ -26,6 +26,7 @@ use cordon_net::{is_websocket_upgrade, keep_list_items, mark_websocket_upgrade, 
 use cordon_sandbox::{ExecEvent, Sandbox};
 
 use crate::jupyter::SOCKET;
+use crate::site::{Forward, Forwarding};
 
 /// The prefix of every cookie cordon sets for a Lab; a request's cookies
 /// of this name are cordon's, and a response setting one is refused.
@@ -60,18 +61,11 @@ impl Upstream {
         }
     }
 
-    /// How long since a request last came.
-    pub fn idle(&self) -> Duration {
-        lock(&self.used).elapsed()
-    }
-
     pub fn sandbox(&self) -> &Sandbox {
         &self.sandbox
     }
 
-    /// Forwards `req` (its path already checked to be the Lab's) and
-    /// returns Jupyter's answer, or a 502 that says what failed.
-    pub async fn forward(&self, mut req: Request<Body>) -> Response<Body> {
+    async fn send(&self, mut req: Request<Body>) -> Response<Body> {
         *lock(&self.used) = Instant::now();
         let websocket = is_websocket_upgrade(req.headers());
         let downstream = websocket.then(|| hyper::upgrade::on(&mut req));
@@ -177,12 +171,23 @@ impl Upstream {
     }
 }
 
+impl Forward for Upstream {
+    fn forward(&self, req: Request<Body>) -> Forwarding<'_> {
+        Box::pin(self.send(req))
+    }
+
+    fn idle(&self) -> Duration {
+        lock(&self.used).elapsed()
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Drops what concerns only the hop to cordon, and cordon's credentials.
-fn clean_request(headers: &mut HeaderMap, websocket: bool) {
+/// Drops what concerns only the hop to cordon, and cordon's credentials:
+/// what any hop from a Lab's listener on must do.
+pub fn clean_request(headers: &mut HeaderMap, websocket: bool) {
     strip_hop_by_hop(headers);
     headers.remove(header::AUTHORIZATION);
     keep_list_items(headers, header::COOKIE, ';', "; ", |c| {
@@ -197,7 +202,7 @@ fn clean_request(headers: &mut HeaderMap, websocket: bool) {
 }
 
 /// Drops the hop's headers and any cookie of cordon's the sandbox sets.
-fn clean_response(headers: &mut HeaderMap, switching: bool) {
+pub fn clean_response(headers: &mut HeaderMap, switching: bool) {
     strip_hop_by_hop(headers);
     let kept: Vec<HeaderValue> = headers
         .get_all(header::SET_COOKIE)

@@ -17,7 +17,9 @@
 //! 403, except a top-level GET navigation, which cannot read the answer.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,7 +28,7 @@ use axum::response::IntoResponse;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 
-use crate::proxy::{COOKIE_PREFIX, Upstream};
+use crate::proxy::COOKIE_PREFIX;
 
 /// The query parameter that carries a ticket.
 pub const TICKET_PARAM: &str = "cordon_ticket";
@@ -40,6 +42,21 @@ const MAX_TICKETS: usize = 64;
 /// Browsers signed in at once; the 65th logs the first out.
 const MAX_SESSIONS: usize = 64;
 
+/// An answer on its way back from the Lab.
+pub type Forwarding<'a> = Pin<Box<dyn Future<Output = Response<Body>> + Send + 'a>>;
+
+/// Where a [`Site`] sends the requests it lets in: the sandbox's Jupyter
+/// ([`crate::Upstream`]), or the process of a deployment that runs the
+/// sandbox. A request's path is the Lab's, its credentials are the Site's
+/// to drop (see [`crate::proxy::clean_request`]), and a WebSocket upgrade
+/// is the implementation's to join.
+pub trait Forward: Send + Sync {
+    /// Jupyter's answer to `req`, or a 502 that says what failed.
+    fn forward(&self, req: Request<Body>) -> Forwarding<'_>;
+    /// How long since a request last came.
+    fn idle(&self) -> Duration;
+}
+
 /// A Lab served on its own port. Dropping it stops the listener.
 pub struct Site {
     addr: SocketAddr,
@@ -50,7 +67,7 @@ pub struct Site {
 }
 
 struct State {
-    upstream: Arc<Upstream>,
+    upstream: Arc<dyn Forward>,
     /// Where the Lab is served: starts and ends with `/`.
     base: String,
     /// `cordon_lab_<port>`: a name per Lab, as cookies are shared between
@@ -74,7 +91,7 @@ impl Site {
     /// Serves `upstream`'s Lab, mounted at `base`, on `listener`.
     pub fn serve(
         listener: cordon_listen::Listener,
-        upstream: Arc<Upstream>,
+        upstream: Arc<dyn Forward>,
         base: String,
     ) -> std::io::Result<Site> {
         let addr = listener.local_addr();
@@ -105,7 +122,7 @@ impl Site {
         self.addr
     }
 
-    pub fn upstream(&self) -> &Arc<Upstream> {
+    pub fn upstream(&self) -> &Arc<dyn Forward> {
         &self.state.upstream
     }
 

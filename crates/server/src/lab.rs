@@ -12,18 +12,28 @@
 //!   header, or a WebSocket subprotocol): for programs. Its answers carry
 //!   `Content-Security-Policy: sandbox`, so that a browser made to render
 //!   one runs it in no origin at all.
+//!
+//! In a deployment of many, the browser's way in to a job that runs on
+//! another worker is a port of the API process it asked ([`RemoteLabs`]),
+//! whose requests go on to the worker's bearer route through the relay.
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use axum::response::Response;
-use cordon_lab::{Site, StartError, Upstream};
+use cordon_lab::{Forward, Site, StartError, Upstream};
 use serde::Serialize;
 
 use crate::http::ApiError;
-use crate::sandboxes::Sandboxes;
+use crate::sandboxes::{LabSlot, Sandboxes};
+
+/// The policy the bearer route's answers carry: a browser made to render
+/// one runs it in no origin at all.
+pub(crate) const BEARER_POLICY: &str = "sandbox";
 
 /// The answer to `POST …/lab`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -69,19 +79,88 @@ pub(crate) async fn open(
                     unavailable(e)
                 }
             })?;
-            let tcp = tokio::net::TcpListener::bind((ip, 0))
-                .await
-                .map_err(|e| unavailable(format!("cannot listen for the Lab on {ip}: {e}")))?;
-            // The Lab's origin is served as the API is: over TLS when it is.
-            let listener = cordon_listen::Listener::new(tcp, tls.cloned())
-                .map_err(|e| unavailable(format!("the Lab's listener: {e}")))?;
-            let site = Site::serve(listener, Arc::new(Upstream::new(sandbox)), base.to_string())
-                .map_err(|e| unavailable(format!("the Lab's listener: {e}")))?;
+            let site = listen(ip, tls, Arc::new(Upstream::new(sandbox)), base).await?;
             tracing::info!("{key}: JupyterLab at {}", site.addr());
-            Ok::<_, ApiError>(Arc::new(site))
+            Ok::<_, ApiError>(site)
         })
         .await?;
     Ok(site.clone())
+}
+
+/// A Lab's own origin: a new port on `ip`, served as the API is (over TLS
+/// when it is), whose requests go to `upstream`.
+async fn listen(
+    ip: IpAddr,
+    tls: Option<&cordon_listen::Tls>,
+    upstream: Arc<dyn Forward>,
+    base: &str,
+) -> Result<Arc<Site>, ApiError> {
+    let tcp = tokio::net::TcpListener::bind((ip, 0))
+        .await
+        .map_err(|e| unavailable(format!("cannot listen for the Lab on {ip}: {e}")))?;
+    let listener = cordon_listen::Listener::new(tcp, tls.cloned())
+        .map_err(|e| unavailable(format!("the Lab's listener: {e}")))?;
+    let site = Site::serve(listener, upstream, base.to_string())
+        .map_err(|e| unavailable(format!("the Lab's listener: {e}")))?;
+    Ok(Arc::new(site))
+}
+
+/// The Labs this process serves for jobs that run on other workers, by
+/// job id. One per running job at most, as on the job's own worker; each
+/// is closed when its job stops running there (see `jobs::lab`).
+#[derive(Default)]
+pub(crate) struct RemoteLabs(Mutex<HashMap<String, LabSlot>>);
+
+impl RemoteLabs {
+    /// Job `id`'s Lab, opened with what `upstream` makes if it is not open
+    /// yet; two callers at once open one.
+    pub(crate) async fn open<F, Fut>(
+        &self,
+        id: &str,
+        base: &str,
+        ip: IpAddr,
+        tls: Option<&cordon_listen::Tls>,
+        upstream: F,
+    ) -> Result<Arc<Site>, axum::response::Response>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Arc<dyn Forward>, axum::response::Response>>,
+    {
+        use axum::response::IntoResponse;
+        let slot = self.lock().entry(id.to_string()).or_default().clone();
+        let opened = slot
+            .get_or_try_init(|| async {
+                let upstream = upstream().await?;
+                let site = listen(ip, tls, upstream, base)
+                    .await
+                    .map_err(IntoResponse::into_response)?;
+                tracing::info!("job {id}: its worker's JupyterLab at {}", site.addr());
+                Ok(site)
+            })
+            .await;
+        if opened.is_err() {
+            // Nothing is kept of a Lab that did not open.
+            let mut labs = self.lock();
+            if labs
+                .get(id)
+                .is_some_and(|s| Arc::ptr_eq(s, &slot) && s.get().is_none())
+            {
+                labs.remove(id);
+            }
+        }
+        opened.cloned()
+    }
+
+    /// Closes job `id`'s Lab here: its listener and every connection.
+    pub(crate) fn close(&self, id: &str) {
+        if self.lock().remove(id).is_some() {
+            tracing::info!("job {id}: its Lab here is closed");
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, LabSlot>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 fn unavailable(e: impl std::fmt::Display) -> ApiError {
@@ -109,9 +188,11 @@ pub(crate) fn opened(site: &Site, headers: &HeaderMap) -> LabOpened {
 /// Forwards a bearer-authenticated request on the server's own origin.
 pub(crate) async fn forward(site: &Site, req: Request<Body>) -> Response {
     let mut resp = site.upstream().forward(req).await;
-    resp.headers_mut().insert(
+    // Added to Jupyter's own policies, not in their place: every policy
+    // a response carries holds.
+    resp.headers_mut().append(
         header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("sandbox"),
+        HeaderValue::from_static(BEARER_POLICY),
     );
     resp
 }

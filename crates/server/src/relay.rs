@@ -2,12 +2,14 @@
 //! a job's files, live view and Lab requests on to the worker that runs
 //! the job ([`to_worker`]); a worker's listener takes only what the
 //! deployment signed ([`admit`]) and answers it with the same handlers,
-//! for the signed tenant. [`crate::cluster`] has the rules.
+//! for the signed tenant. [`crate::cluster`] has the rules. A browser's
+//! Lab page for a job elsewhere is served on a port of the API process,
+//! whose requests go on the same way ([`LabRelay`]).
 //!
 //! Nothing is relayed twice: a worker's listener has no [`to_worker`].
 
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Request, State};
@@ -122,7 +124,7 @@ pub(crate) async fn to_worker(
     .await
 }
 
-fn unreachable(id: &str) -> ApiError {
+pub(crate) fn unreachable(id: &str) -> ApiError {
     ApiError::new(
         StatusCode::BAD_GATEWAY,
         "worker_unreachable",
@@ -158,8 +160,9 @@ async fn forward(
         let h = req.headers_mut();
         strip_hop_by_hop(h);
         // The tenant's credentials stay here: the signature speaks for it.
+        // The Host stays the client's, as Jupyter checks a request's
+        // Origin against it.
         h.remove(header::AUTHORIZATION);
-        h.remove(header::HOST);
         keep_list_items(h, header::SEC_WEBSOCKET_PROTOCOL, ',', ", ", |p| {
             !p.starts_with(WS_TOKEN_PROTOCOL)
         });
@@ -248,4 +251,65 @@ fn admitted(shared: &Shared, mut req: Request) -> Result<Request, ApiError> {
     h.remove(header::AUTHORIZATION);
     req.extensions_mut().insert(Relayed(tenant));
     Ok(req)
+}
+
+/// A Lab's requests, from the API process's own port for it (see
+/// [`crate::lab::RemoteLabs`]) to the bearer route of the worker that runs
+/// the job, signed for the job's tenant.
+pub(crate) struct LabRelay {
+    cluster: Cluster,
+    tenant: String,
+    /// The worker's base URL.
+    worker: String,
+    id: String,
+    used: Mutex<Instant>,
+}
+
+impl LabRelay {
+    pub(crate) fn new(cluster: Cluster, tenant: &str, worker: String, id: &str) -> LabRelay {
+        LabRelay {
+            cluster,
+            tenant: tenant.to_string(),
+            worker,
+            id: id.to_string(),
+            used: Mutex::new(Instant::now()),
+        }
+    }
+
+    async fn send(&self, mut req: Request) -> Response {
+        *self.used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        let websocket = is_websocket_upgrade(req.headers());
+        // The browser's cookie for this port is this process's business.
+        cordon_lab::proxy::clean_request(req.headers_mut(), websocket);
+        let mut resp = forward(&self.cluster, &self.tenant, &self.worker, req, &self.id).await;
+        let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+        let h = resp.headers_mut();
+        // The bearer route's policy is for its own origin; this port is the
+        // Lab's origin, where its pages are meant to run.
+        let kept: Vec<HeaderValue> = h
+            .get_all(header::CONTENT_SECURITY_POLICY)
+            .iter()
+            .filter(|v| v.as_bytes().trim_ascii() != crate::lab::BEARER_POLICY.as_bytes())
+            .cloned()
+            .collect();
+        h.remove(header::CONTENT_SECURITY_POLICY);
+        for v in kept {
+            h.append(header::CONTENT_SECURITY_POLICY, v);
+        }
+        cordon_lab::proxy::clean_response(h, switching);
+        resp
+    }
+}
+
+impl cordon_lab::Forward for LabRelay {
+    fn forward(&self, req: Request) -> cordon_lab::Forwarding<'_> {
+        Box::pin(self.send(req))
+    }
+
+    fn idle(&self) -> Duration {
+        self.used
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+    }
 }

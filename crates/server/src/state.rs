@@ -48,6 +48,8 @@ pub struct Shared {
     pub(crate) nonces: crate::cluster::Nonces,
     /// Where finished jobs are kept, for every process to serve.
     pub(crate) archive: Option<Arc<crate::archive::Archive>>,
+    /// The Labs served here for jobs that run on other workers.
+    pub(crate) remote_labs: crate::lab::RemoteLabs,
 }
 
 impl Shared {
@@ -117,6 +119,7 @@ impl Shared {
             claim: tokio::sync::Mutex::new(()),
             nonces: Default::default(),
             archive,
+            remote_labs: Default::default(),
         }
     }
 }

@@ -6,18 +6,25 @@ use std::time::{Duration, Instant};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, Request};
-use axum::response::Response;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use cordon_lab::Forward;
 use serde::Deserialize;
 
 use crate::http::{ApiError, Tenant};
 use crate::job::JobState;
 use crate::lab::{LabOpened, base, forward, open, opened};
+use crate::relay::LabRelay;
 use crate::state::Shared;
+use crate::store::JobRow;
 
 /// How long a running job's sandbox may take to be listed (under TCG a
 /// microVM takes this long to boot).
 const LISTING: Duration = Duration::from_secs(120);
+
+/// How often a Lab served here for a job on another worker looks whether
+/// the job still runs there.
+const WATCH: Duration = Duration::from_secs(5);
 
 /// The path of a request under a job's Lab.
 #[derive(Deserialize)]
@@ -25,21 +32,30 @@ pub(crate) struct LabPath {
     id: String,
 }
 
-async fn site(shared: &Shared, tenant: &str, id: &str) -> Result<Arc<cordon_lab::Site>, ApiError> {
-    let key = format!("job/{id}");
-    let mut job = super::find(shared, tenant, id).await?;
-    if shared.elsewhere(&job).is_some() {
-        // The Lab's own origin is a port of the process that runs the job;
-        // API processes do not open one for another's sandbox (yet).
-        return Err(ApiError::new(
-            axum::http::StatusCode::CONFLICT,
-            "elsewhere",
-            format!(
-                "job {id} runs on another machine of this deployment, where its Lab opens \
-                 only for programs: use /v1/jobs/{id}/lab/ with your token"
-            ),
-        ));
+async fn site(
+    shared: &Arc<Shared>,
+    tenant: &str,
+    id: &str,
+) -> Result<Arc<cordon_lab::Site>, Response> {
+    let job = super::find(shared, tenant, id)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    if let Some(worker) = shared.elsewhere(&job) {
+        return remote(shared, tenant, &job, worker.to_string()).await;
     }
+    here(shared, tenant, job)
+        .await
+        .map_err(IntoResponse::into_response)
+}
+
+/// The Lab of a job this process runs.
+async fn here(
+    shared: &Shared,
+    tenant: &str,
+    mut job: JobRow,
+) -> Result<Arc<cordon_lab::Site>, ApiError> {
+    let id = job.id.clone();
+    let key = format!("job/{id}");
     // A job is running a moment before its sandbox is made and listed.
     let deadline = Instant::now() + LISTING;
     while job.state == JobState::Running
@@ -47,7 +63,7 @@ async fn site(shared: &Shared, tenant: &str, id: &str) -> Result<Arc<cordon_lab:
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        job = super::find(shared, tenant, id).await?;
+        job = super::find(shared, tenant, &id).await?;
     }
     let gone = || {
         let why = match job.state {
@@ -57,11 +73,7 @@ async fn site(shared: &Shared, tenant: &str, id: &str) -> Result<Arc<cordon_lab:
                 "it has finished, and its sandbox with it; its files stay at /v1/jobs/{id}/files"
             ),
         };
-        ApiError::new(
-            axum::http::StatusCode::CONFLICT,
-            "not_running",
-            format!("job {id} has no live sandbox for a Lab: {why}"),
-        )
+        not_running(&id, &why)
     };
     open(
         &shared.sandboxes,
@@ -74,21 +86,103 @@ async fn site(shared: &Shared, tenant: &str, id: &str) -> Result<Arc<cordon_lab:
     .await
 }
 
+fn not_running(id: &str, why: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "not_running",
+        format!("job {id} has no live sandbox for a Lab: {why}"),
+    )
+}
+
+/// The Lab of a job that runs on `worker`, another process of this
+/// deployment: served on a port of this process, each request relayed to
+/// the worker's bearer route. The worker starts Jupyter on the first
+/// request, and answers what stops it (not installed, the job ended) as it
+/// would answer its own client.
+async fn remote(
+    shared: &Arc<Shared>,
+    tenant: &str,
+    job: &JobRow,
+    worker: String,
+) -> Result<Arc<cordon_lab::Site>, Response> {
+    let id = &job.id;
+    if job.state != JobState::Running {
+        return Err(not_running(id, "its sandbox is being closed").into_response());
+    }
+    let Some(cluster) = shared.config.cluster.clone() else {
+        unreachable!("only a deployment of many runs jobs elsewhere");
+    };
+    let base = base(&format!("jobs/{id}"));
+    let upstream = || async {
+        let url = match shared.store.worker_url(&worker).await {
+            Ok(Some(url)) => url,
+            Ok(None) => return Err(crate::relay::unreachable(id).into_response()),
+            Err(e) => return Err(ApiError::from(e).into_response()),
+        };
+        let relay = LabRelay::new(cluster, tenant, url, id);
+        let probe = Request::get(format!("{base}api/status"))
+            .body(Body::empty())
+            .expect("a GET of a path is a request");
+        let answer = relay.forward(probe).await;
+        if !answer.status().is_success() {
+            return Err(answer);
+        }
+        watch(shared, tenant, id, worker.clone());
+        Ok(Arc::new(relay) as Arc<dyn Forward>)
+    };
+    shared
+        .remote_labs
+        .open(
+            id,
+            &base,
+            shared.config.listen.ip(),
+            shared.config.tls.as_ref(),
+            upstream,
+        )
+        .await
+}
+
+/// Closes this process's Lab of job `id` once the job no longer runs on
+/// `worker` (or this process stops).
+fn watch(shared: &Arc<Shared>, tenant: &str, id: &str, worker: String) {
+    let shared = Arc::downgrade(shared);
+    let (tenant, id) = (tenant.to_string(), id.to_string());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(WATCH).await;
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            match shared.store.job(&tenant, &id).await {
+                Ok(Some(job))
+                    if job.state == JobState::Running
+                        && job.worker.as_deref() == Some(worker.as_str()) => {}
+                Ok(_) => {
+                    shared.remote_labs.close(&id);
+                    return;
+                }
+                Err(e) => tracing::warn!(job = %id, "cannot look at the job of a Lab: {e}"),
+            }
+        }
+    });
+}
+
 #[utoipa::path(post, path = "/v1/jobs/{id}/lab", tag = "jobs",
     summary = "Open a running job's JupyterLab in a browser",
-    description = "Starts JupyterLab inside the job's sandbox if it is not running yet (a few seconds), and answers a URL on the Lab's own origin (a port of its own, so that the Lab's pages, which the sandbox can shape, never run in this server's origin) with a one-time ticket. The browser that opens it gets an HttpOnly cookie for that Lab alone, and the ticket is spent. Programs may use `/v1/jobs/{id}/lab/{path}` with the bearer token instead.",
+    description = "Starts JupyterLab inside the job's sandbox if it is not running yet (a few seconds), and answers a URL on the Lab's own origin (a port of its own, so that the Lab's pages, which the sandbox can shape, never run in this server's origin) with a one-time ticket. In a deployment of many, the port is one of the API process asked, which relays the Lab's requests to the worker that runs the job. The browser that opens it gets an HttpOnly cookie for that Lab alone, and the ticket is spent. Programs may use `/v1/jobs/{id}/lab/{path}` with the bearer token instead.",
     params(("id" = String, Path)),
     responses((status = 200, body = LabOpened),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
               (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse),
               (status = 409, description = "The job is not running", body = crate::http::ErrorResponse),
+              (status = 502, description = "The job runs on another machine of the deployment, which did not answer", body = crate::http::ErrorResponse),
               (status = 503, description = "JupyterLab is not installed or did not start (the message says which)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn open_job_lab(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
     headers: HeaderMap,
-) -> Result<Json<LabOpened>, ApiError> {
+) -> Result<Json<LabOpened>, Response> {
     let site = site(&shared, &tenant, &id).await?;
     Ok(Json(opened(&site, &headers)))
 }
@@ -108,7 +202,7 @@ pub(crate) async fn job_lab(
     Tenant(tenant): Tenant,
     Path(LabPath { id }): Path<LabPath>,
     req: Request<Body>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, Response> {
     let site = site(&shared, &tenant, &id).await?;
     Ok(forward(&site, req).await)
 }

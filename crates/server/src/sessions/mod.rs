@@ -276,6 +276,18 @@ async fn wake(
 ) -> Result<Live, ApiError> {
     let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
     let d = dir(shared, &row.id);
+    if shared.config.cluster.is_some() && !d.join("session.jsonl").exists() {
+        // Made by another API process of the deployment, which keeps it.
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "elsewhere",
+            format!(
+                "session {} lives on the API process of this deployment that made it: send its \
+                 requests there (see the deployment guide on sticky routing)",
+                row.id
+            ),
+        ));
+    }
     let resumed = cordon_agent::sessions::open(&d.join("session.jsonl")).map_err(|e| {
         tracing::error!("session {}: {e}", row.id);
         ApiError::new(
