@@ -29,7 +29,8 @@ pub struct Shared {
     pub caps: Arc<crate::caps::SessionCaps>,
     /// Sandboxes of the running jobs and live sessions that have a display.
     pub sandboxes: Arc<Sandboxes>,
-    /// Wakes idle workers when a job is queued.
+    /// Wakes one idle worker slot when a job is queued; a slot that
+    /// claims one wakes the next (see `worker::run_jobs`).
     pub wake: Notify,
     /// The operator's network ceilings, expanded.
     pub ceilings: Arc<Ceilings>,

@@ -115,7 +115,7 @@ async fn listen(url: String, weak: std::sync::Weak<Shared>) {
                     };
                     let Some(shared) = weak.upgrade() else { return };
                     if n.channel() == "cordon_jobs" {
-                        shared.wake.notify_waiters();
+                        shared.wake.notify_one();
                     } else {
                         shared.hub.poke(n.payload());
                     }
@@ -151,7 +151,12 @@ async fn run_jobs(shared: Arc<Shared>) {
                 .await
         };
         match claimed {
-            Ok(Some(job)) => {
+            Ok(Some(claimed)) => {
+                let job = &claimed.job;
+                // There may be more: the next idle slot looks, and wakes
+                // the next if it finds one too. One wake per job queued
+                // would race every idle slot for the claim lock instead.
+                shared.wake.notify_one();
                 let cancel = Cancel::new();
                 shared
                     .running
@@ -160,7 +165,7 @@ async fn run_jobs(shared: Arc<Shared>) {
                     .insert(job.id.clone(), (cancel.clone(), job.attempts));
                 let id = job.id.clone();
                 shared.metrics.lease_taken();
-                shared.runner.run(job, cancel).await;
+                shared.runner.run(claimed, cancel).await;
                 shared.metrics.lease_ended();
                 shared
                     .running
@@ -172,8 +177,8 @@ async fn run_jobs(shared: Arc<Shared>) {
                     let shared = shared.clone();
                     tokio::spawn(async move { archive(&shared, &id, ARCHIVE_GRACE).await });
                 }
-                // A slot freed: a job held back by its tenant's limit may go.
-                shared.wake.notify_waiters();
+                // A slot freed: this one looks again at once, and takes a
+                // job its tenant's limit held back if one may go now.
             }
             Ok(None) => {
                 // Woken by a new job, or polling for jobs queued by another
@@ -295,7 +300,7 @@ async fn sweep(weak: std::sync::Weak<Shared>) {
                         Ok(Some((state, event))) => {
                             shared.hub.publish(&id, &[event]);
                             if state == JobState::Queued {
-                                shared.wake.notify_waiters();
+                                shared.wake.notify_one();
                             }
                             tracing::warn!(job = %id, "its worker stopped answering: now {}", state.as_str());
                         }

@@ -108,7 +108,7 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
         make_workspace(shared, &id)?;
     }
     let job = shared.store.insert_job(&id, tenant, &req.request()).await?;
-    shared.wake.notify_waiters();
+    shared.wake.notify_one();
     Ok(job)
 }
 

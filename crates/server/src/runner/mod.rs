@@ -26,7 +26,7 @@ use crate::hub::Hub;
 use crate::job::{Bounds, Job, JobEvent, JobSpec, JobState, RunOptions};
 use crate::network::{Ceilings, LivePolicies};
 use crate::sandboxes::Sandboxes;
-use crate::store::{JobRow, NewEvent, Outcome, Store};
+use crate::store::{Claimed, NewEvent, Outcome, Store};
 use sink::Sink;
 
 /// What running jobs takes.
@@ -88,10 +88,16 @@ impl Runner {
     }
 
     /// Runs a claimed job to its end and records the outcome.
-    pub async fn run(&self, job: JobRow, cancel: Cancel) {
+    pub async fn run(&self, claimed: Claimed, cancel: Cancel) {
+        let Claimed {
+            job,
+            started: claim,
+        } = claimed;
         let id = job.id.clone();
         let started = Instant::now();
         self.hub.open(&id);
+        // Recorded with the claim.
+        self.hub.publish(&id, &[claim]);
         let lease = crate::store::Lease {
             worker: self.worker.clone(),
             attempt: job.attempts,
@@ -103,11 +109,6 @@ impl Runner {
             lease.clone(),
             self.output_cap,
         );
-        sink.event(JobEvent::State {
-            state: JobState::Running,
-            worker: Some(self.worker.clone()),
-        })
-        .await;
         let checked = job.request.clone().and_then(|r| r.check(&self.bounds));
         let outcome = match checked {
             Ok(req) => {

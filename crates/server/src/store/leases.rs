@@ -51,20 +51,31 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// A job a worker has just taken, and the `state` event that records it.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub job: JobRow,
+    pub started: StoredEvent,
+}
+
 impl Store {
     /// Takes the oldest queued job whose tenant runs fewer than
-    /// `per_tenant` jobs, marks it running on `worker` and leases it for
-    /// `lease`.
+    /// `per_tenant` jobs, marks it running on `worker`, leases it for
+    /// `lease`, and records its `state` event: in one transaction, so that
+    /// every run of a job is in its record even when the worker stops
+    /// before it writes anything.
     pub async fn claim(
         &self,
         per_tenant: i64,
         worker: &str,
         lease: Duration,
-    ) -> Result<Option<JobRow>> {
-        match self.backend {
+    ) -> Result<Option<Claimed>> {
+        let _one_at_a_time = self.appending.lock().await;
+        let mut tx = self.pool.begin().await?;
+        let row = match self.backend {
             Backend::Sqlite => {
                 // One statement: SQLite runs one writer at a time.
-                let row = sqlx::query(concat!(
+                sqlx::query(concat!(
                     "UPDATE jobs SET state = 'running', started_ms = $1, worker = $3, \
                      lease_until_ms = ",
                     sqlite_now!(),
@@ -80,12 +91,10 @@ impl Store {
                 .bind(per_tenant)
                 .bind(worker)
                 .bind(ms(lease))
-                .fetch_optional(&self.pool)
-                .await?;
-                row.as_ref().map(job_from_row).transpose()
+                .fetch_optional(&mut *tx)
+                .await?
             }
             Backend::Postgres => {
-                let mut tx = self.pool.begin().await?;
                 let pick = sqlx::query(
                     "SELECT q.seq, q.tenant FROM jobs q WHERE q.state = 'queued' AND \
                      (SELECT COUNT(*) FROM jobs r WHERE r.tenant = q.tenant AND r.state = 'running') < $1 \
@@ -115,7 +124,7 @@ impl Store {
                 if running >= per_tenant {
                     return Ok(None);
                 }
-                let row = sqlx::query(concat!(
+                sqlx::query(concat!(
                     "UPDATE jobs SET state = 'running', started_ms = $1, worker = $2, \
                      lease_until_ms = ",
                     pg_now!(),
@@ -128,11 +137,21 @@ impl Store {
                 .bind(ms(lease))
                 .bind(seq)
                 .fetch_optional(&mut *tx)
-                .await?;
-                tx.commit().await?;
-                row.as_ref().map(job_from_row).transpose()
+                .await?
             }
-        }
+        };
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let job = job_from_row(&row)?;
+        let event = NewEvent::from(JobEvent::State {
+            state: JobState::Running,
+            worker: Some(worker.to_string()),
+        });
+        let started = push_event(&mut tx, &job.id, &event).await?;
+        self.notify_events(&mut tx, &job.id).await?;
+        tx.commit().await?;
+        Ok(Some(Claimed { job, started }))
     }
 
     /// Extends `worker`'s leases by `lease` from now and answers the jobs

@@ -16,7 +16,7 @@ use sqlx::{AnyPool, Row};
 use crate::job::{JobEvent, JobKind, JobRequest, JobResult, JobState};
 
 mod tokens;
-pub use leases::Held;
+pub use leases::{Claimed, Held};
 pub use tokens::{Caller, NewToken, Role, TOKEN_ID_CHARS, TokenRow, check_tenant};
 
 /// Errors of the store.
