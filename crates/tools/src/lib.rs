@@ -33,7 +33,7 @@ pub mod write_file;
 mod args;
 mod net;
 mod output;
-mod walk;
+pub mod walk;
 mod workspace;
 
 pub use cordon_sandbox::{Accel, BackendKind, Display, parse_size};

@@ -33,13 +33,13 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 use crate::ToolContext;
-use crate::workspace::WsPath;
+use crate::workspace::{Workspace, WorkspaceError, WsPath};
 
 /// A made-up absolute root under which paths are matched against rules.
 const VIRTUAL_ROOT: &str = "/ws";
 /// Deepest a walk goes: each level holds a descriptor open, and a sandbox
 /// can nest directories far deeper than any real project.
-pub(crate) const MAX_WALK_DEPTH: usize = 64;
+pub const MAX_WALK_DEPTH: usize = 64;
 /// Largest ignore file read; the rest of a bigger one is not used.
 const MAX_IGNORE_FILE: u64 = 1 << 20;
 /// How often an open is retried when the kernel reports a racing rename.
@@ -63,7 +63,7 @@ fn open_at(dir: BorrowedFd<'_>, name: &OsStr, flags: OFlags) -> Result<OwnedFd, 
 
 /// Opens the regular file `name` in `dir` for reading: not a link, not a
 /// FIFO that would block, not a device.
-pub(crate) fn open_file_at(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(File, u64), Errno> {
+pub fn open_file_at(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(File, u64), Errno> {
     let fd = open_at(
         dir,
         name,
@@ -77,13 +77,14 @@ pub(crate) fn open_file_at(dir: BorrowedFd<'_>, name: &OsStr) -> Result<(File, u
 }
 
 /// The target of the link `name` in `dir`, as text for the model.
-pub(crate) fn read_link_at(dir: BorrowedFd<'_>, name: &OsStr) -> Option<String> {
+pub fn read_link_at(dir: BorrowedFd<'_>, name: &OsStr) -> Option<String> {
     let t = rustix::fs::readlinkat(dir, name, Vec::new()).ok()?;
     Some(String::from_utf8_lossy(t.as_bytes()).into_owned())
 }
 
+/// What an entry is, as the walk saw it (never through a link).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub enum Kind {
     Dir,
     File,
     Symlink,
@@ -91,7 +92,7 @@ pub(crate) enum Kind {
 }
 
 /// One entry met by the walk.
-pub(crate) struct Entry<'a> {
+pub struct Entry<'a> {
     /// 1 for the walk root's own entries.
     pub depth: usize,
     /// Relative to the walk root.
@@ -110,7 +111,7 @@ struct Level {
     has_git: bool,
 }
 
-pub(crate) struct Walk {
+pub struct Walk {
     root: OwnedFd,
     /// The walk root relative to the workspace root (`.` for the root).
     root_rel: PathBuf,
@@ -118,6 +119,11 @@ pub(crate) struct Walk {
     above: Vec<Gitignore>,
     overrides: Option<Override>,
     max_depth: usize,
+    /// Whether `.ignore` files count besides `.gitignore` (ripgrep's
+    /// rules; git reads only the latter).
+    dot_ignore: bool,
+    /// Names at the walk root neither reported nor descended into.
+    skip_top: &'static [&'static str],
     /// Directories that changed under the walk (became a link, a file, or
     /// vanished) and were not descended into.
     pub changed: usize,
@@ -158,7 +164,12 @@ fn ignore_file_at(dir: BorrowedFd<'_>, name: &str, rel: &Path) -> Option<Gitigno
 impl Walk {
     pub(crate) fn new(ctx: &ToolContext, dir: &WsPath) -> Result<Walk, String> {
         let ws = ctx.open_workspace().map_err(|e| e.to_string())?;
-        let (root, _) = ws.open_dir(dir).map_err(|e| e.to_string())?;
+        Walk::beneath(&ws, dir).map_err(|e| e.to_string())
+    }
+
+    /// A walk of `dir` in `ws`, with ripgrep's ignore rules.
+    pub fn beneath(ws: &Workspace, dir: &WsPath) -> Result<Walk, WorkspaceError> {
+        let (root, _) = ws.open_dir(dir)?;
         // The `.gitignore` files of the directories above, each read beneath
         // the workspace root.
         let mut above = Vec::new();
@@ -184,18 +195,30 @@ impl Walk {
             above,
             overrides: None,
             max_depth: MAX_WALK_DEPTH,
+            dot_ignore: true,
+            skip_top: &[],
             changed: 0,
             too_deep: 0,
         })
     }
 
-    pub(crate) fn max_depth(&mut self, depth: usize) {
+    /// Only `.gitignore` files leave entries out, as git has it.
+    pub fn gitignore_only(&mut self) {
+        self.dot_ignore = false;
+    }
+
+    /// Leaves out `names` at the walk root, and all they hold.
+    pub fn skip_top_level(&mut self, names: &'static [&'static str]) {
+        self.skip_top = names;
+    }
+
+    pub fn max_depth(&mut self, depth: usize) {
         self.max_depth = depth.min(MAX_WALK_DEPTH);
     }
 
     /// Only files matching `glob` (relative to the walk root; `!` to
     /// exclude), as ripgrep's `--glob`.
-    pub(crate) fn glob(&mut self, glob: &str) -> Result<(), ignore::Error> {
+    pub fn glob(&mut self, glob: &str) -> Result<(), ignore::Error> {
         let mut ob = OverrideBuilder::new(virtual_path(&self.root_rel));
         ob.add(glob)?;
         self.overrides = Some(ob.build()?);
@@ -204,7 +227,7 @@ impl Walk {
 
     /// Calls `f` for every entry not ignored, depth first, each directory's
     /// entries sorted by name, a directory before what it holds.
-    pub(crate) fn run(&mut self, mut f: impl FnMut(&Entry<'_>) -> ControlFlow<()>) {
+    pub fn run(&mut self, mut f: impl FnMut(&Entry<'_>) -> ControlFlow<()>) {
         // A descriptor of its own, so that reading it starts at the top
         // whatever reads of the root came before.
         let Ok(root) = rustix::fs::openat(
@@ -249,7 +272,11 @@ impl Walk {
         };
         let ws_rel = self.root_rel.join(rel);
         levels.push(Level {
-            ignore: ignore_file_at(dfd, ".ignore", &ws_rel),
+            ignore: if self.dot_ignore {
+                ignore_file_at(dfd, ".ignore", &ws_rel)
+            } else {
+                None
+            },
             gitignore: ignore_file_at(dfd, ".gitignore", &ws_rel),
             has_git: names.iter().any(|(n, _)| n == ".git"),
         });
@@ -270,7 +297,7 @@ impl Walk {
         counts: &mut (usize, usize),
     ) -> ControlFlow<()> {
         for (name, ft) in names {
-            if name == ".git" {
+            if name == ".git" || (depth == 1 && self.skip_top.iter().any(|n| name == *n)) {
                 continue;
             }
             let ft = match ft {

@@ -1,0 +1,208 @@
+//! A session's checkpoints: the workspace's files after each turn that
+//! changed them, in a repository of cordon's own beside the session's log,
+//! never in the workspace and never touching the user's `.git`.
+//!
+//! Checkpoints form one chain on `refs/cordon/checkpoints` in the order
+//! they were taken; a restore first records the files as they are, so a
+//! rewind is itself undone by restoring that checkpoint. Nothing is
+//! removed from the chain.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Git, GitError};
+use crate::restore::{self, RestoreError, Restored};
+use crate::snapshot::{self, Meta, Rules, Skipped, SnapshotError, rev_parse};
+
+/// The ref every checkpoint is reachable from.
+const CHAIN: &str = "refs/cordon/checkpoints";
+/// The stat cache's file in the repository.
+const CACHE: &str = "cordon-stat-cache.json";
+
+/// A session's store of checkpoints.
+#[derive(Debug)]
+pub struct Checkpoints {
+    git: Git,
+    rules: Rules,
+}
+
+/// One checkpoint, as the session log records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The commit holding the files: what a rewind names.
+    pub id: String,
+    /// Whether the files differ from the checkpoint before.
+    pub changed: bool,
+    pub files: usize,
+    pub bytes: u64,
+    /// Left out by the rules (too large, not a file, unreadable).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Skipped>,
+    /// Some files may be missing: the walk hit a limit or a directory
+    /// changed under it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub incomplete: bool,
+}
+
+/// What a restore did, and the checkpoint of the files it replaced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rewound {
+    /// The files as they were just before: restoring it undoes the rewind.
+    pub before: Checkpoint,
+    #[serde(flatten)]
+    pub restored: Restored,
+}
+
+/// What went wrong with checkpoints.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoints in {dir}: {source}")]
+    Dir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Git(#[from] GitError),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    #[error(transparent)]
+    Restore(#[from] RestoreError),
+    #[error("{0:?} is not a checkpoint of this session")]
+    Unknown(String),
+}
+
+impl Checkpoints {
+    /// The store in `dir`, made (mode 0700) if it is not there.
+    pub fn open(dir: &Path) -> Result<Checkpoints, CheckpointError> {
+        let io = |source| CheckpointError::Dir {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io)?;
+        let git = Git::new(dir);
+        if !dir.join("HEAD").exists() {
+            git.run(["init", "--quiet", "--bare"])?;
+        }
+        Ok(Checkpoints {
+            git,
+            rules: Rules::default(),
+        })
+    }
+
+    /// Other bounds than [`Rules::default`].
+    pub fn with_rules(mut self, rules: Rules) -> Checkpoints {
+        self.rules = rules;
+        self
+    }
+
+    /// The newest checkpoint's id, if there is one.
+    pub fn latest(&self) -> Option<String> {
+        rev_parse(&self.git, CHAIN).ok()
+    }
+
+    /// Records the files of `workspace` now. When they are the same as
+    /// the newest checkpoint's, that one is returned with `changed: false`
+    /// and nothing is added.
+    pub fn record(&self, workspace: &Path, label: &str) -> Result<Checkpoint, CheckpointError> {
+        let _lock = self.lock()?;
+        self.record_locked(workspace, label)
+    }
+
+    fn record_locked(&self, workspace: &Path, label: &str) -> Result<Checkpoint, CheckpointError> {
+        let parent = self.latest();
+        let snap = snapshot::snapshot(
+            &self.git,
+            workspace,
+            parent.as_deref(),
+            label,
+            self.rules,
+            CACHE,
+        )?;
+        let parent_tree = match &parent {
+            Some(p) => Some(rev_parse(&self.git, &format!("{p}^{{tree}}"))?),
+            None => None,
+        };
+        let changed = parent_tree.as_deref() != Some(snap.tree.as_str());
+        let id = match (changed, parent) {
+            (false, Some(p)) => p,
+            _ => {
+                self.git.run(["update-ref", CHAIN, &snap.commit])?;
+                snap.commit
+            }
+        };
+        Ok(Checkpoint {
+            id,
+            changed,
+            files: snap.files,
+            bytes: snap.bytes,
+            skipped: snap.skipped,
+            incomplete: snap.incomplete,
+        })
+    }
+
+    /// Makes the files of `workspace` those of checkpoint `id`, after
+    /// recording them as they are.
+    pub fn restore(&self, workspace: &Path, id: &str) -> Result<Rewound, CheckpointError> {
+        let _lock = self.lock()?;
+        self.known(id)?;
+        let before = self.record_locked(workspace, &format!("before restoring {id}"))?;
+        let current = restore::files(&self.git, &before.id)?;
+        let target = restore::files(&self.git, id)?;
+        let meta = Meta::of(&self.git, id)?;
+        let restored = restore::restore(&self.git, workspace, &current, &target, &meta)?;
+        Ok(Rewound { before, restored })
+    }
+
+    /// Writes the files of checkpoint `id` into `dir`, which must be empty
+    /// (a fork's new workspace).
+    pub fn materialize(&self, id: &str, dir: &Path) -> Result<Restored, CheckpointError> {
+        let _lock = self.lock()?;
+        self.known(id)?;
+        let target = restore::files(&self.git, id)?;
+        Ok(restore::restore(
+            &self.git,
+            dir,
+            &restore::Files::new(),
+            &target,
+            &Meta::default(),
+        )?)
+    }
+
+    /// Checks that `id` is a commit on this store's chain.
+    fn known(&self, id: &str) -> Result<(), CheckpointError> {
+        let unknown = || CheckpointError::Unknown(cordon_tools::printable(id));
+        if id.len() < 7 || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(unknown());
+        }
+        let full = rev_parse(&self.git, &format!("{id}^{{commit}}")).map_err(|_| unknown())?;
+        self.git
+            .run(["merge-base", "--is-ancestor", &full, CHAIN])
+            .map_err(|_| unknown())?;
+        Ok(())
+    }
+
+    /// One record or restore at a time on a store (two front ends on one
+    /// session, or a record racing a rewind).
+    fn lock(&self) -> Result<std::fs::File, CheckpointError> {
+        let path = self.git.git_dir().join("cordon.lock");
+        let io = |source| CheckpointError::Dir {
+            dir: self.git.git_dir().to_path_buf(),
+            source,
+        };
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io)?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| io(e.into()))?;
+        Ok(f)
+    }
+}

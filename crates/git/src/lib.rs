@@ -1,0 +1,26 @@
+//! Git on the host, against a workspace the sandbox wrote.
+//!
+//! - [`Checkpoints`]: a session's workspace after each turn, in a
+//!   repository of cordon's own, restored on a rewind.
+//! - [`checked_repository`]: the workspace's own `.git`, refused when it
+//!   names programs to run or places to read.
+//! - [`Git`]: how git is run at all, with nothing from the user's or the
+//!   system's configuration, and every setting that names a program
+//!   overridden.
+//!
+//! The workspace's files are read and written by cordon itself, beneath
+//! the workspace root and never through a link; git only ever sees a
+//! repository cordon owns, fed through `fast-import` and read through
+//! `cat-file`.
+
+mod checkpoint;
+mod command;
+mod repo;
+mod restore;
+mod snapshot;
+
+pub use checkpoint::{Checkpoint, CheckpointError, Checkpoints, Rewound};
+pub use command::{Git, GitError};
+pub use repo::{RepoError, checked_repository};
+pub use restore::{Kept, RestoreError, Restored};
+pub use snapshot::{Rules, Skip, Skipped, SnapshotError};
