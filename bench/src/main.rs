@@ -6,6 +6,7 @@
 //! cordon-bench density   [--sessions 100] [--settle-ms 3000] [--rounds 3]
 //! cordon-bench cold      [--runs 300] [--warmup 20] --cmd 'LABEL=ARGV...' --cmd ...
 //! cordon-bench net       [--mib 256] [--rounds 5] [--requests 200]
+//! cordon-bench checkpoint [--files 10000] [--turns 40] [--changed 10]
 //! common: [--json FILE] [--workspace DIR] [--runtime multi|current]
 //! ```
 //!
@@ -16,10 +17,13 @@
 //! `cold` times whole commands, interleaved round-robin so that a noisy
 //! host disturbs every command alike (a cross-check of hyperfine). `net`
 //! downloads through the egress broker next to a direct download.
+//! `checkpoint` times a session's checkpoint per turn next to `git add -A
+//! && git commit` on the same tree.
 //!
 //! The binary is its own sandbox supervisor. The agent's benchmarks are
 //! `cordon-bench-agent`.
 
+mod checkpoint;
 mod cold;
 mod density;
 mod net;
@@ -33,11 +37,12 @@ pub(crate) use cordon_bench::stats;
 use cordon_bench::cli::{self, Workspace};
 use stats::Json;
 
-const USAGE: &str = "usage: cordon-bench <warm|lifecycle|density|cold> [--OPTION VALUE]...
+const USAGE: &str = "usage: cordon-bench <warm|lifecycle|density|net|checkpoint|cold> [--OPTION VALUE]...
   warm      --execs N (2000) --warmup N (100) --concurrency N (8) --concurrent-execs N (2000)
   lifecycle --cycles N (100) --warmup N (10)
   density   --sessions N (100) --settle-ms MS (3000) --rounds N (3)
   net       --mib N (256) --rounds N (5) --requests N (200)
+  checkpoint --files N (10000) --turns N (40) --changed N (10)
   cold      --runs N (300) --warmup N (20) --cmd 'LABEL=PROGRAM ARG...' (repeatable; argv split on
             whitespace, no quoting) --ratio-to LABEL (the second command)
   common    --json FILE  --workspace DIR (a fresh temporary directory)  --runtime multi|current (multi)";
@@ -52,6 +57,11 @@ fn run(args: &Args) -> Result<Json, String> {
     if args.command == "cold" {
         args.check_known(&["runs", "warmup", "cmd", "ratio-to"])?;
         return cold::run(args);
+    }
+    if args.command == "checkpoint" {
+        args.check_known(&["files", "turns", "changed"])?;
+        let ws = Workspace::new(args.str("workspace"))?;
+        return checkpoint::run(args, &ws.path).map(|j| cli::labelled(args, j, None));
     }
     let known: &[&str] = match args.command.as_str() {
         "warm" => &["execs", "warmup", "concurrency", "concurrent-execs"],
