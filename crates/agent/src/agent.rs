@@ -320,6 +320,11 @@ pub struct Agent {
     approver: Option<Arc<dyn Approver>>,
     history: Vec<Message>,
     log: Arc<Recorder>,
+    /// The workspace's files at the start and after each turn, when the
+    /// conversation has a log to bind them to.
+    checkpoints: Option<crate::checkpoints::TurnCheckpoints>,
+    /// Whether the files before this agent's first turn are recorded.
+    checkpointed: bool,
     /// The API's prompt tokens over our estimate for the last request: the
     /// bytes-per-token rule calibrated to this model's tokenizer.
     ratio: f64,
@@ -350,6 +355,8 @@ impl Agent {
             approver: None,
             history: Vec::new(),
             log: Arc::default(),
+            checkpoints: None,
+            checkpointed: false,
             ratio: 1.0,
             usage: Usage::default(),
         }
@@ -384,8 +391,12 @@ impl Agent {
         self.approver = approver;
     }
 
-    /// Records the conversation in `log` from now on.
-    pub fn with_log(self, log: SessionLog<Value>) -> Self {
+    /// Records the conversation in `log` from now on, and the workspace's
+    /// files at the start and after every turn in checkpoints beside it.
+    pub fn with_log(mut self, log: SessionLog<Value>) -> Self {
+        self.checkpoints =
+            crate::checkpoints::TurnCheckpoints::open(log.path(), &self.ctx.workspace);
+        self.checkpointed = false;
         *self.log.log.lock().unwrap_or_else(|p| p.into_inner()) = Some(log);
         // Changes to the sandbox's network policy, by whoever makes them,
         // go into the log too; one watcher per agent.
@@ -452,9 +463,26 @@ impl Agent {
         cancel: &Cancel,
     ) -> Result<TurnOutcome, AgentError> {
         let log = self.log.clone();
+        if !self.checkpointed
+            && let Some(cp) = &self.checkpoints
+        {
+            if let Some(record) = cp.record("before the first turn".into()).await {
+                log.append(&record);
+            }
+            self.checkpointed = true;
+        }
         let result = self
             .turn(prompt, &Journal { events, log: &log }, cancel)
             .await;
+        // Whatever the outcome: a failed or cancelled turn may have
+        // changed files too.
+        if let Some(cp) = &self.checkpoints
+            && let Some(record) = cp
+                .record(format!("after: {}", crate::sessions::title_of(prompt)))
+                .await
+        {
+            log.append(&record);
+        }
         log.sync();
         result
     }

@@ -6,10 +6,12 @@
 //! both wire protocols ([`wire`], [`stream`]) and their HTTP client
 //! ([`provider`]); configuration ([`config`]); the loop ([`agent`]) with its
 //! context management ([`context`]) and prices ([`pricing`]); and the
-//! session log ([`log`], [`sessions`]).
+//! session log ([`log`], [`sessions`]) with the workspace's checkpoints
+//! bound to it ([`checkpoints`]).
 
 pub mod agent;
 mod builder;
+pub mod checkpoints;
 pub mod config;
 pub mod context;
 pub mod events;

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::log::{LogError, SessionLog, load};
+use crate::log::{LogError, Record, SessionLog, load};
 use crate::message::Usage;
 use crate::wire::Message;
 
@@ -95,6 +95,17 @@ pub struct SessionStarted {
     pub allow: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_private: Option<bool>,
+    /// The session and turn this one was forked from (`cordon fork`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
+}
+
+/// Where a forked session came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkedFrom {
+    pub session: String,
+    /// Its turns start counting after this one.
+    pub turn: u64,
 }
 
 impl SessionStarted {
@@ -118,6 +129,7 @@ impl SessionStarted {
             network: None,
             allow: None,
             allow_private: None,
+            forked_from: None,
         }
     }
 
@@ -144,7 +156,7 @@ enum Started {
 }
 
 /// A session's title: the first line of its first prompt, cut.
-fn title_of(prompt: &str) -> String {
+pub(crate) fn title_of(prompt: &str) -> String {
     prompt
         .lines()
         .next()
@@ -206,9 +218,11 @@ pub fn summarize(path: &Path, records: &[crate::log::Record<Value>]) -> Option<S
         turns: 0,
         usage: Usage::default(),
     };
+    let mut rewound = false;
     for r in records {
         match r.data["type"].as_str() {
             Some("user_message") => s.turns += 1,
+            Some("rewind") => rewound = true,
             Some("turn_completed") => {
                 if let Ok(u) = serde_json::from_value::<Usage>(r.data["usage"].clone()) {
                     s.usage.input_tokens += u.input_tokens;
@@ -219,6 +233,11 @@ pub fn summarize(path: &Path, records: &[crate::log::Record<Value>]) -> Option<S
             }
             _ => {}
         }
+    }
+    // Turns count as the conversation now stands: from a fork's turn on,
+    // and back to a rewind's.
+    if rewound || started.forked_from.is_some() {
+        s.turns = timeline(records).turns;
     }
     Some(s)
 }
@@ -305,7 +324,7 @@ pub fn open(path: &Path) -> Result<Resumed, SessionError> {
     }
     let summary = summarize(path, &records)
         .ok_or_else(|| SessionError::NotFound(path.display().to_string()))?;
-    let history = replay(records.iter().map(|r| &r.data));
+    let history = replay(&records);
     Ok(Resumed {
         summary,
         history,
@@ -315,12 +334,47 @@ pub fn open(path: &Path) -> Result<Resumed, SessionError> {
 
 /// The history as last sent to the model, rebuilt from a log's records
 /// with the same operations the agent applied when it wrote them.
-pub fn replay<'a>(records: impl IntoIterator<Item = &'a Value>) -> Vec<Message> {
-    let mut history = Vec::new();
-    for r in records {
+pub fn replay(records: &[Record<Value>]) -> Vec<Message> {
+    timeline(records).history
+}
+
+/// A conversation as its log now reads: after rewinds, as it was at the
+/// record each went back to.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Timeline {
+    /// What the model is sent next.
+    pub history: Vec<Message>,
+    /// User prompts sent, counting from a fork's turn.
+    pub turns: u64,
+    /// Every checkpoint still on the timeline, oldest first.
+    pub checkpoints: Vec<TurnCheckpoint>,
+}
+
+/// A `checkpoint` record, and the turn it ends (0: before the first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnCheckpoint {
+    pub turn: u64,
+    /// The record's sequence number.
+    pub seq: u64,
+    pub id: String,
+}
+
+/// Reads a session's records into its [`Timeline`]. A `rewind` record
+/// takes the timeline back to what the records up to its `to_seq` make.
+pub fn timeline(records: &[Record<Value>]) -> Timeline {
+    let mut t = Timeline::default();
+    if let Some(from) = records
+        .first()
+        .and_then(|r| SessionStarted::from_record(&r.data))
+        .and_then(|s| s.forked_from)
+    {
+        t.turns = from.turn;
+    }
+    for (i, r) in records.iter().enumerate() {
+        let r = &r.data;
         match r["type"].as_str() {
             Some("message") => match serde_json::from_value::<Message>(r["message"].clone()) {
-                Ok(m) => crate::context::push_message(&mut history, m),
+                Ok(m) => crate::context::push_message(&mut t.history, m),
                 Err(e) => tracing::warn!("skipping an unreadable message record: {e}"),
             },
             Some("compaction") => {
@@ -330,15 +384,34 @@ pub fn replay<'a>(records: impl IntoIterator<Item = &'a Value>) -> Vec<Message> 
                     serde_json::from_value::<Message>(r["summary"].clone()),
                 ) {
                     (Some(n), Ok(summary)) => {
-                        crate::context::apply_compaction(&mut history, n, summary)
+                        crate::context::apply_compaction(&mut t.history, n, summary)
                     }
                     _ => tracing::warn!("skipping an unreadable compaction record"),
                 }
             }
+            Some("user_message") => t.turns += 1,
+            Some("checkpoint") => {
+                if let Some(id) = r["id"].as_str() {
+                    t.checkpoints.push(TurnCheckpoint {
+                        turn: t.turns,
+                        seq: records[i].seq,
+                        id: id.to_string(),
+                    });
+                }
+            }
+            Some("rewind") => match r["to_seq"].as_u64() {
+                // Only backwards: a record naming itself or later is not
+                // one cordon wrote.
+                Some(to) if to < records[i].seq => {
+                    let upto = records[..i].partition_point(|p| p.seq <= to);
+                    t = timeline(&records[..upto]);
+                }
+                _ => tracing::warn!("skipping an unreadable rewind record"),
+            },
             _ => {}
         }
     }
-    history
+    t
 }
 
 /// The record that adds `message` to a session's history.

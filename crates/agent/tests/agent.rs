@@ -475,7 +475,7 @@ async fn a_long_session_compacts_and_every_later_request_stays_under_budget() {
         assert_eq!(history.len(), 4);
         // The log rebuilds exactly that history, and still holds everything.
         let (records, _) = cordon_agent::log::load::<serde_json::Value>(&log_path).unwrap();
-        let replayed = cordon_agent::sessions::replay(records.iter().map(|r| &r.data));
+        let replayed = cordon_agent::sessions::replay(&records);
         assert_eq!(replayed, history);
         let raw = std::fs::read_to_string(&log_path).unwrap();
         assert!(
@@ -691,4 +691,153 @@ async fn an_approver_sees_every_call_and_a_denied_one_never_runs() {
         ))
     );
     sandbox.close().await;
+}
+
+/// Two turns that change files, then a rewind to the end of each earlier
+/// turn and a fork: the workspace's bytes and the conversation match each
+/// point, and the log records every step without rewriting one.
+#[tokio::test]
+async fn turns_are_checkpointed_and_a_rewind_restores_files_and_conversation() {
+    let ws = tempfile::tempdir().unwrap();
+    let logdir = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("notes.txt"), "before cordon\n").unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Writing.").with_tool_call(
+                "t1",
+                "write_file",
+                json!({"path": "a.txt", "content": "one\n"}),
+            ))
+            .turn(Turn::text("Wrote a.txt.").expect_tool_results(["t1"]))
+            .turn(Turn::text("Changing.").with_tool_call(
+                "t2",
+                "bash",
+                json!({"command": "echo two > a.txt && echo new > b.txt && rm notes.txt"}),
+            ))
+            .turn(Turn::text("Changed them.").expect_tool_results(["t2"])),
+    );
+    let (agent, sandbox) = agent(&server, ProviderKind::Anthropic, ws.path()).await;
+    let log_path = logdir.path().join("s.jsonl");
+    let mut log = SessionLog::create(&log_path).unwrap();
+    log.append(
+        &cordon_agent::sessions::SessionStarted::new(
+            "s",
+            "scripted",
+            "anthropic",
+            ws.path(),
+            "x",
+            false,
+        )
+        .record(),
+    )
+    .unwrap();
+    let mut agent = agent.with_log(log);
+    let (tx, _rx) = mpsc::unbounded_channel();
+    agent
+        .send("write a.txt", &tx, &Cancel::new())
+        .await
+        .unwrap();
+    let after_one = agent.history().to_vec();
+    agent
+        .send("change them", &tx, &Cancel::new())
+        .await
+        .unwrap();
+    server.assert_finished();
+    drop(agent);
+    sandbox.close().await;
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+        "two\n"
+    );
+
+    let (records, _) = cordon_agent::log::load::<serde_json::Value>(&log_path).unwrap();
+    let t = cordon_agent::sessions::timeline(&records);
+    assert_eq!(t.turns, 2);
+    let turns: Vec<u64> = t.checkpoints.iter().map(|c| c.turn).collect();
+    assert_eq!(
+        turns,
+        [0, 1, 2],
+        "one before the first turn, one after each"
+    );
+
+    // Back to the end of turn 1.
+    let r = cordon_agent::checkpoints::rewind(&log_path, ws.path(), 1).unwrap();
+    assert_eq!((r.written, r.removed), (2, 1), "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+        "one\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("notes.txt")).unwrap(),
+        "before cordon\n"
+    );
+    assert!(!ws.path().join("b.txt").exists());
+    let resumed = cordon_agent::sessions::open(&log_path).unwrap();
+    assert_eq!(
+        resumed.history, after_one,
+        "the conversation as turn 1 left it"
+    );
+    assert_eq!(resumed.summary.turns, 1);
+    drop(resumed);
+
+    // Back to before the first turn: no a.txt, no conversation.
+    cordon_agent::checkpoints::rewind(&log_path, ws.path(), 0).unwrap();
+    assert!(!ws.path().join("a.txt").exists());
+    assert!(
+        cordon_agent::sessions::open(&log_path)
+            .unwrap()
+            .history
+            .is_empty()
+    );
+    // Turn 2's end is off the timeline now.
+    let err = cordon_agent::checkpoints::rewind(&log_path, ws.path(), 2).unwrap_err();
+    assert!(
+        err.to_string().contains("turn 2 has no checkpoint"),
+        "{err}"
+    );
+
+    // A fork of turn 1, from the log as it stands (turn 1 is still on
+    // the timeline: a rewind only goes back).
+    cordon_agent::checkpoints::rewind(&log_path, ws.path(), 0).unwrap();
+    let fork_ws = logdir.path().join("fork-ws");
+    let err = cordon_agent::checkpoints::fork(
+        &log_path,
+        Some(1),
+        "f",
+        &logdir.path().join("f.jsonl"),
+        &fork_ws,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("turn 1 has no checkpoint"),
+        "{err}"
+    );
+    let f = cordon_agent::checkpoints::fork(
+        &log_path,
+        Some(0),
+        "f",
+        &logdir.path().join("f.jsonl"),
+        &fork_ws,
+    )
+    .unwrap();
+    assert_eq!(f.files, 1, "notes.txt");
+    assert_eq!(
+        std::fs::read_to_string(fork_ws.join("notes.txt")).unwrap(),
+        "before cordon\n"
+    );
+    let forked = cordon_agent::sessions::open(&logdir.path().join("f.jsonl")).unwrap();
+    assert!(forked.history.is_empty());
+    assert_eq!(forked.summary.turns, 0);
+
+    // Nothing in the log was rewritten: every record is there, in order.
+    let raw = std::fs::read_to_string(&log_path).unwrap();
+    for kind in [
+        "\"type\":\"checkpoint\"",
+        "\"type\":\"rewind\"",
+        "\"type\":\"fork\"",
+    ] {
+        assert!(raw.contains(kind), "{kind}");
+    }
+    let (after, _) = cordon_agent::log::load::<serde_json::Value>(&log_path).unwrap();
+    assert_eq!(&after[..records.len()], &records[..]);
 }

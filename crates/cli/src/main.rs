@@ -9,6 +9,7 @@ mod mcp_cmd;
 mod mcp_listen;
 mod options;
 mod render;
+mod rewind_cmd;
 mod run;
 mod serve_cmd;
 mod sessions_cmd;
@@ -76,6 +77,12 @@ enum Command {
     /// List this directory's sessions (`--all`: every one): id, start,
     /// turns, tokens, workspace, title.
     Sessions(sessions_cmd::SessionsArgs),
+    /// Take a session's files and conversation back to the end of turn N
+    /// (0: before the first prompt); the log keeps everything.
+    Rewind(rewind_cmd::RewindArgs),
+    /// Start a new session from the end of a session's turn N, with its
+    /// own copy of that turn's files.
+    Fork(rewind_cmd::ForkArgs),
     /// Serve the sandbox's tools over MCP on stdio (one sandbox per
     /// connection); `cordon mcp list` shows the MCP servers the agent uses.
     Mcp(mcp_cmd::McpArgs),
@@ -143,6 +150,8 @@ fn main() {
             Command::Trust(args) => trust_cmd::trust(args),
             Command::Exec(args) => exec::exec(args).await,
             Command::Sessions(args) => sessions_cmd::sessions(args),
+            Command::Rewind(args) => rewind_cmd::rewind(args),
+            Command::Fork(args) => rewind_cmd::fork(args),
             Command::Mcp(args) => mcp_cmd::mcp(args).await,
             Command::Serve(args) => serve_cmd::serve(args).await,
             Command::Worker(args) => serve_cmd::worker(args).await,

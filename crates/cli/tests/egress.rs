@@ -272,6 +272,7 @@ fn the_model_sees_the_policy_and_each_refusal() {
     let log = std::fs::read_dir(&sessions)
         .unwrap()
         .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "jsonl"))
         .map(|e| std::fs::read_to_string(e.path()).unwrap())
         .collect::<String>();
     assert!(

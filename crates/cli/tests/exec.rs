@@ -105,6 +105,7 @@ fn a_task_writes_hello_py_runs_it_and_streams_progress() {
     let sessions: Vec<_> = std::fs::read_dir(home.path().join("data/cordon/sessions"))
         .unwrap()
         .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "jsonl"))
         .collect();
     assert_eq!(sessions.len(), 1);
     let log = std::fs::read_to_string(sessions[0].path()).unwrap();
@@ -422,9 +423,9 @@ fn a_long_session_compacts_stays_under_budget_and_resumes_from_the_summary() {
     let log = std::fs::read_dir(&dir)
         .unwrap()
         .flatten()
-        .next()
-        .unwrap()
-        .path();
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .unwrap();
     let raw = std::fs::read_to_string(log).unwrap();
     assert!(raw.contains(&"a".repeat(16000)));
 }

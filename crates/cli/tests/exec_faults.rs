@@ -126,9 +126,11 @@ impl Case {
     /// The session log, checked whole: exactly one file, every line a JSON
     /// record, `seq` increasing, `session_started` first. Returns the records.
     fn session_log(&self) -> Vec<Value> {
+        // Beside each log, its checkpoints (`<id>.checkpoints/`).
         let logs: Vec<PathBuf> = std::fs::read_dir(self.sessions_dir())
             .unwrap()
             .map(|e| e.unwrap().path())
+            .filter(|p| !p.is_dir())
             .collect();
         assert_eq!(logs.len(), 1, "one session log: {logs:?}");
         assert_eq!(logs[0].extension().and_then(|e| e.to_str()), Some("jsonl"));

@@ -107,7 +107,14 @@ fn session_logs_are_the_owners_only() {
     let dir = home.path().join("data/cordon/sessions");
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&dir), 0o700);
-    let logs: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    let (logs, stores): (Vec<_>, Vec<_>) = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .partition(|p| p.extension().is_some_and(|x| x == "jsonl"));
     assert_eq!(logs.len(), 1);
-    assert_eq!(mode(&logs[0].path()), 0o600);
+    assert_eq!(mode(&logs[0]), 0o600);
+    // Its checkpoints hold the workspace's files: its owner's alone too.
+    assert_eq!(stores, [logs[0].with_extension("checkpoints")]);
+    assert_eq!(mode(&stores[0]), 0o700);
 }

@@ -65,6 +65,9 @@ pub struct Turn {
     /// Each string must occur somewhere in the request body.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub expect_contains: Vec<String>,
+    /// No string may occur anywhere in the request body.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expect_lacks: Vec<String>,
     /// The request body must be at most this many characters long: a proxy for
     /// the context budget that compaction must keep to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -394,6 +397,13 @@ impl Turn {
     /// Requires a string somewhere in the request body.
     pub fn expect_contains(mut self, text: impl Into<String>) -> Self {
         self.expect_contains.push(text.into());
+        self
+    }
+
+    /// Requires a string nowhere in the request body (a conversation
+    /// rewound past it).
+    pub fn expect_lacks(mut self, text: impl Into<String>) -> Self {
+        self.expect_lacks.push(text.into());
         self
     }
 

@@ -796,6 +796,14 @@ fn check_expectations(
             ));
         }
     }
+    for needle in &turn.expect_lacks {
+        if raw_body.contains(needle.as_str()) || value_contains(request, needle) {
+            failures.push((
+                "expect_lacks".into(),
+                format!("the request contains {needle:?}"),
+            ));
+        }
+    }
     if let Some(max) = turn.expect_max_input_chars {
         let chars = raw_body.chars().count();
         if chars > max {

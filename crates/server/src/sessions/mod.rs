@@ -200,6 +200,7 @@ pub(crate) async fn create(
         network: Some(network.into()),
         allow: spec.as_ref().map(|s| s.allow.clone()),
         allow_private: spec.map(|s| s.allow_private),
+        forked_from: None,
     }
     .record();
     log.append(&started)
@@ -252,7 +253,7 @@ pub(crate) async fn show(
     let display = started_display(records.iter().map(|r| &r.data));
     let (network, policy) = logged_network(records.iter().map(|r| &r.data));
     let summary = cordon_agent::sessions::summarize(&path, &records);
-    let messages = cordon_agent::sessions::replay(records.iter().map(|r| &r.data));
+    let messages = cordon_agent::sessions::replay(&records);
     Ok(Json(SessionView {
         summary: SessionSummary::of(&row),
         turns: summary.as_ref().map_or(0, |s| s.turns),

@@ -1,0 +1,269 @@
+//! A session's checkpoints, bound to its log: the workspace's files at the
+//! start and after every turn, restored together with the conversation.
+//!
+//! The files go to a [`Checkpoints`] store beside the log
+//! (`<id>.checkpoints/`, cordon's own repository, never the user's
+//! `.git`); the log gets a `checkpoint` record naming each. A rewind to
+//! the end of turn N restores that turn's files, and appends a `rewind`
+//! record naming the log record the conversation goes back to; loading
+//! the log ([`crate::sessions::timeline`]) then reads the conversation as
+//! it was there. A fork starts a new session from turn N with a copy of
+//! its files, and says so in both logs. Nothing in a log is rewritten.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cordon_git::{Checkpoint, CheckpointError, Checkpoints, Kept};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::log::{LogError, SessionLog};
+use crate::sessions::{SessionStarted, timeline};
+
+/// Where the checkpoints of the session logged at `log` are kept.
+pub fn store_dir(log: &Path) -> PathBuf {
+    log.with_extension("checkpoints")
+}
+
+/// The log records this module writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Record {
+    /// The files at the end of a turn (or at the start).
+    Checkpoint(Checkpoint),
+    /// The files and the conversation taken back to the end of a turn.
+    Rewind(Rewind),
+    /// A new session started from a turn of this one.
+    Fork(Fork),
+}
+
+/// What a rewind did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rewind {
+    /// The turn whose end the session went back to.
+    pub to_turn: u64,
+    /// The `checkpoint` record of that turn: the conversation is read up
+    /// to it.
+    pub to_seq: u64,
+    /// The checkpoint restored.
+    pub checkpoint: String,
+    /// The files as they were just before: restoring it undoes this.
+    pub before: String,
+    pub written: usize,
+    pub removed: usize,
+    /// Paths left as they were, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<Kept>,
+}
+
+/// A fork, in the session it was taken from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fork {
+    pub turn: u64,
+    pub session: String,
+    /// The new session's workspace.
+    pub workspace: String,
+}
+
+/// What went wrong rewinding or forking.
+#[derive(Debug, thiserror::Error)]
+pub enum RewindError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(
+        "turn {turn} has no checkpoint in this session (it has {turns} turn{s}; sessions from before checkpoints, and turns cut short by a crash, have none)",
+        s = if *turns == 1 { "" } else { "s" }
+    )]
+    NoCheckpoint { turn: u64, turns: u64 },
+    #[error("the session log does not start with session_started")]
+    NotASession,
+    #[error("{0}")]
+    Workspace(String),
+}
+
+/// A session's store, for the agent: records after each turn.
+pub(crate) struct TurnCheckpoints {
+    store: Arc<Checkpoints>,
+    workspace: PathBuf,
+}
+
+impl TurnCheckpoints {
+    /// The store beside `log`, made if needed; `None` (and a warning) when
+    /// it cannot be (no git on the host): the session goes on without.
+    pub(crate) fn open(log: &Path, workspace: &Path) -> Option<TurnCheckpoints> {
+        match Checkpoints::open(&store_dir(log)) {
+            Ok(store) => Some(TurnCheckpoints {
+                store: Arc::new(store),
+                workspace: workspace.to_path_buf(),
+            }),
+            Err(e) => {
+                tracing::warn!("no checkpoints for this session: {e}");
+                None
+            }
+        }
+    }
+
+    /// Records the files now, off the async threads.
+    pub(crate) async fn record(&self, label: String) -> Option<Record> {
+        let (store, ws) = (self.store.clone(), self.workspace.clone());
+        match tokio::task::spawn_blocking(move || store.record(&ws, &label)).await {
+            Ok(Ok(c)) => Some(Record::Checkpoint(c)),
+            Ok(Err(e)) => {
+                tracing::warn!("checkpoint: {e}");
+                None
+            }
+            Err(e) => {
+                tracing::warn!("checkpoint: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// Takes the session logged at `log`, working in `workspace`, back to the
+/// end of turn `to_turn`: its files, then its conversation (a `rewind`
+/// record). No other cordon may be writing to that session meanwhile.
+pub fn rewind(log: &Path, workspace: &Path, to_turn: u64) -> Result<Rewind, RewindError> {
+    let (mut session, records, _) = SessionLog::<Value>::open(log)?;
+    let t = timeline(&records);
+    let target = t
+        .checkpoints
+        .iter()
+        .rev()
+        .find(|c| c.turn == to_turn)
+        .ok_or(RewindError::NoCheckpoint {
+            turn: to_turn,
+            turns: t.turns,
+        })?;
+    let store = Checkpoints::open(&store_dir(log))?;
+    let done = store.restore(workspace, &target.id)?;
+    let rewind = Rewind {
+        to_turn,
+        to_seq: target.seq,
+        checkpoint: target.id.clone(),
+        before: done.before.id,
+        written: done.restored.written,
+        removed: done.restored.removed,
+        kept: done.restored.kept,
+    };
+    let record = serde_json::to_value(Record::Rewind(rewind.clone()))
+        .expect("a record of strings and numbers serializes");
+    session.append(&record)?;
+    session.sync()?;
+    Ok(rewind)
+}
+
+/// What a fork made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forked {
+    pub session: String,
+    pub log: PathBuf,
+    pub workspace: PathBuf,
+    pub turn: u64,
+    /// Files written into the new workspace.
+    pub files: usize,
+}
+
+/// Starts the session `new_id`, logged at `new_log`, from the end of turn
+/// `turn` (the newest when `None`) of the session logged at `log`: the
+/// conversation up to there, and the files of that turn's checkpoint
+/// written into `new_workspace`, which must be empty or absent.
+pub fn fork(
+    log: &Path,
+    turn: Option<u64>,
+    new_id: &str,
+    new_log: &Path,
+    new_workspace: &Path,
+) -> Result<Forked, RewindError> {
+    let (mut session, records, _) = SessionLog::<Value>::open(log)?;
+    let started = records
+        .first()
+        .and_then(|r| SessionStarted::from_record(&r.data))
+        .ok_or(RewindError::NotASession)?;
+    let t = timeline(&records);
+    let turn = turn.unwrap_or(t.turns);
+    let target =
+        t.checkpoints
+            .iter()
+            .rev()
+            .find(|c| c.turn == turn)
+            .ok_or(RewindError::NoCheckpoint {
+                turn,
+                turns: t.turns,
+            })?;
+    match std::fs::read_dir(new_workspace) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(RewindError::Workspace(format!(
+                    "{} is not empty: a fork's workspace gets the checkpoint's files and nothing else; name an empty or new directory",
+                    new_workspace.display()
+                )));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(new_workspace).map_err(|e| {
+                RewindError::Workspace(format!("cannot make {}: {e}", new_workspace.display()))
+            })?;
+        }
+        Err(e) => {
+            return Err(RewindError::Workspace(format!(
+                "{}: {e}",
+                new_workspace.display()
+            )));
+        }
+    }
+    let new_workspace = crate::sessions::same_dir(new_workspace);
+    let store = Checkpoints::open(&store_dir(log))?;
+    let restored = store.materialize(&target.id, &new_workspace)?;
+
+    // The conversation as it was at that checkpoint.
+    let upto: Vec<_> = records
+        .iter()
+        .take_while(|r| r.seq <= target.seq)
+        .cloned()
+        .collect();
+    let history = timeline(&upto).history;
+    let mut first = SessionStarted::new(
+        new_id,
+        &started.model,
+        &started.provider,
+        &new_workspace,
+        &started.title,
+        false,
+    );
+    first.forked_from = Some(crate::sessions::ForkedFrom {
+        session: started.session_id.clone(),
+        turn,
+    });
+    let mut forked = SessionLog::<Value>::create(new_log)?;
+    forked.append(&first.record())?;
+    for m in &history {
+        forked.append(&crate::sessions::message_record(m))?;
+    }
+    let own = Checkpoints::open(&store_dir(new_log))?;
+    let first_checkpoint = own.record(&new_workspace, "forked")?;
+    forked.append(
+        &serde_json::to_value(Record::Checkpoint(first_checkpoint))
+            .expect("a record of strings and numbers serializes"),
+    )?;
+    forked.sync()?;
+
+    session.append(
+        &serde_json::to_value(Record::Fork(Fork {
+            turn,
+            session: new_id.to_string(),
+            workspace: new_workspace.display().to_string(),
+        }))
+        .expect("a record of strings serializes"),
+    )?;
+    session.sync()?;
+    Ok(Forked {
+        session: new_id.to_string(),
+        log: new_log.to_path_buf(),
+        workspace: new_workspace,
+        turn,
+        files: restored.written,
+    })
+}

@@ -1,0 +1,151 @@
+//! `cordon rewind` and `cordon fork` as a user types them, after real
+//! `cordon exec` turns against the scripted model server: the workspace's
+//! bytes and the conversation the model is sent next match each point.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use cordon_testkit::{Scenario, ScriptedServer, Turn};
+use serde_json::{Value, json};
+
+fn cordon(server: &ScriptedServer, ws: &Path, home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(args)
+        .current_dir(ws)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
+        .output()
+        .unwrap()
+}
+
+fn ok(out: &Output) -> String {
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    stdout.into_owned()
+}
+
+fn read(ws: &Path, name: &str) -> Option<String> {
+    std::fs::read_to_string(ws.join(name)).ok()
+}
+
+#[test]
+fn exec_exec_rewind_then_the_model_sees_turn_one_and_a_fork_gets_its_files() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let (ws, home) = (ws.path(), home.path());
+    std::fs::write(ws.join("notes.txt"), "mine\n").unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            // Turn 1: `cordon exec "write a.txt"`.
+            .turn(Turn::text("Writing.").with_tool_call(
+                "t1",
+                "write_file",
+                json!({"path": "a.txt", "content": "one\n"}),
+            ))
+            .turn(Turn::text("Wrote a.txt.").expect_tool_results(["t1"]))
+            // Turn 2: `cordon exec --last "change everything"`.
+            .turn(Turn::text("Changing.").with_tool_call(
+                "t2",
+                "bash",
+                json!({"command": "echo two > a.txt && echo new > b.txt && rm notes.txt"}),
+            ))
+            .turn(Turn::text("Changed TURN-TWO-MARK.").expect_tool_results(["t2"]))
+            // Turn 2 again, after `cordon rewind ID 1`: the model is sent
+            // turn 1 and nothing of the turn that was undone.
+            .turn(
+                Turn::text("Here again.")
+                    .expect_contains("write a.txt")
+                    .expect_contains("Wrote a.txt.")
+                    .expect_contains("what now?")
+                    .expect_lacks("change everything")
+                    .expect_lacks("TURN-TWO-MARK"),
+            ),
+    );
+    ok(&cordon(&server, ws, home, &["exec", "write a.txt"]));
+    ok(&cordon(
+        &server,
+        ws,
+        home,
+        &["exec", "--last", "change everything"],
+    ));
+    assert_eq!(read(ws, "a.txt").as_deref(), Some("two\n"));
+    assert_eq!(read(ws, "notes.txt"), None);
+
+    let list = ok(&cordon(&server, ws, home, &["sessions", "--json"]));
+    let session: Value = serde_json::from_str(list.lines().next().unwrap()).unwrap();
+    let id = session["id"].as_str().unwrap().to_string();
+    assert_eq!(session["turns"], 2);
+
+    // Back to the end of turn 1, by a unique start of the id.
+    let said = ok(&cordon(
+        &server,
+        ws,
+        home,
+        &["rewind", &id[..id.len() - 2], "1"],
+    ));
+    assert!(said.contains("back at the end of turn 1"), "{said}");
+    assert!(said.contains("2 files written, 1 removed"), "{said}");
+    assert_eq!(read(ws, "a.txt").as_deref(), Some("one\n"));
+    assert_eq!(read(ws, "notes.txt").as_deref(), Some("mine\n"));
+    assert_eq!(read(ws, "b.txt"), None);
+    let list = ok(&cordon(&server, ws, home, &["sessions", "--json"]));
+    let session: Value = serde_json::from_str(list.lines().next().unwrap()).unwrap();
+    assert_eq!(session["turns"], 1);
+
+    // The conversation goes on from turn 1.
+    let out = ok(&cordon(&server, ws, home, &["exec", "--last", "what now?"]));
+    assert!(out.contains("Here again."), "{out}");
+    server.assert_finished();
+
+    // A turn that does not exist, a session that does not: clear errors,
+    // nothing changed.
+    let out = cordon(&server, ws, home, &["rewind", &id, "9"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("turn 9 has no checkpoint"), "{err}");
+    let out = cordon(&server, ws, home, &["rewind", "no-such-session", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no session"));
+    assert_eq!(read(ws, "a.txt").as_deref(), Some("one\n"));
+
+    // A fork of turn 1 into a new directory: its own copy of the files.
+    let fork_ws = home.join("fork");
+    let fork_arg = fork_ws.to_str().unwrap();
+    let said = ok(&cordon(
+        &server,
+        ws,
+        home,
+        &["fork", &id, "1", "--workspace", fork_arg],
+    ));
+    assert!(said.contains("forked at the end of turn 1"), "{said}");
+    assert_eq!(read(&fork_ws, "a.txt").as_deref(), Some("one\n"));
+    assert_eq!(read(&fork_ws, "notes.txt").as_deref(), Some("mine\n"));
+    std::fs::write(ws.join("a.txt"), "changed in the original\n").unwrap();
+    assert_eq!(read(&fork_ws, "a.txt").as_deref(), Some("one\n"));
+    // It is a session of its own, listed with its workspace.
+    let all = ok(&cordon(&server, ws, home, &["sessions", "--all", "--json"]));
+    let forked: Vec<Value> = all
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|s: &Value| s["id"] != id.as_str())
+        .collect();
+    assert_eq!(forked.len(), 1, "{all}");
+    assert_eq!(forked[0]["turns"], 1);
+    // A fork into a directory that holds files is refused.
+    let out = cordon(
+        &server,
+        ws,
+        home,
+        &["fork", &id, "1", "--workspace", fork_arg],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not empty"));
+}
