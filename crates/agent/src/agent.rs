@@ -322,9 +322,12 @@ pub struct Agent {
     log: Arc<Recorder>,
     /// The workspace's files at the start and after each turn, when the
     /// conversation has a log to bind them to.
-    checkpoints: Option<crate::checkpoints::TurnCheckpoints>,
+    checkpoints: Option<Arc<crate::checkpoints::TurnCheckpoints>>,
     /// Whether the files before this agent's first turn are recorded.
     checkpointed: bool,
+    /// The checkpoint of the last turn, taken after `send` returned: the
+    /// next turn, a compaction and [`Agent::settle`] wait for it.
+    pending: Option<tokio::task::JoinHandle<()>>,
     /// The API's prompt tokens over our estimate for the last request: the
     /// bytes-per-token rule calibrated to this model's tokenizer.
     ratio: f64,
@@ -357,6 +360,7 @@ impl Agent {
             log: Arc::default(),
             checkpoints: None,
             checkpointed: false,
+            pending: None,
             ratio: 1.0,
             usage: Usage::default(),
         }
@@ -395,7 +399,8 @@ impl Agent {
     /// files at the start and after every turn in checkpoints beside it.
     pub fn with_log(mut self, log: SessionLog<Value>) -> Self {
         self.checkpoints =
-            crate::checkpoints::TurnCheckpoints::open(log.path(), &self.ctx.workspace);
+            crate::checkpoints::TurnCheckpoints::open(log.path(), &self.ctx.workspace)
+                .map(Arc::new);
         self.checkpointed = false;
         *self.log.log.lock().unwrap_or_else(|p| p.into_inner()) = Some(log);
         // Changes to the sandbox's network policy, by whoever makes them,
@@ -462,6 +467,7 @@ impl Agent {
         events: &mpsc::UnboundedSender<AgentEvent>,
         cancel: &Cancel,
     ) -> Result<TurnOutcome, AgentError> {
+        self.settle().await;
         let log = self.log.clone();
         if !self.checkpointed
             && let Some(cp) = &self.checkpoints
@@ -474,17 +480,29 @@ impl Agent {
         let result = self
             .turn(prompt, &Journal { events, log: &log }, cancel)
             .await;
-        // Whatever the outcome: a failed or cancelled turn may have
-        // changed files too.
-        if let Some(cp) = &self.checkpoints
-            && let Some(record) = cp
-                .record(format!("after: {}", crate::sessions::title_of(prompt)))
-                .await
-        {
-            log.append(&record);
-        }
         log.sync();
+        // Whatever the outcome: a failed or cancelled turn may have
+        // changed files too. Taken once the turn is over, so that the
+        // answer is not held up by it; nothing else is written to the log
+        // before it lands (see `settle`).
+        if let Some(cp) = self.checkpoints.clone() {
+            let label = format!("after: {}", crate::sessions::title_of(prompt));
+            self.pending = Some(tokio::spawn(async move {
+                if let Some(record) = cp.record(label).await {
+                    log.append(&record);
+                    log.sync();
+                }
+            }));
+        }
         result
+    }
+
+    /// Waits for the checkpoint of the last turn to be recorded: before
+    /// the session's log is handed on or the process exits.
+    pub async fn settle(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            let _ = pending.await;
+        }
     }
 
     /// Summarises the older part of the conversation now (the front ends'
@@ -494,6 +512,7 @@ impl Agent {
         events: &mpsc::UnboundedSender<AgentEvent>,
         cancel: &Cancel,
     ) -> Result<Compaction, AgentError> {
+        self.settle().await;
         let log = self.log.clone();
         let journal = Journal { events, log: &log };
         let tools = self.specs();

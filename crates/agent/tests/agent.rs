@@ -743,6 +743,8 @@ async fn turns_are_checkpointed_and_a_rewind_restores_files_and_conversation() {
         .await
         .unwrap();
     server.assert_finished();
+    // The last turn's checkpoint is taken after `send` returns.
+    agent.settle().await;
     drop(agent);
     sandbox.close().await;
     assert_eq!(

@@ -343,6 +343,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
     };
     let result = pump(agent.send(&prompt, &tx, &cancel), &mut rx, sink.as_mut()).await;
     drop(tx);
+    agent.settle().await;
     drop(agent);
     mcp.shutdown().await;
     sandbox.close().await;

@@ -486,3 +486,77 @@ fn allow_in_the_chat_is_recorded_in_the_session_log() {
     assert_eq!(records[0]["added"], json!(["127.0.0.1:9"]));
     assert_eq!(records[0]["allow"], json!(["127.0.0.1:1", "127.0.0.1:9"]));
 }
+
+/// `/undo` in bare `cordon`: the last turn's file changes and messages go,
+/// the model is sent the conversation without them, and `/rewind 0` goes
+/// back to before the first prompt.
+#[test]
+fn undo_takes_back_the_last_turns_files_and_messages() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("keep.txt"), "the user's\n").unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Writing one.").with_tool_call(
+                "w1",
+                "write_file",
+                json!({"path": "one.txt", "content": "first\n"}),
+            ))
+            .turn(Turn::text("Wrote ONE-DONE.").expect_tool_results(["w1"]))
+            .turn(Turn::text("Breaking things.").with_tool_call(
+                "b1",
+                "bash",
+                json!({"command": "echo broken > one.txt && rm keep.txt && echo x > two.txt"}),
+            ))
+            .turn(Turn::text("Broke TWO-DONE.").expect_tool_results(["b1"]))
+            .turn(
+                Turn::text("After the undo.")
+                    .expect_contains("ONE-DONE")
+                    .expect_lacks("TWO-DONE")
+                    .expect_lacks("break things"),
+            ),
+    );
+    let cmd = format!(
+        "cd {ws} && env -i PATH=/usr/bin:/bin TERM=xterm-256color HOME={home} \
+         XDG_CONFIG_HOME={home}/config XDG_DATA_HOME={home}/data ANTHROPIC_BASE_URL={url} \
+         ANTHROPIC_API_KEY=sk-test-key-0000 {bin}; echo EXIT=$?; sleep 600",
+        ws = ws.path().display(),
+        home = home.path().display(),
+        url = server.url(),
+        bin = env!("CARGO_BIN_EXE_cordon"),
+    );
+    let tmux = Tmux::start("undo", &cmd, 110, 40);
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("write one");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("Wrote ONE-DONE.");
+    tmux.type_text("break things");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("Broke TWO-DONE.");
+    let read = |n: &str| std::fs::read_to_string(ws.path().join(n)).ok();
+    assert_eq!(read("one.txt").as_deref(), Some("broken\n"));
+
+    tmux.type_text("/undo");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("Back at the end of turn 1");
+    assert!(s.contains("2 files written, 1 removed"), "{s}");
+    assert!(s.contains("ONE-DONE") && !s.contains("TWO-DONE"), "{s}");
+    assert_eq!(read("one.txt").as_deref(), Some("first\n"));
+    assert_eq!(read("keep.txt").as_deref(), Some("the user's\n"));
+    assert_eq!(read("two.txt"), None);
+
+    tmux.type_text("and now?");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("After the undo.");
+    server.assert_finished();
+
+    tmux.type_text("/rewind 0");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("Back at the end of turn 0");
+    assert!(!s.contains("ONE-DONE"), "{s}");
+    assert_eq!(read("one.txt"), None);
+    assert_eq!(read("keep.txt").as_deref(), Some("the user's\n"));
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+}

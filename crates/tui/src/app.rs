@@ -30,6 +30,9 @@ pub enum Action {
         all: bool,
     },
     Load(String),
+    /// Files and conversation back to the end of a turn (`None`: the one
+    /// before the last, `/undo`).
+    Rewind(Option<u64>),
     /// Let the sandbox reach this host for the rest of the session.
     AllowHost(cordon_net::Rule),
 }
@@ -125,6 +128,7 @@ Ctrl+C: cancel the turn (twice: quit) · Ctrl+D on an empty box: quit
 /clear new conversation, same sandbox (its shell, files and processes)
 /new   new conversation in a fresh sandbox
 /sessions pick an earlier session of this workspace (/sessions all: any)   /load ID  continue one
+/undo  take back the last turn: its file changes and its messages   /rewind N  back to the end of turn N
 /compact  summarise the conversation now   /model NAME  switch model   /cost  tokens and cost
 /allow HOST[:PORT]  let the sandbox reach a host for this session (with --allow; alone: what it may reach)";
 
@@ -370,7 +374,10 @@ impl App {
             Some((c, a)) => (c, a.trim()),
             None => (line, ""),
         };
-        let needs_idle = matches!(cmd, "/clear" | "/new" | "/load" | "/compact" | "/sessions");
+        let needs_idle = matches!(
+            cmd,
+            "/clear" | "/new" | "/load" | "/compact" | "/sessions" | "/undo" | "/rewind"
+        );
         if needs_idle && self.busy {
             self.notice(format!(
                 "{cmd} waits until the turn ends (Ctrl+C cancels it)."
@@ -402,6 +409,14 @@ impl App {
                 Vec::new()
             }
             "/load" => vec![Action::Load(arg.to_string())],
+            "/undo" => vec![Action::Rewind(None)],
+            "/rewind" => match arg.parse::<u64>() {
+                Ok(n) => vec![Action::Rewind(Some(n))],
+                Err(_) => {
+                    self.error("/rewind needs a turn number: 0 is before the first prompt");
+                    Vec::new()
+                }
+            },
             "/compact" => {
                 self.busy = true;
                 vec![Action::Compact]

@@ -190,6 +190,7 @@ async fn event_loop(
                 }
                 Action::ListSessions { all } => Request::ListSessions { all },
                 Action::Load(id) => Request::Load(id),
+                Action::Rewind(turn) => Request::Rewind(turn),
                 // At once, even mid-turn: the broker reads the policy for
                 // each new connection.
                 Action::AllowHost(rule) => {

@@ -26,6 +26,7 @@ pub enum Request {
     New,
     ListSessions { all: bool },
     Load(String),
+    Rewind(Option<u64>),
 }
 
 pub enum Update {
@@ -231,6 +232,10 @@ impl Worker {
         while let Some(req) = requests.recv().await {
             st.handle(req).await;
         }
+        // The last turn's checkpoint lands before cordon exits.
+        if let Some(agent) = st.agent.as_mut() {
+            agent.settle().await;
+        }
         st.agent = None;
         st.extra_tools.clear();
         mcp.shutdown().await;
@@ -332,6 +337,7 @@ impl State {
                 let _ = self.updates.send(Update::Sessions(list));
             }
             Request::Load(id) => self.load(&id).await,
+            Request::Rewind(turn) => self.rewind(turn).await,
         }
     }
 
@@ -372,6 +378,80 @@ impl State {
             self.start_sandbox().await;
         }
         self.adopt(r);
+    }
+
+    /// `/undo` and `/rewind N`: the session's files and conversation back
+    /// to the end of a turn, then the session continued from there.
+    async fn rewind(&mut self, to: Option<u64>) {
+        let Some(id) = self.session.clone() else {
+            let _ = self.updates.send(Update::Notice(
+                "Nothing to take back: this conversation has no turns yet.".into(),
+            ));
+            return;
+        };
+        let path = self.cfg.sessions_dir.join(format!("{id}.jsonl"));
+        // The last turn's checkpoint first; then the log is closed, so that
+        // nothing else writes to it while the rewind does.
+        if let Some(agent) = self.agent.as_mut() {
+            agent.settle().await;
+        }
+        self.agent = None;
+        let turns = match sessions::open(&path) {
+            Ok(r) => r.summary.turns,
+            Err(e) => {
+                let _ = self.updates.send(Update::Error(e.to_string()));
+                self.fresh_agent();
+                return;
+            }
+        };
+        let target = match to {
+            Some(n) => n,
+            None if turns == 0 => {
+                let _ = self.updates.send(Update::Notice(
+                    "Nothing to take back: this conversation has no turns yet.".into(),
+                ));
+                self.reopen(&path);
+                return;
+            }
+            None => turns - 1,
+        };
+        let ws = self.cfg.sandbox.workspace.clone();
+        let log = path.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            cordon_agent::checkpoints::rewind(&log, &ws, target)
+        })
+        .await;
+        // The transcript is rebuilt from the log when the session is
+        // continued: what the rewind did is said after that.
+        let said = match done {
+            Ok(Ok(r)) => {
+                let mut said = format!(
+                    "Back at the end of turn {target}: {} file{} written, {} removed.",
+                    r.written,
+                    if r.written == 1 { "" } else { "s" },
+                    r.removed
+                );
+                for k in &r.kept {
+                    said.push_str(&format!("\nLeft as it is: {}: {}", k.path, k.why));
+                }
+                Update::Notice(said)
+            }
+            Ok(Err(e)) => Update::Error(e.to_string()),
+            Err(e) => Update::Error(e.to_string()),
+        };
+        self.reopen(&path);
+        let _ = self.updates.send(said);
+    }
+
+    /// Continues the session logged at `path` (after a rewind).
+    fn reopen(&mut self, path: &std::path::Path) {
+        match sessions::open(path) {
+            Ok(r) => self.adopt(r),
+            Err(e) => {
+                let _ = self.updates.send(Update::Error(e.to_string()));
+                self.fresh_agent();
+            }
+        }
     }
 
     /// Opens the session log on the conversation's first message.

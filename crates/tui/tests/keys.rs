@@ -91,15 +91,24 @@ fn commands_become_actions_and_nothing_is_sent_while_a_turn_runs() {
         ("/sessions", Action::ListSessions { all: false }),
         ("/sessions all", Action::ListSessions { all: true }),
         ("/load 1795382010", Action::Load("1795382010".into())),
+        ("/undo", Action::Rewind(None)),
+        ("/rewind 0", Action::Rewind(Some(0))),
+        ("/rewind 12", Action::Rewind(Some(12))),
     ] {
         type_text(&mut a, cmd);
         assert_eq!(enter(&mut a), vec![action], "{cmd}");
     }
+    // A turn number it cannot read is an error, not a rewind.
+    type_text(&mut a, "/rewind last");
+    assert_eq!(enter(&mut a), vec![]);
     type_text(&mut a, "/compact");
     assert_eq!(enter(&mut a), vec![Action::Compact]);
     assert!(a.busy);
-    // While busy: prompts and /clear wait, the text stays in the box.
+    // While busy: prompts, /clear and /undo wait, the text stays in the box.
     type_text(&mut a, "/clear");
+    assert_eq!(enter(&mut a), vec![]);
+    a.on_key(KeyEvent::new(KeyCode::Char('u'), KeyModifiers::CONTROL));
+    type_text(&mut a, "/undo");
     assert_eq!(enter(&mut a), vec![]);
     a.on_key(KeyEvent::new(KeyCode::Char('u'), KeyModifiers::CONTROL));
     type_text(&mut a, "another task");

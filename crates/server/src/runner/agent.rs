@@ -107,6 +107,8 @@ pub(super) async fn run_agent(
         }
     };
     drop(tx);
+    // The turn's checkpoint, before the job's workspace is done with.
+    agent.settle().await;
     while let Some(ev) = rx.recv().await {
         events.event(ev).await;
     }
