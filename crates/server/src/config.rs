@@ -204,4 +204,10 @@ impl JobDirs {
     pub fn session_log(&self, id: &str) -> PathBuf {
         self.job(id).join("session.jsonl")
     }
+
+    /// An agent job's checkpoints: copies of its workspace's files, which
+    /// go when the workspace goes.
+    pub fn checkpoints(&self, id: &str) -> PathBuf {
+        cordon_agent::checkpoints::store_dir(&self.session_log(id))
+    }
 }

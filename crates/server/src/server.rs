@@ -208,8 +208,12 @@ async fn remove_expired_workspaces(shared: &Arc<Shared>, keep: Duration) {
             tracing::warn!("cannot remove job {id} from the archive: {e}");
             continue;
         }
-        let dir = shared.config.job_dirs().workspace(&id);
-        let removed = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
+        let dirs = shared.config.job_dirs();
+        let (dir, checkpoints) = (dirs.workspace(&id), dirs.checkpoints(&id));
+        let removed = tokio::task::spawn_blocking(move || {
+            remove_tree(&checkpoints).and_then(|()| remove_tree(&dir))
+        })
+        .await;
         match removed {
             Ok(Ok(())) => {
                 if let Err(e) = shared.store.workspace_removed(&id).await {

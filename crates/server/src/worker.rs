@@ -375,6 +375,7 @@ async fn archive(shared: &Shared, id: &str, grace: Duration) {
         }
     }
     tokio::time::sleep(grace).await;
+    crate::files::remove_files(dirs.checkpoints(id), &format!("job {id}")).await;
     crate::files::remove_files(workspace, &format!("job {id}")).await;
 }
 

@@ -163,8 +163,52 @@ async fn a_job_past_its_disk_budget_fails_and_cannot_ask_past_the_ceiling(db: Db
     s.stop().await;
 }
 
+/// An agent job's checkpoints are copies of its workspace's files: they go
+/// when the workspace goes, and its conversation stays.
+async fn an_agent_jobs_checkpoints_go_with_its_workspace(db: Db) {
+    use cordon_testkit::{Scenario, ScriptedServer, Turn};
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Writing.").with_tool_call(
+                "w1",
+                "write_file",
+                json!({"path": "secret-ish.txt", "content": "the job's data\n"}),
+            ))
+            .turn(Turn::text("Done.").expect_tool_results(["w1"])),
+    );
+    let Some(s) = TestServer::start_with(db, |c| {
+        with_model(model.url())(c);
+        c.keep_workspaces = Some(Duration::from_secs(2));
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let id = s
+        .submit(&t, json!({"kind": "agent", "prompt": "write it"}))
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let dir = s.dir.join("data/jobs").join(&id);
+    let checkpoints = dir.join("session.checkpoints");
+    let log = std::fs::read_to_string(dir.join("session.jsonl")).unwrap();
+    assert!(log.contains("\"type\":\"checkpoint\""), "{log}");
+    assert!(checkpoints.is_dir());
+    wait_removed(&s, &t, &id).await;
+    assert!(!dir.join("workspace").exists());
+    assert!(
+        !checkpoints.exists(),
+        "{} outlived the workspace",
+        checkpoints.display()
+    );
+    assert!(dir.join("session.jsonl").exists(), "the conversation stays");
+    s.stop().await;
+}
+
 on_both!(
     finished_workspaces_are_removed_and_their_files_are_gone,
+    an_agent_jobs_checkpoints_go_with_its_workspace,
     forever_keeps_workspaces,
     a_job_past_its_disk_budget_fails_and_cannot_ask_past_the_ceiling,
 );
