@@ -59,6 +59,7 @@ impl Modify for Bearer {
         crate::sessions::message,
         crate::sessions::cancel,
         crate::sessions::compact,
+        crate::sessions::rewind,
         crate::sessions::vnc,
         crate::sessions::lab::open_lab,
         crate::sessions::lab::lab,
@@ -116,6 +117,7 @@ fn add_links(doc: &mut Value) {
         ("message", "id", session),
         ("cancel", "id", session),
         ("compact", "id", session),
+        ("rewind", "id", session),
     ]);
     for (path, method, status, l) in [
         ("/v1/jobs", "post", "202", job_links),

@@ -223,8 +223,108 @@ async fn sessions_need_a_model_and_well_formed_messages(db: Db) {
     assert_eq!(status, 404);
 }
 
+/// `POST /v1/sessions/{id}/rewind`: the workspace's files and the
+/// conversation back to the end of a turn; the next message goes on from
+/// there.
+async fn a_session_rewinds_files_and_conversation(db: Db) {
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Writing.").with_tool_call(
+                "t1",
+                "write_file",
+                json!({"path": "plan.txt", "content": "plan A\n"}),
+            ))
+            .turn(Turn::text("PLAN-A-SAVED.").expect_tool_results(["t1"]))
+            .turn(Turn::text("Rewriting.").with_tool_call(
+                "t2",
+                "bash",
+                json!({"command": "echo 'plan B' > plan.txt && echo x > extra.txt"}),
+            ))
+            .turn(Turn::text("PLAN-B-SAVED.").expect_tool_results(["t2"]))
+            .turn(
+                Turn::text("Back on plan A.")
+                    .expect_contains("PLAN-A-SAVED.")
+                    .expect_lacks("PLAN-B-SAVED.")
+                    .expect_lacks("switch to plan B"),
+            ),
+    );
+    let Some(s) = TestServer::start_with(db, with_model(model.url())).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let (_, created) = s.post(&t, "/v1/sessions", json!({})).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    s.say(&t, &id, "write plan A").await;
+    s.say(&t, &id, "switch to plan B").await;
+    let ws = s.dir.join(format!("data/sessions/{id}/workspace"));
+    assert_eq!(
+        std::fs::read_to_string(ws.join("plan.txt")).unwrap(),
+        "plan B\n"
+    );
+
+    // Bad requests change nothing.
+    for (body, status) in [
+        (json!({}), 400),
+        (json!({"turn": "one"}), 400),
+        (json!({"turn": 1, "extra": true}), 400),
+        (json!({"turn": 7}), 400),
+    ] {
+        let (got, answer) = s
+            .post(&t, &format!("/v1/sessions/{id}/rewind"), body.clone())
+            .await;
+        assert_eq!(got, status, "{body}: {answer}");
+    }
+    let (got, answer) = s
+        .post(&t, &format!("/v1/sessions/{id}/rewind"), json!({"turn": 7}))
+        .await;
+    assert_eq!(got, 400);
+    assert_eq!(answer["error"]["code"], "no_checkpoint", "{answer}");
+    let other = s.token("other").await;
+    let (got, _) = s
+        .post(
+            &other,
+            &format!("/v1/sessions/{id}/rewind"),
+            json!({"turn": 1}),
+        )
+        .await;
+    assert_eq!(got, 404);
+    assert_eq!(
+        std::fs::read_to_string(ws.join("plan.txt")).unwrap(),
+        "plan B\n"
+    );
+
+    let (got, r) = s
+        .post(&t, &format!("/v1/sessions/{id}/rewind"), json!({"turn": 1}))
+        .await;
+    assert_eq!(got, 200, "{r}");
+    assert_eq!(
+        (
+            r["turn"].as_u64(),
+            r["written"].as_u64(),
+            r["removed"].as_u64()
+        ),
+        (Some(1), Some(1), Some(1)),
+        "{r}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("plan.txt")).unwrap(),
+        "plan A\n"
+    );
+    assert!(!ws.join("extra.txt").exists());
+    let (_, shown) = s.get(&t, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(shown["turns"], 1, "{shown}");
+    assert!(!shown.to_string().contains("PLAN-B-SAVED"), "{shown}");
+
+    // The conversation goes on from turn 1.
+    let events = s.say(&t, &id, "and now?").await;
+    assert!(events.iter().any(|e| e.0 == "turn_completed"), "{events:?}");
+    model.assert_finished();
+    s.stop().await;
+}
+
 on_both!(
     a_conversation_streams_turns_runs_tools_and_survives_a_restart,
+    a_session_rewinds_files_and_conversation,
     one_turn_at_a_time_cancel_and_compact,
     sessions_need_a_model_and_well_formed_messages,
 );

@@ -37,7 +37,8 @@ pub(crate) mod network;
 mod view;
 
 pub use view::{
-    Cancelled, Compaction, NewMessage, NewSession, SessionList, SessionSummary, SessionView,
+    Cancelled, Compaction, KeptPath, NewMessage, NewSession, RewindTo, Rewound, SessionList,
+    SessionSummary, SessionView,
 };
 
 use files::{get_file, list_files, put_file};
@@ -59,6 +60,7 @@ pub fn routes(file_limit: usize) -> Router<Arc<Shared>> {
         .route("/v1/sessions/{id}/messages", post(message))
         .route("/v1/sessions/{id}/cancel", post(cancel))
         .route("/v1/sessions/{id}/compact", post(compact))
+        .route("/v1/sessions/{id}/rewind", post(rewind))
         .route("/v1/sessions/{id}/vnc", get(vnc))
         .route("/v1/sessions/{id}/lab", post(lab::open_lab))
         .route("/v1/sessions/{id}/lab/", axum::routing::any(lab::lab))
@@ -611,6 +613,91 @@ pub(crate) async fn compact(
             "cannot_compact",
             e.to_string(),
         )),
+    }
+}
+
+/// Takes the session's files and conversation back to the end of a turn.
+/// Its sandbox is closed first (the next message starts it again, on the
+/// files as they now are).
+#[utoipa::path(post, path = "/v1/sessions/{id}/rewind", tag = "sessions", summary = "Go back to the end of a turn: files and conversation",
+    description = "Restores the workspace's files as the turn left them (ignored files, files over 32 MiB, `.git` and editor settings are left as they are, and listed) and continues the conversation from there. The log keeps everything, the rewind included; the files as they were are kept as a checkpoint.",
+    params(("id" = String, Path)),
+    request_body = RewindTo,
+    responses((status = 200, description = "Rewound", body = Rewound), (status = 400, description = "The request says what is wrong, or the turn has no checkpoint", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "A turn is running, or the session lives on another API process", body = crate::http::ErrorResponse)))]
+pub(crate) async fn rewind(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Rewound>, ApiError> {
+    let to = read_json::<RewindTo>(&body?)?;
+    let row = find(&shared, &tenant, &id).await?;
+    let slot = shared.sessions.slot(&row.id);
+    let mut guard = slot.try_lock_owned().map_err(|_| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "busy",
+            "a turn is running in this session; wait for it or cancel it, then rewind",
+        )
+    })?;
+    let d = dir(&shared, &row.id);
+    let log = d.join("session.jsonl");
+    if shared.config.cluster.is_some() && !log.exists() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "elsewhere",
+            "this session lives on the API process of this deployment that made it: send its requests there",
+        ));
+    }
+    if let Some(mut live) = guard.take() {
+        // Its last checkpoint lands, and its log is closed, first.
+        live.agent.settle().await;
+        shared.sandboxes.unlist(&sandbox_key(&row.id));
+        live.close().await;
+    }
+    let ws = d.join("workspace");
+    let done =
+        tokio::task::spawn_blocking(move || cordon_agent::checkpoints::rewind(&log, &ws, to.turn))
+            .await
+            .map_err(|e| {
+                tracing::error!("session {id}: rewind: {e}");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the rewind failed",
+                )
+            })?;
+    drop(guard);
+    match done {
+        Ok(r) => Ok(Json(Rewound {
+            turn: r.to_turn,
+            written: r.written as u64,
+            removed: r.removed as u64,
+            kept: r
+                .kept
+                .into_iter()
+                .map(|k| KeptPath {
+                    path: k.path,
+                    why: k.why,
+                })
+                .collect(),
+            checkpoint: r.checkpoint,
+            before: r.before,
+        })),
+        Err(e @ cordon_agent::checkpoints::RewindError::NoCheckpoint { .. }) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "no_checkpoint",
+            e.to_string(),
+        )),
+        Err(e) => {
+            tracing::error!("session {id}: rewind: {e}");
+            Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the rewind failed (the server's log says why)",
+            ))
+        }
     }
 }
 

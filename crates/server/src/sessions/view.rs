@@ -38,6 +38,37 @@ pub struct NewMessage {
     pub text: Text,
 }
 
+/// Where to take a session back to.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RewindTo {
+    /// The turn whose end the files and the conversation go back to; 0 is
+    /// before the first message.
+    pub turn: u64,
+}
+
+/// A path a rewind left as it was, and why.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct KeptPath {
+    pub path: String,
+    pub why: String,
+}
+
+/// What a rewind did.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Rewound {
+    /// The turn the session is now at the end of.
+    pub turn: u64,
+    pub written: u64,
+    pub removed: u64,
+    /// Files left as they were: ignored, too large to keep, or new since.
+    pub kept: Vec<KeptPath>,
+    /// The checkpoint restored.
+    pub checkpoint: String,
+    /// The checkpoint of the files as they were just before.
+    pub before: String,
+}
+
 /// A conversation, as listed.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SessionSummary {
