@@ -81,9 +81,14 @@ pub enum GitError {
 pub struct Git {
     program: PathBuf,
     git_dir: PathBuf,
+    /// No repository yet (a clone): commands run in `git_dir`'s parent,
+    /// with no `GIT_DIR`.
+    outside: bool,
     work_tree: Option<PathBuf>,
     protocols: Vec<&'static str>,
     env: Vec<(OsString, OsString)>,
+    /// Settings after [`SAFE_SETTINGS`] (the host's credential helpers).
+    settings: Vec<String>,
 }
 
 impl Git {
@@ -93,10 +98,27 @@ impl Git {
         Git {
             program: PathBuf::from("git"),
             git_dir: git_dir.into(),
+            outside: false,
             work_tree: None,
             protocols: Vec::new(),
             env: Vec::new(),
+            settings: Vec::new(),
         }
+    }
+
+    /// Git with no repository, run in `dir` (for `git clone`).
+    pub fn outside(dir: impl Into<PathBuf>) -> Git {
+        Git {
+            outside: true,
+            ..Git::new(dir)
+        }
+    }
+
+    /// A setting given after the safe ones (`credential.helper=...`): only
+    /// for values cordon chose or took from the host's own configuration.
+    pub(crate) fn setting(mut self, key: &str, value: &str) -> Git {
+        self.settings.push(format!("{key}={value}"));
+        self
     }
 
     pub fn git_dir(&self) -> &Path {
@@ -146,12 +168,18 @@ impl Git {
             .env("GIT_OPTIONAL_LOCKS", "0")
             .env("GIT_PAGER", "cat")
             .env("GIT_EDITOR", "false")
-            .env("GIT_SSH_COMMAND", "false")
-            .env("GIT_DIR", &self.git_dir);
-        match &self.work_tree {
-            Some(w) => cmd.env("GIT_WORK_TREE", w).current_dir(w),
-            None => cmd.current_dir(&self.git_dir),
-        };
+            .env("GIT_SSH_COMMAND", "false");
+        if self.outside {
+            // Nothing above may be taken for a repository.
+            cmd.current_dir(&self.git_dir)
+                .env("GIT_CEILING_DIRECTORIES", &self.git_dir);
+        } else {
+            cmd.env("GIT_DIR", &self.git_dir);
+            match &self.work_tree {
+                Some(w) => cmd.env("GIT_WORK_TREE", w).current_dir(w),
+                None => cmd.current_dir(&self.git_dir),
+            };
+        }
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
@@ -160,6 +188,9 @@ impl Git {
         }
         for p in &self.protocols {
             cmd.arg("-c").arg(format!("protocol.{p}.allow=always"));
+        }
+        for s in &self.settings {
+            cmd.arg("-c").arg(s);
         }
         let mut args = args.into_iter();
         if let Some(sub) = args.next() {

@@ -2,6 +2,8 @@
 //!
 //! - [`Checkpoints`]: a session's workspace after each turn, in a
 //!   repository of cordon's own, restored on a rewind.
+//! - [`clone_into`]: a session's repository, cloned on the host with the
+//!   host's credentials, which the sandbox never sees.
 //! - [`checked_repository`]: the workspace's own `.git`, refused when it
 //!   names programs to run or places to read.
 //! - [`Git`]: how git is run at all, with nothing from the user's or the
@@ -15,12 +17,14 @@
 
 mod checkpoint;
 mod command;
+mod remote;
 mod repo;
 mod restore;
 mod snapshot;
 
 pub use checkpoint::{Checkpoint, CheckpointError, Checkpoints, Rewound};
 pub use command::{Git, GitError};
+pub use remote::{Cloned, HostCredentials, RemoteError, RepoSpec, clone_into};
 pub use repo::{RepoError, checked_repository};
 pub use restore::{Kept, RestoreError, Restored};
 pub use snapshot::{Rules, Skip, Skipped, SnapshotError};

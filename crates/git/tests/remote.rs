@@ -1,0 +1,266 @@
+//! A session's repository cloned on the host from a remote that needs
+//! credentials (git's smart HTTP behind basic authentication, on
+//! loopback): the host's credential helper supplies them, and nothing the
+//! sandbox can read holds them afterwards.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use cordon_git::{HostCredentials, RepoSpec, checked_repository, clone_into};
+
+/// `git http-backend` behind basic authentication, in Python's WSGI
+/// server: what a forge's HTTPS endpoint is to git.
+const SERVER: &str = r#"
+import base64, os, subprocess, sys
+from wsgiref.simple_server import make_server, WSGIRequestHandler
+root, user, password = sys.argv[1], sys.argv[2], sys.argv[3]
+want = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+def app(environ, start):
+    if environ.get("HTTP_AUTHORIZATION") != want:
+        start("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="git"')])
+        return [b"who are you?"]
+    env = {"GIT_PROJECT_ROOT": root, "GIT_HTTP_EXPORT_ALL": "1", "REMOTE_USER": user,
+           "PATH": os.environ["PATH"], "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+    for k in ["PATH_INFO", "QUERY_STRING", "REQUEST_METHOD", "CONTENT_TYPE"]:
+        env[k] = environ.get(k, "")
+    env["GIT_PROTOCOL"] = environ.get("HTTP_GIT_PROTOCOL", "")
+    n = int(environ.get("CONTENT_LENGTH") or 0)
+    body = environ["wsgi.input"].read(n) if n else b""
+    out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout
+    head, _, rest = out.partition(b"\r\n\r\n")
+    status, headers = "200 OK", []
+    for line in head.decode().split("\r\n"):
+        k, _, v = line.partition(": ")
+        if k.lower() == "status":
+            status = v
+        elif k:
+            headers.append((k, v))
+    start(status, headers)
+    return [rest]
+class Quiet(WSGIRequestHandler):
+    def log_message(self, *a):
+        pass
+srv = make_server("127.0.0.1", 0, app, handler_class=Quiet)
+print(srv.server_port, flush=True)
+srv.serve_forever()
+"#;
+
+const USER: &str = "alice";
+const TOKEN: &str = "s3cret-token-5f1e";
+
+struct Remote {
+    child: Child,
+    port: u16,
+    _root: tempfile::TempDir,
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A bare `proj.git` with `main` (two commits), a branch `feature` and a
+/// tag `v1`, served with credentials.
+fn remote() -> Remote {
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    git(&src, &["init", "-q", "-b", "main"]);
+    std::fs::write(src.join("README"), "one\n").unwrap();
+    git(&src, &["add", "-A"]);
+    git(&src, &["commit", "-q", "-m", "one"]);
+    git(&src, &["tag", "v1"]);
+    git(&src, &["checkout", "-q", "-b", "feature"]);
+    std::fs::write(src.join("feature.txt"), "f\n").unwrap();
+    git(&src, &["add", "-A"]);
+    git(&src, &["commit", "-q", "-m", "feature"]);
+    git(&src, &["checkout", "-q", "main"]);
+    std::fs::write(src.join("README"), "two\n").unwrap();
+    git(&src, &["commit", "-q", "-am", "two"]);
+    git(root.path(), &["clone", "-q", "--bare", "src", "proj.git"]);
+    let mut child = Command::new("python3")
+        .args(["-c", SERVER])
+        .arg(root.path())
+        .args([USER, TOKEN])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    Remote {
+        child,
+        port: line.trim().parse().expect("the server's port"),
+        _root: root,
+    }
+}
+
+/// A user whose git configuration names the `store` helper, holding the
+/// token for the remote.
+fn user_with_token(home: &Path, port: u16) -> HostCredentials {
+    std::fs::write(home.join(".gitconfig"), "[credential]\n\thelper = store\n").unwrap();
+    std::fs::write(
+        home.join(".git-credentials"),
+        format!("http://{USER}:{TOKEN}@127.0.0.1:{port}\n"),
+    )
+    .unwrap();
+    HostCredentials::from_env(vec![(OsString::from("HOME"), home.as_os_str().to_owned())])
+}
+
+/// Every byte beneath `dir`, as text.
+fn everything_in(dir: &Path) -> String {
+    let mut all = String::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                all.push_str(&String::from_utf8_lossy(&std::fs::read(e.path()).unwrap()));
+            }
+        }
+    }
+    all
+}
+
+#[test]
+fn a_clone_uses_the_hosts_credentials_and_leaves_none_behind() {
+    let remote = remote();
+    let home = tempfile::tempdir().unwrap();
+    let creds = user_with_token(home.path(), remote.port);
+    let url = format!("http://127.0.0.1:{}/proj.git", remote.port);
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+
+    let spec: RepoSpec = url.parse().unwrap();
+    let cloned = clone_into(&spec, &ws, "cordon/s1", &creds).unwrap();
+    assert_eq!(cloned.branch, "cordon/s1");
+    assert_eq!(std::fs::read_to_string(ws.join("README")).unwrap(), "two\n");
+    assert_eq!(git(&ws, &["symbolic-ref", "HEAD"]), "refs/heads/cordon/s1");
+    assert_eq!(git(&ws, &["rev-parse", "HEAD"]), cloned.base);
+    assert_eq!(git(&ws, &["rev-parse", "origin/main"]), cloned.base);
+    // The remote URL as given, and no secret anywhere the sandbox can read.
+    assert_eq!(git(&ws, &["remote", "get-url", "origin"]), url);
+    let seen = everything_in(&ws);
+    assert!(!seen.contains(TOKEN), "the token is in the workspace");
+    assert!(
+        !seen.contains("helper"),
+        "a credential helper is in the workspace"
+    );
+    // What cordon's host-side git takes later: a plain repository.
+    checked_repository(&ws).expect("a fresh clone passes the check");
+
+    // A branch and a tag to start from.
+    let ws2 = tmp.path().join("ws2");
+    let spec: RepoSpec = format!("{url}#feature").parse().unwrap();
+    clone_into(&spec, &ws2, "cordon/s2", &creds).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(ws2.join("feature.txt")).unwrap(),
+        "f\n"
+    );
+    let ws3 = tmp.path().join("ws3");
+    let spec: RepoSpec = format!("{url}#v1").parse().unwrap();
+    clone_into(&spec, &ws3, "cordon/s3", &creds).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(ws3.join("README")).unwrap(),
+        "one\n"
+    );
+    let spec: RepoSpec = format!("{url}#no-such-branch").parse().unwrap();
+    let err = clone_into(&spec, &tmp.path().join("ws4"), "cordon/s4", &creds)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no-such-branch"), "{err}");
+}
+
+#[test]
+fn without_the_hosts_credentials_the_clone_is_refused_and_says_so() {
+    let remote = remote();
+    let url = format!("http://127.0.0.1:{}/proj.git", remote.port);
+    let tmp = tempfile::tempdir().unwrap();
+    let spec: RepoSpec = url.parse().unwrap();
+    let err = clone_into(
+        &spec,
+        &tmp.path().join("ws"),
+        "cordon/s1",
+        &HostCredentials::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("cannot clone") && err.contains("127.0.0.1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn urls_with_secrets_or_transports_that_run_commands_are_refused() {
+    for bad in [
+        format!("http://{USER}:{TOKEN}@127.0.0.1:1/proj.git"),
+        "https://x:ghp_abc@github.com/o/r".to_string(),
+    ] {
+        let err = bad.parse::<RepoSpec>().unwrap_err().to_string();
+        assert!(err.contains("credential helper"), "{err}");
+        assert!(
+            !err.contains(TOKEN) && !err.contains("ghp_abc"),
+            "the error echoes it: {err}"
+        );
+    }
+    for bad in [
+        "ext::sh -c touch% /tmp/pwned",
+        "--upload-pack=touch /tmp/pwned",
+        "ftp://example.com/r",
+        "https://example.com/r#--orphan",
+        "https://example.com/r#a..b",
+        "https://example.com/r#",
+        "",
+    ] {
+        assert!(bad.parse::<RepoSpec>().is_err(), "{bad}");
+    }
+    let ok: RepoSpec = "git@github.com:o/r.git#main".parse().unwrap();
+    assert_eq!(ok.reference.as_deref(), Some("main"));
+    assert!(!ok.is_local());
+    assert!("/srv/repos/r.git".parse::<RepoSpec>().unwrap().is_local());
+    assert!("file:///srv/r.git".parse::<RepoSpec>().unwrap().is_local());
+}
+
+#[test]
+fn a_clone_goes_only_into_an_empty_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("mine.txt"), "x").unwrap();
+    let spec: RepoSpec = "https://example.invalid/r.git".parse().unwrap();
+    let err = clone_into(&spec, tmp.path(), "cordon/s", &HostCredentials::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is not empty"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("mine.txt")).unwrap(),
+        "x"
+    );
+}
