@@ -47,6 +47,12 @@ pub struct ExecArgs {
     /// Continue the most recent session of this workspace
     #[arg(long)]
     pub last: bool,
+    /// Work on a clone of URL (at REF: a branch, tag or commit), made on the
+    /// host with your git credentials into --workspace or ./NAME, on a
+    /// branch cordon/SESSION
+    // Parsed by cordon, not clap: clap would echo a refused URL, token and all.
+    #[arg(long, value_name = "URL[#REF]", conflicts_with_all = ["resume", "last"])]
+    pub repo: Option<String>,
     /// Isolation backend, native or microvm (overrides `sandbox.backend`; see `cordon vm setup`)
     #[arg(long, value_name = "NAME")]
     pub backend: Option<cordon_sandbox::BackendKind>,
@@ -239,6 +245,35 @@ pub async fn exec(args: ExecArgs) -> i32 {
     if let Some(n) = resume.notice {
         eprintln!("cordon: {n}");
     }
+    // A new session's id, known before its repository is cloned: the
+    // clone's branch is named after it.
+    let new_id = sessions::new_id();
+    let mut cloned = None;
+    if let Some(repo) = &args.repo {
+        let spec = match crate::repo::parse_repo(repo) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("cordon: --repo: {e}");
+                return exit::SANDBOX;
+            }
+        };
+        match crate::repo::clone_for(&spec, args.workspace.as_deref(), &new_id).await {
+            Ok((dir, c)) => {
+                eprintln!(
+                    "cordon: cloned {} into {} on branch {}",
+                    c.url,
+                    cordon_tools::printable(&dir.display().to_string()),
+                    c.branch
+                );
+                args.workspace = Some(dir);
+                cloned = Some(c);
+            }
+            Err(e) => {
+                eprintln!("cordon: {e}");
+                return exit::SANDBOX;
+            }
+        }
+    }
     let s = match setup(&Choices {
         model: args.model.as_deref(),
         provider: args.provider.as_deref(),
@@ -275,7 +310,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
     let (id, history, mut log) = match resumed {
         Some(r) => (r.summary.id, r.history, Some(r.log)),
         None => {
-            let id = sessions::new_id();
+            let id = new_id;
             let log = SessionLog::<serde_json::Value>::create(
                 sessions::sessions_dir().join(format!("{id}.jsonl")),
             )
@@ -302,6 +337,9 @@ pub async fn exec(args: ExecArgs) -> i32 {
         && l.next_seq() == 0
     {
         let _ = l.append(&started);
+        if let Some(c) = &cloned {
+            let _ = l.append(&crate::repo::record(c));
+        }
     }
     let mut builder = AgentBuilder::new(
         &s.model.provider,

@@ -9,6 +9,7 @@ mod mcp_cmd;
 mod mcp_listen;
 mod options;
 mod render;
+mod repo;
 mod rewind_cmd;
 mod run;
 mod serve_cmd;

@@ -254,37 +254,24 @@ pub fn clone_into(
             source,
         })?;
     let git = Git::new(workspace.join(".git")).work_tree(workspace);
-    let start = match &spec.reference {
-        None => "refs/remotes/origin/HEAD".to_string(),
-        Some(r) => [
+    let candidates = match &spec.reference {
+        // The remote's default branch; the clone's own HEAD names it too.
+        None => vec!["refs/remotes/origin/HEAD".to_string(), "HEAD".to_string()],
+        Some(r) => vec![
             format!("refs/remotes/origin/{r}"),
             format!("refs/tags/{r}"),
             r.clone(),
-        ]
-        .into_iter()
-        .find(|c| {
-            git.run([
-                "rev-parse",
-                "--verify",
-                "--quiet",
-                "--end-of-options",
-                &format!("{c}^{{commit}}"),
-            ])
-            .is_ok()
-        })
+        ],
+    };
+    // A commit id, so that nothing in the name can be taken for a path.
+    let start = candidates
+        .iter()
+        .find_map(|c| crate::snapshot::rev_parse(&git, &format!("{c}^{{commit}}")).ok())
         .ok_or_else(|| RemoteError::NoReference {
             url: spec.url.clone(),
-            reference: r.clone(),
-        })?,
-    };
-    git.run([
-        "checkout",
-        "--quiet",
-        "-b",
-        branch,
-        "--end-of-options",
-        &start,
-    ])?;
+            reference: spec.reference.clone().unwrap_or_else(|| "HEAD".into()),
+        })?;
+    git.run(["checkout", "--quiet", "-b", branch, &start])?;
     let base = crate::snapshot::rev_parse(&git, "HEAD")?;
     Ok(Cloned {
         url: spec.url.clone(),

@@ -4,121 +4,16 @@
 //! sandbox can read holds them afterwards.
 
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 
 use cordon_git::{HostCredentials, RepoSpec, checked_repository, clone_into};
-
-/// `git http-backend` behind basic authentication, in Python's WSGI
-/// server: what a forge's HTTPS endpoint is to git.
-const SERVER: &str = r#"
-import base64, os, subprocess, sys
-from wsgiref.simple_server import make_server, WSGIRequestHandler
-root, user, password = sys.argv[1], sys.argv[2], sys.argv[3]
-want = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-def app(environ, start):
-    if environ.get("HTTP_AUTHORIZATION") != want:
-        start("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="git"')])
-        return [b"who are you?"]
-    env = {"GIT_PROJECT_ROOT": root, "GIT_HTTP_EXPORT_ALL": "1", "REMOTE_USER": user,
-           "PATH": os.environ["PATH"], "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
-    for k in ["PATH_INFO", "QUERY_STRING", "REQUEST_METHOD", "CONTENT_TYPE"]:
-        env[k] = environ.get(k, "")
-    env["GIT_PROTOCOL"] = environ.get("HTTP_GIT_PROTOCOL", "")
-    n = int(environ.get("CONTENT_LENGTH") or 0)
-    body = environ["wsgi.input"].read(n) if n else b""
-    out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout
-    head, _, rest = out.partition(b"\r\n\r\n")
-    status, headers = "200 OK", []
-    for line in head.decode().split("\r\n"):
-        k, _, v = line.partition(": ")
-        if k.lower() == "status":
-            status = v
-        elif k:
-            headers.append((k, v))
-    start(status, headers)
-    return [rest]
-class Quiet(WSGIRequestHandler):
-    def log_message(self, *a):
-        pass
-srv = make_server("127.0.0.1", 0, app, handler_class=Quiet)
-print(srv.server_port, flush=True)
-srv.serve_forever()
-"#;
+use cordon_testkit::git_remote::{GitRemote, git};
 
 const USER: &str = "alice";
 const TOKEN: &str = "s3cret-token-5f1e";
 
-struct Remote {
-    child: Child,
-    port: u16,
-    _root: tempfile::TempDir,
-}
-
-impl Drop for Remote {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@t")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@t")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// A bare `proj.git` with `main` (two commits), a branch `feature` and a
-/// tag `v1`, served with credentials.
-fn remote() -> Remote {
-    let root = tempfile::tempdir().unwrap();
-    let src = root.path().join("src");
-    std::fs::create_dir(&src).unwrap();
-    git(&src, &["init", "-q", "-b", "main"]);
-    std::fs::write(src.join("README"), "one\n").unwrap();
-    git(&src, &["add", "-A"]);
-    git(&src, &["commit", "-q", "-m", "one"]);
-    git(&src, &["tag", "v1"]);
-    git(&src, &["checkout", "-q", "-b", "feature"]);
-    std::fs::write(src.join("feature.txt"), "f\n").unwrap();
-    git(&src, &["add", "-A"]);
-    git(&src, &["commit", "-q", "-m", "feature"]);
-    git(&src, &["checkout", "-q", "main"]);
-    std::fs::write(src.join("README"), "two\n").unwrap();
-    git(&src, &["commit", "-q", "-am", "two"]);
-    git(root.path(), &["clone", "-q", "--bare", "src", "proj.git"]);
-    let mut child = Command::new("python3")
-        .args(["-c", SERVER])
-        .arg(root.path())
-        .args([USER, TOKEN])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    Remote {
-        child,
-        port: line.trim().parse().expect("the server's port"),
-        _root: root,
-    }
+fn remote(root: &Path) -> GitRemote {
+    GitRemote::start(root, USER, TOKEN)
 }
 
 /// A user whose git configuration names the `store` helper, holding the
@@ -152,11 +47,11 @@ fn everything_in(dir: &Path) -> String {
 
 #[test]
 fn a_clone_uses_the_hosts_credentials_and_leaves_none_behind() {
-    let remote = remote();
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = remote(&tmp.path().join("remote"));
     let home = tempfile::tempdir().unwrap();
     let creds = user_with_token(home.path(), remote.port);
-    let url = format!("http://127.0.0.1:{}/proj.git", remote.port);
-    let tmp = tempfile::tempdir().unwrap();
+    let url = remote.url();
     let ws = tmp.path().join("ws");
 
     let spec: RepoSpec = url.parse().unwrap();
@@ -201,9 +96,9 @@ fn a_clone_uses_the_hosts_credentials_and_leaves_none_behind() {
 
 #[test]
 fn without_the_hosts_credentials_the_clone_is_refused_and_says_so() {
-    let remote = remote();
-    let url = format!("http://127.0.0.1:{}/proj.git", remote.port);
     let tmp = tempfile::tempdir().unwrap();
+    let remote = remote(&tmp.path().join("remote"));
+    let url = remote.url();
     let spec: RepoSpec = url.parse().unwrap();
     let err = clone_into(
         &spec,

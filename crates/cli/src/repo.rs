@@ -1,0 +1,91 @@
+//! `--repo URL[#REF]`: the session works on a clone cordon makes on the
+//! host before the sandbox starts, with the host's git credentials, on a
+//! branch of its own (`cordon/<session>`).
+
+use std::path::{Path, PathBuf};
+
+use cordon_git::{Cloned, HostCredentials, RepoSpec};
+
+/// clap's parser for `--repo`.
+pub fn parse_repo(s: &str) -> Result<RepoSpec, String> {
+    s.parse()
+        .map_err(|e: cordon_git::RemoteError| e.to_string())
+}
+
+/// The directory `git clone URL` would make: the URL's last component
+/// without `.git`.
+fn default_dir(url: &str) -> Option<PathBuf> {
+    let name = url
+        .trim_end_matches('/')
+        .rsplit(['/', ':'])
+        .next()?
+        .trim_end_matches(".git");
+    let ok = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    ok.then(|| PathBuf::from(name))
+}
+
+/// Clones `spec` for session `id` into `workspace`, or a directory named
+/// after the repository in the current one; returns where.
+pub(crate) async fn clone_for(
+    spec: &RepoSpec,
+    workspace: Option<&Path>,
+    id: &str,
+) -> Result<(PathBuf, Cloned), String> {
+    let dir = match workspace {
+        Some(w) => w.to_path_buf(),
+        None => {
+            let name = default_dir(&spec.url).ok_or_else(|| {
+                format!(
+                    "cannot name a directory after {}: give one with --workspace",
+                    spec.url
+                )
+            })?;
+            std::env::current_dir()
+                .map_err(|e| format!("current directory: {e}"))?
+                .join(name)
+        }
+    };
+    let (spec, branch, at) = (spec.clone(), format!("cordon/{id}"), dir.clone());
+    let cloned = tokio::task::spawn_blocking(move || {
+        cordon_git::clone_into(&spec, &at, &branch, &HostCredentials::from_host())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    Ok((dir, cloned))
+}
+
+/// The session log's record of the clone: where pushes go is read from
+/// here, never from the repository's configuration, which the workspace
+/// holds.
+pub(crate) fn record(c: &Cloned) -> serde_json::Value {
+    serde_json::json!({
+        "type": "repository",
+        "url": c.url,
+        "branch": c.branch,
+        "base": c.base,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_directory_is_gits() {
+        for (url, dir) in [
+            ("https://github.com/o/proj.git", Some("proj")),
+            ("git@github.com:o/proj.git", Some("proj")),
+            ("https://example.com/o/proj/", Some("proj")),
+            ("/srv/repos/x.git", Some("x")),
+            ("https://example.com/..", None),
+        ] {
+            assert_eq!(default_dir(url), dir.map(PathBuf::from), "{url}");
+        }
+    }
+}

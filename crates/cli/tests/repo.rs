@@ -1,0 +1,130 @@
+//! `cordon exec --repo URL` as a user types it, against a remote on
+//! loopback that needs credentials: cordon clones with the user's own git
+//! credential helper, on the host; the model works on a branch of the
+//! session's own; and the sandbox, searching everywhere it can read, finds
+//! no credential.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use cordon_testkit::git_remote::{GitRemote, git};
+use cordon_testkit::{Scenario, ScriptedServer, Turn};
+use serde_json::{Value, json};
+
+const USER: &str = "alice";
+const TOKEN: &str = "s3cret-token-5f1e";
+
+fn cordon(server: &ScriptedServer, cwd: &Path, home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(args)
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
+    let home = tmp.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::write(home.join(".gitconfig"), "[credential]\n\thelper = store\n").unwrap();
+    std::fs::write(
+        home.join(".git-credentials"),
+        format!("http://{USER}:{TOKEN}@127.0.0.1:{}\n", remote.port),
+    )
+    .unwrap();
+    let cwd = tmp.path().join("projects");
+    std::fs::create_dir(&cwd).unwrap();
+
+    // The token, spelled so that the command searching for it does not
+    // hold it.
+    let (head, tail) = TOKEN.split_at(6);
+    // Every process's environment (a grep's own command line would hold
+    // the pattern), and every file where data lives (not /usr, the host's
+    // read-only system files).
+    let search = format!(
+        "cd /workspace && git log --oneline -1 && git branch --show-current && \
+         for f in $(grep -rlF \"{head}\"\"{tail}\" /workspace /tmp /etc /root /home /run /var /opt /srv /mnt 2>/dev/null); do echo HIT\"\"-$f; done; \
+         for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null; done \
+           | grep -F \"{head}\"\"{tail}\" >/dev/null && echo HIT\"\"-environ; \
+         git config --list --show-origin; echo SEARCHED"
+    );
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Looking around.").with_tool_call(
+                "b1",
+                "bash",
+                json!({"command": search}),
+            ))
+            .turn(
+                Turn::text("Nothing there.")
+                    .expect_tool_results(["b1"])
+                    .expect_contains("SEARCHED")
+                    .expect_contains("two")
+                    .expect_lacks("HIT-")
+                    .expect_lacks(TOKEN)
+                    .expect_lacks("credential.helper"),
+            ),
+    );
+    let url = remote.url();
+    let out = cordon(
+        &server,
+        &cwd,
+        &home,
+        &["exec", "--repo", &url, "look around"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    server.assert_finished();
+    // Cloned where git would put it, on the session's branch.
+    let ws = cwd.join("proj");
+    assert!(
+        stderr.contains("cloned") && stderr.contains("cordon/"),
+        "{stderr}"
+    );
+    let branch = git(&ws, &["branch", "--show-current"]);
+    assert!(branch.starts_with("cordon/"), "{branch}");
+    assert_eq!(std::fs::read_to_string(ws.join("README")).unwrap(), "two\n");
+    // The session says which repository and branch it works on.
+    let list = cordon(&server, &cwd, &home, &["sessions", "--all", "--json"]);
+    let session: Value = serde_json::from_str(
+        String::from_utf8_lossy(&list.stdout)
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let id = session["id"].as_str().unwrap();
+    assert_eq!(branch, format!("cordon/{id}"));
+    let log =
+        std::fs::read_to_string(home.join(format!("data/cordon/sessions/{id}.jsonl"))).unwrap();
+    let repo: Value = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["type"] == "repository")
+        .expect("a repository record");
+    assert_eq!(repo["url"], url.as_str());
+    assert_eq!(repo["branch"], branch.as_str());
+
+    // A second --repo into the same (now full) directory is refused, and
+    // a URL with the token in it never gets as far as git.
+    let out = cordon(&server, &cwd, &home, &["exec", "--repo", &url, "again"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not empty"));
+    let with_token = format!("http://{USER}:{TOKEN}@127.0.0.1:{}/proj.git", remote.port);
+    let out = cordon(&server, &cwd, &home, &["exec", "--repo", &with_token, "x"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        err.contains("credential helper") && !err.contains(TOKEN),
+        "{err}"
+    );
+}
