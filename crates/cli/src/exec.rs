@@ -350,6 +350,13 @@ pub async fn exec(args: ExecArgs) -> i32 {
     )
     .tools(&mcp.tools)
     .history(history);
+    if let Some(c) = &cloned {
+        // Commits are made by cordon on the host, as the user.
+        builder = builder.tools(&[cordon_git::GitCommitTool::tool(
+            &c.branch,
+            cordon_git::host_ident(),
+        )]);
+    }
     if let Some(l) = log {
         // From here on the agent records the conversation as it happens.
         builder = builder.log(l);

@@ -35,7 +35,11 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
     let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
     let home = tmp.path().join("home");
     std::fs::create_dir(&home).unwrap();
-    std::fs::write(home.join(".gitconfig"), "[credential]\n\thelper = store\n").unwrap();
+    std::fs::write(
+        home.join(".gitconfig"),
+        "[credential]\n\thelper = store\n[user]\n\tname = Ada Host\n\temail = ada@host.example\n",
+    )
+    .unwrap();
     std::fs::write(
         home.join(".git-credentials"),
         format!("http://{USER}:{TOKEN}@127.0.0.1:{}\n", remote.port),
@@ -65,13 +69,44 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
                 json!({"command": search}),
             ))
             .turn(
-                Turn::text("Nothing there.")
+                Turn::text("Nothing there; fixing the README.")
+                    .with_tool_call(
+                        "w1",
+                        "write_file",
+                        json!({"path": "README", "content": "three\n"}),
+                    )
                     .expect_tool_results(["b1"])
                     .expect_contains("SEARCHED")
                     .expect_contains("two")
                     .expect_lacks("HIT-")
                     .expect_lacks(TOKEN)
                     .expect_lacks("credential.helper"),
+            )
+            // The sandbox cannot commit (.git is read-only there); the
+            // model asks cordon to.
+            .turn(
+                Turn::text("Trying git in the sandbox.")
+                    .with_tool_call(
+                        "b2",
+                        "bash",
+                        json!({"command": "git commit -qam try; echo rc=$?"}),
+                    )
+                    .expect_tool_results(["w1"]),
+            )
+            .turn(
+                Turn::text("Committing through cordon.")
+                    .with_tool_call(
+                        "c1",
+                        "git_commit",
+                        json!({"message": "README: three\n\nAsked for."}),
+                    )
+                    .expect_tool_results(["b2"])
+                    .expect_lacks("rc=0"),
+            )
+            .turn(
+                Turn::text("Committed.")
+                    .expect_tool_results(["c1"])
+                    .expect_contains("M README"),
             ),
     );
     let url = remote.url();
@@ -92,7 +127,21 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
     );
     let branch = git(&ws, &["branch", "--show-current"]);
     assert!(branch.starts_with("cordon/"), "{branch}");
-    assert_eq!(std::fs::read_to_string(ws.join("README")).unwrap(), "two\n");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("README")).unwrap(),
+        "three\n"
+    );
+    // The commit: on the session's branch, by the host's user, the message
+    // the model gave; the remote and main untouched.
+    assert_eq!(
+        git(&ws, &["log", "-1", "--format=%an <%ae>|%s"]),
+        "Ada Host <ada@host.example>|README: three"
+    );
+    assert_eq!(
+        git(&ws, &["rev-parse", "HEAD^"]),
+        git(&ws, &["rev-parse", "main"])
+    );
+    assert_eq!(git(&ws, &["status", "--porcelain"]), "");
     // The session says which repository and branch it works on.
     let list = cordon(&server, &cwd, &home, &["sessions", "--all", "--json"]);
     let session: Value = serde_json::from_str(

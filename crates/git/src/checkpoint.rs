@@ -119,10 +119,14 @@ impl Checkpoints {
         let snap = snapshot::snapshot(
             &self.git,
             workspace,
-            parent.as_deref(),
-            label,
-            self.rules,
-            CACHE,
+            &snapshot::Options {
+                parent: parent.as_deref(),
+                message: label,
+                rules: self.rules,
+                cache: Some(CACHE),
+                checkpoint: true,
+                author: snapshot::Ident::cordon(),
+            },
         )?;
         let parent_tree = match &parent {
             Some(p) => Some(rev_parse(&self.git, &format!("{p}^{{tree}}"))?),

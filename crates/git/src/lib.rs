@@ -4,6 +4,8 @@
 //!   repository of cordon's own, restored on a rewind.
 //! - [`clone_into`]: a session's repository, cloned on the host with the
 //!   host's credentials, which the sandbox never sees.
+//! - [`commit`] and [`GitCommitTool`]: the model's changes committed to
+//!   the session's branch by cordon on the host.
 //! - [`checked_repository`]: the workspace's own `.git`, refused when it
 //!   names programs to run or places to read.
 //! - [`Git`]: how git is run at all, with nothing from the user's or the
@@ -17,6 +19,7 @@
 
 mod checkpoint;
 mod command;
+mod commit;
 mod remote;
 mod repo;
 mod restore;
@@ -24,7 +27,8 @@ mod snapshot;
 
 pub use checkpoint::{Checkpoint, CheckpointError, Checkpoints, Rewound};
 pub use command::{Git, GitError};
+pub use commit::{CommitError, Committed, GitCommitTool, commit, host_ident};
 pub use remote::{Cloned, HostCredentials, RemoteError, RepoSpec, clone_into};
 pub use repo::{RepoError, checked_repository};
 pub use restore::{Kept, RestoreError, Restored};
-pub use snapshot::{Rules, Skip, Skipped, SnapshotError};
+pub use snapshot::{Ident, Rules, Skip, Skipped, SnapshotError};

@@ -138,23 +138,70 @@ struct Item {
     stat: Option<Stat>,
 }
 
+/// The ref fast-import leaves at each snapshot; nothing reads it.
+pub(crate) const SCRATCH: &str = "refs/cordon/snapshot";
+
 const FILE: u32 = 0o100644;
 const EXECUTABLE: u32 = 0o100755;
 const SYMLINK: u32 = 0o120000;
 
+/// Who a commit is by, as git writes it: `Name <email>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ident {
+    pub name: String,
+    pub email: String,
+}
+
+impl Ident {
+    /// cordon's own, for its checkpoints.
+    pub fn cordon() -> Ident {
+        Ident {
+            name: "cordon".into(),
+            email: "cordon@localhost".into(),
+        }
+    }
+
+    /// As fast-import reads it: no `<`, `>` or newline in either part.
+    fn line(&self) -> String {
+        let clean = |s: &str| {
+            s.chars()
+                .filter(|c| !matches!(c, '<' | '>' | '\n' | '\r' | '\0'))
+                .collect::<String>()
+        };
+        format!(
+            "{} <{}>",
+            clean(&self.name).trim(),
+            clean(&self.email).trim()
+        )
+    }
+}
+
+/// How a snapshot is taken.
+#[derive(Debug, Clone)]
+pub(crate) struct Options<'a> {
+    pub parent: Option<&'a str>,
+    pub message: &'a str,
+    pub rules: Rules,
+    /// The stat cache's file in the repository, if one is kept.
+    pub cache: Option<&'a str>,
+    /// Leave out the top-level control files and note what was left out
+    /// in the message (a checkpoint, which a rewind reads back), or keep
+    /// them and the message as it is (a commit of the user's repository).
+    pub checkpoint: bool,
+    pub author: Ident,
+}
+
 /// Reads `workspace` and commits its files to `git`'s repository as a
-/// child of `parent` (no ref is moved: the caller decides). The stat
-/// cache lives in the repository, in the file `cache_name`.
-pub fn snapshot(
+/// child of `parent` (no ref but a scratch one is moved: the caller
+/// decides).
+pub(crate) fn snapshot(
     git: &Git,
     workspace: &Path,
-    parent: Option<&str>,
-    message: &str,
-    rules: Rules,
-    cache_name: &str,
+    opts: &Options<'_>,
 ) -> Result<Snapshot, SnapshotError> {
-    let cache_path = git.git_dir().join(cache_name);
-    let old = load_cache(&cache_path);
+    let (parent, message, rules) = (opts.parent, opts.message, opts.rules);
+    let cache_path = opts.cache.map(|c| git.git_dir().join(c));
+    let old = cache_path.as_deref().map(load_cache).unwrap_or_default();
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -188,7 +235,9 @@ pub fn snapshot(
     let mut walk = Walk::beneath(&ws, &WsPath::parse(".").expect("the root parses"))
         .map_err(|e| SnapshotError::Workspace(e.to_string()))?;
     walk.gitignore_only();
-    walk.skip_top_level(cordon_sandbox::CONTROL_FILES);
+    if opts.checkpoint {
+        walk.skip_top_level(cordon_sandbox::CONTROL_FILES);
+    }
 
     let mut items: Vec<Item> = Vec::new();
     let mut skipped = Vec::new();
@@ -305,11 +354,15 @@ pub fn snapshot(
     let incomplete = over_limit || walk.changed > 0 || walk.too_deep > 0;
 
     let commit_mark = next_mark;
-    let message = Meta {
-        skipped: skipped_raw,
-        incomplete,
-    }
-    .message(message);
+    let message = if opts.checkpoint {
+        Meta {
+            skipped: skipped_raw,
+            incomplete,
+        }
+        .message(message)
+    } else {
+        message.to_string()
+    };
     let written = write_error.map(Err).unwrap_or(Ok(())).and_then(|()| {
         write_commit(
             &mut out,
@@ -317,6 +370,7 @@ pub fn snapshot(
             parent,
             &message,
             started.as_secs(),
+            &opts.author,
             &items,
         )
     });
@@ -370,7 +424,9 @@ pub fn snapshot(
             .files
             .insert(String::from_utf8_lossy(&item.path).into_owned(), stat);
     }
-    save_cache(&cache_path, &cache)?;
+    if let Some(path) = &cache_path {
+        save_cache(path, &cache)?;
+    }
 
     let tree = rev_parse(git, &format!("{commit}^{{tree}}"))?;
     Ok(Snapshot {
@@ -502,13 +558,15 @@ fn write_commit(
     parent: Option<&str>,
     message: &str,
     when: u64,
+    author: &Ident,
     items: &[Item],
 ) -> std::io::Result<()> {
     // A reset first: whatever an earlier run left at the scratch ref must
     // not become the parent.
+    let who = author.line();
     write!(
         out,
-        "reset refs/cordon/snapshot\ncommit refs/cordon/snapshot\nmark :{mark}\ncommitter cordon <cordon@localhost> {when} +0000\ndata {}\n{message}\n",
+        "reset {SCRATCH}\ncommit {SCRATCH}\nmark :{mark}\nauthor {who} {when} +0000\ncommitter {who} {when} +0000\ndata {}\n{message}\n",
         message.len()
     )?;
     if let Some(p) = parent {
