@@ -53,6 +53,10 @@ pub struct ExecArgs {
     // Parsed by cordon, not clap: clap would echo a refused URL, token and all.
     #[arg(long, value_name = "URL[#REF]", conflicts_with_all = ["resume", "last"])]
     pub repo: Option<String>,
+    /// With --repo: let the model push the session's branch (git_push)
+    /// with your credentials, without asking
+    #[arg(long, requires = "repo")]
+    pub allow_push: bool,
     /// Isolation backend, native or microvm (overrides `sandbox.backend`; see `cordon vm setup`)
     #[arg(long, value_name = "NAME")]
     pub backend: Option<cordon_sandbox::BackendKind>,
@@ -352,10 +356,16 @@ pub async fn exec(args: ExecArgs) -> i32 {
     .history(history);
     if let Some(c) = &cloned {
         // Commits are made by cordon on the host, as the user.
-        builder = builder.tools(&[cordon_git::GitCommitTool::tool(
-            &c.branch,
-            cordon_git::host_ident(),
-        )]);
+        builder = builder.tools(&[
+            cordon_git::GitCommitTool::tool(&c.branch, cordon_git::host_ident()),
+            // exec asks nobody: a push happens only if the user said so.
+            cordon_git::GitPushTool::tool(
+                &c.url,
+                &c.branch,
+                args.allow_push,
+                cordon_git::HostCredentials::from_host(),
+            ),
+        ]);
     }
     if let Some(l) = log {
         // From here on the agent records the conversation as it happens.

@@ -104,9 +104,33 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
                     .expect_lacks("rc=0"),
             )
             .turn(
-                Turn::text("Committed.")
+                Turn::text("Committed; pushing.")
+                    .with_tool_call("p1", "git_push", json!({}))
                     .expect_tool_results(["c1"])
                     .expect_contains("M README"),
+            )
+            .turn(
+                Turn::text("Pushed.")
+                    .expect_tool_results(["p1"])
+                    .expect_contains("Pushed cordon/"),
+            )
+            // A second session, not allowed to push: the push is refused
+            // and said so; another branch cannot be named.
+            .turn(Turn::text("Pushing main.").with_tool_call(
+                "p2",
+                "git_push",
+                json!({"branch": "main"}),
+            ))
+            .turn(
+                Turn::text("Pushing mine.")
+                    .with_tool_call("p3", "git_push", json!({}))
+                    .expect_tool_results(["p2"])
+                    .expect_contains("takes no arguments"),
+            )
+            .turn(
+                Turn::text("Not allowed.")
+                    .expect_tool_results(["p3"])
+                    .expect_contains("needs the user's approval"),
             ),
     );
     let url = remote.url();
@@ -114,11 +138,10 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
         &server,
         &cwd,
         &home,
-        &["exec", "--repo", &url, "look around"],
+        &["exec", "--repo", &url, "--allow-push", "look around"],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
-    server.assert_finished();
     // Cloned where git would put it, on the session's branch.
     let ws = cwd.join("proj");
     assert!(
@@ -142,6 +165,17 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
         git(&ws, &["rev-parse", "main"])
     );
     assert_eq!(git(&ws, &["status", "--porcelain"]), "");
+    // Pushed: the remote has the session's branch at that commit, and its
+    // main is as it was.
+    let bare = remote.root.join("proj.git");
+    assert_eq!(
+        git(&bare, &["rev-parse", &format!("refs/heads/{branch}")]),
+        git(&ws, &["rev-parse", "HEAD"])
+    );
+    assert_eq!(
+        git(&bare, &["rev-parse", "main"]),
+        git(&ws, &["rev-parse", "main"])
+    );
     // The session says which repository and branch it works on.
     let list = cordon(&server, &cwd, &home, &["sessions", "--all", "--json"]);
     let session: Value = serde_json::from_str(
@@ -162,6 +196,38 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
         .expect("a repository record");
     assert_eq!(repo["url"], url.as_str());
     assert_eq!(repo["branch"], branch.as_str());
+
+    // Without --allow-push, the model cannot push.
+    let other = tmp.path().join("other");
+    let out = cordon(
+        &server,
+        &cwd,
+        &home,
+        &[
+            "exec",
+            "--repo",
+            &url,
+            "--workspace",
+            other.to_str().unwrap(),
+            "push main",
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.assert_finished();
+    let heads = git(
+        &bare,
+        &["for-each-ref", "--format=%(refname)", "refs/heads"],
+    );
+    assert_eq!(
+        heads.lines().count(),
+        3,
+        "main, feature and the first session's: {heads}"
+    );
 
     // A second --repo into the same (now full) directory is refused, and
     // a URL with the token in it never gets as far as git.

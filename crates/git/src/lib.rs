@@ -20,6 +20,7 @@
 mod checkpoint;
 mod command;
 mod commit;
+mod push;
 mod remote;
 mod repo;
 mod restore;
@@ -28,6 +29,7 @@ mod snapshot;
 pub use checkpoint::{Checkpoint, CheckpointError, Checkpoints, Rewound};
 pub use command::{Git, GitError};
 pub use commit::{CommitError, Committed, GitCommitTool, commit, host_ident};
+pub use push::{GitPushTool, PushError, push};
 pub use remote::{Cloned, HostCredentials, RemoteError, RepoSpec, clone_into};
 pub use repo::{RepoError, checked_repository};
 pub use restore::{Kept, RestoreError, Restored};

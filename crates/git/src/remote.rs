@@ -114,7 +114,7 @@ impl FromStr for RepoSpec {
 
 impl RepoSpec {
     /// The transport git will use.
-    fn protocol(&self) -> &'static str {
+    pub(crate) fn protocol(&self) -> &'static str {
         match self.url.split_once("://").map(|(s, _)| s) {
             Some("https") => "https",
             Some("http") => "http",

@@ -159,3 +159,50 @@ fn a_clone_goes_only_into_an_empty_directory() {
         "x"
     );
 }
+
+#[test]
+fn the_sessions_branch_is_pushed_with_the_hosts_credentials_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = remote(&tmp.path().join("remote"));
+    let home = tempfile::tempdir().unwrap();
+    let creds = user_with_token(home.path(), remote.port);
+    let url = remote.url();
+    let ws = tmp.path().join("ws");
+    clone_into(&url.parse().unwrap(), &ws, "cordon/s1", &creds).unwrap();
+    std::fs::write(ws.join("README"), "pushed\n").unwrap();
+    let who = cordon_git::Ident {
+        name: "Ada".into(),
+        email: "ada@example.com".into(),
+    };
+    let c = cordon_git::commit(&ws, "cordon/s1", "Push me", &who)
+        .unwrap()
+        .unwrap();
+    let bare = remote.root.join("proj.git");
+    let main_before = git(&bare, &["rev-parse", "refs/heads/main"]);
+
+    // No credentials: refused by the remote, nothing changes there.
+    let err = cordon_git::push(&ws, &url, "cordon/s1", &HostCredentials::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot push cordon/s1"), "{err}");
+    assert!(!git(&bare, &["for-each-ref"]).contains("cordon/s1"));
+
+    let pushed = cordon_git::push(&ws, &url, "cordon/s1", &creds).unwrap();
+    assert_eq!(pushed, c.commit);
+    assert_eq!(git(&bare, &["rev-parse", "refs/heads/cordon/s1"]), c.commit);
+    assert_eq!(git(&bare, &["rev-parse", "refs/heads/main"]), main_before);
+    // A workspace whose configuration was made to redirect the push is
+    // refused before anything is sent.
+    git(
+        &ws,
+        &[
+            "config",
+            &format!("url.http://127.0.0.1:1/.pushInsteadOf"),
+            &url,
+        ],
+    );
+    let err = cordon_git::push(&ws, &url, "cordon/s1", &creds)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("pushinsteadof"), "{err}");
+}
