@@ -195,11 +195,7 @@ fn the_sessions_branch_is_pushed_with_the_hosts_credentials_and_nothing_else() {
     // refused before anything is sent.
     git(
         &ws,
-        &[
-            "config",
-            &format!("url.http://127.0.0.1:1/.pushInsteadOf"),
-            &url,
-        ],
+        &["config", "url.http://127.0.0.1:1/.pushInsteadOf", &url],
     );
     let err = cordon_git::push(&ws, &url, "cordon/s1", &creds)
         .unwrap_err()
