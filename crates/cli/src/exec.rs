@@ -53,10 +53,15 @@ pub struct ExecArgs {
     // Parsed by cordon, not clap: clap would echo a refused URL, token and all.
     #[arg(long, value_name = "URL[#REF]", conflicts_with_all = ["resume", "last"])]
     pub repo: Option<String>,
-    /// With --repo: let the model push the session's branch (git_push)
-    /// with your credentials, without asking
+    /// With --repo: let the model push the session's branch (git_push) and
+    /// open a pull request (create_pull_request) as you, without asking
     #[arg(long, requires = "repo")]
     pub allow_push: bool,
+    /// The forge's API for pull requests [default: GitHub's for github.com,
+    /// else Gitea's at the repository's host]; the token comes from
+    /// CORDON_FORGE_TOKEN (or GITHUB_TOKEN)
+    #[arg(long, value_name = "URL", requires = "repo")]
+    pub forge_api: Option<String>,
     /// Isolation backend, native or microvm (overrides `sandbox.backend`; see `cordon vm setup`)
     #[arg(long, value_name = "NAME")]
     pub backend: Option<cordon_sandbox::BackendKind>,
@@ -72,6 +77,14 @@ pub struct ExecArgs {
     /// Override any setting (repeatable), as `cordon config --set`
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
     pub set: Vec<(String, String)>,
+}
+
+/// The user's forge token, from the host's environment (never the
+/// sandbox's, which is built from nothing).
+fn forge_token() -> Option<String> {
+    ["CORDON_FORGE_TOKEN", "GITHUB_TOKEN", "GH_TOKEN"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
 }
 
 /// Exit status when the model could not complete the task.
@@ -364,6 +377,21 @@ pub async fn exec(args: ExecArgs) -> i32 {
                 &c.branch,
                 args.allow_push,
                 cordon_git::HostCredentials::from_host(),
+            ),
+            cordon_git::CreatePullRequestTool::tool(
+                forge_token().and_then(|token| {
+                    cordon_git::Forge::for_repository(
+                        &c.url,
+                        args.forge_api.as_deref(),
+                        None,
+                        token,
+                    )
+                    .map_err(|e| eprintln!("cordon: {e}"))
+                    .ok()
+                }),
+                &c.branch,
+                &c.base_branch,
+                args.allow_push,
             ),
         ]);
     }

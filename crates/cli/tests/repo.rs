@@ -7,14 +7,26 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use cordon_testkit::forge::ScriptedForge;
 use cordon_testkit::git_remote::{GitRemote, git};
 use cordon_testkit::{Scenario, ScriptedServer, Turn};
 use serde_json::{Value, json};
 
 const USER: &str = "alice";
 const TOKEN: &str = "s3cret-token-5f1e";
+const FORGE_TOKEN: &str = "forge-t0ken-77aa";
 
 fn cordon(server: &ScriptedServer, cwd: &Path, home: &Path, args: &[&str]) -> Output {
+    cordon_env(server, cwd, home, args, &[])
+}
+
+fn cordon_env(
+    server: &ScriptedServer,
+    cwd: &Path,
+    home: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Output {
     Command::new(env!("CARGO_BIN_EXE_cordon"))
         .args(args)
         .current_dir(cwd)
@@ -25,6 +37,7 @@ fn cordon(server: &ScriptedServer, cwd: &Path, home: &Path, args: &[&str]) -> Ou
         .env("XDG_DATA_HOME", home.join("data"))
         .env("ANTHROPIC_BASE_URL", server.url())
         .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
+        .envs(env.iter().copied())
         .output()
         .unwrap()
 }
@@ -110,9 +123,19 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
                     .expect_contains("M README"),
             )
             .turn(
-                Turn::text("Pushed.")
+                Turn::text("Pushed; opening a pull request.")
+                    .with_tool_call(
+                        "pr1",
+                        "create_pull_request",
+                        json!({"title": "README: three", "body": "The README now says three."}),
+                    )
                     .expect_tool_results(["p1"])
                     .expect_contains("Pushed cordon/"),
+            )
+            .turn(
+                Turn::text("Opened.")
+                    .expect_tool_results(["pr1"])
+                    .expect_contains("Opened pull request #1"),
             )
             // A second session, not allowed to push: the push is refused
             // and said so; another branch cannot be named.
@@ -134,11 +157,22 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
             ),
     );
     let url = remote.url();
-    let out = cordon(
+    let forge = ScriptedForge::start(FORGE_TOKEN);
+    let forge_api = forge.url();
+    let out = cordon_env(
         &server,
         &cwd,
         &home,
-        &["exec", "--repo", &url, "--allow-push", "look around"],
+        &[
+            "exec",
+            "--repo",
+            &url,
+            "--allow-push",
+            "--forge-api",
+            &forge_api,
+            "look around",
+        ],
+        &[("CORDON_FORGE_TOKEN", FORGE_TOKEN)],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
@@ -167,7 +201,7 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
     assert_eq!(git(&ws, &["status", "--porcelain"]), "");
     // Pushed: the remote has the session's branch at that commit, and its
     // main is as it was.
-    let bare = remote.root.join("proj.git");
+    let bare = remote.bare();
     assert_eq!(
         git(&bare, &["rev-parse", &format!("refs/heads/{branch}")]),
         git(&ws, &["rev-parse", "HEAD"])
@@ -175,6 +209,19 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
     assert_eq!(
         git(&bare, &["rev-parse", "main"]),
         git(&ws, &["rev-parse", "main"])
+    );
+    // The pull request: from the session's branch into the one it started
+    // from, with the model's title and body, and the user's token.
+    let calls = forge.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].path, "/repos/team/proj/pulls");
+    assert_eq!(
+        calls[0].authorization.as_deref(),
+        Some(format!("token {FORGE_TOKEN}").as_str())
+    );
+    assert_eq!(
+        calls[0].body,
+        json!({"title": "README: three", "body": "The README now says three.", "head": branch, "base": "main"})
     );
     // The session says which repository and branch it works on.
     let list = cordon(&server, &cwd, &home, &["sessions", "--all", "--json"]);
@@ -234,7 +281,10 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
     let out = cordon(&server, &cwd, &home, &["exec", "--repo", &url, "again"]);
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not empty"));
-    let with_token = format!("http://{USER}:{TOKEN}@127.0.0.1:{}/proj.git", remote.port);
+    let with_token = format!(
+        "http://{USER}:{TOKEN}@127.0.0.1:{}/team/proj.git",
+        remote.port
+    );
     let out = cordon(&server, &cwd, &home, &["exec", "--repo", &with_token, "x"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0));

@@ -20,6 +20,7 @@
 mod checkpoint;
 mod command;
 mod commit;
+mod forge;
 mod push;
 mod remote;
 mod repo;
@@ -29,6 +30,7 @@ mod snapshot;
 pub use checkpoint::{Checkpoint, CheckpointError, Checkpoints, Rewound};
 pub use command::{Git, GitError};
 pub use commit::{CommitError, Committed, GitCommitTool, commit, host_ident};
+pub use forge::{CreatePullRequestTool, Forge, ForgeKind, PullRequest};
 pub use push::{GitPushTool, PushError, push};
 pub use remote::{Cloned, HostCredentials, RemoteError, RepoSpec, clone_into};
 pub use repo::{RepoError, checked_repository};

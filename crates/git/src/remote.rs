@@ -208,6 +208,9 @@ pub struct Cloned {
     pub branch: String,
     /// The commit it starts from.
     pub base: String,
+    /// The remote's branch a pull request goes into: `#REF` when it names
+    /// a branch, else the remote's default branch.
+    pub base_branch: String,
 }
 
 /// Clones `spec` into `workspace` (empty or absent) on the host, with
@@ -272,10 +275,33 @@ pub fn clone_into(
             reference: spec.reference.clone().unwrap_or_else(|| "HEAD".into()),
         })?;
     git.run(["checkout", "--quiet", "-b", branch, &start])?;
+    let default_branch = git
+        .run([
+            "symbolic-ref",
+            "--quiet",
+            "--short",
+            "refs/remotes/origin/HEAD",
+        ])
+        .map(|o| {
+            String::from_utf8_lossy(&o)
+                .trim()
+                .trim_start_matches("origin/")
+                .to_string()
+        })
+        .unwrap_or_else(|_| "main".into());
+    let base_branch = match &spec.reference {
+        Some(r)
+            if crate::snapshot::rev_parse(&git, &format!("refs/remotes/origin/{r}")).is_ok() =>
+        {
+            r.clone()
+        }
+        _ => default_branch,
+    };
     let base = crate::snapshot::rev_parse(&git, "HEAD")?;
     Ok(Cloned {
         url: spec.url.clone(),
         branch: branch.to_string(),
         base,
+        base_branch,
     })
 }

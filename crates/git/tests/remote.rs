@@ -61,6 +61,10 @@ fn a_clone_uses_the_hosts_credentials_and_leaves_none_behind() {
     assert_eq!(git(&ws, &["symbolic-ref", "HEAD"]), "refs/heads/cordon/s1");
     assert_eq!(git(&ws, &["rev-parse", "HEAD"]), cloned.base);
     assert_eq!(git(&ws, &["rev-parse", "origin/main"]), cloned.base);
+    assert_eq!(
+        cloned.base_branch, "main",
+        "pull requests go into the default branch"
+    );
     // The remote URL as given, and no secret anywhere the sandbox can read.
     assert_eq!(git(&ws, &["remote", "get-url", "origin"]), url);
     let seen = everything_in(&ws);
@@ -75,14 +79,16 @@ fn a_clone_uses_the_hosts_credentials_and_leaves_none_behind() {
     // A branch and a tag to start from.
     let ws2 = tmp.path().join("ws2");
     let spec: RepoSpec = format!("{url}#feature").parse().unwrap();
-    clone_into(&spec, &ws2, "cordon/s2", &creds).unwrap();
+    let c2 = clone_into(&spec, &ws2, "cordon/s2", &creds).unwrap();
+    assert_eq!(c2.base_branch, "feature");
     assert_eq!(
         std::fs::read_to_string(ws2.join("feature.txt")).unwrap(),
         "f\n"
     );
     let ws3 = tmp.path().join("ws3");
     let spec: RepoSpec = format!("{url}#v1").parse().unwrap();
-    clone_into(&spec, &ws3, "cordon/s3", &creds).unwrap();
+    let c3 = clone_into(&spec, &ws3, "cordon/s3", &creds).unwrap();
+    assert_eq!(c3.base_branch, "main", "a tag is no branch to merge into");
     assert_eq!(
         std::fs::read_to_string(ws3.join("README")).unwrap(),
         "one\n"
@@ -117,7 +123,7 @@ fn without_the_hosts_credentials_the_clone_is_refused_and_says_so() {
 #[test]
 fn urls_with_secrets_or_transports_that_run_commands_are_refused() {
     for bad in [
-        format!("http://{USER}:{TOKEN}@127.0.0.1:1/proj.git"),
+        format!("http://{USER}:{TOKEN}@127.0.0.1:1/team/proj.git"),
         "https://x:ghp_abc@github.com/o/r".to_string(),
     ] {
         let err = bad.parse::<RepoSpec>().unwrap_err().to_string();
@@ -177,7 +183,7 @@ fn the_sessions_branch_is_pushed_with_the_hosts_credentials_and_nothing_else() {
     let c = cordon_git::commit(&ws, "cordon/s1", "Push me", &who)
         .unwrap()
         .unwrap();
-    let bare = remote.root.join("proj.git");
+    let bare = remote.bare();
     let main_before = git(&bare, &["rev-parse", "refs/heads/main"]);
 
     // No credentials: refused by the remote, nothing changes there.

@@ -81,7 +81,7 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
 
 impl GitRemote {
     /// Serves the bare repositories in `root` to `user` with `password`.
-    /// `proj.git` is made there: `main` (two commits), a branch `feature`
+    /// `team/proj.git` is made there: `main` (two commits), a branch `feature`
     /// and a tag `v1`.
     pub fn start(root: &Path, user: &str, password: &str) -> GitRemote {
         let src = root.join("src");
@@ -98,7 +98,7 @@ impl GitRemote {
         git(&src, &["checkout", "-q", "main"]);
         std::fs::write(src.join("README"), "two\n").expect("write");
         git(&src, &["commit", "-q", "-am", "two"]);
-        git(root, &["clone", "-q", "--bare", "src", "proj.git"]);
+        git(root, &["clone", "-q", "--bare", "src", "team/proj.git"]);
         let mut child = Command::new("python3")
             .args(["-c", SERVER])
             .arg(root)
@@ -117,8 +117,13 @@ impl GitRemote {
         }
     }
 
-    /// `proj.git`'s URL.
+    /// `team/proj.git`'s URL: a forge's shape, owner then repository.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/proj.git", self.port)
+        format!("http://127.0.0.1:{}/team/proj.git", self.port)
+    }
+
+    /// The bare repository behind [`GitRemote::url`].
+    pub fn bare(&self) -> PathBuf {
+        self.root.join("team/proj.git")
     }
 }

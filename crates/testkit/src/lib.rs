@@ -74,6 +74,7 @@
 //! ```
 
 mod anthropic;
+pub mod forge;
 pub mod git_remote;
 mod openai;
 mod scenario;

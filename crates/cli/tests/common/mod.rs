@@ -69,7 +69,7 @@ pub const VM_RUN_DEADLINE: Duration = Duration::from_secs(150);
 /// Extra time a microvm run may take: the guest boots (about 2 s under TCG,
 /// several when the battery's VMs share two cores) and emulated programs
 /// start slower.
-pub const VM_SLACK: Duration = Duration::from_secs(10);
+pub const VM_SLACK: Duration = Duration::from_secs(20);
 
 /// Which identity `cordon run` is started with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
