@@ -55,6 +55,17 @@ pub struct ChatArgs {
     /// Override any setting (repeatable), as `cordon config --set`
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
     pub set: Vec<(String, String)>,
+    /// Work on a clone of URL (at REF), made on the host with your git
+    /// credentials into --workspace or ./NAME, on a branch cordon/SESSION
+    #[arg(long, value_name = "URL[#REF]", conflicts_with_all = ["resume", "last"])]
+    pub repo: Option<String>,
+    /// With --repo: let the model push and open pull requests without
+    /// asking (with --approval ask each one is asked)
+    #[arg(long, requires = "repo")]
+    pub allow_push: bool,
+    /// The forge's API for pull requests (see `cordon exec --help`)
+    #[arg(long, value_name = "URL", requires = "repo")]
+    pub forge_api: Option<String>,
 }
 
 pub async fn chat(args: ChatArgs) -> i32 {
@@ -71,7 +82,28 @@ pub async fn chat(args: ChatArgs) -> i32 {
         Ok(r) => r,
         Err(e) => return config_error(e),
     };
-    let (resumed, resume_notice, workspace) = (resume.resumed, resume.notice, resume.workspace);
+    let (resumed, resume_notice, mut workspace) = (resume.resumed, resume.notice, resume.workspace);
+    let mut cloned = None;
+    if let Some(repo) = &args.repo {
+        let id = sessions::new_id();
+        let spec = match crate::repo::parse_repo(repo) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("cordon: --repo: {e}");
+                return crate::exit::SANDBOX;
+            }
+        };
+        match crate::repo::clone_for(&spec, workspace.as_deref(), &id).await {
+            Ok((dir, c)) => {
+                workspace = Some(dir);
+                cloned = Some((id, c));
+            }
+            Err(e) => {
+                eprintln!("cordon: {e}");
+                return crate::exit::SANDBOX;
+            }
+        }
+    }
     let s = match setup(&Choices {
         model: args.model.as_deref(),
         provider: args.provider.as_deref(),
@@ -100,6 +132,37 @@ pub async fn chat(args: ChatArgs) -> i32 {
         context_tokens: 0,
         context_window: s.model.agent.context_window,
     };
+    let approval = match args.approval {
+        Some(ApprovalArg::Ask) => ApprovalMode::Ask,
+        Some(ApprovalArg::Auto) => ApprovalMode::Auto,
+        None => match s.settings.resolved().approval {
+            cordon_agent::config::ApprovalMode::Ask => ApprovalMode::Ask,
+            cordon_agent::config::ApprovalMode::Auto => ApprovalMode::Auto,
+        },
+    };
+    let mut notices: Vec<String> = s.notices.into_iter().chain(resume_notice).collect();
+    let repository = cloned.map(|(id, c)| {
+        notices.push(format!(
+            "Cloned {} into this workspace, on branch {}: the model commits with git_commit{}.",
+            c.url,
+            c.branch,
+            if args.allow_push || approval == ApprovalMode::Ask {
+                ", pushes with git_push and opens pull requests with create_pull_request"
+            } else {
+                " (pushing needs --allow-push or --approval ask)"
+            }
+        ));
+        cordon_tui::Repository {
+            session_id: id,
+            records: vec![crate::repo::record(&c)],
+            // Asked for each call in ask mode; otherwise only if allowed.
+            tools: crate::repo::tools(
+                &c,
+                args.allow_push || approval == ApprovalMode::Ask,
+                args.forge_api.as_deref(),
+            ),
+        }
+    });
     let worker = Worker {
         provider: s.model.provider,
         agent: AgentConfig {
@@ -107,18 +170,12 @@ pub async fn chat(args: ChatArgs) -> i32 {
             ..s.model.agent
         },
         sandbox: s.sandbox,
-        approval: match args.approval {
-            Some(ApprovalArg::Ask) => ApprovalMode::Ask,
-            Some(ApprovalArg::Auto) => ApprovalMode::Auto,
-            None => match s.settings.resolved().approval {
-                cordon_agent::config::ApprovalMode::Ask => ApprovalMode::Ask,
-                cordon_agent::config::ApprovalMode::Auto => ApprovalMode::Auto,
-            },
-        },
+        approval,
         sessions_dir: sessions::sessions_dir(),
         resume: resumed,
         mcp,
-        notices: s.notices.into_iter().chain(resume_notice).collect(),
+        notices,
+        repository,
     };
     let result = cordon_tui::run(status, worker).await;
     // The terminal is the user's again.

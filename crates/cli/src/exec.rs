@@ -79,14 +79,6 @@ pub struct ExecArgs {
     pub set: Vec<(String, String)>,
 }
 
-/// The user's forge token, from the host's environment (never the
-/// sandbox's, which is built from nothing).
-fn forge_token() -> Option<String> {
-    ["CORDON_FORGE_TOKEN", "GITHUB_TOKEN", "GH_TOKEN"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
-}
-
 /// Exit status when the model could not complete the task.
 pub const MODEL_ERROR: i32 = 1;
 
@@ -368,32 +360,13 @@ pub async fn exec(args: ExecArgs) -> i32 {
     .tools(&mcp.tools)
     .history(history);
     if let Some(c) = &cloned {
-        // Commits are made by cordon on the host, as the user.
-        builder = builder.tools(&[
-            cordon_git::GitCommitTool::tool(&c.branch, cordon_git::host_ident()),
-            // exec asks nobody: a push happens only if the user said so.
-            cordon_git::GitPushTool::tool(
-                &c.url,
-                &c.branch,
-                args.allow_push,
-                cordon_git::HostCredentials::from_host(),
-            ),
-            cordon_git::CreatePullRequestTool::tool(
-                forge_token().and_then(|token| {
-                    cordon_git::Forge::for_repository(
-                        &c.url,
-                        args.forge_api.as_deref(),
-                        None,
-                        token,
-                    )
-                    .map_err(|e| eprintln!("cordon: {e}"))
-                    .ok()
-                }),
-                &c.branch,
-                &c.base_branch,
-                args.allow_push,
-            ),
-        ]);
+        // Commits are made by cordon on the host, as the user; exec asks
+        // nobody, so a push happens only if the user said so.
+        builder = builder.tools(&crate::repo::tools(
+            c,
+            args.allow_push,
+            args.forge_api.as_deref(),
+        ));
     }
     if let Some(l) = log {
         // From here on the agent records the conversation as it happens.

@@ -72,6 +72,33 @@ pub(crate) fn record(c: &Cloned) -> serde_json::Value {
     })
 }
 
+/// The host-side git tools of a session on `c`: commit always; push and
+/// pull requests when `allowed` (the user said so, or is asked each time).
+pub(crate) fn tools(
+    c: &Cloned,
+    allowed: bool,
+    forge_api: Option<&str>,
+) -> Vec<std::sync::Arc<dyn cordon_tools::Tool>> {
+    let forge = forge_token().and_then(|token| {
+        cordon_git::Forge::for_repository(&c.url, forge_api, None, token)
+            .map_err(|e| eprintln!("cordon: {e}"))
+            .ok()
+    });
+    vec![
+        cordon_git::GitCommitTool::tool(&c.branch, cordon_git::host_ident()),
+        cordon_git::GitPushTool::tool(&c.url, &c.branch, allowed, HostCredentials::from_host()),
+        cordon_git::CreatePullRequestTool::tool(forge, &c.branch, &c.base_branch, allowed),
+    ]
+}
+
+/// The user's forge token, from the host's environment (never the
+/// sandbox's, which is built from nothing).
+fn forge_token() -> Option<String> {
+    ["CORDON_FORGE_TOKEN", "GITHUB_TOKEN", "GH_TOKEN"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -560,3 +560,80 @@ fn undo_takes_back_the_last_turns_files_and_messages() {
     tmux.keys(&["Enter"]);
     tmux.wait_for("EXIT=0");
 }
+
+/// Bare `cordon --repo URL`: the clone is made on the host into ./NAME
+/// with the user's credential helper, the model commits through cordon,
+/// and the session's log and branch share its id.
+#[test]
+fn bare_cordon_with_repo_clones_and_the_model_commits_on_the_sessions_branch() {
+    use cordon_testkit::git_remote::{GitRemote, git};
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = GitRemote::start(&tmp.path().join("remote"), "alice", "tok-9c1d");
+    let home = tmp.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::write(
+        home.join(".gitconfig"),
+        "[credential]\n\thelper = store\n[user]\n\tname = Ada Host\n\temail = ada@host.example\n",
+    )
+    .unwrap();
+    std::fs::write(
+        home.join(".git-credentials"),
+        format!("http://alice:tok-9c1d@127.0.0.1:{}\n", remote.port),
+    )
+    .unwrap();
+    let cwd = tmp.path().join("projects");
+    std::fs::create_dir(&cwd).unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Editing.").with_tool_call(
+                "w1",
+                "write_file",
+                json!({"path": "README", "content": "from the chat\n"}),
+            ))
+            .turn(
+                Turn::text("Committing.")
+                    .with_tool_call(
+                        "c1",
+                        "git_commit",
+                        json!({"message": "README from the chat"}),
+                    )
+                    .expect_tool_results(["w1"]),
+            )
+            .turn(Turn::text("COMMITTED-IT.").expect_tool_results(["c1"])),
+    );
+    let cmd = format!(
+        "cd {cwd} && env -i PATH=/usr/bin:/bin TERM=xterm-256color HOME={home} \
+         XDG_CONFIG_HOME={home}/config XDG_DATA_HOME={home}/data ANTHROPIC_BASE_URL={url} \
+         ANTHROPIC_API_KEY=sk-test-key-0000 {bin} --repo {repo}; echo EXIT=$?; sleep 600",
+        cwd = cwd.display(),
+        home = home.display(),
+        url = server.url(),
+        bin = env!("CARGO_BIN_EXE_cordon"),
+        repo = remote.url(),
+    );
+    let tmux = Tmux::start("repo", &cmd, 110, 40);
+    let s = tmux.wait_for("sandbox ready");
+    assert!(s.contains("Cloned") && s.contains("git_commit"), "{s}");
+    tmux.type_text("change the readme and commit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("COMMITTED-IT.");
+    server.assert_finished();
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+
+    let ws = cwd.join("proj");
+    let branch = git(&ws, &["branch", "--show-current"]);
+    assert_eq!(
+        git(&ws, &["log", "-1", "--format=%an|%s"]),
+        "Ada Host|README from the chat"
+    );
+    // The session's log is named after the id the branch carries, and says
+    // which repository it works on.
+    let id = branch
+        .strip_prefix("cordon/")
+        .expect("the session's branch");
+    let log = std::fs::read_to_string(home.join(format!("data/cordon/sessions/{id}.jsonl")))
+        .expect("the session's log");
+    assert!(log.contains("\"type\":\"repository\""), "{log}");
+}

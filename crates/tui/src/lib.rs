@@ -16,7 +16,7 @@ pub mod wrap;
 
 pub use app::{App, SandboxState, Status};
 pub use run::{Outcome, run};
-pub use worker::{ApprovalMode, Worker};
+pub use worker::{ApprovalMode, Repository, Worker};
 
 #[cfg(test)]
 mod test_util {

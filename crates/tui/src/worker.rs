@@ -166,6 +166,17 @@ pub struct Worker {
     /// Said in the transcript before anything else (settings the
     /// configuration ignored, and why).
     pub notices: Vec<String>,
+    /// A repository cloned for this conversation (`--repo`): the id its
+    /// session gets (its branch is named after it), the records its log
+    /// starts with after `session_started`, and the host-side git tools.
+    pub repository: Option<Repository>,
+}
+
+/// What `--repo` gives a new conversation.
+pub struct Repository {
+    pub session_id: String,
+    pub records: Vec<Value>,
+    pub tools: Vec<Arc<dyn cordon_tools::Tool>>,
 }
 
 struct State {
@@ -225,6 +236,9 @@ impl Worker {
         )
         .await;
         st.extra_tools = mcp.tools.clone();
+        if let Some(repo) = &st.cfg.repository {
+            st.extra_tools.extend(repo.tools.iter().cloned());
+        }
         match resume {
             Some(r) => st.adopt(r),
             None => st.fresh_agent(),
@@ -462,7 +476,18 @@ impl State {
         let Some(agent) = self.agent.take() else {
             return;
         };
-        let id = sessions::new_id();
+        // The first conversation on a cloned repository takes the id its
+        // branch is named after; later ones (/clear, /new) their own.
+        let preset = self.cfg.repository.as_mut().map(|r| {
+            (
+                std::mem::take(&mut r.session_id),
+                std::mem::take(&mut r.records),
+            )
+        });
+        let (id, first) = match preset {
+            Some((id, records)) if !id.is_empty() => (id, records),
+            _ => (sessions::new_id(), Vec::new()),
+        };
         let path = self.cfg.sessions_dir.join(format!("{id}.jsonl"));
         let agent = match SessionLog::<Value>::create(&path) {
             Ok(mut log) => {
@@ -479,6 +504,9 @@ impl State {
                     )
                     .record(),
                 );
+                for r in &first {
+                    let _ = log.append(r);
+                }
                 let _ = self.updates.send(Update::Session {
                     id: id.clone(),
                     workspace: self.cfg.sandbox.workspace.display().to_string(),
