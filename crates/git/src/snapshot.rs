@@ -109,17 +109,26 @@ struct Stat {
     ino: u64,
     mode: u32,
     oid: String,
+    /// Changed too recently to trust its times: read again next time.
+    racy: bool,
 }
 
-/// Bumped when [`Stat`] changes: an old cache is then read as empty.
-const CACHE_VERSION: u32 = 1;
+/// Bumped when [`Cache`] changes: an old cache is then read as empty. It
+/// is postcard (not self-describing): no field may be skipped or defaulted.
+const CACHE_VERSION: u32 = 3;
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Cache {
     version: u32,
-    /// Paths as bytes, hex-free: serde_json keeps valid UTF-8 names as
-    /// they are; others are stored lossily and so simply miss.
+    /// The tree `files` lists whole: a snapshot whose parent has this tree
+    /// sends fast-import only what changed.
+    tree: Option<String>,
+    /// Every file of that tree. Keys are the paths as text; a name that is
+    /// not UTF-8 is stored lossily, so it never hits, and the whole
+    /// listing is then sent instead (see `lossless`).
     files: HashMap<String, Stat>,
+    /// Every key is a path exactly.
+    lossless: bool,
 }
 
 /// Where a file's content comes from in the fast-import stream.
@@ -202,6 +211,13 @@ pub(crate) fn snapshot(
     let (parent, message, rules) = (opts.parent, opts.message, opts.rules);
     let cache_path = opts.cache.map(|c| git.git_dir().join(c));
     let old = cache_path.as_deref().map(load_cache).unwrap_or_default();
+    // The cache lists the parent's tree whole: only changes need sending.
+    let incremental = match parent {
+        Some(p) if old.lossless && old.tree.is_some() => {
+            rev_parse(git, &format!("{p}^{{tree}}")).ok() == old.tree
+        }
+        _ => false,
+    };
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -272,7 +288,7 @@ pub(crate) fn snapshot(
             return ControlFlow::Continue(());
         }
         let read = match e.kind {
-            Kind::File => read_file(e.dir, e.name, rules.max_file_bytes),
+            Kind::File => stat_file(e.dir, e.name, rules.max_file_bytes),
             _ => read_link(e.dir, e.name),
         };
         let (mut st, content) = match read {
@@ -300,6 +316,7 @@ pub(crate) fn snapshot(
         bytes += st.size;
         let key = String::from_utf8_lossy(&path).into_owned();
         if let Some(cached) = old.files.get(&key)
+            && !cached.racy
             && same_file(cached, &st, mode)
         {
             items.push(Item {
@@ -309,6 +326,26 @@ pub(crate) fn snapshot(
                 stat: Some(cached.clone()),
             });
             return ControlFlow::Continue(());
+        }
+        // A miss: open it now, and keep the stat of what was opened.
+        if e.kind == Kind::File {
+            match read_file(e.dir, e.name, rules.max_file_bytes) {
+                Ok(Read_::Ready(opened, _)) => st = opened,
+                Ok(Read_::TooLarge(size)) => {
+                    skipped.push(Skipped {
+                        path: shown(),
+                        skip: Skip::TooLarge { bytes: size },
+                    });
+                    return ControlFlow::Continue(());
+                }
+                Err(()) => {
+                    skipped.push(Skipped {
+                        path: shown(),
+                        skip: Skip::Unreadable,
+                    });
+                    return ControlFlow::Continue(());
+                }
+            }
         }
         let content = match content.map(Ok).unwrap_or_else(|| st.read()) {
             Ok(c) => c,
@@ -335,18 +372,19 @@ pub(crate) fn snapshot(
             write_error = Some(err);
             return ControlFlow::Break(());
         }
-        let cacheable = st.mtime.0 < fresh_after && st.ctime.0 < fresh_after;
+        let racy = st.mtime.0 >= fresh_after || st.ctime.0 >= fresh_after;
         items.push(Item {
             path,
             mode,
             source: Source::Mark(mark),
-            stat: cacheable.then(|| Stat {
+            stat: Some(Stat {
                 size: st.size,
                 mtime: st.mtime,
                 ctime: st.ctime,
                 ino: st.ino,
                 mode,
                 oid: String::new(),
+                racy,
             }),
         });
         ControlFlow::Continue(())
@@ -366,12 +404,15 @@ pub(crate) fn snapshot(
     let written = write_error.map(Err).unwrap_or(Ok(())).and_then(|()| {
         write_commit(
             &mut out,
-            commit_mark,
-            parent,
-            &message,
-            started.as_secs(),
-            &opts.author,
+            &Header {
+                mark: commit_mark,
+                parent,
+                message: &message,
+                when: started.as_secs(),
+                author: &opts.author,
+            },
             &items,
+            incremental.then_some(&old.files),
         )
     });
     let flushed = written.and_then(|()| out.flush());
@@ -410,25 +451,36 @@ pub(crate) fn snapshot(
         .ok_or_else(|| unexpected("no mark for the commit"))?;
 
     let files = items.len();
-    let mut cache = Cache {
-        version: CACHE_VERSION,
-        files: HashMap::with_capacity(items.len()),
-    };
-    for item in items {
-        let Some(mut stat) = item.stat else { continue };
-        if let Source::Mark(m) = item.source {
-            let Some(oid) = by_mark.get(&m) else { continue };
-            stat.oid = oid.clone();
-        }
-        cache
-            .files
-            .insert(String::from_utf8_lossy(&item.path).into_owned(), stat);
-    }
+    let tree = rev_parse(git, &format!("{commit}^{{tree}}"))?;
     if let Some(path) = &cache_path {
+        let mut cache = Cache {
+            version: CACHE_VERSION,
+            tree: Some(tree.clone()),
+            files: HashMap::with_capacity(items.len()),
+            lossless: true,
+        };
+        for item in items {
+            let Some(mut stat) = item.stat else {
+                cache.lossless = false;
+                continue;
+            };
+            if let Source::Mark(m) = item.source {
+                let Some(oid) = by_mark.get(&m) else {
+                    cache.lossless = false;
+                    continue;
+                };
+                stat.oid = oid.clone();
+            }
+            match String::from_utf8(item.path) {
+                Ok(key) => {
+                    cache.files.insert(key, stat);
+                }
+                Err(_) => cache.lossless = false,
+            }
+        }
         save_cache(path, &cache)?;
     }
 
-    let tree = rev_parse(git, &format!("{commit}^{{tree}}"))?;
     Ok(Snapshot {
         commit,
         tree,
@@ -498,6 +550,31 @@ enum Read_ {
     Ready(FileStat, Option<Vec<u8>>),
 }
 
+/// A regular file's stat, without opening it (the cache may spare that).
+fn stat_file(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr, max: u64) -> Result<Read_, ()> {
+    let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|_| ())?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(());
+    }
+    let size = st.st_size as u64;
+    if size > max {
+        return Ok(Read_::TooLarge(size));
+    }
+    Ok(Read_::Ready(
+        FileStat {
+            size,
+            mtime: (st.st_mtime, st.st_mtime_nsec as i64),
+            ctime: (st.st_ctime, st.st_ctime_nsec as i64),
+            ino: st.st_ino,
+            mode: st.st_mode,
+            file: None,
+        },
+        None,
+    ))
+}
+
+/// Opens a regular file (beneath, never through a link) and stats what
+/// was opened: the stat kept is that of the bytes read.
 fn read_file(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr, max: u64) -> Result<Read_, ()> {
     let (file, size) = open_file_at(dir, name).map_err(|_| ())?;
     if size > max {
@@ -552,15 +629,29 @@ fn write_blob(out: &mut impl Write, mark: u64, content: &[u8]) -> std::io::Resul
     out.write_all(b"\n")
 }
 
+/// A commit's own lines in the fast-import stream.
+struct Header<'a> {
+    mark: u64,
+    parent: Option<&'a str>,
+    message: &'a str,
+    when: u64,
+    author: &'a Ident,
+}
+
 fn write_commit(
     out: &mut impl Write,
-    mark: u64,
-    parent: Option<&str>,
-    message: &str,
-    when: u64,
-    author: &Ident,
+    h: &Header<'_>,
     items: &[Item],
+    // The parent's whole listing: then only what differs from it is sent.
+    prev: Option<&HashMap<String, Stat>>,
 ) -> std::io::Result<()> {
+    let Header {
+        mark,
+        parent,
+        message,
+        when,
+        author,
+    } = *h;
     // A reset first: whatever an earlier run left at the scratch ref must
     // not become the parent.
     let who = author.line();
@@ -572,8 +663,30 @@ fn write_commit(
     if let Some(p) = parent {
         writeln!(out, "from {p}")?;
     }
-    out.write_all(b"deleteall\n")?;
+    if prev.is_none() {
+        out.write_all(b"deleteall\n")?;
+    }
+    if let Some(prev) = prev {
+        // Deletions first: a file that became a directory (or the other
+        // way) must be gone before its new self is set.
+        let now: std::collections::HashSet<&[u8]> =
+            items.iter().map(|i| i.path.as_slice()).collect();
+        for gone in prev.keys().filter(|k| !now.contains(k.as_bytes())) {
+            out.write_all(b"D ")?;
+            out.write_all(&quote(gone.as_bytes()))?;
+            out.write_all(b"\n")?;
+        }
+    }
     for item in items {
+        if let Some(prev) = prev {
+            let key = std::str::from_utf8(&item.path).ok();
+            let same = key.and_then(|k| prev.get(k)).is_some_and(|p| {
+                p.mode == item.mode && matches!(&item.source, Source::Oid(o) if *o == p.oid)
+            });
+            if same {
+                continue;
+            }
+        }
         match &item.source {
             Source::Oid(oid) => write!(out, "M {:o} {oid} ", item.mode)?,
             Source::Mark(m) => write!(out, "M {:o} :{m} ", item.mode)?,
@@ -605,7 +718,12 @@ fn load_cache(path: &Path) -> Cache {
     let Ok(text) = std::fs::read(path) else {
         return Cache::default();
     };
-    match serde_json::from_slice::<Cache>(&text) {
+    // The version first, on its own: any other layout reads as empty.
+    match postcard::from_bytes::<u32>(&text) {
+        Ok(CACHE_VERSION) => {}
+        _ => return Cache::default(),
+    }
+    match postcard::from_bytes::<Cache>(&text) {
         Ok(c) if c.version == CACHE_VERSION => c,
         _ => Cache::default(),
     }
@@ -613,7 +731,7 @@ fn load_cache(path: &Path) -> Cache {
 
 fn save_cache(path: &Path, cache: &Cache) -> Result<(), SnapshotError> {
     let tmp = path.with_extension("tmp");
-    let text = serde_json::to_vec(cache).expect("a cache of strings and numbers serializes");
+    let text = postcard::to_stdvec(cache).expect("a cache of strings and numbers serializes");
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(SnapshotError::State)

@@ -247,3 +247,46 @@ fn only_this_sessions_checkpoints_can_be_restored() {
     let theirs = other.store.record(&other.ws, "turn 0").unwrap();
     assert!(f.store.restore(&f.ws, &theirs.id).is_err());
 }
+
+/// Files old enough for the stat cache to trust: later checkpoints send
+/// fast-import only what changed, and every checkpoint still holds every
+/// file.
+#[test]
+fn unchanged_files_are_not_read_again_and_every_checkpoint_is_whole() {
+    let f = fixture();
+    for i in 0..50 {
+        write(
+            &f.ws,
+            &format!("d{}/f{i}", i % 5),
+            format!("v0 {i}").as_bytes(),
+        );
+    }
+    // The cache trusts no file changed in the last two seconds (its ctime
+    // too, which cannot be set back).
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let t0 = f.store.record(&f.ws, "turn 0").unwrap();
+    assert_eq!(t0.files, 50);
+    std::fs::write(f.ws.join("d0/f0"), "v1 0").unwrap();
+    std::fs::remove_file(f.ws.join("d1/f1")).unwrap();
+    std::fs::remove_dir_all(f.ws.join("d2")).unwrap();
+    write(&f.ws, "d2", b"now a file");
+    write(&f.ws, "new/n", b"new");
+    let t1 = f.store.record(&f.ws, "turn 1").unwrap();
+    assert!(t1.changed);
+    assert_eq!(t1.files, 50 - 1 - 10 + 1 + 1);
+    // Each checkpoint is whole: back to t0, then to t1, byte for byte.
+    f.store.restore(&f.ws, &t0.id).unwrap();
+    for i in 0..50 {
+        assert_eq!(
+            read(&f.ws, &format!("d{}/f{i}", i % 5)),
+            format!("v0 {i}").as_bytes(),
+            "f{i}"
+        );
+    }
+    assert!(!f.ws.join("new").exists());
+    f.store.restore(&f.ws, &t1.id).unwrap();
+    assert_eq!(read(&f.ws, "d0/f0"), b"v1 0");
+    assert_eq!(read(&f.ws, "d2"), b"now a file");
+    assert!(!f.ws.join("d1/f1").exists());
+    assert_eq!(read(&f.ws, "d3/f3"), b"v0 3");
+}
