@@ -126,6 +126,7 @@ impl Checkpoints {
                 cache: Some(CACHE),
                 checkpoint: true,
                 author: snapshot::Ident::cordon(),
+                tracked: &[],
             },
         )?;
         let parent_tree = match &parent {

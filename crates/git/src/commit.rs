@@ -7,8 +7,9 @@
 //! through a link: a link is committed as a link) and handed to
 //! `fast-import`, so git reads nothing of the work tree; the branch moves
 //! by a compare-and-swap `update-ref` from the commit the snapshot started
-//! at; hooks never run. What is committed: what `git add -A` would take,
-//! less files over 100 MiB (the forges' limit), which are named.
+//! at; hooks never run. What is committed: what `git add -A` would take
+//! (tracked files that `.gitignore` now leaves out included), less files
+//! over 100 MiB (the forges' limit), which are named.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -83,6 +84,12 @@ pub fn commit(
         });
     }
     let parent = rev_parse(&git, "HEAD")?;
+    let tracked: Vec<Vec<u8>> = git
+        .run(["ls-tree", "-r", "-z", "--name-only", "--full-tree", &parent])?
+        .split(|b| *b == 0)
+        .filter(|p| !p.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
     let snap = snapshot::snapshot(
         &git,
         workspace,
@@ -96,6 +103,7 @@ pub fn commit(
             cache: None,
             checkpoint: false,
             author: author.clone(),
+            tracked: &tracked,
         },
     )?;
     let _ = git.run(["update-ref", "-d", SCRATCH]);

@@ -198,6 +198,9 @@ pub(crate) struct Options<'a> {
     /// them and the message as it is (a commit of the user's repository).
     pub checkpoint: bool,
     pub author: Ident,
+    /// Paths the repository tracks: one that `.gitignore` leaves out but
+    /// that is still there is kept, as `git add -A` keeps it.
+    pub tracked: &'a [Vec<u8>],
 }
 
 /// Reads `workspace` and commits its files to `git`'s repository as a
@@ -389,6 +392,44 @@ pub(crate) fn snapshot(
         });
         ControlFlow::Continue(())
     });
+    // Tracked files the ignore rules hid from the walk, read beneath the
+    // root without following any link.
+    if write_error.is_none() && !opts.tracked.is_empty() {
+        let seen: std::collections::HashSet<&[u8]> =
+            items.iter().map(|i| i.path.as_slice()).collect();
+        let hidden: Vec<&Vec<u8>> = opts
+            .tracked
+            .iter()
+            .filter(|p| !seen.contains(p.as_slice()))
+            .collect();
+        if let Ok(root) = rustix::fs::open(
+            workspace,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) {
+            for path in hidden {
+                let Some((mode, content)) = read_tracked(&root, path, rules.max_file_bytes) else {
+                    continue;
+                };
+                let mark = next_mark;
+                next_mark += 1;
+                if let Err(err) = write_blob(&mut out, mark, &content) {
+                    write_error = Some(err);
+                    break;
+                }
+                bytes += content.len() as u64;
+                read_bytes += content.len() as u64;
+                items.push(Item {
+                    path: path.clone(),
+                    mode,
+                    source: Source::Mark(mark),
+                    stat: None,
+                });
+            }
+        }
+    }
     let incomplete = over_limit || walk.changed > 0 || walk.too_deep > 0;
 
     let commit_mark = next_mark;
@@ -548,6 +589,56 @@ enum Read_ {
     TooLarge(u64),
     /// Stat, and the content when it had to be read already (a link).
     Ready(FileStat, Option<Vec<u8>>),
+}
+
+/// A tracked path's mode and content, if it is still a regular file or a
+/// link: opened relative to `root`, beneath it, through no link on the way
+/// (a link at the end is read as a link).
+fn read_tracked(root: &std::os::fd::OwnedFd, path: &[u8], max: u64) -> Option<(u32, Vec<u8>)> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let strict = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let name = OsStr::from_bytes(path);
+    let fd = rustix::fs::openat2(
+        root,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        strict,
+    )
+    .ok()?;
+    let st = rustix::fs::fstat(&fd).ok()?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::Symlink => {
+            let target = rustix::fs::readlinkat(&fd, "", Vec::new()).ok()?;
+            Some((SYMLINK, target.into_bytes()))
+        }
+        FileType::RegularFile if (st.st_size as u64) <= max => {
+            let file = rustix::fs::openat2(
+                root,
+                name,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                Mode::empty(),
+                strict,
+            )
+            .ok()?;
+            let st = rustix::fs::fstat(&file).ok()?;
+            if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+                return None;
+            }
+            let mut buf = Vec::new();
+            std::fs::File::from(file)
+                .take(st.st_size as u64)
+                .read_to_end(&mut buf)
+                .ok()?;
+            let mode = if st.st_mode & 0o111 != 0 {
+                EXECUTABLE
+            } else {
+                FILE
+            };
+            Some((mode, buf))
+        }
+        _ => None,
+    }
 }
 
 /// A regular file's stat, without opening it (the cache may spare that).

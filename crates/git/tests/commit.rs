@@ -191,3 +191,53 @@ fn a_file_swapped_for_a_link_to_a_host_secret_is_never_committed() {
         "a commit read through a link"
     );
 }
+
+/// Files the repository tracks stay in the commit when `.gitignore` now
+/// leaves them out, as `git add -A` has it; read beneath the workspace,
+/// never through a link.
+#[test]
+fn tracked_files_that_gitignore_leaves_out_stay_committed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    git(&src, &["init", "-q", "-b", "main"]);
+    std::fs::write(src.join("keep.log"), "tracked log\n").unwrap();
+    std::fs::create_dir(src.join("vendor")).unwrap();
+    std::fs::write(src.join("vendor/lib.c"), "int x;\n").unwrap();
+    std::fs::write(src.join("link.log"), "to become a link\n").unwrap();
+    git(&src, &["add", "-A"]);
+    git(&src, &["commit", "-q", "-m", "one"]);
+    let ws = tmp.path().join("ws");
+    git(tmp.path(), &["clone", "-q", "src", "ws"]);
+    git(&ws, &["checkout", "-q", "-b", "cordon/s1"]);
+    let secret = tmp.path().join("secret");
+    std::fs::write(&secret, "HOST SECRET").unwrap();
+
+    std::fs::write(ws.join(".gitignore"), "*.log\n/vendor/\n").unwrap();
+    std::fs::write(ws.join("keep.log"), "changed log\n").unwrap();
+    std::fs::remove_file(ws.join("link.log")).unwrap();
+    symlink(&secret, ws.join("link.log")).unwrap();
+    std::fs::write(ws.join("untracked.log"), "never\n").unwrap();
+    commit(&ws, "cordon/s1", "Ignore logs", &author())
+        .unwrap()
+        .expect("a commit");
+    let files = git(&ws, &["ls-tree", "-r", "--name-only", "HEAD"]);
+    let files: Vec<&str> = files.lines().collect();
+    assert_eq!(
+        files,
+        [".gitignore", "keep.log", "link.log", "vendor/lib.c"]
+    );
+    assert_eq!(git(&ws, &["show", "HEAD:keep.log"]), "changed log");
+    // The link is committed as a link, its target's bytes never read.
+    assert_eq!(
+        git(&ws, &["cat-file", "-p", "HEAD:link.log"]),
+        secret.display().to_string()
+    );
+    let objects = std::process::Command::new("git")
+        .arg("-C")
+        .arg(&ws)
+        .args(["cat-file", "--batch-all-objects", "--batch"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&objects.stdout).contains("HOST SECRET"));
+}
