@@ -17,14 +17,12 @@ use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use cordon_tools::walk::open_at;
+use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::command::{Git, GitError};
 
-const STRICT: ResolveFlags = ResolveFlags::BENEATH
-    .union(ResolveFlags::NO_SYMLINKS)
-    .union(ResolveFlags::NO_MAGICLINKS);
 /// Largest configuration file read; a real one is a few hundred bytes.
 const MAX_CONFIG: u64 = 256 << 10;
 
@@ -168,19 +166,11 @@ pub fn checked_repository(workspace: &Path) -> Result<Git, RepoError> {
 }
 
 fn open(dir: BorrowedFd<'_>, name: &str, flags: OFlags) -> Result<OwnedFd, Errno> {
-    for _ in 0..64 {
-        match rustix::fs::openat2(
-            dir,
-            OsStr::new(name),
-            flags | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-            Mode::empty(),
-            STRICT,
-        ) {
-            Err(Errno::AGAIN) | Err(Errno::INTR) => continue,
-            r => return r,
-        }
-    }
-    Err(Errno::AGAIN)
+    open_at(
+        dir,
+        OsStr::new(name),
+        flags | OFlags::RDONLY | OFlags::NONBLOCK,
+    )
 }
 
 /// A configuration file's settings, as git reads them (`include.path`

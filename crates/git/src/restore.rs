@@ -19,18 +19,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::Stdio;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use cordon_tools::walk::{STRICT, open_at};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Git, GitError, shown_stderr};
 use crate::snapshot::{Meta, is_control};
-
-const STRICT: ResolveFlags = ResolveFlags::BENEATH
-    .union(ResolveFlags::NO_SYMLINKS)
-    .union(ResolveFlags::NO_MAGICLINKS);
-/// How often an open is retried when the kernel reports a racing rename.
-const RETRIES: usize = 64;
 
 /// One entry of a tree: its mode and object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,19 +208,7 @@ fn parents(path: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 fn open_dir(dir: BorrowedFd<'_>, name: &OsStr) -> Result<OwnedFd, Errno> {
-    for _ in 0..RETRIES {
-        match rustix::fs::openat2(
-            dir,
-            name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            STRICT,
-        ) {
-            Err(Errno::AGAIN) | Err(Errno::INTR) => continue,
-            r => return r,
-        }
-    }
-    Err(Errno::AGAIN)
+    open_at(dir, name, OFlags::RDONLY | OFlags::DIRECTORY)
 }
 
 /// The directory holding `path`, opened one component at a time (made

@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io::{BufWriter, Read, Write};
 use std::ops::ControlFlow;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -595,17 +596,9 @@ enum Read_ {
 /// link: opened relative to `root`, beneath it, through no link on the way
 /// (a link at the end is read as a link).
 fn read_tracked(root: &std::os::fd::OwnedFd, path: &[u8], max: u64) -> Option<(u32, Vec<u8>)> {
-    use rustix::fs::{Mode, OFlags, ResolveFlags};
-    let strict = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    use rustix::fs::OFlags;
     let name = OsStr::from_bytes(path);
-    let fd = rustix::fs::openat2(
-        root,
-        name,
-        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-        strict,
-    )
-    .ok()?;
+    let fd = cordon_tools::walk::open_at(root.as_fd(), name, OFlags::PATH).ok()?;
     let st = rustix::fs::fstat(&fd).ok()?;
     match FileType::from_raw_mode(st.st_mode) {
         FileType::Symlink => {
@@ -613,14 +606,9 @@ fn read_tracked(root: &std::os::fd::OwnedFd, path: &[u8], max: u64) -> Option<(u
             Some((SYMLINK, target.into_bytes()))
         }
         FileType::RegularFile if (st.st_size as u64) <= max => {
-            let file = rustix::fs::openat2(
-                root,
-                name,
-                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-                Mode::empty(),
-                strict,
-            )
-            .ok()?;
+            let file =
+                cordon_tools::walk::open_at(root.as_fd(), name, OFlags::RDONLY | OFlags::NONBLOCK)
+                    .ok()?;
             let st = rustix::fs::fstat(&file).ok()?;
             if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
                 return None;

@@ -45,12 +45,14 @@ const MAX_IGNORE_FILE: u64 = 1 << 20;
 /// How often an open is retried when the kernel reports a racing rename.
 const RETRIES: usize = 64;
 
-const STRICT: ResolveFlags = ResolveFlags::BENEATH
+/// Beneath the directory, through no link at all.
+pub const STRICT: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
 
-/// Opens the single name `name` in `dir`, never through a link.
-fn open_at(dir: BorrowedFd<'_>, name: &OsStr, flags: OFlags) -> Result<OwnedFd, Errno> {
+/// Opens `name` in `dir`, beneath it and never through a link, retrying
+/// when the kernel reports a racing rename.
+pub fn open_at(dir: BorrowedFd<'_>, name: &OsStr, flags: OFlags) -> Result<OwnedFd, Errno> {
     let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     for _ in 0..RETRIES {
         match rustix::fs::openat2(dir, name, flags, Mode::empty(), STRICT) {
