@@ -4,10 +4,11 @@
 
 use std::os::unix::fs::symlink;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use cordon_git::{Checkpoints, Git};
+
+mod support;
+use support::{Swapper, objects_hold};
 
 fn write(root: &Path, rel: &str, data: &[u8]) {
     let p = root.join(rel);
@@ -34,15 +35,8 @@ fn a_link_to_a_host_file_is_recorded_as_a_link_never_read() {
     let t0 = store.record(&ws, "turn 0").unwrap();
     assert_eq!(t0.files, 2);
     // No object in the store holds the secret's bytes.
-    let out = std::process::Command::new("git")
-        .args(["--git-dir"])
-        .arg(tmp.path().join("cp"))
-        .args(["cat-file", "--batch-all-objects", "--batch"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
     assert!(
-        !String::from_utf8_lossy(&out.stdout).contains("HOST SECRET"),
+        !objects_hold(&tmp.path().join("cp"), "HOST SECRET"),
         "the checkpoint read through a link"
     );
 }
@@ -57,36 +51,15 @@ fn a_checkpoint_racing_a_file_swapped_for_a_link_never_reads_the_host() {
     write(&ws, "notes.txt", b"notes");
     symlink(&secret, ws.join("n.link")).unwrap();
     let store = Checkpoints::open(&tmp.path().join("cp")).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let swapper = {
-        let (ws, stop) = (ws.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let _ = rustix::fs::renameat_with(
-                    rustix::fs::CWD,
-                    ws.join("notes.txt"),
-                    rustix::fs::CWD,
-                    ws.join("n.link"),
-                    rustix::fs::RenameFlags::EXCHANGE,
-                );
-            }
-        })
-    };
+    let swapper = Swapper::start(ws.join("notes.txt"), ws.join("n.link"));
     for i in 0..30 {
         // A change each time, so that every record reads the file.
         write(&ws, "turn", format!("{i}").as_bytes());
         let _ = store.record(&ws, "turn");
     }
-    stop.store(true, Ordering::Relaxed);
-    swapper.join().unwrap();
-    let out = std::process::Command::new("git")
-        .arg("--git-dir")
-        .arg(tmp.path().join("cp"))
-        .args(["cat-file", "--batch-all-objects", "--batch"])
-        .output()
-        .unwrap();
+    swapper.stop();
     assert!(
-        !String::from_utf8_lossy(&out.stdout).contains("HOST SECRET"),
+        !objects_hold(&tmp.path().join("cp"), "HOST SECRET"),
         "a checkpoint read through a link"
     );
 }
@@ -146,31 +119,11 @@ fn a_rewind_racing_a_directory_swapped_for_a_link_stays_inside() {
     }
     let t1 = store.record(&ws, "turn 1").unwrap();
 
-    // The "sandbox": swaps d for a link to outside and back, as fast as it can.
-    let stop = Arc::new(AtomicBool::new(false));
-    let swaps = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let swapper = {
-        let (ws, outside, stop, swaps) = (ws.clone(), outside.clone(), stop.clone(), swaps.clone());
-        std::thread::spawn(move || {
-            let (d, link) = (ws.join("d"), ws.join("d.link"));
-            symlink(&outside, &link).unwrap();
-            // One atomic exchange at a time: `d` is always there, a
-            // directory one moment and a link out the next.
-            while !stop.load(Ordering::Relaxed) {
-                let _ = rustix::fs::renameat_with(
-                    rustix::fs::CWD,
-                    &d,
-                    rustix::fs::CWD,
-                    &link,
-                    rustix::fs::RenameFlags::EXCHANGE,
-                );
-                swaps.fetch_add(1, Ordering::Relaxed);
-            }
-        })
-    };
-    while swaps.load(Ordering::Relaxed) == 0 {
-        std::thread::yield_now();
-    }
+    // The "sandbox": swaps d for a link to outside and back, as fast as
+    // it can; `d` is always there, a directory one moment and a link out
+    // the next.
+    symlink(&outside, ws.join("d.link")).unwrap();
+    let swapper = Swapper::start(ws.join("d"), ws.join("d.link"));
     // Back and forth, so that every rewind has files to write.
     let mut written = 0;
     for i in 0..20 {
@@ -179,8 +132,7 @@ fn a_rewind_racing_a_directory_swapped_for_a_link_stays_inside() {
             written += r.restored.written;
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    swapper.join().unwrap();
+    swapper.stop();
     assert!(
         written > 0,
         "no rewind wrote anything: the race was not run"

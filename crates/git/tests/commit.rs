@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use cordon_git::{Ident, commit};
 use cordon_testkit::git_remote::git;
 
+mod support;
+use support::{Swapper, objects_hold};
+
 fn author() -> Ident {
     Ident {
         name: "Ada Host".into(),
@@ -151,43 +154,20 @@ fn only_the_sessions_branch_and_a_real_message() {
 
 #[test]
 fn a_file_swapped_for_a_link_to_a_host_secret_is_never_committed() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
     let tmp = tempfile::tempdir().unwrap();
     let ws = workspace(tmp.path());
     let secret = tmp.path().join("secret");
     std::fs::write(&secret, "HOST SECRET").unwrap();
     std::fs::write(ws.join(".gitignore"), "/build/\n/n.link\n").unwrap();
     symlink(&secret, ws.join("n.link")).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let swapper = {
-        let (ws, stop) = (ws.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let _ = rustix::fs::renameat_with(
-                    rustix::fs::CWD,
-                    ws.join("README"),
-                    rustix::fs::CWD,
-                    ws.join("n.link"),
-                    rustix::fs::RenameFlags::EXCHANGE,
-                );
-            }
-        })
-    };
+    let swapper = Swapper::start(ws.join("README"), ws.join("n.link"));
     for i in 0..20 {
         std::fs::write(ws.join("counter"), i.to_string()).unwrap();
         let _ = commit(&ws, "cordon/s1", &format!("turn {i}"), &author());
     }
-    stop.store(true, Ordering::Relaxed);
-    swapper.join().unwrap();
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(&ws)
-        .args(["cat-file", "--batch-all-objects", "--batch"])
-        .output()
-        .unwrap();
+    swapper.stop();
     assert!(
-        !String::from_utf8_lossy(&out.stdout).contains("HOST SECRET"),
+        !objects_hold(&ws.join(".git"), "HOST SECRET"),
         "a commit read through a link"
     );
 }
@@ -233,11 +213,5 @@ fn tracked_files_that_gitignore_leaves_out_stay_committed() {
         git(&ws, &["cat-file", "-p", "HEAD:link.log"]),
         secret.display().to_string()
     );
-    let objects = std::process::Command::new("git")
-        .arg("-C")
-        .arg(&ws)
-        .args(["cat-file", "--batch-all-objects", "--batch"])
-        .output()
-        .unwrap();
-    assert!(!String::from_utf8_lossy(&objects.stdout).contains("HOST SECRET"));
+    assert!(!objects_hold(&ws.join(".git"), "HOST SECRET"));
 }
