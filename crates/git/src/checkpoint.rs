@@ -129,11 +129,7 @@ impl Checkpoints {
                 tracked: &[],
             },
         )?;
-        let parent_tree = match &parent {
-            Some(p) => Some(rev_parse(&self.git, &format!("{p}^{{tree}}"))?),
-            None => None,
-        };
-        let changed = parent_tree.as_deref() != Some(snap.tree.as_str());
+        let changed = snap.parent_tree.as_deref() != Some(snap.tree.as_str());
         let id = match (changed, parent) {
             (false, Some(p)) => p,
             _ => {

@@ -110,7 +110,7 @@ pub fn commit(
     if snap.incomplete {
         return Err(CommitError::Incomplete);
     }
-    if rev_parse(&git, &format!("{parent}^{{tree}}"))? == snap.tree {
+    if snap.parent_tree.as_deref() == Some(snap.tree.as_str()) {
         return Ok(None);
     }
     // From the commit the snapshot started at only: a branch moved since

@@ -89,6 +89,9 @@ pub struct Snapshot {
     pub commit: String,
     /// Its tree.
     pub tree: String,
+    /// The parent's tree, when there is a parent: the files changed iff
+    /// it differs from `tree`.
+    pub parent_tree: Option<String>,
     /// Files (and links) kept.
     pub files: usize,
     /// Their bytes.
@@ -216,12 +219,11 @@ pub(crate) fn snapshot(
     let cache_path = opts.cache.map(|c| git.git_dir().join(c));
     let old = cache_path.as_deref().map(load_cache).unwrap_or_default();
     // The cache lists the parent's tree whole: only changes need sending.
-    let incremental = match parent {
-        Some(p) if old.lossless && old.tree.is_some() => {
-            rev_parse(git, &format!("{p}^{{tree}}")).ok() == old.tree
-        }
-        _ => false,
+    let parent_tree = match parent {
+        Some(p) => Some(rev_parse(git, &format!("{p}^{{tree}}"))?),
+        None => None,
     };
+    let incremental = old.lossless && old.tree.is_some() && old.tree == parent_tree;
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -526,6 +528,7 @@ pub(crate) fn snapshot(
     Ok(Snapshot {
         commit,
         tree,
+        parent_tree,
         files,
         bytes,
         read_bytes,
