@@ -152,15 +152,16 @@ pub async fn chat(args: ChatArgs) -> i32 {
                 " (pushing needs --allow-push or --approval ask)"
             }
         ));
+        // Asked for each call in ask mode; otherwise only if allowed.
+        let repo = crate::repo::session(
+            &c,
+            args.allow_push || approval == ApprovalMode::Ask,
+            args.forge_api.as_deref(),
+        );
         cordon_tui::Repository {
             session_id: id,
-            records: vec![crate::repo::record(&c)],
-            // Asked for each call in ask mode; otherwise only if allowed.
-            tools: crate::repo::tools(
-                &c,
-                args.allow_push || approval == ApprovalMode::Ask,
-                args.forge_api.as_deref(),
-            ),
+            records: serde_json::to_value(repo.record()).into_iter().collect(),
+            tools: repo.tools(),
         }
     });
     let worker = Worker {

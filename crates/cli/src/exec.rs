@@ -338,6 +338,11 @@ pub async fn exec(args: ExecArgs) -> i32 {
         !history.is_empty(),
     )
     .record();
+    // Commits are made by cordon on the host, as the user; exec asks
+    // nobody, so a push happens only if the user said so.
+    let repo = cloned
+        .as_ref()
+        .map(|c| crate::repo::session(c, args.allow_push, args.forge_api.as_deref()));
     let mut stdout = std::io::stdout();
     if args.json {
         let _ = writeln!(stdout, "{started}");
@@ -346,8 +351,10 @@ pub async fn exec(args: ExecArgs) -> i32 {
         && l.next_seq() == 0
     {
         let _ = l.append(&started);
-        if let Some(c) = &cloned {
-            let _ = l.append(&crate::repo::record(c));
+        if let Some(r) = &repo
+            && let Ok(record) = serde_json::to_value(r.record())
+        {
+            let _ = l.append(&record);
         }
     }
     let mut builder = AgentBuilder::new(
@@ -359,14 +366,8 @@ pub async fn exec(args: ExecArgs) -> i32 {
     )
     .tools(&mcp.tools)
     .history(history);
-    if let Some(c) = &cloned {
-        // Commits are made by cordon on the host, as the user; exec asks
-        // nobody, so a push happens only if the user said so.
-        builder = builder.tools(&crate::repo::tools(
-            c,
-            args.allow_push,
-            args.forge_api.as_deref(),
-        ));
+    if let Some(r) = &repo {
+        builder = builder.tools(&r.tools());
     }
     if let Some(l) = log {
         // From here on the agent records the conversation as it happens.

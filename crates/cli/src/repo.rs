@@ -52,7 +52,13 @@ pub(crate) async fn clone_for(
     };
     let (spec, branch, at) = (spec.clone(), format!("cordon/{id}"), dir.clone());
     let cloned = tokio::task::spawn_blocking(move || {
-        cordon_git::clone_into(&spec, &at, &branch, &HostCredentials::from_host())
+        cordon_git::clone_into(
+            &spec,
+            &at,
+            &branch,
+            &HostCredentials::from_host(),
+            cordon_git::Existing::Refuse,
+        )
     })
     .await
     .map_err(|e| e.to_string())?
@@ -60,35 +66,26 @@ pub(crate) async fn clone_for(
     Ok((dir, cloned))
 }
 
-/// The session log's record of the clone: where pushes go is read from
-/// here, never from the repository's configuration, which the workspace
-/// holds.
-pub(crate) fn record(c: &Cloned) -> serde_json::Value {
-    serde_json::json!({
-        "type": "repository",
-        "url": c.url,
-        "branch": c.branch,
-        "base": c.base,
-    })
-}
-
-/// The host-side git tools of a session on `c`: commit always; push and
-/// pull requests when `allowed` (the user said so, or is asked each time).
-pub(crate) fn tools(
+/// The repository of a session on `c`, for its tools: commit always;
+/// push and pull requests when `allowed` (the user said so, or is asked
+/// each time), with the host user's credentials and forge token.
+pub(crate) fn session(
     c: &Cloned,
     allowed: bool,
     forge_api: Option<&str>,
-) -> Vec<std::sync::Arc<dyn cordon_tools::Tool>> {
+) -> cordon_git::SessionRepository {
     let forge = forge_token().and_then(|token| {
         cordon_git::Forge::for_repository(&c.url, forge_api, None, token)
             .map_err(|e| eprintln!("cordon: {e}"))
             .ok()
     });
-    vec![
-        cordon_git::GitCommitTool::tool(&c.branch, cordon_git::host_ident()),
-        cordon_git::GitPushTool::tool(&c.url, &c.branch, allowed, HostCredentials::from_host()),
-        cordon_git::CreatePullRequestTool::tool(forge, &c.branch, &c.base_branch, allowed),
-    ]
+    cordon_git::SessionRepository {
+        cloned: c.clone(),
+        creds: HostCredentials::from_host(),
+        forge,
+        author: cordon_git::host_ident(),
+        allow_push: allowed,
+    }
 }
 
 /// The user's forge token, from the host's environment (never the

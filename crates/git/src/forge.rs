@@ -28,6 +28,10 @@ pub struct Forge {
     token: String,
     owner: String,
     repo: String,
+    /// For someone other than the host's user: the addresses the API's
+    /// host was checked to resolve to, the only ones connected to, and no
+    /// redirect followed.
+    confined: Option<Vec<std::net::IpAddr>>,
 }
 
 impl std::fmt::Debug for Forge {
@@ -122,7 +126,39 @@ impl Forge {
             token,
             owner,
             repo,
+            confined: None,
         })
+    }
+
+    /// The API's base URL.
+    pub fn api(&self) -> &str {
+        &self.api
+    }
+
+    /// This forge reached only at `addrs` (what its API's host name was
+    /// checked to resolve to), following no redirect.
+    pub fn confined(mut self, addrs: Vec<std::net::IpAddr>) -> Forge {
+        self.confined = Some(addrs);
+        self
+    }
+
+    fn client(&self) -> Result<reqwest::Client, String> {
+        let mut b = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .user_agent("cordon");
+        if let Some(addrs) = &self.confined {
+            b = b.redirect(reqwest::redirect::Policy::none()).no_proxy();
+            if let Some(e) = crate::access::Endpoint::of_url(&self.api)
+                && e.ip().is_none()
+            {
+                let at: Vec<std::net::SocketAddr> = addrs
+                    .iter()
+                    .map(|ip| std::net::SocketAddr::new(*ip, e.port))
+                    .collect();
+                b = b.resolve_to_addrs(&e.host, &at);
+            }
+        }
+        b.build().map_err(|e| e.to_string())
     }
 
     /// Opens a pull request from `head` into `base`.
@@ -138,11 +174,7 @@ impl Forge {
             ForgeKind::GitHub => format!("Bearer {}", self.token),
             ForgeKind::Gitea => format!("token {}", self.token),
         };
-        let client = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(30))
-            .user_agent("cordon")
-            .build()
-            .map_err(|e| e.to_string())?;
+        let client = self.client()?;
         let resp = client
             .post(&url)
             .header("authorization", auth)

@@ -3,7 +3,8 @@
 //! - [`Checkpoints`]: a session's workspace after each turn, in a
 //!   repository of cordon's own, restored on a rewind.
 //! - [`clone_into`]: a session's repository, cloned on the host with the
-//!   host's credentials, which the sandbox never sees.
+//!   host's credentials (or a tenant's login, [`HostCredentials::remote`]),
+//!   which the sandbox never sees; [`SessionRepository`] its tools.
 //! - [`commit`] and [`GitCommitTool`]: the model's changes committed to
 //!   the session's branch by cordon on the host.
 //! - [`checked_repository`]: the workspace's own `.git`, refused when it
@@ -17,6 +18,7 @@
 //! repository cordon owns, fed through `fast-import` and read through
 //! `cat-file`.
 
+mod access;
 mod checkpoint;
 mod command;
 mod commit;
@@ -25,14 +27,17 @@ mod push;
 mod remote;
 mod repo;
 mod restore;
+mod session;
 mod snapshot;
 
+pub use access::{Endpoint, HostCredentials, Login};
 pub use checkpoint::{Checkpoint, CheckpointError, Checkpoints, Rewound};
 pub use command::{Git, GitError};
 pub use commit::{CommitError, Committed, GitCommitTool, commit, host_ident};
 pub use forge::{CreatePullRequestTool, Forge, ForgeKind, PullRequest};
 pub use push::{GitPushTool, PushError, push};
-pub use remote::{Cloned, HostCredentials, RemoteError, RepoSpec, clone_into};
+pub use remote::{Cloned, Existing, RemoteError, RepoSpec, clone_into};
 pub use repo::{RepoError, checked_repository};
 pub use restore::{Kept, RestoreError, Restored};
+pub use session::{RepositoryRecord, SessionRepository};
 pub use snapshot::{Ident, Rules, Skip, Skipped, SnapshotError};

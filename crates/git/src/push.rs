@@ -11,8 +11,9 @@ use std::sync::Arc;
 use cordon_tools::{Tool, ToolContext, ToolFuture, ToolOutput};
 use serde_json::{Value, json};
 
+use crate::access::HostCredentials;
 use crate::command::GitError;
-use crate::remote::{HostCredentials, RemoteError, RepoSpec};
+use crate::remote::{RemoteError, RepoSpec};
 use crate::repo::{RepoError, checked_repository};
 use crate::snapshot::rev_parse;
 

@@ -5,10 +5,12 @@
 //! carries no secret (one that would is refused), and the helpers are
 //! passed to that one git command, never written anywhere.
 
-use std::ffi::OsString;
+use std::collections::BTreeSet;
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use crate::access::{Endpoint, HostCredentials};
 use crate::command::{Git, GitError};
 
 /// `URL[#REF]`: a repository, and the branch, tag or commit to start from.
@@ -112,7 +114,23 @@ impl FromStr for RepoSpec {
     }
 }
 
+impl fmt::Display for RepoSpec {
+    /// `URL[#REF]`, as it was parsed from.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.reference {
+            Some(r) => write!(f, "{}#{r}", self.url),
+            None => f.write_str(&self.url),
+        }
+    }
+}
+
 impl RepoSpec {
+    /// Where an `https://` or `http://` URL points; `None` for another
+    /// transport.
+    pub fn endpoint(&self) -> Option<Endpoint> {
+        Endpoint::of_url(&self.url)
+    }
+
     /// The transport git will use.
     pub(crate) fn protocol(&self) -> &'static str {
         match self.url.split_once("://").map(|(s, _)| s) {
@@ -134,74 +152,8 @@ impl RepoSpec {
     }
 }
 
-/// The host's means to reach a repository: the credential helpers its
-/// user's git configuration names, and what ssh needs (the agent, the
-/// home with `~/.ssh`). Read from the host, given only to the git
-/// commands that talk to a remote.
-#[derive(Debug, Clone, Default)]
-pub struct HostCredentials {
-    helpers: Vec<String>,
-    env: Vec<(OsString, OsString)>,
-}
-
-impl HostCredentials {
-    /// What this process's user has: `credential.helper` from the user's
-    /// and the system's git configuration (which are theirs, not the
-    /// workspace's), and `HOME`, `XDG_CONFIG_HOME` and `SSH_AUTH_SOCK`.
-    pub fn from_host() -> HostCredentials {
-        HostCredentials::from_env(
-            ["HOME", "XDG_CONFIG_HOME", "SSH_AUTH_SOCK"]
-                .into_iter()
-                .filter_map(|k| std::env::var_os(k).map(|v| (OsString::from(k), v)))
-                .collect(),
-        )
-    }
-
-    /// As [`HostCredentials::from_host`], for a user whose `HOME` (and
-    /// `XDG_CONFIG_HOME`, `SSH_AUTH_SOCK`) are `env`.
-    pub fn from_env(env: Vec<(OsString, OsString)>) -> HostCredentials {
-        let mut cmd = std::process::Command::new("git");
-        cmd.env_clear()
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            // From no repository: only the user's and the system's files.
-            .current_dir("/")
-            .env("GIT_CEILING_DIRECTORIES", "/")
-            .args(["config", "--get-all", "credential.helper"]);
-        let helpers = cmd
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
-        // An empty entry resets the list: only what follows the last one counts.
-        let helpers = match helpers.iter().rposition(String::is_empty) {
-            Some(i) => helpers[i + 1..].to_vec(),
-            None => helpers,
-        };
-        HostCredentials { helpers, env }
-    }
-
-    /// `git` with these credentials, for a command that talks to a remote.
-    pub(crate) fn apply(&self, mut git: Git) -> Git {
-        for (k, v) in &self.env {
-            git = git.env(k.clone(), v.clone());
-        }
-        git = git.env("GIT_SSH_COMMAND", "ssh -o BatchMode=yes");
-        for h in &self.helpers {
-            git = git.setting("credential.helper", h);
-        }
-        git
-    }
-}
-
 /// What [`clone_into`] made.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Cloned {
     pub url: String,
     /// The session's branch, checked out.
@@ -213,19 +165,35 @@ pub struct Cloned {
     pub base_branch: String,
 }
 
-/// Clones `spec` into `workspace` (empty or absent) on the host, with
-/// `creds`, and checks out a new branch `branch` at its reference (the
-/// remote's default branch when it names none).
+/// What [`clone_into`] does with files already in the workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Existing {
+    /// The workspace must be empty (or absent).
+    Refuse,
+    /// Files already there stay as they are (they show as changes to the
+    /// repository's): a job's files uploaded before it ran.
+    Keep,
+}
+
+/// Clones `spec` into `workspace` on the host, with `creds`, and checks
+/// out a new branch `branch` at its reference (the remote's default branch
+/// when it names none). `existing` says whether the workspace may hold
+/// files already.
+///
+/// git clones into an empty directory beside the workspace; its `.git` is
+/// then moved into the workspace and the files checked out there, all but
+/// those already present.
 pub fn clone_into(
     spec: &RepoSpec,
     workspace: &Path,
     branch: &str,
     creds: &HostCredentials,
+    existing: Existing,
 ) -> Result<Cloned, RemoteError> {
     let io = |what: String| move |source| RemoteError::Io { what, source };
     match std::fs::read_dir(workspace) {
         Ok(mut d) => {
-            if d.next().is_some() {
+            if existing == Existing::Refuse && d.next().is_some() {
                 return Err(RemoteError::NotEmpty(workspace.to_path_buf()));
             }
         }
@@ -234,13 +202,28 @@ pub fn clone_into(
         }
         Err(e) => return Err(io(workspace.display().to_string())(e)),
     }
+    let dot_git = workspace.join(".git");
+    if std::fs::symlink_metadata(&dot_git).is_ok() {
+        return Err(RemoteError::Spec(format!(
+            "{} already holds a .git: cordon clones only where there is no repository",
+            cordon_tools::printable(&workspace.display().to_string())
+        )));
+    }
     let parent = workspace
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."))
         .to_path_buf();
+    let scratch = tempfile::Builder::new()
+        .prefix(".cordon-clone-")
+        .tempdir_in(&parent)
+        .map_err(io(format!(
+            "a directory to clone in, in {}",
+            parent.display()
+        )))?;
+    let target = scratch.path().join("repo");
     let protocol = spec.protocol();
-    let outside = creds.apply(Git::outside(&parent).allow_protocol(protocol));
+    let outside = creds.apply(Git::outside(scratch.path()).allow_protocol(protocol));
     outside
         .run([
             std::ffi::OsStr::new("clone"),
@@ -250,13 +233,22 @@ pub fn clone_into(
             std::ffi::OsStr::new("origin"),
             std::ffi::OsStr::new("--"),
             std::ffi::OsStr::new(&spec.url),
-            workspace.as_os_str(),
+            target.as_os_str(),
         ])
         .map_err(|source| RemoteError::Clone {
             url: spec.url.clone(),
             source,
         })?;
-    let git = Git::new(workspace.join(".git")).work_tree(workspace);
+    // Present files, read before `.git` arrives: none of them is
+    // overwritten.
+    let present = match existing {
+        Existing::Refuse => BTreeSet::new(),
+        Existing::Keep => present_files(workspace)?,
+    };
+    std::fs::rename(target.join(".git"), &dot_git)
+        .map_err(io(format!("moving the clone into {}", workspace.display())))?;
+    drop(scratch);
+    let git = Git::new(&dot_git).work_tree(workspace);
     let candidates = match &spec.reference {
         // The remote's default branch; the clone's own HEAD names it too.
         None => vec!["refs/remotes/origin/HEAD".to_string(), "HEAD".to_string()],
@@ -274,7 +266,21 @@ pub fn clone_into(
             url: spec.url.clone(),
             reference: spec.reference.clone().unwrap_or_else(|| "HEAD".into()),
         })?;
-    git.run(["checkout", "--quiet", "-b", branch, &start])?;
+    let head = format!("refs/heads/{branch}");
+    // The branch made (never moved: it must not exist yet), HEAD on it,
+    // the index at its tree; then the files, all but the present ones.
+    git.run(["update-ref", &head, &start, ""])?;
+    git.run(["symbolic-ref", "HEAD", &head])?;
+    git.run(["read-tree", &start])?;
+    let listed = git.run(["ls-files", "-z"])?;
+    let mut wanted = Vec::with_capacity(listed.len());
+    for path in listed.split(|b| *b == 0).filter(|p| !p.is_empty()) {
+        if !covered(&present, path) {
+            wanted.extend_from_slice(path);
+            wanted.push(0);
+        }
+    }
+    git.run_with(["checkout-index", "-u", "-z", "--stdin"], Some(&wanted))?;
     let default_branch = git
         .run([
             "symbolic-ref",
@@ -297,11 +303,43 @@ pub fn clone_into(
         }
         _ => default_branch,
     };
-    let base = crate::snapshot::rev_parse(&git, "HEAD")?;
     Ok(Cloned {
         url: spec.url.clone(),
         branch: branch.to_string(),
-        base,
+        base: start,
         base_branch,
     })
+}
+
+/// Every path in `workspace` that is not a directory, read beneath it
+/// without following a link.
+fn present_files(workspace: &Path) -> Result<BTreeSet<Vec<u8>>, RemoteError> {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = |e: String| RemoteError::Io {
+        what: workspace.display().to_string(),
+        source: std::io::Error::other(e),
+    };
+    let ws = cordon_tools::Workspace::open(workspace).map_err(|e| bad(e.to_string()))?;
+    let root = cordon_tools::WsPath::parse(".").expect("the root parses");
+    let mut walk = cordon_tools::walk::Walk::beneath(&ws, &root).map_err(|e| bad(e.to_string()))?;
+    walk.every_entry();
+    let mut present = BTreeSet::new();
+    walk.run(|e| {
+        if e.kind != cordon_tools::walk::Kind::Dir {
+            present.insert(e.rel.as_os_str().as_bytes().to_vec());
+        }
+        std::ops::ControlFlow::Continue(())
+    });
+    Ok(present)
+}
+
+/// Whether `path` (of the repository) is a present file, or beneath one.
+fn covered(present: &BTreeSet<Vec<u8>>, path: &[u8]) -> bool {
+    if present.contains(path) {
+        return true;
+    }
+    path.iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'/')
+        .any(|(i, _)| present.contains(&path[..i]))
 }

@@ -6,7 +6,7 @@
 use std::ffi::OsString;
 use std::path::Path;
 
-use cordon_git::{HostCredentials, RepoSpec, checked_repository, clone_into};
+use cordon_git::{Existing, HostCredentials, RepoSpec, checked_repository, clone_into};
 use cordon_testkit::git_remote::{GitRemote, git};
 
 const USER: &str = "alice";
@@ -55,7 +55,7 @@ fn a_clone_uses_the_hosts_credentials_and_leaves_none_behind() {
     let ws = tmp.path().join("ws");
 
     let spec: RepoSpec = url.parse().unwrap();
-    let cloned = clone_into(&spec, &ws, "cordon/s1", &creds).unwrap();
+    let cloned = clone_into(&spec, &ws, "cordon/s1", &creds, Existing::Refuse).unwrap();
     assert_eq!(cloned.branch, "cordon/s1");
     assert_eq!(std::fs::read_to_string(ws.join("README")).unwrap(), "two\n");
     assert_eq!(git(&ws, &["symbolic-ref", "HEAD"]), "refs/heads/cordon/s1");
@@ -79,7 +79,7 @@ fn a_clone_uses_the_hosts_credentials_and_leaves_none_behind() {
     // A branch and a tag to start from.
     let ws2 = tmp.path().join("ws2");
     let spec: RepoSpec = format!("{url}#feature").parse().unwrap();
-    let c2 = clone_into(&spec, &ws2, "cordon/s2", &creds).unwrap();
+    let c2 = clone_into(&spec, &ws2, "cordon/s2", &creds, Existing::Refuse).unwrap();
     assert_eq!(c2.base_branch, "feature");
     assert_eq!(
         std::fs::read_to_string(ws2.join("feature.txt")).unwrap(),
@@ -87,16 +87,22 @@ fn a_clone_uses_the_hosts_credentials_and_leaves_none_behind() {
     );
     let ws3 = tmp.path().join("ws3");
     let spec: RepoSpec = format!("{url}#v1").parse().unwrap();
-    let c3 = clone_into(&spec, &ws3, "cordon/s3", &creds).unwrap();
+    let c3 = clone_into(&spec, &ws3, "cordon/s3", &creds, Existing::Refuse).unwrap();
     assert_eq!(c3.base_branch, "main", "a tag is no branch to merge into");
     assert_eq!(
         std::fs::read_to_string(ws3.join("README")).unwrap(),
         "one\n"
     );
     let spec: RepoSpec = format!("{url}#no-such-branch").parse().unwrap();
-    let err = clone_into(&spec, &tmp.path().join("ws4"), "cordon/s4", &creds)
-        .unwrap_err()
-        .to_string();
+    let err = clone_into(
+        &spec,
+        &tmp.path().join("ws4"),
+        "cordon/s4",
+        &creds,
+        Existing::Refuse,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("no-such-branch"), "{err}");
 }
 
@@ -111,6 +117,7 @@ fn without_the_hosts_credentials_the_clone_is_refused_and_says_so() {
         &tmp.path().join("ws"),
         "cordon/s1",
         &HostCredentials::default(),
+        Existing::Refuse,
     )
     .unwrap_err()
     .to_string();
@@ -156,9 +163,15 @@ fn a_clone_goes_only_into_an_empty_directory() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("mine.txt"), "x").unwrap();
     let spec: RepoSpec = "https://example.invalid/r.git".parse().unwrap();
-    let err = clone_into(&spec, tmp.path(), "cordon/s", &HostCredentials::default())
-        .unwrap_err()
-        .to_string();
+    let err = clone_into(
+        &spec,
+        tmp.path(),
+        "cordon/s",
+        &HostCredentials::default(),
+        Existing::Refuse,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("is not empty"), "{err}");
     assert_eq!(
         std::fs::read_to_string(tmp.path().join("mine.txt")).unwrap(),
@@ -174,7 +187,14 @@ fn the_sessions_branch_is_pushed_with_the_hosts_credentials_and_nothing_else() {
     let creds = user_with_token(home.path(), remote.port);
     let url = remote.url();
     let ws = tmp.path().join("ws");
-    clone_into(&url.parse().unwrap(), &ws, "cordon/s1", &creds).unwrap();
+    clone_into(
+        &url.parse().unwrap(),
+        &ws,
+        "cordon/s1",
+        &creds,
+        Existing::Refuse,
+    )
+    .unwrap();
     std::fs::write(ws.join("README"), "pushed\n").unwrap();
     let who = cordon_git::Ident {
         name: "Ada".into(),
@@ -207,4 +227,136 @@ fn the_sessions_branch_is_pushed_with_the_hosts_credentials_and_nothing_else() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("pushinsteadof"), "{err}");
+}
+
+/// A tenant's login, for the remote's host alone; git connects to the
+/// checked address, whatever the name resolves to.
+fn tenant(url: &str, pins: &[&str], with_login: bool) -> HostCredentials {
+    let endpoint = cordon_git::Endpoint::of_url(url).unwrap();
+    let login = cordon_git::Login {
+        username: USER.into(),
+        secret: TOKEN.into(),
+    };
+    let pins: Vec<std::net::IpAddr> = pins.iter().map(|p| p.parse().unwrap()).collect();
+    HostCredentials::remote(&endpoint, with_login.then_some(&login), &pins)
+}
+
+#[test]
+fn a_tenants_login_clones_keeping_the_files_already_there_and_nothing_of_the_hosts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = remote(&tmp.path().join("remote"));
+    // A name that resolves nowhere: only the pinned address reaches it.
+    let url = format!(
+        "http://git.cordon-test.invalid:{}/team/proj.git",
+        remote.port
+    );
+    let spec: RepoSpec = url.parse().unwrap();
+
+    // Files uploaded before the job ran: one the repository has too, one
+    // it has not, in a directory it has not.
+    let ws = tmp.path().join("ws");
+    std::fs::create_dir_all(ws.join("notes")).unwrap();
+    std::fs::write(ws.join("README"), "mine\n").unwrap();
+    std::fs::write(ws.join("notes/todo.txt"), "todo\n").unwrap();
+    let cloned = clone_into(
+        &spec,
+        &ws,
+        "cordon/job1",
+        &tenant(&url, &["127.0.0.1"], true),
+        Existing::Keep,
+    )
+    .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(ws.join("README")).unwrap(),
+        "mine\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("notes/todo.txt")).unwrap(),
+        "todo\n"
+    );
+    assert_eq!(git(&ws, &["rev-parse", "HEAD"]), cloned.base);
+    assert_eq!(
+        git(&ws, &["status", "--porcelain"]),
+        "M README\n?? notes/",
+        "trimmed: the README is modified in the work tree"
+    );
+    let seen = everything_in(&ws);
+    assert!(!seen.contains(TOKEN) && !seen.contains("helper"), "{seen}");
+    assert!(
+        !std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(".cordon-clone")),
+        "the clone's scratch directory is gone"
+    );
+
+    // Without the login, or without the pin, nothing.
+    let err = clone_into(
+        &spec,
+        &tmp.path().join("ws2"),
+        "cordon/job2",
+        &tenant(&url, &["127.0.0.1"], false),
+        Existing::Keep,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("cannot clone"), "{err}");
+    let err = clone_into(
+        &spec,
+        &tmp.path().join("ws3"),
+        "cordon/job3",
+        &tenant(&url, &[], true),
+        Existing::Keep,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("resolve"), "{err}");
+    // A workspace with a .git of its own is not cloned into.
+    let ws4 = tmp.path().join("ws4");
+    std::fs::create_dir_all(ws4.join(".git")).unwrap();
+    let err = clone_into(
+        &spec,
+        &ws4,
+        "cordon/job4",
+        &tenant(&url, &["127.0.0.1"], true),
+        Existing::Keep,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("already holds a .git"), "{err}");
+}
+
+#[test]
+fn a_tenants_login_goes_to_its_host_alone_and_no_redirect_is_followed() {
+    // A server that answers every request with a redirect to the real
+    // remote: git must not follow it (nor send the login there).
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = remote(&tmp.path().join("remote"));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let target = remote.url();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten().take(4) {
+            use std::io::{Read, Write};
+            let mut s = stream;
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = write!(
+                s,
+                "HTTP/1.1 302 Found\r\nLocation: {target}/info/refs?service=git-upload-pack\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+        }
+    });
+    let url = format!("http://127.0.0.1:{port}/team/proj.git");
+    let err = clone_into(
+        &url.parse().unwrap(),
+        &tmp.path().join("ws"),
+        "cordon/job1",
+        &tenant(&url, &[], true),
+        Existing::Keep,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("cannot clone"), "{err}");
+    assert!(!tmp.path().join("ws/.git").exists());
 }

@@ -126,6 +126,8 @@ pub struct Walk {
     dot_ignore: bool,
     /// Names at the walk root neither reported nor descended into.
     skip_top: &'static [&'static str],
+    /// Whether ignore files count at all.
+    ignore_rules: bool,
     /// Directories that changed under the walk (became a link, a file, or
     /// vanished) and were not descended into.
     pub changed: usize,
@@ -199,6 +201,7 @@ impl Walk {
             max_depth: MAX_WALK_DEPTH,
             dot_ignore: true,
             skip_top: &[],
+            ignore_rules: true,
             changed: 0,
             too_deep: 0,
         })
@@ -207,6 +210,12 @@ impl Walk {
     /// Only `.gitignore` files leave entries out, as git has it.
     pub fn gitignore_only(&mut self) {
         self.dot_ignore = false;
+    }
+
+    /// Every entry, ignore files or not (`.git` is still left out).
+    pub fn every_entry(&mut self) {
+        self.ignore_rules = false;
+        self.above.clear();
     }
 
     /// Leaves out `names` at the walk root, and all they hold.
@@ -274,12 +283,16 @@ impl Walk {
         };
         let ws_rel = self.root_rel.join(rel);
         levels.push(Level {
-            ignore: if self.dot_ignore {
+            ignore: if self.dot_ignore && self.ignore_rules {
                 ignore_file_at(dfd, ".ignore", &ws_rel)
             } else {
                 None
             },
-            gitignore: ignore_file_at(dfd, ".gitignore", &ws_rel),
+            gitignore: if self.ignore_rules {
+                ignore_file_at(dfd, ".gitignore", &ws_rel)
+            } else {
+                None
+            },
             has_git: names.iter().any(|(n, _)| n == ".git"),
         });
         let flow = self.entries(dfd, rel, depth, &names, levels, f, counts);
