@@ -74,11 +74,17 @@ pub(crate) fn session(
     allowed: bool,
     forge_api: Option<&str>,
 ) -> cordon_git::SessionRepository {
-    let forge = forge_token().and_then(|token| {
-        cordon_git::Forge::for_repository(&c.url, forge_api, None, token)
-            .map_err(|e| eprintln!("cordon: {e}"))
-            .ok()
-    });
+    let forge = forge_token()
+        .ok_or_else(|| {
+            "no forge token on the host (CORDON_FORGE_TOKEN, or GITHUB_TOKEN for github.com)"
+                .to_string()
+        })
+        .and_then(|token| cordon_git::Forge::for_repository(&c.url, forge_api, None, token));
+    if let Err(e) = &forge
+        && forge_token().is_some()
+    {
+        eprintln!("cordon: {e}");
+    }
     cordon_git::SessionRepository {
         cloned: c.clone(),
         creds: HostCredentials::from_host(),

@@ -211,17 +211,18 @@ impl Forge {
 
 /// The model's `create_pull_request` tool.
 pub struct CreatePullRequestTool {
-    forge: Option<Forge>,
+    /// The forge, or why there is none.
+    forge: Result<Forge, String>,
     head: String,
     base: String,
     allowed: bool,
 }
 
 impl CreatePullRequestTool {
-    /// From the session's `branch` into `base`; `forge` is `None` when the
-    /// user gave no token (the tool then says so).
+    /// From the session's `branch` into `base`; `forge` is why there is
+    /// none when the user gave no token (the tool then says so).
     pub fn tool(
-        forge: Option<Forge>,
+        forge: Result<Forge, String>,
         branch: impl Into<String>,
         base: impl Into<String>,
         allowed: bool,
@@ -283,10 +284,13 @@ impl Tool for CreatePullRequestTool {
                     "opening a pull request needs the user's approval, and this session was not given it: tell the user, who can open it or run cordon with --allow-push",
                 );
             }
-            let Some(forge) = &self.forge else {
-                return ToolOutput::error(
-                    "no forge token on the host (CORDON_FORGE_TOKEN, or GITHUB_TOKEN for github.com): tell the user the branch is ready for a pull request",
-                );
+            let forge = match &self.forge {
+                Ok(f) => f,
+                Err(why) => {
+                    return ToolOutput::error(format!(
+                        "{why}: tell the user the branch is ready for a pull request"
+                    ));
+                }
             };
             match forge.open(&self.head, &self.base, title, body).await {
                 Ok(pr) => ToolOutput::ok(format!(

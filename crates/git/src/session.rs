@@ -20,8 +20,8 @@ pub struct SessionRepository {
     pub cloned: Cloned,
     /// How pushes reach the remote.
     pub creds: HostCredentials,
-    /// Where pull requests are opened; `None` without a token.
-    pub forge: Option<Forge>,
+    /// Where pull requests are opened, or why they cannot be (no token).
+    pub forge: Result<Forge, String>,
     /// Who commits.
     pub author: Ident,
     /// Pushing and opening pull requests were allowed (or an approver

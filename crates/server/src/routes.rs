@@ -41,6 +41,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/status/{id}", get(jobs::status))
         .merge(crate::sessions::routes(file_limit))
         .merge(crate::tokens::routes())
+        .merge(crate::credentials::routes())
         .merge(crate::mcp::routes(&shared))
         .merge(crate::openapi::routes())
         .merge(crate::docs::routes())

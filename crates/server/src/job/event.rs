@@ -83,6 +83,17 @@ pub enum JobEvent {
     },
     /// The job's policy was replaced through the API.
     NetworkPolicy(PolicyChanged),
+    /// The job's `repo` was cloned into its workspace, before its sandbox
+    /// started: the branch the job works on, the commit it starts from,
+    /// and the remote branch a pull request goes into.
+    Repository {
+        url: String,
+        #[schema(example = "cordon/job_0123456789abcdef")]
+        branch: String,
+        base: String,
+        #[schema(example = "main")]
+        base_branch: String,
+    },
     /// Something beside the job's own output went wrong (an MCP server
     /// that did not start); shaped like the agent's own events.
     Error(Problem),
@@ -115,6 +126,7 @@ impl JobEvent {
             JobEvent::StepFinished(_) => "step_finished",
             JobEvent::NetworkRefused { .. } => "network_refused",
             JobEvent::NetworkPolicy(_) => "network_policy",
+            JobEvent::Repository { .. } => "repository",
             JobEvent::Error(_) => "error",
             JobEvent::Requeued { .. } => "requeued",
             JobEvent::Finished { .. } => "finished",

@@ -141,6 +141,8 @@ pub enum JobSpec {
         max_steps: Option<u32>,
         /// A virtual screen, which gives the agent the computer tool.
         display: Option<cordon_sandbox::Display>,
+        /// The model may push the job's branch and open a pull request.
+        allow_push: bool,
     },
 }
 
@@ -183,6 +185,8 @@ pub struct RunOptions {
     pub egress: Option<cordon_net::PolicySpec>,
     /// The isolation backend; `None` is the server's default.
     pub backend: Option<cordon_sandbox::BackendKind>,
+    /// The repository cloned into the workspace before the job runs.
+    pub repo: Option<crate::repos::RepoUrl>,
 }
 
 impl RunOptions {
@@ -199,6 +203,7 @@ impl RunOptions {
                 .map(|e| e.allow.iter().cloned().map(AllowEntry::checked).collect()),
             allow_private: self.egress.as_ref().map(|e| e.allow_private),
             backend: self.backend.map(Backend::from),
+            repo: self.repo.clone(),
         }
     }
 }
@@ -246,9 +251,16 @@ impl Job {
                 model,
                 max_steps,
                 display,
+                allow_push,
             } => JobRequest::Agent(
-                AgentJob::new(prompt.clone(), model.clone(), *max_steps, screen(display))
-                    .with_limits(limits),
+                AgentJob::new(
+                    prompt.clone(),
+                    model.clone(),
+                    *max_steps,
+                    screen(display),
+                    allow_push.then_some(true),
+                )
+                .with_limits(limits),
             ),
         }
     }
@@ -344,11 +356,18 @@ impl JobRequest {
                 {
                     return Err("`max_steps` must be a whole number from 1 to 200".into());
                 }
+                let allow_push = j.allow_push.unwrap_or(false);
+                if allow_push && j.repo.is_none() {
+                    return Err(
+                        "`allow_push` is for a job with `repo`: there is nothing to push".into(),
+                    );
+                }
                 JobSpec::Agent {
                     prompt: j.prompt,
                     model: j.model.filter(|m| !m.trim().is_empty()),
                     max_steps: j.max_steps,
                     display: j.display.map(|s| s.0),
+                    allow_push,
                 }
             }
         };
@@ -438,6 +457,7 @@ impl Limits {
             network,
             egress,
             backend: self.backend.map(Into::into),
+            repo: self.repo.clone(),
         })
     }
 }

@@ -21,6 +21,7 @@ use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa::{PartialSchema, ToSchema};
 
 use super::JobKind;
+use crate::repos::RepoUrl;
 
 /// Reads a `T` from JSON, naming the field at fault: `` `steps[2].command`:
 /// invalid type: integer `5`, expected a string ``.
@@ -304,6 +305,7 @@ pub struct Limits {
     pub allow: Option<Vec<AllowEntry>>,
     pub allow_private: Option<bool>,
     pub backend: Option<Backend>,
+    pub repo: Option<RepoUrl>,
 }
 
 /// A job kind's struct: its own fields, then the limits every kind takes.
@@ -349,6 +351,8 @@ macro_rules! job_kind {
             /// Default: the server's.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub backend: Option<Backend>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub repo: Option<RepoUrl>,
         }
 
         impl $name {
@@ -363,6 +367,7 @@ macro_rules! job_kind {
                     allow: None,
                     allow_private: None,
                     backend: None,
+                    repo: None,
                 }
             }
 
@@ -375,6 +380,7 @@ macro_rules! job_kind {
                     allow: self.allow.clone(),
                     allow_private: self.allow_private,
                     backend: self.backend,
+                    repo: self.repo.clone(),
                 }
             }
 
@@ -386,6 +392,7 @@ macro_rules! job_kind {
                 self.allow = l.allow;
                 self.allow_private = l.allow_private;
                 self.backend = l.backend;
+                self.repo = l.repo;
                 self
             }
         }
@@ -441,6 +448,12 @@ job_kind!(
         /// desktop can be watched live.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         display: Option<Screen>,
+        /// With `repo`: the model may push the job's branch (`git_push`)
+        /// and open a pull request (`create_pull_request`) with the
+        /// tenant's stored login. Without it, both refuse; `git_commit`
+        /// is always there.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        allow_push: Option<bool>,
     }
 );
 

@@ -25,6 +25,8 @@ pub(super) struct AgentRun {
     /// What the model is told of its network.
     pub(super) network: cordon_sandbox::Network,
     pub(super) allow: Vec<String>,
+    /// The job's `repo`, cloned: its git tools go to the model.
+    pub(super) repository: Option<cordon_git::SessionRepository>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -68,8 +70,20 @@ pub(super) async fn run_agent(
         sink.event(JobEvent::Error(Problem { message })).await;
     }
     let mut builder = AgentBuilder::new(&model_config.provider, config).tools(&mcp.tools);
+    if let Some(r) = &run.repository {
+        builder = builder.tools(&r.tools());
+    }
     match SessionLog::<Value>::create(&run.session) {
-        Ok(log) => builder = builder.log(log),
+        Ok(mut log) => {
+            // Where pushes go, as the log keeps it.
+            if let Some(r) = &run.repository
+                && let Ok(record) = serde_json::to_value(r.record())
+                && let Err(e) = log.append(&record)
+            {
+                tracing::warn!("agent job session log: {e}");
+            }
+            builder = builder.log(log);
+        }
         Err(e) => tracing::warn!("agent job session log: {e}"),
     }
     let mut agent = match builder.build(sandbox, ws) {

@@ -185,6 +185,33 @@ impl Runner {
                 ));
             }
         }
+        // The repository, cloned on the host before the sandbox exists.
+        let repository = match &req.options.repo {
+            None => None,
+            Some(repo) => {
+                let allow_push = matches!(
+                    req.spec,
+                    JobSpec::Agent {
+                        allow_push: true,
+                        ..
+                    }
+                );
+                match self.clone_repo(id, tenant, repo, &ws, allow_push).await {
+                    Ok(r) => {
+                        let c = &r.cloned;
+                        sink.event(JobEvent::Repository {
+                            url: c.url.clone(),
+                            branch: c.branch.clone(),
+                            base: c.base.clone(),
+                            base_branch: c.base_branch.clone(),
+                        })
+                        .await;
+                        Some(r)
+                    }
+                    Err(e) => return failed(e),
+                }
+            }
+        };
         let mut config = self.sandbox_config(&ws, &req.options);
         config.display = req.spec.display();
         let backend = config.backend;
@@ -265,6 +292,7 @@ impl Runner {
                         .as_ref()
                         .map(|e| e.allow.clone())
                         .unwrap_or_default(),
+                    repository,
                 };
                 agent::run_agent(
                     self.agent.as_ref(),
@@ -283,6 +311,40 @@ impl Runner {
         // Closing ends every process the job left behind.
         sandbox.close().await;
         outcome
+    }
+
+    /// Clones `repo` into the workspace `ws` of job `id` with `tenant`'s
+    /// stored login, on a branch `cordon/<id>`; files already there (put
+    /// before the job ran) are kept.
+    async fn clone_repo(
+        &self,
+        id: &str,
+        tenant: &str,
+        repo: &crate::repos::RepoUrl,
+        ws: &Path,
+        allow_push: bool,
+    ) -> Result<cordon_git::SessionRepository, String> {
+        let prepared =
+            crate::repos::prepare(&self.store, self.ceilings.of(tenant), tenant, repo).await?;
+        let (spec, at, branch, creds) = (
+            repo.spec().clone(),
+            ws.to_path_buf(),
+            format!("cordon/{id}"),
+            prepared.creds.clone(),
+        );
+        let cloned = tokio::task::spawn_blocking(move || {
+            cordon_git::clone_into(&spec, &at, &branch, &creds, cordon_git::Existing::Keep)
+        })
+        .await
+        .map_err(|e| format!("cannot clone the repository: {e}"))?
+        .map_err(|e| e.to_string())?;
+        Ok(cordon_git::SessionRepository {
+            cloned,
+            creds: prepared.creds,
+            forge: prepared.forge,
+            author: prepared.author,
+            allow_push,
+        })
     }
 
     fn sandbox_config(&self, ws: &Path, options: &RunOptions) -> SandboxConfig {

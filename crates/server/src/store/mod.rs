@@ -15,7 +15,9 @@ use sqlx::{AnyPool, Row};
 
 use crate::job::{JobEvent, JobKind, JobRequest, JobResult, JobState};
 
+mod git_credentials;
 mod tokens;
+pub use git_credentials::{ForgeApi, GitCredential};
 pub use leases::{Claimed, Held};
 pub use tokens::{Caller, NewToken, Role, TOKEN_ID_CHARS, TokenRow, check_tenant};
 

@@ -1,0 +1,279 @@
+//! A job's `repo`: the repository a worker clones into the job's workspace
+//! before its sandbox starts, with the tenant's stored login for the host,
+//! and the host-side git tools an agent job gets over it.
+//!
+//! The clone, pushes and pull requests are the worker's own network
+//! traffic made on a tenant's behalf, so the tenant's network ceiling
+//! bounds them as it bounds the job's sandbox: the host must be one the
+//! ceiling lists, every address used must be one the broker would connect
+//! to, and git and the forge client connect to the checked addresses only
+//! and follow no redirect. Only `https://` and `http://` are taken: a path
+//! or `file://` would read the worker's disk, `ssh://` would use the
+//! worker's own keys, and `git://` cannot be pinned to an address.
+
+use std::net::IpAddr;
+
+use cordon_git::{Endpoint, HostCredentials, Ident, Login, RepoSpec};
+use cordon_net::Host;
+use cordon_net::Policy;
+use serde::{Deserialize, Serialize};
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::{PartialSchema, ToSchema};
+
+use crate::store::{GitCredential, Store};
+
+/// `URL[#REF]`: an `https://` or `http://` repository, and the branch, tag
+/// or commit to start from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct RepoUrl(RepoSpec);
+
+impl TryFrom<String> for RepoUrl {
+    type Error = String;
+    fn try_from(s: String) -> Result<RepoUrl, String> {
+        let spec: RepoSpec = s
+            .parse()
+            .map_err(|e: cordon_git::RemoteError| e.to_string())?;
+        if spec.endpoint().is_none() {
+            return Err(format!(
+                "{}: a job's repository is cloned over https:// or http:// (a path, file://, \
+                 ssh:// and git:// are refused: the first two would read the worker's own \
+                 disk, ssh:// would use its keys)",
+                cordon_tools::printable(&spec.url)
+            ));
+        }
+        Ok(RepoUrl(spec))
+    }
+}
+
+impl From<RepoUrl> for String {
+    fn from(r: RepoUrl) -> String {
+        r.0.to_string()
+    }
+}
+
+impl RepoUrl {
+    pub fn spec(&self) -> &RepoSpec {
+        &self.0
+    }
+
+    pub fn endpoint(&self) -> Endpoint {
+        self.0.endpoint().expect("checked when read")
+    }
+}
+
+impl PartialSchema for RepoUrl {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(
+                "URL[#REF]: an https:// or http:// repository, cloned into the workspace before \
+                 the job runs, on a branch `cordon/<job id>` started at REF (a branch, tag or \
+                 commit; default: the remote's default branch). The worker clones with the \
+                 tenant's stored login for the host (`PUT /v1/git-credentials/{host}`); the \
+                 host must be within the tenant's network ceiling.",
+            ))
+            .examples([serde_json::Value::String(
+                "https://github.com/acme/app.git#main".into(),
+            )])
+            .into()
+    }
+}
+impl ToSchema for RepoUrl {}
+
+/// Why a repository or forge cannot be reached for a tenant.
+#[derive(Debug, thiserror::Error)]
+pub enum Unreachable {
+    #[error(
+        "{0} is beyond this tenant's network ceiling: the operator lists git hosts with `cordon serve --allow HOST` or `--tenant-allow TENANT=HOST`"
+    )]
+    BeyondCeiling(String),
+    #[error(
+        "{host} resolves only to addresses this tenant may not reach ({addrs}); the operator allows private addresses with `cordon serve --allow-private`, or lists the address itself"
+    )]
+    Private { host: String, addrs: String },
+    #[error("cannot resolve {host}: {why}")]
+    Resolve { host: String, why: String },
+}
+
+/// The addresses `endpoint` may be reached at for a tenant whose ceiling
+/// is `ceiling`: its host must be listed there on its port, and only the
+/// addresses the broker would connect to are kept.
+pub async fn reach(ceiling: &Policy, endpoint: &Endpoint) -> Result<Vec<IpAddr>, Unreachable> {
+    let shown = endpoint.key();
+    let host = match endpoint.ip() {
+        Some(ip) => Host::Ip(cordon_net::addr::canonical(ip)),
+        None => Host::parse(&endpoint.host).map_err(|why| Unreachable::Resolve {
+            host: shown.clone(),
+            why,
+        })?,
+    };
+    if ceiling.check(&host, endpoint.port).is_err() {
+        return Err(Unreachable::BeyondCeiling(format!(
+            "{}:{}",
+            endpoint.host, endpoint.port
+        )));
+    }
+    let found: Vec<IpAddr> = match host {
+        Host::Ip(ip) => vec![ip],
+        Host::Name(name) => tokio::net::lookup_host((name.as_str(), endpoint.port))
+            .await
+            .map_err(|e| Unreachable::Resolve {
+                host: shown.clone(),
+                why: e.to_string(),
+            })?
+            .map(|a| cordon_net::addr::canonical(a.ip()))
+            .collect(),
+    };
+    let mut ok: Vec<IpAddr> = found
+        .iter()
+        .copied()
+        .filter(|ip| ceiling.address_permitted(*ip, endpoint.port))
+        .collect();
+    ok.dedup();
+    if ok.is_empty() {
+        return Err(Unreachable::Private {
+            host: shown,
+            addrs: found
+                .iter()
+                .map(IpAddr::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    Ok(ok)
+}
+
+/// What a job's repository comes to on the worker that runs it.
+pub struct Prepared {
+    pub creds: HostCredentials,
+    /// Where pull requests are opened (with a stored login and a forge
+    /// the tenant may reach), or why they cannot be.
+    pub forge: Result<cordon_git::Forge, String>,
+    pub author: Ident,
+}
+
+/// The tenant's login for `repo`'s host, and the forge, each checked
+/// against `ceiling`.
+pub async fn prepare(
+    store: &Store,
+    ceiling: &Policy,
+    tenant: &str,
+    repo: &RepoUrl,
+) -> Result<Prepared, String> {
+    let endpoint = repo.endpoint();
+    let addrs = reach(ceiling, &endpoint).await.map_err(|e| e.to_string())?;
+    let stored: Option<GitCredential> = store
+        .git_credential(tenant, &endpoint.key())
+        .await
+        .map_err(|e| format!("cannot read the tenant's git credentials: {e}"))?;
+    let login = stored.as_ref().map(|c| Login {
+        username: c.username.clone(),
+        secret: c.secret.clone(),
+    });
+    let creds = HostCredentials::remote(&endpoint, login.as_ref(), &addrs);
+    let mut author = Ident::cordon();
+    let mut forge = Err(format!(
+        "this tenant stored no login for {} (PUT /v1/git-credentials/{}), so no pull request can be opened",
+        endpoint.key(),
+        endpoint.key()
+    ));
+    if let Some(c) = &stored {
+        if let (Some(name), Some(email)) = (&c.author_name, &c.author_email) {
+            author = Ident {
+                name: name.clone(),
+                email: email.clone(),
+            };
+        }
+        // A forge the tenant may not reach is said when a pull request is
+        // asked for, not before: the clone and pushes need none.
+        forge = match cordon_git::Forge::for_repository(
+            &repo.spec().url,
+            c.forge_api.as_deref(),
+            c.forge.map(Into::into),
+            c.secret.clone(),
+        ) {
+            Ok(f) => match Endpoint::of_url(f.api()) {
+                None => Err(format!("{}: not an https:// or http:// forge API", f.api())),
+                Some(api) => match reach(ceiling, &api).await {
+                    Ok(addrs) => Ok(f.confined(addrs)),
+                    Err(e) => Err(format!("the forge's API: {e}")),
+                },
+            },
+            Err(e) => Err(e),
+        };
+    }
+    Ok(Prepared {
+        creds,
+        forge,
+        author,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ceiling(rules: &[&str], allow_private: bool) -> Policy {
+        Policy::parse(rules, allow_private).unwrap()
+    }
+
+    fn endpoint(url: &str) -> Endpoint {
+        Endpoint::of_url(url).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_name_listed_in_the_ceiling_still_may_not_lead_to_a_private_address() {
+        // `localhost` is listed, but resolves to loopback: refused unless
+        // the ceiling allows private addresses or lists the address.
+        let e = endpoint("http://localhost:8080/o/r.git");
+        let err = reach(&ceiling(&["localhost:*"], false), &e)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Unreachable::Private { .. }), "{err}");
+        let addrs = reach(&ceiling(&["localhost:*"], true), &e).await.unwrap();
+        assert!(addrs.iter().all(|a| a.is_loopback()), "{addrs:?}");
+        let addrs = reach(&ceiling(&["localhost:*", "127.0.0.1:8080"], false), &e)
+            .await
+            .unwrap();
+        assert_eq!(addrs, vec!["127.0.0.1".parse::<IpAddr>().unwrap()]);
+    }
+
+    #[tokio::test]
+    async fn the_host_and_port_must_be_in_the_ceiling() {
+        let c = ceiling(&["git.example", "10.0.0.0/8:*"], true);
+        for url in [
+            "https://other.example/o/r",
+            "http://git.example:8080/o/r",
+            "https://[::1]/o/r",
+        ] {
+            let err = reach(&c, &endpoint(url)).await.unwrap_err();
+            assert!(matches!(err, Unreachable::BeyondCeiling(_)), "{url}: {err}");
+        }
+        let addrs = reach(&c, &endpoint("http://10.1.2.3:3000/o/r"))
+            .await
+            .unwrap();
+        assert_eq!(addrs, vec!["10.1.2.3".parse::<IpAddr>().unwrap()]);
+    }
+
+    #[test]
+    fn a_job_takes_only_http_repositories() {
+        for ok in [
+            "https://github.com/o/r.git#main",
+            "http://10.0.0.1:3000/o/r",
+        ] {
+            let r = RepoUrl::try_from(ok.to_string()).unwrap();
+            assert_eq!(String::from(r), ok);
+        }
+        for bad in [
+            "file:///srv/r",
+            "/srv/r",
+            "ssh://h/o/r",
+            "git@h:o/r",
+            "git://h/o/r",
+        ] {
+            assert!(RepoUrl::try_from(bad.to_string()).is_err(), "{bad}");
+        }
+    }
+}

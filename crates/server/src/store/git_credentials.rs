@@ -1,0 +1,173 @@
+//! A tenant's logins for git hosts: written through the API, read by the
+//! worker that clones, pushes or opens a pull request for one of the
+//! tenant's jobs. The secret is never read back out through the API, and
+//! never goes into a job's row, events or sandbox.
+
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+use utoipa::ToSchema;
+
+use super::{Result, Store, StoreError, now_ms};
+
+/// Which API a host's forge speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ForgeApi {
+    /// GitHub's REST API (`Authorization: Bearer`).
+    Github,
+    /// Gitea's and Forgejo's (`/api/v1`, `Authorization: token`).
+    Gitea,
+}
+
+impl ForgeApi {
+    fn column(self) -> &'static str {
+        match self {
+            ForgeApi::Github => "github",
+            ForgeApi::Gitea => "gitea",
+        }
+    }
+
+    fn from_column(s: &str) -> Result<ForgeApi> {
+        match s {
+            "github" => Ok(ForgeApi::Github),
+            "gitea" => Ok(ForgeApi::Gitea),
+            other => Err(StoreError::Invalid(format!("a stored forge is {other:?}"))),
+        }
+    }
+}
+
+impl From<ForgeApi> for cordon_git::ForgeKind {
+    fn from(f: ForgeApi) -> Self {
+        match f {
+            ForgeApi::Github => cordon_git::ForgeKind::GitHub,
+            ForgeApi::Gitea => cordon_git::ForgeKind::Gitea,
+        }
+    }
+}
+
+/// One login, as stored.
+#[derive(Clone, PartialEq, Eq)]
+pub struct GitCredential {
+    /// `host` or `host:port`, as a repository URL names it.
+    pub host: String,
+    pub username: String,
+    pub secret: String,
+    pub forge: Option<ForgeApi>,
+    /// The forge API's base URL, when not the host's usual one.
+    pub forge_api: Option<String>,
+    /// Who the job's commits are by (cordon's own ident when unset).
+    pub author_name: Option<String>,
+    pub author_email: Option<String>,
+    pub updated_ms: i64,
+}
+
+impl std::fmt::Debug for GitCredential {
+    // The secret is never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitCredential")
+            .field("host", &self.host)
+            .field("username", &self.username)
+            .field("forge", &self.forge)
+            .field("forge_api", &self.forge_api)
+            .finish_non_exhaustive()
+    }
+}
+
+macro_rules! columns {
+    () => {
+        "host, username, secret, forge, forge_api, author_name, author_email, updated_ms"
+    };
+}
+
+fn from_row(r: &AnyRow) -> Result<GitCredential> {
+    let forge: Option<String> = r.try_get("forge")?;
+    Ok(GitCredential {
+        host: r.try_get("host")?,
+        username: r.try_get("username")?,
+        secret: r.try_get("secret")?,
+        forge: forge.as_deref().map(ForgeApi::from_column).transpose()?,
+        forge_api: r.try_get("forge_api")?,
+        author_name: r.try_get("author_name")?,
+        author_email: r.try_get("author_email")?,
+        updated_ms: r.try_get("updated_ms")?,
+    })
+}
+
+impl Store {
+    /// Stores `c` as `tenant`'s login for `c.host`, replacing the one
+    /// there was.
+    pub async fn put_git_credential(&self, tenant: &str, c: &GitCredential) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO git_credentials \
+             (tenant, host, username, secret, forge, forge_api, author_name, author_email, updated_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (tenant, host) DO UPDATE SET username = excluded.username, \
+             secret = excluded.secret, forge = excluded.forge, forge_api = excluded.forge_api, \
+             author_name = excluded.author_name, author_email = excluded.author_email, \
+             updated_ms = excluded.updated_ms",
+        )
+        .bind(tenant)
+        .bind(&c.host)
+        .bind(&c.username)
+        .bind(&c.secret)
+        .bind(c.forge.map(ForgeApi::column))
+        .bind(c.forge_api.as_deref())
+        .bind(c.author_name.as_deref())
+        .bind(c.author_email.as_deref())
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// `tenant`'s login for `host`, if it stored one.
+    pub async fn git_credential(&self, tenant: &str, host: &str) -> Result<Option<GitCredential>> {
+        sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM git_credentials WHERE tenant = $1 AND host = $2"
+        ))
+        .bind(tenant)
+        .bind(host)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(from_row)
+        .transpose()
+    }
+
+    /// `tenant`'s logins, by host.
+    pub async fn git_credentials(&self, tenant: &str) -> Result<Vec<GitCredential>> {
+        sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM git_credentials WHERE tenant = $1 ORDER BY host"
+        ))
+        .bind(tenant)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(from_row)
+        .collect()
+    }
+
+    /// Removes `tenant`'s login for `host`; what it was, if any.
+    pub async fn delete_git_credential(
+        &self,
+        tenant: &str,
+        host: &str,
+    ) -> Result<Option<GitCredential>> {
+        sqlx::query(concat!(
+            "DELETE FROM git_credentials WHERE tenant = $1 AND host = $2 RETURNING ",
+            columns!()
+        ))
+        .bind(tenant)
+        .bind(host)
+        .fetch_optional(&self.pool)
+        .await?
+        .as_ref()
+        .map(from_row)
+        .transpose()
+    }
+}

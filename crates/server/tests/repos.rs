@@ -1,0 +1,289 @@
+//! Jobs with `repo`: the worker clones with the tenant's stored login, the
+//! model commits, pushes the job's branch and opens a pull request through
+//! host-side tools, and the sandbox, searching everywhere it can read,
+//! finds no credential. Refusals: transports that would reach the
+//! worker's own disk or keys, hosts beyond the tenant's ceiling, another
+//! tenant's login.
+
+mod common;
+
+use common::{Db, TestServer, read_sse, with_model};
+use cordon_testkit::forge::ScriptedForge;
+use cordon_testkit::git_remote::{GitRemote, git};
+use cordon_testkit::{Scenario, ScriptedServer, Turn};
+use serde_json::json;
+
+const USER: &str = "alice";
+const TOKEN: &str = "s3cret-token-5f1e";
+
+/// Loopback is the only host tenants may reach: the remote and the forge.
+fn ceiling_loopback(c: &mut cordon_server::ServerConfig) {
+    c.network.all = cordon_net::PolicySpec {
+        allow: vec!["127.0.0.1:*".into()],
+        allow_private: false,
+    };
+}
+
+async fn an_agent_job_clones_commits_pushes_and_opens_a_pull_request(db: Db) {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
+    let forge = ScriptedForge::start(TOKEN);
+    let (head, tail) = TOKEN.split_at(6);
+    let search = format!(
+        "cd /workspace && git log --oneline -1 && git branch --show-current && cat notes.txt && \
+         for f in $(grep -rlF \"{head}\"\"{tail}\" /workspace /tmp /etc /root /home /run /var /opt /srv /mnt 2>/dev/null); do echo HIT\"\"-$f; done; \
+         for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null; done \
+           | grep -F \"{head}\"\"{tail}\" >/dev/null && echo HIT\"\"-environ; \
+         git config --list --show-origin; echo SEARCHED"
+    );
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Looking.").with_tool_call("b1", "bash", json!({"command": search})))
+            .turn(
+                Turn::text("Editing.")
+                    .with_tool_call(
+                        "w1",
+                        "write_file",
+                        json!({"path": "README", "content": "three\n"}),
+                    )
+                    .expect_tool_results(["b1"])
+                    .expect_contains("SEARCHED")
+                    .expect_contains("uploaded before")
+                    .expect_contains("cordon/job_")
+                    .expect_lacks("HIT-")
+                    .expect_lacks(TOKEN)
+                    .expect_lacks("credential.helper"),
+            )
+            .turn(
+                Turn::text("Committing.")
+                    .with_tool_call("c1", "git_commit", json!({"message": "README: three"}))
+                    .expect_tool_results(["w1"]),
+            )
+            .turn(
+                Turn::text("Pushing.")
+                    .with_tool_call("p1", "git_push", json!({}))
+                    .expect_tool_results(["c1"])
+                    .expect_contains("M README"),
+            )
+            .turn(
+                Turn::text("Opening.")
+                    .with_tool_call(
+                        "pr1",
+                        "create_pull_request",
+                        json!({"title": "README: three", "body": "Asked for."}),
+                    )
+                    .expect_tool_results(["p1"])
+                    .expect_contains("Pushed cordon/job_"),
+            )
+            .turn(
+                Turn::text("Done.")
+                    .expect_tool_results(["pr1"])
+                    .expect_contains("Opened pull request #1"),
+            ),
+    );
+    let url = model.url();
+    let Some(s) = TestServer::start_with(db, |c| {
+        with_model(url)(c);
+        ceiling_loopback(c);
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let host = format!("127.0.0.1:{}", remote.port);
+    let forge_api = forge.url();
+
+    // The login, stored and listed without its secret.
+    let (code, view) = s
+        .put(
+            &t,
+            &format!("/v1/git-credentials/{host}"),
+            json!({"username": USER, "token": TOKEN, "forge": "github", "forge_api": forge_api,
+                   "author": {"name": "Acme Bot", "email": "bot@acme.example"}}),
+        )
+        .await;
+    assert_eq!(code, 200, "{view}");
+    assert_eq!(view["host"], host.as_str());
+    let (code, list) = s.get(&t, "/v1/git-credentials").await;
+    assert_eq!(code, 200);
+    assert_eq!(list["credentials"][0]["username"], USER, "{list}");
+    assert!(!list.to_string().contains(TOKEN), "{list}");
+
+    // A file put before the job runs stays beside the clone.
+    let (code, job) = s
+        .post(
+            &t,
+            "/v1/jobs",
+            json!({"kind": "agent", "prompt": "edit the README", "repo": remote.url(),
+                   "allow_push": true, "max_steps": 10}),
+        )
+        .await;
+    assert_eq!(code, 202, "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    let _ = s
+        .client
+        .put(s.url(&format!("/v1/jobs/{id}/files/notes.txt")))
+        .bearer_auth(&t)
+        .body("uploaded before\n")
+        .send()
+        .await
+        .unwrap();
+    let job = s.wait(&t, &id).await;
+    model.assert_finished();
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let branch = format!("cordon/{id}");
+
+    // Pushed: the remote's branch holds the commit, by the stored author;
+    // main is as it was.
+    let bare = remote.bare();
+    assert_eq!(
+        git(&bare, &["log", "-1", "--format=%an <%ae>|%s", &branch]),
+        "Acme Bot <bot@acme.example>|README: three"
+    );
+    assert_eq!(git(&bare, &["show", &format!("{branch}:README")]), "three");
+    assert_eq!(git(&bare, &["show", "main:README"]), "two");
+    // The pull request, GitHub's shape, with the stored token.
+    let calls = forge.calls();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].path, "/repos/team/proj/pulls");
+    assert_eq!(
+        calls[0].authorization.as_deref(),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    assert_eq!(
+        calls[0].body,
+        json!({"title": "README: three", "body": "Asked for.", "head": branch, "base": "main"})
+    );
+
+    // The events say what was cloned; nothing of the job holds the token.
+    let events = read_sse(
+        s.client
+            .get(s.url(&format!("/v1/jobs/{id}/events")))
+            .bearer_auth(&t)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let cloned = events
+        .iter()
+        .find(|e| e.1 == "repository")
+        .expect("a repository event");
+    assert_eq!(cloned.2["branch"], branch.as_str());
+    assert_eq!(cloned.2["base_branch"], "main");
+    assert_eq!(cloned.2["url"], remote.url().as_str());
+    let everything = format!("{job}{events:?}");
+    assert!(!everything.contains(TOKEN));
+    let log = std::fs::read_to_string(s.dir.join(format!("data/jobs/{id}/session.jsonl"))).unwrap();
+    assert!(!log.contains(TOKEN));
+    assert!(log.contains("\"type\":\"repository\""), "{log}");
+
+    // The login goes away on request; another tenant never saw it.
+    let other = s.token("beta").await;
+    let (_, list) = s.get(&other, "/v1/git-credentials").await;
+    assert_eq!(list["credentials"], json!([]));
+    let (code, _) = s
+        .delete(&other, &format!("/v1/git-credentials/{host}"))
+        .await;
+    assert_eq!(code, 404);
+    let (code, _) = s.delete(&t, &format!("/v1/git-credentials/{host}")).await;
+    assert_eq!(code, 200);
+    let (_, list) = s.get(&t, "/v1/git-credentials").await;
+    assert_eq!(list["credentials"], json!([]));
+}
+
+async fn repositories_beyond_reach_are_refused_and_a_login_is_the_tenants_own(db: Db) {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
+    let Some(s) = TestServer::start_with(db, ceiling_loopback).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    for (repo, code, says) in [
+        ("file:///etc", 400, "https:// or http://"),
+        ("/srv/repos/x.git", 400, "https:// or http://"),
+        ("ssh://git@127.0.0.1/o/r.git", 400, "its keys"),
+        ("git://127.0.0.1/o/r.git", 400, "https:// or http://"),
+        ("ext::sh", 400, "not a repository URL"),
+        ("https://u:pw@127.0.0.1/o/r.git", 400, "password or token"),
+        (
+            "https://example.com/o/r.git",
+            403,
+            "beyond this tenant's network ceiling",
+        ),
+        (
+            "http://localhost:9/o/r.git",
+            403,
+            "beyond this tenant's network ceiling",
+        ),
+    ] {
+        let (got, body) = s
+            .post(
+                &t,
+                "/v1/jobs",
+                json!({"kind": "shell", "command": "true", "repo": repo}),
+            )
+            .await;
+        assert_eq!(got, code, "{repo}: {body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(says),
+            "{repo}: {body}"
+        );
+    }
+    let (got, body) = s
+        .post(
+            &t,
+            "/v1/jobs",
+            json!({"kind": "agent", "prompt": "x", "allow_push": true}),
+        )
+        .await;
+    assert_eq!(got, 400, "{body}");
+    for (host, body) in [
+        ("not a host", json!({"token": "t"})),
+        ("github.com", json!({"token": "two words"})),
+        ("github.com", json!({"token": "t", "username": "a\nb"})),
+        ("github.com", json!({"token": "t", "forge": "gitlab"})),
+        (
+            "github.com",
+            json!({"token": "t", "forge_api": "file:///x"}),
+        ),
+        ("github.com", json!({"token": "t", "extra": 1})),
+    ] {
+        let (got, answer) = s
+            .put(&t, &format!("/v1/git-credentials/{host}"), body.clone())
+            .await;
+        assert_eq!(got, 400, "{host} {body}: {answer}");
+    }
+
+    // A shell job with the repository: cloned with acme's login; beta,
+    // with none, cannot clone it.
+    let host = format!("127.0.0.1:{}", remote.port);
+    let (code, _) = s
+        .put(
+            &t,
+            &format!("/v1/git-credentials/{host}"),
+            json!({"username": USER, "token": TOKEN}),
+        )
+        .await;
+    assert_eq!(code, 200);
+    let job = json!({"kind": "shell", "repo": format!("{}#feature", remote.url()),
+                     "command": "git branch --show-current; cat README feature.txt; git status --porcelain"});
+    let id = s.submit(&t, job.clone()).await;
+    let done = s.wait(&t, &id).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["stdout"], format!("cordon/{id}\none\nf\n"), "{done}");
+    let beta = s.token("beta").await;
+    let id = s.submit(&beta, job).await;
+    let done = s.wait(&beta, &id).await;
+    assert_eq!(done["state"], "failed", "{done}");
+    assert!(
+        done["error"].as_str().unwrap().contains("cannot clone"),
+        "{done}"
+    );
+}
+
+on_both!(
+    an_agent_job_clones_commits_pushes_and_opens_a_pull_request,
+    repositories_beyond_reach_are_refused_and_a_login_is_the_tenants_own,
+);
