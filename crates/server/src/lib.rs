@@ -18,7 +18,8 @@
 //!   deployment sign relayed requests with).
 //! - Shared parts, each with its own type: `caps` (live-session caps),
 //!   `files` (the files API over a workspace), `network` (ceilings and
-//!   live policies), `sandboxes` (the live sandboxes by owner, and
+//!   live policies), `repos` (reaching a job's repository for its
+//!   tenant), `sandboxes` (the live sandboxes by owner, and
 //!   their Labs), `desktop` (the live view's bridge), `lab` (the Lab's
 //!   opening and bearer route), `live` (the sessions live in this
 //!   process).
@@ -32,7 +33,7 @@
 //! - `relay`: a job's requests sent on to the worker that runs it, and a
 //!   worker's check of what it is sent.
 //! - Resources, one module each: `health`, `ui`, `docs`, `mcp`, `jobs`,
-//!   `sessions`, `tokens`.
+//!   `sessions`, `tokens`, `credentials` (the tenants' git logins).
 //! - On top: `openapi` (the document, from the resources' types and
 //!   paths), `routes` (the router), `worker` (claims, leases, heartbeats,
 //!   and settling a dead worker's jobs), `server` (start and listen).
@@ -85,6 +86,7 @@ pub const LAYERS: &[&str] = &[
     "caps",
     "files",
     "network",
+    "repos",
     "config",
     "sandboxes",
     "desktop",
@@ -101,6 +103,7 @@ pub const LAYERS: &[&str] = &[
     "jobs",
     "sessions",
     "tokens",
+    "credentials",
     "openapi",
     "routes",
     "worker",

@@ -3,6 +3,7 @@
 //! ([`Job`], what a worker runs), and the states a job moves through.
 
 mod event;
+mod repo;
 mod request;
 mod result;
 
@@ -16,6 +17,7 @@ pub use request::{
 };
 
 pub use event::{JobEvent, PolicyChanged, Problem, Stream};
+pub use repo::RepoUrl;
 pub use result::{AgentResult, JobResult, StepResult, StepState};
 
 /// Where a job is in its life. Terminal states never change again.
@@ -186,7 +188,7 @@ pub struct RunOptions {
     /// The isolation backend; `None` is the server's default.
     pub backend: Option<cordon_sandbox::BackendKind>,
     /// The repository cloned into the workspace before the job runs.
-    pub repo: Option<crate::repos::RepoUrl>,
+    pub repo: Option<RepoUrl>,
 }
 
 impl RunOptions {

@@ -20,8 +20,7 @@ use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa::{PartialSchema, ToSchema};
 
-use super::JobKind;
-use crate::repos::RepoUrl;
+use super::{JobKind, RepoUrl};
 
 /// Reads a `T` from JSON, naming the field at fault: `` `steps[2].command`:
 /// invalid type: integer `5`, expected a string ``.

@@ -320,7 +320,7 @@ impl Runner {
         &self,
         id: &str,
         tenant: &str,
-        repo: &crate::repos::RepoUrl,
+        repo: &crate::job::RepoUrl,
         ws: &Path,
         allow_push: bool,
     ) -> Result<cordon_git::SessionRepository, String> {
