@@ -30,24 +30,44 @@ fn default_dir(url: &str) -> Option<PathBuf> {
 }
 
 /// Clones `spec` for session `id` into `workspace`, or a directory named
-/// after the repository in the current one; returns where.
+/// after the repository in the current one; returns where. When that
+/// directory (or the current one) is already a clone of `spec`, the user's
+/// own checkout is left as it is and the session gets a fresh clone of its
+/// own, under cordon's data directory.
 pub(crate) async fn clone_for(
     spec: &RepoSpec,
     workspace: Option<&Path>,
     id: &str,
 ) -> Result<(PathBuf, Cloned), String> {
-    let dir = match workspace {
-        Some(w) => w.to_path_buf(),
+    let name = default_dir(&spec.url);
+    let (dir, also) = match workspace {
+        Some(w) => (w.to_path_buf(), None),
         None => {
-            let name = default_dir(&spec.url).ok_or_else(|| {
+            let name = name.clone().ok_or_else(|| {
                 format!(
                     "cannot name a directory after {}: give one with --workspace",
                     spec.url
                 )
             })?;
-            std::env::current_dir()
-                .map_err(|e| format!("current directory: {e}"))?
-                .join(name)
+            let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+            (cwd.join(name), Some(cwd))
+        }
+    };
+    let theirs = [Some(dir.clone()), also]
+        .into_iter()
+        .flatten()
+        .find(|d| cordon_git::is_clone_of(d, &spec.url));
+    let dir = match &theirs {
+        None => dir,
+        Some(d) => {
+            let fresh = fresh_clone_dir(id, name.as_deref().unwrap_or(Path::new("repository")));
+            eprintln!(
+                "cordon: {} is already a clone of {}: it stays as it is, and this session works in a fresh clone at {}",
+                cordon_tools::printable(&d.display().to_string()),
+                spec.url,
+                cordon_tools::printable(&fresh.display().to_string()),
+            );
+            fresh
         }
     };
     let (spec, branch, at) = (spec.clone(), format!("cordon/{id}"), dir.clone());
@@ -64,6 +84,18 @@ pub(crate) async fn clone_for(
     .map_err(|e| e.to_string())?
     .map_err(|e| e.to_string())?;
     Ok((dir, cloned))
+}
+
+/// Where session `id` gets a clone of its own: beside its log, in cordon's
+/// data directory.
+fn fresh_clone_dir(id: &str, name: &Path) -> PathBuf {
+    let sessions = cordon_agent::sessions::sessions_dir();
+    sessions
+        .parent()
+        .unwrap_or(&sessions)
+        .join("clones")
+        .join(id)
+        .join(name)
 }
 
 /// The repository of a session on `c`, for its tools: commit always;

@@ -276,9 +276,24 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
         "main, feature and the first session's: {heads}"
     );
 
-    // A second --repo into the same (now full) directory is refused, and
+    // A --repo into a directory holding something else is refused, and
     // a URL with the token in it never gets as far as git.
-    let out = cordon(&server, &cwd, &home, &["exec", "--repo", &url, "again"]);
+    let full = tmp.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    std::fs::write(full.join("mine.txt"), "x").unwrap();
+    let out = cordon(
+        &server,
+        &cwd,
+        &home,
+        &[
+            "exec",
+            "--repo",
+            &url,
+            "--workspace",
+            full.to_str().unwrap(),
+            "again",
+        ],
+    );
     assert_eq!(out.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not empty"));
     let with_token = format!(
@@ -291,5 +306,69 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
     assert!(
         err.contains("credential helper") && !err.contains(TOKEN),
         "{err}"
+    );
+}
+
+#[test]
+fn exec_repo_inside_a_clone_of_it_leaves_that_clone_alone_and_works_in_a_fresh_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
+    let home = tmp.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::write(home.join(".gitconfig"), "[credential]\n\thelper = store\n").unwrap();
+    std::fs::write(
+        home.join(".git-credentials"),
+        format!("http://{USER}:{TOKEN}@127.0.0.1:{}\n", remote.port),
+    )
+    .unwrap();
+    // The user's own checkout, with work of theirs in progress.
+    let url = remote.url();
+    let projects = tmp.path().join("projects");
+    std::fs::create_dir(&projects).unwrap();
+    let with_login = url.replace("http://", &format!("http://{USER}:{TOKEN}@"));
+    git(&projects, &["clone", "-q", &with_login, "proj"]);
+    let mine = projects.join("proj");
+    git(&mine, &["remote", "set-url", "origin", &url]);
+    std::fs::write(mine.join("README"), "my edit\n").unwrap();
+
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Adding it.").with_tool_call(
+                "w1",
+                "write_file",
+                json!({"path": "added.txt", "content": "fresh\n"}),
+            ))
+            .turn(Turn::text("Added.").expect_tool_results(["w1"])),
+    );
+    let out = cordon(
+        &server,
+        &mine,
+        &home,
+        &["exec", "--repo", &url, "add a file"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("is already a clone of"), "{stderr}");
+    // Theirs: as it was.
+    assert!(!mine.join("added.txt").exists());
+    assert_eq!(git(&mine, &["branch", "--show-current"]), "main");
+    assert_eq!(git(&mine, &["status", "--porcelain"]), "M README");
+    // The session's: a clone of its own on its branch, with the change.
+    let clones = home.join("data/cordon/clones");
+    let ids: Vec<_> = std::fs::read_dir(&clones).unwrap().flatten().collect();
+    assert_eq!(ids.len(), 1);
+    let id = ids[0].file_name().to_string_lossy().into_owned();
+    let fresh = clones.join(&id).join("proj");
+    assert_eq!(
+        std::fs::read_to_string(fresh.join("added.txt")).unwrap(),
+        "fresh\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(fresh.join("README")).unwrap(),
+        "two\n"
+    );
+    assert_eq!(
+        git(&fresh, &["branch", "--show-current"]),
+        format!("cordon/{id}")
     );
 }

@@ -311,6 +311,26 @@ pub fn clone_into(
     })
 }
 
+/// Whether `dir` holds a repository (a `.git` directory, not a link or a
+/// file) whose `origin` is `url`, give or take a trailing `/` or `.git`.
+pub fn is_clone_of(dir: &Path, url: &str) -> bool {
+    let dot_git = dir.join(".git");
+    if !std::fs::symlink_metadata(&dot_git).is_ok_and(|m| m.is_dir()) {
+        return false;
+    }
+    let same = |a: &str| {
+        let norm = |u: &str| {
+            let u = u.trim().trim_end_matches('/');
+            u.strip_suffix(".git").unwrap_or(u).to_string()
+        };
+        norm(a) == norm(url)
+    };
+    Git::new(&dot_git)
+        .run(["config", "--get-all", "remote.origin.url"])
+        .map(|out| String::from_utf8_lossy(&out).lines().any(same))
+        .unwrap_or(false)
+}
+
 /// Every path in `workspace` that is not a directory, read beneath it
 /// without following a link.
 fn present_files(workspace: &Path) -> Result<BTreeSet<Vec<u8>>, RemoteError> {
