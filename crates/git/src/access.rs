@@ -126,6 +126,10 @@ const SECRET_VAR: &str = "CORDON_GIT_SECRET";
 const LOGIN_HELPER: &str = "!f() { test \"$1\" = get || exit 0; \
     printf 'username=%s\\npassword=%s\\n' \"$CORDON_GIT_USERNAME\" \"$CORDON_GIT_SECRET\"; }; f";
 
+/// ssh as git runs it for the host's user when their configuration names
+/// no other: never a prompt (nothing could answer it).
+const DEFAULT_SSH: &str = "ssh -o BatchMode=yes";
+
 /// The means to reach a repository, given only to the git commands that
 /// talk to a remote.
 #[derive(Clone, Default)]
@@ -134,7 +138,8 @@ pub struct HostCredentials {
     env: Vec<(OsString, OsString)>,
     /// Settings for this remote alone (a login, pinned addresses).
     settings: Vec<(String, String)>,
-    /// Whether ssh may run, with the host user's agent and keys.
+    /// Whether ssh may run, with the host user's agent and keys (the
+    /// command is in `env`; without it, git's stays `false`).
     ssh: bool,
 }
 
@@ -150,9 +155,10 @@ impl std::fmt::Debug for HostCredentials {
 }
 
 impl HostCredentials {
-    /// What this process's user has: `credential.helper` from the user's
-    /// and the system's git configuration (which are theirs, not the
-    /// workspace's), and `HOME`, `XDG_CONFIG_HOME` and `SSH_AUTH_SOCK`.
+    /// What this process's user has: `credential.helper` and
+    /// `core.sshCommand` from the user's and the system's git
+    /// configuration (which are theirs, not the workspace's), and `HOME`,
+    /// `XDG_CONFIG_HOME` and `SSH_AUTH_SOCK`.
     pub fn from_host() -> HostCredentials {
         HostCredentials::from_env(
             ["HOME", "XDG_CONFIG_HOME", "SSH_AUTH_SOCK"]
@@ -165,15 +171,18 @@ impl HostCredentials {
     /// As [`HostCredentials::from_host`], for a user whose `HOME` (and
     /// `XDG_CONFIG_HOME`, `SSH_AUTH_SOCK`) are `env`.
     pub fn from_env(env: Vec<(OsString, OsString)>) -> HostCredentials {
-        let mut cmd = std::process::Command::new("git");
-        cmd.env_clear()
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            // From no repository: only the user's and the system's files.
-            .current_dir("/")
-            .env("GIT_CEILING_DIRECTORIES", "/")
-            .args(["config", "--get-all", "credential.helper"]);
-        let helpers = cmd
+        let user_git = || {
+            let mut cmd = std::process::Command::new("git");
+            cmd.env_clear()
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+                // From no repository: only the user's and the system's files.
+                .current_dir("/")
+                .env("GIT_CEILING_DIRECTORIES", "/");
+            cmd
+        };
+        let helpers = user_git()
+            .args(["config", "--get-all", "credential.helper"])
             .output()
             .ok()
             .filter(|o| o.status.success())
@@ -189,6 +198,18 @@ impl HostCredentials {
             Some(i) => helpers[i + 1..].to_vec(),
             None => helpers,
         };
+        // The user's own ssh command (`core.sshCommand`, as their git
+        // would run it), else ssh that never prompts.
+        let ssh_command = user_git()
+            .args(["config", "--get", "core.sshCommand"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| DEFAULT_SSH.to_string());
+        let mut env = env;
+        env.push(("GIT_SSH_COMMAND".into(), ssh_command.into()));
         HostCredentials {
             helpers,
             env,
@@ -242,9 +263,6 @@ impl HostCredentials {
     pub(crate) fn apply(&self, mut git: Git) -> Git {
         for (k, v) in &self.env {
             git = git.env(k.clone(), v.clone());
-        }
-        if self.ssh {
-            git = git.env("GIT_SSH_COMMAND", "ssh -o BatchMode=yes");
         }
         for h in &self.helpers {
             git = git.setting("credential.helper", h);

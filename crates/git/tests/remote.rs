@@ -360,3 +360,105 @@ fn a_tenants_login_goes_to_its_host_alone_and_no_redirect_is_followed() {
     assert!(err.contains("cannot clone"), "{err}");
     assert!(!tmp.path().join("ws/.git").exists());
 }
+
+/// An ssh that runs the remote command here, as git's own tests do, and
+/// records what it was given: the user's agent socket, and its arguments.
+fn fake_ssh(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("fake-ssh");
+    let log = dir.join("ssh.log");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\necho \"agent=$SSH_AUTH_SOCK args=$*\" >> {}\neval \"exec ${{@: -1}}\"\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+#[test]
+fn over_ssh_cordon_runs_the_users_ssh_command_with_their_agent_and_the_clone_keeps_neither() {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = remote(&tmp.path().join("remote"));
+    let home = tmp.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let ssh = fake_ssh(tmp.path());
+    std::fs::write(
+        home.join(".gitconfig"),
+        format!("[core]\n\tsshCommand = {}\n", ssh.display()),
+    )
+    .unwrap();
+    let agent = tmp.path().join("agent.sock");
+    let creds = HostCredentials::from_env(vec![
+        (OsString::from("HOME"), home.as_os_str().to_owned()),
+        (
+            OsString::from("SSH_AUTH_SOCK"),
+            agent.as_os_str().to_owned(),
+        ),
+    ]);
+    let url = format!("ssh://git.example{}", remote.bare().display());
+    let ws = tmp.path().join("ws");
+    let cloned = clone_into(
+        &url.parse().unwrap(),
+        &ws,
+        "cordon/s1",
+        &creds,
+        Existing::Refuse,
+    )
+    .unwrap();
+    assert_eq!(std::fs::read_to_string(ws.join("README")).unwrap(), "two\n");
+    assert_eq!(git(&ws, &["remote", "get-url", "origin"]), url);
+    let log = std::fs::read_to_string(tmp.path().join("ssh.log")).unwrap();
+    assert!(
+        log.contains(&format!("agent={}", agent.display()))
+            && log.contains("git.example")
+            && log.contains("git-upload-pack"),
+        "{log}"
+    );
+    // Nothing of the ssh set-up in the repository the sandbox gets.
+    let seen = everything_in(&ws);
+    assert!(
+        !seen.contains("fake-ssh") && !seen.contains("agent.sock"),
+        "{seen}"
+    );
+
+    // A push goes the same way, to the session's branch.
+    std::fs::write(ws.join("README"), "three\n").unwrap();
+    cordon_git::commit(&ws, "cordon/s1", "three", &cordon_git::Ident::cordon())
+        .unwrap()
+        .expect("a change");
+    let pushed = cordon_git::push(&ws, &url, "cordon/s1", &creds).unwrap();
+    assert_eq!(
+        git(&remote.bare(), &["rev-parse", "refs/heads/cordon/s1"]),
+        pushed
+    );
+    assert_ne!(pushed, cloned.base);
+    let log = std::fs::read_to_string(tmp.path().join("ssh.log")).unwrap();
+    assert!(log.contains("git-receive-pack"), "{log}");
+
+    // A tenant's credentials never run ssh: cordon's git keeps its own
+    // `GIT_SSH_COMMAND=false`.
+    let endpoint = cordon_git::Endpoint::of_url("https://git.example/o/r").unwrap();
+    let tenant = HostCredentials::remote(&endpoint, None, &[]);
+    let err = clone_into(
+        &url.parse().unwrap(),
+        &tmp.path().join("ws2"),
+        "cordon/s2",
+        &tenant,
+        Existing::Refuse,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("cannot clone"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(tmp.path().join("ssh.log"))
+            .unwrap()
+            .lines()
+            .count(),
+        log.lines().count(),
+        "ssh ran for a tenant"
+    );
+}
