@@ -39,6 +39,22 @@ pub struct RepositoryRecord {
     pub branch: String,
     pub base: String,
     pub base_branch: String,
+    /// Pushing and pull requests were allowed when the session began
+    /// (what the server's sessions take up again when they wake).
+    #[serde(default)]
+    pub allow_push: bool,
+}
+
+impl RepositoryRecord {
+    /// The clone it records.
+    pub fn cloned(&self) -> Cloned {
+        Cloned {
+            url: self.url.clone(),
+            branch: self.branch.clone(),
+            base: self.base.clone(),
+            base_branch: self.base_branch.clone(),
+        }
+    }
 }
 
 impl SessionRepository {
@@ -64,6 +80,7 @@ impl SessionRepository {
             branch: self.cloned.branch.clone(),
             base: self.cloned.base.clone(),
             base_branch: self.cloned.base_branch.clone(),
+            allow_push: self.allow_push,
         }
     }
 }

@@ -16,6 +16,9 @@ use std::net::IpAddr;
 use cordon_git::{Endpoint, HostCredentials, Ident, Login};
 use cordon_net::{Host, Policy};
 
+use axum::http::StatusCode;
+
+use crate::http::ApiError;
 use crate::job::RepoUrl;
 use crate::store::{GitCredential, Store};
 
@@ -82,6 +85,23 @@ pub async fn reach(ceiling: &Policy, endpoint: &Endpoint) -> Result<Vec<IpAddr>,
     Ok(ok)
 }
 
+/// Refuses, as an API answer, a repository `tenant` may not reach now (the
+/// worker checks again when it clones: the ceiling or the name's
+/// addresses may change meanwhile).
+pub(crate) async fn admit(ceiling: &Policy, repo: &RepoUrl) -> Result<(), ApiError> {
+    reach(ceiling, &repo.endpoint())
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            Unreachable::Resolve { .. } => ApiError::bad_request(format!("`repo`: {e}")),
+            _ => ApiError::new(
+                StatusCode::FORBIDDEN,
+                "beyond_ceiling",
+                format!("`repo`: {e}"),
+            ),
+        })
+}
+
 /// What a job's repository comes to on the worker that runs it.
 pub struct Prepared {
     pub creds: HostCredentials,
@@ -89,6 +109,26 @@ pub struct Prepared {
     /// the tenant may reach), or why they cannot be.
     pub forge: Result<cordon_git::Forge, String>,
     pub author: Ident,
+}
+
+/// A session's repository, for its tools: the clone as cordon made it,
+/// and what `tenant` reaches it with now.
+pub async fn session(
+    store: &Store,
+    ceiling: &Policy,
+    tenant: &str,
+    cloned: cordon_git::Cloned,
+    allow_push: bool,
+) -> Result<cordon_git::SessionRepository, String> {
+    let repo = RepoUrl::try_from(cloned.url.clone())?;
+    let p = prepare(store, ceiling, tenant, &repo).await?;
+    Ok(cordon_git::SessionRepository {
+        cloned,
+        creds: p.creds,
+        forge: p.forge,
+        author: p.author,
+        allow_push,
+    })
 }
 
 /// The tenant's login for `repo`'s host, and the forge, each checked

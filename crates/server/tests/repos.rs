@@ -283,7 +283,101 @@ async fn repositories_beyond_reach_are_refused_and_a_login_is_the_tenants_own(db
     );
 }
 
+async fn a_session_works_on_a_clone_and_pushes_its_branch(db: Db) {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Editing.").with_tool_call(
+                "w1",
+                "write_file",
+                json!({"path": "README", "content": "from a session\n"}),
+            ))
+            .turn(
+                Turn::text("Committing.")
+                    .with_tool_call(
+                        "c1",
+                        "git_commit",
+                        json!({"message": "README from a session"}),
+                    )
+                    .expect_tool_results(["w1"]),
+            )
+            .turn(
+                Turn::text("Pushing.")
+                    .with_tool_call("p1", "git_push", json!({}))
+                    .expect_tool_results(["c1"]),
+            )
+            .turn(
+                Turn::text("Pushed.")
+                    .expect_tool_results(["p1"])
+                    .expect_contains("Pushed cordon/ses_"),
+            ),
+    );
+    let url = model.url();
+    let Some(s) = TestServer::start_with(db, |c| {
+        with_model(url)(c);
+        ceiling_loopback(c);
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+
+    // Without a login the private remote cannot be cloned: no session.
+    let (code, body) = s
+        .post(&t, "/v1/sessions", json!({"repo": remote.url()}))
+        .await;
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(body["error"]["code"], "clone_failed", "{body}");
+    let (_, list) = s.get(&t, "/v1/sessions").await;
+    assert_eq!(list["sessions"], json!([]), "{list}");
+    let (code, body) = s
+        .post(
+            &t,
+            "/v1/sessions",
+            json!({"repo": "https://example.com/o/r.git"}),
+        )
+        .await;
+    assert_eq!(code, 403, "{body}");
+
+    let (code, _) = s
+        .put(
+            &t,
+            &format!("/v1/git-credentials/127.0.0.1:{}", remote.port),
+            json!({"username": USER, "token": TOKEN}),
+        )
+        .await;
+    assert_eq!(code, 200);
+    let (code, session) = s
+        .post(
+            &t,
+            "/v1/sessions",
+            json!({"repo": remote.url(), "allow_push": true}),
+        )
+        .await;
+    assert_eq!(code, 201, "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    let events = s.say(&t, &id, "edit the README and push it").await;
+    model.assert_finished();
+    assert!(
+        events.iter().any(|(k, _)| k == "turn_completed"),
+        "{events:?}"
+    );
+    let bare = remote.bare();
+    let branch = format!("cordon/{id}");
+    assert_eq!(
+        git(&bare, &["show", &format!("{branch}:README")]),
+        "from a session"
+    );
+    assert_eq!(
+        git(&bare, &["log", "-1", "--format=%an|%s", &branch]),
+        "cordon|README from a session"
+    );
+}
+
 on_both!(
     an_agent_job_clones_commits_pushes_and_opens_a_pull_request,
+    a_session_works_on_a_clone_and_pushes_its_branch,
     repositories_beyond_reach_are_refused_and_a_login_is_the_tenants_own,
 );

@@ -96,22 +96,8 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
             .await?;
         req.options.egress = Some(policy.into());
     }
-    // A repository the tenant may not reach is refused now, not when a
-    // worker takes the job; the worker checks again (the ceiling or the
-    // name's addresses may change meanwhile).
     if let Some(repo) = &req.options.repo {
-        crate::repos::reach(shared.ceilings.of(tenant), &repo.endpoint())
-            .await
-            .map_err(|e| match e {
-                crate::repos::Unreachable::Resolve { .. } => {
-                    ApiError::bad_request(format!("`repo`: {e}"))
-                }
-                _ => ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "beyond_ceiling",
-                    format!("`repo`: {e}"),
-                ),
-            })?;
+        crate::repos::admit(shared.ceilings.of(tenant), repo).await?;
     }
     if matches!(req.spec, JobSpec::Agent { .. }) && shared.config.agent.is_none() {
         return Err(ApiError::bad_request(

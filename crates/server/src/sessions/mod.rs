@@ -174,6 +174,16 @@ pub(crate) async fn create(
         None => None,
     };
     let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
+    let allow_push = asked.allow_push.unwrap_or(false);
+    match &asked.repo {
+        Some(repo) => crate::repos::admit(shared.ceilings.of(&tenant), repo).await?,
+        None if allow_push => {
+            return Err(ApiError::bad_request(
+                "`allow_push` is for a session with `repo`: there is nothing to push",
+            ));
+        }
+        None => {}
+    }
     let model = asked
         .model
         .map_or_else(|| defaults.agent.model.clone(), String::from);
@@ -207,8 +217,59 @@ pub(crate) async fn create(
     .record();
     log.append(&started)
         .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
+    if let Some(repo) = &asked.repo {
+        match clone_for(&shared, &tenant, &id, repo, allow_push).await {
+            Ok(record) => log
+                .append(&record)
+                .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?,
+            Err(e) => {
+                // Nothing of the session is kept: its files are the clone's.
+                drop(log);
+                if let Err(err) = std::fs::remove_dir_all(&d) {
+                    tracing::warn!("session {id}: {err}");
+                }
+                return Err(e);
+            }
+        };
+    }
     let row = shared.store.insert_session(&id, &tenant, &model).await?;
     Ok((StatusCode::CREATED, Json(SessionSummary::of(&row))).into_response())
+}
+
+/// Clones `repo` into new session `id`'s workspace with `tenant`'s login;
+/// the record its log keeps of it.
+async fn clone_for(
+    shared: &Shared,
+    tenant: &str,
+    id: &str,
+    repo: &crate::job::RepoUrl,
+    allow_push: bool,
+) -> Result<Value, ApiError> {
+    let refused = |e: String| ApiError::new(StatusCode::BAD_REQUEST, "clone_failed", e);
+    let prepared = crate::repos::prepare(&shared.store, shared.ceilings.of(tenant), tenant, repo)
+        .await
+        .map_err(refused)?;
+    let (spec, at, branch, creds) = (
+        repo.spec().clone(),
+        dir(shared, id).join("workspace"),
+        format!("cordon/{id}"),
+        prepared.creds.clone(),
+    );
+    let cloned = tokio::task::spawn_blocking(move || {
+        cordon_git::clone_into(&spec, &at, &branch, &creds, cordon_git::Existing::Refuse)
+    })
+    .await
+    .map_err(|e| refused(e.to_string()))?
+    .map_err(|e| refused(e.to_string()))?;
+    let record = cordon_git::SessionRepository {
+        cloned,
+        creds: prepared.creds,
+        forge: prepared.forge,
+        author: prepared.author,
+        allow_push,
+    }
+    .record();
+    serde_json::to_value(record).map_err(|e| refused(e.to_string()))
 }
 
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", summary = "List conversations, newest first",
@@ -320,6 +381,31 @@ async fn wake(
         }
         clamped
     });
+    // The session's repository, reached with the tenant's login as it is
+    // now, within the ceiling as it is now.
+    let repository = match records
+        .iter()
+        .find_map(|r| serde_json::from_value::<cordon_git::RepositoryRecord>(r.data.clone()).ok())
+    {
+        None => None,
+        Some(rec) => Some(
+            crate::repos::session(
+                &shared.store,
+                shared.ceilings.of(&row.tenant),
+                &row.tenant,
+                rec.cloned(),
+                rec.allow_push,
+            )
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "beyond_ceiling",
+                    format!("the session's repository: {e}"),
+                )
+            })?,
+        ),
+    };
     sc.network = network;
     sc.egress = policy
         .as_ref()
@@ -356,6 +442,7 @@ async fn wake(
         },
     )
     .tools(&mcp.tools)
+    .tools(&repository.map(|r| r.tools()).unwrap_or_default())
     .history(resumed.history)
     .log(resumed.log)
     .build(&sandbox, &ws);

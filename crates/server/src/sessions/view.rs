@@ -28,6 +28,14 @@ pub struct NewSession {
     pub allow: Option<Vec<AllowEntry>>,
     #[serde(default)]
     pub allow_private: Option<bool>,
+    /// As a job's: a repository cloned into the workspace, on a branch
+    /// `cordon/<session id>`, with the tenant's stored login.
+    #[serde(default)]
+    pub repo: Option<crate::job::RepoUrl>,
+    /// With `repo`: the model may push the session's branch and open a
+    /// pull request.
+    #[serde(default)]
+    pub allow_push: Option<bool>,
 }
 
 /// A message to the agent.
