@@ -36,7 +36,7 @@ pub use command::{Git, GitError};
 pub use commit::{CommitError, Committed, GitCommitTool, commit, host_ident};
 pub use forge::{CreatePullRequestTool, Forge, ForgeKind, PullRequest};
 pub use push::{GitPushTool, PushError, push};
-pub use remote::{Cloned, Existing, RemoteError, RepoSpec, clone_into, is_clone_of};
+pub use remote::{Cloned, Existing, RemoteError, RepoSpec, clone_into, is_clone_of, reopen};
 pub use repo::{RepoError, checked_repository};
 pub use restore::{Kept, RestoreError, Restored};
 pub use session::{RepositoryRecord, SessionRepository};

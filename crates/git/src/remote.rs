@@ -281,33 +281,56 @@ pub fn clone_into(
         }
     }
     git.run_with(["checkout-index", "-u", "-z", "--stdin"], Some(&wanted))?;
-    let default_branch = git
-        .run([
-            "symbolic-ref",
-            "--quiet",
-            "--short",
-            "refs/remotes/origin/HEAD",
-        ])
-        .map(|o| {
-            String::from_utf8_lossy(&o)
-                .trim()
-                .trim_start_matches("origin/")
-                .to_string()
-        })
-        .unwrap_or_else(|_| "main".into());
-    let base_branch = match &spec.reference {
-        Some(r)
-            if crate::snapshot::rev_parse(&git, &format!("refs/remotes/origin/{r}")).is_ok() =>
-        {
-            r.clone()
-        }
-        _ => default_branch,
-    };
     Ok(Cloned {
         url: spec.url.clone(),
         branch: branch.to_string(),
         base: start,
-        base_branch,
+        base_branch: base_branch(&git, spec),
+    })
+}
+
+/// The remote's branch a pull request goes into: `#REF` when it names one
+/// of its branches, else the remote's default branch.
+fn base_branch(git: &Git, spec: &RepoSpec) -> String {
+    if let Some(r) = &spec.reference
+        && crate::snapshot::rev_parse(git, &format!("refs/remotes/origin/{r}")).is_ok()
+    {
+        return r.clone();
+    }
+    git.run([
+        "symbolic-ref",
+        "--quiet",
+        "--short",
+        "refs/remotes/origin/HEAD",
+    ])
+    .map(|o| {
+        String::from_utf8_lossy(&o)
+            .trim()
+            .trim_start_matches("origin/")
+            .to_string()
+    })
+    .unwrap_or_else(|_| "main".into())
+}
+
+/// The clone [`clone_into`] made of `spec` in `workspace` earlier (a job
+/// run again after its worker was lost), on `branch`, checked as the
+/// sandbox may have left it; `base` is where the branch is now.
+pub fn reopen(spec: &RepoSpec, workspace: &Path, branch: &str) -> Result<Cloned, RemoteError> {
+    if !is_clone_of(workspace, &spec.url) {
+        return Err(RemoteError::Spec(format!(
+            "{} holds a .git that is not a clone of {}",
+            cordon_tools::printable(&workspace.display().to_string()),
+            spec.url
+        )));
+    }
+    let git =
+        crate::repo::checked_repository(workspace).map_err(|e| RemoteError::Spec(e.to_string()))?;
+    let base = crate::snapshot::rev_parse(&git, &format!("refs/heads/{branch}^{{commit}}"))?;
+    Ok(Cloned {
+        url: spec.url.clone(),
+        branch: branch.to_string(),
+        base,
+        base_branch: base_branch(&git, spec),
     })
 }
 

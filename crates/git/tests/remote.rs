@@ -282,6 +282,12 @@ fn a_tenants_login_clones_keeping_the_files_already_there_and_nothing_of_the_hos
     );
     let seen = everything_in(&ws);
     assert!(!seen.contains(TOKEN) && !seen.contains("helper"), "{seen}");
+    // Run again on the same machine: the clone is taken up, not redone.
+    let again = cordon_git::reopen(&spec, &ws, "cordon/job1").unwrap();
+    assert_eq!(again, cloned);
+    let other: RepoSpec = "https://elsewhere.example/o/r.git".parse().unwrap();
+    assert!(cordon_git::reopen(&other, &ws, "cordon/job1").is_err());
+    assert!(cordon_git::reopen(&spec, &ws, "cordon/nope").is_err());
     assert!(
         !std::fs::read_dir(tmp.path())
             .unwrap()

@@ -333,7 +333,13 @@ impl Runner {
             prepared.creds.clone(),
         );
         let cloned = tokio::task::spawn_blocking(move || {
-            cordon_git::clone_into(&spec, &at, &branch, &creds, cordon_git::Existing::Keep)
+            // Run again after its worker was lost, on this machine: the
+            // clone the lost run made is taken up where it left off.
+            if std::fs::symlink_metadata(at.join(".git")).is_ok() {
+                cordon_git::reopen(&spec, &at, &branch)
+            } else {
+                cordon_git::clone_into(&spec, &at, &branch, &creds, cordon_git::Existing::Keep)
+            }
         })
         .await
         .map_err(|e| format!("cannot clone the repository: {e}"))?
