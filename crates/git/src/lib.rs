@@ -23,6 +23,7 @@ mod checkpoint;
 mod command;
 mod commit;
 mod forge;
+mod limits;
 mod push;
 mod remote;
 mod repo;
@@ -35,8 +36,11 @@ pub use checkpoint::{Checkpoint, CheckpointError, Checkpoints, Rewound};
 pub use command::{Git, GitError};
 pub use commit::{CommitError, Committed, GitCommitTool, commit, host_ident};
 pub use forge::{CreatePullRequestTool, Forge, ForgeKind, PullRequest};
+pub use limits::{Exceeded, Limits};
 pub use push::{GitPushTool, PushError, push};
-pub use remote::{Cloned, Existing, RemoteError, RepoSpec, clone_into, is_clone_of, reopen};
+pub use remote::{
+    Cloned, Existing, RemoteError, RepoSpec, clone_into, clone_within, is_clone_of, reopen,
+};
 pub use repo::{RepoError, checked_repository};
 pub use restore::{Kept, RestoreError, Restored};
 pub use session::{RepositoryRecord, SessionRepository};

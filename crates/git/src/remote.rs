@@ -12,6 +12,7 @@ use std::str::FromStr;
 
 use crate::access::{Endpoint, HostCredentials};
 use crate::command::{Git, GitError};
+use crate::limits::{Exceeded, Limits, disk_use};
 
 /// `URL[#REF]`: a repository, and the branch, tag or commit to start from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +40,8 @@ pub enum RemoteError {
     Clone { url: String, source: GitError },
     #[error("{url} has no {reference:?} to start from (a branch, a tag or a commit of it)")]
     NoReference { url: String, reference: String },
+    #[error("cannot clone {url}: {source}")]
+    Limit { url: String, source: Exceeded },
     #[error(transparent)]
     Git(#[from] GitError),
 }
@@ -190,6 +193,19 @@ pub fn clone_into(
     creds: &HostCredentials,
     existing: Existing,
 ) -> Result<Cloned, RemoteError> {
+    clone_within(spec, workspace, branch, creds, existing, &Limits::none())
+}
+
+/// As [`clone_into`], within `limits`: the clone is stopped when it runs
+/// past them, and its files are not checked out when they would.
+pub fn clone_within(
+    spec: &RepoSpec,
+    workspace: &Path,
+    branch: &str,
+    creds: &HostCredentials,
+    existing: Existing,
+    limits: &Limits,
+) -> Result<Cloned, RemoteError> {
     let io = |what: String| move |source| RemoteError::Io { what, source };
     match std::fs::read_dir(workspace) {
         Ok(mut d) => {
@@ -224,21 +240,32 @@ pub fn clone_into(
     let target = scratch.path().join("repo");
     let protocol = spec.protocol();
     let outside = creds.apply(Git::outside(scratch.path()).allow_protocol(protocol));
-    outside
-        .run([
-            std::ffi::OsStr::new("clone"),
-            std::ffi::OsStr::new("--quiet"),
-            std::ffi::OsStr::new("--no-checkout"),
-            std::ffi::OsStr::new("--origin"),
-            std::ffi::OsStr::new("origin"),
-            std::ffi::OsStr::new("--"),
-            std::ffi::OsStr::new(&spec.url),
-            target.as_os_str(),
-        ])
-        .map_err(|source| RemoteError::Clone {
+    let over = |source: Exceeded| match source {
+        Exceeded::Git(source) => RemoteError::Clone {
             url: spec.url.clone(),
             source,
-        })?;
+        },
+        source => RemoteError::Limit {
+            url: spec.url.clone(),
+            source,
+        },
+    };
+    limits
+        .run(
+            &outside,
+            &[
+                std::ffi::OsStr::new("clone"),
+                std::ffi::OsStr::new("--quiet"),
+                std::ffi::OsStr::new("--no-checkout"),
+                std::ffi::OsStr::new("--origin"),
+                std::ffi::OsStr::new("origin"),
+                std::ffi::OsStr::new("--"),
+                std::ffi::OsStr::new(&spec.url),
+                target.as_os_str(),
+            ],
+            scratch.path(),
+        )
+        .map_err(over)?;
     // Present files, read before `.git` arrives: none of them is
     // overwritten.
     let present = match existing {
@@ -266,6 +293,12 @@ pub fn clone_into(
             url: spec.url.clone(),
             reference: spec.reference.clone().unwrap_or_else(|| "HEAD".into()),
         })?;
+    if limits.max_bytes.is_some() {
+        // The files it would check out, on top of what the clone holds.
+        limits
+            .admit(disk_use(&dot_git), tree_bytes(&git, &start)?)
+            .map_err(over)?;
+    }
     let head = format!("refs/heads/{branch}");
     // The branch made (never moved: it must not exist yet), HEAD on it,
     // the index at its tree; then the files, all but the present ones.
@@ -332,6 +365,20 @@ pub fn reopen(spec: &RepoSpec, workspace: &Path, branch: &str) -> Result<Cloned,
         base,
         base_branch: base_branch(&git, spec),
     })
+}
+
+/// The bytes of the files of `commit`'s tree.
+fn tree_bytes(git: &Git, commit: &str) -> Result<u64, GitError> {
+    let out = git.run(["ls-tree", "-r", "-l", "-z", commit])?;
+    Ok(out
+        .split(|b| *b == 0)
+        .filter_map(|entry| {
+            // `MODE TYPE OBJECT SIZE\tPATH`; SIZE is `-` for a submodule.
+            let meta = entry.split(|b| *b == b'\t').next()?;
+            let size = std::str::from_utf8(meta).ok()?.split_whitespace().nth(3)?;
+            size.parse::<u64>().ok()
+        })
+        .sum())
 }
 
 /// Whether `dir` holds a repository (a `.git` directory, not a link or a

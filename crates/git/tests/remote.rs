@@ -468,3 +468,82 @@ fn over_ssh_cordon_runs_the_users_ssh_command_with_their_agent_and_the_clone_kee
         "ssh ran for a tenant"
     );
 }
+
+#[test]
+fn a_bounded_clone_stops_at_its_budget_its_deadline_or_when_called_off() {
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = remote(&tmp.path().join("remote"));
+    let url = remote.url();
+    let creds = tenant(&url, &[], true);
+    let clone = |ws: &str, limits: cordon_git::Limits| {
+        cordon_git::clone_within(
+            &url.parse().unwrap(),
+            &tmp.path().join(ws),
+            "cordon/job",
+            &creds,
+            Existing::Keep,
+            &limits,
+        )
+    };
+    let err = clone(
+        "small",
+        cordon_git::Limits {
+            max_bytes: Some(100),
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("larger than"), "{err}");
+    assert!(!tmp.path().join("small/.git").exists());
+    clone(
+        "roomy",
+        cordon_git::Limits {
+            max_bytes: Some(10 << 20),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+
+    // A remote that never answers: the deadline, or the call-off, ends it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let held: Vec<_> = listener.incoming().flatten().take(8).collect();
+        std::thread::sleep(Duration::from_secs(60));
+        drop(held);
+    });
+    let stalled = format!("http://127.0.0.1:{port}/team/proj.git");
+    let creds = tenant(&stalled, &[], true);
+    let started = Instant::now();
+    let err = cordon_git::clone_within(
+        &stalled.parse().unwrap(),
+        &tmp.path().join("slow"),
+        "cordon/job",
+        &creds,
+        Existing::Keep,
+        &cordon_git::Limits {
+            deadline: Some(Instant::now() + Duration::from_millis(500)),
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("timeout"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let err = cordon_git::clone_within(
+        &stalled.parse().unwrap(),
+        &tmp.path().join("off"),
+        "cordon/job",
+        &creds,
+        Existing::Keep,
+        &cordon_git::Limits {
+            cancelled: Some(std::sync::Arc::new(|| true)),
+            ..Default::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("called off"), "{err}");
+}

@@ -196,7 +196,20 @@ impl Runner {
                         ..
                     }
                 );
-                match self.clone_repo(id, tenant, repo, &ws, allow_push).await {
+                // The clone counts against the job's timeout, and may take
+                // no more disk than its budget allows the sandbox.
+                let limits = cordon_git::Limits {
+                    max_bytes: Some(req.options.disk),
+                    deadline: Some(Instant::now() + Duration::from_secs(req.options.timeout_secs)),
+                    cancelled: Some({
+                        let cancel = cancel.clone();
+                        Arc::new(move || cancel.is_cancelled())
+                    }),
+                };
+                match self
+                    .clone_repo(id, tenant, repo, &ws, allow_push, limits)
+                    .await
+                {
                     Ok(r) => {
                         let c = &r.cloned;
                         sink.event(JobEvent::Repository {
@@ -323,6 +336,7 @@ impl Runner {
         repo: &crate::job::RepoUrl,
         ws: &Path,
         allow_push: bool,
+        limits: cordon_git::Limits,
     ) -> Result<cordon_git::SessionRepository, String> {
         let prepared =
             crate::repos::prepare(&self.store, self.ceilings.of(tenant), tenant, repo).await?;
@@ -338,7 +352,14 @@ impl Runner {
             if std::fs::symlink_metadata(at.join(".git")).is_ok() {
                 cordon_git::reopen(&spec, &at, &branch)
             } else {
-                cordon_git::clone_into(&spec, &at, &branch, &creds, cordon_git::Existing::Keep)
+                cordon_git::clone_within(
+                    &spec,
+                    &at,
+                    &branch,
+                    &creds,
+                    cordon_git::Existing::Keep,
+                    &limits,
+                )
             }
         })
         .await

@@ -255,8 +255,24 @@ async fn clone_for(
         format!("cordon/{id}"),
         prepared.creds.clone(),
     );
+    // As a job's: within the default disk budget and timeout.
+    let bounds = &shared.config.bounds;
+    let limits = cordon_git::Limits {
+        max_bytes: Some(bounds.default_disk),
+        deadline: Some(
+            std::time::Instant::now() + std::time::Duration::from_secs(bounds.default_timeout_secs),
+        ),
+        cancelled: None,
+    };
     let cloned = tokio::task::spawn_blocking(move || {
-        cordon_git::clone_into(&spec, &at, &branch, &creds, cordon_git::Existing::Refuse)
+        cordon_git::clone_within(
+            &spec,
+            &at,
+            &branch,
+            &creds,
+            cordon_git::Existing::Refuse,
+            &limits,
+        )
     })
     .await
     .map_err(|e| refused(e.to_string()))?
