@@ -144,9 +144,10 @@ async fn many_execs_run_concurrently_in_one_session() {
     for (i, t) in tasks.into_iter().enumerate() {
         assert_eq!(t.await.unwrap().stdout_str(), format!("{i}\n"));
     }
-    // Serial execution would take at least 4 s.
+    // Serial execution would take at least 4 s; the rest is room for a
+    // guest under emulation (TCG), which took 3.05 s once.
     assert!(
-        start.elapsed() < Duration::from_secs(3),
+        start.elapsed() < Duration::from_millis(3_800),
         "{:?}",
         start.elapsed()
     );
