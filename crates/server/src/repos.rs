@@ -111,6 +111,55 @@ pub struct Prepared {
     pub author: Ident,
 }
 
+/// Where a tenant's clone goes, and within what.
+pub struct Target {
+    pub workspace: std::path::PathBuf,
+    pub branch: String,
+    pub existing: cordon_git::Existing,
+    pub limits: cordon_git::Limits,
+}
+
+/// Clones `repo` for `tenant` as `target` says, with its login and within
+/// its ceiling; with [`Existing::Keep`](cordon_git::Existing::Keep), a
+/// clone already there (a job run again on this machine) is taken up
+/// where the lost run left it. The repository, for the model's tools.
+pub async fn clone(
+    store: &Store,
+    ceiling: &Policy,
+    tenant: &str,
+    repo: &RepoUrl,
+    target: Target,
+    allow_push: bool,
+) -> Result<cordon_git::SessionRepository, String> {
+    let prepared = prepare(store, ceiling, tenant, repo).await?;
+    let (spec, creds) = (repo.spec().clone(), prepared.creds.clone());
+    let cloned = tokio::task::spawn_blocking(move || {
+        let Target {
+            workspace,
+            branch,
+            existing,
+            limits,
+        } = target;
+        if existing == cordon_git::Existing::Keep
+            && std::fs::symlink_metadata(workspace.join(".git")).is_ok()
+        {
+            cordon_git::reopen(&spec, &workspace, &branch)
+        } else {
+            cordon_git::clone_within(&spec, &workspace, &branch, &creds, existing, &limits)
+        }
+    })
+    .await
+    .map_err(|e| format!("cannot clone the repository: {e}"))?
+    .map_err(|e| e.to_string())?;
+    Ok(cordon_git::SessionRepository {
+        cloned,
+        creds: prepared.creds,
+        forge: prepared.forge,
+        author: prepared.author,
+        allow_push,
+    })
+}
+
 /// A session's repository, for its tools: the clone as cordon made it,
 /// and what `tenant` reaches it with now.
 pub async fn session(

@@ -206,8 +206,16 @@ impl Runner {
                         Arc::new(move || cancel.is_cancelled())
                     }),
                 };
-                match self
-                    .clone_repo(id, tenant, repo, &ws, allow_push, limits)
+                // Files put before the job ran are kept; a clone the lost
+                // run of a requeued job made is taken up.
+                let target = crate::repos::Target {
+                    workspace: ws.clone(),
+                    branch: format!("cordon/{id}"),
+                    existing: cordon_git::Existing::Keep,
+                    limits,
+                };
+                let ceiling = self.ceilings.of(tenant);
+                match crate::repos::clone(&self.store, ceiling, tenant, repo, target, allow_push)
                     .await
                 {
                     Ok(r) => {
@@ -324,54 +332,6 @@ impl Runner {
         // Closing ends every process the job left behind.
         sandbox.close().await;
         outcome
-    }
-
-    /// Clones `repo` into the workspace `ws` of job `id` with `tenant`'s
-    /// stored login, on a branch `cordon/<id>`; files already there (put
-    /// before the job ran) are kept.
-    async fn clone_repo(
-        &self,
-        id: &str,
-        tenant: &str,
-        repo: &crate::job::RepoUrl,
-        ws: &Path,
-        allow_push: bool,
-        limits: cordon_git::Limits,
-    ) -> Result<cordon_git::SessionRepository, String> {
-        let prepared =
-            crate::repos::prepare(&self.store, self.ceilings.of(tenant), tenant, repo).await?;
-        let (spec, at, branch, creds) = (
-            repo.spec().clone(),
-            ws.to_path_buf(),
-            format!("cordon/{id}"),
-            prepared.creds.clone(),
-        );
-        let cloned = tokio::task::spawn_blocking(move || {
-            // Run again after its worker was lost, on this machine: the
-            // clone the lost run made is taken up where it left off.
-            if std::fs::symlink_metadata(at.join(".git")).is_ok() {
-                cordon_git::reopen(&spec, &at, &branch)
-            } else {
-                cordon_git::clone_within(
-                    &spec,
-                    &at,
-                    &branch,
-                    &creds,
-                    cordon_git::Existing::Keep,
-                    &limits,
-                )
-            }
-        })
-        .await
-        .map_err(|e| format!("cannot clone the repository: {e}"))?
-        .map_err(|e| e.to_string())?;
-        Ok(cordon_git::SessionRepository {
-            cloned,
-            creds: prepared.creds,
-            forge: prepared.forge,
-            author: prepared.author,
-            allow_push,
-        })
     }
 
     fn sandbox_config(&self, ws: &Path, options: &RunOptions) -> SandboxConfig {

@@ -246,45 +246,26 @@ async fn clone_for(
     allow_push: bool,
 ) -> Result<Value, ApiError> {
     let refused = |e: String| ApiError::new(StatusCode::BAD_REQUEST, "clone_failed", e);
-    let prepared = crate::repos::prepare(&shared.store, shared.ceilings.of(tenant), tenant, repo)
-        .await
-        .map_err(refused)?;
-    let (spec, at, branch, creds) = (
-        repo.spec().clone(),
-        dir(shared, id).join("workspace"),
-        format!("cordon/{id}"),
-        prepared.creds.clone(),
-    );
     // As a job's: within the default disk budget and timeout.
     let bounds = &shared.config.bounds;
-    let limits = cordon_git::Limits {
-        max_bytes: Some(bounds.default_disk),
-        deadline: Some(
-            std::time::Instant::now() + std::time::Duration::from_secs(bounds.default_timeout_secs),
-        ),
-        cancelled: None,
+    let target = crate::repos::Target {
+        workspace: dir(shared, id).join("workspace"),
+        branch: format!("cordon/{id}"),
+        existing: cordon_git::Existing::Refuse,
+        limits: cordon_git::Limits {
+            max_bytes: Some(bounds.default_disk),
+            deadline: Some(
+                std::time::Instant::now()
+                    + std::time::Duration::from_secs(bounds.default_timeout_secs),
+            ),
+            cancelled: None,
+        },
     };
-    let cloned = tokio::task::spawn_blocking(move || {
-        cordon_git::clone_within(
-            &spec,
-            &at,
-            &branch,
-            &creds,
-            cordon_git::Existing::Refuse,
-            &limits,
-        )
-    })
-    .await
-    .map_err(|e| refused(e.to_string()))?
-    .map_err(|e| refused(e.to_string()))?;
-    let record = cordon_git::SessionRepository {
-        cloned,
-        creds: prepared.creds,
-        forge: prepared.forge,
-        author: prepared.author,
-        allow_push,
-    }
-    .record();
+    let ceiling = shared.ceilings.of(tenant);
+    let record = crate::repos::clone(&shared.store, ceiling, tenant, repo, target, allow_push)
+        .await
+        .map_err(refused)?
+        .record();
     serde_json::to_value(record).map_err(|e| refused(e.to_string()))
 }
 
