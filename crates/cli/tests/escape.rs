@@ -2596,10 +2596,17 @@ fn fork_bomb(t: &Ctx) {
                 let mut pids = host_pids_with_cmdline_containing(&marker);
                 if t.vm() {
                     // The bomb runs inside QEMU: only the cordon front end
-                    // may carry the marker on the host.
+                    // may carry the marker on the host. A child it spawns
+                    // (QEMU, virtiofsd) shares its command line from the
+                    // fork until its exec, and by the time its comm is read
+                    // it may be QEMU's: count a process only when its
+                    // command line still holds the marker after that read.
                     pids.retain(|p| {
                         fs::read_to_string(format!("/proc/{p}/comm"))
                             .is_ok_and(|c| c.trim() != "cordon")
+                            && fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                                String::from_utf8_lossy(&c).contains(marker.as_str())
+                            })
                     });
                 }
                 peak.fetch_max(pids.len(), Ordering::Relaxed);
