@@ -18,7 +18,9 @@ pub struct ServeArgs {
     /// `postgres://…`, or a SQLite file [default: the XDG data directory's cordon/server.db]
     #[arg(long, value_name = "URL", env = "CORDON_DB", hide_env_values = true)]
     pub db: Option<String>,
-    /// Where job workspaces live [default: the XDG data directory's cordon/server]
+    /// Where job workspaces live, and the key tenants' git logins are
+    /// sealed with unless CORDON_SECRETS_KEY (or CORDON_CLUSTER_KEY) gives
+    /// one [default: the XDG data directory's cordon/server]
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// Keep finished jobs' workspaces and logs where every process can
@@ -294,6 +296,13 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
             }
         };
     }
+    config.secrets_key = match secrets_key() {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return exit::CONFIG;
+        }
+    };
     config.cluster = match cluster(args.advertise, api) {
         Ok(c) => c,
         Err(e) => {
@@ -410,6 +419,17 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
     };
     eprintln!("cordon: serving on {scheme}://{}", running.addr);
     until_stopped(running).await
+}
+
+/// The key tenants' secrets are sealed with, from `CORDON_SECRETS_KEY`
+/// (never a flag: `ps` shows those).
+fn secrets_key() -> Result<Option<cordon_server::store::SecretsKey>, String> {
+    std::env::var("CORDON_SECRETS_KEY")
+        .ok()
+        .filter(|k| !k.trim().is_empty())
+        .map(|k| cordon_server::store::SecretsKey::from_passphrase(&k))
+        .transpose()
+        .map_err(|e| format!("CORDON_SECRETS_KEY: {e}"))
 }
 
 /// The cluster key, from `CORDON_CLUSTER_KEY` (never a flag: `ps` shows

@@ -421,6 +421,29 @@ fn tokens_are_listed_by_id_and_revoked_at_once() {
     );
 }
 
+/// The key the tenants' git logins are sealed with comes from the
+/// environment only; a weak one is refused, unechoed, before anything
+/// starts.
+#[test]
+fn a_weak_secrets_key_is_refused_before_anything_starts() {
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("CORDON_SECRETS_KEY", "hunter2-hunter2")
+        .env("HOME", home.path())
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("CORDON_SECRETS_KEY") && err.contains("at least 32"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+    assert!(!home.path().join("data/cordon/server.db").exists());
+}
+
 /// A worker's relay needs the cluster key, from the environment only, and
 /// a base URL to advertise: each mistake is named before anything starts,
 /// and the key is never echoed.

@@ -69,6 +69,13 @@ impl ClusterKey {
         Ok(ClusterKey(key.as_bytes().to_vec()))
     }
 
+    /// The key tenants' secrets are sealed with when the operator gives
+    /// none of its own: every process of the deployment derives the same,
+    /// and it is unrelated to the key that signs requests.
+    pub fn secrets_key(&self) -> crate::store::SecretsKey {
+        crate::store::SecretsKey::derive(&self.0)
+    }
+
     fn mac(&self, time_ms: i64, nonce: &str, method: &str, target: &str, tenant: &str) -> Hmac {
         let mut mac = Hmac::new_from_slice(&self.0).expect("HMAC takes a key of any length");
         // Newlines separate the parts; none of them may hold one (a
@@ -253,6 +260,17 @@ mod tests {
         assert!(ClusterKey::new("0123456789abcdef 0123456789abcdef").is_err());
         let k = key(K);
         assert!(!format!("{k:?}").contains("0123"));
+    }
+
+    #[test]
+    fn every_process_of_a_cluster_derives_the_same_secrets_key() {
+        let sealed = key(K).secrets_key().seal("token", "acme");
+        assert_eq!(
+            key(K).secrets_key().open(&sealed, "acme", "it").unwrap(),
+            "token"
+        );
+        let other = key("fedcba9876543210fedcba9876543210").secrets_key();
+        assert!(other.open(&sealed, "acme", "it").is_err());
     }
 
     #[test]

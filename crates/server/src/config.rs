@@ -27,6 +27,10 @@ pub struct ServerConfig {
     /// Where finished jobs' workspaces and logs go, for every process to
     /// serve (see [`crate::archive`]). None: they stay where they ran.
     pub archive: Option<crate::archive::ArchiveUrl>,
+    /// What tenants' git tokens are sealed with in the database
+    /// (`CORDON_SECRETS_KEY`). None: one derived from the cluster key, or
+    /// else `<data_dir>/secrets.key`, made at the first start.
+    pub secrets_key: Option<crate::store::SecretsKey>,
     /// Whether this process serves the API (`cordon serve`); a worker
     /// alone (`cordon worker`) answers `/health` only.
     pub api: bool,
@@ -93,6 +97,7 @@ impl ServerConfig {
             db: db.into(),
             data_dir: data_dir.into(),
             archive: None,
+            secrets_key: None,
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             api: true,
             cluster: None,

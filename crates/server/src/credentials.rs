@@ -16,7 +16,7 @@ use utoipa::ToSchema;
 
 use crate::http::{ApiError, ApiResult, Tenant, Timestamp, read_json};
 use crate::state::Shared;
-use crate::store::{ForgeApi, GitCredential};
+use crate::store::{ForgeApi, GitCredential, GitSecret};
 
 /// The user name a login has unless it names one: GitHub takes any with a
 /// token as the password, and so do Gitea and Forgejo.
@@ -220,14 +220,16 @@ pub(crate) async fn put_credential(
     let c = GitCredential {
         host,
         username,
-        secret: asked.token.0,
         forge: asked.forge,
         forge_api: asked.forge_api,
         author_name: asked.author.as_ref().map(|a| a.name.clone()),
         author_email: asked.author.as_ref().map(|a| a.email.clone()),
         updated_ms: 0,
     };
-    shared.store.put_git_credential(&tenant, &c).await?;
+    shared
+        .store
+        .put_git_credential(&tenant, &c, &GitSecret(asked.token.0))
+        .await?;
     tracing::info!(tenant = %tenant, host = %c.host, "git login stored");
     let stored = shared
         .store

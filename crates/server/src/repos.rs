@@ -20,7 +20,7 @@ use axum::http::StatusCode;
 
 use crate::http::ApiError;
 use crate::job::RepoUrl;
-use crate::store::{GitCredential, Store};
+use crate::store::{GitCredential, GitSecret, Store};
 
 /// Why a repository or forge cannot be reached for a tenant.
 #[derive(Debug, thiserror::Error)]
@@ -190,13 +190,13 @@ pub async fn prepare(
 ) -> Result<Prepared, String> {
     let endpoint = repo.endpoint();
     let addrs = reach(ceiling, &endpoint).await.map_err(|e| e.to_string())?;
-    let stored: Option<GitCredential> = store
-        .git_credential(tenant, &endpoint.key())
+    let stored: Option<(GitCredential, GitSecret)> = store
+        .git_login(tenant, &endpoint.key())
         .await
         .map_err(|e| format!("cannot read the tenant's git credentials: {e}"))?;
-    let login = stored.as_ref().map(|c| Login {
+    let login = stored.as_ref().map(|(c, secret)| Login {
         username: c.username.clone(),
-        secret: c.secret.clone(),
+        secret: secret.0.clone(),
     });
     let creds = HostCredentials::remote(&endpoint, login.as_ref(), &addrs);
     let mut author = Ident::cordon();
@@ -205,7 +205,7 @@ pub async fn prepare(
         endpoint.key(),
         endpoint.key()
     ));
-    if let Some(c) = &stored {
+    if let Some((c, secret)) = &stored {
         if let (Some(name), Some(email)) = (&c.author_name, &c.author_email) {
             author = Ident {
                 name: name.clone(),
@@ -218,7 +218,7 @@ pub async fn prepare(
             &repo.spec().url,
             c.forge_api.as_deref(),
             c.forge.map(Into::into),
-            c.secret.clone(),
+            secret.0.clone(),
         ) {
             Ok(f) => match Endpoint::of_url(f.api()) {
                 None => Err(format!("{}: not an https:// or http:// forge API", f.api())),

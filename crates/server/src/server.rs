@@ -37,17 +37,47 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops accepting requests and waits for open ones to end. Jobs still
-    /// running are left to the next start's recovery.
+    /// Stops accepting requests and jobs, and waits for open requests to
+    /// end. Jobs still running are left to the next start's recovery.
     pub async fn shutdown(self) {
+        self.shared.stopping.cancel();
         let _ = self.stop.send(true);
         let _ = self.serve.await;
     }
 }
 
+/// What this process seals tenants' secrets with: the operator's key, or
+/// one every process of its cluster derives alike, or, for a server on its
+/// own, the one it keeps in its data directory.
+fn secrets_key(config: &ServerConfig) -> Result<crate::store::SecretsKey, StoreError> {
+    let (key, whence) = match (&config.secrets_key, &config.cluster) {
+        (Some(k), _) => (k.clone(), "CORDON_SECRETS_KEY".to_string()),
+        (None, Some(c)) => (c.key.secrets_key(), "the cluster key".to_string()),
+        (None, None) => {
+            std::os::unix::fs::DirBuilderExt::mode(
+                std::fs::DirBuilder::new().recursive(true),
+                0o700,
+            )
+            .create(&config.data_dir)
+            .map_err(|e| {
+                StoreError::Invalid(format!("cannot make {}: {e}", config.data_dir.display()))
+            })?;
+            let path = config.data_dir.join("secrets.key");
+            let key = crate::store::SecretsKey::load_or_create(&path)?;
+            (key, path.display().to_string())
+        }
+    };
+    tracing::info!(
+        "tenants' secrets are sealed with key {} from {whence}",
+        key.id()
+    );
+    Ok(key)
+}
+
 /// Opens the store, recovers, starts the workers and serves.
 pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
-    let store = Store::open(&config.db).await?;
+    let secrets = secrets_key(&config)?;
+    let store = Store::open(&config.db).await?.with_secrets(secrets);
     let listen = config.listen;
     let (ceilings, warnings) =
         crate::network::Ceilings::expand(&config.network, &config.data_dir).await?;

@@ -32,6 +32,9 @@ pub struct Shared {
     /// Wakes one idle worker slot when a job is queued; a slot that
     /// claims one wakes the next (see `worker::run_jobs`).
     pub wake: Notify,
+    /// Set when the server shuts down: worker slots take no more jobs
+    /// (the ones running end as they would).
+    pub stopping: Cancel,
     /// The operator's network ceilings, expanded.
     pub ceilings: Arc<Ceilings>,
     /// The brokers' policies of running jobs and live sessions.
@@ -112,6 +115,7 @@ impl Shared {
             caps,
             sandboxes,
             wake: Notify::new(),
+            stopping: Cancel::new(),
             ceilings,
             policies,
             metrics,

@@ -133,7 +133,7 @@ async fn listen(url: String, weak: std::sync::Weak<Shared>) {
 
 /// Takes queued jobs in order and runs them, one at a time per worker.
 async fn run_jobs(shared: Arc<Shared>) {
-    loop {
+    while !shared.stopping.is_cancelled() {
         // Registered before looking at the queue, so a job queued between
         // the look and the wait still wakes this worker.
         let notified = shared.wake.notified();
@@ -183,7 +183,10 @@ async fn run_jobs(shared: Arc<Shared>) {
             Ok(None) => {
                 // Woken by a new job, or polling for jobs queued by another
                 // process sharing the database.
-                let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
+                tokio::select! {
+                    _ = tokio::time::timeout(Duration::from_secs(1), notified) => {}
+                    () = shared.stopping.cancelled() => {}
+                }
             }
             Err(e) => {
                 tracing::error!("cannot take a job from the queue: {e}");

@@ -3,7 +3,9 @@
 //! host-side tools, and the sandbox, searching everywhere it can read,
 //! finds no credential. Refusals: transports that would reach the
 //! worker's own disk or keys, hosts beyond the tenant's ceiling, another
-//! tenant's login.
+//! tenant's login. The database holds the token sealed: a copy of it gives
+//! no one the token, and a sealed row moved to another tenant opens for no
+//! one.
 
 mod common;
 
@@ -15,6 +17,15 @@ use serde_json::json;
 
 const USER: &str = "alice";
 const TOKEN: &str = "s3cret-token-5f1e";
+
+/// Stores the remote's login as `token`'s tenant's.
+async fn store_login(s: &TestServer, token: &str, remote: &GitRemote) {
+    let path = format!("/v1/git-credentials/127.0.0.1:{}", remote.port);
+    let (code, body) = s
+        .put(token, &path, json!({"username": USER, "token": TOKEN}))
+        .await;
+    assert_eq!(code, 200, "{body}");
+}
 
 /// Loopback is the only host tenants may reach: the remote and the forge.
 fn ceiling_loopback(c: &mut cordon_server::ServerConfig) {
@@ -258,15 +269,7 @@ async fn repositories_beyond_reach_are_refused_and_a_login_is_the_tenants_own(db
 
     // A shell job with the repository: cloned with acme's login; beta,
     // with none, cannot clone it.
-    let host = format!("127.0.0.1:{}", remote.port);
-    let (code, _) = s
-        .put(
-            &t,
-            &format!("/v1/git-credentials/{host}"),
-            json!({"username": USER, "token": TOKEN}),
-        )
-        .await;
-    assert_eq!(code, 200);
+    store_login(&s, &t, &remote).await;
     let job = json!({"kind": "shell", "repo": format!("{}#feature", remote.url()),
                      "command": "git branch --show-current; cat README feature.txt; git status --porcelain"});
     let id = s.submit(&t, job.clone()).await;
@@ -341,14 +344,7 @@ async fn a_session_works_on_a_clone_and_pushes_its_branch(db: Db) {
         .await;
     assert_eq!(code, 403, "{body}");
 
-    let (code, _) = s
-        .put(
-            &t,
-            &format!("/v1/git-credentials/127.0.0.1:{}", remote.port),
-            json!({"username": USER, "token": TOKEN}),
-        )
-        .await;
-    assert_eq!(code, 200);
+    store_login(&s, &t, &remote).await;
     let (code, session) = s
         .post(
             &t,
@@ -376,7 +372,112 @@ async fn a_session_works_on_a_clone_and_pushes_its_branch(db: Db) {
     );
 }
 
+async fn a_login_is_sealed_at_rest_and_opens_only_for_its_tenant_and_key(db: Db) {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
+    let dir = tempfile::tempdir().unwrap();
+    let Some((db_url, _pg)) = common::database(db, dir.path()) else {
+        return;
+    };
+    let job = json!({"kind": "shell", "repo": remote.url(), "command": "cat README"});
+    let s = TestServer::start_at(dir.path(), &db_url, ceiling_loopback).await;
+    let (acme, mallory) = (s.token("acme").await, s.token("mallory").await);
+    store_login(&s, &acme, &remote).await;
+    let id = s.submit(&acme, job.clone()).await;
+    assert_eq!(s.wait(&acme, &id).await["stdout"], "two\n");
+    // The key the server made itself is its own to read.
+    let key = dir.path().join("data/secrets.key");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    s.stop().await;
+
+    // What an attacker with the database has: the row, and for SQLite its
+    // files. Neither holds the token.
+    sqlx::any::install_default_drivers();
+    let url = if db == Db::Sqlite {
+        format!("sqlite://{db_url}")
+    } else {
+        db_url.clone()
+    };
+    let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+    let (sealed,): (String,) = sqlx::query_as("SELECT secret FROM git_credentials")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(
+        sealed.starts_with("v1:") && !sealed.contains(TOKEN),
+        "{sealed}"
+    );
+    if db == Db::Sqlite {
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                let bytes = std::fs::read(&path).unwrap();
+                assert!(
+                    !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
+                    "the token in {}",
+                    path.display()
+                );
+            }
+        }
+    }
+    // The attacker who may write the database copies acme's sealed login
+    // to mallory: it opens for no one but acme.
+    sqlx::query(
+        "INSERT INTO git_credentials (tenant, host, username, secret, updated_ms) \
+         SELECT 'mallory', host, username, secret, updated_ms FROM git_credentials",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+
+    let s = TestServer::start_at(dir.path(), &db_url, ceiling_loopback).await;
+    let id = s.submit(&mallory, job.clone()).await;
+    let done = s.wait(&mallory, &id).await;
+    assert_eq!(done["state"], "failed", "{done}");
+    let error = done["error"].as_str().unwrap();
+    assert!(error.contains("does not open"), "{done}");
+    assert!(!error.contains(TOKEN), "{done}");
+    let id = s.submit(&acme, job.clone()).await;
+    assert_eq!(s.wait(&acme, &id).await["state"], "succeeded");
+    s.stop().await;
+
+    // A process given another key says so, and lists the login still; the
+    // login stored again works with that key.
+    let other =
+        cordon_server::store::SecretsKey::from_passphrase("another-key-0123456789abcdef0123456789")
+            .unwrap();
+    let s = TestServer::start_at(dir.path(), &db_url, |c| {
+        ceiling_loopback(c);
+        c.secrets_key = Some(other);
+    })
+    .await;
+    let id = s.submit(&acme, job.clone()).await;
+    let done = s.wait(&acme, &id).await;
+    assert_eq!(done["state"], "failed", "{done}");
+    assert!(
+        done["error"]
+            .as_str()
+            .unwrap()
+            .contains("another secrets key"),
+        "{done}"
+    );
+    let (code, list) = s.get(&acme, "/v1/git-credentials").await;
+    assert_eq!(
+        (code, list["credentials"][0]["username"].clone()),
+        (200, json!(USER))
+    );
+    store_login(&s, &acme, &remote).await;
+    let id = s.submit(&acme, job).await;
+    let done = s.wait(&acme, &id).await;
+    assert_eq!(done["stdout"], "two\n", "{done}");
+    s.stop().await;
+}
+
 on_both!(
+    a_login_is_sealed_at_rest_and_opens_only_for_its_tenant_and_key,
     an_agent_job_clones_commits_pushes_and_opens_a_pull_request,
     a_session_works_on_a_clone_and_pushes_its_branch,
     repositories_beyond_reach_are_refused_and_a_login_is_the_tenants_own,

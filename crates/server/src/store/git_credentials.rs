@@ -1,7 +1,8 @@
 //! A tenant's logins for git hosts: written through the API, read by the
 //! worker that clones, pushes or opens a pull request for one of the
 //! tenant's jobs. The secret is never read back out through the API, and
-//! never goes into a job's row, events or sandbox.
+//! never goes into a job's row, events or sandbox; the database holds it
+//! sealed with the store's [`SecretsKey`](super::SecretsKey).
 
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
@@ -46,13 +47,13 @@ impl From<ForgeApi> for cordon_git::ForgeKind {
     }
 }
 
-/// One login, as stored.
-#[derive(Clone, PartialEq, Eq)]
+/// One login, as stored, but for its secret (see
+/// [`Store::git_login`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GitCredential {
     /// `host` or `host:port`, as a repository URL names it.
     pub host: String,
     pub username: String,
-    pub secret: String,
     pub forge: Option<ForgeApi>,
     /// The forge API's base URL, when not the host's usual one.
     pub forge_api: Option<String>,
@@ -62,21 +63,25 @@ pub struct GitCredential {
     pub updated_ms: i64,
 }
 
-impl std::fmt::Debug for GitCredential {
-    // The secret is never printed.
+/// A login's secret, opened. Never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct GitSecret(pub String);
+
+impl std::fmt::Debug for GitSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GitCredential")
-            .field("host", &self.host)
-            .field("username", &self.username)
-            .field("forge", &self.forge)
-            .field("forge_api", &self.forge_api)
-            .finish_non_exhaustive()
+        f.write_str("GitSecret(…)")
     }
+}
+
+/// What a login's secret is sealed for: a row moved to another tenant or
+/// host does not open.
+fn context(tenant: &str, host: &str) -> String {
+    format!("git login\0{tenant}\0{host}")
 }
 
 macro_rules! columns {
     () => {
-        "host, username, secret, forge, forge_api, author_name, author_email, updated_ms"
+        "host, username, forge, forge_api, author_name, author_email, updated_ms"
     };
 }
 
@@ -85,7 +90,6 @@ fn from_row(r: &AnyRow) -> Result<GitCredential> {
     Ok(GitCredential {
         host: r.try_get("host")?,
         username: r.try_get("username")?,
-        secret: r.try_get("secret")?,
         forge: forge.as_deref().map(ForgeApi::from_column).transpose()?,
         forge_api: r.try_get("forge_api")?,
         author_name: r.try_get("author_name")?,
@@ -95,9 +99,15 @@ fn from_row(r: &AnyRow) -> Result<GitCredential> {
 }
 
 impl Store {
-    /// Stores `c` as `tenant`'s login for `c.host`, replacing the one
-    /// there was.
-    pub async fn put_git_credential(&self, tenant: &str, c: &GitCredential) -> Result<()> {
+    /// Stores `c` with `secret` as `tenant`'s login for `c.host`,
+    /// replacing the one there was.
+    pub async fn put_git_credential(
+        &self,
+        tenant: &str,
+        c: &GitCredential,
+        secret: &GitSecret,
+    ) -> Result<()> {
+        let sealed = self.secrets()?.seal(&secret.0, &context(tenant, &c.host));
         sqlx::query(
             "INSERT INTO git_credentials \
              (tenant, host, username, secret, forge, forge_api, author_name, author_email, updated_ms) \
@@ -110,7 +120,7 @@ impl Store {
         .bind(tenant)
         .bind(&c.host)
         .bind(&c.username)
-        .bind(&c.secret)
+        .bind(sealed)
         .bind(c.forge.map(ForgeApi::column))
         .bind(c.forge_api.as_deref())
         .bind(c.author_name.as_deref())
@@ -135,6 +145,34 @@ impl Store {
         .as_ref()
         .map(from_row)
         .transpose()
+    }
+
+    /// `tenant`'s login for `host` with its secret, opened: for the worker
+    /// that clones, pushes or opens a pull request with it.
+    pub async fn git_login(
+        &self,
+        tenant: &str,
+        host: &str,
+    ) -> Result<Option<(GitCredential, GitSecret)>> {
+        let Some(row) = sqlx::query(concat!(
+            "SELECT secret, ",
+            columns!(),
+            " FROM git_credentials WHERE tenant = $1 AND host = $2"
+        ))
+        .bind(tenant)
+        .bind(host)
+        .fetch_optional(&self.pool)
+        .await?
+        else {
+            return Ok(None);
+        };
+        let sealed: String = row.try_get("secret")?;
+        let secret = self.secrets()?.open(
+            &sealed,
+            &context(tenant, host),
+            &format!("the stored login for {}", cordon_tools::printable(host)),
+        )?;
+        Ok(Some((from_row(&row)?, GitSecret(secret))))
     }
 
     /// `tenant`'s logins, by host.

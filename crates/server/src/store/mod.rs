@@ -16,9 +16,11 @@ use sqlx::{AnyPool, Row};
 use crate::job::{JobEvent, JobKind, JobRequest, JobResult, JobState};
 
 mod git_credentials;
+mod sealed;
 mod tokens;
-pub use git_credentials::{ForgeApi, GitCredential};
+pub use git_credentials::{ForgeApi, GitCredential, GitSecret};
 pub use leases::{Claimed, Held};
+pub use sealed::{SealError, SecretsKey};
 pub use tokens::{Caller, NewToken, Role, TOKEN_ID_CHARS, TokenRow, check_tenant};
 
 /// Errors of the store.
@@ -38,6 +40,9 @@ pub enum StoreError {
     /// by another process after its lease lapsed.
     #[error("job {0} is no longer this worker's (its lease lapsed)")]
     LeaseLost(String),
+    /// A secret did not seal or open.
+    #[error(transparent)]
+    Sealed(#[from] SealError),
 }
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -247,6 +252,8 @@ pub struct Store {
     /// recording a cancel or a policy change) could take the same number,
     /// so this process appends one at a time.
     appending: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// What tenants' secrets are sealed with; none: they are refused.
+    secrets: Option<SecretsKey>,
 }
 
 impl Store {
@@ -315,9 +322,24 @@ impl Store {
             pool,
             backend,
             appending: Default::default(),
+            secrets: None,
         };
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// This store, sealing and opening tenants' secrets with `key`.
+    pub fn with_secrets(mut self, key: SecretsKey) -> Store {
+        self.secrets = Some(key);
+        self
+    }
+
+    fn secrets(&self) -> Result<&SecretsKey> {
+        self.secrets.as_ref().ok_or_else(|| {
+            StoreError::Refused(
+                "this process was given no secrets key to seal or open secrets with".into(),
+            )
+        })
     }
 
     pub fn backend(&self) -> Backend {
