@@ -266,16 +266,9 @@ pub fn clone_within(
             scratch.path(),
         )
         .map_err(over)?;
-    // Present files, read before `.git` arrives: none of them is
-    // overwritten.
-    let present = match existing {
-        Existing::Refuse => BTreeSet::new(),
-        Existing::Keep => present_files(workspace)?,
-    };
-    std::fs::rename(target.join(".git"), &dot_git)
-        .map_err(io(format!("moving the clone into {}", workspace.display())))?;
-    drop(scratch);
-    let git = Git::new(&dot_git).work_tree(workspace);
+    // The start and the budget are settled on the clone where it was
+    // made: a clone refused leaves nothing in the workspace.
+    let made = Git::new(target.join(".git"));
     let candidates = match &spec.reference {
         // The remote's default branch; the clone's own HEAD names it too.
         None => vec!["refs/remotes/origin/HEAD".to_string(), "HEAD".to_string()],
@@ -288,7 +281,7 @@ pub fn clone_within(
     // A commit id, so that nothing in the name can be taken for a path.
     let start = candidates
         .iter()
-        .find_map(|c| crate::snapshot::rev_parse(&git, &format!("{c}^{{commit}}")).ok())
+        .find_map(|c| crate::snapshot::rev_parse(&made, &format!("{c}^{{commit}}")).ok())
         .ok_or_else(|| RemoteError::NoReference {
             url: spec.url.clone(),
             reference: spec.reference.clone().unwrap_or_else(|| "HEAD".into()),
@@ -296,9 +289,19 @@ pub fn clone_within(
     if limits.max_bytes.is_some() {
         // The files it would check out, on top of what the clone holds.
         limits
-            .admit(disk_use(&dot_git), tree_bytes(&git, &start)?)
+            .admit(disk_use(&target.join(".git")), tree_bytes(&made, &start)?)
             .map_err(over)?;
     }
+    // Present files, read before `.git` arrives: none of them is
+    // overwritten.
+    let present = match existing {
+        Existing::Refuse => BTreeSet::new(),
+        Existing::Keep => present_files(workspace)?,
+    };
+    std::fs::rename(target.join(".git"), &dot_git)
+        .map_err(io(format!("moving the clone into {}", workspace.display())))?;
+    drop(scratch);
+    let git = Git::new(&dot_git).work_tree(workspace);
     let head = format!("refs/heads/{branch}");
     // The branch made (never moved: it must not exist yet), HEAD on it,
     // the index at its tree; then the files, all but the present ones.
