@@ -7,6 +7,10 @@
 //! and reports it; reopening for append first ends a partial line with a
 //! newline, so the next record starts on a line of its own. Nothing already
 //! written is ever changed.
+//!
+//! An open log holds an exclusive `flock` on its file: one writer at a time
+//! numbers the records, so two cordons on one session cannot both write
+//! record N. The second is told the session is open elsewhere.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
@@ -37,6 +41,21 @@ pub enum LogError {
     Exists(PathBuf),
     #[error("cannot encode a session record: {0}")]
     Encode(serde_json::Error),
+    #[error("the session in {0} is open in another cordon: close it there first, or fork it")]
+    Busy(PathBuf),
+}
+
+/// Takes the log's writer lock, or says who has it.
+fn lock(file: &File, path: &Path) -> Result<(), LogError> {
+    use rustix::fs::{FlockOperation, flock};
+    match flock(file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(LogError::Busy(path.to_path_buf())),
+        Err(e) => Err(LogError::Io {
+            path: path.to_path_buf(),
+            source: e.into(),
+        }),
+    }
 }
 
 /// What loading found besides the records.
@@ -93,6 +112,7 @@ impl<T: Serialize + DeserializeOwned> SessionLog<T> {
                     io_err(e)
                 }
             })?;
+        lock(&file, &path)?;
         Ok(SessionLog {
             path,
             file,
@@ -105,7 +125,6 @@ impl<T: Serialize + DeserializeOwned> SessionLog<T> {
     /// Opens an existing log for appending, returning the records it holds.
     pub fn open(path: impl Into<PathBuf>) -> Result<(Self, Vec<Record<T>>, LoadReport), LogError> {
         let path = path.into();
-        let (records, report) = load::<T>(&path)?;
         let mut file = OpenOptions::new()
             .append(true)
             .open(&path)
@@ -113,6 +132,10 @@ impl<T: Serialize + DeserializeOwned> SessionLog<T> {
                 path: path.clone(),
                 source,
             })?;
+        // Locked before it is read: what is read is all there is until
+        // this log is dropped.
+        lock(&file, &path)?;
+        let (records, report) = load::<T>(&path)?;
         if report.partial_tail {
             // Close the torn line so the next record is a line of its own;
             // the fragment stays in the file, skipped on every load.
@@ -234,6 +257,28 @@ mod tests {
 
     fn text(s: &str) -> Ev {
         Ev::Text { text: s.into() }
+    }
+
+    #[test]
+    fn one_writer_at_a_time_numbers_the_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.jsonl");
+        let mut first = SessionLog::<Ev>::create(&path).unwrap();
+        first.append(&text("a")).unwrap();
+        // Another open of the file (another cordon) is told, and writes
+        // nothing; reading stays free.
+        let busy = SessionLog::<Ev>::open(&path).err().expect("refused");
+        assert!(matches!(busy, LogError::Busy(_)), "{busy}");
+        assert!(
+            busy.to_string().contains("open in another cordon"),
+            "{busy}"
+        );
+        assert_eq!(load::<Ev>(&path).unwrap().0.len(), 1);
+        first.append(&text("b")).unwrap();
+        drop(first);
+        let (mut second, records, _) = SessionLog::<Ev>::open(&path).unwrap();
+        assert_eq!(records.len(), 2);
+        assert_eq!(second.append(&text("c")).unwrap(), 2);
     }
 
     #[test]

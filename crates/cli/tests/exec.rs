@@ -58,8 +58,12 @@ fn json_lines(out: &Output) -> Vec<Value> {
 }
 
 fn exec(server: &ScriptedServer, ws: &Path, home: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .arg("exec")
+    exec_command(server, ws, home, args).output().unwrap()
+}
+
+fn exec_command(server: &ScriptedServer, ws: &Path, home: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cordon"));
+    c.arg("exec")
         .args(args)
         .current_dir(ws)
         .env_clear()
@@ -68,9 +72,72 @@ fn exec(server: &ScriptedServer, ws: &Path, home: &Path, args: &[&str]) -> Outpu
         .env("XDG_CONFIG_HOME", home.join("config"))
         .env("XDG_DATA_HOME", home.join("data"))
         .env("ANTHROPIC_BASE_URL", server.url())
-        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
-        .output()
+        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000");
+    c
+}
+
+/// Two cordons on one session: the second is told the session is open in
+/// the first and writes nothing, so the log's records stay numbered once
+/// each; once the first is done, the session continues.
+#[test]
+fn a_session_open_in_one_cordon_is_refused_to_another() {
+    use std::io::BufRead;
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Waiting.").with_tool_call(
+                "b1",
+                "bash",
+                json!({"command": "sleep 2; echo slept"}),
+            ))
+            .turn(Turn::text("Done waiting.").expect_tool_results(["b1"]))
+            .turn(Turn::text("Continued.").expect_contains("and now?")),
+    );
+    let mut first = exec_command(&server, ws.path(), home.path(), &["--json", "wait a bit"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(first.stdout.take().unwrap()).lines();
+    let started: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let id = started["session_id"].as_str().unwrap().to_string();
+    let log = home.path().join(format!("data/cordon/sessions/{id}.jsonl"));
+    let before = std::fs::read(&log).unwrap();
+
+    let second = exec(
+        &server,
+        ws.path(),
+        home.path(),
+        &["--resume", &id, "and now?"],
+    );
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(78), "{err}");
+    assert!(err.contains("open in another cordon"), "{err}");
+    assert!(
+        std::fs::read(&log).unwrap().starts_with(&before),
+        "the refused cordon changed the log"
+    );
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    assert!(first.wait().unwrap().success(), "{rest:?}");
+
+    let third = exec(
+        &server,
+        ws.path(),
+        home.path(),
+        &["--resume", &id, "and now?"],
+    );
+    assert_success(&third);
+    server.assert_finished();
+    let seqs: Vec<u64> = std::fs::read_to_string(&log)
         .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["seq"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>());
 }
 
 #[test]

@@ -358,11 +358,29 @@ impl State {
     async fn load(&mut self, id: &str) {
         let dir = self.cfg.sessions_dir.clone();
         let wanted = id.to_string();
-        let resumed =
-            tokio::task::spawn_blocking(move || sessions::resume(&dir, Some(&wanted), None))
+        let chosen = tokio::task::spawn_blocking(move || {
+            sessions::choose(&sessions::list(&dir), Some(&wanted), None)
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+        // This conversation's own log is held open by its agent: loading
+        // it again would find it busy, and there is nothing to load.
+        if let Ok(c) = &chosen
+            && self.session.as_deref() == Some(c.id.as_str())
+        {
+            let _ = self
+                .updates
+                .send(Update::Notice(format!("Session {} is this one.", c.id)));
+            return;
+        }
+        let resumed = match chosen {
+            Ok(c) => tokio::task::spawn_blocking(move || sessions::open(&c.path))
                 .await
                 .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()));
+                .and_then(|r| r.map_err(|e| e.to_string())),
+            Err(e) => Err(e),
+        };
         let r = match resumed {
             Ok(r) => r,
             Err(e) => {
