@@ -87,7 +87,8 @@ impl Checkpoints {
             .map_err(io)?;
         let git = Git::new(dir);
         if !dir.join("HEAD").exists() {
-            git.run(["init", "--quiet", "--bare"])?;
+            // SHA-1 whatever git's default: snapshots compute blob ids.
+            git.run(["init", "--quiet", "--bare", "--object-format=sha1"])?;
         }
         Ok(Checkpoints {
             git,
@@ -103,7 +104,18 @@ impl Checkpoints {
 
     /// The newest checkpoint's id, if there is one.
     pub fn latest(&self) -> Option<String> {
-        rev_parse(&self.git, CHAIN).ok()
+        // cordon's own repository, which nothing else writes: the chain's
+        // loose ref is read as a file, sparing a git process every turn;
+        // a packed one (after a `git gc`) through git.
+        match std::fs::read_to_string(self.git.git_dir().join(CHAIN)) {
+            Ok(text) => {
+                let oid = text.trim();
+                (oid.len() == 40 && oid.bytes().all(|b| b.is_ascii_hexdigit()))
+                    .then(|| oid.to_string())
+                    .or_else(|| rev_parse(&self.git, CHAIN).ok())
+            }
+            Err(_) => rev_parse(&self.git, CHAIN).ok(),
+        }
     }
 
     /// Records the files of `workspace` now. When they are the same as
@@ -116,11 +128,13 @@ impl Checkpoints {
 
     fn record_locked(&self, workspace: &Path, label: &str) -> Result<Checkpoint, CheckpointError> {
         let parent = self.latest();
+        // fast-import moves the chain itself.
         let snap = snapshot::snapshot(
             &self.git,
             workspace,
             &snapshot::Options {
                 parent: parent.as_deref(),
+                target: CHAIN,
                 message: label,
                 rules: self.rules,
                 cache: Some(CACHE),
@@ -129,17 +143,21 @@ impl Checkpoints {
                 tracked: &[],
             },
         )?;
-        let changed = snap.parent_tree.as_deref() != Some(snap.tree.as_str());
-        let id = match (changed, parent) {
-            (false, Some(p)) => p,
-            _ => {
-                self.git.run(["update-ref", CHAIN, &snap.commit])?;
-                snap.commit
+        let id = match (snap.changed, parent) {
+            (true, _) | (false, None) => snap.commit,
+            (false, Some(p)) => {
+                // A commit made without the cache's listing that turned
+                // out to hold the same files: the chain goes back to where
+                // it was (only if nothing moved it since).
+                if snap.commit != p {
+                    self.git.run(["update-ref", CHAIN, &p, &snap.commit])?;
+                }
+                p
             }
         };
         Ok(Checkpoint {
             id,
-            changed,
+            changed: snap.changed,
             files: snap.files,
             bytes: snap.bytes,
             skipped: snap.skipped,

@@ -95,6 +95,7 @@ pub fn commit(
         workspace,
         &snapshot::Options {
             parent: Some(&parent),
+            target: SCRATCH,
             message,
             rules: Rules {
                 max_file_bytes: 100 << 20,
@@ -110,7 +111,7 @@ pub fn commit(
     if snap.incomplete {
         return Err(CommitError::Incomplete);
     }
-    if snap.parent_tree.as_deref() == Some(snap.tree.as_str()) {
+    if !snap.changed {
         return Ok(None);
     }
     // From the commit the snapshot started at only: a branch moved since

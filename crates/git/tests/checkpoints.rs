@@ -290,3 +290,53 @@ fn unchanged_files_are_not_read_again_and_every_checkpoint_is_whole() {
     assert!(!f.ws.join("d1/f1").exists());
     assert_eq!(read(&f.ws, "d3/f3"), b"v0 3");
 }
+
+/// A turn that changed nothing costs no commit and no git process: the
+/// cache vouches for every file, or (a file rewritten with the same bytes,
+/// or one read again while its times were too fresh) its content hashes to
+/// what the parent holds. Without the cache the files are sent whole, and
+/// a commit with the same tree is not added to the chain.
+#[test]
+fn a_turn_that_changed_nothing_adds_nothing() {
+    let f = fixture();
+    let repo = f._tmp.path().join("session.checkpoints");
+    let packs = || {
+        std::fs::read_dir(repo.join("objects/pack"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    for i in 0..20 {
+        write(
+            &f.ws,
+            &format!("d{}/f{i}", i % 4),
+            format!("v {i}").as_bytes(),
+        );
+    }
+    let t0 = f.store.record(&f.ws, "turn 0").unwrap();
+    assert!(t0.changed);
+    let before = packs();
+
+    // Fresh files are read again, and found the same.
+    let again = f.store.record(&f.ws, "turn 1").unwrap();
+    assert_eq!((again.changed, again.id.as_str()), (false, t0.id.as_str()));
+    // A file rewritten with the same bytes.
+    write(&f.ws, "d1/f1", b"v 1");
+    let again = f.store.record(&f.ws, "turn 2").unwrap();
+    assert_eq!((again.changed, again.id.as_str()), (false, t0.id.as_str()));
+    assert_eq!(packs(), before, "git wrote objects for an unchanged turn");
+
+    // Without the cache: everything is sent, and the chain stays.
+    std::fs::remove_file(repo.join("cordon-stat-cache.json")).unwrap();
+    let again = f.store.record(&f.ws, "turn 3").unwrap();
+    assert_eq!((again.changed, again.id.as_str()), (false, t0.id.as_str()));
+    assert_eq!(f.store.latest().as_deref(), Some(t0.id.as_str()));
+
+    // And a real change after all that is one.
+    write(&f.ws, "d1/f1", b"v 1 changed");
+    let t1 = f.store.record(&f.ws, "turn 4").unwrap();
+    assert!(t1.changed);
+    assert_ne!(t1.id, t0.id);
+    assert_eq!(f.store.latest().as_deref(), Some(t1.id.as_str()));
+    f.store.restore(&f.ws, &t0.id).unwrap();
+    assert_eq!(read(&f.ws, "d1/f1"), b"v 1");
+}
