@@ -181,31 +181,37 @@ impl HostCredentials {
                 .env("GIT_CEILING_DIRECTORIES", "/");
             cmd
         };
-        let helpers = user_git()
-            .args(["config", "--get-all", "credential.helper"])
+        // One read of both settings, in the order git reads its files.
+        let found = user_git()
+            .args([
+                "config",
+                "-z",
+                "--get-regexp",
+                r"^(credential\.helper|core\.sshcommand)$",
+            ])
             .output()
             .ok()
             .filter(|o| o.status.success())
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
+            .map(|o| o.stdout)
             .unwrap_or_default();
-        // An empty entry resets the list: only what follows the last one counts.
-        let helpers = match helpers.iter().rposition(String::is_empty) {
-            Some(i) => helpers[i + 1..].to_vec(),
-            None => helpers,
-        };
+        let mut helpers: Vec<String> = Vec::new();
+        let mut ssh_command = None;
+        for entry in found.split(|b| *b == 0).filter(|e| !e.is_empty()) {
+            let entry = String::from_utf8_lossy(entry);
+            let (key, value) = entry.split_once('\n').unwrap_or((&entry, ""));
+            match key {
+                // An empty entry resets the list: only what follows the
+                // last one counts.
+                "credential.helper" if value.is_empty() => helpers.clear(),
+                "credential.helper" => helpers.push(value.to_string()),
+                // The last one wins, as in git.
+                "core.sshcommand" => ssh_command = Some(value.trim().to_string()),
+                _ => {}
+            }
+        }
         // The user's own ssh command (`core.sshCommand`, as their git
         // would run it), else ssh that never prompts.
-        let ssh_command = user_git()
-            .args(["config", "--get", "core.sshCommand"])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        let ssh_command = ssh_command
             .filter(|c| !c.is_empty())
             .unwrap_or_else(|| DEFAULT_SSH.to_string());
         let mut env = env;
@@ -282,6 +288,27 @@ impl HostCredentials {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_users_helpers_and_ssh_command_are_read_as_git_reads_them() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(
+            home.path().join(".gitconfig"),
+            "[credential]\n\thelper = first\n\thelper =\n\thelper = store\n\
+             [core]\n\tsshCommand = ssh -i one\n[core]\n\tsshcommand = ssh -i two\n",
+        )
+        .unwrap();
+        let creds = HostCredentials::from_env(vec![("HOME".into(), home.path().into())]);
+        assert_eq!(creds.helpers, ["store"]);
+        let ssh = creds.env.iter().find(|(k, _)| k == "GIT_SSH_COMMAND");
+        assert_eq!(ssh.map(|(_, v)| v.to_str().unwrap()), Some("ssh -i two"));
+
+        let empty = tempfile::tempdir().unwrap();
+        let creds = HostCredentials::from_env(vec![("HOME".into(), empty.path().into())]);
+        assert!(creds.helpers.is_empty());
+        let ssh = creds.env.iter().find(|(k, _)| k == "GIT_SSH_COMMAND");
+        assert_eq!(ssh.map(|(_, v)| v.to_str().unwrap()), Some(DEFAULT_SSH));
+    }
 
     #[test]
     fn endpoints_of_urls() {
