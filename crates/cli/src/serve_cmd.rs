@@ -296,7 +296,7 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
             }
         };
     }
-    config.secrets_key = match secrets_key() {
+    (config.secrets_key, config.previous_secrets_keys) = match secrets_keys() {
         Ok(k) => k,
         Err(e) => {
             eprintln!("cordon: {e}");
@@ -421,15 +421,32 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
     until_stopped(running).await
 }
 
-/// The key tenants' secrets are sealed with, from `CORDON_SECRETS_KEY`
-/// (never a flag: `ps` shows those).
-fn secrets_key() -> Result<Option<cordon_server::store::SecretsKey>, String> {
-    std::env::var("CORDON_SECRETS_KEY")
+/// The key tenants' secrets are sealed with, from `CORDON_SECRETS_KEY`,
+/// and the earlier ones still opened, from `CORDON_SECRETS_KEY_PREVIOUS`
+/// (separated by spaces); never flags: `ps` shows those.
+type SecretsKeys = (
+    Option<cordon_server::store::SecretsKey>,
+    Vec<cordon_server::store::SecretsKey>,
+);
+
+fn secrets_keys() -> Result<SecretsKeys, String> {
+    use cordon_server::store::SecretsKey;
+    let current = std::env::var("CORDON_SECRETS_KEY")
         .ok()
         .filter(|k| !k.trim().is_empty())
-        .map(|k| cordon_server::store::SecretsKey::from_passphrase(&k))
+        .map(|k| SecretsKey::from_passphrase(&k))
         .transpose()
-        .map_err(|e| format!("CORDON_SECRETS_KEY: {e}"))
+        .map_err(|e| format!("CORDON_SECRETS_KEY: {e}"))?;
+    let previous = std::env::var("CORDON_SECRETS_KEY_PREVIOUS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .enumerate()
+        .map(|(i, k)| {
+            SecretsKey::from_passphrase(k)
+                .map_err(|e| format!("CORDON_SECRETS_KEY_PREVIOUS, key {}: {e}", i + 1))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((current, previous))
 }
 
 /// The cluster key, from `CORDON_CLUSTER_KEY` (never a flag: `ps` shows

@@ -442,6 +442,21 @@ fn a_weak_secrets_key_is_refused_before_anything_starts() {
     );
     assert!(!err.contains("hunter2"), "{err}");
     assert!(!home.path().join("data/cordon/server.db").exists());
+    // An earlier key, kept to open what it sealed, is held to the same.
+    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env(
+            "CORDON_SECRETS_KEY_PREVIOUS",
+            "0123456789abcdef0123456789abcdef hunter2",
+        )
+        .env("HOME", home.path())
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("CORDON_SECRETS_KEY_PREVIOUS, key 2"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
 }
 
 /// A worker's relay needs the cluster key, from the environment only, and

@@ -31,6 +31,9 @@ pub struct ServerConfig {
     /// (`CORDON_SECRETS_KEY`). None: one derived from the cluster key, or
     /// else `<data_dir>/secrets.key`, made at the first start.
     pub secrets_key: Option<crate::store::SecretsKey>,
+    /// Earlier keys (`CORDON_SECRETS_KEY_PREVIOUS`): what they sealed is
+    /// still opened, and sealed again with the current key when read.
+    pub previous_secrets_keys: Vec<crate::store::SecretsKey>,
     /// Whether this process serves the API (`cordon serve`); a worker
     /// alone (`cordon worker`) answers `/health` only.
     pub api: bool,
@@ -98,6 +101,7 @@ impl ServerConfig {
             data_dir: data_dir.into(),
             archive: None,
             secrets_key: None,
+            previous_secrets_keys: Vec::new(),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             api: true,
             cluster: None,

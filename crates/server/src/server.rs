@@ -49,7 +49,7 @@ impl Running {
 /// What this process seals tenants' secrets with: the operator's key, or
 /// one every process of its cluster derives alike, or, for a server on its
 /// own, the one it keeps in its data directory.
-fn secrets_key(config: &ServerConfig) -> Result<crate::store::SecretsKey, StoreError> {
+fn secrets_key(config: &ServerConfig) -> Result<crate::store::Keyring, StoreError> {
     let (key, whence) = match (&config.secrets_key, &config.cluster) {
         (Some(k), _) => (k.clone(), "CORDON_SECRETS_KEY".to_string()),
         (None, Some(c)) => (c.key.secrets_key(), "the cluster key".to_string()),
@@ -71,7 +71,10 @@ fn secrets_key(config: &ServerConfig) -> Result<crate::store::SecretsKey, StoreE
         "tenants' secrets are sealed with key {} from {whence}",
         key.id()
     );
-    Ok(key)
+    Ok(crate::store::Keyring::new(
+        key,
+        config.previous_secrets_keys.clone(),
+    ))
 }
 
 /// Opens the store, recovers, starts the workers and serves.

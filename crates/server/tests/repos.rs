@@ -451,7 +451,7 @@ async fn a_login_is_sealed_at_rest_and_opens_only_for_its_tenant_and_key(db: Db)
             .unwrap();
     let s = TestServer::start_at(dir.path(), &db_url, |c| {
         ceiling_loopback(c);
-        c.secrets_key = Some(other);
+        c.secrets_key = Some(other.clone());
     })
     .await;
     let id = s.submit(&acme, job.clone()).await;
@@ -470,10 +470,41 @@ async fn a_login_is_sealed_at_rest_and_opens_only_for_its_tenant_and_key(db: Db)
         (200, json!(USER))
     );
     store_login(&s, &acme, &remote).await;
-    let id = s.submit(&acme, job).await;
+    let id = s.submit(&acme, job.clone()).await;
     let done = s.wait(&acme, &id).await;
     assert_eq!(done["stdout"], "two\n", "{done}");
     s.stop().await;
+
+    // The key rotated, the earlier one kept as previous: the login opens,
+    // and is sealed again with the new key, which alone then opens it.
+    let newer =
+        cordon_server::store::SecretsKey::from_passphrase("newer-key-0123456789abcdef0123456789")
+            .unwrap();
+    let sealed_now = || async {
+        let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+        let (sealed,): (String,) =
+            sqlx::query_as("SELECT secret FROM git_credentials WHERE tenant = 'acme'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        pool.close().await;
+        sealed
+    };
+    assert!(sealed_now().await.contains(other.id()));
+    for previous in [vec![other.clone()], vec![]] {
+        let key = newer.clone();
+        let s = TestServer::start_at(dir.path(), &db_url, |c| {
+            ceiling_loopback(c);
+            c.secrets_key = Some(key);
+            c.previous_secrets_keys = previous;
+        })
+        .await;
+        let id = s.submit(&acme, job.clone()).await;
+        let done = s.wait(&acme, &id).await;
+        assert_eq!(done["stdout"], "two\n", "{done}");
+        s.stop().await;
+        assert!(sealed_now().await.contains(newer.id()));
+    }
 }
 
 on_both!(

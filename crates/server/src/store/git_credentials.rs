@@ -167,11 +167,34 @@ impl Store {
             return Ok(None);
         };
         let sealed: String = row.try_get("secret")?;
-        let secret = self.secrets()?.open(
+        let keys = self.secrets()?;
+        let context = context(tenant, host);
+        let opened = keys.open(
             &sealed,
-            &context(tenant, host),
+            &context,
             &format!("the stored login for {}", cordon_tools::printable(host)),
         )?;
+        if opened.stale {
+            // Sealed with an earlier key: sealed again with this one, unless
+            // the row changed meanwhile (another process did it, or a PUT).
+            let resealed = keys.seal(&opened.secret, &context);
+            sqlx::query(
+                "UPDATE git_credentials SET secret = $1 \
+                 WHERE tenant = $2 AND host = $3 AND secret = $4",
+            )
+            .bind(resealed)
+            .bind(tenant)
+            .bind(host)
+            .bind(&sealed)
+            .execute(&self.pool)
+            .await?;
+            tracing::info!(
+                tenant,
+                host,
+                "a git login sealed again with the current secrets key"
+            );
+        }
+        let secret = opened.secret;
         Ok(Some((from_row(&row)?, GitSecret(secret))))
     }
 

@@ -20,7 +20,7 @@ mod sealed;
 mod tokens;
 pub use git_credentials::{ForgeApi, GitCredential, GitSecret};
 pub use leases::{Claimed, Held};
-pub use sealed::{SealError, SecretsKey};
+pub use sealed::{Keyring, SealError, SecretsKey};
 pub use tokens::{Caller, NewToken, Role, TOKEN_ID_CHARS, TokenRow, check_tenant};
 
 /// Errors of the store.
@@ -253,7 +253,7 @@ pub struct Store {
     /// so this process appends one at a time.
     appending: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// What tenants' secrets are sealed with; none: they are refused.
-    secrets: Option<SecretsKey>,
+    secrets: Option<Keyring>,
 }
 
 impl Store {
@@ -328,13 +328,13 @@ impl Store {
         Ok(store)
     }
 
-    /// This store, sealing and opening tenants' secrets with `key`.
-    pub fn with_secrets(mut self, key: SecretsKey) -> Store {
-        self.secrets = Some(key);
+    /// This store, sealing and opening tenants' secrets with `keys`.
+    pub fn with_secrets(mut self, keys: Keyring) -> Store {
+        self.secrets = Some(keys);
         self
     }
 
-    fn secrets(&self) -> Result<&SecretsKey> {
+    fn secrets(&self) -> Result<&Keyring> {
         self.secrets.as_ref().ok_or_else(|| {
             StoreError::Refused(
                 "this process was given no secrets key to seal or open secrets with".into(),

@@ -10,6 +10,9 @@
 //!   another key says so rather than "does not open".
 //! - What a value is sealed for (its tenant and host) is its associated
 //!   data: a row copied to another tenant or host does not open.
+//! - Keys rotate: a [`Keyring`] seals with the current key and still opens
+//!   what earlier ones sealed (`CORDON_SECRETS_KEY_PREVIOUS`), and says so,
+//!   for the value to be sealed again with the current one.
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -170,11 +173,10 @@ impl SecretsKey {
         let altered = || SealError::Altered {
             what: what.to_string(),
         };
-        let mut parts = sealed.splitn(3, ':');
-        let (Some(VERSION), Some(id), Some(body)) = (parts.next(), parts.next(), parts.next())
-        else {
+        let Some(id) = sealed_with(sealed) else {
             return Err(altered());
         };
+        let body = &sealed[VERSION.len() + id.len() + 2..];
         if id != self.id {
             return Err(SealError::OtherKey {
                 what: what.to_string(),
@@ -201,6 +203,64 @@ impl SecretsKey {
             )
             .map_err(|_| altered())?;
         String::from_utf8(plain).map_err(|_| altered())
+    }
+}
+
+/// The key id a sealed value names, if it is one of ours.
+fn sealed_with(sealed: &str) -> Option<&str> {
+    let mut parts = sealed.splitn(3, ':');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(VERSION), Some(id), Some(_)) => Some(id),
+        _ => None,
+    }
+}
+
+/// The key secrets are sealed with now, and earlier ones whose values are
+/// still opened (after a rotation).
+#[derive(Debug, Clone)]
+pub struct Keyring {
+    current: SecretsKey,
+    previous: Vec<SecretsKey>,
+}
+
+/// A secret opened, and whether an earlier key sealed it.
+#[derive(Debug)]
+pub struct Opened {
+    pub secret: String,
+    /// Seal it again with the current key.
+    pub stale: bool,
+}
+
+impl Keyring {
+    pub fn new(current: SecretsKey, previous: Vec<SecretsKey>) -> Keyring {
+        let previous = previous
+            .into_iter()
+            .filter(|k| k.id != current.id)
+            .collect();
+        Keyring { current, previous }
+    }
+
+    pub fn current(&self) -> &SecretsKey {
+        &self.current
+    }
+
+    pub fn seal(&self, secret: &str, context: &str) -> String {
+        self.current.seal(secret, context)
+    }
+
+    /// What `sealed` holds, opened with whichever of these keys sealed it.
+    pub fn open(&self, sealed: &str, context: &str, what: &str) -> Result<Opened, SealError> {
+        let earlier = sealed_with(sealed).and_then(|id| self.previous.iter().find(|k| k.id == id));
+        match earlier {
+            Some(key) => Ok(Opened {
+                secret: key.open(sealed, context, what)?,
+                stale: true,
+            }),
+            None => Ok(Opened {
+                secret: self.current.open(sealed, context, what)?,
+                stale: false,
+            }),
+        }
     }
 }
 
@@ -251,6 +311,27 @@ mod tests {
             let e = key.open(bad, "acme\0github.com", "it").unwrap_err();
             assert!(!e.to_string().contains("ghp_token"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_keyring_opens_what_an_earlier_key_sealed_and_says_to_seal_it_again() {
+        let old = SecretsKey::from_passphrase(PASS).unwrap();
+        let new = SecretsKey::from_passphrase(&PASS.replace('0', "n")).unwrap();
+        let sealed_old = old.seal("t", "c");
+        let ring = Keyring::new(new.clone(), vec![old.clone()]);
+        let opened = ring.open(&sealed_old, "c", "it").unwrap();
+        assert_eq!((opened.secret.as_str(), opened.stale), ("t", true));
+        let resealed = ring.seal(&opened.secret, "c");
+        assert!(resealed.contains(new.id()));
+        let opened = ring.open(&resealed, "c", "it").unwrap();
+        assert_eq!((opened.secret.as_str(), opened.stale), ("t", false));
+        // Without the earlier key it is named, not guessed at.
+        let e = Keyring::new(new, vec![])
+            .open(&sealed_old, "c", "it")
+            .unwrap_err();
+        assert!(e.to_string().contains(old.id()), "{e}");
+        // An earlier key still binds the value to its context.
+        assert!(ring.open(&sealed_old, "other", "it").is_err());
     }
 
     #[test]
