@@ -12,16 +12,24 @@ use serde_json::json;
 mod support;
 use support::tmux::Tmux;
 
+/// `cordon` as a user types it in a terminal: nothing of this process's
+/// environment but their home, the scripted model and the terminal's type.
+fn user_shell(server: &ScriptedServer, home: &Path) -> String {
+    format!(
+        "env -i PATH=/usr/bin:/bin TERM=xterm-256color HOME={home} XDG_CONFIG_HOME={home}/config \
+         XDG_DATA_HOME={home}/data ANTHROPIC_BASE_URL={url} ANTHROPIC_API_KEY=sk-test-key-0000 {bin}",
+        home = home.display(),
+        url = server.url(),
+        bin = env!("CARGO_BIN_EXE_cordon"),
+    )
+}
+
 /// The shell command the pane runs: cordon chat with a clean environment,
 /// then what the terminal looks like after it exits.
 fn chat_command(server: &ScriptedServer, ws: &Path, home: &Path, extra: &str) -> String {
     format!(
-        "env -i PATH=/usr/bin:/bin TERM=xterm-256color HOME={home} XDG_CONFIG_HOME={home}/config \
-         XDG_DATA_HOME={home}/data ANTHROPIC_BASE_URL={url} ANTHROPIC_API_KEY=sk-test-key-0000 \
-         {bin} chat --workspace {ws} {extra}; echo EXIT=$?; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-*icanon\\|-*echo'; sleep 600",
-        home = home.display(),
-        url = server.url(),
-        bin = env!("CARGO_BIN_EXE_cordon"),
+        "{cordon} chat --workspace {ws} {extra}; echo EXIT=$?; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-*icanon\\|-*echo'; sleep 600",
+        cordon = user_shell(server, home),
         ws = ws.display(),
     )
 }
@@ -31,17 +39,10 @@ fn earlier_session(home: &Path, ws: &Path) -> String {
     let server = ScriptedServer::start(
         Scenario::new().turn(Turn::text("The earlier answer, from yesterday.")),
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+    let out = support::user_cordon(home, ws, &server.url())
         .args(["exec", "--json", "--workspace"])
         .arg(ws)
         .arg("an earlier task")
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("XDG_DATA_HOME", home.join("data"))
-        .env("ANTHROPIC_BASE_URL", server.url())
-        .env("ANTHROPIC_API_KEY", "sk-test-key-0000")
         .output()
         .unwrap();
     assert!(
@@ -321,13 +322,9 @@ fn bare_cordon_completes_a_task_with_tool_calls() {
             ),
     );
     let cmd = format!(
-        "cd {ws} && env -i PATH=/usr/bin:/bin TERM=xterm-256color HOME={home} \
-         XDG_CONFIG_HOME={home}/config XDG_DATA_HOME={home}/data ANTHROPIC_BASE_URL={url} \
-         ANTHROPIC_API_KEY=sk-test-key-0000 {bin}; echo EXIT=$?; sleep 600",
+        "cd {ws} && {cordon}; echo EXIT=$?; sleep 600",
         ws = ws.path().display(),
-        home = home.path().display(),
-        url = server.url(),
-        bin = env!("CARGO_BIN_EXE_cordon"),
+        cordon = user_shell(&server, home.path()),
     );
     let tmux = Tmux::start("bare", &cmd, 100, 30);
     tmux.wait_for("sandbox ready");
@@ -448,13 +445,9 @@ fn allow_in_the_chat_is_recorded_in_the_session_log() {
     let home = tempfile::tempdir().unwrap();
     let server = ScriptedServer::start(Scenario::new().turn(Turn::text("Hello there.")));
     let cmd = format!(
-        "cd {ws} && env -i PATH=/usr/bin:/bin TERM=xterm-256color HOME={home} \
-         XDG_CONFIG_HOME={home}/config XDG_DATA_HOME={home}/data ANTHROPIC_BASE_URL={url} \
-         ANTHROPIC_API_KEY=sk-test-key-0000 {bin} --allow 127.0.0.1:1; echo EXIT=$?; sleep 600",
+        "cd {ws} && {cordon} --allow 127.0.0.1:1; echo EXIT=$?; sleep 600",
         ws = ws.path().display(),
-        home = home.path().display(),
-        url = server.url(),
-        bin = env!("CARGO_BIN_EXE_cordon"),
+        cordon = user_shell(&server, home.path()),
     );
     let tmux = Tmux::start("allowlog", &cmd, 100, 30);
     tmux.wait_for("sandbox ready");
@@ -517,13 +510,9 @@ fn undo_takes_back_the_last_turns_files_and_messages() {
             ),
     );
     let cmd = format!(
-        "cd {ws} && env -i PATH=/usr/bin:/bin TERM=xterm-256color HOME={home} \
-         XDG_CONFIG_HOME={home}/config XDG_DATA_HOME={home}/data ANTHROPIC_BASE_URL={url} \
-         ANTHROPIC_API_KEY=sk-test-key-0000 {bin}; echo EXIT=$?; sleep 600",
+        "cd {ws} && {cordon}; echo EXIT=$?; sleep 600",
         ws = ws.path().display(),
-        home = home.path().display(),
-        url = server.url(),
-        bin = env!("CARGO_BIN_EXE_cordon"),
+        cordon = user_shell(&server, home.path()),
     );
     let tmux = Tmux::start("undo", &cmd, 110, 40);
     tmux.wait_for("sandbox ready");
@@ -602,13 +591,9 @@ fn bare_cordon_with_repo_clones_and_the_model_commits_on_the_sessions_branch() {
             .turn(Turn::text("COMMITTED-IT.").expect_tool_results(["c1"])),
     );
     let cmd = format!(
-        "cd {cwd} && env -i PATH=/usr/bin:/bin TERM=xterm-256color HOME={home} \
-         XDG_CONFIG_HOME={home}/config XDG_DATA_HOME={home}/data ANTHROPIC_BASE_URL={url} \
-         ANTHROPIC_API_KEY=sk-test-key-0000 {bin} --repo {repo}; echo EXIT=$?; sleep 600",
+        "cd {cwd} && {cordon} --repo {repo}; echo EXIT=$?; sleep 600",
         cwd = cwd.display(),
-        home = home.display(),
-        url = server.url(),
-        bin = env!("CARGO_BIN_EXE_cordon"),
+        cordon = user_shell(&server, &home),
         repo = remote.url(),
     );
     let tmux = Tmux::start("repo", &cmd, 110, 40);

@@ -4,6 +4,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+mod support;
+
 use cordon_testkit::{Fault, Scenario, ScriptedServer, Turn};
 use cordon_tools::Toolbox;
 use serde_json::{Value, json};
@@ -62,17 +64,8 @@ fn exec(server: &ScriptedServer, ws: &Path, home: &Path, args: &[&str]) -> Outpu
 }
 
 fn exec_command(server: &ScriptedServer, ws: &Path, home: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_cordon"));
-    c.arg("exec")
-        .args(args)
-        .current_dir(ws)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("XDG_DATA_HOME", home.join("data"))
-        .env("ANTHROPIC_BASE_URL", server.url())
-        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000");
+    let mut c = support::user_cordon(home, ws, &server.url());
+    c.arg("exec").args(args);
     c
 }
 
@@ -262,15 +255,7 @@ fn the_prompt_comes_from_stdin_only_when_it_is_a_dash() {
     let server = ScriptedServer::start(
         Scenario::new().turn(Turn::text("Got it.").expect_contains("multi\\nline task")),
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["exec", "-"])
-        .current_dir(ws.path())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home.path())
-        .env("XDG_DATA_HOME", home.path().join("data"))
-        .env("ANTHROPIC_BASE_URL", server.url())
-        .env("ANTHROPIC_API_KEY", "k")
+    let mut child = exec_command(&server, ws.path(), home.path(), &["-"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -602,16 +587,7 @@ fn tool_output_streams_while_the_command_runs_and_ctrl_c_keeps_it() {
             json!({"command": "printf 'compiling step 1\\n\\033]52;c;cHduZWQ=\\007\\033[2Kdone 1\\n'; sleep 60"}),
         ),
     ));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["exec", "build it"])
-        .current_dir(ws.path())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("XDG_DATA_HOME", home.path().join("data"))
-        .env("ANTHROPIC_BASE_URL", server.url())
-        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
+    let mut child = exec_command(&server, ws.path(), home.path(), &["build it"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

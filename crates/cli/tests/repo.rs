@@ -4,8 +4,10 @@
 //! session's own; and the sandbox, searching everywhere it can read, finds
 //! no credential.
 
+mod support;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use cordon_testkit::forge::ScriptedForge;
 use cordon_testkit::git_remote::{GitRemote, git};
@@ -27,16 +29,8 @@ fn cordon_env(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cordon"))
+    support::user_cordon(home, cwd, &server.url())
         .args(args)
-        .current_dir(cwd)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("XDG_DATA_HOME", home.join("data"))
-        .env("ANTHROPIC_BASE_URL", server.url())
-        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
         .envs(env.iter().copied())
         .output()
         .unwrap()

@@ -2,23 +2,17 @@
 //! `cordon exec` turns against the scripted model server: the workspace's
 //! bytes and the conversation the model is sent next match each point.
 
+mod support;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use cordon_testkit::{Scenario, ScriptedServer, Turn};
 use serde_json::{Value, json};
 
 fn cordon(server: &ScriptedServer, ws: &Path, home: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cordon"))
+    support::user_cordon(home, ws, &server.url())
         .args(args)
-        .current_dir(ws)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("XDG_DATA_HOME", home.join("data"))
-        .env("ANTHROPIC_BASE_URL", server.url())
-        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
         .output()
         .unwrap()
 }

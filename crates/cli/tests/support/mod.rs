@@ -142,6 +142,22 @@ pub fn cordon(who: Who, ws: &Path) -> Command {
     cmd
 }
 
+/// `cordon` in `cwd` as a user whose home is `home` (their config and data
+/// beneath it) and nothing else of this process's environment, with the
+/// model at `model_url` (the testkit's scripted server).
+pub fn user_cordon(home: &Path, cwd: &Path, model_url: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cordon"));
+    c.current_dir(cwd)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("ANTHROPIC_BASE_URL", model_url)
+        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000");
+    c
+}
+
 /// `cordon run [OPTS] -- CMD...` as `who` in `ws`.
 pub fn run(who: Who, ws: &Path, opts: &[&str], command: &[&str]) -> Command {
     let mut cmd = cordon(who, ws);
