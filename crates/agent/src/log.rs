@@ -41,7 +41,7 @@ pub enum LogError {
     Exists(PathBuf),
     #[error("cannot encode a session record: {0}")]
     Encode(serde_json::Error),
-    #[error("the session in {0} is open in another cordon: close it there first, or fork it")]
+    #[error("the session in {0} is open in another cordon: close it there first")]
     Busy(PathBuf),
 }
 
