@@ -427,15 +427,23 @@ fn tokens_are_listed_by_id_and_revoked_at_once() {
 #[test]
 fn a_weak_secrets_key_is_refused_before_anything_starts() {
     let home = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("CORDON_SECRETS_KEY", "hunter2-hunter2")
-        .env("HOME", home.path())
-        .env("XDG_DATA_HOME", home.path().join("data"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(78), "{err}");
+    let serve = |var: &str, value: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env_remove("CORDON_SECRETS_KEY")
+            .env_remove("CORDON_SECRETS_KEY_PREVIOUS")
+            .env(var, value)
+            .env("HOME", home.path())
+            .env("XDG_DATA_HOME", home.path().join("data"))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = serve("CORDON_SECRETS_KEY", "hunter2-hunter2");
+    assert_eq!(code, Some(78), "{err}");
     assert!(
         err.contains("CORDON_SECRETS_KEY") && err.contains("at least 32"),
         "{err}"
@@ -443,18 +451,11 @@ fn a_weak_secrets_key_is_refused_before_anything_starts() {
     assert!(!err.contains("hunter2"), "{err}");
     assert!(!home.path().join("data/cordon/server.db").exists());
     // An earlier key, kept to open what it sealed, is held to the same.
-    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env(
-            "CORDON_SECRETS_KEY_PREVIOUS",
-            "0123456789abcdef0123456789abcdef hunter2",
-        )
-        .env("HOME", home.path())
-        .env("XDG_DATA_HOME", home.path().join("data"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(78), "{err}");
+    let (code, err) = serve(
+        "CORDON_SECRETS_KEY_PREVIOUS",
+        "0123456789abcdef0123456789abcdef hunter2",
+    );
+    assert_eq!(code, Some(78), "{err}");
     assert!(err.contains("CORDON_SECRETS_KEY_PREVIOUS, key 2"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
 }

@@ -107,15 +107,11 @@ impl Checkpoints {
         // cordon's own repository, which nothing else writes: the chain's
         // loose ref is read as a file, sparing a git process every turn;
         // a packed one (after a `git gc`) through git.
-        match std::fs::read_to_string(self.git.git_dir().join(CHAIN)) {
-            Ok(text) => {
-                let oid = text.trim();
-                (oid.len() == 40 && oid.bytes().all(|b| b.is_ascii_hexdigit()))
-                    .then(|| oid.to_string())
-                    .or_else(|| rev_parse(&self.git, CHAIN).ok())
-            }
-            Err(_) => rev_parse(&self.git, CHAIN).ok(),
-        }
+        std::fs::read_to_string(self.git.git_dir().join(CHAIN))
+            .ok()
+            .map(|text| text.trim().to_string())
+            .filter(|oid| oid.len() == 40 && oid.bytes().all(|b| b.is_ascii_hexdigit()))
+            .or_else(|| rev_parse(&self.git, CHAIN).ok())
     }
 
     /// Records the files of `workspace` now. When they are the same as

@@ -268,7 +268,8 @@ pub fn clone_within(
         .map_err(over)?;
     // The start and the budget are settled on the clone where it was
     // made: a clone refused leaves nothing in the workspace.
-    let made = Git::new(target.join(".git"));
+    let made_git = target.join(".git");
+    let made = Git::new(&made_git);
     let candidates = match &spec.reference {
         // The remote's default branch; the clone's own HEAD names it too.
         None => vec!["refs/remotes/origin/HEAD".to_string(), "HEAD".to_string()],
@@ -289,7 +290,7 @@ pub fn clone_within(
     if limits.max_bytes.is_some() {
         // The files it would check out, on top of what the clone holds.
         limits
-            .admit(disk_use(&target.join(".git")), tree_bytes(&made, &start)?)
+            .admit(disk_use(&made_git), tree_bytes(&made, &start)?)
             .map_err(over)?;
     }
     // Present files, read before `.git` arrives: none of them is
@@ -298,7 +299,7 @@ pub fn clone_within(
         Existing::Refuse => BTreeSet::new(),
         Existing::Keep => present_files(workspace)?,
     };
-    std::fs::rename(target.join(".git"), &dot_git)
+    std::fs::rename(&made_git, &dot_git)
         .map_err(io(format!("moving the clone into {}", workspace.display())))?;
     drop(scratch);
     let git = Git::new(&dot_git).work_tree(workspace);

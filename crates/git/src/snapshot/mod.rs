@@ -267,7 +267,8 @@ pub(crate) fn snapshot(
         // Content the parent holds at this path (a file touched, or read
         // again while its times were too fresh to trust) is not sent.
         let source = match cached {
-            Some(c) if incremental && hashing && c.oid == oid => Source::Oid(oid.clone()),
+            // (Only with a cache, so `oid` is the computed one.)
+            Some(c) if incremental && c.oid == oid => Source::Oid(oid.clone()),
             _ => match import.blob(&content) {
                 Ok(mark) => Source::Mark(mark),
                 Err(err) => {

@@ -160,15 +160,14 @@ impl<'g> Import<'g> {
         drop(out);
         let status = child.wait();
         let stderr = stderr.join().unwrap_or_default();
-        let failed = |stderr: &[u8]| {
-            SnapshotError::Git(GitError::Failed {
-                command: "fast-import".into(),
-                stderr: shown_stderr(stderr),
-            })
-        };
         match status {
             Ok(s) if s.success() && flushed.is_ok() => {}
-            Ok(_) => return Err(failed(&stderr)),
+            Ok(_) => {
+                return Err(SnapshotError::Git(GitError::Failed {
+                    command: "fast-import".into(),
+                    stderr: shown_stderr(&stderr),
+                }));
+            }
             Err(source) => {
                 return Err(SnapshotError::Git(GitError::Io {
                     command: "fast-import".into(),

@@ -131,20 +131,26 @@ impl Store {
         Ok(())
     }
 
-    /// `tenant`'s login for `host`, if it stored one.
-    pub async fn git_credential(&self, tenant: &str, host: &str) -> Result<Option<GitCredential>> {
-        sqlx::query(concat!(
-            "SELECT ",
+    /// The row of `tenant`'s login for `host`, its sealed secret with it.
+    async fn login_row(&self, tenant: &str, host: &str) -> Result<Option<AnyRow>> {
+        Ok(sqlx::query(concat!(
+            "SELECT secret, ",
             columns!(),
             " FROM git_credentials WHERE tenant = $1 AND host = $2"
         ))
         .bind(tenant)
         .bind(host)
         .fetch_optional(&self.pool)
-        .await?
-        .as_ref()
-        .map(from_row)
-        .transpose()
+        .await?)
+    }
+
+    /// `tenant`'s login for `host`, if it stored one.
+    pub async fn git_credential(&self, tenant: &str, host: &str) -> Result<Option<GitCredential>> {
+        self.login_row(tenant, host)
+            .await?
+            .as_ref()
+            .map(from_row)
+            .transpose()
     }
 
     /// `tenant`'s login for `host` with its secret, opened: for the worker
@@ -154,16 +160,7 @@ impl Store {
         tenant: &str,
         host: &str,
     ) -> Result<Option<(GitCredential, GitSecret)>> {
-        let Some(row) = sqlx::query(concat!(
-            "SELECT secret, ",
-            columns!(),
-            " FROM git_credentials WHERE tenant = $1 AND host = $2"
-        ))
-        .bind(tenant)
-        .bind(host)
-        .fetch_optional(&self.pool)
-        .await?
-        else {
+        let Some(row) = self.login_row(tenant, host).await? else {
             return Ok(None);
         };
         let sealed: String = row.try_get("secret")?;
@@ -194,8 +191,7 @@ impl Store {
                 "a git login sealed again with the current secrets key"
             );
         }
-        let secret = opened.secret;
-        Ok(Some((from_row(&row)?, GitSecret(secret))))
+        Ok(Some((from_row(&row)?, GitSecret(opened.secret))))
     }
 
     /// `tenant`'s logins, by host.

@@ -173,10 +173,9 @@ impl SecretsKey {
         let altered = || SealError::Altered {
             what: what.to_string(),
         };
-        let Some(id) = sealed_with(sealed) else {
+        let Some((id, body)) = parts(sealed) else {
             return Err(altered());
         };
-        let body = &sealed[VERSION.len() + id.len() + 2..];
         if id != self.id {
             return Err(SealError::OtherKey {
                 what: what.to_string(),
@@ -206,11 +205,11 @@ impl SecretsKey {
     }
 }
 
-/// The key id a sealed value names, if it is one of ours.
-fn sealed_with(sealed: &str) -> Option<&str> {
+/// The key id a sealed value names and its body, if it is one of ours.
+fn parts(sealed: &str) -> Option<(&str, &str)> {
     let mut parts = sealed.splitn(3, ':');
     match (parts.next(), parts.next(), parts.next()) {
-        (Some(VERSION), Some(id), Some(_)) => Some(id),
+        (Some(VERSION), Some(id), Some(body)) => Some((id, body)),
         _ => None,
     }
 }
@@ -240,17 +239,13 @@ impl Keyring {
         Keyring { current, previous }
     }
 
-    pub fn current(&self) -> &SecretsKey {
-        &self.current
-    }
-
     pub fn seal(&self, secret: &str, context: &str) -> String {
         self.current.seal(secret, context)
     }
 
     /// What `sealed` holds, opened with whichever of these keys sealed it.
     pub fn open(&self, sealed: &str, context: &str, what: &str) -> Result<Opened, SealError> {
-        let earlier = sealed_with(sealed).and_then(|id| self.previous.iter().find(|k| k.id == id));
+        let earlier = parts(sealed).and_then(|(id, _)| self.previous.iter().find(|k| k.id == id));
         match earlier {
             Some(key) => Ok(Opened {
                 secret: key.open(sealed, context, what)?,
