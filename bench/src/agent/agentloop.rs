@@ -253,15 +253,7 @@ struct Encoding {
 }
 
 fn encodings(history: &[Message], steps: usize) -> Vec<Encoding> {
-    let tools: Vec<ToolSpec> = Toolbox::standard()
-        .specs()
-        .into_iter()
-        .map(|s| ToolSpec {
-            name: s.name,
-            description: s.description,
-            input_schema: s.input_schema,
-        })
-        .collect();
+    let tools: Vec<ToolSpec> = cordon_agent::agent::tool_specs(&Toolbox::standard());
     [steps / 4, steps / 2, 3 * steps / 4, steps]
         .into_iter()
         .filter(|&k| k > 0)

@@ -1,0 +1,485 @@
+//! The agent loop: send the conversation, stream the answer, run the tools
+//! it asks for in the conversation's sandbox, send their results, repeat
+//! until the model ends its turn.
+//!
+//! Every step is reported as an [`AgentEvent`], the one stream that every
+//! front end renders. Whatever happens (an error, a cancellation, the step
+//! limit), the history stays valid: every tool call the model made gets a
+//! result before the next request.
+//!
+//! With a session log attached, the agent records as it goes: the user's
+//! prompt, every event but streamed deltas, each message added to the
+//! history and each compaction, so a crash loses at most the line being
+//! written and [`crate::sessions::resume`] rebuilds exactly what was sent.
+//!
+//! The loop is here; its events, cancellation, compaction and tool calls
+//! are in the private modules beside it.
+
+mod cancel;
+mod compact;
+mod event;
+mod tools;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::context;
+use crate::log::SessionLog;
+use crate::message::{StopReason, StreamDelta, Usage};
+use crate::provider::{Provider, ProviderError};
+use crate::wire::{Message, ModelRequest, ToolResult, ToolSpec};
+use compact::KEEP_SHARE;
+use cordon_tools::{ToolContext, Toolbox};
+
+pub use cancel::Cancel;
+pub use event::{AgentError, AgentEvent, Compaction, TurnOutcome};
+pub use tools::{Approval, Approver, tool_specs};
+
+/// What the loop needs besides the conversation.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub model: String,
+    pub system: String,
+    pub max_tokens: u32,
+    /// Model requests allowed per user message.
+    pub max_steps: u32,
+    /// Tool-result messages sent in full; older tool output is masked.
+    pub keep_tool_outputs: usize,
+    /// The model's context window, in tokens.
+    pub context_window: u64,
+    /// Compact when a request would fill more than this share of the window.
+    pub compact_threshold: f64,
+}
+
+impl AgentConfig {
+    /// The defaults for `model`: no system prompt, 8192 output tokens, 50
+    /// steps, the last 8 tool outputs in full, a 200k window compacted at 75%.
+    pub fn new(model: impl Into<String>) -> Self {
+        AgentConfig {
+            model: model.into(),
+            system: String::new(),
+            max_tokens: 8192,
+            max_steps: 50,
+            keep_tool_outputs: 8,
+            context_window: 200_000,
+            compact_threshold: 0.75,
+        }
+    }
+}
+
+/// The session log the agent writes to, shared by the tasks of one turn.
+/// A write that fails is reported once and the session goes on: losing the
+/// record is better than losing the work.
+#[derive(Default)]
+pub(crate) struct Recorder {
+    pub(crate) log: Mutex<Option<SessionLog<Value>>>,
+    warned: AtomicBool,
+    /// A task records the network policy's changes in this log.
+    watching_policy: AtomicBool,
+}
+
+impl Recorder {
+    pub(crate) fn append(&self, record: &impl Serialize) {
+        let mut guard = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(log) = guard.as_mut() else { return };
+        let result = serde_json::to_value(record)
+            .map_err(|e| e.to_string())
+            .and_then(|v| log.append(&v).map_err(|e| e.to_string()));
+        if let Err(e) = result
+            && !self.warned.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!("session log: {e}; later records may be missing");
+        }
+    }
+
+    fn sync(&self) {
+        let guard = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(Err(e)) = guard.as_ref().map(SessionLog::sync) {
+            tracing::warn!("session log: {e}");
+        }
+    }
+}
+
+/// Where one turn's events go: the caller's channel and the log.
+struct Journal<'a> {
+    events: &'a mpsc::UnboundedSender<AgentEvent>,
+    log: &'a Recorder,
+}
+
+impl Journal<'_> {
+    fn emit(&self, e: AgentEvent) {
+        if !e.is_delta() {
+            self.log.append(&e);
+        }
+        let _ = self.events.send(e);
+    }
+}
+
+/// One conversation: the provider, the tools and their sandbox context, the
+/// history sent to the model and its session log.
+pub struct Agent {
+    provider: Provider,
+    tools: Toolbox,
+    ctx: ToolContext,
+    config: AgentConfig,
+    approver: Option<Arc<dyn Approver>>,
+    history: Vec<Message>,
+    log: Arc<Recorder>,
+    /// The workspace's files at the start and after each turn, when the
+    /// conversation has a log to bind them to.
+    checkpoints: Option<Arc<crate::checkpoints::TurnCheckpoints>>,
+    /// Whether the files before this agent's first turn are recorded.
+    checkpointed: bool,
+    /// The checkpoint of the last turn, taken after `send` returned: the
+    /// next turn, a compaction and [`Agent::settle`] wait for it.
+    pending: Option<tokio::task::JoinHandle<()>>,
+    /// The API's prompt tokens over our estimate for the last request: the
+    /// bytes-per-token rule calibrated to this model's tokenizer.
+    ratio: f64,
+    usage: Usage,
+}
+
+impl Agent {
+    pub fn new(provider: Provider, tools: Toolbox, ctx: ToolContext, config: AgentConfig) -> Self {
+        Agent {
+            provider,
+            tools,
+            ctx,
+            config,
+            approver: None,
+            history: Vec::new(),
+            log: Arc::default(),
+            checkpoints: None,
+            checkpointed: false,
+            pending: None,
+            ratio: 1.0,
+            usage: Usage::default(),
+        }
+    }
+
+    pub fn history(&self) -> &[Message] {
+        &self.history
+    }
+
+    pub fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+
+    /// Changes take effect from the next request (e.g. another model).
+    pub fn config_mut(&mut self) -> &mut AgentConfig {
+        &mut self.config
+    }
+
+    /// Tokens used by every request of this agent so far.
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    /// Continues an earlier conversation: `history` as sent to the model.
+    pub fn with_history(mut self, history: Vec<Message>) -> Self {
+        self.history = history;
+        self
+    }
+
+    /// Asks `approver` before every tool call from now on (`None`: run all).
+    pub fn set_approver(&mut self, approver: Option<Arc<dyn Approver>>) {
+        self.approver = approver;
+    }
+
+    /// Records the conversation in `log` from now on, and the workspace's
+    /// files at the start and after every turn in checkpoints beside it.
+    pub fn with_log(mut self, log: SessionLog<Value>) -> Self {
+        self.checkpoints =
+            crate::checkpoints::TurnCheckpoints::open(log.path(), &self.ctx.workspace)
+                .map(Arc::new);
+        self.checkpointed = false;
+        *self.log.log.lock().unwrap_or_else(|p| p.into_inner()) = Some(log);
+        // Changes to the sandbox's network policy, by whoever makes them,
+        // go into the log too; one watcher per agent.
+        if let Some(net) = self.ctx.sandbox.network()
+            && !self.log.watching_policy.swap(true, Ordering::SeqCst)
+        {
+            crate::netlog::record_changes(&net.policy, Arc::downgrade(&self.log));
+        }
+        self
+    }
+
+    /// Adds a message to the history and records it.
+    fn push(&mut self, m: Message) {
+        self.log.append(&crate::sessions::message_record(&m));
+        context::push_message(&mut self.history, m);
+    }
+
+    fn request(&self, tools: &[ToolSpec]) -> ModelRequest {
+        ModelRequest {
+            model: self.config.model.clone(),
+            system: self.config.system.clone(),
+            messages: context::view(&self.history, self.config.keep_tool_outputs),
+            tools: tools.to_vec(),
+            max_tokens: self.config.max_tokens,
+        }
+    }
+
+    fn predict(&self, req: &ModelRequest) -> u64 {
+        (context::estimate_request(req) as f64 * self.ratio) as u64
+    }
+
+    /// What the next request would put in front of the model, in tokens:
+    /// our estimate, calibrated by the API's figures for the last request.
+    pub fn context_tokens(&self) -> u64 {
+        self.predict(&self.request(&self.specs()))
+    }
+
+    fn over_threshold(&self, req: &ModelRequest) -> bool {
+        self.predict(req) as f64 > self.config.compact_threshold * self.config.context_window as f64
+    }
+
+    /// Learns the tokenizer's ratio from a request and the usage it got.
+    fn calibrate(&mut self, req: &ModelRequest, usage: &Usage) {
+        let estimated = context::estimate_request(req);
+        let actual = usage.prompt_tokens();
+        if estimated > 0 && actual > 0 {
+            self.ratio = (actual as f64 / estimated as f64).clamp(0.25, 4.0);
+        }
+    }
+
+    fn cost(&self, usage: &Usage) -> Option<f64> {
+        crate::pricing::cost(&self.config.model, usage)
+    }
+
+    fn specs(&self) -> Vec<ToolSpec> {
+        tool_specs(&self.tools)
+    }
+
+    /// Runs one user turn to its end, reporting every step on `events`.
+    pub async fn send(
+        &mut self,
+        prompt: &str,
+        events: &mpsc::UnboundedSender<AgentEvent>,
+        cancel: &Cancel,
+    ) -> Result<TurnOutcome, AgentError> {
+        self.settle().await;
+        let log = self.log.clone();
+        if !self.checkpointed
+            && let Some(cp) = &self.checkpoints
+        {
+            if let Some(record) = cp.record("before the first turn".into()).await {
+                log.append(&record);
+            }
+            self.checkpointed = true;
+        }
+        let result = self
+            .turn(prompt, &Journal { events, log: &log }, cancel)
+            .await;
+        log.sync();
+        // Whatever the outcome: a failed or cancelled turn may have
+        // changed files too. Taken once the turn is over, so that the
+        // answer is not held up by it; nothing else is written to the log
+        // before it lands (see `settle`).
+        if let Some(cp) = self.checkpoints.clone() {
+            let label = format!("after: {}", crate::sessions::title_of(prompt));
+            self.pending = Some(tokio::spawn(async move {
+                if let Some(record) = cp.record(label).await {
+                    log.append(&record);
+                    log.sync();
+                }
+            }));
+        }
+        result
+    }
+
+    /// Waits for the checkpoint of the last turn to be recorded: before
+    /// the session's log is handed on or the process exits.
+    pub async fn settle(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            let _ = pending.await;
+        }
+    }
+
+    async fn turn(
+        &mut self,
+        prompt: &str,
+        journal: &Journal<'_>,
+        cancel: &Cancel,
+    ) -> Result<TurnOutcome, AgentError> {
+        let emit = |e: AgentEvent| journal.emit(e);
+        journal
+            .log
+            .append(&json!({"type": "user_message", "text": prompt}));
+        self.push(Message::User {
+            text: prompt.to_string(),
+            tool_results: Vec::new(),
+        });
+        let mut total = Usage::default();
+        let mut tools = self.specs();
+        for step in 1..=self.config.max_steps {
+            // A tool that stopped working mid-turn (an MCP server that
+            // died) is no longer offered from the next request on.
+            if tools.len() != self.tools.available_count() {
+                tools = self.specs();
+            }
+            emit(AgentEvent::TurnStarted { step });
+            let mut request = self.request(&tools);
+            let mut compacted = false;
+            if self.over_threshold(&request) {
+                match self
+                    .compact_with(
+                        journal,
+                        "the context passed the threshold",
+                        KEEP_SHARE,
+                        &tools,
+                        cancel,
+                    )
+                    .await
+                {
+                    Ok(c) => {
+                        add_usage(&mut total, &c.usage);
+                        compacted = true;
+                        request = self.request(&tools);
+                    }
+                    // Nothing older to summarise: let the server judge.
+                    Err(AgentError::Compaction(why)) => {
+                        tracing::debug!("no compaction: {why}");
+                    }
+                    Err(e) => return Err(self.fail(journal, e)),
+                }
+            }
+            let answer = loop {
+                let streamed = self.provider.stream(&request, |d| {
+                    emit(match d {
+                        StreamDelta::Text(text) => AgentEvent::TextDelta { text },
+                        StreamDelta::Thinking(text) => AgentEvent::ThinkingDelta { text },
+                        StreamDelta::Retrying {
+                            attempt,
+                            wait,
+                            reason,
+                        } => AgentEvent::Retrying {
+                            attempt,
+                            wait_ms: wait.as_millis() as u64,
+                            reason,
+                        },
+                        // Tool calls are announced once their input is complete.
+                        StreamDelta::ToolUseStart { .. } | StreamDelta::ToolInput(_) => return,
+                    })
+                });
+                let result = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return Err(AgentError::Cancelled),
+                    r = streamed => r,
+                };
+                match result {
+                    Ok(a) => break a,
+                    // The server counts differently from us: compact once
+                    // and try again.
+                    Err(ProviderError::ContextTooLong { message }) if !compacted => {
+                        compacted = true;
+                        self.learn_from_overflow(&request, &message);
+                        let reason = format!("the model's server said: {message}");
+                        match self
+                            .compact_with(journal, &reason, KEEP_SHARE, &tools, cancel)
+                            .await
+                        {
+                            Ok(c) => add_usage(&mut total, &c.usage),
+                            Err(e) => return Err(self.fail(journal, e)),
+                        }
+                        request = self.request(&tools);
+                    }
+                    Err(e) => return Err(self.fail(journal, e.into())),
+                }
+            };
+            self.calibrate(&request, &answer.usage);
+            add_usage(&mut total, &answer.usage);
+            add_usage(&mut self.usage, &answer.usage);
+            emit(AgentEvent::AssistantMessage {
+                text: answer.text(),
+                stop_reason: answer.stop_reason,
+                usage: answer.usage,
+            });
+            let calls: Vec<(String, String, serde_json::Value)> = answer
+                .tool_uses()
+                .map(|(id, name, input)| (id.to_string(), name.to_string(), input.clone()))
+                .collect();
+            let stop = answer.stop_reason;
+            let text = answer.text();
+            if stop == StopReason::Refusal {
+                // A refused answer is left out of the history: sent back,
+                // it would steer the next turn towards refusing again.
+                return Ok(self.complete(journal, stop, step, total, text));
+            }
+            self.push(Message::Assistant(answer));
+            if calls.is_empty() {
+                return Ok(self.complete(journal, stop, step, total, text));
+            }
+            let results = if stop == StopReason::MaxTokens {
+                // The answer was cut off: its calls may be incomplete.
+                calls
+                    .iter()
+                    .map(|(id, _, _)| ToolResult {
+                        tool_use_id: id.clone(),
+                        content: "Not run: your answer reached max_tokens before it ended. Issue the call again.".into(),
+                        is_error: true,
+                        images: Vec::new(),
+                    })
+                    .collect()
+            } else {
+                self.run_tools(&calls, journal, cancel).await
+            };
+            let cancelled = cancel.is_cancelled();
+            self.push(Message::User {
+                text: String::new(),
+                tool_results: results,
+            });
+            if cancelled {
+                return Err(AgentError::Cancelled);
+            }
+        }
+        Err(self.fail(journal, AgentError::StepLimit(self.config.max_steps)))
+    }
+
+    /// Reports `e` as an error event and hands it back.
+    fn fail(&self, journal: &Journal<'_>, e: AgentError) -> AgentError {
+        if !matches!(e, AgentError::Cancelled) {
+            journal.emit(AgentEvent::Error {
+                message: e.to_string(),
+            });
+        }
+        e
+    }
+
+    fn complete(
+        &self,
+        journal: &Journal<'_>,
+        stop_reason: StopReason,
+        steps: u32,
+        usage: Usage,
+        text: String,
+    ) -> TurnOutcome {
+        let cost_usd = self.cost(&usage);
+        journal.emit(AgentEvent::TurnCompleted {
+            stop_reason,
+            steps,
+            usage,
+            cost_usd,
+            context_tokens: self.context_tokens(),
+            context_window: self.config.context_window,
+        });
+        TurnOutcome {
+            text,
+            stop_reason,
+            steps,
+            usage,
+            cost_usd,
+        }
+    }
+}
+
+fn add_usage(total: &mut Usage, u: &Usage) {
+    total.input_tokens += u.input_tokens;
+    total.output_tokens += u.output_tokens;
+    total.cache_read_tokens += u.cache_read_tokens;
+    total.cache_write_tokens += u.cache_write_tokens;
+}

@@ -1,0 +1,222 @@
+//! The model's tool calls: asked of the approver, run in the sandbox (a
+//! run of read-only calls together), their output streamed as it comes,
+//! and one result per call whatever happens.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{Agent, AgentEvent, Cancel, Journal};
+use crate::wire::{ToolResult, ToolSpec};
+use cordon_tools::{ToolOutput, Toolbox};
+
+/// A user's answer to a tool call the model asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Approval {
+    Allow,
+    /// Not run; the reason goes back to the model as the call's result.
+    Deny(String),
+}
+
+/// Decides whether a tool call runs: the front ends' `--approval ask`.
+/// Asked once per call, in the model's order, after `ToolCallStarted`.
+pub trait Approver: Send + Sync {
+    fn approve<'a>(
+        &'a self,
+        id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+    ) -> futures_util::future::BoxFuture<'a, Approval>;
+}
+
+const CANCELLED: &str = "The user cancelled this tool call before it finished.";
+
+/// A cancelled call's result, with what it had printed.
+fn cancelled_with(output: &str) -> String {
+    if output.is_empty() {
+        CANCELLED.into()
+    } else {
+        format!("{CANCELLED} Its output until then (the end of it):\n{output}")
+    }
+}
+
+impl Agent {
+    /// Runs the calls in order; consecutive read-only calls run together.
+    /// Returns one result per call, in the calls' order, even when cancelled.
+    pub(super) async fn run_tools(
+        &self,
+        calls: &[(String, String, serde_json::Value)],
+        journal: &Journal<'_>,
+        cancel: &Cancel,
+    ) -> Vec<ToolResult> {
+        let emit = |e: AgentEvent| journal.emit(e);
+        let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
+        let mut i = 0;
+        while i < calls.len() {
+            let read_only = |n: &str| self.tools.get(n).is_some_and(|t| t.read_only());
+            let mut j = i + 1;
+            if read_only(&calls[i].1) {
+                while j < calls.len() && read_only(&calls[j].1) {
+                    j += 1;
+                }
+            }
+            if cancel.is_cancelled() {
+                break;
+            }
+            let batch = &calls[i..j];
+            for (id, name, input) in batch {
+                emit(AgentEvent::ToolCallStarted {
+                    id: id.clone(),
+                    name: name.clone(),
+                    input: input.clone(),
+                });
+            }
+            // Asked one by one, before any of the batch runs: a denied
+            // call is answered without running.
+            let mut verdicts = Vec::with_capacity(batch.len());
+            if let Some(approver) = &self.approver {
+                for (id, name, input) in batch {
+                    let verdict = tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => None,
+                        v = approver.approve(id, name, input) => Some(v),
+                    };
+                    verdicts.push(verdict);
+                }
+                if cancel.is_cancelled() {
+                    break;
+                }
+            }
+            // Each call's output reaches the front ends while it runs.
+            let lives: Vec<_> = batch
+                .iter()
+                .map(|(id, _, _)| crate::live::Live::new(id, journal.events.clone()))
+                .collect();
+            let runs = batch.iter().enumerate().map(|(k, (_, name, input))| {
+                let started = Instant::now();
+                let verdict = verdicts.get(k).cloned().flatten();
+                let ctx = self.ctx.with_progress(lives[k].progress());
+                async move {
+                    let out = match verdict {
+                        Some(Approval::Deny(reason)) => ToolOutput::error(denied(&reason)),
+                        _ => self.tools.call(&ctx, name, input.clone()).await,
+                    };
+                    (out, started.elapsed())
+                }
+            });
+            // The broker's refusals while this batch runs, for their
+            // records (the tools put the same lines in their results).
+            let mut net = self
+                .ctx
+                .sandbox
+                .network()
+                .map(|n| n.refusals(crate::netlog::MAX_RECORDS));
+            let outputs: Option<Vec<(ToolOutput, Duration)>> = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => None,
+                outs = futures_util::future::join_all(runs) => Some(outs),
+            };
+            let Some(outputs) = outputs else {
+                // What the cancelled calls had printed is theirs to show,
+                // and the model's to know.
+                for (k, ((id, name, _), live)) in batch.iter().zip(&lives).enumerate() {
+                    let text = cancelled_with(&live.finish());
+                    emit(AgentEvent::ToolCallFinished {
+                        id: id.clone(),
+                        name: name.clone(),
+                        output: text.clone(),
+                        is_error: true,
+                        structured: None,
+                        duration_ms: 0,
+                    });
+                    results[i + k] = Some(ToolResult {
+                        tool_use_id: id.clone(),
+                        content: text,
+                        is_error: true,
+                        images: Vec::new(),
+                    });
+                }
+                break;
+            };
+            for live in &lives {
+                live.finish();
+            }
+            if let Some(net) = net.as_mut() {
+                // A batch of several calls runs together; the refusals are
+                // the batch's, filed under its first call.
+                for e in net.ready() {
+                    emit(AgentEvent::NetworkRefused {
+                        tool_id: batch[0].0.clone(),
+                        host: e.host,
+                        port: e.port,
+                        decision: e.decision,
+                        reason: e.reason,
+                        message: e.message,
+                    });
+                }
+            }
+            for (k, ((id, name, _), (out, took))) in batch.iter().zip(outputs).enumerate() {
+                emit(AgentEvent::ToolCallFinished {
+                    id: id.clone(),
+                    name: name.clone(),
+                    output: out.text.clone(),
+                    is_error: out.is_error,
+                    structured: out.structured.clone(),
+                    duration_ms: took.as_millis() as u64,
+                });
+                results[i + k] = Some(ToolResult {
+                    tool_use_id: id.clone(),
+                    content: out.text,
+                    is_error: out.is_error,
+                    images: out.images,
+                });
+            }
+            i = j;
+        }
+        calls
+            .iter()
+            .zip(results)
+            .map(|((id, name, _), r)| {
+                r.unwrap_or_else(|| {
+                    emit(AgentEvent::ToolCallFinished {
+                        id: id.clone(),
+                        name: name.clone(),
+                        output: CANCELLED.into(),
+                        is_error: true,
+                        structured: None,
+                        duration_ms: 0,
+                    });
+                    ToolResult {
+                        tool_use_id: id.clone(),
+                        content: CANCELLED.into(),
+                        is_error: true,
+                        images: Vec::new(),
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+/// The result of a call the user denied, as the model sees it.
+fn denied(reason: &str) -> String {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        "The user denied this tool call. Ask them how to proceed, or try another way.".into()
+    } else {
+        format!("The user denied this tool call: {reason}")
+    }
+}
+
+/// The tools of `toolbox` as offered to the model.
+pub fn tool_specs(toolbox: &Toolbox) -> Vec<ToolSpec> {
+    toolbox
+        .specs()
+        .into_iter()
+        .map(|s| ToolSpec {
+            name: s.name,
+            description: s.description,
+            input_schema: s.input_schema,
+        })
+        .collect()
+}
