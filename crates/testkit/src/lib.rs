@@ -76,6 +76,7 @@
 mod anthropic;
 pub mod forge;
 pub mod git_remote;
+mod inspect;
 mod openai;
 mod scenario;
 mod server;
@@ -85,7 +86,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 pub use scenario::{Block, ContextTooLong, Fault, Scenario, StopReason, Turn, Usage};
-pub use server::{Failure, Protocol, RecordedRequest, ScriptedServer};
+pub use server::{Failure, RecordedRequest, ScriptedServer};
+pub use wire::Protocol;
 
 /// Why a scenario could not be loaded or the server could not start.
 #[derive(Debug, thiserror::Error)]

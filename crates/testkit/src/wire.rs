@@ -1,6 +1,16 @@
-//! Pieces shared by both protocol renderers.
+//! Pieces shared by both protocols: which one a request used, and what
+//! both renderers frame.
 
 use serde_json::Value;
+
+/// Which wire protocol a request used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// `POST /v1/messages`.
+    Anthropic,
+    /// `POST /v1/chat/completions`.
+    OpenAi,
+}
 
 /// One server-sent event, before framing.
 #[derive(Debug, Clone)]
