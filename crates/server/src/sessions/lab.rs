@@ -29,7 +29,7 @@ async fn site(shared: &Shared, tenant: &str, id: &str) -> Result<Arc<cordon_lab:
         // Not listed, so no turn runs in it, but it may be closing after
         // idling out: waited for, woken, listed, and given back at once
         // (the Lab keeps it from idling while it is used).
-        drop(super::take_waiting(shared, &row, Duration::from_secs(30)).await?);
+        drop(super::wake::take_waiting(shared, &row, Duration::from_secs(30)).await?);
     }
     let gone = || {
         ApiError::new(

@@ -20,11 +20,10 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router, routing::get, routing::post};
 use cordon_agent::events::{BoxFuture, EventSink, pump};
 use cordon_agent::sessions::SessionStarted;
-use cordon_agent::{AgentBuilder, AgentConfig, AgentEvent, Cancel, SessionLog};
-use cordon_sandbox::Sandbox;
+use cordon_agent::{AgentEvent, Cancel, SessionLog};
 use futures_util::Stream;
 use serde_json::Value;
-use tokio::sync::{OwnedMutexGuard, mpsc};
+use tokio::sync::mpsc;
 
 use crate::http::{ApiError, Tenant, plausible_id, read_json};
 use crate::job::NetworkMode;
@@ -35,6 +34,7 @@ pub(crate) mod files;
 pub(crate) mod lab;
 pub(crate) mod network;
 mod view;
+mod wake;
 
 pub use view::{
     Cancelled, Compaction, KeptPath, NewMessage, NewSession, RewindTo, Rewound, SessionList,
@@ -44,7 +44,8 @@ pub use view::{
 use files::{get_file, list_files, put_file};
 use network::{get_network, logged_network, put_network};
 
-use crate::live::{Live, sandbox_key};
+use crate::live::sandbox_key;
+use wake::take;
 
 pub fn routes(file_limit: usize) -> Router<Arc<Shared>> {
     Router::new()
@@ -328,149 +329,6 @@ pub(crate) async fn show(
     }))
 }
 
-/// Brings a session to life: a sandbox over its workspace and an agent
-/// with its history and log.
-async fn wake(
-    shared: &Shared,
-    row: &SessionRow,
-    slot: crate::caps::Slot,
-) -> Result<Live, ApiError> {
-    let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
-    let d = dir(shared, &row.id);
-    if shared.config.cluster.is_some() && !d.join("session.jsonl").exists() {
-        // Made by another API process of the deployment, which keeps it.
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "elsewhere",
-            format!(
-                "session {} lives on the API process of this deployment that made it: send its \
-                 requests there (see the deployment guide on sticky routing)",
-                row.id
-            ),
-        ));
-    }
-    let resumed = cordon_agent::sessions::open(&d.join("session.jsonl")).map_err(|e| {
-        tracing::error!("session {}: {e}", row.id);
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "cannot open the session's log",
-        )
-    })?;
-    let ws = d.join("workspace");
-    let mut sc = shared.config.sandbox(&ws);
-    let records = match cordon_agent::log::load::<Value>(&d.join("session.jsonl")) {
-        Ok((records, _)) => records,
-        Err(_) => Vec::new(),
-    };
-    sc.display = started_display(records.iter().map(|r| &r.data));
-    let (network, policy) = logged_network(records.iter().map(|r| &r.data));
-    // Within the ceiling as it is now: the operator may have lowered it.
-    let policy = policy.map(|p| {
-        let ceiling = shared.ceilings.of(&row.tenant);
-        let clamped = p.clamped_to(ceiling);
-        if clamped != p {
-            tracing::warn!(
-                "session {}: beyond its tenant's ceiling, dropped: {}",
-                row.id,
-                p.beyond(ceiling).join(", ")
-            );
-        }
-        clamped
-    });
-    // The session's repository, reached with the tenant's login as it is
-    // now, within the ceiling as it is now.
-    let repository = match records
-        .iter()
-        .find_map(|r| serde_json::from_value::<cordon_git::RepositoryRecord>(r.data.clone()).ok())
-    {
-        None => None,
-        Some(rec) => Some(
-            crate::repos::session(
-                &shared.store,
-                shared.ceilings.of(&row.tenant),
-                &row.tenant,
-                rec.cloned(),
-                rec.allow_push,
-            )
-            .await
-            .map_err(|e| {
-                ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "beyond_ceiling",
-                    format!("the session's repository: {e}"),
-                )
-            })?,
-        ),
-    };
-    sc.network = network;
-    sc.egress = policy
-        .as_ref()
-        .map(|p| cordon_sandbox::Egress::new(p.clone().into()));
-    let backend = sc.backend;
-    let created = Sandbox::create(sc).await;
-    shared.metrics.sandbox_started(backend, created.is_ok());
-    let sandbox = created.map_err(|e| {
-        tracing::error!("session {}: {e}", row.id);
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "sandbox_error",
-            format!("cannot create the sandbox: {e}"),
-        )
-    })?;
-    shared.sandboxes.insert(sandbox_key(&row.id), &sandbox);
-    // MCP servers that fail are logged: the session goes on without them.
-    let id = row.id.clone();
-    let mcp = cordon_mcp::McpClients::start(
-        &shared.config.mcp_servers,
-        Arc::new(move |m: String| tracing::warn!("session {id}: {m}")),
-    )
-    .await;
-    let allow: Vec<String> = policy
-        .as_ref()
-        .map(|p| p.rules().iter().map(ToString::to_string).collect())
-        .unwrap_or_default();
-    let built = AgentBuilder::new(
-        &defaults.provider,
-        AgentConfig {
-            model: row.model.clone(),
-            system: cordon_agent::prompt::system(network, &allow),
-            ..defaults.agent.clone()
-        },
-    )
-    .tools(&mcp.tools)
-    .tools(&repository.map(|r| r.tools()).unwrap_or_default())
-    .history(resumed.history)
-    .log(resumed.log)
-    .build(&sandbox, &ws);
-    let agent = match built {
-        Ok(a) => a,
-        Err(e) => {
-            shared.sandboxes.unlist(&sandbox_key(&row.id));
-            mcp.shutdown().await;
-            sandbox.close().await;
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                e.to_string(),
-            ));
-        }
-    };
-    let _policy = sandbox.network().map(|net| {
-        shared
-            .policies
-            .list(crate::network::session_key(&row.id), net.policy.clone())
-    });
-    Ok(Live {
-        agent,
-        sandbox,
-        mcp,
-        last_used: Instant::now(),
-        _policy,
-        _slot: slot,
-    })
-}
-
 /// An API session's rendering of its events: each one a Server-Sent Event
 /// named by its type, on the response that streams the turn. A client
 /// gone away does not stop the turn.
@@ -484,56 +342,6 @@ impl EventSink for SseSink {
             .send(Event::default().event(kind).data(data.to_string()));
         Box::pin(async {})
     }
-}
-
-/// Takes a session for one operation: 409 while another runs.
-async fn take(
-    shared: &Shared,
-    row: &SessionRow,
-) -> Result<OwnedMutexGuard<Option<Live>>, ApiError> {
-    let slot = shared.sessions.slot(&row.id);
-    let guard = slot.try_lock_owned().map_err(|_| {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "busy",
-            "a turn is already running in this session; wait for it or cancel it",
-        )
-    })?;
-    woken(shared, row, guard).await
-}
-
-/// Takes a session whose slot may be held a moment (being woken, or
-/// closed after idling): waits for it up to `wait`.
-async fn take_waiting(
-    shared: &Shared,
-    row: &SessionRow,
-    wait: std::time::Duration,
-) -> Result<OwnedMutexGuard<Option<Live>>, ApiError> {
-    let slot = shared.sessions.slot(&row.id);
-    let guard = tokio::time::timeout(wait, slot.lock_owned())
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::CONFLICT,
-                "busy",
-                "the session is busy; try again",
-            )
-        })?;
-    woken(shared, row, guard).await
-}
-
-/// `guard`'s session, woken if it was not live.
-async fn woken(
-    shared: &Shared,
-    row: &SessionRow,
-    mut guard: OwnedMutexGuard<Option<Live>>,
-) -> Result<OwnedMutexGuard<Option<Live>>, ApiError> {
-    if guard.is_none() {
-        // Waking makes it live: a slot first, or 429.
-        let slot = shared.caps.acquire(&row.tenant)?;
-        *guard = Some(wake(shared, row, slot).await?);
-    }
-    Ok(guard)
 }
 
 /// Posts a message; the answer streams back as SSE, one event per agent
