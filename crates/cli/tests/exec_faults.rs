@@ -15,6 +15,8 @@ use cordon_testkit::{Fault, Scenario, ScriptedServer, Turn};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+mod support;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Api {
     Anthropic,
@@ -80,15 +82,8 @@ impl Case {
 
     /// `cordon exec ARGS` talking to `base` (a server's URL for `api`).
     fn command(&self, api: Api, base: &str, args: &[&str]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cordon"));
-        cmd.arg("exec")
-            .current_dir(self.ws.path())
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", self.home.path())
-            .env("XDG_CONFIG_HOME", self.home.path().join("config"))
-            .env("XDG_DATA_HOME", self.home.path().join("data"))
-            .stdin(Stdio::null());
+        let mut cmd = support::cordon_as_user(self.home.path(), self.ws.path());
+        cmd.arg("exec").stdin(Stdio::null());
         match api {
             Api::Anthropic => {
                 cmd.env("ANTHROPIC_BASE_URL", base)

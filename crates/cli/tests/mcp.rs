@@ -376,19 +376,6 @@ fn an_idle_mcp_session_is_closed_with_its_sandbox() {
     assert_eq!(status, 404, "{body}");
 }
 
-/// `cordon` run in `ws` with nothing of this environment but a PATH, and
-/// `home` as its home, configuration and data directories.
-fn cordon_in(home: &Path, ws: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_cordon"));
-    c.current_dir(ws)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("XDG_DATA_HOME", home.join("data"));
-    c
-}
-
 /// Writes the user configuration under `home`: the notes server (Python
 /// `py`), one that cannot start, and `extra`. Returns the file's path.
 fn mcp_config(home: &Path, py: &str, extra: &str) -> std::path::PathBuf {
@@ -447,7 +434,7 @@ fn the_agent_calls_an_mcp_servers_tools_and_survives_its_crash() {
                     .expect_contains("its tools are no longer available"),
             ),
     );
-    let out = cordon_in(home.path(), ws.path())
+    let out = support::cordon_as_user(home.path(), ws.path())
         .args(["exec", "--json", "note that I must buy milk"])
         .env("ANTHROPIC_BASE_URL", server.url())
         .env("ANTHROPIC_API_KEY", "sk-test-key-0000")
@@ -585,7 +572,7 @@ fn mcp_list_shows_each_servers_tools_or_why_it_failed() {
         &py,
         "\n[mcp_servers.off]\ncommand = \"true\"\nenabled = false\n",
     );
-    let out = cordon_in(home.path(), ws.path())
+    let out = support::cordon_as_user(home.path(), ws.path())
         .args(["mcp", "list"])
         .output()
         .unwrap();
@@ -605,7 +592,7 @@ fn mcp_list_shows_each_servers_tools_or_why_it_failed() {
     assert!(text.contains("off  (true)  disabled"), "{text}");
     // A malformed configuration is a configuration error.
     std::fs::write(&config, "[mcp_servers.x]\nargs = []\n").unwrap();
-    let out = cordon_in(home.path(), ws.path())
+    let out = support::cordon_as_user(home.path(), ws.path())
         .args(["mcp", "list"])
         .output()
         .unwrap();

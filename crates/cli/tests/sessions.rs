@@ -3,6 +3,8 @@
 
 use std::process::{Command, Stdio};
 
+mod support;
+
 /// A session log as `cordon exec` starts one.
 fn fake_session(dir: &std::path::Path, n: usize, workspace: &std::path::Path) {
     let id = format!("{}-{n:05x}", 1_700_000_000 + n);
@@ -18,12 +20,8 @@ fn fake_session(dir: &std::path::Path, n: usize, workspace: &std::path::Path) {
 }
 
 fn sessions(home: &std::path::Path, cwd: &std::path::Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_cordon"));
-    c.arg("sessions")
-        .current_dir(cwd)
-        .env_clear()
-        .env("HOME", home)
-        .env("XDG_DATA_HOME", home.join("data"));
+    let mut c = support::cordon_as_user(home, cwd);
+    c.arg("sessions");
     c
 }
 
@@ -91,16 +89,8 @@ fn session_logs_are_the_owners_only() {
     let home = tempfile::tempdir().unwrap();
     let ws = tempfile::tempdir().unwrap();
     let server = ScriptedServer::start(Scenario::new().turn(Turn::text("Done.")));
-    let out = Command::new(env!("CARGO_BIN_EXE_cordon"))
+    let out = support::user_cordon(home.path(), ws.path(), &server.url())
         .args(["exec", "hello"])
-        .current_dir(ws.path())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("XDG_DATA_HOME", home.path().join("data"))
-        .env("ANTHROPIC_BASE_URL", server.url())
-        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");

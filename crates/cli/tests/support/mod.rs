@@ -143,17 +143,23 @@ pub fn cordon(who: Who, ws: &Path) -> Command {
 }
 
 /// `cordon` in `cwd` as a user whose home is `home` (their config and data
-/// beneath it) and nothing else of this process's environment, with the
-/// model at `model_url` (the testkit's scripted server).
-pub fn user_cordon(home: &Path, cwd: &Path, model_url: &str) -> Command {
+/// beneath it) and nothing else of this process's environment but a PATH.
+pub fn cordon_as_user(home: &Path, cwd: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_cordon"));
     c.current_dir(cwd)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", home)
         .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("XDG_DATA_HOME", home.join("data"))
-        .env("ANTHROPIC_BASE_URL", model_url)
+        .env("XDG_DATA_HOME", home.join("data"));
+    c
+}
+
+/// [`cordon_as_user`] with the model at `model_url` (the testkit's
+/// scripted server, Anthropic's protocol).
+pub fn user_cordon(home: &Path, cwd: &Path, model_url: &str) -> Command {
+    let mut c = cordon_as_user(home, cwd);
+    c.env("ANTHROPIC_BASE_URL", model_url)
         .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000");
     c
 }
@@ -175,15 +181,8 @@ pub fn exec_against(
     home: &Path,
     args: &[&str],
 ) -> std::process::Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cordon"));
-    cmd.arg("exec")
-        .args(args)
-        .current_dir(ws)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home)
-        .env("XDG_CONFIG_HOME", home.join("config"))
-        .env("XDG_DATA_HOME", home.join("data"));
+    let mut cmd = cordon_as_user(home, ws);
+    cmd.arg("exec").args(args);
     if openai {
         cmd.env("OPENAI_BASE_URL", server.openai_url())
             .args(["--provider", "openai"]);
