@@ -23,6 +23,8 @@ use std::time::Duration;
 
 use hmac::{KeyInit, Mac};
 
+use crate::store::{KEY_MIN, strong_key};
+
 /// The signed request's tenant.
 pub const TENANT: &str = "x-cordon-relay-tenant";
 /// Its time, ms since the epoch on the API process's clock.
@@ -36,9 +38,6 @@ pub const HEADERS: [&str; 4] = [TENANT, TIME, NONCE, SIGNATURE];
 
 /// How far a signed request's time may be from the worker's clock.
 pub const SKEW: Duration = Duration::from_secs(30);
-
-/// Shortest key taken: 32 bytes, as from `openssl rand -hex 16`.
-const KEY_MIN: usize = 32;
 
 /// Nonces remembered at most; past this, requests are refused until old
 /// ones expire (a flood of valid signatures means the key has leaked).
@@ -59,13 +58,12 @@ impl std::fmt::Debug for ClusterKey {
 impl ClusterKey {
     /// At least [`KEY_MIN`] printable ASCII characters, no spaces.
     pub fn new(key: &str) -> Result<ClusterKey, String> {
-        let key = key.trim();
-        if key.len() < KEY_MIN || !key.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(format!(
+        let key = strong_key(key).ok_or_else(|| {
+            format!(
                 "the cluster key must be at least {KEY_MIN} printable characters without \
                  spaces (make one with `openssl rand -hex 32`)"
-            ));
-        }
+            )
+        })?;
         Ok(ClusterKey(key.as_bytes().to_vec()))
     }
 

@@ -20,7 +20,7 @@ mod sealed;
 mod tokens;
 pub use git_credentials::{ForgeApi, GitCredential, GitSecret};
 pub use leases::{Claimed, Held};
-pub use sealed::{Keyring, SealError, SecretsKey};
+pub use sealed::{KEY_MIN, Keyring, SealError, SecretsKey, strong_key};
 pub use tokens::{Caller, NewToken, Role, TOKEN_ID_CHARS, TokenRow, check_tenant};
 
 /// Errors of the store.

@@ -27,17 +27,26 @@ use hmac::Mac;
 const VERSION: &str = "v1";
 /// Nonces are random: XChaCha's 192 bits make a collision negligible.
 const NONCE_LEN: usize = 24;
-/// Shortest passphrase taken, as for the cluster key.
-const PASSPHRASE_MIN: usize = 32;
+/// Shortest operator key taken (the secrets key, the cluster key): 32
+/// bytes, as from `openssl rand -hex 16`.
+pub const KEY_MIN: usize = 32;
 /// What HKDF is told the key is for, so the same passphrase or cluster
 /// key yields unrelated keys for other purposes.
 const PURPOSE: &[u8] = b"cordon: tenants' secrets at rest, v1";
+
+/// An operator's key, trimmed, when it is at least [`KEY_MIN`] printable
+/// ASCII characters without spaces: the one rule for every key cordon
+/// takes from the environment.
+pub fn strong_key(key: &str) -> Option<&str> {
+    let key = key.trim();
+    (key.len() >= KEY_MIN && key.bytes().all(|b| b.is_ascii_graphic())).then_some(key)
+}
 
 /// Why a secret could not be sealed or opened, or a key not had.
 #[derive(Debug, thiserror::Error)]
 pub enum SealError {
     #[error(
-        "the secrets key must be at least {PASSPHRASE_MIN} printable characters without spaces \
+        "the secrets key must be at least {KEY_MIN} printable characters without spaces \
          (for example `openssl rand -hex 32`)"
     )]
     WeakKey,
@@ -73,10 +82,7 @@ impl std::fmt::Debug for SecretsKey {
 impl SecretsKey {
     /// The key from an operator's passphrase (`CORDON_SECRETS_KEY`).
     pub fn from_passphrase(passphrase: &str) -> Result<SecretsKey, SealError> {
-        let p = passphrase.trim();
-        if p.len() < PASSPHRASE_MIN || !p.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(SealError::WeakKey);
-        }
+        let p = strong_key(passphrase).ok_or(SealError::WeakKey)?;
         Ok(SecretsKey::derive(p.as_bytes()))
     }
 
