@@ -173,7 +173,7 @@ pub async fn serve(config: SandboxConfig, addr: SocketAddr, token_file: Option<P
             return exit::SANDBOX;
         }
     };
-    let (service, _owners) = cordon_mcp::http_service(
+    let (service, _sessions) = cordon_mcp::http_service(
         move || config.clone(),
         std::time::Duration::from_secs(30 * 60),
         cordon_mcp::Exposure::Local,

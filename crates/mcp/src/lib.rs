@@ -10,4 +10,6 @@ pub mod server;
 pub use client::{McpClients, Report, qualified_name};
 pub use config::{McpConfigError, ServerSpec};
 pub use owned::{OwnedSessions, SessionHold, SessionOwners};
-pub use server::{Exposure, HttpService, McpTenant, SandboxServer, http_service, serve_stdio};
+pub use server::{
+    Exposure, HttpService, HttpSessions, McpTenant, SandboxServer, http_service, serve_stdio,
+};

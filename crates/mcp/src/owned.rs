@@ -78,6 +78,33 @@ impl<M> OwnedSessions<M> {
     pub fn new(inner: M, owners: Arc<SessionOwners>) -> Self {
         OwnedSessions { inner, owners }
     }
+
+    /// Who opened each live session.
+    pub fn owners(&self) -> &SessionOwners {
+        &self.owners
+    }
+}
+
+impl<M: SessionManager> OwnedSessions<M> {
+    /// Ends every live session `tenant` opened, as its DELETE would (its
+    /// sandbox and workspace with it); how many it ended.
+    pub async fn close_tenant(&self, tenant: &McpTenant) -> usize {
+        let ids: Vec<SessionId> = self
+            .owners
+            .lock()
+            .iter()
+            .filter(|(_, o)| o.tenant.as_ref() == Some(tenant))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut closed = 0;
+        for id in ids {
+            match self.close_session(&id).await {
+                Ok(()) => closed += 1,
+                Err(e) => tracing::warn!("MCP session {id}: cannot end it: {e}"),
+            }
+        }
+        closed
+    }
 }
 
 impl<M: SessionManager> SessionManager for OwnedSessions<M> {

@@ -226,31 +226,32 @@ pub enum Exposure {
     Local,
 }
 
-/// The Streamable HTTP service as [`http_service`] makes it.
-pub type HttpService = rmcp::transport::StreamableHttpService<
-    SandboxServer,
-    crate::owned::OwnedSessions<
-        rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
-    >,
+/// The live sessions of an [`HttpService`], with their owners.
+pub type HttpSessions = crate::owned::OwnedSessions<
+    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
 >;
 
+/// The Streamable HTTP service as [`http_service`] makes it.
+pub type HttpService = rmcp::transport::StreamableHttpService<SandboxServer, HttpSessions>;
+
 /// The Streamable HTTP service: a handler (and, on first use, a sandbox
-/// from `config`) per MCP session, and the sessions' owners. Mount an
-/// `Authenticated` one behind authentication that puts an [`McpTenant`] in
-/// each request and refuses (404) a request whose `Mcp-Session-Id` is
-/// another tenant's, by [`SessionOwners::belongs_to_another`].
+/// from `config`) per MCP session, and the sessions with their owners.
+/// Mount an `Authenticated` one behind authentication that puts an
+/// [`McpTenant`] in each request and refuses (404) a request whose
+/// `Mcp-Session-Id` is another tenant's, by
+/// [`SessionOwners::belongs_to_another`].
 ///
 /// [`SessionOwners::belongs_to_another`]: crate::SessionOwners::belongs_to_another
 pub fn http_service(
     config: impl Fn() -> SandboxConfig + Send + Sync + 'static,
     idle: std::time::Duration,
     exposure: Exposure,
-) -> (HttpService, Arc<crate::SessionOwners>) {
+) -> (HttpService, Arc<HttpSessions>) {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     let mut local = LocalSessionManager::default();
     local.session_config.keep_alive = Some(idle);
     let owners = Arc::new(crate::SessionOwners::default());
-    let sessions = crate::owned::OwnedSessions::new(local, owners.clone());
+    let sessions = Arc::new(crate::owned::OwnedSessions::new(local, owners));
     let http = match exposure {
         // Every request carries a bearer token, which a DNS-rebinding page
         // cannot supply: the Host allow-list would only refuse remote users.
@@ -266,10 +267,10 @@ pub fn http_service(
                 Exposure::Local => SandboxServer::new(config()),
             })
         },
-        Arc::new(sessions),
+        sessions.clone(),
         http,
     );
-    (service, owners)
+    (service, sessions)
 }
 
 /// Serves the sandbox tools on stdin/stdout, in a sandbox made from

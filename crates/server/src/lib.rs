@@ -66,6 +66,7 @@ mod server;
 pub mod sessions;
 pub mod state;
 pub mod store;
+mod tenants;
 mod tokens;
 pub mod ui;
 mod worker;
@@ -104,6 +105,7 @@ pub const LAYERS: &[&str] = &[
     "sessions",
     "tokens",
     "credentials",
+    "tenants",
     "openapi",
     "routes",
     "worker",

@@ -14,7 +14,7 @@ use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use cordon_mcp::{McpTenant, SessionHold, SessionOwners};
+use cordon_mcp::{HttpSessions, McpTenant, SessionHold};
 
 use crate::http::Tenant;
 use crate::state::Shared;
@@ -23,23 +23,34 @@ use crate::store::random_hex;
 pub(crate) fn routes(shared: &Arc<Shared>) -> Router<Arc<Shared>> {
     let dir = shared.config.data_dir.join("mcp");
     let config = shared.config.clone();
-    let (service, owners) = cordon_mcp::http_service(
+    let (service, sessions) = cordon_mcp::http_service(
         move || config.sandbox(dir.join(format!("mcp_{}", random_hex(12)))),
         shared.config.session_idle,
         cordon_mcp::Exposure::Authenticated,
     );
+    // Made once per process, with its router.
+    let _ = shared.mcp_sessions.set(sessions.clone());
     Router::new()
         .nest_service("/mcp", service)
         .layer(middleware::from_fn_with_state(
-            (shared.clone(), owners),
+            (shared.clone(), sessions),
             authenticate,
         ))
+}
+
+/// Ends the live MCP sessions `tenant` opened here, with their sandboxes
+/// and workspaces; how many.
+pub(crate) async fn close_tenant(shared: &Shared, tenant: &str) -> usize {
+    match shared.mcp_sessions.get() {
+        Some(sessions) => sessions.close_tenant(&McpTenant(tenant.into())).await,
+        None => 0,
+    }
 }
 
 /// The API's own authentication, then the session's owner and the caps;
 /// the tenant (and a new session's slot) ride along to the transport.
 async fn authenticate(
-    State((shared, owners)): State<(Arc<Shared>, Arc<SessionOwners>)>,
+    State((shared, sessions)): State<(Arc<Shared>, Arc<HttpSessions>)>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -56,7 +67,7 @@ async fn authenticate(
     let caller = McpTenant(tenant.clone());
     match session {
         // Indistinguishable from a session that does not exist.
-        Some(id) if owners.belongs_to_another(id, Some(&caller)) => {
+        Some(id) if sessions.owners().belongs_to_another(id, Some(&caller)) => {
             return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
         }
         Some(_) => {}

@@ -54,6 +54,8 @@ pub struct Shared {
     pub(crate) archive: Option<Arc<crate::archive::Archive>>,
     /// The Labs served here for jobs that run on other workers.
     pub(crate) remote_labs: crate::lab::RemoteLabs,
+    /// The live `/mcp` sessions, once the router is made.
+    pub(crate) mcp_sessions: std::sync::OnceLock<Arc<cordon_mcp::HttpSessions>>,
 }
 
 impl Shared {
@@ -125,6 +127,7 @@ impl Shared {
             nonces: Default::default(),
             archive,
             remote_labs: Default::default(),
+            mcp_sessions: Default::default(),
         }
     }
 }

@@ -304,10 +304,7 @@ pub(crate) async fn delete_job(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     let job = find(&shared, &tenant, &id).await?;
-    if matches!(job.state, JobState::Queued | JobState::Running) {
-        cancel(&shared, &job).await?;
-    }
-    if !shared.store.delete_job(&tenant, &id).await? {
+    if !remove(&shared, &job).await? {
         // Deleted meanwhile, or its runner has not recorded the end yet.
         find(&shared, &tenant, &id).await?;
         return Err(ApiError::new(
@@ -316,15 +313,29 @@ pub(crate) async fn delete_job(
             format!("job {id} is still stopping; delete it again in a moment"),
         ));
     }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Cancels `job` if it has not ended, then deletes it: its record and
+/// events, its files here and its copy in the archive. `false` while it is
+/// still stopping (or already gone).
+pub(crate) async fn remove(shared: &Shared, job: &JobRow) -> ApiResult<bool> {
+    let id = job.id.as_str();
+    if matches!(job.state, JobState::Queued | JobState::Running) {
+        cancel(shared, job).await?;
+    }
+    if !shared.store.delete_job(&job.tenant, id).await? {
+        return Ok(false);
+    }
     // Gone from the store first: nothing serves its files any more, and a
     // removal that fails leaves files, not a job that cannot be opened.
-    crate::files::remove_files(shared.config.job_dirs().job(&id), &format!("job {id}")).await;
+    crate::files::remove_files(shared.config.job_dirs().job(id), &format!("job {id}")).await;
     if let Some(archive) = &shared.archive
-        && let Err(e) = archive.forget(&id).await
+        && let Err(e) = archive.forget(id).await
     {
         tracing::warn!(job = %id, "cannot remove the job from the archive: {e}");
     }
-    Ok(StatusCode::NO_CONTENT)
+    Ok(true)
 }
 
 /// Cancels a queued or running job; 409 if it has finished.

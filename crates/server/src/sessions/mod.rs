@@ -408,38 +408,53 @@ pub(crate) async fn delete(
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    find(&shared, &tenant, &id).await?;
+    let row = find(&shared, &tenant, &id).await?;
     let slot = shared.sessions.slot(&id);
-    let mut guard = slot.try_lock_owned().map_err(|_| {
+    let guard = slot.try_lock_owned().map_err(|_| {
         ApiError::new(
             StatusCode::CONFLICT,
             "busy",
             "a turn is running in this session; cancel it (POST /v1/sessions/{id}/cancel) and delete again",
         )
     })?;
-    if let Some(live) = guard.take() {
-        shared.sandboxes.unlist(&sandbox_key(&id));
-        live.close().await;
-    }
-    if !shared.store.delete_session(&tenant, &id).await? {
+    if !remove(&shared, &row, guard).await? {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
             format!("no session {id}"),
         ));
     }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Ends `row`'s session for good, holding its slot (`guard`): closes its
+/// sandbox if live, deletes its record, log and workspace. `false` when
+/// it was deleted meanwhile.
+pub(crate) async fn remove(
+    shared: &Shared,
+    row: &SessionRow,
+    mut guard: tokio::sync::OwnedMutexGuard<Option<crate::live::Live>>,
+) -> Result<bool, ApiError> {
+    let id = row.id.as_str();
+    if let Some(live) = guard.take() {
+        shared.sandboxes.unlist(&sandbox_key(id));
+        live.close().await;
+    }
+    if !shared.store.delete_session(&row.tenant, id).await? {
+        return Ok(false);
+    }
     // The sandbox is gone, so nothing writes here any more; remove_dir_all
     // unlinks symlinks rather than following them. Removed while the slot
     // is held, so no message that raced the delete wakes it on its files.
-    crate::files::remove_files(dir(&shared, &id), &format!("session {id}")).await;
+    crate::files::remove_files(dir(shared, id), &format!("session {id}")).await;
     shared
         .sessions
         .slots
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .remove(&id);
+        .remove(id);
     drop(guard);
-    Ok(StatusCode::NO_CONTENT)
+    Ok(true)
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/cancel", tag = "sessions", summary = "Cancel the running turn",
@@ -452,24 +467,39 @@ pub(crate) async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Json<Cancelled>, ApiError> {
     find(&shared, &tenant, &id).await?;
+    if cancel_turn(&shared, &id) {
+        Ok(Json(Cancelled { cancelled: true }))
+    } else {
+        Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "idle",
+            "no turn is running in this session",
+        ))
+    }
+}
+
+/// Cancels the session's running turn; false when none runs.
+pub(crate) fn cancel_turn(shared: &Shared, id: &str) -> bool {
     let turn = shared
         .sessions
         .turns
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .get(&id)
+        .get(id)
         .cloned();
     match turn {
         Some(c) => {
             c.cancel();
-            Ok(Json(Cancelled { cancelled: true }))
+            true
         }
-        None => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "idle",
-            "no turn is running in this session",
-        )),
+        None => false,
     }
+}
+
+/// Whether the session was made by another API process of a deployment
+/// of many, which keeps its log and workspace.
+pub(crate) fn lives_elsewhere(shared: &Shared, id: &str) -> bool {
+    shared.config.cluster.is_some() && !dir(shared, id).join("session.jsonl").exists()
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/compact", tag = "sessions", summary = "Summarise the conversation so far",

@@ -77,7 +77,7 @@ async fn wake(
 ) -> Result<Live, ApiError> {
     let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
     let d = dir(shared, &row.id);
-    if shared.config.cluster.is_some() && !d.join("session.jsonl").exists() {
+    if super::lives_elsewhere(shared, &row.id) {
         // Made by another API process of the deployment, which keeps it.
         return Err(ApiError::new(
             StatusCode::CONFLICT,

@@ -227,4 +227,13 @@ impl Store {
         .map(from_row)
         .transpose()
     }
+
+    /// Removes every login of `tenant`; how many there were.
+    pub async fn delete_git_credentials(&self, tenant: &str) -> Result<u64> {
+        let done = sqlx::query("DELETE FROM git_credentials WHERE tenant = $1")
+            .bind(tenant)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
 }

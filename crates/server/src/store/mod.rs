@@ -680,7 +680,18 @@ impl Store {
         rows.iter().map(session_from_row).collect()
     }
 
-    /// Deletes a tenant's session; false when it had none by that id.
+    /// Every job of a tenant, by id, with its state: what forgetting the
+    /// tenant goes through (the rows themselves may be large).
+    pub async fn job_ids(&self, tenant: &str) -> Result<Vec<(String, JobState)>> {
+        let rows = sqlx::query("SELECT id, state FROM jobs WHERE tenant = $1 ORDER BY seq")
+            .bind(tenant)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, state_of(r)?)))
+            .collect()
+    }
+
     /// Deletes a tenant's finished job and its events; false if there is
     /// no such job or it is queued or running (cancel it first).
     pub async fn delete_job(&self, tenant: &str, id: &str) -> Result<bool> {
@@ -704,6 +715,7 @@ impl Store {
         Ok(true)
     }
 
+    /// Deletes a tenant's session; false when it had none by that id.
     pub async fn delete_session(&self, tenant: &str, id: &str) -> Result<bool> {
         let done = sqlx::query("DELETE FROM sessions WHERE id = $1 AND tenant = $2")
             .bind(id)

@@ -1,6 +1,7 @@
 //! A real server on loopback for each test, over SQLite or PostgreSQL.
 #![allow(dead_code)]
 
+pub mod mcp;
 pub mod pgtest;
 
 use std::path::{Path, PathBuf};
