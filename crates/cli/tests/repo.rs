@@ -208,7 +208,8 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
     // from, with the model's title and body, and the user's token.
     let calls = forge.calls();
     assert_eq!(calls.len(), 1, "{calls:?}");
-    assert_eq!(calls[0].path, "/repos/team/proj/pulls");
+    // A forge that is not github.com speaks Gitea's (and Forgejo's) API.
+    assert_eq!(calls[0].path, "/api/v1/repos/team/proj/pulls");
     assert_eq!(
         calls[0].authorization.as_deref(),
         Some(format!("token {FORGE_TOKEN}").as_str())

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use axum::Json;
 use axum::Router;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::routing::post;
 use serde_json::{Value, json};
 
@@ -91,6 +91,7 @@ impl ScriptedForge {
 async fn pulls(
     State(shared): State<Arc<Shared>>,
     Path((owner, repo)): Path<(String, String)>,
+    uri: Uri,
     headers: HeaderMap,
     body: String,
 ) -> (StatusCode, Json<Value>) {
@@ -102,7 +103,8 @@ async fn pulls(
     let number = {
         let mut calls = shared.calls.lock().unwrap_or_else(|p| p.into_inner());
         calls.push(PullRequestCall {
-            path: format!("/repos/{owner}/{repo}/pulls"),
+            // As asked: GitHub's shape and Gitea's differ by their prefix.
+            path: uri.path().to_string(),
             authorization: authorization.clone(),
             body: body.clone(),
         });
