@@ -84,12 +84,20 @@ pub struct ServerConfig {
     /// How long a finished job's workspace is kept; `None`: for ever. Its
     /// output, events, result and agent log are kept regardless.
     pub keep_workspaces: Option<Duration>,
+    /// A job directory whose job is gone from the database is removed once
+    /// it is this old: a job deleted through another process of a
+    /// deployment leaves its files on the worker that ran it.
+    pub orphans_after: Duration,
     /// What jobs and sessions may reach through the broker, at most.
     pub network: crate::network::NetworkCeilings,
 }
 
 /// [`ServerConfig::keep_workspaces`] by default.
 pub const KEEP_WORKSPACES: Duration = Duration::from_secs(24 * 3600);
+
+/// [`ServerConfig::orphans_after`] by default: far longer than a job's
+/// directory is made before its record.
+pub const ORPHANS_AFTER: Duration = Duration::from_secs(10 * 60);
 
 impl ServerConfig {
     pub fn new(db: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
@@ -124,6 +132,7 @@ impl ServerConfig {
             cpus: None,
             vm: cordon_sandbox::VmOptions::default(),
             keep_workspaces: Some(KEEP_WORKSPACES),
+            orphans_after: ORPHANS_AFTER,
             network: Default::default(),
         }
     }
@@ -202,6 +211,11 @@ impl SandboxDefaults {
 pub struct JobDirs(PathBuf);
 
 impl JobDirs {
+    /// Where every job's directory is.
+    pub fn root(&self) -> &std::path::Path {
+        &self.0
+    }
+
     pub fn job(&self, id: &str) -> PathBuf {
         self.0.join(id)
     }

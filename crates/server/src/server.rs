@@ -133,6 +133,21 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
                 .await;
         }
     });
+    {
+        let weak = Arc::downgrade(&shared);
+        let after = shared.config.orphans_after;
+        let every = (after / 2).clamp(Duration::from_millis(100), Duration::from_secs(60));
+        tokio::spawn(async move {
+            let mut cursor = None;
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(shared) = weak.upgrade() else {
+                    break;
+                };
+                remove_orphaned_jobs(&shared, after, &mut cursor).await;
+            }
+        });
+    }
     if let Some(keep) = shared.config.keep_workspaces {
         let weak = Arc::downgrade(&shared);
         let every = (keep / 10).clamp(Duration::from_millis(100), Duration::from_secs(60));
@@ -255,6 +270,76 @@ async fn remove_expired_workspaces(shared: &Arc<Shared>, keep: Duration) {
             }
             Ok(Err(e)) => tracing::warn!("cannot remove job {id}'s workspace: {e}"),
             Err(e) => tracing::warn!("cannot remove job {id}'s workspace: {e}"),
+        }
+    }
+}
+
+/// Job directories looked up per sweep (each is one lookup by key).
+const ORPHANS_PER_SWEEP: usize = 256;
+
+/// Removes the directories of jobs that are gone from the database: a job
+/// deleted through another process of a deployment (its record, events
+/// and archive copy go there) leaves its files on the worker that ran it,
+/// and the expiry sweep goes by the record. A directory younger than
+/// `after` is left alone (a job's is made a moment before its record).
+/// Each sweep looks at the next few names after `cursor`, in order.
+async fn remove_orphaned_jobs(shared: &Shared, after: Duration, cursor: &mut Option<String>) {
+    let root = shared.config.job_dirs().root().to_path_buf();
+    let listed = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&root)? {
+            let entry = entry?;
+            // Names are the server's own job ids; anything else is not ours.
+            if let Some(name) = entry
+                .file_name()
+                .to_str()
+                .filter(|n| n.starts_with("job_") && crate::http::plausible_id(n))
+            {
+                names.push(name.to_string());
+            }
+        }
+        names.sort_unstable();
+        Ok(names)
+    })
+    .await;
+    let names = match listed {
+        Ok(Ok(names)) => names,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Ok(Err(e)) => {
+            tracing::warn!("cannot list the job directories: {e}");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!("cannot list the job directories: {e}");
+            return;
+        }
+    };
+    let start = cursor
+        .as_ref()
+        .map_or(0, |c| names.partition_point(|n| n <= c));
+    let batch: Vec<&String> = names[start..].iter().take(ORPHANS_PER_SWEEP).collect();
+    *cursor = batch.last().map(|n| n.to_string());
+    let dirs = shared.config.job_dirs();
+    for id in batch {
+        let dir = dirs.job(id);
+        let old = std::fs::symlink_metadata(&dir)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= after);
+        if !old {
+            continue;
+        }
+        match shared.store.job_exists(id).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::info!(job = %id, "removing the files of a job that is gone");
+                crate::files::remove_files(dir, &format!("job {id}")).await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot look up job {id}: {e}");
+                return;
+            }
         }
     }
 }

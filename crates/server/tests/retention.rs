@@ -206,7 +206,59 @@ async fn an_agent_jobs_checkpoints_go_with_its_workspace(db: Db) {
     s.stop().await;
 }
 
+/// A job deleted through another process of a deployment leaves its
+/// directory on the worker that ran it: the worker removes a job directory
+/// whose job is gone, once it is old enough, without following a link out
+/// of it, and leaves alone the directories of jobs that exist and names
+/// that are no job's.
+async fn a_job_directory_whose_job_is_gone_is_removed(db: Db) {
+    let Some(s) = TestServer::start_with(db, |c| {
+        c.orphans_after = Duration::from_secs(1);
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let jobs = s.dir.join("data/jobs");
+    let kept = s.submit(&t, shell("echo kept > /workspace/f")).await;
+    let gone = s.submit(&t, shell("echo gone > /workspace/f")).await;
+    for id in [&kept, &gone] {
+        assert_eq!(s.wait(&t, id).await["state"], "succeeded");
+    }
+    // As another process's DELETE does: the record goes, the files stay.
+    let shared = s.running.as_ref().unwrap().shared.clone();
+    assert!(shared.store.delete_job("acme", &gone).await.unwrap());
+    // A directory of no job at all, with a link out of it; and a name
+    // that is no job's.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("precious"), "keep me").unwrap();
+    let stray = jobs.join("job_0123456789abcdef01234567");
+    std::fs::create_dir_all(stray.join("workspace")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), stray.join("workspace/out")).unwrap();
+    std::fs::create_dir_all(jobs.join("notes")).unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while jobs.join(&gone).exists() || stray.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "a job directory whose job is gone stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("precious")).unwrap(),
+        "keep me"
+    );
+    assert!(jobs.join(&kept).join("workspace/f").exists());
+    assert!(jobs.join("notes").exists());
+    let (code, _) = s.get(&t, &format!("/v1/jobs/{kept}/files/f")).await;
+    assert_eq!(code, 200);
+    s.stop().await;
+}
+
 on_both!(
+    a_job_directory_whose_job_is_gone_is_removed,
     finished_workspaces_are_removed_and_their_files_are_gone,
     an_agent_jobs_checkpoints_go_with_its_workspace,
     forever_keeps_workspaces,

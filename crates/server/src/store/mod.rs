@@ -680,6 +680,15 @@ impl Store {
         rows.iter().map(session_from_row).collect()
     }
 
+    /// Whether any tenant has a job `id`.
+    pub async fn job_exists(&self, id: &str) -> Result<bool> {
+        let row = sqlx::query("SELECT 1 AS one FROM jobs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.is_some())
+    }
+
     /// Every job of a tenant, by id, with its state: what forgetting the
     /// tenant goes through (the rows themselves may be large).
     pub async fn job_ids(&self, tenant: &str) -> Result<Vec<(String, JobState)>> {
