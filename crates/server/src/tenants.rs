@@ -119,7 +119,7 @@ pub(crate) async fn forget_tenant(
 async fn forget_jobs(shared: &Shared, tenant: &str, done: &mut Forgotten) -> ApiResult<()> {
     let ids = shared.store.job_ids(tenant).await?;
     let mut removals = futures_util::stream::iter(ids)
-        .map(|(id, _)| async move {
+        .map(|id| async move {
             // Read again: it may have ended, or gone, since the listing.
             let removed = match shared.store.job(tenant, &id).await? {
                 Some(job) => Some(crate::jobs::remove(shared, &job).await?),
