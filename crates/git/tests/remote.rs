@@ -7,7 +7,7 @@ use std::ffi::OsString;
 use std::path::Path;
 
 use cordon_git::{Existing, HostCredentials, RepoSpec, checked_repository, clone_into};
-use cordon_testkit::git_remote::{GitRemote, git};
+use cordon_testkit::git_remote::{GitRemote, everything_in, git};
 
 const USER: &str = "alice";
 const TOKEN: &str = "s3cret-token-5f1e";
@@ -26,23 +26,6 @@ fn user_with_token(home: &Path, port: u16) -> HostCredentials {
     )
     .unwrap();
     HostCredentials::from_env(vec![(OsString::from("HOME"), home.as_os_str().to_owned())])
-}
-
-/// Every byte beneath `dir`, as text.
-fn everything_in(dir: &Path) -> String {
-    let mut all = String::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let t = e.file_type().unwrap();
-            if t.is_dir() {
-                stack.push(e.path());
-            } else if t.is_file() {
-                all.push_str(&String::from_utf8_lossy(&std::fs::read(e.path()).unwrap()));
-            }
-        }
-    }
-    all
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cordon_git::{Existing, HostCredentials, RepoSpec, checked_repository, clone_into, push};
-use cordon_testkit::git_remote::{GitRemote, git};
+use cordon_testkit::git_remote::{GitRemote, everything_in, git};
 
 const SSHD: &str = "/usr/sbin/sshd";
 
@@ -108,23 +108,6 @@ fn agent(dir: &Path, key: &Path) -> (Reaped, PathBuf) {
 fn user() -> String {
     let out = Command::new("id").arg("-un").output().unwrap();
     String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
-/// Every byte beneath `dir`, as text.
-fn everything_in(dir: &Path) -> String {
-    let mut all = String::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let t = e.file_type().unwrap();
-            if t.is_dir() {
-                stack.push(e.path());
-            } else if t.is_file() {
-                all.push_str(&String::from_utf8_lossy(&std::fs::read(e.path()).unwrap()));
-            }
-        }
-    }
-    all
 }
 
 #[test]

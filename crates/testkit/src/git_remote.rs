@@ -127,3 +127,21 @@ impl GitRemote {
         self.root.join("team/proj.git")
     }
 }
+
+/// Every byte of every file beneath `dir`, as text: what a test
+/// searches for a secret that must not be there.
+pub fn everything_in(dir: &Path) -> String {
+    let mut all = String::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                all.push_str(&String::from_utf8_lossy(&std::fs::read(e.path()).unwrap()));
+            }
+        }
+    }
+    all
+}
