@@ -2587,6 +2587,7 @@ fn assert_host_responsive(out: &Out) {
 fn fork_bomb(t: &Ctx) {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let marker = format!("cordon-bomb-{}", unique());
+    let cordon = fs::canonicalize(env!("CARGO_BIN_EXE_cordon")).unwrap();
     let (done, peak) = (AtomicBool::new(false), AtomicUsize::new(0));
     let out = std::thread::scope(|s| {
         // Every bomb process is a fork of the shell and so carries the
@@ -2595,15 +2596,25 @@ fn fork_bomb(t: &Ctx) {
             while !done.load(Ordering::Relaxed) {
                 let mut pids = host_pids_with_cmdline_containing(&marker);
                 if t.vm() {
-                    // The bomb runs inside QEMU: only the cordon front end
-                    // may carry the marker on the host. A child it spawns
-                    // (QEMU, virtiofsd) shares its command line from the
-                    // fork until its exec, and by the time its comm is read
-                    // it may be QEMU's: count a process only when its
-                    // command line still holds the marker after that read.
+                    // The bomb runs inside QEMU: only cordon itself may
+                    // carry the marker on the host. A child the front end
+                    // spawns (QEMU, virtiofsd) shares its command line from
+                    // the fork until its exec, and its comm is the forking
+                    // thread's (a tokio worker's), not "cordon"; but until
+                    // the exec it still runs cordon's binary. So a process
+                    // counts only when it runs another binary and its
+                    // command line, read after that, still holds the marker.
                     pids.retain(|p| {
-                        fs::read_to_string(format!("/proc/{p}/comm"))
-                            .is_ok_and(|c| c.trim() != "cordon")
+                        let not_cordon = match fs::read_link(format!("/proc/{p}/exe")) {
+                            Ok(exe) => {
+                                let exe = exe.to_string_lossy();
+                                exe.trim_end_matches(" (deleted)") != cordon.to_string_lossy()
+                            }
+                            // Unreadable (not root): the comm, as before.
+                            Err(_) => fs::read_to_string(format!("/proc/{p}/comm"))
+                                .is_ok_and(|c| c.trim() != "cordon"),
+                        };
+                        not_cordon
                             && fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
                                 String::from_utf8_lossy(&c).contains(marker.as_str())
                             })
