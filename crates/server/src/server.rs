@@ -284,57 +284,28 @@ const ORPHANS_PER_SWEEP: usize = 256;
 /// `after` is left alone (a job's is made a moment before its record).
 /// Each sweep looks at the next few names after `cursor`, in order.
 async fn remove_orphaned_jobs(shared: &Shared, after: Duration, cursor: &mut Option<String>) {
-    let root = shared.config.job_dirs().root().to_path_buf();
-    let listed = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<String>> {
-        let mut names = Vec::new();
-        for entry in std::fs::read_dir(&root)? {
-            let entry = entry?;
-            // Names are the server's own job ids; anything else is not ours.
-            if let Some(name) = entry
-                .file_name()
-                .to_str()
-                .filter(|n| n.starts_with("job_") && crate::http::plausible_id(n))
-            {
-                names.push(name.to_string());
-            }
+    let dirs = shared.config.job_dirs();
+    let (root, from) = (dirs.root().to_path_buf(), cursor.clone());
+    let listed = tokio::task::spawn_blocking(move || old_job_dirs(&root, from, after))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    let old = match listed {
+        Ok((old, next)) => {
+            *cursor = next;
+            old
         }
-        names.sort_unstable();
-        Ok(names)
-    })
-    .await;
-    let names = match listed {
-        Ok(Ok(names)) => names,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return,
-        Ok(Err(e)) => {
-            tracing::warn!("cannot list the job directories: {e}");
-            return;
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
         Err(e) => {
             tracing::warn!("cannot list the job directories: {e}");
             return;
         }
     };
-    let start = cursor
-        .as_ref()
-        .map_or(0, |c| names.partition_point(|n| n <= c));
-    let batch: Vec<&String> = names[start..].iter().take(ORPHANS_PER_SWEEP).collect();
-    *cursor = batch.last().map(|n| n.to_string());
-    let dirs = shared.config.job_dirs();
-    for id in batch {
-        let dir = dirs.job(id);
-        let old = std::fs::symlink_metadata(&dir)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age >= after);
-        if !old {
-            continue;
-        }
-        match shared.store.job_exists(id).await {
+    for id in old {
+        match shared.store.job_exists(&id).await {
             Ok(true) => {}
             Ok(false) => {
                 tracing::info!(job = %id, "removing the files of a job that is gone");
-                crate::files::remove_files(dir, &format!("job {id}")).await;
+                crate::files::remove_files(dirs.job(&id), &format!("job {id}")).await;
             }
             Err(e) => {
                 tracing::warn!("cannot look up job {id}: {e}");
@@ -342,6 +313,44 @@ async fn remove_orphaned_jobs(shared: &Shared, after: Duration, cursor: &mut Opt
             }
         }
     }
+}
+
+/// The file system's part of a sweep: of the job directories in `root`,
+/// the next [`ORPHANS_PER_SWEEP`] names after `from` in order, those at
+/// least `after` old; and the last name looked at, where the next sweep
+/// goes on.
+fn old_job_dirs(
+    root: &std::path::Path,
+    from: Option<String>,
+    after: Duration,
+) -> std::io::Result<(Vec<String>, Option<String>)> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(root)? {
+        let entry = entry?;
+        // Names are the server's own job ids; anything else is not ours.
+        if let Some(name) = entry
+            .file_name()
+            .to_str()
+            .filter(|n| n.starts_with("job_") && crate::http::plausible_id(n))
+        {
+            names.push(name.to_string());
+        }
+    }
+    names.sort_unstable();
+    let start = from.map_or(0, |c| names.partition_point(|n| *n <= c));
+    let batch = &names[start..names.len().min(start + ORPHANS_PER_SWEEP)];
+    let old = batch
+        .iter()
+        .filter(|id| {
+            std::fs::symlink_metadata(root.join(id))
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= after)
+        })
+        .cloned()
+        .collect();
+    Ok((old, batch.last().cloned()))
 }
 
 /// The metrics listener's routes: `/metrics`, and `/health` for probes.
