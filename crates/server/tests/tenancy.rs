@@ -153,12 +153,6 @@ async fn say(s: &TestServer, token: &str, id: &str) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
-async fn api_session(s: &TestServer, token: &str) -> String {
-    let (status, v) = s.post(token, "/v1/sessions", json!({})).await;
-    assert_eq!(status, 201, "{v}");
-    v["id"].as_str().unwrap().to_string()
-}
-
 /// A 429 whose JSON error names the cap that was reached.
 fn refused(status: u16, body: &str, flag: &str) {
     assert_eq!(status, 429, "{body}");
@@ -190,7 +184,7 @@ async fn live_sessions_are_capped_per_tenant_and_in_all() {
     .unwrap();
     let (a, b) = (s.token("a").await, s.token("b").await);
     // A: an API session made live by a message, and an MCP session.
-    let a_api = api_session(&s, &a).await;
+    let a_api = s.new_session(&a).await;
     let (status, body) = say(&s, &a, &a_api).await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("one"), "{body}");
@@ -198,7 +192,7 @@ async fn live_sessions_are_capped_per_tenant_and_in_all() {
     // A's third, of either kind, is over the per-tenant cap.
     let (status, _, body) = open(&s, &a).await;
     refused(status, &body, "--sessions-per-tenant");
-    let a_api2 = api_session(&s, &a).await;
+    let a_api2 = s.new_session(&a).await;
     let (status, body) = say(&s, &a, &a_api2).await;
     refused(status, &body, "--sessions-per-tenant");
     // A live session takes no new slot for its next message.
@@ -247,7 +241,7 @@ async fn an_idle_session_frees_its_slot() {
     .await
     .unwrap();
     let a = s.token("a").await;
-    let api = api_session(&s, &a).await;
+    let api = s.new_session(&a).await;
     let (status, body) = say(&s, &a, &api).await;
     assert_eq!(status, 200, "{body}");
     let (status, _, body) = open(&s, &a).await;

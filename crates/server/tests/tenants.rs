@@ -26,12 +26,6 @@ async fn login(s: &TestServer, token: &str) {
     assert_eq!(code, 200, "{body}");
 }
 
-async fn session(s: &TestServer, token: &str) -> String {
-    let (code, created) = s.post(token, "/v1/sessions", json!({})).await;
-    assert_eq!(code, 201, "{created}");
-    created["id"].as_str().unwrap().to_string()
-}
-
 /// An MCP session of `token`'s whose workspace has a file named `mark`;
 /// the session's id and its workspace.
 async fn mcp_with_workspace(s: &TestServer, token: &str, mark: &str) -> (String, PathBuf) {
@@ -90,7 +84,7 @@ async fn forgetting_a_tenant_removes_all_of_it_and_nothing_else(db: Db) {
         )
         .await;
     s.wait_running(&acme, &running).await;
-    let busy = session(&s, &acme).await;
+    let busy = s.new_session(&acme).await;
     let turn = {
         let (client, url, token) = (
             s.client.clone(),
@@ -119,7 +113,7 @@ async fn forgetting_a_tenant_removes_all_of_it_and_nothing_else(db: Db) {
     let (near_mcp, near_mcp_ws) = mcp_with_workspace(&s, &near, "near-was-here").await;
     let near_job = s.submit(&near, shell("echo theirs > /workspace/f")).await;
     assert_eq!(s.wait(&near, &near_job).await["state"], "succeeded");
-    let near_session = session(&s, &near).await;
+    let near_session = s.new_session(&near).await;
     s.say(&near, &near_session, "hello").await;
     for dir in [
         data.join("jobs").join(&finished),

@@ -210,6 +210,13 @@ impl TestServer {
             .collect()
     }
 
+    /// Makes an API session of `token`'s tenant and returns its id.
+    pub async fn new_session(&self, token: &str) -> String {
+        let (status, created) = self.post(token, "/v1/sessions", json!({})).await;
+        assert_eq!(status, 201, "{created}");
+        created["id"].as_str().unwrap().to_string()
+    }
+
     /// Queues a job and returns its id.
     pub async fn submit(&self, token: &str, job: Value) -> String {
         let (status, body) = self.post(token, "/v1/jobs", job).await;
