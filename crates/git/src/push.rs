@@ -30,6 +30,10 @@ pub enum PushError {
         url: String,
         source: GitError,
     },
+    #[error(
+        "the workspace's repository would send a push to {url} to {to} instead; cordon pushes only to the repository the session was cloned from: remove the setting that renames it from .git/config and try again"
+    )]
+    Redirected { url: String, to: String },
     #[error(transparent)]
     Git(#[from] GitError),
 }
@@ -44,6 +48,16 @@ pub fn push(
 ) -> Result<String, PushError> {
     let spec = RepoSpec::from_str(url)?;
     let git = checked_repository(workspace)?;
+    // The check refuses every setting that renames or rewrites a URL; git
+    // itself must agree that `url` means `url` before it pushes there.
+    let resolved = git.run(["ls-remote", "--get-url", url])?;
+    let resolved = String::from_utf8_lossy(&resolved);
+    if resolved.trim_end_matches('\n') != url {
+        return Err(PushError::Redirected {
+            url: url.to_string(),
+            to: cordon_tools::printable(resolved.trim_end()),
+        });
+    }
     let commit = rev_parse(&git, &format!("refs/heads/{branch}"))?;
     let refspec = format!("refs/heads/{branch}:refs/heads/{branch}");
     creds

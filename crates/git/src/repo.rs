@@ -69,7 +69,7 @@ pub enum RepoError {
         why: &'static str,
     },
     #[error(
-        "{workspace}/.git/config sets {key}, which cordon's git on the host does not take from a workspace the sandbox could write (it can name a program to run or a place to read); remove it (git config --unset-all {key}) and try again"
+        "{workspace}/.git/config sets {key}, which cordon's git on the host does not take from a workspace the sandbox could write (it can name a program to run, a place to read, or where a push goes); remove it (git config --unset-all {key}) and try again"
     )]
     RefusedSetting { workspace: PathBuf, key: String },
     #[error("{workspace}/.git: {source}")]
@@ -128,6 +128,24 @@ pub fn checked_repository(workspace: &Path) -> Result<Git, RepoError> {
                     why,
                 });
             }
+        }
+    }
+    for dir in REMOTE_DIRS {
+        let holds_any = match open(git_dir.as_fd(), dir, OFlags::DIRECTORY) {
+            Ok(fd) => rustix::fs::Dir::read_from(&fd)
+                .map_err(io)?
+                .filter_map(Result::ok)
+                .any(|e| !matches!(e.file_name().to_bytes(), b"." | b"..")),
+            Err(Errno::NOENT) => false,
+            // A file or a link where the directory would be.
+            Err(_) => true,
+        };
+        if holds_any {
+            return Err(RepoError::RefusedFile {
+                workspace: ws,
+                file: dir,
+                why: "names remotes by file, which git takes for the URL cordon pushes to",
+            });
         }
     }
     let config = match open(git_dir.as_fd(), "config", OFlags::empty()) {
@@ -207,7 +225,12 @@ fn allowed(key: &str, value: &str) -> bool {
             _ => false,
         },
         "extensions" => rest == "objectformat" && matches!(value, "sha1" | "sha256"),
-        "remote" => rest.contains('.') && matches!(last, "url" | "fetch" | "tagopt"),
+        "remote" => {
+            matches!(last, "url" | "fetch" | "tagopt")
+                && rest
+                    .rsplit_once('.')
+                    .is_some_and(|(name, _)| plain_remote_name(name))
+        }
         "branch" => rest.contains('.') && matches!(last, "remote" | "merge" | "rebase"),
         "user" => matches!(rest, "name" | "email"),
         "init" => rest == "defaultbranch",
@@ -215,6 +238,22 @@ fn allowed(key: &str, value: &str) -> bool {
         _ => false,
     }
 }
+
+/// A remote's name that git can never take for a URL or a path. git
+/// resolves `git push <url>` to the remote *named* `<url>` when there is
+/// one, so a configuration with `[remote "https://the.clone/url"]` sends
+/// cordon's push wherever its `url` says: a name must be a plain word.
+fn plain_remote_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(['.', '-'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// Legacy places git reads a remote from by its name (for a name without
+/// a slash, which an scp-like `host:path` URL is).
+const REMOTE_DIRS: &[&str] = &["remotes", "branches"];
 
 #[cfg(test)]
 mod tests {
@@ -231,6 +270,8 @@ mod tests {
             ("remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*"),
             ("branch.main.remote", "origin"),
             ("branch.main.merge", "refs/heads/main"),
+            ("remote.upstream-2.url", "https://example.com/y.git"),
+            ("branch.feature/x.remote", "upstream-2"),
         ] {
             assert!(allowed(k, v), "{k}");
         }
@@ -260,6 +301,11 @@ mod tests {
             ("extensions.worktreeconfig", "true"),
             ("gpg.program", "x"),
             ("remote.url", "x"),
+            ("remote.https://forge.example/team/proj.git.url", "x"),
+            ("remote.git@forge.example:team/proj.git.url", "x"),
+            ("remote./srv/proj.git.url", "x"),
+            ("remote...url", "x"),
+            ("remote.-x.url", "x"),
         ] {
             assert!(!allowed(k, v), "{k}");
         }

@@ -530,3 +530,99 @@ fn a_bounded_clone_stops_at_its_budget_its_deadline_or_when_called_off() {
     .to_string();
     assert!(err.contains("called off"), "{err}");
 }
+
+/// What a sandbox with a writable `.git` (`sandbox.protect_control_files =
+/// false`), or anyone who could write its files, would plant so that
+/// cordon's push of the clone URL goes to another server: a remote whose
+/// *name* is the clone URL (git takes it for that URL), or a legacy
+/// `remotes/` file. Each is refused before anything is sent, and the
+/// other server receives nothing.
+#[test]
+fn a_remote_named_like_the_clone_url_cannot_redirect_the_push() {
+    let tmp = tempfile::tempdir().unwrap();
+    let other = remote(&tmp.path().join("other"));
+    let remote = remote(&tmp.path().join("remote"));
+    let home = tempfile::tempdir().unwrap();
+    let creds = user_with_token(home.path(), remote.port);
+    // The other server takes the push (the attacker's own, say): without
+    // the fix, every plant below lands there.
+    let mut store = std::fs::read_to_string(home.path().join(".git-credentials")).unwrap();
+    store.push_str(&format!("http://{USER}:{TOKEN}@127.0.0.1:{}\n", other.port));
+    std::fs::write(home.path().join(".git-credentials"), store).unwrap();
+    let url = remote.url();
+    let ws = tmp.path().join("ws");
+    clone_into(
+        &url.parse().unwrap(),
+        &ws,
+        "cordon/s1",
+        &creds,
+        Existing::Refuse,
+    )
+    .unwrap();
+    std::fs::write(ws.join("README"), "pushed\n").unwrap();
+    let who = cordon_git::Ident {
+        name: "Ada".into(),
+        email: "ada@example.com".into(),
+    };
+    cordon_git::commit(&ws, "cordon/s1", "Push me", &who)
+        .unwrap()
+        .unwrap();
+    let config = std::fs::read_to_string(ws.join(".git/config")).unwrap();
+    let refs = |bare: &Path| git(bare, &["for-each-ref", "--format=%(refname)"]);
+    let other_before = refs(&other.bare());
+
+    let plant = |what: &str| match what {
+        "a remote named the clone URL" => {
+            git(&ws, &["config", &format!("remote.{url}.url"), &other.url()]);
+        }
+        "the same in a header written by hand" => {
+            let mut c = config.clone();
+            c.push_str(&format!("[remote \"{url}\"]\n\turl = {}\n", other.url()));
+            std::fs::write(ws.join(".git/config"), c).unwrap();
+        }
+        "a second url on a remote named the clone URL" => {
+            let mut c = config.clone();
+            c.push_str(&format!(
+                "[remote \"{url}\"]\n\turl = {url}\n\turl = {}\n",
+                other.url()
+            ));
+            std::fs::write(ws.join(".git/config"), c).unwrap();
+        }
+        "a legacy remotes file" => {
+            std::fs::create_dir_all(ws.join(".git/remotes")).unwrap();
+            std::fs::write(
+                ws.join(".git/remotes/origin"),
+                format!("URL: {}\n", other.url()),
+            )
+            .unwrap();
+        }
+        _ => unreachable!(),
+    };
+    for what in [
+        "a remote named the clone URL",
+        "the same in a header written by hand",
+        "a second url on a remote named the clone URL",
+        "a legacy remotes file",
+    ] {
+        plant(what);
+        let err = cordon_git::push(&ws, &url, "cordon/s1", &creds)
+            .expect_err(what)
+            .to_string();
+        assert!(
+            err.contains("remote.") || err.contains("remotes"),
+            "{what}: {err}"
+        );
+        assert_eq!(
+            refs(&other.bare()),
+            other_before,
+            "{what}: pushed to the other server"
+        );
+        assert!(!refs(&remote.bare()).contains("cordon/s1"), "{what}");
+        std::fs::write(ws.join(".git/config"), &config).unwrap();
+        let _ = std::fs::remove_dir_all(ws.join(".git/remotes"));
+    }
+    // Put back as the clone wrote it, the push goes where it says.
+    cordon_git::push(&ws, &url, "cordon/s1", &creds).unwrap();
+    assert!(refs(&remote.bare()).contains("cordon/s1"));
+    assert_eq!(refs(&other.bare()), other_before);
+}

@@ -43,6 +43,7 @@ pub mod addr;
 pub mod events;
 mod io;
 pub mod policy;
+pub mod preset_table;
 pub mod presets;
 mod proxy;
 pub mod resolve;
@@ -51,6 +52,7 @@ pub mod sni;
 
 pub use events::{Decision, EventSink, NetEvent, Reason};
 pub use policy::{Entry, Host, Policy, PolicyError, PolicyHandle, PolicySpec, Ports, Rule, Target};
+pub use preset_table::{ConfigStamp, PresetTable};
 pub use presets::{Expansion, PresetEnv};
 pub use proxy::{
     Broker, BrokerConfig, is_websocket_upgrade, keep_list_items, mark_websocket_upgrade,

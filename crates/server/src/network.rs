@@ -8,14 +8,17 @@
 //! Presets (`@python`...) are expanded here, on the host, from the host
 //! tools' own configuration and never from the server's data directory
 //! (every workspace is in it), so what a job stores and the view shows are
-//! plain rules.
+//! plain rules. They are expanded when the server starts and again when
+//! the tools' configuration changes, never for a request.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
 
 use axum::http::StatusCode;
-use cordon_net::{Policy, PolicyError, PolicyHandle, PolicySpec, PresetEnv};
+use cordon_net::{
+    ConfigStamp, Policy, PolicyError, PolicyHandle, PolicySpec, PresetEnv, PresetTable,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::http::ApiError;
@@ -29,44 +32,112 @@ pub struct NetworkCeilings {
     pub tenants: BTreeMap<String, PolicySpec>,
 }
 
-/// The ceilings with their presets expanded, once, when the server starts.
-#[derive(Debug, Default)]
+/// The ceilings with their presets expanded, and every preset's expansion
+/// for the requests that name one: both from one [`PresetTable`], made
+/// when the server starts and again only when the host tools'
+/// configuration changes ([`Ceilings::refresh_if_changed`]). No request
+/// starts a process.
+#[derive(Debug)]
 pub struct Ceilings {
-    all: Policy,
-    tenants: HashMap<String, Policy>,
-    /// Where presets must never be read from (every workspace is in it).
-    untrusted: PathBuf,
+    spec: NetworkCeilings,
+    /// What the tools are asked with; never reads under the data directory
+    /// (every workspace is in it).
+    env: PresetEnv,
+    now: RwLock<Arc<Expanded>>,
+}
+
+#[derive(Debug)]
+struct Expanded {
+    all: Arc<Policy>,
+    tenants: HashMap<String, Arc<Policy>>,
+    presets: PresetTable,
+    /// The tools' configuration the table was made from.
+    stamp: ConfigStamp,
+}
+
+impl Expanded {
+    /// The ceilings of `spec` from a table freshly asked of the tools.
+    async fn resolve(
+        spec: &NetworkCeilings,
+        env: &PresetEnv,
+    ) -> Result<(Expanded, Vec<String>), PolicyError> {
+        let stamp = ConfigStamp::now(env);
+        let presets = PresetTable::resolve(env).await;
+        let (all, mut warnings) = presets.expand(&spec.all)?;
+        let mut tenants = HashMap::new();
+        for (tenant, spec) in &spec.tenants {
+            let (p, w) = presets.expand(spec)?;
+            warnings.extend(w.into_iter().map(|w| format!("tenant {tenant}: {w}")));
+            tenants.insert(tenant.clone(), Arc::new(p));
+        }
+        Ok((
+            Expanded {
+                all: Arc::new(all),
+                tenants,
+                presets,
+                stamp,
+            },
+            warnings,
+        ))
+    }
 }
 
 impl Ceilings {
-    /// Expands `c`'s presets with the host tools' configuration, trusting
-    /// nothing under `data_dir`. Warnings say what a preset could not find.
+    /// Expands `c`'s presets with the host tools' configuration (`env`,
+    /// or this process's), trusting nothing under `data_dir`. Warnings say
+    /// what a preset could not find.
     pub async fn expand(
         c: &NetworkCeilings,
+        env: Option<&PresetEnv>,
         data_dir: &Path,
     ) -> Result<(Ceilings, Vec<String>), PolicyError> {
-        let env = PresetEnv::from_host().untrusting(data_dir);
-        let (all, mut warnings) = cordon_net::presets::expand(&c.all, &env).await?;
-        let mut tenants = HashMap::new();
-        for (tenant, spec) in &c.tenants {
-            let (p, w) = cordon_net::presets::expand(spec, &env).await?;
-            warnings.extend(w.into_iter().map(|w| format!("tenant {tenant}: {w}")));
-            tenants.insert(tenant.clone(), p);
-        }
-        let untrusted = data_dir.to_path_buf();
+        let env = env
+            .cloned()
+            .unwrap_or_else(PresetEnv::from_host)
+            .untrusting(data_dir);
+        let (now, warnings) = Expanded::resolve(c, &env).await?;
         Ok((
             Ceilings {
-                all,
-                tenants,
-                untrusted,
+                spec: c.clone(),
+                env,
+                now: RwLock::new(Arc::new(now)),
             },
             warnings,
         ))
     }
 
+    fn now(&self) -> Arc<Expanded> {
+        self.now.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// What `tenant`'s jobs and sessions may reach at most.
-    pub fn of(&self, tenant: &str) -> &Policy {
-        self.tenants.get(tenant).unwrap_or(&self.all)
+    pub fn of(&self, tenant: &str) -> Arc<Policy> {
+        let now = self.now();
+        now.tenants.get(tenant).unwrap_or(&now.all).clone()
+    }
+
+    /// Asks the tools again when their configuration files changed since
+    /// the table was made (one task calls this; requests never do).
+    /// Answers whether it did. On an error (a ceiling that no longer
+    /// parses cannot happen: the spec is the same) the old table stays.
+    pub async fn refresh_if_changed(&self) -> bool {
+        if ConfigStamp::now(&self.env) == self.now().stamp {
+            return false;
+        }
+        match Expanded::resolve(&self.spec, &self.env).await {
+            Ok((fresh, warnings)) => {
+                for w in warnings {
+                    tracing::warn!("network ceiling: {w}");
+                }
+                tracing::info!("the host tools' configuration changed: presets expanded again");
+                *self.now.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
+                true
+            }
+            Err(e) => {
+                tracing::warn!("presets not expanded again: {e}");
+                false
+            }
+        }
     }
 }
 
@@ -83,13 +154,14 @@ impl Ceilings {
     /// The policy `asked` comes to for `tenant`: its presets expanded, or
     /// what `empty` says when it lists nothing; 403 naming what goes beyond
     /// the tenant's ceiling.
-    pub async fn settle(
+    pub fn settle(
         &self,
         tenant: &str,
         asked: &PolicySpec,
         empty: Empty,
     ) -> Result<Policy, ApiError> {
-        let ceiling = self.of(tenant);
+        let now = self.now();
+        let ceiling: &Policy = now.tenants.get(tenant).unwrap_or(&now.all);
         let policy = if asked.allow.is_empty() && empty == Empty::Nothing {
             Policy::new(Vec::new(), asked.allow_private)
         } else {
@@ -105,9 +177,8 @@ impl Ceilings {
             if asked.allow.is_empty() {
                 Policy::new(ceiling.rules().to_vec(), asked.allow_private)
             } else {
-                let env = PresetEnv::from_host().untrusting(&self.untrusted);
-                cordon_net::presets::expand(asked, &env)
-                    .await
+                now.presets
+                    .expand(asked)
                     .map_err(|e| ApiError::bad_request(format!("`allow`: {e}")))?
                     .0
             }

@@ -82,8 +82,12 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
     let secrets = secrets_key(&config)?;
     let store = Store::open(&config.db).await?.with_secrets(secrets);
     let listen = config.listen;
-    let (ceilings, warnings) =
-        crate::network::Ceilings::expand(&config.network, &config.data_dir).await?;
+    let (ceilings, warnings) = crate::network::Ceilings::expand(
+        &config.network,
+        config.preset_env.as_ref(),
+        &config.data_dir,
+    )
+    .await?;
     for w in warnings {
         tracing::warn!("network ceiling: {w}");
     }
@@ -133,6 +137,21 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
                 .await;
         }
     });
+    {
+        // The one place presets are expanded after the start: a request
+        // never starts a tool.
+        let weak = Arc::downgrade(&shared);
+        let every = shared.config.preset_check;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(shared) = weak.upgrade() else {
+                    break;
+                };
+                shared.ceilings.refresh_if_changed().await;
+            }
+        });
+    }
     {
         let weak = Arc::downgrade(&shared);
         let after = shared.config.orphans_after;

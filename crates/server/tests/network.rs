@@ -465,3 +465,136 @@ async fn a_lowered_ceiling_narrows_a_session_when_it_wakes() {
     assert_eq!(net["allow"], json!([rule_a]), "{net}");
     s.stop().await;
 }
+
+/// Issue 31's third finding: a preset was expanded by starting the host's
+/// tools for every request, before the ceiling was checked: 30 concurrent
+/// jobs asking `@python`, all refused, were 30 pip processes. The tools
+/// here are stand-ins that count their runs: they run when the server
+/// starts, never for a request, and once more when their configuration
+/// changes, after which requests see the new hosts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presets_are_expanded_once_not_for_every_request() {
+    use std::os::unix::fs::PermissionsExt;
+    let tools = tempfile::tempdir().unwrap();
+    let bin = tools.path().join("bin");
+    let home = tools.path().join("home");
+    let runs = tools.path().join("runs");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(home.join(".config/pip")).unwrap();
+    // pip's stand-in names the index its configuration file gives.
+    let python3 = format!(
+        "#!/bin/sh\necho python3 >> {runs}\n\
+         ix=$(sed -n 's/^index-url = //p' \"$HOME/.config/pip/pip.conf\")\n\
+         echo \"{{\\\"indexes\\\": [\\\"$ix\\\"], \\\"links\\\": [], \\\"files\\\": [], \\\"errors\\\": []}}\"\n",
+        runs = runs.display()
+    );
+    let npm = format!(
+        "#!/bin/sh\necho npm >> {runs}\necho '{{\"registry\": \"https://npm.mirror.test/\"}}'\n",
+        runs = runs.display()
+    );
+    for (name, text) in [("python3", python3), ("npm", npm)] {
+        std::fs::write(bin.join(name), text).unwrap();
+        std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let conf = home.join(".config/pip/pip.conf");
+    std::fs::write(
+        &conf,
+        "[global]\nindex-url = https://pypi.mirror.test/simple\n",
+    )
+    .unwrap();
+    let env = cordon_net::PresetEnv {
+        vars: [
+            (
+                "PATH".to_string(),
+                format!("{}:/usr/bin:/bin", bin.display()),
+            ),
+            ("HOME".to_string(), home.display().to_string()),
+        ]
+        .into(),
+        apt_dir: tools.path().join("apt"),
+        untrusted: Vec::new(),
+    };
+    let s = TestServer::start_with(Db::Sqlite, |c| {
+        c.network.all.allow = vec!["pypi2.mirror.test".into(), "@node".into()];
+        c.preset_env = Some(env);
+        c.preset_check = Duration::from_millis(100);
+    })
+    .await
+    .unwrap();
+    let t = s.token("t").await;
+    let count = || {
+        std::fs::read_to_string(&runs)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let at_start = count();
+    assert_eq!(at_start, 2, "each tool once at the start");
+
+    // 30 at once, each beyond the ceiling: refused, and no tool ran.
+    let asks = (0..30).map(|_| {
+        s.post(
+            &t,
+            "/v1/jobs",
+            json!({"kind": "shell", "command": "true", "allow": ["@python"]}),
+        )
+    });
+    for (code, body) in futures_util::future::join_all(asks).await {
+        assert_eq!(code, 403, "{body}");
+        assert!(body.to_string().contains("pypi.mirror.test"), "{body}");
+    }
+    // Within the ceiling, from the same table.
+    let (code, body) = s
+        .post(
+            &t,
+            "/v1/jobs",
+            json!({"kind": "shell", "command": "true", "allow": ["@node"]}),
+        )
+        .await;
+    assert_eq!(code, 202, "{body}");
+    let (_, job) = s
+        .get(&t, &format!("/v1/jobs/{}", body["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(
+        job["request"]["allow"],
+        json!(["npm.mirror.test:443"]),
+        "{job}"
+    );
+    assert_eq!(count(), at_start, "a request started a tool");
+
+    // The configuration changes: the tools run once more, and requests
+    // get the new index.
+    std::fs::write(
+        &conf,
+        "[global]\nindex-url = https://pypi2.mirror.test/simple\n",
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, body) = s
+            .post(
+                &t,
+                "/v1/jobs",
+                json!({"kind": "shell", "command": "true", "allow": ["@python"]}),
+            )
+            .await;
+        if code == 202 {
+            let (_, job) = s
+                .get(&t, &format!("/v1/jobs/{}", body["id"].as_str().unwrap()))
+                .await;
+            assert_eq!(
+                job["request"]["allow"],
+                json!(["pypi2.mirror.test:443"]),
+                "{job}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the change was never seen: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(count(), at_start + 2, "each tool once more, and only once");
+}

@@ -507,7 +507,164 @@ async fn a_login_is_sealed_at_rest_and_opens_only_for_its_tenant_and_key(db: Db)
     }
 }
 
+/// PUTs a file's bytes into a job's or session's workspace; the status
+/// and the answer's text.
+async fn put_file(s: &TestServer, token: &str, path: &str, body: &str) -> (u16, String) {
+    let r = s
+        .client
+        .put(s.url(path))
+        .bearer_auth(token)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// Issue 31's first finding: a tenant whose ceiling allows one git server
+/// wrote `.git/config` through the files API, adding a remote *named* the
+/// clone URL whose `url` is another server; cordon's `git push <clone
+/// URL>` went there, past the ceiling. Every host-side writer now refuses
+/// the control files (by name, through a link, nested, not yet made), and
+/// the push goes to the clone URL alone.
+async fn a_tenant_cannot_send_the_workers_push_elsewhere(db: Db) {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
+    // Beyond the ceiling, and taking any push with the same login.
+    let other = GitRemote::start(&tmp.path().join("other"), USER, TOKEN);
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Waiting.").with_tool_call(
+                "b1",
+                "bash",
+                json!({"command": "cd /workspace && ln -s .git gitlink && \
+                       for i in $(seq 600); do [ -e go ] && break; sleep 0.1; done; echo GO"}),
+            ))
+            .turn(
+                Turn::text("Editing.")
+                    .with_tool_call(
+                        "w1",
+                        "write_file",
+                        json!({"path": "README", "content": "three\n"}),
+                    )
+                    .expect_tool_results(["b1"])
+                    .expect_contains("GO"),
+            )
+            .turn(
+                Turn::text("Committing.")
+                    .with_tool_call("c1", "git_commit", json!({"message": "README: three"}))
+                    .expect_tool_results(["w1"]),
+            )
+            .turn(
+                Turn::text("Pushing.")
+                    .with_tool_call("p1", "git_push", json!({}))
+                    .expect_tool_results(["c1"]),
+            )
+            .turn(
+                Turn::text("Done.")
+                    .expect_tool_results(["p1"])
+                    .expect_contains("Pushed cordon/job_"),
+            ),
+    );
+    let url = model.url();
+    let port = remote.port;
+    let Some(s) = TestServer::start_with(db, |c| {
+        with_model(url)(c);
+        c.network.all = cordon_net::PolicySpec {
+            allow: vec![format!("127.0.0.1:{port}")],
+            allow_private: false,
+        };
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    store_login(&s, &t, &remote).await;
+    let (code, job) = s
+        .post(
+            &t,
+            "/v1/jobs",
+            json!({"kind": "agent", "prompt": "edit the README", "repo": remote.url(),
+                   "allow_push": true, "max_steps": 10}),
+        )
+        .await;
+    assert_eq!(code, 202, "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    let files = format!("/v1/jobs/{id}/files");
+    // The clone is there and the sandbox has made its link once this reads.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (code, _) = s.get(&t, &format!("{files}/gitlink")).await;
+        if code == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the job never cloned");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let config = format!("[remote \"{}\"]\n\turl = {}\n", remote.url(), other.url());
+    for path in [
+        ".git/config",
+        ".git/remotes/origin",
+        ".git/hooks/pre-push",
+        "gitlink/config",
+        "./.git/config",
+        "src/.git/config",
+        ".vscode/tasks.json",
+        ".mcp.json",
+    ] {
+        let (code, body) = put_file(&s, &t, &format!("{files}/{path}"), &config).await;
+        assert_eq!(code, 400, "{path}: {body}");
+        assert!(body.contains("read-only"), "{path}: {body}");
+    }
+    let (code, body) = put_file(&s, &t, &format!("{files}/go"), "").await;
+    assert_eq!(code, 201, "{body}");
+    let job = s.wait(&t, &id).await;
+    model.assert_finished();
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let branch = format!("cordon/{id}");
+    assert_eq!(
+        git(&remote.bare(), &["show", &format!("{branch}:README")]),
+        "three"
+    );
+    assert!(
+        !git(&other.bare(), &["for-each-ref"]).contains("cordon/"),
+        "the push went to the other server"
+    );
+    let ws = s.dir.join(format!("data/jobs/{id}/workspace"));
+    assert!(!ws.join(".vscode").exists() && !ws.join("src").exists());
+    let written = std::fs::read_to_string(ws.join(".git/config")).unwrap();
+    assert!(!written.contains(&other.url()), "{written}");
+
+    // A session's files and a steps job's write_file refuse the same.
+    let (code, session) = s
+        .post(&t, "/v1/sessions", json!({"repo": remote.url()}))
+        .await;
+    assert_eq!(code, 201, "{session}");
+    let sid = session["id"].as_str().unwrap();
+    let (code, body) = put_file(
+        &s,
+        &t,
+        &format!("/v1/sessions/{sid}/files/.git/config"),
+        &config,
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    let steps = s
+        .submit(
+            &t,
+            json!({"kind": "steps", "steps": [
+                {"tool": "write_file", "path": ".git/config", "content": config},
+            ]}),
+        )
+        .await;
+    let done = s.wait(&t, &steps).await;
+    assert_eq!(done["state"], "failed", "{done}");
+    assert!(done.to_string().contains("read-only"), "{done}");
+}
+
 on_both!(
+    a_tenant_cannot_send_the_workers_push_elsewhere,
     a_login_is_sealed_at_rest_and_opens_only_for_its_tenant_and_key,
     an_agent_job_clones_commits_pushes_and_opens_a_pull_request,
     a_session_works_on_a_clone_and_pushes_its_branch,

@@ -131,6 +131,10 @@ pub struct Workspace {
     /// Host paths (resolved) a write must not reach: the sandbox's
     /// read-only paths, which host-side writers honour too.
     read_only: Vec<PathBuf>,
+    /// Refuse every write into a `.git` and into the top-level control
+    /// files, whether they exist yet or not (see
+    /// [`Workspace::protecting_control_files`]).
+    control_files: bool,
 }
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
@@ -151,7 +155,21 @@ impl Workspace {
         Ok(Workspace {
             root,
             read_only: Vec::new(),
+            control_files: false,
         })
+    }
+
+    /// Refuses writes into any repository's `.git` (at any depth) and into
+    /// the editors' and agents' settings at the top
+    /// ([`cordon_sandbox::CONTROL_FILES`]), existing or not, however they
+    /// are reached: the resolved directory is checked, so a link named
+    /// `notes` that points at `.git` is no way in. For writers that act on
+    /// a tenant's or client's behalf (the server's files API, a `steps`
+    /// job's `write_file`): git on the host would otherwise take commands
+    /// or a push's destination from what they wrote.
+    pub fn protecting_control_files(mut self) -> Self {
+        self.control_files = true;
+        self
     }
 
     /// Refuses writes that reach any of `paths` (or beneath them), however
@@ -164,32 +182,32 @@ impl Workspace {
     /// Why the file `name` in the open directory `dir` is read-only, if it
     /// is.
     fn read_only_reason(&self, dir: &OwnedFd, name: &Path) -> Option<&'static str> {
-        if self.read_only.is_empty() {
+        if self.read_only.is_empty() && !self.control_files {
             return None;
         }
         // Where the kernel says the directory is: no name can hide it.
-        let Ok(at) = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
+        let Some(at) = fd_path(dir) else {
             return Some("cordon cannot tell where this directory is");
         };
         let target = at.join(name);
+        if self.control_files {
+            let Some(rel) = fd_path(&self.root).and_then(|r| target.strip_prefix(r).ok()) else {
+                return Some("cordon cannot tell where this directory is");
+            };
+            if let Some(top) = control_file(rel) {
+                return Some(reason(top));
+            }
+        }
         let ro = self
             .read_only
             .iter()
             .find(|ro| at.starts_with(ro) || target.starts_with(ro))?;
-        let top = ro.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        let is_git = ro.components().any(|c| c.as_os_str() == ".git");
-        Some(match top {
-            _ if is_git => {
-                "git on the host runs what a repository's configuration and hooks name (core.fsmonitor on the next `git status`, hooks on a commit), and a writable .git can point git at planted ones; read history and diffs freely, and leave commits to the user"
-            }
-            ".vscode" | ".idea" => {
-                "editors on the host run the tasks and tools their project settings name (a task run on opening the folder, an interpreter path)"
-            }
-            ".claude" | ".mcp.json" => {
-                "coding agents on the host run the hooks and MCP servers these settings name"
-            }
-            _ => "programs on the host take commands from it",
-        })
+        let top = if ro.components().any(|c| c.as_os_str() == ".git") {
+            ".git"
+        } else {
+            ro.file_name().and_then(|n| n.to_str()).unwrap_or("")
+        };
+        Some(reason(top))
     }
 
     fn map(path: &WsPath, e: Errno) -> WorkspaceError {
@@ -295,6 +313,15 @@ impl Workspace {
                 Mode::empty(),
             ) {
                 Err(WorkspaceError::NotFound { .. }) => {
+                    // Not even an empty directory inside a control file.
+                    if self.control_files
+                        && let Some(why) = self.read_only_reason(&cur, name)
+                    {
+                        return Err(WorkspaceError::ReadOnly {
+                            path: shown.display(),
+                            why,
+                        });
+                    }
                     match rustix::fs::mkdirat(&cur, name, Mode::from_raw_mode(0o755)) {
                         Ok(()) | Err(Errno::EXIST) => {}
                         Err(e) => return Err(Self::map(shown, e)),
@@ -327,6 +354,15 @@ impl Workspace {
                 });
             }
         };
+        // The path as given, before anything is made; then as resolved.
+        if self.control_files
+            && let Some(top) = control_file(&path.rel)
+        {
+            return Err(WorkspaceError::ReadOnly {
+                path: path.display(),
+                why: reason(top),
+            });
+        }
         let dir = self.make_dirs(&parent, path)?;
         if let Some(why) = self.read_only_reason(&dir, &name) {
             return Err(WorkspaceError::ReadOnly {
@@ -365,6 +401,47 @@ impl Workspace {
             source: e,
         })?;
         Ok(created)
+    }
+}
+
+/// Where the kernel says an open file or directory is.
+fn fd_path(fd: &OwnedFd) -> Option<PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).ok()
+}
+
+/// The control file `rel` (relative to the workspace root) lies in, if
+/// any: a `.git` at any depth, or one of the top-level settings.
+fn control_file(rel: &Path) -> Option<&'static str> {
+    let mut parts = rel.components().filter_map(|c| match c {
+        Component::Normal(n) => Some(n),
+        _ => None,
+    });
+    let first = parts.next()?;
+    if let Some(top) = cordon_sandbox::CONTROL_FILES
+        .iter()
+        .find(|c| first == std::ffi::OsStr::new(c))
+    {
+        return Some(top);
+    }
+    std::iter::once(first)
+        .chain(parts)
+        .any(|n| n == ".git")
+        .then_some(".git")
+}
+
+/// Why a control file is out of reach, for the model or the client.
+fn reason(top: &str) -> &'static str {
+    match top {
+        ".git" => {
+            "git on the host runs what a repository's configuration and hooks name (core.fsmonitor on the next `git status`, hooks on a commit) and pushes where its remotes say, and a writable .git can point git at planted ones; read history and diffs freely, and leave commits to the user"
+        }
+        ".vscode" | ".idea" => {
+            "editors on the host run the tasks and tools their project settings name (a task run on opening the folder, an interpreter path)"
+        }
+        ".claude" | ".mcp.json" => {
+            "coding agents on the host run the hooks and MCP servers these settings name"
+        }
+        _ => "programs on the host take commands from it",
     }
 }
 

@@ -92,12 +92,11 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
     if let Some(asked) = &req.options.egress {
         let policy = shared
             .ceilings
-            .settle(tenant, asked, crate::network::Empty::Ceiling)
-            .await?;
+            .settle(tenant, asked, crate::network::Empty::Ceiling)?;
         req.options.egress = Some(policy.into());
     }
     if let Some(repo) = &req.options.repo {
-        crate::repos::admit(shared.ceilings.of(tenant), repo).await?;
+        crate::repos::admit(&shared.ceilings.of(tenant), repo).await?;
     }
     if matches!(req.spec, JobSpec::Agent { .. }) && shared.config.agent.is_none() {
         return Err(ApiError::bad_request(
@@ -445,7 +444,10 @@ fn files_of_job<'s>(shared: &'s Shared, job: &JobRow) -> ApiResult<JobFiles<'s>>
         return Ok(JobFiles::Archived(archive));
     }
     served_here(shared, job)?;
-    Workspace::open(&shared.config.job_dirs().workspace(id))
+    shared
+        .config
+        .sandboxes()
+        .workspace(&shared.config.job_dirs().workspace(id))
         .map(JobFiles::Here)
         .map_err(crate::files::error)
 }

@@ -49,7 +49,7 @@ pub(crate) async fn get_job_network(
         network,
         policy.as_ref(),
         live.is_some(),
-        shared.ceilings.of(&tenant),
+        &shared.ceilings.of(&tenant),
     )))
 }
 
@@ -79,10 +79,7 @@ pub(crate) async fn put_job_network(
         };
         return Err(ApiError::new(StatusCode::CONFLICT, "not_running", why));
     };
-    let policy = shared
-        .ceilings
-        .settle(&tenant, &change, Empty::Nothing)
-        .await?;
+    let policy = shared.ceilings.settle(&tenant, &change, Empty::Nothing)?;
     let before = handle.set(policy.clone());
     let record = cordon_agent::PolicyRecord::between(&before, &policy);
     let event = NewEvent::from(crate::job::JobEvent::NetworkPolicy(
@@ -96,6 +93,6 @@ pub(crate) async fn put_job_network(
         network,
         Some(&policy),
         true,
-        shared.ceilings.of(&tenant),
+        &shared.ceilings.of(&tenant),
     )))
 }

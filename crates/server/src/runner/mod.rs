@@ -174,7 +174,7 @@ impl Runner {
         }
         // The ceiling may have been lowered since the job was submitted.
         if let Some(spec) = &req.options.egress {
-            let ceiling = self.ceilings.of(tenant);
+            let ceiling = &self.ceilings.of(tenant);
             let beyond = crate::network::stored_policy(spec)
                 .map(|p| p.beyond(ceiling))
                 .unwrap_or_else(|| vec!["an unreadable rule".into()]);
@@ -214,7 +214,7 @@ impl Runner {
                     existing: cordon_git::Existing::Keep,
                     limits,
                 };
-                let ceiling = self.ceilings.of(tenant);
+                let ceiling = &self.ceilings.of(tenant);
                 match crate::repos::clone(&self.store, ceiling, tenant, repo, target, allow_push)
                     .await
                 {
@@ -285,6 +285,7 @@ impl Runner {
                 steps::run_steps(
                     &sandbox,
                     &ws,
+                    &self.sandboxes,
                     &steps,
                     continue_on_error,
                     deadline,

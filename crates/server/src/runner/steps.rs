@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::exec::{cancelled, code_request, single, succeeded};
 use super::sink::Sink;
+use crate::config::SandboxDefaults;
 use crate::job::{JobEvent, JobResult, JobState, Language, Step, StepResult};
 use crate::store::Outcome;
 
@@ -17,6 +18,7 @@ use crate::store::Outcome;
 pub(super) async fn run_steps(
     sandbox: &Sandbox,
     ws: &Path,
+    sandboxes: &SandboxDefaults,
     steps: &[Step],
     continue_on_error: bool,
     deadline: Instant,
@@ -62,7 +64,7 @@ pub(super) async fn run_steps(
             }
             Step::WriteFile(s) => {
                 let path = &*s.path;
-                match file_op(ws, path, |w, p| {
+                match file_op(sandboxes, ws, path, |w, p| {
                     w.write(p, s.content.as_bytes()).map(|_| ())
                 }) {
                     Ok(()) => succeeded(),
@@ -71,7 +73,7 @@ pub(super) async fn run_steps(
             }
             Step::ReadFile(s) => {
                 let path = &*s.path;
-                let read = file_op(ws, path, |w, p| {
+                let read = file_op(sandboxes, ws, path, |w, p| {
                     let (mut f, _) = w.open_read(p)?;
                     let mut buf = Vec::new();
                     use std::io::Read;
@@ -93,7 +95,8 @@ pub(super) async fn run_steps(
                 }
             }
             Step::Computer(action) => {
-                let (outcome, shot) = computer_step(sandbox, ws, index, &action.0, sink).await;
+                let (outcome, shot) =
+                    computer_step(sandbox, ws, sandboxes, index, &action.0, sink).await;
                 screenshot = shot;
                 outcome
             }
@@ -143,6 +146,7 @@ pub(super) async fn run_steps(
 async fn computer_step(
     sandbox: &Sandbox,
     ws: &Path,
+    sandboxes: &SandboxDefaults,
     index: usize,
     args: &serde_json::Map<String, Value>,
     sink: &mut Sink,
@@ -164,7 +168,7 @@ async fn computer_step(
     let saved = base64::engine::general_purpose::STANDARD
         .decode(&image.data)
         .map_err(|e| e.to_string())
-        .and_then(|png| file_op(ws, &path, |w, p| w.write(p, &png).map(|_| ())));
+        .and_then(|png| file_op(sandboxes, ws, &path, |w, p| w.write(p, &png).map(|_| ())));
     match saved {
         Ok(()) => (succeeded(), Some(path)),
         Err(e) => (
@@ -185,11 +189,12 @@ async fn file_failure(sink: &mut Sink, message: String) -> Outcome {
 }
 
 fn file_op<T>(
+    sandboxes: &SandboxDefaults,
     ws: &Path,
     path: &str,
     f: impl FnOnce(&Workspace, &WsPath) -> Result<T, cordon_tools::WorkspaceError>,
 ) -> Result<T, String> {
-    let w = Workspace::open(ws).map_err(|e| e.to_string())?;
+    let w = sandboxes.workspace(ws).map_err(|e| e.to_string())?;
     let p = WsPath::parse(path).map_err(|e| e.to_string())?;
     f(&w, &p).map_err(|e| e.to_string())
 }

@@ -9,7 +9,11 @@ async fn workspace(
     id: &str,
 ) -> Result<cordon_tools::Workspace, ApiError> {
     find(shared, tenant, id).await?;
-    cordon_tools::Workspace::open(&dir(shared, id).join("workspace")).map_err(crate::files::error)
+    shared
+        .config
+        .sandboxes()
+        .workspace(&dir(shared, id).join("workspace"))
+        .map_err(crate::files::error)
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{id}/files", tag = "sessions", summary = "The session's workspace's top directory",

@@ -166,18 +166,17 @@ pub(crate) async fn create(
         crate::job::network_choice(asked.network, asked.allow.as_deref(), asked.allow_private)
             .map_err(ApiError::bad_request)?;
     let policy = match &egress {
-        Some(asked) => Some(
-            shared
-                .ceilings
-                .settle(&tenant, asked, crate::network::Empty::Ceiling)
-                .await?,
-        ),
+        Some(asked) => Some(shared.ceilings.settle(
+            &tenant,
+            asked,
+            crate::network::Empty::Ceiling,
+        )?),
         None => None,
     };
     let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
     let allow_push = asked.allow_push.unwrap_or(false);
     match &asked.repo {
-        Some(repo) => crate::repos::admit(shared.ceilings.of(&tenant), repo).await?,
+        Some(repo) => crate::repos::admit(&shared.ceilings.of(&tenant), repo).await?,
         None if allow_push => {
             return Err(ApiError::bad_request(
                 "`allow_push` is for a session with `repo`: there is nothing to push",
@@ -262,7 +261,7 @@ async fn clone_for(
             cancelled: None,
         },
     };
-    let ceiling = shared.ceilings.of(tenant);
+    let ceiling = &shared.ceilings.of(tenant);
     let record = crate::repos::clone(&shared.store, ceiling, tenant, repo, target, allow_push)
         .await
         .map_err(refused)?

@@ -62,7 +62,7 @@ pub(crate) async fn get_network(
         network,
         policy.as_ref(),
         live.is_some(),
-        shared.ceilings.of(&tenant),
+        &shared.ceilings.of(&tenant),
     )))
 }
 
@@ -94,15 +94,14 @@ pub(crate) async fn put_network(
     }
     let policy = shared
         .ceilings
-        .settle(&row.tenant, &change, crate::network::Empty::Nothing)
-        .await?;
+        .settle(&row.tenant, &change, crate::network::Empty::Nothing)?;
     let key = crate::network::session_key(&id);
     let view = |live: bool| {
         Json(crate::network::NetworkView::new(
             network,
             Some(&policy),
             live,
-            shared.ceilings.of(&tenant),
+            &shared.ceilings.of(&tenant),
         ))
     };
     // Live: the broker takes it at once and the session's agent records it.

@@ -107,7 +107,7 @@ async fn wake(
     let (network, policy) = logged_network(records.iter().map(|r| &r.data));
     // Within the ceiling as it is now: the operator may have lowered it.
     let policy = policy.map(|p| {
-        let ceiling = shared.ceilings.of(&row.tenant);
+        let ceiling = &shared.ceilings.of(&row.tenant);
         let clamped = p.clamped_to(ceiling);
         if clamped != p {
             tracing::warn!(
@@ -128,7 +128,7 @@ async fn wake(
         Some(rec) => Some(
             crate::repos::session(
                 &shared.store,
-                shared.ceilings.of(&row.tenant),
+                &shared.ceilings.of(&row.tenant),
                 &row.tenant,
                 rec.cloned(),
                 rec.allow_push,
