@@ -25,7 +25,14 @@ pub struct Listing {
     pub path: String,
     /// Sorted by name.
     pub entries: Vec<Entry>,
+    /// The directory holds more than the API lists at once
+    /// ([`MAX_LISTED`]): `entries` are some of them.
+    pub truncated: bool,
 }
+
+/// Entries one listing reads at most: a sandbox can make a directory of
+/// millions, and a request must cost a bounded amount.
+pub const MAX_LISTED: usize = 10_000;
 
 /// One name in a directory: data, shown as a JSON string, never followed.
 #[derive(Debug, Serialize, ToSchema)]
@@ -88,6 +95,7 @@ fn listing(ws: &Workspace, path: &WsPath) -> ApiResult<Listing> {
             })
         })?
         .flatten()
+        .take(MAX_LISTED + 1)
         .map(|e| {
             let meta = e.metadata().ok();
             let kind = match meta.as_ref().map(|m| m.file_type()) {
@@ -103,10 +111,13 @@ fn listing(ws: &Workspace, path: &WsPath) -> ApiResult<Listing> {
             }
         })
         .collect();
+    let truncated = entries.len() > MAX_LISTED;
+    entries.truncate(MAX_LISTED);
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Listing {
         path: path.display().to_string(),
         entries,
+        truncated,
     })
 }
 
@@ -161,10 +172,12 @@ pub(crate) async fn list_archived(archive: &Archive, id: &str, path: &str) -> Ap
 }
 
 fn archived_listing(tree: &Tree, dir: &str, shown: &WsPath) -> Listing {
+    let mut children = tree.children(dir);
     Listing {
         path: shown.display(),
-        entries: tree
-            .children(dir)
+        entries: children
+            .by_ref()
+            .take(MAX_LISTED)
             .map(|(name, kind)| Entry {
                 name: name.to_string(),
                 r#type: match kind {
@@ -178,6 +191,7 @@ fn archived_listing(tree: &Tree, dir: &str, shown: &WsPath) -> Listing {
                 },
             })
             .collect(),
+        truncated: children.next().is_some(),
     }
 }
 

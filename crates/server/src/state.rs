@@ -27,6 +27,9 @@ pub struct Shared {
     pub sessions: crate::live::LiveSessions,
     /// Live sessions' counts under their caps (API and MCP sessions).
     pub caps: Arc<crate::caps::SessionCaps>,
+    /// Clones made while a request waits (a session's `repo`), capped as
+    /// running jobs are: `per_tenant` each, `workers` in all.
+    pub clones: crate::caps::CloneCaps,
     /// Sandboxes of the running jobs and live sessions that have a display.
     pub sandboxes: Arc<Sandboxes>,
     /// Wakes one idle worker slot when a job is queued; a slot that
@@ -89,6 +92,10 @@ impl Shared {
             config.sessions,
             config.session_idle,
         ));
+        let clones = crate::caps::CloneCaps::new(
+            usize::try_from(config.per_tenant).unwrap_or(1),
+            config.workers,
+        );
         let hub = Arc::new(Hub::default());
         let ceilings = Arc::new(ceilings);
         let policies = LivePolicies::default();
@@ -115,6 +122,7 @@ impl Shared {
             running: Mutex::new(HashMap::new()),
             sessions: Default::default(),
             caps,
+            clones,
             sandboxes,
             wake: Notify::new(),
             stopping: Cancel::new(),

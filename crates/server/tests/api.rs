@@ -646,6 +646,22 @@ async fn files_are_read_and_written_beneath_the_workspace_only(db: Db) {
     }
     let r = put("loop-a", "x").await.unwrap();
     assert_eq!(r.status(), 400);
+    assert_eq!(root["truncated"], false);
+
+    // A directory of more entries than a listing reads: a bounded answer
+    // that says it is not all.
+    let many = s
+        .submit(
+            &t,
+            shell("mkdir many && cd many && seq 10100 | xargs touch && ls | wc -l"),
+        )
+        .await;
+    let done = s.wait(&t, &many).await;
+    assert_eq!(done["stdout"], "10100\n", "{done}");
+    let (status, dir) = s.get(&t, &format!("/v1/jobs/{many}/files/many")).await;
+    assert_eq!(status, 200);
+    assert_eq!(dir["truncated"], true);
+    assert_eq!(dir["entries"].as_array().unwrap().len(), 10_000);
 }
 
 async fn files_uploaded_before_a_job_runs_are_there_when_it_does(db: Db) {

@@ -663,7 +663,46 @@ async fn a_tenant_cannot_send_the_workers_push_elsewhere(db: Db) {
     assert!(done.to_string().contains("read-only"), "{done}");
 }
 
+/// A session's `repo` is cloned while its request waits: a tenant's
+/// concurrent requests do not each start a clone. One at a time here
+/// (`per_tenant` 1): the others are told to come back, and the one made
+/// works; another tenant is not held up by the first.
+async fn clones_a_request_waits_for_are_capped_per_tenant(db: Db) {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
+    let model = ScriptedServer::start(Scenario::new());
+    let url = model.url();
+    let Some(s) = TestServer::start_with(db, |c| {
+        with_model(url)(c);
+        ceiling_loopback(c);
+        c.per_tenant = 1;
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    store_login(&s, &t, &remote).await;
+    let asks = (0..6).map(|_| s.post(&t, "/v1/sessions", json!({"repo": remote.url()})));
+    let answers = futures_util::future::join_all(asks).await;
+    let made = answers.iter().filter(|(c, _)| *c == 201).count();
+    let refused: Vec<_> = answers.iter().filter(|(c, _)| *c == 429).collect();
+    assert!(made >= 1, "{answers:?}");
+    assert!(!refused.is_empty(), "six at once, one slot: {answers:?}");
+    assert_eq!(made + refused.len(), 6, "{answers:?}");
+    assert_eq!(
+        refused[0].1["error"]["code"], "too_many_clones",
+        "{refused:?}"
+    );
+    // The slot is free again once the clones are done.
+    let (code, body) = s
+        .post(&t, "/v1/sessions", json!({"repo": remote.url()}))
+        .await;
+    assert_eq!(code, 201, "{body}");
+}
+
 on_both!(
+    clones_a_request_waits_for_are_capped_per_tenant,
     a_tenant_cannot_send_the_workers_push_elsewhere,
     a_login_is_sealed_at_rest_and_opens_only_for_its_tenant_and_key,
     an_agent_job_clones_commits_pushes_and_opens_a_pull_request,

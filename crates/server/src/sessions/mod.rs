@@ -149,7 +149,7 @@ fn no_model() -> ApiError {
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", summary = "Start a conversation",
     request_body = NewSession,
-    responses((status = 201, body = SessionSummary), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 403, description = "A network beyond this tenant's ceiling", body = crate::http::ErrorResponse)))]
+    responses((status = 201, body = SessionSummary), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 403, description = "A network beyond this tenant's ceiling", body = crate::http::ErrorResponse), (status = 429, description = "Too many clones under way (a session's `repo`); `Retry-After` says when to try again", body = crate::http::ErrorResponse)))]
 pub(crate) async fn create(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -184,6 +184,12 @@ pub(crate) async fn create(
         }
         None => {}
     }
+    // Held until the clone is made: a tenant's concurrent requests do not
+    // each start one.
+    let _cloning = match &asked.repo {
+        Some(_) => Some(shared.clones.acquire(&tenant)?),
+        None => None,
+    };
     let model = asked
         .model
         .map_or_else(|| defaults.agent.model.clone(), String::from);
