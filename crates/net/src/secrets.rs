@@ -10,15 +10,16 @@
 //! (inside `Authorization: Basic` too), and forwards them over TLS to the
 //! real host, whose certificate it verifies against the system's roots.
 //!
-//! In response headers the value is put back to the placeholder in every
-//! form the broker sends it in: as it is; inside base64 (each run of
-//! either alphabet, padded or not, is decoded, the value replaced wherever
-//! it sits, and the run encoded back the same way); and URL-encoded (any
-//! mix of literal bytes and `%XX` escapes in either case, `+` for a
-//! space). Where a form still shows after that (base64 glued to other
-//! characters, percent-encoded base64; looked for in values of 5 bytes or
-//! more, shorter ones would match by chance) the whole header value
-//! becomes the placeholder.
+//! In response heads (headers, the reason phrase) and trailers the value
+//! is put back to the placeholder in every form the broker sends it in:
+//! as it is; inside base64 (each run of either alphabet, padded or not, is
+//! decoded, the value replaced wherever it sits, and the run encoded back
+//! the same way); and URL-encoded (any mix of literal bytes and `%XX`
+//! escapes in either case, `+` for a space). Where a form still shows
+//! after that (base64 glued to other characters, percent-encoded base64;
+//! looked for in values of 5 bytes or more, shorter ones would match by
+//! chance) the whole header value becomes the placeholder. A header whose
+//! name shows the value, in any case, is dropped.
 //!
 //! What it does not do, and why: request and response *bodies* are carried
 //! untouched (they stream, and tokens belong in headers), and other
@@ -394,12 +395,45 @@ pub(crate) fn fill(headers: &mut http::HeaderMap, uri: &mut http::Uri, secrets: 
     }
 }
 
-/// Puts placeholders back in place of values in response headers, in
-/// every form the module's doc names.
+/// Puts placeholders back in place of values in response headers (and
+/// trailers), in every form the module's doc names.
 pub(crate) fn scrub(headers: &mut http::HeaderMap, secrets: &[Secret]) {
     let forms: Vec<Forms> = secrets.iter().map(Forms::of).collect();
+    scrub_headers(headers, &forms);
+}
+
+/// [`scrub`] for a response's head, with its reason phrase: hyper writes
+/// an upstream's own phrase back out to the sandbox.
+pub(crate) fn scrub_head(head: &mut http::response::Parts, secrets: &[Secret]) {
+    use hyper::ext::ReasonPhrase;
+    let forms: Vec<Forms> = secrets.iter().map(Forms::of).collect();
+    scrub_headers(&mut head.headers, &forms);
+    if let Some(r) = head.extensions.get::<ReasonPhrase>()
+        && let Some(b) = hide_all(r.as_bytes(), &forms)
+    {
+        match ReasonPhrase::try_from(b) {
+            Ok(r) => head.extensions.insert(r),
+            // Without one, the status's own phrase is written.
+            Err(_) => head.extensions.remove::<ReasonPhrase>(),
+        };
+    }
+}
+
+fn scrub_headers(headers: &mut http::HeaderMap, forms: &[Forms]) {
+    // A host may reflect what it got into header names too. Names are
+    // lower case, so the value is looked for in any case there, and such a
+    // header goes.
+    let lower: Vec<Forms> = forms.iter().map(Forms::lowercase).collect();
+    let shown: Vec<http::HeaderName> = headers
+        .keys()
+        .filter(|n| lower.iter().any(|f| f.shows(n.as_str().as_bytes())))
+        .cloned()
+        .collect();
+    for n in shown {
+        headers.remove(n);
+    }
     for v in headers.values_mut() {
-        if let Some(b) = hide_all(v.as_bytes(), &forms) {
+        if let Some(b) = hide_all(v.as_bytes(), forms) {
             // Only ASCII is put in, so this cannot fail; if it did, the
             // value would go rather than stay.
             *v = http::HeaderValue::from_bytes(&b)
@@ -457,7 +491,7 @@ const BASE64: [Base64; 2] = [
 
 /// The forms of one secret's value that scrub looks for.
 struct Forms<'a> {
-    value: &'a [u8],
+    value: Vec<u8>,
     placeholder: &'a [u8],
     /// For each of the three offsets the value can have in encoded bytes,
     /// the base64 characters made of its bits alone, in both alphabets:
@@ -480,9 +514,18 @@ impl Forms<'_> {
             }
         }
         Forms {
-            value,
+            value: value.to_vec(),
             placeholder: s.placeholder.as_bytes(),
             cores,
+        }
+    }
+
+    /// The same forms in lower case, to look for in header names.
+    fn lowercase(&self) -> Forms<'_> {
+        Forms {
+            value: self.value.to_ascii_lowercase(),
+            placeholder: self.placeholder,
+            cores: self.cores.iter().map(|c| c.to_ascii_lowercase()).collect(),
         }
     }
 
@@ -580,7 +623,7 @@ impl Forms<'_> {
             _ => return None,
         }
         let mut ends = vec![at];
-        for &v in self.value {
+        for &v in &self.value {
             let mut next = Vec::with_capacity(ends.len());
             for &i in &ends {
                 let c = text.get(i).copied();
@@ -856,5 +899,28 @@ mod tests {
         assert_ne!(h, sent);
         scrub(&mut h, &s);
         assert_eq!(h, sent);
+    }
+
+    #[test]
+    fn scrub_head_covers_names_and_the_reason_phrase() {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        use hyper::ext::ReasonPhrase;
+        let v = "Tok3n-Value_x";
+        let s = [Secret::new("TOKEN", v, &["a.test"]).unwrap()];
+        let b64 = URL_SAFE_NO_PAD.encode(format!("git:{v}"));
+        let resp = http::Response::builder()
+            .header(format!("x-{v}"), "1")
+            .header(format!("x-{b64}"), "2")
+            .header("x-kept", "3")
+            .extension(ReasonPhrase::try_from(format!("Echo {v}")).unwrap())
+            .body(())
+            .unwrap();
+        let (mut head, ()) = resp.into_parts();
+        scrub_head(&mut head, &s);
+        // Names came in lower case, and still went.
+        assert_eq!(head.headers.len(), 1);
+        assert_eq!(head.headers["x-kept"], "3");
+        let reason = head.extensions.get::<ReasonPhrase>().unwrap();
+        assert_eq!(reason.as_bytes(), b"Echo CORDON_SECRET_TOKEN");
     }
 }

@@ -23,7 +23,9 @@ fn roots_with(der: &rustls::pki_types::CertificateDer<'static>) -> RootCertStore
 /// What the sandbox's client got for one request.
 struct Seen {
     status: u16,
+    reason: Option<Vec<u8>>,
     headers: http::HeaderMap,
+    trailers: Option<http::HeaderMap>,
     body: String,
 }
 
@@ -65,7 +67,12 @@ async fn exchange(
         let body = body.collect().await.unwrap();
         out.push(Seen {
             status: parts.status.as_u16(),
+            reason: parts
+                .extensions
+                .get::<hyper::ext::ReasonPhrase>()
+                .map(|r| r.as_bytes().to_vec()),
             headers: parts.headers,
+            trailers: body.trailers().cloned(),
             body: String::from_utf8(body.to_bytes().to_vec()).unwrap(),
         });
     }
@@ -341,7 +348,7 @@ fn mirror<B>(req: &hyper::Request<B>) -> hyper::Response<Full<Bytes>> {
         String::from_utf8_lossy(&auth),
         String::from_utf8_lossy(&key),
     );
-    hyper::Response::builder()
+    let mut resp = hyper::Response::builder()
         .header("x-echo-auth", auth.clone())
         .header(
             "www-authenticate",
@@ -362,7 +369,10 @@ fn mirror<B>(req: &hyper::Request<B>) -> hyper::Response<Full<Bytes>> {
         .body(Full::new(Bytes::from(format!(
             "{target} auth={auth_s} key={key_s}"
         ))))
-        .unwrap()
+        .unwrap();
+    resp.extensions_mut()
+        .insert(hyper::ext::ReasonPhrase::try_from(format!("Echo {key_s}")).unwrap());
+    resp
 }
 
 #[tokio::test]
@@ -415,6 +425,7 @@ async fn a_host_that_reflects_the_request_shows_the_sandbox_no_form_of_the_value
         for (name, v) in &seen.headers {
             heads.extend([name.as_str().as_bytes(), v.as_bytes()]);
         }
+        heads.extend(seen.reason.as_deref());
         let leaks: Vec<_> = heads
             .iter()
             .filter(|t| shows(t, SPACED) || shows(t, IN_URL))
@@ -429,5 +440,73 @@ async fn a_host_that_reflects_the_request_shows_the_sandbox_no_form_of_the_value
         assert_eq!(h("location"), format!("/login?next={next}"));
         assert_eq!(h("link"), "</debug?key=CORDON_SECRET_TOKEN>; rel=\"debug\"");
         assert_eq!(h("x-plain"), PLAIN);
+        assert_eq!(
+            seen.reason.as_deref(),
+            Some(&b"Echo CORDON_SECRET_TOKEN"[..])
+        );
+    }
+}
+
+/// A real host that answers one request with a chunked body whose trailers
+/// hold `value`, as is and in base64, whatever the request asked for.
+async fn trailing_server(config: Arc<rustls::ServerConfig>, value: &'static str) -> u16 {
+    use base64::Engine;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind((LOOPBACK, 0)).await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let Ok(mut tls) = acceptor.accept(s).await else {
+                continue;
+            };
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && tls.read(&mut b).await.unwrap_or(0) == 1 {
+                head.push(b[0]);
+            }
+            let b64 = base64::engine::general_purpose::STANDARD.encode(format!("git:{value}"));
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-key, x-auth\r\n\r\n\
+                 2\r\nok\r\n0\r\nx-key: {value}\r\nx-auth: Basic {b64}\r\n\r\n"
+            );
+            let _ = tls.write_all(resp.as_bytes()).await;
+            let _ = tls.shutdown().await;
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn trailers_do_not_carry_the_value_back() {
+    let tls = tls();
+    let port = trailing_server(tls.server.clone(), SPACED).await;
+    let host = format!("upstream.test:{port}");
+    let secret = Secret::new("TOKEN", SPACED, &[&host]).unwrap();
+    let icpt =
+        Arc::new(Intercept::with_roots(vec![secret], roots_with(&tls_root_der(&tls))).unwrap());
+    let config = BrokerConfig {
+        intercept: Some(icpt.clone()),
+        ..Default::default()
+    };
+    let b = TestBroker::start(policy(&[host], true), config).await;
+    let mut req = get("upstream.test", "/", "Bearer CORDON_SECRET_TOKEN");
+    req.headers_mut()
+        .insert("te", http::HeaderValue::from_static("trailers"));
+    let seen = exchange(
+        &b,
+        "upstream.test",
+        port,
+        roots_with(icpt.ca_der()),
+        vec![req],
+    )
+    .await
+    .unwrap();
+    assert_eq!((seen[0].status, seen[0].body.as_str()), (200, "ok"));
+    for (name, v) in seen[0].trailers.iter().flatten() {
+        assert!(
+            !shows(name.as_str().as_bytes(), SPACED) && !shows(v.as_bytes(), SPACED),
+            "{name}: {v:?}"
+        );
     }
 }
