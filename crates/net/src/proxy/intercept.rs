@@ -5,6 +5,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use hyper::body::Frame;
 use rustls::pki_types::ServerName;
 use tokio::io::ReadBuf;
 
@@ -147,7 +148,17 @@ impl Inner {
                         Ok(resp) => {
                             let (mut parts, body) = resp.into_parts();
                             strip_hop_by_hop(&mut parts.headers);
-                            secrets::scrub(&mut parts.headers, &secrets);
+                            secrets::scrub_head(&mut parts, &secrets);
+                            // Trailers are headers too. None reach the
+                            // sandbox while the Trailer header is stripped,
+                            // but that is no guard to rely on.
+                            let body = body.map_frame(move |f| match f.into_trailers() {
+                                Ok(mut t) => {
+                                    secrets::scrub(&mut t, &secrets);
+                                    Frame::trailers(t)
+                                }
+                                Err(f) => f,
+                            });
                             Response::from_parts(parts, body.boxed())
                         }
                         Err(e) => text(
