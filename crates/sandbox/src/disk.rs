@@ -164,13 +164,55 @@ pub(crate) fn measure(roots: &[PathBuf], holder: Option<i32>) -> std::io::Result
         walk.root(root)?;
     }
     if let Some(pid) = holder {
-        walk.deleted_open_files(pid);
+        walk.deleted_held_files(pid);
     }
     Ok(walk.total)
 }
 
 /// Most processes looked at for open files: more than a sandbox may have.
 const MAX_HOLDERS: usize = 8192;
+/// Most bytes of one process's `/proc/PID/maps` read: about 10,000
+/// mappings.
+const MAX_MAPS: u64 = 1 << 20;
+
+/// A line of `/proc/PID/maps` for a file that was deleted.
+struct DeletedMapping<'a> {
+    /// `start-end`, as `map_files` names it.
+    range: &'a str,
+    dev: u64,
+    ino: u64,
+    len: u64,
+}
+
+impl<'a> DeletedMapping<'a> {
+    /// `start-end perms offset major:minor inode path (deleted)`; only a
+    /// line whose path ends so. A name made to end in " (deleted)" is
+    /// only counted twice, to the sandbox's own cost.
+    fn parse(line: &'a str) -> Option<DeletedMapping<'a>> {
+        if !line.ends_with(" (deleted)") {
+            return None;
+        }
+        let mut f = line.split_ascii_whitespace();
+        let range = f.next()?;
+        let (_perms, _offset) = (f.next()?, f.next()?);
+        let (major, minor) = f.next()?.split_once(':')?;
+        let ino = f.next()?.parse().ok()?;
+        let (start, end) = range.split_once('-')?;
+        let len = u64::from_str_radix(end, 16)
+            .ok()?
+            .checked_sub(u64::from_str_radix(start, 16).ok()?)?;
+        let dev = rustix::fs::makedev(
+            u32::from_str_radix(major, 16).ok()?,
+            u32::from_str_radix(minor, 16).ok()?,
+        );
+        Some(DeletedMapping {
+            range,
+            dev,
+            ino,
+            len,
+        })
+    }
+}
 
 /// `pid` and its descendants, through `/proc/PID/task/TID/children`.
 fn descendants(pid: i32) -> Vec<i32> {
@@ -254,27 +296,70 @@ impl Walk {
     }
 
     /// Counts the deleted files on the roots' devices that `holder` and
-    /// its descendants hold open. The descriptors are only looked at
-    /// (`stat` of `/proc/PID/fd/N` gives the open file's inode), never
-    /// opened; what a process hides from us (a non-dumpable supervisor)
-    /// holds no workspace file.
-    fn deleted_open_files(&mut self, holder: i32) {
+    /// its descendants hold open or mapped: they take space until let go,
+    /// and no directory shows them. The descriptors and mappings are only
+    /// looked at (`stat` of `/proc/PID/fd/N` or `/proc/PID/map_files/R`
+    /// gives the file's inode and size), never opened; what a process hides
+    /// from us (a non-dumpable supervisor) holds no workspace file.
+    fn deleted_held_files(&mut self, holder: i32) {
         for pid in descendants(holder) {
-            let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            self.deleted_open_files(pid);
+            self.deleted_mapped_files(pid);
+        }
+    }
+
+    fn deleted_open_files(&mut self, pid: i32) {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return;
+        };
+        for fd in fds.flatten() {
+            if let Ok(st) = rustix::fs::stat(fd.path()) {
+                self.count_deleted(&st);
+            }
+        }
+    }
+
+    /// A file mapped and then closed and unlinked is held by the mapping
+    /// alone. `/proc/PID/maps` names such mappings (device, inode, and
+    /// " (deleted)"); the size comes from `map_files`, which the kernel
+    /// lets only a privileged watcher follow. Without that, the mapping's
+    /// length is counted: a lower bound (README, "Disk budget").
+    fn deleted_mapped_files(&mut self, pid: i32) {
+        let Ok(maps) = std::fs::File::open(format!("/proc/{pid}/maps")) else {
+            return;
+        };
+        let mut text = String::new();
+        if std::io::Read::read_to_string(&mut std::io::Read::take(maps, MAX_MAPS), &mut text)
+            .is_err()
+        {
+            return;
+        }
+        for line in text.lines() {
+            let Some(m) = DeletedMapping::parse(line) else {
                 continue;
             };
-            for fd in fds.flatten() {
-                let Ok(st) = rustix::fs::stat(fd.path()) else {
-                    continue;
-                };
-                if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
-                    && st.st_nlink == 0
-                    && self.devs.contains(&st.st_dev)
-                    && self.seen.insert(id(&st))
-                {
-                    self.total += st.st_blocks as u64 * 512;
+            if !self.devs.contains(&m.dev) {
+                continue;
+            }
+            match rustix::fs::stat(format!("/proc/{pid}/map_files/{}", m.range).as_str()) {
+                Ok(st) => self.count_deleted(&st),
+                Err(_) => {
+                    if self.seen.insert((m.dev, m.ino)) {
+                        self.total += m.len;
+                    }
                 }
             }
+        }
+    }
+
+    /// Adds a regular file with no name left on a root's device, once.
+    fn count_deleted(&mut self, st: &Stat) {
+        if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+            && st.st_nlink == 0
+            && self.devs.contains(&st.st_dev)
+            && self.seen.insert(id(st))
+        {
+            self.total += st.st_blocks as u64 * 512;
         }
     }
 
@@ -486,6 +571,32 @@ pub(crate) fn watch(
 
 #[cfg(test)]
 mod tests {
+    use super::DeletedMapping;
+
+    #[test]
+    fn a_deleted_mapping_is_read_from_its_maps_line() {
+        let m = DeletedMapping::parse(
+            "7f0000001000-7f0000003000 r--s 00000000 fd:01 1234 /workspace/x (deleted)",
+        )
+        .unwrap();
+        assert_eq!(
+            (m.range, m.dev, m.ino, m.len),
+            (
+                "7f0000001000-7f0000003000",
+                rustix::fs::makedev(0xfd, 1),
+                1234,
+                0x2000
+            )
+        );
+        for line in [
+            "7f0000001000-7f0000003000 r--s 00000000 fd:01 1234 /workspace/x",
+            "7f0000003000-7f0000001000 r--s 00000000 fd:01 1234 /x (deleted)",
+            "garbage (deleted)",
+        ] {
+            assert!(DeletedMapping::parse(line).is_none(), "{line}");
+        }
+    }
+
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 

@@ -38,6 +38,23 @@ macro_rules! attack {
             attack!(@test unprivileged, Unprivileged, $name, []);
         }
     };
+    // An attack the native backend does not hold yet (said in the README):
+    // its variants there are kept, ignored with the reason.
+    ($name:ident, native_ignore = $why:literal) => {
+        mod $name {
+            attack!(@test root, Root, $name, [ignore = $why]);
+            attack!(@test unprivileged, Unprivileged, $name, [ignore = $why]);
+            attack!(@test microvm, Microvm, $name, []);
+        }
+    };
+    // For a defence only a privileged watcher has on the native backend:
+    // root and microvm.
+    ($name:ident, privileged) => {
+        mod $name {
+            attack!(@test root, Root, $name, []);
+            attack!(@test microvm, Microvm, $name, []);
+        }
+    };
     (@mod $name:ident, [$($vm_attr:meta)*]) => {
         mod $name {
             attack!(@test root, Root, $name, []);
