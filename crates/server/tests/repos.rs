@@ -701,7 +701,113 @@ async fn clones_a_request_waits_for_are_capped_per_tenant(db: Db) {
     assert_eq!(code, 201, "{body}");
 }
 
+/// Swaps `d` (a directory) with `l` (a link to `.git`) until the file
+/// `stop` appears or a minute passes; prints how many swaps it made.
+const RACER: &str = r#"
+import ctypes, os, time
+os.makedirs("d", exist_ok=True)
+os.symlink(".git", "l")
+libc = ctypes.CDLL(None, use_errno=True)
+n, end = 0, time.time() + 60
+while not os.path.exists("stop") and time.time() < end:
+    for _ in range(256):
+        if libc.renameat2(-100, b"d", -100, b"l", 2) != 0:
+            raise OSError(ctypes.get_errno(), "renameat2")
+        n += 1
+print(n)
+"#;
+
+/// The files API racing a sandbox that exchanges a directory with a link
+/// to the clone's `.git` as fast as it can: thousands of writes through
+/// both names, and not one reaches `.git`.
+async fn a_write_racing_a_link_to_git_never_reaches_it(db: Db) {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
+    let Some(s) = TestServer::start_with(db, ceiling_loopback).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    store_login(&s, &t, &remote).await;
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "python", "repo": remote.url(), "code": RACER}),
+        )
+        .await;
+    s.wait_running(&t, &id).await;
+    let ws = s.dir.join(format!("data/jobs/{id}/workspace"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while ws.join("l").symlink_metadata().is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the racer never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let config = std::fs::read(ws.join(".git/config")).unwrap();
+    let listed = |dir: &std::path::Path| {
+        // cordon's clone has no hooks directory: none is an empty list.
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let (top, hooks) = (listed(&ws.join(".git")), listed(&ws.join(".git/hooks")));
+    let started = std::time::Instant::now();
+    let (mut tries, mut written, mut refused) = (0usize, 0usize, 0usize);
+    'race: for _ in 0..1000 {
+        for path in [
+            "d/config",
+            "l/config",
+            "d/hooks/post-checkout",
+            "l/hooks/pre-push",
+        ] {
+            tries += 1;
+            let (code, body) = put_file(
+                &s,
+                &t,
+                &format!("/v1/jobs/{id}/files/{path}"),
+                "#!/bin/sh\nevil\n",
+            )
+            .await;
+            match code {
+                200 | 201 => written += 1,
+                400 => {
+                    refused += 1;
+                    assert!(
+                        body.contains("read-only") || body.contains("symbolic"),
+                        "{body}"
+                    );
+                }
+                _ => panic!("try {tries}: {path}: {code} {body}"),
+            }
+            if started.elapsed() > std::time::Duration::from_secs(40) {
+                break 'race;
+            }
+        }
+    }
+    std::fs::write(ws.join("stop"), "").unwrap();
+    let job = s.wait(&t, &id).await;
+    let swaps = job["stdout"].as_str().unwrap_or("").trim().to_string();
+    eprintln!(
+        "{tries} writes ({written} into the directory, {refused} refused) in {:?} against {swaps} swaps",
+        started.elapsed()
+    );
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(
+        std::fs::read(ws.join(".git/config")).unwrap(),
+        config,
+        ".git/config was written"
+    );
+    assert_eq!(listed(&ws.join(".git")), top, "a file was made in .git");
+    assert_eq!(listed(&ws.join(".git/hooks")), hooks, "a hook was planted");
+    assert!(tries >= 2000, "only {tries} writes: not a convincing race");
+    assert!(written > 0 && refused > 0, "the race never went both ways");
+}
+
 on_both!(
+    a_write_racing_a_link_to_git_never_reaches_it,
     clones_a_request_waits_for_are_capped_per_tenant,
     a_tenant_cannot_send_the_workers_push_elsewhere,
     a_login_is_sealed_at_rest_and_opens_only_for_its_tenant_and_key,
