@@ -162,19 +162,13 @@ fn a_clone_goes_only_into_an_empty_directory() {
     );
 }
 
-#[test]
-fn the_sessions_branch_is_pushed_with_the_hosts_credentials_and_nothing_else() {
-    let tmp = tempfile::tempdir().unwrap();
-    let remote = remote(&tmp.path().join("remote"));
-    let home = tempfile::tempdir().unwrap();
-    let creds = user_with_token(home.path(), remote.port);
-    let url = remote.url();
-    let ws = tmp.path().join("ws");
+/// `url` cloned into `ws` on branch `cordon/s1`, with one commit there.
+fn cloned_and_committed(url: &str, ws: &Path, creds: &HostCredentials) -> cordon_git::Committed {
     clone_into(
         &url.parse().unwrap(),
-        &ws,
+        ws,
         "cordon/s1",
-        &creds,
+        creds,
         Existing::Refuse,
     )
     .unwrap();
@@ -183,9 +177,20 @@ fn the_sessions_branch_is_pushed_with_the_hosts_credentials_and_nothing_else() {
         name: "Ada".into(),
         email: "ada@example.com".into(),
     };
-    let c = cordon_git::commit(&ws, "cordon/s1", "Push me", &who)
+    cordon_git::commit(ws, "cordon/s1", "Push me", &who)
         .unwrap()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn the_sessions_branch_is_pushed_with_the_hosts_credentials_and_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = remote(&tmp.path().join("remote"));
+    let home = tempfile::tempdir().unwrap();
+    let creds = user_with_token(home.path(), remote.port);
+    let url = remote.url();
+    let ws = tmp.path().join("ws");
+    let c = cloned_and_committed(&url, &ws, &creds);
     let bare = remote.bare();
     let main_before = git(&bare, &["rev-parse", "refs/heads/main"]);
 
@@ -551,22 +556,7 @@ fn a_remote_named_like_the_clone_url_cannot_redirect_the_push() {
     std::fs::write(home.path().join(".git-credentials"), store).unwrap();
     let url = remote.url();
     let ws = tmp.path().join("ws");
-    clone_into(
-        &url.parse().unwrap(),
-        &ws,
-        "cordon/s1",
-        &creds,
-        Existing::Refuse,
-    )
-    .unwrap();
-    std::fs::write(ws.join("README"), "pushed\n").unwrap();
-    let who = cordon_git::Ident {
-        name: "Ada".into(),
-        email: "ada@example.com".into(),
-    };
-    cordon_git::commit(&ws, "cordon/s1", "Push me", &who)
-        .unwrap()
-        .unwrap();
+    cloned_and_committed(&url, &ws, &creds);
     let config = std::fs::read_to_string(ws.join(".git/config")).unwrap();
     let refs = |bare: &Path| git(bare, &["for-each-ref", "--format=%(refname)"]);
     let other_before = refs(&other.bare());

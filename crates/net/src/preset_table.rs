@@ -31,6 +31,24 @@ impl PresetTable {
         PresetTable { by_name }
     }
 
+    /// Asks the tools of the presets `spec` names, and no others (a
+    /// command's one policy).
+    pub async fn resolve_for(
+        spec: &PolicySpec,
+        env: &PresetEnv,
+    ) -> Result<PresetTable, PolicyError> {
+        let mut by_name = BTreeMap::new();
+        for e in &spec.allow {
+            if let Entry::Preset(p) = e.parse::<Entry>()?
+                && !by_name.contains_key(&p)
+            {
+                let x = expand_preset(&p, env).await;
+                by_name.insert(p, x);
+            }
+        }
+        Ok(PresetTable { by_name })
+    }
+
     /// A spec's policy, its presets taken from the table: no process runs.
     /// Returns the warnings of the presets it names.
     pub fn expand(&self, spec: &PolicySpec) -> Result<(Policy, Vec<String>), PolicyError> {

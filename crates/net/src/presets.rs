@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::policy::{Entry, Policy, PolicyError, PolicySpec, Rule};
+use crate::policy::{Policy, PolicyError, PolicySpec, Rule};
 
 /// The presets there are, without the `@`.
 pub const NAMES: &[&str] = &["python", "node", "rust", "debian", "git-hosting"];
@@ -217,19 +217,9 @@ pub async fn expand(
     spec: &PolicySpec,
     env: &PresetEnv,
 ) -> Result<(Policy, Vec<String>), PolicyError> {
-    let mut rules = Vec::new();
-    let mut warnings = Vec::new();
-    for e in &spec.allow {
-        match e.parse::<Entry>()? {
-            Entry::Rule(r) => rules.push(r),
-            Entry::Preset(p) => {
-                let x = expand_preset(&p, env).await;
-                rules.extend(x.rules);
-                warnings.extend(x.warnings);
-            }
-        }
-    }
-    Ok((Policy::new(rules, spec.allow_private), warnings))
+    crate::PresetTable::resolve_for(spec, env)
+        .await?
+        .expand(spec)
 }
 
 /// Runs a tool with exactly `env.vars`, in an empty directory, and returns
