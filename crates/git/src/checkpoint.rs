@@ -138,9 +138,10 @@ impl Checkpoints {
     /// as the retention says.
     pub fn record(&self, workspace: &Path, label: &str) -> Result<Checkpoint, CheckpointError> {
         let _lock = self.lock()?;
+        let parent = self.latest();
         let c = self.record_locked(workspace, label)?;
         if c.changed {
-            self.retain_locked();
+            self.retain_locked(parent.as_deref());
         }
         Ok(c)
     }
@@ -189,6 +190,7 @@ impl Checkpoints {
     pub fn restore(&self, workspace: &Path, id: &str) -> Result<Rewound, CheckpointError> {
         let _lock = self.lock()?;
         let id = &self.known(id)?;
+        let parent = self.latest();
         let before = self.record_locked(workspace, &format!("before restoring {id}"))?;
         let current = restore::files(&self.git, &before.id)?;
         let target = restore::files(&self.git, id)?;
@@ -196,7 +198,7 @@ impl Checkpoints {
         let restored = restore::restore(&self.git, workspace, &current, &target, &meta)?;
         // Only now: the checkpoint restored may be the oldest.
         if before.changed {
-            self.retain_locked();
+            self.retain_locked(parent.as_deref());
         }
         Ok(Rewound { before, restored })
     }
@@ -236,14 +238,15 @@ impl Checkpoints {
 
     /// Drops the oldest checkpoints until the retention holds. A failure
     /// is logged, not returned: the checkpoint just taken is in the store
-    /// whatever becomes of the older ones.
-    fn retain_locked(&self) {
-        if let Err(e) = self.retain() {
+    /// whatever becomes of the older ones. `parent`: the newest before
+    /// the record that called this.
+    fn retain_locked(&self, parent: Option<&str>) {
+        if let Err(e) = self.retain(parent) {
             tracing::warn!("checkpoints: pruning {}: {e}", self.git.git_dir().display());
         }
     }
 
-    fn retain(&self) -> Result<(), CheckpointError> {
+    fn retain(&self, parent: Option<&str>) -> Result<(), CheckpointError> {
         let dir = self.git.git_dir();
         let io = |source| CheckpointError::Dir {
             dir: dir.to_path_buf(),
@@ -253,11 +256,17 @@ impl Checkpoints {
         let Some(tip) = self.latest() else {
             return Ok(());
         };
-        let commits = retention::commits(&self.git, &tip)?;
+        // The count the record before left, plus this one; git counts
+        // when there is none for the parent (an older store, a crash).
+        let count = match (retention::counted(dir), parent) {
+            (Some((at, n)), Some(p)) if at == p => n + 1,
+            _ => retention::commits(&self.git, &tip)?.len(),
+        };
         let size = retention::allocated(dir).map_err(io)?;
-        if commits.len() <= r.keep() && size <= r.max_bytes() {
-            return Ok(());
+        if count <= r.keep() && size <= r.max_bytes() {
+            return retention::count(dir, &tip, count).map_err(io);
         }
+        let commits = retention::commits(&self.git, &tip)?;
         // What the count drops goes first, and what stays goes into one
         // pack: each record's pack holds no deltas against the others,
         // so the store's size before a repack overstates what it keeps.
@@ -283,7 +292,7 @@ impl Checkpoints {
             }
             retention::free(&self.git, dropping)?;
             if last == 0 || retention::allocated(dir).map_err(io)? <= r.max_bytes() {
-                return Ok(());
+                return retention::count(dir, &tip, last + 1).map_err(io);
             }
             // Over the budget: the oldest whose going leaves the rest
             // within it, from what each checkpoint's objects take now

@@ -23,6 +23,9 @@ use crate::command::{Git, GitError};
 const SHALLOW: &str = "shallow";
 /// The checkpoints dropped, one a line: `<id> keep <n>` or `<id> size <bytes>`.
 const PRUNED: &str = "cordon-pruned";
+/// How many checkpoints the chain holds, and its newest: `<id> <n>`.
+/// Saves counting them with git at every record.
+const COUNT: &str = "cordon-count";
 
 /// What a store keeps: its newest `keep` checkpoints, within `max_bytes`
 /// on disk.
@@ -166,6 +169,21 @@ pub(crate) fn commits(git: &Git, tip: &str) -> Result<Vec<String>, GitError> {
         .lines()
         .map(str::to_string)
         .collect())
+}
+
+/// The newest checkpoint and how many the chain held then, as [`count`]
+/// left them.
+pub(crate) fn counted(git_dir: &Path) -> Option<(String, usize)> {
+    let text = std::fs::read_to_string(git_dir.join(COUNT)).ok()?;
+    let (tip, n) = text.trim().split_once(' ')?;
+    Some((tip.to_string(), n.parse().ok()?))
+}
+
+/// Notes that the chain ending at `tip` holds `n` checkpoints.
+pub(crate) fn count(git_dir: &Path, tip: &str, n: usize) -> std::io::Result<()> {
+    let tmp = git_dir.join("cordon-count.tmp");
+    std::fs::write(&tmp, format!("{tip} {n}\n"))?;
+    std::fs::rename(&tmp, git_dir.join(COUNT))
 }
 
 /// For each commit of the chain from `tip` (newest first), the bytes its
