@@ -9,10 +9,15 @@
 //! the log ([`crate::sessions::timeline`]) then reads the conversation as
 //! it was there. A fork starts a new session from turn N with a copy of
 //! its files, and says so in both logs. Nothing in a log is rewritten.
+//!
+//! A store keeps what its [`Retention`] says (`checkpoints.keep`,
+//! `checkpoints.max_size`): a rewind or fork to a turn whose checkpoint
+//! was pruned says so, and how to keep more.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use cordon_git::Retention;
 use cordon_git::{Checkpoint, CheckpointError, Checkpoints, Kept};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -71,7 +76,11 @@ pub enum RewindError {
     #[error(transparent)]
     Log(#[from] LogError),
     #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
+    Checkpoint(CheckpointError),
+    #[error(
+        "{0}; to keep more, raise checkpoints.keep or checkpoints.max_size (CORDON_CHECKPOINTS_KEEP, CORDON_CHECKPOINTS_MAX_SIZE)"
+    )]
+    Pruned(CheckpointError),
     #[error(
         "turn {turn} has no checkpoint in this session (it has {turns} turn{s}; sessions from before checkpoints, and turns cut short by a crash, have none)",
         s = if *turns == 1 { "" } else { "s" }
@@ -83,6 +92,20 @@ pub enum RewindError {
     Workspace(String),
 }
 
+impl From<CheckpointError> for RewindError {
+    fn from(e: CheckpointError) -> RewindError {
+        match e {
+            e @ CheckpointError::Pruned { .. } => RewindError::Pruned(e),
+            e => RewindError::Checkpoint(e),
+        }
+    }
+}
+
+/// The store of the session logged at `log`, keeping what `retention` says.
+fn open_store(log: &Path, retention: Retention) -> Result<Checkpoints, CheckpointError> {
+    Ok(Checkpoints::open(&store_dir(log))?.with_retention(retention))
+}
+
 /// A session's store, for the agent: records after each turn.
 pub(crate) struct TurnCheckpoints {
     store: Arc<Checkpoints>,
@@ -92,8 +115,12 @@ pub(crate) struct TurnCheckpoints {
 impl TurnCheckpoints {
     /// The store beside `log`, made if needed; `None` (and a warning) when
     /// it cannot be (no git on the host): the session goes on without.
-    pub(crate) fn open(log: &Path, workspace: &Path) -> Option<TurnCheckpoints> {
-        match Checkpoints::open(&store_dir(log)) {
+    pub(crate) fn open(
+        log: &Path,
+        workspace: &Path,
+        retention: Retention,
+    ) -> Option<TurnCheckpoints> {
+        match open_store(log, retention) {
             Ok(store) => Some(TurnCheckpoints {
                 store: Arc::new(store),
                 workspace: workspace.to_path_buf(),
@@ -125,7 +152,13 @@ impl TurnCheckpoints {
 /// Takes the session logged at `log`, working in `workspace`, back to the
 /// end of turn `to_turn`: its files, then its conversation (a `rewind`
 /// record). No other cordon may be writing to that session meanwhile.
-pub fn rewind(log: &Path, workspace: &Path, to_turn: u64) -> Result<Rewind, RewindError> {
+/// The store keeps what `retention` says, as the session's turns do.
+pub fn rewind(
+    log: &Path,
+    workspace: &Path,
+    to_turn: u64,
+    retention: Retention,
+) -> Result<Rewind, RewindError> {
     let (mut session, records, _) = SessionLog::<Value>::open(log)?;
     let t = timeline(&records);
     let target = t
@@ -137,7 +170,7 @@ pub fn rewind(log: &Path, workspace: &Path, to_turn: u64) -> Result<Rewind, Rewi
             turn: to_turn,
             turns: t.turns,
         })?;
-    let store = Checkpoints::open(&store_dir(log))?;
+    let store = open_store(log, retention)?;
     let done = store.restore(workspace, &target.id)?;
     let rewind = Rewind {
         to_turn,
@@ -169,13 +202,15 @@ pub struct Forked {
 /// Starts the session `new_id`, logged at `new_log`, from the end of turn
 /// `turn` (the newest when `None`) of the session logged at `log`: the
 /// conversation up to there, and the files of that turn's checkpoint
-/// written into `new_workspace`, which must be empty or absent.
+/// written into `new_workspace`, which must be empty or absent. Both
+/// stores keep what `retention` says.
 pub fn fork(
     log: &Path,
     turn: Option<u64>,
     new_id: &str,
     new_log: &Path,
     new_workspace: &Path,
+    retention: Retention,
 ) -> Result<Forked, RewindError> {
     let (mut session, records, _) = SessionLog::<Value>::open(log)?;
     let started = records
@@ -215,7 +250,7 @@ pub fn fork(
         }
     }
     let new_workspace = crate::sessions::same_dir(new_workspace);
-    let store = Checkpoints::open(&store_dir(log))?;
+    let store = open_store(log, retention)?;
     let restored = store.materialize(&target.id, &new_workspace)?;
 
     // The conversation as it was at that checkpoint.
@@ -242,7 +277,7 @@ pub fn fork(
     for m in &history {
         forked.append(&crate::sessions::message_record(m))?;
     }
-    let own = Checkpoints::open(&store_dir(new_log))?;
+    let own = open_store(new_log, retention)?;
     let first_checkpoint = own.record(&new_workspace, "forked")?;
     forked.append(
         &serde_json::to_value(Record::Checkpoint(first_checkpoint))

@@ -763,7 +763,7 @@ async fn turns_are_checkpointed_and_a_rewind_restores_files_and_conversation() {
     );
 
     // Back to the end of turn 1.
-    let r = cordon_agent::checkpoints::rewind(&log_path, ws.path(), 1).unwrap();
+    let r = cordon_agent::checkpoints::rewind(&log_path, ws.path(), 1, Default::default()).unwrap();
     assert_eq!((r.written, r.removed), (2, 1), "{r:?}");
     assert_eq!(
         std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
@@ -783,7 +783,7 @@ async fn turns_are_checkpointed_and_a_rewind_restores_files_and_conversation() {
     drop(resumed);
 
     // Back to before the first turn: no a.txt, no conversation.
-    cordon_agent::checkpoints::rewind(&log_path, ws.path(), 0).unwrap();
+    cordon_agent::checkpoints::rewind(&log_path, ws.path(), 0, Default::default()).unwrap();
     assert!(!ws.path().join("a.txt").exists());
     assert!(
         cordon_agent::sessions::open(&log_path)
@@ -792,7 +792,8 @@ async fn turns_are_checkpointed_and_a_rewind_restores_files_and_conversation() {
             .is_empty()
     );
     // Turn 2's end is off the timeline now.
-    let err = cordon_agent::checkpoints::rewind(&log_path, ws.path(), 2).unwrap_err();
+    let err =
+        cordon_agent::checkpoints::rewind(&log_path, ws.path(), 2, Default::default()).unwrap_err();
     assert!(
         err.to_string().contains("turn 2 has no checkpoint"),
         "{err}"
@@ -800,7 +801,7 @@ async fn turns_are_checkpointed_and_a_rewind_restores_files_and_conversation() {
 
     // A fork of turn 1, from the log as it stands (turn 1 is still on
     // the timeline: a rewind only goes back).
-    cordon_agent::checkpoints::rewind(&log_path, ws.path(), 0).unwrap();
+    cordon_agent::checkpoints::rewind(&log_path, ws.path(), 0, Default::default()).unwrap();
     let fork_ws = logdir.path().join("fork-ws");
     let err = cordon_agent::checkpoints::fork(
         &log_path,
@@ -808,6 +809,7 @@ async fn turns_are_checkpointed_and_a_rewind_restores_files_and_conversation() {
         "f",
         &logdir.path().join("f.jsonl"),
         &fork_ws,
+        Default::default(),
     )
     .unwrap_err();
     assert!(
@@ -820,6 +822,7 @@ async fn turns_are_checkpointed_and_a_rewind_restores_files_and_conversation() {
         "f",
         &logdir.path().join("f.jsonl"),
         &fork_ws,
+        Default::default(),
     )
     .unwrap();
     assert_eq!(f.files, 1, "notes.txt");

@@ -139,6 +139,7 @@ pub fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
         max_tokens: r.max_tokens,
         context_window: r.context_window,
         compact_threshold: r.compact_threshold,
+        checkpoints: r.checkpoints,
         ..AgentConfig::new(r.model.clone())
     };
     Ok(ModelSetup { provider, agent })

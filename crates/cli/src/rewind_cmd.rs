@@ -31,6 +31,12 @@ pub struct ForkArgs {
     pub workspace: Option<PathBuf>,
 }
 
+/// What a session's checkpoints keep, as the user's settings say (the
+/// same the session's turns kept them by, unless they changed since).
+fn retention() -> Result<checkpoints::Retention, i32> {
+    crate::options::load_settings(Vec::new()).map(|s| s.resolved().checkpoints)
+}
+
 fn find(id: &str) -> Result<SessionSummary, String> {
     let all = sessions::list(&sessions::sessions_dir());
     sessions::choose(&all, Some(id), None).map_err(|e| e.to_string())
@@ -42,13 +48,18 @@ fn shown(p: &Path) -> String {
 }
 
 pub fn rewind(args: RewindArgs) -> i32 {
+    let retention = match retention() {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
     let run = || -> Result<(), String> {
         let s = find(&args.id)?;
         let workspace = match &args.workspace {
             Some(w) => w.clone(),
             None => sessions::recorded_workspace(&s.id, &s.workspace)?,
         };
-        let r = checkpoints::rewind(&s.path, &workspace, args.turn).map_err(|e| e.to_string())?;
+        let r = checkpoints::rewind(&s.path, &workspace, args.turn, retention)
+            .map_err(|e| e.to_string())?;
         println!(
             "session {}: back at the end of turn {} in {}: {} file{} written, {} removed",
             s.id,
@@ -78,6 +89,10 @@ pub fn rewind(args: RewindArgs) -> i32 {
 }
 
 pub fn fork(args: ForkArgs) -> i32 {
+    let retention = match retention() {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
     let run = || -> Result<(), String> {
         let s = find(&args.id)?;
         let new_id = sessions::new_id();
@@ -92,6 +107,7 @@ pub fn fork(args: ForkArgs) -> i32 {
             &new_id,
             &dir.join(format!("{new_id}.jsonl")),
             &workspace,
+            retention,
         )
         .map_err(|e| e.to_string())?;
         println!(

@@ -143,3 +143,57 @@ fn exec_exec_rewind_then_the_model_sees_turn_one_and_a_fork_gets_its_files() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not empty"));
 }
+
+/// `checkpoints.keep` (here from the environment) reaches the turns of
+/// `cordon exec` and `cordon rewind`: three turns kept two at a time
+/// leave the last two to rewind to, and an older one is refused as
+/// pruned, saying which setting keeps more.
+#[test]
+fn exec_keeps_the_checkpoints_the_settings_say() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let (ws, home) = (ws.path(), home.path());
+    let mut scenario = Scenario::new();
+    for n in 1..=3 {
+        scenario = scenario
+            .turn(Turn::text("Writing.").with_tool_call(
+                format!("t{n}"),
+                "write_file",
+                json!({"path": "a.txt", "content": format!("{n}\n")}),
+            ))
+            .turn(Turn::text("Wrote it.").expect_tool_results([format!("t{n}")]));
+    }
+    let server = ScriptedServer::start(scenario);
+    let keeping = |args: &[&str]| {
+        support::user_cordon(home, ws, &server.url())
+            .env("CORDON_CHECKPOINTS_KEEP", "2")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    ok(&keeping(&["exec", "write 1"]));
+    ok(&keeping(&["exec", "--last", "write 2"]));
+    ok(&keeping(&["exec", "--last", "write 3"]));
+    server.assert_finished();
+    let list = ok(&cordon(&server, ws, home, &["sessions", "--json"]));
+    let session: Value = serde_json::from_str(list.lines().next().unwrap()).unwrap();
+    let id = session["id"].as_str().unwrap().to_string();
+    assert_eq!(session["turns"], 3);
+
+    // Before the first turn, and turn 1: pruned, with the way to keep more.
+    for turn in ["0", "1"] {
+        let out = keeping(&["rewind", &id, turn]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("was pruned")
+                && err.contains("newest 2 checkpoints")
+                && err.contains("checkpoints.keep"),
+            "{err}"
+        );
+    }
+    assert_eq!(read(ws, "a.txt").as_deref(), Some("3\n"));
+    let said = ok(&keeping(&["rewind", &id, "2"]));
+    assert!(said.contains("back at the end of turn 2"), "{said}");
+    assert_eq!(read(ws, "a.txt").as_deref(), Some("2\n"));
+}

@@ -4,8 +4,9 @@
 //!
 //! Checkpoints form one chain on `refs/cordon/checkpoints` in the order
 //! they were taken; a restore first records the files as they are, so a
-//! rewind is itself undone by restoring that checkpoint. Nothing is
-//! removed from the chain.
+//! rewind is itself undone by restoring that checkpoint. The oldest are
+//! dropped as the store's [`Retention`] says (see [`crate::retention`]);
+//! the ids of those kept never change.
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::{Git, GitError};
 use crate::restore::{self, RestoreError, Restored};
+use crate::retention::{self, PruneReason, Retention};
 use crate::snapshot::{self, Meta, Rules, Skipped, SnapshotError, rev_parse};
 
 /// The ref every checkpoint is reachable from.
@@ -26,6 +28,7 @@ const CACHE: &str = "cordon-stat-cache.json";
 pub struct Checkpoints {
     git: Git,
     rules: Rules,
+    retention: Retention,
 }
 
 /// One checkpoint, as the session log records it.
@@ -71,6 +74,9 @@ pub enum CheckpointError {
     Restore(#[from] RestoreError),
     #[error("{0:?} is not a checkpoint of this session")]
     Unknown(String),
+    /// It was one, and the retention dropped it.
+    #[error("checkpoint {id} was pruned: {why}")]
+    Pruned { id: String, why: PruneReason },
 }
 
 impl Checkpoints {
@@ -93,6 +99,7 @@ impl Checkpoints {
         Ok(Checkpoints {
             git,
             rules: Rules::default(),
+            retention: Retention::default(),
         })
     }
 
@@ -100,6 +107,17 @@ impl Checkpoints {
     pub fn with_rules(mut self, rules: Rules) -> Checkpoints {
         self.rules = rules;
         self
+    }
+
+    /// Another retention than [`Retention::default`], applied from the
+    /// next record on.
+    pub fn with_retention(mut self, retention: Retention) -> Checkpoints {
+        self.retention = retention;
+        self
+    }
+
+    pub fn retention(&self) -> Retention {
+        self.retention
     }
 
     /// The newest checkpoint's id, if there is one.
@@ -116,10 +134,16 @@ impl Checkpoints {
 
     /// Records the files of `workspace` now. When they are the same as
     /// the newest checkpoint's, that one is returned with `changed: false`
-    /// and nothing is added.
+    /// and nothing is added; one added is followed by dropping the oldest
+    /// as the retention says.
     pub fn record(&self, workspace: &Path, label: &str) -> Result<Checkpoint, CheckpointError> {
         let _lock = self.lock()?;
-        self.record_locked(workspace, label)
+        let parent = self.latest();
+        let c = self.record_locked(workspace, label)?;
+        if c.changed {
+            self.retain_locked(parent.as_deref());
+        }
+        Ok(c)
     }
 
     fn record_locked(&self, workspace: &Path, label: &str) -> Result<Checkpoint, CheckpointError> {
@@ -165,12 +189,17 @@ impl Checkpoints {
     /// recording them as they are.
     pub fn restore(&self, workspace: &Path, id: &str) -> Result<Rewound, CheckpointError> {
         let _lock = self.lock()?;
-        self.known(id)?;
+        let id = &self.known(id)?;
+        let parent = self.latest();
         let before = self.record_locked(workspace, &format!("before restoring {id}"))?;
         let current = restore::files(&self.git, &before.id)?;
         let target = restore::files(&self.git, id)?;
         let meta = Meta::of(&self.git, id)?;
         let restored = restore::restore(&self.git, workspace, &current, &target, &meta)?;
+        // Only now: the checkpoint restored may be the oldest.
+        if before.changed {
+            self.retain_locked(parent.as_deref());
+        }
         Ok(Rewound { before, restored })
     }
 
@@ -178,7 +207,7 @@ impl Checkpoints {
     /// (a fork's new workspace).
     pub fn materialize(&self, id: &str, dir: &Path) -> Result<Restored, CheckpointError> {
         let _lock = self.lock()?;
-        self.known(id)?;
+        let id = &self.known(id)?;
         let target = restore::files(&self.git, id)?;
         Ok(restore::restore(
             &self.git,
@@ -189,17 +218,91 @@ impl Checkpoints {
         )?)
     }
 
-    /// Checks that `id` is a commit on this store's chain.
-    fn known(&self, id: &str) -> Result<(), CheckpointError> {
-        let unknown = || CheckpointError::Unknown(cordon_tools::printable(id));
+    /// The full id of `id`, a commit on this store's chain (up to its
+    /// oldest kept checkpoint).
+    fn known(&self, id: &str) -> Result<String, CheckpointError> {
+        let shown = || cordon_tools::printable(id);
         if id.len() < 7 || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(unknown());
+            return Err(CheckpointError::Unknown(shown()));
         }
-        let full = rev_parse(&self.git, &format!("{id}^{{commit}}")).map_err(|_| unknown())?;
-        self.git
-            .run(["merge-base", "--is-ancestor", &full, CHAIN])
-            .map_err(|_| unknown())?;
-        Ok(())
+        let on_chain = rev_parse(&self.git, &format!("{id}^{{commit}}")).and_then(|full| {
+            self.git
+                .run(["merge-base", "--is-ancestor", &full, CHAIN])
+                .map(|_| full)
+        });
+        on_chain.map_err(|_| match retention::pruned(self.git.git_dir(), id) {
+            Some(why) => CheckpointError::Pruned { id: shown(), why },
+            None => CheckpointError::Unknown(shown()),
+        })
+    }
+
+    /// Drops the oldest checkpoints until the retention holds. A failure
+    /// is logged, not returned: the checkpoint just taken is in the store
+    /// whatever becomes of the older ones. `parent`: the newest before
+    /// the record that called this.
+    fn retain_locked(&self, parent: Option<&str>) {
+        if let Err(e) = self.retain(parent) {
+            tracing::warn!("checkpoints: pruning {}: {e}", self.git.git_dir().display());
+        }
+    }
+
+    fn retain(&self, parent: Option<&str>) -> Result<(), CheckpointError> {
+        let dir = self.git.git_dir();
+        let io = |source| CheckpointError::Dir {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        let r = self.retention;
+        let Some(tip) = self.latest() else {
+            return Ok(());
+        };
+        // The count the record before left, plus this one; git counts
+        // when there is none for the parent (an older store, a crash).
+        let count = match (retention::counted(dir), parent) {
+            (Some((at, n)), Some(p)) if at == p => n + 1,
+            _ => retention::commits(&self.git, &tip)?.len(),
+        };
+        let size = retention::allocated(dir).map_err(io)?;
+        if count <= r.keep() && size <= r.max_bytes() {
+            return retention::count(dir, &tip, count).map_err(io);
+        }
+        let commits = retention::commits(&self.git, &tip)?;
+        // What the count drops goes first, and what stays goes into one
+        // pack: each record's pack holds no deltas against the others,
+        // so the store's size before a repack overstates what it keeps.
+        let mut last = commits.len().min(r.keep()) - 1;
+        let mut cut = commits.len();
+        loop {
+            let dropping = last + 1 < cut;
+            if dropping {
+                let dropped: Vec<(String, PruneReason)> = (last + 1..cut)
+                    .map(|i| {
+                        let why = match i >= r.keep() {
+                            true => PruneReason::Keep(r.keep()),
+                            false => PruneReason::Size(r.max_bytes()),
+                        };
+                        (commits[i].clone(), why)
+                    })
+                    .collect();
+                // Listed first: a crash between the two leaves ids listed
+                // as pruned that still restore, never the other way.
+                retention::note_pruned(dir, &dropped).map_err(io)?;
+                retention::set_boundary(dir, &commits[last]).map_err(io)?;
+                cut = last + 1;
+            }
+            retention::free(&self.git, dropping)?;
+            if last == 0 || retention::allocated(dir).map_err(io)? <= r.max_bytes() {
+                return retention::count(dir, &tip, last + 1).map_err(io);
+            }
+            // Over the budget: the oldest whose going leaves the rest
+            // within it, from what each checkpoint's objects take now
+            // that they are packed together. Still an estimate (a delta
+            // whose base goes grows): measured again after, and at least
+            // one more goes each time round.
+            let kept = retention::kept_bytes(&self.git, &tip)?;
+            let overhead = retention::outside_packs(dir).map_err(io)?;
+            last = retention::oldest_kept(&kept, r, overhead).min(last - 1);
+        }
     }
 
     /// One record or restore at a time on a store (two front ends on one

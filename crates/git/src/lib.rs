@@ -28,6 +28,7 @@ mod push;
 mod remote;
 mod repo;
 mod restore;
+mod retention;
 mod session;
 mod snapshot;
 
@@ -43,5 +44,6 @@ pub use remote::{
 };
 pub use repo::{RepoError, checked_repository};
 pub use restore::{Kept, RestoreError, Restored};
+pub use retention::{PruneReason, Retention, RetentionError};
 pub use session::{RepositoryRecord, SessionRepository};
 pub use snapshot::{Ident, Rules, Skip, Skipped, SnapshotError};

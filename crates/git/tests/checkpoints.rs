@@ -4,7 +4,7 @@
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 
-use cordon_git::{Checkpoints, Skip};
+use cordon_git::{Checkpoints, Retention, Skip};
 
 fn write(root: &Path, rel: &str, data: &[u8]) {
     let p = root.join(rel);
@@ -339,4 +339,148 @@ fn a_turn_that_changed_nothing_adds_nothing() {
     assert_eq!(f.store.latest().as_deref(), Some(t1.id.as_str()));
     f.store.restore(&f.ws, &t0.id).unwrap();
     assert_eq!(read(&f.ws, "d1/f1"), b"v 1");
+}
+
+/// Bytes no compressor or delta can shrink: xorshift, seeded per file.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// The bytes a directory takes on disk: blocks allocated to everything
+/// beneath it, links not followed.
+fn allocated(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(dir).unwrap();
+    let mut total = meta.blocks() * 512;
+    if meta.is_dir() {
+        for e in std::fs::read_dir(dir).unwrap() {
+            total += allocated(&e.unwrap().path());
+        }
+    }
+    total
+}
+
+const MIB: u64 = 1 << 20;
+
+/// A tenant's turns that each replace ~30 MiB of files, against a 40 MiB
+/// budget: the store stays within it after every record (2 MiB allowed
+/// for git's own files, the stat cache and the directories' blocks), the
+/// newest checkpoint comes back byte for byte under the id recorded
+/// before the prune that followed it, and one pruned says so and why.
+#[test]
+fn turns_that_replace_their_files_keep_the_store_within_its_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let dir = tmp.path().join("session.checkpoints");
+    let budget = 40 * MIB;
+    let slack = 2 * MIB;
+    let store = Checkpoints::open(&dir)
+        .unwrap()
+        .with_retention(Retention::new(100, budget).unwrap());
+    let turn_files = |turn: u64| -> Vec<(String, Vec<u8>)> {
+        (0..3)
+            .map(|i| (format!("data/{i}.bin"), noise(turn * 10 + i, 10 << 20)))
+            .collect()
+    };
+    let mut ids = Vec::new();
+    for turn in 0..4u64 {
+        let _ = std::fs::remove_dir_all(ws.join("data"));
+        for (rel, data) in turn_files(turn) {
+            write(&ws, &rel, &data);
+        }
+        let c = store.record(&ws, &format!("turn {turn}")).unwrap();
+        assert!(c.changed);
+        ids.push(c.id);
+        let size = allocated(&dir);
+        assert!(
+            size <= budget + slack,
+            "after turn {turn} the store takes {} MiB, over its {} MiB budget",
+            size / MIB,
+            budget / MIB
+        );
+    }
+    // Each turn's 30 MiB fits once, not twice: only the newest is kept,
+    // under the id the log has for it.
+    let newest = ids.last().unwrap();
+    assert_eq!(store.latest().as_ref(), Some(newest));
+    std::fs::remove_dir_all(ws.join("data")).unwrap();
+    store.restore(&ws, newest).unwrap();
+    for (rel, data) in turn_files(3) {
+        assert!(read(&ws, &rel) == data, "{rel} differs");
+    }
+    for old in &ids[..3] {
+        let err = store.restore(&ws, old).unwrap_err().to_string();
+        assert!(
+            err.contains("was pruned") && err.contains("may take 40 MiB on disk"),
+            "{err}"
+        );
+    }
+    // An abbreviation, as a person types it, says the same.
+    let err = store.restore(&ws, &ids[0][..10]).unwrap_err().to_string();
+    assert!(err.contains("was pruned"), "{err}");
+    // What was never a checkpoint here is still just unknown.
+    let err = store
+        .restore(&ws, "0123456789abcdef")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is not a checkpoint"), "{err}");
+}
+
+/// Five turns kept two at a time: exactly the last two restore, under the
+/// ids recorded for them (one of them before the last prune), and each
+/// older one is refused as pruned, saying how many are kept.
+#[test]
+fn only_the_newest_turns_are_kept() {
+    let f = fixture();
+    let dir = f._tmp.path().join("kept.checkpoints");
+    let store = Checkpoints::open(&dir)
+        .unwrap()
+        .with_retention(Retention::new(2, 1 << 30).unwrap());
+    let mut ids = Vec::new();
+    for turn in 0..5 {
+        if turn == 3 {
+            // The count kept beside the chain lost: git counts again.
+            std::fs::remove_file(dir.join("cordon-count")).unwrap();
+        }
+        write(&f.ws, "notes.txt", format!("turn {turn}").as_bytes());
+        write(&f.ws, &format!("t{turn}"), b"x");
+        ids.push(store.record(&f.ws, &format!("turn {turn}")).unwrap().id);
+    }
+    for (turn, id) in ids.iter().enumerate().skip(3) {
+        let dir = f._tmp.path().join(format!("fork{turn}"));
+        std::fs::create_dir(&dir).unwrap();
+        store.materialize(id, &dir).unwrap();
+        assert_eq!(read(&dir, "notes.txt"), format!("turn {turn}").as_bytes());
+        assert_eq!(read(&dir, "t0"), b"x", "the oldest file of the newest");
+    }
+    for id in &ids[..3] {
+        let err = store.restore(&f.ws, id).unwrap_err().to_string();
+        assert!(
+            err.contains("was pruned") && err.contains("newest 2 checkpoints"),
+            "{err}"
+        );
+    }
+    // A rewind to the older kept one, and back: no turn lost by either.
+    store.restore(&f.ws, &ids[3]).unwrap();
+    assert_eq!(read(&f.ws, "notes.txt"), b"turn 3");
+    assert!(!f.ws.join("t4").exists());
+    let back = store.restore(&f.ws, &ids[4]).unwrap();
+    assert_eq!(read(&f.ws, "notes.txt"), b"turn 4");
+    // That rewind recorded turn 3's files again (its `before`): now the
+    // two newest are it and turn 4.
+    assert!(back.before.changed);
+    let err = store.restore(&f.ws, &ids[3]).unwrap_err().to_string();
+    assert!(err.contains("was pruned"), "{err}");
+    store.restore(&f.ws, &back.before.id).unwrap();
+    assert_eq!(read(&f.ws, "notes.txt"), b"turn 3");
 }

@@ -329,6 +329,58 @@ on_both!(
     sessions_need_a_model_and_well_formed_messages,
 );
 
+/// The operator's `checkpoints.keep` holds for a tenant's session: with
+/// one kept, after two turns only the last is there to rewind to, and an
+/// earlier one answers 410 `pruned`, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_checkpoints_keep_what_the_operator_says() {
+    let mut scenario = Scenario::new();
+    for n in 1..=2 {
+        scenario = scenario
+            .turn(Turn::text("Writing.").with_tool_call(
+                format!("t{n}"),
+                "write_file",
+                json!({"path": "plan.txt", "content": format!("plan {n}\n")}),
+            ))
+            .turn(Turn::text("Saved.").expect_tool_results([format!("t{n}")]));
+    }
+    let model = ScriptedServer::start(scenario);
+    let url = model.url();
+    let Some(s) = TestServer::start_with(Db::Sqlite, move |c| {
+        let mut agent = common::agent_at(url);
+        agent.agent.checkpoints = cordon_agent::checkpoints::Retention::new(1, 1 << 30).unwrap();
+        c.agent = Some(agent);
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let (_, created) = s.post(&t, "/v1/sessions", json!({})).await;
+    let id = created["id"].as_str().unwrap().to_string();
+    s.say(&t, &id, "plan 1").await;
+    s.say(&t, &id, "plan 2").await;
+    model.assert_finished();
+    for turn in [0, 1] {
+        let (got, answer) = s
+            .post(
+                &t,
+                &format!("/v1/sessions/{id}/rewind"),
+                json!({"turn": turn}),
+            )
+            .await;
+        assert_eq!(got, 410, "{answer}");
+        assert_eq!(answer["error"]["code"], "pruned", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("newest 1 checkpoint,"), "{message}");
+    }
+    let (got, answer) = s
+        .post(&t, &format!("/v1/sessions/{id}/rewind"), json!({"turn": 2}))
+        .await;
+    assert_eq!(got, 200, "{answer}");
+    s.stop().await;
+}
+
 /// A session created with a display: the agent has the computer tool, its
 /// screenshot reaches the model as an image, and the desktop can be
 /// watched over `/v1/sessions/{id}/vnc`, which wakes an idle session.

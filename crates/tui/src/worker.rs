@@ -449,8 +449,9 @@ impl State {
         };
         let ws = self.cfg.sandbox.workspace.clone();
         let log = path.clone();
+        let retention = self.cfg.agent.checkpoints;
         let done = tokio::task::spawn_blocking(move || {
-            cordon_agent::checkpoints::rewind(&log, &ws, target)
+            cordon_agent::checkpoints::rewind(&log, &ws, target, retention)
         })
         .await;
         // The transcript is rebuilt from the log when the session is

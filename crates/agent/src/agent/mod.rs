@@ -53,11 +53,14 @@ pub struct AgentConfig {
     pub context_window: u64,
     /// Compact when a request would fill more than this share of the window.
     pub compact_threshold: f64,
+    /// What the session's checkpoints keep (`checkpoints.*`).
+    pub checkpoints: cordon_git::Retention,
 }
 
 impl AgentConfig {
     /// The defaults for `model`: no system prompt, 8192 output tokens, 50
-    /// steps, the last 8 tool outputs in full, a 200k window compacted at 75%.
+    /// steps, the last 8 tool outputs in full, a 200k window compacted at
+    /// 75%, checkpoints kept as [`cordon_git::Retention::default`].
     pub fn new(model: impl Into<String>) -> Self {
         AgentConfig {
             model: model.into(),
@@ -67,6 +70,7 @@ impl AgentConfig {
             keep_tool_outputs: 8,
             context_window: 200_000,
             compact_threshold: 0.75,
+            checkpoints: cordon_git::Retention::default(),
         }
     }
 }
@@ -193,9 +197,12 @@ impl Agent {
     /// Records the conversation in `log` from now on, and the workspace's
     /// files at the start and after every turn in checkpoints beside it.
     pub fn with_log(mut self, log: SessionLog<Value>) -> Self {
-        self.checkpoints =
-            crate::checkpoints::TurnCheckpoints::open(log.path(), &self.ctx.workspace)
-                .map(Arc::new);
+        self.checkpoints = crate::checkpoints::TurnCheckpoints::open(
+            log.path(),
+            &self.ctx.workspace,
+            self.config.checkpoints,
+        )
+        .map(Arc::new);
         self.checkpointed = false;
         *self.log.log.lock().unwrap_or_else(|p| p.into_inner()) = Some(log);
         // Changes to the sandbox's network policy, by whoever makes them,

@@ -220,6 +220,22 @@ pub const KEYS: &[Key] = &[
         guard: Guard::Tighten,
     },
     Key {
+        name: "checkpoints.keep",
+        env: &["CORDON_CHECKPOINTS_KEEP"],
+        secret: false,
+        default: Some("100"),
+        doc: "how many of a session's checkpoints are kept (the workspace's files after each turn); older ones are pruned, and a rewind to them refused",
+        guard: Guard::Retention,
+    },
+    Key {
+        name: "checkpoints.max_size",
+        env: &["CORDON_CHECKPOINTS_MAX_SIZE"],
+        secret: false,
+        default: Some("1G"),
+        doc: "how much disk a session's checkpoints may take (at least 1M); the oldest are pruned to stay within it, the newest always kept",
+        guard: Guard::Retention,
+    },
+    Key {
         name: "sandbox.backend",
         env: &["CORDON_BACKEND"],
         secret: false,

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use cordon_git::Retention;
 use cordon_sandbox::{Accel, BackendKind, Display, Network, VmOptions};
 
 use super::{ConfigError, Settings, Source};
@@ -76,6 +77,8 @@ pub struct Resolved {
     pub anthropic: Endpoint,
     pub openai: Endpoint,
     pub sandbox: SandboxSettings,
+    /// What a session's checkpoints keep (`checkpoints.*`).
+    pub checkpoints: Retention,
 }
 
 impl Resolved {
@@ -140,6 +143,19 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
         None => ProviderKind::Anthropic,
     };
     let path = |key: &str| s.get(key).map(PathBuf::from);
+    let keep = req(s, "checkpoints.keep", |v| {
+        positive(v).and_then(|n| usize::try_from(n).map_err(|e| e.to_string()))
+    })?;
+    let max_size = req(
+        s,
+        "checkpoints.max_size",
+        |v| match cordon_sandbox::parse_size(v)? {
+            n if n >= Retention::MIN_MAX_BYTES => Ok(n),
+            _ => Err("expected at least 1M".into()),
+        },
+    )?;
+    let checkpoints = Retention::new(keep, max_size)
+        .map_err(|e| s.invalid("checkpoints.max_size", e.to_string()))?;
     Ok(Resolved {
         provider,
         model: req(s, "model", |v| Ok(v.to_string()))?,
@@ -209,6 +225,7 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
                 })?,
             },
         },
+        checkpoints,
     })
 }
 

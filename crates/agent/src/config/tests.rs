@@ -448,3 +448,76 @@ fn a_malformed_secret_is_refused_naming_what_is_wrong() {
         assert!(e.contains(says), "{text:?}: {e}");
     }
 }
+
+/// `checkpoints.*`: defaults, a file, the environment over it, and bad
+/// values named; a project file the sandbox may have written sets
+/// neither (fewer would lose the rewinds past what it did, more the
+/// host's disk).
+#[test]
+fn checkpoint_retention_is_a_setting_the_project_cannot_change() {
+    let home = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let none = |_: &str| None;
+    let s = Settings::load(&layers(home.path(), cwd.path(), &none, &[])).unwrap();
+    assert_eq!(s.resolved().checkpoints, cordon_git::Retention::default());
+    assert_eq!(
+        (
+            s.resolved().checkpoints.keep(),
+            s.resolved().checkpoints.max_bytes()
+        ),
+        (100, 1 << 30)
+    );
+
+    std::fs::create_dir_all(home.path().join("cordon")).unwrap();
+    std::fs::write(
+        home.path().join("cordon/config.toml"),
+        "[checkpoints]\nkeep = 20\nmax_size = \"300M\"\n",
+    )
+    .unwrap();
+    let s = Settings::load(&layers(home.path(), cwd.path(), &none, &[])).unwrap();
+    let r = s.resolved().checkpoints;
+    assert_eq!((r.keep(), r.max_bytes()), (20, 300 << 20));
+    let env = |k: &str| match k {
+        "CORDON_CHECKPOINTS_KEEP" => Some("7".to_string()),
+        "CORDON_CHECKPOINTS_MAX_SIZE" => Some("2G".to_string()),
+        _ => None,
+    };
+    let s = Settings::load(&layers(home.path(), cwd.path(), &env, &[])).unwrap();
+    let r = s.resolved().checkpoints;
+    assert_eq!((r.keep(), r.max_bytes()), (7, 2 << 30));
+
+    std::fs::create_dir_all(cwd.path().join(".cordon")).unwrap();
+    std::fs::write(
+        cwd.path().join(PROJECT_FILE),
+        "[checkpoints]\nkeep = 1\nmax_size = \"1M\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        cwd.path().join(DOTENV_FILE),
+        "CORDON_CHECKPOINTS_KEEP=100000\n",
+    )
+    .unwrap();
+    let s = Settings::load(&layers(home.path(), cwd.path(), &none, &[])).unwrap();
+    let r = s.resolved().checkpoints;
+    assert_eq!((r.keep(), r.max_bytes()), (20, 300 << 20));
+    let ignored: Vec<&str> = s.ignored().iter().map(|i| i.key.as_str()).collect();
+    for k in [
+        "checkpoints.keep",
+        "checkpoints.max_size",
+        "CORDON_CHECKPOINTS_KEEP",
+    ] {
+        assert!(ignored.contains(&k), "{k} not reported: {ignored:?}");
+    }
+
+    for (k, v) in [
+        ("checkpoints.keep", "0"),
+        ("checkpoints.keep", "many"),
+        ("checkpoints.max_size", "512K"),
+        ("checkpoints.max_size", "lots"),
+    ] {
+        let err = Settings::load(&layers(home.path(), home.path(), &none, &[(k, v)]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(k), "{k}={v}: {err}");
+    }
+}

@@ -42,6 +42,9 @@ pub enum Guard {
     Credential,
     /// Chooses the isolation itself or loosens it.
     Isolation,
+    /// Chooses how much history the host keeps: less loses the rewinds
+    /// past whatever the sandbox did, more takes the host's disk.
+    Retention,
 }
 
 impl Guard {
@@ -54,6 +57,9 @@ impl Guard {
             Guard::Endpoint => "it chooses where the API key is sent",
             Guard::Credential => "it is a credential",
             Guard::Isolation => "it chooses the isolation",
+            Guard::Retention => {
+                "it decides how far back a rewind can go and how much of the host's disk that takes"
+            }
         }
     }
 }

@@ -551,7 +551,8 @@ pub(crate) async fn compact(
     params(("id" = String, Path)),
     request_body = RewindTo,
     responses((status = 200, description = "Rewound", body = Rewound), (status = 400, description = "The request says what is wrong, or the turn has no checkpoint", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
-              (status = 409, description = "A turn is running, or the session lives on another API process", body = crate::http::ErrorResponse)))]
+              (status = 409, description = "A turn is running, or the session lives on another API process", body = crate::http::ErrorResponse),
+              (status = 410, description = "The turn's checkpoint was pruned: the server keeps a session's newest checkpoints within a budget (`pruned`)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn rewind(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -584,17 +585,25 @@ pub(crate) async fn rewind(
         live.close().await;
     }
     let ws = d.join("workspace");
-    let done =
-        tokio::task::spawn_blocking(move || cordon_agent::checkpoints::rewind(&log, &ws, to.turn))
-            .await
-            .map_err(|e| {
-                tracing::error!("session {id}: rewind: {e}");
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    "the rewind failed",
-                )
-            })?;
+    // The operator's retention, as the session's turns keep it.
+    let retention = shared
+        .config
+        .agent
+        .as_ref()
+        .map(|a| a.agent.checkpoints)
+        .unwrap_or_default();
+    let done = tokio::task::spawn_blocking(move || {
+        cordon_agent::checkpoints::rewind(&log, &ws, to.turn, retention)
+    })
+    .await
+    .map_err(|e| {
+        tracing::error!("session {id}: rewind: {e}");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the rewind failed",
+        )
+    })?;
     drop(guard);
     match done {
         Ok(r) => Ok(Json(Rewound {
@@ -617,6 +626,10 @@ pub(crate) async fn rewind(
             "no_checkpoint",
             e.to_string(),
         )),
+        // The operator's settings decide what is kept, not the tenant.
+        Err(e @ cordon_agent::checkpoints::RewindError::Pruned(_)) => {
+            Err(ApiError::new(StatusCode::GONE, "pruned", e.to_string()))
+        }
         Err(e) => {
             tracing::error!("session {id}: rewind: {e}");
             Err(ApiError::new(
