@@ -20,6 +20,9 @@ use crate::snapshot::{self, Meta, Rules, Skipped, SnapshotError, rev_parse};
 
 /// The ref every checkpoint is reachable from.
 const CHAIN: &str = "refs/cordon/checkpoints";
+/// Packs a store may gather before dropping by count repacks it (each
+/// record's fast-import writes one).
+const MAX_PACKS: usize = 32;
 /// The stat cache's file in the repository.
 const CACHE: &str = "cordon-stat-cache.json";
 
@@ -266,6 +269,7 @@ impl Checkpoints {
         if count <= r.keep() && size <= r.max_bytes() {
             return retention::count(dir, &tip, count).map_err(io);
         }
+        let over = size > r.max_bytes();
         let commits = retention::commits(&self.git, &tip)?;
         // What the count drops goes first, and what stays goes into one
         // pack: each record's pack holds no deltas against the others,
@@ -289,6 +293,13 @@ impl Checkpoints {
                 retention::note_pruned(dir, &dropped).map_err(io)?;
                 retention::set_boundary(dir, &commits[last]).map_err(io)?;
                 cut = last + 1;
+            }
+            if !over && retention::packs(dir) <= MAX_PACKS {
+                // Only the count asked: the dropped checkpoints are gone
+                // from the chain now, and their objects at the next repack
+                // (when the store passes its budget or gathers MAX_PACKS
+                // packs), not at every turn: a repack rewrites the store.
+                return retention::count(dir, &tip, last + 1).map_err(io);
             }
             retention::free(&self.git, dropping)?;
             if last == 0 || retention::allocated(dir).map_err(io)? <= r.max_bytes() {

@@ -304,7 +304,7 @@ pub(crate) fn free(git: &Git, dropped: bool) -> Result<(), GitError> {
     Ok(())
 }
 
-fn packs(git_dir: &Path) -> usize {
+pub(crate) fn packs(git_dir: &Path) -> usize {
     std::fs::read_dir(git_dir.join("objects/pack")).map_or(0, |d| {
         d.flatten()
             .filter(|e| e.path().extension().is_some_and(|x| x == "pack"))
