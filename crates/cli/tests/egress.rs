@@ -167,24 +167,40 @@ fn nothing_but_the_broker_gets_out(t: &Ctx) {
 }
 attack!(nothing_but_the_broker_gets_out);
 
+/// A plain HTTP service on the host's loopback answering `body` to every
+/// request; its port.
+fn host_service(body: &'static str) -> u16 {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().flatten() {
+            use std::io::{Read, Write};
+            // The request read first: a socket closed with unread bytes
+            // is reset, and curl reports the reset, not the answer.
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match c.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
 /// A name the policy lists that resolves to loopback (the host's own
 /// services, or DNS rebinding) is refused unless private addresses are
 /// allowed too.
 fn a_listed_name_resolving_to_loopback_is_refused(t: &Ctx) {
     // A service on the host's loopback that the sandbox must not reach.
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut c in listener.incoming().flatten() {
-            use std::io::Write;
-            let body = "host-only-service";
-            let _ = write!(
-                c,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
+    let port = host_service("host-only-service");
     let rule = format!("localhost:{port}");
     let url = format!("http://localhost:{port}/");
     let out = t.run(
@@ -285,19 +301,7 @@ fn the_model_sees_the_policy_and_each_refusal() {
 /// the host's loopback answers, and cordon says loudly what that means. A
 /// microVM has no network device to share and refuses it.
 fn full_network_is_the_hosts_with_a_warning(t: &Ctx) {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut c in listener.incoming().flatten() {
-            use std::io::Write;
-            let body = "host-service";
-            let _ = write!(
-                c,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
+    let port = host_service("host-service");
     let url = format!("http://127.0.0.1:{port}/");
     let out = t.run(
         &["--network", "full"],
