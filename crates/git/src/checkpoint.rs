@@ -265,7 +265,7 @@ impl Checkpoints {
             (Some((at, n)), Some(p)) if at == p => n + 1,
             _ => retention::commits(&self.git, &tip)?.len(),
         };
-        let size = retention::allocated(dir).map_err(io)?;
+        let size = cordon_sandbox::allocated(dir).map_err(io)?;
         if count <= r.keep() && size <= r.max_bytes() {
             return retention::count(dir, &tip, count).map_err(io);
         }
@@ -302,7 +302,7 @@ impl Checkpoints {
                 return retention::count(dir, &tip, last + 1).map_err(io);
             }
             retention::free(&self.git, dropping)?;
-            if last == 0 || retention::allocated(dir).map_err(io)? <= r.max_bytes() {
+            if last == 0 || cordon_sandbox::allocated(dir).map_err(io)? <= r.max_bytes() {
                 return retention::count(dir, &tip, last + 1).map_err(io);
             }
             // Over the budget: the oldest whose going leaves the rest

@@ -126,35 +126,17 @@ fn human(bytes: u64) -> String {
     format!("{n} {}", UNITS[unit])
 }
 
-/// The bytes allocated to `dir` and everything beneath it, links not
-/// followed (a link's own blocks count, not its target's).
-pub(crate) fn allocated(dir: &Path) -> std::io::Result<u64> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::symlink_metadata(dir)?;
-    let mut total = meta.blocks() * 512;
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(dir)? {
-            match allocated(&entry?.path()) {
-                Ok(n) => total += n,
-                // Gone since it was listed (git's temporary files).
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    Ok(total)
-}
-
 /// The bytes of the store that are not pack data: indexes, the stat
 /// cache, refs, loose objects, directories. A repack shrinks it a little
 /// (fewer objects to index), so counting it whole errs on keeping less.
 pub(crate) fn outside_packs(git_dir: &Path) -> std::io::Result<u64> {
-    let total = allocated(git_dir)?;
+    use std::os::unix::fs::MetadataExt;
+    let total = cordon_sandbox::allocated(git_dir)?;
     let mut packs = 0;
     if let Ok(dir) = std::fs::read_dir(git_dir.join("objects/pack")) {
         for entry in dir.flatten() {
             if entry.path().extension().is_some_and(|e| e == "pack") {
-                packs += allocated(&entry.path()).unwrap_or(0);
+                packs += entry.metadata().map_or(0, |m| m.blocks() * 512);
             }
         }
     }

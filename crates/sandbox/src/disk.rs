@@ -169,6 +169,13 @@ pub(crate) fn measure(roots: &[PathBuf], holder: Option<i32>) -> std::io::Result
     Ok(walk.total)
 }
 
+/// Bytes allocated on disk beneath the directory `root`, as the budget
+/// counts them: each inode once, no link followed, nothing on another
+/// file system.
+pub fn allocated(root: &Path) -> std::io::Result<u64> {
+    measure(&[root.to_path_buf()], None)
+}
+
 /// Most processes looked at for open files: more than a sandbox may have.
 const MAX_HOLDERS: usize = 8192;
 /// Most bytes of one process's `/proc/PID/maps` read: about 10,000

@@ -60,7 +60,7 @@ pub use config::{
     Accel, BackendKind, BindMount, CONTROL_FILES, DISPLAY, Display, MIB, Network, SandboxConfig,
     VmOptions, control_files, parse_size,
 };
-pub use disk::make_removable;
+pub use disk::{allocated, make_removable};
 pub use display::VncAccess;
 pub use egress::{Egress, NetworkInfo, PROXY_PORT, Refusals};
 pub use error::{DiskStop, Error, Result};

@@ -56,6 +56,11 @@ struct Expanded {
 }
 
 impl Expanded {
+    /// `tenant`'s ceiling: its own, or every tenant's.
+    fn ceiling(&self, tenant: &str) -> &Arc<Policy> {
+        self.tenants.get(tenant).unwrap_or(&self.all)
+    }
+
     /// The ceilings of `spec` from a table freshly asked of the tools.
     async fn resolve(
         spec: &NetworkCeilings,
@@ -112,8 +117,7 @@ impl Ceilings {
 
     /// What `tenant`'s jobs and sessions may reach at most.
     pub fn of(&self, tenant: &str) -> Arc<Policy> {
-        let now = self.now();
-        now.tenants.get(tenant).unwrap_or(&now.all).clone()
+        self.now().ceiling(tenant).clone()
     }
 
     /// Asks the tools again when their configuration files changed since
@@ -161,7 +165,7 @@ impl Ceilings {
         empty: Empty,
     ) -> Result<Policy, ApiError> {
         let now = self.now();
-        let ceiling: &Policy = now.tenants.get(tenant).unwrap_or(&now.all);
+        let ceiling: &Policy = now.ceiling(tenant);
         let policy = if asked.allow.is_empty() && empty == Empty::Nothing {
             Policy::new(Vec::new(), asked.allow_private)
         } else {
