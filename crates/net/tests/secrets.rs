@@ -305,29 +305,6 @@ fn shows(text: &[u8], value: &str) -> bool {
 /// A real host that reflects what it is sent in its response head, the
 /// way debugging endpoints, login redirects and reflecting proxies do; its
 /// body says what it received.
-async fn mirror_server(config: Arc<rustls::ServerConfig>) -> u16 {
-    let l = tokio::net::TcpListener::bind((LOOPBACK, 0)).await.unwrap();
-    let port = l.local_addr().unwrap().port();
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(s).await else {
-                    return;
-                };
-                let svc = hyper::service::service_fn(|req: hyper::Request<_>| async move {
-                    Ok::<_, std::convert::Infallible>(mirror(&req))
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
-            });
-        }
-    });
-    port
-}
-
 fn mirror<B>(req: &hyper::Request<B>) -> hyper::Response<Full<Bytes>> {
     use base64::Engine;
     use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE_NO_PAD};
@@ -380,7 +357,7 @@ async fn a_host_that_reflects_the_request_shows_the_sandbox_no_form_of_the_value
     use base64::Engine;
     let b64 = base64::engine::general_purpose::STANDARD;
     let tls = tls();
-    let port = mirror_server(tls.server.clone()).await;
+    let port = tls_server(tls.server.clone(), mirror).await;
     let host = format!("upstream.test:{port}");
     let secrets = vec![
         Secret::new("TOKEN", SPACED, &[&host]).unwrap(),

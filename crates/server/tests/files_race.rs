@@ -14,22 +14,15 @@ use common::*;
 const MARKER: &str = "HOSTMARKER";
 const CONTENT: &str = "other-tenant-secret";
 
-/// Makes `d/inner/file.txt` and `l -> ../../OTHER/workspace`, then swaps
-/// them until the file `stop` appears or a minute passes.
-const RACER: &str = r#"
-import ctypes, os, sys, time
-os.makedirs("d/inner", exist_ok=True)
+/// Makes `d/inner/file.txt` and `l -> ../../{other}/workspace`, for
+/// [`exchange_racer`] to swap.
+fn setup(other: &str) -> String {
+    format!(
+        r#"os.makedirs("d/inner", exist_ok=True)
 open("d/inner/file.txt", "w").write("own text\n")
-os.symlink("../../%s/workspace" % sys.argv[1], "l")
-libc = ctypes.CDLL(None, use_errno=True)
-n, end = 0, time.time() + 60
-while not os.path.exists("stop") and time.time() < end:
-    for _ in range(256):
-        if libc.renameat2(-100, b"d", -100, b"l", 2) != 0:
-            raise OSError(ctypes.get_errno(), "renameat2")
-        n += 1
-print(n)
-"#;
+os.symlink("../../{other}/workspace", "l")"#
+    )
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_files_api_never_follows_a_directory_swapped_for_a_link() {
@@ -53,7 +46,7 @@ async fn the_files_api_never_follows_a_directory_swapped_for_a_link() {
             &t,
             serde_json::json!({
                 "kind": "python",
-                "code": RACER.replace("sys.argv[1]", &format!("{theirs:?}")),
+                "code": exchange_racer(&setup(&theirs)),
             }),
         )
         .await;

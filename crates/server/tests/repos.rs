@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{Db, TestServer, read_sse, with_model};
+use common::{Db, TestServer, exchange_racer, read_sse, with_model};
 use cordon_testkit::forge::ScriptedForge;
 use cordon_testkit::git_remote::{GitRemote, git};
 use cordon_testkit::{Scenario, ScriptedServer, Turn};
@@ -701,21 +701,10 @@ async fn clones_a_request_waits_for_are_capped_per_tenant(db: Db) {
     assert_eq!(code, 201, "{body}");
 }
 
-/// Swaps `d` (a directory) with `l` (a link to `.git`) until the file
-/// `stop` appears or a minute passes; prints how many swaps it made.
-const RACER: &str = r#"
-import ctypes, os, time
-os.makedirs("d", exist_ok=True)
-os.symlink(".git", "l")
-libc = ctypes.CDLL(None, use_errno=True)
-n, end = 0, time.time() + 60
-while not os.path.exists("stop") and time.time() < end:
-    for _ in range(256):
-        if libc.renameat2(-100, b"d", -100, b"l", 2) != 0:
-            raise OSError(ctypes.get_errno(), "renameat2")
-        n += 1
-print(n)
-"#;
+/// A directory `d` and a link `l` to the clone's `.git`, for
+/// [`exchange_racer`] to swap.
+const SETUP: &str = r#"os.makedirs("d", exist_ok=True)
+os.symlink(".git", "l")"#;
 
 /// The files API racing a sandbox that exchanges a directory with a link
 /// to the clone's `.git` as fast as it can: thousands of writes through
@@ -731,7 +720,7 @@ async fn a_write_racing_a_link_to_git_never_reaches_it(db: Db) {
     let id = s
         .submit(
             &t,
-            json!({"kind": "python", "repo": remote.url(), "code": RACER}),
+            json!({"kind": "python", "repo": remote.url(), "code": exchange_racer(SETUP)}),
         )
         .await;
     s.wait_running(&t, &id).await;

@@ -304,6 +304,35 @@ pub async fn http_get(proxy: SocketAddr, url: &str) -> (u16, String) {
 /// A TLS HTTP server that answers with what it received, and repeats the
 /// Authorization header in a response header.
 pub async fn tls_http_server(config: Arc<rustls::ServerConfig>) -> u16 {
+    tls_server(config, |req| {
+        let h = |k: &str| {
+            req.headers()
+                .get(k)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-")
+                .to_string()
+        };
+        let line = format!(
+            "{} host={} auth={} key={}",
+            req.uri(),
+            h("host"),
+            h("authorization"),
+            h("x-api-key")
+        );
+        hyper::Response::builder()
+            .header("x-echo-auth", h("authorization"))
+            .body(Full::new(Bytes::from(line)))
+            .unwrap()
+    })
+    .await
+}
+
+/// A TLS HTTP/1.1 server on loopback giving each request `answer`'s
+/// response; its port.
+pub async fn tls_server(
+    config: Arc<rustls::ServerConfig>,
+    answer: fn(&hyper::Request<Incoming>) -> hyper::Response<Full<Bytes>>,
+) -> u16 {
     let l = TcpListener::bind((LOOPBACK, 0)).await.unwrap();
     let port = l.local_addr().unwrap().port();
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
@@ -314,27 +343,10 @@ pub async fn tls_http_server(config: Arc<rustls::ServerConfig>) -> u16 {
                 let Ok(tls) = acceptor.accept(s).await else {
                     return;
                 };
-                let svc = hyper::service::service_fn(|req: hyper::Request<Incoming>| async move {
-                    let h = |k: &str| {
-                        req.headers()
-                            .get(k)
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("-")
-                            .to_string()
-                    };
-                    let line = format!(
-                        "{} host={} auth={} key={}",
-                        req.uri(),
-                        h("host"),
-                        h("authorization"),
-                        h("x-api-key")
-                    );
-                    let resp = hyper::Response::builder()
-                        .header("x-echo-auth", h("authorization"))
-                        .body(Full::new(Bytes::from(line)))
-                        .unwrap();
-                    Ok::<_, std::convert::Infallible>(resp)
-                });
+                let svc =
+                    hyper::service::service_fn(move |req: hyper::Request<Incoming>| async move {
+                        Ok::<_, std::convert::Infallible>(answer(&req))
+                    });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tls), svc)
                     .await;

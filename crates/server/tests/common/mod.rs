@@ -300,6 +300,27 @@ pub fn parse_sse(text: &str) -> Vec<(i64, String, Value)> {
     out
 }
 
+/// Python for a job's sandbox that runs `setup` (which makes a directory
+/// `d` and a link `l`), then exchanges the two names
+/// (`renameat2(RENAME_EXCHANGE)`) as fast as it can until the file `stop`
+/// appears or a minute passes, and prints how many times it did.
+pub fn exchange_racer(setup: &str) -> String {
+    format!(
+        r#"
+import ctypes, os, sys, time
+{setup}
+libc = ctypes.CDLL(None, use_errno=True)
+n, end = 0, time.time() + 60
+while not os.path.exists("stop") and time.time() < end:
+    for _ in range(256):
+        if libc.renameat2(-100, b"d", -100, b"l", 2) != 0:
+            raise OSError(ctypes.get_errno(), "renameat2")
+        n += 1
+print(n)
+"#
+    )
+}
+
 pub fn shell(command: &str) -> Value {
     json!({"kind": "shell", "command": command})
 }
