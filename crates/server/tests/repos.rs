@@ -286,36 +286,40 @@ async fn repositories_beyond_reach_are_refused_and_a_login_is_the_tenants_own(db
     );
 }
 
+/// `edit` (whose last call is `w1`, a write), then a `git_commit` of it
+/// with `message`, a `git_push`, and a last turn that expects the push to
+/// have gone to a branch starting `branch`.
+fn commit_and_push(edit: Scenario, message: &str, branch: &str) -> Scenario {
+    edit.turn(
+        Turn::text("Committing.")
+            .with_tool_call("c1", "git_commit", json!({"message": message}))
+            .expect_tool_results(["w1"]),
+    )
+    .turn(
+        Turn::text("Pushing.")
+            .with_tool_call("p1", "git_push", json!({}))
+            .expect_tool_results(["c1"]),
+    )
+    .turn(
+        Turn::text("Done.")
+            .expect_tool_results(["p1"])
+            .expect_contains(format!("Pushed {branch}")),
+    )
+}
+
 async fn a_session_works_on_a_clone_and_pushes_its_branch(db: Db) {
     let tmp = tempfile::tempdir().unwrap();
     let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
-    let model = ScriptedServer::start(
-        Scenario::new()
-            .turn(Turn::text("Editing.").with_tool_call(
-                "w1",
-                "write_file",
-                json!({"path": "README", "content": "from a session\n"}),
-            ))
-            .turn(
-                Turn::text("Committing.")
-                    .with_tool_call(
-                        "c1",
-                        "git_commit",
-                        json!({"message": "README from a session"}),
-                    )
-                    .expect_tool_results(["w1"]),
-            )
-            .turn(
-                Turn::text("Pushing.")
-                    .with_tool_call("p1", "git_push", json!({}))
-                    .expect_tool_results(["c1"]),
-            )
-            .turn(
-                Turn::text("Pushed.")
-                    .expect_tool_results(["p1"])
-                    .expect_contains("Pushed cordon/ses_"),
-            ),
-    );
+    let edit = Scenario::new().turn(Turn::text("Editing.").with_tool_call(
+        "w1",
+        "write_file",
+        json!({"path": "README", "content": "from a session\n"}),
+    ));
+    let model = ScriptedServer::start(commit_and_push(
+        edit,
+        "README from a session",
+        "cordon/ses_",
+    ));
     let url = model.url();
     let Some(s) = TestServer::start_with(db, |c| {
         with_model(url)(c);
@@ -532,40 +536,24 @@ async fn a_tenant_cannot_send_the_workers_push_elsewhere(db: Db) {
     let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
     // Beyond the ceiling, and taking any push with the same login.
     let other = GitRemote::start(&tmp.path().join("other"), USER, TOKEN);
-    let model = ScriptedServer::start(
-        Scenario::new()
-            .turn(Turn::text("Waiting.").with_tool_call(
-                "b1",
-                "bash",
-                json!({"command": "cd /workspace && ln -s .git gitlink && \
-                       for i in $(seq 600); do [ -e go ] && break; sleep 0.1; done; echo GO"}),
-            ))
-            .turn(
-                Turn::text("Editing.")
-                    .with_tool_call(
-                        "w1",
-                        "write_file",
-                        json!({"path": "README", "content": "three\n"}),
-                    )
-                    .expect_tool_results(["b1"])
-                    .expect_contains("GO"),
-            )
-            .turn(
-                Turn::text("Committing.")
-                    .with_tool_call("c1", "git_commit", json!({"message": "README: three"}))
-                    .expect_tool_results(["w1"]),
-            )
-            .turn(
-                Turn::text("Pushing.")
-                    .with_tool_call("p1", "git_push", json!({}))
-                    .expect_tool_results(["c1"]),
-            )
-            .turn(
-                Turn::text("Done.")
-                    .expect_tool_results(["p1"])
-                    .expect_contains("Pushed cordon/job_"),
-            ),
-    );
+    let edit = Scenario::new()
+        .turn(Turn::text("Waiting.").with_tool_call(
+            "b1",
+            "bash",
+            json!({"command": "cd /workspace && ln -s .git gitlink && \
+                   for i in $(seq 600); do [ -e go ] && break; sleep 0.1; done; echo GO"}),
+        ))
+        .turn(
+            Turn::text("Editing.")
+                .with_tool_call(
+                    "w1",
+                    "write_file",
+                    json!({"path": "README", "content": "three\n"}),
+                )
+                .expect_tool_results(["b1"])
+                .expect_contains("GO"),
+        );
+    let model = ScriptedServer::start(commit_and_push(edit, "README: three", "cordon/job_"));
     let url = model.url();
     let port = remote.port;
     let Some(s) = TestServer::start_with(db, |c| {
