@@ -264,13 +264,15 @@ async fn a_slow_reader_past_the_timeout_loses_neither_output_nor_session() {
         .exec_stream(
             // More than the protocol's window: the supervisor must wait
             // for the host to take some before it can report the exit.
+            // The timeout leaves a loaded microVM under TCG time to fill
+            // the window and the pipe (half a second did not, in CI).
             ExecRequest::shell("head -c 4000000 /dev/zero; sleep 60")
-                .timeout(Duration::from_millis(500)),
+                .timeout(Duration::from_secs(3)),
         )
         .await
         .unwrap();
-    // Longer than the host's grace and ping wait together.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // Longer than the timeout, the host's grace and ping wait together.
+    tokio::time::sleep(Duration::from_secs(10)).await;
     let (stdout, _, result) = drain(&mut exec).await;
     assert!(result.timed_out, "{result:?}");
     // Everything written before the kill: the window's worth the host was
