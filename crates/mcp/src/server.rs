@@ -77,7 +77,22 @@ impl SandboxServer {
     async fn context(&self) -> Result<&ToolContext, String> {
         self.ctx
             .get_or_init(|| async {
-                std::fs::create_dir_all(&self.config.workspace).map_err(|e| {
+                // A scratch workspace of the server's own is a file
+                // system of its own where it can be (a real disk bound).
+                let (ws, disk) = (self.config.workspace.clone(), self.config.disk);
+                let own = self.remove_workspace;
+                tokio::task::spawn_blocking(move || {
+                    if own {
+                        cordon_sandbox::volume::make_workspace(&ws, disk)
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    } else {
+                        std::fs::create_dir_all(&ws).map_err(|e| e.to_string())
+                    }
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+                .map_err(|e| {
                     format!(
                         "cannot create the workspace {}: {e}",
                         self.config.workspace.display()
@@ -204,7 +219,8 @@ impl Drop for SandboxServer {
         if self.remove_workspace {
             let ws = self.config.workspace.clone();
             drop(self.ctx.take());
-            if let Err(e) = std::fs::remove_dir_all(&ws)
+            if let Err(e) =
+                cordon_sandbox::volume::release(&ws).and_then(|()| std::fs::remove_dir_all(&ws))
                 && e.kind() != std::io::ErrorKind::NotFound
             {
                 tracing::warn!("cannot remove {}: {e}", ws.display());

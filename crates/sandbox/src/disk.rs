@@ -66,7 +66,13 @@ impl Baseline {
         }
         let roots = roots(config).map_err(Error::Config)?;
         let r = roots.clone();
-        let base = tokio::task::spawn_blocking(move || measure(&r, None));
+        let base = tokio::task::spawn_blocking(move || {
+            // A volume's free space is set first: the budget's bound for
+            // what the watcher cannot see.
+            crate::volume::fit(&r[0], crate::volume::room(budget))
+                .map_err(std::io::Error::other)?;
+            measure(&r, None)
+        });
         Ok(Some(Baseline {
             budget,
             roots,

@@ -31,7 +31,9 @@
 //!   its execs, its services;
 //! - `backend`: the [`Backend`] trait and what backends share; `cgroup`;
 //! - the backends, `native` and `microvm`;
-//! - `disk` (the disk budget's watcher) and `display`, on a live session;
+//! - `volume` (a workspace that is a file system of its own), `disk` (the
+//!   disk budget's watcher, which fits a volume's room) and `display`, on a
+//!   live session;
 //! - `create`: [`Sandbox::create`], through the backend the config names.
 
 mod backend;
@@ -53,6 +55,7 @@ mod repos;
 mod services;
 mod session;
 pub mod supervisor;
+pub mod volume;
 
 pub use backend::Backend;
 pub use cache::cache_dir;

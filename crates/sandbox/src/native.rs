@@ -338,7 +338,7 @@ fn user_counts(pid: i32) -> protocol::UserCounts {
 
 /// Whether this process's ids are the host's own: root in a container's
 /// user namespace has no other uid to give a sandbox.
-fn in_initial_user_namespace() -> bool {
+pub(crate) fn in_initial_user_namespace() -> bool {
     std::fs::read_to_string("/proc/self/uid_map")
         .is_ok_and(|m| m.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"])
 }

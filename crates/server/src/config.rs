@@ -210,6 +210,17 @@ impl SandboxDefaults {
         })
     }
 
+    /// Makes a workspace the server owns (a job's, a session's) with
+    /// room for `disk`, or the default budget: a file system of its own
+    /// where the server can make one (see `cordon_sandbox::volume`).
+    pub fn make_workspace(
+        &self,
+        root: &std::path::Path,
+        disk: Option<u64>,
+    ) -> Result<(), cordon_sandbox::volume::VolumeError> {
+        cordon_sandbox::volume::make_workspace(root, Some(disk.unwrap_or(self.disk))).map(|_| ())
+    }
+
     /// A sandbox over `workspace` with these defaults.
     pub fn sandbox(&self, workspace: impl Into<PathBuf>) -> cordon_sandbox::SandboxConfig {
         let mut c = cordon_sandbox::SandboxConfig::new(workspace);

@@ -331,6 +331,35 @@ fn chunks(file: tokio::fs::File) -> impl Stream<Item = Result<Bytes, std::io::Er
     })
 }
 
+/// Mounts again the volumes of the jobs' and sessions' workspaces under
+/// `data` whose mounts are gone (after a reboot), and says whether new
+/// workspaces get one.
+pub(crate) fn mount_volumes(data: &std::path::Path) {
+    if cordon_sandbox::volume::supported() {
+        tracing::info!("workspaces are file systems of their own: disk budgets bound everything");
+    } else {
+        tracing::warn!(
+            "workspaces are plain directories: the disk budget is a watcher's, which a file \
+             held only by a descriptor in flight escapes (run as root, with mkfs.ext4, for volumes)"
+        );
+    }
+    let mut mounted = 0;
+    for kind in ["jobs", "sessions"] {
+        let Ok(entries) = std::fs::read_dir(data.join(kind)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let ws = entry.path().join("workspace");
+            match cordon_sandbox::volume::mount_again(&ws) {
+                Ok(true) => mounted += 1,
+                Ok(false) => {}
+                Err(e) => tracing::warn!("cannot mount the volume of {}: {e}", ws.display()),
+            }
+        }
+    }
+    tracing::debug!("{mounted} workspace volume(s) in place");
+}
+
 /// [`remove_tree`] off the async runtime, a failure logged as `what`'s.
 pub(crate) async fn remove_files(dir: std::path::PathBuf, what: &str) {
     match tokio::task::spawn_blocking(move || remove_tree(&dir)).await {
@@ -340,8 +369,10 @@ pub(crate) async fn remove_files(dir: std::path::PathBuf, what: &str) {
     }
 }
 
-/// Removes `dir` and everything in it; one that is already gone is fine.
+/// Removes `dir` and everything in it, a workspace's volume too; one that
+/// is already gone is fine.
 pub(crate) fn remove_tree(dir: &std::path::Path) -> std::io::Result<()> {
+    cordon_sandbox::volume::release(dir)?;
     let gone = |r: std::io::Result<()>| match r {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         r => r,

@@ -39,10 +39,20 @@ pub struct Running {
 impl Running {
     /// Stops accepting requests and jobs, and waits for open requests to
     /// end. Jobs still running are left to the next start's recovery.
+    /// The workspaces' volumes are unmounted (a sandbox still running
+    /// keeps its own until it ends), so the data directory is plain files;
+    /// the next start mounts them again.
     pub async fn shutdown(self) {
         self.shared.stopping.cancel();
         let _ = self.stop.send(true);
         let _ = self.serve.await;
+        let data = self.shared.config.data_dir.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Err(e) = cordon_sandbox::volume::unmount_beneath(&data) {
+                tracing::warn!("cannot unmount the workspaces' volumes: {e}");
+            }
+        })
+        .await;
     }
 }
 
@@ -116,6 +126,8 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         shared.store.advertise(&shared.worker, url).await?;
         tracing::info!("relayed requests reach worker {} at {url}", shared.worker);
     }
+    let data = shared.config.data_dir.clone();
+    let _ = tokio::task::spawn_blocking(move || crate::files::mount_volumes(&data)).await;
     let settled = crate::worker::recover(&shared).await?;
     if settled > 0 {
         tracing::warn!("{settled} job(s) were running when this server stopped; settled");

@@ -24,6 +24,8 @@ pub struct Started {
     pub token: Option<String>,
     /// A worker's id.
     pub worker: Option<String>,
+    /// Its home, whose workspace volumes it leaves mounted when killed.
+    home: std::path::PathBuf,
 }
 
 impl Drop for Started {
@@ -33,6 +35,8 @@ impl Drop for Started {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Killed, it could not unmount them; its home can then be removed.
+        let _ = cordon_sandbox::volume::unmount_beneath(&self.home);
     }
 }
 
@@ -81,6 +85,7 @@ pub fn spawn_env(home: &Path, args: &[&str], env: &[(&str, &str)]) -> Started {
         url,
         token,
         worker,
+        home: home.to_path_buf(),
     }
 }
 

@@ -107,15 +107,28 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
     // Split across machines, the workspace is made by the worker that
     // takes the job (see `served_here`).
     if shared.config.cluster.is_none() {
-        make_workspace(shared, &id)?;
+        make_workspace(shared, &id, req.options.disk).await?;
     }
     let job = shared.store.insert_job(&id, tenant, &req.request()).await?;
     shared.wake.notify_one();
     Ok(job)
 }
 
-fn make_workspace(shared: &Shared, id: &str) -> ApiResult<()> {
-    std::fs::create_dir_all(shared.config.job_dirs().workspace(id)).map_err(|e| {
+async fn make_workspace(shared: &Shared, id: &str, disk: u64) -> ApiResult<()> {
+    let ws = shared.config.job_dirs().workspace(id);
+    let defaults = shared.config.sandboxes();
+    let made = tokio::task::spawn_blocking(move || {
+        std::fs::create_dir_all(ws.parent().unwrap_or(&ws))
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                defaults
+                    .make_workspace(&ws, Some(disk))
+                    .map_err(|e| e.to_string())
+            })
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    made.map_err(|e| {
         tracing::error!("cannot create a job workspace: {e}");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

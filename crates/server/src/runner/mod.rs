@@ -160,7 +160,21 @@ impl Runner {
             result: None,
         };
         let ws = self.dirs.workspace(id);
-        if let Err(e) = std::fs::create_dir_all(&ws) {
+        let made = {
+            let (ws, defaults, disk) = (ws.clone(), self.sandboxes.clone(), req.options.disk);
+            tokio::task::spawn_blocking(move || {
+                std::fs::create_dir_all(ws.parent().unwrap_or(&ws))
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| {
+                        defaults
+                            .make_workspace(&ws, Some(disk))
+                            .map_err(|e| e.to_string())
+                    })
+            })
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()))
+        };
+        if let Err(e) = made {
             return failed(format!("cannot create the workspace: {e}"));
         }
         if let Some(archive) = &self.archive {

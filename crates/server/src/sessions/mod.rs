@@ -203,7 +203,18 @@ pub(crate) async fn create(
             "cannot create the session's files",
         )
     };
-    std::fs::create_dir_all(d.join("workspace")).map_err(unavailable)?;
+    {
+        let (d, sandboxes) = (d.clone(), shared.config.sandboxes());
+        tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&d)?;
+            sandboxes
+                .make_workspace(&d.join("workspace"), None)
+                .map_err(std::io::Error::other)
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        .map_err(unavailable)?;
+    }
     let mut log = SessionLog::<Value>::create(d.join("session.jsonl"))
         .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
     let spec = policy.clone().map(cordon_net::PolicySpec::from);

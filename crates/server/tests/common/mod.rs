@@ -79,6 +79,14 @@ pub struct TestServer {
     _pg: Option<pgtest::TestPostgres>,
 }
 
+/// A test's server leaves no workspace volume mounted behind it, stopped
+/// or not, so that its directory can be removed.
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = cordon_sandbox::volume::unmount_beneath(&self.dir);
+    }
+}
+
 impl TestServer {
     /// `None` when the test must skip (PostgreSQL missing, outside CI).
     pub async fn start(db: Db) -> Option<TestServer> {

@@ -1,0 +1,574 @@
+//! Volumes: a workspace that is a file system of its own, so that what a
+//! sandbox can make the host's disk hold has a real bound.
+//!
+//! The disk budget's watcher (`disk`) sees what a directory walk and
+//! `/proc` show; a file deleted while a descriptor to it is in flight on a
+//! Unix socket shows nowhere and still holds its blocks. A volume bounds
+//! them all: the workspace `W` is a bind of `W.volume/w`, where `W.volume`
+//! is an ext4 file system on a loop device over the sparse image
+//! `W.volume.img`, and the file system's free space is kept at the room
+//! the sandbox may fill by a balloon, `W.volume/.balloon`, a preallocated
+//! file the sandbox cannot see. Preallocated blocks are unwritten, so the
+//! balloon takes nothing on the host, and the file system is mounted with
+//! `discard`, so what the sandbox deletes is given back to the host: the
+//! image never holds more than the file system uses.
+//!
+//! Rules:
+//! - Only cordon mounts a volume, and only an image it made (in a
+//!   directory of its own); nothing found in a workspace decides what is
+//!   mounted, and the sandbox cannot reach the image or the balloon.
+//! - Mounting needs root in the host's namespaces; without it, or without
+//!   `mkfs.ext4`, [`make_workspace`] makes a plain directory (the watcher
+//!   alone then holds the budget).
+//! - A volume outlives the process that made it; after a reboot,
+//!   [`mount_again`] brings it back. [`release`] detaches it before its
+//!   directory is removed.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use rustix::fs::{FallocateFlags, OFlags};
+use rustix::ioctl::{Ioctl, IoctlOutput, Opcode};
+use rustix::mount::{MountFlags, UnmountFlags};
+
+/// The image's size: the most the file system can ever hold, not what it
+/// takes (the image is sparse and the balloon unwritten). Large enough
+/// for a long session's workspace.
+const MIN_CAPACITY: u64 = 16 << 30;
+/// Mount flags of the volume and so of the workspace bound from it.
+const MOUNT_FLAGS: MountFlags = MountFlags::NOSUID.union(MountFlags::NODEV);
+/// `noinit_itable`: the kernel would otherwise zero the inode tables in
+/// the background, making the host hold them. `discard`: deleted blocks
+/// are punched out of the image.
+const MOUNT_DATA: &std::ffi::CStr = c"noinit_itable,discard";
+/// The balloon's name at the file system's root.
+const BALLOON: &str = ".balloon";
+/// The workspace's directory at the file system's root.
+const TREE: &str = "w";
+/// Where `mkfs.ext4` is looked for: the host's, never the caller's `PATH`.
+const TOOL_PATH: &str = "/usr/sbin:/sbin:/usr/bin:/bin";
+
+/// Why a volume cannot be made or mounted.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("volumes need root in the host's namespaces, loop devices and mkfs.ext4")]
+    Unsupported,
+    #[error("{0} is not an empty directory")]
+    NotEmpty(PathBuf),
+    #[error("mkfs.ext4 failed: {0}")]
+    Mkfs(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl VolumeError {
+    fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VolumeError {
+        let what = what.into();
+        move |source| VolumeError::Io { what, source }
+    }
+}
+
+type Result<T, E = VolumeError> = std::result::Result<T, E>;
+
+/// The paths of workspace `W`'s volume.
+struct Paths {
+    workspace: PathBuf,
+    root: PathBuf,
+    image: PathBuf,
+}
+
+impl Paths {
+    fn of(workspace: &Path) -> Paths {
+        let with = |suffix: &str| {
+            let mut name = workspace
+                .file_name()
+                .map(OsString::from)
+                .unwrap_or_default();
+            name.push(suffix);
+            workspace.with_file_name(name)
+        };
+        Paths {
+            workspace: workspace.to_path_buf(),
+            root: with(".volume"),
+            image: with(".volume.img"),
+        }
+    }
+}
+
+/// The free space a volume is given for a disk budget: the budget and the
+/// watcher's stated precision past it (96 MiB, or an eighth of a budget
+/// over 768 MiB), so that a sandbox growing in plain sight meets the
+/// watcher, as it would without a volume, and whatever it hides meets the
+/// file system's end.
+pub fn room(budget: u64) -> u64 {
+    budget.saturating_add((budget / 8).max(96 << 20))
+}
+
+/// Whether this process can make volumes: root in the host's user
+/// namespace, with the loop devices' control and `mkfs.ext4`.
+pub fn supported() -> bool {
+    rustix::process::geteuid().is_root()
+        && crate::native::in_initial_user_namespace()
+        && Path::new("/dev/loop-control").exists()
+        && std::env::split_paths(TOOL_PATH).any(|d| d.join("mkfs.ext4").is_file())
+}
+
+/// Makes a workspace cordon owns (a job's, a session's): a volume with
+/// room for `budget` where this process can make one, else a plain
+/// directory. One that exists is left as it is. Whether it is a volume.
+pub fn make_workspace(workspace: &Path, budget: Option<u64>) -> Result<bool> {
+    if workspace.exists() {
+        return Ok(is_volume(&Paths::of(workspace)));
+    }
+    match budget {
+        Some(budget) if supported() => make(workspace, room(budget)).map(|()| true),
+        _ => std::fs::create_dir_all(workspace)
+            .map(|()| false)
+            .map_err(VolumeError::io(format!("create {}", workspace.display()))),
+    }
+}
+
+/// Detaches the mounts at or beneath `dir` and, if `dir` is a volume's
+/// workspace, the volume, and removes its image: `dir` is then plain files
+/// for the caller to remove.
+pub fn release(dir: &Path) -> std::io::Result<()> {
+    let p = Paths::of(dir);
+    unmount_beneath(dir)?;
+    if p.root.exists() || p.image.exists() {
+        unmount_beneath(&p.root)?;
+        for r in [std::fs::remove_dir(&p.root), std::fs::remove_file(&p.image)] {
+            match r {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Makes the workspace `workspace` (absent, or an empty directory) a
+/// volume with `room` bytes free. Its directory keeps its owner and mode.
+/// On failure nothing of the volume is left.
+pub fn make(workspace: &Path, room: u64) -> Result<()> {
+    if !supported() {
+        return Err(VolumeError::Unsupported);
+    }
+    let p = Paths::of(workspace);
+    match std::fs::create_dir(workspace) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let mut entries = std::fs::read_dir(workspace)
+                .map_err(VolumeError::io(format!("read {}", workspace.display())))?;
+            if entries.next().is_some() {
+                return Err(VolumeError::NotEmpty(workspace.to_path_buf()));
+            }
+        }
+        Err(e) => {
+            return Err(VolumeError::io(format!("create {}", workspace.display()))(
+                e,
+            ));
+        }
+    }
+    let made = (|| {
+        let meta = std::fs::symlink_metadata(workspace)
+            .map_err(VolumeError::io(format!("stat {}", workspace.display())))?;
+        let image = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&p.image)
+            .map_err(VolumeError::io(format!("create {}", p.image.display())))?;
+        let capacity = MIN_CAPACITY.max(room.saturating_mul(8));
+        image
+            .set_len(capacity)
+            .map_err(VolumeError::io("size the image"))?;
+        mkfs(&p.image)?;
+        std::fs::create_dir(&p.root)
+            .map_err(VolumeError::io(format!("create {}", p.root.display())))?;
+        attach(&image, &p.root)?;
+        // The tree the sandbox sees, as the directory it replaces was.
+        let tree = p.root.join(TREE);
+        std::fs::create_dir(&tree).map_err(VolumeError::io("create the volume's tree"))?;
+        std::os::unix::fs::lchown(&tree, Some(meta.uid()), Some(meta.gid()))
+            .map_err(VolumeError::io("own the volume's tree"))?;
+        std::fs::set_permissions(&tree, std::fs::Permissions::from_mode(meta.mode() & 0o7777))
+            .map_err(VolumeError::io("set the volume's tree's mode"))?;
+        let _ = std::fs::remove_dir(p.root.join("lost+found"));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(p.root.join(BALLOON))
+            .map_err(VolumeError::io("create the balloon"))?;
+        rustix::mount::mount_bind(&tree, workspace)
+            .map_err(|e| VolumeError::io("bind the volume onto the workspace")(e.into()))?;
+        fit_paths(&p, room)
+    })();
+    if made.is_err() {
+        let _ = unmount_beneath(workspace);
+        let _ = unmount_beneath(&p.root);
+        let _ = std::fs::remove_dir(&p.root);
+        let _ = std::fs::remove_file(&p.image);
+    }
+    made
+}
+
+/// Mounts `workspace`'s volume again if it has one that is not mounted
+/// (after a reboot); whether it has one.
+pub fn mount_again(workspace: &Path) -> Result<bool> {
+    let p = Paths::of(workspace);
+    let image = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&p.image)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(VolumeError::io(format!("open {}", p.image.display()))(e)),
+    };
+    if is_volume(&p) {
+        return Ok(true);
+    }
+    if !supported() {
+        return Err(VolumeError::Unsupported);
+    }
+    // Only an image cordon made: a root-owned regular file, not linked.
+    let meta = image
+        .metadata()
+        .map_err(VolumeError::io("stat the image"))?;
+    if !meta.is_file() || meta.uid() != 0 || meta.nlink() != 1 {
+        return Err(VolumeError::io(format!("{}", p.image.display()))(
+            std::io::Error::other("not an image cordon made"),
+        ));
+    }
+    if !mount_root(&p.root) {
+        attach(&image, &p.root)?;
+    }
+    if !mount_root(workspace) {
+        rustix::mount::mount_bind(p.root.join(TREE), workspace)
+            .map_err(|e| VolumeError::io("bind the volume onto the workspace")(e.into()))?;
+    }
+    Ok(true)
+}
+
+/// If `workspace` is a mounted volume, sets its free space to `room`;
+/// whether it is one. Called as a sandbox starts with a disk budget.
+pub(crate) fn fit(workspace: &Path, room: u64) -> Result<bool> {
+    let p = Paths::of(workspace);
+    if !is_volume(&p) {
+        return Ok(false);
+    }
+    fit_paths(&p, room).map(|()| true)
+}
+
+/// Sizes the balloon so that the file system has `room` bytes free.
+fn fit_paths(p: &Paths, room: u64) -> Result<()> {
+    let balloon = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(p.root.join(BALLOON))
+        .map_err(VolumeError::io("open the balloon"))?;
+    let vfs = rustix::fs::fstatvfs(balloon.as_fd())
+        .map_err(|e| VolumeError::io("statvfs the volume")(e.into()))?;
+    let free = vfs.f_bavail.saturating_mul(vfs.f_frsize);
+    let held = balloon
+        .metadata()
+        .map_err(VolumeError::io("stat the balloon"))?
+        .len();
+    let want = (held + free).saturating_sub(room) & !4095;
+    if held + free < room {
+        tracing::warn!(
+            "the volume of {} can hold {} MiB more, less than the {} MiB asked",
+            p.workspace.display(),
+            (held + free) >> 20,
+            room >> 20
+        );
+    }
+    if want < held {
+        balloon
+            .set_len(want)
+            .map_err(VolumeError::io("shrink the balloon"))?;
+    } else if want > held {
+        rustix::fs::fallocate(balloon.as_fd(), FallocateFlags::empty(), 0, want)
+            .map_err(|e| VolumeError::io("grow the balloon")(e.into()))?;
+    }
+    Ok(())
+}
+
+/// Whether `p` is a mounted volume: the workspace and the volume's root
+/// are both mount roots of the same file system.
+fn is_volume(p: &Paths) -> bool {
+    let dev = |path: &Path| {
+        rustix::fs::statx(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            rustix::fs::StatxFlags::BASIC_STATS,
+        )
+        .ok()
+        .filter(|s| {
+            s.stx_attributes
+                .contains(rustix::fs::StatxAttributes::MOUNT_ROOT)
+        })
+        .map(|s| (s.stx_dev_major, s.stx_dev_minor))
+    };
+    matches!((dev(&p.workspace), dev(&p.root)), (Some(a), Some(b)) if a == b)
+}
+
+/// Whether `path` is the root of a mount.
+fn mount_root(path: &Path) -> bool {
+    rustix::fs::statx(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        rustix::fs::StatxFlags::BASIC_STATS,
+    )
+    .is_ok_and(|s| {
+        s.stx_attributes
+            .contains(rustix::fs::StatxAttributes::MOUNT_ROOT)
+    })
+}
+
+/// Makes an ext4 file system in `image`: no reserved blocks, inode tables
+/// and journal left unwritten (the image stays sparse), no discard of a
+/// file that is all holes.
+fn mkfs(image: &Path) -> Result<()> {
+    let out = Command::new("mkfs.ext4")
+        .args([
+            "-q", "-F", "-b", "4096", "-m", "0", "-J", "size=32", "-L", "cordon",
+        ])
+        .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
+        .arg(image)
+        .env_clear()
+        .env("PATH", TOOL_PATH)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                VolumeError::Mkfs("not found; install e2fsprogs".into())
+            }
+            _ => VolumeError::Mkfs(e.to_string()),
+        })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        Err(VolumeError::Mkfs(format!("{}: {}", out.status, err.trim())))
+    }
+}
+
+/// Attaches `image` to a free loop device that detaches itself once
+/// unmounted, and mounts it on `root`.
+fn attach(image: &File, root: &Path) -> Result<()> {
+    let control = rustix::fs::open(
+        "/dev/loop-control",
+        OFlags::RDWR | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| VolumeError::io("open /dev/loop-control")(e.into()))?;
+    // Another process may take the device between asking and configuring.
+    let mut tries = 0;
+    let (device, path) = loop {
+        tries += 1;
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a number.
+        let n = unsafe { rustix::ioctl::ioctl(&control, GetFree) }
+            .map_err(|e| VolumeError::io("find a free loop device")(e.into()))?;
+        let path = format!("/dev/loop{n}");
+        let device = rustix::fs::open(
+            path.as_str(),
+            OFlags::RDWR | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| VolumeError::io(format!("open {path}"))(e.into()))?;
+        let config = LoopConfig {
+            fd: image.as_raw_fd() as u32,
+            info: LoopInfo64 {
+                lo_flags: LO_FLAGS_AUTOCLEAR,
+                ..LoopInfo64::default()
+            },
+            ..LoopConfig::default()
+        };
+        // SAFETY: LOOP_CONFIGURE reads a `struct loop_config`, which
+        // `LoopConfig` lays out.
+        match unsafe {
+            rustix::ioctl::ioctl(
+                &device,
+                rustix::ioctl::Setter::<LOOP_CONFIGURE, LoopConfig>::new(config),
+            )
+        } {
+            Ok(()) => break (device, path),
+            Err(rustix::io::Errno::BUSY) if tries < 16 => continue,
+            Err(e) => return Err(VolumeError::io(format!("configure {path}"))(e.into())),
+        }
+    };
+    // The device stays attached while `device` is open; the mount holds
+    // it from then on, and it detaches itself when unmounted.
+    rustix::mount::mount(path.as_str(), root, "ext4", MOUNT_FLAGS, Some(MOUNT_DATA))
+        .map_err(|e| VolumeError::io(format!("mount {path}"))(e.into()))?;
+    drop(device);
+    Ok(())
+}
+
+/// Detaches every mount at or beneath `dir` (deepest first), so that
+/// removing `dir` removes files, not a volume's contents one by one, and
+/// leaves no mount behind. A sandbox still using one keeps it until it
+/// ends; then its loop device detaches and the image's space is freed.
+pub fn unmount_beneath(dir: &Path) -> std::io::Result<()> {
+    let Ok(dir) = dir.canonicalize() else {
+        return Ok(());
+    };
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(unescape)
+        .filter(|p| p.starts_with(&dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    points.dedup();
+    for point in points {
+        // Stacked mounts on one point come off one at a time.
+        while mount_root(&point) && point != Path::new("/") {
+            match rustix::mount::unmount(&point, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW) {
+                Ok(()) => {}
+                Err(rustix::io::Errno::INVAL) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A mount point as `/proc/self/mountinfo` escapes it (`\040` for a
+/// space, and so on).
+fn unescape(field: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..=i + 3].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(OsString::from_vec(out))
+}
+
+/// `LOOP_CONFIGURE` (linux/loop.h): attach a file, set flags, at once.
+const LOOP_CONFIGURE: Opcode = 0x4C0A;
+/// `LOOP_CTL_GET_FREE`: the number of a free loop device.
+const LOOP_CTL_GET_FREE: Opcode = 0x4C82;
+/// `LO_FLAGS_AUTOCLEAR`: detach on last close.
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+/// `struct loop_info64`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+impl Default for LoopInfo64 {
+    fn default() -> Self {
+        LoopInfo64 {
+            lo_device: 0,
+            lo_inode: 0,
+            lo_rdevice: 0,
+            lo_offset: 0,
+            lo_sizelimit: 0,
+            lo_number: 0,
+            lo_encrypt_type: 0,
+            lo_encrypt_key_size: 0,
+            lo_flags: 0,
+            lo_file_name: [0; 64],
+            lo_crypt_name: [0; 64],
+            lo_encrypt_key: [0; 32],
+            lo_init: [0; 2],
+        }
+    }
+}
+
+/// `struct loop_config`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232);
+const _: () = assert!(std::mem::size_of::<LoopConfig>() == 304);
+
+/// `LOOP_CTL_GET_FREE`, whose answer is the ioctl's return value.
+struct GetFree;
+
+// SAFETY: the ioctl takes no argument and its output is the return value.
+unsafe impl Ioctl for GetFree {
+    type Output = u32;
+    const IS_MUTATING: bool = false;
+
+    fn opcode(&self) -> Opcode {
+        LOOP_CTL_GET_FREE
+    }
+
+    fn as_ptr(&mut self) -> *mut std::ffi::c_void {
+        std::ptr::null_mut()
+    }
+
+    unsafe fn output_from_ptr(
+        out: IoctlOutput,
+        _: *mut std::ffi::c_void,
+    ) -> rustix::io::Result<u32> {
+        Ok(out as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_are_unescaped() {
+        assert_eq!(unescape(r"/a\040b/c\134d"), PathBuf::from("/a b/c\\d"));
+        assert_eq!(unescape(r"/plain\04"), PathBuf::from(r"/plain\04"));
+    }
+
+    #[test]
+    fn a_volume_s_paths_are_beside_its_workspace() {
+        let p = Paths::of(Path::new("/srv/jobs/job_1/workspace"));
+        assert_eq!(p.root, Path::new("/srv/jobs/job_1/workspace.volume"));
+        assert_eq!(p.image, Path::new("/srv/jobs/job_1/workspace.volume.img"));
+    }
+}
