@@ -236,7 +236,7 @@ fn deleted_but_in_flight(t: &Ctx) {
 }
 attack!(
     deleted_but_in_flight,
-    native_ignore = "issue 31: no /proc file shows a descriptor in flight; needs a real bound (a file system of the sandbox's own)"
+    native_ignore = "no /proc file shows a descriptor in flight: `cordon run` on a user's directory has no volume; a server's workspaces do (server/tests/retention.rs)"
 );
 
 /// Hard links count once: 40 MiB linked twenty times is 40 MiB.
