@@ -806,7 +806,13 @@ async fn an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage(db
         .position(|e| e.1 == "tool_call_finished")
         .unwrap();
     assert!(live < done, "live output comes before the result");
-    assert_eq!(events[live].2["text"], "5\n");
+    // In as many pieces as the output arrived in (seen: "5", then "\n").
+    let streamed: String = events[live..done]
+        .iter()
+        .filter(|e| e.1 == "tool_output")
+        .filter_map(|e| e.2["text"].as_str())
+        .collect();
+    assert_eq!(streamed, "5\n");
     let finished = events.iter().find(|e| e.1 == "tool_call_finished").unwrap();
     assert_eq!(finished.2["type"], "tool_call_finished");
     assert!(finished.2["output"].as_str().unwrap().contains('5'));

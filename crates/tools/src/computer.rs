@@ -216,13 +216,12 @@ fn point(s: &Scaling, p: Option<[i64; 2]>, what: &str) -> Result<(u32, u32), Str
     s.to_screen(x, y)
 }
 
+/// No `--sync`: it waits for a motion event, which a move to where the
+/// pointer already is never makes (xdotool gives up after ~15 s). The X
+/// server takes one client's requests in order, so a click sent after the
+/// move lands where the move put the pointer.
 fn move_to((x, y): (u32, u32)) -> Vec<String> {
-    vec![
-        "mousemove".into(),
-        "--sync".into(),
-        x.to_string(),
-        y.to_string(),
-    ]
+    vec!["mousemove".into(), x.to_string(), y.to_string()]
 }
 
 /// Characters typed per xdotool run: long texts in several, so no one
