@@ -128,6 +128,10 @@ pub fn make_workspace(workspace: &Path, budget: Option<u64>) -> Result<bool> {
     if workspace.exists() {
         return Ok(is_volume(&Paths::of(workspace)));
     }
+    if let Some(parent) = workspace.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(VolumeError::io(format!("create {}", parent.display())))?;
+    }
     match budget {
         Some(budget) if supported() => make(workspace, room(budget)).map(|()| true),
         _ => std::fs::create_dir_all(workspace)

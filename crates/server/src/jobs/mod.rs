@@ -118,13 +118,9 @@ async fn make_workspace(shared: &Shared, id: &str, disk: u64) -> ApiResult<()> {
     let ws = shared.config.job_dirs().workspace(id);
     let defaults = shared.config.sandboxes();
     let made = tokio::task::spawn_blocking(move || {
-        std::fs::create_dir_all(ws.parent().unwrap_or(&ws))
+        defaults
+            .make_workspace(&ws, Some(disk))
             .map_err(|e| e.to_string())
-            .and_then(|()| {
-                defaults
-                    .make_workspace(&ws, Some(disk))
-                    .map_err(|e| e.to_string())
-            })
     })
     .await
     .unwrap_or_else(|e| Err(e.to_string()));

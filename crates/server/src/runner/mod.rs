@@ -163,13 +163,9 @@ impl Runner {
         let made = {
             let (ws, defaults, disk) = (ws.clone(), self.sandboxes.clone(), req.options.disk);
             tokio::task::spawn_blocking(move || {
-                std::fs::create_dir_all(ws.parent().unwrap_or(&ws))
+                defaults
+                    .make_workspace(&ws, Some(disk))
                     .map_err(|e| e.to_string())
-                    .and_then(|()| {
-                        defaults
-                            .make_workspace(&ws, Some(disk))
-                            .map_err(|e| e.to_string())
-                    })
             })
             .await
             .unwrap_or_else(|e| Err(e.to_string()))

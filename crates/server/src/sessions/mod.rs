@@ -206,7 +206,6 @@ pub(crate) async fn create(
     {
         let (d, sandboxes) = (d.clone(), shared.config.sandboxes());
         tokio::task::spawn_blocking(move || {
-            std::fs::create_dir_all(&d)?;
             sandboxes
                 .make_workspace(&d.join("workspace"), None)
                 .map_err(std::io::Error::other)
