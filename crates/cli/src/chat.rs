@@ -57,14 +57,15 @@ pub struct ChatArgs {
     pub set: Vec<(String, String)>,
     /// Work on a clone of URL (at REF), made on the host with your git
     /// credentials into --workspace or ./NAME, on a branch cordon/SESSION
-    #[arg(long, value_name = "URL[#REF]", conflicts_with_all = ["resume", "last"])]
+    #[arg(long, value_name = "URL[#REF]")]
     pub repo: Option<String>,
-    /// With --repo: let the model push and open pull requests without
-    /// asking (with --approval ask each one is asked)
-    #[arg(long, requires = "repo")]
+    /// With --repo, or resuming a session that has one: let the model push
+    /// and open pull requests without asking (with --approval ask each one
+    /// is asked)
+    #[arg(long)]
     pub allow_push: bool,
     /// The forge's API for pull requests (see `cordon exec --help`)
-    #[arg(long, value_name = "URL", requires = "repo")]
+    #[arg(long, value_name = "URL")]
     pub forge_api: Option<String>,
 }
 
@@ -83,26 +84,28 @@ pub async fn chat(args: ChatArgs) -> i32 {
         Err(e) => return config_error(e),
     };
     let (resumed, resume_notice, mut workspace) = (resume.resumed, resume.notice, resume.workspace);
-    let mut cloned = None;
-    if let Some(repo) = &args.repo {
-        let id = sessions::new_id();
-        let spec = match crate::repo::parse_repo(repo) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("cordon: --repo: {e}");
-                return crate::exit::SANDBOX;
-            }
-        };
-        match crate::repo::clone_for(&spec, workspace.as_deref(), &id).await {
-            Ok((dir, c)) => {
-                workspace = Some(dir);
-                cloned = Some((id, c));
-            }
-            Err(e) => {
-                eprintln!("cordon: {e}");
-                return crate::exit::SANDBOX;
-            }
+    let new_id = sessions::new_id();
+    let cloned = match crate::repo::for_session(
+        args.repo.as_deref(),
+        resumed.as_ref(),
+        workspace.as_deref(),
+        &new_id,
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return crate::exit::SANDBOX;
         }
+    };
+    if let Some(dir) = cloned.as_ref().and_then(|c| c.made.clone()) {
+        workspace = Some(dir);
+    }
+    if (args.allow_push || args.forge_api.is_some()) && cloned.is_none() {
+        return config_error(
+            "--allow-push and --forge-api are for a session with a repository: --repo URL, or resuming one",
+        );
     }
     let s = match setup(&Choices {
         model: args.model.as_deref(),
@@ -141,10 +144,14 @@ pub async fn chat(args: ChatArgs) -> i32 {
         },
     };
     let mut notices: Vec<String> = s.notices.into_iter().chain(resume_notice).collect();
-    let repository = cloned.map(|(id, c)| {
+    let repository = cloned.map(|clone| {
+        let c = clone.cloned;
         notices.push(format!(
-            "Cloned {} into this workspace, on branch {}: the model commits with git_commit{}.",
-            c.url,
+            "{}, on branch {}: the model commits with git_commit{}.",
+            match clone.made {
+                Some(_) => format!("Cloned {} into this workspace", c.url),
+                None => format!("This workspace is a clone of {}", c.url),
+            },
             c.branch,
             if args.allow_push || approval == ApprovalMode::Ask {
                 ", pushes with git_push and opens pull requests with create_pull_request"
@@ -158,9 +165,18 @@ pub async fn chat(args: ChatArgs) -> i32 {
             args.allow_push || approval == ApprovalMode::Ask,
             args.forge_api.as_deref(),
         );
+        // A new session takes the id its branch is named after, and its
+        // log starts with the record; a resumed one has both.
+        let (session_id, records) = match clone.made {
+            Some(_) => (
+                new_id,
+                serde_json::to_value(repo.record()).into_iter().collect(),
+            ),
+            None => (String::new(), Vec::new()),
+        };
         cordon_tui::Repository {
-            session_id: id,
-            records: serde_json::to_value(repo.record()).into_iter().collect(),
+            session_id,
+            records,
             tools: repo.tools(),
         }
     });

@@ -51,16 +51,18 @@ pub struct ExecArgs {
     /// host with your git credentials into --workspace or ./NAME, on a
     /// branch cordon/SESSION
     // Parsed by cordon, not clap: clap would echo a refused URL, token and all.
-    #[arg(long, value_name = "URL[#REF]", conflicts_with_all = ["resume", "last"])]
+    // A resumed session's repository is recorded: --repo may name it again.
+    #[arg(long, value_name = "URL[#REF]")]
     pub repo: Option<String>,
-    /// With --repo: let the model push the session's branch (git_push) and
-    /// open a pull request (create_pull_request) as you, without asking
-    #[arg(long, requires = "repo")]
+    /// With --repo, or resuming a session that has one: let the model push
+    /// the session's branch (git_push) and open a pull request
+    /// (create_pull_request) as you, without asking
+    #[arg(long)]
     pub allow_push: bool,
     /// The forge's API for pull requests [default: GitHub's for github.com,
     /// else Gitea's at the repository's host]; the token comes from
     /// CORDON_FORGE_TOKEN (or GITHUB_TOKEN)
-    #[arg(long, value_name = "URL", requires = "repo")]
+    #[arg(long, value_name = "URL")]
     pub forge_api: Option<String>,
     /// Isolation backend, native or microvm (overrides `sandbox.backend`; see `cordon vm setup`)
     #[arg(long, value_name = "NAME")]
@@ -258,31 +260,35 @@ pub async fn exec(args: ExecArgs) -> i32 {
     // A new session's id, known before its repository is cloned: the
     // clone's branch is named after it.
     let new_id = sessions::new_id();
-    let mut cloned = None;
-    if let Some(repo) = &args.repo {
-        let spec = match crate::repo::parse_repo(repo) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("cordon: --repo: {e}");
-                return exit::SANDBOX;
-            }
-        };
-        match crate::repo::clone_for(&spec, args.workspace.as_deref(), &new_id).await {
-            Ok((dir, c)) => {
-                eprintln!(
-                    "cordon: cloned {} into {} on branch {}",
-                    c.url,
-                    cordon_tools::printable(&dir.display().to_string()),
-                    c.branch
-                );
-                args.workspace = Some(dir);
-                cloned = Some(c);
-            }
-            Err(e) => {
-                eprintln!("cordon: {e}");
-                return exit::SANDBOX;
-            }
+    let cloned = match crate::repo::for_session(
+        args.repo.as_deref(),
+        resumed.as_ref(),
+        args.workspace.as_deref(),
+        &new_id,
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return exit::SANDBOX;
         }
+    };
+    if let Some(c) = &cloned
+        && let Some(dir) = &c.made
+    {
+        eprintln!(
+            "cordon: cloned {} into {} on branch {}",
+            c.cloned.url,
+            cordon_tools::printable(&dir.display().to_string()),
+            c.cloned.branch
+        );
+        args.workspace = Some(dir.clone());
+    }
+    if (args.allow_push || args.forge_api.is_some()) && cloned.is_none() {
+        return config_error(
+            "--allow-push and --forge-api are for a session with a repository: --repo URL, or resuming one",
+        );
     }
     let s = match setup(&Choices {
         model: args.model.as_deref(),
@@ -343,7 +349,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
     // nobody, so a push happens only if the user said so.
     let repo = cloned
         .as_ref()
-        .map(|c| crate::repo::session(c, args.allow_push, args.forge_api.as_deref()));
+        .map(|c| crate::repo::session(&c.cloned, args.allow_push, args.forge_api.as_deref()));
     let mut stdout = std::io::stdout();
     if args.json {
         let _ = writeln!(stdout, "{started}");

@@ -86,6 +86,61 @@ pub(crate) async fn clone_for(
     Ok((dir, cloned))
 }
 
+/// The repository a session works on.
+pub(crate) struct SessionClone {
+    pub cloned: Cloned,
+    /// Where it was cloned just now, for a new session; `None` for a
+    /// resumed session's, which is its workspace.
+    pub made: Option<PathBuf>,
+}
+
+/// The repository of a session: cloned now for `--repo` (a new session,
+/// whose id `new_id` names its branch), or the one a resumed session's log
+/// records, which `--repo` may name again but not change. A resumed
+/// session gets its git tools back from there.
+pub(crate) async fn for_session(
+    repo: Option<&str>,
+    resumed: Option<&cordon_agent::sessions::Resumed>,
+    workspace: Option<&Path>,
+    new_id: &str,
+) -> Result<Option<SessionClone>, String> {
+    let spec = repo
+        .map(|r| parse_repo(r).map_err(|e| format!("--repo: {e}")))
+        .transpose()?;
+    let Some(resumed) = resumed else {
+        let Some(spec) = spec else { return Ok(None) };
+        let (dir, cloned) = clone_for(&spec, workspace, new_id).await?;
+        return Ok(Some(SessionClone {
+            cloned,
+            made: Some(dir),
+        }));
+    };
+    let id = &resumed.summary.id;
+    match (recorded(&resumed.summary.path), spec) {
+        (None, None) => Ok(None),
+        (None, Some(spec)) => Err(format!(
+            "session {id} works on no repository, and --repo {} starts a new one: leave out --resume/--last",
+            spec.url
+        )),
+        (Some(rec), Some(spec)) if rec.url != spec.url => Err(format!(
+            "session {id} works on {}, not {}: resume it without --repo, or start a new session",
+            rec.url, spec.url
+        )),
+        (Some(rec), _) => Ok(Some(SessionClone {
+            cloned: rec.cloned(),
+            made: None,
+        })),
+    }
+}
+
+/// The repository a session's log records, if any.
+fn recorded(log: &Path) -> Option<cordon_git::RepositoryRecord> {
+    let (records, _) = cordon_agent::log::load::<serde_json::Value>(log).ok()?;
+    records
+        .into_iter()
+        .find_map(|r| serde_json::from_value(r.data).ok())
+}
+
 /// Where session `id` gets a clone of its own: beside its log, in cordon's
 /// data directory.
 fn fresh_clone_dir(id: &str, name: &Path) -> PathBuf {

@@ -367,3 +367,134 @@ fn exec_repo_inside_a_clone_of_it_leaves_that_clone_alone_and_works_in_a_fresh_o
         format!("cordon/{id}")
     );
 }
+
+/// Issue 32: fix a bug in one run, commit and push it in the next. A
+/// resumed session gets its repository's git tools back from its log (and
+/// the push permission from the new command line); `--repo` may name the
+/// same repository again, not another.
+#[test]
+fn a_resumed_repo_session_keeps_its_git_tools() {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
+    let home = tmp.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::write(
+        home.join(".gitconfig"),
+        "[credential]\n\thelper = store\n[user]\n\tname = Ada Host\n\temail = ada@host.example\n",
+    )
+    .unwrap();
+    std::fs::write(
+        home.join(".git-credentials"),
+        format!("http://{USER}:{TOKEN}@127.0.0.1:{}\n", remote.port),
+    )
+    .unwrap();
+    let cwd = tmp.path().join("projects");
+    std::fs::create_dir(&cwd).unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Fixing.").with_tool_call(
+                "w1",
+                "write_file",
+                json!({"path": "README", "content": "fixed\n"}),
+            ))
+            .turn(Turn::text("Fixed.").expect_tool_results(["w1"]))
+            // Resumed with --last in the clone: the git tools are offered.
+            .turn(
+                Turn::text("Committing.")
+                    .with_tool_call("c1", "git_commit", json!({"message": "README: fixed"}))
+                    .expect_contains("\"git_push\"")
+                    .expect_contains("Fixed."),
+            )
+            .turn(
+                Turn::text("Pushing.")
+                    .with_tool_call("p1", "git_push", json!({}))
+                    .expect_tool_results(["c1"])
+                    .expect_contains("M README"),
+            )
+            .turn(
+                Turn::text("Pushed.")
+                    .expect_tool_results(["p1"])
+                    .expect_contains("Pushed cordon/"),
+            )
+            // Resumed by id with the same --repo: still offered.
+            .turn(Turn::text("Nothing else.").expect_contains("\"git_commit\"")),
+    );
+    let url = remote.url();
+    let out = cordon(
+        &server,
+        &cwd,
+        &home,
+        &["exec", "--repo", &url, "fix the README"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ws = cwd.join("proj");
+    let branch = git(&ws, &["branch", "--show-current"]);
+    let id = branch.strip_prefix("cordon/").unwrap().to_string();
+
+    let out = cordon(
+        &server,
+        &ws,
+        &home,
+        &["exec", "--last", "--allow-push", "commit and push it"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bare = remote.bare();
+    assert_eq!(
+        git(&bare, &["rev-parse", &format!("refs/heads/{branch}")]),
+        git(&ws, &["rev-parse", "HEAD"])
+    );
+    assert_eq!(git(&ws, &["log", "-1", "--format=%s"]), "README: fixed");
+
+    let out = cordon(
+        &server,
+        &cwd,
+        &home,
+        &["exec", "--resume", &id, "--repo", &url, "anything else?"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.assert_finished();
+    // The log records the repository once.
+    let log =
+        std::fs::read_to_string(home.join(format!("data/cordon/sessions/{id}.jsonl"))).unwrap();
+    assert_eq!(log.matches("\"type\":\"repository\"").count(), 1, "{log}");
+
+    // Another repository is refused, before any clone or model request.
+    let other = format!("http://127.0.0.1:{}/team/other.git", remote.port);
+    let out = cordon(
+        &server,
+        &cwd,
+        &home,
+        &["exec", "--resume", &id, "--repo", &other, "x"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains(&format!("works on {url}, not {other}")),
+        "{err}"
+    );
+    // --allow-push on a session without a repository says what it is for.
+    let plain = tmp.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    let out = cordon(&server, &plain, &home, &["exec", "--allow-push", "x"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("--allow-push and --forge-api are for a session with a repository"),
+        "{err}"
+    );
+}
