@@ -183,9 +183,9 @@ pub enum Existing {
 /// when it names none). `existing` says whether the workspace may hold
 /// files already.
 ///
-/// git clones into an empty directory beside the workspace; its `.git` is
-/// then moved into the workspace and the files checked out there, all but
-/// those already present.
+/// git clones into an empty directory made in the workspace; its `.git`
+/// is then moved to the workspace's top and the files checked out there,
+/// all but those already present.
 pub fn clone_into(
     spec: &RepoSpec,
     workspace: &Path,
@@ -225,17 +225,20 @@ pub fn clone_within(
             cordon_tools::printable(&workspace.display().to_string())
         )));
     }
-    let parent = workspace
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
+    // Present files, read before the clone is made: none of them is
+    // overwritten.
+    let present = match existing {
+        Existing::Refuse => BTreeSet::new(),
+        Existing::Keep => present_files(workspace)?,
+    };
+    // Within the workspace, so that its `.git` moves by a rename: the
+    // workspace may be a file system of its own (a server's volume).
     let scratch = tempfile::Builder::new()
         .prefix(".cordon-clone-")
-        .tempdir_in(&parent)
+        .tempdir_in(workspace)
         .map_err(io(format!(
             "a directory to clone in, in {}",
-            parent.display()
+            workspace.display()
         )))?;
     let target = scratch.path().join("repo");
     let protocol = spec.protocol();
@@ -293,12 +296,6 @@ pub fn clone_within(
             .admit(disk_use(&made_git), tree_bytes(&made, &start)?)
             .map_err(over)?;
     }
-    // Present files, read before `.git` arrives: none of them is
-    // overwritten.
-    let present = match existing {
-        Existing::Refuse => BTreeSet::new(),
-        Existing::Keep => present_files(workspace)?,
-    };
     std::fs::rename(&made_git, &dot_git)
         .map_err(io(format!("moving the clone into {}", workspace.display())))?;
     drop(scratch);

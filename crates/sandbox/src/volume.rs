@@ -372,9 +372,68 @@ fn mkfs(image: &Path) -> Result<()> {
     }
 }
 
-/// Attaches `image` to a free loop device that detaches itself once
-/// unmounted, and mounts it on `root`.
+/// Mounts `image` on `root`, through the loop device it is attached to if
+/// it is one (a volume unmounted while a sandbox still held it), else a
+/// free one that detaches itself once unmounted. Never two: two file
+/// systems over one image, each with its own cache, would corrupt it.
 fn attach(image: &File, root: &Path) -> Result<()> {
+    let (device, path) = match attached(image)? {
+        Some(found) => found,
+        None => attach_free(image)?,
+    };
+    // The device stays attached while `device` is open; the mount holds
+    // it from then on, and it detaches itself when unmounted.
+    rustix::mount::mount(path.as_str(), root, "ext4", MOUNT_FLAGS, Some(MOUNT_DATA))
+        .map_err(|e| VolumeError::io(format!("mount {path}"))(e.into()))?;
+    drop(device);
+    Ok(())
+}
+
+/// The loop device `image` is attached to, open, and its path.
+fn attached(image: &File) -> Result<Option<(rustix::fd::OwnedFd, String)>> {
+    let meta = image
+        .metadata()
+        .map_err(VolumeError::io("stat the image"))?;
+    let entries =
+        std::fs::read_dir("/sys/block").map_err(VolumeError::io("list the block devices"))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(n) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("loop"))
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let path = format!("/dev/loop{n}");
+        let Ok(device) = rustix::fs::open(
+            path.as_str(),
+            OFlags::RDWR | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) else {
+            continue;
+        };
+        // SAFETY: LOOP_GET_STATUS64 writes a `struct loop_info64`.
+        let status = unsafe {
+            rustix::ioctl::ioctl(
+                &device,
+                rustix::ioctl::Getter::<LOOP_GET_STATUS64, LoopInfo64>::new(),
+            )
+        };
+        // ENXIO: no file attached.
+        if let Ok(info) = status
+            && info.lo_inode == meta.ino()
+            && info.lo_device == meta.dev()
+        {
+            return Ok(Some((device, path)));
+        }
+    }
+    Ok(None)
+}
+
+/// Attaches `image` to a free loop device that detaches itself once
+/// unmounted: the device, open, and its path.
+fn attach_free(image: &File) -> Result<(rustix::fd::OwnedFd, String)> {
     let control = rustix::fs::open(
         "/dev/loop-control",
         OFlags::RDWR | OFlags::CLOEXEC,
@@ -383,7 +442,7 @@ fn attach(image: &File, root: &Path) -> Result<()> {
     .map_err(|e| VolumeError::io("open /dev/loop-control")(e.into()))?;
     // Another process may take the device between asking and configuring.
     let mut tries = 0;
-    let (device, path) = loop {
+    loop {
         tries += 1;
         // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a number.
         let n = unsafe { rustix::ioctl::ioctl(&control, GetFree) }
@@ -411,17 +470,11 @@ fn attach(image: &File, root: &Path) -> Result<()> {
                 rustix::ioctl::Setter::<LOOP_CONFIGURE, LoopConfig>::new(config),
             )
         } {
-            Ok(()) => break (device, path),
+            Ok(()) => return Ok((device, path)),
             Err(rustix::io::Errno::BUSY) if tries < 16 => continue,
             Err(e) => return Err(VolumeError::io(format!("configure {path}"))(e.into())),
         }
-    };
-    // The device stays attached while `device` is open; the mount holds
-    // it from then on, and it detaches itself when unmounted.
-    rustix::mount::mount(path.as_str(), root, "ext4", MOUNT_FLAGS, Some(MOUNT_DATA))
-        .map_err(|e| VolumeError::io(format!("mount {path}"))(e.into()))?;
-    drop(device);
-    Ok(())
+    }
 }
 
 /// Detaches every mount at or beneath `dir` (deepest first), so that
@@ -478,6 +531,8 @@ fn unescape(field: &str) -> PathBuf {
 
 /// `LOOP_CONFIGURE` (linux/loop.h): attach a file, set flags, at once.
 const LOOP_CONFIGURE: Opcode = 0x4C0A;
+/// `LOOP_GET_STATUS64`: what a loop device is attached to.
+const LOOP_GET_STATUS64: Opcode = 0x4C05;
 /// `LOOP_CTL_GET_FREE`: the number of a free loop device.
 const LOOP_CTL_GET_FREE: Opcode = 0x4C82;
 /// `LO_FLAGS_AUTOCLEAR`: detach on last close.

@@ -722,6 +722,27 @@ async fn a_volume_bounds_what_files_in_flight_hold() {
     assert!(cordon_sandbox::volume::mount_again(&ws).unwrap());
     assert_eq!(std::fs::read_to_string(ws.join("kept")).unwrap(), "from before");
 
+    // Unmounted while something still holds it (a sandbox that outlived
+    // its server), it is mounted again as the same file system, not as a
+    // second one over the same image, which would corrupt it.
+    let held = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(ws.join("held"))
+        .unwrap();
+    cordon_sandbox::volume::unmount_beneath(dir.path()).unwrap();
+    assert!(cordon_sandbox::volume::mount_again(&ws).unwrap());
+    std::io::Write::write_all(&mut &held, b"written through the old mount").unwrap();
+    assert_eq!(
+        std::fs::metadata(ws.join("held")).unwrap().dev(),
+        held.metadata().unwrap().dev()
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("held")).unwrap(),
+        "written through the old mount"
+    );
+    drop(held);
+
     // Removed, it leaves neither a mount nor a loop device behind.
     cordon_sandbox::volume::release(&ws).unwrap();
     std::fs::remove_dir_all(dir.path()).unwrap();
