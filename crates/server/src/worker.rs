@@ -136,8 +136,7 @@ async fn run_jobs(shared: Arc<Shared>) {
     while !shared.stopping.is_cancelled() {
         // Registered before looking at the queue, so a job queued between
         // the look and the wait still wakes this worker.
-        let notified = shared.wake.notified();
-        tokio::pin!(notified);
+        let mut notified = Box::pin(shared.wake.notified());
         notified.as_mut().enable();
         let claimed = {
             let _turn = shared.claim.lock().await;
@@ -153,6 +152,11 @@ async fn run_jobs(shared: Arc<Shared>) {
         match claimed {
             Ok(Some(claimed)) => {
                 let job = &claimed.job;
+                // Out of the waiters before running: notify_one wakes the
+                // oldest, and a busy slot's registration would take a wake
+                // meant for an idle one until its job ends (dropping passes
+                // on a wake it already took).
+                drop(notified);
                 // There may be more: the next idle slot looks, and wakes
                 // the next if it finds one too. One wake per job queued
                 // would race every idle slot for the claim lock instead.
@@ -189,6 +193,8 @@ async fn run_jobs(shared: Arc<Shared>) {
                 }
             }
             Err(e) => {
+                // Not waiting for a wake: leave it to the idle slots.
+                drop(notified);
                 tracing::error!("cannot take a job from the queue: {e}");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
