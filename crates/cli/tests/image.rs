@@ -245,10 +245,24 @@ impl Containers<'_> {
 }
 
 /// Kills the container (its pid 1, and so everything in it) when dropped.
+/// unshare's `--kill-child` is not enough: the container's pid 1 changes
+/// its credentials to become the image's user, which clears the signal
+/// its parent's death would send it, and the server lived on after the
+/// tests (issue 32).
 struct Running(Child);
 
 impl Drop for Running {
     fn drop(&mut self) {
+        let pid = self.0.id();
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        for child in children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<i32>().ok())
+        {
+            // The pid namespace's init: its death ends everything in it.
+            unsafe { libc::kill(child, libc::SIGKILL) };
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
