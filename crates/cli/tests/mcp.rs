@@ -286,6 +286,10 @@ fn the_python_sdk_drives_cordon_mcp_listen_with_its_token() {
     let _ = server.kill();
     let _ = server.wait();
     client_result(&out, Some(ws.path()));
+    // The SDK ends the session on close, and takes the answer as a clean
+    // close.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("Session termination failed"), "{stderr}");
     wait_gone(&marker);
 }
 
@@ -327,6 +331,21 @@ fn mcp_over_http_needs_a_token_and_a_session_is_its_tenants() {
     // Its owner still can.
     let (_, _, body) = rpc(&s, Some(&a), Some(&session), list);
     assert!(body.contains("\"bash\""), "{body}");
+    // Ending it is answered as the SDKs expect (issue 32: it was 202,
+    // which the Python SDK logs as a failed termination).
+    let end = |token: &str| {
+        reqwest::blocking::Client::new()
+            .delete(format!("{}/mcp", s.base))
+            .bearer_auth(token)
+            .header("Mcp-Session-Id", &session)
+            .header("MCP-Protocol-Version", "2025-06-18")
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(end(&b), 404);
+    assert_eq!(end(&a), 200);
 }
 
 /// An MCP session left idle past `--session-idle` is closed: its sandbox,

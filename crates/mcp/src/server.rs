@@ -248,7 +248,47 @@ pub type HttpSessions = crate::owned::OwnedSessions<
 >;
 
 /// The Streamable HTTP service as [`http_service`] makes it.
-pub type HttpService = rmcp::transport::StreamableHttpService<SandboxServer, HttpSessions>;
+#[derive(Clone)]
+pub struct HttpService(rmcp::transport::StreamableHttpService<SandboxServer, HttpSessions>);
+
+/// As rmcp's, but a DELETE that ends a session is answered 200, not 202:
+/// the SDKs take 200 (or 204) as a clean close, and the Python SDK logs
+/// "Session termination failed: 202" otherwise. A POST's 202 (a
+/// notification taken) stays.
+impl<B, R> tower_service::Service<http::Request<B>> for HttpService
+where
+    rmcp::transport::StreamableHttpService<SandboxServer, HttpSessions>: tower_service::Service<
+            http::Request<B>,
+            Response = http::Response<R>,
+            Error = std::convert::Infallible,
+        >,
+    <rmcp::transport::StreamableHttpService<SandboxServer, HttpSessions> as tower_service::Service<
+        http::Request<B>,
+    >>::Future: Send + 'static,
+{
+    type Response = http::Response<R>;
+    type Error = std::convert::Infallible;
+    type Future = futures_util::future::BoxFuture<'static, Result<http::Response<R>, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let delete = req.method() == http::Method::DELETE;
+        let answer = self.0.call(req);
+        Box::pin(async move {
+            let mut r = answer.await?;
+            if delete && r.status() == http::StatusCode::ACCEPTED {
+                *r.status_mut() = http::StatusCode::OK;
+            }
+            Ok(r)
+        })
+    }
+}
 
 /// The Streamable HTTP service: a handler (and, on first use, a sandbox
 /// from `config`) per MCP session, and the sessions with their owners.
@@ -286,7 +326,7 @@ pub fn http_service(
         sessions.clone(),
         http,
     );
-    (service, sessions)
+    (HttpService(service), sessions)
 }
 
 /// Serves the sandbox tools on stdin/stdout, in a sandbox made from
