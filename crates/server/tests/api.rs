@@ -849,8 +849,9 @@ async fn a_gui_job_clicks_types_and_keeps_its_screenshots(db: Db) {
     assert_eq!(job["state"], "succeeded", "{job}");
     assert_eq!(job["kind"], "gui");
     let steps = job["result"]["steps"].as_array().unwrap();
-    assert_eq!(steps[1]["screenshot"], "screenshots/step-01.png", "{job}");
-    assert_eq!(steps[2]["screenshot"], "screenshots/step-02.png");
+    // Numbered from 1, as the output and the web UI number steps.
+    assert_eq!(steps[1]["screenshot"], "screenshots/step-02.png", "{job}");
+    assert_eq!(steps[2]["screenshot"], "screenshots/step-03.png");
     // Where keys and clicks land is tested with the tool itself
     // (crates/tools/tests/tools.rs); here, that the steps ran in order in
     // one session, on one screen.
@@ -860,7 +861,7 @@ async fn a_gui_job_clicks_types_and_keeps_its_screenshots(db: Db) {
     // The screenshot is a 1024x768 PNG in the workspace.
     let png = s
         .client
-        .get(s.url(&format!("/v1/jobs/{id}/files/screenshots/step-01.png")))
+        .get(s.url(&format!("/v1/jobs/{id}/files/screenshots/step-02.png")))
         .bearer_auth(&t)
         .send()
         .await

@@ -898,8 +898,8 @@ async function jobPage(main, id, signal) {
         const resp = await api('GET', `v1/jobs/${encodeURIComponent(id)}/files/${enc(path)}`, { signal, raw: true });
         const url = URL.createObjectURL(await resp.blob());
         strip.append(h('figure', {},
-          h('img', { src: url, alt: `step ${step.index}: ${path}` }),
-          h('figcaption', { class: 'muted' }, `step ${step.index}`)));
+          h('img', { src: url, alt: `step ${step.index + 1}: ${path}` }),
+          h('figcaption', { class: 'muted' }, `step ${step.index + 1}`)));
         shotsBox.hidden = false;
       } catch (e) { if (!signal.aborted) err.show(e); }
     }

@@ -142,7 +142,8 @@ pub(super) async fn run_steps(
 
 /// Runs one computer action; its text goes to stdout and its screenshot,
 /// if any, to `screenshots/step-NN.png` in the workspace (named in the
-/// result).
+/// result), NN the step's number from 1, as the output and the web UI
+/// number steps.
 async fn computer_step(
     sandbox: &Sandbox,
     ws: &Path,
@@ -164,7 +165,7 @@ async fn computer_step(
     let Some(image) = out.images.first() else {
         return (succeeded(), None);
     };
-    let path = format!("screenshots/step-{index:02}.png");
+    let path = format!("screenshots/step-{:02}.png", index + 1);
     let saved = base64::engine::general_purpose::STANDARD
         .decode(&image.data)
         .map_err(|e| e.to_string())

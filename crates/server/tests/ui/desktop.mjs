@@ -110,7 +110,10 @@ try {
     const img = document.querySelector('.shots img');
     return img && img.complete && img.naturalWidth === 800 && img.naturalHeight === 600;
   });
-  assert.match(await page.getAttribute('.shots img', 'alt'), /step 2: screenshots\/step-02\.png/);
+  // One numbering: the caption's, the file's and the output's marker.
+  assert.match(await page.getAttribute('.shots img', 'alt'), /step 3: screenshots\/step-03\.png/);
+  assert.match(await page.textContent('.shots figcaption'), /^step 3$/);
+  assert.match(await page.textContent('pre.output'), /▸ step 3: computer/);
   await shot(page, 'ended');
 
   assert.deepEqual(problems, []);
