@@ -1025,3 +1025,95 @@ async fn a_job_on_the_microvm_backend_runs_on_its_own_kernel() {
     assert_eq!(status, 400, "{body}");
     s.stop().await;
 }
+
+/// Issue 32: "Try it out" at /docs sends a route's first example as it
+/// stands. Every request body has examples, and each route's first one is
+/// accepted by a default server (with a model for the sessions' routes,
+/// and a host its tenants may reach for the network's), given the job or
+/// session its path names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_body_s_first_example_is_accepted() {
+    use cordon_testkit::{Scenario, ScriptedServer, Turn};
+    let model = ScriptedServer::start(Scenario::new().turn(Turn::text("Nothing to do.")));
+    let url = model.url();
+    let s = TestServer::start_with(Db::Sqlite, move |c| {
+        with_model(url)(c);
+        c.network.all.allow = vec!["api.example.com:443".into()];
+    })
+    .await
+    .unwrap();
+    let t = s
+        .token_as("docs", cordon_server::store::Role::Operator)
+        .await;
+    let (status, spec) = s.get(&t, "/openapi.json").await;
+    assert_eq!(status, 200);
+    // What the paths name: a running job whose network is brokered, and a
+    // session.
+    let (status, job) = s
+        .post(
+            &t,
+            "/v1/jobs",
+            json!({"kind": "shell", "command": "sleep 60", "network": "allow", "allow": []}),
+        )
+        .await;
+    assert_eq!(status, 202, "{job}");
+    let job = job["id"].as_str().unwrap().to_string();
+    s.wait_running(&t, &job).await;
+    let (status, session) = s
+        .post(&t, "/v1/sessions", json!({"network": "allow", "allow": []}))
+        .await;
+    assert_eq!(status, 201, "{session}");
+    let session = session["id"].as_str().unwrap().to_string();
+
+    let mut routes = Vec::new();
+    for (path, ops) in spec["paths"].as_object().unwrap() {
+        for (method, op) in ops.as_object().unwrap() {
+            let Some((content_type, content)) = op["requestBody"]["content"]
+                .as_object()
+                .and_then(|c| c.iter().next())
+            else {
+                continue;
+            };
+            let example = content["examples"]
+                .as_object()
+                .and_then(|e| e.values().next())
+                .map(|e| e["value"].clone())
+                .or_else(|| content.get("example").cloned())
+                .unwrap_or_else(|| panic!("{method} {path} has no example"));
+            routes.push((method.clone(), path.clone(), content_type.clone(), example));
+        }
+    }
+    // A rewind goes back to a turn: after the message that makes one.
+    routes.sort_by_key(|r| r.1.ends_with("/rewind"));
+    assert!(routes.len() >= 10, "{routes:?}");
+    for (method, path, content_type, example) in routes {
+        let id = if path.starts_with("/v1/sessions/") {
+            &session
+        } else {
+            &job
+        };
+        let url = path
+            .replace("{id}", id)
+            .replace("{path}", "hello.py")
+            .replace("{host}", "git.example.com");
+        let mut request = s
+            .client
+            .request(method.to_uppercase().parse().unwrap(), s.url(&url))
+            .bearer_auth(&t)
+            .header("content-type", &content_type);
+        request = match example {
+            Value::String(text) if content_type != "application/json" => request.body(text),
+            value => request.body(value.to_string()),
+        };
+        let r = request.send().await.unwrap();
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        assert!(
+            (200..300).contains(&status),
+            "{method} {url}: {status} {body}"
+        );
+    }
+    let (status, _) = s.delete(&t, &format!("/v1/jobs/{job}")).await;
+    assert!((200..300).contains(&status) || status == 409);
+    s.stop().await;
+}

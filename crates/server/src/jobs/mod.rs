@@ -497,7 +497,7 @@ pub(crate) async fn get_file(
 
 #[utoipa::path(put, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "Write a workspace file (parents are created)",
     params(("id" = String, Path), ("path" = String, Path)),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", example = json!("print('hello')\n")),
     responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 201, description = "Created", body = crate::files::Written),
               (status = 200, description = "Replaced", body = crate::files::Written),
               (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse), (status = 409, description = "The job's workspace is archived (read-only), or in a deployment of many machines not made yet", body = crate::http::ErrorResponse), (status = 413, description = "Too large", body = crate::http::ErrorResponse)))]
@@ -596,7 +596,9 @@ enum SeedShellKind {
 /// The seeds' `POST /schedule`: `{kind, code}` or `{steps: [...]}`.
 #[utoipa::path(post, path = "/schedule", tag = "seed", summary = "Queue a job, the seeds' way",
     description = "Takes `{kind, code}` (kind python, shell, javascript or typescript) or `{steps: [{tool, command|code}]}`.",
-    request_body = crate::job::JobRequest,
+    request_body(content = crate::job::JobRequest, description = "`{kind, code}`, or a job as `POST /v1/jobs` takes it", examples(
+        ("python" = (summary = "Python code", value = json!({"kind": "python", "code": "print('hello from the sandbox')"}))),
+        ("shell" = (summary = "A shell command, as `code`", value = json!({"kind": "shell", "code": "echo hello && uname -a"}))))),
     responses((status = 202, body = crate::jobs::Scheduled), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 403, description = "A network beyond this tenant's ceiling", body = crate::http::ErrorResponse)))]
 pub(crate) async fn schedule(
     State(shared): State<Arc<Shared>>,

@@ -56,7 +56,9 @@ pub(crate) async fn get_job_network(
 #[utoipa::path(put, path = "/v1/jobs/{id}/network", tag = "jobs", summary = "Change a running job's network policy",
     description = "Replaces what a running job (submitted with `network` \"allow\") may reach, at once: the broker checks every new connection against it. Within this tenant's ceiling; recorded as a `network_policy` event.",
     params(("id" = String, Path)),
-    request_body = crate::network::PolicyChange,
+    request_body(content = crate::network::PolicyChange, examples(
+        ("nothing" = (summary = "Reach nothing from now on", value = json!({"allow": []}))),
+        ("a host" = (summary = "One host, HTTPS only", value = json!({"allow": ["api.example.com:443"]}))))),
     responses((status = 200, body = crate::network::NetworkView), (status = 400, description = "The body says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
               (status = 403, description = "Beyond this tenant's ceiling", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse),
               (status = 409, description = "The job is not running, or its network is not brokered", body = crate::http::ErrorResponse)))]

@@ -44,7 +44,7 @@ pub(crate) async fn get_file(
 
 #[utoipa::path(put, path = "/v1/sessions/{id}/files/{path}", tag = "sessions", summary = "Write a file in a session's workspace (parents are created)",
     params(("id" = String, Path), ("path" = String, Path)),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", example = json!("print('hello')\n")),
     responses((status = 201, description = "Created", body = crate::files::Written), (status = 200, description = "Replaced", body = crate::files::Written),
               (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse), (status = 413, description = "Too large", body = crate::http::ErrorResponse)))]
 pub(crate) async fn put_file(

@@ -148,7 +148,9 @@ fn no_model() -> ApiError {
 }
 
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", summary = "Start a conversation",
-    request_body = NewSession,
+    request_body(content = NewSession, examples(
+        ("plain" = (summary = "The server's model, no network", value = json!({}))),
+        ("desktop" = (summary = "With a virtual screen", value = json!({"display": "1024x768"}))))),
     responses((status = 201, body = SessionSummary), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 403, description = "A network beyond this tenant's ceiling", body = crate::http::ErrorResponse), (status = 429, description = "Too many clones under way (a session's `repo`); `Retry-After` says when to try again", body = crate::http::ErrorResponse)))]
 pub(crate) async fn create(
     State(shared): State<Arc<Shared>>,
@@ -365,7 +367,8 @@ impl EventSink for SseSink {
 #[utoipa::path(post, path = "/v1/sessions/{id}/messages", tag = "sessions", summary = "Send a message; the turn streams back",
     description = "Server-Sent Events, one per agent event, named by its `type` (the events of `cordon exec --json`); the stream ends with the turn.",
     params(("id" = String, Path)),
-    request_body = NewMessage,
+    request_body(content = NewMessage, examples(
+        ("a task" = (summary = "A task", value = json!({"text": "List the files in the workspace"}))))),
     responses((status = 200, description = "An event stream", content_type = "text/event-stream"), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
               (status = 409, description = "A turn is already running", body = crate::http::ErrorResponse)))]
 pub(crate) async fn message(
@@ -559,7 +562,8 @@ pub(crate) async fn compact(
 #[utoipa::path(post, path = "/v1/sessions/{id}/rewind", tag = "sessions", summary = "Go back to the end of a turn: files and conversation",
     description = "Restores the workspace's files as the turn left them (ignored files, files over 32 MiB, `.git` and editor settings are left as they are, and listed) and continues the conversation from there. The log keeps everything, the rewind included; the files as they were are kept as a checkpoint.",
     params(("id" = String, Path)),
-    request_body = RewindTo,
+    request_body(content = RewindTo, examples(
+        ("the start" = (summary = "Back to before the first message", value = json!({"turn": 0}))))),
     responses((status = 200, description = "Rewound", body = Rewound), (status = 400, description = "The request says what is wrong, or the turn has no checkpoint", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
               (status = 409, description = "A turn is running, or the session lives on another API process", body = crate::http::ErrorResponse),
               (status = 410, description = "The turn's checkpoint was pruned: the server keeps a session's newest checkpoints within a budget (`pruned`)", body = crate::http::ErrorResponse)))]

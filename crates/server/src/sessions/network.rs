@@ -69,7 +69,9 @@ pub(crate) async fn get_network(
 #[utoipa::path(put, path = "/v1/sessions/{id}/network", tag = "sessions", summary = "Change a session's network policy",
     description = "Replaces what a session created with `network` \"allow\" may reach, within this tenant's ceiling: at once if it is live (even mid-turn), else from its next message. Recorded in the session's log as a `network_policy` record.",
     params(("id" = String, Path)),
-    request_body = crate::network::PolicyChange,
+    request_body(content = crate::network::PolicyChange, examples(
+        ("nothing" = (summary = "Reach nothing from now on", value = json!({"allow": []}))),
+        ("a host" = (summary = "One host, HTTPS only", value = json!({"allow": ["api.example.com:443"]}))))),
     responses((status = 200, body = crate::network::NetworkView), (status = 400, description = "The body says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
               (status = 403, description = "Beyond this tenant's ceiling", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
               (status = 409, description = "Its network is not brokered, or it is waking", body = crate::http::ErrorResponse)))]

@@ -130,6 +130,14 @@ try {
   await shot(page, 'lab-route');
   await openLab.locator('.opblock-summary').first().click();
 
+  step('POST /schedule, tried out with its first example as it stands, is taken');
+  const schedule = opFor('post', '/schedule');
+  await schedule.locator('.opblock-summary').first().click();
+  await schedule.locator('button.try-out__btn').click();
+  await schedule.locator('button.execute').click();
+  await schedule.locator('.live-responses-table .response-col_status', { hasText: '202' }).waitFor();
+  await schedule.locator('.opblock-summary').first().click();
+
   step(`${jobId} runs and says from-docs`);
   const job = await finished(jobId);
   assert.equal(job.state, 'succeeded', JSON.stringify(job));
