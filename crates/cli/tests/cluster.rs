@@ -130,8 +130,11 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
                     &format!("127.0.0.1:{port}"),
                     "--lease",
                     "3s",
+                    // One run lost to the kill, one to the stall, and one
+                    // to a lease lapsed on a 2-core machine running every
+                    // test at once (seen in CI): each job still succeeds.
                     "--max-attempts",
-                    "3",
+                    "4",
                 ],
                 &env,
             )
