@@ -34,8 +34,10 @@ pub struct SandboxServer {
     ctx: OnceCell<Result<ToolContext, String>>,
     /// Over HTTP: the tenant the session belongs to, from its first request.
     owner: std::sync::OnceLock<Option<McpTenant>>,
-    /// Remove the workspace when the connection ends (HTTP sessions).
-    remove_workspace: bool,
+    /// The workspace is the handler's own, made with it (a volume while
+    /// fewer than this many are mounted) and removed when the connection
+    /// ends (HTTP sessions).
+    own_workspace: Option<usize>,
 }
 
 impl SandboxServer {
@@ -45,14 +47,16 @@ impl SandboxServer {
             tools: Toolbox::standard(),
             ctx: OnceCell::new(),
             owner: std::sync::OnceLock::new(),
-            remove_workspace: false,
+            own_workspace: None,
         }
     }
 
-    /// A handler whose workspace is its own, removed when it ends.
-    pub fn ephemeral(config: SandboxConfig) -> Self {
+    /// A handler whose workspace is its own, removed when it ends: a
+    /// volume (see `cordon_sandbox::volume`) while fewer than `max_volumes`
+    /// are mounted.
+    pub fn ephemeral(config: SandboxConfig, max_volumes: usize) -> Self {
         let mut s = SandboxServer::new(config);
-        s.remove_workspace = true;
+        s.own_workspace = Some(max_volumes);
         s
     }
 
@@ -80,10 +84,10 @@ impl SandboxServer {
                 // A scratch workspace of the server's own is a file
                 // system of its own where it can be (a real disk bound).
                 let (ws, disk) = (self.config.workspace.clone(), self.config.disk);
-                let own = self.remove_workspace;
+                let own = self.own_workspace;
                 tokio::task::spawn_blocking(move || {
-                    if own {
-                        cordon_sandbox::volume::make_workspace(&ws, disk)
+                    if let Some(max) = own {
+                        cordon_sandbox::volume::make_workspace(&ws, disk, max)
                             .map(|_| ())
                             .map_err(|e| e.to_string())
                     } else {
@@ -216,7 +220,7 @@ impl Drop for SandboxServer {
     fn drop(&mut self) {
         // The sandbox itself ends with its last handle (killing what runs
         // in it); an HTTP session's scratch workspace goes with it.
-        if self.remove_workspace {
+        if self.own_workspace.is_some() {
             let ws = self.config.workspace.clone();
             drop(self.ctx.take());
             if let Err(e) =
@@ -233,8 +237,9 @@ impl Drop for SandboxServer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exposure {
     /// Behind bearer tokens (`cordon serve`): any Host header, and each
-    /// session's workspace is its own, removed when the session ends.
-    Authenticated,
+    /// session's workspace is its own, removed when the session ends (a
+    /// volume while fewer than `max_volumes` are mounted).
+    Authenticated { max_volumes: usize },
     /// Loopback (`cordon mcp --listen`), behind a token and an Origin
     /// check its caller makes: only localhost Host headers (no DNS
     /// rebinding), and every session works in the user's workspace, which
@@ -311,7 +316,7 @@ pub fn http_service(
     let http = match exposure {
         // Every request carries a bearer token, which a DNS-rebinding page
         // cannot supply: the Host allow-list would only refuse remote users.
-        Exposure::Authenticated => {
+        Exposure::Authenticated { .. } => {
             rmcp::transport::StreamableHttpServerConfig::default().disable_allowed_hosts()
         }
         Exposure::Local => rmcp::transport::StreamableHttpServerConfig::default(),
@@ -319,7 +324,9 @@ pub fn http_service(
     let service = rmcp::transport::StreamableHttpService::new(
         move || {
             Ok(match exposure {
-                Exposure::Authenticated => SandboxServer::ephemeral(config()),
+                Exposure::Authenticated { max_volumes } => {
+                    SandboxServer::ephemeral(config(), max_volumes)
+                }
                 Exposure::Local => SandboxServer::new(config()),
             })
         },

@@ -122,9 +122,10 @@ pub fn supported() -> bool {
 }
 
 /// Makes a workspace cordon owns (a job's, a session's): a volume with
-/// room for `budget` where this process can make one, else a plain
-/// directory. One that exists is left as it is. Whether it is a volume.
-pub fn make_workspace(workspace: &Path, budget: Option<u64>) -> Result<bool> {
+/// room for `budget` where this process can make one and fewer than `max`
+/// are mounted, else a plain directory. One that exists is left as it is.
+/// Whether it is a volume.
+pub fn make_workspace(workspace: &Path, budget: Option<u64>, max: usize) -> Result<bool> {
     if workspace.exists() {
         return Ok(is_volume(&Paths::of(workspace)));
     }
@@ -132,12 +133,44 @@ pub fn make_workspace(workspace: &Path, budget: Option<u64>) -> Result<bool> {
         std::fs::create_dir_all(parent)
             .map_err(VolumeError::io(format!("create {}", parent.display())))?;
     }
+    let room_for_one = || match mounted() {
+        Ok(n) if n < max => true,
+        Ok(n) => {
+            tracing::warn!(
+                "{n} workspace volumes are mounted, the most allowed (--max-volumes): \
+                 {} is a plain directory",
+                workspace.display()
+            );
+            false
+        }
+        Err(e) => {
+            tracing::warn!("cannot count the workspace volumes: {e}");
+            false
+        }
+    };
     match budget {
-        Some(budget) if supported() => make(workspace, room(budget)).map(|()| true),
+        Some(budget) if supported() && room_for_one() => {
+            make(workspace, room(budget)).map(|()| true)
+        }
         _ => std::fs::create_dir_all(workspace)
             .map(|()| false)
             .map_err(VolumeError::io(format!("create {}", workspace.display()))),
     }
+}
+
+/// How many volumes are mounted in this process's mount namespace: each
+/// is two mounts, and a host has room for a bounded number (`fs.mount-max`).
+pub fn mounted() -> std::io::Result<usize> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(info
+        .lines()
+        .filter(|line| {
+            let mut fields = line.split(' ');
+            // The volume's root: its file system's root, at `….volume`.
+            fields.nth(3) == Some("/") && fields.next().is_some_and(|p| p.ends_with(".volume"))
+        })
+        .filter(|line| line.contains(" - ext4 /dev/loop"))
+        .count())
 }
 
 /// Detaches the mounts at or beneath `dir` and, if `dir` is a volume's
@@ -353,6 +386,9 @@ fn mkfs(image: &Path) -> Result<()> {
             "-q", "-F", "-b", "4096", "-m", "0", "-J", "size=32", "-L", "cordon",
         ])
         .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
+        // No blocks kept for growing it (4 MiB of the host's disk per
+        // volume): it is never grown; its balloon shrinks instead.
+        .args(["-O", "^resize_inode"])
         .arg(image)
         .env_clear()
         .env("PATH", TOOL_PATH)

@@ -78,6 +78,10 @@ pub struct ServerConfig {
     /// Git's, editors' and agents' control files read-only in every sandbox
     /// (`sandbox.protect_control_files`, see `cordon_sandbox::control_files`).
     pub protect_control_files: bool,
+    /// Most workspace volumes mounted at once (see
+    /// `cordon_sandbox::volume`); past it, new workspaces are plain
+    /// directories whose disk budget is the watcher's alone.
+    pub max_volumes: usize,
     /// microVM settings, for the microvm backend.
     pub cpus: Option<u32>,
     pub vm: cordon_sandbox::VmOptions,
@@ -102,6 +106,9 @@ pub struct ServerConfig {
 pub const PRESET_CHECK: Duration = Duration::from_secs(30);
 
 /// [`ServerConfig::keep_workspaces`] by default.
+/// Workspace volumes mounted at once, by default: 4,000 of a host's
+/// 100,000 mounts.
+pub const MAX_VOLUMES: usize = 2000;
 pub const KEEP_WORKSPACES: Duration = Duration::from_secs(24 * 3600);
 
 /// [`ServerConfig::orphans_after`] by default: far longer than a job's
@@ -134,6 +141,7 @@ impl ServerConfig {
             mcp_servers: Default::default(),
             pids: None,
             protect_control_files: true,
+            max_volumes: MAX_VOLUMES,
             session_idle: Duration::from_secs(15 * 60),
             sessions: 64,
             sessions_per_tenant: 8,
@@ -160,6 +168,7 @@ impl ServerConfig {
             disk: self.bounds.default_disk,
             pids: self.pids,
             protect_control_files: self.protect_control_files,
+            max_volumes: self.max_volumes,
             supervisor: self.supervisor.clone(),
             backend: self.backend,
             cpus: self.cpus,
@@ -187,6 +196,7 @@ pub struct SandboxDefaults {
     disk: u64,
     pids: Option<u64>,
     protect_control_files: bool,
+    max_volumes: usize,
     supervisor: Option<PathBuf>,
     backend: cordon_sandbox::BackendKind,
     cpus: Option<u32>,
@@ -218,7 +228,12 @@ impl SandboxDefaults {
         root: &std::path::Path,
         disk: Option<u64>,
     ) -> Result<(), cordon_sandbox::volume::VolumeError> {
-        cordon_sandbox::volume::make_workspace(root, Some(disk.unwrap_or(self.disk))).map(|_| ())
+        cordon_sandbox::volume::make_workspace(
+            root,
+            Some(disk.unwrap_or(self.disk)),
+            self.max_volumes,
+        )
+        .map(|_| ())
     }
 
     /// A sandbox over `workspace` with these defaults.

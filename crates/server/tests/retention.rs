@@ -339,6 +339,26 @@ async fn a_job_s_files_in_flight_take_no_more_than_its_budget() {
     s.stop().await;
 }
 
+/// Each volume is two mounts, and a host has room for a bounded number:
+/// past `max_volumes`, a new workspace is a plain directory, and its job
+/// runs as before (the watcher alone holds its budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_most_volumes_a_workspace_is_a_plain_directory() {
+    let s = TestServer::start_with(Db::Sqlite, |c| c.max_volumes = 0)
+        .await
+        .unwrap();
+    let t = s.token("acme").await;
+    let id = s
+        .submit(&t, json!({"kind": "shell", "command": "echo hi > x.txt"}))
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let dir = s.dir.join("data/jobs").join(&id);
+    assert!(dir.join("workspace/x.txt").exists());
+    assert!(!dir.join("workspace.volume.img").exists());
+    s.stop().await;
+}
+
 on_both!(
     a_job_directory_whose_job_is_gone_is_removed,
     finished_workspaces_are_removed_and_their_files_are_gone,
