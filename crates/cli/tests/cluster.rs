@@ -288,9 +288,11 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
 
     // Idle workers are woken by PostgreSQL's NOTIFY, not their 1 s poll,
     // and the other API's stream by its NOTIFY: POST to `finished` seen
-    // through the other API, one job at a time.
-    let mut times = Vec::new();
-    for _ in 0..5 {
+    // through the other API, one job at a time; and how long after the
+    // job's record says it finished its stream says so (the workspace's
+    // making and the run do not count).
+    let (mut times, mut lags) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
         let t0 = Instant::now();
         let id = submit(
             &apis[1].url,
@@ -298,16 +300,30 @@ fn two_apis_and_three_workers_run_every_job_exactly_once() {
             json!({"kind": "shell", "command": "true"}),
         );
         let ev = events(&apis[0], &token, &id);
-        assert_eq!(ev.last().unwrap().0, "finished");
+        let seen = std::time::SystemTime::now();
         times.push(t0.elapsed());
+        assert_eq!(ev.last().unwrap().0, "finished");
+        let j = job(&apis[0].url, &token, &id);
+        let finished = humantime::parse_rfc3339(j["finished_at"].as_str().unwrap()).unwrap();
+        lags.push(seen.duration_since(finished).unwrap_or_default());
     }
     times.sort();
-    eprintln!("POST to finished across processes: median {:?}", times[2]);
+    lags.sort();
+    eprintln!(
+        "POST to finished across processes: median {:?}; finished to seen: median {:?}",
+        times[3], lags[3]
+    );
+    assert!(
+        // A worker that waited for its 1 s poll would take 0.5 s more on
+        // average.
+        times[3] < Duration::from_millis(700),
+        "a job waits for the workers' polls: {times:?}"
+    );
     assert!(
         // A stream that waited for its 250 ms poll, not the NOTIFY, would
-        // take longer than this.
-        times[2] < Duration::from_millis(200),
-        "a job waits for polls: {times:?}"
+        // lag 125 ms on average.
+        lags[3] < Duration::from_millis(100),
+        "a job's stream waits for polls: {lags:?}"
     );
 
     files_and_live_view_through_an_api_that_runs_nothing(&apis, &workers, &token);
