@@ -199,6 +199,18 @@ fn mcp_dirs(s: &Serve) -> usize {
         .unwrap_or(0)
 }
 
+/// The MCP sessions' workspaces, without what lies beside them (a
+/// volume's root and image, when the server runs as root).
+fn mcp_workspaces(s: &Serve) -> usize {
+    std::fs::read_dir(s.home.path().join("data/cordon/server/mcp"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| !e.file_name().to_string_lossy().contains('.'))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 /// One JSON-RPC message to /mcp; the answer's body (JSON or SSE) as text.
 fn rpc(
     s: &Serve,
@@ -374,7 +386,7 @@ fn an_idle_mcp_session_is_closed_with_its_sandbox() {
     let (_, _, body) = rpc(&s, Some(&token), Some(&session), call);
     assert!(body.contains("started"), "{body}");
     assert_eq!(sleepers(&marker), 1);
-    assert_eq!(mcp_dirs(&s), 1);
+    assert_eq!(mcp_workspaces(&s), 1);
     let idle_from = Instant::now();
     wait_gone(&marker);
     assert!(

@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use cordon_testkit::forge::ScriptedForge;
@@ -36,8 +36,10 @@ fn cordon_env(
         .unwrap()
 }
 
-#[test]
-fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() {
+/// A remote on loopback that needs a login, and a user whose git
+/// credential helper has it: (their temporary directory, the remote, the
+/// user's home, the directory they work in).
+fn user_with_a_remote() -> (tempfile::TempDir, GitRemote, PathBuf, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
     let home = tmp.path().join("home");
@@ -54,6 +56,12 @@ fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() 
     .unwrap();
     let cwd = tmp.path().join("projects");
     std::fs::create_dir(&cwd).unwrap();
+    (tmp, remote, home, cwd)
+}
+
+#[test]
+fn exec_repo_clones_with_the_users_helper_and_the_sandbox_finds_no_credential() {
+    let (tmp, remote, home, cwd) = user_with_a_remote();
 
     // The token, spelled so that the command searching for it does not
     // hold it.
@@ -374,22 +382,7 @@ fn exec_repo_inside_a_clone_of_it_leaves_that_clone_alone_and_works_in_a_fresh_o
 /// same repository again, not another.
 #[test]
 fn a_resumed_repo_session_keeps_its_git_tools() {
-    let tmp = tempfile::tempdir().unwrap();
-    let remote = GitRemote::start(&tmp.path().join("remote"), USER, TOKEN);
-    let home = tmp.path().join("home");
-    std::fs::create_dir(&home).unwrap();
-    std::fs::write(
-        home.join(".gitconfig"),
-        "[credential]\n\thelper = store\n[user]\n\tname = Ada Host\n\temail = ada@host.example\n",
-    )
-    .unwrap();
-    std::fs::write(
-        home.join(".git-credentials"),
-        format!("http://{USER}:{TOKEN}@127.0.0.1:{}\n", remote.port),
-    )
-    .unwrap();
-    let cwd = tmp.path().join("projects");
-    std::fs::create_dir(&cwd).unwrap();
+    let (tmp, remote, home, cwd) = user_with_a_remote();
     let server = ScriptedServer::start(
         Scenario::new()
             .turn(Turn::text("Fixing.").with_tool_call(

@@ -198,6 +198,10 @@ pub fn make(workspace: &Path, room: u64) -> Result<()> {
     if !supported() {
         return Err(VolumeError::Unsupported);
     }
+    // One at a time: each runs mkfs, and requests (a tenant's new
+    // sessions) must not make the host start them by the hundred.
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = MAKING.lock().unwrap_or_else(|p| p.into_inner());
     let p = Paths::of(workspace);
     match std::fs::create_dir(workspace) {
         Ok(()) => {}

@@ -332,8 +332,9 @@ fn chunks(file: tokio::fs::File) -> impl Stream<Item = Result<Bytes, std::io::Er
 }
 
 /// Mounts again the volumes of the jobs' and sessions' workspaces under
-/// `data` whose mounts are gone (after a reboot), and says whether new
-/// workspaces get one.
+/// `data` whose mounts are gone (after a reboot), says whether new
+/// workspaces get one, and removes what MCP sessions of an earlier run
+/// left.
 pub(crate) fn mount_volumes(data: &std::path::Path) {
     if cordon_sandbox::volume::supported() {
         tracing::info!("workspaces are file systems of their own: disk budgets bound everything");
@@ -358,6 +359,11 @@ pub(crate) fn mount_volumes(data: &std::path::Path) {
         }
     }
     tracing::debug!("{mounted} workspace volume(s) in place");
+    // No MCP session outlives its process: the scratch workspaces of one
+    // that ended uncleanly (their volumes with them) go.
+    if let Err(e) = remove_tree(&data.join("mcp")) {
+        tracing::warn!("cannot remove the MCP sessions' old workspaces: {e}");
+    }
 }
 
 /// [`remove_tree`] off the async runtime, a failure logged as `what`'s.

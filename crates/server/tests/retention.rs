@@ -359,6 +359,20 @@ async fn past_the_most_volumes_a_workspace_is_a_plain_directory() {
     s.stop().await;
 }
 
+/// No MCP session outlives its server: the scratch workspaces an unclean
+/// end left (volumes included) go when the server starts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_run_s_mcp_workspaces_go_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("data/mcp/mcp_0123456789ab");
+    std::fs::create_dir_all(&old).unwrap();
+    std::fs::write(old.join("left.txt"), "from a crash").unwrap();
+    let (db_url, _) = database(Db::Sqlite, dir.path()).unwrap();
+    let s = TestServer::start_at(dir.path(), &db_url, |_| {}).await;
+    assert!(!old.exists());
+    s.stop().await;
+}
+
 on_both!(
     a_job_directory_whose_job_is_gone_is_removed,
     finished_workspaces_are_removed_and_their_files_are_gone,
