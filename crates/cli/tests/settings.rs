@@ -374,6 +374,8 @@ fn serve_probe(w: &World) -> Seen {
     let done = support::run_agent_job(&base, &token, "probe", Duration::from_secs(90));
     let _ = child.kill();
     let _ = child.wait();
+    // Killed, it left its workspaces' volumes mounted.
+    let _ = cordon_sandbox::volume::unmount_beneath(&w.home);
     Seen {
         failed: done["state"] != "succeeded",
         output: done.to_string(),

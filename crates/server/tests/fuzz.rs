@@ -55,6 +55,9 @@ async fn no_request_gets_a_5xx(db: Db) {
             .args(["--header", &format!("Authorization: Bearer {token}")])
             .args(["--checks", CHECKS])
             .args(["--max-examples", "25", "--request-timeout", "60"])
+            // Hypothesis gave up generating a path for one route whose
+            // filters reject most strings (seen once in CI): not a finding.
+            .args(["--suppress-health-check", "filter_too_much"])
             .current_dir(report.path())
             .env("NO_COLOR", "1")
             .output()
