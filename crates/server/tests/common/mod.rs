@@ -83,6 +83,11 @@ pub struct TestServer {
 /// or not, so that its directory can be removed.
 impl Drop for TestServer {
     fn drop(&mut self) {
+        // Not stopped: at least it takes no more jobs (whose workspaces
+        // would be mounted after this).
+        if let Some(r) = &self.running {
+            r.shared.stopping.cancel();
+        }
         let _ = cordon_sandbox::volume::unmount_beneath(&self.dir);
     }
 }
