@@ -350,35 +350,29 @@ fn fit_paths(p: &Paths, room: u64) -> Result<()> {
 /// Whether `p` is a mounted volume: the workspace and the volume's root
 /// are both mount roots of the same file system.
 fn is_volume(p: &Paths) -> bool {
-    let dev = |path: &Path| {
-        rustix::fs::statx(
-            rustix::fs::CWD,
-            path,
-            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-            rustix::fs::StatxFlags::BASIC_STATS,
-        )
-        .ok()
-        .filter(|s| {
-            s.stx_attributes
-                .contains(rustix::fs::StatxAttributes::MOUNT_ROOT)
-        })
-        .map(|s| (s.stx_dev_major, s.stx_dev_minor))
-    };
-    matches!((dev(&p.workspace), dev(&p.root)), (Some(a), Some(b)) if a == b)
+    matches!((mount_of(&p.workspace), mount_of(&p.root)), (Some(a), Some(b)) if a == b)
 }
 
 /// Whether `path` is the root of a mount.
 fn mount_root(path: &Path) -> bool {
+    mount_of(path).is_some()
+}
+
+/// The device of the file system mounted at `path`, if `path` is the root
+/// of a mount (not following a link).
+fn mount_of(path: &Path) -> Option<(u32, u32)> {
     rustix::fs::statx(
         rustix::fs::CWD,
         path,
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
         rustix::fs::StatxFlags::BASIC_STATS,
     )
-    .is_ok_and(|s| {
+    .ok()
+    .filter(|s| {
         s.stx_attributes
             .contains(rustix::fs::StatxAttributes::MOUNT_ROOT)
     })
+    .map(|s| (s.stx_dev_major, s.stx_dev_minor))
 }
 
 /// Makes an ext4 file system in `image`: no reserved blocks, inode tables
