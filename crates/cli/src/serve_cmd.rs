@@ -60,10 +60,11 @@ pub struct ServeArgs {
     /// log are kept
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_keep)]
     pub keep_workspaces: Keep,
-    /// Most workspaces that are file systems of their own at once (as
-    /// root; see docs/volumes.md): past it, new ones are plain directories
-    #[arg(long, value_name = "N", default_value_t = cordon_server::config::MAX_VOLUMES)]
-    pub max_volumes: usize,
+    /// Workspace volumes kept mounted while unused (as root; see
+    /// docs/volumes.md); past it, the least recently used are unmounted
+    /// until next used
+    #[arg(long, value_name = "N", default_value_t = cordon_sandbox::volume::KEEP_IDLE)]
+    pub idle_volumes: usize,
     /// What every tenant's jobs and sessions may reach through cordon's
     /// broker, at most (repeatable: HOST[:PORT], *.DOMAIN, IP/CIDR, or
     /// @python @node @rust @debian @git-hosting). A job asks for hosts
@@ -329,7 +330,7 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
     config.sessions = args.sessions.max(1);
     config.sessions_per_tenant = args.sessions_per_tenant.max(1);
     config.keep_workspaces = args.keep_workspaces.0;
-    config.max_volumes = args.max_volumes;
+    config.idle_volumes = args.idle_volumes;
     config.network.all = cordon_net::PolicySpec {
         allow: args.allow,
         allow_private: args.allow_private,

@@ -375,7 +375,7 @@ fn serve_probe(w: &World) -> Seen {
     let _ = child.kill();
     let _ = child.wait();
     // Killed, it left its workspaces' volumes mounted.
-    let _ = cordon_sandbox::volume::unmount_beneath(&w.home);
+    let _ = cordon_sandbox::volume::release(&w.home);
     Seen {
         failed: done["state"] != "succeeded",
         output: done.to_string(),

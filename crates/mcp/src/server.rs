@@ -37,7 +37,9 @@ pub struct SandboxServer {
     /// The workspace is the handler's own, made with it (a volume while
     /// fewer than this many are mounted) and removed when the connection
     /// ends (HTTP sessions).
-    own_workspace: Option<usize>,
+    own_workspace: bool,
+    /// The own workspace's volume, mounted while the session lives.
+    in_use: std::sync::OnceLock<cordon_sandbox::volume::InUse>,
 }
 
 impl SandboxServer {
@@ -47,16 +49,17 @@ impl SandboxServer {
             tools: Toolbox::standard(),
             ctx: OnceCell::new(),
             owner: std::sync::OnceLock::new(),
-            own_workspace: None,
+            own_workspace: false,
+            in_use: std::sync::OnceLock::new(),
         }
     }
 
     /// A handler whose workspace is its own, removed when it ends: a
-    /// volume (see `cordon_sandbox::volume`) while fewer than `max_volumes`
-    /// are mounted.
-    pub fn ephemeral(config: SandboxConfig, max_volumes: usize) -> Self {
+    /// volume where this process can make one (see
+    /// `cordon_sandbox::volume`).
+    pub fn ephemeral(config: SandboxConfig) -> Self {
         let mut s = SandboxServer::new(config);
-        s.own_workspace = Some(max_volumes);
+        s.own_workspace = true;
         s
     }
 
@@ -85,13 +88,16 @@ impl SandboxServer {
                 // system of its own where it can be (a real disk bound).
                 let (ws, disk) = (self.config.workspace.clone(), self.config.disk);
                 let own = self.own_workspace;
-                tokio::task::spawn_blocking(move || {
-                    if let Some(max) = own {
-                        cordon_sandbox::volume::make_workspace(&ws, disk, max)
-                            .map(|_| ())
+                let in_use = tokio::task::spawn_blocking(move || {
+                    if own {
+                        cordon_sandbox::volume::Volumes::default()
+                            .make_workspace(&ws, disk)
+                            .map(Some)
                             .map_err(|e| e.to_string())
                     } else {
-                        std::fs::create_dir_all(&ws).map_err(|e| e.to_string())
+                        std::fs::create_dir_all(&ws)
+                            .map(|()| None)
+                            .map_err(|e| e.to_string())
                     }
                 })
                 .await
@@ -102,6 +108,9 @@ impl SandboxServer {
                         self.config.workspace.display()
                     )
                 })?;
+                if let Some(in_use) = in_use {
+                    let _ = self.in_use.set(in_use);
+                }
                 let sandbox = Sandbox::create(self.config.clone())
                     .await
                     .map_err(|e| format!("cannot create the sandbox: {e}"))?;
@@ -220,7 +229,7 @@ impl Drop for SandboxServer {
     fn drop(&mut self) {
         // The sandbox itself ends with its last handle (killing what runs
         // in it); an HTTP session's scratch workspace goes with it.
-        if self.own_workspace.is_some() {
+        if self.own_workspace {
             let ws = self.config.workspace.clone();
             drop(self.ctx.take());
             if let Err(e) =
@@ -238,8 +247,8 @@ impl Drop for SandboxServer {
 pub enum Exposure {
     /// Behind bearer tokens (`cordon serve`): any Host header, and each
     /// session's workspace is its own, removed when the session ends (a
-    /// volume while fewer than `max_volumes` are mounted).
-    Authenticated { max_volumes: usize },
+    /// volume where the process can make one).
+    Authenticated,
     /// Loopback (`cordon mcp --listen`), behind a token and an Origin
     /// check its caller makes: only localhost Host headers (no DNS
     /// rebinding), and every session works in the user's workspace, which
@@ -316,7 +325,7 @@ pub fn http_service(
     let http = match exposure {
         // Every request carries a bearer token, which a DNS-rebinding page
         // cannot supply: the Host allow-list would only refuse remote users.
-        Exposure::Authenticated { .. } => {
+        Exposure::Authenticated => {
             rmcp::transport::StreamableHttpServerConfig::default().disable_allowed_hosts()
         }
         Exposure::Local => rmcp::transport::StreamableHttpServerConfig::default(),
@@ -324,9 +333,7 @@ pub fn http_service(
     let service = rmcp::transport::StreamableHttpService::new(
         move || {
             Ok(match exposure {
-                Exposure::Authenticated { max_volumes } => {
-                    SandboxServer::ephemeral(config(), max_volumes)
-                }
+                Exposure::Authenticated => SandboxServer::ephemeral(config()),
                 Exposure::Local => SandboxServer::new(config()),
             })
         },

@@ -18,11 +18,17 @@
 //!   directory of its own); nothing found in a workspace decides what is
 //!   mounted, and the sandbox cannot reach the image or the balloon.
 //! - Mounting needs root in the host's namespaces; without it, or without
-//!   `mkfs.ext4`, [`make_workspace`] makes a plain directory (the watcher
+//!   `mkfs.ext4`, [`Volumes::make_workspace`] makes a plain directory (the watcher
 //!   alone then holds the budget).
-//! - A volume outlives the process that made it; after a reboot,
-//!   [`mount_again`] brings it back. [`release`] detaches it before its
-//!   directory is removed.
+//! - A volume is mounted while it is in use: whoever reads or writes a
+//!   workspace (a sandbox, the files API, an archiver) first [enters](Volumes::enter)
+//!   it and holds the [`InUse`] it gets. Unused volumes stay mounted, the
+//!   least recently used unmounted past the number [`Volumes`] keeps, so a host
+//!   holds any number of workspaces in a bounded number of mounts.
+//! - While unmounted, `W` and `W.volume` are immutable empty directories:
+//!   a writer that forgot to enter fails loudly instead of writing past
+//!   the volume, onto the host's disk. [`release`] undoes all of it
+//!   before the workspace is removed.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -121,45 +127,172 @@ pub fn supported() -> bool {
         && std::env::split_paths(TOOL_PATH).any(|d| d.join("mkfs.ext4").is_file())
 }
 
-/// Makes a workspace cordon owns (a job's, a session's): a volume with
-/// room for `budget` where this process can make one and fewer than `max`
-/// are mounted, else a plain directory. One that exists is left as it is.
-/// Whether it is a volume.
-pub fn make_workspace(workspace: &Path, budget: Option<u64>, max: usize) -> Result<bool> {
-    if workspace.exists() {
-        return Ok(is_volume(&Paths::of(workspace)));
-    }
-    if let Some(parent) = workspace.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(VolumeError::io(format!("create {}", parent.display())))?;
-    }
-    let room_for_one = || match mounted() {
-        Ok(n) if n < max => true,
-        Ok(n) => {
-            tracing::warn!(
-                "{n} workspace volumes are mounted, the most allowed (--max-volumes): \
-                 {} is a plain directory",
-                workspace.display()
-            );
-            false
-        }
-        Err(e) => {
-            tracing::warn!("cannot count the workspace volumes: {e}");
-            false
-        }
-    };
-    match budget {
-        Some(budget) if supported() && room_for_one() => {
-            make(workspace, room(budget)).map(|()| true)
-        }
-        _ => std::fs::create_dir_all(workspace)
-            .map(|()| false)
-            .map_err(VolumeError::io(format!("create {}", workspace.display()))),
+/// The most unused volumes kept mounted by default (each is two mounts,
+/// and a host has room for a bounded number: `fs.mount-max`).
+pub const KEEP_IDLE: usize = 64;
+
+/// How a process uses volumes: how many unused ones it keeps mounted, so
+/// that the next user of a recent one need not mount it again. Past that,
+/// the least recently used are unmounted as they are left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Volumes {
+    keep_idle: usize,
+}
+
+impl Default for Volumes {
+    fn default() -> Self {
+        Volumes::keeping(KEEP_IDLE)
     }
 }
 
-/// How many volumes are mounted in this process's mount namespace: each
-/// is two mounts, and a host has room for a bounded number (`fs.mount-max`).
+impl Volumes {
+    pub const fn keeping(idle: usize) -> Volumes {
+        Volumes { keep_idle: idle }
+    }
+
+    /// Makes a workspace cordon owns (a job's, a session's) and enters
+    /// it: a volume with room for `budget` where this process can make
+    /// one, else a plain directory. One that exists is entered as it is.
+    pub fn make_workspace(&self, workspace: &Path, budget: Option<u64>) -> Result<InUse> {
+        if workspace.exists() {
+            return self.enter(workspace);
+        }
+        if let Some(parent) = workspace.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(VolumeError::io(format!("create {}", parent.display())))?;
+        }
+        match budget {
+            Some(budget) if supported() => {
+                make(workspace, room(budget))?;
+                // Made mounted: in use from now, by the caller.
+                Ok(IN_USE.lock().enter_mounted(workspace, self.keep_idle))
+            }
+            _ => std::fs::create_dir_all(workspace)
+                .map(|()| InUse::plain())
+                .map_err(VolumeError::io(format!("create {}", workspace.display()))),
+        }
+    }
+
+    /// Enters `workspace`: if it is a volume, mounts it unless it is
+    /// mounted, and keeps it mounted while the answer lives. A plain
+    /// directory (or none) is entered as it is. Blocks while another
+    /// volume is mounted or unmounted: call it off an async runtime.
+    pub fn enter(&self, workspace: &Path) -> Result<InUse> {
+        let p = Paths::of(workspace);
+        match std::fs::symlink_metadata(&p.image) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(InUse::plain()),
+            _ => {}
+        }
+        let mut reg = IN_USE.lock();
+        // Checked even when in use: a shutdown (or an operator) may have
+        // unmounted it under its users.
+        if !is_volume(&p) {
+            mount(&p)?;
+        }
+        Ok(reg.enter_mounted(workspace, self.keep_idle))
+    }
+}
+
+/// A workspace in use: while it lives, a volume stays mounted.
+#[derive(Debug)]
+#[must_use = "a volume may be unmounted once this is dropped"]
+pub struct InUse {
+    workspace: Option<PathBuf>,
+    /// Unused volumes kept mounted when this one is left.
+    keep_idle: usize,
+}
+
+impl InUse {
+    fn plain() -> InUse {
+        InUse {
+            workspace: None,
+            keep_idle: KEEP_IDLE,
+        }
+    }
+
+    /// Whether the workspace is a volume.
+    pub fn is_volume(&self) -> bool {
+        self.workspace.is_some()
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        if let Some(ws) = self.workspace.take() {
+            IN_USE.lock().leave(&ws, self.keep_idle);
+        }
+    }
+}
+
+/// The volumes this process has entered: how many users each has, and
+/// when the unused ones were last left.
+struct Registry {
+    users: std::collections::BTreeMap<PathBuf, Users>,
+    /// Counts leavings, to order the unused by when they were left.
+    clock: u64,
+}
+
+#[derive(Default)]
+struct Users {
+    count: usize,
+    left_at: u64,
+}
+
+struct Locked(std::sync::Mutex<Registry>);
+
+impl Locked {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One per process, as the mount table it mirrors. Mounting happens
+/// under its lock, so that two users of one volume never both mount it.
+static IN_USE: Locked = Locked(std::sync::Mutex::new(Registry {
+    users: std::collections::BTreeMap::new(),
+    clock: 0,
+}));
+
+impl Registry {
+    fn enter_mounted(&mut self, workspace: &Path, keep_idle: usize) -> InUse {
+        self.users.entry(workspace.to_path_buf()).or_default().count += 1;
+        InUse {
+            workspace: Some(workspace.to_path_buf()),
+            keep_idle,
+        }
+    }
+
+    fn leave(&mut self, workspace: &Path, keep_idle: usize) {
+        self.clock += 1;
+        if let Some(u) = self.users.get_mut(workspace) {
+            u.count = u.count.saturating_sub(1);
+            u.left_at = self.clock;
+        }
+        self.trim(keep_idle);
+    }
+
+    /// Unmounts the least recently used unused volumes past `keep`.
+    fn trim(&mut self, keep: usize) {
+        let mut unused: Vec<(u64, PathBuf)> = self
+            .users
+            .iter()
+            .filter(|(_, u)| u.count == 0)
+            .map(|(w, u)| (u.left_at, w.clone()))
+            .collect();
+        if unused.len() <= keep {
+            return;
+        }
+        unused.sort();
+        for (_, ws) in &unused[..unused.len() - keep] {
+            self.users.remove(ws);
+            if let Err(e) = unmount(&Paths::of(ws)) {
+                tracing::warn!("cannot unmount the volume of {}: {e}", ws.display());
+            }
+        }
+    }
+}
+
+/// How many volumes are mounted in this process's mount namespace.
 pub fn mounted() -> std::io::Result<usize> {
     let info = std::fs::read_to_string("/proc/self/mountinfo")?;
     Ok(info
@@ -174,13 +307,18 @@ pub fn mounted() -> std::io::Result<usize> {
 }
 
 /// Detaches the mounts at or beneath `dir` and, if `dir` is a volume's
-/// workspace, the volume, and removes its image: `dir` is then plain files
-/// for the caller to remove.
+/// workspace, the volume, and removes its image; clears the immutable
+/// flag of the volumes' directories beneath it. `dir` is then plain files
+/// for the caller to remove. A user still in it keeps what it opened.
 pub fn release(dir: &Path) -> std::io::Result<()> {
     let p = Paths::of(dir);
+    let mut reg = IN_USE.lock();
     unmount_beneath(dir)?;
+    reg.users.retain(|w, _| !w.starts_with(dir));
+    mutable_beneath(dir)?;
     if p.root.exists() || p.image.exists() {
         unmount_beneath(&p.root)?;
+        immutable(&p.root, false)?;
         for r in [std::fs::remove_dir(&p.root), std::fs::remove_file(&p.image)] {
             match r {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
@@ -191,10 +329,94 @@ pub fn release(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// How deep beneath a released directory volumes are looked for:
+/// `data/jobs/ID/workspace` is three levels below a data directory, which
+/// may itself be a few below the directory released (a test's home).
+const RELEASE_DEPTH: usize = 8;
+
+/// Clears the immutable flag of `dir` and of the directories beneath it,
+/// a few levels down (only cordon sets one: a sandbox has no
+/// `CAP_LINUX_IMMUTABLE`). Each is opened beneath its parent, never
+/// through a link; nothing is mounted beneath `dir` any more.
+fn mutable_beneath(dir: &Path) -> std::io::Result<()> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let top = match rustix::fs::open(dir, flags, rustix::fs::Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    fn walk(fd: rustix::fd::OwnedFd, depth: usize, flags: OFlags) -> std::io::Result<()> {
+        set_immutable(&fd, false)?;
+        if depth == 0 {
+            return Ok(());
+        }
+        let mut names = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&fd)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if entry.file_type() == rustix::fs::FileType::Directory && name != c"." && name != c".."
+            {
+                names.push(name.to_owned());
+            }
+        }
+        for name in names {
+            match rustix::fs::openat(&fd, name.as_c_str(), flags, rustix::fs::Mode::empty()) {
+                Ok(child) => walk(child, depth - 1, flags)?,
+                Err(
+                    rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP,
+                ) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+    walk(top, RELEASE_DEPTH, flags)
+}
+
+/// Sets or clears a directory's immutable flag, where its file system
+/// has one; a missing directory is fine.
+fn immutable(dir: &Path, on: bool) -> std::io::Result<()> {
+    let fd = match rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    set_immutable(&fd, on)
+}
+
+fn set_immutable(fd: &rustix::fd::OwnedFd, on: bool) -> std::io::Result<()> {
+    use rustix::fs::IFlags;
+    let flags = match rustix::fs::ioctl_getflags(fd) {
+        Ok(f) => f,
+        // No such flags here (tmpfs before 6.0, some network file
+        // systems): nothing to set, or to clear.
+        Err(rustix::io::Errno::NOTTY | rustix::io::Errno::OPNOTSUPP) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let want = if on {
+        flags | IFlags::IMMUTABLE
+    } else {
+        flags - IFlags::IMMUTABLE
+    };
+    if want == flags {
+        return Ok(());
+    }
+    match rustix::fs::ioctl_setflags(fd, want) {
+        Err(rustix::io::Errno::NOTTY | rustix::io::Errno::OPNOTSUPP) => Ok(()),
+        r => r.map_err(Into::into),
+    }
+}
+
 /// Makes the workspace `workspace` (absent, or an empty directory) a
 /// volume with `room` bytes free. Its directory keeps its owner and mode.
 /// On failure nothing of the volume is left.
-pub fn make(workspace: &Path, room: u64) -> Result<()> {
+fn make(workspace: &Path, room: u64) -> Result<()> {
     if !supported() {
         return Err(VolumeError::Unsupported);
     }
@@ -236,6 +458,11 @@ pub fn make(workspace: &Path, room: u64) -> Result<()> {
         mkfs(&p.image)?;
         std::fs::create_dir(&p.root)
             .map_err(VolumeError::io(format!("create {}", p.root.display())))?;
+        // Unmounted, neither takes a file (see the module's rules).
+        for dir in [&p.root, &p.workspace] {
+            immutable(dir, true)
+                .map_err(VolumeError::io(format!("make {} immutable", dir.display())))?;
+        }
         attach(&image, &p.root)?;
         // The tree the sandbox sees, as the directory it replaces was.
         let tree = p.root.join(TREE);
@@ -258,32 +485,25 @@ pub fn make(workspace: &Path, room: u64) -> Result<()> {
     if made.is_err() {
         let _ = unmount_beneath(workspace);
         let _ = unmount_beneath(&p.root);
+        let _ = immutable(&p.workspace, false);
+        let _ = immutable(&p.root, false);
         let _ = std::fs::remove_dir(&p.root);
         let _ = std::fs::remove_file(&p.image);
     }
     made
 }
 
-/// Mounts `workspace`'s volume again if it has one that is not mounted
-/// (after a reboot); whether it has one.
-pub fn mount_again(workspace: &Path) -> Result<bool> {
-    let p = Paths::of(workspace);
-    let image = match std::fs::OpenOptions::new()
+/// Mounts the volume at `p`, one cordon made, whose mounts are gone.
+fn mount(p: &Paths) -> Result<()> {
+    if !supported() {
+        return Err(VolumeError::Unsupported);
+    }
+    let image = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&p.image)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(VolumeError::io(format!("open {}", p.image.display()))(e)),
-    };
-    if is_volume(&p) {
-        return Ok(true);
-    }
-    if !supported() {
-        return Err(VolumeError::Unsupported);
-    }
+        .map_err(VolumeError::io(format!("open {}", p.image.display())))?;
     // Only an image cordon made: a root-owned regular file, not linked.
     let meta = image
         .metadata()
@@ -296,11 +516,26 @@ pub fn mount_again(workspace: &Path) -> Result<bool> {
     if !mount_root(&p.root) {
         attach(&image, &p.root)?;
     }
-    if !mount_root(workspace) {
-        rustix::mount::mount_bind(p.root.join(TREE), workspace)
+    if !mount_root(&p.workspace) {
+        rustix::mount::mount_bind(p.root.join(TREE), &p.workspace)
             .map_err(|e| VolumeError::io("bind the volume onto the workspace")(e.into()))?;
     }
-    Ok(true)
+    Ok(())
+}
+
+/// Detaches the volume at `p`: its workspace's bind, then its root. What
+/// a user opened stays usable until closed.
+fn unmount(p: &Paths) -> std::io::Result<()> {
+    for point in [&p.workspace, &p.root] {
+        while mount_root(point) {
+            match rustix::mount::unmount(point, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW) {
+                Ok(()) => {}
+                Err(rustix::io::Errno::INVAL) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// If `workspace` is a mounted volume, sets its free space to `room`;

@@ -78,10 +78,10 @@ pub struct ServerConfig {
     /// Git's, editors' and agents' control files read-only in every sandbox
     /// (`sandbox.protect_control_files`, see `cordon_sandbox::control_files`).
     pub protect_control_files: bool,
-    /// Most workspace volumes mounted at once (see
-    /// `cordon_sandbox::volume`); past it, new workspaces are plain
-    /// directories whose disk budget is the watcher's alone.
-    pub max_volumes: usize,
+    /// Workspace volumes kept mounted while unused (see
+    /// `cordon_sandbox::volume`); past it, the least recently used are
+    /// unmounted until next used. Volumes in use are not counted.
+    pub idle_volumes: usize,
     /// microVM settings, for the microvm backend.
     pub cpus: Option<u32>,
     pub vm: cordon_sandbox::VmOptions,
@@ -106,9 +106,6 @@ pub struct ServerConfig {
 pub const PRESET_CHECK: Duration = Duration::from_secs(30);
 
 /// [`ServerConfig::keep_workspaces`] by default.
-/// Workspace volumes mounted at once, by default: 4,000 of a host's
-/// 100,000 mounts.
-pub const MAX_VOLUMES: usize = 2000;
 pub const KEEP_WORKSPACES: Duration = Duration::from_secs(24 * 3600);
 
 /// [`ServerConfig::orphans_after`] by default: far longer than a job's
@@ -141,7 +138,7 @@ impl ServerConfig {
             mcp_servers: Default::default(),
             pids: None,
             protect_control_files: true,
-            max_volumes: MAX_VOLUMES,
+            idle_volumes: cordon_sandbox::volume::KEEP_IDLE,
             session_idle: Duration::from_secs(15 * 60),
             sessions: 64,
             sessions_per_tenant: 8,
@@ -168,12 +165,17 @@ impl ServerConfig {
             disk: self.bounds.default_disk,
             pids: self.pids,
             protect_control_files: self.protect_control_files,
-            max_volumes: self.max_volumes,
+            volumes: self.volumes(),
             supervisor: self.supervisor.clone(),
             backend: self.backend,
             cpus: self.cpus,
             vm: self.vm.clone(),
         }
+    }
+
+    /// How this server's workspaces' volumes are used.
+    pub fn volumes(&self) -> cordon_sandbox::volume::Volumes {
+        cordon_sandbox::volume::Volumes::keeping(self.idle_volumes)
     }
 
     /// Where jobs' directories are.
@@ -196,7 +198,7 @@ pub struct SandboxDefaults {
     disk: u64,
     pids: Option<u64>,
     protect_control_files: bool,
-    max_volumes: usize,
+    volumes: cordon_sandbox::volume::Volumes,
     supervisor: Option<PathBuf>,
     backend: cordon_sandbox::BackendKind,
     cpus: Option<u32>,
@@ -208,10 +210,19 @@ impl SandboxDefaults {
     /// files API, a `steps` job's `write_file`): beneath its root, and
     /// refusing the control files the sandbox's tools refuse unless the
     /// operator lifted that (`sandbox.protect_control_files = false`).
+    /// Its volume is mounted for the opening; what is open keeps it.
+    /// Blocks: call it off the async runtime.
     pub fn workspace(
         &self,
         root: &std::path::Path,
     ) -> Result<cordon_tools::Workspace, cordon_tools::WorkspaceError> {
+        let _in_use = self
+            .volumes
+            .enter(root)
+            .map_err(|e| cordon_tools::WorkspaceError::Root {
+                root: root.to_path_buf(),
+                source: std::io::Error::other(e),
+            })?;
         let ws = cordon_tools::Workspace::open(root)?;
         Ok(if self.protect_control_files {
             ws.protecting_control_files()
@@ -221,19 +232,32 @@ impl SandboxDefaults {
     }
 
     /// Makes a workspace the server owns (a job's, a session's) with
-    /// room for `disk`, or the default budget: a file system of its own
-    /// where the server can make one (see `cordon_sandbox::volume`).
+    /// room for `disk`, or the default budget, and enters it: a file
+    /// system of its own where the server can make one (see
+    /// `cordon_sandbox::volume`).
     pub fn make_workspace(
         &self,
         root: &std::path::Path,
         disk: Option<u64>,
-    ) -> Result<(), cordon_sandbox::volume::VolumeError> {
-        cordon_sandbox::volume::make_workspace(
-            root,
-            Some(disk.unwrap_or(self.disk)),
-            self.max_volumes,
-        )
-        .map(|_| ())
+    ) -> Result<cordon_sandbox::volume::InUse, cordon_sandbox::volume::VolumeError> {
+        self.volumes
+            .make_workspace(root, Some(disk.unwrap_or(self.disk)))
+    }
+
+    /// [`SandboxDefaults::workspace`] off the async runtime.
+    pub async fn open_workspace(
+        &self,
+        root: PathBuf,
+    ) -> Result<cordon_tools::Workspace, cordon_tools::WorkspaceError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.workspace(&root))
+            .await
+            .unwrap_or_else(|e| {
+                Err(cordon_tools::WorkspaceError::Root {
+                    root: PathBuf::new(),
+                    source: std::io::Error::other(e),
+                })
+            })
     }
 
     /// A sandbox over `workspace` with these defaults.

@@ -331,11 +331,11 @@ fn chunks(file: tokio::fs::File) -> impl Stream<Item = Result<Bytes, std::io::Er
     })
 }
 
-/// Mounts again the volumes of the jobs' and sessions' workspaces under
-/// `data` whose mounts are gone (after a reboot), says whether new
-/// workspaces get one, and removes what MCP sessions of an earlier run
-/// left.
-pub(crate) fn mount_volumes(data: &std::path::Path) {
+/// Readies the workspaces' volumes under `data` as the server starts:
+/// says whether new workspaces get one, unmounts what an earlier run left
+/// mounted (each is mounted again when next used), and removes what MCP
+/// sessions of an earlier run left.
+pub(crate) fn ready_volumes(data: &std::path::Path) {
     if cordon_sandbox::volume::supported() {
         tracing::info!("workspaces are file systems of their own: disk budgets bound everything");
     } else {
@@ -344,21 +344,11 @@ pub(crate) fn mount_volumes(data: &std::path::Path) {
              held only by a descriptor in flight escapes (run as root, with mkfs.ext4, for volumes)"
         );
     }
-    let mut mounted = 0;
     for kind in ["jobs", "sessions"] {
-        let Ok(entries) = std::fs::read_dir(data.join(kind)) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let ws = entry.path().join("workspace");
-            match cordon_sandbox::volume::mount_again(&ws) {
-                Ok(true) => mounted += 1,
-                Ok(false) => {}
-                Err(e) => tracing::warn!("cannot mount the volume of {}: {e}", ws.display()),
-            }
+        if let Err(e) = cordon_sandbox::volume::unmount_beneath(&data.join(kind)) {
+            tracing::warn!("cannot unmount the {kind}' earlier volumes: {e}");
         }
     }
-    tracing::debug!("{mounted} workspace volume(s) in place");
     // No MCP session outlives its process: the scratch workspaces of one
     // that ended uncleanly (their volumes with them) go.
     if let Err(e) = remove_tree(&data.join("mcp")) {

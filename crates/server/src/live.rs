@@ -20,6 +20,8 @@ pub(crate) struct Live {
     pub(crate) _policy: Option<crate::network::Listed>,
     /// Its place under the live-session caps, given back with it.
     pub(crate) _slot: crate::caps::Slot,
+    /// Its workspace's volume, mounted while it lives: dropped last.
+    pub(crate) _in_use: cordon_sandbox::volume::InUse,
 }
 
 impl Live {

@@ -26,9 +26,7 @@ pub(crate) fn routes(shared: &Arc<Shared>) -> Router<Arc<Shared>> {
     let (service, sessions) = cordon_mcp::http_service(
         move || config.sandbox(dir.join(format!("mcp_{}", random_hex(12)))),
         shared.config.session_idle,
-        cordon_mcp::Exposure::Authenticated {
-            max_volumes: shared.config.max_volumes,
-        },
+        cordon_mcp::Exposure::Authenticated,
     );
     // Made once per process, with its router.
     let _ = shared.mcp_sessions.set(sessions.clone());

@@ -127,7 +127,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         tracing::info!("relayed requests reach worker {} at {url}", shared.worker);
     }
     let data = shared.config.data_dir.clone();
-    let _ = tokio::task::spawn_blocking(move || crate::files::mount_volumes(&data)).await;
+    let _ = tokio::task::spawn_blocking(move || crate::files::ready_volumes(&data)).await;
     let settled = crate::worker::recover(&shared).await?;
     if settled > 0 {
         tracing::warn!("{settled} job(s) were running when this server stopped; settled");

@@ -340,22 +340,91 @@ async fn a_job_s_files_in_flight_take_no_more_than_its_budget() {
 }
 
 /// Each volume is two mounts, and a host has room for a bounded number:
-/// past `max_volumes`, a new workspace is a plain directory, and its job
-/// runs as before (the watcher alone holds its budget).
+/// a volume is mounted only while in use. With none kept mounted unused,
+/// jobs that ended leave no volume mounted, yet each was one (its free
+/// space the budget's room, not the host's disk), and the files API
+/// reads and writes a finished job's files through its volume, mounted
+/// again for the request. Unmounted, a workspace's mount point takes no
+/// file: a host-side writer that forgot to mount it fails loudly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_the_most_volumes_a_workspace_is_a_plain_directory() {
-    let s = TestServer::start_with(Db::Sqlite, |c| c.max_volumes = 0)
+async fn a_volume_is_mounted_only_while_in_use() {
+    if !cordon_sandbox::volume::supported() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "volumes need root, and CI runs as root"
+        );
+        eprintln!("skipped: volumes need root");
+        return;
+    }
+    let s = TestServer::start_with(Db::Sqlite, |c| c.idle_volumes = 0)
         .await
         .unwrap();
     let t = s.token("acme").await;
-    let id = s
-        .submit(&t, json!({"kind": "shell", "command": "echo hi > x.txt"}))
-        .await;
-    let job = s.wait(&t, &id).await;
-    assert_eq!(job["state"], "succeeded", "{job}");
-    let dir = s.dir.join("data/jobs").join(&id);
-    assert!(dir.join("workspace/x.txt").exists());
-    assert!(!dir.join("workspace.volume.img").exists());
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let command = format!("echo {i} > x.txt && df -B1 --output=avail /workspace | tail -1");
+        let id = s
+            .submit(
+                &t,
+                json!({"kind": "shell", "command": command, "disk": "64M"}),
+            )
+            .await;
+        let job = s.wait(&t, &id).await;
+        assert_eq!(job["state"], "succeeded", "{job}");
+        let free: u64 = job["stdout"].as_str().unwrap().trim().parse().unwrap();
+        assert!(
+            free <= cordon_sandbox::volume::room(64 << 20),
+            "job {i} saw {free} bytes free: not a volume"
+        );
+        ids.push(id);
+    }
+    let mounted = |dir: &std::path::Path| {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let dir = dir.canonicalize().unwrap();
+        info.lines()
+            .filter(|l| l.contains(dir.to_str().unwrap()))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mounted(&s.dir) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(mounted(&s.dir), 0, "volumes left mounted after their jobs");
+    let ws = s.dir.join("data/jobs").join(&ids[0]).join("workspace");
+    let stray = std::fs::write(ws.join("stray"), "past the volume").unwrap_err();
+    assert_eq!(
+        stray.kind(),
+        std::io::ErrorKind::PermissionDenied,
+        "{stray}"
+    );
+    let text = |path: String| {
+        let r = s.client.get(s.url(&path)).bearer_auth(&t).send();
+        async move {
+            let r = r.await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    for (i, id) in ids.iter().enumerate() {
+        let (code, body) = text(format!("/v1/jobs/{id}/files/x.txt")).await;
+        assert_eq!((code, body.trim()), (200, i.to_string().as_str()));
+    }
+    let put = s
+        .client
+        .put(s.url(&format!("/v1/jobs/{}/files/added.txt", ids[1])))
+        .bearer_auth(&t)
+        .body("later")
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{}", put.text().await.unwrap());
+    let (code, body) = text(format!("/v1/jobs/{}/files/added.txt", ids[1])).await;
+    assert_eq!((code, body.as_str()), (200, "later"));
+    assert_eq!(
+        mounted(&s.dir),
+        0,
+        "volumes left mounted after the requests"
+    );
+    assert!(!ws.join("x.txt").exists(), "read through its mount point");
     s.stop().await;
 }
 

@@ -467,3 +467,74 @@ async fn a_session_with_a_display_gives_the_agent_a_desktop_to_watch() {
     }
     s.stop().await;
 }
+
+/// A session's volume is mounted while the session lives, and after it
+/// idles out only while a request uses it: its files are read through the
+/// files API and by its next turn, each mounting it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_s_volume_is_mounted_again_when_used() {
+    use std::time::{Duration, Instant};
+    if !cordon_sandbox::volume::supported() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "volumes need root, and CI runs as root"
+        );
+        eprintln!("skipped: volumes need root");
+        return;
+    }
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Writing.").with_tool_call(
+                "w1",
+                "write_file",
+                json!({"path": "notes.txt", "content": "kept 9310\n"}),
+            ))
+            .turn(Turn::text("Written.").expect_tool_results(["w1"]))
+            .turn(Turn::text("Reading.").with_tool_call(
+                "r1",
+                "read_file",
+                json!({"path": "notes.txt"}),
+            ))
+            .turn(Turn::text("It says 9310.").expect_contains("kept 9310")),
+    );
+    let s = TestServer::start_with(Db::Sqlite, |c| {
+        with_model(model.url())(c);
+        c.idle_volumes = 0;
+        c.session_idle = Duration::from_millis(300);
+    })
+    .await
+    .unwrap();
+    let t = s.token("acme").await;
+    let id = s.new_session(&t).await;
+    s.say(&t, &id, "write the note").await;
+    let ws = s.dir.join(format!("data/sessions/{id}/workspace"));
+    let mounted = || {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        info.contains(ws.to_str().unwrap())
+    };
+    // Idled out: its sandbox closed, its volume unmounted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mounted() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!mounted(), "an idle session's volume stayed mounted");
+    assert!(!ws.join("notes.txt").exists());
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/sessions/{id}/files/notes.txt")))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "kept 9310\n");
+    assert!(!mounted(), "a request left the volume mounted");
+    let events = s.say(&t, &id, "what does the note say?").await;
+    let read = events
+        .iter()
+        .find(|(k, _)| k == "tool_call_finished")
+        .expect("read_file ran");
+    assert_eq!(read.1["is_error"], false, "{read:?}");
+    model.assert_finished();
+    s.stop().await;
+}

@@ -35,8 +35,8 @@ impl Drop for Started {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
         let _ = self.child.kill();
         let _ = self.child.wait();
-        // Killed, it could not unmount them; its home can then be removed.
-        let _ = cordon_sandbox::volume::unmount_beneath(&self.home);
+        // Killed, it could not unmount them; released, its home can be removed.
+        let _ = cordon_sandbox::volume::release(&self.home);
     }
 }
 

@@ -650,17 +650,20 @@ async fn a_volume_bounds_what_files_in_flight_hold() {
         return;
     }
     const BUDGET: u64 = 16 << 20;
-    /// Unmounts the test's volume whatever happens, before its directory goes.
-    struct Unmount(tempfile::TempDir);
-    impl Drop for Unmount {
+    /// Releases the test's volume whatever happens, before its directory goes.
+    struct Release(tempfile::TempDir);
+    impl Drop for Release {
         fn drop(&mut self) {
-            let _ = cordon_sandbox::volume::unmount_beneath(self.0.path());
+            let _ = cordon_sandbox::volume::release(self.0.path());
         }
     }
-    let dir = Unmount(tempfile::tempdir().unwrap());
+    let dir = Release(tempfile::tempdir().unwrap());
     let dir = &dir.0;
     let ws = dir.path().join("workspace");
-    cordon_sandbox::volume::make(&ws, cordon_sandbox::volume::room(BUDGET)).unwrap();
+    // None kept mounted unused: each is unmounted once left.
+    let volumes = cordon_sandbox::volume::Volumes::keeping(0);
+    let in_use = volumes.make_workspace(&ws, Some(BUDGET)).unwrap();
+    assert!(in_use.is_volume());
     let image = dir.path().join("workspace.volume.img");
     let held = || std::fs::metadata(&image).unwrap().blocks() * 512;
     let before = held();
@@ -716,11 +719,24 @@ async fn a_volume_bounds_what_files_in_flight_hold() {
     assert!(held() <= before + (4 << 20), "{} KiB still held", (held() - before) >> 10);
     assert_eq!(std::fs::read_to_string(ws.join("kept")).unwrap(), "from before");
 
+    // Left, past the number kept mounted, it is unmounted; its empty
+    // mount point takes no file (a host-side writer that forgot to enter
+    // it fails, rather than writing past the volume); entered, it is back.
+    drop(in_use);
+    assert!(!ws.join("kept").exists());
+    let stray = std::fs::write(ws.join("stray"), "past the volume").unwrap_err();
+    assert_eq!(stray.kind(), std::io::ErrorKind::PermissionDenied, "{stray}");
+    let in_use = volumes.enter(&ws).unwrap();
+    assert!(in_use.is_volume());
+    assert_eq!(std::fs::read_to_string(ws.join("kept")).unwrap(), "from before");
+    assert!(!ws.join("stray").exists());
+
     // After a reboot (the mounts gone), the volume comes back as it was.
     cordon_sandbox::volume::unmount_beneath(dir.path()).unwrap();
     assert!(!ws.join("kept").exists());
-    assert!(cordon_sandbox::volume::mount_again(&ws).unwrap());
+    let again = volumes.enter(&ws).unwrap();
     assert_eq!(std::fs::read_to_string(ws.join("kept")).unwrap(), "from before");
+    drop(again);
 
     // Unmounted while something still holds it (a sandbox that outlived
     // its server), it is mounted again as the same file system, not as a
@@ -731,7 +747,7 @@ async fn a_volume_bounds_what_files_in_flight_hold() {
         .open(ws.join("held"))
         .unwrap();
     cordon_sandbox::volume::unmount_beneath(dir.path()).unwrap();
-    assert!(cordon_sandbox::volume::mount_again(&ws).unwrap());
+    let again = volumes.enter(&ws).unwrap();
     std::io::Write::write_all(&mut &held, b"written through the old mount").unwrap();
     assert_eq!(
         std::fs::metadata(ws.join("held")).unwrap().dev(),
@@ -741,7 +757,7 @@ async fn a_volume_bounds_what_files_in_flight_hold() {
         std::fs::read_to_string(ws.join("held")).unwrap(),
         "written through the old mount"
     );
-    drop(held);
+    drop((held, again, in_use));
 
     // Removed, it leaves neither a mount nor a loop device behind.
     cordon_sandbox::volume::release(&ws).unwrap();

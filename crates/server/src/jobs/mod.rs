@@ -117,9 +117,11 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
 async fn make_workspace(shared: &Shared, id: &str, disk: u64) -> ApiResult<()> {
     let ws = shared.config.job_dirs().workspace(id);
     let defaults = shared.config.sandboxes();
+    // Left unused at once: the job enters it again when it runs.
     let made = tokio::task::spawn_blocking(move || {
         defaults
             .make_workspace(&ws, Some(disk))
+            .map(drop)
             .map_err(|e| e.to_string())
     })
     .await
@@ -433,10 +435,10 @@ enum JobFiles<'s> {
 
 async fn files_of<'s>(shared: &'s Shared, tenant: &str, id: &str) -> ApiResult<JobFiles<'s>> {
     let job = find(shared, tenant, id).await?;
-    files_of_job(shared, &job)
+    files_of_job(shared, &job).await
 }
 
-fn files_of_job<'s>(shared: &'s Shared, job: &JobRow) -> ApiResult<JobFiles<'s>> {
+async fn files_of_job<'s>(shared: &'s Shared, job: &JobRow) -> ApiResult<JobFiles<'s>> {
     let id = &job.id;
     if job.workspace_removed_ms.is_some() {
         return Err(ApiError::new(
@@ -456,7 +458,8 @@ fn files_of_job<'s>(shared: &'s Shared, job: &JobRow) -> ApiResult<JobFiles<'s>>
     shared
         .config
         .sandboxes()
-        .workspace(&shared.config.job_dirs().workspace(id))
+        .open_workspace(shared.config.job_dirs().workspace(id))
+        .await
         .map(JobFiles::Here)
         .map_err(crate::files::error)
 }
@@ -512,7 +515,7 @@ pub(crate) async fn put_file(
     if let Some(archive) = staging(&shared, &job) {
         return stage(&shared, archive, &tenant, &id, path, body).await;
     }
-    match files_of_job(&shared, &job)? {
+    match files_of_job(&shared, &job).await? {
         JobFiles::Here(ws) => crate::files::write(ws, path, body).await,
         JobFiles::Archived(_) => Err(ApiError::new(
             StatusCode::CONFLICT,

@@ -170,9 +170,11 @@ impl Runner {
             .await
             .unwrap_or_else(|e| Err(e.to_string()))
         };
-        if let Err(e) = made {
-            return failed(format!("cannot create the workspace: {e}"));
-        }
+        // Mounted (if a volume) from here until the job's sandbox is closed.
+        let _in_use = match made {
+            Ok(in_use) => in_use,
+            Err(e) => return failed(format!("cannot create the workspace: {e}")),
+        };
         if let Some(archive) = &self.archive {
             match archive.unstage(id, &ws).await {
                 Ok(0) => {}

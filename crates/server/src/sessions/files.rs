@@ -12,7 +12,8 @@ async fn workspace(
     shared
         .config
         .sandboxes()
-        .workspace(&dir(shared, id).join("workspace"))
+        .open_workspace(dir(shared, id).join("workspace"))
+        .await
         .map_err(crate::files::error)
 }
 

@@ -205,7 +205,8 @@ pub(crate) async fn create(
             "cannot create the session's files",
         )
     };
-    {
+    // In use until the clone below is in it.
+    let _in_use = {
         let (d, sandboxes) = (d.clone(), shared.config.sandboxes());
         tokio::task::spawn_blocking(move || {
             sandboxes
@@ -214,8 +215,8 @@ pub(crate) async fn create(
         })
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-        .map_err(unavailable)?;
-    }
+        .map_err(unavailable)?
+    };
     let mut log = SessionLog::<Value>::create(d.join("session.jsonl"))
         .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
     let spec = policy.clone().map(cordon_net::PolicySpec::from);
@@ -242,9 +243,12 @@ pub(crate) async fn create(
                 .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?,
             Err(e) => {
                 // Nothing of the session is kept: its files are the clone's.
-                drop(log);
-                if let Err(err) = std::fs::remove_dir_all(&d) {
-                    tracing::warn!("session {id}: {err}");
+                drop((log, _in_use));
+                let d = d.clone();
+                match tokio::task::spawn_blocking(move || crate::files::remove_tree(&d)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => tracing::warn!("session {id}: {err}"),
+                    Err(err) => tracing::warn!("session {id}: {err}"),
                 }
                 return Err(e);
             }
@@ -606,7 +610,11 @@ pub(crate) async fn rewind(
         .as_ref()
         .map(|a| a.agent.checkpoints)
         .unwrap_or_default();
+    let volumes = shared.config.volumes();
     let done = tokio::task::spawn_blocking(move || {
+        let _in_use = volumes.enter(&ws).map_err(|e| {
+            cordon_agent::checkpoints::RewindError::Workspace(format!("{}: {e}", ws.display()))
+        })?;
         cordon_agent::checkpoints::rewind(&log, &ws, to.turn, retention)
     })
     .await

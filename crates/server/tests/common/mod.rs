@@ -88,7 +88,7 @@ impl Drop for TestServer {
         if let Some(r) = &self.running {
             r.shared.stopping.cancel();
         }
-        let _ = cordon_sandbox::volume::unmount_beneath(&self.dir);
+        let _ = cordon_sandbox::volume::release(&self.dir);
     }
 }
 
