@@ -81,9 +81,9 @@ fn mask_old_output(history: &[Message], keep_recent: usize) -> Vec<Message> {
                         let mut r = r.clone();
                         if r.content.len() >= MASK_MIN_BYTES {
                             r.content = format!(
-                                "[output omitted to save context: {} lines, {} bytes; run the tool again if you need it]",
-                                r.content.lines().count(),
-                                r.content.len()
+                                "[output omitted to save context: {}, {}; run the tool again if you need it]",
+                                cordon_tools::plural(r.content.lines().count() as u64, "line"),
+                                cordon_tools::plural(r.content.len() as u64, "byte")
                             );
                         }
                         r

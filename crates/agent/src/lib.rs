@@ -27,7 +27,8 @@ pub mod stream;
 pub mod wire;
 
 pub use agent::{
-    Agent, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Compaction, TurnOutcome,
+    Agent, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Compaction,
+    TurnOutcome, tool_failed,
 };
 pub use builder::AgentBuilder;
 pub use log::{LoadReport, LogError, Record, SessionLog};

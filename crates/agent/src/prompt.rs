@@ -2,15 +2,32 @@
 //! sandbox's network as it really is, so the model neither tries what
 //! cannot work nor gives up on what can.
 
-use cordon_sandbox::Network;
+use cordon_sandbox::{Network, Sandbox};
 
 const SYSTEM: &str = "You are cordon, a coding agent. Every command you run and every file you \
 touch is inside an isolated sandbox: the user's project is at /workspace, there is no network, \
 and /tmp is scratch space. Work step by step, check your work by running it, and finish with a \
 short summary of what you did.";
 
+/// The hosts `sandbox`'s broker lets through now, its presets expanded
+/// (`@python` is pypi.org and the hosts of pip's configuration): what the
+/// prompt names, since the model knows hosts, not cordon's presets.
+pub fn allowed(sandbox: &Sandbox) -> Vec<String> {
+    sandbox
+        .network()
+        .map(|n| {
+            n.policy
+                .load()
+                .rules()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The prompt for a sandbox whose network is `network`; `allow`: the
-/// hosts (or presets) a brokered network lets through.
+/// hosts a brokered network lets through ([`allowed`]).
 pub fn system(network: Network, allow: &[String]) -> String {
     let what = match network {
         Network::Off => return SYSTEM.into(),

@@ -368,6 +368,10 @@ pub async fn exec(args: ExecArgs) -> i32 {
         &s.model.provider,
         AgentConfig {
             max_steps: args.max_steps,
+            system: cordon_agent::prompt::system(
+                s.sandbox.network,
+                &cordon_agent::prompt::allowed(&sandbox),
+            ),
             ..s.model.agent.clone()
         },
     )
@@ -410,8 +414,13 @@ pub async fn exec(args: ExecArgs) -> i32 {
     agent.settle().await;
     drop(agent);
     mcp.shutdown().await;
+    let disk_stop = sandbox.disk_stopped();
     sandbox.close().await;
     s.after.report();
+    // The model was told; the exit code says it too (documented: 123).
+    if disk_stop.is_some() && !matches!(result, Err(AgentError::Cancelled)) {
+        return crate::run::disk_stopped(disk_stop);
+    }
     match result {
         Ok(outcome) if outcome.stop_reason == StopReason::Refusal => {
             eprintln!(

@@ -5,6 +5,7 @@ mod config_cmd;
 mod doctor;
 mod exec;
 mod lab_cmd;
+mod logging;
 mod mcp_cmd;
 mod mcp_listen;
 mod options;
@@ -73,7 +74,8 @@ enum Command {
     /// Run one task with the agent, headless.
     ///
     /// Exit status: 0 done, 1 the model could not finish (API error, step
-    /// limit), 78 bad configuration, 125 sandbox error, 130 interrupted.
+    /// limit), 78 bad configuration, 123 the sandbox was stopped for its
+    /// disk budget, 125 sandbox error, 130 interrupted.
     Exec(exec::ExecArgs),
     /// List this directory's sessions (`--all`: every one): id, start,
     /// turns, tokens, workspace, title.
@@ -115,18 +117,13 @@ fn main() {
             std::process::exit(code);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CORDON_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
-    if matches!(cli.command, None | Some(Command::Chat(_))) {
+    logging::init(match cli.command {
         // The UI owns the screen: logs go to a file beside the sessions.
-        let file = chat::log_file();
-        logs.with_ansi(false)
-            .with_writer(std::sync::Mutex::new(file))
-            .init();
-    } else {
-        logs.with_writer(std::io::stderr).init();
-    }
+        None | Some(Command::Chat(_)) => logging::To::File(chat::log_file()),
+        // A server's log is its standard error.
+        Some(Command::Serve(_) | Command::Worker(_)) => logging::To::ServerLog,
+        _ => logging::To::Terminal,
+    });
 
     let command = cli.command.unwrap_or(Command::Chat(cli.chat));
     // The server runs jobs in parallel; everything else is one task at a time.

@@ -129,13 +129,20 @@ impl<O: Write + Send, E: Write + Send> Human<O, E> {
                 self.live(&text);
             }
             AgentEvent::ToolCallFinished {
-                output, is_error, ..
+                output,
+                is_error,
+                structured,
+                ..
             } => {
                 if self.live_open {
                     let _ = writeln!(self.err, "{}", self.reset);
                     self.live_open = false;
                 }
-                let mark = if is_error { "✗" } else { "✓" };
+                let mark = if cordon_agent::tool_failed(is_error, structured.as_ref()) {
+                    "✗"
+                } else {
+                    "✓"
+                };
                 // Streamed output was seen already: the verdict's first
                 // line (the exit code) is enough.
                 let lines = if std::mem::take(&mut self.streamed) {
@@ -177,7 +184,8 @@ impl<O: Write + Send, E: Write + Send> Human<O, E> {
                 self.end_answer_line();
                 let cost = cost_usd.map(|c| format!(", ${c:.4}")).unwrap_or_default();
                 self.note(&format!(
-                    "· {steps} model requests, {} tokens in, {} out{cost}",
+                    "· {}, {} tokens in, {} out{cost}",
+                    cordon_tools::plural(u64::from(steps), "model request"),
                     usage.prompt_tokens(),
                     usage.output_tokens
                 ));

@@ -21,8 +21,9 @@ pub struct RunArgs {
     /// Kill the command after this long (e.g. 30s, 5m) [default: none]
     #[arg(long, value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
-    /// The command and its arguments
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command and its arguments: everything from the first word that
+    /// is not an option (`--` before it also works)
+    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
 
@@ -31,7 +32,7 @@ pub struct ShellArgs {
     #[command(flatten)]
     pub sandbox: SandboxOpts,
     /// The shell to run [default: /bin/bash -i]
-    #[arg(last = true, value_name = "CMD")]
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
 
@@ -74,7 +75,7 @@ async fn create(opts: &SandboxOpts) -> Result<Started, i32> {
 }
 
 /// Says that the sandbox outgrew its disk budget; the exit code.
-fn disk_stopped(stop: Option<DiskStop>) -> i32 {
+pub(crate) fn disk_stopped(stop: Option<DiskStop>) -> i32 {
     match stop {
         Some(s) => eprintln!(
             "cordon: disk budget exceeded: the workspace grew by {} MiB, past its {} MiB budget, and the sandbox was stopped (free space, or raise it with --disk)",

@@ -263,11 +263,13 @@ fn the_model_sees_the_policy_and_each_refusal() {
         .iter()
         .map(|r| r.body.to_string())
         .collect();
+    // Issue 32: the hosts themselves, not cordon's name for them.
+    let system = server.requests()[0].body["system"].to_string();
     assert!(
-        bodies[0].contains("only through a proxy") && bodies[0].contains("@python"),
-        "the system prompt does not tell the policy: {}",
-        bodies[0]
+        system.contains("only through a proxy") && system.contains("pypi.org"),
+        "the system prompt does not tell the policy: {system}"
     );
+    assert!(!system.contains("@python"), "{system}");
     assert!(
         bodies[1].contains("network: evil.invalid:443 refused by policy (allowed: "),
         "the refusal is not in the tool result: {}",

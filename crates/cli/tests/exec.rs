@@ -634,3 +634,55 @@ fn tool_output_streams_while_the_command_runs_and_ctrl_c_keeps_it() {
         "the cancelled call was not reported: {finished}"
     );
 }
+
+/// Issue 32: a sandbox stopped for its disk budget ends `exec` with the
+/// documented 123, said once in a `cordon:` line; a command that failed is
+/// marked ✗, not ✓; counts are singular when one. No log line (timestamp,
+/// level, module path, colour) reaches the terminal.
+#[test]
+fn a_disk_stop_exits_123_and_the_terminal_gets_cordon_lines_only() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Failing first.").with_tool_call(
+                "t1",
+                "bash",
+                json!({"command": "false"}),
+            ))
+            .turn(
+                Turn::text("Filling it.")
+                    .with_tool_call(
+                        "t2",
+                        "bash",
+                        json!({"command": "head -c 64000000 /dev/zero > big; sleep 2; echo wrote"}),
+                    )
+                    .expect_tool_results(["t1"]),
+            )
+            .turn(Turn::text("The disk filled up.").expect_tool_results(["t2"])),
+    );
+    let out = exec(
+        &server,
+        ws.path(),
+        home.path(),
+        &["--disk", "16M", "fill the disk"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(123), "{err}");
+    assert!(err.contains("✗ Exit code: 1"), "{err}");
+    assert!(!err.contains("✓ Exit code: 1"), "{err}");
+    // The model's view of it (the tool's ✗), then cordon's, once.
+    let stops = err
+        .lines()
+        .filter(|l| l.starts_with("cordon:") && l.contains("disk budget"))
+        .count();
+    assert_eq!(stops, 1, "the stop is said once: {err}");
+    for line in err.lines() {
+        assert!(!line.contains('\u{1b}'), "a colour code: {line:?}");
+        assert!(
+            !line.contains(" WARN ") && !line.contains(" ERROR ") && !line.contains("cordon_"),
+            "a log line: {line:?}"
+        );
+    }
+    assert!(err.contains("· 3 model requests"), "{err}");
+}

@@ -119,6 +119,26 @@ fn exit_codes(who: Who) {
     assert!(start.elapsed() < Duration::from_secs(10));
 }
 
+/// Issue 32: a command is everything from the first word that is not an
+/// option, as users type it (`--` still works); a mistyped option before
+/// it is refused as an option, with clap's hint, not run as a command.
+fn the_command_needs_no_double_dash(who: Who) {
+    let ws = workspace(who);
+    let out = cordon(who, ws.path())
+        .args(["run", "--timeout", "30s", "python3", "-c", "print(6 * 7)"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "42\n");
+    let out = cordon(who, ws.path())
+        .args(["run", "--timout", "30s", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(err.contains("unexpected argument '--timout'"), "{err}");
+}
+
 fn sandbox_failure_is_one_line(who: Who) {
     let ws = workspace(who);
     let out = run(
@@ -510,6 +530,7 @@ both! {
     stdout_and_stderr_stay_apart_with_binary_and_partial_lines => streams_apart;
     stdin_is_passed_through => stdin_passes_through;
     exit_codes_follow_the_command_and_document_cordons_own => exit_codes;
+    a_command_needs_no_double_dash => the_command_needs_no_double_dash;
     a_sandbox_that_cannot_be_created_gives_one_line_and_125 => sandbox_failure_is_one_line;
     a_workspace_or_bind_holding_home_is_refused => home_is_no_workspace;
     env_binds_workdir_and_tmp_size_take_effect => options_take_effect;

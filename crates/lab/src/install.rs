@@ -221,7 +221,9 @@ fn run(
         .lines()
         .map_while(Result::ok)
     {
-        progress(&format!("  {line}"));
+        if !noise(&line) {
+            progress(&format!("  {line}"));
+        }
         tail.push_back(line);
         if tail.len() > TAIL_LINES {
             tail.pop_front();
@@ -229,7 +231,7 @@ fn run(
     }
     let status = child.wait().at(work)?;
     let errors = errors.join().unwrap_or_default();
-    for line in &errors {
+    for line in errors.iter().filter(|l| !noise(l)) {
         progress(&format!("  {line}"));
     }
     if status.success() {
@@ -242,6 +244,22 @@ fn run(
         status: status.to_string(),
         tail: tail.into_iter().skip(skip).collect::<Vec<_>>().join("\n"),
     })
+}
+
+/// pip's lines about the system's copy of a package it installs over in
+/// the environment (`--system-site-packages`): it cannot uninstall the
+/// system's, need not, and says so, which reads like a failure. Kept for
+/// a failed step's error, not shown as progress.
+fn noise(line: &str) -> bool {
+    let line = line.trim_start();
+    [
+        "Attempting uninstall: ",
+        "Found existing installation: ",
+        "Not uninstalling ",
+        "Can't uninstall '",
+    ]
+    .iter()
+    .any(|p| line.starts_with(p))
 }
 
 /// Asks the environment's Python what it holds.
@@ -326,5 +344,22 @@ mod tests {
         };
         fs::write(dir.join(MARKER), serde_json::to_vec(&v).unwrap()).unwrap();
         assert_eq!(installed(cache.path()).unwrap().versions, v);
+    }
+}
+
+#[cfg(test)]
+mod noise_tests {
+    #[test]
+    fn pips_words_on_the_systems_copies_are_not_progress() {
+        for line in [
+            "  Attempting uninstall: packaging",
+            "    Found existing installation: packaging 24.0",
+            "    Not uninstalling packaging at /usr/lib/python3/dist-packages, outside environment /x",
+            "    Can't uninstall 'packaging'. No files were found to uninstall.",
+        ] {
+            assert!(super::noise(line), "{line}");
+        }
+        assert!(!super::noise("Successfully installed jupyterlab-4.2.5"));
+        assert!(!super::noise("ERROR: Could not find a version"));
     }
 }

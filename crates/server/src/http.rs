@@ -124,6 +124,29 @@ impl From<BytesRejection> for ApiError {
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
+/// A request's body, or why not, saying the limit `limit` it was read
+/// under when it is too large.
+pub(crate) fn within(body: Result<Bytes, BytesRejection>, limit: usize) -> ApiResult<Bytes> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            let shown = if limit.is_multiple_of(1 << 20) {
+                format!("{} MiB", limit >> 20)
+            } else if limit.is_multiple_of(1 << 10) {
+                format!("{} KiB", limit >> 10)
+            } else {
+                format!("{limit} bytes")
+            };
+            ApiError::new(
+                e.status(),
+                "too_large",
+                format!("the request body is larger than the {shown} this server accepts here"),
+            )
+        } else {
+            e.into()
+        }
+    })
+}
+
 /// The tenant a request's bearer token belongs to.
 pub struct Tenant(pub String);
 

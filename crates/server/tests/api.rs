@@ -314,6 +314,12 @@ async fn bad_input_gets_a_4xx_that_says_what_is_wrong(db: Db) {
         (413, Some("too_large")),
         "{v}"
     );
+    // Issue 32: it says the limit.
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("the 64 KiB this server accepts"),
+        "{message}"
+    );
     let (status, v) = s.get(&t, "/v1/nothing").await;
     assert_eq!(
         (status, v["error"]["code"].as_str()),

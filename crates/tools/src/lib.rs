@@ -37,7 +37,7 @@ pub mod walk;
 mod workspace;
 
 pub use cordon_sandbox::{Accel, BackendKind, Display, parse_size};
-pub use output::{HeadTail, printable, printable_lines};
+pub use output::{HeadTail, plural, printable, printable_lines};
 pub use workspace::{Workspace, WorkspaceError, WsPath};
 
 use std::future::Future;

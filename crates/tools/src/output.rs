@@ -97,10 +97,10 @@ impl HeadTail {
             return String::from_utf8_lossy(&all).into_owned();
         }
         format!(
-            "{}\n[... {} bytes ({} lines) of output dropped; the first {} and last {} bytes are shown ...]\n{}",
+            "{}\n[... {} ({}) of output dropped; the first {} and last {} bytes are shown ...]\n{}",
             String::from_utf8_lossy(&self.head),
-            self.dropped_bytes,
-            self.dropped_lines,
+            plural(self.dropped_bytes, "byte"),
+            plural(self.dropped_lines, "line"),
             self.head.len(),
             tail.len(),
             String::from_utf8_lossy(&tail)
@@ -140,5 +140,25 @@ mod tests {
         assert!(r.starts_with("012\n"), "{r}");
         assert!(r.ends_with("012\n"), "{r}");
         assert!(r.contains("32 bytes (8 lines)"), "{r}");
+    }
+}
+
+/// `n` and `noun`, plural unless `n` is one: "1 line", "2 lines". For
+/// nouns whose plural takes an s.
+pub fn plural(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+#[cfg(test)]
+mod plural_tests {
+    #[test]
+    fn one_is_singular_and_the_rest_plural() {
+        assert_eq!(super::plural(1, "line"), "1 line");
+        assert_eq!(super::plural(0, "line"), "0 lines");
+        assert_eq!(super::plural(2, "model request"), "2 model requests");
     }
 }

@@ -62,11 +62,13 @@ fn write(ctx: &ToolContext, input: Input) -> ToolOutput {
     match result {
         Ok((p, created)) => {
             let n = input.content.len();
-            let lines = input.content.lines().count();
+            let lines = input.content.lines().count() as u64;
             let verb = if created { "Created" } else { "Overwrote" };
             ToolOutput::ok(format!(
-                "{verb} {} ({n} bytes, {lines} lines).",
-                p.display()
+                "{verb} {} ({}, {}).",
+                p.display(),
+                crate::plural(n as u64, "byte"),
+                crate::plural(lines, "line")
             ))
             .with_structured(json!({"path": p.display(), "bytes": n, "created": created}))
         }

@@ -433,7 +433,10 @@ async fn write_file_creates_parents_and_reports_bytes() {
             json!({"path": "a/b/c/hello.py", "content": "x"}),
         )
         .await;
-    assert!(t.contains("Overwrote") && t.contains("1 bytes"), "{t}");
+    assert!(
+        t.contains("Overwrote") && t.contains("(1 byte, 1 line)"),
+        "{t}"
+    );
     // The sandbox sees what the host wrote.
     let t = env
         .ok("bash", json!({"command": "cat a/b/c/hello.py"}))

@@ -622,6 +622,7 @@ impl App {
                 id,
                 output,
                 is_error,
+                structured,
                 duration_ms,
                 ..
             } => {
@@ -630,7 +631,8 @@ impl App {
                 {
                     call.state = ToolState::Done {
                         output,
-                        is_error,
+                        // A command that exited non-zero is marked failed.
+                        is_error: cordon_agent::tool_failed(is_error, structured.as_ref()),
                         duration_ms,
                     };
                 }

@@ -280,7 +280,14 @@ impl State {
 
     fn new_agent(&self) -> Option<Agent> {
         let sandbox = self.sandbox.as_ref()?;
-        let built = AgentBuilder::new(&self.cfg.provider, self.cfg.agent.clone())
+        let config = AgentConfig {
+            system: cordon_agent::prompt::system(
+                self.cfg.sandbox.network,
+                &cordon_agent::prompt::allowed(sandbox),
+            ),
+            ..self.cfg.agent.clone()
+        };
+        let built = AgentBuilder::new(&self.cfg.provider, config)
             .tools(&self.extra_tools)
             .approver(
                 self.approver

@@ -1,10 +1,26 @@
 //! What the loop reports and how a turn ends.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::message::{StopReason, Usage};
 use crate::provider::ProviderError;
+
+/// Whether a finished tool call failed, for a front end's mark: the tool
+/// said so, or the command it ran exited non-zero (which is a result, not
+/// a tool error, to the model).
+pub fn tool_failed(is_error: bool, structured: Option<&Value>) -> bool {
+    /// The part of a command tool's structured result this reads.
+    #[derive(serde::Deserialize)]
+    struct Exit {
+        exit_code: Option<i64>,
+    }
+    is_error
+        || structured
+            .and_then(|v| Exit::deserialize(v).ok())
+            .and_then(|e| e.exit_code)
+            .is_some_and(|c| c != 0)
+}
 
 /// What the loop reports, in order. Serialised as one JSON object per
 /// event with a `type` field (the `--json` output of `cordon exec`).

@@ -36,7 +36,7 @@ use compact::KEEP_SHARE;
 use cordon_tools::{ToolContext, Toolbox};
 
 pub use cancel::Cancel;
-pub use event::{AgentError, AgentEvent, Compaction, TurnOutcome};
+pub use event::{AgentError, AgentEvent, Compaction, TurnOutcome, tool_failed};
 pub use tools::{Approval, Approver, tool_specs};
 
 /// What the loop needs besides the conversation.

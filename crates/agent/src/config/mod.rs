@@ -289,20 +289,39 @@ fn key(name: &str) -> Option<&'static Key> {
     KEYS.iter().find(|k| k.name == name)
 }
 
+/// What to say after an unknown setting `name`: the known one it is
+/// likely a typo of, or else every known one.
+fn hint(name: &str) -> String {
+    let nearest = KEYS
+        .iter()
+        .map(|k| (strsim::damerau_levenshtein(name, k.name), k.name))
+        .min();
+    match nearest {
+        // A slip of a key or two, not a different word.
+        Some((d, known)) if d <= 2.max(name.len() / 4) && d < name.len() => {
+            format!("; did you mean {known:?}?")
+        }
+        _ => format!(
+            " (known: {})",
+            KEYS.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
 /// A configuration that could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("config file {path}: {message}")]
     File { path: PathBuf, message: String },
-    #[error("config file {path}: unknown setting {key:?} (known: {known})")]
+    #[error("config file {path}: unknown setting {key:?}{hint}")]
     UnknownKey {
         path: PathBuf,
         key: String,
-        known: String,
+        hint: String,
     },
     #[error("{path}: {message}")]
     DotEnv { path: PathBuf, message: String },
-    #[error("unknown setting {0:?} on the command line")]
+    #[error("unknown setting {0:?} on the command line{hint}", hint = hint(.0))]
     UnknownCliKey(String),
     #[error("setting {key} = {value:?} (from {origin}): {message}")]
     Invalid {
@@ -580,8 +599,8 @@ impl Settings {
             let Some(k) = key(&name) else {
                 return Err(ConfigError::UnknownKey {
                     path: path.to_path_buf(),
+                    hint: hint(&name),
                     key: name,
-                    known: KEYS.iter().map(|k| k.name).collect::<Vec<_>>().join(", "),
                 });
             };
             holds_secret |= k.secret;

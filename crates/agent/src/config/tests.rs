@@ -115,6 +115,21 @@ fn bad_files_and_values_are_clear_errors() {
         err.contains("unknown setting \"modle\"") && err.contains("config.toml"),
         "{err}"
     );
+    // Issue 32: a typo is answered with the key it is likely one of.
+    assert!(err.contains("did you mean \"model\"?"), "{err}");
+    std::fs::write(&cfg, "[sandbox]\ndsik = \"1G\"\n").unwrap();
+    let err = Settings::load(&layers(dir.path(), dir.path(), &none, &[]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("did you mean \"sandbox.disk\"?"), "{err}");
+    std::fs::write(&cfg, "colour_scheme = \"dark\"\n").unwrap();
+    let err = Settings::load(&layers(dir.path(), dir.path(), &none, &[]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        !err.contains("did you mean") && err.contains("known: "),
+        "{err}"
+    );
     std::fs::write(&cfg, "model = \n").unwrap();
     let err = Settings::load(&layers(dir.path(), dir.path(), &none, &[]))
         .unwrap_err()

@@ -44,22 +44,29 @@ pub(super) async fn accel(config: &SandboxConfig) -> Accel {
     static CHOSEN: tokio::sync::OnceCell<Accel> = tokio::sync::OnceCell::const_new();
     *CHOSEN
         .get_or_init(|| async {
-            let (accel, why) = match cached_probe() {
+            // `said`: this host was told already, by the run that probed.
+            let (accel, why, said) = match cached_probe() {
                 Some(a) => (
                     a,
                     "a KVM guest did not run when probed after this host booted; `cordon doctor` says why".to_string(),
+                    true,
                 ),
-                None if !Path::new("/dev/kvm").exists() => (Accel::Tcg, "no /dev/kvm".into()),
+                None if !Path::new("/dev/kvm").exists() => (Accel::Tcg, "no /dev/kvm".into(), false),
                 None => {
                     let result = probe_kvm(config).await;
                     let accel = if result.is_ok() { Accel::Kvm } else { Accel::Tcg };
-                    (accel, result.err().unwrap_or_default())
+                    (accel, result.err().unwrap_or_default(), false)
                 }
             };
             if accel == Accel::Tcg {
-                tracing::warn!(
+                let message = format!(
                     "microvm: KVM cannot run guests here ({why}); using QEMU's TCG emulation, which is slow"
                 );
+                if said {
+                    tracing::info!("{message}");
+                } else {
+                    tracing::warn!("{message}");
+                }
             }
             accel
         })

@@ -180,7 +180,9 @@ impl Inner {
         }
         // Stop the writers first: every moment here is more bytes written.
         self.lifecycle.kill();
-        tracing::warn!(
+        // Its owner reports it (`disk_stopped`), as a job's failure or a
+        // front end's exit: the log only records it.
+        tracing::info!(
             "the sandbox's workspace grew by {growth} bytes, past its disk budget of {budget}; stopping it"
         );
         let routes = std::mem::take(&mut *self.routes());

@@ -161,7 +161,7 @@ pub(crate) async fn create_job(
     Tenant(tenant): Tenant,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
-    let request = read_json(&body?)?;
+    let request = read_json(&crate::http::within(body, shared.config.body_limit)?)?;
     let job = submit(&shared, &tenant, request).await?;
     let mut r = (StatusCode::ACCEPTED, Json(JobSummary::of(&job))).into_response();
     if let Ok(v) = HeaderValue::from_str(&format!("/v1/jobs/{}", job.id)) {
@@ -510,7 +510,7 @@ pub(crate) async fn put_file(
     Path((id, path)): Path<(String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
-    let body = body?;
+    let body = crate::http::within(body, shared.config.file_limit)?;
     let job = find(&shared, &tenant, &id).await?;
     if let Some(archive) = staging(&shared, &job) {
         return stage(&shared, archive, &tenant, &id, path, body).await;
@@ -608,7 +608,7 @@ pub(crate) async fn schedule(
     Tenant(tenant): Tenant,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
-    let body = body?;
+    let body = crate::http::within(body, shared.config.body_limit)?;
     // The seeds send shell jobs as `code`: the one shape `/v1/jobs` does
     // not take.
     let request = match serde_json::from_slice::<SeedShell>(&body) {

@@ -69,7 +69,7 @@ pub(crate) async fn put_job_network(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<NetworkView>, ApiError> {
     let job = super::find(&shared, &tenant, &id).await?;
-    let change = parse_change(&body?)?;
+    let change = parse_change(&crate::http::within(body, shared.config.body_limit)?)?;
     let (network, _) = job_network(&shared, &job);
     let Some(handle) = shared.policies.get(&job_key(&id)) else {
         let why = if network != cordon_sandbox::Network::Allow {

@@ -24,7 +24,6 @@ pub(super) struct AgentRun {
     pub(super) session: PathBuf,
     /// What the model is told of its network.
     pub(super) network: cordon_sandbox::Network,
-    pub(super) allow: Vec<String>,
     /// The job's `repo`, cloned: its git tools go to the model.
     pub(super) repository: Option<cordon_git::SessionRepository>,
 }
@@ -49,7 +48,8 @@ pub(super) async fn run_agent(
         };
     };
     let mut config = model_config.agent.clone();
-    config.system = cordon_agent::prompt::system(run.network, &run.allow);
+    config.system =
+        cordon_agent::prompt::system(run.network, &cordon_agent::prompt::allowed(sandbox));
     if let Some(m) = run.model {
         config.model = m;
     }

@@ -320,12 +320,6 @@ impl Runner {
                     max_steps,
                     session,
                     network: req.options.network.into(),
-                    allow: req
-                        .options
-                        .egress
-                        .as_ref()
-                        .map(|e| e.allow.clone())
-                        .unwrap_or_default(),
                     repository,
                 };
                 agent::run_agent(

@@ -54,7 +54,7 @@ pub(crate) async fn put_file(
     Path((id, path)): Path<(String, String)>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body?;
+    let body = crate::http::within(body, shared.config.file_limit)?;
     let ws = workspace(&shared, &tenant, &id).await?;
     crate::files::write(ws, path, body).await
 }

@@ -157,7 +157,7 @@ pub(crate) async fn create(
     Tenant(tenant): Tenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body?;
+    let body = crate::http::within(body, shared.config.body_limit)?;
     let asked: NewSession = if body.is_empty() {
         NewSession::default()
     } else {
@@ -381,7 +381,9 @@ pub(crate) async fn message(
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let text = String::from(read_json::<NewMessage>(&body?)?.text);
+    let text = String::from(
+        read_json::<NewMessage>(&crate::http::within(body, shared.config.body_limit)?)?.text,
+    );
     let row = find(&shared, &tenant, &id).await?;
     let mut guard = take(&shared, &row).await?;
     if row.title.is_empty() {
@@ -577,7 +579,7 @@ pub(crate) async fn rewind(
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Rewound>, ApiError> {
-    let to = read_json::<RewindTo>(&body?)?;
+    let to = read_json::<RewindTo>(&crate::http::within(body, shared.config.body_limit)?)?;
     let row = find(&shared, &tenant, &id).await?;
     let slot = shared.sessions.slot(&row.id);
     let mut guard = slot.try_lock_owned().map_err(|_| {

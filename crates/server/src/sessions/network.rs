@@ -82,7 +82,8 @@ pub(crate) async fn put_network(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<crate::network::NetworkView>, ApiError> {
     let row = find(&shared, &tenant, &id).await?;
-    let change = crate::network::parse_change(&body?)?;
+    let change =
+        crate::network::parse_change(&crate::http::within(body, shared.config.body_limit)?)?;
     let records = read_log(&shared, &id)?;
     let (network, logged) = logged_network(records.iter());
     if network != cordon_sandbox::Network::Allow {
