@@ -177,6 +177,8 @@ job "cordon" {
           "worker",
           "--data-dir=${NOMAD_TASK_DIR}/data",
           "--workers=4",
+          # Within kill_timeout: then running jobs are cancelled.
+          "--grace=270s",
           "--listen=0.0.0.0:8081",
           # The address API processes on other nodes reach this worker's
           # relay at: the node's address and the port Nomad mapped.

@@ -109,6 +109,14 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
 
+/// A shutdown's grace (`--grace`): a duration, `0` for none.
+pub fn parse_grace(s: &str) -> Result<Duration, String> {
+    match s.trim() {
+        "0" => Ok(Duration::ZERO),
+        s => parse_timeout(s),
+    }
+}
+
 fn parse_bind(spec: &str, writable: bool) -> Result<BindMount, String> {
     let (src, dst) = match spec.split_once(':') {
         Some((s, d)) => (s, d.to_string()),

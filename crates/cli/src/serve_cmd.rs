@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// session is gone
     #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = crate::options::parse_timeout)]
     pub session_idle: std::time::Duration,
+    /// On SIGTERM (or Ctrl-C), how long running jobs may still finish
+    /// before they are cancelled (`0` cancels them at once); a second
+    /// signal cuts it short
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::options::parse_grace)]
+    pub grace: std::time::Duration,
     /// Live sessions (API sessions with a sandbox, and /mcp sessions) at once
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub sessions: usize,
@@ -327,6 +332,7 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
     config.max_attempts = args.max_attempts;
     config.per_tenant = args.per_tenant.max(1);
     config.session_idle = args.session_idle;
+    config.grace = args.grace;
     config.sessions = args.sessions.max(1);
     config.sessions_per_tenant = args.sessions_per_tenant.max(1);
     config.keep_workspaces = args.keep_workspaces.0;
@@ -497,8 +503,41 @@ async fn until_stopped(running: cordon_server::Running) -> i32 {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-    eprintln!("cordon: stopping");
-    running.shutdown().await;
+    let jobs = running.running_jobs();
+    if jobs == 0 {
+        eprintln!("cordon: stopping");
+    } else {
+        eprintln!(
+            "cordon: stopping: {} running may finish within {} (a second signal cancels {})",
+            cordon_tools::plural(jobs as u64, "job"),
+            humantime::format_duration(running.shared.config.grace),
+            if jobs == 1 { "it" } else { "them" },
+        );
+    }
+    let shared = running.shared.clone();
+    let stopping = running.shutdown();
+    tokio::pin!(stopping);
+    let stopped = tokio::select! {
+        s = &mut stopping => s,
+        _ = async {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        } => {
+            eprintln!("cordon: cancelling the running jobs");
+            shared.hurry();
+            stopping.await
+        }
+    };
+    if stopped.cancelled > 0 {
+        eprintln!(
+            "cordon: stopped; {} cancelled (recorded as cancelled, with the reason)",
+            cordon_tools::plural(stopped.cancelled as u64, "job")
+        );
+    } else {
+        eprintln!("cordon: stopped");
+    }
     0
 }
 

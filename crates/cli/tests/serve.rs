@@ -147,6 +147,69 @@ fn serve_over_tls_with_the_certificate_the_user_names() {
     assert_eq!(r.status(), 202, "{:?}", r.text());
 }
 
+/// Issue 32: SIGTERM, as every rollout sends it. The running job finishes
+/// within `--grace`, the one that cannot is cancelled with the reason,
+/// the server says so in `cordon:` lines and exits 0; started again, it
+/// finds nothing half-done.
+#[test]
+fn sigterm_lets_running_jobs_finish_within_the_grace_and_cancels_the_rest() {
+    let home = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut first = serve(home.path(), port, &["--workers", "2", "--grace", "3s"]);
+    let token = first.token.clone().expect("a first token is printed");
+    let quick = submit(&first, &token, "echo begun; sleep 1; echo done");
+    let slow = submit(&first, &token, "echo begun; sleep 300");
+    for id in [&quick, &slow] {
+        wait_for(&first, &token, id, |j| j["state"] == "running");
+    }
+    let started = Instant::now();
+    unsafe { libc::kill(first.child.id() as i32, libc::SIGTERM) };
+    let status = first.child.wait().unwrap();
+    let took = started.elapsed();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(20),
+        "{took:?}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let said = first.said.lock().unwrap().join("\n");
+    assert!(
+        said.contains("cordon: stopping: 2 jobs running may finish within 3s"),
+        "{said}"
+    );
+    assert!(said.contains("cordon: stopped; 1 job cancelled"), "{said}");
+    for line in said.lines() {
+        assert!(
+            line.starts_with("cordon: "),
+            "not a cordon: line: {line:?}\n{said}"
+        );
+    }
+    drop(first);
+
+    let second = serve(home.path(), port, &["--workers", "1"]);
+    let j = job(&second, &token, &quick);
+    assert_eq!(
+        (j["state"].as_str(), j["stdout"].as_str()),
+        (Some("succeeded"), Some("begun\ndone\n")),
+        "{j}"
+    );
+    let j = job(&second, &token, &slow);
+    assert_eq!(j["state"], "cancelled", "{j}");
+    assert!(
+        j["error"].as_str().unwrap().contains("grace period of 3s"),
+        "{j}"
+    );
+    let left = Command::new("pgrep")
+        .args(["-f", "sleep 300"])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+}
+
 #[test]
 fn a_server_killed_with_sigkill_loses_nothing_when_started_again() {
     let home = tempfile::tempdir().unwrap();

@@ -67,6 +67,9 @@ pub struct ServerConfig {
     pub mcp_servers: BTreeMap<String, cordon_mcp::ServerSpec>,
     /// A session's sandbox is closed after this long without a message.
     pub session_idle: Duration,
+    /// How long a shutdown lets running jobs finish before cancelling
+    /// them (`--grace`; 30 s by default).
+    pub grace: Duration,
     /// Live sessions (API and MCP) at once, in all.
     pub sessions: usize,
     /// Live sessions (API and MCP) at once per tenant.
@@ -140,6 +143,7 @@ impl ServerConfig {
             protect_control_files: true,
             idle_volumes: cordon_sandbox::volume::KEEP_IDLE,
             session_idle: Duration::from_secs(15 * 60),
+            grace: Duration::from_secs(30),
             sessions: 64,
             sessions_per_tenant: 8,
             backend: cordon_sandbox::BackendKind::Native,

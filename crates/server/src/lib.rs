@@ -72,7 +72,7 @@ pub mod ui;
 mod worker;
 
 pub use config::{AgentDefaults, ServerConfig};
-pub use server::{Running, ServeError, start};
+pub use server::{Running, ServeError, Stopped, start};
 pub use state::Shared;
 pub use store::Store;
 

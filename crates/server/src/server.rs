@@ -37,24 +37,92 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops accepting requests and jobs, and waits for open requests to
-    /// end. Jobs still running are left to the next start's recovery.
-    /// The workspaces' volumes are unmounted (a sandbox still running
-    /// keeps its own until it ends), so the data directory is plain files;
-    /// the next start mounts them again.
-    pub async fn shutdown(self) {
-        self.shared.stopping.cancel();
+    /// Stops as a rollout wants it: takes no more jobs, gives the ones
+    /// running `grace` (`ServerConfig::grace`) to finish while the API
+    /// still answers (their events, their files), then cancels the rest,
+    /// recorded as `cancelled` with the reason, and waits for their
+    /// sandboxes to close: the next start finds nothing half-done. Then
+    /// it stops accepting requests and waits for open ones to end. The
+    /// workspaces' volumes are unmounted (a sandbox still running keeps
+    /// its own until it ends), so the data directory is plain files.
+    pub async fn shutdown(self) -> Stopped {
+        let shared = &self.shared;
+        shared.stopping.cancel();
+        let running = || {
+            shared
+                .running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .len()
+        };
+        let at_first = running();
+        let grace = shared.config.grace;
+        let deadline = tokio::time::Instant::now() + grace;
+        while running() > 0
+            && tokio::time::Instant::now() < deadline
+            && !shared.hurried.is_cancelled()
+        {
+            tokio::time::sleep(STOP_POLL).await;
+        }
+        let cut = running();
+        if cut > 0 {
+            let _ = shared.cut_short.set(format!(
+                "the server was stopped, and the job did not finish within its grace period of {}",
+                humantime::format_duration(grace)
+            ));
+            for (id, (cancel, _)) in shared
+                .running
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+            {
+                tracing::info!(job = %id, "cancelled: the server is stopping");
+                cancel.cancel();
+            }
+            let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
+            while running() > 0 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(STOP_POLL).await;
+            }
+        }
         let _ = self.stop.send(true);
         let _ = self.serve.await;
-        let data = self.shared.config.data_dir.clone();
+        let data = shared.config.data_dir.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Err(e) = cordon_sandbox::volume::unmount_beneath(&data) {
                 tracing::warn!("cannot unmount the workspaces' volumes: {e}");
             }
         })
         .await;
+        Stopped {
+            finished: at_first - cut,
+            cancelled: cut,
+        }
+    }
+
+    /// How many jobs this process runs now.
+    pub fn running_jobs(&self) -> usize {
+        self.shared
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 }
+
+/// What a shutdown did with the jobs it found running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    /// Those that ended within the grace period.
+    pub finished: usize,
+    /// Those cancelled when it was over.
+    pub cancelled: usize,
+}
+
+/// How often a shutdown looks whether the running jobs have ended.
+const STOP_POLL: Duration = Duration::from_millis(50);
+/// How long a shutdown waits for cancelled jobs to record their end and
+/// close their sandboxes.
+const CANCEL_WAIT: Duration = Duration::from_secs(15);
 
 /// What this process seals tenants' secrets with: the operator's key, or
 /// one every process of its cluster derives alike, or, for a server on its

@@ -38,6 +38,11 @@ pub struct Shared {
     /// Set when the server shuts down: worker slots take no more jobs
     /// (the ones running end as they would).
     pub stopping: Cancel,
+    /// Why the jobs still running are cancelled, once the shutdown's
+    /// grace is over: their recorded error.
+    pub cut_short: Arc<std::sync::OnceLock<String>>,
+    /// Ends a shutdown's grace early (a second signal).
+    pub(crate) hurried: Cancel,
     /// The operator's network ceilings, expanded.
     pub ceilings: Arc<Ceilings>,
     /// The brokers' policies of running jobs and live sessions.
@@ -62,6 +67,11 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Ends a shutdown's grace now: the jobs still running are cancelled.
+    pub fn hurry(&self) {
+        self.hurried.cancel();
+    }
+
     /// The worker that runs (or ran) `job`, if that is another process of
     /// a deployment of many: what this process cannot serve itself.
     pub(crate) fn elsewhere<'j>(&self, job: &'j JobRow) -> Option<&'j str> {
@@ -102,6 +112,7 @@ impl Shared {
         let sandboxes = Arc::new(Sandboxes::default());
         let metrics = Arc::new(crate::metrics::Metrics::default());
         let archive = archive.map(Arc::new);
+        let cut_short = Arc::new(std::sync::OnceLock::new());
         let runner = Runner::new(
             &config,
             Shares {
@@ -113,6 +124,7 @@ impl Shared {
                 metrics: metrics.clone(),
                 worker: worker.clone(),
                 archive: archive.clone(),
+                cut_short: cut_short.clone(),
             },
         );
         Shared {
@@ -126,6 +138,8 @@ impl Shared {
             sandboxes,
             wake: Notify::new(),
             stopping: Cancel::new(),
+            cut_short,
+            hurried: Cancel::new(),
             ceilings,
             policies,
             metrics,

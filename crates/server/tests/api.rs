@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{Value, json};
@@ -1121,5 +1121,53 @@ async fn every_request_body_s_first_example_is_accepted() {
     }
     let (status, _) = s.delete(&t, &format!("/v1/jobs/{job}")).await;
     assert!((200..300).contains(&status) || status == 409);
+    s.stop().await;
+}
+
+/// Issue 32: a rollout's SIGTERM. The server takes no more jobs, lets the
+/// running ones finish within its grace, then cancels the rest, each
+/// recorded as `cancelled` with the reason; started again, it finds
+/// nothing half-done, and runs what was queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_lets_running_jobs_finish_within_its_grace_then_cancels_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db_url, _pg) = database(Db::Sqlite, dir.path()).unwrap();
+    let grace = |c: &mut cordon_server::ServerConfig| {
+        c.grace = Duration::from_secs(3);
+        c.workers = 2;
+    };
+    let s = TestServer::start_at(dir.path(), &db_url, grace).await;
+    let t = s.token("acme").await;
+    let quick = s.submit(&t, shell("sleep 1; echo finished")).await;
+    let slow = s.submit(&t, shell("sleep 60; echo never")).await;
+    s.wait_running(&t, &quick).await;
+    s.wait_running(&t, &slow).await;
+    let queued = s.submit(&t, shell("echo after the restart")).await;
+    let started = Instant::now();
+    let stopped = s.stop().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!((stopped.finished, stopped.cancelled), (1, 1), "{stopped:?}");
+    assert!(
+        took >= Duration::from_secs(3),
+        "the grace was not given: {took:?}"
+    );
+    assert!(took < Duration::from_secs(15), "{took:?}");
+
+    let s = TestServer::start_at(dir.path(), &db_url, grace).await;
+    let job = s.wait(&t, &quick).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(
+        job["stdout"].as_str().unwrap().contains("finished"),
+        "{job}"
+    );
+    let (_, job) = s.get(&t, &format!("/v1/jobs/{slow}")).await;
+    assert_eq!(job["state"], "cancelled", "{job}");
+    let error = job["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("server was stopped") && error.contains("grace period of 3s"),
+        "{job}"
+    );
+    let job = s.wait(&t, &queued).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
     s.stop().await;
 }

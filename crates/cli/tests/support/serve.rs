@@ -26,6 +26,8 @@ pub struct Started {
     pub worker: Option<String>,
     /// Its home, whose workspace volumes it leaves mounted when killed.
     home: std::path::PathBuf,
+    /// The lines of its standard error after the one saying it was ready.
+    pub said: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Drop for Started {
@@ -78,14 +80,22 @@ pub fn spawn_env(home: &Path, args: &[&str], env: &[(&str, &str)]) -> Started {
             break rest.rsplit(' ').next().unwrap().to_string();
         }
     };
-    // Keep draining stderr so the process never blocks writing to it.
-    std::thread::spawn(move || for _ in lines {});
+    // Keep draining stderr so the process never blocks writing to it,
+    // and keep what it says for a test to read.
+    let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = said.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            keep.lock().unwrap().push(line);
+        }
+    });
     Started {
         child,
         url,
         token,
         worker,
         home: home.to_path_buf(),
+        said,
     }
 }
 

@@ -52,6 +52,8 @@ pub struct Runner {
     /// Where files written to a queued job wait for the worker that takes
     /// it, in a deployment of many machines.
     archive: Option<Arc<crate::archive::Archive>>,
+    /// Why a job cancelled by a shutdown was (see `Shared::cut_short`).
+    cut_short: Arc<std::sync::OnceLock<String>>,
 }
 
 /// The live parts a [`Runner`] shares with the rest of the server.
@@ -64,6 +66,8 @@ pub struct Shares {
     pub metrics: Arc<crate::metrics::Metrics>,
     pub worker: String,
     pub archive: Option<Arc<crate::archive::Archive>>,
+    /// Set when a shutdown cancels the jobs still running: why.
+    pub cut_short: Arc<std::sync::OnceLock<String>>,
 }
 
 impl Runner {
@@ -84,6 +88,7 @@ impl Runner {
             metrics: shares.metrics,
             worker: shares.worker,
             archive: shares.archive,
+            cut_short: shares.cut_short,
         }
     }
 
@@ -110,7 +115,7 @@ impl Runner {
             self.output_cap,
         );
         let checked = job.request.clone().and_then(|r| r.check(&self.bounds));
-        let outcome = match checked {
+        let mut outcome = match checked {
             Ok(req) => {
                 self.run_request(&id, &lease, &job.tenant, req, &mut sink, &cancel)
                     .await
@@ -122,6 +127,11 @@ impl Runner {
                 result: None,
             },
         };
+        if outcome.state == JobState::Cancelled
+            && let Some(why) = self.cut_short.get()
+        {
+            outcome.error = Some(why.clone());
+        }
         sink.flush().await;
         let finished = NewEvent::from(JobEvent::Finished {
             state: outcome.state,

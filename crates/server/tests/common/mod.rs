@@ -118,6 +118,9 @@ impl TestServer {
         config.listen = "127.0.0.1:0".parse().unwrap();
         config.supervisor = Some(supervisor());
         config.workers = 4;
+        // A test that stops its server with a job running does not wait
+        // the default 30 s for it.
+        config.grace = Duration::from_secs(1);
         tune(&mut config);
         let running = cordon_server::start(config).await.unwrap();
         let base = format!("http://{}", running.addr);
@@ -267,10 +270,9 @@ impl TestServer {
         }
     }
 
-    pub async fn stop(mut self) {
-        if let Some(r) = self.running.take() {
-            r.shutdown().await;
-        }
+    pub async fn stop(mut self) -> Option<cordon_server::Stopped> {
+        let r = self.running.take()?;
+        Some(r.shutdown().await)
     }
 
     /// Waits until a job is running.
