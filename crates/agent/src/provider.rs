@@ -92,6 +92,9 @@ pub enum ProviderError {
     Stream(StreamError),
 }
 
+/// How long a server may take to list its models.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A configured provider; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Provider {
@@ -132,6 +135,44 @@ impl Provider {
 
     pub fn kind(&self) -> ProviderKind {
         self.config.kind
+    }
+
+    /// The models an OpenAI-compatible server says it serves
+    /// (`GET {base}/models`), in its order. `Network` when it cannot be
+    /// reached at all; `Invalid` when it answers something else.
+    pub async fn models(&self) -> Result<Vec<String>, ProviderError> {
+        /// OpenAI's list, of which only the ids are read.
+        #[derive(serde::Deserialize)]
+        struct List {
+            data: Vec<Listed>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Listed {
+            id: String,
+        }
+        let url = format!("{}/models", self.config.base_url);
+        let network = |e: reqwest::Error| ProviderError::Network {
+            url: url.clone(),
+            message: e.to_string(),
+        };
+        let mut rb = self.http.get(&url).timeout(MODELS_TIMEOUT);
+        if let Some(k) = &self.config.api_key {
+            rb = rb.bearer_auth(k);
+        }
+        let r = rb.send().await.map_err(network)?;
+        let status = r.status();
+        let body = r.text().await.map_err(network)?;
+        if !status.is_success() {
+            return Err(ProviderError::Invalid {
+                status: status.as_u16(),
+                message: error_message(&body),
+            });
+        }
+        let list: List = serde_json::from_str(&body).map_err(|e| ProviderError::Invalid {
+            status: status.as_u16(),
+            message: format!("{url} answered no list of models: {e}"),
+        })?;
+        Ok(list.data.into_iter().map(|m| m.id).collect())
     }
 
     fn endpoint(&self) -> String {

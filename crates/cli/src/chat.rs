@@ -116,7 +116,9 @@ pub async fn chat(args: ChatArgs) -> i32 {
         disk: args.disk.as_deref(),
         allow: &args.allow,
         set: &args.set,
-    }) {
+    })
+    .await
+    {
         Ok(s) => s,
         Err(code) => return code,
     };

@@ -116,7 +116,7 @@ pub struct ModelSetup {
 }
 
 /// The provider and the agent's settings; an error names what is missing.
-pub fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
+pub async fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
     let r = settings.resolved();
     let endpoint = r.endpoint();
     if r.provider == ProviderKind::Anthropic && endpoint.api_key.is_none() {
@@ -136,19 +136,74 @@ pub fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
     }
     let mut provider = ProviderConfig::new(r.provider, endpoint.base_url.clone());
     provider.api_key = endpoint.api_key.clone();
+    // Claude's name means nothing to another server: ask it which it has.
+    let model = if r.provider == ProviderKind::OpenAi
+        && matches!(
+            settings.source("model"),
+            None | Some(cordon_agent::config::Source::Default)
+        ) {
+        served_model(&provider, &r.model).await?
+    } else {
+        r.model.clone()
+    };
     let agent = AgentConfig {
         system: cordon_agent::prompt::system(r.sandbox.network, &r.sandbox.allow),
         max_tokens: r.max_tokens,
         context_window: r.context_window,
         compact_threshold: r.compact_threshold,
         checkpoints: r.checkpoints,
-        ..AgentConfig::new(r.model.clone())
+        ..AgentConfig::new(model)
     };
     Ok(ModelSetup { provider, agent })
 }
 
+/// The model an OpenAI-compatible server serves, when none was chosen: its
+/// only one, or an error naming them, to choose from. A server out of
+/// reach gets `fallback`: its first request then says it is out of reach,
+/// as any model request does.
+async fn served_model(provider: &ProviderConfig, fallback: &str) -> Result<String, String> {
+    let choose = "choose one with --model NAME, MODEL=NAME or `model` in the config file";
+    let listed = match cordon_agent::Provider::new(provider.clone())
+        .map_err(|e| e.to_string())?
+        .models()
+        .await
+    {
+        Ok(listed) => listed,
+        Err(cordon_agent::ProviderError::Network { .. }) => return Ok(fallback.to_string()),
+        Err(e) => {
+            return Err(format!(
+                "no model chosen, and the server could not say which it serves ({e}); {choose}"
+            ));
+        }
+    };
+    match listed.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(format!(
+            "no model chosen, and {} lists none; {choose}",
+            provider.base_url
+        )),
+        many => {
+            const SHOWN: usize = 10;
+            let mut names: Vec<String> = many
+                .iter()
+                .take(SHOWN)
+                .map(|m| cordon_tools::printable(m))
+                .collect();
+            if many.len() > SHOWN {
+                names.push(format!("and {} more", many.len() - SHOWN));
+            }
+            Err(format!(
+                "no model chosen, and {} serves {}: {}; {choose}",
+                provider.base_url,
+                cordon_tools::plural(many.len() as u64, "model"),
+                names.join(", ")
+            ))
+        }
+    }
+}
+
 /// The settings from every layer with the command line's on top, checked.
-pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
+pub(crate) async fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
     let mut cli = args.set.to_vec();
     if let Some(m) = args.model {
         cli.push(("model".into(), m.to_string()));
@@ -173,7 +228,7 @@ pub(crate) fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
     }
     let settings = crate::options::quiet_settings(cli)?;
     let notices = crate::options::ignored_notice(&settings);
-    let model = model_setup(&settings).map_err(|e| {
+    let model = model_setup(&settings).await.map_err(|e| {
         for n in &notices {
             eprintln!("cordon: {n}");
         }
@@ -299,7 +354,9 @@ pub async fn exec(args: ExecArgs) -> i32 {
         disk: args.disk.as_deref(),
         allow: &args.allow,
         set: &args.set,
-    }) {
+    })
+    .await
+    {
         Ok(s) => s,
         Err(code) => return code,
     };

@@ -686,3 +686,62 @@ fn a_disk_stop_exits_123_and_the_terminal_gets_cordon_lines_only() {
     }
     assert!(err.contains("· 3 model requests"), "{err}");
 }
+
+/// Issue 32: with an OpenAI-compatible server and no model chosen, cordon
+/// asks the server which it serves and uses its only one, unpriced (its
+/// price is not known); with several, it names them and exits 78, having
+/// sent no model request.
+#[test]
+fn an_openai_compatible_server_s_only_model_is_used_and_not_priced() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .serving_models(["qwen2.5-coder:7b"])
+            .turn(Turn::text("Hello.")),
+    );
+    let out = support::exec_against(&server, true, ws.path(), home.path(), &["say hello"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let asked = &server.requests()[0].body;
+    assert_eq!(asked["model"], "qwen2.5-coder:7b", "{asked}");
+    assert!(err.contains("· 1 model request,"), "{err}");
+    assert!(
+        !err.contains('$'),
+        "an unknown model's price was guessed: {err}"
+    );
+
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .serving_models(["llama3.1:8b", "qwen2.5-coder:7b"])
+            .turn(Turn::text("unused")),
+    );
+    let out = support::exec_against(&server, true, ws.path(), home.path(), &["say hello"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("serves 2 models: llama3.1:8b, qwen2.5-coder:7b") && err.contains("--model"),
+        "{err}"
+    );
+    assert!(server.requests().is_empty());
+    // Chosen, it is used as given.
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .serving_models(["llama3.1:8b", "qwen2.5-coder:7b"])
+            .turn(Turn::text("Hi.")),
+    );
+    let out = support::exec_against(
+        &server,
+        true,
+        ws.path(),
+        home.path(),
+        &["--model", "llama3.1:8b", "say hello"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(server.requests()[0].body["model"], "llama3.1:8b");
+}

@@ -34,6 +34,14 @@ pub struct Scenario {
     /// a client's context tracking sees growing figures.
     #[serde(default)]
     pub count_input_tokens: bool,
+    /// What `GET /v1/models` lists, as an OpenAI-compatible server says
+    /// which models it serves (one, `scripted`, by default).
+    #[serde(default = "default_models")]
+    pub models: Vec<String>,
+}
+
+fn default_models() -> Vec<String> {
+    vec!["scripted".into()]
 }
 
 fn default_true() -> bool {
@@ -235,7 +243,14 @@ impl Scenario {
             check_tool_results: true,
             chunk_chars: default_chunk_chars(),
             count_input_tokens: false,
+            models: default_models(),
         }
+    }
+
+    /// Lists `models` at `GET /v1/models` (none: an empty list).
+    pub fn serving_models<S: Into<String>>(mut self, models: impl IntoIterator<Item = S>) -> Self {
+        self.models = models.into_iter().map(Into::into).collect();
+        self
     }
 
     /// Reports input tokens from each request's size (see `count_input_tokens`).

@@ -135,6 +135,7 @@ impl ScriptedServer {
         let app = Router::new()
             .route("/v1/messages", post(anthropic_handler))
             .route("/v1/chat/completions", post(openai_handler))
+            .route("/v1/models", axum::routing::get(models_handler))
             .fallback(unknown_handler)
             .with_state(state.clone());
         let (shutdown, shutdown_rx) = oneshot::channel::<()>();
@@ -332,6 +333,19 @@ enum Plan {
         fault: Option<Fault>,
         chunk_chars: usize,
     },
+}
+
+/// `GET /v1/models`, as OpenAI's API answers it. Not a model request: not
+/// recorded among [`ScriptedServer::requests`].
+async fn models_handler(AxumState(state): AxumState<Shared>) -> Response {
+    let models = lock(&state).scenario.models.clone();
+    let data: Vec<serde_json::Value> = models
+        .iter()
+        .map(|id| serde_json::json!({"id": id, "object": "model", "owned_by": "scripted"}))
+        .collect();
+    axum::response::IntoResponse::into_response(axum::Json(
+        serde_json::json!({"object": "list", "data": data}),
+    ))
 }
 
 fn handle(
