@@ -82,12 +82,14 @@ pub enum RewindError {
     )]
     Pruned(CheckpointError),
     #[error(
-        "turn {turn} has no checkpoint in this session (it has {turns} turn{s}; sessions from before checkpoints, and turns cut short by a crash, have none)",
+        "turn {turn} has no checkpoint in this session (it has {turns} turn{s} now, counted since any rewind; `cordon rewind ID --undo` takes back the last rewind; sessions from before checkpoints, and turns cut short by a crash, have none)",
         s = if *turns == 1 { "" } else { "s" }
     )]
     NoCheckpoint { turn: u64, turns: u64 },
     #[error("the session log does not start with session_started")]
     NotASession,
+    #[error("this session was never rewound: there is nothing to undo")]
+    NothingToUndo,
     #[error("{0}")]
     Workspace(String),
 }
@@ -186,6 +188,46 @@ pub fn rewind(
     session.append(&record)?;
     session.sync()?;
     Ok(rewind)
+}
+
+/// Undoes the session's last rewind (an undo too: undoing one redoes):
+/// its files back from the checkpoint that rewind kept of them, and its
+/// conversation as it was just before it, which sets aside any turn taken
+/// since (itself undone by the next undo). A `rewind` record, as any.
+pub fn undo(log: &Path, workspace: &Path, retention: Retention) -> Result<Rewind, RewindError> {
+    let (mut session, records, _) = SessionLog::<Value>::open(log)?;
+    let (i, last) = records
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(
+            |(i, r)| match serde_json::from_value::<Record>(r.data.clone()) {
+                Ok(Record::Rewind(rw)) => Some((i, rw)),
+                _ => None,
+            },
+        )
+        .ok_or(RewindError::NothingToUndo)?;
+    // The conversation just before that rewind: every record before it.
+    let Some(previous) = i.checked_sub(1).map(|p| &records[p]) else {
+        return Err(RewindError::NotASession);
+    };
+    let was = timeline(&records[..i]);
+    let store = open_store(log, retention)?;
+    let done = store.restore(workspace, &last.before)?;
+    let undone = Rewind {
+        to_turn: was.turns,
+        to_seq: previous.seq,
+        checkpoint: last.before.clone(),
+        before: done.before.id,
+        written: done.restored.written,
+        removed: done.restored.removed,
+        kept: done.restored.kept,
+    };
+    let record = serde_json::to_value(Record::Rewind(undone.clone()))
+        .expect("a record of strings and numbers serializes");
+    session.append(&record)?;
+    session.sync()?;
+    Ok(undone)
 }
 
 /// What a fork made.

@@ -12,8 +12,14 @@ use cordon_agent::sessions::{self, SessionSummary};
 pub struct RewindArgs {
     /// The session (an id, or a unique start of one; see `cordon sessions --all`)
     pub id: String,
-    /// The turn whose end to go back to: 0 is before the first prompt
-    pub turn: u64,
+    /// The turn whose end to go back to: 0 is before the first prompt.
+    /// Turns are the conversation's as it is now, after any rewind
+    #[arg(required_unless_present = "undo")]
+    pub turn: Option<u64>,
+    /// Take back the last rewind: the files and the conversation as they
+    /// were just before it (again: redo)
+    #[arg(long, conflicts_with = "turn")]
+    pub undo: bool,
     /// Restore into DIR instead of the directory the session worked in
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
@@ -58,8 +64,11 @@ pub fn rewind(args: RewindArgs) -> i32 {
             Some(w) => w.clone(),
             None => sessions::recorded_workspace(&s.id, &s.workspace)?,
         };
-        let r = checkpoints::rewind(&s.path, &workspace, args.turn, retention)
-            .map_err(|e| e.to_string())?;
+        let r = match args.turn {
+            Some(turn) => checkpoints::rewind(&s.path, &workspace, turn, retention),
+            None => checkpoints::undo(&s.path, &workspace, retention),
+        }
+        .map_err(|e| e.to_string())?;
         println!(
             "session {}: back at the end of turn {} in {}: {} file{} written, {} removed",
             s.id,
@@ -73,8 +82,9 @@ pub fn rewind(args: RewindArgs) -> i32 {
             println!("  left as it is: {}: {}", k.path, k.why);
         }
         println!(
-            "the files as they were are kept as checkpoint {}; continue with `cordon chat --resume {}`",
+            "the files as they were are kept as checkpoint {}: `cordon rewind {} --undo` puts them and the conversation back; continue with `cordon chat --resume {}`",
             &r.before[..r.before.len().min(12)],
+            s.id,
             s.id
         );
         Ok(())

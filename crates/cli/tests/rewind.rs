@@ -197,3 +197,89 @@ fn exec_keeps_the_checkpoints_the_settings_say() {
     assert!(said.contains("back at the end of turn 2"), "{said}");
     assert_eq!(read(ws, "a.txt").as_deref(), Some("2\n"));
 }
+
+/// Issue 32: a rewind is undone by `cordon rewind ID --undo`: the files and
+/// the conversation as they were just before it, and undoing again redoes
+/// it. Turn numbers are the conversation's as it is now: after going back
+/// to turn 1, turn 2 is the one taken next, and the error for a turn past
+/// them names `--undo`.
+#[test]
+fn a_rewind_is_undone_and_redone() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let (ws, home) = (ws.path(), home.path());
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Writing.").with_tool_call(
+                "t1",
+                "write_file",
+                json!({"path": "a.txt", "content": "one\n"}),
+            ))
+            .turn(Turn::text("Wrote ONE-MARK.").expect_tool_results(["t1"]))
+            .turn(Turn::text("Again.").with_tool_call(
+                "t2",
+                "write_file",
+                json!({"path": "a.txt", "content": "two\n"}),
+            ))
+            .turn(Turn::text("Wrote TWO-MARK.").expect_tool_results(["t2"]))
+            // After the rewind was undone: both turns are back.
+            .turn(
+                Turn::text("Both are here.")
+                    .expect_contains("ONE-MARK")
+                    .expect_contains("TWO-MARK"),
+            ),
+    );
+    ok(&cordon(&server, ws, home, &["exec", "write one"]));
+    ok(&cordon(&server, ws, home, &["exec", "--last", "write two"]));
+    let list = ok(&cordon(&server, ws, home, &["sessions", "--json"]));
+    let id = serde_json::from_str::<Value>(list.lines().next().unwrap()).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let said = ok(&cordon(&server, ws, home, &["rewind", &id, "1"]));
+    assert!(
+        said.contains(&format!("cordon rewind {id} --undo")),
+        "{said}"
+    );
+    assert_eq!(read(ws, "a.txt").as_deref(), Some("one\n"));
+    // Turn 2 is gone from the conversation as it is now.
+    let out = cordon(&server, ws, home, &["rewind", &id, "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("turn 2 has no checkpoint") && err.contains("--undo"),
+        "{err}"
+    );
+
+    let said = ok(&cordon(&server, ws, home, &["rewind", &id, "--undo"]));
+    assert!(said.contains("back at the end of turn 2"), "{said}");
+    assert_eq!(read(ws, "a.txt").as_deref(), Some("two\n"));
+    let list = ok(&cordon(&server, ws, home, &["sessions", "--json"]));
+    let session: Value = serde_json::from_str(list.lines().next().unwrap()).unwrap();
+    assert_eq!(session["turns"], 2);
+    // Undoing the undo redoes the rewind; once more, and it is undone again.
+    ok(&cordon(&server, ws, home, &["rewind", &id, "--undo"]));
+    assert_eq!(read(ws, "a.txt").as_deref(), Some("one\n"));
+    ok(&cordon(&server, ws, home, &["rewind", &id, "--undo"]));
+    assert_eq!(read(ws, "a.txt").as_deref(), Some("two\n"));
+    // The conversation goes on with both turns.
+    let out = ok(&cordon(&server, ws, home, &["exec", "--last", "and now?"]));
+    assert!(out.contains("Both are here."), "{out}");
+    server.assert_finished();
+
+    // A session never rewound has nothing to undo; --undo takes no turn.
+    let other = ScriptedServer::start(Scenario::new().turn(Turn::text("Hi.")));
+    let ws2 = tempfile::tempdir().unwrap();
+    ok(&cordon(&other, ws2.path(), home, &["exec", "hello"]));
+    let list = ok(&cordon(&other, ws2.path(), home, &["sessions", "--json"]));
+    let id2 = serde_json::from_str::<Value>(list.lines().next().unwrap()).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = cordon(&other, ws2.path(), home, &["rewind", &id2, "--undo"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to undo"));
+    let out = cordon(&other, ws2.path(), home, &["rewind", &id2, "1", "--undo"]);
+    assert_eq!(out.status.code(), Some(125));
+}

@@ -268,6 +268,8 @@ async fn a_session_rewinds_files_and_conversation(db: Db) {
         (json!({"turn": "one"}), 400),
         (json!({"turn": 1, "extra": true}), 400),
         (json!({"turn": 7}), 400),
+        (json!({"turn": 1, "undo": true}), 400),
+        (json!({"undo": true}), 400),
     ] {
         let (got, answer) = s
             .post(&t, &format!("/v1/sessions/{id}/rewind"), body.clone())
@@ -314,6 +316,25 @@ async fn a_session_rewinds_files_and_conversation(db: Db) {
     let (_, shown) = s.get(&t, &format!("/v1/sessions/{id}")).await;
     assert_eq!(shown["turns"], 1, "{shown}");
     assert!(!shown.to_string().contains("PLAN-B-SAVED"), "{shown}");
+
+    // Issue 32: undone, the files and the conversation are back; undone
+    // again, the rewind holds once more.
+    let rewind_url = format!("/v1/sessions/{id}/rewind");
+    let undo = |_: ()| s.post(&t, &rewind_url, json!({"undo": true}));
+    let (got, r) = undo(()).await;
+    assert_eq!((got, r["turn"].as_u64()), (200, Some(2)), "{r}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("plan.txt")).unwrap(),
+        "plan B\n"
+    );
+    let (_, shown) = s.get(&t, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(shown["turns"], 2, "{shown}");
+    let (got, r) = undo(()).await;
+    assert_eq!((got, r["turn"].as_u64()), (200, Some(1)), "{r}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("plan.txt")).unwrap(),
+        "plan A\n"
+    );
 
     // The conversation goes on from turn 1.
     let events = s.say(&t, &id, "and now?").await;

@@ -566,10 +566,11 @@ pub(crate) async fn compact(
 /// Its sandbox is closed first (the next message starts it again, on the
 /// files as they now are).
 #[utoipa::path(post, path = "/v1/sessions/{id}/rewind", tag = "sessions", summary = "Go back to the end of a turn: files and conversation",
-    description = "Restores the workspace's files as the turn left them (ignored files, files over 32 MiB, `.git` and editor settings are left as they are, and listed) and continues the conversation from there. The log keeps everything, the rewind included; the files as they were are kept as a checkpoint.",
+    description = "Restores the workspace's files as the turn left them (ignored files, files over 32 MiB, `.git` and editor settings are left as they are, and listed) and continues the conversation from there. The log keeps everything, the rewind included; the files as they were are kept as a checkpoint, and `{\"undo\": true}` puts them and the conversation back.",
     params(("id" = String, Path)),
     request_body(content = RewindTo, examples(
-        ("the start" = (summary = "Back to before the first message", value = json!({"turn": 0}))))),
+        ("the start" = (summary = "Back to before the first message", value = json!({"turn": 0}))),
+        ("undo" = (summary = "Take back the last rewind", value = json!({"undo": true}))))),
     responses((status = 200, description = "Rewound", body = Rewound), (status = 400, description = "The request says what is wrong, or the turn has no checkpoint", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
               (status = 409, description = "A turn is running, or the session lives on another API process", body = crate::http::ErrorResponse),
               (status = 410, description = "The turn's checkpoint was pruned: the server keeps a session's newest checkpoints within a budget (`pruned`)", body = crate::http::ErrorResponse)))]
@@ -580,6 +581,15 @@ pub(crate) async fn rewind(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Rewound>, ApiError> {
     let to = read_json::<RewindTo>(&crate::http::within(body, shared.config.body_limit)?)?;
+    let turn = match (to.turn, to.undo) {
+        (Some(turn), false) => Some(turn),
+        (None, true) => None,
+        _ => {
+            return Err(ApiError::bad_request(
+                "give either `turn` (the turn to go back to) or `\"undo\": true`",
+            ));
+        }
+    };
     let row = find(&shared, &tenant, &id).await?;
     let slot = shared.sessions.slot(&row.id);
     let mut guard = slot.try_lock_owned().map_err(|_| {
@@ -617,7 +627,10 @@ pub(crate) async fn rewind(
         let _in_use = volumes.enter(&ws).map_err(|e| {
             cordon_agent::checkpoints::RewindError::Workspace(format!("{}: {e}", ws.display()))
         })?;
-        cordon_agent::checkpoints::rewind(&log, &ws, to.turn, retention)
+        match turn {
+            Some(turn) => cordon_agent::checkpoints::rewind(&log, &ws, turn, retention),
+            None => cordon_agent::checkpoints::undo(&log, &ws, retention),
+        }
     })
     .await
     .map_err(|e| {
@@ -648,6 +661,11 @@ pub(crate) async fn rewind(
         Err(e @ cordon_agent::checkpoints::RewindError::NoCheckpoint { .. }) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "no_checkpoint",
+            e.to_string(),
+        )),
+        Err(e @ cordon_agent::checkpoints::RewindError::NothingToUndo) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "nothing_to_undo",
             e.to_string(),
         )),
         // The operator's settings decide what is kept, not the tenant.

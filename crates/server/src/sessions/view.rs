@@ -51,8 +51,14 @@ pub struct NewMessage {
 #[serde(deny_unknown_fields)]
 pub struct RewindTo {
     /// The turn whose end the files and the conversation go back to; 0 is
-    /// before the first message.
-    pub turn: u64,
+    /// before the first message. Turns are the conversation's as it is
+    /// now, after any rewind.
+    #[serde(default)]
+    pub turn: Option<u64>,
+    /// Instead of a turn: take back the last rewind (the files and the
+    /// conversation as they were just before it; again, redo it).
+    #[serde(default)]
+    pub undo: bool,
 }
 
 /// A path a rewind left as it was, and why.
