@@ -745,3 +745,75 @@ fn an_openai_compatible_server_s_only_model_is_used_and_not_priced() {
     );
     assert_eq!(server.requests()[0].body["model"], "llama3.1:8b");
 }
+
+/// Issue 32: the README's quick start, its lines as written. `cargo
+/// install --path crates/cli` installs the package whose binary this test
+/// runs (a release build per test run would take minutes: the test checks
+/// the package makes `cordon`); `cordon` alone is typed in tmux by
+/// chat.rs's `bare_cordon_completes_a_task_with_tool_calls`; the `export`
+/// and `cd` lines and the `cordon exec` task run verbatim, in `sh`, with
+/// the scripted model behind the key.
+#[test]
+fn the_readme_quick_start_runs_as_written() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    let section = readme
+        .split("\n## Quick start\n")
+        .nth(1)
+        .expect("the README has a quick start");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("its first block is a shell block");
+    // Each line without its comment.
+    let lines: Vec<&str> = block
+        .lines()
+        .map(|l| l.split("  #").next().unwrap().trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(lines[0], "cargo install --path crates/cli", "{block}");
+    let manifest = std::fs::read_to_string(repo.join("crates/cli/Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains("[[bin]]\nname = \"cordon\""),
+        "{manifest}"
+    );
+    assert!(lines.contains(&"cordon"), "{block}");
+    let exec = lines
+        .iter()
+        .find(|l| l.starts_with("cordon exec "))
+        .expect("a cordon exec line");
+    let export = lines
+        .iter()
+        .find(|l| l.starts_with("export ANTHROPIC_API_KEY="))
+        .expect("the key's line");
+    let cd = lines
+        .iter()
+        .find(|l| l.starts_with("cd "))
+        .expect("a cd line");
+
+    let home = tempfile::tempdir().unwrap();
+    let project = home.path().join(cd.trim_start_matches("cd ~/"));
+    std::fs::create_dir_all(&project).unwrap();
+    let server = ScriptedServer::start(hello_scenario());
+    let bin = Path::new(env!("CARGO_BIN_EXE_cordon")).parent().unwrap();
+    let script = format!("{export}\n{cd}\n{exec}\n");
+    let out = Command::new("sh")
+        .args(["-euc", &script])
+        .env_clear()
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env("XDG_DATA_HOME", home.path().join("data"))
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .output()
+        .unwrap();
+    assert_success(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("hello.py prints its greeting."),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(project.join("hello.py").exists());
+    server.assert_finished();
+}
