@@ -271,12 +271,7 @@ async fn a_job_directory_whose_job_is_gone_is_removed(db: Db) {
 /// budget and its precision, not the 320 MiB written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_s_files_in_flight_take_no_more_than_its_budget() {
-    if !cordon_sandbox::volume::supported() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "volumes need root, and CI runs as root"
-        );
-        eprintln!("skipped: volumes need root");
+    if !volumes() {
         return;
     }
     use std::os::unix::fs::MetadataExt;
@@ -348,12 +343,7 @@ async fn a_job_s_files_in_flight_take_no_more_than_its_budget() {
 /// file: a host-side writer that forgot to mount it fails loudly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_is_mounted_only_while_in_use() {
-    if !cordon_sandbox::volume::supported() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "volumes need root, and CI runs as root"
-        );
-        eprintln!("skipped: volumes need root");
+    if !volumes() {
         return;
     }
     let s = TestServer::start_with(Db::Sqlite, |c| c.idle_volumes = 0)

@@ -123,7 +123,7 @@ pub struct App {
 pub const HELP: &str = "\
 Enter sends · Alt+Enter, Shift+Enter or Ctrl+J: new line · Up/Down: earlier prompts
 PgUp/PgDn, mouse wheel: scroll · End: follow new output · Ctrl+O: expand tool output
-Ctrl+C: cancel the turn (twice: quit) · Ctrl+D on an empty box: quit
+Ctrl+C: cancel the turn (twice: quit) · Ctrl+D on an empty box: quit · Tab: complete a /command
 /help  this help                /quit      leave
 /clear new conversation, same sandbox (its shell, files and processes)
 /new   new conversation in a fresh sandbox
@@ -131,6 +131,37 @@ Ctrl+C: cancel the turn (twice: quit) · Ctrl+D on an empty box: quit
 /undo  take back the last turn: its file changes and its messages   /rewind N  back to the end of turn N
 /compact  summarise the conversation now   /model NAME  switch model   /cost  tokens and cost
 /allow HOST[:PORT]  let the sandbox reach a host for this session (with --allow; alone: what it may reach)";
+
+/// The slash commands, for Tab to complete.
+const COMMANDS: &[&str] = &[
+    "/allow",
+    "/clear",
+    "/compact",
+    "/cost",
+    "/exit",
+    "/help",
+    "/load",
+    "/model",
+    "/new",
+    "/quit",
+    "/rewind",
+    "/sessions",
+    "/undo",
+];
+
+/// The longest start every one of `words` shares.
+fn common_start<'a>(words: &[&'a str]) -> &'a str {
+    let first = words.first().copied().unwrap_or_default();
+    let len = words.iter().fold(first.len(), |len, w| {
+        first
+            .bytes()
+            .zip(w.bytes())
+            .take(len)
+            .take_while(|(a, b)| a == b)
+            .count()
+    });
+    &first[..len]
+}
 
 fn new_input() -> TextArea<'static> {
     let mut t = TextArea::default();
@@ -248,6 +279,7 @@ impl App {
             }
             KeyCode::Enter if alt || shift => self.input.insert_newline(),
             KeyCode::Enter => return self.submit(),
+            KeyCode::Tab if self.completes_a_command() => self.complete_command(),
             KeyCode::PageUp => self.scroll_up(self.view_height.max(2) - 1),
             KeyCode::PageDown => self.scroll_down(self.view_height.max(2) - 1),
             KeyCode::End if ctrl || self.input.is_empty() => self.scroll = None,
@@ -275,6 +307,39 @@ impl App {
             }
         }
         Vec::new()
+    }
+
+    /// Whether the box holds the start of a slash command and nothing else.
+    fn completes_a_command(&self) -> bool {
+        let text = self.input_text();
+        text.starts_with('/') && !text.contains(char::is_whitespace)
+    }
+
+    /// Tab on `/co`: the one command it starts, with a space for its
+    /// argument; of several, their common start, or (when that is all
+    /// there is) the list of them.
+    fn complete_command(&mut self) {
+        let text = self.input_text();
+        let matches: Vec<&str> = COMMANDS
+            .iter()
+            .copied()
+            .filter(|c| c.starts_with(&text))
+            .collect();
+        match matches.as_slice() {
+            [] => self.notice(format!(
+                "No command starts with {}: /help lists them.",
+                cordon_tools::printable(&text)
+            )),
+            [one] => self.set_input(&format!("{one} ")),
+            many => {
+                let common = common_start(many);
+                if common.len() > text.len() {
+                    self.set_input(common);
+                } else {
+                    self.notice(many.join("  "));
+                }
+            }
+        }
     }
 
     fn on_ctrl_c(&mut self) -> Vec<Action> {

@@ -295,3 +295,36 @@ fn allow_widens_the_network_for_the_session() {
     });
     assert!(last(&a).contains("/allow evil.example:443"), "{}", last(&a));
 }
+
+/// Issue 32: Tab completes a slash command: the one it starts, the common
+/// start of several, or their list; elsewhere Tab is typed as before.
+#[test]
+fn tab_completes_slash_commands() {
+    let mut a = app();
+    type_text(&mut a, "/com");
+    a.on_key(key(KeyCode::Tab));
+    assert_eq!(a.input_text(), "/compact ");
+    let mut a = app();
+    type_text(&mut a, "/c");
+    a.on_key(key(KeyCode::Tab));
+    // /clear, /compact and /cost share only "/c": they are listed.
+    assert_eq!(a.input_text(), "/c");
+    let listed = format!("{:?}", a.transcript.entries().last());
+    assert!(listed.contains("/clear  /compact  /cost"), "{listed}");
+    let mut a = app();
+    type_text(&mut a, "/se");
+    a.on_key(key(KeyCode::Tab));
+    assert_eq!(a.input_text(), "/sessions ");
+    assert_eq!(enter(&mut a), vec![Action::ListSessions { all: false }]);
+    let mut a = app();
+    type_text(&mut a, "/zz");
+    a.on_key(key(KeyCode::Tab));
+    assert_eq!(a.input_text(), "/zz");
+    let said = format!("{:?}", a.transcript.entries().last());
+    assert!(said.contains("No command starts with /zz"), "{said}");
+    // Not a command: Tab goes to the text as it always did.
+    let mut a = app();
+    type_text(&mut a, "/load ab");
+    a.on_key(key(KeyCode::Tab));
+    assert_ne!(a.input_text(), "/load ab");
+}

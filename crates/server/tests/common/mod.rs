@@ -289,6 +289,20 @@ impl TestServer {
     }
 }
 
+/// Whether this process can make workspace volumes (it runs as root);
+/// if not, says the test is skipped, which CI (run as root) never is.
+pub fn volumes() -> bool {
+    if cordon_sandbox::volume::supported() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").is_err(),
+        "volumes need root, and CI runs as root"
+    );
+    eprintln!("skipped: volumes need root");
+    false
+}
+
 /// Reads an SSE response to its end: (id, event, data) triples.
 pub async fn read_sse(resp: reqwest::Response) -> Vec<(i64, String, Value)> {
     let text = resp.text().await.unwrap();
