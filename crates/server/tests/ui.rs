@@ -237,7 +237,17 @@ async fn in_chromium_a_shell_job_streams_live_and_the_chat_shows_tool_calls() {
             )
             .turn(
                 // Slowed so the page has text to show before the turn ends.
-                Turn::text("The command printed tool-said-42 and missing.txt does not exist, so all is well.")
+                // Markdown, with what an attacker would put in it (issue 32):
+                // rendered safely, never as HTML.
+                Turn::text(concat!(
+                    "## Done\n\n",
+                    "The command printed **tool-said-42** and `missing.txt` does not exist, so all is well.\n\n",
+                    "```sh\necho tool-said-$((6 * 7))\n```\n\n",
+                    "- first point\n- second point\n\n",
+                    "See [the docs](https://example.com/docs) or [this](javascript:alert(1)).\n",
+                    "<img src=x onerror=\"window.pwned=1\"><script>window.pwned=2</script>",
+                    "[x](data:text/html,<script>window.pwned=3</script>)"
+                ))
                     .expect_tool_results(["c1", "c2"])
                     .fault(Fault::chunk_delay_ms(40)),
             )

@@ -30,6 +30,102 @@ function h(tag, props = {}, ...kids) {
   return el;
 }
 
+// ---- Markdown ---------------------------------------------------------------
+//
+// The model's answers are Markdown. They are rendered by building elements
+// and text nodes from the text, never by parsing HTML: a tag in an answer is
+// text, and a link is an anchor only to http(s), opened apart from this page
+// (noopener, noreferrer, no Referer). What is supported: headings, fenced
+// code, lists, quotes, paragraphs, and inline code, bold, italic and links.
+
+const SAFE_LINK = /^https?:\/\//i;
+const INLINE = /(`+)([\s\S]*?[^`])\1(?!`)|\*\*([\s\S]+?)\*\*|__([\s\S]+?)__|\*(?![\s*])([\s\S]*?[^\s*])\*|\b_(?![\s_])([\s\S]*?[^\s_])_\b|\[([^\]\n]+)\]\(([^)\s]+)\)/g;
+
+function inline(text) {
+  const out = [];
+  let at = 0;
+  for (const m of text.matchAll(INLINE)) {
+    if (m.index > at) out.push(text.slice(at, m.index));
+    const [whole, , code, bold, bold2, em, em2, label, url] = m;
+    if (code != null) out.push(h('code', {}, code));
+    else if (bold != null || bold2 != null) out.push(h('strong', {}, inline(bold ?? bold2)));
+    else if (em != null || em2 != null) out.push(h('em', {}, inline(em ?? em2)));
+    else if (label != null) {
+      out.push(SAFE_LINK.test(url)
+        ? h('a', { href: url, target: '_blank', rel: 'noopener noreferrer nofollow' }, inline(label))
+        : whole);
+    }
+    at = m.index + whole.length;
+  }
+  if (at < text.length) out.push(text.slice(at));
+  return out;
+}
+
+function markdown(text) {
+  const root = document.createDocumentFragment();
+  const lines = text.split('\n');
+  let para = [];
+  let list = null;
+  const flush = () => {
+    if (para.length) root.append(h('p', {}, inline(para.join('\n'))));
+    para = [];
+  };
+  for (let i = 0; i < lines.length; i++) {
+    const line = lines[i];
+    const fence = /^\s*(```|~~~)\s*([\w+-]*)\s*$/.exec(line);
+    if (fence) {
+      flush();
+      list = null;
+      const body = [];
+      for (i++; i < lines.length && !lines[i].trim().startsWith(fence[1]); i++) body.push(lines[i]);
+      const code = h('code', {}, body.join('\n'));
+      if (fence[2]) code.dataset.lang = fence[2];
+      root.append(h('pre', { class: 'code' }, code));
+      continue;
+    }
+    const heading = /^(#{1,6})\s+(.*?)\s*#*\s*$/.exec(line);
+    if (heading) {
+      flush();
+      list = null;
+      root.append(h(`h${Math.min(6, heading[1].length + 2)}`, {}, inline(heading[2])));
+      continue;
+    }
+    const item = /^\s*(?:([-*+])|(\d{1,9})[.)])\s+(.*)$/.exec(line);
+    if (item) {
+      flush();
+      const tag = item[1] ? 'ul' : 'ol';
+      if (!list || list.tagName.toLowerCase() !== tag) {
+        list = h(tag);
+        if (item[2] && item[2] !== '1') list.start = Number(item[2]);
+        root.append(list);
+      }
+      list.append(h('li', {}, inline(item[3])));
+      continue;
+    }
+    const quote = /^>\s?(.*)$/.exec(line);
+    if (quote) {
+      flush();
+      list = null;
+      root.append(h('blockquote', {}, inline(quote[1])));
+      continue;
+    }
+    if (!line.trim()) {
+      flush();
+      list = null;
+      continue;
+    }
+    if (list && /^\s+\S/.test(line)) {
+      // A list item's continuation line.
+      list.lastChild.append('\n', ...inline(line.trim()));
+      continue;
+    }
+    list = null;
+    para.push(line);
+  }
+  flush();
+  return root;
+}
+
 const sleep = (ms, signal) =>
   new Promise((resolve) => {
     const t = setTimeout(resolve, ms);
@@ -233,7 +329,7 @@ class Transcript {
   constructor(root) {
     this.root = root;
     this.tools = new Map();
-    this.text = null; // the text node the next delta extends
+    this.text = null; // the answer the next delta extends: its text and element
     this.thinking = null;
     this.step = []; // elements streamed for the current model request
     this.scroll = follow(root);
@@ -256,12 +352,13 @@ class Transcript {
     this.add(h('div', { class: `note ${cls}` }, text));
   }
 
+  // The answer so far, rendered again from its whole text as it grows.
   appendText(text) {
     if (!this.text) {
-      this.text = document.createTextNode('');
-      this.add(h('div', { class: 'msg assistant' }, this.text));
+      this.text = { raw: '', el: this.add(h('div', { class: 'msg assistant' })) };
     }
-    this.text.appendData(text);
+    this.text.raw += text;
+    this.text.el.replaceChildren(markdown(this.text.raw));
     this.scroll();
   }
 

@@ -37,6 +37,28 @@ const browser = await chromium.launch({
   args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking',
     '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-quic'],
 });
+
+// The chat's last answer (ui.rs scripts it): Markdown as elements, its
+// HTML as text, only its http(s) link an anchor, opened apart.
+async function checkMarkdown(page) {
+  const answer = page.locator('.msg.assistant', { hasText: 'so all is well.' });
+  await answer.waitFor();
+  assert.equal(await answer.locator('h4').textContent(), 'Done');
+  assert.equal(await answer.locator('strong').textContent(), 'tool-said-42');
+  assert.equal(await answer.locator('p code').first().textContent(), 'missing.txt');
+  assert.equal(await answer.locator('pre.code code').textContent(), 'echo tool-said-$((6 * 7))');
+  assert.deepEqual(await answer.locator('li').allTextContents(), ['first point', 'second point']);
+  const links = await answer.locator('a').evaluateAll((as) =>
+    as.map((a) => [a.getAttribute('href'), a.target, a.rel, a.textContent]));
+  assert.deepEqual(links, [['https://example.com/docs', '_blank', 'noopener noreferrer nofollow', 'the docs']]);
+  const text = await answer.textContent();
+  assert.ok(text.includes('[this](javascript:alert(1))'), text);
+  assert.ok(text.includes('<img src=x onerror="window.pwned=1">'), text);
+  assert.ok(text.includes('<script>window.pwned=2</script>'), text);
+  assert.equal(await page.locator('.transcript img, .transcript script, .transcript iframe').count(), 0);
+  assert.equal(await page.evaluate(() => window.pwned), undefined);
+}
+
 try {
   const page = await browser.newPage({ viewport: { width: 1366, height: 768 } });
   page.setDefaultTimeout(20000);
@@ -233,8 +255,13 @@ try {
   assert.equal(await page.getByRole('button', { name: 'Stop' }).isHidden(), true);
   assert.equal(await page.getByRole('button', { name: 'Send' }).isEnabled(), true);
 
+  step('the answer is Markdown, rendered without any of its HTML');
+  await checkMarkdown(page);
+
   step('reloaded, the conversation is the same');
   await page.reload();
+  await page.getByText('so all is well.').waitFor();
+  await checkMarkdown(page);
   await page.locator('.msg.user', { hasText: 'look at the workspace' }).waitFor();
   await page.locator('details.tool.done', { hasText: 'echo tool-said' }).waitFor();
   await page.locator('details.tool.failed', { hasText: 'read_file' }).waitFor();
