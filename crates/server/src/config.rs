@@ -182,6 +182,19 @@ impl ServerConfig {
         cordon_sandbox::volume::Volumes::keeping(self.idle_volumes)
     }
 
+    /// Enters the workspace at `root` (see `Volumes::enter`) off the async
+    /// runtime; why not, as a message for the log.
+    pub async fn enter_workspace(
+        &self,
+        root: &std::path::Path,
+    ) -> Result<cordon_sandbox::volume::InUse, String> {
+        let (root, volumes) = (root.to_path_buf(), self.volumes());
+        tokio::task::spawn_blocking(move || volumes.enter(&root))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+    }
+
     /// Where jobs' directories are.
     pub fn job_dirs(&self) -> JobDirs {
         JobDirs(self.data_dir.join("jobs"))

@@ -350,16 +350,8 @@ async fn archive(shared: &Shared, id: &str, grace: Duration) {
     }
     let started = Instant::now();
     // Mounted (if a volume) while it is packed.
-    let entered = {
-        let (workspace, volumes) = (workspace.clone(), shared.config.volumes());
-        tokio::task::spawn_blocking(move || volumes.enter(&workspace)).await
-    };
-    let _in_use = match entered {
-        Ok(Ok(in_use)) => in_use,
-        Ok(Err(e)) => {
-            tracing::warn!(job = %id, "cannot archive the job (tried again later): {e}");
-            return;
-        }
+    let _in_use = match shared.config.enter_workspace(&workspace).await {
+        Ok(in_use) => in_use,
         Err(e) => {
             tracing::warn!(job = %id, "cannot archive the job (tried again later): {e}");
             return;

@@ -368,13 +368,7 @@ async fn a_volume_is_mounted_only_while_in_use() {
         );
         ids.push(id);
     }
-    let mounted = |dir: &std::path::Path| {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let dir = dir.canonicalize().unwrap();
-        info.lines()
-            .filter(|l| l.contains(dir.to_str().unwrap()))
-            .count()
-    };
+    let mounted = mounts_beneath;
     let deadline = Instant::now() + Duration::from_secs(10);
     while mounted(&s.dir) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;

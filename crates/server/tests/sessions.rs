@@ -524,10 +524,7 @@ async fn an_idle_session_s_volume_is_mounted_again_when_used() {
     let id = s.new_session(&t).await;
     s.say(&t, &id, "write the note").await;
     let ws = s.dir.join(format!("data/sessions/{id}/workspace"));
-    let mounted = || {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        info.contains(ws.to_str().unwrap())
-    };
+    let mounted = || mounts_beneath(&ws) > 0;
     // Idled out: its sandbox closed, its volume unmounted.
     let deadline = Instant::now() + Duration::from_secs(10);
     while mounted() && Instant::now() < deadline {

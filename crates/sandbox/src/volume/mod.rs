@@ -294,20 +294,6 @@ impl Registry {
     }
 }
 
-/// How many volumes are mounted in this process's mount namespace.
-pub fn mounted() -> std::io::Result<usize> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(info
-        .lines()
-        .filter(|line| {
-            let mut fields = line.split(' ');
-            // The volume's root: its file system's root, at `….volume`.
-            fields.nth(3) == Some("/") && fields.next().is_some_and(|p| p.ends_with(".volume"))
-        })
-        .filter(|line| line.contains(" - ext4 /dev/loop"))
-        .count())
-}
-
 /// Detaches the mounts at or beneath `dir` and, if `dir` is a volume's
 /// workspace, the volume, and removes its image; clears the immutable
 /// flag of the volumes' directories beneath it. `dir` is then plain files

@@ -99,21 +99,14 @@ async fn wake(
     })?;
     let ws = d.join("workspace");
     // Mounted (if a volume) while the session lives.
-    let in_use = {
-        let (ws, volumes) = (ws.clone(), shared.config.volumes());
-        tokio::task::spawn_blocking(move || volumes.enter(&ws))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
-            .map_err(|e| {
-                tracing::error!("session {}: {e}", row.id);
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    "cannot open the session's workspace",
-                )
-            })?
-    };
+    let in_use = shared.config.enter_workspace(&ws).await.map_err(|e| {
+        tracing::error!("session {}: {e}", row.id);
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "cannot open the session's workspace",
+        )
+    })?;
     let mut sc = shared.config.sandbox(&ws);
     let records = match cordon_agent::log::load::<Value>(&d.join("session.jsonl")) {
         Ok((records, _)) => records,

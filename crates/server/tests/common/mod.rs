@@ -303,6 +303,15 @@ pub fn volumes() -> bool {
     false
 }
 
+/// How many mounts of this process's namespace are at or beneath `path`
+/// (a workspace's volume is two).
+pub fn mounts_beneath(path: &Path) -> usize {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let path = path.canonicalize().unwrap();
+    let path = path.to_str().unwrap();
+    info.lines().filter(|l| l.contains(path)).count()
+}
+
 /// Reads an SSE response to its end: (id, event, data) triples.
 pub async fn read_sse(resp: reqwest::Response) -> Vec<(i64, String, Value)> {
     let text = resp.text().await.unwrap();
