@@ -194,6 +194,7 @@ pub async fn chat(args: ChatArgs) -> i32 {
         resume: resumed,
         mcp,
         notices,
+        config_home: cordon_agent::config::config_home(),
         repository,
     };
     let result = cordon_tui::run(status, worker).await;

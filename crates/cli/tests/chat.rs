@@ -251,7 +251,7 @@ fn sigterm_restores_the_terminal_and_an_approval_can_deny() {
     assert!(s.contains("cordon mcp list"), "{s}");
     tmux.type_text("clean up");
     tmux.keys(&["Enter"]);
-    tmux.wait_for("[n] no, and say why");
+    tmux.wait_for("[n] no, say why");
     tmux.keys(&["n"]);
     tmux.wait_for("reason for denying");
     tmux.type_text("not today");
@@ -260,14 +260,14 @@ fn sigterm_restores_the_terminal_and_an_approval_can_deny() {
     assert!(!ws.path().join("should-not-exist").exists());
     tmux.type_text("make two files");
     tmux.keys(&["Enter"]);
-    tmux.wait_for("[a] yes, and don't ask again for bash");
+    tmux.wait_for("[a] always bash, this session");
     tmux.keys(&["a"]);
     let s = tmux.wait_for("Both made.");
     assert!(
         s.contains("bash runs without asking for the rest of this session"),
         "{s}"
     );
-    assert!(!s.contains("[a] yes"), "no second prompt: {s}");
+    assert!(!s.contains("[a] always"), "no second prompt: {s}");
     assert!(ws.path().join("first").exists() && ws.path().join("second").exists());
     server.assert_finished();
 
@@ -621,4 +621,119 @@ fn bare_cordon_with_repo_clones_and_the_model_commits_on_the_sessions_branch() {
     let log = std::fs::read_to_string(home.join(format!("data/cordon/sessions/{id}.jsonl")))
         .expect("the session's log");
     assert!(log.contains("\"type\":\"repository\""), "{log}");
+}
+
+/// Issue 32, item 14, typed in a real terminal: `!cmd` runs in the sandbox
+/// and the model sees it; Tab completes `@path` from the workspace; `p`
+/// approves a command prefix for good, so a second cordon does not ask
+/// for it (and still asks for another); the session picker fills the
+/// screen and narrows as one types.
+#[test]
+fn bang_commands_at_paths_saved_approvals_and_the_full_screen_picker() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir(ws.path().join("src")).unwrap();
+    std::fs::write(ws.path().join("src/main.rs"), "fn main() {}\n").unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Listing it.")
+                    .with_tool_call("l1", "bash", json!({"command": "ls -l src"}))
+                    .expect_contains("look at @src/main.rs and list")
+                    .expect_contains("$ echo from-the-user > bang.txt")
+                    .expect_contains("bang-42"),
+            )
+            .turn(
+                Turn::text("Listed.")
+                    .expect_tool_results(["l1"])
+                    .expect_contains("main.rs"),
+            ),
+    );
+    let tmux = Tmux::start(
+        "habits",
+        &chat_command(&server, ws.path(), home.path(), "--approval ask"),
+        100,
+        30,
+    );
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("!echo from-the-user > bang.txt; echo bang-$((6*7))");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("│ bang-42");
+    assert_eq!(
+        server.requests().len(),
+        0,
+        "the user's command is no model turn"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("bang.txt")).unwrap(),
+        "from-the-user\n"
+    );
+    tmux.type_text("look at @src/ma");
+    tmux.keys(&["Tab"]);
+    tmux.wait_for("look at @src/main.rs");
+    tmux.type_text("and list");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("[p] always `ls …`");
+    tmux.keys(&["p"]);
+    let s = tmux.wait_for("Listed.");
+    assert!(
+        s.contains("Commands starting with `ls` run without asking"),
+        "{s}"
+    );
+    server.assert_finished();
+    let saved = home.path().join("config/cordon/approved.toml");
+    let text = std::fs::read_to_string(&saved).unwrap();
+    assert!(text.contains("prefix = [\"ls\"]"), "{text}");
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+    drop(tmux);
+
+    // A second cordon, another session: `ls` runs without asking, `cat`
+    // is asked.
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Again.").with_tool_call(
+                "l2",
+                "bash",
+                json!({"command": "ls -a src"}),
+            ))
+            .turn(
+                Turn::text("Reading.")
+                    .with_tool_call("c1", "bash", json!({"command": "cat src/main.rs"}))
+                    .expect_tool_results(["l2"]),
+            )
+            .turn(Turn::text("Read it.").expect_tool_results(["c1"])),
+    );
+    let tmux = Tmux::start(
+        "habits2",
+        &chat_command(&server, ws.path(), home.path(), "--approval ask"),
+        100,
+        30,
+    );
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("list again");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("[p] always `cat …`");
+    assert!(s.contains("✓ bash ls -a src"), "ran unasked: {s}");
+    tmux.keys(&["y"]);
+    tmux.wait_for("Read it.");
+    server.assert_finished();
+
+    // The picker: the whole screen but the status line.
+    tmux.type_text("/sessions");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("sessions (2 of 2)");
+    let lines: Vec<&str> = s.lines().collect();
+    assert!(lines[0].starts_with("┌ sessions"), "{s}");
+    assert!(lines[28].starts_with('└'), "{s}");
+    // A session begun with `!cmd` is titled by it.
+    assert!(s.contains("!echo from-the-user"), "{s}");
+    tmux.type_text("again");
+    let s = tmux.wait_for("sessions (1 of 2)");
+    assert!(!s.contains("!echo from-the-user"), "{s}");
+    tmux.keys(&["Escape"]);
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
 }

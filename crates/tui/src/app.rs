@@ -35,6 +35,11 @@ pub enum Action {
     Rewind(Option<u64>),
     /// Let the sandbox reach this host for the rest of the session.
     AllowHost(cordon_net::Rule),
+    /// `@path` then Tab: the workspace's entries starting with this (the
+    /// text after `@`); the answer comes back to [`App::complete_path`].
+    CompletePath(String),
+    /// `!cmd`: run this in the sandbox's shell, as the user.
+    Shell(String),
 }
 
 /// A user's answer to an approval prompt.
@@ -43,13 +48,16 @@ pub enum Answer {
     Once,
     /// This tool runs without asking for the rest of the session.
     Always,
+    /// Commands starting with these words run without asking, from now
+    /// on and in later sessions (saved in the user's own file).
+    Prefix(Vec<String>),
     Deny(String),
 }
 
 impl From<Answer> for Approval {
     fn from(a: Answer) -> Approval {
         match a {
-            Answer::Once | Answer::Always => Approval::Allow,
+            Answer::Once | Answer::Always | Answer::Prefix(_) => Approval::Allow,
             Answer::Deny(r) => Approval::Deny(r),
         }
     }
@@ -59,6 +67,8 @@ pub struct PendingApproval {
     pub id: String,
     pub name: String,
     pub input: Value,
+    /// For a shell command, the words `p` would approve for good.
+    pub prefix: Option<Vec<String>>,
     pub reply: Option<oneshot::Sender<Answer>>,
     /// The user chose to deny and is typing the reason in the input box.
     pub denying: bool,
@@ -88,9 +98,32 @@ pub struct Status {
     pub context_window: u64,
 }
 
+/// The session picker: a full-screen list, narrowed by what is typed.
 pub struct Picker {
     pub sessions: Vec<SessionSummary>,
+    /// Typed to narrow the list: matched against titles, ids and
+    /// workspaces, case aside.
+    pub filter: String,
+    /// An index into [`Picker::shown`].
     pub selected: usize,
+    /// When it opened: what "2 h ago" is counted from.
+    pub now: std::time::SystemTime,
+}
+
+impl Picker {
+    /// The sessions the filter lets through, in order.
+    pub fn shown(&self) -> Vec<&SessionSummary> {
+        let f = self.filter.to_lowercase();
+        self.sessions
+            .iter()
+            .filter(|s| {
+                f.is_empty()
+                    || s.title.to_lowercase().contains(&f)
+                    || s.id.contains(&f)
+                    || s.workspace.to_lowercase().contains(&f)
+            })
+            .collect()
+    }
 }
 
 pub struct App {
@@ -123,7 +156,9 @@ pub struct App {
 pub const HELP: &str = "\
 Enter sends · Alt+Enter, Shift+Enter or Ctrl+J: new line · Up/Down: earlier prompts
 PgUp/PgDn, mouse wheel: scroll · End: follow new output · Ctrl+O: expand tool output
-Ctrl+C: cancel the turn (twice: quit) · Ctrl+D on an empty box: quit · Tab: complete a /command
+Ctrl+C: cancel the turn (twice: quit) · Ctrl+D on an empty box: quit
+Tab: complete a /command, or a workspace path after @ (@src/ma → @src/main.rs)
+!CMD   run CMD in the sandbox's shell yourself; the model sees it and its output next turn
 /help  this help                /quit      leave
 /clear new conversation, same sandbox (its shell, files and processes)
 /new   new conversation in a fresh sandbox
@@ -280,6 +315,10 @@ impl App {
             KeyCode::Enter if alt || shift => self.input.insert_newline(),
             KeyCode::Enter => return self.submit(),
             KeyCode::Tab if self.completes_a_command() => self.complete_command(),
+            KeyCode::Tab if self.path_typed().is_some() => {
+                let typed = self.path_typed().unwrap_or_default();
+                return vec![Action::CompletePath(typed)];
+            }
             KeyCode::PageUp => self.scroll_up(self.view_height.max(2) - 1),
             KeyCode::PageDown => self.scroll_down(self.view_height.max(2) - 1),
             KeyCode::End if ctrl || self.input.is_empty() => self.scroll = None,
@@ -337,6 +376,54 @@ impl App {
                     self.set_input(common);
                 } else {
                     self.notice(many.join("  "));
+                }
+            }
+        }
+    }
+
+    /// The path typed after an `@` that starts the word before the cursor.
+    fn path_typed(&self) -> Option<String> {
+        let ratatui_textarea::DataCursor(row, col) = self.input.cursor();
+        let line = self.input.lines().get(row)?;
+        let before: String = line.chars().take(col).collect();
+        let word = before.rsplit(char::is_whitespace).next()?;
+        word.strip_prefix('@').map(str::to_string)
+    }
+
+    /// The workspace's entries starting with `typed` (after `@`), as the
+    /// worker found them: one replaces what was typed (a file with a
+    /// space after it, a directory with its `/`, to go on into); of
+    /// several, their common start, or (when that is all there is) the
+    /// list. Stale answers (the user typed on meanwhile) are dropped.
+    pub fn complete_path(&mut self, typed: &str, found: Vec<String>) {
+        if self.path_typed().as_deref() != Some(typed) {
+            return;
+        }
+        let names: Vec<&str> = found.iter().map(String::as_str).collect();
+        let replace = |app: &mut App, with: &str| {
+            for _ in typed.chars() {
+                app.input.delete_char();
+            }
+            app.input.insert_str(with);
+        };
+        match names.as_slice() {
+            [] => self.notice(format!(
+                "Nothing in the workspace starts with {}.",
+                cordon_tools::printable(typed)
+            )),
+            [one] if one.ends_with('/') => replace(self, one),
+            [one] => replace(self, &format!("{one} ")),
+            many => {
+                let common = common_start(many);
+                if common.len() > typed.len() {
+                    replace(self, common);
+                } else {
+                    let more = if many.len() >= crate::complete::MAX_MATCHES {
+                        " …"
+                    } else {
+                        ""
+                    };
+                    self.notice(format!("{}{more}", many.join("  ")));
                 }
             }
         }
@@ -423,6 +510,9 @@ impl App {
         if trimmed.starts_with('/') && !trimmed.contains('\n') {
             return self.command(trimmed);
         }
+        if let Some(command) = trimmed.strip_prefix('!') {
+            return self.shell(&text, command.trim());
+        }
         if self.busy {
             self.notice("A turn is running: wait for it, or press Ctrl+C to cancel it.");
             self.set_input(&text);
@@ -432,6 +522,23 @@ impl App {
         self.scroll = None;
         self.busy = true;
         vec![Action::Send(text)]
+    }
+
+    /// `!cmd`: the command runs in the sandbox's shell, as a turn would.
+    fn shell(&mut self, text: &str, command: &str) -> Vec<Action> {
+        if command.is_empty() {
+            self.error("! needs a command: `!ls -la` runs ls in the sandbox");
+            return Vec::new();
+        }
+        if self.busy {
+            self.notice("!commands wait until the turn ends (Ctrl+C cancels it).");
+            self.set_input(text);
+            return Vec::new();
+        }
+        self.transcript.push(Entry::User(text.to_string()));
+        self.scroll = None;
+        self.busy = true;
+        vec![Action::Shell(command.to_string())]
     }
 
     fn command(&mut self, line: &str) -> Vec<Action> {
@@ -547,6 +654,7 @@ impl App {
         name: String,
         input: Value,
         before: Option<String>,
+        prefix: Option<Vec<String>>,
         reply: oneshot::Sender<Answer>,
     ) {
         if let Some(i) = self.transcript.tool_index(&id)
@@ -560,6 +668,7 @@ impl App {
             id,
             name,
             input,
+            prefix,
             reply: Some(reply),
             denying: false,
         });
@@ -569,6 +678,11 @@ impl App {
         match key.code {
             KeyCode::Char('y') | KeyCode::Enter => self.answer(Answer::Once),
             KeyCode::Char('a') => self.answer(Answer::Always),
+            KeyCode::Char('p') => {
+                if let Some(prefix) = self.approval.as_ref().and_then(|a| a.prefix.clone()) {
+                    self.answer(Answer::Prefix(prefix));
+                }
+            }
             KeyCode::Char('n') | KeyCode::Esc => {
                 if let Some(a) = &mut self.approval {
                     a.denying = true;
@@ -611,7 +725,9 @@ impl App {
         }
         self.picker = Some(Picker {
             sessions,
+            filter: String::new(),
             selected: 0,
+            now: std::time::SystemTime::now(),
         });
     }
 
@@ -633,17 +749,35 @@ impl App {
                 ));
             }
             KeyCode::Up => p.selected = p.selected.saturating_sub(1),
-            KeyCode::Down => p.selected = (p.selected + 1).min(p.sessions.len() - 1),
-            KeyCode::PageUp => p.selected = p.selected.saturating_sub(10),
-            KeyCode::PageDown => p.selected = (p.selected + 10).min(p.sessions.len() - 1),
-            KeyCode::Esc | KeyCode::Char('q') => self.picker = None,
-            KeyCode::Enter => {
-                let id = p.sessions[p.selected].id.clone();
+            KeyCode::Down => p.selected += 1,
+            KeyCode::PageUp => p.selected = p.selected.saturating_sub(self.view_height.max(2) / 2),
+            KeyCode::PageDown => p.selected += self.view_height.max(2) / 2,
+            KeyCode::Home => p.selected = 0,
+            KeyCode::End => p.selected = usize::MAX,
+            KeyCode::Esc => {
                 self.picker = None;
-                return vec![Action::Load(id)];
+                return Vec::new();
+            }
+            KeyCode::Enter => {
+                let id = p.shown().get(p.selected).map(|s| s.id.clone());
+                if let Some(id) = id {
+                    self.picker = None;
+                    return vec![Action::Load(id)];
+                }
+            }
+            KeyCode::Backspace => {
+                p.filter.pop();
+                p.selected = 0;
+            }
+            KeyCode::Char(c) if !key.modifiers.contains(KeyModifiers::CONTROL) => {
+                p.filter.push(c);
+                p.selected = 0;
             }
             _ => {}
         }
+        // Within the list, however it moved or narrowed.
+        let n = p.shown().len();
+        p.selected = p.selected.min(n.saturating_sub(1));
         Vec::new()
     }
 

@@ -3,9 +3,13 @@
 //! [`app`] holds the state and reacts to keys and the agent's events,
 //! [`view`] draws it, [`transcript`] (with [`markdown`] and [`wrap`]) turns
 //! the conversation into lines, [`worker`] owns the sandbox and the agent,
-//! and [`run`] drives the terminal.
+//! and [`run`] drives the terminal. [`complete`] finds the workspace
+//! paths `@` completes, and [`approved`] keeps the commands the user
+//! approved for good.
 
 pub mod app;
+pub mod approved;
+pub mod complete;
 pub mod markdown;
 pub mod run;
 pub mod theme;

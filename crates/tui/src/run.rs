@@ -109,12 +109,16 @@ async fn event_loop(
             })
             .collect();
     }
+    // Where `@` completes from: the sandbox's workspace, followed through
+    // a /load to another.
+    let mut workspace = worker.sandbox.workspace.clone();
     let (req_tx, req_rx) = mpsc::unbounded_channel();
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
     let (up_tx, mut up_rx) = mpsc::unbounded_channel();
     let cancel = Cancel::new();
     let worker_task = tokio::spawn(worker.run(req_rx, ev_tx, up_tx, cancel.clone()));
 
+    let (paths_tx, mut paths_rx) = mpsc::unbounded_channel::<(String, Vec<String>)>();
     let mut input = EventStream::new();
     let mut spinner = tokio::time::interval(Duration::from_millis(100));
     spinner.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -146,9 +150,16 @@ async fn event_loop(
                 while let Ok(ev) = ev_rx.try_recv() {
                     app.on_agent_event(ev);
                 }
+                if let Update::Session { workspace: w, .. } = &u {
+                    workspace = w.clone();
+                }
                 if let Some(id) = on_update(&mut app, u) {
                     session = Some(id);
                 }
+                dirty = true;
+            }
+            Some((typed, found)) = paths_rx.recv() => {
+                app.complete_path(&typed, found);
                 dirty = true;
             }
             ev = input.next() => match ev {
@@ -191,6 +202,16 @@ async fn event_loop(
                 Action::ListSessions { all } => Request::ListSessions { all },
                 Action::Load(id) => Request::Load(id),
                 Action::Rewind(turn) => Request::Rewind(turn),
+                Action::Shell(command) => Request::Shell(command),
+                // Off the UI's task: the workspace may be large, or busy.
+                Action::CompletePath(typed) => {
+                    let (ws, tx) = (workspace.clone(), paths_tx.clone());
+                    tokio::task::spawn_blocking(move || {
+                        let found = crate::complete::paths(&ws, &typed);
+                        let _ = tx.send((typed, found));
+                    });
+                    continue;
+                }
                 // At once, even mid-turn: the broker reads the policy for
                 // each new connection.
                 Action::AllowHost(rule) => {
@@ -238,8 +259,9 @@ fn on_update(app: &mut App, u: Update) -> Option<String> {
             name,
             input,
             before,
+            prefix,
             reply,
-        } => app.ask_approval(id, name, input, before, reply),
+        } => app.ask_approval(id, name, input, before, prefix, reply),
         Update::Sessions(list) => app.show_sessions(list),
         Update::Session {
             id,
@@ -248,7 +270,7 @@ fn on_update(app: &mut App, u: Update) -> Option<String> {
             usage,
         } => {
             app.status.session = Some(id.clone());
-            app.status.workspace = workspace;
+            app.status.workspace = workspace.display().to_string();
             if let Some(h) = history {
                 app.transcript = Transcript::from_history(&h);
                 app.status.usage = usage;

@@ -1,20 +1,21 @@
 //! Draws the app: the transcript, the approval prompt, the input box and
-//! the status line, with the session picker over them when open.
+//! the status line, with the session picker over all but the status line
+//! when open.
 
 use cordon_tools::printable;
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Clear, List, ListItem, ListState, Paragraph};
+use ratatui::widgets::{Block, Borders, Clear, List, ListItem, ListState, Paragraph, Wrap};
 
-use crate::app::{App, SandboxState};
+use crate::app::{App, PendingApproval, SandboxState};
 use crate::{theme, transcript};
 
 pub fn draw(f: &mut Frame<'_>, app: &mut App) {
     let area = f.area();
     let input_rows = (app.input.lines().len() as u16).clamp(1, 8) + 2;
-    let approval_rows = if app.approval.is_some() { 3 } else { 0 };
+    let approval_rows = approval_rows(app, area.width);
     let [body, approval, input, status] = Layout::vertical([
         Constraint::Min(1),
         Constraint::Length(approval_rows),
@@ -30,6 +31,8 @@ pub fn draw(f: &mut Frame<'_>, app: &mut App) {
     draw_input(f, app, input);
     draw_status(f, app, status);
     if app.picker.is_some() {
+        // Page keys move by half of what the list shows.
+        app.view_height = area.height.saturating_sub(3) as usize;
         draw_picker(f, app, area);
     }
 }
@@ -68,30 +71,53 @@ fn draw_approval(f: &mut Frame<'_>, app: &App, area: Rect) {
     let question = Line::from(vec![
         Span::styled("Run ", theme::approval()),
         Span::styled(
-            a.name.clone(),
+            printable(&a.name),
             theme::approval().add_modifier(Modifier::UNDERLINED),
         ),
         Span::styled(format!(" {what}?"), theme::approval()),
     ]);
-    let choices = if a.denying {
-        Line::from(Span::styled(
-            "Type why (it goes back to the model) and press Enter · Esc: back",
-            theme::dim(),
-        ))
-    } else {
-        Line::from(vec![
-            Span::styled("[y]", theme::ok()),
-            Span::raw(" yes, once   "),
-            Span::styled("[a]", theme::ok()),
-            Span::raw(format!(" yes, and don't ask again for {}   ", a.name)),
-            Span::styled("[n]", theme::error()),
-            Span::raw(" no, and say why"),
-        ])
-    };
     let block = Block::default()
         .borders(Borders::TOP)
         .border_style(theme::approval());
-    f.render_widget(Paragraph::new(vec![question, choices]).block(block), area);
+    f.render_widget(
+        Paragraph::new(vec![question, choices(a)])
+            .block(block)
+            .wrap(Wrap { trim: false }),
+        area,
+    );
+}
+
+/// The answers an approval takes, or how to give a reason.
+fn choices(a: &PendingApproval) -> Line<'static> {
+    if a.denying {
+        return Line::from(Span::styled(
+            "Type why (it goes back to the model) and press Enter · Esc: back",
+            theme::dim(),
+        ));
+    }
+    let mut choices = vec![
+        Span::styled("[y]", theme::ok()),
+        Span::raw(" yes  "),
+        Span::styled("[a]", theme::ok()),
+        Span::raw(format!(" always {}, this session  ", printable(&a.name))),
+    ];
+    if let Some(prefix) = &a.prefix {
+        // The words come from the model's command: printable only.
+        let words = printable(&prefix.join(" "));
+        choices.push(Span::styled("[p]", theme::ok()));
+        choices.push(Span::raw(format!(" always `{words} …`  ")));
+    }
+    choices.push(Span::styled("[n]", theme::error()));
+    choices.push(Span::raw(" no, say why"));
+    Line::from(choices)
+}
+
+/// Rows the approval takes at `width`: its border, the question and the
+/// answers, wrapped (a long command's prefix must not push `[n]` off).
+fn approval_rows(app: &App, width: u16) -> u16 {
+    let Some(a) = &app.approval else { return 0 };
+    let w = choices(a).width().max(1) as u16;
+    2 + w.div_ceil(width.max(1)).clamp(1, 4)
 }
 
 fn draw_input(f: &mut Frame<'_>, app: &mut App, area: Rect) {
@@ -179,56 +205,62 @@ fn human(n: u64) -> String {
     }
 }
 
+/// The session picker: the whole screen but the status line, a session
+/// to a row (when, turns, title; the workspace when it lists every one),
+/// the filter typed so far at the top.
 fn draw_picker(f: &mut Frame<'_>, app: &App, area: Rect) {
     let Some(p) = &app.picker else { return };
-    let w = area.width.saturating_sub(4).min(100);
-    let h = area
-        .height
-        .saturating_sub(4)
-        .min(p.sessions.len() as u16 + 2)
-        .max(3);
     let r = Rect {
-        x: area.x + (area.width - w) / 2,
-        y: area.y + (area.height.saturating_sub(h)) / 2,
-        width: w,
-        height: h,
+        height: area.height.saturating_sub(1),
+        ..area
     };
-    let items: Vec<ListItem<'_>> = p
-        .sessions
+    let shown = p.shown();
+    let now = p.now;
+    let items: Vec<ListItem<'_>> = shown
         .iter()
         .map(|s| {
-            let when = humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH + std::time::Duration::from_millis(s.started_ms),
-            )
-            .to_string()
-            .replace('T', " ")
-            .trim_end_matches('Z')
-            .to_string();
+            let when = std::time::UNIX_EPOCH + std::time::Duration::from_millis(s.started_ms);
+            let turns = format!("{} turn{}", s.turns, if s.turns == 1 { "" } else { "s" });
             ListItem::new(Line::from(vec![
-                Span::styled(format!("{} ", s.id), theme::dim()),
-                Span::raw(format!("{when}  ")),
+                Span::styled(format!("{:>9}  ", ago(now, when)), theme::dim()),
+                Span::styled(format!("{turns:>9}  "), theme::dim()),
                 // Titles and paths come from session logs: no control
                 // character of theirs reaches the terminal.
                 Span::styled(
                     printable(&s.title),
                     Style::new().add_modifier(Modifier::BOLD),
                 ),
-                Span::styled(
-                    format!("  {} turn{}", s.turns, if s.turns == 1 { "" } else { "s" }),
-                    theme::dim(),
-                ),
+                Span::styled(format!("  {}", s.id), theme::dim()),
                 Span::styled(format!("  {}", printable(&s.workspace)), theme::dim()),
             ]))
         })
         .collect();
+    let filter = if p.filter.is_empty() {
+        "type to filter".to_string()
+    } else {
+        format!("filter: {}", printable(&p.filter))
+    };
+    let title = format!(
+        " sessions ({} of {}) · {filter} · Enter: load · Esc: close ",
+        shown.len(),
+        p.sessions.len()
+    );
     let list = List::new(items)
-        .block(
-            Block::default()
-                .borders(Borders::ALL)
-                .title(" sessions · Enter: load · Esc: close "),
-        )
+        .block(Block::default().borders(Borders::ALL).title(title))
         .highlight_style(theme::selected());
-    let mut state = ListState::default().with_selected(Some(p.selected));
+    let mut state = ListState::default().with_selected((!shown.is_empty()).then_some(p.selected));
     f.render_widget(Clear, r);
     f.render_stateful_widget(list, r, &mut state);
+}
+
+/// How long before `now` a session started, as a person says it.
+fn ago(now: std::time::SystemTime, then: std::time::SystemTime) -> String {
+    let s = now.duration_since(then).map_or(0, |d| d.as_secs());
+    match s {
+        0..60 => "just now".into(),
+        60..3600 => format!("{} min ago", s / 60),
+        3600..86_400 => format!("{} h ago", s / 3600),
+        86_400..2_592_000 => format!("{} d ago", s / 86_400),
+        _ => humantime::format_rfc3339_seconds(then).to_string()[..10].to_string(),
+    }
 }

@@ -16,6 +16,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::app::Answer;
+use crate::approved::Approved;
 
 #[derive(Debug)]
 pub enum Request {
@@ -24,9 +25,13 @@ pub enum Request {
     SetModel(String),
     Clear,
     New,
-    ListSessions { all: bool },
+    ListSessions {
+        all: bool,
+    },
     Load(String),
     Rewind(Option<u64>),
+    /// `!cmd`: a command the user runs in the sandbox's shell.
+    Shell(String),
 }
 
 pub enum Update {
@@ -48,6 +53,8 @@ pub enum Update {
         input: Value,
         /// A `write_file` target's current text (`None`: a new file).
         before: Option<String>,
+        /// For a shell command, the words the user may approve for good.
+        prefix: Option<Vec<String>>,
         reply: oneshot::Sender<Answer>,
     },
     Sessions(Vec<SessionSummary>),
@@ -55,7 +62,7 @@ pub enum Update {
     /// or one loaded from disk).
     Session {
         id: String,
-        workspace: String,
+        workspace: PathBuf,
         history: Option<Vec<Message>>,
         usage: Usage,
     },
@@ -71,13 +78,20 @@ pub enum ApprovalMode {
 }
 
 /// Asks the UI about each call, except for tools the user allowed for the
-/// session.
+/// session and shell commands a rule of theirs approves.
 struct UiApprover {
     updates: mpsc::UnboundedSender<Update>,
     always: Mutex<HashSet<String>>,
+    /// The user's approved command prefixes; `Err`: why their file is not
+    /// used (and is not written to).
+    approved: Mutex<Result<Approved, String>>,
     /// The host workspace, to show what a write would replace.
     workspace: PathBuf,
 }
+
+/// The tool whose commands prefix rules approve, and its input field.
+const SHELL_TOOL: &str = "bash";
+const SHELL_COMMAND: &str = "command";
 
 /// Largest file whose replaced lines an approval shows.
 const MAX_BEFORE: u64 = 1 << 20;
@@ -101,6 +115,24 @@ fn current_text(workspace: &std::path::Path, path: &str) -> Option<String> {
     })
 }
 
+impl UiApprover {
+    /// Saves a prefix rule; what to tell the user about it.
+    fn remember(&self, words: Vec<String>) -> Update {
+        let shown = cordon_tools::printable(&words.join(" "));
+        let mut approved = self.approved.lock().unwrap_or_else(|p| p.into_inner());
+        match &mut *approved {
+            Ok(a) => match a.add(words) {
+                Ok(()) => Update::Notice(format!(
+                    "Commands starting with `{shown}` run without asking from now on, in every session ({}).",
+                    a.path().display()
+                )),
+                Err(e) => Update::Error(format!("the rule for `{shown}` is not saved: {e}")),
+            },
+            Err(why) => Update::Error(format!("the rule for `{shown}` is not saved: {why}")),
+        }
+    }
+}
+
 impl Approver for UiApprover {
     fn approve<'a>(
         &'a self,
@@ -117,6 +149,16 @@ impl Approver for UiApprover {
             {
                 return Approval::Allow;
             }
+            let command = (name == SHELL_TOOL)
+                .then(|| input[SHELL_COMMAND].as_str())
+                .flatten();
+            if let Some(command) = command
+                && let Ok(approved) = &*self.approved.lock().unwrap_or_else(|p| p.into_inner())
+                && approved.allowing(command).is_some()
+            {
+                return Approval::Allow;
+            }
+            let prefix = command.and_then(crate::approved::suggested_prefix);
             let before = match (name, input["path"].as_str()) {
                 ("write_file", Some(path)) => {
                     let (ws, path) = (self.workspace.clone(), path.to_string());
@@ -133,6 +175,7 @@ impl Approver for UiApprover {
                 name: name.to_string(),
                 input: input.clone(),
                 before,
+                prefix,
                 reply: tx,
             });
             if asked.is_err() {
@@ -144,6 +187,11 @@ impl Approver for UiApprover {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .insert(name.to_string());
+                    Approval::Allow
+                }
+                Ok(Answer::Prefix(words)) => {
+                    let said = self.remember(words);
+                    let _ = self.updates.send(said);
                     Approval::Allow
                 }
                 Ok(a) => a.into(),
@@ -166,6 +214,9 @@ pub struct Worker {
     /// Said in the transcript before anything else (settings the
     /// configuration ignored, and why).
     pub notices: Vec<String>,
+    /// The user's configuration directory (`$XDG_CONFIG_HOME`), where the
+    /// commands they approve for good are kept; `None`: not kept.
+    pub config_home: Option<PathBuf>,
     /// A repository cloned for this conversation (`--repo`): the id its
     /// session gets (its branch is named after it), the records its log
     /// starts with after `session_started`, and the host-side git tools.
@@ -207,9 +258,19 @@ impl Worker {
             let _ = updates.send(Update::Notice(n));
         }
         let approver = (self.approval == ApprovalMode::Ask).then(|| {
+            let approved = match &self.config_home {
+                Some(home) => Approved::load(home).map_err(|e| e.to_string()),
+                None => Err("neither XDG_CONFIG_HOME nor HOME is set".into()),
+            };
+            if let Err(e) = &approved {
+                let _ = updates.send(Update::Error(format!(
+                    "approved commands are not used: {e}"
+                )));
+            }
             Arc::new(UiApprover {
                 updates: updates.clone(),
                 always: Mutex::default(),
+                approved: Mutex::new(approved),
                 workspace: self.sandbox.workspace.clone(),
             })
         });
@@ -317,7 +378,7 @@ impl State {
         let id = r.summary.id.clone();
         let _ = self.updates.send(Update::Session {
             id: id.clone(),
-            workspace: r.summary.workspace.clone(),
+            workspace: self.cfg.sandbox.workspace.clone(),
             history: Some(r.history.clone()),
             usage: r.summary.usage,
         });
@@ -359,6 +420,7 @@ impl State {
             }
             Request::Load(id) => self.load(&id).await,
             Request::Rewind(turn) => self.rewind(turn).await,
+            Request::Shell(command) => self.shell(&command).await,
         }
     }
 
@@ -535,7 +597,7 @@ impl State {
                 }
                 let _ = self.updates.send(Update::Session {
                     id: id.clone(),
-                    workspace: self.cfg.sandbox.workspace.display().to_string(),
+                    workspace: self.cfg.sandbox.workspace.clone(),
                     history: None,
                     usage: Usage::default(),
                 });
@@ -578,6 +640,28 @@ impl State {
             done(result)
         };
         let _ = self.updates.send(done);
+    }
+
+    /// Runs `!cmd` in the sandbox's shell, logged, for the model to see
+    /// with the next prompt.
+    async fn shell(&mut self, command: &str) {
+        if self.agent.is_none() {
+            self.fresh_agent();
+        }
+        if self.agent.is_none() {
+            let _ = self.updates.send(Update::Done {
+                error: Some("the sandbox is not running: /new starts a fresh one".into()),
+                cancelled: false,
+            });
+            return;
+        }
+        self.ensure_log(&format!("!{command}"));
+        self.cancel.reset();
+        let agent = self.agent.as_mut().expect("checked above");
+        let result = agent
+            .run_user_command(command, &self.events, &self.cancel)
+            .await;
+        let _ = self.updates.send(done(result));
     }
 
     async fn compact(&mut self) {

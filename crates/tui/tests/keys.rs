@@ -33,6 +33,11 @@ fn type_text(app: &mut App, text: &str) {
     }
 }
 
+/// The transcript's last entry, as debug text.
+fn last(a: &App) -> String {
+    format!("{:?}", a.transcript.entries().last())
+}
+
 fn enter(app: &mut App) -> Vec<Action> {
     app.on_key(key(KeyCode::Enter))
 }
@@ -273,7 +278,6 @@ fn allow_widens_the_network_for_the_session() {
     );
     type_text(&mut a, "/allow *");
     assert_eq!(enter(&mut a), Vec::<Action>::new());
-    let last = |a: &App| format!("{:?}", a.transcript.entries().last());
     assert!(last(&a).contains("/allow *"), "{}", last(&a));
     type_text(&mut a, "/allow");
     assert_eq!(enter(&mut a), Vec::<Action>::new());
@@ -327,4 +331,104 @@ fn tab_completes_slash_commands() {
     type_text(&mut a, "/load ab");
     a.on_key(key(KeyCode::Tab));
     assert_ne!(a.input_text(), "/load ab");
+}
+
+/// Issue 32: Tab after `@` asks for the workspace's paths that start with
+/// what follows it; the answer completes the word (a file with a space, a
+/// directory with its `/`), narrows to the common start, or lists them.
+#[test]
+fn tab_after_an_at_sign_completes_a_workspace_path() {
+    let mut a = app();
+    type_text(&mut a, "look at @src/ma");
+    assert_eq!(
+        a.on_key(key(KeyCode::Tab)),
+        vec![Action::CompletePath("src/ma".into())]
+    );
+    a.complete_path("src/ma", vec!["src/main.rs".into()]);
+    assert_eq!(a.input_text(), "look at @src/main.rs ");
+
+    let mut a = app();
+    type_text(&mut a, "@s");
+    a.complete_path("s", vec!["src/".into()]);
+    assert_eq!(a.input_text(), "@src/", "a directory: no space, to go on");
+    a.complete_path("src/", vec!["src/main.rs".into(), "src/match.rs".into()]);
+    assert_eq!(a.input_text(), "@src/ma", "the common start of several");
+    a.complete_path("src/ma", vec!["src/main.rs".into(), "src/match.rs".into()]);
+    assert_eq!(a.input_text(), "@src/ma");
+    assert!(
+        last(&a).contains("src/main.rs  src/match.rs"),
+        "{}",
+        last(&a)
+    );
+    a.complete_path("src/ma", Vec::new());
+    assert!(last(&a).contains("Nothing in the workspace starts with src/ma"));
+
+    // An answer to a word since changed is dropped.
+    let mut a = app();
+    type_text(&mut a, "@sr");
+    type_text(&mut a, "c");
+    a.complete_path("sr", vec!["src/".into()]);
+    assert_eq!(a.input_text(), "@src");
+
+    // A word without `@` (or an e-mail address) is not completed.
+    let mut a = app();
+    type_text(&mut a, "mail me@x");
+    assert_eq!(a.on_key(key(KeyCode::Tab)), vec![]);
+}
+
+/// Issue 32: `!cmd` runs the command in the sandbox, shown as the user's,
+/// and only between turns.
+#[test]
+fn a_bang_runs_a_command_in_the_sandbox() {
+    let mut a = app();
+    type_text(&mut a, "!ls -la");
+    assert_eq!(enter(&mut a), vec![Action::Shell("ls -la".into())]);
+    assert!(a.busy, "Ctrl+C cancels it as it would a turn");
+    type_text(&mut a, "!pwd");
+    assert_eq!(enter(&mut a), vec![]);
+    assert_eq!(a.input_text(), "!pwd", "kept for after the turn");
+    assert!(
+        last(&a).contains("wait until the turn ends"),
+        "{}",
+        last(&a)
+    );
+    a.turn_done(None, false);
+    a.on_key(KeyEvent::new(KeyCode::Char('u'), KeyModifiers::CONTROL));
+    type_text(&mut a, "!");
+    assert_eq!(enter(&mut a), vec![]);
+    assert!(last(&a).contains("! needs a command"), "{}", last(&a));
+}
+
+/// Issue 32: `p` at a shell command's approval approves its prefix for
+/// good; with no prefix offered (another tool), `p` does nothing.
+#[test]
+fn p_approves_a_command_prefix() {
+    use cordon_tui::app::Answer;
+    let mut a = app();
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    a.ask_approval(
+        "b1".into(),
+        "bash".into(),
+        serde_json::json!({"command": "cargo test --all"}),
+        None,
+        Some(vec!["cargo".into(), "test".into()]),
+        tx,
+    );
+    a.on_key(key(KeyCode::Char('p')));
+    assert_eq!(
+        rx.try_recv().unwrap(),
+        Answer::Prefix(vec!["cargo".into(), "test".into()])
+    );
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
+    a.ask_approval(
+        "w1".into(),
+        "write_file".into(),
+        serde_json::json!({"path": "a", "content": ""}),
+        None,
+        None,
+        tx,
+    );
+    a.on_key(key(KeyCode::Char('p')));
+    assert!(rx.try_recv().is_err(), "still asking");
+    assert!(a.approval.is_some());
 }

@@ -190,6 +190,7 @@ fn the_approval_prompt() {
         "bash".into(),
         json!({"command": "rm -rf build/"}),
         None,
+        cordon_tui::approved::suggested_prefix("rm -rf build/"),
         tx,
     );
     insta::assert_snapshot!("asking", draw(&mut a, 80, 12).backend());
@@ -217,6 +218,7 @@ fn approving_a_write_over_a_file_shows_the_lines_it_deletes() {
         "write_file".into(),
         input.clone(),
         Some("keep me\ndelete me\n".into()),
+        None,
         tx,
     );
     let screen = draw(&mut a, 80, 16).backend().to_string();
@@ -230,7 +232,7 @@ fn approving_a_write_over_a_file_shows_the_lines_it_deletes() {
     send(&mut a, "start notes.txt");
     started(&mut a, "w2", "write_file", input.clone());
     let (tx, _rx) = tokio::sync::oneshot::channel();
-    a.ask_approval("w2".into(), "write_file".into(), input, None, tx);
+    a.ask_approval("w2".into(), "write_file".into(), input, None, None, tx);
     let screen = draw(&mut a, 80, 16).backend().to_string();
     assert!(screen.contains("a new file"), "{screen}");
     assert!(screen.contains("+ keep me"), "{screen}");
@@ -293,8 +295,30 @@ fn multi_line_input_and_the_session_picker() {
             usage: Usage::default(),
         },
     ]);
+    // Counted from a fixed moment, so that the snapshot keeps.
+    a.picker.as_mut().unwrap().now =
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_795_390_000);
     a.on_key(key(KeyCode::Down));
     insta::assert_snapshot!("picker", draw(&mut a, 70, 12).backend());
+    // Typing narrows the list; Enter loads what is highlighted in it.
+    type_text(&mut a, "HELLO");
+    let screen = draw(&mut a, 70, 12).backend().to_string();
+    assert!(
+        screen.contains("(1 of 2)") && screen.contains("filter: HELLO"),
+        "{screen}"
+    );
+    assert!(!screen.contains("fix the tests"), "{screen}");
+    a.on_key(key(KeyCode::Backspace));
+    type_text(&mut a, "x");
+    assert_eq!(
+        a.on_key(key(KeyCode::Enter)),
+        vec![],
+        "nothing matches HELLX"
+    );
+    for _ in 0..5 {
+        a.on_key(key(KeyCode::Backspace));
+    }
+    a.on_key(key(KeyCode::Down));
     assert_eq!(
         a.on_key(key(KeyCode::Enter)),
         vec![Action::Load("1795300000-11111".into())]

@@ -2,11 +2,13 @@
 //! run of read-only calls together), their output streamed as it comes,
 //! and one result per call whatever happens.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use tokio::sync::mpsc;
 
-use super::{Agent, AgentEvent, Cancel, Journal};
+use super::{Agent, AgentError, AgentEvent, Cancel, Journal};
 use crate::wire::{ToolResult, ToolSpec};
 use cordon_tools::{ToolOutput, Toolbox};
 
@@ -195,6 +197,70 @@ impl Agent {
                 })
             })
             .collect()
+    }
+}
+
+/// The tool `!cmd` runs, and what its input is called.
+const USER_SHELL: &str = "bash";
+const USER_SHELL_COMMAND: &str = "command";
+
+impl Agent {
+    /// Runs a command the user typed (`!cmd` in the terminal UI) in the
+    /// sandbox's shell, as the `bash` tool runs the model's: the same
+    /// shell, so a `cd` carries over. Reported on `events` as a tool call,
+    /// logged, and put in the history as a user message, so the model
+    /// sees the command and its output with the next prompt. No approver
+    /// is asked: the user is the one running it.
+    pub async fn run_user_command(
+        &mut self,
+        command: &str,
+        events: &mpsc::UnboundedSender<AgentEvent>,
+        cancel: &Cancel,
+    ) -> Result<ToolOutput, AgentError> {
+        static RUNS: AtomicU64 = AtomicU64::new(0);
+        self.settle().await;
+        let log = self.log.clone();
+        let journal = Journal { events, log: &log };
+        let id = format!("user_{}", RUNS.fetch_add(1, Ordering::Relaxed));
+        let input = serde_json::json!({ USER_SHELL_COMMAND: command });
+        journal.emit(AgentEvent::ToolCallStarted {
+            id: id.clone(),
+            name: USER_SHELL.into(),
+            input: input.clone(),
+        });
+        let live = crate::live::Live::new(&id, events.clone());
+        let ctx = self.ctx.with_progress(live.progress());
+        let started = Instant::now();
+        let out = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => None,
+            out = self.tools.call(&ctx, USER_SHELL, input) => Some(out),
+        };
+        let printed = live.finish();
+        let (out, result) = match out {
+            Some(out) => (out.clone(), Ok(out)),
+            None => (
+                ToolOutput::error(cancelled_with(&printed)),
+                Err(AgentError::Cancelled),
+            ),
+        };
+        journal.emit(AgentEvent::ToolCallFinished {
+            id,
+            name: USER_SHELL.into(),
+            output: out.text.clone(),
+            is_error: out.is_error,
+            structured: out.structured.clone(),
+            duration_ms: started.elapsed().as_millis() as u64,
+        });
+        self.push(crate::wire::Message::User {
+            text: format!(
+                "[The user ran a command in the sandbox's shell themselves; it was not a tool call of yours.]\n$ {command}\n{}",
+                out.text
+            ),
+            tool_results: Vec::new(),
+        });
+        log.sync();
+        result
     }
 }
 
