@@ -77,6 +77,7 @@ mod anthropic;
 pub mod forge;
 pub mod git_remote;
 mod inspect;
+pub mod layout;
 mod openai;
 mod scenario;
 mod server;

@@ -1,0 +1,21 @@
+//! OCI images for cordon's sandboxes: what a reference names, the digests
+//! blobs are known by, and layers unpacked as the hostile input they are.
+//!
+//! Everything here comes from outside (a registry, an archive, a layout a
+//! tool wrote) and is treated so: digests are parsed into a closed type
+//! before they name a file, and a layer is unpacked beneath its directory
+//! by descriptors, never through a link ([`unpack`]). Nothing here runs a
+//! sandbox: the `sandbox` crate mounts what this one hands it.
+
+pub mod digest;
+pub mod unpack;
+
+pub use digest::Digest;
+pub use unpack::{Limits, Owners, Report, UnpackError, unpack};
+
+/// The modules from the bottom up: each may use only those before it
+/// (checked by `layout.rs`).
+pub const LAYERS: &[&str] = &["digest", "unpack"];
+
+#[cfg(test)]
+mod layout;

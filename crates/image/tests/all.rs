@@ -1,0 +1,3 @@
+//! The image crate's tests, one binary.
+
+mod suite;

@@ -1,0 +1,100 @@
+//! A crate's layering, checked on its sources: given the crate's `src` and
+//! its modules from the bottom up, a module that names one at or above its
+//! own place (`crate::x`, `use crate::{x, ..}`) fails the check, naming the
+//! file and the module. Each crate's `layout.rs` test calls [`check`].
+
+use std::path::Path;
+
+/// The top-level module a source file belongs to: `jobs/view.rs` is `jobs`.
+fn module_of(rel: &Path) -> String {
+    let first = rel.components().next().expect("a file under src");
+    let first = first.as_os_str().to_string_lossy();
+    first.trim_end_matches(".rs").to_string()
+}
+
+/// The crate modules a source names.
+fn uses(source: &str) -> Vec<String> {
+    let mut named = Vec::new();
+    let mut rest = source;
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // `use crate::{a, b::C, c::{..}}`: each item's first segment.
+            let end = group.find('}').unwrap_or(group.len());
+            for item in group[..end].split(',') {
+                let name: String = item
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                named.push(name);
+            }
+        } else {
+            named.push(
+                rest.chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect(),
+            );
+        }
+    }
+    named.retain(|n| n.chars().next().is_some_and(|c| c.is_ascii_lowercase()));
+    named
+}
+
+fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).expect("src is readable").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Panics, listing each file that uses a module at or above its own, if
+/// any does, or if `layers` does not name exactly the modules of `src`
+/// (`lib.rs` and `layout.rs` aside).
+pub fn check(src: &Path, layers: &[&str]) {
+    let rank = |m: &str| layers.iter().position(|l| *l == m);
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    let mut wrong = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for file in files {
+        let rel = file.strip_prefix(src).unwrap();
+        let module = module_of(rel);
+        if matches!(module.as_str(), "lib" | "layout") {
+            continue;
+        }
+        seen.insert(module.clone());
+        let own = rank(&module).unwrap_or_else(|| panic!("{module} is missing from LAYERS"));
+        let text = std::fs::read_to_string(&file).unwrap();
+        for used in uses(&text) {
+            if used == module {
+                continue;
+            }
+            match rank(&used) {
+                Some(r) if r < own => {}
+                Some(_) => wrong.push(format!("{} uses {used}, above {module}", rel.display())),
+                None => wrong.push(format!("{} uses {used}, which LAYERS lacks", rel.display())),
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "layering broken:\n{}", wrong.join("\n"));
+    let listed: std::collections::BTreeSet<String> = layers.iter().map(|s| s.to_string()).collect();
+    assert_eq!(seen, listed, "LAYERS names every module and only those");
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_checker_sees_both_forms_of_use() {
+        assert_eq!(
+            super::uses(
+                "use crate::http::{A, B};\nuse crate::{job, store::X};\nlet x = crate::state::Shared;"
+            ),
+            ["http", "job", "store", "state"]
+        );
+    }
+}
