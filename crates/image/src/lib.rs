@@ -8,14 +8,16 @@
 //! sandbox: the `sandbox` crate mounts what this one hands it.
 
 pub mod digest;
+pub mod reference;
 pub mod unpack;
 
 pub use digest::Digest;
+pub use reference::{BadReference, ImageRef};
 pub use unpack::{Limits, Owners, Report, UnpackError, unpack};
 
 /// The modules from the bottom up: each may use only those before it
 /// (checked by `layout.rs`).
-pub const LAYERS: &[&str] = &["digest", "unpack"];
+pub const LAYERS: &[&str] = &["digest", "reference", "unpack"];
 
 #[cfg(test)]
 mod layout;
