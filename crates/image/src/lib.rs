@@ -4,11 +4,14 @@
 //! Everything here comes from outside (a registry, an archive, a layout a
 //! tool wrote) and is treated so: digests are parsed into a closed type
 //! before they name a file, and a layer is unpacked beneath its directory
-//! by descriptors, never through a link ([`unpack`]). Nothing here runs a
-//! sandbox: the `sandbox` crate mounts what this one hands it.
+//! by descriptors, never through a link ([`unpack`]); the [`store`] keeps
+//! verified blobs and unpacked layers, and takes an image only whole.
+//! Nothing here runs a sandbox: the `sandbox` crate mounts what this one
+//! hands it.
 
 pub mod digest;
 pub mod reference;
+pub mod store;
 pub mod unpack;
 
 pub use digest::Digest;
@@ -17,7 +20,7 @@ pub use unpack::{Limits, Owners, Report, UnpackError, unpack};
 
 /// The modules from the bottom up: each may use only those before it
 /// (checked by `layout.rs`).
-pub const LAYERS: &[&str] = &["digest", "reference", "unpack"];
+pub const LAYERS: &[&str] = &["digest", "reference", "unpack", "store"];
 
 #[cfg(test)]
 mod layout;

@@ -235,10 +235,8 @@ fn place<R: Read>(
     let ids = match owners {
         Owners::Caller => None,
         Owners::Keep => {
-            let (uid, gid) = (
-                header.uid().map_err(UnpackError::Read)?,
-                header.gid().map_err(UnpackError::Read)?,
-            );
+            // An empty owner field (some writers leave it) is root's.
+            let (uid, gid) = (header.uid().unwrap_or(0), header.gid().unwrap_or(0));
             if uid > MAX_ID || gid > MAX_ID {
                 return Err(refused(
                     &raw,

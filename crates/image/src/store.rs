@@ -1,0 +1,474 @@
+//! The store: verified blobs, layers unpacked once and shared, and the
+//! images that name them.
+//!
+//! ```text
+//! ROOT/blobs/sha256/HEX     manifests, configs and layers, as fetched, digest verified
+//! ROOT/layers/HEX/          a layer unpacked, named by its diff_id (complete, or absent)
+//! ROOT/images/HEX.json      an image: its name, manifest, config and layers (HEX of the name)
+//! ROOT/tmp/                 work in progress, renamed into place when done
+//! ```
+//!
+//! Everything is written under `tmp/` and renamed into place once whole
+//! and verified, so a failed or interrupted import leaves nothing a later
+//! run would use, and two imports of one layer both end with one copy.
+//! The sources are hostile: an OCI layout's files are opened beneath its
+//! directory through no link, read up to their declared size, and taken
+//! only if their digest is the one the manifest names.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use oci_spec::image::{
+    ANNOTATION_REF_NAME, Descriptor, ImageConfiguration, ImageIndex, ImageManifest, MediaType,
+};
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use serde::{Deserialize, Serialize};
+
+use crate::digest::{Digest, Hashing};
+use crate::unpack::{self, Limits, Owners};
+
+/// Largest manifest, index or config read: real ones are kilobytes.
+const MAX_JSON: u64 = 4 << 20;
+/// Most layers an image may have: overlayfs stacks at most 500, and no
+/// real image comes near this.
+pub const MAX_LAYERS: usize = 128;
+/// The zstd frame's first bytes: such layers are not read yet.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Unpack(#[from] unpack::UnpackError),
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> StoreError {
+    let what = what.into();
+    move |source| StoreError::Io { what, source }
+}
+
+fn invalid(why: impl Into<String>) -> StoreError {
+    StoreError::Invalid(why.into())
+}
+
+/// An image in the store, as a sandbox needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Image {
+    /// What it was imported or pulled as.
+    pub name: String,
+    pub manifest: Digest,
+    pub config: Digest,
+    /// Its layers' diff_ids, bottom first: `layers/HEX` each.
+    pub layers: Vec<Digest>,
+    /// The config's `Env`, `WorkingDir` and `User`.
+    pub env: Vec<String>,
+    pub working_dir: Option<String>,
+    pub user: Option<String>,
+    /// Bytes of its layers' files, unpacked.
+    pub size: u64,
+}
+
+pub struct Store {
+    root: PathBuf,
+    owners: Owners,
+}
+
+impl Store {
+    /// The store at `root`, made if need be (readable by its owner only:
+    /// its files keep the image's owners and modes).
+    pub fn open(root: &Path) -> Result<Store, StoreError> {
+        for sub in ["blobs/sha256", "layers", "images", "tmp"] {
+            std::fs::create_dir_all(root.join(sub))
+                .map_err(io_err(format!("making {}", root.join(sub).display())))?;
+        }
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_err(format!("securing {}", root.display())))?;
+        let owners = if rustix::process::geteuid().is_root() {
+            Owners::Keep
+        } else {
+            Owners::Caller
+        };
+        Ok(Store {
+            root: root.to_path_buf(),
+            owners,
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The directory of an unpacked layer.
+    pub fn layer_dir(&self, diff_id: &Digest) -> PathBuf {
+        self.root.join("layers").join(diff_id.hex())
+    }
+
+    fn blob_path(&self, d: &Digest) -> PathBuf {
+        self.root.join("blobs/sha256").join(d.hex())
+    }
+
+    fn record_path(&self, name: &str) -> PathBuf {
+        self.root
+            .join("images")
+            .join(format!("{}.json", Digest::of(name.as_bytes()).hex()))
+    }
+
+    /// The image stored as `name`, if any.
+    pub fn get(&self, name: &str) -> Option<Image> {
+        let text = std::fs::read(self.record_path(name)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// Every image, by name.
+    pub fn list(&self) -> Vec<Image> {
+        let Ok(dir) = std::fs::read_dir(self.root.join("images")) else {
+            return Vec::new();
+        };
+        let mut out: Vec<Image> = dir
+            .flatten()
+            .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// A fresh directory under `tmp/`.
+    fn scratch(&self) -> Result<tempfile::TempDir, StoreError> {
+        tempfile::Builder::new()
+            .prefix("work-")
+            .tempdir_in(self.root.join("tmp"))
+            .map_err(io_err("making a work directory in the store"))
+    }
+
+    /// Imports the image of the OCI layout `dir` tagged `tag` (none: the
+    /// only one it holds) as `name`.
+    pub fn import_layout(
+        &self,
+        dir: &Path,
+        tag: Option<&str>,
+        name: &str,
+    ) -> Result<Image, StoreError> {
+        let layout = Layout::open(dir)?;
+        let index: ImageIndex = layout.json("index.json")?;
+        let chosen = choose_tagged(&index, tag, dir)?;
+        let manifest_desc = self.resolve_index(&layout, chosen)?;
+        let manifest_bytes = self.copy_blob(&layout, &manifest_desc, MAX_JSON)?;
+        let manifest: ImageManifest = parse(&manifest_bytes, "the manifest")?;
+        let config_bytes = self.copy_blob(&layout, manifest.config(), MAX_JSON)?;
+        let config: ImageConfiguration = parse(&config_bytes, "the image config")?;
+        let diff_ids = diff_ids(&manifest, &config)?;
+        let mut size = 0;
+        for (layer, diff_id) in manifest.layers().iter().zip(&diff_ids) {
+            size += self.layer(&layout, layer, diff_id)?;
+        }
+        let settings = config.config().as_ref();
+        let image = Image {
+            name: name.to_string(),
+            manifest: digest_of(&manifest_desc)?,
+            config: digest_of(manifest.config())?,
+            layers: diff_ids,
+            env: settings.and_then(|c| c.env().clone()).unwrap_or_default(),
+            working_dir: settings.and_then(|c| c.working_dir().clone()),
+            user: settings.and_then(|c| c.user().clone()),
+            size,
+        };
+        self.record(&image)?;
+        Ok(image)
+    }
+
+    /// The manifest a descriptor leads to: itself, or this machine's
+    /// platform's from an index.
+    fn resolve_index(&self, layout: &Layout, desc: &Descriptor) -> Result<Descriptor, StoreError> {
+        if !is_index(desc.media_type()) {
+            return Ok(desc.clone());
+        }
+        let bytes = self.copy_blob(layout, desc, MAX_JSON)?;
+        let index: ImageIndex = parse(&bytes, "the image index")?;
+        let arch = platform_arch();
+        index
+            .manifests()
+            .iter()
+            .find(|m| {
+                m.platform().as_ref().is_some_and(|p| {
+                    p.os().to_string() == "linux" && p.architecture().to_string() == arch
+                }) && !is_index(m.media_type())
+            })
+            .cloned()
+            .ok_or_else(|| invalid(format!("the image index has no image for linux/{arch}")))
+    }
+
+    /// Copies a blob of the layout into the store, verified; returns its
+    /// bytes when it is at most `keep` long (manifests, configs).
+    fn copy_blob(
+        &self,
+        layout: &Layout,
+        desc: &Descriptor,
+        keep: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        let digest = digest_of(desc)?;
+        let size = desc.size();
+        let dest = self.blob_path(&digest);
+        if !dest.exists() {
+            let mut src = layout.blob(&digest)?;
+            let scratch = tempfile::NamedTempFile::new_in(self.root.join("tmp"))
+                .map_err(io_err("making a blob file in the store"))?;
+            let mut w = Hashing::new(scratch);
+            // One byte past the declared size shows a lie.
+            io::copy(&mut (&mut src).take(size + 1), &mut w)
+                .map_err(io_err(format!("copying blob {digest}")))?;
+            if w.written != size {
+                return Err(invalid(format!(
+                    "blob {digest} holds {}{} bytes, not the {size} its descriptor says",
+                    w.written,
+                    if w.written > size { " or more" } else { "" }
+                )));
+            }
+            let (got, file) = w.finish();
+            if got != digest {
+                return Err(invalid(format!("blob {digest} has the digest {got}")));
+            }
+            file.persist(&dest).map_err(|e| StoreError::Io {
+                what: format!("storing blob {digest}"),
+                source: e.error,
+            })?;
+        }
+        if size > keep {
+            return Ok(Vec::new());
+        }
+        std::fs::read(&dest).map_err(io_err(format!("reading blob {digest}")))
+    }
+
+    /// Makes sure the layer is unpacked; its size in bytes.
+    fn layer(
+        &self,
+        layout: &Layout,
+        desc: &Descriptor,
+        diff_id: &Digest,
+    ) -> Result<u64, StoreError> {
+        let dir = self.layer_dir(diff_id);
+        if dir.is_dir() {
+            return Ok(dir_size(&dir));
+        }
+        let digest = digest_of(desc)?;
+        self.copy_blob(layout, desc, 0)?;
+        let mut blob = File::open(self.blob_path(&digest))
+            .map_err(io_err(format!("opening blob {digest}")))?;
+        let mut magic = [0u8; 4];
+        let n = blob.read(&mut magic).map_err(io_err("reading a layer"))?;
+        if n == 4 && magic == ZSTD_MAGIC {
+            return Err(invalid(format!(
+                "layer {digest} is zstd-compressed, which cordon does not read yet"
+            )));
+        }
+        drop(blob);
+        let blob = File::open(self.blob_path(&digest))
+            .map_err(io_err(format!("opening blob {digest}")))?;
+        let scratch = self.scratch()?;
+        let report = unpack::unpack(
+            io::BufReader::new(blob),
+            scratch.path(),
+            Limits::default(),
+            self.owners,
+        )?;
+        if report.diff_id.as_ref() != Some(diff_id) {
+            return Err(invalid(format!(
+                "layer {digest} unpacks to {}, not the {diff_id} the config names",
+                report.diff_id.map_or("nothing".into(), |d| d.to_string())
+            )));
+        }
+        // The directory itself takes the layer root's usual mode.
+        std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755))
+            .map_err(io_err("finishing a layer"))?;
+        let work = scratch.keep();
+        match std::fs::rename(&work, &dir) {
+            Ok(()) => {}
+            // Another import finished the same layer first: keep theirs.
+            Err(_) if dir.is_dir() => {
+                let _ = std::fs::remove_dir_all(&work);
+            }
+            Err(e) => return Err(io_err(format!("storing layer {diff_id}"))(e)),
+        }
+        Ok(report.bytes)
+    }
+
+    /// Writes the image's record, last, atomically.
+    fn record(&self, image: &Image) -> Result<(), StoreError> {
+        let text = serde_json::to_vec_pretty(image).expect("an image serialises");
+        let tmp = tempfile::NamedTempFile::new_in(self.root.join("tmp"))
+            .map_err(io_err("making a record in the store"))?;
+        std::fs::write(tmp.path(), text).map_err(io_err("writing an image record"))?;
+        tmp.persist(self.record_path(&image.name))
+            .map_err(|e| StoreError::Io {
+                what: "storing an image record".into(),
+                source: e.error,
+            })?;
+        Ok(())
+    }
+}
+
+/// The sum of the sizes of a layer's regular files, for listings.
+fn dir_size(dir: &Path) -> u64 {
+    fn walk(p: &Path, depth: usize) -> u64 {
+        let Ok(rd) = std::fs::read_dir(p) else {
+            return 0;
+        };
+        rd.flatten()
+            .map(|e| match e.file_type() {
+                Ok(t) if t.is_dir() && depth < 128 => walk(&e.path(), depth + 1),
+                Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+                _ => 0,
+            })
+            .sum()
+    }
+    walk(dir, 0)
+}
+
+/// This machine's architecture as OCI names it.
+fn platform_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+fn is_index(m: &MediaType) -> bool {
+    matches!(m, MediaType::ImageIndex)
+        || m.to_string() == "application/vnd.docker.distribution.manifest.list.v2+json"
+}
+
+fn digest_of(desc: &Descriptor) -> Result<Digest, StoreError> {
+    Digest::parse(desc.digest().as_ref()).map_err(|e| invalid(e.to_string()))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| invalid(format!("{what} is not valid: {e}")))
+}
+
+/// The descriptor of `index` tagged `tag`, or its only one.
+fn choose_tagged<'a>(
+    index: &'a ImageIndex,
+    tag: Option<&str>,
+    dir: &Path,
+) -> Result<&'a Descriptor, StoreError> {
+    let manifests = index.manifests();
+    match tag {
+        Some(tag) => manifests
+            .iter()
+            .find(|m| {
+                m.annotations()
+                    .as_ref()
+                    .and_then(|a| a.get(ANNOTATION_REF_NAME))
+                    .is_some_and(|t| t == tag)
+            })
+            .ok_or_else(|| invalid(format!("{} holds no image tagged {tag}", dir.display()))),
+        None => match manifests.as_slice() {
+            [one] => Ok(one),
+            [] => Err(invalid(format!("{} holds no image", dir.display()))),
+            _ => Err(invalid(format!(
+                "{} holds {} images: name one with oci:DIR:TAG",
+                dir.display(),
+                manifests.len()
+            ))),
+        },
+    }
+}
+
+/// The config's diff_ids, checked against the manifest's layers.
+fn diff_ids(
+    manifest: &ImageManifest,
+    config: &ImageConfiguration,
+) -> Result<Vec<Digest>, StoreError> {
+    let ids = config.rootfs().diff_ids();
+    if ids.len() > MAX_LAYERS || manifest.layers().len() > MAX_LAYERS {
+        return Err(invalid(format!(
+            "the image has {} layers; cordon takes at most {MAX_LAYERS}",
+            ids.len().max(manifest.layers().len())
+        )));
+    }
+    if ids.len() != manifest.layers().len() {
+        return Err(invalid(format!(
+            "the manifest has {} layers and the config {}",
+            manifest.layers().len(),
+            ids.len()
+        )));
+    }
+    ids.iter()
+        .map(|d| Digest::parse(d).map_err(|e| invalid(e.to_string())))
+        .collect()
+}
+
+/// An OCI image layout on disk, read beneath its directory through no
+/// link.
+struct Layout {
+    dir: rustix::fd::OwnedFd,
+    shown: PathBuf,
+}
+
+impl Layout {
+    fn open(dir: &Path) -> Result<Layout, StoreError> {
+        // The directory the user named may be reached through their own
+        // links; what is in it may not.
+        let fd = rustix::fs::open(
+            dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| invalid(format!("cannot open {}: {e}", dir.display())))?;
+        Ok(Layout {
+            dir: fd,
+            shown: dir.to_path_buf(),
+        })
+    }
+
+    /// Opens a regular file beneath the layout.
+    fn file(&self, rel: &str) -> Result<File, StoreError> {
+        let fd = rustix::fs::openat2(
+            &self.dir,
+            rel,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| {
+            invalid(format!(
+                "{}/{rel}: {e} (a layout's files must be plain files beneath it, not links)",
+                self.shown.display()
+            ))
+        })?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| invalid(e.to_string()))?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            return Err(invalid(format!(
+                "{}/{rel} is not a regular file",
+                self.shown.display()
+            )));
+        }
+        Ok(File::from(fd))
+    }
+
+    fn blob(&self, d: &Digest) -> Result<File, StoreError> {
+        self.file(&format!("blobs/sha256/{}", d.hex()))
+    }
+
+    fn json<T: serde::de::DeserializeOwned>(&self, rel: &str) -> Result<T, StoreError> {
+        let mut bytes = Vec::new();
+        self.file(rel)?
+            .take(MAX_JSON + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io_err(format!("reading {rel}")))?;
+        if bytes.len() as u64 > MAX_JSON {
+            return Err(invalid(format!("{rel} is larger than {MAX_JSON} bytes")));
+        }
+        parse(&bytes, rel)
+    }
+}
