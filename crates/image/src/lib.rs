@@ -9,8 +9,10 @@
 //! Nothing here runs a sandbox: the `sandbox` crate mounts what this one
 //! hands it.
 
+pub mod auth;
 pub mod digest;
 pub mod reference;
+pub mod registry;
 pub mod store;
 pub mod unpack;
 
@@ -20,7 +22,7 @@ pub use unpack::{Limits, Owners, Report, UnpackError, unpack};
 
 /// The modules from the bottom up: each may use only those before it
 /// (checked by `layout.rs`).
-pub const LAYERS: &[&str] = &["digest", "reference", "unpack", "store"];
+pub const LAYERS: &[&str] = &["digest", "auth", "reference", "unpack", "store", "registry"];
 
 #[cfg(test)]
 mod layout;

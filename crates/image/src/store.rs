@@ -5,6 +5,7 @@
 //! ROOT/blobs/sha256/HEX     manifests, configs and layers, as fetched, digest verified
 //! ROOT/layers/HEX/          a layer unpacked, named by its diff_id (complete, or absent)
 //! ROOT/images/HEX.json      an image: its name, manifest, config and layers (HEX of the name)
+//! ROOT/locks/HEX           held while an image (HEX of its name) is pulled
 //! ROOT/tmp/                 work in progress, renamed into place when done
 //! ```
 //!
@@ -30,7 +31,7 @@ use crate::digest::{Digest, Hashing};
 use crate::unpack::{self, Limits, Owners};
 
 /// Largest manifest, index or config read: real ones are kilobytes.
-const MAX_JSON: u64 = 4 << 20;
+pub const MAX_JSON: u64 = 4 << 20;
 /// Most layers an image may have: overlayfs stacks at most 500, and no
 /// real image comes near this.
 pub const MAX_LAYERS: usize = 128;
@@ -56,7 +57,7 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> StoreError {
     move |source| StoreError::Io { what, source }
 }
 
-fn invalid(why: impl Into<String>) -> StoreError {
+pub(crate) fn invalid(why: impl Into<String>) -> StoreError {
     StoreError::Invalid(why.into())
 }
 
@@ -78,6 +79,7 @@ pub struct Image {
     pub size: u64,
 }
 
+#[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
     owners: Owners,
@@ -87,7 +89,7 @@ impl Store {
     /// The store at `root`, made if need be (readable by its owner only:
     /// its files keep the image's owners and modes).
     pub fn open(root: &Path) -> Result<Store, StoreError> {
-        for sub in ["blobs/sha256", "layers", "images", "tmp"] {
+        for sub in ["blobs/sha256", "layers", "images", "locks", "tmp"] {
             std::fs::create_dir_all(root.join(sub))
                 .map_err(io_err(format!("making {}", root.join(sub).display())))?;
         }
@@ -164,18 +166,108 @@ impl Store {
         let manifest_desc = self.resolve_index(&layout, chosen)?;
         let manifest_bytes = self.copy_blob(&layout, &manifest_desc, MAX_JSON)?;
         let manifest: ImageManifest = parse(&manifest_bytes, "the manifest")?;
-        let config_bytes = self.copy_blob(&layout, manifest.config(), MAX_JSON)?;
-        let config: ImageConfiguration = parse(&config_bytes, "the image config")?;
-        let diff_ids = diff_ids(&manifest, &config)?;
+        check_layer_count(manifest.layers().len())?;
+        self.copy_blob(&layout, manifest.config(), MAX_JSON)?;
+        for layer in manifest.layers() {
+            self.copy_blob(&layout, layer, 0)?;
+        }
+        self.import_blobs(&digest_of(&manifest_desc)?, name)
+    }
+
+    /// Whether the store holds the blob.
+    pub fn has_blob(&self, d: &Digest) -> bool {
+        self.blob_path(d).is_file()
+    }
+
+    /// Stores `bytes` as a blob, which must have the digest `expected`.
+    pub fn put_blob(&self, expected: &Digest, bytes: &[u8]) -> Result<(), StoreError> {
+        let got = Digest::of(bytes);
+        if got != *expected {
+            return Err(invalid(format!("blob {expected} has the digest {got}")));
+        }
+        let tmp = tempfile::NamedTempFile::new_in(self.root.join("tmp"))
+            .map_err(io_err("making a blob file in the store"))?;
+        std::fs::write(tmp.path(), bytes).map_err(io_err(format!("writing blob {got}")))?;
+        self.persist_blob(tmp, &got)
+    }
+
+    /// A file under `tmp/` to fetch a blob into, then [`Store::persist_blob`].
+    pub fn blob_file(&self) -> Result<tempfile::NamedTempFile, StoreError> {
+        tempfile::NamedTempFile::new_in(self.root.join("tmp"))
+            .map_err(io_err("making a blob file in the store"))
+    }
+
+    /// Moves a fetched and verified blob into place.
+    pub fn persist_blob(
+        &self,
+        file: tempfile::NamedTempFile,
+        digest: &Digest,
+    ) -> Result<(), StoreError> {
+        file.persist(self.blob_path(digest))
+            .map_err(|e| StoreError::Io {
+                what: format!("storing blob {digest}"),
+                source: e.error,
+            })?;
+        Ok(())
+    }
+
+    /// Reads a stored manifest or config.
+    pub fn read_blob(&self, d: &Digest) -> Result<Vec<u8>, StoreError> {
+        let mut bytes = Vec::new();
+        File::open(self.blob_path(d))
+            .map_err(io_err(format!("opening blob {d}")))?
+            .take(MAX_JSON + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io_err(format!("reading blob {d}")))?;
+        if bytes.len() as u64 > MAX_JSON {
+            return Err(invalid(format!("blob {d} is larger than {MAX_JSON} bytes")));
+        }
+        Ok(bytes)
+    }
+
+    /// Holds the store's lock for `name` until the descriptor is dropped:
+    /// two pulls of one image take turns, so the second finds the first's
+    /// blobs and layers and downloads nothing.
+    pub fn lock(&self, name: &str) -> Result<rustix::fd::OwnedFd, StoreError> {
+        let path = self
+            .root
+            .join("locks")
+            .join(Digest::of(name.as_bytes()).hex());
+        let fd = rustix::fs::open(
+            &path,
+            OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| invalid(format!("locking {}: {e}", path.display())))?;
+        rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| invalid(format!("locking {}: {e}", path.display())))?;
+        Ok(fd)
+    }
+
+    /// Whether the layer with this diff_id is unpacked.
+    pub fn has_layer(&self, diff_id: &Digest) -> bool {
+        self.layer_dir(diff_id).is_dir()
+    }
+
+    /// Makes an image of blobs the store holds: the manifest `manifest`,
+    /// its config and its layers (each unpacked unless it is already),
+    /// recorded as `name` last.
+    pub fn import_blobs(&self, manifest: &Digest, name: &str) -> Result<Image, StoreError> {
+        let m: ImageManifest = parse(&self.read_blob(manifest)?, "the manifest")?;
+        check_layer_count(m.layers().len())?;
+        let config_digest = digest_of(m.config())?;
+        let config: ImageConfiguration =
+            parse(&self.read_blob(&config_digest)?, "the image config")?;
+        let diff_ids = diff_ids(&m, &config)?;
         let mut size = 0;
-        for (layer, diff_id) in manifest.layers().iter().zip(&diff_ids) {
-            size += self.layer(&layout, layer, diff_id)?;
+        for (layer, diff_id) in m.layers().iter().zip(&diff_ids) {
+            size += self.layer(&digest_of(layer)?, diff_id)?;
         }
         let settings = config.config().as_ref();
         let image = Image {
             name: name.to_string(),
-            manifest: digest_of(&manifest_desc)?,
-            config: digest_of(manifest.config())?,
+            manifest: *manifest,
+            config: config_digest,
             layers: diff_ids,
             env: settings.and_then(|c| c.env().clone()).unwrap_or_default(),
             working_dir: settings.and_then(|c| c.working_dir().clone()),
@@ -220,9 +312,7 @@ impl Store {
         let dest = self.blob_path(&digest);
         if !dest.exists() {
             let mut src = layout.blob(&digest)?;
-            let scratch = tempfile::NamedTempFile::new_in(self.root.join("tmp"))
-                .map_err(io_err("making a blob file in the store"))?;
-            let mut w = Hashing::new(scratch);
+            let mut w = Hashing::new(self.blob_file()?);
             // One byte past the declared size shows a lie.
             io::copy(&mut (&mut src).take(size + 1), &mut w)
                 .map_err(io_err(format!("copying blob {digest}")))?;
@@ -249,19 +339,12 @@ impl Store {
     }
 
     /// Makes sure the layer is unpacked; its size in bytes.
-    fn layer(
-        &self,
-        layout: &Layout,
-        desc: &Descriptor,
-        diff_id: &Digest,
-    ) -> Result<u64, StoreError> {
+    fn layer(&self, digest: &Digest, diff_id: &Digest) -> Result<u64, StoreError> {
         let dir = self.layer_dir(diff_id);
         if dir.is_dir() {
             return Ok(dir_size(&dir));
         }
-        let digest = digest_of(desc)?;
-        self.copy_blob(layout, desc, 0)?;
-        let mut blob = File::open(self.blob_path(&digest))
+        let mut blob = File::open(self.blob_path(digest))
             .map_err(io_err(format!("opening blob {digest}")))?;
         let mut magic = [0u8; 4];
         let n = blob.read(&mut magic).map_err(io_err("reading a layer"))?;
@@ -271,7 +354,7 @@ impl Store {
             )));
         }
         drop(blob);
-        let blob = File::open(self.blob_path(&digest))
+        let blob = File::open(self.blob_path(digest))
             .map_err(io_err(format!("opening blob {digest}")))?;
         let scratch = self.scratch()?;
         let report = unpack::unpack(
@@ -334,7 +417,7 @@ fn dir_size(dir: &Path) -> u64 {
 }
 
 /// This machine's architecture as OCI names it.
-fn platform_arch() -> &'static str {
+pub(crate) fn platform_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
@@ -342,16 +425,19 @@ fn platform_arch() -> &'static str {
     }
 }
 
-fn is_index(m: &MediaType) -> bool {
+pub(crate) fn is_index(m: &MediaType) -> bool {
     matches!(m, MediaType::ImageIndex)
         || m.to_string() == "application/vnd.docker.distribution.manifest.list.v2+json"
 }
 
-fn digest_of(desc: &Descriptor) -> Result<Digest, StoreError> {
+pub(crate) fn digest_of(desc: &Descriptor) -> Result<Digest, StoreError> {
     Digest::parse(desc.digest().as_ref()).map_err(|e| invalid(e.to_string()))
 }
 
-fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, StoreError> {
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    what: &str,
+) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| invalid(format!("{what} is not valid: {e}")))
 }
 
@@ -384,18 +470,24 @@ fn choose_tagged<'a>(
     }
 }
 
+/// Refuses an image of more layers than a sandbox stacks, before any is
+/// read.
+pub fn check_layer_count(n: usize) -> Result<(), StoreError> {
+    if n > MAX_LAYERS {
+        return Err(invalid(format!(
+            "the image has {n} layers; cordon takes at most {MAX_LAYERS}"
+        )));
+    }
+    Ok(())
+}
+
 /// The config's diff_ids, checked against the manifest's layers.
 fn diff_ids(
     manifest: &ImageManifest,
     config: &ImageConfiguration,
 ) -> Result<Vec<Digest>, StoreError> {
     let ids = config.rootfs().diff_ids();
-    if ids.len() > MAX_LAYERS || manifest.layers().len() > MAX_LAYERS {
-        return Err(invalid(format!(
-            "the image has {} layers; cordon takes at most {MAX_LAYERS}",
-            ids.len().max(manifest.layers().len())
-        )));
-    }
+    check_layer_count(ids.len())?;
     if ids.len() != manifest.layers().len() {
         return Err(invalid(format!(
             "the manifest has {} layers and the config {}",

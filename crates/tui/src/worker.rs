@@ -615,7 +615,9 @@ impl State {
         self.agent = Some(agent);
     }
 
-    async fn send(&mut self, prompt: &str) {
+    /// The agent, ready for a turn whose log (if it is the first) is
+    /// titled `title`; `None`, with the UI told why, when there is none.
+    fn ready(&mut self, title: &str) -> Option<&mut Agent> {
         if self.agent.is_none() {
             self.fresh_agent();
         }
@@ -624,12 +626,19 @@ impl State {
                 error: Some("the sandbox is not running: /new starts a fresh one".into()),
                 cancelled: false,
             });
-            return;
+            return None;
         }
-        self.ensure_log(prompt);
+        self.ensure_log(title);
         self.cancel.reset();
-        let agent = self.agent.as_mut().expect("checked above");
-        let result = agent.send(prompt, &self.events, &self.cancel).await;
+        self.agent.as_mut()
+    }
+
+    async fn send(&mut self, prompt: &str) {
+        let (events, cancel) = (self.events.clone(), self.cancel.clone());
+        let Some(agent) = self.ready(prompt) else {
+            return;
+        };
+        let result = agent.send(prompt, &events, &cancel).await;
         let refused = matches!(&result, Ok(o) if o.stop_reason == StopReason::Refusal);
         let done = if refused {
             Update::Done {
@@ -645,22 +654,11 @@ impl State {
     /// Runs `!cmd` in the sandbox's shell, logged, for the model to see
     /// with the next prompt.
     async fn shell(&mut self, command: &str) {
-        if self.agent.is_none() {
-            self.fresh_agent();
-        }
-        if self.agent.is_none() {
-            let _ = self.updates.send(Update::Done {
-                error: Some("the sandbox is not running: /new starts a fresh one".into()),
-                cancelled: false,
-            });
+        let (events, cancel) = (self.events.clone(), self.cancel.clone());
+        let Some(agent) = self.ready(&format!("!{command}")) else {
             return;
-        }
-        self.ensure_log(&format!("!{command}"));
-        self.cancel.reset();
-        let agent = self.agent.as_mut().expect("checked above");
-        let result = agent
-            .run_user_command(command, &self.events, &self.cancel)
-            .await;
+        };
+        let result = agent.run_user_command(command, &events, &cancel).await;
         let _ = self.updates.send(done(result));
     }
 

@@ -10,7 +10,7 @@ use serde_json::json;
 
 /// A layer tar from `(name, content)` files, gzip-compressed; and its
 /// uncompressed digest.
-fn layer(files: &[(&str, &str)]) -> (Vec<u8>, Digest) {
+pub fn layer(files: &[(&str, &str)]) -> (Vec<u8>, Digest) {
     let mut b = tar::Builder::new(Vec::new());
     for (name, content) in files {
         let mut h = tar::Header::new_gnu();
@@ -27,7 +27,7 @@ fn layer(files: &[(&str, &str)]) -> (Vec<u8>, Digest) {
 
 /// Writes an OCI layout of one image (tagged `tag`) with `layers`, the
 /// way skopeo or umoci would; returns the manifest's digest.
-fn write_layout(dir: &Path, tag: &str, layers: &[(Vec<u8>, Digest)]) -> Digest {
+pub fn write_layout(dir: &Path, tag: &str, layers: &[(Vec<u8>, Digest)]) -> Digest {
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).unwrap();
     let put = |bytes: &[u8]| {
@@ -74,7 +74,7 @@ fn write_layout(dir: &Path, tag: &str, layers: &[(Vec<u8>, Digest)]) -> Digest {
     md
 }
 
-fn two_layers() -> Vec<(Vec<u8>, Digest)> {
+pub fn two_layers() -> Vec<(Vec<u8>, Digest)> {
     vec![
         layer(&[("etc/os-release", "ID=test\n"), ("etc/motd", "hello\n")]),
         layer(&[("etc/.wh.motd", ""), ("srv/app.py", "print('hi')\n")]),
