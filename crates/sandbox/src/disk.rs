@@ -45,6 +45,20 @@ const PAUSE_FACTOR: u32 = 9;
 /// number of descriptors.
 const OPEN_LEVELS: usize = 64;
 
+/// The nice value of a sandbox with a disk budget. The watcher is a host
+/// thread; as root it runs at nice -10, and the sandbox at 5. Anyone else
+/// cannot raise the watcher above 0, so the sandbox goes to 15 instead:
+/// the same distance, so that a writer at full speed on a busy host (two
+/// cores, a build, a microVM under emulation) still yields to the look
+/// that stops it. On an idle host nice changes nothing.
+pub(crate) fn budgeted_nice() -> i32 {
+    if rustix::process::geteuid().is_root() {
+        5
+    } else {
+        15
+    }
+}
+
 /// What the budget's roots took before the sandbox could write, being
 /// measured while the sandbox starts.
 pub(crate) struct Baseline {

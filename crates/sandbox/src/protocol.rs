@@ -102,6 +102,10 @@ pub struct SetupSpec {
     /// RLIMIT_FSIZE: the largest file any process may write (the disk
     /// budget, so that one file cannot pass it between two looks).
     pub rlimit_fsize: Option<u64>,
+    /// The nice value everything in the sandbox runs at (none: the
+    /// default), so that a budgeted sandbox writing at full speed on a
+    /// busy host does not keep the disk watcher from its next look.
+    pub nice: Option<i32>,
     /// Listen on 127.0.0.1 at this port once loopback is up, and hand the
     /// listening socket to the host over the services descriptor (native
     /// only): the broker's one way in.

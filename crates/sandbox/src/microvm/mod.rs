@@ -383,6 +383,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         // The guest's root could raise it: the host's watcher alone holds
         // the budget here.
         rlimit_fsize: None,
+        nice: None,
         proxy_port: services.proxy_port(),
         host_network: false,
         trust: None,

@@ -78,21 +78,17 @@ fn apply_rlimits(spec: &SetupSpec) -> Result<()> {
     }
     if let Some(n) = spec.rlimit_fsize {
         set(Resource::Fsize, "FSIZE", n)?;
-        // The disk budget's watcher is a host thread at the default
-        // priority (higher as root); a sandbox writing at full speed on a
-        // busy host must not keep it from its next look. Everything in
-        // the sandbox inherits this; raising one's own nice needs no
-        // privilege.
+    }
+    if let Some(nice) = spec.nice {
+        // Everything in the sandbox inherits it; raising one's own nice
+        // needs no privilege.
         // SAFETY: setpriority on this process alone.
         unsafe {
-            libc::setpriority(libc::PRIO_PROCESS, 0, BUDGETED_NICE);
+            libc::setpriority(libc::PRIO_PROCESS, 0, nice);
         }
     }
     set(Resource::Core, "CORE", 0)
 }
-
-/// The nice value of a sandbox with a disk budget (see above).
-const BUDGETED_NICE: libc::c_int = 5;
 
 fn apply_landlock(spec: &SetupSpec, writable: &[String]) -> Result<(String, i32)> {
     let err = |e: landlock::RulesetError| SetupError {
