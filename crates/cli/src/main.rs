@@ -4,6 +4,7 @@ mod chat;
 mod config_cmd;
 mod doctor;
 mod exec;
+mod image_cmd;
 mod lab_cmd;
 mod logging;
 mod mcp_cmd;
@@ -98,6 +99,8 @@ enum Command {
     Token(serve_cmd::TokenArgs),
     /// Prepare the microvm backend: `cordon vm setup` fetches the guest kernel.
     Vm(vm_cmd::VmArgs),
+    /// The store of OCI images: `cordon image pull REF`, `ls`, `rm`, `prune`.
+    Image(image_cmd::ImageArgs),
     /// JupyterLab in a sandbox over the workspace, on a loopback URL;
     /// `cordon lab setup` installs it (and the Python kernel of `run_code`)
     /// into cordon's cache.
@@ -155,6 +158,7 @@ fn main() {
             Command::Worker(args) => serve_cmd::worker(args).await,
             Command::Token(args) => serve_cmd::token(args).await,
             Command::Vm(args) => vm_cmd::vm(args),
+            Command::Image(args) => image_cmd::image(args).await,
             Command::Lab(args) => lab_cmd::lab(args).await,
         }
     });

@@ -85,6 +85,23 @@ pub struct Store {
     owners: Owners,
 }
 
+/// Where the store is: `$CORDON_IMAGE_STORE`; for root
+/// `/var/lib/cordon/images`; for anyone else their data directory's
+/// (`$XDG_DATA_HOME`, `~/.local/share`) `cordon/images`. Each user has
+/// their own: a store's files keep the owners and modes of its images.
+pub fn default_root() -> Option<PathBuf> {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(root) = var("CORDON_IMAGE_STORE") {
+        return Some(root);
+    }
+    if rustix::process::geteuid().is_root() {
+        return Some(PathBuf::from("/var/lib/cordon/images"));
+    }
+    var("XDG_DATA_HOME")
+        .or_else(|| var("HOME").map(|h| h.join(".local/share")))
+        .map(|d| d.join("cordon/images"))
+}
+
 impl Store {
     /// The store at `root`, made if need be (readable by its owner only:
     /// its files keep the image's owners and modes).
@@ -174,6 +191,59 @@ impl Store {
         self.import_blobs(&digest_of(&manifest_desc)?, name)
     }
 
+    /// Imports the image of a `docker save` archive as `name`: one in
+    /// the OCI layout newer Dockers write, or in the older form (a
+    /// `manifest.json` naming a config and uncompressed layer tars).
+    /// The archive is unpacked like any layer first, by the same rules.
+    pub fn import_archive(&self, file: &Path, name: &str) -> Result<Image, StoreError> {
+        let archive = File::open(file).map_err(io_err(format!("opening {}", file.display())))?;
+        let scratch = self.scratch()?;
+        unpack::unpack(io::BufReader::new(archive), scratch.path(), Limits::default(), Owners::Caller)?;
+        let layout = Layout::open(scratch.path())?;
+        if layout.file("index.json").is_ok() {
+            return self.import_layout(scratch.path(), None, name);
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Saved {
+            config: String,
+            layers: Vec<String>,
+        }
+        let saved: Vec<Saved> = layout.json("manifest.json")?;
+        let [saved] = <[Saved; 1]>::try_from(saved).map_err(|all| {
+            invalid(format!(
+                "{} holds {} images; cordon imports archives of one",
+                file.display(),
+                all.len()
+            ))
+        })?;
+        check_layer_count(saved.layers.len())?;
+        let put = |rel: &str, media_type: &str| -> Result<serde_json::Value, StoreError> {
+            let mut w = Hashing::new(self.blob_file()?);
+            io::copy(&mut layout.file(rel)?, &mut w).map_err(io_err(format!("reading {rel}")))?;
+            let size = w.written;
+            let (digest, tmp) = w.finish();
+            self.persist_blob(tmp, &digest)?;
+            Ok(serde_json::json!({"mediaType": media_type, "digest": digest.to_string(), "size": size}))
+        };
+        let config = put(&saved.config, "application/vnd.oci.image.config.v1+json")?;
+        let layers = saved
+            .layers
+            .iter()
+            .map(|l| put(l, "application/vnd.oci.image.layer.v1.tar"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": config,
+            "layers": layers,
+        }))
+        .expect("a manifest serialises");
+        let digest = Digest::of(&manifest);
+        self.put_blob(&digest, &manifest)?;
+        self.import_blobs(&digest, name)
+    }
+
     /// Whether the store holds the blob.
     pub fn has_blob(&self, d: &Digest) -> bool {
         self.blob_path(d).is_file()
@@ -242,6 +312,46 @@ impl Store {
         rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| invalid(format!("locking {}: {e}", path.display())))?;
         Ok(fd)
+    }
+
+    /// Forgets the image stored as `name`; whether there was one. Its
+    /// blobs and layers stay until [`Store::prune`].
+    pub fn remove(&self, name: &str) -> Result<bool, StoreError> {
+        match std::fs::remove_file(self.record_path(name)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io_err(format!("removing {name}"))(e)),
+        }
+    }
+
+    /// Removes the blobs and layers no image uses, and work left by
+    /// pulls that died; what it freed, in bytes of files.
+    pub fn prune(&self) -> Result<u64, StoreError> {
+        let mut blobs = std::collections::BTreeSet::new();
+        let mut layers = std::collections::BTreeSet::new();
+        for image in self.list() {
+            blobs.insert(image.manifest.hex());
+            blobs.insert(image.config.hex());
+            layers.extend(image.layers.iter().map(Digest::hex));
+            if let Ok(bytes) = self.read_blob(&image.manifest)
+                && let Ok(m) = parse::<ImageManifest>(&bytes, "the manifest")
+            {
+                blobs.extend(m.layers().iter().filter_map(|l| digest_of(l).ok()).map(|d| d.hex()));
+            }
+        }
+        let mut freed = 0;
+        for (dir, keep) in [("blobs/sha256", &blobs), ("layers", &layers)] {
+            let Ok(entries) = std::fs::read_dir(self.root.join(dir)) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if keep.contains(&*e.file_name().to_string_lossy()) {
+                    continue;
+                }
+                freed += remove_all(&e.path());
+            }
+        }
+        Ok(freed)
     }
 
     /// Whether the layer with this diff_id is unpacked.
@@ -397,6 +507,25 @@ impl Store {
             })?;
         Ok(())
     }
+}
+
+/// Removes a file or a layer's tree (whose directories may be read-only,
+/// and whose names came from an image: nothing is followed); the bytes of
+/// files removed.
+fn remove_all(path: &Path) -> u64 {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    if !meta.is_dir() {
+        let _ = std::fs::remove_file(path);
+        return if meta.is_file() { meta.len() } else { 0 };
+    }
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
+    let freed = std::fs::read_dir(path)
+        .map(|rd| rd.flatten().map(|e| remove_all(&e.path())).sum())
+        .unwrap_or(0);
+    let _ = std::fs::remove_dir(path);
+    freed
 }
 
 /// The sum of the sizes of a layer's regular files, for listings.
