@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use cordon_image::ImageRef;
 use cordon_image::auth::Sources;
 use cordon_image::registry::Progress;
 use cordon_image::store::{self, Image, Store};
-use cordon_image::ImageRef;
 use cordon_tools::printable;
 
 #[derive(Args, Debug)]
@@ -70,7 +70,10 @@ pub async fn image(args: ImageArgs) -> i32 {
         ImageCommand::Ls { json } => {
             let images = store.list();
             if json {
-                println!("{}", serde_json::to_string(&images).expect("images serialise"));
+                println!(
+                    "{}",
+                    serde_json::to_string(&images).expect("images serialise")
+                );
             } else {
                 print!("{}", table(&images));
             }
@@ -82,7 +85,10 @@ pub async fn image(args: ImageArgs) -> i32 {
                 match store.remove(&name) {
                     Ok(true) => println!("removed {}", printable(&name)),
                     Ok(false) => {
-                        eprintln!("cordon: no image {} (cordon image ls lists them)", printable(&name));
+                        eprintln!(
+                            "cordon: no image {} (cordon image ls lists them)",
+                            printable(&name)
+                        );
                         code = 1;
                     }
                     Err(e) => {
@@ -127,7 +133,8 @@ pub async fn pull(store: &Store, reference: &str) -> Result<Image, String> {
                 .map_err(|e| e.to_string())
         }
         ImageRef::Layout { dir, tag } => {
-            let (store, dir, tag, name) = (store.clone(), dir.clone(), tag.clone(), parsed.to_string());
+            let (store, dir, tag, name) =
+                (store.clone(), dir.clone(), tag.clone(), parsed.to_string());
             tokio::task::spawn_blocking(move || store.import_layout(&dir, tag.as_deref(), &name))
                 .await
                 .map_err(|e| e.to_string())?
@@ -161,7 +168,12 @@ fn table(images: &[Image]) -> String {
         return "no images (cordon image pull REF fetches one)\n".into();
     }
     let names: Vec<String> = images.iter().map(|i| printable(&i.name)).collect();
-    let w = names.iter().map(|n| n.chars().count()).max().unwrap_or(4).max(4);
+    let w = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(4)
+        .max(4);
     let mut out = format!("{:w$}  {:>10}  {:>6}  MANIFEST\n", "NAME", "SIZE", "LAYERS");
     for (i, name) in images.iter().zip(&names) {
         out.push_str(&format!(

@@ -18,6 +18,8 @@ const LAYOUT: &str = "oci:";
 const ARCHIVE: &str = "docker-archive:";
 /// An explicit registry reference, as skopeo writes one.
 const REGISTRY: &str = "docker://";
+/// What a reference may be, for an error to say.
+const FORMS: &str = "write NAME[:TAG], NAME@sha256:HEX, HOST[:PORT]/NAME[:TAG] (names in lower case), oci:DIR[:TAG] or docker-archive:FILE";
 
 /// Where an image comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +98,7 @@ impl FromStr for ImageRef {
         if name.is_empty() {
             return Err(bad("it is empty".into()));
         }
-        let r = Reference::from_str(name).map_err(|e| bad(e.to_string()))?;
+        let r = Reference::from_str(name).map_err(|e| bad(format!("{e}; {FORMS}")))?;
         // The distribution spec's rule, which the parser leaves to servers.
         let lower = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/".contains(c);
         if !r.repository().chars().all(lower) || r.repository().split('/').any(str::is_empty) {

@@ -90,7 +90,11 @@ pub struct Store {
 /// (`$XDG_DATA_HOME`, `~/.local/share`) `cordon/images`. Each user has
 /// their own: a store's files keep the owners and modes of its images.
 pub fn default_root() -> Option<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(root) = var("CORDON_IMAGE_STORE") {
         return Some(root);
     }
@@ -198,7 +202,12 @@ impl Store {
     pub fn import_archive(&self, file: &Path, name: &str) -> Result<Image, StoreError> {
         let archive = File::open(file).map_err(io_err(format!("opening {}", file.display())))?;
         let scratch = self.scratch()?;
-        unpack::unpack(io::BufReader::new(archive), scratch.path(), Limits::default(), Owners::Caller)?;
+        unpack::unpack(
+            io::BufReader::new(archive),
+            scratch.path(),
+            Limits::default(),
+            Owners::Caller,
+        )?;
         let layout = Layout::open(scratch.path())?;
         if layout.file("index.json").is_ok() {
             return self.import_layout(scratch.path(), None, name);
@@ -224,7 +233,9 @@ impl Store {
             let size = w.written;
             let (digest, tmp) = w.finish();
             self.persist_blob(tmp, &digest)?;
-            Ok(serde_json::json!({"mediaType": media_type, "digest": digest.to_string(), "size": size}))
+            Ok(
+                serde_json::json!({"mediaType": media_type, "digest": digest.to_string(), "size": size}),
+            )
         };
         let config = put(&saved.config, "application/vnd.oci.image.config.v1+json")?;
         let layers = saved
@@ -336,7 +347,12 @@ impl Store {
             if let Ok(bytes) = self.read_blob(&image.manifest)
                 && let Ok(m) = parse::<ImageManifest>(&bytes, "the manifest")
             {
-                blobs.extend(m.layers().iter().filter_map(|l| digest_of(l).ok()).map(|d| d.hex()));
+                blobs.extend(
+                    m.layers()
+                        .iter()
+                        .filter_map(|l| digest_of(l).ok())
+                        .map(|d| d.hex()),
+                );
             }
         }
         let mut freed = 0;
@@ -454,8 +470,8 @@ impl Store {
         if dir.is_dir() {
             return Ok(dir_size(&dir));
         }
-        let mut blob = File::open(self.blob_path(digest))
-            .map_err(io_err(format!("opening blob {digest}")))?;
+        let mut blob =
+            File::open(self.blob_path(digest)).map_err(io_err(format!("opening blob {digest}")))?;
         let mut magic = [0u8; 4];
         let n = blob.read(&mut magic).map_err(io_err("reading a layer"))?;
         if n == 4 && magic == ZSTD_MAGIC {
@@ -464,8 +480,8 @@ impl Store {
             )));
         }
         drop(blob);
-        let blob = File::open(self.blob_path(digest))
-            .map_err(io_err(format!("opening blob {digest}")))?;
+        let blob =
+            File::open(self.blob_path(digest)).map_err(io_err(format!("opening blob {digest}")))?;
         let scratch = self.scratch()?;
         let report = unpack::unpack(
             io::BufReader::new(blob),

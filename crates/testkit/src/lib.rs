@@ -78,6 +78,7 @@ pub mod forge;
 pub mod git_remote;
 mod inspect;
 pub mod layout;
+pub mod oci;
 mod openai;
 mod scenario;
 mod server;

@@ -13,7 +13,7 @@ use cordon_image::registry::{Progress, pull};
 use cordon_image::store::Store;
 use cordon_image::{Digest, ImageRef};
 
-use super::store::{two_layers, write_layout};
+use super::store::{diff_id, two_layers, write_layout};
 
 const USER: &str = "puller";
 const PASSWORD: &str = "s3cret-pass";
@@ -152,7 +152,7 @@ fn an_image_is_pulled_with_the_users_credentials_by_tag_and_by_digest() {
             said.lock().unwrap().push(p)
         }))
         .unwrap();
-    assert_eq!(image.layers, [layers[0].1, layers[1].1]);
+    assert_eq!(image.layers, [diff_id(&layers[0]), diff_id(&layers[1])]);
     assert_eq!(image.working_dir.as_deref(), Some("/srv"));
     let top = store.layer_dir(&image.layers[1]);
     assert_eq!(

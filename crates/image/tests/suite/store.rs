@@ -1,84 +1,21 @@
 //! Importing OCI layouts: what a tool wrote imports whole, and what an
 //! attacker wrote leaves nothing behind that a later run would use.
 
-use std::io::Write;
 use std::path::Path;
 
 use cordon_image::Digest;
 use cordon_image::store::{Store, StoreError};
-use serde_json::json;
 
-/// A layer tar from `(name, content)` files, gzip-compressed; and its
-/// uncompressed digest.
-pub fn layer(files: &[(&str, &str)]) -> (Vec<u8>, Digest) {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, content) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(content.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, name, content.as_bytes()).unwrap();
-    }
-    let tar = b.into_inner().unwrap();
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(&tar).unwrap();
-    (gz.finish().unwrap(), Digest::of(&tar))
+pub use cordon_testkit::oci::{Layer, layer, two_layers};
+
+/// The layout, and its manifest's digest as the store's type.
+pub fn write_layout(dir: &Path, tag: &str, layers: &[Layer]) -> Digest {
+    Digest::parse(&cordon_testkit::oci::write_layout(dir, tag, layers)).unwrap()
 }
 
-/// Writes an OCI layout of one image (tagged `tag`) with `layers`, the
-/// way skopeo or umoci would; returns the manifest's digest.
-pub fn write_layout(dir: &Path, tag: &str, layers: &[(Vec<u8>, Digest)]) -> Digest {
-    let blobs = dir.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).unwrap();
-    let put = |bytes: &[u8]| {
-        let d = Digest::of(bytes);
-        std::fs::write(blobs.join(d.hex()), bytes).unwrap();
-        (d, bytes.len())
-    };
-    let config = serde_json::to_vec(&json!({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/usr/bin:/bin", "LANG=C.UTF-8"], "WorkingDir": "/srv", "User": "app"},
-        "rootfs": {"type": "layers", "diff_ids": layers.iter().map(|l| l.1.to_string()).collect::<Vec<_>>()},
-    }))
-    .unwrap();
-    let (cd, cn) = put(&config);
-    let layer_descs: Vec<_> = layers
-        .iter()
-        .map(|(bytes, _)| {
-            let (d, n) = put(bytes);
-            json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": d.to_string(), "size": n})
-        })
-        .collect();
-    let manifest = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd.to_string(), "size": cn},
-        "layers": layer_descs,
-    }))
-    .unwrap();
-    let (md, mn) = put(&manifest);
-    std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    std::fs::write(
-        dir.join("index.json"),
-        serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "manifests": [{
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "digest": md.to_string(), "size": mn,
-                "annotations": {"org.opencontainers.image.ref.name": tag},
-            }],
-        }))
-        .unwrap(),
-    )
-    .unwrap();
-    md
-}
-
-pub fn two_layers() -> Vec<(Vec<u8>, Digest)> {
-    vec![
-        layer(&[("etc/os-release", "ID=test\n"), ("etc/motd", "hello\n")]),
-        layer(&[("etc/.wh.motd", ""), ("srv/app.py", "print('hi')\n")]),
-    ]
+/// A layer's diff_id as the store's type.
+pub fn diff_id(l: &Layer) -> Digest {
+    Digest::parse(&l.diff_id).unwrap()
 }
 
 #[test]
@@ -92,7 +29,7 @@ fn a_layout_imports_with_its_layers_unpacked_once() {
         .import_layout(src.path(), Some("v1"), "test:v1")
         .unwrap();
     assert_eq!(image.manifest, manifest);
-    assert_eq!(image.layers, [layers[0].1, layers[1].1]);
+    assert_eq!(image.layers, [diff_id(&layers[0]), diff_id(&layers[1])]);
     assert_eq!(image.working_dir.as_deref(), Some("/srv"));
     assert_eq!(image.user.as_deref(), Some("app"));
     assert!(image.env.contains(&"LANG=C.UTF-8".to_string()));
@@ -144,7 +81,7 @@ fn a_blob_whose_digest_or_size_lies_is_refused() {
     let blob = src
         .path()
         .join("blobs/sha256")
-        .join(Digest::of(&layers[1].0).hex());
+        .join(Digest::of(&layers[1].blob).hex());
     let mut bytes = std::fs::read(&blob).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
@@ -167,9 +104,16 @@ fn a_blob_whose_digest_or_size_lies_is_refused() {
 fn a_layer_that_is_not_what_the_config_names_is_refused() {
     let src = tempfile::tempdir().unwrap();
     let root = tempfile::tempdir().unwrap();
-    let (bytes, _) = layer(&[("a", "real")]);
-    let (_, other) = layer(&[("a", "claimed")]);
-    write_layout(src.path(), "v1", &[(bytes, other)]);
+    let real = layer(&[("a", "real")]);
+    let claimed = layer(&[("a", "claimed")]);
+    write_layout(
+        src.path(),
+        "v1",
+        &[Layer {
+            blob: real.blob,
+            diff_id: claimed.diff_id,
+        }],
+    );
     let store = Store::open(root.path()).unwrap();
     invalid(
         store.import_layout(src.path(), None, "x"),
@@ -195,7 +139,7 @@ fn a_layout_s_links_are_not_followed() {
     let blob = src
         .path()
         .join("blobs/sha256")
-        .join(Digest::of(&layers[0].0).hex());
+        .join(Digest::of(&layers[0].blob).hex());
     let moved = src.path().join("moved");
     std::fs::rename(&blob, &moved).unwrap();
     std::os::unix::fs::symlink(&moved, &blob).unwrap();
@@ -231,4 +175,63 @@ fn a_tag_is_needed_where_a_layout_holds_several_and_must_exist() {
     v["manifests"].as_array_mut().unwrap().push(first);
     std::fs::write(&index, serde_json::to_vec(&v).unwrap()).unwrap();
     invalid(store.import_layout(src.path(), None, "x"), "oci:DIR:TAG");
+}
+
+/// What `docker save` writes, made by `skopeo` (the older form: a
+/// `manifest.json`, the config, uncompressed layer tars), and the OCI
+/// layout newer Dockers put in the tar, both import.
+#[test]
+fn docker_archives_import_in_both_forms() {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let layers = two_layers();
+    write_layout(src.path(), "v1", &layers);
+    let archive = root.path().join("saved.tar");
+    let out = std::process::Command::new("skopeo")
+        .args(["copy", "--quiet"])
+        .arg(format!("oci:{}:v1", src.path().display()))
+        .arg(format!(
+            "docker-archive:{}:team/tools:v1",
+            archive.display()
+        ))
+        .output()
+        .expect("skopeo is missing: scripts/packages.txt installs it");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store = Store::open(&root.path().join("store")).unwrap();
+    let image = store.import_archive(&archive, "saved").unwrap();
+    assert_eq!(image.layers, [diff_id(&layers[0]), diff_id(&layers[1])]);
+    assert_eq!(image.working_dir.as_deref(), Some("/srv"));
+    assert!(
+        store
+            .layer_dir(&image.layers[1])
+            .join("srv/app.py")
+            .is_file()
+    );
+
+    // The OCI layout in a tar.
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_dir_all(".", src.path()).unwrap();
+    let oci = root.path().join("oci.tar");
+    std::fs::write(&oci, b.into_inner().unwrap()).unwrap();
+    let image = store.import_archive(&oci, "new-docker").unwrap();
+    assert_eq!(image.layers, [diff_id(&layers[0]), diff_id(&layers[1])]);
+    assert_eq!(store.list().len(), 2);
+
+    // Forgotten, then pruned: what no image uses goes, the rest stays.
+    assert!(store.remove("saved").unwrap());
+    assert!(!store.remove("saved").unwrap());
+    store.prune().unwrap();
+    assert!(store.layer_dir(&image.layers[0]).is_dir(), "still used");
+    assert!(store.remove("new-docker").unwrap());
+    assert!(store.prune().unwrap() > 0);
+    for sub in ["layers", "blobs/sha256", "images"] {
+        let n = std::fs::read_dir(root.path().join("store").join(sub))
+            .unwrap()
+            .count();
+        assert_eq!(n, 0, "{sub}");
+    }
 }
