@@ -489,6 +489,14 @@ impl Store {
             Limits::default(),
             self.owners,
         )?;
+        if report.setid_dropped + report.devices_skipped + report.xattrs_dropped > 0 {
+            tracing::info!(
+                "layer {diff_id}: set-id bits dropped on {}, device nodes left out {}, extended attributes dropped {}",
+                report.setid_dropped,
+                report.devices_skipped,
+                report.xattrs_dropped
+            );
+        }
         if report.diff_id.as_ref() != Some(diff_id) {
             return Err(invalid(format!(
                 "layer {digest} unpacks to {}, not the {diff_id} the config names",
