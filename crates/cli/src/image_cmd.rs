@@ -130,7 +130,16 @@ pub async fn pull(store: &Store, reference: &str) -> Result<Image, String> {
             };
             cordon_image::registry::pull(store, &parsed, creds, &say)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| {
+                    let e = e.to_string();
+                    if e.contains("Not authorized") {
+                        format!(
+                            "{e}\n  log in with `podman login`, `skopeo login` or `docker login`: cordon reads the credentials they save (docs/images.md)"
+                        )
+                    } else {
+                        e
+                    }
+                })
         }
         ImageRef::Layout { dir, tag } => {
             let (store, dir, tag, name) =
