@@ -252,6 +252,11 @@ fn place<R: Read>(
             .filter(|e| e.key_bytes().starts_with(b"SCHILY.xattr."))
             .count() as u64;
     }
+    // A pax global header (what `git archive` starts with) describes the
+    // archive, not a file.
+    if kind == tar::EntryType::XGlobalHeader {
+        return Ok(());
+    }
     let Some((name, dirs)) = parts.split_last() else {
         // The layer's root itself (`./`): its metadata stays the store's.
         return Ok(());

@@ -325,6 +325,24 @@ fn sizes_that_lie_and_bombs_stop_the_unpack() {
 }
 
 #[test]
+fn a_pax_global_header_is_no_file() {
+    let c = Case::new();
+    let tar = Tar::default()
+        .entry(
+            b"pax_global_header",
+            tar::EntryType::XGlobalHeader,
+            b"52 comment=0123456789abcdef0123456789abcdef01234567\n",
+            b"",
+            0o666,
+        )
+        .file("a", "x")
+        .done();
+    c.unpack(&tar).unwrap();
+    assert!(!c.layer().join("pax_global_header").exists());
+    assert!(c.layer().join("a").is_file());
+}
+
+#[test]
 fn the_diff_id_is_the_digest_of_the_uncompressed_tar() {
     let c = Case::new();
     let tar = Tar::default().file("a", "hello").done();
