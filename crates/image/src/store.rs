@@ -35,8 +35,6 @@ pub const MAX_JSON: u64 = 4 << 20;
 /// Most layers an image may have: overlayfs stacks at most 500, and no
 /// real image comes near this.
 pub const MAX_LAYERS: usize = 128;
-/// The zstd frame's first bytes: such layers are not read yet.
-const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -470,16 +468,6 @@ impl Store {
         if dir.is_dir() {
             return Ok(dir_size(&dir));
         }
-        let mut blob =
-            File::open(self.blob_path(digest)).map_err(io_err(format!("opening blob {digest}")))?;
-        let mut magic = [0u8; 4];
-        let n = blob.read(&mut magic).map_err(io_err("reading a layer"))?;
-        if n == 4 && magic == ZSTD_MAGIC {
-            return Err(invalid(format!(
-                "layer {digest} is zstd-compressed, which cordon does not read yet"
-            )));
-        }
-        drop(blob);
         let blob =
             File::open(self.blob_path(digest)).map_err(io_err(format!("opening blob {digest}")))?;
         let scratch = self.scratch()?;

@@ -1,4 +1,5 @@
-//! Unpacking a layer: an attacker's tar, written beneath a fresh directory.
+//! Unpacking a layer: an attacker's tar (plain, gzip or zstd), written
+//! beneath a fresh directory.
 //!
 //! Every entry is placed by descriptors, never by a path the kernel would
 //! resolve through a link: each parent directory is opened (or made) one
@@ -148,15 +149,81 @@ pub fn unpack(
     owners: Owners,
 ) -> Result<Report, UnpackError> {
     let mut layer = io::BufReader::new(layer);
-    let gzip = {
+    let head = {
         use io::BufRead;
         let head = layer.fill_buf().map_err(UnpackError::Read)?;
-        head.starts_with(&[0x1f, 0x8b])
+        [GZIP_MAGIC, ZSTD_MAGIC]
+            .into_iter()
+            .find(|m| head.starts_with(m))
     };
-    if gzip {
-        unpack_tar(flate2::read::GzDecoder::new(layer), dest, limits, owners)
-    } else {
-        unpack_tar(layer, dest, limits, owners)
+    match head {
+        Some(GZIP_MAGIC) => unpack_tar(
+            flate2::read::MultiGzDecoder::new(layer),
+            dest,
+            limits,
+            owners,
+        ),
+        Some(_) => unpack_tar(Zstd::new(layer), dest, limits, owners),
+        None => unpack_tar(layer, dest, limits, owners),
+    }
+}
+
+/// The first bytes of a gzip member and of a zstd frame.
+const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
+const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
+
+/// A zstd stream of any number of frames (skippable ones skipped), each
+/// decoded with the decoder's default window limit, so that a frame cannot
+/// make the host allocate more than that.
+struct Zstd<R> {
+    source: R,
+    decoder: ruzstd::decoding::FrameDecoder,
+    in_frame: bool,
+}
+
+impl<R: io::BufRead> Zstd<R> {
+    fn new(source: R) -> Zstd<R> {
+        Zstd {
+            source,
+            decoder: ruzstd::decoding::FrameDecoder::new(),
+            in_frame: false,
+        }
+    }
+}
+
+impl<R: io::BufRead> Read for Zstd<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use ruzstd::decoding::BlockDecodingStrategy;
+        use ruzstd::decoding::errors::{FrameDecoderError, ReadFrameHeaderError};
+        loop {
+            if !self.in_frame {
+                if self.source.fill_buf()?.is_empty() {
+                    return Ok(0);
+                }
+                match self.decoder.reset(&mut self.source) {
+                    Ok(()) => self.in_frame = true,
+                    Err(FrameDecoderError::ReadFrameHeaderError(
+                        ReadFrameHeaderError::SkipFrame { length, .. },
+                    )) => {
+                        io::copy(&mut (&mut self.source).take(length.into()), &mut io::sink())?;
+                        continue;
+                    }
+                    Err(e) => return Err(io::Error::other(e)),
+                }
+            }
+            while self.decoder.can_collect() == 0 && !self.decoder.is_finished() {
+                self.decoder
+                    .decode_blocks(&mut self.source, BlockDecodingStrategy::UptoBlocks(1))
+                    .map_err(io::Error::other)?;
+            }
+            let n = self.decoder.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            if self.decoder.is_finished() {
+                self.in_frame = false;
+            }
+        }
     }
 }
 

@@ -325,6 +325,24 @@ fn sizes_that_lie_and_bombs_stop_the_unpack() {
 }
 
 #[test]
+fn zstd_layers_of_several_frames_unpack() {
+    let c = Case::new();
+    let tar = Tar::default().file("a", "hello").file("b", "world").done();
+    // Two frames with a skippable frame between, as zstd:chunked has.
+    let (one, two) = tar.split_at(1024);
+    let mut z = Vec::new();
+    ruzstd::encoding::compress(one, &mut z, ruzstd::encoding::CompressionLevel::Fastest);
+    z.extend([0x50, 0x2a, 0x4d, 0x18, 3, 0, 0, 0, 1, 2, 3]);
+    ruzstd::encoding::compress(two, &mut z, ruzstd::encoding::CompressionLevel::Fastest);
+    let r = c.unpack(&z).unwrap();
+    assert_eq!(r.diff_id, Some(Digest::of(&tar)));
+    assert_eq!(
+        std::fs::read_to_string(c.layer().join("b")).unwrap(),
+        "world"
+    );
+}
+
+#[test]
 fn a_pax_global_header_is_no_file() {
     let c = Case::new();
     let tar = Tar::default()
