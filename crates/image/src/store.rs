@@ -18,7 +18,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use oci_spec::image::{
@@ -105,15 +105,26 @@ pub fn default_root() -> Option<PathBuf> {
 }
 
 impl Store {
-    /// The store at `root`, made if need be (readable by its owner only:
-    /// its files keep the image's owners and modes).
+    /// The store at `root`, made if need be, readable by its owner only
+    /// (its files keep the image's owners and modes).
     pub fn open(root: &Path) -> Result<Store, StoreError> {
+        // Made private; a directory that exists keeps its mode (the user
+        // may have pointed CORDON_IMAGE_STORE at one of their own).
+        if !root.exists() {
+            if let Some(parent) = root.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(io_err(format!("making {}", parent.display())))?;
+            }
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(root)
+                .or_else(|e| if root.is_dir() { Ok(()) } else { Err(e) })
+                .map_err(io_err(format!("making {}", root.display())))?;
+        }
         for sub in ["blobs/sha256", "layers", "images", "locks", "tmp"] {
             std::fs::create_dir_all(root.join(sub))
                 .map_err(io_err(format!("making {}", root.join(sub).display())))?;
         }
-        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))
-            .map_err(io_err(format!("securing {}", root.display())))?;
         let owners = if rustix::process::geteuid().is_root() {
             Owners::Keep
         } else {

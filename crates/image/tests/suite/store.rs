@@ -55,6 +55,23 @@ fn a_layout_imports_with_its_layers_unpacked_once() {
     );
 }
 
+#[test]
+fn a_new_store_is_private_and_an_existing_directory_keeps_its_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let new = dir.path().join("a/b/store");
+    Store::open(&new).unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&new), 0o700);
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    Store::open(dir.path()).unwrap();
+    assert_eq!(
+        mode(dir.path()),
+        0o755,
+        "the user's own directory is left as it was"
+    );
+}
+
 /// Nothing of a failed import is left for a later run: no record, no
 /// layer directory, no work files.
 fn nothing_left(root: &Path) {
