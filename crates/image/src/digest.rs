@@ -89,6 +89,20 @@ impl<'de> Deserialize<'de> for Digest {
     }
 }
 
+/// A running SHA-256, for writers that are not `Write` (an async one).
+#[derive(Default)]
+pub struct Hasher(Sha256);
+
+impl Hasher {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    pub fn finish(self) -> Digest {
+        Digest(self.0.finalize().into())
+    }
+}
+
 /// A writer that hashes what passes through it and counts it.
 pub struct Hashing<W> {
     inner: W,

@@ -2,8 +2,8 @@
 //!
 //! The transport is `oci-client`'s; what it fetches is checked here as
 //! well: a blob is written under the store's `tmp/` through a writer that
-//! stops one byte past the size its descriptor declares, must hash to its
-//! digest, and is moved into place only then. Blobs are asked for by
+//! stops past the size its descriptor declares and hashes what it writes,
+//! must have its digest, and is moved into place only then. Blobs are asked for by
 //! digest alone, so a descriptor's foreign `urls` are never fetched.
 //! Layers already unpacked are not fetched again, and two pulls of one
 //! image take turns on the store's lock, so the second downloads nothing.
@@ -19,10 +19,11 @@ use serde::Deserialize;
 use tokio::io::AsyncWrite;
 
 use crate::auth::Credentials;
-use crate::digest::Digest;
+use crate::digest::{Digest, Hasher};
 use crate::reference::ImageRef;
 use crate::store::{
-    self, Image, MAX_JSON, Store, StoreError, digest_of, invalid, is_index, parse, platform_arch,
+    self, Image, MAX_JSON, Store, StoreError, digest_of, invalid, parse, platform_arch,
+    platform_manifest,
 };
 
 /// What a pull reports as it goes, for a terminal's progress lines.
@@ -120,17 +121,8 @@ pub async fn pull(
             .is_some_and(|m| m.contains("index") || m.contains("list"))
     {
         let index: ImageIndex = parse(&bytes, "the image index")?;
-        let arch = platform_arch();
-        let entry = index
-            .manifests()
-            .iter()
-            .find(|m| {
-                !is_index(m.media_type())
-                    && m.platform().as_ref().is_some_and(|p| {
-                        p.os().to_string() == "linux" && p.architecture().to_string() == arch
-                    })
-            })
-            .ok_or_else(|| invalid(format!("{name} has no image for linux/{arch}")))?;
+        let entry = platform_manifest(&index)
+            .ok_or_else(|| invalid(format!("{name} has no image for linux/{}", platform_arch())))?;
         let digest = digest_of(entry)?;
         let by_digest = r.clone_with_digest(digest.to_string());
         let (child, _) = client
@@ -216,6 +208,7 @@ async fn fetch(
         inner: out,
         left: size,
         written: 0,
+        hasher: Hasher::default(),
     };
     // By digest alone: a descriptor's `urls` are never followed.
     let digest_text = digest.to_string();
@@ -229,30 +222,21 @@ async fn fetch(
             capped.written
         )));
     }
-    // Checked here too, on what landed on disk.
-    let got = {
-        let path = file.path().to_path_buf();
-        tokio::task::spawn_blocking(move || {
-            let mut f = std::fs::File::open(path)?;
-            let mut h = crate::digest::Hashing::new(std::io::sink());
-            std::io::copy(&mut f, &mut h)?;
-            Ok::<_, std::io::Error>(h.finish().0)
-        })
-        .await
-        .map_err(|e| invalid(e.to_string()))?
-        .map_err(|e| invalid(format!("reading back blob {digest}: {e}")))?
-    };
+    // Checked here too, on what was written.
+    let got = capped.hasher.finish();
     if got != *digest {
         return Err(invalid(format!("blob {digest} has the digest {got}")));
     }
     store.persist_blob(file, digest)
 }
 
-/// A writer that refuses to go past the size a descriptor declared.
+/// A writer that refuses to go past the size a descriptor declared, and
+/// hashes what it writes.
 struct Capped<W> {
     inner: W,
     left: u64,
     written: u64,
+    hasher: Hasher,
 }
 
 impl<W: AsyncWrite + Unpin> AsyncWrite for Capped<W> {
@@ -267,6 +251,7 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Capped<W> {
             )));
         }
         let n = std::task::ready!(Pin::new(&mut self.inner).poll_write(cx, buf))?;
+        self.hasher.update(&buf[..n]);
         self.left -= n as u64;
         self.written += n as u64;
         Poll::Ready(Ok(n))

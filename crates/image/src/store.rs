@@ -421,17 +421,12 @@ impl Store {
         }
         let bytes = self.copy_blob(layout, desc, MAX_JSON)?;
         let index: ImageIndex = parse(&bytes, "the image index")?;
-        let arch = platform_arch();
-        index
-            .manifests()
-            .iter()
-            .find(|m| {
-                m.platform().as_ref().is_some_and(|p| {
-                    p.os().to_string() == "linux" && p.architecture().to_string() == arch
-                }) && !is_index(m.media_type())
-            })
-            .cloned()
-            .ok_or_else(|| invalid(format!("the image index has no image for linux/{arch}")))
+        platform_manifest(&index).cloned().ok_or_else(|| {
+            invalid(format!(
+                "the image index has no image for linux/{}",
+                platform_arch()
+            ))
+        })
     }
 
     /// Copies a blob of the layout into the store, verified; returns its
@@ -575,6 +570,18 @@ pub(crate) fn platform_arch() -> &'static str {
         "aarch64" => "arm64",
         other => other,
     }
+}
+
+/// The image of `index` for this machine's platform: a manifest (not a
+/// nested index) for linux on this architecture.
+pub(crate) fn platform_manifest(index: &ImageIndex) -> Option<&Descriptor> {
+    let arch = platform_arch();
+    index.manifests().iter().find(|m| {
+        !is_index(m.media_type())
+            && m.platform().as_ref().is_some_and(|p| {
+                p.os().to_string() == "linux" && p.architecture().to_string() == arch
+            })
+    })
 }
 
 pub(crate) fn is_index(m: &MediaType) -> bool {
