@@ -235,6 +235,10 @@ pub(crate) async fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
         config_error(e)
     })?;
     let mut sandbox = crate::options::sandbox_config(&settings).map_err(config_error)?;
+    // The agent works in the workspace whatever the image's WorkingDir.
+    crate::image_cmd::apply(&mut sandbox, &settings, None)
+        .await
+        .map_err(config_error)?;
     // The kernel behind run_code, when `cordon lab setup` installed it.
     cordon_lab::offer(&mut sandbox);
     crate::options::guard_cordon_dirs(&mut sandbox).map_err(config_error)?;

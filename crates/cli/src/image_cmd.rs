@@ -112,6 +112,48 @@ pub async fn image(args: ImageArgs) -> i32 {
     }
 }
 
+/// Makes the root of `c` the image the settings name (`--image`,
+/// `sandbox.image`, `CORDON_IMAGE`), pulling or importing it first when
+/// the store lacks it, running as `user` or the image's own; returns the
+/// image's working directory. Without an image, nothing changes.
+pub async fn apply(
+    c: &mut cordon_sandbox::SandboxConfig,
+    settings: &cordon_agent::config::Settings,
+    user: Option<&str>,
+) -> Result<Option<String>, String> {
+    let Some(reference) = settings.resolved().sandbox.image.clone() else {
+        if user.is_some() {
+            return Err("--user chooses a user of an image: give the image with --image".into());
+        }
+        return Ok(None);
+    };
+    let store = open_store()?;
+    let parsed: ImageRef = reference.parse().map_err(|e| format!("{e}"))?;
+    let image = match (&parsed, store.get(&parsed.to_string())) {
+        // A registry's tag is what was pulled until pulled again; a
+        // layout or archive on disk is read again, as it may have changed
+        // (only what the store lacks is unpacked).
+        (ImageRef::Registry(_), Some(image)) => image,
+        _ => {
+            if matches!(parsed, ImageRef::Registry(_)) {
+                eprintln!("cordon: pulling {}", printable(&parsed.to_string()));
+            }
+            pull(&store, &reference).await?
+        }
+    };
+    let root = store
+        .sandbox_root(&image, user)
+        .map_err(|e| format!("{}: {e}", printable(&image.name)))?;
+    c.image = Some(cordon_sandbox::RootImage {
+        layers: root.layers,
+        scratch: root.scratch,
+        uid: root.uid,
+        gid: root.gid,
+        env: root.env,
+    });
+    Ok(root.working_dir)
+}
+
 /// Fetches `reference` into the store, with progress on standard error.
 pub async fn pull(store: &Store, reference: &str) -> Result<Image, String> {
     let parsed: ImageRef = reference.parse().map_err(|e| format!("{e}"))?;

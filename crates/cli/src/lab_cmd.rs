@@ -89,7 +89,7 @@ async fn serve(args: LabArgs) -> i32 {
             return code;
         }
     }
-    let (config, after) = match args.sandbox.config() {
+    let (config, after) = match args.sandbox.config().await {
         Ok(c) => c,
         Err(code) => return code,
     };

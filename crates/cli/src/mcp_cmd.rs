@@ -52,7 +52,7 @@ async fn serve(
 ) -> i32 {
     // No look at the workspace afterwards: an MCP server's stderr is its
     // client's log, and its sandboxes come and go with connections.
-    let mut config = match opts.config() {
+    let mut config = match opts.config().await {
         Ok((c, _)) => c,
         Err(code) => return code,
     };

@@ -44,9 +44,17 @@ pub struct SandboxOpts {
     /// Bind a host path read-write: PATH or HOST_PATH:SANDBOX_PATH (repeatable)
     #[arg(long = "rw", value_name = "PATH")]
     pub rw: Vec<String>,
-    /// Working directory inside the sandbox
-    #[arg(long, default_value = "/workspace", value_name = "DIR")]
-    pub workdir: String,
+    /// Working directory inside the sandbox [default: /workspace, or an image's WorkingDir]
+    #[arg(long, value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// Run in this image's file system, as root inside, instead of the host's (read-only):
+    /// NAME[:TAG] or NAME@DIGEST from a registry, oci:DIR[:TAG], or docker-archive:FILE;
+    /// pulled if the store lacks it (docs/images.md) [default: `sandbox.image` (CORDON_IMAGE), none]
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
+    /// In an image, the user commands run as: NAME, UID, NAME:GROUP or UID:GID [default: the image's, else root]
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
     /// Start a virtual X display of this size inside the sandbox (Xvfb and a
     /// window manager; DISPLAY is set for the command)
     #[arg(long, value_name = "WxH")]
@@ -162,6 +170,7 @@ impl SandboxOpts {
         put("sandbox.display", self.display.map(|d| d.to_string()));
         put("sandbox.backend", self.backend.map(|b| b.to_string()));
         put("sandbox.cpus", self.cpus.map(|n| n.to_string()));
+        put("sandbox.image", self.image.clone());
         put("vm.accel", self.vm_accel.map(|a| a.to_string()));
         let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
         put("vm.kernel", path(&self.vm_kernel));
@@ -173,12 +182,19 @@ impl SandboxOpts {
     /// The sandbox the settings with these flags on top describe, plus the
     /// flags that are not settings (binds, environment, /tmp). An error is
     /// printed here; the exit code is returned.
-    pub fn config(&self) -> Result<(SandboxConfig, Aftercheck), i32> {
+    pub async fn config(&self) -> Result<(SandboxConfig, Aftercheck), i32> {
         let settings = load_settings(self.overrides())?;
         let mut c = sandbox_config(&settings).map_err(config_error)?;
         c.tmp_size = self.tmp_size;
         c.env.extend(self.env.iter().cloned());
-        c.workdir = self.workdir.clone();
+        let image_dir = crate::image_cmd::apply(&mut c, &settings, self.user.as_deref())
+            .await
+            .map_err(config_error)?;
+        c.workdir = self
+            .workdir
+            .clone()
+            .or(image_dir)
+            .unwrap_or_else(|| "/workspace".into());
         // The CLI holds nothing secret when it creates the sandbox.
         c.fork_supervisor = true;
         for b in &self.ro {

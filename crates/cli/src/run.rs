@@ -59,7 +59,7 @@ struct Started {
 /// The sandbox of `opts` and the settings, and its limits (for the
 /// messages that say which one a command ran into).
 async fn create(opts: &SandboxOpts) -> Result<Started, i32> {
-    let (config, after) = opts.config()?;
+    let (config, after) = opts.config().await?;
     let limits = Limits {
         memory: config.memory.unwrap_or(512 * cordon_sandbox::MIB),
         disk: config.disk,

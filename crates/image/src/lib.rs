@@ -13,6 +13,7 @@ pub mod auth;
 pub mod digest;
 pub mod reference;
 pub mod registry;
+pub mod root;
 pub mod store;
 pub mod unpack;
 
@@ -22,7 +23,15 @@ pub use unpack::{Limits, Owners, Report, UnpackError, unpack};
 
 /// The modules from the bottom up: each may use only those before it
 /// (checked by `layout.rs`).
-pub const LAYERS: &[&str] = &["digest", "auth", "reference", "unpack", "store", "registry"];
+pub const LAYERS: &[&str] = &[
+    "digest",
+    "auth",
+    "reference",
+    "unpack",
+    "store",
+    "root",
+    "registry",
+];
 
 #[cfg(test)]
 mod layout;

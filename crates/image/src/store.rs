@@ -121,7 +121,7 @@ impl Store {
                 .or_else(|e| if root.is_dir() { Ok(()) } else { Err(e) })
                 .map_err(io_err(format!("making {}", root.display())))?;
         }
-        for sub in ["blobs/sha256", "layers", "images", "locks", "tmp"] {
+        for sub in ["blobs/sha256", "layers", "images", "locks", "tmp", "run"] {
             std::fs::create_dir_all(root.join(sub))
                 .map_err(io_err(format!("making {}", root.join(sub).display())))?;
         }

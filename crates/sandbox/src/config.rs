@@ -127,6 +127,29 @@ pub struct SandboxConfig {
     pub cpus: Option<u32>,
     /// Settings of the microvm backend.
     pub vm: VmOptions,
+    /// The root file system from an image instead of the host's (native
+    /// backend only).
+    pub image: Option<RootImage>,
+}
+
+/// A sandbox's root from an image: its layers, read-only, under a writable
+/// layer of the sandbox's own that goes with it. The `cordon-image` store
+/// unpacks the layers; commands start as root inside unless `uid` says
+/// otherwise, with ids 0 to 65535 (see [`crate::protocol::IdSource`]).
+#[derive(Debug, Clone)]
+pub struct RootImage {
+    /// The unpacked layers' directories, the top layer first.
+    pub layers: Vec<PathBuf>,
+    /// Where each sandbox makes its writable layer (a directory of its own
+    /// in here, removed with the sandbox): a file system with user extended
+    /// attributes, such as the store's own.
+    pub scratch: PathBuf,
+    /// The user and group commands run as inside (the image's `User`).
+    pub uid: u32,
+    pub gid: u32,
+    /// The image's environment (its `Env`): over cordon's defaults, under
+    /// the network's settings and [`SandboxConfig::env`].
+    pub env: Vec<(String, String)>,
 }
 
 /// The isolation backend of a sandbox.
@@ -287,6 +310,7 @@ impl SandboxConfig {
             backend: BackendKind::Native,
             cpus: None,
             vm: VmOptions::default(),
+            image: None,
         }
     }
 }
@@ -454,6 +478,25 @@ impl SandboxConfig {
         if self.tmp_size == 0 {
             return Err(Error::Config("tmp size must be greater than zero".into()));
         }
+        if let Some(image) = &self.image {
+            if self.backend != BackendKind::Native {
+                return Err(Error::Config(
+                    "an image root runs on the native backend only (the microvm backend's \
+                     guest has the host's root for now)"
+                        .into(),
+                ));
+            }
+            if image.layers.is_empty() {
+                return Err(Error::Config("the image has no layers".into()));
+            }
+            if image.layers.len() > crate::protocol::MAX_IMAGE_LAYERS {
+                return Err(Error::Config(format!(
+                    "the image has {} layers; cordon mounts at most {}",
+                    image.layers.len(),
+                    crate::protocol::MAX_IMAGE_LAYERS
+                )));
+            }
+        }
         if self.memory == Some(0) || self.pids == Some(0) {
             return Err(Error::Config(
                 "memory and pids limits must be greater than zero".into(),
@@ -487,6 +530,16 @@ impl SandboxConfig {
             ("LANG".into(), "C.UTF-8".into()),
             ("TERM".into(), "dumb".into()),
         ];
+        if let Some(image) = &self.image {
+            if image.uid == 0 {
+                env.retain(|(k, _)| k != "HOME");
+                env.push(("HOME".into(), "/root".into()));
+            }
+            for (k, v) in &image.env {
+                env.retain(|(ek, _)| ek != k);
+                env.push((k.clone(), v.clone()));
+            }
+        }
         if self.network == Network::Allow {
             env.extend(crate::egress::proxy_env());
             if self

@@ -99,7 +99,10 @@ impl Baseline {
     pub(crate) async fn watch(self, sandbox: &Sandbox) -> Result<()> {
         let why = match self.base.await {
             Ok(Ok(base)) => {
-                sandbox.watch_disk(self.roots, self.budget, base);
+                let mut roots = self.roots;
+                // Empty when the sandbox starts: nothing to add to the base.
+                roots.extend(sandbox.inner.lifecycle.writable_layer());
+                sandbox.watch_disk(roots, self.budget, base);
                 return Ok(());
             }
             Ok(Err(e)) => format!("cannot measure the workspace for the disk budget: {e}"),

@@ -54,14 +54,15 @@ pub mod protocol;
 mod repos;
 mod services;
 mod session;
+mod subids;
 pub mod supervisor;
 pub mod volume;
 
 pub use backend::Backend;
 pub use cache::cache_dir;
 pub use config::{
-    Accel, BackendKind, BindMount, CONTROL_FILES, DISPLAY, Display, MIB, Network, SandboxConfig,
-    VmOptions, control_files, parse_size,
+    Accel, BackendKind, BindMount, CONTROL_FILES, DISPLAY, Display, MIB, Network, RootImage,
+    SandboxConfig, VmOptions, control_files, parse_size,
 };
 pub use disk::{allocated, make_removable};
 pub use display::VncAccess;

@@ -38,6 +38,8 @@ struct NativeLifecycle {
     pid: i32,
     reaped: Mutex<bool>,
     cgroup: Mutex<Option<Cgroup>>,
+    /// An image root's writable layer, removed once the sandbox is gone.
+    scratch: Mutex<Option<tempfile::TempDir>>,
 }
 
 impl NativeLifecycle {
@@ -100,7 +102,8 @@ impl Lifecycle for NativeLifecycle {
             cg.kill_all();
         }
         let needs_reap = !std::mem::replace(&mut *self.reaped.lock().unwrap(), true);
-        if needs_reap || cgroup.is_some() {
+        let scratch = self.scratch.lock().unwrap().take();
+        if needs_reap || cgroup.is_some() || scratch.is_some() {
             // Reaping and cgroup removal wait on the kernel: not on the
             // caller's thread, which may be an async runtime's.
             std::thread::spawn(move || {
@@ -110,6 +113,7 @@ impl Lifecycle for NativeLifecycle {
                     unsafe { libc::waitpid(pid, &mut status, 0) };
                 }
                 drop(cgroup);
+                drop(scratch);
             });
         }
     }
@@ -123,6 +127,12 @@ impl Lifecycle for NativeLifecycle {
         if let Some(mut cg) = self.cgroup.lock().unwrap().take() {
             cg.remove();
         }
+        drop(self.scratch.lock().unwrap().take());
+    }
+
+    fn writable_layer(&self) -> Option<std::path::PathBuf> {
+        let scratch = self.scratch.lock().unwrap();
+        Some(scratch.as_ref()?.path().join("upper"))
     }
 }
 
@@ -237,6 +247,13 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         m => Some(Cgroup::create(m, config.memory, config.pids).map_err(Error::Limits)?),
     };
 
+    let (image, scratch) = match &config.image {
+        Some(image) => {
+            let (root, dir) = image_root(image)?;
+            (Some(root), Some(dir))
+        }
+        None => (None, None),
+    };
     let services = Services::start(config, &workspace, Channel::Socket).await?;
     let (host, child_end) = std::os::unix::net::UnixStream::pair()?;
     let pid = services.with_sandbox_end(|svc| spawn_supervisor(config, child_end.into(), svc))?;
@@ -245,6 +262,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         pid,
         reaped: Mutex::new(false),
         cgroup: Mutex::new(None),
+        scratch: Mutex::new(scratch),
     };
     if let Some(cg) = cgroup {
         // Before the supervisor reads its setup message, so that every
@@ -268,8 +286,14 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         hostname: config.hostname.clone(),
         outer_uid: rustix::process::geteuid().as_raw(),
         outer_gid: rustix::process::getegid().as_raw(),
-        inner_uid: rustix::process::geteuid().as_raw(),
-        inner_gid: rustix::process::getegid().as_raw(),
+        inner_uid: config
+            .image
+            .as_ref()
+            .map_or(rustix::process::geteuid().as_raw(), |i| i.uid),
+        inner_gid: config
+            .image
+            .as_ref()
+            .map_or(rustix::process::getegid().as_raw(), |i| i.gid),
         rlimit_memory: if rlimits { config.memory } else { None },
         rlimit_nproc: if rlimits { config.pids } else { None },
         user_counts: Some(user_counts(pid)),
@@ -280,6 +304,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         proxy_port: services.proxy_port(),
         host_network: config.network == Network::Full,
         trust: config.egress.as_ref().and_then(crate::egress::trust),
+        image,
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;
@@ -300,6 +325,50 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         },
     )
     .await
+}
+
+/// An image root's setup: its layers, a writable layer's directory of this
+/// sandbox's own (removed with the returned handle), and where its ids
+/// come from.
+fn image_root(
+    image: &crate::config::RootImage,
+) -> Result<(protocol::ImageRoot, tempfile::TempDir)> {
+    let utf8 = |p: &std::path::Path, what: &str| {
+        p.to_str()
+            .map(str::to_string)
+            .ok_or_else(|| Error::Config(format!("{what} {} is not valid UTF-8", p.display())))
+    };
+    let ids = if rustix::process::geteuid().is_root() && in_initial_user_namespace() {
+        protocol::IdSource::Allocated
+    } else {
+        crate::subids::subordinate(rustix::process::geteuid().as_raw())?
+    };
+    std::fs::create_dir_all(&image.scratch).map_err(|e| {
+        Error::Config(format!(
+            "cannot make the directory for writable layers {}: {e}",
+            image.scratch.display()
+        ))
+    })?;
+    let dir = tempfile::Builder::new()
+        .prefix("sandbox-")
+        .tempdir_in(&image.scratch)
+        .map_err(|e| {
+            Error::Config(format!(
+                "cannot make a writable layer in {}: {e}",
+                image.scratch.display()
+            ))
+        })?;
+    let layers = image
+        .layers
+        .iter()
+        .map(|l| utf8(l, "layer"))
+        .collect::<Result<Vec<_>>>()?;
+    let root = protocol::ImageRoot {
+        layers,
+        scratch: utf8(dir.path(), "writable layer")?,
+        ids,
+    };
+    Ok((root, dir))
 }
 
 /// A sandbox may take this fraction of each per-user count of its host uid,

@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 
 /// Which output stream a chunk belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,6 +118,47 @@ pub struct SetupSpec {
     /// `/etc/cordon/ca.pem` and `/etc/cordon/bundle.pem` (native; a
     /// microVM's staged `/etc` gets them from the host).
     pub trust: Option<(String, String)>,
+    /// The root file system from an image's layers instead of the host's
+    /// (native only; a microVM's guest gets its root from the host).
+    pub image: Option<ImageRoot>,
+}
+
+/// How many ids a sandbox with an image root has inside: 0 to 65535, the
+/// range every distribution's packages assume (`nobody` is 65534).
+pub const IMAGE_IDS: u32 = 65536;
+
+/// The most layers an image root may have: overlayfs takes its lower
+/// directories in one option string of at most a page.
+pub const MAX_IMAGE_LAYERS: usize = 128;
+
+/// A root file system made of an image's unpacked layers, read-only and
+/// shared, under a writable layer of the sandbox's own (overlayfs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRoot {
+    /// The layers' directories on the host, the top layer first.
+    pub layers: Vec<String>,
+    /// An empty directory of this sandbox's own, on a file system with
+    /// user extended attributes, where its writable layer is made.
+    pub scratch: String,
+    /// Where the ids beyond the caller's own come from.
+    pub ids: IdSource,
+}
+
+/// The host ids an image root's inside ids 1 to 65535 map to (0 is the
+/// caller's, or for root a host uid of the sandbox's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IdSource {
+    /// Root: a range of [`IMAGE_IDS`] host ids far above any account's,
+    /// taken by the supervisor for as long as the sandbox lives.
+    Allocated,
+    /// An unprivileged caller: its subordinate ids (`/etc/subuid` and
+    /// `/etc/subgid`), which the setuid `newuidmap` and `newgidmap` map.
+    Subordinate {
+        uid: u32,
+        gid: u32,
+        /// How many of each, at most [`IMAGE_IDS`] - 1.
+        count: u32,
+    },
 }
 
 /// Kernel objects counted per user, which a sandbox's processes are charged

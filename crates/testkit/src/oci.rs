@@ -40,6 +40,107 @@ pub fn layer(files: &[(&str, &str)]) -> Layer {
     }
 }
 
+/// One entry of a layer made by [`layer_of`].
+pub enum Entry<'a> {
+    File {
+        path: &'a str,
+        body: Vec<u8>,
+        mode: u32,
+    },
+    Dir {
+        path: &'a str,
+        mode: u32,
+    },
+    Link {
+        path: &'a str,
+        target: &'a str,
+    },
+}
+
+/// A layer of `entries`, owned by root.
+pub fn layer_of(entries: &[Entry<'_>]) -> Layer {
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_mtime(1_700_000_000);
+        h.set_uid(0);
+        h.set_gid(0);
+        match e {
+            Entry::File { path, body, mode } => {
+                h.set_size(body.len() as u64);
+                h.set_mode(*mode);
+                h.set_cksum();
+                b.append_data(&mut h, path, &body[..]).unwrap();
+            }
+            Entry::Dir { path, mode } => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_size(0);
+                h.set_mode(*mode);
+                h.set_cksum();
+                b.append_data(&mut h, path, &[][..]).unwrap();
+            }
+            Entry::Link { path, target } => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_size(0);
+                h.set_mode(0o777);
+                b.append_link(&mut h, path, target).unwrap();
+            }
+        }
+    }
+    let tar = b.into_inner().unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar).unwrap();
+    Layer {
+        blob: gz.finish().unwrap(),
+        diff_id: digest(&tar),
+    }
+}
+
+/// Debian's statically linked busybox (package busybox-static).
+pub const BUSYBOX: &str = "/bin/busybox";
+
+/// The applets [`busybox_layer`] links in `/bin`.
+pub const APPLETS: &[&str] = &[
+    "sh", "ls", "cat", "echo", "id", "whoami", "mkdir", "touch", "rm", "chown", "chmod", "stat",
+    "env", "pwd", "true", "false", "sleep", "head", "tail", "wc", "grep", "sed", "su", "test",
+    "ln", "mv", "cp", "find", "dd", "mknod", "hostname", "ps", "kill", "readlink", "chgrp",
+];
+
+/// A tiny image's one layer: busybox at `/bin/busybox` with [`APPLETS`]
+/// as links to it, an `/etc` with root, nobody and `app` (1000), and the
+/// usual empty directories.
+pub fn busybox_layer() -> Layer {
+    let body = std::fs::read(BUSYBOX).expect("busybox-static is installed (scripts/packages.txt)");
+    let links: Vec<String> = APPLETS.iter().map(|a| format!("bin/{a}")).collect();
+    let mut entries = vec![
+        Entry::Dir { path: "bin", mode: 0o755 },
+        Entry::File { path: "bin/busybox", body, mode: 0o755 },
+        Entry::Dir { path: "etc", mode: 0o755 },
+        Entry::File {
+            path: "etc/passwd",
+            body: b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n".to_vec(),
+            mode: 0o644,
+        },
+        Entry::File {
+            path: "etc/group",
+            body: b"root:x:0:\napp:x:1000:\nnogroup:x:65534:\n".to_vec(),
+            mode: 0o644,
+        },
+        Entry::File { path: "etc/os-release", body: b"ID=cordon-busybox\n".to_vec(), mode: 0o644 },
+        Entry::Dir { path: "root", mode: 0o700 },
+        Entry::Dir { path: "home", mode: 0o755 },
+        Entry::Dir { path: "tmp", mode: 0o1777 },
+        Entry::Dir { path: "var", mode: 0o755 },
+    ];
+    for l in &links {
+        entries.push(Entry::Link {
+            path: l,
+            target: "busybox",
+        });
+    }
+    layer_of(&entries)
+}
+
 /// Two layers: an `/etc`, then a whiteout of its `motd` and an app in
 /// `/srv`.
 pub fn two_layers() -> Vec<Layer> {
@@ -53,6 +154,17 @@ pub fn two_layers() -> Vec<Layer> {
 /// `layers` (its config: `Env`, `WorkingDir` `/srv`, `User` `app`);
 /// returns the manifest's digest.
 pub fn write_layout(dir: &Path, tag: &str, layers: &[Layer]) -> String {
+    write_image(
+        dir,
+        tag,
+        layers,
+        json!({"Env": ["PATH=/usr/bin:/bin", "LANG=C.UTF-8"], "WorkingDir": "/srv", "User": "app"}),
+    )
+}
+
+/// Writes an OCI layout at `dir` of one image tagged `tag` with `layers`
+/// and the config's `config` section; returns the manifest's digest.
+pub fn write_image(dir: &Path, tag: &str, layers: &[Layer], config: serde_json::Value) -> String {
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).unwrap();
     let put = |bytes: &[u8]| {
@@ -62,7 +174,7 @@ pub fn write_layout(dir: &Path, tag: &str, layers: &[Layer]) -> String {
     };
     let config = serde_json::to_vec(&json!({
         "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/usr/bin:/bin", "LANG=C.UTF-8"], "WorkingDir": "/srv", "User": "app"},
+        "config": config,
         "rootfs": {"type": "layers", "diff_ids": layers.iter().map(|l| l.diff_id.clone()).collect::<Vec<_>>()},
     }))
     .unwrap();

@@ -244,6 +244,14 @@ pub const KEYS: &[Key] = &[
         guard: Guard::Isolation,
     },
     Key {
+        name: "sandbox.image",
+        env: &["CORDON_IMAGE"],
+        secret: false,
+        default: None,
+        doc: "the image whose file system is the sandbox's root, pulled if the store lacks it: NAME[:TAG] or NAME@DIGEST from a registry, oci:DIR[:TAG], or docker-archive:FILE (default: the host's root, read-only)",
+        guard: Guard::Isolation,
+    },
+    Key {
         name: "sandbox.cpus",
         env: &["CORDON_CPUS"],
         secret: false,

@@ -38,6 +38,9 @@ pub struct SandboxSettings {
     pub display: Option<Display>,
     pub backend: BackendKind,
     pub cpus: Option<u32>,
+    /// The image to run in (a reference the image store parses); `None`:
+    /// the host's root.
+    pub image: Option<String>,
     pub vm: VmOptions,
     /// Git's, editors' and agents' control files read-only inside.
     pub protect_control_files: bool,
@@ -211,6 +214,14 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
                 "true" => Ok(true),
                 "false" => Ok(false),
                 _ => Err("expected true or false".into()),
+            })?,
+            image: opt(s, "sandbox.image", |v| {
+                let v = v.trim();
+                if v.is_empty() {
+                    Err("expected an image reference".to_string())
+                } else {
+                    Ok(v.to_string())
+                }
             })?,
             cpus: opt(s, "sandbox.cpus", |v| match v.parse::<u32>() {
                 Ok(n) if (1..=64).contains(&n) => Ok(n),

@@ -314,6 +314,17 @@ impl Ctx {
 
     /// [`Ctx::run`], failing the test if the run takes longer than `deadline`.
     pub fn run_deadline(&self, opts: &[&str], argv: &[&str], deadline: Duration) -> Out {
+        self.run_env(&[], opts, argv, deadline)
+    }
+
+    /// [`Ctx::run_deadline`] with `env` added to cordon's environment.
+    pub fn run_env(
+        &self,
+        env: &[(&str, &str)],
+        opts: &[&str],
+        argv: &[&str],
+        deadline: Duration,
+    ) -> Out {
         let mut args: Vec<String> = vec!["run".into(), "--workspace".into()];
         args.push(self.workspace.to_str().unwrap().into());
         args.extend(opts.iter().map(|s| s.to_string()));
@@ -321,6 +332,7 @@ impl Ctx {
         args.extend(argv.iter().map(|s| s.to_string()));
         let what = format!("[{:?}] cordon {}", self.mode, args.join(" "));
         let mut cmd = self.cordon(&args);
+        cmd.envs(env.iter().copied());
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let hazards = self.vm().then(|| workspace_hazards(&self.workspace));
         let out = run_once(&mut cmd, what, deadline, &|pid| self.after_hang(pid));

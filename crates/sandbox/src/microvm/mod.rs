@@ -387,6 +387,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         proxy_port: services.proxy_port(),
         host_network: false,
         trust: None,
+        image: None,
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

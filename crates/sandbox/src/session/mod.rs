@@ -36,6 +36,11 @@ pub(crate) trait Lifecycle: Send + Sync {
     /// outer supervisor, or QEMU): where the disk watcher looks for files
     /// that were deleted but are still open.
     fn host_pid(&self) -> i32;
+    /// Where an image root's writable layer is on the host: the disk
+    /// budget counts it with the workspace.
+    fn writable_layer(&self) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 /// What a backend hands to [`Sandbox::connect`] besides the stream.

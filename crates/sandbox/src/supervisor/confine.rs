@@ -30,7 +30,11 @@ pub fn apply(spec: &SetupSpec, writable: &[String]) -> Result<Confinement> {
     apply_rlimits(spec)?;
     rustix::thread::set_no_new_privs(true).map_err(|e| SetupError::new("set no_new_privs", e))?;
     let (landlock, landlock_abi) = apply_landlock(spec, writable)?;
-    drop_capabilities()?;
+    if spec.image.is_some() {
+        keep_image_capabilities()?;
+    } else {
+        drop_capabilities()?;
+    }
     // Capability changes reset dumpability; set it last so that processes of
     // the same uid can neither ptrace the supervisor nor open /proc/1/*.
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
@@ -186,6 +190,73 @@ fn drop_capabilities() -> Result<()> {
         },
     )
     .map_err(|e| SetupError::new("drop capabilities", e))
+}
+
+/// What root in an image sandbox keeps, for a package manager: owning
+/// files as the image's users (`CHOWN`, `FOWNER`, `FSETID`), reading and
+/// writing them whatever their modes (`DAC_OVERRIDE`), switching to them
+/// (apt's `_apt`: `SETUID`, `SETGID`), signalling their processes (`KILL`),
+/// file capabilities a package's script sets (`SETFCAP`), and ports below
+/// 1024 (`NET_BIND_SERVICE`). Each holds over the sandbox's own user
+/// namespace alone: over files whose owners its id map covers (the image's
+/// layers, its writable layer, its workspace), over its own processes and
+/// its own network namespace; the host's files show as unmapped ids, over
+/// which no capability of the namespace counts. Nothing that reaches the
+/// kernel's wider surface (`SYS_ADMIN`, `NET_ADMIN`, `SYS_PTRACE`,
+/// `SYS_MODULE`...) is kept, and the seccomp filter is unchanged.
+fn image_capabilities() -> rustix::thread::CapabilitySet {
+    use rustix::thread::CapabilitySet as C;
+    C::CHOWN
+        | C::DAC_OVERRIDE
+        | C::FOWNER
+        | C::FSETID
+        | C::KILL
+        | C::SETGID
+        | C::SETUID
+        | C::SETFCAP
+        | C::NET_BIND_SERVICE
+}
+
+/// Keeps [`image_capabilities`] for root in an image sandbox, with the
+/// usual rules for the rest: a command that switches to another user
+/// loses them, and exec gives root at most these (the bounding set).
+fn keep_image_capabilities() -> Result<()> {
+    use rustix::thread::{
+        CapabilitiesSecureBits, CapabilitySet, CapabilitySets, clear_ambient_capability_set,
+        remove_capability_from_bounding_set, set_capabilities, set_capabilities_secure_bits,
+    };
+    let keep = image_capabilities();
+    set_capabilities_secure_bits(
+        CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE
+            | CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE_LOCKED,
+    )
+    .map_err(|e| SetupError::new("set securebits", e))?;
+    for cap in CapabilitySet::all().iter() {
+        if keep.contains(cap) {
+            continue;
+        }
+        match remove_capability_from_bounding_set(cap) {
+            Ok(()) | Err(Errno::INVAL) => {}
+            Err(e) => return Err(SetupError::new("drop bounding capability", e)),
+        }
+    }
+    for raw in 41..64 {
+        // SAFETY: PR_CAPBSET_DROP with an integer argument.
+        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, raw, 0, 0, 0) };
+        if rc != 0 {
+            break;
+        }
+    }
+    clear_ambient_capability_set().map_err(|e| SetupError::new("clear ambient caps", e))?;
+    set_capabilities(
+        None,
+        CapabilitySets {
+            effective: keep,
+            permitted: keep,
+            inheritable: CapabilitySet::empty(),
+        },
+    )
+    .map_err(|e| SetupError::new("keep the image's capabilities", e))
 }
 
 /// `fchmodat2` (Linux 6.6); the same number on every architecture.

@@ -44,7 +44,7 @@ pub fn unshare_owned_by(
     owner: u32,
     flags: UnshareFlags,
     spec: &SetupSpec,
-    idmapped: bool,
+    idmapped: Option<&IdMaps>,
 ) -> Result<bool> {
     // The host's supplementary groups (root's) would stay with the sandbox:
     // once inside, setgroups is denied. Refused only where this "root" is
@@ -54,14 +54,10 @@ pub fn unshare_owned_by(
         return Ok(false);
     }
     // Idmapped mounts show the sandbox its files as uid 0; its processes
-    // can then be the owner uid on the host rather than root.
-    let ids = if idmapped {
-        IdMaps {
-            uid: (0, owner),
-            gid: (0, owner),
-        }
-    } else {
-        IdMaps::of(spec)
+    // can then be the owner uid (or range) on the host rather than root.
+    let ids = match idmapped {
+        Some(ids) => ids.clone(),
+        None => IdMaps::of(spec),
     };
     // The mapper must stay in the host's user namespace: only a process
     // there may map ids into a namespace that is not its own creator's uid.

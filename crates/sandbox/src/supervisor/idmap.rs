@@ -27,16 +27,28 @@ const AT_RECURSIVE: libc::c_uint = 0x8000;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 /// Detached, idmapped mounts of host paths, by path, waiting to be attached
-/// where the sandbox's tree needs them.
+/// where the sandbox's tree needs them; and plain handles on paths that
+/// only the host's root may reach, opened before the supervisor left it.
 #[derive(Default)]
 pub struct Prepared {
-    mounts: HashMap<String, OwnedFd>,
+    mounts: HashMap<String, (OwnedFd, bool)>,
 }
 
 impl Prepared {
-    /// The mount prepared for `path`, if any; each is attached once.
-    pub fn take(&mut self, path: &str) -> Option<OwnedFd> {
+    /// The handle prepared for `path`, if any, and whether it is a detached
+    /// mount (else a plain `O_PATH` handle); each is used once.
+    pub fn take(&mut self, path: &str) -> Option<(OwnedFd, bool)> {
         self.mounts.remove(path)
+    }
+
+    /// Keeps a detached copy of the tree at `path`, not idmapped (its files
+    /// keep the host ids they have), for a path only the host's root may
+    /// reach: a mount in the host's namespace cannot be bound from the
+    /// sandbox's, a detached one can be attached there.
+    pub fn clone_plain(&mut self, path: &str) -> Result<()> {
+        let fd = detached(path).map_err(|e| SetupError::io(format!("open {path}"), e))?;
+        self.mounts.insert(path.to_string(), (fd, true));
+        Ok(())
     }
 }
 
@@ -47,20 +59,21 @@ pub struct Wanted {
     pub required: bool,
 }
 
-/// Idmapped mounts of `wanted` for a sandbox whose root is host uid and gid
-/// `owner`; `None` when a required path's file system cannot be idmapped
-/// (9p, NFS, FUSE and older kernels), and nothing was changed.
-pub fn prepare(owner: u32, wanted: &[Wanted]) -> Result<Option<Prepared>> {
-    // A host where `owner` cannot be mapped (cordon in a container's user
+/// Idmapped mounts of `wanted` for a sandbox whose ids are `ids` (0 inside
+/// is a host uid and gid of its own); `None` when a required path's file
+/// system cannot be idmapped (9p, NFS, FUSE and older kernels), and nothing
+/// was changed.
+pub fn prepare(ids: &IdMaps, wanted: &[Wanted]) -> Result<Option<Prepared>> {
+    // A host where the ids cannot be mapped (cordon in a container's user
     // namespace) keeps root's ids, as on file systems without idmapping.
-    let Ok(userns) = throwaway_userns(owner) else {
+    let Ok(userns) = throwaway_userns(ids) else {
         return Ok(None);
     };
     let mut prepared = Prepared::default();
     for w in wanted {
         match idmapped(&w.path, &userns) {
             Ok(fd) => {
-                prepared.mounts.insert(w.path.clone(), fd);
+                prepared.mounts.insert(w.path.clone(), (fd, true));
             }
             Err(_) if !w.required => {}
             Err(_) => return Ok(None),
@@ -69,8 +82,8 @@ pub fn prepare(owner: u32, wanted: &[Wanted]) -> Result<Option<Prepared>> {
     Ok(Some(prepared))
 }
 
-/// A user namespace mapping 0 to `owner`, held by descriptor only.
-fn throwaway_userns(owner: u32) -> Result<OwnedFd> {
+/// A user namespace with the maps `ids`, held by descriptor only.
+fn throwaway_userns(ids: &IdMaps) -> Result<OwnedFd> {
     super::counts::with_helper(
         "fork for the idmap namespace",
         |mut done, mut ready| {
@@ -90,11 +103,7 @@ fn throwaway_userns(owner: u32) -> Result<OwnedFd> {
                 });
             }
             let dir = format!("/proc/{pid}");
-            let ids = IdMaps {
-                uid: (0, owner),
-                gid: (0, owner),
-            };
-            write_maps(&dir, &ids)?;
+            write_maps(&dir, ids)?;
             rustix::fs::open(
                 format!("{dir}/ns/user"),
                 rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
@@ -110,24 +119,7 @@ fn throwaway_userns(owner: u32) -> Result<OwnedFd> {
 /// binds' (see `mount::open_no_links`), and a system path with one is bound
 /// as it is, by its plain open.
 fn idmapped(path: &str, userns: &OwnedFd) -> std::io::Result<OwnedFd> {
-    let at = super::mount::open_no_links(path)?;
-    // SAFETY: open_tree on our descriptor; the result is a new descriptor.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            at.as_raw_fd(),
-            c"".as_ptr(),
-            OPEN_TREE_CLONE
-                | libc::O_CLOEXEC as libc::c_uint
-                | AT_RECURSIVE
-                | libc::AT_EMPTY_PATH as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: open_tree returned a descriptor we now own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let fd = detached(path)?;
     let attr = super::mount::MountAttr {
         attr_set: MOUNT_ATTR_IDMAP,
         attr_clr: 0,
@@ -149,4 +141,27 @@ fn idmapped(path: &str, userns: &OwnedFd) -> std::io::Result<OwnedFd> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(fd)
+}
+
+/// A detached copy of the tree at `path` (`open_tree` with
+/// `OPEN_TREE_CLONE`), refusing a link on the path.
+fn detached(path: &str) -> std::io::Result<OwnedFd> {
+    let at = super::mount::open_no_links(path)?;
+    // SAFETY: open_tree on our descriptor; the result is a new descriptor.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            at.as_raw_fd(),
+            c"".as_ptr(),
+            OPEN_TREE_CLONE
+                | libc::O_CLOEXEC as libc::c_uint
+                | AT_RECURSIVE
+                | libc::AT_EMPTY_PATH as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: open_tree returned a descriptor we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }

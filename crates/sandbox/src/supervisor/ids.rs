@@ -1,25 +1,78 @@
-//! The id maps of a user namespace: one id each way, and their one writer,
-//! for the sandbox's own namespace and for the helpers' (see counts.rs and
-//! idmap.rs).
+//! The id maps of a user namespace and their one writer, for the sandbox's
+//! own namespace and for the helpers' (see counts.rs and idmap.rs).
+//!
+//! A sandbox on the host's root maps one id each way. One on an image's
+//! root maps a range (0 to 65535 inside), because a distribution's files
+//! and package scripts belong to several users: as root, to host ids of the
+//! sandbox's own (`Allocated`); unprivileged, to the caller's id for 0 and
+//! its subordinate ids for the rest, which only the setuid `newuidmap` and
+//! `newgidmap` may map.
 
 use std::fs;
+use std::io::{Read, Write};
 
-use super::error::{Context, Result};
-use crate::protocol::SetupSpec;
+use rustix::thread::UnshareFlags;
 
-/// One id each way for a user namespace: (inside, outside), uid and gid.
+use super::error::{Context, Result, SetupError};
+use crate::protocol::{IMAGE_IDS, SetupSpec};
+
+/// One line of an id map: `count` ids from `inside` map to `outside`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Extent {
+    pub inside: u32,
+    pub outside: u32,
+    pub count: u32,
+}
+
+/// The uid and gid maps of a user namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct IdMaps {
-    pub uid: (u32, u32),
-    pub gid: (u32, u32),
+    pub uid: Vec<Extent>,
+    pub gid: Vec<Extent>,
 }
 
 impl IdMaps {
+    /// One uid and one gid: `inside` is `outside` on the host.
+    pub fn single(uid: (u32, u32), gid: (u32, u32)) -> IdMaps {
+        let one = |(inside, outside)| {
+            vec![Extent {
+                inside,
+                outside,
+                count: 1,
+            }]
+        };
+        IdMaps {
+            uid: one(uid),
+            gid: one(gid),
+        }
+    }
+
+    /// An image root's ids for root: 0 to 65535 inside are `base` onwards.
+    pub fn allocated(base: u32) -> IdMaps {
+        let all = vec![Extent {
+            inside: 0,
+            outside: base,
+            count: IMAGE_IDS,
+        }];
+        IdMaps {
+            uid: all.clone(),
+            gid: all,
+        }
+    }
+
     /// The caller's ids, as the spec maps them.
     pub fn of(spec: &SetupSpec) -> IdMaps {
-        IdMaps {
-            uid: (spec.inner_uid, spec.outer_uid),
-            gid: (spec.inner_gid, spec.outer_gid),
-        }
+        IdMaps::single(
+            (spec.inner_uid, spec.outer_uid),
+            (spec.inner_gid, spec.outer_gid),
+        )
+    }
+
+    fn text(extents: &[Extent]) -> String {
+        extents
+            .iter()
+            .map(|e| format!("{} {} {}\n", e.inside, e.outside, e.count))
+            .collect()
     }
 }
 
@@ -28,19 +81,154 @@ impl IdMaps {
 pub(crate) fn write_maps(proc: &str, ids: &IdMaps) -> Result<()> {
     // Must precede gid_map for unprivileged callers; harmless for root.
     fs::write(format!("{proc}/setgroups"), "deny").ctx(|| "deny setgroups".into())?;
-    fs::write(
-        format!("{proc}/uid_map"),
-        format!("{} {} 1\n", ids.uid.0, ids.uid.1),
-    )
-    .ctx(|| "write uid_map".into())?;
-    fs::write(
-        format!("{proc}/gid_map"),
-        format!("{} {} 1\n", ids.gid.0, ids.gid.1),
-    )
-    .ctx(|| "write gid_map".into())
+    fs::write(format!("{proc}/uid_map"), IdMaps::text(&ids.uid)).ctx(|| "write uid_map".into())?;
+    fs::write(format!("{proc}/gid_map"), IdMaps::text(&ids.gid)).ctx(|| "write gid_map".into())
 }
 
 /// Writes the uid/gid maps of the user namespace this process just entered.
 pub fn write_id_maps(spec: &SetupSpec) -> Result<()> {
     write_maps("/proc/self", &IdMaps::of(spec))
+}
+
+/// The setuid helpers that map subordinate ids (Debian's `uidmap`).
+const NEWUIDMAP: &str = "/usr/bin/newuidmap";
+const NEWGIDMAP: &str = "/usr/bin/newgidmap";
+
+/// Enters the sandbox's namespaces as an unprivileged caller with a range
+/// of subordinate ids: 0 inside is the caller, 1 onwards its `/etc/subuid`
+/// and `/etc/subgid` ranges. A helper left in the host's namespace runs
+/// `newuidmap` and `newgidmap` on this process once it has unshared: a
+/// process cannot map its own namespace beyond its one id.
+pub fn unshare_subordinate(
+    flags: UnshareFlags,
+    spec: &SetupSpec,
+    sub: (u32, u32, u32),
+) -> Result<()> {
+    let (sub_uid, sub_gid, count) = sub;
+    let count = count.min(IMAGE_IDS - 1);
+    let parent = rustix::process::getpid().as_raw_nonzero().get();
+    let map = |tool: &str, own: u32, sub: u32| -> std::result::Result<(), String> {
+        let args = [
+            parent.to_string(),
+            "0".into(),
+            own.to_string(),
+            "1".into(),
+            "1".into(),
+            sub.to_string(),
+            count.to_string(),
+        ];
+        let out = std::process::Command::new(tool)
+            .args(&args)
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("run {tool}: {e}"))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        // The tool's own words (which range it refused), bounded: it is
+        // the host's program reading the host's files.
+        let said = String::from_utf8_lossy(&out.stderr);
+        let said: String = said.trim().chars().take(300).collect();
+        Err(format!("{tool} failed: {said}"))
+    };
+    super::counts::with_helper(
+        "fork the id mapper",
+        |mut go, mut done| {
+            let mut b = [0u8];
+            let result = match go.read(&mut b) {
+                Ok(1) => map(NEWUIDMAP, spec.outer_uid, sub_uid)
+                    .and_then(|()| map(NEWGIDMAP, spec.outer_gid, sub_gid)),
+                _ => Err("the supervisor gave up before unsharing".into()),
+            };
+            let reply = match result {
+                Ok(()) => String::new(),
+                Err(e) => e,
+            };
+            let _ = done.write_all(reply.as_bytes());
+        },
+        |mut go, mut done, _| {
+            // SAFETY: single-threaded; the caller forks before relying on
+            // the new pid namespace.
+            unsafe { rustix::thread::unshare_unsafe(flags) }
+                .map_err(|e| SetupError::new("unshare the sandbox's namespaces", e))?;
+            go.write_all(&[1])
+                .map_err(|e| SetupError::io("start the id mapper", e))?;
+            drop(go);
+            let mut reply = String::new();
+            let _ = done.read_to_string(&mut reply);
+            if !reply.is_empty() {
+                return Err(SetupError {
+                    what: format!("map the subordinate ids: {reply}"),
+                    errno: 0,
+                });
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Root's image sandboxes take their ranges of [`IMAGE_IDS`] host ids
+/// from here up: above every account's, container manager's and systemd's
+/// ranges, below the single owner uids of host-root sandboxes
+/// (`native::OWNER_UID_BASE`).
+const RANGES_BASE: u32 = 0x8000_0000;
+/// How many ranges fit below `OWNER_UID_BASE`.
+const RANGES: u32 = 0x3000_0000 / IMAGE_IDS;
+/// Where a supervisor holds the lock on its range: a file per range,
+/// locked for as long as any of the sandbox's supervisors lives.
+const RANGE_LOCKS: &str = "/run/cordon/id-ranges";
+
+/// A range of host ids no other live sandbox has: its first id, and the
+/// open lock file that keeps it this sandbox's (dropped with the process).
+pub fn allocate_range() -> Result<(u32, std::os::fd::OwnedFd)> {
+    use rustix::fs::{FlockOperation, Mode, OFlags};
+    fs::create_dir_all(RANGE_LOCKS).ctx(|| format!("create {RANGE_LOCKS}"))?;
+    let dir = rustix::fs::open(
+        RANGE_LOCKS,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+        Mode::empty(),
+    )
+    .ctx(|| format!("open {RANGE_LOCKS}"))?;
+    // Root's alone: nobody else may take or hold a range.
+    rustix::fs::fchmod(&dir, Mode::from_raw_mode(0o700)).ctx(|| format!("chmod {RANGE_LOCKS}"))?;
+    let start = rustix::process::getpid().as_raw_nonzero().get() as u32 % RANGES;
+    for i in 0..RANGES {
+        let slot = (start + i) % RANGES;
+        let fd = rustix::fs::openat(
+            &dir,
+            slot.to_string(),
+            OFlags::CREATE | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .ctx(|| format!("open {RANGE_LOCKS}/{slot}"))?;
+        if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            return Ok((RANGES_BASE + slot * IMAGE_IDS, fd));
+        }
+    }
+    Err(SetupError {
+        what: format!("every one of the {RANGES} id ranges for image sandboxes is in use"),
+        errno: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_are_written_one_extent_per_line() {
+        let ids = IdMaps::allocated(RANGES_BASE);
+        assert_eq!(IdMaps::text(&ids.uid), "0 2147483648 65536\n");
+        let one = IdMaps::single((0, 1000), (0, 100));
+        assert_eq!(IdMaps::text(&one.uid), "0 1000 1\n");
+        assert_eq!(IdMaps::text(&one.gid), "0 100 1\n");
+    }
+
+    #[test]
+    fn ranges_stay_below_the_owner_uids() {
+        let last = RANGES_BASE as u64 + RANGES as u64 * IMAGE_IDS as u64;
+        assert!(last <= 0xB000_0000);
+    }
 }

@@ -15,6 +15,7 @@ mod error;
 mod guest;
 mod idmap;
 mod ids;
+mod image;
 pub(crate) mod mount;
 pub(crate) mod protect;
 mod relay;
@@ -240,34 +241,10 @@ fn outer_main() -> ! {
     if spec.host_network {
         flags.remove(UnshareFlags::NEWNET);
     }
-    let owner = spec.user_counts.as_ref().and_then(|c| c.owner_uid);
-    // Made while this process still holds root's capabilities on the host.
-    let mut prepared = match owner.map(|o| idmap::prepare(o, &setup::idmap_wanted(&spec))) {
-        Some(Ok(p)) => p,
-        Some(Err(e)) => fail(&mut ctl, e),
-        None => None,
+    let (prepared, _range) = match enter_namespaces(&spec, flags) {
+        Ok(done) => done,
+        Err(e) => fail(&mut ctl, e),
     };
-    let owned = match owner {
-        Some(owner) => match counts::unshare_owned_by(owner, flags, &spec, prepared.is_some()) {
-            Ok(done) => done,
-            Err(e) => fail(&mut ctl, e),
-        },
-        None => false,
-    };
-    if !owned {
-        // The uid switch was refused: the sandbox keeps the caller's ids.
-        prepared = None;
-    }
-    if !owned {
-        // SAFETY: single-threaded; we fork before relying on the new pid ns.
-        if let Err(e) = unsafe { rustix::thread::unshare_unsafe(flags) } {
-            let what = userns_diagnosis(e);
-            fail(&mut ctl, SetupError { what, errno: 0 });
-        }
-        if let Err(e) = ids::write_id_maps(&spec) {
-            fail(&mut ctl, e);
-        }
-    }
     // SAFETY: this process is single-threaded, so the child may do anything.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -280,7 +257,7 @@ fn outer_main() -> ! {
         );
     }
     if pid == 0 {
-        inner_main(ctl, services, spec, prepared.unwrap_or_default());
+        inner_main(ctl, services, spec, prepared);
     }
     drop(ctl);
     drop(services);
@@ -294,11 +271,98 @@ fn outer_main() -> ! {
             break;
         }
     }
+    if let Some(image) = &spec.image {
+        image::remove_scratch(image);
+    }
     exit_now(if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
     } else {
         1
     });
+}
+
+/// Enters the sandbox's namespaces with its id maps, and prepares what must
+/// be opened while the supervisor still has the host's view: idmapped
+/// mounts and an image's writable layer. Returns those, and the lock on an
+/// image sandbox's id range, held until the supervisor ends.
+fn enter_namespaces(
+    spec: &SetupSpec,
+    flags: UnshareFlags,
+) -> Result<(idmap::Prepared, Option<OwnedFd>), SetupError> {
+    use protocol::IdSource;
+    let owner = spec.user_counts.as_ref().and_then(|c| c.owner_uid);
+    match spec.image.as_ref().map(|i| (i, i.ids)) {
+        Some((image, IdSource::Allocated)) => {
+            let Some(_) = owner else {
+                return Err(SetupError {
+                    what: "an image's ids need root in the host's user namespace".into(),
+                    errno: 0,
+                });
+            };
+            let (base, lock) = ids::allocate_range()?;
+            let maps = ids::IdMaps::allocated(base);
+            image::make_scratch(image, Some(base))?;
+            // Made while this process still holds root's capabilities.
+            let Some(mut prepared) = idmap::prepare(&maps, &setup::idmap_wanted(spec))? else {
+                return Err(SetupError {
+                    what: "the image store's or the workspace's file system cannot be \
+                           idmapped (cordon needs that to run an image as root)"
+                        .into(),
+                    errno: 0,
+                });
+            };
+            // Reached again only after the switch, as a uid the store's
+            // directories do not admit.
+            prepared.clone_plain(&image.scratch)?;
+            if !counts::unshare_owned_by(base, flags, spec, Some(&maps))? {
+                return Err(SetupError {
+                    what: "could not switch to the image sandbox's own host ids".into(),
+                    errno: 0,
+                });
+            }
+            Ok((prepared, Some(lock)))
+        }
+        Some((image, IdSource::Subordinate { uid, gid, count })) => {
+            image::make_scratch(image, None)?;
+            ids::unshare_subordinate(flags, spec, (uid, gid, count))?;
+            Ok((idmap::Prepared::default(), None))
+        }
+        None => {
+            // Made while this process still holds root's capabilities.
+            let mut prepared = match owner {
+                Some(o) => idmap::prepare(
+                    &ids::IdMaps::single((0, o), (0, o)),
+                    &setup::idmap_wanted(spec),
+                )?,
+                None => None,
+            };
+            let owned = match owner {
+                Some(owner) => {
+                    let maps = ids::IdMaps::single((0, owner), (0, owner));
+                    counts::unshare_owned_by(
+                        owner,
+                        flags,
+                        spec,
+                        prepared.is_some().then_some(&maps),
+                    )?
+                }
+                None => false,
+            };
+            if !owned {
+                // The uid switch was refused: the sandbox keeps the caller's ids.
+                prepared = None;
+                // SAFETY: single-threaded; we fork before relying on the new pid ns.
+                if let Err(e) = unsafe { rustix::thread::unshare_unsafe(flags) } {
+                    return Err(SetupError {
+                        what: userns_diagnosis(e),
+                        errno: 0,
+                    });
+                }
+                ids::write_id_maps(spec)?;
+            }
+            Ok((prepared.unwrap_or_default(), None))
+        }
+    }
 }
 
 /// Names the host setting that forbids user namespaces, when one does.
@@ -357,6 +421,12 @@ fn inner_main(
         }
         drop(services);
         let mut writable = vec!["/workspace".to_string(), "/tmp".into(), "/dev".into()];
+        if spec.image.is_some() {
+            // The image's root is the sandbox's own to change: its writes
+            // land in its writable layer. Read-only mounts stay read-only.
+            writable.push("/".into());
+            serve::run_commands_as(spec.inner_uid, spec.inner_gid);
+        }
         writable.extend(
             spec.binds
                 .iter()

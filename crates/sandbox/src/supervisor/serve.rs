@@ -20,6 +20,18 @@ use crate::protocol::{
 
 /// After the command exits, how long its pipes may stay silent before the
 /// exec is reported finished even though a background process holds them.
+/// The user and group commands run as, where that is not the supervisor's
+/// own: an image's `User`, under an image root whose supervisor is root.
+static COMMAND_IDS: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+
+/// Runs every command as `uid` and `gid` (not root: they lose root's
+/// capabilities at the switch, as anywhere).
+pub(super) fn run_commands_as(uid: u32, gid: u32) {
+    if (uid, gid) != (0, 0) {
+        let _ = COMMAND_IDS.set((uid, gid));
+    }
+}
+
 const LINGER: Duration = Duration::from_millis(100);
 /// Upper bound on waiting for a background writer that keeps talking.
 const LINGER_MAX: Duration = Duration::from_secs(2);
@@ -621,6 +633,9 @@ fn start(spec: &ExecSpec) -> Result<Exec, (SpawnStage, i32, String)> {
         .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&spec.cwd);
+    if let Some(&(uid, gid)) = COMMAND_IDS.get() {
+        cmd.uid(uid).gid(gid);
+    }
     let mut master = None;
     if let Some(size) = spec.pty {
         let (m, slave) = open_pty(size).map_err(|e| {

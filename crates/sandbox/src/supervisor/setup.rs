@@ -43,11 +43,11 @@ const PROC_MASKED: &[&str] = &[
 const PROC_READONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
 
 /// Where the new root is assembled, in our private mount namespace.
-const STAGE: &str = "/tmp";
+pub(super) const STAGE: &str = "/tmp";
 
 /// An O_PATH handle on a host path, opened before the stage hides anything,
 /// or a detached idmapped copy of it made for this sandbox (`idmap`).
-struct Source {
+pub(super) struct Source {
     fd: OwnedFd,
     is_dir: bool,
     detached: bool,
@@ -56,7 +56,7 @@ struct Source {
 impl Source {
     fn open(path: &str, prepared: &mut Prepared) -> Result<Source> {
         let (fd, detached) = match prepared.take(path) {
-            Some(fd) => (fd, true),
+            Some(taken) => taken,
             None => (
                 rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
                     .ctx(|| format!("open {path}"))?,
@@ -69,9 +69,9 @@ impl Source {
     /// The workspace or a bind source: a path the host resolved, so a link
     /// anywhere on it now was planted since (a sandbox working in a
     /// directory above can swap one in) and is refused, not followed.
-    fn open_resolved(path: &str, prepared: &mut Prepared) -> Result<Source> {
-        if let Some(fd) = prepared.take(path) {
-            return Source::from_fd(path, fd, true);
+    pub(super) fn open_resolved(path: &str, prepared: &mut Prepared) -> Result<Source> {
+        if let Some((fd, detached)) = prepared.take(path) {
+            return Source::from_fd(path, fd, detached);
         }
         let fd = open_no_links(path).map_err(|e| planted(path, e))?;
         Source::from_fd(path, fd, false)
@@ -180,6 +180,14 @@ pub fn idmap_wanted(spec: &SetupSpec) -> Vec<Wanted> {
             required: b.writable,
         });
     }
+    if let Some(image) = &spec.image {
+        // An image's layers are all its root has; nothing of the host's.
+        wanted.extend(image.layers.iter().map(|l| Wanted {
+            path: l.clone(),
+            required: true,
+        }));
+        return wanted;
+    }
     let system = host_listing("/", SYSTEM_DIRS, true);
     let etc = host_listing("/etc/", ETC_ALLOW, false);
     for (_, path, kind) in system.into_iter().chain(etc) {
@@ -209,8 +217,6 @@ pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
     .ctx(|| "make mounts private".into())?;
 
     // Open every source first: the workspace or a bind may live under STAGE.
-    let system = host_entries("/", SYSTEM_DIRS, true, prepared)?;
-    let etc = host_entries("/etc/", ETC_ALLOW, false, prepared)?;
     let mut dev = Vec::new();
     for node in DEV_NODES {
         let host = format!("/dev/{node}");
@@ -218,13 +224,6 @@ pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
             dev.push((*node, Source::open(&host, &mut Prepared::default())?));
         }
     }
-    // The system's font cache, read-only: without it every program that
-    // draws text builds its own first (a second of CPU for a window
-    // manager), and holds nothing private.
-    let font_cache = match fs::metadata(FONT_CACHE) {
-        Ok(m) if m.is_dir() => Some(Source::open(FONT_CACHE, prepared)?),
-        _ => None,
-    };
     let workspace = Source::open_resolved(&spec.workspace, prepared)?;
     if !workspace.is_dir {
         return Err(SetupError {
@@ -236,6 +235,131 @@ pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
     for b in &spec.binds {
         binds.push((b, Source::open_resolved(&b.source, prepared)?));
     }
+
+    let root = match &spec.image {
+        None => host_root(spec, prepared)?,
+        Some(image) => super::image::image_root(spec, image, prepared)?,
+    };
+    let stage = root.path.as_path();
+    let image = spec.image.is_some();
+
+    build_dev(&root.dir("dev", 0o755)?, &dev, spec.tmp_size)?;
+
+    let tmp = root.dir("tmp", 0o1777)?;
+    tmpfs(
+        &tmp,
+        &format!("mode=1777,size={}", spec.tmp_size),
+        MountFlags::NOSUID | MountFlags::NODEV,
+    )?;
+
+    let ws = root.dir("workspace", 0o755)?;
+    bind(&workspace, &ws)?;
+    set_attrs(&ws, true, RW)?;
+    // The covers live on the stage's tmpfs, outside an image's tree.
+    hide(Path::new(STAGE), &ws, &spec.hidden)?;
+    protect(&ws, &spec.read_only)?;
+
+    for (b, src) in &binds {
+        let target = if src.is_dir {
+            root.dir(&b.target, 0o755)?
+        } else {
+            root.file(&b.target)?
+        };
+        bind(src, &target)?;
+        set_attrs(&target, true, if b.writable { RW } else { RO })?;
+    }
+
+    // Before the old root goes: the kernel lets a user namespace mount
+    // procfs only while a fully visible one exists in its mount namespace.
+    let proc_dir = root.dir("proc", 0o555)?;
+    mount_proc(&proc_dir, &stage.join("dev/null"))?;
+    if let Some(counts) = &spec.user_counts {
+        super::counts::write_namespace_max(&proc_dir, counts)?;
+    }
+    // Read-only as a whole: procfs keeps one mode per entry for every mount
+    // on the host, and Landlock does not cover chmod, so a sandbox whose uid
+    // maps to root could otherwise change host-wide entries' permissions.
+    set_attrs(&proc_dir, true, RO)?;
+
+    // Drop the binds' O_PATH handles before they could leak anywhere.
+    drop((dev, binds, workspace, root.keep));
+
+    rustix::process::chdir(stage).ctx(|| "chdir to new root".into())?;
+    rustix::process::pivot_root(".", ".").ctx(|| "pivot_root".into())?;
+    // The old root is now stacked under the new one; detach it entirely.
+    rustix::mount::unmount(".", UnmountFlags::DETACH).ctx(|| "detach old root".into())?;
+    rustix::process::chdir("/").ctx(|| "chdir /".into())?;
+
+    if !image {
+        // The root itself holds only mount points and generated files. An
+        // image's root is the sandbox's own to change (its writable layer).
+        set_attrs(Path::new("/"), false, RO)?;
+    }
+    rustix::process::chdir("/workspace").ctx(|| "chdir /workspace".into())?;
+    Ok(())
+}
+
+/// A new root being assembled: where it is, and how mount points are made
+/// in it.
+pub(super) struct Root {
+    pub path: PathBuf,
+    /// The image's, whose entries are hostile (see `image::ensure`); the
+    /// host root's stage is a fresh tmpfs of ours.
+    pub image: bool,
+    /// Handles that must stay open until the pivot.
+    pub keep: Vec<Source>,
+}
+
+impl Root {
+    /// The directory `rel` under the root, made with `mode` if absent.
+    pub fn dir(&self, rel: &str, mode: u32) -> Result<PathBuf> {
+        if self.image {
+            return super::image::ensure(&self.path, rel, Some(mode));
+        }
+        let path = self.path.join(rel.trim_start_matches('/'));
+        if !path.exists() {
+            if let Some(parent) = path.parent() {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(parent)
+                    .ctx(|| format!("create the mount point {rel}"))?;
+            }
+            mkdir(&path, mode)?;
+        }
+        Ok(path)
+    }
+
+    /// The plain file `rel` under the root, made empty if absent.
+    pub fn file(&self, rel: &str) -> Result<PathBuf> {
+        if self.image {
+            return super::image::ensure(&self.path, rel, None);
+        }
+        let path = self.path.join(rel.trim_start_matches('/'));
+        if let Some(parent) = path.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)
+                .ctx(|| format!("create the mount point {rel}"))?;
+        }
+        make_mount_point(&path, false)?;
+        Ok(path)
+    }
+}
+
+/// The host's system directories, read-only, under a tmpfs of ours, with
+/// an `/etc` of allowed host files and generated ones.
+fn host_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<Root> {
+    let system = host_entries("/", SYSTEM_DIRS, true, prepared)?;
+    let etc = host_entries("/etc/", ETC_ALLOW, false, prepared)?;
+    // The system's font cache, read-only: without it every program that
+    // draws text builds its own first (a second of CPU for a window
+    // manager), and holds nothing private.
+    let font_cache = match fs::metadata(FONT_CACHE) {
+        Ok(m) if m.is_dir() => Some(Source::open(FONT_CACHE, prepared)?),
+        _ => None,
+    };
 
     let stage = Path::new(STAGE);
     tmpfs(
@@ -255,49 +379,6 @@ pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
     }
     write_generated_etc(&etc_dir, spec)?;
 
-    build_dev(&stage.join("dev"), &dev, spec.tmp_size)?;
-
-    let tmp = stage.join("tmp");
-    mkdir(&tmp, 0o1777)?;
-    tmpfs(
-        &tmp,
-        &format!("mode=1777,size={}", spec.tmp_size),
-        MountFlags::NOSUID | MountFlags::NODEV,
-    )?;
-
-    let ws = stage.join("workspace");
-    mkdir(&ws, 0o755)?;
-    bind(&workspace, &ws)?;
-    set_attrs(&ws, true, RW)?;
-    hide(stage, &ws, &spec.hidden)?;
-    protect(&ws, &spec.read_only)?;
-
-    for (b, src) in &binds {
-        let target = stage.join(b.target.trim_start_matches('/'));
-        if let Some(parent) = target.parent() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(parent)
-                .ctx(|| format!("create mount point for {}", b.target))?;
-        }
-        make_mount_point(&target, src.is_dir)?;
-        bind(src, &target)?;
-        set_attrs(&target, true, if b.writable { RW } else { RO })?;
-    }
-
-    // Before the old root goes: the kernel lets a user namespace mount
-    // procfs only while a fully visible one exists in its mount namespace.
-    let proc_dir = stage.join("proc");
-    mkdir(&proc_dir, 0o555)?;
-    mount_proc(&proc_dir, &stage.join("dev/null"))?;
-    if let Some(counts) = &spec.user_counts {
-        super::counts::write_namespace_max(&proc_dir, counts)?;
-    }
-    // Read-only as a whole: procfs keeps one mode per entry for every mount
-    // on the host, and Landlock does not cover chmod, so a sandbox whose uid
-    // maps to root could otherwise change host-wide entries' permissions.
-    set_attrs(&proc_dir, true, RO)?;
     let var = stage.join("var");
     mkdir(&var, 0o755)?;
     symlink("/tmp", var.join("tmp")).ctx(|| "symlink /var/tmp".into())?;
@@ -313,23 +394,15 @@ pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
     }
     mkdir(&stage.join("home"), 0o755)?;
     mkdir(&stage.join("run"), 0o755)?;
-
-    // Drop the binds' O_PATH handles before they could leak anywhere.
-    drop((system, etc, dev, binds, workspace));
-
-    rustix::process::chdir(stage).ctx(|| "chdir to new root".into())?;
-    rustix::process::pivot_root(".", ".").ctx(|| "pivot_root".into())?;
-    // The old root is now stacked under the new one; detach it entirely.
-    rustix::mount::unmount(".", UnmountFlags::DETACH).ctx(|| "detach old root".into())?;
-    rustix::process::chdir("/").ctx(|| "chdir /".into())?;
-
-    // The root itself holds only mount points and generated files.
-    set_attrs(Path::new("/"), false, RO)?;
-    rustix::process::chdir("/workspace").ctx(|| "chdir /workspace".into())?;
-    Ok(())
+    drop((system, etc, font_cache));
+    Ok(Root {
+        path: stage.to_path_buf(),
+        image: false,
+        keep: Vec::new(),
+    })
 }
 
-fn mkdir(path: &Path, mode: u32) -> Result<()> {
+pub(super) fn mkdir(path: &Path, mode: u32) -> Result<()> {
     fs::DirBuilder::new()
         .mode(mode)
         .create(path)
@@ -373,13 +446,13 @@ fn place(parent: &Path, name: &str, entry: &SysEntry, writable: bool) -> Result<
     }
 }
 
-fn tmpfs(target: &Path, data: &str, flags: MountFlags) -> Result<()> {
+pub(super) fn tmpfs(target: &Path, data: &str, flags: MountFlags) -> Result<()> {
     let data = CString::new(data).map_err(|_| SetupError::new("tmpfs options", Errno::INVAL))?;
     rustix::mount::mount("tmpfs", target, "tmpfs", flags, data.as_c_str())
         .ctx(|| format!("mount tmpfs on {}", target.display()))
 }
 
-fn bind(src: &Source, target: &Path) -> Result<()> {
+pub(super) fn bind(src: &Source, target: &Path) -> Result<()> {
     if src.detached {
         return rustix::mount::move_mount(
             &src.fd,
@@ -394,8 +467,7 @@ fn bind(src: &Source, target: &Path) -> Result<()> {
         .ctx(|| format!("bind mount onto {}", target.display()))
 }
 
-fn build_dev(dev: &Path, nodes: &[(&str, Source)], shm_size: u64) -> Result<()> {
-    mkdir(dev, 0o755)?;
+pub(super) fn build_dev(dev: &Path, nodes: &[(&str, Source)], shm_size: u64) -> Result<()> {
     tmpfs(
         dev,
         "mode=0755,size=64k,nr_inodes=64",
@@ -437,7 +509,9 @@ fn build_dev(dev: &Path, nodes: &[(&str, Source)], shm_size: u64) -> Result<()> 
     set_attrs(dev, false, RO)
 }
 
-fn write_generated_etc(etc: &Path, spec: &SetupSpec) -> Result<()> {
+/// The files cordon writes in the sandbox's `/etc`, by name: an image root
+/// keeps its own `passwd` and `group` (the first two) where it has them.
+pub(super) fn generated_etc(spec: &SetupSpec) -> [(&'static str, String); 5] {
     let (uid, gid) = (spec.inner_uid, spec.inner_gid);
     let mut passwd = String::from("root:x:0:0:root:/root:/bin/bash\n");
     let mut group = String::from("root:x:0:\n");
@@ -453,7 +527,7 @@ fn write_generated_etc(etc: &Path, spec: &SetupSpec) -> Result<()> {
     if gid != 65534 {
         group.push_str("nogroup:x:65534:\n");
     }
-    let files = [
+    [
         ("passwd", passwd),
         ("group", group),
         ("hostname", format!("{}\n", spec.hostname)),
@@ -474,19 +548,27 @@ fn write_generated_etc(etc: &Path, spec: &SetupSpec) -> Result<()> {
                 String::new()
             },
         ),
-    ];
+    ]
+}
+
+/// Writes `body` to `path` (a plain file or nothing; never a link) with
+/// mode 0644.
+pub(super) fn write_file(path: &Path, body: &str) -> Result<()> {
+    fs::write(path, body).ctx(|| format!("write {}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o644))
+        .ctx(|| format!("chmod {}", path.display()))
+}
+
+fn write_generated_etc(etc: &Path, spec: &SetupSpec) -> Result<()> {
     if let Some((ca, bundle)) = &spec.trust {
         let dir = etc.join("cordon");
         mkdir(&dir, 0o755)?;
         for (name, body) in [("ca.pem", ca), ("bundle.pem", bundle)] {
-            fs::write(dir.join(name), body).ctx(|| format!("write /etc/cordon/{name}"))?;
+            write_file(&dir.join(name), body)?;
         }
     }
-    for (name, body) in files {
-        let path = etc.join(name);
-        fs::write(&path, body).ctx(|| format!("write /etc/{name}"))?;
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o644))
-            .ctx(|| format!("chmod /etc/{name}"))?;
+    for (name, body) in generated_etc(spec) {
+        write_file(&etc.join(name), &body)?;
     }
     Ok(())
 }

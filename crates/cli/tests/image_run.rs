@@ -1,0 +1,238 @@
+//! `cordon run --image` as a user types it, as root and as an unprivileged
+//! caller: the image's files are the root, root inside owns them and can
+//! change them (the writable layer), several users exist inside, the
+//! image's config applies, and nothing of the run is left on the host.
+//! And the image as an attacker wrote it: links where cordon mounts or
+//! writes, aimed at the host's files.
+
+#[macro_use]
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use cordon_testkit::oci::{Entry, Layer, busybox_layer, layer_of, write_image};
+use serde_json::json;
+
+/// A busybox image at `oci:DIR:v1` with `extra` layers on top, and a store
+/// of its own that the run's user owns.
+struct Image {
+    reference: String,
+    store: PathBuf,
+}
+
+fn image(t: &Ctx, extra: &[Layer], config: serde_json::Value) -> Image {
+    let layout = t.dir().join("layout");
+    let mut layers = vec![busybox_layer()];
+    layers.extend(extra.iter().cloned());
+    write_image(&layout, "v1", &layers, config);
+    let store = t.dir().join("store");
+    fs::create_dir_all(&store).unwrap();
+    if !t.root() {
+        // The unprivileged variant runs as nobody; its store is its own.
+        for p in [&layout, &store] {
+            chown_tree(p, NOBODY);
+        }
+    }
+    Image {
+        reference: format!("oci:{}:v1", layout.display()),
+        store,
+    }
+}
+
+fn chown_tree(p: &Path, id: u32) {
+    std::os::unix::fs::lchown(p, Some(id), Some(id)).unwrap();
+    if p.is_dir() && !p.is_symlink() {
+        for e in fs::read_dir(p).unwrap() {
+            chown_tree(&e.unwrap().path(), id);
+        }
+    }
+}
+
+impl Image {
+    fn run(&self, t: &Ctx, opts: &[&str], argv: &[&str]) -> Out {
+        let mut all = vec!["--image", &self.reference];
+        all.extend_from_slice(opts);
+        let store = self.store.to_str().unwrap();
+        t.run_env(
+            &[("CORDON_IMAGE_STORE", store)],
+            &all,
+            argv,
+            Duration::from_secs(60),
+        )
+    }
+
+    fn sh(&self, t: &Ctx, script: &str) -> Out {
+        self.run(t, &[], &["sh", "-c", script])
+    }
+
+    /// What is left in the store's directory of writable layers.
+    fn leftovers(&self) -> Vec<String> {
+        fs::read_dir(self.store.join("run"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// The image's files are the root; root inside owns them, changes them,
+/// and makes files as other users; none of it outlives the run.
+fn root_inside_changes_its_image(t: &Ctx) {
+    let img = image(
+        t,
+        &[],
+        json!({"Env": ["PATH=/bin", "GREETING=from-the-image"]}),
+    );
+    let out = img.sh(
+        t,
+        "id -u; id -g; cat /etc/os-release; echo $GREETING; echo $HOME; pwd; \
+         echo changed > /etc/os-release && cat /etc/os-release; \
+         mkdir -p /srv/data && chown 1000:1000 /srv/data && stat -c %u:%g /srv/data; \
+         echo 'builder:x:1234:1234::/tmp:/bin/sh' >> /etc/passwd && \
+         su -s /bin/sh builder -c 'id -u; touch /tmp/by-builder' && \
+         stat -c %u /tmp/by-builder; \
+         ls /usr 2>&1 | head -1",
+    );
+    out.code(0)
+        .line("0")
+        .line("ID=cordon-busybox")
+        .line("from-the-image")
+        .line("/root")
+        .line("/workspace")
+        .line("changed")
+        .line("1000:1000")
+        .line("1234")
+        .lacks("python");
+    // The host's /usr is not there: the image has none.
+    assert!(out.stdout.contains("No such file"), "{}", out.stdout);
+    // A second run starts from the image again.
+    img.sh(t, "cat /etc/os-release; id -un builder 2>&1")
+        .code(1)
+        .line("ID=cordon-busybox");
+    assert!(img.leftovers().is_empty(), "{:?}", img.leftovers());
+}
+attack!(root_inside_changes_its_image, native);
+
+/// The workspace is the workspace, as root inside; what root makes there
+/// belongs to the caller on the host.
+fn the_workspace_is_the_callers(t: &Ctx) {
+    let img = image(t, &[], json!({}));
+    img.sh(t, "echo hi > /workspace/made && ls -ln /workspace/made")
+        .code(0);
+    let made = t.workspace.join("made");
+    let meta = fs::metadata(&made).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let owner = if t.root() { 0 } else { NOBODY };
+    assert_eq!(meta.uid(), owner);
+    assert_eq!(fs::read_to_string(made).unwrap(), "hi\n");
+}
+attack!(the_workspace_is_the_callers, native);
+
+/// The image's `User` and `WorkingDir`, and `--user` over them.
+fn the_images_user_and_directory_apply(t: &Ctx) {
+    let img = image(
+        t,
+        &[layer_of(&[
+            Entry::Dir {
+                path: "home",
+                mode: 0o755,
+            },
+            Entry::Dir {
+                path: "home/app",
+                mode: 0o755,
+            },
+        ])],
+        json!({"User": "app", "WorkingDir": "/home/app"}),
+    );
+    img.sh(t, "id -u; id -g; pwd")
+        .code(0)
+        .line("1000")
+        .line("1000")
+        .line("/home/app");
+    img.run(
+        t,
+        &["--user", "root", "--workdir", "/workspace"],
+        &["sh", "-c", "id -u; pwd"],
+    )
+    .code(0)
+    .line("0")
+    .line("/workspace");
+    // A user the image does not have is refused before anything runs.
+    img.run(t, &["--user", "nosuch"], &["true"])
+        .code(2)
+        .stderr_has("no user \"nosuch\"");
+}
+attack!(the_images_user_and_directory_apply, native);
+
+/// An image whose `/workspace`, `/tmp`, `/proc` and `/etc/hosts` are links
+/// to the host's files, and whose `/etc` has a link to the host's shadow:
+/// cordon replaces what stands where it mounts and writes, follows none of
+/// it, and the host's files are untouched.
+fn links_in_the_image_lead_nowhere(t: &Ctx) {
+    let canary = t.host_file("canary", "host secret\n");
+    let canary_s = canary.to_str().unwrap();
+    let img = image(
+        t,
+        &[layer_of(&[
+            Entry::Link {
+                path: "workspace",
+                target: "/etc",
+            },
+            Entry::Link {
+                path: "tmp",
+                target: canary_s,
+            },
+            Entry::Link {
+                path: "proc",
+                target: "/",
+            },
+            Entry::Link {
+                path: "dev",
+                target: "/dev",
+            },
+            Entry::Link {
+                path: "etc/hosts",
+                target: canary_s,
+            },
+            Entry::Link {
+                path: "etc/resolv.conf",
+                target: "/etc/passwd",
+            },
+            Entry::Link {
+                path: "etc/hostname",
+                target: "../../../../../../../etc/hostname",
+            },
+        ])],
+        json!({}),
+    );
+    let host_passwd = fs::read_to_string("/etc/passwd").unwrap();
+    let out = img.sh(
+        t,
+        "ls -d /workspace /tmp /proc /dev; test -L /workspace || echo ws-real; \
+         test -L /etc/hosts || echo hosts-real; grep -c localhost /etc/hosts; cat /workspace/.probe",
+    );
+    out.code(0).line("ws-real").line("hosts-real").line("probe");
+    assert_eq!(fs::read_to_string(&canary).unwrap(), "host secret\n");
+    assert_eq!(fs::read_to_string("/etc/passwd").unwrap(), host_passwd);
+}
+
+fn setup_probe(t: &Ctx) {
+    fs::write(t.workspace.join(".probe"), "probe\n").unwrap();
+    fs::set_permissions(
+        t.workspace.join(".probe"),
+        fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+}
+
+fn links_in_the_image(t: &Ctx) {
+    setup_probe(t);
+    links_in_the_image_lead_nowhere(t);
+}
+attack!(links_in_the_image, native);
