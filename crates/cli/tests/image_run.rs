@@ -115,7 +115,19 @@ fn root_inside_changes_its_image(t: &Ctx) {
     img.sh(t, "cat /etc/os-release; id -un builder 2>&1")
         .code(1)
         .line("ID=cordon-busybox");
-    assert!(img.leftovers().is_empty(), "{:?}", img.leftovers());
+    assert!(
+        img.leftovers().is_empty(),
+        "{:?}\n{}",
+        img.leftovers(),
+        String::from_utf8_lossy(
+            &std::process::Command::new("find")
+                .arg(img.store.join("run"))
+                .args(["-printf", "%u:%g %m %p\n"])
+                .output()
+                .unwrap()
+                .stdout
+        )
+    );
 }
 attack!(root_inside_changes_its_image, native);
 
@@ -165,7 +177,7 @@ fn the_images_user_and_directory_apply(t: &Ctx) {
     .line("/workspace");
     // A user the image does not have is refused before anything runs.
     img.run(t, &["--user", "nosuch"], &["true"])
-        .code(2)
+        .code(78)
         .stderr_has("no user \"nosuch\"");
 }
 attack!(the_images_user_and_directory_apply, native);

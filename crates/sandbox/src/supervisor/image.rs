@@ -9,6 +9,7 @@
 //! generated file is placed by [`ensure`], which walks by descriptor,
 //! follows no link, and replaces whatever of the image's stands in the way.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -222,19 +223,57 @@ fn describe(kind: FileType) -> &'static str {
     }
 }
 
-/// Removes the sandbox's writable layer once its last process is gone
-/// (the outer supervisor, still root in the sandbox's user namespace, owns
-/// everything in it whichever of the sandbox's ids made it).
-pub(super) fn remove_scratch(image: &ImageRoot) {
+/// Removes the sandbox's writable layer once its last process is gone,
+/// through `scratch`, the handle [`make_scratch`] returned: the outer
+/// supervisor's root is the sandbox's since the pivot (they share a mount
+/// namespace), so no host path would reach it. Being root in the sandbox's
+/// user namespace, it may remove what any of the sandbox's ids made.
+pub(super) fn remove_scratch(scratch: &OwnedFd) {
     for name in [UPPER, WORK] {
-        let _ = std::fs::remove_dir_all(Path::new(&image.scratch).join(name));
+        remove_tree_at(scratch, name, 0);
     }
+}
+
+/// Directory levels [`remove_tree_at`] descends; deeper ones are left to
+/// the host's removal of the scratch directory.
+const MAX_DEPTH: usize = 256;
+
+/// Removes `name` under `dir` and everything beneath it, by descriptor,
+/// following no link; best effort.
+fn remove_tree_at(dir: &OwnedFd, name: &str, depth: usize) {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    if let Ok(sub) = rustix::fs::openat(dir, name, flags, Mode::empty())
+        && depth < MAX_DEPTH
+    {
+        // Overlay leaves its work directory mode 000.
+        let _ = rustix::fs::fchmod(&sub, Mode::from_raw_mode(0o700));
+        let mut names = Vec::new();
+        if let Ok(mut entries) = rustix::fs::Dir::read_from(&sub) {
+            while let Some(Ok(e)) = entries.next() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n != "." && n != ".." {
+                    names.push((n, e.file_type() == FileType::Directory));
+                }
+            }
+        }
+        for (n, is_dir) in names {
+            if is_dir {
+                remove_tree_at(&sub, &n, depth + 1);
+            } else {
+                let _ = rustix::fs::unlinkat(&sub, n.as_str(), AtFlags::empty());
+            }
+        }
+        let _ = rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR);
+        return;
+    }
+    let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
 }
 
 /// Makes the writable layer's two directories, owned by the sandbox's root
 /// (host uid and gid `owner`, when the supervisor is root and not yet in
-/// the sandbox's namespace).
-pub(super) fn make_scratch(image: &ImageRoot, owner: Option<u32>) -> Result<()> {
+/// the sandbox's namespace); returns a handle on the scratch directory for
+/// [`remove_scratch`].
+pub(super) fn make_scratch(image: &ImageRoot, owner: Option<u32>) -> Result<OwnedFd> {
     let base = super::mount::open_no_links(&image.scratch)
         .map_err(|e| SetupError::new(format!("open {}", image.scratch), e))?;
     let dir = rustix::fs::openat(
@@ -258,5 +297,5 @@ pub(super) fn make_scratch(image: &ImageRoot, owner: Option<u32>) -> Result<()> 
             .ctx(|| format!("hand the writable layer's {name} directory to the sandbox"))?;
         }
     }
-    Ok(())
+    Ok(dir)
 }

@@ -241,7 +241,7 @@ fn outer_main() -> ! {
     if spec.host_network {
         flags.remove(UnshareFlags::NEWNET);
     }
-    let (prepared, _range) = match enter_namespaces(&spec, flags) {
+    let (prepared, held) = match enter_namespaces(&spec, flags) {
         Ok(done) => done,
         Err(e) => fail(&mut ctl, e),
     };
@@ -257,6 +257,8 @@ fn outer_main() -> ! {
         );
     }
     if pid == 0 {
+        // The outer supervisor's to hold; the lock stays with its copy.
+        drop(held);
         inner_main(ctl, services, spec, prepared);
     }
     drop(ctl);
@@ -271,9 +273,10 @@ fn outer_main() -> ! {
             break;
         }
     }
-    if let Some(image) = &spec.image {
-        image::remove_scratch(image);
+    if let Some(scratch) = &held.scratch {
+        image::remove_scratch(scratch);
     }
+    drop(held);
     exit_now(if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
     } else {
@@ -281,14 +284,22 @@ fn outer_main() -> ! {
     });
 }
 
+/// What the outer supervisor holds for an image sandbox until it ends.
+#[derive(Default)]
+struct Held {
+    /// The lock on root's range of ids.
+    _range: Option<OwnedFd>,
+    /// The writable layer's directory, emptied once the sandbox is gone.
+    scratch: Option<OwnedFd>,
+}
+
 /// Enters the sandbox's namespaces with its id maps, and prepares what must
 /// be opened while the supervisor still has the host's view: idmapped
-/// mounts and an image's writable layer. Returns those, and the lock on an
-/// image sandbox's id range, held until the supervisor ends.
+/// mounts and an image's writable layer.
 fn enter_namespaces(
     spec: &SetupSpec,
     flags: UnshareFlags,
-) -> Result<(idmap::Prepared, Option<OwnedFd>), SetupError> {
+) -> Result<(idmap::Prepared, Held), SetupError> {
     use protocol::IdSource;
     let owner = spec.user_counts.as_ref().and_then(|c| c.owner_uid);
     match spec.image.as_ref().map(|i| (i, i.ids)) {
@@ -301,7 +312,7 @@ fn enter_namespaces(
             };
             let (base, lock) = ids::allocate_range()?;
             let maps = ids::IdMaps::allocated(base);
-            image::make_scratch(image, Some(base))?;
+            let scratch = image::make_scratch(image, Some(base))?;
             // Made while this process still holds root's capabilities.
             let Some(mut prepared) = idmap::prepare(&maps, &setup::idmap_wanted(spec))? else {
                 return Err(SetupError {
@@ -320,12 +331,24 @@ fn enter_namespaces(
                     errno: 0,
                 });
             }
-            Ok((prepared, Some(lock)))
+            Ok((
+                prepared,
+                Held {
+                    _range: Some(lock),
+                    scratch: Some(scratch),
+                },
+            ))
         }
         Some((image, IdSource::Subordinate { uid, gid, count })) => {
-            image::make_scratch(image, None)?;
+            let scratch = image::make_scratch(image, None)?;
             ids::unshare_subordinate(flags, spec, (uid, gid, count))?;
-            Ok((idmap::Prepared::default(), None))
+            Ok((
+                idmap::Prepared::default(),
+                Held {
+                    _range: None,
+                    scratch: Some(scratch),
+                },
+            ))
         }
         None => {
             // Made while this process still holds root's capabilities.
@@ -360,7 +383,7 @@ fn enter_namespaces(
                 }
                 ids::write_id_maps(spec)?;
             }
-            Ok((prepared.unwrap_or_default(), None))
+            Ok((prepared.unwrap_or_default(), Held::default()))
         }
     }
 }
