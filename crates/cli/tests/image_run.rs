@@ -248,3 +248,84 @@ fn links_in_the_image(t: &Ctx) {
     links_in_the_image_lead_nowhere(t);
 }
 attack!(links_in_the_image, native);
+
+/// The minimal Debian environment, made once by the script users run
+/// (deploy/environments/build, cached by what goes into it), or `None`
+/// when this process cannot make it.
+fn debian_minimal() -> Option<PathBuf> {
+    static MADE: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| {
+        if euid() != 0 {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "the Debian environment needs root to make; CI=true, so this fails"
+            );
+            eprintln!("notice: skipping: making the Debian environment needs root");
+            return None;
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/environments/build");
+        let out = std::process::Command::new(script)
+            .arg("minimal")
+            .output()
+            .expect("run deploy/environments/build");
+        assert!(
+            out.status.success(),
+            "deploy/environments/build minimal: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dir = std::env::var("CORDON_ENV_CACHE")
+            .unwrap_or_else(|_| "/var/cache/cordon/environments".into());
+        Some(Path::new(&dir).join("minimal"))
+    })
+    .clone()
+}
+
+/// apt-get in Debian's minimal environment, with @debian's mirror allowed:
+/// a package that adds a system user and hands it a set-gid directory, one
+/// with a set-uid binary, as root inside. The host's packages and dpkg
+/// database are untouched, the image's Python is not the host's (it has
+/// none), and set-id bits stay refused in the workspace.
+fn apt_installs_packages(t: &Ctx) {
+    let Some(layout) = debian_minimal() else {
+        return;
+    };
+    let store = t.dir().join("store");
+    fs::create_dir_all(&store).unwrap();
+    if !t.root() {
+        chown_tree(&store, NOBODY);
+    }
+    let img = Image {
+        reference: format!("oci:{}:latest", layout.display()),
+        store,
+    };
+    let dpkg_before = fs::read("/var/lib/dpkg/status").unwrap();
+    let out = img.run(
+        t,
+        &["--allow", "@debian", "--memory", "1G"],
+        &[
+            "bash",
+            "-c",
+            "set -e; apt-get update -q >/dev/null; \
+             apt-get install -y -q --no-install-recommends hello uuid-runtime sudo >/tmp/apt.log 2>&1 \
+               || { tail -20 /tmp/apt.log; exit 1; }; \
+             hello; id -un uuidd; stat -c '%a %U:%G' /var/lib/libuuid /usr/bin/sudo; \
+             command -v python3 || echo no-python; \
+             touch /workspace/tool; chmod u+s /workspace/tool 2>&1 || true; \
+             stat -c %a /workspace/tool",
+        ],
+    );
+    out.code(0)
+        .line("Hello, world!")
+        .line("uuidd")
+        .line("2775 uuidd:uuidd")
+        .line("4755 root:root")
+        .line("no-python")
+        .line("644");
+    assert_eq!(fs::read("/var/lib/dpkg/status").unwrap(), dpkg_before);
+    assert!(
+        !Path::new("/usr/bin/hello").exists(),
+        "hello reached the host"
+    );
+    assert!(img.leftovers().is_empty(), "{:?}", img.leftovers());
+}
+attack!(apt_installs_packages, native);

@@ -311,7 +311,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     Sandbox::connect(
         stream,
         ConnectParams {
-            setup: HostMsg::Setup(spec),
+            setup: HostMsg::Setup(Box::new(spec)),
             lifecycle: Box::new(lifecycle),
             limits: mech.to_string(),
             backend: "native",

@@ -244,7 +244,7 @@ pub struct ExecSpec {
 /// Host to supervisor.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum HostMsg {
-    Setup(SetupSpec),
+    Setup(Box<SetupSpec>),
     Exec(ExecSpec),
     Stdin {
         id: u64,

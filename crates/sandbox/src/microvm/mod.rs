@@ -406,7 +406,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     Sandbox::connect(
         stream,
         ConnectParams {
-            setup: HostMsg::Setup(spec),
+            setup: HostMsg::Setup(Box::new(spec)),
             lifecycle: Box::new(lifecycle),
             limits,
             backend: "microvm",

@@ -24,6 +24,8 @@ pub struct Confinement {
     pub landlock: String,
     pub landlock_abi: i32,
     pub seccomp_filters: u32,
+    /// Under an image root: the supervisor's end of the set-id gate.
+    pub setid: Option<super::setid::Gate>,
 }
 
 pub fn apply(spec: &SetupSpec, writable: &[String]) -> Result<Confinement> {
@@ -39,17 +41,25 @@ pub fn apply(spec: &SetupSpec, writable: &[String]) -> Result<Confinement> {
     // the same uid can neither ptrace the supervisor nor open /proc/1/*.
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(|e| SetupError::new("clear dumpable", e))?;
-    let filters = build_seccomp()?;
+    let image = spec.image.is_some();
+    let filters = build_seccomp(!image)?;
     for f in &filters {
         seccompiler::apply_filter(f).map_err(|e| SetupError {
             what: format!("install seccomp filter: {e}"),
             errno: 0,
         })?;
     }
+    // Last: it sends the chmod calls the main filter lets by to the gate.
+    let setid = if image {
+        Some(super::setid::Gate::install()?)
+    } else {
+        None
+    };
     Ok(Confinement {
         landlock,
         landlock_abi,
-        seccomp_filters: filters.len() as u32,
+        seccomp_filters: filters.len() as u32 + u32::from(image),
+        setid,
     })
 }
 
@@ -371,8 +381,9 @@ fn compile(rules: BTreeMap<i64, Vec<SeccompRule>>, errno: i32) -> Result<BpfProg
 /// Builds the filters. Each filter has one errno, so there are four: the
 /// deny list (EPERM), `clone3` and `openat2` (ENOSYS, so libc falls back to
 /// calls whose arguments a filter can inspect), exotic socket families, and
-/// `setgroups` (a no-op success).
-pub fn build_seccomp() -> Result<Vec<BpfProgram>> {
+/// `setgroups` (a no-op success). Without `chmod_setid`, the chmod calls
+/// with set-id modes are left to the set-id gate (`setid`).
+pub fn build_seccomp(chmod_setid: bool) -> Result<Vec<BpfProgram>> {
     use SeccompCmpArgLen::{Dword, Qword};
     use SeccompCmpOp::{Eq, MaskedEq};
 
@@ -394,7 +405,7 @@ pub fn build_seccomp() -> Result<Vec<BpfProgram>> {
             rule(vec![cond(1, Dword, Eq, 0x541C)?])?,
         ],
     );
-    deny_setid_modes(&mut deny)?;
+    deny_setid_modes(&mut deny, chmod_setid)?;
     let mut main = compile(deny, libc::EPERM)?;
     prepend_x32_guard(&mut main);
 
@@ -447,7 +458,7 @@ pub fn build_seccomp() -> Result<Vec<BpfProgram>> {
 /// setuid or setgid bit would hand the sandbox's identity (root's, when
 /// root runs cordon) to whoever executes them later. The mode is a plain
 /// argument of every call that can set it: refuse those bits there.
-fn deny_setid_modes(deny: &mut BTreeMap<i64, Vec<SeccompRule>>) -> Result<()> {
+fn deny_setid_modes(deny: &mut BTreeMap<i64, Vec<SeccompRule>>, chmod: bool) -> Result<()> {
     use SeccompCmpArgLen::Dword;
     use SeccompCmpOp::MaskedEq;
     let special = |mode_arg: u8, flags_arg: Option<u8>| -> Result<Vec<SeccompRule>> {
@@ -466,14 +477,17 @@ fn deny_setid_modes(deny: &mut BTreeMap<i64, Vec<SeccompRule>>) -> Result<()> {
         }
         Ok(rules)
     };
-    deny.insert(libc::SYS_fchmod, special(1, None)?);
-    deny.insert(libc::SYS_fchmodat, special(2, None)?);
-    deny.insert(SYS_FCHMODAT2, special(2, None)?);
+    if chmod {
+        deny.insert(libc::SYS_fchmod, special(1, None)?);
+        deny.insert(libc::SYS_fchmodat, special(2, None)?);
+        deny.insert(SYS_FCHMODAT2, special(2, None)?);
+        #[cfg(target_arch = "x86_64")]
+        deny.insert(libc::SYS_chmod, special(1, None)?);
+    }
     deny.insert(libc::SYS_openat, special(3, Some(2))?);
     deny.insert(libc::SYS_mknodat, special(2, None)?);
     #[cfg(target_arch = "x86_64")]
     {
-        deny.insert(libc::SYS_chmod, special(1, None)?);
         deny.insert(libc::SYS_open, special(2, Some(1))?);
         deny.insert(libc::SYS_creat, special(1, None)?);
         deny.insert(libc::SYS_mknod, special(1, None)?);
@@ -524,7 +538,7 @@ pub(crate) fn vmm_ruleset(
 /// read, reports ENOSYS so that callers fall back to `openat`.
 pub(crate) fn host_file_guard() -> Result<Vec<BpfProgram>> {
     let mut deny: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    deny_setid_modes(&mut deny)?;
+    deny_setid_modes(&mut deny, true)?;
     for nr in [libc::SYS_fchown, libc::SYS_fchownat] {
         deny.insert(nr, vec![]);
     }

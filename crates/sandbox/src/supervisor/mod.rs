@@ -20,6 +20,7 @@ pub(crate) mod mount;
 pub(crate) mod protect;
 mod relay;
 mod serve;
+pub(crate) mod setid;
 mod setup;
 
 use std::io::{Read, Write};
@@ -123,7 +124,7 @@ fn read_setup_message(ctl: &mut impl Read) -> Result<SetupSpec, SetupError> {
     let mut chunk = [0u8; 8192];
     loop {
         match protocol::decode::<HostMsg>(&buf) {
-            Ok(Some((HostMsg::Setup(spec), _))) => return Ok(spec),
+            Ok(Some((HostMsg::Setup(spec), _))) => return Ok(*spec),
             Ok(Some(_)) => {
                 return Err(SetupError {
                     what: "protocol error: expected the setup message first".into(),
@@ -457,6 +458,9 @@ fn inner_main(
                 .map(|b| b.target.clone()),
         );
         let c = confine::apply(&spec, &writable)?;
+        if let Some(gate) = c.setid {
+            serve::gate_setid(gate);
+        }
         Ok(ReadyInfo {
             landlock: c.landlock,
             landlock_abi: c.landlock_abi,

@@ -32,6 +32,13 @@ pub(super) fn run_commands_as(uid: u32, gid: u32) {
     }
 }
 
+/// Under an image root, the set-id gate the loop answers (see `setid`).
+static SETID_GATE: std::sync::OnceLock<super::setid::Gate> = std::sync::OnceLock::new();
+
+pub(super) fn gate_setid(gate: super::setid::Gate) {
+    let _ = SETID_GATE.set(gate);
+}
+
 const LINGER: Duration = Duration::from_millis(100);
 /// Upper bound on waiting for a background writer that keeps talking.
 const LINGER_MAX: Duration = Duration::from_secs(2);
@@ -75,6 +82,7 @@ impl Exec {
 enum Tag {
     Ctl,
     Sig,
+    Setid,
     Out(u64, usize),
     In(u64),
     Net(NetTag),
@@ -222,6 +230,10 @@ impl Server {
             tags.push(Tag::Ctl);
             pfds.push(pfd(self.sigfd.as_raw_fd(), libc::POLLIN));
             tags.push(Tag::Sig);
+            if let Some(gate) = SETID_GATE.get() {
+                pfds.push(pfd(gate.fd(), libc::POLLIN));
+                tags.push(Tag::Setid);
+            }
             let mut timeout: Option<Duration> = None;
             let mut wake_at = |t: Instant| {
                 let d = t.saturating_duration_since(now);
@@ -284,6 +296,11 @@ impl Server {
                         }
                     }
                     Tag::Sig => self.reap(),
+                    Tag::Setid => {
+                        if let Some(gate) = SETID_GATE.get() {
+                            gate.handle();
+                        }
+                    }
                     Tag::Out(id, i) => self.read_output(id, i, &mut buf),
                     Tag::In(id) => self.write_stdin(id),
                     Tag::Net(tag) => {
