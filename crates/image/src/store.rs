@@ -364,7 +364,7 @@ impl Store {
                 );
             }
         }
-        let mut freed = 0;
+        let mut freed = self.prune_sandboxes(&mut layers);
         for (dir, keep) in [("blobs/sha256", &blobs), ("layers", &layers)] {
             let Ok(entries) = std::fs::read_dir(self.root.join(dir)) else {
                 continue;
@@ -377,6 +377,41 @@ impl Store {
             }
         }
         Ok(freed)
+    }
+
+    /// Removes the writable layers under `run/` that no live sandbox
+    /// holds (a sandbox killed before it could remove its own) and adds the
+    /// layers the live ones run on to `layers`, which are kept even if
+    /// their image is gone; returns the bytes freed.
+    fn prune_sandboxes(&self, layers: &mut std::collections::BTreeSet<String>) -> u64 {
+        use rustix::fs::{FlockOperation, Mode, OFlags};
+        let Ok(entries) = std::fs::read_dir(self.root.join("run")) else {
+            return 0;
+        };
+        let mut freed = 0;
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(dir) = rustix::fs::open(
+                &path,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) else {
+                continue;
+            };
+            if rustix::fs::flock(&dir, FlockOperation::NonBlockingLockExclusive).is_ok() {
+                freed += remove_all(&path);
+                continue;
+            }
+            // Written by cordon when the sandbox started: names of layer
+            // directories, each checked to be a digest's hex.
+            let text = std::fs::read_to_string(path.join("layers")).unwrap_or_default();
+            layers.extend(
+                text.lines()
+                    .filter(|l| l.len() == 64 && l.bytes().all(|b| b.is_ascii_hexdigit()))
+                    .map(str::to_string),
+            );
+        }
+        freed
     }
 
     /// Whether the layer with this diff_id is unpacked.

@@ -39,7 +39,7 @@ struct NativeLifecycle {
     reaped: Mutex<bool>,
     cgroup: Mutex<Option<Cgroup>>,
     /// An image root's writable layer, removed once the sandbox is gone.
-    scratch: Mutex<Option<tempfile::TempDir>>,
+    scratch: Mutex<Option<Scratch>>,
 }
 
 impl NativeLifecycle {
@@ -132,7 +132,7 @@ impl Lifecycle for NativeLifecycle {
 
     fn writable_layer(&self) -> Option<std::path::PathBuf> {
         let scratch = self.scratch.lock().unwrap();
-        Some(scratch.as_ref()?.path().join("upper"))
+        Some(scratch.as_ref()?.dir.path().join("upper"))
     }
 }
 
@@ -327,12 +327,18 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     .await
 }
 
+/// The directory of an image sandbox's writable layer, removed when this
+/// is dropped, and locked until then: `cordon image prune` removes the
+/// unlocked ones (a sandbox killed before it could) and keeps the layers
+/// the locked ones name in their `layers` file.
+struct Scratch {
+    dir: tempfile::TempDir,
+    _lock: OwnedFd,
+}
+
 /// An image root's setup: its layers, a writable layer's directory of this
-/// sandbox's own (removed with the returned handle), and where its ids
-/// come from.
-fn image_root(
-    image: &crate::config::RootImage,
-) -> Result<(protocol::ImageRoot, tempfile::TempDir)> {
+/// sandbox's own, and where its ids come from.
+fn image_root(image: &crate::config::RootImage) -> Result<(protocol::ImageRoot, Scratch)> {
     let utf8 = |p: &std::path::Path, what: &str| {
         p.to_str()
             .map(str::to_string)
@@ -358,17 +364,33 @@ fn image_root(
                 image.scratch.display()
             ))
         })?;
+    let lock = rustix::fs::open(
+        dir.path(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .and_then(|fd| {
+        rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive)?;
+        Ok(fd)
+    })
+    .map_err(|e| Error::Io(e.into()))?;
     let layers = image
         .layers
         .iter()
         .map(|l| utf8(l, "layer"))
         .collect::<Result<Vec<_>>>()?;
+    let names: String = image
+        .layers
+        .iter()
+        .filter_map(|l| Some(format!("{}\n", l.file_name()?.to_str()?)))
+        .collect();
+    std::fs::write(dir.path().join("layers"), names)?;
     let root = protocol::ImageRoot {
         layers,
         scratch: utf8(dir.path(), "writable layer")?,
         ids,
     };
-    Ok((root, dir))
+    Ok((root, Scratch { dir, _lock: lock }))
 }
 
 /// A sandbox may take this fraction of each per-user count of its host uid,

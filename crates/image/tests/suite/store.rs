@@ -252,3 +252,43 @@ fn docker_archives_import_in_both_forms() {
         assert_eq!(n, 0, "{sub}");
     }
 }
+
+#[test]
+fn prune_keeps_what_live_sandboxes_run_on_and_removes_what_dead_ones_left() {
+    use rustix::fs::{FlockOperation, Mode, OFlags};
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let layers = two_layers();
+    write_layout(src.path(), "v1", &layers);
+    let store = Store::open(root.path()).unwrap();
+    let image = store.import_layout(src.path(), None, "app").unwrap();
+    let run = root.path().join("run");
+    // A live sandbox (its directory locked) on the image's top layer, and
+    // one whose cordon was killed (unlocked), with a file in its layer.
+    let live = run.join("sandbox-live");
+    std::fs::create_dir_all(live.join("upper")).unwrap();
+    std::fs::write(
+        live.join("layers"),
+        format!("{}\n../../etc\n", image.layers[1].hex()),
+    )
+    .unwrap();
+    let lock = rustix::fs::open(&live, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    rustix::fs::flock(&lock, FlockOperation::LockExclusive).unwrap();
+    let dead = run.join("sandbox-dead");
+    std::fs::create_dir_all(dead.join("upper/etc")).unwrap();
+    std::fs::write(dead.join("upper/etc/big"), vec![7u8; 1 << 16]).unwrap();
+
+    assert!(store.remove("app").unwrap());
+    assert!(store.prune().unwrap() > 0);
+    assert!(!dead.exists(), "a dead sandbox's layer stays");
+    assert!(live.exists(), "a live sandbox's layer went");
+    assert!(
+        store.layer_dir(&image.layers[1]).is_dir(),
+        "a layer in use went"
+    );
+    assert!(!store.layer_dir(&image.layers[0]).exists());
+    drop(lock);
+    store.prune().unwrap();
+    assert!(!live.exists());
+    assert!(!store.layer_dir(&image.layers[1]).exists());
+}
