@@ -132,17 +132,32 @@ fn root_inside_changes_its_image(t: &Ctx) {
 attack!(root_inside_changes_its_image, native);
 
 /// The workspace is the workspace, as root inside; what root makes there
-/// belongs to the caller on the host.
+/// belongs to the caller on the host, and what it gives another user
+/// belongs to no one on the host.
 fn the_workspace_is_the_callers(t: &Ctx) {
     let img = image(t, &[], json!({}));
-    img.sh(t, "echo hi > /workspace/made && ls -ln /workspace/made")
-        .code(0);
-    let made = t.workspace.join("made");
-    let meta = fs::metadata(&made).unwrap();
+    img.sh(
+        t,
+        "echo hi > /workspace/made && touch /workspace/given && chown 1000:1000 /workspace/given \
+         && stat -c %u:%g /workspace/given",
+    )
+    .code(0)
+    .line("1000:1000");
     use std::os::unix::fs::MetadataExt;
+    let made = t.workspace.join("made");
     let owner = if t.root() { 0 } else { NOBODY };
-    assert_eq!(meta.uid(), owner);
+    assert_eq!(fs::metadata(&made).unwrap().uid(), owner);
     assert_eq!(fs::read_to_string(made).unwrap(), "hi\n");
+    // What the sandbox gives its user 1000 is not the host's user 1000's:
+    // a host id of the sandbox's own (root's range, or the caller's
+    // subordinate ids).
+    let given = fs::metadata(t.workspace.join("given")).unwrap();
+    assert!(
+        given.uid() >= 1 << 31 && given.gid() >= 1 << 31,
+        "{}:{}",
+        given.uid(),
+        given.gid()
+    );
 }
 attack!(the_workspace_is_the_callers, native);
 

@@ -41,6 +41,11 @@ impl Prepared {
         self.mounts.remove(path)
     }
 
+    /// Takes the mounts `other` prepared as well.
+    pub fn merge(&mut self, other: Prepared) {
+        self.mounts.extend(other.mounts);
+    }
+
     /// Keeps a detached copy of the tree at `path`, not idmapped (its files
     /// keep the host ids they have), for a path only the host's root may
     /// reach: a mount in the host's namespace cannot be bound from the

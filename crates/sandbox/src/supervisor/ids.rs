@@ -60,6 +60,30 @@ impl IdMaps {
         }
     }
 
+    /// How root's image sandbox sees its workspace and binds through an
+    /// idmapped mount: the caller's files (uid and gid 0 on disk) as its
+    /// root, and the ids 1 to 65535 it gives files as its own host ids, so
+    /// that a `chown 1000` in the workspace hands nothing to the host's
+    /// user 1000. (A file on disk is read as an id inside this map.)
+    pub fn workspace(base: u32) -> IdMaps {
+        let two = vec![
+            Extent {
+                inside: 0,
+                outside: base,
+                count: 1,
+            },
+            Extent {
+                inside: base + 1,
+                outside: base + 1,
+                count: IMAGE_IDS - 1,
+            },
+        ];
+        IdMaps {
+            uid: two.clone(),
+            gid: two,
+        }
+    }
+
     /// The caller's ids, as the spec maps them.
     pub fn of(spec: &SetupSpec) -> IdMaps {
         IdMaps::single(

@@ -315,14 +315,17 @@ fn enter_namespaces(
             let maps = ids::IdMaps::allocated(base);
             let scratch = image::make_scratch(image, Some(base))?;
             // Made while this process still holds root's capabilities.
-            let Some(mut prepared) = idmap::prepare(&maps, &setup::idmap_wanted(spec))? else {
-                return Err(SetupError {
-                    what: "the image store's or the workspace's file system cannot be \
-                           idmapped (cordon needs that to run an image as root)"
-                        .into(),
-                    errno: 0,
-                });
+            let cannot = || SetupError {
+                what: "the image store's or the workspace's file system cannot be idmapped \
+                       (cordon needs that to run an image as root)"
+                    .into(),
+                errno: 0,
             };
+            let mut prepared =
+                idmap::prepare(&maps, &setup::image_layers_wanted(spec))?.ok_or_else(cannot)?;
+            let workspace = ids::IdMaps::workspace(base);
+            prepared
+                .merge(idmap::prepare(&workspace, &setup::idmap_wanted(spec))?.ok_or_else(cannot)?);
             // Reached again only after the switch, as a uid the store's
             // directories do not admit.
             prepared.clone_plain(&image.scratch)?;

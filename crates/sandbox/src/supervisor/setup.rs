@@ -180,12 +180,9 @@ pub fn idmap_wanted(spec: &SetupSpec) -> Vec<Wanted> {
             required: b.writable,
         });
     }
-    if let Some(image) = &spec.image {
-        // An image's layers are all its root has; nothing of the host's.
-        wanted.extend(image.layers.iter().map(|l| Wanted {
-            path: l.clone(),
-            required: true,
-        }));
+    if spec.image.is_some() {
+        // An image's layers are its root (see `image_layers_wanted`);
+        // nothing of the host's.
         return wanted;
     }
     let system = host_listing("/", SYSTEM_DIRS, true);
@@ -205,6 +202,19 @@ pub fn idmap_wanted(spec: &SetupSpec) -> Vec<Wanted> {
         });
     }
     wanted
+}
+
+/// An image's layers, to be idmapped as they are on disk (their owners are
+/// the image's ids 0 to 65535).
+pub fn image_layers_wanted(spec: &SetupSpec) -> Vec<Wanted> {
+    spec.image
+        .iter()
+        .flat_map(|i| &i.layers)
+        .map(|l| Wanted {
+            path: l.clone(),
+            required: true,
+        })
+        .collect()
 }
 
 /// Assembles the root filesystem and pivots into it. On return the process
