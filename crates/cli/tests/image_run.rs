@@ -344,3 +344,135 @@ fn apt_installs_packages(t: &Ctx) {
     assert!(img.leftovers().is_empty(), "{:?}", img.leftovers());
 }
 attack!(apt_installs_packages, native);
+
+/// A C program racing and guessing at the set-id gate, built static on
+/// the host so that it runs in any image.
+const GATE_ATTACK: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static volatile int stop;
+static int ws, ov;
+
+static void *swap_fds(void *_) {
+    while (!stop) { dup2(ws, 100); dup2(ov, 100); }
+    return 0;
+}
+
+static void *flip_link(void *_) {
+    while (!stop) {
+        unlink("/flip"); symlink("/workspace/victim", "/flip");
+        unlink("/flip"); symlink("/etc/cordon-target", "/flip");
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    ws = open("/workspace/victim", O_RDWR | O_CREAT, 0755);
+    ov = open("/etc/cordon-target", O_RDWR | O_CREAT, 0755);
+    if (ws < 0 || ov < 0) { perror("open"); return 2; }
+    int direct = fchmod(ws, 04755);
+    printf("direct %d\n", direct);
+    printf("overlay %d\n", fchmod(ov, 04755));
+    pthread_t t;
+    if (!strcmp(argv[1], "fd")) {
+        pthread_create(&t, 0, swap_fds, 0);
+        for (int i = 0; i < 20000; i++) fchmod(100, 04755);
+    } else if (!strcmp(argv[1], "path")) {
+        pthread_create(&t, 0, flip_link, 0);
+        for (int i = 0; i < 20000; i++) chmod("/flip", 04755);
+    } else {
+        for (int i = 0; i < 20000; i++) {
+            uint64_t k[2];
+            getrandom(k, sizeof k, 0);
+            uint64_t dfd = (k[0] << 32) | (uint32_t)AT_FDCWD;
+            uint64_t mode = (k[1] << 16) | 04755;
+            syscall(452, dfd, "/workspace/victim", mode, 0);
+        }
+        return 0;
+    }
+    stop = 1;
+    pthread_join(t, 0);
+    return 0;
+}
+"#;
+
+/// The gate built once per test process, in the test's directory tree.
+fn gate_attack(t: &Ctx) -> PathBuf {
+    let src = t.dir().join("gate.c");
+    fs::write(&src, GATE_ATTACK).unwrap();
+    let bin = t.workspace.join("gate");
+    let out = std::process::Command::new("gcc")
+        .args(["-static", "-O1", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .expect("gcc (scripts/packages.txt)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+/// The set-id gate under attack: a descriptor swapped under a waiting
+/// `fchmod`, a link flipped under a waiting `chmod`, and 20,000 guesses at
+/// the supervisor's key. The workspace file never gets a set-id bit; an
+/// image file does, directly.
+fn the_setid_gate_holds(t: &Ctx) {
+    gate_attack(t);
+    let img = image(t, &[], json!({}));
+    for how in ["fd", "path", "keys"] {
+        let out = img.run(t, &[], &["/workspace/gate", how]);
+        out.code(0).line("direct -1").line("overlay 0");
+        let mode = fs::metadata(t.workspace.join("victim"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o6000, 0, "{how}: the workspace file got {mode:o}");
+    }
+}
+attack!(the_setid_gate_holds, native);
+
+/// What root inside has and has not: the image's capabilities and no
+/// more; no namespace, mount, chroot or device node; nothing of the
+/// host's files.
+fn root_inside_stays_inside(t: &Ctx) {
+    let canary = t.host_file("canary", "host secret\n");
+    let img = image(t, &[], json!({}));
+    let script = format!(
+        "grep -E '^Cap(Eff|Bnd)' /proc/self/status; \
+         unshare -U true 2>/dev/null && echo USERNS; \
+         unshare -m true 2>/dev/null && echo MOUNTNS; \
+         mount -t tmpfs t /tmp 2>/dev/null && echo MOUNTED; \
+         chroot / true 2>/dev/null && echo CHROOT; \
+         mknod /tmp/mem c 1 1 2>/dev/null && echo MKNOD; \
+         mknod /mem c 1 1 2>/dev/null && echo MKNOD-ROOT; \
+         echo x > /proc/sys/kernel/hostname 2>/dev/null && echo PROCSYS; \
+         cat {} 2>/dev/null && echo HOSTFILE; \
+         ls /proc/1/root/workspace >/dev/null && echo own-root; \
+         echo done",
+        canary.display()
+    );
+    img.sh(t, &script)
+        .code(0)
+        .line("CapEff:\t00000000800004fb")
+        .line("CapBnd:\t00000000800004fb")
+        .only_lines(&[
+            "CapEff:\t00000000800004fb",
+            "CapBnd:\t00000000800004fb",
+            "own-root",
+            "done",
+        ]);
+}
+attack!(root_inside_stays_inside, native);

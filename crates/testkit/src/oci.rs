@@ -104,6 +104,7 @@ pub const APPLETS: &[&str] = &[
     "sh", "ls", "cat", "echo", "id", "whoami", "mkdir", "touch", "rm", "chown", "chmod", "stat",
     "env", "pwd", "true", "false", "sleep", "head", "tail", "wc", "grep", "sed", "su", "test",
     "ln", "mv", "cp", "find", "dd", "mknod", "hostname", "ps", "kill", "readlink", "chgrp",
+    "unshare", "mount", "chroot", "nsenter",
 ];
 
 /// A tiny image's one layer: busybox at `/bin/busybox` with [`APPLETS`]
