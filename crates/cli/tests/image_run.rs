@@ -11,6 +11,7 @@ mod common;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
@@ -264,35 +265,56 @@ fn links_in_the_image(t: &Ctx) {
 }
 attack!(links_in_the_image, native);
 
-/// The minimal Debian environment, made once by the script users run
-/// (deploy/environments/build, cached by what goes into it), or `None`
-/// when this process cannot make it.
-fn debian_minimal() -> Option<PathBuf> {
-    static MADE: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
-    MADE.get_or_init(|| {
-        if euid() != 0 {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "the Debian environment needs root to make; CI=true, so this fails"
-            );
-            eprintln!("notice: skipping: making the Debian environment needs root");
-            return None;
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/environments/build");
-        let out = std::process::Command::new(script)
-            .arg("minimal")
-            .output()
-            .expect("run deploy/environments/build");
+/// An environment of deploy/environments/, made once per test process by
+/// the script users run (cached by what goes into it), or `None` when this
+/// process cannot make it.
+fn environment(name: &'static str) -> Option<PathBuf> {
+    static MADE: Mutex<Vec<(&'static str, Option<PathBuf>)>> = Mutex::new(Vec::new());
+    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, dir)) = made.iter().find(|(n, _)| *n == name) {
+        return dir.clone();
+    }
+    let dir = make_environment(name);
+    made.push((name, dir.clone()));
+    dir
+}
+
+fn make_environment(name: &str) -> Option<PathBuf> {
+    if euid() != 0 {
         assert!(
-            out.status.success(),
-            "deploy/environments/build minimal: {}",
-            String::from_utf8_lossy(&out.stderr)
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the {name} environment needs root to make; CI=true, so this fails"
         );
-        let dir = std::env::var("CORDON_ENV_CACHE")
-            .unwrap_or_else(|_| "/var/cache/cordon/environments".into());
-        Some(Path::new(&dir).join("minimal"))
+        eprintln!("notice: skipping: making the {name} environment needs root");
+        return None;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/environments/build");
+    let out = std::process::Command::new(script)
+        .arg(name)
+        .output()
+        .expect("run deploy/environments/build");
+    assert!(
+        out.status.success(),
+        "deploy/environments/build {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = std::env::var("CORDON_ENV_CACHE")
+        .unwrap_or_else(|_| "/var/cache/cordon/environments".into());
+    Some(Path::new(&dir).join(name))
+}
+
+/// An image of deploy/environments/ with a store of the run's user.
+fn environment_image(t: &Ctx, name: &'static str) -> Option<Image> {
+    let layout = environment(name)?;
+    let store = t.dir().join("store");
+    fs::create_dir_all(&store).unwrap();
+    if !t.root() {
+        chown_tree(&store, NOBODY);
+    }
+    Some(Image {
+        reference: format!("oci:{}:latest", layout.display()),
+        store,
     })
-    .clone()
 }
 
 /// apt-get in Debian's minimal environment, with @debian's mirror allowed:
@@ -301,17 +323,8 @@ fn debian_minimal() -> Option<PathBuf> {
 /// database are untouched, the image's Python is not the host's (it has
 /// none), and set-id bits stay refused in the workspace.
 fn apt_installs_packages(t: &Ctx) {
-    let Some(layout) = debian_minimal() else {
+    let Some(img) = environment_image(t, "minimal") else {
         return;
-    };
-    let store = t.dir().join("store");
-    fs::create_dir_all(&store).unwrap();
-    if !t.root() {
-        chown_tree(&store, NOBODY);
-    }
-    let img = Image {
-        reference: format!("oci:{}:latest", layout.display()),
-        store,
     };
     let dpkg_before = fs::read("/var/lib/dpkg/status").unwrap();
     let out = img.run(
@@ -476,3 +489,81 @@ fn root_inside_stays_inside(t: &Ctx) {
         ]);
 }
 attack!(root_inside_stays_inside, native);
+
+/// The writable layer counts against `--disk`: filling the image's own
+/// root stops the sandbox as filling the workspace does.
+fn the_writable_layer_counts_against_the_disk_budget(t: &Ctx) {
+    let img = image(t, &[], json!({}));
+    let out = img.run(
+        t,
+        &["--disk", "16M"],
+        &["sh", "-c", "for i in 1 2 3 4 5 6 7 8; do dd if=/dev/zero of=/big$i bs=1M count=4 2>/dev/null; sleep 0.1; done; echo survived"],
+    );
+    out.code(123)
+        .stderr_has("disk budget exceeded")
+        .lacks("survived");
+    assert!(img.leftovers().is_empty(), "{:?}", img.leftovers());
+}
+attack!(the_writable_layer_counts_against_the_disk_budget, native);
+
+/// The seeds' environment (deploy/environments/build seeds): Python with
+/// its Jupyter kernel, Node.js, git, and a display the computer tool can
+/// drive, all the image's own.
+fn the_seeds_environment_has_the_seeds_tools(t: &Ctx) {
+    let Some(img) = environment_image(t, "seeds") else {
+        return;
+    };
+    img.run(
+        t,
+        &["--display", "800x600", "--memory", "1G"],
+        &[
+            "bash",
+            "-c",
+            "python3 -c 'import ipykernel, sys; print(\"python\", sys.version_info[0])'; \
+             node -e 'console.log(\"node\", 40 + 2)'; xdotool getdisplaygeometry; \
+             git --version | cut -d' ' -f1",
+        ],
+    )
+    .code(0)
+    .line("python 3")
+    .line("node 42")
+    .line("800 600")
+    .line("git");
+}
+attack!(the_seeds_environment_has_the_seeds_tools, native);
+
+/// A user without subordinate ids is told what to add, and nothing runs.
+#[test]
+fn a_user_without_subordinate_ids_is_told_what_to_add() {
+    if euid() != 0 {
+        // As that user already: the message is what the test looks for
+        // only where no range is configured, which root can arrange.
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let layout = dir.path().join("layout");
+    write_image(&layout, "v1", &[busybox_layer()], json!({}));
+    let ws = dir.path().join("ws");
+    fs::create_dir(&ws).unwrap();
+    chown_tree(dir.path(), 65533);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .args(["run", "--image"])
+        .arg(format!("oci:{}:v1", layout.display()))
+        .args(["--", "sh", "-c", "echo ran"])
+        .current_dir(&ws)
+        .env("CORDON_IMAGE_STORE", dir.path().join("store"))
+        .env("HOME", dir.path().join("home"))
+        .uid(65533)
+        .gid(65533)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+    assert!(
+        stderr.contains("/etc/subuid") && stderr.contains("usermod --add-subuids"),
+        "{stderr}"
+    );
+}

@@ -38,6 +38,11 @@ pub const HOST_PYTHON: &str = "/usr/bin/python3";
 /// binds: one at, above or beneath [`SANDBOX_DIR`] wins, and the
 /// environment is left out.
 pub fn offer(config: &mut cordon_sandbox::SandboxConfig) -> bool {
+    // The environment is built on the host's Python; an image has its own
+    // (or none), which run_code then uses as it is.
+    if config.image.is_some() {
+        return false;
+    }
     match installed(&cache_dir()) {
         Some(lab) => bind_into(config, lab.dir),
         None => false,

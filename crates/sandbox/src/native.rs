@@ -471,5 +471,23 @@ pub fn host_report() -> Vec<(String, String)> {
             crate::supervisor::landlock_abi_version().to_string(),
         ),
         ("limits mechanism".into(), cgroup::detect().to_string()),
+        ("image ids".into(), image_ids_report()),
     ]
+}
+
+/// Where an image sandbox's ids would come from here, for `cordon doctor`.
+fn image_ids_report() -> String {
+    if rustix::process::geteuid().is_root() && in_initial_user_namespace() {
+        return "a range of 65536 host ids per sandbox (root)".into();
+    }
+    match crate::subids::subordinate(rustix::process::geteuid().as_raw()) {
+        Ok(protocol::IdSource::Subordinate { uid, count, .. }) => {
+            format!(
+                "subordinate ids {uid} to {} (/etc/subuid)",
+                u64::from(uid) + u64::from(count) - 1
+            )
+        }
+        Ok(protocol::IdSource::Allocated) => "a range per sandbox".into(),
+        Err(e) => format!("none: {e}"),
+    }
 }
