@@ -128,6 +128,13 @@ pub async fn apply(
         return Ok(None);
     };
     let store = open_store()?;
+    // A registry's image stored under the very name typed needs no parse
+    // (the reference grammar's regex takes tens of milliseconds to build,
+    // more than the rest of a sandbox's start).
+    let local = reference.starts_with("oci:") || reference.starts_with("docker-archive:");
+    if !local && let Some(image) = store.get(&reference).filter(|i| i.name == reference) {
+        return finish(c, &store, &image, user);
+    }
     let parsed: ImageRef = reference.parse().map_err(|e| format!("{e}"))?;
     let image = match (&parsed, store.get(&parsed.to_string())) {
         // A registry's tag is what was pulled until pulled again; a
@@ -141,8 +148,18 @@ pub async fn apply(
             pull(&store, &reference).await?
         }
     };
+    finish(c, &store, &image, user)
+}
+
+/// Makes `image` the root of `c`; its working directory.
+fn finish(
+    c: &mut cordon_sandbox::SandboxConfig,
+    store: &Store,
+    image: &Image,
+    user: Option<&str>,
+) -> Result<Option<String>, String> {
     let root = store
-        .sandbox_root(&image, user)
+        .sandbox_root(image, user)
         .map_err(|e| format!("{}: {e}", printable(&image.name)))?;
     c.image = Some(cordon_sandbox::RootImage {
         layers: root.layers,

@@ -31,7 +31,7 @@ pub struct RunArgs {
 pub struct ShellArgs {
     #[command(flatten)]
     pub sandbox: SandboxOpts,
-    /// The shell to run [default: /bin/bash -i]
+    /// The shell to run [default: /bin/bash -i; in an image without bash, its sh]
     #[arg(trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
@@ -54,6 +54,8 @@ struct Started {
     sandbox: Sandbox,
     limits: Limits,
     after: crate::options::Aftercheck,
+    /// Whether the root is an image's.
+    image: bool,
 }
 
 /// The sandbox of `opts` and the settings, and its limits (for the
@@ -64,6 +66,7 @@ async fn create(opts: &SandboxOpts) -> Result<Started, i32> {
         memory: config.memory.unwrap_or(512 * cordon_sandbox::MIB),
         disk: config.disk,
     };
+    let image = config.image.is_some();
     let sandbox = Sandbox::create(config)
         .await
         .map_err(|e| fail(format_args!("cannot create the sandbox: {e}")))?;
@@ -71,6 +74,7 @@ async fn create(opts: &SandboxOpts) -> Result<Started, i32> {
         sandbox,
         limits,
         after,
+        image,
     })
 }
 
@@ -196,6 +200,7 @@ pub async fn run(args: RunArgs) -> i32 {
         sandbox,
         limits,
         after,
+        ..
     } = match create(&args.sandbox).await {
         Ok(s) => s,
         Err(code) => return code,
@@ -346,11 +351,21 @@ pub async fn shell(args: ShellArgs) -> i32 {
         sandbox,
         limits,
         after,
+        image,
     } = match create(&args.sandbox).await {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let argv = if args.command.is_empty() {
+    let argv = if args.command.is_empty() && image {
+        // An image may have no bash (Alpine, busybox): its sh then.
+        [
+            "/bin/sh",
+            "-c",
+            "if command -v bash >/dev/null; then exec bash -i; else exec sh -i; fi",
+        ]
+        .map(OsString::from)
+        .to_vec()
+    } else if args.command.is_empty() {
         vec![OsString::from("/bin/bash"), OsString::from("-i")]
     } else {
         args.command.clone()

@@ -423,6 +423,14 @@ impl Store {
     /// its config and its layers (each unpacked unless it is already),
     /// recorded as `name` last.
     pub fn import_blobs(&self, manifest: &Digest, name: &str) -> Result<Image, StoreError> {
+        // Imported before, and whole: a layout read again each run costs
+        // no walk of its layers.
+        if let Some(image) = self.get(name)
+            && image.manifest == *manifest
+            && image.layers.iter().all(|l| self.has_layer(l))
+        {
+            return Ok(image);
+        }
         let m: ImageManifest = parse(&self.read_blob(manifest)?, "the manifest")?;
         check_layer_count(m.layers().len())?;
         let config_digest = digest_of(m.config())?;
