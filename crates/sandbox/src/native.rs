@@ -102,8 +102,9 @@ impl Lifecycle for NativeLifecycle {
             cg.kill_all();
         }
         let needs_reap = !std::mem::replace(&mut *self.reaped.lock().unwrap(), true);
-        let scratch = self.scratch.lock().unwrap().take();
-        if needs_reap || cgroup.is_some() || scratch.is_some() {
+        // An image's writable layer stays for `reap`, or goes with this
+        // handle: a thread here may not outlive a process about to exit.
+        if needs_reap || cgroup.is_some() {
             // Reaping and cgroup removal wait on the kernel: not on the
             // caller's thread, which may be an async runtime's.
             std::thread::spawn(move || {
@@ -113,7 +114,6 @@ impl Lifecycle for NativeLifecycle {
                     unsafe { libc::waitpid(pid, &mut status, 0) };
                 }
                 drop(cgroup);
-                drop(scratch);
             });
         }
     }
@@ -334,6 +334,15 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
 struct Scratch {
     dir: tempfile::TempDir,
     _lock: OwnedFd,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // A sandbox that was killed left overlay's mode-000 work directory
+        // (and any it made unreadable): opened up for the removal after
+        // this, as far as the caller owns them.
+        let _ = crate::disk::make_removable(self.dir.path());
+    }
 }
 
 /// An image root's setup: its layers, a writable layer's directory of this
