@@ -31,7 +31,11 @@ pub fn layer(files: &[(&str, &str)]) -> Layer {
         h.set_cksum();
         b.append_data(&mut h, name, content.as_bytes()).unwrap();
     }
-    let tar = b.into_inner().unwrap();
+    gzipped(b.into_inner().unwrap())
+}
+
+/// The layer whose uncompressed tar is `tar`.
+fn gzipped(tar: Vec<u8>) -> Layer {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(&tar).unwrap();
     Layer {
@@ -87,13 +91,7 @@ pub fn layer_of(entries: &[Entry<'_>]) -> Layer {
             }
         }
     }
-    let tar = b.into_inner().unwrap();
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(&tar).unwrap();
-    Layer {
-        blob: gz.finish().unwrap(),
-        diff_id: digest(&tar),
-    }
+    gzipped(b.into_inner().unwrap())
 }
 
 /// Debian's statically linked busybox (package busybox-static).

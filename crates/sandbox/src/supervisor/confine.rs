@@ -161,22 +161,36 @@ pub fn landlock_abi_version() -> i32 {
 }
 
 fn drop_capabilities() -> Result<()> {
+    use rustix::thread::{CapabilitiesSecureBits as B, CapabilitySet};
+    // Lock root out of ever regaining capabilities through exec or setuid.
+    restrict_capabilities(
+        CapabilitySet::empty(),
+        B::NO_ROOT
+            | B::NO_ROOT_LOCKED
+            | B::NO_SETUID_FIXUP
+            | B::NO_SETUID_FIXUP_LOCKED
+            | B::KEEP_CAPS_LOCKED
+            | B::NO_CAP_AMBIENT_RAISE
+            | B::NO_CAP_AMBIENT_RAISE_LOCKED,
+    )
+}
+
+/// Sets `bits`, then leaves this process `keep` and nothing more: in its
+/// bounding set (capabilities newer than rustix knows dropped by number),
+/// permitted and effective sets, with no inheritable or ambient ones.
+fn restrict_capabilities(
+    keep: rustix::thread::CapabilitySet,
+    bits: rustix::thread::CapabilitiesSecureBits,
+) -> Result<()> {
     use rustix::thread::{
-        CapabilitiesSecureBits, CapabilitySet, CapabilitySets, clear_ambient_capability_set,
+        CapabilitySet, CapabilitySets, clear_ambient_capability_set,
         remove_capability_from_bounding_set, set_capabilities, set_capabilities_secure_bits,
     };
-    // Lock root out of ever regaining capabilities through exec or setuid.
-    set_capabilities_secure_bits(
-        CapabilitiesSecureBits::NO_ROOT
-            | CapabilitiesSecureBits::NO_ROOT_LOCKED
-            | CapabilitiesSecureBits::NO_SETUID_FIXUP
-            | CapabilitiesSecureBits::NO_SETUID_FIXUP_LOCKED
-            | CapabilitiesSecureBits::KEEP_CAPS_LOCKED
-            | CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE
-            | CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE_LOCKED,
-    )
-    .map_err(|e| SetupError::new("set securebits", e))?;
+    set_capabilities_secure_bits(bits).map_err(|e| SetupError::new("set securebits", e))?;
     for cap in CapabilitySet::all().iter() {
+        if keep.contains(cap) {
+            continue;
+        }
         match remove_capability_from_bounding_set(cap) {
             Ok(()) | Err(Errno::INVAL) => {}
             Err(e) => return Err(SetupError::new("drop bounding capability", e)),
@@ -194,8 +208,8 @@ fn drop_capabilities() -> Result<()> {
     set_capabilities(
         None,
         CapabilitySets {
-            effective: CapabilitySet::empty(),
-            permitted: CapabilitySet::empty(),
+            effective: keep,
+            permitted: keep,
             inheritable: CapabilitySet::empty(),
         },
     )
@@ -231,42 +245,11 @@ fn image_capabilities() -> rustix::thread::CapabilitySet {
 /// usual rules for the rest: a command that switches to another user
 /// loses them, and exec gives root at most these (the bounding set).
 fn keep_image_capabilities() -> Result<()> {
-    use rustix::thread::{
-        CapabilitiesSecureBits, CapabilitySet, CapabilitySets, clear_ambient_capability_set,
-        remove_capability_from_bounding_set, set_capabilities, set_capabilities_secure_bits,
-    };
-    let keep = image_capabilities();
-    set_capabilities_secure_bits(
-        CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE
-            | CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE_LOCKED,
+    use rustix::thread::CapabilitiesSecureBits as B;
+    restrict_capabilities(
+        image_capabilities(),
+        B::NO_CAP_AMBIENT_RAISE | B::NO_CAP_AMBIENT_RAISE_LOCKED,
     )
-    .map_err(|e| SetupError::new("set securebits", e))?;
-    for cap in CapabilitySet::all().iter() {
-        if keep.contains(cap) {
-            continue;
-        }
-        match remove_capability_from_bounding_set(cap) {
-            Ok(()) | Err(Errno::INVAL) => {}
-            Err(e) => return Err(SetupError::new("drop bounding capability", e)),
-        }
-    }
-    for raw in 41..64 {
-        // SAFETY: PR_CAPBSET_DROP with an integer argument.
-        let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, raw, 0, 0, 0) };
-        if rc != 0 {
-            break;
-        }
-    }
-    clear_ambient_capability_set().map_err(|e| SetupError::new("clear ambient caps", e))?;
-    set_capabilities(
-        None,
-        CapabilitySets {
-            effective: keep,
-            permitted: keep,
-            inheritable: CapabilitySet::empty(),
-        },
-    )
-    .map_err(|e| SetupError::new("keep the image's capabilities", e))
 }
 
 /// `fchmodat2` (Linux 6.6); the same number on every architecture.

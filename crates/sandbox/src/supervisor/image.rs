@@ -87,7 +87,6 @@ pub(super) fn image_root(
     Ok(Root {
         path: root,
         image: true,
-        keep: Vec::new(),
     })
 }
 

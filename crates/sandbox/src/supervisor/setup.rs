@@ -292,7 +292,7 @@ pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
     set_attrs(&proc_dir, true, RO)?;
 
     // Drop the binds' O_PATH handles before they could leak anywhere.
-    drop((dev, binds, workspace, root.keep));
+    drop((dev, binds, workspace));
 
     rustix::process::chdir(stage).ctx(|| "chdir to new root".into())?;
     rustix::process::pivot_root(".", ".").ctx(|| "pivot_root".into())?;
@@ -316,8 +316,6 @@ pub(super) struct Root {
     /// The image's, whose entries are hostile (see `image::ensure`); the
     /// host root's stage is a fresh tmpfs of ours.
     pub image: bool,
-    /// Handles that must stay open until the pivot.
-    pub keep: Vec<Source>,
 }
 
 impl Root {
@@ -326,15 +324,8 @@ impl Root {
         if self.image {
             return super::image::ensure(&self.path, rel, Some(mode));
         }
-        let path = self.path.join(rel.trim_start_matches('/'));
+        let path = self.under(rel)?;
         if !path.exists() {
-            if let Some(parent) = path.parent() {
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o755)
-                    .create(parent)
-                    .ctx(|| format!("create the mount point {rel}"))?;
-            }
             mkdir(&path, mode)?;
         }
         Ok(path)
@@ -345,6 +336,13 @@ impl Root {
         if self.image {
             return super::image::ensure(&self.path, rel, None);
         }
+        let path = self.under(rel)?;
+        make_mount_point(&path, false)?;
+        Ok(path)
+    }
+
+    /// `rel` under the host root's stage, its parent directories made.
+    fn under(&self, rel: &str) -> Result<PathBuf> {
         let path = self.path.join(rel.trim_start_matches('/'));
         if let Some(parent) = path.parent() {
             fs::DirBuilder::new()
@@ -353,7 +351,6 @@ impl Root {
                 .create(parent)
                 .ctx(|| format!("create the mount point {rel}"))?;
         }
-        make_mount_point(&path, false)?;
         Ok(path)
     }
 }
@@ -408,7 +405,6 @@ fn host_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<Root> {
     Ok(Root {
         path: stage.to_path_buf(),
         image: false,
-        keep: Vec::new(),
     })
 }
 
