@@ -52,6 +52,38 @@ impl LiveSessions {
             .clone()
     }
 
+    /// Closes every live session: turns cancelled, then each agent (and the
+    /// lock on its log), MCP servers and sandbox, so a process started next
+    /// over the same data directory can open them. A turn that does not
+    /// give its session back within `wait` is left to the runtime.
+    pub async fn close_all(&self, wait: Duration, sandboxes: &crate::sandboxes::Sandboxes) {
+        for cancel in self
+            .turns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            cancel.cancel();
+        }
+        let slots: Vec<(String, Slot)> = self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect();
+        let deadline = tokio::time::Instant::now() + wait;
+        for (id, slot) in slots {
+            let Ok(mut guard) = tokio::time::timeout_at(deadline, slot.lock()).await else {
+                tracing::warn!("session {id}: its turn did not end in time; left open");
+                continue;
+            };
+            if let Some(live) = guard.take() {
+                sandboxes.unlist(&sandbox_key(&id));
+                live.close().await;
+            }
+        }
+    }
+
     /// Closes the sandboxes of sessions idle longer than `idle`.
     pub async fn reap(&self, idle: Duration, sandboxes: &crate::sandboxes::Sandboxes) {
         let slots: Vec<(String, Slot)> = self

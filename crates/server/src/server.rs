@@ -86,6 +86,10 @@ impl Running {
         }
         let _ = self.stop.send(true);
         let _ = self.serve.await;
+        shared
+            .sessions
+            .close_all(CANCEL_WAIT, &shared.sandboxes)
+            .await;
         let data = shared.config.data_dir.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Err(e) = cordon_sandbox::volume::unmount_beneath(&data) {
