@@ -98,6 +98,10 @@ pub struct SessionStarted {
     /// The session and turn this one was forked from (`cordon fork`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<ForkedFrom>,
+    /// The image its sandbox's root is made from, by the name it was
+    /// asked for (the server's sessions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// Where a forked session came from.
@@ -130,6 +134,7 @@ impl SessionStarted {
             allow: None,
             allow_private: None,
             forked_from: None,
+            image: None,
         }
     }
 

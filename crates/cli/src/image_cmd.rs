@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use cordon_image::ImageRef;
 use cordon_image::auth::Sources;
+use cordon_image::obtain::{Step, fetch, obtain};
 use cordon_image::registry::Progress;
 use cordon_image::store::{self, Image, Store};
 use cordon_tools::printable;
@@ -128,94 +129,38 @@ pub async fn apply(
         return Ok(None);
     };
     let store = open_store()?;
-    // A registry's image stored under the very name typed needs no parse
-    // (the reference grammar's regex takes tens of milliseconds to build,
-    // more than the rest of a sandbox's start).
-    let local = reference.starts_with("oci:") || reference.starts_with("docker-archive:");
-    if !local && let Some(image) = store.get(&reference).filter(|i| i.name == reference) {
-        return finish(c, &store, &image, user);
-    }
-    let parsed: ImageRef = reference.parse().map_err(|e| format!("{e}"))?;
-    let image = match (&parsed, store.get(&parsed.to_string())) {
-        // A registry's tag is what was pulled until pulled again; a
-        // layout or archive on disk is read again, as it may have changed
-        // (only what the store lacks is unpacked).
-        (ImageRef::Registry(_), Some(image)) => image,
-        _ => {
-            if matches!(parsed, ImageRef::Registry(_)) {
-                eprintln!("cordon: pulling {}", printable(&parsed.to_string()));
-            }
-            pull(&store, &reference).await?
-        }
-    };
-    finish(c, &store, &image, user)
+    let image = obtain(&store, &reference, &Sources::from_env(), &say)
+        .await
+        .map_err(|e| e.to_string())?;
+    let root = store
+        .sandbox_root(&image, user)
+        .map_err(|e| format!("{}: {e}", printable(&image.name)))?;
+    let working_dir = root.working_dir.clone();
+    c.image = Some(root.into());
+    Ok(working_dir)
 }
 
-/// Makes `image` the root of `c`; its working directory.
-fn finish(
-    c: &mut cordon_sandbox::SandboxConfig,
-    store: &Store,
-    image: &Image,
-    user: Option<&str>,
-) -> Result<Option<String>, String> {
-    let root = store
-        .sandbox_root(image, user)
-        .map_err(|e| format!("{}: {e}", printable(&image.name)))?;
-    c.image = Some(cordon_sandbox::RootImage {
-        layers: root.layers,
-        scratch: root.scratch,
-        uid: root.uid,
-        gid: root.gid,
-        env: root.env,
-    });
-    Ok(root.working_dir)
+/// A pull's progress, on standard error.
+fn say(step: Step) {
+    match step {
+        Step::Pulling { name } => eprintln!("cordon: pulling {}", printable(&name)),
+        Step::Pull(Progress::Fetching { digest, size: n }) => {
+            eprintln!("  fetching {} ({})", short(&digest.to_string()), size(n))
+        }
+        Step::Pull(Progress::Fetched { .. }) => {}
+        Step::Pull(Progress::Present { digest }) => {
+            eprintln!("  {} already here", short(&digest.to_string()))
+        }
+        Step::Pull(Progress::Unpacking) => eprintln!("  unpacking"),
+    }
 }
 
 /// Fetches `reference` into the store, with progress on standard error.
 pub async fn pull(store: &Store, reference: &str) -> Result<Image, String> {
     let parsed: ImageRef = reference.parse().map_err(|e| format!("{e}"))?;
-    match &parsed {
-        ImageRef::Registry(r) => {
-            let creds = Sources::from_env().for_registry(r.registry(), r.repository());
-            let say = |p: Progress| match p {
-                Progress::Fetching { digest, size: n } => {
-                    eprintln!("  fetching {} ({})", short(&digest.to_string()), size(n))
-                }
-                Progress::Fetched { .. } => {}
-                Progress::Present { digest } => {
-                    eprintln!("  {} already here", short(&digest.to_string()))
-                }
-                Progress::Unpacking => eprintln!("  unpacking"),
-            };
-            cordon_image::registry::pull(store, &parsed, creds, &say)
-                .await
-                .map_err(|e| {
-                    let e = e.to_string();
-                    if e.contains("Not authorized") {
-                        format!(
-                            "{e}\n  log in with `podman login`, `skopeo login` or `docker login`: cordon reads the credentials they save (docs/images.md)"
-                        )
-                    } else {
-                        e
-                    }
-                })
-        }
-        ImageRef::Layout { dir, tag } => {
-            let (store, dir, tag, name) =
-                (store.clone(), dir.clone(), tag.clone(), parsed.to_string());
-            tokio::task::spawn_blocking(move || store.import_layout(&dir, tag.as_deref(), &name))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())
-        }
-        ImageRef::DockerArchive(file) => {
-            let (store, file, name) = (store.clone(), file.clone(), parsed.to_string());
-            tokio::task::spawn_blocking(move || store.import_archive(&file, &name))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())
-        }
-    }
+    fetch(store, &parsed, &Sources::from_env(), &say)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 fn short(digest: &str) -> &str {

@@ -80,6 +80,18 @@ pub struct ServeArgs {
     /// (repeatable; `TENANT=` alone: nothing)
     #[arg(long = "tenant-allow", value_name = "TENANT=HOSTS", value_parser = parse_tenant_allow)]
     pub tenant_allow: Vec<(String, Vec<String>)>,
+    /// An image tenants' jobs and sessions may ask for (repeatable):
+    /// NAME=SOURCE (SOURCE a registry reference, oci:DIR[:TAG] or
+    /// docker-archive:FILE on this machine), a registry reference as its own
+    /// name, or HOST/PATH/* for any image under a registry path, pulled on
+    /// first use. `sandbox.image` is the default of those that name none
+    #[arg(long = "image", value_name = "NAME=SOURCE", value_parser = parse_image_entry)]
+    pub images: Vec<cordon_server::catalog::CatalogEntry>,
+    /// A tenant's own images instead of all --image's: TENANT=NAME[,NAME...]
+    /// (names or HOST/PATH/* as given to --image; `TENANT=` alone: the
+    /// default only)
+    #[arg(long = "tenant-images", value_name = "TENANT=NAMES", value_parser = parse_tenant_images)]
+    pub tenant_images: Vec<(String, Vec<String>)>,
     /// Let the ceilings' names resolve to private, loopback or link-local
     /// addresses (a job must still ask for it with `allow_private`)
     #[arg(long)]
@@ -110,6 +122,24 @@ fn parse_entry(s: &str) -> Result<String, String> {
     s.parse::<cordon_net::Entry>()
         .map(|_| s.trim().to_string())
         .map_err(|e| e.to_string())
+}
+
+fn parse_image_entry(s: &str) -> Result<cordon_server::catalog::CatalogEntry, String> {
+    cordon_server::catalog::CatalogEntry::parse(s)
+}
+
+/// `TENANT=NAME[,NAME...]`.
+fn parse_tenant_images(s: &str) -> Result<(String, Vec<String>), String> {
+    let (tenant, names) = s.split_once('=').ok_or("expected TENANT=NAME[,NAME...]")?;
+    let tenant = tenant.trim();
+    cordon_server::store::check_tenant(tenant)?;
+    let names = names
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect();
+    Ok((tenant.to_string(), names))
 }
 
 /// `TENANT=HOST[,HOST...]`.
@@ -366,6 +396,11 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
     config.pids = Some(sb.pids);
     config.protect_control_files = sb.protect_control_files;
     config.backend = sb.backend;
+    config.images = cordon_server::catalog::ImageCatalog {
+        entries: args.images,
+        tenants: args.tenant_images.into_iter().collect(),
+        default: sb.image.clone(),
+    };
     config.cpus = sb.cpus;
     config.vm = sb.vm.clone();
     // The operator's MCP servers reach agent jobs and API sessions too.

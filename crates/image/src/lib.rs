@@ -11,6 +11,7 @@
 
 pub mod auth;
 pub mod digest;
+pub mod obtain;
 pub mod reference;
 pub mod registry;
 pub mod root;
@@ -31,6 +32,7 @@ pub const LAYERS: &[&str] = &[
     "store",
     "root",
     "registry",
+    "obtain",
 ];
 
 #[cfg(test)]

@@ -152,6 +152,20 @@ pub struct RootImage {
     pub env: Vec<(String, String)>,
 }
 
+impl From<cordon_image::root::SandboxRoot> for RootImage {
+    /// What the store hands over; the working directory is the front
+    /// end's to use.
+    fn from(r: cordon_image::root::SandboxRoot) -> Self {
+        RootImage {
+            layers: r.layers,
+            scratch: r.scratch,
+            uid: r.uid,
+            gid: r.gid,
+            env: r.env,
+        }
+    }
+}
+
 /// The isolation backend of a sandbox.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum BackendKind {

@@ -97,6 +97,11 @@ pub struct ServerConfig {
     pub orphans_after: Duration,
     /// What jobs and sessions may reach through the broker, at most.
     pub network: crate::network::NetworkCeilings,
+    /// The images jobs and sessions may run in, and the default.
+    pub images: crate::catalog::ImageCatalog,
+    /// Where images are kept; `None`: the user's store (see
+    /// `cordon_image::store::default_root`), where `cordon image pull` puts them.
+    pub image_store: Option<PathBuf>,
     /// The environment presets are expanded with (`None`: this process's);
     /// nothing under `data_dir` is ever used.
     pub preset_env: Option<cordon_net::PresetEnv>,
@@ -152,14 +157,21 @@ impl ServerConfig {
             keep_workspaces: Some(KEEP_WORKSPACES),
             orphans_after: ORPHANS_AFTER,
             network: Default::default(),
+            images: Default::default(),
+            image_store: None,
             preset_env: None,
             preset_check: PRESET_CHECK,
         }
     }
 
-    /// A sandbox over `workspace` with the server's defaults.
-    pub fn sandbox(&self, workspace: impl Into<PathBuf>) -> cordon_sandbox::SandboxConfig {
-        self.sandboxes().sandbox(workspace)
+    /// A sandbox over `workspace` with the server's defaults, its root
+    /// made from `image` or else the host's.
+    pub fn sandbox(
+        &self,
+        workspace: impl Into<PathBuf>,
+        image: Option<cordon_sandbox::RootImage>,
+    ) -> cordon_sandbox::SandboxConfig {
+        self.sandboxes().sandbox(workspace, image)
     }
 
     /// What every sandbox gets unless its job or session says otherwise.
@@ -277,9 +289,15 @@ impl SandboxDefaults {
             })
     }
 
-    /// A sandbox over `workspace` with these defaults.
-    pub fn sandbox(&self, workspace: impl Into<PathBuf>) -> cordon_sandbox::SandboxConfig {
+    /// A sandbox over `workspace` with these defaults, its root made from
+    /// `image` or else the host's.
+    pub fn sandbox(
+        &self,
+        workspace: impl Into<PathBuf>,
+        image: Option<cordon_sandbox::RootImage>,
+    ) -> cordon_sandbox::SandboxConfig {
         let mut c = cordon_sandbox::SandboxConfig::new(workspace);
+        c.image = image;
         c.memory = Some(self.memory);
         c.disk = Some(self.disk);
         if self.pids.is_some() {
@@ -292,7 +310,8 @@ impl SandboxDefaults {
         c.backend = self.backend;
         c.cpus = self.cpus;
         c.vm = self.vm.clone();
-        // The kernel behind run_code, when `cordon lab setup` installed it.
+        // The kernel behind run_code, when `cordon lab setup` installed it
+        // (on the host's Python: not in an image).
         cordon_lab::offer(&mut c);
         c
     }

@@ -53,6 +53,15 @@ impl ApiError {
     pub(crate) fn not_found(what: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", format!("no {what}"))
     }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// What is wrong, for a person.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
 }
 
 /// Every error answer.

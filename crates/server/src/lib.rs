@@ -19,8 +19,8 @@
 //! - Shared parts, each with its own type: `caps` (live-session caps),
 //!   `files` (the files API over a workspace), `network` (ceilings and
 //!   live policies), `repos` (reaching a job's repository for its
-//!   tenant), `sandboxes` (the live sandboxes by owner, and
-//!   their Labs), `desktop` (the live view's bridge), `lab` (the Lab's
+//!   tenant), `catalog` (the images tenants may name, made roots),
+//!   `sandboxes` (the live sandboxes by owner, and their Labs), `desktop` (the live view's bridge), `lab` (the Lab's
 //!   opening and bearer route), `live` (the sessions live in this
 //!   process).
 //! - `config`: what the server is told, and the parts of it others take
@@ -33,13 +33,15 @@
 //! - `relay`: a job's requests sent on to the worker that runs it, and a
 //!   worker's check of what it is sent.
 //! - Resources, one module each: `health`, `ui`, `docs`, `mcp`, `jobs`,
-//!   `sessions`, `tokens`, `credentials` (the tenants' git logins).
+//!   `sessions`, `tokens`, `credentials` (the tenants' git logins),
+//!   `tenants`, `images` (the catalog as a tenant sees it).
 //! - On top: `openapi` (the document, from the resources' types and
 //!   paths), `routes` (the router), `worker` (claims, leases, heartbeats,
 //!   and settling a dead worker's jobs), `server` (start and listen).
 
 pub mod archive;
 mod caps;
+pub mod catalog;
 pub mod cluster;
 pub mod config;
 mod credentials;
@@ -49,6 +51,7 @@ mod files;
 mod health;
 pub mod http;
 mod hub;
+mod images;
 pub mod job;
 pub mod jobs;
 mod lab;
@@ -88,6 +91,7 @@ pub const LAYERS: &[&str] = &[
     "files",
     "network",
     "repos",
+    "catalog",
     "config",
     "sandboxes",
     "desktop",
@@ -106,6 +110,7 @@ pub const LAYERS: &[&str] = &[
     "tokens",
     "credentials",
     "tenants",
+    "images",
     "openapi",
     "routes",
     "worker",

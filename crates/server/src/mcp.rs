@@ -24,7 +24,7 @@ pub(crate) fn routes(shared: &Arc<Shared>) -> Router<Arc<Shared>> {
     let dir = shared.config.data_dir.join("mcp");
     let config = shared.config.clone();
     let (service, sessions) = cordon_mcp::http_service(
-        move || config.sandbox(dir.join(format!("mcp_{}", random_hex(12)))),
+        move || config.sandbox(dir.join(format!("mcp_{}", random_hex(12))), None),
         shared.config.session_idle,
         cordon_mcp::Exposure::Authenticated,
     );

@@ -43,6 +43,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(crate::tokens::routes())
         .merge(crate::credentials::routes())
         .merge(crate::tenants::routes())
+        .merge(crate::images::routes())
         .merge(crate::mcp::routes(&shared))
         .merge(crate::openapi::routes())
         .merge(crate::docs::routes())

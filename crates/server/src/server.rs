@@ -19,6 +19,8 @@ pub enum ServeError {
     Network(#[from] cordon_net::PolicyError),
     #[error(transparent)]
     Archive(#[from] crate::archive::ArchiveError),
+    #[error("the image catalog: {0}")]
+    Images(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -188,7 +190,18 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         }
         None => None,
     };
-    let shared = Arc::new(Shared::new(config, store, ceilings, worker, archive));
+    let images = crate::catalog::Images::open(
+        config.images.clone(),
+        config
+            .image_store
+            .clone()
+            .or_else(cordon_image::store::default_root)
+            .as_deref(),
+    )
+    .map_err(ServeError::Images)?;
+    let shared = Arc::new(Shared::new(
+        config, store, ceilings, images, worker, archive,
+    ));
     if let Some(url) = shared
         .config
         .cluster

@@ -45,6 +45,8 @@ pub struct Shared {
     pub(crate) hurried: Cancel,
     /// The operator's network ceilings, expanded.
     pub ceilings: Arc<Ceilings>,
+    /// The images tenants may name, and the store they are kept in.
+    pub images: Arc<crate::catalog::Images>,
     /// The brokers' policies of running jobs and live sessions.
     pub policies: LivePolicies,
     /// This process's Prometheus metrics.
@@ -94,6 +96,7 @@ impl Shared {
         config: ServerConfig,
         store: Store,
         ceilings: Ceilings,
+        images: crate::catalog::Images,
         worker: String,
         archive: Option<crate::archive::Archive>,
     ) -> Shared {
@@ -108,6 +111,7 @@ impl Shared {
         );
         let hub = Arc::new(Hub::default());
         let ceilings = Arc::new(ceilings);
+        let images = Arc::new(images);
         let policies = LivePolicies::default();
         let sandboxes = Arc::new(Sandboxes::default());
         let metrics = Arc::new(crate::metrics::Metrics::default());
@@ -119,6 +123,7 @@ impl Shared {
                 store: store.clone(),
                 hub: hub.clone(),
                 ceilings: ceilings.clone(),
+                images: images.clone(),
                 policies: policies.clone(),
                 sandboxes: sandboxes.clone(),
                 metrics: metrics.clone(),
@@ -141,6 +146,7 @@ impl Shared {
             cut_short,
             hurried: Cancel::new(),
             ceilings,
+            images,
             policies,
             metrics,
             worker,

@@ -80,6 +80,7 @@ mod inspect;
 pub mod layout;
 pub mod oci;
 mod openai;
+pub mod registry;
 mod scenario;
 mod server;
 mod wire;

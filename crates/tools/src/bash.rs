@@ -370,7 +370,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 impl Shell {
     async fn start(ctx: &ToolContext) -> Result<Shell, String> {
-        let req = ExecRequest::argv(["bash", "--noprofile", "--norc"])
+        let req = ExecRequest::bash_reading_stdin()
             .cwd("/workspace")
             // Pagers and editors would wait for a terminal that is not there.
             .env("PAGER", "cat")

@@ -35,6 +35,12 @@ pub struct ExecRequest {
     pub pty: Option<WinSize>,
 }
 
+/// Runs its arguments with bash where the root has it, else with `sh`
+/// (bash's own `--noprofile`/`--norc` dropped, which `sh` would take for
+/// a script's name).
+const PREFER_BASH: &str = "if command -v bash >/dev/null 2>&1; then exec bash \"$@\"; fi; \
+     while [ \"$1\" = --noprofile ] || [ \"$1\" = --norc ]; do shift; done; exec sh \"$@\"";
+
 impl ExecRequest {
     /// A command given as argv; `argv[0]` is looked up in `PATH`.
     pub fn argv<I, S>(args: I) -> Self
@@ -51,6 +57,18 @@ impl ExecRequest {
     /// A command line run by `/bin/sh -c`.
     pub fn shell(command: &str) -> Self {
         Self::argv(["/bin/sh", "-c", command])
+    }
+
+    /// A command line run by bash, or by `sh` in a root without bash (an
+    /// Alpine or busybox image): what users' and models' commands get.
+    pub fn bash(command: &str) -> Self {
+        Self::argv(["/bin/sh", "-c", PREFER_BASH, "sh", "-c", command])
+    }
+
+    /// A bash that reads its commands from stdin (no profile, no rc
+    /// files), or `sh` in a root without bash.
+    pub fn bash_reading_stdin() -> Self {
+        Self::argv(["/bin/sh", "-c", PREFER_BASH, "sh", "--noprofile", "--norc"])
     }
 
     pub fn cwd(mut self, cwd: impl Into<String>) -> Self {

@@ -94,6 +94,14 @@ pub enum JobEvent {
         #[schema(example = "main")]
         base_branch: String,
     },
+    /// The image the job's root was made from: the name it asked for (or
+    /// the server's default) and the manifest digest that ran.
+    Image {
+        #[schema(example = "debian:bookworm")]
+        name: String,
+        #[schema(example = "sha256:4f1a…")]
+        digest: String,
+    },
     /// Something beside the job's own output went wrong (an MCP server
     /// that did not start); shaped like the agent's own events.
     Error(Problem),
@@ -127,6 +135,7 @@ impl JobEvent {
             JobEvent::NetworkRefused { .. } => "network_refused",
             JobEvent::NetworkPolicy(_) => "network_policy",
             JobEvent::Repository { .. } => "repository",
+            JobEvent::Image { .. } => "image",
             JobEvent::Error(_) => "error",
             JobEvent::Requeued { .. } => "requeued",
             JobEvent::Finished { .. } => "finished",

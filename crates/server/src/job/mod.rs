@@ -3,6 +3,7 @@
 //! ([`Job`], what a worker runs), and the states a job moves through.
 
 mod event;
+mod image;
 mod repo;
 mod request;
 mod result;
@@ -17,6 +18,7 @@ pub use request::{
 };
 
 pub use event::{JobEvent, PolicyChanged, Problem, Stream};
+pub use image::{ImageName, MAX_IMAGE_NAME};
 pub use repo::RepoUrl;
 pub use result::{AgentResult, JobResult, StepResult, StepState};
 
@@ -189,6 +191,9 @@ pub struct RunOptions {
     pub backend: Option<cordon_sandbox::BackendKind>,
     /// The repository cloned into the workspace before the job runs.
     pub repo: Option<RepoUrl>,
+    /// The image its root is made from (the server's default filled in
+    /// when the job is submitted); `None`: the host's root.
+    pub image: Option<ImageName>,
 }
 
 impl RunOptions {
@@ -206,6 +211,7 @@ impl RunOptions {
             allow_private: self.egress.as_ref().map(|e| e.allow_private),
             backend: self.backend.map(Backend::from),
             repo: self.repo.clone(),
+            image: self.image.clone(),
         }
     }
 }
@@ -460,6 +466,7 @@ impl Limits {
             egress,
             backend: self.backend.map(Into::into),
             repo: self.repo.clone(),
+            image: self.image.clone(),
         })
     }
 }

@@ -20,7 +20,7 @@ use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa::{PartialSchema, ToSchema};
 
-use super::{JobKind, RepoUrl};
+use super::{ImageName, JobKind, RepoUrl};
 
 /// Reads a `T` from JSON, naming the field at fault: `` `steps[2].command`:
 /// invalid type: integer `5`, expected a string ``.
@@ -305,6 +305,7 @@ pub struct Limits {
     pub allow_private: Option<bool>,
     pub backend: Option<Backend>,
     pub repo: Option<RepoUrl>,
+    pub image: Option<ImageName>,
 }
 
 /// A job kind's struct: its own fields, then the limits every kind takes.
@@ -352,6 +353,8 @@ macro_rules! job_kind {
             pub backend: Option<Backend>,
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub repo: Option<RepoUrl>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub image: Option<ImageName>,
         }
 
         impl $name {
@@ -367,6 +370,7 @@ macro_rules! job_kind {
                     allow_private: None,
                     backend: None,
                     repo: None,
+                    image: None,
                 }
             }
 
@@ -380,6 +384,7 @@ macro_rules! job_kind {
                     allow_private: self.allow_private,
                     backend: self.backend,
                     repo: self.repo.clone(),
+                    image: self.image.clone(),
                 }
             }
 
@@ -392,6 +397,7 @@ macro_rules! job_kind {
                 self.allow_private = l.allow_private;
                 self.backend = l.backend;
                 self.repo = l.repo;
+                self.image = l.image;
                 self
             }
         }

@@ -42,6 +42,8 @@ pub struct Runner {
     mcp_servers: BTreeMap<String, cordon_mcp::ServerSpec>,
     /// The tenant's ceiling, checked again when the job starts.
     ceilings: Arc<Ceilings>,
+    /// The images a job may run in, checked again when it starts.
+    images: Arc<crate::catalog::Images>,
     /// Where a running job's network policy is listed for the API.
     policies: LivePolicies,
     /// Where a running job's sandbox is listed for its live view and Lab.
@@ -61,6 +63,7 @@ pub struct Shares {
     pub store: Store,
     pub hub: Arc<Hub>,
     pub ceilings: Arc<Ceilings>,
+    pub images: Arc<crate::catalog::Images>,
     pub policies: LivePolicies,
     pub sandboxes: Arc<Sandboxes>,
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -83,6 +86,7 @@ impl Runner {
             agent: config.agent.clone(),
             mcp_servers: config.mcp_servers.clone(),
             ceilings: shares.ceilings,
+            images: shares.images,
             policies: shares.policies,
             live: shares.sandboxes,
             metrics: shares.metrics,
@@ -255,7 +259,22 @@ impl Runner {
                 }
             }
         };
-        let mut config = self.sandbox_config(&ws, &req.options);
+        // Obtained here, on the worker that runs it: pulled on first use.
+        let image = match &req.options.image {
+            None => None,
+            Some(name) => match self.images.ready(tenant, name).await {
+                Ok(ready) => {
+                    sink.event(JobEvent::Image {
+                        name: name.to_string(),
+                        digest: ready.image.manifest.to_string(),
+                    })
+                    .await;
+                    Some(ready.root)
+                }
+                Err(e) => return failed(format!("cannot prepare the job's image: {e}")),
+            },
+        };
+        let mut config = self.sandbox_config(&ws, &req.options, image);
         config.display = req.spec.display();
         let backend = config.backend;
         let created = Sandbox::create(config).await;
@@ -284,7 +303,7 @@ impl Runner {
         let deadline = Instant::now() + Duration::from_secs(req.options.timeout_secs);
         let outcome = match req.spec {
             JobSpec::Shell { command } => {
-                let r = ExecRequest::argv(["bash", "-c", &*command]);
+                let r = ExecRequest::bash(&command);
                 exec::single(&sandbox, r, deadline, sink, cancel, self.output_cap).await
             }
             JobSpec::Code { language, code } => match exec::code_request(language, &code) {
@@ -351,8 +370,13 @@ impl Runner {
         outcome
     }
 
-    fn sandbox_config(&self, ws: &Path, options: &RunOptions) -> SandboxConfig {
-        let mut c = self.sandboxes.sandbox(ws);
+    fn sandbox_config(
+        &self,
+        ws: &Path,
+        options: &RunOptions,
+        image: Option<cordon_sandbox::RootImage>,
+    ) -> SandboxConfig {
+        let mut c = self.sandboxes.sandbox(ws, image);
         c.memory = Some(options.memory);
         c.disk = Some(options.disk);
         c.network = options.network.into();

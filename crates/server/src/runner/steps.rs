@@ -48,7 +48,7 @@ pub(super) async fn run_steps(
         sink.begin_step();
         let outcome = match step {
             Step::Shell(s) => {
-                let r = ExecRequest::argv(["bash", "-c", &*s.command]);
+                let r = ExecRequest::bash(&s.command);
                 single(sandbox, r, deadline, sink, cancel, cap).await
             }
             Step::Python(s) | Step::Javascript(s) | Step::Typescript(s) => {

@@ -176,6 +176,21 @@ pub(crate) async fn create(
         None => None,
     };
     let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
+    // Obtained now, so a name the registry lacks fails here and not at
+    // the first message; waking finds it in the store.
+    let image = shared.images.choose(&tenant, asked.image.as_ref())?;
+    if image.is_some() && shared.config.backend != cordon_sandbox::BackendKind::Native {
+        return Err(ApiError::bad_request(
+            "an image runs on the native backend only, for now; this server's is the microvm",
+        ));
+    }
+    if let Some(name) = &image {
+        shared
+            .images
+            .ready(&tenant, name)
+            .await
+            .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "image_unavailable", e))?;
+    }
     let allow_push = asked.allow_push.unwrap_or(false);
     match &asked.repo {
         Some(repo) => crate::repos::admit(&shared.ceilings.of(&tenant), repo).await?,
@@ -232,6 +247,7 @@ pub(crate) async fn create(
         allow: spec.as_ref().map(|s| s.allow.clone()),
         allow_private: spec.map(|s| s.allow_private),
         forked_from: None,
+        image: image.map(String::from),
     }
     .record();
     log.append(&started)

@@ -36,6 +36,11 @@ pub struct NewSession {
     /// pull request.
     #[serde(default)]
     pub allow_push: Option<bool>,
+    /// As a job's: the image the sandbox's root is made from, by a name
+    /// this tenant is offered (`GET /v1/images`); obtained when the
+    /// session is created, kept for its life.
+    #[serde(default)]
+    pub image: Option<crate::job::ImageName>,
 }
 
 /// A message to the agent.

@@ -107,11 +107,34 @@ async fn wake(
             "cannot open the session's workspace",
         )
     })?;
-    let mut sc = shared.config.sandbox(&ws);
     let records = match cordon_agent::log::load::<Value>(&d.join("session.jsonl")) {
         Ok((records, _)) => records,
         Err(_) => Vec::new(),
     };
+    // The image it was created with, still offered to its tenant.
+    let image = match super::started(records.iter().map(|r| &r.data))
+        .and_then(|s| s.image)
+        .map(crate::job::ImageName::try_from)
+    {
+        None => None,
+        Some(Err(e)) => {
+            tracing::error!("session {}: its image: {e}", row.id);
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "cannot read the session's image",
+            ));
+        }
+        Some(Ok(name)) => Some(
+            shared
+                .images
+                .ready(&row.tenant, &name)
+                .await
+                .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "image_unavailable", e))?
+                .root,
+        ),
+    };
+    let mut sc = shared.config.sandbox(&ws, image);
     sc.display = started_display(records.iter().map(|r| &r.data));
     let (network, policy) = logged_network(records.iter().map(|r| &r.data));
     // Within the ceiling as it is now: the operator may have lowered it.

@@ -1,0 +1,432 @@
+//! The images tenants' jobs and sessions may run in: the operator's
+//! catalog, what each tenant may name from it, and a name made a
+//! sandbox's root by the process that runs it.
+//!
+//! A tenant names an image; only the operator says where it comes from.
+//! A name is one the catalog lists (`--image NAME=SOURCE`, where SOURCE may
+//! be a registry reference, or a layout or archive on the server's disk),
+//! the default image, or a registry reference under a repository the
+//! operator opened (`--image HOST/PATH/*`), pulled on first use with the
+//! server's credentials. So a tenant never makes the server read a file of
+//! its own disk (`oci:` and `docker-archive:` are the operator's to write)
+//! nor fetch from a registry the operator did not list: a pull is a
+//! request the server makes on the tenant's behalf.
+
+use std::collections::BTreeMap;
+
+use cordon_image::ImageRef;
+use cordon_image::store::{Image, Store};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::http::ApiError;
+use crate::job::ImageName;
+
+/// One entry of the operator's catalog, as `--image` takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CatalogEntry {
+    /// `NAME=SOURCE`, or a reference offered as its own name.
+    Named { name: String, source: String },
+    /// `HOST/PATH/*`: any image of a repository under this path of a
+    /// registry, named by its reference. Held normalised (`HOST/PATH`).
+    Under { prefix: String },
+}
+
+impl CatalogEntry {
+    /// `NAME=SOURCE`, `HOST/PATH/*` or `REFERENCE`.
+    pub fn parse(s: &str) -> Result<CatalogEntry, String> {
+        let s = s.trim();
+        if let Some((name, source)) = s.split_once('=') {
+            let name = ImageName::try_from(name.trim().to_string())?;
+            let source = source.trim();
+            source
+                .parse::<ImageRef>()
+                .map_err(|e| format!("{}: {e}", name.as_str()))?;
+            return Ok(CatalogEntry::Named {
+                name: name.into(),
+                source: source.to_string(),
+            });
+        }
+        if let Some(prefix) = s.strip_suffix("/*") {
+            return Ok(CatalogEntry::Under {
+                prefix: normalised_prefix(prefix)?,
+            });
+        }
+        let name = ImageName::try_from(s.to_string())?;
+        s.parse::<ImageRef>().map_err(|e| e.to_string())?;
+        Ok(CatalogEntry::Named {
+            name: name.into(),
+            source: s.to_string(),
+        })
+    }
+
+    /// How a tenant's list names this entry.
+    fn key(&self) -> String {
+        match self {
+            CatalogEntry::Named { name, .. } => name.clone(),
+            CatalogEntry::Under { prefix } => format!("{prefix}/*"),
+        }
+    }
+}
+
+/// `HOST/PATH` as references under it are written, so `library/*` and
+/// `docker.io/library/*` are one prefix.
+fn normalised_prefix(prefix: &str) -> Result<String, String> {
+    const PROBE: &str = "cordon-probe";
+    let bad = || {
+        format!(
+            "{prefix}/*: expected a registry and a repository path before /*, such as \
+             registry.example:5000/team/*"
+        )
+    };
+    if prefix.is_empty() || prefix.contains(['@', '*']) || prefix.starts_with("oci:") {
+        return Err(bad());
+    }
+    match format!("{prefix}/{PROBE}").parse::<ImageRef>() {
+        Ok(ImageRef::Registry(r)) => {
+            let whole = format!("{}/{}", r.registry(), r.repository());
+            whole
+                .strip_suffix(&format!("/{PROBE}"))
+                .map(str::to_string)
+                .ok_or_else(bad)
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// The operator's catalog, as configured.
+#[derive(Debug, Clone, Default)]
+pub struct ImageCatalog {
+    pub entries: Vec<CatalogEntry>,
+    /// Tenants offered only some entries (by name, or `HOST/PATH/*`)
+    /// instead of all; an empty list offers none but the default.
+    pub tenants: BTreeMap<String, Vec<String>>,
+    /// The image (a SOURCE) of every job and session that names none, and
+    /// offered to every tenant under that name. None: the host's root.
+    pub default: Option<String>,
+}
+
+/// Why a tenant may not use a name.
+fn refused(name: &str, offered: &[String]) -> ApiError {
+    let list = if offered.is_empty() {
+        "none".to_string()
+    } else {
+        offered.join(", ")
+    };
+    ApiError::new(
+        axum::http::StatusCode::FORBIDDEN,
+        "forbidden",
+        format!(
+            "image {} is not one this server offers you; it offers: {list} (GET /v1/images)",
+            cordon_tools::printable(name)
+        ),
+    )
+}
+
+impl ImageCatalog {
+    /// Checks every entry and the tenants' lists against them.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(d) = &self.default {
+            d.parse::<ImageRef>()
+                .map_err(|e| format!("the default image: {e}"))?;
+        }
+        let keys: Vec<String> = self.entries.iter().map(CatalogEntry::key).collect();
+        for (tenant, names) in &self.tenants {
+            for n in names {
+                if !keys.contains(n) {
+                    return Err(format!(
+                        "tenant {tenant}'s image {n} is not in the catalog (give it with --image)"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any image can be asked for: if not, no store is opened.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.default.is_none()
+    }
+
+    fn offered_to<'a>(&'a self, tenant: &str) -> impl Iterator<Item = &'a CatalogEntry> {
+        let only = self.tenants.get(tenant);
+        self.entries
+            .iter()
+            .filter(move |e| only.is_none_or(|o| o.contains(&e.key())))
+    }
+
+    /// What `tenant` may name, as a list shows it: the default first.
+    pub fn offered(&self, tenant: &str) -> Vec<String> {
+        let mut out: Vec<String> = self.default.iter().cloned().collect();
+        for e in self.offered_to(tenant) {
+            let k = e.key();
+            if !out.contains(&k) {
+                out.push(k);
+            }
+        }
+        out
+    }
+
+    /// The source `name` stands for, if `tenant` may use it: the
+    /// reference or path the server obtains it from.
+    pub fn source(&self, tenant: &str, name: &str) -> Result<String, ApiError> {
+        if self.default.as_deref() == Some(name) {
+            return Ok(name.to_string());
+        }
+        let mut under = Vec::new();
+        for e in self.offered_to(tenant) {
+            match e {
+                CatalogEntry::Named { name: n, source } if n == name => {
+                    return Ok(source.clone());
+                }
+                CatalogEntry::Named { .. } => {}
+                CatalogEntry::Under { prefix } => under.push(prefix),
+            }
+        }
+        // Only a registry's reference may fall under a prefix: never a
+        // path on the server's disk.
+        if !under.is_empty()
+            && !name.starts_with("oci:")
+            && !name.starts_with("docker-archive:")
+            && let Ok(ImageRef::Registry(r)) = name.parse::<ImageRef>()
+        {
+            let repo = format!("{}/{}", r.registry(), r.repository());
+            if under.iter().any(|p| {
+                repo.strip_prefix(p.as_str())
+                    .is_some_and(|rest| rest.starts_with('/'))
+            }) {
+                return Ok(r.whole());
+            }
+        }
+        Err(refused(name, &self.offered(tenant)))
+    }
+}
+
+/// An image in the catalog as `GET /v1/images` lists it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OfferedImage {
+    /// What a job or session names it by (`HOST/PATH/*`: any reference
+    /// under that path).
+    pub name: String,
+    /// Whether jobs and sessions that name none get it.
+    pub default: bool,
+    /// What this server's store holds for it now; none: pulled or
+    /// imported when first used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stored: Option<StoredImage>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StoredImage {
+    /// The manifest's digest.
+    pub digest: String,
+    /// Bytes of its layers, unpacked.
+    pub size: u64,
+    pub layers: usize,
+}
+
+/// The catalog with the store it is obtained into: what the runner and
+/// the sessions make roots with.
+#[derive(Debug, Clone)]
+pub struct Images {
+    catalog: ImageCatalog,
+    /// None when the catalog is empty: no store is opened.
+    store: Option<Store>,
+}
+
+/// A name made ready to be a sandbox's root.
+#[derive(Debug)]
+pub struct Ready {
+    pub image: Image,
+    pub root: cordon_sandbox::RootImage,
+}
+
+impl Images {
+    /// The catalog over the store at `root` (made if need be); none is
+    /// opened for an empty catalog.
+    pub fn open(catalog: ImageCatalog, root: Option<&std::path::Path>) -> Result<Images, String> {
+        catalog.validate()?;
+        let store = match (catalog.is_empty(), root) {
+            (true, _) => None,
+            (false, None) => {
+                return Err(
+                    "the image catalog needs a store: set CORDON_IMAGE_STORE or HOME".into(),
+                );
+            }
+            (false, Some(r)) => Some(Store::open(r).map_err(|e| e.to_string())?),
+        };
+        Ok(Images { catalog, store })
+    }
+
+    pub fn catalog(&self) -> &ImageCatalog {
+        &self.catalog
+    }
+
+    /// What a job or session of `tenant` runs in when it asked for
+    /// `asked`: the name, checked, or the default; `None`: the host root.
+    pub fn choose(
+        &self,
+        tenant: &str,
+        asked: Option<&ImageName>,
+    ) -> Result<Option<ImageName>, ApiError> {
+        match asked {
+            Some(n) => {
+                self.catalog.source(tenant, n.as_str())?;
+                Ok(Some(n.clone()))
+            }
+            None => Ok(self
+                .catalog
+                .default
+                .clone()
+                .and_then(|d| ImageName::try_from(d).ok())),
+        }
+    }
+
+    /// The catalog as `tenant` sees it, with what the store holds.
+    pub fn list(&self, tenant: &str) -> Vec<OfferedImage> {
+        self.catalog
+            .offered(tenant)
+            .into_iter()
+            .map(|name| {
+                let stored = self.store.as_ref().and_then(|s| {
+                    let source = self.catalog.source(tenant, &name).ok()?;
+                    let image = s.get(&source).or_else(|| {
+                        let whole = source.parse::<ImageRef>().ok()?.to_string();
+                        s.get(&whole)
+                    })?;
+                    Some(StoredImage {
+                        digest: image.manifest.to_string(),
+                        size: image.size,
+                        layers: image.layers.len(),
+                    })
+                });
+                OfferedImage {
+                    default: self.catalog.default.as_deref() == Some(name.as_str()),
+                    name,
+                    stored,
+                }
+            })
+            .collect()
+    }
+
+    /// `name` made ready for a sandbox of `tenant`: checked against the
+    /// catalog as it is now, obtained (pulled or imported if the store
+    /// lacks it; concurrent callers download it once), and its root with
+    /// the image's own user.
+    pub async fn ready(&self, tenant: &str, name: &ImageName) -> Result<Ready, String> {
+        let source = self
+            .catalog
+            .source(tenant, name.as_str())
+            .map_err(|e| e.message().to_string())?;
+        let store = self
+            .store
+            .as_ref()
+            .ok_or("this server has no image catalog")?;
+        let shown = cordon_tools::printable(name.as_str()).to_string();
+        let image = cordon_image::obtain::obtain(
+            store,
+            &source,
+            &cordon_image::auth::Sources::from_env(),
+            &|step| tracing::debug!(image = %shown, "{step:?}"),
+        )
+        .await
+        .map_err(|e| format!("image {shown}: {e}"))?;
+        let (store, for_root) = (store.clone(), image.clone());
+        let root = tokio::task::spawn_blocking(move || store.sandbox_root(&for_root, None))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("image {shown}: {e}"))?;
+        Ok(Ready {
+            image,
+            root: root.into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn catalog(entries: &[&str]) -> ImageCatalog {
+        ImageCatalog {
+            entries: entries
+                .iter()
+                .map(|e| CatalogEntry::parse(e).unwrap())
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_tenant_names_only_what_the_operator_offers() {
+        let mut c = catalog(&[
+            "seeds=oci:/var/cache/cordon/environments/seeds",
+            "debian:bookworm",
+            "127.0.0.1:5000/team/*",
+        ]);
+        assert_eq!(
+            c.source("t", "seeds").unwrap(),
+            "oci:/var/cache/cordon/environments/seeds"
+        );
+        assert_eq!(c.source("t", "debian:bookworm").unwrap(), "debian:bookworm");
+        assert_eq!(
+            c.source("t", "127.0.0.1:5000/team/app:1").unwrap(),
+            "127.0.0.1:5000/team/app:1"
+        );
+        assert_eq!(
+            c.source("t", "127.0.0.1:5000/team/deep/app@sha256:0000000000000000000000000000000000000000000000000000000000000000")
+                .unwrap(),
+            "127.0.0.1:5000/team/deep/app@sha256:0000000000000000000000000000000000000000000000000000000000000000"
+        );
+        for denied in [
+            // A file of the server's, however spelled.
+            "oci:/var/cache/cordon/environments/seeds",
+            "oci:/etc",
+            "docker-archive:/etc/shadow",
+            // Not listed, or beside the opened path.
+            "debian:trixie",
+            "127.0.0.1:5000/teammate/app",
+            "127.0.0.1:5000/team",
+            "127.0.0.1:5001/team/app",
+            "169.254.169.254/team/app",
+            "127.0.0.1:5000/team/../x/app",
+        ] {
+            let e = c.source("t", denied).unwrap_err();
+            assert_eq!(e.status(), axum::http::StatusCode::FORBIDDEN, "{denied}");
+            assert!(e.message().contains("GET /v1/images"), "{denied}");
+        }
+        // A tenant's own list replaces the catalog; the default is everyone's.
+        c.tenants.insert("narrow".into(), vec!["seeds".into()]);
+        c.default = Some("debian:bookworm".into());
+        assert!(c.source("narrow", "seeds").is_ok());
+        assert!(c.source("narrow", "debian:bookworm").is_ok());
+        assert!(c.source("narrow", "127.0.0.1:5000/team/app").is_err());
+        assert_eq!(c.offered("narrow"), ["debian:bookworm", "seeds"]);
+        assert_eq!(
+            c.offered("t"),
+            ["debian:bookworm", "seeds", "127.0.0.1:5000/team/*"]
+        );
+        c.validate().unwrap();
+        c.tenants.insert("typo".into(), vec!["sedes".into()]);
+        assert!(c.validate().unwrap_err().contains("sedes"));
+    }
+
+    #[test]
+    fn entries_are_checked_when_given() {
+        assert_eq!(
+            CatalogEntry::parse("library/*").unwrap(),
+            CatalogEntry::parse("docker.io/library/*").unwrap()
+        );
+        for bad in [
+            "",
+            "a b=debian",
+            "x=",
+            "*/*",
+            "/*",
+            "oci:/x/*",
+            "x=not a ref",
+        ] {
+            assert!(CatalogEntry::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}
