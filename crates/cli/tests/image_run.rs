@@ -11,7 +11,6 @@ mod common;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use common::*;
@@ -265,47 +264,9 @@ fn links_in_the_image(t: &Ctx) {
 }
 attack!(links_in_the_image, native);
 
-/// An environment of deploy/environments/, made once per test process by
-/// the script users run (cached by what goes into it), or `None` when this
-/// process cannot make it.
-fn environment(name: &'static str) -> Option<PathBuf> {
-    static MADE: Mutex<Vec<(&'static str, Option<PathBuf>)>> = Mutex::new(Vec::new());
-    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, dir)) = made.iter().find(|(n, _)| *n == name) {
-        return dir.clone();
-    }
-    let dir = make_environment(name);
-    made.push((name, dir.clone()));
-    dir
-}
-
-fn make_environment(name: &str) -> Option<PathBuf> {
-    if euid() != 0 {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "the {name} environment needs root to make; CI=true, so this fails"
-        );
-        eprintln!("notice: skipping: making the {name} environment needs root");
-        return None;
-    }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/environments/build");
-    let out = std::process::Command::new(script)
-        .arg(name)
-        .output()
-        .expect("run deploy/environments/build");
-    assert!(
-        out.status.success(),
-        "deploy/environments/build {name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dir = std::env::var("CORDON_ENV_CACHE")
-        .unwrap_or_else(|_| "/var/cache/cordon/environments".into());
-    Some(Path::new(&dir).join(name))
-}
-
 /// An image of deploy/environments/ with a store of the run's user.
 fn environment_image(t: &Ctx, name: &'static str) -> Option<Image> {
-    let layout = environment(name)?;
+    let layout = cordon_testkit::environments::environment(name)?;
     let store = t.dir().join("store");
     fs::create_dir_all(&store).unwrap();
     if !t.root() {

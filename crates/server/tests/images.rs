@@ -341,3 +341,70 @@ async fn images_under_an_opened_registry_path_are_pulled_on_first_use() {
     assert!(error.contains("cannot prepare the job's image"), "{error}");
     assert!(error.contains("team/absent"), "{error}");
 }
+
+/// The seeds' job kinds in the seeds' environment (deploy/environments/
+/// build seeds) as an operator offers it: Python with its kernel, a
+/// TypeScript program on the image's Node, and a gui job whose steps drive
+/// the image's own X tools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seeds_job_kinds_run_in_the_seeds_environment() {
+    let Some(layout) = cordon_testkit::environments::environment("seeds") else {
+        return;
+    };
+    let source = format!("oci:{}:latest", layout.display());
+    let store = tempfile::tempdir().unwrap();
+    // Warmed first, as an operator would (`cordon image pull`): some
+    // 750 MB to unpack, longer than a job's wait.
+    cordon_image::obtain::obtain(
+        &cordon_image::store::Store::open(store.path()).unwrap(),
+        &source,
+        &cordon_image::auth::Sources { files: vec![] },
+        &|_| {},
+    )
+    .await
+    .unwrap();
+    let s = TestServer::start_with(Db::Sqlite, |c| {
+        c.images = catalog(&[format!("seeds={source}")]);
+        c.image_store = Some(store.path().to_path_buf());
+    })
+    .await
+    .unwrap();
+    let t = s.token("acme").await;
+    let python = s
+        .submit(
+            &t,
+            json!({"kind": "python", "image": "seeds", "memory": "1G",
+                   "code": "import ipykernel, sys\nprint('python', sys.version_info[0])"}),
+        )
+        .await;
+    let typescript = s
+        .submit(
+            &t,
+            json!({"kind": "typescript", "image": "seeds",
+                   "code": "const n: number = 6 * 7;\nconsole.log(`ts ${n}`)"}),
+        )
+        .await;
+    let gui = s
+        .submit(
+            &t,
+            json!({"kind": "gui", "image": "seeds", "display": "800x600", "memory": "1G", "steps": [
+                {"tool": "shell", "command": "xdotool getdisplaygeometry"},
+                {"tool": "computer", "action": "screenshot"}
+            ]}),
+        )
+        .await;
+    let job = s.wait(&t, &python).await;
+    assert_eq!(job["stdout"], "python 3\n", "{job}");
+    let job = s.wait(&t, &typescript).await;
+    assert_eq!(job["stdout"], "ts 42\n", "{job}");
+    let job = s.wait(&t, &gui).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert!(
+        job["stdout"].as_str().unwrap().starts_with("800 600\n"),
+        "{job}"
+    );
+    assert_eq!(
+        job["result"]["steps"][1]["screenshot"],
+        "screenshots/step-02.png"
+    );
+}

@@ -74,6 +74,7 @@
 //! ```
 
 mod anthropic;
+pub mod environments;
 pub mod forge;
 pub mod git_remote;
 mod inspect;
