@@ -1,12 +1,16 @@
 //! The escape battery: real attacks made from inside `cordon run`.
 //!
-//! Every attack runs three times, as `<attack>::root` (cordon started by
+//! Every attack runs four times, as `<attack>::root` (cordon started by
 //! root: cgroup limits, sandbox uid 0 is a host uid of its own over
-//! idmapped mounts), as `<attack>::unprivileged` (cordon started as uid/gid 65534, or as the
-//! invoking user when the tests do not run as root: rlimits) and as
-//! `<attack>::microvm` (cordon started by root with the microvm backend
-//! under TCG). Each asserts the precise way the attempt fails and that the
-//! host is unchanged.
+//! idmapped mounts), as `<attack>::unprivileged` (cordon started as uid/gid
+//! 65534, or as the invoking user when the tests do not run as root:
+//! rlimits), as `<attack>::microvm` (cordon started by root with the
+//! microvm backend under TCG) and as `in_image::<attack>` (cordon started
+//! by root with the seeds environment as the root: root inside, with a
+//! package manager's capabilities in its own user namespace and a writable
+//! layer of its own). Each asserts the precise way the attempt fails and
+//! that the host (and, in an image, the store's shared layers) is
+//! unchanged.
 //!
 //! In a microVM the command is the guest's root, with every capability and
 //! no seccomp filter, on the guest's own kernel: what only touches the guest
@@ -142,6 +146,18 @@ fn write_to_usr(t: &Ctx) {
         "echo pwned > /usr/{name}; echo pwned > /usr/bin/{name}; echo pwned > /bin/{name}.b; \
          mkdir /usr/lib/{name}; touch -c /usr/bin/env; chmod 777 /usr/bin/env; echo done"
     ));
+    if t.image() {
+        // An image's root writes its own layer: every write lands there,
+        // and there only.
+        out.code(0).line("done").lacks("Read-only").lacks("denied");
+        assert_absent(&out, &[format!("/usr/{name}"), format!("/usr/lib/{name}")]);
+        assert_unchanged(&out, &before);
+        t.assert_gone_with_the_sandbox(
+            &out,
+            &[&format!("/usr/{name}"), &format!("/usr/bin/{name}")],
+        );
+        return;
+    }
     out.code(0)
         .line("done")
         .stderr_has(&format!("/usr/{name}: Read-only file system"))
@@ -197,6 +213,18 @@ fn write_to_etc(t: &Ctx) {
         "echo pwned > /etc/{name}; printf '' >> {etc}; touch -c {etc}; \
          echo 'evil::0:0::/:/bin/sh' >> /etc/passwd; {remount}echo done"
     ));
+    if t.image() {
+        // The image's /etc is its own (cordon's hosts, hostname and
+        // resolv.conf in it): root inside writes it, the host's stays.
+        out.code(0).line("done").lacks("Read-only").lacks("denied");
+        assert_absent(&out, &[format!("/etc/{name}")]);
+        assert_unchanged(&out, &before);
+        if fs::read_to_string("/etc/passwd").is_ok_and(|p| p.contains("evil::0:0")) {
+            out.fail("HOST CHANGED: /etc/passwd has the sandbox's user");
+        }
+        t.assert_gone_with_the_sandbox(&out, &[&format!("/etc/{name}")]);
+        return;
+    }
     let append = if t.vm() {
         "Read-only file system"
     } else {
@@ -226,9 +254,9 @@ fn write_to_root_dir(t: &Ctx) {
         "touch /{name}; mkdir /{name}.d; ln -s /etc /{name}.l; mv /workspace /{name}.w; \
          ls -d /{name}*; echo done"
     ));
-    if t.vm() {
-        // The guest's / is its own initramfs, writable by its root; the
-        // workspace is a mount point there.
+    if t.own_root() {
+        // The guest's / is its own initramfs, an image's its own layer,
+        // writable by its root; the workspace is a mount point there.
         out.code(0)
             .line("done")
             .line(&format!("/{name}"))
@@ -272,6 +300,7 @@ fn write_to_root_dir(t: &Ctx) {
         ],
     );
     assert!(t.workspace.is_dir());
+    t.assert_gone_with_the_sandbox(&out, &[&format!("/{name}"), &format!("/{name}.d")]);
 }
 attack!(write_to_root_dir);
 
@@ -330,10 +359,16 @@ fn symlink_planted_by_host(t: &Ctx) {
         .stderr_has("canary-link: No such file or directory")
         .stderr_has("cat: secret-link: No such file or directory")
         .stderr_has("cat: rel/secret: No such file or directory")
-        .stderr_has(&format!("etc/{name}: Read-only file system"))
         .stderr_has(&format!("up/{name}: No such file or directory"))
         .stderr_has("ls: cannot access 'abs/': No such file or directory")
         .lacks("host-secret-token");
+    if t.image() {
+        // /etc is the image's own, writable: the link leads there.
+        out.lacks(&format!("etc/{name}:"));
+        t.assert_gone_with_the_sandbox(&out, &[&format!("/etc/{name}")]);
+    } else {
+        out.stderr_has(&format!("etc/{name}: Read-only file system"));
+    }
     assert_unchanged(&out, &before);
     assert_absent(
         &out,
@@ -365,9 +400,16 @@ fn symlink_created_inside(t: &Ctx) {
         .line("done")
         .stderr_has("in-abs/canary: No such file or directory")
         .stderr_has("in-rel/canary: No such file or directory")
-        .stderr_has(&format!("in-etc/{name}: Read-only file system"))
         .stderr_has("in-file: No such file or directory");
-    if t.vm() {
+    if t.image() {
+        // / and /etc are the image's own: the links lead there, and pid
+        // 1's root stays closed.
+        out.lacks(&format!("in-etc/{name}:"))
+            .lacks(&format!("in-root/{name}:"))
+            .stderr_has("ls: cannot access 'in-init/': Permission denied");
+        t.assert_gone_with_the_sandbox(&out, &[&format!("/etc/{name}"), &format!("/{name}")]);
+    } else if t.vm() {
+        out.stderr_has(&format!("in-etc/{name}: Read-only file system"));
         // The guest's / is its own, writable initramfs, and its root may
         // look through pid 1's root: both lead to the guest's / only.
         out.line(&name)
@@ -376,7 +418,8 @@ fn symlink_created_inside(t: &Ctx) {
             .lacks(&format!("in-root/{name}:"))
             .lacks("in-init/");
     } else {
-        out.stderr_has(&format!("in-root/{name}: Read-only file system"))
+        out.stderr_has(&format!("in-etc/{name}: Read-only file system"))
+            .stderr_has(&format!("in-root/{name}: Read-only file system"))
             .stderr_has("ls: cannot access 'in-init/': Permission denied");
     }
     // The links were made (in the workspace), the writes went nowhere.
@@ -400,19 +443,27 @@ fn write_via_proc_self_root(t: &Ctx) {
     ));
     out.code(0)
         .line("done")
-        .stderr_has(&format!(
-            "/proc/self/root/usr/{name}: Read-only file system"
-        ))
         .stderr_has(&format!("/proc/self/root{c}: No such file or directory"))
         .stderr_has(&format!(
             "cat: /proc/self/root{s}: No such file or directory"
         ))
         .lacks("host-secret-token");
-    if t.vm() {
+    if t.image() {
+        // Each lands in the image's own layer.
+        out.lacks(&format!("/usr/{name}:"))
+            .lacks(&format!("/../{name}:"));
+        t.assert_gone_with_the_sandbox(&out, &[&format!("/usr/{name}"), &format!("/{name}")]);
+    } else if t.vm() {
         // Both land in the guest's own writable /.
-        out.lacks(&format!("/../{name}:"));
+        out.stderr_has(&format!(
+            "/proc/self/root/usr/{name}: Read-only file system"
+        ))
+        .lacks(&format!("/../{name}:"));
     } else {
         out.stderr_has(&format!(
+            "/proc/self/root/usr/{name}: Read-only file system"
+        ))
+        .stderr_has(&format!(
             "/proc/self/root/../../{name}: Read-only file system"
         ))
         .stderr_has(&format!("/proc/self/cwd/../{name}: Read-only file system"));
@@ -491,9 +542,10 @@ fn dotdot_from_workspace(t: &Ctx) {
     if listing.split_whitespace().any(|e| e == "outside") || !listing.contains("workspace") {
         out.fail("/workspace/.. is not the sandbox root");
     }
-    if t.vm() {
-        // The guest's own / is writable by its root.
+    if t.own_root() {
+        // The guest's own /, an image's own layer, is writable by its root.
         out.lacks(&format!("/workspace/../{name}:"));
+        t.assert_gone_with_the_sandbox(&out, &[&format!("/{name}")]);
     } else {
         out.stderr_has(&format!("/workspace/../{name}: Read-only file system"));
     }
@@ -851,6 +903,32 @@ fn read_root_home(t: &Ctx) {
     let out = t.sh(
         "ls -a /root; cat /root/.bashrc; cat /root/.ssh/id_rsa; ls -A /home | wc -l; echo done",
     );
+    if t.image() {
+        // The image's own /root (Debian's skeleton), none of the host's.
+        out.code(0)
+            .line("done")
+            .line("0")
+            .line(".bashrc")
+            .stderr_has("cat: /root/.ssh/id_rsa: No such file or directory");
+        let image_bashrc = t
+            .image_file("/root/.bashrc")
+            .expect("the image has /root/.bashrc");
+        out.stdout_has(
+            String::from_utf8_lossy(&image_bashrc)
+                .lines()
+                .next()
+                .unwrap(),
+        );
+        for host in fs::read_dir("/root").into_iter().flatten().flatten() {
+            let name = host.file_name().to_string_lossy().into_owned();
+            if t.image_file(&format!("/root/{name}")).is_none()
+                && out.stdout.lines().any(|l| l == name)
+            {
+                out.fail(format_args!("the host's /root/{name} is listed"));
+            }
+        }
+        return;
+    }
     out.code(0)
         .line("done")
         .line("0")
@@ -869,6 +947,22 @@ attack!(read_root_home);
 /// Read /etc/shadow and other host secrets under /etc.
 fn read_etc_shadow(t: &Ctx) {
     let out = t.sh("cat /etc/shadow; cat /etc/gshadow; cat /etc/sudoers; ls /etc/ssh; ls /etc/ssl/private; echo done");
+    if t.image() {
+        // The image's own shadow file, readable by its root; no hash of
+        // the host's in it.
+        let image_shadow = t
+            .image_file("/etc/shadow")
+            .expect("the image has /etc/shadow");
+        out.code(0)
+            .line("done")
+            .stdout_has(&String::from_utf8_lossy(&image_shadow));
+        if let Ok(shadow) = fs::read_to_string("/etc/shadow") {
+            for l in shadow.lines().filter(|l| l.contains('$')) {
+                out.lacks(l);
+            }
+        }
+        return;
+    }
     out.code(0)
         .line("done")
         .stderr_has("cat: /etc/shadow: No such file or directory")
@@ -890,7 +984,7 @@ fn env_canary(t: &Ctx) {
     let out = t.sh("env; for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done; cat /proc/1/environ; echo done");
     out.code(0)
         .line("done")
-        .line("HOME=/tmp")
+        .line(if t.image() { "HOME=/root" } else { "HOME=/tmp" })
         .lacks(&t.env_canary)
         .lacks("CORDON_CANARY");
     if t.vm() {
@@ -1756,6 +1850,38 @@ fn setuid_binaries(t: &Ctx) {
             .line("2");
         return;
     }
+    if t.image() {
+        // Root inside already, with the capabilities of its own namespace
+        // and no more; the workspace and /tmp are nosuid. As another user
+        // of the image the same binaries give nothing.
+        out.code(0)
+            .line("done")
+            .line("Uid:\t0\t0\t0\t0")
+            .line("Gid:\t0\t0\t0\t0")
+            .line(&format!("CapEff:\t{IMAGE_CAPS}"))
+            .line(&format!("CapPrm:\t{IMAGE_CAPS}"))
+            .line("NoNewPrivs:\t1")
+            .line("2");
+        let nobody = t.run(
+            &["--user", "nobody"],
+            &[
+                "sh",
+                "-c",
+                "./suid-id; ./suid-cat /proc/self/status | grep -E '^(Uid|CapEff):'",
+            ],
+        );
+        nobody
+            .code(0)
+            .line("Uid:\t65534\t65534\t65534\t65534")
+            .line("CapEff:\t0000000000000000");
+        if !nobody
+            .stdout
+            .starts_with("uid=65534(nobody) gid=65534(nogroup)")
+        {
+            nobody.fail("the setuid id changed the identity of image's nobody");
+        }
+        return;
+    }
     let (u, g) = (t.uid, t.gid);
     out.code(0)
         .line("done")
@@ -1786,6 +1912,10 @@ attack!(setuid_binaries);
 /// Every capability of the guest kernel (6.1: CAP_LAST_CAP is 40).
 const GUEST_CAPS: &str = "000001ffffffffff";
 
+/// Root's capabilities inside an image: CHOWN, DAC_OVERRIDE, FOWNER,
+/// FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE and SETFCAP.
+const IMAGE_CAPS: &str = "00000000800004fb";
+
 /// Check every capability set is empty and cannot be raised.
 fn capabilities_zero(t: &Ctx) {
     let out = t.sh("grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status");
@@ -1799,6 +1929,16 @@ fn capabilities_zero(t: &Ctx) {
             .line("CapAmb:\t0000000000000000")
             .line("NoNewPrivs:\t0")
             .line("Seccomp:\t0");
+    } else if t.image() {
+        // Root inside an image keeps what a package manager needs, in the
+        // sandbox's own user namespace (docs/images.md), and no more.
+        out.line("CapInh:\t0000000000000000")
+            .line(&format!("CapPrm:\t{IMAGE_CAPS}"))
+            .line(&format!("CapEff:\t{IMAGE_CAPS}"))
+            .line(&format!("CapBnd:\t{IMAGE_CAPS}"))
+            .line("CapAmb:\t0000000000000000")
+            .line("NoNewPrivs:\t1")
+            .line("Seccomp:\t2");
     } else {
         for l in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
             out.line(&format!("{l}:\t0000000000000000"));
@@ -1861,6 +2001,23 @@ for name, call in (('setgid', os.setgid), ('setuid', os.setuid)):
     except OSError as e:
         print(name + ': ' + errno.errorcode[e.errno])
 "#);
+    if t.image() {
+        // Root in an image takes any identity of the 65536 its namespace
+        // maps, and none beyond; supplementary groups stay empty, as
+        // setgroups succeeds without effect here too.
+        out.code(0)
+            .line("setgroups: ok")
+            .line("groups unchanged: True")
+            .line("status: Groups:")
+            .line("setgid: allowed")
+            .line("setuid: allowed");
+        t.py(
+            "import errno, os\nfor call in (os.setgid, os.setuid):\n    try:\n        call(65536)\n        print('allowed')\n    except OSError as e:\n        print(errno.errorcode[e.errno])\n",
+        )
+        .code(0)
+        .only_lines(&["EINVAL", "EINVAL"]);
+        return;
+    }
     if t.vm() {
         // The guest's root may take any identity of the guest's.
         out.code(0)
@@ -1925,14 +2082,19 @@ fn mount_filesystems(t: &Ctx) {
         let sh = t.sh("n=$(wc -l < /proc/self/mountinfo); mount -t tmpfs none /tmp; echo mount-exit=$?; \
              mount --bind /workspace /usr; mount -o remount,rw /usr; \
              [ \"$n\" = \"$(wc -l < /proc/self/mountinfo)\" ] && echo mounts-unchanged; touch /usr/x");
-        sh.code(1)
-            .line("mount-exit=32")
+        sh.line("mount-exit=32")
             .line("mounts-unchanged")
             .stderr_has(t.pick(
                 "mount: /tmp: permission denied.",
                 "mount: /tmp: must be superuser to use mount.",
-            ))
-            .stderr_has("touch: cannot touch '/usr/x': Read-only file system");
+            ));
+        if t.image() {
+            // Its /usr is its own layer's: writable without a mount.
+            sh.code(0);
+        } else {
+            sh.code(1)
+                .stderr_has("touch: cannot touch '/usr/x': Read-only file system");
+        }
     }
 }
 attack!(mount_filesystems);
@@ -2993,3 +3155,92 @@ fn background_process_outlives_session(t: &Ctx) {
     }
 }
 attack!(background_process_outlives_session);
+
+/// The battery again with an image as the root (the seeds environment)
+/// and root inside, cordon started by root (`in_image::<attack>`) and as
+/// uid 65534 (`in_image_unprivileged::<attack>`). What root inside may do
+/// differently (write its own root, chown in it) each attack says; what it
+/// must not (reach the host, keep a capability outside its namespaces,
+/// leave a set-id file the host would honour) holds the same.
+macro_rules! in_images {
+    ($($name:ident),* $(,)?) => {
+        mod in_image {
+            attack!(@in_image Image: $($name),*);
+        }
+        /// Cordon started as uid 65534, with its subordinate ids.
+        mod in_image_unprivileged {
+            attack!(@in_image ImageUnprivileged: $($name),*);
+        }
+    };
+}
+
+in_images!(
+    write_to_usr,
+    write_to_etc,
+    write_to_root_dir,
+    write_to_host_path,
+    symlink_planted_by_host,
+    symlink_created_inside,
+    write_via_proc_self_root,
+    write_via_proc_1_root,
+    dotdot_from_workspace,
+    write_to_ro_bind,
+    hardlink_host_file,
+    mknod_device,
+    chmod_host_device_node,
+    chmod_global_proc_entry,
+    setuid_binary_planted_in_workspace,
+    read_host_secret_file,
+    read_root_home,
+    read_etc_shadow,
+    env_canary,
+    read_kernel_log,
+    inherited_fds,
+    kernel_command_line,
+    tcp_to_host_listener,
+    tcp_to_host_listener_loopback_mode,
+    udp_to_host,
+    udp_to_host_loopback_mode,
+    dns_resolution,
+    raw_socket,
+    packet_and_exotic_sockets,
+    netlink_sees_only_lo,
+    netlink_create_interface,
+    unix_socket_to_host,
+    host_process_invisible,
+    kill_host_process,
+    ptrace_supervisor,
+    supervisor_proc_files,
+    signal_supervisor,
+    freeze_supervisor_past_timeout,
+    host_name_and_clock,
+    sysctl_write,
+    setuid_binaries,
+    capabilities_zero,
+    setgroups_and_identity,
+    mount_filesystems,
+    umount_filesystems,
+    pivot_root,
+    new_namespaces,
+    chroot_escape,
+    setns_to_supervisor,
+    kexec_load,
+    kernel_modules,
+    bpf,
+    perf_event_open,
+    userfaultfd,
+    keyring,
+    io_uring,
+    clone3_enosys,
+    x32_abi,
+    open_by_handle_at,
+    tiocsti,
+    fork_bomb,
+    fork_exhaustion,
+    memory_hog,
+    endless_output,
+    endless_loop,
+    fill_tmp,
+    console_flood,
+    background_process_outlives_session,
+);

@@ -62,6 +62,18 @@ macro_rules! attack {
             attack!(@test microvm, Microvm, $name, [$($vm_attr)*]);
         }
     };
+    // The battery in an image: each attack's `in_image` variant, listed
+    // once in a module of its own (see escape.rs).
+    (@in_image $mode:ident: $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                if let Some(t) = crate::common::Ctx::new(crate::common::Mode::$mode) {
+                    super::$name(&t);
+                }
+            }
+        )*
+    };
     // One variant: the attack function `$name` in `Mode::$mode`.
     (@test $variant:ident, $mode:ident, $name:ident, [$($attr:meta)*]) => {
         #[test]
@@ -100,6 +112,56 @@ pub enum Mode {
     /// so that no warning joins stderr): commands run as the guest's root,
     /// with every capability, on the guest's own kernel.
     Microvm,
+    /// As root, with the native backend and an image as the root (the
+    /// seeds environment of deploy/environments/): commands run as root
+    /// inside, with the capabilities a package manager needs in the
+    /// sandbox's own user namespace, over a writable layer of their own.
+    Image,
+    /// [`Mode::Image`] with cordon started as uid/gid 65534, its ids
+    /// inside from its range in `/etc/subuid` (scripts/test gives one).
+    ImageUnprivileged,
+}
+
+/// The image the image modes run in, as `CORDON_IMAGE` names it, and the
+/// store it is kept in (root's, or one of uid 65534's own): one for every
+/// test process, kept between runs (unpacking it takes seconds), beside
+/// the environments' cache.
+fn escape_image(unprivileged: bool) -> Option<(String, PathBuf)> {
+    let layout = cordon_testkit::environments::environment("seeds")?;
+    let store = layout
+        .parent()
+        .expect("the cache has a parent")
+        .join(if unprivileged {
+            ".test-store-65534"
+        } else {
+            ".test-store"
+        });
+    let image = format!("oci:{}:latest", layout.display());
+    // Unpacked once per process and store before any run, not by the
+    // first run against its deadline.
+    static PULLED: [std::sync::Once; 2] = [std::sync::Once::new(), std::sync::Once::new()];
+    PULLED[usize::from(unprivileged)].call_once(|| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cordon"));
+        // Kept until the pull is done: the last holder removes it.
+        let bin = unprivileged.then(shared_binary);
+        if let Some(bin) = &bin {
+            fs::create_dir_all(&store).unwrap();
+            std::os::unix::fs::chown(&store, Some(NOBODY), Some(NOBODY)).unwrap();
+            cmd = Command::new(&bin.path);
+            cmd.uid(NOBODY).gid(NOBODY);
+        }
+        let out = cmd
+            .args(["image", "pull", &image])
+            .env("CORDON_IMAGE_STORE", &store)
+            .output()
+            .expect("run cordon image pull");
+        assert!(
+            out.status.success(),
+            "cordon image pull {image}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    Some((image, store))
 }
 
 pub fn euid() -> u32 {
@@ -171,6 +233,8 @@ pub struct Ctx {
     bin: Option<Arc<BinDir>>,
     /// Injected into the environment of every `cordon run` process.
     pub env_canary: String,
+    /// In [`Mode::Image`]: `CORDON_IMAGE` and `CORDON_IMAGE_STORE`.
+    image: Option<(String, PathBuf)>,
 }
 
 impl Ctx {
@@ -178,7 +242,7 @@ impl Ctx {
     /// root variant cannot run here. Under CI=true it fails instead.
     pub fn new(mode: Mode) -> Option<Ctx> {
         let root = euid() == 0;
-        if mode != Mode::Unprivileged && !root {
+        if !matches!(mode, Mode::Unprivileged | Mode::ImageUnprivileged) && !root {
             if in_ci() {
                 panic!(
                     "this {mode:?} variant needs the tests to run as root (euid is {}); CI=true, so it fails rather than skips",
@@ -188,7 +252,12 @@ impl Ctx {
             eprintln!("notice: skipping the {mode:?} variant: the tests are not running as root");
             return None;
         }
-        let switch_user = mode == Mode::Unprivileged && root;
+        let switch_user = matches!(mode, Mode::Unprivileged | Mode::ImageUnprivileged) && root;
+        let image = match mode {
+            Mode::Image => Some(escape_image(false)?),
+            Mode::ImageUnprivileged => Some(escape_image(true)?),
+            _ => None,
+        };
         let dir = tempfile::Builder::new()
             .prefix("cordon-escape-")
             .tempdir()
@@ -202,10 +271,12 @@ impl Ctx {
             fs::create_dir(d).unwrap();
             fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
         }
-        let (uid, gid) = if switch_user {
+        if switch_user {
             std::os::unix::fs::chown(&workspace, Some(NOBODY), Some(NOBODY)).unwrap();
+        }
+        let (uid, gid) = if switch_user && mode == Mode::Unprivileged {
             (NOBODY, NOBODY)
-        } else if mode == Mode::Microvm {
+        } else if matches!(mode, Mode::Microvm | Mode::Image | Mode::ImageUnprivileged) {
             (0, 0)
         } else {
             (euid(), rustix::process::getegid().as_raw())
@@ -219,13 +290,75 @@ impl Ctx {
             uid,
             gid,
             bin: switch_user.then(shared_binary),
+            image,
             env_canary: format!("cordon-env-canary-{}", unique()),
         })
     }
 
-    /// The native backend started by root.
+    /// The native backend started by root (on the host's root or an
+    /// image).
     pub fn root(&self) -> bool {
-        self.mode == Mode::Root
+        matches!(self.mode, Mode::Root | Mode::Image)
+    }
+
+    /// The root is an image, with root inside.
+    pub fn image(&self) -> bool {
+        matches!(self.mode, Mode::Image | Mode::ImageUnprivileged)
+    }
+
+    /// The sandbox's `/` is its own and its root may write it: a guest's
+    /// initramfs, an image's writable layer.
+    pub fn own_root(&self) -> bool {
+        self.vm() || self.image()
+    }
+
+    /// In [`Mode::Image`]: the unpacked layers of the store.
+    fn image_layers(&self) -> Vec<PathBuf> {
+        let Some((_, store)) = &self.image else {
+            return Vec::new();
+        };
+        fs::read_dir(store.join("layers"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// In [`Mode::Image`]: the image's own copy of `path` (absolute, as
+    /// the sandbox sees it), from the layer that has it.
+    pub fn image_file(&self, path: &str) -> Option<Vec<u8>> {
+        let rel = path.trim_start_matches('/');
+        self.image_layers()
+            .iter()
+            .find_map(|l| fs::read(l.join(rel)).ok())
+    }
+
+    /// In [`Mode::Image`]: what a run wrote to `paths` of its root stayed
+    /// in its own writable layer: no layer of the store (shared by every
+    /// sandbox) has them, and the next sandbox does not see them.
+    #[track_caller]
+    pub fn assert_gone_with_the_sandbox(&self, out: &Out, paths: &[&str]) {
+        if !self.image() {
+            return;
+        }
+        for layer in self.image_layers() {
+            for p in paths {
+                if fs::symlink_metadata(layer.join(p.trim_start_matches('/'))).is_ok() {
+                    out.fail(format_args!(
+                        "IMAGE CHANGED: {p} reached the shared layer {}",
+                        layer.display()
+                    ));
+                }
+            }
+        }
+        let next = self.sh(&format!("ls -d {} 2>&1; echo done", paths.join(" ")));
+        next.code(0).line("done");
+        for p in paths {
+            next.stdout_has(&format!("'{p}': No such file or directory"));
+        }
     }
 
     /// The microvm backend: the command runs as root inside a guest.
@@ -248,7 +381,8 @@ impl Ctx {
     #[track_caller]
     pub fn pick<'a>(&self, root: &'a str, unprivileged: &'a str) -> &'a str {
         match self.mode {
-            Mode::Root => root,
+            // In an image the command is root inside whoever started it.
+            Mode::Root | Mode::Image | Mode::ImageUnprivileged => root,
             Mode::Unprivileged => unprivileged,
             Mode::Microvm => panic!("pick() has no microvm expectation; branch on t.vm()"),
         }
@@ -289,6 +423,15 @@ impl Ctx {
         } else {
             cmd.env_remove("CORDON_BACKEND")
                 .env_remove("CORDON_VM_ACCEL");
+        }
+        match &self.image {
+            Some((image, store)) => {
+                cmd.env("CORDON_IMAGE", image)
+                    .env("CORDON_IMAGE_STORE", store);
+            }
+            None => {
+                cmd.env_remove("CORDON_IMAGE");
+            }
         }
         if self.switch_user {
             // std clears the supplementary groups (setgroups(0)) when it
