@@ -113,6 +113,12 @@ pub struct ForkedFrom {
 }
 
 impl SessionStarted {
+    /// The same record, naming the image its sandbox runs in.
+    pub fn in_image(mut self, image: Option<String>) -> Self {
+        self.image = image;
+        self
+    }
+
     /// A local session's first record (`cordon exec`, the TUI).
     pub fn new(
         id: &str,
@@ -180,6 +186,8 @@ pub struct SessionSummary {
     pub started_ms: u64,
     pub title: String,
     pub workspace: String,
+    /// The image its sandbox ran in, as named when it started.
+    pub image: Option<String>,
     /// User prompts sent.
     pub turns: u64,
     pub usage: Usage,
@@ -220,6 +228,7 @@ pub fn summarize(path: &Path, records: &[crate::log::Record<Value>]) -> Option<S
         started_ms: first.ts_ms,
         title: started.title,
         workspace: started.workspace,
+        image: started.image,
         turns: 0,
         usage: Usage::default(),
     };

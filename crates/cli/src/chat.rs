@@ -49,6 +49,9 @@ pub struct ChatArgs {
     /// Disk budget of the sandbox: how much the workspace may grow (overrides `sandbox.disk`)
     #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_disk)]
     pub disk: Option<String>,
+    /// Run the sandbox in an OCI image: a registry reference, oci:DIR[:TAG] or docker-archive:FILE (overrides `sandbox.image`; a resumed session keeps its own unless given; docs/images.md)
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
     /// Let the sandbox reach HOST[:PORT] through cordon's broker (repeatable; *.DOMAIN, IP/CIDR, or a preset: @python @node @rust @debian @git-hosting); implies --network allow (overrides `network.allow`)
     #[arg(long = "allow", value_name = "HOST")]
     pub allow: Vec<String>,
@@ -84,6 +87,8 @@ pub async fn chat(args: ChatArgs) -> i32 {
         Err(e) => return config_error(e),
     };
     let (resumed, resume_notice, mut workspace) = (resume.resumed, resume.notice, resume.workspace);
+    let (image, image_notice) =
+        crate::exec::resumed_image(args.image.as_deref(), &args.set, resumed.as_ref());
     let new_id = sessions::new_id();
     let cloned = match crate::repo::for_session(
         args.repo.as_deref(),
@@ -114,6 +119,7 @@ pub async fn chat(args: ChatArgs) -> i32 {
         backend: args.backend,
         cpus: args.cpus,
         disk: args.disk.as_deref(),
+        image: image.as_deref(),
         allow: &args.allow,
         set: &args.set,
     })
@@ -145,7 +151,12 @@ pub async fn chat(args: ChatArgs) -> i32 {
             cordon_agent::config::ApprovalMode::Auto => ApprovalMode::Auto,
         },
     };
-    let mut notices: Vec<String> = s.notices.into_iter().chain(resume_notice).collect();
+    let mut notices: Vec<String> = s
+        .notices
+        .into_iter()
+        .chain(resume_notice)
+        .chain(image_notice)
+        .collect();
     let repository = cloned.map(|clone| {
         let c = clone.cloned;
         notices.push(format!(
@@ -196,6 +207,7 @@ pub async fn chat(args: ChatArgs) -> i32 {
         notices,
         config_home: cordon_agent::config::config_home(),
         repository,
+        image: s.settings.resolved().sandbox.image.clone(),
     };
     let result = cordon_tui::run(status, worker).await;
     // The terminal is the user's again.

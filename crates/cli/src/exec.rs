@@ -73,6 +73,9 @@ pub struct ExecArgs {
     /// Disk budget of the sandbox: how much the workspace may grow (overrides `sandbox.disk`)
     #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_disk)]
     pub disk: Option<String>,
+    /// Run the sandbox in an OCI image: a registry reference, oci:DIR[:TAG] or docker-archive:FILE (overrides `sandbox.image`; a resumed session keeps its own unless given; docs/images.md)
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
     /// Let the sandbox reach HOST[:PORT] through cordon's broker (repeatable; *.DOMAIN, IP/CIDR, or a preset: @python @node @rust @debian @git-hosting); implies --network allow (overrides `network.allow`)
     #[arg(long = "allow", value_name = "HOST")]
     pub allow: Vec<String>,
@@ -105,6 +108,7 @@ pub(crate) struct Choices<'a> {
     pub backend: Option<cordon_sandbox::BackendKind>,
     pub cpus: Option<u32>,
     pub disk: Option<&'a str>,
+    pub image: Option<&'a str>,
     pub allow: &'a [String],
     pub set: &'a [(String, String)],
 }
@@ -202,6 +206,30 @@ async fn served_model(provider: &ProviderConfig, fallback: &str) -> Result<Strin
     }
 }
 
+/// The image a session runs in: the one given on the command line, or
+/// else a resumed session's own (its files and history were made there),
+/// or else what the configuration says (`None` here); with a notice when
+/// a resumed session's is taken.
+pub(crate) fn resumed_image(
+    given: Option<&str>,
+    set: &[(String, String)],
+    resumed: Option<&sessions::Resumed>,
+) -> (Option<String>, Option<String>) {
+    if given.is_some() || set.iter().any(|(k, _)| k == "sandbox.image") {
+        return (given.map(str::to_string), None);
+    }
+    match resumed.and_then(|r| r.summary.image.clone()) {
+        Some(image) => {
+            let notice = format!(
+                "the session ran in image {}: it continues there (--image chooses another)",
+                cordon_tools::printable(&image)
+            );
+            (Some(image), Some(notice))
+        }
+        None => (None, None),
+    }
+}
+
 /// The settings from every layer with the command line's on top, checked.
 pub(crate) async fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
     let mut cli = args.set.to_vec();
@@ -222,6 +250,9 @@ pub(crate) async fn setup(args: &Choices<'_>) -> Result<Setup, i32> {
     }
     if let Some(d) = args.disk {
         cli.push(("sandbox.disk".into(), d.to_string()));
+    }
+    if let Some(i) = args.image {
+        cli.push(("sandbox.image".into(), i.to_string()));
     }
     if !args.allow.is_empty() {
         cli.push(("network.allow".into(), args.allow.join(",")));
@@ -316,6 +347,10 @@ pub async fn exec(args: ExecArgs) -> i32 {
     if let Some(n) = resume.notice {
         eprintln!("cordon: {n}");
     }
+    let (image, notice) = resumed_image(args.image.as_deref(), &args.set, resumed.as_ref());
+    if let Some(n) = notice {
+        eprintln!("cordon: {n}");
+    }
     // A new session's id, known before its repository is cloned: the
     // clone's branch is named after it.
     let new_id = sessions::new_id();
@@ -356,6 +391,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
         backend: args.backend,
         cpus: args.cpus,
         disk: args.disk.as_deref(),
+        image: image.as_deref(),
         allow: &args.allow,
         set: &args.set,
     })
@@ -405,6 +441,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
         &prompt,
         !history.is_empty(),
     )
+    .in_image(s.settings.resolved().sandbox.image.clone())
     .record();
     // Commits are made by cordon on the host, as the user; exec asks
     // nobody, so a push happens only if the user said so.

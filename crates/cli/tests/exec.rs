@@ -817,3 +817,65 @@ fn the_readme_quick_start_runs_as_written() {
     assert!(project.join("hello.py").exists());
     server.assert_finished();
 }
+
+/// A session started with `--image` runs there, and resumed without it
+/// runs there again (its files and history were made there), saying so;
+/// `--image` on the resume chooses another.
+#[test]
+fn a_session_in_an_image_resumes_in_it() {
+    if rustix::process::geteuid().as_raw() != 0 {
+        // Unprivileged, an image needs a subordinate id range this user
+        // may not have; CI runs as root.
+        assert!(std::env::var("CI").is_err(), "CI runs as root");
+        eprintln!("notice: skipping: images as root only here");
+        return;
+    }
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let layout = tempfile::tempdir().unwrap();
+    cordon_testkit::oci::write_image(
+        layout.path(),
+        "v1",
+        &[cordon_testkit::oci::busybox_layer()],
+        json!({"Env": ["PATH=/bin"]}),
+    );
+    let image = format!("oci:{}:v1", layout.path().display());
+    let look = |id: &str| {
+        Turn::text("Looking.").with_tool_call(id, "bash", json!({"command": "cat /etc/os-release"}))
+    };
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(look("a"))
+            .turn(
+                Turn::text("Busybox.")
+                    .expect_tool_results(["a"])
+                    .expect_contains("ID=cordon-busybox"),
+            )
+            .turn(look("b"))
+            .turn(
+                Turn::text("Still busybox.")
+                    .expect_tool_results(["b"])
+                    .expect_contains("ID=cordon-busybox"),
+            ),
+    );
+    let store = home.path().join("images");
+    let run = |args: &[&str]| {
+        let mut c = exec_command(&server, ws.path(), home.path(), args);
+        c.env("CORDON_IMAGE_STORE", &store);
+        c.output().unwrap()
+    };
+    let out = run(&["--image", &image, "--json", "which system?"]);
+    assert_success(&out);
+    let first = &json_lines(&out)[0];
+    assert_eq!(first["image"], image.as_str(), "{first}");
+    let id = first["session_id"].as_str().unwrap().to_string();
+
+    let out = run(&["--resume", &id, "and now?"]);
+    assert_success(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the session ran in image") && stderr.contains("it continues there"),
+        "{stderr}"
+    );
+    server.assert_finished();
+}

@@ -221,6 +221,9 @@ pub struct Worker {
     /// session gets (its branch is named after it), the records its log
     /// starts with after `session_started`, and the host-side git tools.
     pub repository: Option<Repository>,
+    /// The image the sandbox runs in, as named (recorded in each session
+    /// so that a resume runs there too).
+    pub image: Option<String>,
 }
 
 /// What `--repo` gives a new conversation.
@@ -590,6 +593,7 @@ impl State {
                         prompt,
                         false,
                     )
+                    .in_image(self.cfg.image.clone())
                     .record(),
                 );
                 for r in &first {

@@ -254,6 +254,7 @@ fn an_escape_read_with_the_next_key_closes_the_picker_and_types_the_key() {
         started_ms: 0,
         title: "t".into(),
         workspace: "/w".into(),
+        image: None,
         turns: 1,
         usage: Usage::default(),
     };
