@@ -866,6 +866,7 @@ fn a_session_in_an_image_resumes_in_it() {
     };
     let out = run(&["--image", &image, "--json", "which system?"]);
     assert_success(&out);
+    assert_valid(&json_lines(&out));
     let first = &json_lines(&out)[0];
     assert_eq!(first["image"], image.as_str(), "{first}");
     let id = first["session_id"].as_str().unwrap().to_string();
