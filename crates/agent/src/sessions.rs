@@ -99,7 +99,7 @@ pub struct SessionStarted {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<ForkedFrom>,
     /// The image its sandbox's root is made from, by the name it was
-    /// asked for (the server's sessions).
+    /// asked for; a resume runs there again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
 }

@@ -30,20 +30,24 @@ pub async fn obtain(
     credentials: &Sources,
     step: &(dyn Fn(Step) + Send + Sync),
 ) -> Result<Image, StoreError> {
-    // A registry's image stored under the very name given needs no parse
-    // (the reference grammar's regex takes tens of milliseconds to build,
-    // more than the rest of a sandbox's start).
-    let local = reference.starts_with("oci:") || reference.starts_with("docker-archive:");
-    if !local && let Some(image) = store.get(reference).filter(|i| i.name == reference) {
-        return Ok(image);
-    }
-    let parsed: ImageRef = reference.parse().map_err(|e| invalid(format!("{e}")))?;
-    if let ImageRef::Registry(_) = &parsed
-        && let Some(image) = store.get(&parsed.to_string())
+    if !ImageRef::names_a_file(reference)
+        && let Some(image) = stored(store, reference)
     {
         return Ok(image);
     }
+    let parsed: ImageRef = reference.parse().map_err(|e| invalid(format!("{e}")))?;
     fetch(store, &parsed, credentials, step).await
+}
+
+/// What the store holds for `reference` now, fetching nothing: the image
+/// stored under the very name given (found without a parse, which takes
+/// longer than the rest of a sandbox's start), or else under the name the
+/// reference parses to (`debian` is `docker.io/library/debian:latest`).
+pub fn stored(store: &Store, reference: &str) -> Option<Image> {
+    store
+        .get(reference)
+        .filter(|i| i.name == reference)
+        .or_else(|| store.get(&reference.parse::<ImageRef>().ok()?.to_string()))
 }
 
 /// Fetches `reference` into the store whether or not it has it: a pull

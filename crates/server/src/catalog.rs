@@ -79,7 +79,7 @@ fn normalised_prefix(prefix: &str) -> Result<String, String> {
              registry.example:5000/team/*"
         )
     };
-    if prefix.is_empty() || prefix.contains(['@', '*']) || prefix.starts_with("oci:") {
+    if prefix.is_empty() || prefix.contains(['@', '*']) {
         return Err(bad());
     }
     match format!("{prefix}/{PROBE}").parse::<ImageRef>() {
@@ -127,6 +127,8 @@ impl ImageCatalog {
     /// Checks every entry and the tenants' lists against them.
     pub fn validate(&self) -> Result<(), String> {
         if let Some(d) = &self.default {
+            // It is also the name jobs record: a name's form, too.
+            ImageName::try_from(d.clone()).map_err(|e| format!("the default image: {e}"))?;
             d.parse::<ImageRef>()
                 .map_err(|e| format!("the default image: {e}"))?;
         }
@@ -155,16 +157,33 @@ impl ImageCatalog {
             .filter(move |e| only.is_none_or(|o| o.contains(&e.key())))
     }
 
-    /// What `tenant` may name, as a list shows it: the default first.
-    pub fn offered(&self, tenant: &str) -> Vec<String> {
-        let mut out: Vec<String> = self.default.iter().cloned().collect();
+    /// What `tenant` may name, as a list shows it, the default first;
+    /// with each name's source (none for `HOST/PATH/*`).
+    fn offered_sources(&self, tenant: &str) -> Vec<(String, Option<&str>)> {
+        let mut out: Vec<(String, Option<&str>)> = self
+            .default
+            .iter()
+            .map(|d| (d.clone(), Some(d.as_str())))
+            .collect();
         for e in self.offered_to(tenant) {
             let k = e.key();
-            if !out.contains(&k) {
-                out.push(k);
+            if !out.iter().any(|(n, _)| *n == k) {
+                let source = match e {
+                    CatalogEntry::Named { source, .. } => Some(source.as_str()),
+                    CatalogEntry::Under { .. } => None,
+                };
+                out.push((k, source));
             }
         }
         out
+    }
+
+    /// What `tenant` may name, as a list shows it: the default first.
+    pub fn offered(&self, tenant: &str) -> Vec<String> {
+        self.offered_sources(tenant)
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect()
     }
 
     /// The source `name` stands for, if `tenant` may use it: the
@@ -184,10 +203,8 @@ impl ImageCatalog {
             }
         }
         // Only a registry's reference may fall under a prefix: never a
-        // path on the server's disk.
+        // path on the server's disk (`oci:`, `docker-archive:`).
         if !under.is_empty()
-            && !name.starts_with("oci:")
-            && !name.starts_with("docker-archive:")
             && let Ok(ImageRef::Registry(r)) = name.parse::<ImageRef>()
         {
             let repo = format!("{}/{}", r.registry(), r.repository());
@@ -285,15 +302,11 @@ impl Images {
     /// The catalog as `tenant` sees it, with what the store holds.
     pub fn list(&self, tenant: &str) -> Vec<OfferedImage> {
         self.catalog
-            .offered(tenant)
+            .offered_sources(tenant)
             .into_iter()
-            .map(|name| {
-                let stored = self.store.as_ref().and_then(|s| {
-                    let source = self.catalog.source(tenant, &name).ok()?;
-                    let image = s.get(&source).or_else(|| {
-                        let whole = source.parse::<ImageRef>().ok()?.to_string();
-                        s.get(&whole)
-                    })?;
+            .map(|(name, source)| {
+                let stored = self.store.as_ref().zip(source).and_then(|(s, source)| {
+                    let image = cordon_image::obtain::stored(s, source)?;
                     Some(StoredImage {
                         digest: image.manifest.to_string(),
                         size: image.size,
@@ -409,6 +422,11 @@ mod tests {
         c.validate().unwrap();
         c.tenants.insert("typo".into(), vec!["sedes".into()]);
         assert!(c.validate().unwrap_err().contains("sedes"));
+        c.tenants.remove("typo");
+        // A default no job could record is refused, not dropped for the
+        // host's root.
+        c.default = Some("oci:/srv/my image".into());
+        assert!(c.validate().unwrap_err().contains("the default image"));
     }
 
     #[test]

@@ -479,15 +479,7 @@ async fn cancel_stops_a_queued_or_running_job(db: Db) {
     // The queued job never ran.
     let job = s.wait(&t, &queued).await;
     assert_eq!(job["stdout"], "");
-    let events = read_sse(
-        s.client
-            .get(s.url(&format!("/v1/jobs/{queued}/events")))
-            .bearer_auth(&t)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let events = s.job_events(&t, &queued).await;
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].2["state"], "cancelled");
 }
@@ -784,15 +776,7 @@ async fn an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage(db
         .unwrap();
     assert_eq!(r.text().await.unwrap(), "print(2 + 3)\n");
     // The events are the agent's, as `cordon exec --json` prints them.
-    let events = read_sse(
-        s.client
-            .get(s.url(&format!("/v1/jobs/{id}/events")))
-            .bearer_auth(&t)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let events = s.job_events(&t, &id).await;
     let kinds: Vec<&str> = events.iter().map(|e| e.1.as_str()).collect();
     for k in [
         "turn_started",

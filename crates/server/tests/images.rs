@@ -12,7 +12,7 @@ use common::*;
 use cordon_server::catalog::{CatalogEntry, ImageCatalog};
 use cordon_testkit::oci::{busybox_layer, layer, write_image};
 use cordon_testkit::{Scenario, ScriptedServer, Turn};
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// An OCI layout at `dir` of busybox with an `/etc/os-release` of `id`
 /// and `FOO=from-image` in its environment; the manifest's digest.
@@ -36,17 +36,6 @@ fn catalog(entries: &[String]) -> ImageCatalog {
             .collect(),
         ..Default::default()
     }
-}
-
-async fn events(s: &TestServer, token: &str, id: &str) -> Vec<(i64, String, Value)> {
-    let r = s
-        .client
-        .get(s.url(&format!("/v1/jobs/{id}/events")))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
-    read_sse(r).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,7 +76,7 @@ async fn a_job_runs_in_an_image_the_operator_offers_and_in_no_other() {
     );
     // The stored request names it; an event says which digest ran.
     assert_eq!(job["request"]["image"], "tiny");
-    let events = events(&s, &t, &id).await;
+    let events = s.job_events(&t, &id).await;
     let image = events
         .iter()
         .find(|e| e.1 == "image")
@@ -304,7 +293,7 @@ async fn images_under_an_opened_registry_path_are_pulled_on_first_use() {
         let job = s.wait(&t, id).await;
         assert_eq!(job["state"], "succeeded", "{job}");
         assert_eq!(job["stdout"], "ID=cordon-pulled\n");
-        let e = events(&s, &t, id).await;
+        let e = s.job_events(&t, id).await;
         let image = e.iter().find(|e| e.1 == "image").unwrap();
         assert_eq!(image.2["digest"], digest.as_str());
     }

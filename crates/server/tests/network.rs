@@ -39,14 +39,7 @@ fn fetch(port: u16) -> String {
 }
 
 async fn events(s: &TestServer, token: &str, id: &str) -> Vec<(String, Value)> {
-    let r = s
-        .client
-        .get(s.url(&format!("/v1/jobs/{id}/events")))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
-    read_sse(r)
+    s.job_events(token, id)
         .await
         .into_iter()
         .map(|(_, kind, data)| (kind, data))

@@ -226,6 +226,19 @@ impl TestServer {
             .collect()
     }
 
+    /// A job's events so far (the whole stream of a finished job): (id,
+    /// event, data) triples.
+    pub async fn job_events(&self, token: &str, id: &str) -> Vec<(i64, String, Value)> {
+        let r = self
+            .client
+            .get(self.url(&format!("/v1/jobs/{id}/events")))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        read_sse(r).await
+    }
+
     /// Makes an API session of `token`'s tenant and returns its id.
     pub async fn new_session(&self, token: &str) -> String {
         let (status, created) = self.post(token, "/v1/sessions", json!({})).await;
