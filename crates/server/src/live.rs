@@ -25,7 +25,11 @@ pub(crate) struct Live {
 }
 
 impl Live {
-    pub(crate) async fn close(self) {
+    pub(crate) async fn close(mut self) {
+        // The last turn's checkpoint is still being recorded by a task
+        // that holds the log (and its lock): a process started next over
+        // the same data, or the session woken again, must find it free.
+        self.agent.settle().await;
         drop(self.agent);
         self.mcp.shutdown().await;
         self.sandbox.close().await;

@@ -31,6 +31,13 @@ async fn a_conversation_streams_turns_runs_tools_and_survives_a_restart(db: Db) 
     let (status, created) = s.post(&t, "/v1/sessions", json!({})).await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap().to_string();
+    // Enough files that the checkpoint taken after the turn is still
+    // being recorded when the server stops: the restart must find the
+    // session's log free all the same.
+    let ws = dir.path().join(format!("data/sessions/{id}/workspace"));
+    for i in 0..10_000 {
+        std::fs::write(ws.join(format!("f{i}")), format!("{i}\n")).unwrap();
+    }
     let events = s.say(&t, &id, "save the number 4217 in notes.txt").await;
     let kinds: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
     for k in [
