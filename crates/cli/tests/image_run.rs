@@ -1,5 +1,5 @@
 //! `cordon run --image` as a user types it, as root and as an unprivileged
-//! caller: the image's files are the root, root inside owns them and can
+//! caller, and in a microVM: the image's files are the root, root inside owns them and can
 //! change them (the writable layer), several users exist inside, the
 //! image's config applies, and nothing of the run is left on the host.
 //! And the image as an attacker wrote it: links where cordon mounts or
@@ -31,7 +31,7 @@ fn image(t: &Ctx, extra: &[Layer], config: serde_json::Value) -> Image {
     write_image(&layout, "v1", &layers, config);
     let store = t.dir().join("store");
     fs::create_dir_all(&store).unwrap();
-    if !t.root() {
+    if !t.root() && !t.vm() {
         // The unprivileged variant runs as nobody; its store is its own.
         for p in [&layout, &store] {
             chown_tree(p, NOBODY);
@@ -54,15 +54,14 @@ fn chown_tree(p: &Path, id: u32) {
 
 impl Image {
     fn run(&self, t: &Ctx, opts: &[&str], argv: &[&str]) -> Out {
+        self.run_within(t, opts, argv, t.within(Duration::from_secs(60)))
+    }
+
+    fn run_within(&self, t: &Ctx, opts: &[&str], argv: &[&str], deadline: Duration) -> Out {
         let mut all = vec!["--image", &self.reference];
         all.extend_from_slice(opts);
         let store = self.store.to_str().unwrap();
-        t.run_env(
-            &[("CORDON_IMAGE_STORE", store)],
-            &all,
-            argv,
-            Duration::from_secs(60),
-        )
+        t.run_env(&[("CORDON_IMAGE_STORE", store)], &all, argv, deadline)
     }
 
     fn sh(&self, t: &Ctx, script: &str) -> Out {
@@ -129,7 +128,7 @@ fn root_inside_changes_its_image(t: &Ctx) {
         )
     );
 }
-attack!(root_inside_changes_its_image, native);
+attack!(root_inside_changes_its_image);
 
 /// The workspace is the workspace, as root inside; what root makes there
 /// belongs to the caller on the host, and what it gives another user
@@ -195,7 +194,7 @@ fn the_images_user_and_directory_apply(t: &Ctx) {
         .code(78)
         .stderr_has("no user \"nosuch\"");
 }
-attack!(the_images_user_and_directory_apply, native);
+attack!(the_images_user_and_directory_apply);
 
 /// An image whose `/workspace`, `/tmp`, `/proc` and `/etc/hosts` are links
 /// to the host's files, and whose `/etc` has a link to the host's shadow:
@@ -262,14 +261,14 @@ fn links_in_the_image(t: &Ctx) {
     setup_probe(t);
     links_in_the_image_lead_nowhere(t);
 }
-attack!(links_in_the_image, native);
+attack!(links_in_the_image);
 
 /// An image of deploy/environments/ with a store of the run's user.
 fn environment_image(t: &Ctx, name: &'static str) -> Option<Image> {
     let layout = cordon_testkit::environments::environment(name)?;
     let store = t.dir().join("store");
     fs::create_dir_all(&store).unwrap();
-    if !t.root() {
+    if !t.root() && !t.vm() {
         chown_tree(&store, NOBODY);
     }
     Some(Image {
@@ -288,7 +287,9 @@ fn apt_installs_packages(t: &Ctx) {
         return;
     };
     let dpkg_before = fs::read("/var/lib/dpkg/status").unwrap();
-    let out = img.run(
+    // A guest under TCG unpacks packages several times slower.
+    let deadline = if t.vm() { 300 } else { 60 };
+    let out = img.run_within(
         t,
         &["--allow", "@debian", "--memory", "1G"],
         &[
@@ -302,6 +303,7 @@ fn apt_installs_packages(t: &Ctx) {
              touch /workspace/tool; chmod u+s /workspace/tool 2>&1 || true; \
              stat -c %a /workspace/tool",
         ],
+        Duration::from_secs(deadline),
     );
     out.code(0)
         .line("Hello, world!")
@@ -317,7 +319,7 @@ fn apt_installs_packages(t: &Ctx) {
     );
     assert!(img.leftovers().is_empty(), "{:?}", img.leftovers());
 }
-attack!(apt_installs_packages, native);
+attack!(apt_installs_packages);
 
 /// A C program racing and guessing at the set-id gate, built static on
 /// the host so that it runs in any image.
@@ -452,9 +454,23 @@ fn root_inside_stays_inside(t: &Ctx) {
 attack!(root_inside_stays_inside, native);
 
 /// The writable layer counts against `--disk`: filling the image's own
-/// root stops the sandbox as filling the workspace does.
+/// root stops the sandbox as filling the workspace does. A microVM's
+/// layer is a disk as big as the budget: writes past it fail, and the
+/// guest goes on.
 fn the_writable_layer_counts_against_the_disk_budget(t: &Ctx) {
     let img = image(t, &[], json!({}));
+    if t.vm() {
+        let out = img.run(
+            t,
+            &["--disk", "16M"],
+            &["sh", "-c", "dd if=/dev/zero of=/big bs=1M count=32 2>&1; sync; echo survived; df -k / | tail -1"],
+        );
+        out.code(0)
+            .stdout_has("No space left on device")
+            .line("survived");
+        assert!(img.leftovers().is_empty(), "{:?}", img.leftovers());
+        return;
+    }
     let out = img.run(
         t,
         &["--disk", "16M"],
@@ -465,7 +481,7 @@ fn the_writable_layer_counts_against_the_disk_budget(t: &Ctx) {
         .lacks("survived");
     assert!(img.leftovers().is_empty(), "{:?}", img.leftovers());
 }
-attack!(the_writable_layer_counts_against_the_disk_budget, native);
+attack!(the_writable_layer_counts_against_the_disk_budget);
 
 /// The seeds' environment (deploy/environments/build seeds): Python with
 /// its Jupyter kernel, Node.js, git, and a display the computer tool can

@@ -11,6 +11,7 @@
 
 pub mod auth;
 pub mod digest;
+pub mod flat;
 pub mod obtain;
 pub mod reference;
 pub mod registry;
@@ -26,6 +27,7 @@ pub use unpack::{Limits, Owners, Report, UnpackError, unpack};
 /// (checked by `layout.rs`).
 pub const LAYERS: &[&str] = &[
     "digest",
+    "flat",
     "auth",
     "reference",
     "unpack",

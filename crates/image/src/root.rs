@@ -25,6 +25,8 @@ pub struct SandboxRoot {
     /// Where sandboxes make their writable layers: in the store, on the
     /// layers' file system.
     pub scratch: PathBuf,
+    /// Where microVMs' flat roots are made (see [`crate::flat`]).
+    pub flat: PathBuf,
     pub uid: u32,
     pub gid: u32,
     /// The config's `Env`, as pairs (entries without `=` are dropped).
@@ -69,6 +71,7 @@ impl Store {
         Ok(SandboxRoot {
             layers,
             scratch: self.root().join("run"),
+            flat: self.flat_dir(),
             uid,
             gid,
             env,

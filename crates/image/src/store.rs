@@ -121,7 +121,15 @@ impl Store {
                 .or_else(|e| if root.is_dir() { Ok(()) } else { Err(e) })
                 .map_err(io_err(format!("making {}", root.display())))?;
         }
-        for sub in ["blobs/sha256", "layers", "images", "locks", "tmp", "run"] {
+        for sub in [
+            "blobs/sha256",
+            "layers",
+            "images",
+            "locks",
+            "tmp",
+            "run",
+            "flat",
+        ] {
             std::fs::create_dir_all(root.join(sub))
                 .map_err(io_err(format!("making {}", root.join(sub).display())))?;
         }
@@ -143,6 +151,12 @@ impl Store {
     /// The directory of an unpacked layer.
     pub fn layer_dir(&self, diff_id: &Digest) -> PathBuf {
         self.root.join("layers").join(diff_id.hex())
+    }
+
+    /// Where microVMs' flat roots of the store's images are (see
+    /// [`crate::flat`]).
+    pub fn flat_dir(&self) -> PathBuf {
+        self.root.join("flat")
     }
 
     fn blob_path(&self, d: &Digest) -> PathBuf {
@@ -349,7 +363,10 @@ impl Store {
     pub fn prune(&self) -> Result<u64, StoreError> {
         let mut blobs = std::collections::BTreeSet::new();
         let mut layers = std::collections::BTreeSet::new();
+        let mut flats = std::collections::BTreeSet::new();
         for image in self.list() {
+            let tops: Vec<String> = image.layers.iter().rev().map(Digest::hex).collect();
+            flats.insert(crate::flat::key(tops.iter().map(String::as_str)));
             blobs.insert(image.manifest.hex());
             blobs.insert(image.config.hex());
             layers.extend(image.layers.iter().map(Digest::hex));
@@ -365,6 +382,7 @@ impl Store {
             }
         }
         let mut freed = self.prune_sandboxes(&mut layers);
+        freed += crate::flat::prune(&self.flat_dir(), &flats);
         for (dir, keep) in [("blobs/sha256", &blobs), ("layers", &layers)] {
             let Ok(entries) = std::fs::read_dir(self.root.join(dir)) else {
                 continue;

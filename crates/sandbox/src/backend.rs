@@ -4,10 +4,10 @@
 //! decided above them, in `create.rs`.
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 
-use crate::config::SandboxConfig;
+use crate::config::{RootImage, SandboxConfig};
 use crate::error::{Error, Result};
 use crate::session::Sandbox;
 
@@ -46,4 +46,73 @@ pub(crate) fn left_by_dead_process(name: &str) -> bool {
     name.split_once('-')
         .and_then(|(pid, _)| pid.parse::<u32>().ok())
         .is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// The directory of an image sandbox's writable layer (overlay's upper and
+/// work directories natively, a microVM's disk file), in the store's
+/// `run/`: removed when this is dropped, and locked until then, so that
+/// `cordon image prune` removes only the unlocked ones (a sandbox killed
+/// before it could) and keeps the layers the locked ones name in their
+/// `layers` file.
+pub(crate) struct WritableLayer {
+    dir: tempfile::TempDir,
+    _lock: std::os::fd::OwnedFd,
+}
+
+impl WritableLayer {
+    pub(crate) fn new(image: &RootImage) -> Result<WritableLayer> {
+        use rustix::fs::{FlockOperation, Mode, OFlags};
+        std::fs::create_dir_all(&image.scratch).map_err(|e| {
+            Error::Config(format!(
+                "cannot make the directory for writable layers {}: {e}",
+                image.scratch.display()
+            ))
+        })?;
+        let dir = tempfile::Builder::new()
+            .prefix("sandbox-")
+            .tempdir_in(&image.scratch)
+            .map_err(|e| {
+                Error::Config(format!(
+                    "cannot make a writable layer in {}: {e}",
+                    image.scratch.display()
+                ))
+            })?;
+        let lock = rustix::fs::open(
+            dir.path(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .and_then(|fd| {
+            rustix::fs::flock(&fd, FlockOperation::LockExclusive)?;
+            Ok(fd)
+        })
+        .map_err(|e| Error::Io(e.into()))?;
+        let names: String = image
+            .layers
+            .iter()
+            .filter_map(|l| Some(format!("{}\n", l.file_name()?.to_str()?)))
+            .collect();
+        std::fs::write(dir.path().join("layers"), names)?;
+        Ok(WritableLayer { dir, _lock: lock })
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for WritableLayer {
+    fn drop(&mut self) {
+        // A sandbox that was killed left overlay's mode-000 work directory
+        // (and any it made unreadable): opened up for the removal after
+        // this, as far as the caller owns them.
+        let _ = crate::disk::make_removable(self.dir.path());
+    }
+}
+
+/// `p` as a string for the supervisor's setup, which is UTF-8.
+pub(crate) fn utf8(p: &Path, what: &str) -> Result<String> {
+    p.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| Error::Config(format!("{what} {} is not valid UTF-8", p.display())))
 }

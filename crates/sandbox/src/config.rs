@@ -127,8 +127,9 @@ pub struct SandboxConfig {
     pub cpus: Option<u32>,
     /// Settings of the microvm backend.
     pub vm: VmOptions,
-    /// The root file system from an image instead of the host's (native
-    /// backend only).
+    /// The root file system from an image instead of the host's: its
+    /// layers under an overlay natively, its flat root under a writable
+    /// disk in a microVM.
     pub image: Option<RootImage>,
 }
 
@@ -144,6 +145,10 @@ pub struct RootImage {
     /// in here, removed with the sandbox): a file system with user extended
     /// attributes, such as the store's own.
     pub scratch: PathBuf,
+    /// Where the microvm backend makes and finds the image's flat root (a
+    /// file system image of its layers merged, made once; see
+    /// `cordon_image::flat`): the store's own.
+    pub flat: PathBuf,
     /// The user and group commands run as inside (the image's `User`).
     pub uid: u32,
     pub gid: u32,
@@ -159,6 +164,7 @@ impl From<cordon_image::root::SandboxRoot> for RootImage {
         RootImage {
             layers: r.layers,
             scratch: r.scratch,
+            flat: r.flat,
             uid: r.uid,
             gid: r.gid,
             env: r.env,
@@ -493,13 +499,6 @@ impl SandboxConfig {
             return Err(Error::Config("tmp size must be greater than zero".into()));
         }
         if let Some(image) = &self.image {
-            if self.backend != BackendKind::Native {
-                return Err(Error::Config(
-                    "an image root runs on the native backend only (the microvm backend's \
-                     guest has the host's root for now)"
-                        .into(),
-                ));
-            }
             if image.layers.is_empty() {
                 return Err(Error::Config("the image has no layers".into()));
             }

@@ -38,6 +38,9 @@ pub enum Error {
     },
     #[error("sandbox I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// The image's root for a microVM could not be made.
+    #[error("{0}")]
+    Image(#[from] cordon_image::flat::FlatError),
 }
 
 impl Error {

@@ -16,6 +16,12 @@ pub(crate) const CONTROL_FD: i32 = 3;
 /// back over it); closed otherwise.
 pub(crate) const SERVICES_FD: i32 = CONTROL_FD + 1;
 
+/// The serial numbers of a microVM's disks when its root is an image: the
+/// image's flat root (read-only) and the guest's writable layer. The guest
+/// finds each by its serial, whatever order the kernel probed them in.
+pub(crate) const IMAGE_DISK: &str = "cordon-image";
+pub(crate) const UPPER_DISK: &str = "cordon-upper";
+
 /// Host system directories bound read-only (or recreated as symlinks, on
 /// merged-/usr systems). Enough for coreutils, python3, node, gcc and git.
 pub(crate) const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::backend::{Backend, resolve_supervisor};
+use crate::backend::{Backend, WritableLayer, resolve_supervisor, utf8};
 use crate::cgroup::{self, Cgroup, LimitMechanism};
 use crate::config::{Network, SandboxConfig, in_workspace};
 use crate::error::{Error, Result};
@@ -39,7 +39,7 @@ struct NativeLifecycle {
     reaped: Mutex<bool>,
     cgroup: Mutex<Option<Cgroup>>,
     /// An image root's writable layer, removed once the sandbox is gone.
-    scratch: Mutex<Option<Scratch>>,
+    scratch: Mutex<Option<WritableLayer>>,
 }
 
 impl NativeLifecycle {
@@ -132,7 +132,7 @@ impl Lifecycle for NativeLifecycle {
 
     fn writable_layer(&self) -> Option<std::path::PathBuf> {
         let scratch = self.scratch.lock().unwrap();
-        Some(scratch.as_ref()?.dir.path().join("upper"))
+        Some(scratch.as_ref()?.dir().join("upper"))
     }
 }
 
@@ -305,6 +305,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         host_network: config.network == Network::Full,
         trust: config.egress.as_ref().and_then(crate::egress::trust),
         image,
+        guest_image: false,
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;
@@ -327,79 +328,26 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     .await
 }
 
-/// The directory of an image sandbox's writable layer, removed when this
-/// is dropped, and locked until then: `cordon image prune` removes the
-/// unlocked ones (a sandbox killed before it could) and keeps the layers
-/// the locked ones name in their `layers` file.
-struct Scratch {
-    dir: tempfile::TempDir,
-    _lock: OwnedFd,
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        // A sandbox that was killed left overlay's mode-000 work directory
-        // (and any it made unreadable): opened up for the removal after
-        // this, as far as the caller owns them.
-        let _ = crate::disk::make_removable(self.dir.path());
-    }
-}
-
 /// An image root's setup: its layers, a writable layer's directory of this
 /// sandbox's own, and where its ids come from.
-fn image_root(image: &crate::config::RootImage) -> Result<(protocol::ImageRoot, Scratch)> {
-    let utf8 = |p: &std::path::Path, what: &str| {
-        p.to_str()
-            .map(str::to_string)
-            .ok_or_else(|| Error::Config(format!("{what} {} is not valid UTF-8", p.display())))
-    };
+fn image_root(image: &crate::config::RootImage) -> Result<(protocol::ImageRoot, WritableLayer)> {
     let ids = if rustix::process::geteuid().is_root() && in_initial_user_namespace() {
         protocol::IdSource::Allocated
     } else {
         crate::subids::subordinate(rustix::process::geteuid().as_raw())?
     };
-    std::fs::create_dir_all(&image.scratch).map_err(|e| {
-        Error::Config(format!(
-            "cannot make the directory for writable layers {}: {e}",
-            image.scratch.display()
-        ))
-    })?;
-    let dir = tempfile::Builder::new()
-        .prefix("sandbox-")
-        .tempdir_in(&image.scratch)
-        .map_err(|e| {
-            Error::Config(format!(
-                "cannot make a writable layer in {}: {e}",
-                image.scratch.display()
-            ))
-        })?;
-    let lock = rustix::fs::open(
-        dir.path(),
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .and_then(|fd| {
-        rustix::fs::flock(&fd, rustix::fs::FlockOperation::LockExclusive)?;
-        Ok(fd)
-    })
-    .map_err(|e| Error::Io(e.into()))?;
+    let layer = WritableLayer::new(image)?;
     let layers = image
         .layers
         .iter()
         .map(|l| utf8(l, "layer"))
         .collect::<Result<Vec<_>>>()?;
-    let names: String = image
-        .layers
-        .iter()
-        .filter_map(|l| Some(format!("{}\n", l.file_name()?.to_str()?)))
-        .collect();
-    std::fs::write(dir.path().join("layers"), names)?;
     let root = protocol::ImageRoot {
         layers,
-        scratch: utf8(dir.path(), "writable layer")?,
+        scratch: utf8(layer.dir(), "writable layer")?,
         ids,
     };
-    Ok((root, Scratch { dir, _lock: lock }))
+    Ok((root, layer))
 }
 
 /// A sandbox may take this fraction of each per-user count of its host uid,

@@ -119,8 +119,13 @@ pub struct SetupSpec {
     /// microVM's staged `/etc` gets them from the host).
     pub trust: Option<(String, String)>,
     /// The root file system from an image's layers instead of the host's
-    /// (native only; a microVM's guest gets its root from the host).
+    /// (native only; a microVM's guest gets its image on a disk, see
+    /// `guest_image`).
     pub image: Option<ImageRoot>,
+    /// A microVM guest's root is an image: its flat root on the disk whose
+    /// serial is [`crate::layout::IMAGE_DISK`], read-only, under a writable
+    /// layer on the disk [`crate::layout::UPPER_DISK`] (microvm only).
+    pub guest_image: bool,
 }
 
 /// How many ids a sandbox with an image root has inside: 0 to 65535, the

@@ -35,7 +35,7 @@ pub fn layer(files: &[(&str, &str)]) -> Layer {
 }
 
 /// The layer whose uncompressed tar is `tar`.
-fn gzipped(tar: Vec<u8>) -> Layer {
+pub fn gzipped(tar: Vec<u8>) -> Layer {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(&tar).unwrap();
     Layer {

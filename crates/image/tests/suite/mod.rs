@@ -1,3 +1,4 @@
+mod flat;
 mod registry;
 mod store;
 mod unpack;

@@ -9,6 +9,12 @@
 //! unchanged. The workspace is a read-write 9p share; the guest has no
 //! network device.
 //!
+//! With an image, the guest's root is the image instead (see `disks`): its
+//! flat root, a read-only ext4 disk made once per image, under an overlay
+//! whose writable layer is a second disk of the guest's own, as big as the
+//! disk budget; the supervisor assembles it and moves it over the
+//! initramfs before any command runs (supervisor/guest.rs).
+//!
 //! QEMU itself runs under Landlock (it reads its own files, the kernel and
 //! the read-only shares, writes only the workspace and writable binds, no
 //! TCP, no signals outside itself), a seccomp filter (no chown, no setuid
@@ -19,6 +25,7 @@
 
 mod accel;
 mod cover;
+mod disks;
 pub mod image;
 mod qemu;
 mod stage;
@@ -37,6 +44,7 @@ use crate::protocol::{self, Bind, HostMsg, SetupSpec};
 use crate::services::{Channel, Services};
 use crate::session::{ConnectParams, Lifecycle, Sandbox};
 use accel::{accel, tsc_khz};
+use disks::ImageDisks;
 use qemu::{CONSOLE_FD, QEMU_HOST_FILES, launch, spawn_qemu};
 use stage::{RunDir, run_dir, stage_etc, stage_supervisor, system_layout};
 use tail::Tail;
@@ -68,6 +76,20 @@ const GUEST_INIT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cordon-guest
 /// the serial port of the control channel and the 9p file system.
 const MODULES: &[&str] = &["virtio_mmio", "virtio_console", "9pnet_virtio", "9p"];
 
+/// With an image root, also: the block devices of its flat root and
+/// writable layer, ext4 with the crc32c its checksums need (the guest has
+/// no modprobe to ask for it), and overlayfs.
+const IMAGE_MODULES: &[&str] = &[
+    "virtio_mmio",
+    "virtio_console",
+    "9pnet_virtio",
+    "9p",
+    "virtio_blk",
+    "crc32c_generic",
+    "ext4",
+    "overlay",
+];
+
 /// Least memory a guest boots with usefully: the kernel alone takes ~60 MiB.
 const MIN_MEMORY: u64 = 128 * MIB;
 
@@ -80,6 +102,8 @@ struct VmLifecycle {
     reaped: Mutex<bool>,
     /// The per-sandbox directory (the guest's /etc).
     run_dir: PathBuf,
+    /// An image root's disks, kept until QEMU is gone.
+    disks: Mutex<Option<ImageDisks>>,
 }
 
 impl VmLifecycle {
@@ -127,6 +151,18 @@ impl Lifecycle for VmLifecycle {
         self.kill();
         self.wait();
         let _ = std::fs::remove_dir_all(&self.run_dir);
+        drop(self.disks.lock().unwrap().take());
+    }
+
+    fn writable_layer(&self) -> Option<PathBuf> {
+        Some(
+            self.disks
+                .lock()
+                .unwrap()
+                .as_ref()?
+                .writable_layer()
+                .to_path_buf(),
+        )
     }
 }
 
@@ -136,12 +172,14 @@ impl Drop for VmLifecycle {
             self.kill();
             let pid = self.pid;
             let dir = self.run_dir.clone();
+            let disks = self.disks.lock().unwrap().take();
             // Off the async runtime: reaping blocks.
             std::thread::spawn(move || {
                 let mut status = 0;
                 // SAFETY: reaping our own child.
                 unsafe { libc::waitpid(pid, &mut status, 0) };
                 let _ = std::fs::remove_dir_all(dir);
+                drop(disks);
             });
         } else {
             let _ = std::fs::remove_dir_all(&self.run_dir);
@@ -159,9 +197,13 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         ));
     }
 
-    // The font cache, as the native backend binds it (see supervisor/setup.rs).
+    // The font cache, as the native backend binds it (see supervisor/setup.rs);
+    // an image has its own fonts, if any.
     let fonts = FONT_CACHE;
-    if Path::new(fonts).is_dir() && !binds.iter().any(|b| b.target == fonts) {
+    if config.image.is_none()
+        && Path::new(fonts).is_dir()
+        && !binds.iter().any(|b| b.target == fonts)
+    {
         binds.push(Bind {
             source: fonts.into(),
             target: fonts.into(),
@@ -199,7 +241,11 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         &kernel,
         &image::InitramfsSpec {
             init: GUEST_INIT,
-            modules: MODULES,
+            modules: if config.image.is_some() {
+                IMAGE_MODULES
+            } else {
+                MODULES
+            },
             symlinks: &symlinks,
         },
     )
@@ -214,13 +260,21 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     // Until QEMU runs and its lifecycle owns the directory, any failure
     // removes it.
     let run_guard = RunDir(Some(run.clone()));
-    stage_etc(&run.join("etc"))?;
-    // The broker's CA, for a guest whose secrets' hosts it intercepts.
-    if let Some((ca, bundle)) = config.egress.as_ref().and_then(crate::egress::trust) {
-        let dir = run.join("etc/cordon");
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("ca.pem"), ca)?;
-        std::fs::write(dir.join("bundle.pem"), bundle)?;
+    let disks = match &config.image {
+        Some(image) => Some(ImageDisks::prepare(image, config.disk).await?),
+        None => None,
+    };
+    // The broker's CA, for a guest whose secrets' hosts it intercepts: in
+    // the staged /etc, or written by the guest into an image's.
+    let trust = config.egress.as_ref().and_then(crate::egress::trust);
+    if disks.is_none() {
+        stage_etc(&run.join("etc"))?;
+        if let Some((ca, bundle)) = &trust {
+            let dir = run.join("etc/cordon");
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(dir.join("ca.pem"), ca)?;
+            std::fs::write(dir.join("bundle.pem"), bundle)?;
+        }
     }
     let covers = cover::Covers::prepare(
         &workspace,
@@ -250,11 +304,13 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         .iter()
         .map(|s| (s.clone(), format!("/{s}"), false))
         .collect();
-    shares.push((
-        "etc".into(),
-        run.join("etc").to_string_lossy().into_owned(),
-        false,
-    ));
+    if disks.is_none() {
+        shares.push((
+            "etc".into(),
+            run.join("etc").to_string_lossy().into_owned(),
+            false,
+        ));
+    }
     shares.push((
         "cordon".into(),
         bin_dir.to_string_lossy().into_owned(),
@@ -325,8 +381,13 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         args.push(format!("virtio-9p-device,fsdev={tag},mount_tag={tag}"));
     }
 
+    if let Some(d) = &disks {
+        args.extend(d.qemu_args()?);
+    }
+
     // What QEMU may touch on the host: its own files, the kernel, and the
-    // shares, read-only but for the workspace and writable binds.
+    // shares, read-only but for the workspace and writable binds (and an
+    // image's flat root, read-only, and the guest's writable layer).
     let mut read: Vec<PathBuf> = ["/usr", "/bin", "/sbin", "/lib", "/lib64"]
         .iter()
         .chain(QEMU_HOST_FILES)
@@ -340,6 +401,11 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     }
     if accel == Accel::Kvm {
         write.push("/dev/kvm".into());
+    }
+    if let Some(d) = &disks {
+        let (flat, upper) = d.host_files();
+        read.push(flat);
+        write.push(upper);
     }
     let ruleset = crate::supervisor::confine::vmm_ruleset(&read, &write)?;
 
@@ -359,6 +425,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         pid,
         reaped: Mutex::new(false),
         run_dir: run_guard.keep(),
+        disks: Mutex::new(disks),
     };
     let spec = SetupSpec {
         version: protocol::VERSION,
@@ -374,8 +441,8 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         hostname: config.hostname.clone(),
         outer_uid: 0,
         outer_gid: 0,
-        inner_uid: 0,
-        inner_gid: 0,
+        inner_uid: config.image.as_ref().map_or(0, |i| i.uid),
+        inner_gid: config.image.as_ref().map_or(0, |i| i.gid),
         rlimit_memory: None,
         // The guest caps processes with a cgroup of its own.
         rlimit_nproc: config.pids,
@@ -386,8 +453,11 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         nice: None,
         proxy_port: services.proxy_port(),
         host_network: false,
-        trust: None,
+        // Written by the guest into an image's /etc; the staged /etc has it
+        // otherwise.
+        trust: if config.image.is_some() { trust } else { None },
         image: None,
+        guest_image: config.image.is_some(),
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;

@@ -14,8 +14,10 @@ use rustix::io::Errno;
 use rustix::mount::MountFlags;
 
 use super::error::SetupError;
+use super::image::{UPPER, WORK, write_etc};
+use super::setup::Root;
 use super::{IN_GUEST, fail, read_setup, send};
-use crate::layout::{CONTROL_FD, bind_tag};
+use crate::layout::{CONTROL_FD, IMAGE_DISK, UPPER_DISK, bind_tag};
 use crate::protocol::{ReadyInfo, SetupSpec, SupMsg};
 
 /// 9p options for shares the guest writes (the workspace, writable binds):
@@ -86,6 +88,9 @@ fn mount(
 }
 
 fn build(spec: &SetupSpec) -> Result<(), SetupError> {
+    if spec.guest_image {
+        return build_image(spec);
+    }
     let nodev = MountFlags::NODEV | MountFlags::NOSUID;
     mount("etc", "/etc", "9p", nodev | MountFlags::RDONLY, RO_9P)?;
     mount("workspace", "/workspace", "9p", nodev, RW_9P)?;
@@ -134,6 +139,154 @@ fn build(spec: &SetupSpec) -> Result<(), SetupError> {
         )
     })?;
     Ok(())
+}
+
+/// Where the image root is assembled, on the initramfs: the image's disk,
+/// the writable layer's disk, and the overlay of the two that becomes `/`.
+const IMAGE_DISK_MOUNT: &str = "/.cordon/image/disk";
+const IMAGE_RW: &str = "/.cordon/image/rw";
+const IMAGE_ROOT: &str = "/.cordon/image/root";
+
+/// The root from an image: its flat root, read-only, under a writable
+/// layer on a disk of the guest's own (as big as the disk budget, so the
+/// layer cannot outgrow it), then the sandbox's mounts in it as natively
+/// (the workspace and binds over 9p, a private `/tmp`, `/dev`, `/proc`),
+/// cordon's files in its `/etc`, and the switch into it. The image is the
+/// guest's: its entries are placed through [`Root`], which follows no
+/// link the image holds.
+fn build_image(spec: &SetupSpec) -> Result<(), SetupError> {
+    let nodev = MountFlags::NODEV | MountFlags::NOSUID;
+    let image = find_disk(IMAGE_DISK)?;
+    let upper = find_disk(UPPER_DISK)?;
+    mount(
+        &image,
+        IMAGE_DISK_MOUNT,
+        "ext4",
+        nodev | MountFlags::RDONLY,
+        "noload",
+    )?;
+    // Discard: what the guest deletes is freed in the host's sparse file.
+    // Inode tables stay unwritten until used: the host's file stays sparse.
+    mount(&upper, IMAGE_RW, "ext4", nodev, "discard,noinit_itable")?;
+    for d in [UPPER, WORK] {
+        std::fs::create_dir_all(format!("{IMAGE_RW}/{d}")).map_err(|e| {
+            SetupError::new(
+                format!("create the writable layer's {d}"),
+                Errno::from_io_error(&e).unwrap_or(Errno::IO),
+            )
+        })?;
+    }
+    let lower = format!("{IMAGE_DISK_MOUNT}/{}", cordon_image::flat::IMAGE_DIR);
+    mount(
+        "overlay",
+        IMAGE_ROOT,
+        "overlay",
+        nodev,
+        &format!("lowerdir={lower},upperdir={IMAGE_RW}/{UPPER},workdir={IMAGE_RW}/{WORK}"),
+    )?;
+    let root = Root {
+        path: IMAGE_ROOT.into(),
+        image: true,
+    };
+    write_etc(&root.path, spec)?;
+
+    let at = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
+    mount(
+        "workspace",
+        &at(root.dir("workspace", 0o755)?),
+        "9p",
+        nodev,
+        RW_9P,
+    )?;
+    for (i, b) in spec.binds.iter().enumerate() {
+        let (flags, opts) = if b.writable {
+            (nodev, RW_9P)
+        } else {
+            (nodev | MountFlags::RDONLY, RO_9P)
+        };
+        // A bind's source kind is the host's: the guest sees a directory
+        // share either way, and a file's share is its directory's.
+        mount(
+            &bind_tag(i),
+            &at(root.dir(&b.target, 0o755)?),
+            "9p",
+            flags,
+            opts,
+        )?;
+    }
+    let tmp = at(root.dir("tmp", 0o1777)?);
+    mount(
+        "tmpfs",
+        &tmp,
+        "tmpfs",
+        nodev,
+        &format!("mode=1777,size={}", spec.tmp_size),
+    )?;
+    if let Some(max) = spec.rlimit_nproc {
+        limit_pids(max)?;
+    }
+    // The kernel's own trees, moved in whole (with what is mounted on
+    // them): the init mounted them on the initramfs.
+    for (name, mode) in [("dev", 0o755), ("proc", 0o555), ("sys", 0o555)] {
+        let target = root.dir(name, mode)?;
+        rustix::mount::mount_move(format!("/{name}").as_str(), &target)
+            .map_err(|e| SetupError::new(format!("move /{name} into the image"), e))?;
+    }
+    let dev = at(root.path.join("dev"));
+    mount(
+        "devpts",
+        &format!("{dev}/pts"),
+        "devpts",
+        MountFlags::NOSUID | MountFlags::NOEXEC,
+        "ptmxmode=0666,mode=0620",
+    )?;
+    mount(
+        "tmpfs",
+        &format!("{dev}/shm"),
+        "tmpfs",
+        nodev,
+        &format!("mode=1777,size={}", spec.tmp_size),
+    )?;
+    rustix::system::sethostname(spec.hostname.as_bytes())
+        .map_err(|e| SetupError::new("set hostname", e))?;
+    if spec.loopback {
+        super::setup::loopback_up()?;
+    }
+    // The initramfs cannot be pivoted away from: move the new root over
+    // it and enter it, as switch_root does. What stays beneath (the host's
+    // system shares the supervisor was started from) is out of reach of
+    // every path from the new root.
+    rustix::process::chdir(IMAGE_ROOT).map_err(|e| SetupError::new("enter the image", e))?;
+    rustix::mount::mount_move(".", "/").map_err(|e| SetupError::new("move the image to /", e))?;
+    rustix::process::chroot(".").map_err(|e| SetupError::new("chroot into the image", e))?;
+    rustix::process::chdir("/workspace").map_err(|e| SetupError::new("enter /workspace", e))?;
+    super::serve::run_commands_as(spec.inner_uid, spec.inner_gid);
+    Ok(())
+}
+
+/// The block device whose serial is `serial`, which appears as its driver
+/// probes it.
+fn find_disk(serial: &str) -> Result<String, SetupError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Ok(entries) = std::fs::read_dir("/sys/block") {
+            for e in entries.flatten() {
+                let found = std::fs::read_to_string(e.path().join("serial"))
+                    .is_ok_and(|s| s.trim() == serial);
+                let dev = format!("/dev/{}", e.file_name().to_string_lossy());
+                if found && std::path::Path::new(&dev).exists() {
+                    return Ok(dev);
+                }
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(SetupError {
+                what: format!("the guest has no disk {serial:?}"),
+                errno: 0,
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
 
 /// Caps the number of processes: the guest's root ignores RLIMIT_NPROC, so

@@ -93,7 +93,7 @@ pub(super) fn image_root(
 /// cordon's files in the image's `/etc`: `hosts`, `hostname` and
 /// `resolv.conf` always; `passwd` and `group` only where the image has
 /// none (its users are its own); the broker's trust where it has one.
-fn write_etc(root: &Path, spec: &SetupSpec) -> Result<()> {
+pub(super) fn write_etc(root: &Path, spec: &SetupSpec) -> Result<()> {
     let etc = ensure(root, "etc", Some(0o755))?;
     let etc_fd = rustix::fs::open(
         &etc,

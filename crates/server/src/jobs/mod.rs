@@ -100,12 +100,6 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
     }
     // Stored with the default filled in: a later default does not change it.
     req.options.image = shared.images.choose(tenant, req.options.image.as_ref())?;
-    let backend = req.options.backend.unwrap_or(shared.config.backend);
-    if req.options.image.is_some() && backend != cordon_sandbox::BackendKind::Native {
-        return Err(ApiError::bad_request(
-            "an image runs on the native backend only, for now: ask for `backend` \"native\"",
-        ));
-    }
     if matches!(req.spec, JobSpec::Agent { .. }) && shared.config.agent.is_none() {
         return Err(ApiError::bad_request(
             "this server has no model configured for agent jobs (set ANTHROPIC_API_KEY or OPENAI_BASE_URL where `cordon serve` runs)",

@@ -179,11 +179,6 @@ pub(crate) async fn create(
     // Obtained now, so a name the registry lacks fails here and not at
     // the first message; waking finds it in the store.
     let image = shared.images.choose(&tenant, asked.image.as_ref())?;
-    if image.is_some() && shared.config.backend != cordon_sandbox::BackendKind::Native {
-        return Err(ApiError::bad_request(
-            "an image runs on the native backend only, for now; this server's is the microvm",
-        ));
-    }
     if let Some(name) = &image {
         shared
             .images
@@ -624,9 +619,8 @@ pub(crate) async fn rewind(
             "this session lives on the API process of this deployment that made it: send its requests there",
         ));
     }
-    if let Some(mut live) = guard.take() {
+    if let Some(live) = guard.take() {
         // Its last checkpoint lands, and its log is closed, first.
-        live.agent.settle().await;
         shared.sandboxes.unlist(&sandbox_key(&row.id));
         live.close().await;
     }

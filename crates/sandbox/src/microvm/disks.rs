@@ -1,0 +1,130 @@
+//! A microVM's disks when its root is an image: the image's flat root
+//! (made once per image by `cordon_image::flat`, shared read-only by every
+//! guest that runs it) and a writable layer of the guest's own, an empty
+//! ext4 file in the store's `run/` as big as the disk budget. The file's
+//! size is a hard bound on what the guest can write there; its allocated
+//! blocks are what the host's disk watcher counts, and the guest's
+//! discards free them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use cordon_image::flat::Flat;
+
+use crate::backend::{WritableLayer, utf8};
+use crate::config::RootImage;
+use crate::error::{Error, Result};
+use crate::layout::{IMAGE_DISK, UPPER_DISK};
+
+/// The writable layer's file in the sandbox's directory.
+const UPPER_FILE: &str = "upper.ext4";
+/// Without a disk budget the writable layer may fill what the store's file
+/// system has free, between these bounds. The file is sparse: its size
+/// costs nothing until the guest writes.
+const MIN_UPPER: u64 = 1 << 30;
+const MAX_UPPER: u64 = 1 << 40;
+/// Where e2fsprogs is looked for: the host's, never the caller's `PATH`.
+const TOOL_PATH: &str = "/usr/sbin:/sbin:/usr/bin:/bin";
+
+pub(super) struct ImageDisks {
+    flat: Flat,
+    layer: WritableLayer,
+    upper: PathBuf,
+}
+
+impl ImageDisks {
+    /// The flat root of `image` (made now if the store has none: seconds
+    /// for a large image, once) and a fresh writable layer of `budget`
+    /// bytes (none: what the store's file system has free).
+    pub(super) async fn prepare(image: &RootImage, budget: Option<u64>) -> Result<ImageDisks> {
+        let image = image.clone();
+        tokio::task::spawn_blocking(move || {
+            let flat = cordon_image::flat::flat_root(&image.flat, &image.layers)?;
+            let layer = WritableLayer::new(&image)?;
+            let upper = layer.dir().join(UPPER_FILE);
+            let size = budget.unwrap_or_else(|| free_space(layer.dir()));
+            make_upper(&upper, size)?;
+            Ok(ImageDisks { flat, layer, upper })
+        })
+        .await
+        .map_err(|e| Error::Io(std::io::Error::other(e)))?
+    }
+
+    /// The directory the disk watcher counts with the workspace.
+    pub(super) fn writable_layer(&self) -> &Path {
+        self.layer.dir()
+    }
+
+    /// The files QEMU reads and the one it writes.
+    pub(super) fn host_files(&self) -> (PathBuf, PathBuf) {
+        (self.flat.path().to_path_buf(), self.upper.clone())
+    }
+
+    /// QEMU's arguments for the two disks, each known to the guest by its
+    /// serial.
+    pub(super) fn qemu_args(&self) -> Result<Vec<String>> {
+        let flat = drive_path(self.flat.path())?;
+        let upper = drive_path(&self.upper)?;
+        Ok(vec![
+            "-drive".into(),
+            format!("file={flat},if=none,id=image,format=raw,readonly=on"),
+            "-device".into(),
+            format!("virtio-blk-device,drive=image,serial={IMAGE_DISK}"),
+            "-drive".into(),
+            format!("file={upper},if=none,id=upper,format=raw,discard=unmap,detect-zeroes=unmap"),
+            "-device".into(),
+            format!("virtio-blk-device,drive=upper,serial={UPPER_DISK}"),
+        ])
+    }
+}
+
+/// A path as QEMU's option syntax takes it: a comma would end the value.
+fn drive_path(p: &Path) -> Result<String> {
+    let s = utf8(p, "disk")?;
+    if s.contains(',') {
+        return Err(Error::Config(format!(
+            "the microvm backend cannot use the disk {s}: a comma in the path (move the image \
+             store, CORDON_IMAGE_STORE)"
+        )));
+    }
+    Ok(s)
+}
+
+/// What the file system holding `dir` has free for this user, within
+/// [`MIN_UPPER`] and [`MAX_UPPER`].
+fn free_space(dir: &Path) -> u64 {
+    rustix::fs::statvfs(dir)
+        .map(|s| s.f_bavail.saturating_mul(s.f_frsize))
+        .unwrap_or(MIN_UPPER)
+        .clamp(MIN_UPPER, MAX_UPPER)
+}
+
+/// An empty ext4 file system of `size` bytes at `path`, sparse: no
+/// journal (the layer goes with the guest), no reserved blocks, inode
+/// tables left for the guest to use unwritten.
+fn make_upper(path: &Path, size: u64) -> Result<()> {
+    let file = std::fs::File::create_new(path)?;
+    file.set_len(size)?;
+    drop(file);
+    let out = Command::new("mke2fs")
+        .args(["-q", "-F", "-t", "ext4", "-b", "4096", "-m", "0"])
+        .args(["-L", UPPER_DISK, "-O", "^has_journal,^resize_inode"])
+        .args(["-E", "lazy_itable_init=1,nodiscard"])
+        .arg(path)
+        .env_clear()
+        .env("PATH", TOOL_PATH)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| {
+            Error::Config(format!(
+                "cannot run mke2fs for the writable layer (Debian's e2fsprogs): {e}"
+            ))
+        })?;
+    if !out.status.success() {
+        return Err(Error::Config(format!(
+            "mke2fs for the writable layer failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
