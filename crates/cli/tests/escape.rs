@@ -403,10 +403,14 @@ fn symlink_created_inside(t: &Ctx) {
         .stderr_has("in-file: No such file or directory");
     if t.image() {
         // / and /etc are the image's own: the links lead there, and pid
-        // 1's root stays closed.
+        // 1's root stays closed (in a guest, it is the image's root too).
         out.lacks(&format!("in-etc/{name}:"))
-            .lacks(&format!("in-root/{name}:"))
-            .stderr_has("ls: cannot access 'in-init/': Permission denied");
+            .lacks(&format!("in-root/{name}:"));
+        if t.vm() {
+            out.line(&name).line("workspace").lacks("in-init/");
+        } else {
+            out.stderr_has("ls: cannot access 'in-init/': Permission denied");
+        }
         t.assert_gone_with_the_sandbox(&out, &[&format!("/etc/{name}"), &format!("/{name}")]);
     } else if t.vm() {
         out.stderr_has(&format!("in-etc/{name}: Read-only file system"));
@@ -489,7 +493,19 @@ fn write_via_proc_1_root(t: &Ctx) {
         "ls /proc/1/root/; cat /proc/1/root/etc/hostname; echo pwned > /proc/1/root/tmp/{name}; \
          cd /proc/1/root; cat /proc/1/root{s}; ls -l /proc/1/cwd; echo done"
     ));
-    if t.vm() {
+    if t.vm() && t.image() {
+        // Pid 1's root is the image's, the guest's own: its /etc has
+        // cordon's hostname; no host path in it.
+        out.code(0)
+            .line("done")
+            .line("workspace")
+            .line("cordon")
+            .stdout_has("/proc/1/cwd -> /workspace")
+            .stderr_has(&format!("cat: /proc/1/root{s}: No such file or directory"))
+            .lacks("Permission denied")
+            .lacks("host-secret-token");
+        t.assert_gone_with_the_sandbox(&out, &[&format!("/tmp/{name}")]);
+    } else if t.vm() {
         // The guest's root may enter its pid 1's root: the guest's own /,
         // with its own /tmp, and no host path in it.
         out.code(0)
@@ -1312,9 +1328,9 @@ fn dns_resolution(t: &Ctx) {
     out.code(0)
         .line("gaierror: -3 Temporary failure in name resolution")
         .line("localhost: 127.0.0.1");
-    // The guest's staged /etc has no resolv.conf at all; natively it is
-    // an empty file.
-    out.line(if t.vm() {
+    // The guest's staged /etc has no resolv.conf at all; natively, and in
+    // an image's /etc, it is an empty file.
+    out.line(if t.vm() && !t.image() {
         "resolv.conf: ENOENT"
     } else {
         "resolv.conf: OK ''"
@@ -2001,7 +2017,7 @@ for name, call in (('setgid', os.setgid), ('setuid', os.setuid)):
     except OSError as e:
         print(name + ': ' + errno.errorcode[e.errno])
 "#);
-    if t.image() {
+    if t.image() && !t.vm() {
         // Root in an image takes any identity of the 65536 its namespace
         // maps, and none beyond; supplementary groups stay empty, as
         // setgroups succeeds without effect here too.
@@ -2019,7 +2035,8 @@ for name, call in (('setgid', os.setgid), ('setuid', os.setuid)):
         return;
     }
     if t.vm() {
-        // The guest's root may take any identity of the guest's.
+        // The guest's root may take any identity of the guest's (with an
+        // image as without).
         out.code(0)
             .line("setgroups: ok")
             .line("groups unchanged: False")
@@ -2124,6 +2141,19 @@ fn guest_mounts(t: &Ctx, out: &Out) {
         "mount -t tmpfs none /tmp; echo mount-exit=$?; mount -o remount,rw /usr; echo remount-exit=$?; \
          touch /usr/{name}; chmod 4777 /usr/bin/env; echo done"
     ));
+    if t.image() {
+        // An image's /usr is no mount but its own layer's: writable as it
+        // is, and only there.
+        sh.code(0)
+            .line("mount-exit=0")
+            .line("remount-exit=32")
+            .line("done")
+            .lacks("Read-only");
+        assert_absent(&sh, &[format!("/usr/{name}")]);
+        assert_unchanged(&sh, &before);
+        t.assert_gone_with_the_sandbox(&sh, &[&format!("/usr/{name}")]);
+        return;
+    }
     sh.code(0)
         .line("mount-exit=0")
         .line("remount-exit=0")
@@ -2151,12 +2181,19 @@ fn umount_filesystems(t: &Ctx) {
     if t.vm() {
         // The guest's root detaches what it likes in the guest; /proc/sys
         // and the others are no mounts there, and the initramfs root stays.
+        // An image's /usr is no mount, and its root (the image moved over
+        // the initramfs) the guest's root may detach.
+        let (usr, root) = if t.image() {
+            ("EINVAL", "OK 0")
+        } else {
+            ("OK 0", "EINVAL")
+        };
         out.line("umount2 /proc/sys: EINVAL")
             .line("umount2 /proc/kcore: EINVAL")
             .line("umount2 /proc/keys: EINVAL")
             .line("umount2 /workspace: OK 0")
-            .line("umount2 /usr: OK 0")
-            .line("umount2 /: EINVAL");
+            .line(&format!("umount2 /usr: {usr}"))
+            .line(&format!("umount2 /: {root}"));
         assert!(t.workspace.is_dir() && Path::new("/usr/bin").is_dir());
         if host_has("umount") {
             t.sh("umount /proc/sys; echo umount-exit=$?")
@@ -2195,11 +2232,23 @@ fn pivot_root(t: &Ctx) {
     "#,
     );
     // The guest's root may call it, but its / is the initramfs (rootfs),
-    // which cannot be pivoted, and /tmp/newroot is no mount point.
+    // which cannot be pivoted, and /tmp/newroot is no mount point. An
+    // image's root is a mount moved over the initramfs: busy.
     let why = if t.vm() { "EINVAL" } else { "EPERM" };
+    let dot = if t.vm() && t.image() { "EBUSY" } else { why };
     out.code(0)
         .line(&format!("pivot_root tmp: {why}"))
-        .line(&format!("pivot_root dot: {why}"));
+        .line(&format!("pivot_root dot: {dot}"));
+    if t.vm() && t.image() {
+        // Its /tmp is a mount of the guest's own: the guest's root may
+        // make it the root, inside the guest.
+        if host_has("pivot_root") {
+            t.sh("mkdir -p /tmp/old; pivot_root /tmp /tmp/old; echo exit=$?")
+                .code(0)
+                .line("exit=0");
+        }
+        return;
+    }
     if host_has("pivot_root") {
         t.sh("mkdir -p /tmp/old; pivot_root /tmp /tmp/old; echo exit=$?")
             .code(0)
@@ -2328,10 +2377,20 @@ fn chroot_escape(t: &Ctx) {
         if root != listing("pid 1 root: ") {
             out.fail("the climb did not end at the guest's own /");
         }
-        for want in ["'.cordon'", "'init'", "'workspace'"] {
+        // With an image, that / is the image's: the initramfs beneath it
+        // is out of reach.
+        let wants: &[&str] = if t.image() {
+            &["'workspace'", "'usr'", "'etc'"]
+        } else {
+            &["'.cordon'", "'init'", "'workspace'"]
+        };
+        for want in wants {
             if !root.contains(want) {
                 out.fail(format_args!("expected the guest's root, with {want}"));
             }
+        }
+        if t.image() && (root.contains("'.cordon'") || root.contains("'init'")) {
+            out.fail("the climb reached the initramfs beneath the image");
         }
         if host_has("chroot") {
             t.sh("chroot /tmp /bin/true; echo exit=$?")
@@ -3157,8 +3216,9 @@ fn background_process_outlives_session(t: &Ctx) {
 attack!(background_process_outlives_session);
 
 /// The battery again with an image as the root (the seeds environment)
-/// and root inside, cordon started by root (`in_image::<attack>`) and as
-/// uid 65534 (`in_image_unprivileged::<attack>`). What root inside may do
+/// and root inside, cordon started by root (`in_image::<attack>`), as
+/// uid 65534 (`in_image_unprivileged::<attack>`) and with the image as a
+/// microVM guest's root (`in_image_microvm::<attack>`). What root inside may do
 /// differently (write its own root, chown in it) each attack says; what it
 /// must not (reach the host, keep a capability outside its namespaces,
 /// leave a set-id file the host would honour) holds the same.
@@ -3170,6 +3230,10 @@ macro_rules! in_images {
         /// Cordon started as uid 65534, with its subordinate ids.
         mod in_image_unprivileged {
             attack!(@in_image ImageUnprivileged: $($name),*);
+        }
+        /// The image as a microVM guest's root.
+        mod in_image_microvm {
+            attack!(@in_image ImageMicrovm: $($name),*);
         }
     };
 }

@@ -453,6 +453,50 @@ fn root_inside_stays_inside(t: &Ctx) {
 }
 attack!(root_inside_stays_inside, native);
 
+/// A microVM's flat root is shared by every guest that runs the image:
+/// its root writing the disk, or mounting it read-write, changes nothing
+/// of it on the host (QEMU opens it read-only), and the next guest finds
+/// the image as it was.
+fn the_flat_root_is_read_only_to_every_guest(t: &Ctx) {
+    let img = image(t, &[], json!({}));
+    img.sh(t, "true").code(0);
+    let flat = fs::read_dir(img.store.join("flat"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "ext4"))
+        .expect("the first run made the flat root");
+    let before = fs::read(&flat).unwrap();
+    let out = img.sh(
+        t,
+        "for d in /sys/block/vd*; do echo \"${d##*/} $(cat $d/serial) ro=$(cat $d/ro)\"; done; \
+         disk=$(for d in /sys/block/vd*; do [ \"$(cat $d/serial)\" = cordon-image ] && echo ${d##*/}; done); \
+         dd if=/dev/zero of=/dev/$disk bs=4096 count=16 conv=notrunc 2>&1 || echo dd-refused; \
+         mkdir /m; mount -t ext4 -o rw /dev/$disk /m 2>&1; \
+         touch /m/image/planted 2>&1 || echo write-refused; \
+         echo done",
+    );
+    out.code(0)
+        .line("done")
+        .line("dd-refused")
+        .line("write-refused");
+    assert!(out.stdout.contains("cordon-image ro=1"), "{}", out.stdout);
+    assert!(
+        fs::read(&flat).unwrap() == before,
+        "HOST CHANGED: a guest changed the shared flat root"
+    );
+    img.sh(t, "cat /etc/os-release")
+        .code(0)
+        .line("ID=cordon-busybox");
+}
+
+#[test]
+fn the_flat_root_is_read_only_to_every_guest_microvm() {
+    if let Some(t) = Ctx::new(Mode::Microvm) {
+        the_flat_root_is_read_only_to_every_guest(&t);
+    }
+}
+
 /// The writable layer counts against `--disk`: filling the image's own
 /// root stops the sandbox as filling the workspace does. A microVM's
 /// layer is a disk as big as the budget: writes past it fail, and the

@@ -120,6 +120,10 @@ pub enum Mode {
     /// [`Mode::Image`] with cordon started as uid/gid 65534, its ids
     /// inside from its range in `/etc/subuid` (scripts/test gives one).
     ImageUnprivileged,
+    /// As root, with the microvm backend and the image of [`Mode::Image`]
+    /// as the guest's root: the guest kernel's root, with every capability
+    /// of its own kernel, over a writable disk of its own.
+    ImageMicrovm,
 }
 
 /// The image the image modes run in, as `CORDON_IMAGE` names it, and the
@@ -254,7 +258,7 @@ impl Ctx {
         }
         let switch_user = matches!(mode, Mode::Unprivileged | Mode::ImageUnprivileged) && root;
         let image = match mode {
-            Mode::Image => Some(escape_image(false)?),
+            Mode::Image | Mode::ImageMicrovm => Some(escape_image(false)?),
             Mode::ImageUnprivileged => Some(escape_image(true)?),
             _ => None,
         };
@@ -276,7 +280,10 @@ impl Ctx {
         }
         let (uid, gid) = if switch_user && mode == Mode::Unprivileged {
             (NOBODY, NOBODY)
-        } else if matches!(mode, Mode::Microvm | Mode::Image | Mode::ImageUnprivileged) {
+        } else if matches!(
+            mode,
+            Mode::Microvm | Mode::Image | Mode::ImageUnprivileged | Mode::ImageMicrovm
+        ) {
             (0, 0)
         } else {
             (euid(), rustix::process::getegid().as_raw())
@@ -303,7 +310,10 @@ impl Ctx {
 
     /// The root is an image, with root inside.
     pub fn image(&self) -> bool {
-        matches!(self.mode, Mode::Image | Mode::ImageUnprivileged)
+        matches!(
+            self.mode,
+            Mode::Image | Mode::ImageUnprivileged | Mode::ImageMicrovm
+        )
     }
 
     /// The sandbox's `/` is its own and its root may write it: a guest's
@@ -363,7 +373,7 @@ impl Ctx {
 
     /// The microvm backend: the command runs as root inside a guest.
     pub fn vm(&self) -> bool {
-        self.mode == Mode::Microvm
+        matches!(self.mode, Mode::Microvm | Mode::ImageMicrovm)
     }
 
     /// A time limit for a whole run, allowing for a microVM's boot.
@@ -384,7 +394,9 @@ impl Ctx {
             // In an image the command is root inside whoever started it.
             Mode::Root | Mode::Image | Mode::ImageUnprivileged => root,
             Mode::Unprivileged => unprivileged,
-            Mode::Microvm => panic!("pick() has no microvm expectation; branch on t.vm()"),
+            Mode::Microvm | Mode::ImageMicrovm => {
+                panic!("pick() has no microvm expectation; branch on t.vm()")
+            }
         }
     }
 
@@ -518,9 +530,14 @@ impl Ctx {
 
     /// The largest regular file outside the workspace that this test's
     /// QEMU holds open for writing: where a guest could grow something on
-    /// the host at will (a serial console log once was).
+    /// the host at will (a serial console log once was). In bytes the host
+    /// gave it, not its apparent size; an image's writable layer, a disk
+    /// as big as the budget by design (counted by the disk watcher), is
+    /// not one.
     pub fn vm_largest_written_file(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
         let ws = fs::canonicalize(&self.workspace).unwrap_or_else(|_| self.workspace.clone());
+        let layers = self.image.as_ref().map(|(_, store)| store.join("run"));
         let mut largest = 0;
         for pid in self.qemu_pids() {
             let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
@@ -543,13 +560,14 @@ impl Ctx {
                 let Ok(target) = fs::read_link(fd.path()) else {
                     continue;
                 };
-                if target.starts_with(&ws) {
+                if target.starts_with(&ws) || layers.as_ref().is_some_and(|l| target.starts_with(l))
+                {
                     continue;
                 }
                 if let Ok(m) = fs::metadata(fd.path())
                     && m.is_file()
                 {
-                    largest = largest.max(m.len());
+                    largest = largest.max(m.blocks() * 512);
                 }
             }
         }
