@@ -498,12 +498,13 @@ fn the_flat_root_is_read_only_to_every_guest_microvm() {
 }
 
 /// The writable layer counts against `--disk`: filling the image's own
-/// root stops the sandbox as filling the workspace does. A microVM's
-/// layer is a disk as big as the budget: writes past it fail, and the
-/// guest goes on.
+/// root stops the sandbox as filling the workspace does. Where cordon can
+/// make the layer a disk as big as the budget (a microVM's, and root's
+/// natively, mounted in the sandbox's own namespace), writes past it fail
+/// and the sandbox goes on; the host sees no mount of it.
 fn the_writable_layer_counts_against_the_disk_budget(t: &Ctx) {
     let img = image(t, &[], json!({}));
-    if t.vm() {
+    if t.vm() || t.root() {
         let out = img.run(
             t,
             &["--disk", "16M"],
@@ -513,6 +514,23 @@ fn the_writable_layer_counts_against_the_disk_budget(t: &Ctx) {
             .stdout_has("No space left on device")
             .line("survived");
         assert!(img.leftovers().is_empty(), "{:?}", img.leftovers());
+        let store = img.store.to_str().unwrap();
+        let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(
+            !mounts.contains(store),
+            "the layer's disk is mounted on the host:\n{mounts}"
+        );
+        // Its loop device goes with the sandbox's namespace.
+        let attached = || {
+            fs::read_dir("/sys/block").unwrap().flatten().any(|dev| {
+                fs::read_to_string(dev.path().join("loop/backing_file"))
+                    .is_ok_and(|b| b.contains(store))
+            })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || !attached()),
+            "a loop device is still attached to the layer's disk"
+        );
         return;
     }
     let out = img.run(

@@ -99,7 +99,46 @@ impl WritableLayer {
     pub(crate) fn dir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// Makes the layer a disk: an empty ext4 file system of `size` bytes
+    /// in the directory, labelled `label`, sparse (no journal, as the
+    /// layer goes with the sandbox; no reserved blocks; inode tables left
+    /// unwritten). Its size is a hard bound on what the layer holds.
+    pub(crate) fn make_disk(&self, size: u64, label: &str) -> Result<PathBuf> {
+        let path = self.dir().join(DISK_FILE);
+        let file = std::fs::File::create_new(&path)?;
+        file.set_len(size)?;
+        drop(file);
+        let out = std::process::Command::new("mke2fs")
+            .args([
+                "-q", "-F", "-t", "ext4", "-b", "4096", "-m", "0", "-L", label,
+            ])
+            .args(["-O", "^has_journal,^resize_inode"])
+            .args(["-E", "lazy_itable_init=1,nodiscard"])
+            .arg(&path)
+            .env_clear()
+            .env("PATH", TOOL_PATH)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| {
+                Error::Config(format!(
+                    "cannot run mke2fs for the writable layer (Debian's e2fsprogs): {e}"
+                ))
+            })?;
+        if !out.status.success() {
+            return Err(Error::Config(format!(
+                "mke2fs for the writable layer failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(path)
+    }
 }
+
+/// A writable layer's disk in its directory.
+const DISK_FILE: &str = "layer.ext4";
+/// Where e2fsprogs is looked for: the host's, never the caller's `PATH`.
+const TOOL_PATH: &str = "/usr/sbin:/sbin:/usr/bin:/bin";
 
 impl Drop for WritableLayer {
     fn drop(&mut self) {

@@ -22,7 +22,7 @@
 //! The modules, each using only those listed before it:
 //! - `protocol` (the framed protocol between host and supervisor), `error`,
 //!   `layout` (what the host and the supervisor agree the sandbox looks
-//!   like), `repos` (git repositories below the workspace's top level),
+//!   like), `loopdev` (ext4 image files mounted through loop devices), `repos` (git repositories below the workspace's top level),
 //!   `egress` (the broker's part of a configuration), `config` (how to
 //!   build a sandbox, validated once);
 //! - `supervisor`: the sandbox's pid 1, native or in a microVM guest;
@@ -48,6 +48,7 @@ mod egress;
 mod error;
 mod layout;
 mod leftovers;
+mod loopdev;
 pub mod microvm;
 mod native;
 pub mod protocol;

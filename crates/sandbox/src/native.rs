@@ -131,8 +131,9 @@ impl Lifecycle for NativeLifecycle {
     }
 
     fn writable_layer(&self) -> Option<std::path::PathBuf> {
+        // Its upper and work directories, or its disk.
         let scratch = self.scratch.lock().unwrap();
-        Some(scratch.as_ref()?.dir().join("upper"))
+        Some(scratch.as_ref()?.dir().to_path_buf())
     }
 }
 
@@ -249,7 +250,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
 
     let (image, scratch) = match &config.image {
         Some(image) => {
-            let (root, dir) = image_root(image)?;
+            let (root, dir) = image_root(image, config.disk)?;
             (Some(root), Some(dir))
         }
         None => (None, None),
@@ -330,13 +331,23 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
 
 /// An image root's setup: its layers, a writable layer's directory of this
 /// sandbox's own, and where its ids come from.
-fn image_root(image: &crate::config::RootImage) -> Result<(protocol::ImageRoot, WritableLayer)> {
-    let ids = if rustix::process::geteuid().is_root() && in_initial_user_namespace() {
+fn image_root(
+    image: &crate::config::RootImage,
+    budget: Option<u64>,
+) -> Result<(protocol::ImageRoot, WritableLayer)> {
+    let root = rustix::process::geteuid().is_root() && in_initial_user_namespace();
+    let ids = if root {
         protocol::IdSource::Allocated
     } else {
         crate::subids::subordinate(rustix::process::geteuid().as_raw())?
     };
     let layer = WritableLayer::new(image)?;
+    // Root can mount it: with a budget, the layer is a disk that size, a
+    // hard bound (without root, the disk watcher alone holds it).
+    let disk = match budget {
+        Some(size) if root => Some(utf8(&layer.make_disk(size, "cordon-layer")?, "disk")?),
+        _ => None,
+    };
     let layers = image
         .layers
         .iter()
@@ -346,6 +357,7 @@ fn image_root(image: &crate::config::RootImage) -> Result<(protocol::ImageRoot, 
         layers,
         scratch: utf8(layer.dir(), "writable layer")?,
         ids,
+        disk,
     };
     Ok((root, layer))
 }

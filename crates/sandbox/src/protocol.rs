@@ -147,6 +147,10 @@ pub struct ImageRoot {
     pub scratch: String,
     /// Where the ids beyond the caller's own come from.
     pub ids: IdSource,
+    /// An ext4 file in `scratch`, as big as the disk budget: the
+    /// supervisor (root) mounts it over `scratch` in a mount namespace of
+    /// the sandbox's own, so that the writable layer cannot outgrow it.
+    pub disk: Option<String>,
 }
 
 /// The host ids an image root's inside ids 1 to 65535 map to (0 is the

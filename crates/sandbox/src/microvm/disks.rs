@@ -7,7 +7,6 @@
 //! discards free them.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use cordon_image::flat::Flat;
 
@@ -16,15 +15,11 @@ use crate::config::RootImage;
 use crate::error::{Error, Result};
 use crate::layout::{IMAGE_DISK, UPPER_DISK};
 
-/// The writable layer's file in the sandbox's directory.
-const UPPER_FILE: &str = "upper.ext4";
 /// Without a disk budget the writable layer may fill what the store's file
 /// system has free, between these bounds. The file is sparse: its size
 /// costs nothing until the guest writes.
 const MIN_UPPER: u64 = 1 << 30;
 const MAX_UPPER: u64 = 1 << 40;
-/// Where e2fsprogs is looked for: the host's, never the caller's `PATH`.
-const TOOL_PATH: &str = "/usr/sbin:/sbin:/usr/bin:/bin";
 
 pub(super) struct ImageDisks {
     flat: Flat,
@@ -41,9 +36,8 @@ impl ImageDisks {
         tokio::task::spawn_blocking(move || {
             let flat = cordon_image::flat::flat_root(&image.flat, &image.layers)?;
             let layer = WritableLayer::new(&image)?;
-            let upper = layer.dir().join(UPPER_FILE);
             let size = budget.unwrap_or_else(|| free_space(layer.dir()));
-            make_upper(&upper, size)?;
+            let upper = layer.make_disk(size, UPPER_DISK)?;
             Ok(ImageDisks { flat, layer, upper })
         })
         .await
@@ -97,34 +91,4 @@ fn free_space(dir: &Path) -> u64 {
         .map(|s| s.f_bavail.saturating_mul(s.f_frsize))
         .unwrap_or(MIN_UPPER)
         .clamp(MIN_UPPER, MAX_UPPER)
-}
-
-/// An empty ext4 file system of `size` bytes at `path`, sparse: no
-/// journal (the layer goes with the guest), no reserved blocks, inode
-/// tables left for the guest to use unwritten.
-fn make_upper(path: &Path, size: u64) -> Result<()> {
-    let file = std::fs::File::create_new(path)?;
-    file.set_len(size)?;
-    drop(file);
-    let out = Command::new("mke2fs")
-        .args(["-q", "-F", "-t", "ext4", "-b", "4096", "-m", "0"])
-        .args(["-L", UPPER_DISK, "-O", "^has_journal,^resize_inode"])
-        .args(["-E", "lazy_itable_init=1,nodiscard"])
-        .arg(path)
-        .env_clear()
-        .env("PATH", TOOL_PATH)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| {
-            Error::Config(format!(
-                "cannot run mke2fs for the writable layer (Debian's e2fsprogs): {e}"
-            ))
-        })?;
-    if !out.status.success() {
-        return Err(Error::Config(format!(
-            "mke2fs for the writable layer failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(())
 }

@@ -10,6 +10,7 @@
 //! follows no link, and replaces whatever of the image's stands in the way.
 
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -266,6 +267,39 @@ fn remove_tree_at(dir: &OwnedFd, name: &str, depth: usize) {
         return;
     }
     let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
+}
+
+/// Mounts the writable layer's disk over its directory, in a mount
+/// namespace of this supervisor's own (made here, before the sandbox's
+/// other namespaces): no host process sees the mount, and it goes, with
+/// its loop device, when the sandbox's last process does.
+pub(super) fn mount_disk(image: &ImageRoot, disk: &str) -> Result<()> {
+    use rustix::mount::MountPropagationFlags;
+    // SAFETY: the outer supervisor has one thread.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
+        .ctx(|| "a mount namespace for the writable layer's disk".into())?;
+    rustix::mount::mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    )
+    .ctx(|| "make mounts private".into())?;
+    // Made by cordon in the store's directory, beside the mount point.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(disk)
+        .ctx(|| format!("open the writable layer's disk {disk}"))?;
+    crate::loopdev::mount_ext4(
+        &file,
+        Path::new(&image.scratch),
+        MountFlags::NOSUID | MountFlags::NODEV,
+        c"discard,noinit_itable",
+    )
+    .map_err(|e| SetupError {
+        what: format!("mount the writable layer's disk: {e}"),
+        errno: e.raw_os_error().unwrap_or(0),
+    })
 }
 
 /// Makes the writable layer's two directories, owned by the sandbox's root

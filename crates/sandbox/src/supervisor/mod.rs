@@ -313,6 +313,9 @@ fn enter_namespaces(
             };
             let (base, lock) = ids::allocate_range()?;
             let maps = ids::IdMaps::allocated(base);
+            if let Some(disk) = &image.disk {
+                image::mount_disk(image, disk)?;
+            }
             let scratch = image::make_scratch(image, Some(base))?;
             // Made while this process still holds root's capabilities.
             let cannot = || SetupError {

@@ -39,10 +39,6 @@ use std::process::{Command, Stdio};
 use rustix::fs::{FallocateFlags, OFlags};
 use rustix::mount::{MountFlags, UnmountFlags};
 
-mod loop_device;
-
-use loop_device::attach;
-
 /// The image's size: the most the file system can ever hold, not what it
 /// takes (the image is sparse and the balloon unwritten). Large enough
 /// for a long session's workspace.
@@ -451,7 +447,8 @@ fn make(workspace: &Path, room: u64) -> Result<()> {
             immutable(dir, true)
                 .map_err(VolumeError::io(format!("make {} immutable", dir.display())))?;
         }
-        attach(&image, &p.root)?;
+        crate::loopdev::mount_ext4(&image, &p.root, MOUNT_FLAGS, MOUNT_DATA)
+            .map_err(|e| VolumeError::io("mount the volume")(e))?;
         // The tree the sandbox sees, as the directory it replaces was.
         let tree = p.root.join(TREE);
         std::fs::create_dir(&tree).map_err(VolumeError::io("create the volume's tree"))?;
@@ -502,7 +499,8 @@ fn mount(p: &Paths) -> Result<()> {
         ));
     }
     if !mount_root(&p.root) {
-        attach(&image, &p.root)?;
+        crate::loopdev::mount_ext4(&image, &p.root, MOUNT_FLAGS, MOUNT_DATA)
+            .map_err(|e| VolumeError::io("mount the volume")(e))?;
     }
     if !mount_root(&p.workspace) {
         rustix::mount::mount_bind(p.root.join(TREE), &p.workspace)

@@ -1,40 +1,51 @@
-//! Loop devices through their ioctls (linux/loop.h): attaching a volume's
-//! image to one, and finding the one it is attached to.
+//! Loop devices through their ioctls (linux/loop.h): mounting an ext4
+//! image file (a workspace's volume, a native image sandbox's writable
+//! layer) through one, and finding the one it is attached to.
 
+use std::ffi::CStr;
 use std::fs::File;
+use std::io::{Error, Result};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use rustix::fs::OFlags;
 use rustix::ioctl::{Ioctl, IoctlOutput, Opcode};
+use rustix::mount::MountFlags;
 
-use super::{MOUNT_DATA, MOUNT_FLAGS, Result, VolumeError};
+/// `e` with what was being done.
+fn ctx(what: impl Into<String>) -> impl FnOnce(Error) -> Error {
+    let what = what.into();
+    move |e| Error::new(e.kind(), format!("{what}: {e}"))
+}
 
-/// Mounts `image` on `root`, through the loop device it is attached to if
-/// it is one (a volume unmounted while a sandbox still held it), else a
-/// free one that detaches itself once unmounted. Never two: two file
-/// systems over one image, each with its own cache, would corrupt it.
-pub(super) fn attach(image: &File, root: &Path) -> Result<()> {
+/// Mounts the ext4 `image` on `target`, through the loop device it is
+/// attached to if it is one (a volume unmounted while a sandbox still held
+/// it), else a free one that detaches itself once unmounted. Never two:
+/// two file systems over one image, each with its own cache, would corrupt
+/// it.
+pub(crate) fn mount_ext4(
+    image: &File,
+    target: &Path,
+    flags: MountFlags,
+    data: &CStr,
+) -> Result<()> {
     let (device, path) = match attached(image)? {
         Some(found) => found,
         None => attach_free(image)?,
     };
     // The device stays attached while `device` is open; the mount holds
     // it from then on, and it detaches itself when unmounted.
-    rustix::mount::mount(path.as_str(), root, "ext4", MOUNT_FLAGS, Some(MOUNT_DATA))
-        .map_err(|e| VolumeError::io(format!("mount {path}"))(e.into()))?;
+    rustix::mount::mount(path.as_str(), target, "ext4", flags, Some(data))
+        .map_err(|e| ctx(format!("mount {path}"))(e.into()))?;
     drop(device);
     Ok(())
 }
 
 /// The loop device `image` is attached to, open, and its path.
 fn attached(image: &File) -> Result<Option<(rustix::fd::OwnedFd, String)>> {
-    let meta = image
-        .metadata()
-        .map_err(VolumeError::io("stat the image"))?;
-    let entries =
-        std::fs::read_dir("/sys/block").map_err(VolumeError::io("list the block devices"))?;
+    let meta = image.metadata().map_err(ctx("stat the image"))?;
+    let entries = std::fs::read_dir("/sys/block").map_err(ctx("list the block devices"))?;
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(n) = name
@@ -78,21 +89,21 @@ fn attach_free(image: &File) -> Result<(rustix::fd::OwnedFd, String)> {
         OFlags::RDWR | OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )
-    .map_err(|e| VolumeError::io("open /dev/loop-control")(e.into()))?;
+    .map_err(|e| ctx("open /dev/loop-control")(e.into()))?;
     // Another process may take the device between asking and configuring.
     let mut tries = 0;
     loop {
         tries += 1;
         // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a number.
         let n = unsafe { rustix::ioctl::ioctl(&control, GetFree) }
-            .map_err(|e| VolumeError::io("find a free loop device")(e.into()))?;
+            .map_err(|e| ctx("find a free loop device")(e.into()))?;
         let path = format!("/dev/loop{n}");
         let device = rustix::fs::open(
             path.as_str(),
             OFlags::RDWR | OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )
-        .map_err(|e| VolumeError::io(format!("open {path}"))(e.into()))?;
+        .map_err(|e| ctx(format!("open {path}"))(e.into()))?;
         let config = LoopConfig {
             fd: image.as_raw_fd() as u32,
             info: LoopInfo64 {
@@ -111,7 +122,7 @@ fn attach_free(image: &File) -> Result<(rustix::fd::OwnedFd, String)> {
         } {
             Ok(()) => return Ok((device, path)),
             Err(rustix::io::Errno::BUSY) if tries < 16 => continue,
-            Err(e) => return Err(VolumeError::io(format!("configure {path}"))(e.into())),
+            Err(e) => return Err(ctx(format!("configure {path}"))(e.into())),
         }
     }
 }
