@@ -215,3 +215,34 @@ fn a_flat_root_is_made_once_and_pruned_only_when_unused() {
     assert!(!path.exists());
     assert_eq!(std::fs::read_dir(&sr.flat).unwrap().count(), 0);
 }
+
+/// The tests above again as the user nobody (uid 65534), whose store
+/// holds only its own files: the flat root is then made in a user
+/// namespace of the maker's own, mapping it to root.
+#[test]
+fn an_unprivileged_user_makes_flat_roots_too() {
+    use std::os::unix::process::CommandExt;
+    if !rustix::process::geteuid().is_root() {
+        // Already unprivileged: the tests above ran as such.
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "suite::flat::layers_merge_as_overlayfs_reads_them_and_owners_and_links_stay",
+            "suite::flat::a_flat_root_is_made_once_and_pruned_only_when_unused",
+        ])
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .current_dir("/")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("2 passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
