@@ -93,37 +93,10 @@ fn build(spec: &SetupSpec) -> Result<(), SetupError> {
     }
     let nodev = MountFlags::NODEV | MountFlags::NOSUID;
     mount("etc", "/etc", "9p", nodev | MountFlags::RDONLY, RO_9P)?;
-    mount("workspace", "/workspace", "9p", nodev, RW_9P)?;
-    for (i, b) in spec.binds.iter().enumerate() {
-        let (flags, opts) = if b.writable {
-            (nodev, RW_9P)
-        } else {
-            (nodev | MountFlags::RDONLY, RO_9P)
-        };
-        mount(&bind_tag(i), &b.target, "9p", flags, opts)?;
-    }
-    mount(
-        "tmpfs",
-        "/tmp",
-        "tmpfs",
-        nodev,
-        &format!("mode=1777,size={}", spec.tmp_size),
-    )?;
+    mount_sandbox(spec, |rel, _| {
+        Ok(format!("/{}", rel.trim_start_matches('/')))
+    })?;
     mount("tmpfs", "/run", "tmpfs", nodev, "mode=0755,size=16m")?;
-    mount(
-        "devpts",
-        "/dev/pts",
-        "devpts",
-        MountFlags::NOSUID | MountFlags::NOEXEC,
-        "ptmxmode=0666,mode=0620",
-    )?;
-    mount(
-        "tmpfs",
-        "/dev/shm",
-        "tmpfs",
-        nodev,
-        &format!("mode=1777,size={}", spec.tmp_size),
-    )?;
     if let Some(max) = spec.rlimit_nproc {
         limit_pids(max)?;
     }
@@ -139,6 +112,37 @@ fn build(spec: &SetupSpec) -> Result<(), SetupError> {
         )
     })?;
     Ok(())
+}
+
+/// The sandbox's own mounts, at `at(rel, mode)` for each path `rel` of
+/// the root being built (made with `mode` if absent): the workspace and
+/// binds over 9p, a private `/tmp`, and `/dev`'s `pts` and `shm`.
+fn mount_sandbox(
+    spec: &SetupSpec,
+    at: impl Fn(&str, u32) -> Result<String, SetupError>,
+) -> Result<(), SetupError> {
+    let nodev = MountFlags::NODEV | MountFlags::NOSUID;
+    mount("workspace", &at("workspace", 0o755)?, "9p", nodev, RW_9P)?;
+    for (i, b) in spec.binds.iter().enumerate() {
+        let (flags, opts) = if b.writable {
+            (nodev, RW_9P)
+        } else {
+            (nodev | MountFlags::RDONLY, RO_9P)
+        };
+        // A bind's source kind is the host's: the guest sees a directory
+        // share either way.
+        mount(&bind_tag(i), &at(&b.target, 0o755)?, "9p", flags, opts)?;
+    }
+    let tmp_opts = format!("mode=1777,size={}", spec.tmp_size);
+    mount("tmpfs", &at("tmp", 0o1777)?, "tmpfs", nodev, &tmp_opts)?;
+    mount(
+        "devpts",
+        &at("dev/pts", 0o755)?,
+        "devpts",
+        MountFlags::NOSUID | MountFlags::NOEXEC,
+        "ptmxmode=0666,mode=0620",
+    )?;
+    mount("tmpfs", &at("dev/shm", 0o1777)?, "tmpfs", nodev, &tmp_opts)
 }
 
 /// Where the image root is assembled, on the initramfs: the image's disk,
@@ -190,38 +194,7 @@ fn build_image(spec: &SetupSpec) -> Result<(), SetupError> {
     };
     write_etc(&root.path, spec)?;
 
-    let at = |p: std::path::PathBuf| p.to_string_lossy().into_owned();
-    mount(
-        "workspace",
-        &at(root.dir("workspace", 0o755)?),
-        "9p",
-        nodev,
-        RW_9P,
-    )?;
-    for (i, b) in spec.binds.iter().enumerate() {
-        let (flags, opts) = if b.writable {
-            (nodev, RW_9P)
-        } else {
-            (nodev | MountFlags::RDONLY, RO_9P)
-        };
-        // A bind's source kind is the host's: the guest sees a directory
-        // share either way, and a file's share is its directory's.
-        mount(
-            &bind_tag(i),
-            &at(root.dir(&b.target, 0o755)?),
-            "9p",
-            flags,
-            opts,
-        )?;
-    }
-    let tmp = at(root.dir("tmp", 0o1777)?);
-    mount(
-        "tmpfs",
-        &tmp,
-        "tmpfs",
-        nodev,
-        &format!("mode=1777,size={}", spec.tmp_size),
-    )?;
+    // Before /sys moves: the cgroup is made under the init's /sys.
     if let Some(max) = spec.rlimit_nproc {
         limit_pids(max)?;
     }
@@ -232,21 +205,9 @@ fn build_image(spec: &SetupSpec) -> Result<(), SetupError> {
         rustix::mount::mount_move(format!("/{name}").as_str(), &target)
             .map_err(|e| SetupError::new(format!("move /{name} into the image"), e))?;
     }
-    let dev = at(root.path.join("dev"));
-    mount(
-        "devpts",
-        &format!("{dev}/pts"),
-        "devpts",
-        MountFlags::NOSUID | MountFlags::NOEXEC,
-        "ptmxmode=0666,mode=0620",
-    )?;
-    mount(
-        "tmpfs",
-        &format!("{dev}/shm"),
-        "tmpfs",
-        nodev,
-        &format!("mode=1777,size={}", spec.tmp_size),
-    )?;
+    mount_sandbox(spec, |rel, mode| {
+        Ok(root.dir(rel, mode)?.to_string_lossy().into_owned())
+    })?;
     rustix::system::sethostname(spec.hostname.as_bytes())
         .map_err(|e| SetupError::new("set hostname", e))?;
     if spec.loopback {
