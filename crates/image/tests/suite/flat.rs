@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use cordon_image::flat::flat_root;
+use cordon_image::root::SandboxRoot;
 use cordon_image::store::Store;
 use cordon_testkit::oci::{Entry, Layer, gzipped, layer_of};
 
@@ -103,6 +104,18 @@ fn layers() -> Vec<Layer> {
     ]
 }
 
+/// A store with [`layers`] imported as `flat:v1`, and its sandbox root
+/// (as root inside); the directories go when the first part is dropped.
+fn imported() -> ([tempfile::TempDir; 2], Store, SandboxRoot) {
+    let src = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    write_layout(src.path(), "v1", &layers());
+    let store = Store::open(root.path()).unwrap();
+    let image = store.import_layout(src.path(), None, "flat:v1").unwrap();
+    let sr = store.sandbox_root(&image, Some("0")).unwrap();
+    ([src, root], store, sr)
+}
+
 fn debugfs(file: &Path, request: &str) -> String {
     let out = Command::new("debugfs")
         .args(["-R", request])
@@ -138,12 +151,7 @@ fn field(stat: &str, name: &str) -> String {
 
 #[test]
 fn layers_merge_as_overlayfs_reads_them_and_owners_and_links_stay() {
-    let src = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    write_layout(src.path(), "v1", &layers());
-    let store = Store::open(root.path()).unwrap();
-    let image = store.import_layout(src.path(), None, "flat:v1").unwrap();
-    let sr = store.sandbox_root(&image, Some("0")).unwrap();
+    let (_dirs, _store, sr) = imported();
     let flat = flat_root(&sr.flat, &sr.layers).unwrap();
     let file = flat.path();
 
@@ -179,12 +187,7 @@ fn layers_merge_as_overlayfs_reads_them_and_owners_and_links_stay() {
 
 #[test]
 fn a_flat_root_is_made_once_and_pruned_only_when_unused() {
-    let src = tempfile::tempdir().unwrap();
-    let root = tempfile::tempdir().unwrap();
-    write_layout(src.path(), "v1", &layers());
-    let store = Store::open(root.path()).unwrap();
-    let image = store.import_layout(src.path(), None, "flat:v1").unwrap();
-    let sr = store.sandbox_root(&image, Some("0")).unwrap();
+    let (_dirs, store, sr) = imported();
 
     // Two at once: one makes it, the other waits and finds it.
     let (a, b) = std::thread::scope(|s| {
