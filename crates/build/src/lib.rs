@@ -1,0 +1,16 @@
+//! Images built from Dockerfiles: every `RUN` in a cordon sandbox of its
+//! own, every step cached by what it reads.
+//!
+//! A Dockerfile and its context are hostile input like any image: the
+//! context is read beneath its directory through no link, and nothing in
+//! either runs on the host.
+
+pub mod dockerfile;
+pub mod ignore;
+
+/// The modules from the bottom up: each may use only those before it
+/// (checked by `layout.rs`).
+pub const LAYERS: &[&str] = &["dockerfile", "ignore"];
+
+#[cfg(test)]
+mod layout;
