@@ -5,12 +5,29 @@
 //! context is read beneath its directory through no link, and nothing in
 //! either runs on the host.
 
+mod build;
+mod cache;
+pub mod context;
+pub mod copy;
 pub mod dockerfile;
+pub mod expand;
 pub mod ignore;
+pub mod view;
+
+pub use build::{BuildError, Builder, Built, Event, Options};
 
 /// The modules from the bottom up: each may use only those before it
 /// (checked by `layout.rs`).
-pub const LAYERS: &[&str] = &["dockerfile", "ignore"];
+pub const LAYERS: &[&str] = &[
+    "expand",
+    "dockerfile",
+    "ignore",
+    "view",
+    "context",
+    "copy",
+    "cache",
+    "build",
+];
 
 #[cfg(test)]
 mod layout;

@@ -35,6 +35,61 @@ enum ImageCommand {
     },
     /// Remove the blobs and layers no image uses.
     Prune,
+    /// Build an image from a Dockerfile, every RUN in a sandbox of its own
+    /// (docs/images.md)
+    Build(BuildArgs),
+    /// Send a stored image to a registry (loopback ones over plain HTTP):
+    /// NAME, then the registry reference to push it as [default: its name]
+    Push {
+        name: String,
+        target: Option<String>,
+    },
+    /// Write a stored image to a file other tools read
+    Save {
+        name: String,
+        /// The file to write
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: PathBuf,
+        /// oci (an OCI layout in a tar, `oci-archive:FILE` to skopeo) or
+        /// docker-archive (what `docker load` reads)
+        #[arg(long, default_value = "oci")]
+        format: cordon_image::export::Format,
+    },
+}
+
+#[derive(Args, Debug)]
+struct BuildArgs {
+    /// The Dockerfile [default: CONTEXT/Dockerfile]
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// What the image is stored as: NAME[:TAG]
+    #[arg(short = 't', long = "tag", value_name = "NAME")]
+    tag: Option<String>,
+    /// A build argument, for an ARG of the Dockerfile (repeatable)
+    #[arg(long = "build-arg", value_name = "K=V", value_parser = crate::options::parse_env)]
+    build_args: Vec<(String, String)>,
+    /// Build this stage (a name or an index) rather than the last
+    #[arg(long)]
+    target: Option<String>,
+    /// Run every step again, taking nothing from the cache
+    #[arg(long)]
+    no_cache: bool,
+    /// Let RUN steps reach HOST[:PORT] through cordon's broker (repeatable;
+    /// *.DOMAIN, IP/CIDR, or a preset: @python @node @rust @debian) [default: no network]
+    #[arg(long = "allow", value_name = "HOST")]
+    allow: Vec<String>,
+    /// Memory limit of each RUN step's sandbox
+    #[arg(long, value_name = "SIZE", default_value = "2G", value_parser = cordon_sandbox::parse_size)]
+    memory: u64,
+    /// Maximum number of processes in each RUN step's sandbox
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pids: u64,
+    /// The most one COPY or ADD may take from the context
+    #[arg(long, value_name = "SIZE", default_value = "10G", value_parser = cordon_sandbox::parse_size)]
+    disk: u64,
+    /// The directory whose files COPY and ADD read
+    #[arg(value_name = "CONTEXT")]
+    context: PathBuf,
 }
 
 fn open_store() -> Result<Store, String> {
@@ -100,6 +155,40 @@ pub async fn image(args: ImageArgs) -> i32 {
             }
             code
         }
+        ImageCommand::Build(args) => build(&store, args).await,
+        ImageCommand::Push { name, target } => push(&store, &name, target.as_deref()).await,
+        ImageCommand::Save {
+            name,
+            output,
+            format,
+        } => {
+            let Some(image) = cordon_image::obtain::stored(&store, &name) else {
+                eprintln!(
+                    "cordon: no image {} (cordon image ls lists them)",
+                    printable(&name)
+                );
+                return 1;
+            };
+            let store = store.clone();
+            let tag = image.name.clone();
+            let out = output.clone();
+            let saved =
+                tokio::task::spawn_blocking(move || store.save(&image, format, &tag, &out)).await;
+            match saved {
+                Ok(Ok(())) => {
+                    eprintln!("saved {} to {}", printable(&name), output.display());
+                    0
+                }
+                Ok(Err(e)) => {
+                    eprintln!("cordon: {e}");
+                    1
+                }
+                Err(e) => {
+                    eprintln!("cordon: {e}");
+                    1
+                }
+            }
+        }
         ImageCommand::Prune => match store.prune() {
             Ok(freed) => {
                 println!("freed {}", size(freed));
@@ -111,6 +200,160 @@ pub async fn image(args: ImageArgs) -> i32 {
             }
         },
     }
+}
+
+/// `cordon image build`: progress on standard error, the image's name on
+/// standard output.
+async fn build(store: &Store, args: BuildArgs) -> i32 {
+    use cordon_build::{Builder, Event, Options};
+    let path = args
+        .file
+        .clone()
+        .unwrap_or_else(|| args.context.join("Dockerfile"));
+    let dockerfile = match read_dockerfile(&path) {
+        Ok(text) => text,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return crate::exit::CONFIG;
+        }
+    };
+    let mut overrides = vec![
+        ("sandbox.memory".to_string(), args.memory.to_string()),
+        ("sandbox.pids".to_string(), args.pids.to_string()),
+        ("sandbox.backend".to_string(), "native".to_string()),
+    ];
+    if args.allow.is_empty() {
+        overrides.push(("sandbox.network".into(), "off".into()));
+    } else {
+        overrides.push(("network.allow".into(), args.allow.join(",")));
+        overrides.push(("sandbox.network".into(), "allow".into()));
+    }
+    let settings = match crate::options::load_settings(overrides) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let mut sandbox = match crate::options::sandbox_config(&settings) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return crate::exit::CONFIG;
+        }
+    };
+    sandbox.disk = None;
+    sandbox.fork_supervisor = true;
+    let credentials = Sources::from_env();
+    let builder = Builder {
+        store,
+        sandbox,
+        credentials: &credentials,
+    };
+    let opts = Options {
+        context: args.context.clone(),
+        dockerfile,
+        tag: args.tag.clone(),
+        build_args: args.build_args.clone(),
+        target: args.target.clone(),
+        no_cache: args.no_cache,
+        budget: args.disk,
+    };
+    let started = std::time::Instant::now();
+    let show = |e: Event| match e {
+        Event::Stage { index, name, base } => eprintln!(
+            "stage {index}{}: FROM {}",
+            name.map(|n| format!(" ({})", printable(&n)))
+                .unwrap_or_default(),
+            printable(&base)
+        ),
+        Event::Step { line, text, cached } => eprintln!(
+            "  line {line}: {}{}",
+            printable(&text),
+            if cached { "  (cached)" } else { "" }
+        ),
+        Event::Output(bytes) => {
+            use std::io::Write;
+            let text = cordon_tools::printable_lines(&String::from_utf8_lossy(&bytes));
+            let _ = std::io::stderr().write_all(text.as_bytes());
+        }
+    };
+    match builder.build(&opts, &show).await {
+        Ok(built) => {
+            eprintln!(
+                "built in {:.2} s: {} steps run, {} cached",
+                started.elapsed().as_secs_f64(),
+                built.ran,
+                built.cached
+            );
+            println!("{} {}", printable(&built.image.name), built.image.manifest);
+            0
+        }
+        Err(e) => {
+            eprintln!(
+                "cordon: build failed: {}",
+                cordon_tools::printable_lines(&e.to_string())
+            );
+            1
+        }
+    }
+}
+
+/// `cordon image push NAME [TARGET]`.
+async fn push(store: &Store, name: &str, target: Option<&str>) -> i32 {
+    use cordon_image::push::PushProgress;
+    let Some(image) = cordon_image::obtain::stored(store, name) else {
+        eprintln!(
+            "cordon: no image {} (cordon image ls lists them)",
+            printable(name)
+        );
+        return 1;
+    };
+    let target_text = target.unwrap_or(&image.name);
+    let target: ImageRef = match target_text.parse() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            return crate::exit::CONFIG;
+        }
+    };
+    let ImageRef::Registry(r) = &target else {
+        eprintln!(
+            "cordon: {} is not a registry reference; `cordon image save` writes files",
+            printable(target_text)
+        );
+        return crate::exit::CONFIG;
+    };
+    let credentials = Sources::from_env().for_registry(r.registry(), r.repository());
+    let shown = |p: PushProgress| match p {
+        PushProgress::Sending { digest, size: n } => {
+            eprintln!("  sending {} ({})", short(&digest.to_string()), size(n))
+        }
+        PushProgress::Present { digest } => {
+            eprintln!("  {} already there", short(&digest.to_string()))
+        }
+    };
+    match cordon_image::push::push(store, &image, &target, credentials, &shown).await {
+        Ok(digest) => {
+            println!("{} {digest}", printable(&target.to_string()));
+            0
+        }
+        Err(e) => {
+            eprintln!("cordon: {e}");
+            1
+        }
+    }
+}
+
+/// The Dockerfile, as text: the user's own file, refused past 1 MiB.
+fn read_dockerfile(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut text = String::new();
+    file.take(1 << 20)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if text.len() >= 1 << 20 {
+        return Err(format!("{}: larger than 1 MiB", path.display()));
+    }
+    Ok(text)
 }
 
 /// Makes the root of `c` the image the settings name (`--image`,

@@ -88,7 +88,7 @@ pub fn parse_disk(s: &str) -> Result<String, String> {
     Ok(s.trim().to_string())
 }
 
-fn parse_env(s: &str) -> Result<(String, String), String> {
+pub fn parse_env(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
         .ok_or_else(|| format!("expected K=V, got {s:?}"))?;

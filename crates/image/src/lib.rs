@@ -10,9 +10,13 @@
 //! hands it.
 
 pub mod auth;
+pub mod changes;
+pub mod compose;
 pub mod digest;
+pub mod export;
 pub mod flat;
 pub mod obtain;
+pub mod push;
 pub mod reference;
 pub mod registry;
 pub mod root;
@@ -27,14 +31,18 @@ pub use unpack::{Limits, Owners, Report, UnpackError, unpack};
 /// (checked by `layout.rs`).
 pub const LAYERS: &[&str] = &[
     "digest",
+    "changes",
     "flat",
     "auth",
     "reference",
     "unpack",
     "store",
+    "compose",
+    "export",
     "root",
     "registry",
     "obtain",
+    "push",
 ];
 
 #[cfg(test)]

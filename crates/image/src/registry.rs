@@ -80,21 +80,7 @@ pub async fn pull(
             .await
             .map_err(|e| invalid(e.to_string()))??
     };
-    let protocol = if reference.plain_http() {
-        ClientProtocol::HttpsExcept(vec![r.registry().to_string()])
-    } else {
-        ClientProtocol::Https
-    };
-    let client = Client::new(ClientConfig {
-        protocol,
-        // Indexes are resolved here, by the store's own rule.
-        platform_resolver: None,
-        ..Default::default()
-    });
-    let auth = match credentials {
-        Credentials::Anonymous => RegistryAuth::Anonymous,
-        Credentials::Basic { user, password } => RegistryAuth::Basic(user, password),
-    };
+    let (client, auth) = client(reference, r, credentials);
     let fail = |what: &str, e: oci_client::errors::OciDistributionError| {
         invalid(format!("{what} from {}: {e}", r.registry()))
     };
@@ -182,6 +168,31 @@ pub async fn pull(
     .await
     .map_err(|e| invalid(e.to_string()))??;
     Ok(image)
+}
+
+/// A client for the registry of `r` (plain HTTP only to a loopback one),
+/// and how it logs in.
+pub(crate) fn client(
+    reference: &ImageRef,
+    r: &Reference,
+    credentials: Credentials,
+) -> (Client, RegistryAuth) {
+    let protocol = if reference.plain_http() {
+        ClientProtocol::HttpsExcept(vec![r.registry().to_string()])
+    } else {
+        ClientProtocol::Https
+    };
+    let client = Client::new(ClientConfig {
+        protocol,
+        // Indexes are resolved here, by the store's own rule.
+        platform_resolver: None,
+        ..Default::default()
+    });
+    let auth = match credentials {
+        Credentials::Anonymous => RegistryAuth::Anonymous,
+        Credentials::Basic { user, password } => RegistryAuth::Basic(user, password),
+    };
+    (client, auth)
 }
 
 fn check_json_size(bytes: &[u8]) -> Result<(), StoreError> {

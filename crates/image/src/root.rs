@@ -80,8 +80,9 @@ impl Store {
     }
 }
 
-/// The ids of `user` in the image whose layers are `layers` (top first).
-fn resolve_user(layers: &[PathBuf], user: &str) -> Result<(u32, u32), StoreError> {
+/// The ids of `user` (`NAME`, `UID`, `NAME:GROUP`, `UID:GID`; empty is
+/// root) in the image whose layers are `layers` (top first).
+pub fn resolve_user(layers: &[PathBuf], user: &str) -> Result<(u32, u32), StoreError> {
     if user.is_empty() {
         return Ok((0, 0));
     }

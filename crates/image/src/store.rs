@@ -315,6 +315,11 @@ impl Store {
         Ok(())
     }
 
+    /// A stored blob, for reading whole (a layer, for a save or a push).
+    pub fn blob_reader(&self, d: &Digest) -> Result<File, StoreError> {
+        File::open(self.blob_path(d)).map_err(io_err(format!("opening blob {d}")))
+    }
+
     /// Reads a stored manifest or config.
     pub fn read_blob(&self, d: &Digest) -> Result<Vec<u8>, StoreError> {
         let mut bytes = Vec::new();
@@ -530,7 +535,7 @@ impl Store {
     }
 
     /// Makes sure the layer is unpacked; its size in bytes.
-    fn layer(&self, digest: &Digest, diff_id: &Digest) -> Result<u64, StoreError> {
+    pub(crate) fn layer(&self, digest: &Digest, diff_id: &Digest) -> Result<u64, StoreError> {
         let dir = self.layer_dir(diff_id);
         if dir.is_dir() {
             return Ok(dir_size(&dir));

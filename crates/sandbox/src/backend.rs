@@ -57,6 +57,9 @@ pub(crate) fn left_by_dead_process(name: &str) -> bool {
 pub(crate) struct WritableLayer {
     dir: tempfile::TempDir,
     _lock: std::os::fd::OwnedFd,
+    /// An unprivileged caller's subordinate ids (uid, gid, count), which
+    /// its sandbox's ids 1 onwards are.
+    pub(crate) subordinate: Option<(u32, u32, u32)>,
 }
 
 impl WritableLayer {
@@ -93,7 +96,11 @@ impl WritableLayer {
             .filter_map(|l| Some(format!("{}\n", l.file_name()?.to_str()?)))
             .collect();
         std::fs::write(dir.path().join("layers"), names)?;
-        Ok(WritableLayer { dir, _lock: lock })
+        Ok(WritableLayer {
+            dir,
+            _lock: lock,
+            subordinate: None,
+        })
     }
 
     pub(crate) fn dir(&self) -> &Path {
@@ -132,6 +139,81 @@ impl WritableLayer {
             )));
         }
         Ok(path)
+    }
+}
+
+/// What a build step changed in its root, once it is closed: overlay's
+/// upper directory (whiteouts as character devices 0:0, opaque directories
+/// marked `user.overlay.opaque`), removed when this is dropped.
+///
+/// Its files are owned by host ids: root's sandbox writes image id `n` as
+/// host id `base + n` (the range it held, which its `upper` directory was
+/// given before any of its processes ran); an unprivileged caller's writes
+/// 0 as itself and `n` as its `n`th subordinate id.
+pub struct RootChanges {
+    layer: WritableLayer,
+    uid: IdRange,
+    gid: IdRange,
+}
+
+/// Host ids `0 -> first` and `1.. -> rest..`, for `count` ids in all.
+#[derive(Debug, Clone, Copy)]
+struct IdRange {
+    first: u32,
+    rest: u32,
+    count: u32,
+}
+
+impl IdRange {
+    fn image_id(&self, host: u32) -> Option<u32> {
+        if host == self.first {
+            return Some(0);
+        }
+        let n = host.checked_sub(self.rest)?;
+        (n + 1 < self.count).then_some(n + 1)
+    }
+}
+
+impl RootChanges {
+    pub(crate) fn new(layer: WritableLayer) -> Result<RootChanges> {
+        use std::os::unix::fs::MetadataExt;
+        // Its outer supervisor gave `work` to the sandbox's root before
+        // any process of the sandbox ran, and none can reach it.
+        let work = std::fs::symlink_metadata(layer.dir().join("work"))?;
+        let (uid, gid) = match layer.subordinate {
+            Some((uid, gid, count)) => (
+                IdRange {
+                    first: work.uid(),
+                    rest: uid,
+                    count: count + 1,
+                },
+                IdRange {
+                    first: work.gid(),
+                    rest: gid,
+                    count: count + 1,
+                },
+            ),
+            None => {
+                let range = |base: u32| IdRange {
+                    first: base,
+                    rest: base + 1,
+                    count: crate::protocol::IMAGE_IDS,
+                };
+                (range(work.uid()), range(work.gid()))
+            }
+        };
+        Ok(RootChanges { layer, uid, gid })
+    }
+
+    /// Overlay's upper directory: the changes.
+    pub fn upper(&self) -> PathBuf {
+        self.layer.dir().join("upper")
+    }
+
+    /// The image's uid and gid of a file the step's sandbox owned as host
+    /// ids `uid` and `gid`; `None` for an id it could not have given.
+    pub fn image_ids(&self, uid: u32, gid: u32) -> Option<(u32, u32)> {
+        Some((self.uid.image_id(uid)?, self.gid.image_id(gid)?))
     }
 }
 

@@ -155,6 +155,11 @@ pub struct RootImage {
     /// The image's environment (its `Env`): over cordon's defaults, under
     /// the network's settings and [`SandboxConfig::env`].
     pub env: Vec<(String, String)>,
+    /// A build step's root (see [`crate::Sandbox::close_keeping_changes`]):
+    /// nothing is mounted over the image's paths but `/dev` and `/proc`,
+    /// and the writable layer is kept when the sandbox closes. Native
+    /// backend only.
+    pub step: bool,
 }
 
 impl From<cordon_image::root::SandboxRoot> for RootImage {
@@ -168,6 +173,7 @@ impl From<cordon_image::root::SandboxRoot> for RootImage {
             uid: r.uid,
             gid: r.gid,
             env: r.env,
+            step: false,
         }
     }
 }

@@ -130,6 +130,10 @@ impl Lifecycle for NativeLifecycle {
         drop(self.scratch.lock().unwrap().take());
     }
 
+    fn take_writable_layer(&self) -> Option<WritableLayer> {
+        self.scratch.lock().unwrap().take()
+    }
+
     fn writable_layer(&self) -> Option<std::path::PathBuf> {
         // Its upper and work directories, or its disk.
         let scratch = self.scratch.lock().unwrap();
@@ -341,11 +345,16 @@ fn image_root(
     } else {
         crate::subids::subordinate(rustix::process::geteuid().as_raw())?
     };
-    let layer = WritableLayer::new(image)?;
+    let mut layer = WritableLayer::new(image)?;
+    if let protocol::IdSource::Subordinate { uid, gid, count } = ids {
+        layer.subordinate = Some((uid, gid, count));
+    }
     // Root can mount it: with a budget, the layer is a disk that size, a
     // hard bound (without root, the disk watcher alone holds it).
     let disk = match budget {
-        Some(size) if root => Some(utf8(&layer.make_disk(size, "cordon-layer")?, "disk")?),
+        Some(size) if root && !image.step => {
+            Some(utf8(&layer.make_disk(size, "cordon-layer")?, "disk")?)
+        }
         _ => None,
     };
     let layers = image
@@ -358,6 +367,7 @@ fn image_root(
         scratch: utf8(layer.dir(), "writable layer")?,
         ids,
         disk,
+        step: image.step,
     };
     Ok((root, layer))
 }

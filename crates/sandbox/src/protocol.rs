@@ -151,6 +151,10 @@ pub struct ImageRoot {
     /// supervisor (root) mounts it over `scratch` in a mount namespace of
     /// the sandbox's own, so that the writable layer cannot outgrow it.
     pub disk: Option<String>,
+    /// A build step's root: no workspace is mounted, `/tmp` is the
+    /// image's own, and the writable layer outlives the sandbox, for the
+    /// host to make a layer of (see `Sandbox::close_keeping_changes`).
+    pub step: bool,
 }
 
 /// The host ids an image root's inside ids 1 to 65535 map to (0 is the

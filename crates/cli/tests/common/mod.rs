@@ -453,6 +453,15 @@ impl Ctx {
         cmd
     }
 
+    /// `cordon ARGS` with `env` added, failing the test past `deadline`.
+    pub fn cordon_out(&self, args: &[&str], env: &[(&str, &str)], deadline: Duration) -> Out {
+        let what = format!("[{:?}] cordon {}", self.mode, args.join(" "));
+        let mut cmd = self.cordon(args);
+        cmd.envs(env.iter().copied());
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        run_once(&mut cmd, what, deadline, &|_| String::new())
+    }
+
     /// `cordon run OPTS -- ARGV`.
     pub fn run(&self, opts: &[&str], argv: &[&str]) -> Out {
         // A guest under TCG runs Python several times slower than the host:

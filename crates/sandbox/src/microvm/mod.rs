@@ -261,6 +261,11 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     // removes it.
     let run_guard = RunDir(Some(run.clone()));
     let disks = match &config.image {
+        Some(image) if image.step => {
+            return Err(Error::Config(
+                "build steps run on the native backend only".into(),
+            ));
+        }
         Some(image) => Some(ImageDisks::prepare(image, config.disk).await?),
         None => None,
     };

@@ -41,6 +41,11 @@ pub(crate) trait Lifecycle: Send + Sync {
     fn writable_layer(&self) -> Option<std::path::PathBuf> {
         None
     }
+    /// Hands over a build step's writable layer, which then outlives the
+    /// sandbox (see [`Sandbox::close_keeping_changes`]).
+    fn take_writable_layer(&self) -> Option<crate::backend::WritableLayer> {
+        None
+    }
 }
 
 /// What a backend hands to [`Sandbox::connect`] besides the stream.
@@ -429,6 +434,19 @@ impl Sandbox {
 
     /// Ends the session: every process in it is killed and host resources
     /// are released. Other clones of this handle see [`Error::Gone`].
+    /// Closes a build step's sandbox (one made with
+    /// [`crate::RootImage::step`]) and keeps what it changed in its root:
+    /// every process is gone when this returns, so nothing changes the
+    /// layer while the caller reads it. `None` for any other sandbox.
+    pub async fn close_keeping_changes(&self) -> Result<crate::backend::RootChanges> {
+        let layer =
+            self.inner.lifecycle.take_writable_layer().ok_or_else(|| {
+                Error::Config("only a build step's sandbox keeps its changes".into())
+            })?;
+        self.close().await;
+        crate::backend::RootChanges::new(layer)
+    }
+
     pub async fn close(&self) {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return;

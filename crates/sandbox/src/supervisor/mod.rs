@@ -274,7 +274,10 @@ fn outer_main() -> ! {
             break;
         }
     }
-    if let Some(scratch) = &held.scratch {
+    // A build step's layer is the host's to read, then remove.
+    if let Some(scratch) = &held.scratch
+        && !spec.image.as_ref().is_some_and(|i| i.step)
+    {
         image::remove_scratch(scratch);
     }
     drop(held);

@@ -252,22 +252,26 @@ pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
     };
     let stage = root.path.as_path();
     let image = spec.image.is_some();
+    // A build step's changes become a layer: its /tmp is the image's, as
+    // in every builder, and it has no workspace to leave a mount point.
+    let step = spec.image.as_ref().is_some_and(|i| i.step);
 
     build_dev(&root.dir("dev", 0o755)?, &dev, spec.tmp_size)?;
 
-    let tmp = root.dir("tmp", 0o1777)?;
-    tmpfs(
-        &tmp,
-        &format!("mode=1777,size={}", spec.tmp_size),
-        MountFlags::NOSUID | MountFlags::NODEV,
-    )?;
-
-    let ws = root.dir("workspace", 0o755)?;
-    bind(&workspace, &ws)?;
-    set_attrs(&ws, true, RW)?;
-    // The covers live on the stage's tmpfs, outside an image's tree.
-    hide(Path::new(STAGE), &ws, &spec.hidden)?;
-    protect(&ws, &spec.read_only)?;
+    if !step {
+        let tmp = root.dir("tmp", 0o1777)?;
+        tmpfs(
+            &tmp,
+            &format!("mode=1777,size={}", spec.tmp_size),
+            MountFlags::NOSUID | MountFlags::NODEV,
+        )?;
+        let ws = root.dir("workspace", 0o755)?;
+        bind(&workspace, &ws)?;
+        set_attrs(&ws, true, RW)?;
+        // The covers live on the stage's tmpfs, outside an image's tree.
+        hide(Path::new(STAGE), &ws, &spec.hidden)?;
+        protect(&ws, &spec.read_only)?;
+    }
 
     for (b, src) in &binds {
         let target = if src.is_dir {
@@ -305,7 +309,9 @@ pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
         // image's root is the sandbox's own to change (its writable layer).
         set_attrs(Path::new("/"), false, RO)?;
     }
-    rustix::process::chdir("/workspace").ctx(|| "chdir /workspace".into())?;
+    if !step {
+        rustix::process::chdir("/workspace").ctx(|| "chdir /workspace".into())?;
+    }
     Ok(())
 }
 

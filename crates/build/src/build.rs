@@ -1,0 +1,784 @@
+//! The builder: a Dockerfile's stages, one step after another, each `RUN`
+//! in a sandbox of its own on the stage's image so far, each layer cached
+//! by what made it.
+//!
+//! A step's cache key is a chain: the stage's base (an image's manifest
+//! digest, another stage's key, or scratch), then every instruction as
+//! expanded, and for `COPY` the content of every file it reads. A `RUN`'s
+//! key also takes the build arguments it sees. A step whose key the store
+//! has, with its layer still there, is not run again.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use cordon_image::compose::Layer;
+use cordon_image::store::Image;
+use cordon_image::store::Store;
+use cordon_sandbox::{ExecEvent, ExecRequest, RootImage, Sandbox, SandboxConfig};
+use oci_spec::image::{ConfigBuilder, ImageConfiguration, ImageConfigurationBuilder};
+use sha2::{Digest as _, Sha256};
+
+use crate::cache;
+use crate::context::{Context, Kind, Selected};
+use crate::copy::{Origin, Owner, select_in_stage, write_copy};
+use crate::dockerfile::{self, Command, Dockerfile, Op, Step};
+use crate::expand;
+use crate::view::View;
+
+/// Lines of a failing step's output its error quotes.
+const TAIL_LINES: usize = 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{0}")]
+    Dockerfile(String),
+    #[error("line {line}: {what}")]
+    Step { line: usize, what: String },
+    #[error("line {line}: `{text}` exited with {code}\n{tail}")]
+    Failed {
+        line: usize,
+        text: String,
+        code: i32,
+        tail: String,
+    },
+    #[error(transparent)]
+    Store(#[from] cordon_image::store::StoreError),
+}
+
+fn step_err(line: usize) -> impl Fn(String) -> BuildError {
+    move |what| BuildError::Step { line, what }
+}
+
+/// What a build is asked to do.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub context: PathBuf,
+    /// The Dockerfile's text (the CLI reads it, from the context or not).
+    pub dockerfile: String,
+    /// What the image is stored as; a name of the build's own when none.
+    pub tag: Option<String>,
+    pub build_args: Vec<(String, String)>,
+    /// The stage to build; the last when none.
+    pub target: Option<String>,
+    pub no_cache: bool,
+    /// Bytes of context files one `COPY` may take.
+    pub budget: u64,
+}
+
+/// What a build reports as it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A stage begins from its base.
+    Stage {
+        index: usize,
+        name: Option<String>,
+        base: String,
+    },
+    /// A step begins; `cached` when its layer is the cache's.
+    Step {
+        line: usize,
+        text: String,
+        cached: bool,
+    },
+    /// Output of a running step.
+    Output(Vec<u8>),
+}
+
+/// A finished build.
+#[derive(Debug, Clone)]
+pub struct Built {
+    pub image: Image,
+    /// Steps run, and taken from the cache.
+    pub ran: usize,
+    pub cached: usize,
+}
+
+/// The state of a stage so far.
+#[derive(Clone)]
+struct State {
+    layers: Vec<Layer>,
+    key: [u8; 32],
+    env: Vec<(String, String)>,
+    args: BTreeMap<String, String>,
+    workdir: String,
+    user: String,
+    labels: BTreeMap<String, String>,
+    entrypoint: Option<Vec<String>>,
+    cmd: Option<Vec<String>>,
+    /// Whether this stage set `CMD` (an `ENTRYPOINT` then keeps it).
+    cmd_set: bool,
+    ports: BTreeMap<String, ()>,
+    base_config: Option<ImageConfiguration>,
+}
+
+pub struct Builder<'a> {
+    pub store: &'a Store,
+    /// The sandbox every `RUN` gets: its network, limits and backend (the
+    /// image and workspace are the builder's).
+    pub sandbox: SandboxConfig,
+    pub credentials: &'a cordon_image::auth::Sources,
+}
+
+impl Builder<'_> {
+    pub async fn build(
+        &self,
+        opts: &Options,
+        events: &(dyn Fn(Event) + Send + Sync),
+    ) -> Result<Built, BuildError> {
+        let file = dockerfile::parse(&opts.dockerfile)
+            .map_err(|e| BuildError::Dockerfile(e.to_string()))?;
+        let context = Context::open(&opts.context)
+            .map_err(|e| BuildError::Dockerfile(format!("the build context: {e}")))?;
+        let cli_args: BTreeMap<String, String> = opts.build_args.iter().cloned().collect();
+        let mut globals = BTreeMap::new();
+        for step in &file.global_args {
+            if let Op::Arg(raw) = &step.op {
+                let lookup = |k: &str| globals.get(k).cloned();
+                let pairs = expand::arg_pairs(raw, file.escape, &lookup)
+                    .map_err(|e| step_err(step.line)(e.to_string()))?;
+                for (k, v) in pairs {
+                    let v = cli_args.get(&k).cloned().or(v).unwrap_or_default();
+                    globals.insert(k, v);
+                }
+            }
+        }
+        let last = match &opts.target {
+            None => file.stages.len() - 1,
+            Some(t) => stage_index(&file, &t.to_lowercase()).ok_or_else(|| {
+                BuildError::Dockerfile(format!("--target {t}: no stage has that name"))
+            })?,
+        };
+        let mut run = Run {
+            builder: self,
+            opts,
+            file: &file,
+            context: &context,
+            cli_args: &cli_args,
+            globals: &globals,
+            events,
+            done: BTreeMap::new(),
+            ran: 0,
+            cached: 0,
+        };
+        let state = run.stage(last).await?;
+        let (ran, cached) = (run.ran, run.cached);
+        let name = match &opts.tag {
+            Some(t) => t
+                .parse::<cordon_image::ImageRef>()
+                .map_or(t.clone(), |r| r.to_string()),
+            None => format!("localhost/cordon-build:{}", &hex::encode(state.key)[..12]),
+        };
+        let config = image_config(&state)?;
+        let image = self.store.put_image(&name, config, &state.layers)?;
+        Ok(Built { image, ran, cached })
+    }
+}
+
+fn stage_index(file: &Dockerfile, name: &str) -> Option<usize> {
+    file.stages
+        .iter()
+        .position(|s| s.name.as_deref() == Some(name))
+        .or_else(|| name.parse().ok().filter(|&i: &usize| i < file.stages.len()))
+}
+
+struct Run<'r, 'b> {
+    builder: &'r Builder<'b>,
+    opts: &'r Options,
+    file: &'r Dockerfile,
+    context: &'r Context,
+    cli_args: &'r BTreeMap<String, String>,
+    globals: &'r BTreeMap<String, String>,
+    events: &'r (dyn Fn(Event) + Send + Sync),
+    done: BTreeMap<usize, State>,
+    ran: usize,
+    cached: usize,
+}
+
+impl Run<'_, '_> {
+    /// Builds stage `index` (and the stages it needs first).
+    fn stage<'s>(
+        &'s mut self,
+        index: usize,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<State, BuildError>> + Send + 's>> {
+        Box::pin(async move {
+            if let Some(s) = self.done.get(&index) {
+                return Ok(s.clone());
+            }
+            let stage = &self.file.stages[index];
+            let globals = self.globals.clone();
+            let lookup = move |k: &str| globals.get(k).cloned();
+            // The stages this one copies from are built first, so that
+            // the progress reads in the order the work is done.
+            for step in &stage.steps {
+                if let Op::Copy(c) = &step.op
+                    && let Some(raw) = &c.from
+                    && let Ok(name) = expand::word(raw, self.file.escape, &lookup)
+                    && let Some(i) = stage_index(self.file, &name.to_lowercase())
+                    && i < index
+                {
+                    self.stage(i).await?;
+                }
+            }
+            let base = expand::word(&stage.image, self.file.escape, &lookup)
+                .map_err(|e| step_err(stage.line)(e.to_string()))?;
+            let parent = match stage_index(self.file, &base.to_lowercase()) {
+                Some(i) if i < index && self.file.stages[i].name.is_some() => {
+                    Some(self.stage(i).await?)
+                }
+                _ => None,
+            };
+            (self.events)(Event::Stage {
+                index,
+                name: stage.name.clone(),
+                base: base.clone(),
+            });
+            let mut state = match parent {
+                Some(p) => p,
+                None if base == "scratch" => State::new(hash(&[b"scratch"])),
+                None => self.base_image(&base, stage.line).await?,
+            };
+            for step in &stage.steps {
+                self.step(&mut state, step).await?;
+            }
+            self.done.insert(index, state.clone());
+            Ok(state)
+        })
+    }
+
+    async fn base_image(&self, reference: &str, line: usize) -> Result<State, BuildError> {
+        let image = cordon_image::obtain::obtain(
+            self.builder.store,
+            reference,
+            self.builder.credentials,
+            &|_| {},
+        )
+        .await
+        .map_err(|e| step_err(line)(format!("FROM {reference}: {e}")))?;
+        let store = self.builder.store;
+        let config = store.config_of(&image)?;
+        let mut state = State::new(hash(&[b"image", image.manifest.to_string().as_bytes()]));
+        state.layers = store.layers_of(&image)?;
+        if let Some(c) = config.config() {
+            state.env = c
+                .env()
+                .iter()
+                .flatten()
+                .filter_map(|e| {
+                    let (k, v) = e.split_once('=')?;
+                    Some((k.to_string(), v.to_string()))
+                })
+                .collect();
+            state.workdir = c.working_dir().clone().unwrap_or_default();
+            state.user = c.user().clone().unwrap_or_default();
+            state.labels = c.labels().clone().unwrap_or_default().into_iter().collect();
+            state.entrypoint = c.entrypoint().clone();
+            state.cmd = c.cmd().clone();
+            state.ports = c
+                .exposed_ports()
+                .iter()
+                .flatten()
+                .map(|p| (p.clone(), ()))
+                .collect();
+        }
+        state.base_config = Some(config);
+        Ok(state)
+    }
+
+    async fn step(&mut self, state: &mut State, step: &Step) -> Result<(), BuildError> {
+        let escape = self.file.escape;
+        let err = step_err(step.line);
+        let vars = {
+            let env = state.env.clone();
+            let args = state.args.clone();
+            move |k: &str| {
+                env.iter()
+                    .rev()
+                    .find(|(n, _)| n == k)
+                    .map(|(_, v)| v.clone())
+                    .or_else(|| args.get(k).cloned())
+            }
+        };
+        let ex = |e: expand::ExpandError| err(e.to_string());
+        match &step.op {
+            Op::Env(raw) => {
+                for (k, v) in expand::pairs(raw, escape, &vars).map_err(ex)? {
+                    state.env.retain(|(n, _)| *n != k);
+                    state.env.push((k, v));
+                }
+                state.chain(&["ENV", &format!("{:?}", state.env)]);
+            }
+            Op::Arg(raw) => {
+                for (k, v) in expand::arg_pairs(raw, escape, &vars).map_err(ex)? {
+                    let v = self
+                        .cli_args
+                        .get(&k)
+                        .cloned()
+                        .or(v)
+                        .or_else(|| self.globals.get(&k).cloned())
+                        .unwrap_or_default();
+                    state.args.insert(k, v);
+                }
+            }
+            Op::Label(raw) => {
+                state
+                    .labels
+                    .extend(expand::pairs(raw, escape, &vars).map_err(ex)?);
+            }
+            Op::Workdir(raw) => {
+                let dir = expand::word(raw, escape, &vars).map_err(ex)?;
+                state.workdir = absolute(&state.workdir, &dir);
+                let w = state.workdir.clone();
+                state.chain(&["WORKDIR", &w]);
+            }
+            Op::User(raw) => {
+                state.user = expand::word(raw, escape, &vars).map_err(ex)?;
+                let u = state.user.clone();
+                state.chain(&["USER", &u]);
+            }
+            Op::Expose(raw) => {
+                for p in raw {
+                    let p = expand::word(p, escape, &vars).map_err(ex)?;
+                    let p = if p.contains('/') {
+                        p
+                    } else {
+                        format!("{p}/tcp")
+                    };
+                    state.ports.insert(p, ());
+                }
+            }
+            Op::Entrypoint(c) => {
+                state.entrypoint = Some(argv(c));
+                // As Docker: a new entry point drops the base's command.
+                if !state.cmd_set {
+                    state.cmd = None;
+                }
+            }
+            Op::Cmd(c) => {
+                state.cmd = Some(argv(c));
+                state.cmd_set = true;
+            }
+            Op::Run(c) => self.run(state, step, c).await?,
+            Op::Copy(c) => self.copy(state, step, c, &vars).await?,
+        }
+        Ok(())
+    }
+
+    /// Takes the layer the cache has for `key`, reporting the step.
+    fn cached(&mut self, state: &mut State, step: &Step, key: [u8; 32]) -> bool {
+        let layer = (!self.opts.no_cache)
+            .then(|| cache::get(self.builder.store, &key))
+            .flatten();
+        (self.events)(Event::Step {
+            line: step.line,
+            text: step.text.clone(),
+            cached: layer.is_some(),
+        });
+        match layer {
+            Some(layer) => {
+                state.layers.push(layer);
+                state.key = key;
+                self.cached += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn run(&mut self, state: &mut State, step: &Step, c: &Command) -> Result<(), BuildError> {
+        let err = step_err(step.line);
+        let args: Vec<String> = state.args.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let key = state.next_key(&["RUN", &step.text, &args.join("\n")]);
+        if self.cached(state, step, key) {
+            return Ok(());
+        }
+        let store = self.builder.store;
+        let layers: Vec<PathBuf> = state
+            .layers
+            .iter()
+            .rev()
+            .map(|l| store.layer_dir(&l.diff_id))
+            .collect();
+        let (uid, gid) = cordon_image::root::resolve_user(&layers, &state.user)
+            .map_err(|e| err(format!("USER {}: {e}", state.user)))?;
+        let workspace = tempfile::tempdir().map_err(|e| err(e.to_string()))?;
+        let mut config: SandboxConfig = self.builder.sandbox.clone();
+        config.workspace = workspace.path().to_path_buf();
+        config.image = Some(RootImage {
+            layers,
+            scratch: store.root().join("run"),
+            flat: store.flat_dir(),
+            uid,
+            gid,
+            env: Vec::new(),
+            step: true,
+        });
+        // The image's environment, then the arguments the step sees.
+        let mut env = state.env.clone();
+        for (k, v) in &state.args {
+            if !env.iter().any(|(n, _)| n == k) {
+                env.push((k.clone(), v.clone()));
+            }
+        }
+        if !env.iter().any(|(k, _)| k == "PATH") {
+            env.push(("PATH".into(), DEFAULT_PATH.into()));
+        }
+        config.env = env;
+        let sandbox = Sandbox::create(config)
+            .await
+            .map_err(|e| err(format!("starting the step's sandbox: {e}")))?;
+        let outcome = self.exec(&sandbox, state, step, c).await;
+        let changes = sandbox.close_keeping_changes().await;
+        outcome?;
+        let changes = changes.map_err(|e| err(format!("keeping the step's changes: {e}")))?;
+        let view = View::open(
+            &state
+                .layers
+                .iter()
+                .rev()
+                .map(|l| store.layer_dir(&l.diff_id))
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| err(e.to_string()))?;
+        let mut w = store.layer_writer()?;
+        let skip = |path: &[u8], _| generated(path, &view);
+        let ids = |u, g| changes.image_ids(u, g);
+        cordon_image::changes::write_changes(&changes.upper(), &ids, &skip, &mut w)
+            .map_err(|e| err(format!("reading the step's changes: {e}")))?;
+        let layer = w.finish()?;
+        drop(changes);
+        cache::put(store, &key, &layer);
+        state.layers.push(layer);
+        state.key = key;
+        self.ran += 1;
+        Ok(())
+    }
+
+    async fn exec(
+        &self,
+        sandbox: &Sandbox,
+        state: &State,
+        step: &Step,
+        c: &Command,
+    ) -> Result<(), BuildError> {
+        let err = step_err(step.line);
+        let mut req = ExecRequest::argv(argv(c));
+        req.cwd = Some(if state.workdir.is_empty() {
+            "/".into()
+        } else {
+            state.workdir.clone()
+        });
+        let mut exec = sandbox
+            .exec_stream(req)
+            .await
+            .map_err(|e| err(format!("starting the step: {e}")))?;
+        let mut tail: Vec<u8> = Vec::new();
+        while let Some(ev) = exec.next().await {
+            match ev.map_err(|e| err(e.to_string()))? {
+                ExecEvent::Stdout(b) | ExecEvent::Stderr(b) => {
+                    tail.extend_from_slice(&b);
+                    if tail.len() > 64 << 10 {
+                        tail.drain(..tail.len() - (32 << 10));
+                    }
+                    (self.events)(Event::Output(b));
+                }
+                ExecEvent::Exit(r) => {
+                    let code = r.exit_code();
+                    if code == 0 {
+                        return Ok(());
+                    }
+                    let text = String::from_utf8_lossy(&tail);
+                    let lines: Vec<&str> = text.lines().collect();
+                    let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
+                    return Err(BuildError::Failed {
+                        line: step.line,
+                        text: step.text.clone(),
+                        code,
+                        tail: tail
+                            .chars()
+                            .filter(|c| !c.is_control() || *c == '\n')
+                            .collect(),
+                    });
+                }
+            }
+        }
+        Err(err("the step's sandbox ended without an exit status".into()))
+    }
+
+    async fn copy(
+        &mut self,
+        state: &mut State,
+        step: &Step,
+        c: &dockerfile::Copy,
+        vars: &(dyn Fn(&str) -> Option<String> + Send + Sync),
+    ) -> Result<(), BuildError> {
+        let err = step_err(step.line);
+        let escape = self.file.escape;
+        let ex = |e: expand::ExpandError| err(e.to_string());
+        let store = self.builder.store;
+        let dest = expand::word(&c.dest, escape, vars).map_err(ex)?;
+        let mut dest_abs = absolute(&state.workdir, &dest);
+        if dest.ends_with('/') && !dest_abs.ends_with('/') {
+            dest_abs.push('/');
+        }
+        let chown = match &c.chown {
+            Some(raw) => Some(expand::word(raw, escape, vars).map_err(ex)?),
+            None => None,
+        };
+        let chmod = match &c.chmod {
+            Some(raw) => {
+                let m = expand::word(raw, escape, vars).map_err(ex)?;
+                Some(
+                    u32::from_str_radix(&m, 8)
+                        .ok()
+                        .filter(|m| *m <= 0o7777)
+                        .ok_or_else(|| err(format!("--chmod={m}: not an octal mode")))?,
+                )
+            }
+            None => None,
+        };
+        let layers: Vec<PathBuf> = state
+            .layers
+            .iter()
+            .rev()
+            .map(|l| store.layer_dir(&l.diff_id))
+            .collect();
+        let ids = match &chown {
+            Some(u) => Some(
+                cordon_image::root::resolve_user(&layers, u)
+                    .map_err(|e| err(format!("--chown={u}: {e}")))?,
+            ),
+            None => None,
+        };
+        let mut sources_raw = Vec::new();
+        for s in &c.sources {
+            sources_raw.push(expand::word(s, escape, vars).map_err(ex)?);
+        }
+        // Where the sources come from, and what names their content.
+        let mut from_state = None;
+        let mut key_parts: Vec<String> = vec![
+            "COPY".into(),
+            step.text.clone(),
+            dest_abs.clone(),
+            format!("{chown:?} {chmod:?}"),
+        ];
+        let selected: Vec<Selected> = match &c.from {
+            None => {
+                let mut all = Vec::new();
+                for s in &sources_raw {
+                    all.extend(
+                        self.context
+                            .select(s, self.opts.budget)
+                            .map_err(|e| err(e.to_string()))?,
+                    );
+                }
+                for sel in &all {
+                    for e in &sel.entries {
+                        key_parts.push(content_line(e));
+                    }
+                }
+                all
+            }
+            Some(raw) => {
+                let name = expand::word(raw, escape, vars).map_err(ex)?;
+                let src = match stage_index(self.file, &name.to_lowercase()) {
+                    Some(i) if i < self.current_stage_bound() => self.stage(i).await?,
+                    _ => self.base_image(&name, step.line).await?,
+                };
+                key_parts.push(hex::encode(src.key));
+                let view = View::open(
+                    &src.layers
+                        .iter()
+                        .rev()
+                        .map(|l| store.layer_dir(&l.diff_id))
+                        .collect::<Vec<_>>(),
+                )
+                .map_err(|e| err(e.to_string()))?;
+                let mut all = Vec::new();
+                for s in &sources_raw {
+                    all.push(select_in_stage(&view, s).map_err(|e| err(e.to_string()))?);
+                }
+                from_state = Some(view);
+                all
+            }
+        };
+        let parts: Vec<&str> = key_parts.iter().map(String::as_str).collect();
+        let key = state.next_key(&parts);
+        if self.cached(state, step, key) {
+            return Ok(());
+        }
+        let view = View::open(&layers).map_err(|e| err(e.to_string()))?;
+        let origin = match &from_state {
+            Some(v) => Origin::Stage(v),
+            None => Origin::Context(self.context),
+        };
+        let mut w = store.layer_writer()?;
+        write_copy(
+            &mut w,
+            &view,
+            &origin,
+            &selected,
+            &dest_abs,
+            &Owner { ids, chmod },
+        )
+        .map_err(|e| err(e.to_string()))?;
+        let layer = w.finish()?;
+        cache::put(store, &key, &layer);
+        state.layers.push(layer);
+        state.key = key;
+        self.ran += 1;
+        Ok(())
+    }
+
+    /// Stages a `COPY --from` may name: any but those after the target.
+    fn current_stage_bound(&self) -> usize {
+        self.file.stages.len()
+    }
+}
+
+/// The `PATH` a step gets when its image sets none (Docker's default).
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// What cordon put in a step's root to run it, which is not the step's
+/// change: the files it writes in `/etc` and the mount points of `/dev`
+/// and `/proc`; `passwd` and `group` when the image had none.
+fn generated(path: &[u8], view: &View) -> bool {
+    match path {
+        b"dev" | b"proc" | b"etc/hosts" | b"etc/hostname" | b"etc/resolv.conf" | b"etc/cordon" => {
+            true
+        }
+        b"etc/passwd" | b"etc/group" => {
+            let real: Vec<Vec<u8>> = path.split(|&b| b == b'/').map(<[u8]>::to_vec).collect();
+            view.find(&real).is_none()
+        }
+        _ => false,
+    }
+}
+
+impl State {
+    fn new(key: [u8; 32]) -> State {
+        State {
+            layers: Vec::new(),
+            key,
+            env: Vec::new(),
+            args: BTreeMap::new(),
+            workdir: String::new(),
+            user: String::new(),
+            labels: BTreeMap::new(),
+            entrypoint: None,
+            cmd: None,
+            cmd_set: false,
+            ports: BTreeMap::new(),
+            base_config: None,
+        }
+    }
+
+    fn next_key(&self, parts: &[&str]) -> [u8; 32] {
+        let mut all: Vec<&[u8]> = vec![&self.key];
+        all.extend(parts.iter().map(|p| p.as_bytes()));
+        hash(&all)
+    }
+
+    fn chain(&mut self, parts: &[&str]) {
+        self.key = self.next_key(parts);
+    }
+}
+
+fn hash(parts: &[&[u8]]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    h.finalize().into()
+}
+
+fn content_line(e: &crate::context::Entry) -> String {
+    let what = match &e.kind {
+        Kind::File { size, digest } => format!("f {size} {}", hex::encode(digest)),
+        Kind::Dir => "d".into(),
+        Kind::Link { target } => format!("l {}", hex::encode(target)),
+    };
+    format!("{} {:o} {what}", hex::encode(&e.rel), e.mode)
+}
+
+fn argv(c: &Command) -> Vec<String> {
+    match c {
+        Command::Exec(v) => v.clone(),
+        Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
+    }
+}
+
+/// `path` made absolute against the working directory `cwd`, cleaned.
+fn absolute(cwd: &str, path: &str) -> String {
+    let joined = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("{}/{path}", if cwd.is_empty() { "" } else { cwd })
+    };
+    let mut out: Vec<&str> = Vec::new();
+    for c in joined.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    format!("/{}", out.join("/"))
+}
+
+fn image_config(state: &State) -> Result<ImageConfiguration, BuildError> {
+    let bad = |e: oci_spec::OciSpecError| BuildError::Dockerfile(e.to_string());
+    let mut c = ConfigBuilder::default()
+        .env(
+            state
+                .env
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>(),
+        )
+        .labels(
+            state
+                .labels
+                .clone()
+                .into_iter()
+                .collect::<std::collections::HashMap<_, _>>(),
+        );
+    if !state.workdir.is_empty() {
+        c = c.working_dir(state.workdir.clone());
+    }
+    if !state.user.is_empty() {
+        c = c.user(state.user.clone());
+    }
+    if let Some(e) = &state.entrypoint {
+        c = c.entrypoint(e.clone());
+    }
+    if let Some(cmd) = &state.cmd {
+        c = c.cmd(cmd.clone());
+    }
+    if !state.ports.is_empty() {
+        c = c.exposed_ports(state.ports.keys().cloned().collect::<Vec<_>>());
+    }
+    let config = c.build().map_err(bad)?;
+    let base = state.base_config.as_ref();
+    ImageConfigurationBuilder::default()
+        .architecture(
+            base.map(|b| b.architecture().clone())
+                .unwrap_or_else(|| platform_arch().into()),
+        )
+        .os(base
+            .map(|b| b.os().clone())
+            .unwrap_or_else(|| "linux".into()))
+        .config(config)
+        .build()
+        .map_err(bad)
+}
+
+fn platform_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
