@@ -551,7 +551,13 @@ impl Run<'_, '_> {
         };
         let mut sources_raw = Vec::new();
         for s in &c.sources {
-            sources_raw.push(expand::word(s, escape, vars).map_err(ex)?);
+            let s = expand::word(s, escape, vars).map_err(ex)?;
+            if c.add && dockerfile::is_remote(&s) {
+                return Err(err(format!(
+                    "ADD {s}: fetching is not supported; fetch it in a RUN with --allow"
+                )));
+            }
+            sources_raw.push(s);
         }
         // Where the sources come from, and what names their content.
         let mut from_state = None;
@@ -611,22 +617,90 @@ impl Run<'_, '_> {
             Some(v) => Origin::Stage(v),
             None => Origin::Context(self.context),
         };
+        // ADD unpacks a local archive where COPY copies it: into a
+        // directory of its own first, by the store's rules for layers
+        // (nothing in it is followed out), then copied from there.
+        let mut unpacked = Vec::new();
+        if c.add && from_state.is_none() {
+            for (i, sel) in selected.iter().enumerate() {
+                if let [e] = sel.entries.as_slice()
+                    && !sel.dir
+                    && matches!(e.kind, Kind::File { .. })
+                    && let Some(dir) = self.unpack_archive(&e.path, step.line)?
+                {
+                    unpacked.push((i, dir));
+                }
+            }
+        }
+        let extracted: Vec<(usize, Origin<'_>, Selected)> = unpacked
+            .iter()
+            .map(|(i, (_, ctx, sel))| (*i, Origin::Context(ctx), sel.clone()))
+            .collect();
+        let sources: Vec<(&Origin<'_>, &Selected)> = selected
+            .iter()
+            .enumerate()
+            .map(
+                |(i, sel)| match extracted.iter().find(|(j, _, _)| *j == i) {
+                    Some((_, o, s)) => (o, s),
+                    None => (&origin, sel),
+                },
+            )
+            .collect();
         let mut w = store.layer_writer()?;
-        write_copy(
-            &mut w,
-            &view,
-            &origin,
-            &selected,
-            &dest_abs,
-            &Owner { ids, chmod },
-        )
-        .map_err(|e| err(e.to_string()))?;
+        write_copy(&mut w, &view, &sources, &dest_abs, &Owner { ids, chmod })
+            .map_err(|e| err(e.to_string()))?;
         let layer = w.finish()?;
         cache::put(store, &key, &layer);
         state.layers.push(layer);
         state.key = key;
         self.ran += 1;
         Ok(())
+    }
+
+    /// The context file at `path` unpacked, when it is an archive: the
+    /// directory, the context of it, and everything in it as a source.
+    fn unpack_archive(
+        &self,
+        path: &[u8],
+        line: usize,
+    ) -> Result<Option<(tempfile::TempDir, Context, Selected)>, BuildError> {
+        use std::io::Read;
+        let err = step_err(line);
+        let mut head = Vec::new();
+        self.context
+            .open_file(path)
+            .map_err(|e| err(e.to_string()))?
+            .take(512)
+            .read_to_end(&mut head)
+            .map_err(|e| err(e.to_string()))?;
+        if !crate::copy::is_archive(&head).map_err(|e| err(e.to_string()))? {
+            return Ok(None);
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("add-")
+            .tempdir_in(self.builder.store.root().join("tmp"))
+            .map_err(|e| err(e.to_string()))?;
+        let file = self
+            .context
+            .open_file(path)
+            .map_err(|e| err(e.to_string()))?;
+        let limits = cordon_image::Limits {
+            max_bytes: self.opts.budget,
+            ..cordon_image::Limits::default()
+        };
+        cordon_image::unpack(
+            std::io::BufReader::new(file),
+            dir.path(),
+            limits,
+            cordon_image::Owners::Caller,
+        )
+        .map_err(|e| err(format!("ADD {}: {e}", crate::view::shown(path))))?;
+        let ctx = Context::open_plain(dir.path()).map_err(|e| err(e.to_string()))?;
+        let mut sel = ctx
+            .select(".", self.opts.budget)
+            .map_err(|e| err(e.to_string()))?;
+        let sel = sel.pop().ok_or_else(|| err("an empty archive".into()))?;
+        Ok(Some((dir, ctx, sel)))
     }
 
     /// Stages a `COPY --from` may name: any but those after the target.

@@ -81,6 +81,18 @@ impl Context {
     /// The context at `dir` (the user's own path: reached as they name it)
     /// with its `.dockerignore`, if any.
     pub fn open(dir: &Path) -> Result<Context, ContextError> {
+        let mut ctx = Context::open_plain(dir)?;
+        if let Some(text) = ctx.read_small(b".dockerignore", 1 << 20)? {
+            let text = String::from_utf8_lossy(&text);
+            ctx.ignore =
+                Ignore::parse(&text).map_err(|e| refused(format!(".dockerignore: {e}")))?;
+        }
+        Ok(ctx)
+    }
+
+    /// The directory at `dir` with no `.dockerignore` read: an archive
+    /// `ADD` unpacked, all of which is copied.
+    pub fn open_plain(dir: &Path) -> Result<Context, ContextError> {
         let root = rustix::fs::open(
             dir,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -90,17 +102,11 @@ impl Context {
             path: dir.display().to_string(),
             errno,
         })?;
-        let mut ctx = Context {
+        Ok(Context {
             root,
             shown: dir.to_path_buf(),
             ignore: Ignore::none(),
-        };
-        if let Some(text) = ctx.read_small(b".dockerignore", 1 << 20)? {
-            let text = String::from_utf8_lossy(&text);
-            ctx.ignore =
-                Ignore::parse(&text).map_err(|e| refused(format!(".dockerignore: {e}")))?;
-        }
-        Ok(ctx)
+        })
     }
 
     /// A small file of the context (the Dockerfile, `.dockerignore`), if

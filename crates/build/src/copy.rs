@@ -124,17 +124,16 @@ pub struct Owner {
     pub chmod: Option<u32>,
 }
 
-/// Writes the layer of a copy of `sources` (as selected from `origin`) to
-/// `dest` (absolute) in the image `view`.
+/// Writes the layer of a copy of `sources` (each as selected from its
+/// origin) to `dest` (absolute) in the image `view`.
 pub fn write_copy(
     out: impl Write,
     view: &View,
-    origin: &Origin<'_>,
-    sources: &[Selected],
+    sources: &[(&Origin<'_>, &Selected)],
     dest: &str,
     owner: &Owner,
 ) -> Result<(), CopyError> {
-    let many = sources.len() > 1 || sources.iter().any(|s| s.dir);
+    let many = sources.len() > 1 || sources.iter().any(|(_, s)| s.dir);
     let dest_real = view.resolve(dest.as_bytes(), true)?;
     let dest_is_dir = dest.ends_with('/')
         || many
@@ -184,7 +183,7 @@ pub fn write_copy(
         made.insert(path);
     }
     let base = dir.join(&b'/');
-    for source in sources {
+    for (origin, source) in sources {
         for e in &source.entries {
             let mut path = base.clone();
             let name = match (&file_name, source.dir) {
@@ -220,7 +219,7 @@ pub fn write_copy(
                 Kind::File { size, .. } => {
                     h.set_entry_type(tar::EntryType::Regular);
                     h.set_size(*size);
-                    let file = match origin {
+                    let file = match *origin {
                         Origin::Context(ctx) => ctx.open_file(&e.path)?,
                         Origin::Stage(from) => {
                             let real: Real = components(&e.path).map(<[u8]>::to_vec).collect();
@@ -251,6 +250,23 @@ fn append<W: Write>(
 ) -> Result<(), CopyError> {
     tar.append_data(h, OsStr::from_bytes(path), body)
         .map_err(CopyError::Write)
+}
+
+/// What an `ADD` of a local file unpacks rather than copies: a tar, plain
+/// or compressed as the store's layers may be; `Err` for an archive of a
+/// compression cordon does not read.
+pub fn is_archive(head: &[u8]) -> Result<bool, CopyError> {
+    if head.starts_with(&[0x1f, 0x8b]) || head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        return Ok(true);
+    }
+    if head.starts_with(b"BZh") || head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) {
+        return Err(CopyError::Refused(
+            "ADD of a bzip2 or xz archive is not supported (gzip, zstd and plain tars are): \
+             COPY it and unpack it in a RUN"
+                .into(),
+        ));
+    }
+    Ok(head.len() >= 262 && &head[257..262] == b"ustar")
 }
 
 /// The build's time, for the directories it makes.

@@ -170,7 +170,12 @@ pub async fn image(args: ImageArgs) -> i32 {
                 return 1;
             };
             let store = store.clone();
-            let tag = image.name.clone();
+            // An OCI layout's tag is a tag (what `oci:DIR:TAG` names), a
+            // Docker archive's the whole name.
+            let tag = match format {
+                cordon_image::export::Format::Oci => tag_of(&image.name).to_string(),
+                cordon_image::export::Format::DockerArchive => image.name.clone(),
+            };
             let out = output.clone();
             let saved =
                 tokio::task::spawn_blocking(move || store.save(&image, format, &tag, &out)).await;
@@ -294,6 +299,14 @@ async fn build(store: &Store, args: BuildArgs) -> i32 {
             1
         }
     }
+}
+
+/// The tag of an image's name: what follows the last `:` after the last
+/// `/`, else `latest`.
+fn tag_of(name: &str) -> &str {
+    let last = name.rsplit('/').next().unwrap_or(name);
+    let last = last.split('@').next().unwrap_or(last);
+    last.rsplit_once(':').map_or("latest", |(_, t)| t)
 }
 
 /// `cordon image push NAME [TARGET]`.

@@ -320,3 +320,208 @@ fn a_hostile_context_is_refused(t: &Ctx) {
         .faster_than(Duration::from_secs(20));
 }
 attack!(a_hostile_context_is_refused, native);
+
+/// What cordon builds runs elsewhere: pushed to a registry and read back
+/// by skopeo, saved as an OCI archive that umoci unpacks with the
+/// build's deletions applied, and as a Docker archive cordon imports.
+fn what_cordon_builds_runs_elsewhere(t: &Ctx) {
+    use cordon_testkit::registry::Registry;
+    let b = setup(t, &[("app.txt", "the app\n")]);
+    b.dockerfile(
+        "ARG BASE\nFROM $BASE\nCOPY app.txt /srv/\nRUN echo made > /srv/made && rm /etc/os-release\n\
+         ENV MODE=shipped\nCMD [\"cat\", \"/srv/app.txt\"]\n",
+    );
+    b.build(t, &["-t", "test/elsewhere:1"]).code(0);
+
+    let registry = Registry::start();
+    let auth = registry.auth_file(t.dir());
+    if !t.root() {
+        chown_tree(&auth, NOBODY);
+    }
+    let target = format!("{}/elsewhere:1", registry.addr);
+    let mut env = b.env().to_vec();
+    env.push(("REGISTRY_AUTH_FILE", auth.to_str().unwrap()));
+    let pushed = t.cordon_out(
+        &["image", "push", "test/elsewhere:1", &target],
+        &env,
+        Duration::from_secs(60),
+    );
+    pushed.code(0).stdout_has("sha256:");
+    let inspect = std::process::Command::new("skopeo")
+        .args(["inspect", "--config", "--tls-verify=false", "--authfile"])
+        .arg(&auth)
+        .arg(format!("docker://{target}"))
+        .output()
+        .unwrap();
+    let config = String::from_utf8_lossy(&inspect.stdout);
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    assert!(
+        config.contains("MODE=shipped") && config.contains("/srv/app.txt"),
+        "{config}"
+    );
+    // Pushed again: every blob is there already.
+    t.cordon_out(
+        &["image", "push", "test/elsewhere:1", &target],
+        &env,
+        Duration::from_secs(60),
+    )
+    .code(0)
+    .stderr_has("already there")
+    .lacks("sending");
+
+    let out_dir = t.dir().join("saved");
+    fs::create_dir_all(&out_dir).unwrap();
+    if !t.root() {
+        chown_tree(&out_dir, NOBODY);
+    }
+    let oci = out_dir.join("image.tar");
+    t.cordon_out(
+        &[
+            "image",
+            "save",
+            "test/elsewhere:1",
+            "-o",
+            oci.to_str().unwrap(),
+        ],
+        &b.env(),
+        Duration::from_secs(60),
+    )
+    .code(0);
+    let layout = t.dir().join("layout");
+    fs::create_dir_all(&layout).unwrap();
+    let untar = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&oci)
+        .arg("-C")
+        .arg(&layout)
+        .status()
+        .unwrap();
+    assert!(untar.success());
+    let bundle = t.dir().join("bundle");
+    let unpack = std::process::Command::new("umoci")
+        .args(["unpack", "--rootless", "--image"])
+        .arg(format!("{}:1", layout.display()))
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(
+        unpack.status.success(),
+        "{}",
+        String::from_utf8_lossy(&unpack.stderr)
+    );
+    let rootfs = bundle.join("rootfs");
+    assert_eq!(
+        fs::read_to_string(rootfs.join("srv/made")).unwrap(),
+        "made\n"
+    );
+    assert_eq!(
+        fs::read_to_string(rootfs.join("srv/app.txt")).unwrap(),
+        "the app\n"
+    );
+    assert!(
+        !rootfs.join("etc/os-release").exists(),
+        "the RUN's deletion was lost"
+    );
+    assert!(rootfs.join("bin/busybox").exists());
+
+    let archive = out_dir.join("image.docker.tar");
+    t.cordon_out(
+        &[
+            "image",
+            "save",
+            "test/elsewhere:1",
+            "--format",
+            "docker-archive",
+            "-o",
+            archive.to_str().unwrap(),
+        ],
+        &b.env(),
+        Duration::from_secs(60),
+    )
+    .code(0);
+    let inspect = std::process::Command::new("skopeo")
+        .arg("inspect")
+        .arg(format!("docker-archive:{}", archive.display()))
+        .output()
+        .unwrap();
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    let reference = format!("docker-archive:{}", archive.display());
+    b.run(t, &reference, "cat /srv/made /srv/app.txt; echo $MODE")
+        .code(0)
+        .line("made")
+        .line("the app")
+        .line("shipped");
+}
+attack!(what_cordon_builds_runs_elsewhere, native);
+
+/// `ADD` unpacks a local archive (by the store's rules: a link in it is a
+/// link, a name that climbs out is refused) and copies anything else.
+fn add_unpacks_local_archives(t: &Ctx) {
+    let b = setup(
+        t,
+        &[
+            ("plain.txt", "plain\n"),
+            ("src/pkg/a.txt", "from the archive\n"),
+        ],
+    );
+    let src = b.context.join("src");
+    std::os::unix::fs::symlink("/etc/shadow", src.join("pkg/shadow")).unwrap();
+    let tar = |name: &str, args: &[&str]| {
+        let st = std::process::Command::new("tar")
+            .args(args)
+            .arg("-f")
+            .arg(b.context.join(name))
+            .arg("-C")
+            .arg(&src)
+            .arg("pkg")
+            .status()
+            .unwrap();
+        assert!(st.success());
+        std::os::unix::fs::lchown(b.context.join(name), Some(b.owner()), Some(b.owner())).unwrap();
+    };
+    tar("bundle.tar.gz", &["-cz"]);
+    tar("bundle.tar", &["-c"]);
+    b.dockerfile(
+        "ARG BASE\nFROM $BASE\nADD bundle.tar.gz /opt/gz/\nADD bundle.tar /opt/plain/\nADD plain.txt /opt/\n",
+    );
+    b.build(t, &["-t", "test/added"]).code(0);
+    b.run(
+        t,
+        "test/added",
+        "cat /opt/gz/pkg/a.txt /opt/plain/pkg/a.txt /opt/plain.txt; readlink /opt/gz/pkg/shadow",
+    )
+    .code(0)
+    .line("from the archive")
+    .line("plain")
+    .line("/etc/shadow");
+
+    // An archive whose entry climbs out of where it is unpacked.
+    let evil = b.context.join("evil.tar");
+    {
+        let mut builder = tar::Builder::new(fs::File::create(&evil).unwrap());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(4);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        let name = b"../../escaped";
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.set_cksum();
+        builder.append(&h, &b"evil"[..]).unwrap();
+        builder.finish().unwrap();
+    }
+    std::os::unix::fs::lchown(&evil, Some(b.owner()), Some(b.owner())).unwrap();
+    b.dockerfile("ARG BASE\nFROM $BASE\nADD evil.tar /opt/\n");
+    b.build(t, &["-t", "test/added"])
+        .code(1)
+        .stderr_has("climbs out");
+    assert!(!t.dir().join("escaped").exists() && !b.store.join("escaped").exists());
+}
+attack!(add_unpacks_local_archives, native);

@@ -1,3 +1,4 @@
+mod changes;
 mod flat;
 mod registry;
 mod store;
