@@ -329,6 +329,7 @@ impl Run<'_, '_> {
                 state.workdir = absolute(&state.workdir, &dir);
                 let w = state.workdir.clone();
                 state.chain(&["WORKDIR", &w]);
+                self.make_workdir(state, step)?;
             }
             Op::User(raw) => {
                 state.user = expand::word(raw, escape, &vars).map_err(ex)?;
@@ -649,6 +650,45 @@ impl Run<'_, '_> {
         let mut w = store.layer_writer()?;
         write_copy(&mut w, &view, &sources, &dest_abs, &Owner { ids, chmod })
             .map_err(|e| err(e.to_string()))?;
+        let layer = w.finish()?;
+        cache::put(store, &key, &layer);
+        state.layers.push(layer);
+        state.key = key;
+        self.ran += 1;
+        Ok(())
+    }
+
+    /// Makes the working directory when the image lacks it, as Docker
+    /// does: a layer of it (and its parents), owned by the stage's user.
+    fn make_workdir(&mut self, state: &mut State, step: &Step) -> Result<(), BuildError> {
+        let err = step_err(step.line);
+        let store = self.builder.store;
+        let layers: Vec<PathBuf> = state
+            .layers
+            .iter()
+            .rev()
+            .map(|l| store.layer_dir(&l.diff_id))
+            .collect();
+        let view = View::open(&layers).map_err(|e| err(e.to_string()))?;
+        let real = view
+            .resolve(state.workdir.as_bytes(), true)
+            .map_err(|e| err(e.to_string()))?;
+        if view.find(&real).is_some() {
+            return Ok(());
+        }
+        let ids = cordon_image::root::resolve_user(&layers, &state.user)
+            .map_err(|e| err(format!("USER {}: {e}", state.user)))?;
+        let key = state.next_key(&["MKDIR", &state.workdir, &format!("{ids:?}")]);
+        if self.cached(state, step, key) {
+            return Ok(());
+        }
+        let mut w = store.layer_writer()?;
+        let dest = format!("{}/", state.workdir.trim_end_matches('/'));
+        let owner = Owner {
+            ids: Some(ids),
+            chmod: None,
+        };
+        write_copy(&mut w, &view, &[], &dest, &owner).map_err(|e| err(e.to_string()))?;
         let layer = w.finish()?;
         cache::put(store, &key, &layer);
         state.layers.push(layer);

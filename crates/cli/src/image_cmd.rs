@@ -87,6 +87,10 @@ struct BuildArgs {
     /// The most one COPY or ADD may take from the context
     #[arg(long, value_name = "SIZE", default_value = "10G", value_parser = cordon_sandbox::parse_size)]
     disk: u64,
+    /// Trust this host's certificate authorities in RUN steps too (for a
+    /// network whose proxy re-signs TLS); the image does not keep them
+    #[arg(long)]
+    host_certs: bool,
     /// The directory whose files COPY and ADD read
     #[arg(value_name = "CONTEXT")]
     context: PathBuf,
@@ -246,6 +250,7 @@ async fn build(store: &Store, args: BuildArgs) -> i32 {
     };
     sandbox.disk = None;
     sandbox.fork_supervisor = true;
+    sandbox.host_certs = args.host_certs;
     let credentials = Sources::from_env();
     let builder = Builder {
         store,
@@ -276,7 +281,11 @@ async fn build(store: &Store, args: BuildArgs) -> i32 {
         ),
         Event::Output(bytes) => {
             use std::io::Write;
-            let text = cordon_tools::printable_lines(&String::from_utf8_lossy(&bytes));
+            // Progress bars redraw a line with `\r`: each is a new line here.
+            let text = String::from_utf8_lossy(&bytes)
+                .replace("\r\n", "\n")
+                .replace('\r', "\n");
+            let text = cordon_tools::printable_lines(&text);
             let _ = std::io::stderr().write_all(text.as_bytes());
         }
     };

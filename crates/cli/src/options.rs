@@ -55,6 +55,10 @@ pub struct SandboxOpts {
     /// In an image, the user commands run as: NAME, UID, NAME:GROUP or UID:GID [default: the image's, else root]
     #[arg(long, value_name = "USER")]
     pub user: Option<String>,
+    /// In an image, trust this host's certificate authorities too (for a
+    /// network whose proxy re-signs TLS with an authority only the host has)
+    #[arg(long)]
+    pub host_certs: bool,
     /// Start a virtual X display of this size inside the sandbox (Xvfb and a
     /// window manager; DISPLAY is set for the command)
     #[arg(long, value_name = "WxH")]
@@ -186,6 +190,7 @@ impl SandboxOpts {
         let settings = load_settings(self.overrides())?;
         let mut c = sandbox_config(&settings).map_err(config_error)?;
         c.tmp_size = self.tmp_size;
+        c.host_certs = self.host_certs;
         c.env.extend(self.env.iter().cloned());
         let image_dir = crate::image_cmd::apply(&mut c, &settings, self.user.as_deref())
             .await

@@ -117,6 +117,7 @@ const MULTI_STAGE: &str = r#"
     COPY --from=builder /tmp/kept /srv/kept
     RUN ["/bin/sh", "-c", "rm /etc/os-release && adduser -D -u 1000 app 2>/dev/null || echo 'app:x:1000:1000::/srv:/bin/sh' >> /etc/passwd"]
     USER app
+    WORKDIR /srv/work
     EXPOSE 8080
     ENTRYPOINT ["/bin/sh", "-c"]
     CMD ["cat /srv/app/built.txt"]
@@ -155,7 +156,7 @@ fn multi_stage_builds_runs_and_caches(t: &Ctx) {
         "cat /srv/app/built.txt; ls /srv/app/data; cat /srv/app/notes/notes.txt; \
          cat /srv/kept; id -u; stat -c '%u:%g %a' /srv/app/hello.sh; \
          test -e /etc/os-release || echo os-release-gone; echo FROM_BASE=$FROM_BASE; \
-         ls -d /var/cache/made 2>&1; true",
+         ls -d /var/cache/made 2>&1; pwd; stat -c 'workdir %u' /srv/work",
     );
     ran.code(0)
         .line("built by hello.sh")
@@ -171,7 +172,10 @@ fn multi_stage_builds_runs_and_caches(t: &Ctx) {
         .line("os-release-gone")
         .line("FROM_BASE=yes")
         // The first stage's RUN made it; the final stage never had it.
-        .stdout_has("No such file");
+        .stdout_has("No such file")
+        // WORKDIR made it, the user's, and runs start there.
+        .line("/srv/work")
+        .line(t.pick("workdir 1000", "workdir 0"));
 
     // Unchanged: every step from the cache, well under a second.
     let again = b.build(t, &["-t", "test/built:1", "--build-arg", "GREETING=hi"]);

@@ -131,6 +131,11 @@ pub struct SandboxConfig {
     /// layers under an overlay natively, its flat root under a writable
     /// disk in a microVM.
     pub image: Option<RootImage>,
+    /// In an image, trust the host's certificate authorities as well as
+    /// the image's own (`/etc/cordon/bundle.pem`, and the variables that
+    /// point programs at it): for a network whose proxy re-signs TLS with
+    /// an authority only the host has. The host root has them anyway.
+    pub host_certs: bool,
 }
 
 /// A sandbox's root from an image: its layers, read-only, under a writable
@@ -337,6 +342,7 @@ impl SandboxConfig {
             cpus: None,
             vm: VmOptions::default(),
             image: None,
+            host_certs: false,
         }
     }
 }
@@ -561,13 +567,9 @@ impl SandboxConfig {
         }
         if self.network == Network::Allow {
             env.extend(crate::egress::proxy_env());
-            if self
-                .egress
-                .as_ref()
-                .is_some_and(|e| e.broker.intercept.is_some())
-            {
-                env.extend(crate::egress::trust_env());
-            }
+        }
+        if crate::egress::trust(self).is_some() {
+            env.extend(crate::egress::trust_env());
         }
         for (k, v) in &self.env {
             env.retain(|(ek, _)| ek != k);

@@ -188,8 +188,23 @@ const HOST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The CA and the bundle with it, for a broker that terminates TLS for
 /// its secrets' hosts: programs in the sandbox must trust it for those
 /// hosts (and only those: the CA is name-constrained to them).
-pub(crate) fn trust(egress: &Egress) -> Option<(String, String)> {
-    let ca = egress.broker.intercept.as_ref()?.ca_pem().to_string();
+///
+/// Else, for an image sandbox asked to trust the host's authorities
+/// ([`crate::SandboxConfig::host_certs`]), the host's bundle as both.
+pub(crate) fn trust(config: &crate::SandboxConfig) -> Option<(String, String)> {
+    let intercept = config
+        .egress
+        .as_ref()
+        .filter(|_| config.network == crate::Network::Allow)
+        .and_then(|e| e.broker.intercept.as_ref());
+    let Some(intercept) = intercept else {
+        if config.host_certs && config.image.is_some() {
+            let bundle = std::fs::read_to_string(HOST_BUNDLE).ok()?;
+            return Some((bundle.clone(), bundle));
+        }
+        return None;
+    };
+    let ca = intercept.ca_pem().to_string();
     let mut bundle = std::fs::read_to_string(HOST_BUNDLE).unwrap_or_default();
     if !bundle.is_empty() && !bundle.ends_with('\n') {
         bundle.push('\n');

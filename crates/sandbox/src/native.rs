@@ -308,7 +308,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         nice: config.disk.map(|_| crate::disk::budgeted_nice()),
         proxy_port: services.proxy_port(),
         host_network: config.network == Network::Full,
-        trust: config.egress.as_ref().and_then(crate::egress::trust),
+        trust: crate::egress::trust(config),
         image,
         guest_image: false,
     };

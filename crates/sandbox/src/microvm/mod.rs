@@ -271,7 +271,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     };
     // The broker's CA, for a guest whose secrets' hosts it intercepts: in
     // the staged /etc, or written by the guest into an image's.
-    let trust = config.egress.as_ref().and_then(crate::egress::trust);
+    let trust = crate::egress::trust(config);
     if disks.is_none() {
         stage_etc(&run.join("etc"))?;
         if let Some((ca, bundle)) = &trust {
