@@ -99,7 +99,8 @@ struct State {
     layers: Vec<Layer>,
     key: [u8; 32],
     env: Vec<(String, String)>,
-    args: BTreeMap<String, String>,
+    /// The stage's arguments: a value, or none (declared, never given).
+    args: BTreeMap<String, Option<String>>,
     workdir: String,
     user: String,
     labels: BTreeMap<String, String>,
@@ -295,7 +296,7 @@ impl Run<'_, '_> {
                     .rev()
                     .find(|(n, _)| n == k)
                     .map(|(_, v)| v.clone())
-                    .or_else(|| args.get(k).cloned())
+                    .or_else(|| args.get(k).cloned().flatten())
             }
         };
         let ex = |e: expand::ExpandError| err(e.to_string());
@@ -314,8 +315,7 @@ impl Run<'_, '_> {
                         .get(&k)
                         .cloned()
                         .or(v)
-                        .or_else(|| self.globals.get(&k).cloned())
-                        .unwrap_or_default();
+                        .or_else(|| self.globals.get(&k).cloned());
                     state.args.insert(k, v);
                 }
             }
@@ -387,7 +387,11 @@ impl Run<'_, '_> {
 
     async fn run(&mut self, state: &mut State, step: &Step, c: &Command) -> Result<(), BuildError> {
         let err = step_err(step.line);
-        let args: Vec<String> = state.args.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let args: Vec<String> = state
+            .args
+            .iter()
+            .filter_map(|(k, v)| Some(format!("{k}={}", v.as_ref()?)))
+            .collect();
         let key = state.next_key(&["RUN", &step.text, &args.join("\n")]);
         if self.cached(state, step, key) {
             return Ok(());
@@ -411,12 +415,15 @@ impl Run<'_, '_> {
             uid,
             gid,
             env: Vec::new(),
+            manifest: None,
             step: true,
         });
         // The image's environment, then the arguments the step sees.
         let mut env = state.env.clone();
         for (k, v) in &state.args {
-            if !env.iter().any(|(n, _)| n == k) {
+            if let Some(v) = v
+                && !env.iter().any(|(n, _)| n == k)
+            {
                 env.push((k.clone(), v.clone()));
             }
         }
@@ -441,7 +448,7 @@ impl Run<'_, '_> {
         )
         .map_err(|e| err(e.to_string()))?;
         let mut w = store.layer_writer()?;
-        let skip = |path: &[u8], _| generated(path, &view);
+        let skip = |path: &[u8], _| crate::commit::generated(path, &view);
         let ids = |u, g| changes.image_ids(u, g);
         cordon_image::changes::write_changes(&changes.upper(), &ids, &skip, &mut w)
             .map_err(|e| err(format!("reading the step's changes: {e}")))?;
@@ -751,22 +758,6 @@ impl Run<'_, '_> {
 
 /// The `PATH` a step gets when its image sets none (Docker's default).
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// What cordon put in a step's root to run it, which is not the step's
-/// change: the files it writes in `/etc` and the mount points of `/dev`
-/// and `/proc`; `passwd` and `group` when the image had none.
-fn generated(path: &[u8], view: &View) -> bool {
-    match path {
-        b"dev" | b"proc" | b"etc/hosts" | b"etc/hostname" | b"etc/resolv.conf" | b"etc/cordon" => {
-            true
-        }
-        b"etc/passwd" | b"etc/group" => {
-            let real: Vec<Vec<u8>> = path.split(|&b| b == b'/').map(<[u8]>::to_vec).collect();
-            view.find(&real).is_none()
-        }
-        _ => false,
-    }
-}
 
 impl State {
     fn new(key: [u8; 32]) -> State {

@@ -7,6 +7,7 @@
 
 mod build;
 mod cache;
+pub mod commit;
 pub mod context;
 pub mod copy;
 pub mod dockerfile;
@@ -26,6 +27,7 @@ pub const LAYERS: &[&str] = &[
     "context",
     "copy",
     "cache",
+    "commit",
     "build",
 ];
 

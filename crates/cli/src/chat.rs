@@ -208,6 +208,9 @@ pub async fn chat(args: ChatArgs) -> i32 {
         config_home: cordon_agent::config::config_home(),
         repository,
         image: s.settings.resolved().sandbox.image.clone(),
+        snapshot: Some(std::sync::Arc::new(|dir, session, name| {
+            crate::image_cmd::commit_dir(&dir, &session, name).map(|i| i.name)
+        })),
     };
     let result = cordon_tui::run(status, worker).await;
     // The terminal is the user's again.

@@ -432,6 +432,9 @@ pub async fn exec(args: ExecArgs) -> i32 {
             (id, Vec::new(), log)
         }
     };
+    if let Err(e) = sandbox.set_label(&id) {
+        tracing::warn!("cannot label the sandbox with its session: {e}");
+    }
     let started = sessions::SessionStarted::new(
         &id,
         &s.model.agent.model,

@@ -44,6 +44,14 @@ enum ImageCommand {
         name: String,
         target: Option<String>,
     },
+    /// Save a running session's sandbox (its root's changes, not its
+    /// workspace) as a new image on top of the one it started from
+    Commit {
+        /// The session's id (or the start of it)
+        session: String,
+        /// What the image is stored as [default: session-ID]
+        name: Option<String>,
+    },
     /// Write a stored image to a file other tools read
     Save {
         name: String,
@@ -161,6 +169,24 @@ pub async fn image(args: ImageArgs) -> i32 {
         }
         ImageCommand::Build(args) => build(&store, args).await,
         ImageCommand::Push { name, target } => push(&store, &name, target.as_deref()).await,
+        ImageCommand::Commit { session, name } => {
+            let store = store.clone();
+            let done = tokio::task::spawn_blocking(move || commit(&store, &session, name)).await;
+            match done {
+                Ok(Ok(image)) => {
+                    println!("{} {}", printable(&image.name), image.manifest);
+                    0
+                }
+                Ok(Err(e)) => {
+                    eprintln!("cordon: {}", printable(&e));
+                    1
+                }
+                Err(e) => {
+                    eprintln!("cordon: {e}");
+                    1
+                }
+            }
+        }
         ImageCommand::Save {
             name,
             output,
@@ -362,6 +388,48 @@ async fn push(store: &Store, name: &str, target: Option<&str>) -> i32 {
             1
         }
     }
+}
+
+/// `cordon image commit SESSION [NAME]`, and `/snapshot` in the terminal
+/// UI: the image is stored under `name` (as a reference names it), or
+/// `session-ID`.
+pub fn commit(store: &Store, session: &str, name: Option<String>) -> Result<Image, String> {
+    let dir = cordon_build::commit::find_live(store, session).map_err(|e| e.to_string())?;
+    commit_in(store, &dir, session, name)
+}
+
+/// [`commit`] of the sandbox whose writable layer is `dir`: the terminal
+/// UI's, which has it at hand.
+pub fn commit_dir(
+    dir: &std::path::Path,
+    session: &str,
+    name: Option<String>,
+) -> Result<Image, String> {
+    commit_in(&open_store()?, dir, session, name)
+}
+
+fn commit_in(
+    store: &Store,
+    dir: &std::path::Path,
+    session: &str,
+    name: Option<String>,
+) -> Result<Image, String> {
+    let name = stored_name(name.unwrap_or_else(|| {
+        let id: String = session
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(12)
+            .collect();
+        format!("session-{}", id.to_ascii_lowercase())
+    }))?;
+    cordon_build::commit::commit(store, dir, &name).map_err(|e| e.to_string())
+}
+
+/// A name as the store keeps it: a reference, in full.
+pub fn stored_name(name: String) -> Result<String, String> {
+    name.parse::<ImageRef>()
+        .map(|r| r.to_string())
+        .map_err(|e| format!("{}: {e}", printable(&name)))
 }
 
 /// The Dockerfile, as text: the user's own file, refused past 1 MiB.

@@ -737,3 +737,95 @@ fn bang_commands_at_paths_saved_approvals_and_the_full_screen_picker() {
     tmux.keys(&["Enter"]);
     tmux.wait_for("EXIT=0");
 }
+
+/// The agent installs a package in its image; `/snapshot` keeps it, and so
+/// does `cordon image commit` of the running session from another shell.
+/// Both images start with the package there and the network off; neither
+/// has the workspace in it.
+#[test]
+fn a_snapshot_keeps_what_the_agent_installed() {
+    let Some(minimal) = cordon_testkit::environments::environment("minimal") else {
+        return;
+    };
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("notes.txt"), "the user's\n").unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let store = home.path().join("store");
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Installing.").with_tool_call(
+                "b1",
+                "bash",
+                json!({"command": "apt-get update -qq && apt-get install -y -qq hello >/dev/null && hello"}),
+            ))
+            .turn(
+                Turn::text("Installed hello.")
+                    .expect_tool_results(["b1"])
+                    .expect_contains("Hello, world!"),
+            ),
+    );
+    let cmd = format!(
+        "cd {ws} && {cordon} chat --image oci:{image}:latest --allow @debian; \
+         echo EXIT=$?; sleep 600",
+        ws = ws.path().display(),
+        image = minimal.display(),
+        cordon = user_shell(&server, home.path()).replacen(
+            "env -i ",
+            &format!("env -i CORDON_IMAGE_STORE={} ", store.display()),
+            1
+        ),
+    );
+    let tmux = Tmux::start("snapshot", &cmd, 120, 40);
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("install hello");
+    tmux.keys(&["Enter"]);
+    tmux.wait_within("the answer", Duration::from_secs(180), |s| {
+        s.contains("Installed hello.")
+    });
+    server.assert_finished();
+
+    // From another shell, while the session runs.
+    let label = std::fs::read_dir(store.join("run"))
+        .unwrap()
+        .flatten()
+        .find_map(|e| std::fs::read_to_string(e.path().join("label")).ok())
+        .expect("the session's sandbox is labelled with its id");
+    let committed = Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .env("CORDON_IMAGE_STORE", &store)
+        .args(["image", "commit", &label[..8], "test/committed:1"])
+        .output()
+        .unwrap();
+    assert!(
+        committed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&committed.stderr)
+    );
+
+    tmux.type_text("/snapshot test/snap:1");
+    tmux.keys(&["Enter"]);
+    tmux.wait_within("the snapshot", Duration::from_secs(60), |s| {
+        s.contains("Saved the sandbox's root as")
+    });
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+
+    for image in ["test/snap:1", "test/committed:1"] {
+        let run = Command::new(env!("CARGO_BIN_EXE_cordon"))
+            .env("CORDON_IMAGE_STORE", &store)
+            .args(["run", "--workspace"])
+            .arg(home.path())
+            .args(["--image", image, "--", "sh", "-c"])
+            .arg("hello; ls /workspace/notes.txt 2>&1; test -e /var/lib/apt/lists/lock && echo lists")
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&run.stdout);
+        assert!(
+            out.contains("Hello, world!"),
+            "{image}: {out}\n{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        // The workspace was the user's: not in the image.
+        assert!(out.contains("No such file"), "{image}: {out}");
+    }
+}

@@ -31,6 +31,9 @@ pub struct SandboxRoot {
     pub gid: u32,
     /// The config's `Env`, as pairs (entries without `=` are dropped).
     pub env: Vec<(String, String)>,
+    /// The image's manifest digest: what a commit of the sandbox's changes
+    /// builds on.
+    pub manifest: crate::Digest,
     /// The config's `WorkingDir`, when absolute.
     pub working_dir: Option<String>,
 }
@@ -69,6 +72,7 @@ impl Store {
             })
             .collect();
         Ok(SandboxRoot {
+            manifest: image.manifest,
             layers,
             scratch: self.root().join("run"),
             flat: self.flat_dir(),

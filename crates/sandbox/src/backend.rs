@@ -57,9 +57,6 @@ pub(crate) fn left_by_dead_process(name: &str) -> bool {
 pub(crate) struct WritableLayer {
     dir: tempfile::TempDir,
     _lock: std::os::fd::OwnedFd,
-    /// An unprivileged caller's subordinate ids (uid, gid, count), which
-    /// its sandbox's ids 1 onwards are.
-    pub(crate) subordinate: Option<(u32, u32, u32)>,
 }
 
 impl WritableLayer {
@@ -96,11 +93,10 @@ impl WritableLayer {
             .filter_map(|l| Some(format!("{}\n", l.file_name()?.to_str()?)))
             .collect();
         std::fs::write(dir.path().join("layers"), names)?;
-        Ok(WritableLayer {
-            dir,
-            _lock: lock,
-            subordinate: None,
-        })
+        if let Some(m) = &image.manifest {
+            std::fs::write(dir.path().join(IMAGE_FILE), m)?;
+        }
+        Ok(WritableLayer { dir, _lock: lock })
     }
 
     pub(crate) fn dir(&self) -> &Path {
@@ -145,13 +141,37 @@ impl WritableLayer {
 /// What a build step changed in its root, once it is closed: overlay's
 /// upper directory (whiteouts as character devices 0:0, opaque directories
 /// marked `user.overlay.opaque`), removed when this is dropped.
-///
-/// Its files are owned by host ids: root's sandbox writes image id `n` as
-/// host id `base + n` (the range it held, which its `upper` directory was
-/// given before any of its processes ran); an unprivileged caller's writes
-/// 0 as itself and `n` as its `n`th subordinate id.
 pub struct RootChanges {
     layer: WritableLayer,
+    ids: ImageIds,
+}
+
+impl RootChanges {
+    pub(crate) fn new(layer: WritableLayer) -> Result<RootChanges> {
+        let ids = ImageIds::read(layer.dir())?;
+        Ok(RootChanges { layer, ids })
+    }
+
+    /// Overlay's upper directory: the changes.
+    pub fn upper(&self) -> PathBuf {
+        self.layer.dir().join("upper")
+    }
+
+    /// The image's uid and gid of a file the step's sandbox owned as host
+    /// ids `uid` and `gid`; `None` for an id it could not have given.
+    pub fn image_ids(&self, uid: u32, gid: u32) -> Option<(u32, u32)> {
+        self.ids.image_ids(uid, gid)
+    }
+}
+
+/// How the host ids of a writable layer's files map back to the image's.
+/// Root's sandbox writes image id `n` as host id `base + n` (the range it
+/// held, which its outer supervisor gave the layer's `work` directory
+/// before any process of the sandbox ran, and which none can reach); an
+/// unprivileged caller's writes 0 as itself and `n` as its `n`th
+/// subordinate id (recorded in [`IDS_FILE`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ImageIds {
     uid: IdRange,
     gid: IdRange,
 }
@@ -174,48 +194,62 @@ impl IdRange {
     }
 }
 
-impl RootChanges {
-    pub(crate) fn new(layer: WritableLayer) -> Result<RootChanges> {
+impl ImageIds {
+    /// The map of the writable layer in `dir` (one of the store's `run/`).
+    pub fn read(dir: &Path) -> Result<ImageIds> {
         use std::os::unix::fs::MetadataExt;
-        // Its outer supervisor gave `work` to the sandbox's root before
-        // any process of the sandbox ran, and none can reach it.
-        let work = std::fs::symlink_metadata(layer.dir().join("work"))?;
-        let (uid, gid) = match layer.subordinate {
-            Some((uid, gid, count)) => (
-                IdRange {
+        let work = std::fs::symlink_metadata(dir.join("work"))?;
+        let sub = std::fs::read_to_string(dir.join(IDS_FILE))
+            .ok()
+            .and_then(|t| {
+                let n: Vec<u32> = t
+                    .split_whitespace()
+                    .filter_map(|w| w.parse().ok())
+                    .collect();
+                match n[..] {
+                    [uid, gid, count] => Some((uid, gid, count)),
+                    _ => None,
+                }
+            });
+        Ok(match sub {
+            Some((uid, gid, count)) => ImageIds {
+                uid: IdRange {
                     first: work.uid(),
                     rest: uid,
                     count: count + 1,
                 },
-                IdRange {
+                gid: IdRange {
                     first: work.gid(),
                     rest: gid,
                     count: count + 1,
                 },
-            ),
+            },
             None => {
                 let range = |base: u32| IdRange {
                     first: base,
                     rest: base + 1,
                     count: crate::protocol::IMAGE_IDS,
                 };
-                (range(work.uid()), range(work.gid()))
+                ImageIds {
+                    uid: range(work.uid()),
+                    gid: range(work.gid()),
+                }
             }
-        };
-        Ok(RootChanges { layer, uid, gid })
+        })
     }
 
-    /// Overlay's upper directory: the changes.
-    pub fn upper(&self) -> PathBuf {
-        self.layer.dir().join("upper")
-    }
-
-    /// The image's uid and gid of a file the step's sandbox owned as host
-    /// ids `uid` and `gid`; `None` for an id it could not have given.
+    /// The image's uid and gid of a file owned by host ids `uid`, `gid`.
     pub fn image_ids(&self, uid: u32, gid: u32) -> Option<(u32, u32)> {
         Some((self.uid.image_id(uid)?, self.gid.image_id(gid)?))
     }
 }
+
+/// Beside a writable layer, written by cordon: the base image's manifest
+/// digest, what the front end calls the sandbox (a session's id), and an
+/// unprivileged caller's subordinate ids (`UID GID COUNT`).
+pub const IMAGE_FILE: &str = "image";
+pub const LABEL_FILE: &str = "label";
+pub const IDS_FILE: &str = "ids";
 
 /// A writable layer's disk in its directory.
 const DISK_FILE: &str = "layer.ext4";

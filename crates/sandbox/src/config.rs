@@ -160,6 +160,9 @@ pub struct RootImage {
     /// The image's environment (its `Env`): over cordon's defaults, under
     /// the network's settings and [`SandboxConfig::env`].
     pub env: Vec<(String, String)>,
+    /// The stored image's manifest digest, recorded beside the writable
+    /// layer: what a commit of the sandbox's changes builds on.
+    pub manifest: Option<String>,
     /// A build step's root (see [`crate::Sandbox::close_keeping_changes`]):
     /// nothing is mounted over the image's paths but `/dev` and `/proc`,
     /// and the writable layer is kept when the sandbox closes. Native
@@ -178,6 +181,7 @@ impl From<cordon_image::root::SandboxRoot> for RootImage {
             uid: r.uid,
             gid: r.gid,
             env: r.env,
+            manifest: Some(r.manifest.to_string()),
             step: false,
         }
     }

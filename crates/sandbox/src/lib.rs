@@ -59,7 +59,7 @@ mod subids;
 pub mod supervisor;
 pub mod volume;
 
-pub use backend::{Backend, RootChanges};
+pub use backend::{Backend, IMAGE_FILE, ImageIds, LABEL_FILE, RootChanges};
 pub use cache::cache_dir;
 pub use config::{
     Accel, BackendKind, BindMount, CONTROL_FILES, DISPLAY, Display, MIB, Network, RootImage,

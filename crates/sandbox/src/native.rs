@@ -345,9 +345,12 @@ fn image_root(
     } else {
         crate::subids::subordinate(rustix::process::geteuid().as_raw())?
     };
-    let mut layer = WritableLayer::new(image)?;
+    let layer = WritableLayer::new(image)?;
     if let protocol::IdSource::Subordinate { uid, gid, count } = ids {
-        layer.subordinate = Some((uid, gid, count));
+        std::fs::write(
+            layer.dir().join(crate::backend::IDS_FILE),
+            format!("{uid} {gid} {count}\n"),
+        )?;
     }
     // Root can mount it: with a budget, the layer is a disk that size, a
     // hard bound (without root, the disk watcher alone holds it).

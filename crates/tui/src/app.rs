@@ -35,6 +35,8 @@ pub enum Action {
     Rewind(Option<u64>),
     /// Let the sandbox reach this host for the rest of the session.
     AllowHost(cordon_net::Rule),
+    /// Save the sandbox's root as an image (named, or after the session).
+    Snapshot(Option<String>),
     /// `@path` then Tab: the workspace's entries starting with this (the
     /// text after `@`); the answer comes back to [`App::complete_path`].
     CompletePath(String),
@@ -165,7 +167,8 @@ Tab: complete a /command, or a workspace path after @ (@src/ma → @src/main.rs)
 /sessions pick an earlier session of this workspace (/sessions all: any)   /load ID  continue one
 /undo  take back the last turn: its file changes and its messages   /rewind N  back to the end of turn N
 /compact  summarise the conversation now   /model NAME  switch model   /cost  tokens and cost
-/allow HOST[:PORT]  let the sandbox reach a host for this session (with --allow; alone: what it may reach)";
+/allow HOST[:PORT]  let the sandbox reach a host for this session (with --allow; alone: what it may reach)
+/snapshot [NAME]  save the sandbox's root (what was installed; not the workspace) as an image for --image";
 
 /// The slash commands, for Tab to complete.
 const COMMANDS: &[&str] = &[
@@ -181,6 +184,7 @@ const COMMANDS: &[&str] = &[
     "/quit",
     "/rewind",
     "/sessions",
+    "/snapshot",
     "/undo",
 ];
 
@@ -548,7 +552,14 @@ impl App {
         };
         let needs_idle = matches!(
             cmd,
-            "/clear" | "/new" | "/load" | "/compact" | "/sessions" | "/undo" | "/rewind"
+            "/clear"
+                | "/new"
+                | "/load"
+                | "/compact"
+                | "/sessions"
+                | "/undo"
+                | "/rewind"
+                | "/snapshot"
         );
         if needs_idle && self.busy {
             self.notice(format!(
@@ -593,6 +604,7 @@ impl App {
                 self.busy = true;
                 vec![Action::Compact]
             }
+            "/snapshot" => vec![Action::Snapshot((!arg.is_empty()).then(|| arg.to_string()))],
             "/model" if arg.is_empty() => {
                 self.notice(format!("The model is {}.", self.status.model));
                 Vec::new()

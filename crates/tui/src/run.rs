@@ -193,6 +193,7 @@ async fn event_loop(
                     continue;
                 }
                 Action::Compact => Request::Compact,
+                Action::Snapshot(name) => Request::Snapshot(name),
                 Action::SetModel(m) => Request::SetModel(m),
                 Action::Clear => Request::Clear,
                 Action::New => {

@@ -32,7 +32,15 @@ pub enum Request {
     Rewind(Option<u64>),
     /// `!cmd`: a command the user runs in the sandbox's shell.
     Shell(String),
+    /// `/snapshot [NAME]`.
+    Snapshot(Option<String>),
 }
+
+/// Saves a sandbox's root as an image: given its writable layer's
+/// directory, the session's id and the name asked for; the image's name,
+/// or why not. The front end's (it owns the image store).
+pub type Snapshotter =
+    Arc<dyn Fn(PathBuf, String, Option<String>) -> Result<String, String> + Send + Sync>;
 
 pub enum Update {
     /// The sandbox is up; `network`: its broker's live policy, when the
@@ -224,6 +232,8 @@ pub struct Worker {
     /// The image the sandbox runs in, as named (recorded in each session
     /// so that a resume runs there too).
     pub image: Option<String>,
+    /// How `/snapshot` saves the sandbox; `None` where images are not kept.
+    pub snapshot: Option<Snapshotter>,
 }
 
 /// What `--repo` gives a new conversation.
@@ -324,6 +334,40 @@ impl Worker {
 }
 
 impl State {
+    /// Names the sandbox after the session, for `cordon image commit` (a
+    /// label that cannot be written only leaves that command without it).
+    fn label_sandbox(&self) {
+        if let (Some(sb), Some(id)) = (&self.sandbox, &self.session) {
+            let _ = sb.set_label(id);
+        }
+    }
+
+    async fn snapshot(&mut self, name: Option<String>) {
+        let notice = match (
+            &self.cfg.snapshot,
+            self.sandbox.as_ref().and_then(|s| s.writable_layer_dir()),
+            &self.session,
+        ) {
+            (Some(save), Some(dir), Some(id)) => {
+                let (save, id) = (save.clone(), id.clone());
+                match tokio::task::spawn_blocking(move || save(dir, id, name)).await {
+                    Ok(Ok(image)) => format!(
+                        "Saved the sandbox's root as {image}: `cordon --image {image}` starts \
+                         from it. The workspace is not in it (it stays yours: commit it to git)."
+                    ),
+                    Ok(Err(e)) => format!("/snapshot: {e}"),
+                    Err(e) => format!("/snapshot: {e}"),
+                }
+            }
+            (_, None, _) => "/snapshot saves a sandbox on an image (start cordon with --image): \
+                             this one runs on the host's root, which it cannot change."
+                .into(),
+            (_, _, None) => "/snapshot works once the conversation has begun.".into(),
+            (None, _, _) => "/snapshot is not available here.".into(),
+        };
+        let _ = self.updates.send(Update::Notice(notice));
+    }
+
     async fn start_sandbox(&mut self) {
         if let Some(sb) = self.sandbox.take() {
             sb.close().await;
@@ -332,6 +376,7 @@ impl State {
             Ok(sb) => {
                 let network = sb.network().map(|n| n.policy.clone());
                 self.sandbox = Some(sb);
+                self.label_sandbox();
                 let _ = self.updates.send(Update::Ready { network });
             }
             Err(e) => {
@@ -387,12 +432,14 @@ impl State {
         });
         self.agent = Some(agent.with_history(r.history).with_log(r.log));
         self.session = Some(id);
+        self.label_sandbox();
     }
 
     async fn handle(&mut self, req: Request) {
         match req {
             Request::Send(prompt) => self.send(&prompt).await,
             Request::Compact => self.compact().await,
+            Request::Snapshot(name) => self.snapshot(name).await,
             Request::SetModel(m) => {
                 self.cfg.agent.model = m.clone();
                 if let Some(a) = &mut self.agent {
@@ -606,6 +653,7 @@ impl State {
                     usage: Usage::default(),
                 });
                 self.session = Some(id);
+                self.label_sandbox();
                 agent.with_log(log)
             }
             Err(e) => {

@@ -99,6 +99,11 @@ fn commands_become_actions_and_nothing_is_sent_while_a_turn_runs() {
         ("/undo", Action::Rewind(None)),
         ("/rewind 0", Action::Rewind(Some(0))),
         ("/rewind 12", Action::Rewind(Some(12))),
+        ("/snapshot", Action::Snapshot(None)),
+        (
+            "/snapshot team/env:2",
+            Action::Snapshot(Some("team/env:2".into())),
+        ),
     ] {
         type_text(&mut a, cmd);
         assert_eq!(enter(&mut a), vec![action], "{cmd}");

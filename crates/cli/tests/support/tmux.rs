@@ -84,7 +84,12 @@ impl Tmux {
     }
 
     pub fn wait_until(&self, what: &str, ok: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        self.wait_within(what, Duration::from_secs(30), ok)
+    }
+
+    /// [`Tmux::wait_until`] for work that takes longer (a package install).
+    pub fn wait_within(&self, what: &str, limit: Duration, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + limit;
         loop {
             let s = self.screen();
             if ok(&s) {

@@ -434,6 +434,22 @@ impl Sandbox {
 
     /// Ends the session: every process in it is killed and host resources
     /// are released. Other clones of this handle see [`Error::Gone`].
+    /// The directory of an image sandbox's writable layer on the host (its
+    /// overlay's `upper` and `work`, natively; a microVM's disk), beside
+    /// the files cordon keeps there ([`crate::IMAGE_FILE`]).
+    pub fn writable_layer_dir(&self) -> Option<std::path::PathBuf> {
+        self.inner.lifecycle.writable_layer()
+    }
+
+    /// Records what the front end calls this sandbox (a session's id)
+    /// beside its writable layer, where `cordon image commit` finds it.
+    pub fn set_label(&self, label: &str) -> Result<()> {
+        if let Some(dir) = self.writable_layer_dir() {
+            std::fs::write(dir.join(crate::backend::LABEL_FILE), label)?;
+        }
+        Ok(())
+    }
+
     /// Closes a build step's sandbox (one made with
     /// [`crate::RootImage::step`]) and keeps what it changed in its root:
     /// every process is gone when this returns, so nothing changes the

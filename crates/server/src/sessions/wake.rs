@@ -191,6 +191,9 @@ async fn wake(
         )
     })?;
     shared.sandboxes.insert(sandbox_key(&row.id), &sandbox);
+    if let Err(e) = sandbox.set_label(&row.id) {
+        tracing::warn!("session {}: cannot label the sandbox: {e}", row.id);
+    }
     // MCP servers that fail are logged: the session goes on without them.
     let id = row.id.clone();
     let mcp = cordon_mcp::McpClients::start(
