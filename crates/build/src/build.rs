@@ -416,6 +416,7 @@ impl Run<'_, '_> {
             gid,
             env: Vec::new(),
             manifest: None,
+            label: None,
             step: true,
         });
         // The image's environment, then the arguments the step sees.

@@ -59,6 +59,9 @@ pub struct SandboxOpts {
     /// network whose proxy re-signs TLS with an authority only the host has)
     #[arg(long)]
     pub host_certs: bool,
+    /// In an image, what `cordon image commit NAME` calls this sandbox
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
     /// Start a virtual X display of this size inside the sandbox (Xvfb and a
     /// window manager; DISPLAY is set for the command)
     #[arg(long, value_name = "WxH")]
@@ -195,6 +198,14 @@ impl SandboxOpts {
         let image_dir = crate::image_cmd::apply(&mut c, &settings, self.user.as_deref())
             .await
             .map_err(config_error)?;
+        if let Some(name) = &self.name {
+            let Some(image) = c.image.as_mut() else {
+                return Err(config_error(
+                    "--name names a sandbox on an image for `cordon image commit`: give --image",
+                ));
+            };
+            image.label = Some(name.clone());
+        }
         c.workdir = self
             .workdir
             .clone()

@@ -96,6 +96,9 @@ impl WritableLayer {
         if let Some(m) = &image.manifest {
             std::fs::write(dir.path().join(IMAGE_FILE), m)?;
         }
+        if let Some(l) = &image.label {
+            std::fs::write(dir.path().join(LABEL_FILE), l)?;
+        }
         Ok(WritableLayer { dir, _lock: lock })
     }
 

@@ -163,6 +163,10 @@ pub struct RootImage {
     /// The stored image's manifest digest, recorded beside the writable
     /// layer: what a commit of the sandbox's changes builds on.
     pub manifest: Option<String>,
+    /// What the front end calls the sandbox (a session's id, a name the
+    /// user gave), recorded beside the writable layer for `cordon image
+    /// commit`; [`crate::Sandbox::set_label`] records one later.
+    pub label: Option<String>,
     /// A build step's root (see [`crate::Sandbox::close_keeping_changes`]):
     /// nothing is mounted over the image's paths but `/dev` and `/proc`,
     /// and the writable layer is kept when the sandbox closes. Native
@@ -182,6 +186,7 @@ impl From<cordon_image::root::SandboxRoot> for RootImage {
             gid: r.gid,
             env: r.env,
             manifest: Some(r.manifest.to_string()),
+            label: None,
             step: false,
         }
     }
