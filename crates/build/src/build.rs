@@ -63,6 +63,9 @@ pub struct Options {
     pub no_cache: bool,
     /// Bytes of context files one `COPY` may take.
     pub budget: u64,
+    /// Whether the context's `.dockerignore` applies (a setup's inputs are
+    /// named one by one: it does not).
+    pub dockerignore: bool,
 }
 
 /// What a build reports as it goes.
@@ -128,8 +131,12 @@ impl Builder<'_> {
     ) -> Result<Built, BuildError> {
         let file = dockerfile::parse(&opts.dockerfile)
             .map_err(|e| BuildError::Dockerfile(e.to_string()))?;
-        let context = Context::open(&opts.context)
-            .map_err(|e| BuildError::Dockerfile(format!("the build context: {e}")))?;
+        let context = if opts.dockerignore {
+            Context::open(&opts.context)
+        } else {
+            Context::open_plain(&opts.context)
+        }
+        .map_err(|e| BuildError::Dockerfile(format!("the build context: {e}")))?;
         let cli_args: BTreeMap<String, String> = opts.build_args.iter().cloned().collect();
         let mut globals = BTreeMap::new();
         for step in &file.global_args {

@@ -291,6 +291,7 @@ async fn build(store: &Store, args: BuildArgs) -> i32 {
         target: args.target.clone(),
         no_cache: args.no_cache,
         budget: args.disk,
+        dockerignore: true,
     };
     let started = std::time::Instant::now();
     let show = |e: Event| match e {
@@ -455,16 +456,25 @@ pub async fn apply(
     settings: &cordon_agent::config::Settings,
     user: Option<&str>,
 ) -> Result<Option<String>, String> {
-    let Some(reference) = settings.resolved().sandbox.image.clone() else {
+    let resolved = settings.resolved();
+    let environment = resolved.environment.clone();
+    let Some(reference) = environment
+        .as_ref()
+        .map(|e| e.image.clone())
+        .or(resolved.sandbox.image.clone())
+    else {
         if user.is_some() {
             return Err("--user chooses a user of an image: give the image with --image".into());
         }
         return Ok(None);
     };
     let store = open_store()?;
-    let image = obtain(&store, &reference, &Sources::from_env(), &say)
-        .await
-        .map_err(|e| e.to_string())?;
+    let image = match &environment {
+        None => obtain(&store, &reference, &Sources::from_env(), &say)
+            .await
+            .map_err(|e| e.to_string())?,
+        Some(env) => crate::environment::prepare(&store, env, c).await?,
+    };
     let root = store
         .sandbox_root(&image, user)
         .map_err(|e| format!("{}: {e}", printable(&image.name)))?;

@@ -3,6 +3,7 @@
 mod chat;
 mod config_cmd;
 mod doctor;
+mod environment;
 mod exec;
 mod image_cmd;
 mod lab_cmd;

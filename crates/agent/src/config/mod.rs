@@ -15,7 +15,7 @@
 mod resolved;
 pub mod trust;
 
-pub use resolved::{ApprovalMode, Endpoint, Resolved, SandboxSettings, SecretSetting};
+pub use resolved::{ApprovalMode, Endpoint, Environment, Resolved, SandboxSettings, SecretSetting};
 pub use trust::{Guard, Ignored, TrustStore};
 
 use std::collections::BTreeMap;
@@ -234,6 +234,38 @@ pub const KEYS: &[Key] = &[
         default: Some("1G"),
         doc: "how much disk a session's checkpoints may take (at least 1M); the oldest are pruned to stay within it, the newest always kept",
         guard: Guard::Retention,
+    },
+    Key {
+        name: "environment.image",
+        env: &[],
+        secret: false,
+        default: None,
+        doc: "the image the environment's setup builds on (default: sandbox.image)",
+        guard: Guard::Isolation,
+    },
+    Key {
+        name: "environment.setup",
+        env: &[],
+        secret: false,
+        default: None,
+        doc: "a shell command run once in a sandbox on the image, with environment.allow's network; what it changes outside /workspace becomes the image every later sandbox of the workspace starts from (docs/build.md)",
+        guard: Guard::Isolation,
+    },
+    Key {
+        name: "environment.inputs",
+        env: &[],
+        secret: false,
+        default: None,
+        doc: "the workspace's files the setup reads (a TOML list of relative paths): it runs again when one changes",
+        guard: Guard::Isolation,
+    },
+    Key {
+        name: "environment.allow",
+        env: &[],
+        secret: false,
+        default: None,
+        doc: "what the setup may reach through cordon's broker, as network.allow (the sandboxes after it get network.allow's)",
+        guard: Guard::Isolation,
     },
     Key {
         name: "sandbox.backend",

@@ -82,6 +82,22 @@ pub struct Resolved {
     pub sandbox: SandboxSettings,
     /// What a session's checkpoints keep (`checkpoints.*`).
     pub checkpoints: Retention,
+    /// A setup that makes the sandbox's image once (`[environment]`).
+    pub environment: Option<Environment>,
+}
+
+/// `[environment]`: a setup run once on an image, whose result every later
+/// sandbox of the workspace starts from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Environment {
+    /// The image it builds on: `environment.image`, else `sandbox.image`.
+    pub image: String,
+    /// The shell command.
+    pub setup: String,
+    /// Workspace files it reads: relative, each component plain.
+    pub inputs: Vec<String>,
+    /// What its sandbox may reach (rules and presets, not yet expanded).
+    pub allow: Vec<String>,
 }
 
 impl Resolved {
@@ -159,6 +175,38 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
     )?;
     let checkpoints = Retention::new(keep, max_size)
         .map_err(|e| s.invalid("checkpoints.max_size", e.to_string()))?;
+    let environment = match opt(s, "environment.setup", |v| Ok(v.to_string()))? {
+        None => {
+            for key in ["environment.inputs", "environment.allow"] {
+                if s.get(key).is_some() {
+                    return Err(s.invalid(key, "is for environment.setup, which is not set"));
+                }
+            }
+            None
+        }
+        Some(setup) if setup.trim().is_empty() => {
+            return Err(s.invalid("environment.setup", "is empty"));
+        }
+        Some(setup) => {
+            let image = s
+                .get("environment.image")
+                .or(s.get("sandbox.image"))
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| {
+                    s.invalid(
+                        "environment.setup",
+                        "needs an image to build on: set environment.image (or sandbox.image)",
+                    )
+                })?;
+            Some(Environment {
+                image,
+                setup,
+                inputs: opt(s, "environment.inputs", parse_inputs)?.unwrap_or_default(),
+                allow: opt(s, "environment.allow", parse_allow)?.unwrap_or_default(),
+            })
+        }
+    };
     Ok(Resolved {
         provider,
         model: req(s, "model", |v| Ok(v.to_string()))?,
@@ -237,12 +285,37 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
             },
         },
         checkpoints,
+        environment,
     })
 }
 
 /// `network.allow`: a TOML list (from a file) or a comma-separated list
 /// (from the environment or the command line), each entry a rule or a
 /// preset the broker understands.
+/// `environment.inputs`: a TOML list of workspace paths, each relative and
+/// plain (no `..`, not absolute).
+fn parse_inputs(v: &str) -> Result<Vec<String>, String> {
+    #[derive(serde::Deserialize)]
+    struct List {
+        v: Vec<String>,
+    }
+    let list = toml::from_str::<List>(&format!("v = {v}"))
+        .map_err(|_| "expected a list of paths, such as [\"requirements.txt\"]".to_string())?
+        .v;
+    for p in &list {
+        if p.is_empty()
+            || p.starts_with('/')
+            || p.split('/').any(|c| c == "..")
+            || p.contains(['*', '?', '['])
+        {
+            return Err(format!(
+                "{p:?}: an input is a file of the workspace, named by a plain relative path"
+            ));
+        }
+    }
+    Ok(list)
+}
+
 fn parse_allow(v: &str) -> Result<Vec<String>, String> {
     #[derive(serde::Deserialize)]
     struct List {
