@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use cordon_image::compose::Layer;
 use cordon_image::store::Image;
 use cordon_image::store::Store;
-use cordon_sandbox::{ExecEvent, ExecRequest, RootImage, Sandbox, SandboxConfig};
+use cordon_sandbox::{BuildStep, ExecEvent, ExecRequest, RootImage, Sandbox, SandboxConfig};
 use oci_spec::image::{ConfigBuilder, ImageConfiguration, ImageConfigurationBuilder};
 use sha2::{Digest as _, Sha256};
 
@@ -413,6 +413,15 @@ impl Run<'_, '_> {
         let (uid, gid) = cordon_image::root::resolve_user(&layers, &state.user)
             .map_err(|e| err(format!("USER {}: {e}", state.user)))?;
         let workspace = tempfile::tempdir().map_err(|e| err(e.to_string()))?;
+        let changes = tempfile::NamedTempFile::new_in(store.root().join("tmp"))
+            .map_err(|e| err(format!("a file for the step's changes: {e}")))?;
+        let view = View::open(&layers).map_err(|e| err(e.to_string()))?;
+        let build_step = BuildStep {
+            changes: changes.path().to_path_buf(),
+            skip: crate::commit::generated_paths(&view),
+        };
+        let status = build_step.status();
+        let _status_file = RemoveOnDrop(status.clone());
         let mut config: SandboxConfig = self.builder.sandbox.clone();
         config.workspace = workspace.path().to_path_buf();
         config.image = Some(RootImage {
@@ -424,7 +433,7 @@ impl Run<'_, '_> {
             env: Vec::new(),
             manifest: None,
             label: None,
-            step: true,
+            step: Some(build_step),
         });
         // The image's environment, then the arguments the step sees.
         let mut env = state.env.clone();
@@ -443,25 +452,27 @@ impl Run<'_, '_> {
             .await
             .map_err(|e| err(format!("starting the step's sandbox: {e}")))?;
         let outcome = self.exec(&sandbox, state, step, c).await;
-        let changes = sandbox.close_keeping_changes().await;
+        // Its supervisor writes the layer once every process is gone.
+        sandbox.close_step(STEP_WRITE_LIMIT).await;
         outcome?;
-        let changes = changes.map_err(|e| err(format!("keeping the step's changes: {e}")))?;
-        let view = View::open(
-            &state
-                .layers
-                .iter()
-                .rev()
-                .map(|l| store.layer_dir(&l.diff_id))
-                .collect::<Vec<_>>(),
-        )
-        .map_err(|e| err(e.to_string()))?;
+        let said = std::fs::read_to_string(&status).unwrap_or_default();
+        if said != "ok" {
+            return Err(err(format!(
+                "writing the step's changes: {}",
+                if said.is_empty() {
+                    "the step's supervisor did not finish".to_string()
+                } else {
+                    said
+                }
+            )));
+        }
         let mut w = store.layer_writer()?;
-        let skip = |path: &[u8], _| crate::commit::generated(path, &view);
-        let ids = |u, g| changes.image_ids(u, g);
-        cordon_image::changes::write_changes(&changes.upper(), &ids, &skip, &mut w)
-            .map_err(|e| err(format!("reading the step's changes: {e}")))?;
+        std::io::copy(
+            &mut changes.reopen().map_err(|e| err(e.to_string()))?,
+            &mut w,
+        )
+        .map_err(|e| err(format!("storing the step's changes: {e}")))?;
         let layer = w.finish()?;
-        drop(changes);
         cache::put(store, &key, &layer);
         state.layers.push(layer);
         state.key = key;
@@ -761,6 +772,19 @@ impl Run<'_, '_> {
     /// Stages a `COPY --from` may name: any but those after the target.
     fn current_stage_bound(&self) -> usize {
         self.file.stages.len()
+    }
+}
+
+/// How long a step's supervisor may take to write its layer once its
+/// processes are gone.
+const STEP_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Removes a file when dropped (a step's status, whatever happened).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 

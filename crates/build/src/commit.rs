@@ -102,7 +102,10 @@ pub fn commit(store: &Store, dir: &Path, name: &str) -> Result<Image, CommitErro
     )
     .map_err(|e| refused(e.to_string()))?;
     let mut w = store.layer_writer()?;
-    let skip = |path: &[u8], _kind: FileType| mounted(path) || generated(path, &view);
+    let generated = generated_paths(&view);
+    let skip = |path: &[u8], _kind: FileType| {
+        mounted(path) || generated.iter().any(|g| g.as_bytes() == path)
+    };
     let map = |u, g| ids.image_ids(u, g);
     cordon_image::changes::write_changes(&upper, &map, &skip, &mut w)
         .map_err(|e| refused(format!("reading the sandbox's changes: {e}")))?;
@@ -118,17 +121,27 @@ fn mounted(path: &[u8]) -> bool {
 }
 
 /// What cordon writes into any image sandbox's root to run it, which is
-/// not a change of the sandbox's: `/etc/hosts`, `hostname`, `resolv.conf`,
-/// its own `/etc/cordon`, and `passwd` and `group` when the image had none.
-pub fn generated(path: &[u8], view: &View) -> bool {
-    match path {
-        b"dev" | b"proc" | b"etc/hosts" | b"etc/hostname" | b"etc/resolv.conf" | b"etc/cordon" => {
-            true
+/// not a change of the sandbox's: the mount points of `/dev` and `/proc`,
+/// `/etc/hosts`, `hostname`, `resolv.conf`, its own `/etc/cordon`, and
+/// `passwd` and `group` when the image (seen as `view`) had none.
+pub fn generated_paths(view: &View) -> Vec<String> {
+    let mut paths: Vec<String> = [
+        "dev",
+        "proc",
+        "etc/hosts",
+        "etc/hostname",
+        "etc/resolv.conf",
+        "etc/cordon",
+    ]
+    .map(String::from)
+    .to_vec();
+    for db in ["passwd", "group"] {
+        if view
+            .find(&[b"etc".to_vec(), db.as_bytes().to_vec()])
+            .is_none()
+        {
+            paths.push(format!("etc/{db}"));
         }
-        b"etc/passwd" | b"etc/group" => {
-            let real: Vec<Vec<u8>> = path.split(|&b| b == b'/').map(<[u8]>::to_vec).collect();
-            view.find(&real).is_none()
-        }
-        _ => false,
     }
+    paths
 }

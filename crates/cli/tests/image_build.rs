@@ -78,12 +78,27 @@ impl Build {
     }
 
     fn run(&self, t: &Ctx, image: &str, script: &str) -> Out {
+        self.run_with(t, &["--image", image], script)
+    }
+
+    fn run_with(&self, t: &Ctx, opts: &[&str], script: &str) -> Out {
         t.run_env(
             &self.env(),
-            &["--image", image],
+            opts,
             &["sh", "-c", script],
             t.within(Duration::from_secs(60)),
         )
+    }
+
+    /// What builds left in the store's directory of writable layers.
+    fn leftovers(&self) -> Vec<String> {
+        fs::read_dir(self.store.join("run"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn dockerfile(&self, text: &str) {
@@ -116,6 +131,8 @@ const MULTI_STAGE: &str = r#"
     COPY --from=builder --chown=1000:1000 /app /srv/app
     COPY --from=builder /tmp/kept /srv/kept
     RUN ["/bin/sh", "-c", "rm /etc/os-release && adduser -D -u 1000 app 2>/dev/null || echo 'app:x:1000:1000::/srv:/bin/sh' >> /etc/passwd"]
+    RUN mkdir -p /var/private && echo hidden > /var/private/f && chmod 600 /var/private/f \
+     && chown -R 42:42 /var/private && chmod 700 /var/private
     USER app
     WORKDIR /srv/work
     EXPOSE 8080
@@ -176,6 +193,19 @@ fn multi_stage_builds_runs_and_caches(t: &Ctx) {
         // WORKDIR made it, the user's, and runs start there.
         .line("/srv/work")
         .line(t.pick("workdir 1000", "workdir 0"));
+
+    // A step's files of another user, unreadable to the caller on the
+    // host, are in its layer all the same (its supervisor writes the layer
+    // in the sandbox's namespace), and the steps leave nothing behind.
+    b.run_with(
+        t,
+        &["--image", "test/built:1", "--user", "0"],
+        "cat /var/private/f; stat -c 'private %u %a' /var/private/f",
+    )
+    .code(0)
+    .line("hidden")
+    .line(t.pick("private 42 600", "private 0 600"));
+    assert!(b.leftovers().is_empty(), "{:?}", b.leftovers());
 
     // Unchanged: every step from the cache, well under a second.
     let again = b.build(t, &["-t", "test/built:1", "--build-arg", "GREETING=hi"]);

@@ -73,6 +73,16 @@ pub fn write_changes(
         Mode::empty(),
     )
     .map_err(|e| err(upper.as_os_str().as_bytes(), e))?;
+    write_changes_at(&root, ids, skip, out)
+}
+
+/// [`write_changes`] of the upper directory open as `root`.
+pub fn write_changes_at(
+    root: &OwnedFd,
+    ids: Ids<'_>,
+    skip: Skip<'_>,
+    out: impl Write,
+) -> Result<Summary, ChangesError> {
     let mut w = Writer {
         tar: tar::Builder::new(out),
         ids,
@@ -80,7 +90,7 @@ pub fn write_changes(
         links: HashMap::new(),
         summary: Summary::default(),
     };
-    w.dir(&root, &mut Vec::new(), 0)?;
+    w.dir(root, &mut Vec::new(), 0)?;
     let summary = w.summary.clone();
     w.tar
         .into_inner()

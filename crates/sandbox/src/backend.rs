@@ -141,32 +141,6 @@ impl WritableLayer {
     }
 }
 
-/// What a build step changed in its root, once it is closed: overlay's
-/// upper directory (whiteouts as character devices 0:0, opaque directories
-/// marked `user.overlay.opaque`), removed when this is dropped.
-pub struct RootChanges {
-    layer: WritableLayer,
-    ids: ImageIds,
-}
-
-impl RootChanges {
-    pub(crate) fn new(layer: WritableLayer) -> Result<RootChanges> {
-        let ids = ImageIds::read(layer.dir())?;
-        Ok(RootChanges { layer, ids })
-    }
-
-    /// Overlay's upper directory: the changes.
-    pub fn upper(&self) -> PathBuf {
-        self.layer.dir().join("upper")
-    }
-
-    /// The image's uid and gid of a file the step's sandbox owned as host
-    /// ids `uid` and `gid`; `None` for an id it could not have given.
-    pub fn image_ids(&self, uid: u32, gid: u32) -> Option<(u32, u32)> {
-        self.ids.image_ids(uid, gid)
-    }
-}
-
 /// How the host ids of a writable layer's files map back to the image's.
 /// Root's sandbox writes image id `n` as host id `base + n` (the range it
 /// held, which its outer supervisor gave the layer's `work` directory

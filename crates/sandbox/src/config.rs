@@ -167,11 +167,31 @@ pub struct RootImage {
     /// user gave), recorded beside the writable layer for `cordon image
     /// commit`; [`crate::Sandbox::set_label`] records one later.
     pub label: Option<String>,
-    /// A build step's root (see [`crate::Sandbox::close_keeping_changes`]):
-    /// nothing is mounted over the image's paths but `/dev` and `/proc`,
-    /// and the writable layer is kept when the sandbox closes. Native
-    /// backend only.
-    pub step: bool,
+    /// A build step's root (see [`crate::Sandbox::close_step`]): nothing is
+    /// mounted over the image's paths but `/dev` and `/proc`, and when the
+    /// sandbox closes its root's changes are written as a layer tar.
+    /// Native backend only.
+    pub step: Option<BuildStep>,
+}
+
+/// Where a build step's changes go, and what of its root is not its own.
+#[derive(Debug, Clone)]
+pub struct BuildStep {
+    /// The file the layer tar is written to (the caller's, made empty).
+    pub changes: PathBuf,
+    /// Paths of the root (relative, as `etc/hosts`) left out with what is
+    /// beneath them: what cordon put there to run the step.
+    pub skip: Vec<String>,
+}
+
+impl BuildStep {
+    /// Where the step's outer supervisor says whether the layer is whole:
+    /// `ok`, or why not (beside [`BuildStep::changes`]).
+    pub fn status(&self) -> PathBuf {
+        let mut name = self.changes.clone().into_os_string();
+        name.push(".status");
+        PathBuf::from(name)
+    }
 }
 
 impl From<cordon_image::root::SandboxRoot> for RootImage {
@@ -187,7 +207,7 @@ impl From<cordon_image::root::SandboxRoot> for RootImage {
             env: r.env,
             manifest: Some(r.manifest.to_string()),
             label: None,
-            step: false,
+            step: None,
         }
     }
 }

@@ -59,11 +59,11 @@ mod subids;
 pub mod supervisor;
 pub mod volume;
 
-pub use backend::{Backend, IMAGE_FILE, ImageIds, LABEL_FILE, RootChanges};
+pub use backend::{Backend, IMAGE_FILE, ImageIds, LABEL_FILE};
 pub use cache::cache_dir;
 pub use config::{
-    Accel, BackendKind, BindMount, CONTROL_FILES, DISPLAY, Display, MIB, Network, RootImage,
-    SandboxConfig, VmOptions, control_files, parse_size,
+    Accel, BackendKind, BindMount, BuildStep, CONTROL_FILES, DISPLAY, Display, MIB, Network,
+    RootImage, SandboxConfig, VmOptions, control_files, parse_size,
 };
 pub use disk::{allocated, make_removable};
 pub use display::VncAccess;

@@ -130,10 +130,6 @@ impl Lifecycle for NativeLifecycle {
         drop(self.scratch.lock().unwrap().take());
     }
 
-    fn take_writable_layer(&self) -> Option<WritableLayer> {
-        self.scratch.lock().unwrap().take()
-    }
-
     fn writable_layer(&self) -> Option<std::path::PathBuf> {
         // Its upper and work directories, or its disk.
         let scratch = self.scratch.lock().unwrap();
@@ -355,7 +351,7 @@ fn image_root(
     // Root can mount it: with a budget, the layer is a disk that size, a
     // hard bound (without root, the disk watcher alone holds it).
     let disk = match budget {
-        Some(size) if root && !image.step => {
+        Some(size) if root && image.step.is_none() => {
             Some(utf8(&layer.make_disk(size, "cordon-layer")?, "disk")?)
         }
         _ => None,
@@ -370,7 +366,18 @@ fn image_root(
         scratch: utf8(layer.dir(), "writable layer")?,
         ids,
         disk,
-        step: image.step,
+        step: match &image.step {
+            None => None,
+            Some(s) => {
+                let status = s.status();
+                std::fs::File::create(&status)?;
+                Some(protocol::StepOutput {
+                    tar: utf8(&s.changes, "a build step's changes")?,
+                    status: utf8(&status, "a build step's status")?,
+                    skip: s.skip.clone(),
+                })
+            }
+        },
     };
     Ok((root, layer))
 }

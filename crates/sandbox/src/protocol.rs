@@ -152,9 +152,23 @@ pub struct ImageRoot {
     /// the sandbox's own, so that the writable layer cannot outgrow it.
     pub disk: Option<String>,
     /// A build step's root: no workspace is mounted, `/tmp` is the
-    /// image's own, and the writable layer outlives the sandbox, for the
-    /// host to make a layer of (see `Sandbox::close_keeping_changes`).
-    pub step: bool,
+    /// image's own, and once the sandbox's last process is gone the outer
+    /// supervisor writes the root's changes as a layer (see [`StepOutput`]).
+    pub step: Option<StepOutput>,
+}
+
+/// Where a build step's changes go. The outer supervisor opens both files
+/// (the host made them) before it leaves the host's namespaces, and writes
+/// the layer from inside the sandbox's user namespace, where the writable
+/// layer's files have the image's own ids and it may read every one of
+/// them whoever the caller is; then it writes `ok` to `status`, or why not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepOutput {
+    pub tar: String,
+    pub status: String,
+    /// Paths of the root (relative) that are cordon's, not the step's:
+    /// left out with what is beneath them.
+    pub skip: Vec<String>,
 }
 
 /// The host ids an image root's inside ids 1 to 65535 map to (0 is the

@@ -261,7 +261,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     // removes it.
     let run_guard = RunDir(Some(run.clone()));
     let disks = match &config.image {
-        Some(image) if image.step => {
+        Some(image) if image.step.is_some() => {
             return Err(Error::Config(
                 "build steps run on the native backend only".into(),
             ));

@@ -41,11 +41,6 @@ pub(crate) trait Lifecycle: Send + Sync {
     fn writable_layer(&self) -> Option<std::path::PathBuf> {
         None
     }
-    /// Hands over a build step's writable layer, which then outlives the
-    /// sandbox (see [`Sandbox::close_keeping_changes`]).
-    fn take_writable_layer(&self) -> Option<crate::backend::WritableLayer> {
-        None
-    }
 }
 
 /// What a backend hands to [`Sandbox::connect`] besides the stream.
@@ -450,17 +445,17 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Closes a build step's sandbox (one made with
-    /// [`crate::RootImage::step`]) and keeps what it changed in its root:
-    /// every process is gone when this returns, so nothing changes the
-    /// layer while the caller reads it. `None` for any other sandbox.
-    pub async fn close_keeping_changes(&self) -> Result<crate::backend::RootChanges> {
-        let layer =
-            self.inner.lifecycle.take_writable_layer().ok_or_else(|| {
-                Error::Config("only a build step's sandbox keeps its changes".into())
-            })?;
-        self.close().await;
-        crate::backend::RootChanges::new(layer)
+    /// Closes a build step's sandbox (one made with a
+    /// [`crate::RootImage::step`]): its processes are killed, then its
+    /// outer supervisor writes the root's changes, which may take a while
+    /// for a large layer; this waits for it (up to `grace`).
+    pub async fn close_step(&self, grace: Duration) {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let _ = self.inner.send(&HostMsg::Shutdown);
+        let inner = self.inner.clone();
+        let _ = tokio::task::spawn_blocking(move || inner.lifecycle.reap(grace)).await;
     }
 
     pub async fn close(&self) {

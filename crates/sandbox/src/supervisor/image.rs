@@ -223,6 +223,68 @@ fn describe(kind: FileType) -> &'static str {
     }
 }
 
+/// A build step's output files, opened while the outer supervisor still
+/// has the host's view (the host made them; the sandbox cannot reach them).
+pub(super) struct Step {
+    tar: std::fs::File,
+    status: std::fs::File,
+    skip: Vec<String>,
+}
+
+impl Step {
+    pub(super) fn open(image: &ImageRoot) -> Result<Option<Step>> {
+        let Some(out) = &image.step else {
+            return Ok(None);
+        };
+        let open = |path: &str| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(path)
+                .ctx(|| format!("open the build step's output {path}"))
+        };
+        Ok(Some(Step {
+            tar: open(&out.tar)?,
+            status: open(&out.status)?,
+            skip: out.skip.clone(),
+        }))
+    }
+}
+
+/// Writes the build step's changes (the writable layer's `upper`, under
+/// `scratch`) as a layer tar, then `ok` or why not to its status file.
+/// Run in the sandbox's user namespace once its last process is gone: the
+/// files have the image's ids here, and every one is readable.
+pub(super) fn write_step(scratch: &OwnedFd, step: Step) {
+    use std::io::Write;
+    let Step {
+        tar,
+        mut status,
+        skip,
+    } = step;
+    let written = rustix::fs::openat(
+        scratch,
+        UPPER,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("open the writable layer: {e}"))
+    .and_then(|upper| {
+        let ids = |u: u32, g: u32| {
+            let max = crate::protocol::IMAGE_IDS;
+            (u < max && g < max).then_some((u, g))
+        };
+        let skip = |path: &[u8], _| skip.iter().any(|s| s.as_bytes() == path);
+        cordon_image::changes::write_changes_at(&upper, &ids, &skip, std::io::BufWriter::new(tar))
+            .map_err(|e| e.to_string())
+    });
+    let _ = match written {
+        Ok(_) => status.write_all(b"ok"),
+        Err(e) => status.write_all(e.as_bytes()),
+    };
+}
+
 /// Removes the sandbox's writable layer once its last process is gone,
 /// through `scratch`, the handle [`make_scratch`] returned: the outer
 /// supervisor's root is the sandbox's since the pivot (they share a mount

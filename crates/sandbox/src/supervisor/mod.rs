@@ -242,7 +242,7 @@ fn outer_main() -> ! {
     if spec.host_network {
         flags.remove(UnshareFlags::NEWNET);
     }
-    let (prepared, held) = match enter_namespaces(&spec, flags) {
+    let (prepared, mut held) = match enter_namespaces(&spec, flags) {
         Ok(done) => done,
         Err(e) => fail(&mut ctl, e),
     };
@@ -274,10 +274,10 @@ fn outer_main() -> ! {
             break;
         }
     }
-    // A build step's layer is the host's to read, then remove.
-    if let Some(scratch) = &held.scratch
-        && !spec.image.as_ref().is_some_and(|i| i.step)
-    {
+    if let Some(scratch) = &held.scratch {
+        if let Some(step) = held.step.take() {
+            image::write_step(scratch, step);
+        }
         image::remove_scratch(scratch);
     }
     drop(held);
@@ -295,6 +295,8 @@ struct Held {
     _range: Option<OwnedFd>,
     /// The writable layer's directory, emptied once the sandbox is gone.
     scratch: Option<OwnedFd>,
+    /// A build step's output, written before the layer is emptied.
+    step: Option<image::Step>,
 }
 
 /// Enters the sandbox's namespaces with its id maps, and prepares what must
@@ -320,6 +322,7 @@ fn enter_namespaces(
                 image::mount_disk(image, disk)?;
             }
             let scratch = image::make_scratch(image, Some(base))?;
+            let step = image::Step::open(image)?;
             // Made while this process still holds root's capabilities.
             let cannot = || SetupError {
                 what: "the image store's or the workspace's file system cannot be idmapped \
@@ -346,17 +349,20 @@ fn enter_namespaces(
                 Held {
                     _range: Some(lock),
                     scratch: Some(scratch),
+                    step,
                 },
             ))
         }
         Some((image, IdSource::Subordinate { uid, gid, count })) => {
             let scratch = image::make_scratch(image, None)?;
+            let step = image::Step::open(image)?;
             ids::unshare_subordinate(flags, spec, (uid, gid, count))?;
             Ok((
                 idmap::Prepared::default(),
                 Held {
                     _range: None,
                     scratch: Some(scratch),
+                    step,
                 },
             ))
         }

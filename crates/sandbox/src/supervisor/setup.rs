@@ -254,7 +254,7 @@ pub fn build_root(spec: &SetupSpec, prepared: &mut Prepared) -> Result<()> {
     let image = spec.image.is_some();
     // A build step's changes become a layer: its /tmp is the image's, as
     // in every builder, and it has no workspace to leave a mount point.
-    let step = spec.image.as_ref().is_some_and(|i| i.step);
+    let step = spec.image.as_ref().is_some_and(|i| i.step.is_some());
 
     build_dev(&root.dir("dev", 0o755)?, &dev, spec.tmp_size)?;
 
