@@ -559,3 +559,118 @@ fn add_unpacks_local_archives(t: &Ctx) {
     assert!(!t.dir().join("escaped").exists() && !b.store.join("escaped").exists());
 }
 attack!(add_unpacks_local_archives, native);
+
+/// The seeds' Dockerfile (deploy/environments/seeds) built as a user
+/// would, from this machine's Debian mirror and PyPI: its display runs
+/// the image's own X tools, its Python has the kernel, its Node runs, its
+/// user exists, and `cordon lab` opens on its JupyterLab.
+#[test]
+fn the_seeds_dockerfile_builds_and_its_lab_opens() {
+    let Some(minimal) = cordon_testkit::environments::environment("minimal") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws).unwrap();
+    let cordon = || {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"));
+        c.env("CORDON_IMAGE_STORE", &store).current_dir(&ws);
+        c
+    };
+    let context = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/environments/seeds");
+    let built = cordon()
+        .args([
+            "image",
+            "build",
+            "--host-certs",
+            "--allow",
+            "@debian",
+            "--allow",
+            "@python",
+        ])
+        .arg("--build-arg")
+        .arg(format!("BASE=oci:{}:latest", minimal.display()))
+        .args(["-t", "seeds:built"])
+        .arg(&context)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&built.stderr);
+    assert!(
+        built.status.success(),
+        "{}",
+        &err[err.len().saturating_sub(4000)..]
+    );
+
+    let run = cordon()
+        .args([
+            "run",
+            "--image",
+            "seeds:built",
+            "--display",
+            "800x600",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(
+            "xdotool getdisplaygeometry; python3 -c 'import ipykernel; print(\"kernel\")'; \
+             node -e 'console.log(6 * 7)'; id -u agent; id -u",
+        )
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&run.stdout),
+        "800 600\nkernel\n42\n1000\n0\n",
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut lab = cordon()
+        .args(["lab", "--image", "seeds:built", "--no-browser", "--port"])
+        .arg(port.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(lab.stdout.take().unwrap());
+    let mut url = String::new();
+    std::io::BufRead::read_line(&mut out, &mut url).unwrap();
+    let url = url.trim().to_string();
+    assert!(
+        url.starts_with(&format!("http://127.0.0.1:{port}/")),
+        "{url:?}"
+    );
+    let client = reqwest::blocking::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let signed = client.get(&url).send().unwrap();
+    assert_eq!(signed.status(), 303, "{url}");
+    let cookie = signed.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let to = signed.headers()["location"].to_str().unwrap().to_string();
+    let page = client
+        .get(format!("http://127.0.0.1:{port}{to}"))
+        .header("cookie", cookie)
+        .send()
+        .unwrap();
+    let status = page.status();
+    let body = page.text().unwrap_or_default();
+    let _ = lab.kill();
+    let _ = lab.wait();
+    assert!(
+        status.is_success() || status.is_redirection(),
+        "{status}: {body}"
+    );
+}
