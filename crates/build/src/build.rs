@@ -129,6 +129,10 @@ impl Builder<'_> {
         opts: &Options,
         events: &(dyn Fn(Event) + Send + Sync),
     ) -> Result<Built, BuildError> {
+        // Checked before any step runs; kept as typed (`--image` finds it
+        // by that name at once, where a parse costs the reference
+        // grammar's regex in every process).
+        let tag = opts.tag.as_deref().map(tag_name).transpose()?;
         let file = dockerfile::parse(&opts.dockerfile)
             .map_err(|e| BuildError::Dockerfile(e.to_string()))?;
         let context = if opts.dockerignore {
@@ -170,16 +174,33 @@ impl Builder<'_> {
         };
         let state = run.stage(last).await?;
         let (ran, cached) = (run.ran, run.cached);
-        let name = match &opts.tag {
-            Some(t) => t
-                .parse::<cordon_image::ImageRef>()
-                .map_or(t.clone(), |r| r.to_string()),
+        let name = match tag {
+            Some(t) => t,
             None => format!("localhost/cordon-build:{}", &hex::encode(state.key)[..12]),
         };
         let config = image_config(&state)?;
         let image = self.store.put_image(&name, config, &state.layers)?;
         Ok(Built { image, ran, cached })
     }
+}
+
+/// `-t`'s name, if it is one a reference may have: plain lowercase names
+/// pass at once, anything else through the reference grammar.
+fn tag_name(t: &str) -> Result<String, BuildError> {
+    let plain = !t.is_empty()
+        && t.bytes().all(|b| {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || matches!(b, b'.' | b'_' | b'-' | b'/' | b':')
+        })
+        && !t.starts_with(['/', ':', '.', '-'])
+        && t.matches(':').count() <= 1;
+    if plain {
+        return Ok(t.to_string());
+    }
+    t.parse::<cordon_image::ImageRef>()
+        .map(|r| r.to_string())
+        .map_err(|e| BuildError::Dockerfile(format!("-t {t}: {e}")))
 }
 
 fn stage_index(file: &Dockerfile, name: &str) -> Option<usize> {
