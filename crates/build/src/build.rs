@@ -425,12 +425,7 @@ impl Run<'_, '_> {
             return Ok(());
         }
         let store = self.builder.store;
-        let layers: Vec<PathBuf> = state
-            .layers
-            .iter()
-            .rev()
-            .map(|l| store.layer_dir(&l.diff_id))
-            .collect();
+        let layers = layer_dirs(store, &state.layers);
         let (uid, gid) = cordon_image::root::resolve_user(&layers, &state.user)
             .map_err(|e| err(format!("USER {}: {e}", state.user)))?;
         let workspace = tempfile::tempdir().map_err(|e| err(e.to_string()))?;
@@ -494,10 +489,7 @@ impl Run<'_, '_> {
         )
         .map_err(|e| err(format!("storing the step's changes: {e}")))?;
         let layer = w.finish()?;
-        cache::put(store, &key, &layer);
-        state.layers.push(layer);
-        state.key = key;
-        self.ran += 1;
+        self.add_layer(state, key, layer);
         Ok(())
     }
 
@@ -584,12 +576,7 @@ impl Run<'_, '_> {
             }
             None => None,
         };
-        let layers: Vec<PathBuf> = state
-            .layers
-            .iter()
-            .rev()
-            .map(|l| store.layer_dir(&l.diff_id))
-            .collect();
+        let layers = layer_dirs(store, &state.layers);
         let ids = match &chown {
             Some(u) => Some(
                 cordon_image::root::resolve_user(&layers, u)
@@ -639,14 +626,8 @@ impl Run<'_, '_> {
                     _ => self.base_image(&name, step.line).await?,
                 };
                 key_parts.push(hex::encode(src.key));
-                let view = View::open(
-                    &src.layers
-                        .iter()
-                        .rev()
-                        .map(|l| store.layer_dir(&l.diff_id))
-                        .collect::<Vec<_>>(),
-                )
-                .map_err(|e| err(e.to_string()))?;
+                let view = View::open(&layer_dirs(store, &src.layers))
+                    .map_err(|e| err(e.to_string()))?;
                 let mut all = Vec::new();
                 for s in &sources_raw {
                     all.push(select_in_stage(&view, s).map_err(|e| err(e.to_string()))?);
@@ -698,11 +679,16 @@ impl Run<'_, '_> {
         write_copy(&mut w, &view, &sources, &dest_abs, &Owner { ids, chmod })
             .map_err(|e| err(e.to_string()))?;
         let layer = w.finish()?;
-        cache::put(store, &key, &layer);
+        self.add_layer(state, key, layer);
+        Ok(())
+    }
+
+    /// Puts a layer a step made on the stage, and in the cache.
+    fn add_layer(&mut self, state: &mut State, key: [u8; 32], layer: Layer) {
+        cache::put(self.builder.store, &key, &layer);
         state.layers.push(layer);
         state.key = key;
         self.ran += 1;
-        Ok(())
     }
 
     /// Makes the working directory when the image lacks it, as Docker
@@ -710,12 +696,7 @@ impl Run<'_, '_> {
     fn make_workdir(&mut self, state: &mut State, step: &Step) -> Result<(), BuildError> {
         let err = step_err(step.line);
         let store = self.builder.store;
-        let layers: Vec<PathBuf> = state
-            .layers
-            .iter()
-            .rev()
-            .map(|l| store.layer_dir(&l.diff_id))
-            .collect();
+        let layers = layer_dirs(store, &state.layers);
         let view = View::open(&layers).map_err(|e| err(e.to_string()))?;
         let real = view
             .resolve(state.workdir.as_bytes(), true)
@@ -737,10 +718,7 @@ impl Run<'_, '_> {
         };
         write_copy(&mut w, &view, &[], &dest, &owner).map_err(|e| err(e.to_string()))?;
         let layer = w.finish()?;
-        cache::put(store, &key, &layer);
-        state.layers.push(layer);
-        state.key = key;
-        self.ran += 1;
+        self.add_layer(state, key, layer);
         Ok(())
     }
 
@@ -794,6 +772,16 @@ impl Run<'_, '_> {
     fn current_stage_bound(&self) -> usize {
         self.file.stages.len()
     }
+}
+
+/// The unpacked layers' directories of `layers` (bottom first), top first
+/// as a sandbox and a view stack them.
+fn layer_dirs(store: &Store, layers: &[Layer]) -> Vec<PathBuf> {
+    layers
+        .iter()
+        .rev()
+        .map(|l| store.layer_dir(&l.diff_id))
+        .collect()
 }
 
 /// How long a step's supervisor may take to write its layer once its

@@ -18,6 +18,36 @@ use cordon_image::store::{Image, Store};
 use cordon_sandbox::{Network, SandboxConfig};
 use cordon_tools::{printable, printable_lines};
 
+/// The sandbox a build's steps get (the builder sets their image and
+/// workspace): `allow`'s network through the broker, none without it; the
+/// limits given; the host's authorities with `host_certs`. Nothing of the
+/// user's sandbox settings: a build is the same wherever it runs.
+pub fn step_sandbox(
+    workspace: &std::path::Path,
+    allow: &[String],
+    memory: u64,
+    pids: u64,
+    host_certs: bool,
+) -> Result<SandboxConfig, String> {
+    for a in allow {
+        a.parse::<cordon_net::Entry>()
+            .map_err(|why| format!("--allow {}: {why}", printable(a)))?;
+    }
+    let mut sandbox = SandboxConfig::new(workspace);
+    sandbox.memory = Some(memory);
+    sandbox.pids = Some(pids);
+    sandbox.host_certs = host_certs;
+    sandbox.fork_supervisor = true;
+    if !allow.is_empty() {
+        sandbox.network = Network::Allow;
+        sandbox.egress = Some(cordon_sandbox::Egress::new(cordon_net::PolicySpec {
+            allow: allow.to_vec(),
+            allow_private: false,
+        }));
+    }
+    Ok(sandbox)
+}
+
 /// The image of `env` for the sandbox `c` will make (its workspace, limits
 /// and `--host-certs`): made now if its inputs changed or it never was.
 pub async fn prepare(store: &Store, env: &Environment, c: &SandboxConfig) -> Result<Image, String> {
@@ -35,20 +65,13 @@ pub async fn prepare(store: &Store, env: &Environment, c: &SandboxConfig) -> Res
     let run = serde_json::to_string(&["/bin/sh", "-c", env.setup.as_str()]).expect("strings");
     dockerfile.push_str(&format!("RUN {run}\n"));
 
-    let mut sandbox = SandboxConfig::new(&c.workspace);
-    sandbox.memory = c.memory;
-    sandbox.pids = c.pids;
-    sandbox.host_certs = c.host_certs;
-    sandbox.fork_supervisor = true;
-    if env.allow.is_empty() {
-        sandbox.network = Network::Off;
-    } else {
-        sandbox.network = Network::Allow;
-        sandbox.egress = Some(cordon_sandbox::Egress::new(cordon_net::PolicySpec {
-            allow: env.allow.clone(),
-            allow_private: false,
-        }));
-    }
+    let sandbox = step_sandbox(
+        &c.workspace,
+        &env.allow,
+        c.memory.unwrap_or(2 << 30),
+        c.pids.unwrap_or(1024),
+        c.host_certs,
+    )?;
     let builder = Builder {
         store,
         sandbox,

@@ -252,31 +252,20 @@ async fn build(store: &Store, args: BuildArgs) -> i32 {
             return crate::exit::CONFIG;
         }
     };
-    let mut overrides = vec![
-        ("sandbox.memory".to_string(), args.memory.to_string()),
-        ("sandbox.pids".to_string(), args.pids.to_string()),
-        ("sandbox.backend".to_string(), "native".to_string()),
-    ];
-    if args.allow.is_empty() {
-        overrides.push(("sandbox.network".into(), "off".into()));
-    } else {
-        overrides.push(("network.allow".into(), args.allow.join(",")));
-        overrides.push(("sandbox.network".into(), "allow".into()));
-    }
-    let settings = match crate::options::load_settings(overrides) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    let mut sandbox = match crate::options::sandbox_config(&settings) {
+    let workspace = std::env::current_dir().unwrap_or_else(|_| args.context.clone());
+    let sandbox = match crate::environment::step_sandbox(
+        &workspace,
+        &args.allow,
+        args.memory,
+        args.pids,
+        args.host_certs,
+    ) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cordon: {e}");
             return crate::exit::CONFIG;
         }
     };
-    sandbox.disk = None;
-    sandbox.fork_supervisor = true;
-    sandbox.host_certs = args.host_certs;
     let credentials = Sources::from_env();
     let builder = Builder {
         store,
