@@ -61,7 +61,8 @@ pub struct Options {
     /// The stage to build; the last when none.
     pub target: Option<String>,
     pub no_cache: bool,
-    /// Bytes of context files one `COPY` may take.
+    /// Bytes one step may add: of context files a `COPY` takes, of
+    /// files a `RUN` writes.
     pub budget: u64,
     /// Whether the context's `.dockerignore` applies (a setup's inputs are
     /// named one by one: it does not).
@@ -464,6 +465,9 @@ impl Run<'_, '_> {
             env.push(("PATH".into(), DEFAULT_PATH.into()));
         }
         config.env = env;
+        // What a step may write: a layer is disk on the host, and a
+        // package's scripts are not the user's to trust.
+        config.disk = Some(self.opts.budget);
         let sandbox = Sandbox::create(config)
             .await
             .map_err(|e| err(format!("starting the step's sandbox: {e}")))?;
@@ -525,6 +529,12 @@ impl Run<'_, '_> {
                     let code = r.exit_code();
                     if code == 0 {
                         return Ok(());
+                    }
+                    if r.disk_exceeded {
+                        return Err(err(format!(
+                            "`{}` wrote more than the build's budget ({} bytes; see --disk)",
+                            step.text, self.opts.budget
+                        )));
                     }
                     let text = String::from_utf8_lossy(&tail);
                     let lines: Vec<&str> = text.lines().collect();
@@ -626,8 +636,8 @@ impl Run<'_, '_> {
                     _ => self.base_image(&name, step.line).await?,
                 };
                 key_parts.push(hex::encode(src.key));
-                let view = View::open(&layer_dirs(store, &src.layers))
-                    .map_err(|e| err(e.to_string()))?;
+                let view =
+                    View::open(&layer_dirs(store, &src.layers)).map_err(|e| err(e.to_string()))?;
                 let mut all = Vec::new();
                 for s in &sources_raw {
                     all.push(select_in_stage(&view, s).map_err(|e| err(e.to_string()))?);

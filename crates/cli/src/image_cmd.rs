@@ -92,7 +92,8 @@ struct BuildArgs {
     /// Maximum number of processes in each RUN step's sandbox
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pids: u64,
-    /// The most one COPY or ADD may take from the context
+    /// The most one step may add: files a COPY or ADD takes from the
+    /// context, files a RUN writes
     #[arg(long, value_name = "SIZE", default_value = "10G", value_parser = cordon_sandbox::parse_size)]
     disk: u64,
     /// Trust this host's certificate authorities in RUN steps too (for a

@@ -352,6 +352,15 @@ fn a_hostile_context_is_refused(t: &Ctx) {
     out.code(1)
         .stderr_has("budget")
         .faster_than(Duration::from_secs(20));
+    // A RUN that writes without end is stopped at the budget, and its
+    // layer goes with it.
+    b.dockerfile(
+        "ARG BASE\nFROM $BASE\nRUN while :; do head -c 10000000 /dev/zero >> /big; done\n",
+    );
+    b.build(t, &["-t", "test/hostile", "--disk", "100M"])
+        .code(1)
+        .stderr_has("wrote more than the build's budget");
+    assert!(b.leftovers().is_empty(), "{:?}", b.leftovers());
 }
 attack!(a_hostile_context_is_refused, native);
 
