@@ -170,6 +170,7 @@ impl Builder<'_> {
             globals: &globals,
             events,
             done: BTreeMap::new(),
+            current: 0,
             ran: 0,
             cached: 0,
         };
@@ -220,6 +221,8 @@ struct Run<'r, 'b> {
     globals: &'r BTreeMap<String, String>,
     events: &'r (dyn Fn(Event) + Send + Sync),
     done: BTreeMap<usize, State>,
+    /// The stage whose steps run (a `COPY --from` names one before it).
+    current: usize,
     ran: usize,
     cached: usize,
 }
@@ -267,9 +270,11 @@ impl Run<'_, '_> {
                 None if base == "scratch" => State::new(hash(&[b"scratch"])),
                 None => self.base_image(&base, stage.line).await?,
             };
+            let outer = std::mem::replace(&mut self.current, index);
             for step in &stage.steps {
                 self.step(&mut state, step).await?;
             }
+            self.current = outer;
             self.done.insert(index, state.clone());
             Ok(state)
         })
@@ -438,7 +443,8 @@ impl Run<'_, '_> {
             skip: crate::commit::generated_paths(&view),
         };
         let status = build_step.status();
-        let _status_file = RemoveOnDrop(status.clone());
+        let _status_file = tempfile::TempPath::try_from_path(&status)
+            .map_err(|e| err(format!("the step's status file: {e}")))?;
         let mut config: SandboxConfig = self.builder.sandbox.clone();
         config.workspace = workspace.path().to_path_buf();
         config.image = Some(RootImage {
@@ -460,9 +466,6 @@ impl Run<'_, '_> {
             {
                 env.push((k.clone(), v.clone()));
             }
-        }
-        if !env.iter().any(|(k, _)| k == "PATH") {
-            env.push(("PATH".into(), DEFAULT_PATH.into()));
         }
         config.env = env;
         // What a step may write: a layer is disk on the host, and a
@@ -632,8 +635,14 @@ impl Run<'_, '_> {
             Some(raw) => {
                 let name = expand::word(raw, escape, vars).map_err(ex)?;
                 let src = match stage_index(self.file, &name.to_lowercase()) {
-                    Some(i) if i < self.current_stage_bound() => self.stage(i).await?,
-                    _ => self.base_image(&name, step.line).await?,
+                    Some(i) if i < self.current => self.stage(i).await?,
+                    // Itself or one after it: a loop, not a dependency.
+                    Some(_) => {
+                        return Err(err(format!(
+                            "COPY --from={name}: a stage copies only from one before it"
+                        )));
+                    }
+                    None => self.base_image(&name, step.line).await?,
                 };
                 key_parts.push(hex::encode(src.key));
                 let view =
@@ -777,11 +786,6 @@ impl Run<'_, '_> {
         let sel = sel.pop().ok_or_else(|| err("an empty archive".into()))?;
         Ok(Some((dir, ctx, sel)))
     }
-
-    /// Stages a `COPY --from` may name: any but those after the target.
-    fn current_stage_bound(&self) -> usize {
-        self.file.stages.len()
-    }
 }
 
 /// The unpacked layers' directories of `layers` (bottom first), top first
@@ -797,18 +801,6 @@ fn layer_dirs(store: &Store, layers: &[Layer]) -> Vec<PathBuf> {
 /// How long a step's supervisor may take to write its layer once its
 /// processes are gone.
 const STEP_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(3600);
-
-/// Removes a file when dropped (a step's status, whatever happened).
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// The `PATH` a step gets when its image sets none (Docker's default).
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl State {
     fn new(key: [u8; 32]) -> State {
@@ -921,7 +913,7 @@ fn image_config(state: &State) -> Result<ImageConfiguration, BuildError> {
     ImageConfigurationBuilder::default()
         .architecture(
             base.map(|b| b.architecture().clone())
-                .unwrap_or_else(|| platform_arch().into()),
+                .unwrap_or_else(|| cordon_image::store::platform_arch().into()),
         )
         .os(base
             .map(|b| b.os().clone())
@@ -929,12 +921,4 @@ fn image_config(state: &State) -> Result<ImageConfiguration, BuildError> {
         .config(config)
         .build()
         .map_err(bad)
-}
-
-fn platform_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    }
 }

@@ -19,6 +19,8 @@ use std::path::PathBuf;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
+pub use cordon_image::text::shown;
+
 const STRICT: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS);
@@ -274,15 +276,6 @@ impl View {
 pub fn components(path: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
     path.split(|&b| b == b'/')
         .filter(|c| !c.is_empty() && *c != b".")
-}
-
-/// A name from an image, fit for a message.
-pub fn shown(path: &[u8]) -> String {
-    String::from_utf8_lossy(path)
-        .chars()
-        .take(200)
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
 }
 
 #[cfg(test)]

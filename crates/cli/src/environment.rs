@@ -96,10 +96,7 @@ pub async fn prepare(store: &Store, env: &Environment, c: &SandboxConfig) -> Res
         } if text.starts_with("RUN") => {
             eprintln!("cordon: setting up the environment, once: {setup}");
         }
-        Event::Output(bytes) => {
-            let text = String::from_utf8_lossy(&bytes).replace('\r', "\n");
-            eprint!("{}", printable_lines(&text));
-        }
+        Event::Output(bytes) => crate::image_cmd::show_output(&bytes),
         _ => {}
     };
     let built = builder.build(&opts, &show).await.map_err(|e| {

@@ -296,15 +296,7 @@ async fn build(store: &Store, args: BuildArgs) -> i32 {
             printable(&text),
             if cached { "  (cached)" } else { "" }
         ),
-        Event::Output(bytes) => {
-            use std::io::Write;
-            // Progress bars redraw a line with `\r`: each is a new line here.
-            let text = String::from_utf8_lossy(&bytes)
-                .replace("\r\n", "\n")
-                .replace('\r', "\n");
-            let text = cordon_tools::printable_lines(&text);
-            let _ = std::io::stderr().write_all(text.as_bytes());
-        }
+        Event::Output(bytes) => show_output(&bytes),
     };
     match builder.build(&opts, &show).await {
         Ok(built) => {
@@ -421,6 +413,18 @@ pub fn stored_name(name: String) -> Result<String, String> {
     name.parse::<ImageRef>()
         .map(|r| r.to_string())
         .map_err(|e| format!("{}: {e}", printable(&name)))
+}
+
+/// A build step's output on standard error, as text a terminal cannot
+/// take for commands. Progress bars redraw a line with `\r`: each is a
+/// new line here.
+pub fn show_output(bytes: &[u8]) {
+    use std::io::Write;
+    let text = String::from_utf8_lossy(bytes)
+        .replace("\r\n", "\n")
+        .replace('\r', "\n");
+    let text = cordon_tools::printable_lines(&text);
+    let _ = std::io::stderr().write_all(text.as_bytes());
 }
 
 /// The Dockerfile, as text: the user's own file, refused past 1 MiB.

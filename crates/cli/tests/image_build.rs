@@ -301,6 +301,13 @@ fn bad_dockerfiles_are_refused_by_line(t: &Ctx) {
         .code(1)
         .stderr_has("line 3")
         .stderr_has("--mount");
+    // A stage that copies from itself is a loop (it once recursed until
+    // the stack overflowed).
+    b.dockerfile("ARG BASE\nFROM $BASE AS a\nCOPY --from=a /etc/os-release /x\n");
+    b.build(t, &["-t", "test/bad"])
+        .code(1)
+        .stderr_has("line 3")
+        .stderr_has("copies only from one before it");
     let ls = t.cordon_out(&["image", "ls"], &b.env(), Duration::from_secs(30));
     ls.code(0).lacks("test/bad");
 }

@@ -23,6 +23,8 @@ use std::path::Path;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::text::shown;
+
 /// The marker overlayfs (mounted with `userxattr`) sets on a directory
 /// that hides the ones below it.
 const OPAQUE_XATTR: &CStr = c"user.overlay.opaque";
@@ -107,15 +109,6 @@ fn err(path: &[u8], e: impl Into<io::Error>) -> ChangesError {
         path: shown(path),
         source: e.into(),
     }
-}
-
-/// A name from the sandbox, fit for an error message.
-fn shown(path: &[u8]) -> String {
-    String::from_utf8_lossy(path)
-        .chars()
-        .take(200)
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
 }
 
 struct Writer<'a, W: Write> {

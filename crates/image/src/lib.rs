@@ -21,6 +21,7 @@ pub mod reference;
 pub mod registry;
 pub mod root;
 pub mod store;
+pub mod text;
 pub mod unpack;
 
 pub use digest::Digest;
@@ -30,6 +31,7 @@ pub use unpack::{Limits, Owners, Report, UnpackError, unpack};
 /// The modules from the bottom up: each may use only those before it
 /// (checked by `layout.rs`).
 pub const LAYERS: &[&str] = &[
+    "text",
     "digest",
     "changes",
     "flat",

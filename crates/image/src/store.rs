@@ -630,7 +630,7 @@ fn dir_size(dir: &Path) -> u64 {
 }
 
 /// This machine's architecture as OCI names it.
-pub(crate) fn platform_arch() -> &'static str {
+pub fn platform_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",

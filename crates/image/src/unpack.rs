@@ -35,6 +35,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec, Timest
 use rustix::io::Errno;
 
 use crate::digest::{Digest, HashingReader};
+use crate::text::shown;
 
 /// Beneath the directory, through no link at all.
 const STRICT: ResolveFlags = ResolveFlags::BENEATH
@@ -110,15 +111,6 @@ fn refused(path: &[u8], why: impl Into<String>) -> UnpackError {
         path: shown(path),
         why: why.into(),
     }
-}
-
-/// A name from the tar, fit for an error message.
-fn shown(path: &[u8]) -> String {
-    String::from_utf8_lossy(path)
-        .chars()
-        .take(200)
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
 }
 
 /// The components of an entry's name, or why it is refused.
