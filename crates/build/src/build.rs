@@ -67,6 +67,10 @@ pub struct Options {
     /// Whether the context's `.dockerignore` applies (a setup's inputs are
     /// named one by one: it does not).
     pub dockerignore: bool,
+    /// Whose cache the steps use: builds of different scopes (a server's
+    /// tenants) never take each other's layers, since a step's layer is
+    /// what its first run wrote, with that run's network.
+    pub cache_scope: String,
 }
 
 /// What a build reports as it goes.
@@ -122,7 +126,14 @@ pub struct Builder<'a> {
     /// image and workspace are the builder's).
     pub sandbox: SandboxConfig,
     pub credentials: &'a cordon_image::auth::Sources,
+    /// What a `FROM` (or `COPY --from`) naming an image may reach: the
+    /// name made the source to obtain, or why it is refused. None: any
+    /// reference, as written (the user's own build).
+    pub bases: Option<&'a Bases>,
 }
+
+/// See [`Builder::bases`].
+pub type Bases = dyn Fn(&str) -> Result<String, String> + Send + Sync;
 
 impl Builder<'_> {
     pub async fn build(
@@ -267,7 +278,9 @@ impl Run<'_, '_> {
             });
             let mut state = match parent {
                 Some(p) => p,
-                None if base == "scratch" => State::new(hash(&[b"scratch"])),
+                None if base == "scratch" => {
+                    State::new(hash(&[b"scratch", self.opts.cache_scope.as_bytes()]))
+                }
                 None => self.base_image(&base, stage.line).await?,
             };
             let outer = std::mem::replace(&mut self.current, index);
@@ -281,9 +294,14 @@ impl Run<'_, '_> {
     }
 
     async fn base_image(&self, reference: &str, line: usize) -> Result<State, BuildError> {
+        let source = match self.builder.bases {
+            Some(bases) => bases(reference)
+                .map_err(|why| step_err(line)(format!("FROM {reference}: {why}")))?,
+            None => reference.to_string(),
+        };
         let image = cordon_image::obtain::obtain(
             self.builder.store,
-            reference,
+            &source,
             self.builder.credentials,
             &|_| {},
         )
@@ -291,7 +309,11 @@ impl Run<'_, '_> {
         .map_err(|e| step_err(line)(format!("FROM {reference}: {e}")))?;
         let store = self.builder.store;
         let config = store.config_of(&image)?;
-        let mut state = State::new(hash(&[b"image", image.manifest.to_string().as_bytes()]));
+        let mut state = State::new(hash(&[
+            b"image",
+            image.manifest.to_string().as_bytes(),
+            self.opts.cache_scope.as_bytes(),
+        ]));
         state.layers = store.layers_of(&image)?;
         if let Some(c) = config.config() {
             state.env = c

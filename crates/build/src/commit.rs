@@ -71,7 +71,18 @@ pub fn find_live(store: &Store, label: &str) -> Result<PathBuf, CommitError> {
 /// Commits the changes in the writable layer `dir` (of a live sandbox)
 /// as the image `name`, on top of the image it started from.
 pub fn commit(store: &Store, dir: &Path, name: &str) -> Result<Image, CommitError> {
-    let upper = dir.join("upper");
+    commit_upper(store, dir, &dir.join("upper"), name)
+}
+
+/// As [`commit`], with the layer's changes read from `upper` (see
+/// `cordon_sandbox::Sandbox::writable_upper`): a layer on a disk is
+/// mounted where only the sandbox's supervisor sees it.
+pub fn commit_upper(
+    store: &Store,
+    dir: &Path,
+    upper: &Path,
+    name: &str,
+) -> Result<Image, CommitError> {
     if !upper.is_dir() {
         return Err(refused(
             "the sandbox's changes are on a microVM's disk: commit is for native sandboxes",
@@ -89,8 +100,9 @@ pub fn commit(store: &Store, dir: &Path, name: &str) -> Result<Image, CommitErro
                 manifest.trim()
             ))
         })?;
-    let ids =
-        ImageIds::read(dir).map_err(|e| refused(format!("reading the sandbox's ids: {e}")))?;
+    let work = upper.with_file_name("work");
+    let ids = ImageIds::read_with_work(dir, &work)
+        .map_err(|e| refused(format!("reading the sandbox's ids: {e}")))?;
     let mut layers = store.layers_of(&base)?;
     let config = store.config_of(&base)?;
     let view = View::open(

@@ -15,7 +15,7 @@ pub mod expand;
 pub mod ignore;
 pub mod view;
 
-pub use build::{BuildError, Builder, Built, Event, Options};
+pub use build::{Bases, BuildError, Builder, Built, Event, Options};
 
 /// The modules from the bottom up: each may use only those before it
 /// (checked by `layout.rs`).

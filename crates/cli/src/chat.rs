@@ -208,8 +208,8 @@ pub async fn chat(args: ChatArgs) -> i32 {
         config_home: cordon_agent::config::config_home(),
         repository,
         image: s.settings.resolved().sandbox.image.clone(),
-        snapshot: Some(std::sync::Arc::new(|dir, session, name| {
-            crate::image_cmd::commit_dir(&dir, &session, name).map(|i| i.name)
+        snapshot: Some(std::sync::Arc::new(|dir, upper, session, name| {
+            crate::image_cmd::commit_dir(&dir, &upper, &session, name).map(|i| i.name)
         })),
     };
     let result = cordon_tui::run(status, worker).await;

@@ -76,6 +76,7 @@ pub async fn prepare(store: &Store, env: &Environment, c: &SandboxConfig) -> Res
         store,
         sandbox,
         credentials: &credentials,
+        bases: None,
     };
     let opts = Options {
         context: c.workspace.clone(),
@@ -86,6 +87,7 @@ pub async fn prepare(store: &Store, env: &Environment, c: &SandboxConfig) -> Res
         no_cache: false,
         budget: 10 << 30,
         dockerignore: false,
+        cache_scope: String::new(),
     };
     let setup = printable(env.setup.lines().next().unwrap_or_default());
     let show = move |e: Event| match e {

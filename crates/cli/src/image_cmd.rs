@@ -272,6 +272,7 @@ async fn build(store: &Store, args: BuildArgs) -> i32 {
         store,
         sandbox,
         credentials: &credentials,
+        bases: None,
     };
     let opts = Options {
         context: args.context.clone(),
@@ -282,6 +283,7 @@ async fn build(store: &Store, args: BuildArgs) -> i32 {
         no_cache: args.no_cache,
         budget: args.disk,
         dockerignore: true,
+        cache_scope: String::new(),
     };
     let started = std::time::Instant::now();
     let show = |e: Event| match e {
@@ -378,22 +380,32 @@ async fn push(store: &Store, name: &str, target: Option<&str>) -> i32 {
 /// `session-ID`.
 pub fn commit(store: &Store, session: &str, name: Option<String>) -> Result<Image, String> {
     let dir = cordon_build::commit::find_live(store, session).map_err(|e| e.to_string())?;
-    commit_in(store, &dir, session, name)
+    let upper = dir.join("upper");
+    if !upper.is_dir() && dir.join(cordon_sandbox::DISK_FILE).exists() {
+        return Err(
+            "the session's root is on a disk of its own (root gave it one for --disk), which \
+             only its own process reaches: use /snapshot in its terminal UI"
+                .into(),
+        );
+    }
+    commit_in(store, &dir, &upper, session, name)
 }
 
-/// [`commit`] of the sandbox whose writable layer is `dir`: the terminal
-/// UI's, which has it at hand.
+/// [`commit`] of the sandbox whose writable layer is `dir`, its changes in
+/// `upper`: the terminal UI's, which has them at hand.
 pub fn commit_dir(
     dir: &std::path::Path,
+    upper: &std::path::Path,
     session: &str,
     name: Option<String>,
 ) -> Result<Image, String> {
-    commit_in(&open_store()?, dir, session, name)
+    commit_in(&open_store()?, dir, upper, session, name)
 }
 
 fn commit_in(
     store: &Store,
     dir: &std::path::Path,
+    upper: &std::path::Path,
     session: &str,
     name: Option<String>,
 ) -> Result<Image, String> {
@@ -405,7 +417,7 @@ fn commit_in(
             .collect();
         format!("session-{}", id.to_ascii_lowercase())
     }))?;
-    cordon_build::commit::commit(store, dir, &name).map_err(|e| e.to_string())
+    cordon_build::commit::commit_upper(store, dir, upper, &name).map_err(|e| e.to_string())
 }
 
 /// A name as the store keeps it: a reference, in full.

@@ -92,6 +92,14 @@ pub struct ServeArgs {
     /// default only)
     #[arg(long = "tenant-images", value_name = "TENANT=NAMES", value_parser = parse_tenant_images)]
     pub tenant_images: Vec<(String, Vec<String>)>,
+    /// Bytes each tenant's own images (pulled, built or snapshotted
+    /// through /v1/images) may come to, such as 20G; none: no limit
+    #[arg(long, value_name = "SIZE", value_parser = cordon_sandbox::parse_size)]
+    pub image_quota: Option<u64>,
+    /// How long a layer no image names any more is kept before it is
+    /// removed (seconds; a running sandbox's layers are always kept)
+    #[arg(long, value_name = "SECS", default_value_t = 3600)]
+    pub image_grace: u64,
     /// Let the ceilings' names resolve to private, loopback or link-local
     /// addresses (a job must still ask for it with `allow_private`)
     #[arg(long)]
@@ -400,6 +408,8 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
         entries: args.images,
         tenants: args.tenant_images.into_iter().collect(),
         default: sb.image.clone(),
+        quota: args.image_quota,
+        grace: Some(std::time::Duration::from_secs(args.image_grace)),
     };
     config.cpus = sb.cpus;
     config.vm = sb.vm.clone();

@@ -55,6 +55,35 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> StoreError {
     move |source| StoreError::Io { what, source }
 }
 
+/// Sets `path`'s modification time to now, through no link; whether it
+/// exists.
+fn touch(path: &Path) -> bool {
+    let Ok(fd) = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return false;
+    };
+    let now = rustix::fs::Timespec {
+        tv_sec: 0,
+        tv_nsec: rustix::fs::UTIME_NOW,
+    };
+    let omit = rustix::fs::Timespec {
+        tv_sec: 0,
+        tv_nsec: rustix::fs::UTIME_OMIT,
+    };
+    // Best effort: a file of another owner's stays as it is.
+    let _ = rustix::fs::futimens(
+        &fd,
+        &rustix::fs::Timestamps {
+            last_access: omit,
+            last_modification: now,
+        },
+    );
+    true
+}
+
 pub(crate) fn invalid(why: impl Into<String>) -> StoreError {
     StoreError::Invalid(why.into())
 }
@@ -279,8 +308,10 @@ impl Store {
     }
 
     /// Whether the store holds the blob.
+    /// Whether the store has the blob `d`; one it has is marked used now,
+    /// so that a collection's grace counts from its last use.
     pub fn has_blob(&self, d: &Digest) -> bool {
-        self.blob_path(d).is_file()
+        touch(&self.blob_path(d)) && self.blob_path(d).is_file()
     }
 
     /// Stores `bytes` as a blob, which must have the digest `expected`.
@@ -366,6 +397,27 @@ impl Store {
     /// Removes the blobs and layers no image uses, and work left by
     /// pulls that died; what it freed, in bytes of files.
     pub fn prune(&self) -> Result<u64, StoreError> {
+        self.prune_older_than(std::time::Duration::ZERO)
+    }
+
+    /// How long ago the record of `name` was written, if there is one.
+    pub fn record_age(&self, name: &str) -> Option<std::time::Duration> {
+        let modified = std::fs::metadata(self.record_path(name)).ok()?.modified().ok()?;
+        modified.elapsed().ok()
+    }
+
+    /// As [`Store::prune`], but keeps what was written less than `grace`
+    /// ago: a server's collection runs beside pulls and builds that have
+    /// written blobs and layers and not yet the record that names them.
+    pub fn prune_older_than(&self, grace: std::time::Duration) -> Result<u64, StoreError> {
+        let young = |p: &Path| {
+            !grace.is_zero()
+                && std::fs::symlink_metadata(p)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_none_or(|age| age < grace)
+        };
         let mut blobs = std::collections::BTreeSet::new();
         let mut layers = std::collections::BTreeSet::new();
         let mut flats = std::collections::BTreeSet::new();
@@ -393,7 +445,7 @@ impl Store {
                 continue;
             };
             for e in entries.flatten() {
-                if keep.contains(&*e.file_name().to_string_lossy()) {
+                if keep.contains(&*e.file_name().to_string_lossy()) || young(&e.path()) {
                     continue;
                 }
                 freed += remove_all(&e.path());
@@ -437,9 +489,10 @@ impl Store {
         freed
     }
 
-    /// Whether the layer with this diff_id is unpacked.
+    /// Whether the layer with this diff_id is unpacked; one that is is
+    /// marked used now (see [`Store::has_blob`]).
     pub fn has_layer(&self, diff_id: &Digest) -> bool {
-        self.layer_dir(diff_id).is_dir()
+        touch(&self.layer_dir(diff_id)) && self.layer_dir(diff_id).is_dir()
     }
 
     /// Makes an image of blobs the store holds: the manifest `manifest`,

@@ -174,8 +174,14 @@ impl IdRange {
 impl ImageIds {
     /// The map of the writable layer in `dir` (one of the store's `run/`).
     pub fn read(dir: &Path) -> Result<ImageIds> {
+        Self::read_with_work(dir, &dir.join("work"))
+    }
+
+    /// As [`ImageIds::read`], with the layer's `work` directory at `work`
+    /// (where a layer on a disk has it: see `Sandbox::writable_upper`).
+    pub fn read_with_work(dir: &Path, work: &Path) -> Result<ImageIds> {
         use std::os::unix::fs::MetadataExt;
-        let work = std::fs::symlink_metadata(dir.join("work"))?;
+        let work = std::fs::symlink_metadata(work)?;
         let sub = std::fs::read_to_string(dir.join(IDS_FILE))
             .ok()
             .and_then(|t| {
@@ -228,8 +234,8 @@ pub const IMAGE_FILE: &str = "image";
 pub const LABEL_FILE: &str = "label";
 pub const IDS_FILE: &str = "ids";
 
-/// A writable layer's disk in its directory.
-const DISK_FILE: &str = "layer.ext4";
+/// A writable layer's disk in its directory (root's, under a budget).
+pub const DISK_FILE: &str = "layer.ext4";
 /// Where e2fsprogs is looked for: the host's, never the caller's `PATH`.
 const TOOL_PATH: &str = "/usr/sbin:/sbin:/usr/bin:/bin";
 

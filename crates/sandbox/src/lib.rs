@@ -59,7 +59,7 @@ mod subids;
 pub mod supervisor;
 pub mod volume;
 
-pub use backend::{Backend, IMAGE_FILE, ImageIds, LABEL_FILE};
+pub use backend::{Backend, DISK_FILE, IMAGE_FILE, ImageIds, LABEL_FILE};
 pub use cache::cache_dir;
 pub use config::{
     Accel, BackendKind, BindMount, BuildStep, CONTROL_FILES, DISPLAY, Display, MIB, Network,

@@ -104,7 +104,17 @@ pub struct ImageCatalog {
     /// The image (a SOURCE) of every job and session that names none, and
     /// offered to every tenant under that name. None: the host's root.
     pub default: Option<String>,
+    /// Bytes a tenant's own images (pulled, built, snapshotted) may come
+    /// to; none: no limit.
+    pub quota: Option<u64>,
+    /// How long what no image names any more is kept before a collection
+    /// removes it; none: [`DEFAULT_GRACE`].
+    pub grace: Option<std::time::Duration>,
 }
+
+/// How long an unused layer is kept by default: longer than any pull or
+/// build that has written it and not yet the record that names it.
+pub const DEFAULT_GRACE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Why a tenant may not use a name.
 fn refused(name: &str, offered: &[String]) -> ApiError {
@@ -242,13 +252,48 @@ pub struct StoredImage {
     pub layers: usize,
 }
 
+/// The record a tenant's own image is kept under in the image store. It
+/// starts with `@`, which no reference has, so no name a tenant gives (nor
+/// any of the catalog's sources) reaches another tenant's record.
+pub fn own_record(tenant: &str, name: &str) -> String {
+    format!("@{tenant}/{name}")
+}
+
+/// Whether `record` is a tenant's own image's (see [`own_record`]): the
+/// tenant and the name.
+pub fn parse_own_record(record: &str) -> Option<(&str, &str)> {
+    record.strip_prefix('@')?.split_once('/')
+}
+
+/// Where an image is made before the tenant's quota takes it: a record
+/// of its own, so that a refused image replaces nothing.
+pub fn pending_record(tenant: &str, name: &ImageName) -> String {
+    own_record(
+        tenant,
+        &format!("{name}#pending-{}", crate::store::random_hex(8)),
+    )
+}
+
 /// The catalog with the store it is obtained into: what the runner and
 /// the sessions make roots with.
 #[derive(Debug, Clone)]
 pub struct Images {
     catalog: ImageCatalog,
-    /// None when the catalog is empty: no store is opened.
+    /// None when the server keeps no images: no store is opened.
     store: Option<Store>,
+    /// Builds running in this process: their finished steps' layers are
+    /// named by no record until the build ends, so no collection removes
+    /// unnamed layers meanwhile, however long the build takes.
+    building: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// A build under way (see [`Images::hold`]).
+pub struct Hold(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// A name made ready to be a sandbox's root.
@@ -258,37 +303,110 @@ pub struct Ready {
     pub root: cordon_sandbox::RootImage,
 }
 
+/// What a name a tenant gives stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Resolved {
+    /// A source of the catalog's (a reference or an operator's path).
+    Catalog(String),
+    /// The tenant's own image: its store record and manifest digest.
+    Own { record: String, digest: String },
+}
+
 impl Images {
-    /// The catalog over the store at `root` (made if need be); none is
-    /// opened for an empty catalog.
+    /// The catalog over the store at `root` (made if need be). `None`
+    /// keeps no images at all: every job and session runs on the host's
+    /// root, and tenants can make no images of their own.
     pub fn open(catalog: ImageCatalog, root: Option<&std::path::Path>) -> Result<Images, String> {
         catalog.validate()?;
-        let store = match (catalog.is_empty(), root) {
-            (true, _) => None,
-            (false, None) => {
+        let store = match root {
+            None if catalog.is_empty() => None,
+            None => {
                 return Err(
                     "the image catalog needs a store: set CORDON_IMAGE_STORE or HOME".into(),
                 );
             }
-            (false, Some(r)) => Some(Store::open(r).map_err(|e| e.to_string())?),
+            Some(r) => Some(Store::open(r).map_err(|e| e.to_string())?),
         };
-        Ok(Images { catalog, store })
+        Ok(Images {
+            catalog,
+            store,
+            building: Default::default(),
+        })
     }
 
     pub fn catalog(&self) -> &ImageCatalog {
         &self.catalog
     }
 
+    /// The image store, if this server keeps images.
+    pub fn store(&self) -> Result<&Store, ApiError> {
+        self.store.as_ref().ok_or_else(|| {
+            ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "no_image_store",
+                "this server keeps no images (its operator set no image store)",
+            )
+        })
+    }
+
+    /// What `name` stands for to `tenant`: the catalog's names first, then
+    /// the tenant's own images by name or digest, then a digest of an
+    /// image the catalog offers.
+    async fn resolve(
+        &self,
+        db: &crate::store::Store,
+        tenant: &str,
+        name: &str,
+    ) -> Result<Resolved, ApiError> {
+        let refused = match self.catalog.source(tenant, name) {
+            Ok(source) => return Ok(Resolved::Catalog(source)),
+            Err(e) => e,
+        };
+        if self.store.is_some()
+            && let Some(own) = db.own_image(tenant, name).await?
+        {
+            return Ok(Resolved::Own {
+                record: own_record(tenant, &own.name),
+                digest: own.digest,
+            });
+        }
+        if name.starts_with("sha256:")
+            && let Some(store) = &self.store
+        {
+            let offered: Vec<String> = self
+                .catalog
+                .offered_sources(tenant)
+                .into_iter()
+                .filter_map(|(_, source)| source.map(str::to_string))
+                .collect();
+            let (store, digest) = (store.clone(), name.to_string());
+            let found = tokio::task::spawn_blocking(move || {
+                offered.into_iter().find(|source| {
+                    cordon_image::obtain::stored(&store, source)
+                        .is_some_and(|image| image.manifest.to_string() == digest)
+                })
+            })
+            .await
+            .ok()
+            .flatten();
+            if let Some(source) = found {
+                return Ok(Resolved::Catalog(source));
+            }
+        }
+        Err(refused)
+    }
+
     /// What a job or session of `tenant` runs in when it asked for
     /// `asked`: the name, checked, or the default; `None`: the host root.
-    pub fn choose(
+    pub async fn choose(
         &self,
+        db: &crate::store::Store,
         tenant: &str,
         asked: Option<&ImageName>,
     ) -> Result<Option<ImageName>, ApiError> {
         match asked {
             Some(n) => {
-                self.catalog.source(tenant, n.as_str())?;
+                self.resolve(db, tenant, n.as_str()).await?;
                 Ok(Some(n.clone()))
             }
             None => Ok(self
@@ -296,6 +414,40 @@ impl Images {
                 .default
                 .clone()
                 .and_then(|d| ImageName::try_from(d).ok())),
+        }
+    }
+
+    /// Whether `tenant` may give one of its own images the name `name`:
+    /// not a name the catalog already gives it, nor a digest's form.
+    pub fn check_own_name(&self, tenant: &str, name: &ImageName) -> Result<(), ApiError> {
+        let conflict = |why: String| {
+            ApiError::new(axum::http::StatusCode::CONFLICT, "name_taken", why)
+        };
+        if name.as_str().starts_with("sha256:") {
+            return Err(ApiError::bad_request(
+                "an image's name may not be a digest: jobs name an image by its digest anyway",
+            ));
+        }
+        if self.catalog.source(tenant, name.as_str()).is_ok() {
+            return Err(conflict(format!(
+                "{} is a name this server's catalog offers you: choose another",
+                cordon_tools::printable(name.as_str())
+            )));
+        }
+        Ok(())
+    }
+
+    /// The registry reference `tenant` may pull as its own image: one the
+    /// catalog offers it, from a registry (never a file of the server's).
+    pub fn pullable(&self, tenant: &str, reference: &str) -> Result<String, ApiError> {
+        let source = self.catalog.source(tenant, reference)?;
+        match source.parse::<cordon_image::ImageRef>() {
+            Ok(cordon_image::ImageRef::Registry(r)) => Ok(r.whole()),
+            _ => Err(ApiError::bad_request(format!(
+                "{} is not in a registry: it is already one of this server's images, name it \
+                 in a job as it is",
+                cordon_tools::printable(reference)
+            ))),
         }
     }
 
@@ -322,28 +474,174 @@ impl Images {
             .collect()
     }
 
+    /// Records `image`, just made under a [`pending_record`], as the
+    /// tenant's `name` if its quota allows, and moves it to the name's
+    /// record; the pending record goes either way.
+    pub async fn keep(
+        &self,
+        db: &crate::store::Store,
+        tenant: &str,
+        name: &ImageName,
+        image: Image,
+        origin: crate::store::ImageOrigin,
+    ) -> Result<crate::store::OwnImage, ApiError> {
+        let put = db
+            .put_own_image(
+                tenant,
+                name.as_str(),
+                &image.manifest.to_string(),
+                image.size,
+                &origin,
+                self.catalog.quota,
+            )
+            .await;
+        let store = self.store()?.clone();
+        let record = own_record(tenant, name.as_str());
+        let kept = put.is_ok();
+        let moved = tokio::task::spawn_blocking(move || {
+            let moved = if kept {
+                store.import_blobs(&image.manifest, &record).map(|_| ())
+            } else {
+                Ok(())
+            };
+            let _ = store.remove(&image.name);
+            moved
+        })
+        .await;
+        let internal = |e: String| {
+            ApiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                e,
+            )
+        };
+        match put {
+            Ok(own) => {
+                moved
+                    .map_err(|e| internal(e.to_string()))?
+                    .map_err(|e| internal(e.to_string()))?;
+                Ok(own)
+            }
+            Err(crate::store::StoreError::Refused(why)) => Err(ApiError::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "quota_exceeded",
+                why,
+            )),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// What a build of `tenant`'s may start `FROM`: a name the catalog
+    /// offers it, or one of its own images (`own`, as listed when the
+    /// build began) by name or digest; the source each is obtained from.
+    pub fn bases(
+        &self,
+        tenant: &str,
+        own: Vec<crate::store::OwnImage>,
+    ) -> impl Fn(&str) -> Result<String, String> + Send + Sync + use<> {
+        let (catalog, tenant) = (self.catalog.clone(), tenant.to_string());
+        move |name: &str| {
+            if let Ok(source) = catalog.source(&tenant, name) {
+                return Ok(source);
+            }
+            let mine = own.iter().find(|o| {
+                o.name == name || (name.starts_with("sha256:") && o.digest == name)
+            });
+            match mine {
+                Some(o) => Ok(own_record(&tenant, &o.name)),
+                None => Err(format!(
+                    "not an image you may build from: {} (GET /v1/images lists them)",
+                    catalog.offered(&tenant).join(", ")
+                )),
+            }
+        }
+    }
+
+    /// Keeps collections from removing unnamed layers until dropped: held
+    /// by a build while it runs.
+    pub fn hold(&self) -> Hold {
+        self.building
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Hold(self.building.clone())
+    }
+
+    /// One garbage collection of the store: the records of tenants' images
+    /// the database no longer names (deleted, or replaced, through another
+    /// process) are forgotten, then the blobs and layers no record names
+    /// are removed, but for those used within the grace period and the
+    /// layers a running sandbox is on. Bytes freed.
+    pub async fn collect(&self, db: &crate::store::Store) -> Result<u64, String> {
+        let Some(store) = self.store.clone() else {
+            return Ok(0);
+        };
+        let named: std::collections::BTreeSet<(String, String)> = db
+            .all_own_images()
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|(tenant, name, digest)| (own_record(&tenant, &name), digest))
+            .collect();
+        let grace = self.catalog.grace.unwrap_or(DEFAULT_GRACE);
+        let building = self.building.clone();
+        tokio::task::spawn_blocking(move || {
+            for image in store.list() {
+                if parse_own_record(&image.name).is_none()
+                    || named.contains(&(image.name.clone(), image.manifest.to_string()))
+                {
+                    continue;
+                }
+                // A pending record (an image being made) is young.
+                if store.record_age(&image.name).is_some_and(|age| age >= grace) {
+                    store.remove(&image.name).map_err(|e| e.to_string())?;
+                }
+            }
+            if building.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                return Ok(0);
+            }
+            store.prune_older_than(grace).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+
     /// `name` made ready for a sandbox of `tenant`: checked against the
-    /// catalog as it is now, obtained (pulled or imported if the store
-    /// lacks it; concurrent callers download it once), and its root with
-    /// the image's own user.
-    pub async fn ready(&self, tenant: &str, name: &ImageName) -> Result<Ready, String> {
-        let source = self
-            .catalog
-            .source(tenant, name.as_str())
+    /// catalog and the tenant's images as they are now, obtained (pulled or
+    /// imported if the store lacks it; concurrent callers download it
+    /// once), and its root with the image's own user.
+    pub async fn ready(
+        &self,
+        db: &crate::store::Store,
+        tenant: &str,
+        name: &ImageName,
+    ) -> Result<Ready, String> {
+        let resolved = self
+            .resolve(db, tenant, name.as_str())
+            .await
             .map_err(|e| e.message().to_string())?;
         let store = self
             .store
             .as_ref()
-            .ok_or("this server has no image catalog")?;
+            .ok_or("this server keeps no images")?;
         let shown = cordon_tools::printable(name.as_str()).to_string();
-        let image = cordon_image::obtain::obtain(
-            store,
-            &source,
-            &cordon_image::auth::Sources::from_env(),
-            &|step| tracing::debug!(image = %shown, "{step:?}"),
-        )
-        .await
-        .map_err(|e| format!("image {shown}: {e}"))?;
+        let image = match resolved {
+            Resolved::Catalog(source) => cordon_image::obtain::obtain(
+                store,
+                &source,
+                &cordon_image::auth::Sources::from_env(),
+                &|step| tracing::debug!(image = %shown, "{step:?}"),
+            )
+            .await
+            .map_err(|e| format!("image {shown}: {e}"))?,
+            Resolved::Own { record, digest } => store
+                .get(&record)
+                .filter(|i| i.name == record && i.manifest.to_string() == digest)
+                .ok_or_else(|| {
+                    format!(
+                        "image {shown} was made on another of this server's processes and is \
+                         not in this one's store"
+                    )
+                })?,
+        };
         let (store, for_root) = (store.clone(), image.clone());
         let root = tokio::task::spawn_blocking(move || store.sandbox_root(&for_root, None))
             .await

@@ -76,13 +76,16 @@ impl Modify for Bearer {
         crate::credentials::delete_credential,
         crate::tenants::forget_tenant,
         crate::images::list_images,
+        crate::images::create_image,
+        crate::images::delete_image,
+        crate::images::snapshot_session,
     ),
     tags(
         (name = "jobs", description = "Queued, sandboxed jobs"),
         (name = "server", description = "The server itself"),
         (name = "sessions", description = "Conversations with the agent"),
         (name = "tokens", description = "Bearer tokens and tenants, for an operator's token only"),
-        (name = "images", description = "The images jobs and sessions may run in"),
+        (name = "images", description = "The images jobs and sessions may run in: the operator's catalog and the tenant's own (pulled, built, snapshotted)"),
         (name = "git", description = "The tenant's logins for git hosts, used by workers for jobs with `repo`"),
         (name = "seed", description = "The routes of cordon's original sketches"),
     )

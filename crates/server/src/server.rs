@@ -264,6 +264,26 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
             }
         });
     }
+    {
+        // A tenant's deleted images, and layers nothing names, go once
+        // their grace has passed.
+        let weak = Arc::downgrade(&shared);
+        let grace = shared.images.catalog().grace.unwrap_or(crate::catalog::DEFAULT_GRACE);
+        let every = (grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(600));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(shared) = weak.upgrade() else {
+                    break;
+                };
+                match shared.images.collect(&shared.store).await {
+                    Ok(0) => {}
+                    Ok(freed) => tracing::info!("images: {freed} bytes no image uses removed"),
+                    Err(e) => tracing::warn!("images: collection failed: {e}"),
+                }
+            }
+        });
+    }
     if let Some(keep) = shared.config.keep_workspaces {
         let weak = Arc::downgrade(&shared);
         let every = (keep / 10).clamp(Duration::from_millis(100), Duration::from_secs(60));

@@ -28,6 +28,10 @@ fn tiny_image(dir: &Path, id: &str) -> String {
     )
 }
 
+/// Held by the tests that point `REGISTRY_AUTH_FILE` at their registry's
+/// login: one process environment, so one such test at a time.
+static AUTH_ENV: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn catalog(entries: &[String]) -> ImageCatalog {
     ImageCatalog {
         entries: entries
@@ -58,7 +62,7 @@ async fn a_job_runs_in_an_image_the_operator_offers_and_in_no_other() {
     assert_eq!(status, 200);
     assert_eq!(
         list,
-        json!({"images": [{"name": "tiny", "default": false}]})
+        json!({"images": [{"name": "tiny", "default": false}], "own": [], "quota": {"used": 0}})
     );
 
     let id = s
@@ -261,6 +265,7 @@ async fn the_default_image_and_a_sessions_image_across_a_restart() {
 /// once, and a neighbouring path stays closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn images_under_an_opened_registry_path_are_pulled_on_first_use() {
+    let _env = AUTH_ENV.lock().await;
     let registry = cordon_testkit::registry::Registry::start();
     let layout = tempfile::tempdir().unwrap();
     let digest = tiny_image(layout.path(), "cordon-pulled");
@@ -396,4 +401,286 @@ async fn the_seeds_job_kinds_run_in_the_seeds_environment() {
         job["result"]["steps"][1]["screenshot"],
         "screenshots/step-02.png"
     );
+}
+
+/// A build context: a tar of `files`, in base64.
+fn context(files: &[(&str, &str)]) -> String {
+    use base64::Engine as _;
+    let mut tar = tar::Builder::new(Vec::new());
+    for (path, text) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(text.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        tar.append_data(&mut h, path, text.as_bytes()).unwrap();
+    }
+    base64::engine::general_purpose::STANDARD.encode(tar.into_inner().unwrap())
+}
+
+fn own_names(list: &serde_json::Value) -> Vec<String> {
+    list["own"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A tenant's own images: pulled from a registry path the operator opened,
+/// built from a Dockerfile by a `build` job (rebuilt from its cache), and
+/// snapshotted from a running job; each named by name or digest by jobs of
+/// its own tenant only, never by another's, and deleted.
+async fn a_tenants_own_images(db: Db) {
+    let _env = AUTH_ENV.lock().await;
+    let registry = cordon_testkit::registry::Registry::start();
+    let layout = tempfile::tempdir().unwrap();
+    tiny_image(layout.path(), "cordon-own");
+    registry.push(layout.path(), "v1", "team/tiny");
+    registry.push(layout.path(), "v1", "private/tiny");
+    let store = tempfile::tempdir().unwrap();
+    let auth = registry.auth_file(store.path());
+    // SAFETY: under AUTH_ENV, before the server starts.
+    unsafe { std::env::set_var("REGISTRY_AUTH_FILE", &auth) };
+    let Some(s) = TestServer::start_with(db, |c| {
+        c.images = catalog(&[
+            format!("{}/team/*", registry.addr),
+            format!("tiny=oci:{}:v1", layout.path().display()),
+        ]);
+        c.images.grace = Some(std::time::Duration::from_millis(800));
+        c.image_store = Some(store.path().to_path_buf());
+    })
+    .await
+    else {
+        return;
+    };
+    let acme = s.token("acme").await;
+    let beta = s.token("beta").await;
+    let reference = format!("{}/team/tiny:v1", registry.addr);
+
+    // Pulled as acme's own.
+    let (status, mine) = s
+        .post(&acme, "/v1/images", json!({"name": "mine", "pull": reference}))
+        .await;
+    assert_eq!(status, 201, "{mine}");
+    assert_eq!(mine["name"], "mine");
+    assert_eq!(mine["origin"], json!({"pulled": reference}));
+    let digest = mine["digest"].as_str().unwrap().to_string();
+    let (_, list) = s.get(&acme, "/v1/images").await;
+    assert_eq!(own_names(&list), ["mine"]);
+    assert_eq!(list["quota"]["used"], mine["size"]);
+    let (_, theirs) = s.get(&beta, "/v1/images").await;
+    assert_eq!(own_names(&theirs), Vec::<String>::new());
+
+    // Refused: a registry path not opened, a file of the server's, the
+    // catalog's own name, a digest as a name, not exactly one source.
+    for (body, want) in [
+        (json!({"name": "x", "pull": format!("{}/private/tiny:v1", registry.addr)}), 403),
+        (json!({"name": "x", "pull": "oci:/etc"}), 403),
+        (json!({"name": "x", "pull": "tiny"}), 400),
+        (json!({"name": "tiny", "pull": reference}), 409),
+        (json!({"name": digest, "pull": reference}), 400),
+        (json!({"name": "x"}), 400),
+        (json!({"name": "x", "pull": reference, "session": "ses_1"}), 400),
+        (json!({"name": "x", "pull": reference, "extra": 1}), 400),
+    ] {
+        let (status, answer) = s.post(&acme, "/v1/images", body.clone()).await;
+        assert_eq!(status, want, "{body}: {answer}");
+    }
+
+    // Named by name and by digest by acme's jobs; by neither by beta's.
+    for name in ["mine", digest.as_str()] {
+        let id = s
+            .submit(&acme, json!({"kind": "shell", "image": name, "command": "cat /etc/os-release"}))
+            .await;
+        let job = s.wait(&acme, &id).await;
+        assert_eq!(job["state"], "succeeded", "{job}");
+        assert_eq!(job["stdout"], "ID=cordon-own\n");
+        let (status, body) = s
+            .post(&beta, "/v1/jobs", json!({"kind": "shell", "command": "true", "image": name}))
+            .await;
+        assert_eq!(status, 403, "{body}");
+    }
+
+    // Built FROM acme's own image, with a context; every step in a sandbox.
+    let dockerfile = "FROM mine\nCOPY hello.txt /hello\nRUN echo built >> /hello && id -u > /who\n";
+    let build = json!({"kind": "build", "name": "built", "dockerfile": dockerfile,
+                       "context": context(&[("hello.txt", "hi\n")])});
+    let id = s.submit(&acme, build.clone()).await;
+    let job = s.wait(&acme, &id).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["result"]["image"], "built");
+    assert_eq!(job["result"]["ran"], 2, "{job}");
+    let out = job["stdout"].as_str().unwrap();
+    assert!(out.contains("[stage 1] FROM mine"), "{out}");
+    assert!(out.contains("line 3: RUN echo built"), "{out}");
+    let built_digest = job["result"]["digest"].as_str().unwrap().to_string();
+    let id = s
+        .submit(&acme, json!({"kind": "shell", "image": "built", "command": "cat /hello /who"}))
+        .await;
+    let job = s.wait(&acme, &id).await;
+    assert_eq!(job["stdout"], "hi\nbuilt\n0\n", "{job}");
+    // Again: every step from the cache, the same image.
+    let id = s.submit(&acme, build.clone()).await;
+    let job = s.wait(&acme, &id).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["result"]["cached"], 2, "{job}");
+    assert_eq!(job["result"]["ran"], 0, "{job}");
+    assert_eq!(job["result"]["digest"], built_digest.as_str());
+    assert!(job["stdout"].as_str().unwrap().contains("(cached)"));
+
+    // beta may not build from acme's image; from the catalog's it builds,
+    // and takes nothing from acme's cache.
+    let id = s.submit(&beta, build.clone()).await;
+    let job = s.wait(&beta, &id).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    let error = job["error"].as_str().unwrap();
+    assert!(error.contains("FROM mine") && error.contains("not an image you may build from"), "{error}");
+    let id = s
+        .submit(
+            &beta,
+            json!({"kind": "build", "name": "theirs",
+                   "dockerfile": "FROM tiny\nRUN echo built >> /hello && id -u > /who\n"}),
+        )
+        .await;
+    let job = s.wait(&beta, &id).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["result"]["cached"], 0, "{job}");
+
+    // A failing step: its exit code and line; a build that names an image.
+    let id = s
+        .submit(&acme, json!({"kind": "build", "name": "broken", "dockerfile": "FROM mine\nRUN exit 7\n"}))
+        .await;
+    let job = s.wait(&acme, &id).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    assert_eq!(job["exit_code"], 7, "{job}");
+    assert!(job["error"].as_str().unwrap().contains("line 2"), "{job}");
+    let (status, body) = s
+        .post(&acme, "/v1/jobs", json!({"kind": "build", "name": "x", "image": "tiny", "dockerfile": "FROM tiny\n"}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = s
+        .post(&acme, "/v1/jobs", json!({"kind": "build", "name": "x", "context": "not base64!"}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+
+    // A snapshot of a running job's sandbox keeps what it wrote to its
+    // root, not its workspace; beta cannot snapshot acme's job.
+    let id = s
+        .submit(
+            &acme,
+            json!({"kind": "shell", "image": "built", "timeout_secs": 60, "command":
+                   "echo snapped > /etc/snapped; echo ws > /workspace/ws; touch /tmp/ready; sleep 60"}),
+        )
+        .await;
+    s.wait_running(&acme, &id).await;
+    let ready = std::time::Instant::now();
+    loop {
+        let (_, files) = s.get(&acme, &format!("/v1/jobs/{id}/files")).await;
+        if files.to_string().contains("\"ws\"") {
+            break;
+        }
+        assert!(ready.elapsed() < std::time::Duration::from_secs(20), "{files}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (status, body) = s
+        .post(&beta, "/v1/images", json!({"name": "stolen", "job": id}))
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, snap) = s
+        .post(&acme, "/v1/images", json!({"name": "snap", "job": id}))
+        .await;
+    assert_eq!(status, 201, "{snap}");
+    assert_eq!(snap["origin"], json!({"snapshot": id}));
+    s.post(&acme, &format!("/v1/jobs/{id}/cancel"), json!({})).await;
+    let id = s
+        .submit(
+            &acme,
+            json!({"kind": "shell", "image": "snap", "command": "cat /etc/snapped /hello; ls /workspace"}),
+        )
+        .await;
+    let job = s.wait(&acme, &id).await;
+    assert_eq!(job["stdout"], "snapped\nhi\nbuilt\n", "{job}");
+
+    // Deleted: beta cannot, acme can; then no job names it, and its record
+    // leaves the store once the grace has passed.
+    let (status, _) = s.delete(&beta, "/v1/images/mine").await;
+    assert_eq!(status, 404);
+    let (status, _) = s.delete(&acme, "/v1/images/mine").await;
+    assert_eq!(status, 204);
+    let (status, _) = s.delete(&acme, "/v1/images/mine").await;
+    assert_eq!(status, 404);
+    let (status, body) = s
+        .post(&acme, "/v1/jobs", json!({"kind": "shell", "command": "true", "image": "mine"}))
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let (_, list) = s.get(&acme, "/v1/images").await;
+    assert_eq!(own_names(&list), ["built", "snap"]);
+    // `built` still runs: its layers outlive the image it was built from.
+    let id = s
+        .submit(&acme, json!({"kind": "shell", "image": "built", "command": "cat /hello"}))
+        .await;
+    assert_eq!(s.wait(&acme, &id).await["stdout"], "hi\nbuilt\n");
+    let records = || {
+        cordon_image::store::Store::open(store.path())
+            .unwrap()
+            .list()
+            .into_iter()
+            .map(|i| i.name)
+            .filter(|n| n.starts_with('@'))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(records(), ["@acme/built", "@acme/snap", "@beta/theirs"]);
+    // A layer only `snap` had goes once it is deleted and the grace has
+    // passed; `built`'s stay.
+    let opened = cordon_image::store::Store::open(store.path()).unwrap();
+    let snap_top = *opened.get("@acme/snap").unwrap().layers.last().unwrap();
+    let built_layers = opened.get("@acme/built").unwrap().layers;
+    let (status, _) = s.delete(&acme, "/v1/images/snap").await;
+    assert_eq!(status, 204);
+    let deleted = std::time::Instant::now();
+    // Looked at without `has_layer`, which marks a layer used.
+    while opened.layer_dir(&snap_top).exists() {
+        assert!(
+            deleted.elapsed() < std::time::Duration::from_secs(20),
+            "the snapshot's layer was never collected"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(built_layers.iter().all(|l| opened.has_layer(l)));
+}
+
+on_both!(a_tenants_own_images);
+
+/// A tenant's images may take no more than the operator's quota: an image
+/// past it is refused and nothing of it is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_past_the_quota_is_refused_and_not_kept() {
+    let layout = tempfile::tempdir().unwrap();
+    tiny_image(layout.path(), "cordon-quota");
+    let store = tempfile::tempdir().unwrap();
+    let s = TestServer::start_with(Db::Sqlite, |c| {
+        c.images = catalog(&[format!("tiny=oci:{}:v1", layout.path().display())]);
+        c.images.quota = Some(4096);
+        c.image_store = Some(store.path().to_path_buf());
+    })
+    .await
+    .unwrap();
+    let t = s.token("acme").await;
+    let id = s
+        .submit(&t, json!({"kind": "build", "name": "big", "dockerfile": "FROM tiny\nRUN head -c 100000 /dev/zero > /big\n"}))
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    assert!(job["error"].as_str().unwrap().contains("quota"), "{job}");
+    let (_, list) = s.get(&t, "/v1/images").await;
+    assert_eq!(own_names(&list), Vec::<String>::new());
+    assert_eq!(list["quota"], json!({"used": 0, "limit": 4096}));
+    let records: Vec<String> = cordon_image::store::Store::open(store.path())
+        .unwrap()
+        .list()
+        .into_iter()
+        .map(|i| i.name)
+        .filter(|n| n.starts_with('@'))
+        .collect();
+    assert!(records.is_empty(), "{records:?}");
 }

@@ -39,8 +39,11 @@ pub enum Request {
 /// Saves a sandbox's root as an image: given its writable layer's
 /// directory, the session's id and the name asked for; the image's name,
 /// or why not. The front end's (it owns the image store).
-pub type Snapshotter =
-    Arc<dyn Fn(PathBuf, String, Option<String>) -> Result<String, String> + Send + Sync>;
+/// Saves a sandbox's root as an image: its writable layer's directory,
+/// the overlay's `upper` as the host reads it, the session's id, the name.
+pub type Snapshotter = Arc<
+    dyn Fn(PathBuf, PathBuf, String, Option<String>) -> Result<String, String> + Send + Sync,
+>;
 
 pub enum Update {
     /// The sandbox is up; `network`: its broker's live policy, when the
@@ -345,12 +348,14 @@ impl State {
     async fn snapshot(&mut self, name: Option<String>) {
         let notice = match (
             &self.cfg.snapshot,
-            self.sandbox.as_ref().and_then(|s| s.writable_layer_dir()),
+            self.sandbox
+                .as_ref()
+                .and_then(|s| s.writable_layer_dir().zip(s.writable_upper())),
             &self.session,
         ) {
-            (Some(save), Some(dir), Some(id)) => {
+            (Some(save), Some((dir, upper)), Some(id)) => {
                 let (save, id) = (save.clone(), id.clone());
-                match tokio::task::spawn_blocking(move || save(dir, id, name)).await {
+                match tokio::task::spawn_blocking(move || save(dir, upper, id, name)).await {
                     Ok(Ok(image)) => format!(
                         "Saved the sandbox's root as {image}: `cordon --image {image}` starts \
                          from it. The workspace is not in it (it stays yours: commit it to git)."

@@ -427,13 +427,37 @@ impl Sandbox {
         }
     }
 
-    /// Ends the session: every process in it is killed and host resources
-    /// are released. Other clones of this handle see [`Error::Gone`].
     /// The directory of an image sandbox's writable layer on the host (its
     /// overlay's `upper` and `work`, natively; a microVM's disk), beside
     /// the files cordon keeps there ([`crate::IMAGE_FILE`]).
     pub fn writable_layer_dir(&self) -> Option<std::path::PathBuf> {
         self.inner.lifecycle.writable_layer()
+    }
+
+    /// A native image sandbox's overlay `upper` directory, where the host
+    /// can read it while the sandbox runs: in its writable layer's
+    /// directory, or, when root gave the layer a disk (mounted where no
+    /// host process sees it), through the descriptor the sandbox's outer
+    /// supervisor holds on the disk's root (`/proc/PID/fd/N`, a process of
+    /// cordon's that the sandbox cannot reach). None for a microVM, or a
+    /// sandbox on the host's root.
+    pub fn writable_upper(&self) -> Option<std::path::PathBuf> {
+        let dir = self.writable_layer_dir()?;
+        let plain = dir.join("upper");
+        if plain.is_dir() {
+            return Some(plain);
+        }
+        if self.info().backend != "native" {
+            return None;
+        }
+        let fds = std::path::Path::new("/proc")
+            .join(self.inner.lifecycle.host_pid().to_string())
+            .join("fd");
+        std::fs::read_dir(fds).ok()?.flatten().find_map(|e| {
+            let at = e.path();
+            let upper = at.join("upper");
+            (upper.is_dir() && at.join("work").is_dir()).then_some(upper)
+        })
     }
 
     /// Records what the front end calls this sandbox (a session's id)
@@ -458,6 +482,8 @@ impl Sandbox {
         let _ = tokio::task::spawn_blocking(move || inner.lifecycle.reap(grace)).await;
     }
 
+    /// Ends the session: every process in it is killed and host resources
+    /// are released. Other clones of this handle see [`Error::Gone`].
     pub async fn close(&self) {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return;

@@ -13,14 +13,14 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 pub use request::{
-    AgentJob, AllowEntry, Backend, CodeJob, ComputerAction, JobRequest, Limits, NetworkMode,
+    AgentJob, AllowEntry, Backend, BuildJob, CodeJob, ContextArchive, ComputerAction, JobRequest, Limits, NetworkMode,
     Screen, ShellJob, Size, Step, StepsJob, Text, read, type_name,
 };
 
 pub use event::{JobEvent, PolicyChanged, Problem, Stream};
 pub use image::{ImageName, MAX_IMAGE_NAME};
 pub use repo::RepoUrl;
-pub use result::{AgentResult, JobResult, StepResult, StepState};
+pub use result::{AgentResult, BuildResult, JobResult, StepResult, StepState};
 
 /// Where a job is in its life. Terminal states never change again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -93,10 +93,11 @@ pub enum JobKind {
     Steps,
     Gui,
     Agent,
+    Build,
 }
 
 impl JobKind {
-    pub const ALL: [JobKind; 7] = [
+    pub const ALL: [JobKind; 8] = [
         JobKind::Shell,
         JobKind::Python,
         JobKind::Javascript,
@@ -104,6 +105,7 @@ impl JobKind {
         JobKind::Steps,
         JobKind::Gui,
         JobKind::Agent,
+        JobKind::Build,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -115,6 +117,7 @@ impl JobKind {
             JobKind::Steps => "steps",
             JobKind::Gui => "gui",
             JobKind::Agent => "agent",
+            JobKind::Build => "build",
         }
     }
 
@@ -148,6 +151,18 @@ pub enum JobSpec {
         /// The model may push the job's branch and open a pull request.
         allow_push: bool,
     },
+    Build(BuildSpec),
+}
+
+/// A build, checked: what the worker builds and keeps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuildSpec {
+    pub name: ImageName,
+    pub dockerfile: Option<Text>,
+    pub context: Option<ContextArchive>,
+    pub build_args: std::collections::BTreeMap<String, String>,
+    pub target: Option<String>,
+    pub no_cache: bool,
 }
 
 impl JobSpec {
@@ -168,6 +183,7 @@ impl JobSpec {
             } => JobKind::Gui,
             JobSpec::Steps { .. } => JobKind::Steps,
             JobSpec::Agent { .. } => JobKind::Agent,
+            JobSpec::Build(_) => JobKind::Build,
         }
     }
 }
@@ -267,6 +283,17 @@ impl Job {
                     *max_steps,
                     screen(display),
                     allow_push.then_some(true),
+                )
+                .with_limits(limits),
+            ),
+            JobSpec::Build(b) => JobRequest::Build(
+                BuildJob::new(
+                    b.name.clone(),
+                    b.dockerfile.clone(),
+                    b.context.clone(),
+                    (!b.build_args.is_empty()).then(|| b.build_args.clone()),
+                    b.target.clone(),
+                    b.no_cache.then_some(true),
                 )
                 .with_limits(limits),
             ),
@@ -378,6 +405,37 @@ impl JobRequest {
                     allow_push,
                 }
             }
+            JobRequest::Build(j) => {
+                if j.image.is_some() {
+                    return Err(
+                        "a build has no `image`: its Dockerfile's FROM names the base".into(),
+                    );
+                }
+                if j.context.is_some() && j.repo.is_some() {
+                    return Err("give a build `context` or `repo`, not both".into());
+                }
+                if j.backend == Some(Backend::Microvm) {
+                    return Err("a build's steps run in native sandboxes: leave out `backend`".into());
+                }
+                if let Some(args) = &j.build_args
+                    && let Some(bad) = args.keys().find(|k| {
+                        k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                    })
+                {
+                    return Err(format!(
+                        "`build_args`: {} is not an argument's name (letters, digits, _)",
+                        cordon_tools::printable(bad)
+                    ));
+                }
+                JobSpec::Build(BuildSpec {
+                    name: j.name,
+                    dockerfile: j.dockerfile,
+                    context: j.context,
+                    build_args: j.build_args.unwrap_or_default(),
+                    target: j.target.filter(|t| !t.trim().is_empty()),
+                    no_cache: j.no_cache.unwrap_or(false),
+                })
+            }
         };
         Ok(Job { spec, options })
     }
@@ -391,6 +449,7 @@ impl JobRequest {
                 j.code.to_string()
             }
             JobRequest::Agent(j) => j.prompt.to_string(),
+            JobRequest::Build(j) => format!("build {}", j.name),
             JobRequest::Steps(j) | JobRequest::Gui(j) => {
                 let first = j.steps.first().map_or(String::new(), |s| {
                     let what = match s {

@@ -462,6 +462,85 @@ job_kind!(
     }
 );
 
+job_kind!(
+    /// An image built from a Dockerfile and kept as one of the tenant's
+    /// own under `name` (`GET /v1/images`). Every `RUN` runs in a sandbox
+    /// with the job's memory and network (none unless `allow`); `disk`
+    /// bounds what one step may add. `FROM` names an image as a job would
+    /// (the catalog's, or the tenant's own), or `scratch`. The context is
+    /// `context`, or the repository of `repo`, or nothing.
+    BuildJob {
+        /// What the image is kept as; an image of the tenant's of that
+        /// name is replaced.
+        #[schema(example = "my-env:1")]
+        name: ImageName,
+        /// The Dockerfile's text; default: `Dockerfile` in the context.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dockerfile: Option<Text>,
+        /// The build context: a tar archive (plain or gzip), in base64.
+        /// Its size is bounded by the server's largest request; a larger
+        /// one can come from `repo`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        context: Option<ContextArchive>,
+        /// Values for the Dockerfile's `ARG`s.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        build_args: Option<std::collections::BTreeMap<String, String>>,
+        /// The stage to build; default: the last.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target: Option<String>,
+        /// Run every step again rather than take it from the cache.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        no_cache: Option<bool>,
+    }
+);
+
+/// A build's context as a request carries it: a tar archive in base64,
+/// checked to decode when the request is read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ContextArchive(String);
+
+impl TryFrom<String> for ContextArchive {
+    type Error = String;
+    fn try_from(s: String) -> Result<ContextArchive, String> {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(s.as_bytes())
+            .map_err(|e| format!("not base64: {e}"))?;
+        Ok(ContextArchive(s))
+    }
+}
+
+impl From<ContextArchive> for String {
+    fn from(c: ContextArchive) -> String {
+        c.0
+    }
+}
+
+impl ContextArchive {
+    /// The archive's bytes.
+    pub fn bytes(&self) -> Vec<u8> {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(self.0.as_bytes())
+            .unwrap_or_default()
+    }
+}
+
+impl PartialSchema for ContextArchive {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .content_encoding("base64")
+            .description(Some(
+                "A tar archive (plain or gzip) of the build context, in base64 \
+                 (`tar -cz -C DIR . | base64 -w0`).",
+            ))
+            .into()
+    }
+}
+impl ToSchema for ContextArchive {}
+
 /// A job to run; `kind` decides its fields. Unknown fields are refused.
 /// `kind` may be left out when `steps` is given (the seeds' shape).
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
@@ -474,6 +553,7 @@ pub enum JobRequest {
     Steps(#[schema(inline)] StepsJob),
     Gui(#[schema(inline)] StepsJob),
     Agent(#[schema(inline)] AgentJob),
+    Build(#[schema(inline)] BuildJob),
 }
 
 impl<'de> Deserialize<'de> for JobRequest {
@@ -482,7 +562,7 @@ impl<'de> Deserialize<'de> for JobRequest {
     }
 }
 
-const KINDS: &str = "shell, python, javascript, typescript, steps, gui or agent";
+const KINDS: &str = "shell, python, javascript, typescript, steps, gui, agent or build";
 
 impl JobRequest {
     /// Reads a posted body, naming what is wrong.
@@ -507,6 +587,7 @@ impl JobRequest {
             JobKind::Steps => JobRequest::Steps(read(fields)?),
             JobKind::Gui => JobRequest::Gui(read(fields)?),
             JobKind::Agent => JobRequest::Agent(read(fields)?),
+            JobKind::Build => JobRequest::Build(read(fields)?),
         })
     }
 
@@ -519,6 +600,7 @@ impl JobRequest {
             JobRequest::Steps(_) => JobKind::Steps,
             JobRequest::Gui(_) => JobKind::Gui,
             JobRequest::Agent(_) => JobKind::Agent,
+            JobRequest::Build(_) => JobKind::Build,
         }
     }
 
@@ -541,6 +623,7 @@ impl JobRequest {
             }
             JobRequest::Steps(j) | JobRequest::Gui(j) => j.limits(),
             JobRequest::Agent(j) => j.limits(),
+            JobRequest::Build(j) => j.limits(),
         }
     }
 }

@@ -6,7 +6,8 @@ use utoipa::ToSchema;
 
 use super::JobState;
 
-/// `steps` and `gui` jobs: one per step; `agent` jobs: the answer.
+/// `steps` and `gui` jobs: one per step; `agent` jobs: the answer;
+/// `build` jobs: the image.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum JobResult {
@@ -14,7 +15,24 @@ pub enum JobResult {
         /// In order, every step, run or not.
         steps: Vec<StepResult>,
     },
+    // Before `Agent`, whose fields are all optional but `usage`.
+    Build(BuildResult),
     Agent(AgentResult),
+}
+
+/// A build job's image, kept as one of the tenant's own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuildResult {
+    /// Its name, as jobs and sessions name it.
+    pub image: String,
+    /// Its manifest's digest.
+    pub digest: String,
+    /// Bytes of its layers, unpacked.
+    pub size: u64,
+    /// Steps run, and taken from the cache.
+    pub ran: usize,
+    pub cached: usize,
 }
 
 /// How a step ended; `skipped` when a failure (or the end of time) kept it

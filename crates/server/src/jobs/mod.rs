@@ -98,8 +98,18 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
     if let Some(repo) = &req.options.repo {
         crate::repos::admit(&shared.ceilings.of(tenant), repo).await?;
     }
-    // Stored with the default filled in: a later default does not change it.
-    req.options.image = shared.images.choose(tenant, req.options.image.as_ref())?;
+    if let JobSpec::Build(b) = &req.spec {
+        // Its base is its FROM; its name must be one the tenant may take.
+        shared.images.store()?;
+        shared.images.check_own_name(tenant, &b.name)?;
+    } else {
+        // Stored with the default filled in: a later default does not
+        // change it.
+        req.options.image = shared
+            .images
+            .choose(&shared.store, tenant, req.options.image.as_ref())
+            .await?;
+    }
     if matches!(req.spec, JobSpec::Agent { .. }) && shared.config.agent.is_none() {
         return Err(ApiError::bad_request(
             "this server has no model configured for agent jobs (set ANTHROPIC_API_KEY or OPENAI_BASE_URL where `cordon serve` runs)",

@@ -9,6 +9,7 @@
 //! (network ceilings and policies, sandboxes).
 
 mod agent;
+mod build;
 mod exec;
 mod sink;
 mod steps;
@@ -259,10 +260,16 @@ impl Runner {
                 }
             }
         };
+        if let JobSpec::Build(spec) = &req.spec {
+            let deadline = Instant::now() + Duration::from_secs(req.options.timeout_secs);
+            return self
+                .build(id, tenant, &ws, &req.options, spec, deadline, sink, cancel)
+                .await;
+        }
         // Obtained here, on the worker that runs it: pulled on first use.
         let image = match &req.options.image {
             None => None,
-            Some(name) => match self.images.ready(tenant, name).await {
+            Some(name) => match self.images.ready(&self.store, tenant, name).await {
                 Ok(ready) => {
                     sink.event(JobEvent::Image {
                         name: name.to_string(),
@@ -336,6 +343,7 @@ impl Runner {
                 )
                 .await
             }
+            JobSpec::Build(_) => unreachable!("a build returned before its sandbox"),
             JobSpec::Agent {
                 prompt,
                 model,

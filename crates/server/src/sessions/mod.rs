@@ -178,11 +178,14 @@ pub(crate) async fn create(
     let defaults = shared.config.agent.as_ref().ok_or_else(no_model)?;
     // Obtained now, so a name the registry lacks fails here and not at
     // the first message; waking finds it in the store.
-    let image = shared.images.choose(&tenant, asked.image.as_ref())?;
+    let image = shared
+        .images
+        .choose(&shared.store, &tenant, asked.image.as_ref())
+        .await?;
     if let Some(name) = &image {
         shared
             .images
-            .ready(&tenant, name)
+            .ready(&shared.store, &tenant, name)
             .await
             .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "image_unavailable", e))?;
     }

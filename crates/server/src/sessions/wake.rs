@@ -128,7 +128,7 @@ async fn wake(
         Some(Ok(name)) => Some(
             shared
                 .images
-                .ready(&row.tenant, &name)
+                .ready(&shared.store, &row.tenant, &name)
                 .await
                 .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "image_unavailable", e))?
                 .root,

@@ -16,10 +16,12 @@ use sqlx::{AnyPool, Row};
 use crate::job::{JobEvent, JobKind, JobRequest, JobResult, JobState};
 
 mod git_credentials;
+mod images;
 mod sealed;
 mod sessions;
 mod tokens;
 pub use git_credentials::{ForgeApi, GitCredential, GitSecret};
+pub use images::{ImageOrigin, OwnImage};
 pub use leases::{Claimed, Held};
 pub use sealed::{KEY_MIN, Keyring, SealError, SecretsKey, strong_key};
 pub use sessions::SessionRow;
