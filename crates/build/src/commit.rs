@@ -119,7 +119,7 @@ pub fn commit_upper(
         mounted(path) || generated.iter().any(|g| g.as_bytes() == path)
     };
     let map = |u, g| ids.image_ids(u, g);
-    cordon_image::changes::write_changes(&upper, &map, &skip, &mut w)
+    cordon_image::changes::write_changes(upper, &map, &skip, &mut w)
         .map_err(|e| refused(format!("reading the sandbox's changes: {e}")))?;
     layers.push(w.finish()?);
     Ok(store.put_image(name, config, &layers)?)

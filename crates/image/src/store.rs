@@ -402,7 +402,10 @@ impl Store {
 
     /// How long ago the record of `name` was written, if there is one.
     pub fn record_age(&self, name: &str) -> Option<std::time::Duration> {
-        let modified = std::fs::metadata(self.record_path(name)).ok()?.modified().ok()?;
+        let modified = std::fs::metadata(self.record_path(name))
+            .ok()?
+            .modified()
+            .ok()?;
         modified.elapsed().ok()
     }
 

@@ -420,9 +420,8 @@ impl Images {
     /// Whether `tenant` may give one of its own images the name `name`:
     /// not a name the catalog already gives it, nor a digest's form.
     pub fn check_own_name(&self, tenant: &str, name: &ImageName) -> Result<(), ApiError> {
-        let conflict = |why: String| {
-            ApiError::new(axum::http::StatusCode::CONFLICT, "name_taken", why)
-        };
+        let conflict =
+            |why: String| ApiError::new(axum::http::StatusCode::CONFLICT, "name_taken", why);
         if name.as_str().starts_with("sha256:") {
             return Err(ApiError::bad_request(
                 "an image's name may not be a digest: jobs name an image by its digest anyway",
@@ -508,13 +507,8 @@ impl Images {
             moved
         })
         .await;
-        let internal = |e: String| {
-            ApiError::new(
-                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                e,
-            )
-        };
+        let internal =
+            |e: String| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", e);
         match put {
             Ok(own) => {
                 moved
@@ -544,9 +538,9 @@ impl Images {
             if let Ok(source) = catalog.source(&tenant, name) {
                 return Ok(source);
             }
-            let mine = own.iter().find(|o| {
-                o.name == name || (name.starts_with("sha256:") && o.digest == name)
-            });
+            let mine = own
+                .iter()
+                .find(|o| o.name == name || (name.starts_with("sha256:") && o.digest == name));
             match mine {
                 Some(o) => Ok(own_record(&tenant, &o.name)),
                 None => Err(format!(
@@ -591,7 +585,10 @@ impl Images {
                     continue;
                 }
                 // A pending record (an image being made) is young.
-                if store.record_age(&image.name).is_some_and(|age| age >= grace) {
+                if store
+                    .record_age(&image.name)
+                    .is_some_and(|age| age >= grace)
+                {
                     store.remove(&image.name).map_err(|e| e.to_string())?;
                 }
             }
@@ -618,10 +615,7 @@ impl Images {
             .resolve(db, tenant, name.as_str())
             .await
             .map_err(|e| e.message().to_string())?;
-        let store = self
-            .store
-            .as_ref()
-            .ok_or("this server keeps no images")?;
+        let store = self.store.as_ref().ok_or("this server keeps no images")?;
         let shown = cordon_tools::printable(name.as_str()).to_string();
         let image = match resolved {
             Resolved::Catalog(source) => cordon_image::obtain::obtain(

@@ -206,14 +206,20 @@ async fn pull(
         )
     })?;
     let record = crate::catalog::pending_record(tenant, name);
-    let manifest = pulled.manifest.clone();
+    let manifest = pulled.manifest;
     let image = tokio::task::spawn_blocking(move || store.import_blobs(&manifest, &record))
         .await
         .map_err(internal)?
         .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "pull_failed", e.to_string()))?;
     shared
         .images
-        .keep(&shared.store, tenant, name, image, ImageOrigin::Pulled(source))
+        .keep(
+            &shared.store,
+            tenant,
+            name,
+            image,
+            ImageOrigin::Pulled(source),
+        )
         .await
 }
 
@@ -260,11 +266,12 @@ async fn snapshot(
     };
     let store = shared.images.store()?.clone();
     let record = crate::catalog::pending_record(tenant, name);
-    let image =
-        tokio::task::spawn_blocking(move || cordon_build::commit::commit_upper(&store, &dir, &upper, &record))
-            .await
-            .map_err(internal)?
-            .map_err(|e| ApiError::bad_request(format!("cannot snapshot the {what}: {e}")))?;
+    let image = tokio::task::spawn_blocking(move || {
+        cordon_build::commit::commit_upper(&store, &dir, &upper, &record)
+    })
+    .await
+    .map_err(internal)?
+    .map_err(|e| ApiError::bad_request(format!("cannot snapshot the {what}: {e}")))?;
     let origin = ImageOrigin::Snapshot(id.to_string());
     shared
         .images

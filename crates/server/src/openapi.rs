@@ -252,7 +252,7 @@ mod tests {
         if let Ok(p) = std::env::var("CORDON_DUMP_OPENAPI") {
             std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
         }
-        for (name, tag, count) in [("JobRequest", "kind", 7), ("Step", "tool", 7)] {
+        for (name, tag, count) in [("JobRequest", "kind", 8), ("Step", "tool", 7)] {
             let variants = doc["components"]["schemas"][name]["oneOf"]
                 .as_array()
                 .unwrap_or_else(|| panic!("{name} is a oneOf"));

@@ -268,7 +268,11 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         // A tenant's deleted images, and layers nothing names, go once
         // their grace has passed.
         let weak = Arc::downgrade(&shared);
-        let grace = shared.images.catalog().grace.unwrap_or(crate::catalog::DEFAULT_GRACE);
+        let grace = shared
+            .images
+            .catalog()
+            .grace
+            .unwrap_or(crate::catalog::DEFAULT_GRACE);
         let every = (grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(600));
         tokio::spawn(async move {
             loop {

@@ -185,7 +185,7 @@ async fn the_default_image_and_a_sessions_image_across_a_restart() {
             .turn(Turn::text("Looking.").with_tool_call(
                 "c1",
                 "bash",
-                json!({"command": "cat /etc/os-release; echo $FOO > /workspace/foo"}),
+                json!({"command": "cat /etc/os-release; echo $FOO > /workspace/foo; echo tool > /etc/agent-tool"}),
             ))
             .turn(Turn::text("Done.").expect_tool_results(["c1"]))
             .turn(Turn::text("Again.").with_tool_call(
@@ -246,6 +246,24 @@ async fn the_default_image_and_a_sessions_image_across_a_restart() {
         .unwrap(),
         "from-image\n"
     );
+    // Its sandbox saved as an image: the root's changes, not the workspace.
+    let other_tenant = s.token("beta").await;
+    let path = format!("/v1/sessions/{sid}/snapshot");
+    let (status, body) = s
+        .post(&other_tenant, &path, json!({"name": "agent-env"}))
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, snap) = s.post(&t, &path, json!({"name": "agent-env"})).await;
+    assert_eq!(status, 201, "{snap}");
+    assert_eq!(snap["origin"], json!({"snapshot": sid}));
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "shell", "image": "agent-env", "command": "cat /etc/agent-tool /etc/os-release; ls /workspace"}),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["stdout"], "tool\nID=cordon-other\n", "{job}");
 
     // After a restart the session wakes in the same image.
     s.stop().await;
@@ -459,7 +477,11 @@ async fn a_tenants_own_images(db: Db) {
 
     // Pulled as acme's own.
     let (status, mine) = s
-        .post(&acme, "/v1/images", json!({"name": "mine", "pull": reference}))
+        .post(
+            &acme,
+            "/v1/images",
+            json!({"name": "mine", "pull": reference}),
+        )
         .await;
     assert_eq!(status, 201, "{mine}");
     assert_eq!(mine["name"], "mine");
@@ -474,13 +496,19 @@ async fn a_tenants_own_images(db: Db) {
     // Refused: a registry path not opened, a file of the server's, the
     // catalog's own name, a digest as a name, not exactly one source.
     for (body, want) in [
-        (json!({"name": "x", "pull": format!("{}/private/tiny:v1", registry.addr)}), 403),
+        (
+            json!({"name": "x", "pull": format!("{}/private/tiny:v1", registry.addr)}),
+            403,
+        ),
         (json!({"name": "x", "pull": "oci:/etc"}), 403),
         (json!({"name": "x", "pull": "tiny"}), 400),
         (json!({"name": "tiny", "pull": reference}), 409),
         (json!({"name": digest, "pull": reference}), 400),
         (json!({"name": "x"}), 400),
-        (json!({"name": "x", "pull": reference, "session": "ses_1"}), 400),
+        (
+            json!({"name": "x", "pull": reference, "session": "ses_1"}),
+            400,
+        ),
         (json!({"name": "x", "pull": reference, "extra": 1}), 400),
     ] {
         let (status, answer) = s.post(&acme, "/v1/images", body.clone()).await;
@@ -490,13 +518,20 @@ async fn a_tenants_own_images(db: Db) {
     // Named by name and by digest by acme's jobs; by neither by beta's.
     for name in ["mine", digest.as_str()] {
         let id = s
-            .submit(&acme, json!({"kind": "shell", "image": name, "command": "cat /etc/os-release"}))
+            .submit(
+                &acme,
+                json!({"kind": "shell", "image": name, "command": "cat /etc/os-release"}),
+            )
             .await;
         let job = s.wait(&acme, &id).await;
         assert_eq!(job["state"], "succeeded", "{job}");
         assert_eq!(job["stdout"], "ID=cordon-own\n");
         let (status, body) = s
-            .post(&beta, "/v1/jobs", json!({"kind": "shell", "command": "true", "image": name}))
+            .post(
+                &beta,
+                "/v1/jobs",
+                json!({"kind": "shell", "command": "true", "image": name}),
+            )
             .await;
         assert_eq!(status, 403, "{body}");
     }
@@ -515,7 +550,10 @@ async fn a_tenants_own_images(db: Db) {
     assert!(out.contains("line 3: RUN echo built"), "{out}");
     let built_digest = job["result"]["digest"].as_str().unwrap().to_string();
     let id = s
-        .submit(&acme, json!({"kind": "shell", "image": "built", "command": "cat /hello /who"}))
+        .submit(
+            &acme,
+            json!({"kind": "shell", "image": "built", "command": "cat /hello /who"}),
+        )
         .await;
     let job = s.wait(&acme, &id).await;
     assert_eq!(job["stdout"], "hi\nbuilt\n0\n", "{job}");
@@ -534,7 +572,10 @@ async fn a_tenants_own_images(db: Db) {
     let job = s.wait(&beta, &id).await;
     assert_eq!(job["state"], "failed", "{job}");
     let error = job["error"].as_str().unwrap();
-    assert!(error.contains("FROM mine") && error.contains("not an image you may build from"), "{error}");
+    assert!(
+        error.contains("FROM mine") && error.contains("not an image you may build from"),
+        "{error}"
+    );
     let id = s
         .submit(
             &beta,
@@ -548,18 +589,29 @@ async fn a_tenants_own_images(db: Db) {
 
     // A failing step: its exit code and line; a build that names an image.
     let id = s
-        .submit(&acme, json!({"kind": "build", "name": "broken", "dockerfile": "FROM mine\nRUN exit 7\n"}))
+        .submit(
+            &acme,
+            json!({"kind": "build", "name": "broken", "dockerfile": "FROM mine\nRUN exit 7\n"}),
+        )
         .await;
     let job = s.wait(&acme, &id).await;
     assert_eq!(job["state"], "failed", "{job}");
     assert_eq!(job["exit_code"], 7, "{job}");
     assert!(job["error"].as_str().unwrap().contains("line 2"), "{job}");
     let (status, body) = s
-        .post(&acme, "/v1/jobs", json!({"kind": "build", "name": "x", "image": "tiny", "dockerfile": "FROM tiny\n"}))
+        .post(
+            &acme,
+            "/v1/jobs",
+            json!({"kind": "build", "name": "x", "image": "tiny", "dockerfile": "FROM tiny\n"}),
+        )
         .await;
     assert_eq!(status, 400, "{body}");
     let (status, body) = s
-        .post(&acme, "/v1/jobs", json!({"kind": "build", "name": "x", "context": "not base64!"}))
+        .post(
+            &acme,
+            "/v1/jobs",
+            json!({"kind": "build", "name": "x", "context": "not base64!"}),
+        )
         .await;
     assert_eq!(status, 400, "{body}");
 
@@ -579,7 +631,10 @@ async fn a_tenants_own_images(db: Db) {
         if files.to_string().contains("\"ws\"") {
             break;
         }
-        assert!(ready.elapsed() < std::time::Duration::from_secs(20), "{files}");
+        assert!(
+            ready.elapsed() < std::time::Duration::from_secs(20),
+            "{files}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let (status, body) = s
@@ -591,7 +646,8 @@ async fn a_tenants_own_images(db: Db) {
         .await;
     assert_eq!(status, 201, "{snap}");
     assert_eq!(snap["origin"], json!({"snapshot": id}));
-    s.post(&acme, &format!("/v1/jobs/{id}/cancel"), json!({})).await;
+    s.post(&acme, &format!("/v1/jobs/{id}/cancel"), json!({}))
+        .await;
     let id = s
         .submit(
             &acme,
@@ -610,14 +666,21 @@ async fn a_tenants_own_images(db: Db) {
     let (status, _) = s.delete(&acme, "/v1/images/mine").await;
     assert_eq!(status, 404);
     let (status, body) = s
-        .post(&acme, "/v1/jobs", json!({"kind": "shell", "command": "true", "image": "mine"}))
+        .post(
+            &acme,
+            "/v1/jobs",
+            json!({"kind": "shell", "command": "true", "image": "mine"}),
+        )
         .await;
     assert_eq!(status, 403, "{body}");
     let (_, list) = s.get(&acme, "/v1/images").await;
     assert_eq!(own_names(&list), ["built", "snap"]);
     // `built` still runs: its layers outlive the image it was built from.
     let id = s
-        .submit(&acme, json!({"kind": "shell", "image": "built", "command": "cat /hello"}))
+        .submit(
+            &acme,
+            json!({"kind": "shell", "image": "built", "command": "cat /hello"}),
+        )
         .await;
     assert_eq!(s.wait(&acme, &id).await["stdout"], "hi\nbuilt\n");
     let records = || {

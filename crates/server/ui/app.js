@@ -5,7 +5,7 @@
 'use strict';
 
 const STATES = ['queued', 'running', 'succeeded', 'failed', 'cancelled', 'timed_out'];
-const KINDS = ['shell', 'python', 'javascript', 'typescript', 'steps', 'gui', 'agent'];
+const KINDS = ['shell', 'python', 'javascript', 'typescript', 'steps', 'gui', 'agent', 'build'];
 const TOKEN_KEY = 'cordon.token';
 
 // ---- DOM helpers ----------------------------------------------------------
@@ -641,7 +641,18 @@ function newJob(main) {
   const timeout = h('input', { name: 'timeout_secs', type: 'number', min: 1, placeholder: 'default' });
   const memory = h('input', { name: 'memory', placeholder: 'e.g. 512M' });
   const network = h('select', { name: 'network' }, h('option', { value: 'off' }, 'off'), h('option', { value: 'loopback' }, 'loopback'));
+  const image = h('select', { name: 'image' }, h('option', { value: '' }, 'server default'));
+  const imageRow = h('label', {}, 'Image', image);
+  const buildName = h('input', { name: 'name', placeholder: 'my-env:1', spellcheck: 'false' });
+  const dockerfile = h('textarea', { name: 'dockerfile', rows: 8, spellcheck: 'false', placeholder: 'FROM debian:bookworm\nRUN apt-get update && apt-get install -y python3' });
   const err = errorBox();
+  // The names this tenant may run in: the catalog's (but `HOST/PATH/*`,
+  // which stands for many) and its own.
+  api('GET', 'v1/images').then((list) => {
+    const names = list.images.filter((i) => !i.name.endsWith('/*')).map((i) => i.name)
+      .concat(list.own.map((i) => i.name));
+    image.append(...names.map((n) => h('option', { value: n }, n)));
+  }).catch(() => {});
   const submit = h('button', { type: 'submit' }, 'Submit');
 
   const groups = {
@@ -652,11 +663,14 @@ function newJob(main) {
       h('label', { class: 'inline' }, cont, 'Continue after a failed step')),
     agent: h('div', {}, h('label', {}, 'Prompt', prompt),
       h('div', { class: 'row' }, h('label', {}, 'Model', model), h('label', {}, 'Max steps', maxSteps))),
+    build: h('div', {}, h('label', {}, 'Image name (kept as one of your images)', buildName),
+      h('label', {}, 'Dockerfile (FROM names an image you may use)', dockerfile)),
   };
   const groupOf = (k) => ({ python: 'code', javascript: 'code', typescript: 'code', gui: 'steps' }[k] ?? k);
   const showGroup = () => {
     for (const [name, el] of Object.entries(groups)) el.hidden = name !== groupOf(kind.value);
     displayRow.hidden = kind.value !== 'gui';
+    imageRow.hidden = kind.value === 'build';
   };
   kind.addEventListener('change', showGroup);
   showGroup();
@@ -665,6 +679,7 @@ function newJob(main) {
     h('h1', {}, 'New job'),
     h('label', {}, 'Kind', kind),
     Object.values(groups),
+    imageRow,
     h('fieldset', {}, h('legend', {}, 'Limits'),
       h('div', { class: 'row' },
         h('label', {}, 'Timeout (s)', timeout),
@@ -692,6 +707,12 @@ function newJob(main) {
       body.prompt = prompt.value;
       if (model.value.trim()) body.model = model.value.trim();
       if (maxSteps.value) body.max_steps = Number(maxSteps.value);
+    }
+    if (g === 'build') {
+      body.name = buildName.value.trim();
+      body.dockerfile = dockerfile.value;
+    } else if (image.value) {
+      body.image = image.value;
     }
     if (timeout.value) body.timeout_secs = Number(timeout.value);
     if (memory.value.trim()) body.memory = memory.value.trim();
@@ -1201,6 +1222,53 @@ async function chat(main, sessionId, signal) {
 
 let current = null; // the shown view's AbortController: leaving a view stops its streams and polls
 
+// The images this tenant may run in: the operator's and its own, which
+// it may delete; a build's log is its job's page.
+function imagesPage(main, signal) {
+  const err = errorBox();
+  const offered = h('tbody');
+  const own = h('tbody');
+  const quota = h('p', { class: 'muted' });
+  main.append(
+    h('div', { class: 'toolbar' }, h('h1', {}, 'Images'), h('span', { class: 'spacer' }),
+      h('a', { class: 'button', href: '#/new' }, 'Build one (a build job)')),
+    err,
+    h('h2', {}, 'Offered by this server'),
+    h('table', { class: 'images' },
+      h('thead', {}, h('tr', {}, ['name', 'default', 'digest', 'size'].map((c) => h('th', {}, c)))), offered),
+    h('h2', {}, 'Yours'),
+    quota,
+    h('table', { class: 'images own' },
+      h('thead', {}, h('tr', {}, ['name', 'from', 'digest', 'size', 'created', ''].map((c) => h('th', {}, c)))), own));
+  const short = (d) => (d ? d.replace(/^sha256:/, '').slice(0, 12) : '');
+  const origin = (o) => {
+    if (o.built) return h('a', { href: `#/jobs/${o.built}` }, 'build');
+    if (o.snapshot) return `snapshot of ${o.snapshot}`;
+    return `pull of ${o.pulled}`;
+  };
+  async function load() {
+    const list = await api('GET', 'v1/images', { signal });
+    offered.replaceChildren(...list.images.map((i) => h('tr', {},
+      h('td', {}, i.name), h('td', {}, i.default ? 'yes' : ''),
+      h('td', { class: 'mono', title: i.stored?.digest ?? '' }, short(i.stored?.digest)),
+      h('td', {}, i.stored ? fmtSize(i.stored.size) : 'not pulled yet'))));
+    if (!list.images.length) offered.append(h('tr', {}, h('td', { colspan: 4, class: 'muted' }, 'None: jobs run on the host\'s root.')));
+    own.replaceChildren(...list.own.map((i) => {
+      const del = h('button', { type: 'button', class: 'secondary' }, 'Delete');
+      del.addEventListener('click', async () => {
+        if (!confirm(`Delete the image ${i.name}?`)) return;
+        try { await api('DELETE', `v1/images/${encodeURIComponent(i.name)}`); await load(); } catch (e) { err.show(e); }
+      });
+      return h('tr', {}, h('td', {}, i.name), h('td', {}, origin(i.origin)),
+        h('td', { class: 'mono', title: i.digest }, short(i.digest)), h('td', {}, fmtSize(i.size)),
+        h('td', {}, fmtTime(new Date(i.created_ms).toISOString())), h('td', {}, del));
+    }));
+    if (!list.own.length) own.append(h('tr', {}, h('td', { colspan: 6, class: 'muted' }, 'None yet: build one with a job of kind build.')));
+    quota.textContent = `${fmtSize(list.quota.used)} in use` + (list.quota.limit ? ` of ${fmtSize(list.quota.limit)}` : '');
+  }
+  return load().catch((e) => err.show(e));
+}
+
 function route() {
   current?.abort();
   current = new AbortController();
@@ -1222,6 +1290,7 @@ function route() {
   if (!page || page === 'jobs') return done(id ? jobPage(main, id, signal) : jobList(main, signal));
   if (page === 'new') return done(newJob(main));
   if (page === 'chat') return done(chat(main, id, signal));
+  if (page === 'images') return done(imagesPage(main, signal));
   main.append(h('p', { class: 'error' }, 'No such page. '), h('a', { href: '#/jobs' }, 'Back to the jobs'));
 }
 

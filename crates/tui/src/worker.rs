@@ -41,9 +41,8 @@ pub enum Request {
 /// or why not. The front end's (it owns the image store).
 /// Saves a sandbox's root as an image: its writable layer's directory,
 /// the overlay's `upper` as the host reads it, the session's id, the name.
-pub type Snapshotter = Arc<
-    dyn Fn(PathBuf, PathBuf, String, Option<String>) -> Result<String, String> + Send + Sync,
->;
+pub type Snapshotter =
+    Arc<dyn Fn(PathBuf, PathBuf, String, Option<String>) -> Result<String, String> + Send + Sync>;
 
 pub enum Update {
     /// The sandbox is up; `network`: its broker's live policy, when the

@@ -13,8 +13,8 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 pub use request::{
-    AgentJob, AllowEntry, Backend, BuildJob, CodeJob, ContextArchive, ComputerAction, JobRequest, Limits, NetworkMode,
-    Screen, ShellJob, Size, Step, StepsJob, Text, read, type_name,
+    AgentJob, AllowEntry, Backend, BuildJob, CodeJob, ComputerAction, ContextArchive, JobRequest,
+    Limits, NetworkMode, Screen, ShellJob, Size, Step, StepsJob, Text, read, type_name,
 };
 
 pub use event::{JobEvent, PolicyChanged, Problem, Stream};
@@ -415,7 +415,9 @@ impl JobRequest {
                     return Err("give a build `context` or `repo`, not both".into());
                 }
                 if j.backend == Some(Backend::Microvm) {
-                    return Err("a build's steps run in native sandboxes: leave out `backend`".into());
+                    return Err(
+                        "a build's steps run in native sandboxes: leave out `backend`".into(),
+                    );
                 }
                 if let Some(args) = &j.build_args
                     && let Some(bad) = args.keys().find(|k| {

@@ -163,6 +163,7 @@ async fn make_workspace(shared: &Shared, id: &str, disk: u64) -> ApiResult<()> {
             {"tool": "computer", "action": "wait", "duration": 1},
             {"tool": "computer", "action": "screenshot"}]}))),
         ("agent" = (summary = "A task for the agent", value = json!({"kind": "agent", "prompt": "Write fizzbuzz.py, run it for 1 to 15 and show the output", "max_steps": 20}))),
+        ("build" = (summary = "An image built from a Dockerfile, kept as one of yours", value = json!({"kind": "build", "name": "py-tools:1", "dockerfile": "FROM debian:bookworm\nRUN apt-get update && apt-get install -y --no-install-recommends python3-pip\nWORKDIR /workspace", "allow": ["@debian"], "timeout_secs": 900}))),
         ("network" = (summary = "A job that may reach the Python registry", value = json!({"kind": "shell", "command": "pip download --no-deps requests -d /tmp/dl", "allow": ["@python"]}))),
     )),
     responses((status = 202, description = "Queued; `Location` names it", body = crate::jobs::JobSummary),

@@ -148,10 +148,10 @@ impl Store {
             )
         };
         let row = sqlx::query(query)
-        .bind(tenant)
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await?;
+            .bind(tenant)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
         row.as_ref().map(from_row).transpose()
     }
 
@@ -172,7 +172,13 @@ impl Store {
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
-            .map(|r| Ok((r.try_get("tenant")?, r.try_get("name")?, r.try_get("digest")?)))
+            .map(|r| {
+                Ok((
+                    r.try_get("tenant")?,
+                    r.try_get("name")?,
+                    r.try_get("digest")?,
+                ))
+            })
             .collect()
     }
 }
