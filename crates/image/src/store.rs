@@ -498,6 +498,17 @@ impl Store {
         touch(&self.layer_dir(diff_id)) && self.layer_dir(diff_id).is_dir()
     }
 
+    /// The blobs the manifest `manifest` (a blob the store holds) names:
+    /// its config and its layers, each with the size its descriptor says.
+    pub fn blobs_of_manifest(&self, manifest: &Digest) -> Result<Vec<(Digest, u64)>, StoreError> {
+        let m: ImageManifest = parse(&self.read_blob(manifest)?, "the manifest")?;
+        check_layer_count(m.layers().len())?;
+        std::iter::once(m.config())
+            .chain(m.layers())
+            .map(|d| Ok((digest_of(d)?, d.size())))
+            .collect()
+    }
+
     /// Makes an image of blobs the store holds: the manifest `manifest`,
     /// its config and its layers (each unpacked unless it is already),
     /// recorded as `name` last.

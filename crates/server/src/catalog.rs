@@ -281,6 +281,9 @@ pub struct Images {
     catalog: ImageCatalog,
     /// None when the server keeps no images: no store is opened.
     store: Option<Store>,
+    /// Where tenants' images go for the other processes of a deployment,
+    /// and come from when this one lacks them.
+    archive: Option<std::sync::Arc<crate::archive::Archive>>,
     /// Builds running in this process: their finished steps' layers are
     /// named by no record until the build ends, so no collection removes
     /// unnamed layers meanwhile, however long the build takes.
@@ -330,8 +333,19 @@ impl Images {
         Ok(Images {
             catalog,
             store,
+            archive: None,
             building: Default::default(),
         })
+    }
+
+    /// Shares tenants' images through `archive` (see
+    /// `crate::archive::Archive::put_image`).
+    pub fn with_archive(
+        mut self,
+        archive: Option<std::sync::Arc<crate::archive::Archive>>,
+    ) -> Self {
+        self.archive = archive;
+        self
     }
 
     pub fn catalog(&self) -> &ImageCatalog {
@@ -497,6 +511,7 @@ impl Images {
         let store = self.store()?.clone();
         let record = own_record(tenant, name.as_str());
         let kept = put.is_ok();
+        let image_manifest = image.manifest;
         let moved = tokio::task::spawn_blocking(move || {
             let moved = if kept {
                 store.import_blobs(&image.manifest, &record).map(|_| ())
@@ -514,6 +529,13 @@ impl Images {
                 moved
                     .map_err(|e| internal(e.to_string()))?
                     .map_err(|e| internal(e.to_string()))?;
+                if let Some(archive) = &self.archive {
+                    // The other processes' way to it; this one has it.
+                    let store = self.store()?;
+                    if let Err(e) = archive.put_image(store, &image_manifest).await {
+                        tracing::warn!(image = %own.name, "not shared through the archive: {e}");
+                    }
+                }
                 Ok(own)
             }
             Err(crate::store::StoreError::Refused(why)) => Err(ApiError::new(
@@ -549,6 +571,43 @@ impl Images {
                 )),
             }
         }
+    }
+
+    /// A tenant's image as this process's store has it, brought from the
+    /// archive first if it lacks it (one download however many jobs wait:
+    /// they take the store's lock for it in turn).
+    async fn own_here(&self, store: &Store, record: &str, digest: &str) -> Result<Image, String> {
+        let here = |s: &Store| {
+            s.get(record)
+                .filter(|i| i.name == record && i.manifest.to_string() == digest)
+        };
+        if let Some(image) = here(store) {
+            return Ok(image);
+        }
+        let Some(archive) = &self.archive else {
+            return Err(
+                "it was made by another of this server's processes, and the \
+                        deployment has no archive to share it through"
+                    .into(),
+            );
+        };
+        let manifest: cordon_image::Digest = digest
+            .parse()
+            .map_err(|e| format!("its digest {digest}: {e}"))?;
+        let _lock = {
+            let (store, record) = (store.clone(), record.to_string());
+            tokio::task::spawn_blocking(move || store.lock(&record))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?
+        };
+        if let Some(image) = here(store) {
+            return Ok(image);
+        }
+        archive
+            .get_image(store, &manifest, record)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// Keeps collections from removing unnamed layers until dropped: held
@@ -626,15 +685,10 @@ impl Images {
             )
             .await
             .map_err(|e| format!("image {shown}: {e}"))?,
-            Resolved::Own { record, digest } => store
-                .get(&record)
-                .filter(|i| i.name == record && i.manifest.to_string() == digest)
-                .ok_or_else(|| {
-                    format!(
-                        "image {shown} was made on another of this server's processes and is \
-                         not in this one's store"
-                    )
-                })?,
+            Resolved::Own { record, digest } => self
+                .own_here(store, &record, &digest)
+                .await
+                .map_err(|e| format!("image {shown}: {e}"))?,
         };
         let (store, for_root) = (store.clone(), image.clone());
         let root = tokio::task::spawn_blocking(move || store.sandbox_root(&for_root, None))

@@ -186,7 +186,7 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
             let archive = crate::archive::Archive::open(url)?;
             archive.probe(&worker).await?;
             tracing::info!("finished jobs are kept in {url}");
-            Some(archive)
+            Some(Arc::new(archive))
         }
         None => None,
     };
@@ -198,7 +198,8 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
             .or_else(cordon_image::store::default_root)
             .as_deref(),
     )
-    .map_err(ServeError::Images)?;
+    .map_err(ServeError::Images)?
+    .with_archive(archive.clone());
     let shared = Arc::new(Shared::new(
         config, store, ceilings, images, worker, archive,
     ));

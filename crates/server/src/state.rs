@@ -98,7 +98,7 @@ impl Shared {
         ceilings: Ceilings,
         images: crate::catalog::Images,
         worker: String,
-        archive: Option<crate::archive::Archive>,
+        archive: Option<Arc<crate::archive::Archive>>,
     ) -> Shared {
         let caps = Arc::new(crate::caps::SessionCaps::new(
             config.sessions_per_tenant,
@@ -115,7 +115,6 @@ impl Shared {
         let policies = LivePolicies::default();
         let sandboxes = Arc::new(Sandboxes::default());
         let metrics = Arc::new(crate::metrics::Metrics::default());
-        let archive = archive.map(Arc::new);
         let cut_short = Arc::new(std::sync::OnceLock::new());
         let runner = Runner::new(
             &config,

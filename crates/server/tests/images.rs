@@ -747,3 +747,59 @@ async fn an_image_past_the_quota_is_refused_and_not_kept() {
         .collect();
     assert!(records.is_empty(), "{records:?}");
 }
+
+/// In a deployment of many processes, an image one process built reaches
+/// a worker that lacks it through the archive, downloaded once however
+/// many of its jobs wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_image_reaches_another_worker_through_the_archive() {
+    let layout = tempfile::tempdir().unwrap();
+    tiny_image(layout.path(), "cordon-shared");
+    let shared = tempfile::tempdir().unwrap();
+    let archive: cordon_server::archive::ArchiveUrl =
+        format!("file://{}", shared.path().join("archive").display())
+            .parse()
+            .unwrap();
+    let db = shared.path().join("server.db").display().to_string();
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let tune = |dir: &Path| {
+        let (archive, store) = (archive.clone(), dir.join("images"));
+        let source = format!("tiny=oci:{}:v1", layout.path().display());
+        move |c: &mut cordon_server::ServerConfig| {
+            c.images = catalog(&[source]);
+            c.image_store = Some(store);
+            c.archive = Some(archive);
+        }
+    };
+    let s = TestServer::start_at(one.path(), &db, tune(one.path())).await;
+    let t = s.token("acme").await;
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "build", "name": "env", "dockerfile": "FROM tiny\nRUN echo made-once > /made\n"}),
+        )
+        .await;
+    let job = s.wait(&t, &id).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    s.stop().await;
+
+    let s = TestServer::start_at(two.path(), &db, tune(two.path())).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(
+            s.submit(
+                &t,
+                json!({"kind": "shell", "image": "env", "command": "cat /made"}),
+            )
+            .await,
+        );
+    }
+    for id in &ids {
+        let job = s.wait(&t, id).await;
+        assert_eq!(job["state"], "succeeded", "{job}");
+        assert_eq!(job["stdout"], "made-once\n");
+    }
+    let store = cordon_image::store::Store::open(&two.path().join("images")).unwrap();
+    let records: Vec<String> = store.list().into_iter().map(|i| i.name).collect();
+    assert!(records.contains(&"@acme/env".to_string()), "{records:?}");
+}

@@ -35,6 +35,8 @@ use tokio::io::AsyncWriteExt;
 
 use cordon_tools::{Workspace, WorkspaceError, WsPath};
 
+mod images;
+
 /// The index format this build writes and reads.
 const INDEX_VERSION: u32 = 1;
 
