@@ -1257,7 +1257,7 @@ function imagesPage(main, signal) {
       const del = h('button', { type: 'button', class: 'secondary' }, 'Delete');
       del.addEventListener('click', async () => {
         if (!confirm(`Delete the image ${i.name}?`)) return;
-        try { await api('DELETE', `v1/images/${encodeURIComponent(i.name)}`); await load(); } catch (e) { err.show(e); }
+        try { await api('DELETE', `v1/images/${enc(i.name)}`, { raw: true }); await load(); } catch (e) { err.show(e); }
       });
       return h('tr', {}, h('td', {}, i.name), h('td', {}, origin(i.origin)),
         h('td', { class: 'mono', title: i.digest }, short(i.digest)), h('td', {}, fmtSize(i.size)),

@@ -164,6 +164,26 @@ try {
   await page.locator(`tr[data-id="${jobId}"]`).waitFor();
   await page.selectOption('select[aria-label=state]', '');
 
+  step('a build job from the form; the Images page lists its image, the form offers it, and it can be deleted');
+  await page.click('a[data-nav=new]');
+  await page.selectOption('select[name=kind]', 'build');
+  assert.ok(await page.locator('select[name=image]').isHidden(), 'a build offered an image to run in');
+  await page.fill('input[name=name]', 'ui-env:1');
+  await page.fill('textarea[name=dockerfile]', 'FROM scratch\nLABEL made.by=the-web-ui\n');
+  await page.click('form.job-form button[type=submit]');
+  await page.waitForURL(/#\/jobs\/job_/);
+  await page.locator('.toolbar .badge.state-succeeded').waitFor();
+  await page.locator('pre.output', { hasText: '[stage 1] FROM scratch' }).waitFor();
+  await page.click('a[data-nav=images]');
+  await page.locator('table.own tr', { hasText: 'ui-env:1' }).getByText('build').waitFor();
+  await shot(page, 'images');
+  await page.click('a[data-nav=new]');
+  await page.locator('select[name=image] option[value="ui-env:1"]').waitFor({ state: 'attached' });
+  await page.click('a[data-nav=images]');
+  page.once('dialog', (d) => d.accept());
+  await page.locator('table.own tr', { hasText: 'ui-env:1' }).getByText('Delete').click();
+  await page.getByText('None yet').waitFor();
+
   step('a dropped connection resumes where it stopped');
   await page.click('a[data-nav=new]');
   await page.fill('textarea[name=command]', 'for i in $(seq 1 8); do echo line-$i; sleep 0.4; done');
