@@ -19,7 +19,8 @@
 //! - Shared parts, each with its own type: `caps` (live-session caps),
 //!   `files` (the files API over a workspace), `network` (ceilings and
 //!   live policies), `repos` (reaching a job's repository for its
-//!   tenant), `catalog` (the images tenants may name, made roots),
+//!   tenant), `catalog` (the images tenants may name, their own among
+//!   them, made roots; their quota and garbage collection),
 //!   `sandboxes` (the live sandboxes by owner, and their Labs), `desktop` (the live view's bridge), `lab` (the Lab's
 //!   opening and bearer route), `live` (the sessions live in this
 //!   process).
@@ -34,7 +35,8 @@
 //!   worker's check of what it is sent.
 //! - Resources, one module each: `health`, `ui`, `docs`, `mcp`, `jobs`,
 //!   `sessions`, `tokens`, `credentials` (the tenants' git logins),
-//!   `tenants`, `images` (the catalog as a tenant sees it).
+//!   `tenants`, `images` (the catalog as a tenant sees it, and the
+//!   tenant's own images: pulled, snapshotted, built by `build` jobs).
 //! - On top: `openapi` (the document, from the resources' types and
 //!   paths), `routes` (the router), `worker` (claims, leases, heartbeats,
 //!   and settling a dead worker's jobs), `server` (start and listen).
