@@ -380,14 +380,15 @@ async fn push(store: &Store, name: &str, target: Option<&str>) -> i32 {
 /// `session-ID`.
 pub fn commit(store: &Store, session: &str, name: Option<String>) -> Result<Image, String> {
     let dir = cordon_build::commit::find_live(store, session).map_err(|e| e.to_string())?;
-    let upper = dir.join("upper");
-    if !upper.is_dir() && dir.join(cordon_sandbox::DISK_FILE).exists() {
-        return Err(
-            "the session's root is on a disk of its own (root gave it one for --disk), which \
-             only its own process reaches: use /snapshot in its terminal UI"
-                .into(),
-        );
-    }
+    // Written by cordon beside the layer, where no sandbox writes.
+    let supervisor = std::fs::read_to_string(dir.join(cordon_sandbox::SUPERVISOR_FILE))
+        .ok()
+        .and_then(|t| t.trim().parse().ok());
+    let upper = cordon_sandbox::live_upper(&dir, supervisor).ok_or_else(|| {
+        "the session's root changes cannot be read from here (its sandbox is a microVM, or \
+         has ended)"
+            .to_string()
+    })?;
     commit_in(store, &dir, &upper, session, name)
 }
 

@@ -741,7 +741,9 @@ fn bang_commands_at_paths_saved_approvals_and_the_full_screen_picker() {
 /// The agent installs a package in its image; `/snapshot` keeps it, and so
 /// does `cordon image commit` of the running session from another shell.
 /// Both images start with the package there and the network off; neither
-/// has the workspace in it.
+/// has the workspace in it. Under a disk budget, root's sandbox keeps its
+/// root's changes on a disk of its own, mounted where no host process sees
+/// it: both reach it all the same.
 #[test]
 fn a_snapshot_keeps_what_the_agent_installed() {
     let Some(minimal) = cordon_testkit::environments::environment("minimal") else {
@@ -765,7 +767,7 @@ fn a_snapshot_keeps_what_the_agent_installed() {
             ),
     );
     let cmd = format!(
-        "cd {ws} && {cordon} chat --image oci:{image}:latest --allow @debian; \
+        "cd {ws} && {cordon} chat --image oci:{image}:latest --allow @debian --disk 2G; \
          echo EXIT=$?; sleep 600",
         ws = ws.path().display(),
         image = minimal.display(),

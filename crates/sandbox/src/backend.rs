@@ -236,6 +236,28 @@ pub const IDS_FILE: &str = "ids";
 
 /// A writable layer's disk in its directory (root's, under a budget).
 pub const DISK_FILE: &str = "layer.ext4";
+/// In a writable layer's directory: the host pid of the sandbox's outer
+/// supervisor, which holds a descriptor on the layer's disk.
+pub const SUPERVISOR_FILE: &str = "supervisor";
+
+/// The overlay `upper` directory of the writable layer in `dir`, where the
+/// host can read it while the sandbox runs: in `dir`, or, when root gave
+/// the layer a disk (mounted in a mount namespace no host process sees),
+/// through the descriptor the sandbox's outer supervisor `supervisor`
+/// holds on the disk's root (`/proc/PID/fd/N`: a process of cordon's,
+/// which the sandbox cannot reach).
+pub fn live_upper(dir: &Path, supervisor: Option<i32>) -> Option<std::path::PathBuf> {
+    let plain = dir.join("upper");
+    if plain.is_dir() {
+        return Some(plain);
+    }
+    let fds = Path::new("/proc").join(supervisor?.to_string()).join("fd");
+    std::fs::read_dir(fds).ok()?.flatten().find_map(|e| {
+        let at = e.path();
+        let upper = at.join("upper");
+        (upper.is_dir() && at.join("work").is_dir()).then_some(upper)
+    })
+}
 /// Where e2fsprogs is looked for: the host's, never the caller's `PATH`.
 const TOOL_PATH: &str = "/usr/sbin:/sbin:/usr/bin:/bin";
 

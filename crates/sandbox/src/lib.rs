@@ -59,7 +59,9 @@ mod subids;
 pub mod supervisor;
 pub mod volume;
 
-pub use backend::{Backend, DISK_FILE, IMAGE_FILE, ImageIds, LABEL_FILE};
+pub use backend::{
+    Backend, DISK_FILE, IMAGE_FILE, ImageIds, LABEL_FILE, SUPERVISOR_FILE, live_upper,
+};
 pub use cache::cache_dir;
 pub use config::{
     Accel, BackendKind, BindMount, BuildStep, CONTROL_FILES, DISPLAY, Display, MIB, Network,

@@ -259,6 +259,14 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let (host, child_end) = std::os::unix::net::UnixStream::pair()?;
     let pid = services.with_sandbox_end(|svc| spawn_supervisor(config, child_end.into(), svc))?;
     services.launched();
+    if let Some(layer) = &scratch {
+        // Where `cordon image commit` from another process finds the
+        // layer's disk (see `live_upper`).
+        std::fs::write(
+            layer.dir().join(crate::backend::SUPERVISOR_FILE),
+            pid.to_string(),
+        )?;
+    }
     let lifecycle = NativeLifecycle {
         pid,
         reaped: Mutex::new(false),

@@ -435,29 +435,14 @@ impl Sandbox {
     }
 
     /// A native image sandbox's overlay `upper` directory, where the host
-    /// can read it while the sandbox runs: in its writable layer's
-    /// directory, or, when root gave the layer a disk (mounted where no
-    /// host process sees it), through the descriptor the sandbox's outer
-    /// supervisor holds on the disk's root (`/proc/PID/fd/N`, a process of
-    /// cordon's that the sandbox cannot reach). None for a microVM, or a
-    /// sandbox on the host's root.
+    /// can read it while the sandbox runs (see [`crate::live_upper`]).
+    /// None for a microVM, or a sandbox on the host's root.
     pub fn writable_upper(&self) -> Option<std::path::PathBuf> {
-        let dir = self.writable_layer_dir()?;
-        let plain = dir.join("upper");
-        if plain.is_dir() {
-            return Some(plain);
-        }
         if self.info().backend != "native" {
             return None;
         }
-        let fds = std::path::Path::new("/proc")
-            .join(self.inner.lifecycle.host_pid().to_string())
-            .join("fd");
-        std::fs::read_dir(fds).ok()?.flatten().find_map(|e| {
-            let at = e.path();
-            let upper = at.join("upper");
-            (upper.is_dir() && at.join("work").is_dir()).then_some(upper)
-        })
+        let dir = self.writable_layer_dir()?;
+        crate::live_upper(&dir, Some(self.inner.lifecycle.host_pid()))
     }
 
     /// Records what the front end calls this sandbox (a session's id)
