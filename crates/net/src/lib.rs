@@ -19,18 +19,20 @@
 //!   it takes, up to [`BrokerConfig::max_hello_bytes`]) whose SNI equals the
 //!   name; no SNI, another name, or no TLS closes the tunnel. A `CONNECT` to
 //!   an IP literal (which needed an explicit IP rule) is not inspected.
-//! - **Plain HTTP** is forwarded one request per upstream connection (with
-//!   `Connection: close` upstream; the sandbox's own connection stays
-//!   keep-alive), to the origin-form path, with `Host` set to the checked
-//!   host and hop-by-hop and `Proxy-*` headers removed. `https://` in
-//!   absolute form and `Upgrade` are refused: use CONNECT.
+//! - **Plain HTTP** is forwarded to the origin-form path, with `Host` set
+//!   to the checked host and hop-by-hop and `Proxy-*` headers removed. A
+//!   sandbox connection's upstream connection is kept for its next request
+//!   to the same host and port, once the policy allows that request too
+//!   and the connection is idle (hyper frames each response); any other
+//!   request ends it. `https://` in absolute form and `Upgrade` are
+//!   refused: use CONNECT.
 //! - **Bounded.** Request heads are capped ([`BrokerConfig::max_header_bytes`]),
 //!   header reads, connects, the ClientHello and idle tunnels are timed,
 //!   data flows through fixed buffers with backpressure, and at most
 //!   [`BrokerConfig::max_connections`] streams are served at once; past that
 //!   a stream gets `503` and is closed.
-//! - **Everything is reported.** Each CONNECT and each plain request ends in
-//!   one [`NetEvent`] (decision, closed [`Reason`], bytes, duration, and a
+//! - **Everything is reported.** Each CONNECT and each plain upstream
+//!   connection (its requests to one host) ends in one [`NetEvent`] (decision, closed [`Reason`], bytes, duration, and a
 //!   line for the model). A refusal before the tunnel opens answers `403`
 //!   with that line: `network: HOST:PORT refused by policy (allowed: ...)`.
 //! - **Secrets stay outside.** With an [`Intercept`], tunnels to a secret's

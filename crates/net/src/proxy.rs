@@ -162,13 +162,17 @@ impl Broker {
             return;
         };
         let slot: Arc<Mutex<Option<Tunnel>>> = Arc::default();
+        // The upstream connection of this stream's last plain request,
+        // for its next one to the same host and port.
+        let kept: Arc<Mutex<Option<forward::Kept>>> = Arc::default();
         let svc = {
             let inner = inner.clone();
             let slot = slot.clone();
             service_fn(move |req| {
                 let inner = inner.clone();
                 let slot = slot.clone();
-                async move { Ok::<_, Infallible>(inner.handle(req, &slot).await) }
+                let kept = kept.clone();
+                async move { Ok::<_, Infallible>(inner.handle(req, &slot, &kept).await) }
             })
         };
         let mut builder = hyper::server::conn::http1::Builder::new();
@@ -353,6 +357,7 @@ impl Inner {
         self: &Arc<Self>,
         req: Request<Incoming>,
         slot: &Mutex<Option<Tunnel>>,
+        kept: &Mutex<Option<forward::Kept>>,
     ) -> Response<Body> {
         if req.method() == Method::CONNECT {
             let Some(auth) = req.uri().authority().cloned() else {
@@ -382,7 +387,7 @@ impl Inner {
                 Err(resp) => resp,
             }
         } else {
-            self.forward(req).await
+            self.forward(req, kept).await
         }
     }
 

@@ -136,6 +136,56 @@ async fn wildcards_match_below_the_name_only() {
     assert_eq!(b.event().await.reason, Reason::NotListed);
 }
 
+/// A sandbox connection's requests to one host share one upstream
+/// connection (apt's hundreds of downloads would each pay a connect), each
+/// reported on its own; the policy still decides every request, and one
+/// it refuses ends the kept connection.
+#[tokio::test]
+async fn one_upstream_connection_serves_a_streams_requests_each_checked() {
+    use std::sync::atomic::Ordering;
+    let (port, accepted) = http_server_counted().await;
+    let allowed = policy(&[format!("upstream.test:{port}")], true);
+    let mut b = TestBroker::start(allowed.clone(), BrokerConfig::default()).await;
+    let s = TcpStream::connect(b.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(s))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut get = async |path: &str| {
+        let req = hyper::Request::get(format!("http://upstream.test:{port}{path}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    for i in 0..3 {
+        let (status, body) = get(&format!("/{i}")).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.starts_with(&format!("GET /{i} ")), "{body}");
+        let ev = b.event().await;
+        assert_eq!(
+            (ev.decision, ev.reason),
+            (Decision::Allowed, Reason::Listed)
+        );
+        assert!(ev.bytes_up > 0 && ev.bytes_down > 0, "{ev:?}");
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    // Refused on the same stream, while its upstream connection is kept.
+    b.broker
+        .policy()
+        .set(policy(&["upstream.test:1".into()], true));
+    assert_eq!(get("/refused").await.0, 403);
+    assert_eq!(b.event().await.reason, Reason::PortNotListed);
+    // Allowed again: a new upstream connection, the old one ended.
+    b.broker.policy().set(allowed);
+    assert_eq!(get("/again").await.0, 200);
+    assert_eq!(b.event().await.reason, Reason::Listed);
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn a_policy_change_applies_to_the_next_request() {
     let port = http_server().await;

@@ -1,6 +1,126 @@
-//! Plain HTTP: one absolute-form request forwarded per upstream connection.
+//! Plain HTTP: absolute-form requests forwarded in origin form. The
+//! upstream connection of a sandbox stream's request is kept for that
+//! stream's next request to the same host and port (a package manager's
+//! hundreds of small downloads would each pay a new connection otherwise),
+//! after the policy is checked again for it; hyper frames every response,
+//! so one cannot run into the next.
+
+use hyper::body::Body as _;
+use hyper::client::conn::http1::SendRequest;
 
 use super::*;
+
+/// How long a kept upstream connection may take to show it is idle.
+const REUSE_WAIT: Duration = Duration::from_secs(1);
+
+/// An upstream connection kept for the next plain request.
+pub(super) struct Kept {
+    host: Host,
+    port: u16,
+    addr: SocketAddr,
+    sender: SendRequest<Incoming>,
+    /// The connection's bytes, of which each request reports its own.
+    meter: Arc<Meter>,
+}
+
+/// A forwarded response's body, which reports its request when it ends:
+/// read whole (`Listed`), or cut short (`Broken`, `BrokerClosed`).
+struct Reported {
+    body: Incoming,
+    report: Option<Report>,
+}
+
+/// What a request's event says, known when its response began.
+struct Report {
+    inner: Arc<Inner>,
+    host: String,
+    port: u16,
+    method: String,
+    started: Instant,
+    addr: SocketAddr,
+    meter: Arc<Meter>,
+    /// The connection's totals when the request began.
+    base: (u64, u64),
+}
+
+impl Reported {
+    fn finish(&mut self, whole: bool) {
+        let Some(r) = self.report.take() else {
+            return;
+        };
+        let closed = *r.inner.closed.borrow();
+        let reason = match (whole, closed) {
+            (true, _) => Reason::Listed,
+            (false, true) => Reason::BrokerClosed,
+            (false, false) => Reason::Broken,
+        };
+        let (up, down) = r.meter.totals();
+        let (up, down) = (up.saturating_sub(r.base.0), down.saturating_sub(r.base.1));
+        let line = if whole {
+            format!(
+                "network: {}:{} allowed ({up} bytes up, {down} down)",
+                r.host, r.port
+            )
+        } else {
+            format!(
+                "network: {}:{} allowed, connection broken ({up} bytes up, {down} down)",
+                r.host, r.port
+            )
+        };
+        let s = Subject {
+            host: &r.host,
+            port: r.port,
+            method: &r.method,
+            started: r.started,
+        };
+        let mut ev = r.inner.event(
+            &s,
+            Decision::Allowed,
+            reason,
+            Some(r.addr),
+            None,
+            line,
+            false,
+        );
+        (ev.bytes_up, ev.bytes_down) = (up, down);
+        r.inner.send(ev);
+    }
+}
+
+impl hyper::body::Body for Reported {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            std::task::Poll::Ready(None) => self.finish(true),
+            std::task::Poll::Ready(Some(Err(_))) => self.finish(false),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Reported {
+    fn drop(&mut self) {
+        // A body the server never polled to its end because it had none
+        // (204, HEAD) was whole all the same.
+        let whole = self.body.is_end_stream();
+        self.finish(whole);
+    }
+}
 
 /// Headers that belong to one hop and are never forwarded.
 const HOP_BY_HOP: [&str; 9] = [
@@ -79,8 +199,32 @@ pub fn mark_websocket_upgrade(headers: &mut HeaderMap) {
 }
 
 impl Inner {
+    /// The kept upstream connection, if it goes to `host:port`, the policy
+    /// still allows that (and its address, for a name), and it is idle.
+    /// Any other is dropped, which ends it.
+    async fn reuse(&self, kept: &Mutex<Option<Kept>>, host: &Host, port: u16) -> Option<Kept> {
+        let mut k = kept.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        if k.host != *host || k.port != port {
+            return None;
+        }
+        let policy = self.policy.load();
+        let permitted = policy.check(host, port).is_ok()
+            && (matches!(host, Host::Ip(_)) || policy.address_permitted(k.addr.ip(), port));
+        if !permitted {
+            return None;
+        }
+        match tokio::time::timeout(REUSE_WAIT, k.sender.ready()).await {
+            Ok(Ok(())) => Some(k),
+            _ => None,
+        }
+    }
+
     /// Forwards one absolute-form plain HTTP request.
-    pub(super) async fn forward(self: &Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+    pub(super) async fn forward(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        kept: &Mutex<Option<Kept>>,
+    ) -> Response<Body> {
         let method = req.method().to_string();
         let uri = req.uri().clone();
         match uri.scheme_str() {
@@ -114,13 +258,9 @@ impl Inner {
                 return self.bad_request(&method, &format!("host {:?}: {why}", auth.host()));
             }
         };
-        let opened = match self.open(host, port, &method).await {
-            Ok(o) => o,
-            Err(resp) => return resp,
-        };
         let (mut parts, body) = req.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        let host_s = opened.host.to_string();
+        let host_s = host.to_string();
         let host_header = if port == 80 {
             host_s.clone()
         } else {
@@ -130,91 +270,123 @@ impl Inner {
             return self.bad_request(&method, "unusable host");
         };
         parts.headers.insert(header::HOST, host_value);
-        parts
-            .headers
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
         parts.uri = uri
             .path_and_query()
             .map(|pq| pq.as_str())
             .unwrap_or("/")
             .parse::<Uri>()
             .unwrap_or_else(|_| Uri::from_static("/"));
-        let meter = Meter::new();
-        let io = TokioIo::new(Counted::new(opened.stream, meter.clone()));
-        let (addr, started) = (opened.addr, opened.started);
-        let (mut sender, conn) =
-            match hyper::client::conn::http1::handshake::<_, Incoming>(io).await {
-                Ok(x) => x,
-                Err(e) => {
-                    let s = Subject {
-                        host: &host_s,
-                        port,
-                        method: &method,
-                        started,
-                    };
-                    let line = format!("network: {host_s}:{port} failed: {e}");
-                    self.emit(
-                        &s,
-                        Decision::Failed,
-                        Reason::Broken,
-                        Some(addr),
-                        Some(&meter),
-                        line.clone(),
-                    );
-                    return text(StatusCode::BAD_GATEWAY, &line);
-                }
-            };
-        // The upstream connection is driven on its own task so the
-        // response body can stream; its end is the request's end.
+        let mut upstream = match self.reuse(kept, &host, port).await {
+            Some(k) => k,
+            None => match self.connect_upstream(host, port, &method).await {
+                Ok(k) => k,
+                Err(resp) => return resp,
+            },
+        };
+        let started = Instant::now();
+        let base = upstream.meter.totals();
+        match upstream
+            .sender
+            .send_request(Request::from_parts(parts, body))
+            .await
         {
-            let inner = self.clone();
-            let meter = meter.clone();
-            let (host_s, method) = (host_s.clone(), method.clone());
-            tokio::spawn(async move {
-                let reason = tokio::select! {
-                    r = conn => if r.is_ok() { Reason::Listed } else { Reason::Broken },
-                    _ = meter.idle(inner.config.idle_timeout) => Reason::Timeout,
-                    _ = inner.closed() => Reason::BrokerClosed,
+            Ok(resp) => {
+                let report = Report {
+                    inner: self.clone(),
+                    host: host_s,
+                    port,
+                    method,
+                    started,
+                    addr: upstream.addr,
+                    meter: upstream.meter.clone(),
+                    base,
                 };
-                let (up, down) = meter.totals();
-                let line = match reason {
-                    Reason::Listed => {
-                        format!("network: {host_s}:{port} allowed ({up} bytes up, {down} down)")
-                    }
-                    Reason::Timeout => format!(
-                        "network: {host_s}:{port} closed after {}s idle",
-                        inner.config.idle_timeout.as_secs()
-                    ),
-                    _ => format!(
-                        "network: {host_s}:{port} allowed, connection broken ({up} bytes up, {down} down)"
-                    ),
+                *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(upstream);
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                let body = Reported {
+                    body,
+                    report: Some(report),
                 };
+                Response::from_parts(parts, body.boxed())
+            }
+            Err(e) => {
                 let s = Subject {
                     host: &host_s,
                     port,
                     method: &method,
                     started,
                 };
-                inner.emit(
+                let line = format!("network: {host_s}:{port} failed: {e}");
+                self.emit(
                     &s,
-                    Decision::Allowed,
-                    reason,
+                    Decision::Failed,
+                    Reason::Broken,
+                    Some(upstream.addr),
+                    None,
+                    line.clone(),
+                );
+                text(StatusCode::BAD_GATEWAY, &line)
+            }
+        }
+    }
+
+    /// Opens an upstream connection for a plain request (the policy
+    /// checked, the name resolved), driven on its own task, which reports
+    /// it when it ends.
+    async fn connect_upstream(
+        self: &Arc<Self>,
+        host: Host,
+        port: u16,
+        method: &str,
+    ) -> Result<Kept, Response<Body>> {
+        let opened = self.open(host, port, method).await?;
+        let host_s = opened.host.to_string();
+        let method = method.to_string();
+        let meter = Meter::new();
+        let io = TokioIo::new(Counted::new(opened.stream, meter.clone()));
+        let (addr, started) = (opened.addr, opened.started);
+        let (sender, conn) = match hyper::client::conn::http1::handshake::<_, Incoming>(io).await {
+            Ok(x) => x,
+            Err(e) => {
+                let s = Subject {
+                    host: &host_s,
+                    port,
+                    method: &method,
+                    started,
+                };
+                let line = format!("network: {host_s}:{port} failed: {e}");
+                self.emit(
+                    &s,
+                    Decision::Failed,
+                    Reason::Broken,
                     Some(addr),
                     Some(&meter),
-                    line,
+                    line.clone(),
                 );
+                return Err(text(StatusCode::BAD_GATEWAY, &line));
+            }
+        };
+        // The upstream connection is driven on its own task so the
+        // response body can stream; each request reports itself (see
+        // `Reported`). An idle connection ends after the idle timeout.
+        {
+            let inner = self.clone();
+            let meter = meter.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = conn => {}
+                    _ = meter.idle(inner.config.idle_timeout) => {}
+                    _ = inner.closed() => {}
+                }
             });
         }
-        match sender.send_request(Request::from_parts(parts, body)).await {
-            Ok(resp) => {
-                let (mut parts, body) = resp.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, body.boxed())
-            }
-            Err(e) => text(
-                StatusCode::BAD_GATEWAY,
-                &format!("network: {host_s}:{port} failed: {e}"),
-            ),
-        }
+        Ok(Kept {
+            host: opened.host,
+            port,
+            addr,
+            sender,
+            meter,
+        })
     }
 }

@@ -153,10 +153,18 @@ pub async fn tls_echo_server(config: Arc<ServerConfig>) -> u16 {
 /// A plain HTTP server answering `METHOD PATH host=HOST proxy-auth=BOOL
 /// body=BODY`.
 pub async fn http_server() -> u16 {
+    http_server_counted().await.0
+}
+
+/// [`http_server`], with the count of connections it accepted.
+pub async fn http_server_counted() -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
     let l = TcpListener::bind((LOOPBACK, 0)).await.unwrap();
     let port = l.local_addr().unwrap().port();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(|req: hyper::Request<Incoming>| async move {
                     let line = format!(
@@ -186,7 +194,7 @@ pub async fn http_server() -> u16 {
             });
         }
     });
-    port
+    (port, accepted)
 }
 
 /// Sends `CONNECT authority` and reads the response head; returns the
