@@ -504,6 +504,7 @@ async fn a_tenants_own_images(db: Db) {
         (json!({"name": "x", "pull": "tiny"}), 400),
         (json!({"name": "tiny", "pull": reference}), 409),
         (json!({"name": digest, "pull": reference}), 400),
+        (json!({"name": "x#pending-0", "pull": reference}), 400),
         (json!({"name": "x"}), 400),
         (
             json!({"name": "x", "pull": reference, "session": "ses_1"}),

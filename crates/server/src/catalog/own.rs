@@ -50,6 +50,10 @@ impl Images {
                 "an image's name may not be a digest: jobs name an image by its digest anyway",
             ));
         }
+        // `#` marks the store's records of images being made.
+        if name.as_str().contains('#') {
+            return Err(ApiError::bad_request("an image's name may not contain `#`"));
+        }
         if self.catalog.source(tenant, name.as_str()).is_ok() {
             return Err(conflict(format!(
                 "{} is a name this server's catalog offers you: choose another",
