@@ -20,6 +20,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use utoipa::ToSchema;
 
 use crate::catalog::{OfferedImage, own_record};
@@ -101,7 +102,7 @@ pub(crate) async fn list_images(
 
 #[utoipa::path(post, path = "/v1/images", tag = "images", summary = "Pull an image, or snapshot a sandbox, as one of the tenant's own",
     description = "`pull`: a registry reference the catalog offers this tenant (`GET /v1/images`), pulled now and kept under `name`. `session` or `job`: the root changes of that running sandbox of the tenant's (what its commands installed; not its workspace) as a new image on top of the one it runs in. To build one from a Dockerfile, post a job of kind `build` (`POST /v1/jobs`). The tenant's images together may take at most the operator's quota.",
-    request_body = NewImage,
+    request_body(content = NewImage, example = json!({"name": "base", "pull": "registry.example:5000/team/base:1"})),
     responses((status = 201, body = OwnImage),
               (status = 400, description = "Not exactly one of pull, session and job; a bad name; a sandbox that is not on an image", body = crate::http::ErrorResponse),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
@@ -136,7 +137,7 @@ pub(crate) async fn create_image(
 #[utoipa::path(post, path = "/v1/sessions/{id}/snapshot", tag = "images", summary = "Save a session's sandbox as an image",
     description = "The root changes of the session's running sandbox (what the agent installed; not its workspace, which stays the session's) as a new image of the tenant's on top of the session's image, under `name`. The same as `POST /v1/images` with `session`.",
     params(("id" = String, Path)),
-    request_body = SnapshotRequest,
+    request_body(content = SnapshotRequest, example = json!({"name": "after-setup"})),
     responses((status = 201, body = OwnImage),
               (status = 400, description = "A bad name, or a session on the host's root", body = crate::http::ErrorResponse),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),

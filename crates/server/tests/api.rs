@@ -1098,10 +1098,24 @@ async fn every_request_body_s_first_example_is_accepted() {
         let r = request.send().await.unwrap();
         let status = r.status().as_u16();
         let body = r.text().await.unwrap();
-        assert!(
-            (200..300).contains(&status),
-            "{method} {url}: {status} {body}"
-        );
+        // Taken as a request, then refused for what this server lacks (the
+        // images tests give them what they need): a registry its catalog
+        // opens, a session on an image rather than the host's root.
+        let refused_for_state = match (method.as_str(), path.as_str()) {
+            ("post", "/v1/images") => Some((403, "forbidden")),
+            ("post", "/v1/sessions/{id}/snapshot") => Some((400, "host's root")),
+            _ => None,
+        };
+        match refused_for_state {
+            Some((want, code)) => assert!(
+                status == want && body.contains(code),
+                "{method} {url}: {status} {body}"
+            ),
+            None => assert!(
+                (200..300).contains(&status),
+                "{method} {url}: {status} {body}"
+            ),
+        }
     }
     let (status, _) = s.delete(&t, &format!("/v1/jobs/{job}")).await;
     assert!((200..300).contains(&status) || status == 409);
