@@ -158,7 +158,10 @@ async fn a_job_runs_in_an_image_the_operator_offers_and_in_no_other() {
 
     // A tenant with a list of its own sees and uses only that.
     let narrow = s.token("narrow").await;
-    assert_eq!(s.get(&narrow, "/v1/images").await.1, json!({"images": []}));
+    assert_eq!(
+        s.get(&narrow, "/v1/images").await.1,
+        json!({"images": [], "own": [], "quota": {"used": 0}})
+    );
     let (status, body) = s
         .post(
             &narrow,
