@@ -317,23 +317,35 @@ impl Inner {
                     method: &method,
                     started,
                 };
-                let line = format!("network: {host_s}:{port} failed: {e}");
-                self.emit(
-                    &s,
-                    Decision::Failed,
-                    Reason::Broken,
-                    Some(upstream.addr),
-                    None,
-                    line.clone(),
-                );
-                text(StatusCode::BAD_GATEWAY, &line)
+                self.broken(&s, upstream.addr, None, &e)
             }
         }
     }
 
+    /// Reports and answers an upstream connection that broke before a
+    /// response.
+    fn broken(
+        &self,
+        s: &Subject<'_>,
+        addr: SocketAddr,
+        meter: Option<&Meter>,
+        e: &dyn std::fmt::Display,
+    ) -> Response<Body> {
+        let line = format!("network: {}:{} failed: {e}", s.host, s.port);
+        self.emit(
+            s,
+            Decision::Failed,
+            Reason::Broken,
+            Some(addr),
+            meter,
+            line.clone(),
+        );
+        text(StatusCode::BAD_GATEWAY, &line)
+    }
+
     /// Opens an upstream connection for a plain request (the policy
-    /// checked, the name resolved), driven on its own task, which reports
-    /// it when it ends.
+    /// checked, the name resolved), driven on its own task; its requests
+    /// report themselves (see `Reported`).
     async fn connect_upstream(
         self: &Arc<Self>,
         host: Host,
@@ -355,16 +367,7 @@ impl Inner {
                     method: &method,
                     started,
                 };
-                let line = format!("network: {host_s}:{port} failed: {e}");
-                self.emit(
-                    &s,
-                    Decision::Failed,
-                    Reason::Broken,
-                    Some(addr),
-                    Some(&meter),
-                    line.clone(),
-                );
-                return Err(text(StatusCode::BAD_GATEWAY, &line));
+                return Err(self.broken(&s, addr, Some(&meter), &e));
             }
         };
         // The upstream connection is driven on its own task so the
