@@ -64,19 +64,32 @@ impl Registry {
             ),
         )
         .unwrap();
-        let child = Command::new("docker-registry")
+        let log = dir.path().join("registry.log");
+        let mut server = Command::new("docker-registry");
+        server
             .arg("serve")
             .arg(dir.path().join("config.yml"))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+            .stderr(std::fs::File::create(&log).unwrap());
+        // The registry reads every `REGISTRY_*` variable as a setting, and
+        // a test may have set `REGISTRY_AUTH_FILE` (the containers login
+        // file) for the code under test: the server would refuse to start.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("REGISTRY_") {
+                server.env_remove(name);
+            }
+        }
+        let mut child = server.spawn().unwrap();
         let started = Instant::now();
         while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "the registry did not start"
-            );
+            let exited = child.try_wait().unwrap();
+            if exited.is_some() || started.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!(
+                    "the registry did not start ({exited:?}):\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
         Registry {
