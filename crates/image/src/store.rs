@@ -616,6 +616,29 @@ impl Store {
             Limits::default(),
             self.owners,
         )?;
+        if report.diff_id.as_ref() != Some(diff_id) {
+            return Err(invalid(format!(
+                "layer {digest} unpacks to {}, not the {diff_id} the config names",
+                report.diff_id.map_or("nothing".into(), |d| d.to_string())
+            )));
+        }
+        self.keep_layer(scratch, diff_id, &report)?;
+        Ok(report.bytes)
+    }
+
+    /// A work directory for an unpack, and the limits and owners the
+    /// store's unpacks take: what [`Store::keep_layer`] is given back.
+    pub(crate) fn unpack_site(&self) -> Result<(tempfile::TempDir, Limits, Owners), StoreError> {
+        Ok((self.scratch()?, Limits::default(), self.owners))
+    }
+
+    /// Moves a layer unpacked into `scratch` into place as `diff_id`.
+    pub(crate) fn keep_layer(
+        &self,
+        scratch: tempfile::TempDir,
+        diff_id: &Digest,
+        report: &unpack::Report,
+    ) -> Result<(), StoreError> {
         if report.setid_dropped + report.devices_skipped + report.xattrs_dropped > 0 {
             tracing::info!(
                 "layer {diff_id}: set-id bits dropped on {}, device nodes left out {}, extended attributes dropped {}",
@@ -624,12 +647,7 @@ impl Store {
                 report.xattrs_dropped
             );
         }
-        if report.diff_id.as_ref() != Some(diff_id) {
-            return Err(invalid(format!(
-                "layer {digest} unpacks to {}, not the {diff_id} the config names",
-                report.diff_id.map_or("nothing".into(), |d| d.to_string())
-            )));
-        }
+        let dir = self.layer_dir(diff_id);
         // The directory itself takes the layer root's usual mode.
         std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755))
             .map_err(io_err("finishing a layer"))?;
@@ -642,7 +660,7 @@ impl Store {
             }
             Err(e) => return Err(io_err(format!("storing layer {diff_id}"))(e)),
         }
-        Ok(report.bytes)
+        Ok(())
     }
 
     /// Writes the image's record, last, atomically.

@@ -160,6 +160,17 @@ pub fn unpack(
     }
 }
 
+/// [`unpack`] of a tar known to be uncompressed (one cordon wrote), whose
+/// first bytes are a file name and so may look like any magic number.
+pub(crate) fn unpack_plain(
+    tar: impl Read,
+    dest: &Path,
+    limits: Limits,
+    owners: Owners,
+) -> Result<Report, UnpackError> {
+    unpack_tar(tar, dest, limits, owners)
+}
+
 /// The first bytes of a gzip member and of a zstd frame.
 const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
 const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];

@@ -1,4 +1,5 @@
 mod changes;
+mod compose;
 mod flat;
 mod registry;
 mod store;

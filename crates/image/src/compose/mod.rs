@@ -2,22 +2,21 @@
 //! of a config over layers the store holds (what a build or a snapshot
 //! makes).
 //!
-//! A new layer is written once, streamed: its tar is hashed (the diff_id)
-//! and gzip-compressed into a blob (hashed again, the digest) under `tmp/`,
-//! then unpacked into `layers/` by the same rules as a pulled one, so a
-//! layer cordon made is no more trusted than one it fetched.
+//! A new layer is written once, streamed ([`LayerWriter`]): compressed
+//! into a blob and unpacked into `layers/` as it comes, by the same rules
+//! as a pulled one.
 
-use std::io::{self, Write};
+mod writer;
 
-use flate2::write::GzEncoder;
 use oci_spec::image::{
     Descriptor, DescriptorBuilder, ImageConfiguration, ImageManifest, ImageManifestBuilder,
     MediaType, RootFsBuilder, SCHEMA_VERSION,
 };
 use serde::{Deserialize, Serialize};
 
-use crate::digest::{Digest, Hashing};
+use crate::digest::Digest;
 use crate::store::{Image, Store, StoreError, digest_of, invalid, parse};
+pub use writer::LayerWriter;
 
 /// A layer of the store: unpacked, and its compressed blob kept.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,56 +35,7 @@ pub struct Layer {
 /// The media type of the layers cordon writes.
 const GZIP_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 
-/// Writes a new layer's tar; [`LayerWriter::finish`] stores it.
-pub struct LayerWriter<'s> {
-    store: &'s Store,
-    tar: Hashing<GzEncoder<Hashing<tempfile::NamedTempFile>>>,
-}
-
-impl Write for LayerWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.tar.write(buf)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.tar.flush()
-    }
-}
-
-impl LayerWriter<'_> {
-    /// Stores the blob and unpacks the layer.
-    pub fn finish(self) -> Result<Layer, StoreError> {
-        let (diff_id, gz) = self.tar.finish();
-        let blob = gz.finish().map_err(|e| StoreError::Io {
-            what: "compressing a layer".into(),
-            source: e,
-        })?;
-        let size = blob.written;
-        let (digest, file) = blob.finish();
-        if !self.store.has_blob(&digest) {
-            self.store.persist_blob(file, &digest)?;
-        }
-        self.store.layer(&digest, &diff_id)?;
-        Ok(Layer {
-            diff_id,
-            digest,
-            size,
-            media_type: GZIP_LAYER.into(),
-        })
-    }
-}
-
 impl Store {
-    /// A writer of a new layer's tar.
-    pub fn layer_writer(&self) -> Result<LayerWriter<'_>, StoreError> {
-        // Fast rather than small: the blob is written on every build step
-        // and read only by a push or a save.
-        let gz = GzEncoder::new(Hashing::new(self.blob_file()?), flate2::Compression::fast());
-        Ok(LayerWriter {
-            store: self,
-            tar: Hashing::new(gz),
-        })
-    }
-
     /// The image's manifest, read from the store.
     pub fn manifest_of(&self, image: &Image) -> Result<ImageManifest, StoreError> {
         parse(&self.read_blob(&image.manifest)?, "the manifest")
