@@ -511,13 +511,15 @@ impl Run<'_, '_> {
                 }
             )));
         }
-        let mut w = store.layer_writer()?;
-        std::io::copy(
-            &mut changes.reopen().map_err(|e| err(e.to_string()))?,
-            &mut w,
-        )
-        .map_err(|e| err(format!("storing the step's changes: {e}")))?;
-        let layer = w.finish()?;
+        let layer = blocking(|| {
+            let mut w = store.layer_writer()?;
+            std::io::copy(
+                &mut changes.reopen().map_err(|e| err(e.to_string()))?,
+                &mut w,
+            )
+            .map_err(|e| err(format!("storing the step's changes: {e}")))?;
+            Ok::<_, BuildError>(w.finish()?)
+        })?;
         self.add_layer(state, key, layer);
         Ok(())
     }
@@ -716,10 +718,12 @@ impl Run<'_, '_> {
                 },
             )
             .collect();
-        let mut w = store.layer_writer()?;
-        write_copy(&mut w, &view, &sources, &dest_abs, &Owner { ids, chmod })
-            .map_err(|e| err(e.to_string()))?;
-        let layer = w.finish()?;
+        let layer = blocking(|| {
+            let mut w = store.layer_writer()?;
+            write_copy(&mut w, &view, &sources, &dest_abs, &Owner { ids, chmod })
+                .map_err(|e| err(e.to_string()))?;
+            Ok::<_, BuildError>(w.finish()?)
+        })?;
         self.add_layer(state, key, layer);
         Ok(())
     }
@@ -807,6 +811,19 @@ impl Run<'_, '_> {
             .map_err(|e| err(e.to_string()))?;
         let sel = sel.pop().ok_or_else(|| err("an empty archive".into()))?;
         Ok(Some((dir, ctx, sel)))
+    }
+}
+
+/// Runs `f`, which blocks (a layer written and unpacked, seconds for a
+/// large one), so that the runtime's other tasks go on meanwhile: a server
+/// runs builds beside its API. A single-threaded runtime (a test's) has no
+/// other worker to hand them to.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
     }
 }
 
