@@ -160,6 +160,22 @@ fn the_workspace_is_the_callers(t: &Ctx) {
 }
 attack!(the_workspace_is_the_callers, native);
 
+/// The writable layer is scratch, so overlay skips its syncs (dpkg syncs
+/// every file it unpacks); the workspace is a bind of the host's
+/// directory, and its syncs are real.
+fn only_the_root_s_syncs_are_skipped(t: &Ctx) {
+    let img = image(t, &[], json!({}));
+    img.sh(
+        t,
+        "echo root=$(grep ' / / ' /proc/self/mountinfo | grep -c 'overlay.*volatile'); \
+         echo workspace=$(grep ' /workspace ' /proc/self/mountinfo | grep -vc volatile)",
+    )
+    .code(0)
+    .line("root=1")
+    .line("workspace=1");
+}
+attack!(only_the_root_s_syncs_are_skipped, native);
+
 /// The image's `User` and `WorkingDir`, and `--user` over them.
 fn the_images_user_and_directory_apply(t: &Ctx) {
     let img = image(

@@ -50,6 +50,11 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
     }
 
+    /// A fault of the server's own (its store, its disk): 500.
+    pub(crate) fn internal(e: impl std::fmt::Display) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+    }
+
     pub(crate) fn not_found(what: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", format!("no {what}"))
     }

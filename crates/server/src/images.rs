@@ -178,10 +178,6 @@ pub(crate) async fn delete_image(
     Ok(StatusCode::NO_CONTENT)
 }
 
-fn internal(e: impl std::fmt::Display) -> ApiError {
-    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-}
-
 async fn pull(
     shared: &Shared,
     tenant: &str,
@@ -209,7 +205,7 @@ async fn pull(
     let manifest = pulled.manifest;
     let image = tokio::task::spawn_blocking(move || store.import_blobs(&manifest, &record))
         .await
-        .map_err(internal)?
+        .map_err(ApiError::internal)?
         .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "pull_failed", e.to_string()))?;
     shared
         .images
@@ -270,7 +266,7 @@ async fn snapshot(
         cordon_build::commit::commit_upper(&store, &dir, &upper, &record)
     })
     .await
-    .map_err(internal)?
+    .map_err(ApiError::internal)?
     .map_err(|e| ApiError::bad_request(format!("cannot snapshot the {what}: {e}")))?;
     let origin = ImageOrigin::Snapshot(id.to_string());
     shared

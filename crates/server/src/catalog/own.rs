@@ -98,13 +98,11 @@ impl Images {
             moved
         })
         .await;
-        let internal =
-            |e: String| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", e);
         match put {
             Ok(own) => {
                 moved
-                    .map_err(|e| internal(e.to_string()))?
-                    .map_err(|e| internal(e.to_string()))?;
+                    .map_err(ApiError::internal)?
+                    .map_err(ApiError::internal)?;
                 if let Some(archive) = &self.archive {
                     // The other processes' way to it; this one has it.
                     let store = self.store()?;
