@@ -373,12 +373,15 @@ attack!(a_hostile_context_is_refused, native);
 
 /// What cordon builds runs elsewhere: pushed to a registry and read back
 /// by skopeo, saved as an OCI archive that umoci unpacks with the
-/// build's deletions applied, and as a Docker archive cordon imports.
+/// build's deletions applied (and a layer of several gzip members, as a
+/// step's of more than 1 MiB is, read whole), and as a Docker archive
+/// cordon imports.
 fn what_cordon_builds_runs_elsewhere(t: &Ctx) {
     use cordon_testkit::registry::Registry;
     let b = setup(t, &[("app.txt", "the app\n")]);
     b.dockerfile(
-        "ARG BASE\nFROM $BASE\nCOPY app.txt /srv/\nRUN echo made > /srv/made && rm /etc/os-release\n\
+        "ARG BASE\nFROM $BASE\nCOPY app.txt /srv/\nRUN echo made > /srv/made && rm /etc/os-release \
+         && head -c 3000000 /dev/urandom > /srv/noise && sha256sum /srv/noise > /srv/noise.sum\n\
          ENV MODE=shipped\nCMD [\"cat\", \"/srv/app.txt\"]\n",
     );
     b.build(t, &["-t", "test/elsewhere:1"]).code(0);
@@ -477,6 +480,16 @@ fn what_cordon_builds_runs_elsewhere(t: &Ctx) {
         "the RUN's deletion was lost"
     );
     assert!(rootfs.join("bin/busybox").exists());
+    let sum = std::process::Command::new("sha256sum")
+        .arg(rootfs.join("srv/noise"))
+        .output()
+        .unwrap();
+    let said = fs::read_to_string(rootfs.join("srv/noise.sum")).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&sum.stdout).split_whitespace().next(),
+        said.split_whitespace().next(),
+        "the 3 MB file came through the layer's gzip members whole"
+    );
 
     let archive = out_dir.join("image.docker.tar");
     t.cordon_out(
