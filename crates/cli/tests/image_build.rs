@@ -486,7 +486,9 @@ fn what_cordon_builds_runs_elsewhere(t: &Ctx) {
         .unwrap();
     let said = fs::read_to_string(rootfs.join("srv/noise.sum")).unwrap();
     assert_eq!(
-        String::from_utf8_lossy(&sum.stdout).split_whitespace().next(),
+        String::from_utf8_lossy(&sum.stdout)
+            .split_whitespace()
+            .next(),
         said.split_whitespace().next(),
         "the 3 MB file came through the layer's gzip members whole"
     );
