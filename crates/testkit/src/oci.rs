@@ -63,6 +63,11 @@ pub enum Entry<'a> {
 
 /// A layer of `entries`, owned by root.
 pub fn layer_of(entries: &[Entry<'_>]) -> Layer {
+    gzipped(tar_of(entries))
+}
+
+/// The uncompressed tar of [`layer_of`].
+pub fn tar_of(entries: &[Entry<'_>]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for e in entries {
         let mut h = tar::Header::new_gnu();
@@ -91,7 +96,7 @@ pub fn layer_of(entries: &[Entry<'_>]) -> Layer {
             }
         }
     }
-    gzipped(b.into_inner().unwrap())
+    b.into_inner().unwrap()
 }
 
 /// Debian's statically linked busybox (package busybox-static).

@@ -7,19 +7,19 @@ use std::path::Path;
 
 use cordon_image::Digest;
 use cordon_image::store::Store;
+use cordon_testkit::oci::Entry;
 
 /// A tar of `files` (name, content), as a build step's would be.
 fn tar_of(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in files {
-        let mut h = tar::Header::new_ustar();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_mtime(1);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, name, &data[..]).unwrap();
-    }
-    b.into_inner().unwrap()
+    let entries: Vec<Entry<'_>> = files
+        .iter()
+        .map(|(path, body)| Entry::File {
+            path,
+            body: body.clone(),
+            mode: 0o644,
+        })
+        .collect();
+    cordon_testkit::oci::tar_of(&entries)
 }
 
 /// Bytes that compress a little, like a program's: a few MiB, so that the
