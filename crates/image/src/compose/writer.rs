@@ -183,13 +183,9 @@ impl LayerWriter<'_> {
         if !self.store.has_blob(&blob.digest) {
             self.store.persist_blob(blob.file, &blob.digest)?;
         }
-        if self.store.layer_dir(&diff_id).is_dir() {
-            // The same layer is stored already (a step run again without
-            // the cache): its tree is this one.
-            drop(scratch);
-        } else {
-            self.store.keep_layer(scratch, &diff_id, &report)?;
-        }
+        // Where the same layer is stored already (a step run again
+        // without the cache), keep_layer keeps that one.
+        self.store.keep_layer(scratch, &diff_id, &report)?;
         Ok(Layer {
             diff_id,
             digest: blob.digest,
