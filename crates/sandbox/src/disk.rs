@@ -11,10 +11,12 @@
 //! they hold and hard links count once.
 //!
 //! It is a watcher, not a quota: between two looks a sandbox can write at
-//! full speed. The pause between looks follows how long a look takes (a
-//! tenth of the time on walking at most) and shortens while the workspace
-//! grows towards the budget, and an exec's end waits for one more look, so
-//! a command that overran the budget is reported as such.
+//! full speed. The pause between looks follows the CPU time a look takes
+//! (a tenth of a core on walking at most; not its wall time, which a busy
+//! host stretches, and which once made a stalled look's pause long enough
+//! for a writer to get 290 MiB past a 64 MiB budget) and shortens while the
+//! workspace grows towards the budget, and an exec's end waits for one more
+//! look, so a command that overran the budget is reported as such.
 
 use std::collections::HashSet;
 use std::ffi::{CStr, CString};
@@ -37,8 +39,8 @@ const MIN_PAUSE: Duration = Duration::from_millis(10);
 const MIN_FAST_PAUSE: Duration = Duration::from_millis(2);
 /// The longest: a walk that slow is of an enormous workspace.
 const MAX_PAUSE: Duration = Duration::from_secs(10);
-/// Pause for this many times the walk's own duration, so that the watcher
-/// takes at most about a tenth of a core.
+/// Pause for this many times the CPU time a walk took, so that the
+/// watcher takes at most about a tenth of a core.
 const PAUSE_FACTOR: u32 = 9;
 /// Directory levels held open during a walk; deeper ones are reopened by
 /// name from the deepest open one, so a tree of any depth costs a bounded
@@ -556,9 +558,10 @@ pub(crate) fn watch(
     let mut last: Option<(Instant, u64)> = None;
     loop {
         let started = Instant::now();
+        let cpu = thread_cpu_time();
         let used = measure(&roots, Some(holder));
         let took = started.elapsed();
-        let mut pause = (took * PAUSE_FACTOR).clamp(MIN_PAUSE, MAX_PAUSE);
+        let mut pause = ((thread_cpu_time() - cpu) * PAUSE_FACTOR).clamp(MIN_PAUSE, MAX_PAUSE);
         let Some(inner) = weak.upgrade() else { return };
         if inner.is_gone() {
             return;
@@ -569,14 +572,16 @@ pub(crate) fn watch(
                 return;
             }
             Ok(used) => {
-                // Growing fast: look again before half the headroom left
-                // could be written at the rate just seen.
+                // Growing fast: have the next look done before half the
+                // headroom left could be written at the rate just seen; it
+                // is written during the pause and during that look.
                 if let Some((at, before)) = last
                     && used > before
                 {
                     let rate = (used - before) as f64 / at.elapsed().as_secs_f64().max(1e-3);
                     let headroom = budget.saturating_sub(used.saturating_sub(base));
-                    let soon = Duration::from_secs_f64(headroom as f64 / rate / 2.0);
+                    let soon =
+                        Duration::from_secs_f64(headroom as f64 / rate / 2.0).saturating_sub(took);
                     pause = pause.min(soon.max(MIN_FAST_PAUSE));
                 }
                 last = Some((started, used));
@@ -597,6 +602,13 @@ pub(crate) fn watch(
             Err(RecvTimeoutError::Disconnected) => return,
         }
     }
+}
+
+/// CPU time this thread has used: what a look costs the host, whatever
+/// the wait for a CPU or a lock made of its wall time.
+fn thread_cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 #[cfg(test)]
