@@ -4,17 +4,18 @@
 //!
 //! Layers, bottom up: the provider-neutral message model ([`message`]),
 //! both wire protocols ([`wire`], [`stream`]) and their HTTP client
-//! ([`provider`]); configuration ([`config`]); the loop ([`agent`]) with its
-//! context management ([`context`]) and prices ([`pricing`]); and the
-//! session log ([`log`], [`sessions`]) with the workspace's checkpoints
-//! bound to it ([`checkpoints`]).
+//! ([`provider`]); the loop ([`agent`]) with its context management
+//! ([`context`]) and prices ([`pricing`]); the session log ([`log`],
+//! [`sessions`]) with the workspace's checkpoints bound to it
+//! ([`checkpoints`]); and, on top, a live conversation from open to close
+//! ([`Conversation`]), which every front end uses.
 
 pub mod agent;
-mod builder;
 pub mod checkpoints;
-pub mod config;
 pub mod context;
+mod conversation;
 pub mod events;
+pub mod instructions;
 mod live;
 pub mod log;
 pub mod message;
@@ -30,7 +31,8 @@ pub use agent::{
     Agent, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Compaction,
     TurnOutcome, tool_failed,
 };
-pub use builder::AgentBuilder;
+pub use conversation::{Conversation, Ended, Opening};
+pub use instructions::Instructions;
 pub use log::{LoadReport, LogError, Record, SessionLog};
 pub use message::{AssistantMessage, ContentBlock, StopReason, StreamDelta, Usage};
 pub use netlog::PolicyRecord;

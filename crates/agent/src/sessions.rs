@@ -102,6 +102,9 @@ pub struct SessionStarted {
     /// asked for; a resume runs there again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The project instructions (`AGENTS.md`) read when it opened.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instructions: Vec<crate::instructions::Source>,
 }
 
 /// Where a forked session came from.
@@ -116,6 +119,12 @@ impl SessionStarted {
     /// The same record, naming the image its sandbox runs in.
     pub fn in_image(mut self, image: Option<String>) -> Self {
         self.image = image;
+        self
+    }
+
+    /// The same record, naming the instructions read.
+    pub fn reading(mut self, instructions: &[crate::instructions::Source]) -> Self {
+        self.instructions = instructions.to_vec();
         self
     }
 
@@ -141,6 +150,7 @@ impl SessionStarted {
             allow_private: None,
             forked_from: None,
             image: None,
+            instructions: Vec::new(),
         }
     }
 

@@ -1,13 +1,13 @@
 //! `cordon` and `cordon chat`: the full-screen terminal UI.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use cordon_agent::{AgentConfig, sessions};
+use cordon_agent::sessions;
 use cordon_tui::{ApprovalMode, SandboxState, Status, Worker};
 
-use crate::exec::{Choices, config_error, setup};
+use crate::agent_flags::{AgentFlags, Prepared};
+use crate::exec::config_error;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum ApprovalArg {
@@ -19,57 +19,11 @@ pub enum ApprovalArg {
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
-    /// Continue the session with this id (or a unique prefix), in its workspace
-    #[arg(long, value_name = "ID", conflicts_with = "last")]
-    pub resume: Option<String>,
-    /// Continue the most recent session of this workspace
-    #[arg(long)]
-    pub last: bool,
-    /// Host directory mounted at /workspace [default: SAFEDIR or the current directory]
-    #[arg(long, value_name = "DIR")]
-    pub workspace: Option<PathBuf>,
-    /// Model name (overrides MODEL and config files)
-    #[arg(long)]
-    pub model: Option<String>,
-    /// anthropic or openai
-    #[arg(long)]
-    pub provider: Option<String>,
     /// Whether tool calls wait for your approval [default: the `approval` setting, else auto]
     #[arg(long, value_enum)]
     pub approval: Option<ApprovalArg>,
-    /// Model requests allowed per message
-    #[arg(long, default_value_t = 50)]
-    pub max_steps: u32,
-    /// Isolation backend, native or microvm (overrides `sandbox.backend`; see `cordon vm setup`)
-    #[arg(long, value_name = "NAME")]
-    pub backend: Option<cordon_sandbox::BackendKind>,
-    /// Virtual CPUs of a microVM (overrides `sandbox.cpus`)
-    #[arg(long, value_name = "N")]
-    pub cpus: Option<u32>,
-    /// Disk budget of the sandbox: how much the workspace may grow (overrides `sandbox.disk`)
-    #[arg(long, value_name = "SIZE", value_parser = crate::options::parse_disk)]
-    pub disk: Option<String>,
-    /// Run the sandbox in an OCI image: a registry reference, oci:DIR[:TAG] or docker-archive:FILE (overrides `sandbox.image`; a resumed session keeps its own unless given; docs/images.md)
-    #[arg(long, value_name = "REF")]
-    pub image: Option<String>,
-    /// Let the sandbox reach HOST[:PORT] through cordon's broker (repeatable; *.DOMAIN, IP/CIDR, or a preset: @python @node @rust @debian @git-hosting); implies --network allow (overrides `network.allow`)
-    #[arg(long = "allow", value_name = "HOST")]
-    pub allow: Vec<String>,
-    /// Override any setting (repeatable), as `cordon config --set`
-    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
-    pub set: Vec<(String, String)>,
-    /// Work on a clone of URL (at REF), made on the host with your git
-    /// credentials into --workspace or ./NAME, on a branch cordon/SESSION
-    #[arg(long, value_name = "URL[#REF]")]
-    pub repo: Option<String>,
-    /// With --repo, or resuming a session that has one: let the model push
-    /// and open pull requests without asking (with --approval ask each one
-    /// is asked)
-    #[arg(long)]
-    pub allow_push: bool,
-    /// The forge's API for pull requests (see `cordon exec --help`)
-    #[arg(long, value_name = "URL")]
-    pub forge_api: Option<String>,
+    #[command(flatten)]
+    pub agent: AgentFlags,
 }
 
 pub async fn chat(args: ChatArgs) -> i32 {
@@ -78,54 +32,14 @@ pub async fn chat(args: ChatArgs) -> i32 {
             "the chat UI needs a terminal; for scripts use `cordon exec \"TASK\"`",
         );
     }
-    let resume = match crate::sessions_cmd::choose_resume(
-        args.resume.as_deref(),
-        args.last,
-        args.workspace.as_deref(),
-    ) {
-        Ok(r) => r,
-        Err(e) => return config_error(e),
-    };
-    let (resumed, resume_notice, mut workspace) = (resume.resumed, resume.notice, resume.workspace);
-    let (image, image_notice) =
-        crate::exec::resumed_image(args.image.as_deref(), &args.set, resumed.as_ref());
-    let new_id = sessions::new_id();
-    let cloned = match crate::repo::for_session(
-        args.repo.as_deref(),
-        resumed.as_ref(),
-        workspace.as_deref(),
-        &new_id,
-    )
-    .await
-    {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cordon: {e}");
-            return crate::exit::SANDBOX;
-        }
-    };
-    if let Some(dir) = cloned.as_ref().and_then(|c| c.made.clone()) {
-        workspace = Some(dir);
-    }
-    if (args.allow_push || args.forge_api.is_some()) && cloned.is_none() {
-        return config_error(
-            "--allow-push and --forge-api are for a session with a repository: --repo URL, or resuming one",
-        );
-    }
-    let s = match setup(&Choices {
-        model: args.model.as_deref(),
-        provider: args.provider.as_deref(),
-        workspace: workspace.as_deref(),
-        backend: args.backend,
-        cpus: args.cpus,
-        disk: args.disk.as_deref(),
-        image: image.as_deref(),
-        allow: &args.allow,
-        set: &args.set,
-    })
-    .await
-    {
-        Ok(s) => s,
+    let Prepared {
+        resumed,
+        new_id,
+        cloned,
+        setup: s,
+        mut notices,
+    } = match args.agent.prepare().await {
+        Ok(p) => p,
         Err(code) => return code,
     };
     let mcp = match crate::mcp_cmd::configured(&s.settings) {
@@ -142,21 +56,17 @@ pub async fn chat(args: ChatArgs) -> i32 {
         cost_usd: None,
         context_tokens: 0,
         context_window: s.model.agent.context_window,
+        instructions: Vec::new(),
     };
     let approval = match args.approval {
         Some(ApprovalArg::Ask) => ApprovalMode::Ask,
         Some(ApprovalArg::Auto) => ApprovalMode::Auto,
         None => match s.settings.resolved().approval {
-            cordon_agent::config::ApprovalMode::Ask => ApprovalMode::Ask,
-            cordon_agent::config::ApprovalMode::Auto => ApprovalMode::Auto,
+            crate::settings::ApprovalMode::Ask => ApprovalMode::Ask,
+            crate::settings::ApprovalMode::Auto => ApprovalMode::Auto,
         },
     };
-    let mut notices: Vec<String> = s
-        .notices
-        .into_iter()
-        .chain(resume_notice)
-        .chain(image_notice)
-        .collect();
+    let (allow_push, forge_api) = (args.agent.allow_push, args.agent.forge_api.as_deref());
     let repository = cloned.map(|clone| {
         let c = clone.cloned;
         notices.push(format!(
@@ -166,18 +76,14 @@ pub async fn chat(args: ChatArgs) -> i32 {
                 None => format!("This workspace is a clone of {}", c.url),
             },
             c.branch,
-            if args.allow_push || approval == ApprovalMode::Ask {
+            if allow_push || approval == ApprovalMode::Ask {
                 ", pushes with git_push and opens pull requests with create_pull_request"
             } else {
                 " (pushing needs --allow-push or --approval ask)"
             }
         ));
         // Asked for each call in ask mode; otherwise only if allowed.
-        let repo = crate::repo::session(
-            &c,
-            args.allow_push || approval == ApprovalMode::Ask,
-            args.forge_api.as_deref(),
-        );
+        let repo = crate::repo::session(&c, allow_push || approval == ApprovalMode::Ask, forge_api);
         // A new session takes the id its branch is named after, and its
         // log starts with the record; a resumed one has both.
         let (session_id, records) = match clone.made {
@@ -195,22 +101,20 @@ pub async fn chat(args: ChatArgs) -> i32 {
     });
     let worker = Worker {
         provider: s.model.provider,
-        agent: AgentConfig {
-            max_steps: args.max_steps,
-            ..s.model.agent
-        },
+        agent: args.agent.agent(&s.model.agent),
         sandbox: s.sandbox,
         approval,
         sessions_dir: sessions::sessions_dir(),
         resume: resumed,
         mcp,
         notices,
-        config_home: cordon_agent::config::config_home(),
+        config_home: crate::settings::config_home(),
         repository,
         image: s.settings.resolved().sandbox.image.clone(),
         snapshot: Some(std::sync::Arc::new(|dir, upper, session, name| {
             crate::image_cmd::commit_dir(&dir, &upper, &session, name).map(|i| i.name)
         })),
+        user_instructions: crate::agent_flags::user_instructions(),
     };
     let result = cordon_tui::run(status, worker).await;
     // The terminal is the user's again.

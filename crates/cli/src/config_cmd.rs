@@ -1,8 +1,8 @@
 //! `cordon config`: the effective configuration, where each value came
 //! from, secrets masked.
 
+use crate::settings::{Layers, Settings};
 use clap::Args;
-use cordon_agent::config::{Layers, Settings};
 
 #[derive(Args, Debug)]
 pub struct ConfigArgs {

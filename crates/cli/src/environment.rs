@@ -10,7 +10,7 @@
 //! configuration (or a project file they trusted) may set it: the setup
 //! runs commands with a network.
 
-use cordon_agent::config::Environment;
+use crate::settings::Environment;
 use cordon_build::{Builder, Event, Options};
 use cordon_image::auth::Sources;
 use cordon_image::obtain::obtain;

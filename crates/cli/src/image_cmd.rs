@@ -460,7 +460,7 @@ fn read_dockerfile(path: &std::path::Path) -> Result<String, String> {
 /// image's working directory. Without an image, nothing changes.
 pub async fn apply(
     c: &mut cordon_sandbox::SandboxConfig,
-    settings: &cordon_agent::config::Settings,
+    settings: &crate::settings::Settings,
     user: Option<&str>,
 ) -> Result<Option<String>, String> {
     let resolved = settings.resolved();

@@ -1,5 +1,6 @@
 //! `cordon`: a coding agent that can act only through a sandbox.
 
+mod agent_flags;
 mod chat;
 mod config_cmd;
 mod doctor;
@@ -17,6 +18,7 @@ mod rewind_cmd;
 mod run;
 mod serve_cmd;
 mod sessions_cmd;
+mod settings;
 mod trust_cmd;
 mod vm_cmd;
 

@@ -8,7 +8,7 @@ use cordon_mcp::{McpClients, ServerSpec};
 
 use crate::exit;
 use crate::options::SandboxOpts;
-use cordon_agent::config::Settings;
+use crate::settings::Settings;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]

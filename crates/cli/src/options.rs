@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::settings::{Layers, Settings};
 use clap::Args;
-use cordon_agent::config::{Layers, Settings};
 use cordon_sandbox::{BindMount, Network, SandboxConfig, parse_size};
 
 /// The sandbox's flags. Each one that is also a setting (`sandbox.*`,
@@ -91,7 +91,7 @@ pub struct SandboxOpts {
 /// A `--disk` value: a size, or `none` for no budget; kept as the
 /// setting's text, which the settings check.
 pub fn parse_disk(s: &str) -> Result<String, String> {
-    cordon_agent::config::parse_disk(s)?;
+    crate::settings::parse_disk(s)?;
     Ok(s.trim().to_string())
 }
 
@@ -292,8 +292,8 @@ pub fn quiet_settings(cli: Vec<(String, String)>) -> Result<Settings, i32> {
 pub fn ignored_notice(settings: &Settings) -> Vec<String> {
     let mut lines: Vec<String> = settings.ignored().iter().map(|i| i.to_string()).collect();
     let from_project = settings.ignored().iter().any(|i| {
-        i.file.ends_with(cordon_agent::config::PROJECT_FILE)
-            || i.file.ends_with(cordon_agent::config::DOTENV_FILE)
+        i.file.ends_with(crate::settings::PROJECT_FILE)
+            || i.file.ends_with(crate::settings::DOTENV_FILE)
     });
     if from_project {
         lines.push(
@@ -378,7 +378,7 @@ pub fn sandbox_config(settings: &Settings) -> Result<SandboxConfig, String> {
 /// whose recorded workspace a resume would mount).
 fn cordon_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    if let Some(h) = cordon_agent::config::config_home() {
+    if let Some(h) = crate::settings::config_home() {
         dirs.push(h.join("cordon"));
     }
     if let Some(d) = cordon_agent::sessions::sessions_dir().parent() {

@@ -419,7 +419,7 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
         Err(e) => return crate::options::config_error(e),
     };
     // Agent jobs need a model; without one the server still runs the rest.
-    config.agent = match crate::exec::model_setup(&settings).await {
+    config.agent = match crate::agent_flags::model_setup(&settings).await {
         Ok(m) => Some(AgentDefaults {
             provider: m.provider,
             agent: m.agent,

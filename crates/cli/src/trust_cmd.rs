@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::settings::trust::{ProjectFile, read_project_file};
+use crate::settings::{DOTENV_FILE, PROJECT_FILE, TrustStore, config_home};
 use clap::Args;
-use cordon_agent::config::trust::{ProjectFile, read_project_file};
-use cordon_agent::config::{DOTENV_FILE, PROJECT_FILE, TrustStore, config_home};
 
 use crate::options::config_error;
 

@@ -218,6 +218,64 @@ fn json_output_is_one_documented_event_per_line() {
     assert!(done["usage"]["output_tokens"].is_u64());
 }
 
+/// Issue 35: the user's AGENTS.md, then the workspace's, reach the model
+/// after cordon's prompt, each under its path, a long one cut where it
+/// says so; `--json`'s first event names them. A workspace AGENTS.md that
+/// is a link out of the workspace (to a host secret) is not read.
+#[test]
+fn project_instructions_reach_the_model_in_order_with_their_paths_and_a_cap() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let user = home.path().join("config/cordon");
+    std::fs::create_dir_all(&user).unwrap();
+    std::fs::write(user.join("AGENTS.md"), "USER-RULE: answer in English.\n").unwrap();
+    let mut project = String::from("PROJECT-RULE: run make check before you finish.\n");
+    while project.len() < 40 * 1024 {
+        project.push_str("filler line of the project's long instructions\n");
+    }
+    project.push_str("PROJECT-TAIL\n");
+    std::fs::write(ws.path().join("AGENTS.md"), &project).unwrap();
+    let server = ScriptedServer::start(Scenario::new().turn(Turn::text("Noted.")));
+    let out = exec(
+        &server,
+        ws.path(),
+        home.path(),
+        &["--json", "what are the rules?"],
+    );
+    assert_success(&out);
+    let events = json_lines(&out);
+    assert_valid(&events);
+    let read = &events[0]["instructions"];
+    assert_eq!(read[0]["path"], "~/.config/cordon/AGENTS.md", "{read}");
+    assert_eq!(read[1]["path"], "/workspace/AGENTS.md");
+    assert_eq!(read[1]["bytes"], project.len() as u64);
+    assert_eq!(read[1]["cut_at"], 32 * 1024);
+    let sent = &server.requests()[0].raw_body;
+    let at = |needle: &str| {
+        sent.find(needle)
+            .unwrap_or_else(|| panic!("the request lacks {needle:?}"))
+    };
+    assert!(at("You are cordon") < at("## ~/.config/cordon/AGENTS.md"));
+    assert!(at("## ~/.config/cordon/AGENTS.md") < at("USER-RULE"));
+    assert!(at("USER-RULE") < at("## /workspace/AGENTS.md"));
+    assert!(at("## /workspace/AGENTS.md") < at("PROJECT-RULE"));
+    at("/workspace/AGENTS.md is cut here: only its first 32768 of");
+    assert!(!sent.contains("PROJECT-TAIL"), "the cut part was sent");
+
+    // The sandbox plants a link to a host file in place of the file.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "HOST-SECRET-7f3a").unwrap();
+    std::fs::remove_file(ws.path().join("AGENTS.md")).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), ws.path().join("AGENTS.md")).unwrap();
+    let server = ScriptedServer::start(Scenario::new().turn(Turn::text("Noted.")));
+    let out = exec(&server, ws.path(), home.path(), &["--json", "again"]);
+    assert_success(&out);
+    let events = json_lines(&out);
+    let read = events[0]["instructions"].as_array().unwrap();
+    assert_eq!(read.len(), 1, "only the user's file: {read:?}");
+    assert!(!server.requests()[0].raw_body.contains("HOST-SECRET-7f3a"));
+}
+
 #[test]
 fn exit_codes_separate_config_and_model_errors() {
     let ws = tempfile::tempdir().unwrap();

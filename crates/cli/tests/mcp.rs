@@ -86,6 +86,7 @@ fn check_scenario(out: &Value, ws: Option<&Path>) {
     assert_eq!(
         tools,
         [
+            "apply_patch",
             "bash",
             "edit_file",
             "list_dir",

@@ -329,6 +329,8 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             workdir: config.workdir.clone(),
             read_only: config.read_only.clone(),
             bind_targets: config.binds.iter().map(|b| b.target.clone()).collect(),
+            network: config.network,
+            image_user: config.image.as_ref().map(|i| i.uid),
             setup_timeout: config.setup_timeout,
             set_clock: false,
             services,

@@ -5,16 +5,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cordon_agent::{Agent, Cancel};
-use cordon_sandbox::Sandbox;
+use cordon_agent::{Cancel, Conversation};
 
-/// A session in use: its agent (which owns the conversation and its log)
-/// and its sandbox.
+/// A session in use: its conversation (the agent with its log, the
+/// operator's MCP servers, the sandbox).
 pub(crate) struct Live {
-    pub(crate) agent: Agent,
-    pub(crate) sandbox: Sandbox,
-    /// The operator's MCP servers, started for this session.
-    pub(crate) mcp: cordon_mcp::McpClients,
+    pub(crate) talk: Conversation,
     pub(crate) last_used: Instant,
     /// Its broker's policy, listed for the API while it lives.
     pub(crate) _policy: Option<crate::network::Listed>,
@@ -25,14 +21,11 @@ pub(crate) struct Live {
 }
 
 impl Live {
-    pub(crate) async fn close(mut self) {
+    pub(crate) async fn close(self) {
         // The last turn's checkpoint is still being recorded by a task
         // that holds the log (and its lock): a process started next over
         // the same data, or the session woken again, must find it free.
-        self.agent.settle().await;
-        drop(self.agent);
-        self.mcp.shutdown().await;
-        self.sandbox.close().await;
+        self.talk.close().await;
     }
 }
 

@@ -74,7 +74,7 @@ pub fn schema() -> Value {
     })
 }
 
-const DESCRIPTION: &str = "Run a command in a persistent bash shell inside the sandbox (no network; the project is at /workspace, the starting directory). State persists between calls: the current directory, exported variables and shell functions are kept. The result shows the exit code and stdout and stderr separately; very long output is cut to its beginning and end with a note of how much was dropped, so filter noisy commands (e.g. with grep, head or tail). A command that runs past its timeout is killed together with the shell, which is restarted fresh. Prefer the file tools for reading, writing and editing files.";
+const DESCRIPTION: &str = "Run a command in a persistent bash shell inside the sandbox: for building, testing, git and the project's own scripts (the project is at /workspace, the starting directory; the network is as the system prompt says). State persists between calls: the current directory, exported variables and shell functions are kept. The result shows the exit code and stdout and stderr separately; very long output is cut to its beginning and end with a note of how much was dropped, so filter noisy commands (e.g. with grep, head or tail). A command that runs past its timeout is killed together with the shell, which is restarted fresh. Prefer the file tools for reading, writing and editing files.";
 
 impl Tool for Bash {
     fn name(&self) -> &str {

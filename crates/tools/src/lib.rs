@@ -19,6 +19,7 @@
 //! # }
 //! ```
 
+pub mod apply_patch;
 pub mod bash;
 pub mod computer;
 pub mod edit_file;
@@ -270,6 +271,7 @@ impl Toolbox {
         t.register(read_file::ReadFile);
         t.register(write_file::WriteFile);
         t.register(edit_file::EditFile);
+        t.register(apply_patch::ApplyPatch);
         t.register(list_dir::ListDir);
         t.register(search_files::SearchFiles);
         t.register(run_code::RunCode);

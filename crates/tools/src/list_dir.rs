@@ -39,7 +39,7 @@ pub fn schema() -> Value {
     })
 }
 
-const DESCRIPTION: &str = "List a directory of the workspace as an indented tree, to a given depth. Directories end with `/`, symbolic links show their target. Files ignored by .gitignore (and the .git directory) are left out. Long listings are capped; list a subdirectory or lower the depth to see the rest.";
+const DESCRIPTION: &str = "List a directory of the workspace as an indented tree, to a given depth: to find your way in a project before reading or searching. Directories end with `/`, symbolic links show their target. Files ignored by .gitignore (and the .git directory) are left out. Long listings are capped; list a subdirectory or lower the depth to see the rest.";
 
 impl Tool for ListDir {
     fn name(&self) -> &str {

@@ -52,7 +52,7 @@ pub fn schema() -> Value {
     })
 }
 
-const DESCRIPTION: &str = "Search file contents in the workspace with a regular expression (ripgrep's engine). Honours .gitignore and skips binary files. Results are `path:line:text` for matching lines and `path-line-text` for context lines, with `--` between separate groups. Narrow with `path` and `glob`; results are capped and the output says when they were.";
+const DESCRIPTION: &str = "Search file contents in the workspace with a regular expression (ripgrep's engine): to find where something is defined or used before reading or editing it. Honours .gitignore and skips binary files. Results are `path:line:text` for matching lines and `path-line-text` for context lines, with `--` between separate groups. Narrow with `path` and `glob`; results are capped and the output says when they were.";
 
 impl Tool for SearchFiles {
     fn name(&self) -> &str {

@@ -346,23 +346,8 @@ impl Workspace {
     /// Writes `data` to `path`, creating parent directories. Returns whether
     /// the file was created (rather than overwritten).
     pub fn write(&self, path: &WsPath, data: &[u8]) -> Result<bool, WorkspaceError> {
-        let (parent, name) = match (path.rel.parent(), path.rel.file_name()) {
-            (Some(p), Some(n)) => (p.to_path_buf(), PathBuf::from(n)),
-            _ => {
-                return Err(WorkspaceError::IsDirectory {
-                    path: path.display(),
-                });
-            }
-        };
         // The path as given, before anything is made; then as resolved.
-        if self.control_files
-            && let Some(top) = control_file(&path.rel)
-        {
-            return Err(WorkspaceError::ReadOnly {
-                path: path.display(),
-                why: reason(top),
-            });
-        }
+        let (parent, name) = self.changeable(path)?;
         let dir = self.make_dirs(&parent, path)?;
         if let Some(why) = self.read_only_reason(&dir, &name) {
             return Err(WorkspaceError::ReadOnly {
@@ -401,6 +386,69 @@ impl Workspace {
             source: e,
         })?;
         Ok(created)
+    }
+}
+
+impl Workspace {
+    /// Removes the file (or link) `path`, beneath the workspace; a
+    /// directory is refused.
+    pub fn remove_file(&self, path: &WsPath) -> Result<(), WorkspaceError> {
+        let (parent, name) = self.changeable(path)?;
+        let parent = if parent.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            parent
+        };
+        let dir = self.openat(
+            &self.root,
+            &parent,
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )?;
+        if let Some(why) = self.read_only_reason(&dir, &name) {
+            return Err(WorkspaceError::ReadOnly {
+                path: path.display(),
+                why,
+            });
+        }
+        match rustix::fs::unlinkat(&dir, &name, rustix::fs::AtFlags::empty()) {
+            // unlink(2) says EISDIR on Linux for a directory.
+            Err(Errno::ISDIR) | Err(Errno::PERM) if self.is_dir_at(&dir, &name) => {
+                Err(WorkspaceError::IsDirectory {
+                    path: path.display(),
+                })
+            }
+            r => r.map_err(|e| Self::map(path, e)),
+        }
+    }
+
+    /// `path`'s parent directory and name, when a file there may be
+    /// changed as the path is written (not the root, not in a control
+    /// file); where it resolves is checked once it is open.
+    fn changeable(&self, path: &WsPath) -> Result<(PathBuf, PathBuf), WorkspaceError> {
+        let (parent, name) = match (path.rel.parent(), path.rel.file_name()) {
+            (Some(p), Some(n)) => (p.to_path_buf(), PathBuf::from(n)),
+            _ => {
+                return Err(WorkspaceError::IsDirectory {
+                    path: path.display(),
+                });
+            }
+        };
+        if self.control_files
+            && let Some(top) = control_file(&path.rel)
+        {
+            return Err(WorkspaceError::ReadOnly {
+                path: path.display(),
+                why: reason(top),
+            });
+        }
+        Ok((parent, name))
+    }
+
+    fn is_dir_at(&self, dir: &OwnedFd, name: &Path) -> bool {
+        rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory)
     }
 }
 

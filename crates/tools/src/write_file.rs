@@ -27,7 +27,7 @@ pub fn schema() -> Value {
     })
 }
 
-const DESCRIPTION: &str = "Write a file in the workspace, replacing it whole if it exists and creating missing parent directories. For changing part of an existing file prefer edit_file.";
+const DESCRIPTION: &str = "Write a file in the workspace, replacing it whole if it exists and creating missing parent directories: for new files, or a file whose every line changes. Returns what was written (bytes, and whether the file was new). For changing part of an existing file use edit_file.";
 
 impl Tool for WriteFile {
     fn name(&self) -> &str {

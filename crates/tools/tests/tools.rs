@@ -103,6 +103,7 @@ async fn the_toolbox_lists_every_tool_with_an_object_schema() {
             "read_file",
             "write_file",
             "edit_file",
+            "apply_patch",
             "list_dir",
             "search_files",
             "run_code"
@@ -1022,4 +1023,224 @@ async fn computer_without_a_display_says_so() {
         .await;
     assert!(out.is_error);
     assert!(out.text.contains("no usable display"), "{}", out.text);
+}
+
+// ---------------------------------------------------------------- apply_patch
+
+/// Issue 35: one `git diff` adds, changes, renames (with a change) and
+/// deletes files; the model is told what happened to each.
+#[tokio::test]
+async fn apply_patch_applies_a_multi_file_git_diff() {
+    let env = Env::new().await;
+    env.write(
+        "src/lib.rs",
+        "fn one() -> u32 {\n    1\n}\n\nfn two() -> u32 {\n    2\n}\n",
+    );
+    env.write("old_name.txt", "alpha\nbeta\ngamma\n");
+    env.write("gone.txt", "bye\n");
+    // Line numbers and counts as a model gets them: approximate.
+    let patch = "\
+diff --git a/src/lib.rs b/src/lib.rs
+index 1111111..2222222 100644
+--- a/src/lib.rs
++++ b/src/lib.rs
+@@ -3,7 +3,7 @@
+ fn two() -> u32 {
+-    2
++    22
+ }
+diff --git a/notes/new.md b/notes/new.md
+new file mode 100644
+--- /dev/null
++++ b/notes/new.md
+@@ -0,0 +1,2 @@
++# Notes
++written by a patch
+diff --git a/old_name.txt b/new_name.txt
+similarity index 80%
+rename from old_name.txt
+rename to new_name.txt
+--- a/old_name.txt
++++ b/new_name.txt
+@@ -1,3 +1,3 @@
+ alpha
+-beta
++BETA
+ gamma
+diff --git a/gone.txt b/gone.txt
+deleted file mode 100644
+--- a/gone.txt
++++ /dev/null
+@@ -1 +0,0 @@
+-bye
+";
+    let out = env.ok("apply_patch", json!({"patch": patch})).await;
+    assert!(
+        out.contains("updated /workspace/src/lib.rs (+1 -1)"),
+        "{out}"
+    );
+    assert!(out.contains("added /workspace/notes/new.md"), "{out}");
+    assert!(
+        out.contains("moved /workspace/old_name.txt to /workspace/new_name.txt"),
+        "{out}"
+    );
+    assert!(out.contains("deleted /workspace/gone.txt"), "{out}");
+    let read = |p: &str| std::fs::read_to_string(env.path(p)).unwrap();
+    assert_eq!(
+        read("src/lib.rs"),
+        "fn one() -> u32 {\n    1\n}\n\nfn two() -> u32 {\n    22\n}\n"
+    );
+    assert_eq!(read("notes/new.md"), "# Notes\nwritten by a patch\n");
+    assert_eq!(read("new_name.txt"), "alpha\nBETA\ngamma\n");
+    assert!(!env.path("old_name.txt").exists());
+    assert!(!env.path("gone.txt").exists());
+}
+
+/// A hunk that does not apply changes nothing, in any file, and the error
+/// names the file and the hunk.
+#[tokio::test]
+async fn apply_patch_is_all_or_nothing() {
+    let env = Env::new().await;
+    env.write("a.txt", "one\ntwo\nthree\n");
+    env.write("b.txt", "four\nfive\nsix\n");
+    let patch = "\
+--- a/a.txt
++++ b/a.txt
+@@ -1,3 +1,3 @@
+ one
+-two
++TWO
+ three
+--- a/b.txt
++++ b/b.txt
+@@ -1,3 +1,3 @@
+ four
+-five
++FIVE
+ six
+@@ -8,1 +8,1 @@
+-seven
++SEVEN
+--- /dev/null
++++ b/c.txt
+@@ -0,0 +1 @@
++new
+";
+    let err = env.err("apply_patch", json!({"patch": patch})).await;
+    assert!(
+        err.contains("/workspace/b.txt: hunk 2 of 2 does not apply"),
+        "{err}"
+    );
+    assert!(err.contains("`seven`"), "{err}");
+    assert!(err.contains("Nothing was changed"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(env.path("a.txt")).unwrap(),
+        "one\ntwo\nthree\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(env.path("b.txt")).unwrap(),
+        "four\nfive\nsix\n"
+    );
+    assert!(!env.path("c.txt").exists());
+}
+
+/// Codex's format: add, update (found by its `@@` line), move, delete.
+#[tokio::test]
+async fn apply_patch_takes_codex_s_format() {
+    let env = Env::new().await;
+    env.write(
+        "app.py",
+        "def a():\n    return 1\n\ndef b():\n    return 1\n",
+    );
+    env.write("tmp.txt", "x\n");
+    let patch = "\
+*** Begin Patch
+*** Add File: docs/readme.md
++hello
+*** Update File: app.py
+*** Move to: pkg/app.py
+@@ def b():
+-    return 1
++    return 2
+*** Delete File: tmp.txt
+*** End Patch
+";
+    let out = env.ok("apply_patch", json!({"patch": patch})).await;
+    assert!(
+        out.contains("moved /workspace/app.py to /workspace/pkg/app.py"),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(env.path("pkg/app.py")).unwrap(),
+        "def a():\n    return 1\n\ndef b():\n    return 2\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(env.path("docs/readme.md")).unwrap(),
+        "hello\n"
+    );
+    assert!(!env.path("tmp.txt").exists() && !env.path("app.py").exists());
+    let cut = env
+        .err(
+            "apply_patch",
+            json!({"patch": "*** Begin Patch\n*** Add File: z\n+z\n"}),
+        )
+        .await;
+    assert!(cut.contains("no `*** End Patch`"), "{cut}");
+    assert!(!env.path("z").exists());
+}
+
+/// Attacks: a patch aimed out of the workspace by `..`, by an absolute
+/// path, through a link the sandbox planted, or at `.git`, changes
+/// nothing, inside or out.
+#[tokio::test]
+async fn apply_patch_stays_beneath_the_workspace() {
+    let env = Env::new().await;
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("victim.txt"), "host file\n").unwrap();
+    std::os::unix::fs::symlink(outside.path(), env.path("out")).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("victim.txt"), env.path("link.txt")).unwrap();
+    env.write("ok.txt", "fine\n");
+    let victim = outside.path().join("victim.txt");
+    let host = victim.display().to_string();
+    let aims = [
+        "--- a/../victim.txt\n+++ b/../victim.txt\n@@ -1 +1 @@\n-host file\n+pwned\n".to_string(),
+        format!("--- {host}\n+++ {host}\n@@ -1 +1 @@\n-host file\n+pwned\n"),
+        "--- a/out/victim.txt\n+++ b/out/victim.txt\n@@ -1 +1 @@\n-host file\n+pwned\n".to_string(),
+        "--- a/link.txt\n+++ b/link.txt\n@@ -1 +1 @@\n-host file\n+pwned\n".to_string(),
+        "--- /dev/null\n+++ b/out/new.txt\n@@ -0,0 +1 @@\n+planted\n".to_string(),
+        "*** Begin Patch\n*** Delete File: link.txt\n*** Update File: ok.txt\n*** Move to: out/moved.txt\n*** End Patch\n".to_string(),
+    ];
+    for patch in aims {
+        // Each with a harmless change first: it must not land either.
+        let patch = if patch.starts_with("***") {
+            patch
+        } else {
+            format!("--- a/ok.txt\n+++ b/ok.txt\n@@ -1 +1 @@\n-fine\n+changed\n{patch}")
+        };
+        let out = env.call("apply_patch", json!({"patch": patch})).await;
+        assert!(out.is_error, "{patch}\n{}", out.text);
+        // Refused for where it points, not for its form.
+        assert!(
+            !out.text.contains("cannot be read"),
+            "{patch}\n{}",
+            out.text
+        );
+        eprintln!("{}", out.text);
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "host file\n",
+            "{patch}"
+        );
+        assert!(!outside.path().join("new.txt").exists(), "{patch}");
+        assert!(!outside.path().join("moved.txt").exists(), "{patch}");
+        assert_eq!(
+            std::fs::read_to_string(env.path("ok.txt")).unwrap(),
+            "fine\n",
+            "{patch}"
+        );
+        assert!(
+            std::fs::symlink_metadata(env.path("link.txt")).is_ok(),
+            "{patch}"
+        );
+    }
 }

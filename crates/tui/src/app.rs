@@ -98,6 +98,8 @@ pub struct Status {
     pub cost_usd: Option<f64>,
     pub context_tokens: u64,
     pub context_window: u64,
+    /// The project instructions (`AGENTS.md`) the model was given.
+    pub instructions: Vec<cordon_agent::instructions::Source>,
 }
 
 /// The session picker: a full-screen list, narrowed by what is typed.
@@ -167,6 +169,7 @@ Tab: complete a /command, or a workspace path after @ (@src/ma → @src/main.rs)
 /sessions pick an earlier session of this workspace (/sessions all: any)   /load ID  continue one
 /undo  take back the last turn: its file changes and its messages   /rewind N  back to the end of turn N
 /compact  summarise the conversation now   /model NAME  switch model   /cost  tokens and cost
+/status  model, workspace, session, and the AGENTS.md files the model follows
 /allow HOST[:PORT]  let the sandbox reach a host for this session (with --allow; alone: what it may reach)
 /snapshot [NAME]  save the sandbox's root (what was installed; not the workspace) as an image for --image";
 
@@ -185,6 +188,7 @@ const COMMANDS: &[&str] = &[
     "/rewind",
     "/sessions",
     "/snapshot",
+    "/status",
     "/undo",
 ];
 
@@ -634,6 +638,11 @@ impl App {
                     Vec::new()
                 }
             },
+            "/status" => {
+                let text = self.status_text();
+                self.notice(text);
+                Vec::new()
+            }
             "/cost" => {
                 let u = self.status.usage;
                 let cost = match self.status.cost_usd {
@@ -654,6 +663,44 @@ impl App {
                 Vec::new()
             }
         }
+    }
+
+    /// What `/status` says: the model, where it works, and what it was
+    /// told to follow.
+    fn status_text(&self) -> String {
+        let s = &self.status;
+        let mut out = format!(
+            "Model {} · workspace {} · sandbox {}{} · session {}",
+            s.model,
+            s.workspace,
+            match s.sandbox {
+                SandboxState::Starting => "starting",
+                SandboxState::Ready => "ready",
+                SandboxState::Busy => "busy",
+                SandboxState::Closed => "closed",
+            },
+            if s.backend == "native" {
+                String::new()
+            } else {
+                format!(" ({})", s.backend)
+            },
+            s.session.as_deref().unwrap_or("not saved yet"),
+        );
+        if s.instructions.is_empty() {
+            out.push_str("\nInstructions: no AGENTS.md was found.");
+        } else {
+            out.push_str("\nInstructions read, in order:");
+            for i in &s.instructions {
+                match i.cut_at {
+                    Some(n) => out.push_str(&format!(
+                        "\n  {} (the first {n} of its {} bytes)",
+                        i.path, i.bytes
+                    )),
+                    None => out.push_str(&format!("\n  {} ({} bytes)", i.path, i.bytes)),
+                }
+            }
+        }
+        out
     }
 
     // --- approvals ----------------------------------------------------------

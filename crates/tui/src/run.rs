@@ -250,6 +250,7 @@ fn on_update(app: &mut App, u: Update) -> Option<String> {
             app.status.sandbox = SandboxState::Ready;
             app.network = network;
         }
+        Update::Instructions(read) => app.status.instructions = read,
         Update::SandboxFailed(e) => {
             app.status.sandbox = SandboxState::Closed;
             app.error(e);

@@ -389,6 +389,7 @@ pub fn key_argument(name: &str, input: &Value) -> String {
             }
         }
         "run_code" => format!("{}: {}", s("language"), first_line(s("code"))),
+        "apply_patch" => patched_files(s("patch")),
         _ => {
             let mut j = input.to_string();
             if j.len() > 80 {
@@ -401,6 +402,39 @@ pub fn key_argument(name: &str, input: &Value) -> String {
             }
             j
         }
+    }
+}
+
+/// The files a patch names, for its one-line summary: `a.rs, b.rs and 3 more`.
+fn patched_files(patch: &str) -> String {
+    const SHOWN: usize = 3;
+    let mut files: Vec<&str> = Vec::new();
+    let lines: Vec<&str> = patch.lines().collect();
+    for (i, l) in lines.iter().enumerate() {
+        let named = if let Some(p) = l.strip_prefix("+++ ") {
+            (p.trim() != "/dev/null").then(|| p.trim().trim_start_matches("b/"))
+        } else if let Some(p) = l.strip_prefix("--- ") {
+            // A deleted file is named only here.
+            lines
+                .get(i + 1)
+                .is_some_and(|n| n.trim() == "+++ /dev/null")
+                .then(|| p.trim().trim_start_matches("a/"))
+        } else {
+            ["*** Add File: ", "*** Update File: ", "*** Delete File: "]
+                .iter()
+                .find_map(|k| l.strip_prefix(k))
+                .map(str::trim)
+        };
+        if let Some(p) = named
+            && !files.contains(&p)
+        {
+            files.push(p);
+        }
+    }
+    match files.len() {
+        0 => "(no files)".into(),
+        n if n <= SHOWN => files.join(", "),
+        n => format!("{} and {} more", files[..SHOWN].join(", "), n - SHOWN),
     }
 }
 
@@ -585,6 +619,21 @@ mod tests {
             before: None,
             live: String::new(),
         })
+    }
+
+    #[test]
+    fn a_patch_is_summed_up_by_its_files() {
+        let git = "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1 +1 @@\n-x\n+y\n\
+                   --- a/gone.rs\n+++ /dev/null\n@@ -1 +0,0 @@\n-z\n";
+        assert_eq!(
+            key_argument("apply_patch", &json!({"patch": git})),
+            "a.rs, gone.rs"
+        );
+        let codex = "*** Begin Patch\n*** Add File: n1\n+a\n*** Update File: n2\n*** Delete File: n3\n*** Delete File: n4\n*** End Patch";
+        assert_eq!(
+            key_argument("apply_patch", &json!({"patch": codex})),
+            "n1, n2, n3 and 1 more"
+        );
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use cordon_agent::sessions::{self, SessionSummary};
 use cordon_agent::{
-    Agent, AgentBuilder, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Message,
-    ProviderConfig, SessionLog, StopReason, Usage,
+    Agent, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Conversation,
+    Instructions, Message, Opening, ProviderConfig, SessionLog, StopReason, Usage,
 };
 use cordon_sandbox::{Sandbox, SandboxConfig};
 use serde_json::Value;
@@ -68,6 +68,8 @@ pub enum Update {
         reply: oneshot::Sender<Answer>,
     },
     Sessions(Vec<SessionSummary>),
+    /// The project instructions (`AGENTS.md`) the conversation was given.
+    Instructions(Vec<cordon_agent::instructions::Source>),
     /// The conversation is now this session (a new one once it is logged,
     /// or one loaded from disk).
     Session {
@@ -236,6 +238,8 @@ pub struct Worker {
     pub image: Option<String>,
     /// How `/snapshot` saves the sandbox; `None` where images are not kept.
     pub snapshot: Option<Snapshotter>,
+    /// The user's own `AGENTS.md`, read before the workspace's.
+    pub user_instructions: Option<PathBuf>,
 }
 
 /// What `--repo` gives a new conversation.
@@ -247,12 +251,11 @@ pub struct Repository {
 
 struct State {
     cfg: Worker,
-    sandbox: Option<Sandbox>,
-    agent: Option<Agent>,
+    /// The conversation; `None` while there is no sandbox to hold one.
+    talk: Option<Conversation>,
     /// The session's id once its log exists.
     session: Option<String>,
     approver: Option<Arc<UiApprover>>,
-    extra_tools: Vec<Arc<dyn cordon_tools::Tool>>,
     events: mpsc::UnboundedSender<AgentEvent>,
     updates: mpsc::UnboundedSender<Update>,
     cancel: Cancel,
@@ -291,46 +294,22 @@ impl Worker {
         });
         let mut st = State {
             cfg: self,
-            sandbox: None,
-            agent: None,
+            talk: None,
             session: None,
             approver,
-            extra_tools: Vec::new(),
             events,
             updates,
             cancel,
         };
         // The sandbox first: the UI can say it is ready while MCP servers
         // (up to their start-up timeout) come up.
-        st.start_sandbox().await;
-        let report_to = st.updates.clone();
-        let mcp = cordon_mcp::McpClients::start(
-            &st.cfg.mcp,
-            Arc::new(move |m: String| {
-                let _ = report_to.send(Update::Error(m));
-            }),
-        )
-        .await;
-        st.extra_tools = mcp.tools.clone();
-        if let Some(repo) = &st.cfg.repository {
-            st.extra_tools.extend(repo.tools.iter().cloned());
-        }
-        match resume {
-            Some(r) => st.adopt(r),
-            None => st.fresh_agent(),
-        }
+        st.open(resume).await;
         while let Some(req) = requests.recv().await {
             st.handle(req).await;
         }
         // The last turn's checkpoint lands before cordon exits.
-        if let Some(agent) = st.agent.as_mut() {
-            agent.settle().await;
-        }
-        st.agent = None;
-        st.extra_tools.clear();
-        mcp.shutdown().await;
-        if let Some(sb) = st.sandbox.take() {
-            sb.close().await;
+        if let Some(talk) = st.talk.take() {
+            talk.close().await;
         }
     }
 }
@@ -339,16 +318,17 @@ impl State {
     /// Names the sandbox after the session, for `cordon image commit` (a
     /// label that cannot be written only leaves that command without it).
     fn label_sandbox(&self) {
-        if let (Some(sb), Some(id)) = (&self.sandbox, &self.session) {
-            let _ = sb.set_label(id);
+        if let (Some(talk), Some(id)) = (&self.talk, &self.session) {
+            talk.label(id);
         }
     }
 
     async fn snapshot(&mut self, name: Option<String>) {
         let notice = match (
             &self.cfg.snapshot,
-            self.sandbox
+            self.talk
                 .as_ref()
+                .map(Conversation::sandbox)
                 .and_then(|s| s.writable_layer_dir().zip(s.writable_upper())),
             &self.session,
         ) {
@@ -372,69 +352,115 @@ impl State {
         let _ = self.updates.send(Update::Notice(notice));
     }
 
-    async fn start_sandbox(&mut self) {
-        if let Some(sb) = self.sandbox.take() {
-            sb.close().await;
-        }
-        match Sandbox::create(self.cfg.sandbox.clone()).await {
-            Ok(sb) => {
-                let network = sb.network().map(|n| n.policy.clone());
-                self.sandbox = Some(sb);
-                self.label_sandbox();
-                let _ = self.updates.send(Update::Ready { network });
-            }
-            Err(e) => {
-                let _ = self.updates.send(Update::SandboxFailed(format!(
-                    "cannot create the sandbox: {e}"
-                )));
-            }
-        }
-    }
-
-    fn new_agent(&self) -> Option<Agent> {
-        let sandbox = self.sandbox.as_ref()?;
-        let config = AgentConfig {
-            system: cordon_agent::prompt::system(
-                self.cfg.sandbox.network,
-                &cordon_agent::prompt::allowed(sandbox),
-            ),
-            ..self.cfg.agent.clone()
-        };
-        let built = AgentBuilder::new(&self.cfg.provider, config)
-            .tools(&self.extra_tools)
+    /// How every conversation of this UI opens: the provider, the
+    /// agent's settings as they are now, the MCP servers and the
+    /// repository's tools, and the approver.
+    fn opening(&self) -> Opening {
+        let report_to = self.updates.clone();
+        Opening::new(&self.cfg.provider, self.cfg.agent.clone())
+            .mcp(
+                &self.cfg.mcp,
+                Arc::new(move |m: String| {
+                    let _ = report_to.send(Update::Error(m));
+                }),
+            )
+            .tools(
+                &self
+                    .cfg
+                    .repository
+                    .as_ref()
+                    .map(|r| r.tools.clone())
+                    .unwrap_or_default(),
+            )
             .approver(
                 self.approver
                     .as_ref()
                     .map(|a| a.clone() as Arc<dyn Approver>),
             )
-            .build(sandbox, &self.cfg.sandbox.workspace);
-        match built {
-            Ok(agent) => Some(agent),
+    }
+
+    /// Opens a conversation in a new sandbox over the workspace, the one
+    /// before closed first: `resume`'s, or a fresh one.
+    async fn open(&mut self, resume: Option<sessions::Resumed>) {
+        if let Some(talk) = self.talk.take() {
+            talk.close().await;
+        }
+        self.session = None;
+        let sandbox = match Sandbox::create(self.cfg.sandbox.clone()).await {
+            Ok(sb) => sb,
+            Err(e) => {
+                let _ = self.updates.send(Update::SandboxFailed(format!(
+                    "cannot create the sandbox: {e}"
+                )));
+                return;
+            }
+        };
+        let network = sandbox.network().map(|n| n.policy.clone());
+        let _ = self.updates.send(Update::Ready { network });
+        let (history, log, shown) = match resume {
+            Some(r) => (
+                r.history.clone(),
+                Some(r.log),
+                Some((r.summary.id, r.history, r.summary.usage)),
+            ),
+            None => (Vec::new(), None, None),
+        };
+        let instructions = Instructions::read(
+            self.cfg.user_instructions.as_deref(),
+            &self.cfg.sandbox.workspace,
+            &self.cfg.sandbox.workdir,
+        );
+        let _ = self
+            .updates
+            .send(Update::Instructions(instructions.sources().to_vec()));
+        let opened = self
+            .opening()
+            .instructions(instructions)
+            .open(sandbox, &self.cfg.sandbox.workspace, history, log)
+            .await;
+        match opened {
+            Ok(talk) => self.talk = Some(talk),
             Err(e) => {
                 let _ = self.updates.send(Update::Error(e.to_string()));
-                None
+                return;
             }
+        }
+        if let Some((id, history, usage)) = shown {
+            self.continued(id, history, usage);
         }
     }
 
-    fn fresh_agent(&mut self) {
-        self.agent = self.new_agent();
+    /// A fresh conversation in the same sandbox.
+    async fn fresh(&mut self) {
         self.session = None;
+        if let Some(talk) = &mut self.talk
+            && let Err(e) = talk.restart(Vec::new(), None).await
+        {
+            let _ = self.updates.send(Update::Error(e.to_string()));
+        }
     }
 
     /// Continues a session from disk in the current sandbox.
-    fn adopt(&mut self, r: sessions::Resumed) {
-        let Some(agent) = self.new_agent() else {
+    async fn adopt(&mut self, r: sessions::Resumed) {
+        let Some(talk) = &mut self.talk else {
             return;
         };
-        let id = r.summary.id.clone();
+        let history = r.history.clone();
+        if let Err(e) = talk.restart(r.history, Some(r.log)).await {
+            let _ = self.updates.send(Update::Error(e.to_string()));
+            return;
+        }
+        self.continued(r.summary.id, history, r.summary.usage);
+    }
+
+    /// The conversation is now session `id`, continued: the UI shows it.
+    fn continued(&mut self, id: String, history: Vec<Message>, usage: Usage) {
         let _ = self.updates.send(Update::Session {
             id: id.clone(),
             workspace: self.cfg.sandbox.workspace.clone(),
-            history: Some(r.history.clone()),
-            usage: r.summary.usage,
+            history: Some(history),
+            usage,
         });
-        self.agent = Some(agent.with_history(r.history).with_log(r.log));
         self.session = Some(id);
         self.label_sandbox();
     }
@@ -446,16 +472,12 @@ impl State {
             Request::Snapshot(name) => self.snapshot(name).await,
             Request::SetModel(m) => {
                 self.cfg.agent.model = m.clone();
-                if let Some(a) = &mut self.agent {
-                    a.config_mut().model = m;
+                if let Some(talk) = &mut self.talk {
+                    talk.set_model(&m);
                 }
             }
-            Request::Clear => self.fresh_agent(),
-            Request::New => {
-                self.agent = None;
-                self.start_sandbox().await;
-                self.fresh_agent();
-            }
+            Request::Clear => self.fresh().await,
+            Request::New => self.open(None).await,
             Request::ListSessions { all } => {
                 let dir = self.cfg.sessions_dir.clone();
                 let here = self.cfg.sandbox.workspace.clone();
@@ -528,11 +550,11 @@ impl State {
                 )));
                 return;
             }
-            self.agent = None;
             self.cfg.sandbox.workspace = ws;
-            self.start_sandbox().await;
+            self.open(Some(r)).await;
+            return;
         }
-        self.adopt(r);
+        self.adopt(r).await;
     }
 
     /// `/undo` and `/rewind N`: the session's files and conversation back
@@ -547,15 +569,11 @@ impl State {
         let path = self.cfg.sessions_dir.join(format!("{id}.jsonl"));
         // The last turn's checkpoint first; then the log is closed, so that
         // nothing else writes to it while the rewind does.
-        if let Some(agent) = self.agent.as_mut() {
-            agent.settle().await;
-        }
-        self.agent = None;
+        self.fresh().await;
         let turns = match sessions::open(&path) {
             Ok(r) => r.summary.turns,
             Err(e) => {
                 let _ = self.updates.send(Update::Error(e.to_string()));
-                self.fresh_agent();
                 return;
             }
         };
@@ -565,7 +583,7 @@ impl State {
                 let _ = self.updates.send(Update::Notice(
                     "Nothing to take back: this conversation has no turns yet.".into(),
                 ));
-                self.reopen(&path);
+                self.reopen(&path).await;
                 return;
             }
             None => turns - 1,
@@ -595,17 +613,17 @@ impl State {
             Ok(Err(e)) => Update::Error(e.to_string()),
             Err(e) => Update::Error(e.to_string()),
         };
-        self.reopen(&path);
+        self.reopen(&path).await;
         let _ = self.updates.send(said);
     }
 
     /// Continues the session logged at `path` (after a rewind).
-    fn reopen(&mut self, path: &std::path::Path) {
+    async fn reopen(&mut self, path: &std::path::Path) {
         match sessions::open(path) {
-            Ok(r) => self.adopt(r),
+            Ok(r) => self.adopt(r).await,
             Err(e) => {
                 let _ = self.updates.send(Update::Error(e.to_string()));
-                self.fresh_agent();
+                self.fresh().await;
             }
         }
     }
@@ -615,7 +633,7 @@ impl State {
         if self.session.is_some() {
             return;
         }
-        let Some(agent) = self.agent.take() else {
+        let Some(talk) = &mut self.talk else {
             return;
         };
         // The first conversation on a cloned repository takes the id its
@@ -631,7 +649,8 @@ impl State {
             _ => (sessions::new_id(), Vec::new()),
         };
         let path = self.cfg.sessions_dir.join(format!("{id}.jsonl"));
-        let agent = match SessionLog::<Value>::create(&path) {
+        let read = talk.instructions().to_vec();
+        match SessionLog::<Value>::create(&path) {
             Ok(mut log) => {
                 let _ = log.append(
                     &sessions::SessionStarted::new(
@@ -645,6 +664,7 @@ impl State {
                         false,
                     )
                     .in_image(self.cfg.image.clone())
+                    .reading(&read)
                     .record(),
                 );
                 for r in &first {
@@ -656,28 +676,23 @@ impl State {
                     history: None,
                     usage: Usage::default(),
                 });
+                talk.agent().set_log(log);
+                talk.label(&id);
                 self.session = Some(id);
-                self.label_sandbox();
-                agent.with_log(log)
             }
             Err(e) => {
                 let _ = self.updates.send(Update::Notice(format!(
                     "This conversation is not saved: cannot create {}: {e}",
                     path.display()
                 )));
-                agent
             }
-        };
-        self.agent = Some(agent);
+        }
     }
 
     /// The agent, ready for a turn whose log (if it is the first) is
     /// titled `title`; `None`, with the UI told why, when there is none.
     fn ready(&mut self, title: &str) -> Option<&mut Agent> {
-        if self.agent.is_none() {
-            self.fresh_agent();
-        }
-        if self.agent.is_none() {
+        if self.talk.is_none() {
             let _ = self.updates.send(Update::Done {
                 error: Some("the sandbox is not running: /new starts a fresh one".into()),
                 cancelled: false,
@@ -686,7 +701,7 @@ impl State {
         }
         self.ensure_log(title);
         self.cancel.reset();
-        self.agent.as_mut()
+        self.talk.as_mut().map(Conversation::agent)
     }
 
     async fn send(&mut self, prompt: &str) {
@@ -720,7 +735,7 @@ impl State {
 
     async fn compact(&mut self) {
         self.cancel.reset();
-        let Some(agent) = self.agent.as_mut() else {
+        let Some(agent) = self.talk.as_mut().map(Conversation::agent) else {
             let _ = self.updates.send(Update::Done {
                 error: Some("nothing to compact".into()),
                 cancelled: false,

@@ -20,6 +20,7 @@ fn app() -> App {
         cost_usd: None,
         context_tokens: 0,
         context_window: 200_000,
+        instructions: Vec::new(),
     })
 }
 
@@ -437,4 +438,36 @@ fn p_approves_a_command_prefix() {
     a.on_key(key(KeyCode::Char('p')));
     assert!(rx.try_recv().is_err(), "still asking");
     assert!(a.approval.is_some());
+}
+
+/// Issue 35: `/status` says which AGENTS.md files the model follows, in
+/// order, and how much of a cut one it was given.
+#[test]
+fn status_lists_the_instructions_read() {
+    let mut a = app();
+    type_text(&mut a, "/status");
+    assert_eq!(enter(&mut a), vec![]);
+    assert!(last(&a).contains("no AGENTS.md was found"), "{}", last(&a));
+    a.status.instructions = vec![
+        cordon_agent::instructions::Source {
+            path: "~/.config/cordon/AGENTS.md".into(),
+            bytes: 120,
+            cut_at: None,
+        },
+        cordon_agent::instructions::Source {
+            path: "/workspace/AGENTS.md".into(),
+            bytes: 90_000,
+            cut_at: Some(32_768),
+        },
+    ];
+    type_text(&mut a, "/status");
+    enter(&mut a);
+    let said = last(&a);
+    assert!(said.contains("Model claude-sonnet-4-5"), "{said}");
+    let (user, project) = (
+        said.find("~/.config/cordon/AGENTS.md (120 bytes)").unwrap(),
+        said.find("/workspace/AGENTS.md (the first 32768 of its 90000 bytes)")
+            .unwrap(),
+    );
+    assert!(user < project, "{said}");
 }

@@ -23,6 +23,7 @@ fn app() -> App {
         cost_usd: None,
         context_tokens: 0,
         context_window: 200_000,
+        instructions: Vec::new(),
     })
 }
 

@@ -197,6 +197,13 @@ impl Agent {
     /// Records the conversation in `log` from now on, and the workspace's
     /// files at the start and after every turn in checkpoints beside it.
     pub fn with_log(mut self, log: SessionLog<Value>) -> Self {
+        self.set_log(log);
+        self
+    }
+
+    /// [`Agent::with_log`] on an agent in place: a conversation whose log
+    /// is made with its first message.
+    pub fn set_log(&mut self, log: SessionLog<Value>) {
         self.checkpoints = crate::checkpoints::TurnCheckpoints::open(
             log.path(),
             &self.ctx.workspace,
@@ -212,7 +219,6 @@ impl Agent {
         {
             crate::netlog::record_changes(&net.policy, Arc::downgrade(&self.log));
         }
-        self
     }
 
     /// Adds a message to the history and records it.

@@ -56,6 +56,10 @@ pub(crate) struct ConnectParams {
     pub read_only: Vec<std::path::PathBuf>,
     /// Where the extra binds are inside, for [`Sandbox::bind_targets`].
     pub bind_targets: Vec<String>,
+    /// [`crate::config::SandboxConfig::network`], for [`Sandbox::network_kind`].
+    pub network: crate::config::Network,
+    /// [`crate::config::RootImage::uid`], for [`Sandbox::image_user`].
+    pub image_user: Option<u32>,
     pub setup_timeout: Duration,
     /// Set the supervisor's clock from the host's once it is ready (a
     /// microVM's own clock starts from its RTC).
@@ -137,6 +141,8 @@ pub(crate) struct Inner {
     workdir: String,
     read_only: Vec<std::path::PathBuf>,
     bind_targets: Vec<String>,
+    network: crate::config::Network,
+    image_user: Option<u32>,
     /// The virtual screen, once it is up.
     pub(crate) display: std::sync::OnceLock<crate::config::Display>,
     /// The disk budget's watcher, when there is a budget.
@@ -265,6 +271,17 @@ impl Sandbox {
 
     /// The broker's policy, warnings and events, with
     /// [`crate::Network::Allow`].
+    /// The network the sandbox was made with: what its processes can reach.
+    pub fn network_kind(&self) -> crate::config::Network {
+        self.inner.network
+    }
+
+    /// The uid commands run as when the sandbox's root is an image's;
+    /// `None` on the host's own (read-only) system.
+    pub fn image_user(&self) -> Option<u32> {
+        self.inner.image_user
+    }
+
     pub fn network(&self) -> Option<&crate::egress::NetworkInfo> {
         self.inner.services.network()
     }
@@ -288,6 +305,8 @@ impl Sandbox {
             workdir,
             read_only,
             bind_targets,
+            network,
+            image_user,
             setup_timeout,
             set_clock,
             services,
@@ -396,6 +415,8 @@ impl Sandbox {
                 workdir,
                 read_only,
                 bind_targets,
+                network,
+                image_user,
                 services,
             }
         });

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cordon_agent::events::{BoxFuture, EventSink};
-use cordon_agent::{AgentBuilder, AgentError, AgentEvent, Cancel, SessionLog};
+use cordon_agent::{AgentError, AgentEvent, Cancel, Instructions, Opening, SessionLog};
 use cordon_sandbox::Sandbox;
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -17,13 +17,14 @@ use crate::config::AgentDefaults;
 use crate::job::{AgentResult, JobEvent, JobResult, JobState, Problem};
 use crate::store::{NewEvent, Outcome};
 
+/// Where a job's commands start: its AGENTS.md files are read down to here.
+const WORKDIR: &str = "/workspace";
+
 pub(super) struct AgentRun {
     pub(super) prompt: String,
     pub(super) model: Option<String>,
     pub(super) max_steps: Option<u32>,
     pub(super) session: PathBuf,
-    /// What the model is told of its network.
-    pub(super) network: cordon_sandbox::Network,
     /// The job's `repo`, cloned: its git tools go to the model.
     pub(super) repository: Option<cordon_git::SessionRepository>,
 }
@@ -48,8 +49,6 @@ pub(super) async fn run_agent(
         };
     };
     let mut config = model_config.agent.clone();
-    config.system =
-        cordon_agent::prompt::system(run.network, &cordon_agent::prompt::allowed(sandbox));
     if let Some(m) = run.model {
         config.model = m;
     }
@@ -60,20 +59,7 @@ pub(super) async fn run_agent(
     // fails is said in the job's events and the job goes on without it.
     let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
     let noted = failures.clone();
-    let mcp = cordon_mcp::McpClients::start(
-        mcp_servers,
-        Arc::new(move |m: String| noted.lock().unwrap_or_else(|p| p.into_inner()).push(m)),
-    )
-    .await;
-    let failed = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));
-    for message in failed {
-        sink.event(JobEvent::Error(Problem { message })).await;
-    }
-    let mut builder = AgentBuilder::new(&model_config.provider, config).tools(&mcp.tools);
-    if let Some(r) = &run.repository {
-        builder = builder.tools(&r.tools());
-    }
-    match SessionLog::<Value>::create(&run.session) {
+    let log = match SessionLog::<Value>::create(&run.session) {
         Ok(mut log) => {
             // Where pushes go, as the log keeps it.
             if let Some(r) = &run.repository
@@ -82,14 +68,30 @@ pub(super) async fn run_agent(
             {
                 tracing::warn!("agent job session log: {e}");
             }
-            builder = builder.log(log);
+            Some(log)
         }
-        Err(e) => tracing::warn!("agent job session log: {e}"),
-    }
-    let mut agent = match builder.build(sandbox, ws) {
-        Ok(a) => a,
         Err(e) => {
-            mcp.shutdown().await;
+            tracing::warn!("agent job session log: {e}");
+            None
+        }
+    };
+    // The job's sandbox is the job's: the conversation ends, it stays.
+    let opened = Opening::new(&model_config.provider, config)
+        .mcp(
+            mcp_servers,
+            Arc::new(move |m: String| noted.lock().unwrap_or_else(|p| p.into_inner()).push(m)),
+        )
+        .tools(&run.repository.map(|r| r.tools()).unwrap_or_default())
+        .instructions(Instructions::read(None, ws, WORKDIR))
+        .open(sandbox.clone(), ws, Vec::new(), log)
+        .await;
+    let failed = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));
+    for message in failed {
+        sink.event(JobEvent::Error(Problem { message })).await;
+    }
+    let mut talk = match opened {
+        Ok(t) => t,
+        Err(e) => {
             return Outcome {
                 state: JobState::Failed,
                 exit_code: None,
@@ -106,7 +108,7 @@ pub(super) async fn run_agent(
         sink,
     };
     let result = {
-        let send = agent.send(&run.prompt, &tx, &turn_cancel);
+        let send = talk.agent().send(&run.prompt, &tx, &turn_cancel);
         tokio::pin!(send);
         loop {
             tokio::select! {
@@ -122,13 +124,11 @@ pub(super) async fn run_agent(
     };
     drop(tx);
     // The turn's checkpoint, before the job's workspace is done with.
-    agent.settle().await;
+    let (ended, _job_s) = talk.end().await;
     while let Some(ev) = rx.recv().await {
         events.event(ev).await;
     }
-    let usage = agent.usage();
-    drop(agent);
-    mcp.shutdown().await;
+    let usage = ended.usage;
     match result {
         Ok(o) => Outcome {
             state: JobState::Succeeded,

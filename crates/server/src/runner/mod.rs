@@ -356,7 +356,6 @@ impl Runner {
                     model,
                     max_steps,
                     session,
-                    network: req.options.network.into(),
                     repository,
                 };
                 agent::run_agent(

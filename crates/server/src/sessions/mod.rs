@@ -129,7 +129,7 @@ pub(crate) async fn vnc(
             let mut guard = take(&shared, &row).await?;
             let live = guard.as_mut().expect("take wakes the session");
             live.last_used = Instant::now();
-            live.sandbox.clone()
+            live.talk.sandbox().clone()
         }
     };
     crate::desktop::bridge(sandbox, access, upgrade).await
@@ -246,6 +246,7 @@ pub(crate) async fn create(
         allow_private: spec.map(|s| s.allow_private),
         forked_from: None,
         image: image.map(String::from),
+        instructions: Vec::new(),
     }
     .record();
     log.append(&started)
@@ -416,7 +417,7 @@ pub(crate) async fn message(
     let turn_shared = shared.clone();
     tokio::spawn(async move {
         if let Some(live) = guard.as_mut() {
-            let turn = live.agent.send(&text, &tx, &cancel);
+            let turn = live.talk.agent().send(&text, &tx, &cancel);
             let _ = pump(turn, &mut rx, &mut SseSink(sse)).await;
             live.last_used = Instant::now();
         }
@@ -559,7 +560,7 @@ pub(crate) async fn compact(
         ));
     };
     let (tx, _rx) = mpsc::unbounded_channel();
-    let result = live.agent.compact(&tx, &Cancel::new()).await;
+    let result = live.talk.agent().compact(&tx, &Cancel::new()).await;
     live.last_used = Instant::now();
     match result {
         Ok(c) => Ok(Json(Compaction {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::http::StatusCode;
-use cordon_agent::{AgentBuilder, AgentConfig};
+use cordon_agent::{AgentConfig, Instructions, Opening};
 use cordon_sandbox::Sandbox;
 use serde_json::Value;
 use tokio::sync::OwnedMutexGuard;
@@ -180,6 +180,7 @@ async fn wake(
         .as_ref()
         .map(|p| cordon_sandbox::Egress::new(p.clone().into()));
     let backend = sc.backend;
+    let workdir = sc.workdir.clone();
     let created = Sandbox::create(sc).await;
     shared.metrics.sandbox_started(backend, created.is_ok());
     let sandbox = created.map_err(|e| {
@@ -191,39 +192,27 @@ async fn wake(
         )
     })?;
     shared.sandboxes.insert(sandbox_key(&row.id), &sandbox);
-    if let Err(e) = sandbox.set_label(&row.id) {
-        tracing::warn!("session {}: cannot label the sandbox: {e}", row.id);
-    }
     // MCP servers that fail are logged: the session goes on without them.
     let id = row.id.clone();
-    let mcp = cordon_mcp::McpClients::start(
-        &shared.config.mcp_servers,
-        Arc::new(move |m: String| tracing::warn!("session {id}: {m}")),
-    )
-    .await;
-    let allow: Vec<String> = policy
-        .as_ref()
-        .map(|p| p.rules().iter().map(ToString::to_string).collect())
-        .unwrap_or_default();
-    let built = AgentBuilder::new(
+    let opened = Opening::new(
         &defaults.provider,
         AgentConfig {
             model: row.model.clone(),
-            system: cordon_agent::prompt::system(network, &allow),
             ..defaults.agent.clone()
         },
     )
-    .tools(&mcp.tools)
+    .mcp(
+        &shared.config.mcp_servers,
+        Arc::new(move |m: String| tracing::warn!("session {id}: {m}")),
+    )
     .tools(&repository.map(|r| r.tools()).unwrap_or_default())
-    .history(resumed.history)
-    .log(resumed.log)
-    .build(&sandbox, &ws);
-    let agent = match built {
-        Ok(a) => a,
+    .instructions(Instructions::read(None, &ws, &workdir))
+    .open(sandbox, &ws, resumed.history, Some(resumed.log))
+    .await;
+    let talk = match opened {
+        Ok(t) => t,
         Err(e) => {
             shared.sandboxes.unlist(&sandbox_key(&row.id));
-            mcp.shutdown().await;
-            sandbox.close().await;
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -231,15 +220,14 @@ async fn wake(
             ));
         }
     };
-    let _policy = sandbox.network().map(|net| {
+    talk.label(&row.id);
+    let _policy = talk.sandbox().network().map(|net| {
         shared
             .policies
             .list(crate::network::session_key(&row.id), net.policy.clone())
     });
     Ok(Live {
-        agent,
-        sandbox,
-        mcp,
+        talk,
         last_used: Instant::now(),
         _policy,
         _slot: slot,

@@ -15,7 +15,7 @@
 mod resolved;
 pub mod trust;
 
-pub use resolved::{ApprovalMode, Endpoint, Environment, Resolved, SandboxSettings, SecretSetting};
+pub use resolved::{ApprovalMode, Environment, Resolved};
 pub use trust::{Guard, Ignored, TrustStore};
 
 use std::collections::BTreeMap;
@@ -334,12 +334,12 @@ fn key(name: &str) -> Option<&'static Key> {
 fn hint(name: &str) -> String {
     let nearest = KEYS
         .iter()
-        .map(|k| (strsim::damerau_levenshtein(name, k.name), k.name))
+        .map(|k| (strsim::damerau_levenshtein(name, k.name), k.name, k.doc))
         .min();
     match nearest {
         // A slip of a key or two, not a different word.
-        Some((d, known)) if d <= 2.max(name.len() / 4) && d < name.len() => {
-            format!("; did you mean {known:?}?")
+        Some((d, known, doc)) if d <= 2.max(name.len() / 4) && d < name.len() => {
+            format!("; did you mean {known:?} ({doc})?")
         }
         _ => format!(
             " (known: {})",
@@ -748,8 +748,8 @@ impl Settings {
     /// The provider to use: explicit, or inferred from which keys are set.
     pub fn provider(&self) -> &'static str {
         match self.resolved().provider {
-            crate::provider::ProviderKind::Anthropic => "anthropic",
-            crate::provider::ProviderKind::OpenAi => "openai",
+            cordon_agent::ProviderKind::Anthropic => "anthropic",
+            cordon_agent::ProviderKind::OpenAi => "openai",
         }
     }
 

@@ -7,7 +7,7 @@ use cordon_git::Retention;
 use cordon_sandbox::{Accel, BackendKind, Display, Network, VmOptions};
 
 use super::{ConfigError, Settings, Source};
-use crate::provider::ProviderKind;
+use cordon_agent::ProviderKind;
 
 /// The smallest memory limit a sandbox can start with.
 const MIN_MEMORY: u64 = 16 << 20;
@@ -112,7 +112,7 @@ impl Resolved {
 
 /// A base URL the providers can use: http or https, with a host.
 fn check_url(v: &str) -> Result<String, String> {
-    let url = reqwest::Url::parse(v).map_err(|e| format!("not a URL: {e}"))?;
+    let url = url::Url::parse(v).map_err(|e| format!("not a URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!(
             "expected an http or https URL, not {}:",

@@ -116,12 +116,15 @@ fn bad_files_and_values_are_clear_errors() {
         "{err}"
     );
     // Issue 32: a typo is answered with the key it is likely one of.
-    assert!(err.contains("did you mean \"model\"?"), "{err}");
+    assert!(
+        err.contains("did you mean \"model\" (model name)?"),
+        "{err}"
+    );
     std::fs::write(&cfg, "[sandbox]\ndsik = \"1G\"\n").unwrap();
     let err = Settings::load(&layers(dir.path(), dir.path(), &none, &[]))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("did you mean \"sandbox.disk\"?"), "{err}");
+    assert!(err.contains("did you mean \"sandbox.disk\" ("), "{err}");
     std::fs::write(&cfg, "colour_scheme = \"dark\"\n").unwrap();
     let err = Settings::load(&layers(dir.path(), dir.path(), &none, &[]))
         .unwrap_err()
@@ -305,7 +308,7 @@ fn the_values_are_typed_once() {
     ))
     .unwrap();
     let r = s.resolved();
-    assert_eq!(r.provider, crate::provider::ProviderKind::OpenAi);
+    assert_eq!(r.provider, cordon_agent::ProviderKind::OpenAi);
     assert_eq!(r.endpoint().base_url, "http://localhost:11434/v1");
     assert_eq!(r.sandbox.memory, 1 << 30);
     assert_eq!(r.sandbox.pids, 256);

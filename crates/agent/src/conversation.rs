@@ -1,0 +1,257 @@
+//! A live conversation from open to close, the same for every front end
+//! (`exec`, the terminal UI, the server's agent jobs and API sessions):
+//! the sandbox it acts in, the configured MCP servers' tools, and the
+//! agent with its history and log; and the order they end in.
+//!
+//! ```text
+//! let mut talk = Opening::new(&provider, config)
+//!     .mcp(&servers, report)
+//!     .open(sandbox, &workspace, history, log)
+//!     .await?;
+//! talk.agent().send(prompt, &events, &cancel).await;
+//! let ended = talk.close().await;
+//! ```
+//!
+//! The rules: the system prompt is made from the sandbox itself (its
+//! network as it really is), so no front end can tell the model something
+//! else; the screen is the model's only with a display to show; and a
+//! conversation ends with its last turn's checkpoint recorded, then its
+//! log closed, then its MCP servers stopped, then (unless the caller keeps
+//! it) its sandbox closed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cordon_mcp::{McpClients, Report, ServerSpec};
+use cordon_sandbox::{DiskStop, Sandbox};
+use cordon_tools::{Tool, ToolContext, Toolbox};
+use serde_json::Value;
+
+use crate::agent::{Agent, AgentConfig, Approver};
+use crate::instructions::{Instructions, Source};
+use crate::log::SessionLog;
+use crate::message::Usage;
+use crate::provider::{Provider, ProviderConfig, ProviderError};
+use crate::wire::Message;
+
+/// What a conversation is opened with; [`Opening::open`] opens it. Kept
+/// (it is cheap to clone) by a front end that opens one conversation
+/// after another.
+#[derive(Clone)]
+pub struct Opening {
+    provider: ProviderConfig,
+    config: AgentConfig,
+    servers: BTreeMap<String, ServerSpec>,
+    report: Option<Report>,
+    tools: Vec<Arc<dyn Tool>>,
+    approver: Option<Arc<dyn Approver>>,
+    instructions: Instructions,
+}
+
+impl Opening {
+    /// `config.system` is replaced when the conversation opens: the
+    /// prompt is made from the sandbox.
+    pub fn new(provider: &ProviderConfig, config: AgentConfig) -> Opening {
+        Opening {
+            provider: provider.clone(),
+            config,
+            servers: BTreeMap::new(),
+            report: None,
+            tools: Vec::new(),
+            approver: None,
+            instructions: Instructions::default(),
+        }
+    }
+
+    /// The MCP servers to start for the conversation; one that fails is
+    /// told to `report` and the conversation goes on without it.
+    pub fn mcp(mut self, servers: &BTreeMap<String, ServerSpec>, report: Report) -> Self {
+        self.servers = servers.clone();
+        self.report = Some(report);
+        self
+    }
+
+    /// Tools beyond the sandbox's own and the MCP servers' (a cloned
+    /// repository's git tools).
+    pub fn tools(mut self, tools: &[Arc<dyn Tool>]) -> Self {
+        self.tools.extend(tools.iter().cloned());
+        self
+    }
+
+    /// Who decides whether each tool call runs (`--approval ask`).
+    pub fn approver(mut self, approver: Option<Arc<dyn Approver>>) -> Self {
+        self.approver = approver;
+        self
+    }
+
+    /// The project instructions (`AGENTS.md`), given to the model after
+    /// cordon's own prompt.
+    pub fn instructions(mut self, instructions: Instructions) -> Self {
+        self.instructions = instructions;
+        self
+    }
+
+    /// Opens the conversation in `sandbox`, over its host directory
+    /// `workspace`: `history` and `log` for a resumed session, a log
+    /// alone for a new one recorded from the start. The sandbox is the
+    /// conversation's from here on: closed with it, or on an error here.
+    pub async fn open(
+        &self,
+        sandbox: Sandbox,
+        workspace: &Path,
+        history: Vec<Message>,
+        log: Option<SessionLog<Value>>,
+    ) -> Result<Conversation, ProviderError> {
+        let report = self
+            .report
+            .clone()
+            .unwrap_or_else(|| Arc::new(|m: String| tracing::warn!("{m}")));
+        let mcp = McpClients::start(&self.servers, report).await;
+        match self.agent(&sandbox, workspace, &mcp.tools, history, log) {
+            Ok(agent) => Ok(Conversation {
+                agent,
+                sandbox,
+                workspace: workspace.to_path_buf(),
+                mcp,
+                opening: self.clone(),
+            }),
+            Err(e) => {
+                mcp.shutdown().await;
+                sandbox.close().await;
+                Err(e)
+            }
+        }
+    }
+
+    fn agent(
+        &self,
+        sandbox: &Sandbox,
+        workspace: &Path,
+        mcp: &[Arc<dyn Tool>],
+        history: Vec<Message>,
+        log: Option<SessionLog<Value>>,
+    ) -> Result<Agent, ProviderError> {
+        let provider = Provider::new(self.provider.clone())?;
+        let mut tools = Toolbox::standard();
+        // The screen is the model's only with a display to show.
+        if sandbox.display().is_some() {
+            tools.register(cordon_tools::computer::Computer);
+        }
+        for t in mcp.iter().chain(&self.tools) {
+            tools.register_arc(t.clone());
+        }
+        let config = AgentConfig {
+            system: crate::prompt::for_sandbox(sandbox) + &self.instructions.prompt(),
+            ..self.config.clone()
+        };
+        let mut agent = Agent::new(
+            provider,
+            tools,
+            ToolContext::new(sandbox.clone(), workspace),
+            config,
+        )
+        .with_history(history);
+        if let Some(log) = log {
+            agent.set_log(log);
+        }
+        agent.set_approver(self.approver.clone());
+        Ok(agent)
+    }
+}
+
+/// A conversation in progress: see the module's doc.
+pub struct Conversation {
+    agent: Agent,
+    sandbox: Sandbox,
+    workspace: PathBuf,
+    mcp: McpClients,
+    opening: Opening,
+}
+
+/// What is left of a conversation once it has ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Ended {
+    /// Tokens used by its last agent.
+    pub usage: Usage,
+    /// Its sandbox was stopped for its disk budget.
+    pub disk_stop: Option<DiskStop>,
+}
+
+impl Conversation {
+    pub fn agent(&mut self) -> &mut Agent {
+        &mut self.agent
+    }
+
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    /// The host directory the sandbox's /workspace is.
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    /// The project instructions the model was given.
+    pub fn instructions(&self) -> &[Source] {
+        self.opening.instructions.sources()
+    }
+
+    /// Names the sandbox after the session (for `cordon image commit`);
+    /// a label that cannot be written only leaves that command without it.
+    pub fn label(&self, session: &str) {
+        if let Err(e) = self.sandbox.set_label(session) {
+            tracing::warn!("cannot label the sandbox with its session: {e}");
+        }
+    }
+
+    /// The model from the next request on, and in every conversation
+    /// [`Conversation::restart`] begins.
+    pub fn set_model(&mut self, model: &str) {
+        self.agent.config_mut().model = model.to_string();
+        self.opening.config.model = model.to_string();
+    }
+
+    /// Begins another conversation in the same sandbox, with the same
+    /// tools: `history` and `log` for a resumed session, none for a fresh
+    /// one. The current one's last checkpoint is recorded and its log
+    /// closed first, so that the next may open it again.
+    pub async fn restart(
+        &mut self,
+        history: Vec<Message>,
+        log: Option<SessionLog<Value>>,
+    ) -> Result<(), ProviderError> {
+        self.agent.settle().await;
+        let next = self.opening.agent(
+            &self.sandbox,
+            &self.workspace,
+            &self.mcp.tools,
+            history,
+            log,
+        )?;
+        // The old agent, and the lock on its log, go here.
+        self.agent = next;
+        Ok(())
+    }
+
+    /// Ends the conversation and leaves its sandbox running, for a caller
+    /// that owns it beyond the conversation (a job's sandbox).
+    pub async fn end(mut self) -> (Ended, Sandbox) {
+        self.agent.settle().await;
+        let usage = self.agent.usage();
+        drop(self.agent);
+        self.mcp.shutdown().await;
+        let ended = Ended {
+            usage,
+            disk_stop: self.sandbox.disk_stopped(),
+        };
+        (ended, self.sandbox)
+    }
+
+    /// Ends the conversation and closes its sandbox.
+    pub async fn close(self) -> Ended {
+        let (ended, sandbox) = self.end().await;
+        sandbox.close().await;
+        ended
+    }
+}
