@@ -276,6 +276,52 @@ fn project_instructions_reach_the_model_in_order_with_their_paths_and_a_cap() {
     assert!(!server.requests()[0].raw_body.contains("HOST-SECRET-7f3a"));
 }
 
+/// Issue 35: the model's multi-file patch through `cordon exec`: applied
+/// whole, and a second one whose hunk does not apply changes nothing and
+/// tells the model which file and hunk.
+#[test]
+fn a_model_s_patch_is_applied_whole_or_not_at_all() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.py"), "x = 1\ny = 2\nz = 3\n").unwrap();
+    let good = "--- a/a.py\n+++ b/a.py\n@@ -1,3 +1,3 @@\n x = 1\n-y = 2\n+y = 20\n z = 3\n\
+                --- /dev/null\n+++ b/pkg/b.py\n@@ -0,0 +1 @@\n+print('b')\n";
+    let bad = "--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x = 1\n+x = 10\n\
+               --- a/pkg/b.py\n+++ b/pkg/b.py\n@@ -1 +1 @@\n-print('nope')\n+print('c')\n";
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Patching.").with_tool_call(
+                "p1",
+                "apply_patch",
+                json!({"patch": good}),
+            ))
+            .turn(
+                Turn::text("Again.")
+                    .with_tool_call("p2", "apply_patch", json!({"patch": bad}))
+                    .expect_tool_results(["p1"])
+                    .expect_contains("updated /workspace/a.py"),
+            )
+            .turn(
+                Turn::text("The second patch did not apply.")
+                    .expect_tool_results(["p2"])
+                    .expect_contains("/workspace/pkg/b.py: hunk 1 of 1 does not apply")
+                    .expect_contains("Nothing was changed"),
+            ),
+    );
+    let out = exec(&server, ws.path(), home.path(), &["patch the project"]);
+    assert_success(&out);
+    server.assert_no_failures();
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.py")).unwrap(),
+        "x = 1\ny = 20\nz = 3\n",
+        "the first patch landed and the second's good hunk did not"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("pkg/b.py")).unwrap(),
+        "print('b')\n"
+    );
+}
+
 #[test]
 fn exit_codes_separate_config_and_model_errors() {
     let ws = tempfile::tempdir().unwrap();
