@@ -35,10 +35,9 @@ use crate::message::Usage;
 use crate::provider::{Provider, ProviderConfig, ProviderError};
 use crate::wire::Message;
 
-/// What a conversation is opened with; [`Opening::open`] opens it. Kept
-/// (it is cheap to clone) by a front end that opens one conversation
-/// after another.
-#[derive(Clone)]
+/// What a conversation is opened with; [`Opening::open`] opens it, and
+/// the conversation keeps it for the agents [`Conversation::restart`]
+/// makes.
 pub struct Opening {
     provider: ProviderConfig,
     config: AgentConfig,
@@ -97,7 +96,7 @@ impl Opening {
     /// alone for a new one recorded from the start. The sandbox is the
     /// conversation's from here on: closed with it, or on an error here.
     pub async fn open(
-        &self,
+        self,
         sandbox: Sandbox,
         workspace: &Path,
         history: Vec<Message>,
@@ -114,7 +113,7 @@ impl Opening {
                 sandbox,
                 workspace: workspace.to_path_buf(),
                 mcp,
-                opening: self.clone(),
+                opening: self,
             }),
             Err(e) => {
                 mcp.shutdown().await;
@@ -236,21 +235,21 @@ impl Conversation {
 
     /// Ends the conversation and leaves its sandbox running, for a caller
     /// that owns it beyond the conversation (a job's sandbox).
-    pub async fn end(mut self) -> (Ended, Sandbox) {
+    pub async fn end(mut self) -> Ended {
         self.agent.settle().await;
         let usage = self.agent.usage();
         drop(self.agent);
         self.mcp.shutdown().await;
-        let ended = Ended {
+        Ended {
             usage,
             disk_stop: self.sandbox.disk_stopped(),
-        };
-        (ended, self.sandbox)
+        }
     }
 
     /// Ends the conversation and closes its sandbox.
     pub async fn close(self) -> Ended {
-        let (ended, sandbox) = self.end().await;
+        let sandbox = self.sandbox.clone();
+        let ended = self.end().await;
         sandbox.close().await;
         ended
     }

@@ -15,11 +15,11 @@
 //! applies; a write that fails then puts back what was written before it.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::read_file::read_capped;
 use crate::workspace::{Workspace, WorkspaceError, WsPath};
 use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
 
@@ -114,6 +114,12 @@ struct Done {
 }
 
 impl Done {
+    /// One file's line of the summary, and its entry in the structured result.
+    fn add(&mut self, line: String, file: Value) {
+        self.lines.push(format!("  {line}"));
+        self.files.push(file);
+    }
+
     fn output(self) -> ToolOutput {
         ToolOutput::ok(format!(
             "Applied the patch to {}:\n{}",
@@ -158,10 +164,10 @@ fn apply(ctx: &ToolContext, patch: &str) -> Result<Done, String> {
                         path.display()
                     ));
                 }
-                done.lines
-                    .push(format!("  added {} ({})", path.display(), lines(&text)));
-                done.files
-                    .push(json!({"path": path.display(), "action": "added"}));
+                done.add(
+                    format!("added {} ({})", path.display(), lines(&text)),
+                    json!({"path": path.display(), "action": "added"}),
+                );
                 files.set(&path, Some(text));
             }
             Change::Delete { path } => {
@@ -171,9 +177,10 @@ fn apply(ctx: &ToolContext, patch: &str) -> Result<Done, String> {
                         path.display()
                     ));
                 }
-                done.lines.push(format!("  deleted {}", path.display()));
-                done.files
-                    .push(json!({"path": path.display(), "action": "deleted"}));
+                done.add(
+                    format!("deleted {}", path.display()),
+                    json!({"path": path.display(), "action": "deleted"}),
+                );
                 files.set(&path, None);
             }
             Change::Update { path, to, edit } => {
@@ -194,22 +201,22 @@ fn apply(ctx: &ToolContext, patch: &str) -> Result<Done, String> {
                                 path.display()
                             ));
                         }
-                        done.lines.push(format!(
-                            "  moved {} to {} (+{added} -{removed})",
-                            path.display(),
-                            to.display()
-                        ));
-                        done.files.push(json!({"path": to.display(), "from": path.display(), "action": "moved"}));
+                        done.add(
+                            format!(
+                                "moved {} to {} (+{added} -{removed})",
+                                path.display(),
+                                to.display()
+                            ),
+                            json!({"path": to.display(), "from": path.display(), "action": "moved"}),
+                        );
                         files.set(&path, None);
                         files.set(&to, Some(new));
                     }
                     None => {
-                        done.lines.push(format!(
-                            "  updated {} (+{added} -{removed})",
-                            path.display()
-                        ));
-                        done.files
-                            .push(json!({"path": path.display(), "action": "updated"}));
+                        done.add(
+                            format!("updated {} (+{added} -{removed})", path.display()),
+                            json!({"path": path.display(), "action": "updated"}),
+                        );
                         files.set(&path, Some(new));
                     }
                 }
@@ -229,9 +236,8 @@ fn apply(ctx: &ToolContext, patch: &str) -> Result<Done, String> {
                     ));
                 }
                 let new = edited(&to, &old, &edit)?;
-                done.lines
-                    .push(format!("  copied {} to {}", from.display(), to.display()));
-                done.files.push(
+                done.add(
+                    format!("copied {} to {}", from.display(), to.display()),
                     json!({"path": to.display(), "from": from.display(), "action": "copied"}),
                 );
                 files.set(&to, Some(new));
@@ -292,22 +298,10 @@ impl<'a> Files<'a> {
         Ok(text)
     }
 
+    /// The file's bytes; `None` when there is no such file.
     fn read(&self, path: &WsPath) -> Result<Option<Vec<u8>>, String> {
         match self.ws.open_read(path) {
-            Ok((file, size)) => {
-                if size > self.max {
-                    return Err(format!(
-                        "{}: the file is {size} bytes, more than the {} bytes file tools handle",
-                        path.display(),
-                        self.max
-                    ));
-                }
-                let mut bytes = Vec::with_capacity(size as usize);
-                file.take(self.max + 1)
-                    .read_to_end(&mut bytes)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                Ok(Some(bytes))
-            }
+            Ok((file, size)) => read_capped(path, file, size, self.max).map(Some),
             Err(WorkspaceError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.to_string()),
         }
@@ -350,14 +344,14 @@ impl<'a> Files<'a> {
                         failed.push(path.display());
                     }
                 }
-                let mut why = format!("{e}; the files written before it were put back");
-                if !failed.is_empty() {
-                    why = format!(
+                return Err(if failed.is_empty() {
+                    format!("{e}; the files written before it were put back")
+                } else {
+                    format!(
                         "{e}; these could not be put back and are as the patch left them: {}",
                         failed.join(", ")
-                    );
-                }
-                return Err(why);
+                    )
+                });
             }
             undo.push((path, before));
         }

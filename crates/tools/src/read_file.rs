@@ -1,5 +1,6 @@
 //! `read_file`: a text file with numbered lines, like `cat -n`.
 
+use std::fs::File;
 use std::io::Read;
 
 use serde::Deserialize;
@@ -53,23 +54,30 @@ pub(crate) fn binary_reason(bytes: &[u8]) -> Option<&'static str> {
     }
 }
 
+/// The bytes of `file`, opened at `p` and `size` bytes long, when it is
+/// no larger than `max` (the file tools' limit); errors phrased for the
+/// model.
+pub(crate) fn read_capped(p: &WsPath, file: File, size: u64, max: u64) -> Result<Vec<u8>, String> {
+    if size > max {
+        return Err(format!(
+            "{}: the file is {size} bytes, more than the {max} bytes file tools handle; use bash (e.g. head, sed -n, grep) to look at parts of it",
+            p.display(),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(bytes)
+}
+
 /// Reads a whole text file beneath the workspace, for `read_file` and
 /// `edit_file`, with errors phrased for the model.
 pub(crate) fn read_text(ctx: &ToolContext, path: &str) -> Result<(WsPath, String), String> {
     let p = WsPath::parse(path).map_err(|e| e.to_string())?;
     let ws = ctx.open_workspace().map_err(|e| e.to_string())?;
     let (file, size) = ws.open_read(&p).map_err(|e| e.to_string())?;
-    if size > ctx.limits.max_file_bytes {
-        return Err(format!(
-            "{}: the file is {size} bytes, more than the {} bytes file tools handle; use bash (e.g. head, sed -n, grep) to look at parts of it",
-            p.display(),
-            ctx.limits.max_file_bytes
-        ));
-    }
-    let mut bytes = Vec::with_capacity(size as usize);
-    file.take(ctx.limits.max_file_bytes + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("{}: {e}", p.display()))?;
+    let bytes = read_capped(&p, file, size, ctx.limits.max_file_bytes)?;
     if let Some(why) = binary_reason(&bytes) {
         return Err(format!(
             "{}: this looks like a binary file ({why}, {} bytes), which read_file does not show; inspect it with bash (e.g. `file`, `xxd | head`) if needed",

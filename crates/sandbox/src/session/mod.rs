@@ -269,8 +269,6 @@ impl Sandbox {
         &self.inner.bind_targets
     }
 
-    /// The broker's policy, warnings and events, with
-    /// [`crate::Network::Allow`].
     /// The network the sandbox was made with: what its processes can reach.
     pub fn network_kind(&self) -> crate::config::Network {
         self.inner.network
@@ -282,6 +280,8 @@ impl Sandbox {
         self.inner.image_user
     }
 
+    /// The broker's policy, warnings and events, with
+    /// [`crate::Network::Allow`].
     pub fn network(&self) -> Option<&crate::egress::NetworkInfo> {
         self.inner.services.network()
     }

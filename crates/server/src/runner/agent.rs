@@ -124,7 +124,7 @@ pub(super) async fn run_agent(
     };
     drop(tx);
     // The turn's checkpoint, before the job's workspace is done with.
-    let (ended, _job_s) = talk.end().await;
+    let ended = talk.end().await;
     while let Some(ev) = rx.recv().await {
         events.event(ev).await;
     }
