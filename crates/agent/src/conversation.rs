@@ -132,7 +132,7 @@ impl Opening {
         log: Option<SessionLog<Value>>,
     ) -> Result<Agent, ProviderError> {
         let provider = Provider::new(self.provider.clone())?;
-        let mut tools = Toolbox::standard();
+        let mut tools = Toolbox::agent();
         // The screen is the model's only with a display to show.
         if sandbox.display().is_some() {
             tools.register(cordon_tools::computer::Computer);

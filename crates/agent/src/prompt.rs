@@ -24,8 +24,9 @@ them; write nowhere else that you mean to keep.
 your way, read_file for the code you will touch and the code around it. Follow what is there: \
 its layout, its style, its libraries, its tests. Do not assume a library is available: check \
 the project's manifest.
-- For a task of several steps, make a short plan first, say it, and keep to it; say so when it \
-changes.
+- For a task of several steps, make a short plan first and keep it with update_plan: the user \
+sees it while you work. Mark each step completed as you finish it, and say so when the plan \
+changes. A task of one or two steps needs no plan.
 - Change files with edit_file: it replaces exact text and fails if the text is not found or \
 not unique, so read the file first and quote enough to be unique. For a change across several \
 files or several places, use apply_patch with a unified diff: it applies all of it or nothing. \
@@ -186,9 +187,10 @@ mod tests {
             "search_files",
             "bash",
             "run_code",
+            "update_plan",
         ] {
             assert!(
-                cordon_tools::Toolbox::standard().get(tool).is_some(),
+                cordon_tools::Toolbox::agent().get(tool).is_some(),
                 "{tool} is named but not offered"
             );
             assert!(prompt.contains(tool), "{tool} is not named");

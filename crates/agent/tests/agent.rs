@@ -375,7 +375,7 @@ async fn old_tool_output_is_masked_in_requests_but_kept_in_the_history() {
 /// tools and a short prompt. Context sizes in the tests below are set
 /// relative to it, so they hold whatever the tools' descriptions weigh.
 fn base_tokens() -> u64 {
-    let tools = cordon_agent::agent::tool_specs(&Toolbox::standard());
+    let tools = cordon_agent::agent::tool_specs(&Toolbox::agent());
     cordon_agent::context::estimate_request(&cordon_agent::ModelRequest {
         model: "scripted".into(),
         system: config().system,

@@ -193,6 +193,19 @@ impl<O: Write + Send, E: Write + Send> Human<O, E> {
             AgentEvent::Error { message } => {
                 let _ = writeln!(self.err, "cordon: {}", printable_lines(&message));
             }
+            AgentEvent::PlanUpdated { plan } => {
+                use cordon_tools::update_plan::StepStatus;
+                let mut text = format!("  plan, {} of {} done:", plan.done(), plan.plan.len());
+                for s in &plan.plan {
+                    let mark = match s.status {
+                        StepStatus::Completed => "✓",
+                        StepStatus::InProgress => "▸",
+                        StepStatus::Pending => "○",
+                    };
+                    text.push_str(&format!("\n    {mark} {}", s.step));
+                }
+                self.note(&text);
+            }
             AgentEvent::NetworkRefused { message, .. } => {
                 self.end_answer_line();
                 self.note(&format!("  {message}"));
@@ -291,5 +304,20 @@ mod tests {
         ]);
         assert_eq!(out, "...and that is cordon.\n");
         assert!(err.starts_with("· 3 model requests"), "{err}");
+    }
+
+    #[test]
+    fn a_plan_is_listed_with_its_marks_and_no_control_bytes() {
+        let plan = cordon_tools::update_plan::Plan::parse(json!({"plan": [
+            {"step": "read the code", "status": "completed"},
+            {"step": "fix \u{1b}[2Jit", "status": "in_progress"},
+            {"step": "run the tests", "status": "pending"},
+        ]}))
+        .unwrap();
+        let (_, err) = human(vec![AgentEvent::PlanUpdated { plan }]);
+        assert_eq!(
+            err,
+            "  plan, 1 of 3 done:\n    ✓ read the code\n    ▸ fix ?[2Jit\n    ○ run the tests\n"
+        );
     }
 }

@@ -831,3 +831,88 @@ fn a_snapshot_keeps_what_the_agent_installed() {
         assert!(out.contains("No such file"), "{image}: {out}");
     }
 }
+
+/// The model's plan shows in a panel above the input while it works,
+/// replaced whole by each update, and comes back with a resumed session.
+#[test]
+fn the_plan_is_shown_live_and_comes_back_on_resume() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let steps = |states: [&str; 3]| {
+        let names = ["read the parser", "fix the off-by-one", "run the tests"];
+        json!({"plan": names.iter().zip(states).map(|(s, st)| json!({"step": s, "status": st})).collect::<Vec<_>>()})
+    };
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Planning first.")
+                    .with_tool_call(
+                        "p1",
+                        "update_plan",
+                        steps(["completed", "in_progress", "pending"]),
+                    )
+                    // Keeps the turn running while the panel is read.
+                    .with_tool_call("b1", "bash", json!({"command": "sleep 3"})),
+            )
+            .turn(
+                Turn::text("Fixed.")
+                    .with_tool_call(
+                        "p2",
+                        "update_plan",
+                        steps(["completed", "completed", "in_progress"]),
+                    )
+                    .expect_tool_results(["p1", "b1"])
+                    .expect_contains("1 of 3 steps completed; now: fix the off-by-one"),
+            )
+            .turn(Turn::text("Stopping before the tests.").expect_tool_results(["p2"])),
+    );
+    let tmux = Tmux::start(
+        "plan",
+        &chat_command(&server, ws.path(), home.path(), ""),
+        100,
+        30,
+    );
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("fix the parser");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("plan 1/3");
+    assert!(s.contains("✓ read the parser"), "{s}");
+    assert!(s.contains("▸ fix the off-by-one"), "{s}");
+    assert!(s.contains("○ run the tests"), "{s}");
+    assert!(s.contains("update_plan 1 of 3 done"), "{s}");
+    // The turn is over and the plan is not: it stays in view.
+    let s = tmux.wait_until("the second plan", |s| {
+        s.contains("Stopping before the tests.") && s.contains("plan 2/3")
+    });
+    assert!(s.contains("▸ run the tests"), "{s}");
+    server.assert_finished();
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("EXIT=0");
+    let id = s
+        .split("cordon chat --resume ")
+        .nth(1)
+        .and_then(|r| r.split(['`', ' ', '\n']).next())
+        .unwrap_or_else(|| panic!("no resume hint: {s}"))
+        .to_string();
+
+    // Resumed: the plan is rebuilt from the conversation itself.
+    let again = ScriptedServer::start(Scenario::new());
+    let tmux = Tmux::start(
+        "plan-resumed",
+        &chat_command(&again, ws.path(), home.path(), &format!("--resume {id}")),
+        100,
+        30,
+    );
+    let s = tmux.wait_for("plan 2/3");
+    assert!(s.contains("▸ run the tests"), "{s}");
+    assert!(s.contains("✓ fix the off-by-one"), "{s}");
+    tmux.type_text("/clear");
+    tmux.keys(&["Enter"]);
+    tmux.wait_until("the plan gone with the conversation", |s| {
+        !s.contains("plan 2/3")
+    });
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+}

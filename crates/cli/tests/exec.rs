@@ -322,6 +322,62 @@ fn a_model_s_patch_is_applied_whole_or_not_at_all() {
     );
 }
 
+/// `update_plan` reaches `exec --json` as `plan_updated`, whole, after its
+/// call; a plan the tool refuses is no event; both are in the session log.
+#[test]
+fn the_model_s_plan_is_an_event_and_a_log_record() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let plan = json!({"explanation": "two steps", "plan": [
+        {"step": "write the test", "status": "in_progress"},
+        {"step": "make it pass", "status": "pending"},
+    ]});
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Planning.")
+                    .with_tool_call("p1", "update_plan", plan.clone())
+                    .with_tool_call(
+                        "p2",
+                        "update_plan",
+                        json!({"plan": [
+                            {"step": "a", "status": "in_progress"},
+                            {"step": "b", "status": "in_progress"},
+                        ]}),
+                    ),
+            )
+            .turn(
+                Turn::text("Planned.")
+                    .expect_tool_results(["p1", "p2"])
+                    .expect_contains("0 of 2 steps completed; now: write the test")
+                    .expect_contains("at most one may be"),
+            ),
+    );
+    let out = exec(&server, ws.path(), home.path(), &["--json", "plan it"]);
+    assert_success(&out);
+    server.assert_no_failures();
+    let events = json_lines(&out);
+    assert_valid(&events);
+    let plans: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "plan_updated")
+        .collect();
+    assert_eq!(plans.len(), 1, "{events:?}");
+    assert_eq!(plans[0]["plan"], plan["plan"]);
+    assert_eq!(plans[0]["explanation"], "two steps");
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let at = kinds.iter().position(|k| *k == "plan_updated").unwrap();
+    assert_eq!(
+        kinds[at - 1],
+        "tool_call_finished",
+        "after its call: {kinds:?}"
+    );
+    let id = events[0]["session_id"].as_str().unwrap();
+    let log = std::fs::read_to_string(home.path().join(format!("data/cordon/sessions/{id}.jsonl")))
+        .unwrap();
+    assert_eq!(log.matches("\"type\":\"plan_updated\"").count(), 1, "{log}");
+}
+
 #[test]
 fn exit_codes_separate_config_and_model_errors() {
     let ws = tempfile::tempdir().unwrap();
@@ -474,7 +530,7 @@ fn a_resumed_session_continues_with_the_earlier_context() {
 /// window in the test below is set relative to it, so the test holds
 /// whatever the tools' descriptions weigh.
 fn base_tokens() -> u64 {
-    let tools = cordon_agent::agent::tool_specs(&Toolbox::standard());
+    let tools = cordon_agent::agent::tool_specs(&Toolbox::agent());
     let request = cordon_agent::ModelRequest {
         model: "m".into(),
         // About the size of exec's system prompt.

@@ -233,7 +233,12 @@ async fn in_chromium_a_shell_job_streams_live_and_the_chat_shows_tool_calls() {
             .turn(
                 Turn::text("Let me look at the workspace.")
                     .with_tool_call("c1", "bash", json!({"command": "echo tool-said-$((6 * 7))"}))
-                    .with_tool_call("c2", "read_file", json!({"path": "missing.txt"})),
+                    .with_tool_call("c2", "read_file", json!({"path": "missing.txt"}))
+                    // Model text, shown as text: its markup must stay text.
+                    .with_tool_call("c3", "update_plan", json!({"plan": [
+                        {"step": "look at the workspace", "status": "completed"},
+                        {"step": "report <b onmouseover=alert(1)>back</b>", "status": "in_progress"},
+                    ]})),
             )
             .turn(
                 // Slowed so the page has text to show before the turn ends.
@@ -248,7 +253,7 @@ async fn in_chromium_a_shell_job_streams_live_and_the_chat_shows_tool_calls() {
                     "<img src=x onerror=\"window.pwned=1\"><script>window.pwned=2</script>",
                     "[x](data:text/html,<script>window.pwned=3</script>)"
                 ))
-                    .expect_tool_results(["c1", "c2"])
+                    .expect_tool_results(["c1", "c2", "c3"])
                     .fault(Fault::chunk_delay_ms(40)),
             )
             // The agent job the page submits after the chat.

@@ -332,7 +332,25 @@ class Transcript {
     this.text = null; // the answer the next delta extends: its text and element
     this.thinking = null;
     this.step = []; // elements streamed for the current model request
+    // The model's plan (update_plan), kept in view at the top.
+    this.planEl = h('section', { class: 'plan', hidden: true, 'aria-label': 'plan' });
+    root.prepend(this.planEl);
     this.scroll = follow(root);
+  }
+
+  // The whole plan replaces the last; its text is the model's, so text
+  // nodes only.
+  plan(p) {
+    const steps = Array.isArray(p?.plan) ? p.plan : [];
+    const done = steps.filter((s) => s.status === 'completed').length;
+    const marks = { completed: '✓', in_progress: '▸', pending: '○' };
+    this.planEl.replaceChildren(
+      h('div', { class: 'label' }, `plan · ${done} of ${steps.length} done`),
+      p?.explanation ? h('p', { class: 'muted' }, String(p.explanation)) : [],
+      h('ol', {}, steps.map((s) => h('li', { class: `step ${s.status}` },
+        h('span', { class: 'mark', 'aria-hidden': 'true' }, marks[s.status] ?? '○'),
+        String(s.step)))));
+    this.planEl.hidden = steps.length === 0;
   }
 
   add(el) {
@@ -456,6 +474,9 @@ class Transcript {
       case 'tool_call_finished':
         this.toolFinished(ev.id, ev.output, ev.is_error, ev.duration_ms);
         break;
+      case 'plan_updated':
+        this.plan(ev);
+        break;
       case 'compaction_started':
         this.note('compacting the conversation…', 'muted');
         break;
@@ -491,7 +512,10 @@ class Transcript {
         for (const b of m.content || []) {
           if (b.type === 'text') this.appendText(b.text);
           else if (b.type === 'thinking') this.appendThinking(b.thinking);
-          else if (b.type === 'tool_use') this.toolStarted(b.id, b.name, b.input);
+          else if (b.type === 'tool_use') {
+            this.toolStarted(b.id, b.name, b.input);
+            if (b.name === 'update_plan') this.plan(b.input);
+          }
         }
         this.text = this.thinking = null;
       }

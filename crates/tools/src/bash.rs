@@ -279,12 +279,7 @@ impl Outcome {
             "stdout_dropped_bytes": self.stdout.dropped_bytes(),
             "stderr_dropped_bytes": self.stderr.dropped_bytes(),
         });
-        ToolOutput {
-            text,
-            is_error,
-            structured: Some(structured),
-            images: Vec::new(),
-        }
+        ToolOutput::new(text, is_error).with_structured(structured)
     }
 }
 

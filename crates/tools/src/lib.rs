@@ -29,6 +29,7 @@ pub mod read_file;
 pub mod run_code;
 pub mod screen;
 pub mod search_files;
+pub mod update_plan;
 pub mod write_file;
 
 mod args;
@@ -60,6 +61,9 @@ pub struct ToolOutput {
     pub structured: Option<Value>,
     /// Images for the model (screenshots), after `text`.
     pub images: Vec<Image>,
+    /// The model's new plan (`update_plan`), for the front ends to show.
+    /// Boxed: every other result carries none.
+    pub plan: Option<Box<update_plan::Plan>>,
 }
 
 /// An image a tool returns to the model.
@@ -92,26 +96,32 @@ impl ToolOutput {
         }))
     }
 
-    pub fn ok(text: impl Into<String>) -> Self {
+    /// A result the model reads as `text`; `is_error`: the call failed.
+    pub fn new(text: impl Into<String>, is_error: bool) -> Self {
         ToolOutput {
             text: text.into(),
-            is_error: false,
+            is_error,
             structured: None,
             images: Vec::new(),
+            plan: None,
         }
     }
 
+    pub fn ok(text: impl Into<String>) -> Self {
+        Self::new(text, false)
+    }
+
     pub fn error(text: impl Into<String>) -> Self {
-        ToolOutput {
-            text: text.into(),
-            is_error: true,
-            structured: None,
-            images: Vec::new(),
-        }
+        Self::new(text, true)
     }
 
     pub fn with_image(mut self, image: Image) -> Self {
         self.images.push(image);
+        self
+    }
+
+    pub fn with_plan(mut self, plan: update_plan::Plan) -> Self {
+        self.plan = Some(Box::new(plan));
         self
     }
 
@@ -264,7 +274,15 @@ impl Toolbox {
         Self::default()
     }
 
-    /// All of cordon's tools.
+    /// The tools of a cordon agent: the sandbox's, and those that only
+    /// make sense to cordon's own loop (its plan).
+    pub fn agent() -> Self {
+        let mut t = Toolbox::standard();
+        t.register(update_plan::UpdatePlan);
+        t
+    }
+
+    /// The sandbox's tools: what an outside agent gets too (`cordon mcp`).
     pub fn standard() -> Self {
         let mut t = Toolbox::new();
         t.register(bash::Bash);

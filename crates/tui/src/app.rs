@@ -907,6 +907,7 @@ impl App {
                     self.status.sandbox = SandboxState::Ready;
                 }
             }
+            AgentEvent::PlanUpdated { plan } => self.transcript.set_plan(plan),
             AgentEvent::AssistantMessage { usage, .. } => {
                 add_usage(&mut self.status.usage, &usage);
                 self.status.cost_usd =

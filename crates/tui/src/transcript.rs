@@ -8,6 +8,7 @@
 
 use cordon_agent::{ContentBlock, Message};
 use cordon_tools::printable;
+use cordon_tools::update_plan::{self, Plan};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use serde_json::Value;
@@ -87,6 +88,9 @@ pub struct Transcript {
     cache: Vec<Option<Cached>>,
     /// Tool output shown whole instead of cut to a few lines.
     expanded: bool,
+    /// The model's latest plan (`update_plan`): the conversation's, so it
+    /// goes with it (cleared with it, rebuilt from a loaded history).
+    plan: Option<Plan>,
 }
 
 struct Cached {
@@ -105,7 +109,17 @@ impl Transcript {
         self.cache.push(None);
     }
 
+    /// The model's latest plan, if it keeps one.
+    pub fn plan(&self) -> Option<&Plan> {
+        self.plan.as_ref().filter(|p| !p.plan.is_empty())
+    }
+
+    pub fn set_plan(&mut self, plan: Plan) {
+        self.plan = Some(plan);
+    }
+
     pub fn clear(&mut self) {
+        self.plan = None;
         self.entries.clear();
         self.cache.clear();
     }
@@ -262,6 +276,13 @@ impl Transcript {
                                 t.push(Entry::Assistant(text.clone()));
                             }
                             ContentBlock::ToolUse { id, name, input } => {
+                                // The tool checked the plan as this does:
+                                // one it refused is not the plan.
+                                if name == update_plan::NAME
+                                    && let Ok(plan) = Plan::parse(input.clone())
+                                {
+                                    t.plan = Some(plan);
+                                }
                                 t.push(Entry::Tool(ToolCall {
                                     id: id.clone(),
                                     name: name.clone(),
@@ -390,6 +411,11 @@ pub fn key_argument(name: &str, input: &Value) -> String {
         }
         "run_code" => format!("{}: {}", s("language"), first_line(s("code"))),
         "apply_patch" => patched_files(s("patch")),
+        update_plan::NAME => match Plan::parse(input.clone()) {
+            Ok(p) if p.plan.is_empty() => "(cleared)".into(),
+            Ok(p) => format!("{} of {} done", p.done(), p.plan.len()),
+            Err(_) => "(invalid)".into(),
+        },
         _ => {
             let mut j = input.to_string();
             if j.len() > 80 {

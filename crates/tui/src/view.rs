@@ -11,13 +11,16 @@ use ratatui::widgets::{Block, Borders, Clear, List, ListItem, ListState, Paragra
 
 use crate::app::{App, PendingApproval, SandboxState};
 use crate::{theme, transcript};
+use cordon_tools::update_plan::{Plan, StepStatus};
 
 pub fn draw(f: &mut Frame<'_>, app: &mut App) {
     let area = f.area();
     let input_rows = (app.input.lines().len() as u16).clamp(1, 8) + 2;
     let approval_rows = approval_rows(app, area.width);
-    let [body, approval, input, status] = Layout::vertical([
+    let plan_rows = plan_rows(app, area.height);
+    let [body, plan, approval, input, status] = Layout::vertical([
         Constraint::Min(1),
+        Constraint::Length(plan_rows),
         Constraint::Length(approval_rows),
         Constraint::Length(input_rows),
         Constraint::Length(1),
@@ -25,6 +28,9 @@ pub fn draw(f: &mut Frame<'_>, app: &mut App) {
     .areas(area);
 
     draw_transcript(f, app, body);
+    if plan_rows > 0 {
+        draw_plan(f, app, plan);
+    }
     if app.approval.is_some() {
         draw_approval(f, app, approval);
     }
@@ -63,6 +69,82 @@ fn draw_transcript(f: &mut Frame<'_>, app: &mut App, area: Rect) {
         };
         f.render_widget(Paragraph::new(Span::styled(tag, theme::selected())), r);
     }
+}
+
+/// Most steps the plan panel shows at once.
+const PLAN_STEPS_SHOWN: usize = 8;
+
+/// The plan the panel shows: the model's, while it has steps to do or
+/// the turn that finished it is still running.
+fn shown_plan(app: &App) -> Option<&Plan> {
+    app.transcript.plan().filter(|p| app.busy || !p.finished())
+}
+
+/// Rows the plan panel takes: its title and up to [`PLAN_STEPS_SHOWN`]
+/// steps, never more than a third of the screen.
+fn plan_rows(app: &App, height: u16) -> u16 {
+    let Some(plan) = shown_plan(app) else {
+        return 0;
+    };
+    let steps = plan.plan.len().min(PLAN_STEPS_SHOWN) as u16;
+    (1 + steps).min(height / 3)
+}
+
+/// The first step shown when not all fit: the one in progress (or the
+/// first not done) stays in view, with one done step above it.
+fn plan_window(plan: &Plan, shown: usize) -> usize {
+    let focus = plan
+        .plan
+        .iter()
+        .position(|s| s.status != StepStatus::Completed)
+        .unwrap_or(plan.plan.len());
+    let focus = plan
+        .plan
+        .iter()
+        .position(|s| s.status == StepStatus::InProgress)
+        .unwrap_or(focus);
+    focus
+        .saturating_sub(1)
+        .min(plan.plan.len().saturating_sub(shown))
+}
+
+fn draw_plan(f: &mut Frame<'_>, app: &App, area: Rect) {
+    let Some(plan) = shown_plan(app) else { return };
+    let shown = area.height.saturating_sub(1) as usize;
+    let first = plan_window(plan, shown);
+    let more = if shown < plan.plan.len() {
+        format!(
+            " · steps {}–{}",
+            first + 1,
+            (first + shown).min(plan.plan.len())
+        )
+    } else {
+        String::new()
+    };
+    let title = format!(" plan {}/{}{more} ", plan.done(), plan.plan.len());
+    let lines: Vec<Line<'_>> = plan
+        .plan
+        .iter()
+        .skip(first)
+        .take(shown)
+        .map(|s| {
+            let (mark, style) = match s.status {
+                StepStatus::Completed => ("✓ ", theme::dim()),
+                StepStatus::InProgress => ("▸ ", theme::running().add_modifier(Modifier::BOLD)),
+                StepStatus::Pending => ("○ ", Style::default()),
+            };
+            // Steps are the model's text.
+            Line::from(vec![
+                Span::styled(mark, style),
+                Span::styled(printable(&s.step), style),
+            ])
+        })
+        .collect();
+    let block = Block::default()
+        .borders(Borders::TOP)
+        .border_style(theme::dim())
+        .title(Span::styled(title, theme::dim()));
+    f.render_widget(Paragraph::new(lines).block(block), area);
 }
 
 fn draw_approval(f: &mut Frame<'_>, app: &App, area: Rect) {

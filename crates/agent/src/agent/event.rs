@@ -63,6 +63,12 @@ pub enum AgentEvent {
         structured: Option<serde_json::Value>,
         duration_ms: u64,
     },
+    /// The model's plan changed (`update_plan`): the whole plan, which
+    /// replaces the last. Model text: printable only where shown.
+    PlanUpdated {
+        #[serde(flatten)]
+        plan: cordon_tools::update_plan::Plan,
+    },
     /// One model answer is complete.
     AssistantMessage {
         text: String,

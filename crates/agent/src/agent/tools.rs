@@ -166,6 +166,9 @@ impl Agent {
                     structured: out.structured.clone(),
                     duration_ms: took.as_millis() as u64,
                 });
+                if let Some(plan) = out.plan {
+                    emit(AgentEvent::PlanUpdated { plan: *plan });
+                }
                 results[i + k] = Some(ToolResult {
                     tool_use_id: id.clone(),
                     content: out.text,

@@ -267,6 +267,17 @@ try {
   await failed.waitFor();
   await shot(page, 'chat-tool');
 
+  step('the plan is shown above the conversation, its markup as text');
+  const checkPlan = async () => {
+    const plan = page.locator('section.plan');
+    await plan.locator('li.in_progress').waitFor();
+    assert.equal(await plan.locator('.label').textContent(), 'plan · 1 of 2 done');
+    assert.deepEqual(await plan.locator('li').allTextContents(),
+      ['✓look at the workspace', '▸report <b onmouseover=alert(1)>back</b>']);
+    assert.equal(await plan.locator('b').count(), 0);
+  };
+  await checkPlan();
+
   step('the answer streams in, and the turn ends');
   await page.getByText('so all is well.').waitFor();
   await page.locator('.note.done-line').waitFor();
@@ -286,6 +297,7 @@ try {
   await page.locator('details.tool.done', { hasText: 'echo tool-said' }).waitFor();
   await page.locator('details.tool.failed', { hasText: 'read_file' }).waitFor();
   await page.getByText('so all is well.').waitFor();
+  await checkPlan();
   await page.locator('.sessions li.current', { hasText: 'look at the workspace' }).waitFor();
   await shot(page, 'chat');
 

@@ -148,10 +148,7 @@ fn render(r: ExecutionResult, note: String, timeout: Duration) -> ToolOutput {
     if nothing && !r.timed_out {
         text.push_str("(no output)\n");
     }
-    ToolOutput {
-        text,
-        is_error: r.timed_out,
-        structured: Some(json!({
+    let structured = json!({
             "kernel": true,
             "execution_count": r.execution_count,
             "timed_out": r.timed_out,
@@ -161,7 +158,9 @@ fn render(r: ExecutionResult, note: String, timeout: Duration) -> ToolOutput {
             "stdout": r.stdout.render(),
             "stderr": r.stderr.render(),
             "result": r.result,
-        })),
+    });
+    ToolOutput {
         images,
+        ..ToolOutput::new(text, r.timed_out).with_structured(structured)
     }
 }

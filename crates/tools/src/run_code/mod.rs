@@ -263,19 +263,14 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
     if let Some(net) = net {
         net.append_to(&mut text);
     }
-    ToolOutput {
-        text,
-        is_error: result.timed_out,
-        structured: Some(json!({
+    ToolOutput::new(text, result.timed_out).with_structured(json!({
             "exit_code": if result.timed_out { None } else { Some(code) },
             "timed_out": result.timed_out,
             "oom_killed": result.oom_killed,
             "duration_ms": result.duration.as_millis() as u64,
             "stdout": out.render(),
             "stderr": err.render(),
-        })),
-        images: Vec::new(),
-    }
+    }))
 }
 
 #[cfg(test)]
