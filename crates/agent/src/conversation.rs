@@ -137,6 +137,13 @@ impl Opening {
         if sandbox.display().is_some() {
             tools.register(cordon_tools::computer::Computer);
         }
+        // Web pages only where the sandbox has a way out to them.
+        if matches!(
+            sandbox.network_kind(),
+            cordon_sandbox::Network::Allow | cordon_sandbox::Network::Full
+        ) {
+            tools.register(cordon_tools::web_fetch::WebFetch);
+        }
         for t in mcp.iter().chain(&self.tools) {
             tools.register_arc(t.clone());
         }

@@ -103,12 +103,14 @@ impl Facts {
             Network::Loopback => "There is no network beyond loopback: servers you start can be \
                 reached on 127.0.0.1, nothing else."
                 .to_string(),
-            Network::Full => "The network is the host's own (the user chose it).".to_string(),
+            Network::Full => "The network is the host's own (the user chose it). Read web \
+                pages (documentation, issues) with web_fetch."
+                .to_string(),
             Network::Allow => format!(
                 "The network is reachable only through a proxy that the environment's proxy \
                  variables already point to (pip, npm, cargo, git and curl use it), and only for \
                  these hosts: {}. A refused connection is named in the tool's result; ask the \
-                 user if you need another host.",
+                 user if you need another host. Read web pages on those hosts with web_fetch.",
                 self.allow.join(", ")
             ),
         };

@@ -299,6 +299,203 @@ fn the_model_sees_the_policy_and_each_refusal() {
     );
 }
 
+/// A web server on the host's loopback with a page, a redirect to it, a
+/// redirect to a host the policy does not list, and an image; its port.
+fn web_site() -> u16 {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().flatten() {
+            use std::io::{Read, Write};
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                match c.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            let head = String::from_utf8_lossy(&got);
+            let path = head.split_whitespace().nth(1).unwrap_or("/");
+            let page = "<!doctype html><html><head><title>t</title><script>steal()</script></head>\
+                <body><h1>Release notes</h1><p>Version <b>2.0</b> drops <code>--old</code>.</p></body></html>";
+            let (status, extra, ty, body) = match path {
+                "/" => (
+                    "200 OK",
+                    String::new(),
+                    "text/html; charset=utf-8",
+                    page.to_string(),
+                ),
+                "/moved" => (
+                    "302 Found",
+                    "Location: /\r\n".to_string(),
+                    "text/plain",
+                    String::new(),
+                ),
+                "/away" => (
+                    "302 Found",
+                    format!("Location: http://localhost:{port}/\r\n"),
+                    "text/plain",
+                    String::new(),
+                ),
+                _ => (
+                    "200 OK",
+                    String::new(),
+                    "image/png",
+                    "\u{89}PNG".to_string(),
+                ),
+            };
+            let _ = write!(
+                c,
+                "HTTP/1.1 {status}\r\n{extra}Content-Type: {ty}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+/// `web_fetch` reads a page the policy allows, through the sandbox's own
+/// broker, as Markdown without its scripts; a redirect is followed and
+/// checked again; a host the policy does not list is refused with the
+/// broker's line, and reported as the sandbox's refusals are; a window of
+/// a page says where to read on. Without a network it is not offered.
+#[test]
+fn web_fetch_reads_what_the_policy_allows_and_nothing_else() {
+    use cordon_testkit::{Scenario, ScriptedServer, Turn};
+    use serde_json::json;
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let port = web_site();
+    let run = |server: &ScriptedServer, args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
+            .arg("exec")
+            .args(args)
+            .current_dir(ws.path())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", home.path())
+            .env("XDG_CONFIG_HOME", home.path().join("config"))
+            .env("XDG_DATA_HOME", home.path().join("data"))
+            .env("ANTHROPIC_BASE_URL", server.url())
+            .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
+            .output()
+            .unwrap()
+    };
+
+    let site = format!("http://127.0.0.1:{port}");
+    let fetch = |id: &str, args: serde_json::Value| (id.to_string(), args);
+    let calls = [
+        fetch("f1", json!({"url": format!("{site}/")})),
+        fetch("f2", json!({"url": format!("{site}/moved")})),
+        fetch("f3", json!({"url": format!("http://localhost:{port}/")})),
+        fetch("f4", json!({"url": format!("{site}/away")})),
+        fetch(
+            "f5",
+            json!({"url": format!("{site}/"), "start_index": 2, "max_length": 13}),
+        ),
+        fetch("f6", json!({"url": format!("{site}/logo.png")})),
+        fetch("f7", json!({"url": "file:///etc/passwd"})),
+    ];
+    let mut first = Turn::text("Reading.");
+    for (id, args) in &calls {
+        first = first.with_tool_call(id, "web_fetch", args.clone());
+    }
+    let server = ScriptedServer::start(
+        Scenario::new().turn(first).turn(
+            Turn::text("Read.")
+                .expect_tool_results(["f1", "f2", "f3", "f4", "f5", "f6", "f7"])
+                .expect_contains("# Release notes\n\nVersion **2.0** drops `--old`.")
+                .expect_contains(format!("network: localhost:{port} refused by policy"))
+                .expect_contains("Release notes")
+                .expect_contains("Characters 2–15 of")
+                .expect_contains("call web_fetch again with start_index 15")
+                .expect_contains("is image/png")
+                .expect_contains("only http and https"),
+        ),
+    );
+    let rule = format!("127.0.0.1:{port}");
+    let out = run(&server, &["--json", "--allow", &rule, "read the notes"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.assert_no_failures();
+    let request = &server.requests()[1].body;
+    let result = |id: &str| {
+        request["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+            .find(|c| c["tool_use_id"] == id)
+            .unwrap_or_else(|| panic!("no result for {id}"))
+    };
+    let page = result("f1").to_string();
+    assert!(!page.contains("steal"), "the script came through: {page}");
+    assert!(
+        result("f2").to_string().contains("Release notes"),
+        "the redirect was not followed"
+    );
+    assert!(
+        result("f4")
+            .to_string()
+            .contains(&format!("network: localhost:{port} refused by policy")),
+        "a redirect off the allowed host went through: {}",
+        result("f4")
+    );
+    for id in ["f3", "f4", "f6", "f7"] {
+        assert_eq!(result(id)["is_error"], true, "{id}: {}", result(id));
+    }
+    let refused: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &serde_json::Value| v["type"] == "network_refused")
+        .collect();
+    assert!(
+        refused
+            .iter()
+            .any(|e| e["host"] == "localhost" && e["port"] == port),
+        "the refusal is not reported: {stdout}"
+    );
+    let tools = server.requests()[0].body["tools"].to_string();
+    assert!(tools.contains("\"web_fetch\""), "{tools}");
+
+    // No network: not offered, not named.
+    let server = ScriptedServer::start(Scenario::new().turn(Turn::text("No web here.")));
+    assert!(run(&server, &["hi"]).status.success());
+    let first = server.requests()[0].body.to_string();
+    assert!(!first.contains("web_fetch"), "{first}");
+
+    // The host's network (`full`): straight out, as the sandbox's programs go.
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Reading.").with_tool_call(
+                "f1",
+                "web_fetch",
+                json!({"url": format!("http://localhost:{port}/moved")}),
+            ))
+            .turn(
+                Turn::text("Read.")
+                    .expect_tool_results(["f1"])
+                    .expect_contains("# Release notes"),
+            ),
+    );
+    let out = run(
+        &server,
+        &["--set", "sandbox.network=full", "read the notes"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.assert_no_failures();
+}
+
 /// `--network full` is the host's network, for trusted work: a service on
 /// the host's loopback answers, and cordon says loudly what that means. A
 /// microVM has no network device to share and refuses it.

@@ -43,6 +43,7 @@
 
 pub mod addr;
 pub mod events;
+pub mod fetch;
 mod io;
 pub mod policy;
 pub mod preset_table;
@@ -57,8 +58,8 @@ pub use policy::{Entry, Host, Policy, PolicyError, PolicyHandle, PolicySpec, Por
 pub use preset_table::{ConfigStamp, PresetTable};
 pub use presets::{Expansion, PresetEnv};
 pub use proxy::{
-    Broker, BrokerConfig, is_websocket_upgrade, keep_list_items, mark_websocket_upgrade,
-    strip_hop_by_hop,
+    BROKER_HEADER, Broker, BrokerConfig, is_websocket_upgrade, keep_list_items,
+    mark_websocket_upgrade, strip_hop_by_hop,
 };
 pub use resolve::{Resolve, StaticResolver, SystemResolver};
 pub use secrets::{Intercept, Secret, SecretError, SecretSpec};

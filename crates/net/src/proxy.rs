@@ -230,6 +230,10 @@ fn is_transient(e: &io::Error) -> bool {
     ) || matches!(e.raw_os_error(), Some(12 | 23 | 24 | 105)) // ENOMEM, ENFILE, EMFILE, ENOBUFS
 }
 
+/// Marks the broker's own answers (a refusal, a failure), so a client
+/// can tell them from an origin's: removed from every upstream response.
+pub const BROKER_HEADER: &str = "x-cordon-broker";
+
 fn text(status: StatusCode, line: &str) -> Response<Body> {
     let mut resp = Response::new(
         Full::new(Bytes::from(format!("{line}\n")))
@@ -241,6 +245,8 @@ fn text(status: StatusCode, line: &str) -> Response<Body> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    resp.headers_mut()
+        .insert(BROKER_HEADER, HeaderValue::from_static("1"));
     resp
 }
 
@@ -311,7 +317,7 @@ impl Inner {
             self.config.max_connections
         );
         let resp = format!(
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{line}\n",
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n{BROKER_HEADER}: 1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{line}\n",
             line.len() + 1
         );
         let subject = Subject {

@@ -63,9 +63,23 @@ pub struct NetworkInfo {
     pub policy: PolicyHandle,
     pub warnings: Vec<String>,
     pub(crate) events: broadcast::Sender<NetEvent>,
+    /// The broker itself, for requests the host makes on the sandbox's
+    /// behalf ([`NetworkInfo::fetcher`]).
+    pub(crate) broker: cordon_net::Broker,
+    /// The broker's interception of secrets, whose CA the fetcher trusts.
+    pub(crate) intercept: Option<Arc<cordon_net::Intercept>>,
 }
 
 impl NetworkInfo {
+    /// Makes GET requests as the sandbox would: through its broker, under
+    /// its live policy, reported with its own connections (`web_fetch`).
+    pub fn fetcher(&self) -> cordon_net::fetch::Fetcher {
+        cordon_net::fetch::Fetcher::new(
+            cordon_net::fetch::Route::Broker(self.broker.clone()),
+            self.intercept.as_ref().map(|i| i.ca_der()),
+        )
+    }
+
     /// Every connection from now on, allowed or refused, as it ends (a
     /// refusal at once). A receiver that lags loses the oldest.
     pub fn subscribe(&self) -> broadcast::Receiver<NetEvent> {
@@ -275,10 +289,18 @@ mod tests {
     #[tokio::test]
     async fn refusals_come_once_each_bounded_and_the_rest_are_counted() {
         let (events, _) = broadcast::channel(64);
+        let policy = PolicyHandle::new(Policy::deny_all());
         let info = NetworkInfo {
-            policy: PolicyHandle::new(Policy::deny_all()),
+            policy: policy.clone(),
             warnings: Vec::new(),
             events: events.clone(),
+            broker: cordon_net::Broker::new(
+                policy,
+                Arc::new(cordon_net::StaticResolver::new()),
+                Arc::new(|_: NetEvent| {}),
+                BrokerConfig::default(),
+            ),
+            intercept: None,
         };
         let mut r = info.refusals(2);
         for (host, port, decision) in [

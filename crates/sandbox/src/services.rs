@@ -103,20 +103,23 @@ impl Services {
         )
         .map_err(|e| Error::Io(e.into()))?;
         let (events, _) = broadcast::channel(EVENT_BACKLOG);
-        let info = NetworkInfo {
-            policy: PolicyHandle::new(policy),
-            warnings,
-            events: events.clone(),
-        };
+        let policy = PolicyHandle::new(policy);
         let broker = Broker::new(
-            info.policy.clone(),
+            policy.clone(),
             egress.resolver.clone(),
             Arc::new(Tee {
-                events,
+                events: events.clone(),
                 sink: egress.events.clone(),
             }),
             egress.broker.clone(),
         );
+        let info = NetworkInfo {
+            policy,
+            warnings,
+            events,
+            broker: broker.clone(),
+            intercept: egress.broker.intercept.clone(),
+        };
         let (relay, host_end, sandbox_end) = match channel {
             Channel::Socket => (None, Some(host_end), Some(sandbox_end)),
             Channel::Relay => (

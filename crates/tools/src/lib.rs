@@ -30,6 +30,7 @@ pub mod run_code;
 pub mod screen;
 pub mod search_files;
 pub mod update_plan;
+pub mod web_fetch;
 pub mod write_file;
 
 mod args;

@@ -304,6 +304,8 @@ impl Inner {
                 *kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(upstream);
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
+                // Only the broker speaks as the broker.
+                parts.headers.remove(super::BROKER_HEADER);
                 let body = Reported {
                     body,
                     report: Some(report),
