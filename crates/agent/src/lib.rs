@@ -38,4 +38,4 @@ pub use message::{AssistantMessage, ContentBlock, StopReason, StreamDelta, Usage
 pub use netlog::PolicyRecord;
 pub use provider::{Provider, ProviderConfig, ProviderError, ProviderKind};
 pub use stream::{AnthropicStream, OpenAiStream, StreamError};
-pub use wire::{ApiFailure, Message, ModelRequest, ToolResult, ToolSpec};
+pub use wire::{ApiFailure, Message, ModelRequest, ToolResult, ToolSpec, WebSearch};

@@ -25,6 +25,65 @@ pub enum ContentBlock {
         name: String,
         input: Value,
     },
+    /// A tool the provider ran itself (Anthropic's web search): kept and
+    /// sent back as it came, never run here.
+    ServerToolUse {
+        id: String,
+        name: String,
+        input: Value,
+    },
+    /// The provider's result of a [`ContentBlock::ServerToolUse`] search:
+    /// opaque to cordon (its pages come encrypted), passed back intact.
+    WebSearchToolResult {
+        tool_use_id: String,
+        content: Value,
+    },
+}
+
+/// A page a web search found, as far as cordon reads the provider's
+/// result: what a front end shows.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct SearchHit {
+    pub url: String,
+    #[serde(default)]
+    pub title: String,
+}
+
+/// The pages of a [`ContentBlock::WebSearchToolResult`]'s `content`, or
+/// the error it reports instead.
+pub fn search_hits(content: &Value) -> Result<Vec<SearchHit>, String> {
+    #[derive(Deserialize)]
+    struct Failure {
+        error_code: String,
+    }
+    match Vec::<SearchHit>::deserialize(content) {
+        Ok(hits) => Ok(hits),
+        Err(_) => Err(Failure::deserialize(content)
+            .map(|f| f.error_code)
+            .unwrap_or_else(|_| "an unreadable result".into())),
+    }
+}
+
+/// A search's result in lines for a person: a page to a line, or why it
+/// failed.
+pub fn search_summary(content: &Value) -> (String, bool) {
+    match search_hits(content) {
+        Ok(hits) if hits.is_empty() => ("No results.".into(), false),
+        Ok(hits) => (
+            hits.iter()
+                .map(|h| {
+                    if h.title.is_empty() {
+                        h.url.clone()
+                    } else {
+                        format!("{} — {}", h.title, h.url)
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+            false,
+        ),
+        Err(code) => (format!("The search failed: {code}."), true),
+    }
 }
 
 /// Why the model stopped.

@@ -94,6 +94,16 @@ enum Block {
         name: String,
         json: String,
     },
+    /// A tool the provider runs itself; its input streams as a tool's.
+    Server {
+        id: String,
+        name: String,
+        json: String,
+    },
+    SearchResult {
+        tool_use_id: String,
+        content: Value,
+    },
 }
 
 /// Assembles one Anthropic Messages stream.
@@ -164,8 +174,17 @@ impl AnthropicStream {
                             json: String::new(),
                         }
                     }
-                    // Server-side tool results and future block types carry
-                    // nothing the agent acts on.
+                    "server_tool_use" => Block::Server {
+                        id: str_at(b, &["id"]).unwrap_or("").to_string(),
+                        name: str_at(b, &["name"]).unwrap_or("").to_string(),
+                        json: String::new(),
+                    },
+                    // Whole in its start: kept to be sent back as it came.
+                    "web_search_tool_result" => Block::SearchResult {
+                        tool_use_id: str_at(b, &["tool_use_id"]).unwrap_or("").to_string(),
+                        content: b.get("content").cloned().unwrap_or(Value::Null),
+                    },
+                    // Future block types carry nothing the agent acts on.
                     _ => return Ok(out),
                 };
                 self.blocks.insert(i, block);
@@ -194,6 +213,9 @@ impl AnthropicStream {
                         let s = str_at(d, &["partial_json"]).unwrap_or("");
                         json.push_str(s);
                         out.push(StreamDelta::ToolInput(s.to_string()));
+                    }
+                    ("input_json_delta", Block::Server { json, .. }) => {
+                        json.push_str(str_at(d, &["partial_json"]).unwrap_or(""));
                     }
                     _ => {}
                 }
@@ -243,6 +265,17 @@ impl AnthropicStream {
                     let input = tool_input(&id, &name, &json)?;
                     ContentBlock::ToolUse { id, name, input }
                 }
+                Block::Server { id, name, json } => {
+                    let input = tool_input(&id, &name, &json)?;
+                    ContentBlock::ServerToolUse { id, name, input }
+                }
+                Block::SearchResult {
+                    tool_use_id,
+                    content,
+                } => ContentBlock::WebSearchToolResult {
+                    tool_use_id,
+                    content,
+                },
             });
         }
         Ok(AssistantMessage {

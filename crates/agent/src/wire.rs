@@ -47,7 +47,21 @@ pub struct ModelRequest {
     pub messages: Vec<Message>,
     pub tools: Vec<ToolSpec>,
     pub max_tokens: u32,
+    /// The provider's own web search, offered beside the tools (Anthropic
+    /// only; OpenAI-compatible servers have none to offer).
+    pub web_search: Option<WebSearch>,
 }
+
+/// Anthropic's server-side web search, as the user enabled it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebSearch {
+    /// Searches allowed per request.
+    pub max_uses: u32,
+}
+
+/// The web search tool's type, the version of it cordon speaks.
+const WEB_SEARCH_TOOL: &str = "web_search_20250305";
 
 const EPHEMERAL: &str = "ephemeral";
 
@@ -64,6 +78,13 @@ pub fn anthropic_body(req: &ModelRequest) -> Value {
         .collect();
     if let Some(last) = tools.last_mut() {
         last["cache_control"] = cache.clone();
+    }
+    if let Some(w) = req.web_search {
+        // First: the cache breakpoint stays on the last tool.
+        tools.insert(
+            0,
+            json!({ "type": WEB_SEARCH_TOOL, "name": "web_search", "max_uses": w.max_uses }),
+        );
     }
     let mut messages: Vec<Value> = req
         .messages
@@ -113,6 +134,17 @@ pub fn anthropic_body(req: &ModelRequest) -> Value {
                         ContentBlock::ToolUse { id, name, input } => {
                             json!({ "type": "tool_use", "id": id, "name": name, "input": input })
                         }
+                        ContentBlock::ServerToolUse { id, name, input } => {
+                            json!({ "type": "server_tool_use", "id": id, "name": name, "input": input })
+                        }
+                        ContentBlock::WebSearchToolResult {
+                            tool_use_id,
+                            content,
+                        } => json!({
+                            "type": "web_search_tool_result",
+                            "tool_use_id": tool_use_id,
+                            "content": content,
+                        }),
                     })
                     .collect();
                 json!({ "role": "assistant", "content": content })
@@ -319,6 +351,7 @@ mod tests {
                 },
             ],
             max_tokens: 1024,
+            web_search: None,
         }
     }
 
@@ -341,6 +374,7 @@ mod tests {
             }],
             tools: vec![],
             max_tokens: 10,
+            web_search: None,
         };
         let a = anthropic_body(&req);
         let result = &a["messages"][0]["content"][0];

@@ -385,6 +385,7 @@ fn base_tokens() -> u64 {
         }],
         tools,
         max_tokens: 4096,
+        web_search: None,
     })
 }
 

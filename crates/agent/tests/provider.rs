@@ -33,6 +33,7 @@ fn request(messages: Vec<Message>) -> ModelRequest {
             input_schema: json!({"type": "object", "properties": {"command": {"type": "string"}}}),
         }],
         max_tokens: 1000,
+        web_search: None,
     }
 }
 

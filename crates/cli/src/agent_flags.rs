@@ -206,11 +206,20 @@ pub async fn model_setup(settings: &Settings) -> Result<ModelSetup, String> {
     } else {
         r.model.clone()
     };
+    if r.web_search.is_some() && r.provider != ProviderKind::Anthropic {
+        return Err(
+            "web_search is the Anthropic API's own tool: an OpenAI-compatible server has none (set web_search = \"off\")"
+                .into(),
+        );
+    }
     let agent = AgentConfig {
         max_tokens: r.max_tokens,
         context_window: r.context_window,
         compact_threshold: r.compact_threshold,
         checkpoints: r.checkpoints,
+        web_search: r
+            .web_search
+            .map(|max_uses| cordon_agent::WebSearch { max_uses }),
         ..AgentConfig::new(model)
     };
     Ok(ModelSetup { provider, agent })

@@ -378,6 +378,79 @@ fn the_model_s_plan_is_an_event_and_a_log_record() {
     assert_eq!(log.matches("\"type\":\"plan_updated\"").count(), 1, "{log}");
 }
 
+/// With `web_search` on, the Anthropic request offers the provider's own
+/// search; what it found is shown as a tool call that ran, sent back
+/// intact (its encrypted pages too), and a paused turn goes on by itself.
+/// An OpenAI-compatible server has no such tool: a clear error.
+#[test]
+fn the_provider_s_web_search_is_offered_shown_and_sent_back() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Searching.")
+                    .with_web_search(
+                        "srvtoolu_1",
+                        "cordon sandbox",
+                        &[("https://a.example/docs", "Cordon docs")],
+                    )
+                    .stop(cordon_testkit::StopReason::PauseTurn)
+                    .expect_contains("web_search_20250305"),
+            )
+            .turn(
+                Turn::text("Cordon is a sandboxed agent.")
+                    .expect_contains("enc:https://a.example/docs")
+                    .expect_contains("server_tool_use"),
+            ),
+    );
+    let out = exec(
+        &server,
+        ws.path(),
+        home.path(),
+        &["--json", "--set", "web_search=3", "what is cordon?"],
+    );
+    assert_success(&out);
+    server.assert_no_failures();
+    let first = &server.requests()[0].body;
+    assert_eq!(first["tools"][0]["max_uses"], 3, "{}", first["tools"]);
+    let events = json_lines(&out);
+    assert_valid(&events);
+    let started = events
+        .iter()
+        .find(|e| e["type"] == "tool_call_started" && e["name"] == "web_search")
+        .unwrap_or_else(|| panic!("no search shown: {events:?}"));
+    assert_eq!(started["input"]["query"], "cordon sandbox");
+    let finished = events
+        .iter()
+        .find(|e| e["type"] == "tool_call_finished" && e["name"] == "web_search")
+        .unwrap();
+    assert_eq!(finished["output"], "Cordon docs — https://a.example/docs");
+    let done = events.last().unwrap();
+    assert_eq!(done["type"], "turn_completed");
+    assert_eq!(done["steps"], 2, "the paused turn went on: {done}");
+
+    // Without the provider's tool, a configuration error before any request.
+    let server = ScriptedServer::start(Scenario::new().turn(Turn::text("unused")));
+    let out = exec_command(
+        &server,
+        ws.path(),
+        home.path(),
+        &["--set", "web_search=on", "hi"],
+    )
+    .env("OPENAI_BASE_URL", format!("{}/v1", server.url()))
+    .args(["--provider", "openai", "--model", "m"])
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("web_search is the Anthropic API's own tool"),
+        "{err}"
+    );
+    assert!(server.requests().is_empty());
+}
+
 #[test]
 fn exit_codes_separate_config_and_model_errors() {
     let ws = tempfile::tempdir().unwrap();
@@ -538,6 +611,7 @@ fn base_tokens() -> u64 {
         messages: vec![],
         tools,
         max_tokens: 1024,
+        web_search: None,
     };
     cordon_agent::context::estimate_request(&request)
 }

@@ -515,6 +515,14 @@ class Transcript {
           else if (b.type === 'tool_use') {
             this.toolStarted(b.id, b.name, b.input);
             if (b.name === 'update_plan') this.plan(b.input);
+          } else if (b.type === 'server_tool_use') this.toolStarted(b.id, b.name, b.input);
+          else if (b.type === 'web_search_tool_result') {
+            // The provider's search: its pages, as the live event showed them.
+            const hits = Array.isArray(b.content) ? b.content : null;
+            const text = hits
+              ? (hits.length ? hits.map((r) => (r.title ? `${r.title} — ${r.url}` : String(r.url))).join('\n') : 'No results.')
+              : `The search failed: ${b.content?.error_code ?? 'an unreadable result'}.`;
+            this.toolFinished(b.tool_use_id, text, !hits);
           }
         }
         this.text = this.thinking = null;

@@ -46,37 +46,46 @@ pub(crate) fn stream(
     ));
     frames.push(Frame::named("ping", &json!({"type": "ping"})));
 
-    for (index, block) in turn.content.iter().enumerate() {
-        let (start, deltas): (Value, Vec<Value>) = match block {
-            Block::Text { text } => (
-                json!({"type": "text", "text": ""}),
-                split_chunks(text, chunk_chars, 1)
-                    .into_iter()
-                    .map(|t| json!({"type": "text_delta", "text": t}))
-                    .collect(),
+    let blocks = turn.content.iter().flat_map(anthropic_blocks);
+    for (index, block) in blocks.enumerate() {
+        let (start, deltas): (Value, Vec<Value>) = match &block {
+            Wire::Whole(start) => (start.clone(), Vec::new()),
+            Wire::Server { id, input } => (
+                json!({"type": "server_tool_use", "id": id, "name": "web_search", "input": {}}),
+                vec![json!({"type": "input_json_delta", "partial_json": input.to_string()})],
             ),
-            Block::Thinking {
-                thinking,
-                signature,
-            } => {
-                let mut deltas: Vec<Value> = split_chunks(thinking, chunk_chars, 1)
-                    .into_iter()
-                    .map(|t| json!({"type": "thinking_delta", "thinking": t}))
-                    .collect();
-                // The signature always arrives last, in one piece, just before the stop.
-                deltas.push(json!({"type": "signature_delta", "signature": signature}));
-                (
-                    json!({"type": "thinking", "thinking": "", "signature": ""}),
-                    deltas,
-                )
-            }
-            Block::ToolUse { id, name, input } => (
-                json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
-                split_chunks(&tool_json(input, malformed), chunk_chars, 3)
-                    .into_iter()
-                    .map(|p| json!({"type": "input_json_delta", "partial_json": p}))
-                    .collect(),
-            ),
+            Wire::Block(block) => match block {
+                Block::Text { text } => (
+                    json!({"type": "text", "text": ""}),
+                    split_chunks(text, chunk_chars, 1)
+                        .into_iter()
+                        .map(|t| json!({"type": "text_delta", "text": t}))
+                        .collect(),
+                ),
+                Block::Thinking {
+                    thinking,
+                    signature,
+                } => {
+                    let mut deltas: Vec<Value> = split_chunks(thinking, chunk_chars, 1)
+                        .into_iter()
+                        .map(|t| json!({"type": "thinking_delta", "thinking": t}))
+                        .collect();
+                    // The signature always arrives last, in one piece, just before the stop.
+                    deltas.push(json!({"type": "signature_delta", "signature": signature}));
+                    (
+                        json!({"type": "thinking", "thinking": "", "signature": ""}),
+                        deltas,
+                    )
+                }
+                Block::ToolUse { id, name, input } => (
+                    json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                    split_chunks(&tool_json(input, malformed), chunk_chars, 3)
+                        .into_iter()
+                        .map(|p| json!({"type": "input_json_delta", "partial_json": p}))
+                        .collect(),
+                ),
+                Block::WebSearch { .. } => unreachable!("split by anthropic_blocks"),
+            },
         };
         frames.push(Frame::named(
             "content_block_start",
@@ -109,6 +118,60 @@ pub(crate) fn stream(
     frames
 }
 
+/// A block as streamed: most as scripted, a web search as the two blocks
+/// the API sends for it.
+enum Wire<'a> {
+    Block(&'a Block),
+    Server {
+        id: &'a str,
+        input: Value,
+    },
+    /// A block that arrives whole in its start event.
+    Whole(Value),
+}
+
+fn anthropic_blocks(block: &Block) -> Vec<Wire<'_>> {
+    match block {
+        Block::WebSearch {
+            id,
+            query,
+            results,
+            error_code,
+        } => vec![
+            Wire::Server {
+                id,
+                input: json!({ "query": query }),
+            },
+            Wire::Whole(json!({
+                "type": "web_search_tool_result",
+                "tool_use_id": id,
+                "content": search_content(results, error_code.as_deref()),
+            })),
+        ],
+        other => vec![Wire::Block(other)],
+    }
+}
+
+/// A search result's `content`: its pages, or the error.
+fn search_content(results: &[crate::scenario::SearchResult], error: Option<&str>) -> Value {
+    match error {
+        Some(code) => json!({"type": "web_search_tool_result_error", "error_code": code}),
+        None => results
+            .iter()
+            .map(|r| {
+                json!({
+                    "type": "web_search_result",
+                    "url": r.url,
+                    "title": r.title,
+                    // Opaque to clients; they pass it back as it came.
+                    "encrypted_content": format!("enc:{}", r.url),
+                    "page_age": null,
+                })
+            })
+            .collect(),
+    }
+}
+
 /// The in-stream error the API sends when it is overloaded mid-response.
 pub(crate) fn overloaded_frame() -> Frame {
     Frame::named("error", &error_body("overloaded_error", "Overloaded"))
@@ -120,17 +183,30 @@ pub(crate) fn message(turn: &Turn, model: &str, id: &str, malformed: bool) -> St
     let content: Vec<Value> = turn
         .content
         .iter()
-        .map(|block| match block {
-            Block::Text { text } => json!({"type": "text", "text": text}),
+        .flat_map(|block| match block {
+            Block::Text { text } => vec![json!({"type": "text", "text": text})],
             Block::Thinking {
                 thinking,
                 signature,
             } => {
-                json!({"type": "thinking", "thinking": thinking, "signature": signature})
+                vec![json!({"type": "thinking", "thinking": thinking, "signature": signature})]
             }
             Block::ToolUse { id, name, input } => {
-                json!({"type": "tool_use", "id": id, "name": name, "input": input})
+                vec![json!({"type": "tool_use", "id": id, "name": name, "input": input})]
             }
+            Block::WebSearch {
+                id,
+                query,
+                results,
+                error_code,
+            } => vec![
+                json!({"type": "server_tool_use", "id": id, "name": "web_search", "input": {"query": query}}),
+                json!({
+                    "type": "web_search_tool_result",
+                    "tool_use_id": id,
+                    "content": search_content(results, error_code.as_deref()),
+                }),
+            ],
         })
         .collect();
     let body = json!({

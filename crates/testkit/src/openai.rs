@@ -102,6 +102,8 @@ pub(crate) fn stream(
                 }
                 tool_index += 1;
             }
+            // No such thing on this protocol.
+            Block::WebSearch { .. } => {}
         }
     }
     frames.push(chunker.chunk(json!({}), Some(turn.effective_stop_reason().openai())));
@@ -156,6 +158,8 @@ pub(crate) fn completion(
                 "type": "function",
                 "function": {"name": name, "arguments": tool_json(input, malformed)},
             })),
+            // No such thing on this protocol.
+            Block::WebSearch { .. } => {}
         }
     }
     let mut message = json!({

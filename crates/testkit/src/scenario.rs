@@ -104,6 +104,26 @@ pub enum Block {
         name: String,
         input: Value,
     },
+    /// A web search the provider runs itself (Anthropic's server tool):
+    /// a `server_tool_use` block, then its `web_search_tool_result` with
+    /// these pages (or `error_code` instead). OpenAI-style servers have no
+    /// such thing and send nothing for it.
+    WebSearch {
+        id: String,
+        query: String,
+        #[serde(default)]
+        results: Vec<SearchResult>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error_code: Option<String>,
+    },
+}
+
+/// One page a scripted web search found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchResult {
+    pub url: String,
+    pub title: String,
 }
 
 fn default_signature() -> String {
@@ -120,6 +140,8 @@ pub enum StopReason {
     MaxTokens,
     StopSequence,
     Refusal,
+    /// The provider paused its own long turn (Anthropic only).
+    PauseTurn,
 }
 
 impl StopReason {
@@ -131,13 +153,14 @@ impl StopReason {
             Self::MaxTokens => "max_tokens",
             Self::StopSequence => "stop_sequence",
             Self::Refusal => "refusal",
+            Self::PauseTurn => "pause_turn",
         }
     }
 
     /// The OpenAI `finish_reason` string.
     pub fn openai(self) -> &'static str {
         match self {
-            Self::EndTurn | Self::StopSequence => "stop",
+            Self::EndTurn | Self::StopSequence | Self::PauseTurn => "stop",
             Self::ToolUse => "tool_calls",
             Self::MaxTokens => "length",
             Self::Refusal => "content_filter",
@@ -382,6 +405,28 @@ impl Turn {
             id: id.into(),
             name: name.into(),
             input,
+        });
+        self
+    }
+
+    /// Appends a web search the provider ran, with the pages it found.
+    pub fn with_web_search(
+        mut self,
+        id: impl Into<String>,
+        query: impl Into<String>,
+        results: &[(&str, &str)],
+    ) -> Self {
+        self.content.push(Block::WebSearch {
+            id: id.into(),
+            query: query.into(),
+            results: results
+                .iter()
+                .map(|(url, title)| SearchResult {
+                    url: url.to_string(),
+                    title: title.to_string(),
+                })
+                .collect(),
+            error_code: None,
         });
         self
     }

@@ -297,6 +297,37 @@ impl Transcript {
                                     live: String::new(),
                                 }));
                             }
+                            // The provider's own search, and what it found.
+                            ContentBlock::ServerToolUse { id, name, input } => {
+                                t.push(Entry::Tool(ToolCall {
+                                    id: id.clone(),
+                                    name: name.clone(),
+                                    input: input.clone(),
+                                    state: ToolState::Done {
+                                        output: String::new(),
+                                        is_error: false,
+                                        duration_ms: 0,
+                                    },
+                                    before: None,
+                                    live: String::new(),
+                                }));
+                            }
+                            ContentBlock::WebSearchToolResult {
+                                tool_use_id,
+                                content,
+                            } => {
+                                if let Some(i) = t.tool_index(tool_use_id)
+                                    && let Some(Entry::Tool(call)) = t.get_mut(i)
+                                {
+                                    let (output, is_error) =
+                                        cordon_agent::message::search_summary(content);
+                                    call.state = ToolState::Done {
+                                        output,
+                                        is_error,
+                                        duration_ms: 0,
+                                    };
+                                }
+                            }
                             _ => {}
                         }
                     }
@@ -410,6 +441,8 @@ pub fn key_argument(name: &str, input: &Value) -> String {
             }
         }
         "run_code" => format!("{}: {}", s("language"), first_line(s("code"))),
+        "web_search" => s("query").to_string(),
+        "web_fetch" => s("url").to_string(),
         "apply_patch" => patched_files(s("patch")),
         update_plan::NAME => match Plan::parse(input.clone()) {
             Ok(p) if p.plan.is_empty() => "(cleared)".into(),
@@ -783,6 +816,41 @@ mod tests {
         assert_eq!(t.entries().len(), 3);
         assert!(
             matches!(&t.entries()[2], Entry::Tool(ToolCall { state: ToolState::Done { output, .. }, .. }) if output == "a.txt")
+        );
+    }
+
+    #[test]
+    fn a_loaded_history_keeps_the_providers_searches_and_the_last_plan() {
+        let history = vec![Message::Assistant(cordon_agent::AssistantMessage {
+            content: vec![
+                ContentBlock::ServerToolUse {
+                    id: "s1".into(),
+                    name: "web_search".into(),
+                    input: serde_json::json!({"query": "ratatui"}),
+                },
+                ContentBlock::WebSearchToolResult {
+                    tool_use_id: "s1".into(),
+                    content: serde_json::json!([{"type": "web_search_result", "url": "https://r.example/", "title": "R"}]),
+                },
+                ContentBlock::ToolUse {
+                    id: "p1".into(),
+                    name: "update_plan".into(),
+                    input: serde_json::json!({"plan": [{"step": "a", "status": "in_progress"}]}),
+                },
+            ],
+            stop_reason: cordon_agent::StopReason::ToolUse,
+            usage: Default::default(),
+        })];
+        let t = Transcript::from_history(&history);
+        assert!(
+            matches!(&t.entries()[0], Entry::Tool(ToolCall { state: ToolState::Done { output, .. }, .. }) if output == "R — https://r.example/"),
+            "{:?}",
+            t.entries()
+        );
+        assert_eq!(t.plan().unwrap().plan[0].step, "a");
+        assert_eq!(
+            key_argument("web_search", &serde_json::json!({"query": "ratatui"})),
+            "ratatui"
         );
     }
 }

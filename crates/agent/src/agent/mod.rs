@@ -55,6 +55,8 @@ pub struct AgentConfig {
     pub compact_threshold: f64,
     /// What the session's checkpoints keep (`checkpoints.*`).
     pub checkpoints: cordon_git::Retention,
+    /// The provider's web search, when the user enabled it (Anthropic).
+    pub web_search: Option<crate::wire::WebSearch>,
 }
 
 impl AgentConfig {
@@ -71,6 +73,7 @@ impl AgentConfig {
             context_window: 200_000,
             compact_threshold: 0.75,
             checkpoints: cordon_git::Retention::default(),
+            web_search: None,
         }
     }
 }
@@ -234,6 +237,7 @@ impl Agent {
             messages: context::view(&self.history, self.config.keep_tool_outputs),
             tools: tools.to_vec(),
             max_tokens: self.config.max_tokens,
+            web_search: self.config.web_search,
         }
     }
 
@@ -416,6 +420,7 @@ impl Agent {
                 .tool_uses()
                 .map(|(id, name, input)| (id.to_string(), name.to_string(), input.clone()))
                 .collect();
+            server_tool_events(&answer, journal);
             let stop = answer.stop_reason;
             let text = answer.text();
             if stop == StopReason::Refusal {
@@ -425,6 +430,11 @@ impl Agent {
             }
             self.push(Message::Assistant(answer));
             if calls.is_empty() {
+                if stop == StopReason::PauseTurn {
+                    // The provider paused its own long turn (a web search):
+                    // sent back as it is, the answer goes on.
+                    continue;
+                }
                 return Ok(self.complete(journal, stop, step, total, text));
             }
             let results = if stop == StopReason::MaxTokens {
@@ -495,4 +505,37 @@ fn add_usage(total: &mut Usage, u: &Usage) {
     total.output_tokens += u.output_tokens;
     total.cache_read_tokens += u.cache_read_tokens;
     total.cache_write_tokens += u.cache_write_tokens;
+}
+
+/// The calls the provider made itself in `answer` (web searches), shown
+/// as tool calls that ran: each with what it found.
+fn server_tool_events(answer: &crate::message::AssistantMessage, journal: &Journal<'_>) {
+    use crate::message::{ContentBlock, search_summary};
+    for block in &answer.content {
+        let ContentBlock::ServerToolUse { id, name, input } = block else {
+            continue;
+        };
+        journal.emit(AgentEvent::ToolCallStarted {
+            id: id.clone(),
+            name: name.clone(),
+            input: input.clone(),
+        });
+        let found = answer.content.iter().find_map(|b| match b {
+            ContentBlock::WebSearchToolResult {
+                tool_use_id,
+                content,
+            } if tool_use_id == id => Some(search_summary(content)),
+            _ => None,
+        });
+        let (output, is_error) =
+            found.unwrap_or_else(|| ("The provider sent no result.".into(), true));
+        journal.emit(AgentEvent::ToolCallFinished {
+            id: id.clone(),
+            name: name.clone(),
+            output,
+            is_error,
+            structured: None,
+            duration_ms: 0,
+        });
+    }
 }

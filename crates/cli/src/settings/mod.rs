@@ -139,6 +139,15 @@ pub const KEYS: &[Key] = &[
         guard: Guard::Any,
     },
     Key {
+        name: "web_search",
+        env: &["CORDON_WEB_SEARCH"],
+        secret: false,
+        default: Some("off"),
+        doc: "the provider's own web search (Anthropic models only): off, or the most searches per request; it runs on the provider's servers, outside the sandbox's network policy",
+        // Searches leave through the provider, whatever the policy says.
+        guard: Guard::Tighten,
+    },
+    Key {
         name: "approval",
         env: &["CORDON_APPROVAL"],
         secret: false,
@@ -479,7 +488,7 @@ fn tightens(name: &str, value: &str, current: Option<&str>) -> bool {
     let number = |v: Option<&str>| v.and_then(|v| v.trim().parse::<u64>().ok());
     match name {
         "approval" => value == "ask",
-        "sandbox.network" => value == "off",
+        "sandbox.network" | "web_search" => value == "off",
         "network.allow_private" => value == "false",
         "sandbox.protect_control_files" => value == "true",
         "sandbox.memory" => {

@@ -74,6 +74,8 @@ pub struct Resolved {
     pub max_tokens: u32,
     pub context_window: u64,
     pub compact_threshold: f64,
+    /// The provider's web search: the most searches per request.
+    pub web_search: Option<u32>,
     pub approval: ApprovalMode,
     /// The host directory at /workspace; `None`: the current directory.
     pub workspace: Option<PathBuf>,
@@ -217,6 +219,14 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
         compact_threshold: req(s, "compact_threshold", |v| match v.parse::<f64>() {
             Ok(x) if (0.1..=0.95).contains(&x) => Ok(x),
             _ => Err("expected a fraction between 0.1 and 0.95".into()),
+        })?,
+        web_search: req(s, "web_search", |v| match v {
+            "off" | "false" | "0" => Ok(None),
+            "on" | "true" => Ok(Some(5)),
+            n => match n.parse::<u32>() {
+                Ok(n) if n <= 100 => Ok(Some(n)),
+                _ => Err("expected off, on, or the most searches per request (1 to 100)".into()),
+            },
         })?,
         approval: req(s, "approval", |v| match v {
             "auto" => Ok(ApprovalMode::Auto),
