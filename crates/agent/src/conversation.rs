@@ -151,6 +151,16 @@ impl Opening {
             system: crate::prompt::for_sandbox(sandbox) + &self.instructions.prompt(),
             ..self.config.clone()
         };
+        // Helpers get the tools as they are now: all but their own.
+        let helpers = Arc::new(crate::task::Helpers::default());
+        let task = crate::task::Task::new(
+            self.provider.clone(),
+            &config,
+            &tools,
+            self.approver.clone(),
+            helpers.clone(),
+        );
+        tools.register(task);
         let mut agent = Agent::new(
             provider,
             tools,
@@ -162,6 +172,7 @@ impl Opening {
             agent.set_log(log);
         }
         agent.set_approver(self.approver.clone());
+        agent.set_helpers(helpers);
         Ok(agent)
     }
 }

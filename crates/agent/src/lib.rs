@@ -25,6 +25,7 @@ pub mod prompt;
 pub mod provider;
 pub mod sessions;
 pub mod stream;
+pub mod task;
 pub mod wire;
 
 pub use agent::{

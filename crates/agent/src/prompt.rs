@@ -35,6 +35,9 @@ whole file back to rewrite a few lines.
 - Use bash for everything else: building, running, git, the project's own tools. Prefer the \
 project's scripts (make, npm run, cargo, pytest) to commands of your own. Use run_code for a \
 quick computation or to try a piece of Python.
+- Hand a large search or a self-contained sub-task to a helper with task: it works in the same \
+sandbox with a context of its own, and only its answer comes back to you. Tell it everything it \
+needs; do small things yourself.
 - Check your work by running it: the tests that cover what you changed, the build, the linter \
 the project uses. If a check fails, read the error, fix the cause and run it again; do not \
 weaken a test to make it pass. If you cannot run a check, say so.

@@ -916,3 +916,44 @@ fn the_plan_is_shown_live_and_comes_back_on_resume() {
     tmux.keys(&["Enter"]);
     tmux.wait_for("EXIT=0");
 }
+
+/// A helper's steps show under its call while it works and stay there,
+/// with its answer, once it is done.
+#[test]
+fn a_helper_s_steps_show_nested_under_its_call() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Delegating.").with_tool_call(
+                "t1",
+                "task",
+                json!({"description": "look around", "prompt": "List /workspace and say what is there."}),
+            ))
+            .turn(Turn::text("Listing.").with_tool_call(
+                "h1",
+                "bash",
+                json!({"command": "echo helper-was-here; sleep 2"}),
+            ))
+            .turn(Turn::text("The workspace is empty.").expect_tool_results(["h1"]))
+            .turn(Turn::text("All looked at.").expect_tool_results(["t1"])),
+    );
+    let tmux = Tmux::start(
+        "task",
+        &chat_command(&server, ws.path(), home.path(), ""),
+        100,
+        30,
+    );
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("look around");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("┊ ▸ bash echo helper-was-here");
+    assert!(s.contains("task look around"), "{s}");
+    let s = tmux.wait_for("All looked at.");
+    assert!(s.contains("┊   ✓ Exit code: 0"), "the steps went with the call: {s}");
+    assert!(s.contains("The workspace is empty."), "{s}");
+    server.assert_finished();
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+}

@@ -451,6 +451,99 @@ fn the_provider_s_web_search_is_offered_shown_and_sent_back() {
     assert!(server.requests().is_empty());
 }
 
+/// `task`: a helper with its own context, in the same sandbox, whose
+/// answer is the call's result; its steps show as the call's output; it
+/// cannot start helpers itself; its tokens count in the turn.
+#[test]
+fn a_task_helper_works_in_the_sandbox_and_answers_the_caller() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "").unwrap();
+    std::fs::write(ws.path().join("b.txt"), "").unwrap();
+    let usage = |input| cordon_testkit::Usage {
+        input_tokens: input,
+        output_tokens: 10,
+        ..Default::default()
+    };
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Delegating.")
+                    .with_tool_call(
+                        "t1",
+                        "task",
+                        json!({"description": "count text files", "prompt": "Count the .txt files in /workspace; answer with the number."}),
+                    )
+                    .usage(usage(100)),
+            )
+            // The helper: its own context, the helper's prompt, no task tool.
+            .turn(
+                Turn::text("Counting.")
+                    .with_tool_call("h1", "bash", json!({"command": "cd /tmp; ls /workspace/*.txt | wc -l"}))
+                    .expect_contains("# You are a helper")
+                    .expect_contains("Count the .txt files")
+                    .expect_lacks("Delegating.")
+                    .expect_lacks("\"name\":\"task\"")
+                    .usage(usage(1000)),
+            )
+            .turn(
+                Turn::text("There are 2 .txt files.")
+                    .expect_tool_results(["h1"])
+                    .usage(usage(1000)),
+            )
+            .turn(
+                Turn::text("Then a command of mine.")
+                    .with_tool_call("b1", "bash", json!({"command": "pwd"}))
+                    .expect_tool_results(["t1"])
+                    .expect_contains("There are 2 .txt files.")
+                    .usage(usage(100)),
+            )
+            .turn(
+                Turn::text("Two files.")
+                    .expect_tool_results(["b1"])
+                    // The helper's `cd` was its own shell's.
+                    .expect_contains("/workspace")
+                    .expect_lacks("/tmp\n")
+                    .usage(usage(100)),
+            ),
+    );
+    let out = exec(
+        &server,
+        ws.path(),
+        home.path(),
+        &["--json", "how many text files?"],
+    );
+    assert_success(&out);
+    server.assert_no_failures();
+    let first = server.requests()[0].body["tools"].to_string();
+    assert!(first.contains("\"task\""), "{first}");
+    let events = json_lines(&out);
+    assert_valid(&events);
+    let live: String = events
+        .iter()
+        .filter(|e| e["type"] == "tool_output" && e["id"] == "t1")
+        .map(|e| e["text"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        live.contains("▸ bash cd /tmp; ls /workspace/*.txt | wc -l"),
+        "{live}"
+    );
+    assert!(live.contains("✓ Exit code: 0"), "{live}");
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "tool_call_finished" && e["id"] == "t1")
+        .unwrap();
+    assert_eq!(done["output"], "There are 2 .txt files.");
+    assert_eq!(done["is_error"], false);
+    assert_eq!(done["structured"]["tool_calls"], 1);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "turn_completed");
+    assert_eq!(
+        last["usage"]["input_tokens"], 2300,
+        "the helper's tokens count: {last}"
+    );
+}
+
 #[test]
 fn exit_codes_separate_config_and_model_errors() {
     let ws = tempfile::tempdir().unwrap();

@@ -235,8 +235,20 @@ impl ToolContext {
         self.progress.clone()
     }
 
+    /// This context with a shell and a Python kernel of its own, started
+    /// when first used: for a helper working beside the caller, whose `cd`
+    /// and variables are not the caller's.
+    pub fn fresh_session(&self) -> ToolContext {
+        ToolContext {
+            shell: Arc::default(),
+            kernel: Arc::default(),
+            progress: None,
+            ..self.clone()
+        }
+    }
+
     /// Reports output of the running call, if anyone listens.
-    pub(crate) fn report(&self, stream: OutputStream, data: &[u8]) {
+    pub fn report(&self, stream: OutputStream, data: &[u8]) {
         if let Some(p) = &self.progress
             && !data.is_empty()
         {
@@ -306,6 +318,11 @@ impl Toolbox {
     pub fn register_arc(&mut self, tool: Arc<dyn Tool>) {
         self.tools.retain(|t| t.name() != tool.name());
         self.tools.push(tool);
+    }
+
+    /// Takes a tool out, if there is one of that name.
+    pub fn remove(&mut self, name: &str) {
+        self.tools.retain(|t| t.name() != name);
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {

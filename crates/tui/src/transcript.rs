@@ -442,6 +442,7 @@ pub fn key_argument(name: &str, input: &Value) -> String {
         }
         "run_code" => format!("{}: {}", s("language"), first_line(s("code"))),
         "web_search" => s("query").to_string(),
+        "task" => s("description").to_string(),
         "web_fetch" => s("url").to_string(),
         "apply_patch" => patched_files(s("patch")),
         update_plan::NAME => match Plan::parse(input.clone()) {
@@ -575,6 +576,31 @@ fn render_tool(call: &ToolCall, expanded: bool, tick: u64) -> Vec<Line<'static>>
         let from = shown.len().saturating_sub(LIVE_LINES);
         lines.extend(
             shown[from..]
+                .iter()
+                .map(|l| Line::from(Span::styled(format!("  ┊ {l}"), theme::dim()))),
+        );
+    }
+
+    // A helper's steps stay under its call once it is done: the last
+    // few, or all of them expanded.
+    if call.name == "task"
+        && matches!(call.state, ToolState::Done { .. })
+        && !call.live.trim().is_empty()
+    {
+        let steps: Vec<String> = call.live.trim_end().lines().map(printable).collect();
+        let from = if expanded {
+            0
+        } else {
+            steps.len().saturating_sub(LIVE_LINES)
+        };
+        if from > 0 {
+            lines.push(Line::from(Span::styled(
+                format!("  ┊ … {from} earlier lines (Ctrl+O)"),
+                theme::dim(),
+            )));
+        }
+        lines.extend(
+            steps[from..]
                 .iter()
                 .map(|l| Line::from(Span::styled(format!("  ┊ {l}"), theme::dim()))),
         );

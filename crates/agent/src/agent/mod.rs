@@ -148,6 +148,8 @@ pub struct Agent {
     /// bytes-per-token rule calibrated to this model's tokenizer.
     ratio: f64,
     usage: Usage,
+    /// Its `task` helpers' shared state, when it has the tool.
+    helpers: Option<Arc<crate::task::Helpers>>,
 }
 
 impl Agent {
@@ -165,6 +167,7 @@ impl Agent {
             pending: None,
             ratio: 1.0,
             usage: Usage::default(),
+            helpers: None,
         }
     }
 
@@ -190,6 +193,12 @@ impl Agent {
     pub fn with_history(mut self, history: Vec<Message>) -> Self {
         self.history = history;
         self
+    }
+
+    /// The state this agent's `task` helpers share with it: their count
+    /// per turn, and their tokens, which count in its turns.
+    pub fn set_helpers(&mut self, helpers: Arc<crate::task::Helpers>) {
+        self.helpers = Some(helpers);
     }
 
     /// Asks `approver` before every tool call from now on (`None`: run all).
@@ -332,6 +341,9 @@ impl Agent {
             tool_results: Vec::new(),
         });
         let mut total = Usage::default();
+        if let Some(h) = &self.helpers {
+            h.begin_turn(&self.config.model);
+        }
         let mut tools = self.specs();
         for step in 1..=self.config.max_steps {
             // A tool that stopped working mid-turn (an MCP server that
@@ -451,6 +463,12 @@ impl Agent {
             } else {
                 self.run_tools(&calls, journal, cancel).await
             };
+            // What its helpers used is the turn's too.
+            if let Some(h) = &self.helpers {
+                let used = h.take_usage();
+                add_usage(&mut total, &used);
+                add_usage(&mut self.usage, &used);
+            }
             let cancelled = cancel.is_cancelled();
             self.push(Message::User {
                 text: String::new(),
@@ -500,7 +518,7 @@ impl Agent {
     }
 }
 
-fn add_usage(total: &mut Usage, u: &Usage) {
+pub(crate) fn add_usage(total: &mut Usage, u: &Usage) {
     total.input_tokens += u.input_tokens;
     total.output_tokens += u.output_tokens;
     total.cache_read_tokens += u.cache_read_tokens;
