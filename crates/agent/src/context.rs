@@ -73,8 +73,13 @@ fn mask_old_output(history: &[Message], keep_recent: usize) -> Vec<Message> {
         .iter()
         .enumerate()
         .map(|(i, m)| match m {
-            Message::User { text, tool_results } if old.contains(&i) => Message::User {
+            Message::User {
+                text,
+                tool_results,
+                images,
+            } if old.contains(&i) => Message::User {
                 text: text.clone(),
+                images: images.clone(),
                 tool_results: tool_results
                     .iter()
                     .map(|r| {
@@ -134,13 +139,19 @@ pub fn estimate_request(req: &ModelRequest) -> u64 {
 pub fn push_message(history: &mut Vec<Message>, m: Message) {
     match (history.last_mut(), m) {
         (
-            Some(Message::User { text, tool_results }),
+            Some(Message::User {
+                text,
+                tool_results,
+                images,
+            }),
             Message::User {
                 text: more,
                 tool_results: more_results,
+                images: more_images,
             },
         ) => {
             tool_results.extend(more_results);
+            images.extend(more_images);
             if !more.is_empty() {
                 if !text.is_empty() {
                     text.push_str("\n\n");
@@ -225,10 +236,7 @@ pub fn summary_message(summary: &str, latest_prompt: Option<&str>) -> Message {
         text.push_str("\n\n[The user's latest request before this summary, verbatim:]\n");
         text.push_str(p);
     }
-    Message::User {
-        text,
-        tool_results: Vec::new(),
-    }
+    Message::user(text)
 }
 
 /// The messages sent to have `history[..cut]` summarised: that part as
@@ -254,23 +262,14 @@ pub fn summary_input(
     }
     let mut out = Vec::new();
     if start > 0 {
-        out.push(Message::User {
-            text: format!(
-                "[{start} earlier messages are omitted here because they no longer fit.]"
-            ),
-            tool_results: Vec::new(),
-        });
+        out.push(Message::user(format!(
+            "[{start} earlier messages are omitted here because they no longer fit.]"
+        )));
     }
     for m in part[start..].iter().cloned() {
         push_message(&mut out, m);
     }
-    push_message(
-        &mut out,
-        Message::User {
-            text: SUMMARY_REQUEST.into(),
-            tool_results: Vec::new(),
-        },
-    );
+    push_message(&mut out, Message::user(SUMMARY_REQUEST));
     out
 }
 
@@ -280,18 +279,15 @@ mod tests {
     use crate::wire::ToolResult;
 
     fn screenshot(id: &str) -> Message {
-        Message::User {
-            text: String::new(),
-            tool_results: vec![ToolResult {
-                tool_use_id: id.into(),
-                content: "Screenshot.".into(),
-                is_error: false,
-                images: vec![cordon_tools::Image {
-                    media_type: "image/png".into(),
-                    data: "A".repeat(400_000),
-                }],
+        Message::tool_results(vec![ToolResult {
+            tool_use_id: id.into(),
+            content: "Screenshot.".into(),
+            is_error: false,
+            images: vec![cordon_tools::Image {
+                media_type: "image/png".into(),
+                data: "A".repeat(400_000),
             }],
-        }
+        }])
     }
 
     #[test]
@@ -316,25 +312,19 @@ mod tests {
     }
 
     fn results(id: &str, content: &str) -> Message {
-        Message::User {
-            text: String::new(),
-            tool_results: vec![ToolResult {
-                tool_use_id: id.into(),
-                content: content.into(),
-                is_error: false,
-                images: Vec::new(),
-            }],
-        }
+        Message::tool_results(vec![ToolResult {
+            tool_use_id: id.into(),
+            content: content.into(),
+            is_error: false,
+            images: Vec::new(),
+        }])
     }
 
     #[test]
     fn only_old_long_tool_output_is_masked() {
         let long = "line\n".repeat(200);
         let history = vec![
-            Message::User {
-                text: "task".into(),
-                tool_results: vec![],
-            },
+            Message::user("task"),
             results("a", &long),
             results("b", "short"),
             results("c", &long),
@@ -360,10 +350,7 @@ mod tests {
     }
 
     fn user(text: &str) -> Message {
-        Message::User {
-            text: text.into(),
-            tool_results: vec![],
-        }
+        Message::user(text)
     }
 
     fn assistant(text: &str) -> Message {

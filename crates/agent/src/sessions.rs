@@ -512,11 +512,7 @@ mod tests {
         for p in prompts {
             log.append(&json!({"type":"user_message","text":p}))
                 .unwrap();
-            log.append(&message_record(&Message::User {
-                text: p.to_string(),
-                tool_results: vec![],
-            }))
-            .unwrap();
+            log.append(&message_record(&Message::user(p))).unwrap();
             log.append(&json!({"type":"turn_completed","usage":{"input_tokens":10,"output_tokens":5,"cache_read_tokens":0,"cache_write_tokens":0}}))
                 .unwrap();
         }
@@ -558,13 +554,7 @@ mod tests {
         assert_eq!(r.summary.id, "200-bbbbb");
         // Two user messages in a row (no answer between) merge, as they did
         // when they were sent.
-        assert_eq!(
-            r.history,
-            [Message::User {
-                text: "b\n\nc".into(),
-                tool_results: vec![]
-            }]
-        );
+        assert_eq!(r.history, [Message::user("b\n\nc")]);
         assert!(matches!(
             resume(dir.path(), Some("999"), None),
             Err(SessionError::NotFound(_))

@@ -35,8 +35,41 @@ pub enum Message {
         text: String,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         tool_results: Vec<ToolResult>,
+        /// Images the user gave with the text (`--attach`, `/attach`),
+        /// shown to the model before it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<cordon_tools::Image>,
     },
     Assistant(AssistantMessage),
+}
+
+impl Message {
+    /// A user's text.
+    pub fn user(text: impl Into<String>) -> Message {
+        Message::User {
+            text: text.into(),
+            tool_results: Vec::new(),
+            images: Vec::new(),
+        }
+    }
+
+    /// A user's text with images.
+    pub fn user_with_images(text: impl Into<String>, images: Vec<cordon_tools::Image>) -> Message {
+        Message::User {
+            text: text.into(),
+            tool_results: Vec::new(),
+            images,
+        }
+    }
+
+    /// The results of the model's last tool calls.
+    pub fn tool_results(results: Vec<ToolResult>) -> Message {
+        Message::User {
+            text: String::new(),
+            tool_results: results,
+            images: Vec::new(),
+        }
+    }
 }
 
 /// Everything one model request carries.
@@ -90,7 +123,11 @@ pub fn anthropic_body(req: &ModelRequest) -> Value {
         .messages
         .iter()
         .map(|m| match m {
-            Message::User { text, tool_results } => {
+            Message::User {
+                text,
+                tool_results,
+                images,
+            } => {
                 let mut content: Vec<Value> = tool_results
                     .iter()
                     .map(|r| {
@@ -114,6 +151,12 @@ pub fn anthropic_body(req: &ModelRequest) -> Value {
                         })
                     })
                     .collect();
+                // The user's images, then what they said about them.
+                content.extend(images.iter().map(|i| {
+                    json!({"type": "image", "source": {
+                        "type": "base64", "media_type": i.media_type, "data": i.data,
+                    }})
+                }));
                 if !text.is_empty() {
                     content.push(json!({ "type": "text", "text": text }));
                 }
@@ -187,7 +230,11 @@ pub fn openai_body(req: &ModelRequest) -> Value {
     }
     for m in &req.messages {
         match m {
-            Message::User { text, tool_results } => {
+            Message::User {
+                text,
+                tool_results,
+                images,
+            } => {
                 for r in tool_results {
                     let content = if r.is_error {
                         format!("Error: {}", r.content)
@@ -208,7 +255,18 @@ pub fn openai_body(req: &ModelRequest) -> Value {
                 if !parts.is_empty() {
                     messages.push(json!({ "role": "user", "content": parts }));
                 }
-                if !text.is_empty() {
+                if !images.is_empty() {
+                    let mut parts: Vec<Value> = images
+                        .iter()
+                        .map(|i| {
+                            json!({"type": "image_url", "image_url": {"url": format!("data:{};base64,{}", i.media_type, i.data)}})
+                        })
+                        .collect();
+                    if !text.is_empty() {
+                        parts.push(json!({"type": "text", "text": text}));
+                    }
+                    messages.push(json!({ "role": "user", "content": parts }));
+                } else if !text.is_empty() {
                     messages.push(json!({ "role": "user", "content": text }));
                 }
             }
@@ -323,20 +381,14 @@ mod tests {
             model: "m".into(),
             system: "You are cordon.".into(),
             messages: vec![
-                Message::User {
-                    text: "list files".into(),
-                    tool_results: vec![],
-                },
+                Message::user("list files"),
                 Message::Assistant(assistant),
-                Message::User {
-                    text: String::new(),
-                    tool_results: vec![ToolResult {
-                        tool_use_id: "t1".into(),
-                        content: "a\nb".into(),
-                        is_error: false,
-                        images: Vec::new(),
-                    }],
-                },
+                Message::tool_results(vec![ToolResult {
+                    tool_use_id: "t1".into(),
+                    content: "a\nb".into(),
+                    is_error: false,
+                    images: Vec::new(),
+                }]),
             ],
             tools: vec![
                 ToolSpec {
@@ -360,18 +412,15 @@ mod tests {
         let req = ModelRequest {
             model: "m".into(),
             system: String::new(),
-            messages: vec![Message::User {
-                text: String::new(),
-                tool_results: vec![ToolResult {
-                    tool_use_id: "c1".into(),
-                    content: "Screenshot.".into(),
-                    is_error: false,
-                    images: vec![cordon_tools::Image {
-                        media_type: "image/png".into(),
-                        data: "iVBORw0KGgo=".into(),
-                    }],
+            messages: vec![Message::tool_results(vec![ToolResult {
+                tool_use_id: "c1".into(),
+                content: "Screenshot.".into(),
+                is_error: false,
+                images: vec![cordon_tools::Image {
+                    media_type: "image/png".into(),
+                    data: "iVBORw0KGgo=".into(),
                 }],
-            }],
+            }])],
             tools: vec![],
             max_tokens: 10,
             web_search: None,

@@ -379,10 +379,7 @@ fn base_tokens() -> u64 {
     cordon_agent::context::estimate_request(&cordon_agent::ModelRequest {
         model: "scripted".into(),
         system: config().system,
-        messages: vec![Message::User {
-            text: "a task".into(),
-            tool_results: vec![],
-        }],
+        messages: vec![Message::user("a task")],
         tools,
         max_tokens: 4096,
         web_search: None,

@@ -38,10 +38,7 @@ fn request(messages: Vec<Message>) -> ModelRequest {
 }
 
 fn user(text: &str) -> Message {
-    Message::User {
-        text: text.into(),
-        tool_results: vec![],
-    }
+    Message::user(text)
 }
 
 #[tokio::test]
@@ -88,15 +85,12 @@ async fn a_tool_call_and_its_result_make_a_round_trip_in_both_protocols() {
                 &request(vec![
                     user("list files"),
                     Message::Assistant(first),
-                    Message::User {
-                        text: String::new(),
-                        tool_results: vec![ToolResult {
-                            tool_use_id: "toolu_1".into(),
-                            content: "a\nb".into(),
-                            is_error: false,
-                            images: Vec::new(),
-                        }],
-                    },
+                    Message::tool_results(vec![ToolResult {
+                        tool_use_id: "toolu_1".into(),
+                        content: "a\nb".into(),
+                        is_error: false,
+                        images: Vec::new(),
+                    }]),
                 ]),
                 |_| {},
             )

@@ -26,6 +26,9 @@ pub struct ExecArgs {
     /// Also write the final message to FILE
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Give the model an image with the prompt: PNG, JPEG, GIF or WebP, up to 5 MiB (repeatable)
+    #[arg(long = "attach", value_name = "FILE")]
+    pub attach: Vec<PathBuf>,
     #[command(flatten)]
     pub agent: AgentFlags,
 }
@@ -107,6 +110,16 @@ pub async fn exec(args: ExecArgs) -> i32 {
             cordon_tools::printable(&dir.display().to_string()),
             c.cloned.branch
         );
+    }
+    // Before anything starts: a file that cannot be given is the user's
+    // to fix.
+    let cwd = std::env::current_dir().unwrap_or_else(|_| s.workspace.clone());
+    let mut images = Vec::with_capacity(args.attach.len());
+    for path in &args.attach {
+        match cordon_tools::attach::read(path, &cwd, &s.workspace) {
+            Ok(image) => images.push(image),
+            Err(e) => return config_error(format_args!("--attach {e}")),
+        }
     }
     let mcp_specs = match crate::mcp_cmd::configured(&s.settings) {
         Ok(m) => m,
@@ -198,7 +211,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
         ))
     };
     let result = pump(
-        talk.agent().send(&prompt, &tx, &cancel),
+        talk.agent().send_with_images(&prompt, images, &tx, &cancel),
         &mut rx,
         sink.as_mut(),
     )

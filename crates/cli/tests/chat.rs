@@ -950,9 +950,58 @@ fn a_helper_s_steps_show_nested_under_its_call() {
     let s = tmux.wait_for("┊ ▸ bash echo helper-was-here");
     assert!(s.contains("task look around"), "{s}");
     let s = tmux.wait_for("All looked at.");
-    assert!(s.contains("┊   ✓ Exit code: 0"), "the steps went with the call: {s}");
+    assert!(
+        s.contains("┊   ✓ Exit code: 0"),
+        "the steps went with the call: {s}"
+    );
     assert!(s.contains("The workspace is empty."), "{s}");
     server.assert_finished();
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+}
+
+/// `/attach` in the chat: the image goes to the model with the next
+/// message, and a planted link in the workspace is refused, unsent.
+#[test]
+fn an_attached_image_goes_with_the_next_message() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0\x1f\x15\xc4\x89";
+    std::fs::write(ws.path().join("shot.png"), png).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("private.png"), png).unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("private.png"),
+        ws.path().join("link.png"),
+    )
+    .unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new().turn(Turn::text("It is one pixel.").expect_contains("image/png")),
+    );
+    let tmux = Tmux::start(
+        "attach",
+        &chat_command(&server, ws.path(), home.path(), ""),
+        120,
+        30,
+    );
+    tmux.wait_for("sandbox ready");
+    tmux.type_text(&format!("/attach {}", ws.path().join("link.png").display()));
+    tmux.keys(&["Enter"]);
+    tmux.type_text("what is this?");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("the message was not sent");
+    assert!(server.requests().is_empty());
+    tmux.type_text(&format!("/attach {}", ws.path().join("shot.png").display()));
+    tmux.keys(&["Enter"]);
+    tmux.type_text("what is this?");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("It is one pixel.");
+    assert!(s.contains("[1 image] what is this?"), "{s}");
+    server.assert_finished();
+    let body = &server.requests()[0].body;
+    let content = body["messages"].as_array().unwrap().last().unwrap()["content"].clone();
+    assert_eq!(content[0]["type"], "image", "{content}");
     tmux.type_text("/quit");
     tmux.keys(&["Enter"]);
     tmux.wait_for("EXIT=0");

@@ -544,6 +544,79 @@ fn a_task_helper_works_in_the_sandbox_and_answers_the_caller() {
     );
 }
 
+/// `--attach`: the image reaches the model before the prompt, as an image
+/// block (Anthropic) and as an image part (OpenAI); a file that is not an
+/// image, or a link planted in the workspace, stops before any request.
+#[test]
+fn attached_images_reach_the_model_on_both_wire_formats() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    // A 1x1 PNG.
+    let png = base64_decode(
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==",
+    );
+    std::fs::write(ws.path().join("shot.png"), &png).unwrap();
+    let server = ScriptedServer::start(Scenario::new().turn(Turn::text("A single pixel.")));
+    let out = exec(
+        &server,
+        ws.path(),
+        home.path(),
+        &["--attach", "shot.png", "what is this?"],
+    );
+    assert_success(&out);
+    let body = &server.requests()[0].body;
+    let content = &body["messages"][0]["content"];
+    assert_eq!(content[0]["type"], "image", "{content}");
+    assert_eq!(content[0]["source"]["media_type"], "image/png");
+    assert_eq!(content[1]["text"], "what is this?");
+
+    let server = ScriptedServer::start(Scenario::new().turn(Turn::text("A single pixel.")));
+    let out = exec_command(
+        &server,
+        ws.path(),
+        home.path(),
+        &["--attach", "shot.png", "what is this?"],
+    )
+    .env("OPENAI_BASE_URL", format!("{}/v1", server.url()))
+    .args(["--provider", "openai", "--model", "m"])
+    .output()
+    .unwrap();
+    assert_success(&out);
+    let body = &server.requests()[0].body;
+    let user = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "user")
+        .unwrap();
+    let url = user["content"][0]["image_url"]["url"].as_str().unwrap();
+    assert!(url.starts_with("data:image/png;base64,iVBOR"), "{url}");
+    assert_eq!(user["content"][1]["text"], "what is this?");
+
+    // Not an image; a link out of the workspace: refused before anything.
+    std::fs::write(ws.path().join("notes.txt"), "hi").unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("private.png"), &png).unwrap();
+    std::os::unix::fs::symlink(
+        outside.path().join("private.png"),
+        ws.path().join("link.png"),
+    )
+    .unwrap();
+    for (file, why) in [("notes.txt", "not a PNG"), ("link.png", "link.png")] {
+        let server = ScriptedServer::start(Scenario::new());
+        let out = exec(&server, ws.path(), home.path(), &["--attach", file, "look"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{err}");
+        assert!(err.contains(why), "{err}");
+        assert!(server.requests().is_empty());
+    }
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.decode(s).unwrap()
+}
+
 #[test]
 fn exit_codes_separate_config_and_model_errors() {
     let ws = tempfile::tempdir().unwrap();

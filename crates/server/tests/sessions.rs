@@ -558,3 +558,54 @@ async fn an_idle_session_s_volume_is_mounted_again_when_used() {
     model.assert_finished();
     s.stop().await;
 }
+
+/// A message's images reach the model as images; one whose bytes are not
+/// what it says, or too many, is refused with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_s_images_reach_the_model() {
+    let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+    let model = ScriptedServer::start(Scenario::new().turn(Turn::text("One pixel.")));
+    let s = TestServer::start_with(Db::Sqlite, with_model(model.url()))
+        .await
+        .expect("SQLite needs nothing installed");
+    let t = s.token("acme").await;
+    let id = s.new_session(&t).await;
+    let path = format!("/v1/sessions/{id}/messages");
+    let image = |media_type: &str, data: &str| json!({"media_type": media_type, "data": data});
+    for (images, want) in [
+        (
+            vec![image("image/jpeg", png)],
+            "says it is image/jpeg but its bytes are image/png",
+        ),
+        (vec![image("image/png", "not base64!")], "not base64"),
+        (
+            vec![image("image/png", "aGVsbG8=")],
+            "bytes are not image/png",
+        ),
+        (vec![image("image/bmp", png)], "unknown variant `image/bmp`"),
+        (vec![image("image/png", png); 9], "at most 8 images"),
+    ] {
+        let (status, v) = s
+            .post(&t, &path, json!({"text": "look", "images": images}))
+            .await;
+        assert_eq!(status, 400, "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(want), "{want}: {message}");
+    }
+    assert!(model.requests().is_empty());
+    let r = s
+        .client
+        .post(s.url(&path))
+        .bearer_auth(&t)
+        .json(&json!({"text": "what is this?", "images": [image("image/png", png)]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("One pixel."));
+    let content = model.requests()[0].body["messages"][0]["content"].clone();
+    assert_eq!(content[0]["type"], "image", "{content}");
+    assert_eq!(content[0]["source"]["data"], png);
+    assert_eq!(content[1]["text"], "what is this?");
+    s.stop().await;
+}

@@ -20,6 +20,7 @@
 //! ```
 
 pub mod apply_patch;
+pub mod attach;
 pub mod bash;
 pub mod computer;
 pub mod edit_file;

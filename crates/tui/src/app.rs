@@ -13,10 +13,63 @@ use tokio::sync::oneshot;
 
 use crate::transcript::{Entry, ToolCall, ToolState, Transcript};
 
+/// A message for the model: the text, and the images the user attached
+/// to it (paths as they gave them, read by the worker).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Prompt {
+    pub text: String,
+    pub attach: Vec<String>,
+}
+
+impl From<&str> for Prompt {
+    fn from(text: &str) -> Prompt {
+        Prompt {
+            text: text.to_string(),
+            attach: Vec::new(),
+        }
+    }
+}
+
+impl From<String> for Prompt {
+    fn from(text: String) -> Prompt {
+        Prompt {
+            text,
+            attach: Vec::new(),
+        }
+    }
+}
+
+/// The file names a pasted path is taken as an attachment for.
+const IMAGE_EXTENSIONS: &[&str] = &["png", "jpg", "jpeg", "gif", "webp"];
+
+/// A paste that is one image file's path, as terminals paste a dropped
+/// file: quoted, with `\ ` for spaces, or as a `file://` URL.
+pub fn pasted_image_path(text: &str) -> Option<String> {
+    let t = text.trim();
+    if t.is_empty() || t.contains('\n') {
+        return None;
+    }
+    let t = t
+        .strip_prefix('\'')
+        .and_then(|t| t.strip_suffix('\''))
+        .or_else(|| t.strip_prefix('"').and_then(|t| t.strip_suffix('"')))
+        .unwrap_or(t);
+    let t = t.strip_prefix("file://").unwrap_or(t);
+    let path = t.replace("\\ ", " ");
+    let ext = std::path::Path::new(&path)
+        .extension()?
+        .to_str()?
+        .to_ascii_lowercase();
+    (path.starts_with('/') || path.starts_with("./") || path.starts_with("~/"))
+        .then_some(())
+        .filter(|_| IMAGE_EXTENSIONS.contains(&ext.as_str()))
+        .map(|_| path)
+}
+
 /// What the run loop must do for the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    Send(String),
+    Send(Prompt),
     Cancel,
     Quit,
     Compact,
@@ -155,6 +208,8 @@ pub struct App {
     quit_armed: Option<Instant>,
     pub should_quit: bool,
     pub tick: u64,
+    /// Images for the next message (`/attach`, a pasted path).
+    pub attachments: Vec<String>,
 }
 
 pub const HELP: &str = "\
@@ -171,14 +226,17 @@ Tab: complete a /command, or a workspace path after @ (@src/ma → @src/main.rs)
 /compact  summarise the conversation now   /model NAME  switch model   /cost  tokens and cost
 /status  model, workspace, session, and the AGENTS.md files the model follows
 /allow HOST[:PORT]  let the sandbox reach a host for this session (with --allow; alone: what it may reach)
+/attach FILE  an image (PNG, JPEG, GIF, WebP) for your next message; or paste its path   /detach  drop them
 /snapshot [NAME]  save the sandbox's root (what was installed; not the workspace) as an image for --image";
 
 /// The slash commands, for Tab to complete.
 const COMMANDS: &[&str] = &[
     "/allow",
+    "/attach",
     "/clear",
     "/compact",
     "/cost",
+    "/detach",
     "/exit",
     "/help",
     "/load",
@@ -234,6 +292,7 @@ impl App {
             quit_armed: None,
             should_quit: false,
             tick: 0,
+            attachments: Vec::new(),
         }
     }
 
@@ -261,9 +320,15 @@ impl App {
     pub fn on_paste(&mut self, text: &str) {
         // Terminals send a pasted newline as CR; the prompt keeps it whole.
         let text = text.replace("\r\n", "\n").replace('\r', "\n");
-        if self.picker.is_none() {
-            self.input.insert_str(text);
+        if self.picker.is_some() {
+            return;
         }
+        // A dropped image file arrives as its path: attach it.
+        if let Some(path) = pasted_image_path(&text) {
+            self.attach(&path);
+            return;
+        }
+        self.input.insert_str(text);
     }
 
     pub fn on_mouse(&mut self, m: MouseEvent) {
@@ -526,10 +591,24 @@ impl App {
             self.set_input(&text);
             return Vec::new();
         }
-        self.transcript.push(Entry::User(text.clone()));
+        let attach = std::mem::take(&mut self.attachments);
+        self.transcript
+            .push(Entry::User(crate::transcript::with_attachments(
+                &text,
+                attach.len(),
+            )));
         self.scroll = None;
         self.busy = true;
-        vec![Action::Send(text)]
+        vec![Action::Send(Prompt { text, attach })]
+    }
+
+    /// Adds an image for the next message.
+    fn attach(&mut self, path: &str) {
+        self.attachments.push(path.to_string());
+        self.notice(format!(
+            "Attached {path}: it goes with your next message ({} in all; /detach drops them).",
+            self.attachments.len()
+        ));
     }
 
     /// `!cmd`: the command runs in the sandbox's shell, as a turn would.
@@ -589,6 +668,30 @@ impl App {
                 self.transcript.clear();
                 self.scroll = None;
                 vec![Action::New]
+            }
+            "/attach" if arg.is_empty() => {
+                if self.attachments.is_empty() {
+                    self.notice("No images attached: /attach FILE adds one (PNG, JPEG, GIF or WebP, up to 5 MiB), or paste its path.");
+                } else {
+                    self.notice(format!(
+                        "Attached for the next message: {}",
+                        self.attachments.join(", ")
+                    ));
+                }
+                Vec::new()
+            }
+            "/attach" => {
+                self.attach(arg);
+                Vec::new()
+            }
+            "/detach" => {
+                let n = self.attachments.len();
+                self.attachments.clear();
+                self.notice(format!(
+                    "Dropped {}.",
+                    cordon_tools::plural(n as u64, "attachment")
+                ));
+                Vec::new()
             }
             "/sessions" => vec![Action::ListSessions { all: arg == "all" }],
             "/load" if arg.is_empty() => {

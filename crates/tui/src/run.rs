@@ -183,7 +183,7 @@ async fn event_loop(
         }
         for a in actions {
             let req = match a {
-                Action::Send(text) => Request::Send(text),
+                Action::Send(prompt) => Request::Send(prompt),
                 Action::Cancel => {
                     cancel.cancel();
                     continue;

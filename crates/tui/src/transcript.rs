@@ -249,7 +249,11 @@ impl Transcript {
         let mut t = Transcript::default();
         for m in history {
             match m {
-                Message::User { text, tool_results } => {
+                Message::User {
+                    text,
+                    tool_results,
+                    images,
+                } => {
                     for r in tool_results {
                         if let Some(i) = t.tool_index(&r.tool_use_id)
                             && let Some(Entry::Tool(call)) = t.get_mut(i)
@@ -265,8 +269,8 @@ impl Transcript {
                         t.push(Entry::Notice(
                             "Earlier turns were summarised to fit the context window.".into(),
                         ));
-                    } else if !text.is_empty() {
-                        t.push(Entry::User(text.clone()));
+                    } else if !text.is_empty() || !images.is_empty() {
+                        t.push(Entry::User(with_attachments(text, images.len())));
                     }
                 }
                 Message::Assistant(a) => {
@@ -335,6 +339,14 @@ impl Transcript {
             }
         }
         t
+    }
+}
+
+/// A user's message as the transcript shows it: its images counted first.
+pub fn with_attachments(text: &str, images: usize) -> String {
+    match images {
+        0 => text.to_string(),
+        n => format!("[{}] {text}", cordon_tools::plural(n as u64, "image")),
     }
 }
 
@@ -810,10 +822,7 @@ mod tests {
     #[test]
     fn history_becomes_entries_with_results_attached() {
         let history = vec![
-            Message::User {
-                text: "list files".into(),
-                tool_results: vec![],
-            },
+            Message::user("list files"),
             Message::Assistant(cordon_agent::AssistantMessage {
                 content: vec![
                     ContentBlock::Text {
@@ -828,15 +837,12 @@ mod tests {
                 stop_reason: cordon_agent::StopReason::ToolUse,
                 usage: Default::default(),
             }),
-            Message::User {
-                text: String::new(),
-                tool_results: vec![cordon_agent::ToolResult {
-                    tool_use_id: "c1".into(),
-                    content: "a.txt".into(),
-                    is_error: false,
-                    images: Vec::new(),
-                }],
-            },
+            Message::tool_results(vec![cordon_agent::ToolResult {
+                tool_use_id: "c1".into(),
+                content: "a.txt".into(),
+                is_error: false,
+                images: Vec::new(),
+            }]),
         ];
         let t = Transcript::from_history(&history);
         assert_eq!(t.entries().len(), 3);

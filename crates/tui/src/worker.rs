@@ -20,7 +20,7 @@ use crate::approved::Approved;
 
 #[derive(Debug)]
 pub enum Request {
-    Send(String),
+    Send(crate::app::Prompt),
     Compact,
     SetModel(String),
     Clear,
@@ -467,7 +467,7 @@ impl State {
 
     async fn handle(&mut self, req: Request) {
         match req {
-            Request::Send(prompt) => self.send(&prompt).await,
+            Request::Send(prompt) => self.send(prompt).await,
             Request::Compact => self.compact().await,
             Request::Snapshot(name) => self.snapshot(name).await,
             Request::SetModel(m) => {
@@ -704,12 +704,33 @@ impl State {
         self.talk.as_mut().map(Conversation::agent)
     }
 
-    async fn send(&mut self, prompt: &str) {
+    async fn send(&mut self, prompt: crate::app::Prompt) {
         let (events, cancel) = (self.events.clone(), self.cancel.clone());
-        let Some(agent) = self.ready(prompt) else {
+        // The images first: one that cannot be read stops the message,
+        // which the user sends again once it is fixed.
+        let mut images = Vec::with_capacity(prompt.attach.len());
+        if let Some(talk) = &self.talk {
+            let cwd = std::env::current_dir().unwrap_or_else(|_| talk.workspace().to_path_buf());
+            for path in &prompt.attach {
+                let path = expand_home(path);
+                match cordon_tools::attach::read(&path, &cwd, talk.workspace()) {
+                    Ok(image) => images.push(image),
+                    Err(e) => {
+                        let _ = self.updates.send(Update::Done {
+                            error: Some(format!("cannot attach {e}; the message was not sent")),
+                            cancelled: false,
+                        });
+                        return;
+                    }
+                }
+            }
+        }
+        let Some(agent) = self.ready(&prompt.text) else {
             return;
         };
-        let result = agent.send(prompt, &events, &cancel).await;
+        let result = agent
+            .send_with_images(&prompt.text, images, &events, &cancel)
+            .await;
         let refused = matches!(&result, Ok(o) if o.stop_reason == StopReason::Refusal);
         let done = if refused {
             Update::Done {
@@ -789,5 +810,13 @@ mod tests {
             current_text(ws.path(), "blob").as_deref(),
             Some("[a binary file of 3 bytes]\n")
         );
+    }
+}
+
+/// `~/x` as the user's home directory's `x`, as a shell would.
+fn expand_home(path: &str) -> std::path::PathBuf {
+    match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => std::path::Path::new(&home).join(rest),
+        _ => std::path::PathBuf::from(path),
     }
 }

@@ -471,3 +471,44 @@ fn status_lists_the_instructions_read() {
     );
     assert!(user < project, "{said}");
 }
+
+#[test]
+fn attached_and_pasted_images_go_with_the_next_message_only() {
+    use cordon_tui::app::Prompt;
+    let mut a = app();
+    type_text(&mut a, "/attach /tmp/shot.png");
+    assert!(enter(&mut a).is_empty());
+    assert!(last(&a).contains("Attached /tmp/shot.png"), "{}", last(&a));
+    // A dropped file arrives as a pasted, quoted path with escapes.
+    a.on_paste("'/home/me/My\\ Pictures/plot.PNG'");
+    assert_eq!(a.input_text(), "", "the path was not typed into the prompt");
+    // Pasted text that is not an image path is text.
+    a.on_paste("/etc/hosts");
+    assert_eq!(a.input_text(), "/etc/hosts");
+    a.input = Default::default();
+    type_text(&mut a, "what do these show?");
+    assert_eq!(
+        enter(&mut a),
+        vec![Action::Send(Prompt {
+            text: "what do these show?".into(),
+            attach: vec![
+                "/tmp/shot.png".into(),
+                "/home/me/My Pictures/plot.PNG".into()
+            ],
+        })]
+    );
+    assert!(
+        last(&a).contains("[2 images] what do these show?"),
+        "{}",
+        last(&a)
+    );
+    a.turn_done(None, false);
+    type_text(&mut a, "and now?");
+    assert_eq!(enter(&mut a), vec![Action::Send("and now?".into())]);
+    a.turn_done(None, false);
+    type_text(&mut a, "/attach x.gif");
+    enter(&mut a);
+    type_text(&mut a, "/detach");
+    enter(&mut a);
+    assert!(a.attachments.is_empty());
+}

@@ -288,6 +288,18 @@ impl Agent {
         events: &mpsc::UnboundedSender<AgentEvent>,
         cancel: &Cancel,
     ) -> Result<TurnOutcome, AgentError> {
+        self.send_with_images(prompt, Vec::new(), events, cancel)
+            .await
+    }
+
+    /// [`Agent::send`], with images the user gives along (`--attach`).
+    pub async fn send_with_images(
+        &mut self,
+        prompt: &str,
+        images: Vec<cordon_tools::Image>,
+        events: &mpsc::UnboundedSender<AgentEvent>,
+        cancel: &Cancel,
+    ) -> Result<TurnOutcome, AgentError> {
         self.settle().await;
         let log = self.log.clone();
         if !self.checkpointed
@@ -299,7 +311,7 @@ impl Agent {
             self.checkpointed = true;
         }
         let result = self
-            .turn(prompt, &Journal { events, log: &log }, cancel)
+            .turn(prompt, images, &Journal { events, log: &log }, cancel)
             .await;
         log.sync();
         // Whatever the outcome: a failed or cancelled turn may have
@@ -329,6 +341,7 @@ impl Agent {
     async fn turn(
         &mut self,
         prompt: &str,
+        images: Vec<cordon_tools::Image>,
         journal: &Journal<'_>,
         cancel: &Cancel,
     ) -> Result<TurnOutcome, AgentError> {
@@ -336,10 +349,7 @@ impl Agent {
         journal
             .log
             .append(&json!({"type": "user_message", "text": prompt}));
-        self.push(Message::User {
-            text: prompt.to_string(),
-            tool_results: Vec::new(),
-        });
+        self.push(Message::user_with_images(prompt, images));
         let mut total = Usage::default();
         if let Some(h) = &self.helpers {
             h.begin_turn(&self.config.model);
@@ -470,10 +480,7 @@ impl Agent {
                 add_usage(&mut self.usage, &used);
             }
             let cancelled = cancel.is_cancelled();
-            self.push(Message::User {
-                text: String::new(),
-                tool_results: results,
-            });
+            self.push(Message::tool_results(results));
             if cancelled {
                 return Err(AgentError::Cancelled);
             }

@@ -255,13 +255,10 @@ impl Agent {
             structured: out.structured.clone(),
             duration_ms: started.elapsed().as_millis() as u64,
         });
-        self.push(crate::wire::Message::User {
-            text: format!(
+        self.push(crate::wire::Message::user(format!(
                 "[The user ran a command in the sandbox's shell themselves; it was not a tool call of yours.]\n$ {command}\n{}",
                 out.text
-            ),
-            tool_results: Vec::new(),
-        });
+            )));
         log.sync();
         result
     }

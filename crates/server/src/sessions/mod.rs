@@ -396,9 +396,16 @@ pub(crate) async fn message(
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let text = String::from(
-        read_json::<NewMessage>(&crate::http::within(body, shared.config.body_limit)?)?.text,
-    );
+    let message = read_json::<NewMessage>(&crate::http::within(body, shared.config.body_limit)?)?;
+    if message.images.len() > view::MAX_IMAGES {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("a message carries at most {} images", view::MAX_IMAGES),
+        ));
+    }
+    let images: Vec<cordon_tools::Image> = message.images.into_iter().map(Into::into).collect();
+    let text = String::from(message.text);
     let row = find(&shared, &tenant, &id).await?;
     let mut guard = take(&shared, &row).await?;
     if row.title.is_empty() {
@@ -417,7 +424,10 @@ pub(crate) async fn message(
     let turn_shared = shared.clone();
     tokio::spawn(async move {
         if let Some(live) = guard.as_mut() {
-            let turn = live.talk.agent().send(&text, &tx, &cancel);
+            let turn = live
+                .talk
+                .agent()
+                .send_with_images(&text, images, &tx, &cancel);
             let _ = pump(turn, &mut rx, &mut SseSink(sse)).await;
             live.last_used = Instant::now();
         }

@@ -49,6 +49,88 @@ pub struct NewSession {
 pub struct NewMessage {
     #[schema(example = "Add a test for the parser and run it")]
     pub text: Text,
+    /// Images the model sees with the text (at most 8; the request's size
+    /// limit bounds their bytes).
+    #[serde(default)]
+    #[schema(max_items = 8)]
+    pub images: Vec<ImagePart>,
+}
+
+/// Most images one message may carry.
+pub const MAX_IMAGES: usize = 8;
+
+/// An image in a message: its type and its bytes in base64, which must be
+/// an image of that type.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, try_from = "RawImagePart")]
+pub struct ImagePart {
+    pub media_type: ImageType,
+    /// Standard base64, no line breaks.
+    pub data: String,
+}
+
+/// The image types the models take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, ToSchema)]
+pub enum ImageType {
+    #[serde(rename = "image/png")]
+    Png,
+    #[serde(rename = "image/jpeg")]
+    Jpeg,
+    #[serde(rename = "image/gif")]
+    Gif,
+    #[serde(rename = "image/webp")]
+    Webp,
+}
+
+impl ImageType {
+    fn as_str(self) -> &'static str {
+        match self {
+            ImageType::Png => "image/png",
+            ImageType::Jpeg => "image/jpeg",
+            ImageType::Gif => "image/gif",
+            ImageType::Webp => "image/webp",
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawImagePart {
+    media_type: ImageType,
+    data: String,
+}
+
+impl TryFrom<RawImagePart> for ImagePart {
+    type Error = String;
+    fn try_from(raw: RawImagePart) -> Result<ImagePart, String> {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(raw.data.as_bytes())
+            .map_err(|e| format!("an image's data is not base64: {e}"))?;
+        match cordon_tools::attach::media_type(&bytes) {
+            Some(t) if t == raw.media_type.as_str() => Ok(ImagePart {
+                media_type: raw.media_type,
+                data: raw.data,
+            }),
+            Some(t) => Err(format!(
+                "an image says it is {} but its bytes are {t}",
+                raw.media_type.as_str()
+            )),
+            None => Err(format!(
+                "an image's bytes are not {}",
+                raw.media_type.as_str()
+            )),
+        }
+    }
+}
+
+impl From<ImagePart> for cordon_tools::Image {
+    fn from(p: ImagePart) -> cordon_tools::Image {
+        cordon_tools::Image {
+            media_type: p.media_type.as_str().to_string(),
+            data: p.data,
+        }
+    }
 }
 
 /// Where to take a session back to.
