@@ -369,7 +369,9 @@ mod tests {
         push_message(&mut h, user("more"));
         assert_eq!(h.len(), 2);
         match &h[1] {
-            Message::User { text, tool_results } => {
+            Message::User {
+                text, tool_results, ..
+            } => {
                 assert_eq!(text, "and then\n\nmore");
                 assert_eq!(tool_results.len(), 1);
             }
@@ -441,7 +443,9 @@ mod tests {
         let all = summary_input(&h, h.len(), u64::MAX, 8);
         assert_eq!(all.len(), 5);
         match all.last().unwrap() {
-            Message::User { text, tool_results } => {
+            Message::User {
+                text, tool_results, ..
+            } => {
                 assert_eq!(tool_results.len(), 1);
                 assert!(text.ends_with(SUMMARY_REQUEST));
             }

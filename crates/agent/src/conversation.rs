@@ -45,6 +45,9 @@ pub struct Opening {
     report: Option<Report>,
     tools: Vec<Arc<dyn Tool>>,
     approver: Option<Arc<dyn Approver>>,
+    /// Every call asked about, or only those a rule says to ask.
+    ask_all: bool,
+    rules: crate::rules::Rules,
     instructions: Instructions,
 }
 
@@ -59,6 +62,8 @@ impl Opening {
             report: None,
             tools: Vec::new(),
             approver: None,
+            ask_all: false,
+            rules: crate::rules::Rules::default(),
             instructions: Instructions::default(),
         }
     }
@@ -80,7 +85,22 @@ impl Opening {
 
     /// Who decides whether each tool call runs (`--approval ask`).
     pub fn approver(mut self, approver: Option<Arc<dyn Approver>>) -> Self {
+        self.ask_all = approver.is_some();
         self.approver = approver;
+        self
+    }
+
+    /// Who answers approvals, asked about every call (`ask_all`) or only
+    /// about those a command rule says to ask about.
+    pub fn approval(mut self, approver: Option<Arc<dyn Approver>>, ask_all: bool) -> Self {
+        self.ask_all = ask_all && approver.is_some();
+        self.approver = approver;
+        self
+    }
+
+    /// The user's command rules (`[rules]`).
+    pub fn rules(mut self, rules: crate::rules::Rules) -> Self {
+        self.rules = rules;
         self
     }
 
@@ -157,7 +177,11 @@ impl Opening {
             self.provider.clone(),
             &config,
             &tools,
-            self.approver.clone(),
+            crate::task::Approval {
+                approver: self.approver.clone(),
+                ask_all: self.ask_all,
+                rules: self.rules.clone(),
+            },
             helpers.clone(),
         );
         tools.register(task);
@@ -171,7 +195,8 @@ impl Opening {
         if let Some(log) = log {
             agent.set_log(log);
         }
-        agent.set_approver(self.approver.clone());
+        agent.set_approval(self.approver.clone(), self.ask_all);
+        agent.set_rules(self.rules.clone());
         agent.set_helpers(helpers);
         Ok(agent)
     }

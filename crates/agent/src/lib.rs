@@ -23,6 +23,7 @@ mod netlog;
 pub mod pricing;
 pub mod prompt;
 pub mod provider;
+pub mod rules;
 pub mod sessions;
 pub mod stream;
 pub mod task;

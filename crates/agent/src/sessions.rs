@@ -512,7 +512,7 @@ mod tests {
         for p in prompts {
             log.append(&json!({"type":"user_message","text":p}))
                 .unwrap();
-            log.append(&message_record(&Message::user(p))).unwrap();
+            log.append(&message_record(&Message::user(*p))).unwrap();
             log.append(&json!({"type":"turn_completed","usage":{"input_tokens":10,"output_tokens":5,"cache_read_tokens":0,"cache_write_tokens":0}}))
                 .unwrap();
         }

@@ -84,8 +84,16 @@ pub struct Task {
     /// The helper's tools: the caller's, without `task` past the depth
     /// bound and without the caller's plan.
     tools: Toolbox,
-    approver: Option<std::sync::Arc<dyn Approver>>,
+    approval: Approval,
     helpers: std::sync::Arc<Helpers>,
+}
+
+/// How a helper's calls are approved: as its caller's are.
+#[derive(Clone)]
+pub struct Approval {
+    pub approver: Option<std::sync::Arc<dyn Approver>>,
+    pub ask_all: bool,
+    pub rules: crate::rules::Rules,
 }
 
 impl Task {
@@ -95,7 +103,7 @@ impl Task {
         provider: ProviderConfig,
         config: &AgentConfig,
         tools: &Toolbox,
-        approver: Option<std::sync::Arc<dyn Approver>>,
+        approval: Approval,
         helpers: std::sync::Arc<Helpers>,
     ) -> Task {
         let mut tools = tools.clone();
@@ -112,7 +120,7 @@ impl Task {
                 ..config.clone()
             },
             tools,
-            approver,
+            approval,
             helpers,
         }
     }
@@ -186,7 +194,8 @@ impl Task {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let mut agent = Agent::new(provider, self.tools.clone(), ctx.fresh_session(), config);
-        agent.set_approver(self.approver.clone());
+        agent.set_approval(self.approval.approver.clone(), self.approval.ask_all);
+        agent.set_rules(self.approval.rules.clone());
         // The helper's steps, as lines of the call's live output. The
         // future is dropped with the call when the caller is cancelled,
         // and the helper with it.

@@ -115,6 +115,7 @@ pub async fn chat(args: ChatArgs) -> i32 {
             crate::image_cmd::commit_dir(&dir, &upper, &session, name).map(|i| i.name)
         })),
         user_instructions: crate::agent_flags::user_instructions(),
+        rules: s.settings.rules().clone(),
     };
     let result = cordon_tui::run(status, worker).await;
     // The terminal is the user's again.

@@ -185,6 +185,8 @@ pub async fn exec(args: ExecArgs) -> i32 {
             std::sync::Arc::new(|m: String| eprintln!("cordon: {m}")),
         )
         .tools(&repo.map(|r| r.tools()).unwrap_or_default())
+        // Nobody to ask: a rule's `ask` is a refusal here.
+        .rules(s.settings.rules().clone())
         .instructions(instructions)
         .open(sandbox, &s.workspace, history, log)
         .await;

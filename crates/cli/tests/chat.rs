@@ -1006,3 +1006,57 @@ fn an_attached_image_goes_with_the_next_message() {
     tmux.keys(&["Enter"]);
     tmux.wait_for("EXIT=0");
 }
+
+/// Command rules in the chat: with `--approval ask`, a command a rule
+/// allows runs without a prompt while others are asked; with `auto`, a
+/// command a rule says to ask about is asked all the same.
+#[test]
+fn rules_decide_which_commands_are_asked_about() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("config/cordon")).unwrap();
+    std::fs::write(
+        home.path().join("config/cordon/config.toml"),
+        "[rules]\nallow = [\"ls\"]\nask = [\"touch\"]\n",
+    )
+    .unwrap();
+    for (mode, first, second) in [
+        ("--approval ask", "ls -la", "echo asked-in-ask-mode"),
+        ("--approval auto", "echo runs-unasked", "touch made.txt"),
+    ] {
+        let server = ScriptedServer::start(
+            Scenario::new()
+                .turn(Turn::text("One.").with_tool_call("c1", "bash", json!({ "command": first })))
+                .turn(
+                    Turn::text("Two.")
+                        .with_tool_call("c2", "bash", json!({ "command": second }))
+                        .expect_tool_results(["c1"]),
+                )
+                .turn(Turn::text("Both ran.").expect_tool_results(["c2"])),
+        );
+        let tmux = Tmux::start(
+            "rules",
+            &chat_command(&server, ws.path(), home.path(), mode),
+            120,
+            30,
+        );
+        tmux.wait_for("sandbox ready");
+        tmux.type_text("go");
+        tmux.keys(&["Enter"]);
+        // The first runs without a prompt: the second call's is the first.
+        let s = tmux.wait_for("[n] no, say why");
+        assert!(s.contains(&format!("Run bash {second}?")), "{mode}: {s}");
+        assert_eq!(
+            server.requests().len(),
+            2,
+            "{mode}: the first was asked: {s}"
+        );
+        tmux.keys(&["y"]);
+        tmux.wait_for("Both ran.");
+        server.assert_finished();
+        tmux.type_text("/quit");
+        tmux.keys(&["Enter"]);
+        tmux.wait_for("EXIT=0");
+    }
+    assert!(ws.path().join("made.txt").exists());
+}

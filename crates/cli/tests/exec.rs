@@ -617,6 +617,66 @@ fn base64_decode(s: &str) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD.decode(s).unwrap()
 }
 
+/// Command rules: the user's `deny` stops a command wherever it is in the
+/// line, an `ask` with nobody to ask is refused, an `allow`ed command
+/// runs; a project file adds `deny` rules and no others (reported).
+#[test]
+fn command_rules_allow_ask_and_deny_shell_commands() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("config/cordon")).unwrap();
+    std::fs::write(
+        home.path().join("config/cordon/config.toml"),
+        "[rules]\nallow = [\"ls\"]\nask = [\"git push\"]\ndeny = [\"curl\"]\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(ws.path().join(".cordon")).unwrap();
+    std::fs::write(
+        ws.path().join(".cordon/config.toml"),
+        "[rules]\ndeny = [\"rm\"]\nallow = [\"curl\"]\n",
+    )
+    .unwrap();
+    std::fs::write(ws.path().join("keep.txt"), "kept\n").unwrap();
+    let bash = |id: &str, cmd: &str| (id.to_string(), json!({ "command": cmd }));
+    let calls = [
+        bash("c1", "ls; curl https://x.example"),
+        bash("c2", "rm -f keep.txt"),
+        bash("c3", "git push origin main"),
+        bash("c4", "ls keep.txt"),
+    ];
+    let mut first = Turn::text("Trying.");
+    for (id, input) in &calls {
+        first = first.with_tool_call(id, "bash", input.clone());
+    }
+    let server = ScriptedServer::start(
+        Scenario::new().turn(first).turn(
+            Turn::text("Some were refused.")
+                .expect_tool_results(["c1", "c2", "c3", "c4"])
+                .expect_contains("denies commands starting with `curl`")
+                .expect_contains("denies commands starting with `rm`")
+                .expect_contains("nobody can be asked here")
+                .expect_contains("keep.txt\n"),
+        ),
+    );
+    let out = exec(&server, ws.path(), home.path(), &["try things"]);
+    assert_success(&out);
+    server.assert_no_failures();
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("keep.txt")).unwrap(),
+        "kept\n"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("rules.allow"),
+        "the ignored project rule is not reported: {err}"
+    );
+    let results = server.requests()[1].body.to_string();
+    assert!(
+        !results.contains("Could not resolve"),
+        "curl ran: {results}"
+    );
+}
+
 #[test]
 fn exit_codes_separate_config_and_model_errors() {
     let ws = tempfile::tempdir().unwrap();

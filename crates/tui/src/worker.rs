@@ -238,6 +238,8 @@ pub struct Worker {
     pub image: Option<String>,
     /// How `/snapshot` saves the sandbox; `None` where images are not kept.
     pub snapshot: Option<Snapshotter>,
+    /// The user's command rules (`[rules]`).
+    pub rules: cordon_agent::rules::Rules,
     /// The user's own `AGENTS.md`, read before the workspace's.
     pub user_instructions: Option<PathBuf>,
 }
@@ -275,7 +277,7 @@ impl Worker {
         for n in std::mem::take(&mut self.notices) {
             let _ = updates.send(Update::Notice(n));
         }
-        let approver = (self.approval == ApprovalMode::Ask).then(|| {
+        let approver = Some({
             let approved = match &self.config_home {
                 Some(home) => Approved::load(home).map_err(|e| e.to_string()),
                 None => Err("neither XDG_CONFIG_HOME nor HOME is set".into()),
@@ -372,11 +374,15 @@ impl State {
                     .map(|r| r.tools.clone())
                     .unwrap_or_default(),
             )
-            .approver(
+            // The user can always be asked: about every call with
+            // approval ask, about what a rule says to ask with auto.
+            .approval(
                 self.approver
                     .as_ref()
                     .map(|a| a.clone() as Arc<dyn Approver>),
+                self.cfg.approval == ApprovalMode::Ask,
             )
+            .rules(self.cfg.rules.clone())
     }
 
     /// Opens a conversation in a new sandbox over the workspace, the one

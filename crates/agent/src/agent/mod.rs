@@ -150,6 +150,11 @@ pub struct Agent {
     usage: Usage,
     /// Its `task` helpers' shared state, when it has the tool.
     helpers: Option<Arc<crate::task::Helpers>>,
+    /// The user's command rules: allow, ask or deny by a command's words.
+    rules: crate::rules::Rules,
+    /// Whether every call is asked about (`--approval ask`), or only
+    /// those a rule says to ask about.
+    ask_all: bool,
 }
 
 impl Agent {
@@ -168,6 +173,8 @@ impl Agent {
             ratio: 1.0,
             usage: Usage::default(),
             helpers: None,
+            rules: crate::rules::Rules::default(),
+            ask_all: false,
         }
     }
 
@@ -201,9 +208,23 @@ impl Agent {
         self.helpers = Some(helpers);
     }
 
-    /// Asks `approver` before every tool call from now on (`None`: run all).
+    /// Asks `approver` before every tool call from now on (`None`: run all
+    /// that no rule stops).
     pub fn set_approver(&mut self, approver: Option<Arc<dyn Approver>>) {
+        self.ask_all = approver.is_some();
         self.approver = approver;
+    }
+
+    /// Who answers approvals, and whether every call is asked (`false`:
+    /// only those a rule says to ask about).
+    pub fn set_approval(&mut self, approver: Option<Arc<dyn Approver>>, ask_all: bool) {
+        self.approver = approver;
+        self.ask_all = ask_all && self.approver.is_some();
+    }
+
+    /// The command rules that decide shell commands' approval.
+    pub fn set_rules(&mut self, rules: crate::rules::Rules) {
+        self.rules = rules;
     }
 
     /// Records the conversation in `log` from now on, and the workspace's

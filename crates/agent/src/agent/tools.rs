@@ -9,6 +9,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::{Agent, AgentError, AgentEvent, Cancel, Journal};
+use crate::rules::Verdict;
 use crate::wire::{ToolResult, ToolSpec};
 use cordon_tools::{ToolOutput, Toolbox};
 
@@ -32,6 +33,9 @@ pub trait Approver: Send + Sync {
 }
 
 const CANCELLED: &str = "The user cancelled this tool call before it finished.";
+
+/// A call a rule says to ask about, where nobody can be asked (`exec`).
+const NO_ONE_TO_ASK: &str = "A rule of the user's says commands like this one need their approval, and nobody can be asked here: it was not run. Do without it, or tell the user it is needed.";
 
 /// A cancelled call's result, with what it had printed.
 fn cancelled_with(output: &str) -> String {
@@ -73,21 +77,36 @@ impl Agent {
                     input: input.clone(),
                 });
             }
-            // Asked one by one, before any of the batch runs: a denied
-            // call is answered without running.
+            // Decided one by one, before any of the batch runs: by the
+            // user's rules, then by asking them; a denied call is
+            // answered without running.
             let mut verdicts = Vec::with_capacity(batch.len());
-            if let Some(approver) = &self.approver {
-                for (id, name, input) in batch {
-                    let verdict = tokio::select! {
+            for (id, name, input) in batch {
+                let ask = match self.rules.verdict(name, input) {
+                    Some(Verdict::Deny(why)) => {
+                        verdicts.push(Some(Approval::Deny(why)));
+                        continue;
+                    }
+                    Some(Verdict::Allow) => {
+                        verdicts.push(Some(Approval::Allow));
+                        continue;
+                    }
+                    Some(Verdict::Ask) => true,
+                    None => self.ask_all,
+                };
+                let verdict = match (&self.approver, ask) {
+                    (_, false) => Some(Approval::Allow),
+                    (None, true) => Some(Approval::Deny(NO_ONE_TO_ASK.into())),
+                    (Some(approver), true) => tokio::select! {
                         biased;
                         _ = cancel.cancelled() => None,
                         v = approver.approve(id, name, input) => Some(v),
-                    };
-                    verdicts.push(verdict);
-                }
-                if cancel.is_cancelled() {
-                    break;
-                }
+                    },
+                };
+                verdicts.push(verdict);
+            }
+            if cancel.is_cancelled() {
+                break;
             }
             // Each call's output reaches the front ends while it runs.
             let lives: Vec<_> = batch

@@ -392,6 +392,9 @@ pub struct Settings {
     /// The `[mcp_servers]` tables of the trusted files, lowest first, as
     /// read (and hashed) once.
     mcp_servers: Vec<(PathBuf, toml::Table)>,
+    /// The command rules (`[rules]`): the trusted files' whole, an
+    /// untrusted project file's `deny` only.
+    rules: cordon_agent::rules::Rules,
     /// The values, typed; set by `load`.
     resolved: Option<Resolved>,
 }
@@ -639,6 +642,38 @@ impl Settings {
             }
             None => toml::Table::new(),
         };
+        if let Some(rules) = table.remove("rules") {
+            let rules: cordon_agent::rules::Rules =
+                rules
+                    .try_into()
+                    .map_err(|e: toml::de::Error| ConfigError::File {
+                        path: path.to_path_buf(),
+                        message: format!("[rules]: {}", e.message()),
+                    })?;
+            rules.validate().map_err(|e| ConfigError::File {
+                path: path.to_path_buf(),
+                message: format!("[rules]: {e}"),
+            })?;
+            let rules = if trusted {
+                rules
+            } else {
+                // A project may forbid more, never allow more.
+                for (kind, list) in [("allow", &rules.allow), ("ask", &rules.ask)] {
+                    if !list.is_empty() {
+                        self.ignore(
+                            path,
+                            &format!("rules.{kind}"),
+                            "only your own configuration decides what runs without asking",
+                        );
+                    }
+                }
+                cordon_agent::rules::Rules {
+                    deny: rules.deny,
+                    ..Default::default()
+                }
+            };
+            self.rules = std::mem::take(&mut self.rules).merged(rules);
+        }
         let mut holds_secret = servers
             .values()
             .any(|v| v.get("bearer_token").is_some() || v.get("env").is_some());
@@ -684,6 +719,11 @@ impl Settings {
             }
         }
         Ok(())
+    }
+
+    /// The command rules, every file's merged.
+    pub fn rules(&self) -> &cordon_agent::rules::Rules {
+        &self.rules
     }
 
     /// What untrusted files set that was not taken.
