@@ -48,6 +48,7 @@ pub struct Opening {
     /// Every call asked about, or only those a rule says to ask.
     ask_all: bool,
     rules: crate::rules::Rules,
+    hooks: crate::hooks::Hooks,
     instructions: Instructions,
 }
 
@@ -64,6 +65,7 @@ impl Opening {
             approver: None,
             ask_all: false,
             rules: crate::rules::Rules::default(),
+            hooks: crate::hooks::Hooks::default(),
             instructions: Instructions::default(),
         }
     }
@@ -98,6 +100,12 @@ impl Opening {
         self
     }
 
+    /// The user's hooks (`[[hooks]]`).
+    pub fn hooks(mut self, hooks: crate::hooks::Hooks) -> Self {
+        self.hooks = hooks;
+        self
+    }
+
     /// The user's command rules (`[rules]`).
     pub fn rules(mut self, rules: crate::rules::Rules) -> Self {
         self.rules = rules;
@@ -122,12 +130,10 @@ impl Opening {
         history: Vec<Message>,
         log: Option<SessionLog<Value>>,
     ) -> Result<Conversation, ProviderError> {
-        let report = self
-            .report
-            .clone()
-            .unwrap_or_else(|| Arc::new(|m: String| tracing::warn!("{m}")));
-        let mcp = McpClients::start(&self.servers, report).await;
-        match self.agent(&sandbox, workspace, &mcp.tools, history, log) {
+        let report = self.reporter();
+        let mcp = McpClients::start(&self.servers, report.clone()).await;
+        let context = self.session_start(&sandbox, &report).await;
+        match self.agent(&sandbox, workspace, &mcp.tools, history, log, &context) {
             Ok(agent) => Ok(Conversation {
                 agent,
                 sandbox,
@@ -143,6 +149,29 @@ impl Opening {
         }
     }
 
+    /// Where problems starting things (an MCP server, a hook) are told.
+    fn reporter(&self) -> Report {
+        self.report
+            .clone()
+            .unwrap_or_else(|| Arc::new(|m: String| tracing::warn!("{m}")))
+    }
+
+    /// Runs the session_start hooks in `sandbox`: what they printed, for
+    /// the model's context; a failed one is told to `report`.
+    async fn session_start(&self, sandbox: &Sandbox, report: &Report) -> String {
+        if !self.hooks.any(crate::hooks::HookEvent::SessionStart, None) {
+            return String::new();
+        }
+        let said = self
+            .hooks
+            .run(sandbox, crate::hooks::HookEvent::SessionStart, None, None)
+            .await;
+        for f in said.failures {
+            report(f);
+        }
+        said.said
+    }
+
     fn agent(
         &self,
         sandbox: &Sandbox,
@@ -150,6 +179,7 @@ impl Opening {
         mcp: &[Arc<dyn Tool>],
         history: Vec<Message>,
         log: Option<SessionLog<Value>>,
+        context: &str,
     ) -> Result<Agent, ProviderError> {
         let provider = Provider::new(self.provider.clone())?;
         let mut tools = Toolbox::agent();
@@ -168,7 +198,9 @@ impl Opening {
             tools.register_arc(t.clone());
         }
         let config = AgentConfig {
-            system: crate::prompt::for_sandbox(sandbox) + &self.instructions.prompt(),
+            system: crate::prompt::for_sandbox(sandbox)
+                + &self.instructions.prompt()
+                + &hook_context(context),
             ..self.config.clone()
         };
         // Helpers get the tools as they are now: all but their own.
@@ -181,6 +213,7 @@ impl Opening {
                 approver: self.approver.clone(),
                 ask_all: self.ask_all,
                 rules: self.rules.clone(),
+                hooks: self.hooks.clone(),
             },
             helpers.clone(),
         );
@@ -197,6 +230,7 @@ impl Opening {
         }
         agent.set_approval(self.approver.clone(), self.ask_all);
         agent.set_rules(self.rules.clone());
+        agent.set_hooks(self.hooks.clone());
         agent.set_helpers(helpers);
         Ok(agent)
     }
@@ -264,12 +298,15 @@ impl Conversation {
         log: Option<SessionLog<Value>>,
     ) -> Result<(), ProviderError> {
         self.agent.settle().await;
+        let report = self.opening.reporter();
+        let context = self.opening.session_start(&self.sandbox, &report).await;
         let next = self.opening.agent(
             &self.sandbox,
             &self.workspace,
             &self.mcp.tools,
             history,
             log,
+            &context,
         )?;
         // The old agent, and the lock on its log, go here.
         self.agent = next;
@@ -296,4 +333,15 @@ impl Conversation {
         sandbox.close().await;
         ended
     }
+}
+
+/// What the session_start hooks printed, as a part of the system prompt.
+fn hook_context(said: &str) -> String {
+    if said.trim().is_empty() {
+        return String::new();
+    }
+    format!(
+        "\n\n# From the user's session_start hooks\n\nWhat their setup commands printed when this session began:\n\n{}",
+        said.trim()
+    )
 }

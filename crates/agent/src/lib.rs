@@ -15,6 +15,7 @@ pub mod checkpoints;
 pub mod context;
 mod conversation;
 pub mod events;
+pub mod hooks;
 pub mod instructions;
 mod live;
 pub mod log;

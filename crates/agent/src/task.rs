@@ -94,6 +94,7 @@ pub struct Approval {
     pub approver: Option<std::sync::Arc<dyn Approver>>,
     pub ask_all: bool,
     pub rules: crate::rules::Rules,
+    pub hooks: crate::hooks::Hooks,
 }
 
 impl Task {
@@ -196,6 +197,7 @@ impl Task {
         let mut agent = Agent::new(provider, self.tools.clone(), ctx.fresh_session(), config);
         agent.set_approval(self.approval.approver.clone(), self.approval.ask_all);
         agent.set_rules(self.approval.rules.clone());
+        agent.set_hooks(self.approval.hooks.clone());
         // The helper's steps, as lines of the call's live output. The
         // future is dropped with the call when the caller is cancelled,
         // and the helper with it.

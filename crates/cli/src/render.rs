@@ -206,6 +206,10 @@ impl<O: Write + Send, E: Write + Send> Human<O, E> {
                 }
                 self.note(&text);
             }
+            AgentEvent::HookFailed { message, .. } => {
+                self.end_answer_line();
+                self.note(&format!("  {message}"));
+            }
             AgentEvent::NetworkRefused { message, .. } => {
                 self.end_answer_line();
                 self.note(&format!("  {message}"));

@@ -677,6 +677,112 @@ fn command_rules_allow_ask_and_deny_shell_commands() {
     );
 }
 
+/// Hooks from the user's configuration: session_start's output reaches
+/// the model; before_tool refuses a call with a reason the model sees;
+/// after_tool adds to a result; stop sends the model on once; a failing
+/// hook is reported and changes nothing; a host hook runs on the host; a
+/// project file's hooks are ignored, and said so.
+#[test]
+fn hooks_run_around_tools_and_at_the_end_of_a_turn() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let seen = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("config/cordon")).unwrap();
+    let config = format!(
+        r#"
+[[hooks]]
+event = "session_start"
+command = "echo The build command is make check"
+
+[[hooks]]
+event = "before_tool"
+tools = ["bash"]
+command = "if grep -q forbidden; then echo 'no forbidden things here' >&2; exit 2; fi"
+
+[[hooks]]
+event = "before_tool"
+tools = ["write_file"]
+command = "exit 7"
+
+[[hooks]]
+event = "after_tool"
+tools = ["bash"]
+command = "echo 'lint: 0 warnings' >&2; exit 2"
+
+[[hooks]]
+event = "after_tool"
+tools = ["write_file"]
+host = true
+command = "cat > {seen}/call.json"
+
+[[hooks]]
+event = "stop"
+command = "[ -e /tmp/stopped-once ] && exit 0; touch /tmp/stopped-once; echo 'run the tests first' >&2; exit 2"
+"#,
+        seen = seen.path().display()
+    );
+    std::fs::write(home.path().join("config/cordon/config.toml"), config).unwrap();
+    std::fs::create_dir_all(ws.path().join(".cordon")).unwrap();
+    std::fs::write(
+        ws.path().join(".cordon/config.toml"),
+        "[[hooks]]\nevent = \"stop\"\ncommand = \"exit 2\"\n",
+    )
+    .unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Working.")
+                    .with_tool_call("c1", "bash", json!({"command": "echo forbidden"}))
+                    .with_tool_call("c2", "bash", json!({"command": "echo fine"}))
+                    .with_tool_call("c3", "write_file", json!({"path": "a.txt", "content": "a\n"}))
+                    .expect_contains("The build command is make check"),
+            )
+            .turn(
+                Turn::text("Done.")
+                    .expect_tool_results(["c1", "c2", "c3"])
+                    .expect_contains("A before_tool hook of the user's refused this call: no forbidden things here")
+                    .expect_contains("[An after_tool hook of the user's says:]\nlint: 0 warnings"),
+            )
+            .turn(
+                Turn::text("Tests pass.")
+                    .expect_contains("did not let the turn end yet. It says:]\nrun the tests first"),
+            ),
+    );
+    let out = exec(&server, ws.path(), home.path(), &["--json", "do it"]);
+    assert_success(&out);
+    server.assert_no_failures();
+    let events = json_lines(&out);
+    assert_valid(&events);
+    let failed: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "hook_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{events:?}");
+    assert_eq!(failed[0]["event"], "before_tool");
+    assert!(
+        failed[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("exited with 7")
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+        "a\n"
+    );
+    let call: Value =
+        serde_json::from_str(&std::fs::read_to_string(seen.path().join("call.json")).unwrap())
+            .unwrap();
+    assert_eq!(call["event"], "after_tool");
+    assert_eq!(call["tool"]["name"], "write_file");
+    assert_eq!(call["tool"]["is_error"], false);
+    assert_eq!(events.last().unwrap()["type"], "turn_completed");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("hooks[1]"),
+        "the project's hook is not reported: {err}"
+    );
+}
+
 #[test]
 fn exit_codes_separate_config_and_model_errors() {
     let ws = tempfile::tempdir().unwrap();

@@ -474,6 +474,9 @@ class Transcript {
       case 'tool_call_finished':
         this.toolFinished(ev.id, ev.output, ev.is_error, ev.duration_ms);
         break;
+      case 'hook_failed':
+        this.note(ev.message, 'muted');
+        break;
       case 'plan_updated':
         this.plan(ev);
         break;

@@ -1011,6 +1011,7 @@ impl App {
                 }
             }
             AgentEvent::PlanUpdated { plan } => self.transcript.set_plan(plan),
+            AgentEvent::HookFailed { message, .. } => self.notice(message),
             AgentEvent::AssistantMessage { usage, .. } => {
                 add_usage(&mut self.status.usage, &usage);
                 self.status.cost_usd =

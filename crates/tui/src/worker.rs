@@ -240,6 +240,8 @@ pub struct Worker {
     pub snapshot: Option<Snapshotter>,
     /// The user's command rules (`[rules]`).
     pub rules: cordon_agent::rules::Rules,
+    /// The user's hooks (`[[hooks]]`).
+    pub hooks: cordon_agent::hooks::Hooks,
     /// The user's own `AGENTS.md`, read before the workspace's.
     pub user_instructions: Option<PathBuf>,
 }
@@ -383,6 +385,7 @@ impl State {
                 self.cfg.approval == ApprovalMode::Ask,
             )
             .rules(self.cfg.rules.clone())
+            .hooks(self.cfg.hooks.clone())
     }
 
     /// Opens a conversation in a new sandbox over the workspace, the one

@@ -101,6 +101,12 @@ pub enum AgentEvent {
     Error {
         message: String,
     },
+    /// A hook of the user's failed (exited neither 0 nor 2, timed out, or
+    /// could not run); the conversation went on as if it had said 0.
+    HookFailed {
+        event: crate::hooks::HookEvent,
+        message: String,
+    },
     /// The sandbox's network broker refused a connection, or could not
     /// make it, while a tool ran: each host and port once per tool call.
     /// The tool's result carries `message` too; this is its record.

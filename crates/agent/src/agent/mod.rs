@@ -28,6 +28,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::context;
+use crate::hooks::HookEvent;
 use crate::log::SessionLog;
 use crate::message::{StopReason, StreamDelta, Usage};
 use crate::provider::{Provider, ProviderError};
@@ -155,6 +156,8 @@ pub struct Agent {
     /// Whether every call is asked about (`--approval ask`), or only
     /// those a rule says to ask about.
     ask_all: bool,
+    /// The user's hooks around tool calls and at the end of a turn.
+    hooks: crate::hooks::Hooks,
 }
 
 impl Agent {
@@ -175,6 +178,7 @@ impl Agent {
             helpers: None,
             rules: crate::rules::Rules::default(),
             ask_all: false,
+            hooks: crate::hooks::Hooks::default(),
         }
     }
 
@@ -220,6 +224,11 @@ impl Agent {
     pub fn set_approval(&mut self, approver: Option<Arc<dyn Approver>>, ask_all: bool) {
         self.approver = approver;
         self.ask_all = ask_all && self.approver.is_some();
+    }
+
+    /// The user's hooks (`[[hooks]]`) from now on.
+    pub fn set_hooks(&mut self, hooks: crate::hooks::Hooks) {
+        self.hooks = hooks;
     }
 
     /// The command rules that decide shell commands' approval.
@@ -372,6 +381,7 @@ impl Agent {
             .append(&json!({"type": "user_message", "text": prompt}));
         self.push(Message::user_with_images(prompt, images));
         let mut total = Usage::default();
+        let mut stop_continuations = 0;
         if let Some(h) = &self.helpers {
             h.begin_turn(&self.config.model);
         }
@@ -478,6 +488,23 @@ impl Agent {
                     // sent back as it is, the answer goes on.
                     continue;
                 }
+                // A stop hook may send the model on (`exit 2`), a few times.
+                if stop_continuations < crate::hooks::MAX_STOP_CONTINUATIONS
+                    && self.hooks.any(HookEvent::Stop, None)
+                {
+                    let said = self
+                        .hooks
+                        .run(&self.ctx.sandbox, HookEvent::Stop, None, Some(&text))
+                        .await;
+                    report_failures(journal, HookEvent::Stop, said.failures);
+                    if let Some(reason) = said.block {
+                        stop_continuations += 1;
+                        self.push(Message::user(format!(
+                            "[A stop hook of the user's did not let the turn end yet. It says:]\n{reason}"
+                        )));
+                        continue;
+                    }
+                }
                 return Ok(self.complete(journal, stop, step, total, text));
             }
             let results = if stop == StopReason::MaxTokens {
@@ -583,5 +610,12 @@ fn server_tool_events(answer: &crate::message::AssistantMessage, journal: &Journ
             structured: None,
             duration_ms: 0,
         });
+    }
+}
+
+/// Tells the front ends of hooks that failed.
+fn report_failures(journal: &Journal<'_>, event: HookEvent, failures: Vec<String>) {
+    for message in failures {
+        journal.emit(AgentEvent::HookFailed { event, message });
     }
 }

@@ -9,6 +9,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::{Agent, AgentError, AgentEvent, Cancel, Journal};
+use crate::hooks::{HookEvent, ToolCall};
 use crate::rules::Verdict;
 use crate::wire::{ToolResult, ToolSpec};
 use cordon_tools::{ToolOutput, Toolbox};
@@ -80,29 +81,51 @@ impl Agent {
             // Decided one by one, before any of the batch runs: by the
             // user's rules, then by asking them; a denied call is
             // answered without running.
-            let mut verdicts = Vec::with_capacity(batch.len());
+            // `Err`: not run, and what the model is told instead.
+            let mut verdicts: Vec<Result<(), String>> = Vec::with_capacity(batch.len());
             for (id, name, input) in batch {
                 let ask = match self.rules.verdict(name, input) {
                     Some(Verdict::Deny(why)) => {
-                        verdicts.push(Some(Approval::Deny(why)));
+                        verdicts.push(Err(why));
                         continue;
                     }
-                    Some(Verdict::Allow) => {
-                        verdicts.push(Some(Approval::Allow));
-                        continue;
-                    }
+                    Some(Verdict::Allow) => false,
                     Some(Verdict::Ask) => true,
                     None => self.ask_all,
                 };
-                let verdict = match (&self.approver, ask) {
-                    (_, false) => Some(Approval::Allow),
-                    (None, true) => Some(Approval::Deny(NO_ONE_TO_ASK.into())),
+                let mut verdict = match (&self.approver, ask) {
+                    (_, false) => Ok(()),
+                    (None, true) => Err(NO_ONE_TO_ASK.to_string()),
                     (Some(approver), true) => tokio::select! {
                         biased;
-                        _ = cancel.cancelled() => None,
-                        v = approver.approve(id, name, input) => Some(v),
+                        _ = cancel.cancelled() => break,
+                        v = approver.approve(id, name, input) => match v {
+                            Approval::Allow => Ok(()),
+                            Approval::Deny(reason) => Err(denied(&reason)),
+                        },
                     },
                 };
+                // The user's before_tool hooks have the last word.
+                if verdict.is_ok() && self.hooks.any(HookEvent::BeforeTool, Some(name)) {
+                    let call = ToolCall {
+                        id,
+                        name,
+                        input,
+                        output: None,
+                        is_error: None,
+                    };
+                    let said = tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => break,
+                        s = self.hooks.run(&self.ctx.sandbox, HookEvent::BeforeTool, Some(call), None) => s,
+                    };
+                    super::report_failures(journal, HookEvent::BeforeTool, said.failures);
+                    if let Some(reason) = said.block {
+                        verdict = Err(format!(
+                            "A before_tool hook of the user's refused this call: {reason}"
+                        ));
+                    }
+                }
                 verdicts.push(verdict);
             }
             if cancel.is_cancelled() {
@@ -115,12 +138,12 @@ impl Agent {
                 .collect();
             let runs = batch.iter().enumerate().map(|(k, (_, name, input))| {
                 let started = Instant::now();
-                let verdict = verdicts.get(k).cloned().flatten();
+                let verdict = verdicts.get(k).cloned().unwrap_or(Ok(()));
                 let ctx = self.ctx.with_progress(lives[k].progress());
                 async move {
                     let out = match verdict {
-                        Some(Approval::Deny(reason)) => ToolOutput::error(denied(&reason)),
-                        _ => self.tools.call(&ctx, name, input.clone()).await,
+                        Err(text) => ToolOutput::error(text),
+                        Ok(()) => self.tools.call(&ctx, name, input.clone()).await,
                     };
                     (out, started.elapsed())
                 }
@@ -174,6 +197,29 @@ impl Agent {
                         reason: e.reason,
                         message: e.message,
                     });
+                }
+            }
+            let mut outputs = outputs;
+            for ((id, name, input), (out, _)) in batch.iter().zip(outputs.iter_mut()) {
+                if !self.hooks.any(HookEvent::AfterTool, Some(name)) {
+                    continue;
+                }
+                let call = ToolCall {
+                    id,
+                    name,
+                    input,
+                    output: Some(&out.text),
+                    is_error: Some(out.is_error),
+                };
+                let said = self
+                    .hooks
+                    .run(&self.ctx.sandbox, HookEvent::AfterTool, Some(call), None)
+                    .await;
+                super::report_failures(journal, HookEvent::AfterTool, said.failures);
+                if let Some(note) = said.block {
+                    out.text.push_str(&format!(
+                        "\n[An after_tool hook of the user's says:]\n{note}"
+                    ));
                 }
             }
             for (k, ((id, name, _), (out, took))) in batch.iter().zip(outputs).enumerate() {

@@ -395,6 +395,9 @@ pub struct Settings {
     /// The command rules (`[rules]`): the trusted files' whole, an
     /// untrusted project file's `deny` only.
     rules: cordon_agent::rules::Rules,
+    /// The hooks (`[[hooks]]`): the user's own file's, and a trusted
+    /// project file's that run in the sandbox.
+    hooks: Vec<cordon_agent::hooks::HookSpec>,
     /// The values, typed; set by `load`.
     resolved: Option<Resolved>,
 }
@@ -674,6 +677,32 @@ impl Settings {
             };
             self.rules = std::mem::take(&mut self.rules).merged(rules);
         }
+        if let Some(hooks) = table.remove("hooks") {
+            #[derive(serde::Deserialize)]
+            struct List(Vec<cordon_agent::hooks::HookSpec>);
+            let List(hooks) = hooks
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::File {
+                    path: path.to_path_buf(),
+                    message: format!("[[hooks]]: {}", e.message()),
+                })?;
+            for (i, h) in hooks.into_iter().enumerate() {
+                h.validate().map_err(|e| ConfigError::File {
+                    path: path.to_path_buf(),
+                    message: format!("[[hooks]] number {}: {e}", i + 1),
+                })?;
+                if user || (trusted && !h.host) {
+                    self.hooks.push(h);
+                } else {
+                    let why = if h.host {
+                        "a hook that runs on the host comes from your own configuration only"
+                    } else {
+                        "it runs a command at every tool call: `cordon trust` the file to take it"
+                    };
+                    self.ignore(path, &format!("hooks[{}]", i + 1), why);
+                }
+            }
+        }
         let mut holds_secret = servers
             .values()
             .any(|v| v.get("bearer_token").is_some() || v.get("env").is_some());
@@ -719,6 +748,11 @@ impl Settings {
             }
         }
         Ok(())
+    }
+
+    /// The hooks, in the order the files list them.
+    pub fn hooks(&self) -> &[cordon_agent::hooks::HookSpec] {
+        &self.hooks
     }
 
     /// The command rules, every file's merged.
