@@ -49,6 +49,7 @@ pub struct Opening {
     ask_all: bool,
     rules: crate::rules::Rules,
     hooks: crate::hooks::Hooks,
+    mode: crate::agent::Mode,
     instructions: Instructions,
 }
 
@@ -66,6 +67,7 @@ impl Opening {
             ask_all: false,
             rules: crate::rules::Rules::default(),
             hooks: crate::hooks::Hooks::default(),
+            mode: crate::agent::Mode::Work,
             instructions: Instructions::default(),
         }
     }
@@ -97,6 +99,12 @@ impl Opening {
     pub fn approval(mut self, approver: Option<Arc<dyn Approver>>, ask_all: bool) -> Self {
         self.ask_all = ask_all && approver.is_some();
         self.approver = approver;
+        self
+    }
+
+    /// Working, or planning with read-only tools (`--mode plan`).
+    pub fn mode(mut self, mode: crate::agent::Mode) -> Self {
+        self.mode = mode;
         self
     }
 
@@ -231,6 +239,7 @@ impl Opening {
         agent.set_approval(self.approver.clone(), self.ask_all);
         agent.set_rules(self.rules.clone());
         agent.set_hooks(self.hooks.clone());
+        agent.set_mode(self.mode);
         agent.set_helpers(helpers);
         Ok(agent)
     }
@@ -279,6 +288,13 @@ impl Conversation {
         if let Err(e) = self.sandbox.set_label(session) {
             tracing::warn!("cannot label the sandbox with its session: {e}");
         }
+    }
+
+    /// Working or planning, from the next request on, and in every
+    /// conversation [`Conversation::restart`] begins.
+    pub fn set_mode(&mut self, mode: crate::agent::Mode) {
+        self.agent.set_mode(mode);
+        self.opening.mode = mode;
     }
 
     /// The model from the next request on, and in every conversation

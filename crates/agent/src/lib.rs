@@ -31,7 +31,7 @@ pub mod task;
 pub mod wire;
 
 pub use agent::{
-    Agent, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Compaction,
+    Agent, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Compaction, Mode,
     TurnOutcome, tool_failed,
 };
 pub use conversation::{Conversation, Ended, Opening};

@@ -69,6 +69,9 @@ pub struct AgentFlags {
     /// Let the sandbox reach HOST[:PORT] through cordon's broker (repeatable; *.DOMAIN, IP/CIDR, or a preset: @python @node @rust @debian @git-hosting); implies --network allow (overrides `network.allow`)
     #[arg(long = "allow", value_name = "HOST")]
     pub allow: Vec<String>,
+    /// work, or plan: only the read-only tools, and the model answers with a plan (in the chat, /go then carries it out)
+    #[arg(long, value_name = "MODE", default_value = "work")]
+    pub mode: cordon_agent::Mode,
     /// Override any setting (repeatable), as `cordon config --set`
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::options::parse_setting)]
     pub set: Vec<(String, String)>,

@@ -117,6 +117,7 @@ pub async fn chat(args: ChatArgs) -> i32 {
         user_instructions: crate::agent_flags::user_instructions(),
         rules: s.settings.rules().clone(),
         hooks: cordon_agent::hooks::Hooks::new(s.settings.hooks().to_vec()),
+        mode: args.agent.mode,
     };
     let result = cordon_tui::run(status, worker).await;
     // The terminal is the user's again.

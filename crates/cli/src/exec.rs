@@ -187,6 +187,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
         .tools(&repo.map(|r| r.tools()).unwrap_or_default())
         // Nobody to ask: a rule's `ask` is a refusal here.
         .rules(s.settings.rules().clone())
+        .mode(args.agent.mode)
         .hooks(cordon_agent::hooks::Hooks::new(s.settings.hooks().to_vec()))
         .instructions(instructions)
         .open(sandbox, &s.workspace, history, log)

@@ -1060,3 +1060,60 @@ fn rules_decide_which_commands_are_asked_about() {
     }
     assert!(ws.path().join("made.txt").exists());
 }
+
+/// `/plan` in the chat: the status line says so, a write is refused, the
+/// model answers with a plan; `/go` gives the tools back and sends the
+/// model on to carry it out.
+#[test]
+fn plan_then_go_in_the_chat() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Trying a write.").with_tool_call(
+                "w1",
+                "write_file",
+                json!({"path": "plan.txt", "content": "too early\n"}),
+            ))
+            .turn(
+                Turn::text("Plan: write done.txt.")
+                    .expect_tool_results(["w1"])
+                    .expect_contains("Not run: this is plan mode"),
+            )
+            .turn(
+                Turn::text("Doing it.")
+                    .with_tool_call(
+                        "w2",
+                        "write_file",
+                        json!({"path": "done.txt", "content": "done\n"}),
+                    )
+                    .expect_contains("The plan is approved")
+                    .expect_lacks("# Plan mode"),
+            )
+            .turn(Turn::text("Carried out.").expect_tool_results(["w2"])),
+    );
+    let tmux = Tmux::start(
+        "plan-mode",
+        &chat_command(&server, ws.path(), home.path(), ""),
+        120,
+        30,
+    );
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("/plan write the file");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("Plan: write done.txt.");
+    assert!(s.contains("plan mode ·"), "{s}");
+    assert!(!ws.path().join("plan.txt").exists());
+    tmux.type_text("/go");
+    tmux.keys(&["Enter"]);
+    let s = tmux.wait_for("Carried out.");
+    assert!(!s.contains("plan mode ·"), "{s}");
+    server.assert_finished();
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("done.txt")).unwrap(),
+        "done\n"
+    );
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+}

@@ -783,6 +783,79 @@ command = "[ -e /tmp/stopped-once ] && exit 0; touch /tmp/stopped-once; echo 'ru
     );
 }
 
+/// `--mode plan`: only read-only tools are offered, the model is asked
+/// for a plan, and a write it asks for anyway is refused.
+#[test]
+fn plan_mode_offers_read_only_tools_and_refuses_a_write() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("main.py"), "print(1)\n").unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(
+                Turn::text("Looking.")
+                    .with_tool_call("r1", "read_file", json!({"path": "main.py"}))
+                    .with_tool_call(
+                        "w1",
+                        "write_file",
+                        json!({"path": "main.py", "content": "print(2)\n"}),
+                    )
+                    .expect_contains("# Plan mode"),
+            )
+            .turn(
+                Turn::text("Plan: 1. change the 1 to a 2 in main.py. 2. run it.")
+                    .expect_tool_results(["r1", "w1"])
+                    .expect_contains("print(1)")
+                    .expect_contains("Not run: this is plan mode"),
+            ),
+    );
+    let out = exec(
+        &server,
+        ws.path(),
+        home.path(),
+        &["--mode", "plan", "make it print 2"],
+    );
+    assert_success(&out);
+    server.assert_no_failures();
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("main.py")).unwrap(),
+        "print(1)\n"
+    );
+    let tools: Vec<String> = server.requests()[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    for changes in [
+        "bash",
+        "write_file",
+        "edit_file",
+        "apply_patch",
+        "run_code",
+        "task",
+    ] {
+        assert!(
+            !tools.contains(&changes.to_string()),
+            "{changes} offered: {tools:?}"
+        );
+    }
+    for reads in ["read_file", "list_dir", "search_files", "update_plan"] {
+        assert!(
+            tools.contains(&reads.to_string()),
+            "{reads} missing: {tools:?}"
+        );
+    }
+    let out = exec(&server, ws.path(), home.path(), &["--mode", "later", "x"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(125),
+        "a bad mode is a usage error: {err}"
+    );
+    assert!(err.contains("work or plan"), "{err}");
+}
+
 #[test]
 fn exit_codes_separate_config_and_model_errors() {
     let ws = tempfile::tempdir().unwrap();

@@ -321,6 +321,18 @@ impl Toolbox {
         self.tools.push(tool);
     }
 
+    /// The tools that never change anything (plan mode's).
+    pub fn read_only(&self) -> Toolbox {
+        Toolbox {
+            tools: self
+                .tools
+                .iter()
+                .filter(|t| t.read_only())
+                .cloned()
+                .collect(),
+        }
+    }
+
     /// Takes a tool out, if there is one of that name.
     pub fn remove(&mut self, name: &str) {
         self.tools.retain(|t| t.name() != name);

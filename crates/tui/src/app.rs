@@ -74,6 +74,8 @@ pub enum Action {
     Quit,
     Compact,
     SetModel(String),
+    /// Working, or planning with read-only tools (`/plan`, `/go`).
+    SetMode(cordon_agent::Mode),
     /// A new conversation in the same sandbox.
     Clear,
     /// A new conversation in a fresh sandbox.
@@ -210,6 +212,8 @@ pub struct App {
     pub tick: u64,
     /// Images for the next message (`/attach`, a pasted path).
     pub attachments: Vec<String>,
+    /// Working, or planning (`/plan`): shown on the status line.
+    pub mode: cordon_agent::Mode,
 }
 
 pub const HELP: &str = "\
@@ -226,6 +230,7 @@ Tab: complete a /command, or a workspace path after @ (@src/ma → @src/main.rs)
 /compact  summarise the conversation now   /model NAME  switch model   /cost  tokens and cost
 /status  model, workspace, session, and the AGENTS.md files the model follows
 /allow HOST[:PORT]  let the sandbox reach a host for this session (with --allow; alone: what it may reach)
+/plan [TEXT]  plan mode: read-only tools, the model answers with a plan   /go [TEXT]  carry the plan out
 /attach FILE  an image (PNG, JPEG, GIF, WebP) for your next message; or paste its path   /detach  drop them
 /snapshot [NAME]  save the sandbox's root (what was installed; not the workspace) as an image for --image";
 
@@ -241,7 +246,9 @@ const COMMANDS: &[&str] = &[
     "/help",
     "/load",
     "/model",
+    "/go",
     "/new",
+    "/plan",
     "/quit",
     "/rewind",
     "/sessions",
@@ -293,6 +300,7 @@ impl App {
             should_quit: false,
             tick: 0,
             attachments: Vec::new(),
+            mode: cordon_agent::Mode::Work,
         }
     }
 
@@ -591,6 +599,11 @@ impl App {
             self.set_input(&text);
             return Vec::new();
         }
+        self.send(text)
+    }
+
+    /// Sends `text`, with the images attached so far.
+    fn send(&mut self, text: String) -> Vec<Action> {
         let attach = std::mem::take(&mut self.attachments);
         self.transcript
             .push(Entry::User(crate::transcript::with_attachments(
@@ -712,6 +725,35 @@ impl App {
                 vec![Action::Compact]
             }
             "/snapshot" => vec![Action::Snapshot((!arg.is_empty()).then(|| arg.to_string()))],
+            "/plan" | "/go" if self.busy => {
+                self.notice("A turn is running: wait for it, or press Ctrl+C to cancel it.");
+                Vec::new()
+            }
+            "/plan" => {
+                self.mode = cordon_agent::Mode::Plan;
+                self.notice(
+                    "Plan mode: the model reads and plans, and changes nothing. /go carries the plan out.",
+                );
+                let mut actions = vec![Action::SetMode(cordon_agent::Mode::Plan)];
+                if !arg.is_empty() {
+                    actions.extend(self.send(arg.to_string()));
+                }
+                actions
+            }
+            "/go" if self.mode != cordon_agent::Mode::Plan => {
+                self.notice("/go ends plan mode, and this is not plan mode: /plan starts it.");
+                Vec::new()
+            }
+            "/go" => {
+                self.mode = cordon_agent::Mode::Work;
+                let mut text = "The plan is approved: carry it out now, step by step.".to_string();
+                if !arg.is_empty() {
+                    text.push_str(&format!("\n\n{arg}"));
+                }
+                let mut actions = vec![Action::SetMode(cordon_agent::Mode::Work)];
+                actions.extend(self.send(text));
+                actions
+            }
             "/model" if arg.is_empty() => {
                 self.notice(format!("The model is {}.", self.status.model));
                 Vec::new()

@@ -99,6 +99,7 @@ async fn event_loop(
     worker: Worker,
 ) -> io::Result<Outcome> {
     let mut app = App::new(status);
+    app.mode = worker.mode;
     if let Some(r) = &worker.resume {
         app.prompts = r
             .history
@@ -195,6 +196,7 @@ async fn event_loop(
                 Action::Compact => Request::Compact,
                 Action::Snapshot(name) => Request::Snapshot(name),
                 Action::SetModel(m) => Request::SetModel(m),
+                Action::SetMode(m) => Request::SetMode(m),
                 Action::Clear => Request::Clear,
                 Action::New => {
                     app.status.sandbox = SandboxState::Starting;

@@ -236,6 +236,11 @@ fn draw_status(f: &mut Frame<'_>, app: &App, area: Rect) {
         "" | "native" => state.to_string(),
         other => format!("{other} {state}"),
     };
+    // Plan mode stays in view: it is why nothing changes.
+    let sandbox = match app.mode {
+        cordon_agent::Mode::Plan => format!("plan mode · {sandbox}"),
+        cordon_agent::Mode::Work => sandbox,
+    };
     let tokens = s.usage.prompt_tokens() + s.usage.output_tokens;
     let cost = s.cost_usd.map(|c| format!(" ${c:.2}")).unwrap_or_default();
     let pct = if s.context_window > 0 {

@@ -23,6 +23,7 @@ pub enum Request {
     Send(crate::app::Prompt),
     Compact,
     SetModel(String),
+    SetMode(cordon_agent::Mode),
     Clear,
     New,
     ListSessions {
@@ -242,6 +243,8 @@ pub struct Worker {
     pub rules: cordon_agent::rules::Rules,
     /// The user's hooks (`[[hooks]]`).
     pub hooks: cordon_agent::hooks::Hooks,
+    /// Working, or planning (`--mode plan`, `/plan`).
+    pub mode: cordon_agent::Mode,
     /// The user's own `AGENTS.md`, read before the workspace's.
     pub user_instructions: Option<PathBuf>,
 }
@@ -386,6 +389,7 @@ impl State {
             )
             .rules(self.cfg.rules.clone())
             .hooks(self.cfg.hooks.clone())
+            .mode(self.cfg.mode)
     }
 
     /// Opens a conversation in a new sandbox over the workspace, the one
@@ -483,6 +487,12 @@ impl State {
                 self.cfg.agent.model = m.clone();
                 if let Some(talk) = &mut self.talk {
                     talk.set_model(&m);
+                }
+            }
+            Request::SetMode(mode) => {
+                self.cfg.mode = mode;
+                if let Some(talk) = &mut self.talk {
+                    talk.set_mode(mode);
                 }
             }
             Request::Clear => self.fresh().await,

@@ -158,7 +158,49 @@ pub struct Agent {
     ask_all: bool,
     /// The user's hooks around tool calls and at the end of a turn.
     hooks: crate::hooks::Hooks,
+    /// Working, or planning with read-only tools.
+    mode: Mode,
 }
+
+/// What the agent may do: change things, or only look and plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    #[default]
+    Work,
+    /// Read-only tools only; the model is asked for a plan.
+    Plan,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Work => "work",
+            Mode::Plan => "plan",
+        })
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "work" => Ok(Mode::Work),
+            "plan" => Ok(Mode::Plan),
+            _ => Err(format!("unknown mode {s:?}: work or plan")),
+        }
+    }
+}
+
+/// What the model is told in plan mode, after the system prompt.
+const PLAN_MODE: &str = "\n\n# Plan mode\n\nThe user wants a plan before anything changes. \
+Look at the project with the read-only tools you have (read, list, search), then answer with \
+the plan: the steps, the files each changes and how, and how you will check the result. Keep \
+it short and concrete; name what you are unsure of. Change nothing: the tools that write or \
+run commands are not available until the user approves the plan (they say /go).";
+
+/// A call of a tool that changes things, in plan mode.
+const NOT_IN_PLAN_MODE: &str = "Not run: this is plan mode, where only read-only tools run. Finish the plan; the user switches to work (/go) when they approve it.";
 
 impl Agent {
     pub fn new(provider: Provider, tools: Toolbox, ctx: ToolContext, config: AgentConfig) -> Self {
@@ -179,6 +221,7 @@ impl Agent {
             rules: crate::rules::Rules::default(),
             ask_all: false,
             hooks: crate::hooks::Hooks::default(),
+            mode: Mode::Work,
         }
     }
 
@@ -224,6 +267,15 @@ impl Agent {
     pub fn set_approval(&mut self, approver: Option<Arc<dyn Approver>>, ask_all: bool) {
         self.approver = approver;
         self.ask_all = ask_all && self.approver.is_some();
+    }
+
+    /// Working or planning, from the next request on.
+    pub fn set_mode(&mut self, mode: Mode) {
+        self.mode = mode;
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// The user's hooks (`[[hooks]]`) from now on.
@@ -272,7 +324,10 @@ impl Agent {
     fn request(&self, tools: &[ToolSpec]) -> ModelRequest {
         ModelRequest {
             model: self.config.model.clone(),
-            system: self.config.system.clone(),
+            system: match self.mode {
+                Mode::Work => self.config.system.clone(),
+                Mode::Plan => format!("{}{PLAN_MODE}", self.config.system),
+            },
             messages: context::view(&self.history, self.config.keep_tool_outputs),
             tools: tools.to_vec(),
             max_tokens: self.config.max_tokens,
@@ -307,8 +362,17 @@ impl Agent {
         crate::pricing::cost(&self.config.model, usage)
     }
 
+    /// The tools offered now: in plan mode, the read-only ones.
     fn specs(&self) -> Vec<ToolSpec> {
-        tool_specs(&self.tools)
+        match self.mode {
+            Mode::Work => tool_specs(&self.tools),
+            Mode::Plan => tool_specs(&self.tools.read_only()),
+        }
+    }
+
+    /// Whether `tool` may run now.
+    pub(super) fn may_run(&self, tool: &str) -> bool {
+        self.mode == Mode::Work || self.tools.get(tool).is_some_and(|t| t.read_only())
     }
 
     /// Runs one user turn to its end, reporting every step on `events`.
@@ -389,7 +453,7 @@ impl Agent {
         for step in 1..=self.config.max_steps {
             // A tool that stopped working mid-turn (an MCP server that
             // died) is no longer offered from the next request on.
-            if tools.len() != self.tools.available_count() {
+            if tools.len() != self.specs().len() {
                 tools = self.specs();
             }
             emit(AgentEvent::TurnStarted { step });

@@ -84,6 +84,10 @@ impl Agent {
             // `Err`: not run, and what the model is told instead.
             let mut verdicts: Vec<Result<(), String>> = Vec::with_capacity(batch.len());
             for (id, name, input) in batch {
+                if !self.may_run(name) {
+                    verdicts.push(Err(super::NOT_IN_PLAN_MODE.to_string()));
+                    continue;
+                }
                 let ask = match self.rules.verdict(name, input) {
                     Some(Verdict::Deny(why)) => {
                         verdicts.push(Err(why));
