@@ -34,8 +34,8 @@ pub fn step_sandbox(
             .map_err(|why| format!("--allow {}: {why}", printable(a)))?;
     }
     let mut sandbox = SandboxConfig::new(workspace);
-    sandbox.memory = Some(memory);
-    sandbox.pids = Some(pids);
+    sandbox
+        .set_limits(cordon_sandbox::Limits::new(memory, pids, None, 1).map_err(|e| e.to_string())?);
     sandbox.host_certs = host_certs;
     sandbox.fork_supervisor = true;
     if !allow.is_empty() {

@@ -315,9 +315,10 @@ pub fn sandbox_config(settings: &Settings) -> Result<SandboxConfig, String> {
     };
     let mut c = SandboxConfig::new(&workspace);
     let sb = &r.sandbox;
-    c.memory = Some(sb.memory);
-    c.pids = Some(sb.pids);
-    c.disk = sb.disk;
+    c.set_limits(
+        cordon_sandbox::Limits::new(sb.memory, sb.pids, sb.disk, sb.cpus.unwrap_or(1))
+            .map_err(|e| e.to_string())?,
+    );
     c.network = sb.network;
     if sb.network == Network::Full {
         eprintln!(
@@ -364,7 +365,6 @@ pub fn sandbox_config(settings: &Settings) -> Result<SandboxConfig, String> {
     }
     c.display = sb.display;
     c.backend = sb.backend;
-    c.cpus = sb.cpus;
     c.vm = sb.vm.clone();
     if sb.protect_control_files {
         c.read_only = cordon_sandbox::control_files(&workspace);

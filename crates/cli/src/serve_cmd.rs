@@ -396,12 +396,15 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
     // job asks for another, the memory unless it asks for other (up to the
     // bound), the process limit.
     let sb = &settings.resolved().sandbox;
-    config.bounds.default_memory = sb.memory;
-    config.bounds.max_memory = config.bounds.max_memory.max(sb.memory);
     // Jobs always have a disk budget: `sandbox.disk`, else 1G.
-    config.bounds.default_disk = sb.disk.unwrap_or(cordon_server::job::DEFAULT_DISK);
-    config.bounds.max_disk = config.bounds.max_disk.max(config.bounds.default_disk);
-    config.pids = Some(sb.pids);
+    let disk = sb.disk.unwrap_or(cordon_server::job::DEFAULT_DISK);
+    config.bounds.defaults =
+        match cordon_sandbox::Limits::new(sb.memory, sb.pids, Some(disk), sb.cpus.unwrap_or(1)) {
+            Ok(l) => l,
+            Err(e) => return crate::options::config_error(e),
+        };
+    config.bounds.max_memory = config.bounds.max_memory.max(sb.memory);
+    config.bounds.max_disk = config.bounds.max_disk.max(disk);
     config.protect_control_files = sb.protect_control_files;
     config.backend = sb.backend;
     config.images = cordon_server::catalog::ImageCatalog {
@@ -411,7 +414,6 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
         quota: args.image_quota,
         grace: Some(std::time::Duration::from_secs(args.image_grace)),
     };
-    config.cpus = sb.cpus;
     config.vm = sb.vm.clone();
     // The operator's MCP servers reach agent jobs and API sessions too.
     config.mcp_servers = match crate::mcp_cmd::configured(&settings) {

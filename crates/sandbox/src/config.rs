@@ -346,12 +346,108 @@ impl TryFrom<String> for Display {
 
 pub const MIB: u64 = 1024 * 1024;
 
+/// The resources one sandbox may use, in one type that every front end
+/// takes: `cordon run`'s flags and the settings, the server's defaults
+/// and each job's own. Made by [`Limits::new`], which checks them once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes of memory for the whole sandbox.
+    pub memory: u64,
+    /// Processes at once.
+    pub pids: u64,
+    /// How much the workspace and writable binds may grow on disk, in
+    /// bytes; `None`: no budget.
+    pub disk: Option<u64>,
+    /// Virtual CPUs of a microVM (the native backend shares the host's).
+    pub cpus: u32,
+}
+
+/// Why limits cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitsError {
+    #[error("memory {0} is below the least a sandbox runs in (16M)")]
+    Memory(u64),
+    #[error("a sandbox needs at least one process")]
+    Pids,
+    #[error("a disk budget of 0 stops the sandbox before it starts")]
+    Disk,
+    #[error("cpus must be 1 to {MAX_CPUS}, not {0}")]
+    Cpus(u32),
+}
+
+/// The most virtual CPUs a microVM is given.
+pub const MAX_CPUS: u32 = 64;
+
+impl Limits {
+    /// The least memory a sandbox runs in.
+    pub const MIN_MEMORY: u64 = 16 * MIB;
+
+    pub fn new(
+        memory: u64,
+        pids: u64,
+        disk: Option<u64>,
+        cpus: u32,
+    ) -> Result<Limits, LimitsError> {
+        if memory < Self::MIN_MEMORY {
+            return Err(LimitsError::Memory(memory));
+        }
+        if pids == 0 {
+            return Err(LimitsError::Pids);
+        }
+        if disk == Some(0) {
+            return Err(LimitsError::Disk);
+        }
+        if !(1..=MAX_CPUS).contains(&cpus) {
+            return Err(LimitsError::Cpus(cpus));
+        }
+        Ok(Limits {
+            memory,
+            pids,
+            disk,
+            cpus,
+        })
+    }
+}
+
+impl Default for Limits {
+    /// `cordon run`'s documented defaults: 512 MiB, 256 processes, no
+    /// disk budget, one CPU.
+    fn default() -> Limits {
+        Limits {
+            memory: 512 * MIB,
+            pids: 256,
+            disk: None,
+            cpus: 1,
+        }
+    }
+}
+
 impl SandboxConfig {
+    /// The limits this configuration sets.
+    pub fn limits(&self) -> Limits {
+        let d = Limits::default();
+        Limits {
+            memory: self.memory.unwrap_or(d.memory),
+            pids: self.pids.unwrap_or(d.pids),
+            disk: self.disk,
+            cpus: self.cpus.unwrap_or(d.cpus),
+        }
+    }
+
+    /// Sets every limit at once.
+    pub fn set_limits(&mut self, l: Limits) {
+        self.memory = Some(l.memory);
+        self.pids = Some(l.pids);
+        self.disk = l.disk;
+        self.cpus = Some(l.cpus);
+    }
+
     pub fn new(workspace: impl Into<PathBuf>) -> Self {
+        let limits = Limits::default();
         SandboxConfig {
             workspace: workspace.into(),
-            memory: Some(512 * MIB),
-            pids: Some(256),
+            memory: Some(limits.memory),
+            pids: Some(limits.pids),
             tmp_size: 256 * MIB,
             disk: None,
             network: Network::Off,
@@ -610,6 +706,27 @@ impl SandboxConfig {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn limits_are_checked_once_and_set_together() {
+        assert!(matches!(
+            Limits::new(MIB, 1, None, 1),
+            Err(LimitsError::Memory(_))
+        ));
+        assert_eq!(Limits::new(64 * MIB, 0, None, 1), Err(LimitsError::Pids));
+        assert_eq!(Limits::new(64 * MIB, 1, Some(0), 1), Err(LimitsError::Disk));
+        assert_eq!(Limits::new(64 * MIB, 1, None, 0), Err(LimitsError::Cpus(0)));
+        let l = Limits::new(64 * MIB, 32, Some(MIB), 2).unwrap();
+        let mut c = SandboxConfig::new("/w");
+        assert_eq!(c.limits(), Limits::default());
+        c.set_limits(l);
+        assert_eq!(
+            (c.memory, c.pids, c.disk, c.cpus),
+            (Some(64 * MIB), Some(32), Some(MIB), Some(2))
+        );
+        assert_eq!(c.limits(), l);
+    }
+
     use super::*;
 
     #[test]

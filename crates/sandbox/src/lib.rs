@@ -64,8 +64,8 @@ pub use backend::{
 };
 pub use cache::cache_dir;
 pub use config::{
-    Accel, BackendKind, BindMount, BuildStep, CONTROL_FILES, DISPLAY, Display, MIB, Network,
-    RootImage, SandboxConfig, VmOptions, control_files, parse_size,
+    Accel, BackendKind, BindMount, BuildStep, CONTROL_FILES, DISPLAY, Display, Limits, LimitsError,
+    MAX_CPUS, MIB, Network, RootImage, SandboxConfig, VmOptions, control_files, parse_size,
 };
 pub use disk::{allocated, make_removable};
 pub use display::VncAccess;

@@ -76,8 +76,6 @@ pub struct ServerConfig {
     pub sessions_per_tenant: usize,
     /// The isolation backend of every sandbox, unless a job asks for one.
     pub backend: cordon_sandbox::BackendKind,
-    /// Processes per sandbox (`sandbox.pids`; default 256).
-    pub pids: Option<u64>,
     /// Git's, editors' and agents' control files read-only in every sandbox
     /// (`sandbox.protect_control_files`, see `cordon_sandbox::control_files`).
     pub protect_control_files: bool,
@@ -85,8 +83,8 @@ pub struct ServerConfig {
     /// `cordon_sandbox::volume`); past it, the least recently used are
     /// unmounted until next used. Volumes in use are not counted.
     pub idle_volumes: usize,
-    /// microVM settings, for the microvm backend.
-    pub cpus: Option<u32>,
+    /// microVM settings, for the microvm backend (its CPUs are in
+    /// `bounds.defaults`).
     pub vm: cordon_sandbox::VmOptions,
     /// How long a finished job's workspace is kept; `None`: for ever. Its
     /// output, events, result and agent log are kept regardless.
@@ -144,7 +142,6 @@ impl ServerConfig {
             supervisor: None,
             agent: None,
             mcp_servers: Default::default(),
-            pids: None,
             protect_control_files: true,
             idle_volumes: cordon_sandbox::volume::KEEP_IDLE,
             session_idle: Duration::from_secs(15 * 60),
@@ -152,7 +149,6 @@ impl ServerConfig {
             sessions: 64,
             sessions_per_tenant: 8,
             backend: cordon_sandbox::BackendKind::Native,
-            cpus: None,
             vm: cordon_sandbox::VmOptions::default(),
             keep_workspaces: Some(KEEP_WORKSPACES),
             orphans_after: ORPHANS_AFTER,
@@ -177,14 +173,14 @@ impl ServerConfig {
     /// What every sandbox gets unless its job or session says otherwise.
     pub fn sandboxes(&self) -> SandboxDefaults {
         SandboxDefaults {
-            memory: self.bounds.default_memory,
-            disk: self.bounds.default_disk,
-            pids: self.pids,
+            limits: cordon_sandbox::Limits {
+                disk: Some(self.bounds.default_disk()),
+                ..self.bounds.defaults
+            },
             protect_control_files: self.protect_control_files,
             volumes: self.volumes(),
             supervisor: self.supervisor.clone(),
             backend: self.backend,
-            cpus: self.cpus,
             vm: self.vm.clone(),
         }
     }
@@ -223,14 +219,12 @@ pub struct AgentDefaults {
 /// The sandbox settings every job and session starts from.
 #[derive(Clone)]
 pub struct SandboxDefaults {
-    memory: u64,
-    disk: u64,
-    pids: Option<u64>,
+    /// Its disk budget is always set.
+    limits: cordon_sandbox::Limits,
     protect_control_files: bool,
     volumes: cordon_sandbox::volume::Volumes,
     supervisor: Option<PathBuf>,
     backend: cordon_sandbox::BackendKind,
-    cpus: Option<u32>,
     vm: cordon_sandbox::VmOptions,
 }
 
@@ -269,8 +263,7 @@ impl SandboxDefaults {
         root: &std::path::Path,
         disk: Option<u64>,
     ) -> Result<cordon_sandbox::volume::InUse, cordon_sandbox::volume::VolumeError> {
-        self.volumes
-            .make_workspace(root, Some(disk.unwrap_or(self.disk)))
+        self.volumes.make_workspace(root, disk.or(self.limits.disk))
     }
 
     /// [`SandboxDefaults::workspace`] off the async runtime.
@@ -298,17 +291,12 @@ impl SandboxDefaults {
     ) -> cordon_sandbox::SandboxConfig {
         let mut c = cordon_sandbox::SandboxConfig::new(workspace);
         c.image = image;
-        c.memory = Some(self.memory);
-        c.disk = Some(self.disk);
-        if self.pids.is_some() {
-            c.pids = self.pids;
-        }
+        c.set_limits(self.limits);
         if self.protect_control_files {
             c.read_only = cordon_sandbox::control_files(&c.workspace);
         }
         c.supervisor = self.supervisor.clone();
         c.backend = self.backend;
-        c.cpus = self.cpus;
         c.vm = self.vm.clone();
         // The kernel behind run_code, when `cordon lab setup` installed it
         // (on the host's Python: not in an image).

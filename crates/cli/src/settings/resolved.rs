@@ -10,7 +10,7 @@ use super::{ConfigError, Settings, Source};
 use cordon_agent::ProviderKind;
 
 /// The smallest memory limit a sandbox can start with.
-const MIN_MEMORY: u64 = 16 << 20;
+const MIN_MEMORY: u64 = cordon_sandbox::Limits::MIN_MEMORY;
 
 /// Whether tool calls wait for the user (the terminal UI).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

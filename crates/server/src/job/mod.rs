@@ -306,12 +306,19 @@ impl Job {
 pub struct Bounds {
     pub default_timeout_secs: u64,
     pub max_timeout_secs: u64,
-    pub default_memory: u64,
+    /// What a job's or session's sandbox gets unless it asks for other:
+    /// its memory, processes, disk budget (always one) and CPUs.
+    pub defaults: cordon_sandbox::Limits,
     pub max_memory: u64,
-    /// A job's disk budget unless it asks for another, and the most it
-    /// may ask for.
-    pub default_disk: u64,
+    /// The most disk budget a job may ask for.
     pub max_disk: u64,
+}
+
+impl Bounds {
+    /// A job's disk budget unless it asks for another.
+    pub fn default_disk(&self) -> u64 {
+        self.defaults.disk.unwrap_or(DEFAULT_DISK)
+    }
 }
 
 impl Default for Bounds {
@@ -319,9 +326,11 @@ impl Default for Bounds {
         Bounds {
             default_timeout_secs: 300,
             max_timeout_secs: 3600,
-            default_memory: 512 * MIB,
+            defaults: cordon_sandbox::Limits {
+                disk: Some(DEFAULT_DISK),
+                ..cordon_sandbox::Limits::default()
+            },
             max_memory: 4 * 1024 * MIB,
-            default_disk: DEFAULT_DISK,
             max_disk: 8 * 1024 * MIB,
         }
     }
@@ -503,14 +512,14 @@ impl Limits {
                 bounds.max_timeout_secs
             ));
         }
-        let memory = self.memory.map_or(bounds.default_memory, |s| s.0);
-        if !(16 * MIB..=bounds.max_memory).contains(&memory) {
+        let memory = self.memory.map_or(bounds.defaults.memory, |s| s.0);
+        if !(cordon_sandbox::Limits::MIN_MEMORY..=bounds.max_memory).contains(&memory) {
             return Err(format!(
                 "`memory` must be from 16M to {}M",
                 bounds.max_memory / MIB
             ));
         }
-        let disk = self.disk.map_or(bounds.default_disk, |s| s.0);
+        let disk = self.disk.map_or(bounds.default_disk(), |s| s.0);
         if !(MIB..=bounds.max_disk).contains(&disk) {
             return Err(format!(
                 "`disk` (how much the workspace may grow) must be a size from 1M to {}M",

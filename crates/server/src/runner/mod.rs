@@ -384,8 +384,12 @@ impl Runner {
         image: Option<cordon_sandbox::RootImage>,
     ) -> SandboxConfig {
         let mut c = self.sandboxes.sandbox(ws, image);
-        c.memory = Some(options.memory);
-        c.disk = Some(options.disk);
+        // The job's own memory and disk, within the server's bounds.
+        c.set_limits(cordon_sandbox::Limits {
+            memory: options.memory,
+            disk: Some(options.disk),
+            ..c.limits()
+        });
         c.network = options.network.into();
         c.egress = options.egress.clone().map(cordon_sandbox::Egress::new);
         if let Some(b) = options.backend {

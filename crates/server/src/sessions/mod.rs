@@ -290,7 +290,7 @@ async fn clone_for(
         branch: format!("cordon/{id}"),
         existing: cordon_git::Existing::Refuse,
         limits: cordon_git::Limits {
-            max_bytes: Some(bounds.default_disk),
+            max_bytes: Some(bounds.default_disk()),
             deadline: Some(
                 std::time::Instant::now()
                     + std::time::Duration::from_secs(bounds.default_timeout_secs),
