@@ -167,9 +167,9 @@ fn nothing_but_the_broker_gets_out(t: &Ctx) {
 }
 attack!(nothing_but_the_broker_gets_out);
 
-/// A plain HTTP service on the host's loopback answering `body` to every
-/// request; its port.
-fn host_service(body: &'static str) -> u16 {
+/// A plain HTTP server on the host's loopback; `answer` makes the
+/// response (head and body) for a request's path. Its port.
+fn http_on_loopback(answer: impl Fn(u16, &str) -> String + Send + 'static) -> u16 {
     let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -185,14 +185,23 @@ fn host_service(body: &'static str) -> u16 {
                     Ok(n) => got.extend_from_slice(&buf[..n]),
                 }
             }
-            let _ = write!(
-                c,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
+            let head = String::from_utf8_lossy(&got);
+            let path = head.split_whitespace().nth(1).unwrap_or("/");
+            let _ = c.write_all(answer(port, path).as_bytes());
         }
     });
     port
+}
+
+/// A plain HTTP service on the host's loopback answering `body` to every
+/// request; its port.
+fn host_service(body: &'static str) -> u16 {
+    http_on_loopback(move |_, _| {
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    })
 }
 
 /// A name the policy lists that resolves to loopback (the host's own
@@ -302,57 +311,40 @@ fn the_model_sees_the_policy_and_each_refusal() {
 /// A web server on the host's loopback with a page, a redirect to it, a
 /// redirect to a host the policy does not list, and an image; its port.
 fn web_site() -> u16 {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut c in listener.incoming().flatten() {
-            use std::io::{Read, Write};
-            let mut got = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                match c.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => got.extend_from_slice(&buf[..n]),
-                }
-            }
-            let head = String::from_utf8_lossy(&got);
-            let path = head.split_whitespace().nth(1).unwrap_or("/");
-            let page = "<!doctype html><html><head><title>t</title><script>steal()</script></head>\
-                <body><h1>Release notes</h1><p>Version <b>2.0</b> drops <code>--old</code>.</p></body></html>";
-            let (status, extra, ty, body) = match path {
-                "/" => (
-                    "200 OK",
-                    String::new(),
-                    "text/html; charset=utf-8",
-                    page.to_string(),
-                ),
-                "/moved" => (
-                    "302 Found",
-                    "Location: /\r\n".to_string(),
-                    "text/plain",
-                    String::new(),
-                ),
-                "/away" => (
-                    "302 Found",
-                    format!("Location: http://localhost:{port}/\r\n"),
-                    "text/plain",
-                    String::new(),
-                ),
-                _ => (
-                    "200 OK",
-                    String::new(),
-                    "image/png",
-                    "\u{89}PNG".to_string(),
-                ),
-            };
-            let _ = write!(
-                c,
-                "HTTP/1.1 {status}\r\n{extra}Content-Type: {ty}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    port
+    http_on_loopback(|port, path| {
+        let page = "<!doctype html><html><head><title>t</title><script>steal()</script></head>\
+            <body><h1>Release notes</h1><p>Version <b>2.0</b> drops <code>--old</code>.</p></body></html>";
+        let (status, extra, ty, body) = match path {
+            "/" => (
+                "200 OK",
+                String::new(),
+                "text/html; charset=utf-8",
+                page.to_string(),
+            ),
+            "/moved" => (
+                "302 Found",
+                "Location: /\r\n".to_string(),
+                "text/plain",
+                String::new(),
+            ),
+            "/away" => (
+                "302 Found",
+                format!("Location: http://localhost:{port}/\r\n"),
+                "text/plain",
+                String::new(),
+            ),
+            _ => (
+                "200 OK",
+                String::new(),
+                "image/png",
+                "\u{89}PNG".to_string(),
+            ),
+        };
+        format!(
+            "HTTP/1.1 {status}\r\n{extra}Content-Type: {ty}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    })
 }
 
 /// `web_fetch` reads a page the policy allows, through the sandbox's own

@@ -53,6 +53,23 @@ const LIVE_KEEP: usize = 16 * 1024;
 const LIVE_LINES: usize = 6;
 
 impl ToolCall {
+    /// A call of an earlier conversation, done, its result still to be
+    /// attached.
+    fn done(id: &str, name: &str, input: &Value) -> ToolCall {
+        ToolCall {
+            id: id.to_string(),
+            name: name.to_string(),
+            input: input.clone(),
+            state: ToolState::Done {
+                output: String::new(),
+                is_error: false,
+                duration_ms: 0,
+            },
+            before: None,
+            live: String::new(),
+        }
+    }
+
     /// Appends output of the running call, keeping its end.
     pub fn push_live(&mut self, text: &str) {
         self.live.push_str(text);
@@ -287,34 +304,11 @@ impl Transcript {
                                 {
                                     t.plan = Some(plan);
                                 }
-                                t.push(Entry::Tool(ToolCall {
-                                    id: id.clone(),
-                                    name: name.clone(),
-                                    input: input.clone(),
-                                    // Until its result is found below.
-                                    state: ToolState::Done {
-                                        output: String::new(),
-                                        is_error: false,
-                                        duration_ms: 0,
-                                    },
-                                    before: None,
-                                    live: String::new(),
-                                }));
+                                t.push(Entry::Tool(ToolCall::done(id, name, input)));
                             }
-                            // The provider's own search, and what it found.
+                            // The provider's own search; what it found follows.
                             ContentBlock::ServerToolUse { id, name, input } => {
-                                t.push(Entry::Tool(ToolCall {
-                                    id: id.clone(),
-                                    name: name.clone(),
-                                    input: input.clone(),
-                                    state: ToolState::Done {
-                                        output: String::new(),
-                                        is_error: false,
-                                        duration_ms: 0,
-                                    },
-                                    before: None,
-                                    live: String::new(),
-                                }));
+                                t.push(Entry::Tool(ToolCall::done(id, name, input)));
                             }
                             ContentBlock::WebSearchToolResult {
                                 tool_use_id,
