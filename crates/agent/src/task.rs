@@ -275,9 +275,12 @@ impl Shown<'_> {
                 };
                 format!("  {mark} {}", first_line(&output))
             }
-            AgentEvent::AssistantMessage { text, .. } if !text.trim().is_empty() => {
-                format!("· {}", first_line(&text))
-            }
+            // What it says between calls; its last answer is the result.
+            AgentEvent::AssistantMessage {
+                text,
+                stop_reason: crate::message::StopReason::ToolUse,
+                ..
+            } if !text.trim().is_empty() => format!("· {}", first_line(&text)),
             AgentEvent::Error { message } => format!("✗ {}", first_line(&message)),
             _ => return,
         };
