@@ -270,6 +270,7 @@ fn encodings(history: &[Message], steps: usize) -> Vec<Encoding> {
                     messages: context::view(prefix, KEEP_TOOL_OUTPUTS),
                     tools: tools.clone(),
                     max_tokens: 8192,
+                    web_search: None,
                 };
                 let t1 = Instant::now();
                 let body = anthropic_body(&req);

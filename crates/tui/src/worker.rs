@@ -805,6 +805,14 @@ fn done<T>(result: Result<T, AgentError>) -> Update {
     }
 }
 
+/// `~/x` as the user's home directory's `x`, as a shell would.
+fn expand_home(path: &str) -> std::path::PathBuf {
+    match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => std::path::Path::new(&home).join(rest),
+        _ => std::path::PathBuf::from(path),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::current_text;
@@ -829,13 +837,5 @@ mod tests {
             current_text(ws.path(), "blob").as_deref(),
             Some("[a binary file of 3 bytes]\n")
         );
-    }
-}
-
-/// `~/x` as the user's home directory's `x`, as a shell would.
-fn expand_home(path: &str) -> std::path::PathBuf {
-    match (path.strip_prefix("~/"), std::env::var_os("HOME")) {
-        (Some(rest), Some(home)) => std::path::Path::new(&home).join(rest),
-        _ => std::path::PathBuf::from(path),
     }
 }
