@@ -28,7 +28,7 @@ use cordon_sandbox::{DiskStop, Sandbox};
 use cordon_tools::{Tool, ToolContext, Toolbox};
 use serde_json::Value;
 
-use crate::agent::{Agent, AgentConfig, Approver};
+use crate::agent::{Agent, AgentConfig, Approver, Oversight};
 use crate::instructions::{Instructions, Source};
 use crate::log::SessionLog;
 use crate::message::Usage;
@@ -44,11 +44,7 @@ pub struct Opening {
     servers: BTreeMap<String, ServerSpec>,
     report: Option<Report>,
     tools: Vec<Arc<dyn Tool>>,
-    approver: Option<Arc<dyn Approver>>,
-    /// Every call asked about, or only those a rule says to ask.
-    ask_all: bool,
-    rules: crate::rules::Rules,
-    hooks: crate::hooks::Hooks,
+    oversight: Oversight,
     mode: crate::agent::Mode,
     instructions: Instructions,
 }
@@ -63,10 +59,7 @@ impl Opening {
             servers: BTreeMap::new(),
             report: None,
             tools: Vec::new(),
-            approver: None,
-            ask_all: false,
-            rules: crate::rules::Rules::default(),
-            hooks: crate::hooks::Hooks::default(),
+            oversight: Oversight::default(),
             mode: crate::agent::Mode::Work,
             instructions: Instructions::default(),
         }
@@ -87,36 +80,22 @@ impl Opening {
         self
     }
 
-    /// Who decides whether each tool call runs (`--approval ask`).
+    /// Who decides whether each tool call runs (`--approval ask`): every
+    /// call is asked of `approver`.
     pub fn approver(mut self, approver: Option<Arc<dyn Approver>>) -> Self {
-        self.ask_all = approver.is_some();
-        self.approver = approver;
+        self.oversight = Oversight::asking(approver);
         self
     }
 
-    /// Who answers approvals, asked about every call (`ask_all`) or only
-    /// about those a command rule says to ask about.
-    pub fn approval(mut self, approver: Option<Arc<dyn Approver>>, ask_all: bool) -> Self {
-        self.ask_all = ask_all && approver.is_some();
-        self.approver = approver;
+    /// Who approves calls, the command rules and the hooks.
+    pub fn oversight(mut self, oversight: Oversight) -> Self {
+        self.oversight = oversight;
         self
     }
 
     /// Working, or planning with read-only tools (`--mode plan`).
     pub fn mode(mut self, mode: crate::agent::Mode) -> Self {
         self.mode = mode;
-        self
-    }
-
-    /// The user's hooks (`[[hooks]]`).
-    pub fn hooks(mut self, hooks: crate::hooks::Hooks) -> Self {
-        self.hooks = hooks;
-        self
-    }
-
-    /// The user's command rules (`[rules]`).
-    pub fn rules(mut self, rules: crate::rules::Rules) -> Self {
-        self.rules = rules;
         self
     }
 
@@ -167,11 +146,11 @@ impl Opening {
     /// Runs the session_start hooks in `sandbox`: what they printed, for
     /// the model's context; a failed one is told to `report`.
     async fn session_start(&self, sandbox: &Sandbox, report: &Report) -> String {
-        if !self.hooks.any(crate::hooks::HookEvent::SessionStart, None) {
+        let hooks = &self.oversight.hooks;
+        if !hooks.any(crate::hooks::HookEvent::SessionStart, None) {
             return String::new();
         }
-        let said = self
-            .hooks
+        let said = hooks
             .run(sandbox, crate::hooks::HookEvent::SessionStart, None, None)
             .await;
         for f in said.failures {
@@ -217,12 +196,7 @@ impl Opening {
             self.provider.clone(),
             &config,
             &tools,
-            crate::task::Approval {
-                approver: self.approver.clone(),
-                ask_all: self.ask_all,
-                rules: self.rules.clone(),
-                hooks: self.hooks.clone(),
-            },
+            self.oversight.clone(),
             helpers.clone(),
         );
         tools.register(task);
@@ -236,9 +210,7 @@ impl Opening {
         if let Some(log) = log {
             agent.set_log(log);
         }
-        agent.set_approval(self.approver.clone(), self.ask_all);
-        agent.set_rules(self.rules.clone());
-        agent.set_hooks(self.hooks.clone());
+        agent.set_oversight(self.oversight.clone());
         agent.set_mode(self.mode);
         agent.set_helpers(helpers);
         Ok(agent)

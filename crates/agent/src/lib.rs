@@ -32,7 +32,7 @@ pub mod wire;
 
 pub use agent::{
     Agent, AgentConfig, AgentError, AgentEvent, Approval, Approver, Cancel, Compaction, Mode,
-    TurnOutcome, tool_failed,
+    Oversight, TurnOutcome, tool_failed,
 };
 pub use conversation::{Conversation, Ended, Opening};
 pub use instructions::Instructions;

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::agent::{Agent, AgentConfig, AgentEvent, Approver, Cancel};
+use crate::agent::{Agent, AgentConfig, AgentEvent, Cancel, Oversight};
 use crate::message::Usage;
 use crate::provider::{Provider, ProviderConfig};
 use cordon_tools::{OutputStream, Tool, ToolContext, ToolFuture, ToolOutput, Toolbox};
@@ -84,17 +84,9 @@ pub struct Task {
     /// The helper's tools: the caller's, without `task` past the depth
     /// bound and without the caller's plan.
     tools: Toolbox,
-    approval: Approval,
+    /// The caller's: its helpers are approved and hooked as it is.
+    oversight: Oversight,
     helpers: std::sync::Arc<Helpers>,
-}
-
-/// How a helper's calls are approved: as its caller's are.
-#[derive(Clone)]
-pub struct Approval {
-    pub approver: Option<std::sync::Arc<dyn Approver>>,
-    pub ask_all: bool,
-    pub rules: crate::rules::Rules,
-    pub hooks: crate::hooks::Hooks,
 }
 
 impl Task {
@@ -104,7 +96,7 @@ impl Task {
         provider: ProviderConfig,
         config: &AgentConfig,
         tools: &Toolbox,
-        approval: Approval,
+        oversight: Oversight,
         helpers: std::sync::Arc<Helpers>,
     ) -> Task {
         let mut tools = tools.clone();
@@ -121,7 +113,7 @@ impl Task {
                 ..config.clone()
             },
             tools,
-            approval,
+            oversight,
             helpers,
         }
     }
@@ -168,14 +160,9 @@ impl Tool for Task {
 
 impl Task {
     async fn run(&self, ctx: &ToolContext, input: Value) -> ToolOutput {
-        let input: Input = match serde_json::from_value(input) {
+        let input: Input = match cordon_tools::args::parse(NAME, &schema(), input) {
             Ok(i) => i,
-            Err(e) => {
-                return ToolOutput::error(format!(
-                    "Invalid arguments for `{NAME}`: {e}. Call it again with arguments matching this schema: {}",
-                    schema()
-                ));
-            }
+            Err(e) => return e,
         };
         if input.prompt.trim().is_empty() {
             return ToolOutput::error("The helper needs a prompt: say what it is to do.");
@@ -195,9 +182,7 @@ impl Task {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let mut agent = Agent::new(provider, self.tools.clone(), ctx.fresh_session(), config);
-        agent.set_approval(self.approval.approver.clone(), self.approval.ask_all);
-        agent.set_rules(self.approval.rules.clone());
-        agent.set_hooks(self.approval.hooks.clone());
+        agent.set_oversight(self.oversight.clone());
         // The helper's steps, as lines of the call's live output. The
         // future is dropped with the call when the caller is cancelled,
         // and the helper with it.

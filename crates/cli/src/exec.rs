@@ -55,21 +55,12 @@ fn read_prompt(arg: &str) -> Result<String, i32> {
 /// itself must not be a link.
 fn write_output(path: &Path, workspace: &Path, text: &str) -> Result<(), String> {
     let abs = std::path::absolute(path).map_err(|e| e.to_string())?;
-    // Lexically, so that a planted directory link cannot take the path out
-    // of the workspace before it is checked.
-    let roots = [
-        std::path::absolute(workspace).ok(),
-        workspace.canonicalize().ok(),
-    ];
-    for root in roots.iter().flatten() {
-        if let Ok(rel) = abs.strip_prefix(root) {
-            let ws = cordon_tools::Workspace::open(root).map_err(|e| e.to_string())?;
-            let rel =
-                cordon_tools::WsPath::parse(&rel.to_string_lossy()).map_err(|e| e.to_string())?;
-            return ws.write(&rel, text.as_bytes()).map(|_| ()).map_err(|e| {
-                format!("{e} (it is in the workspace, where a sandbox could have put a link)")
-            });
-        }
+    if let Some(rel) = cordon_tools::beneath(workspace, &abs) {
+        let ws = cordon_tools::Workspace::open(workspace).map_err(|e| e.to_string())?;
+        let rel = cordon_tools::WsPath::parse(&rel.to_string_lossy()).map_err(|e| e.to_string())?;
+        return ws.write(&rel, text.as_bytes()).map(|_| ()).map_err(|e| {
+            format!("{e} (it is in the workspace, where a sandbox could have put a link)")
+        });
     }
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
@@ -186,9 +177,12 @@ pub async fn exec(args: ExecArgs) -> i32 {
         )
         .tools(&repo.map(|r| r.tools()).unwrap_or_default())
         // Nobody to ask: a rule's `ask` is a refusal here.
-        .rules(s.settings.rules().clone())
+        .oversight(cordon_agent::Oversight {
+            rules: s.settings.rules().clone(),
+            hooks: cordon_agent::hooks::Hooks::new(s.settings.hooks().to_vec()),
+            ..Default::default()
+        })
         .mode(args.agent.mode)
-        .hooks(cordon_agent::hooks::Hooks::new(s.settings.hooks().to_vec()))
         .instructions(instructions)
         .open(sandbox, &s.workspace, history, log)
         .await;

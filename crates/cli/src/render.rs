@@ -194,15 +194,9 @@ impl<O: Write + Send, E: Write + Send> Human<O, E> {
                 let _ = writeln!(self.err, "cordon: {}", printable_lines(&message));
             }
             AgentEvent::PlanUpdated { plan } => {
-                use cordon_tools::update_plan::StepStatus;
                 let mut text = format!("  plan, {} of {} done:", plan.done(), plan.plan.len());
                 for s in &plan.plan {
-                    let mark = match s.status {
-                        StepStatus::Completed => "✓",
-                        StepStatus::InProgress => "▸",
-                        StepStatus::Pending => "○",
-                    };
-                    text.push_str(&format!("\n    {mark} {}", s.step));
+                    text.push_str(&format!("\n    {} {}", s.status.mark(), s.step));
                 }
                 self.note(&text);
             }

@@ -9,7 +9,7 @@ use crate::{ToolContext, ToolOutput};
 /// Parses `input` as `T`. On failure the error output names the tool, says
 /// what was wrong (serde's message names the field and the expected type)
 /// and repeats the schema so the model can retry with valid arguments.
-pub(crate) fn parse<T: DeserializeOwned>(
+pub fn parse<T: DeserializeOwned>(
     tool: &str,
     schema: &Value,
     input: Value,
@@ -27,7 +27,9 @@ pub(crate) fn parse<T: DeserializeOwned>(
     serde_json::from_value(input).map_err(|e| invalid(tool, schema, &e.to_string()))
 }
 
-fn invalid(tool: &str, schema: &Value, why: &str) -> ToolOutput {
+/// The error output for arguments `tool` cannot take, and why: with the
+/// schema to call it again with.
+pub fn invalid(tool: &str, schema: &Value, why: &str) -> ToolOutput {
     ToolOutput::error(format!(
         "Invalid arguments for `{tool}`: {why}. Call it again with arguments matching this schema: {schema}"
     ))

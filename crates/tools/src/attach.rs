@@ -8,7 +8,7 @@
 //! user's own, opened as they typed it.
 
 use std::io::Read;
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 
 use base64::Engine;
 
@@ -39,18 +39,14 @@ pub fn read(path: &Path, cwd: &Path, workspace: &Path) -> Result<Image, AttachEr
         path: shown.clone(),
         why,
     };
-    let absolute = normalize(&cwd.join(path));
-    let root = std::fs::canonicalize(workspace).unwrap_or_else(|_| normalize(workspace));
-    let (file, size) = match absolute
-        .strip_prefix(&root)
-        .or_else(|_| absolute.strip_prefix(workspace))
-    {
-        Ok(inside) => {
+    let absolute = cwd.join(path);
+    let (file, size) = match crate::workspace::beneath(workspace, &absolute) {
+        Some(inside) => {
             let ws = Workspace::open(workspace).map_err(|e| err(e.to_string()))?;
             let rel = WsPath::parse(&inside.to_string_lossy()).map_err(|e| err(e.to_string()))?;
             ws.open_read(&rel).map_err(|e| err(e.to_string()))?
         }
-        Err(_) => {
+        None => {
             let f = std::fs::File::open(&absolute).map_err(|e| err(e.to_string()))?;
             let meta = f.metadata().map_err(|e| err(e.to_string()))?;
             if !meta.is_file() {
@@ -92,22 +88,6 @@ pub fn media_type(bytes: &[u8]) -> Option<&'static str> {
     } else {
         None
     }
-}
-
-/// `p` with `.` and `..` resolved by name, links not followed: where the
-/// user pointed, to tell whether it is in the workspace.
-fn normalize(p: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::CurDir => {}
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ pub mod update_plan;
 pub mod web_fetch;
 pub mod write_file;
 
-mod args;
+pub mod args;
 mod net;
 mod output;
 pub mod walk;
@@ -42,7 +42,7 @@ mod workspace;
 
 pub use cordon_sandbox::{Accel, BackendKind, Display, parse_size};
 pub use output::{HeadTail, plural, printable, printable_lines};
-pub use workspace::{Workspace, WorkspaceError, WsPath};
+pub use workspace::{Workspace, WorkspaceError, WsPath, beneath};
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -33,6 +33,17 @@ pub enum StepStatus {
     Completed,
 }
 
+impl StepStatus {
+    /// The mark a front end shows the step with: done, now, to do.
+    pub fn mark(self) -> &'static str {
+        match self {
+            StepStatus::Completed => "✓",
+            StepStatus::InProgress => "▸",
+            StepStatus::Pending => "○",
+        }
+    }
+}
+
 /// One step of a plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -179,12 +190,7 @@ fn update(input: Value) -> ToolOutput {
     };
     let plan = match Plan::parse(input) {
         Ok(p) => p,
-        Err(why) => {
-            return ToolOutput::error(format!(
-                "Invalid arguments for `{NAME}`: {why}. Call it again with arguments matching this schema: {}",
-                schema()
-            ));
-        }
+        Err(why) => return args::invalid(NAME, &schema(), &why),
     };
     let text = match (plan.plan.len(), plan.current()) {
         (0, _) => "Plan cleared.".to_string(),

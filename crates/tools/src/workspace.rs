@@ -141,6 +141,39 @@ const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGIC
 /// How often an open is retried when the kernel reports a racing rename.
 const RETRIES: usize = 64;
 
+/// Where a host `path` (absolute) lies beneath the host directory
+/// `root`, judged by name: `.` and `..` resolved lexically and no link
+/// followed, so that a link the sandbox planted cannot take the path out of
+/// the workspace before it is checked. `None`: the path is elsewhere, the
+/// user's own. For host code that opens a path the user named (`exec -o`,
+/// `--attach`): one beneath the workspace must then be opened through
+/// [`Workspace`].
+pub fn beneath(root: &Path, path: &Path) -> Option<PathBuf> {
+    let path = lexical(path);
+    [
+        std::path::absolute(root).ok().map(|r| lexical(&r)),
+        root.canonicalize().ok(),
+    ]
+    .into_iter()
+    .flatten()
+    .find_map(|r| path.strip_prefix(&r).ok().map(Path::to_path_buf))
+}
+
+/// `p` with `.` and `..` resolved by name.
+fn lexical(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 impl Workspace {
     pub fn open(host_root: &Path) -> Result<Workspace, WorkspaceError> {
         let root = rustix::fs::open(

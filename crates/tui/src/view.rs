@@ -93,16 +93,10 @@ fn plan_rows(app: &App, height: u16) -> u16 {
 /// The first step shown when not all fit: the one in progress (or the
 /// first not done) stays in view, with one done step above it.
 fn plan_window(plan: &Plan, shown: usize) -> usize {
-    let focus = plan
-        .plan
-        .iter()
-        .position(|s| s.status != StepStatus::Completed)
+    let at = |want: fn(StepStatus) -> bool| plan.plan.iter().position(|s| want(s.status));
+    let focus = at(|s| s == StepStatus::InProgress)
+        .or_else(|| at(|s| s != StepStatus::Completed))
         .unwrap_or(plan.plan.len());
-    let focus = plan
-        .plan
-        .iter()
-        .position(|s| s.status == StepStatus::InProgress)
-        .unwrap_or(focus);
     focus
         .saturating_sub(1)
         .min(plan.plan.len().saturating_sub(shown))
@@ -128,14 +122,14 @@ fn draw_plan(f: &mut Frame<'_>, app: &App, area: Rect) {
         .skip(first)
         .take(shown)
         .map(|s| {
-            let (mark, style) = match s.status {
-                StepStatus::Completed => ("✓ ", theme::dim()),
-                StepStatus::InProgress => ("▸ ", theme::running().add_modifier(Modifier::BOLD)),
-                StepStatus::Pending => ("○ ", Style::default()),
+            let style = match s.status {
+                StepStatus::Completed => theme::dim(),
+                StepStatus::InProgress => theme::running().add_modifier(Modifier::BOLD),
+                StepStatus::Pending => Style::default(),
             };
             // Steps are the model's text.
             Line::from(vec![
-                Span::styled(mark, style),
+                Span::styled(format!("{} ", s.status.mark()), style),
                 Span::styled(printable(&s.step), style),
             ])
         })

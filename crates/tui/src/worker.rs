@@ -381,14 +381,15 @@ impl State {
             )
             // The user can always be asked: about every call with
             // approval ask, about what a rule says to ask with auto.
-            .approval(
-                self.approver
+            .oversight(cordon_agent::Oversight {
+                approver: self
+                    .approver
                     .as_ref()
                     .map(|a| a.clone() as Arc<dyn Approver>),
-                self.cfg.approval == ApprovalMode::Ask,
-            )
-            .rules(self.cfg.rules.clone())
-            .hooks(self.cfg.hooks.clone())
+                ask_all: self.cfg.approval == ApprovalMode::Ask,
+                rules: self.cfg.rules.clone(),
+                hooks: self.cfg.hooks.clone(),
+            })
             .mode(self.cfg.mode)
     }
 

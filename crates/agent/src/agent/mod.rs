@@ -38,7 +38,7 @@ use cordon_tools::{ToolContext, Toolbox};
 
 pub use cancel::Cancel;
 pub use event::{AgentError, AgentEvent, Compaction, TurnOutcome, tool_failed};
-pub use tools::{Approval, Approver, tool_specs};
+pub use tools::{Approval, Approver, Oversight, tool_specs};
 
 /// What the loop needs besides the conversation.
 #[derive(Debug, Clone)]
@@ -134,7 +134,6 @@ pub struct Agent {
     tools: Toolbox,
     ctx: ToolContext,
     config: AgentConfig,
-    approver: Option<Arc<dyn Approver>>,
     history: Vec<Message>,
     log: Arc<Recorder>,
     /// The workspace's files at the start and after each turn, when the
@@ -151,13 +150,8 @@ pub struct Agent {
     usage: Usage,
     /// Its `task` helpers' shared state, when it has the tool.
     helpers: Option<Arc<crate::task::Helpers>>,
-    /// The user's command rules: allow, ask or deny by a command's words.
-    rules: crate::rules::Rules,
-    /// Whether every call is asked about (`--approval ask`), or only
-    /// those a rule says to ask about.
-    ask_all: bool,
-    /// The user's hooks around tool calls and at the end of a turn.
-    hooks: crate::hooks::Hooks,
+    /// Who approves calls, the command rules and the hooks.
+    oversight: Oversight,
     /// Working, or planning with read-only tools.
     mode: Mode,
 }
@@ -209,7 +203,6 @@ impl Agent {
             tools,
             ctx,
             config,
-            approver: None,
             history: Vec::new(),
             log: Arc::default(),
             checkpoints: None,
@@ -218,9 +211,7 @@ impl Agent {
             ratio: 1.0,
             usage: Usage::default(),
             helpers: None,
-            rules: crate::rules::Rules::default(),
-            ask_all: false,
-            hooks: crate::hooks::Hooks::default(),
+            oversight: Oversight::default(),
             mode: Mode::Work,
         }
     }
@@ -255,37 +246,19 @@ impl Agent {
         self.helpers = Some(helpers);
     }
 
-    /// Asks `approver` before every tool call from now on (`None`: run all
-    /// that no rule stops).
+    /// Asks `approver` before every tool call from now on (`None`: run all).
     pub fn set_approver(&mut self, approver: Option<Arc<dyn Approver>>) {
-        self.ask_all = approver.is_some();
-        self.approver = approver;
+        self.oversight = Oversight::asking(approver);
     }
 
-    /// Who answers approvals, and whether every call is asked (`false`:
-    /// only those a rule says to ask about).
-    pub fn set_approval(&mut self, approver: Option<Arc<dyn Approver>>, ask_all: bool) {
-        self.approver = approver;
-        self.ask_all = ask_all && self.approver.is_some();
+    /// Who approves calls, the command rules and the hooks, from now on.
+    pub fn set_oversight(&mut self, oversight: Oversight) {
+        self.oversight = oversight;
     }
 
     /// Working or planning, from the next request on.
     pub fn set_mode(&mut self, mode: Mode) {
         self.mode = mode;
-    }
-
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
-    /// The user's hooks (`[[hooks]]`) from now on.
-    pub fn set_hooks(&mut self, hooks: crate::hooks::Hooks) {
-        self.hooks = hooks;
-    }
-
-    /// The command rules that decide shell commands' approval.
-    pub fn set_rules(&mut self, rules: crate::rules::Rules) {
-        self.rules = rules;
     }
 
     /// Records the conversation in `log` from now on, and the workspace's
@@ -367,6 +340,15 @@ impl Agent {
         match self.mode {
             Mode::Work => tool_specs(&self.tools),
             Mode::Plan => tool_specs(&self.tools.read_only()),
+        }
+    }
+
+    /// How many tools [`Agent::specs`] would offer: cheap, to see
+    /// whether they changed without making their schemas again.
+    fn offered(&self) -> usize {
+        match self.mode {
+            Mode::Work => self.tools.available_count(),
+            Mode::Plan => self.tools.read_only().available_count(),
         }
     }
 
@@ -453,7 +435,7 @@ impl Agent {
         for step in 1..=self.config.max_steps {
             // A tool that stopped working mid-turn (an MCP server that
             // died) is no longer offered from the next request on.
-            if tools.len() != self.specs().len() {
+            if tools.len() != self.offered() {
                 tools = self.specs();
             }
             emit(AgentEvent::TurnStarted { step });
@@ -554,9 +536,10 @@ impl Agent {
                 }
                 // A stop hook may send the model on (`exit 2`), a few times.
                 if stop_continuations < crate::hooks::MAX_STOP_CONTINUATIONS
-                    && self.hooks.any(HookEvent::Stop, None)
+                    && self.oversight.hooks.any(HookEvent::Stop, None)
                 {
                     let said = self
+                        .oversight
                         .hooks
                         .run(&self.ctx.sandbox, HookEvent::Stop, None, Some(&text))
                         .await;

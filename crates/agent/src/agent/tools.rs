@@ -2,6 +2,7 @@
 //! run of read-only calls together), their output streamed as it comes,
 //! and one result per call whatever happens.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,31 @@ pub trait Approver: Send + Sync {
         name: &'a str,
         input: &'a Value,
     ) -> futures_util::future::BoxFuture<'a, Approval>;
+}
+
+/// The user's say over which calls run and what happens around them:
+/// who is asked, whether about every call, their command rules and their
+/// hooks. One value, given to a conversation's agents and its helpers.
+#[derive(Clone, Default)]
+pub struct Oversight {
+    /// Who answers approvals; `None`: nobody can be asked (`exec`).
+    pub approver: Option<Arc<dyn Approver>>,
+    /// Every call is asked about (`--approval ask`), or only those a rule
+    /// says to ask about. Without an approver, nothing is.
+    pub ask_all: bool,
+    pub rules: crate::rules::Rules,
+    pub hooks: crate::hooks::Hooks,
+}
+
+impl Oversight {
+    /// Every call asked of `approver` (`None`: none asked).
+    pub fn asking(approver: Option<Arc<dyn Approver>>) -> Oversight {
+        Oversight {
+            ask_all: approver.is_some(),
+            approver,
+            ..Oversight::default()
+        }
+    }
 }
 
 const CANCELLED: &str = "The user cancelled this tool call before it finished.";
@@ -88,16 +114,16 @@ impl Agent {
                     verdicts.push(Err(super::NOT_IN_PLAN_MODE.to_string()));
                     continue;
                 }
-                let ask = match self.rules.verdict(name, input) {
+                let ask = match self.oversight.rules.verdict(name, input) {
                     Some(Verdict::Deny(why)) => {
                         verdicts.push(Err(why));
                         continue;
                     }
                     Some(Verdict::Allow) => false,
                     Some(Verdict::Ask) => true,
-                    None => self.ask_all,
+                    None => self.oversight.ask_all,
                 };
-                let mut verdict = match (&self.approver, ask) {
+                let mut verdict = match (&self.oversight.approver, ask) {
                     (_, false) => Ok(()),
                     (None, true) => Err(NO_ONE_TO_ASK.to_string()),
                     (Some(approver), true) => tokio::select! {
@@ -110,7 +136,7 @@ impl Agent {
                     },
                 };
                 // The user's before_tool hooks have the last word.
-                if verdict.is_ok() && self.hooks.any(HookEvent::BeforeTool, Some(name)) {
+                if verdict.is_ok() && self.oversight.hooks.any(HookEvent::BeforeTool, Some(name)) {
                     let call = ToolCall {
                         id,
                         name,
@@ -121,7 +147,7 @@ impl Agent {
                     let said = tokio::select! {
                         biased;
                         _ = cancel.cancelled() => break,
-                        s = self.hooks.run(&self.ctx.sandbox, HookEvent::BeforeTool, Some(call), None) => s,
+                        s = self.oversight.hooks.run(&self.ctx.sandbox, HookEvent::BeforeTool, Some(call), None) => s,
                     };
                     super::report_failures(journal, HookEvent::BeforeTool, said.failures);
                     if let Some(reason) = said.block {
@@ -205,7 +231,7 @@ impl Agent {
             }
             let mut outputs = outputs;
             for ((id, name, input), (out, _)) in batch.iter().zip(outputs.iter_mut()) {
-                if !self.hooks.any(HookEvent::AfterTool, Some(name)) {
+                if !self.oversight.hooks.any(HookEvent::AfterTool, Some(name)) {
                     continue;
                 }
                 let call = ToolCall {
@@ -216,6 +242,7 @@ impl Agent {
                     is_error: Some(out.is_error),
                 };
                 let said = self
+                    .oversight
                     .hooks
                     .run(&self.ctx.sandbox, HookEvent::AfterTool, Some(call), None)
                     .await;
