@@ -233,6 +233,29 @@ fn a_listed_name_resolving_to_loopback_is_refused(t: &Ctx) {
 }
 attack!(a_listed_name_resolving_to_loopback_is_refused);
 
+/// `cordon exec ARGS` in `ws` as a user whose home is `home`, against the
+/// scripted model `server`, with nothing else of this environment.
+fn exec_as_user(
+    ws: &std::path::Path,
+    home: &std::path::Path,
+    server: &cordon_testkit::ScriptedServer,
+    args: &[&str],
+) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
+        .arg("exec")
+        .args(args)
+        .current_dir(ws)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("ANTHROPIC_BASE_URL", server.url())
+        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
+        .output()
+        .unwrap()
+}
+
 /// Through `cordon exec`: the model is told what it may reach, and a
 /// refused connection is a line in the tool's result it can act on.
 #[test]
@@ -249,18 +272,12 @@ fn the_model_sees_the_policy_and_each_refusal() {
             ))
             .turn(Turn::text("It was refused.").expect_tool_results(["b1"])),
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
-        .args(["exec", "--json", "--allow", "@python", "fetch it"])
-        .current_dir(ws.path())
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home.path())
-        .env("XDG_CONFIG_HOME", home.path().join("config"))
-        .env("XDG_DATA_HOME", home.path().join("data"))
-        .env("ANTHROPIC_BASE_URL", server.url())
-        .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
-        .output()
-        .unwrap();
+    let out = exec_as_user(
+        ws.path(),
+        home.path(),
+        &server,
+        &["--json", "--allow", "@python", "fetch it"],
+    );
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -359,21 +376,8 @@ fn web_fetch_reads_what_the_policy_allows_and_nothing_else() {
     let ws = tempfile::tempdir().unwrap();
     let home = tempfile::tempdir().unwrap();
     let port = web_site();
-    let run = |server: &ScriptedServer, args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_cordon"))
-            .arg("exec")
-            .args(args)
-            .current_dir(ws.path())
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", home.path())
-            .env("XDG_CONFIG_HOME", home.path().join("config"))
-            .env("XDG_DATA_HOME", home.path().join("data"))
-            .env("ANTHROPIC_BASE_URL", server.url())
-            .env("ANTHROPIC_API_KEY", "sk-test-key-0000000000")
-            .output()
-            .unwrap()
-    };
+    let run =
+        |server: &ScriptedServer, args: &[&str]| exec_as_user(ws.path(), home.path(), server, args);
 
     let site = format!("http://127.0.0.1:{port}");
     let fetch = |id: &str, args: serde_json::Value| (id.to_string(), args);
