@@ -44,6 +44,7 @@ preamble.";
 pub struct Helpers {
     started: AtomicU32,
     usage: Mutex<Usage>,
+    /// The caller's model in its current turn (it may change by `/model`).
     model: Mutex<String>,
 }
 
@@ -104,7 +105,6 @@ impl Task {
         // Depth 1 is the helper's; with MAX_DEPTH 1 it has no helpers.
         debug_assert_eq!(MAX_DEPTH, 1);
         tools.remove(NAME);
-        *helpers.model.lock().unwrap_or_else(|p| p.into_inner()) = config.model.clone();
         Task {
             provider,
             config: AgentConfig {
