@@ -23,8 +23,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::catalog::{OfferedImage, own_record};
-use crate::http::{ApiError, ApiResult, Tenant, plausible_id, read_json};
+use crate::http::{ApiError, ApiResult, Tenant, read_json};
 use crate::job::ImageName;
+use crate::owner::Owner;
 use crate::state::Shared;
 use crate::store::{ImageOrigin, OwnImage};
 
@@ -120,9 +121,9 @@ pub(crate) async fn create_image(
     let image = match (new.pull, new.session, new.job) {
         (Some(reference), None, None) => pull(&shared, &tenant, &new.name, &reference).await?,
         (None, Some(session), None) => {
-            snapshot(&shared, &tenant, &new.name, Owner::Session(&session)).await?
+            snapshot(&shared, &tenant, &new.name, Owner::Session(session)).await?
         }
-        (None, None, Some(job)) => snapshot(&shared, &tenant, &new.name, Owner::Job(&job)).await?,
+        (None, None, Some(job)) => snapshot(&shared, &tenant, &new.name, Owner::Job(job)).await?,
         _ => {
             return Err(ApiError::bad_request(
                 "give exactly one of `pull` (a reference), `session` or `job` (a running \
@@ -151,7 +152,7 @@ pub(crate) async fn snapshot_session(
 ) -> ApiResult<Response> {
     let req: SnapshotRequest = read_json(&body?)?;
     shared.images.check_own_name(&tenant, &req.name)?;
-    let image = snapshot(&shared, &tenant, &req.name, Owner::Session(&id)).await?;
+    let image = snapshot(&shared, &tenant, &req.name, Owner::Session(id)).await?;
     Ok((StatusCode::CREATED, Json(image)).into_response())
 }
 
@@ -219,32 +220,15 @@ async fn pull(
         .await
 }
 
-/// A sandbox a tenant may snapshot.
-enum Owner<'a> {
-    Session(&'a str),
-    Job(&'a str),
-}
-
 async fn snapshot(
     shared: &Shared,
     tenant: &str,
     name: &ImageName,
-    owner: Owner<'_>,
+    owner: Owner,
 ) -> ApiResult<OwnImage> {
-    let (id, key, what) = match owner {
-        Owner::Session(id) => (id, format!("session/{id}"), "session"),
-        Owner::Job(id) => (id, format!("job/{id}"), "job"),
-    };
-    // Another tenant's is as absent as a missing one.
-    let found = plausible_id(id)
-        && match owner {
-            Owner::Session(_) => shared.store.session(tenant, id).await?.is_some(),
-            Owner::Job(_) => shared.store.job(tenant, id).await?.is_some(),
-        };
-    if !found {
-        return Err(ApiError::not_found(what));
-    }
-    let sandbox = shared.sandboxes.get(&key).ok_or_else(|| {
+    let what = owner.noun();
+    crate::owned::find(shared, tenant, &owner).await?;
+    let sandbox = shared.sandboxes.get(&owner).ok_or_else(|| {
         ApiError::new(
             StatusCode::CONFLICT,
             "not_running",
@@ -268,7 +252,7 @@ async fn snapshot(
     .await
     .map_err(ApiError::internal)?
     .map_err(|e| ApiError::bad_request(format!("cannot snapshot the {what}: {e}")))?;
-    let origin = ImageOrigin::Snapshot(id.to_string());
+    let origin = ImageOrigin::Snapshot(owner.id().to_string());
     shared
         .images
         .keep(&shared.store, tenant, name, image, origin)

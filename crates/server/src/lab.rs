@@ -29,6 +29,7 @@ use cordon_lab::{Forward, Site, StartError, Upstream};
 use serde::Serialize;
 
 use crate::http::ApiError;
+use crate::owner::Owner;
 use crate::sandboxes::{LabSlot, Sandboxes};
 
 /// The policy the bearer route's answers carry: a browser made to render
@@ -50,22 +51,22 @@ pub struct LabOpened {
 }
 
 /// Where `owner`'s Lab is served, on either origin: `/v1/jobs/ID/lab/`.
-pub(crate) fn base(owner: &str) -> String {
-    format!("/v1/{owner}/lab/")
+pub(crate) fn base(owner: &Owner) -> String {
+    format!("/v1/{}/lab/", owner.path())
 }
 
-/// The Lab of the sandbox listed under `key` (`jobs/ID` → `job/ID`), started
-/// now if it is not yet; its listener binds `ip`.
+/// The Lab of `owner`'s listed sandbox, started now if it is not yet; its
+/// listener binds `ip`.
 pub(crate) async fn open(
     sandboxes: &Sandboxes,
-    key: &str,
-    base: &str,
+    owner: &Owner,
     ip: IpAddr,
     tls: Option<&cordon_listen::Tls>,
     gone: impl Fn() -> ApiError,
 ) -> Result<Arc<Site>, ApiError> {
-    let opening = sandboxes.lab(key).ok_or_else(&gone)?;
+    let opening = sandboxes.lab(owner).ok_or_else(&gone)?;
     let sandbox = opening.sandbox.clone();
+    let base = &base(owner);
     let site = opening
         .lab
         .get_or_try_init(|| async {
@@ -73,14 +74,14 @@ pub(crate) async fn open(
                 // The job may end while its Lab starts: that is the client's
                 // race to lose (409), not the server failing (503).
                 let exited = matches!(e, StartError::Sandbox(cordon_sandbox::Error::Gone));
-                if exited || sandboxes.get(key).is_none() {
+                if exited || sandboxes.get(owner).is_none() {
                     gone()
                 } else {
                     unavailable(e)
                 }
             })?;
             let site = listen(ip, tls, Arc::new(Upstream::new(sandbox)), base).await?;
-            tracing::info!("{key}: JupyterLab at {}", site.addr());
+            tracing::info!("{owner}: JupyterLab at {}", site.addr());
             Ok::<_, ApiError>(site)
         })
         .await?;
@@ -107,7 +108,7 @@ async fn listen(
 
 /// The Labs this process serves for jobs that run on other workers, by
 /// job id. One per running job at most, as on the job's own worker; each
-/// is closed when its job stops running there (see `jobs::lab`).
+/// is closed when its job stops running there (see `owned::lab`).
 #[derive(Default)]
 pub(crate) struct RemoteLabs(Mutex<HashMap<String, LabSlot>>);
 
@@ -117,7 +118,6 @@ impl RemoteLabs {
     pub(crate) async fn open<F, Fut>(
         &self,
         id: &str,
-        base: &str,
         ip: IpAddr,
         tls: Option<&cordon_listen::Tls>,
         upstream: F,
@@ -131,7 +131,8 @@ impl RemoteLabs {
         let opened = slot
             .get_or_try_init(|| async {
                 let upstream = upstream().await?;
-                let site = listen(ip, tls, upstream, base)
+                let base = base(&Owner::Job(id.to_string()));
+                let site = listen(ip, tls, upstream, &base)
                     .await
                     .map_err(IntoResponse::into_response)?;
                 tracing::info!("job {id}: its worker's JupyterLab at {}", site.addr());

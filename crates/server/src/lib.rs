@@ -12,7 +12,8 @@
 //! the ones before it, so nothing imports in a circle (a test checks it).
 //!
 //! - Data: `job` (the request, checked once, its states and results),
-//!   `store` (the database), `hub` (live events).
+//!   `owner` (what owns a sandbox: a job or a session), `store` (the
+//!   database), `hub` (live events).
 //! - HTTP plumbing: `http` (the error answer, the tenant of a token, typed
 //!   bodies, ids and times); `cluster` (the key the processes of one
 //!   deployment sign relayed requests with).
@@ -34,7 +35,8 @@
 //! - `relay`: a job's requests sent on to the worker that runs it, and a
 //!   worker's check of what it is sent.
 //! - Resources, one module each: `health`, `ui`, `docs`, `mcp`, `jobs`,
-//!   `sessions`, `tokens`, `credentials` (the tenants' git logins),
+//!   `sessions`, `owned` (what a job or session owns: files, network,
+//!   desktop, Lab, served once over an `owner`), `tokens`, `credentials` (the tenants' git logins),
 //!   `tenants`, `images` (the catalog as a tenant sees it, and the
 //!   tenant's own images: pulled, snapshotted, built by `build` jobs).
 //! - On top: `openapi` (the document, from the resources' types and
@@ -62,6 +64,8 @@ mod mcp;
 pub mod metrics;
 pub mod network;
 pub mod openapi;
+mod owned;
+mod owner;
 mod relay;
 pub mod repos;
 mod routes;
@@ -84,6 +88,7 @@ pub use store::Store;
 /// The crate's modules, lowest first: each may use only those before it.
 pub const LAYERS: &[&str] = &[
     "job",
+    "owner",
     "store",
     "hub",
     "http",
@@ -109,6 +114,7 @@ pub const LAYERS: &[&str] = &[
     "mcp",
     "jobs",
     "sessions",
+    "owned",
     "tokens",
     "credentials",
     "tenants",

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use cordon_agent::{Cancel, Conversation};
 
+use crate::owner::Owner;
+
 /// A session in use: its conversation (the agent with its log, the
 /// operator's MCP servers, the sandbox).
 pub(crate) struct Live {
@@ -75,7 +77,7 @@ impl LiveSessions {
                 continue;
             };
             if let Some(live) = guard.take() {
-                sandboxes.unlist(&sandbox_key(&id));
+                sandboxes.unlist(&Owner::Session(id.clone()));
                 live.close().await;
             }
         }
@@ -97,7 +99,7 @@ impl LiveSessions {
             };
             // A Lab in use keeps its session's sandbox.
             let lab_idle = sandboxes
-                .lab_idle(&sandbox_key(&id))
+                .lab_idle(&Owner::Session(id.clone()))
                 .unwrap_or(Duration::MAX);
             if guard
                 .as_ref()
@@ -105,14 +107,9 @@ impl LiveSessions {
                 && let Some(live) = guard.take()
             {
                 tracing::debug!("closing idle session {id}");
-                sandboxes.unlist(&sandbox_key(&id));
+                sandboxes.unlist(&Owner::Session(id.clone()));
                 live.close().await;
             }
         }
     }
-}
-
-/// Where a session's sandbox is listed (for its live view and Lab).
-pub(crate) fn sandbox_key(id: &str) -> String {
-    format!("session/{id}")
 }

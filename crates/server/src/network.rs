@@ -22,6 +22,7 @@ use cordon_net::{
 use serde::{Deserialize, Serialize};
 
 use crate::http::ApiError;
+use crate::owner::Owner;
 
 /// The operator's ceilings, as configured (entries as written).
 #[derive(Debug, Clone, Default)]
@@ -262,22 +263,22 @@ impl NetworkView {
     }
 }
 
-/// The live policies of running jobs (`job/ID`) and live sessions
-/// (`session/ID`) in this process.
+/// The live policies of running jobs and live sessions in this process,
+/// by [`Owner`].
 #[derive(Default, Clone)]
 pub struct LivePolicies(Arc<Mutex<Registry>>);
 
 #[derive(Default)]
 struct Registry {
     next: u64,
-    by_key: HashMap<String, (u64, PolicyHandle)>,
+    by_key: HashMap<Owner, (u64, PolicyHandle)>,
 }
 
 /// A policy's place in the registry, removed when dropped (unless another
 /// has taken the key since).
 pub struct Listed {
     policies: LivePolicies,
-    key: String,
+    owner: Owner,
     id: u64,
 }
 
@@ -285,10 +286,10 @@ impl Drop for Listed {
     fn drop(&mut self) {
         let mut r = self.policies.lock();
         if r.by_key
-            .get(&self.key)
+            .get(&self.owner)
             .is_some_and(|(id, _)| *id == self.id)
         {
-            r.by_key.remove(&self.key);
+            r.by_key.remove(&self.owner);
         }
     }
 }
@@ -298,20 +299,20 @@ impl LivePolicies {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn list(&self, key: String, handle: PolicyHandle) -> Listed {
+    pub fn list(&self, owner: Owner, handle: PolicyHandle) -> Listed {
         let mut r = self.lock();
         r.next += 1;
         let id = r.next;
-        r.by_key.insert(key.clone(), (id, handle));
+        r.by_key.insert(owner.clone(), (id, handle));
         Listed {
             policies: self.clone(),
-            key,
+            owner,
             id,
         }
     }
 
-    pub fn get(&self, key: &str) -> Option<PolicyHandle> {
-        self.lock().by_key.get(key).map(|(_, h)| h.clone())
+    pub fn get(&self, owner: &Owner) -> Option<PolicyHandle> {
+        self.lock().by_key.get(owner).map(|(_, h)| h.clone())
     }
 }
 
@@ -319,16 +320,6 @@ impl LivePolicies {
 /// rules (plain, as [`settle`] made them).
 pub fn stored_policy(spec: &PolicySpec) -> Option<Policy> {
     Policy::parse(&spec.allow, spec.allow_private).ok()
-}
-
-/// The registry's key of a running job.
-pub fn job_key(id: &str) -> String {
-    format!("job/{id}")
-}
-
-/// The registry's key of a live session.
-pub fn session_key(id: &str) -> String {
-    format!("session/{id}")
 }
 
 /// A `PUT .../network` body: a JSON object with `allow` (and

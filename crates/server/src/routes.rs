@@ -11,8 +11,8 @@ use axum::middleware;
 use axum::routing::{any, get, post};
 
 use crate::http::ApiError;
-use crate::jobs;
 use crate::state::Shared;
+use crate::{jobs, owned};
 
 pub fn router(shared: Arc<Shared>) -> Router {
     let file_limit = shared.config.file_limit;
@@ -32,14 +32,15 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/jobs/{id}/events", get(jobs::job_events))
         .route(
             "/v1/jobs/{id}/network",
-            get(jobs::get_job_network).put(jobs::put_job_network),
+            get(owned::get_job_network).put(owned::put_job_network),
         )
-        .route("/v1/jobs/{id}/lab", post(jobs::open_job_lab))
+        .route("/v1/jobs/{id}/lab", post(owned::open_job_lab))
         .merge(relayed)
+        .merge(sessions_own(file_limit))
         .route("/schedule", post(jobs::schedule))
         .route("/status", get(jobs::status_by_query))
         .route("/status/{id}", get(jobs::status))
-        .merge(crate::sessions::routes(file_limit))
+        .merge(crate::sessions::routes())
         .merge(crate::tokens::routes())
         .merge(crate::credentials::routes())
         .merge(crate::tenants::routes())
@@ -59,15 +60,35 @@ pub fn router(shared: Arc<Shared>) -> Router {
 /// the job's worker (see [`crate::relay`]).
 fn job_on_its_worker(file_limit: usize) -> Router<Arc<Shared>> {
     Router::new()
-        .route("/v1/jobs/{id}/vnc", get(jobs::job_vnc))
-        .route("/v1/jobs/{id}/lab/", any(jobs::job_lab))
-        .route("/v1/jobs/{id}/lab/{*path}", any(jobs::job_lab))
-        .route("/v1/jobs/{id}/files", get(jobs::list_root))
+        .route("/v1/jobs/{id}/vnc", get(owned::job_vnc))
+        .route("/v1/jobs/{id}/lab/", any(owned::job_lab))
+        .route("/v1/jobs/{id}/lab/{*path}", any(owned::job_lab))
+        .route("/v1/jobs/{id}/files", get(owned::list_job_root))
         .route(
             "/v1/jobs/{id}/files/{*path}",
-            get(jobs::get_file)
-                .put(jobs::put_file)
+            get(owned::get_job_file)
+                .put(owned::put_job_file)
                 .layer(DefaultBodyLimit::max(file_limit)),
+        )
+}
+
+/// What a session owns: its files, desktop, Lab and network.
+fn sessions_own(file_limit: usize) -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/v1/sessions/{id}/files", get(owned::list_session_root))
+        .route(
+            "/v1/sessions/{id}/files/{*path}",
+            get(owned::get_session_file)
+                .put(owned::put_session_file)
+                .layer(DefaultBodyLimit::max(file_limit)),
+        )
+        .route("/v1/sessions/{id}/vnc", get(owned::session_vnc))
+        .route("/v1/sessions/{id}/lab", post(owned::open_session_lab))
+        .route("/v1/sessions/{id}/lab/", any(owned::session_lab))
+        .route("/v1/sessions/{id}/lab/{*path}", any(owned::session_lab))
+        .route(
+            "/v1/sessions/{id}/network",
+            get(owned::get_session_network).put(owned::put_session_network),
         )
 }
 

@@ -1,5 +1,4 @@
-//! The sandboxes live in this process, by owner (`job/<id>` or
-//! `session/<id>`): what the live view and the Lab reach while a job runs
+//! The sandboxes live in this process, by [`Owner`]: what the live view and the Lab reach while a job runs
 //! or a session is live. Each one's Lab, once opened, lives in its entry
 //! and ends with it: unlisting a sandbox closes its Lab's listener.
 
@@ -9,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cordon_sandbox::Sandbox;
+
+use crate::owner::Owner;
 
 /// A sandbox's Lab, once opened: its own origin, and the way in.
 pub type LabSlot = Arc<tokio::sync::OnceCell<Arc<cordon_lab::Site>>>;
@@ -41,64 +42,64 @@ impl Drop for Opening {
 
 #[derive(Default)]
 pub struct Sandboxes {
-    live: Mutex<HashMap<String, Entry>>,
+    live: Mutex<HashMap<Owner, Entry>>,
 }
 
 /// Keeps a sandbox listed until dropped.
 pub struct Listed<'a> {
     sandboxes: &'a Sandboxes,
-    key: String,
+    owner: Owner,
 }
 
 impl Drop for Listed<'_> {
     fn drop(&mut self) {
-        self.sandboxes.unlist(&self.key);
+        self.sandboxes.unlist(&self.owner);
     }
 }
 
 impl Sandboxes {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Owner, Entry>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Lists `sandbox` under `key` while the returned guard lives.
-    pub fn list(&self, key: String, sandbox: &Sandbox) -> Listed<'_> {
-        self.insert(key.clone(), sandbox);
+    /// Lists `owner`'s `sandbox` while the returned guard lives.
+    pub fn list(&self, owner: Owner, sandbox: &Sandbox) -> Listed<'_> {
+        self.insert(owner.clone(), sandbox);
         Listed {
             sandboxes: self,
-            key,
+            owner,
         }
     }
 
-    /// Lists `sandbox` under `key` until [`Sandboxes::unlist`].
-    pub fn insert(&self, key: String, sandbox: &Sandbox) {
+    /// Lists `owner`'s `sandbox` until [`Sandboxes::unlist`].
+    pub fn insert(&self, owner: Owner, sandbox: &Sandbox) {
         let entry = Entry {
             sandbox: sandbox.clone(),
             lab: LabSlot::default(),
             opened: Arc::new(Mutex::new(Instant::now())),
             opening: Arc::default(),
         };
-        self.lock().insert(key, entry);
+        self.lock().insert(owner, entry);
     }
 
-    /// Unlists `key`'s sandbox; its Lab, if open, stops listening.
-    pub fn unlist(&self, key: &str) {
-        let gone = self.lock().remove(key);
+    /// Unlists `owner`'s sandbox; its Lab, if open, stops listening.
+    pub fn unlist(&self, owner: &Owner) {
+        let gone = self.lock().remove(owner);
         drop(gone);
     }
 
-    pub fn get(&self, key: &str) -> Option<Sandbox> {
-        self.lock().get(key).map(|e| e.sandbox.clone())
+    pub fn get(&self, owner: &Owner) -> Option<Sandbox> {
+        self.lock().get(owner).map(|e| e.sandbox.clone())
     }
 
-    /// `key`'s sandbox if it has a display.
-    pub fn desktop(&self, key: &str) -> Option<Sandbox> {
-        self.get(key).filter(|s| s.display().is_some())
+    /// `owner`'s sandbox if it has a display.
+    pub fn desktop(&self, owner: &Owner) -> Option<Sandbox> {
+        self.get(owner).filter(|s| s.display().is_some())
     }
 
-    /// `key`'s sandbox and the place of its Lab, in use until dropped.
-    pub fn lab(&self, key: &str) -> Option<Opening> {
-        self.lock().get(key).map(|e| {
+    /// `owner`'s sandbox and the place of its Lab, in use until dropped.
+    pub fn lab(&self, owner: &Owner) -> Option<Opening> {
+        self.lock().get(owner).map(|e| {
             e.opening.fetch_add(1, Ordering::SeqCst);
             Opening {
                 sandbox: e.sandbox.clone(),
@@ -109,12 +110,12 @@ impl Sandboxes {
         })
     }
 
-    /// How long since `key`'s Lab was last opened or asked anything. An
+    /// How long since `owner`'s Lab was last opened or asked anything. An
     /// open Lab page polls, so a session in use by its Lab alone is not
     /// idle.
-    pub fn lab_idle(&self, key: &str) -> Option<Duration> {
+    pub fn lab_idle(&self, owner: &Owner) -> Option<Duration> {
         let live = self.lock();
-        let e = live.get(key)?;
+        let e = live.get(owner)?;
         if e.opening.load(Ordering::SeqCst) > 0 {
             return Some(Duration::ZERO);
         }

@@ -1,12 +1,9 @@
 //! Jobs: queue one, list, show, cancel and delete them, follow their
-//! events, and read and write their workspaces' files; and the seeds'
-//! `/schedule` and `/status` views of the same jobs. Another tenant's job
-//! is as absent as a missing one.
+//! events; and the seeds' `/schedule` and `/status` views of the same
+//! jobs. Another tenant's job is as absent as a missing one. What a job
+//! owns (files, network, desktop, Lab) is served by the `owned` module.
 
-mod desktop;
 mod events;
-mod lab;
-mod network;
 mod view;
 
 use std::sync::Arc;
@@ -18,18 +15,11 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use cordon_tools::Workspace;
 use serde::Deserialize;
 
-pub(crate) use desktop::{__path_job_vnc, job_vnc};
 pub(crate) use events::{__path_job_events, job_events};
-pub(crate) use lab::{__path_job_lab, __path_open_job_lab, job_lab, open_job_lab};
-pub(crate) use network::{
-    __path_get_job_network, __path_put_job_network, get_job_network, put_job_network,
-};
 pub use view::{JobList, JobSummary, JobView, Scheduled};
 
-use crate::files::Listing;
 use crate::http::{ApiError, ApiResult, Tenant, plausible_id, read_json};
 use crate::job::{JobEvent, JobKind, JobRequest, JobSpec, JobState, ShellJob, Text};
 use crate::state::Shared;
@@ -43,44 +33,10 @@ fn full_view(shared: &Shared, job: &JobRow) -> JobView {
     } else {
         shared
             .sandboxes
-            .desktop(&format!("job/{}", job.id))
+            .desktop(&crate::owner::Owner::Job(job.id.clone()))
             .is_some()
     };
     JobView::of(job, live)
-}
-
-/// In a deployment of many processes, whether job's files are this
-/// process's to serve: only a worker's, for the jobs it runs or ran.
-fn served_here(shared: &Shared, job: &JobRow) -> ApiResult<()> {
-    if shared.config.cluster.is_none() {
-        return Ok(());
-    }
-    let id = &job.id;
-    match &job.worker {
-        Some(w) if *w == shared.worker => Ok(()),
-        // Relayed here by an API process whose look at the job is older
-        // than the job's move to another worker.
-        Some(_) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "moved",
-            format!("job {id} has moved to another worker; try again"),
-        )),
-        None => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "not_started",
-            match job.state {
-                JobState::Queued if shared.archive.is_some() => format!(
-                    "job {id} is queued, and its workspace is made on the worker that runs it: \
-                     files written now wait for it in the archive, and can be read once it runs"
-                ),
-                JobState::Queued => format!(
-                    "job {id} is queued, and its workspace is made on the worker that runs it: \
-                     its files can be read and written once it runs"
-                ),
-                _ => format!("job {id} ended without running on a worker: it has no workspace"),
-            },
-        )),
-    }
 }
 
 /// Checks, stores and queues a job; its workspace exists from now on, so
@@ -117,7 +73,7 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
     }
     let id = format!("job_{}", random_hex(12));
     // Split across machines, the workspace is made by the worker that
-    // takes the job (see `served_here`).
+    // takes the job (see `owned::files`).
     if shared.config.cluster.is_none() {
         make_workspace(shared, &id, req.options.disk).await?;
     }
@@ -437,161 +393,6 @@ async fn cancel_running(shared: &Shared, id: &str) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Where a job's files are: its workspace on this machine, or the archive
-/// every process reads.
-enum JobFiles<'s> {
-    Here(Workspace),
-    Archived(&'s crate::archive::Archive),
-}
-
-async fn files_of<'s>(shared: &'s Shared, tenant: &str, id: &str) -> ApiResult<JobFiles<'s>> {
-    let job = find(shared, tenant, id).await?;
-    files_of_job(shared, &job).await
-}
-
-async fn files_of_job<'s>(shared: &'s Shared, job: &JobRow) -> ApiResult<JobFiles<'s>> {
-    let id = &job.id;
-    if job.workspace_removed_ms.is_some() {
-        return Err(ApiError::new(
-            StatusCode::GONE,
-            "gone",
-            format!(
-                "job {id}'s workspace was removed after the job finished (the server keeps \
-                 workspaces for `--keep-workspaces`); its output, events and result are kept \
-                 at /v1/jobs/{id}"
-            ),
-        ));
-    }
-    if let Some(archive) = shared.archived(job) {
-        return Ok(JobFiles::Archived(archive));
-    }
-    served_here(shared, job)?;
-    shared
-        .config
-        .sandboxes()
-        .open_workspace(shared.config.job_dirs().workspace(id))
-        .await
-        .map(JobFiles::Here)
-        .map_err(crate::files::error)
-}
-
-#[utoipa::path(get, path = "/v1/jobs/{id}/files", tag = "jobs", summary = "The workspace's top directory",
-    params(("id" = String, Path)),
-    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 200, body = crate::files::Listing), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse), (status = 409, description = "In a deployment of many machines: the job has not started on a worker yet, or has just moved", body = crate::http::ErrorResponse), (status = 503, description = "The workspace or the archive cannot be read now; try again", body = crate::http::ErrorResponse)))]
-pub(crate) async fn list_root(
-    State(shared): State<Arc<Shared>>,
-    Tenant(tenant): Tenant,
-    Path(id): Path<String>,
-) -> ApiResult<Json<Listing>> {
-    match files_of(&shared, &tenant, &id).await? {
-        JobFiles::Here(ws) => Ok(Json(crate::files::list(&ws, ".")?)),
-        JobFiles::Archived(a) => Ok(Json(crate::files::list_archived(a, &id, ".").await?)),
-    }
-}
-
-/// A file's bytes, or a directory's listing as JSON.
-#[utoipa::path(get, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "A workspace file's bytes, or a directory's listing",
-    params(("id" = String, Path), ("path" = String, Path, description = "Relative to the workspace; `..`, absolute paths and symlinks out are refused")),
-    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 200, response = crate::files::FileAnswer),
-              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job or file", body = crate::http::ErrorResponse),
-              (status = 409, description = "In a deployment of many machines: the job has not started on a worker yet, or has just moved", body = crate::http::ErrorResponse),
-              (status = 413, description = "Larger than the files API serves", body = crate::http::ErrorResponse),
-              (status = 503, description = "The workspace or the archive cannot be read now; try again", body = crate::http::ErrorResponse)))]
-pub(crate) async fn get_file(
-    State(shared): State<Arc<Shared>>,
-    Tenant(tenant): Tenant,
-    Path((id, path)): Path<(String, String)>,
-) -> ApiResult<Response> {
-    let limit = shared.config.file_limit;
-    match files_of(&shared, &tenant, &id).await? {
-        JobFiles::Here(ws) => crate::files::read(&ws, &path, limit),
-        JobFiles::Archived(a) => crate::files::read_archived(a, &id, &path, limit).await,
-    }
-}
-
-#[utoipa::path(put, path = "/v1/jobs/{id}/files/{path}", tag = "jobs", summary = "Write a workspace file (parents are created)",
-    params(("id" = String, Path), ("path" = String, Path)),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream", example = json!("print('hello')\n")),
-    responses((status = 410, description = "The finished job's workspace was removed (`--keep-workspaces`)", body = crate::http::ErrorResponse), (status = 201, description = "Created", body = crate::files::Written),
-              (status = 200, description = "Replaced", body = crate::files::Written),
-              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse), (status = 409, description = "The job's workspace is archived (read-only), or in a deployment of many machines not made yet", body = crate::http::ErrorResponse), (status = 413, description = "Too large", body = crate::http::ErrorResponse)))]
-pub(crate) async fn put_file(
-    State(shared): State<Arc<Shared>>,
-    Tenant(tenant): Tenant,
-    Path((id, path)): Path<(String, String)>,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Response> {
-    let body = crate::http::within(body, shared.config.file_limit)?;
-    let job = find(&shared, &tenant, &id).await?;
-    if let Some(archive) = staging(&shared, &job) {
-        return stage(&shared, archive, &tenant, &id, path, body).await;
-    }
-    match files_of_job(&shared, &job).await? {
-        JobFiles::Here(ws) => crate::files::write(ws, path, body).await,
-        JobFiles::Archived(_) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "archived",
-            format!(
-                "job {id} has finished and its workspace is archived: its files can be read, \
-                 not written"
-            ),
-        )),
-    }
-}
-
-/// Where a file written to a queued job goes in a deployment of many
-/// machines with an archive: no worker has its workspace yet, so the
-/// archive keeps the file until one takes the job.
-fn staging<'s>(shared: &'s Shared, job: &JobRow) -> Option<&'s crate::archive::Archive> {
-    shared.config.cluster.as_ref()?;
-    if job.state != JobState::Queued || job.worker.is_some() {
-        return None;
-    }
-    shared.archive.as_deref()
-}
-
-/// Stages `body` as `path` of queued job `id` (see [`staging`]).
-async fn stage(
-    shared: &Shared,
-    archive: &crate::archive::Archive,
-    tenant: &str,
-    id: &str,
-    path: String,
-    body: Bytes,
-) -> ApiResult<Response> {
-    let p = cordon_tools::WsPath::parse(&path).map_err(crate::files::error)?;
-    let created = archive.stage(id, &p, body).await.map_err(|e| match e {
-        crate::archive::ArchiveError::Staging(why) => ApiError::bad_request(why),
-        e => {
-            tracing::error!(job = %id, "staging a file: {e}");
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "cannot keep the file in the archive; try again",
-            )
-        }
-    })?;
-    // A worker that took the job meanwhile may have looked before the
-    // file came: then it goes, and the client writes it to the worker.
-    let now = find(shared, tenant, id).await?;
-    if staging(shared, &now).is_none() {
-        if let Err(e) = archive.unstage_path(id, &p).await {
-            tracing::warn!(job = %id, "cannot remove a late staged file: {e}");
-        }
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "started",
-            format!("job {id} started while {path} was being written; write it again"),
-        ));
-    }
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(crate::files::Written { path, created })).into_response())
 }
 
 /// A seed's shell job: `{"kind": "shell", "code": ...}`, nothing else.

@@ -303,10 +303,12 @@ impl Runner {
                 ));
             }
             self.policies
-                .list(crate::network::job_key(id), net.policy.clone())
+                .list(crate::owner::Owner::Job(id.to_string()), net.policy.clone())
         });
         // Viewable live while the job runs; unlisted before the sandbox closes.
-        let listed = self.live.list(format!("job/{id}"), &sandbox);
+        let listed = self
+            .live
+            .list(crate::owner::Owner::Job(id.to_string()), &sandbox);
         let deadline = Instant::now() + Duration::from_secs(req.options.timeout_secs);
         let outcome = match req.spec {
             JobSpec::Shell { command } => {

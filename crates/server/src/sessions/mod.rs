@@ -30,9 +30,7 @@ use crate::job::NetworkMode;
 use crate::state::Shared;
 use crate::store::{SessionRow, random_hex};
 
-pub(crate) mod files;
-pub(crate) mod lab;
-pub(crate) mod network;
+mod network;
 mod view;
 mod wake;
 
@@ -41,38 +39,19 @@ pub use view::{
     SessionSummary, SessionView,
 };
 
-use files::{get_file, list_files, put_file};
-use network::{get_network, logged_network, put_network};
+pub(crate) use network::{logged_network, read_log};
+pub(crate) use wake::{take, take_waiting};
 
-use crate::live::sandbox_key;
-use wake::take;
+use crate::owner::Owner;
 
-pub fn routes(file_limit: usize) -> Router<Arc<Shared>> {
+pub fn routes() -> Router<Arc<Shared>> {
     Router::new()
-        .route("/v1/sessions/{id}/files", get(list_files))
-        .route(
-            "/v1/sessions/{id}/files/{*path}",
-            get(get_file)
-                .put(put_file)
-                .layer(axum::extract::DefaultBodyLimit::max(file_limit)),
-        )
         .route("/v1/sessions", post(create).get(list))
         .route("/v1/sessions/{id}", get(show).delete(delete))
         .route("/v1/sessions/{id}/messages", post(message))
         .route("/v1/sessions/{id}/cancel", post(cancel))
         .route("/v1/sessions/{id}/compact", post(compact))
         .route("/v1/sessions/{id}/rewind", post(rewind))
-        .route("/v1/sessions/{id}/vnc", get(vnc))
-        .route("/v1/sessions/{id}/lab", post(lab::open_lab))
-        .route("/v1/sessions/{id}/lab/", axum::routing::any(lab::lab))
-        .route(
-            "/v1/sessions/{id}/lab/{*path}",
-            axum::routing::any(lab::lab),
-        )
-        .route(
-            "/v1/sessions/{id}/network",
-            get(get_network).put(put_network),
-        )
 }
 
 /// A session's `session_started` record, if its log has one.
@@ -87,55 +66,17 @@ fn started_display<'a>(
     started(records)?.display
 }
 
-/// `GET /v1/sessions/{id}/vnc`: the desktop of a session created with a
-/// display, woken if it was idle.
-#[utoipa::path(get, path = "/v1/sessions/{id}/vnc", tag = "sessions",
-    summary = "Live view of a session's desktop (WebSocket carrying RFB)",
-    description = "As `/v1/jobs/{id}/vnc`, for a session created with `display`; an idle session is woken.",
-    params(("id" = String, Path), ("access" = Option<String>, Query, description = "view (default) or control")),
-    responses((status = 101, description = "Switching to the WebSocket"),
-              (status = 400, description = "Bad `access`, or not a WebSocket request", body = crate::http::ErrorResponse),
-              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
-              (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
-              (status = 409, description = "The session has no display, or a turn is waking it", body = crate::http::ErrorResponse)))]
-pub(crate) async fn vnc(
-    State(shared): State<Arc<Shared>>,
-    Tenant(tenant): Tenant,
-    Path(id): Path<String>,
-    params: Result<
-        axum::extract::Query<crate::desktop::VncParams>,
-        axum::extract::rejection::QueryRejection,
-    >,
-    upgrade: Result<
-        axum::extract::ws::WebSocketUpgrade,
-        axum::extract::ws::rejection::WebSocketUpgradeRejection,
-    >,
-) -> Result<Response, ApiError> {
-    let access = crate::desktop::access_of(&params.map_err(crate::desktop::bad_query)?.0)?;
-    let row = find(&shared, &tenant, &id).await?;
-    let sandbox = match shared.sandboxes.desktop(&sandbox_key(&id)) {
-        Some(s) => s,
-        None => {
-            let d = dir(&shared, &id).join("session.jsonl");
-            let has_display = cordon_agent::log::load::<Value>(&d)
-                .ok()
-                .and_then(|(records, _)| started_display(records.iter().map(|r| &r.data)))
-                .is_some();
-            if !has_display {
-                return Err(crate::desktop::no_desktop(format!(
-                    "session {id} has no display: create it with `display`"
-                )));
-            }
-            let mut guard = take(&shared, &row).await?;
-            let live = guard.as_mut().expect("take wakes the session");
-            live.last_used = Instant::now();
-            live.talk.sandbox().clone()
-        }
-    };
-    crate::desktop::bridge(sandbox, access, upgrade).await
+/// Whether session `id` was created with a display.
+pub(crate) fn has_display(shared: &Shared, id: &str) -> bool {
+    let log = dir(shared, id).join("session.jsonl");
+    cordon_agent::log::load::<Value>(&log)
+        .ok()
+        .and_then(|(records, _)| started_display(records.iter().map(|r| &r.data)))
+        .is_some()
 }
 
-fn dir(shared: &Shared, id: &str) -> std::path::PathBuf {
+/// Where session `id`'s log and workspace are.
+pub(crate) fn dir(shared: &Shared, id: &str) -> std::path::PathBuf {
     shared.config.data_dir.join("sessions").join(id)
 }
 
@@ -318,7 +259,7 @@ pub(crate) async fn list(
     }))
 }
 
-async fn find(shared: &Shared, tenant: &str, id: &str) -> Result<SessionRow, ApiError> {
+pub(crate) async fn find(shared: &Shared, tenant: &str, id: &str) -> Result<SessionRow, ApiError> {
     if !plausible_id(id) {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -361,7 +302,10 @@ pub(crate) async fn show(
         allow: policy
             .map(|p| p.rules().iter().map(ToString::to_string).collect())
             .unwrap_or_default(),
-        live_desktop: shared.sandboxes.desktop(&sandbox_key(&id)).is_some(),
+        live_desktop: shared
+            .sandboxes
+            .desktop(&Owner::Session(id.clone()))
+            .is_some(),
     }))
 }
 
@@ -486,7 +430,7 @@ pub(crate) async fn remove(
 ) -> Result<bool, ApiError> {
     let id = row.id.as_str();
     if let Some(live) = guard.take() {
-        shared.sandboxes.unlist(&sandbox_key(id));
+        shared.sandboxes.unlist(&Owner::Session(id.to_string()));
         live.close().await;
     }
     if !shared.store.delete_session(&row.tenant, id).await? {
@@ -635,7 +579,7 @@ pub(crate) async fn rewind(
     }
     if let Some(live) = guard.take() {
         // Its last checkpoint lands, and its log is closed, first.
-        shared.sandboxes.unlist(&sandbox_key(&row.id));
+        shared.sandboxes.unlist(&Owner::Session(row.id.clone()));
         live.close().await;
     }
     let ws = d.join("workspace");

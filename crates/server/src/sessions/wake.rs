@@ -14,12 +14,13 @@ use tokio::sync::OwnedMutexGuard;
 use super::network::logged_network;
 use super::{dir, no_model, started_display};
 use crate::http::ApiError;
-use crate::live::{Live, sandbox_key};
+use crate::live::Live;
+use crate::owner::Owner;
 use crate::state::Shared;
 use crate::store::SessionRow;
 
 /// Takes a session for one operation: 409 while another runs.
-pub(super) async fn take(
+pub(crate) async fn take(
     shared: &Shared,
     row: &SessionRow,
 ) -> Result<OwnedMutexGuard<Option<Live>>, ApiError> {
@@ -36,7 +37,7 @@ pub(super) async fn take(
 
 /// Takes a session whose slot may be held a moment (being woken, or
 /// closed after idling): waits for it up to `wait`.
-pub(super) async fn take_waiting(
+pub(crate) async fn take_waiting(
     shared: &Shared,
     row: &SessionRow,
     wait: std::time::Duration,
@@ -191,7 +192,9 @@ async fn wake(
             format!("cannot create the sandbox: {e}"),
         )
     })?;
-    shared.sandboxes.insert(sandbox_key(&row.id), &sandbox);
+    shared
+        .sandboxes
+        .insert(Owner::Session(row.id.clone()), &sandbox);
     // MCP servers that fail are logged: the session goes on without them.
     let id = row.id.clone();
     let opened = Opening::new(
@@ -212,7 +215,7 @@ async fn wake(
     let talk = match opened {
         Ok(t) => t,
         Err(e) => {
-            shared.sandboxes.unlist(&sandbox_key(&row.id));
+            shared.sandboxes.unlist(&Owner::Session(row.id.clone()));
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -224,7 +227,7 @@ async fn wake(
     let _policy = talk.sandbox().network().map(|net| {
         shared
             .policies
-            .list(crate::network::session_key(&row.id), net.policy.clone())
+            .list(Owner::Session(row.id.clone()), net.policy.clone())
     });
     Ok(Live {
         talk,

@@ -1,4 +1,5 @@
-//! A running job's JupyterLab: see [`crate::lab`].
+//! An owner's JupyterLab: see [`crate::lab`]. A running job's, here or on
+//! the worker that runs it; a session's, woken if it idled out.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,9 +12,11 @@ use axum::response::{IntoResponse, Response};
 use cordon_lab::Forward;
 use serde::Deserialize;
 
+use super::{Found, find};
 use crate::http::{ApiError, Tenant};
 use crate::job::JobState;
 use crate::lab::{LabOpened, base, forward, open, opened};
+use crate::owner::Owner;
 use crate::relay::LabRelay;
 use crate::state::Shared;
 use crate::store::JobRow;
@@ -22,11 +25,15 @@ use crate::store::JobRow;
 /// microVM takes this long to boot).
 const LISTING: Duration = Duration::from_secs(120);
 
+/// How long a Lab's request waits for a session's turn to give its
+/// sandbox back before it wakes it.
+const WAKING: Duration = Duration::from_secs(30);
+
 /// How often a Lab served here for a job on another worker looks whether
 /// the job still runs there.
 const WATCH: Duration = Duration::from_secs(5);
 
-/// The path of a request under a job's Lab.
+/// The path of a request under an owner's Lab.
 #[derive(Deserialize)]
 pub(crate) struct LabPath {
     id: String,
@@ -35,55 +42,74 @@ pub(crate) struct LabPath {
 async fn site(
     shared: &Arc<Shared>,
     tenant: &str,
-    id: &str,
+    owner: &Owner,
 ) -> Result<Arc<cordon_lab::Site>, Response> {
-    let job = super::find(shared, tenant, id)
+    let found = find(shared, tenant, owner)
         .await
         .map_err(IntoResponse::into_response)?;
-    if let Some(worker) = shared.elsewhere(&job) {
-        return remote(shared, tenant, &job, worker.to_string()).await;
-    }
-    here(shared, tenant, job)
-        .await
-        .map_err(IntoResponse::into_response)
-}
-
-/// The Lab of a job this process runs.
-async fn here(
-    shared: &Shared,
-    tenant: &str,
-    mut job: JobRow,
-) -> Result<Arc<cordon_lab::Site>, ApiError> {
-    let id = job.id.clone();
-    let key = format!("job/{id}");
-    // A job is running a moment before its sandbox is made and listed.
-    let deadline = Instant::now() + LISTING;
-    while job.state == JobState::Running
-        && shared.sandboxes.get(&key).is_none()
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        job = super::find(shared, tenant, &id).await?;
-    }
-    let gone = || {
-        let why = match job.state {
-            JobState::Queued => "it has not started yet".to_string(),
-            JobState::Running => "its sandbox is being made or closed; try again".to_string(),
-            _ => format!(
-                "it has finished, and its sandbox with it; its files stay at /v1/jobs/{id}/files"
-            ),
-        };
-        not_running(&id, &why)
+    // What to answer if the sandbox is gone by the time its Lab starts.
+    let (code, why) = match found {
+        Found::Job(job) => {
+            if let Some(worker) = shared.elsewhere(&job) {
+                return remote(shared, tenant, &job, worker.to_string()).await;
+            }
+            let why = listed(shared, tenant, *job)
+                .await
+                .map_err(IntoResponse::into_response)?;
+            (
+                "not_running",
+                format!("{owner} has no live sandbox for a Lab: {why}"),
+            )
+        }
+        Found::Session(row) => {
+            // Not listed, so no turn runs in it, but it may be closing
+            // after idling out: waited for, woken, listed, and given back
+            // at once (the Lab keeps it from idling while it is used).
+            if shared.sandboxes.get(owner).is_none() {
+                let woken = crate::sessions::take_waiting(shared, &row, WAKING).await;
+                drop(woken.map_err(IntoResponse::into_response)?);
+            }
+            (
+                "not_live",
+                format!("{owner} closed while its Lab opened: try again"),
+            )
+        }
     };
+    let gone = || ApiError::new(StatusCode::CONFLICT, code, why.clone());
+    let ip = shared.config.listen.ip();
     open(
         &shared.sandboxes,
-        &key,
-        &base(&format!("jobs/{id}")),
-        shared.config.listen.ip(),
+        owner,
+        ip,
         shared.config.tls.as_ref(),
         gone,
     )
     .await
+    .map_err(IntoResponse::into_response)
+}
+
+/// Waits for a running job's sandbox to be listed here, and says why there
+/// is none if it is not (or is gone by the time its Lab starts).
+async fn listed(shared: &Shared, tenant: &str, mut job: JobRow) -> Result<String, ApiError> {
+    let id = job.id.clone();
+    let owner = Owner::Job(id.clone());
+    // A job is running a moment before its sandbox is made and listed.
+    let deadline = Instant::now() + LISTING;
+    while job.state == JobState::Running
+        && shared.sandboxes.get(&owner).is_none()
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        job = crate::jobs::find(shared, tenant, &id).await?;
+    }
+    let why = match job.state {
+        JobState::Queued => "it has not started yet".to_string(),
+        JobState::Running => "its sandbox is being made or closed; try again".to_string(),
+        _ => format!(
+            "it has finished, and its sandbox with it; its files stay at /v1/jobs/{id}/files"
+        ),
+    };
+    Ok(why)
 }
 
 fn not_running(id: &str, why: &str) -> ApiError {
@@ -112,7 +138,7 @@ async fn remote(
     let Some(cluster) = shared.config.cluster.clone() else {
         unreachable!("only a deployment of many runs jobs elsewhere");
     };
-    let base = base(&format!("jobs/{id}"));
+    let base = base(&Owner::Job(id.clone()));
     let upstream = || async {
         let url = match shared.store.worker_url(&worker).await {
             Ok(Some(url)) => url,
@@ -134,7 +160,6 @@ async fn remote(
         .remote_labs
         .open(
             id,
-            &base,
             shared.config.listen.ip(),
             shared.config.tls.as_ref(),
             upstream,
@@ -183,7 +208,7 @@ pub(crate) async fn open_job_lab(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<LabOpened>, Response> {
-    let site = site(&shared, &tenant, &id).await?;
+    let site = site(&shared, &tenant, &Owner::Job(id)).await?;
     Ok(Json(opened(&site, &headers)))
 }
 
@@ -203,6 +228,45 @@ pub(crate) async fn job_lab(
     Path(LabPath { id }): Path<LabPath>,
     req: Request<Body>,
 ) -> Result<Response, Response> {
-    let site = site(&shared, &tenant, &id).await?;
+    let site = site(&shared, &tenant, &Owner::Job(id)).await?;
+    Ok(forward(&site, req).await)
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/lab", tag = "sessions",
+    summary = "Open a session's JupyterLab in a browser",
+    description = "Wakes the session if its sandbox idled out, starts JupyterLab inside it if it is not running yet, and answers a URL on the Lab's own origin with a one-time ticket (see `POST /v1/jobs/{id}/lab`). A Lab in use keeps its session from idling out.",
+    params(("id" = String, Path)),
+    responses((status = 200, body = LabOpened),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "A turn is waking the session", body = crate::http::ErrorResponse),
+              (status = 429, description = "The tenant's live sessions are at their cap", body = crate::http::ErrorResponse),
+              (status = 503, description = "JupyterLab is not installed or did not start (the message says which)", body = crate::http::ErrorResponse)))]
+pub(crate) async fn open_session_lab(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<LabOpened>, Response> {
+    let site = site(&shared, &tenant, &Owner::Session(id)).await?;
+    Ok(Json(opened(&site, &headers)))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{id}/lab/{path}", tag = "sessions",
+    summary = "A session's JupyterLab, for programs (any method, and WebSockets)",
+    description = "As `/v1/jobs/{id}/lab/{path}`, for a session's sandbox.",
+    params(("id" = String, Path), ("path" = String, Path, description = "Jupyter's path, e.g. `api/contents`")),
+    responses((status = 200, description = "Jupyter's answer"),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 502, description = "JupyterLab did not answer"),
+              (status = 503, description = "JupyterLab is not installed or did not start", body = crate::http::ErrorResponse)))]
+pub(crate) async fn session_lab(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(LabPath { id }): Path<LabPath>,
+    req: Request<Body>,
+) -> Result<Response, Response> {
+    let site = site(&shared, &tenant, &Owner::Session(id)).await?;
     Ok(forward(&site, req).await)
 }
