@@ -82,6 +82,7 @@ pub fn for_sandbox(sandbox: &Sandbox) -> String {
         allow: allowed(sandbox),
         display: sandbox.display().is_some(),
         image_user: sandbox.image_user(),
+        ports: sandbox.forwards(),
     };
     facts.prompt()
 }
@@ -95,6 +96,9 @@ struct Facts {
     display: bool,
     /// The uid commands run as on an image's root; `None` on the host's.
     image_user: Option<u32>,
+    /// Ports of the sandbox the user reaches: where on their machine, and
+    /// which port inside.
+    ports: Vec<(std::net::SocketAddr, u16)>,
 }
 
 impl Facts {
@@ -131,6 +135,19 @@ impl Facts {
                 .to_string(),
         };
         let mut facts = format!("{network}\n- {system}");
+        if !self.ports.is_empty() {
+            let each: Vec<String> = self
+                .ports
+                .iter()
+                .map(|(addr, port)| format!("port {port} at http://{addr}"))
+                .collect();
+            facts.push_str(&format!(
+                "\n- The user opens these ports of the sandbox on their machine: {}. Serve what \
+                 they should see there, listening on 127.0.0.1 or 0.0.0.0 (run servers in the \
+                 background), and give them that address.",
+                each.join(", ")
+            ));
+        }
         if self.display {
             facts.push_str(
                 "\n- There is a screen: start graphical programs on it ($DISPLAY is set) and \
@@ -151,7 +168,17 @@ mod tests {
             allow: allow.iter().map(|a| a.to_string()).collect(),
             display: false,
             image_user: None,
+            ports: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_prompt_names_the_forwarded_ports() {
+        let mut f = facts(Network::Loopback, &[]);
+        assert!(!f.prompt().contains("opens these ports"));
+        f.ports = vec![("127.0.0.1:8080".parse().unwrap(), 3000)];
+        let p = f.prompt();
+        assert!(p.contains("port 3000 at http://127.0.0.1:8080"), "{p}");
     }
 
     #[test]

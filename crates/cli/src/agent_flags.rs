@@ -69,6 +69,9 @@ pub struct AgentFlags {
     /// Let the sandbox reach HOST[:PORT] through cordon's broker (repeatable; *.DOMAIN, IP/CIDR, or a preset: @python @node @rust @debian @git-hosting); implies --network allow (overrides `network.allow`)
     #[arg(long = "allow", value_name = "HOST")]
     pub allow: Vec<String>,
+    /// Serve the sandbox's PORT on this machine's loopback, for what the agent builds: PORT, HOSTPORT:PORT (0: any free one) or [ADDR:]HOSTPORT:PORT (repeatable); raises network off to loopback
+    #[arg(long = "publish", short = 'p', value_name = "[HOSTPORT:]PORT")]
+    pub publish: Vec<cordon_sandbox::PortForward>,
     /// work, or plan: only the read-only tools, and the model answers with a plan (in the chat, /go then carries it out)
     #[arg(long, value_name = "MODE", default_value = "work")]
     pub mode: cordon_agent::Mode,
@@ -337,6 +340,7 @@ async fn setup(
         config_error(e)
     })?;
     let mut sandbox = crate::options::sandbox_config(&settings).map_err(config_error)?;
+    crate::options::publish(&mut sandbox, &args.publish);
     // The agent works in the workspace whatever the image's WorkingDir.
     crate::image_cmd::apply(&mut sandbox, &settings, None)
         .await

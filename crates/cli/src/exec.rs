@@ -123,6 +123,9 @@ pub async fn exec(args: ExecArgs) -> i32 {
             return exit::SANDBOX;
         }
     };
+    for (addr, port) in sandbox.forwards() {
+        eprintln!("cordon: {}", cordon_sandbox::forwarded(addr, port));
+    }
     let (id, history, mut log) = match resumed {
         Some(r) => (r.summary.id, r.history, Some(r.log)),
         None => {

@@ -35,6 +35,9 @@ pub struct SandboxOpts {
     /// Let the sandbox reach HOST[:PORT] through cordon's broker (repeatable; *.DOMAIN, IP/CIDR, or a preset: @python @node @rust @debian @git-hosting); implies --network allow (overrides `network.allow`)
     #[arg(long = "allow", value_name = "HOST")]
     pub allow: Vec<String>,
+    /// Serve the sandbox's PORT on this machine's loopback: PORT, HOSTPORT:PORT (0: any free one) or [ADDR:]HOSTPORT:PORT (repeatable); raises --network off to loopback, never giving the sandbox a route out
+    #[arg(long = "publish", short = 'p', value_name = "[HOSTPORT:]PORT")]
+    pub publish: Vec<cordon_sandbox::PortForward>,
     /// Set an environment variable in the sandbox (repeatable)
     #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
@@ -86,6 +89,15 @@ pub struct SandboxOpts {
     /// microvm: the QEMU binary
     #[arg(long, value_name = "PATH", hide = true)]
     pub vm_qemu: Option<PathBuf>,
+}
+
+/// Forwards `ports` (`-p`): a sandbox without a network gets its loopback
+/// up for them, nothing more.
+pub fn publish(c: &mut SandboxConfig, ports: &[cordon_sandbox::PortForward]) {
+    c.ports = ports.to_vec();
+    if !ports.is_empty() && c.network == Network::Off {
+        c.network = Network::Loopback;
+    }
 }
 
 /// A `--disk` value: a size, or `none` for no budget; kept as the
@@ -194,6 +206,7 @@ impl SandboxOpts {
         let mut c = sandbox_config(&settings).map_err(config_error)?;
         c.tmp_size = self.tmp_size;
         c.host_certs = self.host_certs;
+        publish(&mut c, &self.publish);
         c.env.extend(self.env.iter().cloned());
         let image_dir = crate::image_cmd::apply(&mut c, &settings, self.user.as_deref())
             .await

@@ -70,6 +70,9 @@ async fn create(opts: &SandboxOpts) -> Result<Started, i32> {
     let sandbox = Sandbox::create(config)
         .await
         .map_err(|e| fail(format_args!("cannot create the sandbox: {e}")))?;
+    for (addr, port) in sandbox.forwards() {
+        eprintln!("cordon: {}", cordon_sandbox::forwarded(addr, port));
+    }
     Ok(Started {
         sandbox,
         limits,

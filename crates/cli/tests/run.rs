@@ -295,6 +295,97 @@ fn network_modes(who: Who) {
     assert_eq!(text(&ifaces.stdout), "lo\n");
 }
 
+/// A GET of `/index.html` at `addr`, once something answers there.
+fn get_when_up(addr: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = std::net::TcpStream::connect(addr).and_then(|mut c| {
+            c.set_read_timeout(Some(Duration::from_secs(10)))?;
+            c.write_all(b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")?;
+            let mut a = String::new();
+            c.read_to_string(&mut a)?;
+            Ok(a)
+        });
+        match answer {
+            Ok(a) if a.starts_with("HTTP/") => return a,
+            _ if Instant::now() > deadline => panic!("nothing answered at {addr}: {answer:?}"),
+            _ => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+fn published_ports(who: Who) {
+    let ws = workspace(who);
+    std::fs::write(
+        ws.path().join("index.html"),
+        "<h1>made in the sandbox</h1>\n",
+    )
+    .unwrap();
+    // The network stays off but for loopback: -p raises it, no further.
+    let mut child = run(
+        who,
+        ws.path(),
+        &["-p", "0:8000", "--publish", "0:8001"],
+        &[
+            "python3",
+            "-m",
+            "http.server",
+            "8000",
+            "--bind",
+            "127.0.0.1",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut addrs = Vec::new();
+    while addrs.len() < 2 {
+        let mut line = String::new();
+        use std::io::BufRead;
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "{addrs:?}");
+        if let Some(rest) = line.strip_prefix("cordon: port ") {
+            let (port, url) = rest.trim().split_once(" of the sandbox: http://").unwrap();
+            addrs.push((port.to_string(), url.to_string()));
+        }
+    }
+    assert_eq!(addrs[0].0, "8000");
+    assert_eq!(addrs[1].0, "8001");
+    let page = get_when_up(&addrs[0].1);
+    assert!(page.starts_with("HTTP/1.0 200"), "{page}");
+    assert!(page.ends_with("<h1>made in the sandbox</h1>\n"), "{page}");
+    // Nothing listens on 8001 inside: the connection is closed, unanswered.
+    let mut c = std::net::TcpStream::connect(&addrs[1].1).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = c.write_all(b"GET / HTTP/1.0\r\n\r\n");
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "{}", text(&rest));
+    // The ports go with the sandbox.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(std::net::TcpStream::connect(&addrs[0].1).is_err());
+
+    // Only this machine's loopback is offered, and a bad one is a usage error.
+    for bad in ["0.0.0.0:8000:8000", "80:http", "70000"] {
+        let out = run(who, ws.path(), &["-p", bad], &["true"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(125), "{bad}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("--publish"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}
+
 fn python_node_gcc_git_run(who: Who) {
     let ws = workspace(who);
     std::fs::write(
@@ -540,6 +631,7 @@ both! {
     ctrl_c_reaches_the_command => interrupt_is_forwarded;
     repeated_signals_stop_a_command_that_ignores_them => signals_repeated;
     doctor_reports_every_feature_in_force => doctor_reports_everything_in_force;
+    published_ports_serve_what_the_sandbox_listens_on => published_ports;
 }
 
 microvm! {
@@ -551,6 +643,7 @@ microvm! {
     killing_cordon_with_sigkill_kills_the_sandbox => host_sigkill_takes_the_sandbox_down;
     ctrl_c_reaches_the_command => interrupt_is_forwarded;
     repeated_signals_stop_a_command_that_ignores_them => signals_repeated;
+    published_ports_serve_what_the_sandbox_listens_on => published_ports;
 }
 
 #[test]

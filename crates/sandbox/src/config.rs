@@ -88,6 +88,9 @@ pub struct SandboxConfig {
     /// stops the whole sandbox past it; natively, no file may be larger.
     pub disk: Option<u64>,
     pub network: Network,
+    /// Ports of the sandbox's loopback served on the host's (`cordon run
+    /// -p`), from creation until it ends. Any network but `off`.
+    pub ports: Vec<PortForward>,
     /// The broker of [`Network::Allow`]; required by it, refused without it.
     pub egress: Option<crate::egress::Egress>,
     pub binds: Vec<BindMount>,
@@ -451,6 +454,7 @@ impl SandboxConfig {
             tmp_size: 256 * MIB,
             disk: None,
             network: Network::Off,
+            ports: Vec::new(),
             egress: None,
             binds: Vec::new(),
             hidden: Vec::new(),
@@ -635,6 +639,13 @@ impl SandboxConfig {
         if self.tmp_size == 0 {
             return Err(Error::Config("tmp size must be greater than zero".into()));
         }
+        if !self.ports.is_empty() && self.network == Network::Off {
+            return Err(Error::Config(
+                "a forwarded port needs the sandbox's loopback: give it a network (loopback at \
+                 least)"
+                    .into(),
+            ));
+        }
         if let Some(image) = &self.image {
             if image.layers.is_empty() {
                 return Err(Error::Config("the image has no layers".into()));
@@ -741,9 +752,88 @@ mod tests {
     }
 
     #[test]
+    fn forwarded_ports_are_loopback_only() {
+        use super::PortForward;
+        let p = |s: &str| s.parse::<PortForward>().map(|p| p.to_string());
+        assert_eq!(p("3000").unwrap(), "127.0.0.1:3000:3000");
+        assert_eq!(p("8080:3000").unwrap(), "127.0.0.1:8080:3000");
+        assert_eq!(p("0:3000").unwrap(), "127.0.0.1:0:3000");
+        assert_eq!(p("[::1]:8080:80").unwrap(), "[::1]:8080:80");
+        assert_eq!(p("127.0.0.2:9:9").unwrap(), "127.0.0.2:9:9");
+        for bad in [
+            "",
+            "0",
+            "70000",
+            "x:80",
+            "0.0.0.0:8080:80",
+            "192.0.2.1:1:1",
+            "8080:",
+        ] {
+            assert!(p(bad).is_err(), "{bad} was taken");
+        }
+        assert!(p("0.0.0.0:8080:80").unwrap_err().contains("loopback"));
+    }
+
+    #[test]
     fn network_modes_parse() {
         assert_eq!("off".parse::<Network>().unwrap(), Network::Off);
         assert_eq!("loopback".parse::<Network>().unwrap(), Network::Loopback);
         assert!("host".parse::<Network>().is_err());
+    }
+}
+
+/// A port of the sandbox's loopback served on the host's: `PORT` (the same
+/// number on 127.0.0.1), `HOSTPORT:PORT` (0: any free one), or
+/// `ADDR:HOSTPORT:PORT` with a loopback ADDR (`[::1]:8080:3000`). Never an
+/// address other hosts reach: what the sandbox serves is the sandbox's
+/// to shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortForward {
+    /// Where it listens on the host.
+    pub host: std::net::SocketAddr,
+    /// The port inside.
+    pub port: u16,
+}
+
+impl std::str::FromStr for PortForward {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        use std::net::{Ipv4Addr, SocketAddr};
+        let port_of = |p: &str| {
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("{p:?} is not a port (1 to 65535)"))
+        };
+        let (host, port) = match s.rsplit_once(':') {
+            None => {
+                let port = port_of(s)?;
+                (SocketAddr::from((Ipv4Addr::LOCALHOST, port)), port)
+            }
+            Some((host, port)) => {
+                let port = port_of(port)?;
+                let host = match host.parse::<u16>() {
+                    Ok(h) => SocketAddr::from((Ipv4Addr::LOCALHOST, h)),
+                    Err(_) => host.parse::<SocketAddr>().map_err(|_| {
+                        format!("{host:?} is neither a port nor a loopback ADDR:PORT")
+                    })?,
+                };
+                (host, port)
+            }
+        };
+        if !host.ip().is_loopback() {
+            return Err(format!(
+                "{} is not a loopback address: a forwarded port is for this machine only",
+                host.ip()
+            ));
+        }
+        Ok(PortForward { host, port })
+    }
+}
+
+impl std::fmt::Display for PortForward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
     }
 }

@@ -41,6 +41,20 @@ impl Sandbox {
             sandbox.close().await;
             return Err(e);
         }
+        for p in &config.ports {
+            match sandbox.forward(p.host, p.port).await {
+                Ok(f) => sandbox
+                    .inner
+                    .forwards
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(f),
+                Err(e) => {
+                    sandbox.close().await;
+                    return Err(e);
+                }
+            }
+        }
         Ok(sandbox)
     }
 }

@@ -65,8 +65,10 @@ pub use backend::{
 pub use cache::cache_dir;
 pub use config::{
     Accel, BackendKind, BindMount, BuildStep, CONTROL_FILES, DISPLAY, Display, Limits, LimitsError,
-    MAX_CPUS, MIB, Network, RootImage, SandboxConfig, VmOptions, control_files, parse_size,
+    MAX_CPUS, MIB, Network, PortForward, RootImage, SandboxConfig, VmOptions, control_files,
+    parse_size,
 };
+pub use connect::{Forward, forwarded};
 pub use disk::{allocated, make_removable};
 pub use display::VncAccess;
 pub use egress::{Egress, NetworkInfo, PROXY_PORT, Refusals};

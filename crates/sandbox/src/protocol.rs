@@ -19,7 +19,11 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;
+
+/// Marks the id of a connection the host asked for (`HostMsg::NetDial`), so
+/// that it never meets one the guest's proxy listener numbered.
+pub const DIAL: u64 = 1 << 63;
 
 /// Which output stream a chunk belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -305,8 +309,16 @@ pub enum HostMsg {
     SetClock {
         realtime_ns: u64,
     },
-    /// Bytes from the broker for proxy connection `conn` (microvm egress;
-    /// see `supervisor::relay`).
+    /// Connect to 127.0.0.1:`port` inside the sandbox for the host (a
+    /// forwarded port): `conn` carries [`DIAL`]; answered by
+    /// `SupMsg::NetOpen` once connected or `SupMsg::NetClose` if not, then
+    /// carried like any other connection (see `supervisor::relay`).
+    NetDial {
+        conn: u64,
+        port: u16,
+    },
+    /// Bytes for connection `conn`: from the broker (microvm egress) or
+    /// from the host's end of a dial.
     NetData {
         conn: u64,
         #[serde(with = "serde_bytes")]
@@ -371,7 +383,8 @@ pub enum SupMsg {
         oom_killed: bool,
     },
     /// A program in the guest connected to the broker's port: proxy
-    /// connection `conn` (microvm egress).
+    /// connection `conn` (microvm egress); or the host's dial `conn` is
+    /// connected.
     NetOpen {
         conn: u64,
     },

@@ -45,17 +45,21 @@ pub(crate) enum Channel {
     Relay,
 }
 
+/// Connections the host may have open into one sandbox at once through
+/// its forwarded ports (the guest's own side allows 256 in all).
+const MAX_DIALS: usize = 128;
+
 /// The host-side services of one sandbox.
-#[derive(Default)]
 pub(crate) struct Services {
     egress: Option<EgressService>,
+    /// Connections over the control channel: the host's dials into the
+    /// sandbox, and a microVM guest's proxy connections.
+    relay: Arc<NetRelay>,
 }
 
 struct EgressService {
     broker: Broker,
     info: NetworkInfo,
-    /// A microVM guest's connections.
-    relay: Option<Arc<NetRelay>>,
     /// The host's end of the channel the listener comes back on, until it
     /// has.
     host_end: Mutex<Option<OwnedFd>>,
@@ -86,7 +90,10 @@ impl Services {
             .as_ref()
             .filter(|_| config.network == Network::Allow)
         else {
-            return Ok(Services::default());
+            return Ok(Services {
+                egress: None,
+                relay: Arc::new(NetRelay::new(None, MAX_DIALS)),
+            });
         };
         let env = PresetEnv::from_host().untrusting(workspace);
         let (policy, warnings) = cordon_net::presets::expand(&egress.spec, &env)
@@ -121,12 +128,16 @@ impl Services {
             intercept: egress.broker.intercept.clone(),
         };
         let (relay, host_end, sandbox_end) = match channel {
-            Channel::Socket => (None, Some(host_end), Some(sandbox_end)),
+            Channel::Socket => (
+                NetRelay::new(None, MAX_DIALS),
+                Some(host_end),
+                Some(sandbox_end),
+            ),
             Channel::Relay => (
-                Some(Arc::new(NetRelay::new(
-                    broker.clone(),
-                    egress.broker.max_connections,
-                ))),
+                NetRelay::new(
+                    Some(broker.clone()),
+                    egress.broker.max_connections + MAX_DIALS,
+                ),
                 None,
                 None,
             ),
@@ -135,16 +146,16 @@ impl Services {
             egress: Some(EgressService {
                 broker,
                 info,
-                relay,
                 host_end: Mutex::new(host_end),
                 sandbox_end: Mutex::new(sandbox_end),
             }),
+            relay: Arc::new(relay),
         })
     }
 
-    /// A microVM guest's proxy connections, with egress.
-    pub(crate) fn relay(&self) -> Option<&Arc<NetRelay>> {
-        self.egress.as_ref().and_then(|e| e.relay.as_ref())
+    /// The connections carried over the control channel.
+    pub(crate) fn relay(&self) -> &Arc<NetRelay> {
+        &self.relay
     }
 
     /// The live egress, with [`Network::Allow`].

@@ -248,9 +248,12 @@ async fn event_loop(
 /// Applies a worker update; returns the session id when it changes.
 fn on_update(app: &mut App, u: Update) -> Option<String> {
     match u {
-        Update::Ready { network } => {
+        Update::Ready { network, ports } => {
             app.status.sandbox = SandboxState::Ready;
             app.network = network;
+            for (addr, port) in ports {
+                app.notice(cordon_sandbox::forwarded(addr, port));
+            }
         }
         Update::Instructions(read) => app.status.instructions = read,
         Update::SandboxFailed(e) => {

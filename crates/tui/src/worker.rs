@@ -50,6 +50,9 @@ pub enum Update {
     /// network is brokered (`--allow`).
     Ready {
         network: Option<cordon_net::PolicyHandle>,
+        /// Its forwarded ports (`-p`): where each listens on the host, and
+        /// the port inside it reaches.
+        ports: Vec<(std::net::SocketAddr, u16)>,
     },
     /// The sandbox could not be created; nothing can run.
     SandboxFailed(String),
@@ -410,7 +413,8 @@ impl State {
             }
         };
         let network = sandbox.network().map(|n| n.policy.clone());
-        let _ = self.updates.send(Update::Ready { network });
+        let ports = sandbox.forwards();
+        let _ = self.updates.send(Update::Ready { network, ports });
         let (history, log, shown) = match resume {
             Some(r) => (
                 r.history.clone(),

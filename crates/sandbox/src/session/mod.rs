@@ -149,8 +149,10 @@ pub(crate) struct Inner {
     pub(crate) disk: std::sync::OnceLock<DiskWatch>,
     /// Set when the watcher stopped the sandbox.
     pub(crate) disk_stop: std::sync::OnceLock<DiskStop>,
+    /// Its configuration's forwarded ports, which stop listening with it.
+    pub(crate) forwards: std::sync::Mutex<Vec<crate::connect::Forward>>,
     /// Held, not used: they stop when the session's last handle goes.
-    services: Services,
+    pub(crate) services: Services,
 }
 
 impl Inner {
@@ -205,6 +207,8 @@ impl Inner {
 
     pub(crate) fn mark_gone(&self) {
         self.gone.store(true, Ordering::SeqCst);
+        // Every connection into it ends, and every dial waiting fails.
+        self.services.relay().end();
         let routes = std::mem::take(&mut *self.routes());
         for (_, r) in routes {
             let _ = r.events.send(Event::Gone);
@@ -313,9 +317,7 @@ impl Sandbox {
         } = params;
         let (mut rd, mut wr) = stream.into_split();
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
-        if let Some(relay) = services.relay() {
-            relay.bind(tx.clone());
-        }
+        services.relay().bind(tx.clone());
         let mut first = Vec::new();
         protocol::encode(&setup, &mut first);
         tx.send(first).map_err(|_| Error::Gone)?;
@@ -411,6 +413,7 @@ impl Sandbox {
                 display: std::sync::OnceLock::new(),
                 disk: std::sync::OnceLock::new(),
                 disk_stop: std::sync::OnceLock::new(),
+                forwards: Default::default(),
                 base_env,
                 workdir,
                 read_only,
@@ -483,6 +486,14 @@ impl Sandbox {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return;
         }
+        // Its ports stop listening now, free for the next sandbox to take.
+        std::mem::take(
+            &mut *self
+                .inner
+                .forwards
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         let _ = self.inner.send(&HostMsg::Shutdown);
         let inner = self.inner.clone();
         let _ = tokio::task::spawn_blocking(move || inner.lifecycle.reap(grace)).await;
@@ -494,6 +505,14 @@ impl Sandbox {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return;
         }
+        // Its ports stop listening now, free for the next sandbox to take.
+        std::mem::take(
+            &mut *self
+                .inner
+                .forwards
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         let _ = self.inner.send(&HostMsg::Shutdown);
         let inner = self.inner.clone();
         let _ =
@@ -529,11 +548,9 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
         | SupMsg::NetEof { .. }
         | SupMsg::NetAck { .. }
         | SupMsg::NetClose { .. }) => {
-            // Without egress nothing listens for these in the guest; a
-            // guest that sends them anyway is ignored.
-            if let Some(relay) = inner.services.relay() {
-                relay.on_frame(m);
-            }
+            // The relay takes only what it expects: a guest's connection
+            // without egress, or an answer to no dial, is refused there.
+            inner.services.relay().on_frame(m);
             return;
         }
     };

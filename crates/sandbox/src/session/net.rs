@@ -1,7 +1,9 @@
-//! The host's end of a microVM guest's proxy connections: each `NetOpen`
-//! from the guest's relay (`supervisor::relay`) becomes an in-memory
-//! stream handed to the sandbox's broker, which checks and carries it like
-//! any other. Bytes go both ways under the protocol's credit window, per
+//! The host's end of the connections carried over the control channel
+//! (`supervisor::relay`): a microVM guest's proxy connections, each
+//! `NetOpen` an in-memory stream handed to the sandbox's broker, which
+//! checks and carries it like any other; and the host's own dials to a
+//! port inside the sandbox (`NetDial`), each a stream for its caller. Bytes
+//! go both ways under the protocol's credit window, per
 //! connection and direction, so one slow download cannot stall the
 //! control channel and a guest that ignores the window is cut off, not
 //! buffered without end: the guest's supervisor is the guest root's to
@@ -10,12 +12,17 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use cordon_net::Broker;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{Notify, mpsc};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::sync::{Notify, mpsc, oneshot};
 
-use crate::protocol::{self, CHUNK, HostMsg, SupMsg, WINDOW};
+use crate::protocol::{self, CHUNK, DIAL, HostMsg, SupMsg, WINDOW};
+
+/// How long a dial may wait for the sandbox to connect: a port on its own
+/// loopback answers at once, unless its listener's backlog is full.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the relay hands its writer task.
 enum ToBroker {
@@ -43,20 +50,76 @@ impl Drop for Conn {
 
 /// The connections of one sandbox.
 pub(crate) struct NetRelay {
-    broker: Broker,
+    /// Where a guest's own connections go (a microVM with egress); without
+    /// one they are refused.
+    broker: Option<Broker>,
     max: usize,
     tx: OnceLock<mpsc::UnboundedSender<Vec<u8>>>,
     conns: Mutex<HashMap<u64, Conn>>,
+    /// Dials sent and not answered yet, by id: the caller waits for its
+    /// stream (none: refused).
+    dialing: Mutex<HashMap<u64, oneshot::Sender<Option<DuplexStream>>>>,
+    dials: AtomicU64,
 }
 
 impl NetRelay {
-    pub(crate) fn new(broker: Broker, max: usize) -> NetRelay {
+    pub(crate) fn new(broker: Option<Broker>, max: usize) -> NetRelay {
         NetRelay {
             broker,
             max,
             tx: OnceLock::new(),
             conns: Mutex::new(HashMap::new()),
+            dialing: Mutex::new(HashMap::new()),
+            dials: AtomicU64::new(0),
         }
+    }
+
+    /// A stream to 127.0.0.1:`port` inside the sandbox, connected from
+    /// inside by its supervisor.
+    pub(crate) async fn dial(&self, port: u16) -> std::io::Result<DuplexStream> {
+        use std::io::{Error, ErrorKind};
+        let tx = self
+            .tx
+            .get()
+            .ok_or_else(|| Error::new(ErrorKind::NotConnected, "the sandbox is not running"))?;
+        let conn = DIAL | self.dials.fetch_add(1, Ordering::Relaxed);
+        let (done, answer) = oneshot::channel();
+        self.dialing().insert(conn, done);
+        send(tx, &HostMsg::NetDial { conn, port });
+        let refused = || {
+            Error::new(
+                ErrorKind::ConnectionRefused,
+                format!("nothing accepts connections on port {port} inside the sandbox"),
+            )
+        };
+        match tokio::time::timeout(DIAL_TIMEOUT, answer).await {
+            Ok(Ok(Some(stream))) => Ok(stream),
+            Ok(Ok(None)) => Err(refused()),
+            // The session ended: its relay dropped every dial.
+            Ok(Err(_)) => Err(Error::new(ErrorKind::NotConnected, "the sandbox ended")),
+            Err(_) => {
+                self.dialing().remove(&conn);
+                send(tx, &HostMsg::NetClose { conn });
+                Err(Error::new(
+                    ErrorKind::TimedOut,
+                    format!("port {port} inside the sandbox did not accept in time"),
+                ))
+            }
+        }
+    }
+
+    /// The sandbox ended: every connection ends with it (its far end
+    /// reads the end) and every dial waiting fails.
+    pub(crate) fn end(&self) {
+        let conns = std::mem::take(&mut *self.conns());
+        drop(conns);
+        self.dialing().clear();
+    }
+
+    fn dialing(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Option<DuplexStream>>>> {
+        self.dialing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Where frames for the guest go: the session's writer.
@@ -74,7 +137,35 @@ impl NetRelay {
             return;
         };
         match msg {
-            SupMsg::NetOpen { conn } => self.open(conn, tx.clone()),
+            SupMsg::NetOpen { conn } if conn & DIAL != 0 => {
+                // The guest connected a dial: its caller gets the stream,
+                // unless it stopped waiting.
+                let waiting = self.dialing().remove(&conn);
+                let stream = waiting.and_then(|w| Some((w, self.attach(conn, tx.clone())?)));
+                match stream {
+                    Some((w, stream)) => {
+                        if w.send(Some(stream)).is_err() {
+                            self.conns().remove(&conn);
+                            send(tx, &HostMsg::NetClose { conn });
+                        }
+                    }
+                    None => send(tx, &HostMsg::NetClose { conn }),
+                }
+            }
+            SupMsg::NetOpen { conn } => match (&self.broker, self.attach(conn, tx.clone())) {
+                (Some(broker), Some(stream)) => {
+                    let broker = broker.clone();
+                    let serve = tokio::spawn(async move { broker.serve_connection(stream).await });
+                    if let Some(c) = self.conns().get_mut(&conn) {
+                        c.tasks.push(serve);
+                    }
+                }
+                (None, Some(_)) => {
+                    self.conns().remove(&conn);
+                    send(tx, &HostMsg::NetClose { conn });
+                }
+                (_, None) => {}
+            },
             SupMsg::NetData { conn, data } => {
                 let mut conns = self.conns();
                 let Some(c) = conns.get(&conn) else {
@@ -105,17 +196,26 @@ impl NetRelay {
             }
             SupMsg::NetClose { conn } => {
                 self.conns().remove(&conn);
+                if let Some(w) = self.dialing().remove(&conn) {
+                    let _ = w.send(None);
+                }
             }
             _ => {}
         }
     }
 
-    fn open(self: &Arc<Self>, conn: u64, tx: mpsc::UnboundedSender<Vec<u8>>) {
+    /// Carries connection `conn`: the stream returned is its far end (none,
+    /// and the guest told, past the cap or for an id in use).
+    fn attach(
+        self: &Arc<Self>,
+        conn: u64,
+        tx: mpsc::UnboundedSender<Vec<u8>>,
+    ) -> Option<DuplexStream> {
         let mut conns = self.conns();
         if conns.contains_key(&conn) || conns.len() >= self.max {
             drop(conns);
             send(&tx, &HostMsg::NetClose { conn });
-            return;
+            return None;
         }
         let (ours, theirs) = tokio::io::duplex(WINDOW as usize);
         let (mut rd, mut wr) = tokio::io::split(ours);
@@ -123,9 +223,7 @@ impl NetRelay {
         let queued = Arc::new(AtomicU64::new(0));
         let unacked = Arc::new(AtomicU64::new(0));
         let acked = Arc::new(Notify::new());
-        let broker = self.broker.clone();
-        let serve = tokio::spawn(async move { broker.serve_connection(theirs).await });
-        // Guest to broker: write what arrives, acknowledge what is written.
+        // Guest to the far end: write what arrives, acknowledge what is written.
         let writer = {
             let (tx, queued) = (tx.clone(), queued.clone());
             async move {
@@ -194,9 +292,10 @@ impl NetRelay {
                 queued,
                 unacked,
                 acked,
-                tasks: vec![serve, both],
+                tasks: vec![both],
             },
         );
+        Some(theirs)
     }
 }
 
@@ -218,7 +317,7 @@ mod tests {
             Arc::new(|_: cordon_net::NetEvent| {}),
             BrokerConfig::default(),
         );
-        let relay = Arc::new(NetRelay::new(broker, max));
+        let relay = Arc::new(NetRelay::new(Some(broker), max));
         let (tx, rx) = mpsc::unbounded_channel();
         relay.bind(tx);
         (relay, rx)
@@ -230,6 +329,64 @@ mod tests {
             .expect("a frame in time")
             .expect("the channel open");
         protocol::decode::<HostMsg>(&buf).unwrap().unwrap().0
+    }
+
+    /// A guest that answers a dial the host never made, or opens a
+    /// connection of its own with no broker to take it, is refused.
+    #[tokio::test]
+    async fn unasked_answers_and_unbrokered_connections_are_refused() {
+        let relay = Arc::new(NetRelay::new(None, 8));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        relay.bind(tx);
+        relay.on_frame(SupMsg::NetOpen { conn: DIAL | 5 });
+        assert!(matches!(next(&mut rx).await, HostMsg::NetClose { conn } if conn == DIAL | 5));
+        relay.on_frame(SupMsg::NetOpen { conn: 3 });
+        assert!(matches!(next(&mut rx).await, HostMsg::NetClose { conn: 3 }));
+        assert!(relay.conns().is_empty());
+    }
+
+    /// A dial the guest refuses fails at once; one it connects carries
+    /// bytes both ways.
+    #[tokio::test]
+    async fn a_dial_is_refused_or_carried() {
+        let relay = Arc::new(NetRelay::new(None, 8));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        relay.bind(tx);
+        let dial = tokio::spawn({
+            let relay = relay.clone();
+            async move { relay.dial(80).await }
+        });
+        let HostMsg::NetDial { conn, port: 80 } = next(&mut rx).await else {
+            panic!("no dial");
+        };
+        assert_ne!(conn & DIAL, 0);
+        relay.on_frame(SupMsg::NetClose { conn });
+        let err = dial.await.unwrap().err().unwrap();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+
+        let dial = tokio::spawn({
+            let relay = relay.clone();
+            async move { relay.dial(81).await }
+        });
+        let HostMsg::NetDial { conn, port: 81 } = next(&mut rx).await else {
+            panic!("no dial");
+        };
+        relay.on_frame(SupMsg::NetOpen { conn });
+        let mut stream = dial.await.unwrap().unwrap();
+        stream.write_all(b"hi").await.unwrap();
+        loop {
+            if let HostMsg::NetData { conn: c, data } = next(&mut rx).await {
+                assert_eq!((c, data.as_slice()), (conn, &b"hi"[..]));
+                break;
+            }
+        }
+        relay.on_frame(SupMsg::NetData {
+            conn,
+            data: b"yo".to_vec(),
+        });
+        let mut got = [0u8; 2];
+        stream.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"yo");
     }
 
     /// A guest that sends past the window is cut off, not buffered.

@@ -1,11 +1,16 @@
-//! A microVM guest's way to the egress broker: the supervisor listens on
-//! 127.0.0.1 at the proxy port inside the guest and carries each accepted
-//! connection over the control channel as `Net*` frames, under the same
-//! credit window as an exec's streams ([`WINDOW`] unacknowledged bytes per
-//! connection and direction). The host hands each connection to its
-//! broker, which checks everything; nothing here decides what is allowed.
-//! (Natively the host accepts on the listening socket itself; see
-//! `setup::hand_over_proxy_listener`.)
+//! Connections carried over the control channel as `Net*` frames, under
+//! the same credit window as an exec's streams ([`WINDOW`] unacknowledged
+//! bytes per connection and direction), both ways:
+//!
+//! - out: a microVM guest's way to the egress broker. The supervisor
+//!   listens on 127.0.0.1 at the proxy port inside the guest and carries
+//!   each accepted connection to the host, which hands it to its broker;
+//!   nothing here decides what is allowed. (Natively the host accepts on
+//!   the listening socket itself; see `setup::hand_over_proxy_listener`.)
+//! - in: the host's forwarded ports, on both backends. The host asks for a
+//!   connection to a port on the sandbox's own loopback (`NetDial`, its id
+//!   marked with [`DIAL`]); the supervisor connects from inside, so what
+//!   the sandbox serves is reached without the sandbox gaining a route.
 //!
 //! Part of the supervisor's single-threaded `poll` loop: [`Relay::poll_fds`]
 //! says what to wait for, the `on_*` methods act on what `poll` reported,
@@ -20,6 +25,8 @@ use crate::protocol::{CHUNK, SupMsg, WINDOW};
 /// Connections open at once; one more is accepted and closed at once.
 const MAX_CONNS: usize = 256;
 
+pub(super) use crate::protocol::DIAL;
+
 /// What the loop waits for on one descriptor of the relay.
 #[derive(Clone, Copy)]
 pub(super) enum NetTag {
@@ -30,6 +37,8 @@ pub(super) enum NetTag {
 
 struct Conn {
     sock: OwnedFd,
+    /// A dial whose connect has not finished yet.
+    connecting: bool,
     /// From the broker, not yet written to the program.
     pending: Vec<u8>,
     /// The broker finished writing: shut our write side once `pending` is.
@@ -41,14 +50,16 @@ struct Conn {
 }
 
 pub(super) struct Relay {
-    listener: OwnedFd,
+    /// The guest's proxy listener, with a microVM's egress.
+    listener: Option<OwnedFd>,
     conns: BTreeMap<u64, Conn>,
     next: u64,
 }
 
 impl Relay {
-    /// Relays the connections `listener` (non-blocking, listening) accepts.
-    pub(super) fn new(listener: OwnedFd) -> Relay {
+    /// Relays the host's dials, and the connections `listener`
+    /// (non-blocking, listening) accepts.
+    pub(super) fn new(listener: Option<OwnedFd>) -> Relay {
         Relay {
             listener,
             conns: BTreeMap::new(),
@@ -59,8 +70,14 @@ impl Relay {
     /// The descriptors to poll and what for; `backlog`: the control
     /// channel is full, so read nothing more from programs.
     pub(super) fn poll_fds(&self, backlog: bool, out: &mut Vec<(RawFd, i16, NetTag)>) {
-        out.push((self.listener.as_raw_fd(), libc::POLLIN, NetTag::Listen));
+        if let Some(l) = &self.listener {
+            out.push((l.as_raw_fd(), libc::POLLIN, NetTag::Listen));
+        }
         for (&id, c) in &self.conns {
+            if c.connecting {
+                out.push((c.sock.as_raw_fd(), libc::POLLOUT, NetTag::Write(id)));
+                continue;
+            }
             if !c.eof_out && !backlog && c.unacked < WINDOW {
                 out.push((c.sock.as_raw_fd(), libc::POLLIN, NetTag::Read(id)));
             }
@@ -71,9 +88,12 @@ impl Relay {
     }
 
     pub(super) fn on_listen(&mut self, send: &mut impl FnMut(&SupMsg)) {
+        let Some(listener) = &self.listener else {
+            return;
+        };
         loop {
             let sock = match rustix::net::accept_with(
-                &self.listener,
+                listener,
                 rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
             ) {
                 Ok(s) => s,
@@ -88,6 +108,7 @@ impl Relay {
                 id,
                 Conn {
                     sock,
+                    connecting: false,
                     pending: Vec::new(),
                     eof_in: false,
                     eof_out: false,
@@ -125,10 +146,50 @@ impl Relay {
         }
     }
 
+    /// The host's `NetDial`: a connection to 127.0.0.1:`port` here. It is
+    /// `NetOpen` once connected, `NetClose` if it cannot be.
+    pub(super) fn on_dial(&mut self, id: u64, port: u16, send: &mut impl FnMut(&SupMsg)) {
+        // The host's ids are marked, so that they never meet the guest's
+        // own; a reused or unmarked one is refused.
+        if id & DIAL == 0 || self.conns.contains_key(&id) || self.conns.len() >= MAX_CONNS {
+            send(&SupMsg::NetClose { conn: id });
+            return;
+        }
+        match dial(port) {
+            Ok((sock, connecting)) => {
+                self.conns.insert(
+                    id,
+                    Conn {
+                        sock,
+                        connecting,
+                        pending: Vec::new(),
+                        eof_in: false,
+                        eof_out: false,
+                        unacked: 0,
+                    },
+                );
+                if !connecting {
+                    send(&SupMsg::NetOpen { conn: id });
+                }
+            }
+            Err(_) => send(&SupMsg::NetClose { conn: id }),
+        }
+    }
+
     pub(super) fn on_write(&mut self, id: u64, send: &mut impl FnMut(&SupMsg)) {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
+        if c.connecting {
+            match rustix::net::sockopt::socket_error(&c.sock) {
+                Ok(Ok(())) => {
+                    c.connecting = false;
+                    send(&SupMsg::NetOpen { conn: id });
+                }
+                _ => self.close(id, send),
+            }
+            return;
+        }
         let mut wrote = 0usize;
         while wrote < c.pending.len() {
             // A program that closed its socket must not kill the supervisor
@@ -207,6 +268,24 @@ impl Relay {
         if self.conns.remove(&id).is_some() {
             send(&SupMsg::NetClose { conn: id });
         }
+    }
+}
+
+/// A non-blocking connection to 127.0.0.1:`port`, and whether it is still
+/// being made.
+fn dial(port: u16) -> io::Result<(OwnedFd, bool)> {
+    use rustix::net::{AddressFamily, SocketAddrV4, SocketFlags, SocketType};
+    let sock = rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    let to = SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port);
+    match rustix::net::connect(&sock, &to) {
+        Ok(()) => Ok((sock, false)),
+        Err(rustix::io::Errno::INPROGRESS) => Ok((sock, true)),
+        Err(e) => Err(e.into()),
     }
 }
 

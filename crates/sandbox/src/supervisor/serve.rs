@@ -96,8 +96,9 @@ struct Server {
     execs: BTreeMap<u64, Exec>,
     by_pid: HashMap<i32, u64>,
     sigfd: OwnedFd,
-    /// A microVM guest's proxy connections, with egress.
-    relay: Option<Relay>,
+    /// Connections over the control channel: the host's dials, and a
+    /// microVM guest's proxy connections with egress.
+    relay: Relay,
 }
 
 /// Serves the host over `ctl` until it goes; `relay`: the guest's proxy
@@ -115,7 +116,7 @@ pub fn serve(ctl: OwnedFd, relay: Option<OwnedFd>) -> ! {
         execs: BTreeMap::new(),
         by_pid: HashMap::new(),
         sigfd,
-        relay: relay.map(Relay::new),
+        relay: Relay::new(relay),
     };
     server.run()
 }
@@ -268,13 +269,11 @@ impl Server {
                     wake_at(l);
                 }
             }
-            if let Some(relay) = &self.relay {
-                let mut net = Vec::new();
-                relay.poll_fds(backlog, &mut net);
-                for (fd, events, tag) in net {
-                    pfds.push(pfd(fd, events));
-                    tags.push(Tag::Net(tag));
-                }
+            let mut net = Vec::new();
+            self.relay.poll_fds(backlog, &mut net);
+            for (fd, events, tag) in net {
+                pfds.push(pfd(fd, events));
+                tags.push(Tag::Net(tag));
             }
             let ms = timeout.map_or(-1, |d| d.as_millis().min(60_000) as i32 + 1);
             // SAFETY: pfds is a valid array of pollfd of the given length.
@@ -306,12 +305,11 @@ impl Server {
                     Tag::Net(tag) => {
                         let outbuf = &mut self.outbuf;
                         let mut send = |m: &SupMsg| protocol::encode(m, outbuf);
-                        if let Some(relay) = self.relay.as_mut() {
-                            match tag {
-                                NetTag::Listen => relay.on_listen(&mut send),
-                                NetTag::Read(id) => relay.on_read(id, &mut buf, &mut send),
-                                NetTag::Write(id) => relay.on_write(id, &mut send),
-                            }
+                        let relay = &mut self.relay;
+                        match tag {
+                            NetTag::Listen => relay.on_listen(&mut send),
+                            NetTag::Read(id) => relay.on_read(id, &mut buf, &mut send),
+                            NetTag::Write(id) => relay.on_write(id, &mut send),
                         }
                     }
                 }
@@ -348,27 +346,19 @@ impl Server {
     fn handle(&mut self, msg: HostMsg) {
         match msg {
             HostMsg::Setup(_) => {}
+            HostMsg::NetDial { conn, port } => {
+                let outbuf = &mut self.outbuf;
+                self.relay
+                    .on_dial(conn, port, &mut |m| protocol::encode(m, outbuf));
+            }
             HostMsg::NetData { conn, data } => {
                 let outbuf = &mut self.outbuf;
-                if let Some(relay) = self.relay.as_mut() {
-                    relay.on_host_data(conn, data, &mut |m| protocol::encode(m, outbuf));
-                }
+                self.relay
+                    .on_host_data(conn, data, &mut |m| protocol::encode(m, outbuf));
             }
-            HostMsg::NetEof { conn } => {
-                if let Some(relay) = self.relay.as_mut() {
-                    relay.on_host_eof(conn);
-                }
-            }
-            HostMsg::NetAck { conn, bytes } => {
-                if let Some(relay) = self.relay.as_mut() {
-                    relay.on_host_ack(conn, bytes);
-                }
-            }
-            HostMsg::NetClose { conn } => {
-                if let Some(relay) = self.relay.as_mut() {
-                    relay.on_host_close(conn);
-                }
-            }
+            HostMsg::NetEof { conn } => self.relay.on_host_eof(conn),
+            HostMsg::NetAck { conn, bytes } => self.relay.on_host_ack(conn, bytes),
+            HostMsg::NetClose { conn } => self.relay.on_host_close(conn),
             HostMsg::Exec(spec) => self.spawn(spec),
             HostMsg::Stdin { id, data } => {
                 let len = data.len() as u64;

@@ -502,6 +502,118 @@ async fn loopback_is_down_unless_asked_for() {
     sb.close().await;
 }
 
+/// An echo server on 127.0.0.1:`port` inside, one thread per connection,
+/// started in the background; `ready` is created once it listens.
+fn echo_server(port: u16) -> String {
+    format!(
+        "setsid python3 -c \"
+import socket, threading, os
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('127.0.0.1', {port})); s.listen(64); open('ready', 'w').close()
+def echo(c):
+    while True:
+        d = c.recv(65536)
+        if not d: break
+        c.sendall(d)
+    c.close()
+while True:
+    c, _ = s.accept(); threading.Thread(target=echo, args=(c,), daemon=True).start()
+\" > /dev/null 2>&1 &
+for i in $(seq 100); do [ -e ready ] && exit 0; sleep 0.1; done; exit 1"
+    )
+}
+
+#[tokio::test]
+async fn a_port_inside_is_reached_from_the_host_without_a_route() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.network = Network::Loopback;
+    cfg.ports = vec!["0:8123".parse().unwrap()];
+    let sb = Sandbox::create(cfg).await.unwrap();
+    let out = sb.exec(ExecRequest::bash(&echo_server(8123))).await.unwrap();
+    assert!(out.status.success(), "{}", out.stderr_str());
+
+    // Through the configured host port: 8 clients at once, each with 2 MiB
+    // each way, which passes the control channel's window many times over.
+    let [(addr, 8123)] = sb.forwards()[..] else {
+        panic!("{:?}", sb.forwards());
+    };
+    assert!(addr.ip().is_loopback() && addr.port() != 0, "{addr}");
+    let clients = (0..8u8).map(|n| {
+        tokio::spawn(async move {
+            let sent: Vec<u8> = (0..2 << 20).map(|i: u32| (i % 251) as u8 ^ n).collect();
+            let c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (mut rd, mut wr) = c.into_split();
+            let body = sent.clone();
+            let writer = tokio::spawn(async move {
+                wr.write_all(&body).await.unwrap();
+                wr.shutdown().await.unwrap();
+            });
+            let mut got = Vec::new();
+            rd.read_to_end(&mut got).await.unwrap();
+            writer.await.unwrap();
+            got == sent
+        })
+    });
+    for c in clients {
+        assert!(c.await.unwrap(), "bytes came back changed");
+    }
+
+    // A port nothing listens on is refused at once, not after a timeout.
+    let t = Instant::now();
+    let err = sb.connect_tcp(8124).await.expect_err("refused");
+    assert!(
+        matches!(&err, Error::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "{err:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+
+    // The host's listener is not the sandbox's to reach: inside, that
+    // port is the sandbox's own loopback, where nothing listens.
+    let probe = format!(
+        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', {}), timeout=2)\"",
+        addr.port()
+    );
+    let out = sb.exec(ExecRequest::shell(&probe)).await.unwrap();
+    assert!(!out.status.success(), "the sandbox reached the host's port");
+
+    // Only the host's loopback is offered.
+    let err = sb.forward("0.0.0.0:0".parse().unwrap(), 8123).await.err();
+    assert!(matches!(err, Some(Error::Config(_))), "{err:?}");
+
+    // A forward of its own, dropped, stops listening.
+    let fwd = sb.forward("127.0.0.1:0".parse().unwrap(), 8123).await.unwrap();
+    let own = fwd.local_addr();
+    assert!(tokio::net::TcpStream::connect(own).await.is_ok());
+    drop(fwd);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(tokio::net::TcpStream::connect(own).await.is_err());
+
+    // A connection in flight ends with the sandbox, and so does its port.
+    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    client.write_all(b"x").await.unwrap();
+    let mut one = [0u8; 1];
+    client.read_exact(&mut one).await.unwrap();
+    sb.close().await;
+    let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut one)).await;
+    assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
+    assert!(sb.connect_tcp(8123).await.is_err());
+    drop(sb);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "still listening");
+
+    // With the network off, loopback is down and the answer says so.
+    let mut cfg = config(dir.path());
+    cfg.ports = vec!["0:8123".parse().unwrap()];
+    let err = Sandbox::create(cfg).await.err();
+    assert!(matches!(err, Some(Error::Config(ref m)) if m.contains("loopback")), "{err:?}");
+    let sb = sandbox(dir.path()).await;
+    let err = sb.connect_tcp(8123).await.err();
+    assert!(matches!(err, Some(Error::Config(ref m)) if m.contains("loopback")), "{err:?}");
+    sb.close().await;
+}
+
 #[tokio::test]
 async fn bad_configuration_is_refused_before_anything_starts() {
     let missing = SandboxConfig::new("/nonexistent/cordon/workspace");
