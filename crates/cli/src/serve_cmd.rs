@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// Live sessions (API sessions with a sandbox, and /mcp sessions) at once
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub sessions: usize,
+    /// Refuse previews of sandboxes' ports (`POST …/ports/{port}/preview`),
+    /// and keep the loopback of a sandbox whose network is off down
+    #[arg(long)]
+    pub no_previews: bool,
     /// Live sessions (API and /mcp) at once per tenant
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub sessions_per_tenant: usize,
@@ -371,6 +375,7 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
     config.per_tenant = args.per_tenant.max(1);
     config.session_idle = args.session_idle;
     config.grace = args.grace;
+    config.previews = !args.no_previews;
     config.sessions = args.sessions.max(1);
     config.sessions_per_tenant = args.sessions_per_tenant.max(1);
     config.keep_workspaces = args.keep_workspaces.0;

@@ -1,9 +1,11 @@
-//! HTTP and WebSocket to the JupyterLab inside a sandbox.
+//! HTTP and WebSocket to a server inside a sandbox: its JupyterLab, or
+//! whatever listens on a port of its loopback (a preview).
 //!
-//! Each upstream connection is one relay exec (see
-//! [`cordon_sandbox::Sandbox::connect_unix`]) speaking HTTP/1.1 to
-//! Jupyter's socket; idle ones are kept for the next request, because a
-//! page load is dozens of requests and an exec costs a process start. A
+//! Each upstream connection to Jupyter is one relay exec (see
+//! [`cordon_sandbox::Sandbox::connect_unix`]) speaking HTTP/1.1 to its
+//! socket; one to a port is a stream the sandbox's supervisor connects from
+//! inside ([`cordon_sandbox::Sandbox::connect_tcp`]). Idle ones are kept for
+//! the next request, because a page load is dozens of requests. A
 //! WebSocket (kernels, terminals) gets a connection of its own, upgraded
 //! on both sides, and bytes are copied until either end closes.
 //!
@@ -41,9 +43,19 @@ const IDLE_MAX: usize = 8;
 /// Bytes buffered between hyper and a relay, each way.
 const PIPE: usize = 64 * 1024;
 
-/// A sandbox's JupyterLab, as the host reaches it.
+/// What in the sandbox answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// JupyterLab, on its Unix socket.
+    Jupyter,
+    /// Whatever listens on this port of the sandbox's loopback.
+    Port(u16),
+}
+
+/// A server in a sandbox, as the host reaches it.
 pub struct Upstream {
     sandbox: Sandbox,
+    target: Target,
     idle: Mutex<Vec<SendRequest<Body>>>,
     /// When a request last came.
     used: Mutex<Instant>,
@@ -52,9 +64,22 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// The sandbox's JupyterLab.
     pub fn new(sandbox: Sandbox) -> Upstream {
+        Upstream::to(sandbox, Target::Jupyter)
+    }
+
+    /// What listens on `port` of the sandbox's loopback. It is asked as
+    /// `localhost:PORT`, the name a dev server expects (and checks), with
+    /// the name the browser used in `X-Forwarded-Host`.
+    pub fn port(sandbox: Sandbox, port: u16) -> Upstream {
+        Upstream::to(sandbox, Target::Port(port))
+    }
+
+    fn to(sandbox: Sandbox, target: Target) -> Upstream {
         Upstream {
             sandbox,
+            target,
             idle: Mutex::new(Vec::new()),
             used: Mutex::new(Instant::now()),
             sockets: Mutex::new(tokio::task::JoinSet::new()),
@@ -70,13 +95,22 @@ impl Upstream {
         let websocket = is_websocket_upgrade(req.headers());
         let downstream = websocket.then(|| hyper::upgrade::on(&mut req));
         clean_request(req.headers_mut(), websocket);
+        if let Target::Port(port) = self.target {
+            let h = req.headers_mut();
+            if let Some(host) = h.remove(header::HOST) {
+                h.insert("x-forwarded-host", host);
+            }
+            if let Ok(v) = HeaderValue::from_str(&format!("localhost:{port}")) {
+                h.insert(header::HOST, v);
+            }
+        }
         let mut sender = match self.sender(websocket).await {
             Ok(s) => s,
-            Err(e) => return bad_gateway(&e),
+            Err(e) => return self.bad_gateway(&e),
         };
         let mut resp = match sender.send_request(req).await {
             Ok(r) => r,
-            Err(e) => return bad_gateway(&format!("the connection failed: {e}")),
+            Err(e) => return self.bad_gateway(&format!("the connection failed: {e}")),
         };
         if !websocket {
             self.keep(sender);
@@ -121,8 +155,30 @@ impl Upstream {
         }
     }
 
-    /// A new HTTP/1.1 connection through a relay exec.
+    /// A new HTTP/1.1 connection.
     async fn open(&self) -> Result<SendRequest<Body>, String> {
+        let io = match self.target {
+            Target::Jupyter => self.relay().await?,
+            Target::Port(port) => self
+                .sandbox
+                .connect_tcp(port)
+                .await
+                .map_err(|e| format!("cannot reach port {port} in the sandbox: {e}"))?,
+        };
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| format!("cannot speak HTTP to the sandbox: {e}"))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!("upstream connection: {e}");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// A stream to Jupyter's socket through a relay exec.
+    async fn relay(&self) -> Result<tokio::io::DuplexStream, String> {
         let mut exec = self
             .sandbox
             .connect_unix(SOCKET)
@@ -158,16 +214,21 @@ impl Upstream {
             }
             let _ = to_hyper.shutdown().await;
         });
-        let (sender, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(ours))
-            .await
-            .map_err(|e| format!("cannot speak HTTP to JupyterLab: {e}"))?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!("lab connection: {e}");
-            }
-        });
-        Ok(sender)
+        Ok(ours)
+    }
+
+    fn bad_gateway(&self, why: &str) -> Response<Body> {
+        let what = match self.target {
+            Target::Jupyter => "JupyterLab in the sandbox".to_string(),
+            Target::Port(port) => format!("Nothing in the sandbox on port {port}"),
+        };
+        let mut resp = Response::new(Body::from(format!("{what} did not answer: {why}\n")));
+        *resp.status_mut() = StatusCode::BAD_GATEWAY;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        resp
     }
 }
 
@@ -229,18 +290,6 @@ pub fn clean_response(headers: &mut HeaderMap, switching: bool) {
 /// trim the whitespace around it.
 fn cookie_name(cookie: &str) -> &str {
     cookie.split('=').next().unwrap_or("").trim()
-}
-
-fn bad_gateway(why: &str) -> Response<Body> {
-    let mut resp = Response::new(Body::from(format!(
-        "JupyterLab in the sandbox did not answer: {why}\n"
-    )));
-    *resp.status_mut() = StatusCode::BAD_GATEWAY;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp
 }
 
 #[cfg(test)]

@@ -1,10 +1,11 @@
-//! A Lab's own origin: one listener per Lab, for browsers.
+//! A Lab's or a preview's own origin: one listener each, for browsers.
 //!
-//! JupyterLab's pages are the sandbox's to shape (it can replace the
-//! server, or a notebook can carry script), so they must never run in
-//! cordon's own origin, where the web UI keeps its token, nor in another
-//! Lab's. Each Lab is served from a port of its own, which browsers treat
-//! as a separate origin. A browser gets in with a one-time ticket in the
+//! JupyterLab's pages, and whatever a sandbox serves on a port, are the
+//! sandbox's to shape (it can replace the server, or a notebook can carry
+//! script), so they must never run in cordon's own origin, where the web UI
+//! keeps its token, nor in another site's. Each is served from a port of
+//! its own, which browsers treat as a separate origin. A browser gets in
+//! with a one-time ticket in the
 //! URL (`?cordon_ticket=`), which is exchanged at once for an `HttpOnly`,
 //! `SameSite=Strict` cookie scoped to the Lab's path, and the browser is
 //! sent on to the same URL without it: the ticket is spent before anything
@@ -15,6 +16,11 @@
 //! Lab's port with that Lab's cookie. The listener refuses them: a browser
 //! request from another origin (`Sec-Fetch-Site`, `Origin`) is answered
 //! 403, except a top-level GET navigation, which cannot read the answer.
+//!
+//! A preview also takes a signed link, good until it expires and for as
+//! many browsers as it is given to (`?cordon_link=EXP.MAC`, an HMAC of the
+//! expiry under a key of the site's own), and a program's bearer token, as
+//! the server that made the site checks it ([`SiteOptions`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -32,6 +38,45 @@ use crate::proxy::COOKIE_PREFIX;
 
 /// The query parameter that carries a ticket.
 pub const TICKET_PARAM: &str = "cordon_ticket";
+
+/// The query parameter that carries a signed link.
+pub const LINK_PARAM: &str = "cordon_link";
+
+/// The longest a signed link may be good for.
+pub const LINK_TTL_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
+
+type Hmac = hmac::Hmac<sha2::Sha256>;
+
+/// Whether a bearer token may use a site (the server's check of its
+/// tenants' tokens).
+pub type BearerCheck =
+    Arc<dyn Fn(String) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+
+/// What a [`Site`] serves and who it lets in besides a one-time ticket's
+/// browser.
+#[derive(Clone)]
+pub struct SiteOptions {
+    /// Where it is mounted: starts and ends with `/`.
+    pub base: String,
+    /// What it is, for the answers it gives (`this Lab`, `this preview`).
+    pub name: &'static str,
+    /// Whether signed links ([`Site::link`]) open it.
+    pub links: bool,
+    /// Programs' bearer tokens, checked by this.
+    pub bearer: Option<BearerCheck>,
+}
+
+impl SiteOptions {
+    /// A Lab mounted at `base`: tickets only.
+    pub fn lab(base: String) -> SiteOptions {
+        SiteOptions {
+            base,
+            name: "this Lab",
+            links: false,
+            bearer: None,
+        }
+    }
+}
 
 /// How long a ticket may wait to be used.
 pub const TICKET_TTL: Duration = Duration::from_secs(60);
@@ -68,8 +113,12 @@ pub struct Site {
 
 struct State {
     upstream: Arc<dyn Forward>,
-    /// Where the Lab is served: starts and ends with `/`.
+    /// Where it is served: starts and ends with `/`.
     base: String,
+    name: &'static str,
+    /// Signs and checks its links (when it takes them).
+    link_key: Option<[u8; 32]>,
+    bearer: Option<BearerCheck>,
     /// `cordon_lab_<port>`: a name per Lab, as cookies are shared between
     /// the ports of a host.
     cookie: String,
@@ -94,11 +143,28 @@ impl Site {
         upstream: Arc<dyn Forward>,
         base: String,
     ) -> std::io::Result<Site> {
+        Site::serve_with(listener, upstream, SiteOptions::lab(base))
+    }
+
+    /// Serves `upstream` on `listener` as `options` say.
+    pub fn serve_with(
+        listener: cordon_listen::Listener,
+        upstream: Arc<dyn Forward>,
+        options: SiteOptions,
+    ) -> std::io::Result<Site> {
         let addr = listener.local_addr();
         let scheme = listener.scheme();
+        let link_key = options.links.then(|| {
+            let mut key = [0u8; 32];
+            getrandom::fill(&mut key).expect("the system's random source");
+            key
+        });
         let state = Arc::new(State {
             upstream,
-            base,
+            base: options.base,
+            name: options.name,
+            link_key,
+            bearer: options.bearer,
             cookie: format!("{COOKIE_PREFIX}_{}", addr.port()),
             secure: scheme == "https",
             tickets: Mutex::new(HashMap::new()),
@@ -142,6 +208,28 @@ impl Site {
         }
         tickets.insert(ticket.clone(), now + TICKET_TTL);
         ticket
+    }
+
+    /// A link's token, good for `ttl` (at most [`LINK_TTL_MAX`]), and when
+    /// it expires, in seconds since the epoch; `None` for a site that takes
+    /// no links.
+    pub fn link(&self, ttl: Duration) -> Option<(String, u64)> {
+        let key = self.state.link_key.as_ref()?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let expires = (now + ttl.min(LINK_TTL_MAX)).as_secs();
+        Some((format!("{expires}.{}", sign(key, expires)), expires))
+    }
+
+    /// The site's address as the browser names this machine (`host`).
+    pub fn origin(&self, host: &str) -> String {
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host.to_string()
+        };
+        format!("{}://{host}:{}", self.scheme, self.addr.port())
     }
 
     /// The URL that lets a browser in once: `http[s]://HOST:PORT/BASE?cordon_ticket=…`,
@@ -191,38 +279,82 @@ impl State {
             if format!("{path}/") == self.base {
                 return redirect(&self.base, None);
             }
-            return text(StatusCode::NOT_FOUND, "not found: this port serves one Lab");
+            return self.text(StatusCode::NOT_FOUND, "not found: this port serves");
         }
         if let Err(why) = same_origin(&req) {
-            return text(StatusCode::FORBIDDEN, why);
+            return self.text(StatusCode::FORBIDDEN, why);
         }
         let query = req.uri().query().unwrap_or("");
-        let ticket = form_urlencoded::parse(query.as_bytes())
-            .find(|(k, _)| k == TICKET_PARAM)
-            .map(|(_, v)| v.into_owned());
-        if let Some(ticket) = ticket {
-            return self.exchange(&ticket, path, query);
+        let param = |name: &str| {
+            form_urlencoded::parse(query.as_bytes())
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.into_owned())
+        };
+        if let Some(ticket) = param(TICKET_PARAM) {
+            let valid = lock(&self.tickets)
+                .remove(&ticket)
+                .is_some_and(|expires| expires > Instant::now());
+            if !valid {
+                return self.text(
+                    StatusCode::UNAUTHORIZED,
+                    "this link was used already or has expired: open it again from cordon, for",
+                );
+            }
+            return self.exchange(path, query);
         }
-        if !self.signed_in(&req) {
-            return text(
+        if let Some(link) = param(LINK_PARAM).filter(|_| self.link_key.is_some()) {
+            if let Err(why) = self.check_link(&link) {
+                return self.text(StatusCode::UNAUTHORIZED, why);
+            }
+            return self.exchange(path, query);
+        }
+        let bearer = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::to_string);
+        if let (Some(check), Some(token)) = (&self.bearer, bearer) {
+            if !check(token).await {
+                return self.text(StatusCode::UNAUTHORIZED, "this token may not use");
+            }
+        } else if !self.signed_in(&req) {
+            return self.text(
                 StatusCode::UNAUTHORIZED,
-                "open this Lab from cordon: the Lab link of the web UI, or `cordon lab`",
+                "open it from cordon (its link in the web UI, or the API) to use",
             );
         }
         self.upstream.forward(req).await
     }
 
-    /// Spends `ticket` for a cookie and sends the browser on without it.
-    fn exchange(&self, ticket: &str, path: &str, query: &str) -> Response<Body> {
-        let valid = lock(&self.tickets)
-            .remove(ticket)
-            .is_some_and(|expires| expires > Instant::now());
-        if !valid {
-            return text(
-                StatusCode::UNAUTHORIZED,
-                "this Lab link was used already or has expired: open the Lab again from cordon",
-            );
+    /// An answer naming the site: `"{message} {name}"`.
+    fn text(&self, status: StatusCode, message: &str) -> Response<Body> {
+        text(status, &format!("{message} {}", self.name))
+    }
+
+    /// Checks a signed link: well formed, not expired, signed by this
+    /// site.
+    fn check_link(&self, link: &str) -> Result<(), &'static str> {
+        let key = self.link_key.as_ref().ok_or("links do not open")?;
+        let (expires, mac) = link.split_once('.').ok_or("this is no link of")?;
+        let expires: u64 = expires.parse().map_err(|_| "this is no link of")?;
+        let mac = hex(mac).ok_or("this is no link of")?;
+        let mut m = <Hmac as hmac::KeyInit>::new_from_slice(key).expect("any key length");
+        hmac::Mac::update(&mut m, expires.to_string().as_bytes());
+        hmac::Mac::verify_slice(m, &mac).map_err(|_| "this is no link of")?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        if now >= expires {
+            return Err("this link has expired: ask cordon for a new one, for");
         }
+        Ok(())
+    }
+
+    /// Lets the browser in with a cookie, and sends it on to the same URL
+    /// without the ticket or link.
+    fn exchange(&self, path: &str, query: &str) -> Response<Body> {
         let session = random_hex();
         let mut sessions = lock(&self.sessions);
         if sessions.len() >= MAX_SESSIONS {
@@ -232,7 +364,8 @@ impl State {
         drop(sessions);
         let rest: String = form_urlencoded::Serializer::new(String::new())
             .extend_pairs(
-                form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k != TICKET_PARAM),
+                form_urlencoded::parse(query.as_bytes())
+                    .filter(|(k, _)| k != TICKET_PARAM && k != LINK_PARAM),
             )
             .finish();
         // `//host` would be another site's address: go to the Lab's root.
@@ -276,7 +409,7 @@ fn same_origin(req: &Request<Body>) -> Result<(), &'static str> {
         && !matches!(site, "same-origin" | "none")
         && !navigation
     {
-        return Err("a request from another site or origin may not use this Lab");
+        return Err("a request from another site or origin may not use");
     }
     if let Some(origin) = get("origin") {
         let host = get("host").unwrap_or("");
@@ -284,7 +417,7 @@ fn same_origin(req: &Request<Body>) -> Result<(), &'static str> {
             .iter()
             .any(|s| origin.strip_prefix(s) == Some(host));
         if !own && !navigation {
-            return Err("a request from another origin may not use this Lab");
+            return Err("a request from another origin may not use");
         }
     }
     Ok(())
@@ -307,13 +440,31 @@ fn redirect(to: &str, cookie: Option<String>) -> Response<Body> {
     resp
 }
 
-fn text(status: StatusCode, message: &'static str) -> Response<Body> {
+fn text(status: StatusCode, message: &str) -> Response<Body> {
     let mut resp = (status, format!("{message}\n")).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
+}
+
+/// A link's MAC of `expires` under `key`, as hex.
+fn sign(key: &[u8; 32], expires: u64) -> String {
+    let mut m = <Hmac as hmac::KeyInit>::new_from_slice(key).expect("any key length");
+    hmac::Mac::update(&mut m, expires.to_string().as_bytes());
+    let mac = hmac::Mac::finalize(m).into_bytes();
+    mac.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn hex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -106,6 +106,10 @@ pub struct ServerConfig {
     /// How often the host tools' configuration files are looked at (their
     /// metadata only); presets are expanded again when they changed.
     pub preset_check: Duration,
+    /// Whether tenants may open previews of their sandboxes' ports (see
+    /// [`crate::preview`]); with them, a sandbox whose network is off has
+    /// its loopback up for them (nothing leaves it).
+    pub previews: bool,
 }
 
 /// [`ServerConfig::preset_check`] by default.
@@ -157,6 +161,7 @@ impl ServerConfig {
             image_store: None,
             preset_env: None,
             preset_check: PRESET_CHECK,
+            previews: true,
         }
     }
 
@@ -182,6 +187,7 @@ impl ServerConfig {
             supervisor: self.supervisor.clone(),
             backend: self.backend,
             vm: self.vm.clone(),
+            previews: self.previews,
         }
     }
 
@@ -226,9 +232,20 @@ pub struct SandboxDefaults {
     supervisor: Option<PathBuf>,
     backend: cordon_sandbox::BackendKind,
     vm: cordon_sandbox::VmOptions,
+    previews: bool,
 }
 
 impl SandboxDefaults {
+    /// The network a sandbox gets for the one it asked: with previews on,
+    /// `off` still has its loopback up, where a preview reaches its
+    /// servers; nothing goes out either way.
+    pub fn network(&self, asked: cordon_sandbox::Network) -> cordon_sandbox::Network {
+        match asked {
+            cordon_sandbox::Network::Off if self.previews => cordon_sandbox::Network::Loopback,
+            n => n,
+        }
+    }
+
     /// The workspace at `root` as the server's own writers open it (the
     /// files API, a `steps` job's `write_file`): beneath its root, and
     /// refusing the control files the sandbox's tools refuse unless the

@@ -172,14 +172,20 @@ fn unavailable(e: impl std::fmt::Display) -> ApiError {
     )
 }
 
-/// The answer to `POST …/lab`: a URL for the host name the client used.
-pub(crate) fn opened(site: &Site, headers: &HeaderMap) -> LabOpened {
-    let host = headers
+/// The host name the client used for this server, without its port: what
+/// a site's URL on another port of it is given with.
+pub(crate) fn browser_host(site: &Site, headers: &HeaderMap) -> String {
+    headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
         .map(|a| a.host().trim_matches(['[', ']']).to_string())
-        .unwrap_or_else(|| site.addr().ip().to_string());
+        .unwrap_or_else(|| site.addr().ip().to_string())
+}
+
+/// The answer to `POST …/lab`: a URL for the host name the client used.
+pub(crate) fn opened(site: &Site, headers: &HeaderMap) -> LabOpened {
+    let host = browser_host(site, headers);
     LabOpened {
         url: site.url(&host),
         expires_in: cordon_lab::site::TICKET_TTL.as_secs(),

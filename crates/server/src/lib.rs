@@ -23,7 +23,8 @@
 //!   tenant), `catalog` (the images tenants may name, their own among
 //!   them, made roots; their quota and garbage collection),
 //!   `sandboxes` (the live sandboxes by owner, and their Labs), `desktop` (the live view's bridge), `lab` (the Lab's
-//!   opening and bearer route), `live` (the sessions live in this
+//!   opening and bearer route), `preview` (a port of a sandbox on an
+//!   origin of its own), `live` (the sessions live in this
 //!   process).
 //! - `config`: what the server is told, and the parts of it others take
 //!   alone (sandbox defaults, the jobs' directories).
@@ -66,6 +67,7 @@ pub mod network;
 pub mod openapi;
 mod owned;
 mod owner;
+mod preview;
 mod relay;
 pub mod repos;
 mod routes;
@@ -103,6 +105,7 @@ pub const LAYERS: &[&str] = &[
     "sandboxes",
     "desktop",
     "lab",
+    "preview",
     "live",
     "metrics",
     "runner",

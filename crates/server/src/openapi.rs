@@ -46,6 +46,8 @@ impl Modify for Bearer {
         crate::owned::job_vnc,
         crate::owned::open_job_lab,
         crate::owned::job_lab,
+        crate::owned::job_ports,
+        crate::owned::job_preview,
         crate::owned::list_job_root,
         crate::owned::get_job_file,
         crate::owned::put_job_file,
@@ -63,6 +65,8 @@ impl Modify for Bearer {
         crate::owned::session_vnc,
         crate::owned::open_session_lab,
         crate::owned::session_lab,
+        crate::owned::session_ports,
+        crate::owned::session_preview,
         crate::owned::get_session_network,
         crate::owned::list_session_root,
         crate::owned::get_session_file,
@@ -111,9 +115,11 @@ fn add_links(doc: &mut Value) {
         ("get_job", "id", job),
         ("cancel_job", "id", job),
         ("job_events", "id", job),
-        ("list_root", "id", job),
-        ("get_file", "id", job),
-        ("put_file", "id", job),
+        ("list_job_root", "id", job),
+        ("get_job_file", "id", job),
+        ("put_job_file", "id", job),
+        ("job_ports", "id", job),
+        ("job_preview", "id", job),
         ("status", "id", job),
         ("status_by_query", "task_id", job),
     ]);
@@ -128,6 +134,11 @@ fn add_links(doc: &mut Value) {
         ("cancel", "id", session),
         ("compact", "id", session),
         ("rewind", "id", session),
+        ("list_session_root", "id", session),
+        ("get_session_file", "id", session),
+        ("put_session_file", "id", session),
+        ("session_ports", "id", session),
+        ("session_preview", "id", session),
     ]);
     for (path, method, status, l) in [
         ("/v1/jobs", "post", "202", job_links),
@@ -242,6 +253,38 @@ mod tests {
             kinds.insert(req.kind());
         }
         assert_eq!(kinds.len(), crate::job::JobKind::ALL.len(), "{kinds:?}");
+    }
+
+    /// Every link names an operation of the document, whose path takes the
+    /// parameter the link fills: a renamed handler breaks no client's walk.
+    #[test]
+    fn every_link_leads_to_an_operation() {
+        let doc = document();
+        let mut ops = std::collections::HashMap::new();
+        for (path, methods) in doc["paths"].as_object().unwrap() {
+            for op in methods.as_object().unwrap().values() {
+                if let Some(id) = op["operationId"].as_str() {
+                    ops.insert(id.to_string(), path.clone());
+                }
+            }
+        }
+        let mut seen = 0;
+        for methods in doc["paths"].as_object().unwrap().values() {
+            for op in methods.as_object().unwrap().values() {
+                for answer in op["responses"].as_object().into_iter().flatten() {
+                    for link in answer.1["links"].as_object().into_iter().flatten() {
+                        let id = link.1["operationId"].as_str().unwrap();
+                        let path = ops.get(id).unwrap_or_else(|| panic!("no operation {id}"));
+                        for param in link.1["parameters"].as_object().unwrap().keys() {
+                            let query = param == "task_id";
+                            assert!(query || path.contains(&format!("{{{param}}}")), "{id}");
+                        }
+                        seen += 1;
+                    }
+                }
+            }
+        }
+        assert!(seen >= 20, "{seen}");
     }
 
     /// Each job kind and each step is one closed object whose tag is a

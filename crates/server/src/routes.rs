@@ -35,6 +35,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
             get(owned::get_job_network).put(owned::put_job_network),
         )
         .route("/v1/jobs/{id}/lab", post(owned::open_job_lab))
+        .route("/v1/jobs/{id}/ports", get(owned::job_ports))
+        .route(
+            "/v1/jobs/{id}/ports/{port}/preview",
+            post(owned::job_preview),
+        )
         .merge(relayed)
         .merge(sessions_own(file_limit))
         .route("/schedule", post(jobs::schedule))
@@ -84,6 +89,11 @@ fn sessions_own(file_limit: usize) -> Router<Arc<Shared>> {
         )
         .route("/v1/sessions/{id}/vnc", get(owned::session_vnc))
         .route("/v1/sessions/{id}/lab", post(owned::open_session_lab))
+        .route("/v1/sessions/{id}/ports", get(owned::session_ports))
+        .route(
+            "/v1/sessions/{id}/ports/{port}/preview",
+            post(owned::session_preview),
+        )
         .route("/v1/sessions/{id}/lab/", any(owned::session_lab))
         .route("/v1/sessions/{id}/lab/{*path}", any(owned::session_lab))
         .route(

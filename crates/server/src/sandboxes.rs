@@ -1,6 +1,7 @@
-//! The sandboxes live in this process, by [`Owner`]: what the live view and the Lab reach while a job runs
-//! or a session is live. Each one's Lab, once opened, lives in its entry
-//! and ends with it: unlisting a sandbox closes its Lab's listener.
+//! The sandboxes live in this process, by [`Owner`]: what the live view,
+//! the Lab and previews reach while a job runs or a session is live. Each
+//! one's Lab and previews, once opened, live in its entry and end with it:
+//! unlisting a sandbox closes their listeners.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,10 +15,14 @@ use crate::owner::Owner;
 /// A sandbox's Lab, once opened: its own origin, and the way in.
 pub type LabSlot = Arc<tokio::sync::OnceCell<Arc<cordon_lab::Site>>>;
 
+/// A sandbox's previews once opened, by port inside: each its own origin.
+pub type Previews = Arc<Mutex<HashMap<u16, Arc<cordon_lab::Site>>>>;
+
 #[derive(Clone)]
 struct Entry {
     sandbox: Sandbox,
     lab: LabSlot,
+    previews: Previews,
     /// When its Lab was last opened (or the entry made).
     opened: Arc<Mutex<Instant>>,
     /// Requests opening its Lab now: starting Jupyter may take longer than
@@ -76,13 +81,22 @@ impl Sandboxes {
         let entry = Entry {
             sandbox: sandbox.clone(),
             lab: LabSlot::default(),
+            previews: Previews::default(),
             opened: Arc::new(Mutex::new(Instant::now())),
             opening: Arc::default(),
         };
         self.lock().insert(owner, entry);
     }
 
-    /// Unlists `owner`'s sandbox; its Lab, if open, stops listening.
+    /// `owner`'s sandbox and its previews.
+    pub fn previews(&self, owner: &Owner) -> Option<(Sandbox, Previews)> {
+        let live = self.lock();
+        let e = live.get(owner)?;
+        Some((e.sandbox.clone(), e.previews.clone()))
+    }
+
+    /// Unlists `owner`'s sandbox; its Lab and previews, if open, stop
+    /// listening.
     pub fn unlist(&self, owner: &Owner) {
         let gone = self.lock().remove(owner);
         drop(gone);

@@ -1085,6 +1085,7 @@ async fn every_request_body_s_first_example_is_accepted() {
         let url = path
             .replace("{id}", id)
             .replace("{path}", "hello.py")
+            .replace("{port}", "8000")
             .replace("{host}", "git.example.com");
         let mut request = s
             .client

@@ -2,7 +2,7 @@
 //! the worker that runs it; a session's, woken if it idled out.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
@@ -20,10 +20,6 @@ use crate::owner::Owner;
 use crate::relay::LabRelay;
 use crate::state::Shared;
 use crate::store::JobRow;
-
-/// How long a running job's sandbox may take to be listed (under TCG a
-/// microVM takes this long to boot).
-const LISTING: Duration = Duration::from_secs(120);
 
 /// How long a Lab's request waits for a session's turn to give its
 /// sandbox back before it wakes it.
@@ -53,7 +49,7 @@ async fn site(
             if let Some(worker) = shared.elsewhere(&job) {
                 return remote(shared, tenant, &job, worker.to_string()).await;
             }
-            let why = listed(shared, tenant, *job)
+            let why = super::listed(shared, tenant, *job)
                 .await
                 .map_err(IntoResponse::into_response)?;
             (
@@ -86,30 +82,6 @@ async fn site(
     )
     .await
     .map_err(IntoResponse::into_response)
-}
-
-/// Waits for a running job's sandbox to be listed here, and says why there
-/// is none if it is not (or is gone by the time its Lab starts).
-async fn listed(shared: &Shared, tenant: &str, mut job: JobRow) -> Result<String, ApiError> {
-    let id = job.id.clone();
-    let owner = Owner::Job(id.clone());
-    // A job is running a moment before its sandbox is made and listed.
-    let deadline = Instant::now() + LISTING;
-    while job.state == JobState::Running
-        && shared.sandboxes.get(&owner).is_none()
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        job = crate::jobs::find(shared, tenant, &id).await?;
-    }
-    let why = match job.state {
-        JobState::Queued => "it has not started yet".to_string(),
-        JobState::Running => "its sandbox is being made or closed; try again".to_string(),
-        _ => format!(
-            "it has finished, and its sandbox with it; its files stay at /v1/jobs/{id}/files"
-        ),
-    };
-    Ok(why)
 }
 
 fn not_running(id: &str, why: &str) -> ApiError {

@@ -1,6 +1,6 @@
 //! What every owner of a sandbox (a job, an API session) serves the same
-//! way: its workspace's files, its network policy, its desktop's live view
-//! and its JupyterLab. Each is written once over an [`Owner`], with one set
+//! way: its workspace's files, its network policy, its desktop's live view,
+//! its JupyterLab and its ports' previews. Each is written once over an [`Owner`], with one set
 //! of answers for what is missing; where a kind differs (a job's archived
 //! files, a session woken from idle) one exhaustive `match` says how. The
 //! routes of each kind are thin, so that the OpenAPI document describes
@@ -10,16 +10,25 @@ mod desktop;
 mod files;
 mod lab;
 mod network;
+mod ports;
 
 pub(crate) use desktop::*;
 pub(crate) use files::*;
 pub(crate) use lab::*;
 pub(crate) use network::*;
+pub(crate) use ports::*;
+
+use std::time::{Duration, Instant};
 
 use crate::http::ApiResult;
+use crate::job::JobState;
 use crate::owner::Owner;
 use crate::state::Shared;
 use crate::store::{JobRow, SessionRow};
+
+/// How long a running job's sandbox may take to be listed (under TCG a
+/// microVM takes this long to boot).
+const LISTING: Duration = Duration::from_secs(120);
 
 /// An owner of the tenant's, as the store has it. Another tenant's is as
 /// absent as a missing one.
@@ -32,5 +41,28 @@ pub(crate) async fn find(shared: &Shared, tenant: &str, owner: &Owner) -> ApiRes
     Ok(match owner {
         Owner::Job(id) => Found::Job(Box::new(crate::jobs::find(shared, tenant, id).await?)),
         Owner::Session(id) => Found::Session(crate::sessions::find(shared, tenant, id).await?),
+    })
+}
+
+/// Waits for a running job's sandbox to be listed here (a job is running a
+/// moment before its sandbox is made), and says why there is none if it
+/// is not (or is gone by the time it is used).
+async fn listed(shared: &Shared, tenant: &str, mut job: JobRow) -> ApiResult<String> {
+    let id = job.id.clone();
+    let owner = Owner::Job(id.clone());
+    let deadline = Instant::now() + LISTING;
+    while job.state == JobState::Running
+        && shared.sandboxes.get(&owner).is_none()
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        job = crate::jobs::find(shared, tenant, &id).await?;
+    }
+    Ok(match job.state {
+        JobState::Queued => "it has not started yet".to_string(),
+        JobState::Running => "its sandbox is being made or closed; try again".to_string(),
+        _ => format!(
+            "it has finished, and its sandbox with it; its files stay at /v1/jobs/{id}/files"
+        ),
     })
 }

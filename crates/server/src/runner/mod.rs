@@ -392,7 +392,7 @@ impl Runner {
             disk: Some(options.disk),
             ..c.limits()
         });
-        c.network = options.network.into();
+        c.network = self.sandboxes.network(options.network.into());
         c.egress = options.egress.clone().map(cordon_sandbox::Egress::new);
         if let Some(b) = options.backend {
             c.backend = b;

@@ -176,7 +176,7 @@ async fn wake(
             })?,
         ),
     };
-    sc.network = network;
+    sc.network = shared.config.sandboxes().network(network);
     sc.egress = policy
         .as_ref()
         .map(|p| cordon_sandbox::Egress::new(p.clone().into()));

@@ -1,0 +1,291 @@
+//! Previews of what a running job's sandbox serves on a port: the link
+//! (its own origin, a cookie for that origin alone, an expiry), the
+//! programs' way (the tenant's bearer token on the preview's origin),
+//! WebSockets through it, and the attacks: no credentials, another
+//! tenant's token or job, an expired or forged link, previews turned off,
+//! a preview outliving its sandbox.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use reqwest::StatusCode;
+use reqwest::header::{LOCATION, SET_COOKIE};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+/// A WebSocket echo server on 127.0.0.1:8001 (text frames under 126
+/// bytes), Python's standard library only.
+const WS_ECHO: &str = r#"
+import socket, hashlib, base64, threading
+def serve(c):
+    req = b''
+    while b'\r\n\r\n' not in req:
+        d = c.recv(4096)
+        if not d: return
+        req += d
+    key = [l.split(b':', 1)[1].strip() for l in req.split(b'\r\n') if l.lower().startswith(b'sec-websocket-key:')][0]
+    accept = base64.b64encode(hashlib.sha1(key + b'258EAFA5-E914-47DA-95CA-C5AB0DC85B11').digest())
+    c.sendall(b'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ' + accept + b'\r\n\r\n')
+    def take(n):
+        b = b''
+        while len(b) < n:
+            d = c.recv(n - len(b))
+            if not d: raise EOFError
+            b += d
+        return b
+    while True:
+        h = take(2)
+        op, n = h[0] & 15, h[1] & 127
+        mask = take(4)
+        data = bytes(b ^ mask[i % 4] for i, b in enumerate(take(n)))
+        if op == 8: return
+        c.sendall(bytes([0x80 | op, len(data)]) + data)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('127.0.0.1', 8001))
+s.listen()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// A job serving a page on 8000 and a WebSocket echo on 8001 until the
+/// test uploads `release`.
+fn serving() -> Value {
+    shell(&format!(
+        "echo '<h1>made in the sandbox</h1>' > index.html
+cat > ws.py <<'PY'{WS_ECHO}PY
+python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &
+python3 ws.py >/dev/null 2>&1 &
+while [ ! -f /workspace/release ]; do sleep 0.1; done"
+    ))
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// Waits until `port` listens in job `id`'s sandbox.
+async fn listening(s: &TestServer, t: &str, id: &str, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = s.get(t, &format!("/v1/jobs/{id}/ports")).await;
+        assert_eq!(status, 200, "{body}");
+        let open = body["ports"].as_array().unwrap();
+        if open.iter().any(|p| p["port"] == port) {
+            assert!(
+                open.iter()
+                    .any(|p| p["port"] == port && p["previewable"] == true),
+                "{body}"
+            );
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "port {port} never listened: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A browser's way in: the link spent for the preview's cookie. Returns
+/// where it is sent on, and the cookie (`name=value`).
+async fn sign_in(url: &str, origin: &str) -> (String, String) {
+    let r = client().get(url).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER, "{url}");
+    let to = r.headers()[LOCATION].to_str().unwrap().to_string();
+    assert!(!to.contains("cordon_link"), "{to}");
+    let set = r.headers()[SET_COOKIE].to_str().unwrap().to_string();
+    for attr in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(set.contains(attr), "{set}");
+    }
+    (
+        format!("{origin}{to}"),
+        set.split(';').next().unwrap().to_string(),
+    )
+}
+
+#[tokio::test]
+async fn a_job_s_server_is_previewed_on_an_origin_of_its_own() {
+    let Some(s) = TestServer::start(Db::Sqlite).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let other = s.token("zeta").await;
+    // The job asks for no network: with previews on, its loopback is up
+    // for them, and nothing leaves.
+    let id = s.submit(&t, serving()).await;
+    s.wait_running(&t, &id).await;
+    listening(&s, &t, &id, 8000).await;
+    listening(&s, &t, &id, 8001).await;
+
+    let (status, p) = s
+        .post(&t, &format!("/v1/jobs/{id}/ports/8000/preview"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{p}");
+    assert_eq!(p["port"], 8000);
+    let (url, origin) = (p["url"].as_str().unwrap(), p["origin"].as_str().unwrap());
+    assert!(url.starts_with(&format!("{origin}/?cordon_link=")), "{url}");
+    assert_ne!(origin, s.url(""), "a preview on the API's own origin");
+    assert!(!origin.ends_with(&format!(":{}", s.url("").rsplit(':').next().unwrap())));
+
+    // A browser: the link for a cookie of that origin, then the page.
+    let (to, cookie) = sign_in(url, origin).await;
+    let page = client()
+        .get(&to)
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    assert_eq!(page.text().await.unwrap(), "<h1>made in the sandbox</h1>\n");
+    // The link works for as many browsers as it is given to, until it
+    // expires; the same preview is answered a second time.
+    let _ = sign_in(url, origin).await;
+    let again = client()
+        .post(s.url(&format!("/v1/jobs/{id}/ports/8000/preview")))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200, "an empty body is taken");
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(again["origin"], p["origin"]);
+
+    // Nothing, a forged link, another tenant's token: refused.
+    let index = format!("{origin}/index.html");
+    let bare = client().get(&index).send().await.unwrap();
+    assert_eq!(bare.status(), StatusCode::UNAUTHORIZED);
+    let (expires, mac) = url
+        .split_once("cordon_link=")
+        .unwrap()
+        .1
+        .split_once('.')
+        .unwrap();
+    let later: u64 = expires.parse::<u64>().unwrap() + 3600;
+    for forged in [
+        format!("{origin}/?cordon_link={later}.{mac}"),
+        format!("{origin}/?cordon_link={expires}.{}", "0".repeat(64)),
+        format!("{origin}/?cordon_link=garbage"),
+    ] {
+        let r = client().get(&forged).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{forged}");
+    }
+    let theirs = client()
+        .get(&index)
+        .bearer_auth(&other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(theirs.status(), StatusCode::UNAUTHORIZED);
+    // A program with the tenant's own token: in, and the token stays here.
+    let ours = client().get(&index).bearer_auth(&t).send().await.unwrap();
+    assert_eq!(ours.status(), 200);
+
+    // Another tenant cannot see the job's ports or ask for a link.
+    for path in [
+        format!("/v1/jobs/{id}/ports"),
+        format!("/v1/jobs/{id}/ports/8000/preview"),
+    ] {
+        let (status, _) = s.post(&other, &path, json!({})).await;
+        assert!(status == 404 || status == 405, "{path}: {status}");
+    }
+    let (status, _) = s.get(&other, &format!("/v1/jobs/{id}/ports")).await;
+    assert_eq!(status, 404);
+
+    // An expired link lets nobody in.
+    let (_, short) = s
+        .post(
+            &t,
+            &format!("/v1/jobs/{id}/ports/8000/preview"),
+            json!({"expires_in": 1}),
+        )
+        .await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let r = client()
+        .get(short["url"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert!(r.text().await.unwrap().contains("expired"));
+
+    // Bad requests say what is wrong.
+    for (path, body) in [
+        ("ports/0/preview", json!({})),
+        ("ports/http/preview", json!({})),
+        ("ports/8000/preview", json!({"expires_in": 0})),
+        ("ports/8000/preview", json!({"expires_in": 604_801})),
+        ("ports/8000/preview", json!({"ttl": 5})),
+    ] {
+        let (status, b) = s.post(&t, &format!("/v1/jobs/{id}/{path}"), body).await;
+        assert_eq!(status, 400, "{path}: {b}");
+        assert_eq!(b["error"]["code"], "invalid_request", "{b}");
+    }
+
+    // WebSockets go through, with the tenant's token.
+    let (_, w) = s
+        .post(&t, &format!("/v1/jobs/{id}/ports/8001/preview"), json!({}))
+        .await;
+    let ws_origin = w["origin"]
+        .as_str()
+        .unwrap()
+        .replacen("http://", "ws://", 1);
+    let mut req = format!("{ws_origin}/echo").into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    let (mut socket, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    socket.send(Message::text("ping")).await.unwrap();
+    let echo = tokio::time::timeout(Duration::from_secs(10), socket.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(echo, Message::text("ping"));
+    drop(socket);
+
+    // The preview ends with the sandbox.
+    s.release(&t, &id).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(client().get(&index).bearer_auth(&t).send().await.is_err());
+    let (status, b) = s
+        .post(&t, &format!("/v1/jobs/{id}/ports/8000/preview"), json!({}))
+        .await;
+    assert_eq!(status, 409, "{b}");
+}
+
+#[tokio::test]
+async fn an_operator_may_turn_previews_off() {
+    let Some(s) = TestServer::start_with(Db::Sqlite, |c| c.previews = false).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let id = s
+        .submit(
+            &t,
+            shell(
+                "python3 -c \"import socket; socket.socket().bind(('127.0.0.1', 0))\" \
+                 2>&1 | tail -1; while [ ! -f /workspace/release ]; do sleep 0.1; done",
+            ),
+        )
+        .await;
+    s.wait_running(&t, &id).await;
+    let (status, b) = s
+        .post(&t, &format!("/v1/jobs/{id}/ports/8000/preview"), json!({}))
+        .await;
+    assert_eq!(status, 403, "{b}");
+    assert_eq!(b["error"]["code"], "previews_off");
+    let (_, ports) = s.get(&t, &format!("/v1/jobs/{id}/ports")).await;
+    assert_eq!(ports["previews"], false, "{ports}");
+    // Without previews, a job whose network is off keeps its loopback
+    // down, as before.
+    let job = s.release(&t, &id).await;
+    assert!(job["stdout"].as_str().unwrap().contains("Error"), "{job}");
+}
