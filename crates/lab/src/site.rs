@@ -47,10 +47,21 @@ pub const LINK_TTL_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 
 type Hmac = hmac::Hmac<sha2::Sha256>;
 
-/// Whether a bearer token may use a site (the server's check of its
-/// tenants' tokens).
+/// What the server that made a site says of a bearer token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bearer {
+    /// Its owner's: in.
+    Allowed,
+    /// No token the server knows: 401.
+    Unknown,
+    /// Another tenant's, to whom the site is as absent as a missing one:
+    /// 404.
+    Stranger,
+}
+
+/// The server's check of a bearer token sent to a site.
 pub type BearerCheck =
-    Arc<dyn Fn(String) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+    Arc<dyn Fn(String) -> Pin<Box<dyn Future<Output = Bearer> + Send>> + Send + Sync>;
 
 /// What a [`Site`] serves and who it lets in besides a one-time ticket's
 /// browser.
@@ -315,8 +326,10 @@ impl State {
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::to_string);
         if let (Some(check), Some(token)) = (&self.bearer, bearer) {
-            if !check(token).await {
-                return self.text(StatusCode::UNAUTHORIZED, "this token may not use");
+            match check(token).await {
+                Bearer::Allowed => {}
+                Bearer::Unknown => return self.text(StatusCode::UNAUTHORIZED, "unknown token for"),
+                Bearer::Stranger => return text(StatusCode::NOT_FOUND, "not found"),
             }
         } else if !self.signed_in(&req) {
             return self.text(

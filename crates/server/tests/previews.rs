@@ -17,50 +17,16 @@ use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-/// A WebSocket echo server on 127.0.0.1:8001 (text frames under 126
-/// bytes), Python's standard library only.
-const WS_ECHO: &str = r#"
-import socket, hashlib, base64, threading
-def serve(c):
-    req = b''
-    while b'\r\n\r\n' not in req:
-        d = c.recv(4096)
-        if not d: return
-        req += d
-    key = [l.split(b':', 1)[1].strip() for l in req.split(b'\r\n') if l.lower().startswith(b'sec-websocket-key:')][0]
-    accept = base64.b64encode(hashlib.sha1(key + b'258EAFA5-E914-47DA-95CA-C5AB0DC85B11').digest())
-    c.sendall(b'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ' + accept + b'\r\n\r\n')
-    def take(n):
-        b = b''
-        while len(b) < n:
-            d = c.recv(n - len(b))
-            if not d: raise EOFError
-            b += d
-        return b
-    while True:
-        h = take(2)
-        op, n = h[0] & 15, h[1] & 127
-        mask = take(4)
-        data = bytes(b ^ mask[i % 4] for i, b in enumerate(take(n)))
-        if op == 8: return
-        c.sendall(bytes([0x80 | op, len(data)]) + data)
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(('127.0.0.1', 8001))
-s.listen()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
-
 /// A job serving a page on 8000 and a WebSocket echo on 8001 until the
 /// test uploads `release`.
 fn serving() -> Value {
+    let server = include_str!("common/page_and_echo.py");
     shell(&format!(
         "echo '<h1>made in the sandbox</h1>' > index.html
-cat > ws.py <<'PY'{WS_ECHO}PY
-python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &
-python3 ws.py >/dev/null 2>&1 &
+cat > serve.py <<'PY'
+{server}PY
+python3 serve.py 8000 >/dev/null 2>&1 &
+python3 serve.py 8001 >/dev/null 2>&1 &
 while [ ! -f /workspace/release ]; do sleep 0.1; done"
     ))
 }
@@ -184,7 +150,14 @@ async fn a_job_s_server_is_previewed_on_an_origin_of_its_own() {
         .send()
         .await
         .unwrap();
-    assert_eq!(theirs.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(theirs.status(), StatusCode::NOT_FOUND, "another tenant's");
+    let unknown = client()
+        .get(&index)
+        .bearer_auth("nope")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), StatusCode::UNAUTHORIZED);
     // A program with the tenant's own token: in, and the token stays here.
     let ours = client().get(&index).bearer_auth(&t).send().await.unwrap();
     assert_eq!(ours.status(), 200);

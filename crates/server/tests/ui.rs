@@ -427,3 +427,91 @@ async fn in_chromium_a_job_s_lab_runs_a_cell_that_writes_the_workspace() {
     assert_eq!(job["state"], "succeeded", "{job}");
     s.stop().await;
 }
+
+/// The page a preview test serves: it tries everything a hostile page of a
+/// sandbox's could against cordon, and writes what it got into `#result`.
+fn hostile_page(api: &str) -> String {
+    format!(
+        r#"<!doctype html><meta charset="utf-8"><title>preview</title>
+<h1>made in the sandbox</h1><pre id="result"></pre>
+<script>
+(async () => {{
+  const out = {{ cookie: document.cookie }};
+  try {{
+    const r = await fetch("{api}/v1/jobs", {{ credentials: "include" }});
+    out.api = r.status;
+    out.body = await r.text();
+  }} catch (e) {{ out.api = "refused: " + e.message; }}
+  try {{ out.storage = JSON.stringify([{{ ...localStorage }}, {{ ...sessionStorage }}]); }}
+  catch (e) {{ out.storage = "refused: " + e.message; }}
+  out.ws = await new Promise((done) => {{
+    const ws = new WebSocket("ws://" + location.host + "/echo");
+    ws.onopen = () => ws.send("from the page");
+    ws.onmessage = (m) => {{ done("echo: " + m.data); ws.close(); }};
+    ws.onerror = () => done("no WebSocket");
+  }});
+  const r = document.getElementById("result");
+  r.textContent = JSON.stringify(out);
+  r.dataset.done = "1";
+}})();
+</script>"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_a_preview_is_its_own_origin_and_reads_nothing_of_cordons() {
+    let Some(b) = ready(None) else { return };
+    let s = sqlite_server().await;
+    let token = s.token("preview").await;
+    let server = include_str!("common/page_and_echo.py");
+    let id = s
+        .submit(
+            &token,
+            json!({"kind": "shell", "timeout_secs": 900, "command": format!(
+                "cat > serve.py <<'PY'\n{server}PY\n\
+                 python3 serve.py 8080 >/dev/null 2>&1 &\n\
+                 while [ ! -f /workspace/release ]; do sleep 0.1; done")}),
+        )
+        .await;
+    s.wait_running(&token, &id).await;
+    let r = s
+        .client
+        .put(s.url(&format!("/v1/jobs/{id}/files/index.html")))
+        .bearer_auth(&token)
+        .body(hostile_page(&s.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let link = loop {
+        let (status, p) = s
+            .post(
+                &token,
+                &format!("/v1/jobs/{id}/ports/8080/preview"),
+                json!({}),
+            )
+            .await;
+        assert_eq!(status, 200, "{p}");
+        let up = s
+            .client
+            .get(format!("{}/index.html", p["origin"].as_str().unwrap()))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200);
+        if up {
+            break p["url"].as_str().unwrap().to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    drive_with(
+        &b,
+        "preview.mjs",
+        &s.base,
+        &token,
+        &[("PREVIEW_URL", &link)],
+    )
+    .await;
+    s.release(&token, &id).await;
+    s.stop().await;
+}

@@ -8,7 +8,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use cordon_lab::BearerCheck;
+use cordon_lab::{Bearer, BearerCheck};
 
 use super::{Found, find};
 use crate::http::{ApiError, ApiResult, Tenant};
@@ -53,7 +53,8 @@ fn previews_on(shared: &Shared) -> ApiResult<()> {
     ))
 }
 
-/// A program's bearer token lets it in if it is the owner's tenant's.
+/// A program's bearer token lets it in if it is the owner's tenant's;
+/// another tenant's finds nothing there.
 fn bearer(shared: &Arc<Shared>, tenant: &str) -> BearerCheck {
     let shared = Arc::downgrade(shared);
     let tenant = tenant.to_string();
@@ -61,9 +62,13 @@ fn bearer(shared: &Arc<Shared>, tenant: &str) -> BearerCheck {
         let (shared, tenant) = (shared.clone(), tenant.clone());
         Box::pin(async move {
             let Some(shared) = shared.upgrade() else {
-                return false;
+                return Bearer::Unknown;
             };
-            matches!(shared.store.caller(&token).await, Ok(Some(c)) if c.tenant == tenant)
+            match shared.store.caller(&token).await {
+                Ok(Some(c)) if c.tenant == tenant => Bearer::Allowed,
+                Ok(Some(_)) => Bearer::Stranger,
+                Ok(None) | Err(_) => Bearer::Unknown,
+            }
         })
     })
 }
