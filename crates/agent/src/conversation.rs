@@ -47,6 +47,7 @@ pub struct Opening {
     oversight: Oversight,
     mode: crate::agent::Mode,
     instructions: Instructions,
+    previews: bool,
 }
 
 impl Opening {
@@ -62,6 +63,7 @@ impl Opening {
             oversight: Oversight::default(),
             mode: crate::agent::Mode::Work,
             instructions: Instructions::default(),
+            previews: false,
         }
     }
 
@@ -96,6 +98,13 @@ impl Opening {
     /// Working, or planning with read-only tools (`--mode plan`).
     pub fn mode(mut self, mode: crate::agent::Mode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// Whoever drives the agent can open what its servers serve on the
+    /// sandbox's loopback (`cordon serve`'s previews): the prompt says so.
+    pub fn previews(mut self, on: bool) -> Self {
+        self.previews = on;
         self
     }
 
@@ -185,7 +194,7 @@ impl Opening {
             tools.register_arc(t.clone());
         }
         let config = AgentConfig {
-            system: crate::prompt::for_sandbox(sandbox)
+            system: crate::prompt::for_sandbox(sandbox, self.previews)
                 + &self.instructions.prompt()
                 + &hook_context(context),
             ..self.config.clone()

@@ -76,13 +76,16 @@ fn allowed(sandbox: &Sandbox) -> Vec<String> {
 
 /// The prompt for a conversation in `sandbox`: cordon's way of working,
 /// with the sandbox as it really is (its network, its screen, its root).
-pub fn for_sandbox(sandbox: &Sandbox) -> String {
+/// `previews`: the user opens any port of the sandbox's loopback from
+/// cordon (a server's previews).
+pub fn for_sandbox(sandbox: &Sandbox, previews: bool) -> String {
     let facts = Facts {
         network: sandbox.network_kind(),
         allow: allowed(sandbox),
         display: sandbox.display().is_some(),
         image_user: sandbox.image_user(),
         ports: sandbox.forwards(),
+        previews,
     };
     facts.prompt()
 }
@@ -99,6 +102,8 @@ struct Facts {
     /// Ports of the sandbox the user reaches: where on their machine, and
     /// which port inside.
     ports: Vec<(std::net::SocketAddr, u16)>,
+    /// The user opens any port of the loopback as a preview.
+    previews: bool,
 }
 
 impl Facts {
@@ -148,6 +153,13 @@ impl Facts {
                 each.join(", ")
             ));
         }
+        if self.previews && self.network != Network::Off {
+            facts.push_str(
+                "\n- The user can open any port your servers listen on (127.0.0.1 or 0.0.0.0) \
+                 as a preview from cordon: to show them an app, start it in the background on a \
+                 port and name the port.",
+            );
+        }
         if self.display {
             facts.push_str(
                 "\n- There is a screen: start graphical programs on it ($DISPLAY is set) and \
@@ -169,6 +181,7 @@ mod tests {
             display: false,
             image_user: None,
             ports: Vec::new(),
+            previews: false,
         }
     }
 
@@ -179,6 +192,9 @@ mod tests {
         f.ports = vec![("127.0.0.1:8080".parse().unwrap(), 3000)];
         let p = f.prompt();
         assert!(p.contains("port 3000 at http://127.0.0.1:8080"), "{p}");
+        assert!(!p.contains("as a preview"));
+        f.previews = true;
+        assert!(f.prompt().contains("as a preview from cordon"));
     }
 
     #[test]

@@ -236,6 +236,11 @@ pub struct SandboxDefaults {
 }
 
 impl SandboxDefaults {
+    /// Whether tenants may preview their sandboxes' ports.
+    pub fn previews(&self) -> bool {
+        self.previews
+    }
+
     /// The network a sandbox gets for the one it asked: with previews on,
     /// `off` still has its loopback up, where a preview reaches its
     /// servers; nothing goes out either way.

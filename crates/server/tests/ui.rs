@@ -509,7 +509,7 @@ async fn in_chromium_a_preview_is_its_own_origin_and_reads_nothing_of_cordons() 
         "preview.mjs",
         &s.base,
         &token,
-        &[("PREVIEW_URL", &link)],
+        &[("PREVIEW_URL", &link), ("JOB_ID", &id)],
     )
     .await;
     s.release(&token, &id).await;

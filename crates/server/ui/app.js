@@ -1017,6 +1017,75 @@ function labControl(path, signal) {
   return { el: h('span', { class: 'lab' }, button, status), err, button };
 }
 
+// "Ports": what listens in a job's or session's sandbox (`base`, e.g.
+// v1/jobs/ID), each previewable one with an "Open" button. POST
+// …/ports/PORT/preview answers a signed link to the port's own origin; as
+// for the Lab, the tab is opened at once, cut from this page, and sent
+// there when the link comes, so the page (the sandbox's to shape) gets no
+// handle on this one. The link lets any browser in until it expires, so it
+// is also shown to be copied; the bearer token never leaves this page.
+function portsPanel(base, signal) {
+  const list = h('ul', { class: 'ports' });
+  const look = h('button', { type: 'button', class: 'secondary ports-look' }, 'Look again');
+  const status = h('span', { class: 'muted ports-status', role: 'status' });
+  const err = errorBox();
+  err.classList.add('ports-error');
+
+  async function open(port, row) {
+    err.show(null);
+    const w = window.open('', '_blank');
+    if (w) w.document.title = `Opening port ${port}…`;
+    let preview;
+    try {
+      preview = await api('POST', `${base}/ports/${port}/preview`, { signal, body: {} });
+      if (typeof preview.url !== 'string' || !/^https?:\/\//.test(preview.url)) throw new Error('the server answered no preview URL');
+    } catch (e) {
+      w?.close();
+      if (!signal.aborted) err.show(e);
+      return;
+    }
+    if (w && !w.closed) {
+      w.opener = null;
+      w.location.replace(preview.url);
+    }
+    const link = h('a', { href: preview.url, target: '_blank', rel: 'noopener noreferrer', class: 'preview-link' }, 'link');
+    row.querySelector('.preview')?.remove();
+    row.append(h('span', { class: 'preview muted' }, ' ', link, ` (works until ${fmtTime(preview.expires_at)}; share it to show the app)`));
+  }
+
+  async function refresh() {
+    err.show(null);
+    look.disabled = true;
+    status.replaceChildren('looking…');
+    try {
+      const { ports, previews } = await api('GET', `${base}/ports`, { signal });
+      list.replaceChildren(...ports.map((p) => {
+        const row = h('li', { 'data-port': String(p.port) }, h('code', {}, `${p.address}:${p.port}`));
+        if (!previews) {
+          row.append(h('span', { class: 'muted' }, ' (previews are off on this server)'));
+        } else if (p.previewable) {
+          const b = h('button', { type: 'button', class: 'secondary preview-open' }, 'Open');
+          b.addEventListener('click', () => open(p.port, row));
+          row.append(' ', b);
+        } else {
+          row.append(h('span', { class: 'muted' }, ' (listens on this address alone: serve on 127.0.0.1 or 0.0.0.0 to preview it)'));
+        }
+        return row;
+      }));
+      status.replaceChildren(ports.length ? '' : 'nothing listens yet');
+    } catch (e) {
+      status.replaceChildren();
+      if (!signal.aborted) err.show(e);
+    }
+    look.disabled = false;
+  }
+  look.addEventListener('click', refresh);
+  status.replaceChildren('what listens in the sandbox shows here');
+  const el = h('section', { class: 'ports-panel', hidden: true },
+    h('div', { class: 'toolbar' }, h('h2', {}, 'Ports'), status, h('span', { class: 'spacer' }), look), err, list);
+  return { el, refresh };
+}
+
 async function jobPage(main, id, signal) {
   const err = errorBox();
   const state = h('span');
@@ -1095,6 +1164,14 @@ async function jobPage(main, id, signal) {
   const outputBox = h('div', { class: 'stack', hidden: job.kind === 'agent' },
     h('h2', {}, 'Output'), output);
   main.append(outputBox);
+  const ports = portsPanel(`v1/jobs/${encodeURIComponent(id)}`, signal);
+  outputBox.before(ports.el);
+  const showPorts = () => {
+    const running = job.state === 'running';
+    if (running && ports.el.hidden) ports.refresh();
+    ports.el.hidden = !running;
+  };
+  showPorts();
   const files = filesPanel(id, signal);
   main.append(files.el);
 
@@ -1137,7 +1214,9 @@ async function jobPage(main, id, signal) {
       if (!desktop && job.request?.display) refresh().then(showDesktop).catch((e) => err.show(e));
     }
     else if (event === 'step_finished') marker(`  ${data.state}${data.exit_code == null ? '' : ` (exit ${data.exit_code})`} in ${fmtDuration(data.duration_ms)}`);
-    else if (event === 'state' || event === 'finished') refresh().then(showDesktop).catch((e) => err.show(e));
+    else if (event === 'state' || event === 'finished') {
+      refresh().then(() => { showDesktop(); showPorts(); }).catch((e) => err.show(e));
+    }
     else if (transcript && data && typeof data === 'object' && data.type) transcript.handle(data);
     if (event === 'finished') files.load();
   };
@@ -1191,7 +1270,9 @@ async function chat(main, sessionId, signal) {
   const stop = h('button', { type: 'button', class: 'danger', hidden: true }, 'Stop');
   const sendErr = errorBox();
   const composer = h('form', { class: 'composer' }, input, h('div', { class: 'buttons' }, send, stop));
-  convo.append(h('div', { class: 'toolbar' }, title, h('span', { class: 'spacer' }), lab.el), lab.err, box, sendErr, composer);
+  const ports = portsPanel(`v1/sessions/${encodeURIComponent(sessionId)}`, signal);
+  ports.el.hidden = false;
+  convo.append(h('div', { class: 'toolbar' }, title, h('span', { class: 'spacer' }), lab.el), lab.err, box, sendErr, composer, ports.el);
   const transcript = new Transcript(box);
   let busy = false;
 
@@ -1238,6 +1319,8 @@ async function chat(main, sessionId, signal) {
       stop.hidden = true;
       if (!title.textContent || title.textContent === '(new session)') title.textContent = oneLine(text, 72);
       loadSessions().catch(() => {});
+      // A turn may have started a server: its port shows.
+      ports.refresh();
     }
   }
 

@@ -27,6 +27,8 @@ pub(super) struct AgentRun {
     pub(super) session: PathBuf,
     /// The job's `repo`, cloned: its git tools go to the model.
     pub(super) repository: Option<cordon_git::SessionRepository>,
+    /// Whether the tenant may preview the sandbox's ports.
+    pub(super) previews: bool,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -83,6 +85,7 @@ pub(super) async fn run_agent(
         )
         .tools(&run.repository.map(|r| r.tools()).unwrap_or_default())
         .instructions(Instructions::read(None, ws, WORKDIR))
+        .previews(run.previews)
         .open(sandbox.clone(), ws, Vec::new(), log)
         .await;
     let failed = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));

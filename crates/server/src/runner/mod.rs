@@ -359,6 +359,7 @@ impl Runner {
                     max_steps,
                     session,
                     repository,
+                    previews: self.sandboxes.previews(),
                 };
                 agent::run_agent(
                     self.agent.as_ref(),

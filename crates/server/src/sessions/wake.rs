@@ -210,6 +210,7 @@ async fn wake(
     )
     .tools(&repository.map(|r| r.tools()).unwrap_or_default())
     .instructions(Instructions::read(None, &ws, &workdir))
+    .previews(shared.config.previews)
     .open(sandbox, &ws, resumed.history, Some(resumed.log))
     .await;
     let talk = match opened {
