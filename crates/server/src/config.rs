@@ -107,7 +107,7 @@ pub struct ServerConfig {
     /// metadata only); presets are expanded again when they changed.
     pub preset_check: Duration,
     /// Whether tenants may open previews of their sandboxes' ports (see
-    /// [`crate::preview`]); with them, a sandbox whose network is off has
+    /// the `preview` module); with them, a sandbox whose network is off has
     /// its loopback up for them (nothing leaves it).
     pub previews: bool,
 }

@@ -25,7 +25,8 @@
 //!   `sandboxes` (the live sandboxes by owner, and their Labs), `desktop` (the live view's bridge), `lab` (the Lab's
 //!   opening and bearer route), `preview` (a port of a sandbox on an
 //!   origin of its own), `live` (the sessions live in this
-//!   process).
+//!   process), `boxes` (the sandbox API's sandboxes live in this process,
+//!   and their processes).
 //! - `config`: what the server is told, and the parts of it others take
 //!   alone (sandbox defaults, the jobs' directories).
 //! - `metrics`: this process's Prometheus metrics.
@@ -36,7 +37,8 @@
 //! - `relay`: a job's requests sent on to the worker that runs it, and a
 //!   worker's check of what it is sent.
 //! - Resources, one module each: `health`, `ui`, `docs`, `mcp`, `jobs`,
-//!   `sessions`, `owned` (what a job or session owns: files, network,
+//!   `sessions`, `sandbox_api` (sandboxes as a resource, and commands in
+//!   them), `owned` (what a job, session or sandbox owns: files, network,
 //!   desktop, Lab, served once over an `owner`), `tokens`, `credentials` (the tenants' git logins),
 //!   `tenants`, `images` (the catalog as a tenant sees it, and the
 //!   tenant's own images: pulled, snapshotted, built by `build` jobs).
@@ -45,6 +47,7 @@
 //!   and settling a dead worker's jobs), `server` (start and listen).
 
 pub mod archive;
+mod boxes;
 mod caps;
 pub mod catalog;
 pub mod cluster;
@@ -72,6 +75,7 @@ mod relay;
 pub mod repos;
 mod routes;
 mod runner;
+mod sandbox_api;
 mod sandboxes;
 mod server;
 pub mod sessions;
@@ -107,6 +111,7 @@ pub const LAYERS: &[&str] = &[
     "lab",
     "preview",
     "live",
+    "boxes",
     "metrics",
     "runner",
     "state",
@@ -117,6 +122,7 @@ pub const LAYERS: &[&str] = &[
     "mcp",
     "jobs",
     "sessions",
+    "sandbox_api",
     "owned",
     "tokens",
     "credentials",

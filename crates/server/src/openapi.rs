@@ -28,7 +28,7 @@ impl Modify for Bearer {
 #[openapi(
     info(
         title = "cordon",
-        description = "Jobs and agent sessions in cordon's sandbox. Every route but /health needs `Authorization: Bearer <token>` (`cordon token create --tenant NAME`)."
+        description = "Jobs, agent sessions and sandboxes in cordon's sandbox. Every route but /health needs `Authorization: Bearer <token>` (`cordon token create --tenant NAME`)."
     ),
     modifiers(&Bearer),
     components(schemas(crate::job::JobEvent), responses(crate::files::FileAnswer)),
@@ -72,6 +72,23 @@ impl Modify for Bearer {
         crate::owned::get_session_file,
         crate::owned::put_session_file,
         crate::owned::put_session_network,
+        crate::sandbox_api::create_sandbox,
+        crate::sandbox_api::list_sandboxes,
+        crate::sandbox_api::get_sandbox,
+        crate::sandbox_api::delete_sandbox,
+        crate::sandbox_api::set_sandbox_timeout,
+        crate::sandbox_api::run_command,
+        crate::sandbox_api::list_processes,
+        crate::sandbox_api::follow_process,
+        crate::sandbox_api::write_stdin,
+        crate::sandbox_api::signal_process,
+        crate::owned::list_sandbox_root,
+        crate::owned::get_sandbox_file,
+        crate::owned::put_sandbox_file,
+        crate::owned::get_sandbox_network,
+        crate::owned::put_sandbox_network,
+        crate::owned::sandbox_ports,
+        crate::owned::sandbox_preview,
         crate::tokens::list_tokens,
         crate::tokens::create_token,
         crate::tokens::revoke_token,
@@ -88,6 +105,7 @@ impl Modify for Bearer {
         (name = "jobs", description = "Queued, sandboxed jobs"),
         (name = "server", description = "The server itself"),
         (name = "sessions", description = "Conversations with the agent"),
+        (name = "sandboxes", description = "Sandboxes driven from code: commands, files, network and ports"),
         (name = "tokens", description = "Bearer tokens and tenants, for an operator's token only"),
         (name = "images", description = "The images jobs and sessions may run in: the operator's catalog and the tenant's own (pulled, built, snapshotted)"),
         (name = "git", description = "The tenant's logins for git hosts, used by workers for jobs with `repo`"),
@@ -140,10 +158,25 @@ fn add_links(doc: &mut Value) {
         ("session_ports", "id", session),
         ("session_preview", "id", session),
     ]);
+    let sandbox = "$response.body#/id";
+    let sandbox_links = links(&[
+        ("get_sandbox", "id", sandbox),
+        ("delete_sandbox", "id", sandbox),
+        ("set_sandbox_timeout", "id", sandbox),
+        ("run_command", "id", sandbox),
+        ("list_processes", "id", sandbox),
+        ("list_sandbox_root", "id", sandbox),
+        ("get_sandbox_file", "id", sandbox),
+        ("put_sandbox_file", "id", sandbox),
+        ("get_sandbox_network", "id", sandbox),
+        ("sandbox_ports", "id", sandbox),
+        ("sandbox_preview", "id", sandbox),
+    ]);
     for (path, method, status, l) in [
         ("/v1/jobs", "post", "202", job_links),
         ("/schedule", "post", "202", scheduled),
         ("/v1/sessions", "post", "201", session_links),
+        ("/v1/sandboxes", "post", "201", sandbox_links),
     ] {
         if let Some(r) = doc
             .pointer_mut(&format!(

@@ -1,5 +1,5 @@
-//! What owns a sandbox and a workspace in this server: a job, or an API
-//! session. The registries of live sandboxes and network policies are
+//! What owns a sandbox and a workspace in this server: a job, an API
+//! session, or a sandbox of the sandbox API (which owns itself). The registries of live sandboxes and network policies are
 //! keyed by it, and every answer about one names it the same way, so a new
 //! kind of owner is one variant here and the compiler lists the rest.
 
@@ -9,12 +9,13 @@ use std::fmt;
 pub enum Owner {
     Job(String),
     Session(String),
+    Sandbox(String),
 }
 
 impl Owner {
     pub fn id(&self) -> &str {
         match self {
-            Owner::Job(id) | Owner::Session(id) => id,
+            Owner::Job(id) | Owner::Session(id) | Owner::Sandbox(id) => id,
         }
     }
 
@@ -23,6 +24,7 @@ impl Owner {
         match self {
             Owner::Job(_) => "job",
             Owner::Session(_) => "session",
+            Owner::Sandbox(_) => "sandbox",
         }
     }
 
@@ -31,6 +33,7 @@ impl Owner {
         match self {
             Owner::Job(_) => "jobs",
             Owner::Session(_) => "sessions",
+            Owner::Sandbox(_) => "sandboxes",
         }
     }
 

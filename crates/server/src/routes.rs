@@ -42,6 +42,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         )
         .merge(relayed)
         .merge(sessions_own(file_limit))
+        .merge(crate::sandbox_api::routes())
+        .merge(sandboxes_own(file_limit))
         .route("/schedule", post(jobs::schedule))
         .route("/status", get(jobs::status_by_query))
         .route("/status/{id}", get(jobs::status))
@@ -99,6 +101,27 @@ fn sessions_own(file_limit: usize) -> Router<Arc<Shared>> {
         .route(
             "/v1/sessions/{id}/network",
             get(owned::get_session_network).put(owned::put_session_network),
+        )
+}
+
+/// What an API sandbox owns: its files, network and ports.
+fn sandboxes_own(file_limit: usize) -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/v1/sandboxes/{id}/files", get(owned::list_sandbox_root))
+        .route(
+            "/v1/sandboxes/{id}/files/{*path}",
+            get(owned::get_sandbox_file)
+                .put(owned::put_sandbox_file)
+                .layer(DefaultBodyLimit::max(file_limit)),
+        )
+        .route(
+            "/v1/sandboxes/{id}/network",
+            get(owned::get_sandbox_network).put(owned::put_sandbox_network),
+        )
+        .route("/v1/sandboxes/{id}/ports", get(owned::sandbox_ports))
+        .route(
+            "/v1/sandboxes/{id}/ports/{port}/preview",
+            post(owned::sandbox_preview),
         )
 }
 

@@ -92,6 +92,7 @@ impl Running {
             .sessions
             .close_all(CANCEL_WAIT, &shared.sandboxes)
             .await;
+        crate::sandbox_api::close_all(shared).await;
         let data = shared.config.data_dir.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Err(e) = cordon_sandbox::volume::unmount_beneath(&data) {
@@ -219,6 +220,32 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
         tracing::warn!("{settled} job(s) were running when this server stopped; settled");
     }
     crate::worker::start(&shared);
+    if shared.config.api && shared.config.cluster.is_none() {
+        // Alone, this process made every sandbox the database calls
+        // running: the last one's stop (or crash) ended them.
+        match shared
+            .store
+            .end_running_sandboxes(crate::sandbox_api::ended::STOPPED)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("{n} sandboxes of the last run recorded as ended"),
+            Err(e) => tracing::warn!("cannot record the last run's sandboxes as ended: {e}"),
+        }
+    }
+    {
+        // A sandbox ends within a second of its deadline.
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let Some(shared) = weak.upgrade() else {
+                    break;
+                };
+                crate::sandbox_api::reap(&shared).await;
+            }
+        });
+    }
     let reaper = Arc::downgrade(&shared);
     // Often enough that a session closes close to its idle limit.
     let every =

@@ -32,6 +32,8 @@ pub struct Shared {
     pub clones: crate::caps::CloneCaps,
     /// Sandboxes of the running jobs and live sessions that have a display.
     pub sandboxes: Arc<Sandboxes>,
+    /// The sandbox API's sandboxes live in this process.
+    pub boxes: crate::boxes::Boxes,
     /// Wakes one idle worker slot when a job is queued; a slot that
     /// claims one wakes the next (see `worker::run_jobs`).
     pub wake: Notify,
@@ -140,6 +142,7 @@ impl Shared {
             caps,
             clones,
             sandboxes,
+            boxes: Default::default(),
             wake: Notify::new(),
             stopping: Cancel::new(),
             cut_short,

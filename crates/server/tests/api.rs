@@ -1054,6 +1054,15 @@ async fn every_request_body_s_first_example_is_accepted() {
         .await;
     assert_eq!(status, 201, "{session}");
     let session = session["id"].as_str().unwrap().to_string();
+    let (status, sandbox) = s
+        .post(
+            &t,
+            "/v1/sandboxes",
+            json!({"network": "allow", "allow": []}),
+        )
+        .await;
+    assert_eq!(status, 201, "{sandbox}");
+    let sandbox = sandbox["id"].as_str().unwrap().to_string();
 
     let mut routes = Vec::new();
     for (path, ops) in spec["paths"].as_object().unwrap() {
@@ -1079,6 +1088,8 @@ async fn every_request_body_s_first_example_is_accepted() {
     for (method, path, content_type, example) in routes {
         let id = if path.starts_with("/v1/sessions/") {
             &session
+        } else if path.starts_with("/v1/sandboxes/") {
+            &sandbox
         } else {
             &job
         };
@@ -1086,6 +1097,7 @@ async fn every_request_body_s_first_example_is_accepted() {
             .replace("{id}", id)
             .replace("{path}", "hello.py")
             .replace("{port}", "8000")
+            .replace("{pid}", "1")
             .replace("{host}", "git.example.com");
         let mut request = s
             .client
@@ -1105,6 +1117,9 @@ async fn every_request_body_s_first_example_is_accepted() {
         let refused_for_state = match (method.as_str(), path.as_str()) {
             ("post", "/v1/images") => Some((403, "forbidden")),
             ("post", "/v1/sessions/{id}/snapshot") => Some((400, "host's root")),
+            // No process was started through the API with that pid.
+            ("post", "/v1/sandboxes/{id}/commands/{pid}/stdin")
+            | ("post", "/v1/sandboxes/{id}/commands/{pid}/signal") => Some((404, "process")),
             _ => None,
         };
         match refused_for_state {

@@ -268,7 +268,9 @@ impl Sandbox {
                 .unwrap_or_else(|| self.inner.workdir.clone()),
             env,
             stdin: req.stdin.is_some() || req.stream_stdin,
-            timeout_ms: req.timeout.map(|t| t.as_millis().max(1) as u64),
+            timeout_ms: req
+                .timeout
+                .map(|t| u64::try_from(t.as_millis().max(1)).unwrap_or(u64::MAX)),
             output_limit: req.output_limit,
             pty: req.pty,
         })
@@ -316,8 +318,11 @@ impl Sandbox {
             }
             _ => return Err(self.inner.gone_error()),
         };
-        if let Some(t) = req.timeout {
-            let deadline = tokio::time::Instant::from_std(started) + t;
+        // A timeout past any clock's range is none.
+        if let Some(deadline) = req
+            .timeout
+            .and_then(|t| tokio::time::Instant::from_std(started).checked_add(t))
+        {
             tokio::spawn(watchdog(Arc::downgrade(&self.inner), id, started, deadline));
         }
         let exec = Execution {
@@ -377,7 +382,8 @@ pub struct Execution {
     cut: bool,
 }
 
-/// Writes to a running command's stdin, under the protocol's flow control.
+/// A running command's handle, for whoever does not read its output: its
+/// stdin (under the protocol's flow control), signals and terminal size.
 #[derive(Clone)]
 pub struct ExecStdin {
     id: u64,
@@ -407,6 +413,22 @@ impl ExecStdin {
     pub fn close(&self) -> Result<()> {
         self.inner.send(&HostMsg::StdinEof { id: self.id })
     }
+
+    /// Sends a signal to the command's process group.
+    pub fn signal(&self, signal: i32) -> Result<()> {
+        self.inner.send(&HostMsg::Signal {
+            id: self.id,
+            signal,
+        })
+    }
+
+    /// Resizes the command's pseudo-terminal.
+    pub fn resize(&self, rows: u16, cols: u16) -> Result<()> {
+        self.inner.send(&HostMsg::Resize {
+            id: self.id,
+            size: WinSize { rows, cols },
+        })
+    }
 }
 
 impl Execution {
@@ -427,18 +449,12 @@ impl Execution {
 
     /// Sends a signal to the command's process group.
     pub fn signal(&self, signal: i32) -> Result<()> {
-        self.inner.send(&HostMsg::Signal {
-            id: self.id,
-            signal,
-        })
+        self.stdin().signal(signal)
     }
 
     /// Resizes the command's pseudo-terminal.
     pub fn resize(&self, rows: u16, cols: u16) -> Result<()> {
-        self.inner.send(&HostMsg::Resize {
-            id: self.id,
-            size: WinSize { rows, cols },
-        })
+        self.stdin().resize(rows, cols)
     }
 
     /// The next output chunk or the final result; `None` after `Exit`.

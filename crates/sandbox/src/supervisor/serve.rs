@@ -722,7 +722,9 @@ fn start(spec: &ExecSpec) -> Result<Exec, (SpawnStage, i32, String)> {
     Ok(Exec {
         pid,
         start,
-        deadline: spec.timeout_ms.map(|ms| start + Duration::from_millis(ms)),
+        deadline: spec
+            .timeout_ms
+            .and_then(|ms| start.checked_add(Duration::from_millis(ms))),
         out,
         stdin,
         stdin_buf: Vec::new(),

@@ -256,6 +256,20 @@ async fn timeouts_kill_the_command_and_its_children() {
 /// (see freeze_supervisor_past_timeout in the escape battery). A reader that
 /// takes its time is no such case: the supervisor keeps the killed command's
 /// output for it, answers the host's pings, and the session lives on.
+/// A timeout past the clock's range is no timeout, not a crash of the host
+/// or of the supervisor.
+#[tokio::test]
+async fn a_timeout_past_any_clock_is_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    let req = ExecRequest::shell("echo ok").timeout(Duration::from_secs(u64::MAX));
+    let out = sb.exec(req).await.unwrap();
+    assert_eq!(out.stdout_str(), "ok\n");
+    let out = sb.exec(ExecRequest::shell("echo still")).await.unwrap();
+    assert_eq!(out.stdout_str(), "still\n");
+    sb.close().await;
+}
+
 #[tokio::test]
 async fn a_slow_reader_past_the_timeout_loses_neither_output_nor_session() {
     let dir = tempfile::tempdir().unwrap();

@@ -41,6 +41,9 @@ async fn desktop(shared: &Shared, tenant: &str, owner: &Owner) -> ApiResult<Sand
             live.last_used = Instant::now();
             Ok(live.talk.sandbox().clone())
         }
+        Found::Sandbox(_) => Err(no_desktop(format!(
+            "{owner} has no display: the sandbox API makes none yet"
+        ))),
     }
 }
 

@@ -41,6 +41,16 @@ async fn files<'s>(shared: &'s Shared, found: &Found) -> ApiResult<Files<'s>> {
             shared.config.job_dirs().workspace(&job.id)
         }
         Found::Session(row) => crate::sessions::dir(shared, &row.id).join("workspace"),
+        Found::Sandbox(row) => {
+            if row.ended_ms.is_some() {
+                return Err(ApiError::new(
+                    StatusCode::GONE,
+                    "gone",
+                    format!("sandbox {} has ended, and its files with it", row.id),
+                ));
+            }
+            crate::sandbox_api::dir(shared, &row.id).join("workspace")
+        }
     };
     shared
         .config
@@ -275,4 +285,43 @@ pub(crate) async fn put_session_file(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     write(&shared, &tenant, &Owner::Session(id), path, body).await
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "sandboxes", summary = "A sandbox's workspace's top directory",
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::files::Listing), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse), (status = 410, description = "It has ended, and its files with it", body = crate::http::ErrorResponse)))]
+pub(crate) async fn list_sandbox_root(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Listing>> {
+    list(&shared, &tenant, &Owner::Sandbox(id)).await
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/{path}", tag = "sandboxes", summary = "A sandbox's workspace file's bytes, or a directory's listing",
+    params(("id" = String, Path), ("path" = String, Path, description = "Relative to the workspace (`/workspace`); `..`, absolute paths and symlinks out are refused")),
+    responses((status = 200, response = crate::files::FileAnswer),
+              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such sandbox or file", body = crate::http::ErrorResponse),
+              (status = 410, description = "It has ended, and its files with it", body = crate::http::ErrorResponse),
+              (status = 413, description = "Larger than the files API serves", body = crate::http::ErrorResponse)))]
+pub(crate) async fn get_sandbox_file(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path((id, path)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    read(&shared, &tenant, &Owner::Sandbox(id), &path).await
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files/{path}", tag = "sandboxes", summary = "Write a file in a sandbox's workspace (parents are created)",
+    params(("id" = String, Path), ("path" = String, Path)),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", example = json!("print('hello')\n")),
+    responses((status = 201, description = "Created", body = crate::files::Written), (status = 200, description = "Replaced", body = crate::files::Written),
+              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse), (status = 410, description = "It has ended", body = crate::http::ErrorResponse), (status = 413, description = "Too large", body = crate::http::ErrorResponse)))]
+pub(crate) async fn put_sandbox_file(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path((id, path)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    write(&shared, &tenant, &Owner::Sandbox(id), path, body).await
 }

@@ -70,6 +70,10 @@ async fn site(
                 format!("{owner} closed while its Lab opened: try again"),
             )
         }
+        Found::Sandbox(_) => (
+            "not_running",
+            format!("{owner} has no live sandbox for a Lab: it has ended"),
+        ),
     };
     let gone = || ApiError::new(StatusCode::CONFLICT, code, why.clone());
     let ip = shared.config.listen.ip();

@@ -24,7 +24,7 @@ use crate::http::ApiResult;
 use crate::job::JobState;
 use crate::owner::Owner;
 use crate::state::Shared;
-use crate::store::{JobRow, SessionRow};
+use crate::store::{JobRow, SandboxRow, SessionRow};
 
 /// How long a running job's sandbox may take to be listed (under TCG a
 /// microVM takes this long to boot).
@@ -35,12 +35,14 @@ const LISTING: Duration = Duration::from_secs(120);
 pub(crate) enum Found {
     Job(Box<JobRow>),
     Session(SessionRow),
+    Sandbox(SandboxRow),
 }
 
 pub(crate) async fn find(shared: &Shared, tenant: &str, owner: &Owner) -> ApiResult<Found> {
     Ok(match owner {
         Owner::Job(id) => Found::Job(Box::new(crate::jobs::find(shared, tenant, id).await?)),
         Owner::Session(id) => Found::Session(crate::sessions::find(shared, tenant, id).await?),
+        Owner::Sandbox(id) => Found::Sandbox(crate::sandbox_api::find(shared, tenant, id).await?),
     })
 }
 

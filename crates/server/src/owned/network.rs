@@ -42,6 +42,7 @@ fn made_with(shared: &Shared, found: &Found) -> ApiResult<(Network, Option<Polic
             let records = crate::sessions::read_log(shared, &row.id)?;
             crate::sessions::logged_network(records.iter())
         }
+        Found::Sandbox(row) => crate::sandbox_api::network_of(row),
     })
 }
 
@@ -99,6 +100,17 @@ async fn change(
             true
         }
         Found::Session(row) => change_session(shared, &row, &policy, made)?,
+        Found::Sandbox(_) => {
+            let Some(handle) = shared.policies.get(owner) else {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "not_running",
+                    format!("{owner} has ended"),
+                ));
+            };
+            handle.set(policy.clone());
+            true
+        }
     };
     Ok(Json(NetworkView::new(
         network,
@@ -217,4 +229,32 @@ pub(crate) async fn put_session_network(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<NetworkView>> {
     change(&shared, &tenant, &Owner::Session(id), body).await
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/network", tag = "sandboxes", summary = "A sandbox's network policy",
+    description = "What the sandbox may reach through cordon's broker: while it runs, the policy applied now; otherwise the one it was made with.",
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::network::NetworkView), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse)))]
+pub(crate) async fn get_sandbox_network(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<NetworkView>> {
+    view(&shared, &tenant, &Owner::Sandbox(id)).await
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "sandboxes", summary = "Change a running sandbox's network policy",
+    description = "Replaces what a running sandbox made with `network` \"allow\" may reach, at once, within this tenant's ceiling.",
+    params(("id" = String, Path)),
+    request_body(content = crate::network::PolicyChange, example = json!({"allow": ["api.example.com:443"]})),
+    responses((status = 200, body = crate::network::NetworkView), (status = 400, description = "The body says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "Beyond this tenant's ceiling", body = crate::http::ErrorResponse), (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "It has ended, or its network is not brokered", body = crate::http::ErrorResponse)))]
+pub(crate) async fn put_sandbox_network(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<NetworkView>> {
+    change(&shared, &tenant, &Owner::Sandbox(id), body).await
 }

@@ -38,6 +38,19 @@ async fn live(shared: &Shared, tenant: &str, owner: &Owner) -> ApiResult<()> {
             Ok(())
         }
         Found::Session(_) => Ok(()),
+        Found::Sandbox(row) => match shared.sandboxes.get(owner) {
+            Some(_) => Ok(()),
+            None => Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "not_running",
+                format!(
+                    "{owner} has no live sandbox: {}",
+                    row.end_reason
+                        .as_deref()
+                        .unwrap_or("it lives in another process")
+                ),
+            )),
+        },
     }
 }
 
@@ -189,4 +202,41 @@ pub(crate) async fn session_preview(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Preview>> {
     preview(&shared, &tenant, &Owner::Session(id), &port, &headers, body).await
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/ports", tag = "sandboxes",
+    summary = "The ports something listens on in a sandbox",
+    description = "As `GET /v1/jobs/{id}/ports`, for a running sandbox.",
+    params(("id" = String, Path)),
+    responses((status = 200, body = OpenPorts),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "It has ended", body = crate::http::ErrorResponse)))]
+pub(crate) async fn sandbox_ports(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<OpenPorts>> {
+    ports(&shared, &tenant, &Owner::Sandbox(id)).await
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/ports/{port}/preview", tag = "sandboxes",
+    summary = "A link to what a sandbox serves on a port",
+    description = "As `POST /v1/jobs/{id}/ports/{port}/preview`, for a running sandbox.",
+    params(("id" = String, Path), ("port" = u16, Path, description = "The port inside the sandbox")),
+    request_body(content = Option<PreviewRequest>, description = "May be empty", example = json!({"expires_in": 3600})),
+    responses((status = 200, body = Preview),
+              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "Previews are turned off on this server", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "It has ended, or has as many previews as it may", body = crate::http::ErrorResponse)))]
+pub(crate) async fn sandbox_preview(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path((id, port)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<Preview>> {
+    preview(&shared, &tenant, &Owner::Sandbox(id), &port, &headers, body).await
 }

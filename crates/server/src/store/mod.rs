@@ -17,12 +17,14 @@ use crate::job::{JobEvent, JobKind, JobRequest, JobResult, JobState};
 
 mod git_credentials;
 mod images;
+mod sandboxes;
 mod sealed;
 mod sessions;
 mod tokens;
 pub use git_credentials::{ForgeApi, GitCredential, GitSecret};
 pub use images::{ImageOrigin, OwnImage};
 pub use leases::{Claimed, Held};
+pub use sandboxes::SandboxRow;
 pub use sealed::{KEY_MIN, Keyring, SealError, SecretsKey, strong_key};
 pub use sessions::SessionRow;
 pub use tokens::{Caller, NewToken, Role, TOKEN_ID_CHARS, TokenRow, check_tenant};

@@ -1,0 +1,272 @@
+//! The sandbox API's sandboxes live in this process: each one's sandbox,
+//! until when it may run, and the processes started in it through the API.
+//!
+//! A process's output is kept (the newest [`OUTPUT_KEPT`] bytes) and sent
+//! live to whoever follows it, so a client may start a command in the
+//! background and attach to it later, or again after losing its
+//! connection: it gets what was kept, then what comes. What a process
+//! writes is the sandbox's to shape; it is carried, never interpreted.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use cordon_sandbox::{ExecEvent, ExecStdin, Execution, Sandbox};
+use tokio::sync::broadcast;
+
+/// Bytes of a process's output kept for a client that attaches later.
+pub const OUTPUT_KEPT: usize = 1 << 20;
+
+/// Events a follower may fall behind by before it is cut off.
+const FOLLOW_BACKLOG: usize = 1024;
+
+/// Processes that ended, kept to be asked about; the oldest go first.
+const ENDED_KEPT: usize = 64;
+
+/// What a process did, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProcEvent {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    Exit(Ended),
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    pub exit_code: i32,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+}
+
+/// An event and its place in the process's sequence, from 1.
+pub type Numbered = (u64, ProcEvent);
+
+#[derive(Default)]
+struct Kept {
+    events: VecDeque<Numbered>,
+    /// The number of the last event.
+    last: u64,
+    bytes: usize,
+    /// Output bytes dropped from the front to keep within the bound.
+    dropped: u64,
+    ended: Option<Ended>,
+}
+
+/// A process started through the API.
+pub struct Process {
+    /// Its pid inside the sandbox.
+    pub pid: i32,
+    /// What it was started as (shown, never run again).
+    pub cmd: String,
+    pub started_ms: i64,
+    control: ExecStdin,
+    kept: Mutex<Kept>,
+    live: broadcast::Sender<Numbered>,
+}
+
+impl Process {
+    /// Starts following `exec`, started as `cmd`.
+    pub fn follow(cmd: String, exec: Execution) -> Arc<Process> {
+        let (live, _) = broadcast::channel(FOLLOW_BACKLOG);
+        let p = Arc::new(Process {
+            pid: exec.pid(),
+            cmd,
+            started_ms: crate::store::now_ms(),
+            control: exec.stdin(),
+            kept: Mutex::default(),
+            live,
+        });
+        tokio::spawn(pump(p.clone(), exec));
+        p
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How it ended, once it has.
+    pub fn ended(&self) -> Option<Ended> {
+        self.lock().ended
+    }
+
+    /// What was kept (and how many bytes before it were dropped), and a
+    /// receiver of what comes after: nothing is missed or seen twice.
+    pub fn attach(&self) -> (Vec<Numbered>, u64, broadcast::Receiver<Numbered>) {
+        let kept = self.lock();
+        let rx = self.live.subscribe();
+        (kept.events.iter().cloned().collect(), kept.dropped, rx)
+    }
+
+    /// Its stdin, signals and terminal.
+    pub fn control(&self) -> &ExecStdin {
+        &self.control
+    }
+
+    fn record(&self, e: ProcEvent) {
+        let mut kept = self.lock();
+        kept.last += 1;
+        let n = kept.last;
+        match &e {
+            ProcEvent::Stdout(d) | ProcEvent::Stderr(d) => {
+                kept.bytes += d.len();
+                kept.events.push_back((n, e.clone()));
+                while kept.bytes > OUTPUT_KEPT {
+                    match kept.events.pop_front() {
+                        Some((_, ProcEvent::Stdout(d) | ProcEvent::Stderr(d))) => {
+                            kept.bytes -= d.len();
+                            kept.dropped += d.len() as u64;
+                        }
+                        Some((_, ProcEvent::Exit(_))) | None => break,
+                    }
+                }
+            }
+            ProcEvent::Exit(ended) => {
+                kept.ended = Some(*ended);
+                kept.events.push_back((n, e.clone()));
+            }
+        }
+        // Under the lock, so that `attach` sees each event once.
+        let _ = self.live.send((n, e));
+    }
+}
+
+async fn pump(p: Arc<Process>, mut exec: Execution) {
+    let ended = loop {
+        match exec.next().await {
+            Some(Ok(ExecEvent::Stdout(d))) => p.record(ProcEvent::Stdout(d)),
+            Some(Ok(ExecEvent::Stderr(d))) => p.record(ProcEvent::Stderr(d)),
+            Some(Ok(ExecEvent::Exit(r))) => {
+                break Ended {
+                    exit_code: r.exit_code(),
+                    timed_out: r.timed_out,
+                    oom_killed: r.oom_killed,
+                };
+            }
+            // The sandbox ended under it: killed with everything in it.
+            Some(Err(_)) | None => {
+                break Ended {
+                    exit_code: cordon_sandbox::ExitStatus::Signal(9).code(),
+                    timed_out: false,
+                    oom_killed: false,
+                };
+            }
+        }
+    };
+    p.record(ProcEvent::Exit(ended));
+}
+
+/// A sandbox of the API's, live.
+pub struct LiveBox {
+    pub id: String,
+    pub tenant: String,
+    pub sandbox: Sandbox,
+    deadline: Mutex<Instant>,
+    processes: Mutex<BTreeMap<i32, Arc<Process>>>,
+    /// Held while it lives: its broker's policy listed for the API, its
+    /// place under the caps, its workspace's volume.
+    pub(crate) _policy: Option<crate::network::Listed>,
+    pub(crate) _slot: crate::caps::Slot,
+    pub(crate) _in_use: cordon_sandbox::volume::InUse,
+}
+
+impl LiveBox {
+    pub fn new(
+        id: String,
+        tenant: String,
+        sandbox: Sandbox,
+        deadline: Instant,
+        policy: Option<crate::network::Listed>,
+        slot: crate::caps::Slot,
+        in_use: cordon_sandbox::volume::InUse,
+    ) -> LiveBox {
+        LiveBox {
+            id,
+            tenant,
+            sandbox,
+            deadline: Mutex::new(deadline),
+            processes: Mutex::default(),
+            _policy: policy,
+            _slot: slot,
+            _in_use: in_use,
+        }
+    }
+
+    pub fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_deadline(&self, at: Instant) {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = at;
+    }
+
+    fn procs(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, Arc<Process>>> {
+        self.processes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `p`; the oldest ended processes go past [`ENDED_KEPT`].
+    pub fn add(&self, p: Arc<Process>) {
+        let mut procs = self.procs();
+        let ended: Vec<i32> = procs
+            .values()
+            .filter(|p| p.ended().is_some())
+            .map(|p| p.pid)
+            .collect();
+        for pid in ended
+            .iter()
+            .take(ended.len().saturating_sub(ENDED_KEPT - 1))
+        {
+            procs.remove(pid);
+        }
+        procs.insert(p.pid, p);
+    }
+
+    pub fn process(&self, pid: i32) -> Option<Arc<Process>> {
+        self.procs().get(&pid).cloned()
+    }
+
+    pub fn processes(&self) -> Vec<Arc<Process>> {
+        self.procs().values().cloned().collect()
+    }
+}
+
+/// The live sandboxes of the API, by id.
+#[derive(Default)]
+pub struct Boxes {
+    live: Mutex<HashMap<String, Arc<LiveBox>>>,
+}
+
+impl Boxes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<LiveBox>>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn insert(&self, b: Arc<LiveBox>) {
+        self.lock().insert(b.id.clone(), b);
+    }
+
+    /// `tenant`'s sandbox `id`; another's is as absent as a missing one.
+    pub fn get(&self, tenant: &str, id: &str) -> Option<Arc<LiveBox>> {
+        self.lock().get(id).filter(|b| b.tenant == tenant).cloned()
+    }
+
+    pub fn remove(&self, id: &str) -> Option<Arc<LiveBox>> {
+        self.lock().remove(id)
+    }
+
+    /// Takes out those whose deadline has passed.
+    pub fn take_expired(&self, now: Instant) -> Vec<Arc<LiveBox>> {
+        let mut live = self.lock();
+        let expired: Vec<String> = live
+            .values()
+            .filter(|b| b.deadline() <= now)
+            .map(|b| b.id.clone())
+            .collect();
+        expired.iter().filter_map(|id| live.remove(id)).collect()
+    }
+
+    /// Takes out every one (the server stops).
+    pub fn take_all(&self) -> Vec<Arc<LiveBox>> {
+        self.lock().drain().map(|(_, b)| b).collect()
+    }
+}

@@ -1,0 +1,398 @@
+//! The sandbox API: a sandbox as a resource, driven from code. Create one
+//! (image, limits, network, environment, a timeout, metadata), run
+//! commands in it (see [`commands`]), reach its files, network policy and
+//! ports as a job's or session's (the `owned` routes), extend its timeout,
+//! delete it. Another tenant's sandbox is as absent as a missing one.
+//!
+//! A sandbox lives in the process that made it and ends at its deadline,
+//! when deleted, or when the process stops; its record stays, with when
+//! and why it ended, and its workspace goes with it.
+
+mod commands;
+mod view;
+
+pub(crate) use commands::*;
+pub use view::{NewSandbox, SandboxList, SandboxView, TimeoutChange};
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router, routing::get, routing::post};
+
+use crate::boxes::LiveBox;
+use crate::http::{ApiError, ApiResult, Tenant, plausible_id, read_json};
+use crate::owner::Owner;
+use crate::state::Shared;
+use crate::store::{SandboxRow, now_ms, random_hex};
+
+/// Sandboxes a tenant lists at most.
+const LIST_MAX: i64 = 1000;
+
+/// Why a sandbox ended, as its record says.
+pub(crate) mod ended {
+    pub const KILLED: &str = "killed";
+    pub const TIMEOUT: &str = "timeout";
+    pub const STOPPED: &str = "the server stopped";
+}
+
+pub fn routes() -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
+        .route(
+            "/v1/sandboxes/{id}",
+            get(get_sandbox).delete(delete_sandbox),
+        )
+        .route("/v1/sandboxes/{id}/timeout", post(set_sandbox_timeout))
+        .route(
+            "/v1/sandboxes/{id}/commands",
+            post(run_command).get(list_processes),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands/{pid}/events",
+            get(follow_process),
+        )
+        .route("/v1/sandboxes/{id}/commands/{pid}/stdin", post(write_stdin))
+        .route(
+            "/v1/sandboxes/{id}/commands/{pid}/signal",
+            post(signal_process),
+        )
+}
+
+/// Where sandbox `id`'s files are.
+pub(crate) fn dir(shared: &Shared, id: &str) -> std::path::PathBuf {
+    shared.config.data_dir.join("sandboxes").join(id)
+}
+
+/// A tenant's sandbox as recorded.
+pub(crate) async fn find(shared: &Shared, tenant: &str, id: &str) -> ApiResult<SandboxRow> {
+    if !plausible_id(id) {
+        return Err(ApiError::not_found("such sandbox"));
+    }
+    shared
+        .store
+        .sandbox(tenant, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&format!("sandbox {id}")))
+}
+
+/// A tenant's sandbox, live in this process.
+pub(crate) async fn live(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Arc<LiveBox>> {
+    let row = find(shared, tenant, id).await?;
+    shared.boxes.get(tenant, id).ok_or_else(|| gone(&row))
+}
+
+/// What a sandbox's record says of its network: the mode, and with
+/// `allow` the rules it was made with.
+pub(crate) fn network_of(
+    row: &SandboxRow,
+) -> (cordon_sandbox::Network, Option<cordon_net::Policy>) {
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        network: crate::job::NetworkMode,
+        #[serde(default)]
+        allow: Option<Vec<String>>,
+        #[serde(default)]
+        allow_private: Option<bool>,
+    }
+    match serde_json::from_str::<Stored>(&row.request) {
+        Ok(s) => {
+            let policy = s.allow.and_then(|allow| {
+                cordon_net::Policy::parse(&allow, s.allow_private.unwrap_or(false)).ok()
+            });
+            (s.network.into(), policy)
+        }
+        Err(_) => (cordon_sandbox::Network::Off, None),
+    }
+}
+
+fn gone(row: &SandboxRow) -> ApiError {
+    let why = row
+        .end_reason
+        .as_deref()
+        .unwrap_or("it lives in another process");
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "not_running",
+        format!("sandbox {} is not running: {why}", row.id),
+    )
+}
+
+fn unavailable(id: &str, what: &str, e: impl std::fmt::Display) -> ApiError {
+    tracing::error!("sandbox {id}: {what}: {e}");
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("cannot {what}"),
+    )
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", summary = "Create a sandbox",
+    description = "Makes a sandbox and answers once it runs: its root from `image` (the server's default unless given), its limits, its network (off unless asked; `allow` through cordon's broker within this tenant's ceiling), environment variables every command gets, metadata to find it by, and how long it may run (`timeout_secs`, extended by `POST …/timeout`). It counts against this tenant's live sessions.",
+    request_body(content = NewSandbox, example = json!({"timeout_secs": 600, "env": {"APP_ENV": "test"}, "metadata": {"user": "42"}})),
+    responses((status = 201, body = SandboxView),
+              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "A network beyond this tenant's ceiling, or an image it may not use", body = crate::http::ErrorResponse),
+              (status = 429, description = "This tenant's live sessions and sandboxes are at their cap", body = crate::http::ErrorResponse),
+              (status = 503, description = "The sandbox could not be made", body = crate::http::ErrorResponse)))]
+pub(crate) async fn create_sandbox(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let body = crate::http::within(body, shared.config.body_limit)?;
+    let asked: NewSandbox = read_json(&body)?;
+    let mut options = asked
+        .limits()
+        .check(&shared.config.bounds)
+        .map_err(ApiError::bad_request)?;
+    asked.check()?;
+    if let Some(spec) = &options.egress {
+        let policy = shared
+            .ceilings
+            .settle(&tenant, spec, crate::network::Empty::Ceiling)?;
+        options.egress = Some(policy.into());
+    }
+    options.image = shared
+        .images
+        .choose(&shared.store, &tenant, options.image.as_ref())
+        .await?;
+    let slot = shared.caps.acquire(&tenant)?;
+    let id = format!("sbx_{}", random_hex(12));
+    let d = dir(&shared, &id);
+    let ws = d.join("workspace");
+    let in_use = {
+        let (ws, defaults, disk) = (ws.clone(), shared.config.sandboxes(), options.disk);
+        tokio::task::spawn_blocking(move || defaults.make_workspace(&ws, Some(disk)))
+            .await
+            .map_err(|e| unavailable(&id, "make its workspace", e))?
+            .map_err(|e| unavailable(&id, "make its workspace", e))?
+    };
+    let image = match &options.image {
+        None => None,
+        Some(name) => Some(
+            shared
+                .images
+                .ready(&shared.store, &tenant, name)
+                .await
+                .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "image_unavailable", e))?
+                .root,
+        ),
+    };
+    let defaults = shared.config.sandboxes();
+    let mut sc = defaults.sandbox(&ws, image);
+    sc.set_limits(cordon_sandbox::Limits {
+        memory: options.memory,
+        disk: Some(options.disk),
+        ..sc.limits()
+    });
+    sc.network = defaults.network(options.network.into());
+    sc.egress = options.egress.clone().map(cordon_sandbox::Egress::new);
+    if let Some(b) = options.backend {
+        sc.backend = b;
+    }
+    sc.env.extend(asked.env.clone());
+    let backend = sc.backend;
+    let created = cordon_sandbox::Sandbox::create(sc).await;
+    shared.metrics.sandbox_started(backend, created.is_ok());
+    let sandbox = match created {
+        Ok(s) => s,
+        Err(e) => {
+            drop(in_use);
+            crate::files::remove_files(d, "a sandbox that did not start").await;
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "sandbox_error",
+                format!("cannot create the sandbox: {e}"),
+            ));
+        }
+    };
+    let _ = sandbox.set_label(&id);
+    let timeout = Duration::from_secs(options.timeout_secs);
+    let expires_ms = now_ms() + timeout.as_millis() as i64;
+    let request = asked.stored(&options);
+    let metadata = serde_json::to_string(&asked.metadata).unwrap_or_else(|_| "{}".into());
+    let row = match shared
+        .store
+        .insert_sandbox(&id, &tenant, expires_ms, &request, &metadata)
+        .await
+    {
+        Ok(row) => row,
+        Err(e) => {
+            sandbox.close().await;
+            drop(in_use);
+            crate::files::remove_files(d, "a sandbox that was not recorded").await;
+            return Err(e.into());
+        }
+    };
+    let policy = sandbox.network().map(|net| {
+        shared
+            .policies
+            .list(Owner::Sandbox(id.clone()), net.policy.clone())
+    });
+    shared
+        .sandboxes
+        .insert(Owner::Sandbox(id.clone()), &sandbox);
+    let live = LiveBox::new(
+        id.clone(),
+        tenant.clone(),
+        sandbox,
+        Instant::now() + timeout,
+        policy,
+        slot,
+        in_use,
+    );
+    shared.boxes.insert(Arc::new(live));
+    tracing::info!("sandbox {id} of {tenant}: created");
+    let view = SandboxView::of(&row, true);
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", summary = "A sandbox",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SandboxView),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse)))]
+pub(crate) async fn get_sandbox(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SandboxView>> {
+    let row = find(&shared, &tenant, &id).await?;
+    let live = shared.boxes.get(&tenant, &id).is_some();
+    Ok(Json(SandboxView::of(&row, live)))
+}
+
+/// `GET /v1/sandboxes`'s query: `metadata=key=value&…`, URL-encoded once
+/// more, as the E2B API takes it.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    /// Only sandboxes whose metadata has every one of these `key=value`
+    /// pairs, joined by `&` (and URL-encoded as one parameter).
+    metadata: Option<String>,
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", summary = "This tenant's running sandboxes",
+    params(ListQuery),
+    responses((status = 200, body = SandboxList),
+              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse)))]
+pub(crate) async fn list_sandboxes(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<SandboxList>> {
+    let Query(q) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let wanted: BTreeMap<String, String> = match &q.metadata {
+        None => BTreeMap::new(),
+        Some(m) => form_urlencoded::parse(m.as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect(),
+    };
+    let rows = shared.store.running_sandboxes(&tenant, LIST_MAX).await?;
+    let sandboxes = rows
+        .iter()
+        .filter(|r| {
+            let has: BTreeMap<String, String> =
+                serde_json::from_str(&r.metadata).unwrap_or_default();
+            wanted.iter().all(|(k, v)| has.get(k) == Some(v))
+        })
+        .map(|r| SandboxView::of(r, shared.boxes.get(&tenant, &r.id).is_some()))
+        .collect();
+    Ok(Json(SandboxList { sandboxes }))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", summary = "End a sandbox",
+    description = "Kills everything in it and removes its workspace; its record stays, ended. Deleting one that has ended already is no error.",
+    params(("id" = String, Path)),
+    responses((status = 204, description = "Ended"),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse)))]
+pub(crate) async fn delete_sandbox(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    find(&shared, &tenant, &id).await?;
+    if shared.boxes.get(&tenant, &id).is_some()
+        && let Some(b) = shared.boxes.remove(&id)
+    {
+        end(&shared, b, ended::KILLED).await;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/timeout", tag = "sandboxes", summary = "Set how long a sandbox may still run",
+    description = "From now: `timeout_secs` more seconds (1 up to the server's maximum), shorter or longer than what was left.",
+    params(("id" = String, Path)),
+    request_body(content = TimeoutChange, example = json!({"timeout_secs": 900})),
+    responses((status = 200, body = SandboxView),
+              (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "It has ended", body = crate::http::ErrorResponse)))]
+pub(crate) async fn set_sandbox_timeout(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<SandboxView>> {
+    let body = crate::http::within(body, shared.config.body_limit)?;
+    let change: TimeoutChange = read_json(&body)?;
+    let max = shared.config.bounds.max_timeout_secs;
+    if !(1..=max).contains(&change.timeout_secs) {
+        return Err(ApiError::bad_request(format!(
+            "`timeout_secs` must be a whole number of seconds from 1 to {max}"
+        )));
+    }
+    let b = live(&shared, &tenant, &id).await?;
+    let timeout = Duration::from_secs(change.timeout_secs);
+    let expires_ms = now_ms() + timeout.as_millis() as i64;
+    if !shared
+        .store
+        .extend_sandbox(&tenant, &id, expires_ms)
+        .await?
+    {
+        return Err(gone(&find(&shared, &tenant, &id).await?));
+    }
+    b.set_deadline(Instant::now() + timeout);
+    let row = find(&shared, &tenant, &id).await?;
+    Ok(Json(SandboxView::of(&row, true)))
+}
+
+/// Ends a sandbox taken out of the registry: everything in it killed, its
+/// workspace removed, its record ended with `reason`.
+pub(crate) async fn end(shared: &Shared, b: Arc<LiveBox>, reason: &str) {
+    let id = b.id.clone();
+    shared.sandboxes.unlist(&Owner::Sandbox(id.clone()));
+    b.sandbox.close().await;
+    if let Err(e) = shared.store.end_sandbox(&id, reason).await {
+        tracing::error!("sandbox {id}: cannot record its end: {e}");
+    }
+    // Its processes' followers hold it a moment longer; the workspace's
+    // volume is given back when the last one lets go.
+    drop(b);
+    crate::files::remove_files(dir(shared, &id), "an ended sandbox").await;
+    tracing::info!("sandbox {id}: ended ({reason})");
+}
+
+/// Ends the sandboxes whose deadline has passed.
+pub async fn reap(shared: &Shared) {
+    for b in shared.boxes.take_expired(Instant::now()) {
+        end(shared, b, ended::TIMEOUT).await;
+    }
+}
+
+/// Ends every sandbox (the server stops).
+pub async fn close_all(shared: &Shared) {
+    for b in shared.boxes.take_all() {
+        end(shared, b, ended::STOPPED).await;
+    }
+}

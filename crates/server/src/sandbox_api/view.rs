@@ -1,0 +1,182 @@
+//! The sandbox API's wire types: what a sandbox is made with, and how it
+//! is shown.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::http::{ApiError, ApiResult, Timestamp};
+use crate::job::{AllowEntry, Backend, ImageName, Limits, NetworkMode, RunOptions, Size};
+use crate::store::SandboxRow;
+
+/// Metadata entries a sandbox may carry, and their sizes.
+const METADATA_MAX: usize = 64;
+const METADATA_KEY_MAX: usize = 128;
+const METADATA_VALUE_MAX: usize = 1024;
+
+/// Environment variables a sandbox may be made with.
+const ENV_MAX: usize = 256;
+
+/// `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewSandbox {
+    /// The image its root is made from: one of the server's catalog or
+    /// this tenant's own; the server's default unless given.
+    #[serde(default)]
+    pub image: Option<ImageName>,
+    /// Seconds it may run before it is ended, 1 up to the server's maximum
+    /// (default 300); `POST …/timeout` changes it.
+    #[serde(default)]
+    #[schema(minimum = 1, example = 300)]
+    pub timeout_secs: Option<u64>,
+    /// Memory for the whole sandbox (default 512M).
+    #[serde(default)]
+    pub memory: Option<Size>,
+    /// How much its files may grow (default 1G).
+    #[serde(default)]
+    pub disk: Option<Size>,
+    /// `off` (the default; `allow` when `allow` is given), `loopback`, or
+    /// `allow`.
+    #[serde(default)]
+    pub network: Option<NetworkMode>,
+    /// Hosts it may reach through cordon's broker, within this tenant's
+    /// ceiling (implies `network` "allow").
+    #[serde(default)]
+    #[schema(max_items = 256)]
+    pub allow: Option<Vec<AllowEntry>>,
+    #[serde(default)]
+    pub allow_private: Option<bool>,
+    /// Default: the server's.
+    #[serde(default)]
+    pub backend: Option<Backend>,
+    /// Environment variables every command in it gets (at most 256).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Strings to find it by (`GET /v1/sandboxes?metadata=key%3Dvalue`): at
+    /// most 64 entries, keys of 128 bytes, values of 1024.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl NewSandbox {
+    /// The limits every job also takes, for the server's one check.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            timeout_secs: self.timeout_secs,
+            memory: self.memory,
+            disk: self.disk,
+            network: self.network,
+            allow: self.allow.clone(),
+            allow_private: self.allow_private,
+            backend: self.backend,
+            repo: None,
+            image: self.image.clone(),
+        }
+    }
+
+    /// Checks what only a sandbox takes: its environment and metadata.
+    pub fn check(&self) -> ApiResult<()> {
+        if self.env.len() > ENV_MAX {
+            return Err(ApiError::bad_request(format!(
+                "`env` has {} variables; at most {ENV_MAX}",
+                self.env.len()
+            )));
+        }
+        for (k, v) in &self.env {
+            let bad_name = k.is_empty() || k.contains(['=', '\0']);
+            if bad_name || v.contains('\0') {
+                return Err(ApiError::bad_request(format!(
+                    "`env`: {k:?} is no variable name, or its value holds a NUL byte"
+                )));
+            }
+        }
+        if self.metadata.len() > METADATA_MAX {
+            return Err(ApiError::bad_request(format!(
+                "`metadata` has {} entries; at most {METADATA_MAX}",
+                self.metadata.len()
+            )));
+        }
+        for (k, v) in &self.metadata {
+            if k.is_empty() || k.len() > METADATA_KEY_MAX || v.len() > METADATA_VALUE_MAX {
+                return Err(ApiError::bad_request(format!(
+                    "`metadata`: keys are 1 to {METADATA_KEY_MAX} bytes and values at most \
+                     {METADATA_VALUE_MAX}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the record keeps: the request with the server's defaults and
+    /// the network as settled, without its environment (its values may be
+    /// secrets) or metadata (kept apart).
+    pub fn stored(&self, options: &RunOptions) -> String {
+        serde_json::json!({
+            "image": options.image,
+            "timeout_secs": options.timeout_secs,
+            "memory": options.memory,
+            "disk": options.disk,
+            "network": options.network,
+            "allow": options.egress.as_ref().map(|e| &e.allow),
+            "allow_private": options.egress.as_ref().map(|e| e.allow_private),
+            "backend": options.backend.map(Backend::from),
+            "env": self.env.keys().collect::<Vec<_>>(),
+        })
+        .to_string()
+    }
+}
+
+/// A sandbox as the API shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SandboxView {
+    #[schema(example = "sbx_4cac2a4d783dc2aec74a934e")]
+    pub id: String,
+    /// `running`, or `ended` (see `end_reason`).
+    #[schema(example = "running")]
+    pub state: &'static str,
+    pub created_at: Timestamp,
+    /// When it is ended unless its timeout is changed.
+    pub expires_at: Timestamp,
+    pub ended_at: Option<Timestamp>,
+    /// `killed` (deleted), `timeout`, or `the server stopped`.
+    pub end_reason: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    /// What it was made with: image, limits, network, backend, and the
+    /// names (not the values) of its environment variables.
+    #[schema(value_type = Object)]
+    pub request: serde_json::Value,
+}
+
+impl SandboxView {
+    /// `live`: whether this process has it running.
+    pub fn of(row: &SandboxRow, live: bool) -> SandboxView {
+        let running = row.ended_ms.is_none() && live;
+        SandboxView {
+            id: row.id.clone(),
+            state: if running { "running" } else { "ended" },
+            created_at: Timestamp::at(row.created_ms),
+            expires_at: Timestamp::at(row.expires_ms),
+            ended_at: row.ended_ms.map(Timestamp::at),
+            end_reason: row.end_reason.clone(),
+            metadata: serde_json::from_str(&row.metadata).unwrap_or_default(),
+            request: serde_json::from_str(&row.request).unwrap_or_default(),
+        }
+    }
+}
+
+/// `GET /v1/sandboxes`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<SandboxView>,
+}
+
+/// `POST /v1/sandboxes/{id}/timeout`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutChange {
+    /// Seconds from now.
+    #[schema(minimum = 1, example = 900)]
+    pub timeout_secs: u64,
+}

@@ -1,0 +1,358 @@
+//! The sandbox API: sandboxes made, listed by metadata, ended by delete,
+//! by their timeout and by the server's stop; commands run and waited
+//! for, streamed, started in the background and followed again, written
+//! to and signalled; files; and what another tenant, bad input and the
+//! caps get.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{Value, json};
+
+async fn create(s: &TestServer, t: &str, body: Value) -> String {
+    let (status, b) = s.post(t, "/v1/sandboxes", body).await;
+    assert_eq!(status, 201, "{b}");
+    assert_eq!(b["state"], "running", "{b}");
+    b["id"].as_str().unwrap().to_string()
+}
+
+async fn run(s: &TestServer, t: &str, id: &str, body: Value) -> Value {
+    let (status, b) = s
+        .post(t, &format!("/v1/sandboxes/{id}/commands"), body)
+        .await;
+    assert_eq!(status, 200, "{b}");
+    b
+}
+
+/// `GET path` as SSE, read to its end: (event, data) in order.
+async fn sse(s: &TestServer, t: &str, path: &str) -> Vec<(String, Value)> {
+    let r = s
+        .client
+        .get(s.url(path))
+        .bearer_auth(t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    read_sse(r)
+        .await
+        .into_iter()
+        .map(|(_, e, d)| (e, d))
+        .collect()
+}
+
+fn stdout_of(events: &[(String, Value)]) -> String {
+    events
+        .iter()
+        .filter(|(e, _)| e == "stdout")
+        .map(|(_, d)| d["text"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_sandbox_runs_commands_until_it_is_deleted() {
+    let Some(s) = TestServer::start(Db::Sqlite).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let other = s.token("zeta").await;
+    let id = create(
+        &s,
+        &t,
+        json!({"env": {"APP_ENV": "test"}, "metadata": {"user": "42", "team": "a b"}, "timeout_secs": 600}),
+    )
+    .await;
+
+    // Shown, listed, found by its metadata; another tenant sees nothing.
+    let (_, shown) = s.get(&t, &format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(shown["metadata"]["user"], "42", "{shown}");
+    assert_eq!(
+        shown["request"]["env"],
+        json!(["APP_ENV"]),
+        "values stay out"
+    );
+    for (query, found) in [
+        ("", true),
+        ("?metadata=user%3D42", true),
+        ("?metadata=team%3Da%2520b%26user%3D42", true),
+        ("?metadata=user%3D43", false),
+    ] {
+        let (status, list) = s.get(&t, &format!("/v1/sandboxes{query}")).await;
+        assert_eq!(status, 200, "{list}");
+        let ids: Vec<&str> = list["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids.contains(&id.as_str()), found, "{query}: {list}");
+    }
+    let (status, _) = s.get(&other, &format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(status, 404);
+    let (_, theirs) = s.get(&other, "/v1/sandboxes").await;
+    assert_eq!(theirs["sandboxes"], json!([]));
+    let (status, _) = s
+        .post(
+            &other,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "id"}),
+        )
+        .await;
+    assert_eq!(status, 404);
+
+    // A command waited for: its code, streams, the sandbox's variables and
+    // its own, a working directory, stdin.
+    let r = run(
+        &s,
+        &t,
+        &id,
+        json!({"cmd": "echo $APP_ENV $MINE; pwd; echo err >&2; exit 3", "env": {"MINE": "x"}, "cwd": "/tmp"}),
+    )
+    .await;
+    assert_eq!(r["exit_code"], 3);
+    assert_eq!(r["stdout"], "test x\n/tmp\n");
+    assert_eq!(r["stderr"], "err\n");
+    let r = run(&s, &t, &id, json!({"cmd": "cat; echo", "stdin": "hello"})).await;
+    assert_eq!(r["stdout"], "hello\n");
+
+    // Files written through the API are the commands' workspace.
+    let put = s
+        .client
+        .put(s.url(&format!("/v1/sandboxes/{id}/files/data/in.txt")))
+        .bearer_auth(&t)
+        .body("from the API")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    let r = run(
+        &s,
+        &t,
+        &id,
+        json!({"cmd": "cat data/in.txt > out.txt && cat out.txt"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "from the API");
+    let (status, files) = s.get(&t, &format!("/v1/sandboxes/{id}/files")).await;
+    assert_eq!(status, 200, "{files}");
+    assert!(files.to_string().contains("out.txt"), "{files}");
+
+    // Streamed as it runs.
+    let r = s
+        .client
+        .post(s.url(&format!("/v1/sandboxes/{id}/commands")))
+        .bearer_auth(&t)
+        .header("accept", "text/event-stream")
+        .json(&json!({"cmd": "echo one; sleep 0.2; echo two >&2; exit 4"}))
+        .send()
+        .await
+        .unwrap();
+    let events: Vec<(String, Value)> = read_sse(r)
+        .await
+        .into_iter()
+        .map(|(_, e, d)| (e, d))
+        .collect();
+    let names: Vec<&str> = events.iter().map(|(e, _)| e.as_str()).collect();
+    assert_eq!(names, ["start", "stdout", "stderr", "exit"], "{events:?}");
+    assert_eq!(events[3].1["exit_code"], 4);
+
+    // In the background: listed, followed while it runs and again after.
+    let (status, p) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "for i in 1 2 3; do echo $i; sleep 0.2; done", "background": true}),
+        )
+        .await;
+    assert_eq!(status, 202, "{p}");
+    let pid = p["pid"].as_i64().unwrap();
+    let (_, list) = s.get(&t, &format!("/v1/sandboxes/{id}/commands")).await;
+    assert!(
+        list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|q| q["pid"] == pid && q["state"] == "running"),
+        "{list}"
+    );
+    let events = sse(&s, &t, &format!("/v1/sandboxes/{id}/commands/{pid}/events")).await;
+    assert_eq!(stdout_of(&events), "1\n2\n3\n");
+    assert_eq!(events.last().unwrap().1["exit_code"], 0);
+    let again = sse(&s, &t, &format!("/v1/sandboxes/{id}/commands/{pid}/events")).await;
+    assert_eq!(again, events, "the same, replayed");
+    // From a given event on: what came after it.
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/sandboxes/{id}/commands/{pid}/events")))
+        .bearer_auth(&t)
+        .header("last-event-id", "2")
+        .send()
+        .await
+        .unwrap();
+    let rest = read_sse(r).await;
+    assert_eq!(rest.first().map(|e| e.0), Some(3), "{rest:?}");
+
+    // Stdin left open, written in pieces, closed.
+    let (_, p) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "cat", "background": true, "stdin_open": true}),
+        )
+        .await;
+    let pid = p["pid"].as_i64().unwrap();
+    for (body, close) in [("abc\n", false), ("def\n", true)] {
+        let r = s
+            .client
+            .post(s.url(&format!(
+                "/v1/sandboxes/{id}/commands/{pid}/stdin?close={close}"
+            )))
+            .bearer_auth(&t)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204);
+    }
+    let events = sse(&s, &t, &format!("/v1/sandboxes/{id}/commands/{pid}/events")).await;
+    assert_eq!(stdout_of(&events), "abc\ndef\n");
+
+    // Signalled.
+    let (_, p) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "sleep 60", "background": true}),
+        )
+        .await;
+    let pid = p["pid"].as_i64().unwrap();
+    let (status, b) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands/{pid}/signal"),
+            json!({"signal": "SIGTERM"}),
+        )
+        .await;
+    assert_eq!(status, 204, "{b}");
+    let events = sse(&s, &t, &format!("/v1/sandboxes/{id}/commands/{pid}/events")).await;
+    assert_eq!(events.last().unwrap().1["exit_code"], 143);
+
+    // Bad requests say what is wrong.
+    for (path, body) in [
+        ("commands", json!({"cmd": ""})),
+        ("commands", json!({"cmd": "id", "shell": "zsh"})),
+        ("commands", json!({"cmd": "id", "env": {"A=B": "c"}})),
+        (
+            &format!("commands/{pid}/signal"),
+            json!({"signal": "SIGBOGUS"}),
+        ),
+        ("timeout", json!({"timeout_secs": 0})),
+    ] {
+        let (status, b) = s
+            .post(&t, &format!("/v1/sandboxes/{id}/{path}"), body)
+            .await;
+        assert_eq!(status, 400, "{path}: {b}");
+    }
+    let (status, _) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands/999999/signal"),
+            json!({"signal": 9}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    let (status, b) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "true", "cwd": "/nonexistent"}),
+        )
+        .await;
+    assert_eq!(status, 422, "{b}");
+
+    // Deleted: ended, its files gone, nothing runs; deleting again is fine.
+    let dir = s.dir.join("data/sandboxes").join(&id);
+    assert!(dir.join("workspace/out.txt").exists());
+    let (status, _) = s.delete(&t, &format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(status, 204);
+    let (_, shown) = s.get(&t, &format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(shown["state"], "ended");
+    assert_eq!(shown["end_reason"], "killed");
+    assert!(!dir.exists(), "its workspace is removed");
+    let (status, _) = s.get(&t, &format!("/v1/sandboxes/{id}/files")).await;
+    assert_eq!(status, 410);
+    let (status, _) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "id"}),
+        )
+        .await;
+    assert_eq!(status, 409);
+    let (status, _) = s.delete(&t, &format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(status, 204);
+    let (_, list) = s.get(&t, "/v1/sandboxes").await;
+    assert_eq!(list["sandboxes"], json!([]));
+}
+
+#[tokio::test]
+async fn a_sandbox_ends_at_its_timeout_unless_extended() {
+    let Some(s) = TestServer::start(Db::Sqlite).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let short = create(&s, &t, json!({"timeout_secs": 1})).await;
+    let kept = create(&s, &t, json!({"timeout_secs": 1})).await;
+    let (status, b) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{kept}/timeout"),
+            json!({"timeout_secs": 60}),
+        )
+        .await;
+    assert_eq!(status, 200, "{b}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, b) = s.get(&t, &format!("/v1/sandboxes/{short}")).await;
+        if b["state"] == "ended" {
+            assert_eq!(b["end_reason"], "timeout", "{b}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{b}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, b) = s.get(&t, &format!("/v1/sandboxes/{kept}")).await;
+    assert_eq!(b["state"], "running", "{b}");
+    let r = run(&s, &t, &kept, json!({"cmd": "echo still here"})).await;
+    assert_eq!(r["stdout"], "still here\n");
+}
+
+#[tokio::test]
+async fn sandboxes_count_against_the_tenant_s_cap_and_end_with_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("db.sqlite").display());
+    let s = TestServer::start_at(dir.path(), &db, |c| c.sessions_per_tenant = 1).await;
+    let t = s.token("acme").await;
+    let id = create(&s, &t, json!({})).await;
+    let (status, b) = s.post(&t, "/v1/sandboxes", json!({})).await;
+    assert_eq!(status, 429, "{b}");
+    for bad in [
+        json!({"timeout_secs": 0}),
+        json!({"env": {"": "x"}}),
+        json!({"metadata": {"k": "v".repeat(1025)}}),
+        json!({"network": "full"}),
+        json!({"ram": "1G"}),
+    ] {
+        let (status, b) = s.post(&t, "/v1/sandboxes", bad.clone()).await;
+        assert_eq!(status, 400, "{bad}: {b}");
+    }
+    s.stop().await;
+    let s = TestServer::start_at(dir.path(), &db, |_| {}).await;
+    let (_, b) = s.get(&t, &format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(b["state"], "ended", "{b}");
+    assert_eq!(b["end_reason"], "the server stopped", "{b}");
+    // Its place under the cap went with it.
+    create(&s, &t, json!({})).await;
+}
