@@ -82,6 +82,7 @@ impl Modify for Bearer {
         crate::sandbox_api::follow_process,
         crate::sandbox_api::write_stdin,
         crate::sandbox_api::signal_process,
+        crate::sandbox_api::open_pty,
         crate::owned::list_sandbox_root,
         crate::owned::get_sandbox_file,
         crate::owned::put_sandbox_file,

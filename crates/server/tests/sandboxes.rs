@@ -9,6 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+
 use serde_json::{Value, json};
 
 async fn create(s: &TestServer, t: &str, body: Value) -> String {
@@ -355,4 +356,88 @@ async fn sandboxes_count_against_the_tenant_s_cap_and_end_with_the_server() {
     assert_eq!(b["end_reason"], "the server stopped", "{b}");
     // Its place under the cap went with it.
     create(&s, &t, json!({})).await;
+}
+
+#[tokio::test]
+async fn a_terminal_over_a_websocket_types_resizes_and_exits() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+    let Some(s) = TestServer::start(Db::Sqlite).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let id = create(&s, &t, json!({})).await;
+    let url = s
+        .url(&format!("/v1/sandboxes/{id}/pty?rows=30&cols=100"))
+        .replacen("http://", "ws://", 1);
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {t}").parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let mut screen = String::new();
+    // Reads until `want` shows (or the terminal says how it ended).
+    async fn until(
+        ws: &mut (impl StreamExt<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin),
+        screen: &mut String,
+        want: &str,
+    ) -> Option<Value> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !screen.contains(want) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, ws.next()).await {
+                Ok(Some(Ok(Message::Binary(b)))) => screen.push_str(&String::from_utf8_lossy(&b)),
+                Ok(Some(Ok(Message::Text(t)))) => return serde_json::from_str(&t).ok(),
+                Ok(Some(Ok(_))) => {}
+                other => panic!("{want:?} never came: {other:?}\n{screen}"),
+            }
+        }
+        None
+    }
+    ws.send(Message::binary(b"stty size; echo mark-$((6*7))\n".to_vec()))
+        .await
+        .unwrap();
+    until(&mut ws, &mut screen, "mark-42").await;
+    assert!(screen.contains("30 100"), "{screen}");
+    ws.send(Message::text(r#"{"resize": {"rows": 40, "cols": 120}}"#))
+        .await
+        .unwrap();
+    ws.send(Message::binary(b"stty size\n".to_vec()))
+        .await
+        .unwrap();
+    until(&mut ws, &mut screen, "40 120").await;
+    // It is a process like any other.
+    let (_, list) = s.get(&t, &format!("/v1/sandboxes/{id}/commands")).await;
+    assert!(
+        list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["cmd"] == "(terminal)" && p["state"] == "running"),
+        "{list}"
+    );
+    ws.send(Message::binary(b"exit 7\n".to_vec()))
+        .await
+        .unwrap();
+    let end = until(&mut ws, &mut screen, "\u{0}never").await;
+    assert_eq!(end, Some(json!({"exit_code": 7})), "{screen}");
+
+    // Not a WebSocket, or a size out of range: 400.
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/sandboxes/{id}/pty")))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/sandboxes/{id}/pty?rows=0")))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
 }

@@ -502,21 +502,7 @@ impl Sandbox {
     /// Ends the session: every process in it is killed and host resources
     /// are released. Other clones of this handle see [`Error::Gone`].
     pub async fn close(&self) {
-        if self.inner.closed.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        // Its ports stop listening now, free for the next sandbox to take.
-        std::mem::take(
-            &mut *self
-                .inner
-                .forwards
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-        let _ = self.inner.send(&HostMsg::Shutdown);
-        let inner = self.inner.clone();
-        let _ =
-            tokio::task::spawn_blocking(move || inner.lifecycle.reap(Duration::from_secs(2))).await;
+        self.close_step(Duration::from_secs(2)).await;
     }
 }
 

@@ -218,23 +218,11 @@ pub(crate) async fn run_command(
     if let Some(t) = asked.timeout_secs {
         req = req.timeout(std::time::Duration::from_secs(t));
     }
-    let exec = b.sandbox.exec_stream(req).await.map_err(|e| match e {
-        cordon_sandbox::Error::Exec { .. } => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "cannot_start",
-            e.to_string(),
-        ),
-        cordon_sandbox::Error::Gone => ApiError::new(
-            StatusCode::CONFLICT,
-            "not_running",
-            format!("sandbox {id} has ended"),
-        ),
-        e => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "sandbox_error",
-            e.to_string(),
-        ),
-    })?;
+    let exec = b
+        .sandbox
+        .exec_stream(req)
+        .await
+        .map_err(|e| start_error(&id, e))?;
     let p = Process::follow(asked.cmd.clone(), exec);
     b.add(p.clone());
     // Written by a task of its own: a command that reads slowly holds
@@ -256,6 +244,27 @@ pub(crate) async fn run_command(
         return Ok(events(p, None).into_response());
     }
     Ok(Json(wait(&p).await).into_response())
+}
+
+/// Why a command did not start, as the API answers it.
+pub(crate) fn start_error(id: &str, e: cordon_sandbox::Error) -> ApiError {
+    match e {
+        cordon_sandbox::Error::Exec { .. } => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "cannot_start",
+            e.to_string(),
+        ),
+        cordon_sandbox::Error::Gone => ApiError::new(
+            StatusCode::CONFLICT,
+            "not_running",
+            format!("sandbox {id} has ended"),
+        ),
+        e => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "sandbox_error",
+            e.to_string(),
+        ),
+    }
 }
 
 fn wants_events(headers: &HeaderMap) -> bool {

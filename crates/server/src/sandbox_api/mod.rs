@@ -9,9 +9,11 @@
 //! and why it ended, and its workspace goes with it.
 
 mod commands;
+mod pty;
 mod view;
 
 pub(crate) use commands::*;
+pub(crate) use pty::*;
 pub use view::{NewSandbox, SandboxList, SandboxView, TimeoutChange};
 
 use std::collections::BTreeMap;
@@ -49,6 +51,7 @@ pub fn routes() -> Router<Arc<Shared>> {
             get(get_sandbox).delete(delete_sandbox),
         )
         .route("/v1/sandboxes/{id}/timeout", post(set_sandbox_timeout))
+        .route("/v1/sandboxes/{id}/pty", get(open_pty))
         .route(
             "/v1/sandboxes/{id}/commands",
             post(run_command).get(list_processes),
