@@ -251,6 +251,29 @@ impl SandboxDefaults {
         }
     }
 
+    /// A sandbox over `workspace` as a job's or an API sandbox's checked
+    /// options ask: its memory and disk within the server's bounds, its
+    /// network and broker policy, its backend.
+    pub fn for_options(
+        &self,
+        workspace: impl Into<PathBuf>,
+        image: Option<cordon_sandbox::RootImage>,
+        options: &crate::job::RunOptions,
+    ) -> cordon_sandbox::SandboxConfig {
+        let mut c = self.sandbox(workspace, image);
+        c.set_limits(cordon_sandbox::Limits {
+            memory: options.memory,
+            disk: Some(options.disk),
+            ..c.limits()
+        });
+        c.network = self.network(options.network.into());
+        c.egress = options.egress.clone().map(cordon_sandbox::Egress::new);
+        if let Some(b) = options.backend {
+            c.backend = b;
+        }
+        c
+    }
+
     /// The workspace at `root` as the server's own writers open it (the
     /// files API, a `steps` job's `write_file`): beneath its root, and
     /// refusing the control files the sandbox's tools refuse unless the

@@ -1,8 +1,8 @@
-//! What every owner of a sandbox (a job, an API session) serves the same
-//! way: its workspace's files, its network policy, its desktop's live view,
+//! What every owner of a sandbox (a job, an API session, an API sandbox)
+//! serves the same way: its workspace's files, its network policy, its desktop's live view,
 //! its JupyterLab and its ports' previews. Each is written once over an [`Owner`], with one set
 //! of answers for what is missing; where a kind differs (a job's archived
-//! files, a session woken from idle) one exhaustive `match` says how. The
+//! files, a session woken from idle, a sandbox's record) one exhaustive `match` says how. The
 //! routes of each kind are thin, so that the OpenAPI document describes
 //! every path as it is.
 

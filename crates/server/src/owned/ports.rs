@@ -40,16 +40,7 @@ async fn live(shared: &Shared, tenant: &str, owner: &Owner) -> ApiResult<()> {
         Found::Session(_) => Ok(()),
         Found::Sandbox(row) => match shared.sandboxes.get(owner) {
             Some(_) => Ok(()),
-            None => Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "not_running",
-                format!(
-                    "{owner} has no live sandbox: {}",
-                    row.end_reason
-                        .as_deref()
-                        .unwrap_or("it lives in another process")
-                ),
-            )),
+            None => Err(crate::sandbox_api::gone(&row)),
         },
     }
 }

@@ -88,7 +88,7 @@ impl Runner {
         let credentials = cordon_image::auth::Sources::from_env();
         let builder = Builder {
             store: &store,
-            sandbox: self.sandbox_config(ws, options, None),
+            sandbox: self.sandboxes.for_options(ws, None, options),
             credentials: &credentials,
             bases: Some(&bases),
         };

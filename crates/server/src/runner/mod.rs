@@ -15,16 +15,15 @@ mod sink;
 mod steps;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cordon_agent::Cancel;
-use cordon_sandbox::{ExecRequest, Sandbox, SandboxConfig};
+use cordon_sandbox::{ExecRequest, Sandbox};
 
 use crate::config::{AgentDefaults, JobDirs, SandboxDefaults, ServerConfig};
 use crate::hub::Hub;
-use crate::job::{Bounds, Job, JobEvent, JobSpec, JobState, RunOptions};
+use crate::job::{Bounds, Job, JobEvent, JobSpec, JobState};
 use crate::network::{Ceilings, LivePolicies};
 use crate::sandboxes::Sandboxes;
 use crate::store::{Claimed, NewEvent, Outcome, Store};
@@ -281,7 +280,7 @@ impl Runner {
                 Err(e) => return failed(format!("cannot prepare the job's image: {e}")),
             },
         };
-        let mut config = self.sandbox_config(&ws, &req.options, image);
+        let mut config = self.sandboxes.for_options(&ws, image, &req.options);
         config.display = req.spec.display();
         let backend = config.backend;
         let created = Sandbox::create(config).await;
@@ -378,27 +377,6 @@ impl Runner {
         // Closing ends every process the job left behind.
         sandbox.close().await;
         outcome
-    }
-
-    fn sandbox_config(
-        &self,
-        ws: &Path,
-        options: &RunOptions,
-        image: Option<cordon_sandbox::RootImage>,
-    ) -> SandboxConfig {
-        let mut c = self.sandboxes.sandbox(ws, image);
-        // The job's own memory and disk, within the server's bounds.
-        c.set_limits(cordon_sandbox::Limits {
-            memory: options.memory,
-            disk: Some(options.disk),
-            ..c.limits()
-        });
-        c.network = self.sandboxes.network(options.network.into());
-        c.egress = options.egress.clone().map(cordon_sandbox::Egress::new);
-        if let Some(b) = options.backend {
-            c.backend = b;
-        }
-        c
     }
 }
 

@@ -26,9 +26,6 @@ use crate::boxes::{Ended, ProcEvent, Process};
 use crate::http::{ApiError, ApiResult, Tenant, Timestamp, read_json};
 use crate::state::Shared;
 
-/// Variables one command may be given.
-const ENV_MAX: usize = 256;
-
 /// `POST /v1/sandboxes/{id}/commands`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -192,16 +189,7 @@ pub(crate) async fn run_command(
             "`cmd` must be a command line, without NUL bytes",
         ));
     }
-    if asked.env.len() > ENV_MAX
-        || asked
-            .env
-            .iter()
-            .any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0'))
-    {
-        return Err(ApiError::bad_request(format!(
-            "`env`: at most {ENV_MAX} variables, named without `=` or NUL bytes"
-        )));
-    }
+    super::view::check_env(&asked.env)?;
     let max = shared.config.bounds.max_timeout_secs;
     if asked.timeout_secs.is_some_and(|t| !(1..=max).contains(&t)) {
         return Err(ApiError::bad_request(format!(

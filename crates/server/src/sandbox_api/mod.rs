@@ -114,7 +114,9 @@ pub(crate) fn network_of(
     }
 }
 
-fn gone(row: &SandboxRow) -> ApiError {
+/// The answer about a sandbox that is not running here: why, as its
+/// record says.
+pub(crate) fn gone(row: &SandboxRow) -> ApiError {
     let why = row
         .end_reason
         .as_deref()
@@ -188,18 +190,7 @@ pub(crate) async fn create_sandbox(
                 .root,
         ),
     };
-    let defaults = shared.config.sandboxes();
-    let mut sc = defaults.sandbox(&ws, image);
-    sc.set_limits(cordon_sandbox::Limits {
-        memory: options.memory,
-        disk: Some(options.disk),
-        ..sc.limits()
-    });
-    sc.network = defaults.network(options.network.into());
-    sc.egress = options.egress.clone().map(cordon_sandbox::Egress::new);
-    if let Some(b) = options.backend {
-        sc.backend = b;
-    }
+    let mut sc = shared.config.sandboxes().for_options(&ws, image, &options);
     sc.env.extend(asked.env.clone());
     let backend = sc.backend;
     let created = cordon_sandbox::Sandbox::create(sc).await;

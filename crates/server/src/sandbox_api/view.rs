@@ -15,8 +15,28 @@ const METADATA_MAX: usize = 64;
 const METADATA_KEY_MAX: usize = 128;
 const METADATA_VALUE_MAX: usize = 1024;
 
-/// Environment variables a sandbox may be made with.
+/// Environment variables a sandbox or a command may be given.
 const ENV_MAX: usize = 256;
+
+/// Checks environment variables a sandbox or a command is given: at most
+/// [`ENV_MAX`], named without `=` or NUL, valued without NUL.
+pub(crate) fn check_env(env: &BTreeMap<String, String>) -> ApiResult<()> {
+    if env.len() > ENV_MAX {
+        return Err(ApiError::bad_request(format!(
+            "`env` has {} variables; at most {ENV_MAX}",
+            env.len()
+        )));
+    }
+    for (k, v) in env {
+        let bad_name = k.is_empty() || k.contains(['=', '\0']);
+        if bad_name || v.contains('\0') {
+            return Err(ApiError::bad_request(format!(
+                "`env`: {k:?} is no variable name, or its value holds a NUL byte"
+            )));
+        }
+    }
+    Ok(())
+}
 
 /// `POST /v1/sandboxes`.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
@@ -78,20 +98,7 @@ impl NewSandbox {
 
     /// Checks what only a sandbox takes: its environment and metadata.
     pub fn check(&self) -> ApiResult<()> {
-        if self.env.len() > ENV_MAX {
-            return Err(ApiError::bad_request(format!(
-                "`env` has {} variables; at most {ENV_MAX}",
-                self.env.len()
-            )));
-        }
-        for (k, v) in &self.env {
-            let bad_name = k.is_empty() || k.contains(['=', '\0']);
-            if bad_name || v.contains('\0') {
-                return Err(ApiError::bad_request(format!(
-                    "`env`: {k:?} is no variable name, or its value holds a NUL byte"
-                )));
-            }
-        }
+        check_env(&self.env)?;
         if self.metadata.len() > METADATA_MAX {
             return Err(ApiError::bad_request(format!(
                 "`metadata` has {} entries; at most {METADATA_MAX}",
