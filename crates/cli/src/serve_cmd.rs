@@ -198,6 +198,10 @@ pub enum TokenCommand {
         /// tenant's tokens over the API (`/v1/tokens`)
         #[arg(long)]
         operator: bool,
+        /// Print it as the E2B SDKs take it in `E2B_API_KEY` (`e2b_…`; the
+        /// same token: cordon's API takes either spelling)
+        #[arg(long)]
+        e2b: bool,
         /// The server's database, as for `cordon serve --db`
         #[arg(long, value_name = "URL", env = "CORDON_DB", hide_env_values = true)]
         db: Option<String>,
@@ -258,7 +262,10 @@ pub async fn token(args: TokenArgs) -> i32 {
     };
     match args.command {
         TokenCommand::Create {
-            tenant, operator, ..
+            tenant,
+            operator,
+            e2b,
+            ..
         } => {
             let role = if operator {
                 Role::Operator
@@ -266,6 +273,16 @@ pub async fn token(args: TokenArgs) -> i32 {
                 Role::Tenant
             };
             match store.create_token(&tenant, role).await {
+                Ok(t) if e2b => match cordon_server::e2b_key(&t.token) {
+                    Some(key) => {
+                        println!("{key}");
+                        0
+                    }
+                    None => {
+                        eprintln!("cordon: this token has no E2B spelling");
+                        exit::CONFIG
+                    }
+                },
                 Ok(t) => {
                     println!("{}", t.token);
                     0

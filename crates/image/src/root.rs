@@ -125,6 +125,51 @@ pub fn resolve_user(layers: &[PathBuf], user: &str) -> Result<(u32, u32), StoreE
     Ok((uid, gid))
 }
 
+/// A user of an image, as its `/etc/passwd` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub name: String,
+    /// Absolute; `/` when the entry gives none or a relative one.
+    pub home: String,
+}
+
+/// Who `uid` is in the image whose layers are `layers` (top first): its
+/// passwd entry's name and home, else the number as its name and `/` as
+/// its home (`/root` for root). The file is the image's, so only a name
+/// and an absolute path of printable characters are taken from it.
+pub fn account(layers: &[PathBuf], uid: u32) -> Account {
+    let fallback = || Account {
+        name: if uid == 0 {
+            "root".into()
+        } else {
+            uid.to_string()
+        },
+        home: if uid == 0 { "/root".into() } else { "/".into() },
+    };
+    let printable =
+        |s: &str| !s.is_empty() && s.len() <= 256 && s.chars().all(|c| c.is_ascii_graphic());
+    let Some(f) = read_db(layers, "etc/passwd").as_deref().and_then(|text| {
+        find(text, |f| {
+            f.get(2).and_then(|u| u.parse::<u32>().ok()) == Some(uid)
+        })
+    }) else {
+        return fallback();
+    };
+    let name = f[0].clone();
+    let home = f.get(5).cloned().unwrap_or_default();
+    if !printable(&name) {
+        return fallback();
+    }
+    Account {
+        name,
+        home: if home.starts_with('/') && printable(&home) && !home.split('/').any(|c| c == "..") {
+            home
+        } else {
+            fallback().home
+        },
+    }
+}
+
 /// The fields of the first line of a colon-separated database `text` that
 /// `matches`.
 fn find(text: &str, matches: impl Fn(&[&str]) -> bool) -> Option<Vec<String>> {
@@ -194,6 +239,53 @@ fn read_db(layers: &[PathBuf], rel: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accounts_come_from_the_top_passwd_and_distrust_it() {
+        let l = layer(&[(
+            "etc/passwd",
+            "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n\
+             evil:x:1001:1001::../../etc:/bin/sh\nodd\u{1b}:x:1002:1::/x:/bin/sh\n",
+        )]);
+        let layers = [l.path().to_path_buf()];
+        let a = |uid| account(&layers, uid);
+        assert_eq!(
+            a(1000),
+            Account {
+                name: "user".into(),
+                home: "/home/user".into()
+            }
+        );
+        assert_eq!(a(0).home, "/root");
+        assert_eq!(
+            a(1001),
+            Account {
+                name: "evil".into(),
+                home: "/".into()
+            }
+        );
+        assert_eq!(
+            a(1002),
+            Account {
+                name: "1002".into(),
+                home: "/".into()
+            }
+        );
+        assert_eq!(
+            a(4242),
+            Account {
+                name: "4242".into(),
+                home: "/".into()
+            }
+        );
+        assert_eq!(
+            account(&[], 0),
+            Account {
+                name: "root".into(),
+                home: "/root".into()
+            }
+        );
+    }
 
     fn layer(files: &[(&str, &str)]) -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();

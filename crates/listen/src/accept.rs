@@ -3,7 +3,9 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -27,6 +29,45 @@ const READY: usize = 64;
 pub enum Conn {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// A connection as its requests see it (axum's `ConnectInfo`, with
+/// `into_make_service_with_connect_info::<Peer>`): who is at the other
+/// end, and a way to cut the connection off.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    /// The connection's socket, a second descriptor of it: held by the
+    /// connection's service, so it closes with the connection.
+    socket: Option<Arc<OwnedFd>>,
+}
+
+impl Peer {
+    /// Ends the connection with a TCP reset instead of a close once the
+    /// server lets go of it. A response cut short over HTTP/1.1 otherwise
+    /// reads as the server's protocol error; a reset reads as the
+    /// connection lost, which is what a client must see when what it was
+    /// following is gone (HTTP/2 would reset the stream).
+    pub fn reset_on_close(&self) {
+        if let Some(s) = &self.socket
+            && let Err(e) = rustix::net::sockopt::set_socket_linger(s, Some(Duration::ZERO))
+        {
+            tracing::debug!("{}: SO_LINGER: {e}", self.addr);
+        }
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Listener>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, Listener>) -> Peer {
+        let fd = match stream.io() {
+            Conn::Plain(s) => s.as_fd(),
+            Conn::Tls(s) => s.get_ref().0.as_fd(),
+        };
+        Peer {
+            addr: *stream.remote_addr(),
+            socket: fd.try_clone_to_owned().ok().map(Arc::new),
+        }
+    }
 }
 
 /// Accepts on a TCP listener, with TLS when given. Dropping it stops

@@ -19,5 +19,5 @@
 mod accept;
 mod tls;
 
-pub use accept::{Conn, Listener};
+pub use accept::{Conn, Listener, Peer};
 pub use tls::{Tls, TlsError};

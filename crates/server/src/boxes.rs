@@ -34,9 +34,42 @@ pub enum ProcEvent {
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ended {
+    /// Its status, or cordon's (see [`cordon_sandbox::ExecResult::exit_code`]).
     pub exit_code: i32,
+    /// How it ended as the kernel says: an exit code or a signal.
+    pub status: cordon_sandbox::ExitStatus,
     pub timed_out: bool,
     pub oom_killed: bool,
+    /// The sandbox ended under it, killing it with everything else.
+    pub lost: bool,
+}
+
+impl Ended {
+    pub fn lost() -> Ended {
+        let status = cordon_sandbox::ExitStatus::Signal(9);
+        Ended {
+            exit_code: status.code(),
+            status,
+            timed_out: false,
+            oom_killed: false,
+            lost: true,
+        }
+    }
+}
+
+/// What a process was started as: shown, never run again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Started {
+    /// The command line, or the program.
+    pub cmd: String,
+    /// The program's arguments, when `cmd` is one.
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    /// A name its starter gave it, to find it by.
+    pub tag: Option<String>,
+    /// On a terminal: its output is the terminal's.
+    pub pty: bool,
 }
 
 /// An event and its place in the process's sequence, from 1.
@@ -57,8 +90,7 @@ struct Kept {
 pub struct Process {
     /// Its pid inside the sandbox.
     pub pid: i32,
-    /// What it was started as (shown, never run again).
-    pub cmd: String,
+    pub started: Started,
     pub started_ms: i64,
     control: ExecStdin,
     kept: Mutex<Kept>,
@@ -66,12 +98,12 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts following `exec`, started as `cmd`.
-    pub fn follow(cmd: String, exec: Execution) -> Arc<Process> {
+    /// Starts following `exec`, started as `started`.
+    pub fn follow(started: Started, exec: Execution) -> Arc<Process> {
         let (live, _) = broadcast::channel(FOLLOW_BACKLOG);
         let p = Arc::new(Process {
             pid: exec.pid(),
-            cmd,
+            started,
             started_ms: crate::store::now_ms(),
             control: exec.stdin(),
             kept: Mutex::default(),
@@ -139,27 +171,40 @@ async fn pump(p: Arc<Process>, mut exec: Execution) {
             Some(Ok(ExecEvent::Exit(r))) => {
                 break Ended {
                     exit_code: r.exit_code(),
+                    status: r.status,
                     timed_out: r.timed_out,
                     oom_killed: r.oom_killed,
+                    lost: false,
                 };
             }
             // The sandbox ended under it: killed with everything in it.
-            Some(Err(_)) | None => {
-                break Ended {
-                    exit_code: cordon_sandbox::ExitStatus::Signal(9).code(),
-                    timed_out: false,
-                    oom_killed: false,
-                };
-            }
+            Some(Err(_)) | None => break Ended::lost(),
         }
     };
     p.record(ProcEvent::Exit(ended));
+}
+
+/// What a sandbox of the API's was made as.
+pub struct Made {
+    pub id: String,
+    pub tenant: String,
+    /// The image it was made from, by the name the tenant gave (none: the
+    /// host's root).
+    pub image: Option<String>,
+    /// Whom its commands run as, and where they start.
+    pub account: cordon_image::root::Account,
+    pub deadline: Instant,
 }
 
 /// A sandbox of the API's, live.
 pub struct LiveBox {
     pub id: String,
     pub tenant: String,
+    pub image: Option<String>,
+    pub account: cordon_image::root::Account,
+    /// What a client of its in-sandbox API (the E2B layer's) must show:
+    /// 32 random bytes as hex, minted with it, never stored.
+    pub access_token: String,
     pub sandbox: Sandbox,
     deadline: Mutex<Instant>,
     processes: Mutex<BTreeMap<i32, Arc<Process>>>,
@@ -172,19 +217,20 @@ pub struct LiveBox {
 
 impl LiveBox {
     pub fn new(
-        id: String,
-        tenant: String,
+        made: Made,
         sandbox: Sandbox,
-        deadline: Instant,
         policy: Option<crate::network::Listed>,
         slot: crate::caps::Slot,
         in_use: cordon_sandbox::volume::InUse,
     ) -> LiveBox {
         LiveBox {
-            id,
-            tenant,
+            id: made.id,
+            tenant: made.tenant,
+            image: made.image,
+            account: made.account,
+            access_token: crate::store::random_hex(32),
             sandbox,
-            deadline: Mutex::new(deadline),
+            deadline: Mutex::new(made.deadline),
             processes: Mutex::default(),
             _policy: policy,
             _slot: slot,
@@ -243,6 +289,21 @@ impl Boxes {
 
     pub fn insert(&self, b: Arc<LiveBox>) {
         self.lock().insert(b.id.clone(), b);
+    }
+
+    /// Sandbox `id`, whoever's: for a caller that proves its right to it
+    /// otherwise (its access token).
+    pub fn by_id(&self, id: &str) -> Option<Arc<LiveBox>> {
+        self.lock().get(id).cloned()
+    }
+
+    /// `tenant`'s sandboxes.
+    pub fn of(&self, tenant: &str) -> Vec<Arc<LiveBox>> {
+        self.lock()
+            .values()
+            .filter(|b| b.tenant == tenant)
+            .cloned()
+            .collect()
     }
 
     /// `tenant`'s sandbox `id`; another's is as absent as a missing one.

@@ -39,7 +39,8 @@
 //! - Resources, one module each: `health`, `ui`, `docs`, `mcp`, `jobs`,
 //!   `sessions`, `sandbox_api` (sandboxes as a resource, and commands in
 //!   them), `owned` (what a job, session or sandbox owns: files, network,
-//!   desktop, Lab, served once over an `owner`), `tokens`, `credentials` (the tenants' git logins),
+//!   desktop, Lab, served once over an `owner`), `e2b` (the stock E2B SDKs' API over the sandbox API), `tokens`,
+//!   `credentials` (the tenants' git logins),
 //!   `tenants`, `images` (the catalog as a tenant sees it, and the
 //!   tenant's own images: pulled, snapshotted, built by `build` jobs).
 //! - On top: `openapi` (the document, from the resources' types and
@@ -55,6 +56,7 @@ pub mod config;
 mod credentials;
 mod desktop;
 pub mod docs;
+mod e2b;
 mod files;
 mod health;
 pub mod http;
@@ -87,6 +89,7 @@ pub mod ui;
 mod worker;
 
 pub use config::{AgentDefaults, ServerConfig};
+pub use e2b::e2b_key;
 pub use server::{Running, ServeError, Stopped, start};
 pub use state::Shared;
 pub use store::Store;
@@ -124,6 +127,7 @@ pub const LAYERS: &[&str] = &[
     "sessions",
     "sandbox_api",
     "owned",
+    "e2b",
     "tokens",
     "credentials",
     "tenants",

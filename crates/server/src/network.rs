@@ -163,6 +163,11 @@ pub enum Empty {
 }
 
 impl Ceilings {
+    /// Whether `tenant` may reach no host at all.
+    pub fn reaches_nothing(&self, tenant: &str) -> bool {
+        self.now().ceiling(tenant).rules().is_empty()
+    }
+
     /// The policy `asked` comes to for `tenant`: its presets expanded, or
     /// what `empty` says when it lists nothing; 403 naming what goes beyond
     /// the tenant's ceiling.

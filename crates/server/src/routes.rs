@@ -44,6 +44,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(sessions_own(file_limit))
         .merge(crate::sandbox_api::routes())
         .merge(sandboxes_own(file_limit))
+        .merge(crate::e2b::routes())
         .route("/schedule", post(jobs::schedule))
         .route("/status", get(jobs::status_by_query))
         .route("/status/{id}", get(jobs::status))

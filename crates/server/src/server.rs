@@ -380,6 +380,7 @@ async fn serve_on(
         let shutdown = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
+        let app = app.into_make_service_with_connect_info::<cordon_listen::Peer>();
         if let Err(e) = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
             .await

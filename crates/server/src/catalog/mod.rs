@@ -283,6 +283,8 @@ pub struct Images {
 pub struct Ready {
     pub image: Image,
     pub root: cordon_sandbox::RootImage,
+    /// Whom commands run as: the image's `User`, named by its passwd.
+    pub account: cordon_image::root::Account,
 }
 
 /// What a name a tenant gives stands for.
@@ -478,13 +480,19 @@ impl Images {
                 .map_err(|e| format!("image {shown}: {e}"))?,
         };
         let (store, for_root) = (store.clone(), image.clone());
-        let root = tokio::task::spawn_blocking(move || store.sandbox_root(&for_root, None))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("image {shown}: {e}"))?;
+        let root = tokio::task::spawn_blocking(move || {
+            let root = store.sandbox_root(&for_root, None)?;
+            let account = cordon_image::root::account(&root.layers, root.uid);
+            Ok::<_, cordon_image::store::StoreError>((root, account))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("image {shown}: {e}"))?;
+        let (root, account) = root;
         Ok(Ready {
             image,
             root: root.into(),
+            account,
         })
     }
 }

@@ -73,7 +73,7 @@ impl ProcessView {
         let ended = p.ended();
         ProcessView {
             pid: p.pid,
-            cmd: p.cmd.clone(),
+            cmd: p.started.cmd.clone(),
             started_at: Timestamp::at(p.started_ms),
             state: if ended.is_some() { "exited" } else { "running" },
             exit_code: ended.map(|e| e.exit_code),
@@ -211,7 +211,13 @@ pub(crate) async fn run_command(
         .exec_stream(req)
         .await
         .map_err(|e| start_error(&id, e))?;
-    let p = Process::follow(asked.cmd.clone(), exec);
+    let started = crate::boxes::Started {
+        cmd: asked.cmd.clone(),
+        env: asked.env.clone(),
+        cwd: asked.cwd.clone(),
+        ..Default::default()
+    };
+    let p = Process::follow(started, exec);
     b.add(p.clone());
     // Written by a task of its own: a command that reads slowly holds
     // its writer, not this answer.
@@ -284,11 +290,7 @@ async fn wait(p: &Process) -> CommandResult {
             Err(RecvError::Closed) => break,
         }
     }
-    let end = ended.or_else(|| p.ended()).unwrap_or(Ended {
-        exit_code: cordon_sandbox::ExitStatus::Signal(9).code(),
-        timed_out: false,
-        oom_killed: false,
-    });
+    let end = ended.or_else(|| p.ended()).unwrap_or_else(Ended::lost);
     CommandResult {
         pid: p.pid,
         exit_code: end.exit_code,

@@ -14,6 +14,7 @@ mod view;
 
 pub(crate) use commands::*;
 pub(crate) use pty::*;
+pub(crate) use view::check_env;
 pub use view::{NewSandbox, SandboxList, SandboxView, TimeoutChange};
 
 use std::collections::BTreeMap;
@@ -153,6 +154,17 @@ pub(crate) async fn create_sandbox(
 ) -> ApiResult<Response> {
     let body = crate::http::within(body, shared.config.body_limit)?;
     let asked: NewSandbox = read_json(&body)?;
+    let (row, _) = make(&shared, &tenant, asked).await?;
+    Ok((StatusCode::CREATED, Json(SandboxView::of(&row, true))).into_response())
+}
+
+/// Makes a sandbox of `tenant`'s as `asked`, running and registered,
+/// with its record.
+pub(crate) async fn make(
+    shared: &Shared,
+    tenant: &str,
+    asked: NewSandbox,
+) -> ApiResult<(SandboxRow, Arc<LiveBox>)> {
     let mut options = asked
         .limits()
         .check(&shared.config.bounds)
@@ -161,16 +173,16 @@ pub(crate) async fn create_sandbox(
     if let Some(spec) = &options.egress {
         let policy = shared
             .ceilings
-            .settle(&tenant, spec, crate::network::Empty::Ceiling)?;
+            .settle(tenant, spec, crate::network::Empty::Ceiling)?;
         options.egress = Some(policy.into());
     }
     options.image = shared
         .images
-        .choose(&shared.store, &tenant, options.image.as_ref())
+        .choose(&shared.store, tenant, options.image.as_ref())
         .await?;
-    let slot = shared.caps.acquire(&tenant)?;
+    let slot = shared.caps.acquire(tenant)?;
     let id = format!("sbx_{}", random_hex(12));
-    let d = dir(&shared, &id);
+    let d = dir(shared, &id);
     let ws = d.join("workspace");
     let in_use = {
         let (ws, defaults, disk) = (ws.clone(), shared.config.sandboxes(), options.disk);
@@ -179,18 +191,34 @@ pub(crate) async fn create_sandbox(
             .map_err(|e| unavailable(&id, "make its workspace", e))?
             .map_err(|e| unavailable(&id, "make its workspace", e))?
     };
-    let image = match &options.image {
-        None => None,
-        Some(name) => Some(
-            shared
+    let (image, account) = match &options.image {
+        None => (None, None),
+        Some(name) => {
+            let ready = shared
                 .images
-                .ready(&shared.store, &tenant, name)
+                .ready(&shared.store, tenant, name)
                 .await
-                .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "image_unavailable", e))?
-                .root,
-        ),
+                .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "image_unavailable", e))?;
+            (Some(ready.root), Some(ready.account))
+        }
     };
     let mut sc = shared.config.sandboxes().for_options(&ws, image, &options);
+    // On an image, commands run as its user, at home unless told
+    // otherwise (the host's root has neither: /workspace it is).
+    let account = match account {
+        Some(a) => {
+            sc.env.extend([
+                ("HOME".to_string(), a.home.clone()),
+                ("USER".to_string(), a.name.clone()),
+                ("LOGNAME".to_string(), a.name.clone()),
+            ]);
+            a
+        }
+        None => cordon_image::root::Account {
+            name: "user".into(),
+            home: sc.workdir.clone(),
+        },
+    };
     sc.env.extend(asked.env.clone());
     let backend = sc.backend;
     let created = cordon_sandbox::Sandbox::create(sc).await;
@@ -214,7 +242,7 @@ pub(crate) async fn create_sandbox(
     let metadata = serde_json::to_string(&asked.metadata).unwrap_or_else(|_| "{}".into());
     let row = match shared
         .store
-        .insert_sandbox(&id, &tenant, expires_ms, &request, &metadata)
+        .insert_sandbox(&id, tenant, expires_ms, &request, &metadata)
         .await
     {
         Ok(row) => row,
@@ -233,19 +261,22 @@ pub(crate) async fn create_sandbox(
     shared
         .sandboxes
         .insert(Owner::Sandbox(id.clone()), &sandbox);
-    let live = LiveBox::new(
-        id.clone(),
-        tenant.clone(),
+    let live = Arc::new(LiveBox::new(
+        crate::boxes::Made {
+            id: id.clone(),
+            tenant: tenant.to_string(),
+            image: options.image.map(String::from),
+            account,
+            deadline: Instant::now() + timeout,
+        },
         sandbox,
-        Instant::now() + timeout,
         policy,
         slot,
         in_use,
-    );
-    shared.boxes.insert(Arc::new(live));
+    ));
+    shared.boxes.insert(live.clone());
     tracing::info!("sandbox {id} of {tenant}: created");
-    let view = SandboxView::of(&row, true);
-    Ok((StatusCode::CREATED, Json(view)).into_response())
+    Ok((row, live))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", summary = "A sandbox",

@@ -121,7 +121,13 @@ pub(crate) async fn open_pty(
         .exec_stream(req)
         .await
         .map_err(|e| super::commands::start_error(&id, e))?;
-    let p = Process::follow(label, exec);
+    let started = crate::boxes::Started {
+        cmd: label,
+        cwd: q.cwd.clone(),
+        pty: true,
+        ..Default::default()
+    };
+    let p = Process::follow(started, exec);
     b.add(p.clone());
     Ok(upgrade
         .protocols(["binary"])

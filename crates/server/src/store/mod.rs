@@ -27,7 +27,9 @@ pub use leases::{Claimed, Held};
 pub use sandboxes::SandboxRow;
 pub use sealed::{KEY_MIN, Keyring, SealError, SecretsKey, strong_key};
 pub use sessions::SessionRow;
-pub use tokens::{Caller, NewToken, Role, TOKEN_ID_CHARS, TokenRow, check_tenant};
+pub use tokens::{
+    Caller, E2B_PREFIX, NewToken, Role, TOKEN_ID_CHARS, TOKEN_PREFIX, TokenRow, check_tenant,
+};
 
 /// Errors of the store.
 #[derive(Debug, thiserror::Error)]

@@ -10,6 +10,12 @@ use utoipa::ToSchema;
 
 use super::{Result, Store, StoreError, now_ms, random_hex};
 
+/// What every token cordon makes begins with.
+pub const TOKEN_PREFIX: &str = "cdn_";
+
+/// What the same tokens begin with as the E2B SDKs want them.
+pub const E2B_PREFIX: &str = "e2b_";
+
 /// Hex digits of a token's hash that name it in lists.
 pub const TOKEN_ID_CHARS: usize = 12;
 
@@ -103,7 +109,7 @@ impl Store {
     pub async fn create_token(&self, tenant: &str, role: Role) -> Result<NewToken> {
         let tenant = tenant.trim();
         check_tenant(tenant).map_err(StoreError::Refused)?;
-        let token = format!("cdn_{}", random_hex(24));
+        let token = format!("{TOKEN_PREFIX}{}", random_hex(24));
         let hash = hash_token(&token);
         let created_ms = now_ms();
         sqlx::query(
@@ -190,8 +196,14 @@ impl Store {
 
     /// Whom a token speaks for; `None` for a token no one holds.
     pub async fn caller(&self, token: &str) -> Result<Option<Caller>> {
+        // E2B's spelling of a token (`cordon token create --e2b`) is the
+        // same token.
+        let token = match token.strip_prefix(E2B_PREFIX) {
+            Some(body) => format!("{TOKEN_PREFIX}{body}"),
+            None => token.to_string(),
+        };
         let row = sqlx::query("SELECT tenant, operator FROM tokens WHERE hash = $1")
-            .bind(hash_token(token))
+            .bind(hash_token(&token))
             .fetch_optional(&self.pool)
             .await?;
         row.map(|r| {

@@ -1,0 +1,103 @@
+//! Which sandbox a request to a sandbox's own API is for, and whether it
+//! may: `E2b-Sandbox-Id` names it, `X-Access-Token` proves the right to
+//! it. A sandbox that is not running answers 502, as E2B's edge does: that
+//! is how the SDKs tell a dead sandbox from a failed call.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use super::cordon_id;
+use crate::boxes::LiveBox;
+use crate::state::Shared;
+
+/// The header naming the sandbox a request is for.
+const SANDBOX_ID: &str = "e2b-sandbox-id";
+
+/// The header carrying a sandbox's access token.
+const ACCESS_TOKEN: &str = "x-access-token";
+
+/// A request's sandbox, running, its token checked.
+pub struct Envd(pub Arc<LiveBox>);
+
+/// The answer for a sandbox that is not running (or never was).
+pub fn not_running(id: &str) -> Response {
+    // E2B's edge names the sandbox by the part before any dash-suffix;
+    // a client gave the id, so only a printable, bounded echo of it.
+    let shown: String = id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(64)
+        .collect();
+    let body = serde_json::json!({
+        "message": "The sandbox was not found",
+        "sandboxId": shown,
+        "code": 502,
+    });
+    (StatusCode::BAD_GATEWAY, Json(body)).into_response()
+}
+
+fn sandbox_id(headers: &HeaderMap) -> Option<&str> {
+    headers.get(SANDBOX_ID).and_then(|v| v.to_str().ok())
+}
+
+/// Equal, in a time that does not depend on where they differ.
+pub fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl FromRequestParts<Arc<Shared>> for Envd {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, shared: &Arc<Shared>) -> Result<Envd, Response> {
+        let id = sandbox_id(&parts.headers).unwrap_or("");
+        let Some(b) = cordon_id(id).and_then(|cid| shared.boxes.by_id(&cid)) else {
+            return Err(not_running(id));
+        };
+        let token = parts
+            .headers
+            .get(ACCESS_TOKEN)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if !same(token, b.access_token.as_bytes()) {
+            let body = serde_json::json!({
+                "code": 401,
+                "message": "unauthorized access, please provide a valid access token",
+            });
+            return Err((StatusCode::UNAUTHORIZED, Json(body)).into_response());
+        }
+        Ok(Envd(b))
+    }
+}
+
+/// `GET /health`: a sandbox's (with `E2b-Sandbox-Id`: 204 while it runs,
+/// 502 after), else the control API's.
+pub async fn health(
+    axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+    headers: HeaderMap,
+) -> Response {
+    match sandbox_id(&headers) {
+        None => (StatusCode::OK, "Health check successful").into_response(),
+        Some(id) => match cordon_id(id).and_then(|cid| shared.boxes.by_id(&cid)) {
+            Some(_) => StatusCode::NO_CONTENT.into_response(),
+            None => not_running(id),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd"));
+        assert!(!same(b"abc", b"ab"));
+        assert!(!same(b"", b"a"));
+    }
+}

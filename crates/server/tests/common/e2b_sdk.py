@@ -1,0 +1,106 @@
+"""The stock E2B Python SDK (from PyPI) against `cordon serve`.
+
+Run by crates/server/tests/e2b.rs with E2B_API_KEY, E2B_API_URL and
+E2B_SANDBOX_URL set; each check prints `ok NAME`, and any failure raises.
+"""
+
+import sys
+import time
+
+from e2b import CommandExitException, Sandbox, TimeoutException
+from e2b.sandbox.sandbox_api import SandboxQuery
+
+
+def ok(name):
+    print("ok", name, flush=True)
+
+
+tag = f"t{int(time.time() * 1000)}"
+sbx = Sandbox.create(metadata={"suite": tag}, envs={"FROM_CREATE": "yes"}, timeout=120)
+assert sbx.sandbox_id.startswith("sbx-"), sbx.sandbox_id
+assert sbx.is_running()
+ok("create")
+
+r = sbx.commands.run("echo hello; pwd; whoami; echo $HOME $FROM_CREATE")
+assert r.exit_code == 0, r
+assert r.stdout == "hello\n/home/user\nuser\n/home/user yes\n", repr(r.stdout)
+ok("run")
+
+r = sbx.commands.run("echo $A-$B; pwd", envs={"A": "1", "B": "two words"}, cwd="/tmp")
+assert r.stdout == "1-two words\n/tmp\n", repr(r.stdout)
+r = sbx.commands.run("pwd", cwd="sub/..")
+assert r.stdout == "/home/user\n", repr(r.stdout)
+ok("envs and cwd")
+
+seen = []
+r = sbx.commands.run("printf 'a\\n'; printf 'b\\n' >&2; printf '\\xff\\xfe'", on_stdout=seen.append)
+assert "a\n" in "".join(seen), seen
+assert r.stderr == "b\n", repr(r.stderr)
+ok("on_stdout and stderr")
+
+try:
+    sbx.commands.run("echo out; exit 3")
+    raise AssertionError("exit 3 raised nothing")
+except CommandExitException as e:
+    assert e.exit_code == 3 and e.stdout == "out\n", e
+ok("exit code")
+
+h = sbx.commands.run("cat", background=True, stdin=True)
+sbx.commands.send_stdin(h.pid, "first\n")
+sbx.commands.send_stdin(h.pid, "")
+sbx.commands.send_stdin(h.pid, b"\x00second\n")
+sbx.commands.close_stdin(h.pid)
+r = h.wait()
+assert r.stdout == "first\n\x00second\n", repr(r.stdout)
+ok("stdin")
+
+h = sbx.commands.run("sleep 60", background=True)
+listed = {p.pid: p for p in sbx.commands.list()}
+assert h.pid in listed and listed[h.pid].cmd == "/bin/bash", listed
+assert listed[h.pid].args[-1] == "sleep 60", listed[h.pid]
+again = sbx.commands.connect(h.pid)
+assert sbx.commands.kill(h.pid)
+try:
+    again.wait()
+    raise AssertionError("a killed process ended well")
+except CommandExitException as e:
+    assert e.exit_code == -1 and "killed" in (e.error or ""), e
+r = sbx.commands.run(f"kill -0 {h.pid} 2>/dev/null && echo alive || echo gone")
+assert r.stdout == "gone\n", repr(r.stdout)
+assert not sbx.commands.kill(999999)
+ok("list, connect and kill")
+
+t0 = time.time()
+try:
+    sbx.commands.run("sleep 10", timeout=1)
+    raise AssertionError("a command ran past its timeout")
+except TimeoutException:
+    pass
+assert time.time() - t0 < 5
+ok("timeout")
+
+found = Sandbox.list(query=SandboxQuery(metadata={"suite": tag})).next_items()
+assert [s.sandbox_id for s in found] == [sbx.sandbox_id], found
+info = sbx.get_info()
+assert info.metadata == {"suite": tag} and info.template_id, info
+before = info.end_at
+sbx.set_timeout(300)
+assert sbx.get_info().end_at > before
+ok("list, info and timeout")
+
+same = Sandbox.connect(sbx.sandbox_id)
+assert same.commands.run("echo again").stdout == "again\n"
+ok("connect")
+
+h = sbx.commands.run("sleep 60", background=True)
+sbx.kill()
+try:
+    h.wait()
+    raise AssertionError("a command outlived its sandbox")
+except TimeoutException as e:
+    assert "sandbox was killed" in str(e), e
+assert not sbx.is_running()
+assert not Sandbox.kill(sbx.sandbox_id)
+ok("killed during a run")
+
+print("all checks passed", file=sys.stderr)

@@ -1,0 +1,471 @@
+//! The E2B layer (`/e2b`): the stock Python SDK from PyPI drives a
+//! sandbox of the e2b-base environment; and, spoken by hand, what the SDKs
+//! rely on at the edges: keys, tenants, access tokens, a dead sandbox's
+//! 502, the Connect envelopes, deadlines, pages.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use cordon_server::catalog::{CatalogEntry, ImageCatalog};
+use serde_json::{Value, json};
+
+fn key(token: &str) -> String {
+    cordon_server::e2b_key(token).unwrap()
+}
+
+/// A control call with an E2B key: (status, headers, JSON or null).
+async fn control(
+    s: &TestServer,
+    key: Option<&str>,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut r = s.client.request(method, s.url(&format!("/e2b{path}")));
+    if let Some(k) = key {
+        r = r.header("X-API-KEY", k);
+    }
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let r = r.send().await.unwrap();
+    let (status, headers) = (r.status().as_u16(), r.headers().clone());
+    let text = r.text().await.unwrap();
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+/// One Connect envelope around `message`.
+fn envelope(message: &Value) -> Vec<u8> {
+    let json = message.to_string().into_bytes();
+    let mut out = vec![0];
+    out.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    out.extend(json);
+    out
+}
+
+/// A streamed answer's envelopes: (flags, JSON).
+fn envelopes(mut body: &[u8]) -> Vec<(u8, Value)> {
+    let mut out = Vec::new();
+    while body.len() >= 5 {
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        out.push((body[0], serde_json::from_slice(&body[5..5 + len]).unwrap()));
+        body = &body[5 + len..];
+    }
+    assert!(body.is_empty(), "a cut envelope");
+    out
+}
+
+/// An RPC of sandbox `id`'s process service.
+async fn rpc(
+    s: &TestServer,
+    id: &str,
+    token: &str,
+    method: &str,
+    message: Value,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let streaming = matches!(method, "Start" | "Connect");
+    let mut r = s
+        .client
+        .post(s.url(&format!("/e2b/process.Process/{method}")))
+        .header("E2b-Sandbox-Id", id)
+        .header("X-Access-Token", token);
+    r = if streaming {
+        r.header("Content-Type", "application/connect+json")
+            .body(envelope(&message))
+    } else {
+        r.json(&message)
+    };
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    r.send().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_tokens_envelopes_deadlines_and_pages() {
+    let s = TestServer::start(Db::Sqlite).await.unwrap();
+    let acme = key(&s.token("acme").await);
+    let zeta = key(&s.token("zeta").await);
+    let new = json!({"templateID": "base", "timeout": 300, "metadata": {"n": "1"},
+                     "envVars": {"FROM": "create"}, "secure": true,
+                     "autoPause": false, "mcp": null});
+
+    // No key, or one cordon never made: 401 in E2B's shape.
+    let (status, _, b) = control(
+        &s,
+        None,
+        reqwest::Method::POST,
+        "/sandboxes",
+        Some(new.clone()),
+    )
+    .await;
+    assert_eq!((status, &b["code"]), (401, &json!(401)), "{b}");
+    let fake = Some("e2b_00000000000000000000000000000000000000000000000000");
+    let (status, _, _) = control(&s, fake, reqwest::Method::GET, "/v2/sandboxes", None).await;
+    assert_eq!(status, 401);
+
+    let (status, _, made) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::POST,
+        "/sandboxes",
+        Some(new.clone()),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    let id = made["sandboxID"].as_str().unwrap().to_string();
+    let token = made["envdAccessToken"].as_str().unwrap().to_string();
+    assert!(id.starts_with("sbx-") && !id.contains('_'), "{made}");
+    assert_eq!(token.len(), 64, "{made}");
+    assert_eq!(made["templateID"], "base");
+    assert!(made["envdVersion"].as_str().unwrap() >= "0.1.0");
+
+    // The same key is a bearer token of cordon's own API.
+    let r = s
+        .client
+        .get(s.url("/v1/sandboxes"))
+        .bearer_auth(&acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // Another tenant: no such sandbox, whatever it tries.
+    for (method, path) in [
+        (reqwest::Method::GET, format!("/sandboxes/{id}")),
+        (reqwest::Method::DELETE, format!("/sandboxes/{id}")),
+    ] {
+        let (status, _, b) = control(&s, Some(&zeta), method, &path, None).await;
+        assert_eq!((status, &b["code"]), (404, &json!(404)), "{b}");
+    }
+    let (status, _, b) = control(
+        &s,
+        Some(&zeta),
+        reqwest::Method::POST,
+        &format!("/sandboxes/{id}/connect"),
+        Some(json!({"timeout": 60})),
+    )
+    .await;
+    assert_eq!(status, 404, "{b}");
+
+    // Its own API wants its token, and no other sandbox's.
+    let (_, _, other) = control(
+        &s,
+        Some(&zeta),
+        reqwest::Method::POST,
+        "/sandboxes",
+        Some(new.clone()),
+    )
+    .await;
+    let other_token = other["envdAccessToken"].as_str().unwrap();
+    for bad in ["", other_token, &token[..63]] {
+        let r = rpc(&s, &id, bad, "List", json!({}), &[]).await;
+        assert_eq!(r.status(), 401, "token {bad:?}");
+    }
+    let r = rpc(&s, &id, &token, "List", json!({}), &[]).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"processes": []}));
+
+    // A command, enveloped: start, its output, its end, the stream's end.
+    let start = json!({"process": {"cmd": "/bin/sh", "args": ["-c", "echo hi $FROM; exit 4"], "envs": {}}, "stdin": false});
+    let r = rpc(&s, &id, &token, "Start", start, &[]).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/connect+json");
+    let got = envelopes(&r.bytes().await.unwrap());
+    assert!(
+        got[0].1["event"]["start"]["pid"].as_u64().unwrap() > 0,
+        "{got:?}"
+    );
+    assert_eq!(
+        got[1].1,
+        json!({"event": {"data": {"stdout": "aGkgY3JlYXRlCg=="}}}),
+        "{got:?}"
+    );
+    assert_eq!(
+        got[2].1,
+        json!({"event": {"end": {"exitCode": 4, "exited": true, "status": "exit status 4", "error": "exit status 4"}}})
+    );
+    assert_eq!(got[3], (2, json!({})));
+
+    // A deadline bounds the process: it is killed, and the stream says so.
+    let sleep = json!({"process": {"cmd": "/bin/sleep", "args": ["30"]}});
+    let t0 = std::time::Instant::now();
+    let r = rpc(
+        &s,
+        &id,
+        &token,
+        "Start",
+        sleep,
+        &[("Connect-Timeout-Ms", "500")],
+    )
+    .await;
+    let got = envelopes(&r.bytes().await.unwrap());
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    let (flags, end) = got.last().unwrap();
+    assert_eq!(
+        (*flags, &end["error"]["code"]),
+        (2, &json!("deadline_exceeded")),
+        "{got:?}"
+    );
+
+    // Errors before a stream's first message end it, in-band.
+    let missing = json!({"process": {"cmd": "/bin/true", "cwd": "/no/such/dir"}});
+    let got = envelopes(
+        &rpc(&s, &id, &token, "Start", missing, &[])
+            .await
+            .bytes()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1["error"]["code"], "invalid_argument", "{got:?}");
+    let got = envelopes(
+        &rpc(
+            &s,
+            &id,
+            &token,
+            "Connect",
+            json!({"process": {"pid": 999999}}),
+            &[],
+        )
+        .await
+        .bytes()
+        .await
+        .unwrap(),
+    );
+    assert_eq!(got[0].1["error"]["code"], "not_found", "{got:?}");
+    let r = rpc(
+        &s,
+        &id,
+        &token,
+        "SendSignal",
+        json!({"process": {"pid": 999999}, "signal": "SIGNAL_SIGKILL"}),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.unwrap()["code"], "not_found");
+
+    // Pages, newest first, with a token to the next while more remain.
+    for n in 2..=3 {
+        let mut body = new.clone();
+        body["metadata"] = json!({"n": n.to_string()});
+        let (status, _, _) = control(
+            &s,
+            Some(&acme),
+            reqwest::Method::POST,
+            "/sandboxes",
+            Some(body),
+        )
+        .await;
+        assert_eq!(status, 201);
+    }
+    let mut seen = Vec::new();
+    let mut next = String::new();
+    loop {
+        let path = format!("/v2/sandboxes?limit=1&nextToken={next}");
+        let (status, headers, page) =
+            control(&s, Some(&acme), reqwest::Method::GET, &path, None).await;
+        assert_eq!(status, 200, "{page}");
+        seen.push(page[0]["metadata"]["n"].as_str().unwrap().to_string());
+        match headers.get("x-next-token") {
+            Some(t) => next = t.to_str().unwrap().to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["3", "2", "1"]);
+    let (_, _, asc) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::GET,
+        "/v2/sandboxes?order=asc",
+        None,
+    )
+    .await;
+    assert_eq!(asc[0]["metadata"]["n"], "1", "{asc}");
+    let (_, _, one) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::GET,
+        "/v2/sandboxes?metadata=n%3D2",
+        None,
+    )
+    .await;
+    assert_eq!(one.as_array().unwrap().len(), 1, "{one}");
+    let (_, _, none) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::GET,
+        "/v2/sandboxes?state=paused",
+        None,
+    )
+    .await;
+    assert_eq!(none, json!([]));
+
+    // Connect never shortens; a timeout does, from now.
+    let (_, _, before) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::GET,
+        &format!("/sandboxes/{id}"),
+        None,
+    )
+    .await;
+    let (status, _, again) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::POST,
+        &format!("/sandboxes/{id}/connect"),
+        Some(json!({"timeout": 10})),
+    )
+    .await;
+    assert_eq!((status, &again["envdAccessToken"]), (200, &json!(token)));
+    let (_, _, after) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::GET,
+        &format!("/sandboxes/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(before["endAt"], after["endAt"]);
+    let (status, _, _) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::POST,
+        &format!("/sandboxes/{id}/timeout"),
+        Some(json!({"timeout": 10})),
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (_, _, after) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::GET,
+        &format!("/sandboxes/{id}"),
+        None,
+    )
+    .await;
+    assert!(
+        after["endAt"].as_str() < before["endAt"].as_str(),
+        "{after}"
+    );
+
+    // Killed: gone for E2B (404), and its own API answers 502.
+    let (status, _, _) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::DELETE,
+        &format!("/sandboxes/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _, _) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::DELETE,
+        &format!("/sandboxes/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let r = s
+        .client
+        .get(s.url("/e2b/health"))
+        .header("E2b-Sandbox-Id", &id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (&body["code"], &body["sandboxId"]),
+        (&json!(502), &json!(id))
+    );
+    let r = rpc(&s, &id, &token, "List", json!({}), &[]).await;
+    assert_eq!(r.status(), 502);
+}
+
+/// The Python SDK, as installed from PyPI (scripts/test puts it in a venv
+/// named by CORDON_E2B_PYTHON).
+fn e2b_python() -> Option<std::path::PathBuf> {
+    match std::env::var_os("CORDON_E2B_PYTHON") {
+        Some(p) => Some(p.into()),
+        None => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CORDON_E2B_PYTHON is unset (scripts/test sets it)"
+            );
+            eprintln!("notice: skipping: CORDON_E2B_PYTHON is unset (scripts/test sets it)");
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stock_python_sdk_drives_a_sandbox() {
+    let Some(python) = e2b_python() else {
+        return;
+    };
+    let Some(layout) = cordon_testkit::environments::environment("e2b-base") else {
+        return;
+    };
+    let store = tempfile::tempdir().unwrap();
+    let source = format!("oci:{}:latest", layout.display());
+    let s = TestServer::start_with(Db::Sqlite, |c| {
+        c.images = ImageCatalog {
+            entries: vec![CatalogEntry::parse(&format!("base={source}")).unwrap()],
+            ..Default::default()
+        };
+        c.image_store = Some(store.path().to_path_buf());
+    })
+    .await
+    .unwrap();
+    let api = s.url("/e2b");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/e2b_sdk.py");
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .env("E2B_API_KEY", key(&s.token("acme").await))
+        .env("E2B_API_URL", &api)
+        .env("E2B_SANDBOX_URL", &api)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(240), out)
+        .await
+        .expect("the SDK's checks took over 4 minutes")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for check in [
+        "create",
+        "run",
+        "envs and cwd",
+        "on_stdout and stderr",
+        "exit code",
+        "stdin",
+        "list, connect and kill",
+        "timeout",
+        "list, info and timeout",
+        "connect",
+        "killed during a run",
+    ] {
+        assert!(
+            stdout.contains(&format!("ok {check}\n")),
+            "{check}: {stdout}"
+        );
+    }
+}
