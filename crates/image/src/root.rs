@@ -129,44 +129,85 @@ pub fn resolve_user(layers: &[PathBuf], user: &str) -> Result<(u32, u32), StoreE
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Account {
     pub name: String,
+    pub uid: u32,
+    pub gid: u32,
     /// Absolute; `/` when the entry gives none or a relative one.
     pub home: String,
 }
 
-/// Who `uid` is in the image whose layers are `layers` (top first): its
-/// passwd entry's name and home, else the number as its name and `/` as
-/// its home (`/root` for root). The file is the image's, so only a name
-/// and an absolute path of printable characters are taken from it.
-pub fn account(layers: &[PathBuf], uid: u32) -> Account {
-    let fallback = || Account {
-        name: if uid == 0 {
-            "root".into()
-        } else {
-            uid.to_string()
-        },
-        home: if uid == 0 { "/root".into() } else { "/".into() },
-    };
-    let printable =
-        |s: &str| !s.is_empty() && s.len() <= 256 && s.chars().all(|c| c.is_ascii_graphic());
-    let Some(f) = read_db(layers, "etc/passwd").as_deref().and_then(|text| {
+impl Account {
+    /// Root, whatever the image says.
+    pub fn root() -> Account {
+        Account {
+            name: "root".into(),
+            uid: 0,
+            gid: 0,
+            home: "/root".into(),
+        }
+    }
+
+    /// From a passwd entry's fields; the file is the image's, so only a
+    /// name and an absolute path of printable characters are taken.
+    fn of(f: &[String]) -> Option<Account> {
+        let printable =
+            |s: &str| !s.is_empty() && s.len() <= 256 && s.chars().all(|c| c.is_ascii_graphic());
+        let uid = f.get(2)?.parse().ok()?;
+        let gid = f.get(3).and_then(|g| g.parse().ok()).unwrap_or(uid);
+        if !printable(&f[0]) {
+            return None;
+        }
+        let home = f.get(5).cloned().unwrap_or_default();
+        let home =
+            if home.starts_with('/') && printable(&home) && !home.split('/').any(|c| c == "..") {
+                home
+            } else if uid == 0 {
+                "/root".into()
+            } else {
+                "/".into()
+            };
+        Some(Account {
+            name: f[0].clone(),
+            uid,
+            gid,
+            home,
+        })
+    }
+}
+
+/// Who `uid` (of group `gid`) is in the image whose layers are `layers`
+/// (top first): its passwd entry's name and home, else the number as its
+/// name and `/` as its home (`/root` for root).
+pub fn account(layers: &[PathBuf], uid: u32, gid: u32) -> Account {
+    let entry = read_db(layers, "etc/passwd").as_deref().and_then(|text| {
         find(text, |f| {
             f.get(2).and_then(|u| u.parse::<u32>().ok()) == Some(uid)
         })
-    }) else {
-        return fallback();
-    };
-    let name = f[0].clone();
-    let home = f.get(5).cloned().unwrap_or_default();
-    if !printable(&name) {
-        return fallback();
-    }
-    Account {
-        name,
-        home: if home.starts_with('/') && printable(&home) && !home.split('/').any(|c| c == "..") {
-            home
-        } else {
-            fallback().home
+    });
+    match entry.as_deref().and_then(Account::of) {
+        Some(a) => Account { gid, ..a },
+        None if uid == 0 => Account {
+            gid,
+            ..Account::root()
         },
+        None => Account {
+            name: uid.to_string(),
+            uid,
+            gid,
+            home: "/".into(),
+        },
+    }
+}
+
+/// The user named `name` in the image whose layers are `layers`, if it
+/// has one (root always).
+pub fn account_named(layers: &[PathBuf], name: &str) -> Option<Account> {
+    let entry = read_db(layers, "etc/passwd")
+        .as_deref()
+        .and_then(|text| find(text, |f| f[0] == name))
+        .and_then(|f| Account::of(&f));
+    match entry {
+        None if name == "root" => Some(Account::root()),
+        found => found,
     }
 }
 
@@ -240,53 +281,6 @@ fn read_db(layers: &[PathBuf], rel: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn accounts_come_from_the_top_passwd_and_distrust_it() {
-        let l = layer(&[(
-            "etc/passwd",
-            "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n\
-             evil:x:1001:1001::../../etc:/bin/sh\nodd\u{1b}:x:1002:1::/x:/bin/sh\n",
-        )]);
-        let layers = [l.path().to_path_buf()];
-        let a = |uid| account(&layers, uid);
-        assert_eq!(
-            a(1000),
-            Account {
-                name: "user".into(),
-                home: "/home/user".into()
-            }
-        );
-        assert_eq!(a(0).home, "/root");
-        assert_eq!(
-            a(1001),
-            Account {
-                name: "evil".into(),
-                home: "/".into()
-            }
-        );
-        assert_eq!(
-            a(1002),
-            Account {
-                name: "1002".into(),
-                home: "/".into()
-            }
-        );
-        assert_eq!(
-            a(4242),
-            Account {
-                name: "4242".into(),
-                home: "/".into()
-            }
-        );
-        assert_eq!(
-            account(&[], 0),
-            Account {
-                name: "root".into(),
-                home: "/root".into()
-            }
-        );
-    }
-
     fn layer(files: &[(&str, &str)]) -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
         for (path, body) in files {
@@ -295,6 +289,33 @@ mod tests {
             std::fs::write(p, body).unwrap();
         }
         d
+    }
+
+    #[test]
+    fn accounts_come_from_the_top_passwd_and_distrust_it() {
+        let l = layer(&[(
+            "etc/passwd",
+            "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n\
+             evil:x:1001:1001::../../etc:/bin/sh\nodd\u{1b}:x:1002:1::/x:/bin/sh\n",
+        )]);
+        let layers = [l.path().to_path_buf()];
+        let a = |uid| account(&layers, uid, uid);
+        let user = Account {
+            name: "user".into(),
+            uid: 1000,
+            gid: 1000,
+            home: "/home/user".into(),
+        };
+        assert_eq!(a(1000), user);
+        assert_eq!(account_named(&layers, "user"), Some(user));
+        assert_eq!(a(0), Account::root());
+        assert_eq!(a(1001).home, "/");
+        assert_eq!(a(1002).name, "1002");
+        assert_eq!(a(4242).home, "/");
+        assert_eq!(account(&[], 0, 0), Account::root());
+        assert_eq!(account_named(&[], "root"), Some(Account::root()));
+        assert_eq!(account_named(&layers, "nobody"), None);
+        assert_eq!(account_named(&layers, "odd\u{1b}"), None);
     }
 
     #[test]

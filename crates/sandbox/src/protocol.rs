@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 8;
+pub const VERSION: u32 = 9;
 
 /// Marks the id of a connection the host asked for (`HostMsg::NetDial`), so
 /// that it never meets one the guest's proxy listener numbered.
@@ -270,6 +270,9 @@ pub struct ExecSpec {
     pub output_limit: Option<u64>,
     /// Run on a pseudo-terminal (stdout carries the merged output).
     pub pty: Option<WinSize>,
+    /// The user and group ids to run as, instead of the sandbox's default
+    /// (an image's `User`): only where the supervisor may switch to them.
+    pub user: Option<(u32, u32)>,
 }
 
 /// Host to supervisor.

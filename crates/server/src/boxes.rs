@@ -193,6 +193,9 @@ pub struct Made {
     pub image: Option<String>,
     /// Whom its commands run as, and where they start.
     pub account: cordon_image::root::Account,
+    /// Its image's layers, top first (none: the host's root): where its
+    /// other users are looked up.
+    pub layers: Vec<std::path::PathBuf>,
     pub deadline: Instant,
 }
 
@@ -202,6 +205,7 @@ pub struct LiveBox {
     pub tenant: String,
     pub image: Option<String>,
     pub account: cordon_image::root::Account,
+    pub layers: Vec<std::path::PathBuf>,
     /// What a client of its in-sandbox API (the E2B layer's) must show:
     /// 32 random bytes as hex, minted with it, never stored.
     pub access_token: String,
@@ -228,6 +232,7 @@ impl LiveBox {
             tenant: made.tenant,
             image: made.image,
             account: made.account,
+            layers: made.layers,
             access_token: crate::store::random_hex(32),
             sandbox,
             deadline: Mutex::new(made.deadline),

@@ -454,6 +454,7 @@ async fn the_stock_python_sdk_drives_a_sandbox() {
         "create",
         "run",
         "envs and cwd",
+        "users",
         "on_stdout and stderr",
         "exit code",
         "stdin",

@@ -33,6 +33,9 @@ pub struct ExecRequest {
     pub output_limit: Option<u64>,
     /// Run on a pseudo-terminal of this size.
     pub pty: Option<WinSize>,
+    /// User and group ids instead of the sandbox's default (see
+    /// [`ExecRequest::user`]).
+    pub user: Option<(u32, u32)>,
 }
 
 /// Runs its arguments with bash where the root has it, else with `sh`
@@ -69,6 +72,14 @@ impl ExecRequest {
     /// files), or `sh` in a root without bash.
     pub fn bash_reading_stdin() -> Self {
         Self::argv(["/bin/sh", "-c", PREFER_BASH, "sh", "--noprofile", "--norc"])
+    }
+
+    /// Runs as user `uid` and group `gid` instead of the sandbox's
+    /// default: under an image root, any (the supervisor is root in the
+    /// sandbox's user namespace); elsewhere only the ids the sandbox maps.
+    pub fn user(mut self, uid: u32, gid: u32) -> Self {
+        self.user = Some((uid, gid));
+        self
     }
 
     pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
@@ -273,6 +284,7 @@ impl Sandbox {
                 .map(|t| u64::try_from(t.as_millis().max(1)).unwrap_or(u64::MAX)),
             output_limit: req.output_limit,
             pty: req.pty,
+            user: req.user,
         })
     }
 

@@ -640,7 +640,7 @@ fn start(spec: &ExecSpec) -> Result<Exec, (SpawnStage, i32, String)> {
         .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&spec.cwd);
-    if let Some(&(uid, gid)) = COMMAND_IDS.get() {
+    if let Some((uid, gid)) = spec.user.or_else(|| COMMAND_IDS.get().copied()) {
         cmd.uid(uid).gid(gid);
     }
     let mut master = None;

@@ -482,7 +482,7 @@ impl Images {
         let (store, for_root) = (store.clone(), image.clone());
         let root = tokio::task::spawn_blocking(move || {
             let root = store.sandbox_root(&for_root, None)?;
-            let account = cordon_image::root::account(&root.layers, root.uid);
+            let account = cordon_image::root::account(&root.layers, root.uid, root.gid);
             Ok::<_, cordon_image::store::StoreError>((root, account))
         })
         .await

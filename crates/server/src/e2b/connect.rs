@@ -43,6 +43,7 @@ pub enum Code {
     Internal,
     Unavailable,
     DataLoss,
+    Unauthenticated,
 }
 
 impl Code {
@@ -57,6 +58,7 @@ impl Code {
             Code::Internal => "internal",
             Code::Unavailable => "unavailable",
             Code::DataLoss => "data_loss",
+            Code::Unauthenticated => "unauthenticated",
         }
     }
 
@@ -71,6 +73,7 @@ impl Code {
             Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
             Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
         }
     }
 }

@@ -74,6 +74,61 @@ impl FromRequestParts<Arc<Shared>> for Envd {
     }
 }
 
+/// Whom a request acts as in its sandbox.
+pub struct User {
+    pub account: cordon_image::root::Account,
+    /// Ids to run as, when not the sandbox's default user.
+    pub ids: Option<(u32, u32)>,
+}
+
+/// The user a request names (`Authorization: Basic`, E2B's `username`:
+/// any user of the sandbox's image; none: the image's own).
+pub async fn user(b: &LiveBox, headers: &HeaderMap) -> Result<User, String> {
+    let name = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Basic "))
+        .and_then(|v| {
+            base64::Engine::decode(&base64::engine::general_purpose::STANDARD, v.trim()).ok()
+        })
+        .and_then(|v| String::from_utf8(v).ok())
+        .map(|v| v.split_once(':').map_or(v.clone(), |(u, _)| u.to_string()))
+        .unwrap_or_default();
+    named(b, &name).await
+}
+
+/// The user called `name` in `b` (empty: its default).
+pub async fn named(b: &LiveBox, name: &str) -> Result<User, String> {
+    if name.is_empty() || name == b.account.name {
+        return Ok(User {
+            account: b.account.clone(),
+            ids: None,
+        });
+    }
+    let shown = cordon_tools::printable(name);
+    if b.layers.is_empty() {
+        return Err(format!(
+            "user {shown}: this sandbox runs on the host's root, as {} only",
+            b.account.name
+        ));
+    }
+    let (layers, wanted) = (b.layers.clone(), name.to_string());
+    let found =
+        tokio::task::spawn_blocking(move || cordon_image::root::account_named(&layers, &wanted))
+            .await
+            .ok()
+            .flatten();
+    match found {
+        Some(account) => Ok(User {
+            ids: Some((account.uid, account.gid)),
+            account,
+        }),
+        None => Err(format!(
+            "user {shown} does not exist in the sandbox's image"
+        )),
+    }
+}
+
 /// `GET /health`: a sandbox's (with `E2b-Sandbox-Id`: 204 while it runs,
 /// 502 after), else the control API's.
 pub async fn health(

@@ -328,10 +328,22 @@ async fn start(
     if let Err(e) = crate::sandbox_api::check_env(&c.envs) {
         return connect::stream_error(RpcError::invalid(e.message()));
     }
-    let cwd = resolve(&b.account.home, c.cwd.as_deref().unwrap_or("~"));
+    let user = match super::envd::user(&b, headers).await {
+        Ok(u) => u,
+        Err(e) => return connect::stream_error(RpcError::new(Code::Unauthenticated, e)),
+    };
+    let cwd = resolve(&user.account.home, c.cwd.as_deref().unwrap_or("~"));
     let mut argv = vec![c.cmd.clone()];
     argv.extend(c.args.iter().cloned());
     let mut exec = cordon_sandbox::ExecRequest::argv(argv).cwd(cwd.clone());
+    if let Some((uid, gid)) = user.ids {
+        let a = &user.account;
+        exec = exec
+            .user(uid, gid)
+            .env("HOME", a.home.clone())
+            .env("USER", a.name.clone())
+            .env("LOGNAME", a.name.clone());
+    }
     for (k, v) in &c.envs {
         exec = exec.env(k.clone(), v.clone());
     }

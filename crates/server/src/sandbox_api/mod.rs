@@ -191,15 +191,16 @@ pub(crate) async fn make(
             .map_err(|e| unavailable(&id, "make its workspace", e))?
             .map_err(|e| unavailable(&id, "make its workspace", e))?
     };
-    let (image, account) = match &options.image {
-        None => (None, None),
+    let (image, account, layers) = match &options.image {
+        None => (None, None, Vec::new()),
         Some(name) => {
             let ready = shared
                 .images
                 .ready(&shared.store, tenant, name)
                 .await
                 .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "image_unavailable", e))?;
-            (Some(ready.root), Some(ready.account))
+            let layers = ready.root.layers.clone();
+            (Some(ready.root), Some(ready.account), layers)
         }
     };
     let mut sc = shared.config.sandboxes().for_options(&ws, image, &options);
@@ -216,6 +217,8 @@ pub(crate) async fn make(
         }
         None => cordon_image::root::Account {
             name: "user".into(),
+            uid: 0,
+            gid: 0,
             home: sc.workdir.clone(),
         },
     };
@@ -267,6 +270,7 @@ pub(crate) async fn make(
             tenant: tenant.to_string(),
             image: options.image.map(String::from),
             account,
+            layers,
             deadline: Instant::now() + timeout,
         },
         sandbox,

@@ -32,6 +32,17 @@ r = sbx.commands.run("pwd", cwd="sub/..")
 assert r.stdout == "/home/user\n", repr(r.stdout)
 ok("envs and cwd")
 
+r = sbx.commands.run("id -u; pwd; echo $HOME; touch /etc/root-was-here", user="root")
+assert r.stdout == "0\n/root\n/root\n", repr(r.stdout)
+r = sbx.commands.run("id -un; ls -l /etc/root-was-here | cut -d' ' -f3", user="user")
+assert r.stdout == "user\nroot\n", repr(r.stdout)
+try:
+    sbx.commands.run("true", user="nobody-here")
+    raise AssertionError("an unknown user ran a command")
+except Exception as e:
+    assert "does not exist" in str(e), e
+ok("users")
+
 seen = []
 r = sbx.commands.run("printf 'a\\n'; printf 'b\\n' >&2; printf '\\xff\\xfe'", on_stdout=seen.append)
 assert "a\n" in "".join(seen), seen
