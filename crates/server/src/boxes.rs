@@ -302,6 +302,11 @@ impl Boxes {
         self.lock().get(id).cloned()
     }
 
+    /// Every one.
+    pub fn all(&self) -> Vec<Arc<LiveBox>> {
+        self.lock().values().cloned().collect()
+    }
+
     /// `tenant`'s sandboxes.
     pub fn of(&self, tenant: &str) -> Vec<Arc<LiveBox>> {
         self.lock()

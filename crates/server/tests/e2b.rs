@@ -358,6 +358,96 @@ async fn keys_tokens_envelopes_deadlines_and_pages() {
         "{after}"
     );
 
+    // Files: a signed link is good for its path, operation and time only,
+    // and names its sandbox by being signed with its token.
+    let r = s
+        .client
+        .post(s.url("/e2b/files?path=f.txt"))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", &token)
+        .header("Content-Type", "application/octet-stream")
+        .body("signed")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let sign = |path: &str, op: &str, exp: Option<i64>| {
+        use base64::Engine;
+        use sha2::Digest;
+        let mut m = format!("{path}:{op}::{token}");
+        if let Some(e) = exp {
+            m.push_str(&format!(":{e}"));
+        }
+        let signature = format!(
+            "v1_{}",
+            base64::engine::general_purpose::STANDARD_NO_PAD.encode(sha2::Sha256::digest(m))
+        );
+        form_urlencoded::byte_serialize(signature.as_bytes()).collect::<String>()
+    };
+    let get = |q: String| {
+        let c = s.client.clone();
+        let url = s.url(&format!("/files?{q}"));
+        async move {
+            let r = c.get(url).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    assert_eq!(
+        get(format!(
+            "path=f.txt&signature={}",
+            sign("f.txt", "read", None)
+        ))
+        .await,
+        (200, "signed".into())
+    );
+    let later = 4_000_000_000i64;
+    assert_eq!(
+        get(format!(
+            "path=f.txt&signature={}&signature_expiration={later}",
+            sign("f.txt", "read", Some(later))
+        ))
+        .await
+        .0,
+        200
+    );
+    let (status, body) = get(format!(
+        "path=f.txt&signature={}&signature_expiration=1",
+        sign("f.txt", "read", Some(1))
+    ))
+    .await;
+    assert_eq!(
+        (status, body.as_str()),
+        (
+            401,
+            r#"{"code":401,"message":"signature is already expired"}"#
+        )
+    );
+    for bad in [
+        format!("path=other.txt&signature={}", sign("f.txt", "read", None)),
+        format!("path=f.txt&signature={}", sign("f.txt", "write", None)),
+        format!(
+            "path=f.txt&signature={}&signature_expiration={later}",
+            sign("f.txt", "read", None)
+        ),
+        format!(
+            "path=f.txt&username=root&signature={}",
+            sign("f.txt", "read", None)
+        ),
+        "path=f.txt".to_string(),
+    ] {
+        assert_eq!(get(bad.clone()).await.0, 401, "{bad}");
+    }
+    // Another sandbox's token signs nothing of this one's.
+    let r = s
+        .client
+        .get(s.url("/e2b/files?path=f.txt"))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", other_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+
     // Killed: gone for E2B (404), and its own API answers 502.
     let (status, _, _) = control(
         &s,
@@ -455,6 +545,7 @@ async fn the_stock_python_sdk_drives_a_sandbox() {
         "run",
         "envs and cwd",
         "users",
+        "files",
         "on_stdout and stderr",
         "exit code",
         "stdin",

@@ -19,10 +19,12 @@
 mod connect;
 mod control;
 mod envd;
+mod files;
 mod process;
 
 use std::sync::Arc;
 
+use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -49,6 +51,20 @@ pub fn routes() -> Router<Arc<Shared>> {
         .route("/e2b/sandboxes/{id}/refreshes", post(control::refresh))
         .route("/e2b/sandboxes/{id}/pause", post(control::pause))
         .route("/e2b/process.Process/{method}", post(process::rpc))
+        // Signed links lose the path's prefix: the SDKs make them on the
+        // server's root.
+        .route(
+            "/e2b/files",
+            get(files::read)
+                .post(files::write)
+                .layer(DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/files",
+            get(files::read)
+                .post(files::write)
+                .layer(DefaultBodyLimit::disable()),
+        )
 }
 
 /// The prefix E2B's sandbox ids have, which cordon's share.

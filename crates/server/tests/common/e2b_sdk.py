@@ -43,6 +43,31 @@ except Exception as e:
     assert "does not exist" in str(e), e
 ok("users")
 
+info = sbx.files.write("dir/a.txt", "hello")
+assert info.path == "/home/user/dir/a.txt", info
+assert sbx.files.read("dir/a.txt") == "hello"
+r = sbx.commands.run("stat -c '%U %a' dir/a.txt dir")
+assert r.stdout == "user 644\nuser 755\n", repr(r.stdout)
+many = sbx.files.write_files([{"path": "x/1.txt", "data": "one"}, {"path": "/tmp/2.bin", "data": b"\x00\xff"}])
+assert [w.path for w in many] == ["/home/user/x/1.txt", "/tmp/2.bin"], many
+assert bytes(sbx.files.read("/tmp/2.bin", format="bytes")) == b"\x00\xff"
+big = bytes(range(256)) * 8192
+sbx.files.write("big.bin", big)
+assert bytes(sbx.files.read("big.bin", format="bytes")) == big
+for missing, kind in [("nope", "FileNotFound"), ("dir", "InvalidArgument")]:
+    try:
+        sbx.files.read(missing)
+        raise AssertionError(f"read {missing}")
+    except Exception as e:
+        assert type(e).__name__.startswith(kind), e
+assert sbx.files.write("/root/only", "r", user="root").path == "/root/only"
+r = sbx.commands.run("stat -c %U /root/only", user="root")
+assert r.stdout == "root\n", repr(r.stdout)
+import urllib.request
+
+assert urllib.request.urlopen(sbx.download_url("dir/a.txt")).read() == b"hello"
+ok("files")
+
 seen = []
 r = sbx.commands.run("printf 'a\\n'; printf 'b\\n' >&2; printf '\\xff\\xfe'", on_stdout=seen.append)
 assert "a\n" in "".join(seen), seen

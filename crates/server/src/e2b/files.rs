@@ -1,0 +1,482 @@
+//! envd's `/files`: read a file of the sandbox (`GET`), write one or many
+//! (`POST`, multipart or a raw body), anywhere in its root, as a user of
+//! it, relative to that user's home.
+//!
+//! Both run inside the sandbox as that user, with the image's own shell
+//! and `cat`, so what is made is the user's and what the user may not
+//! read is refused by the kernel, exactly as envd's. Bytes are carried,
+//! never interpreted; the host never opens a path of the sandbox's.
+//!
+//! A request proves its right to the sandbox with its access token, or,
+//! for a link the SDK signed (`download_url`, `upload_url`), with the
+//! signature E2B defines: `v1_` and the unpadded base64 of the SHA-256 of
+//! `path:operation:user:token[:expiration]`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Multipart, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use sha2::Digest;
+
+use super::envd::{self, User};
+use super::process::resolve;
+use crate::boxes::LiveBox;
+use crate::state::Shared;
+
+/// Exit codes of the read script, for what is not a file to read.
+const MISSING: i32 = 44;
+const DIRECTORY: i32 = 45;
+
+/// Bytes of a failed command's stderr kept for its error message.
+const ERROR_KEPT: usize = 512;
+
+/// `/files`'s query.
+#[derive(Debug, Default, Deserialize)]
+pub struct FileQuery {
+    path: Option<String>,
+    username: Option<String>,
+    signature: Option<String>,
+    signature_expiration: Option<i64>,
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "code": status.as_u16(), "message": message.into() });
+    (status, Json(body)).into_response()
+}
+
+/// The sandbox a `/files` request is for, its right to it checked: the
+/// access token, or a signature of `operation` on the path.
+fn admitted(
+    shared: &Shared,
+    headers: &HeaderMap,
+    q: &FileQuery,
+    operation: &str,
+) -> Result<Arc<LiveBox>, Response> {
+    let id = headers
+        .get("e2b-sandbox-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let path = q.path.as_deref().unwrap_or("");
+    let user = q.username.as_deref().unwrap_or("");
+    let sign = |b: &LiveBox| {
+        signature_of(
+            path,
+            operation,
+            user,
+            &b.access_token,
+            q.signature_expiration,
+        )
+    };
+    let found = if id.is_empty() {
+        // A signed link carries no sandbox id (the SDKs make it on the
+        // server's root): the signature names its sandbox, being made
+        // with its token.
+        q.signature.as_ref().and_then(|s| {
+            shared
+                .boxes
+                .all()
+                .into_iter()
+                .find(|b| envd::same(s.as_bytes(), sign(b).as_bytes()))
+        })
+    } else {
+        super::cordon_id(id).and_then(|cid| shared.boxes.by_id(&cid))
+    };
+    let Some(b) = found else {
+        if id.is_empty() {
+            return Err(error(StatusCode::UNAUTHORIZED, "invalid signature"));
+        }
+        return Err(envd::not_running(id));
+    };
+    if let Some(token) = headers.get("x-access-token") {
+        if envd::same(token.as_bytes(), b.access_token.as_bytes()) {
+            return Ok(b);
+        }
+        return Err(error(StatusCode::UNAUTHORIZED, "invalid access token"));
+    }
+    let Some(signature) = &q.signature else {
+        return Err(error(
+            StatusCode::UNAUTHORIZED,
+            "send the sandbox's access token, or a signed link",
+        ));
+    };
+    if !envd::same(signature.as_bytes(), sign(&b).as_bytes()) {
+        return Err(error(StatusCode::UNAUTHORIZED, "invalid signature"));
+    }
+    if q.signature_expiration
+        .is_some_and(|e| e < crate::store::now_ms() / 1000)
+    {
+        return Err(error(
+            StatusCode::UNAUTHORIZED,
+            "signature is already expired",
+        ));
+    }
+    Ok(b)
+}
+
+/// E2B's signature of `operation` on `path` as `user`.
+pub fn signature_of(
+    path: &str,
+    operation: &str,
+    user: &str,
+    token: &str,
+    expiration: Option<i64>,
+) -> String {
+    let mut signed = format!("{path}:{operation}:{user}:{token}");
+    if let Some(e) = expiration {
+        signed.push_str(&format!(":{e}"));
+    }
+    let digest = sha2::Sha256::digest(signed.as_bytes());
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+    )
+}
+
+async fn user_of(b: &LiveBox, headers: &HeaderMap, q: &FileQuery) -> Result<User, Response> {
+    let found = match q.username.as_deref() {
+        Some(name) => envd::named(b, name).await,
+        None => envd::user(b, headers).await,
+    };
+    found.map_err(|e| error(StatusCode::UNAUTHORIZED, e))
+}
+
+/// A command as `user`, in the sandbox.
+fn exec_as(user: &User, argv: Vec<String>) -> cordon_sandbox::ExecRequest {
+    let mut req = cordon_sandbox::ExecRequest::argv(argv).cwd("/");
+    if let Some((uid, gid)) = user.ids {
+        req = req.user(uid, gid).env("HOME", user.account.home.clone());
+    }
+    req
+}
+
+fn printable_tail(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&stderr[..stderr.len().min(ERROR_KEPT)]);
+    cordon_tools::printable(text.trim()).to_string()
+}
+
+/// `GET /files?path=…`: the file's bytes, streamed.
+pub async fn read(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Query(q): Query<FileQuery>,
+) -> Response {
+    let b = match admitted(&shared, &headers, &q, "read") {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let user = match user_of(&b, &headers, &q).await {
+        Ok(u) => u,
+        Err(r) => return r,
+    };
+    let Some(asked) = q
+        .path
+        .as_deref()
+        .filter(|p| !p.is_empty() && !p.contains('\0'))
+    else {
+        return error(StatusCode::BAD_REQUEST, "`path` names the file to read");
+    };
+    let path = resolve(&user.account.home, asked);
+    let script = format!(
+        "[ -e \"$1\" ] || exit {MISSING}; [ -d \"$1\" ] && exit {DIRECTORY}; exec cat -- \"$1\""
+    );
+    let req = exec_as(
+        &user,
+        vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            script,
+            "sh".into(),
+            path.clone(),
+        ],
+    );
+    let mut exec = match b.sandbox.exec_stream(req).await {
+        Ok(e) => e,
+        Err(cordon_sandbox::Error::Gone) => return envd::not_running(&b.id),
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot read: {e}"),
+            );
+        }
+    };
+    // Until the first bytes or the end, the answer may still be an error.
+    let mut stderr = Vec::new();
+    let first = loop {
+        match exec.next().await {
+            Some(Ok(cordon_sandbox::ExecEvent::Stdout(d))) if !d.is_empty() => break Some(d),
+            Some(Ok(cordon_sandbox::ExecEvent::Stdout(_))) => {}
+            Some(Ok(cordon_sandbox::ExecEvent::Stderr(d))) => {
+                if stderr.len() < ERROR_KEPT {
+                    stderr.extend_from_slice(&d);
+                }
+            }
+            Some(Ok(cordon_sandbox::ExecEvent::Exit(r))) => match r.status {
+                cordon_sandbox::ExitStatus::Code(0) => break None,
+                cordon_sandbox::ExitStatus::Code(MISSING) => {
+                    return error(
+                        StatusCode::NOT_FOUND,
+                        format!("path '{}' does not exist", cordon_tools::printable(&path)),
+                    );
+                }
+                cordon_sandbox::ExitStatus::Code(DIRECTORY) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("path '{}' is a directory", cordon_tools::printable(&path)),
+                    );
+                }
+                _ => {
+                    return error(
+                        StatusCode::FORBIDDEN,
+                        format!(
+                            "cannot read '{}': {}",
+                            cordon_tools::printable(&path),
+                            printable_tail(&stderr)
+                        ),
+                    );
+                }
+            },
+            Some(Err(_)) | None => return envd::not_running(&b.id),
+        }
+    };
+    let name = path.rsplit('/').next().unwrap_or("").to_string();
+    let head = futures_util::stream::iter(first.map(|d| Ok::<_, std::io::Error>(Bytes::from(d))));
+    let tail = futures_util::stream::unfold(Some(exec), |exec| async move {
+        let mut exec = exec?;
+        loop {
+            match exec.next().await {
+                Some(Ok(cordon_sandbox::ExecEvent::Stdout(d))) => {
+                    return Some((Ok(Bytes::from(d)), Some(exec)));
+                }
+                Some(Ok(cordon_sandbox::ExecEvent::Stderr(_))) => {}
+                Some(Ok(cordon_sandbox::ExecEvent::Exit(r))) if r.status.success() => return None,
+                // A read that failed half-way is no whole file: cut it.
+                _ => return Some((Err(std::io::Error::other("the read failed")), None)),
+            }
+        }
+    });
+    let disposition = format!(
+        "inline; filename=\"{}\"",
+        name.replace(
+            |c: char| !c.is_ascii_graphic() || c == '"' || c == '\\',
+            "_"
+        )
+    );
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_DISPOSITION, disposition),
+        ],
+        Body::from_stream(head.chain(tail)),
+    )
+        .into_response()
+}
+
+/// One written file, as the answer lists it.
+#[derive(Debug, serde::Serialize)]
+struct Written {
+    name: String,
+    path: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+/// Writes what `chunks` yields to `path` as `user` (its directories made,
+/// the file made or truncated), and waits for it to be written.
+async fn write_one<S, E>(
+    b: &LiveBox,
+    user: &User,
+    path: &str,
+    mut chunks: S,
+) -> Result<Written, Response>
+where
+    S: futures_util::Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let script = "d=$(dirname -- \"$1\") && mkdir -p -- \"$d\" && exec cat > \"$1\"".to_string();
+    let req = exec_as(
+        user,
+        vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            script,
+            "sh".into(),
+            path.to_string(),
+        ],
+    )
+    .stream_stdin();
+    let mut exec = match b.sandbox.exec_stream(req).await {
+        Ok(e) => e,
+        Err(cordon_sandbox::Error::Gone) => return Err(envd::not_running(&b.id)),
+        Err(e) => {
+            return Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot write: {e}"),
+            ));
+        }
+    };
+    let stdin = exec.stdin();
+    // The body goes in as it comes, while the command's output is read:
+    // a command that fails early must not hold the writer up.
+    let feed = async move {
+        while let Some(chunk) = chunks.next().await {
+            let chunk =
+                chunk.map_err(|e| error(StatusCode::BAD_REQUEST, format!("the upload: {e}")))?;
+            if stdin.write(&chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = stdin.close();
+        Ok::<(), Response>(())
+    };
+    let wait = async {
+        let mut stderr = Vec::new();
+        loop {
+            match exec.next().await {
+                Some(Ok(cordon_sandbox::ExecEvent::Stderr(d))) if stderr.len() < ERROR_KEPT => {
+                    stderr.extend_from_slice(&d)
+                }
+                Some(Ok(cordon_sandbox::ExecEvent::Exit(r))) => break Ok((r, stderr)),
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => break Err(envd::not_running(&b.id)),
+            }
+        }
+    };
+    let (fed, waited) = tokio::join!(feed, wait);
+    let (result, stderr) = waited?;
+    fed?;
+    if result.disk_exceeded {
+        return Err(error(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "the sandbox's disk is full",
+        ));
+    }
+    if !result.status.success() {
+        let why = printable_tail(&stderr);
+        let status = if why.contains("space") {
+            StatusCode::INSUFFICIENT_STORAGE
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        return Err(error(
+            status,
+            format!("cannot write '{}': {why}", cordon_tools::printable(path)),
+        ));
+    }
+    Ok(Written {
+        name: path.rsplit('/').next().unwrap_or("").to_string(),
+        path: path.to_string(),
+        kind: "file",
+    })
+}
+
+/// `POST /files?path=…`: one file from a raw body, or one per multipart
+/// part named `file` (its target the part's file name, unless one `path`
+/// names it).
+pub async fn write(
+    State(shared): State<Arc<Shared>>,
+    Query(q): Query<FileQuery>,
+    request: Request,
+) -> Response {
+    let headers = request.headers().clone();
+    let b = match admitted(&shared, &headers, &q, "write") {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let user = match user_of(&b, &headers, &q).await {
+        Ok(u) => u,
+        Err(r) => return r,
+    };
+    let asked = q.path.as_deref().filter(|p| !p.is_empty());
+    if asked.is_some_and(|p| p.contains('\0')) {
+        return error(StatusCode::BAD_REQUEST, "`path` holds a NUL byte");
+    }
+    let kind = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if kind.starts_with("application/octet-stream") {
+        let Some(asked) = asked else {
+            return error(StatusCode::BAD_REQUEST, "a raw upload needs `path`");
+        };
+        if headers.contains_key(header::CONTENT_ENCODING) {
+            return error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "send the body without a Content-Encoding",
+            );
+        }
+        let path = resolve(&user.account.home, asked);
+        let body = request.into_body().into_data_stream();
+        return match write_one(&b, &user, &path, body).await {
+            Ok(w) => Json(vec![w]).into_response(),
+            Err(r) => r,
+        };
+    }
+    if !kind.starts_with("multipart/form-data") {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "send multipart/form-data or application/octet-stream",
+        );
+    }
+    let mut form = match Multipart::from_request(request, &()).await {
+        Ok(m) => m,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let mut written = Vec::new();
+    let mut seen = BTreeMap::new();
+    loop {
+        let field = match form.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+        };
+        if field.name() != Some("file") {
+            continue;
+        }
+        let target = match (asked, field.file_name()) {
+            (Some(p), _) => p.to_string(),
+            (None, Some(name)) if !name.is_empty() && !name.contains('\0') => name.to_string(),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "a part names no file: give `path` or a file name",
+                );
+            }
+        };
+        let path = resolve(&user.account.home, &target);
+        if seen.insert(path.clone(), ()).is_some() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("'{}' is written twice", cordon_tools::printable(&path)),
+            );
+        }
+        match write_one(&b, &user, &path, field).await {
+            Ok(w) => written.push(w),
+            Err(r) => return r,
+        }
+    }
+    Json(written).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_are_e2bs() {
+        // sha256("a.txt:read:user:tok"), base64 without padding.
+        let s = signature_of("a.txt", "read", "user", "tok", None);
+        assert!(s.starts_with("v1_") && !s.ends_with('='), "{s}");
+        assert_eq!(s.len(), 3 + 43);
+        assert_ne!(s, signature_of("a.txt", "write", "user", "tok", None));
+        assert_ne!(s, signature_of("a.txt", "read", "user", "tok", Some(1)));
+    }
+}
