@@ -46,9 +46,32 @@ pub struct FileQuery {
     signature_expiration: Option<i64>,
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    let body = serde_json::json!({ "code": status.as_u16(), "message": message.into() });
-    (status, Json(body)).into_response()
+/// Why a request is refused, answered as envd does.
+#[derive(Debug)]
+pub enum Refusal {
+    Error(StatusCode, String),
+    /// The sandbox (named so) is not running.
+    NotRunning(String),
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Refusal::Error(status, message) => {
+                let body = serde_json::json!({ "code": status.as_u16(), "message": message });
+                (status, Json(body)).into_response()
+            }
+            Refusal::NotRunning(id) => envd::not_running(&id),
+        }
+    }
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Refusal {
+    Refusal::Error(status, message.into())
+}
+
+fn gone(id: &str) -> Refusal {
+    Refusal::NotRunning(id.to_string())
 }
 
 /// The sandbox a `/files` request is for, its right to it checked: the
@@ -58,7 +81,7 @@ fn admitted(
     headers: &HeaderMap,
     q: &FileQuery,
     operation: &str,
-) -> Result<Arc<LiveBox>, Response> {
+) -> Result<Arc<LiveBox>, Refusal> {
     let id = headers
         .get("e2b-sandbox-id")
         .and_then(|v| v.to_str().ok())
@@ -92,7 +115,7 @@ fn admitted(
         if id.is_empty() {
             return Err(error(StatusCode::UNAUTHORIZED, "invalid signature"));
         }
-        return Err(envd::not_running(id));
+        return Err(gone(id));
     };
     if let Some(token) = headers.get("x-access-token") {
         if envd::same(token.as_bytes(), b.access_token.as_bytes()) {
@@ -139,7 +162,7 @@ pub fn signature_of(
     )
 }
 
-async fn user_of(b: &LiveBox, headers: &HeaderMap, q: &FileQuery) -> Result<User, Response> {
+async fn user_of(b: &LiveBox, headers: &HeaderMap, q: &FileQuery) -> Result<User, Refusal> {
     let found = match q.username.as_deref() {
         Some(name) => envd::named(b, name).await,
         None => envd::user(b, headers).await,
@@ -166,21 +189,18 @@ pub async fn read(
     State(shared): State<Arc<Shared>>,
     headers: HeaderMap,
     Query(q): Query<FileQuery>,
-) -> Response {
-    let b = match admitted(&shared, &headers, &q, "read") {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let user = match user_of(&b, &headers, &q).await {
-        Ok(u) => u,
-        Err(r) => return r,
-    };
+) -> Result<Response, Refusal> {
+    let b = admitted(&shared, &headers, &q, "read")?;
+    let user = user_of(&b, &headers, &q).await?;
     let Some(asked) = q
         .path
         .as_deref()
         .filter(|p| !p.is_empty() && !p.contains('\0'))
     else {
-        return error(StatusCode::BAD_REQUEST, "`path` names the file to read");
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "`path` names the file to read",
+        ));
     };
     let path = resolve(&user.account.home, asked);
     let script = format!(
@@ -198,12 +218,12 @@ pub async fn read(
     );
     let mut exec = match b.sandbox.exec_stream(req).await {
         Ok(e) => e,
-        Err(cordon_sandbox::Error::Gone) => return envd::not_running(&b.id),
+        Err(cordon_sandbox::Error::Gone) => return Err(gone(&b.id)),
         Err(e) => {
-            return error(
+            return Err(error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("cannot read: {e}"),
-            );
+            ));
         }
     };
     // Until the first bytes or the end, the answer may still be an error.
@@ -220,29 +240,29 @@ pub async fn read(
             Some(Ok(cordon_sandbox::ExecEvent::Exit(r))) => match r.status {
                 cordon_sandbox::ExitStatus::Code(0) => break None,
                 cordon_sandbox::ExitStatus::Code(MISSING) => {
-                    return error(
+                    return Err(error(
                         StatusCode::NOT_FOUND,
                         format!("path '{}' does not exist", cordon_tools::printable(&path)),
-                    );
+                    ));
                 }
                 cordon_sandbox::ExitStatus::Code(DIRECTORY) => {
-                    return error(
+                    return Err(error(
                         StatusCode::BAD_REQUEST,
                         format!("path '{}' is a directory", cordon_tools::printable(&path)),
-                    );
+                    ));
                 }
                 _ => {
-                    return error(
+                    return Err(error(
                         StatusCode::FORBIDDEN,
                         format!(
                             "cannot read '{}': {}",
                             cordon_tools::printable(&path),
                             printable_tail(&stderr)
                         ),
-                    );
+                    ));
                 }
             },
-            Some(Err(_)) | None => return envd::not_running(&b.id),
+            Some(Err(_)) | None => return Err(gone(&b.id)),
         }
     };
     let name = path.rsplit('/').next().unwrap_or("").to_string();
@@ -268,7 +288,7 @@ pub async fn read(
             "_"
         )
     );
-    (
+    Ok((
         StatusCode::OK,
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
@@ -276,7 +296,7 @@ pub async fn read(
         ],
         Body::from_stream(head.chain(tail)),
     )
-        .into_response()
+        .into_response())
 }
 
 /// One written file, as the answer lists it.
@@ -295,7 +315,7 @@ async fn write_one<S, E>(
     user: &User,
     path: &str,
     mut chunks: S,
-) -> Result<Written, Response>
+) -> Result<Written, Refusal>
 where
     S: futures_util::Stream<Item = Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
@@ -314,7 +334,7 @@ where
     .stream_stdin();
     let mut exec = match b.sandbox.exec_stream(req).await {
         Ok(e) => e,
-        Err(cordon_sandbox::Error::Gone) => return Err(envd::not_running(&b.id)),
+        Err(cordon_sandbox::Error::Gone) => return Err(gone(&b.id)),
         Err(e) => {
             return Err(error(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -334,7 +354,7 @@ where
             }
         }
         let _ = stdin.close();
-        Ok::<(), Response>(())
+        Ok::<(), Refusal>(())
     };
     let wait = async {
         let mut stderr = Vec::new();
@@ -345,7 +365,7 @@ where
                 }
                 Some(Ok(cordon_sandbox::ExecEvent::Exit(r))) => break Ok((r, stderr)),
                 Some(Ok(_)) => {}
-                Some(Err(_)) | None => break Err(envd::not_running(&b.id)),
+                Some(Err(_)) | None => break Err(gone(&b.id)),
             }
         }
     };
@@ -384,19 +404,13 @@ pub async fn write(
     State(shared): State<Arc<Shared>>,
     Query(q): Query<FileQuery>,
     request: Request,
-) -> Response {
+) -> Result<Response, Refusal> {
     let headers = request.headers().clone();
-    let b = match admitted(&shared, &headers, &q, "write") {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let user = match user_of(&b, &headers, &q).await {
-        Ok(u) => u,
-        Err(r) => return r,
-    };
+    let b = admitted(&shared, &headers, &q, "write")?;
+    let user = user_of(&b, &headers, &q).await?;
     let asked = q.path.as_deref().filter(|p| !p.is_empty());
     if asked.is_some_and(|p| p.contains('\0')) {
-        return error(StatusCode::BAD_REQUEST, "`path` holds a NUL byte");
+        return Err(error(StatusCode::BAD_REQUEST, "`path` holds a NUL byte"));
     }
     let kind = headers
         .get(header::CONTENT_TYPE)
@@ -405,30 +419,28 @@ pub async fn write(
         .to_ascii_lowercase();
     if kind.starts_with("application/octet-stream") {
         let Some(asked) = asked else {
-            return error(StatusCode::BAD_REQUEST, "a raw upload needs `path`");
+            return Err(error(StatusCode::BAD_REQUEST, "a raw upload needs `path`"));
         };
         if headers.contains_key(header::CONTENT_ENCODING) {
-            return error(
+            return Err(error(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "send the body without a Content-Encoding",
-            );
+            ));
         }
         let path = resolve(&user.account.home, asked);
         let body = request.into_body().into_data_stream();
-        return match write_one(&b, &user, &path, body).await {
-            Ok(w) => Json(vec![w]).into_response(),
-            Err(r) => r,
-        };
+        let w = write_one(&b, &user, &path, body).await?;
+        return Ok(Json(vec![w]).into_response());
     }
     if !kind.starts_with("multipart/form-data") {
-        return error(
+        return Err(error(
             StatusCode::BAD_REQUEST,
             "send multipart/form-data or application/octet-stream",
-        );
+        ));
     }
     let mut form = match Multipart::from_request(request, &()).await {
         Ok(m) => m,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+        Err(e) => return Err(error(StatusCode::BAD_REQUEST, e.body_text())),
     };
     let mut written = Vec::new();
     let mut seen = BTreeMap::new();
@@ -436,7 +448,7 @@ pub async fn write(
         let field = match form.next_field().await {
             Ok(Some(f)) => f,
             Ok(None) => break,
-            Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+            Err(e) => return Err(error(StatusCode::BAD_REQUEST, e.body_text())),
         };
         if field.name() != Some("file") {
             continue;
@@ -445,25 +457,22 @@ pub async fn write(
             (Some(p), _) => p.to_string(),
             (None, Some(name)) if !name.is_empty() && !name.contains('\0') => name.to_string(),
             _ => {
-                return error(
+                return Err(error(
                     StatusCode::BAD_REQUEST,
                     "a part names no file: give `path` or a file name",
-                );
+                ));
             }
         };
         let path = resolve(&user.account.home, &target);
         if seen.insert(path.clone(), ()).is_some() {
-            return error(
+            return Err(error(
                 StatusCode::BAD_REQUEST,
                 format!("'{}' is written twice", cordon_tools::printable(&path)),
-            );
+            ));
         }
-        match write_one(&b, &user, &path, field).await {
-            Ok(w) => written.push(w),
-            Err(r) => return r,
-        }
+        written.push(write_one(&b, &user, &path, field).await?);
     }
-    Json(written).into_response()
+    Ok(Json(written).into_response())
 }
 
 #[cfg(test)]
