@@ -78,6 +78,6 @@ pub use microvm::MicrovmBackend;
 pub use native::{NativeBackend, host_report};
 pub use protocol::{ExitStatus, SpawnStage, WinSize};
 pub use session::{
-    ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution, Sandbox, SandboxInfo,
-    exit_code,
+    ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution, FsResult, Sandbox,
+    SandboxInfo, exit_code,
 };

@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 9;
+pub const VERSION: u32 = 10;
 
 /// Marks the id of a connection the host asked for (`HostMsg::NetDial`), so
 /// that it never meets one the guest's proxy listener numbered.
@@ -305,6 +305,15 @@ pub enum HostMsg {
     },
     /// Kill everything and exit.
     Shutdown,
+    /// A file system operation in the sandbox's root, answered by
+    /// `SupMsg::Fs` with the same id (see [`FsOp`]).
+    Fs {
+        id: u64,
+        op: FsOp,
+        /// The user and group it acts as (its file system ids: what it may
+        /// touch, and who owns what it makes); none: the commands' default.
+        user: Option<(u32, u32)>,
+    },
     /// Set the clock to this many nanoseconds since the epoch: a microVM's
     /// guest starts from its RTC, half a second or so behind the host, which
     /// skews mtimes between files the host and the guest write. Sent as soon
@@ -340,6 +349,98 @@ pub enum HostMsg {
     NetClose {
         conn: u64,
     },
+}
+
+/// Entries one listing answers at most; past it, the listing fails
+/// (asked again with less depth, it fits). Keeps an answer in a frame.
+pub const FS_LIST_MAX: usize = 4096;
+
+/// Bytes of `user.e2b.*` extended attributes shown per entry, at most.
+pub const FS_XATTRS_MAX: usize = 4096;
+
+/// A file system operation the supervisor does in the sandbox, on
+/// absolute paths as the sandbox sees them. Never into `/proc`: what the
+/// supervisor's own process shows there is not the sandbox's to see.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsOp {
+    /// The entry at `path`, not following it (a link's target is told).
+    Stat { path: String },
+    /// What is below the directory `path` (followed if a link), `depth`
+    /// levels down (1: its entries), in lexical pre-order, links not
+    /// followed; paths relative to `path`.
+    List { path: String, depth: u32 },
+    /// Makes directory `path` and its missing parents (0755).
+    MakeDir { path: String },
+    /// Renames `from` to `to`, making `to`'s missing parents; answers
+    /// `to`'s entry.
+    Move { from: String, to: String },
+    /// Removes `path`, a directory with everything in it; a missing path
+    /// is no error.
+    Remove { path: String },
+}
+
+/// What a file system operation answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsAnswer {
+    Entry(FsEntry),
+    Entries(Vec<FsEntry>),
+    Done,
+}
+
+/// What kind of file an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Directory,
+    Symlink,
+    Other,
+}
+
+/// An entry of the sandbox's file system, as `lstat` sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsEntry {
+    /// Absolute (`Stat`, `MakeDir`, `Move`) or relative to the listed
+    /// directory (`List`).
+    pub path: String,
+    pub kind: FileKind,
+    /// `st_mode`: type and permission bits.
+    pub mode: u32,
+    pub size: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime_ns: i64,
+    /// A link's target, resolved to an absolute path, and what is there
+    /// (none when it leads nowhere).
+    pub link: Option<LinkTarget>,
+    /// Its `user.e2b.*` extended attributes, the prefix taken off.
+    pub metadata: Vec<(String, String)>,
+}
+
+/// Where a symbolic link leads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkTarget {
+    pub path: String,
+    pub kind: FileKind,
+    pub mode: u32,
+}
+
+/// Why a file system operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsErrorKind {
+    NotFound,
+    AlreadyExists,
+    NotADirectory,
+    PermissionDenied,
+    /// A listing past [`FS_LIST_MAX`], or a path into `/proc`.
+    Refused,
+    Other,
+}
+
+/// A failed file system operation: its kind, and the kernel's words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsFailure {
+    pub kind: FsErrorKind,
+    pub message: String,
 }
 
 /// Supervisor to host.
@@ -409,6 +510,11 @@ pub enum SupMsg {
     /// `conn` ended on the guest's side.
     NetClose {
         conn: u64,
+    },
+    /// The answer to `HostMsg::Fs` `id`.
+    Fs {
+        id: u64,
+        result: Result<FsAnswer, FsFailure>,
     },
 }
 

@@ -3,6 +3,7 @@
 //! concurrent execs over it.
 
 mod exec;
+mod fs;
 pub(crate) mod net;
 
 use std::collections::HashMap;
@@ -21,6 +22,7 @@ use crate::protocol::{
 use crate::services::Services;
 
 pub use exec::{ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution, exit_code};
+pub use fs::FsResult;
 
 /// What a backend provides beyond the protocol stream: killing the
 /// sandbox from outside and reading its out-of-memory counter.
@@ -131,6 +133,8 @@ const MAX_UNCONSUMED: u64 = WINDOW + 2 * CHUNK as u64;
 pub(crate) struct Inner {
     tx: mpsc::UnboundedSender<Vec<u8>>,
     routes: Mutex<HashMap<u64, Route>>,
+    /// File system operations waiting for their answers, by id.
+    fs: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<FsResult>>>,
     next_id: AtomicU64,
     gone: AtomicBool,
     pub(crate) lifecycle: Box<dyn Lifecycle>,
@@ -205,8 +209,17 @@ impl Inner {
         self.mark_gone();
     }
 
+    /// The file system operations waiting for an answer.
+    fn fs_waiting(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, tokio::sync::oneshot::Sender<FsResult>>> {
+        self.fs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(crate) fn mark_gone(&self) {
         self.gone.store(true, Ordering::SeqCst);
+        // Every operation waiting fails as gone.
+        self.fs_waiting().clear();
         // Every connection into it ends, and every dial waiting fails.
         self.services.relay().end();
         let routes = std::mem::take(&mut *self.routes());
@@ -405,6 +418,7 @@ impl Sandbox {
             Inner {
                 tx,
                 routes: Mutex::new(HashMap::new()),
+                fs: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
                 gone: AtomicBool::new(false),
                 lifecycle,
@@ -529,6 +543,13 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
         }
         ref m @ SupMsg::Exited { id, .. } => (id, Event::Exited(m.clone())),
         SupMsg::Ready(_) | SupMsg::SetupFailed { .. } => return,
+        SupMsg::Fs { id, result } => {
+            // An answer to nothing asked is dropped.
+            if let Some(waiter) = inner.fs_waiting().remove(&id) {
+                let _ = waiter.send(result);
+            }
+            return;
+        }
         m @ (SupMsg::NetOpen { .. }
         | SupMsg::NetData { .. }
         | SupMsg::NetEof { .. }

@@ -12,6 +12,7 @@
 pub(crate) mod confine;
 mod counts;
 mod error;
+mod fs;
 mod guest;
 mod idmap;
 mod ids;

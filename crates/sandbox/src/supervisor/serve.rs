@@ -86,6 +86,7 @@ enum Tag {
     Out(u64, usize),
     In(u64),
     Net(NetTag),
+    Fs,
 }
 
 struct Server {
@@ -99,6 +100,8 @@ struct Server {
     /// Connections over the control channel: the host's dials, and a
     /// microVM guest's proxy connections with egress.
     relay: Relay,
+    /// The file system operations' thread, once one is asked for.
+    fs: Option<super::fs::FsWorker>,
 }
 
 /// Serves the host over `ctl` until it goes; `relay`: the guest's proxy
@@ -117,6 +120,7 @@ pub fn serve(ctl: OwnedFd, relay: Option<OwnedFd>) -> ! {
         by_pid: HashMap::new(),
         sigfd,
         relay: Relay::new(relay),
+        fs: None,
     };
     server.run()
 }
@@ -235,6 +239,10 @@ impl Server {
                 pfds.push(pfd(gate.fd(), libc::POLLIN));
                 tags.push(Tag::Setid);
             }
+            if let Some(fs) = &self.fs {
+                pfds.push(pfd(fs.fd(), libc::POLLIN));
+                tags.push(Tag::Fs);
+            }
             let mut timeout: Option<Duration> = None;
             let mut wake_at = |t: Instant| {
                 let d = t.saturating_duration_since(now);
@@ -298,6 +306,11 @@ impl Server {
                     Tag::Setid => {
                         if let Some(gate) = SETID_GATE.get() {
                             gate.handle();
+                        }
+                    }
+                    Tag::Fs => {
+                        for answer in self.fs.as_ref().map(|f| f.ready()).unwrap_or_default() {
+                            self.send(&answer);
                         }
                     }
                     Tag::Out(id, i) => self.read_output(id, i, &mut buf),
@@ -404,6 +417,21 @@ impl Server {
                 }
             }
             HostMsg::Shutdown => exit_all(),
+            HostMsg::Fs { id, op, user } => {
+                if self.fs.is_none() {
+                    self.fs = super::fs::FsWorker::start(COMMAND_IDS.get().copied()).ok();
+                }
+                match &self.fs {
+                    Some(fs) => fs.submit(id, op, user),
+                    None => self.send(&SupMsg::Fs {
+                        id,
+                        result: Err(crate::protocol::FsFailure {
+                            kind: crate::protocol::FsErrorKind::Other,
+                            message: "the supervisor cannot start its file system thread".into(),
+                        }),
+                    }),
+                }
+            }
             HostMsg::SetClock { realtime_ns } => {
                 if super::IN_GUEST.load(std::sync::atomic::Ordering::Relaxed) {
                     let ts = libc::timespec {

@@ -896,3 +896,85 @@ async fn a_volume_bounds_what_files_in_flight_hold() {
         assert!(!backing.contains(&image), "{backing}");
     }
 }
+
+#[tokio::test]
+async fn the_supervisor_stats_lists_makes_moves_and_removes_inside() {
+    use cordon_sandbox::protocol::{FileKind, FsAnswer, FsErrorKind, FsOp};
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    let fs = |op: FsOp| {
+        let sb = sb.clone();
+        async move { sb.fs(op, None).await.expect("the sandbox answers") }
+    };
+    let entry = |r: cordon_sandbox::FsResult| match r {
+        Ok(FsAnswer::Entry(e)) => e,
+        other => panic!("{other:?}"),
+    };
+    let kind = |r: cordon_sandbox::FsResult| r.expect_err("a failure").kind;
+    let path = |p: &str| p.to_string();
+
+    let made = entry(fs(FsOp::MakeDir { path: path("/tmp/a/b/c") }).await);
+    assert_eq!((made.kind, made.mode & 0o7777, made.path.as_str()), (FileKind::Directory, 0o755, "/tmp/a/b/c"));
+    assert_eq!(kind(fs(FsOp::MakeDir { path: path("/tmp/a/b") }).await), FsErrorKind::AlreadyExists);
+    let out = sb
+        .exec(ExecRequest::shell("printf 1234 > /tmp/a/f && ln -s /tmp/a/f /tmp/a/link && ln -s /proc /tmp/a/p"))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", out.stderr_str());
+    let f = entry(fs(FsOp::Stat { path: path("/tmp/a/f") }).await);
+    assert_eq!((f.kind, f.size, f.link), (FileKind::File, 4, None));
+    let link = entry(fs(FsOp::Stat { path: path("/tmp/a/link") }).await);
+    assert_eq!(link.kind, FileKind::Symlink);
+    let target = link.link.expect("where it leads");
+    assert_eq!((target.path.as_str(), target.kind), ("/tmp/a/f", FileKind::File));
+
+    // Lexical pre-order, as deep as asked, links not followed.
+    let names = |depth| {
+        let fs = &fs;
+        async move {
+            match fs(FsOp::List { path: path("/tmp/a"), depth }).await {
+                Ok(FsAnswer::Entries(es)) => es.into_iter().map(|e| e.path).collect::<Vec<_>>(),
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    assert_eq!(names(1).await, ["b", "f", "link", "p"]);
+    assert_eq!(names(5).await, ["b", "b/c", "f", "link", "p"]);
+    assert_eq!(kind(fs(FsOp::List { path: path("/tmp/a/f"), depth: 1 }).await), FsErrorKind::NotADirectory);
+
+    // Moved, with the destination's parents made; removed, twice.
+    let moved = entry(fs(FsOp::Move { from: path("/tmp/a/f"), to: path("/workspace/new/g") }).await);
+    assert_eq!((moved.path.as_str(), moved.size), ("/workspace/new/g", 4));
+    assert_eq!(std::fs::read(dir.path().join("new/g")).unwrap(), b"1234");
+    assert_eq!(kind(fs(FsOp::Stat { path: path("/tmp/a/f") }).await), FsErrorKind::NotFound);
+    assert_eq!(kind(fs(FsOp::Move { from: path("/tmp/nothing"), to: path("/tmp/x") }).await), FsErrorKind::NotFound);
+    for _ in 0..2 {
+        assert_eq!(fs(FsOp::Remove { path: path("/tmp/a") }).await, Ok(FsAnswer::Done));
+    }
+    assert_eq!(kind(fs(FsOp::Stat { path: path("/tmp/a/b") }).await), FsErrorKind::NotFound);
+
+    // Never the supervisor's own /proc, by name or through a link; only
+    // absolute paths.
+    let out = sb.exec(ExecRequest::shell("ln -s /proc/self /tmp/me")).await.unwrap();
+    assert!(out.status.success());
+    for op in [
+        FsOp::List { path: path("/proc"), depth: 1 },
+        FsOp::List { path: path("/proc/self/fd"), depth: 1 },
+        FsOp::List { path: path("/tmp/me/fd"), depth: 1 },
+        FsOp::Stat { path: path("/proc/self/environ") },
+    ] {
+        assert_eq!(kind(fs(op.clone()).await), FsErrorKind::Refused, "{op:?}");
+    }
+    assert_eq!(kind(fs(FsOp::Stat { path: path("tmp") }).await), FsErrorKind::Other);
+
+    // A listing too long for one answer is refused, not cut.
+    let out = sb
+        .exec(ExecRequest::shell("mkdir /tmp/many && cd /tmp/many && seq 1 5000 | xargs touch"))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", out.stderr_str());
+    assert_eq!(kind(fs(FsOp::List { path: path("/tmp/many"), depth: 1 }).await), FsErrorKind::Refused);
+
+    sb.close().await;
+    assert!(matches!(sb.fs(FsOp::Stat { path: path("/tmp") }, None).await, Err(Error::Gone)));
+}
