@@ -211,6 +211,55 @@ pub fn account_named(layers: &[PathBuf], name: &str) -> Option<Account> {
     }
 }
 
+/// The names an image gives its user and group ids.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Names {
+    pub users: std::collections::HashMap<u32, String>,
+    pub groups: std::collections::HashMap<u32, String>,
+}
+
+impl Names {
+    /// `uid`'s name, else the number.
+    pub fn user(&self, uid: u32) -> String {
+        self.users
+            .get(&uid)
+            .cloned()
+            .unwrap_or_else(|| uid.to_string())
+    }
+
+    /// `gid`'s name, else the number.
+    pub fn group(&self, gid: u32) -> String {
+        self.groups
+            .get(&gid)
+            .cloned()
+            .unwrap_or_else(|| gid.to_string())
+    }
+}
+
+/// The user and group names of the image whose layers are `layers`: the
+/// first of each id, printable names only (the files are the image's).
+pub fn names(layers: &[PathBuf]) -> Names {
+    let table = |rel: &str| {
+        let mut out = std::collections::HashMap::new();
+        for line in read_db(layers, rel).unwrap_or_default().lines() {
+            let f: Vec<&str> = line.split(':').collect();
+            let printable = |s: &str| {
+                !s.is_empty() && s.len() <= 256 && s.chars().all(|c| c.is_ascii_graphic())
+            };
+            if let (Some(name), Some(Ok(id))) = (f.first(), f.get(2).map(|i| i.parse::<u32>()))
+                && printable(name)
+            {
+                out.entry(id).or_insert_with(|| name.to_string());
+            }
+        }
+        out
+    };
+    Names {
+        users: table("etc/passwd"),
+        groups: table("etc/group"),
+    }
+}
+
 /// The fields of the first line of a colon-separated database `text` that
 /// `matches`.
 fn find(text: &str, matches: impl Fn(&[&str]) -> bool) -> Option<Vec<String>> {
@@ -316,6 +365,12 @@ mod tests {
         assert_eq!(account_named(&[], "root"), Some(Account::root()));
         assert_eq!(account_named(&layers, "nobody"), None);
         assert_eq!(account_named(&layers, "odd\u{1b}"), None);
+        let n = names(&layers);
+        assert_eq!(
+            (n.user(1000), n.user(1002), n.user(7)),
+            ("user".into(), "1002".into(), "7".into())
+        );
+        assert_eq!(n.group(0), "0");
     }
 
     #[test]

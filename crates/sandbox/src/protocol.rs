@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 10;
+pub const VERSION: u32 = 11;
 
 /// Marks the id of a connection the host asked for (`HostMsg::NetDial`), so
 /// that it never meets one the guest's proxy listener numbered.
@@ -377,6 +377,12 @@ pub enum FsOp {
     /// Removes `path`, a directory with everything in it; a missing path
     /// is no error.
     Remove { path: String },
+    /// Replaces `path`'s `user.e2b.*` extended attributes with `entries`
+    /// (keys without the prefix); on a file system without them, nothing.
+    SetMetadata {
+        path: String,
+        entries: Vec<(String, String)>,
+    },
 }
 
 /// What a file system operation answers.

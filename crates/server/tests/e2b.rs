@@ -546,6 +546,7 @@ async fn the_stock_python_sdk_drives_a_sandbox() {
         "envs and cwd",
         "users",
         "files",
+        "file operations",
         "on_stdout and stderr",
         "exit code",
         "stdin",

@@ -204,6 +204,11 @@ fn run(op: FsOp) -> Result<FsAnswer, FsFailure> {
             }
             stat(&to, to.to_string_lossy().into_owned()).map(FsAnswer::Entry)
         }
+        FsOp::SetMetadata { path, entries } => {
+            let path = absolute(&path)?;
+            set_metadata(&path, &entries)?;
+            Ok(FsAnswer::Done)
+        }
         FsOp::Remove { path } => {
             let path = absolute(&path)?;
             let removed = match std::fs::symlink_metadata(&path) {
@@ -323,6 +328,47 @@ fn metadata(path: &Path) -> Vec<(String, String)> {
         ));
     }
     out
+}
+
+/// Replaces `path`'s `user.e2b.*` attributes with `entries`.
+fn set_metadata(path: &Path, entries: &[(String, String)]) -> Result<(), FsFailure> {
+    let fail = |e: rustix::io::Errno| {
+        failure(
+            FsErrorKind::Other,
+            format!("{}: extended attributes: {e}", path.display()),
+        )
+    };
+    let mut names = vec![0u8; 64 * 1024];
+    let n = match rustix::fs::llistxattr(path, &mut names) {
+        Ok(n) => n,
+        // No extended attributes here: nothing to keep or replace.
+        Err(rustix::io::Errno::OPNOTSUPP) => return Ok(()),
+        Err(rustix::io::Errno::NOENT) => {
+            return Err(failure(
+                FsErrorKind::NotFound,
+                format!("{}: no such file", path.display()),
+            ));
+        }
+        Err(e) => return Err(fail(e)),
+    };
+    for name in names[..n].split(|&b| b == 0) {
+        if name.starts_with(METADATA_PREFIX.as_bytes()) {
+            rustix::fs::lremovexattr(path, name).map_err(fail)?;
+        }
+    }
+    for (key, value) in entries {
+        let name = format!("{METADATA_PREFIX}{key}");
+        match rustix::fs::lsetxattr(
+            path,
+            &name,
+            value.as_bytes(),
+            rustix::fs::XattrFlags::empty(),
+        ) {
+            Ok(()) | Err(rustix::io::Errno::OPNOTSUPP) => {}
+            Err(e) => return Err(fail(e)),
+        }
+    }
+    Ok(())
 }
 
 /// The entries below directory `path`, `depth` levels down.

@@ -44,6 +44,8 @@ pub enum Code {
     Unavailable,
     DataLoss,
     Unauthenticated,
+    AlreadyExists,
+    PermissionDenied,
 }
 
 impl Code {
@@ -59,6 +61,8 @@ impl Code {
             Code::Unavailable => "unavailable",
             Code::DataLoss => "data_loss",
             Code::Unauthenticated => "unauthenticated",
+            Code::AlreadyExists => "already_exists",
+            Code::PermissionDenied => "permission_denied",
         }
     }
 
@@ -74,6 +78,8 @@ impl Code {
             Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::AlreadyExists => StatusCode::CONFLICT,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
         }
     }
 }

@@ -266,8 +266,10 @@ pub async fn read(
         }
     };
     let name = path.rsplit('/').next().unwrap_or("").to_string();
+    // Ended already (an empty file): nothing more to wait for.
+    let ended = first.is_none();
     let head = futures_util::stream::iter(first.map(|d| Ok::<_, std::io::Error>(Bytes::from(d))));
-    let tail = futures_util::stream::unfold(Some(exec), |exec| async move {
+    let tail = futures_util::stream::unfold((!ended).then_some(exec), |exec| async move {
         let mut exec = exec?;
         loop {
             match exec.next().await {
@@ -281,6 +283,13 @@ pub async fn read(
             }
         }
     });
+    let body = head.chain(tail);
+    let gzip = accepts_gzip(&headers);
+    let body = if gzip {
+        Body::from_stream(gzipped(body))
+    } else {
+        Body::from_stream(body)
+    };
     let disposition = format!(
         "inline; filename=\"{}\"",
         name.replace(
@@ -288,15 +297,187 @@ pub async fn read(
             "_"
         )
     );
-    Ok((
+    let mut r = (
         StatusCode::OK,
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
             (header::CONTENT_DISPOSITION, disposition),
+            (header::VARY, "Accept-Encoding".to_string()),
         ],
-        Body::from_stream(head.chain(tail)),
+        body,
     )
-        .into_response())
+        .into_response();
+    if gzip {
+        r.headers_mut().insert(
+            header::CONTENT_ENCODING,
+            header::HeaderValue::from_static("gzip"),
+        );
+    }
+    Ok(r)
+}
+
+/// Whether the client takes a gzipped answer.
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|e| {
+            let mut parts = e.split(';');
+            let name = parts.next().unwrap_or("").trim();
+            let refused = parts.any(|p| p.trim().replace(' ', "") == "q=0");
+            name.eq_ignore_ascii_case("gzip") && !refused
+        })
+}
+
+enum Encoding {
+    Identity,
+    Gzip,
+}
+
+fn content_encoding(headers: &HeaderMap) -> Result<Encoding, Refusal> {
+    match headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("") | Some("identity") => Ok(Encoding::Identity),
+        Some("gzip") => Ok(Encoding::Gzip),
+        Some(other) => Err(error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!(
+                "Content-Encoding {}: gzip or none",
+                cordon_tools::printable(other)
+            ),
+        )),
+    }
+}
+
+/// `body`, gzipped as it goes.
+fn gzipped<S>(body: S) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>>
+where
+    S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+{
+    use std::io::Write;
+    let encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    futures_util::stream::unfold(
+        (Box::pin(body), Some(encoder)),
+        |(mut body, encoder)| async move {
+            let mut encoder = encoder?;
+            loop {
+                match body.next().await {
+                    Some(Ok(chunk)) => {
+                        if let Err(e) = encoder.write_all(&chunk) {
+                            return Some((Err(e), (body, None)));
+                        }
+                        let out = std::mem::take(encoder.get_mut());
+                        if !out.is_empty() {
+                            return Some((Ok(Bytes::from(out)), (body, Some(encoder))));
+                        }
+                    }
+                    Some(Err(e)) => return Some((Err(e), (body, None))),
+                    None => {
+                        let end = encoder.finish().map(Bytes::from);
+                        return Some((end, (body, None)));
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// Bytes of compressed input inflated at a time: what one step may
+/// produce is bounded by it (deflate's ratio is at most about 1000).
+const INFLATE_STEP: usize = 1024;
+
+/// A gzipped upload, inflated as it comes, in bounded steps.
+fn gunzipped<S, E>(body: S) -> impl futures_util::Stream<Item = Result<Bytes, String>> + Unpin
+where
+    S: futures_util::Stream<Item = Result<Bytes, E>> + Unpin + Send + 'static,
+    E: std::fmt::Display,
+{
+    use std::io::Write;
+    let decoder = flate2::write::GzDecoder::new(Vec::new());
+    let queue: std::collections::VecDeque<Bytes> = Default::default();
+    Box::pin(futures_util::stream::unfold(
+        (body, Some(decoder), queue),
+        |(mut body, decoder, mut queue)| async move {
+            let mut decoder = decoder?;
+            loop {
+                if let Some(mut chunk) = queue.pop_front() {
+                    let step = chunk.split_to(chunk.len().min(INFLATE_STEP));
+                    if !chunk.is_empty() {
+                        queue.push_front(chunk);
+                    }
+                    if let Err(e) = decoder.write_all(&step) {
+                        return Some((Err(format!("not gzip: {e}")), (body, None, queue)));
+                    }
+                    let out = std::mem::take(decoder.get_mut());
+                    if !out.is_empty() {
+                        return Some((Ok(Bytes::from(out)), (body, Some(decoder), queue)));
+                    }
+                    continue;
+                }
+                match body.next().await {
+                    Some(Ok(chunk)) => queue.push_back(chunk),
+                    Some(Err(e)) => return Some((Err(e.to_string()), (body, None, queue))),
+                    None => {
+                        return match decoder.try_finish() {
+                            Ok(()) => {
+                                let out = std::mem::take(decoder.get_mut());
+                                (!out.is_empty())
+                                    .then(|| (Ok(Bytes::from(out)), (body, None, queue)))
+                            }
+                            Err(e) => Some((Err(format!("not gzip: {e}")), (body, None, queue))),
+                        };
+                    }
+                }
+            }
+        },
+    ))
+}
+
+/// The prefix of the headers that set a written file's metadata.
+const METADATA_HEADER: &str = "x-metadata-";
+
+/// Bytes of one metadata key, and of all keys and values together, at
+/// most (what extended attributes of the `user.e2b.` namespace can take).
+const METADATA_KEY_MAX: usize = 246;
+const METADATA_MAX: usize = 4096;
+
+/// The metadata a write sets (`X-Metadata-<key>: <value>`), checked
+/// before anything is written.
+fn metadata_of(headers: &HeaderMap) -> Result<Vec<(String, String)>, Refusal> {
+    let mut out = Vec::new();
+    let mut total = 0;
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER) else {
+            continue;
+        };
+        let value = value.to_str().map_err(|_| {
+            error(
+                StatusCode::BAD_REQUEST,
+                format!("metadata {key}: the value must be printable ASCII"),
+            )
+        })?;
+        if key.is_empty() || key.len() > METADATA_KEY_MAX {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                format!("metadata keys are 1 to {METADATA_KEY_MAX} bytes"),
+            ));
+        }
+        total += key.len() + value.len();
+        if total > METADATA_MAX {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                format!("metadata comes to more than {METADATA_MAX} bytes"),
+            ));
+        }
+        out.push((key.to_string(), value.to_string()));
+    }
+    Ok(out)
 }
 
 /// One written file, as the answer lists it.
@@ -306,6 +487,36 @@ struct Written {
     path: String,
     #[serde(rename = "type")]
     kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata: Option<BTreeMap<String, String>>,
+}
+
+/// Gives the file written at `w` exactly `metadata` (a write replaces
+/// what it had).
+async fn set_metadata(
+    b: &LiveBox,
+    user: &User,
+    mut w: Written,
+    metadata: &[(String, String)],
+) -> Result<Written, Refusal> {
+    let op = cordon_sandbox::protocol::FsOp::SetMetadata {
+        path: w.path.clone(),
+        entries: metadata.to_vec(),
+    };
+    match b.sandbox.fs(op, user.ids).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(f)) => {
+            return Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("metadata: {}", f.message),
+            ));
+        }
+        Err(_) => return Err(gone(&b.id)),
+    }
+    if !metadata.is_empty() {
+        w.metadata = Some(metadata.iter().cloned().collect());
+    }
+    Ok(w)
 }
 
 /// Writes what `chunks` yields to `path` as `user` (its directories made,
@@ -394,6 +605,7 @@ where
         name: path.rsplit('/').next().unwrap_or("").to_string(),
         path: path.to_string(),
         kind: "file",
+        metadata: None,
     })
 }
 
@@ -408,6 +620,7 @@ pub async fn write(
     let headers = request.headers().clone();
     let b = admitted(&shared, &headers, &q, "write")?;
     let user = user_of(&b, &headers, &q).await?;
+    let metadata = metadata_of(&headers)?;
     let asked = q.path.as_deref().filter(|p| !p.is_empty());
     if asked.is_some_and(|p| p.contains('\0')) {
         return Err(error(StatusCode::BAD_REQUEST, "`path` holds a NUL byte"));
@@ -421,15 +634,13 @@ pub async fn write(
         let Some(asked) = asked else {
             return Err(error(StatusCode::BAD_REQUEST, "a raw upload needs `path`"));
         };
-        if headers.contains_key(header::CONTENT_ENCODING) {
-            return Err(error(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "send the body without a Content-Encoding",
-            ));
-        }
         let path = resolve(&user.account.home, asked);
         let body = request.into_body().into_data_stream();
-        let w = write_one(&b, &user, &path, body).await?;
+        let w = match content_encoding(&headers)? {
+            Encoding::Identity => write_one(&b, &user, &path, body).await?,
+            Encoding::Gzip => write_one(&b, &user, &path, gunzipped(body)).await?,
+        };
+        let w = set_metadata(&b, &user, w, &metadata).await?;
         return Ok(Json(vec![w]).into_response());
     }
     if !kind.starts_with("multipart/form-data") {
@@ -470,7 +681,8 @@ pub async fn write(
                 format!("'{}' is written twice", cordon_tools::printable(&path)),
             ));
         }
-        written.push(write_one(&b, &user, &path, field).await?);
+        let w = write_one(&b, &user, &path, field).await?;
+        written.push(set_metadata(&b, &user, w, &metadata).await?);
     }
     Ok(Json(written).into_response())
 }
@@ -478,6 +690,50 @@ pub async fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn gzip_goes_both_ways_in_bounded_steps() {
+        let data: Vec<u8> = (0..300_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let chunks: Vec<Result<Bytes, std::io::Error>> = data
+            .chunks(7000)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        let zipped: Vec<u8> = gzipped(futures_util::stream::iter(chunks))
+            .map(|c| c.unwrap().to_vec())
+            .concat()
+            .await;
+        let parts: Vec<Result<Bytes, String>> = zipped
+            .chunks(999)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        let mut largest = 0;
+        let mut back = Vec::new();
+        let mut s = gunzipped(futures_util::stream::iter(parts));
+        while let Some(c) = s.next().await {
+            let c = c.unwrap();
+            largest = largest.max(c.len());
+            back.extend_from_slice(&c);
+        }
+        assert_eq!(back, data);
+        // A bomb: a megabyte of zeros squeezed small comes out in steps.
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        std::io::Write::write_all(&mut e, &vec![0u8; 8 << 20]).unwrap();
+        let bomb = e.finish().unwrap();
+        let mut s = gunzipped(futures_util::stream::iter([Ok::<_, String>(Bytes::from(
+            bomb,
+        ))]));
+        let mut total = 0;
+        while let Some(c) = s.next().await {
+            let c = c.unwrap();
+            assert!(c.len() <= 2 << 20, "{} bytes at once", c.len());
+            total += c.len();
+        }
+        assert_eq!(total, 8 << 20);
+        let mut s = gunzipped(futures_util::stream::iter([Ok::<_, String>(
+            Bytes::from_static(b"plain"),
+        )]));
+        assert!(s.next().await.unwrap().is_err());
+    }
 
     #[test]
     fn signatures_are_e2bs() {

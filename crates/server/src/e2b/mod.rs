@@ -20,6 +20,7 @@ mod connect;
 mod control;
 mod envd;
 mod files;
+mod filesystem;
 mod process;
 
 use std::sync::Arc;
@@ -51,6 +52,7 @@ pub fn routes() -> Router<Arc<Shared>> {
         .route("/e2b/sandboxes/{id}/refreshes", post(control::refresh))
         .route("/e2b/sandboxes/{id}/pause", post(control::pause))
         .route("/e2b/process.Process/{method}", post(process::rpc))
+        .route("/e2b/filesystem.Filesystem/{method}", post(filesystem::rpc))
         // Signed links lose the path's prefix: the SDKs make them on the
         // server's root.
         .route(

@@ -68,6 +68,27 @@ import urllib.request
 assert urllib.request.urlopen(sbx.download_url("dir/a.txt")).read() == b"hello"
 ok("files")
 
+assert sbx.files.make_dir("tree/sub")
+assert not sbx.files.make_dir("tree/sub")
+sbx.files.write("tree/a.txt", "aa")
+sbx.commands.run("ln -s /home/user/tree/a.txt tree/link")
+names = [e.path for e in sbx.files.list("tree", depth=2)]
+assert names == ["/home/user/tree/a.txt", "/home/user/tree/link", "/home/user/tree/sub"], names
+info = sbx.files.get_info("tree/link")
+assert info.symlink_target == "/home/user/tree/a.txt" and info.type.value == "file", info
+info = sbx.files.get_info("tree/a.txt")
+assert (info.size, info.mode, info.permissions, info.owner) == (2, 0o644, "-rw-r--r--", "user"), info
+assert sbx.files.exists("tree/a.txt") and not sbx.files.exists("tree/nope")
+moved = sbx.files.rename("tree/a.txt", "/tmp/elsewhere/b.txt")
+assert moved.path == "/tmp/elsewhere/b.txt", moved
+assert sbx.files.read("/tmp/elsewhere/b.txt") == "aa"
+sbx.files.remove("tree")
+assert not sbx.files.exists("tree")
+sbx.files.write("gz.txt", "zipped " * 1000, gzip=True)
+assert sbx.files.read("gz.txt") == "zipped " * 1000
+assert sbx.files.read("gz.txt", gzip=True) == "zipped " * 1000
+ok("file operations")
+
 seen = []
 r = sbx.commands.run("printf 'a\\n'; printf 'b\\n' >&2; printf '\\xff\\xfe'", on_stdout=seen.append)
 assert "a\n" in "".join(seen), seen
