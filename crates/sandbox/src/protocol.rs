@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 11;
+pub const VERSION: u32 = 12;
 
 /// Marks the id of a connection the host asked for (`HostMsg::NetDial`), so
 /// that it never meets one the guest's proxy listener numbered.
@@ -314,6 +314,19 @@ pub enum HostMsg {
         /// touch, and who owns what it makes); none: the commands' default.
         user: Option<(u32, u32)>,
     },
+    /// Watch directory `path` (and, `recursive`, every directory below
+    /// it, made later too) for changes: answered by `SupMsg::Watching`,
+    /// then `SupMsg::Changes` until `Unwatch`. Changes made before the
+    /// supervisor reports an exec's end or answers an `Fs` are sent
+    /// before that report or answer.
+    Watch {
+        id: u64,
+        path: String,
+        recursive: bool,
+    },
+    Unwatch {
+        id: u64,
+    },
     /// Set the clock to this many nanoseconds since the epoch: a microVM's
     /// guest starts from its RTC, half a second or so behind the host, which
     /// skews mtimes between files the host and the guest write. Sent as soon
@@ -430,6 +443,32 @@ pub struct LinkTarget {
     pub mode: u32,
 }
 
+/// Directories one watch (all its subdirectories) and one sandbox (all
+/// its watches) follow at most: inotify's watches count against a limit
+/// of the host user's.
+pub const WATCH_DIRS_MAX: usize = 1024;
+
+/// Watches a sandbox holds at once, at most.
+pub const WATCHES_MAX: usize = 64;
+
+/// What happened to an entry under a watch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangeKind {
+    Create,
+    Write,
+    Remove,
+    Rename,
+    Chmod,
+}
+
+/// One change under a watch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsChange {
+    /// Relative to the watched directory.
+    pub path: String,
+    pub kind: ChangeKind,
+}
+
 /// Why a file system operation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FsErrorKind {
@@ -521,6 +560,18 @@ pub enum SupMsg {
     Fs {
         id: u64,
         result: Result<FsAnswer, FsFailure>,
+    },
+    /// The answer to `HostMsg::Watch` `id`.
+    Watching {
+        id: u64,
+        result: Result<(), FsFailure>,
+    },
+    /// What changed under watch `id`, in order. A watch the kernel could
+    /// not keep up with ends with `overflowed`.
+    Changes {
+        id: u64,
+        changes: Vec<FsChange>,
+        overflowed: bool,
     },
 }
 

@@ -4,11 +4,11 @@
 
 use std::sync::atomic::Ordering;
 
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use super::Sandbox;
 use crate::error::{Error, Result};
-use crate::protocol::{FsAnswer, FsFailure, FsOp, HostMsg};
+use crate::protocol::{FsAnswer, FsChange, FsFailure, FsOp, HostMsg, SupMsg};
 
 /// What a file system operation comes to: the supervisor's answer, or
 /// its failure (a missing path, a refusal, …).
@@ -35,5 +35,126 @@ impl Sandbox {
             return Err(e);
         }
         rx.await.map_err(|_| Error::Gone)
+    }
+}
+
+/// Messages a watch may hold unread before it is ended as overflowed.
+const WATCH_BACKLOG: usize = 1024;
+
+/// What a watch reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    Changes(Vec<FsChange>),
+    /// Changes were lost (the kernel's queue, or this watch's reader, fell
+    /// behind); the watch has ended.
+    Overflowed,
+}
+
+/// A watch's entry among the session's.
+pub(super) struct WatchSlot {
+    started: Option<oneshot::Sender<std::result::Result<(), FsFailure>>>,
+    events: mpsc::Sender<WatchEvent>,
+}
+
+impl WatchSlot {
+    /// Takes `msg` for this watch; false once the watch is over.
+    pub(super) fn take(&mut self, msg: SupMsg) -> bool {
+        match msg {
+            SupMsg::Watching { result, .. } => {
+                let ok = result.is_ok();
+                if let Some(s) = self.started.take() {
+                    let _ = s.send(result);
+                }
+                ok
+            }
+            SupMsg::Changes {
+                changes,
+                overflowed,
+                ..
+            } => {
+                let full = self.events.capacity() <= 1;
+                if overflowed || full {
+                    let _ = self.events.try_send(WatchEvent::Overflowed);
+                    return false;
+                }
+                let _ = self.events.try_send(WatchEvent::Changes(changes));
+                true
+            }
+            _ => true,
+        }
+    }
+}
+
+/// A directory of a sandbox watched for changes: dropped, it stops.
+pub struct Watcher {
+    id: u64,
+    inner: std::sync::Arc<super::Inner>,
+    events: mpsc::Receiver<WatchEvent>,
+}
+
+impl Watcher {
+    /// The next changes; `None` once the watch or the sandbox has ended.
+    pub async fn next(&mut self) -> Option<WatchEvent> {
+        self.events.recv().await
+    }
+
+    /// What has come and was not taken yet, without waiting.
+    pub fn ready(&mut self) -> Vec<WatchEvent> {
+        let mut out = Vec::new();
+        while let Ok(e) = self.events.try_recv() {
+            out.push(e);
+        }
+        out
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.inner.watching().remove(&self.id);
+        let _ = self.inner.send(&HostMsg::Unwatch { id: self.id });
+    }
+}
+
+impl Sandbox {
+    /// Watches directory `path` of the sandbox (and with `recursive` the
+    /// directories below it) for changes. The changes a command or a file
+    /// system operation made come before its end or answer is reported.
+    pub async fn watch(
+        &self,
+        path: &str,
+        recursive: bool,
+    ) -> Result<std::result::Result<Watcher, FsFailure>> {
+        let inner = &self.inner;
+        if inner.gone.load(Ordering::SeqCst) {
+            return Err(Error::Gone);
+        }
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (started, answer) = oneshot::channel();
+        let (tx, events) = mpsc::channel(WATCH_BACKLOG);
+        inner.watching().insert(
+            id,
+            WatchSlot {
+                started: Some(started),
+                events: tx,
+            },
+        );
+        let watcher = Watcher {
+            id,
+            inner: inner.clone(),
+            events,
+        };
+        if inner.gone.load(Ordering::SeqCst) {
+            return Err(Error::Gone);
+        }
+        inner.send(&HostMsg::Watch {
+            id,
+            path: path.to_string(),
+            recursive,
+        })?;
+        match answer.await {
+            Ok(Ok(())) => Ok(Ok(watcher)),
+            Ok(Err(f)) => Ok(Err(f)),
+            Err(_) => Err(Error::Gone),
+        }
     }
 }

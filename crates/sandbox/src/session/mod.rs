@@ -22,7 +22,7 @@ use crate::protocol::{
 use crate::services::Services;
 
 pub use exec::{ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution, exit_code};
-pub use fs::FsResult;
+pub use fs::{FsResult, WatchEvent, Watcher};
 
 /// What a backend provides beyond the protocol stream: killing the
 /// sandbox from outside and reading its out-of-memory counter.
@@ -135,6 +135,8 @@ pub(crate) struct Inner {
     routes: Mutex<HashMap<u64, Route>>,
     /// File system operations waiting for their answers, by id.
     fs: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<FsResult>>>,
+    /// Watches, by id.
+    watching: Mutex<HashMap<u64, fs::WatchSlot>>,
     next_id: AtomicU64,
     gone: AtomicBool,
     pub(crate) lifecycle: Box<dyn Lifecycle>,
@@ -216,10 +218,15 @@ impl Inner {
         self.fs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn watching(&self) -> std::sync::MutexGuard<'_, HashMap<u64, fs::WatchSlot>> {
+        self.watching.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(crate) fn mark_gone(&self) {
         self.gone.store(true, Ordering::SeqCst);
-        // Every operation waiting fails as gone.
+        // Every operation waiting fails as gone, every watch ends.
         self.fs_waiting().clear();
+        self.watching().clear();
         // Every connection into it ends, and every dial waiting fails.
         self.services.relay().end();
         let routes = std::mem::take(&mut *self.routes());
@@ -419,6 +426,7 @@ impl Sandbox {
                 tx,
                 routes: Mutex::new(HashMap::new()),
                 fs: Mutex::new(HashMap::new()),
+                watching: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
                 gone: AtomicBool::new(false),
                 lifecycle,
@@ -543,6 +551,16 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
         }
         ref m @ SupMsg::Exited { id, .. } => (id, Event::Exited(m.clone())),
         SupMsg::Ready(_) | SupMsg::SetupFailed { .. } => return,
+        m @ (SupMsg::Watching { id, .. } | SupMsg::Changes { id, .. }) => {
+            let mut watching = inner.watching();
+            // A watch dropped meanwhile takes nothing.
+            if let Some(slot) = watching.get_mut(&id)
+                && !slot.take(m)
+            {
+                watching.remove(&id);
+            }
+            return;
+        }
         SupMsg::Fs { id, result } => {
             // An answer to nothing asked is dropped.
             if let Some(waiter) = inner.fs_waiting().remove(&id) {

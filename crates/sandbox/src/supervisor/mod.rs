@@ -23,6 +23,7 @@ mod relay;
 mod serve;
 pub(crate) mod setid;
 mod setup;
+mod watch;
 
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};

@@ -87,6 +87,7 @@ enum Tag {
     In(u64),
     Net(NetTag),
     Fs,
+    Watch(u64),
 }
 
 struct Server {
@@ -102,6 +103,8 @@ struct Server {
     relay: Relay,
     /// The file system operations' thread, once one is asked for.
     fs: Option<super::fs::FsWorker>,
+    /// Directories watched for the host.
+    watches: super::watch::Watches,
 }
 
 /// Serves the host over `ctl` until it goes; `relay`: the guest's proxy
@@ -121,6 +124,7 @@ pub fn serve(ctl: OwnedFd, relay: Option<OwnedFd>) -> ! {
         sigfd,
         relay: Relay::new(relay),
         fs: None,
+        watches: Default::default(),
     };
     server.run()
 }
@@ -198,6 +202,12 @@ impl Server {
         protocol::encode(msg, &mut self.outbuf);
     }
 
+    fn drain_watches(&mut self) {
+        let outbuf = &mut self.outbuf;
+        self.watches
+            .drain(&mut |m: &SupMsg| protocol::encode(m, outbuf));
+    }
+
     fn flush(&mut self) {
         while !self.outbuf.is_empty() {
             match write_fd(self.ctl.as_raw_fd(), &self.outbuf) {
@@ -242,6 +252,10 @@ impl Server {
             if let Some(fs) = &self.fs {
                 pfds.push(pfd(fs.fd(), libc::POLLIN));
                 tags.push(Tag::Fs);
+            }
+            for (fd, id) in self.watches.fds() {
+                pfds.push(pfd(fd, libc::POLLIN));
+                tags.push(Tag::Watch(id));
             }
             let mut timeout: Option<Duration> = None;
             let mut wake_at = |t: Instant| {
@@ -309,9 +323,17 @@ impl Server {
                         }
                     }
                     Tag::Fs => {
-                        for answer in self.fs.as_ref().map(|f| f.ready()).unwrap_or_default() {
+                        let answers = self.fs.as_ref().map(|f| f.ready()).unwrap_or_default();
+                        // What the operations changed goes first.
+                        self.drain_watches();
+                        for answer in answers {
                             self.send(&answer);
                         }
+                    }
+                    Tag::Watch(id) => {
+                        let outbuf = &mut self.outbuf;
+                        self.watches
+                            .read(id, &mut |m: &SupMsg| protocol::encode(m, outbuf));
                     }
                     Tag::Out(id, i) => self.read_output(id, i, &mut buf),
                     Tag::In(id) => self.write_stdin(id),
@@ -417,6 +439,15 @@ impl Server {
                 }
             }
             HostMsg::Shutdown => exit_all(),
+            HostMsg::Watch {
+                id,
+                path,
+                recursive,
+            } => {
+                let result = self.watches.add(id, &path, recursive);
+                self.send(&SupMsg::Watching { id, result });
+            }
+            HostMsg::Unwatch { id } => self.watches.remove(id),
             HostMsg::Fs { id, op, user } => {
                 if self.fs.is_none() {
                     self.fs = super::fs::FsWorker::start(COMMAND_IDS.get().copied()).ok();
@@ -587,6 +618,10 @@ impl Server {
             })
             .map(|(&id, _)| id)
             .collect();
+        if !done.is_empty() {
+            // What the commands changed goes before their ends.
+            self.drain_watches();
+        }
         for id in done {
             let Some(ex) = self.execs.remove(&id) else {
                 continue;

@@ -978,3 +978,75 @@ async fn the_supervisor_stats_lists_makes_moves_and_removes_inside() {
     sb.close().await;
     assert!(matches!(sb.fs(FsOp::Stat { path: path("/tmp") }, None).await, Err(Error::Gone)));
 }
+
+#[tokio::test]
+async fn a_watch_reports_what_changed_before_the_change_is_reported_done() {
+    use cordon_sandbox::WatchEvent;
+    use cordon_sandbox::protocol::{ChangeKind as K, FsErrorKind, FsOp};
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    let run = |cmd: &'static str| {
+        let sb = sb.clone();
+        async move {
+            let out = sb.exec(ExecRequest::shell(cmd)).await.unwrap();
+            assert!(out.status.success(), "{cmd}: {}", out.stderr_str());
+        }
+    };
+    let seen = |w: &mut cordon_sandbox::Watcher| {
+        w.ready()
+            .into_iter()
+            .flat_map(|e| match e {
+                WatchEvent::Changes(c) => c,
+                WatchEvent::Overflowed => panic!("overflowed"),
+            })
+            .map(|c| (c.path, c.kind))
+            .collect::<Vec<_>>()
+    };
+    run("mkdir -p /tmp/w/old && echo x > /tmp/w/file").await;
+
+    let mut flat = sb.watch("/tmp/w", false).await.unwrap().unwrap();
+    let mut deep = sb.watch("/tmp/w", true).await.unwrap().unwrap();
+    // No waiting: what the command did is there when it is reported done.
+    run("echo hi > /tmp/w/new; mkdir /tmp/w/sub; echo deep > /tmp/w/sub/g; echo o > /tmp/w/old/h").await;
+    assert_eq!(
+        seen(&mut flat),
+        [
+            ("new".to_string(), K::Create),
+            ("new".to_string(), K::Write),
+            ("sub".to_string(), K::Create),
+        ]
+    );
+    let deep_seen = seen(&mut deep);
+    // A directory filled as soon as it was made: what it held when it
+    // came to be watched is reported made.
+    for want in [
+        ("sub".to_string(), K::Create),
+        ("sub/g".to_string(), K::Create),
+        ("old/h".to_string(), K::Create),
+        ("old/h".to_string(), K::Write),
+    ] {
+        assert!(deep_seen.contains(&want), "{want:?} in {deep_seen:?}");
+    }
+    // So is what a file system operation did, when it answers.
+    sb.fs(FsOp::Remove { path: "/tmp/w/file".into() }, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen(&mut flat), [("file".to_string(), K::Remove)]);
+
+    let refused = |path: &'static str| {
+        let sb = sb.clone();
+        async move { sb.watch(path, true).await.unwrap().err().unwrap().kind }
+    };
+    assert_eq!(refused("/tmp/nowhere").await, FsErrorKind::NotFound);
+    assert_eq!(refused("/tmp/w/new").await, FsErrorKind::NotADirectory);
+    assert_eq!(refused("/proc/self").await, FsErrorKind::Refused);
+
+    // Dropped, a watch stops; the sandbox ended, every watch ends.
+    drop(flat);
+    sb.close().await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while deep.next().await.is_some() {}
+    });
+    assert!(ended.await.is_ok(), "the watch outlived its sandbox");
+}
