@@ -199,6 +199,14 @@ pub struct Made {
     pub deadline: Instant,
 }
 
+/// A watch a client made to ask about later (E2B's `CreateWatcher`).
+pub struct Watched {
+    pub watcher: cordon_sandbox::Watcher,
+    /// The watched directory, absolute.
+    pub root: String,
+    pub include_entry: bool,
+}
+
 /// A sandbox of the API's, live.
 pub struct LiveBox {
     pub id: String,
@@ -212,6 +220,8 @@ pub struct LiveBox {
     pub sandbox: Sandbox,
     deadline: Mutex<Instant>,
     processes: Mutex<BTreeMap<i32, Arc<Process>>>,
+    /// Watches kept for their clients, by id.
+    pub watchers: tokio::sync::Mutex<HashMap<String, Watched>>,
     /// Held while it lives: its broker's policy listed for the API, its
     /// place under the caps, its workspace's volume.
     pub(crate) _policy: Option<crate::network::Listed>,
@@ -237,6 +247,7 @@ impl LiveBox {
             sandbox,
             deadline: Mutex::new(made.deadline),
             processes: Mutex::default(),
+            watchers: Default::default(),
             _policy: policy,
             _slot: slot,
             _in_use: in_use,

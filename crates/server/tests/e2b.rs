@@ -547,6 +547,7 @@ async fn the_stock_python_sdk_drives_a_sandbox() {
         "users",
         "files",
         "file operations",
+        "watch",
         "on_stdout and stderr",
         "exit code",
         "stdin",

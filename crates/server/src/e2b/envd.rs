@@ -75,6 +75,7 @@ impl FromRequestParts<Arc<Shared>> for Envd {
 }
 
 /// Whom a request acts as in its sandbox.
+#[derive(Debug, Clone)]
 pub struct User {
     pub account: cordon_image::root::Account,
     /// Ids to run as, when not the sandbox's default user.

@@ -531,7 +531,11 @@ where
     S: futures_util::Stream<Item = Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let script = "d=$(dirname -- \"$1\") && mkdir -p -- \"$d\" && exec cat > \"$1\"".to_string();
+    // Made (or truncated), owned, written: what a watch sees is envd's
+    // create, chmod and write.
+    let script = "d=$(dirname -- \"$1\") && mkdir -p -- \"$d\" && exec 3>\"$1\" && \
+                  chown -- \"$(id -u):$(id -g)\" \"$1\" && exec cat >&3"
+        .to_string();
     let req = exec_as(
         user,
         vec![

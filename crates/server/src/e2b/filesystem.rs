@@ -11,26 +11,33 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use cordon_sandbox::protocol::{FileKind, FsAnswer, FsEntry, FsErrorKind, FsOp};
+use cordon_sandbox::WatchEvent;
+use cordon_sandbox::protocol::{
+    ChangeKind, FileKind, FsAnswer, FsChange, FsEntry, FsErrorKind, FsOp,
+};
 use serde::{Deserialize, Serialize};
 
 use super::connect::{self, Code, RpcError};
 use super::envd::{Envd, User};
 use super::process::resolve;
-use crate::boxes::LiveBox;
+use crate::boxes::{LiveBox, Watched};
 use crate::state::Shared;
 
 /// `POST /filesystem.Filesystem/{method}`.
 pub async fn rpc(
-    State(_shared): State<Arc<Shared>>,
+    State(shared): State<Arc<Shared>>,
     Envd(b): Envd,
     Path(method): Path<String>,
+    extensions: axum::http::Extensions,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let peer = extensions
+        .get::<ConnectInfo<cordon_listen::Peer>>()
+        .map(|ConnectInfo(p)| p.clone());
     let body = match body {
         Ok(b) => b,
         Err(e) => return RpcError::invalid(e.body_text()).into_response(),
@@ -67,6 +74,37 @@ pub async fn rpc(
             Ok(r) => fs.remove(&r.path).await,
             Err(e) => Err(e),
         }),
+        "WatchDir" => match connect::stream_request::<WatchRequest>(&headers, &body) {
+            Ok(r) => match fs.watch(&r).await {
+                Ok(w) => watch_stream(shared, b.clone(), user.clone(), w, peer, &headers),
+                Err(e) => connect::stream_error(e),
+            },
+            Err(e) => connect::stream_error(e),
+        },
+        "CreateWatcher" => {
+            connect::unary(match connect::request::<WatchRequest>(&headers, &body) {
+                Ok(r) => fs.create_watcher(&r).await,
+                Err(e) => Err(e),
+            })
+        }
+        "GetWatcherEvents" => {
+            connect::unary(match connect::request::<WatcherRequest>(&headers, &body) {
+                Ok(r) => fs.watcher_events(&r.watcher_id).await,
+                Err(e) => Err(e),
+            })
+        }
+        "RemoveWatcher" => {
+            connect::unary(match connect::request::<WatcherRequest>(&headers, &body) {
+                Ok(r) => match b.watchers.lock().await.remove(&r.watcher_id) {
+                    Some(_) => Ok(Empty {}),
+                    None => Err(RpcError::not_found(format!(
+                        "watcher {} not found",
+                        cordon_tools::printable(&r.watcher_id)
+                    ))),
+                },
+                Err(e) => Err(e),
+            })
+        }
         other => RpcError::new(
             Code::Unimplemented,
             format!(
@@ -90,6 +128,22 @@ struct ListRequest {
     path: String,
     #[serde(default)]
     depth: u32,
+}
+
+#[derive(Debug, Deserialize)]
+struct WatchRequest {
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+    #[serde(default, rename = "includeEntry", alias = "include_entry")]
+    include_entry: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct WatcherRequest {
+    #[serde(default, rename = "watcherId", alias = "watcher_id")]
+    watcher_id: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -133,6 +187,151 @@ struct ListResponse {
 
 #[derive(Debug, Serialize)]
 struct Empty {}
+
+/// envd's `FilesystemEvent`.
+#[derive(Debug, Serialize)]
+struct FilesystemEvent {
+    name: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    entry: Option<EntryInfo>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CreateWatcherResponse {
+    watcher_id: String,
+}
+
+#[derive(Debug, Serialize)]
+struct WatcherEventsResponse {
+    events: Vec<FilesystemEvent>,
+}
+
+/// A `WatchDir` stream's message (the oneof is the message itself).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+enum WatchDirEvent {
+    Start {},
+    Filesystem(Box<FilesystemEvent>),
+    Keepalive {},
+}
+
+fn event_type(k: ChangeKind) -> &'static str {
+    match k {
+        ChangeKind::Create => "EVENT_TYPE_CREATE",
+        ChangeKind::Write => "EVENT_TYPE_WRITE",
+        ChangeKind::Remove => "EVENT_TYPE_REMOVE",
+        ChangeKind::Rename => "EVENT_TYPE_RENAME",
+        ChangeKind::Chmod => "EVENT_TYPE_CHMOD",
+    }
+}
+
+/// A watcher's id: random, in a UUID's shape, as envd's are.
+fn watcher_id() -> String {
+    let h = crate::store::random_hex(16);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+fn lost() -> RpcError {
+    RpcError::new(
+        Code::DataLoss,
+        "changes came faster than they were read, and some were lost: watch again",
+    )
+}
+
+/// `WatchDir`: `start`, then each change as it comes, to the client's
+/// leaving (or deadline); a sandbox that ends cuts the stream.
+fn watch_stream(
+    shared: Arc<Shared>,
+    b: Arc<LiveBox>,
+    user: User,
+    w: Watched,
+    peer: Option<cordon_listen::Peer>,
+    headers: &HeaderMap,
+) -> Response {
+    let keepalive = connect::keepalive(headers);
+    let deadline = connect::deadline(headers).map(|d| tokio::time::Instant::now() + d);
+    let start = connect::envelope(&WatchDirEvent::Start {});
+    struct State {
+        shared: Arc<Shared>,
+        b: Arc<LiveBox>,
+        user: User,
+        w: Watched,
+        peer: Option<cordon_listen::Peer>,
+        queue: std::collections::VecDeque<Result<Bytes, std::io::Error>>,
+        done: bool,
+    }
+    let state = State {
+        shared,
+        b,
+        user,
+        w,
+        peer,
+        queue: std::collections::VecDeque::from([Ok(start)]),
+        done: false,
+    };
+    let body = futures_util::stream::unfold(state, move |mut st| async move {
+        loop {
+            if let Some(item) = st.queue.pop_front() {
+                return Some((item, st));
+            }
+            if st.done {
+                return None;
+            }
+            let wait = tokio::time::Instant::now() + keepalive;
+            let until = deadline.map_or(wait, |d| d.min(wait));
+            match tokio::time::timeout_at(until, st.w.watcher.next()).await {
+                Ok(Some(WatchEvent::Changes(changes))) => {
+                    let fs = Fs {
+                        b: &st.b,
+                        user: &st.user,
+                    };
+                    for c in changes {
+                        let e = fs.event(&st.w.root, st.w.include_entry, c).await;
+                        st.queue
+                            .push_back(Ok(connect::envelope(&WatchDirEvent::Filesystem(
+                                Box::new(e),
+                            ))));
+                    }
+                }
+                Ok(Some(WatchEvent::Overflowed)) => {
+                    st.queue.push_back(Ok(connect::end_stream(Some(&lost()))));
+                    st.done = true;
+                }
+                Ok(None) => {
+                    if st.shared.boxes.by_id(&st.b.id).is_none() {
+                        if let Some(p) = &st.peer {
+                            p.reset_on_close();
+                        }
+                        st.queue
+                            .push_back(Err(std::io::Error::other("the sandbox ended")));
+                    } else {
+                        st.queue.push_back(Ok(connect::end_stream(None)));
+                    }
+                    st.done = true;
+                }
+                Err(_) if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) => {
+                    let e = RpcError::new(Code::DeadlineExceeded, "the stream's deadline passed");
+                    st.queue.push_back(Ok(connect::end_stream(Some(&e))));
+                    st.done = true;
+                }
+                Err(_) => st
+                    .queue
+                    .push_back(Ok(connect::envelope(&WatchDirEvent::Keepalive {}))),
+            }
+        }
+    });
+    connect::stream_response(body)
+}
 
 fn kind_name(k: FileKind) -> &'static str {
     match k {
@@ -324,6 +523,86 @@ impl Fs<'_> {
         self.entry(answer).await
     }
 
+    async fn watch(&self, r: &WatchRequest) -> Result<Watched, RpcError> {
+        let root = self.at(&r.path);
+        let watched = self
+            .b
+            .sandbox
+            .watch(&root, r.recursive)
+            .await
+            .map_err(|e| RpcError::new(Code::Unavailable, format!("the sandbox: {e}")))?;
+        match watched {
+            Ok(watcher) => Ok(Watched {
+                watcher,
+                root,
+                include_entry: r.include_entry,
+            }),
+            Err(f) => Err(RpcError::new(
+                match f.kind {
+                    FsErrorKind::NotFound => Code::NotFound,
+                    FsErrorKind::Refused => Code::ResourceExhausted,
+                    _ => Code::InvalidArgument,
+                },
+                f.message,
+            )),
+        }
+    }
+
+    async fn create_watcher(&self, r: &WatchRequest) -> Result<CreateWatcherResponse, RpcError> {
+        let watched = self.watch(r).await?;
+        let id = watcher_id();
+        self.b.watchers.lock().await.insert(id.clone(), watched);
+        Ok(CreateWatcherResponse { watcher_id: id })
+    }
+
+    /// What watcher `id` saw since it was last asked.
+    async fn watcher_events(&self, id: &str) -> Result<WatcherEventsResponse, RpcError> {
+        let mut watchers = self.b.watchers.lock().await;
+        let Some(w) = watchers.get_mut(id) else {
+            return Err(RpcError::not_found(format!(
+                "watcher {} not found",
+                cordon_tools::printable(id)
+            )));
+        };
+        let mut events = Vec::new();
+        for e in w.watcher.ready() {
+            match e {
+                WatchEvent::Changes(changes) => {
+                    for c in changes {
+                        events.push(self.event(&w.root, w.include_entry, c).await);
+                    }
+                }
+                WatchEvent::Overflowed => {
+                    watchers.remove(id);
+                    return Err(lost());
+                }
+            }
+        }
+        Ok(WatcherEventsResponse { events })
+    }
+
+    /// A change as envd reports it: named relative to the watched
+    /// directory, with the entry as it is now when asked (and it is).
+    async fn event(&self, root: &str, include_entry: bool, c: FsChange) -> FilesystemEvent {
+        let with_entry = include_entry
+            && matches!(
+                c.kind,
+                ChangeKind::Create | ChangeKind::Write | ChangeKind::Chmod
+            );
+        let entry = if with_entry {
+            self.stat(&format!("{}/{}", root.trim_end_matches('/'), c.path))
+                .await
+                .ok()
+        } else {
+            None
+        };
+        FilesystemEvent {
+            name: c.path,
+            kind: event_type(c.kind),
+            entry,
+        }
+    }
+
     async fn remove(&self, path: &str) -> Result<Empty, RpcError> {
         self.op(FsOp::Remove {
             path: self.at(path),
@@ -351,6 +630,25 @@ mod tests {
             "urwxr-xr-x"
         );
         assert_eq!(mode_string(libc::S_IFCHR | 0o666), "Dcrw-rw-rw-");
+    }
+
+    #[test]
+    fn watch_messages_are_the_oneof_itself() {
+        let j = |e: WatchDirEvent| serde_json::to_string(&e).unwrap();
+        assert_eq!(j(WatchDirEvent::Start {}), r#"{"start":{}}"#);
+        assert_eq!(j(WatchDirEvent::Keepalive {}), r#"{"keepalive":{}}"#);
+        let e = FilesystemEvent {
+            name: "a/b".into(),
+            kind: event_type(ChangeKind::Chmod),
+            entry: None,
+        };
+        assert_eq!(
+            j(WatchDirEvent::Filesystem(Box::new(e))),
+            r#"{"filesystem":{"name":"a/b","type":"EVENT_TYPE_CHMOD"}}"#
+        );
+        let r: WatchRequest =
+            serde_json::from_str(r#"{"path":"d","recursive":true,"includeEntry":true}"#).unwrap();
+        assert!(r.recursive && r.include_entry);
     }
 
     #[test]

@@ -89,6 +89,22 @@ assert sbx.files.read("gz.txt") == "zipped " * 1000
 assert sbx.files.read("gz.txt", gzip=True) == "zipped " * 1000
 ok("file operations")
 
+from e2b import FilesystemEventType
+
+sbx.files.make_dir("watched/deep")
+w = sbx.files.watch_dir("watched", recursive=True)
+sbx.files.write("watched/deep/new.txt", "hello")
+events = [(e.name, e.type) for e in w.get_new_events()]
+assert events == [
+    ("deep/new.txt", FilesystemEventType.CREATE),
+    ("deep/new.txt", FilesystemEventType.CHMOD),
+    ("deep/new.txt", FilesystemEventType.WRITE),
+], events
+sbx.commands.run("rm watched/deep/new.txt")
+assert [(e.name, e.type) for e in w.get_new_events()] == [("deep/new.txt", FilesystemEventType.REMOVE)]
+w.stop()
+ok("watch")
+
 seen = []
 r = sbx.commands.run("printf 'a\\n'; printf 'b\\n' >&2; printf '\\xff\\xfe'", on_stdout=seen.append)
 assert "a\n" in "".join(seen), seen
