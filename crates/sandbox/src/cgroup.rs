@@ -266,6 +266,27 @@ impl Cgroup {
         }
     }
 
+    /// Bytes of memory the cgroup's processes use now (the kernel's
+    /// charge: their pages and the page cache they brought in).
+    /// And its limit, when it has one.
+    pub fn memory(&self) -> Option<(u64, Option<u64>)> {
+        let dir = self.dirs.first()?;
+        let read = |files: [&str; 2]| {
+            files
+                .iter()
+                .find_map(|f| fs::read_to_string(dir.join(f)).ok())
+        };
+        let used = read(["memory.current", "memory.usage_in_bytes"])?
+            .trim()
+            .parse()
+            .ok()?;
+        // "max" (v2), or v1's page-rounded largest number: no limit.
+        let limit = read(["memory.max", "memory.limit_in_bytes"])
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .filter(|&l| l < 1 << 60);
+        Some((used, limit))
+    }
+
     /// Out-of-memory kills so far in this cgroup.
     pub fn oom_kills(&self) -> Option<u64> {
         let text = fs::read_to_string(&self.oom_file).ok()?;

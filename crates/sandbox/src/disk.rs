@@ -141,6 +141,7 @@ impl Sandbox {
         let (tx, rx) = std::sync::mpsc::channel();
         let watch = DiskWatch {
             budget,
+            used: Default::default(),
             looks: std::sync::Mutex::new(tx),
         };
         if self.inner.disk.set(watch).is_err() {
@@ -572,6 +573,12 @@ pub(crate) fn watch(
                 return;
             }
             Ok(used) => {
+                if let Some(w) = inner.disk.get() {
+                    w.used.store(
+                        used.saturating_sub(base),
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                }
                 // Growing fast: have the next look done before half the
                 // headroom left could be written at the rate just seen; it
                 // is written during the pause and during that look.

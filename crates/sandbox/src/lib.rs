@@ -79,5 +79,5 @@ pub use native::{NativeBackend, host_report};
 pub use protocol::{ExitStatus, SpawnStage, WinSize};
 pub use session::{
     ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution, FsResult, Sandbox,
-    SandboxInfo, WatchEvent, Watcher, exit_code,
+    SandboxInfo, Usage, WatchEvent, Watcher, exit_code,
 };

@@ -86,6 +86,10 @@ impl Lifecycle for NativeLifecycle {
         self.cgroup.lock().unwrap().as_ref()?.oom_kills()
     }
 
+    fn memory(&self) -> Option<(u64, Option<u64>)> {
+        self.cgroup.lock().unwrap().as_ref()?.memory()
+    }
+
     fn kill(&self) {
         // SIGKILL to the outer supervisor; the inner one (pid 1 of the
         // sandbox) has it as its parent-death signal, and its death takes

@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 12;
+pub const VERSION: u32 = 13;
 
 /// Marks the id of a connection the host asked for (`HostMsg::NetDial`), so
 /// that it never meets one the guest's proxy listener numbered.
@@ -327,6 +327,11 @@ pub enum HostMsg {
     Unwatch {
         id: u64,
     },
+    /// How much of the machine the sandbox's processes use: answered by
+    /// `SupMsg::Usage`.
+    Usage {
+        id: u64,
+    },
     /// Set the clock to this many nanoseconds since the epoch: a microVM's
     /// guest starts from its RTC, half a second or so behind the host, which
     /// skews mtimes between files the host and the guest write. Sent as soon
@@ -441,6 +446,24 @@ pub struct LinkTarget {
     pub path: String,
     pub kind: FileKind,
     pub mode: u32,
+}
+
+/// What the supervisor sees of its sandbox's use of the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct GuestUsage {
+    /// CPU time of every process the sandbox ran, living or ended, in
+    /// nanoseconds.
+    pub cpu_ns: u64,
+    /// Processes running.
+    pub processes: u32,
+    /// The kernel's memory in use and in all (`MemTotal` less
+    /// `MemAvailable`, and `MemTotal`): a microVM's own; natively the
+    /// host's, which the host replaces with the sandbox's cgroup.
+    pub memory_used: u64,
+    pub memory_total: u64,
+    /// The resident memory of the processes running, summed (pages they
+    /// share counted once each): what is known where nothing better is.
+    pub resident: u64,
 }
 
 /// Directories one watch (all its subdirectories) and one sandbox (all
@@ -560,6 +583,11 @@ pub enum SupMsg {
     Fs {
         id: u64,
         result: Result<FsAnswer, FsFailure>,
+    },
+    /// The answer to `HostMsg::Usage` `id`.
+    Usage {
+        id: u64,
+        usage: GuestUsage,
     },
     /// The answer to `HostMsg::Watch` `id`.
     Watching {

@@ -8,33 +8,98 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::Sandbox;
 use crate::error::{Error, Result};
-use crate::protocol::{FsAnswer, FsChange, FsFailure, FsOp, HostMsg, SupMsg};
+use crate::protocol::{FsAnswer, FsChange, FsFailure, FsOp, GuestUsage, HostMsg, SupMsg};
 
 /// What a file system operation comes to: the supervisor's answer, or
 /// its failure (a missing path, a refusal, …).
 pub type FsResult = std::result::Result<FsAnswer, FsFailure>;
 
+/// What the supervisor answers a question with.
+pub(super) enum Answer {
+    Fs(FsResult),
+    Usage(GuestUsage),
+}
+
+/// How much of the machine a sandbox uses now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time of every process it ran, living or ended.
+    pub cpu_ns: u64,
+    pub processes: u32,
+    /// Bytes of memory in use: its cgroup's charge natively, its guest's
+    /// (total less available) in a microVM.
+    pub memory_used: u64,
+    /// Its memory limit, or the guest's memory, when there is one.
+    pub memory_limit: Option<u64>,
+    /// What its files have grown by (the workspace, the image's writable
+    /// layer), at the disk watcher's last look; with a budget only.
+    pub disk_used: Option<u64>,
+    pub disk_limit: Option<u64>,
+}
+
 impl Sandbox {
-    /// Does `op` in the sandbox as `user` (uid, gid; none: the commands'
-    /// default user). [`Error::Gone`] when the sandbox has ended.
-    pub async fn fs(&self, op: FsOp, user: Option<(u32, u32)>) -> Result<FsResult> {
+    /// Asks the supervisor `build(id)` and waits for its answer.
+    async fn ask(&self, build: impl FnOnce(u64) -> HostMsg) -> Result<Answer> {
         let inner = &self.inner;
         if inner.gone.load(Ordering::SeqCst) {
             return Err(Error::Gone);
         }
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        inner.fs_waiting().insert(id, tx);
+        inner.asked().insert(id, tx);
         // Gone since: nothing would answer, and nothing took the waiter.
         if inner.gone.load(Ordering::SeqCst) {
-            inner.fs_waiting().remove(&id);
+            inner.asked().remove(&id);
             return Err(Error::Gone);
         }
-        if let Err(e) = inner.send(&HostMsg::Fs { id, op, user }) {
-            inner.fs_waiting().remove(&id);
+        if let Err(e) = inner.send(&build(id)) {
+            inner.asked().remove(&id);
             return Err(e);
         }
         rx.await.map_err(|_| Error::Gone)
+    }
+
+    /// Does `op` in the sandbox as `user` (uid, gid; none: the commands'
+    /// default user). [`Error::Gone`] when the sandbox has ended.
+    pub async fn fs(&self, op: FsOp, user: Option<(u32, u32)>) -> Result<FsResult> {
+        match self.ask(|id| HostMsg::Fs { id, op, user }).await? {
+            Answer::Fs(r) => Ok(r),
+            Answer::Usage(_) => Err(Error::Io(std::io::Error::other(
+                "the supervisor answered another question",
+            ))),
+        }
+    }
+
+    /// How much of the machine the sandbox uses now.
+    pub async fn usage(&self) -> Result<Usage> {
+        let guest = match self.ask(|id| HostMsg::Usage { id }).await? {
+            Answer::Usage(u) => u,
+            Answer::Fs(_) => {
+                return Err(Error::Io(std::io::Error::other(
+                    "the supervisor answered another question",
+                )));
+            }
+        };
+        let inner = &self.inner;
+        // The cgroup's charge where there is one; a microVM's kernel is
+        // its own; else (no cgroup to read) what its processes hold.
+        let (memory_used, memory_limit) = match inner.lifecycle.memory() {
+            Some(m) => m,
+            None if self.info().backend == "microvm" => (
+                guest.memory_used,
+                Some(guest.memory_total).filter(|&t| t > 0),
+            ),
+            None => (guest.resident, None),
+        };
+        let disk = inner.disk.get();
+        Ok(Usage {
+            cpu_ns: guest.cpu_ns,
+            processes: guest.processes,
+            memory_used,
+            memory_limit,
+            disk_used: disk.map(|d| d.used.load(Ordering::Relaxed)),
+            disk_limit: disk.map(|d| d.budget),
+        })
     }
 }
 

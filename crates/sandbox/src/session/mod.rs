@@ -22,7 +22,7 @@ use crate::protocol::{
 use crate::services::Services;
 
 pub use exec::{ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution, exit_code};
-pub use fs::{FsResult, WatchEvent, Watcher};
+pub use fs::{FsResult, Usage, WatchEvent, Watcher};
 
 /// What a backend provides beyond the protocol stream: killing the
 /// sandbox from outside and reading its out-of-memory counter.
@@ -41,6 +41,11 @@ pub(crate) trait Lifecycle: Send + Sync {
     /// Where an image root's writable layer is on the host: the disk
     /// budget counts it with the workspace.
     fn writable_layer(&self) -> Option<std::path::PathBuf> {
+        None
+    }
+    /// Bytes of memory the sandbox uses, and its limit, when the host
+    /// can tell (a cgroup); a microVM's guest tells instead.
+    fn memory(&self) -> Option<(u64, Option<u64>)> {
         None
     }
 }
@@ -133,8 +138,8 @@ const MAX_UNCONSUMED: u64 = WINDOW + 2 * CHUNK as u64;
 pub(crate) struct Inner {
     tx: mpsc::UnboundedSender<Vec<u8>>,
     routes: Mutex<HashMap<u64, Route>>,
-    /// File system operations waiting for their answers, by id.
-    fs: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<FsResult>>>,
+    /// Questions to the supervisor waiting for their answers, by id.
+    asked: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<fs::Answer>>>,
     /// Watches, by id.
     watching: Mutex<HashMap<u64, fs::WatchSlot>>,
     next_id: AtomicU64,
@@ -211,11 +216,11 @@ impl Inner {
         self.mark_gone();
     }
 
-    /// The file system operations waiting for an answer.
-    fn fs_waiting(
+    /// The questions waiting for an answer.
+    fn asked(
         &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<u64, tokio::sync::oneshot::Sender<FsResult>>> {
-        self.fs.lock().unwrap_or_else(|p| p.into_inner())
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, tokio::sync::oneshot::Sender<fs::Answer>>> {
+        self.asked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn watching(&self) -> std::sync::MutexGuard<'_, HashMap<u64, fs::WatchSlot>> {
@@ -225,7 +230,7 @@ impl Inner {
     pub(crate) fn mark_gone(&self) {
         self.gone.store(true, Ordering::SeqCst);
         // Every operation waiting fails as gone, every watch ends.
-        self.fs_waiting().clear();
+        self.asked().clear();
         self.watching().clear();
         // Every connection into it ends, and every dial waiting fails.
         self.services.relay().end();
@@ -425,7 +430,7 @@ impl Sandbox {
             Inner {
                 tx,
                 routes: Mutex::new(HashMap::new()),
-                fs: Mutex::new(HashMap::new()),
+                asked: Mutex::new(HashMap::new()),
                 watching: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
                 gone: AtomicBool::new(false),
@@ -563,8 +568,14 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
         }
         SupMsg::Fs { id, result } => {
             // An answer to nothing asked is dropped.
-            if let Some(waiter) = inner.fs_waiting().remove(&id) {
-                let _ = waiter.send(result);
+            if let Some(waiter) = inner.asked().remove(&id) {
+                let _ = waiter.send(fs::Answer::Fs(result));
+            }
+            return;
+        }
+        SupMsg::Usage { id, usage } => {
+            if let Some(waiter) = inner.asked().remove(&id) {
+                let _ = waiter.send(fs::Answer::Usage(usage));
             }
             return;
         }
@@ -606,6 +617,8 @@ pub(crate) type LookRequest = oneshot::Sender<()>;
 /// The session's handle on its disk budget's watcher (see `crate::disk`).
 pub(crate) struct DiskWatch {
     pub budget: u64,
+    /// What the budget's roots have grown by, at the watcher's last look.
+    pub used: std::sync::atomic::AtomicU64,
     pub looks: std::sync::Mutex<std::sync::mpsc::Sender<LookRequest>>,
 }
 

@@ -171,6 +171,73 @@ fn write_fd(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
     }
 }
 
+/// What the sandbox's processes use: the CPU time of every process in
+/// its pid namespace (this one's own with its reaped children's, which are
+/// every process that ended, it being init), and the kernel's memory.
+fn usage() -> crate::protocol::GuestUsage {
+    // SAFETY: plain sysconf.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let ticks = |stat: &str, fields: &[usize]| -> u64 {
+        // The fields after the command's name, which may hold anything.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return 0;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        fields
+            .iter()
+            .filter_map(|&i| f.get(i - 3)?.parse::<u64>().ok())
+            .sum()
+    };
+    let own = std::process::id();
+    let mut total = std::fs::read_to_string("/proc/self/stat")
+        .map(|s| ticks(&s, &[14, 15, 16, 17]))
+        .unwrap_or(0);
+    let mut processes = 0u32;
+    let mut resident = 0u64;
+    // SAFETY: plain sysconf.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if pid == own {
+                continue;
+            }
+            if let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) {
+                total += ticks(&stat, &[14, 15]);
+                processes += 1;
+                // Field 24, rss, in pages.
+                resident += ticks(&stat, &[24]) * page;
+            }
+        }
+    }
+    let (mut memory_total, mut available) = (0u64, 0u64);
+    if let Ok(info) = std::fs::read_to_string("/proc/meminfo") {
+        for line in info.lines() {
+            let kb = |l: &str| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+                    * 1024
+            };
+            if line.starts_with("MemTotal:") {
+                memory_total = kb(line);
+            } else if line.starts_with("MemAvailable:") {
+                available = kb(line);
+            }
+        }
+    }
+    crate::protocol::GuestUsage {
+        cpu_ns: total * (1_000_000_000 / tick),
+        processes,
+        memory_used: memory_total.saturating_sub(available),
+        memory_total,
+        resident,
+    }
+}
+
 /// The guest kernel's OOM kills so far (`oom_kill` in /proc/vmstat); only
 /// in a microVM, where the host cannot see them. Natively the host reads
 /// the sandbox's cgroup instead.
@@ -448,6 +515,7 @@ impl Server {
                 self.send(&SupMsg::Watching { id, result });
             }
             HostMsg::Unwatch { id } => self.watches.remove(id),
+            HostMsg::Usage { id } => self.send(&SupMsg::Usage { id, usage: usage() }),
             HostMsg::Fs { id, op, user } => {
                 if self.fs.is_none() {
                     self.fs = super::fs::FsWorker::start(COMMAND_IDS.get().copied()).ok();

@@ -1050,3 +1050,38 @@ async fn a_watch_reports_what_changed_before_the_change_is_reported_done() {
     });
     assert!(ended.await.is_ok(), "the watch outlived its sandbox");
 }
+
+#[tokio::test]
+async fn usage_counts_cpu_memory_and_disk_of_what_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.memory = Some(512 << 20);
+    c.disk = Some(256 << 20);
+    let sb = Sandbox::create(c).await.expect("create sandbox");
+    let before = sb.usage().await.unwrap();
+    // CPU in a process that has ended, and memory in one that runs.
+    let out = sb
+        .exec(ExecRequest::shell(
+            "head -c 30000000 /dev/zero | sha256sum >/dev/null; \
+             head -c 16777216 /dev/zero > /workspace/blob; \
+             setsid sleep 300 </dev/null >/dev/null 2>&1 &",
+        ))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", out.stderr_str());
+    sb.check_disk().await;
+    let after = sb.usage().await.unwrap();
+    assert!(
+        after.cpu_ns >= before.cpu_ns + 20_000_000,
+        "{before:?} then {after:?}"
+    );
+    assert!(after.processes >= 1, "{after:?}");
+    assert!(after.memory_used > 0, "{after:?}");
+    if let Some(limit) = after.memory_limit {
+        assert!(after.memory_used < limit, "{after:?}");
+    }
+    assert_eq!(after.disk_limit, Some(256 << 20));
+    assert!(after.disk_used.unwrap() >= 16 << 20, "{after:?}");
+    sb.close().await;
+    assert!(matches!(sb.usage().await, Err(Error::Gone)));
+}
