@@ -199,6 +199,20 @@ pub struct Made {
     pub deadline: Instant,
 }
 
+/// How often a sandbox's use of the machine is sampled, and how many
+/// samples are kept (an hour's).
+pub const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+const SAMPLES_KEPT: usize = 720;
+
+/// A sandbox's use of the machine at a moment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    pub at_ms: i64,
+    pub usage: cordon_sandbox::Usage,
+    /// Its share of the machine's CPUs since the sample before, 0 to 100.
+    pub cpu_pct: f64,
+}
+
 /// A watch a client made to ask about later (E2B's `CreateWatcher`).
 pub struct Watched {
     pub watcher: cordon_sandbox::Watcher,
@@ -222,6 +236,8 @@ pub struct LiveBox {
     processes: Mutex<BTreeMap<i32, Arc<Process>>>,
     /// Watches kept for their clients, by id.
     pub watchers: tokio::sync::Mutex<HashMap<String, Watched>>,
+    /// Its use of the machine, every [`SAMPLE_EVERY`], oldest first.
+    samples: Mutex<VecDeque<Sample>>,
     /// Held while it lives: its broker's policy listed for the API, its
     /// place under the caps, its workspace's volume.
     pub(crate) _policy: Option<crate::network::Listed>,
@@ -248,10 +264,56 @@ impl LiveBox {
             deadline: Mutex::new(made.deadline),
             processes: Mutex::default(),
             watchers: Default::default(),
+            samples: Default::default(),
             _policy: policy,
             _slot: slot,
             _in_use: in_use,
         }
+    }
+
+    /// Starts sampling its use of the machine, until it is dropped.
+    pub fn sample(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(SAMPLE_EVERY);
+            loop {
+                tick.tick().await;
+                let Some(b) = weak.upgrade() else { return };
+                let Ok(usage) = b.sandbox.usage().await else {
+                    return;
+                };
+                b.record(crate::store::now_ms(), usage);
+            }
+        });
+    }
+
+    fn record(&self, at_ms: i64, usage: cordon_sandbox::Usage) {
+        let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let cpu_pct = samples.back().map_or(0.0, |last| {
+            let wall_ns = ((at_ms - last.at_ms).max(1) as f64) * 1e6;
+            let used = usage.cpu_ns.saturating_sub(last.usage.cpu_ns) as f64;
+            (used / wall_ns / cpus * 100.0).clamp(0.0, 100.0)
+        });
+        samples.push_back(Sample {
+            at_ms,
+            usage,
+            cpu_pct,
+        });
+        while samples.len() > SAMPLES_KEPT {
+            samples.pop_front();
+        }
+    }
+
+    /// The samples taken from `from_ms` to `to_ms`, oldest first.
+    pub fn samples(&self, from_ms: i64, to_ms: i64) -> Vec<Sample> {
+        self.samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|s| (from_ms..=to_ms).contains(&s.at_ms))
+            .copied()
+            .collect()
     }
 
     pub fn deadline(&self) -> Instant {

@@ -448,6 +448,41 @@ async fn keys_tokens_envelopes_deadlines_and_pages() {
         .unwrap();
     assert_eq!(r.status(), 401);
 
+    // Metrics: sampled from its start, every 5 s, in E2B's shape and
+    // cordon's own (the same sandbox, its id in either spelling).
+    let (status, _, m) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::GET,
+        &format!("/sandboxes/{id}/metrics"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{m}");
+    assert!(m[0]["memUsed"].as_u64().unwrap() > 0, "{m}");
+    assert!(
+        m[0]["timestampUnix"].as_i64().unwrap() > 1_700_000_000,
+        "{m}"
+    );
+    let (status, _, none) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::GET,
+        &format!("/sandboxes/{id}/metrics?start=1&end=2"),
+        None,
+    )
+    .await;
+    assert_eq!((status, none), (200, json!([])));
+    let (status, own) = s
+        .get(
+            &acme,
+            &format!("/v1/sandboxes/{}/metrics", id.replacen('-', "_", 1)),
+        )
+        .await;
+    assert_eq!(status, 200, "{own}");
+    assert!(own["now"]["memory_bytes"].as_u64().unwrap() > 0, "{own}");
+    assert_eq!(own["now"]["disk_limit"].as_u64(), Some(1 << 30), "{own}");
+
     // Killed: gone for E2B (404), and its own API answers 502.
     let (status, _, _) = control(
         &s,

@@ -378,6 +378,61 @@ pub async fn refresh(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `GET /sandboxes/{id}/metrics`'s query: unix seconds.
+#[derive(Debug, Default, Deserialize)]
+pub struct MetricsQuery {
+    start: Option<i64>,
+    end: Option<i64>,
+}
+
+/// E2B's `SandboxMetric`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Metric {
+    timestamp: Timestamp,
+    timestamp_unix: i64,
+    cpu_count: u32,
+    cpu_used_pct: f64,
+    mem_used: u64,
+    mem_total: u64,
+    mem_cache: u64,
+    disk_used: u64,
+    disk_total: u64,
+}
+
+/// `GET /sandboxes/{id}/metrics`: what was sampled (every 5 seconds, the
+/// last hour) between `start` and `end`.
+pub async fn metrics(
+    State(shared): State<Arc<Shared>>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+    query: Result<Query<MetricsQuery>, QueryRejection>,
+) -> E2bResult<Json<Vec<Metric>>> {
+    let Query(q) = query.map_err(|e| bad(e.body_text()))?;
+    let (_, b) = running(&shared, &tenant, &id).await?;
+    let from = q.start.map_or(0, |s| s.saturating_mul(1000));
+    let to = q
+        .end
+        .map_or(i64::MAX, |e| e.saturating_mul(1000).saturating_add(999));
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let metrics = b
+        .samples(from, to)
+        .into_iter()
+        .map(|s| Metric {
+            timestamp: Timestamp::at(s.at_ms),
+            timestamp_unix: s.at_ms / 1000,
+            cpu_count: cpus,
+            cpu_used_pct: (s.cpu_pct * 100.0).round() / 100.0,
+            mem_used: s.usage.memory_used,
+            mem_total: s.usage.memory_limit.unwrap_or(0),
+            mem_cache: 0,
+            disk_used: s.usage.disk_used.unwrap_or(0),
+            disk_total: s.usage.disk_limit.unwrap_or(0),
+        })
+        .collect();
+    Ok(Json(metrics))
+}
+
 /// `POST /sandboxes/{id}/pause`: refused, saying why.
 pub async fn pause(
     State(shared): State<Arc<Shared>>,

@@ -15,7 +15,7 @@ mod view;
 pub(crate) use commands::*;
 pub(crate) use pty::*;
 pub(crate) use view::check_env;
-pub use view::{NewSandbox, SandboxList, SandboxView, TimeoutChange};
+pub use view::{NewSandbox, SandboxList, SandboxMetrics, SandboxView, TimeoutChange, UsageView};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -52,6 +52,7 @@ pub fn routes() -> Router<Arc<Shared>> {
             get(get_sandbox).delete(delete_sandbox),
         )
         .route("/v1/sandboxes/{id}/timeout", post(set_sandbox_timeout))
+        .route("/v1/sandboxes/{id}/metrics", get(sandbox_metrics))
         .route("/v1/sandboxes/{id}/pty", get(open_pty))
         .route(
             "/v1/sandboxes/{id}/commands",
@@ -279,6 +280,7 @@ pub(crate) async fn make(
         in_use,
     ));
     shared.boxes.insert(live.clone());
+    live.sample();
     tracing::info!("sandbox {id} of {tenant}: created");
     Ok((row, live))
 }
@@ -394,6 +396,31 @@ pub(crate) async fn set_sandbox_timeout(
     b.set_deadline(Instant::now() + timeout);
     let row = find(&shared, &tenant, &id).await?;
     Ok(Json(SandboxView::of(&row, true)))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/metrics", tag = "sandboxes", summary = "A sandbox's use of CPU, memory and disk",
+    description = "Now, and every 5 seconds over the last hour: the CPU time of everything it ran (and its share of the machine's CPUs between samples), its processes, its memory (its cgroup's charge, or its microVM's kernel's) against its limit, and what its files grew by against its disk budget.",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SandboxMetrics),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "It has ended", body = crate::http::ErrorResponse)))]
+pub(crate) async fn sandbox_metrics(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SandboxMetrics>> {
+    let b = live(&shared, &tenant, &id).await?;
+    let now = b.sandbox.usage().await.map_err(|e| start_error(&id, e))?;
+    let samples = b
+        .samples(0, i64::MAX)
+        .iter()
+        .map(|s| UsageView::of(s.at_ms, &s.usage, Some(s.cpu_pct)))
+        .collect();
+    Ok(Json(SandboxMetrics {
+        now: UsageView::of(now_ms(), &now, None),
+        samples,
+    }))
 }
 
 /// Ends a sandbox taken out of the registry: everything in it killed, its

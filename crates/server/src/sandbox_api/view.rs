@@ -179,6 +179,50 @@ pub struct SandboxList {
     pub sandboxes: Vec<SandboxView>,
 }
 
+/// A sandbox's use of the machine at a moment.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UsageView {
+    pub at: Timestamp,
+    /// CPU time of every process it ran, living or ended.
+    pub cpu_seconds: f64,
+    /// Its share of the machine's CPUs since the sample before, 0 to 100
+    /// (none for a live reading).
+    pub cpu_percent: Option<f64>,
+    /// Processes running.
+    pub processes: u32,
+    /// Memory in use: its cgroup's charge (or its microVM's kernel's).
+    pub memory_bytes: u64,
+    pub memory_limit: Option<u64>,
+    /// What its files (workspace and image layer) have grown by, at the
+    /// disk watcher's last look, against its budget.
+    pub disk_bytes: Option<u64>,
+    pub disk_limit: Option<u64>,
+}
+
+impl UsageView {
+    pub fn of(at_ms: i64, u: &cordon_sandbox::Usage, cpu_percent: Option<f64>) -> UsageView {
+        UsageView {
+            at: Timestamp::at(at_ms),
+            cpu_seconds: u.cpu_ns as f64 / 1e9,
+            cpu_percent,
+            processes: u.processes,
+            memory_bytes: u.memory_used,
+            memory_limit: u.memory_limit,
+            disk_bytes: u.disk_used,
+            disk_limit: u.disk_limit,
+        }
+    }
+}
+
+/// `GET /v1/sandboxes/{id}/metrics`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SandboxMetrics {
+    /// Now.
+    pub now: UsageView,
+    /// Every 5 seconds over the last hour, oldest first.
+    pub samples: Vec<UsageView>,
+}
+
 /// `POST /v1/sandboxes/{id}/timeout`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
