@@ -197,6 +197,8 @@ pub struct Made {
     /// other users are looked up.
     pub layers: Vec<std::path::PathBuf>,
     pub deadline: Instant,
+    /// Whether its ports answer anyone under the sandbox domain.
+    pub public: bool,
 }
 
 /// How often a sandbox's use of the machine is sampled, and how many
@@ -231,6 +233,12 @@ pub struct LiveBox {
     /// What a client of its in-sandbox API (the E2B layer's) must show:
     /// 32 random bytes as hex, minted with it, never stored.
     pub access_token: String,
+    /// Whether its ports answer anyone under the sandbox domain; else the
+    /// tenant's token or this one's `traffic_token`.
+    pub public: bool,
+    pub traffic_token: String,
+    /// Its ports as reached under the sandbox domain, by port.
+    pub upstreams: Mutex<HashMap<u16, Arc<cordon_lab::Upstream>>>,
     pub sandbox: Sandbox,
     deadline: Mutex<Instant>,
     processes: Mutex<BTreeMap<i32, Arc<Process>>>,
@@ -260,6 +268,9 @@ impl LiveBox {
             account: made.account,
             layers: made.layers,
             access_token: crate::store::random_hex(32),
+            public: made.public,
+            traffic_token: crate::store::random_hex(32),
+            upstreams: Mutex::default(),
             sandbox,
             deadline: Mutex::new(made.deadline),
             processes: Mutex::default(),

@@ -110,6 +110,9 @@ pub struct ServerConfig {
     /// the `preview` module); with them, a sandbox whose network is off has
     /// its loopback up for them (nothing leaves it).
     pub previews: bool,
+    /// A wildcard domain whose names `{port}-{id}.{domain}` reach port
+    /// `port` of API sandbox `id` (the `hosts` module); none: not served.
+    pub sandbox_domain: Option<String>,
 }
 
 /// [`ServerConfig::preset_check`] by default.
@@ -162,6 +165,7 @@ impl ServerConfig {
             preset_env: None,
             preset_check: PRESET_CHECK,
             previews: true,
+            sandbox_domain: None,
         }
     }
 

@@ -39,7 +39,8 @@
 //! - Resources, one module each: `health`, `ui`, `docs`, `mcp`, `jobs`,
 //!   `sessions`, `sandbox_api` (sandboxes as a resource, and commands in
 //!   them), `owned` (what a job, session or sandbox owns: files, network,
-//!   desktop, Lab, served once over an `owner`), `e2b` (the stock E2B SDKs' API over the sandbox API), `tokens`,
+//!   desktop, Lab, served once over an `owner`), `e2b` (the stock E2B SDKs' API over the sandbox API), `hosts`
+//!   (a sandbox's ports by name under a wildcard domain), `tokens`,
 //!   `credentials` (the tenants' git logins),
 //!   `tenants`, `images` (the catalog as a tenant sees it, and the
 //!   tenant's own images: pulled, snapshotted, built by `build` jobs).
@@ -59,6 +60,7 @@ pub mod docs;
 mod e2b;
 mod files;
 mod health;
+mod hosts;
 pub mod http;
 mod hub;
 mod images;
@@ -128,6 +130,7 @@ pub const LAYERS: &[&str] = &[
     "sandbox_api",
     "owned",
     "e2b",
+    "hosts",
     "tokens",
     "credentials",
     "tenants",

@@ -24,7 +24,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
             crate::relay::to_worker,
         ));
     }
-    Router::new()
+    let api = Router::new()
         .route("/health", get(crate::health::health))
         .route("/v1/jobs", post(jobs::create_job).get(jobs::list_jobs))
         .route("/v1/jobs/{id}", get(jobs::get_job).delete(jobs::delete_job))
@@ -60,7 +60,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
-        .with_state(shared)
+        .with_state(shared.clone());
+    // Around the whole router, not its routes: a sandbox's name answers
+    // before any route is chosen (and may choose another).
+    Router::new()
+        .fallback_service(api)
+        .layer(middleware::from_fn_with_state(shared, crate::hosts::route))
 }
 
 /// What of a job is served by the process that runs it: its files, its

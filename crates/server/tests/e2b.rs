@@ -598,3 +598,131 @@ async fn the_stock_python_sdk_drives_a_sandbox() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ports_by_name_under_the_sandbox_domain() {
+    let s = TestServer::start_with(Db::Sqlite, |c| {
+        c.sandbox_domain = Some("sb.test".into());
+    })
+    .await
+    .unwrap();
+    let acme_token = s.token("acme").await;
+    let (acme, zeta) = (key(&acme_token), s.token("zeta").await);
+    let made = |public: bool| {
+        let s = &s;
+        let acme = acme.clone();
+        async move {
+            let body = json!({"templateID": "base", "network": {"allowPublicTraffic": public}});
+            let (status, _, b) = control(
+                s,
+                Some(&acme),
+                reqwest::Method::POST,
+                "/sandboxes",
+                Some(body),
+            )
+            .await;
+            assert_eq!(status, 201, "{b}");
+            assert_eq!(b["domain"], "sb.test");
+            let id = b["sandboxID"].as_str().unwrap().to_string();
+            let cid = id.replacen('-', "_", 1);
+            let (status, r) = s
+                .post(
+                    &acme,
+                    &format!("/v1/sandboxes/{cid}/commands"),
+                    json!({"cmd": "mkdir -p /tmp/site && echo served > /tmp/site/index.html && cd /tmp/site && exec python3 -m http.server 8001 --bind 127.0.0.1", "background": true}),
+                )
+                .await;
+            assert_eq!(status, 202, "{r}");
+            (id, b["trafficAccessToken"].as_str().map(str::to_string))
+        }
+    };
+    let get = |host: String, headers: Vec<(&'static str, String)>| {
+        let s = &s;
+        async move {
+            let mut r = s.client.get(s.url("/")).header("Host", host);
+            for (k, v) in headers {
+                r = r.header(k, v);
+            }
+            let r = r.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (open, none) = made(true).await;
+    assert_eq!(none, None, "a public sandbox needs no traffic token");
+    let host = format!("8001-{open}.sb.test");
+    // The server starts in the background: asked until it answers.
+    let mut answer = (0, String::new());
+    for _ in 0..100 {
+        answer = get(host.clone(), vec![]).await;
+        if answer.0 == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(answer, (200, "served\n".into()));
+    // envd by name: its health, for the SDKs that reach a sandbox so.
+    let r = s
+        .client
+        .get(s.url("/health"))
+        .header("Host", format!("49983-{open}.sb.test"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+
+    // A private one: its traffic token or its tenant's; nobody else.
+    let (closed, traffic) = made(false).await;
+    let traffic = traffic.expect("a private sandbox's traffic token");
+    let host = format!("8001-{closed}.sb.test");
+    for _ in 0..100 {
+        if get(
+            host.clone(),
+            vec![("e2b-traffic-access-token", traffic.clone())],
+        )
+        .await
+        .0 == 200
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        get(host.clone(), vec![("X-Traffic-Token", traffic.clone())])
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        get(
+            host.clone(),
+            vec![("Authorization", format!("Bearer {acme_token}"))]
+        )
+        .await
+        .0,
+        200
+    );
+    for refused in [
+        vec![],
+        vec![("Authorization", format!("Bearer {zeta}"))],
+        vec![("X-Traffic-Token", "0".repeat(64))],
+    ] {
+        let (status, body) = get(host.clone(), refused.clone()).await;
+        assert_eq!(status, 502, "{refused:?}: {body}");
+    }
+    // Ended: the same answer as for no sandbox at all.
+    let (status, _, _) = control(
+        &s,
+        Some(&acme),
+        reqwest::Method::DELETE,
+        &format!("/sandboxes/{open}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, body) = get(format!("8001-{open}.sb.test"), vec![]).await;
+    assert_eq!(status, 502);
+    assert!(body.contains("The sandbox was not found"), "{body}");
+    // Names outside the domain are the API's, as ever.
+    let (status, _) = get("127.0.0.1".into(), vec![]).await;
+    assert_ne!(status, 502);
+}

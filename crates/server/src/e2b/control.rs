@@ -64,6 +64,10 @@ struct NetworkRules {
     allow_out: Vec<String>,
     #[serde(default)]
     deny_out: Vec<String>,
+    /// Whether its ports answer anyone by name (E2B's default), or only
+    /// with its traffic token.
+    #[serde(default)]
+    allow_public_traffic: Option<bool>,
 }
 
 /// E2B's `Sandbox`: what create and connect answer.
@@ -114,7 +118,7 @@ fn template_of(b: &LiveBox) -> String {
     b.image.clone().unwrap_or_else(|| DEFAULT_TEMPLATE.into())
 }
 
-fn sandbox(b: &LiveBox) -> E2bSandbox {
+fn sandbox(shared: &Shared, b: &LiveBox) -> E2bSandbox {
     let template = template_of(b);
     E2bSandbox {
         template_id: template.clone(),
@@ -123,8 +127,8 @@ fn sandbox(b: &LiveBox) -> E2bSandbox {
         envd_version: ENVD_VERSION,
         alias: template,
         envd_access_token: b.access_token.clone(),
-        traffic_access_token: None,
-        domain: None,
+        traffic_access_token: (!b.public).then(|| b.traffic_token.clone()),
+        domain: shared.config.sandbox_domain.clone(),
     }
 }
 
@@ -198,6 +202,11 @@ pub async fn create(
         })?),
     };
     let (network, allow) = network(&shared, &tenant, &asked)?;
+    let public = asked
+        .network
+        .as_ref()
+        .and_then(|n| n.allow_public_traffic)
+        .unwrap_or(true);
     let new = NewSandbox {
         image,
         timeout_secs: timeout,
@@ -205,10 +214,11 @@ pub async fn create(
         allow,
         env: asked.env_vars.unwrap_or_default(),
         metadata: asked.metadata.unwrap_or_default(),
+        public,
         ..Default::default()
     };
     let (_, b) = crate::sandbox_api::make(&shared, &tenant, new).await?;
-    Ok((StatusCode::CREATED, Json(sandbox(&b))).into_response())
+    Ok((StatusCode::CREATED, Json(sandbox(&shared, &b))).into_response())
 }
 
 /// The image template `name` stands for: a name of the catalog, or the
@@ -352,7 +362,9 @@ pub async fn connect(
     if row.expires_ms < now_ms() + (secs as i64) * 1000 {
         end_in(&shared, &tenant, &b, secs).await?;
     }
-    Ok(Json(serde_json::to_value(sandbox(&b)).unwrap_or_default()))
+    Ok(Json(
+        serde_json::to_value(sandbox(&shared, &b)).unwrap_or_default(),
+    ))
 }
 
 #[derive(Debug, Deserialize)]

@@ -19,6 +19,8 @@
 mod connect;
 mod control;
 mod envd;
+
+pub use envd::{not_running, same};
 mod files;
 mod filesystem;
 mod process;

@@ -273,6 +273,7 @@ pub(crate) async fn make(
             account,
             layers,
             deadline: Instant::now() + timeout,
+            public: asked.public,
         },
         sandbox,
         policy,

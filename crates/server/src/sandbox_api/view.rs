@@ -78,6 +78,12 @@ pub struct NewSandbox {
     /// most 64 entries, keys of 128 bytes, values of 1024.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// Whether its ports answer anyone at `{port}-{id}.{domain}` (with
+    /// `cordon serve --sandbox-domain`); by default only this tenant's
+    /// token (`Authorization: Bearer`) or its traffic token
+    /// (`X-Traffic-Token`, E2B's `e2b-traffic-access-token` too).
+    #[serde(default)]
+    pub public: bool,
 }
 
 impl NewSandbox {
