@@ -441,3 +441,108 @@ async fn a_terminal_over_a_websocket_types_resizes_and_exits() {
         .unwrap();
     assert_eq!(r.status(), 400);
 }
+
+#[tokio::test]
+async fn a_sandboxs_whole_file_system_is_reached_inside_it() {
+    let Some(s) = TestServer::start(Db::Sqlite).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let other = s.token("zeta").await;
+    let id = create(&s, &t, json!({})).await;
+    let fs = |p: &str| format!("/v1/sandboxes/{id}/fs{p}");
+
+    let (status, made) = s
+        .post(&t, &fs("/mkdir"), json!({"path": "/tmp/app/src"}))
+        .await;
+    assert_eq!(status, 201, "{made}");
+    assert_eq!(
+        (&made["kind"], &made["mode"]),
+        (&json!("directory"), &json!("0755"))
+    );
+    let (status, _) = s
+        .post(&t, &fs("/mkdir"), json!({"path": "/tmp/app/src"}))
+        .await;
+    assert_eq!(status, 409);
+    run(
+        &s,
+        &t,
+        &id,
+        json!({"cmd": "echo 1234 > /tmp/app/src/main.rs"}),
+    )
+    .await;
+    let (status, list) = s.get(&t, &fs("/list?path=/tmp/app&depth=2")).await;
+    assert_eq!(status, 200, "{list}");
+    let paths: Vec<&str> = list["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["/tmp/app/src", "/tmp/app/src/main.rs"]);
+    let (_, stat) = s.get(&t, &fs("/stat?path=/tmp/app/src/main.rs")).await;
+    assert_eq!(
+        (&stat["size"], &stat["kind"]),
+        (&json!(5), &json!("file")),
+        "{stat}"
+    );
+
+    // Into the workspace (another file system): moved, there on the host's
+    // side too; a relative path is the workspace's here (no image).
+    let (status, moved) = s
+        .post(
+            &t,
+            &fs("/move"),
+            json!({"from": "/tmp/app/src/main.rs", "to": "kept/main.rs"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{moved}");
+    assert_eq!(moved["path"], "/workspace/kept/main.rs");
+    let (_, file) = s
+        .get(&t, &format!("/v1/sandboxes/{id}/files/kept/main.rs"))
+        .await;
+    assert!(file.to_string().contains("1234"), "{file}");
+
+    // A watch sees a change before the command that made it is answered.
+    let r = s
+        .client
+        .get(s.url(&fs("/watch?path=/tmp/app&recursive=true")))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    run(&s, &t, &id, json!({"cmd": "touch /tmp/app/src/new"})).await;
+    let mut body = r.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("src/new") {
+        let chunk = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures_util::StreamExt::next(&mut body),
+        )
+        .await
+        .expect("a change within 10 s")
+        .unwrap()
+        .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains(r#""kind":"create""#), "{seen}");
+
+    for (status_want, path) in [(204, fs("?path=/tmp/app")), (204, fs("?path=/tmp/app"))] {
+        let r = s
+            .client
+            .delete(s.url(&path))
+            .bearer_auth(&t)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status_want);
+    }
+    let (status, _) = s.get(&t, &fs("/stat?path=/tmp/app")).await;
+    assert_eq!(status, 404);
+    // Never the supervisor's /proc; never another tenant's sandbox.
+    let (status, _) = s.get(&t, &fs("/list?path=/proc/self/fd")).await;
+    assert_eq!(status, 422);
+    let (status, _) = s.get(&other, &fs("/stat?path=/tmp")).await;
+    assert_eq!(status, 404);
+}

@@ -26,8 +26,8 @@ use serde::Deserialize;
 use sha2::Digest;
 
 use super::envd::{self, User};
-use super::process::resolve;
 use crate::boxes::LiveBox;
+use crate::sandbox_api::resolve;
 use crate::state::Shared;
 
 /// Exit codes of the read script, for what is not a file to read.

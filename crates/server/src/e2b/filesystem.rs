@@ -22,8 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use super::connect::{self, Code, RpcError};
 use super::envd::{Envd, User};
-use super::process::resolve;
 use crate::boxes::{LiveBox, Watched};
+use crate::sandbox_api::resolve;
 use crate::state::Shared;
 
 /// `POST /filesystem.Filesystem/{method}`.

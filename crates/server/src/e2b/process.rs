@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use super::connect::{self, Code, RpcError};
 use super::envd::Envd;
 use crate::boxes::{Ended, LiveBox, Numbered, ProcEvent, Process, Started};
+use crate::sandbox_api::resolve;
 use crate::state::Shared;
 
 /// `POST /process.Process/{method}`.
@@ -254,31 +255,6 @@ fn signal_name(s: i32) -> String {
         15 => "terminated".into(),
         n => format!("signal {n}"),
     }
-}
-
-/// `path` as envd reads it for a user whose home is `home`: `~` is the
-/// home, a relative path is beneath it; `.` and `..` are folded.
-pub fn resolve(home: &str, path: &str) -> String {
-    let joined = if path == "~" {
-        home.to_string()
-    } else if let Some(rest) = path.strip_prefix("~/") {
-        format!("{home}/{rest}")
-    } else if path.starts_with('/') {
-        path.to_string()
-    } else {
-        format!("{home}/{path}")
-    };
-    let mut parts: Vec<&str> = Vec::new();
-    for part in joined.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            p => parts.push(p),
-        }
-    }
-    format!("/{}", parts.join("/"))
 }
 
 fn find(b: &LiveBox, s: &Selector) -> Result<Arc<Process>, RpcError> {
@@ -671,17 +647,6 @@ fn close_stdin(b: &LiveBox, req: Selected) -> Result<Empty, RpcError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_resolve_as_envd_resolves_them() {
-        let r = |p| resolve("/home/user", p);
-        assert_eq!(r("~"), "/home/user");
-        assert_eq!(r("~/a/b"), "/home/user/a/b");
-        assert_eq!(r("a/./b/"), "/home/user/a/b");
-        assert_eq!(r("/etc/../tmp"), "/tmp");
-        assert_eq!(r("../../../.."), "/");
-        assert_eq!(r("/"), "/");
-    }
 
     #[test]
     fn events_are_written_as_envd_writes_them() {

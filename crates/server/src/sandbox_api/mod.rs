@@ -9,10 +9,12 @@
 //! and why it ended, and its workspace goes with it.
 
 mod commands;
+mod fs;
 mod pty;
 mod view;
 
 pub(crate) use commands::*;
+pub(crate) use fs::*;
 pub(crate) use pty::*;
 pub(crate) use view::check_env;
 pub use view::{NewSandbox, SandboxList, SandboxMetrics, SandboxView, TimeoutChange, UsageView};
@@ -53,6 +55,12 @@ pub fn routes() -> Router<Arc<Shared>> {
         )
         .route("/v1/sandboxes/{id}/timeout", post(set_sandbox_timeout))
         .route("/v1/sandboxes/{id}/metrics", get(sandbox_metrics))
+        .route("/v1/sandboxes/{id}/fs", axum::routing::delete(fs_remove))
+        .route("/v1/sandboxes/{id}/fs/stat", get(fs_stat))
+        .route("/v1/sandboxes/{id}/fs/list", get(fs_list))
+        .route("/v1/sandboxes/{id}/fs/mkdir", post(fs_mkdir))
+        .route("/v1/sandboxes/{id}/fs/move", post(fs_move))
+        .route("/v1/sandboxes/{id}/fs/watch", get(fs_watch))
         .route("/v1/sandboxes/{id}/pty", get(open_pty))
         .route(
             "/v1/sandboxes/{id}/commands",
