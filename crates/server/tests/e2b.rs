@@ -535,14 +535,26 @@ fn e2b_python() -> Option<std::path::PathBuf> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_stock_python_sdk_drives_a_sandbox() {
-    let Some(python) = e2b_python() else {
-        return;
-    };
-    let Some(layout) = cordon_testkit::environments::environment("e2b-base") else {
-        return;
-    };
+/// The JS SDK, as installed from npm (scripts/test puts it in a
+/// directory of its own named by CORDON_E2B_NODE_MODULES).
+fn e2b_node_modules() -> Option<std::path::PathBuf> {
+    match std::env::var_os("CORDON_E2B_NODE_MODULES") {
+        Some(p) => Some(p.into()),
+        None => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CORDON_E2B_NODE_MODULES is unset (scripts/test sets it)"
+            );
+            eprintln!("notice: skipping: CORDON_E2B_NODE_MODULES is unset (scripts/test sets it)");
+            None
+        }
+    }
+}
+
+/// A server offering the e2b-base environment as template `base`, and
+/// the E2B environment for its tenant `acme`; `None` to skip.
+async fn e2b_server() -> Option<(TestServer, tempfile::TempDir, Vec<(&'static str, String)>)> {
+    let layout = cordon_testkit::environments::environment("e2b-base")?;
     let store = tempfile::tempdir().unwrap();
     let source = format!("oci:{}:latest", layout.display());
     let s = TestServer::start_with(Db::Sqlite, |c| {
@@ -555,26 +567,82 @@ async fn the_stock_python_sdk_drives_a_sandbox() {
     .await
     .unwrap();
     let api = s.url("/e2b");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/e2b_sdk.py");
-    let out = tokio::process::Command::new(python)
-        .arg(script)
-        .env("E2B_API_KEY", key(&s.token("acme").await))
-        .env("E2B_API_URL", &api)
-        .env("E2B_SANDBOX_URL", &api)
+    let env = vec![
+        ("E2B_API_KEY", key(&s.token("acme").await)),
+        ("E2B_API_URL", api.clone()),
+        ("E2B_SANDBOX_URL", api),
+    ];
+    Some((s, store, env))
+}
+
+/// Runs `program script` with `env`, within 4 minutes: its stdout.
+async fn run_sdk(
+    program: &std::path::Path,
+    script: &str,
+    env: &[(&str, String)],
+    extra: &[(&str, String)],
+) -> String {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/common")
+        .join(script);
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.arg(script)
         .env_remove("E2B_DEBUG")
         .env_remove("E2B_DOMAIN")
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(240), out)
+        .kill_on_drop(true);
+    for (k, v) in env.iter().chain(extra) {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(240), cmd.output())
         .await
         .expect("the SDK's checks took over 4 minutes")
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stock_js_sdk_drives_a_sandbox() {
+    let Some(modules) = e2b_node_modules() else {
+        return;
+    };
+    let Some((_s, _store, env)) = e2b_server().await else {
+        return;
+    };
+    let extra = [("E2B_NODE_MODULES", modules.display().to_string())];
+    let stdout = run_sdk(std::path::Path::new("node"), "e2b_sdk.mjs", &env, &extra).await;
+    for check in [
+        "create",
+        "run",
+        "exit code",
+        "stdin",
+        "files",
+        "watch",
+        "pty",
+        "list and timeout",
+        "kill",
+    ] {
+        assert!(
+            stdout.contains(&format!("ok {check}\n")),
+            "{check}: {stdout}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stock_python_sdk_drives_a_sandbox() {
+    let Some(python) = e2b_python() else {
+        return;
+    };
+    let Some((_s, _store, env)) = e2b_server().await else {
+        return;
+    };
+    let stdout = run_sdk(&python, "e2b_sdk.py", &env, &[]).await;
     for check in [
         "create",
         "run",
