@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 13;
+pub const VERSION: u32 = 14;
 
 /// Marks the id of a connection the host asked for (`HostMsg::NetDial`), so
 /// that it never meets one the guest's proxy listener numbered.
@@ -389,6 +389,10 @@ pub enum FsOp {
     List { path: String, depth: u32 },
     /// Makes directory `path` and its missing parents (0755).
     MakeDir { path: String },
+    /// Makes the missing directories above `path` (0755), each given to
+    /// `owner` (uid, gid): what a write as that user anywhere needs made
+    /// first, as root does it for them.
+    MakeParents { path: String, owner: (u32, u32) },
     /// Renames `from` to `to`, making `to`'s missing parents; answers
     /// `to`'s entry.
     Move { from: String, to: String },

@@ -181,6 +181,28 @@ fn run(op: FsOp) -> Result<FsAnswer, FsFailure> {
             make_dirs(&path)?;
             stat(&path, path.to_string_lossy().into_owned()).map(FsAnswer::Entry)
         }
+        FsOp::MakeParents { path, owner } => {
+            let path = absolute(&path)?;
+            let mut missing = Vec::new();
+            let mut at = path.parent();
+            while let Some(dir) = at {
+                if std::fs::symlink_metadata(dir).is_ok() {
+                    break;
+                }
+                missing.push(dir.to_path_buf());
+                at = dir.parent();
+            }
+            for dir in missing.iter().rev() {
+                match std::fs::DirBuilder::new().mode(0o755).create(dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(io_failure(dir, &e)),
+                }
+                std::os::unix::fs::lchown(dir, Some(owner.0), Some(owner.1))
+                    .map_err(|e| io_failure(dir, &e))?;
+            }
+            Ok(FsAnswer::Done)
+        }
         FsOp::Move { from, to } => {
             let (from, to) = (absolute(&from)?, absolute(&to)?);
             std::fs::symlink_metadata(&from).map_err(|e| io_failure(&from, &e))?;

@@ -953,6 +953,14 @@ async fn the_supervisor_stats_lists_makes_moves_and_removes_inside() {
     }
     assert_eq!(kind(fs(FsOp::Stat { path: path("/tmp/a/b") }).await), FsErrorKind::NotFound);
 
+    // A file's missing directories, made for its writer.
+    let owner = (0, 0);
+    let parents = FsOp::MakeParents { path: path("/tmp/p/q/file"), owner };
+    assert_eq!(fs(parents).await, Ok(FsAnswer::Done));
+    let q = entry(fs(FsOp::Stat { path: path("/tmp/p/q") }).await);
+    assert_eq!((q.kind, q.uid), (FileKind::Directory, 0));
+    assert_eq!(kind(fs(FsOp::Stat { path: path("/tmp/p/q/file") }).await), FsErrorKind::NotFound);
+
     // Never the supervisor's own /proc, by name or through a link; only
     // absolute paths.
     let out = sb.exec(ExecRequest::shell("ln -s /proc/self /tmp/me")).await.unwrap();

@@ -531,6 +531,27 @@ where
     S: futures_util::Stream<Item = Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
+    // Its missing directories made by root and given to the user, as
+    // envd does: a user may write to a new /data as well as to its home.
+    let owner = user.ids.unwrap_or((user.account.uid, user.account.gid));
+    let parents = cordon_sandbox::protocol::FsOp::MakeParents {
+        path: path.to_string(),
+        owner,
+    };
+    match b.sandbox.fs(parents, Some((0, 0))).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(f)) => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "cannot write '{}': {}",
+                    cordon_tools::printable(path),
+                    f.message
+                ),
+            ));
+        }
+        Err(_) => return Err(gone(&b.id)),
+    }
     // Made (or truncated), owned, written: what a watch sees is envd's
     // create, chmod and write.
     let script = "d=$(dirname -- \"$1\") && mkdir -p -- \"$d\" && exec 3>\"$1\" && \

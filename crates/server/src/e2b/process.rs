@@ -56,9 +56,10 @@ pub async fn rpc(
             Ok(req) => send_input(&b, req).await,
             Err(e) => Err(e),
         }),
-        "SendSignal" => {
-            connect::unary(connect::request(&headers, &body).and_then(|r| signal(&b, r)))
-        }
+        "SendSignal" => connect::unary(match connect::request(&headers, &body) {
+            Ok(r) => signal(&b, r).await,
+            Err(e) => Err(e),
+        }),
         "Update" => connect::unary(connect::request(&headers, &body).and_then(|r| update(&b, r))),
         "CloseStdin" => {
             connect::unary(connect::request(&headers, &body).and_then(|r| close_stdin(&b, r)))
@@ -598,7 +599,7 @@ async fn send_input(b: &LiveBox, req: SendInputRequest) -> Result<Empty, RpcErro
     Ok(Empty {})
 }
 
-fn signal(b: &LiveBox, req: SignalRequest) -> Result<Empty, RpcError> {
+async fn signal(b: &LiveBox, req: SignalRequest) -> Result<Empty, RpcError> {
     let n = match &req.signal {
         serde_json::Value::String(s) if s == "SIGNAL_SIGKILL" => 9,
         serde_json::Value::String(s) if s == "SIGNAL_SIGTERM" => 15,
@@ -613,9 +614,22 @@ fn signal(b: &LiveBox, req: SignalRequest) -> Result<Empty, RpcError> {
         }
     };
     let p = running(b, &req.process)?;
+    let (_, _, mut rx) = p.attach();
     p.control()
         .signal(n)
         .map_err(|e| RpcError::new(Code::NotFound, e.to_string()))?;
+    // Killed is answered once it is gone (reaped): a `kill -0` of its pid
+    // right after must fail, as it does under envd.
+    if n == 9 {
+        let gone = async {
+            while p.ended().is_none() {
+                if let Err(broadcast::error::RecvError::Closed) = rx.recv().await {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(5), gone).await;
+    }
     Ok(Empty {})
 }
 
