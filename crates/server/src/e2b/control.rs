@@ -324,6 +324,16 @@ async fn end_in(shared: &Shared, tenant: &str, b: &LiveBox, secs: u64) -> E2bRes
     Ok(expires_ms)
 }
 
+/// `tenant`'s running sandbox `id`, kept `secs` more from now unless it
+/// was to run longer already: never shortened.
+async fn keep(shared: &Shared, tenant: &str, id: &str, secs: u64) -> E2bResult<Arc<LiveBox>> {
+    let (row, b) = running(shared, tenant, id).await?;
+    if row.expires_ms < now_ms().saturating_add((secs as i64).saturating_mul(1000)) {
+        end_in(shared, tenant, &b, secs).await?;
+    }
+    Ok(b)
+}
+
 fn seconds(t: i64) -> E2bResult<u64> {
     u64::try_from(t).map_err(|_| {
         E2bError::new(
@@ -357,11 +367,7 @@ pub async fn connect(
     body: Result<Bytes, BytesRejection>,
 ) -> E2bResult<Json<serde_json::Value>> {
     let asked: TimeoutBody = json_body(&shared, body)?;
-    let secs = seconds(asked.timeout)?;
-    let (row, b) = running(&shared, &tenant, &id).await?;
-    if row.expires_ms < now_ms() + (secs as i64) * 1000 {
-        end_in(&shared, &tenant, &b, secs).await?;
-    }
+    let b = keep(&shared, &tenant, &id, seconds(asked.timeout)?).await?;
     Ok(Json(
         serde_json::to_value(sandbox(&shared, &b)).unwrap_or_default(),
     ))
@@ -382,11 +388,13 @@ pub async fn refresh(
     body: Result<Bytes, BytesRejection>,
 ) -> E2bResult<StatusCode> {
     let asked: RefreshBody = json_body(&shared, body)?;
-    let secs = seconds(asked.duration.unwrap_or(60))?;
-    let (row, b) = running(&shared, &tenant, &id).await?;
-    if row.expires_ms < now_ms() + (secs as i64) * 1000 {
-        end_in(&shared, &tenant, &b, secs).await?;
-    }
+    keep(
+        &shared,
+        &tenant,
+        &id,
+        seconds(asked.duration.unwrap_or(60))?,
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

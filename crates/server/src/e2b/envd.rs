@@ -74,6 +74,13 @@ impl FromRequestParts<Arc<Shared>> for Envd {
     }
 }
 
+/// The connection a request came on, to cut off when its sandbox ends.
+pub fn peer(extensions: &axum::http::Extensions) -> Option<cordon_listen::Peer> {
+    extensions
+        .get::<axum::extract::ConnectInfo<cordon_listen::Peer>>()
+        .map(|axum::extract::ConnectInfo(p)| p.clone())
+}
+
 /// Whom a request acts as in its sandbox.
 #[derive(Debug, Clone)]
 pub struct User {

@@ -170,13 +170,55 @@ async fn user_of(b: &LiveBox, headers: &HeaderMap, q: &FileQuery) -> Result<User
     found.map_err(|e| error(StatusCode::UNAUTHORIZED, e))
 }
 
-/// A command as `user`, in the sandbox.
-fn exec_as(user: &User, argv: Vec<String>) -> cordon_sandbox::ExecRequest {
+/// `sh -c script sh path` as `user`, in the sandbox, started; `stdin`
+/// kept open for the caller with `stream_stdin`. `what` names it in an
+/// error.
+async fn script_as(
+    b: &LiveBox,
+    user: &User,
+    script: String,
+    path: &str,
+    stdin: bool,
+    what: &str,
+) -> Result<cordon_sandbox::Execution, Refusal> {
+    let argv = ["/bin/sh", "-c", &script, "sh", path];
     let mut req = cordon_sandbox::ExecRequest::argv(argv).cwd("/");
     if let Some((uid, gid)) = user.ids {
         req = req.user(uid, gid).env("HOME", user.account.home.clone());
     }
-    req
+    if stdin {
+        req = req.stream_stdin();
+    }
+    match b.sandbox.exec_stream(req).await {
+        Ok(e) => Ok(e),
+        Err(cordon_sandbox::Error::Gone) => Err(gone(&b.id)),
+        Err(e) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot {what}: {e}"),
+        )),
+    }
+}
+
+/// A file system operation for a write, as `ids`: its failure refuses
+/// the write of `path`.
+async fn fs_for(
+    b: &LiveBox,
+    op: cordon_sandbox::protocol::FsOp,
+    ids: Option<(u32, u32)>,
+    path: &str,
+) -> Result<(), Refusal> {
+    match b.sandbox.fs(op, ids).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(f)) => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "cannot write '{}': {}",
+                cordon_tools::printable(path),
+                f.message
+            ),
+        )),
+        Err(_) => Err(gone(&b.id)),
+    }
 }
 
 fn printable_tail(stderr: &[u8]) -> String {
@@ -206,26 +248,7 @@ pub async fn read(
     let script = format!(
         "[ -e \"$1\" ] || exit {MISSING}; [ -d \"$1\" ] && exit {DIRECTORY}; exec cat -- \"$1\""
     );
-    let req = exec_as(
-        &user,
-        vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            script,
-            "sh".into(),
-            path.clone(),
-        ],
-    );
-    let mut exec = match b.sandbox.exec_stream(req).await {
-        Ok(e) => e,
-        Err(cordon_sandbox::Error::Gone) => return Err(gone(&b.id)),
-        Err(e) => {
-            return Err(error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot read: {e}"),
-            ));
-        }
-    };
+    let mut exec = script_as(&b, &user, script, &path, false, "read").await?;
     // Until the first bytes or the end, the answer may still be an error.
     let mut stderr = Vec::new();
     let first = loop {
@@ -503,16 +526,8 @@ async fn set_metadata(
         path: w.path.clone(),
         entries: metadata.to_vec(),
     };
-    match b.sandbox.fs(op, user.ids).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(f)) => {
-            return Err(error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("metadata: {}", f.message),
-            ));
-        }
-        Err(_) => return Err(gone(&b.id)),
-    }
+    let path = w.path.clone();
+    fs_for(b, op, user.ids, &path).await?;
     if !metadata.is_empty() {
         w.metadata = Some(metadata.iter().cloned().collect());
     }
@@ -538,46 +553,13 @@ where
         path: path.to_string(),
         owner,
     };
-    match b.sandbox.fs(parents, Some((0, 0))).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(f)) => {
-            return Err(error(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "cannot write '{}': {}",
-                    cordon_tools::printable(path),
-                    f.message
-                ),
-            ));
-        }
-        Err(_) => return Err(gone(&b.id)),
-    }
+    fs_for(b, parents, Some((0, 0)), path).await?;
     // Made (or truncated), owned, written: what a watch sees is envd's
     // create, chmod and write.
     let script = "d=$(dirname -- \"$1\") && mkdir -p -- \"$d\" && exec 3>\"$1\" && \
                   chown -- \"$(id -u):$(id -g)\" \"$1\" && exec cat >&3"
         .to_string();
-    let req = exec_as(
-        user,
-        vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            script,
-            "sh".into(),
-            path.to_string(),
-        ],
-    )
-    .stream_stdin();
-    let mut exec = match b.sandbox.exec_stream(req).await {
-        Ok(e) => e,
-        Err(cordon_sandbox::Error::Gone) => return Err(gone(&b.id)),
-        Err(e) => {
-            return Err(error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot write: {e}"),
-            ));
-        }
-    };
+    let mut exec = script_as(b, user, script, path, true, "write").await?;
     let stdin = exec.stdin();
     // The body goes in as it comes, while the command's output is read:
     // a command that fails early must not hold the writer up.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{ConnectInfo, Path, State};
+use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -35,9 +35,7 @@ pub async fn rpc(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let peer = extensions
-        .get::<ConnectInfo<cordon_listen::Peer>>()
-        .map(|ConnectInfo(p)| p.clone());
+    let peer = super::envd::peer(&extensions);
     let body = match body {
         Ok(b) => b,
         Err(e) => return RpcError::invalid(e.body_text()).into_response(),
