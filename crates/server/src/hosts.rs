@@ -69,6 +69,15 @@ pub async fn route(State(shared): State<Arc<Shared>>, req: Request, next: Next) 
     if port == ENVD_PORT {
         return envd(req, next, &shown).await;
     }
+    // A port by name is a preview: an operator who turned previews off
+    // turned these off too.
+    if !shared.config.previews {
+        let body = serde_json::json!({
+            "code": 403,
+            "message": "this server serves no sandbox's ports (cordon serve --no-previews)",
+        });
+        return (StatusCode::FORBIDDEN, axum::Json(body)).into_response();
+    }
     if !allowed(&shared, &b, req.headers()).await {
         // Another tenant's sandbox is as absent as a missing one.
         return crate::e2b::not_running(&shown);

@@ -793,4 +793,39 @@ async fn ports_by_name_under_the_sandbox_domain() {
     // Names outside the domain are the API's, as ever.
     let (status, _) = get("127.0.0.1".into(), vec![]).await;
     assert_ne!(status, 502);
+
+    // With previews off, no port answers by name (envd still does).
+    let off = TestServer::start_with(Db::Sqlite, |c| {
+        c.sandbox_domain = Some("sb.test".into());
+        c.previews = false;
+    })
+    .await
+    .unwrap();
+    let key_off = key(&off.token("acme").await);
+    let (status, _, b) = control(
+        &off,
+        Some(&key_off),
+        reqwest::Method::POST,
+        "/sandboxes",
+        Some(json!({"templateID": "base"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{b}");
+    let id = b["sandboxID"].as_str().unwrap();
+    let r = off
+        .client
+        .get(off.url("/"))
+        .header("Host", format!("8001-{id}.sb.test"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = off
+        .client
+        .get(off.url("/health"))
+        .header("Host", format!("49983-{id}.sb.test"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
 }
