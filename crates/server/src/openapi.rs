@@ -84,6 +84,8 @@ impl Modify for Bearer {
         crate::sandbox_api::fs_move,
         crate::sandbox_api::fs_remove,
         crate::sandbox_api::fs_watch,
+        crate::sandbox_api::fs_archive_get,
+        crate::sandbox_api::fs_archive_put,
         crate::sandbox_api::run_command,
         crate::sandbox_api::list_processes,
         crate::sandbox_api::follow_process,

@@ -540,6 +540,63 @@ async fn a_sandboxs_whole_file_system_is_reached_inside_it() {
     }
     let (status, _) = s.get(&t, &fs("/stat?path=/tmp/app")).await;
     assert_eq!(status, 404);
+    // Many files at once, as a tar, both ways (tar runs inside).
+    let mut tarball = tar::Builder::new(Vec::new());
+    for (name, body) in [("a.txt", "first"), ("deep/b.txt", "second")] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(body.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        tarball.append_data(&mut h, name, body.as_bytes()).unwrap();
+    }
+    let tarball = tarball.into_inner().unwrap();
+    let (status, _) = s
+        .post(&t, &fs("/mkdir"), json!({"path": "/tmp/many"}))
+        .await;
+    assert_eq!(status, 201);
+    let r = s
+        .client
+        .put(s.url(&fs("/archive?path=/tmp/many")))
+        .bearer_auth(&t)
+        .body(tarball)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204, "{}", r.text().await.unwrap());
+    let out = run(
+        &s,
+        &t,
+        &id,
+        json!({"cmd": "cat /tmp/many/a.txt /tmp/many/deep/b.txt"}),
+    )
+    .await;
+    assert_eq!(out["stdout"], "firstsecond");
+    let r = s
+        .client
+        .get(s.url(&fs("/archive?path=/tmp/many")))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let back = r.bytes().await.unwrap();
+    let mut names: Vec<String> = tar::Archive::new(&back[..])
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().display().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["./", "./a.txt", "./deep/", "./deep/b.txt"]);
+    let r = s
+        .client
+        .put(s.url(&fs("/archive?path=/tmp/many")))
+        .bearer_auth(&t)
+        .body("not a tar")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+
     // Never the supervisor's /proc; never another tenant's sandbox.
     let (status, _) = s.get(&t, &fs("/list?path=/proc/self/fd")).await;
     assert_eq!(status, 422);

@@ -387,6 +387,140 @@ pub(crate) async fn fs_watch(
         .into_response())
 }
 
+/// Bytes of a failed `tar`'s stderr kept for the answer.
+const TAR_ERROR_KEPT: usize = 512;
+
+async fn tar_in_sandbox(
+    id: &str,
+    b: &LiveBox,
+    args: &[&str],
+    stdin: bool,
+) -> ApiResult<cordon_sandbox::Execution> {
+    let mut argv = vec!["tar"];
+    argv.extend_from_slice(args);
+    let mut req = cordon_sandbox::ExecRequest::argv(argv).cwd("/");
+    if stdin {
+        req = req.stream_stdin();
+    }
+    b.sandbox
+        .exec_stream(req)
+        .await
+        .map_err(|e| start_error(id, e))
+}
+
+/// A directory, as the `fs/archive` routes take it: there, and one.
+async fn directory(id: &str, b: &LiveBox, path: &str) -> ApiResult<String> {
+    let dir = at(b, path)?;
+    let e = entry(op(id, b, FsOp::Stat { path: dir.clone() }).await?)?;
+    if e.kind != "directory" {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "not_a_directory",
+            format!("{} is not a directory", cordon_tools::printable(&dir)),
+        ));
+    }
+    Ok(dir)
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/fs/archive", tag = "sandboxes", summary = "Download a directory of a sandbox, as a tar",
+    description = "Made by the image's `tar` inside the sandbox, as its user, streamed as it is made: many files in one request.",
+    params(("id" = String, Path), PathQuery),
+    responses((status = 200, description = "The tar", content_type = "application/x-tar"),
+              (status = 400, description = "Not a directory, or the request says what is wrong", body = crate::http::ErrorResponse),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such sandbox or directory", body = crate::http::ErrorResponse),
+              (status = 409, description = "It has ended", body = crate::http::ErrorResponse)))]
+pub(crate) async fn fs_archive_get(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    q: Result<Query<PathQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let q = query(q)?;
+    let b = live(&shared, &tenant, &id).await?;
+    let dir = directory(&id, &b, &q.path).await?;
+    let exec = tar_in_sandbox(&id, &b, &["-C", &dir, "-cf", "-", "."], false).await?;
+    // Bytes are the sandbox's, carried as they come; a tar that fails
+    // half-way is cut, never ended as if whole.
+    let body = futures_util::stream::unfold(Some(exec), |exec| async move {
+        let mut exec = exec?;
+        loop {
+            match exec.next().await {
+                Some(Ok(cordon_sandbox::ExecEvent::Stdout(d))) => {
+                    return Some((Ok(axum::body::Bytes::from(d)), Some(exec)));
+                }
+                Some(Ok(cordon_sandbox::ExecEvent::Stderr(_))) => {}
+                Some(Ok(cordon_sandbox::ExecEvent::Exit(r))) if r.status.success() => return None,
+                _ => return Some((Err(std::io::Error::other("tar failed")), None)),
+            }
+        }
+    });
+    Ok((
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/x-tar")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response())
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/fs/archive", tag = "sandboxes", summary = "Upload many files to a sandbox, as a tar",
+    description = "Unpacked into the directory by the image's `tar` inside the sandbox, as its user (owners not kept), as the body comes: many files in one request, bounded by the sandbox's disk budget.",
+    params(("id" = String, Path), PathQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A tar (any content type is taken)"),
+    responses((status = 204, description = "Unpacked"),
+              (status = 400, description = "Not a directory, not a tar, or the request says what is wrong", body = crate::http::ErrorResponse),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such sandbox or directory", body = crate::http::ErrorResponse),
+              (status = 409, description = "It has ended", body = crate::http::ErrorResponse)))]
+pub(crate) async fn fs_archive_put(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    q: Result<Query<PathQuery>, QueryRejection>,
+    body: axum::body::Body,
+) -> ApiResult<StatusCode> {
+    let q = query(q)?;
+    let b = live(&shared, &tenant, &id).await?;
+    let dir = directory(&id, &b, &q.path).await?;
+    let mut exec =
+        tar_in_sandbox(&id, &b, &["-C", &dir, "--no-same-owner", "-xf", "-"], true).await?;
+    let stdin = exec.stdin();
+    let feed = async move {
+        let mut chunks = body.into_data_stream();
+        while let Some(chunk) = futures_util::StreamExt::next(&mut chunks).await {
+            let Ok(chunk) = chunk else { break };
+            if stdin.write(&chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = stdin.close();
+    };
+    let wait = async {
+        let mut stderr = Vec::new();
+        loop {
+            match exec.next().await {
+                Some(Ok(cordon_sandbox::ExecEvent::Stderr(d))) if stderr.len() < TAR_ERROR_KEPT => {
+                    stderr.extend_from_slice(&d)
+                }
+                Some(Ok(cordon_sandbox::ExecEvent::Exit(r))) => break Ok((r, stderr)),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => break Err(start_error(&id, e)),
+                None => break Err(start_error(&id, cordon_sandbox::Error::Gone)),
+            }
+        }
+    };
+    let ((), waited) = tokio::join!(feed, wait);
+    let (result, stderr) = waited?;
+    if !result.status.success() {
+        let why = String::from_utf8_lossy(&stderr[..stderr.len().min(TAR_ERROR_KEPT)]);
+        return Err(ApiError::bad_request(format!(
+            "tar could not unpack it: {}",
+            cordon_tools::printable(why.trim())
+        )));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

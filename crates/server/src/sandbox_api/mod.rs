@@ -61,6 +61,12 @@ pub fn routes() -> Router<Arc<Shared>> {
         .route("/v1/sandboxes/{id}/fs/mkdir", post(fs_mkdir))
         .route("/v1/sandboxes/{id}/fs/move", post(fs_move))
         .route("/v1/sandboxes/{id}/fs/watch", get(fs_watch))
+        .route(
+            "/v1/sandboxes/{id}/fs/archive",
+            get(fs_archive_get)
+                .put(fs_archive_put)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/v1/sandboxes/{id}/pty", get(open_pty))
         .route(
             "/v1/sandboxes/{id}/commands",
