@@ -1120,6 +1120,10 @@ async fn every_request_body_s_first_example_is_accepted() {
             // No process was started through the API with that pid.
             ("post", "/v1/sandboxes/{id}/commands/{pid}/stdin")
             | ("post", "/v1/sandboxes/{id}/commands/{pid}/signal") => Some((404, "process")),
+            // A fresh sandbox has no draft to move.
+            ("post", "/v1/sandboxes/{id}/fs/move") => Some((404, "No such file")),
+            // No directory named (a query), and the example is no tar.
+            ("put", "/v1/sandboxes/{id}/fs/archive") => Some((400, "path")),
             _ => None,
         };
         match refused_for_state {

@@ -466,7 +466,7 @@ pub(crate) async fn fs_archive_get(
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/fs/archive", tag = "sandboxes", summary = "Upload many files to a sandbox, as a tar",
     description = "Unpacked into the directory by the image's `tar` inside the sandbox, as its user (owners not kept), as the body comes: many files in one request, bounded by the sandbox's disk budget.",
     params(("id" = String, Path), PathQuery),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A tar (any content type is taken)"),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A tar (any content type is taken)", example = json!("(the bytes of a tar)")),
     responses((status = 204, description = "Unpacked"),
               (status = 400, description = "Not a directory, not a tar, or the request says what is wrong", body = crate::http::ErrorResponse),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
