@@ -206,6 +206,11 @@ pub struct Made {
 pub const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 const SAMPLES_KEPT: usize = 720;
 
+/// The machine's CPUs, which a sandbox's CPU share is of.
+pub fn cpus() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
 /// A sandbox's use of the machine at a moment.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {
@@ -300,7 +305,7 @@ impl LiveBox {
 
     fn record(&self, at_ms: i64, usage: cordon_sandbox::Usage) {
         let mut samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let cpus = f64::from(cpus());
         let cpu_pct = samples.back().map_or(0.0, |last| {
             let wall_ns = ((at_ms - last.at_ms).max(1) as f64) * 1e6;
             let used = usage.cpu_ns.saturating_sub(last.usage.cpu_ns) as f64;

@@ -73,7 +73,7 @@ struct NetworkRules {
 /// E2B's `Sandbox`: what create and connect answer.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-struct E2bSandbox {
+pub struct E2bSandbox {
     #[serde(rename = "templateID")]
     template_id: String,
     #[serde(rename = "sandboxID")]
@@ -152,7 +152,7 @@ fn detail(row: &SandboxRow, b: &LiveBox, with_token: bool) -> Detail {
         started_at: Timestamp::at(row.created_ms),
         end_at: Timestamp::at(row.expires_ms),
         envd_version: ENVD_VERSION,
-        cpu_count: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+        cpu_count: crate::boxes::cpus(),
         memory_mb: stored.as_ref().map_or(0, |s| s.memory >> 20),
         disk_size_mb: stored.as_ref().map_or(0, |s| s.disk >> 20),
         state: "running",
@@ -278,11 +278,9 @@ pub async fn info(
     State(shared): State<Arc<Shared>>,
     ApiKey(tenant): ApiKey,
     Path(id): Path<String>,
-) -> E2bResult<Json<serde_json::Value>> {
+) -> E2bResult<Json<Detail>> {
     let (row, b) = running(&shared, &tenant, &id).await?;
-    Ok(Json(
-        serde_json::to_value(detail(&row, &b, true)).unwrap_or_default(),
-    ))
+    Ok(Json(detail(&row, &b, true)))
 }
 
 /// `DELETE /sandboxes/{id}`: 204, or 404 when it is unknown or has ended.
@@ -365,12 +363,10 @@ pub async fn connect(
     ApiKey(tenant): ApiKey,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> E2bResult<Json<serde_json::Value>> {
+) -> E2bResult<Json<E2bSandbox>> {
     let asked: TimeoutBody = json_body(&shared, body)?;
     let b = keep(&shared, &tenant, &id, seconds(asked.timeout)?).await?;
-    Ok(Json(
-        serde_json::to_value(sandbox(&shared, &b)).unwrap_or_default(),
-    ))
+    Ok(Json(sandbox(&shared, &b)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -434,7 +430,7 @@ pub async fn metrics(
     let to = q
         .end
         .map_or(i64::MAX, |e| e.saturating_mul(1000).saturating_add(999));
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let cpus = crate::boxes::cpus();
     let metrics = b
         .samples(from, to)
         .into_iter()
