@@ -47,7 +47,7 @@ pub struct Opening {
     oversight: Oversight,
     mode: crate::agent::Mode,
     instructions: Instructions,
-    previews: bool,
+    previews: crate::prompt::Previews,
 }
 
 impl Opening {
@@ -63,7 +63,7 @@ impl Opening {
             oversight: Oversight::default(),
             mode: crate::agent::Mode::Work,
             instructions: Instructions::default(),
-            previews: false,
+            previews: crate::prompt::Previews::Off,
         }
     }
 
@@ -101,10 +101,10 @@ impl Opening {
         self
     }
 
-    /// Whoever drives the agent can open what its servers serve on the
+    /// How whoever drives the agent opens what its servers serve on the
     /// sandbox's loopback (`cordon serve`'s previews): the prompt says so.
-    pub fn previews(mut self, on: bool) -> Self {
-        self.previews = on;
+    pub fn previews(mut self, previews: crate::prompt::Previews) -> Self {
+        self.previews = previews;
         self
     }
 
@@ -194,7 +194,7 @@ impl Opening {
             tools.register_arc(t.clone());
         }
         let config = AgentConfig {
-            system: crate::prompt::for_sandbox(sandbox, self.previews)
+            system: crate::prompt::for_sandbox(sandbox, &self.previews)
                 + &self.instructions.prompt()
                 + &hook_context(context),
             ..self.config.clone()

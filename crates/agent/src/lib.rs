@@ -39,6 +39,7 @@ pub use instructions::Instructions;
 pub use log::{LoadReport, LogError, Record, SessionLog};
 pub use message::{AssistantMessage, ContentBlock, StopReason, StreamDelta, Usage};
 pub use netlog::PolicyRecord;
+pub use prompt::Previews;
 pub use provider::{Provider, ProviderConfig, ProviderError, ProviderKind};
 pub use stream::{AnthropicStream, OpenAiStream, StreamError};
 pub use wire::{ApiFailure, Message, ModelRequest, ToolResult, ToolSpec, WebSearch};

@@ -74,18 +74,29 @@ fn allowed(sandbox: &Sandbox) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// How the user opens what the agent's servers serve on the sandbox's
+/// loopback (`cordon serve`'s previews).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Previews {
+    /// They cannot.
+    #[default]
+    Off,
+    /// From cordon, at a URL it gives them.
+    Asked,
+    /// At a URL of each port's own: this one with `{port}` in it.
+    At(String),
+}
+
 /// The prompt for a conversation in `sandbox`: cordon's way of working,
 /// with the sandbox as it really is (its network, its screen, its root).
-/// `previews`: the user opens any port of the sandbox's loopback from
-/// cordon (a server's previews).
-pub fn for_sandbox(sandbox: &Sandbox, previews: bool) -> String {
+pub fn for_sandbox(sandbox: &Sandbox, previews: &Previews) -> String {
     let facts = Facts {
         network: sandbox.network_kind(),
         allow: allowed(sandbox),
         display: sandbox.display().is_some(),
         image_user: sandbox.image_user(),
         ports: sandbox.forwards(),
-        previews,
+        previews: previews.clone(),
     };
     facts.prompt()
 }
@@ -102,8 +113,8 @@ struct Facts {
     /// Ports of the sandbox the user reaches: where on their machine, and
     /// which port inside.
     ports: Vec<(std::net::SocketAddr, u16)>,
-    /// The user opens any port of the loopback as a preview.
-    previews: bool,
+    /// How the user opens any port of the loopback.
+    previews: Previews,
 }
 
 impl Facts {
@@ -153,12 +164,22 @@ impl Facts {
                 each.join(", ")
             ));
         }
-        if self.previews && self.network != Network::Off {
-            facts.push_str(
+        match &self.previews {
+            _ if self.network == Network::Off => {}
+            Previews::Off => {}
+            Previews::Asked => facts.push_str(
                 "\n- The user can open any port your servers listen on (127.0.0.1 or 0.0.0.0) \
                  as a preview from cordon: to show them an app, start it in the background on a \
                  port and name the port.",
-            );
+            ),
+            Previews::At(url) => facts.push_str(&format!(
+                "\n- The user opens any port your servers listen on (127.0.0.1 or 0.0.0.0) at \
+                 its own address, {} (port 3000: {}), signed in to cordon: to show them an \
+                 app, start it in the background on a port and give them that URL. Pages are \
+                 served at the root of that address, so an app needs no base path.",
+                url.replace("{port}", "<port>"),
+                url.replace("{port}", "3000"),
+            )),
         }
         if self.display {
             facts.push_str(
@@ -181,7 +202,7 @@ mod tests {
             display: false,
             image_user: None,
             ports: Vec::new(),
-            previews: false,
+            previews: Previews::Off,
         }
     }
 
@@ -193,8 +214,16 @@ mod tests {
         let p = f.prompt();
         assert!(p.contains("port 3000 at http://127.0.0.1:8080"), "{p}");
         assert!(!p.contains("as a preview"));
-        f.previews = true;
+        f.previews = Previews::Asked;
         assert!(f.prompt().contains("as a preview from cordon"));
+        f.previews = Previews::At("https://{port}-job-00ff.sb.example.com".into());
+        let p = f.prompt();
+        assert!(
+            p.contains("at its own address, https://<port>-job-00ff.sb.example.com"),
+            "{p}"
+        );
+        f.network = Network::Off;
+        assert!(!f.prompt().contains("its own address"));
     }
 
     #[test]

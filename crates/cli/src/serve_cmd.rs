@@ -62,10 +62,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_previews: bool,
     /// A wildcard domain (its DNS and TLS certificate the operator's) under
-    /// which `{port}-{id}.DOMAIN` reaches port PORT of API sandbox ID: what
-    /// E2B's `get_host` gives (docs/e2b.md)
-    #[arg(long, value_name = "DOMAIN", value_parser = parse_domain)]
-    pub sandbox_domain: Option<String>,
+    /// which `{port}-{id}.DOMAIN` reaches port PORT of a job's, session's or
+    /// API sandbox's sandbox, as previews and E2B's `get_host` give it
+    /// (`localhost` needs no DNS; `https://DOMAIN[:PORT]` behind a proxy
+    /// that terminates TLS; docs/ports.md)
+    #[arg(long, value_name = "[SCHEME://]DOMAIN[:PORT]")]
+    pub sandbox_domain: Option<cordon_server::owner::SandboxDomain>,
     /// Live sessions (API and /mcp) at once per tenant
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub sessions_per_tenant: usize,
@@ -618,26 +620,6 @@ async fn until_stopped(running: cordon_server::Running) -> i32 {
 
 /// A domain for `--sandbox-domain`: lowercase labels of letters, digits
 /// and `-`, at least two, without the leading `*.`.
-fn parse_domain(s: &str) -> Result<String, String> {
-    let d = s
-        .trim()
-        .trim_start_matches("*.")
-        .trim_end_matches('.')
-        .to_ascii_lowercase();
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            && !l.starts_with('-')
-    };
-    if d.split('.').count() < 2 || !d.split('.').all(label_ok) {
-        return Err(format!(
-            "{s:?} is no domain name (such as sandboxes.example.com)"
-        ));
-    }
-    Ok(d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::{parse_keep, parse_tenant_allow};
@@ -678,16 +660,5 @@ mod tests {
         assert_eq!(parse_keep("forever").unwrap().0, None);
         let e = parse_keep("a while").unwrap_err();
         assert!(e.contains("forever"), "{e}");
-    }
-
-    #[test]
-    fn sandbox_domains_are_names() {
-        assert_eq!(
-            super::parse_domain("*.SB.Example.com.").unwrap(),
-            "sb.example.com"
-        );
-        for bad in ["localhost", "a..b", "-a.b", "a_b.c", "x.y/z"] {
-            assert!(super::parse_domain(bad).is_err(), "{bad}");
-        }
     }
 }

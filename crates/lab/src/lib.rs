@@ -18,7 +18,7 @@ pub mod site;
 pub use install::{Lab, LabError, Versions, cache_dir, installed, setup};
 pub use jupyter::{SOCKET, StartError, start};
 pub use proxy::Upstream;
-pub use site::{Bearer, BearerCheck, Forward, Forwarding, Site, SiteOptions};
+pub use site::{Bearer, BearerCheck, Forward, Forwarding, Gate, Site, SiteOptions};
 
 /// Where a sandbox sees the environment.
 pub const SANDBOX_DIR: &str = "/opt/cordon/jupyter";

@@ -21,6 +21,11 @@
 //! many browsers as it is given to (`?cordon_link=EXP.MAC`, an HMAC of the
 //! expiry under a key of the site's own), and a program's bearer token, as
 //! the server that made the site checks it ([`SiteOptions`]).
+//!
+//! The checks are a [`Gate`]; a [`Site`] is a gate with a listener of its
+//! own. A server that tells sites apart by host name instead (a wildcard
+//! domain, one name per sandbox's port) hands each name's requests to its
+//! gate: the origin is then the name, and the cookie is the name's alone.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -118,8 +123,16 @@ pub struct Site {
     addr: SocketAddr,
     /// `http` or `https`, as the listener serves.
     scheme: &'static str,
-    state: Arc<State>,
+    gate: Gate,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Who gets through to a site's upstream, and the way in for browsers:
+/// tickets, signed links, cookies, bearer tokens, the same-origin rule.
+/// Cloning it shares it.
+#[derive(Clone)]
+pub struct Gate {
+    state: Arc<State>,
 }
 
 struct State {
@@ -130,11 +143,18 @@ struct State {
     /// Signs and checks its links (when it takes them).
     link_key: Option<[u8; 32]>,
     bearer: Option<BearerCheck>,
-    /// `cordon_lab_<port>`: a name per Lab, as cookies are shared between
-    /// the ports of a host.
+    /// `cordon_lab_<port>` for a site on a port, a name per Lab as cookies
+    /// are shared between the ports of a host; `cordon_lab` for a gate on
+    /// a host name of its own, whose cookies are that name's alone.
     cookie: String,
     /// Cookies are sent over TLS alone when the Lab is served over it.
     secure: bool,
+    /// `Strict` on a port of cordon's host, where cordon's web UI is the
+    /// same site and its links keep the cookie; `Lax` on a name of its
+    /// own, which cordon's links reach from another site: a cross-site
+    /// navigation by GET brings it (the page loads, nothing is read back
+    /// by the other site), anything else does not.
+    same_site: &'static str,
     /// Unspent tickets and when each expires.
     tickets: Mutex<HashMap<String, Instant>>,
     /// The cookie values handed out, oldest first.
@@ -165,32 +185,18 @@ impl Site {
     ) -> std::io::Result<Site> {
         let addr = listener.local_addr();
         let scheme = listener.scheme();
-        let link_key = options.links.then(|| {
-            let mut key = [0u8; 32];
-            getrandom::fill(&mut key).expect("the system's random source");
-            key
-        });
-        let state = Arc::new(State {
-            upstream,
-            base: options.base,
-            name: options.name,
-            link_key,
-            bearer: options.bearer,
-            cookie: format!("{COOKIE_PREFIX}_{}", addr.port()),
-            secure: scheme == "https",
-            tickets: Mutex::new(HashMap::new()),
-            sessions: Mutex::new(VecDeque::new()),
-        });
-        let handler = state.clone();
+        let cookie = format!("{COOKIE_PREFIX}_{}", addr.port());
+        let gate = Gate::with_cookie(upstream, options, cookie, scheme == "https", "Strict");
+        let handler = gate.clone();
         let app = axum::Router::new().fallback(move |req: Request<Body>| {
-            let state = handler.clone();
-            async move { state.handle(req).await }
+            let gate = handler.clone();
+            async move { gate.handle(req).await }
         });
         let task = tokio::spawn(accept(listener, app));
         Ok(Site {
             addr,
             scheme,
-            state,
+            gate,
             task,
         })
     }
@@ -200,7 +206,96 @@ impl Site {
     }
 
     pub fn upstream(&self) -> &Arc<dyn Forward> {
+        self.gate.upstream()
+    }
+
+    /// A new one-time ticket, good for [`TICKET_TTL`].
+    pub fn ticket(&self) -> String {
+        self.gate.ticket()
+    }
+
+    /// A link's token, good for `ttl` (at most [`LINK_TTL_MAX`]), and when
+    /// it expires, in seconds since the epoch; `None` for a site that takes
+    /// no links.
+    pub fn link(&self, ttl: Duration) -> Option<(String, u64)> {
+        self.gate.link(ttl)
+    }
+
+    /// The site's gate.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    /// The site's address as the browser names this machine (`host`).
+    pub fn origin(&self, host: &str) -> String {
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host.to_string()
+        };
+        format!("{}://{host}:{}", self.scheme, self.addr.port())
+    }
+
+    /// The URL that lets a browser in once: `http[s]://HOST:PORT/BASE?cordon_ticket=…`,
+    /// `host` as the browser names this machine.
+    pub fn url(&self, host: &str) -> String {
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host.to_string()
+        };
+        format!(
+            "{}://{host}:{}{}?{TICKET_PARAM}={}",
+            self.scheme,
+            self.addr.port(),
+            self.gate.state.base,
+            self.ticket()
+        )
+    }
+}
+
+impl Gate {
+    /// A gate for a site that has a host name of its own, served over TLS
+    /// if `secure`: its cookie is that name's alone.
+    pub fn new(upstream: Arc<dyn Forward>, options: SiteOptions, secure: bool) -> Gate {
+        Gate::with_cookie(upstream, options, COOKIE_PREFIX.to_string(), secure, "Lax")
+    }
+
+    fn with_cookie(
+        upstream: Arc<dyn Forward>,
+        options: SiteOptions,
+        cookie: String,
+        secure: bool,
+        same_site: &'static str,
+    ) -> Gate {
+        let link_key = options.links.then(|| {
+            let mut key = [0u8; 32];
+            getrandom::fill(&mut key).expect("the system's random source");
+            key
+        });
+        Gate {
+            state: Arc::new(State {
+                upstream,
+                base: options.base,
+                name: options.name,
+                link_key,
+                bearer: options.bearer,
+                cookie,
+                secure,
+                same_site,
+                tickets: Mutex::new(HashMap::new()),
+                sessions: Mutex::new(VecDeque::new()),
+            }),
+        }
+    }
+
+    pub fn upstream(&self) -> &Arc<dyn Forward> {
         &self.state.upstream
+    }
+
+    /// The answer to `req`: the upstream's, if it may get through.
+    pub async fn handle(&self, req: Request<Body>) -> Response<Body> {
+        self.state.handle(req).await
     }
 
     /// A new one-time ticket, good for [`TICKET_TTL`].
@@ -231,33 +326,6 @@ impl Site {
             .unwrap_or_default();
         let expires = (now + ttl.min(LINK_TTL_MAX)).as_secs();
         Some((format!("{expires}.{}", sign(key, expires)), expires))
-    }
-
-    /// The site's address as the browser names this machine (`host`).
-    pub fn origin(&self, host: &str) -> String {
-        let host = if host.contains(':') && !host.starts_with('[') {
-            format!("[{host}]")
-        } else {
-            host.to_string()
-        };
-        format!("{}://{host}:{}", self.scheme, self.addr.port())
-    }
-
-    /// The URL that lets a browser in once: `http[s]://HOST:PORT/BASE?cordon_ticket=…`,
-    /// `host` as the browser names this machine.
-    pub fn url(&self, host: &str) -> String {
-        let host = if host.contains(':') && !host.starts_with('[') {
-            format!("[{host}]")
-        } else {
-            host.to_string()
-        };
-        format!(
-            "{}://{host}:{}{}?{TICKET_PARAM}={}",
-            self.scheme,
-            self.addr.port(),
-            self.state.base,
-            self.ticket()
-        )
     }
 }
 
@@ -394,8 +462,8 @@ impl State {
         };
         let secure = if self.secure { "; Secure" } else { "" };
         let cookie = format!(
-            "{}={session}; Path={}; HttpOnly; SameSite=Strict{secure}",
-            self.cookie, self.base
+            "{}={session}; Path={}; HttpOnly; SameSite={}{secure}",
+            self.cookie, self.base, self.same_site
         );
         redirect(&to, Some(cookie))
     }

@@ -110,9 +110,10 @@ pub struct ServerConfig {
     /// the `preview` module); with them, a sandbox whose network is off has
     /// its loopback up for them (nothing leaves it).
     pub previews: bool,
-    /// A wildcard domain whose names `{port}-{id}.{domain}` reach port
-    /// `port` of API sandbox `id` (the `hosts` module); none: not served.
-    pub sandbox_domain: Option<String>,
+    /// A wildcard domain whose names `{port}-{label}.{domain}` reach a
+    /// port of a job's, session's or API sandbox's sandbox (the `hosts`
+    /// module); none: previews are ports of this server's address.
+    pub sandbox_domain: Option<crate::owner::SandboxDomain>,
 }
 
 /// [`ServerConfig::preset_check`] by default.
@@ -169,6 +170,15 @@ impl ServerConfig {
         }
     }
 
+    /// How this server is served: what a [`crate::owner::SandboxDomain`]
+    /// assumes unless told.
+    pub fn served(&self) -> crate::owner::Served {
+        crate::owner::Served {
+            scheme: if self.tls.is_some() { "https" } else { "http" },
+            port: self.listen.port(),
+        }
+    }
+
     /// A sandbox over `workspace` with the server's defaults, its root
     /// made from `image` or else the host's.
     pub fn sandbox(
@@ -192,6 +202,7 @@ impl ServerConfig {
             backend: self.backend,
             vm: self.vm.clone(),
             previews: self.previews,
+            domain: self.sandbox_domain.clone().map(|d| (d, self.served())),
         }
     }
 
@@ -237,12 +248,23 @@ pub struct SandboxDefaults {
     backend: cordon_sandbox::BackendKind,
     vm: cordon_sandbox::VmOptions,
     previews: bool,
+    /// Where ports are reached by name, and how this server is served.
+    domain: Option<(crate::owner::SandboxDomain, crate::owner::Served)>,
 }
 
 impl SandboxDefaults {
     /// Whether tenants may preview their sandboxes' ports.
     pub fn previews(&self) -> bool {
         self.previews
+    }
+
+    /// What `owner`'s agent is told of its servers' previews.
+    pub fn agent_previews(&self, owner: &crate::owner::Owner) -> cordon_agent::Previews {
+        match &self.domain {
+            _ if !self.previews => cordon_agent::Previews::Off,
+            Some((d, served)) => cordon_agent::Previews::At(d.origin(owner, "{port}", *served)),
+            None => cordon_agent::Previews::Asked,
+        }
     }
 
     /// The network a sandbox gets for the one it asked: with previews on,

@@ -1,26 +1,32 @@
-//! A sandbox's ports by name: with `cordon serve --sandbox-domain D`, a
-//! request for host `{port}-{id}.D` is answered by what listens on that
-//! port of API sandbox `id` (reached from inside, as previews are), each
-//! sandbox on names of its own, never the API's origin.
+//! Sandboxes' ports by name: with `cordon serve --sandbox-domain D`, a
+//! request for host `{port}-{label}.D` is answered by what listens on that
+//! port of the sandbox of job, session or API sandbox `label`
+//! (`job-<hex>`, `ses-<hex>`, `sbx-<hex>`), reached from inside as every
+//! preview is: each port on a name of its own, never the API's origin.
 //!
-//! Port 49983 is E2B's envd: such a request goes to the E2B layer's
-//! sandbox API, for the SDKs that reach a sandbox by name
+//! Who may: a browser with the preview's signed link (exchanged at once
+//! for a cookie of that name alone) or its cookie; a program with the
+//! owner's tenant's token (`Authorization: Bearer`); for an API sandbox,
+//! also anyone if it was made `public` (E2B's default), or its traffic
+//! token (`X-Traffic-Token`, or E2B's `e2b-traffic-access-token`). No
+//! credential reaches the sandbox. Another tenant's token finds nothing
+//! (404), as does a name of nothing running here.
+//!
+//! Port 49983 of an API sandbox is E2B's envd: such a request goes to the
+//! E2B layer's sandbox API, for the SDKs that reach a sandbox by name
 //! (`E2B_DOMAIN` without `E2B_SANDBOX_URL`).
-//!
-//! Who may: anyone, for a sandbox made `public` (E2B's default); else the
-//! tenant's token (`Authorization: Bearer`) or the sandbox's traffic token
-//! (`X-Traffic-Token`, or E2B's `e2b-traffic-access-token`). Neither
-//! reaches the sandbox. A sandbox not running answers 502, E2B's way.
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use cordon_lab::Forward;
 
 use crate::boxes::LiveBox;
+use crate::owner::Owner;
+use crate::preview::Place;
 use crate::state::Shared;
 
 /// envd's port: its requests go to the E2B layer.
@@ -29,28 +35,9 @@ const ENVD_PORT: u16 = 49983;
 /// The headers that carry a sandbox's traffic token.
 const TRAFFIC_HEADERS: [&str; 2] = ["x-traffic-token", "e2b-traffic-access-token"];
 
-/// The port and sandbox id a host name under `domain` names.
-pub fn parse(host: &str, domain: &str) -> Option<(u16, String)> {
-    let host = host.rsplit_once(':').map_or(host, |(h, p)| {
-        if p.bytes().all(|b| b.is_ascii_digit()) {
-            h
-        } else {
-            host
-        }
-    });
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
-    let label = host.strip_suffix(domain)?.strip_suffix('.')?;
-    if label.contains('.') {
-        return None;
-    }
-    let (port, id) = label.split_once('-')?;
-    let port: u16 = port.parse().ok().filter(|&p| p > 0)?;
-    Some((port, crate::e2b::cordon_id(id)?))
-}
-
 /// The layer in front of every route.
 pub async fn route(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    let Some(domain) = shared.config.sandbox_domain.as_deref() else {
+    let Some(domain) = shared.config.sandbox_domain.as_ref() else {
         return next.run(req).await;
     };
     let host = req
@@ -59,62 +46,142 @@ pub async fn route(State(shared): State<Arc<Shared>>, req: Request, next: Next) 
         .and_then(|v| v.to_str().ok())
         .or_else(|| req.uri().host())
         .unwrap_or("");
-    let Some((port, id)) = parse(host, domain) else {
+    let Some((port, owner)) = domain.parse_host(host) else {
         return next.run(req).await;
     };
-    let shown = crate::e2b::e2b_id(&id);
-    let Some(b) = shared.boxes.by_id(&id) else {
-        return crate::e2b::not_running(&shown);
-    };
-    if port == ENVD_PORT {
-        return envd(req, next, &shown).await;
+    if let Owner::Sandbox(id) = &owner {
+        let shown = crate::e2b::e2b_id(id);
+        let Some(b) = shared.boxes.by_id(id) else {
+            return crate::e2b::not_running(&shown);
+        };
+        if port == ENVD_PORT {
+            return envd(req, next, &shown).await;
+        }
+        if !shared.config.previews {
+            return off();
+        }
+        if b.public || traffic(&b, req.headers()) {
+            return direct(&b, port, req).await;
+        }
+        if !cordons(&req) {
+            // E2B's answer to a private sandbox's port without its token.
+            let body = serde_json::json!({
+                "code": 403,
+                "message": format!("sandbox {shown} is private: send its traffic access token"),
+            });
+            return (StatusCode::FORBIDDEN, axum::Json(body)).into_response();
+        }
+    } else if !shared.config.previews {
+        return off();
     }
-    // A port by name is a preview: an operator who turned previews off
-    // turned these off too.
-    if !shared.config.previews {
-        let body = serde_json::json!({
-            "code": 403,
-            "message": "this server serves no sandbox's ports (cordon serve --no-previews)",
-        });
-        return (StatusCode::FORBIDDEN, axum::Json(body)).into_response();
-    }
-    if !allowed(&shared, &b, req.headers()).await {
-        // Another tenant's sandbox is as absent as a missing one.
-        return crate::e2b::not_running(&shown);
-    }
+    gated(&shared, &owner, port, req).await
+}
+
+/// A port by name is a preview: an operator who turned previews off
+/// turned these off too.
+fn off() -> Response {
+    let body = serde_json::json!({
+        "code": 403,
+        "message": "this server serves no sandbox's ports (cordon serve --no-previews)",
+    });
+    (StatusCode::FORBIDDEN, axum::Json(body)).into_response()
+}
+
+/// Whether `req` carries a credential of cordon's own: a token, a
+/// preview's cookie or its link.
+fn cordons(req: &Request) -> bool {
+    let h = req.headers();
+    h.contains_key(header::AUTHORIZATION)
+        || h.get_all(header::COOKIE)
+            .iter()
+            .any(|c| c.as_bytes().windows(11).any(|w| w == b"cordon_lab="))
+        || req
+            .uri()
+            .query()
+            .is_some_and(|q| q.contains(cordon_lab::site::LINK_PARAM))
+}
+
+/// Whether `headers` carry `b`'s traffic token.
+fn traffic(b: &LiveBox, headers: &HeaderMap) -> bool {
+    TRAFFIC_HEADERS
+        .iter()
+        .filter_map(|h| headers.get(*h))
+        .any(|v| crate::e2b::same(v.as_bytes(), b.traffic_token.as_bytes()))
+}
+
+/// A public sandbox's port, or one its traffic token opens: straight on.
+async fn direct(b: &LiveBox, port: u16, mut req: Request) -> Response {
     let upstream = {
         let mut ups = b.upstreams.lock().unwrap_or_else(|p| p.into_inner());
         ups.entry(port)
             .or_insert_with(|| Arc::new(cordon_lab::Upstream::port(b.sandbox.clone(), port)))
             .clone()
     };
-    let mut req = req;
     for h in TRAFFIC_HEADERS {
         req.headers_mut().remove(h);
     }
     upstream.forward(req).await
 }
 
-/// Whether `req` may reach `b`'s ports.
-async fn allowed(shared: &Shared, b: &LiveBox, headers: &axum::http::HeaderMap) -> bool {
-    if b.public {
-        return true;
+/// A preview's port by name, through its gate: opened already by a link
+/// the API gave, or now for a program with the owner's tenant's token.
+async fn gated(shared: &Arc<Shared>, owner: &Owner, port: u16, req: Request) -> Response {
+    if let Some(opened) = shared.sandboxes.opened(owner, port) {
+        return opened.gate().handle(req).await;
     }
-    let traffic = TRAFFIC_HEADERS
-        .iter()
-        .filter_map(|h| headers.get(*h))
-        .any(|v| crate::e2b::same(v.as_bytes(), b.traffic_token.as_bytes()));
-    if traffic {
-        return true;
-    }
-    let Some(token) = headers
+    let token = req
+        .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
+        .map(|t| t.trim().to_string());
+    let Some(token) = token else {
+        if shared.sandboxes.get(owner).is_none() {
+            return text(
+                StatusCode::NOT_FOUND,
+                "nothing runs at this address now: its sandbox has ended or is elsewhere",
+            );
+        }
+        return text(
+            StatusCode::UNAUTHORIZED,
+            "open it from cordon (a preview's link, in the web UI or from the API) to use this preview",
+        );
     };
-    matches!(shared.store.caller(token.trim()).await, Ok(Some(c)) if c.tenant == b.tenant)
+    let tenant = match shared.store.caller(&token).await {
+        Ok(Some(c)) => c.tenant,
+        Ok(None) => return text(StatusCode::UNAUTHORIZED, "unknown token for this preview"),
+        Err(e) => return crate::http::ApiError::from(e).into_response(),
+    };
+    if let Err(e) = crate::owned::ports::live(shared, &tenant, owner).await {
+        return e.into_response();
+    }
+    let secure = shared
+        .config
+        .sandbox_domain
+        .as_ref()
+        .is_some_and(|d| d.scheme(shared.config.served()) == "https");
+    let bearer = crate::owned::ports::bearer(shared, &tenant);
+    match crate::preview::open(
+        &shared.sandboxes,
+        owner,
+        port,
+        Place::Name { secure },
+        bearer,
+    )
+    .await
+    {
+        Ok(opened) => opened.gate().handle(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn text(status: StatusCode, message: &str) -> Response {
+    let mut resp = (status, format!("{message}\n")).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
 }
 
 /// A request for envd by name: the E2B layer's route of the same path,
@@ -129,34 +196,4 @@ async fn envd(mut req: Request, next: Next, id: &str) -> Response {
         req.headers_mut().insert("e2b-sandbox-id", v);
     }
     next.run(req).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_give_a_port_and_a_sandbox() {
-        let d = "sb.example.com";
-        assert_eq!(
-            parse("3000-sbx-00ff.sb.example.com", d),
-            Some((3000, "sbx_00ff".into()))
-        );
-        assert_eq!(
-            parse("49983-SBX-00FF.SB.example.com.:443", d),
-            Some((49983, "sbx_00ff".into()))
-        );
-        for no in [
-            "sb.example.com",
-            "api.sb.example.com",
-            "3000-sbx-00ff.other.com",
-            "a.3000-sbx-00ff.sb.example.com",
-            "0-sbx-00ff.sb.example.com",
-            "99999-sbx-00ff.sb.example.com",
-            "3000-job_00ff.sb.example.com",
-            "3000-sbx-00ff.xsb.example.com",
-        ] {
-            assert_eq!(parse(no, d), None, "{no}");
-        }
-    }
 }

@@ -73,7 +73,7 @@ pub mod metrics;
 pub mod network;
 pub mod openapi;
 mod owned;
-mod owner;
+pub mod owner;
 mod preview;
 mod relay;
 pub mod repos;

@@ -1,10 +1,12 @@
 //! Previews: what a sandbox's programs serve on a port of its loopback
 //! (the agent's dev server), opened in a browser.
 //!
-//! Each previewed port is a site of its own ([`cordon_lab::Site`]): a port
-//! of this server's address, which browsers treat as a separate origin, so
-//! that the page, which is the sandbox's to shape, can read no token or
-//! cookie of cordon's, nor another preview's. It takes a signed link that
+//! Each previewed port is a site of its own: a port of this server's
+//! address ([`cordon_lab::Site`]), or, with a sandbox domain, a host name
+//! of its own (`{port}-{label}.{domain}`, a [`cordon_lab::Gate`] the
+//! `hosts` layer hands that name's requests to). Browsers treat either as
+//! a separate origin, so that the page, which is the sandbox's to shape,
+//! can read no token or cookie of cordon's, nor another preview's. It takes a signed link that
 //! expires (`?cordon_link=`, exchanged for a cookie of that origin alone),
 //! or the owner's tenant's bearer token from a program; requests go to the
 //! port through the sandbox's supervisor, HTTP and WebSockets both. The
@@ -19,12 +21,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use cordon_lab::{BearerCheck, Site, SiteOptions, Upstream};
+use cordon_lab::{BearerCheck, Gate, Site, SiteOptions, Upstream};
 use serde::{Deserialize, Serialize};
 
 use crate::http::ApiError;
 use crate::owner::Owner;
-use crate::sandboxes::Sandboxes;
+use crate::sandboxes::{Opened, Sandboxes};
 
 /// How long a link is good for unless asked otherwise.
 pub const LINK_TTL: Duration = Duration::from_secs(3600);
@@ -82,21 +84,34 @@ pub struct OpenPorts {
     pub previews: bool,
 }
 
-/// The site of `owner`'s `port`, opened now if it is not yet; its listener
-/// binds `ip`. `bearer` checks a program's token.
-pub(crate) async fn site(
+/// Where a preview is opened.
+#[derive(Clone, Copy)]
+pub(crate) enum Place<'a> {
+    /// On a port of its own, its listener bound to `ip` (over TLS when
+    /// the server is).
+    Port {
+        ip: IpAddr,
+        tls: Option<&'a cordon_listen::Tls>,
+    },
+    /// On a host name of its own under the sandbox domain, over TLS if
+    /// `secure`.
+    Name { secure: bool },
+}
+
+/// The preview of `owner`'s `port`, opened now `at` its place if it is not
+/// yet. `bearer` checks a program's token.
+pub(crate) async fn open(
     sandboxes: &Sandboxes,
     owner: &Owner,
     port: u16,
-    ip: IpAddr,
-    tls: Option<&cordon_listen::Tls>,
+    at: Place<'_>,
     bearer: BearerCheck,
-) -> Result<Arc<Site>, ApiError> {
+) -> Result<Opened, ApiError> {
     let (sandbox, previews) = sandboxes.previews(owner).ok_or_else(|| not_live(owner))?;
     {
         let open = lock(&previews);
-        if let Some(site) = open.get(&port) {
-            return Ok(site.clone());
+        if let Some(opened) = open.get(&port) {
+            return Ok(opened.clone());
         }
         if open.len() >= MAX_PREVIEWS {
             return Err(ApiError::new(
@@ -106,17 +121,6 @@ pub(crate) async fn site(
             ));
         }
     }
-    let unavailable = |e: std::io::Error| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            format!("cannot listen for a preview on {ip}: {e}"),
-        )
-    };
-    let tcp = tokio::net::TcpListener::bind((ip, 0))
-        .await
-        .map_err(unavailable)?;
-    let listener = cordon_listen::Listener::new(tcp, tls.cloned()).map_err(unavailable)?;
     let options = SiteOptions {
         base: "/".into(),
         name: "this preview",
@@ -124,17 +128,32 @@ pub(crate) async fn site(
         bearer: Some(bearer),
     };
     let upstream = Arc::new(Upstream::port(sandbox, port));
-    let site = Arc::new(Site::serve_with(listener, upstream, options).map_err(unavailable)?);
-    tracing::info!("{owner}: port {port} previewed at {}", site.addr());
-    // Two requests at once: the first one's site stays, the other's goes.
-    Ok(lock(&previews).entry(port).or_insert(site).clone())
+    let opened = match at {
+        Place::Name { secure } => Opened::Name(Gate::new(upstream, options, secure)),
+        Place::Port { ip, tls } => {
+            let unavailable = |e: std::io::Error| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    format!("cannot listen for a preview on {ip}: {e}"),
+                )
+            };
+            let tcp = tokio::net::TcpListener::bind((ip, 0))
+                .await
+                .map_err(unavailable)?;
+            let listener = cordon_listen::Listener::new(tcp, tls.cloned()).map_err(unavailable)?;
+            let site = Site::serve_with(listener, upstream, options).map_err(unavailable)?;
+            tracing::info!("{owner}: port {port} previewed at {}", site.addr());
+            Opened::Port(Arc::new(site))
+        }
+    };
+    // Two requests at once: the first one's stays, the other's goes.
+    Ok(lock(&previews).entry(port).or_insert(opened).clone())
 }
 
-/// The link to `site` for `port`, good for `ttl`, for a browser that names
-/// this machine `host`.
-pub(crate) fn link(site: &Site, port: u16, host: &str, ttl: Duration) -> Preview {
-    let (token, expires) = site.link(ttl).expect("a preview's site takes links");
-    let origin = site.origin(host);
+/// The link to `opened`, `port`'s preview at `origin`, good for `ttl`.
+pub(crate) fn link(opened: &Opened, port: u16, origin: String, ttl: Duration) -> Preview {
+    let (token, expires) = opened.gate().link(ttl).expect("a preview takes links");
     Preview {
         port,
         url: format!("{origin}/?{}={token}", cordon_lab::site::LINK_PARAM),

@@ -16,7 +16,25 @@ use crate::owner::Owner;
 pub type LabSlot = Arc<tokio::sync::OnceCell<Arc<cordon_lab::Site>>>;
 
 /// A sandbox's previews once opened, by port inside: each its own origin.
-pub type Previews = Arc<Mutex<HashMap<u16, Arc<cordon_lab::Site>>>>;
+pub type Previews = Arc<Mutex<HashMap<u16, Opened>>>;
+
+/// A preview's origin: a port of this server's own, or a host name of its
+/// own under the server's sandbox domain.
+#[derive(Clone)]
+pub enum Opened {
+    Port(Arc<cordon_lab::Site>),
+    Name(cordon_lab::Gate),
+}
+
+impl Opened {
+    /// Its checks, and the way to its upstream.
+    pub fn gate(&self) -> &cordon_lab::Gate {
+        match self {
+            Opened::Port(site) => site.gate(),
+            Opened::Name(gate) => gate,
+        }
+    }
+}
 
 #[derive(Clone)]
 struct Entry {
@@ -93,6 +111,13 @@ impl Sandboxes {
         let live = self.lock();
         let e = live.get(owner)?;
         Some((e.sandbox.clone(), e.previews.clone()))
+    }
+
+    /// `owner`'s preview of `port`, if it is open.
+    pub fn opened(&self, owner: &Owner, port: u16) -> Option<Opened> {
+        let previews = self.lock().get(owner)?.previews.clone();
+        let open = previews.lock().unwrap_or_else(|p| p.into_inner());
+        open.get(&port).cloned()
     }
 
     /// Unlists `owner`'s sandbox; its Lab and previews, if open, stop

@@ -163,10 +163,18 @@ fn secrets_key(config: &ServerConfig) -> Result<crate::store::Keyring, StoreErro
 }
 
 /// Opens the store, recovers, starts the workers and serves.
-pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
+pub async fn start(mut config: ServerConfig) -> Result<Running, ServeError> {
     let secrets = secrets_key(&config)?;
     let store = Store::open(&config.db).await?.with_secrets(secrets);
-    let listen = config.listen;
+    // Bound first: what the server tells of itself (a preview's address)
+    // has the port it really has, `:0` asked or not.
+    let at = config.listen;
+    let tcp = tokio::net::TcpListener::bind(at)
+        .await
+        .map_err(|source| ServeError::Bind { addr: at, source })?;
+    config.listen = tcp
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr: at, source })?;
     let (ceilings, warnings) = crate::network::Ceilings::expand(
         &config.network,
         config.preset_env.as_ref(),
@@ -339,13 +347,15 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
     let metrics_addr = match shared.config.metrics_listen {
         Some(at) => {
             let app = metrics_router(shared.clone());
-            let (addr, _) = serve_on(at, None, app, stopped.clone()).await?;
+            let bind = |source| ServeError::Bind { addr: at, source };
+            let tcp = tokio::net::TcpListener::bind(at).await.map_err(bind)?;
+            let (addr, _) = serve_on(tcp, None, app, stopped.clone())?;
             tracing::info!("metrics on http://{addr}/metrics");
             Some(addr)
         }
         None => None,
     };
-    let (addr, serve) = serve_on(listen, shared.config.tls.clone(), app, stopped).await?;
+    let (addr, serve) = serve_on(tcp, shared.config.tls.clone(), app, stopped)?;
     let scheme = if shared.config.tls.is_some() {
         "https"
     } else {
@@ -361,19 +371,21 @@ pub async fn start(config: ServerConfig) -> Result<Running, ServeError> {
     })
 }
 
-/// Binds `at` and serves `app` there (over TLS with `tls`) until `stop`;
-/// answers the bound address and the serving task. The listener sets
+/// Serves `app` on `tcp` (over TLS with `tls`) until `stop`; answers the
+/// bound address and the serving task. The listener sets
 /// TCP_NODELAY: event streams write small frames long after the last
 /// request byte, and with Nagle each `finished` event waited a measured
 /// 20 ms for the client's delayed ACK.
-async fn serve_on(
-    at: SocketAddr,
+fn serve_on(
+    tcp: tokio::net::TcpListener,
     tls: Option<cordon_listen::Tls>,
     app: axum::Router,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), ServeError> {
+    let at = tcp
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let bind = |source| ServeError::Bind { addr: at, source };
-    let tcp = tokio::net::TcpListener::bind(at).await.map_err(bind)?;
     let listener = cordon_listen::Listener::new(tcp, tls).map_err(bind)?;
     let addr = listener.local_addr();
     let task = tokio::spawn(async move {

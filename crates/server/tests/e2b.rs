@@ -670,7 +670,7 @@ async fn the_stock_python_sdk_drives_a_sandbox() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ports_by_name_under_the_sandbox_domain() {
     let s = TestServer::start_with(Db::Sqlite, |c| {
-        c.sandbox_domain = Some("sb.test".into());
+        c.sandbox_domain = Some("sb.test".parse().unwrap());
     })
     .await
     .unwrap();
@@ -690,7 +690,9 @@ async fn ports_by_name_under_the_sandbox_domain() {
             )
             .await;
             assert_eq!(status, 201, "{b}");
-            assert_eq!(b["domain"], "sb.test");
+            // The SDK appends it to `{port}-{id}.`: the server's port with it.
+            let port = s.base.rsplit(':').next().unwrap();
+            assert_eq!(b["domain"], format!("sb.test:{port}"));
             let id = b["sandboxID"].as_str().unwrap().to_string();
             let cid = id.replacen('-', "_", 1);
             let (status, r) = s
@@ -769,13 +771,15 @@ async fn ports_by_name_under_the_sandbox_domain() {
         .0,
         200
     );
-    for refused in [
-        vec![],
-        vec![("Authorization", format!("Bearer {zeta}"))],
-        vec![("X-Traffic-Token", "0".repeat(64))],
+    // Without a token, E2B's 403; another tenant's finds nothing.
+    for (refused, want) in [
+        (vec![], 403),
+        (vec![("X-Traffic-Token", "0".repeat(64))], 403),
+        (vec![("Authorization", format!("Bearer {zeta}"))], 404),
+        (vec![("Authorization", "Bearer nope".to_string())], 401),
     ] {
         let (status, body) = get(host.clone(), refused.clone()).await;
-        assert_eq!(status, 502, "{refused:?}: {body}");
+        assert_eq!(status, want, "{refused:?}: {body}");
     }
     // Ended: the same answer as for no sandbox at all.
     let (status, _, _) = control(
@@ -796,7 +800,7 @@ async fn ports_by_name_under_the_sandbox_domain() {
 
     // With previews off, no port answers by name (envd still does).
     let off = TestServer::start_with(Db::Sqlite, |c| {
-        c.sandbox_domain = Some("sb.test".into());
+        c.sandbox_domain = Some("sb.test".parse().unwrap());
         c.previews = false;
     })
     .await

@@ -262,3 +262,187 @@ async fn an_operator_may_turn_previews_off() {
     let job = s.release(&t, &id).await;
     assert!(job["stdout"].as_str().unwrap().contains("Error"), "{job}");
 }
+
+/// A client that reaches `names` (host names under `localhost`) at the
+/// server's own address, as a browser resolves them.
+fn named_client(s: &TestServer, names: &[&str]) -> reqwest::Client {
+    let addr: std::net::SocketAddr = s.base.strip_prefix("http://").unwrap().parse().unwrap();
+    names
+        .iter()
+        .fold(reqwest::Client::builder(), |b, n| b.resolve(n, addr))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// With `--sandbox-domain`, each port of each job's and session's sandbox
+/// is a host name of its own, `{port}-{label}.{domain}`: a link, a cookie
+/// of that name alone, a program's token, WebSockets; the agent is told
+/// the address; nothing reaches the API or another port's preview.
+#[tokio::test]
+async fn previews_by_name_under_a_sandbox_domain() {
+    let model = cordon_testkit::ScriptedServer::start(
+        cordon_testkit::Scenario::new()
+            .turn(cordon_testkit::Turn::text("Serving it.").with_tool_call(
+                "t1",
+                "bash",
+                json!({"command": "echo '<h1>the session</h1>' > index.html; \
+                    python3 -m http.server 5173 --bind 127.0.0.1 >/dev/null 2>&1 & \
+                    for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 5173))' 2>/dev/null && break; sleep 0.1; done"}),
+            ))
+            .turn(cordon_testkit::Turn::text("It is up.")),
+    );
+    let Some(s) = TestServer::start_with(Db::Sqlite, |c| {
+        with_model(model.url())(c);
+        c.sandbox_domain = Some("localhost".parse().unwrap());
+    })
+    .await
+    else {
+        return;
+    };
+    let api_port = s.base.rsplit(':').next().unwrap().to_string();
+    let t = s.token("acme").await;
+    let other = s.token("zeta").await;
+    let id = s.submit(&t, serving()).await;
+    s.wait_running(&t, &id).await;
+    listening(&s, &t, &id, 8000).await;
+    listening(&s, &t, &id, 8001).await;
+    let label = id.replacen('_', "-", 1);
+    let (name, name2) = (
+        format!("8000-{label}.localhost"),
+        format!("8001-{label}.localhost"),
+    );
+    let web = named_client(&s, &[&name, &name2]);
+
+    // The link names the port's own host, on the server's port.
+    let (status, p) = s
+        .post(&t, &format!("/v1/jobs/{id}/ports/8000/preview"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{p}");
+    let origin = format!("http://{name}:{api_port}");
+    assert_eq!(p["origin"], origin.as_str(), "{p}");
+    let url = p["url"].as_str().unwrap();
+    assert!(url.starts_with(&format!("{origin}/?cordon_link=")), "{url}");
+
+    // A browser: the link for a cookie of that name alone, then the page.
+    let r = web.get(url).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let set = r.headers()[SET_COOKIE].to_str().unwrap().to_string();
+    // Lax: cordon's links reach the name from another site.
+    for attr in ["HttpOnly", "SameSite=Lax", "Path=/"] {
+        assert!(set.contains(attr), "{set}");
+    }
+    assert!(!set.to_ascii_lowercase().contains("domain="), "{set}");
+    let cookie = set.split(';').next().unwrap().to_string();
+    let index = format!("{origin}/index.html");
+    let page = web
+        .get(&index)
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    assert_eq!(page.text().await.unwrap(), "<h1>made in the sandbox</h1>\n");
+    // The API is not served on a preview's name: the sandbox answers.
+    let api = web
+        .get(format!("{origin}/v1/jobs"))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(api.status(), 404);
+    assert!(!api.text().await.unwrap().contains(&id));
+
+    // Refused: nothing, another port's cookie, a forged link, an unknown
+    // token, another tenant's token (as if nothing were there).
+    let origin2 = format!("http://{name2}:{api_port}");
+    let bare = web.get(&index).send().await.unwrap();
+    assert_eq!(bare.status(), StatusCode::UNAUTHORIZED);
+    let borrowed = web
+        .get(format!("{origin2}/index.html"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(borrowed.status(), StatusCode::UNAUTHORIZED);
+    let (expires, _) = url
+        .split_once("cordon_link=")
+        .unwrap()
+        .1
+        .split_once('.')
+        .unwrap();
+    let forged = format!("{origin}/?cordon_link={expires}.{}", "0".repeat(64));
+    assert_eq!(
+        web.get(&forged).send().await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    for (token, want) in [
+        ("nope", StatusCode::UNAUTHORIZED),
+        (other.as_str(), StatusCode::NOT_FOUND),
+    ] {
+        for o in [&origin, &origin2] {
+            let r = web
+                .get(format!("{o}/index.html"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), want, "{o} {token}");
+        }
+    }
+    // A program with the tenant's token reaches a port no link was asked
+    // for, and WebSockets go through.
+    let ours = web
+        .get(format!("{origin2}/index.html"))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ours.status(), 200);
+    let mut req = format!("ws://127.0.0.1:{api_port}/echo")
+        .into_client_request()
+        .unwrap();
+    let h = req.headers_mut();
+    h.insert("host", format!("{name2}:{api_port}").parse().unwrap());
+    h.insert("authorization", format!("Bearer {t}").parse().unwrap());
+    let (mut socket, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    socket.send(Message::text("ping")).await.unwrap();
+    let echo = tokio::time::timeout(Duration::from_secs(10), socket.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(echo, Message::text("ping"));
+    drop(socket);
+
+    // The name ends with the sandbox.
+    s.release(&t, &id).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let gone = web.get(&index).header("cookie", &cookie).send().await;
+    assert!(
+        gone.as_ref()
+            .map_or(true, |r| r.status() == StatusCode::NOT_FOUND),
+        "{gone:?}"
+    );
+
+    // A session's agent is told its ports' address, and one it serves is
+    // reached there.
+    let session = s.new_session(&t).await;
+    s.say(&t, &session, "serve the page").await;
+    let system = model.requests()[0].body["system"].to_string();
+    let slabel = session.replacen('_', "-", 1);
+    let want = format!("http://3000-{slabel}.localhost:{api_port}");
+    assert!(system.contains(&want), "{want} not in {system}");
+    let sname = format!("5173-{slabel}.localhost");
+    let r = named_client(&s, &[&sname])
+        .get(format!("http://{sname}:{api_port}/index.html"))
+        .bearer_auth(&t)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let body = r.text().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, "<h1>the session</h1>\n");
+    s.stop().await;
+}

@@ -460,8 +460,26 @@ fn hostile_page(api: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_chromium_a_preview_is_its_own_origin_and_reads_nothing_of_cordons() {
+    preview_in_chromium(false).await;
+}
+
+/// The same under `--sandbox-domain localhost`: the preview is a host name
+/// of its own (`8080-job-….localhost`, which Chromium resolves to this
+/// machine), on the server's port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_chromium_a_preview_by_name_is_its_own_origin_and_reads_nothing_of_cordons() {
+    preview_in_chromium(true).await;
+}
+
+async fn preview_in_chromium(by_name: bool) {
     let Some(b) = ready(None) else { return };
-    let s = sqlite_server().await;
+    let s = TestServer::start_with(Db::Sqlite, |c| {
+        if by_name {
+            c.sandbox_domain = Some("localhost".parse().unwrap());
+        }
+    })
+    .await
+    .expect("SQLite needs nothing installed");
     let token = s.token("preview").await;
     let server = include_str!("common/page_and_echo.py");
     let id = s
@@ -492,9 +510,28 @@ async fn in_chromium_a_preview_is_its_own_origin_and_reads_nothing_of_cordons() 
             )
             .await;
         assert_eq!(status, 200, "{p}");
-        let up = s
-            .client
-            .get(format!("{}/index.html", p["origin"].as_str().unwrap()))
+        let origin = p["origin"].as_str().unwrap();
+        let index = format!("{origin}/index.html");
+        // By name, reached at the server's address as Chromium resolves it.
+        let get = match origin
+            .strip_prefix("http://")
+            .and_then(|h| h.split_once(':'))
+        {
+            Some((name, _)) if by_name => {
+                assert!(
+                    name.starts_with("8080-job-") && name.ends_with(".localhost"),
+                    "{origin}"
+                );
+                let addr: std::net::SocketAddr = s.base[7..].parse().unwrap();
+                reqwest::Client::builder()
+                    .resolve(name, addr)
+                    .build()
+                    .unwrap()
+                    .get(&index)
+            }
+            _ => s.client.get(&index),
+        };
+        let up = get
             .bearer_auth(&token)
             .send()
             .await

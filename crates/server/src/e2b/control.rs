@@ -128,7 +128,11 @@ fn sandbox(shared: &Shared, b: &LiveBox) -> E2bSandbox {
         alias: template,
         envd_access_token: b.access_token.clone(),
         traffic_access_token: (!b.public).then(|| b.traffic_token.clone()),
-        domain: shared.config.sandbox_domain.clone(),
+        domain: shared
+            .config
+            .sandbox_domain
+            .as_ref()
+            .map(|d| d.authority(shared.config.served())),
     }
 }
 

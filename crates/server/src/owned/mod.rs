@@ -10,7 +10,7 @@ mod desktop;
 mod files;
 mod lab;
 mod network;
-mod ports;
+pub(crate) mod ports;
 
 pub(crate) use desktop::*;
 pub(crate) use files::*;

@@ -13,13 +13,14 @@ use cordon_lab::{Bearer, BearerCheck};
 use super::{Found, find};
 use crate::http::{ApiError, ApiResult, Tenant};
 use crate::owner::Owner;
-use crate::preview::{OpenPorts, Preview, PreviewRequest};
+use crate::preview::{OpenPorts, Place, Preview, PreviewRequest};
+use crate::sandboxes::Opened;
 use crate::state::Shared;
 
 /// Finds `owner` with its sandbox listed here, waiting for a job that has
 /// just started; refuses a job that runs on another machine of the
 /// deployment.
-async fn live(shared: &Shared, tenant: &str, owner: &Owner) -> ApiResult<()> {
+pub(crate) async fn live(shared: &Shared, tenant: &str, owner: &Owner) -> ApiResult<()> {
     match find(shared, tenant, owner).await? {
         Found::Job(job) if shared.elsewhere(&job).is_some() => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -59,7 +60,7 @@ fn previews_on(shared: &Shared) -> ApiResult<()> {
 
 /// A program's bearer token lets it in if it is the owner's tenant's;
 /// another tenant's finds nothing there.
-fn bearer(shared: &Arc<Shared>, tenant: &str) -> BearerCheck {
+pub(crate) fn bearer(shared: &Arc<Shared>, tenant: &str) -> BearerCheck {
     let shared = Arc::downgrade(shared);
     let tenant = tenant.to_string();
     Arc::new(move |token: String| {
@@ -108,17 +109,24 @@ async fn preview(
         crate::http::read_json(&body)?
     };
     let ttl = crate::preview::ttl(&req)?;
-    let site = crate::preview::site(
-        &shared.sandboxes,
-        owner,
-        port,
-        shared.config.listen.ip(),
-        shared.config.tls.as_ref(),
-        bearer(shared, tenant),
-    )
-    .await?;
-    let host = crate::lab::browser_host(&site, headers);
-    Ok(Json(crate::preview::link(&site, port, &host, ttl)))
+    let config = &shared.config;
+    let at = match &config.sandbox_domain {
+        Some(d) => Place::Name {
+            secure: d.scheme(config.served()) == "https",
+        },
+        None => Place::Port {
+            ip: config.listen.ip(),
+            tls: config.tls.as_ref(),
+        },
+    };
+    let opened =
+        crate::preview::open(&shared.sandboxes, owner, port, at, bearer(shared, tenant)).await?;
+    let origin = match (&config.sandbox_domain, &opened) {
+        (Some(d), _) => d.origin(owner, port, config.served()),
+        (None, Opened::Port(site)) => site.origin(&crate::lab::browser_host(site, headers)),
+        (None, Opened::Name(_)) => unreachable!("a preview by name is opened with a domain"),
+    };
+    Ok(Json(crate::preview::link(&opened, port, origin, ttl)))
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{id}/ports", tag = "jobs",

@@ -27,8 +27,8 @@ pub(super) struct AgentRun {
     pub(super) session: PathBuf,
     /// The job's `repo`, cloned: its git tools go to the model.
     pub(super) repository: Option<cordon_git::SessionRepository>,
-    /// Whether the tenant may preview the sandbox's ports.
-    pub(super) previews: bool,
+    /// How the tenant opens the sandbox's ports, as the model is told.
+    pub(super) previews: cordon_agent::Previews,
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -358,7 +358,9 @@ impl Runner {
                     max_steps,
                     session,
                     repository,
-                    previews: self.sandboxes.previews(),
+                    previews: self
+                        .sandboxes
+                        .agent_previews(&crate::owner::Owner::Job(id.to_string())),
                 };
                 agent::run_agent(
                     self.agent.as_ref(),

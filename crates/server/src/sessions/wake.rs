@@ -210,7 +210,12 @@ async fn wake(
     )
     .tools(&repository.map(|r| r.tools()).unwrap_or_default())
     .instructions(Instructions::read(None, &ws, &workdir))
-    .previews(shared.config.previews)
+    .previews(
+        shared
+            .config
+            .sandboxes()
+            .agent_previews(&Owner::Session(row.id.clone())),
+    )
     .open(sandbox, &ws, resumed.history, Some(resumed.log))
     .await;
     let talk = match opened {
