@@ -452,6 +452,8 @@ fn files_and_live_view_through_an_api_that_runs_nothing(
         token,
         json!({"kind": "gui", "display": "640x480", "steps": [
             {"tool": "shell", "command": "echo from-the-sandbox > made.txt; \
+                mkdir site && echo '<h1>served on a worker</h1>' > site/index.html; \
+                (cd site && exec python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1) & \
                 while [ ! -f go ]; do sleep 0.05; done; cat go"}
         ]}),
     );
@@ -543,6 +545,8 @@ fn files_and_live_view_through_an_api_that_runs_nothing(
 
     // The browser's Lab page, on a port of an API that runs nothing.
     let lab = lab_through_an_api(&apis[1], token, &other, &id);
+    // A port's preview, the same way.
+    let preview = preview_through_an_api(&apis[1], token, &other, &id);
 
     // Written through an API, read by the job in its sandbox.
     let r = http()
@@ -580,7 +584,89 @@ fn files_and_live_view_through_an_api_that_runs_nothing(
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    eprintln!("job {id} on worker {worker}: files, live view and Lab served through both APIs");
+    while std::net::TcpStream::connect(&preview).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the preview at {preview} outlived its job"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "job {id} on worker {worker}: files, live view, Lab and preview served through both APIs"
+    );
+}
+
+/// Opens a preview of port 8000 of job `id` through `api`, whose worker
+/// runs it, as a browser and as a program do; returns its address.
+fn preview_through_an_api(api: &Proc, token: &str, other: &str, id: &str) -> String {
+    let browser = reqwest::blocking::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    // The worker answers which ports listen, relayed.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = browser
+            .get(format!("{}/v1/jobs/{id}/ports", api.url))
+            .bearer_auth(token)
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let ports: Value = r.json().unwrap();
+        if ports["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["port"] == 8000)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "8000 never listened: {ports}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let open = |t: &str| {
+        browser
+            .post(format!("{}/v1/jobs/{id}/ports/8000/preview", api.url))
+            .bearer_auth(t)
+            .send()
+            .unwrap()
+    };
+    assert_eq!(open(other).status(), 404, "another tenant's job");
+    let r = open(token);
+    assert_eq!(r.status(), 200);
+    let p: Value = r.json().unwrap();
+    let (url, origin) = (p["url"].as_str().unwrap(), p["origin"].as_str().unwrap());
+    assert_ne!(origin, api.url, "a preview has an origin of its own");
+    let r = browser.get(url).send().unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap();
+    let cookie = cookie.split(';').next().unwrap().to_string();
+    let index = format!("{origin}/index.html");
+    assert_eq!(browser.get(&index).send().unwrap().status(), 401);
+    let page = browser
+        .get(&index)
+        .header("cookie", &cookie)
+        .send()
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    assert_eq!(page.text().unwrap(), "<h1>served on a worker</h1>\n");
+    let ours = browser.get(&index).bearer_auth(token).send().unwrap();
+    assert_eq!(ours.status(), 200);
+    let theirs = browser.get(&index).bearer_auth(other).send().unwrap();
+    assert_eq!(theirs.status(), 404);
+    // The worker's relay route serves no client, not even the tenant.
+    let relay = browser
+        .get(format!(
+            "{}/v1/jobs/{id}/ports/8000/relay/index.html",
+            api.url
+        ))
+        .bearer_auth(token)
+        .send()
+        .unwrap();
+    assert_ne!(relay.status(), 200);
+    assert!(!relay.text().unwrap().contains("served on a worker"));
+    origin.trim_start_matches("http://").to_string()
 }
 
 /// Opens job `id`'s Lab through `api`, as a browser does, and works in it:

@@ -26,7 +26,6 @@ use cordon_lab::Forward;
 
 use crate::boxes::LiveBox;
 use crate::owner::Owner;
-use crate::preview::Place;
 use crate::state::Shared;
 
 /// envd's port: its requests go to the E2B layer.
@@ -126,7 +125,7 @@ async fn direct(b: &LiveBox, port: u16, mut req: Request) -> Response {
 /// A preview's port by name, through its gate: opened already by a link
 /// the API gave, or now for a program with the owner's tenant's token.
 async fn gated(shared: &Arc<Shared>, owner: &Owner, port: u16, req: Request) -> Response {
-    if let Some(opened) = shared.sandboxes.opened(owner, port) {
+    if let Some(opened) = crate::owned::ports::existing(shared, owner, port) {
         return opened.gate().handle(req).await;
     }
     let token = req
@@ -136,7 +135,10 @@ async fn gated(shared: &Arc<Shared>, owner: &Owner, port: u16, req: Request) -> 
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(|t| t.trim().to_string());
     let Some(token) = token else {
-        if shared.sandboxes.get(owner).is_none() {
+        // In a deployment, a job not here may run on another worker.
+        let maybe = shared.sandboxes.get(owner).is_some()
+            || (shared.config.cluster.is_some() && matches!(owner, Owner::Job(_)));
+        if !maybe {
             return text(
                 StatusCode::NOT_FOUND,
                 "nothing runs at this address now: its sandbox has ended or is elsewhere",
@@ -152,24 +154,11 @@ async fn gated(shared: &Arc<Shared>, owner: &Owner, port: u16, req: Request) -> 
         Ok(None) => return text(StatusCode::UNAUTHORIZED, "unknown token for this preview"),
         Err(e) => return crate::http::ApiError::from(e).into_response(),
     };
-    if let Err(e) = crate::owned::ports::live(shared, &tenant, owner).await {
-        return e.into_response();
-    }
-    let secure = shared
-        .config
-        .sandbox_domain
-        .as_ref()
-        .is_some_and(|d| d.scheme(shared.config.served()) == "https");
-    let bearer = crate::owned::ports::bearer(shared, &tenant);
-    match crate::preview::open(
-        &shared.sandboxes,
-        owner,
-        port,
-        Place::Name { secure },
-        bearer,
-    )
-    .await
-    {
+    let opened = match crate::owned::ports::whereabouts(shared, &tenant, owner).await {
+        Ok(w) => crate::owned::ports::opened(shared, &tenant, owner, port, w).await,
+        Err(e) => Err(e),
+    };
+    match opened {
         Ok(opened) => opened.gate().handle(req).await,
         Err(e) => e.into_response(),
     }

@@ -16,6 +16,7 @@
 //! command inside it: its output is the sandbox's to shape, and is parsed
 //! as hostile text (bounded, malformed lines skipped).
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,21 +115,30 @@ pub(crate) async fn open(
             return Ok(opened.clone());
         }
         if open.len() >= MAX_PREVIEWS {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "too_many_previews",
-                format!("{owner} has {MAX_PREVIEWS} ports previewed already, the most it may"),
-            ));
+            return Err(too_many(owner));
         }
     }
+    let upstream = Arc::new(Upstream::port(sandbox, port));
+    let opened = make(owner, port, at, upstream, bearer).await?;
+    // Two requests at once: the first one's stays, the other's goes.
+    Ok(lock(&previews).entry(port).or_insert(opened).clone())
+}
+
+/// A preview of `upstream`, `owner`'s `port`, `at` its place.
+async fn make(
+    owner: &Owner,
+    port: u16,
+    at: Place<'_>,
+    upstream: Arc<dyn cordon_lab::Forward>,
+    bearer: BearerCheck,
+) -> Result<Opened, ApiError> {
     let options = SiteOptions {
         base: "/".into(),
         name: "this preview",
         links: true,
         bearer: Some(bearer),
     };
-    let upstream = Arc::new(Upstream::port(sandbox, port));
-    let opened = match at {
+    Ok(match at {
         Place::Name { secure } => Opened::Name(Gate::new(upstream, options, secure)),
         Place::Port { ip, tls } => {
             let unavailable = |e: std::io::Error| {
@@ -146,9 +156,62 @@ pub(crate) async fn open(
             tracing::info!("{owner}: port {port} previewed at {}", site.addr());
             Opened::Port(Arc::new(site))
         }
-    };
-    // Two requests at once: the first one's stays, the other's goes.
-    Ok(lock(&previews).entry(port).or_insert(opened).clone())
+    })
+}
+
+/// The previews this process serves for jobs that run on other workers,
+/// by job id and port, each relayed to the job's worker; a job's are
+/// closed when it stops running there.
+#[derive(Default)]
+pub(crate) struct RemotePreviews(std::sync::Mutex<HashMap<String, HashMap<u16, Opened>>>);
+
+impl RemotePreviews {
+    pub(crate) fn get(&self, id: &str, port: u16) -> Option<Opened> {
+        lock(&self.0).get(id)?.get(&port).cloned()
+    }
+
+    /// Job `id`'s preview of `port`, opened `at` its place over `upstream`
+    /// if it is not yet; and whether it was opened now.
+    pub(crate) async fn open(
+        &self,
+        id: &str,
+        port: u16,
+        at: Place<'_>,
+        upstream: Arc<dyn cordon_lab::Forward>,
+        bearer: BearerCheck,
+    ) -> Result<(Opened, bool), ApiError> {
+        let owner = Owner::Job(id.to_string());
+        {
+            let open = lock(&self.0);
+            let job = open.get(id);
+            if let Some(opened) = job.and_then(|j| j.get(&port)) {
+                return Ok((opened.clone(), false));
+            }
+            if job.is_some_and(|j| j.len() >= MAX_PREVIEWS) {
+                return Err(too_many(&owner));
+            }
+        }
+        let opened = make(&owner, port, at, upstream, bearer).await?;
+        let mut open = lock(&self.0);
+        let job = open.entry(id.to_string()).or_default();
+        let new = !job.contains_key(&port);
+        Ok((job.entry(port).or_insert(opened).clone(), new))
+    }
+
+    /// Closes job `id`'s previews here: their listeners and connections.
+    pub(crate) fn close(&self, id: &str) {
+        if lock(&self.0).remove(id).is_some() {
+            tracing::info!("job {id}: its previews here are closed");
+        }
+    }
+}
+
+fn too_many(owner: &Owner) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "too_many_previews",
+        format!("{owner} has {MAX_PREVIEWS} ports previewed already, the most it may"),
+    )
 }
 
 /// The link to `opened`, `port`'s preview at `origin`, good for `ttl`.

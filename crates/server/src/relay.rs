@@ -3,8 +3,8 @@
 //! the job ([`to_worker`]); a worker's listener takes only what the
 //! deployment signed ([`admit`]) and answers it with the same handlers,
 //! for the signed tenant. [`crate::cluster`] has the rules. A browser's
-//! Lab page for a job elsewhere is served on a port of the API process,
-//! whose requests go on the same way ([`LabRelay`]).
+//! Lab page or preview for a job elsewhere is served on an origin of the
+//! API process's, whose requests go on the same way ([`SiteRelay`]).
 //!
 //! Nothing is relayed twice: a worker's listener has no [`to_worker`].
 
@@ -253,31 +253,58 @@ fn admitted(shared: &Shared, mut req: Request) -> Result<Request, ApiError> {
     Ok(req)
 }
 
-/// A Lab's requests, from the API process's own port for it (see
-/// [`crate::lab::RemoteLabs`]) to the bearer route of the worker that runs
-/// the job, signed for the job's tenant.
-pub(crate) struct LabRelay {
+/// A Lab's or a preview's requests, from the API process's own origin for
+/// it (see [`crate::lab::RemoteLabs`], [`crate::preview::RemotePreviews`])
+/// to the worker that runs the job, signed for the job's tenant: a Lab's
+/// to its bearer route, a preview's to the worker's relay route of that
+/// port (`/v1/jobs/{id}/ports/{port}/relay/…`).
+pub(crate) struct SiteRelay {
     cluster: Cluster,
     tenant: String,
     /// The worker's base URL.
     worker: String,
     id: String,
+    /// Put before each request's path: a preview's relay route.
+    prefix: Option<String>,
     used: Mutex<Instant>,
 }
 
-impl LabRelay {
-    pub(crate) fn new(cluster: Cluster, tenant: &str, worker: String, id: &str) -> LabRelay {
-        LabRelay {
+impl SiteRelay {
+    /// A Lab's: its paths are the bearer route's already.
+    pub(crate) fn lab(cluster: Cluster, tenant: &str, worker: String, id: &str) -> SiteRelay {
+        SiteRelay {
             cluster,
             tenant: tenant.to_string(),
             worker,
             id: id.to_string(),
+            prefix: None,
             used: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Port `port`'s preview's.
+    pub(crate) fn port(
+        cluster: Cluster,
+        tenant: &str,
+        worker: String,
+        id: &str,
+        port: u16,
+    ) -> SiteRelay {
+        SiteRelay {
+            prefix: Some(port_relay_path(id, port)),
+            ..SiteRelay::lab(cluster, tenant, worker, id)
         }
     }
 
     async fn send(&self, mut req: Request) -> Response {
         *self.used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        if let Some(prefix) = &self.prefix {
+            let rest = req.uri().path_and_query().map_or("/", |p| p.as_str());
+            match format!("{prefix}{rest}").parse::<Uri>() {
+                Ok(uri) => *req.uri_mut() = uri,
+                Err(_) => return StatusCode::BAD_REQUEST.into_response(),
+            }
+        }
         let websocket = is_websocket_upgrade(req.headers());
         // The browser's cookie for this port is this process's business.
         cordon_lab::proxy::clean_request(req.headers_mut(), websocket);
@@ -301,7 +328,13 @@ impl LabRelay {
     }
 }
 
-impl cordon_lab::Forward for LabRelay {
+/// The worker's route that relays to port `port` of job `id`'s sandbox,
+/// without its trailing slash.
+pub(crate) fn port_relay_path(id: &str, port: u16) -> String {
+    format!("/v1/jobs/{id}/ports/{port}/relay")
+}
+
+impl cordon_lab::Forward for SiteRelay {
     fn forward(&self, req: Request) -> cordon_lab::Forwarding<'_> {
         Box::pin(self.send(req))
     }

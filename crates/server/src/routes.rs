@@ -24,7 +24,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
             crate::relay::to_worker,
         ));
     }
-    let api = Router::new()
+    let mut api = Router::new()
         .route("/health", get(crate::health::health))
         .route("/v1/jobs", post(jobs::create_job).get(jobs::list_jobs))
         .route("/v1/jobs/{id}", get(jobs::get_job).delete(jobs::delete_job))
@@ -35,7 +35,6 @@ pub fn router(shared: Arc<Shared>) -> Router {
             get(owned::get_job_network).put(owned::put_job_network),
         )
         .route("/v1/jobs/{id}/lab", post(owned::open_job_lab))
-        .route("/v1/jobs/{id}/ports", get(owned::job_ports))
         .route(
             "/v1/jobs/{id}/ports/{port}/preview",
             post(owned::job_preview),
@@ -58,7 +57,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(crate::docs::routes())
         .merge(crate::ui::routes())
         .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
+        .method_not_allowed_fallback(method_not_allowed);
+    if shared.config.cluster.is_some() {
+        // A process that runs jobs too serves the API processes' relays.
+        api = api.merge(port_relay(&shared));
+    }
+    let api = api
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(shared.clone());
     // Around the whole router, not its routes: a sandbox's name answers
@@ -73,6 +77,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
 /// the job's worker (see [`crate::relay`]).
 fn job_on_its_worker(file_limit: usize) -> Router<Arc<Shared>> {
     Router::new()
+        .route("/v1/jobs/{id}/ports", get(owned::job_ports))
         .route("/v1/jobs/{id}/vnc", get(owned::job_vnc))
         .route("/v1/jobs/{id}/lab/", any(owned::job_lab))
         .route("/v1/jobs/{id}/lab/{*path}", any(owned::job_lab))
@@ -83,6 +88,25 @@ fn job_on_its_worker(file_limit: usize) -> Router<Arc<Shared>> {
                 .put(owned::put_job_file)
                 .layer(DefaultBodyLimit::max(file_limit)),
         )
+}
+
+/// A worker's relay of a port of a job's sandbox, for a preview an API
+/// process serves: signed requests only ([`crate::relay::admit`]), never
+/// a client's, so no sandbox's page is served on the API's origin.
+fn port_relay(shared: &Arc<Shared>) -> Router<Arc<Shared>> {
+    Router::new()
+        .route(
+            "/v1/jobs/{id}/ports/{port}/relay/",
+            any(owned::job_port_relay),
+        )
+        .route(
+            "/v1/jobs/{id}/ports/{port}/relay/{*path}",
+            any(owned::job_port_relay),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            shared.clone(),
+            crate::relay::admit,
+        ))
 }
 
 /// What a session owns: its files, desktop, Lab and network.
@@ -136,9 +160,12 @@ fn sandboxes_own(file_limit: usize) -> Router<Arc<Shared>> {
 pub fn worker_router(shared: Arc<Shared>) -> Router {
     let mut app = Router::new();
     if shared.config.cluster.is_some() {
-        app = job_on_its_worker(shared.config.file_limit).route_layer(
-            middleware::from_fn_with_state(shared.clone(), crate::relay::admit),
-        );
+        app = job_on_its_worker(shared.config.file_limit)
+            .route_layer(middleware::from_fn_with_state(
+                shared.clone(),
+                crate::relay::admit,
+            ))
+            .merge(port_relay(&shared));
     }
     app.route("/health", get(crate::health::health))
         .fallback(not_found)

@@ -66,6 +66,7 @@ pub struct Shared {
     pub(crate) archive: Option<Arc<crate::archive::Archive>>,
     /// The Labs served here for jobs that run on other workers.
     pub(crate) remote_labs: crate::lab::RemoteLabs,
+    pub(crate) remote_previews: crate::preview::RemotePreviews,
     /// The live `/mcp` sessions, once the router is made.
     pub(crate) mcp_sessions: std::sync::OnceLock<Arc<cordon_mcp::HttpSessions>>,
 }
@@ -157,6 +158,7 @@ impl Shared {
             nonces: Default::default(),
             archive,
             remote_labs: Default::default(),
+            remote_previews: Default::default(),
             mcp_sessions: Default::default(),
         }
     }

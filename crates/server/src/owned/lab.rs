@@ -17,17 +17,13 @@ use crate::http::{ApiError, Tenant};
 use crate::job::JobState;
 use crate::lab::{LabOpened, base, forward, open, opened};
 use crate::owner::Owner;
-use crate::relay::LabRelay;
+use crate::relay::SiteRelay;
 use crate::state::Shared;
 use crate::store::JobRow;
 
 /// How long a Lab's request waits for a session's turn to give its
 /// sandbox back before it wakes it.
 const WAKING: Duration = Duration::from_secs(30);
-
-/// How often a Lab served here for a job on another worker looks whether
-/// the job still runs there.
-const WATCH: Duration = Duration::from_secs(5);
 
 /// The path of a request under an owner's Lab.
 #[derive(Deserialize)]
@@ -121,7 +117,7 @@ async fn remote(
             Ok(None) => return Err(crate::relay::unreachable(id).into_response()),
             Err(e) => return Err(ApiError::from(e).into_response()),
         };
-        let relay = LabRelay::new(cluster, tenant, url, id);
+        let relay = SiteRelay::lab(cluster, tenant, url, id);
         let probe = Request::get(format!("{base}api/status"))
             .body(Body::empty())
             .expect("a GET of a path is a request");
@@ -129,7 +125,7 @@ async fn remote(
         if !answer.status().is_success() {
             return Err(answer);
         }
-        watch(shared, tenant, id, worker.clone());
+        super::watch_elsewhere(shared, tenant, id, worker.clone());
         Ok(Arc::new(relay) as Arc<dyn Forward>)
     };
     shared
@@ -141,31 +137,6 @@ async fn remote(
             upstream,
         )
         .await
-}
-
-/// Closes this process's Lab of job `id` once the job no longer runs on
-/// `worker` (or this process stops).
-fn watch(shared: &Arc<Shared>, tenant: &str, id: &str, worker: String) {
-    let shared = Arc::downgrade(shared);
-    let (tenant, id) = (tenant.to_string(), id.to_string());
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(WATCH).await;
-            let Some(shared) = shared.upgrade() else {
-                return;
-            };
-            match shared.store.job(&tenant, &id).await {
-                Ok(Some(job))
-                    if job.state == JobState::Running
-                        && job.worker.as_deref() == Some(worker.as_str()) => {}
-                Ok(_) => {
-                    shared.remote_labs.close(&id);
-                    return;
-                }
-                Err(e) => tracing::warn!(job = %id, "cannot look at the job of a Lab: {e}"),
-            }
-        }
-    });
 }
 
 #[utoipa::path(post, path = "/v1/jobs/{id}/lab", tag = "jobs",

@@ -68,3 +68,33 @@ async fn listed(shared: &Shared, tenant: &str, mut job: JobRow) -> ApiResult<Str
         ),
     })
 }
+
+/// How often a Lab or preview served here for a job on another worker
+/// looks whether the job still runs there.
+const WATCH: Duration = Duration::from_secs(5);
+
+/// Closes this process's Lab and previews of job `id` once the job no
+/// longer runs on `worker` (or this process stops).
+fn watch_elsewhere(shared: &std::sync::Arc<Shared>, tenant: &str, id: &str, worker: String) {
+    let shared = std::sync::Arc::downgrade(shared);
+    let (tenant, id) = (tenant.to_string(), id.to_string());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(WATCH).await;
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            match shared.store.job(&tenant, &id).await {
+                Ok(Some(job))
+                    if job.state == JobState::Running
+                        && job.worker.as_deref() == Some(worker.as_str()) => {}
+                Ok(_) => {
+                    shared.remote_labs.close(&id);
+                    shared.remote_previews.close(&id);
+                    return;
+                }
+                Err(e) => tracing::warn!(job = %id, "cannot look at a job served here: {e}"),
+            }
+        }
+    });
+}

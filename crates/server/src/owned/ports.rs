@@ -10,24 +10,39 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use cordon_lab::{Bearer, BearerCheck};
 
+use serde::Deserialize;
+
 use super::{Found, find};
 use crate::http::{ApiError, ApiResult, Tenant};
+use crate::job::JobState;
 use crate::owner::Owner;
 use crate::preview::{OpenPorts, Place, Preview, PreviewRequest};
+use crate::relay::SiteRelay;
 use crate::sandboxes::Opened;
 use crate::state::Shared;
+use crate::store::JobRow;
 
-/// Finds `owner` with its sandbox listed here, waiting for a job that has
-/// just started; refuses a job that runs on another machine of the
-/// deployment.
-pub(crate) async fn live(shared: &Shared, tenant: &str, owner: &Owner) -> ApiResult<()> {
+/// Where `owner`'s sandbox runs.
+pub(crate) enum Whereabouts {
+    /// Listed in this process.
+    Here,
+    /// A job running on another worker of the deployment: its row, and
+    /// the worker.
+    Worker(Box<JobRow>, String),
+}
+
+/// Finds `owner` with its sandbox listed here (waiting for a job that has
+/// just started) or running on another worker.
+pub(crate) async fn whereabouts(
+    shared: &Shared,
+    tenant: &str,
+    owner: &Owner,
+) -> ApiResult<Whereabouts> {
     match find(shared, tenant, owner).await? {
-        Found::Job(job) if shared.elsewhere(&job).is_some() => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "elsewhere",
-            format!("{owner} runs on another machine of the deployment, which serves its ports"),
-        )),
         Found::Job(job) => {
+            if let Some(worker) = shared.elsewhere(&job).map(str::to_string) {
+                return Ok(Whereabouts::Worker(job, worker));
+            }
             let why = super::listed(shared, tenant, *job).await?;
             if shared.sandboxes.get(owner).is_none() {
                 return Err(ApiError::new(
@@ -36,14 +51,100 @@ pub(crate) async fn live(shared: &Shared, tenant: &str, owner: &Owner) -> ApiRes
                     format!("{owner} has no live sandbox: {why}"),
                 ));
             }
-            Ok(())
+            Ok(Whereabouts::Here)
         }
-        Found::Session(_) => Ok(()),
+        Found::Session(_) => Ok(Whereabouts::Here),
         Found::Sandbox(row) => match shared.sandboxes.get(owner) {
-            Some(_) => Ok(()),
+            Some(_) => Ok(Whereabouts::Here),
             None => Err(crate::sandbox_api::gone(&row)),
         },
     }
+}
+
+/// Finds `owner` with its sandbox listed here; refuses a job that runs on
+/// another machine (whose ports that machine's relay route reaches).
+async fn live(shared: &Shared, tenant: &str, owner: &Owner) -> ApiResult<()> {
+    match whereabouts(shared, tenant, owner).await? {
+        Whereabouts::Here => Ok(()),
+        Whereabouts::Worker(..) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "elsewhere",
+            format!("{owner} runs on another machine of the deployment, which serves its ports"),
+        )),
+    }
+}
+
+/// Where this server opens previews: by name under its sandbox domain,
+/// else on ports of its own address.
+fn place(config: &crate::config::ServerConfig) -> Place<'_> {
+    match &config.sandbox_domain {
+        Some(d) => Place::Name {
+            secure: d.scheme(config.served()) == "https",
+        },
+        None => Place::Port {
+            ip: config.listen.ip(),
+            tls: config.tls.as_ref(),
+        },
+    }
+}
+
+/// `owner`'s preview of `port` if it is open, here or relayed.
+pub(crate) fn existing(shared: &Shared, owner: &Owner, port: u16) -> Option<Opened> {
+    shared
+        .sandboxes
+        .opened(owner, port)
+        .or_else(|| match owner {
+            Owner::Job(id) => shared.remote_previews.get(id, port),
+            Owner::Session(_) | Owner::Sandbox(_) => None,
+        })
+}
+
+/// `owner`'s preview of `port`, opened now if it is not yet: over its
+/// sandbox here, or, for a job on another worker, relayed to it.
+pub(crate) async fn opened(
+    shared: &Arc<Shared>,
+    tenant: &str,
+    owner: &Owner,
+    port: u16,
+    whereabouts: Whereabouts,
+) -> ApiResult<Opened> {
+    previews_on(shared)?;
+    let at = place(&shared.config);
+    let bearer = bearer(shared, tenant);
+    let (job, worker) = match whereabouts {
+        Whereabouts::Here => {
+            return crate::preview::open(&shared.sandboxes, owner, port, at, bearer).await;
+        }
+        Whereabouts::Worker(job, worker) => (job, worker),
+    };
+    let id = &job.id;
+    if job.state != JobState::Running {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_running",
+            format!("{owner} has no live sandbox: its sandbox is being closed"),
+        ));
+    }
+    if let Some(opened) = shared.remote_previews.get(id, port) {
+        return Ok(opened);
+    }
+    let Some(cluster) = shared.config.cluster.clone() else {
+        unreachable!("only a deployment of many runs jobs elsewhere");
+    };
+    let url = shared
+        .store
+        .worker_url(&worker)
+        .await?
+        .ok_or_else(|| crate::relay::unreachable(id))?;
+    let relay = Arc::new(SiteRelay::port(cluster, tenant, url, id, port));
+    let (opened, new) = shared
+        .remote_previews
+        .open(id, port, at, relay, bearer)
+        .await?;
+    if new {
+        super::watch_elsewhere(shared, tenant, id, worker);
+    }
+    Ok(opened)
 }
 
 /// Refuses a preview when the operator turned them off.
@@ -79,6 +180,7 @@ pub(crate) fn bearer(shared: &Arc<Shared>, tenant: &str) -> BearerCheck {
 }
 
 async fn ports(shared: &Shared, tenant: &str, owner: &Owner) -> ApiResult<Json<OpenPorts>> {
+    // A job elsewhere: its worker answers this route, relayed.
     live(shared, tenant, owner).await?;
     let ports = crate::preview::open_ports(&shared.sandboxes, owner).await?;
     Ok(Json(OpenPorts {
@@ -95,7 +197,7 @@ async fn preview(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Preview>> {
-    live(shared, tenant, owner).await?;
+    let whereabouts = whereabouts(shared, tenant, owner).await?;
     previews_on(shared)?;
     let port = port
         .parse::<u16>()
@@ -109,24 +211,77 @@ async fn preview(
         crate::http::read_json(&body)?
     };
     let ttl = crate::preview::ttl(&req)?;
+    let opened = opened(shared, tenant, owner, port, whereabouts).await?;
     let config = &shared.config;
-    let at = match &config.sandbox_domain {
-        Some(d) => Place::Name {
-            secure: d.scheme(config.served()) == "https",
-        },
-        None => Place::Port {
-            ip: config.listen.ip(),
-            tls: config.tls.as_ref(),
-        },
-    };
-    let opened =
-        crate::preview::open(&shared.sandboxes, owner, port, at, bearer(shared, tenant)).await?;
     let origin = match (&config.sandbox_domain, &opened) {
         (Some(d), _) => d.origin(owner, port, config.served()),
         (None, Opened::Port(site)) => site.origin(&crate::lab::browser_host(site, headers)),
         (None, Opened::Name(_)) => unreachable!("a preview by name is opened with a domain"),
     };
     Ok(Json(crate::preview::link(&opened, port, origin, ttl)))
+}
+
+/// The path of a relayed request for a port.
+#[derive(Deserialize)]
+pub(crate) struct RelayPath {
+    id: String,
+    port: String,
+}
+
+/// A worker's side of a preview served by an API process for a job that
+/// runs here: a request the deployment signed ([`crate::relay::admit`]),
+/// sent on to the port in the job's sandbox. Never for a client: the
+/// sandbox's pages are not served on the API's origin.
+pub(crate) async fn job_port_relay(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(p): Path<RelayPath>,
+    mut req: axum::extract::Request,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if req.extensions().get::<crate::http::Relayed>().is_none() {
+        return ApiError::not_found("such route (see /openapi.json)").into_response();
+    }
+    let Some(port) = p.port.parse::<u16>().ok().filter(|p| *p > 0) else {
+        return ApiError::bad_request(format!("{:?} is no port: 1 to 65535", p.port))
+            .into_response();
+    };
+    let owner = Owner::Job(p.id);
+    if let Err(e) = live(&shared, &tenant, &owner).await {
+        return e.into_response();
+    }
+    // A gate of its own on this worker, for its upstream alone: the API
+    // process checked the browser, the deployment signed the request.
+    let opened = crate::preview::open(
+        &shared.sandboxes,
+        &owner,
+        port,
+        Place::Name { secure: false },
+        bearer(&shared, &tenant),
+    )
+    .await;
+    let opened = match opened {
+        Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    let prefix = crate::relay::port_relay_path(owner.id(), port);
+    let rest = req
+        .uri()
+        .path_and_query()
+        .map_or("", |pq| pq.as_str())
+        .strip_prefix(prefix.as_str())
+        .unwrap_or("/")
+        .to_string();
+    let rest = if rest.starts_with('/') {
+        rest
+    } else {
+        format!("/{rest}")
+    };
+    match rest.parse::<axum::http::Uri>() {
+        Ok(uri) => *req.uri_mut() = uri,
+        Err(_) => return ApiError::bad_request("no such path").into_response(),
+    }
+    opened.gate().upstream().forward(req).await
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{id}/ports", tag = "jobs",
