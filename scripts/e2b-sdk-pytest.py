@@ -6,11 +6,29 @@
                      that passed or were skipped in --e2b-done FILE.
 --e2b-phase=live     leaves out the tests --e2b-done FILE lists: what did
                      not pass offline runs against the server.
+
+With E2B_SDK_RESOLVE_DOMAIN set, every name under that domain resolves to
+127.0.0.1 in the test processes: the wildcard DNS an operator gives
+`cordon serve --sandbox-domain`, for this machine alone (what the tests
+that fetch `sandbox.get_host(port)` need).
 """
 
 import os
+import socket
 
 import pytest
+
+_RESOLVE = os.environ.get("E2B_SDK_RESOLVE_DOMAIN", "").lower()
+if _RESOLVE:
+    _getaddrinfo = socket.getaddrinfo
+
+    def _resolve(host, *args, **kwargs):
+        name = host.decode() if isinstance(host, bytes) else host
+        if isinstance(name, str) and name.lower().endswith("." + _RESOLVE):
+            host = "127.0.0.1"
+        return _getaddrinfo(host, *args, **kwargs)
+
+    socket.getaddrinfo = _resolve
 
 SANDBOX_FIXTURES = {"sandbox", "sandbox_factory", "async_sandbox", "async_sandbox_factory"}
 
