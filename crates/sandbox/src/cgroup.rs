@@ -14,8 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub enum LimitMechanism {
     /// A cgroup v2 directory we may create children in.
     V2 { parent: PathBuf },
-    /// cgroup v1 memory and pids hierarchies.
-    V1 { memory: PathBuf, pids: PathBuf },
+    /// cgroup v1 memory and pids hierarchies, and the freezer's when it
+    /// is writable too (pausing needs it).
+    V1 {
+        memory: PathBuf,
+        pids: PathBuf,
+        freezer: Option<PathBuf>,
+    },
     /// Neither is writable: setrlimit inside the sandbox.
     Rlimit { why: String },
 }
@@ -24,7 +29,7 @@ impl std::fmt::Display for LimitMechanism {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             LimitMechanism::V2 { parent } => write!(f, "cgroup v2 (under {})", parent.display()),
-            LimitMechanism::V1 { memory, pids } => write!(
+            LimitMechanism::V1 { memory, pids, .. } => write!(
                 f,
                 "cgroup v1 (memory under {}, pids under {})",
                 memory.display(),
@@ -104,7 +109,11 @@ pub fn detect() -> LimitMechanism {
         writable_dir(&dir).then_some(dir)
     };
     match (v1("memory"), v1("pids")) {
-        (Some(memory), Some(pids)) => LimitMechanism::V1 { memory, pids },
+        (Some(memory), Some(pids)) => LimitMechanism::V1 {
+            memory,
+            pids,
+            freezer: v1("freezer"),
+        },
         _ => LimitMechanism::Rlimit {
             why: if mounts.is_empty() {
                 "no cgroup filesystem is mounted".into()
@@ -121,7 +130,20 @@ pub struct Cgroup {
     dirs: Vec<PathBuf>,
     /// File and key that count OOM kills ("memory.events" / "oom_kill").
     oom_file: PathBuf,
+    /// Where its processes are frozen, when they can be.
+    freezer: Option<Freezer>,
 }
+
+/// A cgroup's freezer: v2's `cgroup.freeze` in its own directory, or a
+/// directory of v1's freezer hierarchy.
+#[derive(Debug)]
+enum Freezer {
+    V2(PathBuf),
+    V1(PathBuf),
+}
+
+/// How long the kernel may take to freeze or thaw every process.
+const FREEZING: std::time::Duration = std::time::Duration::from_secs(10);
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Parents already swept by this process.
@@ -186,6 +208,7 @@ impl Cgroup {
                 let cg = Cgroup {
                     dirs: vec![dir.clone()],
                     oom_file: dir.join("memory.events"),
+                    freezer: Some(Freezer::V2(dir.clone())),
                 };
                 if let Some(m) = memory {
                     write(&dir, "memory.max", &m.to_string())?;
@@ -199,14 +222,21 @@ impl Cgroup {
             LimitMechanism::V1 {
                 memory: mparent,
                 pids: pparent,
+                freezer,
             } => {
                 let mdir = mkdir(mparent)?;
                 let mut cg = Cgroup {
                     dirs: vec![mdir.clone()],
                     oom_file: mdir.join("memory.oom_control"),
+                    freezer: None,
                 };
                 let pdir = mkdir(pparent)?;
                 cg.dirs.push(pdir.clone());
+                if let Some(fparent) = freezer {
+                    let fdir = mkdir(fparent)?;
+                    cg.dirs.push(fdir.clone());
+                    cg.freezer = Some(Freezer::V1(fdir));
+                }
                 if let Some(m) = memory {
                     write(&mdir, "memory.limit_in_bytes", &m.to_string())?;
                     // Without this a swapping host would let usage exceed the limit.
@@ -285,6 +315,66 @@ impl Cgroup {
             .and_then(|t| t.trim().parse::<u64>().ok())
             .filter(|&l| l < 1 << 60);
         Some((used, limit))
+    }
+
+    /// Whether its processes can be frozen.
+    pub fn can_freeze(&self) -> bool {
+        self.freezer.is_some()
+    }
+
+    /// Freezes every process in the cgroup (or thaws them), and waits
+    /// until the kernel says it is done. Blocking: the kernel takes a few
+    /// milliseconds, longer for a process in an uninterruptible sleep.
+    pub fn freeze(&self, frozen: bool) -> io::Result<()> {
+        let done = || -> io::Result<bool> {
+            Ok(match &self.freezer {
+                Some(Freezer::V2(dir)) => {
+                    let events = fs::read_to_string(dir.join("cgroup.events"))?;
+                    let want = if frozen { "frozen 1" } else { "frozen 0" };
+                    events.lines().any(|l| l.trim() == want)
+                }
+                Some(Freezer::V1(dir)) => {
+                    let state = fs::read_to_string(dir.join("freezer.state"))?;
+                    state.trim() == if frozen { "FROZEN" } else { "THAWED" }
+                }
+                None => false,
+            })
+        };
+        match &self.freezer {
+            Some(Freezer::V2(dir)) => write(dir, "cgroup.freeze", if frozen { "1" } else { "0" })?,
+            Some(Freezer::V1(dir)) => write(
+                dir,
+                "freezer.state",
+                if frozen { "FROZEN" } else { "THAWED" },
+            )?,
+            None => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "no freezer cgroup: pausing needs cgroup v2 delegated, or v1's freezer writable (root)",
+                ));
+            }
+        }
+        let deadline = std::time::Instant::now() + FREEZING;
+        while !done()? {
+            if std::time::Instant::now() >= deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the kernel did not finish in {FREEZING:?}"),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        Ok(())
+    }
+
+    /// Thaws its processes without waiting: what killing a paused sandbox
+    /// needs first, as a frozen v1 process dies only once thawed.
+    pub fn thaw(&self) {
+        let _ = match &self.freezer {
+            Some(Freezer::V2(dir)) => fs::write(dir.join("cgroup.freeze"), "0"),
+            Some(Freezer::V1(dir)) => fs::write(dir.join("freezer.state"), "THAWED"),
+            None => Ok(()),
+        };
     }
 
     /// Out-of-memory kills so far in this cgroup.

@@ -90,6 +90,16 @@ impl Lifecycle for NativeLifecycle {
         self.cgroup.lock().unwrap().as_ref()?.memory()
     }
 
+    fn freeze(&self, frozen: bool) -> std::io::Result<()> {
+        match self.cgroup.lock().unwrap().as_ref() {
+            Some(cg) => cg.freeze(frozen),
+            None => Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "no cgroup: pausing needs cgroup v2 delegated, or v1's freezer writable (root)",
+            )),
+        }
+    }
+
     fn kill(&self) {
         // SIGKILL to the outer supervisor; the inner one (pid 1 of the
         // sandbox) has it as its parent-death signal, and its death takes
@@ -104,6 +114,7 @@ impl Lifecycle for NativeLifecycle {
         let cgroup = self.cgroup.lock().unwrap().take();
         if let Some(cg) = &cgroup {
             cg.kill_all();
+            cg.thaw();
         }
         let needs_reap = !std::mem::replace(&mut *self.reaped.lock().unwrap(), true);
         // An image's writable layer stays for `reap`, or goes with this
@@ -127,6 +138,10 @@ impl Lifecycle for NativeLifecycle {
     }
 
     fn reap(&self, grace: Duration) {
+        // A paused sandbox ends as any other: thawed, it hears the end.
+        if let Some(cg) = self.cgroup.lock().unwrap().as_ref() {
+            cg.thaw();
+        }
         self.wait(grace);
         if let Some(mut cg) = self.cgroup.lock().unwrap().take() {
             cg.remove();

@@ -134,7 +134,51 @@ impl Lifecycle for VmLifecycle {
         }
     }
 
+    fn freeze(&self, frozen: bool) -> std::io::Result<()> {
+        // QEMU stopped is the guest stopped: every vCPU and device thread
+        // where it was, its memory kept, until it is continued.
+        if *self.reaped.lock().unwrap() {
+            return Err(std::io::Error::other("the microVM has exited"));
+        }
+        let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: signalling our own, not yet reaped, child.
+        if unsafe { libc::kill(self.pid, signal) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // Stopping is asynchronous: done once every thread says so.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let tasks = PathBuf::from(format!("/proc/{}/task", self.pid));
+        loop {
+            let states: Vec<char> = std::fs::read_dir(&tasks)?
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+                .filter_map(|stat| stat.rsplit_once(") ")?.1.chars().next())
+                .collect();
+            let stopped = |c: &char| *c == 'T' || *c == 't';
+            let done = if frozen {
+                states.iter().all(stopped)
+            } else {
+                !states.iter().any(stopped)
+            };
+            if done {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "QEMU's threads did not all stop or go on in 10 s",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
     fn reap(&self, grace: Duration) {
+        // A paused guest is continued, to hear its end.
+        if !*self.reaped.lock().unwrap() {
+            // SAFETY: signalling our own, not yet reaped, child.
+            unsafe { libc::kill(self.pid, libc::SIGCONT) };
+        }
         // The guest powers off when its control channel closes; give it
         // that long, then stop it.
         let deadline = std::time::Instant::now() + grace;

@@ -48,6 +48,14 @@ pub(crate) trait Lifecycle: Send + Sync {
     fn memory(&self) -> Option<(u64, Option<u64>)> {
         None
     }
+    /// Freezes every process of the sandbox where it is, memory kept (or
+    /// thaws them). Blocking; called off the async runtime.
+    fn freeze(&self, _frozen: bool) -> std::io::Result<()> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this backend cannot pause a sandbox yet",
+        ))
+    }
 }
 
 /// What a backend hands to [`Sandbox::connect`] besides the stream.
@@ -144,6 +152,10 @@ pub(crate) struct Inner {
     watching: Mutex<HashMap<u64, fs::WatchSlot>>,
     next_id: AtomicU64,
     gone: AtomicBool,
+    /// Frozen by [`Sandbox::pause`].
+    paused: AtomicBool,
+    /// Held while it is paused or resumed.
+    pausing: tokio::sync::Mutex<()>,
     pub(crate) lifecycle: Box<dyn Lifecycle>,
     closed: AtomicBool,
     /// Set once the supervisor reports ready, before the handle is returned.
@@ -285,6 +297,40 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// Pauses the sandbox: every process in it stops where it is, its
+    /// memory kept (a native sandbox's cgroup is frozen), until
+    /// [`Sandbox::resume`]. Requests sent meanwhile wait for the resume.
+    /// Pausing a paused sandbox does nothing.
+    pub async fn pause(&self) -> Result<()> {
+        self.set_paused(true).await
+    }
+
+    /// Resumes a paused sandbox: its processes go on from where they were.
+    pub async fn resume(&self) -> Result<()> {
+        self.set_paused(false).await
+    }
+
+    /// Whether it is paused.
+    pub fn is_paused(&self) -> bool {
+        self.inner.paused.load(Ordering::SeqCst)
+    }
+
+    async fn set_paused(&self, frozen: bool) -> Result<()> {
+        let _changing = self.inner.pausing.lock().await;
+        if self.inner.gone.load(Ordering::SeqCst) || self.inner.closed.load(Ordering::SeqCst) {
+            return Err(Error::Gone);
+        }
+        if self.is_paused() == frozen {
+            return Ok(());
+        }
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || inner.lifecycle.freeze(frozen))
+            .await
+            .map_err(|e| Error::Io(std::io::Error::other(e)))??;
+        self.inner.paused.store(frozen, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// Host paths in the workspace the sandbox sees read-only
     /// ([`crate::config::SandboxConfig::read_only`]): host-side writers refuse them
     /// too.
@@ -434,6 +480,8 @@ impl Sandbox {
                 watching: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
                 gone: AtomicBool::new(false),
+                paused: AtomicBool::new(false),
+                pausing: tokio::sync::Mutex::new(()),
                 lifecycle,
                 closed: AtomicBool::new(false),
                 info: std::sync::OnceLock::new(),

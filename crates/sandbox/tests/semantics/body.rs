@@ -1093,3 +1093,64 @@ async fn usage_counts_cpu_memory_and_disk_of_what_ran() {
     sb.close().await;
     assert!(matches!(sb.usage().await, Err(Error::Gone)));
 }
+
+#[tokio::test]
+async fn a_paused_sandbox_goes_on_from_where_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = Sandbox::create(config(dir.path()))
+        .await
+        .expect("create sandbox");
+    // A process counting into a file, ten times a second.
+    let out = sb
+        .exec(ExecRequest::shell(
+            "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /workspace/count; sleep 0.1; done' \
+             </dev/null >/dev/null 2>&1 &",
+        ))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", out.stderr_str());
+    let count = || {
+        std::fs::read_to_string(dir.path().join("count"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while count() < 3 {
+        assert!(std::time::Instant::now() < deadline, "it never counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sb.pause().await.expect("pause");
+    assert!(sb.is_paused());
+    sb.pause().await.expect("pausing twice is pausing once");
+    // Nothing counts while it is paused.
+    let at = count();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(count(), at, "it counted while paused");
+    // A command sent meanwhile waits for the resume.
+    let waiting = {
+        let sb = sb.clone();
+        tokio::spawn(async move { sb.exec(ExecRequest::shell("cat /workspace/count")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "a paused sandbox ran a command");
+    sb.resume().await.expect("resume");
+    assert!(!sb.is_paused());
+    let out = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the command ran once resumed")
+        .unwrap()
+        .unwrap();
+    let seen: u64 = out.stdout_str().trim().parse().unwrap();
+    assert!(seen >= at && seen <= at + 2, "{seen} after {at}: the count went on from where it was");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while count() < at + 3 {
+        assert!(std::time::Instant::now() < deadline, "it did not go on counting");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A paused sandbox closes as any other.
+    sb.pause().await.unwrap();
+    let closing = tokio::time::timeout(Duration::from_secs(30), sb.close());
+    assert!(closing.await.is_ok(), "a paused sandbox did not close");
+    assert!(matches!(sb.resume().await, Err(Error::Gone)));
+}
