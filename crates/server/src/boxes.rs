@@ -414,12 +414,13 @@ impl Boxes {
         self.lock().remove(id)
     }
 
-    /// Takes out those whose deadline has passed.
+    /// Takes out those whose deadline has passed; a paused one's clock
+    /// stands still (its resume sets it again).
     pub fn take_expired(&self, now: Instant) -> Vec<Arc<LiveBox>> {
         let mut live = self.lock();
         let expired: Vec<String> = live
             .values()
-            .filter(|b| b.deadline() <= now)
+            .filter(|b| b.deadline() <= now && !b.sandbox.is_paused())
             .map(|b| b.id.clone())
             .collect();
         expired.iter().filter_map(|id| live.remove(id)).collect()

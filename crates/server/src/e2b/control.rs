@@ -159,7 +159,11 @@ fn detail(row: &SandboxRow, b: &LiveBox, with_token: bool) -> Detail {
         cpu_count: crate::boxes::cpus(),
         memory_mb: stored.as_ref().map_or(0, |s| s.memory >> 20),
         disk_size_mb: stored.as_ref().map_or(0, |s| s.disk >> 20),
-        state: "running",
+        state: if b.sandbox.is_paused() {
+            "paused"
+        } else {
+            "running"
+        },
         metadata: serde_json::from_str(&row.metadata).unwrap_or_default(),
         envd_access_token: with_token.then(|| b.access_token.clone()),
         allow_internet_access: stored
@@ -359,18 +363,25 @@ pub async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `POST /sandboxes/{id}/connect` (and `/resume`: nothing here is ever
-/// paused): 200 and the sandbox, its end moved to `timeout` from now
-/// unless it was later already.
+/// `POST /sandboxes/{id}/connect`: the sandbox, resumed if it was paused
+/// (201, its end `timeout` from now) or running (200, its end moved to
+/// `timeout` from now unless it was later already).
 pub async fn connect(
     State(shared): State<Arc<Shared>>,
     ApiKey(tenant): ApiKey,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> E2bResult<Json<E2bSandbox>> {
+) -> E2bResult<(StatusCode, Json<E2bSandbox>)> {
     let asked: TimeoutBody = json_body(&shared, body)?;
-    let b = keep(&shared, &tenant, &id, seconds(asked.timeout)?).await?;
-    Ok(Json(sandbox(&shared, &b)))
+    let secs = seconds(asked.timeout)?;
+    let (_, b) = running(&shared, &tenant, &id).await?;
+    if b.sandbox.is_paused() {
+        b.sandbox.resume().await.map_err(|e| paused_not(&id, e))?;
+        end_in(&shared, &tenant, &b, secs).await?;
+        return Ok((StatusCode::CREATED, Json(sandbox(&shared, &b))));
+    }
+    let b = keep(&shared, &tenant, &id, secs).await?;
+    Ok((StatusCode::OK, Json(sandbox(&shared, &b))))
 }
 
 #[derive(Debug, Deserialize)]
@@ -453,17 +464,52 @@ pub async fn metrics(
     Ok(Json(metrics))
 }
 
-/// `POST /sandboxes/{id}/pause`: refused, saying why.
+/// `POST /sandboxes/{id}/pause`: 204, its processes stopped where they
+/// are and its memory kept, until `connect` or `resume`; its timeout
+/// stops too. 409 if it is paused already.
 pub async fn pause(
     State(shared): State<Arc<Shared>>,
     ApiKey(tenant): ApiKey,
     Path(id): Path<String>,
 ) -> E2bResult<StatusCode> {
-    running(&shared, &tenant, &id).await?;
-    Err(E2bError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "cordon cannot pause a sandbox yet: kill it, or let it run to its timeout",
-    ))
+    let (_, b) = running(&shared, &tenant, &id).await?;
+    if b.sandbox.is_paused() {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already paused"),
+        ));
+    }
+    b.sandbox.pause().await.map_err(|e| paused_not(&id, e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /sandboxes/{id}/resume`: 201 and the sandbox, going on from
+/// where it was, its end `timeout` from now; 409 if it is not paused.
+pub async fn resume(
+    State(shared): State<Arc<Shared>>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> E2bResult<(StatusCode, Json<E2bSandbox>)> {
+    let asked: TimeoutBody = json_body(&shared, body)?;
+    let secs = seconds(asked.timeout)?;
+    let (_, b) = running(&shared, &tenant, &id).await?;
+    if !b.sandbox.is_paused() {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already running"),
+        ));
+    }
+    b.sandbox.resume().await.map_err(|e| paused_not(&id, e))?;
+    end_in(&shared, &tenant, &b, secs).await?;
+    Ok((StatusCode::CREATED, Json(sandbox(&shared, &b))))
+}
+
+fn paused_not(id: &str, e: cordon_sandbox::Error) -> E2bError {
+    match e {
+        cordon_sandbox::Error::Gone => E2bError::not_found(id),
+        e => E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("sandbox {id}: {e}")),
+    }
 }
 
 /// `GET /v2/sandboxes`'s query.
@@ -577,9 +623,7 @@ async fn listing(
         None => None,
         Some(t) => Some(read_cursor(t).ok_or_else(|| bad("nextToken is not one of ours"))?),
     };
-    if !states.contains(&"running") {
-        return Ok((Vec::new(), None));
-    }
+
     let mut rows: Vec<(SandboxRow, Arc<LiveBox>)> = shared
         .store
         .running_sandboxes(tenant, i64::MAX)
@@ -589,7 +633,13 @@ async fn listing(
         .filter(|(r, b)| {
             let has: BTreeMap<String, String> =
                 serde_json::from_str(&r.metadata).unwrap_or_default();
-            wanted.iter().all(|(k, v)| has.get(k) == Some(v))
+            let state = if b.sandbox.is_paused() {
+                "paused"
+            } else {
+                "running"
+            };
+            states.contains(&state)
+                && wanted.iter().all(|(k, v)| has.get(k) == Some(v))
                 && after_ms.is_none_or(|a| r.created_ms >= a)
                 && q.template.as_ref().is_none_or(|t| *t == template_of(b))
         })

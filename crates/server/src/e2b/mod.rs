@@ -50,7 +50,7 @@ pub fn routes() -> Router<Arc<Shared>> {
         )
         .route("/e2b/sandboxes/{id}/timeout", post(control::set_timeout))
         .route("/e2b/sandboxes/{id}/connect", post(control::connect))
-        .route("/e2b/sandboxes/{id}/resume", post(control::connect))
+        .route("/e2b/sandboxes/{id}/resume", post(control::resume))
         .route("/e2b/sandboxes/{id}/refreshes", post(control::refresh))
         .route("/e2b/sandboxes/{id}/pause", post(control::pause))
         .route("/e2b/sandboxes/{id}/metrics", get(control::metrics))
