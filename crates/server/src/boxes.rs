@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cordon_sandbox::{ExecEvent, ExecStdin, Execution, Sandbox};
 use tokio::sync::broadcast;
@@ -246,6 +246,8 @@ pub struct LiveBox {
     pub upstreams: Mutex<HashMap<u16, Arc<cordon_lab::Upstream>>>,
     pub sandbox: Sandbox,
     deadline: Mutex<Instant>,
+    /// What was left of its time when it was paused.
+    left: Mutex<Option<Duration>>,
     processes: Mutex<BTreeMap<i32, Arc<Process>>>,
     /// Watches kept for their clients, by id.
     pub watchers: tokio::sync::Mutex<HashMap<String, Watched>>,
@@ -278,6 +280,7 @@ impl LiveBox {
             upstreams: Mutex::default(),
             sandbox,
             deadline: Mutex::new(made.deadline),
+            left: Mutex::new(None),
             processes: Mutex::default(),
             watchers: Default::default(),
             samples: Default::default(),
@@ -295,6 +298,10 @@ impl LiveBox {
             loop {
                 tick.tick().await;
                 let Some(b) = weak.upgrade() else { return };
+                // A paused sandbox answers nothing until it is resumed.
+                if b.sandbox.is_paused() {
+                    continue;
+                }
                 let Ok(usage) = b.sandbox.usage().await else {
                     return;
                 };
@@ -330,6 +337,16 @@ impl LiveBox {
             .filter(|s| (from_ms..=to_ms).contains(&s.at_ms))
             .copied()
             .collect()
+    }
+
+    /// Keeps (`Some`) or takes (`None`) what was left of its time when it
+    /// was paused.
+    pub fn paused_left(&self, keep: Option<Duration>) -> Option<Duration> {
+        let mut left = self.left.lock().unwrap_or_else(|p| p.into_inner());
+        match keep {
+            Some(d) => left.replace(d),
+            None => left.take(),
+        }
     }
 
     pub fn deadline(&self) -> Instant {

@@ -77,6 +77,8 @@ impl Modify for Bearer {
         crate::sandbox_api::get_sandbox,
         crate::sandbox_api::delete_sandbox,
         crate::sandbox_api::set_sandbox_timeout,
+        crate::sandbox_api::pause_sandbox,
+        crate::sandbox_api::resume_sandbox,
         crate::sandbox_api::sandbox_metrics,
         crate::sandbox_api::fs_stat,
         crate::sandbox_api::fs_list,

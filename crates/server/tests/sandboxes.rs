@@ -603,3 +603,60 @@ async fn a_sandboxs_whole_file_system_is_reached_inside_it() {
     let (status, _) = s.get(&other, &fs("/stat?path=/tmp")).await;
     assert_eq!(status, 404);
 }
+
+/// Paused, a sandbox's processes stop where they are and its time stands
+/// still; what would wait on it is refused; resumed, they go on.
+#[tokio::test]
+async fn a_paused_sandbox_resumes_where_it_was() {
+    let Some(s) = TestServer::start(Db::Sqlite).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let id = create(&s, &t, json!({"timeout_secs": 3})).await;
+    let (status, r) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", "background": true}),
+        )
+        .await;
+    assert_eq!(status, 202, "{r}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, v) = s
+        .post(&t, &format!("/v1/sandboxes/{id}/pause"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state"], "paused");
+    let (_, got) = s.get(&t, &format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(got["state"], "paused", "{got}");
+    // Asked of a paused sandbox: refused at once, not left waiting.
+    let (status, v) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "true"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "paused");
+    // Past its 3 s timeout while paused: its clock stood still.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (status, v) = s
+        .post(&t, &format!("/v1/sandboxes/{id}/resume"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state"], "running");
+    let first = run(&s, &t, &id, json!({"cmd": "cat /tmp/count"})).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = run(&s, &t, &id, json!({"cmd": "cat /tmp/count"})).await;
+    let n = |v: &Value| v["stdout"].as_str().unwrap().trim().parse::<u64>().unwrap();
+    assert!(n(&first) < 30, "it counted while paused: {first}");
+    assert!(n(&second) > n(&first), "it did not go on: {first} {second}");
+    // Another tenant cannot pause it.
+    let other = s.token("zeta").await;
+    let (status, _) = s
+        .post(&other, &format!("/v1/sandboxes/{id}/pause"), json!({}))
+        .await;
+    assert_eq!(status, 404);
+    s.delete(&t, &format!("/v1/sandboxes/{id}")).await;
+}

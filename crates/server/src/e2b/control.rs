@@ -508,7 +508,10 @@ pub async fn resume(
 fn paused_not(id: &str, e: cordon_sandbox::Error) -> E2bError {
     match e {
         cordon_sandbox::Error::Gone => E2bError::not_found(id),
-        e => E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("sandbox {id}: {e}")),
+        e => E2bError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("sandbox {id}: {e}"),
+        ),
     }
 }
 

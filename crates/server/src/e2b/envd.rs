@@ -148,7 +148,7 @@ pub async fn named(b: &LiveBox, name: &str) -> Result<User, String> {
 }
 
 /// `GET /health`: a sandbox's (with `E2b-Sandbox-Id`: 204 while it runs,
-/// 502 after), else the control API's.
+/// 502 when paused or after), else the control API's.
 pub async fn health(
     axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
     headers: HeaderMap,
@@ -156,8 +156,8 @@ pub async fn health(
     match sandbox_id(&headers) {
         None => (StatusCode::OK, "Health check successful").into_response(),
         Some(id) => match cordon_id(id).and_then(|cid| shared.boxes.by_id(&cid)) {
-            Some(_) => StatusCode::NO_CONTENT.into_response(),
-            None => not_running(id),
+            Some(b) if !b.sandbox.is_paused() => StatusCode::NO_CONTENT.into_response(),
+            _ => not_running(id),
         },
     }
 }

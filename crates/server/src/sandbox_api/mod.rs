@@ -54,6 +54,8 @@ pub fn routes() -> Router<Arc<Shared>> {
             get(get_sandbox).delete(delete_sandbox),
         )
         .route("/v1/sandboxes/{id}/timeout", post(set_sandbox_timeout))
+        .route("/v1/sandboxes/{id}/pause", post(pause_sandbox))
+        .route("/v1/sandboxes/{id}/resume", post(resume_sandbox))
         .route("/v1/sandboxes/{id}/metrics", get(sandbox_metrics))
         .route("/v1/sandboxes/{id}/fs", axum::routing::delete(fs_remove))
         .route("/v1/sandboxes/{id}/fs/stat", get(fs_stat))
@@ -102,8 +104,85 @@ pub(crate) async fn find(shared: &Shared, tenant: &str, id: &str) -> ApiResult<S
 
 /// A tenant's sandbox, live in this process.
 pub(crate) async fn live(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Arc<LiveBox>> {
+    let b = live_or_paused(shared, tenant, id).await?;
+    if b.sandbox.is_paused() {
+        // Anything asked of it would wait for a resume nothing asked for.
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "paused",
+            format!("sandbox {id} is paused: resume it first (POST /v1/sandboxes/{id}/resume)"),
+        ));
+    }
+    Ok(b)
+}
+
+async fn live_or_paused(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Arc<LiveBox>> {
     let row = find(shared, tenant, id).await?;
     shared.boxes.get(tenant, id).ok_or_else(|| gone(&row))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes", summary = "Pause a sandbox",
+    description = "Every process in it stops where it is, its memory kept (a native sandbox's cgroup frozen, a microVM's QEMU stopped), until `POST …/resume`; its timeout stands still meanwhile. Commands, metrics and ports answer 409 while it is paused; its files can be read and written. Pausing a paused sandbox does nothing. It does not outlive the server process yet.",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SandboxView),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "It has ended", body = crate::http::ErrorResponse),
+              (status = 501, description = "This server cannot freeze a sandbox (no freezer cgroup)", body = crate::http::ErrorResponse)))]
+pub(crate) async fn pause_sandbox(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SandboxView>> {
+    pause_or_resume(&shared, &tenant, &id, true).await
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes", summary = "Resume a paused sandbox",
+    description = "Its processes go on from where they were; its timeout runs again from where it stood. Resuming a running sandbox does nothing.",
+    params(("id" = String, Path)),
+    responses((status = 200, body = SandboxView),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "It has ended", body = crate::http::ErrorResponse)))]
+pub(crate) async fn resume_sandbox(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SandboxView>> {
+    pause_or_resume(&shared, &tenant, &id, false).await
+}
+
+async fn pause_or_resume(
+    shared: &Shared,
+    tenant: &str,
+    id: &str,
+    pause: bool,
+) -> ApiResult<Json<SandboxView>> {
+    let b = live_or_paused(shared, tenant, id).await?;
+    if b.sandbox.is_paused() != pause {
+        // The time left stands still while it is paused.
+        let left = b.deadline().saturating_duration_since(Instant::now());
+        let done = if pause {
+            b.sandbox.pause().await
+        } else {
+            b.sandbox.resume().await
+        };
+        done.map_err(|e| match e {
+            cordon_sandbox::Error::Io(io) if io.kind() == std::io::ErrorKind::Unsupported => {
+                ApiError::new(StatusCode::NOT_IMPLEMENTED, "cannot_pause", io.to_string())
+            }
+            e => start_error(id, e),
+        })?;
+        if pause {
+            b.paused_left(Some(left));
+        } else if let Some(left) = b.paused_left(None) {
+            let expires_ms = now_ms() + left.as_millis() as i64;
+            shared.store.extend_sandbox(tenant, id, expires_ms).await?;
+            b.set_deadline(Instant::now() + left);
+        }
+    }
+    let row = find(shared, tenant, id).await?;
+    Ok(Json(SandboxView::of(&row, true).paused(pause)))
 }
 
 /// What a sandbox's record says of its network: the mode, and with
@@ -311,8 +390,9 @@ pub(crate) async fn get_sandbox(
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxView>> {
     let row = find(&shared, &tenant, &id).await?;
-    let live = shared.boxes.get(&tenant, &id).is_some();
-    Ok(Json(SandboxView::of(&row, live)))
+    let live = shared.boxes.get(&tenant, &id);
+    let paused = live.as_ref().is_some_and(|b| b.sandbox.is_paused());
+    Ok(Json(SandboxView::of(&row, live.is_some()).paused(paused)))
 }
 
 /// `GET /v1/sandboxes`'s query: `metadata=key=value&…`, URL-encoded once
@@ -350,7 +430,11 @@ pub(crate) async fn list_sandboxes(
                 serde_json::from_str(&r.metadata).unwrap_or_default();
             wanted.iter().all(|(k, v)| has.get(k) == Some(v))
         })
-        .map(|r| SandboxView::of(r, shared.boxes.get(&tenant, &r.id).is_some()))
+        .map(|r| {
+            let live = shared.boxes.get(&tenant, &r.id);
+            let paused = live.as_ref().is_some_and(|b| b.sandbox.is_paused());
+            SandboxView::of(r, live.is_some()).paused(paused)
+        })
         .collect();
     Ok(Json(SandboxList { sandboxes }))
 }

@@ -146,7 +146,7 @@ impl NewSandbox {
 pub struct SandboxView {
     #[schema(example = "sbx_4cac2a4d783dc2aec74a934e")]
     pub id: String,
-    /// `running`, or `ended` (see `end_reason`).
+    /// `running`, `paused` (`POST …/pause`), or `ended` (see `end_reason`).
     #[schema(example = "running")]
     pub state: &'static str,
     pub created_at: Timestamp,
@@ -176,6 +176,14 @@ impl SandboxView {
             metadata: serde_json::from_str(&row.metadata).unwrap_or_default(),
             request: serde_json::from_str(&row.request).unwrap_or_default(),
         }
+    }
+
+    /// Says `paused` of a running one that is.
+    pub fn paused(mut self, paused: bool) -> SandboxView {
+        if paused && self.state == "running" {
+            self.state = "paused";
+        }
+        self
     }
 }
 
