@@ -197,8 +197,35 @@ pub struct Made {
     /// other users are looked up.
     pub layers: Vec<std::path::PathBuf>,
     pub deadline: Instant,
+    /// How long it runs at a time: from its start, and again from each
+    /// resume after it paused at its end.
+    pub timeout: Duration,
+    /// What its timeout does.
+    pub on_timeout: OnTimeout,
+    /// Whether a request for it (envd, a port by name) resumes it when it
+    /// is paused.
+    pub auto_resume: bool,
     /// Whether its ports answer anyone under the sandbox domain.
     pub public: bool,
+}
+
+/// What a sandbox's timeout does.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    #[default]
+    End,
+    Pause,
 }
 
 /// How often a sandbox's use of the machine is sampled, and how many
@@ -245,6 +272,9 @@ pub struct LiveBox {
     /// Its ports as reached under the sandbox domain, by port.
     pub upstreams: Mutex<HashMap<u16, Arc<cordon_lab::Upstream>>>,
     pub sandbox: Sandbox,
+    pub timeout: Duration,
+    pub on_timeout: OnTimeout,
+    pub auto_resume: bool,
     deadline: Mutex<Instant>,
     /// What was left of its time when it was paused.
     left: Mutex<Option<Duration>>,
@@ -279,6 +309,9 @@ impl LiveBox {
             traffic_token: crate::store::random_hex(32),
             upstreams: Mutex::default(),
             sandbox,
+            timeout: made.timeout,
+            on_timeout: made.on_timeout,
+            auto_resume: made.auto_resume,
             deadline: Mutex::new(made.deadline),
             left: Mutex::new(None),
             processes: Mutex::default(),
@@ -347,6 +380,21 @@ impl LiveBox {
             Some(d) => left.replace(d),
             None => left.take(),
         }
+    }
+
+    /// Whether a request for it may go on: it runs, or it was paused and
+    /// resumes for the request, made so (its whole timeout again).
+    pub async fn awake(&self) -> bool {
+        if !self.sandbox.is_paused() {
+            return true;
+        }
+        if !self.auto_resume || self.sandbox.resume().await.is_err() {
+            return !self.sandbox.is_paused();
+        }
+        let left = self.paused_left(None).unwrap_or(self.timeout);
+        self.set_deadline(Instant::now() + left);
+        tracing::info!("sandbox {}: resumed by a request", self.id);
+        true
     }
 
     pub fn deadline(&self) -> Instant {
@@ -431,16 +479,20 @@ impl Boxes {
         self.lock().remove(id)
     }
 
-    /// Takes out those whose deadline has passed; a paused one's clock
-    /// stands still (its resume sets it again).
-    pub fn take_expired(&self, now: Instant) -> Vec<Arc<LiveBox>> {
+    /// Those whose deadline has passed (a paused one's clock stands
+    /// still: its resume sets it again): taken out, those to end; left in,
+    /// those to pause.
+    pub fn take_expired(&self, now: Instant) -> (Vec<Arc<LiveBox>>, Vec<Arc<LiveBox>>) {
         let mut live = self.lock();
-        let expired: Vec<String> = live
+        let (pause, end): (Vec<_>, Vec<_>) = live
             .values()
             .filter(|b| b.deadline() <= now && !b.sandbox.is_paused())
-            .map(|b| b.id.clone())
-            .collect();
-        expired.iter().filter_map(|id| live.remove(id)).collect()
+            .cloned()
+            .partition(|b| b.on_timeout == OnTimeout::Pause);
+        for b in &end {
+            live.remove(&b.id);
+        }
+        (end, pause)
     }
 
     /// Takes out every one (the server stops).

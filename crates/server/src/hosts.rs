@@ -56,7 +56,7 @@ pub async fn route(State(shared): State<Arc<Shared>>, req: Request, next: Next) 
         if port == ENVD_PORT {
             return envd(req, next, &shown).await;
         }
-        if b.sandbox.is_paused() {
+        if !b.awake().await {
             // Nothing answers in a paused sandbox until it is resumed.
             return crate::e2b::not_running(&shown);
         }

@@ -660,3 +660,37 @@ async fn a_paused_sandbox_resumes_where_it_was() {
     assert_eq!(status, 404);
     s.delete(&t, &format!("/v1/sandboxes/{id}")).await;
 }
+
+/// `on_timeout: pause`: at its end it pauses instead, and a resume gives
+/// it its whole timeout again.
+#[tokio::test]
+async fn a_sandbox_made_to_pause_at_its_timeout_does() {
+    let Some(s) = TestServer::start(Db::Sqlite).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let id = create(&s, &t, json!({"timeout_secs": 2, "on_timeout": "pause"})).await;
+    run(&s, &t, &id, json!({"cmd": "echo kept > /tmp/mark"})).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, v) = s.get(&t, &format!("/v1/sandboxes/{id}")).await;
+        if v["state"] == "paused" {
+            break;
+        }
+        assert_eq!(v["state"], "running", "{v}");
+        assert!(std::time::Instant::now() < deadline, "it never paused: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, v) = s
+        .post(&t, &format!("/v1/sandboxes/{id}/resume"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let out = run(&s, &t, &id, json!({"cmd": "cat /tmp/mark"})).await;
+    assert_eq!(out["stdout"], "kept\n", "{out}");
+    // Bad values say what is wrong.
+    let (status, v) = s
+        .post(&t, "/v1/sandboxes", json!({"on_timeout": "sleep"}))
+        .await;
+    assert_eq!(status, 400, "{v}");
+    s.delete(&t, &format!("/v1/sandboxes/{id}")).await;
+}

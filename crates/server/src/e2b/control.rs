@@ -54,6 +54,19 @@ struct NewE2bSandbox {
     allow_internet_access: Option<bool>,
     #[serde(default)]
     network: Option<NetworkRules>,
+    /// Paused at its timeout rather than killed.
+    #[serde(default)]
+    auto_pause: Option<bool>,
+    /// Whether a request for it wakes it when paused.
+    #[serde(default)]
+    auto_resume: Option<AutoResume>,
+}
+
+/// E2B's `SandboxAutoResumeConfig`.
+#[derive(Debug, Default, Deserialize)]
+struct AutoResume {
+    #[serde(default)]
+    enabled: bool,
 }
 
 /// E2B's egress rules, as far as cordon's allow-list can take them.
@@ -223,6 +236,12 @@ pub async fn create(
         env: asked.env_vars.unwrap_or_default(),
         metadata: asked.metadata.unwrap_or_default(),
         public,
+        on_timeout: if asked.auto_pause == Some(true) {
+            crate::boxes::OnTimeout::Pause
+        } else {
+            crate::boxes::OnTimeout::End
+        },
+        auto_resume: asked.auto_resume.is_some_and(|a| a.enabled),
         ..Default::default()
     };
     let (_, b) = crate::sandbox_api::make(&shared, &tenant, new).await?;
@@ -377,6 +396,7 @@ pub async fn connect(
     let (_, b) = running(&shared, &tenant, &id).await?;
     if b.sandbox.is_paused() {
         b.sandbox.resume().await.map_err(|e| paused_not(&id, e))?;
+        b.paused_left(None);
         end_in(&shared, &tenant, &b, secs).await?;
         return Ok((StatusCode::CREATED, Json(sandbox(&shared, &b))));
     }
@@ -501,6 +521,7 @@ pub async fn resume(
         ));
     }
     b.sandbox.resume().await.map_err(|e| paused_not(&id, e))?;
+    b.paused_left(None);
     end_in(&shared, &tenant, &b, secs).await?;
     Ok((StatusCode::CREATED, Json(sandbox(&shared, &b))))
 }

@@ -58,7 +58,7 @@ impl FromRequestParts<Arc<Shared>> for Envd {
         let Some(b) = cordon_id(id).and_then(|cid| shared.boxes.by_id(&cid)) else {
             return Err(not_running(id));
         };
-        if b.sandbox.is_paused() {
+        if !b.awake().await {
             // E2B's answer for a paused sandbox without auto-resume: a
             // request would wait for a resume that nothing asked for.
             let body = serde_json::json!({
@@ -156,6 +156,7 @@ pub async fn health(
     match sandbox_id(&headers) {
         None => (StatusCode::OK, "Health check successful").into_response(),
         Some(id) => match cordon_id(id).and_then(|cid| shared.boxes.by_id(&cid)) {
+            // Asking is not a request for it: a paused one stays paused.
             Some(b) if !b.sandbox.is_paused() => StatusCode::NO_CONTENT.into_response(),
             _ => not_running(id),
         },

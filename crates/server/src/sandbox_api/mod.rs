@@ -366,6 +366,9 @@ pub(crate) async fn make(
             account,
             layers,
             deadline: Instant::now() + timeout,
+            timeout,
+            on_timeout: asked.on_timeout,
+            auto_resume: asked.auto_resume,
             public: asked.public,
         },
         sandbox,
@@ -538,10 +541,28 @@ pub(crate) async fn end(shared: &Shared, b: Arc<LiveBox>, reason: &str) {
     tracing::info!("sandbox {id}: ended ({reason})");
 }
 
-/// Ends the sandboxes whose deadline has passed.
+/// Ends the sandboxes whose deadline has passed, or pauses those made
+/// to pause then (ending one that cannot be paused).
 pub async fn reap(shared: &Shared) {
-    for b in shared.boxes.take_expired(Instant::now()) {
+    let (to_end, to_pause) = shared.boxes.take_expired(Instant::now());
+    for b in to_end {
         end(shared, b, ended::TIMEOUT).await;
+    }
+    for b in to_pause {
+        // Resumed, it runs its whole timeout again.
+        b.paused_left(Some(b.timeout));
+        match b.sandbox.pause().await {
+            Ok(()) => tracing::info!("sandbox {}: paused at its timeout", b.id),
+            Err(e) => {
+                tracing::warn!(
+                    "sandbox {}: cannot pause at its timeout, so it ends: {e}",
+                    b.id
+                );
+                if let Some(b) = shared.boxes.remove(&b.id) {
+                    end(shared, b, ended::TIMEOUT).await;
+                }
+            }
+        }
     }
 }
 

@@ -84,6 +84,16 @@ pub struct NewSandbox {
     /// (`X-Traffic-Token`, E2B's `e2b-traffic-access-token` too).
     #[serde(default)]
     pub public: bool,
+    /// What its timeout does: `end` it (the default), or `pause` it,
+    /// its processes and memory kept until `POST …/resume`, which gives
+    /// it its whole timeout again.
+    #[serde(default)]
+    pub on_timeout: crate::boxes::OnTimeout,
+    /// Whether a request to one of its ports by name (or to its E2B
+    /// envd) resumes it when it is paused; else such a request is
+    /// answered 502 until it is resumed.
+    #[serde(default)]
+    pub auto_resume: bool,
 }
 
 impl NewSandbox {
