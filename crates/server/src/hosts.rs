@@ -46,6 +46,11 @@ pub async fn route(State(shared): State<Arc<Shared>>, req: Request, next: Next) 
         .or_else(|| req.uri().host())
         .unwrap_or("");
     let Some((port, owner)) = domain.parse_host(host) else {
+        if domain.covers(host) {
+            // A name under the domain is a sandbox's or nothing: cordon's
+            // own pages never run among the previews' origins.
+            return text(StatusCode::NOT_FOUND, "no sandbox's port has this name");
+        }
         return next.run(req).await;
     };
     if let Owner::Sandbox(id) = &owner {

@@ -137,15 +137,27 @@ impl SandboxDomain {
         &self.name
     }
 
-    /// The port and owner a request's `Host` names, if it is one of these
-    /// names.
-    pub fn parse_host(&self, host: &str) -> Option<(u16, Owner)> {
+    /// Whether a request's `Host` is a name under the domain (one of
+    /// these names or not): such a name is never the API's.
+    pub fn covers(&self, host: &str) -> bool {
+        self.label_of(host).is_some()
+    }
+
+    /// What a `Host` under the domain has before it, lowercase.
+    fn label_of(&self, host: &str) -> Option<String> {
         let host = match host.rsplit_once(':') {
             Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
             _ => host,
         };
         let host = host.trim_end_matches('.').to_ascii_lowercase();
         let label = host.strip_suffix(&self.name)?.strip_suffix('.')?;
+        (!label.is_empty()).then(|| label.to_string())
+    }
+
+    /// The port and owner a request's `Host` names, if it is one of these
+    /// names.
+    pub fn parse_host(&self, host: &str) -> Option<(u16, Owner)> {
+        let label = self.label_of(host)?;
         if label.contains('.') {
             return None;
         }
@@ -240,6 +252,8 @@ mod tests {
     fn sandbox_domains_name_ports_of_owners() {
         let d: SandboxDomain = "*.SB.Example.com.".parse().unwrap();
         assert_eq!(d.name(), "sb.example.com");
+        assert!(d.covers("api.sb.example.com:8080"));
+        assert!(!d.covers("sb.example.com") && !d.covers("xsb.example.com"));
         let job = Owner::Job("job_00ff".into());
         assert_eq!(
             d.parse_host("3000-job-00ff.sb.example.com"),

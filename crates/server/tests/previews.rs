@@ -343,6 +343,14 @@ async fn previews_by_name_under_a_sandbox_domain() {
         .unwrap();
     assert_eq!(page.status(), 200);
     assert_eq!(page.text().await.unwrap(), "<h1>made in the sandbox</h1>\n");
+    // No name under the domain is cordon's own: not one that names no
+    // sandbox, where the web UI would run among the previews.
+    let stray = named_client(&s, &["app.localhost"])
+        .get(format!("http://app.localhost:{api_port}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stray.status(), 404);
     // The API is not served on a preview's name: the sandbox answers.
     let api = web
         .get(format!("{origin}/v1/jobs"))
