@@ -395,9 +395,7 @@ pub async fn connect(
     let secs = seconds(asked.timeout)?;
     let (_, b) = running(&shared, &tenant, &id).await?;
     if b.sandbox.is_paused() {
-        b.sandbox.resume().await.map_err(|e| paused_not(&id, e))?;
-        b.paused_left(None);
-        end_in(&shared, &tenant, &b, secs).await?;
+        wake(&shared, &tenant, &id, &b, secs).await?;
         return Ok((StatusCode::CREATED, Json(sandbox(&shared, &b))));
     }
     let b = keep(&shared, &tenant, &id, secs).await?;
@@ -520,10 +518,16 @@ pub async fn resume(
             format!("sandbox {id} is already running"),
         ));
     }
-    b.sandbox.resume().await.map_err(|e| paused_not(&id, e))?;
-    b.paused_left(None);
-    end_in(&shared, &tenant, &b, secs).await?;
+    wake(&shared, &tenant, &id, &b, secs).await?;
     Ok((StatusCode::CREATED, Json(sandbox(&shared, &b))))
+}
+
+/// Resumes paused `b` (E2B's `id`), its end `secs` from now.
+async fn wake(shared: &Shared, tenant: &str, id: &str, b: &LiveBox, secs: u64) -> E2bResult<()> {
+    b.sandbox.resume().await.map_err(|e| paused_not(id, e))?;
+    b.paused_left(None);
+    end_in(shared, tenant, b, secs).await?;
+    Ok(())
 }
 
 fn paused_not(id: &str, e: cordon_sandbox::Error) -> E2bError {
