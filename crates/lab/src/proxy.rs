@@ -92,6 +92,11 @@ impl Upstream {
 
     async fn send(&self, mut req: Request<Body>) -> Response<Body> {
         *lock(&self.used) = Instant::now();
+        if self.sandbox.is_paused() {
+            // Its processes answer nothing until it is resumed: said at
+            // once rather than left to wait.
+            return self.bad_gateway("the sandbox is paused (resume it first)");
+        }
         let websocket = is_websocket_upgrade(req.headers());
         let downstream = websocket.then(|| hyper::upgrade::on(&mut req));
         clean_request(req.headers_mut(), websocket);

@@ -60,6 +60,8 @@ impl Modify for Bearer {
         crate::sessions::delete,
         crate::sessions::message,
         crate::sessions::cancel,
+        crate::sessions::pause,
+        crate::sessions::resume,
         crate::sessions::compact,
         crate::sessions::rewind,
         crate::owned::session_vnc,

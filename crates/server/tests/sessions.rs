@@ -609,3 +609,50 @@ async fn a_message_s_images_reach_the_model() {
     assert_eq!(content[1]["text"], "what is this?");
     s.stop().await;
 }
+
+/// A session paused between turns keeps its processes where they were;
+/// the next message resumes them.
+#[tokio::test]
+async fn a_paused_session_goes_on_at_the_next_message() {
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Counting.").with_tool_call(
+                "t1",
+                "bash",
+                json!({"command": "sh -c 'i=0; while :; do i=$((i+1)); echo $i > count; sleep 0.1; done' >/dev/null 2>&1 &"}),
+            ))
+            .turn(Turn::text("Started."))
+            .turn(Turn::text("Still here.")),
+    );
+    let Some(s) = TestServer::start_with(Db::Sqlite, with_model(model.url())).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let id = s.new_session(&t).await;
+    s.say(&t, &id, "count").await;
+    let count = || async {
+        let (status, v) = s.get(&t, &format!("/v1/sessions/{id}/files/count")).await;
+        assert_eq!(status, 200, "{v}");
+        v.as_u64().unwrap_or_else(|| panic!("a count: {v}"))
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (status, v) = s
+        .post(&t, &format!("/v1/sessions/{id}/pause"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["paused"], true);
+    // Its files are read while it is paused; nothing counts.
+    let at = count().await;
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    assert_eq!(count().await, at, "it counted while paused");
+    // The next message resumes it.
+    s.say(&t, &id, "still there?").await;
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    assert!(count().await > at, "it did not go on");
+    let other = s.token("zeta").await;
+    let (status, _) = s
+        .post(&other, &format!("/v1/sessions/{id}/pause"), json!({}))
+        .await;
+    assert_eq!(status, 404);
+    s.stop().await;
+}

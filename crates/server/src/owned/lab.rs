@@ -57,7 +57,8 @@ async fn site(
             // Not listed, so no turn runs in it, but it may be closing
             // after idling out: waited for, woken, listed, and given back
             // at once (the Lab keeps it from idling while it is used).
-            if shared.sandboxes.get(owner).is_none() {
+            // Paused, it is resumed the same way.
+            if shared.sandboxes.get(owner).is_none_or(|s| s.is_paused()) {
                 let woken = crate::sessions::take_waiting(shared, &row, WAKING).await;
                 drop(woken.map_err(IntoResponse::into_response)?);
             }

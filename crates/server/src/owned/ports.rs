@@ -53,7 +53,14 @@ pub(crate) async fn whereabouts(
             }
             Ok(Whereabouts::Here)
         }
-        Found::Session(_) => Ok(Whereabouts::Here),
+        Found::Session(row) => {
+            // A paused session is used again: resumed, as a message would.
+            if shared.sandboxes.get(owner).is_some_and(|s| s.is_paused()) {
+                let wait = std::time::Duration::from_secs(30);
+                drop(crate::sessions::take_waiting(shared, &row, wait).await?);
+            }
+            Ok(Whereabouts::Here)
+        }
         Found::Sandbox(row) => match shared.sandboxes.get(owner) {
             Some(_) => Ok(Whereabouts::Here),
             None => Err(crate::sandbox_api::gone(&row)),

@@ -50,6 +50,8 @@ pub fn routes() -> Router<Arc<Shared>> {
         .route("/v1/sessions/{id}", get(show).delete(delete))
         .route("/v1/sessions/{id}/messages", post(message))
         .route("/v1/sessions/{id}/cancel", post(cancel))
+        .route("/v1/sessions/{id}/pause", post(pause))
+        .route("/v1/sessions/{id}/resume", post(resume))
         .route("/v1/sessions/{id}/compact", post(compact))
         .route("/v1/sessions/{id}/rewind", post(rewind))
 }
@@ -469,6 +471,67 @@ pub(crate) async fn cancel(
             "no turn is running in this session",
         ))
     }
+}
+
+/// `POST /v1/sessions/{id}/pause`'s answer.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Paused {
+    /// Whether its sandbox was live, and is now paused; a session whose
+    /// sandbox has idled out has nothing to pause.
+    pub paused: bool,
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/pause", tag = "sessions", summary = "Pause a session's sandbox",
+    description = "Every process in the session's live sandbox stops where it is, its memory kept, until the session is next used (a message, its Lab, its files or a preview through the API), which resumes it. A paused session still idles out (`cordon serve --session-idle`), which closes its sandbox as for any session.",
+    params(("id" = String, Path)),
+    responses((status = 200, description = "Paused, or nothing to pause", body = Paused), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "A turn is running", body = crate::http::ErrorResponse),
+              (status = 501, description = "This server cannot freeze a sandbox (no freezer cgroup)", body = crate::http::ErrorResponse)))]
+pub(crate) async fn pause(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<Paused>, ApiError> {
+    find(&shared, &tenant, &id).await?;
+    let slot = shared.sessions.slot(&id);
+    let guard = slot.try_lock_owned().map_err(|_| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "busy",
+            "a turn is running in this session; wait for it or cancel it",
+        )
+    })?;
+    let Some(live) = guard.as_ref() else {
+        return Ok(Json(Paused { paused: false }));
+    };
+    live.talk.sandbox().pause().await.map_err(|e| match e {
+        cordon_sandbox::Error::Io(io) if io.kind() == std::io::ErrorKind::Unsupported => {
+            ApiError::new(StatusCode::NOT_IMPLEMENTED, "cannot_pause", io.to_string())
+        }
+        e => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!("session {id}: cannot pause its sandbox: {e}"),
+        ),
+    })?;
+    tracing::info!("session {id}: paused");
+    Ok(Json(Paused { paused: true }))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/resume", tag = "sessions", summary = "Resume a paused session's sandbox",
+    description = "Its processes go on from where they were. Any use of the session does the same; this does it alone. A session whose sandbox idled out is woken (a new sandbox over its workspace), as a message would.",
+    params(("id" = String, Path)),
+    responses((status = 200, description = "Running", body = Paused), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such session (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "The session is busy", body = crate::http::ErrorResponse),
+              (status = 429, description = "The tenant has as many live sessions as it may", body = crate::http::ErrorResponse)))]
+pub(crate) async fn resume(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<Paused>, ApiError> {
+    let row = find(&shared, &tenant, &id).await?;
+    drop(take_waiting(&shared, &row, std::time::Duration::from_secs(30)).await?);
+    Ok(Json(Paused { paused: false }))
 }
 
 /// Cancels the session's running turn; false when none runs.

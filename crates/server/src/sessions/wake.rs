@@ -66,6 +66,19 @@ async fn woken(
         let slot = shared.caps.acquire(&row.tenant)?;
         *guard = Some(wake(shared, row, slot).await?);
     }
+    if let Some(live) = guard.as_ref()
+        && live.talk.sandbox().is_paused()
+    {
+        // Taken to be used: a paused session goes on where it was.
+        live.talk.sandbox().resume().await.map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!("session {}: cannot resume its sandbox: {e}", row.id),
+            )
+        })?;
+        tracing::info!("session {}: resumed", row.id);
+    }
     Ok(guard)
 }
 
