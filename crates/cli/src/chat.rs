@@ -118,6 +118,7 @@ pub async fn chat(args: ChatArgs) -> i32 {
         rules: s.settings.rules().clone(),
         hooks: cordon_agent::hooks::Hooks::new(s.settings.hooks().to_vec()),
         mode: args.agent.mode,
+        pause_when_idle: s.settings.resolved().pause_when_idle,
     };
     let result = cordon_tui::run(status, worker).await;
     // The terminal is the user's again.

@@ -1117,3 +1117,60 @@ fn plan_then_go_in_the_chat() {
     tmux.keys(&["Enter"]);
     tmux.wait_for("EXIT=0");
 }
+
+/// `sandbox.pause_when_idle`: the chat's sandbox pauses when nothing is
+/// asked of it for that long, its processes where they were, and the next
+/// message resumes it.
+#[test]
+fn an_idle_chat_pauses_its_sandbox_and_the_next_message_resumes_it() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("config/cordon")).unwrap();
+    std::fs::write(
+        home.path().join("config/cordon/config.toml"),
+        "[sandbox]\npause_when_idle = \"2s\"\n",
+    )
+    .unwrap();
+    let server = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Counting.").with_tool_call(
+                "c1",
+                "bash",
+                json!({"command": "sh -c 'i=0; while :; do i=$((i+1)); echo $i > count; sleep 0.1; done' >/dev/null 2>&1 &"}),
+            ))
+            .turn(Turn::text("It counts.").expect_tool_results(["c1"]))
+            .turn(Turn::text("Back again.")),
+    );
+    let tmux = Tmux::start(
+        "idle",
+        &chat_command(&server, ws.path(), home.path(), ""),
+        110,
+        30,
+    );
+    tmux.wait_for("sandbox ready");
+    tmux.type_text("count");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("It counts.");
+    let count = || {
+        std::fs::read_to_string(ws.path().join("count"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    tmux.wait_for("The sandbox is paused after 2s idle");
+    let at = count();
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(count(), at, "it counted while paused");
+    tmux.type_text("still there?");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("Back again.");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count() <= at {
+        assert!(Instant::now() < deadline, "it did not go on counting");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    server.assert_finished();
+    tmux.type_text("/quit");
+    tmux.keys(&["Enter"]);
+    tmux.wait_for("EXIT=0");
+}

@@ -248,6 +248,9 @@ pub struct Worker {
     pub hooks: cordon_agent::hooks::Hooks,
     /// Working, or planning (`--mode plan`, `/plan`).
     pub mode: cordon_agent::Mode,
+    /// Pause the sandbox after this long without a request
+    /// (`sandbox.pause_when_idle`); the next request resumes it.
+    pub pause_when_idle: Option<std::time::Duration>,
     /// The user's own `AGENTS.md`, read before the workspace's.
     pub user_instructions: Option<PathBuf>,
 }
@@ -314,7 +317,20 @@ impl Worker {
         // The sandbox first: the UI can say it is ready while MCP servers
         // (up to their start-up timeout) come up.
         st.open(resume).await;
-        while let Some(req) = requests.recv().await {
+        loop {
+            let idle = st.cfg.pause_when_idle.filter(|_| st.can_pause());
+            let req = match idle {
+                Some(after) => tokio::select! {
+                    r = requests.recv() => r,
+                    _ = tokio::time::sleep(after) => {
+                        st.pause_idle(after).await;
+                        continue;
+                    }
+                },
+                None => requests.recv().await,
+            };
+            let Some(req) = req else { break };
+            st.resume_paused().await;
             st.handle(req).await;
         }
         // The last turn's checkpoint lands before cordon exits.
@@ -325,6 +341,42 @@ impl Worker {
 }
 
 impl State {
+    /// Whether there is a running sandbox to pause.
+    fn can_pause(&self) -> bool {
+        self.talk.as_ref().is_some_and(|t| !t.sandbox().is_paused())
+    }
+
+    /// Pauses the sandbox after `after` idle, saying so.
+    async fn pause_idle(&mut self, after: std::time::Duration) {
+        let Some(talk) = &self.talk else { return };
+        let notice = match talk.sandbox().pause().await {
+            Ok(()) => format!(
+                "The sandbox is paused after {} idle (sandbox.pause_when_idle): your next message resumes it.",
+                humantime::format_duration(after)
+            ),
+            Err(e) => {
+                // Said once: the setting is off for the rest of the session.
+                self.cfg.pause_when_idle = None;
+                format!(
+                    "The sandbox cannot be paused ({e}): sandbox.pause_when_idle is off for this session."
+                )
+            }
+        };
+        let _ = self.updates.send(Update::Notice(notice));
+    }
+
+    /// Resumes a paused sandbox before a request uses it.
+    async fn resume_paused(&mut self) {
+        let Some(talk) = &self.talk else { return };
+        if talk.sandbox().is_paused()
+            && let Err(e) = talk.sandbox().resume().await
+        {
+            let _ = self
+                .updates
+                .send(Update::Error(format!("the sandbox cannot be resumed: {e}")));
+        }
+    }
+
     /// Names the sandbox after the session, for `cordon image commit` (a
     /// label that cannot be written only leaves that command without it).
     fn label_sandbox(&self) {

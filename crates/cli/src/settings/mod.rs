@@ -180,6 +180,14 @@ pub const KEYS: &[Key] = &[
         guard: Guard::Tighten,
     },
     Key {
+        name: "sandbox.pause_when_idle",
+        env: &["CORDON_PAUSE_WHEN_IDLE"],
+        secret: false,
+        default: Some("never"),
+        doc: "in the terminal UI, pause the sandbox (its processes stop where they are, memory kept) after this long without a message or command (30s, 10m, or never); the next one resumes it; a server it runs does not answer meanwhile",
+        guard: Guard::Any,
+    },
+    Key {
         name: "sandbox.network",
         env: &["CORDON_NETWORK"],
         secret: false,

@@ -86,6 +86,8 @@ pub struct Resolved {
     pub checkpoints: Retention,
     /// A setup that makes the sandbox's image once (`[environment]`).
     pub environment: Option<Environment>,
+    /// The terminal UI pauses the sandbox after this long idle.
+    pub pause_when_idle: Option<std::time::Duration>,
 }
 
 /// `[environment]`: a setup run once on an image, whose result every later
@@ -227,6 +229,14 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
                 Ok(n) if n <= 100 => Ok(Some(n)),
                 _ => Err("expected off, on, or the most searches per request (1 to 100)".into()),
             },
+        })?,
+        pause_when_idle: req(s, "sandbox.pause_when_idle", |v| match v {
+            "never" | "off" => Ok(None),
+            v => crate::options::parse_grace(v)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .map(Some)
+                .ok_or_else(|| "expected a duration (30s, 10m, 1h) or never".to_string()),
         })?,
         approval: req(s, "approval", |v| match v {
             "auto" => Ok(ApprovalMode::Auto),
