@@ -61,14 +61,15 @@ pub async fn route(State(shared): State<Arc<Shared>>, req: Request, next: Next) 
         if port == ENVD_PORT {
             return envd(req, next, &shown).await;
         }
-        if !b.awake().await {
-            // Nothing answers in a paused sandbox until it is resumed.
-            return crate::e2b::not_running(&shown);
-        }
         if !shared.config.previews {
             return off();
         }
-        if b.public || traffic(&b, req.headers()) {
+        if b.public || traffic(&b, req.headers()) || tenants(&shared, &b, req.headers()).await {
+            // Let in, it may wake it; nothing unauthorized ever does.
+            if !b.awake().await {
+                // Nothing answers in a paused sandbox until it is resumed.
+                return crate::e2b::not_running(&shown);
+            }
             return direct(&b, port, req).await;
         }
         if !cordons(&req) {
@@ -107,6 +108,18 @@ fn cordons(req: &Request) -> bool {
             .uri()
             .query()
             .is_some_and(|q| q.contains(cordon_lab::site::LINK_PARAM))
+}
+
+/// Whether `headers` carry a bearer token of `b`'s tenant.
+async fn tenants(shared: &Shared, b: &LiveBox, headers: &HeaderMap) -> bool {
+    let Some(token) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    matches!(shared.store.caller(token.trim()).await, Ok(Some(c)) if c.tenant == b.tenant)
 }
 
 /// Whether `headers` carry `b`'s traffic token.

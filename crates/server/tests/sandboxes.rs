@@ -694,3 +694,66 @@ async fn a_sandbox_made_to_pause_at_its_timeout_does() {
     assert_eq!(status, 400, "{v}");
     s.delete(&t, &format!("/v1/sandboxes/{id}")).await;
 }
+
+/// `auto_resume`: a request to a port by name wakes a paused sandbox, but
+/// only one that is let in: nothing unauthorized wakes a private one.
+#[tokio::test]
+async fn only_a_request_let_in_wakes_a_paused_sandbox() {
+    let Some(s) = TestServer::start_with(Db::Sqlite, |c| {
+        c.sandbox_domain = Some("sb.test".parse().unwrap());
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let other = s.token("zeta").await;
+    let id = create(&s, &t, json!({"auto_resume": true, "network": "loopback"})).await;
+    let (status, v) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "mkdir -p /tmp/site && echo awake > /tmp/site/index.html && cd /tmp/site && exec python3 -m http.server 8001 --bind 127.0.0.1", "background": true}),
+        )
+        .await;
+    assert_eq!(status, 202, "{v}");
+    let host = format!("8001-{}.sb.test", id.replacen('_', "-", 1));
+    let get = |auth: Option<String>| {
+        let (s, host) = (&s, host.clone());
+        async move {
+            let mut r = s.client.get(s.url("/index.html")).header("host", host);
+            if let Some(a) = auth {
+                r = r.bearer_auth(a);
+            }
+            let r = r.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while get(Some(t.clone())).await.0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, v) = s
+        .post(&t, &format!("/v1/sandboxes/{id}/pause"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    let state = || async { s.get(&t, &format!("/v1/sandboxes/{id}")).await.1["state"].clone() };
+    for (auth, want) in [
+        (None, 403),
+        (Some(other.clone()), 404),
+        (Some("nope".to_string()), 401),
+    ] {
+        let (status, body) = get(auth.clone()).await;
+        assert_eq!(status, want, "{auth:?}: {body}");
+        assert_eq!(state().await, "paused", "{auth:?} woke it");
+    }
+    // The tenant's own token is let in, and wakes it.
+    let (status, body) = get(Some(t.clone())).await;
+    assert_eq!((status, body.as_str()), (200, "awake\n"));
+    assert_eq!(state().await, "running");
+    s.delete(&t, &format!("/v1/sandboxes/{id}")).await;
+}

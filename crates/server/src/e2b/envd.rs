@@ -58,16 +58,6 @@ impl FromRequestParts<Arc<Shared>> for Envd {
         let Some(b) = cordon_id(id).and_then(|cid| shared.boxes.by_id(&cid)) else {
             return Err(not_running(id));
         };
-        if !b.awake().await {
-            // E2B's answer for a paused sandbox without auto-resume: a
-            // request would wait for a resume that nothing asked for.
-            let body = serde_json::json!({
-                "code": 502,
-                "message": format!("The sandbox {} is paused: connect to it to resume it", crate::e2b::e2b_id(&b.id)),
-                "sandboxId": crate::e2b::e2b_id(&b.id),
-            });
-            return Err((StatusCode::BAD_GATEWAY, Json(body)).into_response());
-        }
         let token = parts
             .headers
             .get(ACCESS_TOKEN)
@@ -79,6 +69,16 @@ impl FromRequestParts<Arc<Shared>> for Envd {
                 "message": "unauthorized access, please provide a valid access token",
             });
             return Err((StatusCode::UNAUTHORIZED, Json(body)).into_response());
+        }
+        if !b.awake().await {
+            // E2B's answer for a paused sandbox without auto-resume: a
+            // request would wait for a resume that nothing asked for.
+            let body = serde_json::json!({
+                "code": 502,
+                "message": format!("The sandbox {} is paused: connect to it to resume it", crate::e2b::e2b_id(&b.id)),
+                "sandboxId": crate::e2b::e2b_id(&b.id),
+            });
+            return Err((StatusCode::BAD_GATEWAY, Json(body)).into_response());
         }
         Ok(Envd(b))
     }
