@@ -372,29 +372,26 @@ impl LiveBox {
             .collect()
     }
 
-    /// Keeps (`Some`) or takes (`None`) what was left of its time when it
-    /// was paused.
-    pub fn paused_left(&self, keep: Option<Duration>) -> Option<Duration> {
-        let mut left = self.left.lock().unwrap_or_else(|p| p.into_inner());
-        match keep {
-            Some(d) => left.replace(d),
-            None => left.take(),
+    /// Pauses it: its time stands still, `left` to run once it is resumed
+    /// (by default what it has left now). Pausing a paused one does
+    /// nothing.
+    pub async fn pause(&self, left: Option<Duration>) -> cordon_sandbox::Result<()> {
+        if self.sandbox.is_paused() {
+            return Ok(());
         }
+        let left =
+            left.unwrap_or_else(|| self.deadline().saturating_duration_since(Instant::now()));
+        self.sandbox.pause().await?;
+        *self.left.lock().unwrap_or_else(|p| p.into_inner()) = Some(left);
+        Ok(())
     }
 
-    /// Whether a request for it may go on: it runs, or it was paused and
-    /// resumes for the request, made so (its whole timeout again).
-    pub async fn awake(&self) -> bool {
-        if !self.sandbox.is_paused() {
-            return true;
-        }
-        if !self.auto_resume || self.sandbox.resume().await.is_err() {
-            return !self.sandbox.is_paused();
-        }
-        let left = self.paused_left(None).unwrap_or(self.timeout);
-        self.set_deadline(Instant::now() + left);
-        tracing::info!("sandbox {}: resumed by a request", self.id);
-        true
+    /// Resumes it, and answers the time it has to run again (what it had
+    /// left when paused); its deadline is the caller's to set from it.
+    pub async fn resume(&self) -> cordon_sandbox::Result<Duration> {
+        self.sandbox.resume().await?;
+        let left = self.left.lock().unwrap_or_else(|p| p.into_inner()).take();
+        Ok(left.unwrap_or(self.timeout))
     }
 
     pub fn deadline(&self) -> Instant {

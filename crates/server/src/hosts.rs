@@ -66,7 +66,7 @@ pub async fn route(State(shared): State<Arc<Shared>>, req: Request, next: Next) 
         }
         if b.public || traffic(&b, req.headers()) || tenants(&shared, &b, req.headers()).await {
             // Let in, it may wake it; nothing unauthorized ever does.
-            if !b.awake().await {
+            if !crate::sandbox_api::awake(&shared, &b).await {
                 // Nothing answers in a paused sandbox until it is resumed.
                 return crate::e2b::not_running(&shown);
             }
@@ -112,14 +112,10 @@ fn cordons(req: &Request) -> bool {
 
 /// Whether `headers` carry a bearer token of `b`'s tenant.
 async fn tenants(shared: &Shared, b: &LiveBox, headers: &HeaderMap) -> bool {
-    let Some(token) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
+    let Some(token) = crate::http::bearer(headers) else {
         return false;
     };
-    matches!(shared.store.caller(token.trim()).await, Ok(Some(c)) if c.tenant == b.tenant)
+    matches!(shared.store.caller(token).await, Ok(Some(c)) if c.tenant == b.tenant)
 }
 
 /// Whether `headers` carry `b`'s traffic token.
@@ -150,12 +146,7 @@ async fn gated(shared: &Arc<Shared>, owner: &Owner, port: u16, req: Request) -> 
     if let Some(opened) = crate::owned::ports::existing(shared, owner, port) {
         return opened.gate().handle(req).await;
     }
-    let token = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().to_string());
+    let token = crate::http::bearer(req.headers()).map(str::to_string);
     let Some(token) = token else {
         // In a deployment, a job not here may run on another worker.
         let maybe = shared.sandboxes.get(owner).is_some()

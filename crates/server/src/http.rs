@@ -173,6 +173,30 @@ pub struct Operator(pub String);
 #[derive(Clone)]
 pub(crate) struct Relayed(pub String);
 
+/// The token of `Authorization: Bearer <token>`, trimmed.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// A pause or resume a sandbox refused: 501 where this host cannot
+/// freeze one (no freezer cgroup), else what `other` says.
+pub(crate) fn pause_refused(
+    e: cordon_sandbox::Error,
+    other: impl FnOnce(cordon_sandbox::Error) -> ApiError,
+) -> ApiError {
+    match e {
+        cordon_sandbox::Error::Io(io) if io.kind() == std::io::ErrorKind::Unsupported => {
+            ApiError::new(StatusCode::NOT_IMPLEMENTED, "cannot_pause", io.to_string())
+        }
+        e => other(e),
+    }
+}
+
 /// Whom the request's bearer token speaks for.
 async fn caller(parts: &Parts, store: &Store) -> ApiResult<Caller> {
     let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m);

@@ -149,6 +149,15 @@ fn sandbox(shared: &Shared, b: &LiveBox) -> E2bSandbox {
     }
 }
 
+/// E2B's word for a live sandbox's state.
+fn state_of(b: &LiveBox) -> &'static str {
+    if b.sandbox.is_paused() {
+        "paused"
+    } else {
+        "running"
+    }
+}
+
 fn detail(row: &SandboxRow, b: &LiveBox, with_token: bool) -> Detail {
     #[derive(Deserialize)]
     struct Stored {
@@ -172,11 +181,7 @@ fn detail(row: &SandboxRow, b: &LiveBox, with_token: bool) -> Detail {
         cpu_count: crate::boxes::cpus(),
         memory_mb: stored.as_ref().map_or(0, |s| s.memory >> 20),
         disk_size_mb: stored.as_ref().map_or(0, |s| s.disk >> 20),
-        state: if b.sandbox.is_paused() {
-            "paused"
-        } else {
-            "running"
-        },
+        state: state_of(b),
         metadata: serde_json::from_str(&row.metadata).unwrap_or_default(),
         envd_access_token: with_token.then(|| b.access_token.clone()),
         allow_internet_access: stored
@@ -497,7 +502,7 @@ pub async fn pause(
             format!("sandbox {id} is already paused"),
         ));
     }
-    b.sandbox.pause().await.map_err(|e| paused_not(&id, e))?;
+    b.pause(None).await.map_err(|e| paused_not(&id, e))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -524,8 +529,9 @@ pub async fn resume(
 
 /// Resumes paused `b` (E2B's `id`), its end `secs` from now.
 async fn wake(shared: &Shared, tenant: &str, id: &str, b: &LiveBox, secs: u64) -> E2bResult<()> {
-    b.sandbox.resume().await.map_err(|e| paused_not(id, e))?;
-    b.paused_left(None);
+    // E2B's resume says how long it runs from now: what it had left is
+    // not used.
+    b.resume().await.map_err(|e| paused_not(id, e))?;
     end_in(shared, tenant, b, secs).await?;
     Ok(())
 }
@@ -661,12 +667,7 @@ async fn listing(
         .filter(|(r, b)| {
             let has: BTreeMap<String, String> =
                 serde_json::from_str(&r.metadata).unwrap_or_default();
-            let state = if b.sandbox.is_paused() {
-                "paused"
-            } else {
-                "running"
-            };
-            states.contains(&state)
+            states.contains(&state_of(b))
                 && wanted.iter().all(|(k, v)| has.get(k) == Some(v))
                 && after_ms.is_none_or(|a| r.created_ms >= a)
                 && q.template.as_ref().is_none_or(|t| *t == template_of(b))

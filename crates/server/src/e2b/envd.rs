@@ -70,7 +70,7 @@ impl FromRequestParts<Arc<Shared>> for Envd {
             });
             return Err((StatusCode::UNAUTHORIZED, Json(body)).into_response());
         }
-        if !b.awake().await {
+        if !crate::sandbox_api::awake(shared, &b).await {
             // E2B's answer for a paused sandbox without auto-resume: a
             // request would wait for a resume that nothing asked for.
             let body = serde_json::json!({

@@ -159,30 +159,53 @@ async fn pause_or_resume(
     pause: bool,
 ) -> ApiResult<Json<SandboxView>> {
     let b = live_or_paused(shared, tenant, id).await?;
-    if b.sandbox.is_paused() != pause {
-        // The time left stands still while it is paused.
-        let left = b.deadline().saturating_duration_since(Instant::now());
-        let done = if pause {
-            b.sandbox.pause().await
-        } else {
-            b.sandbox.resume().await
-        };
-        done.map_err(|e| match e {
-            cordon_sandbox::Error::Io(io) if io.kind() == std::io::ErrorKind::Unsupported => {
-                ApiError::new(StatusCode::NOT_IMPLEMENTED, "cannot_pause", io.to_string())
-            }
-            e => start_error(id, e),
-        })?;
-        if pause {
-            b.paused_left(Some(left));
-        } else if let Some(left) = b.paused_left(None) {
-            let expires_ms = now_ms() + left.as_millis() as i64;
-            shared.store.extend_sandbox(tenant, id, expires_ms).await?;
-            b.set_deadline(Instant::now() + left);
-        }
+    let refused = |e| crate::http::pause_refused(e, |e| start_error(id, e));
+    if pause {
+        b.pause(None).await.map_err(refused)?;
+    } else if b.sandbox.is_paused() {
+        let left = b.resume().await.map_err(refused)?;
+        run_again(shared, &b, left).await?;
     }
     let row = find(shared, tenant, id).await?;
     Ok(Json(SandboxView::of(&row, true).paused(pause)))
+}
+
+/// A resumed sandbox's time running again: `left` from now, in its
+/// deadline and its record.
+async fn run_again(shared: &Shared, b: &LiveBox, left: Duration) -> ApiResult<()> {
+    let expires_ms = now_ms() + left.as_millis() as i64;
+    shared
+        .store
+        .extend_sandbox(&b.tenant, &b.id, expires_ms)
+        .await?;
+    b.set_deadline(Instant::now() + left);
+    Ok(())
+}
+
+/// Whether a request for `b` may go on: it runs, or it was paused and is
+/// resumed for the request, made so (`auto_resume`). Asked only once the
+/// request is let in.
+pub(crate) async fn awake(shared: &Shared, b: &LiveBox) -> bool {
+    if !b.sandbox.is_paused() {
+        return true;
+    }
+    if !b.auto_resume {
+        return false;
+    }
+    let left = match b.resume().await {
+        Ok(left) => left,
+        Err(_) => return !b.sandbox.is_paused(),
+    };
+    if let Err(e) = run_again(shared, b, left).await {
+        tracing::warn!(
+            "sandbox {}: its new end is not recorded: {}",
+            b.id,
+            e.message()
+        );
+        b.set_deadline(Instant::now() + left);
+    }
+    tracing::info!("sandbox {}: resumed by a request", b.id);
+    true
 }
 
 /// What a sandbox's record says of its network: the mode, and with
@@ -550,8 +573,7 @@ pub async fn reap(shared: &Shared) {
     }
     for b in to_pause {
         // Resumed, it runs its whole timeout again.
-        b.paused_left(Some(b.timeout));
-        match b.sandbox.pause().await {
+        match b.pause(Some(b.timeout)).await {
             Ok(()) => tracing::info!("sandbox {}: paused at its timeout", b.id),
             Err(e) => {
                 tracing::warn!(

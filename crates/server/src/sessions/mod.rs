@@ -504,15 +504,14 @@ pub(crate) async fn pause(
     let Some(live) = guard.as_ref() else {
         return Ok(Json(Paused { paused: false }));
     };
-    live.talk.sandbox().pause().await.map_err(|e| match e {
-        cordon_sandbox::Error::Io(io) if io.kind() == std::io::ErrorKind::Unsupported => {
-            ApiError::new(StatusCode::NOT_IMPLEMENTED, "cannot_pause", io.to_string())
-        }
-        e => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            format!("session {id}: cannot pause its sandbox: {e}"),
-        ),
+    live.talk.sandbox().pause().await.map_err(|e| {
+        crate::http::pause_refused(e, |e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!("session {id}: cannot pause its sandbox: {e}"),
+            )
+        })
     })?;
     tracing::info!("session {id}: paused");
     Ok(Json(Paused { paused: true }))
