@@ -3,9 +3,12 @@
 //! under TCG on machines whose /dev/kvm cannot run guests).
 //!
 //! Measured, alternating between the backends: the time from asking for a
-//! sandbox to the first exec's result (`/bin/true`), and the latency of an
-//! exec in a warm session (`/bin/true`, and `sh -c true`, which also loads a
-//! shell from the shared /usr).
+//! sandbox to the first exec's result (`/bin/true`), for a microVM both
+//! booted cold and started from its memory snapshot (the default), and the
+//! latency of an exec in a warm session (`/bin/true`, and `sh -c true`,
+//! which also loads a shell from the shared /usr). Then pause and resume
+//! (freezer cgroup natively, QEMU stopped for a microVM; memory kept where
+//! it is in both) against the memory a process in the sandbox holds.
 
 use std::time::{Duration, Instant};
 
@@ -20,18 +23,34 @@ fn config(workspace: &std::path::Path, backend: BackendKind) -> SandboxConfig {
     c
 }
 
-async fn first_exec(workspace: &std::path::Path, backend: BackendKind) -> Result<Duration, String> {
+/// The ways of starting that are timed, in the order they alternate.
+const STARTS: [(&str, BackendKind, bool); 3] = [
+    ("native", BackendKind::Native, false),
+    ("microvm booted cold", BackendKind::Microvm, true),
+    ("microvm from its snapshot", BackendKind::Microvm, false),
+];
+
+async fn first_exec(
+    workspace: &std::path::Path,
+    (name, backend, cold_boot): (&str, BackendKind, bool),
+) -> Result<Duration, String> {
+    let mut config = config(workspace, backend);
+    config.vm.cold_boot = cold_boot;
     let start = Instant::now();
-    let sb = Sandbox::create(config(workspace, backend))
+    let sb = Sandbox::create(config)
         .await
-        .map_err(|e| format!("{backend}: {e}"))?;
+        .map_err(|e| format!("{name}: {e}"))?;
+    let restored = sb.info().limits.contains("from a snapshot");
+    if backend == BackendKind::Microvm && restored == cold_boot {
+        return Err(format!("{name}: started otherwise ({})", sb.info().limits));
+    }
     let out = sb
         .exec(ExecRequest::argv(["/bin/true"]))
         .await
         .map_err(|e| e.to_string())?;
     let took = start.elapsed();
     if !out.status.success() {
-        return Err(format!("{backend}: /bin/true failed"));
+        return Err(format!("{name}: /bin/true failed"));
     }
     sb.close().await;
     Ok(took)
@@ -53,14 +72,15 @@ pub async fn run(args: &Args, workspace: &std::path::Path) -> Result<Json, Strin
     let cold_rounds = args.num("cold", 10)?;
     let warm_rounds = args.num("execs", 50)?;
     let backends = [BackendKind::Native, BackendKind::Microvm];
-    let mut cold: [Vec<Duration>; 2] = Default::default();
-    // One of each first: page caches, the guest image, the staged binary.
-    for b in backends {
-        first_exec(workspace, b).await?;
+    let mut cold: [Vec<Duration>; 3] = Default::default();
+    // One of each first: page caches, the guest image, the staged binary,
+    // the snapshot.
+    for start in STARTS {
+        first_exec(workspace, start).await?;
     }
     for _ in 0..cold_rounds {
-        for (i, b) in backends.iter().enumerate() {
-            cold[i].push(first_exec(workspace, *b).await?);
+        for (i, start) in STARTS.iter().enumerate() {
+            cold[i].push(first_exec(workspace, *start).await?);
         }
     }
     let mut warm_true: [Vec<Duration>; 2] = Default::default();
@@ -87,17 +107,48 @@ pub async fn run(args: &Args, workspace: &std::path::Path) -> Result<Json, Strin
     for sb in &sbs {
         sb.close().await;
     }
+    let held_sizes: &[u64] = if cold_rounds < 5 {
+        &[64]
+    } else {
+        &[64, 256, 1024]
+    };
+    let mut pauses = Vec::new();
+    println!("Pause and resume against the memory held in the sandbox (p50 of {PAUSES}):");
+    for &mib in held_sizes {
+        for backend in backends {
+            let (pause, resume) = pause_resume(workspace, backend, mib).await?;
+            let (p, r) = (Summary::of(&pause), Summary::of(&resume));
+            println!(
+                "  {backend:8} {mib:5} MiB held: pause p50 {} ms (p90 {}), resume p50 {} ms (p90 {})",
+                ms(p.p50),
+                ms(p.p90),
+                ms(r.p50),
+                ms(r.p90)
+            );
+            pauses.push(Json::obj([
+                ("backend", Json::str(backend.to_string())),
+                ("held_mib", Json::Num(mib as f64)),
+                ("pause", p.json()),
+                ("resume", r.json()),
+            ]));
+        }
+    }
     let s = |v: &[Duration]| Summary::of(v);
-    let (cn, cv) = (s(&cold[0]), s(&cold[1]));
+    let (cn, cv, snap) = (s(&cold[0]), s(&cold[1]), s(&cold[2]));
     let (tn, tv) = (s(&warm_true[0]), s(&warm_true[1]));
     let (shn, shv) = (s(&warm_sh[0]), s(&warm_sh[1]));
     println!("Sandbox backends: native next to microvm ({limits})");
     println!(
-        "  create to first exec's result ({cold_rounds} rounds): native p50 {} ms, microvm p50 {} ms (p90 {}), ratio {:.1}",
+        "  create to first exec's result ({cold_rounds} rounds): native p50 {} ms; microvm booted cold p50 {} ms (p90 {}), ratio {:.1}; \
+         microvm from its snapshot p50 {} ms (p90 {}), ratio {:.1}, {:.1}x faster than cold",
         ms(cn.p50),
         ms(cv.p50),
         ms(cv.p90),
-        cv.p50 / cn.p50
+        cv.p50 / cn.p50,
+        ms(snap.p50),
+        ms(snap.p90),
+        snap.p50 / cn.p50,
+        cv.p50 / snap.p50
     );
     println!(
         "  warm exec of /bin/true ({warm_rounds} rounds): native p50 {} ms, microvm p50 {} ms (p90 {}), ratio {:.1}",
@@ -117,11 +168,64 @@ pub async fn run(args: &Args, workspace: &std::path::Path) -> Result<Json, Strin
         ("cold_native", cn.json()),
         ("cold_microvm", cv.json()),
         ("cold_ratio_p50", Json::Num(cv.p50 / cn.p50)),
+        ("snapshot_microvm", snap.json()),
+        ("snapshot_ratio_p50", Json::Num(snap.p50 / cn.p50)),
+        ("cold_over_snapshot_p50", Json::Num(cv.p50 / snap.p50)),
         ("warm_true_native", tn.json()),
         ("warm_true_microvm", tv.json()),
         ("warm_true_ratio_p50", Json::Num(tv.p50 / tn.p50)),
         ("warm_sh_native", shn.json()),
         ("warm_sh_microvm", shv.json()),
         ("warm_sh_ratio_p50", Json::Num(shv.p50 / shn.p50)),
+        ("pause_resume", Json::Arr(pauses)),
     ]))
+}
+
+/// Pauses and resumes timed per sandbox.
+const PAUSES: usize = 10;
+
+/// A sandbox whose process holds `mib` MiB (written, so resident), paused
+/// and resumed [`PAUSES`] times; the process is checked to be alive after.
+async fn pause_resume(
+    workspace: &std::path::Path,
+    backend: BackendKind,
+    mib: u64,
+) -> Result<(Vec<Duration>, Vec<Duration>), String> {
+    let mut c = config(workspace, backend);
+    // Room for the kernel (a microVM's) and the holder beside it.
+    c.memory = Some((mib + 384) << 20);
+    let sb = Sandbox::create(c).await.map_err(|e| e.to_string())?;
+    let hold = format!(
+        "rm -f /tmp/held; nohup python3 -c \"import time; b = b'x' * ({mib} << 20); \
+         open('/tmp/held', 'w').close(); time.sleep(1e6)\" >/dev/null 2>&1 & \
+         while ! test -e /tmp/held; do sleep 0.05; done"
+    );
+    let out = sb
+        .exec(ExecRequest::shell(&hold))
+        .await
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "{backend}: holding {mib} MiB failed: {}",
+            out.stderr_str()
+        ));
+    }
+    let (mut pause, mut resume) = (Vec::new(), Vec::new());
+    for _ in 0..PAUSES {
+        let t = Instant::now();
+        sb.pause().await.map_err(|e| e.to_string())?;
+        pause.push(t.elapsed());
+        let t = Instant::now();
+        sb.resume().await.map_err(|e| e.to_string())?;
+        resume.push(t.elapsed());
+    }
+    let out = sb
+        .exec(ExecRequest::shell("pgrep -f 'time.sleep' >/dev/null"))
+        .await
+        .map_err(|e| e.to_string())?;
+    sb.close().await;
+    if !out.status.success() {
+        return Err(format!("{backend}: the holder did not survive its pauses"));
+    }
+    Ok((pause, resume))
 }

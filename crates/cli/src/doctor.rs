@@ -259,21 +259,26 @@ async fn microvm(r: &mut Report, required: bool) {
             .exec(ExecRequest::shell("uname -r"))
             .await
             .map_err(|e| e.to_string());
+        let how = if sb.info().limits.contains("from a snapshot") {
+            "started from a snapshot"
+        } else {
+            "booted cold"
+        };
         sb.close().await;
-        out
+        out.map(|o| (o, how))
     }
     .await;
     match booted {
-        Ok(out) if out.status.success() => line(
+        Ok((out, how)) if out.status.success() => line(
             true,
             "tcg",
             format!(
-                "a guest (kernel {}) ran its first command {} ms after start",
+                "a guest (kernel {}, {how}) ran its first command {} ms after start",
                 out.stdout_str().trim(),
                 start.elapsed().as_millis()
             ),
         ),
-        Ok(out) => line(
+        Ok((out, _)) => line(
             false,
             "tcg",
             format!("the guest's command failed: {}", out.stderr_str()),

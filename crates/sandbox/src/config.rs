@@ -266,6 +266,9 @@ pub struct VmOptions {
     pub modules: Option<PathBuf>,
     /// `kvm`, `tcg`, or `None` to decide.
     pub accel: Option<Accel>,
+    /// Boot every guest from its kernel: neither take nor use the memory
+    /// snapshot of a booted guest (microvm/snapshot.rs).
+    pub cold_boot: bool,
 }
 
 /// How QEMU runs the guest's code.

@@ -246,6 +246,115 @@ exec {qemu} "$@"
         sb.close().await;
     }
 
+    /// The first start of a machine's shape boots its kernel and saves the
+    /// held guest; the next ones start from that snapshot, each a guest of
+    /// its own: its own random numbers and boot id, the host's time, its
+    /// own workspace. A snapshot that does not load is replaced.
+    #[tokio::test]
+    async fn later_starts_come_from_a_snapshot_and_share_no_randomness() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = sandbox(dir.path()).await;
+        first.close().await;
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (one, two) = tokio::join!(sandbox(a.path()), sandbox(b.path()));
+        let probe = "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; \
+                     cat /proc/sys/kernel/random/boot_id; date +%s; ls /workspace";
+        std::fs::write(a.path().join("mine-a"), "").unwrap();
+        std::fs::write(b.path().join("mine-b"), "").unwrap();
+        let (x, y) = tokio::join!(run(&one, probe), run(&two, probe));
+        for sb in [&one, &two] {
+            assert!(
+                sb.info().limits.contains("started from a snapshot"),
+                "{}",
+                sb.info().limits
+            );
+        }
+        let (x, y) = (x.stdout_str(), y.stdout_str());
+        let (x, y): (Vec<&str>, Vec<&str>) = (x.lines().collect(), y.lines().collect());
+        assert_eq!(x[0].len(), 64, "{x:?}");
+        assert_ne!(x[0], y[0], "two guests drew the same random bytes");
+        assert_ne!(x[1], y[1], "two guests have one boot id");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        for t in [x[2], y[2]] {
+            assert!(
+                t.parse::<u64>().unwrap().abs_diff(now) < 5,
+                "guest time {t}, host {now}"
+            );
+        }
+        assert_eq!(x[3..], ["mine-a"]);
+        assert_eq!(y[3..], ["mine-b"]);
+        one.close().await;
+        two.close().await;
+
+        // A snapshot QEMU cannot load (corrupt, truncated, of another
+        // version) costs one cold boot, which takes a new one. (In this
+        // test, after the above: it damages the snapshots taken meanwhile.)
+        let store = cordon_sandbox::microvm::image::cache_dir().join("snapshots");
+        let listing = || -> std::collections::BTreeSet<std::path::PathBuf> {
+            std::fs::read_dir(&store)
+                .map(|d| d.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default()
+        };
+        // A size no other test uses: a shape of its own.
+        let odd = |dir: &Path| {
+            let mut c = config(dir);
+            c.memory = Some(200 << 20);
+            c
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let before = listing();
+        Sandbox::create(odd(dir.path()))
+            .await
+            .unwrap()
+            .close()
+            .await;
+        let ours: Vec<_> = listing().difference(&before).cloned().collect();
+        assert!(!ours.is_empty(), "no snapshot taken in {}", store.display());
+        for (i, path) in ours.iter().enumerate() {
+            let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            if i % 2 == 0 {
+                f.set_len(4096).unwrap();
+            } else {
+                std::os::unix::fs::FileExt::write_at(&f, b"not a migration stream", 0).unwrap();
+            }
+        }
+        let sb = Sandbox::create(odd(dir.path()))
+            .await
+            .expect("a cold boot instead");
+        assert!(
+            sb.info().limits.contains("booted cold"),
+            "{}",
+            sb.info().limits
+        );
+        assert_eq!(run(&sb, "echo ok").await.stdout_str(), "ok\n");
+        sb.close().await;
+        let sb = Sandbox::create(odd(dir.path())).await.unwrap();
+        assert!(
+            sb.info().limits.contains("started from a snapshot"),
+            "{}",
+            sb.info().limits
+        );
+        sb.close().await;
+    }
+
+    /// `vm.snapshots = off`: every guest boots its kernel.
+    #[tokio::test]
+    async fn cold_boot_is_a_choice() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(dir.path());
+        c.vm.cold_boot = true;
+        let sb = Sandbox::create(c).await.unwrap();
+        assert!(
+            sb.info().limits.contains("booted cold"),
+            "{}",
+            sb.info().limits
+        );
+        sb.close().await;
+    }
+
     #[tokio::test]
     async fn read_only_shares_stay_read_only_even_to_the_guest_s_root() {
         let dir = tempfile::tempdir().unwrap();

@@ -340,6 +340,14 @@ pub const KEYS: &[Key] = &[
         doc: "kvm or tcg (default tcg: a /dev/kvm that cannot run guests hangs them)",
         guard: Guard::Isolation,
     },
+    Key {
+        name: "vm.snapshots",
+        env: &["CORDON_VM_SNAPSHOTS"],
+        secret: false,
+        default: Some("on"),
+        doc: "on: start each microVM from a memory snapshot of a guest booted once (taken on first use); off: boot every one cold",
+        guard: Guard::Isolation,
+    },
 ];
 
 fn key(name: &str) -> Option<&'static Key> {

@@ -302,6 +302,11 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
                 accel: opt(s, "vm.accel", |v| {
                     v.parse::<Accel>().map_err(|_| "expected kvm or tcg".into())
                 })?,
+                cold_boot: req(s, "vm.snapshots", |v| match v {
+                    "on" | "true" => Ok(false),
+                    "off" | "false" => Ok(true),
+                    _ => Err("expected on or off".into()),
+                })?,
             },
         },
         checkpoints,

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::supervisor::mount::{MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MountAttr};
 
 /// What the child needs to cover the hidden files, prepared before fork.
+#[derive(Clone)]
 pub(super) struct Covers {
     /// The empty read-only file mounted over each target.
     cover: CString,

@@ -9,6 +9,10 @@
 //! unchanged. The workspace is a read-write 9p share; the guest has no
 //! network device.
 //!
+//! Only the first guest of a given shape boots its kernel: init holds
+//! before it mounts anything, QEMU saves the machine there, and the next
+//! guests of that shape start from the saved state (see `snapshot`).
+//!
 //! With an image, the guest's root is the image instead (see `disks`): its
 //! flat root, a read-only ext4 disk made once per image, under an overlay
 //! whose writable layer is a second disk of the guest's own, as big as the
@@ -28,6 +32,8 @@ mod cover;
 mod disks;
 pub mod image;
 mod qemu;
+mod qmp;
+mod snapshot;
 mod stage;
 mod tail;
 
@@ -45,7 +51,8 @@ use crate::services::{Channel, Services};
 use crate::session::{ConnectParams, Lifecycle, Sandbox};
 use accel::{accel, tsc_khz};
 use disks::ImageDisks;
-use qemu::{CONSOLE_FD, QEMU_HOST_FILES, launch, spawn_qemu};
+use qemu::{CONSOLE_FD, INCOMING_FD, MONITOR_FD, QEMU_HOST_FILES, QemuFds, launch, spawn_qemu};
+use snapshot::{Shape, Snapshots};
 use stage::{RunDir, run_dir, stage_etc, stage_supervisor, system_layout};
 use tail::Tail;
 
@@ -456,22 +463,36 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         read.push(flat);
         write.push(upper);
     }
-    let ruleset = crate::supervisor::confine::vmm_ruleset(&read, &write)?;
 
-    let (host, guest_end) = std::os::unix::net::UnixStream::pair()?;
-    let (console_host, console_guest) = std::os::unix::net::UnixStream::pair()?;
-    let (pid, qemu_stderr) = launch(move || {
-        spawn_qemu(
-            &qemu,
-            &args,
-            guest_end.into(),
-            console_guest.into(),
-            ruleset,
-            covers,
-        )
-    })?;
+    let setup_timeout = config.setup_timeout.max(MIN_SETUP_TIMEOUT);
+    let shape = if config.vm.cold_boot {
+        None
+    } else {
+        Some(Shape::new(&qemu, &kernel.vmlinux, &initrd, &args)?)
+    };
+    let launch_spec = Launch {
+        qemu,
+        args,
+        read,
+        write,
+        covers,
+        timeout: setup_timeout,
+        snapshots: Snapshots::new(&cache),
+        shape,
+    };
+    let booted = tokio::task::spawn_blocking(move || boot(&launch_spec))
+        .await
+        .map_err(|e| Error::Io(std::io::Error::other(e)))??;
+    let Booted {
+        qemu: started,
+        host,
+        console,
+        log: qemu_log,
+        restored,
+        monitor: _,
+    } = booted;
     let lifecycle = VmLifecycle {
-        pid,
+        pid: started.keep(),
         reaped: Mutex::new(false),
         run_dir: run_guard.keep(),
         disks: Mutex::new(disks),
@@ -511,17 +532,18 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;
     let limits = format!(
-        "microvm: {} MiB of RAM, {cpus} vCPU, QEMU {}",
+        "microvm: {} MiB of RAM, {cpus} vCPU, QEMU {}, {}",
         memory / MIB,
         match accel {
             Accel::Kvm => "with KVM",
             Accel::Tcg => "TCG",
+        },
+        if restored {
+            "started from a snapshot"
+        } else {
+            "booted cold"
         }
     );
-    // Started after the lifecycle exists: should a thread fail to start,
-    // dropping it stops QEMU.
-    let console = Tail::drain(console_host.into(), "console")?;
-    let qemu_log = Tail::drain(qemu_stderr, "stderr")?;
     Sandbox::connect(
         stream,
         ConnectParams {
@@ -535,7 +557,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             bind_targets: config.binds.iter().map(|b| b.target.clone()).collect(),
             network: config.network,
             image_user: config.image.as_ref().map(|i| i.uid),
-            setup_timeout: config.setup_timeout.max(MIN_SETUP_TIMEOUT),
+            setup_timeout,
             set_clock: true,
             services,
         },
@@ -554,4 +576,149 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         }
         other => other,
     })
+}
+
+/// How to start QEMU for one sandbox, from a snapshot or cold.
+struct Launch {
+    qemu: PathBuf,
+    args: Vec<String>,
+    /// What QEMU may read and write on the host (its Landlock ruleset).
+    read: Vec<PathBuf>,
+    write: Vec<PathBuf>,
+    covers: Option<cover::Covers>,
+    timeout: Duration,
+    snapshots: Snapshots,
+    /// None: boot cold, take no snapshot.
+    shape: Option<Shape>,
+}
+
+/// A QEMU started and its guest past the start handshake.
+struct Booted {
+    qemu: Started,
+    /// The control channel's host end, the supervisor's next.
+    host: std::os::unix::net::UnixStream,
+    /// QEMU's monitor (QMP).
+    monitor: std::os::unix::net::UnixStream,
+    console: std::sync::Arc<Tail>,
+    log: std::sync::Arc<Tail>,
+    restored: bool,
+}
+
+/// A QEMU process not yet owned by a lifecycle: killed and reaped if
+/// dropped (a start that failed, or whose caller went away).
+struct Started(Option<i32>);
+
+impl Started {
+    fn keep(mut self) -> i32 {
+        self.0.take().expect("kept once")
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.take() {
+            // SAFETY: killing and reaping our own child, which no one else
+            // reaps.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+/// A restored guest acknowledges its go at once; one that does not in
+/// this long is taken for a snapshot that does not work.
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Starts the guest from its snapshot if there is one that works, else
+/// cold, taking the snapshot on the way (see `snapshot`). Blocking.
+fn boot(l: &Launch) -> Result<Booted> {
+    if let Some(shape) = &l.shape
+        && let Some(file) = l.snapshots.open(shape)
+    {
+        let restored = start(l, Some(file.into())).and_then(|mut b| {
+            qmp::Qmp::connect(b.monitor.try_clone()?, RESTORE_TIMEOUT)
+                .and_then(|mut q| snapshot::resume(&mut q))
+                .map_err(|e| explain(e, &b))?;
+            snapshot::go(&mut b.host, RESTORE_TIMEOUT.min(l.timeout))
+                .map_err(|e| explain(e, &b))?;
+            Ok(b)
+        });
+        match restored {
+            Ok(b) => {
+                return Ok(Booted {
+                    restored: true,
+                    ..b
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the microVM did not start from its snapshot; booting it cold");
+                l.snapshots.forget(shape);
+            }
+        }
+    }
+    let mut b = start(l, None)?;
+    snapshot::ready(&mut b.host, l.timeout).map_err(|e| explain(e, &b))?;
+    if let Some(shape) = &l.shape {
+        let taken = b
+            .monitor
+            .try_clone()
+            .map_err(Error::from)
+            .and_then(|m| qmp::Qmp::connect(m, RESTORE_TIMEOUT))
+            .and_then(|mut q| l.snapshots.take(shape, &mut q));
+        if let Err(e) = taken {
+            tracing::warn!(error = %e, "could not snapshot the microVM's boot; the next starts cold too");
+        }
+    }
+    snapshot::go(&mut b.host, l.timeout).map_err(|e| explain(e, &b))?;
+    Ok(b)
+}
+
+/// Starts QEMU with `l`'s options, restoring `incoming` if given.
+fn start(l: &Launch, incoming: Option<std::os::fd::OwnedFd>) -> Result<Booted> {
+    let ruleset = crate::supervisor::confine::vmm_ruleset(&l.read, &l.write)?;
+    let (host, guest_end) = std::os::unix::net::UnixStream::pair()?;
+    let (console_host, console_guest) = std::os::unix::net::UnixStream::pair()?;
+    let (monitor, monitor_qemu) = std::os::unix::net::UnixStream::pair()?;
+    let mut args = l.args.clone();
+    args.extend([
+        "-chardev".to_string(),
+        format!("socket,id=monitor,fd={MONITOR_FD}"),
+        "-mon".into(),
+        "chardev=monitor,mode=control".into(),
+    ]);
+    if incoming.is_some() {
+        args.extend(["-incoming".to_string(), format!("fd:{INCOMING_FD}")]);
+    }
+    let qemu = l.qemu.clone();
+    let covers = l.covers.clone();
+    let fds = QemuFds {
+        control: guest_end.into(),
+        console: console_guest.into(),
+        monitor: monitor_qemu.into(),
+        incoming,
+    };
+    let (pid, stderr) = launch(move || spawn_qemu(&qemu, &args, fds, ruleset, covers))?;
+    let qemu = Started(Some(pid));
+    Ok(Booted {
+        console: Tail::drain(console_host.into(), "console")?,
+        log: Tail::drain(stderr, "stderr")?,
+        qemu,
+        host,
+        monitor,
+        restored: false,
+    })
+}
+
+/// `e` with what the guest's console and QEMU last said.
+fn explain(e: Error, b: &Booted) -> Error {
+    Error::Setup {
+        message: format!(
+            "the microVM did not start: {e}; its console said:\n{}\n{}",
+            b.console.explain(15),
+            b.log.explain(5)
+        ),
+        errno: 0,
+    }
 }

@@ -79,21 +79,40 @@ pub(super) const QEMU_HOST_FILES: &[&str] = &[
 /// channel's is [`CONTROL_FD`]).
 pub(super) const CONSOLE_FD: i32 = CONTROL_FD + 1;
 
-/// Starts QEMU with the guest's end of the control socket as fd 3 and the
-/// console socket as fd 4, confined as the module says (Landlock with
-/// `ruleset`, then seccomp), in its own process group (the terminal's
-/// Ctrl-C belongs to the front end), dying with this process. Returns its
-/// pid and the read end of its stderr.
+/// QEMU's descriptor for its monitor's socket (QMP).
+pub(super) const MONITOR_FD: i32 = CONTROL_FD + 2;
+
+/// QEMU's descriptor for the snapshot it starts from, if any.
+pub(super) const INCOMING_FD: i32 = CONTROL_FD + 3;
+
+/// The descriptors QEMU starts with, as the numbers its options name.
+pub(super) struct QemuFds {
+    pub control: OwnedFd,
+    pub console: OwnedFd,
+    pub monitor: OwnedFd,
+    pub incoming: Option<OwnedFd>,
+}
+
+/// Starts QEMU with `fds` as [`CONTROL_FD`], [`CONSOLE_FD`],
+/// [`MONITOR_FD`] and [`INCOMING_FD`], confined as the module says (Landlock with `ruleset`,
+/// then seccomp), in its own process group (the terminal's Ctrl-C belongs
+/// to the front end), dying with this process. Returns its pid and the
+/// read end of its stderr.
 pub(super) fn spawn_qemu(
     qemu: &Path,
     args: &[String],
-    control: OwnedFd,
-    console: OwnedFd,
+    fds: QemuFds,
     ruleset: Option<OwnedFd>,
     covers: Option<cover::Covers>,
 ) -> Result<(i32, OwnedFd)> {
     let filters = crate::supervisor::confine::host_file_guard()?;
-    let (control_raw, console_raw) = (control.as_raw_fd(), console.as_raw_fd());
+    let sources = [
+        fds.control.as_raw_fd(),
+        fds.console.as_raw_fd(),
+        fds.monitor.as_raw_fd(),
+        fds.incoming.as_ref().map_or(-1, |f| f.as_raw_fd()),
+    ];
+    let targets = [CONTROL_FD, CONSOLE_FD, MONITOR_FD, INCOMING_FD];
     let ruleset_raw = ruleset.as_ref().map(|f| f.as_raw_fd());
     let mut cmd = std::process::Command::new(qemu);
     cmd.args(args)
@@ -113,24 +132,35 @@ pub(super) fn spawn_qemu(
             if let Some(c) = &covers {
                 c.apply()?;
             }
-            // Landlock first: the ruleset's descriptor may be 3 or 4, which
-            // the dup2s below replace.
+            // Landlock first: the ruleset's descriptor may be one of the
+            // targets, which the dup2s below replace.
             if let Some(fd) = ruleset_raw
                 && (libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
                     || libc::syscall(libc::SYS_landlock_restrict_self, fd, 0) != 0)
             {
                 return Err(std::io::Error::last_os_error());
             }
-            // Copies above both targets first, so that neither dup2 can
-            // overwrite the other source; dup2 clears close-on-exec.
-            let low = CONSOLE_FD + 1;
-            let a = libc::fcntl(control_raw, libc::F_DUPFD, low);
-            let b = libc::fcntl(console_raw, libc::F_DUPFD, low);
-            if a < 0 || b < 0 || libc::dup2(a, CONTROL_FD) < 0 || libc::dup2(b, CONSOLE_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
+            // Copies above every target first, so that no dup2 can
+            // overwrite another's source; dup2 clears close-on-exec.
+            let mut copies = [-1; 4];
+            for (copy, source) in copies.iter_mut().zip(sources) {
+                if source < 0 {
+                    continue;
+                }
+                *copy = libc::fcntl(source, libc::F_DUPFD, INCOMING_FD + 1);
+                if *copy < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
-            libc::close(a);
-            libc::close(b);
+            for (copy, target) in copies.into_iter().zip(targets) {
+                if copy < 0 {
+                    continue;
+                }
+                if libc::dup2(copy, target) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(copy);
+            }
             for f in &filters {
                 seccompiler::apply_filter(f).map_err(std::io::Error::other)?;
             }
@@ -141,7 +171,7 @@ pub(super) fn spawn_qemu(
         path: qemu.to_path_buf(),
         source: e,
     })?;
-    drop((control, console, ruleset));
+    drop((fds, ruleset));
     let stderr = child.stderr.take().expect("stderr was piped");
     Ok((child.id() as i32, stderr.into()))
 }

@@ -1,0 +1,343 @@
+//! Starting a microVM from a memory snapshot of a guest booted once.
+//!
+//! Under TCG most of a microVM's start is its kernel booting; a snapshot
+//! is that boot done once. The rules:
+//!
+//! - What is saved is a guest held by its init (guest/init.rs) just after
+//!   its drivers load: no share mounted, no disk probed, no setup sent. So
+//!   a snapshot holds nothing of any tenant's, and 9p (whose mounted
+//!   exports QEMU refuses to migrate) is no obstacle.
+//! - It is keyed by everything the restored machine must share with the
+//!   saved one ([`Shape`]): QEMU, the kernel and the initramfs by identity
+//!   on disk, every option and device with the per-sandbox paths left out.
+//!   A change to any of them is a new key, so a restore never meets a
+//!   state of another machine.
+//! - QEMU writes it through a descriptor into a temporary file renamed
+//!   into place: a reader sees one whole snapshot or none. It lives in
+//!   cordon's cache, where neither the guest nor QEMU can name it, and at
+//!   most [`KEEP`] of them are kept.
+//! - Each start sends its own entropy with the go, mixed into the kernel's
+//!   pool before anything else runs: guests restored from one snapshot
+//!   would otherwise draw the same random numbers. (Their kernel's address
+//!   layout and boot id are the snapshot's, shared.)
+//! - A restored guest that does not acknowledge its go in time is ended,
+//!   its snapshot removed, and the sandbox booted cold instead.
+
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use super::qmp::{Command, MigrationInfo, MigrationStatus, Qmp};
+use crate::error::{Error, Result};
+
+/// The start handshake, as guest/init.rs speaks it: the guest writes
+/// READY when it holds, the host answers GO and [`SEED_LEN`] random
+/// bytes, the guest ACK once they are in its pool.
+pub(super) const READY: &[u8; 8] = b"cordon:R";
+const GO: &[u8; 8] = b"cordon:G";
+const ACK: &[u8; 8] = b"cordon:A";
+const SEED_LEN: usize = 32;
+
+/// Part of every key: raised when what a held guest expects changes in a
+/// way the initramfs's identity would not show.
+const FORMAT: u32 = 1;
+
+/// Snapshots kept in the cache; the oldest go first. Every distinct size
+/// of machine (which a tenant of `serve` picks) has its own.
+const KEEP: usize = 16;
+
+/// How long QEMU may take to write a snapshot of a held guest (a few
+/// dozen MiB, most of memory being zero pages it skips).
+const SAVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The monitor's name for the descriptor the snapshot is written to.
+const FD_NAME: &str = "cordon-snapshot";
+
+/// What a restored machine must share with the saved one, as a digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Shape(String);
+
+impl Shape {
+    /// The shape of QEMU started as `qemu args` with `kernel` and
+    /// `initrd`: QEMU and the kernel by identity on disk (a package
+    /// upgrade replaces them), the initramfs by its path (named by its
+    /// content, and touched on each use), `args` with each share's and each
+    /// disk's path left out (they differ per sandbox, and a held guest has
+    /// not opened them).
+    pub(super) fn new(qemu: &Path, kernel: &Path, initrd: &Path, args: &[String]) -> Result<Shape> {
+        let mut h = Sha256::new();
+        h.update(FORMAT.to_le_bytes());
+        for file in [qemu, kernel] {
+            let m = std::fs::metadata(file).map_err(|e| {
+                Error::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("{}: {e}", file.display()),
+                ))
+            })?;
+            let id = format!(
+                "{}\0{}:{}:{}:{}.{}:{}.{}\n",
+                file.display(),
+                m.dev(),
+                m.ino(),
+                m.size(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec()
+            );
+            h.update(id.as_bytes());
+        }
+        h.update(initrd.as_os_str().as_encoded_bytes());
+        h.update(b"\0");
+        for arg in args {
+            h.update(without_paths(arg).as_bytes());
+            h.update(b"\0");
+        }
+        let digest = h.finalize();
+        Ok(Shape(digest.iter().map(|b| format!("{b:02x}")).collect()))
+    }
+}
+
+/// `arg` with the value of each `path=` and `file=` option left out.
+/// Paths hold no comma (the backend refuses them), so options split on
+/// commas exactly.
+fn without_paths(arg: &str) -> String {
+    arg.split(',')
+        .map(|o| match o.split_once('=') {
+            Some((k @ ("path" | "file"), _)) => format!("{k}="),
+            _ => o.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The snapshots in a cache directory.
+pub(super) struct Snapshots {
+    dir: PathBuf,
+}
+
+impl Snapshots {
+    pub(super) fn new(cache: &Path) -> Snapshots {
+        Snapshots {
+            dir: cache.join("snapshots"),
+        }
+    }
+
+    fn path(&self, shape: &Shape) -> PathBuf {
+        self.dir.join(format!("{}.vmstate", shape.0))
+    }
+
+    /// The snapshot of `shape`, opened, if one was taken.
+    pub(super) fn open(&self, shape: &Shape) -> Option<std::fs::File> {
+        std::fs::File::open(self.path(shape)).ok()
+    }
+
+    /// Removes the snapshot of `shape`, one a restore could not start.
+    pub(super) fn forget(&self, shape: &Shape) {
+        let _ = std::fs::remove_file(self.path(shape));
+    }
+
+    /// Saves the guest behind `qmp`, held by its init, as the snapshot of
+    /// `shape`, and lets it go on. The guest is stopped meanwhile; it is
+    /// continued whatever happens.
+    pub(super) fn take(&self, shape: &Shape, qmp: &mut Qmp) -> Result<()> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)?;
+        let file = tempfile::Builder::new()
+            .prefix(".taking-")
+            .tempfile_in(&self.dir)?;
+        qmp.execute::<serde::de::IgnoredAny>(&Command::Stop, None)?;
+        let saved = save(qmp, file.as_file());
+        let continued = qmp.execute::<serde::de::IgnoredAny>(&Command::Cont, None);
+        saved?;
+        continued?;
+        file.persist(self.path(shape))
+            .map_err(|e| Error::Io(e.error))?;
+        self.prune();
+        Ok(())
+    }
+
+    /// Keeps the [`KEEP`] newest snapshots, and no leftover of a taking
+    /// that died.
+    fn prune(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+        for e in entries.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            let old = m.modified().ok().and_then(|t| t.elapsed().ok());
+            if name.starts_with(".taking-") {
+                if old.is_some_and(|age| age > SAVE_TIMEOUT * 2) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            } else if name.ends_with(".vmstate") {
+                found.push((m.modified().unwrap_or(std::time::UNIX_EPOCH), e.path()));
+            }
+        }
+        found.sort_by_key(|f| std::cmp::Reverse(f.0));
+        for (_, path) in found.into_iter().skip(KEEP) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Migrates the stopped guest into `file` and waits for QEMU to finish.
+fn save(qmp: &mut Qmp, file: &std::fs::File) -> Result<()> {
+    qmp.execute::<serde::de::IgnoredAny>(&Command::Getfd { fdname: FD_NAME }, Some(file.as_fd()))?;
+    let uri = format!("fd:{FD_NAME}");
+    qmp.execute::<serde::de::IgnoredAny>(&Command::Migrate { uri: &uri }, None)?;
+    migrated(qmp, "save")
+}
+
+/// Continues a guest QEMU restores from a snapshot, once it is loaded: it
+/// was saved stopped, and QEMU keeps it so until told (a `cont` while it
+/// loads would be overruled by the state saved).
+pub(super) fn resume(qmp: &mut Qmp) -> Result<()> {
+    migrated(qmp, "load")?;
+    qmp.execute::<serde::de::IgnoredAny>(&Command::Cont, None)?;
+    Ok(())
+}
+
+/// Waits for QEMU's migration (out to a snapshot or in from one) to end.
+fn migrated(qmp: &mut Qmp, verb: &str) -> Result<()> {
+    let deadline = Instant::now() + SAVE_TIMEOUT;
+    loop {
+        let info: MigrationInfo = qmp.execute(&Command::QueryMigrate, None)?;
+        match info.status {
+            Some(MigrationStatus::Completed) => return Ok(()),
+            Some(MigrationStatus::Failed | MigrationStatus::Cancelled) => {
+                return Err(Error::Io(std::io::Error::other(format!(
+                    "QEMU could not {verb} the guest: {}",
+                    info.error_desc.as_deref().unwrap_or("no reason given")
+                ))));
+            }
+            Some(MigrationStatus::Running) | None => {}
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("QEMU did not {verb} the guest in time"),
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Reads exactly `want` from the guest's control port within `timeout`.
+fn expect(port: &mut UnixStream, want: &[u8; 8], timeout: Duration, what: &str) -> Result<()> {
+    port.set_read_timeout(Some(timeout))?;
+    let mut got = [0u8; 8];
+    let read = port.read_exact(&mut got);
+    port.set_read_timeout(None)?;
+    match read {
+        Ok(()) if &got == want => Ok(()),
+        Ok(()) => Err(Error::Io(std::io::Error::other(format!(
+            "the guest's init sent something other than {what}"
+        )))),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::Io(
+            std::io::Error::new(e.kind(), format!("the microVM exited before {what}")),
+        )),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the guest's init sent no {what} in {} s", timeout.as_secs()),
+            )))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Waits for a booting guest's init to hold.
+pub(super) fn ready(port: &mut UnixStream, timeout: Duration) -> Result<()> {
+    expect(port, READY, timeout, "word that it is ready")
+}
+
+/// Lets a held guest go on, with fresh entropy, and waits for its init to
+/// say the entropy is in.
+pub(super) fn go(port: &mut UnixStream, timeout: Duration) -> Result<()> {
+    let mut msg = [0u8; 8 + SEED_LEN];
+    msg[..8].copy_from_slice(GO);
+    rustix::rand::getrandom(&mut msg[8..], rustix::rand::GetRandomFlags::empty())
+        .map_err(std::io::Error::from)?;
+    port.set_write_timeout(Some(timeout))?;
+    let written = port.write_all(&msg);
+    port.set_write_timeout(None)?;
+    written?;
+    expect(port, ACK, timeout, "acknowledgement of its go")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_leave_out_per_sandbox_paths_only() {
+        assert_eq!(
+            without_paths("local,id=workspace,path=/tmp/a b,security_model=none"),
+            "local,id=workspace,path=,security_model=none"
+        );
+        assert_eq!(
+            without_paths("file=/x/upper.img,if=none,id=upper,format=raw"),
+            "file=,if=none,id=upper,format=raw"
+        );
+        assert_eq!(without_paths("512M"), "512M");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("f");
+        std::fs::write(&f, b"x").unwrap();
+        let shape = |args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+            Shape::new(&f, &f, Path::new("/initrd-1234"), &args).unwrap()
+        };
+        let a = shape(&["-m", "512M", "-fsdev", "local,id=w,path=/one"]);
+        assert_eq!(a, shape(&["-m", "512M", "-fsdev", "local,id=w,path=/two"]));
+        assert_ne!(a, shape(&["-m", "256M", "-fsdev", "local,id=w,path=/one"]));
+        assert_ne!(a, shape(&["-m", "512M", "-fsdev", "local,id=v,path=/one"]));
+        // Another file at the same path (QEMU upgraded) is another shape.
+        std::fs::remove_file(&f).unwrap();
+        std::fs::write(&f, b"xy").unwrap();
+        assert_ne!(a, shape(&["-m", "512M", "-fsdev", "local,id=w,path=/one"]));
+    }
+
+    /// guest/init.rs is built alone, without this crate: the handshake is
+    /// spelled twice and must agree.
+    #[test]
+    fn the_guest_speaks_the_same_handshake() {
+        let init = include_str!("../../guest/init.rs");
+        for (name, value) in [("READY", READY), ("GO", GO), ("ACK", ACK)] {
+            let line = format!(
+                "const {name}: &[u8; 8] = b\"{}\";",
+                std::str::from_utf8(value).unwrap()
+            );
+            assert!(init.contains(&line), "guest/init.rs lacks {line}");
+        }
+        assert!(init.contains(&format!("const SEED_LEN: usize = {SEED_LEN};")));
+    }
+
+    #[test]
+    fn a_guest_that_says_otherwise_or_nothing_is_refused() {
+        let (mut host, mut guest) = UnixStream::pair().unwrap();
+        guest.write_all(b"cordon:X").unwrap();
+        let e = ready(&mut host, Duration::from_secs(1)).unwrap_err();
+        assert!(e.to_string().contains("something other"), "{e}");
+        let e = ready(&mut host, Duration::from_millis(50)).unwrap_err();
+        assert!(e.to_string().contains("sent no word"), "{e}");
+        drop(guest);
+        let e = ready(&mut host, Duration::from_secs(1)).unwrap_err();
+        assert!(e.to_string().contains("exited"), "{e}");
+    }
+}
