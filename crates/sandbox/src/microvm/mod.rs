@@ -155,6 +155,9 @@ impl Lifecycle for VmLifecycle {
         // Stopping is asynchronous: done once every thread says so.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let tasks = PathBuf::from(format!("/proc/{}/task", self.pid));
+        // Soon at first (a signal lands in well under a millisecond), then
+        // less often.
+        let mut wait = Duration::from_micros(50);
         loop {
             let states: Vec<char> = std::fs::read_dir(&tasks)?
                 .flatten()
@@ -176,7 +179,8 @@ impl Lifecycle for VmLifecycle {
                     "QEMU's threads did not all stop or go on in 10 s",
                 ));
             }
-            std::thread::sleep(Duration::from_millis(2));
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(Duration::from_millis(2));
         }
     }
 
