@@ -132,9 +132,12 @@ impl Snapshots {
         self.dir.join(format!("{}.vmstate", shape.0))
     }
 
-    /// The snapshot of `shape`, opened, if one was taken.
+    /// The snapshot of `shape`, opened, if one was taken; marked used, so
+    /// that pruning keeps the ones in use.
     pub(super) fn open(&self, shape: &Shape) -> Option<std::fs::File> {
-        std::fs::File::open(self.path(shape)).ok()
+        let file = std::fs::File::open(self.path(shape)).ok()?;
+        let _ = file.set_modified(std::time::SystemTime::now());
+        Some(file)
     }
 
     /// Removes the snapshot of `shape`, one a restore could not start.
@@ -164,8 +167,8 @@ impl Snapshots {
         Ok(())
     }
 
-    /// Keeps the [`KEEP`] newest snapshots, and no leftover of a taking
-    /// that died.
+    /// Keeps the [`KEEP`] snapshots used last, and no leftover of a
+    /// taking that died.
     fn prune(&self) {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return;
@@ -311,6 +314,42 @@ mod tests {
         std::fs::remove_file(&f).unwrap();
         std::fs::write(&f, b"xy").unwrap();
         assert_ne!(a, shape(&["-m", "512M", "-fsdev", "local,id=w,path=/one"]));
+    }
+
+    /// Pruning keeps the snapshots used last, not those taken last, and
+    /// removes what a taking that died left.
+    #[test]
+    fn pruning_keeps_the_snapshots_in_use() {
+        let cache = tempfile::tempdir().unwrap();
+        let store = Snapshots::new(cache.path());
+        std::fs::create_dir_all(&store.dir).unwrap();
+        let day = Duration::from_secs(86_400);
+        let age = |path: &Path, days: u32| {
+            let t = std::time::SystemTime::now() - day * days;
+            std::fs::File::options()
+                .write(true)
+                .open(path)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        };
+        let shapes: Vec<Shape> = (0..KEEP + 2).map(|i| Shape(format!("{i:064x}"))).collect();
+        for (i, shape) in shapes.iter().enumerate() {
+            std::fs::write(store.path(shape), b"state").unwrap();
+            // Shape 0 was taken longest ago.
+            age(&store.path(shape), (KEEP + 2 - i) as u32);
+        }
+        let dead = store.dir.join(".taking-dead");
+        std::fs::write(&dead, b"half").unwrap();
+        age(&dead, 1);
+        assert!(store.open(&shapes[0]).is_some());
+        store.prune();
+        assert!(store.path(&shapes[0]).exists(), "the one just used went");
+        assert!(!store.path(&shapes[1]).exists());
+        assert!(!store.path(&shapes[2]).exists());
+        assert!(store.path(&shapes[3]).exists());
+        assert!(!dead.exists());
+        assert_eq!(std::fs::read_dir(&store.dir).unwrap().count(), KEEP);
     }
 
     /// guest/init.rs is built alone, without this crate: the handshake is
