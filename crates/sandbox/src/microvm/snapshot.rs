@@ -23,15 +23,15 @@
 //! - A restored guest that does not acknowledge its go in time is ended,
 //!   its snapshot removed, and the sandbox booted cold instead.
 
+use std::hash::Hash;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-
+use super::image::{file_stamp, hash_hex};
 use super::qmp::{Command, MigrationInfo, MigrationStatus, Qmp};
 use crate::error::{Error, Result};
 
@@ -47,8 +47,8 @@ const SEED_LEN: usize = 32;
 /// way the initramfs's identity would not show.
 const FORMAT: u32 = 1;
 
-/// Snapshots kept in the cache; the oldest go first. Every distinct size
-/// of machine (which a tenant of `serve` picks) has its own.
+/// Snapshots kept in the cache; those used longest ago go first. Every
+/// distinct size of machine (which a tenant of `serve` picks) has its own.
 const KEEP: usize = 16;
 
 /// How long QEMU may take to write a snapshot of a held guest (a few
@@ -58,7 +58,7 @@ const SAVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// The monitor's name for the descriptor the snapshot is written to.
 const FD_NAME: &str = "cordon-snapshot";
 
-/// What a restored machine must share with the saved one, as a digest.
+/// What a restored machine must share with the saved one, as a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Shape(String);
 
@@ -70,36 +70,25 @@ impl Shape {
     /// disk's path left out (they differ per sandbox, and a held guest has
     /// not opened them).
     pub(super) fn new(qemu: &Path, kernel: &Path, initrd: &Path, args: &[String]) -> Result<Shape> {
-        let mut h = Sha256::new();
-        h.update(FORMAT.to_le_bytes());
-        for file in [qemu, kernel] {
-            let m = std::fs::metadata(file).map_err(|e| {
-                Error::Io(std::io::Error::new(
-                    e.kind(),
-                    format!("{}: {e}", file.display()),
-                ))
-            })?;
-            let id = format!(
-                "{}\0{}:{}:{}:{}.{}:{}.{}\n",
-                file.display(),
-                m.dev(),
-                m.ino(),
-                m.size(),
-                m.mtime(),
-                m.mtime_nsec(),
-                m.ctime(),
-                m.ctime_nsec()
-            );
-            h.update(id.as_bytes());
-        }
-        h.update(initrd.as_os_str().as_encoded_bytes());
-        h.update(b"\0");
-        for arg in args {
-            h.update(without_paths(arg).as_bytes());
-            h.update(b"\0");
-        }
-        let digest = h.finalize();
-        Ok(Shape(digest.iter().map(|b| format!("{b:02x}")).collect()))
+        let stamp = |file: &Path| {
+            std::fs::metadata(file)
+                .map(|m| file_stamp(&m))
+                .map_err(|e| {
+                    Error::Io(std::io::Error::new(
+                        e.kind(),
+                        format!("{}: {e}", file.display()),
+                    ))
+                })
+        };
+        let files = [(qemu, stamp(qemu)?), (kernel, stamp(kernel)?)];
+        Ok(Shape(hash_hex(|h| {
+            FORMAT.hash(h);
+            files.hash(h);
+            initrd.hash(h);
+            for arg in args {
+                without_paths(arg).hash(h);
+            }
+        })))
     }
 }
 

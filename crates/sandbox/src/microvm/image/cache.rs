@@ -54,10 +54,27 @@ pub(super) fn remove_matching(dir: &Path, mut pred: impl FnMut(&str, &Path) -> b
 /// A 64-bit key for cache file names. SipHash with fixed keys is stable for
 /// a given build of std; a new Rust release may change it, which costs one
 /// rebuild of the cached images.
-pub(super) fn hash_hex(feed: impl FnOnce(&mut DefaultHasher)) -> String {
+pub(crate) fn hash_hex(feed: impl FnOnce(&mut DefaultHasher)) -> String {
     let mut h = DefaultHasher::new();
     feed(&mut h);
     format!("{:016x}", h.finish())
+}
+
+/// What tells one file from another at the same path: its identity and
+/// ctime too, not only size and mtime, as a package upgrade may put a
+/// same-sized file with a preserved mtime at the same path.
+pub(crate) fn file_stamp(meta: &fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    format!(
+        "{} {} {} {}.{:09} {}.{:09}",
+        meta.dev(),
+        meta.ino(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec()
+    )
 }
 
 /// Takes an exclusive lock on `path` (created if needed), held until the

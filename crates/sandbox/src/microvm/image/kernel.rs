@@ -4,11 +4,10 @@
 use std::fs;
 use std::hash::Hash;
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::bytes::{ELF_MAGIC, find, u16_at, u32_at};
-use super::cache::{MARKER, current_version, hash_hex, lock, write_atomic};
+use super::cache::{MARKER, current_version, file_stamp, hash_hex, lock, write_atomic};
 use super::tools::{Compression, decompress};
 use super::{At, ImageError};
 
@@ -122,19 +121,7 @@ fn prepare_vmlinux(
     dir: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(PathBuf, String), ImageError> {
-    let meta = fs::metadata(src).at(src)?;
-    // Identity and ctime too, not only size and mtime: a package upgrade
-    // may put a same-sized file with a preserved mtime at the same path.
-    let stamp = format!(
-        "{} {} {} {}.{:09} {}.{:09}",
-        meta.dev(),
-        meta.ino(),
-        meta.len(),
-        meta.mtime(),
-        meta.mtime_nsec(),
-        meta.ctime(),
-        meta.ctime_nsec()
-    );
+    let stamp = file_stamp(&fs::metadata(src).at(src)?);
     let key_path = dir.join("vmlinux.key");
     let extracted = dir.join("vmlinux");
     let cached = || -> Option<(PathBuf, String)> {
@@ -298,6 +285,7 @@ mod tests {
 
     use super::super::testutil::{VERSION, compress, fake_modules};
     use std::fs::File;
+    use std::os::unix::fs::MetadataExt;
     use std::process::Command;
     use std::time::{Duration, SystemTime};
 

@@ -24,6 +24,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use cache::cache_dir;
+pub(crate) use cache::{file_stamp, hash_hex};
 pub use fetch::setup;
 pub use initramfs::{InitramfsSpec, initramfs};
 pub use kernel::{Kernel, find_kernel};
