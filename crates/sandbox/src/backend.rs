@@ -22,6 +22,27 @@ pub trait Backend: Send + Sync {
     ) -> Pin<Box<dyn Future<Output = Result<Sandbox>> + Send + 'a>>;
 }
 
+/// Waits, blocking, until `done` says so, for at most `limit` (then
+/// `TimedOut` with `what`). Freezing or stopping a sandbox usually takes
+/// the kernel a fraction of a millisecond and sometimes far longer: it
+/// looks again after 50 µs, then twice as long each time, up to 2 ms.
+pub(crate) fn wait_until(
+    limit: std::time::Duration,
+    what: &str,
+    mut done: impl FnMut() -> std::io::Result<bool>,
+) -> std::io::Result<()> {
+    let deadline = std::time::Instant::now() + limit;
+    let mut wait = std::time::Duration::from_micros(50);
+    while !done()? {
+        if std::time::Instant::now() >= deadline {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, what));
+        }
+        std::thread::sleep(wait);
+        wait = (wait * 2).min(std::time::Duration::from_millis(2));
+    }
+    Ok(())
+}
+
 /// The supervisor's executable: the configured one, `CORDON_SUPERVISOR`,
 /// or this process's own.
 pub(crate) fn resolve_supervisor(config: &SandboxConfig) -> Result<PathBuf> {

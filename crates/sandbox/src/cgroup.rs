@@ -354,21 +354,11 @@ impl Cgroup {
                 ));
             }
         }
-        let deadline = std::time::Instant::now() + FREEZING;
-        // The kernel usually finishes within a fraction of a millisecond:
-        // look again soon, then less often.
-        let mut wait = std::time::Duration::from_micros(50);
-        while !done()? {
-            if std::time::Instant::now() >= deadline {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("the kernel did not finish in {FREEZING:?}"),
-                ));
-            }
-            std::thread::sleep(wait);
-            wait = (wait * 2).min(std::time::Duration::from_millis(2));
-        }
-        Ok(())
+        crate::backend::wait_until(
+            FREEZING,
+            &format!("the kernel did not finish in {FREEZING:?}"),
+            done,
+        )
     }
 
     /// Thaws its processes without waiting: what killing a paused sandbox

@@ -153,35 +153,24 @@ impl Lifecycle for VmLifecycle {
             return Err(std::io::Error::last_os_error());
         }
         // Stopping is asynchronous: done once every thread says so.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let tasks = PathBuf::from(format!("/proc/{}/task", self.pid));
-        // Soon at first (a signal lands in well under a millisecond), then
-        // less often.
-        let mut wait = Duration::from_micros(50);
-        loop {
-            let states: Vec<char> = std::fs::read_dir(&tasks)?
-                .flatten()
-                .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
-                .filter_map(|stat| stat.rsplit_once(") ")?.1.chars().next())
-                .collect();
-            let stopped = |c: &char| *c == 'T' || *c == 't';
-            let done = if frozen {
-                states.iter().all(stopped)
-            } else {
-                !states.iter().any(stopped)
-            };
-            if done {
-                return Ok(());
-            }
-            if std::time::Instant::now() >= deadline {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "QEMU's threads did not all stop or go on in 10 s",
-                ));
-            }
-            std::thread::sleep(wait);
-            wait = (wait * 2).min(Duration::from_millis(2));
-        }
+        let stopped = |c: &char| *c == 'T' || *c == 't';
+        crate::backend::wait_until(
+            Duration::from_secs(10),
+            "QEMU's threads did not all stop or go on in 10 s",
+            || {
+                let states: Vec<char> = std::fs::read_dir(&tasks)?
+                    .flatten()
+                    .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+                    .filter_map(|stat| stat.rsplit_once(") ")?.1.chars().next())
+                    .collect();
+                Ok(if frozen {
+                    states.iter().all(stopped)
+                } else {
+                    !states.iter().any(stopped)
+                })
+            },
+        )
     }
 
     fn reap(&self, grace: Duration) {
