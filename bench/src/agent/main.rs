@@ -5,6 +5,7 @@
 //! cordon-bench-agent session-log [--events 10000] [--rounds 3] [--loads 10] [--buckets 10]
 //! cordon-bench-agent exec-memory --cordon PATH [--runs 3] [--delay-ms 300] [--interval-ms 100]
 //! cordon-bench-agent serve-e2e   --url URL --token T [--rounds 50] [--warmup 5] [--cordon PATH]
+//! cordon-bench-agent serve-pool  --url URL --token T --pool-url URL --pool-token T [--rounds 50] [--warmup 5]
 //! cordon-bench-agent screenshot  [--cold 5] [--shots 30]
 //! cordon-bench-agent backends    [--cold 10] [--execs 50]
 //! cordon-bench-agent kernel      [--calls 200] [--heavy-calls 20] [--cold 5] [--warmup 10]
@@ -18,7 +19,9 @@
 //! records, and loading it. `exec-memory` samples the memory of the real
 //! `cordon exec` while it waits on a slow model, next to `cordon run`.
 //! `serve-e2e` times a trivial shell job through a running `cordon serve`
-//! from `POST` to `succeeded`, next to `cordon run -- true`. `screenshot`
+//! from `POST` to `succeeded`, next to `cordon run -- true`; `serve-pool`
+//! the same on a server without a warm pool and one with, alternating
+//! round by round. `screenshot`
 //! times the computer tool's screenshots next to the computer-use
 //! reference's way (scrot, then ImageMagick's convert). `backends` times
 //! sandbox creation and warm execs on the native and microvm backends.
@@ -46,13 +49,15 @@ use cordon_bench::cli::{self, Workspace};
 use stats::Json;
 
 const USAGE: &str =
-    "usage: cordon-bench-agent <agent-loop|session-log|exec-memory|serve-e2e|screenshot|backends|kernel|lab-page> [--OPTION VALUE]...
+    "usage: cordon-bench-agent <agent-loop|session-log|exec-memory|serve-e2e|serve-pool|screenshot|backends|kernel|lab-page> [--OPTION VALUE]...
   agent-loop  --steps N (200) --rounds N (3) --warmup N (10 steps left out of each run)
   session-log --events N (10000) --rounds N (3) --loads N (10) --buckets N (10)
   exec-memory --cordon PATH (the release cordon) --runs N (3) --delay-ms MS (300, before every
               streamed event) --interval-ms MS (100, between samples)
   serve-e2e   --url URL (a running cordon serve) --token TOKEN --rounds N (50) --warmup N (5)
               --cordon PATH (also time `cordon run -- true`, alternating)
+  serve-pool  --url URL --token TOKEN (a server without a pool) --pool-url URL --pool-token TOKEN
+              (one with a pool) --rounds N (50, on each) --warmup N (5)
   screenshot  --cold N (5, sandboxes started) --shots N (30, warm screenshots each way)
   backends    --cold N (10, sandboxes started each way) --execs N (50, warm execs each way)
   kernel      --calls N (200, trivial calls each way) --heavy-calls N (20, numpy + pyplot each way)
@@ -74,6 +79,7 @@ fn run(args: &Args) -> Result<Json, String> {
         "session-log" => &["events", "rounds", "loads", "buckets"],
         "exec-memory" => &["cordon", "runs", "delay-ms", "interval-ms"],
         "serve-e2e" => &["url", "token", "rounds", "warmup", "cordon"],
+        "serve-pool" => &["url", "token", "pool-url", "pool-token", "rounds", "warmup"],
         "screenshot" => &["cold", "shots"],
         "backends" => &["cold", "execs"],
         "kernel" => &["calls", "heavy-calls", "cold", "warmup"],
@@ -109,6 +115,11 @@ fn run(args: &Args) -> Result<Json, String> {
         "serve-e2e" => {
             let (runtime, _) = cli::runtime(args, "current")?;
             let result = runtime.block_on(serve::run(args, &ws.path));
+            result.map(|j| cli::labelled(args, j, None))
+        }
+        "serve-pool" => {
+            let (runtime, _) = cli::runtime(args, "current")?;
+            let result = runtime.block_on(serve::pool(args));
             result.map(|j| cli::labelled(args, j, None))
         }
         _ => {

@@ -107,6 +107,75 @@ pub async fn run(args: &Args, workspace: &Path) -> Result<Json, String> {
     Ok(Json::obj(report))
 }
 
+/// The same rounds on a server without a warm pool and on one with,
+/// alternating, so that both see the same machine.
+pub async fn pool(args: &Args) -> Result<Json, String> {
+    let (url, token) = args.server()?;
+    let pool_url = args.str("pool-url").ok_or("--pool-url is required")?;
+    let pool_token = args.str("pool-token").ok_or("--pool-token is required")?;
+    let rounds = args.num("rounds", 50)?;
+    let warmup = args.num("warmup", 5)?;
+    let client = reqwest::Client::new();
+    let (mut cold, mut warm) = (Side::default(), Side::default());
+    for i in 0..warmup + rounds {
+        let a = one_job(&client, &url, &token).await?;
+        let b = one_job(&client, pool_url, pool_token).await?;
+        if i >= warmup {
+            cold.push(&a);
+            warm.push(&b);
+        }
+    }
+    println!("POST to succeeded, {rounds} trivial shell jobs on each server, alternating");
+    let cold = cold.report("without a pool", &url);
+    let warm = warm.report("with --pool 2", pool_url);
+    let ratio = cold.0 / warm.0;
+    println!("  ratio of the end-to-end p50s (without / with): {ratio:.2}");
+    Ok(Json::obj(vec![
+        ("rounds", Json::Num(rounds as f64)),
+        ("without_pool", cold.1),
+        ("with_pool", warm.1),
+        ("ratio_p50", Json::Num(ratio)),
+    ]))
+}
+
+/// One server's rounds in [`pool`].
+#[derive(Default)]
+struct Side {
+    e2e: Vec<Duration>,
+    queued: Vec<f64>,
+    running: Vec<f64>,
+}
+
+impl Side {
+    fn push(&mut self, t: &JobTiming) {
+        self.e2e.push(t.total);
+        self.queued.push(t.queued_ms * 1000.0);
+        self.running.push(t.running_ms * 1000.0);
+    }
+
+    /// Prints the side's times; its end-to-end p50 and its JSON.
+    fn report(self, name: &str, url: &str) -> (f64, Json) {
+        let e2e = Summary::of(&self.e2e);
+        let queued = Summary::of_us(self.queued);
+        let running = Summary::of_us(self.running);
+        println!(
+            "  {name:<15} end to end p50 {} ms  p90 {} ms  p99 {} ms; queue wait p50 {} ms; run p50 {} ms  ({url})",
+            ms(e2e.p50),
+            ms(e2e.p90),
+            ms(e2e.p99),
+            ms(queued.p50),
+            ms(running.p50),
+        );
+        let json = Json::obj(vec![
+            ("url", Json::str(url)),
+            ("e2e", e2e.json()),
+            ("queue_wait", queued.json()),
+            ("run", running.json()),
+        ]);
+        (e2e.p50, json)
+    }
+}
+
 /// One round's times; the server's clock is this machine's, so client and
 /// server instants compare (to the server's millisecond).
 struct JobTiming {

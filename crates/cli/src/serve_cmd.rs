@@ -81,6 +81,12 @@ pub struct ServeArgs {
     /// until next used
     #[arg(long, value_name = "N", default_value_t = cordon_sandbox::volume::KEEP_IDLE)]
     pub idle_volumes: usize,
+    /// Keep N sandboxes ready for jobs (a warm pool; repeatable): `N` of
+    /// the default image and size, or `N,image=NAME,memory=SIZE,disk=SIZE,
+    /// backend=native|microvm`. A job of that shape, with no `allow` and
+    /// no display, takes one when submitted (see docs/pools.md)
+    #[arg(long = "pool", value_name = "N[,KEY=VALUE...]")]
+    pub pool: Vec<cordon_server::config::PoolSpec>,
     /// What every tenant's jobs and sessions may reach through cordon's
     /// broker, at most (repeatable: HOST[:PORT], *.DOMAIN, IP/CIDR, or
     /// @python @node @rust @debian @git-hosting). A job asks for hosts
@@ -437,6 +443,12 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
     config.bounds.max_disk = config.bounds.max_disk.max(disk);
     config.protect_control_files = sb.protect_control_files;
     config.backend = sb.backend;
+    // The command line's pools replace the configuration's.
+    config.pool = if args.pool.is_empty() {
+        settings.resolved().pool.clone()
+    } else {
+        args.pool.clone()
+    };
     config.images = cordon_server::catalog::ImageCatalog {
         entries: args.images,
         tenants: args.tenant_images.into_iter().collect(),

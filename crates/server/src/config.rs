@@ -83,6 +83,8 @@ pub struct ServerConfig {
     /// `cordon_sandbox::volume`); past it, the least recently used are
     /// unmounted until next used. Volumes in use are not counted.
     pub idle_volumes: usize,
+    /// Warm pools: sandboxes made ahead for the jobs of their shape.
+    pub pool: Vec<PoolSpec>,
     /// microVM settings, for the microvm backend (its CPUs are in
     /// `bounds.defaults`).
     pub vm: cordon_sandbox::VmOptions,
@@ -152,6 +154,7 @@ impl ServerConfig {
             mcp_servers: Default::default(),
             protect_control_files: true,
             idle_volumes: cordon_sandbox::volume::KEEP_IDLE,
+            pool: Vec::new(),
             session_idle: Duration::from_secs(15 * 60),
             grace: Duration::from_secs(30),
             sessions: 64,
@@ -253,6 +256,11 @@ pub struct SandboxDefaults {
 }
 
 impl SandboxDefaults {
+    /// The backend a sandbox gets unless its job or session says.
+    pub fn backend(&self) -> cordon_sandbox::BackendKind {
+        self.backend
+    }
+
     /// Whether tenants may preview their sandboxes' ports.
     pub fn previews(&self) -> bool {
         self.previews
@@ -404,5 +412,69 @@ impl JobDirs {
     /// go when the workspace goes.
     pub fn checkpoints(&self, id: &str) -> PathBuf {
         cordon_agent::checkpoints::store_dir(&self.session_log(id))
+    }
+}
+
+/// One pool as the operator asks for it: `N` sandboxes of the default
+/// image and size, or `N,image=NAME,memory=SIZE,disk=SIZE,backend=B`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolSpec {
+    pub size: usize,
+    /// What differs from a job's defaults.
+    pub limits: crate::job::Limits,
+}
+
+/// The most sandboxes one pool may keep ready.
+pub const MAX_POOL: usize = 64;
+
+impl std::str::FromStr for PoolSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<PoolSpec, String> {
+        let mut parts = s.split(',');
+        let size = parts.next().unwrap_or_default().trim();
+        let size: usize = size
+            .parse()
+            .ok()
+            .filter(|n| (1..=MAX_POOL).contains(n))
+            .ok_or_else(|| {
+                format!("a pool starts with its size, a number from 1 to {MAX_POOL} (got `{size}`)")
+            })?;
+        let mut limits = crate::job::Limits::default();
+        for part in parts {
+            let (key, value) = part
+                .split_once('=')
+                .map(|(k, v)| (k.trim(), v.trim()))
+                .ok_or_else(|| {
+                    format!("`{part}`: expected KEY=VALUE (image, memory, disk or backend)")
+                })?;
+            let size = |v: &str| {
+                cordon_sandbox::parse_size(v)
+                    .map(crate::job::Size)
+                    .map_err(|e| format!("{key}: {e}"))
+            };
+            match key {
+                "image" => limits.image = Some(crate::job::ImageName::try_from(value.to_string())?),
+                "memory" => limits.memory = Some(size(value)?),
+                "disk" => limits.disk = Some(size(value)?),
+                "backend" => {
+                    limits.backend = Some(match value {
+                        "native" => crate::job::Backend::Native,
+                        "microvm" => crate::job::Backend::Microvm,
+                        _ => {
+                            return Err(format!(
+                                "backend: expected native or microvm, not `{value}`"
+                            ));
+                        }
+                    })
+                }
+                _ => {
+                    return Err(format!(
+                        "`{key}`: a pool is set by image, memory, disk and backend"
+                    ));
+                }
+            }
+        }
+        Ok(PoolSpec { size, limits })
     }
 }

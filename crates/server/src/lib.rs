@@ -30,6 +30,7 @@
 //! - `config`: what the server is told, and the parts of it others take
 //!   alone (sandbox defaults, the jobs' directories).
 //! - `metrics`: this process's Prometheus metrics.
+//! - `pool`: warm pools, sandboxes made ahead for the jobs of their shape.
 //! - `runner`: runs one claimed job, holding only what that takes (store,
 //!   hub, directories, limits, the model, the live registries).
 //! - `state`: the state handlers and workers share, built from the parts
@@ -74,6 +75,7 @@ pub mod network;
 pub mod openapi;
 mod owned;
 pub mod owner;
+mod pool;
 mod preview;
 mod relay;
 pub mod repos;
@@ -118,6 +120,7 @@ pub const LAYERS: &[&str] = &[
     "live",
     "boxes",
     "metrics",
+    "pool",
     "runner",
     "state",
     "relay",

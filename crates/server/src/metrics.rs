@@ -55,6 +55,9 @@ pub struct Metrics {
     sandbox_starts: Family<StartLabels, Counter>,
     leases: Gauge<i64, std::sync::atomic::AtomicI64>,
     leases_lost: Counter<u64, AtomicU64>,
+    pool_ready: Gauge<i64, std::sync::atomic::AtomicI64>,
+    pool_taken: Counter<u64, AtomicU64>,
+    pool_hits: Counter<u64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -94,8 +97,29 @@ impl Default for Metrics {
             "Leases this process found taken from it (it stopped the job)",
             leases_lost.clone(),
         );
+        let pool_ready = Gauge::default();
+        registry.register(
+            "pool_ready",
+            "Sandboxes ready in this process's warm pools",
+            pool_ready.clone(),
+        );
+        let pool_taken = Counter::default();
+        registry.register(
+            "pool_taken",
+            "Jobs submitted here that took a ready sandbox from a warm pool",
+            pool_taken.clone(),
+        );
+        let pool_hits = Counter::default();
+        registry.register(
+            "pool_hits",
+            "Jobs that ran in a sandbox from a warm pool",
+            pool_hits.clone(),
+        );
         Metrics {
             registry,
+            pool_ready,
+            pool_taken,
+            pool_hits,
             queued,
             jobs,
             durations,
@@ -126,6 +150,18 @@ impl Metrics {
         self.sandbox_starts
             .get_or_create(&StartLabels { backend, result })
             .inc();
+    }
+
+    pub fn pool_ready(&self, n: usize) {
+        self.pool_ready.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn pool_taken(&self) {
+        self.pool_taken.inc();
+    }
+
+    pub fn pool_hit(&self) {
+        self.pool_hits.inc();
     }
 
     pub fn lease_taken(&self) {

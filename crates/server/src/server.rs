@@ -21,6 +21,8 @@ pub enum ServeError {
     Archive(#[from] crate::archive::ArchiveError),
     #[error("the image catalog: {0}")]
     Images(String),
+    #[error("the warm pools: {0}")]
+    Pool(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -36,6 +38,8 @@ pub struct Running {
     pub shared: Arc<Shared>,
     stop: tokio::sync::watch::Sender<bool>,
     serve: tokio::task::JoinHandle<()>,
+    /// Keeps the warm pools; ends once it closed their sandboxes.
+    pool: tokio::task::JoinHandle<()>,
 }
 
 impl Running {
@@ -93,6 +97,7 @@ impl Running {
             .close_all(CANCEL_WAIT, &shared.sandboxes)
             .await;
         crate::sandbox_api::close_all(shared).await;
+        let _ = self.pool.await;
         let data = shared.config.data_dir.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Err(e) = cordon_sandbox::volume::unmount_beneath(&data) {
@@ -209,9 +214,9 @@ pub async fn start(mut config: ServerConfig) -> Result<Running, ServeError> {
     )
     .map_err(ServeError::Images)?
     .with_archive(archive.clone());
-    let shared = Arc::new(Shared::new(
-        config, store, ceilings, images, worker, archive,
-    ));
+    let shared = Arc::new(
+        Shared::new(config, store, ceilings, images, worker, archive).map_err(ServeError::Pool)?,
+    );
     if let Some(url) = shared
         .config
         .cluster
@@ -228,6 +233,7 @@ pub async fn start(mut config: ServerConfig) -> Result<Running, ServeError> {
         tracing::warn!("{settled} job(s) were running when this server stopped; settled");
     }
     crate::worker::start(&shared);
+    let pool = tokio::spawn(shared.pool.clone().run(shared.stopping.clone()));
     if shared.config.api && shared.config.cluster.is_none() {
         // Alone, this process made every sandbox the database calls
         // running: the last one's stop (or crash) ended them.
@@ -368,6 +374,7 @@ pub async fn start(mut config: ServerConfig) -> Result<Running, ServeError> {
         shared,
         stop,
         serve,
+        pool,
     })
 }
 
@@ -482,6 +489,9 @@ async fn remove_orphaned_jobs(shared: &Shared, after: Duration, cursor: &mut Opt
         }
     };
     for id in old {
+        if shared.pool.holds(&id) {
+            continue;
+        }
         match shared.store.job_exists(&id).await {
             Ok(true) => {}
             Ok(false) => {

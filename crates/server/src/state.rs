@@ -55,6 +55,8 @@ pub struct Shared {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// This process's worker id: what its leases are held under.
     pub worker: String,
+    /// Sandboxes made ahead for jobs to take.
+    pub(crate) pool: Arc<crate::pool::Pool>,
     /// Runs the jobs the workers claim.
     pub(crate) runner: Runner,
     /// Claims are made one at a time in this process, so two workers never
@@ -102,7 +104,7 @@ impl Shared {
         images: crate::catalog::Images,
         worker: String,
         archive: Option<Arc<crate::archive::Archive>>,
-    ) -> Shared {
+    ) -> Result<Shared, String> {
         let caps = Arc::new(crate::caps::SessionCaps::new(
             config.sessions_per_tenant,
             config.sessions,
@@ -119,6 +121,26 @@ impl Shared {
         let sandboxes = Arc::new(Sandboxes::default());
         let metrics = Arc::new(crate::metrics::Metrics::default());
         let cut_short = Arc::new(std::sync::OnceLock::new());
+        let parts = crate::pool::Parts {
+            dirs: config.job_dirs(),
+            data_dir: config.data_dir.clone(),
+            defaults: config.sandboxes(),
+            bounds: config.bounds.clone(),
+            images: images.clone(),
+            metrics: metrics.clone(),
+        };
+        // Split across machines, a job's workspace is made by the worker
+        // that claims it, after its id is chosen: no pool can serve it.
+        let pool = Arc::new(match config.cluster {
+            None => crate::pool::Pool::new(&config.pool, parts)?,
+            Some(_) if config.pool.is_empty() => crate::pool::Pool::none(parts),
+            Some(_) => {
+                return Err(
+                    "warm pools serve a single `cordon serve`, not a deployment split in roles"
+                        .into(),
+                );
+            }
+        });
         let runner = Runner::new(
             &config,
             Shares {
@@ -132,9 +154,10 @@ impl Shared {
                 worker: worker.clone(),
                 archive: archive.clone(),
                 cut_short: cut_short.clone(),
+                pool: pool.clone(),
             },
         );
-        Shared {
+        Ok(Shared {
             store,
             hub,
             config,
@@ -153,6 +176,7 @@ impl Shared {
             policies,
             metrics,
             worker,
+            pool,
             runner,
             claim: tokio::sync::Mutex::new(()),
             nonces: Default::default(),
@@ -160,7 +184,7 @@ impl Shared {
             remote_labs: Default::default(),
             remote_previews: Default::default(),
             mcp_sessions: Default::default(),
-        }
+        })
     }
 }
 

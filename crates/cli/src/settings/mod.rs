@@ -348,6 +348,14 @@ pub const KEYS: &[Key] = &[
         doc: "on: start each microVM from a memory snapshot of a guest booted once (taken on first use); off: boot every one cold",
         guard: Guard::Isolation,
     },
+    Key {
+        name: "serve.pool",
+        env: &["CORDON_POOL"],
+        secret: false,
+        default: None,
+        doc: "cordon serve's warm pools, as --pool: a TOML list such as [\"4\", \"2,image=python,memory=1G\"] (or `;`-separated); sandboxes made ahead for the jobs of their shape",
+        guard: Guard::Isolation,
+    },
 ];
 
 fn key(name: &str) -> Option<&'static Key> {

@@ -88,6 +88,8 @@ pub struct Resolved {
     pub environment: Option<Environment>,
     /// The terminal UI pauses the sandbox after this long idle.
     pub pause_when_idle: Option<std::time::Duration>,
+    /// `cordon serve`'s warm pools (`serve.pool`).
+    pub pool: Vec<cordon_server::config::PoolSpec>,
 }
 
 /// `[environment]`: a setup run once on an image, whose result every later
@@ -230,6 +232,7 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
                 _ => Err("expected off, on, or the most searches per request (1 to 100)".into()),
             },
         })?,
+        pool: opt(s, "serve.pool", parse_pools)?.unwrap_or_default(),
         pause_when_idle: req(s, "sandbox.pause_when_idle", |v| match v {
             "never" | "off" => Ok(None),
             v => crate::options::parse_grace(v)
@@ -339,6 +342,27 @@ fn parse_inputs(v: &str) -> Result<Vec<String>, String> {
         }
     }
     Ok(list)
+}
+
+/// `serve.pool`: a TOML list (from a file) or `;`-separated (from the
+/// environment), each entry as `cordon serve --pool` takes it.
+fn parse_pools(v: &str) -> Result<Vec<cordon_server::config::PoolSpec>, String> {
+    #[derive(serde::Deserialize)]
+    struct List {
+        v: Vec<String>,
+    }
+    let entries: Vec<String> = if v.starts_with('[') {
+        toml::from_str::<List>(&format!("v = {v}"))
+            .map_err(|_| "expected a list of strings, such as [\"4\"]".to_string())?
+            .v
+    } else {
+        v.split(';').map(|e| e.trim().to_string()).collect()
+    };
+    entries
+        .iter()
+        .filter(|e| !e.is_empty())
+        .map(|e| e.parse().map_err(|why| format!("{e:?}: {why}")))
+        .collect()
 }
 
 fn parse_allow(v: &str) -> Result<Vec<String>, String> {

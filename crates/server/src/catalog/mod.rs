@@ -206,6 +206,24 @@ impl ImageCatalog {
             .collect()
     }
 
+    /// The source of `name` as a pool of the operator's names it: the
+    /// default, or a named entry (whichever tenants it is offered to).
+    pub fn pooled_source(&self, name: &str) -> Result<String, String> {
+        if self.default.as_deref() == Some(name) {
+            return Ok(name.to_string());
+        }
+        self.entries
+            .iter()
+            .find_map(|e| match e {
+                CatalogEntry::Named { name: n, source } if n == name => Some(source.clone()),
+                _ => None,
+            })
+            .ok_or_else(|| {
+                "a pool's image must be the default image or one named by `--image NAME=SOURCE`"
+                    .to_string()
+            })
+    }
+
     /// The source `name` stands for, if `tenant` may use it: the
     /// reference or path the server obtains it from.
     pub fn source(&self, tenant: &str, name: &str) -> Result<String, ApiError> {
@@ -449,6 +467,30 @@ impl Images {
             .collect()
     }
 
+    /// The server's default image, if it has one.
+    pub fn default_image(&self) -> Option<ImageName> {
+        self.catalog
+            .default
+            .clone()
+            .and_then(|d| ImageName::try_from(d).ok())
+    }
+
+    /// The source a pool of `name` is made from (see
+    /// [`ImageCatalog::pooled_source`]); an error if no pool can be.
+    pub fn pooled_source(&self, name: &ImageName) -> Result<String, String> {
+        self.store.as_ref().ok_or("this server keeps no images")?;
+        self.catalog.pooled_source(name.as_str())
+    }
+
+    /// `name` made ready for a pooled sandbox: no tenant's yet, so only
+    /// what [`Images::pooled_source`] allows. A job that takes it is
+    /// checked as its own when it runs ([`Images::ready`]), and runs in
+    /// it only if the digests agree.
+    pub async fn ready_pooled(&self, name: &ImageName) -> Result<Ready, String> {
+        let source = self.pooled_source(name)?;
+        self.ready_resolved(Resolved::Catalog(source), name).await
+    }
+
     /// `name` made ready for a sandbox of `tenant`: checked against the
     /// catalog and the tenant's images as they are now, obtained (pulled or
     /// imported if the store lacks it; concurrent callers download it
@@ -463,6 +505,10 @@ impl Images {
             .resolve(db, tenant, name.as_str())
             .await
             .map_err(|e| e.message().to_string())?;
+        self.ready_resolved(resolved, name).await
+    }
+
+    async fn ready_resolved(&self, resolved: Resolved, name: &ImageName) -> Result<Ready, String> {
         let store = self.store.as_ref().ok_or("this server keeps no images")?;
         let shown = cordon_tools::printable(name.as_str()).to_string();
         let image = match resolved {

@@ -71,13 +71,37 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
             "this server has no model configured for agent jobs (set ANTHROPIC_API_KEY or OPENAI_BASE_URL where `cordon serve` runs)",
         ));
     }
-    let id = format!("job_{}", random_hex(12));
-    // Split across machines, the workspace is made by the worker that
-    // takes the job (see `owned::files`).
-    if shared.config.cluster.is_none() {
-        make_workspace(shared, &id, req.options.disk).await?;
-    }
-    let job = shared.store.insert_job(&id, tenant, &req.request()).await?;
+    // A ready sandbox of the job's shape comes with its id and workspace.
+    let shape = crate::pool::Shape::of(
+        &req.options,
+        req.spec.display(),
+        shared.config.sandboxes().backend(),
+    );
+    let pooled = match (&req.spec, shape) {
+        (JobSpec::Build(_), _) | (_, None) => None,
+        (_, Some(shape)) => shared.pool.take(&shape),
+    };
+    let id = match &pooled {
+        Some(id) => id.clone(),
+        None => {
+            let id = format!("job_{}", random_hex(12));
+            // Split across machines, the workspace is made by the worker
+            // that takes the job (see `owned::files`).
+            if shared.config.cluster.is_none() {
+                make_workspace(shared, &id, req.options.disk).await?;
+            }
+            id
+        }
+    };
+    let job = match shared.store.insert_job(&id, tenant, &req.request()).await {
+        Ok(job) => job,
+        Err(e) => {
+            if pooled.is_some() {
+                shared.pool.forget(&id);
+            }
+            return Err(e.into());
+        }
+    };
     shared.wake.notify_one();
     Ok(job)
 }
@@ -341,6 +365,10 @@ async fn cancel(shared: &Shared, job: &JobRow) -> ApiResult<()> {
                 .is_none()
             {
                 cancel_running(shared, id).await;
+            } else {
+                // It will never run: its pooled sandbox, if it took one,
+                // is closed now rather than when it expires.
+                shared.pool.forget(id);
             }
         }
         JobState::Running => cancel_running(shared, id).await,

@@ -56,6 +56,8 @@ pub struct Runner {
     archive: Option<Arc<crate::archive::Archive>>,
     /// Why a job cancelled by a shutdown was (see `Shared::cut_short`).
     cut_short: Arc<std::sync::OnceLock<String>>,
+    /// Where a job submitted here may have taken its sandbox.
+    pool: Arc<crate::pool::Pool>,
 }
 
 /// The live parts a [`Runner`] shares with the rest of the server.
@@ -71,6 +73,7 @@ pub struct Shares {
     pub archive: Option<Arc<crate::archive::Archive>>,
     /// Set when a shutdown cancels the jobs still running: why.
     pub cut_short: Arc<std::sync::OnceLock<String>>,
+    pub pool: Arc<crate::pool::Pool>,
 }
 
 impl Runner {
@@ -93,6 +96,7 @@ impl Runner {
             worker: shares.worker,
             archive: shares.archive,
             cut_short: shares.cut_short,
+            pool: shares.pool,
         }
     }
 
@@ -266,28 +270,35 @@ impl Runner {
                 .await;
         }
         // Obtained here, on the worker that runs it: pulled on first use.
-        let image = match &req.options.image {
-            None => None,
+        let (image, digest) = match &req.options.image {
+            None => (None, None),
             Some(name) => match self.images.ready(&self.store, tenant, name).await {
                 Ok(ready) => {
+                    let digest = ready.image.manifest.to_string();
                     sink.event(JobEvent::Image {
                         name: name.to_string(),
-                        digest: ready.image.manifest.to_string(),
+                        digest: digest.clone(),
                     })
                     .await;
-                    Some(ready.root)
+                    (Some(ready.root), Some(digest))
                 }
                 Err(e) => return failed(format!("cannot prepare the job's image: {e}")),
             },
         };
-        let mut config = self.sandboxes.for_options(&ws, image, &req.options);
-        config.display = req.spec.display();
-        let backend = config.backend;
-        let created = Sandbox::create(config).await;
-        self.metrics.sandbox_started(backend, created.is_ok());
-        let sandbox = match created {
-            Ok(s) => s,
-            Err(e) => return failed(format!("cannot create the sandbox: {e}")),
+        // Made ahead if the job took a pooled one when it was submitted.
+        let (sandbox, _pooled) = match self.pool.claim(id, digest.as_deref()) {
+            Some(pooled) => (pooled.sandbox, Some(pooled.in_use)),
+            None => {
+                let mut config = self.sandboxes.for_options(&ws, image, &req.options);
+                config.display = req.spec.display();
+                let backend = config.backend;
+                let created = Sandbox::create(config).await;
+                self.metrics.sandbox_started(backend, created.is_ok());
+                match created {
+                    Ok(s) => (s, None),
+                    Err(e) => return failed(format!("cannot create the sandbox: {e}")),
+                }
+            }
         };
         // The API may change its policy while it runs; an agent reports its
         // own refusals, other jobs' are forwarded as events.

@@ -1,0 +1,465 @@
+//! Warm pools: sandboxes made ahead, per shape, for jobs to take.
+//!
+//! Rules:
+//! - A pooled sandbox has never run anything. It is made over a fresh
+//!   workspace under a job id of its own (`<data>/jobs/<id>`); the job
+//!   that takes it takes that id, so nothing is moved and the workspace is
+//!   the job's from its first byte (files uploaded before it runs land in
+//!   the sandbox's `/workspace` as they would in any job's).
+//! - A job takes one only if the sandbox it would get is the same: equal
+//!   [`Shape`] (image, memory, disk, network, backend), no broker policy,
+//!   no display. An image's digest is compared again when the job runs: a
+//!   tag moved since the sandbox was made is not the job's image.
+//! - Taken when the job is submitted, run when a worker claims it. One its
+//!   job has not claimed within [`TAKEN_TTL`] is closed (the job then makes
+//!   its own sandbox, as without a pool). At most twice a shape's size
+//!   exist at once, taken or not, so a queue of jobs cannot make the pool
+//!   hold a sandbox per job.
+//! - While pooled, an entry is listed in `<data>/pool/<id>`: what a killed
+//!   server left of its pool is removed when the next one starts.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cordon_agent::Cancel;
+use cordon_sandbox::volume::InUse;
+use cordon_sandbox::{BackendKind, Sandbox};
+
+use crate::catalog::Images;
+use crate::config::{JobDirs, MAX_POOL, PoolSpec, SandboxDefaults};
+use crate::job::{Bounds, ImageName, NetworkMode, RunOptions};
+use crate::metrics::Metrics;
+
+/// How long a taken sandbox waits for its job to be claimed.
+pub const TAKEN_TTL: Duration = Duration::from_secs(60);
+/// How often the pool looks at its entries when nothing wakes it.
+const TICK: Duration = Duration::from_secs(1);
+/// The first wait after a shape's sandbox failed to start, doubled each
+/// time up to [`MAX_BACKOFF`]: a broken image must not make the server
+/// retry in a loop.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Sandboxes made at once: enough that a burst of jobs finds the pool
+/// refilled, few enough that making them leaves the running jobs the CPU.
+const MAKING_AT_ONCE: usize = 2;
+
+/// What makes two sandboxes interchangeable before either has run
+/// anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape {
+    pub image: Option<ImageName>,
+    pub memory: u64,
+    pub disk: u64,
+    pub network: NetworkMode,
+    pub backend: BackendKind,
+}
+
+impl Shape {
+    /// The shape of the sandbox a job with these options and display would
+    /// get, if a pooled one can serve it: not with a broker policy (each
+    /// job's own) or a display.
+    pub fn of(
+        options: &RunOptions,
+        display: Option<cordon_sandbox::Display>,
+        default_backend: BackendKind,
+    ) -> Option<Shape> {
+        if options.egress.is_some() || display.is_some() {
+            return None;
+        }
+        Some(Shape {
+            image: options.image.clone(),
+            memory: options.memory,
+            disk: options.disk,
+            network: options.network,
+            backend: options.backend.unwrap_or(default_backend),
+        })
+    }
+
+    /// Options that make a sandbox of this shape.
+    fn options(&self, bounds: &Bounds) -> RunOptions {
+        RunOptions {
+            timeout_secs: bounds.default_timeout_secs,
+            memory: self.memory,
+            disk: self.disk,
+            network: self.network,
+            egress: None,
+            backend: Some(self.backend),
+            repo: None,
+            image: self.image.clone(),
+        }
+    }
+}
+
+/// A sandbox made ahead, with the workspace it is over.
+struct Entry {
+    id: String,
+    shape: Shape,
+    sandbox: Sandbox,
+    in_use: InUse,
+    /// The image's manifest digest, if it has one.
+    digest: Option<String>,
+}
+
+/// A pooled sandbox a job took: what its runner uses instead of making one.
+pub struct Pooled {
+    pub sandbox: Sandbox,
+    pub in_use: InUse,
+}
+
+#[derive(Default)]
+struct State {
+    idle: Vec<Entry>,
+    taken: Vec<(Entry, Instant)>,
+    /// Shapes' sandboxes being made now.
+    making: Vec<Shape>,
+    /// When a shape may be tried again after a failure, and how long the
+    /// next wait is.
+    backoff: Vec<(Shape, Instant, Duration)>,
+}
+
+impl State {
+    fn count(&self, shape: &Shape) -> (usize, usize) {
+        let idle = self.idle.iter().filter(|e| &e.shape == shape).count()
+            + self.making.iter().filter(|s| *s == shape).count();
+        let taken = self.taken.iter().filter(|(e, _)| &e.shape == shape).count();
+        (idle, taken)
+    }
+}
+
+/// What making a pool's sandboxes takes.
+pub struct Parts {
+    pub dirs: JobDirs,
+    pub data_dir: PathBuf,
+    pub defaults: SandboxDefaults,
+    pub bounds: Bounds,
+    pub images: Arc<Images>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The warm pools of this process.
+pub struct Pool {
+    pools: Vec<(Shape, usize)>,
+    parts: Parts,
+    state: Mutex<State>,
+    wake: tokio::sync::Notify,
+}
+
+impl Pool {
+    /// No pool at all: every job makes its sandbox.
+    pub fn none(parts: Parts) -> Pool {
+        Pool {
+            pools: Vec::new(),
+            parts,
+            state: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The pools `specs` ask for, their shapes checked against the
+    /// server's bounds and defaults as a job's would be.
+    pub fn new(specs: &[PoolSpec], parts: Parts) -> Result<Pool, String> {
+        let mut pools: Vec<(Shape, usize)> = Vec::new();
+        for spec in specs {
+            let mut options = spec
+                .limits
+                .check(&parts.bounds)
+                .map_err(|e| format!("pool `{}`: {e}", spec.size))?;
+            if options.image.is_none() {
+                options.image = parts.images.default_image();
+            }
+            if let Some(name) = &options.image {
+                parts
+                    .images
+                    .pooled_source(name)
+                    .map_err(|e| format!("pool of {name}: {e}"))?;
+            }
+            let shape = Shape::of(&options, None, parts.defaults.backend())
+                .expect("a pool's options have no policy");
+            match pools.iter_mut().find(|(s, _)| *s == shape) {
+                Some((_, n)) => *n = (*n + spec.size).min(MAX_POOL),
+                None => pools.push((shape, spec.size)),
+            }
+        }
+        let pool = Pool {
+            pools,
+            parts,
+            state: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+        };
+        Ok(pool)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn ledger(&self) -> PathBuf {
+        self.parts.data_dir.join("pool")
+    }
+
+    /// Whether job `id`'s directory is a pooled sandbox's, not yet (or
+    /// only just) a job's with a record.
+    pub fn holds(&self, id: &str) -> bool {
+        let state = self.state();
+        state.idle.iter().any(|e| e.id == id) || state.taken.iter().any(|(e, _)| e.id == id)
+    }
+
+    /// Takes a ready sandbox for a job of `shape`, if one is: the id the
+    /// job is to have, its workspace made and the sandbox over it.
+    pub fn take(&self, shape: &Shape) -> Option<String> {
+        if self.pools.is_empty() {
+            return None;
+        }
+        let mut state = self.state();
+        let at = state.idle.iter().position(|e| &e.shape == shape)?;
+        let entry = state.idle.swap_remove(at);
+        let id = entry.id.clone();
+        state.taken.push((entry, Instant::now()));
+        self.parts.metrics.pool_ready(state.idle.len());
+        drop(state);
+        // Off the ledger: from here the directory is the job's.
+        let _ = std::fs::remove_file(self.ledger().join(&id));
+        self.parts.metrics.pool_taken();
+        self.wake.notify_one();
+        Some(id)
+    }
+
+    /// The sandbox taken for job `id`, if it is still kept and is what
+    /// the job runs on: `digest` the manifest of the job's image now.
+    pub fn claim(&self, id: &str, digest: Option<&str>) -> Option<Pooled> {
+        let mut state = self.state();
+        let at = state.taken.iter().position(|(e, _)| e.id == id)?;
+        let (entry, _) = state.taken.swap_remove(at);
+        drop(state);
+        self.wake.notify_one();
+        if entry.digest.as_deref() != digest {
+            tracing::info!(job = %id, "the pooled sandbox's image is not the job's now; making one");
+            let Entry {
+                sandbox, in_use, ..
+            } = entry;
+            tokio::spawn(async move {
+                sandbox.close().await;
+                drop(in_use);
+            });
+            return None;
+        }
+        self.parts.metrics.pool_hit();
+        Some(Pooled {
+            sandbox: entry.sandbox,
+            in_use: entry.in_use,
+        })
+    }
+
+    /// Closes the sandbox taken for job `id` (cancelled before it ran).
+    pub fn forget(&self, id: &str) {
+        let mut state = self.state();
+        if let Some(at) = state.taken.iter().position(|(e, _)| e.id == id) {
+            let (entry, _) = state.taken.swap_remove(at);
+            drop(state);
+            tokio::spawn(close(entry, None));
+            self.wake.notify_one();
+        }
+    }
+
+    /// Keeps the pools full until `stopping`, then closes every sandbox
+    /// still pooled or taken.
+    pub async fn run(self: Arc<Self>, stopping: Cancel) {
+        if self.pools.is_empty() {
+            return;
+        }
+        self.remove_leftovers().await;
+        let mut making = tokio::task::JoinSet::new();
+        while !stopping.is_cancelled() {
+            self.expire();
+            while making.len() < MAKING_AT_ONCE
+                && let Some(shape) = self.wanted()
+            {
+                let this = self.clone();
+                making.spawn(async move {
+                    let made = this.make(&shape).await;
+                    this.made(shape, made);
+                });
+            }
+            tokio::select! {
+                _ = stopping.cancelled() => {}
+                _ = self.wake.notified() => {}
+                Some(_) = making.join_next(), if !making.is_empty() => {}
+                _ = tokio::time::sleep(TICK) => {}
+            }
+        }
+        // What is being made is closed with the rest.
+        while making.join_next().await.is_some() {}
+        let (idle, taken) = {
+            let mut state = self.state();
+            (
+                std::mem::take(&mut state.idle),
+                std::mem::take(&mut state.taken),
+            )
+        };
+        let ledger = self.ledger();
+        let closing = idle
+            .into_iter()
+            .map(|e| {
+                let unlisted = (ledger.join(&e.id), self.parts.dirs.job(&e.id));
+                close(e, Some(unlisted))
+            })
+            .chain(taken.into_iter().map(|(e, _)| close(e, None)));
+        futures_util::future::join_all(closing).await;
+        self.parts.metrics.pool_ready(0);
+    }
+
+    /// Records what making a sandbox of `shape` gave.
+    fn made(&self, shape: Shape, made: Result<Entry, String>) {
+        let mut state = self.state();
+        if let Some(at) = state.making.iter().position(|s| *s == shape) {
+            state.making.swap_remove(at);
+        }
+        match made {
+            Ok(entry) => {
+                state.backoff.retain(|(s, _, _)| *s != shape);
+                state.idle.push(entry);
+            }
+            Err(e) => {
+                let wait = state
+                    .backoff
+                    .iter()
+                    .find(|(s, _, _)| *s == shape)
+                    .map_or(FIRST_BACKOFF, |(_, _, w)| (*w * 2).min(MAX_BACKOFF));
+                tracing::warn!("cannot make a pooled sandbox (trying again in {wait:?}): {e}");
+                state.backoff.retain(|(s, _, _)| *s != shape);
+                state.backoff.push((shape, Instant::now() + wait, wait));
+            }
+        }
+        self.parts.metrics.pool_ready(state.idle.len());
+    }
+
+    /// A shape short of sandboxes that may be made now, marked as being
+    /// made.
+    fn wanted(&self) -> Option<Shape> {
+        let mut state = self.state();
+        let now = Instant::now();
+        let shape = self
+            .pools
+            .iter()
+            .find(|(shape, size)| {
+                let (idle, taken) = state.count(shape);
+                idle < *size
+                    && idle + taken < 2 * size
+                    && !state
+                        .backoff
+                        .iter()
+                        .any(|(s, until, _)| s == shape && *until > now)
+            })
+            .map(|(s, _)| s.clone())?;
+        state.making.push(shape.clone());
+        Some(shape)
+    }
+
+    /// Closes the taken sandboxes whose jobs did not claim them in time.
+    fn expire(&self) {
+        let mut state = self.state();
+        let now = Instant::now();
+        let (old, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut state.taken)
+            .into_iter()
+            .partition(|(_, at)| now.duration_since(*at) > TAKEN_TTL);
+        state.taken = kept;
+        drop(state);
+        for (entry, _) in old {
+            tracing::info!(job = %entry.id, "its pooled sandbox waited too long for it; closed");
+            tokio::spawn(close(entry, None));
+        }
+    }
+
+    /// Makes one sandbox of `shape` over a new job workspace.
+    async fn make(&self, shape: &Shape) -> Result<Entry, String> {
+        let id = format!("job_{}", crate::store::random_hex(12));
+        let ledger = self.ledger();
+        let listed = ledger.join(&id);
+        let dir = self.parts.dirs.job(&id);
+        let made = async {
+            // Listed before anything is made, so a killed server's half
+            // made entry is found.
+            std::fs::create_dir_all(&ledger)
+                .and_then(|()| std::fs::File::create_new(&listed))
+                .map_err(|e| format!("cannot list it in {}: {e}", ledger.display()))?;
+            let ws = self.parts.dirs.workspace(&id);
+            let in_use = {
+                let (ws, defaults, disk) = (ws.clone(), self.parts.defaults.clone(), shape.disk);
+                tokio::task::spawn_blocking(move || defaults.make_workspace(&ws, Some(disk)))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("cannot make its workspace: {e}"))?
+            };
+            let (root, digest) = match &shape.image {
+                None => (None, None),
+                Some(name) => {
+                    let ready = self.parts.images.ready_pooled(name).await?;
+                    (Some(ready.root), Some(ready.image.manifest.to_string()))
+                }
+            };
+            let config =
+                self.parts
+                    .defaults
+                    .for_options(&ws, root, &shape.options(&self.parts.bounds));
+            let created = Sandbox::create(config).await;
+            self.parts
+                .metrics
+                .sandbox_started(shape.backend, created.is_ok());
+            let sandbox = created.map_err(|e| format!("cannot create the sandbox: {e}"))?;
+            let _ = sandbox.set_label(&id);
+            Ok(Entry {
+                id: id.clone(),
+                shape: shape.clone(),
+                sandbox,
+                in_use,
+                digest,
+            })
+        }
+        .await;
+        if made.is_err() {
+            crate::files::remove_files(dir, "a pooled sandbox that did not start").await;
+            let _ = std::fs::remove_file(&listed);
+        }
+        made
+    }
+
+    /// Removes what a server killed before it closed its pool left: each
+    /// entry listed in the ledger, by id (anything else there is not a
+    /// name to join to a path).
+    async fn remove_leftovers(&self) {
+        let ledger = self.ledger();
+        let names = match std::fs::read_dir(&ledger) {
+            Ok(rd) => rd
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect::<Vec<_>>(),
+            Err(_) => return,
+        };
+        for name in names {
+            if crate::http::plausible_id(&name) && name.starts_with("job_") {
+                crate::files::remove_files(
+                    self.parts.dirs.job(&name),
+                    "a pooled sandbox left over",
+                )
+                .await;
+            }
+            let _ = std::fs::remove_file(ledger.join(&name));
+        }
+    }
+}
+
+/// Closes a pooled sandbox; given `unlisted` (its ledger entry and
+/// directory, for one still pooled: nothing of a job's is in it), removes
+/// its files too. A taken one's workspace is its job's, removed when the
+/// job expires.
+async fn close(entry: Entry, unlisted: Option<(PathBuf, PathBuf)>) {
+    let Entry {
+        sandbox, in_use, ..
+    } = entry;
+    sandbox.close().await;
+    drop(in_use);
+    if let Some((listed, dir)) = unlisted {
+        crate::files::remove_files(dir, "a pooled sandbox").await;
+        let _ = std::fs::remove_file(listed);
+    }
+}
