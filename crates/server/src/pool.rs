@@ -251,14 +251,17 @@ impl Pool {
         })
     }
 
-    /// Closes the sandbox taken for job `id` (cancelled before it ran).
-    pub fn forget(&self, id: &str) {
-        let mut state = self.state();
-        if let Some(at) = state.taken.iter().position(|(e, _)| e.id == id) {
-            let (entry, _) = state.taken.swap_remove(at);
-            drop(state);
-            tokio::spawn(close(entry, None));
+    /// Closes the sandbox taken for job `id` (cancelled before it ran, or
+    /// never recorded), before its files can be removed.
+    pub async fn forget(&self, id: &str) {
+        let entry = {
+            let mut state = self.state();
+            let at = state.taken.iter().position(|(e, _)| e.id == id);
+            at.map(|at| state.taken.swap_remove(at).0)
+        };
+        if let Some(entry) = entry {
             self.wake.notify_one();
+            close(entry, None).await;
         }
     }
 

@@ -97,7 +97,7 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
         Ok(job) => job,
         Err(e) => {
             if pooled.is_some() {
-                shared.pool.forget(&id);
+                shared.pool.forget(&id).await;
             }
             return Err(e.into());
         }
@@ -368,7 +368,7 @@ async fn cancel(shared: &Shared, job: &JobRow) -> ApiResult<()> {
             } else {
                 // It will never run: its pooled sandbox, if it took one,
                 // is closed now rather than when it expires.
-                shared.pool.forget(id);
+                shared.pool.forget(id).await;
             }
         }
         JobState::Running => cancel_running(shared, id).await,
