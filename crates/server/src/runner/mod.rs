@@ -286,7 +286,8 @@ impl Runner {
             },
         };
         // Made ahead if the job took a pooled one when it was submitted.
-        let (sandbox, _pooled) = match self.pool.claim(id, digest.as_deref()) {
+        let began = Instant::now();
+        let (sandbox, pooled) = match self.pool.claim(id, digest.as_deref()) {
             Some(pooled) => (pooled.sandbox, Some(pooled.in_use)),
             None => {
                 let mut config = self.sandboxes.for_options(&ws, image, &req.options);
@@ -320,6 +321,7 @@ impl Runner {
             .live
             .list(crate::owner::Owner::Job(id.to_string()), &sandbox);
         let deadline = Instant::now() + Duration::from_secs(req.options.timeout_secs);
+        let ready = began.elapsed();
         let outcome = match req.spec {
             JobSpec::Shell { command } => {
                 let r = ExecRequest::bash(&command);
@@ -387,8 +389,10 @@ impl Runner {
             }
         };
         drop(listed);
+        let ran = began.elapsed();
         // Closing ends every process the job left behind.
         sandbox.close().await;
+        tracing::debug!(job = %id, pooled = pooled.is_some(), ?ready, ?ran, closed = ?began.elapsed(), "sandbox times");
         outcome
     }
 }
