@@ -245,6 +245,14 @@ pub(crate) async fn open_ports(
     owner: &Owner,
 ) -> Result<Vec<OpenPort>, ApiError> {
     let sandbox = sandboxes.get(owner).ok_or_else(|| not_live(owner))?;
+    if sandbox.is_paused() {
+        // A look inside it would wait for a resume nothing asked for.
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "paused",
+            format!("{owner} is paused: its ports are seen once it is resumed"),
+        ));
+    }
     let req = cordon_sandbox::ExecRequest::argv(["cat", "/proc/net/tcp", "/proc/net/tcp6"])
         .timeout(Duration::from_secs(10))
         .output_limit(PROC_NET_LIMIT);

@@ -639,6 +639,11 @@ async fn a_paused_sandbox_resumes_where_it_was() {
         .await;
     assert_eq!(status, 409, "{v}");
     assert_eq!(v["error"]["code"], "paused");
+    // Its ports too (a look inside it would wait for the resume; the
+    // fuzzer found that one waiting past its 60 s).
+    let (status, v) = s.get(&t, &format!("/v1/sandboxes/{id}/ports")).await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["code"], "paused");
     // Past its 3 s timeout while paused: its clock stood still.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let (status, v) = s

@@ -372,7 +372,7 @@ pub(crate) async fn session_preview(
     responses((status = 200, body = OpenPorts),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
               (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse),
-              (status = 409, description = "It has ended", body = crate::http::ErrorResponse)))]
+              (status = 409, description = "It has ended, or is paused", body = crate::http::ErrorResponse)))]
 pub(crate) async fn sandbox_ports(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
