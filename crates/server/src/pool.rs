@@ -148,8 +148,12 @@ pub struct Pool {
 impl Pool {
     /// No pool at all: every job makes its sandbox.
     pub fn none(parts: Parts) -> Pool {
+        Pool::of(Vec::new(), parts)
+    }
+
+    fn of(pools: Vec<(Shape, usize)>, parts: Parts) -> Pool {
         Pool {
-            pools: Vec::new(),
+            pools,
             parts,
             state: Mutex::default(),
             wake: tokio::sync::Notify::new(),
@@ -181,13 +185,7 @@ impl Pool {
                 None => pools.push((shape, spec.size)),
             }
         }
-        let pool = Pool {
-            pools,
-            parts,
-            state: Mutex::default(),
-            wake: tokio::sync::Notify::new(),
-        };
-        Ok(pool)
+        Ok(Pool::of(pools, parts))
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -225,23 +223,24 @@ impl Pool {
         Some(id)
     }
 
+    /// Removes the sandbox taken for job `id` from those kept, if it is.
+    fn untake(&self, id: &str) -> Option<Entry> {
+        let entry = {
+            let mut state = self.state();
+            let at = state.taken.iter().position(|(e, _)| e.id == id)?;
+            state.taken.swap_remove(at).0
+        };
+        self.wake.notify_one();
+        Some(entry)
+    }
+
     /// The sandbox taken for job `id`, if it is still kept and is what
     /// the job runs on: `digest` the manifest of the job's image now.
     pub fn claim(&self, id: &str, digest: Option<&str>) -> Option<Pooled> {
-        let mut state = self.state();
-        let at = state.taken.iter().position(|(e, _)| e.id == id)?;
-        let (entry, _) = state.taken.swap_remove(at);
-        drop(state);
-        self.wake.notify_one();
+        let entry = self.untake(id)?;
         if entry.digest.as_deref() != digest {
             tracing::info!(job = %id, "the pooled sandbox's image is not the job's now; making one");
-            let Entry {
-                sandbox, in_use, ..
-            } = entry;
-            tokio::spawn(async move {
-                sandbox.close().await;
-                drop(in_use);
-            });
+            tokio::spawn(close(entry, None));
             return None;
         }
         self.parts.metrics.pool_hit();
@@ -254,13 +253,7 @@ impl Pool {
     /// Closes the sandbox taken for job `id` (cancelled before it ran, or
     /// never recorded), before its files can be removed.
     pub async fn forget(&self, id: &str) {
-        let entry = {
-            let mut state = self.state();
-            let at = state.taken.iter().position(|(e, _)| e.id == id);
-            at.map(|at| state.taken.swap_remove(at).0)
-        };
-        if let Some(entry) = entry {
-            self.wake.notify_one();
+        if let Some(entry) = self.untake(id) {
             close(entry, None).await;
         }
     }

@@ -6,24 +6,6 @@ mod common;
 
 use common::*;
 
-async fn scrape(s: &TestServer) -> String {
-    let addr = s.running.as_ref().unwrap().metrics_addr.unwrap();
-    let r = reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let ct = r.headers()["content-type"].to_str().unwrap().to_string();
-    assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
-    r.text().await.unwrap()
-}
-
-/// The value of the sample named exactly `series` (name and labels).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map(|v| v.trim().parse().unwrap())
-}
-
 async fn metrics(db: Db) {
     let Some(s) = TestServer::start_with(db, |c| {
         c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());

@@ -9,20 +9,9 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::json;
 
-async fn scrape(s: &TestServer) -> String {
-    let addr = s.running.as_ref().unwrap().metrics_addr.unwrap();
-    reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
+/// A counter or gauge of `/metrics`; one not yet made is 0.
+fn counted(text: &str, series: &str) -> f64 {
+    sample(text, series).unwrap_or(0.0)
 }
 
 /// Waits until the pools hold `n` ready sandboxes.
@@ -30,7 +19,7 @@ async fn ready(s: &TestServer, n: f64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let text = scrape(s).await;
-        if sample(&text, "cordon_pool_ready") == n {
+        if counted(&text, "cordon_pool_ready") == n {
             return;
         }
         assert!(Instant::now() < deadline, "the pool never held {n}: {text}");
@@ -92,8 +81,8 @@ async fn a_pooled_job_sees_nothing_of_the_last(db: Db) {
     }
     let text = scrape(&s).await;
     // Every job took one, and the pool was filled again behind them.
-    assert_eq!(sample(&text, "cordon_pool_hits_total"), 4.0, "{text}");
-    assert_eq!(sample(&text, "cordon_pool_taken_total"), 4.0, "{text}");
+    assert_eq!(counted(&text, "cordon_pool_hits_total"), 4.0, "{text}");
+    assert_eq!(counted(&text, "cordon_pool_taken_total"), 4.0, "{text}");
     ready(&s, 2.0).await;
 }
 
@@ -113,7 +102,7 @@ async fn only_the_pools_shape_takes_one(db: Db) {
         let id = s.submit(&t, other).await;
         assert_eq!(s.wait(&t, &id).await["state"], "succeeded");
     }
-    assert_eq!(sample(&scrape(&s).await, "cordon_pool_taken_total"), 0.0);
+    assert_eq!(counted(&scrape(&s).await, "cordon_pool_taken_total"), 0.0);
 
     // Its limits are the pool's: 300 MB held is past its 256M.
     let id = s
@@ -129,7 +118,7 @@ async fn only_the_pools_shape_takes_one(db: Db) {
         .submit(&t, shell("head -c 300000000 /dev/zero | tail > /dev/null"))
         .await;
     assert_eq!(s.wait(&t, &id).await["state"], "succeeded");
-    assert_eq!(sample(&scrape(&s).await, "cordon_pool_hits_total"), 2.0);
+    assert_eq!(counted(&scrape(&s).await, "cordon_pool_hits_total"), 2.0);
 }
 
 /// What a server killed with its pool full left is removed by the next
@@ -216,8 +205,8 @@ async fn queued_jobs_keep_their_sandbox(db: Db) {
     assert_eq!(done["stdout"], "put before it ran");
     assert_eq!(s.wait(&t, &cancelled).await["state"], "cancelled");
     let text = scrape(&s).await;
-    assert_eq!(sample(&text, "cordon_pool_taken_total"), 3.0, "{text}");
-    assert_eq!(sample(&text, "cordon_pool_hits_total"), 2.0, "{text}");
+    assert_eq!(counted(&text, "cordon_pool_taken_total"), 3.0, "{text}");
+    assert_eq!(counted(&text, "cordon_pool_hits_total"), 2.0, "{text}");
 }
 
 on_both!(

@@ -344,40 +344,35 @@ fn parse_inputs(v: &str) -> Result<Vec<String>, String> {
     Ok(list)
 }
 
-/// `serve.pool`: a TOML list (from a file) or `;`-separated (from the
-/// environment), each entry as `cordon serve --pool` takes it.
-fn parse_pools(v: &str) -> Result<Vec<cordon_server::config::PoolSpec>, String> {
+/// A list setting: a TOML list of strings (from a file), or entries split
+/// at `sep` (from the environment or the command line); empty entries
+/// dropped.
+fn string_list(v: &str, sep: char, expected: &str) -> Result<Vec<String>, String> {
     #[derive(serde::Deserialize)]
     struct List {
         v: Vec<String>,
     }
     let entries: Vec<String> = if v.starts_with('[') {
         toml::from_str::<List>(&format!("v = {v}"))
-            .map_err(|_| "expected a list of strings, such as [\"4\"]".to_string())?
+            .map_err(|_| expected.to_string())?
             .v
     } else {
-        v.split(';').map(|e| e.trim().to_string()).collect()
+        v.split(sep).map(|e| e.trim().to_string()).collect()
     };
-    entries
+    Ok(entries.into_iter().filter(|e| !e.is_empty()).collect())
+}
+
+/// `serve.pool`: a TOML list (from a file) or `;`-separated (from the
+/// environment), each entry as `cordon serve --pool` takes it.
+fn parse_pools(v: &str) -> Result<Vec<cordon_server::config::PoolSpec>, String> {
+    string_list(v, ';', "expected a list of strings, such as [\"4\"]")?
         .iter()
-        .filter(|e| !e.is_empty())
         .map(|e| e.parse().map_err(|why| format!("{e:?}: {why}")))
         .collect()
 }
 
 fn parse_allow(v: &str) -> Result<Vec<String>, String> {
-    #[derive(serde::Deserialize)]
-    struct List {
-        v: Vec<String>,
-    }
-    let entries: Vec<String> = if v.starts_with('[') {
-        toml::from_str::<List>(&format!("v = {v}"))
-            .map_err(|_| "expected a list of strings".to_string())?
-            .v
-    } else {
-        v.split(',').map(|e| e.trim().to_string()).collect()
-    };
-    let entries: Vec<String> = entries.into_iter().filter(|e| !e.is_empty()).collect();
+    let entries = string_list(v, ',', "expected a list of strings")?;
     for e in &entries {
         e.parse::<cordon_net::Entry>()
             .map_err(|why| format!("{e:?}: {why}"))?;

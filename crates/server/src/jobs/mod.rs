@@ -72,11 +72,7 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
         ));
     }
     // A ready sandbox of the job's shape comes with its id and workspace.
-    let shape = crate::pool::Shape::of(
-        &req.options,
-        req.spec.display(),
-        shared.config.sandboxes().backend(),
-    );
+    let shape = crate::pool::Shape::of(&req.options, req.spec.display(), shared.config.backend);
     let pooled = match (&req.spec, shape) {
         (JobSpec::Build(_), _) | (_, None) => None,
         (_, Some(shape)) => shared.pool.take(&shape),

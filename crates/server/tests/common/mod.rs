@@ -372,6 +372,26 @@ print(n)
     )
 }
 
+/// `/metrics` from the server's metrics listener, in Prometheus' text
+/// format.
+pub async fn scrape(s: &TestServer) -> String {
+    let addr = s.running.as_ref().unwrap().metrics_addr.unwrap();
+    let r = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let ct = r.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
+    r.text().await.unwrap()
+}
+
+/// The value of the sample named exactly `series` (name and labels).
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.trim().parse().unwrap())
+}
+
 pub fn shell(command: &str) -> Value {
     json!({"kind": "shell", "command": command})
 }
