@@ -99,7 +99,7 @@ async fn change(
             }
             true
         }
-        Found::Session(row) => change_session(shared, &row, &policy, made)?,
+        Found::Session(row) => change_session(shared, &row, &policy, made).await?,
         Found::Sandbox(_) => {
             let Some(handle) = shared.policies.get(owner) else {
                 return Err(ApiError::new(
@@ -122,7 +122,7 @@ async fn change(
 
 /// A session's change: at once if it is live (even mid-turn: its agent
 /// records it), else a record in its log. Whether it was live.
-fn change_session(
+async fn change_session(
     shared: &Shared,
     row: &SessionRow,
     policy: &Policy,
@@ -156,7 +156,12 @@ fn change_session(
     let before = logged.unwrap_or_default();
     let record = cordon_agent::PolicyRecord::between(&before, policy);
     let path = crate::sessions::dir(shared, id).join("session.jsonl");
-    let appended = SessionLog::<serde_json::Value>::open(&path).and_then(|(mut log, _, _)| {
+    let appended = crate::sessions::open_log(
+        || SessionLog::<serde_json::Value>::open(&path),
+        |e| matches!(e, cordon_agent::log::LogError::Busy(_)),
+    )
+    .await
+    .and_then(|(mut log, _, _)| {
         log.append(&serde_json::to_value(&record).unwrap_or_default())?;
         log.sync()
     });

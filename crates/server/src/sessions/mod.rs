@@ -82,6 +82,30 @@ pub(crate) fn dir(shared: &Shared, id: &str) -> std::path::PathBuf {
     shared.config.data_dir.join("sessions").join(id)
 }
 
+/// How long opening a session's log waits for its lock. Every process
+/// the server forks (a sandbox's supervisor, `git`, a pool's next
+/// sandbox) holds a copy of each descriptor open at that moment, a log's
+/// lock among them, until it execs: milliseconds, more under load.
+const LOG_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Runs `open` (of a session's log) again while `busy` says its lock is
+/// held, for up to [`LOG_LOCK_PATIENCE`]. Within this server a session's
+/// slot admits one writer, so a held lock is a forked child's passing copy.
+pub(crate) async fn open_log<T, E>(
+    mut open: impl FnMut() -> Result<T, E>,
+    busy: impl Fn(&E) -> bool,
+) -> Result<T, E> {
+    let until = Instant::now() + LOG_LOCK_PATIENCE;
+    loop {
+        match open() {
+            Err(e) if busy(&e) && Instant::now() < until => {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 fn no_model() -> ApiError {
     ApiError::new(
         StatusCode::BAD_REQUEST,

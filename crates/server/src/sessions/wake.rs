@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::http::StatusCode;
+use cordon_agent::log::LogError;
+use cordon_agent::sessions::SessionError;
 use cordon_agent::{AgentConfig, Instructions, Opening};
 use cordon_sandbox::Sandbox;
 use serde_json::Value;
@@ -103,7 +105,13 @@ async fn wake(
             ),
         ));
     }
-    let resumed = cordon_agent::sessions::open(&d.join("session.jsonl")).map_err(|e| {
+    let log = d.join("session.jsonl");
+    let resumed = super::open_log(
+        || cordon_agent::sessions::open(&log),
+        |e| matches!(e, SessionError::Log(LogError::Busy(_))),
+    )
+    .await
+    .map_err(|e| {
         tracing::error!("session {}: {e}", row.id);
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -121,7 +129,7 @@ async fn wake(
             "cannot open the session's workspace",
         )
     })?;
-    let records = match cordon_agent::log::load::<Value>(&d.join("session.jsonl")) {
+    let records = match cordon_agent::log::load::<Value>(&log) {
         Ok((records, _)) => records,
         Err(_) => Vec::new(),
     };
