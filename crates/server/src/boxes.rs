@@ -207,6 +207,10 @@ pub struct Made {
     pub auto_resume: bool,
     /// Whether its ports answer anyone under the sandbox domain.
     pub public: bool,
+    /// The environment every command gets, values and all: its forks'.
+    pub env: BTreeMap<String, String>,
+    /// A fork's root, kept while it runs.
+    pub fork_root: Option<Arc<crate::catalog::ForkRoot>>,
 }
 
 /// What a sandbox's timeout does.
@@ -275,6 +279,8 @@ pub struct LiveBox {
     pub timeout: Duration,
     pub on_timeout: OnTimeout,
     pub auto_resume: bool,
+    /// The environment it was made with (never stored): its forks get it.
+    pub env: BTreeMap<String, String>,
     deadline: Mutex<Instant>,
     /// What was left of its time when it was paused.
     left: Mutex<Option<Duration>>,
@@ -288,6 +294,7 @@ pub struct LiveBox {
     pub(crate) _policy: Option<crate::network::Listed>,
     pub(crate) _slot: crate::caps::Slot,
     pub(crate) _in_use: cordon_sandbox::volume::InUse,
+    pub(crate) _fork_root: Option<Arc<crate::catalog::ForkRoot>>,
 }
 
 impl LiveBox {
@@ -312,6 +319,7 @@ impl LiveBox {
             timeout: made.timeout,
             on_timeout: made.on_timeout,
             auto_resume: made.auto_resume,
+            env: made.env,
             deadline: Mutex::new(made.deadline),
             left: Mutex::new(None),
             processes: Mutex::default(),
@@ -320,6 +328,7 @@ impl LiveBox {
             _policy: policy,
             _slot: slot,
             _in_use: in_use,
+            _fork_root: made.fork_root,
         }
     }
 

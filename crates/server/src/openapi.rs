@@ -81,6 +81,7 @@ impl Modify for Bearer {
         crate::sandbox_api::set_sandbox_timeout,
         crate::sandbox_api::pause_sandbox,
         crate::sandbox_api::resume_sandbox,
+        crate::sandbox_api::fork_sandbox,
         crate::sandbox_api::sandbox_metrics,
         crate::sandbox_api::fs_stat,
         crate::sandbox_api::fs_list,

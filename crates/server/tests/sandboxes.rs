@@ -762,3 +762,316 @@ async fn only_a_request_let_in_wakes_a_paused_sandbox() {
     assert_eq!(state().await, "running");
     s.delete(&t, &format!("/v1/sandboxes/{id}")).await;
 }
+
+/// A server offering a busybox image as `tiny`, with its store in `store`.
+async fn with_tiny_image(
+    layout: &std::path::Path,
+    store: &std::path::Path,
+    tune: impl FnOnce(&mut cordon_server::ServerConfig),
+) -> TestServer {
+    use cordon_testkit::oci::{busybox_layer, layer, write_image};
+    write_image(
+        layout,
+        "v1",
+        &[busybox_layer(), layer(&[("etc/motd", "hello\n")])],
+        json!({"Env": ["PATH=/bin"]}),
+    );
+    let source = format!("tiny=oci:{}:v1", layout.display());
+    TestServer::start_with(Db::Sqlite, |c| {
+        c.images.entries = vec![cordon_server::catalog::CatalogEntry::parse(&source).unwrap()];
+        c.image_store = Some(store.to_path_buf());
+        tune(c);
+    })
+    .await
+    .expect("SQLite needs nothing installed")
+}
+
+fn ids_of(list: &Value) -> Vec<String> {
+    list["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Five forks of a sandbox on an image each start with its files (its
+/// root's changes, a deletion among them, and its workspace, owners and
+/// links kept), its environment and metadata, none of its processes; each
+/// then writes its own, unseen by the parent and the others. The fork's
+/// root goes from the store with the last fork.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_forks_start_from_a_sandboxs_files_and_go_their_own_ways() {
+    let (layout, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let s = with_tiny_image(layout.path(), store.path(), |_| {}).await;
+    let t = s.token("acme").await;
+    let parent = create(
+        &s,
+        &t,
+        json!({"image": "tiny", "env": {"APP_ENV": "test"}, "metadata": {"user": "42"}, "disk": "64M"}),
+    )
+    .await;
+    let r = run(
+        &s,
+        &t,
+        &parent,
+        json!({"cmd": "mkdir -p /workspace/src && echo parent > /workspace/src/a.txt \
+                && chown 1000:1000 /workspace/src/a.txt && ln -s src/a.txt /workspace/link \
+                && echo tool > /etc/tool && rm /etc/motd && echo ok"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "ok\n", "{r}");
+    let (status, r) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{parent}/commands"),
+            json!({"cmd": "sleep 1000", "background": true}),
+        )
+        .await;
+    assert_eq!(status, 202, "{r}");
+
+    let (status, made) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{parent}/fork?count=5"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 201, "{made}");
+    let forks = ids_of(&made);
+    assert_eq!(forks.len(), 5, "{made}");
+    for (i, f) in forks.iter().enumerate() {
+        let (_, shown) = s.get(&t, &format!("/v1/sandboxes/{f}")).await;
+        assert_eq!(shown["state"], "running", "{shown}");
+        assert_eq!(shown["metadata"]["user"], "42", "{shown}");
+        assert_eq!(shown["request"]["forked_from"], parent.as_str(), "{shown}");
+        assert_eq!(shown["request"]["image"], "tiny", "{shown}");
+        let r = run(
+            &s,
+            &t,
+            f,
+            json!({"cmd": "cat /workspace/link; stat -c %u /workspace/src/a.txt; cat /etc/tool; \
+                    test -e /etc/motd || echo no-motd; echo $APP_ENV; \
+                    for p in /proc/[0-9]*; do cat $p/cmdline; echo; done"}),
+        )
+        .await;
+        let out = r["stdout"].as_str().unwrap();
+        assert!(
+            out.starts_with("parent\n1000\ntool\nno-motd\ntest\n"),
+            "{r}"
+        );
+        assert!(!out.contains("sleep"), "a process came along: {out}");
+        run(
+            &s,
+            &t,
+            f,
+            json!({"cmd": format!("echo {i} > /workspace/mine")}),
+        )
+        .await;
+    }
+    run(
+        &s,
+        &t,
+        &parent,
+        json!({"cmd": "echo later > /workspace/later"}),
+    )
+    .await;
+    for (i, f) in forks.iter().enumerate() {
+        let r = run(
+            &s,
+            &t,
+            f,
+            json!({"cmd": "cat /workspace/mine; test -e /workspace/later || echo no-later"}),
+        )
+        .await;
+        assert_eq!(r["stdout"], format!("{i}\nno-later\n"), "{r}");
+    }
+    let r = run(
+        &s,
+        &t,
+        &parent,
+        json!({"cmd": "test -e /workspace/mine || echo none; cat /workspace/src/a.txt"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "none\nparent\n", "{r}");
+
+    // The forks' root is in the store while one lives, and not after.
+    let fork_records = || {
+        cordon_image::store::Store::open(store.path())
+            .unwrap()
+            .list()
+            .into_iter()
+            .filter(|i| i.name.contains("#fork-"))
+            .count()
+    };
+    assert_eq!(fork_records(), 1);
+    for f in &forks {
+        let (status, _) = s.delete(&t, &format!("/v1/sandboxes/{f}")).await;
+        assert_eq!(status, 204);
+    }
+    assert_eq!(fork_records(), 0);
+    s.stop().await;
+}
+
+/// What forking refuses: a bad count, another tenant's sandbox, a paused
+/// or ended one, more forks than the tenant's cap leaves room for (none
+/// made then); a sandbox on the host's root forks its workspace.
+#[tokio::test]
+async fn forks_are_refused_with_the_reason_and_all_or_nothing() {
+    let s = TestServer::start_with(Db::Sqlite, |c| c.sessions_per_tenant = 3)
+        .await
+        .expect("SQLite needs nothing installed");
+    let t = s.token("acme").await;
+    let other = s.token("zeta").await;
+    let id = create(&s, &t, json!({})).await;
+    run(&s, &t, &id, json!({"cmd": "echo kept > kept.txt"})).await;
+    let fork = |q: &'static str| format!("/v1/sandboxes/{id}/fork{q}");
+    for (q, want) in [
+        ("?count=0", 400),
+        ("?count=101", 400),
+        ("?count=x", 400),
+        ("?n=1", 400),
+    ] {
+        let (status, b) = s.post(&t, &fork(q), json!({})).await;
+        assert_eq!(status, want, "{q}: {b}");
+    }
+    let (status, _) = s.post(&other, &fork(""), json!({})).await;
+    assert_eq!(status, 404);
+    // Three would pass the cap of three with the parent: none is made.
+    let (status, b) = s.post(&t, &fork("?count=3"), json!({})).await;
+    assert_eq!(status, 429, "{b}");
+    let (_, list) = s.get(&t, "/v1/sandboxes").await;
+    assert_eq!(ids_of(&list), std::slice::from_ref(&id));
+    let (status, made) = s.post(&t, &fork("?count=2"), json!({})).await;
+    assert_eq!(status, 201, "{made}");
+    for f in ids_of(&made) {
+        let r = run(&s, &t, &f, json!({"cmd": "cat kept.txt"})).await;
+        assert_eq!(r["stdout"], "kept\n", "{r}");
+        s.delete(&t, &format!("/v1/sandboxes/{f}")).await;
+    }
+    let (status, b) = s
+        .post(&t, &format!("/v1/sandboxes/{id}/pause"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{b}");
+    let (status, b) = s.post(&t, &fork(""), json!({})).await;
+    assert_eq!(status, 409, "{b}");
+    s.post(&t, &format!("/v1/sandboxes/{id}/resume"), json!({}))
+        .await;
+    s.delete(&t, &format!("/v1/sandboxes/{id}")).await;
+    let (status, b) = s.post(&t, &fork(""), json!({})).await;
+    assert_eq!(status, 409, "{b}");
+    s.stop().await;
+}
+
+/// The attack: a parent that is root in its image replaces its `tar` with
+/// one that sends a crafted archive (a link to `/` and a file through
+/// it, `..` and absolute names, a name with a terminal escape); another
+/// holds 150 MiB of sparse files under a 32 MiB budget. Nothing lands on the
+/// host, no escape byte reaches an answer, a fork that cannot hold the
+/// files is refused and none is left, and the parents go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_cannot_reach_the_host_through_its_forks() {
+    let (layout, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let s = with_tiny_image(layout.path(), store.path(), |_| {}).await;
+    let t = s.token("acme").await;
+    let marker = format!("/tmp/cordon-fork-escape-{}", std::process::id());
+    let evil = {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut raw = |name: &[u8], kind: tar::EntryType, link: &[u8], body: &[u8]| {
+            let mut h = tar::Header::new_gnu();
+            h.as_old_mut().name[..name.len()].copy_from_slice(name);
+            h.as_old_mut().linkname[..link.len()].copy_from_slice(link);
+            h.set_entry_type(kind);
+            h.set_mode(0o644);
+            h.set_size(body.len() as u64);
+            h.set_cksum();
+            b.append(&h, body).unwrap();
+        };
+        let inner = marker.trim_start_matches('/');
+        raw(b"evil", tar::EntryType::Symlink, b"/", b"");
+        raw(
+            format!("evil/{inner}-link").as_bytes(),
+            tar::EntryType::Regular,
+            b"",
+            b"x",
+        );
+        raw(
+            format!("../../../../../../..{marker}-dots").as_bytes(),
+            tar::EntryType::Regular,
+            b"",
+            b"x",
+        );
+        raw(
+            format!("{marker}-abs").as_bytes(),
+            tar::EntryType::Regular,
+            b"",
+            b"x",
+        );
+        raw(b"\x1b]0;pwned\x07name/", tar::EntryType::Regular, b"", b"x");
+        b.into_inner().unwrap()
+    };
+    let parent = create(&s, &t, json!({"image": "tiny"})).await;
+    let put = s
+        .client
+        .put(s.url(&format!("/v1/sandboxes/{parent}/files/evil.tar")))
+        .bearer_auth(&t)
+        .body(evil)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    let r = run(
+        &s,
+        &t,
+        &parent,
+        json!({"cmd": "rm /bin/tar && printf '#!/bin/sh\\ncase \"$*\" in *-cf*) cat /workspace/evil.tar;; *) exec /bin/busybox tar \"$@\";; esac\\n' > /bin/tar && chmod +x /bin/tar && echo ok"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "ok\n", "{r}");
+    let (status, b) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{parent}/fork?count=2"),
+            json!({}),
+        )
+        .await;
+    assert!(status == 201 || status == 400, "{status}: {b}");
+    assert!(!b.to_string().contains('\u{1b}'), "{b}");
+    for suffix in ["-link", "-dots", "-abs"] {
+        let host = format!("{marker}{suffix}");
+        assert!(
+            !std::path::Path::new(&host).exists(),
+            "{host} is on the host"
+        );
+    }
+
+    let bomb = create(&s, &t, json!({"image": "tiny", "disk": "32M"})).await;
+    let r = run(
+        &s,
+        &t,
+        &bomb,
+        json!({"cmd": "for i in 1 2 3 4 5; do dd if=/dev/zero of=/workspace/sparse$i bs=1M seek=30 count=0 2>/dev/null || exit 1; done; echo ok"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "ok\n", "{r}");
+    let (status, b) = s
+        .post(&t, &format!("/v1/sandboxes/{bomb}/fork"), json!({}))
+        .await;
+    assert_eq!(status, 400, "{b}");
+    assert!(
+        b["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("disk budget"),
+        "{b}"
+    );
+    let (_, list) = s.get(&t, "/v1/sandboxes").await;
+    let mut live = ids_of(&list);
+    live.retain(|id| *id != parent);
+    assert_eq!(live, std::slice::from_ref(&bomb), "a fork was left behind");
+    for id in [&parent, &bomb] {
+        let r = run(&s, &t, id, json!({"cmd": "echo alive"})).await;
+        assert_eq!(r["stdout"], "alive\n", "{r}");
+    }
+    s.stop().await;
+}

@@ -107,7 +107,7 @@ pub const APPLETS: &[&str] = &[
     "sh", "ls", "cat", "echo", "id", "whoami", "mkdir", "touch", "rm", "chown", "chmod", "stat",
     "env", "pwd", "true", "false", "sleep", "head", "tail", "wc", "grep", "sed", "su", "test",
     "ln", "mv", "cp", "find", "dd", "mknod", "hostname", "ps", "kill", "readlink", "chgrp",
-    "unshare", "mount", "chroot", "nsenter",
+    "unshare", "mount", "chroot", "nsenter", "tar",
 ];
 
 /// A tiny image's one layer: busybox at `/bin/busybox` with [`APPLETS`]

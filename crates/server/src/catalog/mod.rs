@@ -30,7 +30,7 @@ use crate::http::ApiError;
 use crate::job::ImageName;
 
 mod own;
-pub use own::{Hold, own_record, parse_own_record, pending_record};
+pub use own::{ForkRoot, Hold, own_record, parse_own_record, pending_record};
 
 /// One entry of the operator's catalog, as `--image` takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,6 +294,9 @@ pub struct Images {
     /// named by no record until the build ends, so no collection removes
     /// unnamed layers meanwhile, however long the build takes.
     building: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The records of forks' roots whose sandboxes live (see
+    /// [`Images::fork_root`]): no collection removes them.
+    forks: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 /// A name made ready to be a sandbox's root.
@@ -334,6 +337,7 @@ impl Images {
             store,
             archive: None,
             building: Default::default(),
+            forks: Default::default(),
         })
     }
 

@@ -30,6 +30,31 @@ pub fn pending_record(tenant: &str, name: &ImageName) -> String {
     )
 }
 
+/// The root a sandbox's forks are made on: its image with the sandbox's
+/// root changes as one more layer, kept in the store under a record of
+/// its own while a fork lives (a fork's own snapshot builds on it), and
+/// removed after the last.
+pub struct ForkRoot {
+    pub ready: super::Ready,
+    record: String,
+    store: Store,
+    forks: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
+
+impl Drop for ForkRoot {
+    fn drop(&mut self) {
+        self.forks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.record);
+        // Its layers stay while a sandbox runs on them (the store's run
+        // directories name them), and go at a collection after.
+        if let Err(e) = self.store.remove(&self.record) {
+            tracing::warn!("a fork's root {}: {e}", self.record);
+        }
+    }
+}
+
 /// A build under way (see [`Images::hold`]).
 pub struct Hold(std::sync::Arc<std::sync::atomic::AtomicUsize>);
 
@@ -189,6 +214,63 @@ impl Images {
             .map_err(|e| e.to_string())
     }
 
+    /// The root for forks of `tenant`'s sandbox `parent`: the changes in
+    /// its writable layer (`dir`, `upper`: hostile, read as a commit
+    /// reads them) on the image it started from, and its user.
+    pub async fn fork_root(
+        &self,
+        tenant: &str,
+        parent: &str,
+        dir: std::path::PathBuf,
+        upper: std::path::PathBuf,
+        account: cordon_image::root::Account,
+    ) -> Result<ForkRoot, String> {
+        let store = self.store().map_err(|e| e.message().to_string())?.clone();
+        // `#` marks a record no tenant can name; a killed server's is
+        // collected as a pending one is.
+        let record = own_record(
+            tenant,
+            &format!("#fork-{parent}-{}", crate::store::random_hex(8)),
+        );
+        self.forks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(record.clone());
+        let (for_commit, name) = (store.clone(), record.clone());
+        let made = tokio::task::spawn_blocking(move || {
+            let image = cordon_build::commit::commit_upper(&for_commit, &dir, &upper, &name)
+                .map_err(|e| e.to_string())?;
+            let root = for_commit
+                .sandbox_root(&image, None)
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((image, root))
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+        let root = ForkRoot {
+            ready: match made {
+                Ok((image, root)) => super::Ready {
+                    image,
+                    root: root.into(),
+                    account,
+                },
+                Err(e) => {
+                    let _ = store.remove(&record);
+                    self.forks
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&record);
+                    return Err(e);
+                }
+            },
+            record,
+            store,
+            forks: self.forks.clone(),
+        };
+        Ok(root)
+    }
+
     /// Keeps collections from removing unnamed layers until dropped: held
     /// by a build while it runs.
     pub fn hold(&self) -> Hold {
@@ -215,10 +297,15 @@ impl Images {
             .collect();
         let grace = self.catalog.grace.unwrap_or(DEFAULT_GRACE);
         let building = self.building.clone();
+        let forks = self.forks.clone();
         tokio::task::spawn_blocking(move || {
             for image in store.list() {
                 if parse_own_record(&image.name).is_none()
                     || named.contains(&(image.name.clone(), image.manifest.to_string()))
+                    || forks
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(&image.name)
                 {
                     continue;
                 }

@@ -190,7 +190,7 @@ impl TryFrom<String> for AllowEntry {
 impl AllowEntry {
     /// An entry the server wrote itself (an expanded preset's rule); it is
     /// checked again whenever the stored job is read.
-    pub(super) fn checked(rule: String) -> AllowEntry {
+    pub(crate) fn checked(rule: String) -> AllowEntry {
         AllowEntry(rule)
     }
 }

@@ -9,15 +9,17 @@
 //! and why it ended, and its workspace goes with it.
 
 mod commands;
+mod fork;
 mod fs;
 mod pty;
 mod view;
 
 pub(crate) use commands::*;
+pub(crate) use fork::*;
 pub(crate) use fs::*;
 pub(crate) use pty::*;
-pub(crate) use view::check_env;
 pub use view::{NewSandbox, SandboxList, SandboxMetrics, SandboxView, TimeoutChange, UsageView};
+pub(crate) use view::{StoredRequest, check_env};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -56,6 +58,7 @@ pub fn routes() -> Router<Arc<Shared>> {
         .route("/v1/sandboxes/{id}/timeout", post(set_sandbox_timeout))
         .route("/v1/sandboxes/{id}/pause", post(pause_sandbox))
         .route("/v1/sandboxes/{id}/resume", post(resume_sandbox))
+        .route("/v1/sandboxes/{id}/fork", post(fork_sandbox))
         .route("/v1/sandboxes/{id}/metrics", get(sandbox_metrics))
         .route("/v1/sandboxes/{id}/fs", axum::routing::delete(fs_remove))
         .route("/v1/sandboxes/{id}/fs/stat", get(fs_stat))
@@ -213,22 +216,14 @@ pub(crate) async fn awake(shared: &Shared, b: &LiveBox) -> bool {
 pub(crate) fn network_of(
     row: &SandboxRow,
 ) -> (cordon_sandbox::Network, Option<cordon_net::Policy>) {
-    #[derive(serde::Deserialize)]
-    struct Stored {
-        network: crate::job::NetworkMode,
-        #[serde(default)]
-        allow: Option<Vec<String>>,
-        #[serde(default)]
-        allow_private: Option<bool>,
-    }
-    match serde_json::from_str::<Stored>(&row.request) {
-        Ok(s) => {
+    match StoredRequest::of(row) {
+        Some(s) => {
             let policy = s.allow.and_then(|allow| {
                 cordon_net::Policy::parse(&allow, s.allow_private.unwrap_or(false)).ok()
             });
             (s.network.into(), policy)
         }
-        Err(_) => (cordon_sandbox::Network::Off, None),
+        None => (cordon_sandbox::Network::Off, None),
     }
 }
 
@@ -282,6 +277,18 @@ pub(crate) async fn make(
     tenant: &str,
     asked: NewSandbox,
 ) -> ApiResult<(SandboxRow, Arc<LiveBox>)> {
+    let options = settle(shared, tenant, &asked).await?;
+    let slot = shared.caps.acquire(tenant)?;
+    start(shared, tenant, asked, options, slot, None).await
+}
+
+/// `asked` checked against the server's bounds, its network settled
+/// within `tenant`'s ceiling, its image chosen: the options it runs with.
+pub(crate) async fn settle(
+    shared: &Shared,
+    tenant: &str,
+    asked: &NewSandbox,
+) -> ApiResult<crate::job::RunOptions> {
     let mut options = asked
         .limits()
         .check(&shared.config.bounds)
@@ -297,7 +304,26 @@ pub(crate) async fn make(
         .images
         .choose(&shared.store, tenant, options.image.as_ref())
         .await?;
-    let slot = shared.caps.acquire(tenant)?;
+    Ok(options)
+}
+
+/// What a fork is made from (see [`fork`]).
+pub(crate) struct Parent<'a> {
+    pub id: &'a str,
+    /// Its root's changes on its image, when it has an image.
+    pub root: Option<Arc<crate::catalog::ForkRoot>>,
+}
+
+/// Starts a sandbox of `tenant`'s with `options` (settled) in `slot`:
+/// running, registered and recorded. A fork's root is its parent's.
+pub(crate) async fn start(
+    shared: &Shared,
+    tenant: &str,
+    asked: NewSandbox,
+    options: crate::job::RunOptions,
+    slot: crate::caps::Slot,
+    parent: Option<&Parent<'_>>,
+) -> ApiResult<(SandboxRow, Arc<LiveBox>)> {
     let id = format!("sbx_{}", random_hex(12));
     let d = dir(shared, &id);
     let ws = d.join("workspace");
@@ -308,9 +334,15 @@ pub(crate) async fn make(
             .map_err(|e| unavailable(&id, "make its workspace", e))?
             .map_err(|e| unavailable(&id, "make its workspace", e))?
     };
-    let (image, account, layers) = match &options.image {
-        None => (None, None, Vec::new()),
-        Some(name) => {
+    let fork_root = parent.and_then(|p| p.root.clone());
+    let (image, account, layers) = match (&options.image, &fork_root) {
+        (None, _) => (None, None, Vec::new()),
+        (Some(_), Some(root)) => (
+            Some(root.ready.root.clone()),
+            Some(root.ready.account.clone()),
+            root.ready.root.layers.clone(),
+        ),
+        (Some(name), None) => {
             let ready = shared
                 .images
                 .ready(&shared.store, tenant, name)
@@ -358,7 +390,7 @@ pub(crate) async fn make(
     let _ = sandbox.set_label(&id);
     let timeout = Duration::from_secs(options.timeout_secs);
     let expires_ms = now_ms() + timeout.as_millis() as i64;
-    let request = asked.stored(&options);
+    let request = asked.stored(&options, parent.map(|p| p.id));
     let metadata = serde_json::to_string(&asked.metadata).unwrap_or_else(|_| "{}".into());
     let row = match shared
         .store
@@ -393,6 +425,8 @@ pub(crate) async fn make(
             on_timeout: asked.on_timeout,
             auto_resume: asked.auto_resume,
             public: asked.public,
+            env: asked.env,
+            fork_root,
         },
         sandbox,
         policy,

@@ -134,20 +134,79 @@ impl NewSandbox {
 
     /// What the record keeps: the request with the server's defaults and
     /// the network as settled, without its environment (its values may be
-    /// secrets) or metadata (kept apart).
-    pub fn stored(&self, options: &RunOptions) -> String {
-        serde_json::json!({
-            "image": options.image,
-            "timeout_secs": options.timeout_secs,
-            "memory": options.memory,
-            "disk": options.disk,
-            "network": options.network,
-            "allow": options.egress.as_ref().map(|e| &e.allow),
-            "allow_private": options.egress.as_ref().map(|e| e.allow_private),
-            "backend": options.backend.map(Backend::from),
-            "env": self.env.keys().collect::<Vec<_>>(),
-        })
-        .to_string()
+    /// secrets) or metadata (kept apart). `forked_from`: the sandbox it
+    /// was forked from.
+    pub fn stored(&self, options: &RunOptions, forked_from: Option<&str>) -> String {
+        let stored = StoredRequest {
+            image: options.image.clone(),
+            timeout_secs: options.timeout_secs,
+            memory: options.memory,
+            disk: options.disk,
+            network: options.network,
+            allow: options.egress.as_ref().map(|e| e.allow.clone()),
+            allow_private: options.egress.as_ref().map(|e| e.allow_private),
+            backend: options.backend.map(Backend::from),
+            env: self.env.keys().cloned().collect(),
+            forked_from: forked_from.map(String::from),
+        };
+        serde_json::to_string(&stored).unwrap_or_else(|_| "{}".into())
+    }
+
+    /// A fork of a sandbox made as `stored` says (its network as settled
+    /// then; checked against the ceiling again), with the environment,
+    /// metadata and behaviour `parent` was given.
+    pub(crate) fn fork_of(
+        stored: StoredRequest,
+        parent: &crate::boxes::LiveBox,
+        metadata: BTreeMap<String, String>,
+    ) -> NewSandbox {
+        let allow = stored
+            .allow
+            .map(|rules| rules.into_iter().map(AllowEntry::checked).collect());
+        NewSandbox {
+            image: stored.image,
+            timeout_secs: Some(parent.timeout.as_secs().max(1)),
+            memory: Some(Size(stored.memory)),
+            disk: Some(Size(stored.disk)),
+            network: Some(stored.network),
+            allow,
+            allow_private: stored.allow_private,
+            backend: stored.backend,
+            env: parent.env.clone(),
+            metadata,
+            public: parent.public,
+            on_timeout: parent.on_timeout,
+            auto_resume: parent.auto_resume,
+        }
+    }
+}
+
+/// What a sandbox's record keeps of its request (see
+/// [`NewSandbox::stored`]), shown as its `request`.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct StoredRequest {
+    pub image: Option<ImageName>,
+    pub timeout_secs: u64,
+    pub memory: u64,
+    pub disk: u64,
+    pub network: NetworkMode,
+    #[serde(default)]
+    pub allow: Option<Vec<String>>,
+    #[serde(default)]
+    pub allow_private: Option<bool>,
+    #[serde(default)]
+    pub backend: Option<Backend>,
+    /// The names of its environment variables, not their values.
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<String>,
+}
+
+impl StoredRequest {
+    /// A record's request; `None` for one this server did not write.
+    pub fn of(row: &SandboxRow) -> Option<StoredRequest> {
+        serde_json::from_str(&row.request).ok()
     }
 }
 

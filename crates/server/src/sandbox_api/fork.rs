@@ -1,0 +1,260 @@
+//! Forks: sandboxes that start from the files of a running one.
+//!
+//! A fork gets its parent's request (image, limits, network as its
+//! tenant's ceiling allows now, environment, metadata, timeout), its
+//! root's changes and its workspace; not its processes. The root's
+//! changes are committed as a commit reads them (the upper directory is
+//! hostile: see `cordon_build::commit`) into one more layer under the
+//! parent's image, shared read-only by every fork. The workspace is
+//! carried by `tar` inside the parent, piped into `tar` inside each fork:
+//! the host only moves bytes, never reads a name or follows a link of
+//! them, and each fork unpacks within its own disk budget.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use cordon_sandbox::{ExecEvent, ExecRequest, Execution};
+use futures_util::future::join_all;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::{NewSandbox, Parent, SandboxView, StoredRequest, end, ended, live, settle, start};
+use crate::boxes::LiveBox;
+use crate::http::{ApiError, ApiResult, Tenant};
+use crate::state::Shared;
+
+/// Forks one request makes at most (each also takes a live slot).
+const FORKS_MAX: u32 = 100;
+
+/// Where a sandbox's workspace is, inside it.
+const WORKSPACE: &str = "/workspace";
+
+/// How long copying a workspace into the forks may take.
+const COPY_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The bytes of a `tar`'s complaint kept for the answer.
+const COMPLAINT_KEPT: usize = 2048;
+
+/// `POST /v1/sandboxes/{id}/fork`'s query.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ForkQuery {
+    /// How many forks to make: 1 (the default) to 100, within this
+    /// tenant's live sessions and sandboxes.
+    count: Option<u32>,
+}
+
+/// The forks made.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ForkList {
+    pub sandboxes: Vec<SandboxView>,
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "sandboxes", summary = "Fork a running sandbox",
+    description = "Makes `count` sandboxes that start from this one's files: each is made as it was (image, limits, environment, metadata, timeout; its network as this tenant's ceiling allows now), on its root's changes (a native sandbox on an image) and with a copy of its `/workspace`, made by the image's `tar` inside it and unpacked by `tar` inside each fork, within the fork's disk budget. Processes are not carried: a fork runs nothing until told. Taken while the sandbox runs, as a snapshot is: a file being written meanwhile may be copied half-written. Every fork is made or none is.",
+    params(("id" = String, Path), ForkQuery),
+    responses((status = 201, body = ForkList),
+              (status = 400, description = "The request says what is wrong, or the files could not be copied", body = crate::http::ErrorResponse),
+              (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "Its network is now beyond this tenant's ceiling, or its image no longer offered", body = crate::http::ErrorResponse),
+              (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse),
+              (status = 409, description = "It has ended, or is paused", body = crate::http::ErrorResponse),
+              (status = 429, description = "This tenant's live sessions and sandboxes leave no room for that many", body = crate::http::ErrorResponse),
+              (status = 501, description = "A microVM on an image: its root's changes are on its own disk", body = crate::http::ErrorResponse)))]
+pub(crate) async fn fork_sandbox(
+    State(shared): State<Arc<Shared>>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    q: Result<Query<ForkQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Response> {
+    let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let count = q.count.unwrap_or(1);
+    if !(1..=FORKS_MAX).contains(&count) {
+        return Err(ApiError::bad_request(format!(
+            "`count` must be 1 to {FORKS_MAX}"
+        )));
+    }
+    let b = live(&shared, &tenant, &id).await?;
+    let row = super::find(&shared, &tenant, &id).await?;
+    let stored = StoredRequest::of(&row)
+        .ok_or_else(|| super::unavailable(&id, "read its request", "not this server's record"))?;
+    let metadata = serde_json::from_str(&row.metadata).unwrap_or_default();
+    let asked = NewSandbox::fork_of(stored, &b, metadata);
+    let options = settle(&shared, &tenant, &asked).await?;
+    // Every slot first: all the forks are made, or none.
+    let mut slots = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        slots.push(shared.caps.acquire(&tenant)?);
+    }
+    let root = match (
+        &options.image,
+        b.sandbox.writable_layer_dir(),
+        b.sandbox.writable_upper(),
+    ) {
+        (None, ..) => None,
+        (Some(_), Some(dir), Some(upper)) => Some(Arc::new(
+            shared
+                .images
+                .fork_root(&tenant, &id, dir, upper, b.account.clone())
+                .await
+                .map_err(|e| {
+                    ApiError::bad_request(format!("cannot copy the sandbox's root: {e}"))
+                })?,
+        )),
+        (Some(_), ..) => {
+            return Err(ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "not_supported",
+                "this sandbox is a microVM on an image, whose root's changes are on its own \
+                 disk: forking one is not supported yet (a native sandbox's are)",
+            ));
+        }
+    };
+    let parent = Parent { id: &id, root };
+    let made = join_all(slots.into_iter().map(|slot| {
+        start(
+            &shared,
+            &tenant,
+            asked.clone(),
+            options.clone(),
+            slot,
+            Some(&parent),
+        )
+    }))
+    .await;
+    let (mut forks, mut failed) = (Vec::new(), None);
+    for m in made {
+        match m {
+            Ok(f) => forks.push(f),
+            Err(e) => failed = failed.or(Some(e)),
+        }
+    }
+    let copied = match failed {
+        Some(e) => Err(e),
+        None => {
+            let boxes: Vec<Arc<LiveBox>> = forks.iter().map(|(_, b)| b.clone()).collect();
+            copy_workspace(&b, &boxes).await
+        }
+    };
+    if let Err(e) = copied {
+        for (row, _) in forks {
+            if let Some(f) = shared.boxes.remove(&row.id) {
+                end(&shared, f, ended::KILLED).await;
+            }
+        }
+        return Err(e);
+    }
+    tracing::info!("sandbox {id} of {tenant}: forked {count}");
+    let sandboxes = forks
+        .iter()
+        .map(|(row, _)| SandboxView::of(row, true))
+        .collect();
+    Ok((StatusCode::CREATED, Json(ForkList { sandboxes })).into_response())
+}
+
+/// A command in `b` that may read and write every file of its workspace:
+/// root in an image's sandbox; elsewhere its only user.
+fn in_workspace(b: &LiveBox, argv: &[&str]) -> ExecRequest {
+    let req = ExecRequest::argv(argv.iter().copied())
+        .cwd("/")
+        .timeout(COPY_TIMEOUT);
+    if b.image.is_some() {
+        req.user(0, 0)
+    } else {
+        req
+    }
+}
+
+/// Copies `parent`'s workspace into each of `forks`, by `tar` inside
+/// each: what the parent's writes is bytes the host passes on unread.
+async fn copy_workspace(parent: &LiveBox, forks: &[Arc<LiveBox>]) -> ApiResult<()> {
+    let refused = |why: String| ApiError::bad_request(format!("cannot copy the workspace: {why}"));
+    let mut into = Vec::with_capacity(forks.len());
+    for f in forks {
+        let req = in_workspace(f, &["tar", "-C", WORKSPACE, "-xpf", "-"]).stream_stdin();
+        into.push(
+            f.sandbox
+                .exec_stream(req)
+                .await
+                .map_err(|e| super::start_error(&f.id, e))?,
+        );
+    }
+    let mut from = parent
+        .sandbox
+        .exec_stream(in_workspace(
+            parent,
+            &["tar", "-C", WORKSPACE, "-cf", "-", "."],
+        ))
+        .await
+        .map_err(|e| super::start_error(&parent.id, e))?;
+    let stdins: Vec<_> = into.iter().map(Execution::stdin).collect();
+    let feed = async {
+        let mut complaint = Vec::new();
+        let fed = loop {
+            match from.next().await {
+                Some(Ok(ExecEvent::Stdout(d))) => {
+                    let wrote = join_all(stdins.iter().map(|s| s.write(&d))).await;
+                    if wrote.iter().any(Result::is_err) {
+                        // The fork's own complaint says why.
+                        break Ok(());
+                    }
+                }
+                Some(Ok(ExecEvent::Stderr(d))) => keep(&mut complaint, &d),
+                // GNU tar's 1: a file changed while it was read, which a
+                // running sandbox's may.
+                Some(Ok(ExecEvent::Exit(r))) if matches!(r.exit_code(), 0 | 1) => break Ok(()),
+                Some(Ok(ExecEvent::Exit(_))) => break Err(refused(said("its tar", &complaint))),
+                Some(Err(e)) => break Err(super::start_error(&parent.id, e)),
+                None => break Err(super::start_error(&parent.id, cordon_sandbox::Error::Gone)),
+            }
+        };
+        for s in &stdins {
+            let _ = s.close();
+        }
+        fed
+    };
+    let unpacked = join_all(into.iter_mut().map(|e| async move {
+        let mut complaint = Vec::new();
+        loop {
+            match e.next().await {
+                Some(Ok(ExecEvent::Stderr(d))) => keep(&mut complaint, &d),
+                Some(Ok(ExecEvent::Exit(r))) => break (r.exit_code(), complaint),
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => break (-1, complaint),
+            }
+        }
+    }));
+    let (fed, unpacked) = tokio::join!(feed, unpacked);
+    fed?;
+    use cordon_sandbox::exit_code::{DISK, TIMEOUT};
+    match unpacked.into_iter().find(|(code, _)| *code != 0) {
+        None => Ok(()),
+        Some((DISK, _)) => Err(refused(
+            "it does not fit in a fork's disk budget (`disk`, as the sandbox was made with)".into(),
+        )),
+        Some((TIMEOUT, _)) => Err(refused(format!(
+            "it took longer than {}",
+            humantime::format_duration(COPY_TIMEOUT)
+        ))),
+        Some((_, complaint)) => Err(refused(said("a fork's tar", &complaint))),
+    }
+}
+
+fn keep(complaint: &mut Vec<u8>, d: &[u8]) {
+    let room = COMPLAINT_KEPT.saturating_sub(complaint.len());
+    complaint.extend_from_slice(&d[..d.len().min(room)]);
+}
+
+/// A `tar`'s complaint as the answer shows it: the sandbox's bytes,
+/// printable.
+fn said(who: &str, complaint: &[u8]) -> String {
+    let text = String::from_utf8_lossy(complaint);
+    match text.trim() {
+        "" => format!("{who} failed"),
+        t => format!("{who} failed: {}", cordon_tools::printable(t)),
+    }
+}
