@@ -212,6 +212,42 @@ fn the_images_user_and_directory_apply(t: &Ctx) {
 }
 attack!(the_images_user_and_directory_apply);
 
+/// An image whose `User` is not root writes its workspace, and what it
+/// writes there is the caller's on the host (root's sandboxes map the
+/// workspace's owner to that user). An unprivileged caller and a microVM
+/// cannot make that mapping, and the user is told so before it runs.
+fn the_images_user_writes_the_workspace(t: &Ctx) {
+    let img = image(t, &[], json!({"User": "app"}));
+    let out = img.sh(
+        t,
+        "id -u; stat -c %u /workspace; echo hi > /workspace/by-app && stat -c %u /workspace/by-app",
+    );
+    if !t.root() || t.vm() {
+        // Neither can map ids for the workspace (no idmapped mount
+        // unprivileged; 9p in a microVM): the user is told, at once.
+        out.stderr_has("which cannot write /workspace");
+        return;
+    }
+    out.code(0).line("1000").line("1000").line("1000");
+    use std::os::unix::fs::MetadataExt;
+    let made = fs::metadata(t.workspace.join("by-app")).unwrap();
+    assert_eq!(made.uid(), 0, "the caller's on the host");
+    // As root (`--user`) the workspace is root's again, as without a User.
+    img.run(
+        t,
+        &["--user", "root"],
+        &[
+            "sh",
+            "-c",
+            "stat -c %u /workspace; echo hi > /workspace/by-root",
+        ],
+    )
+    .code(0)
+    .line("0");
+    assert_eq!(fs::metadata(t.workspace.join("by-root")).unwrap().uid(), 0);
+}
+attack!(the_images_user_writes_the_workspace);
+
 /// An image whose `/workspace`, `/tmp`, `/proc` and `/etc/hosts` are links
 /// to the host's files, and whose `/etc` has a link to the host's shadow:
 /// cordon replaces what stands where it mounts and writes, follows none of

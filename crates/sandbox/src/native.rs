@@ -370,6 +370,15 @@ fn image_root(
     } else {
         crate::subids::subordinate(rustix::process::geteuid().as_raw())?
     };
+    if !root && image.uid != 0 && image.step.is_none() {
+        // Root's sandboxes show the workspace as the image user's through
+        // an idmapped mount, which only root may make.
+        tracing::warn!(
+            "the image runs as uid {}, which cannot write /workspace when cordon runs \
+             unprivileged (it is yours, root's inside): run as `--user 0`, or cordon as root",
+            image.uid
+        );
+    }
     let layer = WritableLayer::new(image)?;
     if let protocol::IdSource::Subordinate { uid, gid, count } = ids {
         std::fs::write(

@@ -241,6 +241,19 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         ));
     }
 
+    if let Some(image) = config
+        .image
+        .as_ref()
+        .filter(|i| i.uid != 0 && i.step.is_none())
+    {
+        // 9p shows the guest the workspace's owner on the host, which is
+        // root's inside, and maps no ids.
+        tracing::warn!(
+            "the image runs as uid {}, which cannot write /workspace in a microVM (it is root's \
+             inside): run as `--user 0`, or on the native backend",
+            image.uid
+        );
+    }
     // The font cache, as the native backend binds it (see supervisor/setup.rs);
     // an image has its own fonts, if any.
     let fonts = FONT_CACHE;

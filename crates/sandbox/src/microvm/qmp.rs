@@ -36,6 +36,14 @@ pub(super) enum Command<'a> {
         uri: &'a str,
     },
     QueryMigrate,
+    QueryStatus,
+}
+
+/// `query-status`'s answer, the part cordon reads: the run state, such as
+/// `running`, `paused`, `finish-migrate` or `postmigrate`.
+#[derive(Debug, Deserialize)]
+pub(super) struct StatusInfo {
+    pub status: String,
 }
 
 /// One line from QEMU: the greeting, a reply or an event.
@@ -194,6 +202,7 @@ mod tests {
             json(Command::QueryMigrate),
             r#"{"execute":"query-migrate"}"#
         );
+        assert_eq!(json(Command::QueryStatus), r#"{"execute":"query-status"}"#);
         assert_eq!(
             json(Command::Migrate { uri: "fd:snap" }),
             r#"{"execute":"migrate","arguments":{"uri":"fd:snap"}}"#

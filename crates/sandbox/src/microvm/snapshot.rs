@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::image::{file_stamp, hash_hex};
-use super::qmp::{Command, MigrationInfo, MigrationStatus, Qmp};
+use super::qmp::{Command, MigrationInfo, MigrationStatus, Qmp, StatusInfo};
 use crate::error::{Error, Result};
 
 /// The start handshake, as guest/init.rs speaks it: the guest writes
@@ -147,7 +147,7 @@ impl Snapshots {
             .tempfile_in(&self.dir)?;
         qmp.execute::<serde::de::IgnoredAny>(&Command::Stop, None)?;
         let saved = save(qmp, file.as_file());
-        let continued = qmp.execute::<serde::de::IgnoredAny>(&Command::Cont, None);
+        let continued = cont(qmp);
         saved?;
         continued?;
         file.persist(self.path(shape))
@@ -196,6 +196,21 @@ fn save(qmp: &mut Qmp, file: &std::fs::File) -> Result<()> {
 /// loads would be overruled by the state saved).
 pub(super) fn resume(qmp: &mut Qmp) -> Result<()> {
     migrated(qmp, "load")?;
+    cont(qmp)
+}
+
+/// Lets the guest go on. A migration QEMU calls completed may still be
+/// finishing (the run state `finish-migrate`), and QEMU refuses a `cont`
+/// until it has: the CI met that once, and the guest stayed stopped.
+fn cont(qmp: &mut Qmp) -> Result<()> {
+    let deadline = Instant::now() + SAVE_TIMEOUT;
+    loop {
+        let state: StatusInfo = qmp.execute(&Command::QueryStatus, None)?;
+        if state.status != "finish-migrate" || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
     qmp.execute::<serde::de::IgnoredAny>(&Command::Cont, None)?;
     Ok(())
 }

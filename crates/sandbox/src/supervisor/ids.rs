@@ -62,26 +62,46 @@ impl IdMaps {
 
     /// How root's image sandbox sees its workspace and binds through an
     /// idmapped mount: the caller's files (uid and gid 0 on disk) as its
-    /// root, and the ids 1 to 65535 it gives files as its own host ids, so
-    /// that a `chown 1000` in the workspace hands nothing to the host's
-    /// user 1000. (A file on disk is read as an id inside this map.)
-    pub fn workspace(base: u32) -> IdMaps {
-        let two = vec![
-            Extent {
-                inside: 0,
-                outside: base,
-                count: 1,
-            },
-            Extent {
-                inside: base + 1,
-                outside: base + 1,
-                count: IMAGE_IDS - 1,
-            },
-        ];
+    /// default user's (`uid`, `gid`: the image's `User`, root unless it
+    /// names another), so that user may write its workspace and what it
+    /// writes is the caller's on the host; the ids 0 to 65535 it gives
+    /// files otherwise as its own host ids, so that a `chown 1000` in the
+    /// workspace hands nothing to the host's user 1000. (A file on disk is
+    /// read as an id inside this map.)
+    pub fn workspace(base: u32, uid: u32, gid: u32) -> IdMaps {
         IdMaps {
-            uid: two.clone(),
-            gid: two,
+            uid: Self::swapped(base, uid),
+            gid: Self::swapped(base, gid),
         }
+    }
+
+    /// The identity over `base`'s range, but for disk id 0, which is
+    /// `user` inside, and what `user`'s place on disk would be, which is
+    /// root's inside.
+    fn swapped(base: u32, user: u32) -> Vec<Extent> {
+        let user = user.min(IMAGE_IDS - 1);
+        let one = |inside, outside| Extent {
+            inside,
+            outside,
+            count: 1,
+        };
+        let same = |from: u32, to: u32| Extent {
+            inside: base + from,
+            outside: base + from,
+            count: to - from,
+        };
+        if user == 0 {
+            return vec![one(0, base), same(1, IMAGE_IDS)];
+        }
+        [
+            one(0, base + user),
+            one(base + user, base),
+            same(1, user),
+            same(user + 1, IMAGE_IDS),
+        ]
+        .into_iter()
+        .filter(|e| e.count > 0)
+        .collect()
     }
 
     /// The caller's ids, as the spec maps them.
@@ -248,6 +268,42 @@ mod tests {
         let one = IdMaps::single((0, 1000), (0, 100));
         assert_eq!(IdMaps::text(&one.uid), "0 1000 1\n");
         assert_eq!(IdMaps::text(&one.gid), "0 100 1\n");
+    }
+
+    #[test]
+    fn the_workspace_is_the_default_users() {
+        let b = RANGES_BASE;
+        let root = IdMaps::workspace(b, 0, 0);
+        assert_eq!(
+            IdMaps::text(&root.uid),
+            format!("0 {b} 1\n{} {} 65535\n", b + 1, b + 1)
+        );
+        let app = IdMaps::workspace(b, 1000, 1000);
+        assert_eq!(
+            IdMaps::text(&app.gid),
+            format!(
+                "0 {} 1\n{} {b} 1\n{} {} 999\n{} {} 64535\n",
+                b + 1000,
+                b + 1000,
+                b + 1,
+                b + 1,
+                b + 1001,
+                b + 1001
+            )
+        );
+        // Every inside id once, every disk id once.
+        for user in [0, 1, 1000, 65534, 65535] {
+            let e = IdMaps::swapped(b, user);
+            let mut disk: Vec<(u32, u32)> = e.iter().map(|e| (e.inside, e.count)).collect();
+            let mut inside: Vec<(u32, u32)> = e.iter().map(|e| (e.outside, e.count)).collect();
+            for v in [&mut disk, &mut inside] {
+                v.sort();
+                assert_eq!(v.iter().map(|(_, c)| c).sum::<u32>(), IMAGE_IDS, "{user}");
+                for w in v.windows(2) {
+                    assert!(w[0].0 + w[0].1 <= w[1].0, "{user}: {e:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -334,7 +334,7 @@ fn enter_namespaces(
             };
             let mut prepared =
                 idmap::prepare(&maps, &setup::image_layers_wanted(spec))?.ok_or_else(cannot)?;
-            let workspace = ids::IdMaps::workspace(base);
+            let workspace = ids::IdMaps::workspace(base, spec.inner_uid, spec.inner_gid);
             prepared
                 .merge(idmap::prepare(&workspace, &setup::idmap_wanted(spec))?.ok_or_else(cannot)?);
             // Reached again only after the switch, as a uid the store's
