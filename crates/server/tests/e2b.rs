@@ -625,6 +625,7 @@ async fn the_stock_js_sdk_drives_a_sandbox() {
         "watch",
         "pty",
         "list and timeout",
+        "fork",
         "kill",
     ] {
         assert!(
@@ -658,6 +659,7 @@ async fn the_stock_python_sdk_drives_a_sandbox() {
         "timeout",
         "list, info and timeout",
         "connect",
+        "fork",
         "killed during a run",
     ] {
         assert!(

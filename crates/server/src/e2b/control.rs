@@ -527,6 +527,54 @@ pub async fn resume(
     Ok((StatusCode::CREATED, Json(sandbox(&shared, &b))))
 }
 
+/// `POST /sandboxes/{id}/fork`'s body.
+#[derive(Debug, Deserialize)]
+struct ForkBody {
+    /// Seconds each fork runs (E2B's default: 15).
+    #[serde(default = "fork_timeout")]
+    timeout: i64,
+    #[serde(default = "one")]
+    count: u32,
+}
+
+fn fork_timeout() -> i64 {
+    15
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// One fork's outcome, as E2B's `SandboxForkResult` spells it: cordon
+/// makes every fork or none, so each is a sandbox.
+#[derive(Debug, Serialize)]
+pub struct ForkResult {
+    sandbox: E2bSandbox,
+}
+
+/// `POST /sandboxes/{id}/fork`: 201 and a result per fork, each started
+/// from the sandbox's files (see `sandbox_api::fork`: its processes and
+/// memory are not carried, unlike E2B's).
+pub async fn fork(
+    State(shared): State<Arc<Shared>>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> E2bResult<(StatusCode, Json<Vec<ForkResult>>)> {
+    let asked: ForkBody = json_body(&shared, body)?;
+    let secs = seconds(asked.timeout)?;
+    let (row, _) = running(&shared, &tenant, &id).await?;
+    let forks =
+        crate::sandbox_api::fork(&shared, &tenant, &row.id, asked.count, Some(secs)).await?;
+    let results = forks
+        .iter()
+        .map(|(_, b)| ForkResult {
+            sandbox: sandbox(&shared, b),
+        })
+        .collect();
+    Ok((StatusCode::CREATED, Json(results)))
+}
+
 /// Resumes paused `b` (E2B's `id`), its end `secs` from now.
 async fn wake(shared: &Shared, tenant: &str, id: &str, b: &LiveBox, secs: u64) -> E2bResult<()> {
     // E2B's resume says how long it runs from now: what it had left is

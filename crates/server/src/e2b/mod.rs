@@ -53,6 +53,7 @@ pub fn routes() -> Router<Arc<Shared>> {
         .route("/e2b/sandboxes/{id}/resume", post(control::resume))
         .route("/e2b/sandboxes/{id}/refreshes", post(control::refresh))
         .route("/e2b/sandboxes/{id}/pause", post(control::pause))
+        .route("/e2b/sandboxes/{id}/fork", post(control::fork))
         .route("/e2b/sandboxes/{id}/metrics", get(control::metrics))
         .route("/e2b/process.Process/{method}", post(process::rpc))
         .route("/e2b/filesystem.Filesystem/{method}", post(filesystem::rpc))

@@ -46,6 +46,8 @@ pub(crate) struct ForkQuery {
     /// How many forks to make: 1 (the default) to 100, within this
     /// tenant's live sessions and sandboxes.
     count: Option<u32>,
+    /// How long each may run (default: as long as the parent was made to).
+    timeout_secs: Option<u64>,
 }
 
 /// The forks made.
@@ -55,7 +57,7 @@ pub struct ForkList {
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "sandboxes", summary = "Fork a running sandbox",
-    description = "Makes `count` sandboxes that start from this one's files: each is made as it was (image, limits, environment, metadata, timeout; its network as this tenant's ceiling allows now), on its root's changes (a native sandbox on an image) and with a copy of its `/workspace`, made by the image's `tar` inside it and unpacked by `tar` inside each fork, within the fork's disk budget. Processes are not carried: a fork runs nothing until told. Taken while the sandbox runs, as a snapshot is: a file being written meanwhile may be copied half-written. Every fork is made or none is.",
+    description = "Makes `count` sandboxes that start from this one's files: each is made as it was (image, limits, environment, metadata, its timeout unless `timeout_secs` says; its network as this tenant's ceiling allows now), on its root's changes (a native sandbox on an image) and with a copy of its `/workspace`, made by the image's `tar` inside it and unpacked by `tar` inside each fork, within the fork's disk budget. Processes are not carried: a fork runs nothing until told. Taken while the sandbox runs, as a snapshot is: a file being written meanwhile may be copied half-written. Every fork is made or none is.",
     params(("id" = String, Path), ForkQuery),
     responses((status = 201, body = ForkList),
               (status = 400, description = "The request says what is wrong, or the files could not be copied", body = crate::http::ErrorResponse),
@@ -72,23 +74,43 @@ pub(crate) async fn fork_sandbox(
     q: Result<Query<ForkQuery>, axum::extract::rejection::QueryRejection>,
 ) -> ApiResult<Response> {
     let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let count = q.count.unwrap_or(1);
+    let forks = fork(&shared, &tenant, &id, q.count.unwrap_or(1), q.timeout_secs).await?;
+    let sandboxes = forks
+        .iter()
+        .map(|(row, _)| SandboxView::of(row, true))
+        .collect();
+    Ok((StatusCode::CREATED, Json(ForkList { sandboxes })).into_response())
+}
+
+/// Makes `count` forks of `tenant`'s running sandbox `id`, each running
+/// for `timeout_secs` (the parent's timeout unless given): all of them,
+/// registered and recorded, or none.
+pub(crate) async fn fork(
+    shared: &Shared,
+    tenant: &str,
+    id: &str,
+    count: u32,
+    timeout_secs: Option<u64>,
+) -> ApiResult<Vec<(crate::store::SandboxRow, Arc<LiveBox>)>> {
     if !(1..=FORKS_MAX).contains(&count) {
         return Err(ApiError::bad_request(format!(
             "`count` must be 1 to {FORKS_MAX}"
         )));
     }
-    let b = live(&shared, &tenant, &id).await?;
-    let row = super::find(&shared, &tenant, &id).await?;
+    let b = live(shared, tenant, id).await?;
+    let row = super::find(shared, tenant, id).await?;
     let stored = StoredRequest::of(&row)
-        .ok_or_else(|| super::unavailable(&id, "read its request", "not this server's record"))?;
+        .ok_or_else(|| super::unavailable(id, "read its request", "not this server's record"))?;
     let metadata = serde_json::from_str(&row.metadata).unwrap_or_default();
-    let asked = NewSandbox::fork_of(stored, &b, metadata);
-    let options = settle(&shared, &tenant, &asked).await?;
+    let mut asked = NewSandbox::fork_of(stored, &b, metadata);
+    if timeout_secs.is_some() {
+        asked.timeout_secs = timeout_secs;
+    }
+    let options = settle(shared, tenant, &asked).await?;
     // Every slot first: all the forks are made, or none.
     let mut slots = Vec::with_capacity(count as usize);
     for _ in 0..count {
-        slots.push(shared.caps.acquire(&tenant)?);
+        slots.push(shared.caps.acquire(tenant)?);
     }
     let root = match (
         &options.image,
@@ -99,7 +121,7 @@ pub(crate) async fn fork_sandbox(
         (Some(_), Some(dir), Some(upper)) => Some(Arc::new(
             shared
                 .images
-                .fork_root(&tenant, &id, dir, upper, b.account.clone())
+                .fork_root(tenant, id, dir, upper, b.account.clone())
                 .await
                 .map_err(|e| {
                     ApiError::bad_request(format!("cannot copy the sandbox's root: {e}"))
@@ -114,11 +136,11 @@ pub(crate) async fn fork_sandbox(
             ));
         }
     };
-    let parent = Parent { id: &id, root };
+    let parent = Parent { id, root };
     let made = join_all(slots.into_iter().map(|slot| {
         start(
-            &shared,
-            &tenant,
+            shared,
+            tenant,
             asked.clone(),
             options.clone(),
             slot,
@@ -143,17 +165,13 @@ pub(crate) async fn fork_sandbox(
     if let Err(e) = copied {
         for (row, _) in forks {
             if let Some(f) = shared.boxes.remove(&row.id) {
-                end(&shared, f, ended::KILLED).await;
+                end(shared, f, ended::KILLED).await;
             }
         }
         return Err(e);
     }
     tracing::info!("sandbox {id} of {tenant}: forked {count}");
-    let sandboxes = forks
-        .iter()
-        .map(|(row, _)| SandboxView::of(row, true))
-        .collect();
-    Ok((StatusCode::CREATED, Json(ForkList { sandboxes })).into_response())
+    Ok(forks)
 }
 
 /// A command in `b` that may read and write every file of its workspace:

@@ -69,6 +69,19 @@ assert.ok(listed.some((s) => s.sandboxId === sbx.sandboxId))
 await sbx.setTimeout(60_000)
 ok('list and timeout')
 
+await sbx.files.write('/home/user/notes.txt', 'from the parent\n')
+const forks = await sbx.fork({ count: 2, timeoutMs: 60_000 })
+assert.equal(forks.length, 2)
+for (const f of forks) {
+  assert.ok(!(f instanceof Error), String(f))
+  assert.notEqual(f.sandboxId, sbx.sandboxId)
+  assert.equal(await f.files.read('/home/user/notes.txt'), 'from the parent\n')
+  await f.files.write('/home/user/mine.txt', f.sandboxId)
+}
+assert.equal(await sbx.files.exists('/home/user/mine.txt'), false)
+for (const f of forks) await f.kill()
+ok('fork')
+
 await sbx.kill()
 assert.equal(await sbx.isRunning(), false)
 ok('kill')

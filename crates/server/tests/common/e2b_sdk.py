@@ -165,6 +165,21 @@ same = Sandbox.connect(sbx.sandbox_id)
 assert same.commands.run("echo again").stdout == "again\n"
 ok("connect")
 
+sbx.files.write("/home/user/notes.txt", "from the parent\n")
+sbx.commands.run("echo kept > /workspace/kept.txt")
+forks = sbx.fork(count=2, timeout=60)
+assert len(forks) == 2 and all(isinstance(f, Sandbox) for f in forks), forks
+for i, f in enumerate(forks):
+    assert f.sandbox_id != sbx.sandbox_id and f.is_running()
+    r = f.commands.run("cat ~/notes.txt /workspace/kept.txt; echo $FROM_CREATE")
+    assert r.stdout == "from the parent\nkept\nyes\n", repr(r.stdout)
+    f.files.write("/home/user/mine.txt", str(i))
+assert not sbx.files.exists("/home/user/mine.txt")
+assert [f.files.read("/home/user/mine.txt") for f in forks] == ["0", "1"]
+for f in forks:
+    f.kill()
+ok("fork")
+
 h = sbx.commands.run("sleep 60", background=True)
 sbx.kill()
 try:
