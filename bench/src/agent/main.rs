@@ -6,6 +6,7 @@
 //! cordon-bench-agent exec-memory --cordon PATH [--runs 3] [--delay-ms 300] [--interval-ms 100]
 //! cordon-bench-agent serve-e2e   --url URL --token T [--rounds 50] [--warmup 5] [--cordon PATH]
 //! cordon-bench-agent serve-pool  --url URL --token T --pool-url URL --pool-token T [--rounds 50] [--warmup 5]
+//! cordon-bench-agent serve-fork  --url URL --token T [--rounds 10] [--warmup 1] [--files 1000]
 //! cordon-bench-agent screenshot  [--cold 5] [--shots 30]
 //! cordon-bench-agent backends    [--cold 10] [--execs 50]
 //! cordon-bench-agent kernel      [--calls 200] [--heavy-calls 20] [--cold 5] [--warmup 10]
@@ -21,7 +22,8 @@
 //! `serve-e2e` times a trivial shell job through a running `cordon serve`
 //! from `POST` to `succeeded`, next to `cordon run -- true`; `serve-pool`
 //! the same on a server without a warm pool and one with, alternating
-//! round by round. `screenshot`
+//! round by round; `serve-fork` forks a sandbox of 1,000 files 1 and 10
+//! at once, next to creating as many and uploading its files. `screenshot`
 //! times the computer tool's screenshots next to the computer-use
 //! reference's way (scrot, then ImageMagick's convert). `backends` times
 //! sandbox creation and warm execs on the native and microvm backends.
@@ -34,6 +36,7 @@
 mod agentloop;
 mod backends;
 mod execmem;
+mod fork;
 mod kernel;
 mod lab;
 mod screenshot;
@@ -49,7 +52,7 @@ use cordon_bench::cli::{self, Workspace};
 use stats::Json;
 
 const USAGE: &str =
-    "usage: cordon-bench-agent <agent-loop|session-log|exec-memory|serve-e2e|serve-pool|screenshot|backends|kernel|lab-page> [--OPTION VALUE]...
+    "usage: cordon-bench-agent <agent-loop|session-log|exec-memory|serve-e2e|serve-pool|serve-fork|screenshot|backends|kernel|lab-page> [--OPTION VALUE]...
   agent-loop  --steps N (200) --rounds N (3) --warmup N (10 steps left out of each run)
   session-log --events N (10000) --rounds N (3) --loads N (10) --buckets N (10)
   exec-memory --cordon PATH (the release cordon) --runs N (3) --delay-ms MS (300, before every
@@ -57,6 +60,8 @@ const USAGE: &str =
   serve-e2e   --url URL (a running cordon serve) --token TOKEN --rounds N (50) --warmup N (5)
               --cordon PATH (also time `cordon run -- true`, alternating)
   serve-pool  --url URL --token TOKEN (a server without a pool) --pool-url URL --pool-token TOKEN
+  serve-fork  --url URL --token TOKEN (sessions per tenant at least 21) --rounds N (10) --warmup N (1)
+              --files N (1000, of 20 KB, in the parent's workspace)
               (one with a pool) --rounds N (50, on each) --warmup N (5)
   screenshot  --cold N (5, sandboxes started) --shots N (30, warm screenshots each way)
   backends    --cold N (10, sandboxes started each way) --execs N (50, warm execs each way)
@@ -80,6 +85,7 @@ fn run(args: &Args) -> Result<Json, String> {
         "exec-memory" => &["cordon", "runs", "delay-ms", "interval-ms"],
         "serve-e2e" => &["url", "token", "rounds", "warmup", "cordon"],
         "serve-pool" => &["url", "token", "pool-url", "pool-token", "rounds", "warmup"],
+        "serve-fork" => &["url", "token", "rounds", "warmup", "files"],
         "screenshot" => &["cold", "shots"],
         "backends" => &["cold", "execs"],
         "kernel" => &["calls", "heavy-calls", "cold", "warmup"],
@@ -120,6 +126,11 @@ fn run(args: &Args) -> Result<Json, String> {
         "serve-pool" => {
             let (runtime, _) = cli::runtime(args, "current")?;
             let result = runtime.block_on(serve::pool(args));
+            result.map(|j| cli::labelled(args, j, None))
+        }
+        "serve-fork" => {
+            let (runtime, _) = cli::runtime(args, "current")?;
+            let result = runtime.block_on(fork::run(args));
             result.map(|j| cli::labelled(args, j, None))
         }
         _ => {

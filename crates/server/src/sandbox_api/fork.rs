@@ -36,6 +36,9 @@ const WORKSPACE: &str = "/workspace";
 /// How long copying a workspace into the forks may take.
 const COPY_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// Chunks of the parent's tar queued per fork.
+const QUEUED_CHUNKS: usize = 16;
+
 /// The bytes of a `tar`'s complaint kept for the answer.
 const COMPLAINT_KEPT: usize = 2048;
 
@@ -209,16 +212,31 @@ async fn copy_workspace(parent: &LiveBox, forks: &[Arc<LiveBox>]) -> ApiResult<(
         ))
         .await
         .map_err(|e| super::start_error(&parent.id, e))?;
-    let stdins: Vec<_> = into.iter().map(Execution::stdin).collect();
-    let feed = async {
+    // Each fork is fed from a queue of its own, so that the slowest holds
+    // the parent back only once its queue is full.
+    let (mut queues, mut writers) = (Vec::new(), Vec::new());
+    for stdin in into.iter().map(Execution::stdin) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Arc<[u8]>>(QUEUED_CHUNKS);
+        queues.push(tx);
+        writers.push(async move {
+            while let Some(d) = rx.recv().await {
+                if stdin.write(&d).await.is_err() {
+                    // The fork's own complaint says why.
+                    break;
+                }
+            }
+            let _ = stdin.close();
+        });
+    }
+    let feed = async move {
         let mut complaint = Vec::new();
-        let fed = loop {
+        loop {
             match from.next().await {
                 Some(Ok(ExecEvent::Stdout(d))) => {
-                    let wrote = join_all(stdins.iter().map(|s| s.write(&d))).await;
-                    if wrote.iter().any(Result::is_err) {
-                        // The fork's own complaint says why.
-                        break Ok(());
+                    let d: Arc<[u8]> = d.into();
+                    for q in &queues {
+                        // A fork that stopped reading has dropped its queue.
+                        let _ = q.send(d.clone()).await;
                     }
                 }
                 Some(Ok(ExecEvent::Stderr(d))) => keep(&mut complaint, &d),
@@ -229,11 +247,8 @@ async fn copy_workspace(parent: &LiveBox, forks: &[Arc<LiveBox>]) -> ApiResult<(
                 Some(Err(e)) => break Err(super::start_error(&parent.id, e)),
                 None => break Err(super::start_error(&parent.id, cordon_sandbox::Error::Gone)),
             }
-        };
-        for s in &stdins {
-            let _ = s.close();
         }
-        fed
+        // Dropping the queues ends the writers, which close the forks' stdin.
     };
     let unpacked = join_all(into.iter_mut().map(|e| async move {
         let mut complaint = Vec::new();
@@ -246,7 +261,7 @@ async fn copy_workspace(parent: &LiveBox, forks: &[Arc<LiveBox>]) -> ApiResult<(
             }
         }
     }));
-    let (fed, unpacked) = tokio::join!(feed, unpacked);
+    let (fed, _, unpacked) = tokio::join!(feed, join_all(writers), unpacked);
     fed?;
     use cordon_sandbox::exit_code::{DISK, TIMEOUT};
     match unpacked.into_iter().find(|(code, _)| *code != 0) {
