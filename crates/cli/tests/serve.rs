@@ -158,7 +158,9 @@ fn sigterm_lets_running_jobs_finish_within_the_grace_and_cancels_the_rest() {
     let mut first = serve(home.path(), port, &["--workers", "2", "--grace", "3s"]);
     let token = first.token.clone().expect("a first token is printed");
     let quick = submit(&first, &token, "echo begun; sleep 1; echo done");
-    let slow = submit(&first, &token, "echo begun; sleep 300");
+    // A duration of this test's own: the other test here sleeps too, at
+    // the same time, and pgrep looks at the whole machine.
+    let slow = submit(&first, &token, "echo begun; sleep 307");
     for id in [&quick, &slow] {
         wait_for(&first, &token, id, |j| j["state"] == "running");
     }
@@ -200,7 +202,7 @@ fn sigterm_lets_running_jobs_finish_within_the_grace_and_cancels_the_rest() {
         "{j}"
     );
     let left = Command::new("pgrep")
-        .args(["-f", "sleep 300"])
+        .args(["-af", "^sleep 307$"])
         .output()
         .unwrap();
     assert!(
@@ -226,7 +228,7 @@ fn a_server_killed_with_sigkill_loses_nothing_when_started_again() {
     let listed: Value = r.json().unwrap();
     assert_eq!(listed["tokens"][0]["role"], "operator", "{listed}");
     assert_eq!(listed["tokens"][0]["tenant"], "default", "{listed}");
-    let running = submit(&first, &token, "echo begun; sleep 300");
+    let running = submit(&first, &token, "echo begun; sleep 311");
     let queued: Vec<String> = (0..3)
         .map(|i| submit(&first, &token, &format!("echo queued-{i}")))
         .collect();
@@ -250,7 +252,7 @@ fn a_server_killed_with_sigkill_loses_nothing_when_started_again() {
     }
     // The killed job's sandbox died with its server: nothing sleeps on.
     let left = Command::new("pgrep")
-        .args(["-f", "sleep 300"])
+        .args(["-af", "^sleep 311$"])
         .output()
         .unwrap();
     assert!(
