@@ -159,16 +159,7 @@ fn state_of(b: &LiveBox) -> &'static str {
 }
 
 fn detail(row: &SandboxRow, b: &LiveBox, with_token: bool) -> Detail {
-    #[derive(Deserialize)]
-    struct Stored {
-        #[serde(default)]
-        memory: u64,
-        #[serde(default)]
-        disk: u64,
-        #[serde(default)]
-        network: Option<NetworkMode>,
-    }
-    let stored: Option<Stored> = serde_json::from_str(&row.request).ok();
+    let stored = crate::sandbox_api::StoredRequest::of(row);
     let template = template_of(b);
     Detail {
         template_id: template.clone(),
@@ -184,9 +175,7 @@ fn detail(row: &SandboxRow, b: &LiveBox, with_token: bool) -> Detail {
         state: state_of(b),
         metadata: serde_json::from_str(&row.metadata).unwrap_or_default(),
         envd_access_token: with_token.then(|| b.access_token.clone()),
-        allow_internet_access: stored
-            .and_then(|s| s.network)
-            .is_some_and(|n| n == NetworkMode::Allow),
+        allow_internet_access: stored.is_some_and(|s| s.network == NetworkMode::Allow),
     }
 }
 
