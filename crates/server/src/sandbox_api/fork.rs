@@ -87,8 +87,22 @@ pub(crate) async fn fork_sandbox(
 
 /// Makes `count` forks of `tenant`'s running sandbox `id`, each running
 /// for `timeout_secs` (the parent's timeout unless given): all of them,
-/// registered and recorded, or none.
+/// registered and recorded, or none. In a task of its own, so that a
+/// client that hangs up half-way leaves all or none all the same.
 pub(crate) async fn fork(
+    shared: &Arc<Shared>,
+    tenant: &str,
+    id: &str,
+    count: u32,
+    timeout_secs: Option<u64>,
+) -> ApiResult<Vec<(crate::store::SandboxRow, Arc<LiveBox>)>> {
+    let (shared, tenant, id) = (shared.clone(), tenant.to_string(), id.to_string());
+    tokio::spawn(async move { fork_all(&shared, &tenant, &id, count, timeout_secs).await })
+        .await
+        .map_err(ApiError::internal)?
+}
+
+async fn fork_all(
     shared: &Shared,
     tenant: &str,
     id: &str,
