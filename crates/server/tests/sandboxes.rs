@@ -963,6 +963,58 @@ async fn forks_are_refused_with_the_reason_and_all_or_nothing() {
     s.stop().await;
 }
 
+/// A client that hangs up while forks are made leaves them all made (and
+/// filled) or none: the fork does not stop half-way with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_whose_client_hangs_up_is_made_whole() {
+    let s = TestServer::start_with(Db::Sqlite, |_| {})
+        .await
+        .expect("SQLite needs nothing installed");
+    let t = s.token("acme").await;
+    let parent = create(&s, &t, json!({})).await;
+    run(
+        &s,
+        &t,
+        &parent,
+        json!({"cmd": "mkdir d && for i in $(seq 300); do head -c 20000 /dev/urandom > d/f$i; done"}),
+    )
+    .await;
+    let hung_up = s
+        .client
+        .post(s.url(&format!("/v1/sandboxes/{parent}/fork?count=3")))
+        .bearer_auth(&t)
+        .timeout(Duration::from_millis(20))
+        .send()
+        .await;
+    assert!(hung_up.is_err(), "the fork answered within 20 ms");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let forks = loop {
+        let (_, list) = s.get(&t, "/v1/sandboxes").await;
+        let forks: Vec<String> = ids_of(&list)
+            .into_iter()
+            .filter(|id| *id != parent)
+            .collect();
+        if forks.len() == 3 {
+            break forks;
+        }
+        assert!(Instant::now() < deadline, "{list}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for f in forks {
+        // Listed once recorded; filled before the fork ends: wait for it.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = run(&s, &t, &f, json!({"cmd": "ls d | wc -l"})).await;
+            if r["stdout"] == "300\n" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{r}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    s.stop().await;
+}
+
 /// The attack: a parent that is root in its image replaces its `tar` with
 /// one that sends a crafted archive (a link to `/` and a file through
 /// it, `..` and absolute names, a name with a terminal escape); another
