@@ -36,12 +36,17 @@ pub fn pending_record(tenant: &str, name: &ImageName) -> String {
 /// removed after the last.
 pub struct ForkRoot {
     pub ready: super::Ready,
+    _record: HeldRecord,
+}
+
+/// A fork root's record, which collections leave alone until dropped.
+struct HeldRecord {
     record: String,
     store: Store,
     forks: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
-impl Drop for ForkRoot {
+impl Drop for HeldRecord {
     fn drop(&mut self) {
         self.forks
             .lock()
@@ -236,39 +241,30 @@ impl Images {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(record.clone());
-        let (for_commit, name) = (store.clone(), record.clone());
-        let made = tokio::task::spawn_blocking(move || {
-            let image = cordon_build::commit::commit_upper(&for_commit, &dir, &upper, &name)
+        // From here on, a failure lets go of the record with the guard.
+        let held = HeldRecord {
+            record: record.clone(),
+            store: store.clone(),
+            forks: self.forks.clone(),
+        };
+        let (image, root) = tokio::task::spawn_blocking(move || {
+            let image = cordon_build::commit::commit_upper(&store, &dir, &upper, &record)
                 .map_err(|e| e.to_string())?;
-            let root = for_commit
+            let root = store
                 .sandbox_root(&image, None)
                 .map_err(|e| e.to_string())?;
             Ok::<_, String>((image, root))
         })
         .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r);
-        let root = ForkRoot {
-            ready: match made {
-                Ok((image, root)) => super::Ready {
-                    image,
-                    root: root.into(),
-                    account,
-                },
-                Err(e) => {
-                    let _ = store.remove(&record);
-                    self.forks
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&record);
-                    return Err(e);
-                }
+        .map_err(|e| e.to_string())??;
+        Ok(ForkRoot {
+            ready: super::Ready {
+                image,
+                root: root.into(),
+                account,
             },
-            record,
-            store,
-            forks: self.forks.clone(),
-        };
-        Ok(root)
+            _record: held,
+        })
     }
 
     /// Keeps collections from removing unnamed layers until dropped: held
