@@ -587,10 +587,12 @@ pub(crate) async fn sandbox_metrics(
 pub(crate) async fn end(shared: &Shared, b: Arc<LiveBox>, reason: &str) {
     let id = b.id.clone();
     shared.sandboxes.unlist(&Owner::Sandbox(id.clone()));
-    b.sandbox.close().await;
+    // Recorded first: out of the registry it already reads as ended, and
+    // its record must say why from that moment, not once it is closed.
     if let Err(e) = shared.store.end_sandbox(&id, reason).await {
         tracing::error!("sandbox {id}: cannot record its end: {e}");
     }
+    b.sandbox.close().await;
     // Its processes' followers hold it a moment longer; the workspace's
     // volume is given back when the last one lets go.
     drop(b);
