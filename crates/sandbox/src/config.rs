@@ -197,6 +197,21 @@ impl BuildStep {
     }
 }
 
+impl RootImage {
+    /// Warns, for an image whose user is not root, that this user cannot
+    /// write `/workspace` on this backend: `why` it cannot map ids for it,
+    /// `instead` what would do.
+    pub(crate) fn warn_workspace_unwritable(&self, why: &str, instead: &str) {
+        if self.uid != 0 && self.step.is_none() {
+            tracing::warn!(
+                "the image runs as uid {}, which cannot write /workspace {why}: run as \
+                 `--user 0`, or {instead}",
+                self.uid
+            );
+        }
+    }
+}
+
 impl From<cordon_image::root::SandboxRoot> for RootImage {
     /// What the store hands over; the working directory is the front
     /// end's to use.

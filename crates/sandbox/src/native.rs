@@ -370,13 +370,12 @@ fn image_root(
     } else {
         crate::subids::subordinate(rustix::process::geteuid().as_raw())?
     };
-    if !root && image.uid != 0 && image.step.is_none() {
+    if !root {
         // Root's sandboxes show the workspace as the image user's through
         // an idmapped mount, which only root may make.
-        tracing::warn!(
-            "the image runs as uid {}, which cannot write /workspace when cordon runs \
-             unprivileged (it is yours, root's inside): run as `--user 0`, or cordon as root",
-            image.uid
+        image.warn_workspace_unwritable(
+            "when cordon runs unprivileged (it is yours, root's inside)",
+            "cordon as root",
         );
     }
     let layer = WritableLayer::new(image)?;

@@ -241,17 +241,12 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         ));
     }
 
-    if let Some(image) = config
-        .image
-        .as_ref()
-        .filter(|i| i.uid != 0 && i.step.is_none())
-    {
+    if let Some(image) = &config.image {
         // 9p shows the guest the workspace's owner on the host, which is
         // root's inside, and maps no ids.
-        tracing::warn!(
-            "the image runs as uid {}, which cannot write /workspace in a microVM (it is root's \
-             inside): run as `--user 0`, or on the native backend",
-            image.uid
+        image.warn_workspace_unwritable(
+            "in a microVM (it is root's inside)",
+            "on the native backend",
         );
     }
     // The font cache, as the native backend binds it (see supervisor/setup.rs);

@@ -22,7 +22,9 @@ use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::{NewSandbox, Parent, SandboxView, StoredRequest, end, ended, live, settle, start};
+use super::{
+    NewSandbox, Parent, SandboxView, StoredRequest, end, ended, live_with_row, settle, start,
+};
 use crate::boxes::LiveBox;
 use crate::http::{ApiError, ApiResult, Tenant};
 use crate::state::Shared;
@@ -114,15 +116,12 @@ async fn fork_all(
             "`count` must be 1 to {FORKS_MAX}"
         )));
     }
-    let b = live(shared, tenant, id).await?;
-    let row = super::find(shared, tenant, id).await?;
+    let (row, b) = live_with_row(shared, tenant, id).await?;
     let stored = StoredRequest::of(&row)
         .ok_or_else(|| super::unavailable(id, "read its request", "not this server's record"))?;
     let metadata = serde_json::from_str(&row.metadata).unwrap_or_default();
     let mut asked = NewSandbox::fork_of(stored, &b, metadata);
-    if timeout_secs.is_some() {
-        asked.timeout_secs = timeout_secs;
-    }
+    asked.timeout_secs = timeout_secs.or(asked.timeout_secs);
     let options = settle(shared, tenant, &asked).await?;
     // Every slot first: all the forks are made, or none.
     let mut slots = Vec::with_capacity(count as usize);

@@ -107,7 +107,16 @@ pub(crate) async fn find(shared: &Shared, tenant: &str, id: &str) -> ApiResult<S
 
 /// A tenant's sandbox, live in this process.
 pub(crate) async fn live(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Arc<LiveBox>> {
-    let b = live_or_paused(shared, tenant, id).await?;
+    live_with_row(shared, tenant, id).await.map(|(_, b)| b)
+}
+
+/// As [`live`], with the record it was found by.
+pub(crate) async fn live_with_row(
+    shared: &Shared,
+    tenant: &str,
+    id: &str,
+) -> ApiResult<(SandboxRow, Arc<LiveBox>)> {
+    let (row, b) = live_or_paused(shared, tenant, id).await?;
     if b.sandbox.is_paused() {
         // Anything asked of it would wait for a resume nothing asked for.
         return Err(ApiError::new(
@@ -116,12 +125,17 @@ pub(crate) async fn live(shared: &Shared, tenant: &str, id: &str) -> ApiResult<A
             format!("sandbox {id} is paused: resume it first (POST /v1/sandboxes/{id}/resume)"),
         ));
     }
-    Ok(b)
+    Ok((row, b))
 }
 
-async fn live_or_paused(shared: &Shared, tenant: &str, id: &str) -> ApiResult<Arc<LiveBox>> {
+async fn live_or_paused(
+    shared: &Shared,
+    tenant: &str,
+    id: &str,
+) -> ApiResult<(SandboxRow, Arc<LiveBox>)> {
     let row = find(shared, tenant, id).await?;
-    shared.boxes.get(tenant, id).ok_or_else(|| gone(&row))
+    let b = shared.boxes.get(tenant, id).ok_or_else(|| gone(&row))?;
+    Ok((row, b))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes", summary = "Pause a sandbox",
@@ -161,7 +175,7 @@ async fn pause_or_resume(
     id: &str,
     pause: bool,
 ) -> ApiResult<Json<SandboxView>> {
-    let b = live_or_paused(shared, tenant, id).await?;
+    let (_, b) = live_or_paused(shared, tenant, id).await?;
     let refused = |e| crate::http::pause_refused(e, |e| start_error(id, e));
     if pause {
         b.pause(None).await.map_err(refused)?;
