@@ -14,7 +14,7 @@ use cordon_agent::Cancel;
 
 use crate::job::JobState;
 use crate::state::Shared;
-use crate::store::StoreError;
+use crate::store::{ClaimTerms, StoreError};
 
 /// What a job lost with its worker is told.
 const LOST: &str = "its worker stopped answering (lease expired)";
@@ -61,12 +61,7 @@ pub(crate) async fn recover(shared: &Shared) -> Result<usize, StoreError> {
     for id in &ids {
         if let Some((state, event)) = shared
             .store
-            .settle_lost(
-                id,
-                Some(&shared.worker),
-                shared.config.max_attempts,
-                RESTARTED,
-            )
+            .settle_lost(id, Some(&shared.worker), RESTARTED)
             .await?
         {
             shared.hub.publish(id, &[event]);
@@ -143,9 +138,12 @@ async fn run_jobs(shared: Arc<Shared>) {
             shared
                 .store
                 .claim(
-                    shared.config.per_tenant,
                     &shared.worker,
-                    shared.config.lease,
+                    ClaimTerms {
+                        per_tenant: shared.config.per_tenant,
+                        lease: shared.config.lease,
+                        max_attempts: shared.config.max_attempts,
+                    },
                 )
                 .await
         };
@@ -301,11 +299,7 @@ async fn sweep(weak: std::sync::Weak<Shared>) {
         match shared.store.lapsed(100).await {
             Ok(ids) => {
                 for id in ids {
-                    match shared
-                        .store
-                        .settle_lost(&id, None, shared.config.max_attempts, LOST)
-                        .await
-                    {
+                    match shared.store.settle_lost(&id, None, LOST).await {
                         Ok(Some((state, event))) => {
                             shared.hub.publish(&id, &[event]);
                             if state == JobState::Queued {

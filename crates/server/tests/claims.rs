@@ -8,9 +8,17 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use cordon_server::job::JobRequest;
-use cordon_server::store::Store;
+use cordon_server::job::{JobRequest, JobState};
+use cordon_server::store::{ClaimTerms, Store};
 use serde_json::json;
+
+fn terms(lease: Duration) -> ClaimTerms {
+    ClaimTerms {
+        per_tenant: 10,
+        lease,
+        max_attempts: 2,
+    }
+}
 
 async fn claims_are_recorded_with_the_claim(db: Db) {
     let tmp = tempfile::tempdir().unwrap();
@@ -24,7 +32,7 @@ async fn claims_are_recorded_with_the_claim(db: Db) {
     // Worker a claims it, with a lease that lapses at once, and writes
     // nothing more: as if it stopped right after its claim.
     let a = store
-        .claim(10, "w-a", Duration::ZERO)
+        .claim("w-a", terms(Duration::ZERO))
         .await
         .unwrap()
         .expect("a queued job");
@@ -32,7 +40,7 @@ async fn claims_are_recorded_with_the_claim(db: Db) {
     assert_eq!(a.job.attempts, 1);
     assert!(
         store
-            .claim(10, "w-b", Duration::ZERO)
+            .claim("w-b", terms(Duration::ZERO))
             .await
             .unwrap()
             .is_none()
@@ -47,12 +55,12 @@ async fn claims_are_recorded_with_the_claim(db: Db) {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(store.lapsed(10).await.unwrap(), ["job_c1"]);
     store
-        .settle_lost("job_c1", None, 3, "lost")
+        .settle_lost("job_c1", None, "lost")
         .await
         .unwrap()
         .expect("settled");
     let b = store
-        .claim(10, "w-b", Duration::from_secs(30))
+        .claim("w-b", terms(Duration::from_secs(30)))
         .await
         .unwrap()
         .expect("queued again");
@@ -72,6 +80,30 @@ async fn claims_are_recorded_with_the_claim(db: Db) {
             ("state".to_string(), Some("w-b".to_string())),
         ]
     );
+
+    // The limit that settles a lost run is the claiming worker's, kept
+    // with its claim: the settler has no setting of its own (an API
+    // process settled these with its default of 1 and failed them).
+    store.insert_job("job_c2", "t", &request).await.unwrap();
+    for (attempt, settled) in [(1, JobState::Queued), (2, JobState::Failed)] {
+        let c = store
+            .claim("w-c", terms(Duration::ZERO))
+            .await
+            .unwrap()
+            .expect("job_c2 is queued");
+        assert_eq!((c.job.id.as_str(), c.job.attempts), ("job_c2", attempt));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (state, _) = store
+            .settle_lost("job_c2", None, "lost")
+            .await
+            .unwrap()
+            .expect("settled");
+        assert_eq!(state, settled, "after attempt {attempt}");
+    }
+    let row = store.job("t", "job_c2").await.unwrap().unwrap();
+    assert_eq!(row.state, JobState::Failed);
+    let error = row.error.unwrap_or_default();
+    assert!(error.contains("it ran 2 times"), "{error}");
 }
 
 on_both!(claims_are_recorded_with_the_claim);

@@ -58,18 +58,31 @@ pub struct Claimed {
     pub started: StoredEvent,
 }
 
+/// How a worker claims jobs: its settings, the same for every claim.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimTerms {
+    /// Jobs one tenant may run at once, across every process.
+    pub per_tenant: i64,
+    /// How long a claim lasts unless renewed.
+    pub lease: Duration,
+    /// The most times the job may be started: recorded with the claim, so
+    /// whichever process settles the job when its lease lapses keeps to
+    /// the claiming worker's setting.
+    pub max_attempts: i64,
+}
+
 impl Store {
     /// Takes the oldest queued job whose tenant runs fewer than
-    /// `per_tenant` jobs, marks it running on `worker`, leases it for
-    /// `lease`, and records its `state` event: in one transaction, so that
-    /// every run of a job is in its record even when the worker stops
+    /// `terms.per_tenant` jobs, marks it running on `worker`, leases it for
+    /// `terms.lease`, and records its `state` event: in one transaction, so
+    /// that every run of a job is in its record even when the worker stops
     /// before it writes anything.
-    pub async fn claim(
-        &self,
-        per_tenant: i64,
-        worker: &str,
-        lease: Duration,
-    ) -> Result<Option<Claimed>> {
+    pub async fn claim(&self, worker: &str, terms: ClaimTerms) -> Result<Option<Claimed>> {
+        let ClaimTerms {
+            per_tenant,
+            lease,
+            max_attempts,
+        } = terms;
         let _one_at_a_time = self.appending.lock().await;
         let mut tx = self.pool.begin().await?;
         let row = match self.backend {
@@ -79,7 +92,7 @@ impl Store {
                     "UPDATE jobs SET state = 'running', started_ms = $1, worker = $3, \
                      lease_until_ms = ",
                     sqlite_now!(),
-                    " + $4, attempts = attempts + 1, cancel_requested = 0 \
+                    " + $4, attempts = attempts + 1, cancel_requested = 0, max_attempts = $5 \
                      WHERE state = 'queued' AND seq = (\
                         SELECT q.seq FROM jobs q WHERE q.state = 'queued' AND \
                         (SELECT COUNT(*) FROM jobs r WHERE r.tenant = q.tenant AND r.state = 'running') < $2 \
@@ -91,6 +104,7 @@ impl Store {
                 .bind(per_tenant)
                 .bind(worker)
                 .bind(ms(lease))
+                .bind(max_attempts)
                 .fetch_optional(&mut *tx)
                 .await?
             }
@@ -128,7 +142,7 @@ impl Store {
                     "UPDATE jobs SET state = 'running', started_ms = $1, worker = $2, \
                      lease_until_ms = ",
                     pg_now!(),
-                    " + $3, attempts = attempts + 1, cancel_requested = 0 \
+                    " + $3, attempts = attempts + 1, cancel_requested = 0, max_attempts = $5 \
                      WHERE seq = $4 AND state = 'queued' RETURNING ",
                     job_columns!()
                 ))
@@ -136,6 +150,7 @@ impl Store {
                 .bind(worker)
                 .bind(ms(lease))
                 .bind(seq)
+                .bind(max_attempts)
                 .fetch_optional(&mut *tx)
                 .await?
             }
@@ -262,14 +277,14 @@ impl Store {
     /// Settles job `id`, lost by its worker: if it is still running and
     /// its lease lapsed (or, with `worker`, it is that worker's), it is
     /// cancelled when a cancel was asked, queued again when it has run
-    /// fewer than `max_attempts` times, else failed with `reason`. Returns
-    /// the state it went to and its event; None if another process
-    /// settled it first or its worker came back.
+    /// fewer times than the worker that claimed it allows (its
+    /// [`ClaimTerms::max_attempts`], not the settling process's), else
+    /// failed with `reason`. Returns the state it went to and its event;
+    /// None if another process settled it first or its worker came back.
     pub async fn settle_lost(
         &self,
         id: &str,
         worker: Option<&str>,
-        max_attempts: i64,
         reason: &str,
     ) -> Result<Option<(JobState, StoredEvent)>> {
         let _one_at_a_time = self.appending.lock().await;
@@ -279,17 +294,17 @@ impl Store {
         self.lock_job(&mut tx, id, None).await?;
         let sql = match (self.backend, worker.is_some()) {
             (_, true) => concat!(
-                "SELECT attempts, cancel_requested FROM jobs ",
+                "SELECT attempts, COALESCE(max_attempts, 1) AS most, cancel_requested FROM jobs ",
                 "WHERE id = $1 AND state = 'running' AND worker = $2"
             ),
             (Backend::Sqlite, false) => concat!(
-                "SELECT attempts, cancel_requested FROM jobs WHERE id = $1 AND $2 = '' ",
+                "SELECT attempts, COALESCE(max_attempts, 1) AS most, cancel_requested FROM jobs WHERE id = $1 AND $2 = '' ",
                 "AND state = 'running' AND (lease_until_ms IS NULL OR lease_until_ms < ",
                 sqlite_now!(),
                 ")"
             ),
             (Backend::Postgres, false) => concat!(
-                "SELECT attempts, cancel_requested FROM jobs WHERE id = $1 AND $2 = '' ",
+                "SELECT attempts, COALESCE(max_attempts, 1) AS most, cancel_requested FROM jobs WHERE id = $1 AND $2 = '' ",
                 "AND state = 'running' AND (lease_until_ms IS NULL OR lease_until_ms < ",
                 pg_now!(),
                 ")"
@@ -304,6 +319,7 @@ impl Store {
             return Ok(None);
         };
         let attempts: i64 = row.try_get("attempts")?;
+        let max_attempts: i64 = row.try_get("most")?;
         let cancel = row.try_get::<i64, _>("cancel_requested")? != 0;
         let (state, error) = if cancel {
             (JobState::Cancelled, format!("cancelled; {reason}"))

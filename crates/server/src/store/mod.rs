@@ -23,7 +23,7 @@ mod sessions;
 mod tokens;
 pub use git_credentials::{ForgeApi, GitCredential, GitSecret};
 pub use images::{ImageOrigin, OwnImage};
-pub use leases::{Claimed, Held};
+pub use leases::{ClaimTerms, Claimed, Held};
 pub use sandboxes::SandboxRow;
 pub use sealed::{KEY_MIN, Keyring, SealError, SecretsKey, strong_key};
 pub use sessions::SessionRow;
