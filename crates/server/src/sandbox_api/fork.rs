@@ -275,13 +275,26 @@ async fn copy_workspace(parent: &LiveBox, forks: &[Arc<LiveBox>]) -> ApiResult<(
         }
     }));
     let (fed, _, unpacked) = tokio::join!(feed, join_all(writers), unpacked);
+    // The budget's watcher looks now and then: a fork's tar may finish
+    // past the budget before its next look, or the stop may end the
+    // stream before its exit code. One fresh look at each decides.
+    let mut over = false;
+    for f in forks {
+        over |= f.sandbox.check_disk().await.is_some();
+    }
+    let too_big = || {
+        refused(
+            "it does not fit in a fork's disk budget (`disk`, as the sandbox was made with)".into(),
+        )
+    };
+    if over {
+        return Err(too_big());
+    }
     fed?;
     use cordon_sandbox::exit_code::{DISK, TIMEOUT};
     match unpacked.into_iter().find(|(code, _)| *code != 0) {
         None => Ok(()),
-        Some((DISK, _)) => Err(refused(
-            "it does not fit in a fork's disk budget (`disk`, as the sandbox was made with)".into(),
-        )),
+        Some((DISK, _)) => Err(too_big()),
         Some((TIMEOUT, _)) => Err(refused(format!(
             "it took longer than {}",
             humantime::format_duration(COPY_TIMEOUT)
