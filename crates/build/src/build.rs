@@ -543,8 +543,20 @@ impl Run<'_, '_> {
             .await
             .map_err(|e| err(format!("starting the step: {e}")))?;
         let mut tail: Vec<u8> = Vec::new();
+        let over_budget = || {
+            err(format!(
+                "`{}` wrote more than the build's budget ({} bytes; see --disk)",
+                step.text, self.opts.budget
+            ))
+        };
         while let Some(ev) = exec.next().await {
-            match ev.map_err(|e| err(e.to_string()))? {
+            // The budget's stop may end the stream before its exit does:
+            // one reason, whichever comes first.
+            let ev = match ev {
+                Err(_) if sandbox.disk_stopped().is_some() => return Err(over_budget()),
+                ev => ev.map_err(|e| err(e.to_string()))?,
+            };
+            match ev {
                 ExecEvent::Stdout(b) | ExecEvent::Stderr(b) => {
                     tail.extend_from_slice(&b);
                     if tail.len() > 64 << 10 {
@@ -557,11 +569,8 @@ impl Run<'_, '_> {
                     if code == 0 {
                         return Ok(());
                     }
-                    if r.disk_exceeded {
-                        return Err(err(format!(
-                            "`{}` wrote more than the build's budget ({} bytes; see --disk)",
-                            step.text, self.opts.budget
-                        )));
+                    if r.disk_exceeded || sandbox.disk_stopped().is_some() {
+                        return Err(over_budget());
                     }
                     let text = String::from_utf8_lossy(&tail);
                     let lines: Vec<&str> = text.lines().collect();
