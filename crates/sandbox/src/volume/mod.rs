@@ -161,9 +161,17 @@ impl Volumes {
         }
         match budget {
             Some(budget) if supported() => {
-                make(workspace, room(budget))?;
+                // Another thread's `enter` waits until it is made: the
+                // image exists, unmounted, while mkfs writes it, and must
+                // not be mounted half-made.
+                IN_USE.lock().making.insert(workspace.to_path_buf());
+                let made = make(workspace, room(budget));
+                let mut reg = IN_USE.lock();
+                reg.making.remove(workspace);
+                MADE.notify_all();
+                made?;
                 // Made mounted: in use from now, by the caller.
-                Ok(IN_USE.lock().enter_mounted(workspace, self.keep_idle))
+                Ok(reg.enter_mounted(workspace, self.keep_idle))
             }
             _ => std::fs::create_dir_all(workspace)
                 .map(|()| InUse::plain())
@@ -177,11 +185,14 @@ impl Volumes {
     /// volume is mounted or unmounted: call it off an async runtime.
     pub fn enter(&self, workspace: &Path) -> Result<InUse> {
         let p = Paths::of(workspace);
+        let mut reg = IN_USE.lock();
+        while reg.making.contains(workspace) {
+            reg = MADE.wait(reg).unwrap_or_else(|p| p.into_inner());
+        }
         match std::fs::symlink_metadata(&p.image) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(InUse::plain()),
             _ => {}
         }
-        let mut reg = IN_USE.lock();
         // Checked even when in use: a shutdown (or an operator) may have
         // unmounted it under its users.
         if !is_volume(&p) {
@@ -226,6 +237,9 @@ impl Drop for InUse {
 /// when the unused ones were last left.
 struct Registry {
     users: std::collections::BTreeMap<PathBuf, Users>,
+    /// Workspaces whose volume is being made: entering one waits on
+    /// [`MADE`].
+    making: std::collections::BTreeSet<PathBuf>,
     /// Counts leavings, to order the unused by when they were left.
     clock: u64,
 }
@@ -244,10 +258,14 @@ impl Locked {
     }
 }
 
+/// Signalled when a volume has been made (or failed to be).
+static MADE: std::sync::Condvar = std::sync::Condvar::new();
+
 /// One per process, as the mount table it mirrors. Mounting happens
 /// under its lock, so that two users of one volume never both mount it.
 static IN_USE: Locked = Locked(std::sync::Mutex::new(Registry {
     users: std::collections::BTreeMap::new(),
+    making: std::collections::BTreeSet::new(),
     clock: 0,
 }));
 
@@ -687,6 +705,39 @@ mod tests {
     fn mount_points_are_unescaped() {
         assert_eq!(unescape(r"/a\040b/c\134d"), PathBuf::from("/a b/c\\d"));
         assert_eq!(unescape(r"/plain\04"), PathBuf::from(r"/plain\04"));
+    }
+
+    /// Entered while it is being made (a worker's file request racing the
+    /// job it just claimed), a volume is never mounted half-made: every
+    /// enter sees no workspace yet or the made volume, and the make
+    /// succeeds.
+    #[test]
+    fn a_volume_being_made_is_entered_only_once_made() {
+        if !supported() {
+            assert!(
+                std::env::var("CI").is_err(),
+                "volumes need root, and CI runs as root"
+            );
+            eprintln!("skipped: volumes need root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("workspace");
+        let volumes = Volumes::keeping(0);
+        let mut enters = 0;
+        std::thread::scope(|s| {
+            let maker = s.spawn(|| volumes.make_workspace(&ws, Some(16 << 20)));
+            while !maker.is_finished() {
+                match volumes.enter(&ws) {
+                    Ok(_in_use) => enters += 1,
+                    Err(e) => panic!("entered while it was being made: {e}"),
+                }
+            }
+            let made = maker.join().unwrap().expect("the volume is made");
+            assert!(made.is_volume());
+        });
+        assert!(enters > 0);
+        release(&ws).unwrap();
     }
 
     #[test]

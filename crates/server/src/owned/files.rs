@@ -38,7 +38,20 @@ async fn files<'s>(shared: &'s Shared, found: &Found) -> ApiResult<Files<'s>> {
                 return Ok(Files::Archived(archive));
             }
             served_here(shared, job)?;
-            shared.config.job_dirs().workspace(&job.id)
+            let dir = shared.config.job_dirs().workspace(&job.id);
+            // A worker makes a job's workspace after claiming it: between
+            // the two, the job runs here and has no files yet.
+            if job.state == JobState::Running && tokio::fs::symlink_metadata(&dir).await.is_err() {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "starting",
+                    format!(
+                        "job {} is starting: its workspace is being made; try again",
+                        job.id
+                    ),
+                ));
+            }
+            dir
         }
         Found::Session(row) => crate::sessions::dir(shared, &row.id).join("workspace"),
         Found::Sandbox(row) => {
