@@ -275,9 +275,8 @@ async fn copy_workspace(parent: &LiveBox, forks: &[Arc<LiveBox>]) -> ApiResult<(
         }
     }));
     let (fed, _, unpacked) = tokio::join!(feed, join_all(writers), unpacked);
-    // The budget's watcher looks now and then: a fork's tar may finish
-    // past the budget before its next look, or the stop may end the
-    // stream before its exit code. One fresh look at each decides.
+    // The budget's stop can end a fork's stream before its exit, which
+    // then reads as a tar failure: a fresh look at each names the budget.
     let mut over = false;
     for f in forks {
         over |= f.sandbox.check_disk().await.is_some();
