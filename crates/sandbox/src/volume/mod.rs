@@ -164,11 +164,12 @@ impl Volumes {
                 // Another thread's `enter` waits until it is made: the
                 // image exists, unmounted, while mkfs writes it, and must
                 // not be mounted half-made.
-                IN_USE.lock().making.insert(workspace.to_path_buf());
+                let making = Making::start(workspace);
                 let made = make(workspace, room(budget));
+                // Done and entered under one lock: a user in between could
+                // leave it and unmount it.
                 let mut reg = IN_USE.lock();
-                reg.making.remove(workspace);
-                MADE.notify_all();
+                making.finish(&mut reg);
                 made?;
                 // Made mounted: in use from now, by the caller.
                 Ok(reg.enter_mounted(workspace, self.keep_idle))
@@ -255,6 +256,33 @@ struct Locked(std::sync::Mutex<Registry>);
 impl Locked {
     fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A volume being made, in [`Registry::making`] until finished, or
+/// dropped by a panic (which must not leave its enterers waiting).
+struct Making<'a>(Option<&'a Path>);
+
+impl<'a> Making<'a> {
+    fn start(workspace: &'a Path) -> Making<'a> {
+        IN_USE.lock().making.insert(workspace.to_path_buf());
+        Making(Some(workspace))
+    }
+
+    fn finish(mut self, reg: &mut Registry) {
+        if let Some(w) = self.0.take() {
+            reg.making.remove(w);
+            MADE.notify_all();
+        }
+    }
+}
+
+impl Drop for Making<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.0.take() {
+            IN_USE.lock().making.remove(w);
+            MADE.notify_all();
+        }
     }
 }
 
