@@ -553,7 +553,7 @@ impl Run<'_, '_> {
             // The budget's stop may end the stream before its exit does:
             // one reason, whichever comes first.
             let ev = match ev {
-                Err(_) if sandbox.disk_stopped().is_some() => return Err(over_budget()),
+                Err(cordon_sandbox::Error::DiskBudget(_)) => return Err(over_budget()),
                 ev => ev.map_err(|e| err(e.to_string()))?,
             };
             match ev {

@@ -263,6 +263,7 @@ async fn copy_workspace(parent: &LiveBox, forks: &[Arc<LiveBox>]) -> ApiResult<(
         }
         // Dropping the queues ends the writers, which close the forks' stdin.
     };
+    use cordon_sandbox::exit_code::{DISK, TIMEOUT};
     let unpacked = join_all(into.iter_mut().map(|e| async move {
         let mut complaint = Vec::new();
         loop {
@@ -270,30 +271,23 @@ async fn copy_workspace(parent: &LiveBox, forks: &[Arc<LiveBox>]) -> ApiResult<(
                 Some(Ok(ExecEvent::Stderr(d))) => keep(&mut complaint, &d),
                 Some(Ok(ExecEvent::Exit(r))) => break (r.exit_code(), complaint),
                 Some(Ok(_)) => {}
+                // The budget's stop can end the stream before its exit.
+                Some(Err(cordon_sandbox::Error::DiskBudget(_))) => break (DISK, complaint),
                 Some(Err(_)) | None => break (-1, complaint),
             }
         }
     }));
     let (fed, _, unpacked) = tokio::join!(feed, join_all(writers), unpacked);
-    // The budget's stop can end a fork's stream before its exit, which
-    // then reads as a tar failure: a fresh look at each names the budget.
-    let mut over = false;
-    for f in forks {
-        over |= f.sandbox.check_disk().await.is_some();
-    }
-    let too_big = || {
-        refused(
+    // A fork past its budget is the answer even when the parent's side
+    // failed too: its own copy could not have been whole.
+    if unpacked.iter().any(|(code, _)| *code == DISK) {
+        return Err(refused(
             "it does not fit in a fork's disk budget (`disk`, as the sandbox was made with)".into(),
-        )
-    };
-    if over {
-        return Err(too_big());
+        ));
     }
     fed?;
-    use cordon_sandbox::exit_code::{DISK, TIMEOUT};
     match unpacked.into_iter().find(|(code, _)| *code != 0) {
         None => Ok(()),
-        Some((DISK, _)) => Err(too_big()),
         Some((TIMEOUT, _)) => Err(refused(format!(
             "it took longer than {}",
             humantime::format_duration(COPY_TIMEOUT)
