@@ -271,8 +271,7 @@ impl<'a> Making<'a> {
 
     fn finish(mut self, reg: &mut Registry) {
         if let Some(w) = self.0.take() {
-            reg.making.remove(w);
-            MADE.notify_all();
+            reg.made(w);
         }
     }
 }
@@ -280,8 +279,7 @@ impl<'a> Making<'a> {
 impl Drop for Making<'_> {
     fn drop(&mut self) {
         if let Some(w) = self.0.take() {
-            IN_USE.lock().making.remove(w);
-            MADE.notify_all();
+            IN_USE.lock().made(w);
         }
     }
 }
@@ -298,6 +296,12 @@ static IN_USE: Locked = Locked(std::sync::Mutex::new(Registry {
 }));
 
 impl Registry {
+    /// `workspace` is no longer being made: its waiters go on.
+    fn made(&mut self, workspace: &Path) {
+        self.making.remove(workspace);
+        MADE.notify_all();
+    }
+
     fn enter_mounted(&mut self, workspace: &Path, keep_idle: usize) -> InUse {
         self.users.entry(workspace.to_path_buf()).or_default().count += 1;
         InUse {
