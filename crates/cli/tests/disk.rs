@@ -22,7 +22,7 @@ const MIB: u64 = 1 << 20;
 const BUDGET: &str = "64M";
 const BUDGET_BYTES: u64 = 64 * MIB;
 /// How far past the budget a sandbox writing at full speed may get before
-/// it is stopped, as the README states it: a watcher's precision is the
+/// it is stopped, as docs/sandbox.md states it: a watcher's precision is the
 /// bytes written while it waits for a CPU, and on a 2-core CI machine
 /// running three backends' tests at once it once waited ~90 ms (54 MiB).
 const PRECISION: u64 = 96 * MIB;

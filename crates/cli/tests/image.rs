@@ -345,7 +345,7 @@ fn serve_a_job(as_user: Option<u32>) {
     let listen = value("--listen");
     assert_eq!(argv[listen], "0.0.0.0:8080");
     // The database `cordon token create` finds by default in the image
-    // (README: `docker exec CONTAINER cordon token create`).
+    // (docs/deploy.md: `docker exec CONTAINER cordon token create`).
     assert_eq!(argv[value("--db")], "/var/lib/cordon/server.db");
     let port = free_port();
     argv[listen] = format!("127.0.0.1:{port}");

@@ -264,7 +264,7 @@ fn the_python_sdk_drives_cordon_serves_mcp_endpoint() {
 }
 
 /// A client of `cordon mcp --listen` connects with the token from
-/// `--token-file`; the README shows how.
+/// `--token-file`; docs/mcp.md shows how.
 #[test]
 fn the_python_sdk_drives_cordon_mcp_listen_with_its_token() {
     use std::io::{BufRead, BufReader};
@@ -525,7 +525,7 @@ fn the_agent_calls_an_mcp_servers_tools_and_survives_its_crash() {
 /// installed by scripts/test) against `cordon mcp --listen`, through a
 /// proxy that adds the instance's token: everything
 /// passes but the scenarios in crates/mcp/conformance-baseline.yml, which
-/// need the suite's own fixture tools and prompts (see the README).
+/// need the suite's own fixture tools and prompts (see docs/mcp.md).
 #[test]
 fn the_mcp_conformance_suite_passes_but_for_its_fixture_scenarios() {
     use std::io::{BufRead, BufReader};

@@ -453,7 +453,7 @@ fn model_reads_the_dotenv_key(who: Who) {
 }
 attack!(model_reads_the_dotenv_key, microvm);
 
-/// `cordon exec - -o last-message.txt` (the README's example) with a link
+/// `cordon exec - -o last-message.txt` (docs/exec.md's example) with a link
 /// the sandbox planted at that name, or a planted directory link on the
 /// way: the answer must not be written through it to a host file.
 fn output_file_link_overwrites_a_host_file(who: Who) {

@@ -279,7 +279,7 @@ attack!(message_queues);
 /// 2 GiB sandbox could take every one of root's, and systemd's next
 /// `epoll_ctl` failed. As root the sandbox's processes are a host uid of
 /// their own, over idmapped mounts; unprivileged they are the user's, and
-/// `--memory` is what bounds them (README, "What the host trusts").
+/// `--memory` is what bounds them (docs/sandbox.md, "What the host trusts").
 fn epoll_watches(t: &Ctx) {
     let grab = "
 import os, select

@@ -356,7 +356,7 @@ impl Walk {
     /// alone. `/proc/PID/maps` names such mappings (device, inode, and
     /// " (deleted)"); the size comes from `map_files`, which the kernel
     /// lets only a privileged watcher follow. Without that, the mapping's
-    /// length is counted: a lower bound (README, "Disk budget").
+    /// length is counted: a lower bound (docs/sandbox.md, "Disk budget").
     fn deleted_mapped_files(&mut self, pid: i32) {
         let Ok(maps) = std::fs::File::open(format!("/proc/{pid}/maps")) else {
             return;

@@ -38,7 +38,7 @@ macro_rules! attack {
             attack!(@test unprivileged, Unprivileged, $name, []);
         }
     };
-    // An attack the native backend does not hold yet (said in the README):
+    // An attack the native backend does not hold yet (none today; CONTRIBUTING.md lists the battery):
     // its variants there are kept, ignored with the reason.
     ($name:ident, native_ignore = $why:literal) => {
         mod $name {
