@@ -124,7 +124,7 @@ impl Modify for Bearer {
         (name = "tokens", description = "Bearer tokens and tenants, for an operator's token only"),
         (name = "images", description = "The images jobs and sessions may run in: the operator's catalog and the tenant's own (pulled, built, snapshotted)"),
         (name = "git", description = "The tenant's logins for git hosts, used by workers for jobs with `repo`"),
-        (name = "seed", description = "The routes of cordon's original sketches"),
+        (name = "compatibility", description = "`/schedule` and `/status`: the job routes of cordon's first API, kept for the clients written against it; `/v1/jobs` does all they do"),
     )
 )]
 pub struct ApiDoc;

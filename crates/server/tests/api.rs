@@ -134,7 +134,7 @@ async fn steps_share_one_session_and_stop_at_the_first_failure(db: Db) {
     assert_eq!(steps[1]["stderr"], "");
 }
 
-async fn the_seed_routes_take_both_payload_shapes(db: Db) {
+async fn the_compatibility_routes_take_both_payload_shapes(db: Db) {
     let Some(s) = TestServer::start(db).await else {
         return;
     };
@@ -888,7 +888,7 @@ on_both!(
     a_gui_job_clicks_types_and_keeps_its_screenshots,
     every_kind_runs_in_its_sandbox_with_output_and_exit_code,
     steps_share_one_session_and_stop_at_the_first_failure,
-    the_seed_routes_take_both_payload_shapes,
+    the_compatibility_routes_take_both_payload_shapes,
     every_route_needs_a_token_and_tenants_never_see_each_other,
     bad_input_gets_a_4xx_that_says_what_is_wrong,
     events_resume_after_last_event_id_without_loss_or_duplicates,

@@ -5,7 +5,7 @@
 //! `.cordon/config.toml`, a `.env` file in the working directory, the
 //! process environment, and the command line. The environment outranks
 //! `.env` as it does for every dotenv tool: a variable set on purpose in a
-//! shell beats a file. The seeds' names are honoured: `ANTHROPIC_API_KEY`,
+//! shell beats a file. The names other agents read are honoured: `ANTHROPIC_API_KEY`,
 //! `MODEL`, `MAX_TOKENS`, `SAFEDIR` (the workspace).
 //!
 //! The project's two files may have been written by a sandbox: unless the

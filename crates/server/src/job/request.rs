@@ -542,7 +542,7 @@ impl PartialSchema for ContextArchive {
 impl ToSchema for ContextArchive {}
 
 /// A job to run; `kind` decides its fields. Unknown fields are refused.
-/// `kind` may be left out when `steps` is given (the seeds' shape).
+/// `kind` may be left out when `steps` is given (the shape of the compatibility route `POST /schedule`).
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum JobRequest {

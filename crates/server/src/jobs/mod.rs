@@ -1,6 +1,6 @@
 //! Jobs: queue one, list, show, cancel and delete them, follow their
-//! events; and the seeds' `/schedule` and `/status` views of the same
-//! jobs. Another tenant's job is as absent as a missing one. What a job
+//! events; and the compatibility routes `/schedule` and `/status`, the
+//! first API's views of the same jobs. Another tenant's job is as absent as a missing one. What a job
 //! owns (files, network, desktop, Lab) is served by the `owned` module.
 
 mod events;
@@ -419,23 +419,23 @@ async fn cancel_running(shared: &Shared, id: &str) {
     }
 }
 
-/// A seed's shell job: `{"kind": "shell", "code": ...}`, nothing else.
+/// A compatibility shell job: `{"kind": "shell", "code": ...}`, nothing else.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SeedShell {
+struct CodeShell {
     #[allow(dead_code)]
-    kind: SeedShellKind,
+    kind: CodeShellKind,
     code: Text,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "lowercase")]
-enum SeedShellKind {
+enum CodeShellKind {
     Shell,
 }
 
-/// The seeds' `POST /schedule`: `{kind, code}` or `{steps: [...]}`.
-#[utoipa::path(post, path = "/schedule", tag = "seed", summary = "Queue a job, the seeds' way",
+/// The compatibility `POST /schedule`: `{kind, code}` or `{steps: [...]}`.
+#[utoipa::path(post, path = "/schedule", tag = "compatibility", summary = "Queue a job as `{kind, code}` or `{steps}`",
     description = "Takes `{kind, code}` (kind python, shell, javascript or typescript) or `{steps: [{tool, command|code}]}`.",
     request_body(content = crate::job::JobRequest, description = "`{kind, code}`, or a job as `POST /v1/jobs` takes it", examples(
         ("python" = (summary = "Python code", value = json!({"kind": "python", "code": "print('hello from the sandbox')"}))),
@@ -447,10 +447,10 @@ pub(crate) async fn schedule(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let body = crate::http::within(body, shared.config.body_limit)?;
-    // The seeds send shell jobs as `code`: the one shape `/v1/jobs` does
-    // not take.
-    let request = match serde_json::from_slice::<SeedShell>(&body) {
-        Ok(seed) => JobRequest::Shell(ShellJob::new(seed.code)),
+    // Its clients send shell jobs as `code`: the one shape `/v1/jobs`
+    // does not take.
+    let request = match serde_json::from_slice::<CodeShell>(&body) {
+        Ok(shell) => JobRequest::Shell(ShellJob::new(shell.code)),
         Err(_) => read_json(&body)?,
     };
     let job = submit(&shared, &tenant, request).await?;
@@ -471,7 +471,7 @@ pub(crate) struct StatusParams {
     job_id: Option<String>,
 }
 
-#[utoipa::path(get, path = "/status/{id}", tag = "seed", summary = "A job's state and output",
+#[utoipa::path(get, path = "/status/{id}", tag = "compatibility", summary = "A job's state and output",
     params(("id" = String, Path)),
     responses((status = 200, body = crate::jobs::JobView), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn status(
@@ -482,7 +482,7 @@ pub(crate) async fn status(
     get_job(shared, tenant, id).await
 }
 
-#[utoipa::path(get, path = "/status", tag = "seed", summary = "A job's state and output, by `task_id`",
+#[utoipa::path(get, path = "/status", tag = "compatibility", summary = "A job's state and output, by `task_id`",
     params(("task_id" = Option<String>, Query), ("job_id" = Option<String>, Query)),
     responses((status = 200, body = crate::jobs::JobView), (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 404, description = "No such job (or another tenant's)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn status_by_query(

@@ -98,11 +98,11 @@ pub struct JobList {
     pub next_cursor: Option<String>,
 }
 
-/// The seeds' `POST /schedule` answer.
+/// The answer of the compatibility route `POST /schedule`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Scheduled {
     pub job_id: String,
-    /// The same id, under the other seed's name.
+    /// The same id, under the name some of its clients read.
     pub task_id: String,
     pub state: JobState,
 }
