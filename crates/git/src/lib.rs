@@ -47,3 +47,24 @@ pub use restore::{Kept, RestoreError, Restored};
 pub use retention::{PruneReason, Retention, RetentionError};
 pub use session::{RepositoryRecord, SessionRepository};
 pub use snapshot::{Ident, Rules, Skip, Skipped, SnapshotError};
+
+/// The modules from the bottom up: each may use only those before it
+/// (checked by `layout.rs`).
+pub const LAYERS: &[&str] = &[
+    "command",
+    "access",
+    "limits",
+    "repo",
+    "retention",
+    "snapshot",
+    "commit",
+    "forge",
+    "remote",
+    "restore",
+    "checkpoint",
+    "push",
+    "session",
+];
+
+#[cfg(test)]
+mod layout;

@@ -21,3 +21,10 @@ mod tls;
 
 pub use accept::{Conn, Listener, Peer};
 pub use tls::{Tls, TlsError};
+
+/// The modules from the bottom up: each may use only those before it
+/// (checked by `layout.rs`).
+pub const LAYERS: &[&str] = &["accept", "tls"];
+
+#[cfg(test)]
+mod layout;

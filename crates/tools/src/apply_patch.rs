@@ -123,7 +123,7 @@ impl Done {
     fn output(self) -> ToolOutput {
         ToolOutput::ok(format!(
             "Applied the patch to {}:\n{}",
-            crate::plural(self.files.len() as u64, "file"),
+            crate::output::plural(self.files.len() as u64, "file"),
             self.lines.join("\n")
         ))
         .with_structured(json!({"files": self.files}))
@@ -385,7 +385,7 @@ fn edited(path: &WsPath, old: &str, edit: &Edit<'_>) -> Result<String, String> {
                     "{}: hunk {n} of {} does not apply: its context and removed lines (starting `{}`) are not in the file as it is now; read the file and redo that hunk",
                     path.display(),
                     patch.hunks().len(),
-                    crate::printable(first)
+                    crate::output::printable(first)
                 )
             })
         }
@@ -408,7 +408,7 @@ fn counts(old: &str, new: &str) -> (usize, usize) {
 }
 
 fn lines(text: &str) -> String {
-    crate::plural(text.lines().count() as u64, "line")
+    crate::output::plural(text.lines().count() as u64, "line")
 }
 
 fn ws_path(raw: &str) -> Result<WsPath, String> {
@@ -607,7 +607,7 @@ fn parse_codex(patch: &str) -> Result<Vec<Change<'static>>, String> {
                     return Err(format!(
                         "{}: every line of an added file starts with `+`; this one does not: `{}`",
                         path.display(),
-                        crate::printable(l)
+                        crate::output::printable(l)
                     ));
                 };
                 text.push_str(content);
@@ -666,7 +666,7 @@ fn parse_codex(patch: &str) -> Result<Vec<Change<'static>>, String> {
                         return Err(format!(
                             "{}: a changed line starts with ` `, `-` or `+`; this one does not: `{}`",
                             path.display(),
-                            crate::printable(l)
+                            crate::output::printable(l)
                         ));
                     }
                 }
@@ -682,7 +682,7 @@ fn parse_codex(patch: &str) -> Result<Vec<Change<'static>>, String> {
         } else {
             return Err(format!(
                 "`{}` is not a line of Codex's patch format: expected `*** Add File: `, `*** Update File: `, `*** Delete File: ` or `*** End Patch`",
-                crate::printable(line)
+                crate::output::printable(line)
             ));
         }
     }
@@ -708,7 +708,7 @@ fn apply_chunks(path: &WsPath, old: &str, chunks: &[Chunk]) -> Result<String, St
                         path.display(),
                         n + 1,
                         chunks.len(),
-                        crate::printable(anchor)
+                        crate::output::printable(anchor)
                     ));
                 }
             }
@@ -730,7 +730,7 @@ fn apply_chunks(path: &WsPath, old: &str, chunks: &[Chunk]) -> Result<String, St
                 path.display(),
                 n + 1,
                 chunks.len(),
-                crate::printable(chunk.old[0].trim_end())
+                crate::output::printable(chunk.old[0].trim_end())
             ));
         };
         lines.splice(at..at + chunk.old.len(), chunk.new.iter().cloned());

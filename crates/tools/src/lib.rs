@@ -386,3 +386,30 @@ impl Toolbox {
         }
     }
 }
+
+/// The modules from the bottom up: each may use only those before it
+/// (checked by `layout.rs`).
+pub const LAYERS: &[&str] = &[
+    "args",
+    "output",
+    "net",
+    "screen",
+    "workspace",
+    "attach",
+    "bash",
+    "computer",
+    "kernel",
+    "read_file",
+    "update_plan",
+    "walk",
+    "web_fetch",
+    "write_file",
+    "apply_patch",
+    "edit_file",
+    "list_dir",
+    "run_code",
+    "search_files",
+];
+
+#[cfg(test)]
+mod layout;

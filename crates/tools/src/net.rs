@@ -24,7 +24,7 @@ impl NetWatch {
             .0
             .ready()
             .iter()
-            .map(|e| crate::printable(&e.message))
+            .map(|e| crate::output::printable(&e.message))
             .collect();
         if self.0.skipped > 0 {
             lines.push(format!(

@@ -67,8 +67,8 @@ fn write(ctx: &ToolContext, input: Input) -> ToolOutput {
             ToolOutput::ok(format!(
                 "{verb} {} ({}, {}).",
                 p.display(),
-                crate::plural(n as u64, "byte"),
-                crate::plural(lines, "line")
+                crate::output::plural(n as u64, "byte"),
+                crate::output::plural(lines, "line")
             ))
             .with_structured(json!({"path": p.display(), "bytes": n, "created": created}))
         }

@@ -23,14 +23,23 @@ pub use run::{Outcome, run};
 pub use worker::{ApprovalMode, Repository, Worker};
 
 #[cfg(test)]
-mod test_util {
-    use ratatui::text::Line;
+mod test_util;
 
-    /// The text of each line, styles dropped.
-    pub fn plain(lines: &[Line<'_>]) -> Vec<String> {
-        lines
-            .iter()
-            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
-            .collect()
-    }
-}
+/// The modules from the bottom up: each may use only those before it
+/// (checked by `layout.rs`).
+pub const LAYERS: &[&str] = &[
+    "test_util",
+    "approved",
+    "complete",
+    "theme",
+    "wrap",
+    "markdown",
+    "transcript",
+    "app",
+    "view",
+    "worker",
+    "run",
+];
+
+#[cfg(test)]
+mod layout;

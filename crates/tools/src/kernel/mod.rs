@@ -203,7 +203,7 @@ impl Kernel {
                         )));
                     }
                     Ok(Reply::Fatal { message }) => {
-                        return Err(KernelError::Start(crate::printable(&message)));
+                        return Err(KernelError::Start(crate::output::printable(&message)));
                     }
                     Ok(_) => continue,
                     Err(KernelError::BridgeExited(why)) => {
@@ -401,7 +401,10 @@ impl Bridge {
                     let err = self.stderr.render();
                     let err = err.trim();
                     if !err.is_empty() {
-                        why.push_str(&format!("; its stderr ends: {}", crate::printable(err)));
+                        why.push_str(&format!(
+                            "; its stderr ends: {}",
+                            crate::output::printable(err)
+                        ));
                     }
                     return Err(KernelError::BridgeExited(why));
                 }
