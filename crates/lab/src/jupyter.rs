@@ -1,6 +1,6 @@
 //! JupyterLab's server, started inside a sandbox on a Unix socket.
 //!
-//! It runs from the read-only environment [`crate::offer`] binds, as the
+//! It runs from the read-only environment the crate's `offer` binds, as the
 //! sandbox's own user, in the workspace, with its runtime, settings and
 //! data in the sandbox's private /tmp: nothing about it is the host's. It
 //! listens only on [`SOCKET`]; the host reaches it through

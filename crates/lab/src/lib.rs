@@ -112,3 +112,10 @@ mod tests {
         assert_eq!(c.binds.len(), 1);
     }
 }
+
+/// The modules from the bottom up: each may use only those before it
+/// (checked by `layout.rs`).
+pub const LAYERS: &[&str] = &["install", "jupyter", "site", "proxy"];
+
+#[cfg(test)]
+mod layout;

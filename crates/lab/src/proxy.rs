@@ -28,11 +28,7 @@ use cordon_net::{is_websocket_upgrade, keep_list_items, mark_websocket_upgrade, 
 use cordon_sandbox::{ExecEvent, Sandbox};
 
 use crate::jupyter::SOCKET;
-use crate::site::{Forward, Forwarding};
-
-/// The prefix of every cookie cordon sets for a Lab; a request's cookies
-/// of this name are cordon's, and a response setting one is refused.
-pub const COOKIE_PREFIX: &str = "cordon_lab";
+use crate::site::{COOKIE_PREFIX, Forward, Forwarding};
 
 /// The prefix of a bearer token offered as a WebSocket subprotocol.
 const BEARER_PROTOCOL: &str = "cordon.bearer.";

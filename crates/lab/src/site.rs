@@ -39,7 +39,9 @@ use axum::response::IntoResponse;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 
-use crate::proxy::COOKIE_PREFIX;
+/// The prefix of every cookie cordon sets for a Lab; a request's cookies
+/// of this name are cordon's, and a response setting one is refused.
+pub const COOKIE_PREFIX: &str = "cordon_lab";
 
 /// The query parameter that carries a ticket.
 pub const TICKET_PARAM: &str = "cordon_ticket";
@@ -109,7 +111,7 @@ pub type Forwarding<'a> = Pin<Box<dyn Future<Output = Response<Body>> + Send + '
 /// Where a [`Site`] sends the requests it lets in: the sandbox's Jupyter
 /// ([`crate::Upstream`]), or the process of a deployment that runs the
 /// sandbox. A request's path is the Lab's, its credentials are the Site's
-/// to drop (see [`crate::proxy::clean_request`]), and a WebSocket upgrade
+/// to drop (see `proxy::clean_request`), and a WebSocket upgrade
 /// is the implementation's to join.
 pub trait Forward: Send + Sync {
     /// Jupyter's answer to `req`, or a 502 that says what failed.

@@ -9,7 +9,12 @@ pub mod server;
 
 pub use client::{McpClients, Report, qualified_name};
 pub use config::{McpConfigError, ServerSpec};
-pub use owned::{OwnedSessions, SessionHold, SessionOwners};
-pub use server::{
-    Exposure, HttpService, HttpSessions, McpTenant, SandboxServer, http_service, serve_stdio,
-};
+pub use owned::{McpTenant, OwnedSessions, SessionHold, SessionOwners};
+pub use server::{Exposure, HttpService, HttpSessions, SandboxServer, http_service, serve_stdio};
+
+/// The modules from the bottom up: each may use only those before it
+/// (checked by `layout.rs`).
+pub const LAYERS: &[&str] = &["config", "owned", "client", "server"];
+
+#[cfg(test)]
+mod layout;

@@ -18,7 +18,10 @@ use rmcp::transport::streamable_http_server::session::{
     RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
 };
 
-use crate::server::McpTenant;
+/// Who an HTTP request is from: put in the request's extensions by the
+/// server's authentication, before rmcp sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpTenant(pub String);
 
 /// Something kept alive for as long as the session it came with: put in
 /// the initializing request's extensions (next to its [`McpTenant`]) and

@@ -16,16 +16,13 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
+use crate::owned::{McpTenant, OwnedSessions};
+
 const INSTRUCTIONS: &str = "cordon runs every tool inside one isolated Linux sandbox for this \
 connection: the workspace is mounted read-write at /workspace, there is no network, memory and \
 processes are bounded, and /tmp is scratch space. `bash` keeps one shell for the connection, so \
 the working directory, variables and background processes persist between calls. File tools take \
 paths relative to /workspace and refuse anything outside it.";
-
-/// Who an HTTP request is from: put in the request's extensions by the
-/// server's authentication, before rmcp sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct McpTenant(pub String);
 
 /// The MCP handler for one connection.
 pub struct SandboxServer {
@@ -257,9 +254,8 @@ pub enum Exposure {
 }
 
 /// The live sessions of an [`HttpService`], with their owners.
-pub type HttpSessions = crate::owned::OwnedSessions<
-    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
->;
+pub type HttpSessions =
+    OwnedSessions<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>;
 
 /// The Streamable HTTP service as [`http_service`] makes it.
 #[derive(Clone)]
@@ -311,7 +307,7 @@ where
 /// `Mcp-Session-Id` is another tenant's, by
 /// [`SessionOwners::belongs_to_another`].
 ///
-/// [`SessionOwners::belongs_to_another`]: crate::SessionOwners::belongs_to_another
+/// [`SessionOwners::belongs_to_another`]: crate::owned::SessionOwners::belongs_to_another
 pub fn http_service(
     config: impl Fn() -> SandboxConfig + Send + Sync + 'static,
     idle: std::time::Duration,
@@ -320,8 +316,8 @@ pub fn http_service(
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     let mut local = LocalSessionManager::default();
     local.session_config.keep_alive = Some(idle);
-    let owners = Arc::new(crate::SessionOwners::default());
-    let sessions = Arc::new(crate::owned::OwnedSessions::new(local, owners));
+    let owners = Arc::new(crate::owned::SessionOwners::default());
+    let sessions = Arc::new(OwnedSessions::new(local, owners));
     let http = match exposure {
         // Every request carries a bearer token, which a DNS-rebinding page
         // cannot supply: the Host allow-list would only refuse remote users.

@@ -63,3 +63,22 @@ pub use proxy::{
 };
 pub use resolve::{Resolve, StaticResolver, SystemResolver};
 pub use secrets::{Intercept, Secret, SecretError, SecretSpec};
+
+/// The modules from the bottom up: each may use only those before it
+/// (checked by `layout.rs`).
+pub const LAYERS: &[&str] = &[
+    "addr",
+    "events",
+    "fetch",
+    "io",
+    "resolve",
+    "sni",
+    "policy",
+    "presets",
+    "secrets",
+    "preset_table",
+    "proxy",
+];
+
+#[cfg(test)]
+mod layout;

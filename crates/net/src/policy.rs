@@ -17,7 +17,7 @@
 //!   restricted range (loopback, private...; see [`crate::addr`]), unless
 //!   `allow_private` is set. Names never match IP rules and IPs never match
 //!   name rules.
-//! - `@name` is a preset, expanded on the host ([`crate::presets`]).
+//! - `@name` is a preset, expanded on the host (`presets`).
 //!
 //! A bad entry is refused with an error that quotes it.
 
@@ -31,6 +31,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::addr;
+
+/// The presets an entry may name, without the `@`; what each expands to
+/// is `presets`'s business.
+pub const PRESET_NAMES: &[&str] = &["python", "node", "rust", "debian", "git-hosting"];
 
 /// Why a policy entry or a host name was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -240,13 +244,10 @@ impl FromStr for Entry {
             return Err(bad(entry, "empty entry"));
         }
         if let Some(name) = s.strip_prefix('@') {
-            if !crate::presets::NAMES.contains(&name) {
+            if !PRESET_NAMES.contains(&name) {
                 return Err(bad(
                     entry,
-                    format!(
-                        "unknown preset; known: @{}",
-                        crate::presets::NAMES.join(", @")
-                    ),
+                    format!("unknown preset; known: @{}", PRESET_NAMES.join(", @")),
                 ));
             }
             return Ok(Entry::Preset(name.to_string()));
@@ -338,7 +339,7 @@ pub enum Refusal {
 }
 
 /// The checked allow list. Build it with [`Policy::parse`] or
-/// [`crate::presets::expand`]; it cannot hold a preset or a bad rule.
+/// `preset_table::expand`; it cannot hold a preset or a bad rule.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "PolicySpec", into = "PolicySpec")]
 pub struct Policy {
@@ -347,7 +348,7 @@ pub struct Policy {
 }
 
 /// The wire and configuration form of a policy: entries as written.
-/// Entries may name presets; [`crate::presets::expand`] turns a spec into
+/// Entries may name presets; `preset_table::expand` turns a spec into
 /// a [`Policy`] on the host.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

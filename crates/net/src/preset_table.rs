@@ -149,6 +149,15 @@ fn config_paths(env: &PresetEnv) -> Vec<PathBuf> {
     paths
 }
 
+/// Builds a policy from a spec, expanding its presets on this host.
+/// Returns the policy and the presets' warnings; a bad entry is an error.
+pub async fn expand(
+    spec: &PolicySpec,
+    env: &PresetEnv,
+) -> Result<(Policy, Vec<String>), PolicyError> {
+    PresetTable::resolve_for(spec, env).await?.expand(spec)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

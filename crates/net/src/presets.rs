@@ -35,10 +35,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::policy::{Policy, PolicyError, PolicySpec, Rule};
+use crate::policy::Rule;
 
-/// The presets there are, without the `@`.
-pub const NAMES: &[&str] = &["python", "node", "rust", "debian", "git-hosting"];
+/// The presets there are, without the `@` (the policy's parser checks
+/// entries against them).
+pub use crate::policy::PRESET_NAMES as NAMES;
 
 /// Public forges; not package registries.
 const FORGES: &[&str] = &[
@@ -209,17 +210,6 @@ pub async fn expand_preset(name: &str, env: &PresetEnv) -> Expansion {
         x.warn(name, "the tool's configuration names no hosts");
     }
     x
-}
-
-/// Builds a policy from a spec, expanding its presets on this host.
-/// Returns the policy and the presets' warnings; a bad entry is an error.
-pub async fn expand(
-    spec: &PolicySpec,
-    env: &PresetEnv,
-) -> Result<(Policy, Vec<String>), PolicyError> {
-    crate::PresetTable::resolve_for(spec, env)
-        .await?
-        .expand(spec)
 }
 
 /// Runs a tool with exactly `env.vars`, in an empty directory, and returns

@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use cordon_net::presets::{expand, expand_preset};
+use cordon_net::preset_table::expand;
+use cordon_net::presets::expand_preset;
 use cordon_net::{PolicySpec, PresetEnv};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;

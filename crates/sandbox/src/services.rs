@@ -96,7 +96,7 @@ impl Services {
             });
         };
         let env = PresetEnv::from_host().untrusting(workspace);
-        let (policy, warnings) = cordon_net::presets::expand(&egress.spec, &env)
+        let (policy, warnings) = cordon_net::preset_table::expand(&egress.spec, &env)
             .await
             .map_err(|e| Error::Config(format!("network policy: {e}")))?;
         for w in &warnings {
