@@ -4,7 +4,7 @@
 //! session log. When even that view would fill too much of the window, the
 //! older part of the history is replaced by a summary the model writes
 //! (compaction); the pure parts of that live here, the model call in
-//! [`crate::agent`].
+//! the `agent` module.
 
 use crate::wire::{Message, ModelRequest};
 

@@ -9,7 +9,7 @@ use std::future::Future;
 pub use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
-use crate::agent::AgentEvent;
+use crate::event::AgentEvent;
 
 /// One rendering of a conversation's events.
 pub trait EventSink: Send {

@@ -11,10 +11,13 @@
 //! ([`Conversation`]), which every front end uses.
 
 pub mod agent;
+mod cancel;
 pub mod checkpoints;
 pub mod context;
 mod conversation;
+mod event;
 pub mod events;
+mod helpers;
 pub mod hooks;
 pub mod instructions;
 mod live;
@@ -24,6 +27,7 @@ mod netlog;
 pub mod pricing;
 pub mod prompt;
 pub mod provider;
+mod recorder;
 pub mod rules;
 pub mod sessions;
 pub mod stream;
@@ -43,3 +47,34 @@ pub use prompt::Previews;
 pub use provider::{Provider, ProviderConfig, ProviderError, ProviderKind};
 pub use stream::{AnthropicStream, OpenAiStream, StreamError};
 pub use wire::{ApiFailure, Message, ModelRequest, ToolResult, ToolSpec, WebSearch};
+
+/// The modules from the bottom up: each may use only those before it
+/// (checked by `layout.rs`).
+pub const LAYERS: &[&str] = &[
+    "message",
+    "wire",
+    "stream",
+    "provider",
+    "pricing",
+    "log",
+    "recorder",
+    "netlog",
+    "hooks",
+    "rules",
+    "instructions",
+    "prompt",
+    "cancel",
+    "helpers",
+    "context",
+    "event",
+    "sessions",
+    "checkpoints",
+    "events",
+    "live",
+    "agent",
+    "task",
+    "conversation",
+];
+
+#[cfg(test)]
+mod layout;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use cordon_tools::{OutputStream, Progress};
 use tokio::sync::mpsc;
 
-use crate::agent::AgentEvent;
+use crate::event::AgentEvent;
 
 /// Longest wait before waiting output is passed on.
 const EVERY: Duration = Duration::from_millis(100);

@@ -135,6 +135,17 @@ pub struct Usage {
     pub cache_write_tokens: u64,
 }
 
+/// Usage adds field by field: a turn's is its requests', a session's its
+/// turns'.
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, u: Usage) {
+        self.input_tokens += u.input_tokens;
+        self.output_tokens += u.output_tokens;
+        self.cache_read_tokens += u.cache_read_tokens;
+        self.cache_write_tokens += u.cache_write_tokens;
+    }
+}
+
 impl Usage {
     /// Everything the request put in front of the model.
     pub fn prompt_tokens(&self) -> u64 {

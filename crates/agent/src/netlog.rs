@@ -38,7 +38,7 @@ impl PolicyRecord {
 /// change is recorded when it is made, mid-turn or between turns.
 pub(crate) fn record_changes(
     policy: &cordon_net::PolicyHandle,
-    recorder: std::sync::Weak<crate::agent::Recorder>,
+    recorder: std::sync::Weak<crate::recorder::Recorder>,
 ) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         tracing::warn!("no runtime: network policy changes will not be logged");
@@ -71,7 +71,7 @@ mod tests {
     async fn each_change_of_the_policy_is_a_record_and_a_dropped_agent_stops_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.jsonl");
-        let recorder = Arc::new(crate::agent::Recorder::default());
+        let recorder = Arc::new(crate::recorder::Recorder::default());
         *recorder.log.lock().unwrap() = Some(SessionLog::create(&path).unwrap());
         let handle = PolicyHandle::new(Policy::parse(&["a.example"], false).unwrap());
         record_changes(&handle, Arc::downgrade(&recorder));

@@ -249,10 +249,7 @@ pub fn summarize(path: &Path, records: &[crate::log::Record<Value>]) -> Option<S
             Some("rewind") => rewound = true,
             Some("turn_completed") => {
                 if let Ok(u) = serde_json::from_value::<Usage>(r.data["usage"].clone()) {
-                    s.usage.input_tokens += u.input_tokens;
-                    s.usage.output_tokens += u.output_tokens;
-                    s.usage.cache_read_tokens += u.cache_read_tokens;
-                    s.usage.cache_write_tokens += u.cache_write_tokens;
+                    s.usage += u;
                 }
             }
             _ => {}

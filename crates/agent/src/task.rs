@@ -10,23 +10,18 @@
 //! [`HELPER_STEPS`] model requests, and their tokens count in the turn's
 //! usage.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
-
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::agent::{Agent, AgentConfig, AgentEvent, Cancel, Oversight};
-use crate::message::Usage;
+pub use crate::helpers::{Helpers, MAX_PER_TURN};
 use crate::provider::{Provider, ProviderConfig};
 use cordon_tools::{OutputStream, Tool, ToolContext, ToolFuture, ToolOutput, Toolbox};
 
 pub const NAME: &str = "task";
 /// How deep helpers nest: the caller's helpers have no helpers of their own.
 pub const MAX_DEPTH: u32 = 1;
-/// Helpers one turn of the caller may start.
-pub const MAX_PER_TURN: u32 = 8;
 /// Model requests a helper may make.
 pub const HELPER_STEPS: u32 = 30;
 
@@ -36,45 +31,6 @@ it sees only your final answer, not your steps. Do the task completely, in the s
 workspace. End with an answer that stands on its own: what you found or changed (files by \
 their path), what you ran to check it, and anything left undone. Be concise: no \
 preamble.";
-
-/// What the helpers of one conversation share with its agent: how many
-/// the current turn started, and the tokens they used, which the agent
-/// adds to the turn's.
-#[derive(Debug, Default)]
-pub struct Helpers {
-    started: AtomicU32,
-    usage: Mutex<Usage>,
-    /// The caller's model in its current turn (it may change by `/model`).
-    model: Mutex<String>,
-}
-
-impl Helpers {
-    /// A new turn of the caller: its count starts again, with its model.
-    pub(crate) fn begin_turn(&self, model: &str) {
-        self.started.store(0, Ordering::SeqCst);
-        *self.model.lock().unwrap_or_else(|p| p.into_inner()) = model.to_string();
-    }
-
-    /// Counts a helper starting in this turn, or says why it may not.
-    fn claim(&self) -> Result<(), String> {
-        if self.started.fetch_add(1, Ordering::SeqCst) >= MAX_PER_TURN {
-            return Err(format!(
-                "This turn has started {MAX_PER_TURN} helpers already, the most it may. Do the rest yourself."
-            ));
-        }
-        Ok(())
-    }
-
-    /// The helpers' tokens since the last call.
-    pub(crate) fn take_usage(&self) -> Usage {
-        std::mem::take(&mut *self.usage.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    fn add_usage(&self, u: &Usage) {
-        let mut total = self.usage.lock().unwrap_or_else(|p| p.into_inner());
-        crate::agent::add_usage(&mut total, u);
-    }
-}
 
 /// The `task` tool of one conversation.
 pub struct Task {
@@ -175,12 +131,7 @@ impl Task {
             Err(e) => return ToolOutput::error(format!("The helper could not start: {e}")),
         };
         let mut config = self.config.clone();
-        config.model = self
-            .helpers
-            .model
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        config.model = self.helpers.model();
         let mut agent = Agent::new(provider, self.tools.clone(), ctx.fresh_session(), config);
         agent.set_oversight(self.oversight.clone());
         // The helper's steps, as lines of the call's live output. The
@@ -198,7 +149,7 @@ impl Task {
             crate::events::pump(turn, &mut rx, &mut shown).await
         };
         let used = agent.usage();
-        self.helpers.add_usage(&used);
+        self.helpers.add_usage(used);
         let structured = json!({
             "helper": input.description,
             "steps": shown.steps,
@@ -253,7 +204,7 @@ impl Shown<'_> {
                 structured,
                 ..
             } => {
-                let mark = if crate::tool_failed(is_error, structured.as_ref()) {
+                let mark = if crate::event::tool_failed(is_error, structured.as_ref()) {
                     "✗"
                 } else {
                     "✓"

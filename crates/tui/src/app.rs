@@ -1055,7 +1055,7 @@ impl App {
             AgentEvent::PlanUpdated { plan } => self.transcript.set_plan(plan),
             AgentEvent::HookFailed { message, .. } => self.notice(message),
             AgentEvent::AssistantMessage { usage, .. } => {
-                add_usage(&mut self.status.usage, &usage);
+                self.status.usage += usage;
                 self.status.cost_usd =
                     cordon_agent::pricing::cost(&self.status.model, &self.status.usage);
             }
@@ -1117,13 +1117,6 @@ impl App {
             }
         }
     }
-}
-
-fn add_usage(total: &mut Usage, u: &Usage) {
-    total.input_tokens += u.input_tokens;
-    total.output_tokens += u.output_tokens;
-    total.cache_read_tokens += u.cache_read_tokens;
-    total.cache_write_tokens += u.cache_write_tokens;
 }
 
 /// What to do about an error, where cordon can tell.

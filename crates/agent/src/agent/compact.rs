@@ -5,7 +5,7 @@
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::{Agent, AgentError, AgentEvent, Cancel, Compaction, Journal, add_usage};
+use super::{Agent, AgentError, AgentEvent, Cancel, Compaction, Journal};
 use crate::context;
 use crate::message::StreamDelta;
 use crate::wire::{ModelRequest, ToolSpec};
@@ -112,7 +112,7 @@ impl Agent {
             _ = cancel.cancelled() => return Err(AgentError::Cancelled),
             r = streamed => r?,
         };
-        add_usage(&mut self.usage, &answer.usage);
+        self.usage += answer.usage;
         let summary = answer.text();
         if summary.trim().is_empty() {
             return Err(AgentError::Compaction(

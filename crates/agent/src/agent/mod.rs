@@ -15,15 +15,12 @@
 //! The loop is here; its events, cancellation, compaction and tool calls
 //! are in the private modules beside it.
 
-mod cancel;
 mod compact;
-mod event;
 mod tools;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -32,12 +29,13 @@ use crate::hooks::HookEvent;
 use crate::log::SessionLog;
 use crate::message::{StopReason, StreamDelta, Usage};
 use crate::provider::{Provider, ProviderError};
+use crate::recorder::Recorder;
 use crate::wire::{Message, ModelRequest, ToolResult, ToolSpec};
 use compact::KEEP_SHARE;
 use cordon_tools::{ToolContext, Toolbox};
 
-pub use cancel::Cancel;
-pub use event::{AgentError, AgentEvent, Compaction, TurnOutcome, tool_failed};
+pub use crate::cancel::Cancel;
+pub use crate::event::{AgentError, AgentEvent, Compaction, TurnOutcome, tool_failed};
 pub use tools::{Approval, Approver, Oversight, tool_specs};
 
 /// What the loop needs besides the conversation.
@@ -79,39 +77,6 @@ impl AgentConfig {
     }
 }
 
-/// The session log the agent writes to, shared by the tasks of one turn.
-/// A write that fails is reported once and the session goes on: losing the
-/// record is better than losing the work.
-#[derive(Default)]
-pub(crate) struct Recorder {
-    pub(crate) log: Mutex<Option<SessionLog<Value>>>,
-    warned: AtomicBool,
-    /// A task records the network policy's changes in this log.
-    watching_policy: AtomicBool,
-}
-
-impl Recorder {
-    pub(crate) fn append(&self, record: &impl Serialize) {
-        let mut guard = self.log.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(log) = guard.as_mut() else { return };
-        let result = serde_json::to_value(record)
-            .map_err(|e| e.to_string())
-            .and_then(|v| log.append(&v).map_err(|e| e.to_string()));
-        if let Err(e) = result
-            && !self.warned.swap(true, Ordering::Relaxed)
-        {
-            tracing::warn!("session log: {e}; later records may be missing");
-        }
-    }
-
-    fn sync(&self) {
-        let guard = self.log.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(Err(e)) = guard.as_ref().map(SessionLog::sync) {
-            tracing::warn!("session log: {e}");
-        }
-    }
-}
-
 /// Where one turn's events go: the caller's channel and the log.
 struct Journal<'a> {
     events: &'a mpsc::UnboundedSender<AgentEvent>,
@@ -149,7 +114,7 @@ pub struct Agent {
     ratio: f64,
     usage: Usage,
     /// Its `task` helpers' shared state, when it has the tool.
-    helpers: Option<Arc<crate::task::Helpers>>,
+    helpers: Option<Arc<crate::helpers::Helpers>>,
     /// Who approves calls, the command rules and the hooks.
     oversight: Oversight,
     /// Working, or planning with read-only tools.
@@ -242,7 +207,7 @@ impl Agent {
 
     /// The state this agent's `task` helpers share with it: their count
     /// per turn, and their tokens, which count in its turns.
-    pub fn set_helpers(&mut self, helpers: Arc<crate::task::Helpers>) {
+    pub fn set_helpers(&mut self, helpers: Arc<crate::helpers::Helpers>) {
         self.helpers = Some(helpers);
     }
 
@@ -453,7 +418,7 @@ impl Agent {
                     .await
                 {
                     Ok(c) => {
-                        add_usage(&mut total, &c.usage);
+                        total += c.usage;
                         compacted = true;
                         request = self.request(&tools);
                     }
@@ -499,7 +464,7 @@ impl Agent {
                             .compact_with(journal, &reason, KEEP_SHARE, &tools, cancel)
                             .await
                         {
-                            Ok(c) => add_usage(&mut total, &c.usage),
+                            Ok(c) => total += c.usage,
                             Err(e) => return Err(self.fail(journal, e)),
                         }
                         request = self.request(&tools);
@@ -508,8 +473,8 @@ impl Agent {
                 }
             };
             self.calibrate(&request, &answer.usage);
-            add_usage(&mut total, &answer.usage);
-            add_usage(&mut self.usage, &answer.usage);
+            total += answer.usage;
+            self.usage += answer.usage;
             emit(AgentEvent::AssistantMessage {
                 text: answer.text(),
                 stop_reason: answer.stop_reason,
@@ -571,8 +536,8 @@ impl Agent {
             // What its helpers used is the turn's too.
             if let Some(h) = &self.helpers {
                 let used = h.take_usage();
-                add_usage(&mut total, &used);
-                add_usage(&mut self.usage, &used);
+                total += used;
+                self.usage += used;
             }
             let cancelled = cancel.is_cancelled();
             self.push(Message::tool_results(results));
@@ -618,13 +583,6 @@ impl Agent {
             cost_usd,
         }
     }
-}
-
-pub(crate) fn add_usage(total: &mut Usage, u: &Usage) {
-    total.input_tokens += u.input_tokens;
-    total.output_tokens += u.output_tokens;
-    total.cache_read_tokens += u.cache_read_tokens;
-    total.cache_write_tokens += u.cache_write_tokens;
 }
 
 /// The calls the provider made itself in `answer` (web searches), shown
