@@ -287,7 +287,7 @@ impl Drop for WritableLayer {
         // A sandbox that was killed left overlay's mode-000 work directory
         // (and any it made unreadable): opened up for the removal after
         // this, as far as the caller owns them.
-        let _ = crate::disk::make_removable(self.dir.path());
+        let _ = crate::tree::make_removable(self.dir.path());
     }
 }
 
@@ -296,4 +296,26 @@ pub(crate) fn utf8(p: &Path, what: &str) -> Result<String> {
     p.to_str()
         .map(str::to_string)
         .ok_or_else(|| Error::Config(format!("{what} {} is not valid UTF-8", p.display())))
+}
+
+impl Sandbox {
+    /// A native image sandbox's overlay `upper` directory, where the host
+    /// can read it while the sandbox runs (see [`live_upper`]).
+    /// None for a microVM, or a sandbox on the host's root.
+    pub fn writable_upper(&self) -> Option<std::path::PathBuf> {
+        if self.info().backend != "native" {
+            return None;
+        }
+        let dir = self.writable_layer_dir()?;
+        live_upper(&dir, Some(self.inner.lifecycle.host_pid()))
+    }
+
+    /// Records what the front end calls this sandbox (a session's id)
+    /// beside its writable layer, where `cordon image commit` finds it.
+    pub fn set_label(&self, label: &str) -> Result<()> {
+        if let Some(dir) = self.writable_layer_dir() {
+            std::fs::write(dir.join(LABEL_FILE), label)?;
+        }
+        Ok(())
+    }
 }

@@ -855,3 +855,17 @@ impl std::fmt::Display for PortForward {
         write!(f, "{}:{}", self.host, self.port)
     }
 }
+
+/// The nice value of a sandbox with a disk budget. The watcher is a host
+/// thread; as root it runs at nice -10, and the sandbox at 5. Anyone else
+/// cannot raise the watcher above 0, so the sandbox goes to 15 instead:
+/// the same distance, so that a writer at full speed on a busy host (two
+/// cores, a build, a microVM under emulation) still yields to the look
+/// that stops it. On an idle host nice changes nothing.
+pub(crate) fn budgeted_nice() -> i32 {
+    if rustix::process::geteuid().is_root() {
+        5
+    } else {
+        15
+    }
+}

@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 
 use crate::config::Network;
 use crate::error::{Error, Result};
-use crate::session::{ExecRequest, Execution, Sandbox};
+use crate::session::{ExecRequest, Execution, Forward, Sandbox};
 
 /// The relay: `argv[1]` is the socket. Python because it is in every
 /// sandbox that runs code, and the relay must run inside the sandbox.
@@ -135,15 +135,6 @@ impl Sandbox {
 /// sandbox: http://127.0.0.1:8080`.
 pub fn forwarded(host: SocketAddr, port: u16) -> String {
     format!("port {port} of the sandbox: http://{host}")
-}
-
-/// A host port forwarded into a sandbox by [`Sandbox::forward`]; it stops
-/// listening when dropped.
-#[derive(Debug)]
-pub struct Forward {
-    local: SocketAddr,
-    port: u16,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl Sandbox {

@@ -54,7 +54,7 @@ impl Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Why a sandbox was stopped for its disk budget
-/// ([`crate::config::SandboxConfig::disk`]).
+/// (`SandboxConfig::disk`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DiskStop {
     /// The budget, in bytes.

@@ -1,6 +1,6 @@
 //! What a sandbox may have left for the user's own tools: git repositories
 //! and editors' and agents' settings that did not exist when it started,
-//! and so could not be made read-only ([`crate::control_files`] protects
+//! and so could not be made read-only ([`crate::config::control_files`] protects
 //! those that did). A sandbox may `git init` and set `core.fsmonitor`, or
 //! plant a repository in a subdirectory; nothing stops that without
 //! planting mount points in the user's tree, so cordon looks once the

@@ -19,21 +19,25 @@
 //! [`supervisor::run_if_supervisor`] first thing in `main`: the sandbox's
 //! init process is that same binary, started with a hidden argument.
 //!
-//! The modules, each using only those listed before it:
-//! - `protocol` (the framed protocol between host and supervisor), `error`,
-//!   `layout` (what the host and the supervisor agree the sandbox looks
-//!   like), `loopdev` (ext4 image files mounted through loop devices), `repos` (git repositories below the workspace's top level),
-//!   `egress` (the broker's part of a configuration), `config` (how to
-//!   build a sandbox, validated once);
+//! The modules, in the order of [`LAYERS`], each using only those listed
+//! before it (a test checks it):
+//! - `layout` (what the host and the supervisor agree the sandbox looks
+//!   like), `protocol` (the framed protocol between host and supervisor),
+//!   `error`, `loopdev` (ext4 image files mounted through loop devices),
+//!   `repos` (git repositories below the workspace's top level), `egress`
+//!   (the broker's part of a configuration), `config` (how to build a
+//!   sandbox, validated once), `cache`, `subids`, `tree` (a hostile tree
+//!   measured and opened up, no link followed);
 //! - `supervisor`: the sandbox's pid 1, native or in a microVM guest;
-//! - `services`: the host-side services a sandbox has while it lives;
+//! - `netrelay` (connections carried over the control channel),
+//!   `services` (the host-side services a sandbox has while it lives),
 //!   `session`: a live sandbox, whatever isolates it: its protocol stream,
 //!   its execs, its services;
 //! - `backend`: the [`Backend`] trait and what backends share; `cgroup`;
 //! - the backends, `native` and `microvm`;
 //! - `volume` (a workspace that is a file system of its own), `disk` (the
-//!   disk budget's watcher, which fits a volume's room) and `display`, on a
-//!   live session;
+//!   disk budget's watcher, which fits a volume's room), `display` and
+//!   `connect` (ports), on a live session; `leftovers`;
 //! - `create`: [`Sandbox::create`], through the backend the config names.
 
 mod backend;
@@ -51,12 +55,14 @@ mod leftovers;
 mod loopdev;
 pub mod microvm;
 mod native;
+mod netrelay;
 pub mod protocol;
 mod repos;
 mod services;
 mod session;
 mod subids;
 pub mod supervisor;
+mod tree;
 pub mod volume;
 
 pub use backend::{
@@ -68,8 +74,7 @@ pub use config::{
     MAX_CPUS, MIB, Network, PortForward, RootImage, SandboxConfig, VmOptions, control_files,
     parse_size,
 };
-pub use connect::{Forward, forwarded};
-pub use disk::{allocated, make_removable};
+pub use connect::forwarded;
 pub use display::VncAccess;
 pub use egress::{Egress, NetworkInfo, PROXY_PORT, Refusals};
 pub use error::{DiskStop, Error, Result};
@@ -77,7 +82,48 @@ pub use leftovers::{Leftover, leftovers};
 pub use microvm::MicrovmBackend;
 pub use native::{NativeBackend, host_report};
 pub use protocol::{ExitStatus, SpawnStage, WinSize};
+pub use session::Forward;
 pub use session::{
     ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution, FsResult, Sandbox,
     SandboxInfo, Usage, WatchEvent, Watcher, exit_code,
 };
+pub use tree::{allocated, make_removable};
+
+/// The modules from the bottom up: each may use only those before it.
+pub const LAYERS: &[&str] = &[
+    "layout",
+    "protocol",
+    "error",
+    "loopdev",
+    "repos",
+    "egress",
+    "config",
+    "cache",
+    "subids",
+    "tree",
+    "supervisor",
+    "netrelay",
+    "services",
+    "session",
+    "backend",
+    "cgroup",
+    "native",
+    "microvm",
+    "volume",
+    "disk",
+    "display",
+    "connect",
+    "leftovers",
+    "create",
+];
+
+/// The layering of [`LAYERS`], checked on the sources by the testkit's
+/// checker (here: the crate's own `layout` module takes that file name).
+#[cfg(test)]
+mod layering {
+    #[test]
+    fn no_module_uses_one_above_it() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        cordon_testkit::layout::check(&src, crate::LAYERS);
+    }
+}

@@ -328,7 +328,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         // One byte over: a file that reaches the limit has passed the
         // budget, and the watcher reports it.
         rlimit_fsize: config.disk.map(|d| d.saturating_add(1)),
-        nice: config.disk.map(|_| crate::disk::budgeted_nice()),
+        nice: config.disk.map(|_| crate::config::budgeted_nice()),
         proxy_port: services.proxy_port(),
         host_network: config.network == Network::Full,
         trust: crate::egress::trust(config),

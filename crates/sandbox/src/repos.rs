@@ -2,7 +2,7 @@
 //! project, a submodule's `.git` file, every repository of a workspace
 //! that is a directory of projects. Git on the host reads each one's
 //! configuration and hooks when the user runs it there (and `git status`
-//! at the top reads each submodule's), so [`crate::control_files`]
+//! at the top reads each submodule's), so `control_files`
 //! protects them like the top-level `.git`.
 //!
 //! The walk runs on the host before the sandbox starts, but the workspace

@@ -5,7 +5,7 @@
 //!
 //! A backend starts them in its `create`, before it launches the sandbox
 //! (the channels are part of the launch), and hands them to the session in
-//! [`crate::session::ConnectParams`], which calls [`Services::ready`] once
+//! `session::ConnectParams`, which calls [`Services::ready`] once
 //! the supervisor is ready and holds them until it ends.
 //!
 //! Natively the channel is a `SOCK_SEQPACKET` pair: the supervisor gets one
@@ -30,7 +30,7 @@ use tokio::sync::broadcast;
 use crate::config::{Network, SandboxConfig};
 use crate::egress::{NetworkInfo, PROXY_PORT, Tee};
 use crate::error::{Error, Result};
-use crate::session::net::NetRelay;
+use crate::netrelay::NetRelay;
 
 /// Connection events a subscriber may fall behind by before it loses the
 /// oldest.

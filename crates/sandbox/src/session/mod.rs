@@ -4,7 +4,6 @@
 
 mod exec;
 mod fs;
-pub(crate) mod net;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -173,7 +172,7 @@ pub(crate) struct Inner {
     /// Set when the watcher stopped the sandbox.
     pub(crate) disk_stop: std::sync::OnceLock<DiskStop>,
     /// Its configuration's forwarded ports, which stop listening with it.
-    pub(crate) forwards: std::sync::Mutex<Vec<crate::connect::Forward>>,
+    pub(crate) forwards: std::sync::Mutex<Vec<Forward>>,
     /// Held, not used: they stop when the session's last handle goes.
     pub(crate) services: Services,
 }
@@ -287,6 +286,15 @@ impl Drop for Inner {
             self.lifecycle.kill();
         }
     }
+}
+
+/// A host port forwarded into a sandbox by [`Sandbox::forward`]; it stops
+/// listening when dropped.
+#[derive(Debug)]
+pub struct Forward {
+    pub(crate) local: std::net::SocketAddr,
+    pub(crate) port: u16,
+    pub(crate) task: tokio::task::JoinHandle<()>,
 }
 
 /// A live sandbox. Cheap to clone; every clone refers to the same session,
@@ -533,26 +541,6 @@ impl Sandbox {
         self.inner.lifecycle.writable_layer()
     }
 
-    /// A native image sandbox's overlay `upper` directory, where the host
-    /// can read it while the sandbox runs (see [`crate::live_upper`]).
-    /// None for a microVM, or a sandbox on the host's root.
-    pub fn writable_upper(&self) -> Option<std::path::PathBuf> {
-        if self.info().backend != "native" {
-            return None;
-        }
-        let dir = self.writable_layer_dir()?;
-        crate::live_upper(&dir, Some(self.inner.lifecycle.host_pid()))
-    }
-
-    /// Records what the front end calls this sandbox (a session's id)
-    /// beside its writable layer, where `cordon image commit` finds it.
-    pub fn set_label(&self, label: &str) -> Result<()> {
-        if let Some(dir) = self.writable_layer_dir() {
-            std::fs::write(dir.join(crate::backend::LABEL_FILE), label)?;
-        }
-        Ok(())
-    }
-
     /// Closes a build step's sandbox (one made with a
     /// [`crate::RootImage::step`]): its processes are killed, then its
     /// outer supervisor writes the root's changes, which may take a while
@@ -662,7 +650,7 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
 /// that started after it has finished.
 pub(crate) type LookRequest = oneshot::Sender<()>;
 
-/// The session's handle on its disk budget's watcher (see `crate::disk`).
+/// The session's handle on its disk budget's watcher (see the `disk` module).
 pub(crate) struct DiskWatch {
     pub budget: u64,
     /// What the budget's roots have grown by, at the watcher's last look.
