@@ -342,7 +342,7 @@ async fn setup(
     let mut sandbox = crate::options::sandbox_config(&settings).map_err(config_error)?;
     crate::options::publish(&mut sandbox, &args.publish);
     // The agent works in the workspace whatever the image's WorkingDir.
-    crate::image_cmd::apply(&mut sandbox, &settings, None)
+    crate::environment::apply(&mut sandbox, &settings, None)
         .await
         .map_err(config_error)?;
     // The kernel behind run_code, when `cordon lab setup` installed it.

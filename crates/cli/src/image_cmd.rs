@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use cordon_image::ImageRef;
 use cordon_image::auth::Sources;
-use cordon_image::obtain::{Step, fetch, obtain};
-use cordon_image::registry::Progress;
-use cordon_image::store::{self, Image, Store};
+use cordon_image::store::{Image, Store};
 use cordon_tools::printable;
+
+use crate::environment::{open_store, pull, short, show_output, size};
 
 #[derive(Args, Debug)]
 pub struct ImageArgs {
@@ -103,12 +103,6 @@ struct BuildArgs {
     /// The directory whose files COPY and ADD read
     #[arg(value_name = "CONTEXT")]
     context: PathBuf,
-}
-
-fn open_store() -> Result<Store, String> {
-    let root: PathBuf = store::default_root()
-        .ok_or("neither CORDON_IMAGE_STORE nor HOME is set: nowhere to keep images")?;
-    Store::open(&root).map_err(|e| e.to_string())
 }
 
 pub async fn image(args: ImageArgs) -> i32 {
@@ -428,18 +422,6 @@ pub fn stored_name(name: String) -> Result<String, String> {
         .map_err(|e| format!("{}: {e}", printable(&name)))
 }
 
-/// A build step's output on standard error, as text a terminal cannot
-/// take for commands. Progress bars redraw a line with `\r`: each is a
-/// new line here.
-pub fn show_output(bytes: &[u8]) {
-    use std::io::Write;
-    let text = String::from_utf8_lossy(bytes)
-        .replace("\r\n", "\n")
-        .replace('\r', "\n");
-    let text = cordon_tools::printable_lines(&text);
-    let _ = std::io::stderr().write_all(text.as_bytes());
-}
-
 /// The Dockerfile, as text: the user's own file, refused past 1 MiB.
 fn read_dockerfile(path: &std::path::Path) -> Result<String, String> {
     use std::io::Read;
@@ -452,78 +434,6 @@ fn read_dockerfile(path: &std::path::Path) -> Result<String, String> {
         return Err(format!("{}: larger than 1 MiB", path.display()));
     }
     Ok(text)
-}
-
-/// Makes the root of `c` the image the settings name (`--image`,
-/// `sandbox.image`, `CORDON_IMAGE`), pulling or importing it first when
-/// the store lacks it, running as `user` or the image's own; returns the
-/// image's working directory. Without an image, nothing changes.
-pub async fn apply(
-    c: &mut cordon_sandbox::SandboxConfig,
-    settings: &crate::settings::Settings,
-    user: Option<&str>,
-) -> Result<Option<String>, String> {
-    let resolved = settings.resolved();
-    let environment = resolved.environment.clone();
-    let Some(reference) = environment
-        .as_ref()
-        .map(|e| e.image.clone())
-        .or(resolved.sandbox.image.clone())
-    else {
-        if user.is_some() {
-            return Err("--user chooses a user of an image: give the image with --image".into());
-        }
-        return Ok(None);
-    };
-    let store = open_store()?;
-    let image = match &environment {
-        None => obtain(&store, &reference, &Sources::from_env(), &say)
-            .await
-            .map_err(|e| e.to_string())?,
-        Some(env) => crate::environment::prepare(&store, env, c).await?,
-    };
-    let root = store
-        .sandbox_root(&image, user)
-        .map_err(|e| format!("{}: {e}", printable(&image.name)))?;
-    let working_dir = root.working_dir.clone();
-    c.image = Some(root.into());
-    Ok(working_dir)
-}
-
-/// A pull's progress, on standard error.
-fn say(step: Step) {
-    match step {
-        Step::Pulling { name } => eprintln!("cordon: pulling {}", printable(&name)),
-        Step::Pull(Progress::Fetching { digest, size: n }) => {
-            eprintln!("  fetching {} ({})", short(&digest.to_string()), size(n))
-        }
-        Step::Pull(Progress::Fetched { .. }) => {}
-        Step::Pull(Progress::Present { digest }) => {
-            eprintln!("  {} already here", short(&digest.to_string()))
-        }
-        Step::Pull(Progress::Unpacking) => eprintln!("  unpacking"),
-    }
-}
-
-/// Fetches `reference` into the store, with progress on standard error.
-pub async fn pull(store: &Store, reference: &str) -> Result<Image, String> {
-    let parsed: ImageRef = reference.parse().map_err(|e| format!("{e}"))?;
-    fetch(store, &parsed, &Sources::from_env(), &say)
-        .await
-        .map_err(|e| e.to_string())
-}
-
-fn short(digest: &str) -> &str {
-    &digest[..digest.len().min(19)]
-}
-
-fn size(n: u64) -> String {
-    match n {
-        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
-        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
-        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
-        n => format!("{n} B"),
-    }
 }
 
 fn table(images: &[Image]) -> String {

@@ -1,9 +1,16 @@
 //! `cordon`: a coding agent that can act only through a sandbox.
+//!
+//! The modules, in the order of [`LAYERS`], each using only those before
+//! it (a test checks it): shared parts first (`exit`, `durations`,
+//! `logging`, `render`, `repo`, `settings`, `environment`: the sandbox's
+//! root from an image, `options`, `mcp_listen`, `sessions_cmd`'s resume
+//! and `agent_flags`), then one module per command; `main` on top.
 
 mod agent_flags;
 mod chat;
 mod config_cmd;
 mod doctor;
+mod durations;
 mod environment;
 mod exec;
 mod exit;
@@ -154,4 +161,42 @@ fn main() {
     });
     // Exit at once: a blocking read of our stdin may still be pending.
     std::process::exit(code);
+}
+
+/// The modules from the bottom up: each may use only those before it
+/// (read by the layout test only: a binary exports nothing).
+#[cfg_attr(not(test), allow(dead_code))]
+const LAYERS: &[&str] = &[
+    "exit",
+    "durations",
+    "logging",
+    "render",
+    "repo",
+    "settings",
+    "environment",
+    "options",
+    "mcp_listen",
+    "sessions_cmd",
+    "agent_flags",
+    "doctor",
+    "vm_cmd",
+    "image_cmd",
+    "rewind_cmd",
+    "trust_cmd",
+    "config_cmd",
+    "lab_cmd",
+    "run",
+    "mcp_cmd",
+    "exec",
+    "chat",
+    "serve_cmd",
+];
+
+#[cfg(test)]
+mod layout {
+    #[test]
+    fn no_module_uses_one_above_it() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        cordon_testkit::layout::check(&src, super::LAYERS);
+    }
 }

@@ -2,7 +2,6 @@
 //! `run`, `shell` and `mcp`, and the one way settings become a sandbox.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use crate::settings::{Layers, Settings};
 use clap::Args;
@@ -125,25 +124,6 @@ pub fn parse_setting(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
-/// Parses a `--timeout` value: `30s`, `5m`, `1h30m`, `250ms`, or plain seconds.
-pub fn parse_timeout(s: &str) -> Result<Duration, String> {
-    if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs > 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
-        return Err(format!("timeout must be positive, got {s:?}"));
-    }
-    humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
-}
-
-/// A shutdown's grace (`--grace`): a duration, `0` for none.
-pub fn parse_grace(s: &str) -> Result<Duration, String> {
-    match s.trim() {
-        "0" => Ok(Duration::ZERO),
-        s => parse_timeout(s),
-    }
-}
-
 fn parse_bind(spec: &str, writable: bool) -> Result<BindMount, String> {
     let (src, dst) = match spec.split_once(':') {
         Some((s, d)) => (s, d.to_string()),
@@ -208,7 +188,7 @@ impl SandboxOpts {
         c.host_certs = self.host_certs;
         publish(&mut c, &self.publish);
         c.env.extend(self.env.iter().cloned());
-        let image_dir = crate::image_cmd::apply(&mut c, &settings, self.user.as_deref())
+        let image_dir = crate::environment::apply(&mut c, &settings, self.user.as_deref())
             .await
             .map_err(config_error)?;
         if let Some(name) = &self.name {
@@ -532,17 +512,6 @@ pub fn guard_cordon_dirs(c: &mut SandboxConfig) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timeouts_parse() {
-        assert_eq!(parse_timeout("2").unwrap(), Duration::from_secs(2));
-        assert_eq!(parse_timeout("0.5").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_timeout("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_timeout("1m").unwrap(), Duration::from_secs(60));
-        assert!(parse_timeout("0").is_err());
-        assert!(parse_timeout("-3").is_err());
-        assert!(parse_timeout("soon").is_err());
-    }
 
     #[test]
     fn env_and_binds_parse() {

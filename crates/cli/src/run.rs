@@ -11,8 +11,9 @@ use cordon_sandbox::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::durations::parse_timeout;
 use crate::exit;
-use crate::options::{SandboxOpts, parse_timeout};
+use crate::options::SandboxOpts;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {

@@ -35,7 +35,7 @@ pub struct ServeArgs {
     pub workers: Option<usize>,
     /// How long a worker's claim on a job lasts unless renewed (every sixth
     /// of it): a worker silent this long loses its jobs to the others
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::options::parse_timeout)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::durations::parse_timeout)]
     pub lease: std::time::Duration,
     /// Times a job may be started: a job whose worker died (or restarted)
     /// is queued again until then, else failed
@@ -47,12 +47,12 @@ pub struct ServeArgs {
     /// Close the sandbox of an API or MCP session idle this long (`90s`,
     /// `15m`, `1h`); an API session's next message starts a new one, an MCP
     /// session is gone
-    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = crate::options::parse_timeout)]
+    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = crate::durations::parse_timeout)]
     pub session_idle: std::time::Duration,
     /// On SIGTERM (or Ctrl-C), how long running jobs may still finish
     /// before they are cancelled (`0` cancels them at once); a second
     /// signal cuts it short
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::options::parse_grace)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::durations::parse_grace)]
     pub grace: std::time::Duration,
     /// Live sessions (API sessions with a sandbox, and /mcp sessions) at once
     #[arg(long, value_name = "N", default_value_t = 64)]

@@ -235,7 +235,7 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
         pool: opt(s, "serve.pool", parse_pools)?.unwrap_or_default(),
         pause_when_idle: req(s, "sandbox.pause_when_idle", |v| match v {
             "never" | "off" => Ok(None),
-            v => crate::options::parse_grace(v)
+            v => crate::durations::parse_grace(v)
                 .ok()
                 .filter(|d| !d.is_zero())
                 .map(Some)
