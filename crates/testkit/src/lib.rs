@@ -115,3 +115,28 @@ pub enum Error {
     #[error("cannot start the server thread: {0}")]
     Runtime(std::io::Error),
 }
+
+/// The modules from the bottom up: each may use only those before it
+/// (`layout`, the checker, uses none).
+pub const LAYERS: &[&str] = &[
+    "environments",
+    "forge",
+    "git_remote",
+    "oci",
+    "registry",
+    "scenario",
+    "wire",
+    "anthropic",
+    "openai",
+    "inspect",
+    "server",
+];
+
+#[cfg(test)]
+mod layering {
+    #[test]
+    fn no_module_uses_one_above_it() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        crate::layout::check(&src, crate::LAYERS);
+    }
+}
