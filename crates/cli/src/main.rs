@@ -4,7 +4,8 @@
 //! it (a test checks it): shared parts first (`exit`, `durations`,
 //! `logging`, `render`, `repo`, `settings`, `environment`: the sandbox's
 //! root from an image, `options`, `mcp_listen`, `sessions_cmd`'s resume
-//! and `agent_flags`), then one module per command; `main` on top.
+//! and `agent_flags`), then one module per command; `main` on top; and,
+//! for tests only, `reference`, which makes `docs/reference/` from them.
 
 mod agent_flags;
 mod chat;
@@ -20,6 +21,8 @@ mod logging;
 mod mcp_cmd;
 mod mcp_listen;
 mod options;
+#[cfg(test)]
+mod reference;
 mod render;
 mod repo;
 mod rewind_cmd;
@@ -54,13 +57,10 @@ enum Command {
     /// Open the full-screen chat UI (what `cordon` alone does).
     Chat(chat::ChatArgs),
     /// Run one command in a fresh sandbox.
-    ///
-    /// Exit status: the command's own (128+N if killed by signal N), or
-    /// 124 timed out, 122 out of memory, 123 disk budget exceeded (the
-    /// sandbox was stopped), 125 sandbox could not be created,
-    /// 126 command not executable, 127 command not found.
+    #[command(after_long_help = exit::status_help())]
     Run(run::RunArgs),
     /// Open an interactive shell in a fresh sandbox, on a pseudo-terminal.
+    #[command(after_long_help = exit::status_help())]
     Shell(run::ShellArgs),
     /// Check which isolation features are available and in force.
     Doctor(doctor::DoctorArgs),
@@ -190,6 +190,7 @@ const LAYERS: &[&str] = &[
     "exec",
     "chat",
     "serve_cmd",
+    "reference",
 ];
 
 #[cfg(test)]

@@ -342,12 +342,7 @@ async fn cancel(shared: &Shared, job: &JobRow) -> ApiResult<()> {
     let id = job.id.as_str();
     match job.state {
         JobState::Queued => {
-            let outcome = Outcome {
-                state: JobState::Cancelled,
-                exit_code: None,
-                error: Some("cancelled before it ran".into()),
-                result: None,
-            };
+            let outcome = Outcome::cancelled("cancelled before it ran");
             let event = NewEvent::from(JobEvent::Finished {
                 state: JobState::Cancelled,
                 exit_code: None,

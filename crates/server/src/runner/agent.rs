@@ -11,10 +11,9 @@ use cordon_sandbox::Sandbox;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::exec::cancelled;
 use super::sink::Sink;
 use crate::config::AgentDefaults;
-use crate::job::{AgentResult, JobEvent, JobResult, JobState, Problem};
+use crate::job::{AgentResult, JobEvent, JobResult, Problem};
 use crate::store::{NewEvent, Outcome};
 
 /// Where a job's commands start: its AGENTS.md files are read down to here.
@@ -43,12 +42,7 @@ pub(super) async fn run_agent(
     cancel: &Cancel,
 ) -> Outcome {
     let Some(model_config) = model else {
-        return Outcome {
-            state: JobState::Failed,
-            exit_code: None,
-            error: Some("this server has no model configured".into()),
-            result: None,
-        };
+        return Outcome::failed("this server has no model configured");
     };
     let mut config = model_config.agent.clone();
     if let Some(m) = run.model {
@@ -95,12 +89,7 @@ pub(super) async fn run_agent(
     let mut talk = match opened {
         Ok(t) => t,
         Err(e) => {
-            return Outcome {
-                state: JobState::Failed,
-                exit_code: None,
-                error: Some(e.to_string()),
-                result: None,
-            };
+            return Outcome::failed(e.to_string());
         }
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -133,34 +122,24 @@ pub(super) async fn run_agent(
     }
     let usage = ended.usage;
     match result {
-        Ok(o) => Outcome {
-            state: JobState::Succeeded,
-            exit_code: Some(0),
-            error: None,
-            result: Some(JobResult::Agent(AgentResult {
-                text: Some(o.text),
-                stop_reason: Some(o.stop_reason),
-                steps: Some(o.steps),
-                usage,
-                cost_usd: o.cost_usd,
-            })),
-        },
-        Err(AgentError::Cancelled) if timed_out => Outcome {
-            state: JobState::TimedOut,
-            exit_code: Some(i64::from(cordon_sandbox::exit_code::TIMEOUT)),
-            error: Some("the job ran past its timeout".into()),
-            result: Some(JobResult::Agent(AgentResult::usage(usage))),
-        },
-        Err(AgentError::Cancelled) => Outcome {
-            result: Some(JobResult::Agent(AgentResult::usage(usage))),
-            ..cancelled()
-        },
-        Err(e) => Outcome {
-            state: JobState::Failed,
-            exit_code: Some(1),
-            error: Some(e.to_string()),
-            result: Some(JobResult::Agent(AgentResult::usage(usage))),
-        },
+        Ok(o) => Outcome::succeeded().with_result(JobResult::Agent(AgentResult {
+            text: Some(o.text),
+            stop_reason: Some(o.stop_reason),
+            steps: Some(o.steps),
+            usage,
+            cost_usd: o.cost_usd,
+        })),
+        Err(AgentError::Cancelled) if timed_out => {
+            Outcome::timed_out("the job ran past its timeout")
+                .with_exit_code(i64::from(cordon_sandbox::exit_code::TIMEOUT))
+                .with_result(JobResult::Agent(AgentResult::usage(usage)))
+        }
+        Err(AgentError::Cancelled) => {
+            Outcome::cancelled("cancelled").with_result(JobResult::Agent(AgentResult::usage(usage)))
+        }
+        Err(e) => Outcome::failed(e.to_string())
+            .with_exit_code(1)
+            .with_result(JobResult::Agent(AgentResult::usage(usage))),
     }
 }
 

@@ -17,22 +17,12 @@ use cordon_build::{BuildError, Builder, Event, Options};
 use tokio::sync::mpsc;
 
 use super::Runner;
-use super::exec::cancelled;
 use super::sink::Sink;
-use crate::job::{BuildResult, BuildSpec, JobResult, JobState, RunOptions};
+use crate::job::{BuildResult, BuildSpec, JobResult, RunOptions};
 use crate::store::{ImageOrigin, Outcome};
 
 /// Largest Dockerfile read from the context.
 const MAX_DOCKERFILE: u64 = 1 << 20;
-
-fn failed(error: impl Into<String>) -> Outcome {
-    Outcome {
-        state: JobState::Failed,
-        exit_code: None,
-        error: Some(error.into()),
-        result: None,
-    }
-}
 
 impl Runner {
     #[allow(clippy::too_many_arguments)]
@@ -49,7 +39,7 @@ impl Runner {
     ) -> Outcome {
         let store = match self.images.store() {
             Ok(s) => s.clone(),
-            Err(e) => return failed(e.message()),
+            Err(e) => return Outcome::failed(e.message()),
         };
         let _hold = self.images.hold();
         if let Some(archive) = &spec.context {
@@ -69,20 +59,20 @@ impl Runner {
             .await;
             match unpacked {
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => return failed(format!("the build's `context`: {e}")),
-                Err(e) => return failed(e.to_string()),
+                Ok(Err(e)) => return Outcome::failed(format!("the build's `context`: {e}")),
+                Err(e) => return Outcome::failed(e.to_string()),
             }
         }
         let dockerfile = match &spec.dockerfile {
             Some(text) => text.to_string(),
             None => match read_dockerfile(ws).await {
                 Ok(text) => text,
-                Err(e) => return failed(e),
+                Err(e) => return Outcome::failed(e),
             },
         };
         let own = match self.store.own_images(tenant).await {
             Ok(own) => own,
-            Err(e) => return failed(e.to_string()),
+            Err(e) => return Outcome::failed(e.to_string()),
         };
         let bases = self.images.bases(tenant, own);
         let credentials = cordon_image::auth::Sources::from_env();
@@ -116,14 +106,9 @@ impl Runner {
                 tokio::select! {
                     r = &mut build => break r,
                     Some(e) = rx.recv() => report(sink, e).await,
-                    _ = cancel.cancelled() => return cancelled(),
+                    _ = cancel.cancelled() => return Outcome::cancelled("cancelled"),
                     _ = &mut timeout => {
-                        return Outcome {
-                            state: JobState::TimedOut,
-                            exit_code: None,
-                            error: Some("the build ran past the job's timeout".into()),
-                            result: None,
-                        };
+                        return Outcome::timed_out("the build ran past the job's timeout");
                     }
                 }
             }
@@ -136,14 +121,10 @@ impl Runner {
             Err(BuildError::Failed {
                 line, text, code, ..
             }) => {
-                return Outcome {
-                    state: JobState::Failed,
-                    exit_code: Some(i64::from(code)),
-                    error: Some(format!("line {line}: `{text}` exited with {code}")),
-                    result: None,
-                };
+                return Outcome::failed(format!("line {line}: `{text}` exited with {code}"))
+                    .with_exit_code(i64::from(code));
             }
-            Err(e) => return failed(e.to_string()),
+            Err(e) => return Outcome::failed(e.to_string()),
         };
         // Made under a record of its own, then the tenant's if its quota
         // takes it; the builder's own name for it is not kept.
@@ -161,8 +142,8 @@ impl Runner {
         .await;
         let image = match image {
             Ok(Ok(image)) => image,
-            Ok(Err(e)) => return failed(e.to_string()),
-            Err(e) => return failed(e.to_string()),
+            Ok(Err(e)) => return Outcome::failed(e.to_string()),
+            Err(e) => return Outcome::failed(e.to_string()),
         };
         let origin = ImageOrigin::Built(id.to_string());
         match self
@@ -170,19 +151,14 @@ impl Runner {
             .keep(&self.store, tenant, &spec.name, image, origin)
             .await
         {
-            Ok(own) => Outcome {
-                state: JobState::Succeeded,
-                exit_code: Some(0),
-                error: None,
-                result: Some(JobResult::Build(BuildResult {
-                    image: own.name,
-                    digest: own.digest,
-                    size: own.size,
-                    ran: built.ran,
-                    cached: built.cached,
-                })),
-            },
-            Err(e) => failed(e.message()),
+            Ok(own) => Outcome::succeeded().with_result(JobResult::Build(BuildResult {
+                image: own.name,
+                digest: own.digest,
+                size: own.size,
+                ran: built.ran,
+                cached: built.cached,
+            })),
+            Err(e) => Outcome::failed(e.message()),
         }
     }
 }

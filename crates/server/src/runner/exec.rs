@@ -6,7 +6,7 @@ use cordon_agent::Cancel;
 use cordon_sandbox::{ExecEvent, ExecRequest, ExecResult, Sandbox};
 
 use super::sink::Sink;
-use crate::job::{JobState, Language};
+use crate::job::Language;
 use crate::store::Outcome;
 
 /// How one exec ended, from the job's point of view.
@@ -59,39 +59,18 @@ pub(super) fn code_request(language: Language, code: &str) -> Result<ExecRequest
 }
 
 pub(super) fn outcome_of(r: &ExecResult) -> Outcome {
-    let code = i64::from(r.status.code());
-    let (state, error) = if r.disk_exceeded {
-        (JobState::Failed, Some(DISK_STOPPED.into()))
+    let outcome = if r.disk_exceeded {
+        Outcome::failed(DISK_STOPPED)
     } else if r.timed_out {
-        (
-            JobState::TimedOut,
-            Some("the job ran past its timeout".into()),
-        )
+        Outcome::timed_out("the job ran past its timeout")
     } else if r.oom_killed {
-        (
-            JobState::Failed,
-            Some("the job ran out of memory (raise `memory`)".into()),
-        )
+        Outcome::failed("the job ran out of memory (raise `memory`)")
     } else if r.status.success() {
-        (JobState::Succeeded, None)
+        Outcome::succeeded()
     } else {
-        (JobState::Failed, Some(format!("exited with status {code}")))
+        Outcome::failed(format!("exited with status {}", r.status.code()))
     };
-    Outcome {
-        state,
-        exit_code: Some(i64::from(r.exit_code())),
-        error,
-        result: None,
-    }
-}
-
-pub(super) fn cancelled() -> Outcome {
-    Outcome {
-        state: JobState::Cancelled,
-        exit_code: None,
-        error: Some("cancelled".into()),
-        result: None,
-    }
+    outcome.with_exit_code(i64::from(r.exit_code()))
 }
 
 pub(super) async fn single(
@@ -108,35 +87,16 @@ pub(super) async fn single(
         .output_limit(cap as u64 + 1);
     match exec(sandbox, req, sink, cancel).await {
         Ran::Exited(r) => outcome_of(&r),
-        Ran::Cancelled => cancelled(),
+        Ran::Cancelled => Outcome::cancelled("cancelled"),
         // The budget's stop can end the stream before its result does.
         Ran::Failed(_) if sandbox.disk_stopped().is_some() => disk_outcome(),
-        Ran::Failed(e) => Outcome {
-            state: JobState::Failed,
-            exit_code: None,
-            error: Some(e),
-            result: None,
-        },
+        Ran::Failed(e) => Outcome::failed(e),
     }
 }
 
 pub(super) fn disk_outcome() -> Outcome {
-    Outcome {
-        state: JobState::Failed,
-        exit_code: Some(i64::from(cordon_sandbox::exit_code::DISK)),
-        error: Some(DISK_STOPPED.into()),
-        result: None,
-    }
+    Outcome::failed(DISK_STOPPED).with_exit_code(i64::from(cordon_sandbox::exit_code::DISK))
 }
 
 pub(super) const DISK_STOPPED: &str =
     "the job's workspace grew past its disk budget and the sandbox was stopped (raise `disk`)";
-
-pub(super) fn succeeded() -> Outcome {
-    Outcome {
-        state: JobState::Succeeded,
-        exit_code: Some(0),
-        error: None,
-        result: None,
-    }
-}

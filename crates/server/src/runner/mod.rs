@@ -128,12 +128,7 @@ impl Runner {
                 self.run_request(&id, &lease, &job.tenant, req, &mut sink, &cancel)
                     .await
             }
-            Err(e) => Outcome {
-                state: JobState::Failed,
-                exit_code: None,
-                error: Some(format!("the stored job is no longer valid here: {e}")),
-                result: None,
-            },
+            Err(e) => Outcome::failed(format!("the stored job is no longer valid here: {e}")),
         };
         if outcome.state == JobState::Cancelled
             && let Some(why) = self.cut_short.get()
@@ -171,12 +166,6 @@ impl Runner {
         sink: &mut Sink,
         cancel: &Cancel,
     ) -> Outcome {
-        let failed = |error: String| Outcome {
-            state: JobState::Failed,
-            exit_code: None,
-            error: Some(error),
-            result: None,
-        };
         let ws = self.dirs.workspace(id);
         let made = {
             let (ws, defaults, disk) = (ws.clone(), self.sandboxes.clone(), req.options.disk);
@@ -191,14 +180,16 @@ impl Runner {
         // Mounted (if a volume) from here until the job's sandbox is closed.
         let _in_use = match made {
             Ok(in_use) => in_use,
-            Err(e) => return failed(format!("cannot create the workspace: {e}")),
+            Err(e) => return Outcome::failed(format!("cannot create the workspace: {e}")),
         };
         if let Some(archive) = &self.archive {
             match archive.unstage(id, &ws).await {
                 Ok(0) => {}
                 Ok(n) => tracing::debug!(job = %id, "{n} file(s) written before it ran"),
                 Err(e) => {
-                    return failed(format!("cannot take the files written before it ran: {e}"));
+                    return Outcome::failed(format!(
+                        "cannot take the files written before it ran: {e}"
+                    ));
                 }
             }
         }
@@ -209,7 +200,7 @@ impl Runner {
                 .map(|p| p.beyond(ceiling))
                 .unwrap_or_else(|| vec!["an unreadable rule".into()]);
             if !beyond.is_empty() {
-                return failed(format!(
+                return Outcome::failed(format!(
                     "the job's network goes beyond what its tenant may reach now: {}",
                     beyond.join(", ")
                 ));
@@ -259,7 +250,7 @@ impl Runner {
                         .await;
                         Some(r)
                     }
-                    Err(e) => return failed(e),
+                    Err(e) => return Outcome::failed(e),
                 }
             }
         };
@@ -282,7 +273,7 @@ impl Runner {
                     .await;
                     (Some(ready.root), Some(digest))
                 }
-                Err(e) => return failed(format!("cannot prepare the job's image: {e}")),
+                Err(e) => return Outcome::failed(format!("cannot prepare the job's image: {e}")),
             },
         };
         // Made ahead if the job took a pooled one when it was submitted.
@@ -297,7 +288,7 @@ impl Runner {
                 self.metrics.sandbox_started(backend, created.is_ok());
                 match created {
                     Ok(s) => (s, None),
-                    Err(e) => return failed(format!("cannot create the sandbox: {e}")),
+                    Err(e) => return Outcome::failed(format!("cannot create the sandbox: {e}")),
                 }
             }
         };
@@ -331,12 +322,7 @@ impl Runner {
                 Ok(r) => exec::single(&sandbox, r, deadline, sink, cancel, self.output_cap).await,
                 Err(e) => {
                     sink.output(1, format!("{e}\n").as_bytes()).await;
-                    Outcome {
-                        state: JobState::Failed,
-                        exit_code: Some(1),
-                        error: Some(e),
-                        result: None,
-                    }
+                    Outcome::failed(e).with_exit_code(1)
                 }
             },
             JobSpec::Steps {

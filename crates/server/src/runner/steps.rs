@@ -8,7 +8,7 @@ use cordon_sandbox::{ExecRequest, Sandbox};
 use cordon_tools::{Workspace, WsPath};
 use serde_json::Value;
 
-use super::exec::{cancelled, code_request, single, succeeded};
+use super::exec::{code_request, single};
 use super::sink::Sink;
 use crate::config::SandboxDefaults;
 use crate::job::{JobEvent, JobResult, JobState, Language, Step, StepResult};
@@ -27,16 +27,11 @@ pub(super) async fn run_steps(
     cap: usize,
 ) -> Outcome {
     let mut results = Vec::new();
-    let mut last = Outcome {
-        state: JobState::Succeeded,
-        exit_code: Some(0),
-        error: None,
-        result: None,
-    };
+    let mut last = Outcome::succeeded();
     let mut first_failure: Option<Outcome> = None;
     for (index, step) in steps.iter().enumerate() {
         if cancel.is_cancelled() {
-            return cancelled();
+            return Outcome::cancelled("cancelled");
         }
         let started = Instant::now();
         let mut screenshot = None;
@@ -67,7 +62,7 @@ pub(super) async fn run_steps(
                 match file_op(sandboxes, ws, path, |w, p| {
                     w.write(p, s.content.as_bytes()).map(|_| ())
                 }) {
-                    Ok(()) => succeeded(),
+                    Ok(()) => Outcome::succeeded(),
                     Err(e) => file_failure(sink, format!("write_file {path}: {e}")).await,
                 }
             }
@@ -89,7 +84,7 @@ pub(super) async fn run_steps(
                 match read {
                     Ok(bytes) => {
                         sink.output(0, &bytes).await;
-                        succeeded()
+                        Outcome::succeeded()
                     }
                     Err(e) => file_failure(sink, format!("read_file {path}: {e}")).await,
                 }
@@ -163,7 +158,7 @@ async fn computer_step(
     }
     sink.output(0, format!("{}\n", out.text).as_bytes()).await;
     let Some(image) = out.images.first() else {
-        return (succeeded(), None);
+        return (Outcome::succeeded(), None);
     };
     let path = format!("screenshots/step-{:02}.png", index + 1);
     let saved = base64::engine::general_purpose::STANDARD
@@ -171,7 +166,7 @@ async fn computer_step(
         .map_err(|e| e.to_string())
         .and_then(|png| file_op(sandboxes, ws, &path, |w, p| w.write(p, &png).map(|_| ())));
     match saved {
-        Ok(()) => (succeeded(), Some(path)),
+        Ok(()) => (Outcome::succeeded(), Some(path)),
         Err(e) => (
             file_failure(sink, format!("saving {path}: {e}")).await,
             None,
@@ -181,12 +176,7 @@ async fn computer_step(
 
 async fn file_failure(sink: &mut Sink, message: String) -> Outcome {
     sink.output(1, format!("{message}\n").as_bytes()).await;
-    Outcome {
-        state: JobState::Failed,
-        exit_code: Some(1),
-        error: Some(message),
-        result: None,
-    }
+    Outcome::failed(message).with_exit_code(1)
 }
 
 fn file_op<T>(

@@ -145,6 +145,54 @@ pub struct Outcome {
     pub result: Option<JobResult>,
 }
 
+impl Outcome {
+    /// Ran to its end and succeeded: exit status 0.
+    pub fn succeeded() -> Outcome {
+        Outcome {
+            state: JobState::Succeeded,
+            exit_code: Some(0),
+            error: None,
+            result: None,
+        }
+    }
+
+    /// Failed, for the reason `error` gives.
+    pub fn failed(error: impl Into<String>) -> Outcome {
+        Outcome::ended(JobState::Failed, error)
+    }
+
+    /// Ran past its timeout.
+    pub fn timed_out(error: impl Into<String>) -> Outcome {
+        Outcome::ended(JobState::TimedOut, error)
+    }
+
+    /// Cancelled; `error` says when or by what.
+    pub fn cancelled(error: impl Into<String>) -> Outcome {
+        Outcome::ended(JobState::Cancelled, error)
+    }
+
+    fn ended(state: JobState, error: impl Into<String>) -> Outcome {
+        Outcome {
+            state,
+            exit_code: None,
+            error: Some(error.into()),
+            result: None,
+        }
+    }
+
+    /// With the exit status its command (or step) ended with.
+    pub fn with_exit_code(mut self, code: i64) -> Outcome {
+        self.exit_code = Some(code);
+        self
+    }
+
+    /// With what it made (an agent's answer, a build's image).
+    pub fn with_result(mut self, result: JobResult) -> Outcome {
+        self.result = Some(result);
+        self
+    }
+}
+
 /// `GET /v1/jobs` filters; `before` is the cursor (a job's `seq`).
 #[derive(Debug, Clone, Default)]
 pub struct ListQuery {
