@@ -33,8 +33,7 @@ pub struct ExecArgs {
     pub agent: AgentFlags,
 }
 
-/// Exit status when the model could not complete the task.
-pub const MODEL_ERROR: i32 = 1;
+pub use crate::exit::MODEL_ERROR;
 
 pub(crate) use crate::options::config_error;
 
@@ -240,7 +239,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
             }
             0
         }
-        Err(AgentError::Cancelled) => 130,
+        Err(AgentError::Cancelled) => exit::INTERRUPTED,
         Err(_) => MODEL_ERROR,
     }
 }

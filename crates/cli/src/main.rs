@@ -57,10 +57,10 @@ enum Command {
     /// Open the full-screen chat UI (what `cordon` alone does).
     Chat(chat::ChatArgs),
     /// Run one command in a fresh sandbox.
-    #[command(after_long_help = exit::status_help())]
+    #[command(after_long_help = exit::run_help())]
     Run(run::RunArgs),
     /// Open an interactive shell in a fresh sandbox, on a pseudo-terminal.
-    #[command(after_long_help = exit::status_help())]
+    #[command(after_long_help = exit::run_help())]
     Shell(run::ShellArgs),
     /// Check which isolation features are available and in force.
     Doctor(doctor::DoctorArgs),
@@ -70,10 +70,7 @@ enum Command {
     /// they may set MCP servers, paths, endpoints, keys and limits.
     Trust(trust_cmd::TrustArgs),
     /// Run one task with the agent, headless.
-    ///
-    /// Exit status: 0 done, 1 the model could not finish (API error, step
-    /// limit), 78 bad configuration, 123 the sandbox was stopped for its
-    /// disk budget, 125 sandbox error, 130 interrupted.
+    #[command(after_long_help = exit::exec_help())]
     Exec(exec::ExecArgs),
     /// List this directory's sessions (`--all`: every one): id, start,
     /// turns, tokens, workspace, title.

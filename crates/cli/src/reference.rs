@@ -111,15 +111,32 @@ fn configuration() -> String {
     out
 }
 
+/// The commands that end with a code of cordon's.
+fn used_by(used: crate::exit::Used) -> &'static str {
+    use crate::exit::Used;
+    match used {
+        Used::Run => "`run`, `shell`",
+        Used::Exec => "`exec`",
+        Used::Both => "`run`, `shell`, `exec`",
+    }
+}
+
 fn exit_codes() -> String {
     let mut out = header("Exit codes");
     out.push_str(
-        "`cordon run`, `cordon shell` and `cordon exec` end with the command's own status; \
-         these codes are cordon's. A job of `cordon serve` records the same codes as its \
-         `exit_code`.\n\n| code | name | meaning |\n|---|---|---|\n",
+        "`cordon run` and `cordon shell` end with the command's own status (128+N if a signal \
+         N killed it), `cordon exec` with 0 when its task is done; these codes are cordon's. \
+         A job of `cordon serve` records the limits' codes (122, 123, 124) as its \
+         `exit_code` too.\n\n| code | commands | meaning |\n|---|---|---|\n",
     );
-    for (code, name, meaning) in crate::exit::ALL {
-        let _ = writeln!(out, "| {code} | `{name}` | {} |", cell(meaning));
+    for c in crate::exit::ALL {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} |",
+            c.code,
+            used_by(c.used),
+            cell(c.meaning)
+        );
     }
     out
 }
