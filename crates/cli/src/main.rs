@@ -192,9 +192,5 @@ const LAYERS: &[&str] = &[
 
 #[cfg(test)]
 mod layout {
-    #[test]
-    fn no_module_uses_one_above_it() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        cordon_testkit::layout::check(&src, super::LAYERS);
-    }
+    cordon_testkit::layering_test!(super::LAYERS);
 }

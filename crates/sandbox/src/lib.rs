@@ -121,9 +121,5 @@ pub const LAYERS: &[&str] = &[
 /// checker (here: the crate's own `layout` module takes that file name).
 #[cfg(test)]
 mod layering {
-    #[test]
-    fn no_module_uses_one_above_it() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        cordon_testkit::layout::check(&src, crate::LAYERS);
-    }
+    cordon_testkit::layering_test!(crate::LAYERS);
 }

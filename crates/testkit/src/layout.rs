@@ -1,7 +1,8 @@
 //! A crate's layering, checked on its sources: given the crate's `src` and
 //! its modules from the bottom up, a module that names one at or above its
 //! own place (`crate::x`, `use crate::{x, ..}`) fails the check, naming the
-//! file and the module. Each crate's `layout.rs` test calls [`check`].
+//! file and the module. Each crate's test is [`layering_test!`], which
+//! calls [`check`] on its `src`.
 
 use std::path::Path;
 
@@ -88,6 +89,19 @@ pub fn check(src: &Path, layers: &[&str]) {
     assert!(wrong.is_empty(), "layering broken:\n{}", wrong.join("\n"));
     let listed: std::collections::BTreeSet<String> = layers.iter().map(|s| s.to_string()).collect();
     assert_eq!(seen, listed, "LAYERS names every module and only those");
+}
+
+/// The test every crate has: `cordon_testkit::layering_test!(crate::LAYERS);`
+/// in a test module checks the sources of the crate it is expanded in.
+#[macro_export]
+macro_rules! layering_test {
+    ($layers:expr) => {
+        #[test]
+        fn no_module_uses_one_above_it() {
+            let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+            $crate::layout::check(&src, $layers);
+        }
+    };
 }
 
 #[cfg(test)]

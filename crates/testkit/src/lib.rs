@@ -134,9 +134,5 @@ pub const LAYERS: &[&str] = &[
 
 #[cfg(test)]
 mod layering {
-    #[test]
-    fn no_module_uses_one_above_it() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        crate::layout::check(&src, crate::LAYERS);
-    }
+    crate::layering_test!(crate::LAYERS);
 }
