@@ -149,7 +149,7 @@ fn network_presets() -> String {
          behind a mirror gets the mirror. How policies work: [network](../network.md).\n\n\
          | preset | expands to |\n|---|---|\n",
     );
-    for (name, what) in cordon_net::presets::DESCRIPTIONS {
+    for (name, what) in cordon_net::policy::PRESETS {
         let _ = writeln!(out, "| `@{name}` | {} |", cell(what));
     }
     out.push_str("\nThe forges of `@git-hosting`: ");

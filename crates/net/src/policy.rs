@@ -32,9 +32,31 @@ use tokio::sync::watch;
 
 use crate::addr;
 
-/// The presets an entry may name, without the `@`; what each expands to
-/// is `presets`'s business.
-pub const PRESET_NAMES: &[&str] = &["python", "node", "rust", "debian", "git-hosting"];
+/// The presets an entry may name, without the `@`, each with what it
+/// expands to (how is `presets`'s business; the generated reference says
+/// what).
+pub const PRESETS: &[(&str, &str)] = &[
+    (
+        "python",
+        "the hosts of pip's effective indexes (its configuration files, `PIP_*` variables and built-in default, merged by pip) and the hosts each index serves its files from",
+    ),
+    (
+        "node",
+        "npm's registry (default included) and every `@scope:registry`, as `npm config list --json` gives them",
+    ),
+    (
+        "rust",
+        "cargo's registries from `$CARGO_HOME` (`[source.crates-io] replace-with`, `[registries.*] index`, `CARGO_REGISTRIES_*_INDEX`), else those its cache shows it has used, with a sparse registry's download host",
+    ),
+    (
+        "debian",
+        "the network URIs of apt's sources (`sources.list`, `sources.list.d/*.list`, deb822 `*.sources`; disabled stanzas skipped)",
+    ),
+    (
+        "git-hosting",
+        "a fixed list of public forges, port 443 (see `FORGES`)",
+    ),
+];
 
 /// Why a policy entry or a host name was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -244,10 +266,17 @@ impl FromStr for Entry {
             return Err(bad(entry, "empty entry"));
         }
         if let Some(name) = s.strip_prefix('@') {
-            if !PRESET_NAMES.contains(&name) {
+            if !PRESETS.iter().any(|(known, _)| *known == name) {
                 return Err(bad(
                     entry,
-                    format!("unknown preset; known: @{}", PRESET_NAMES.join(", @")),
+                    format!(
+                        "unknown preset; known: @{}",
+                        PRESETS
+                            .iter()
+                            .map(|(n, _)| *n)
+                            .collect::<Vec<_>>()
+                            .join(", @")
+                    ),
                 ));
             }
             return Ok(Entry::Preset(name.to_string()));

@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use crate::policy::PRESETS;
 use crate::policy::{Entry, Policy, PolicyError, PolicySpec};
-use crate::presets::{Expansion, NAMES, PresetEnv, expand_preset};
+use crate::presets::{Expansion, PresetEnv, expand_preset};
 
 /// Each preset's rules and warnings, as the host's tools said at one time.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,7 +26,7 @@ impl PresetTable {
     /// change of the tools' configuration).
     pub async fn resolve(env: &PresetEnv) -> PresetTable {
         let mut by_name = BTreeMap::new();
-        for name in NAMES {
+        for (name, _) in PRESETS {
             by_name.insert(name.to_string(), expand_preset(name, env).await);
         }
         PresetTable { by_name }

@@ -37,35 +37,6 @@ use serde::Deserialize;
 
 use crate::policy::Rule;
 
-/// The presets there are, without the `@` (the policy's parser checks
-/// entries against them).
-pub use crate::policy::PRESET_NAMES as NAMES;
-
-/// Each preset and what it expands to, in [`NAMES`]'s order: what the
-/// generated reference of the presets says.
-pub const DESCRIPTIONS: &[(&str, &str)] = &[
-    (
-        "python",
-        "the hosts of pip's effective indexes (its configuration files, `PIP_*` variables and built-in default, merged by pip) and the hosts each index serves its files from",
-    ),
-    (
-        "node",
-        "npm's registry (default included) and every `@scope:registry`, as `npm config list --json` gives them",
-    ),
-    (
-        "rust",
-        "cargo's registries from `$CARGO_HOME` (`[source.crates-io] replace-with`, `[registries.*] index`, `CARGO_REGISTRIES_*_INDEX`), else those its cache shows it has used, with a sparse registry's download host",
-    ),
-    (
-        "debian",
-        "the network URIs of apt's sources (`sources.list`, `sources.list.d/*.list`, deb822 `*.sources`; disabled stanzas skipped)",
-    ),
-    (
-        "git-hosting",
-        "a fixed list of public forges, port 443 (see `FORGES`)",
-    ),
-];
-
 /// Public forges; not package registries.
 pub const FORGES: &[&str] = &[
     "github.com",
@@ -573,12 +544,6 @@ fn deb822_uris(text: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn every_preset_is_described_in_order() {
-        let described: Vec<&str> = super::DESCRIPTIONS.iter().map(|(n, _)| *n).collect();
-        assert_eq!(described, super::NAMES);
-    }
-
     use super::*;
 
     #[test]
