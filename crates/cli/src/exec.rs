@@ -33,8 +33,6 @@ pub struct ExecArgs {
     pub agent: AgentFlags,
 }
 
-pub use crate::exit::MODEL_ERROR;
-
 pub(crate) use crate::options::config_error;
 
 fn read_prompt(arg: &str) -> Result<String, i32> {
@@ -228,18 +226,18 @@ pub async fn exec(args: ExecArgs) -> i32 {
             eprintln!(
                 "cordon: the model declined this request (stop reason: refusal); rephrase the task"
             );
-            MODEL_ERROR
+            exit::MODEL_ERROR
         }
         Ok(outcome) => {
             if let Some(path) = &args.output
                 && let Err(e) = write_output(path, &s.workspace, &outcome.text)
             {
                 eprintln!("cordon: cannot write {}: {e}", path.display());
-                return MODEL_ERROR;
+                return exit::MODEL_ERROR;
             }
             0
         }
         Err(AgentError::Cancelled) => exit::INTERRUPTED,
-        Err(_) => MODEL_ERROR,
+        Err(_) => exit::MODEL_ERROR,
     }
 }
