@@ -14,9 +14,8 @@ use std::path::PathBuf;
 
 use crate::settings::Environment;
 use cordon_build::{Builder, Event, Options};
-use cordon_image::ImageRef;
 use cordon_image::auth::Sources;
-use cordon_image::obtain::{Step, fetch, obtain};
+use cordon_image::obtain::{Step, obtain};
 use cordon_image::registry::Progress;
 use cordon_image::store::{self, Image, Store};
 use cordon_sandbox::{Network, SandboxConfig};
@@ -181,14 +180,6 @@ pub(crate) fn say(step: Step) {
         }
         Step::Pull(Progress::Unpacking) => eprintln!("  unpacking"),
     }
-}
-
-/// Fetches `reference` into the store, with progress on standard error.
-pub async fn pull(store: &Store, reference: &str) -> Result<Image, String> {
-    let parsed: ImageRef = reference.parse().map_err(|e| format!("{e}"))?;
-    fetch(store, &parsed, &Sources::from_env(), &say)
-        .await
-        .map_err(|e| e.to_string())
 }
 
 pub(crate) fn short(digest: &str) -> &str {

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use cordon_image::ImageRef;
 use cordon_image::auth::Sources;
+use cordon_image::obtain::fetch;
 use cordon_image::store::{Image, Store};
 use cordon_tools::printable;
 
-use crate::environment::{open_store, pull, short, show_output, size};
+use crate::environment::{open_store, say, short, show_output, size};
 
 #[derive(Args, Debug)]
 pub struct ImageArgs {
@@ -457,4 +458,12 @@ fn table(images: &[Image]) -> String {
         ));
     }
     out
+}
+
+/// Fetches `reference` into the store, with progress on standard error.
+async fn pull(store: &Store, reference: &str) -> Result<Image, String> {
+    let parsed: ImageRef = reference.parse().map_err(|e| format!("{e}"))?;
+    fetch(store, &parsed, &Sources::from_env(), &say)
+        .await
+        .map_err(|e| e.to_string())
 }
