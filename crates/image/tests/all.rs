@@ -1,3 +1,5 @@
-//! The image crate's tests, one binary.
+//! The cordon-image integration tests, in one binary: what they use is linked once
+//! rather than once per file. `suite` has a module per subject;
+//! `cargo test -p cordon-image --test all <subject>::` runs one of them.
 
 mod suite;

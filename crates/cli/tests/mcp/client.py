@@ -4,7 +4,7 @@ usage: client.py stdio CORDON WORKSPACE MARKER [CORDON MCP OPTIONS...]
        client.py http URL TOKEN MARKER
 
 Runs one scenario and prints its observations as one JSON object; the Rust
-test (crates/cli/tests/mcp.rs) asserts on them.
+test (crates/cli/tests/suite/mcp.rs) asserts on them.
 """
 
 import asyncio

@@ -1,5 +1,5 @@
 // The stock E2B JS SDK (from npm) against `cordon serve`: run by
-// crates/server/tests/e2b.rs with E2B_API_KEY, E2B_API_URL and
+// crates/server/tests/suite/e2b.rs with E2B_API_KEY, E2B_API_URL and
 // E2B_SANDBOX_URL set, and E2B_NODE_MODULES naming where `e2b` is
 // installed. Each check prints `ok NAME`; any failure throws.
 import { createRequire } from 'node:module'

@@ -1,6 +1,6 @@
 """The stock E2B Python SDK (from PyPI) against `cordon serve`.
 
-Run by crates/server/tests/e2b.rs with E2B_API_KEY, E2B_API_URL and
+Run by crates/server/tests/suite/e2b.rs with E2B_API_KEY, E2B_API_URL and
 E2B_SANDBOX_URL set; each check prints `ok NAME`, and any failure raises.
 """
 

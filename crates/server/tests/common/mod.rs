@@ -51,7 +51,6 @@ pub fn database(db: Db, dir: &Path) -> Option<(String, Option<pgtest::TestPostgr
 }
 
 /// Runs an `async fn(Db)` test body once per database.
-#[macro_export]
 macro_rules! on_both {
     ($($name:ident),* $(,)?) => {
         $(

@@ -1,7 +1,7 @@
 // Drives cordon's web UI in headless Chromium, as a person would: sign in,
 // run a shell job and watch its output arrive while it runs, use its files,
 // then chat with the (scripted) agent and open one of its tool calls.
-// Run by crates/server/tests/ui.rs with BASE_URL, TOKEN, CHROMIUM and
+// Run by crates/server/tests/suite/ui.rs with BASE_URL, TOKEN, CHROMIUM and
 // PLAYWRIGHT_CORE (the playwright-core package directory) set.
 
 import assert from 'node:assert/strict';

@@ -1,7 +1,7 @@
 // The live desktop of a gui job in headless Chromium: the page shows the
 // sandbox's screen through noVNC, view-only until the user takes control,
 // and the user's keys reach a program on that screen only then.
-// Run by crates/server/tests/ui.rs with BASE_URL, TOKEN, CHROMIUM and
+// Run by crates/server/tests/suite/ui.rs with BASE_URL, TOKEN, CHROMIUM and
 // PLAYWRIGHT_CORE set.
 
 import assert from 'node:assert/strict';

@@ -2,7 +2,7 @@
 // tenant's token in Swagger UI, try POST /v1/jobs with a shell job, see the
 // 202 and the job's id, and the job run. The page must talk to this origin
 // only and break none of its Content-Security-Policy.
-// Run by crates/server/tests/ui.rs with BASE_URL, TOKEN, CHROMIUM and
+// Run by crates/server/tests/suite/ui.rs with BASE_URL, TOKEN, CHROMIUM and
 // PLAYWRIGHT_CORE set.
 
 import assert from 'node:assert/strict';

@@ -1,5 +1,5 @@
 // What every browser script here shares: the environment
-// crates/server/tests/ui.rs sets (BASE_URL, TOKEN, CHROMIUM,
+// crates/server/tests/suite/ui.rs sets (BASE_URL, TOKEN, CHROMIUM,
 // PLAYWRIGHT_CORE), Playwright's chromium, step logging, and screenshots
 // when SCREENSHOTS=DIR asks for them (to look at the UI by eye).
 

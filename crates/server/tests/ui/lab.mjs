@@ -4,7 +4,7 @@
 // session's "Open Lab" does the same for the session's sandbox. The API's
 // error reaches the page as text, and the Lab's tab gets no handle on the
 // UI's page, nor the token.
-// Run by crates/server/tests/ui.rs with BASE_URL, TOKEN, CHROMIUM,
+// Run by crates/server/tests/suite/ui.rs with BASE_URL, TOKEN, CHROMIUM,
 // PLAYWRIGHT_CORE and JOB_ID (a running shell job) set.
 
 import assert from 'node:assert/strict';

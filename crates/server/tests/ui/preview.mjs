@@ -5,7 +5,7 @@
 // must get nothing of cordon's; the WebSocket must echo.
 // The page is opened from the job's Ports panel in the web UI, and by its
 // link in a browser that never signed in (whoever the link was shared with).
-// Run by crates/server/tests/ui.rs with BASE_URL, TOKEN, CHROMIUM,
+// Run by crates/server/tests/suite/ui.rs with BASE_URL, TOKEN, CHROMIUM,
 // PLAYWRIGHT_CORE, JOB_ID (a running job serving on 8080) and PREVIEW_URL
 // (a link to its page) set.
 

@@ -11,7 +11,7 @@ pub fn supervisor() -> PathBuf {
     if let Some(p) = std::env::var_os("CORDON_SUPERVISOR") {
         return p.into();
     }
-    // .../target/debug/deps/tools-HASH -> .../target/debug/cordon-supervisor
+    // .../target/debug/deps/all-HASH -> .../target/debug/cordon-supervisor
     let exe = std::env::current_exe().expect("current_exe");
     let dir = exe
         .parent()

@@ -1,0 +1,5 @@
+//! The cordon-agent integration tests, in one binary: what they use is linked once
+//! rather than once per file. `suite` has a module per subject;
+//! `cargo test -p cordon-agent --test all <subject>::` runs one of them.
+
+mod suite;

@@ -1,0 +1,2 @@
+mod agent;
+mod provider;

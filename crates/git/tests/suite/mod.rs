@@ -1,0 +1,5 @@
+mod attacks;
+mod checkpoints;
+mod commit;
+mod remote;
+mod ssh;

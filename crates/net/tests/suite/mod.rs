@@ -1,0 +1,6 @@
+mod clients;
+mod connect;
+mod fetch;
+mod plain;
+mod presets;
+mod secrets;

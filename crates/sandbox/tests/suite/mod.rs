@@ -1,0 +1,5 @@
+mod api;
+mod api_microvm;
+mod egress;
+mod hostile_supervisor;
+mod vnc;

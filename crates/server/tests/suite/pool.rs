@@ -1,0 +1,239 @@
+//! Warm pools: a job of the pool's shape runs in a sandbox made before it
+//! was submitted, and one that never ran anything: nothing an earlier job
+//! left (files, processes) is there.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+
+/// A counter or gauge of `/metrics`; one not yet made is 0.
+fn counted(text: &str, series: &str) -> f64 {
+    sample(text, series).unwrap_or(0.0)
+}
+
+/// Waits until the pools hold `n` ready sandboxes.
+async fn ready(s: &TestServer, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = scrape(s).await;
+        if counted(&text, "cordon_pool_ready") == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the pool never held {n}: {text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn pooled(db: Db, pool: &'static [&'static str]) -> Option<TestServer> {
+    TestServer::start_with(db, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.workers = 2;
+        c.pool = pool.iter().map(|p| p.parse().unwrap()).collect();
+    })
+    .await
+}
+
+/// The attack: a job leaves files in every writable place and processes
+/// that outlive it (detached, and one that renamed itself); the jobs after
+/// it, each in a pooled sandbox, find none of it.
+async fn a_pooled_job_sees_nothing_of_the_last(db: Db) {
+    let Some(s) = pooled(db, &["2"]).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    ready(&s, 2.0).await;
+
+    let dirty = s
+        .submit(
+            &t,
+            shell(
+                "echo left > /workspace/left; echo left > /tmp/left; \
+                 (echo left > /dev/shm/left) 2>/dev/null; \
+                 setsid sh -c 'exec -a lurker sleep 1000' </dev/null >/dev/null 2>&1 & \
+                 nohup sleep 999 </dev/null >/dev/null 2>&1 & \
+                 echo $$ > /workspace/pid; sleep 0.2; echo dirty",
+            ),
+        )
+        .await;
+    let done = s.wait(&t, &dirty).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+
+    for _ in 0..3 {
+        ready(&s, 2.0).await;
+        let clean = s
+            .submit(
+                &t,
+                shell(
+                    "ls -A /workspace /tmp; ls /dev/shm 2>/dev/null; \
+                     for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done",
+                ),
+            )
+            .await;
+        let done = s.wait(&t, &clean).await;
+        assert_eq!(done["state"], "succeeded", "{done}");
+        let out = done["stdout"].as_str().unwrap();
+        for left in ["left", "lurker", "sleep 1000", "sleep 999", "pid"] {
+            assert!(!out.contains(left), "{left:?} in a pooled sandbox:\n{out}");
+        }
+    }
+    let text = scrape(&s).await;
+    // Every job took one, and the pool was filled again behind them.
+    assert_eq!(counted(&text, "cordon_pool_hits_total"), 4.0, "{text}");
+    assert_eq!(counted(&text, "cordon_pool_taken_total"), 4.0, "{text}");
+    ready(&s, 2.0).await;
+}
+
+/// Only a job of the pool's shape takes one, and gets the shape's limits;
+/// the others run as without a pool.
+async fn only_the_pools_shape_takes_one(db: Db) {
+    let Some(s) = pooled(db, &["1", "1,memory=256M,disk=64M"]).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    ready(&s, 2.0).await;
+    for other in [
+        json!({"kind": "shell", "command": "true", "memory": "128M"}),
+        json!({"kind": "shell", "command": "true", "network": "loopback"}),
+        json!({"kind": "shell", "command": "true", "disk": "64M"}),
+    ] {
+        let id = s.submit(&t, other).await;
+        assert_eq!(s.wait(&t, &id).await["state"], "succeeded");
+    }
+    assert_eq!(counted(&scrape(&s).await, "cordon_pool_taken_total"), 0.0);
+
+    // Its limits are the pool's: 300 MB held is past its 256M.
+    let id = s
+        .submit(
+            &t,
+            json!({"kind": "shell", "command": "head -c 300000000 /dev/zero | tail > /dev/null", "memory": "256M", "disk": "64M"}),
+        )
+        .await;
+    let done = s.wait(&t, &id).await;
+    assert_eq!(done["state"], "failed", "{done}");
+    assert!(done["error"].as_str().unwrap().contains("memory"), "{done}");
+    let id = s
+        .submit(&t, shell("head -c 300000000 /dev/zero | tail > /dev/null"))
+        .await;
+    assert_eq!(s.wait(&t, &id).await["state"], "succeeded");
+    assert_eq!(counted(&scrape(&s).await, "cordon_pool_hits_total"), 2.0);
+}
+
+/// What a server killed with its pool full left is removed by the next
+/// one, and pooled sandboxes are closed by a shutdown.
+async fn leftovers_are_removed(db: Db) {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((url, _pg)) = database(db, tmp.path()) else {
+        return;
+    };
+    let data = tmp.path().join("data");
+    let left = data.join("jobs/job_0123456789abcdef01234567");
+    std::fs::create_dir_all(left.join("workspace")).unwrap();
+    std::fs::create_dir_all(data.join("pool")).unwrap();
+    std::fs::write(data.join("pool/job_0123456789abcdef01234567"), "").unwrap();
+    // Not listed: a job's, whatever its age.
+    let kept = data.join("jobs/job_fedcba9876543210fedcba98");
+    std::fs::create_dir_all(kept.join("workspace")).unwrap();
+
+    let s = TestServer::start_at(tmp.path(), &url, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.pool = vec!["2".parse().unwrap()];
+    })
+    .await;
+    ready(&s, 2.0).await;
+    assert!(!left.exists(), "a leftover of the last run's pool is kept");
+    assert!(kept.exists());
+    let listed = std::fs::read_dir(data.join("pool")).unwrap().count();
+    assert_eq!(listed, 2);
+    s.stop().await.unwrap();
+    let listed = std::fs::read_dir(data.join("pool")).unwrap().count();
+    assert_eq!(listed, 0, "a stopped server's pool is not closed");
+    let jobs: Vec<_> = std::fs::read_dir(data.join("jobs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        jobs,
+        [std::ffi::OsString::from("job_fedcba9876543210fedcba98")]
+    );
+}
+
+/// Files put into a queued job are in its pooled sandbox when it runs; a
+/// job cancelled while queued gives its pooled sandbox back at once.
+async fn queued_jobs_keep_their_sandbox(db: Db) {
+    let Some(s) = TestServer::start_with(db, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.workers = 1;
+        c.pool = vec!["1".parse().unwrap()];
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    ready(&s, 1.0).await;
+    let held = s
+        .submit(
+            &t,
+            shell("while [ ! -f /workspace/release ]; do sleep 0.05; done"),
+        )
+        .await;
+    s.wait_running(&t, &held).await;
+    ready(&s, 1.0).await;
+    let queued = s.submit(&t, shell("cat /workspace/x.txt")).await;
+    let put = s
+        .client
+        .put(s.url(&format!("/v1/jobs/{queued}/files/x.txt")))
+        .bearer_auth(&t)
+        .body("put before it ran")
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{put:?}");
+    ready(&s, 1.0).await;
+    let cancelled = s.submit(&t, shell("true")).await;
+    let (code, body) = s
+        .post(&t, &format!("/v1/jobs/{cancelled}/cancel"), json!({}))
+        .await;
+    assert_eq!(code, 200, "{body}");
+    s.release(&t, &held).await;
+    assert_eq!(s.wait(&t, &held).await["state"], "succeeded");
+    let done = s.wait(&t, &queued).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["stdout"], "put before it ran");
+    assert_eq!(s.wait(&t, &cancelled).await["state"], "cancelled");
+    let text = scrape(&s).await;
+    assert_eq!(counted(&text, "cordon_pool_taken_total"), 3.0, "{text}");
+    assert_eq!(counted(&text, "cordon_pool_hits_total"), 2.0, "{text}");
+}
+
+on_both!(
+    a_pooled_job_sees_nothing_of_the_last,
+    only_the_pools_shape_takes_one,
+    leftovers_are_removed,
+    queued_jobs_keep_their_sandbox
+);
+
+#[test]
+fn pool_specs_are_checked() {
+    use cordon_server::config::PoolSpec;
+    let p: PoolSpec = "3,image=debian:bookworm,memory=1G,disk=2G,backend=microvm"
+        .parse()
+        .unwrap();
+    assert_eq!(p.size, 3);
+    assert_eq!(p.limits.memory.unwrap().0, 1 << 30);
+    for (bad, says) in [
+        ("0", "from 1 to"),
+        ("x", "starts with its size"),
+        ("65", "from 1 to 64"),
+        ("2,memory", "KEY=VALUE"),
+        ("2,cpus=2", "image, memory, disk and backend"),
+        ("2,backend=kvm", "native or microvm"),
+        ("2,memory=lots", "memory"),
+    ] {
+        let e = bad.parse::<PoolSpec>().unwrap_err();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}

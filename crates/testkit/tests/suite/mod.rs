@@ -1,0 +1,5 @@
+mod checks;
+mod deploy;
+mod faults;
+mod protocols;
+mod scenario_files;

@@ -1,0 +1,4 @@
+mod disk;
+mod kernel;
+mod race;
+mod tools;

@@ -1,0 +1,2 @@
+mod keys;
+mod render;
