@@ -51,7 +51,7 @@ pub enum AgentEvent {
     /// `ToolCallFinished` then carries the whole result.
     ToolOutput {
         id: String,
-        stream: cordon_tools::OutputStream,
+        stream: cordon_sandbox::Stream,
         text: String,
     },
     ToolCallFinished {

@@ -7,7 +7,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cordon_tools::{OutputStream, Progress};
+use cordon_sandbox::Stream;
+use cordon_tools::Progress;
 use tokio::sync::mpsc;
 
 use crate::event::AgentEvent;
@@ -71,9 +72,9 @@ impl Live {
         Arc::new(move |stream, data| live.report(stream, data))
     }
 
-    fn report(&self, stream: OutputStream, data: &[u8]) {
+    fn report(&self, stream: Stream, data: &[u8]) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.pending[index(stream)].extend_from_slice(data);
+        st.pending[stream.index()].extend_from_slice(data);
         let waiting: usize = st.pending.iter().map(Vec::len).sum();
         if waiting >= CHUNK || st.last.elapsed() >= EVERY {
             self.pass_on(&mut st, false);
@@ -83,8 +84,8 @@ impl Live {
     /// Passes on what waits; an incomplete character at the end waits for
     /// the rest unless `all`.
     fn pass_on(&self, st: &mut State, all: bool) {
-        for stream in [OutputStream::Stdout, OutputStream::Stderr] {
-            let buf = &mut st.pending[index(stream)];
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let buf = &mut st.pending[stream.index()];
             let upto = if all { buf.len() } else { complete_prefix(buf) };
             if upto == 0 {
                 continue;
@@ -106,13 +107,6 @@ impl Live {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         self.pass_on(&mut st, true);
         st.kept.clone()
-    }
-}
-
-fn index(stream: OutputStream) -> usize {
-    match stream {
-        OutputStream::Stdout => 0,
-        OutputStream::Stderr => 1,
     }
 }
 
@@ -149,9 +143,9 @@ mod tests {
         // "é" split across two reports, both large enough to pass on at once.
         let mut first = vec![b'a'; CHUNK - 1];
         first.push(0xc3);
-        p(OutputStream::Stdout, &first);
-        p(OutputStream::Stdout, &[0xa9, b'\n']);
-        p(OutputStream::Stderr, b"warn");
+        p(Stream::Stdout, &first);
+        p(Stream::Stdout, &[0xa9, b'\n']);
+        p(Stream::Stderr, b"warn");
         let kept = live.finish();
         let mut texts = Vec::new();
         while let Ok(AgentEvent::ToolOutput { text, stream, .. }) = rx.try_recv() {
@@ -159,12 +153,12 @@ mod tests {
         }
         let stdout: String = texts
             .iter()
-            .filter(|(s, _)| *s == OutputStream::Stdout)
+            .filter(|(s, _)| *s == Stream::Stdout)
             .map(|(_, t)| t.as_str())
             .collect();
         assert!(stdout.ends_with("aé\n"), "no character was split");
         assert!(!stdout.contains('\u{fffd}'));
-        assert!(texts.contains(&(OutputStream::Stderr, "warn".into())));
+        assert!(texts.contains(&(Stream::Stderr, "warn".into())));
         assert!(kept.ends_with("é\nwarn") && kept.len() <= KEEP);
     }
 }

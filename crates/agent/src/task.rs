@@ -17,7 +17,8 @@ use tokio::sync::mpsc;
 use crate::agent::{Agent, AgentConfig, AgentEvent, Cancel, Oversight};
 pub use crate::helpers::{Helpers, MAX_PER_TURN};
 use crate::provider::{Provider, ProviderConfig};
-use cordon_tools::{OutputStream, Tool, ToolContext, ToolFuture, ToolOutput, Toolbox};
+use cordon_sandbox::Stream;
+use cordon_tools::{Tool, ToolContext, ToolFuture, ToolOutput, Toolbox};
 
 pub const NAME: &str = "task";
 /// How deep helpers nest: the caller's helpers have no helpers of their own.
@@ -221,7 +222,7 @@ impl Shown<'_> {
             _ => return,
         };
         self.ctx
-            .report(OutputStream::Stdout, format!("{line}\n").as_bytes());
+            .report(Stream::Stdout, format!("{line}\n").as_bytes());
     }
 }
 

@@ -266,7 +266,7 @@ mod tests {
             },
             AgentEvent::ToolOutput {
                 id: "b1".into(),
-                stream: cordon_tools::OutputStream::Stdout,
+                stream: cordon_sandbox::Stream::Stdout,
                 text: "\u{1b}[1A\u{1b}[2Kfaked line\n".into(),
             },
             AgentEvent::ToolCallFinished {

@@ -81,7 +81,7 @@ pub use error::{DiskStop, Error, Result};
 pub use leftovers::{Leftover, leftovers};
 pub use microvm::MicrovmBackend;
 pub use native::{NativeBackend, host_report};
-pub use protocol::{ExitStatus, SpawnStage, WinSize};
+pub use protocol::{ExitStatus, SpawnStage, Stream, WinSize};
 pub use session::Forward;
 pub use session::{
     ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution, FsResult, Sandbox,

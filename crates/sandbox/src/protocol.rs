@@ -25,11 +25,25 @@ pub const VERSION: u32 = 14;
 /// that it never meets one the guest's proxy listener numbered.
 pub const DIAL: u64 = 1 << 63;
 
-/// Which output stream a chunk belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Which output stream a chunk belongs to: the one spelling of it, from
+/// the supervisor's frames to the tools' progress and the server's events
+/// (postcard numbers the variants; JSON names them in lower case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
 pub enum Stream {
     Stdout,
     Stderr,
+}
+
+impl Stream {
+    /// Its place in a pair kept per stream, `[stdout, stderr]`.
+    pub fn index(self) -> usize {
+        match self {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        }
+    }
 }
 
 /// Which part of starting a command failed.

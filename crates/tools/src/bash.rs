@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use cordon_sandbox::{ExecEvent, ExecRequest, Execution, ExitStatus};
 
-use crate::OutputStream;
+use cordon_sandbox::Stream;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
@@ -407,11 +407,11 @@ impl Shell {
         // What the command prints is kept (head and tail) and reported live.
         let mut to_out = |b: &[u8]| {
             out.push(b);
-            ctx.report(OutputStream::Stdout, b);
+            ctx.report(Stream::Stdout, b);
         };
         let mut to_err = |b: &[u8]| {
             err.push(b);
-            ctx.report(OutputStream::Stderr, b);
+            ctx.report(Stream::Stderr, b);
         };
         let stdin = self.exec.stdin();
         let end = tokio::time::timeout(timeout, async {

@@ -183,17 +183,9 @@ impl Default for Limits {
     }
 }
 
-/// Which stream a piece of a command's output came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputStream {
-    Stdout,
-    Stderr,
-}
-
 /// Receives a running call's output as the sandbox produces it: raw bytes,
 /// possibly split inside a character, before any cutting to head and tail.
-pub type Progress = Arc<dyn Fn(OutputStream, &[u8]) + Send + Sync>;
+pub type Progress = Arc<dyn Fn(cordon_sandbox::Stream, &[u8]) + Send + Sync>;
 
 /// Everything a tool call needs about its conversation. Cheap to clone;
 /// clones share the persistent shell and the Python kernel.
@@ -249,7 +241,7 @@ impl ToolContext {
     }
 
     /// Reports output of the running call, if anyone listens.
-    pub fn report(&self, stream: OutputStream, data: &[u8]) {
+    pub fn report(&self, stream: cordon_sandbox::Stream, data: &[u8]) {
         if let Some(p) = &self.progress
             && !data.is_empty()
         {

@@ -7,14 +7,6 @@ use utoipa::ToSchema;
 
 use super::{JobState, StepResult};
 
-/// Which output stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Stream {
-    Stdout,
-    Stderr,
-}
-
 /// A policy change as the agent's log records it: the allow list now,
 /// `added` and `removed`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -62,7 +54,7 @@ pub enum JobEvent {
     },
     /// The stream reached the job's output cap; the rest is dropped.
     OutputTruncated {
-        stream: Stream,
+        stream: cordon_sandbox::Stream,
         cap_bytes: usize,
     },
     StepStarted {

@@ -17,7 +17,7 @@ pub use request::{
     Limits, NetworkMode, Screen, ShellJob, Size, Step, StepsJob, Text, read, type_name,
 };
 
-pub use event::{JobEvent, PolicyChanged, Problem, Stream};
+pub use event::{JobEvent, PolicyChanged, Problem};
 pub use image::{ImageName, MAX_IMAGE_NAME};
 pub use repo::RepoUrl;
 pub use result::{AgentResult, BuildResult, JobResult, StepResult, StepState};

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use cordon_agent::Cancel;
 use cordon_build::{BuildError, Builder, Event, Options};
+use cordon_sandbox::Stream;
 use tokio::sync::mpsc;
 
 use super::Runner;
@@ -189,13 +190,13 @@ async fn report(sink: &mut Sink, e: Event) {
         Event::Stage { index, name, base } => {
             let name = name.map(|n| format!(" AS {n}")).unwrap_or_default();
             let line = format!("[stage {}] FROM {base}{name}\n", index + 1);
-            sink.output(0, line.as_bytes()).await;
+            sink.output(Stream::Stdout, line.as_bytes()).await;
         }
         Event::Step { line, text, cached } => {
             let cached = if cached { " (cached)" } else { "" };
             let text = format!("line {line}: {text}{cached}\n");
-            sink.output(0, text.as_bytes()).await;
+            sink.output(Stream::Stdout, text.as_bytes()).await;
         }
-        Event::Output(bytes) => sink.output(0, &bytes).await,
+        Event::Output(bytes) => sink.output(Stream::Stdout, &bytes).await,
     }
 }

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use cordon_agent::Cancel;
-use cordon_sandbox::{ExecEvent, ExecRequest, ExecResult, Sandbox};
+use cordon_sandbox::{ExecEvent, ExecRequest, ExecResult, Sandbox, Stream};
 
 use super::sink::Sink;
 use crate::job::Language;
@@ -33,8 +33,8 @@ async fn exec(sandbox: &Sandbox, req: ExecRequest, sink: &mut Sink, cancel: &Can
             e = execution.next() => e,
         };
         match event {
-            Some(Ok(ExecEvent::Stdout(d))) => sink.output(0, &d).await,
-            Some(Ok(ExecEvent::Stderr(d))) => sink.output(1, &d).await,
+            Some(Ok(ExecEvent::Stdout(d))) => sink.output(Stream::Stdout, &d).await,
+            Some(Ok(ExecEvent::Stderr(d))) => sink.output(Stream::Stderr, &d).await,
             Some(Ok(ExecEvent::Exit(r))) => {
                 sink.flush().await;
                 return Ran::Exited(r);

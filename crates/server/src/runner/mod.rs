@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cordon_agent::Cancel;
-use cordon_sandbox::{ExecRequest, Sandbox};
+use cordon_sandbox::{ExecRequest, Sandbox, Stream};
 
 use crate::config::{AgentDefaults, JobDirs, SandboxDefaults, ServerConfig};
 use crate::hub::Hub;
@@ -321,7 +321,8 @@ impl Runner {
             JobSpec::Code { language, code } => match exec::code_request(language, &code) {
                 Ok(r) => exec::single(&sandbox, r, deadline, sink, cancel, self.output_cap).await,
                 Err(e) => {
-                    sink.output(1, format!("{e}\n").as_bytes()).await;
+                    sink.output(Stream::Stderr, format!("{e}\n").as_bytes())
+                        .await;
                     Outcome::failed(e).with_exit_code(1)
                 }
             },

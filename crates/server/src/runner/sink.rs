@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::hub::Hub;
-use crate::job::{JobEvent, Stream};
+use cordon_sandbox::Stream;
+
+use crate::job::JobEvent;
 use crate::store::{NewEvent, OutputDelta, Store};
 
 /// Output is flushed to the database at least this often while it flows.
@@ -92,8 +94,9 @@ impl Sink {
         self.flush().await;
     }
 
-    /// Adds output of stream 0 (stdout) or 1 (stderr), up to the cap.
-    pub(super) async fn output(&mut self, stream: usize, bytes: &[u8]) {
+    /// Adds output of `which` stream, up to the cap.
+    pub(super) async fn output(&mut self, which: Stream, bytes: &[u8]) {
+        let stream = which.index();
         if self.truncated[stream] {
             return;
         }
@@ -122,21 +125,15 @@ impl Sink {
             step.text[stream].push_str(&text[..end]);
             step.truncated[stream] |= end < text.len() || self.truncated[stream];
         }
-        let which = if stream == 0 {
-            Stream::Stdout
-        } else {
-            Stream::Stderr
-        };
         if !text.is_empty() {
             let event = match which {
                 Stream::Stdout => JobEvent::Stdout { data: text.clone() },
                 Stream::Stderr => JobEvent::Stderr { data: text.clone() },
             };
             self.pending_events.push(event.into());
-            if stream == 0 {
-                self.pending.stdout.push_str(&text);
-            } else {
-                self.pending.stderr.push_str(&text);
+            match which {
+                Stream::Stdout => self.pending.stdout.push_str(&text),
+                Stream::Stderr => self.pending.stderr.push_str(&text),
             }
         }
         if self.truncated[stream] {

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use cordon_agent::Cancel;
-use cordon_sandbox::{ExecRequest, Sandbox};
+use cordon_sandbox::{ExecRequest, Sandbox, Stream};
 use cordon_tools::{Workspace, WsPath};
 use serde_json::Value;
 
@@ -83,7 +83,7 @@ pub(super) async fn run_steps(
                 });
                 match read {
                     Ok(bytes) => {
-                        sink.output(0, &bytes).await;
+                        sink.output(Stream::Stdout, &bytes).await;
                         Outcome::succeeded()
                     }
                     Err(e) => file_failure(sink, format!("read_file {path}: {e}")).await,
@@ -156,7 +156,8 @@ async fn computer_step(
     if out.is_error {
         return (file_failure(sink, out.text).await, None);
     }
-    sink.output(0, format!("{}\n", out.text).as_bytes()).await;
+    sink.output(Stream::Stdout, format!("{}\n", out.text).as_bytes())
+        .await;
     let Some(image) = out.images.first() else {
         return (Outcome::succeeded(), None);
     };
@@ -175,7 +176,8 @@ async fn computer_step(
 }
 
 async fn file_failure(sink: &mut Sink, message: String) -> Outcome {
-    sink.output(1, format!("{message}\n").as_bytes()).await;
+    sink.output(Stream::Stderr, format!("{message}\n").as_bytes())
+        .await;
     Outcome::failed(message).with_exit_code(1)
 }
 

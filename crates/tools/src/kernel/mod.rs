@@ -22,7 +22,7 @@ use cordon_sandbox::{ExecEvent, ExecRequest, Execution, Sandbox};
 
 use crate::Image;
 use crate::output::HeadTail;
-use wire::{MimeBundle, Reply, Request, Status, StreamName};
+use wire::{MimeBundle, Reply, Request, Status};
 
 /// The bridge's source, run as `python -c`.
 pub const BRIDGE: &str = include_str!("bridge.py");
@@ -507,15 +507,15 @@ impl Collector {
     fn take(&mut self, id: u64, reply: Reply) {
         match reply {
             Reply::Stream { id: i, name, text } if i == id => {
-                let (stream, kept) = match name {
-                    StreamName::Stdout => (crate::OutputStream::Stdout, &mut self.stdout),
-                    StreamName::Stderr => (crate::OutputStream::Stderr, &mut self.stderr),
+                let kept = match name {
+                    cordon_sandbox::Stream::Stdout => &mut self.stdout,
+                    cordon_sandbox::Stream::Stderr => &mut self.stderr,
                 };
                 kept.push(text.as_bytes());
                 if let Some(live) = &self.live
                     && !text.is_empty()
                 {
-                    live(stream, text.as_bytes());
+                    live(name, text.as_bytes());
                 }
             }
             Reply::Display { id: i, data } if i == id => self.display(data),

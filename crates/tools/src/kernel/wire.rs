@@ -31,7 +31,7 @@ pub enum Reply {
     /// Text the code printed.
     Stream {
         id: u64,
-        name: StreamName,
+        name: cordon_sandbox::Stream,
         text: String,
     },
     /// `display(...)` output.
@@ -55,13 +55,6 @@ pub enum Reply {
         /// Display items the bridge did not forward.
         dropped_display_items: u64,
     },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StreamName {
-    Stdout,
-    Stderr,
 }
 
 /// How a request ended.

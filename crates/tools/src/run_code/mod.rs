@@ -215,11 +215,11 @@ async fn run(ctx: &ToolContext, input: Input) -> ToolOutput {
         match exec.next().await {
             Some(Ok(ExecEvent::Stdout(d))) => {
                 out.push(&d);
-                ctx.report(crate::OutputStream::Stdout, &d);
+                ctx.report(cordon_sandbox::Stream::Stdout, &d);
             }
             Some(Ok(ExecEvent::Stderr(d))) => {
                 err.push(&d);
-                ctx.report(crate::OutputStream::Stderr, &d);
+                ctx.report(cordon_sandbox::Stream::Stderr, &d);
             }
             Some(Ok(ExecEvent::Exit(r))) => break r,
             Some(Err(cordon_sandbox::Error::DiskBudget(stop))) => {
