@@ -24,13 +24,45 @@ impl Modify for Bearer {
     }
 }
 
+/// The examples of `POST /v1/jobs`: one per kind, from the kind itself,
+/// and one with a network.
+struct JobExamples;
+
+impl Modify for JobExamples {
+    fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::RefOr;
+        use utoipa::openapi::example::ExampleBuilder;
+        let Some(content) = api
+            .paths
+            .paths
+            .get_mut("/v1/jobs")
+            .and_then(|p| p.post.as_mut())
+            .and_then(|op| op.request_body.as_mut())
+            .and_then(|body| body.content.get_mut("application/json"))
+        else {
+            return;
+        };
+        let network = (
+            "A job that may reach the Python registry",
+            json!({"kind": "shell", "command": "pip download --no-deps requests -d /tmp/dl", "allow": ["@python"]}),
+        );
+        let kinds = crate::job::JobKind::all().map(|k| (k.as_str(), k.example()));
+        for (name, (summary, value)) in kinds.chain([("network", network)]) {
+            let example = ExampleBuilder::new().summary(summary).value(Some(value));
+            content
+                .examples
+                .insert(name.to_string(), RefOr::T(example.build()));
+        }
+    }
+}
+
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "cordon",
         description = "Jobs, agent sessions and sandboxes in cordon's sandbox. Every route but /health needs `Authorization: Bearer <token>` (`cordon token create --tenant NAME`)."
     ),
-    modifiers(&Bearer),
+    modifiers(&Bearer, &JobExamples),
     components(schemas(crate::job::JobEvent), responses(crate::files::FileAnswer)),
     security(("bearer" = [])),
     paths(
@@ -302,7 +334,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
             kinds.insert(req.kind());
         }
-        assert_eq!(kinds.len(), crate::job::JobKind::ALL.len(), "{kinds:?}");
+        assert_eq!(kinds.len(), crate::job::JobKind::all().count(), "{kinds:?}");
     }
 
     /// Every link names an operation of the document, whose path takes the

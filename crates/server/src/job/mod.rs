@@ -13,8 +13,8 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 pub use request::{
-    AgentJob, AllowEntry, Backend, BuildJob, CodeJob, ComputerAction, ContextArchive, JobRequest,
-    Limits, NetworkMode, Screen, ShellJob, Size, Step, StepsJob, Text, read, type_name,
+    AgentJob, AllowEntry, Backend, BuildJob, CodeJob, ComputerAction, ContextArchive, JobKind,
+    JobRequest, Limits, NetworkMode, Screen, ShellJob, Size, Step, StepsJob, Text, read, type_name,
 };
 
 pub use event::{JobEvent, PolicyChanged, Problem};
@@ -82,50 +82,6 @@ impl Language {
     }
 }
 
-/// What a job does, by kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum JobKind {
-    Shell,
-    Python,
-    Javascript,
-    Typescript,
-    Steps,
-    Gui,
-    Agent,
-    Build,
-}
-
-impl JobKind {
-    pub const ALL: [JobKind; 8] = [
-        JobKind::Shell,
-        JobKind::Python,
-        JobKind::Javascript,
-        JobKind::Typescript,
-        JobKind::Steps,
-        JobKind::Gui,
-        JobKind::Agent,
-        JobKind::Build,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobKind::Shell => "shell",
-            JobKind::Python => "python",
-            JobKind::Javascript => "javascript",
-            JobKind::Typescript => "typescript",
-            JobKind::Steps => "steps",
-            JobKind::Gui => "gui",
-            JobKind::Agent => "agent",
-            JobKind::Build => "build",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<JobKind> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
-
 /// What to run, checked.
 #[derive(Debug, Clone, PartialEq)]
 pub enum JobSpec {
@@ -170,7 +126,7 @@ impl JobSpec {
     pub fn display(&self) -> Option<cordon_sandbox::Display> {
         match self {
             JobSpec::Steps { display, .. } | JobSpec::Agent { display, .. } => *display,
-            _ => None,
+            JobSpec::Shell { .. } | JobSpec::Code { .. } | JobSpec::Build(_) => None,
         }
     }
 

@@ -20,7 +20,7 @@ use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa::{PartialSchema, ToSchema};
 
-use super::{ImageName, JobKind, RepoUrl};
+use super::{ImageName, RepoUrl};
 
 /// Reads a `T` from JSON, naming the field at fault: `` `steps[2].command`:
 /// invalid type: integer `5`, expected a string ``.
@@ -543,8 +543,28 @@ impl ToSchema for ContextArchive {}
 
 /// A job to run; `kind` decides its fields. Unknown fields are refused.
 /// `kind` may be left out when `steps` is given (the shape of the compatibility route `POST /schedule`).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+///
+/// The one declaration of the job kinds: [`JobKind`] is derived from it,
+/// and every `match` on either names each kind, so the compiler lists what
+/// a new one must add (here, in `super`'s check and `JobSpec`, and in the
+/// runner).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema, strum::EnumDiscriminants)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[strum_discriminants(
+    name(JobKind),
+    derive(
+        Hash,
+        Serialize,
+        Deserialize,
+        ToSchema,
+        strum::EnumIter,
+        strum::IntoStaticStr,
+        strum::EnumString
+    ),
+    serde(rename_all = "snake_case"),
+    strum(serialize_all = "snake_case"),
+    doc = "What a job does, by kind: `kind` of a [`JobRequest`]."
+)]
 pub enum JobRequest {
     Shell(#[schema(inline)] ShellJob),
     Python(#[schema(inline)] CodeJob),
@@ -562,7 +582,74 @@ impl<'de> Deserialize<'de> for JobRequest {
     }
 }
 
-const KINDS: &str = "shell, python, javascript, typescript, steps, gui, agent or build";
+impl JobKind {
+    /// Every kind, in the order the API lists them.
+    pub fn all() -> impl Iterator<Item = JobKind> {
+        <JobKind as strum::IntoEnumIterator>::iter()
+    }
+
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    pub fn parse(s: &str) -> Option<JobKind> {
+        s.parse().ok()
+    }
+
+    /// The kinds as a sentence lists them: `shell, python, … or build`.
+    pub fn listed() -> String {
+        let names: Vec<&str> = Self::all().map(Self::as_str).collect();
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.concat(),
+        }
+    }
+
+    /// The example `/docs` offers for this kind: a summary and a job.
+    pub fn example(self) -> (&'static str, Value) {
+        use serde_json::json;
+        match self {
+            JobKind::Shell => (
+                "A shell command",
+                json!({"kind": "shell", "command": "echo hello from the sandbox && uname -a", "timeout_secs": 60}),
+            ),
+            JobKind::Python => (
+                "Python code",
+                json!({"kind": "python", "code": "import sys\nprint(sys.version)", "memory": "256M"}),
+            ),
+            JobKind::Javascript => (
+                "JavaScript on node",
+                json!({"kind": "javascript", "code": "console.log([1, 2, 3].map(x => x * 2))"}),
+            ),
+            JobKind::Typescript => (
+                "TypeScript, transpiled",
+                json!({"kind": "typescript", "code": "const n: number = 6 * 7;\nconsole.log(n)"}),
+            ),
+            JobKind::Steps => (
+                "Steps in one sandbox",
+                json!({"kind": "steps", "steps": [
+                    {"tool": "write_file", "path": "hello.py", "content": "print('hi')\n"},
+                    {"tool": "shell", "command": "python3 hello.py"},
+                    {"tool": "read_file", "path": "hello.py"}]}),
+            ),
+            JobKind::Gui => (
+                "A program on a virtual screen",
+                json!({"kind": "gui", "display": "1024x768", "steps": [
+                    {"tool": "shell", "command": "xterm &"},
+                    {"tool": "computer", "action": "wait", "duration": 1},
+                    {"tool": "computer", "action": "screenshot"}]}),
+            ),
+            JobKind::Agent => (
+                "A task for the agent",
+                json!({"kind": "agent", "prompt": "Write fizzbuzz.py, run it for 1 to 15 and show the output", "max_steps": 20}),
+            ),
+            JobKind::Build => (
+                "An image built from a Dockerfile, kept as one of yours",
+                json!({"kind": "build", "name": "py-tools:1", "dockerfile": "FROM debian:bookworm\nRUN apt-get update && apt-get install -y --no-install-recommends python3-pip\nWORKDIR /workspace", "allow": ["@debian"], "timeout_secs": 900}),
+            ),
+        }
+    }
+}
 
 impl JobRequest {
     /// Reads a posted body, naming what is wrong.
@@ -576,7 +663,7 @@ impl JobRequest {
         let kind = match fields.remove("kind") {
             Some(k) => read::<JobKind>(k).map_err(|e| format!("`kind`: {e}"))?,
             None if fields.contains_key("steps") => JobKind::Steps,
-            None => return Err(format!("a job needs `kind`: {KINDS}")),
+            None => return Err(format!("a job needs `kind`: {}", JobKind::listed())),
         };
         let fields = Value::Object(fields);
         Ok(match kind {
@@ -592,16 +679,7 @@ impl JobRequest {
     }
 
     pub fn kind(&self) -> JobKind {
-        match self {
-            JobRequest::Shell(_) => JobKind::Shell,
-            JobRequest::Python(_) => JobKind::Python,
-            JobRequest::Javascript(_) => JobKind::Javascript,
-            JobRequest::Typescript(_) => JobKind::Typescript,
-            JobRequest::Steps(_) => JobKind::Steps,
-            JobRequest::Gui(_) => JobKind::Gui,
-            JobRequest::Agent(_) => JobKind::Agent,
-            JobRequest::Build(_) => JobKind::Build,
-        }
+        self.into()
     }
 
     /// Whether the job's sandbox gets a virtual screen (a `gui` job's by
@@ -611,7 +689,11 @@ impl JobRequest {
             JobRequest::Gui(_) => true,
             JobRequest::Steps(j) => j.display.is_some(),
             JobRequest::Agent(j) => j.display.is_some(),
-            _ => false,
+            JobRequest::Shell(_)
+            | JobRequest::Python(_)
+            | JobRequest::Javascript(_)
+            | JobRequest::Typescript(_)
+            | JobRequest::Build(_) => false,
         }
     }
 

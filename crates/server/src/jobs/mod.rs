@@ -125,23 +125,7 @@ async fn make_workspace(shared: &Shared, id: &str, disk: u64) -> ApiResult<()> {
 }
 
 #[utoipa::path(post, path = "/v1/jobs", tag = "jobs", summary = "Queue a job",
-    request_body(content = crate::job::JobRequest, description = "The job; `kind` decides its fields", examples(
-        ("shell" = (summary = "A shell command", value = json!({"kind": "shell", "command": "echo hello from the sandbox && uname -a", "timeout_secs": 60}))),
-        ("python" = (summary = "Python code", value = json!({"kind": "python", "code": "import sys\nprint(sys.version)", "memory": "256M"}))),
-        ("javascript" = (summary = "JavaScript on node", value = json!({"kind": "javascript", "code": "console.log([1, 2, 3].map(x => x * 2))"}))),
-        ("typescript" = (summary = "TypeScript, transpiled", value = json!({"kind": "typescript", "code": "const n: number = 6 * 7;\nconsole.log(n)"}))),
-        ("steps" = (summary = "Steps in one sandbox", value = json!({"kind": "steps", "steps": [
-            {"tool": "write_file", "path": "hello.py", "content": "print('hi')\n"},
-            {"tool": "shell", "command": "python3 hello.py"},
-            {"tool": "read_file", "path": "hello.py"}]}))),
-        ("gui" = (summary = "A program on a virtual screen", value = json!({"kind": "gui", "display": "1024x768", "steps": [
-            {"tool": "shell", "command": "xterm &"},
-            {"tool": "computer", "action": "wait", "duration": 1},
-            {"tool": "computer", "action": "screenshot"}]}))),
-        ("agent" = (summary = "A task for the agent", value = json!({"kind": "agent", "prompt": "Write fizzbuzz.py, run it for 1 to 15 and show the output", "max_steps": 20}))),
-        ("build" = (summary = "An image built from a Dockerfile, kept as one of yours", value = json!({"kind": "build", "name": "py-tools:1", "dockerfile": "FROM debian:bookworm\nRUN apt-get update && apt-get install -y --no-install-recommends python3-pip\nWORKDIR /workspace", "allow": ["@debian"], "timeout_secs": 900}))),
-        ("network" = (summary = "A job that may reach the Python registry", value = json!({"kind": "shell", "command": "pip download --no-deps requests -d /tmp/dl", "allow": ["@python"]}))),
-    )),
+    request_body(content = crate::job::JobRequest, description = "The job; `kind` decides its fields (an example per kind: `JobKind::example`)"),
     responses((status = 202, description = "Queued; `Location` names it", body = crate::jobs::JobSummary),
               (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse), (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse), (status = 403, description = "A network beyond this tenant's ceiling", body = crate::http::ErrorResponse),
               (status = 413, description = "The body is too large", body = crate::http::ErrorResponse)))]
@@ -196,7 +180,7 @@ pub(crate) struct ListParams {
 
 #[utoipa::path(get, path = "/v1/jobs", tag = "jobs", summary = "List jobs, newest first",
     params(("state" = Option<String>, Query, description = "queued, running, succeeded, failed, cancelled or timed_out"),
-           ("kind" = Option<String>, Query, description = "shell, python, javascript, typescript, steps, gui or agent"),
+           ("kind" = Option<crate::job::JobKind>, Query, description = "Only jobs of this kind"),
            ("since" = Option<String>, Query, description = "Only jobs created at or after this RFC 3339 time, e.g. 2026-11-24T09:00:00Z"),
            ("limit" = Option<u32>, Query, description = "1 to 200 (default 50)"),
            ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")),
@@ -219,7 +203,8 @@ pub(crate) async fn list_jobs(
         None | Some("") => None,
         Some(k) => Some(JobKind::parse(k).ok_or_else(|| {
             ApiError::bad_request(format!(
-                "unknown kind {k:?} (expected shell, python, javascript, typescript, steps, gui or agent)"
+                "unknown kind {k:?} (expected {})",
+                JobKind::listed()
             ))
         })?),
     };
