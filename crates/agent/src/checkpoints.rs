@@ -344,3 +344,6 @@ pub fn fork(
         files: restored.written,
     })
 }
+
+#[cfg(test)]
+mod fixture;

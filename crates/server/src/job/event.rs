@@ -181,5 +181,19 @@ mod tests {
             data,
             json!({"index": 2, "tool": "shell", "state": "skipped"})
         );
+        let change = cordon_agent::PolicyRecord {
+            allow: vec!["a.example".into()],
+            allow_private: false,
+            added: vec!["a.example".into()],
+            removed: Vec::new(),
+        };
+        assert_eq!(
+            JobEvent::NetworkPolicy(PolicyChanged(change)).parts(),
+            (
+                "network_policy",
+                json!({"type": "network_policy", "allow": ["a.example"], "allow_private": false,
+                       "added": ["a.example"], "removed": []})
+            )
+        );
     }
 }

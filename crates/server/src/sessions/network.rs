@@ -42,3 +42,36 @@ pub(crate) fn read_log(shared: &Shared, id: &str) -> Result<Vec<Value>, ApiError
     let path = dir(shared, id).join("session.jsonl");
     Ok(load_log(&path, id)?.into_iter().map(|r| r.data).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The agent's pinned log (see its `checkpoints::fixture`): created
+    /// with `network: allow`, changed once since.
+    #[test]
+    fn the_agents_fixture_reads_as_it_always_has() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../agent/tests/fixtures/session.jsonl");
+        let (records, _) = cordon_agent::log::load::<Value>(&path).unwrap();
+        let (network, policy) = logged_network(records.iter().map(|r| &r.data));
+        assert_eq!(network, cordon_sandbox::Network::Allow);
+        let rules: Vec<String> = policy
+            .expect("a policy")
+            .rules()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(rules, ["example.com:443", "api.example.org"]);
+        assert_eq!(
+            started_display(records.iter().map(|r| &r.data)),
+            Some("1280x800".parse().unwrap())
+        );
+        assert_eq!(
+            started(records.iter().map(|r| &r.data))
+                .and_then(|s| s.image)
+                .as_deref(),
+            Some("ubuntu:24.04")
+        );
+    }
+}
