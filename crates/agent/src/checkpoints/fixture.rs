@@ -16,15 +16,12 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::checkpoints::{Fork, Record, Rewind};
 use crate::event::AgentEvent;
 use crate::log::{SessionLog, load};
 use crate::message::{AssistantMessage, ContentBlock, StopReason, Usage};
-use crate::netlog::PolicyRecord;
+use crate::record::{Fork, ForkedFrom, PolicyRecord, Rewind, SessionRecord, SessionStarted};
 use crate::recorder::Recorder;
-use crate::sessions::{
-    ForkedFrom, SessionStarted, TurnCheckpoint, message_record, replay, summarize, timeline,
-};
+use crate::sessions::{TurnCheckpoint, replay, summarize, timeline};
 use crate::wire::{Message, ToolResult};
 
 fn fixture() -> PathBuf {
@@ -150,6 +147,13 @@ fn message(seq: u64) -> Message {
     }
 }
 
+/// Message `seq`'s record.
+fn message_record(seq: u64) -> SessionRecord {
+    SessionRecord::Message {
+        message: message(seq),
+    }
+}
+
 fn summary() -> Message {
     crate::context::summary_message("The parser was fixed.", Some("now add a test"))
 }
@@ -189,7 +193,7 @@ fn write(path: &Path) {
         });
         s
     };
-    let mut log = SessionLog::<Value>::create(path).unwrap();
+    let mut log = SessionLog::create(path).unwrap();
     // What `fork`, `exec`, the TUI and the server write before the agent.
     log.append(&started.record()).unwrap();
     let repository = cordon_git::RepositoryRecord {
@@ -199,37 +203,37 @@ fn write(path: &Path) {
         base_branch: "main".into(),
         allow_push: true,
     };
-    log.append(&serde_json::to_value(repository).unwrap())
-        .unwrap();
-    log.append(&message_record(&message(2))).unwrap();
-    log.append(&message_record(&message(3))).unwrap();
-    log.append(&serde_json::to_value(Record::Checkpoint(checkpoint("c4"))).unwrap())
+    log.append(&SessionRecord::Repository(repository)).unwrap();
+    log.append(&message_record(2)).unwrap();
+    log.append(&message_record(3)).unwrap();
+    log.append(&SessionRecord::Checkpoint(checkpoint("c4")))
         .unwrap();
 
     // The agent's turns.
     let r = Recorder::default();
     *r.log.lock().unwrap() = Some(log);
-    let user_message = |p: &str| json!({"type": "user_message", "text": p});
+    let user_message = |p: &str| SessionRecord::UserMessage { text: p.into() };
+    let event = |e: AgentEvent| r.append(&SessionRecord::Event(e));
     r.append(&user_message("now add a test"));
-    r.append(&message_record(&message(6)));
-    r.append(&AgentEvent::TurnStarted { step: 1 });
-    r.append(&AgentEvent::Retrying {
+    r.append(&message_record(6));
+    event(AgentEvent::TurnStarted { step: 1 });
+    event(AgentEvent::Retrying {
         attempt: 1,
         wait_ms: 500,
         reason: "overloaded".into(),
     });
-    r.append(&message_record(&message(9)));
-    r.append(&AgentEvent::AssistantMessage {
+    r.append(&message_record(9));
+    event(AgentEvent::AssistantMessage {
         text: "Running the tests.".into(),
         stop_reason: StopReason::ToolUse,
         usage: usage(300, 40),
     });
-    r.append(&AgentEvent::ToolCallStarted {
+    event(AgentEvent::ToolCallStarted {
         id: "toolu_1".into(),
         name: "bash".into(),
         input: json!({"command": "cargo test", "timeout": 600}),
     });
-    r.append(&AgentEvent::NetworkRefused {
+    event(AgentEvent::NetworkRefused {
         tool_id: "toolu_1".into(),
         host: "crates.io".into(),
         port: 443,
@@ -237,11 +241,11 @@ fn write(path: &Path) {
         reason: cordon_net::Reason::NotListed,
         message: "crates.io:443 is not allowed".into(),
     });
-    r.append(&AgentEvent::HookFailed {
+    event(AgentEvent::HookFailed {
         event: crate::hooks::HookEvent::BeforeTool,
         message: "hook `lint` exited 1".into(),
     });
-    r.append(&AgentEvent::ToolCallFinished {
+    event(AgentEvent::ToolCallFinished {
         id: "toolu_1".into(),
         name: "bash".into(),
         output: "test result: FAILED. 1 passed; 1 failed\nexit code 101".into(),
@@ -249,8 +253,8 @@ fn write(path: &Path) {
         structured: Some(json!({"exit_code": 101, "stdout": "…", "stderr": ""})),
         duration_ms: 1234,
     });
-    r.append(&message_record(&message(15)));
-    r.append(&AgentEvent::PlanUpdated {
+    r.append(&message_record(15));
+    event(AgentEvent::PlanUpdated {
         plan: cordon_tools::update_plan::Plan::parse(json!({
             "explanation": "the test fails",
             "plan": [
@@ -261,27 +265,26 @@ fn write(path: &Path) {
         }))
         .unwrap(),
     });
-    r.append(&AgentEvent::CompactionStarted {
+    event(AgentEvent::CompactionStarted {
         reason: "the context is 80% full".into(),
     });
-    r.append(&json!({
-        "type": "compaction",
-        "replaced": 3,
-        "summary": summary(),
-    }));
-    r.append(&AgentEvent::Compacted {
+    r.append(&SessionRecord::Compaction {
+        replaced: 3,
+        summary: summary(),
+    });
+    event(AgentEvent::Compacted {
         replaced_messages: 3,
         tokens_before: 150_000,
         tokens_after: 20_000,
         summary: "The parser was fixed.".into(),
     });
-    r.append(&message_record(&message(20)));
-    r.append(&AgentEvent::AssistantMessage {
+    r.append(&message_record(20));
+    event(AgentEvent::AssistantMessage {
         text: "Tests pass.".into(),
         stop_reason: StopReason::EndTurn,
         usage: usage(50, 10),
     });
-    r.append(&AgentEvent::TurnCompleted {
+    event(AgentEvent::TurnCompleted {
         stop_reason: StopReason::EndTurn,
         steps: 2,
         usage: usage(350, 50),
@@ -289,7 +292,7 @@ fn write(path: &Path) {
         context_tokens: 21_000,
         context_window: 200_000,
     });
-    r.append(&Record::Checkpoint(cordon_git::Checkpoint {
+    r.append(&SessionRecord::Checkpoint(cordon_git::Checkpoint {
         skipped: vec![
             cordon_git::Skipped {
                 path: "big.bin".into(),
@@ -306,15 +309,17 @@ fn write(path: &Path) {
     // A change by the TUI's `/allow` (through the agent's recorder).
     let before = cordon_net::Policy::parse(&["example.com:443"], false).unwrap();
     let after = cordon_net::Policy::parse(&["example.com:443", "api.example.org"], false).unwrap();
-    r.append(&PolicyRecord::between(&before, &after));
+    r.append(&SessionRecord::NetworkPolicy(PolicyRecord::between(
+        &before, &after,
+    )));
 
     r.append(&user_message("break it"));
-    r.append(&message_record(&message(26)));
-    r.append(&AgentEvent::TurnStarted { step: 1 });
-    r.append(&AgentEvent::Error {
+    r.append(&message_record(26));
+    event(AgentEvent::TurnStarted { step: 1 });
+    event(AgentEvent::Error {
         message: "the model is overloaded".into(),
     });
-    r.append(&AgentEvent::TurnCompleted {
+    event(AgentEvent::TurnCompleted {
         stop_reason: StopReason::Other,
         steps: 1,
         usage: usage(10, 0),
@@ -322,42 +327,36 @@ fn write(path: &Path) {
         context_tokens: 21_500,
         context_window: 200_000,
     });
-    r.append(&Record::Checkpoint(checkpoint("c30")));
+    r.append(&SessionRecord::Checkpoint(checkpoint("c30")));
     let mut log = r.log.lock().unwrap().take().unwrap();
 
     // `cordon rewind` to the end of turn 2, then `cordon fork` of it.
-    log.append(
-        &serde_json::to_value(Record::Rewind(Rewind {
-            to_turn: 2,
-            to_seq: 23,
-            checkpoint: "c23".into(),
-            before: "c31".into(),
-            written: 1,
-            removed: 2,
-            kept: vec![cordon_git::Kept {
-                path: "target".into(),
-                why: "a directory where the checkpoint has a file".into(),
-            }],
-        }))
-        .unwrap(),
-    )
+    log.append(&SessionRecord::Rewind(Rewind {
+        to_turn: 2,
+        to_seq: 23,
+        checkpoint: "c23".into(),
+        before: "c31".into(),
+        written: 1,
+        removed: 2,
+        kept: vec![cordon_git::Kept {
+            path: "target".into(),
+            why: "a directory where the checkpoint has a file".into(),
+        }],
+    }))
     .unwrap();
-    log.append(
-        &serde_json::to_value(Record::Fork(Fork {
-            turn: 2,
-            session: "1764000100-0eeee".into(),
-            workspace: "/home/user/project-fork".into(),
-        }))
-        .unwrap(),
-    )
+    log.append(&SessionRecord::Fork(Fork {
+        turn: 2,
+        session: "1764000100-0eeee".into(),
+        workspace: "/home/user/project-fork".into(),
+    }))
     .unwrap();
 
     // And a turn after the rewind.
     *r.log.lock().unwrap() = Some(log);
     r.append(&user_message("try again"));
-    r.append(&message_record(&message(34)));
-    r.append(&message_record(&message(35)));
-    r.append(&AgentEvent::TurnCompleted {
+    r.append(&message_record(34));
+    r.append(&message_record(35));
+    event(AgentEvent::TurnCompleted {
         stop_reason: StopReason::MaxTokens,
         steps: 1,
         usage: usage(60, 8),
@@ -365,7 +364,7 @@ fn write(path: &Path) {
         context_tokens: 22_000,
         context_window: 200_000,
     });
-    r.append(&Record::Checkpoint(checkpoint("c37")));
+    r.append(&SessionRecord::Checkpoint(checkpoint("c37")));
 }
 
 /// The log with each record's `ts_ms` made `1764000000000 + 1000 * seq`:
@@ -408,7 +407,7 @@ fn the_writers_write_the_fixture() {
 #[test]
 fn the_fixture_reads_as_it_always_has() {
     let path = fixture();
-    let (records, report) = load::<Value>(&path).unwrap();
+    let (records, report) = load::<SessionRecord>(&path).unwrap();
     assert_eq!(report, Default::default());
     assert_eq!(records.len(), 38);
 
@@ -458,7 +457,10 @@ fn the_fixture_reads_as_it_always_has() {
     // The repository, as `exec --resume` and the server's wake find it.
     let repo = records
         .iter()
-        .find_map(|r| serde_json::from_value::<cordon_git::RepositoryRecord>(r.data.clone()).ok())
+        .find_map(|r| match &r.data {
+            SessionRecord::Repository(rec) => Some(rec),
+            _ => None,
+        })
         .expect("a repository record");
     assert_eq!(repo.url, "https://git.example/team/project.git");
     assert!(repo.allow_push);
@@ -495,17 +497,40 @@ fn unknown_and_unreadable_records_are_passed_over() {
             r#"{"seq":45,"ts_ms":1,"type":"session_started","session_id":7}"#,
             r#"{"seq":46,"ts_ms":1}"#,
             "not json",
-            r#"{"seq":47,"ts_ms":1,"type":"from_a_newer_cordon"}"#,
+            r#"{"seq":47,"ts_ms":1,"type":"user_message"}"#,
+            r#"{"seq":48,"ts_ms":1,"type":"turn_completed","stop_reason":"a_newer_reason","steps":1,"usage":{"input_tokens":1,"output_tokens":0,"cache_read_tokens":0,"cache_write_tokens":0}}"#,
+            r#"{"seq":49,"ts_ms":1,"type":"from_a_newer_cordon"}"#,
         ],
     );
-    let (clean, _) = load::<Value>(&fixture()).unwrap();
-    let (records, _) = load::<Value>(&path).unwrap();
-    let expected = summarize(&path, &clean).unwrap();
+    let (clean, _) = load::<SessionRecord>(&fixture()).unwrap();
+    let (records, report) = load::<SessionRecord>(&path).unwrap();
+    // Each skipped, and said; the forward rewind and the turn of a newer
+    // cordon's stop reason read.
+    assert_eq!(
+        report.bad_lines,
+        [39, 40, 41, 42, 44, 45, 46, 47, 48, 49, 51]
+    );
+    assert_eq!(records.len(), clean.len() + 2);
+    let mut expected = summarize(&path, &clean).unwrap();
+    expected.usage.input_tokens += 1;
     assert_eq!(summarize(&path, &records).unwrap(), expected);
     assert_eq!(timeline(&records), timeline(&clean));
     // The next record is numbered after the last line, read or not.
-    let (log, _, _) = SessionLog::<Value>::open(&path).unwrap();
-    assert_eq!(log.next_seq(), 48);
+    let (log, _, _) = SessionLog::<SessionRecord>::open(&path).unwrap();
+    assert_eq!(log.next_seq(), 50);
+}
+
+/// Token counts no server sends add up without a panic.
+#[test]
+fn usage_past_the_largest_number_stays_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = r#"{"seq":38,"ts_ms":1,"type":"turn_completed","stop_reason":"end_turn","steps":1,"usage":{"input_tokens":18446744073709551615,"output_tokens":0,"cache_read_tokens":0,"cache_write_tokens":0},"context_tokens":0,"context_window":0}"#;
+    let path = with_lines(dir.path(), &[huge]);
+    let (records, _) = load::<SessionRecord>(&path).unwrap();
+    assert_eq!(
+        summarize(&path, &records).unwrap().usage.input_tokens,
+        u64::MAX
+    );
 }
 
 /// Every field of every record made wrong in a few ways, one at a time:
@@ -541,7 +566,7 @@ fn no_record_makes_a_reader_panic() {
                     text.push('\n');
                 }
                 std::fs::write(&path, text).unwrap();
-                let (records, _) = load::<Value>(&path).unwrap();
+                let (records, _) = load::<SessionRecord>(&path).unwrap();
                 let _ = summarize(&path, &records);
                 let _ = timeline(&records);
             }

@@ -17,9 +17,15 @@ pub enum Stream {
 
 /// A policy change as the agent's log records it: the allow list now,
 /// `added` and `removed`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(transparent)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PolicyChanged(pub cordon_agent::PolicyRecord);
+
+/// As the log's `network_policy` record, `type` and all.
+impl Serialize for PolicyChanged {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        cordon_agent::SessionRecord::NetworkPolicy(self.0.clone()).serialize(s)
+    }
+}
 
 impl utoipa::PartialSchema for PolicyChanged {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
