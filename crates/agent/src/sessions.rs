@@ -125,7 +125,7 @@ pub fn summarize(path: &Path, records: &[Record<SessionRecord>]) -> Option<Sessi
     let mut rewound = false;
     for r in records {
         match &r.data {
-            SessionRecord::UserMessage { .. } => s.turns += 1,
+            SessionRecord::UserMessage { .. } => s.turns = s.turns.saturating_add(1),
             SessionRecord::Rewind(_) => rewound = true,
             SessionRecord::Event(AgentEvent::TurnCompleted { usage, .. }) => s.usage += *usage,
             _ => {}
@@ -275,7 +275,8 @@ pub fn timeline(records: &[Record<SessionRecord>]) -> Timeline {
             SessionRecord::Compaction { replaced, summary } => {
                 crate::context::apply_compaction(&mut t.history, *replaced, summary.clone())
             }
-            SessionRecord::UserMessage { .. } => t.turns += 1,
+            // Saturating: a fork's turn is read from the log.
+            SessionRecord::UserMessage { .. } => t.turns = t.turns.saturating_add(1),
             SessionRecord::Checkpoint(c) => t.checkpoints.push(TurnCheckpoint {
                 turn: t.turns,
                 seq: r.seq,

@@ -533,6 +533,25 @@ fn usage_past_the_largest_number_stays_there() {
     );
 }
 
+/// A fork's turn no cordon wrote counts on without a panic.
+#[test]
+fn a_turn_past_the_largest_number_stays_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.jsonl");
+    std::fs::write(
+        &path,
+        concat!(
+            r#"{"seq":0,"ts_ms":1,"type":"session_started","session_id":"s","forked_from":{"session":"f","turn":18446744073709551615}}"#,
+            "\n",
+            r#"{"seq":1,"ts_ms":1,"type":"user_message","text":"a"}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let (records, _) = load::<SessionRecord>(&path).unwrap();
+    assert_eq!(summarize(&path, &records).unwrap().turns, u64::MAX);
+}
+
 /// Every field of every record made wrong in a few ways, one at a time:
 /// the log is read without a panic.
 #[test]
