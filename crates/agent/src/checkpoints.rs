@@ -17,57 +17,17 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use cordon_git::Retention;
-use cordon_git::{Checkpoint, CheckpointError, Checkpoints, Kept};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-
 use crate::log::{LogError, SessionLog};
+use crate::record::SessionRecord;
 use crate::sessions::{SessionStarted, timeline};
+pub use cordon_git::Retention;
+use cordon_git::{CheckpointError, Checkpoints};
+
+pub use crate::record::{Fork, Rewind};
 
 /// Where the checkpoints of the session logged at `log` are kept.
 pub fn store_dir(log: &Path) -> PathBuf {
     log.with_extension("checkpoints")
-}
-
-/// The log records this module writes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Record {
-    /// The files at the end of a turn (or at the start).
-    Checkpoint(Checkpoint),
-    /// The files and the conversation taken back to the end of a turn.
-    Rewind(Rewind),
-    /// A new session started from a turn of this one.
-    Fork(Fork),
-}
-
-/// What a rewind did.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Rewind {
-    /// The turn whose end the session went back to.
-    pub to_turn: u64,
-    /// The `checkpoint` record of that turn: the conversation is read up
-    /// to it.
-    pub to_seq: u64,
-    /// The checkpoint restored.
-    pub checkpoint: String,
-    /// The files as they were just before: restoring it undoes this.
-    pub before: String,
-    pub written: usize,
-    pub removed: usize,
-    /// Paths left as they were, and why.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub kept: Vec<Kept>,
-}
-
-/// A fork, in the session it was taken from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Fork {
-    pub turn: u64,
-    pub session: String,
-    /// The new session's workspace.
-    pub workspace: String,
 }
 
 /// What went wrong rewinding or forking.
@@ -135,10 +95,10 @@ impl TurnCheckpoints {
     }
 
     /// Records the files now, off the async threads.
-    pub(crate) async fn record(&self, label: String) -> Option<Record> {
+    pub(crate) async fn record(&self, label: String) -> Option<SessionRecord> {
         let (store, ws) = (self.store.clone(), self.workspace.clone());
         match tokio::task::spawn_blocking(move || store.record(&ws, &label)).await {
-            Ok(Ok(c)) => Some(Record::Checkpoint(c)),
+            Ok(Ok(c)) => Some(SessionRecord::Checkpoint(c)),
             Ok(Err(e)) => {
                 tracing::warn!("checkpoint: {e}");
                 None
@@ -161,7 +121,7 @@ pub fn rewind(
     to_turn: u64,
     retention: Retention,
 ) -> Result<Rewind, RewindError> {
-    let (mut session, records, _) = SessionLog::<Value>::open(log)?;
+    let (mut session, records, _) = SessionLog::<SessionRecord>::open(log)?;
     let t = timeline(&records);
     let target = t
         .checkpoints
@@ -183,9 +143,7 @@ pub fn rewind(
         removed: done.restored.removed,
         kept: done.restored.kept,
     };
-    let record = serde_json::to_value(Record::Rewind(rewind.clone()))
-        .expect("a record of strings and numbers serializes");
-    session.append(&record)?;
+    session.append(&SessionRecord::Rewind(rewind.clone()))?;
     session.sync()?;
     Ok(rewind)
 }
@@ -195,17 +153,15 @@ pub fn rewind(
 /// conversation as it was just before it, which sets aside any turn taken
 /// since (itself undone by the next undo). A `rewind` record, as any.
 pub fn undo(log: &Path, workspace: &Path, retention: Retention) -> Result<Rewind, RewindError> {
-    let (mut session, records, _) = SessionLog::<Value>::open(log)?;
+    let (mut session, records, _) = SessionLog::<SessionRecord>::open(log)?;
     let (i, last) = records
         .iter()
         .enumerate()
         .rev()
-        .find_map(
-            |(i, r)| match serde_json::from_value::<Record>(r.data.clone()) {
-                Ok(Record::Rewind(rw)) => Some((i, rw)),
-                _ => None,
-            },
-        )
+        .find_map(|(i, r)| match &r.data {
+            SessionRecord::Rewind(rw) => Some((i, rw.clone())),
+            _ => None,
+        })
         .ok_or(RewindError::NothingToUndo)?;
     // The conversation just before that rewind: every record before it.
     let Some(previous) = i.checked_sub(1).map(|p| &records[p]) else {
@@ -223,9 +179,7 @@ pub fn undo(log: &Path, workspace: &Path, retention: Retention) -> Result<Rewind
         removed: done.restored.removed,
         kept: done.restored.kept,
     };
-    let record = serde_json::to_value(Record::Rewind(undone.clone()))
-        .expect("a record of strings and numbers serializes");
-    session.append(&record)?;
+    session.append(&SessionRecord::Rewind(undone.clone()))?;
     session.sync()?;
     Ok(undone)
 }
@@ -254,10 +208,10 @@ pub fn fork(
     new_workspace: &Path,
     retention: Retention,
 ) -> Result<Forked, RewindError> {
-    let (mut session, records, _) = SessionLog::<Value>::open(log)?;
+    let (mut session, records, _) = SessionLog::<SessionRecord>::open(log)?;
     let started = records
         .first()
-        .and_then(|r| SessionStarted::from_record(&r.data))
+        .and_then(|r| r.data.started())
         .ok_or(RewindError::NotASession)?;
     let t = timeline(&records);
     let turn = turn.unwrap_or(t.turns);
@@ -314,27 +268,21 @@ pub fn fork(
         session: started.session_id.clone(),
         turn,
     });
-    let mut forked = SessionLog::<Value>::create(new_log)?;
+    let mut forked = SessionLog::create(new_log)?;
     forked.append(&first.record())?;
-    for m in &history {
-        forked.append(&crate::sessions::message_record(m))?;
+    for message in history {
+        forked.append(&SessionRecord::Message { message })?;
     }
     let own = open_store(new_log, retention)?;
     let first_checkpoint = own.record(&new_workspace, "forked")?;
-    forked.append(
-        &serde_json::to_value(Record::Checkpoint(first_checkpoint))
-            .expect("a record of strings and numbers serializes"),
-    )?;
+    forked.append(&SessionRecord::Checkpoint(first_checkpoint))?;
     forked.sync()?;
 
-    session.append(
-        &serde_json::to_value(Record::Fork(Fork {
-            turn,
-            session: new_id.to_string(),
-            workspace: new_workspace.display().to_string(),
-        }))
-        .expect("a record of strings serializes"),
-    )?;
+    session.append(&SessionRecord::Fork(Fork {
+        turn,
+        session: new_id.to_string(),
+        workspace: new_workspace.display().to_string(),
+    }))?;
     session.sync()?;
     Ok(Forked {
         session: new_id.to_string(),
@@ -344,3 +292,6 @@ pub fn fork(
         files: restored.written,
     })
 }
+
+#[cfg(test)]
+mod fixture;

@@ -26,13 +26,13 @@ use std::sync::Arc;
 use cordon_mcp::{McpClients, Report, ServerSpec};
 use cordon_sandbox::{DiskStop, Sandbox};
 use cordon_tools::{Tool, ToolContext, Toolbox};
-use serde_json::Value;
 
 use crate::agent::{Agent, AgentConfig, Approver, Oversight};
 use crate::instructions::{Instructions, Source};
 use crate::log::SessionLog;
 use crate::message::Usage;
 use crate::provider::{Provider, ProviderConfig, ProviderError};
+use crate::record::SessionRecord;
 use crate::wire::Message;
 
 /// What a conversation is opened with; [`Opening::open`] opens it, and
@@ -124,7 +124,7 @@ impl Opening {
         sandbox: Sandbox,
         workspace: &Path,
         history: Vec<Message>,
-        log: Option<SessionLog<Value>>,
+        log: Option<SessionLog<SessionRecord>>,
     ) -> Result<Conversation, ProviderError> {
         let report = self.reporter();
         let mcp = McpClients::start(&self.servers, report.clone()).await;
@@ -174,7 +174,7 @@ impl Opening {
         workspace: &Path,
         mcp: &[Arc<dyn Tool>],
         history: Vec<Message>,
-        log: Option<SessionLog<Value>>,
+        log: Option<SessionLog<SessionRecord>>,
         context: &str,
     ) -> Result<Agent, ProviderError> {
         let provider = Provider::new(self.provider.clone())?;
@@ -292,7 +292,7 @@ impl Conversation {
     pub async fn restart(
         &mut self,
         history: Vec<Message>,
-        log: Option<SessionLog<Value>>,
+        log: Option<SessionLog<SessionRecord>>,
     ) -> Result<(), ProviderError> {
         self.agent.settle().await;
         let report = self.opening.reporter();

@@ -23,8 +23,9 @@ pub fn tool_failed(is_error: bool, structured: Option<&Value>) -> bool {
 }
 
 /// What the loop reports, in order. Serialised as one JSON object per
-/// event with a `type` field (the `--json` output of `cordon exec`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// event with a `type` field (the `--json` output of `cordon exec`), and
+/// so recorded in the session log, where a `SessionRecord` reads it back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum AgentEvent {
     TurnStarted {
@@ -95,7 +96,10 @@ pub enum AgentEvent {
         #[serde(skip_serializing_if = "Option::is_none")]
         cost_usd: Option<f64>,
         /// What the next request would put in front of the model, estimated.
+        /// (Logs from before compaction have neither.)
+        #[serde(default)]
         context_tokens: u64,
+        #[serde(default)]
         context_window: u64,
     },
     Error {

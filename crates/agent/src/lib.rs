@@ -6,7 +6,7 @@
 //! both wire protocols ([`wire`], [`stream`]) and their HTTP client
 //! ([`provider`]); the loop ([`agent`]) with its context management
 //! ([`context`]) and prices ([`pricing`]); the session log ([`log`],
-//! [`sessions`]) with the workspace's checkpoints bound to it
+//! [`record`], [`sessions`]) with the workspace's checkpoints bound to it
 //! ([`checkpoints`]); and, on top, a live conversation from open to close
 //! ([`Conversation`]), which every front end uses.
 
@@ -27,6 +27,7 @@ mod netlog;
 pub mod pricing;
 pub mod prompt;
 pub mod provider;
+pub mod record;
 mod recorder;
 pub mod rules;
 pub mod sessions;
@@ -42,9 +43,9 @@ pub use conversation::{Conversation, Ended, Opening};
 pub use instructions::Instructions;
 pub use log::{LoadReport, LogError, Record, SessionLog};
 pub use message::{AssistantMessage, ContentBlock, StopReason, StreamDelta, Usage};
-pub use netlog::PolicyRecord;
 pub use prompt::Previews;
 pub use provider::{Provider, ProviderConfig, ProviderError, ProviderKind};
+pub use record::{PolicyRecord, SessionRecord};
 pub use stream::{AnthropicStream, OpenAiStream, StreamError};
 pub use wire::{ApiFailure, Message, ModelRequest, ToolResult, ToolSpec, WebSearch};
 
@@ -57,8 +58,6 @@ pub const LAYERS: &[&str] = &[
     "provider",
     "pricing",
     "log",
-    "recorder",
-    "netlog",
     "hooks",
     "rules",
     "instructions",
@@ -67,6 +66,9 @@ pub const LAYERS: &[&str] = &[
     "helpers",
     "context",
     "event",
+    "record",
+    "recorder",
+    "netlog",
     "sessions",
     "checkpoints",
     "events",

@@ -3,10 +3,11 @@
 //! Each line is one [`Record`]: a sequence number, a timestamp and a payload
 //! of the caller's type. Appends are a single `write` of a whole line on a
 //! file opened with `O_APPEND`, so a crash can at worst leave a partial last
-//! line. Loading skips such a line (and any other line that does not parse)
-//! and reports it; reopening for append first ends a partial line with a
-//! newline, so the next record starts on a line of its own. Nothing already
-//! written is ever changed.
+//! line. Loading skips such a line (and any other line that does not parse,
+//! a record of a type a newer cordon wrote among them) and reports it;
+//! reopening for append first ends a partial line with a newline, so the
+//! next record starts on a line of its own, numbered after every line that
+//! has a number. Nothing already written is ever changed.
 //!
 //! An open log holds an exclusive `flock` on its file: one writer at a time
 //! numbers the records, so two cordons on one session cannot both write
@@ -135,7 +136,7 @@ impl<T: Serialize + DeserializeOwned> SessionLog<T> {
         // Locked before it is read: what is read is all there is until
         // this log is dropped.
         lock(&file, &path)?;
-        let (records, report) = load::<T>(&path)?;
+        let (records, report, next_seq) = read::<T>(&path)?;
         if report.partial_tail {
             // Close the torn line so the next record is a line of its own;
             // the fragment stays in the file, skipped on every load.
@@ -144,7 +145,6 @@ impl<T: Serialize + DeserializeOwned> SessionLog<T> {
                 source,
             })?;
         }
-        let next_seq = records.last().map_or(0, |r| r.seq + 1);
         Ok((
             SessionLog {
                 path,
@@ -170,10 +170,13 @@ impl<T: Serialize + DeserializeOwned> SessionLog<T> {
     /// Appends one record with a single write; returns its sequence number.
     pub fn append(&mut self, data: &T) -> Result<u64, LogError> {
         let seq = self.next_seq;
+        // Through a `Value`, whose keys are sorted: records have always
+        // been written so, whatever order a type declares its fields in.
+        let data = serde_json::to_value(data).map_err(LogError::Encode)?;
         let record = RecordRef {
             seq,
             ts_ms: now_ms(),
-            data,
+            data: &data,
         };
         self.buf.clear();
         serde_json::to_writer(&mut self.buf, &record).map_err(LogError::Encode)?;
@@ -208,6 +211,17 @@ struct RecordRef<'a, T> {
 
 /// Reads every record of a log without opening it for writing.
 pub fn load<T: DeserializeOwned>(path: &Path) -> Result<(Vec<Record<T>>, LoadReport), LogError> {
+    read(path).map(|(records, report, _)| (records, report))
+}
+
+/// The number of a line that does not read as a record.
+#[derive(Deserialize)]
+struct Numbered {
+    seq: u64,
+}
+
+/// [`load`], and the number after the highest of any line, read or not.
+fn read<T: DeserializeOwned>(path: &Path) -> Result<(Vec<Record<T>>, LoadReport, u64), LogError> {
     let io_err = |source| LogError::Io {
         path: path.to_path_buf(),
         source,
@@ -218,6 +232,8 @@ pub fn load<T: DeserializeOwned>(path: &Path) -> Result<(Vec<Record<T>>, LoadRep
     let mut report = LoadReport::default();
     let mut line = Vec::new();
     let mut number = 0;
+    let mut next_seq = 0u64;
+    let mut first_error = None;
     loop {
         line.clear();
         let n = reader.read_until(b'\n', &mut line).map_err(io_err)?;
@@ -234,14 +250,37 @@ pub fn load<T: DeserializeOwned>(path: &Path) -> Result<(Vec<Record<T>>, LoadRep
             continue;
         }
         match serde_json::from_slice::<Record<T>>(text) {
-            Ok(r) => records.push(r),
+            Ok(r) => {
+                next_seq = next_seq.max(r.seq.saturating_add(1));
+                records.push(r);
+            }
             Err(e) => {
-                tracing::warn!(path = %path.display(), line = number, "skipping unreadable session record: {e}");
+                // Its number was taken all the same (by a newer cordon,
+                // say): the next record must not take it again.
+                if let Ok(n) = serde_json::from_slice::<Numbered>(text) {
+                    next_seq = next_seq.max(n.seq.saturating_add(1));
+                }
+                first_error.get_or_insert(e);
                 report.bad_lines.push(number);
             }
         }
     }
-    Ok((records, report))
+    if let Some(e) = first_error {
+        // Once a log, not once a line: an older cordon reading a newer
+        // one's log may skip many.
+        const SHOWN: usize = 10;
+        let lines = &report.bad_lines;
+        tracing::warn!(
+            path = %path.display(),
+            "skipping {} unreadable session record{} (line{} {:?}{}), the first: {e}",
+            lines.len(),
+            if lines.len() == 1 { "" } else { "s" },
+            if lines.len() == 1 { "" } else { "s" },
+            &lines[..lines.len().min(SHOWN)],
+            if lines.len() > SHOWN { " and more" } else { "" },
+        );
+    }
+    Ok((records, report, next_seq))
 }
 
 #[cfg(test)]

@@ -96,7 +96,9 @@ pub enum StopReason {
     StopSequence,
     Refusal,
     PauseTurn,
-    /// A reason this version does not know, kept so nothing is lost.
+    /// A reason this version does not know, kept so nothing is lost
+    /// (read from a log, too: a newer cordon may know more).
+    #[serde(other)]
     Other,
 }
 
@@ -136,20 +138,23 @@ pub struct Usage {
 }
 
 /// Usage adds field by field: a turn's is its requests', a session's its
-/// turns'.
+/// turns'. Saturating: the figures come from servers and logs, and a
+/// wrong one must not panic.
 impl std::ops::AddAssign for Usage {
     fn add_assign(&mut self, u: Usage) {
-        self.input_tokens += u.input_tokens;
-        self.output_tokens += u.output_tokens;
-        self.cache_read_tokens += u.cache_read_tokens;
-        self.cache_write_tokens += u.cache_write_tokens;
+        self.input_tokens = self.input_tokens.saturating_add(u.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(u.output_tokens);
+        self.cache_read_tokens = self.cache_read_tokens.saturating_add(u.cache_read_tokens);
+        self.cache_write_tokens = self.cache_write_tokens.saturating_add(u.cache_write_tokens);
     }
 }
 
 impl Usage {
     /// Everything the request put in front of the model.
     pub fn prompt_tokens(&self) -> u64 {
-        self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
+        self.input_tokens
+            .saturating_add(self.cache_read_tokens)
+            .saturating_add(self.cache_write_tokens)
     }
 }
 

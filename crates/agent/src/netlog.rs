@@ -1,37 +1,11 @@
 //! The network in the session log: how many of the broker's refusals a
 //! tool batch records, and each change to the sandbox's policy.
 
+use crate::record::{PolicyRecord, SessionRecord};
+
 /// Refusals recorded per tool batch at most: a retry loop must not flood
 /// the log.
 pub(crate) const MAX_RECORDS: usize = 20;
-
-/// The log record of a change to the sandbox's network policy, made by
-/// whoever holds its handle (the TUI's `/allow`, the server's API): what
-/// it allows now, and what the change added and took away.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "type", rename = "network_policy")]
-pub struct PolicyRecord {
-    pub allow: Vec<String>,
-    pub allow_private: bool,
-    pub added: Vec<String>,
-    pub removed: Vec<String>,
-}
-
-impl PolicyRecord {
-    /// The change from `before` to `after`.
-    pub fn between(before: &cordon_net::Policy, after: &cordon_net::Policy) -> PolicyRecord {
-        let names = |p: &cordon_net::Policy| -> Vec<String> {
-            p.rules().iter().map(ToString::to_string).collect()
-        };
-        let (was, now) = (names(before), names(after));
-        PolicyRecord {
-            added: now.iter().filter(|r| !was.contains(r)).cloned().collect(),
-            removed: was.iter().filter(|r| !now.contains(r)).cloned().collect(),
-            allow: now,
-            allow_private: after.allow_private(),
-        }
-    }
-}
 
 /// Records every change of `policy` in the log `recorder` writes, until
 /// the agent (the recorder's owner) or the sandbox's broker is gone. A
@@ -53,7 +27,9 @@ pub(crate) fn record_changes(
                 return;
             };
             if *after != *before {
-                recorder.append(&PolicyRecord::between(&before, &after));
+                recorder.append(&SessionRecord::NetworkPolicy(PolicyRecord::between(
+                    &before, &after,
+                )));
             }
             before = after;
         }
@@ -78,11 +54,14 @@ mod tests {
 
         handle.set(Policy::parse(&["a.example", "b.example:8443"], false).unwrap());
         let read = || {
-            crate::log::load::<PolicyRecord>(&path)
+            crate::log::load::<SessionRecord>(&path)
                 .unwrap()
                 .0
                 .into_iter()
-                .map(|r| r.data)
+                .filter_map(|r| match r.data {
+                    SessionRecord::NetworkPolicy(p) => Some(p),
+                    _ => None,
+                })
                 .collect::<Vec<_>>()
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

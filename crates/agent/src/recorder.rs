@@ -3,30 +3,25 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde::Serialize;
-use serde_json::Value;
-
 use crate::log::SessionLog;
+use crate::record::SessionRecord;
 
 /// The session log the agent writes to, shared by the tasks of one turn.
 /// A write that fails is reported once and the session goes on: losing the
 /// record is better than losing the work.
 #[derive(Default)]
 pub(crate) struct Recorder {
-    pub(crate) log: Mutex<Option<SessionLog<Value>>>,
+    pub(crate) log: Mutex<Option<SessionLog<SessionRecord>>>,
     warned: AtomicBool,
     /// A task records the network policy's changes in this log.
     pub(crate) watching_policy: AtomicBool,
 }
 
 impl Recorder {
-    pub(crate) fn append(&self, record: &impl Serialize) {
+    pub(crate) fn append(&self, record: &SessionRecord) {
         let mut guard = self.log.lock().unwrap_or_else(|p| p.into_inner());
         let Some(log) = guard.as_mut() else { return };
-        let result = serde_json::to_value(record)
-            .map_err(|e| e.to_string())
-            .and_then(|v| log.append(&v).map_err(|e| e.to_string()));
-        if let Err(e) = result
+        if let Err(e) = log.append(record)
             && !self.warned.swap(true, Ordering::Relaxed)
         {
             tracing::warn!("session log: {e}; later records may be missing");

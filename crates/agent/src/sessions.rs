@@ -1,23 +1,23 @@
 //! Sessions on disk: one append-only log per conversation in
 //! `$XDG_DATA_HOME/cordon/sessions/<id>.jsonl`, listed and resumed from
-//! their records.
+//! their records ([`SessionRecord`]).
 //!
-//! Records are JSON objects with a `type`. The ones read back here:
-//! `session_started` (id, model, provider, workspace, title), `message`
-//! (one [`Message`] appended to the history sent to the model),
-//! `compaction` (the first `replaced` messages replaced by a `summary`
-//! message) and `turn_completed` (its `usage`). Everything else (tool
+//! The records read back here: `session_started` (id, model, provider,
+//! workspace, title), `user_message` (a turn), `message` (one [`Message`]
+//! appended to the history sent to the model), `compaction` (the first
+//! `replaced` messages replaced by a `summary` message), `checkpoint`,
+//! `rewind` and `turn_completed` (its `usage`). Everything else (tool
 //! calls, errors) is kept for audit. Nothing is ever rewritten: a
 //! compaction adds a record, and the full conversation stays on disk.
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
-
+use crate::event::AgentEvent;
 use crate::log::{LogError, Record, SessionLog, load};
 use crate::message::Usage;
 use crate::wire::Message;
+
+pub use crate::record::{ForkedFrom, SessionRecord, SessionStarted};
 
 /// The directory sessions live in.
 pub fn sessions_dir() -> PathBuf {
@@ -67,126 +67,6 @@ pub fn new_id() -> String {
     )
 }
 
-/// The first record of a session's log (and of `cordon exec --json`): who
-/// works where, a title from the first line of the first prompt, and, for
-/// the server's sessions, the screen and network they were created with.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SessionStarted {
-    pub session_id: String,
-    #[serde(default)]
-    pub model: String,
-    #[serde(default)]
-    pub provider: String,
-    /// The host directory, resolved (so a resume can tell if a link was
-    /// planted since); `/workspace` for the server's sessions.
-    #[serde(default)]
-    pub workspace: String,
-    #[serde(default)]
-    pub title: String,
-    #[serde(default)]
-    pub resumed: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub display: Option<cordon_sandbox::Display>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<cordon_sandbox::Network>,
-    /// With `network: allow`: the rules it started with, as a policy's
-    /// spec writes them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allow: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allow_private: Option<bool>,
-    /// The session and turn this one was forked from (`cordon fork`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub forked_from: Option<ForkedFrom>,
-    /// The image its sandbox's root is made from, by the name it was
-    /// asked for; a resume runs there again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image: Option<String>,
-    /// The project instructions (`AGENTS.md`) read when it opened.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub instructions: Vec<crate::instructions::Source>,
-}
-
-/// Where a forked session came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ForkedFrom {
-    pub session: String,
-    /// Its turns start counting after this one.
-    pub turn: u64,
-}
-
-impl SessionStarted {
-    /// The same record, naming the image its sandbox runs in.
-    pub fn in_image(mut self, image: Option<String>) -> Self {
-        self.image = image;
-        self
-    }
-
-    /// The same record, naming the instructions read.
-    pub fn reading(mut self, instructions: &[crate::instructions::Source]) -> Self {
-        self.instructions = instructions.to_vec();
-        self
-    }
-
-    /// A local session's first record (`cordon exec`, the TUI).
-    pub fn new(
-        id: &str,
-        model: &str,
-        provider: &str,
-        workspace: &Path,
-        prompt: &str,
-        resumed: bool,
-    ) -> SessionStarted {
-        SessionStarted {
-            session_id: id.to_string(),
-            model: model.to_string(),
-            provider: provider.to_string(),
-            workspace: workspace.to_string_lossy().into_owned(),
-            title: title_of(prompt),
-            resumed,
-            display: None,
-            network: None,
-            allow: None,
-            allow_private: None,
-            forked_from: None,
-            image: None,
-            instructions: Vec::new(),
-        }
-    }
-
-    /// As a log record.
-    pub fn record(&self) -> Value {
-        serde_json::to_value(Started::SessionStarted(self.clone()))
-            .expect("a record of strings serializes")
-    }
-
-    /// The start `record` says, if it is one.
-    pub fn from_record(record: &Value) -> Option<SessionStarted> {
-        match Started::deserialize(record) {
-            Ok(Started::SessionStarted(s)) => Some(s),
-            Err(_) => None,
-        }
-    }
-}
-
-/// The record's `type` names it; serde checks a tag only on an enum.
-#[derive(Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum Started {
-    SessionStarted(SessionStarted),
-}
-
-/// A session's title: the first line of its first prompt, cut.
-pub(crate) fn title_of(prompt: &str) -> String {
-    prompt
-        .lines()
-        .next()
-        .unwrap_or("")
-        .chars()
-        .take(72)
-        .collect()
-}
-
 /// What `cordon sessions` shows of one session.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionSummary {
@@ -207,7 +87,7 @@ pub struct SessionSummary {
 pub struct Resumed {
     pub summary: SessionSummary,
     pub history: Vec<Message>,
-    pub log: SessionLog<Value>,
+    pub log: SessionLog<SessionRecord>,
 }
 
 /// Errors finding or reading sessions.
@@ -229,29 +109,25 @@ pub enum SessionError {
 }
 
 /// What a session's records say about it; `None` unless it starts with `session_started`.
-pub fn summarize(path: &Path, records: &[crate::log::Record<Value>]) -> Option<SessionSummary> {
+pub fn summarize(path: &Path, records: &[Record<SessionRecord>]) -> Option<SessionSummary> {
     let first = records.first()?;
-    let started = SessionStarted::from_record(&first.data)?;
+    let started = first.data.started()?;
     let mut s = SessionSummary {
-        id: started.session_id,
+        id: started.session_id.clone(),
         path: path.to_path_buf(),
         started_ms: first.ts_ms,
-        title: started.title,
-        workspace: started.workspace,
-        image: started.image,
+        title: started.title.clone(),
+        workspace: started.workspace.clone(),
+        image: started.image.clone(),
         turns: 0,
         usage: Usage::default(),
     };
     let mut rewound = false;
     for r in records {
-        match r.data["type"].as_str() {
-            Some("user_message") => s.turns += 1,
-            Some("rewind") => rewound = true,
-            Some("turn_completed") => {
-                if let Ok(u) = serde_json::from_value::<Usage>(r.data["usage"].clone()) {
-                    s.usage += u;
-                }
-            }
+        match &r.data {
+            SessionRecord::UserMessage { .. } => s.turns = s.turns.saturating_add(1),
+            SessionRecord::Rewind(_) => rewound = true,
+            SessionRecord::Event(AgentEvent::TurnCompleted { usage, .. }) => s.usage += *usage,
             _ => {}
         }
     }
@@ -273,7 +149,7 @@ pub fn list(dir: &Path) -> Vec<SessionSummary> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .filter_map(|p| match load::<Value>(&p) {
+        .filter_map(|p| match load::<SessionRecord>(&p) {
             Ok((records, _)) => summarize(&p, &records),
             Err(e) => {
                 tracing::warn!("skipping {}: {e}", p.display());
@@ -335,7 +211,7 @@ pub fn choose(
 
 /// Opens the session log at `path` to continue it.
 pub fn open(path: &Path) -> Result<Resumed, SessionError> {
-    let (log, records, report) = SessionLog::<Value>::open(path)?;
+    let (log, records, report) = SessionLog::<SessionRecord>::open(path)?;
     if report.partial_tail || !report.bad_lines.is_empty() {
         tracing::warn!(
             "{}: skipped a torn last line or unreadable lines {:?}",
@@ -355,7 +231,7 @@ pub fn open(path: &Path) -> Result<Resumed, SessionError> {
 
 /// The history as last sent to the model, rebuilt from a log's records
 /// with the same operations the agent applied when it wrote them.
-pub fn replay(records: &[Record<Value>]) -> Vec<Message> {
+pub fn replay(records: &[Record<SessionRecord>]) -> Vec<Message> {
     timeline(records).history
 }
 
@@ -382,62 +258,43 @@ pub struct TurnCheckpoint {
 
 /// Reads a session's records into its [`Timeline`]. A `rewind` record
 /// takes the timeline back to what the records up to its `to_seq` make.
-pub fn timeline(records: &[Record<Value>]) -> Timeline {
+pub fn timeline(records: &[Record<SessionRecord>]) -> Timeline {
     let mut t = Timeline::default();
     if let Some(from) = records
         .first()
-        .and_then(|r| SessionStarted::from_record(&r.data))
-        .and_then(|s| s.forked_from)
+        .and_then(|r| r.data.started())
+        .and_then(|s| s.forked_from.as_ref())
     {
         t.turns = from.turn;
     }
     for (i, r) in records.iter().enumerate() {
-        let r = &r.data;
-        match r["type"].as_str() {
-            Some("message") => match serde_json::from_value::<Message>(r["message"].clone()) {
-                Ok(m) => crate::context::push_message(&mut t.history, m),
-                Err(e) => tracing::warn!("skipping an unreadable message record: {e}"),
-            },
-            Some("compaction") => {
-                let replaced = r["replaced"].as_u64().map(|n| n as usize);
-                match (
-                    replaced,
-                    serde_json::from_value::<Message>(r["summary"].clone()),
-                ) {
-                    (Some(n), Ok(summary)) => {
-                        crate::context::apply_compaction(&mut t.history, n, summary)
-                    }
-                    _ => tracing::warn!("skipping an unreadable compaction record"),
-                }
+        match &r.data {
+            SessionRecord::Message { message } => {
+                crate::context::push_message(&mut t.history, message.clone())
             }
-            Some("user_message") => t.turns += 1,
-            Some("checkpoint") => {
-                if let Some(id) = r["id"].as_str() {
-                    t.checkpoints.push(TurnCheckpoint {
-                        turn: t.turns,
-                        seq: records[i].seq,
-                        id: id.to_string(),
-                    });
-                }
+            SessionRecord::Compaction { replaced, summary } => {
+                crate::context::apply_compaction(&mut t.history, *replaced, summary.clone())
             }
-            Some("rewind") => match r["to_seq"].as_u64() {
-                // Only backwards: a record naming itself or later is not
-                // one cordon wrote.
-                Some(to) if to < records[i].seq => {
-                    let upto = records[..i].partition_point(|p| p.seq <= to);
-                    t = timeline(&records[..upto]);
-                }
-                _ => tracing::warn!("skipping an unreadable rewind record"),
-            },
+            // Saturating: a fork's turn is read from the log.
+            SessionRecord::UserMessage { .. } => t.turns = t.turns.saturating_add(1),
+            SessionRecord::Checkpoint(c) => t.checkpoints.push(TurnCheckpoint {
+                turn: t.turns,
+                seq: r.seq,
+                id: c.id.clone(),
+            }),
+            // Only backwards: a record naming itself or later is not one
+            // cordon wrote.
+            SessionRecord::Rewind(rw) if rw.to_seq < r.seq => {
+                let upto = records[..i].partition_point(|p| p.seq <= rw.to_seq);
+                t = timeline(&records[..upto]);
+            }
+            SessionRecord::Rewind(_) => {
+                tracing::warn!("skipping a rewind record that does not go back")
+            }
             _ => {}
         }
     }
     t
-}
-
-/// The record that adds `message` to a session's history.
-pub fn message_record(message: &Message) -> Value {
-    json!({ "type": "message", "message": message })
 }
 
 #[cfg(test)]
@@ -466,52 +323,33 @@ mod tests {
         assert_eq!(recorded_workspace("s1", &recorded).unwrap(), sub);
     }
 
-    #[test]
-    fn a_started_record_reads_back_as_written_and_nothing_else_does() {
-        let mut s = SessionStarted::new(
-            "s1",
-            "m",
-            "anthropic",
-            Path::new("/w"),
-            "fix the parser\nthen test",
-            false,
-        );
-        assert_eq!(s.title, "fix the parser");
-        s.display = Some("1280x800".parse().unwrap());
-        s.network = Some(cordon_sandbox::Network::Allow);
-        s.allow = Some(vec!["example.com:443".into()]);
-        s.allow_private = Some(false);
-        let record = s.record();
-        assert_eq!(record["type"], "session_started");
-        assert_eq!(record["display"], "1280x800");
-        assert_eq!(record["network"], "allow");
-        assert_eq!(SessionStarted::from_record(&record), Some(s));
-        // A local session's record has no server fields at all.
-        let local = SessionStarted::new("s2", "m", "p", Path::new("/w"), "", true).record();
-        assert!(local.get("network").is_none() && local.get("display").is_none());
-        // Another record, a bad screen, a bad mode: not a start.
-        for bad in [
-            json!({"type": "message", "session_id": "s1"}),
-            json!({"type": "session_started"}),
-            json!({"type": "session_started", "session_id": "s", "display": "huge"}),
-            json!({"type": "session_started", "session_id": "s", "network": "host"}),
-        ] {
-            assert!(SessionStarted::from_record(&bad).is_none(), "{bad}");
-        }
-    }
-
     fn write(dir: &Path, id: &str, title: &str, prompts: &[&str]) {
-        let mut log = SessionLog::<Value>::create(dir.join(format!("{id}.jsonl"))).unwrap();
-        log.append(
-            &json!({"type":"session_started","session_id":id,"title":title,"workspace":"/w"}),
-        )
-        .unwrap();
+        let mut log = SessionLog::create(dir.join(format!("{id}.jsonl"))).unwrap();
+        let mut started = SessionStarted::new(id, "", "", Path::new("/w"), "", false);
+        started.title = title.into();
+        log.append(&started.record()).unwrap();
         for p in prompts {
-            log.append(&json!({"type":"user_message","text":p}))
-                .unwrap();
-            log.append(&message_record(&Message::user(*p))).unwrap();
-            log.append(&json!({"type":"turn_completed","usage":{"input_tokens":10,"output_tokens":5,"cache_read_tokens":0,"cache_write_tokens":0}}))
-                .unwrap();
+            log.append(&SessionRecord::UserMessage {
+                text: p.to_string(),
+            })
+            .unwrap();
+            log.append(&SessionRecord::Message {
+                message: Message::user(*p),
+            })
+            .unwrap();
+            log.append(&SessionRecord::Event(AgentEvent::TurnCompleted {
+                stop_reason: crate::message::StopReason::EndTurn,
+                steps: 1,
+                usage: Usage {
+                    input_tokens: 10,
+                    output_tokens: 5,
+                    ..Usage::default()
+                },
+                cost_usd: None,
+                context_tokens: 0,
+                context_window: 0,
+            }))
+            .unwrap();
         }
     }
 

@@ -89,7 +89,7 @@ pub async fn chat(args: ChatArgs) -> i32 {
         let (session_id, records) = match clone.made {
             Some(_) => (
                 new_id,
-                serde_json::to_value(repo.record()).into_iter().collect(),
+                vec![cordon_agent::SessionRecord::Repository(repo.record())],
             ),
             None => (String::new(), Vec::new()),
         };

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use cordon_agent::events::{EventSink, pump};
 use cordon_agent::sessions;
-use cordon_agent::{AgentError, Cancel, Opening, SessionLog, StopReason};
+use cordon_agent::{AgentError, Cancel, Opening, SessionLog, SessionRecord, StopReason};
 use cordon_sandbox::Sandbox;
 use tokio::sync::mpsc;
 
@@ -127,7 +127,7 @@ pub async fn exec(args: ExecArgs) -> i32 {
         Some(r) => (r.summary.id, r.history, Some(r.log)),
         None => {
             let id = new_id;
-            let log = SessionLog::<serde_json::Value>::create(
+            let log = SessionLog::<SessionRecord>::create(
                 sessions::sessions_dir().join(format!("{id}.jsonl")),
             )
             .map_err(|e| tracing::warn!("session log disabled: {e}"))
@@ -155,17 +155,18 @@ pub async fn exec(args: ExecArgs) -> i32 {
         crate::repo::session(&c.cloned, flags.allow_push, flags.forge_api.as_deref())
     });
     let mut stdout = std::io::stdout();
-    if args.json {
-        let _ = writeln!(stdout, "{started}");
+    // Through a `Value`, as the log writes it: its keys in order.
+    if args.json
+        && let Ok(line) = serde_json::to_value(&started)
+    {
+        let _ = writeln!(stdout, "{line}");
     }
     if let Some(l) = log.as_mut()
         && l.next_seq() == 0
     {
         let _ = l.append(&started);
-        if let Some(r) = &repo
-            && let Ok(record) = serde_json::to_value(r.record())
-        {
-            let _ = l.append(&record);
+        if let Some(r) = &repo {
+            let _ = l.append(&SessionRecord::Repository(r.record()));
         }
     }
     // A server that fails is reported once, on stderr in both modes. From

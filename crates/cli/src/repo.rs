@@ -135,10 +135,11 @@ pub(crate) async fn for_session(
 
 /// The repository a session's log records, if any.
 fn recorded(log: &Path) -> Option<cordon_git::RepositoryRecord> {
-    let (records, _) = cordon_agent::log::load::<serde_json::Value>(log).ok()?;
-    records
-        .into_iter()
-        .find_map(|r| serde_json::from_value(r.data).ok())
+    let (records, _) = cordon_agent::log::load::<cordon_agent::SessionRecord>(log).ok()?;
+    records.into_iter().find_map(|r| match r.data {
+        cordon_agent::SessionRecord::Repository(rec) => Some(rec),
+        _ => None,
+    })
 }
 
 /// Where session `id` gets a clone of its own: beside its log, in cordon's

@@ -29,11 +29,10 @@ pub struct SessionRepository {
     pub allow_push: bool,
 }
 
-/// The session log's record of the clone: where pushes go is read from
-/// here, never from the repository's configuration, which the workspace
-/// holds.
+/// The session log's record of the clone (its `repository` record, as
+/// the agent's log names it): where pushes go is read from here, never
+/// from the repository's configuration, which the workspace holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename = "repository")]
 pub struct RepositoryRecord {
     pub url: String,
     pub branch: String,

@@ -258,7 +258,7 @@ pub struct Worker {
 /// What `--repo` gives a new conversation.
 pub struct Repository {
     pub session_id: String,
-    pub records: Vec<Value>,
+    pub records: Vec<cordon_agent::SessionRecord>,
     pub tools: Vec<Arc<dyn cordon_tools::Tool>>,
 }
 
@@ -726,7 +726,7 @@ impl State {
         };
         let path = self.cfg.sessions_dir.join(format!("{id}.jsonl"));
         let read = talk.instructions().to_vec();
-        match SessionLog::<Value>::create(&path) {
+        match SessionLog::create(&path) {
             Ok(mut log) => {
                 let _ = log.append(
                     &sessions::SessionStarted::new(

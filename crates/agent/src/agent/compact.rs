@@ -2,12 +2,12 @@
 //! the model writes, on request, past the threshold, or when the model's
 //! server says the context is too long.
 
-use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::{Agent, AgentError, AgentEvent, Cancel, Compaction, Journal};
 use crate::context;
 use crate::message::StreamDelta;
+use crate::record::SessionRecord;
 use crate::wire::{ModelRequest, ToolSpec};
 
 /// Share of the window kept verbatim when compacting automatically.
@@ -126,11 +126,10 @@ impl Agent {
             None
         };
         let message = context::summary_message(&summary, prompt.as_deref());
-        journal.log.append(&json!({
-            "type": "compaction",
-            "replaced": cut,
-            "summary": message,
-        }));
+        journal.log.append(&SessionRecord::Compaction {
+            replaced: cut,
+            summary: message.clone(),
+        });
         context::apply_compaction(&mut self.history, cut, message);
         let c = Compaction {
             replaced_messages: cut,

@@ -21,7 +21,6 @@ mod tools;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::context;
@@ -29,6 +28,7 @@ use crate::hooks::HookEvent;
 use crate::log::SessionLog;
 use crate::message::{StopReason, StreamDelta, Usage};
 use crate::provider::{Provider, ProviderError};
+use crate::record::SessionRecord;
 use crate::recorder::Recorder;
 use crate::wire::{Message, ModelRequest, ToolResult, ToolSpec};
 use compact::KEEP_SHARE;
@@ -86,7 +86,7 @@ struct Journal<'a> {
 impl Journal<'_> {
     fn emit(&self, e: AgentEvent) {
         if !e.is_delta() {
-            self.log.append(&e);
+            self.log.append(&SessionRecord::Event(e.clone()));
         }
         let _ = self.events.send(e);
     }
@@ -228,14 +228,14 @@ impl Agent {
 
     /// Records the conversation in `log` from now on, and the workspace's
     /// files at the start and after every turn in checkpoints beside it.
-    pub fn with_log(mut self, log: SessionLog<Value>) -> Self {
+    pub fn with_log(mut self, log: SessionLog<SessionRecord>) -> Self {
         self.set_log(log);
         self
     }
 
     /// [`Agent::with_log`] on an agent in place: a conversation whose log
     /// is made with its first message.
-    pub fn set_log(&mut self, log: SessionLog<Value>) {
+    pub fn set_log(&mut self, log: SessionLog<SessionRecord>) {
         self.checkpoints = crate::checkpoints::TurnCheckpoints::open(
             log.path(),
             &self.ctx.workspace,
@@ -255,7 +255,8 @@ impl Agent {
 
     /// Adds a message to the history and records it.
     fn push(&mut self, m: Message) {
-        self.log.append(&crate::sessions::message_record(&m));
+        self.log
+            .append(&SessionRecord::Message { message: m.clone() });
         context::push_message(&mut self.history, m);
     }
 
@@ -360,7 +361,7 @@ impl Agent {
         // answer is not held up by it; nothing else is written to the log
         // before it lands (see `settle`).
         if let Some(cp) = self.checkpoints.clone() {
-            let label = format!("after: {}", crate::sessions::title_of(prompt));
+            let label = format!("after: {}", crate::record::title_of(prompt));
             self.pending = Some(tokio::spawn(async move {
                 if let Some(record) = cp.record(label).await {
                     log.append(&record);
@@ -387,9 +388,9 @@ impl Agent {
         cancel: &Cancel,
     ) -> Result<TurnOutcome, AgentError> {
         let emit = |e: AgentEvent| journal.emit(e);
-        journal
-            .log
-            .append(&json!({"type": "user_message", "text": prompt}));
+        journal.log.append(&SessionRecord::UserMessage {
+            text: prompt.to_string(),
+        });
         self.push(Message::user_with_images(prompt, images));
         let mut total = Usage::default();
         let mut stop_continuations = 0;

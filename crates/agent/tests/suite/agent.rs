@@ -472,7 +472,8 @@ async fn a_long_session_compacts_and_every_later_request_stays_under_budget() {
         assert!(text_of(&history[0]).contains("a long task"));
         assert_eq!(history.len(), 4);
         // The log rebuilds exactly that history, and still holds everything.
-        let (records, _) = cordon_agent::log::load::<serde_json::Value>(&log_path).unwrap();
+        let (records, _) =
+            cordon_agent::log::load::<cordon_agent::SessionRecord>(&log_path).unwrap();
         let replayed = cordon_agent::sessions::replay(&records);
         assert_eq!(replayed, history);
         let raw = std::fs::read_to_string(&log_path).unwrap();
@@ -750,7 +751,7 @@ async fn turns_are_checkpointed_and_a_rewind_restores_files_and_conversation() {
         "two\n"
     );
 
-    let (records, _) = cordon_agent::log::load::<serde_json::Value>(&log_path).unwrap();
+    let (records, _) = cordon_agent::log::load::<cordon_agent::SessionRecord>(&log_path).unwrap();
     let t = cordon_agent::sessions::timeline(&records);
     assert_eq!(t.turns, 2);
     let turns: Vec<u64> = t.checkpoints.iter().map(|c| c.turn).collect();
@@ -841,6 +842,6 @@ async fn turns_are_checkpointed_and_a_rewind_restores_files_and_conversation() {
     ] {
         assert!(raw.contains(kind), "{kind}");
     }
-    let (after, _) = cordon_agent::log::load::<serde_json::Value>(&log_path).unwrap();
+    let (after, _) = cordon_agent::log::load::<cordon_agent::SessionRecord>(&log_path).unwrap();
     assert_eq!(&after[..records.len()], &records[..]);
 }

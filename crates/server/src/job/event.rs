@@ -9,9 +9,15 @@ use super::{JobState, StepResult};
 
 /// A policy change as the agent's log records it: the allow list now,
 /// `added` and `removed`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(transparent)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PolicyChanged(pub cordon_agent::PolicyRecord);
+
+/// As the log's `network_policy` record, `type` and all.
+impl Serialize for PolicyChanged {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        cordon_agent::SessionRecord::NetworkPolicy(self.0.clone()).serialize(s)
+    }
+}
 
 impl utoipa::PartialSchema for PolicyChanged {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
@@ -172,6 +178,20 @@ mod tests {
         assert_eq!(
             data,
             json!({"index": 2, "tool": "shell", "state": "skipped"})
+        );
+        let change = cordon_agent::PolicyRecord {
+            allow: vec!["a.example".into()],
+            allow_private: false,
+            added: vec!["a.example".into()],
+            removed: Vec::new(),
+        };
+        assert_eq!(
+            JobEvent::NetworkPolicy(PolicyChanged(change)).parts(),
+            (
+                "network_policy",
+                json!({"type": "network_policy", "allow": ["a.example"], "allow_private": false,
+                       "added": ["a.example"], "removed": []})
+            )
         );
     }
 }

@@ -12,7 +12,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use cordon_agent::SessionLog;
+use cordon_agent::{SessionLog, SessionRecord};
 use cordon_net::Policy;
 use cordon_sandbox::Network;
 
@@ -157,12 +157,12 @@ async fn change_session(
     let record = cordon_agent::PolicyRecord::between(&before, policy);
     let path = crate::sessions::dir(shared, id).join("session.jsonl");
     let appended = crate::sessions::open_log(
-        || SessionLog::<serde_json::Value>::open(&path),
+        || SessionLog::<SessionRecord>::open(&path),
         |e| matches!(e, cordon_agent::log::LogError::Busy(_)),
     )
     .await
     .and_then(|(mut log, _, _)| {
-        log.append(&serde_json::to_value(&record).unwrap_or_default())?;
+        log.append(&SessionRecord::NetworkPolicy(record))?;
         log.sync()
     });
     appended.map_err(|e| {

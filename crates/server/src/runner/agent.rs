@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cordon_agent::events::{BoxFuture, EventSink};
-use cordon_agent::{AgentError, AgentEvent, Cancel, Instructions, Opening, SessionLog};
+use cordon_agent::{
+    AgentError, AgentEvent, Cancel, Instructions, Opening, SessionLog, SessionRecord,
+};
 use cordon_sandbox::Sandbox;
-use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::sink::Sink;
@@ -55,12 +56,11 @@ pub(super) async fn run_agent(
     // fails is said in the job's events and the job goes on without it.
     let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
     let noted = failures.clone();
-    let log = match SessionLog::<Value>::create(&run.session) {
+    let log = match SessionLog::create(&run.session) {
         Ok(mut log) => {
             // Where pushes go, as the log keeps it.
             if let Some(r) = &run.repository
-                && let Ok(record) = serde_json::to_value(r.record())
-                && let Err(e) = log.append(&record)
+                && let Err(e) = log.append(&SessionRecord::Repository(r.record()))
             {
                 tracing::warn!("agent job session log: {e}");
             }

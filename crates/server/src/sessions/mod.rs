@@ -20,9 +20,8 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router, routing::get, routing::post};
 use cordon_agent::events::{BoxFuture, EventSink, pump};
 use cordon_agent::sessions::SessionStarted;
-use cordon_agent::{AgentEvent, Cancel, SessionLog};
+use cordon_agent::{AgentEvent, Cancel, SessionLog, SessionRecord};
 use futures_util::Stream;
-use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::http::{ApiError, Tenant, plausible_id, read_json};
@@ -57,13 +56,13 @@ pub fn routes() -> Router<Arc<Shared>> {
 }
 
 /// A session's `session_started` record, if its log has one.
-fn started<'a>(mut records: impl Iterator<Item = &'a Value>) -> Option<SessionStarted> {
-    records.find_map(SessionStarted::from_record)
+fn started<'a>(mut records: impl Iterator<Item = &'a SessionRecord>) -> Option<&'a SessionStarted> {
+    records.find_map(SessionRecord::started)
 }
 
 /// The display a session was created with, from its `session_started`.
 fn started_display<'a>(
-    records: impl Iterator<Item = &'a Value>,
+    records: impl Iterator<Item = &'a SessionRecord>,
 ) -> Option<cordon_sandbox::Display> {
     started(records)?.display
 }
@@ -71,7 +70,7 @@ fn started_display<'a>(
 /// Whether session `id` was created with a display.
 pub(crate) fn has_display(shared: &Shared, id: &str) -> bool {
     let log = dir(shared, id).join("session.jsonl");
-    cordon_agent::log::load::<Value>(&log)
+    cordon_agent::log::load::<SessionRecord>(&log)
         .ok()
         .and_then(|(records, _)| started_display(records.iter().map(|r| &r.data)))
         .is_some()
@@ -197,7 +196,7 @@ pub(crate) async fn create(
         .unwrap_or_else(|e| Err(std::io::Error::other(e)))
         .map_err(unavailable)?
     };
-    let mut log = SessionLog::<Value>::create(d.join("session.jsonl"))
+    let mut log = SessionLog::create(d.join("session.jsonl"))
         .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
     let spec = policy.clone().map(cordon_net::PolicySpec::from);
     let started = cordon_agent::sessions::SessionStarted {
@@ -221,7 +220,7 @@ pub(crate) async fn create(
     if let Some(repo) = &asked.repo {
         match clone_for(&shared, &tenant, &id, repo, allow_push).await {
             Ok(record) => log
-                .append(&record)
+                .append(&SessionRecord::Repository(record))
                 .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?,
             Err(e) => {
                 // Nothing of the session is kept: its files are the clone's.
@@ -248,7 +247,7 @@ async fn clone_for(
     id: &str,
     repo: &crate::job::RepoUrl,
     allow_push: bool,
-) -> Result<Value, ApiError> {
+) -> Result<cordon_git::RepositoryRecord, ApiError> {
     let refused = |e: String| ApiError::new(StatusCode::BAD_REQUEST, "clone_failed", e);
     // As a job's: within the default disk budget and timeout.
     let bounds = &shared.config.bounds;
@@ -266,11 +265,12 @@ async fn clone_for(
         },
     };
     let ceiling = &shared.ceilings.of(tenant);
-    let record = crate::repos::clone(&shared.store, ceiling, tenant, repo, target, allow_push)
-        .await
-        .map_err(refused)?
-        .record();
-    serde_json::to_value(record).map_err(|e| refused(e.to_string()))
+    Ok(
+        crate::repos::clone(&shared.store, ceiling, tenant, repo, target, allow_push)
+            .await
+            .map_err(refused)?
+            .record(),
+    )
 }
 
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", summary = "List conversations, newest first",
@@ -741,8 +741,8 @@ pub(crate) async fn rewind(
 fn load_log(
     path: &std::path::Path,
     id: &str,
-) -> Result<Vec<cordon_agent::Record<Value>>, ApiError> {
-    let (records, _) = cordon_agent::log::load::<Value>(path).map_err(|e| {
+) -> Result<Vec<cordon_agent::Record<SessionRecord>>, ApiError> {
+    let (records, _) = cordon_agent::log::load::<SessionRecord>(path).map_err(|e| {
         tracing::error!("session {id}: {e}");
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

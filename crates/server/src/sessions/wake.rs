@@ -8,9 +8,8 @@ use std::time::Instant;
 use axum::http::StatusCode;
 use cordon_agent::log::LogError;
 use cordon_agent::sessions::SessionError;
-use cordon_agent::{AgentConfig, Instructions, Opening};
+use cordon_agent::{AgentConfig, Instructions, Opening, SessionRecord};
 use cordon_sandbox::Sandbox;
-use serde_json::Value;
 use tokio::sync::OwnedMutexGuard;
 
 use super::network::logged_network;
@@ -129,13 +128,13 @@ async fn wake(
             "cannot open the session's workspace",
         )
     })?;
-    let records = match cordon_agent::log::load::<Value>(&log) {
+    let records = match cordon_agent::log::load::<SessionRecord>(&log) {
         Ok((records, _)) => records,
         Err(_) => Vec::new(),
     };
     // The image it was created with, still offered to its tenant.
     let image = match super::started(records.iter().map(|r| &r.data))
-        .and_then(|s| s.image)
+        .and_then(|s| s.image.clone())
         .map(crate::job::ImageName::try_from)
     {
         None => None,
@@ -174,10 +173,10 @@ async fn wake(
     });
     // The session's repository, reached with the tenant's login as it is
     // now, within the ceiling as it is now.
-    let repository = match records
-        .iter()
-        .find_map(|r| serde_json::from_value::<cordon_git::RepositoryRecord>(r.data.clone()).ok())
-    {
+    let repository = match records.iter().find_map(|r| match &r.data {
+        SessionRecord::Repository(rec) => Some(rec),
+        _ => None,
+    }) {
         None => None,
         Some(rec) => Some(
             crate::repos::session(
