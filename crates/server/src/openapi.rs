@@ -377,7 +377,8 @@ mod tests {
         if let Ok(p) = std::env::var("CORDON_DUMP_OPENAPI") {
             std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
         }
-        for (name, tag, count) in [("JobRequest", "kind", 8), ("Step", "tool", 7)] {
+        let kinds = crate::job::JobKind::all().count();
+        for (name, tag, count) in [("JobRequest", "kind", kinds), ("Step", "tool", 7)] {
             let variants = doc["components"]["schemas"][name]["oneOf"]
                 .as_array()
                 .unwrap_or_else(|| panic!("{name} is a oneOf"));
