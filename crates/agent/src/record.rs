@@ -57,6 +57,14 @@ impl SessionRecord {
             _ => None,
         }
     }
+
+    /// The clone the session works on, if this records it.
+    pub fn repository(&self) -> Option<&cordon_git::RepositoryRecord> {
+        match self {
+            SessionRecord::Repository(r) => Some(r),
+            _ => None,
+        }
+    }
 }
 
 impl From<AgentEvent> for SessionRecord {

@@ -136,10 +136,7 @@ pub(crate) async fn for_session(
 /// The repository a session's log records, if any.
 fn recorded(log: &Path) -> Option<cordon_git::RepositoryRecord> {
     let (records, _) = cordon_agent::log::load::<cordon_agent::SessionRecord>(log).ok()?;
-    records.into_iter().find_map(|r| match r.data {
-        cordon_agent::SessionRecord::Repository(rec) => Some(rec),
-        _ => None,
-    })
+    records.iter().find_map(|r| r.data.repository()).cloned()
 }
 
 /// Where session `id` gets a clone of its own: beside its log, in cordon's

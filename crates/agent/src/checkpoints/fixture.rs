@@ -457,10 +457,7 @@ fn the_fixture_reads_as_it_always_has() {
     // The repository, as `exec --resume` and the server's wake find it.
     let repo = records
         .iter()
-        .find_map(|r| match &r.data {
-            SessionRecord::Repository(rec) => Some(rec),
-            _ => None,
-        })
+        .find_map(|r| r.data.repository())
         .expect("a repository record");
     assert_eq!(repo.url, "https://git.example/team/project.git");
     assert!(repo.allow_push);

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::hub::Hub;
 use cordon_sandbox::Stream;
 
+use crate::hub::Hub;
 use crate::job::JobEvent;
 use crate::store::{NewEvent, OutputDelta, Store};
 

@@ -173,10 +173,7 @@ async fn wake(
     });
     // The session's repository, reached with the tenant's login as it is
     // now, within the ceiling as it is now.
-    let repository = match records.iter().find_map(|r| match &r.data {
-        SessionRecord::Repository(rec) => Some(rec),
-        _ => None,
-    }) {
+    let repository = match records.iter().find_map(|r| r.data.repository()) {
         None => None,
         Some(rec) => Some(
             crate::repos::session(
