@@ -177,7 +177,11 @@ fn an_mcp_session_racing_its_tools_never_sees_another_tenants_files() {
                 !body.contains(MARKER),
                 "try {tries}: the session saw the other tenant's files: {body}"
             );
-            if started.elapsed() > Duration::from_secs(45) {
+            // 45 s on an idle machine; a loaded one gets longer for its
+            // tries.
+            let past = started.elapsed();
+            if past > Duration::from_secs(120) || (past > Duration::from_secs(45) && tries >= 1500)
+            {
                 break 'race;
             }
         }

@@ -157,7 +157,7 @@ async fn change_session(
     let record = cordon_agent::PolicyRecord::between(&before, policy);
     let path = crate::sessions::dir(shared, id).join("session.jsonl");
     let appended = crate::sessions::open_log(
-        || SessionLog::<SessionRecord>::open(&path),
+        || std::future::ready(SessionLog::<SessionRecord>::open(&path)),
         |e| matches!(e, cordon_agent::log::LogError::Busy(_)),
     )
     .await

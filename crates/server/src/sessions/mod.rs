@@ -18,6 +18,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router, routing::get, routing::post};
+use cordon_agent::checkpoints::RewindError;
 use cordon_agent::events::{BoxFuture, EventSink, pump};
 use cordon_agent::sessions::SessionStarted;
 use cordon_agent::{AgentEvent, Cancel, SessionLog, SessionRecord};
@@ -90,13 +91,13 @@ const LOG_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2)
 /// Runs `open` (of a session's log) again while `busy` says its lock is
 /// held, for up to [`LOG_LOCK_PATIENCE`]. Within this server a session's
 /// slot admits one writer, so a held lock is a forked child's passing copy.
-pub(crate) async fn open_log<T, E>(
-    mut open: impl FnMut() -> Result<T, E>,
+pub(crate) async fn open_log<T, E, F: Future<Output = Result<T, E>>>(
+    mut open: impl FnMut() -> F,
     busy: impl Fn(&E) -> bool,
 ) -> Result<T, E> {
     let until = Instant::now() + LOG_LOCK_PATIENCE;
     loop {
-        match open() {
+        match open().await {
             Err(e) if busy(&e) && Instant::now() < until => {
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
@@ -677,24 +678,29 @@ pub(crate) async fn rewind(
         .map(|a| a.agent.checkpoints)
         .unwrap_or_default();
     let volumes = shared.config.volumes();
-    let done = tokio::task::spawn_blocking(move || {
-        let _in_use = volumes.enter(&ws).map_err(|e| {
-            cordon_agent::checkpoints::RewindError::Workspace(format!("{}: {e}", ws.display()))
-        })?;
-        match turn {
-            Some(turn) => cordon_agent::checkpoints::rewind(&log, &ws, turn, retention),
-            None => cordon_agent::checkpoints::undo(&log, &ws, retention),
-        }
-    })
-    .await
-    .map_err(|e| {
-        tracing::error!("session {id}: rewind: {e}");
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "the rewind failed",
-        )
-    })?;
+    // A rewind opens the log before it changes anything: one that finds
+    // its lock held (by a child forked a moment ago) is tried again.
+    let done = open_log(
+        || {
+            let (log, ws) = (log.clone(), ws.clone());
+            let attempt = tokio::task::spawn_blocking(move || {
+                let _in_use = volumes
+                    .enter(&ws)
+                    .map_err(|e| RewindError::Workspace(format!("{}: {e}", ws.display())))?;
+                match turn {
+                    Some(turn) => cordon_agent::checkpoints::rewind(&log, &ws, turn, retention),
+                    None => cordon_agent::checkpoints::undo(&log, &ws, retention),
+                }
+            });
+            async {
+                attempt.await.unwrap_or_else(|e| {
+                    Err(RewindError::Workspace(format!("the rewind failed: {e}")))
+                })
+            }
+        },
+        |e| matches!(e, RewindError::Log(cordon_agent::log::LogError::Busy(_))),
+    )
+    .await;
     drop(guard);
     match done {
         Ok(r) => Ok(Json(Rewound {
@@ -712,18 +718,18 @@ pub(crate) async fn rewind(
             checkpoint: r.checkpoint,
             before: r.before,
         })),
-        Err(e @ cordon_agent::checkpoints::RewindError::NoCheckpoint { .. }) => Err(ApiError::new(
+        Err(e @ RewindError::NoCheckpoint { .. }) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "no_checkpoint",
             e.to_string(),
         )),
-        Err(e @ cordon_agent::checkpoints::RewindError::NothingToUndo) => Err(ApiError::new(
+        Err(e @ RewindError::NothingToUndo) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "nothing_to_undo",
             e.to_string(),
         )),
         // The operator's settings decide what is kept, not the tenant.
-        Err(e @ cordon_agent::checkpoints::RewindError::Pruned(_)) => {
+        Err(e @ RewindError::Pruned(_)) => {
             Err(ApiError::new(StatusCode::GONE, "pruned", e.to_string()))
         }
         Err(e) => {

@@ -106,7 +106,7 @@ async fn wake(
     }
     let log = d.join("session.jsonl");
     let resumed = super::open_log(
-        || cordon_agent::sessions::open(&log),
+        || std::future::ready(cordon_agent::sessions::open(&log)),
         |e| matches!(e, SessionError::Log(LogError::Busy(_))),
     )
     .await

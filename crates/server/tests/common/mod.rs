@@ -91,6 +91,22 @@ impl Drop for TestServer {
     }
 }
 
+/// The servers' warnings and errors go to the output of the test whose
+/// threads wrote them, which the harness shows when it fails: an answer
+/// such as "the server's log says why" must be explainable from CI.
+/// `RUST_LOG` says more.
+fn log_to_tests() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    });
+}
+
 impl TestServer {
     /// `None` when the test must skip (PostgreSQL missing, outside CI).
     pub async fn start(db: Db) -> Option<TestServer> {
@@ -113,6 +129,7 @@ impl TestServer {
         db_url: &str,
         tune: impl FnOnce(&mut ServerConfig),
     ) -> TestServer {
+        log_to_tests();
         let mut config = ServerConfig::new(db_url, dir.join("data"));
         config.listen = "127.0.0.1:0".parse().unwrap();
         config.supervisor = Some(supervisor());

@@ -101,7 +101,9 @@ async fn the_files_api_never_follows_a_directory_swapped_for_a_link() {
             assert!(status < 500, "try {tries}: {path}: {status} {body}");
             refused += usize::from(status != 200);
         }
-        if started.elapsed() > Duration::from_secs(50) {
+        // 50 s on an idle machine; a loaded one gets longer for its tries.
+        let past = started.elapsed();
+        if past > Duration::from_secs(150) || (past > Duration::from_secs(50) && tries >= 5000) {
             break;
         }
     }

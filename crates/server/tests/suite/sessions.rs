@@ -662,6 +662,39 @@ async fn a_paused_session_goes_on_at_the_next_message() {
 /// session log's lock among them, until it execs: the next wake waits
 /// that moment out instead of calling the session unavailable. The CI
 /// met this once under load; here the lock is held for 300 ms on purpose.
+/// A child the server forks holds a copy of the log's lock until it
+/// execs: a rewind that finds the lock held a moment waits for it, as a
+/// waking session does, and is not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewind_waits_past_a_log_lock_held_a_moment() {
+    let model = ScriptedServer::start(Scenario::new().turn(Turn::text("Here.")));
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("server.db").display().to_string();
+    let s = TestServer::start_at(dir.path(), &db, with_model(model.url())).await;
+    let t = s.token("acme").await;
+    let id = s.new_session(&t).await;
+    let events = s.say(&t, &id, "are you there?").await;
+    assert!(events.iter().any(|e| e.0 == "turn_completed"), "{events:?}");
+    // A server started again has the session closed, its log free.
+    s.stop().await;
+    let s = TestServer::start_at(dir.path(), &db, with_model(model.url())).await;
+    let log =
+        std::fs::File::open(dir.path().join(format!("data/sessions/{id}/session.jsonl"))).unwrap();
+    log.lock().unwrap();
+    let held = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        drop(log);
+    });
+    let (status, body) = s
+        .post(&t, &format!("/v1/sessions/{id}/rewind"), json!({"turn": 0}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["turn"], 0, "{body}");
+    held.join().unwrap();
+    model.assert_finished();
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_wakes_past_a_log_lock_held_a_moment() {
     let model = ScriptedServer::start(Scenario::new().turn(Turn::text("Here.")));
