@@ -82,8 +82,8 @@ fn configuration() -> String {
         "Every key cordon reads, in files (`~/.config/cordon/config.toml`, the project's \
          `.cordon/config.toml`), `.env`, the environment and `--set KEY=VALUE`; the later \
          wins. How the files are found and trusted: [configuration](../configuration.md).\n\n\
-         | key | environment | default | who may set it | what it is |\n\
-         |---|---|---|---|---|\n",
+         | key | type | environment | default | who may set it | what it is |\n\
+         |---|---|---|---|---|---|\n",
     );
     for k in KEYS {
         let env = k
@@ -102,8 +102,9 @@ fn configuration() -> String {
         };
         let _ = writeln!(
             out,
-            "| `{}` | {env} | {default} | {} | {}{secret} |",
+            "| `{}` | {} | {env} | {default} | {} | {}{secret} |",
             k.name,
+            cell(&k.ty.describe()),
             cell(&setters(k.guard)),
             cell(k.doc)
         );

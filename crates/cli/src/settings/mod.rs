@@ -12,11 +12,15 @@
 //! user trusted them as they are (`cordon trust`), each key's [`Guard`]
 //! decides whether they may set it (see [`trust`]).
 
+mod keys;
 mod resolved;
 pub mod trust;
+mod ty;
 
+pub use keys::{KEYS, Key};
 pub use resolved::{ApprovalMode, Environment, Resolved};
 pub use trust::{Guard, Ignored, TrustStore};
+pub use ty::Ty;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,320 +48,6 @@ impl std::fmt::Display for Source {
     }
 }
 
-/// One setting: its name in files and on the command line, the variables
-/// that set it, whether it is secret, and its default.
-pub struct Key {
-    pub name: &'static str,
-    pub env: &'static [&'static str],
-    pub secret: bool,
-    pub default: Option<&'static str>,
-    pub doc: &'static str,
-    /// Whether an untrusted project file may set it.
-    pub guard: Guard,
-}
-
-/// Every setting cordon reads.
-pub const KEYS: &[Key] = &[
-    Key {
-        name: "provider",
-        env: &["CORDON_PROVIDER"],
-        secret: false,
-        default: None,
-        doc: "anthropic or openai (default: anthropic, or openai when only OPENAI_BASE_URL is set)",
-        guard: Guard::Endpoint,
-    },
-    Key {
-        name: "model",
-        env: &["MODEL", "CORDON_MODEL"],
-        secret: false,
-        default: Some("claude-sonnet-4-5"),
-        doc: "model name",
-        guard: Guard::Any,
-    },
-    Key {
-        name: "max_tokens",
-        env: &["MAX_TOKENS"],
-        secret: false,
-        default: Some("8192"),
-        doc: "output tokens per model answer",
-        guard: Guard::Any,
-    },
-    Key {
-        name: "workspace",
-        env: &["SAFEDIR", "CORDON_WORKSPACE"],
-        secret: false,
-        default: None,
-        doc: "host directory mounted at /workspace (default: the current directory)",
-        guard: Guard::Path,
-    },
-    Key {
-        name: "anthropic_api_key",
-        env: &["ANTHROPIC_API_KEY"],
-        secret: true,
-        default: None,
-        doc: "Anthropic API key",
-        guard: Guard::Credential,
-    },
-    Key {
-        name: "anthropic_base_url",
-        env: &["ANTHROPIC_BASE_URL"],
-        secret: false,
-        default: Some("https://api.anthropic.com"),
-        doc: "Anthropic API base URL",
-        guard: Guard::Endpoint,
-    },
-    Key {
-        name: "openai_api_key",
-        env: &["OPENAI_API_KEY"],
-        secret: true,
-        default: None,
-        doc: "key for OpenAI or a compatible server (optional for local servers)",
-        guard: Guard::Credential,
-    },
-    Key {
-        name: "openai_base_url",
-        env: &["OPENAI_BASE_URL"],
-        secret: false,
-        default: Some("https://api.openai.com/v1"),
-        doc: "OpenAI-compatible base URL, with /v1",
-        guard: Guard::Endpoint,
-    },
-    Key {
-        name: "context_window",
-        env: &["CORDON_CONTEXT_WINDOW"],
-        secret: false,
-        default: Some("200000"),
-        doc: "the model's context window in tokens",
-        guard: Guard::Any,
-    },
-    Key {
-        name: "compact_threshold",
-        env: &["CORDON_COMPACT_THRESHOLD"],
-        secret: false,
-        default: Some("0.75"),
-        doc: "compact when a request would exceed this share of the window",
-        guard: Guard::Any,
-    },
-    Key {
-        name: "web_search",
-        env: &["CORDON_WEB_SEARCH"],
-        secret: false,
-        default: Some("off"),
-        doc: "the provider's own web search (Anthropic models only): off, or the most searches per request; it runs on the provider's servers, outside the sandbox's network policy",
-        // Searches leave through the provider, whatever the policy says.
-        guard: Guard::Tighten,
-    },
-    Key {
-        name: "approval",
-        env: &["CORDON_APPROVAL"],
-        secret: false,
-        default: Some("auto"),
-        doc: "auto (run every tool in the sandbox) or ask",
-        guard: Guard::Tighten,
-    },
-    Key {
-        name: "sandbox.memory",
-        env: &["CORDON_MEMORY"],
-        secret: false,
-        default: Some("512M"),
-        doc: "sandbox memory limit",
-        guard: Guard::Tighten,
-    },
-    Key {
-        name: "sandbox.pids",
-        env: &["CORDON_PIDS"],
-        secret: false,
-        default: Some("256"),
-        doc: "sandbox process limit",
-        guard: Guard::Tighten,
-    },
-    Key {
-        name: "sandbox.disk",
-        env: &["CORDON_DISK"],
-        secret: false,
-        default: None,
-        doc: "how much the sandbox's workspace may grow on disk before it is stopped (a size, or none)",
-        guard: Guard::Tighten,
-    },
-    Key {
-        name: "sandbox.pause_when_idle",
-        env: &["CORDON_PAUSE_WHEN_IDLE"],
-        secret: false,
-        default: Some("never"),
-        doc: "in the terminal UI, pause the sandbox (its processes stop where they are, memory kept) after this long without a message or command (30s, 10m, or never); the next one resumes it; a server it runs does not answer meanwhile",
-        guard: Guard::Any,
-    },
-    Key {
-        name: "sandbox.network",
-        env: &["CORDON_NETWORK"],
-        secret: false,
-        default: Some("off"),
-        doc: "off, loopback, allow (the hosts of network.allow, through cordon's broker), or full (the host's network: trusted work only)",
-        guard: Guard::Tighten,
-    },
-    Key {
-        name: "network.allow",
-        env: &["CORDON_ALLOW"],
-        secret: false,
-        default: None,
-        doc: "hosts the sandbox may reach through cordon's broker: HOST[:PORT], *.DOMAIN, IP or CIDR, @python @node @rust @debian @git-hosting; comma-separated or a TOML list; implies sandbox.network = allow",
-        guard: Guard::Tighten,
-    },
-    Key {
-        name: "network.secrets",
-        env: &[],
-        secret: false,
-        default: None,
-        doc: "secrets the broker fills in for their hosts only: [[network.secrets]] name, from_env (the host variable with the value), hosts, env (the sandbox's variable, default name); the sandbox sees a placeholder",
-        // It sends a host variable's value to hosts of its choosing.
-        guard: Guard::Credential,
-    },
-    Key {
-        name: "network.allow_private",
-        env: &["CORDON_ALLOW_PRIVATE"],
-        secret: false,
-        default: Some("false"),
-        doc: "let allowed names resolve to loopback, private and link-local addresses",
-        guard: Guard::Tighten,
-    },
-    Key {
-        name: "sandbox.display",
-        env: &["CORDON_DISPLAY"],
-        secret: false,
-        default: None,
-        doc: "a virtual X display in the sandbox, WIDTHxHEIGHT; gives the model the computer tool",
-        guard: Guard::Any,
-    },
-    Key {
-        name: "sandbox.protect_control_files",
-        env: &["CORDON_PROTECT_CONTROL_FILES"],
-        secret: false,
-        default: Some("true"),
-        doc: "keep the files host programs take commands from read-only in the sandbox: .git, .vscode, .idea, .claude, .mcp.json",
-        guard: Guard::Tighten,
-    },
-    Key {
-        name: "checkpoints.keep",
-        env: &["CORDON_CHECKPOINTS_KEEP"],
-        secret: false,
-        default: Some("100"),
-        doc: "how many of a session's checkpoints are kept (the workspace's files after each turn); older ones are pruned, and a rewind to them refused",
-        guard: Guard::Retention,
-    },
-    Key {
-        name: "checkpoints.max_size",
-        env: &["CORDON_CHECKPOINTS_MAX_SIZE"],
-        secret: false,
-        default: Some("1G"),
-        doc: "how much disk a session's checkpoints may take (at least 1M); the oldest are pruned to stay within it, the newest always kept",
-        guard: Guard::Retention,
-    },
-    Key {
-        name: "environment.image",
-        env: &[],
-        secret: false,
-        default: None,
-        doc: "the image the environment's setup builds on (default: sandbox.image)",
-        guard: Guard::Isolation,
-    },
-    Key {
-        name: "environment.setup",
-        env: &[],
-        secret: false,
-        default: None,
-        doc: "a shell command run once in a sandbox on the image, with environment.allow's network; what it changes outside /workspace becomes the image every later sandbox of the workspace starts from (docs/build.md)",
-        guard: Guard::Isolation,
-    },
-    Key {
-        name: "environment.inputs",
-        env: &[],
-        secret: false,
-        default: None,
-        doc: "the workspace's files the setup reads (a TOML list of relative paths): it runs again when one changes",
-        guard: Guard::Isolation,
-    },
-    Key {
-        name: "environment.allow",
-        env: &[],
-        secret: false,
-        default: None,
-        doc: "what the setup may reach through cordon's broker, as network.allow (the sandboxes after it get network.allow's)",
-        guard: Guard::Isolation,
-    },
-    Key {
-        name: "sandbox.backend",
-        env: &["CORDON_BACKEND"],
-        secret: false,
-        default: Some("native"),
-        doc: "native (namespaces on this kernel) or microvm (a QEMU virtual machine)",
-        guard: Guard::Isolation,
-    },
-    Key {
-        name: "sandbox.image",
-        env: &["CORDON_IMAGE"],
-        secret: false,
-        default: None,
-        doc: "the image whose file system is the sandbox's root, pulled if the store lacks it: NAME[:TAG] or NAME@DIGEST from a registry, oci:DIR[:TAG], or docker-archive:FILE (default: the host's root, read-only)",
-        guard: Guard::Isolation,
-    },
-    Key {
-        name: "sandbox.cpus",
-        env: &["CORDON_CPUS"],
-        secret: false,
-        default: None,
-        doc: "virtual CPUs of a microVM (default 1)",
-        guard: Guard::Tighten,
-    },
-    Key {
-        name: "vm.kernel",
-        env: &["CORDON_VM_KERNEL"],
-        secret: false,
-        default: None,
-        doc: "microvm guest kernel, vmlinuz or vmlinux (default: the one `cordon vm setup` fetched)",
-        guard: Guard::Path,
-    },
-    Key {
-        name: "vm.modules",
-        env: &["CORDON_VM_MODULES"],
-        secret: false,
-        default: None,
-        doc: "the guest kernel's modules directory (lib/modules/VERSION)",
-        guard: Guard::Path,
-    },
-    Key {
-        name: "vm.qemu",
-        env: &["CORDON_VM_QEMU"],
-        secret: false,
-        default: None,
-        doc: "the QEMU binary (default: qemu-system-x86_64 on PATH)",
-        guard: Guard::Path,
-    },
-    Key {
-        name: "vm.accel",
-        env: &["CORDON_VM_ACCEL"],
-        secret: false,
-        default: None,
-        doc: "kvm or tcg (default tcg: a /dev/kvm that cannot run guests hangs them)",
-        guard: Guard::Isolation,
-    },
-    Key {
-        name: "vm.snapshots",
-        env: &["CORDON_VM_SNAPSHOTS"],
-        secret: false,
-        default: Some("on"),
-        doc: "on: start each microVM from a memory snapshot of a guest booted once (taken on first use); off: boot every one cold",
-        guard: Guard::Isolation,
-    },
-    Key {
-        name: "serve.pool",
-        env: &["CORDON_POOL"],
-        secret: false,
-        default: None,
-        doc: "cordon serve's warm pools, as --pool: a TOML list such as [\"4\", \"2,image=python,memory=1G\"] (or `;`-separated); sandboxes made ahead for the jobs of their shape",
-        guard: Guard::Isolation,
-    },
-];
-
 fn key(name: &str) -> Option<&'static Key> {
     KEYS.iter().find(|k| k.name == name)
 }
@@ -367,12 +57,16 @@ fn key(name: &str) -> Option<&'static Key> {
 fn hint(name: &str) -> String {
     let nearest = KEYS
         .iter()
-        .map(|k| (strsim::damerau_levenshtein(name, k.name), k.name, k.doc))
-        .min();
+        .map(|k| (strsim::damerau_levenshtein(name, k.name), k.name, k))
+        .min_by_key(|(d, known, _)| (*d, *known));
     match nearest {
         // A slip of a key or two, not a different word.
-        Some((d, known, doc)) if d <= 2.max(name.len() / 4) && d < name.len() => {
-            format!("; did you mean {known:?} ({doc})?")
+        Some((d, known, k)) if d <= 2.max(name.len() / 4) && d < name.len() => {
+            format!(
+                "; did you mean {known:?} ({}; {})?",
+                k.doc,
+                k.ty.describe().replace('`', "")
+            )
         }
         _ => format!(
             " (known: {})",

@@ -117,7 +117,7 @@ fn bad_files_and_values_are_clear_errors() {
     );
     // Issue 32: a typo is answered with the key it is likely one of.
     assert!(
-        err.contains("did you mean \"model\" (model name)?"),
+        err.contains("did you mean \"model\" (model name; text)?"),
         "{err}"
     );
     std::fs::write(&cfg, "[sandbox]\ndsik = \"1G\"\n").unwrap();
@@ -537,5 +537,55 @@ fn checkpoint_retention_is_a_setting_the_project_cannot_change() {
             .unwrap_err()
             .to_string();
         assert!(err.contains(k), "{k}={v}: {err}");
+    }
+}
+
+/// The reference's types hold: every key takes each value of its type
+/// and refuses each value outside it, naming itself.
+#[test]
+fn every_key_takes_the_values_of_its_type_and_refuses_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let none = |_: &str| None;
+    // What some keys need beside them to be read at all.
+    let beside = [
+        ("environment.setup", "make deps"),
+        ("environment.image", "debian:12"),
+        ("network.allow", "example.com"),
+    ];
+    let with = |key: &'static str, value: &str| -> Vec<(String, String)> {
+        beside
+            .iter()
+            .filter(|(k, _)| *k != key)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain([(key.to_string(), value.to_string())])
+            .collect()
+    };
+    for k in KEYS {
+        let (good, bad) = k.ty.samples();
+        for value in good {
+            let cli = with(k.name, &value);
+            let cli: Vec<(&str, &str)> =
+                cli.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+            if let Err(e) = Settings::load(&layers(dir.path(), dir.path(), &none, &cli)) {
+                panic!(
+                    "{} = {value:?} ({}) was refused: {e}",
+                    k.name,
+                    k.ty.describe()
+                );
+            }
+        }
+        for value in bad {
+            let cli = with(k.name, &value);
+            let cli: Vec<(&str, &str)> =
+                cli.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+            match Settings::load(&layers(dir.path(), dir.path(), &none, &cli)) {
+                Ok(_) => panic!("{} = {value:?} ({}) was taken", k.name, k.ty.describe()),
+                Err(e) => assert!(
+                    e.to_string().contains(k.name),
+                    "{} = {value:?}: the error does not name the key: {e}",
+                    k.name
+                ),
+            }
+        }
     }
 }
