@@ -47,6 +47,11 @@ pub enum AgentEvent {
         id: String,
         name: String,
         input: serde_json::Value,
+        /// What the call does, on one printable line, for the front ends
+        /// to show (see `cordon_tools::label`). Absent from logs written
+        /// before it was: a reader then makes one with `label::generic`.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        label: String,
     },
     /// Output of a running tool call, as it arrives (`bash`, `run_code`);
     /// `ToolCallFinished` then carries the whole result.

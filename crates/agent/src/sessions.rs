@@ -235,6 +235,22 @@ pub fn replay(records: &[Record<SessionRecord>]) -> Vec<Message> {
     timeline(records).history
 }
 
+/// The label each tool call was shown with, by call id, as the log
+/// recorded them (calls logged before labels were have none).
+pub fn labels(records: &[Record<SessionRecord>]) -> std::collections::BTreeMap<String, String> {
+    records
+        .iter()
+        .filter_map(|r| match &r.data {
+            SessionRecord::Event(AgentEvent::ToolCallStarted { id, label, .. })
+                if !label.is_empty() =>
+            {
+                Some((id.clone(), label.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// A conversation as its log now reads: after rewinds, as it was at the
 /// record each went back to.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -18,7 +18,8 @@ use crate::agent::{Agent, AgentConfig, AgentEvent, Cancel, Oversight};
 pub use crate::helpers::{Helpers, MAX_PER_TURN};
 use crate::provider::{Provider, ProviderConfig};
 use cordon_sandbox::Stream;
-use cordon_tools::{Tool, ToolContext, ToolFuture, ToolOutput, Toolbox};
+use cordon_tools::label::line;
+use cordon_tools::{ToolContext, ToolFuture, ToolOutput, Toolbox, TypedTool};
 
 pub const NAME: &str = "task";
 /// How deep helpers nest: the caller's helpers have no helpers of their own.
@@ -76,9 +77,10 @@ impl Task {
     }
 }
 
+/// A helper's task, as the model gives it.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Input {
+pub struct Input {
     description: String,
     prompt: String,
 }
@@ -97,30 +99,26 @@ fn schema() -> Value {
 
 const DESCRIPTION: &str = "Hand a self-contained sub-task to a helper agent: searching a large codebase for something, investigating a failure, or a change you can describe completely. The helper works in the same sandbox and workspace with the same tools, but starts with none of this conversation: say in `prompt` everything it needs. Its steps do not fill your context; you get only its final answer, as this call's result. Use it for work that takes many steps whose details you do not need; do simple things yourself. Helpers cannot start helpers.";
 
-impl Tool for Task {
-    fn name(&self) -> &str {
-        NAME
-    }
+impl TypedTool for Task {
+    const NAME: &'static str = NAME;
+    const READ_ONLY: bool = false;
+    type Input = Input;
     fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {
         schema()
     }
-    fn read_only(&self) -> bool {
-        false
+    fn label(&self, input: &Input) -> String {
+        input.description.clone()
     }
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(self.run(ctx, input))
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Input) -> ToolFuture<'a> {
+        Box::pin(self.help(ctx, input))
     }
 }
 
 impl Task {
-    async fn run(&self, ctx: &ToolContext, input: Value) -> ToolOutput {
-        let input: Input = match cordon_tools::args::parse(NAME, &schema(), input) {
-            Ok(i) => i,
-            Err(e) => return e,
-        };
+    async fn help(&self, ctx: &ToolContext, input: Input) -> ToolOutput {
         if input.prompt.trim().is_empty() {
             return ToolOutput::error("The helper needs a prompt: say what it is to do.");
         }
@@ -195,9 +193,9 @@ impl Shown<'_> {
                 self.steps = step;
                 return;
             }
-            AgentEvent::ToolCallStarted { name, input, .. } => {
+            AgentEvent::ToolCallStarted { name, label, .. } => {
                 self.calls += 1;
-                format!("▸ {name} {}", key_argument(&input))
+                format!("▸ {name} {label}")
             }
             AgentEvent::ToolCallFinished {
                 output,
@@ -210,42 +208,20 @@ impl Shown<'_> {
                 } else {
                     "✓"
                 };
-                format!("  {mark} {}", first_line(&output))
+                format!("  {mark} {}", line(&output))
             }
             // What it says between calls; its last answer is the result.
             AgentEvent::AssistantMessage {
                 text,
                 stop_reason: crate::message::StopReason::ToolUse,
                 ..
-            } if !text.trim().is_empty() => format!("· {}", first_line(&text)),
-            AgentEvent::Error { message } => format!("✗ {}", first_line(&message)),
+            } if !text.trim().is_empty() => format!("· {}", line(&text)),
+            AgentEvent::Error { message } => format!("✗ {}", line(&message)),
             _ => return,
         };
         self.ctx
             .report(Stream::Stdout, format!("{line}\n").as_bytes());
     }
-}
-
-/// The argument that says what a call does, on one line.
-fn key_argument(input: &Value) -> String {
-    ["command", "path", "pattern", "url", "query", "description"]
-        .iter()
-        .find_map(|k| input.get(k).and_then(Value::as_str))
-        .map(first_line)
-        .unwrap_or_default()
-}
-
-fn first_line(s: &str) -> String {
-    let line = s
-        .lines()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim();
-    let mut cut: String = line.chars().take(160).collect();
-    if cut.len() < line.len() || s.lines().filter(|l| !l.trim().is_empty()).nth(1).is_some() {
-        cut.push('…');
-    }
-    cut
 }
 
 #[cfg(test)]
@@ -262,12 +238,5 @@ mod tests {
         assert!(h.claim().unwrap_err().contains("the most it may"));
         h.begin_turn("m");
         assert!(h.claim().is_ok());
-    }
-
-    #[test]
-    fn steps_are_shown_a_line_each() {
-        assert_eq!(first_line("\n  cargo test\nmore"), "cargo test…");
-        assert_eq!(first_line(&"x".repeat(200)).chars().count(), 161);
-        assert_eq!(key_argument(&json!({"command": "ls -la"})), "ls -la");
     }
 }

@@ -116,13 +116,16 @@ impl<O: Write + Send, E: Write + Send> Human<O, E> {
                 let _ = self.out.write_all(text.as_bytes());
                 let _ = self.out.flush();
             }
-            AgentEvent::ToolCallStarted { name, input, .. } => {
+            AgentEvent::ToolCallStarted {
+                name, input, label, ..
+            } => {
                 self.end_answer_line();
-                let key = ["command", "path", "pattern", "language"]
-                    .iter()
-                    .find_map(|k| input.get(k).and_then(|v| v.as_str()))
-                    .unwrap_or("");
-                self.note(&format!("▸ {name} {key}"));
+                let label = if label.is_empty() {
+                    cordon_tools::label::generic(&input)
+                } else {
+                    label
+                };
+                self.note(&format!("▸ {name} {label}"));
             }
             AgentEvent::ToolOutput { text, .. } => {
                 self.streamed = true;
@@ -263,6 +266,8 @@ mod tests {
                 id: "b1".into(),
                 name: "bash".into(),
                 input: json!({"command": "cat \u{1b}]52;c;cHduZWQ=\u{7}notes"}),
+                // As no label cordon makes: the printer is the last guard.
+                label: "cat \u{1b}]52;c;cHduZWQ=\u{7}notes".into(),
             },
             AgentEvent::ToolOutput {
                 id: "b1".into(),

@@ -14,7 +14,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use cordon_tools::{Tool, ToolContext, ToolFuture, ToolOutput};
+use cordon_tools::{Tool, ToolContext, ToolFuture, ToolOutput, TypedTool};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::command::GitError;
@@ -194,10 +195,17 @@ impl GitCommitTool {
     }
 }
 
-impl Tool for GitCommitTool {
-    fn name(&self) -> &str {
-        "git_commit"
-    }
+/// `git_commit`'s arguments.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommitInput {
+    message: String,
+}
+
+impl TypedTool for GitCommitTool {
+    const NAME: &'static str = "git_commit";
+    const READ_ONLY: bool = false;
+    type Input = CommitInput;
 
     fn description(&self) -> &str {
         "Commit every change in /workspace to this session's git branch, with your message. \
@@ -220,22 +228,17 @@ impl Tool for GitCommitTool {
         })
     }
 
-    fn read_only(&self) -> bool {
-        false
+    fn label(&self, input: &CommitInput) -> String {
+        input.message.clone()
     }
 
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: CommitInput) -> ToolFuture<'a> {
         Box::pin(async move {
-            let Some(message) = input.get("message").and_then(Value::as_str) else {
-                return ToolOutput::error(
-                    "git_commit needs {\"message\": \"...\"}: the commit message as a string",
-                );
-            };
             let (ws, branch, author, message) = (
                 ctx.workspace.clone(),
                 self.branch.clone(),
                 self.author.clone(),
-                message.to_string(),
+                input.message,
             );
             let done =
                 tokio::task::spawn_blocking(move || commit(&ws, &branch, &message, &author)).await;

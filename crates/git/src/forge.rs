@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cordon_tools::{Tool, ToolContext, ToolFuture, ToolOutput};
+use cordon_tools::{Tool, ToolContext, ToolFuture, ToolOutput, TypedTool};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -236,10 +236,19 @@ impl CreatePullRequestTool {
     }
 }
 
-impl Tool for CreatePullRequestTool {
-    fn name(&self) -> &str {
-        "create_pull_request"
-    }
+/// `create_pull_request`'s arguments.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PullRequestInput {
+    title: String,
+    #[serde(default)]
+    body: String,
+}
+
+impl TypedTool for CreatePullRequestTool {
+    const NAME: &'static str = "create_pull_request";
+    const READ_ONLY: bool = false;
+    type Input = PullRequestInput;
 
     fn description(&self) -> &str {
         "Open a pull request from this session's branch into the branch the session started \
@@ -259,18 +268,14 @@ impl Tool for CreatePullRequestTool {
         })
     }
 
-    fn read_only(&self) -> bool {
-        false
+    fn label(&self, input: &PullRequestInput) -> String {
+        format!("{} into {}: {}", self.head, self.base, input.title)
     }
 
-    fn call<'a>(&'a self, _ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
+    fn run<'a>(&'a self, _ctx: &'a ToolContext, input: PullRequestInput) -> ToolFuture<'a> {
         Box::pin(async move {
-            let title = input
-                .get("title")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .trim();
-            let body = input.get("body").and_then(Value::as_str).unwrap_or("");
+            let title = input.title.trim();
+            let body = input.body.as_str();
             if title.is_empty() || title.len() > 256 {
                 return ToolOutput::error(
                     "create_pull_request needs {\"title\": \"...\"} (up to 256 characters) and may take a \"body\"",

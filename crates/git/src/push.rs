@@ -8,7 +8,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use cordon_tools::{Tool, ToolContext, ToolFuture, ToolOutput};
+use cordon_tools::{Tool, ToolContext, ToolFuture, ToolOutput, TypedTool};
 use serde_json::{Value, json};
 
 use crate::access::HostCredentials;
@@ -96,10 +96,11 @@ impl GitPushTool {
     }
 }
 
-impl Tool for GitPushTool {
-    fn name(&self) -> &str {
-        "git_push"
-    }
+impl TypedTool for GitPushTool {
+    const NAME: &'static str = "git_push";
+    const READ_ONLY: bool = false;
+    /// None are taken: any given is answered with which branch it pushes.
+    type Input = serde_json::Map<String, Value>;
 
     fn description(&self) -> &str {
         "Push this session's branch, as committed with git_commit, to the repository the \
@@ -111,13 +112,13 @@ impl Tool for GitPushTool {
         json!({"type": "object", "properties": {}, "additionalProperties": false})
     }
 
-    fn read_only(&self) -> bool {
-        false
+    fn label(&self, _input: &Self::Input) -> String {
+        self.branch.clone()
     }
 
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Self::Input) -> ToolFuture<'a> {
         Box::pin(async move {
-            if input.as_object().is_some_and(|o| !o.is_empty()) {
+            if !input.is_empty() {
                 return ToolOutput::error(format!(
                     "git_push takes no arguments: it pushes this session's branch {} and no other",
                     self.branch

@@ -310,8 +310,11 @@ async function followJob(id, onEvent, onStatus, signal) {
 
 // ---- the agent's events, for chat and agent jobs ---------------------------
 
-// The argument that says what a tool call does, shown on its folded line.
-function keyArgument(input) {
+// What a tool call does, on its folded line: the label cordon made from its
+// arguments (the command, the path, …), or for an event logged before
+// labels were, the argument most likely to say.
+function callLabel(label, input) {
+  if (typeof label === 'string' && label !== '') return label;
   if (!input || typeof input !== 'object') return '';
   for (const k of ['command', 'path', 'pattern', 'query', 'code']) {
     if (typeof input[k] === 'string') return input[k];
@@ -388,7 +391,7 @@ class Transcript {
     this.thinking.appendData(text);
   }
 
-  toolStarted(id, name, input) {
+  toolStarted(id, name, input, label) {
     this.text = null;
     this.thinking = null;
     const output = h('pre', { class: 'tool-output' }, 'running…');
@@ -397,7 +400,7 @@ class Transcript {
       h('summary', {},
         h('span', { class: 'tool-icon', 'aria-hidden': 'true' }),
         h('span', { class: 'tool-name' }, name),
-        h('span', { class: 'tool-arg' }, oneLine(keyArgument(input))),
+        h('span', { class: 'tool-arg' }, oneLine(callLabel(label, input))),
         meta),
       h('div', { class: 'tool-body' },
         h('div', { class: 'label' }, 'input'),
@@ -466,7 +469,7 @@ class Transcript {
         this.text = this.thinking = null;
         break;
       case 'tool_call_started':
-        this.toolStarted(ev.id, ev.name, ev.input);
+        this.toolStarted(ev.id, ev.name, ev.input, ev.label);
         break;
       case 'tool_output':
         this.toolOutput(ev.id, ev.text);
@@ -506,7 +509,7 @@ class Transcript {
   }
 
   // A stored conversation (GET /v1/sessions/{id}): the same blocks as live.
-  history(messages) {
+  history(messages, labels) {
     for (const m of messages) {
       if (m.role === 'user') {
         for (const r of m.tool_results || []) this.toolFinished(r.tool_use_id, r.content, r.is_error);
@@ -516,9 +519,9 @@ class Transcript {
           if (b.type === 'text') this.appendText(b.text);
           else if (b.type === 'thinking') this.appendThinking(b.thinking);
           else if (b.type === 'tool_use') {
-            this.toolStarted(b.id, b.name, b.input);
+            this.toolStarted(b.id, b.name, b.input, labels[b.id]);
             if (b.name === 'update_plan') this.plan(b.input);
-          } else if (b.type === 'server_tool_use') this.toolStarted(b.id, b.name, b.input);
+          } else if (b.type === 'server_tool_use') this.toolStarted(b.id, b.name, b.input, labels[b.id]);
           else if (b.type === 'web_search_tool_result') {
             // The provider's search: its pages, as the live event showed them.
             const hits = Array.isArray(b.content) ? b.content : null;
@@ -1279,7 +1282,7 @@ async function chat(main, sessionId, signal) {
   try {
     const s = await api('GET', `v1/sessions/${encodeURIComponent(sessionId)}`, { signal });
     title.textContent = s.title || '(new session)';
-    transcript.history(s.messages || []);
+    transcript.history(s.messages || [], s.labels || {});
     transcript.settle();
   } catch (e) { sendErr.show(e); return; }
   input.focus();

@@ -21,13 +21,13 @@ use serde_json::{Value, json};
 
 use crate::read_file::read_capped;
 use crate::workspace::{Workspace, WorkspaceError, WsPath};
-use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+use crate::{ToolContext, ToolFuture, ToolOutput, TypedTool, args};
 
 pub struct ApplyPatch;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Input {
+pub struct Input {
     patch: String,
 }
 
@@ -44,30 +44,59 @@ pub fn schema() -> Value {
 
 const DESCRIPTION: &str = "Apply a patch that adds, changes, moves and deletes files in the workspace, all in one call: for a change that spans several files or several places in one. Takes a unified diff as `git diff` writes it, or Codex's `*** Begin Patch` format. Hunks need enough unchanged context lines (three, as git writes) to be found; line numbers and counts may be approximate. All or nothing: if any file or hunk does not apply, nothing is changed and the error names the file and the hunk; read the file again and redo that part. Returns the files changed, each with what happened to it.";
 
-impl Tool for ApplyPatch {
-    fn name(&self) -> &str {
-        "apply_patch"
+/// The files a patch names, for its one-line summary: `a.rs, b.rs and 3 more`.
+fn patched_files(patch: &str) -> String {
+    const SHOWN: usize = 3;
+    let mut files: Vec<&str> = Vec::new();
+    let lines: Vec<&str> = patch.lines().collect();
+    for (i, l) in lines.iter().enumerate() {
+        let named = if let Some(p) = l.strip_prefix("+++ ") {
+            (p.trim() != "/dev/null").then(|| p.trim().trim_start_matches("b/"))
+        } else if let Some(p) = l.strip_prefix("--- ") {
+            // A deleted file is named only here.
+            lines
+                .get(i + 1)
+                .is_some_and(|n| n.trim() == "+++ /dev/null")
+                .then(|| p.trim().trim_start_matches("a/"))
+        } else {
+            ["*** Add File: ", "*** Update File: ", "*** Delete File: "]
+                .iter()
+                .find_map(|k| l.strip_prefix(k))
+                .map(str::trim)
+        };
+        if let Some(p) = named
+            && !files.contains(&p)
+        {
+            files.push(p);
+        }
     }
+    match files.len() {
+        0 => "(no files)".into(),
+        n if n <= SHOWN => files.join(", "),
+        n => format!("{} and {} more", files[..SHOWN].join(", "), n - SHOWN),
+    }
+}
+
+impl TypedTool for ApplyPatch {
+    const NAME: &'static str = "apply_patch";
+    const READ_ONLY: bool = false;
+    type Input = Input;
     fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {
         schema()
     }
-    fn read_only(&self) -> bool {
-        false
+    fn label(&self, input: &Input) -> String {
+        patched_files(&input.patch)
     }
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(args::parse_then_blocking::<Input, _>(
-            "apply_patch",
-            schema(),
-            ctx,
-            input,
-            |ctx, input| match apply(ctx, &input.patch) {
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Input) -> ToolFuture<'a> {
+        args::blocking(Self::NAME, ctx, input, |ctx, input| {
+            match apply(ctx, &input.patch) {
                 Ok(done) => done.output(),
                 Err(e) => ToolOutput::error(format!("{e}. Nothing was changed.")),
-            },
-        ))
+            }
+        })
     }
 }
 
@@ -772,6 +801,22 @@ fn find(lines: &[String], want: &[String], from: usize, at_end: bool) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Tool;
+
+    #[test]
+    fn a_patch_is_summed_up_by_its_files() {
+        let git = "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1 +1 @@\n-x\n+y\n\
+                   --- a/gone.rs\n+++ /dev/null\n@@ -1 +0,0 @@\n-z\n";
+        assert_eq!(
+            Tool::label(&ApplyPatch, &json!({"patch": git})),
+            "a.rs, gone.rs"
+        );
+        let codex = "*** Begin Patch\n*** Add File: n1\n+a\n*** Update File: n2\n*** Delete File: n3\n*** Delete File: n4\n*** End Patch";
+        assert_eq!(
+            Tool::label(&ApplyPatch, &json!({"patch": codex})),
+            "n1, n2, n3 and 1 more"
+        );
+    }
 
     #[test]
     fn recount_fixes_wrong_counts_and_missing_numbers() {

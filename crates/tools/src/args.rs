@@ -4,7 +4,7 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::{ToolContext, ToolOutput};
+use crate::{ToolContext, ToolFuture, ToolOutput};
 
 /// Parses `input` as `T`. On failure the error output names the tool, says
 /// what was wrong (serde's message names the field and the expected type)
@@ -35,25 +35,22 @@ pub fn invalid(tool: &str, schema: &Value, why: &str) -> ToolOutput {
     ))
 }
 
-/// Parses `input` for `tool`, then runs `work` on a blocking thread: the
-/// file tools do synchronous I/O that must not stall the async runtime.
-pub(crate) async fn parse_then_blocking<T, F>(
+/// Runs `work` on a blocking thread, as `tool`'s call: the file tools do
+/// synchronous I/O that must not stall the async runtime.
+pub fn blocking<'a, T, F>(
     tool: &'static str,
-    schema: Value,
     ctx: &ToolContext,
-    input: Value,
+    input: T,
     work: F,
-) -> ToolOutput
+) -> ToolFuture<'a>
 where
-    T: DeserializeOwned + Send + 'static,
+    T: Send + 'static,
     F: FnOnce(&ToolContext, T) -> ToolOutput + Send + 'static,
 {
-    let input: T = match parse(tool, &schema, input) {
-        Ok(i) => i,
-        Err(e) => return e,
-    };
     let ctx = ctx.clone();
-    tokio::task::spawn_blocking(move || work(&ctx, input))
-        .await
-        .unwrap_or_else(|e| ToolOutput::error(format!("{tool} failed: {e}")))
+    Box::pin(async move {
+        tokio::task::spawn_blocking(move || work(&ctx, input))
+            .await
+            .unwrap_or_else(|e| ToolOutput::error(format!("{tool} failed: {e}")))
+    })
 }

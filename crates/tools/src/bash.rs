@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::output::HeadTail;
-use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+use crate::{ToolContext, ToolFuture, ToolOutput, TypedTool};
 
 pub struct Bash;
 
@@ -44,7 +44,7 @@ struct Shell {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Input {
+pub struct Input {
     #[serde(default)]
     command: Option<String>,
     #[serde(default)]
@@ -76,27 +76,25 @@ pub fn schema() -> Value {
 
 const DESCRIPTION: &str = "Run a command in a persistent bash shell inside the sandbox: for building, testing, git and the project's own scripts (the project is at /workspace, the starting directory; the network is as the system prompt says). State persists between calls: the current directory, exported variables and shell functions are kept. The result shows the exit code and stdout and stderr separately; very long output is cut to its beginning and end with a note of how much was dropped, so filter noisy commands (e.g. with grep, head or tail). A command that runs past its timeout is killed together with the shell, which is restarted fresh. Prefer the file tools for reading, writing and editing files.";
 
-impl Tool for Bash {
-    fn name(&self) -> &str {
-        "bash"
-    }
+impl TypedTool for Bash {
+    const NAME: &'static str = "bash";
+    const READ_ONLY: bool = false;
+    type Input = Input;
     fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {
         schema()
     }
-    fn read_only(&self) -> bool {
-        false
+    fn label(&self, input: &Input) -> String {
+        match (&input.command, input.restart) {
+            (Some(command), true) => format!("(restart) {command}"),
+            (Some(command), false) => command.clone(),
+            (None, _) => "(restart)".into(),
+        }
     }
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(async move {
-            let input: Input = match args::parse("bash", &schema(), input) {
-                Ok(i) => i,
-                Err(e) => return e,
-            };
-            run(ctx, input).await
-        })
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Input) -> ToolFuture<'a> {
+        Box::pin(run(ctx, input))
     }
 }
 

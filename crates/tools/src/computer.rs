@@ -9,15 +9,15 @@ use std::time::Duration;
 
 use base64::Engine;
 use cordon_sandbox::ExecRequest;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::screen::{self, Scaling};
-use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+use crate::{ToolContext, ToolFuture, ToolOutput, TypedTool};
 
 pub struct Computer;
 
-#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 enum Action {
     Screenshot,
@@ -39,7 +39,7 @@ enum Action {
     Zoom,
 }
 
-#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 enum Direction {
     Up,
@@ -50,7 +50,7 @@ enum Direction {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Input {
+pub struct Input {
     action: Action,
     #[serde(default)]
     coordinate: Option<[i64; 2]>,
@@ -106,29 +106,37 @@ pub fn schema() -> Value {
 
 const DESCRIPTION: &str = "Use the mouse and keyboard of the sandbox's graphical display, and see it. `screenshot` shows the screen; coordinates are pixels of that screenshot. Clicks, drags and scrolls take `coordinate`; `key` presses keys by xdotool name (`Return`, `ctrl+s`); `type` types text; `wait` pauses. Actions that change the screen return a screenshot taken just after. Check each step on the screenshot before the next.";
 
-impl Tool for Computer {
-    fn name(&self) -> &str {
-        "computer"
-    }
-
+impl TypedTool for Computer {
+    const NAME: &'static str = "computer";
+    const READ_ONLY: bool = false;
+    type Input = Input;
     fn description(&self) -> &str {
         DESCRIPTION
     }
-
     fn input_schema(&self) -> Value {
         schema()
     }
-
-    fn read_only(&self) -> bool {
-        false
+    fn label(&self, input: &Input) -> String {
+        let mut label = serde_json::to_value(input.action)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        if let Some([x, y]) = input.start_coordinate {
+            label.push_str(&format!(" from ({x}, {y})"));
+        }
+        if let Some([x, y]) = input.coordinate {
+            label.push_str(&format!(" at ({x}, {y})"));
+        }
+        if let Some(d) = input.scroll_direction {
+            label.push_str(&format!(" {}", format!("{d:?}").to_lowercase()));
+        }
+        if let Some(text) = &input.text {
+            label.push_str(&format!(" {text}"));
+        }
+        label
     }
-
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Input) -> ToolFuture<'a> {
         Box::pin(async move {
-            let input: Input = match args::parse("computer", &schema(), input) {
-                Ok(i) => i,
-                Err(e) => return e,
-            };
             match run(ctx, input).await {
                 Ok(out) => out,
                 Err(e) => ToolOutput::error(e),

@@ -4,7 +4,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::read_file::read_text;
-use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+use crate::{ToolContext, ToolFuture, ToolOutput, TypedTool, args};
 
 pub struct EditFile;
 
@@ -15,7 +15,7 @@ const MAX_LISTED: usize = 20;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Input {
+pub struct Input {
     path: String,
     old_string: String,
     new_string: String,
@@ -39,27 +39,21 @@ pub fn schema() -> Value {
 
 const DESCRIPTION: &str = "Edit a text file by replacing an exact string. `old_string` must match the file exactly once (whitespace included; leave out read_file's line numbers) unless `replace_all` is set; otherwise the error says how many matches there were and where, or which line came closest. Returns the edited region with line numbers. Use write_file to create new files.";
 
-impl Tool for EditFile {
-    fn name(&self) -> &str {
-        "edit_file"
-    }
+impl TypedTool for EditFile {
+    const NAME: &'static str = "edit_file";
+    const READ_ONLY: bool = false;
+    type Input = Input;
     fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {
         schema()
     }
-    fn read_only(&self) -> bool {
-        false
+    fn label(&self, input: &Input) -> String {
+        input.path.clone()
     }
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(args::parse_then_blocking::<Input, _>(
-            "edit_file",
-            schema(),
-            ctx,
-            input,
-            edit,
-        ))
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Input) -> ToolFuture<'a> {
+        args::blocking(Self::NAME, ctx, input, edit)
     }
 }
 

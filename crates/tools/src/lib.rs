@@ -35,6 +35,7 @@ pub mod web_fetch;
 pub mod write_file;
 
 pub mod args;
+pub mod label;
 mod net;
 mod output;
 pub mod walk;
@@ -153,6 +154,76 @@ pub trait Tool: Send + Sync {
     /// it is then no longer offered to the model.
     fn available(&self) -> bool {
         true
+    }
+    /// What a call with `input` does, on one printable line for the front
+    /// ends (the command, the path, …): [`label::generic`] unless the tool
+    /// knows better.
+    fn label(&self, input: &Value) -> String {
+        label::generic(input)
+    }
+}
+
+/// A tool whose arguments are a serde type. Its [`Tool`] comes with it:
+/// the arguments parsed (a bad call answered with what to fix and the
+/// schema), the future boxed, and the front ends' label made printable.
+///
+/// ```ignore
+/// impl TypedTool for WriteFile {
+///     const NAME: &'static str = "write_file";
+///     const READ_ONLY: bool = false;
+///     type Input = Input;
+///     fn description(&self) -> &str { DESCRIPTION }
+///     fn input_schema(&self) -> Value { schema() }
+///     fn label(&self, input: &Input) -> String { input.path.clone() }
+///     fn run<'a>(&'a self, ctx: &'a ToolContext, input: Input) -> ToolFuture<'a> {
+///         args::blocking(Self::NAME, ctx, input, write)
+///     }
+/// }
+/// ```
+pub trait TypedTool: Send + Sync {
+    /// The name the model calls it by.
+    const NAME: &'static str;
+    /// Calls never change anything the sandbox holds, so several may run
+    /// at once, and in plan mode.
+    const READ_ONLY: bool;
+    /// The arguments, as the schema describes them.
+    type Input: serde::de::DeserializeOwned + Send + 'static;
+    /// Written for the model: what the tool does and when to use it.
+    fn description(&self) -> &str;
+    /// JSON Schema of [`TypedTool::Input`], with words for the model.
+    fn input_schema(&self) -> Value;
+    /// What a call does, for the front ends: made one printable line and
+    /// bounded by the caller.
+    fn label(&self, input: &Self::Input) -> String;
+    /// Runs a call whose arguments parsed.
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Self::Input) -> ToolFuture<'a>;
+}
+
+impl<T: TypedTool> Tool for T {
+    fn name(&self) -> &str {
+        T::NAME
+    }
+    fn description(&self) -> &str {
+        TypedTool::description(self)
+    }
+    fn input_schema(&self) -> Value {
+        TypedTool::input_schema(self)
+    }
+    fn read_only(&self) -> bool {
+        T::READ_ONLY
+    }
+    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
+        match args::parse::<T::Input>(T::NAME, &TypedTool::input_schema(self), input) {
+            Ok(input) => self.run(ctx, input),
+            Err(e) => Box::pin(std::future::ready(e)),
+        }
+    }
+    fn label(&self, input: &Value) -> String {
+        // A call the tool would refuse is shown as the model sent it.
+        match args::parse::<T::Input>(T::NAME, &Value::Null, input.clone()) {
+            Ok(input) => label::line(&TypedTool::label(self, &input)),
+            Err(_) => label::generic(input),
+        }
     }
 }
 
@@ -334,6 +405,15 @@ impl Toolbox {
         self.tools.iter().find(|t| t.name() == name)
     }
 
+    /// What a call of `name` with `input` does, for the front ends (see
+    /// [`Tool::label`]); a tool not here is labelled as any.
+    pub fn label(&self, name: &str, input: &Value) -> String {
+        match self.get(name) {
+            Some(tool) => tool.label(input),
+            None => label::generic(input),
+        }
+    }
+
     pub fn names(&self) -> Vec<&str> {
         self.tools.iter().map(|t| t.name()).collect()
     }
@@ -382,8 +462,9 @@ impl Toolbox {
 /// The modules from the bottom up: each may use only those before it
 /// (checked by `layout.rs`).
 pub const LAYERS: &[&str] = &[
-    "args",
     "output",
+    "label",
+    "args",
     "net",
     "screen",
     "workspace",

@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 
 use crate::walk::{Kind, Walk, read_link_at};
 use crate::workspace::WsPath;
-use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+use crate::{ToolContext, ToolFuture, ToolOutput, TypedTool, args};
 
 pub struct ListDir;
 
@@ -18,7 +18,7 @@ pub const MAX_LIMIT: usize = 5000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Input {
+pub struct Input {
     #[serde(default)]
     path: Option<String>,
     #[serde(default)]
@@ -41,27 +41,21 @@ pub fn schema() -> Value {
 
 const DESCRIPTION: &str = "List a directory of the workspace as an indented tree, to a given depth: to find your way in a project before reading or searching. Directories end with `/`, symbolic links show their target. Files ignored by .gitignore (and the .git directory) are left out. Long listings are capped; list a subdirectory or lower the depth to see the rest.";
 
-impl Tool for ListDir {
-    fn name(&self) -> &str {
-        "list_dir"
-    }
+impl TypedTool for ListDir {
+    const NAME: &'static str = "list_dir";
+    const READ_ONLY: bool = true;
+    type Input = Input;
     fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {
         schema()
     }
-    fn read_only(&self) -> bool {
-        true
+    fn label(&self, input: &Input) -> String {
+        input.path.as_deref().unwrap_or("/workspace").to_string()
     }
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(args::parse_then_blocking::<Input, _>(
-            "list_dir",
-            schema(),
-            ctx,
-            input,
-            list,
-        ))
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Input) -> ToolFuture<'a> {
+        args::blocking(Self::NAME, ctx, input, list)
     }
 }
 

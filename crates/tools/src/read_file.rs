@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::workspace::WsPath;
-use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+use crate::{ToolContext, ToolFuture, ToolOutput, TypedTool, args};
 
 pub struct ReadFile;
 
@@ -20,7 +20,7 @@ pub const MAX_OUTPUT_BYTES: usize = 100 * 1024;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Input {
+pub struct Input {
     path: String,
     #[serde(default)]
     offset: Option<usize>,
@@ -89,27 +89,21 @@ pub(crate) fn read_text(ctx: &ToolContext, path: &str) -> Result<(WsPath, String
     Ok((p, text))
 }
 
-impl Tool for ReadFile {
-    fn name(&self) -> &str {
-        "read_file"
-    }
+impl TypedTool for ReadFile {
+    const NAME: &'static str = "read_file";
+    const READ_ONLY: bool = true;
+    type Input = Input;
     fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {
         schema()
     }
-    fn read_only(&self) -> bool {
-        true
+    fn label(&self, input: &Input) -> String {
+        input.path.clone()
     }
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(args::parse_then_blocking::<Input, _>(
-            "read_file",
-            schema(),
-            ctx,
-            input,
-            read,
-        ))
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Input) -> ToolFuture<'a> {
+        args::blocking(Self::NAME, ctx, input, read)
     }
 }
 

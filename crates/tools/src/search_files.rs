@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::walk::{Kind, MAX_WALK_DEPTH, Walk, open_file_at};
 use crate::workspace::WsPath;
-use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+use crate::{ToolContext, ToolFuture, ToolOutput, TypedTool, args};
 
 pub struct SearchFiles;
 
@@ -22,7 +22,7 @@ const MAX_LINE_CHARS: usize = 300;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Input {
+pub struct Input {
     pattern: String,
     #[serde(default)]
     path: Option<String>,
@@ -54,27 +54,24 @@ pub fn schema() -> Value {
 
 const DESCRIPTION: &str = "Search file contents in the workspace with a regular expression (ripgrep's engine): to find where something is defined or used before reading or editing it. Honours .gitignore and skips binary files. Results are `path:line:text` for matching lines and `path-line-text` for context lines, with `--` between separate groups. Narrow with `path` and `glob`; results are capped and the output says when they were.";
 
-impl Tool for SearchFiles {
-    fn name(&self) -> &str {
-        "search_files"
-    }
+impl TypedTool for SearchFiles {
+    const NAME: &'static str = "search_files";
+    const READ_ONLY: bool = true;
+    type Input = Input;
     fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {
         schema()
     }
-    fn read_only(&self) -> bool {
-        true
+    fn label(&self, input: &Input) -> String {
+        match &input.path {
+            Some(path) => format!("{} in {path}", input.pattern),
+            None => input.pattern.clone(),
+        }
     }
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(args::parse_then_blocking::<Input, _>(
-            "search_files",
-            schema(),
-            ctx,
-            input,
-            search,
-        ))
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Input) -> ToolFuture<'a> {
+        args::blocking(Self::NAME, ctx, input, search)
     }
 }
 

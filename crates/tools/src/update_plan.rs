@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+use crate::{ToolContext, ToolFuture, ToolOutput, TypedTool, args};
 
 pub struct UpdatePlan;
 
@@ -66,7 +66,14 @@ impl Plan {
     /// Reads a call's arguments as a plan, checked: what is wrong, in words
     /// that tell the model how to call again.
     pub fn parse(input: Value) -> Result<Plan, String> {
-        let mut plan: Plan = serde_json::from_value(input).map_err(|e| e.to_string())?;
+        serde_json::from_value::<Plan>(input)
+            .map_err(|e| e.to_string())?
+            .checked()
+    }
+
+    /// The plan within its bounds, each step one line.
+    pub fn checked(self) -> Result<Plan, String> {
+        let mut plan = self;
         plan.explanation = plan
             .explanation
             .map(|e| e.trim().to_string())
@@ -161,34 +168,33 @@ pub fn schema() -> Value {
 
 const DESCRIPTION: &str = "Keep a plan for a task of several steps, shown to the user as you work. Call it once you know the steps (each a short line, all `pending` but the first, `in_progress`), then again whenever a step is done or the plan changes: mark the step `completed` and the next `in_progress` in the same call. At most one step is `in_progress` at a time. Each call sends the whole list, which replaces the last. Skip it for a task of one or two steps. Returns a one-line acknowledgement; it runs nothing.";
 
-impl Tool for UpdatePlan {
-    fn name(&self) -> &str {
-        NAME
-    }
+impl TypedTool for UpdatePlan {
+    const NAME: &'static str = NAME;
+    // It changes nothing the sandbox holds: it may run beside other
+    // read-only calls, and in plan mode.
+    const READ_ONLY: bool = true;
+    type Input = Plan;
     fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {
         schema()
     }
-    // It changes nothing the sandbox holds: it may run beside other
-    // read-only calls, and in plan mode.
-    fn read_only(&self) -> bool {
-        true
+    fn label(&self, plan: &Plan) -> String {
+        match plan.plan.len() {
+            0 => "(cleared)".into(),
+            n => format!("{} of {n} done", plan.done()),
+        }
     }
-    fn call<'a>(&'a self, _ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(async move { update(input) })
+    fn run<'a>(&'a self, _ctx: &'a ToolContext, plan: Plan) -> ToolFuture<'a> {
+        Box::pin(std::future::ready(update(plan)))
     }
 }
 
-fn update(input: Value) -> ToolOutput {
-    // The shape first (serde's message names a wrong field), then the
-    // bounds, each error with the schema to call again with.
-    let input = match args::parse::<Value>(NAME, &schema(), input) {
-        Ok(v) => v,
-        Err(e) => return e,
-    };
-    let plan = match Plan::parse(input) {
+/// A plan whose shape parsed (serde's message names a wrong field):
+/// its bounds, each error with the schema to call again with.
+fn update(plan: Plan) -> ToolOutput {
+    let plan = match plan.checked() {
         Ok(p) => p,
         Err(why) => return args::invalid(NAME, &schema(), &why),
     };
@@ -247,6 +253,14 @@ mod tests {
         assert!(status.unwrap_err().contains("unknown variant"));
         let extra = Plan::parse(json!({"plan": [], "steps": []}));
         assert!(extra.unwrap_err().contains("unknown field"));
+    }
+
+    /// As a call reaches it: the shape parsed first.
+    fn update(input: Value) -> ToolOutput {
+        match args::parse::<Plan>(NAME, &schema(), input) {
+            Ok(plan) => super::update(plan),
+            Err(e) => e,
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use cordon_sandbox::Network;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+use crate::{ToolContext, ToolFuture, ToolOutput, TypedTool};
 
 pub struct WebFetch;
 
@@ -31,7 +31,7 @@ const CONVERT_STACK: usize = 16 << 20;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Input {
+pub struct Input {
     url: String,
     #[serde(default)]
     max_length: Option<usize>,
@@ -54,27 +54,21 @@ pub fn schema() -> Value {
 
 const DESCRIPTION: &str = "Read a web page: documentation, an issue, a changelog, an API's JSON. The URL is fetched under the sandbox's network policy (a host it does not allow is refused, with the reason; ask the user to allow it) and the page returned as text: HTML converted to Markdown, with scripts and styles left out; plain text and JSON as they are. Long pages come in windows of max_length characters: call again with the start_index the result names to read on. It cannot log in, run a page's scripts or download binary files (use curl in bash for those, under the same policy).";
 
-impl Tool for WebFetch {
-    fn name(&self) -> &str {
-        NAME
-    }
+impl TypedTool for WebFetch {
+    const NAME: &'static str = NAME;
+    const READ_ONLY: bool = true;
+    type Input = Input;
     fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {
         schema()
     }
-    // It changes nothing in the sandbox.
-    fn read_only(&self) -> bool {
-        true
+    fn label(&self, input: &Input) -> String {
+        input.url.clone()
     }
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(async move {
-            match args::parse::<Input>(NAME, &schema(), input) {
-                Ok(input) => fetch(ctx, input).await,
-                Err(e) => e,
-            }
-        })
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Input) -> ToolFuture<'a> {
+        Box::pin(fetch(ctx, input))
     }
 }
 

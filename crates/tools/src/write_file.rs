@@ -4,13 +4,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::workspace::WsPath;
-use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+use crate::{ToolContext, ToolFuture, ToolOutput, TypedTool, args};
 
 pub struct WriteFile;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Input {
+pub struct Input {
     path: String,
     content: String,
 }
@@ -29,27 +29,21 @@ pub fn schema() -> Value {
 
 const DESCRIPTION: &str = "Write a file in the workspace, replacing it whole if it exists and creating missing parent directories: for new files, or a file whose every line changes. Returns what was written (bytes, and whether the file was new). For changing part of an existing file use edit_file.";
 
-impl Tool for WriteFile {
-    fn name(&self) -> &str {
-        "write_file"
-    }
+impl TypedTool for WriteFile {
+    const NAME: &'static str = "write_file";
+    const READ_ONLY: bool = false;
+    type Input = Input;
     fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {
         schema()
     }
-    fn read_only(&self) -> bool {
-        false
+    fn label(&self, input: &Input) -> String {
+        input.path.clone()
     }
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(args::parse_then_blocking::<Input, _>(
-            "write_file",
-            schema(),
-            ctx,
-            input,
-            write,
-        ))
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Input) -> ToolFuture<'a> {
+        args::blocking(Self::NAME, ctx, input, write)
     }
 }
 

@@ -124,6 +124,8 @@ pub struct PendingApproval {
     pub id: String,
     pub name: String,
     pub input: Value,
+    /// What the call does, as its transcript entry says.
+    pub label: String,
     /// For a shell command, the words `p` would approve for good.
     pub prefix: Option<Vec<String>>,
     pub reply: Option<oneshot::Sender<Answer>>,
@@ -861,14 +863,17 @@ impl App {
         prefix: Option<Vec<String>>,
         reply: oneshot::Sender<Answer>,
     ) {
+        let mut label = None;
         if let Some(i) = self.transcript.tool_index(&id)
             && let Some(Entry::Tool(call)) = self.transcript.get_mut(i)
         {
             call.state = ToolState::Pending;
             call.before = before;
+            label = Some(call.label.clone());
         }
         self.scroll = None;
         self.approval = Some(PendingApproval {
+            label: label.unwrap_or_else(|| cordon_tools::label::generic(&input)),
             id,
             name,
             input,
@@ -1003,12 +1008,23 @@ impl App {
                     wait_ms as f64 / 1000.0
                 ));
             }
-            AgentEvent::ToolCallStarted { id, name, input } => {
+            AgentEvent::ToolCallStarted {
+                id,
+                name,
+                input,
+                label,
+            } => {
                 self.status.sandbox = SandboxState::Busy;
+                let label = if label.is_empty() {
+                    cordon_tools::label::generic(&input)
+                } else {
+                    label
+                };
                 self.transcript.push(Entry::Tool(ToolCall {
                     id,
                     name,
                     input,
+                    label,
                     state: ToolState::Running,
                     before: None,
                     live: String::new(),

@@ -274,12 +274,13 @@ fn on_update(app: &mut App, u: Update) -> Option<String> {
             id,
             workspace,
             history,
+            labels,
             usage,
         } => {
             app.status.session = Some(id.clone());
             app.status.workspace = workspace.display().to_string();
             if let Some(h) = history {
-                app.transcript = Transcript::from_history(&h);
+                app.transcript = Transcript::from_history(&h, &labels);
                 app.status.usage = usage;
                 app.status.cost_usd = cordon_agent::pricing::cost(&app.status.model, &usage);
                 app.notice(format!("Continuing session {id}."));

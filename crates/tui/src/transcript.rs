@@ -7,6 +7,8 @@
 //! a long transcript costs nothing per frame but its visible rows.
 
 use cordon_agent::{ContentBlock, Message};
+use std::collections::HashMap;
+
 use cordon_tools::printable;
 use cordon_tools::update_plan::{self, Plan};
 use ratatui::style::{Modifier, Style};
@@ -38,6 +40,8 @@ pub struct ToolCall {
     pub id: String,
     pub name: String,
     pub input: Value,
+    /// What the call does, on one line (`cordon_tools::label`).
+    pub label: String,
     pub state: ToolState,
     /// For a `write_file` waiting for approval: the file as it is now
     /// (`None`: it does not exist), so the diff shows what it deletes.
@@ -55,11 +59,12 @@ const LIVE_LINES: usize = 6;
 impl ToolCall {
     /// A call of an earlier conversation, done, its result still to be
     /// attached.
-    fn done(id: &str, name: &str, input: &Value) -> ToolCall {
+    fn done(id: &str, name: &str, input: &Value, label: String) -> ToolCall {
         ToolCall {
             id: id.to_string(),
             name: name.to_string(),
             input: input.clone(),
+            label,
             state: ToolState::Done {
                 output: String::new(),
                 is_error: false,
@@ -262,7 +267,14 @@ impl Transcript {
     }
 
     /// Entries for an earlier conversation, from its history.
-    pub fn from_history(history: &[Message]) -> Transcript {
+    /// `labels`: each tool call's, by id (one missing is made as any).
+    pub fn from_history(history: &[Message], labels: &HashMap<String, String>) -> Transcript {
+        let label = |id: &str, input: &Value| {
+            labels
+                .get(id)
+                .cloned()
+                .unwrap_or_else(|| cordon_tools::label::generic(input))
+        };
         let mut t = Transcript::default();
         for m in history {
             match m {
@@ -304,11 +316,13 @@ impl Transcript {
                                 {
                                     t.plan = Some(plan);
                                 }
-                                t.push(Entry::Tool(ToolCall::done(id, name, input)));
+                                let label = label(id, input);
+                                t.push(Entry::Tool(ToolCall::done(id, name, input, label)));
                             }
                             // The provider's own search; what it found follows.
                             ContentBlock::ServerToolUse { id, name, input } => {
-                                t.push(Entry::Tool(ToolCall::done(id, name, input)));
+                                let label = label(id, input);
+                                t.push(Entry::Tool(ToolCall::done(id, name, input, label)));
                             }
                             ContentBlock::WebSearchToolResult {
                                 tool_use_id,
@@ -419,91 +433,6 @@ fn render_entry_raw(e: &Entry, width: u16, expanded: bool, tick: u64) -> Vec<Lin
     wrap::wrap_all(&lines, width)
 }
 
-/// The argument that says what a call does: the command, the path, …
-pub fn key_argument(name: &str, input: &Value) -> String {
-    let s = |k: &str| input.get(k).and_then(Value::as_str).unwrap_or("");
-    let first_line = |t: &str| {
-        let mut l = t.lines().next().unwrap_or("").to_string();
-        if t.lines().nth(1).is_some() {
-            l.push_str(" …");
-        }
-        l
-    };
-    match name {
-        "bash" => {
-            if input.get("restart").and_then(Value::as_bool) == Some(true) {
-                "(restart)".into()
-            } else {
-                first_line(s("command"))
-            }
-        }
-        "read_file" | "write_file" | "edit_file" | "list_dir" => s("path").to_string(),
-        "search_files" => {
-            let path = s("path");
-            if path.is_empty() {
-                s("pattern").to_string()
-            } else {
-                format!("{} in {path}", s("pattern"))
-            }
-        }
-        "run_code" => format!("{}: {}", s("language"), first_line(s("code"))),
-        "web_search" => s("query").to_string(),
-        "task" => s("description").to_string(),
-        "web_fetch" => s("url").to_string(),
-        "apply_patch" => patched_files(s("patch")),
-        update_plan::NAME => match Plan::parse(input.clone()) {
-            Ok(p) if p.plan.is_empty() => "(cleared)".into(),
-            Ok(p) => format!("{} of {} done", p.done(), p.plan.len()),
-            Err(_) => "(invalid)".into(),
-        },
-        _ => {
-            let mut j = input.to_string();
-            if j.len() > 80 {
-                let mut end = 77;
-                while !j.is_char_boundary(end) {
-                    end -= 1;
-                }
-                j.truncate(end);
-                j.push('…');
-            }
-            j
-        }
-    }
-}
-
-/// The files a patch names, for its one-line summary: `a.rs, b.rs and 3 more`.
-fn patched_files(patch: &str) -> String {
-    const SHOWN: usize = 3;
-    let mut files: Vec<&str> = Vec::new();
-    let lines: Vec<&str> = patch.lines().collect();
-    for (i, l) in lines.iter().enumerate() {
-        let named = if let Some(p) = l.strip_prefix("+++ ") {
-            (p.trim() != "/dev/null").then(|| p.trim().trim_start_matches("b/"))
-        } else if let Some(p) = l.strip_prefix("--- ") {
-            // A deleted file is named only here.
-            lines
-                .get(i + 1)
-                .is_some_and(|n| n.trim() == "+++ /dev/null")
-                .then(|| p.trim().trim_start_matches("a/"))
-        } else {
-            ["*** Add File: ", "*** Update File: ", "*** Delete File: "]
-                .iter()
-                .find_map(|k| l.strip_prefix(k))
-                .map(str::trim)
-        };
-        if let Some(p) = named
-            && !files.contains(&p)
-        {
-            files.push(p);
-        }
-    }
-    match files.len() {
-        0 => "(no files)".into(),
-        n if n <= SHOWN => files.join(", "),
-        n => format!("{} and {} more", files[..SHOWN].join(", "), n - SHOWN),
-    }
-}
-
 fn render_tool(call: &ToolCall, expanded: bool, tick: u64) -> Vec<Line<'static>> {
     let (icon, icon_style) = match &call.state {
         ToolState::Pending => ("?".to_string(), theme::approval()),
@@ -518,7 +447,7 @@ fn render_tool(call: &ToolCall, expanded: bool, tick: u64) -> Vec<Line<'static>>
         Span::styled(format!("{icon} "), icon_style),
         Span::styled(call.name.clone(), theme::tool_name()),
         Span::raw(" "),
-        Span::raw(key_argument(&call.name, &call.input)),
+        Span::raw(printable(&call.label)),
     ];
     if let ToolState::Done { duration_ms, .. } = &call.state
         && *duration_ms > 0
@@ -701,6 +630,7 @@ mod tests {
         Entry::Tool(ToolCall {
             id: "t1".into(),
             name: name.into(),
+            label: cordon_tools::Toolbox::agent().label(name, &input),
             input,
             state: ToolState::Done {
                 output: output.into(),
@@ -710,21 +640,6 @@ mod tests {
             before: None,
             live: String::new(),
         })
-    }
-
-    #[test]
-    fn a_patch_is_summed_up_by_its_files() {
-        let git = "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1 +1 @@\n-x\n+y\n\
-                   --- a/gone.rs\n+++ /dev/null\n@@ -1 +0,0 @@\n-z\n";
-        assert_eq!(
-            key_argument("apply_patch", &json!({"patch": git})),
-            "a.rs, gone.rs"
-        );
-        let codex = "*** Begin Patch\n*** Add File: n1\n+a\n*** Update File: n2\n*** Delete File: n3\n*** Delete File: n4\n*** End Patch";
-        assert_eq!(
-            key_argument("apply_patch", &json!({"patch": codex})),
-            "n1, n2, n3 and 1 more"
-        );
     }
 
     #[test]
@@ -838,7 +753,7 @@ mod tests {
                 images: Vec::new(),
             }]),
         ];
-        let t = Transcript::from_history(&history);
+        let t = Transcript::from_history(&history, &HashMap::new());
         assert_eq!(t.entries().len(), 3);
         assert!(
             matches!(&t.entries()[2], Entry::Tool(ToolCall { state: ToolState::Done { output, .. }, .. }) if output == "a.txt")
@@ -867,16 +782,23 @@ mod tests {
             stop_reason: cordon_agent::StopReason::ToolUse,
             usage: Default::default(),
         })];
-        let t = Transcript::from_history(&history);
+        let labels = HashMap::from([("p1".to_string(), "1 of 1 done".to_string())]);
+        let t = Transcript::from_history(&history, &labels);
         assert!(
             matches!(&t.entries()[0], Entry::Tool(ToolCall { state: ToolState::Done { output, .. }, .. }) if output == "R — https://r.example/"),
             "{:?}",
             t.entries()
         );
         assert_eq!(t.plan().unwrap().plan[0].step, "a");
-        assert_eq!(
-            key_argument("web_search", &serde_json::json!({"query": "ratatui"})),
-            "ratatui"
-        );
+        // The provider's search has no label given: its query is one.
+        let labels: Vec<&str> = t
+            .entries()
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Tool(call) => Some(call.label.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(labels, ["ratatui", "1 of 1 done"]);
     }
 }

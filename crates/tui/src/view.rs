@@ -10,7 +10,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, List, ListItem, ListState, Paragraph, Wrap};
 
 use crate::app::{App, PendingApproval, SandboxState};
-use crate::{theme, transcript};
+use crate::theme;
 use cordon_tools::update_plan::{Plan, StepStatus};
 
 pub fn draw(f: &mut Frame<'_>, app: &mut App) {
@@ -143,7 +143,7 @@ fn draw_plan(f: &mut Frame<'_>, app: &App, area: Rect) {
 
 fn draw_approval(f: &mut Frame<'_>, app: &App, area: Rect) {
     let Some(a) = &app.approval else { return };
-    let what = transcript::key_argument(&a.name, &a.input);
+    let what = printable(&a.label);
     let question = Line::from(vec![
         Span::styled("Run ", theme::approval()),
         Span::styled(

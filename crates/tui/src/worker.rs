@@ -80,6 +80,8 @@ pub enum Update {
         id: String,
         workspace: PathBuf,
         history: Option<Vec<Message>>,
+        /// The label of each tool call in `history`, by call id.
+        labels: std::collections::HashMap<String, String>,
         usage: Usage,
     },
     Notice(String),
@@ -525,10 +527,15 @@ impl State {
 
     /// The conversation is now session `id`, continued: the UI shows it.
     fn continued(&mut self, id: String, history: Vec<Message>, usage: Usage) {
+        let labels = match &mut self.talk {
+            Some(talk) => talk.agent().labels(&history),
+            None => Default::default(),
+        };
         let _ = self.updates.send(Update::Session {
             id: id.clone(),
             workspace: self.cfg.sandbox.workspace.clone(),
             history: Some(history),
+            labels,
             usage,
         });
         self.session = Some(id);
@@ -750,6 +757,7 @@ impl State {
                     id: id.clone(),
                     workspace: self.cfg.sandbox.workspace.clone(),
                     history: None,
+                    labels: Default::default(),
                     usage: Usage::default(),
                 });
                 talk.agent().set_log(log);

@@ -194,6 +194,20 @@ impl Agent {
         &mut self.config
     }
 
+    /// The label of each tool call in `history`, by call id: what the
+    /// front ends show for a call of an earlier conversation.
+    pub fn labels(&self, history: &[Message]) -> std::collections::HashMap<String, String> {
+        history
+            .iter()
+            .filter_map(|m| match m {
+                Message::Assistant(a) => Some(a),
+                Message::User { .. } => None,
+            })
+            .flat_map(|a| a.tool_uses())
+            .map(|(id, name, input)| (id.to_string(), self.tools.label(name, input)))
+            .collect()
+    }
+
     /// Tokens used by every request of this agent so far.
     pub fn usage(&self) -> Usage {
         self.usage
@@ -598,6 +612,7 @@ fn server_tool_events(answer: &crate::message::AssistantMessage, journal: &Journ
             id: id.clone(),
             name: name.clone(),
             input: input.clone(),
+            label: cordon_tools::label::generic(input),
         });
         let found = answer.content.iter().find_map(|b| match b {
             ContentBlock::WebSearchToolResult {

@@ -102,6 +102,7 @@ impl Agent {
                     id: id.clone(),
                     name: name.clone(),
                     input: input.clone(),
+                    label: self.tools.label(name, input),
                 });
             }
             // Decided one by one, before any of the batch runs: by the
@@ -326,6 +327,7 @@ impl Agent {
             id: id.clone(),
             name: USER_SHELL.into(),
             input: input.clone(),
+            label: cordon_tools::label::line(command),
         });
         let live = crate::live::Live::new(&id, events.clone());
         let ctx = self.ctx.with_progress(live.progress());

@@ -232,6 +232,8 @@ fn write(path: &Path) {
         id: "toolu_1".into(),
         name: "bash".into(),
         input: json!({"command": "cargo test", "timeout": 600}),
+        // As logs from before labels have it.
+        label: String::new(),
     });
     event(AgentEvent::NetworkRefused {
         tool_id: "toolu_1".into(),

@@ -319,7 +319,9 @@ pub(crate) async fn show(
     let (network, policy) = logged_network(records.iter().map(|r| &r.data));
     let summary = cordon_agent::sessions::summarize(&path, &records);
     let messages = cordon_agent::sessions::replay(&records);
+    let labels = cordon_agent::sessions::labels(&records);
     Ok(Json(SessionView {
+        labels,
         summary: SessionSummary::of(&row),
         turns: summary.as_ref().map_or(0, |s| s.turns),
         usage: summary.map(|s| s.usage).unwrap_or_default(),

@@ -210,6 +210,10 @@ pub struct SessionView {
     /// In the Anthropic Messages shape.
     #[schema(value_type = Vec<Object>)]
     pub messages: Vec<cordon_agent::Message>,
+    /// What each tool call in `messages` does, by its id: the line it was
+    /// shown with (the command, the path, …). Calls from before labels
+    /// were have none.
+    pub labels: std::collections::BTreeMap<String, String>,
     /// The session's virtual screen, if it was created with one.
     pub display: Option<Screen>,
     pub network: NetworkMode,

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::output::HeadTail;
-use crate::{Tool, ToolContext, ToolFuture, ToolOutput, args};
+use crate::{ToolContext, ToolFuture, ToolOutput, TypedTool, label};
 
 mod kernel;
 pub use kernel::KernelSlot;
@@ -31,9 +31,20 @@ pub enum Language {
     Typescript,
 }
 
+impl Language {
+    /// As the model names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Javascript => "javascript",
+            Language::Typescript => "typescript",
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Input {
+pub struct Input {
     language: Language,
     code: String,
     #[serde(default)]
@@ -58,27 +69,21 @@ pub fn schema() -> Value {
 
 const DESCRIPTION: &str = "Run Python, JavaScript (node) or TypeScript in the sandbox, with /workspace as the working directory: for a quick computation, a data exploration or trying a snippet (the network is as the system prompt says). Python runs in a persistent IPython kernel when one is installed (the result says so): variables, imports and open files persist between calls, the last expression's value is shown, matplotlib plots and other images come back as images, and a timeout interrupts the code without losing the kernel's state (`restart: true` starts a fresh kernel). Otherwise, and for JavaScript and TypeScript, each call is a fresh process running a self-contained program: use files in /workspace to keep results. TypeScript is transpiled to JavaScript first (type annotations and interfaces are removed, not checked). JavaScript using `import`/`export` runs as an ES module, otherwise as CommonJS. Returns stdout and stderr (and the exit code of a fresh process); long output is cut to its beginning and end.";
 
-impl Tool for RunCode {
-    fn name(&self) -> &str {
-        "run_code"
-    }
+impl TypedTool for RunCode {
+    const NAME: &'static str = "run_code";
+    const READ_ONLY: bool = false;
+    type Input = Input;
     fn description(&self) -> &str {
         DESCRIPTION
     }
     fn input_schema(&self) -> Value {
         schema()
     }
-    fn read_only(&self) -> bool {
-        false
+    fn label(&self, input: &Input) -> String {
+        format!("{}: {}", input.language.name(), label::line(&input.code))
     }
-    fn call<'a>(&'a self, ctx: &'a ToolContext, input: Value) -> ToolFuture<'a> {
-        Box::pin(async move {
-            let input: Input = match args::parse("run_code", &schema(), input) {
-                Ok(i) => i,
-                Err(e) => return e,
-            };
-            run(ctx, input).await
-        })
+    fn run<'a>(&'a self, ctx: &'a ToolContext, input: Input) -> ToolFuture<'a> {
+        Box::pin(run(ctx, input))
     }
 }
 

@@ -63,6 +63,7 @@ fn started(app: &mut App, id: &str, name: &str, input: serde_json::Value) {
     app.on_agent_event(AgentEvent::ToolCallStarted {
         id: id.into(),
         name: name.into(),
+        label: cordon_tools::Toolbox::agent().label(name, &input),
         input,
     });
 }
