@@ -106,6 +106,12 @@ pub struct Image {
     pub size: u64,
 }
 
+/// How old a sandbox's writable layer under `run/` must be before a prune
+/// may take it for a dead sandbox's: its maker makes the directory, then
+/// locks it, and a prune between the two must not remove it under a
+/// sandbox that is starting.
+pub const SANDBOX_SETTLING: std::time::Duration = std::time::Duration::from_secs(60);
+
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
@@ -458,7 +464,8 @@ impl Store {
     }
 
     /// Removes the writable layers under `run/` that no live sandbox
-    /// holds (a sandbox killed before it could remove its own) and adds the
+    /// holds (a sandbox killed before it could remove its own; none younger
+    /// than [`SANDBOX_SETTLING`]) and adds the
     /// layers the live ones run on to `layers`, which are kept even if
     /// their image is gone; returns the bytes freed.
     fn prune_sandboxes(&self, layers: &mut std::collections::BTreeSet<String>) -> u64 {
@@ -476,7 +483,14 @@ impl Store {
             ) else {
                 continue;
             };
-            if rustix::fs::flock(&dir, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            // One just made may be between its making and its locking.
+            let settled = std::fs::symlink_metadata(&path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= SANDBOX_SETTLING);
+            if settled && rustix::fs::flock(&dir, FlockOperation::NonBlockingLockExclusive).is_ok()
+            {
                 freed += remove_all(&path);
                 continue;
             }

@@ -253,6 +253,18 @@ fn docker_archives_import_in_both_forms() {
     }
 }
 
+/// Makes `dir` look as old as a dead sandbox's layer: past the time a
+/// sandbox takes to lock the directory it made.
+fn age(dir: &std::path::Path) {
+    let then = std::time::SystemTime::now()
+        - cordon_image::store::SANDBOX_SETTLING
+        - std::time::Duration::from_secs(1);
+    std::fs::File::open(dir)
+        .unwrap()
+        .set_modified(then)
+        .unwrap();
+}
+
 #[test]
 fn prune_keeps_what_live_sandboxes_run_on_and_removes_what_dead_ones_left() {
     use rustix::fs::{FlockOperation, Mode, OFlags};
@@ -277,17 +289,26 @@ fn prune_keeps_what_live_sandboxes_run_on_and_removes_what_dead_ones_left() {
     let dead = run.join("sandbox-dead");
     std::fs::create_dir_all(dead.join("upper/etc")).unwrap();
     std::fs::write(dead.join("upper/etc/big"), vec![7u8; 1 << 16]).unwrap();
+    age(&dead);
+    // One made this moment, not yet locked by the sandbox making it.
+    let starting = run.join("sandbox-starting");
+    std::fs::create_dir_all(&starting).unwrap();
 
     assert!(store.remove("app").unwrap());
     assert!(store.prune().unwrap() > 0);
     assert!(!dead.exists(), "a dead sandbox's layer stays");
     assert!(live.exists(), "a live sandbox's layer went");
     assert!(
+        starting.exists(),
+        "a starting sandbox's layer went before it was locked"
+    );
+    assert!(
         store.layer_dir(&image.layers[1]).is_dir(),
         "a layer in use went"
     );
     assert!(!store.layer_dir(&image.layers[0]).exists());
     drop(lock);
+    age(&live);
     store.prune().unwrap();
     assert!(!live.exists());
     assert!(!store.layer_dir(&image.layers[1]).exists());
