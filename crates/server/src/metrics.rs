@@ -179,7 +179,7 @@ impl Metrics {
     /// The text exposition, with the database's counts read now.
     pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
         let counts = store.count_by_state().await?;
-        for state in JobState::ALL {
+        for state in JobState::all() {
             let n = counts
                 .iter()
                 .find(|(s, _)| *s == state)

@@ -219,8 +219,12 @@ impl<T: TypedTool> Tool for T {
         }
     }
     fn label(&self, input: &Value) -> String {
-        // A call the tool would refuse is shown as the model sent it.
-        match args::parse::<T::Input>(T::NAME, &Value::Null, input.clone()) {
+        // Read in place (a file's whole content may be in it); a call the
+        // tool would refuse is shown as the model sent it.
+        // No arguments are an empty object, as `args::parse` takes them.
+        let empty = Value::Object(Default::default());
+        let args = if input.is_null() { &empty } else { input };
+        match <T::Input as serde::Deserialize>::deserialize(args) {
             Ok(input) => label::line(&TypedTool::label(self, &input)),
             Err(_) => label::generic(input),
         }
@@ -486,3 +490,66 @@ pub const LAYERS: &[&str] = &[
 
 #[cfg(test)]
 mod layout;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn each_tool_labels_its_calls_and_a_call_it_would_refuse_as_sent() {
+        let t = Toolbox::agent();
+        let label = |name: &str, input: Value| t.label(name, &input);
+        assert_eq!(
+            label("bash", json!({"command": "cargo test\nmore"})),
+            "cargo test…"
+        );
+        assert_eq!(label("bash", json!({"restart": true})), "(restart)");
+        assert_eq!(
+            label("write_file", json!({"path": "a.txt", "content": "x"})),
+            "a.txt"
+        );
+        assert_eq!(label("list_dir", json!(null)), "/workspace");
+        assert_eq!(
+            label("search_files", json!({"pattern": "fn main", "path": "src"})),
+            "fn main in src"
+        );
+        assert_eq!(
+            label(
+                "run_code",
+                json!({"language": "python", "code": "\nprint(1)\n"})
+            ),
+            "python: print(1)"
+        );
+        let plan = json!({"plan": [{"step": "a", "status": "completed"}, {"step": "b", "status": "pending"}]});
+        assert_eq!(label("update_plan", plan), "1 of 2 done");
+        assert_eq!(
+            Tool::label(
+                &computer::Computer,
+                &json!({"action": "left_click", "coordinate": [10, 20]})
+            ),
+            "left_click at (10, 20)"
+        );
+        assert_eq!(
+            Tool::label(
+                &web_fetch::WebFetch,
+                &json!({"url": "https://example.com/"})
+            ),
+            "https://example.com/"
+        );
+        // Arguments the tool would refuse: the likeliest one, as sent.
+        assert_eq!(
+            label("write_file", json!({"path": "a.txt", "colour": 1})),
+            "a.txt"
+        );
+        // Model text never reaches a terminal raw, nor at any length.
+        assert_eq!(
+            label("bash", json!({"command": "echo \u{1b}[2J"})),
+            "echo ?[2J"
+        );
+        let long = label("read_file", json!({"path": "x".repeat(10_000)}));
+        assert_eq!(long.chars().count(), label::MAX_CHARS + 1);
+        // A tool this box does not have.
+        assert_eq!(label("nonesuch", json!({"query": "q"})), "q");
+    }
+}

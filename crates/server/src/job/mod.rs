@@ -23,7 +23,7 @@ pub use repo::RepoUrl;
 pub use result::{AgentResult, BuildResult, JobResult, StepResult, StepState};
 
 /// Where a job is in its life. Terminal states never change again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, strum::EnumIter)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     Queued,
@@ -35,14 +35,10 @@ pub enum JobState {
 }
 
 impl JobState {
-    pub const ALL: [JobState; 6] = [
-        JobState::Queued,
-        JobState::Running,
-        JobState::Succeeded,
-        JobState::Failed,
-        JobState::Cancelled,
-        JobState::TimedOut,
-    ];
+    /// Every state, in the order of a job's life.
+    pub fn all() -> impl Iterator<Item = JobState> {
+        <JobState as strum::IntoEnumIterator>::iter()
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -56,7 +52,7 @@ impl JobState {
     }
 
     pub fn parse(s: &str) -> Option<JobState> {
-        Self::ALL.into_iter().find(|st| st.as_str() == s)
+        Self::all().find(|st| st.as_str() == s)
     }
 
     pub fn is_terminal(self) -> bool {

@@ -14,6 +14,22 @@ use crate::config::SandboxDefaults;
 use crate::job::{JobEvent, JobResult, JobState, Language, Step, StepResult};
 use crate::store::Outcome;
 
+/// A code step: its program, run as a command step's is.
+async fn code(
+    sandbox: &Sandbox,
+    language: Language,
+    source: &str,
+    deadline: Instant,
+    sink: &mut Sink,
+    cancel: &Cancel,
+    cap: usize,
+) -> Outcome {
+    match code_request(language, source) {
+        Ok(r) => single(sandbox, r, deadline, sink, cancel, cap).await,
+        Err(e) => file_failure(sink, e).await,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn run_steps(
     sandbox: &Sandbox,
@@ -46,16 +62,41 @@ pub(super) async fn run_steps(
                 let r = ExecRequest::bash(&s.command);
                 single(sandbox, r, deadline, sink, cancel, cap).await
             }
-            Step::Python(s) | Step::Javascript(s) | Step::Typescript(s) => {
-                let language = match step {
-                    Step::Javascript(_) => Language::Javascript,
-                    Step::Typescript(_) => Language::Typescript,
-                    _ => Language::Python,
-                };
-                match code_request(language, &s.code) {
-                    Ok(r) => single(sandbox, r, deadline, sink, cancel, cap).await,
-                    Err(e) => file_failure(sink, e).await,
-                }
+            Step::Python(s) => {
+                code(
+                    sandbox,
+                    Language::Python,
+                    &s.code,
+                    deadline,
+                    sink,
+                    cancel,
+                    cap,
+                )
+                .await
+            }
+            Step::Javascript(s) => {
+                code(
+                    sandbox,
+                    Language::Javascript,
+                    &s.code,
+                    deadline,
+                    sink,
+                    cancel,
+                    cap,
+                )
+                .await
+            }
+            Step::Typescript(s) => {
+                code(
+                    sandbox,
+                    Language::Typescript,
+                    &s.code,
+                    deadline,
+                    sink,
+                    cancel,
+                    cap,
+                )
+                .await
             }
             Step::WriteFile(s) => {
                 let path = &*s.path;
