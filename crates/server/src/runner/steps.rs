@@ -14,18 +14,18 @@ use crate::config::SandboxDefaults;
 use crate::job::{JobEvent, JobResult, JobState, Language, Step, StepResult};
 use crate::store::Outcome;
 
-/// A code step: its program, run as a command step's is.
-async fn code(
-    sandbox: &Sandbox,
-    language: Language,
-    source: &str,
+/// What every command of a job's steps runs under.
+struct Bounds<'a> {
+    sandbox: &'a Sandbox,
     deadline: Instant,
-    sink: &mut Sink,
-    cancel: &Cancel,
+    cancel: &'a Cancel,
     cap: usize,
-) -> Outcome {
+}
+
+/// A code step: its program, run as a command step's is.
+async fn code(at: &Bounds<'_>, language: Language, source: &str, sink: &mut Sink) -> Outcome {
     match code_request(language, source) {
-        Ok(r) => single(sandbox, r, deadline, sink, cancel, cap).await,
+        Ok(r) => single(at.sandbox, r, at.deadline, sink, at.cancel, at.cap).await,
         Err(e) => file_failure(sink, e).await,
     }
 }
@@ -42,6 +42,12 @@ pub(super) async fn run_steps(
     cancel: &Cancel,
     cap: usize,
 ) -> Outcome {
+    let bounds = Bounds {
+        sandbox,
+        deadline,
+        cancel,
+        cap,
+    };
     let mut results = Vec::new();
     let mut last = Outcome::succeeded();
     let mut first_failure: Option<Outcome> = None;
@@ -62,42 +68,9 @@ pub(super) async fn run_steps(
                 let r = ExecRequest::bash(&s.command);
                 single(sandbox, r, deadline, sink, cancel, cap).await
             }
-            Step::Python(s) => {
-                code(
-                    sandbox,
-                    Language::Python,
-                    &s.code,
-                    deadline,
-                    sink,
-                    cancel,
-                    cap,
-                )
-                .await
-            }
-            Step::Javascript(s) => {
-                code(
-                    sandbox,
-                    Language::Javascript,
-                    &s.code,
-                    deadline,
-                    sink,
-                    cancel,
-                    cap,
-                )
-                .await
-            }
-            Step::Typescript(s) => {
-                code(
-                    sandbox,
-                    Language::Typescript,
-                    &s.code,
-                    deadline,
-                    sink,
-                    cancel,
-                    cap,
-                )
-                .await
-            }
+            Step::Python(s) => code(&bounds, Language::Python, &s.code, sink).await,
+            Step::Javascript(s) => code(&bounds, Language::Javascript, &s.code, sink).await,
+            Step::Typescript(s) => code(&bounds, Language::Typescript, &s.code, sink).await,
             Step::WriteFile(s) => {
                 let path = &*s.path;
                 match file_op(sandboxes, ws, path, |w, p| {
