@@ -120,11 +120,7 @@ impl<O: Write + Send, E: Write + Send> Human<O, E> {
                 name, input, label, ..
             } => {
                 self.end_answer_line();
-                let label = if label.is_empty() {
-                    cordon_tools::label::generic(&input)
-                } else {
-                    label
-                };
+                let label = cordon_tools::label::or_generic(label, &input);
                 self.note(&format!("▸ {name} {label}"));
             }
             AgentEvent::ToolOutput { text, .. } => {

@@ -106,6 +106,14 @@ pub fn schema() -> Value {
 
 const DESCRIPTION: &str = "Use the mouse and keyboard of the sandbox's graphical display, and see it. `screenshot` shows the screen; coordinates are pixels of that screenshot. Clicks, drags and scrolls take `coordinate`; `key` presses keys by xdotool name (`Return`, `ctrl+s`); `type` types text; `wait` pauses. Actions that change the screen return a screenshot taken just after. Check each step on the screenshot before the next.";
 
+/// An action's or a direction's name, as the model writes it.
+fn word(v: impl Serialize) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
 impl TypedTool for Computer {
     const NAME: &'static str = "computer";
     const READ_ONLY: bool = false;
@@ -117,10 +125,7 @@ impl TypedTool for Computer {
         schema()
     }
     fn label(&self, input: &Input) -> String {
-        let mut label = serde_json::to_value(input.action)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let mut label = word(input.action);
         if let Some([x, y]) = input.start_coordinate {
             label.push_str(&format!(" from ({x}, {y})"));
         }
@@ -128,7 +133,7 @@ impl TypedTool for Computer {
             label.push_str(&format!(" at ({x}, {y})"));
         }
         if let Some(d) = input.scroll_direction {
-            label.push_str(&format!(" {}", format!("{d:?}").to_lowercase()));
+            label.push_str(&format!(" {}", word(d)));
         }
         if let Some(text) = &input.text {
             label.push_str(&format!(" {text}"));

@@ -33,6 +33,16 @@ pub fn line(text: &str) -> String {
     out
 }
 
+/// `given`, the label an event carried, or for an event logged before
+/// labels were (an empty one), [`generic`]'s of its arguments.
+pub fn or_generic(given: String, input: &Value) -> String {
+    if given.is_empty() {
+        generic(input)
+    } else {
+        given
+    }
+}
+
 /// The label of a call to a tool that does not say (an MCP server's), or
 /// of arguments its tool would refuse: the first likely string argument,
 /// else the first string, else the arguments' JSON.

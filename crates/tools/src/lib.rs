@@ -532,6 +532,13 @@ mod tests {
         );
         assert_eq!(
             Tool::label(
+                &computer::Computer,
+                &json!({"action": "scroll", "coordinate": [1, 2], "scroll_direction": "down"})
+            ),
+            "scroll at (1, 2) down"
+        );
+        assert_eq!(
+            Tool::label(
                 &web_fetch::WebFetch,
                 &json!({"url": "https://example.com/"})
             ),

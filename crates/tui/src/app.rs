@@ -1015,11 +1015,7 @@ impl App {
                 label,
             } => {
                 self.status.sandbox = SandboxState::Busy;
-                let label = if label.is_empty() {
-                    cordon_tools::label::generic(&input)
-                } else {
-                    label
-                };
+                let label = cordon_tools::label::or_generic(label, &input);
                 self.transcript.push(Entry::Tool(ToolCall {
                     id,
                     name,
