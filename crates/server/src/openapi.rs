@@ -335,6 +335,15 @@ mod tests {
             kinds.insert(req.kind());
         }
         assert_eq!(kinds.len(), crate::job::JobKind::all().count(), "{kinds:?}");
+
+        // The web page builds its form from these: the kinds from
+        // `JobKind`'s enum, each prefilled from the example of its name.
+        let listed = doc.pointer("/components/schemas/JobKind/enum");
+        let all: Vec<&str> = crate::job::JobKind::all().map(|k| k.as_str()).collect();
+        assert_eq!(listed, Some(&json!(all)));
+        for kind in all {
+            assert_eq!(examples[kind]["value"]["kind"], kind, "{kind}");
+        }
     }
 
     /// Every link names an operation of the document, whose path takes the

@@ -5,7 +5,6 @@
 'use strict';
 
 const STATES = ['queued', 'running', 'succeeded', 'failed', 'cancelled', 'timed_out'];
-const KINDS = ['shell', 'python', 'javascript', 'typescript', 'steps', 'gui', 'agent', 'build'];
 const TOKEN_KEY = 'cordon.token';
 
 // ---- DOM helpers ----------------------------------------------------------
@@ -665,8 +664,35 @@ const EXAMPLE_STEPS = `[
   {"tool": "read_file", "path": "hello.txt"}
 ]`;
 
+// The kinds of job the server takes, each with the example its API
+// document gives, read from that document: a kind added to the server
+// appears in the form with no change here.
+let jobKindsLoad = null;
+function jobKinds() {
+  jobKindsLoad ??= (async () => {
+    const r = await fetch('openapi.json');
+    if (!r.ok) throw new Error(`The server's API document did not load: ${r.status} ${r.statusText}`);
+    const doc = await r.json();
+    const kinds = doc.components?.schemas?.JobKind?.enum;
+    if (!Array.isArray(kinds)) throw new Error('The server\'s API document lists no kinds of job');
+    const examples = doc.paths?.['/v1/jobs']?.post?.requestBody?.content?.['application/json']?.examples ?? {};
+    return kinds.map((k) => ({ kind: String(k), example: examples[k]?.value ?? { kind: k } }));
+  })();
+  jobKindsLoad.catch(() => { jobKindsLoad = null; });
+  return jobKindsLoad;
+}
+
+// The kinds with a form of their own; any other kind is written as JSON.
+const KIND_GROUP = {
+  shell: 'shell', python: 'code', javascript: 'code', typescript: 'code',
+  steps: 'steps', gui: 'steps', agent: 'agent', build: 'build',
+};
+// The fields the form's own inputs set for every kind.
+const COMMON_FIELDS = ['kind', 'image', 'timeout_secs', 'memory', 'network'];
+
 function newJob(main) {
-  const kind = h('select', { name: 'kind' }, KINDS.map((k) => h('option', { value: k }, k)));
+  const kind = h('select', { name: 'kind' });
+  const examples = new Map();
   const command = h('textarea', { name: 'command', rows: 4, spellcheck: 'false', placeholder: 'echo hello; ls -la' });
   const code = h('textarea', { name: 'code', rows: 10, spellcheck: 'false' });
   const steps = h('textarea', { name: 'steps', rows: 10, spellcheck: 'false', value: EXAMPLE_STEPS });
@@ -691,7 +717,8 @@ function newJob(main) {
       .concat(list.own.map((i) => i.name));
     image.append(...names.map((n) => h('option', { value: n }, n)));
   }).catch(() => {});
-  const submit = h('button', { type: 'submit' }, 'Submit');
+  const fields = h('textarea', { name: 'fields', rows: 8, spellcheck: 'false' });
+  const submit = h('button', { type: 'submit', disabled: true }, 'Submit');
 
   const groups = {
     shell: h('label', {}, 'Command (bash)', command),
@@ -703,15 +730,28 @@ function newJob(main) {
       h('div', { class: 'row' }, h('label', {}, 'Model', model), h('label', {}, 'Max steps', maxSteps))),
     build: h('div', {}, h('label', {}, 'Image name (kept as one of your images)', buildName),
       h('label', {}, 'Dockerfile (FROM names an image you may use)', dockerfile)),
+    fields: h('label', {}, 'Fields (a JSON object: this kind\'s own, as the API documents them)', fields),
   };
-  const groupOf = (k) => ({ python: 'code', javascript: 'code', typescript: 'code', gui: 'steps' }[k] ?? k);
+  const groupOf = (k) => KIND_GROUP[k] ?? 'fields';
   const showGroup = () => {
     for (const [name, el] of Object.entries(groups)) el.hidden = name !== groupOf(kind.value);
     displayRow.hidden = kind.value !== 'gui';
     imageRow.hidden = kind.value === 'build';
+    const example = examples.get(kind.value) ?? {};
+    code.placeholder = typeof example.code === 'string' ? example.code : '';
+    if (groupOf(kind.value) === 'fields') {
+      const own = Object.fromEntries(Object.entries(example).filter(([k]) => !COMMON_FIELDS.includes(k)));
+      fields.value = JSON.stringify(own, null, 2);
+    }
   };
   kind.addEventListener('change', showGroup);
   showGroup();
+  jobKinds().then((kinds) => {
+    for (const { kind: k, example } of kinds) examples.set(k, example);
+    kind.append(...kinds.map(({ kind: k }) => h('option', { value: k }, k)));
+    showGroup();
+    submit.disabled = false;
+  }).catch((e) => err.show(e));
 
   const form = h('form', { class: 'card job-form' },
     h('h1', {}, 'New job'),
@@ -745,6 +785,18 @@ function newJob(main) {
       body.prompt = prompt.value;
       if (model.value.trim()) body.model = model.value.trim();
       if (maxSteps.value) body.max_steps = Number(maxSteps.value);
+    }
+    if (g === 'fields') {
+      let own;
+      try { own = JSON.parse(fields.value); } catch (ex) {
+        err.show(new Error(`The fields are not valid JSON: ${ex.message}`));
+        return;
+      }
+      if (own === null || typeof own !== 'object' || Array.isArray(own)) {
+        err.show(new Error('The fields must be a JSON object, such as {"text": "hi"}'));
+        return;
+      }
+      for (const [k, v] of Object.entries(own)) if (k !== 'kind') body[k] = v;
     }
     if (g === 'build') {
       body.name = buildName.value.trim();

@@ -82,6 +82,44 @@ try {
   const docs = await page.getAttribute('#api-docs', 'href');
   if (new URL(docs, page.url()).pathname !== '/docs') throw new Error(`the API link goes to ${docs}`);
 
+  step('the form offers the kinds the API document lists, and writes a kind it has no form for as JSON');
+  const doc = await (await fetch(`${BASE_URL}/openapi.json`)).json();
+  await page.click('a[data-nav=new]');
+  await page.locator('select[name=kind] option').first().waitFor({ state: 'attached' });
+  assert.deepEqual(await page.locator('select[name=kind] option').evaluateAll((os) => os.map((o) => o.value)),
+    doc.components.schemas.JobKind.enum);
+  // A kind this page has never heard of: the server's document gains one.
+  await page.route('**/openapi.json', async (route) => {
+    const response = await route.fetch();
+    const json = await response.json();
+    json.components.schemas.JobKind.enum.push('echo');
+    json.paths['/v1/jobs'].post.requestBody.content['application/json'].examples.echo =
+      { summary: 'Text, printed', value: { kind: 'echo', text: 'hi', timeout_secs: 5 } };
+    await route.fulfill({ response, json });
+  });
+  let posted = null;
+  await page.route('**/v1/jobs', async (route) => {
+    if (route.request().method() !== 'POST') return route.fallback();
+    posted = route.request().postDataJSON();
+    await route.fulfill({ status: 400, json: { error: { code: 'bad_request', message: 'no echo here' } } });
+  });
+  await page.reload();
+  await page.click('a[data-nav=new]');
+  await page.selectOption('select[name=kind]', 'echo');
+  // The example's own fields, without those the form has inputs for.
+  assert.deepEqual(JSON.parse(await page.inputValue('textarea[name=fields]')), { text: 'hi' });
+  await page.fill('textarea[name=fields]', '["not", "an object"]');
+  await page.click('form.job-form button[type=submit]');
+  await page.getByText('The fields must be a JSON object').waitFor();
+  assert.equal(posted, null);
+  await page.fill('textarea[name=fields]', '{"text": "hello", "kind": "shell"}');
+  await page.fill('input[name=timeout_secs]', '7');
+  await page.click('form.job-form button[type=submit]');
+  await page.getByText('no echo here').waitFor();
+  assert.deepEqual(posted, { kind: 'echo', text: 'hello', timeout_secs: 7, network: 'off' });
+  await page.unrouteAll();
+  await page.reload();
+
   step('submit a shell job');
   await page.click('a[data-nav=new]');
   await page.selectOption('select[name=kind]', 'shell');
