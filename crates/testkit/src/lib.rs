@@ -81,6 +81,7 @@ mod inspect;
 pub mod layout;
 pub mod oci;
 mod openai;
+pub mod race;
 pub mod registry;
 mod scenario;
 mod server;
@@ -123,6 +124,7 @@ pub const LAYERS: &[&str] = &[
     "forge",
     "git_remote",
     "oci",
+    "race",
     "registry",
     "scenario",
     "wire",

@@ -9,6 +9,7 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
+use cordon_testkit::race;
 use serde_json::{Value, json};
 use support::serve::Serve;
 
@@ -167,7 +168,8 @@ fn an_mcp_session_racing_its_tools_never_sees_another_tenants_files() {
         // Matches the marker without naming it.
         call("search_files", json!({"pattern": "HOST.ARKER"})),
     ];
-    let started = Instant::now();
+    // 45 s on an idle machine; a loaded one gets longer for its tries.
+    let race = race::Race::start(1500, Duration::from_secs(45), Duration::from_secs(120));
     let mut tries = 0;
     'race: for _ in 0..1000 {
         for c in &calls {
@@ -177,20 +179,16 @@ fn an_mcp_session_racing_its_tools_never_sees_another_tenants_files() {
                 !body.contains(MARKER),
                 "try {tries}: the session saw the other tenant's files: {body}"
             );
-            // 45 s on an idle machine; a loaded one gets longer for its
-            // tries.
-            let past = started.elapsed();
-            if past > Duration::from_secs(120) || (past > Duration::from_secs(45) && tries >= 1500)
-            {
+            if race.done(tries) {
                 break 'race;
             }
         }
     }
-    eprintln!("{tries} tool calls in {:?}", started.elapsed());
+    eprintln!("{tries} tool calls in {:?}", race.elapsed());
     s.rpc(
         &t,
         Some(&session),
         call("bash", json!({"command": "touch stop"})),
     );
-    assert!(tries >= 1500, "only {tries} calls: not a convincing race");
+    race.assert_convincing(tries, "calls");
 }
