@@ -581,7 +581,7 @@ impl Run<'_, '_> {
                         code,
                         tail: tail
                             .chars()
-                            .filter(|c| !c.is_control() || *c == '\n')
+                            .filter(|&c| !cordon_image::text::unprintable(c) || c == '\n')
                             .collect(),
                     });
                 }

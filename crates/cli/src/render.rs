@@ -263,12 +263,12 @@ mod tests {
                 name: "bash".into(),
                 input: json!({"command": "cat \u{1b}]52;c;cHduZWQ=\u{7}notes"}),
                 // As no label cordon makes: the printer is the last guard.
-                label: "cat \u{1b}]52;c;cHduZWQ=\u{7}notes".into(),
+                label: "cat \u{1b}]52;c;cHduZWQ=\u{7}notes \u{202E}txt.eman".into(),
             },
             AgentEvent::ToolOutput {
                 id: "b1".into(),
                 stream: cordon_sandbox::Stream::Stdout,
-                text: "\u{1b}[1A\u{1b}[2Kfaked line\n".into(),
+                text: "\u{1b}[1A\u{1b}[2Kfaked line \u{2067}reordered\u{2069}\n".into(),
             },
             AgentEvent::ToolCallFinished {
                 id: "b1".into(),
@@ -282,7 +282,8 @@ mod tests {
                 message: "bad \u{1b}[31mred".into(),
             },
         ]);
-        assert!(!err.contains('\u{1b}') && !err.contains('\u{7}'), "{err:?}");
+        let drawn = |c: char| c != '\n' && cordon_tools::unprintable(c);
+        assert!(!err.chars().any(drawn), "{err:?}");
         assert!(err.contains("faked line"), "{err}");
     }
 

@@ -41,7 +41,11 @@ impl Digest {
 
     pub fn parse(s: &str) -> Result<Digest, BadDigest> {
         let bad = |why| BadDigest {
-            shown: s.chars().take(80).filter(|c| !c.is_control()).collect(),
+            shown: s
+                .chars()
+                .take(80)
+                .filter(|&c| !crate::text::unprintable(c))
+                .collect(),
             why,
         };
         let (algorithm, hex) = s.split_once(':').ok_or_else(|| bad("no algorithm"))?;

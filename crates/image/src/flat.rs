@@ -368,7 +368,7 @@ fn quoted(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes)
         .chars()
         .flat_map(|c| {
-            if c == '\n' || !c.is_control() {
+            if c == '\n' || !crate::text::unprintable(c) {
                 vec![c]
             } else {
                 c.escape_default().collect()

@@ -74,7 +74,11 @@ impl FromStr for ImageRef {
     type Err = BadReference;
     fn from_str(s: &str) -> Result<ImageRef, BadReference> {
         let bad = |why: String| BadReference {
-            shown: s.chars().take(200).filter(|c| !c.is_control()).collect(),
+            shown: s
+                .chars()
+                .take(200)
+                .filter(|&c| !crate::text::unprintable(c))
+                .collect(),
             why,
         };
         if let Some(rest) = s.strip_prefix(LAYOUT) {

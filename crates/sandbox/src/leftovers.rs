@@ -244,13 +244,10 @@ fn read_beneath(root: &OwnedFd, rel: &Path) -> Option<String> {
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-/// Text from the workspace, with control characters shown as `?`, at most
-/// 200 characters: it is printed to the user's terminal.
+/// Text from the workspace, at most 200 characters and nothing a terminal
+/// would act on: it is printed to the user's terminal.
 fn printable(s: &str) -> String {
-    s.chars()
-        .take(200)
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
+    cordon_image::text::shown(s.as_bytes())
 }
 
 #[cfg(test)]

@@ -9,6 +9,13 @@ const TOKEN_KEY = 'cordon.token';
 
 // ---- DOM helpers ----------------------------------------------------------
 
+// Unicode's explicit bidirectional embeddings, overrides and isolates
+// reorder the text after them ("Trojan Source"): a sandbox's file named
+// `report\u202Etxt.exe` would read `reportexe.txt`, a command would read
+// other than it runs. Text from the server is shown with each replaced.
+const REORDERING = /[\u202A-\u202E\u2066-\u2069]/g;
+const readable = (text) => String(text).replace(REORDERING, '\uFFFD');
+
 const $ = (sel, root = document) => root.querySelector(sel);
 
 // Properties rather than attributes, so the element's live state is set.
@@ -24,7 +31,7 @@ function h(tag, props = {}, ...kids) {
     else el.setAttribute(k, v === true ? '' : String(v));
   }
   for (const kid of kids.flat()) {
-    if (kid != null && kid !== false) el.append(kid);
+    if (kid != null && kid !== false) el.append(typeof kid === 'string' ? readable(kid) : kid);
   }
   return el;
 }
@@ -62,7 +69,7 @@ function inline(text) {
 
 function markdown(text) {
   const root = document.createDocumentFragment();
-  const lines = text.split('\n');
+  const lines = readable(text).split('\n');
   let para = [];
   let list = null;
   const flush = () => {
@@ -420,7 +427,7 @@ class Transcript {
       t.live = document.createTextNode('');
       t.output.replaceChildren(t.live);
     }
-    t.live.appendData(text);
+    t.live.appendData(readable(text));
     // The end is what matters while it runs: keep the node bounded.
     if (t.live.length > 64 * 1024) t.live.deleteData(0, t.live.length - 64 * 1024);
     this.scroll();
@@ -431,7 +438,7 @@ class Transcript {
     if (!t) return;
     t.el.classList.remove('running');
     t.el.classList.add(isError ? 'failed' : 'done');
-    t.output.textContent = output;
+    t.output.textContent = readable(output);
     t.meta.textContent = durationMs == null ? (isError ? 'error' : '') : fmtDuration(durationMs);
   }
 
@@ -877,19 +884,19 @@ function filesPanel(id, signal) {
       if (f.size > 1024 * 1024) throw new Error(`${f.name} is ${fmtSize(f.size)}; download it instead`);
       const resp = await fetchFile(f);
       const type = resp.headers.get('Content-Type') || '';
-      previewName.textContent = full(f.name);
+      previewName.textContent = readable(full(f.name));
       if (imageUrl) URL.revokeObjectURL(imageUrl);
       imageUrl = null;
       if (type.startsWith('image/')) {
         // Shown as an <img>: an SVG's scripts never run there.
         imageUrl = URL.createObjectURL(await resp.blob());
         previewImage.src = imageUrl;
-        previewImage.alt = full(f.name);
+        previewImage.alt = readable(full(f.name));
         previewImage.hidden = false;
         previewText.hidden = true;
       } else {
         const text = await resp.text();
-        previewText.textContent = text.includes('\u0000') ? '(binary; download it instead)' : text;
+        previewText.textContent = text.includes('\u0000') ? '(binary; download it instead)' : readable(text);
         previewText.hidden = false;
         previewImage.hidden = true;
       }
@@ -900,7 +907,8 @@ function filesPanel(id, signal) {
   async function download(f) {
     try {
       const url = URL.createObjectURL(await (await fetchFile(f)).blob());
-      const a = h('a', { href: url, download: f.name, hidden: true });
+      // Saved under the name as shown: no reordered name on the user's disk.
+      const a = h('a', { href: url, download: readable(f.name), hidden: true });
       document.body.append(a);
       a.click();
       a.remove();
@@ -1195,9 +1203,9 @@ async function jobPage(main, id, signal) {
     if (job.error) rows.push(['error', job.error]);
     facts.replaceChildren(...rows.flatMap(([k, v]) => [h('dt', {}, k),
       h('dd', { class: k === 'error' ? 'error-text' : '' }, v instanceof Node ? v : String(v))]));
-    request.textContent = JSON.stringify(job.request, null, 2);
+    request.textContent = readable(JSON.stringify(job.request, null, 2));
     resultBox.hidden = job.result == null;
-    result.textContent = JSON.stringify(job.result, null, 2);
+    result.textContent = readable(JSON.stringify(job.result, null, 2));
     showShots(job.result?.steps);
   }
   try { await refresh(); } catch (e) { err.show(e); return; }
@@ -1251,7 +1259,7 @@ async function jobPage(main, id, signal) {
       outputBox.hidden = false;
       output.append(h('span', { class: cls }, last.node));
     }
-    last.node.appendData(text);
+    last.node.appendData(readable(text));
     scroll();
   };
   const marker = (text) => {

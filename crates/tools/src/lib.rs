@@ -42,7 +42,7 @@ pub mod walk;
 mod workspace;
 
 pub use cordon_sandbox::{Accel, BackendKind, Display, parse_size};
-pub use output::{HeadTail, plural, printable, printable_lines};
+pub use output::{HeadTail, plural, printable, printable_lines, unprintable};
 pub use workspace::{Workspace, WorkspaceError, WsPath, beneath};
 
 use std::future::Future;

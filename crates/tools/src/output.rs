@@ -2,16 +2,19 @@
 
 use std::collections::VecDeque;
 
+pub use cordon_image::text::unprintable;
+
 /// Text from the sandbox or the model, fit for a terminal: tabs become
-/// four spaces and every other control character (newlines included) a
-/// `?`, so that no escape sequence in it reaches the user's terminal. The
-/// one sanitiser every front end's printing goes through.
+/// four spaces and every other [`unprintable`] character (newlines
+/// included) a `?`, so that no escape sequence in it reaches the user's
+/// terminal and nothing reorders what is shown. The one sanitiser every
+/// front end's printing goes through.
 pub fn printable(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
             '\t' => out.push_str("    "),
-            c if c.is_control() => out.push('?'),
+            c if unprintable(c) => out.push('?'),
             c => out.push(c),
         }
     }
@@ -117,6 +120,11 @@ mod tests {
         let evil = "a\u{1b}]52;c;eA==\u{7}b\tc\r\nd\u{9b}2K";
         assert_eq!(printable(evil), "a?]52;c;eA==?b    c??d?2K");
         assert_eq!(printable_lines(evil), "a?]52;c;eA==?b    c?\nd?2K");
+        // Shown in the order it runs, not reversed by an override.
+        assert_eq!(
+            printable("rm -rf ~ #\u{202E}txt.eman"),
+            "rm -rf ~ #?txt.eman"
+        );
     }
 
     #[test]

@@ -59,7 +59,10 @@ pub fn paths(workspace: &Path, typed: &str) -> Vec<String> {
 
 /// Whether `name` can go into the prompt as (part of) one word.
 fn typable(name: &str) -> bool {
-    !name.is_empty() && !name.chars().any(|c| c.is_whitespace() || c.is_control())
+    !name.is_empty()
+        && !name
+            .chars()
+            .any(|c| c.is_whitespace() || cordon_tools::unprintable(c))
 }
 
 #[cfg(test)]

@@ -369,7 +369,7 @@ pub fn render_entry(e: &Entry, width: u16, expanded: bool, tick: u64) -> Vec<Lin
     let mut lines = render_entry_raw(e, width, expanded, tick);
     for line in &mut lines {
         for span in &mut line.spans {
-            if span.content.chars().any(char::is_control) {
+            if span.content.chars().any(cordon_tools::unprintable) {
                 span.content = printable(&span.content).into();
             }
         }
@@ -657,7 +657,7 @@ mod tests {
 
     #[test]
     fn no_control_character_from_the_model_or_the_sandbox_is_drawn() {
-        let evil = "\u{1b}]52;c;cHduZWQ=\u{7}\u{1b}[2K\u{1b}[1A";
+        let evil = "\u{1b}]52;c;cHduZWQ=\u{7}\u{1b}[2K\u{1b}[1A \u{202E}desrever\u{202C}";
         let entries = [
             Entry::User(format!("pasted {evil}")),
             Entry::Assistant(format!("**bold** {evil} `code {evil}`")),
@@ -685,7 +685,7 @@ mod tests {
                 for line in render_entry(e, 80, expanded, 0) {
                     for span in &line.spans {
                         assert!(
-                            !span.content.chars().any(char::is_control),
+                            !span.content.chars().any(cordon_tools::unprintable),
                             "{e:?} drew {:?}",
                             span.content
                         );

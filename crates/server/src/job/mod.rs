@@ -444,7 +444,7 @@ fn one_line(text: &str) -> String {
     let clean: String = first
         .trim()
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| if cordon_tools::unprintable(c) { ' ' } else { c })
         .collect();
     let mut cut: String = clean.chars().take(PREVIEW_CHARS).collect();
     if clean.chars().count() > PREVIEW_CHARS || text.trim().lines().count() > 1 {

@@ -124,7 +124,9 @@ try {
   await page.click('a[data-nav=new]');
   await page.selectOption('select[name=kind]', 'shell');
   await page.fill('textarea[name=command]',
-    'for i in 1 2 3; do echo tick-$i; sleep 0.5; done; echo made > out.txt; mkdir sub; echo inner > sub/in.txt; echo warn >&2');
+    'for i in 1 2 3; do echo tick-$i; sleep 0.5; done; echo made > out.txt; mkdir sub; echo inner > sub/in.txt; '
+    // A right-to-left override (U+202E, in UTF-8) in a name and in output.
+    + ": > \"$(printf 'report\\342\\200\\256txt.exe')\"; printf 'warn \\342\\200\\256gnp.exe\\n' >&2");
   await shot(page, 'new-job');
   await page.click('form.job-form button[type=submit]');
   await page.waitForURL(/#\/jobs\/job_/);
@@ -142,11 +144,20 @@ try {
   step('then it succeeds, with stdout and stderr told apart');
   await page.locator('.toolbar .badge.state-succeeded').waitFor();
   assert.equal(await page.textContent('pre.output .stdout'), 'tick-1\ntick-2\ntick-3\n');
-  assert.equal(await page.textContent('pre.output .stderr'), 'warn\n');
+  // The override is shown, not obeyed: the text reads in the order it is.
+  assert.equal(await page.textContent('pre.output .stderr'), 'warn \uFFFDgnp.exe\n');
   assert.match(await page.textContent('dl.facts'), /exit code\s*0/);
 
   step('its workspace: the file it wrote, an upload, a preview, a download');
   await page.locator('.files td', { hasText: 'out.txt' }).waitFor();
+  await page.locator('.files td', { hasText: 'report\uFFFDtxt.exe' }).waitFor();
+  const reordering = await page.evaluate(() => {
+    const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+    const found = [];
+    while (walk.nextNode()) if (/[\u202A-\u202E\u2066-\u2069]/.test(walk.currentNode.data)) found.push(walk.currentNode.data);
+    return found;
+  });
+  assert.deepEqual(reordering, []);
   await page.setInputFiles('.files input[type=file]', {
     name: 'up <b>.txt', mimeType: 'text/plain', buffer: Buffer.from('<i>uploaded</i>\n'),
   });

@@ -208,6 +208,30 @@ fn the_approval_prompt() {
     assert!(a.approval.is_none());
 }
 
+/// "Trojan Source": an override would make a terminal that reorders
+/// (VTE, Konsole) show the tail of the command reversed, so the user
+/// approves a command that reads other than it runs. Shown in run order.
+#[test]
+fn an_approval_shows_the_command_in_the_order_it_runs() {
+    let mut a = app();
+    send(&mut a, "check the disk");
+    let command = "rm -rf ~ #\u{202E}\u{2066} ksid kcehc";
+    started(&mut a, "b1", "bash", json!({"command": command}));
+    let (tx, _rx) = tokio::sync::oneshot::channel();
+    a.ask_approval(
+        "b1".into(),
+        "bash".into(),
+        json!({"command": command}),
+        None,
+        cordon_tui::approved::suggested_prefix(command),
+        tx,
+    );
+    let screen = draw(&mut a, 80, 12).backend().to_string();
+    assert!(screen.contains("rm -rf ~ #?? ksid kcehc"), "{screen}");
+    let drawn = |c: char| c != '\n' && cordon_tools::unprintable(c);
+    assert!(!screen.chars().any(drawn), "{screen}");
+}
+
 #[test]
 fn approving_a_write_over_a_file_shows_the_lines_it_deletes() {
     let mut a = app();
