@@ -203,10 +203,14 @@ pub async fn exec(args: ExecArgs) -> i32 {
     let mut sink: Box<dyn EventSink> = if args.json {
         Box::new(crate::render::JsonLines::new(std::io::stdout()))
     } else {
+        let terminals = crate::render::Terminals {
+            out: std::io::stdout().is_terminal(),
+            err: std::io::stderr().is_terminal(),
+        };
         Box::new(crate::render::Human::new(
             std::io::stdout(),
             std::io::stderr(),
-            std::io::stderr().is_terminal(),
+            terminals,
         ))
     };
     let result = pump(

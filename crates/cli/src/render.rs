@@ -4,8 +4,10 @@
 //! docs/exec-json.md).
 //!
 //! Everything shown comes from the model or the sandbox, so `Human` never
-//! passes a control character to the terminal: an escape sequence in a
-//! tool's output (a clipboard write, a cursor move) is shown as `?`.
+//! passes a control character to a terminal: an escape sequence in a
+//! tool's output or the model's answer (a clipboard write, a cursor move)
+//! is shown as `?`. An answer going to a file or a pipe is written as the
+//! model gave it, for the program that reads it.
 
 use std::io::Write;
 
@@ -38,12 +40,23 @@ impl<W: Write + Send> EventSink for JsonLines<W> {
     }
 }
 
+/// Which of [`Human`]'s two streams are terminals.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Terminals {
+    /// The answer's: there it is made printable.
+    pub out: bool,
+    /// The progress's: there it is dimmed.
+    pub err: bool,
+}
+
 /// For a person: the answer as it streams on `out`; each tool call, its
 /// live output and its verdict, retries, compactions and the tally,
 /// dimmed on `err`.
 pub struct Human<O, E> {
     out: O,
     err: E,
+    /// `out` is a terminal: the answer goes through [`printable_lines`].
+    answer_printable: bool,
     dim: &'static str,
     reset: &'static str,
     /// Whether the answer on `out` is at the start of a line.
@@ -55,9 +68,8 @@ pub struct Human<O, E> {
 }
 
 impl<O: Write + Send, E: Write + Send> Human<O, E> {
-    /// `color`: whether `err` is a terminal that takes the dim attribute.
-    pub fn new(out: O, err: E, color: bool) -> Self {
-        let (dim, reset) = if color {
+    pub fn new(out: O, err: E, terminals: Terminals) -> Self {
+        let (dim, reset) = if terminals.err {
             ("\x1b[2m", "\x1b[0m")
         } else {
             ("", "")
@@ -65,6 +77,7 @@ impl<O: Write + Send, E: Write + Send> Human<O, E> {
         Human {
             out,
             err,
+            answer_printable: terminals.out,
             dim,
             reset,
             at_line_start: true,
@@ -113,6 +126,11 @@ impl<O: Write + Send, E: Write + Send> Human<O, E> {
         match ev {
             AgentEvent::TextDelta { text } => {
                 self.at_line_start = text.ends_with('\n');
+                let text = if self.answer_printable {
+                    printable_lines(&text)
+                } else {
+                    text
+                };
                 let _ = self.out.write_all(text.as_bytes());
                 let _ = self.out.flush();
             }
@@ -241,9 +259,13 @@ mod tests {
     use serde_json::json;
 
     fn human(events: Vec<AgentEvent>) -> (String, String) {
+        human_on(Terminals::default(), events)
+    }
+
+    fn human_on(terminals: Terminals, events: Vec<AgentEvent>) -> (String, String) {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         {
-            let mut h = Human::new(&mut out, &mut err, false);
+            let mut h = Human::new(&mut out, &mut err, terminals);
             for ev in events {
                 h.show(ev);
             }
@@ -285,6 +307,36 @@ mod tests {
         let drawn = |c: char| c != '\n' && cordon_tools::unprintable(c);
         assert!(!err.chars().any(drawn), "{err:?}");
         assert!(err.contains("faked line"), "{err}");
+    }
+
+    /// The model's answer is hostile text too (a file it read can steer
+    /// it): on a terminal it is made printable, lines and all; into a
+    /// file or a pipe it goes as the model wrote it.
+    #[test]
+    fn an_answer_on_a_terminal_drives_nothing_and_reorders_nothing() {
+        let answer = || {
+            vec![
+                AgentEvent::TextDelta {
+                    text: "Done \u{1b}]52;c;cHduZWQ=\u{7}".into(),
+                },
+                AgentEvent::TextDelta {
+                    text: "see \u{202E}txt.exe\n\tnext line".into(),
+                },
+            ]
+        };
+        let (out, _) = human_on(
+            Terminals {
+                out: true,
+                err: false,
+            },
+            answer(),
+        );
+        assert_eq!(out, "Done ?]52;c;cHduZWQ=?see ?txt.exe\n    next line\n");
+        let (piped, _) = human(answer());
+        assert_eq!(
+            piped,
+            "Done \u{1b}]52;c;cHduZWQ=\u{7}see \u{202E}txt.exe\n\tnext line\n"
+        );
     }
 
     #[test]
