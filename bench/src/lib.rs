@@ -10,3 +10,16 @@
 pub mod cli;
 pub mod procfs;
 pub mod stats;
+
+/// This root's modules from the bottom up: each may use only those
+/// before it. The binaries beside it list theirs.
+pub const LAYERS: &[&str] = &["stats", "procfs", "cli"];
+
+#[cfg(test)]
+mod layering {
+    #[test]
+    fn no_module_uses_one_above_it() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        cordon_testkit::layout::check_root(&src.join("lib.rs"), crate::LAYERS);
+    }
+}

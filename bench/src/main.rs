@@ -84,3 +84,17 @@ fn run(args: &Args) -> Result<Json, String> {
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     result.map(|j| cli::labelled(args, j, Some(&runtime_name)))
 }
+
+/// This binary's modules: each measures on its own, none uses another
+/// (what they share is the library's).
+#[cfg(test)]
+mod layering {
+    #[test]
+    fn no_module_uses_one_above_it() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/main.rs");
+        cordon_testkit::layout::check_root(
+            &root,
+            &["checkpoint", "cold", "density", "net", "warm"],
+        );
+    }
+}

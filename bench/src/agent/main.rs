@@ -142,3 +142,27 @@ fn run(args: &Args) -> Result<Json, String> {
         }
     }
 }
+
+/// This binary's modules: each measures on its own, none uses another
+/// (what they share is the library's).
+#[cfg(test)]
+mod layering {
+    #[test]
+    fn no_module_uses_one_above_it() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/agent/main.rs");
+        cordon_testkit::layout::check_root(
+            &root,
+            &[
+                "agentloop",
+                "backends",
+                "execmem",
+                "fork",
+                "kernel",
+                "lab",
+                "screenshot",
+                "serve",
+                "sessionlog",
+            ],
+        );
+    }
+}

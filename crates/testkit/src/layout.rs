@@ -2,7 +2,8 @@
 //! its modules from the bottom up, a module that names one at or above its
 //! own place (`crate::x`, `use crate::{x, ..}`) fails the check, naming the
 //! file and the module. Each crate's test is [`layering_test!`], which
-//! calls [`check`] on its `src`.
+//! calls [`check`] on its `src`; a crate whose `src` holds several roots
+//! (a library and binaries side by side) checks each with [`check_root`].
 
 use std::path::Path;
 
@@ -58,25 +59,77 @@ fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 /// (`lib.rs` or `main.rs`, `bin/`, and the `layout.rs` test aside: a crate
 /// with a `layout` module of its own names it and tests elsewhere).
 pub fn check(src: &Path, layers: &[&str]) {
-    let rank = |m: &str| layers.iter().position(|l| *l == m);
     let mut files = Vec::new();
     sources(src, &mut files);
+    files.retain(|file| {
+        let module = module_of(file.strip_prefix(src).unwrap());
+        // The crate's root, its binaries (crates of their own), and the
+        // test that calls this, unless `layout` is a module of the crate.
+        let test_file = module == "layout" && !layers.contains(&"layout");
+        !matches!(module.as_str(), "lib" | "main" | "bin") && !test_file
+    });
+    judge(src, files, layers, None);
+}
+
+/// As [`check`], for one root file of a `src` that holds several: its
+/// modules are those it declares (`mod x;`, each `x.rs` or `x/` beside
+/// it); a name that is none of them is an item of the root, as a type is.
+pub fn check_root(root: &Path, layers: &[&str]) {
+    let dir = root.parent().expect("a root file in a directory");
+    let text = std::fs::read_to_string(root).expect("the root is readable");
+    let declared = declared_modules(&text);
+    let mut files = Vec::new();
+    for m in &declared {
+        let file = dir.join(format!("{m}.rs"));
+        if file.is_file() {
+            files.push(file);
+        }
+        let sub = dir.join(m);
+        if sub.is_dir() {
+            sources(&sub, &mut files);
+        }
+    }
+    judge(dir, files, layers, Some(&declared));
+}
+
+/// The modules a root file declares with `mod x;` (public or not).
+fn declared_modules(root: &str) -> std::collections::BTreeSet<String> {
+    root.lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let l = l
+                .strip_prefix("pub(crate) ")
+                .or(l.strip_prefix("pub "))
+                .unwrap_or(l);
+            Some(
+                l.strip_prefix("mod ")?
+                    .strip_suffix(';')?
+                    .trim()
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Checks `files` (under `src`) against `layers`; with `known`, a used
+/// name outside it is the root's own item, not a module.
+fn judge(
+    src: &Path,
+    files: Vec<std::path::PathBuf>,
+    layers: &[&str],
+    known: Option<&std::collections::BTreeSet<String>>,
+) {
+    let rank = |m: &str| layers.iter().position(|l| *l == m);
     let mut wrong = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for file in files {
         let rel = file.strip_prefix(src).unwrap();
         let module = module_of(rel);
-        // The crate's root, its binaries (crates of their own), and the
-        // test that calls this, unless `layout` is a module of the crate.
-        let test_file = module == "layout" && !layers.contains(&"layout");
-        if matches!(module.as_str(), "lib" | "main" | "bin") || test_file {
-            continue;
-        }
         seen.insert(module.clone());
         let own = rank(&module).unwrap_or_else(|| panic!("{module} is missing from LAYERS"));
         let text = std::fs::read_to_string(&file).unwrap();
         for used in uses(&text) {
-            if used == module {
+            if used == module || known.is_some_and(|k| !k.contains(&used)) {
                 continue;
             }
             match rank(&used) {
@@ -106,6 +159,34 @@ macro_rules! layering_test {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_root_declares_its_modules() {
+        let root =
+            "//! doc\nmod a;\npub mod b;\n#[cfg(test)]\npub(crate) mod c;\nmod inline {\n}\n";
+        let names: Vec<String> = super::declared_modules(root).into_iter().collect();
+        assert_eq!(names, ["a", "b", "c"]);
+    }
+
+    /// A root's own items pass; a module using one above it fails.
+    #[test]
+    fn a_root_s_modules_are_checked_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("main.rs");
+        std::fs::write(&root, "mod low;\nmod high;\nfn helper() {}\n").unwrap();
+        std::fs::write(
+            dir.path().join("high.rs"),
+            "use crate::low;\ncrate::helper();\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("low.rs"), "").unwrap();
+        // Another root's module beside it, not this root's concern.
+        std::fs::write(dir.path().join("other.rs"), "use crate::high;\n").unwrap();
+        super::check_root(&root, &["low", "high"]);
+        std::fs::write(dir.path().join("low.rs"), "use crate::high::X;\n").unwrap();
+        let upward = std::panic::catch_unwind(|| super::check_root(&root, &["low", "high"]));
+        assert!(upward.is_err(), "low.rs uses high, above it");
+    }
+
     #[test]
     fn the_checker_sees_both_forms_of_use() {
         assert_eq!(
