@@ -1107,10 +1107,12 @@ async fn a_paused_sandbox_goes_on_from_where_it_was() {
     let sb = Sandbox::create(config(dir.path()))
         .await
         .expect("create sandbox");
-    // A process counting into a file, ten times a second.
+    // A process counting into a file, ten times a second; renamed into
+    // place, so a freeze between truncating and writing it cannot leave
+    // a reader an empty file.
     let out = sb
         .exec(ExecRequest::shell(
-            "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /workspace/count; sleep 0.1; done' \
+            "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /workspace/.count; mv /workspace/.count /workspace/count; sleep 0.1; done' \
              </dev/null >/dev/null 2>&1 &",
         ))
         .await
