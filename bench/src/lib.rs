@@ -17,9 +17,5 @@ pub const LAYERS: &[&str] = &["stats", "procfs", "cli"];
 
 #[cfg(test)]
 mod layering {
-    #[test]
-    fn no_module_uses_one_above_it() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        cordon_testkit::layout::check_root(&src.join("lib.rs"), crate::LAYERS);
-    }
+    cordon_testkit::layering_test!(root "src/lib.rs", crate::LAYERS);
 }

@@ -89,12 +89,8 @@ fn run(args: &Args) -> Result<Json, String> {
 /// (what they share is the library's).
 #[cfg(test)]
 mod layering {
-    #[test]
-    fn no_module_uses_one_above_it() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/main.rs");
-        cordon_testkit::layout::check_root(
-            &root,
-            &["checkpoint", "cold", "density", "net", "warm"],
-        );
-    }
+    cordon_testkit::layering_test!(
+        root "src/main.rs",
+        &["checkpoint", "cold", "density", "net", "warm"]
+    );
 }

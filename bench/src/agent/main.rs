@@ -147,12 +147,9 @@ fn run(args: &Args) -> Result<Json, String> {
 /// (what they share is the library's).
 #[cfg(test)]
 mod layering {
-    #[test]
-    fn no_module_uses_one_above_it() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/agent/main.rs");
-        cordon_testkit::layout::check_root(
-            &root,
-            &[
+    cordon_testkit::layering_test!(
+        root "src/agent/main.rs",
+        &[
                 "agentloop",
                 "backends",
                 "execmem",
@@ -162,7 +159,6 @@ mod layering {
                 "screenshot",
                 "serve",
                 "sessionlog",
-            ],
-        );
-    }
+            ]
+    );
 }

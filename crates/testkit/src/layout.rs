@@ -155,6 +155,14 @@ macro_rules! layering_test {
             $crate::layout::check(&src, $layers);
         }
     };
+    // One root of a `src` that holds several (see [`check_root`]).
+    (root $root:literal, $layers:expr) => {
+        #[test]
+        fn no_module_uses_one_above_it() {
+            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join($root);
+            $crate::layout::check_root(&root, $layers);
+        }
+    };
 }
 
 #[cfg(test)]
