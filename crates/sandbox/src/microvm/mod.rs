@@ -33,6 +33,7 @@ mod disks;
 pub mod image;
 mod qemu;
 mod qmp;
+mod ram;
 mod snapshot;
 mod stage;
 mod tail;
@@ -51,7 +52,9 @@ use crate::services::{Channel, Services};
 use crate::session::{ConnectParams, Lifecycle, Sandbox};
 use accel::{accel, tsc_khz};
 use disks::ImageDisks;
-use qemu::{CONSOLE_FD, INCOMING_FD, MONITOR_FD, QEMU_HOST_FILES, QemuFds, launch, spawn_qemu};
+use qemu::{
+    CONSOLE_FD, INCOMING_FD, MONITOR_FD, QEMU_HOST_FILES, QemuFds, RAM_FD, launch, spawn_qemu,
+};
 use snapshot::{Shape, Snapshots};
 use stage::{RunDir, run_dir, stage_etc, stage_supervisor, system_layout};
 use tail::Tail;
@@ -480,6 +483,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         timeout: setup_timeout,
         snapshots: Snapshots::new(&cache),
         shape,
+        memory: memory / MIB * MIB,
     };
     let booted = tokio::task::spawn_blocking(move || boot(&launch_spec))
         .await
@@ -591,6 +595,16 @@ struct Launch {
     snapshots: Snapshots,
     /// None: boot cold, take no snapshot.
     shape: Option<Shape>,
+    /// The guest's memory in bytes, as `-m` gives it.
+    memory: u64,
+}
+
+/// The guest's memory when it is a file (see `ram`): a memfd QEMU maps
+/// shared, for a guest that will be saved, or a snapshot's, mapped
+/// privately.
+enum Ram {
+    Shared(std::os::fd::OwnedFd),
+    Private(std::os::fd::OwnedFd),
 }
 
 /// A QEMU started and its guest past the start handshake.
@@ -636,16 +650,21 @@ const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
 /// cold, taking the snapshot on the way (see `snapshot`). Blocking.
 fn boot(l: &Launch) -> Result<Booted> {
     if let Some(shape) = &l.shape
-        && let Some(file) = l.snapshots.open(shape)
+        && let Some(saved) = l.snapshots.open(shape, l.memory)
     {
-        let restored = start(l, Some(file.into())).and_then(|mut b| {
-            qmp::Qmp::connect(b.monitor.try_clone()?, RESTORE_TIMEOUT)
-                .and_then(|mut q| snapshot::resume(&mut q))
-                .map_err(|e| explain(e, &b))?;
-            snapshot::go(&mut b.host, RESTORE_TIMEOUT.min(l.timeout))
-                .map_err(|e| explain(e, &b))?;
-            Ok(b)
-        });
+        let restored = saved
+            .ram
+            .for_qemu()
+            .map_err(Error::from)
+            .and_then(|ram| start(l, Some(Ram::Private(ram)), Some(saved.state.into())))
+            .and_then(|mut b| {
+                qmp::Qmp::connect(b.monitor.try_clone()?, RESTORE_TIMEOUT)
+                    .and_then(|mut q| snapshot::resume(&mut q, INCOMING_FD))
+                    .map_err(|e| explain(e, &b))?;
+                snapshot::go(&mut b.host, RESTORE_TIMEOUT.min(l.timeout))
+                    .map_err(|e| explain(e, &b))?;
+                Ok(b)
+            });
         match restored {
             Ok(b) => {
                 return Ok(Booted {
@@ -659,15 +678,25 @@ fn boot(l: &Launch) -> Result<Booted> {
             }
         }
     }
-    let mut b = start(l, None)?;
+    // A guest to be saved runs on a memfd of ours, which the snapshot
+    // copies.
+    let fresh = match &l.shape {
+        Some(_) => Some(ram::fresh(l.memory)?),
+        None => None,
+    };
+    let shared = fresh
+        .as_ref()
+        .map(|f| f.try_clone().map(Ram::Shared))
+        .transpose()?;
+    let mut b = start(l, shared, None)?;
     snapshot::ready(&mut b.host, l.timeout).map_err(|e| explain(e, &b))?;
-    if let Some(shape) = &l.shape {
+    if let (Some(shape), Some(fresh)) = (&l.shape, &fresh) {
         let taken = b
             .monitor
             .try_clone()
             .map_err(Error::from)
             .and_then(|m| qmp::Qmp::connect(m, RESTORE_TIMEOUT))
-            .and_then(|mut q| l.snapshots.take(shape, &mut q));
+            .and_then(|mut q| l.snapshots.take(shape, &mut q, fresh, l.memory));
         if let Err(e) = taken {
             tracing::warn!(error = %e, "could not snapshot the microVM's boot; the next starts cold too");
         }
@@ -676,8 +705,9 @@ fn boot(l: &Launch) -> Result<Booted> {
     Ok(b)
 }
 
-/// Starts QEMU with `l`'s options, restoring `incoming` if given.
-fn start(l: &Launch, incoming: Option<std::os::fd::OwnedFd>) -> Result<Booted> {
+/// Starts QEMU with `l`'s options, its memory `ram` if a file, restoring
+/// `incoming` if given.
+fn start(l: &Launch, ram: Option<Ram>, incoming: Option<std::os::fd::OwnedFd>) -> Result<Booted> {
     let ruleset = crate::supervisor::confine::vmm_ruleset(&l.read, &l.write)?;
     let (host, guest_end) = std::os::unix::net::UnixStream::pair()?;
     let (console_host, console_guest) = std::os::unix::net::UnixStream::pair()?;
@@ -690,8 +720,25 @@ fn start(l: &Launch, incoming: Option<std::os::fd::OwnedFd>) -> Result<Booted> {
         "chardev=monitor,mode=control".into(),
     ]);
     if incoming.is_some() {
-        args.extend(["-incoming".to_string(), format!("fd:{INCOMING_FD}")]);
+        // Loaded over QMP, once told to leave the memory out (`resume`).
+        args.extend(["-incoming".to_string(), "defer".into()]);
     }
+    let ram = ram.map(|ram| {
+        let (fd, share) = match ram {
+            Ram::Shared(fd) => (fd, "on"),
+            Ram::Private(fd) => (fd, "off"),
+        };
+        args.extend([
+            "-object".to_string(),
+            format!(
+                "memory-backend-file,id=cordon-ram,size={}M,mem-path=/proc/self/fd/{RAM_FD},share={share}",
+                l.memory / MIB
+            ),
+            "-machine".into(),
+            "memory-backend=cordon-ram".into(),
+        ]);
+        fd
+    });
     let qemu = l.qemu.clone();
     let covers = l.covers.clone();
     let fds = QemuFds {
@@ -699,6 +746,7 @@ fn start(l: &Launch, incoming: Option<std::os::fd::OwnedFd>) -> Result<Booted> {
         console: console_guest.into(),
         monitor: monitor_qemu.into(),
         incoming,
+        ram,
     };
     let (pid, stderr) = launch(move || spawn_qemu(&qemu, &args, fds, ruleset, covers))?;
     let qemu = Started(Some(pid));

@@ -85,16 +85,20 @@ pub(super) const MONITOR_FD: i32 = CONTROL_FD + 2;
 /// QEMU's descriptor for the snapshot it starts from, if any.
 pub(super) const INCOMING_FD: i32 = CONTROL_FD + 3;
 
+/// QEMU's descriptor for the guest's memory, if a file (see `ram`).
+pub(super) const RAM_FD: i32 = CONTROL_FD + 4;
+
 /// The descriptors QEMU starts with, as the numbers its options name.
 pub(super) struct QemuFds {
     pub control: OwnedFd,
     pub console: OwnedFd,
     pub monitor: OwnedFd,
     pub incoming: Option<OwnedFd>,
+    pub ram: Option<OwnedFd>,
 }
 
 /// Starts QEMU with `fds` as [`CONTROL_FD`], [`CONSOLE_FD`],
-/// [`MONITOR_FD`] and [`INCOMING_FD`], confined as the module says (Landlock with `ruleset`,
+/// [`MONITOR_FD`], [`INCOMING_FD`] and [`RAM_FD`], confined as the module says (Landlock with `ruleset`,
 /// then seccomp), in its own process group (the terminal's Ctrl-C belongs
 /// to the front end), dying with this process. Returns its pid and the
 /// read end of its stderr.
@@ -111,8 +115,9 @@ pub(super) fn spawn_qemu(
         fds.console.as_raw_fd(),
         fds.monitor.as_raw_fd(),
         fds.incoming.as_ref().map_or(-1, |f| f.as_raw_fd()),
+        fds.ram.as_ref().map_or(-1, |f| f.as_raw_fd()),
     ];
-    let targets = [CONTROL_FD, CONSOLE_FD, MONITOR_FD, INCOMING_FD];
+    let targets = [CONTROL_FD, CONSOLE_FD, MONITOR_FD, INCOMING_FD, RAM_FD];
     let ruleset_raw = ruleset.as_ref().map(|f| f.as_raw_fd());
     let mut cmd = std::process::Command::new(qemu);
     cmd.args(args)
@@ -142,12 +147,12 @@ pub(super) fn spawn_qemu(
             }
             // Copies above every target first, so that no dup2 can
             // overwrite another's source; dup2 clears close-on-exec.
-            let mut copies = [-1; 4];
+            let mut copies = [-1; 5];
             for (copy, source) in copies.iter_mut().zip(sources) {
                 if source < 0 {
                     continue;
                 }
-                *copy = libc::fcntl(source, libc::F_DUPFD, INCOMING_FD + 1);
+                *copy = libc::fcntl(source, libc::F_DUPFD, RAM_FD + 1);
                 if *copy < 0 {
                     return Err(std::io::Error::last_os_error());
                 }

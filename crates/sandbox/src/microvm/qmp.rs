@@ -35,8 +35,32 @@ pub(super) enum Command<'a> {
     Migrate {
         uri: &'a str,
     },
+    /// Loads the snapshot QEMU was told to wait for (`-incoming defer`)
+    /// from `uri`.
+    MigrateIncoming {
+        uri: &'a str,
+    },
+    MigrateSetCapabilities {
+        capabilities: &'a [CapabilityState],
+    },
     QueryMigrate,
     QueryStatus,
+}
+
+/// A migration capability set on or off. QEMU 7.2 has no `-global` for
+/// them: they are set over QMP, before a migration either way.
+#[derive(Debug, Serialize)]
+pub(super) struct CapabilityState {
+    pub capability: Capability,
+    pub state: bool,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum Capability {
+    /// Leaves memory QEMU maps shared out of the stream: a snapshot's
+    /// memory is a file of its own (see `ram`).
+    XIgnoreShared,
 }
 
 /// `query-status`'s answer, the part cordon reads: the run state, such as
@@ -206,6 +230,19 @@ mod tests {
         assert_eq!(
             json(Command::Migrate { uri: "fd:snap" }),
             r#"{"execute":"migrate","arguments":{"uri":"fd:snap"}}"#
+        );
+        assert_eq!(
+            json(Command::MigrateIncoming { uri: "fd:7" }),
+            r#"{"execute":"migrate-incoming","arguments":{"uri":"fd:7"}}"#
+        );
+        assert_eq!(
+            json(Command::MigrateSetCapabilities {
+                capabilities: &[CapabilityState {
+                    capability: Capability::XIgnoreShared,
+                    state: true
+                }]
+            }),
+            r#"{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"x-ignore-shared","state":true}]}}"#
         );
     }
 

@@ -12,10 +12,13 @@
 //!   on disk, every option and device with the per-sandbox paths left out.
 //!   A change to any of them is a new key, so a restore never meets a
 //!   state of another machine.
-//! - QEMU writes it through a descriptor into a temporary file renamed
-//!   into place: a reader sees one whole snapshot or none. It lives in
-//!   cordon's cache, where neither the guest nor QEMU can name it, and at
-//!   most [`KEEP`] of them are kept.
+//! - A snapshot is a directory: the devices' state, which QEMU writes
+//!   through a descriptor, and the guest's memory (`ram`), which cordon
+//!   copies from the memfd the saved guest ran on and later starts map
+//!   (see `ram`). Both are written in a temporary directory renamed into
+//!   place: a reader sees one whole snapshot or none. It lives in cordon's
+//!   cache, where neither the guest nor QEMU can name it, and at most
+//!   [`KEEP`] of them are kept.
 //! - Each start sends its own entropy with the go, mixed into the kernel's
 //!   pool before anything else runs: guests restored from one snapshot
 //!   would otherwise draw the same random numbers. (Their kernel's address
@@ -32,7 +35,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::image::{file_stamp, hash_hex};
-use super::qmp::{Command, MigrationInfo, MigrationStatus, Qmp, StatusInfo};
+use super::qmp::{
+    Capability, CapabilityState, Command, MigrationInfo, MigrationStatus, Qmp, StatusInfo,
+};
+use super::ram::{Sealed, copy_nonzero};
 use crate::error::{Error, Result};
 
 /// The start handshake, as guest/init.rs speaks it: the guest writes
@@ -45,18 +51,29 @@ const SEED_LEN: usize = 32;
 
 /// Part of every key: raised when what a held guest expects changes in a
 /// way the initramfs's identity would not show.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 
 /// Snapshots kept in the cache; those used longest ago go first. Every
 /// distinct size of machine (which a tenant of `serve` picks) has its own.
 const KEEP: usize = 16;
 
-/// How long QEMU may take to write a snapshot of a held guest (a few
-/// dozen MiB, most of memory being zero pages it skips).
+/// How long QEMU may take to write a snapshot of a held guest (its
+/// devices: the memory is copied by cordon).
 const SAVE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The monitor's name for the descriptor the snapshot is written to.
 const FD_NAME: &str = "cordon-snapshot";
+
+/// A snapshot directory's files: the devices' state, as QEMU's migration
+/// stream, and the guest's memory.
+const STATE: &str = "state";
+const RAM: &str = "ram";
+
+/// A snapshot opened to start a guest from.
+pub(super) struct Saved {
+    pub state: std::fs::File,
+    pub ram: Sealed,
+}
 
 /// What a restored machine must share with the saved one, as a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,40 +135,67 @@ impl Snapshots {
     }
 
     fn path(&self, shape: &Shape) -> PathBuf {
-        self.dir.join(format!("{}.vmstate", shape.0))
+        self.dir.join(&shape.0)
     }
 
-    /// The snapshot of `shape`, opened, if one was taken; marked used, so
-    /// that pruning keeps the ones in use.
-    pub(super) fn open(&self, shape: &Shape) -> Option<std::fs::File> {
-        let file = std::fs::File::open(self.path(shape)).ok()?;
-        let _ = file.set_modified(std::time::SystemTime::now());
-        Some(file)
+    /// The snapshot of `shape` for a guest of `memory` bytes, opened, if
+    /// one was taken; marked used, so that pruning keeps the ones in use.
+    /// One whose memory cannot be read is removed.
+    pub(super) fn open(&self, shape: &Shape, memory: u64) -> Option<Saved> {
+        let dir = self.path(shape);
+        let state = std::fs::File::open(dir.join(STATE)).ok()?;
+        let _ = state.set_modified(std::time::SystemTime::now());
+        match Sealed::load(&dir.join(RAM), memory) {
+            Ok(ram) => Some(Saved { state, ram }),
+            Err(e) => {
+                tracing::warn!(error = %e, "the microVM's snapshot has no memory to start from");
+                self.forget(shape);
+                None
+            }
+        }
     }
 
     /// Removes the snapshot of `shape`, one a restore could not start.
     pub(super) fn forget(&self, shape: &Shape) {
-        let _ = std::fs::remove_file(self.path(shape));
+        let dir = self.path(shape);
+        Sealed::forget(&dir.join(RAM));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
-    /// Saves the guest behind `qmp`, held by its init, as the snapshot of
-    /// `shape`, and lets it go on. The guest is stopped meanwhile; it is
-    /// continued whatever happens.
-    pub(super) fn take(&self, shape: &Shape, qmp: &mut Qmp) -> Result<()> {
+    /// Saves the guest behind `qmp`, held by its init and running on the
+    /// memfd `ram` of `memory` bytes, as the snapshot of `shape`, and lets
+    /// it go on. The guest is stopped meanwhile; it is continued whatever
+    /// happens.
+    pub(super) fn take(
+        &self,
+        shape: &Shape,
+        qmp: &mut Qmp,
+        ram: &std::os::fd::OwnedFd,
+        memory: u64,
+    ) -> Result<()> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.dir)?;
-        let file = tempfile::Builder::new()
+        let taking = tempfile::Builder::new()
             .prefix(".taking-")
-            .tempfile_in(&self.dir)?;
+            .tempdir_in(&self.dir)?;
+        let state = std::fs::File::create(taking.path().join(STATE))?;
+        let copy = std::fs::File::create(taking.path().join(RAM))?;
+        copy.set_len(memory)?;
+        let running = std::fs::File::from(ram.try_clone()?);
         qmp.execute::<serde::de::IgnoredAny>(&Command::Stop, None)?;
-        let saved = save(qmp, file.as_file());
+        let saved = save(qmp, &state)
+            .and_then(|()| copy_nonzero(&running, &copy, memory).map_err(Error::from));
         let continued = cont(qmp);
         saved?;
         continued?;
-        file.persist(self.path(shape))
-            .map_err(|e| Error::Io(e.error))?;
+        match std::fs::rename(taking.path(), self.path(shape)) {
+            Ok(()) => {}
+            // Another start of the same shape took it first: it serves.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY | libc::EEXIST)) => {}
+            Err(e) => return Err(e.into()),
+        }
         self.prune();
         Ok(())
     }
@@ -170,31 +214,59 @@ impl Snapshots {
             let old = m.modified().ok().and_then(|t| t.elapsed().ok());
             if name.starts_with(".taking-") {
                 if old.is_some_and(|age| age > SAVE_TIMEOUT * 2) {
-                    let _ = std::fs::remove_file(e.path());
+                    let _ = std::fs::remove_dir_all(e.path());
                 }
+            } else if m.is_dir() {
+                // Last used: its state is marked on each use.
+                let used = std::fs::metadata(e.path().join(STATE))
+                    .and_then(|m| m.modified())
+                    .unwrap_or(std::time::UNIX_EPOCH);
+                found.push((used, e.path()));
             } else if name.ends_with(".vmstate") {
-                found.push((m.modified().unwrap_or(std::time::UNIX_EPOCH), e.path()));
+                // A snapshot of the first format, one file with the memory
+                // in it: no start reads it any more.
+                let _ = std::fs::remove_file(e.path());
             }
         }
         found.sort_by_key(|f| std::cmp::Reverse(f.0));
         for (_, path) in found.into_iter().skip(KEEP) {
-            let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_dir_all(path);
         }
     }
 }
 
-/// Migrates the stopped guest into `file` and waits for QEMU to finish.
+/// Leaves the guest's memory, a file of its own, out of the stream.
+fn ignore_shared(qmp: &mut Qmp) -> Result<()> {
+    qmp.execute::<serde::de::IgnoredAny>(
+        &Command::MigrateSetCapabilities {
+            capabilities: &[CapabilityState {
+                capability: Capability::XIgnoreShared,
+                state: true,
+            }],
+        },
+        None,
+    )?;
+    Ok(())
+}
+
+/// Migrates the stopped guest's devices into `file` and waits for QEMU to
+/// finish.
 fn save(qmp: &mut Qmp, file: &std::fs::File) -> Result<()> {
+    ignore_shared(qmp)?;
     qmp.execute::<serde::de::IgnoredAny>(&Command::Getfd { fdname: FD_NAME }, Some(file.as_fd()))?;
     let uri = format!("fd:{FD_NAME}");
     qmp.execute::<serde::de::IgnoredAny>(&Command::Migrate { uri: &uri }, None)?;
     migrated(qmp, "save")
 }
 
-/// Continues a guest QEMU restores from a snapshot, once it is loaded: it
-/// was saved stopped, and QEMU keeps it so until told (a `cont` while it
-/// loads would be overruled by the state saved).
-pub(super) fn resume(qmp: &mut Qmp) -> Result<()> {
+/// Has QEMU, started with `-incoming defer`, load the snapshot's devices
+/// from its descriptor `fd` (the memory it maps already), and continues
+/// the guest once loaded: it was saved stopped, and QEMU keeps it so until
+/// told (a `cont` while it loads would be overruled by the state saved).
+pub(super) fn resume(qmp: &mut Qmp, fd: i32) -> Result<()> {
+    ignore_shared(qmp)?;
+    let uri = format!("fd:{fd}");
+    qmp.execute::<serde::de::IgnoredAny>(&Command::MigrateIncoming { uri: &uri }, None)?;
     migrated(qmp, "load")?;
     cont(qmp)
 }
@@ -330,30 +402,38 @@ mod tests {
         let day = Duration::from_secs(86_400);
         let age = |path: &Path, days: u32| {
             let t = std::time::SystemTime::now() - day * days;
-            std::fs::File::options()
-                .write(true)
-                .open(path)
-                .unwrap()
-                .set_modified(t)
-                .unwrap();
+            std::fs::File::open(path).unwrap().set_modified(t).unwrap();
         };
         let shapes: Vec<Shape> = (0..KEEP + 2).map(|i| Shape(format!("{i:064x}"))).collect();
         for (i, shape) in shapes.iter().enumerate() {
-            std::fs::write(store.path(shape), b"state").unwrap();
+            let dir = store.path(shape);
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::write(dir.join(STATE), b"state").unwrap();
+            std::fs::File::create(dir.join(RAM))
+                .unwrap()
+                .set_len(1 << 20)
+                .unwrap();
             // Shape 0 was taken longest ago.
-            age(&store.path(shape), (KEEP + 2 - i) as u32);
+            age(&dir.join(STATE), (KEEP + 2 - i) as u32);
         }
         let dead = store.dir.join(".taking-dead");
-        std::fs::write(&dead, b"half").unwrap();
+        std::fs::create_dir(&dead).unwrap();
+        std::fs::write(dead.join(STATE), b"half").unwrap();
         age(&dead, 1);
-        assert!(store.open(&shapes[0]).is_some());
+        let legacy = store.dir.join(format!("{:064x}.vmstate", 1));
+        std::fs::write(&legacy, b"state and memory").unwrap();
+        assert!(store.open(&shapes[0], 1 << 20).is_some());
         store.prune();
         assert!(store.path(&shapes[0]).exists(), "the one just used went");
         assert!(!store.path(&shapes[1]).exists());
         assert!(!store.path(&shapes[2]).exists());
         assert!(store.path(&shapes[3]).exists());
         assert!(!dead.exists());
+        assert!(!legacy.exists());
         assert_eq!(std::fs::read_dir(&store.dir).unwrap().count(), KEEP);
+        // One whose memory is not the guest's size is no snapshot.
+        assert!(store.open(&shapes[3], 2 << 20).is_none());
+        assert!(!store.path(&shapes[3]).exists());
     }
 
     /// guest/init.rs is built alone, without this crate: the handshake is

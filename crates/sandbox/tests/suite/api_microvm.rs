@@ -290,8 +290,9 @@ exec {qemu} "$@"
         two.close().await;
 
         // A snapshot QEMU cannot load (corrupt, truncated, of another
-        // version) costs one cold boot, which takes a new one. (In this
-        // test, after the above: it damages the snapshots taken meanwhile.)
+        // version) or whose memory is not the guest's size costs one cold
+        // boot, which takes a new one. (In this test, after the above: it
+        // damages the snapshots taken meanwhile.)
         let store = cordon_sandbox::microvm::image::cache_dir().join("snapshots");
         // Taken or used (a use marks it) since `since`: ours, and perhaps
         // another test's, which then boots cold, as it may.
@@ -299,9 +300,9 @@ exec {qemu} "$@"
             std::fs::read_dir(&store)
                 .map(|d| {
                     d.flatten()
-                        .filter(|e| e.file_name().to_string_lossy().ends_with(".vmstate"))
+                        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
                         .filter(|e| {
-                            e.metadata()
+                            std::fs::metadata(e.path().join("state"))
                                 .and_then(|m| m.modified())
                                 .is_ok_and(|t| t >= since)
                         })
@@ -323,37 +324,52 @@ exec {qemu} "$@"
             .unwrap()
             .close()
             .await;
-        let ours = touched(since);
-        assert!(
-            !ours.is_empty(),
-            "no snapshot taken or used in {}",
-            store.display()
-        );
-        for (i, path) in ours.iter().enumerate() {
-            let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-            if i % 2 == 0 {
-                f.set_len(4096).unwrap();
-            } else {
-                std::os::unix::fs::FileExt::write_at(&f, b"not a migration stream", 0).unwrap();
+        // Each damage in turn: the memory cut short, the devices' state
+        // cut short, the state not QEMU's.
+        for damage in 0..3 {
+            let ours = touched(since);
+            assert!(
+                !ours.is_empty(),
+                "no snapshot taken or used in {}",
+                store.display()
+            );
+            for path in &ours {
+                let open = |name| {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(path.join(name))
+                        .unwrap()
+                };
+                match damage {
+                    0 => open("ram").set_len(4096).unwrap(),
+                    1 => open("state").set_len(4096).unwrap(),
+                    _ => std::os::unix::fs::FileExt::write_all_at(
+                        &open("state"),
+                        b"not a migration stream",
+                        0,
+                    )
+                    .unwrap(),
+                }
             }
+            let sb = Sandbox::create(odd(dir.path()))
+                .await
+                .expect("a cold boot instead");
+            assert!(
+                sb.info().limits.contains("booted cold"),
+                "damage {damage}: {}",
+                sb.info().limits
+            );
+            assert_eq!(run(&sb, "echo ok").await.stdout_str(), "ok\n");
+            sb.close().await;
+            let sb = Sandbox::create(odd(dir.path())).await.unwrap();
+            assert!(
+                sb.info().limits.contains("started from a snapshot"),
+                "damage {damage}: {}",
+                sb.info().limits
+            );
+            assert_eq!(run(&sb, "echo ok").await.stdout_str(), "ok\n");
+            sb.close().await;
         }
-        let sb = Sandbox::create(odd(dir.path()))
-            .await
-            .expect("a cold boot instead");
-        assert!(
-            sb.info().limits.contains("booted cold"),
-            "{}",
-            sb.info().limits
-        );
-        assert_eq!(run(&sb, "echo ok").await.stdout_str(), "ok\n");
-        sb.close().await;
-        let sb = Sandbox::create(odd(dir.path())).await.unwrap();
-        assert!(
-            sb.info().limits.contains("started from a snapshot"),
-            "{}",
-            sb.info().limits
-        );
-        sb.close().await;
     }
 
     /// `vm.snapshots = off`: every guest boots its kernel.

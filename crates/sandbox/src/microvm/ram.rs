@@ -1,0 +1,277 @@
+//! A guest's memory as a file QEMU maps, so that a snapshot's memory is
+//! mapped at a start instead of read through QEMU's migration stream.
+//!
+//! The rules:
+//!
+//! - A guest booted to be saved runs on a fresh memfd QEMU maps shared
+//!   ([`fresh`]): what the guest writes is in the memfd, and QEMU saves
+//!   only its devices (`x-ignore-shared`). cordon copies the memfd to the
+//!   snapshot's `ram` file while the guest is stopped, skipping the pages
+//!   that hold only zeros.
+//! - A start from the snapshot maps a sealed memfd with the file's bytes
+//!   privately ([`Sealed`]): each guest's writes go to pages of its own,
+//!   and the pages it only reads are the same pages for every guest.
+//! - The sealed memfd is what QEMU is given, never the file: QEMU 7.2 opens
+//!   a memory file read-write even to map it privately, and a QEMU taken
+//!   over by its guest could then write the next tenants' memory. Sealed
+//!   (`F_SEAL_WRITE`, `F_SEAL_SHRINK`, `F_SEAL_GROW`, `F_SEAL_SEAL`), a
+//!   memfd refuses every write, resize and shared writable mapping, to its
+//!   creator too; a private mapping's writes never reach it.
+//! - One process keeps the last [`CACHED`] sealed memfds it made, so
+//!   that a server starting many guests of one shape reads the file once.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rustix::fs::{MemfdFlags, SealFlags, SeekFrom};
+use rustix::io::Errno;
+
+/// Sealed memfds kept per process, those used last: each holds the
+/// non-zero part of one snapshot's memory (tens of MiB).
+const CACHED: usize = 4;
+
+/// Pages compared with zero to leave them out of a copy.
+const PAGE: usize = 4096;
+
+/// How much is copied at a time.
+const CHUNK: usize = 1 << 20;
+
+/// A memfd of `size` bytes, all zero, for a guest to run on.
+pub(super) fn fresh(size: u64) -> std::io::Result<OwnedFd> {
+    let fd = rustix::fs::memfd_create("cordon-guest-ram", MemfdFlags::CLOEXEC)?;
+    rustix::fs::ftruncate(&fd, size)?;
+    Ok(fd)
+}
+
+/// The ranges of `file`'s first `size` bytes that hold data (not holes),
+/// in order.
+fn extents(file: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    let mut found = Vec::new();
+    let mut pos = 0;
+    while pos < size {
+        let data = match rustix::fs::seek(file, SeekFrom::Data(pos)) {
+            Ok(at) => at,
+            // No data after `pos`: the rest is a hole.
+            Err(Errno::NXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let end = rustix::fs::seek(file, SeekFrom::Hole(data))?.min(size);
+        if data >= end {
+            break;
+        }
+        found.push((data, end));
+        pos = end;
+    }
+    Ok(found)
+}
+
+/// Copies the first `size` bytes of `from` to `to`, leaving out the
+/// holes and the pages that hold only zeros (`to` reads zero there, as a
+/// new file or memfd does): a guest's memory, to a snapshot.
+pub(super) fn copy_nonzero(from: &File, to: &File, size: u64) -> std::io::Result<()> {
+    let mut buf = vec![0u8; CHUNK];
+    for (mut at, end) in extents(from, size)? {
+        while at < end {
+            let want = ((end - at) as usize).min(CHUNK);
+            let chunk = &mut buf[..want];
+            from.read_exact_at(chunk, at)?;
+            for (i, page) in chunk.chunks(PAGE).enumerate() {
+                if page.iter().any(|&b| b != 0) {
+                    to.write_all_at(page, at + (i * PAGE) as u64)?;
+                }
+            }
+            at += want as u64;
+        }
+    }
+    Ok(())
+}
+
+/// Copies the data of `from`'s first `size` bytes to the same places in
+/// `to`, in the kernel (a snapshot's pages are non-zero already).
+fn copy_data(from: &File, to: &File, size: u64) -> std::io::Result<()> {
+    for (mut at, end) in extents(from, size)? {
+        rustix::fs::seek(to, SeekFrom::Start(at))?;
+        while at < end {
+            let want = ((end - at) as usize).min(CHUNK * 16);
+            let n = rustix::fs::sendfile(to, from, Some(&mut at), want)?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A snapshot's memory in a sealed memfd, to be mapped privately.
+#[derive(Clone)]
+pub(super) struct Sealed(Arc<OwnedFd>);
+
+impl Sealed {
+    /// A descriptor of it for a QEMU.
+    pub(super) fn for_qemu(&self) -> std::io::Result<OwnedFd> {
+        self.0.as_fd().try_clone_to_owned()
+    }
+
+    /// The memory in the snapshot file `path`, which must be `size` bytes
+    /// long: from this process's cache if it read that same file before.
+    pub(super) fn load(path: &Path, size: u64) -> std::io::Result<Sealed> {
+        let file = File::open(path)?;
+        let meta = file.metadata()?;
+        if meta.len() != size {
+            return Err(std::io::Error::other(format!(
+                "{}: {} bytes of memory, not the {size} the guest has",
+                path.display(),
+                meta.len()
+            )));
+        }
+        // The file as it is: a snapshot removed and taken again under the
+        // same name is another file.
+        let key = (
+            meta.dev(),
+            meta.ino(),
+            meta.ctime(),
+            meta.ctime_nsec(),
+            size,
+        );
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = cache.iter().position(|(k, _)| *k == key) {
+            let hit = cache.remove(i);
+            let sealed = hit.1.clone();
+            cache.push(hit);
+            return Ok(sealed);
+        }
+        drop(cache);
+        let fd = rustix::fs::memfd_create(
+            "cordon-snapshot-ram",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )?;
+        rustix::fs::ftruncate(&fd, size)?;
+        let memfd = File::from(fd);
+        copy_data(&file, &memfd, size)?;
+        rustix::fs::fcntl_add_seals(
+            &memfd,
+            SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+        )?;
+        let sealed = Sealed(Arc::new(memfd.into()));
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|(k, _)| *k != key);
+        cache.push((key, sealed.clone()));
+        if cache.len() > CACHED {
+            cache.remove(0);
+        }
+        Ok(sealed)
+    }
+
+    /// Drops what this process keeps of the snapshot file `path` (one a
+    /// guest could not start from).
+    pub(super) fn forget(path: &Path) {
+        if let Ok(meta) = std::fs::metadata(path) {
+            let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+            cache.retain(|(k, _)| (k.0, k.1) != (meta.dev(), meta.ino()));
+        }
+    }
+}
+
+type Key = (u64, u64, i64, i64, u64);
+
+static CACHE: Mutex<Vec<(Key, Sealed)>> = Mutex::new(Vec::new());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_copy_leaves_out_holes_and_zero_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = File::from(fresh(64 << 20).unwrap());
+        from.write_all_at(b"start", 0).unwrap();
+        // A page of zeros written: data to SEEK_DATA, not to the copy.
+        from.write_all_at(&[0u8; PAGE], 8 << 20).unwrap();
+        from.write_all_at(b"middle", (32 << 20) + 7).unwrap();
+        from.write_all_at(b"end", (64 << 20) - 3).unwrap();
+        let path = dir.path().join("ram");
+        let to = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        to.set_len(64 << 20).unwrap();
+        copy_nonzero(&from, &to, 64 << 20).unwrap();
+        let on_disk = to.metadata().unwrap().blocks() * 512;
+        assert!(on_disk <= 64 << 10, "{on_disk} bytes on disk");
+        let mut got = [0u8; 6];
+        to.read_exact_at(&mut got[..5], 0).unwrap();
+        assert_eq!(&got[..5], b"start");
+        to.read_exact_at(&mut got, (32 << 20) + 7).unwrap();
+        assert_eq!(&got, b"middle");
+        to.read_exact_at(&mut got[..3], (64 << 20) - 3).unwrap();
+        assert_eq!(&got[..3], b"end");
+    }
+
+    /// What a QEMU taken over by its guest could try on the memory every
+    /// guest of a snapshot starts from: every write is refused, and a
+    /// private mapping's writes stay its own.
+    #[test]
+    fn a_sealed_snapshot_cannot_be_written_through_its_descriptor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ram");
+        let file = File::create(&path).unwrap();
+        file.set_len(1 << 20).unwrap();
+        file.write_all_at(b"kernel", 4096).unwrap();
+        let sealed = Sealed::load(&path, 1 << 20).unwrap();
+        let fd = File::from(sealed.for_qemu().unwrap());
+        assert!(fd.write_all_at(b"evil", 4096).is_err());
+        assert!(fd.set_len(0).is_err());
+        assert!(fd.set_len(2 << 20).is_err());
+        // Reopened read-write by its /proc name, as QEMU opens a memory
+        // file: the seals hold there too.
+        let again = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .unwrap();
+        assert!(again.write_all_at(b"evil", 4096).is_err());
+        let map = |flags| {
+            // SAFETY: a new mapping of 1 MiB of a descriptor we hold.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    1 << 20,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    flags,
+                    again.as_raw_fd(),
+                    0,
+                )
+            };
+            (p != libc::MAP_FAILED).then_some(p.cast::<u8>())
+        };
+        assert!(map(libc::MAP_SHARED).is_none(), "a shared writable mapping");
+        let p = map(libc::MAP_PRIVATE).expect("a private mapping");
+        // SAFETY: within the 1 MiB mapped above, unmapped after.
+        unsafe {
+            let page = std::slice::from_raw_parts_mut(p.add(4096), 6);
+            assert_eq!(page, b"kernel");
+            page.copy_from_slice(b"mine!!");
+            libc::munmap(p.cast(), 1 << 20);
+        }
+        let mut got = [0u8; 6];
+        fd.read_exact_at(&mut got, 4096).unwrap();
+        assert_eq!(&got, b"kernel");
+        // The same file again is the same memfd; another file is read anew.
+        let twice = Sealed::load(&path, 1 << 20).unwrap();
+        assert!(Arc::ptr_eq(&sealed.0, &twice.0));
+        std::fs::remove_file(&path).unwrap();
+        let file = File::create(&path).unwrap();
+        file.set_len(1 << 20).unwrap();
+        let other = Sealed::load(&path, 1 << 20).unwrap();
+        assert!(!Arc::ptr_eq(&sealed.0, &other.0));
+        // A file of another size is refused.
+        let e = Sealed::load(&path, 2 << 20).err().unwrap();
+        assert!(e.to_string().contains("not the 2097152"), "{e}");
+    }
+}
