@@ -542,7 +542,7 @@ impl Ctx {
     /// the host at will (a serial console log once was). In bytes the host
     /// gave it, not its apparent size; an image's writable layer, a disk
     /// as big as the budget by design (counted by the disk watcher), is
-    /// not one.
+    /// not one, nor is a memfd (the guest's memory).
     pub fn vm_largest_written_file(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
         let ws = fs::canonicalize(&self.workspace).unwrap_or_else(|_| self.workspace.clone());
@@ -569,6 +569,11 @@ impl Ctx {
                 let Ok(target) = fs::read_link(fd.path()) else {
                     continue;
                 };
+                // A memfd is memory, not a file on the host's disks: the
+                // guest's own (its size fixed when the guest starts) is one.
+                if target.to_string_lossy().starts_with("/memfd:") {
+                    continue;
+                }
                 if target.starts_with(&ws) || layers.as_ref().is_some_and(|l| target.starts_with(l))
                 {
                     continue;
