@@ -207,15 +207,40 @@ fn make(dir: &Path, layers: &[PathBuf], target: &Path) -> Result<(), FlatError> 
     let kib = bytes.div_ceil(BLOCK) * (BLOCK / 1024);
 
     let enter = Enter::new(&merged, &options)?;
+    let mut cmd = mke2fs_command(&top, &out, "cordon-image", inodes, kib)?;
+    // SAFETY: `enter` makes only system calls, with strings made before
+    // the fork: nothing that allocates or takes a lock.
+    unsafe { cmd.pre_exec(move || enter.enter()) };
+    run_mke2fs(cmd)?;
+    std::fs::rename(&out, target).map_err(io(format!("placing {}", target.display())))?;
+    tracing::info!(
+        file = %target.display(),
+        layers = layers.len(),
+        seconds = started.elapsed().as_secs_f64(),
+        "made a flat root"
+    );
+    Ok(())
+}
+
+/// `mke2fs` making an ext4 file system of `kib` KiB with `inodes` inodes
+/// in `out`, holding a copy of the tree `top`: no journal (nothing writes
+/// it), owned by root whoever runs it.
+fn mke2fs_command(
+    top: &Path,
+    out: &Path,
+    label: &str,
+    inodes: u64,
+    kib: u64,
+) -> Result<Command, FlatError> {
     let mut cmd = Command::new(mke2fs()?);
     cmd.args(["-q", "-F", "-t", "ext4", "-b"])
         .arg(BLOCK.to_string())
         .args(["-m", "0", "-N"])
         .arg(inodes.to_string())
-        .args(["-L", "cordon-image", "-O", "^has_journal,^resize_inode"])
+        .args(["-L", label, "-O", "^has_journal,^resize_inode"])
         .args(["-E", "root_owner=0:0,lazy_itable_init=1,nodiscard", "-d"])
-        .arg(&top)
-        .arg(&out)
+        .arg(top)
+        .arg(out)
         .arg(format!("{kib}k"))
         // Nothing of the caller's: mke2fs reads MKE2FS_CONFIG and the like.
         .env_clear()
@@ -223,9 +248,10 @@ fn make(dir: &Path, layers: &[PathBuf], target: &Path) -> Result<(), FlatError> 
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    // SAFETY: `enter` makes only system calls, with strings made before
-    // the fork: nothing that allocates or takes a lock.
-    unsafe { cmd.pre_exec(move || enter.enter()) };
+    Ok(cmd)
+}
+
+fn run_mke2fs(mut cmd: Command) -> Result<(), FlatError> {
     let output = cmd
         .output()
         .map_err(io("running mke2fs (Debian's e2fsprogs)"))?;
@@ -235,13 +261,27 @@ fn make(dir: &Path, layers: &[PathBuf], target: &Path) -> Result<(), FlatError> 
             quoted(&output.stderr).trim()
         )));
     }
-    std::fs::rename(&out, target).map_err(io(format!("placing {}", target.display())))?;
-    tracing::info!(
-        file = %target.display(),
-        layers = layers.len(),
-        seconds = started.elapsed().as_secs_f64(),
-        "made a flat root"
-    );
+    Ok(())
+}
+
+/// Makes `out`, a read-only ext4 file system holding a copy of `tree`, a
+/// directory of cordon's own (not an image's: this process walks it).
+/// Written beside `out` and renamed into place.
+pub fn ext4_of_dir(tree: &Path, out: &Path, label: &str) -> Result<(), FlatError> {
+    let mut estimate = Estimate::default();
+    estimate.walk(tree, 0);
+    let inodes = estimate.entries + 64;
+    // Small trees: a fixed margin rather than the image's.
+    let bytes = estimate.bytes + estimate.bytes / 8 + inodes * INODE + (8 << 20);
+    let kib = bytes.div_ceil(BLOCK) * (BLOCK / 1024);
+    let dir = out.parent().unwrap_or(Path::new("."));
+    let tmp = tempfile::Builder::new()
+        .prefix(".ext4-")
+        .tempfile_in(dir)
+        .map_err(io(format!("making a file in {}", dir.display())))?;
+    run_mke2fs(mke2fs_command(tree, tmp.path(), label, inodes, kib)?)?;
+    tmp.persist(out)
+        .map_err(|e| io(format!("placing {}", out.display()))(e.error))?;
     Ok(())
 }
 

@@ -2,19 +2,16 @@
 //!
 //! Built by the sandbox crate's build script as a small static binary (it
 //! runs before any shared library is reachable) and placed in the guest's
-//! initramfs as `/init`. It loads the virtio drivers, opens the control
-//! port and holds there until the host says go (the host may snapshot the
-//! machine at that point: nothing of the host's is mounted yet, see
-//! microvm/snapshot.rs), mixes the entropy the host sent into the kernel's
-//! pool, mounts the host's system directories and cordon's own binary over
-//! 9p and execs the supervisor, which stays pid 1 and does the rest.
+//! initramfs as `/init`. It loads the drivers, mounts cordon's own disk
+//! (the supervisor, the dynamic loader and the libraries the supervisor
+//! links: see microvm/stage.rs) and execs the supervisor through that
+//! loader, with the control port on fd 3. The supervisor stays pid 1,
+//! holds until the host says go (the host may snapshot the machine there:
+//! nothing of the host's is mounted yet, see microvm/snapshot.rs), then
+//! mounts the host's shares and does the rest.
 //!
 //! It is one file of std and a few libc calls on purpose: build.rs compiles
 //! it with `rustc` alone, without Cargo or crates.
-//!
-//! Kernel command line parameters it reads (from /proc/cmdline):
-//! - `cordon.ro=TAG,TAG`: 9p shares mounted read-only at `/TAG`;
-//! - `cordon.bin=NAME`: the supervisor's file name in the `cordon` share.
 
 use std::ffi::{CString, c_char, c_int, c_long, c_ulong, c_void};
 use std::io::Write;
@@ -34,7 +31,6 @@ unsafe extern "C" {
     fn sync();
     fn dup2(old: c_int, new: c_int) -> c_int;
     fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
-    fn ioctl(fd: c_int, request: c_ulong, ...) -> c_int;
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
 }
 
@@ -49,21 +45,18 @@ const F_SETFD: c_int = 2;
 /// The control socket's descriptor number, as for the native supervisor.
 const CONTROL_FD: c_int = 3;
 const SUPERVISOR_GUEST_ARG: &str = "__cordon-guest";
-/// The start handshake, as microvm/snapshot.rs speaks it: init writes
-/// READY, reads GO and the seed, answers ACK.
-const READY: &[u8; 8] = b"cordon:R";
-const GO: &[u8; 8] = b"cordon:G";
-const ACK: &[u8; 8] = b"cordon:A";
-const SEED_LEN: usize = 32;
-/// Modules loaded after the hold: a block device's driver reads its
-/// capacity when it binds, and each start has disks of its own.
-const LATE_MODULES: &[&str] = &["virtio_blk.ko"];
-/// `RNDADDENTROPY` and `RNDRESEEDCRNG` (linux/random.h).
-const RNDADDENTROPY: c_ulong = 0x4008_5203;
-const RNDRESEEDCRNG: c_ulong = 0x5207;
-/// 9p options: a large message size, and the page cache for read-only
-/// trees that do not change while the guest runs.
-const RO_OPTS: &str = "trans=virtio,version=9p2000.L,cache=loose,msize=512000";
+/// cordon's disk and its files, as layout.rs names them.
+const GUEST_BIN: &str = "/.cordon/bin";
+const GUEST_SUPERVISOR: &str = "supervisor";
+const GUEST_LOADER: &str = "ld.so";
+const GUEST_LIBS: &str = "lib";
+/// Modules the supervisor loads after its hold, as layout.rs names them: a
+/// block device's driver reads its capacity when it binds, and each start
+/// has disks of its own.
+const GUEST_LATE_MODULES: &[&str] = &["virtio_blk.ko"];
+/// How long the kernel may take to find cordon's disk (a SCSI scan, under
+/// TCG on a loaded host).
+const DISK_WAIT: Duration = Duration::from_secs(30);
 
 fn main() {
     if let Err(e) = run() {
@@ -111,13 +104,13 @@ fn do_mount(source: &str, target: &str, fstype: &str, flags: c_ulong, data: &str
     Ok(())
 }
 
-/// Loads the modules in `order`, those of [`LATE_MODULES`] only if `late`.
-fn load_modules(late: bool) -> Result<(), String> {
+/// Loads the modules in `order` but [`GUEST_LATE_MODULES`].
+fn load_modules() -> Result<(), String> {
     let dir = "/.cordon/modules";
     let order = std::fs::read_to_string(format!("{dir}/order"))
         .map_err(|e| format!("{dir}/order: {e}"))?;
     let names = order.lines().map(str::trim).filter(|l| !l.is_empty());
-    for name in names.filter(|n| LATE_MODULES.contains(n) == late) {
+    for name in names.filter(|n| !GUEST_LATE_MODULES.contains(n)) {
         let path = format!("{dir}/{name}");
         let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
         let params = c("");
@@ -155,60 +148,40 @@ fn find_port(name: &str) -> Result<String, String> {
     }
 }
 
-/// Tells the host init is ready, waits for its go and mixes the seed that
-/// comes with it into the kernel's pool, reseeding at once: every guest
-/// started from one snapshot would otherwise draw the same random numbers.
-fn hold(port: &mut std::fs::File) -> Result<(), String> {
-    use std::io::Read;
-    let io = |e: std::io::Error| format!("control port: {e}");
-    port.write_all(READY).map_err(io)?;
-    let mut go = [0u8; 8 + SEED_LEN];
-    port.read_exact(&mut go).map_err(io)?;
-    if &go[..8] != GO {
-        return Err("control port: the host did not say go".into());
+/// cordon's disk: the one SCSI disk, which appears once the kernel's scan
+/// finds it.
+fn find_disk() -> Result<String, String> {
+    let deadline = Instant::now() + DISK_WAIT;
+    loop {
+        if let Ok(entries) = std::fs::read_dir("/sys/block") {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let dev = format!("/dev/{name}");
+                if name.starts_with("sd") && std::path::Path::new(&dev).exists() {
+                    return Ok(dev);
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!("cordon's disk did not appear in {} s", DISK_WAIT.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
-    // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
-    let mut info = Vec::with_capacity(8 + SEED_LEN);
-    info.extend_from_slice(&((SEED_LEN * 8) as i32).to_ne_bytes());
-    info.extend_from_slice(&(SEED_LEN as i32).to_ne_bytes());
-    info.extend_from_slice(&go[8..]);
-    let random = std::fs::File::open("/dev/urandom").map_err(|e| format!("/dev/urandom: {e}"))?;
-    // SAFETY: the request's argument is the rand_pool_info built above.
-    let rc = unsafe {
-        let rc = ioctl(random.as_raw_fd(), RNDADDENTROPY, info.as_ptr());
-        if rc == 0 { ioctl(random.as_raw_fd(), RNDRESEEDCRNG) } else { rc }
-    };
-    if rc != 0 {
-        return Err(format!("seeding the kernel's random pool: {}", std::io::Error::last_os_error()));
-    }
-    port.write_all(ACK).map_err(io)
 }
 
 fn run() -> Result<(), String> {
     do_mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755")?;
     do_mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV, "")?;
     do_mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "")?;
-    load_modules(false)?;
+    load_modules()?;
     let port = find_port("cordon")?;
-    let mut ctl = std::fs::OpenOptions::new()
+    let ctl = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(&port)
         .map_err(|e| format!("{port}: {e}"))?;
-    hold(&mut ctl)?;
-    load_modules(true)?;
-    let cmdline = std::fs::read_to_string("/proc/cmdline").map_err(|e| format!("/proc/cmdline: {e}"))?;
-    let param = |key: &str| {
-        cmdline
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-            .map(str::to_string)
-    };
-    for tag in param("cordon.ro").unwrap_or_default().split(',').filter(|t| !t.is_empty()) {
-        do_mount(tag, &format!("/{tag}"), "9p", MS_RDONLY | MS_NODEV, RO_OPTS)?;
-    }
-    do_mount("cordon", "/.cordon/bin", "9p", MS_RDONLY | MS_NODEV | MS_NOSUID, RO_OPTS)?;
-    let bin = param("cordon.bin").ok_or("no cordon.bin= on the kernel command line")?;
+    let disk = find_disk()?;
+    do_mount(&disk, GUEST_BIN, "ext4", MS_RDONLY | MS_NODEV | MS_NOSUID, "")?;
     let fd = ctl.into_raw_fd();
     // The port must survive the exec as fd 3: dup2 clears close-on-exec on
     // the copy; a port that is already fd 3 has it cleared by hand.
@@ -223,15 +196,33 @@ fn run() -> Result<(), String> {
     if rc < 0 {
         return Err(format!("control port: {}", std::io::Error::last_os_error()));
     }
-    let path = c(&format!("/.cordon/bin/{bin}"));
-    let arg0 = c("cordon-sandbox");
-    let arg1 = c(SUPERVISOR_GUEST_ARG);
-    let argv = [arg0.as_ptr(), arg1.as_ptr(), std::ptr::null()];
+    let supervisor = format!("{GUEST_BIN}/{GUEST_SUPERVISOR}");
+    let libs = format!("{GUEST_BIN}/{GUEST_LIBS}");
+    // A supervisor that links libraries runs through the loader beside it:
+    // the one its program header names is on a share not mounted yet.
+    let linked = std::fs::read_dir(&libs).is_ok_and(|mut d| d.next().is_some());
+    let (path, argv) = if linked {
+        (
+            format!("{GUEST_BIN}/{GUEST_LOADER}"),
+            vec![
+                "ld.so",
+                "--argv0",
+                "cordon-sandbox",
+                "--library-path",
+                &libs,
+                &supervisor,
+                SUPERVISOR_GUEST_ARG,
+            ],
+        )
+    } else {
+        (supervisor.clone(), vec!["cordon-sandbox", SUPERVISOR_GUEST_ARG])
+    };
+    let path = c(&path);
+    let argv: Vec<CString> = argv.into_iter().map(c).collect();
+    let mut argp: Vec<*const c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argp.push(std::ptr::null());
     let envp = [std::ptr::null()];
     // SAFETY: NULL-terminated arrays of valid strings.
-    unsafe { execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
-    Err(format!(
-        "exec /.cordon/bin/{bin}: {}",
-        std::io::Error::last_os_error()
-    ))
+    unsafe { execve(path.as_ptr(), argp.as_ptr(), envp.as_ptr()) };
+    Err(format!("exec {supervisor}: {}", std::io::Error::last_os_error()))
 }

@@ -4,7 +4,8 @@
 //! arrives on, and the names a microVM's shares go by.
 //!
 //! guest/init.rs is built on its own (see build.rs) and cannot use this
-//! module: it repeats [`CONTROL_FD`] and the share names it mounts.
+//! module: it repeats [`CONTROL_FD`] and the names of [`GUEST_BIN`]'s
+//! files (a test holds them equal).
 
 /// The descriptor on which the supervisor finds its control channel: the
 /// native supervisor from the host, QEMU's virtio serial port from it, and
@@ -21,6 +22,43 @@ pub(crate) const SERVICES_FD: i32 = CONTROL_FD + 1;
 /// finds each by its serial, whatever order the kernel probed them in.
 pub(crate) const IMAGE_DISK: &str = "cordon-image";
 pub(crate) const UPPER_DISK: &str = "cordon-upper";
+
+/// Where a microVM guest's init mounts cordon's own disk, a read-only
+/// ext4 file system (made by microvm/stage.rs) holding the supervisor as
+/// [`GUEST_SUPERVISOR`], the dynamic loader it names as [`GUEST_LOADER`]
+/// and the libraries it links in [`GUEST_LIBS`]: init starts the
+/// supervisor before any share is mounted (a snapshot holds it running,
+/// and QEMU saves no guest with a 9p share mounted), so nothing of it may
+/// come from a share.
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "init mounts it; a test holds init's spelling equal"
+    )
+)]
+pub(crate) const GUEST_BIN: &str = "/.cordon/bin";
+pub(crate) const GUEST_SUPERVISOR: &str = "supervisor";
+pub(crate) const GUEST_LOADER: &str = "ld.so";
+pub(crate) const GUEST_LIBS: &str = "lib";
+
+/// Modules of a microVM guest that its supervisor loads after its hold,
+/// not init before: a block device's driver reads its capacity when it
+/// binds, and each start has disks of its own.
+pub(crate) const GUEST_LATE_MODULES: &[&str] = &["virtio_blk.ko"];
+
+/// Where a guest's initramfs holds its modules and `order`, the file
+/// names in load order.
+pub(crate) const GUEST_MODULES: &str = "/.cordon/modules";
+
+/// A microVM guest's start handshake, which its supervisor speaks before
+/// its setup (see microvm/snapshot.rs): the guest writes [`HOLD_READY`]
+/// when it holds, the host answers [`HOLD_GO`] and [`HOLD_SEED_LEN`]
+/// random bytes, the guest [`HOLD_ACK`] once they are in its kernel's pool.
+pub(crate) const HOLD_READY: &[u8; 8] = b"cordon:R";
+pub(crate) const HOLD_GO: &[u8; 8] = b"cordon:G";
+pub(crate) const HOLD_ACK: &[u8; 8] = b"cordon:A";
+pub(crate) const HOLD_SEED_LEN: usize = 32;
 
 /// Host system directories bound read-only (or recreated as symlinks, on
 /// merged-/usr systems). Enough for coreutils, python3, node, gcc and git.

@@ -1063,11 +1063,11 @@ fn guest_kernel_log(t: &Ctx) {
     let host_release = host_release.trim();
     // /proc/kmsg and /dev/kmsg block at the end of the log: one read each.
     let out = t.sh(
-        "uname -r; dmesg | grep -m1 'Linux version'; dmesg | grep -m1 -o 'cordon.bin=[a-z]*'; \
+        "uname -r; dmesg | grep -m1 'Linux version'; dmesg | grep -m1 -o 'cordon.ro=usr'; \
          dd if=/proc/kmsg bs=64k count=1 status=none | grep -c 'Linux version'; \
          dd if=/dev/kmsg iflag=nonblock bs=8k count=1 status=none | grep -c 'Linux version'; echo done",
     );
-    out.code(0).line("done").line("cordon.bin=cordon");
+    out.code(0).line("done").line("cordon.ro=usr");
     let lines: Vec<&str> = out.stdout.lines().collect();
     let guest_release = lines.first().copied().unwrap_or("");
     if guest_release.is_empty() || guest_release == host_release {

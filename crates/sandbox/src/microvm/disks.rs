@@ -73,7 +73,7 @@ impl ImageDisks {
 }
 
 /// A path as QEMU's option syntax takes it: a comma would end the value.
-fn drive_path(p: &Path) -> Result<String> {
+pub(super) fn drive_path(p: &Path) -> Result<String> {
     let s = utf8(p, "disk")?;
     if s.contains(',') {
         return Err(Error::Config(format!(

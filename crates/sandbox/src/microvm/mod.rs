@@ -2,16 +2,17 @@
 //! own kernel.
 //!
 //! The guest boots the distribution's kernel (fetched by `cordon vm setup`)
-//! with a small initramfs whose init (guest/init.rs) loads the virtio
-//! drivers, mounts the host's system directories read-only over 9p and
-//! execs cordon's supervisor, which then speaks the same framed protocol as
-//! the native one, over a virtio serial port, so every exec feature works
-//! unchanged. The workspace is a read-write 9p share; the guest has no
-//! network device.
+//! with a small initramfs whose init (guest/init.rs) loads the drivers and
+//! execs cordon's supervisor from cordon's own read-only disk (see
+//! `stage`). The supervisor mounts the host's system directories read-only
+//! over 9p and then speaks the same framed protocol as the native one,
+//! over a virtio serial port, so every exec feature works unchanged. The
+//! workspace is a read-write 9p share; the guest has no network device.
 //!
-//! Only the first guest of a given shape boots its kernel: init holds
-//! before it mounts anything, QEMU saves the machine there, and the next
-//! guests of that shape start from the saved state (see `snapshot`).
+//! Only the first guest of a given shape boots its kernel: its supervisor
+//! holds before it mounts anything, QEMU saves the machine there, and the
+//! next guests of that shape start from the saved state, their supervisor
+//! already running (see `snapshot`).
 //!
 //! With an image, the guest's root is the image instead (see `disks`): its
 //! flat root, a read-only ext4 disk made once per image, under an overlay
@@ -83,20 +84,33 @@ impl Backend for MicrovmBackend {
 const GUEST_INIT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cordon-guest-init"));
 
 /// Drivers the guest needs: the virtio transport of the `microvm` machine,
-/// the serial port of the control channel and the 9p file system.
-const MODULES: &[&str] = &["virtio_mmio", "virtio_console", "9pnet_virtio", "9p"];
+/// the serial port of the control channel, the SCSI disk that is cordon's
+/// own (a SCSI disk so that no sandbox's disk is probed with it, see
+/// `GUEST_LATE_MODULES`), ext4 with the crc32c its checksums need (the
+/// guest has no modprobe to ask for it), and the 9p file system.
+const MODULES: &[&str] = &[
+    "virtio_mmio",
+    "virtio_console",
+    "virtio_scsi",
+    "sd_mod",
+    "crc32c_generic",
+    "ext4",
+    "9pnet_virtio",
+    "9p",
+];
 
 /// With an image root, also: the block devices of its flat root and
-/// writable layer, ext4 with the crc32c its checksums need (the guest has
-/// no modprobe to ask for it), and overlayfs.
+/// writable layer, and overlayfs.
 const IMAGE_MODULES: &[&str] = &[
     "virtio_mmio",
     "virtio_console",
+    "virtio_scsi",
+    "sd_mod",
+    "crc32c_generic",
+    "ext4",
     "9pnet_virtio",
     "9p",
     "virtio_blk",
-    "crc32c_generic",
-    "ext4",
     "overlay",
 ];
 
@@ -306,11 +320,11 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     )
     .map_err(|e| Error::Config(e.to_string()))?;
     let supervisor = resolve_supervisor(config)?;
-    let bin_dir = stage_supervisor(&cache, &supervisor)?;
-    let bin_name = supervisor
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    // Seconds once per supervisor binary (mke2fs), nothing after.
+    let bin_cache = cache.clone();
+    let bin_disk = tokio::task::spawn_blocking(move || stage_supervisor(&bin_cache, &supervisor))
+        .await
+        .map_err(|e| Error::Io(std::io::Error::other(e)))??;
     let run = run_dir(&cache)?;
     // Until QEMU runs and its lifecycle owns the directory, any failure
     // removes it.
@@ -352,7 +366,6 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         "quiet".into(),
         "cryptomgr.notests".into(),
         format!("cordon.ro={}", system_shares.join(",")),
-        format!("cordon.bin={bin_name}"),
     ];
     if accel == Accel::Tcg
         && let Some(khz) = tsc_khz()
@@ -371,11 +384,6 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             false,
         ));
     }
-    shares.push((
-        "cordon".into(),
-        bin_dir.to_string_lossy().into_owned(),
-        false,
-    ));
     shares.push(("workspace".into(), workspace.clone(), true));
     for (i, b) in binds.iter().enumerate() {
         shares.push((bind_tag(i), b.source.clone(), b.writable));
@@ -441,6 +449,15 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         args.push(format!("virtio-9p-device,fsdev={tag},mount_tag={tag}"));
     }
 
+    let bin_path = disks::drive_path(&bin_disk)?;
+    args.extend([
+        "-device".into(),
+        "virtio-scsi-device,id=cordon-scsi".into(),
+        "-drive".into(),
+        format!("file={bin_path},if=none,id=cordon-bin,format=raw,readonly=on"),
+        "-device".into(),
+        "scsi-hd,drive=cordon-bin,bus=cordon-scsi.0".into(),
+    ]);
     if let Some(d) = &disks {
         args.extend(d.qemu_args()?);
     }
@@ -453,7 +470,12 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         .chain(QEMU_HOST_FILES)
         .map(PathBuf::from)
         .collect();
-    read.extend([qemu.clone(), kernel.vmlinux.clone(), initrd.clone()]);
+    read.extend([
+        qemu.clone(),
+        kernel.vmlinux.clone(),
+        initrd.clone(),
+        bin_disk.clone(),
+    ]);
     // /dev/null: harmless, and what a library falls back on.
     let mut write: Vec<PathBuf> = vec!["/dev/null".into()];
     for (_, path, writable) in &shares {
@@ -472,7 +494,13 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let shape = if config.vm.cold_boot {
         None
     } else {
-        Some(Shape::new(&qemu, &kernel.vmlinux, &initrd, &args)?)
+        Some(Shape::new(
+            &qemu,
+            &kernel.vmlinux,
+            &initrd,
+            &bin_disk,
+            &args,
+        )?)
     };
     let launch_spec = Launch {
         qemu,

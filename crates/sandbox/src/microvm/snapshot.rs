@@ -3,10 +3,13 @@
 //! Under TCG most of a microVM's start is its kernel booting; a snapshot
 //! is that boot done once. The rules:
 //!
-//! - What is saved is a guest held by its init (guest/init.rs) just after
-//!   its drivers load: no share mounted, no disk probed, no setup sent. So
-//!   a snapshot holds nothing of any tenant's, and 9p (whose mounted
-//!   exports QEMU refuses to migrate) is no obstacle.
+//! - What is saved is a guest held by its supervisor, which init started
+//!   from cordon's own read-only disk (see stage.rs) once the drivers
+//!   loaded: no share mounted, no disk of the sandbox's probed, no setup
+//!   sent. So a snapshot holds nothing of any tenant's, 9p (whose mounted
+//!   exports QEMU refuses to migrate) is no obstacle, and a start skips
+//!   both the boot and the supervisor's own start (its exec and dynamic
+//!   linking: a third of a second under TCG).
 //! - It is keyed by everything the restored machine must share with the
 //!   saved one ([`Shape`]): QEMU, the kernel and the initramfs by identity
 //!   on disk, every option and device with the per-sandbox paths left out.
@@ -41,17 +44,14 @@ use super::qmp::{
 use super::ram::{Sealed, copy_nonzero};
 use crate::error::{Error, Result};
 
-/// The start handshake, as guest/init.rs speaks it: the guest writes
-/// READY when it holds, the host answers GO and [`SEED_LEN`] random
-/// bytes, the guest ACK once they are in its pool.
-pub(super) const READY: &[u8; 8] = b"cordon:R";
-const GO: &[u8; 8] = b"cordon:G";
-const ACK: &[u8; 8] = b"cordon:A";
-const SEED_LEN: usize = 32;
+use crate::layout::{
+    HOLD_ACK as ACK, HOLD_GO as GO, HOLD_READY as READY, HOLD_SEED_LEN as SEED_LEN,
+};
 
 /// Part of every key: raised when what a held guest expects changes in a
-/// way the initramfs's identity would not show.
-const FORMAT: u32 = 2;
+/// way the initramfs's identity would not show (3: the supervisor holds,
+/// started from cordon's disk, rather than init).
+const FORMAT: u32 = 3;
 
 /// Snapshots kept in the cache; those used longest ago go first. Every
 /// distinct size of machine (which a tenant of `serve` picks) has its own.
@@ -80,13 +80,20 @@ pub(super) struct Saved {
 pub(super) struct Shape(String);
 
 impl Shape {
-    /// The shape of QEMU started as `qemu args` with `kernel` and
-    /// `initrd`: QEMU and the kernel by identity on disk (a package
-    /// upgrade replaces them), the initramfs by its path (named by its
-    /// content, and touched on each use), `args` with each share's and each
-    /// disk's path left out (they differ per sandbox, and a held guest has
-    /// not opened them).
-    pub(super) fn new(qemu: &Path, kernel: &Path, initrd: &Path, args: &[String]) -> Result<Shape> {
+    /// The shape of QEMU started as `qemu args` with `kernel`, `initrd`
+    /// and cordon's disk `bin` (see stage.rs): QEMU and the kernel by
+    /// identity on disk (a package upgrade replaces them), the initramfs
+    /// and the disk by their paths (each named by what it holds: a held
+    /// guest runs the supervisor it was saved with), `args` with each
+    /// share's and each disk's path left out (they differ per sandbox, and
+    /// a held guest has not opened them).
+    pub(super) fn new(
+        qemu: &Path,
+        kernel: &Path,
+        initrd: &Path,
+        bin: &Path,
+        args: &[String],
+    ) -> Result<Shape> {
         let stamp = |file: &Path| {
             std::fs::metadata(file)
                 .map(|m| file_stamp(&m))
@@ -102,6 +109,7 @@ impl Shape {
             FORMAT.hash(h);
             files.hash(h);
             initrd.hash(h);
+            bin.hash(h);
             for arg in args {
                 without_paths(arg).hash(h);
             }
@@ -162,7 +170,7 @@ impl Snapshots {
         let _ = std::fs::remove_dir_all(dir);
     }
 
-    /// Saves the guest behind `qmp`, held by its init and running on the
+    /// Saves the guest behind `qmp`, held by its supervisor and running on the
     /// memfd `ram` of `memory` bytes, as the snapshot of `shape`, and lets
     /// it go on. The guest is stopped meanwhile; it is continued whatever
     /// happens.
@@ -321,7 +329,7 @@ fn expect(port: &mut UnixStream, want: &[u8; 8], timeout: Duration, what: &str) 
     match read {
         Ok(()) if &got == want => Ok(()),
         Ok(()) => Err(Error::Io(std::io::Error::other(format!(
-            "the guest's init sent something other than {what}"
+            "the guest sent something other than {what}"
         )))),
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::Io(
             std::io::Error::new(e.kind(), format!("the microVM exited before {what}")),
@@ -334,19 +342,19 @@ fn expect(port: &mut UnixStream, want: &[u8; 8], timeout: Duration, what: &str) 
         {
             Err(Error::Io(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                format!("the guest's init sent no {what} in {} s", timeout.as_secs()),
+                format!("the guest sent no {what} in {} s", timeout.as_secs()),
             )))
         }
         Err(e) => Err(e.into()),
     }
 }
 
-/// Waits for a booting guest's init to hold.
+/// Waits for a booting guest to hold (its supervisor, started).
 pub(super) fn ready(port: &mut UnixStream, timeout: Duration) -> Result<()> {
     expect(port, READY, timeout, "word that it is ready")
 }
 
-/// Lets a held guest go on, with fresh entropy, and waits for its init to
+/// Lets a held guest go on, with fresh entropy, and waits for it to
 /// say the entropy is in.
 pub(super) fn go(port: &mut UnixStream, timeout: Duration) -> Result<()> {
     let mut msg = [0u8; 8 + SEED_LEN];
@@ -380,12 +388,35 @@ mod tests {
         std::fs::write(&f, b"x").unwrap();
         let shape = |args: &[&str]| {
             let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-            Shape::new(&f, &f, Path::new("/initrd-1234"), &args).unwrap()
+            Shape::new(
+                &f,
+                &f,
+                Path::new("/initrd-1234"),
+                Path::new("/bin-1"),
+                &args,
+            )
+            .unwrap()
         };
         let a = shape(&["-m", "512M", "-fsdev", "local,id=w,path=/one"]);
         assert_eq!(a, shape(&["-m", "512M", "-fsdev", "local,id=w,path=/two"]));
         assert_ne!(a, shape(&["-m", "256M", "-fsdev", "local,id=w,path=/one"]));
         assert_ne!(a, shape(&["-m", "512M", "-fsdev", "local,id=v,path=/one"]));
+        // Another supervisor is another shape: a held guest runs its own.
+        let args: Vec<String> = ["-m", "512M", "-fsdev", "local,id=w,path=/one"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_ne!(
+            a,
+            Shape::new(
+                &f,
+                &f,
+                Path::new("/initrd-1234"),
+                Path::new("/bin-2"),
+                &args
+            )
+            .unwrap()
+        );
         // Another file at the same path (QEMU upgraded) is another shape.
         std::fs::remove_file(&f).unwrap();
         std::fs::write(&f, b"xy").unwrap();
@@ -436,19 +467,26 @@ mod tests {
         assert!(!store.path(&shapes[3]).exists());
     }
 
-    /// guest/init.rs is built alone, without this crate: the handshake is
-    /// spelled twice and must agree.
+    /// guest/init.rs is built alone, without this crate: the names of
+    /// cordon's disk are spelled twice and must agree.
     #[test]
-    fn the_guest_speaks_the_same_handshake() {
+    fn the_guest_init_names_the_disk_as_the_host_makes_it() {
+        use crate::layout::{
+            CONTROL_FD, GUEST_BIN, GUEST_LATE_MODULES, GUEST_LIBS, GUEST_LOADER, GUEST_MODULES,
+            GUEST_SUPERVISOR,
+        };
         let init = include_str!("../../guest/init.rs");
-        for (name, value) in [("READY", READY), ("GO", GO), ("ACK", ACK)] {
-            let line = format!(
-                "const {name}: &[u8; 8] = b\"{}\";",
-                std::str::from_utf8(value).unwrap()
-            );
+        for line in [
+            format!("const GUEST_BIN: &str = \"{GUEST_BIN}\";"),
+            format!("const GUEST_SUPERVISOR: &str = \"{GUEST_SUPERVISOR}\";"),
+            format!("const GUEST_LOADER: &str = \"{GUEST_LOADER}\";"),
+            format!("const GUEST_LIBS: &str = \"{GUEST_LIBS}\";"),
+            format!("const CONTROL_FD: c_int = {CONTROL_FD};"),
+            format!("const GUEST_LATE_MODULES: &[&str] = &{GUEST_LATE_MODULES:?};"),
+            format!("let dir = \"{GUEST_MODULES}\";"),
+        ] {
             assert!(init.contains(&line), "guest/init.rs lacks {line}");
         }
-        assert!(init.contains(&format!("const SEED_LEN: usize = {SEED_LEN};")));
     }
 
     #[test]

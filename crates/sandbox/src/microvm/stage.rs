@@ -1,12 +1,15 @@
 //! What a microVM is given of the host, staged in the cache: a copy of the
-//! allowed part of /etc, the supervisor binary, the layout of the host's
-//! system directories, and the per-sandbox run directory.
+//! allowed part of /etc, cordon's disk (the supervisor and what it links),
+//! the layout of the host's system directories, and the per-sandbox run
+//! directory.
 
 use std::path::{Path, PathBuf};
 
 use crate::backend::left_by_dead_process;
 use crate::error::{Error, Result};
-use crate::layout::{ETC_ALLOW, SYSTEM_DIRS};
+#[cfg(doc)]
+use crate::layout::GUEST_BIN;
+use crate::layout::{ETC_ALLOW, GUEST_LIBS, GUEST_LOADER, GUEST_SUPERVISOR, SYSTEM_DIRS};
 
 /// Copies the allowed entries of the host's /etc into `dest`: the guest's
 /// /etc is this copy, shared read-only, never the host's directory, which
@@ -51,9 +54,12 @@ fn copy_tree(src: &Path, dest: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A copy of the supervisor binary in the cache, shared with the guest
-/// read-only: sharing its directory would expose whatever lies beside it.
-/// Hard-linked when the cache is on the same file system.
+/// cordon's disk for a guest: a read-only ext4 file in the cache holding
+/// the supervisor, the dynamic loader and the libraries it links, named
+/// as [`GUEST_BIN`]'s files (see layout.rs), made once per supervisor
+/// binary. The guest starts its supervisor from it before any share is
+/// mounted, so that a snapshot can hold the supervisor running.
+/// Returns the disk's path, which names the supervisor it holds.
 pub(super) fn stage_supervisor(cache: &Path, supervisor: &Path) -> Result<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(supervisor).map_err(|e| Error::Spawn {
@@ -68,31 +74,85 @@ pub(super) fn stage_supervisor(cache: &Path, supervisor: &Path) -> Result<PathBu
         meta.mtime()
     );
     let dir = cache.join("bin").join(key);
-    let name = supervisor
-        .file_name()
-        .ok_or_else(|| Error::Config(format!("supervisor {}", supervisor.display())))?;
-    let staged = dir.join(name);
-    if !staged.is_file() {
+    let disk = dir.join(DISK);
+    if !disk.is_file() {
         std::fs::create_dir_all(&dir)?;
-        // A name of its own per attempt: sandboxes start concurrently.
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = dir.join(format!(
-            ".{}.{}-{n}",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
-        if std::fs::hard_link(supervisor, &tmp).is_err() {
-            std::fs::copy(supervisor, &tmp)?;
-        }
-        std::fs::rename(&tmp, &staged)?;
+        let tree = tempfile::Builder::new().prefix(".tree-").tempdir_in(&dir)?;
+        fill_tree(tree.path(), supervisor)?;
+        cordon_image::flat::ext4_of_dir(tree.path(), &disk, "cordon-bin")
+            .map_err(|e| Error::Config(format!("cordon's disk for a microVM: {e}")))?;
     }
-    // Marked used now; copies of binaries unused for a while go (each
-    // rebuild or upgrade of cordon stages a new one, and a hard link keeps
-    // a replaced binary's blocks: 127 of them filled 11 GiB).
+    // Marked used now; disks unused for a while go (each rebuild or
+    // upgrade of cordon makes a new one: 127 copies filled 11 GiB).
     let _ = std::fs::File::open(&dir).and_then(|d| d.set_modified(std::time::SystemTime::now()));
     prune_staged(&cache.join("bin"), &dir, STAGED_UNUSED);
-    Ok(dir)
+    Ok(disk)
+}
+
+/// The disk's file name in its directory.
+const DISK: &str = "bin.ext4";
+
+/// The loader of x86-64 programs linked with glibc, which every such
+/// program names, and which lists what a program links.
+const LOADER: &str = "/lib64/ld-linux-x86-64.so.2";
+
+/// Puts into `tree` what [`GUEST_BIN`] holds: `supervisor`, the loader and
+/// the libraries it links, as the host's loader finds them. All of them
+/// are the host's own files, never a workspace's.
+fn fill_tree(tree: &Path, supervisor: &Path) -> Result<()> {
+    let copy = |from: &Path, to: &Path| -> Result<()> {
+        std::fs::copy(from, to).map_err(|e| {
+            Error::Io(std::io::Error::new(
+                e.kind(),
+                format!("copying {} for a microVM: {e}", from.display()),
+            ))
+        })?;
+        Ok(())
+    };
+    copy(supervisor, &tree.join(GUEST_SUPERVISOR))?;
+    copy(Path::new(LOADER), &tree.join(GUEST_LOADER))?;
+    let libs = tree.join(GUEST_LIBS);
+    std::fs::create_dir(&libs)?;
+    for (name, path) in linked_libraries(supervisor)? {
+        copy(&path, &libs.join(name))?;
+    }
+    Ok(())
+}
+
+/// The shared libraries `program` links, as (name, host path): what the
+/// host's loader lists for it (it maps them without running the program).
+/// A static program links none.
+fn linked_libraries(program: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let out = std::process::Command::new(LOADER)
+        .arg("--list")
+        .arg(program)
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .map_err(|e| Error::Spawn {
+            path: LOADER.into(),
+            source: e,
+        })?;
+    if !out.status.success() {
+        // The loader refuses a static program; the guest runs it as it is.
+        return Ok(Vec::new());
+    }
+    Ok(parse_list(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The `name => /path (address)` lines of the loader's list; the loader's
+/// own line and the kernel's vDSO have no `=>`.
+fn parse_list(list: &str) -> Vec<(String, PathBuf)> {
+    list.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.trim().split_once(" => ")?;
+            let path = rest.split(" (").next()?.trim();
+            let name = Path::new(name).file_name()?.to_str()?;
+            path.starts_with('/')
+                .then(|| (name.to_string(), PathBuf::from(path)))
+        })
+        .collect()
 }
 
 /// How long a staged supervisor may go unused before it is removed: a
@@ -197,24 +257,61 @@ mod tests {
     use super::*;
 
     #[test]
-    fn staged_copies_unused_for_long_are_removed() {
+    fn staged_disks_unused_for_long_are_removed() {
         let cache = tempfile::tempdir().unwrap();
         let bin = cache.path().join("bin");
         let (old, recent) = (bin.join("old"), bin.join("recent"));
         for d in [&old, &recent] {
             std::fs::create_dir_all(d).unwrap();
-            std::fs::write(d.join("cordon"), "x").unwrap();
+            std::fs::write(d.join(DISK), "x").unwrap();
         }
         let long_ago = std::time::SystemTime::now() - STAGED_UNUSED * 2;
         std::fs::File::open(&old)
             .unwrap()
             .set_modified(long_ago)
             .unwrap();
+        // A static program links nothing; the disk holds it alone.
         let supervisor = cache.path().join("cordon-supervisor");
-        std::fs::write(&supervisor, "binary").unwrap();
-        let kept = stage_supervisor(cache.path(), &supervisor).unwrap();
-        assert!(kept.join("cordon-supervisor").is_file());
-        assert!(!old.exists(), "an old copy stayed");
-        assert!(recent.exists(), "a recent copy went");
+        std::fs::write(&supervisor, "not a program the loader takes").unwrap();
+        let disk = stage_supervisor(cache.path(), &supervisor).unwrap();
+        assert!(disk.is_file());
+        assert!(!old.exists(), "an old disk stayed");
+        assert!(recent.exists(), "a recent disk went");
+        // Made once: a second start finds it.
+        let made = std::fs::metadata(&disk).unwrap().modified().unwrap();
+        assert_eq!(stage_supervisor(cache.path(), &supervisor).unwrap(), disk);
+        assert_eq!(std::fs::metadata(&disk).unwrap().modified().unwrap(), made);
+    }
+
+    #[test]
+    fn the_disk_holds_what_the_supervisor_links() {
+        let tree = tempfile::tempdir().unwrap();
+        // This test's own binary links glibc as cordon does.
+        fill_tree(tree.path(), &std::env::current_exe().unwrap()).unwrap();
+        assert!(tree.path().join(GUEST_SUPERVISOR).is_file());
+        assert!(tree.path().join(GUEST_LOADER).is_file());
+        assert!(tree.path().join(GUEST_LIBS).join("libc.so.6").is_file());
+    }
+
+    #[test]
+    fn the_loaders_list_is_read_by_name() {
+        let list = "\tlinux-vdso.so.1 (0x00007ffd)\n\
+                    \tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x00007f01)\n\
+                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f02)\n\
+                    \tlibmissing.so.1 => not found\n\
+                    \t/lib64/ld-linux-x86-64.so.2 (0x00007f03)\n";
+        assert_eq!(
+            parse_list(list),
+            vec![
+                (
+                    "libgcc_s.so.1".to_string(),
+                    PathBuf::from("/lib/x86_64-linux-gnu/libgcc_s.so.1")
+                ),
+                (
+                    "libc.so.6".to_string(),
+                    PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6")
+                ),
+            ]
+        );
     }
 }

@@ -1,11 +1,17 @@
 //! The supervisor as a microVM guest's pid 1.
 //!
-//! The guest init (guest/init.rs) has loaded the virtio drivers, mounted the
-//! host's system directories read-only over 9p and exec'd this binary with
-//! the control port on fd 3. Here the sandbox's own layout is finished from
-//! the setup message, as the native supervisor builds its root: `/etc` from
-//! the host's allow-list, the workspace and extra binds, a private `/tmp`.
-//! The virtual machine is the isolation boundary; nothing else is confined.
+//! The guest init (guest/init.rs) has loaded the drivers and exec'd this
+//! binary from cordon's disk, with the control port on fd 3. First the
+//! supervisor holds: it tells the host it is ready and waits for its go
+//! (the host may save the machine there, see microvm/snapshot.rs, so
+//! nothing before the go may draw randomness or touch anything of a
+//! sandbox's). After the go it mixes the host's entropy into the kernel's
+//! pool, loads the drivers of the sandbox's own disks, mounts the host's
+//! system directories read-only over 9p, and finishes the sandbox's layout
+//! from the setup message, as the native supervisor builds its root:
+//! `/etc` from the host's allow-list, the workspace and extra binds, a
+//! private `/tmp`. The virtual machine is the isolation boundary; nothing
+//! else is confined.
 
 use std::fs::File;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -17,7 +23,10 @@ use super::error::SetupError;
 use super::image::{UPPER, WORK, write_etc};
 use super::setup::Root;
 use super::{IN_GUEST, fail, read_setup, send};
-use crate::layout::{CONTROL_FD, IMAGE_DISK, UPPER_DISK, bind_tag};
+use crate::layout::{
+    CONTROL_FD, GUEST_LATE_MODULES, GUEST_MODULES, HOLD_ACK, HOLD_GO, HOLD_READY, HOLD_SEED_LEN,
+    IMAGE_DISK, UPPER_DISK, bind_tag,
+};
 use crate::protocol::{ReadyInfo, SetupSpec, SupMsg};
 
 /// 9p options for shares the guest writes (the workspace, writable binds):
@@ -36,6 +45,14 @@ pub(super) fn guest_main() -> ! {
     // SAFETY: fcntl on a descriptor we own.
     unsafe { libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
     let mut ctl = File::from(fd);
+    if let Err(e) = hold(&mut ctl) {
+        // Before the go the host reads no frame: the console has the word.
+        eprintln!("cordon-supervisor: {e}");
+        super::end_sandbox_with(1);
+    }
+    if let Err(e) = load_late_modules().and_then(|()| mount_system()) {
+        fail(&mut ctl, e)
+    }
     let spec = match read_setup(&mut ctl) {
         Ok(s) => s,
         Err(e) => fail(&mut ctl, e),
@@ -67,6 +84,88 @@ pub(super) fn guest_main() -> ! {
         }
         Err(e) => fail(&mut ctl, e),
     }
+}
+
+/// `RNDADDENTROPY` and `RNDRESEEDCRNG` (linux/random.h).
+const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+
+/// Tells the host the guest holds, waits for its go and mixes the seed that
+/// comes with it into the kernel's pool, reseeding at once: every guest
+/// started from one snapshot would otherwise draw the same random numbers.
+fn hold(port: &mut File) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    port.write_all(HOLD_READY)?;
+    let mut go = [0u8; 8 + HOLD_SEED_LEN];
+    port.read_exact(&mut go)?;
+    if &go[..8] != HOLD_GO {
+        return Err(std::io::Error::other("the host did not say go"));
+    }
+    // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+    let mut info = Vec::with_capacity(8 + HOLD_SEED_LEN);
+    info.extend_from_slice(&((HOLD_SEED_LEN * 8) as i32).to_ne_bytes());
+    info.extend_from_slice(&(HOLD_SEED_LEN as i32).to_ne_bytes());
+    info.extend_from_slice(&go[8..]);
+    let random = File::open("/dev/urandom")?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: the request's argument is the rand_pool_info built above.
+    let rc = unsafe {
+        let rc = libc::ioctl(random.as_raw_fd(), RNDADDENTROPY, info.as_ptr());
+        if rc == 0 {
+            libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG)
+        } else {
+            rc
+        }
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    port.write_all(HOLD_ACK)
+}
+
+/// Loads the modules init left for after the hold, in init's order.
+fn load_late_modules() -> Result<(), SetupError> {
+    let errno = |e: &std::io::Error| Errno::from_io_error(e).unwrap_or(Errno::IO);
+    let order = std::fs::read_to_string(format!("{GUEST_MODULES}/order"))
+        .map_err(|e| SetupError::new("read the guest's module order", errno(&e)))?;
+    let late = order
+        .lines()
+        .map(str::trim)
+        .filter(|n| GUEST_LATE_MODULES.contains(n));
+    for name in late {
+        let file = File::open(format!("{GUEST_MODULES}/{name}"))
+            .map_err(|e| SetupError::new(format!("open {name}"), errno(&e)))?;
+        match rustix::system::finit_module(&file, c"", 0) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(SetupError::new(format!("load {name}"), e)),
+        }
+    }
+    Ok(())
+}
+
+/// Mounts the host's system directories the kernel command line names
+/// (`cordon.ro=TAG,TAG`), read-only at `/TAG`.
+fn mount_system() -> Result<(), SetupError> {
+    let cmdline = std::fs::read_to_string("/proc/cmdline").map_err(|e| {
+        SetupError::new(
+            "read /proc/cmdline",
+            Errno::from_io_error(&e).unwrap_or(Errno::IO),
+        )
+    })?;
+    let tags = cmdline
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("cordon.ro="))
+        .unwrap_or_default();
+    for tag in tags.split(',').filter(|t| !t.is_empty()) {
+        mount(
+            tag,
+            &format!("/{tag}"),
+            "9p",
+            MountFlags::RDONLY | MountFlags::NODEV,
+            RO_9P,
+        )?;
+    }
+    Ok(())
 }
 
 fn mount(

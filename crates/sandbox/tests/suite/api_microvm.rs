@@ -173,14 +173,16 @@ exec {qemu} "$@"
     async fn a_guest_that_dies_while_starting_is_explained_by_its_console() {
         let dir = tempfile::tempdir().unwrap();
         let mut c = config(dir.path());
-        // The guest's init execs this as pid 1; its exit panics the kernel.
+        // The guest's init execs this as pid 1; its exit panics the kernel
+        // before it holds.
         c.supervisor = Some("/bin/false".into());
         let err = match Sandbox::create(c).await {
             Ok(_) => panic!("a guest without a supervisor started"),
             Err(e) => e.to_string(),
         };
         assert!(
-            err.contains("the microVM stopped while starting; its console said:"),
+            err.contains("the microVM did not start: ")
+                && err.contains("exited before word that it is ready; its console said:"),
             "{err}"
         );
         assert!(err.contains("Kernel panic"), "{err}");
