@@ -479,6 +479,7 @@ impl Run<'_, '_> {
             manifest: None,
             label: None,
             step: Some(build_step),
+            upper_from: None,
         });
         // The image's environment, then the arguments the step sees.
         let mut env = state.env.clone();

@@ -266,7 +266,8 @@ fn run_mke2fs(mut cmd: Command) -> Result<(), FlatError> {
 
 /// Makes `out`, a read-only ext4 file system holding a copy of `tree`, a
 /// directory of cordon's own (not an image's: this process walks it).
-/// Written beside `out` and renamed into place.
+/// Written beside `out` and linked into place unless another maker was
+/// first: a file once placed is never replaced under its readers.
 pub fn ext4_of_dir(tree: &Path, out: &Path, label: &str) -> Result<(), FlatError> {
     let mut estimate = Estimate::default();
     estimate.walk(tree, 0);
@@ -280,9 +281,11 @@ pub fn ext4_of_dir(tree: &Path, out: &Path, label: &str) -> Result<(), FlatError
         .tempfile_in(dir)
         .map_err(io(format!("making a file in {}", dir.display())))?;
     run_mke2fs(mke2fs_command(tree, tmp.path(), label, inodes, kib)?)?;
-    tmp.persist(out)
-        .map_err(|e| io(format!("placing {}", out.display()))(e.error))?;
-    Ok(())
+    match tmp.persist_noclobber(out) {
+        Ok(_) => Ok(()),
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(io(format!("placing {}", out.display()))(e.error)),
+    }
 }
 
 /// A store path as overlayfs takes it in an option: no separator in it.

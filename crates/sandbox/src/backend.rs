@@ -131,6 +131,14 @@ impl WritableLayer {
     /// in the directory, labelled `label`, sparse (no journal, as the
     /// layer goes with the sandbox; no reserved blocks; inode tables left
     /// unwritten). Its size is a hard bound on what the layer holds.
+    /// The layer's disk as a sparse copy of `from` (a copy of another
+    /// microVM's disk, see [`Sandbox::copy_layer_disk`]), at its size.
+    pub(crate) fn copy_disk(&self, from: &Path) -> Result<PathBuf> {
+        let path = self.dir().join(DISK_FILE);
+        crate::session::copy_disk(from, &path)?;
+        Ok(path)
+    }
+
     pub(crate) fn make_disk(&self, size: u64, label: &str) -> Result<PathBuf> {
         let path = self.dir().join(DISK_FILE);
         let file = std::fs::File::create_new(&path)?;

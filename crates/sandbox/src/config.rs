@@ -175,6 +175,11 @@ pub struct RootImage {
     /// sandbox closes its root's changes are written as a layer tar.
     /// Native backend only.
     pub step: Option<BuildStep>,
+    /// A disk to start the writable layer from instead of an empty one: a
+    /// copy of another microVM's ([`crate::Sandbox::copy_layer_disk`],
+    /// its root's changes), which this sandbox copies again as its own.
+    /// The microvm backend only.
+    pub upper_from: Option<PathBuf>,
 }
 
 /// Where a build step's changes go, and what of its root is not its own.
@@ -226,6 +231,7 @@ impl From<cordon_image::root::SandboxRoot> for RootImage {
             manifest: Some(r.manifest.to_string()),
             label: None,
             step: None,
+            upper_from: None,
         }
     }
 }

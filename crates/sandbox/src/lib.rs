@@ -27,7 +27,8 @@
 //!   `repos` (git repositories below the workspace's top level), `egress`
 //!   (the broker's part of a configuration), `config` (how to build a
 //!   sandbox, validated once), `cache`, `subids`, `tree` (a hostile tree
-//!   measured and opened up, no link followed);
+//!   measured and opened up, no link followed), `sparse` (files copied
+//!   without their holes);
 //! - `supervisor`: the sandbox's pid 1, native or in a microVM guest;
 //! - `netrelay` (connections carried over the control channel),
 //!   `services` (the host-side services a sandbox has while it lives),
@@ -60,6 +61,7 @@ pub mod protocol;
 mod repos;
 mod services;
 mod session;
+mod sparse;
 mod subids;
 pub mod supervisor;
 mod tree;
@@ -101,6 +103,7 @@ pub const LAYERS: &[&str] = &[
     "cache",
     "subids",
     "tree",
+    "sparse",
     "supervisor",
     "netrelay",
     "services",

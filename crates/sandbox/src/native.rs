@@ -378,6 +378,13 @@ fn image_root(
             "cordon as root",
         );
     }
+    if image.upper_from.is_some() {
+        return Err(Error::Config(
+            "a writable layer copied from a disk is for the microvm backend: a native \
+             sandbox's root changes are a directory"
+                .into(),
+        ));
+    }
     let layer = WritableLayer::new(image)?;
     if let protocol::IdSource::Subordinate { uid, gid, count } = ids {
         std::fs::write(

@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 14;
+pub const VERSION: u32 = 15;
 
 /// Marks the id of a connection the host asked for (`HostMsg::NetDial`), so
 /// that it never meets one the guest's proxy listener numbered.
@@ -381,6 +381,14 @@ pub enum HostMsg {
     NetClose {
         conn: u64,
     },
+    /// Freeze (`frozen`) or thaw the file system of a microVM's writable
+    /// layer (FIFREEZE: what was written is on its disk, and writers wait)
+    /// so that the host can copy the disk whole, for forks: answered by
+    /// `SupMsg::LayerFrozen`. Refused where there is no such disk.
+    FreezeLayer {
+        id: u64,
+        frozen: bool,
+    },
 }
 
 /// Entries one listing answers at most; past it, the listing fails
@@ -618,6 +626,11 @@ pub enum SupMsg {
         id: u64,
         changes: Vec<FsChange>,
         overflowed: bool,
+    },
+    /// The answer to `HostMsg::FreezeLayer` `id`: why not, if it failed.
+    LayerFrozen {
+        id: u64,
+        result: Result<(), String>,
     },
 }
 

@@ -1652,7 +1652,9 @@ fn ptrace_guest_supervisor(t: &Ctx) {
             _fields_ = [('base', ctypes.c_void_p), ('len', ctypes.c_size_t)]
         buf = ctypes.create_string_buffer(64)
         local = iovec(ctypes.cast(buf, ctypes.c_void_p), 64)
-        start = int(open('/proc/1/maps').readline().split('-')[0], 16)
+        # The start of the supervisor's own file (its loader's is first).
+        start = next(int(l.split('-')[0], 16) for l in open('/proc/1/maps')
+                     if l.split()[-1].endswith('/supervisor') and int(l.split()[2], 16) == 0)
         remote = iovec(start, 64)
         ctypes.set_errno(0)
         r = libc.process_vm_readv(1, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)

@@ -30,14 +30,20 @@ pub(super) struct ImageDisks {
 impl ImageDisks {
     /// The flat root of `image` (made now if the store has none: seconds
     /// for a large image, once) and a fresh writable layer of `budget`
-    /// bytes (none: what the store's file system has free).
+    /// bytes (none: what the store's file system has free), or a copy of
+    /// the image's `upper_from` (a fork's: its parent's size).
     pub(super) async fn prepare(image: &RootImage, budget: Option<u64>) -> Result<ImageDisks> {
         let image = image.clone();
         tokio::task::spawn_blocking(move || {
             let flat = cordon_image::flat::flat_root(&image.flat, &image.layers)?;
             let layer = WritableLayer::new(&image)?;
-            let size = budget.unwrap_or_else(|| free_space(layer.dir()));
-            let upper = layer.make_disk(size, UPPER_DISK)?;
+            let upper = match &image.upper_from {
+                Some(from) => layer.copy_disk(from)?,
+                None => {
+                    let size = budget.unwrap_or_else(|| free_space(layer.dir()));
+                    layer.make_disk(size, UPPER_DISK)?
+                }
+            };
             Ok(ImageDisks { flat, layer, upper })
         })
         .await

@@ -26,8 +26,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use rustix::fs::{MemfdFlags, SealFlags, SeekFrom};
-use rustix::io::Errno;
+use rustix::fs::{MemfdFlags, SealFlags};
 
 /// Sealed memfds kept per process, those used last: each holds the
 /// non-zero part of one snapshot's memory (tens of MiB).
@@ -46,34 +45,12 @@ pub(super) fn fresh(size: u64) -> std::io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// The ranges of `file`'s first `size` bytes that hold data (not holes),
-/// in order.
-fn extents(file: &File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
-    let mut found = Vec::new();
-    let mut pos = 0;
-    while pos < size {
-        let data = match rustix::fs::seek(file, SeekFrom::Data(pos)) {
-            Ok(at) => at,
-            // No data after `pos`: the rest is a hole.
-            Err(Errno::NXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        let end = rustix::fs::seek(file, SeekFrom::Hole(data))?.min(size);
-        if data >= end {
-            break;
-        }
-        found.push((data, end));
-        pos = end;
-    }
-    Ok(found)
-}
-
 /// Copies the first `size` bytes of `from` to `to`, leaving out the
 /// holes and the pages that hold only zeros (`to` reads zero there, as a
 /// new file or memfd does): a guest's memory, to a snapshot.
 pub(super) fn copy_nonzero(from: &File, to: &File, size: u64) -> std::io::Result<()> {
     let mut buf = vec![0u8; CHUNK];
-    for (mut at, end) in extents(from, size)? {
+    for (mut at, end) in crate::sparse::extents(from, size)? {
         while at < end {
             let want = ((end - at) as usize).min(CHUNK);
             let chunk = &mut buf[..want];
@@ -84,22 +61,6 @@ pub(super) fn copy_nonzero(from: &File, to: &File, size: u64) -> std::io::Result
                 }
             }
             at += want as u64;
-        }
-    }
-    Ok(())
-}
-
-/// Copies the data of `from`'s first `size` bytes to the same places in
-/// `to`, in the kernel (a snapshot's pages are non-zero already).
-fn copy_data(from: &File, to: &File, size: u64) -> std::io::Result<()> {
-    for (mut at, end) in extents(from, size)? {
-        rustix::fs::seek(to, SeekFrom::Start(at))?;
-        while at < end {
-            let want = ((end - at) as usize).min(CHUNK * 16);
-            let n = rustix::fs::sendfile(to, from, Some(&mut at), want)?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
         }
     }
     Ok(())
@@ -150,7 +111,7 @@ impl Sealed {
         )?;
         rustix::fs::ftruncate(&fd, size)?;
         let memfd = File::from(fd);
-        copy_data(&file, &memfd, size)?;
+        crate::sparse::copy(&file, &memfd, size)?;
         rustix::fs::fcntl_add_seals(
             &memfd,
             SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,

@@ -81,12 +81,14 @@ pub(super) struct Shape(String);
 
 impl Shape {
     /// The shape of QEMU started as `qemu args` with `kernel`, `initrd`
-    /// and cordon's disk `bin` (see stage.rs): QEMU and the kernel by
-    /// identity on disk (a package upgrade replaces them), the initramfs
-    /// and the disk by their paths (each named by what it holds: a held
-    /// guest runs the supervisor it was saved with), `args` with each
-    /// share's and each disk's path left out (they differ per sandbox, and
-    /// a held guest has not opened them).
+    /// and cordon's disk `bin` (see stage.rs): QEMU, the kernel and the
+    /// disk by identity on disk (a package upgrade replaces the first two;
+    /// a held guest runs the supervisor it was saved with and has cached
+    /// blocks of that very file, which a disk made again would lay out
+    /// otherwise), the initramfs by its path (named by its content, and
+    /// touched on each use), `args` with each share's and each disk's path
+    /// left out (they differ per sandbox, and a held guest has not opened
+    /// them).
     pub(super) fn new(
         qemu: &Path,
         kernel: &Path,
@@ -104,12 +106,15 @@ impl Shape {
                     ))
                 })
         };
-        let files = [(qemu, stamp(qemu)?), (kernel, stamp(kernel)?)];
+        let files = [
+            (qemu, stamp(qemu)?),
+            (kernel, stamp(kernel)?),
+            (bin, stamp(bin)?),
+        ];
         Ok(Shape(hash_hex(|h| {
             FORMAT.hash(h);
             files.hash(h);
             initrd.hash(h);
-            bin.hash(h);
             for arg in args {
                 without_paths(arg).hash(h);
             }
@@ -386,37 +391,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("f");
         std::fs::write(&f, b"x").unwrap();
+        let bin = dir.path().join("bin.ext4");
+        std::fs::write(&bin, b"disk").unwrap();
         let shape = |args: &[&str]| {
             let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-            Shape::new(
-                &f,
-                &f,
-                Path::new("/initrd-1234"),
-                Path::new("/bin-1"),
-                &args,
-            )
-            .unwrap()
+            Shape::new(&f, &f, Path::new("/initrd-1234"), &bin, &args).unwrap()
         };
         let a = shape(&["-m", "512M", "-fsdev", "local,id=w,path=/one"]);
         assert_eq!(a, shape(&["-m", "512M", "-fsdev", "local,id=w,path=/two"]));
         assert_ne!(a, shape(&["-m", "256M", "-fsdev", "local,id=w,path=/one"]));
         assert_ne!(a, shape(&["-m", "512M", "-fsdev", "local,id=v,path=/one"]));
-        // Another supervisor is another shape: a held guest runs its own.
-        let args: Vec<String> = ["-m", "512M", "-fsdev", "local,id=w,path=/one"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        assert_ne!(
-            a,
-            Shape::new(
-                &f,
-                &f,
-                Path::new("/initrd-1234"),
-                Path::new("/bin-2"),
-                &args
-            )
-            .unwrap()
-        );
+        // cordon's disk made again (another supervisor, or the same one
+        // after a prune) is another shape.
+        let again = dir.path().join("again");
+        std::fs::write(&again, b"disk").unwrap();
+        std::fs::rename(&again, &bin).unwrap();
+        assert_ne!(a, shape(&["-m", "512M", "-fsdev", "local,id=w,path=/one"]));
+        let a = shape(&["-m", "512M", "-fsdev", "local,id=w,path=/one"]);
         // Another file at the same path (QEMU upgraded) is another shape.
         std::fs::remove_file(&f).unwrap();
         std::fs::write(&f, b"xy").unwrap();

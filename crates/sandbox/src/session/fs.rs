@@ -18,6 +18,14 @@ pub type FsResult = std::result::Result<FsAnswer, FsFailure>;
 pub(super) enum Answer {
     Fs(FsResult),
     Usage(GuestUsage),
+    LayerFrozen(std::result::Result<(), String>),
+}
+
+/// An answer to another question than the one asked.
+fn mismatched() -> Error {
+    Error::Io(std::io::Error::other(
+        "the supervisor answered another question",
+    ))
 }
 
 /// How much of the machine a sandbox uses now.
@@ -64,9 +72,7 @@ impl Sandbox {
     pub async fn fs(&self, op: FsOp, user: Option<(u32, u32)>) -> Result<FsResult> {
         match self.ask(|id| HostMsg::Fs { id, op, user }).await? {
             Answer::Fs(r) => Ok(r),
-            Answer::Usage(_) => Err(Error::Io(std::io::Error::other(
-                "the supervisor answered another question",
-            ))),
+            _ => Err(mismatched()),
         }
     }
 
@@ -74,11 +80,7 @@ impl Sandbox {
     pub async fn usage(&self) -> Result<Usage> {
         let guest = match self.ask(|id| HostMsg::Usage { id }).await? {
             Answer::Usage(u) => u,
-            Answer::Fs(_) => {
-                return Err(Error::Io(std::io::Error::other(
-                    "the supervisor answered another question",
-                )));
-            }
+            _ => return Err(mismatched()),
         };
         let inner = &self.inner;
         // The cgroup's charge where there is one; a microVM's kernel is
@@ -101,6 +103,131 @@ impl Sandbox {
             disk_limit: disk.map(|d| d.budget),
         })
     }
+}
+
+/// How long a guest may take to freeze or thaw its writable layer (a
+/// freeze writes out what is not on the disk yet).
+const FREEZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Characters of a guest's reason kept.
+const WHY_KEPT: usize = 300;
+
+impl Sandbox {
+    /// Copies this microVM's writable layer, its disk, to `to` (a new
+    /// file, sparse as the disk is), with the layer's file system frozen
+    /// meanwhile so that the copy is a whole file system: what forks of it
+    /// start from (see [`crate::RootImage::upper_from`]). The sandbox's
+    /// writers wait for the copy; a file being written may be copied
+    /// half-written, as a snapshot would take it. Only a microVM on an
+    /// image has such a disk. The copy is only bytes: the host reads
+    /// nothing of the file system in it.
+    pub async fn copy_layer_disk(&self, to: &std::path::Path) -> Result<()> {
+        let dir = self
+            .writable_layer_dir()
+            .filter(|_| self.info().backend == "microvm")
+            .ok_or_else(|| {
+                Error::Config("only a microVM on an image has its root's changes on a disk".into())
+            })?;
+        let disk = dir.join(crate::backend::DISK_FILE);
+        let frozen = Frozen::new(self).await?;
+        let to = to.to_path_buf();
+        let copied = tokio::task::spawn_blocking(move || copy_disk(&disk, &to))
+            .await
+            .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+        frozen.thaw().await?;
+        copied
+    }
+
+    async fn freeze_layer(&self, frozen: bool) -> Result<()> {
+        let asked = self.ask(|id| HostMsg::FreezeLayer { id, frozen });
+        let answer = tokio::time::timeout(FREEZE_TIMEOUT, asked)
+            .await
+            .map_err(|_| {
+                Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the sandbox did not {} its writable layer in {} s",
+                        if frozen { "freeze" } else { "thaw" },
+                        FREEZE_TIMEOUT.as_secs()
+                    ),
+                ))
+            })??;
+        match answer {
+            Answer::LayerFrozen(Ok(())) => Ok(()),
+            Answer::LayerFrozen(Err(why)) => Err(refused(&why)),
+            _ => Err(mismatched()),
+        }
+    }
+}
+
+/// The guest's refusal: its words escaped and cut short here, whoever
+/// shows them (its root may have taken over its supervisor).
+fn refused(why: &str) -> Error {
+    Error::Io(std::io::Error::other(format!(
+        "the guest said: {}",
+        why.chars()
+            .take(WHY_KEPT)
+            .collect::<String>()
+            .escape_debug()
+    )))
+}
+
+/// A sandbox's writable layer frozen: thawed by [`Frozen::thaw`], or when
+/// dropped (a caller that gave up), by a message nobody waits on.
+struct Frozen<'a> {
+    sandbox: &'a Sandbox,
+    thawed: bool,
+}
+
+impl<'a> Frozen<'a> {
+    async fn new(sandbox: &'a Sandbox) -> Result<Frozen<'a>> {
+        let mut frozen = Frozen {
+            sandbox,
+            thawed: false,
+        };
+        if let Err(e) = sandbox.freeze_layer(true).await {
+            // It may have frozen without saying so in time.
+            frozen.thawed = true;
+            let _ = sandbox.freeze_layer(false).await;
+            return Err(e);
+        }
+        Ok(frozen)
+    }
+
+    async fn thaw(mut self) -> Result<()> {
+        self.thawed = true;
+        self.sandbox.freeze_layer(false).await
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        if !self.thawed {
+            let inner = &self.sandbox.inner;
+            let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+            let _ = inner.send(&HostMsg::FreezeLayer { id, frozen: false });
+        }
+    }
+}
+
+/// A sparse copy of the disk file `from` (cordon's own, in the store: what
+/// the guest wrote is its content, not its name) as the new file `to`.
+pub(crate) fn copy_disk(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let from = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(from)?;
+    let size = from.metadata()?.len();
+    let out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(to)?;
+    out.set_len(size)?;
+    crate::sparse::copy(&from, &out, size)?;
+    out.sync_all()?;
+    Ok(())
 }
 
 /// Messages a watch may hold unread before it is ended as overflowed.
@@ -221,5 +348,28 @@ impl Sandbox {
             Ok(Err(f)) => Ok(Err(f)),
             Err(_) => Err(Error::Gone),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A guest's refusal to freeze reaches no terminal as it was sent:
+    /// no escape sequence, no line break, no bidirectional override, and
+    /// not a megabyte of it.
+    #[test]
+    fn a_guests_refusal_is_shown_escaped_and_short() {
+        let hostile = format!(
+            "\x1b]52;c;cm0gLXJmIH4=\x07\r\n\u{202e}{}",
+            "x".repeat(1 << 20)
+        );
+        let shown = refused(&hostile).to_string();
+        assert!(shown.contains("the guest said: "), "{shown}");
+        assert!(
+            !shown.chars().any(|c| c.is_control() || c == '\u{202e}'),
+            "{shown:?}"
+        );
+        assert!(shown.len() < 2 * WHY_KEPT, "{} bytes", shown.len());
     }
 }

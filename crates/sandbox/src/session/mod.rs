@@ -21,6 +21,7 @@ use crate::protocol::{
 use crate::services::Services;
 
 pub use exec::{ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution, exit_code};
+pub(crate) use fs::copy_disk;
 pub use fs::{FsResult, Usage, WatchEvent, Watcher};
 
 /// What a backend provides beyond the protocol stream: killing the
@@ -612,6 +613,12 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
         SupMsg::Usage { id, usage } => {
             if let Some(waiter) = inner.asked().remove(&id) {
                 let _ = waiter.send(fs::Answer::Usage(usage));
+            }
+            return;
+        }
+        SupMsg::LayerFrozen { id, result } => {
+            if let Some(waiter) = inner.asked().remove(&id) {
+                let _ = waiter.send(fs::Answer::LayerFrozen(result));
             }
             return;
         }

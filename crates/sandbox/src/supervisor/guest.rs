@@ -271,6 +271,15 @@ fn build_image(spec: &SetupSpec) -> Result<(), SetupError> {
     // Discard: what the guest deletes is freed in the host's sparse file.
     // Inode tables stay unwritten until used: the host's file stays sparse.
     mount(&upper, IMAGE_RW, "ext4", nodev, "discard,noinit_itable")?;
+    // Kept for freezing the layer (see `freeze_layer`): once the image
+    // is the root, no path of the supervisor's reaches it.
+    let layer = File::open(IMAGE_RW).map_err(|e| {
+        SetupError::new(
+            "open the writable layer",
+            Errno::from_io_error(&e).unwrap_or(Errno::IO),
+        )
+    })?;
+    let _ = LAYER.set(layer);
     for d in [UPPER, WORK] {
         std::fs::create_dir_all(format!("{IMAGE_RW}/{d}")).map_err(|e| {
             SetupError::new(
@@ -321,6 +330,35 @@ fn build_image(spec: &SetupSpec) -> Result<(), SetupError> {
     rustix::process::chroot(".").map_err(|e| SetupError::new("chroot into the image", e))?;
     rustix::process::chdir("/workspace").map_err(|e| SetupError::new("enter /workspace", e))?;
     super::serve::run_commands_as(spec.inner_uid, spec.inner_gid);
+    Ok(())
+}
+
+/// The root of a microVM's writable layer, on its own disk (an image's
+/// guest only).
+static LAYER: std::sync::OnceLock<File> = std::sync::OnceLock::new();
+
+/// `FIFREEZE` and `FITHAW` (linux/fs.h: `_IOWR('X', 119, int)` and 120).
+const FIFREEZE: libc::c_ulong = 0xC004_5877;
+const FITHAW: libc::c_ulong = 0xC004_5878;
+
+/// Freezes or thaws the writable layer's file system (see
+/// `HostMsg::FreezeLayer`): frozen, everything written is on the disk and
+/// writers wait, so the host's copy of the disk is whole.
+pub(super) fn freeze_layer(frozen: bool) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let layer = LAYER.get().ok_or_else(|| {
+        "this sandbox's root has no disk of its own (only a microVM on an image has one)"
+            .to_string()
+    })?;
+    let request = if frozen { FIFREEZE } else { FITHAW };
+    // SAFETY: an ioctl without argument on a descriptor we own.
+    if unsafe { libc::ioctl(layer.as_raw_fd(), request, 0) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!(
+            "cannot {} the writable layer: {e}",
+            if frozen { "freeze" } else { "thaw" }
+        ));
+    }
     Ok(())
 }
 

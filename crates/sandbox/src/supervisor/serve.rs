@@ -516,6 +516,10 @@ impl Server {
             }
             HostMsg::Unwatch { id } => self.watches.remove(id),
             HostMsg::Usage { id } => self.send(&SupMsg::Usage { id, usage: usage() }),
+            HostMsg::FreezeLayer { id, frozen } => self.send(&SupMsg::LayerFrozen {
+                id,
+                result: super::guest::freeze_layer(frozen),
+            }),
             HostMsg::Fs { id, op, user } => {
                 if self.fs.is_none() {
                     self.fs = super::fs::FsWorker::start(COMMAND_IDS.get().copied()).ok();

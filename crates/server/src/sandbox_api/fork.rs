@@ -2,10 +2,13 @@
 //!
 //! A fork gets its parent's request (image, limits, network as its
 //! tenant's ceiling allows now, environment, metadata, timeout), its
-//! root's changes and its workspace; not its processes. The root's
-//! changes are committed as a commit reads them (the upper directory is
-//! hostile: see `cordon_build::commit`) into one more layer under the
-//! parent's image, shared read-only by every fork. The workspace is
+//! root's changes and its workspace; not its processes. A native
+//! sandbox's root changes are committed as a commit reads them (the upper
+//! directory is hostile: see `cordon_build::commit`) into one more layer
+//! under the parent's image, shared read-only by every fork. A microVM's
+//! are a file system on its own disk, which the host never reads: the
+//! disk is copied whole, its file system frozen by the guest meanwhile,
+//! and each fork starts on a copy of that copy. The workspace is
 //! carried by `tar` inside the parent, piped into `tar` inside each fork:
 //! the host only moves bytes, never reads a name or follows a link of
 //! them, and each fork unpacks within its own disk budget.
@@ -62,7 +65,7 @@ pub struct ForkList {
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "sandboxes", summary = "Fork a running sandbox",
-    description = "Makes `count` sandboxes that start from this one's files: each is made as it was (image, limits, environment, metadata, its timeout unless `timeout_secs` says; its network as this tenant's ceiling allows now), on its root's changes (a native sandbox on an image) and with a copy of its `/workspace`, made by the image's `tar` inside it and unpacked by `tar` inside each fork, within the fork's disk budget. Processes are not carried: a fork runs nothing until told. Taken while the sandbox runs, as a snapshot is: a file being written meanwhile may be copied half-written. Every fork is made or none is.",
+    description = "Makes `count` sandboxes that start from this one's files: each is made as it was (image, limits, environment, metadata, its timeout unless `timeout_secs` says; its network as this tenant's ceiling allows now), on its root's changes (an image's sandbox: natively a layer made of them; a microVM's disk copied, its file system frozen for the copy) and with a copy of its `/workspace`, made by the image's `tar` inside it and unpacked by `tar` inside each fork, within the fork's disk budget. Processes are not carried: a fork runs nothing until told. Taken while the sandbox runs, as a snapshot is: a file being written meanwhile may be copied half-written. Every fork is made or none is.",
     params(("id" = String, Path), ForkQuery),
     responses((status = 201, body = ForkList),
               (status = 400, description = "The request says what is wrong, or the files could not be copied", body = crate::http::ErrorResponse),
@@ -70,8 +73,7 @@ pub struct ForkList {
               (status = 403, description = "Its network is now beyond this tenant's ceiling, or its image no longer offered", body = crate::http::ErrorResponse),
               (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse),
               (status = 409, description = "It has ended, or is paused", body = crate::http::ErrorResponse),
-              (status = 429, description = "This tenant's live sessions and sandboxes leave no room for that many", body = crate::http::ErrorResponse),
-              (status = 501, description = "A microVM on an image: its root's changes are on its own disk", body = crate::http::ErrorResponse)))]
+              (status = 429, description = "This tenant's live sessions and sandboxes leave no room for that many", body = crate::http::ErrorResponse)))]
 pub(crate) async fn fork_sandbox(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -128,31 +130,36 @@ async fn fork_all(
     for _ in 0..count {
         slots.push(shared.caps.acquire(tenant)?);
     }
-    let root = match (
+    let (root, disk) = match (
         &options.image,
         b.sandbox.writable_layer_dir(),
         b.sandbox.writable_upper(),
     ) {
-        (None, ..) => None,
-        (Some(_), Some(dir), Some(upper)) => Some(Arc::new(
-            shared
-                .images
-                .fork_root(tenant, id, dir, upper, b.account.clone())
-                .await
-                .map_err(|e| {
-                    ApiError::bad_request(format!("cannot copy the sandbox's root: {e}"))
-                })?,
-        )),
-        (Some(_), ..) => {
-            return Err(ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
-                "not_supported",
-                "this sandbox is a microVM on an image, whose root's changes are on its own \
-                 disk: forking one is not supported yet (a native sandbox's are)",
+        (None, ..) => (None, None),
+        (Some(_), Some(dir), Some(upper)) => (
+            Some(Arc::new(
+                shared
+                    .images
+                    .fork_root(tenant, id, dir, upper, b.account.clone())
+                    .await
+                    .map_err(|e| {
+                        ApiError::bad_request(format!("cannot copy the sandbox's root: {e}"))
+                    })?,
+            )),
+            None,
+        ),
+        // A microVM's root changes are a file system on its own disk: the
+        // disk is copied once, frozen, and each fork copies that.
+        (Some(_), Some(_), None) => (None, Some(Arc::new(copy_disk(shared, &b).await?))),
+        (Some(_), None, _) => {
+            return Err(super::unavailable(
+                id,
+                "copy its root",
+                "it has no writable layer",
             ));
         }
     };
-    let parent = Parent { id, root };
+    let parent = Parent { id, root, disk };
     let made = join_all(slots.into_iter().map(|slot| {
         start(
             shared,
@@ -188,6 +195,24 @@ async fn fork_all(
     }
     tracing::info!("sandbox {id} of {tenant}: forked {count}");
     Ok(forks)
+}
+
+/// A copy of microVM `b`'s writable disk in the store's scratch space,
+/// removed when the last fork has copied it.
+async fn copy_disk(shared: &Shared, b: &LiveBox) -> ApiResult<tempfile::TempPath> {
+    let tmp = shared.images.store()?.root().join("tmp");
+    let path = tempfile::Builder::new()
+        .prefix(".fork-disk-")
+        .tempfile_in(&tmp)
+        .map_err(ApiError::internal)?
+        .into_temp_path();
+    // The copy makes the file anew.
+    std::fs::remove_file(&path).map_err(ApiError::internal)?;
+    b.sandbox
+        .copy_layer_disk(&path)
+        .await
+        .map_err(|e| ApiError::bad_request(format!("cannot copy the sandbox's root: {e}")))?;
+    Ok(path)
 }
 
 /// A command in `b` that may read and write every file of its workspace:

@@ -324,8 +324,10 @@ pub(crate) async fn settle(
 /// What a fork is made from (see [`fork`]).
 pub(crate) struct Parent<'a> {
     pub id: &'a str,
-    /// Its root's changes on its image, when it has an image.
+    /// Its root's changes on its image, when it has an image: natively.
     pub root: Option<Arc<crate::catalog::ForkRoot>>,
+    /// A copy of its writable disk: a microVM on an image.
+    pub disk: Option<Arc<tempfile::TempPath>>,
 }
 
 /// Starts a sandbox of `tenant`'s with `options` (settled) in `slot`:
@@ -367,6 +369,9 @@ pub(crate) async fn start(
         }
     };
     let mut sc = shared.config.sandboxes().for_options(&ws, image, &options);
+    if let (Some(image), Some(disk)) = (&mut sc.image, parent.and_then(|p| p.disk.as_ref())) {
+        image.upper_from = Some(disk.to_path_buf());
+    }
     // On an image, commands run as its user, at home unless told
     // otherwise (the host's root has neither: /workspace it is).
     let account = match account {
