@@ -341,15 +341,27 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     // The broker's CA, for a guest whose secrets' hosts it intercepts: in
     // the staged /etc, or written by the guest into an image's.
     let trust = crate::egress::trust(config);
-    if disks.is_none() {
-        stage_etc(&run.join("etc"))?;
-        if let Some((ca, bundle)) = &trust {
-            let dir = run.join("etc/cordon");
+    let etc = match (&disks, &trust) {
+        (Some(_), _) => None,
+        (None, None) => {
+            let cache = cache.clone();
+            Some(
+                tokio::task::spawn_blocking(move || stage::shared_etc(&cache))
+                    .await
+                    .map_err(|e| Error::Io(std::io::Error::other(e)))??,
+            )
+        }
+        // The CA is this sandbox's own: its /etc too.
+        (None, Some((ca, bundle))) => {
+            let etc = run.join("etc");
+            stage_etc(&etc)?;
+            let dir = etc.join("cordon");
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("ca.pem"), ca)?;
             std::fs::write(dir.join("bundle.pem"), bundle)?;
+            Some(etc)
         }
-    }
+    };
     let covers = cover::Covers::prepare(
         &workspace,
         &in_workspace(&config.hidden, &workspace),
@@ -377,12 +389,8 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         .iter()
         .map(|s| (s.clone(), format!("/{s}"), false))
         .collect();
-    if disks.is_none() {
-        shares.push((
-            "etc".into(),
-            run.join("etc").to_string_lossy().into_owned(),
-            false,
-        ));
+    if let Some(etc) = &etc {
+        shares.push(("etc".into(), etc.to_string_lossy().into_owned(), false));
     }
     shares.push(("workspace".into(), workspace.clone(), true));
     for (i, b) in binds.iter().enumerate() {
