@@ -101,18 +101,7 @@ const MODULES: &[&str] = &[
 
 /// With an image root, also: the block devices of its flat root and
 /// writable layer, and overlayfs.
-const IMAGE_MODULES: &[&str] = &[
-    "virtio_mmio",
-    "virtio_console",
-    "virtio_scsi",
-    "sd_mod",
-    "crc32c_generic",
-    "ext4",
-    "9pnet_virtio",
-    "9p",
-    "virtio_blk",
-    "overlay",
-];
+const IMAGE_MODULES: &[&str] = &["virtio_blk", "overlay"];
 
 /// Least memory a guest boots with usefully: the kernel alone takes ~60 MiB.
 const MIN_MEMORY: u64 = 128 * MIB;
@@ -305,16 +294,16 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     )
     .map_err(|e| Error::Config(e.to_string()))?;
     let (symlinks, system_shares) = system_layout();
+    let modules: Vec<&str> = match &config.image {
+        Some(_) => MODULES.iter().chain(IMAGE_MODULES).copied().collect(),
+        None => MODULES.to_vec(),
+    };
     let initrd = image::initramfs(
         &cache,
         &kernel,
         &image::InitramfsSpec {
             init: GUEST_INIT,
-            modules: if config.image.is_some() {
-                IMAGE_MODULES
-            } else {
-                MODULES
-            },
+            modules: &modules,
             symlinks: &symlinks,
         },
     )

@@ -72,20 +72,10 @@ pub(super) fn shared_etc(cache: &Path) -> Result<PathBuf> {
 /// walks it.
 fn stamp_tree(path: &Path, h: &mut impl std::hash::Hasher, depth: usize) {
     use std::hash::Hash;
-    use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return;
     };
-    (
-        meta.dev(),
-        meta.ino(),
-        meta.len(),
-        meta.mtime(),
-        meta.mtime_nsec(),
-        meta.ctime(),
-        meta.ctime_nsec(),
-    )
-        .hash(h);
+    super::image::file_stamp(&meta).hash(h);
     if meta.is_dir() && depth < 32 {
         let Ok(entries) = std::fs::read_dir(path) else {
             return;
