@@ -318,6 +318,31 @@ impl Sandbox {
         live_upper(&dir, Some(self.inner.lifecycle.host_pid()))
     }
 
+    /// Copies this microVM's writable layer, its disk, to `to` (a new
+    /// file, sparse as the disk is), with the layer's file system frozen
+    /// meanwhile so that the copy is a whole file system: what forks of it
+    /// start from (see [`crate::RootImage::upper_from`]). The sandbox's
+    /// writers wait for the copy; a file being written may be copied
+    /// half-written, as a snapshot would take it. Only a microVM on an
+    /// image has such a disk. The copy is only bytes: the host reads
+    /// nothing of the file system in it.
+    pub async fn copy_layer_disk(&self, to: &std::path::Path) -> Result<()> {
+        let dir = self
+            .writable_layer_dir()
+            .filter(|_| self.info().backend == "microvm")
+            .ok_or_else(|| {
+                Error::Config("only a microVM on an image has its root's changes on a disk".into())
+            })?;
+        let disk = dir.join(DISK_FILE);
+        let frozen = crate::session::Frozen::new(self).await?;
+        let to = to.to_path_buf();
+        let copied = tokio::task::spawn_blocking(move || crate::session::copy_disk(&disk, &to))
+            .await
+            .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+        frozen.thaw().await?;
+        copied
+    }
+
     /// Records what the front end calls this sandbox (a session's id)
     /// beside its writable layer, where `cordon image commit` finds it.
     pub fn set_label(&self, label: &str) -> Result<()> {

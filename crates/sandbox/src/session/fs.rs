@@ -113,31 +113,8 @@ const FREEZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 const WHY_KEPT: usize = 300;
 
 impl Sandbox {
-    /// Copies this microVM's writable layer, its disk, to `to` (a new
-    /// file, sparse as the disk is), with the layer's file system frozen
-    /// meanwhile so that the copy is a whole file system: what forks of it
-    /// start from (see [`crate::RootImage::upper_from`]). The sandbox's
-    /// writers wait for the copy; a file being written may be copied
-    /// half-written, as a snapshot would take it. Only a microVM on an
-    /// image has such a disk. The copy is only bytes: the host reads
-    /// nothing of the file system in it.
-    pub async fn copy_layer_disk(&self, to: &std::path::Path) -> Result<()> {
-        let dir = self
-            .writable_layer_dir()
-            .filter(|_| self.info().backend == "microvm")
-            .ok_or_else(|| {
-                Error::Config("only a microVM on an image has its root's changes on a disk".into())
-            })?;
-        let disk = dir.join(crate::backend::DISK_FILE);
-        let frozen = Frozen::new(self).await?;
-        let to = to.to_path_buf();
-        let copied = tokio::task::spawn_blocking(move || copy_disk(&disk, &to))
-            .await
-            .map_err(|e| Error::Io(std::io::Error::other(e)))?;
-        frozen.thaw().await?;
-        copied
-    }
-
+    /// Freezes or thaws the sandbox's writable layer (see
+    /// `HostMsg::FreezeLayer`), within [`FREEZE_TIMEOUT`].
     async fn freeze_layer(&self, frozen: bool) -> Result<()> {
         let asked = self.ask(|id| HostMsg::FreezeLayer { id, frozen });
         let answer = tokio::time::timeout(FREEZE_TIMEOUT, asked)
@@ -174,13 +151,13 @@ fn refused(why: &str) -> Error {
 
 /// A sandbox's writable layer frozen: thawed by [`Frozen::thaw`], or when
 /// dropped (a caller that gave up), by a message nobody waits on.
-struct Frozen<'a> {
+pub(crate) struct Frozen<'a> {
     sandbox: &'a Sandbox,
     thawed: bool,
 }
 
 impl<'a> Frozen<'a> {
-    async fn new(sandbox: &'a Sandbox) -> Result<Frozen<'a>> {
+    pub(crate) async fn new(sandbox: &'a Sandbox) -> Result<Frozen<'a>> {
         let mut frozen = Frozen {
             sandbox,
             thawed: false,
@@ -194,7 +171,7 @@ impl<'a> Frozen<'a> {
         Ok(frozen)
     }
 
-    async fn thaw(mut self) -> Result<()> {
+    pub(crate) async fn thaw(mut self) -> Result<()> {
         self.thawed = true;
         self.sandbox.freeze_layer(false).await
     }
