@@ -131,14 +131,6 @@ impl WritableLayer {
     /// in the directory, labelled `label`, sparse (no journal, as the
     /// layer goes with the sandbox; no reserved blocks; inode tables left
     /// unwritten). Its size is a hard bound on what the layer holds.
-    /// The layer's disk as a sparse copy of `from` (a copy of another
-    /// microVM's disk, see [`Sandbox::copy_layer_disk`]), at its size.
-    pub(crate) fn copy_disk(&self, from: &Path) -> Result<PathBuf> {
-        let path = self.dir().join(DISK_FILE);
-        crate::session::copy_disk(from, &path)?;
-        Ok(path)
-    }
-
     pub(crate) fn make_disk(&self, size: u64, label: &str) -> Result<PathBuf> {
         let path = self.dir().join(DISK_FILE);
         let file = std::fs::File::create_new(&path)?;
@@ -166,6 +158,14 @@ impl WritableLayer {
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
+        Ok(path)
+    }
+
+    /// The layer's disk as a sparse copy of `from` (a copy of another
+    /// microVM's disk, see [`Sandbox::copy_layer_disk`]), at its size.
+    pub(crate) fn copy_disk(&self, from: &Path) -> Result<PathBuf> {
+        let path = self.dir().join(DISK_FILE);
+        crate::sparse::copy_file(from, &path)?;
         Ok(path)
     }
 }
@@ -336,11 +336,11 @@ impl Sandbox {
         let disk = dir.join(DISK_FILE);
         let frozen = crate::session::Frozen::new(self).await?;
         let to = to.to_path_buf();
-        let copied = tokio::task::spawn_blocking(move || crate::session::copy_disk(&disk, &to))
+        let copied = tokio::task::spawn_blocking(move || crate::sparse::copy_file(&disk, &to))
             .await
             .map_err(|e| Error::Io(std::io::Error::other(e)))?;
         frozen.thaw().await?;
-        copied
+        Ok(copied?)
     }
 
     /// Records what the front end calls this sandbox (a session's id)

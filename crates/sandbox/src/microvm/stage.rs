@@ -162,7 +162,11 @@ fn fill_tree(tree: &Path, supervisor: &Path) -> Result<()> {
         })?;
         Ok(())
     };
-    copy(supervisor, &tree.join(GUEST_SUPERVISOR))?;
+    // Linked where it can be: mke2fs copies it again, and a release
+    // cordon is hundreds of MB with its debug information.
+    if std::fs::hard_link(supervisor, tree.join(GUEST_SUPERVISOR)).is_err() {
+        copy(supervisor, &tree.join(GUEST_SUPERVISOR))?;
+    }
     copy(Path::new(LOADER), &tree.join(GUEST_LOADER))?;
     let libs = tree.join(GUEST_LIBS);
     std::fs::create_dir(&libs)?;

@@ -187,26 +187,6 @@ impl Drop for Frozen<'_> {
     }
 }
 
-/// A sparse copy of the disk file `from` (cordon's own, in the store: what
-/// the guest wrote is its content, not its name) as the new file `to`.
-pub(crate) fn copy_disk(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let from = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(from)?;
-    let size = from.metadata()?.len();
-    let out = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(to)?;
-    out.set_len(size)?;
-    crate::sparse::copy(&from, &out, size)?;
-    out.sync_all()?;
-    Ok(())
-}
-
 /// Messages a watch may hold unread before it is ended as overflowed.
 const WATCH_BACKLOG: usize = 1024;
 

@@ -21,7 +21,7 @@ use crate::protocol::{
 use crate::services::Services;
 
 pub use exec::{ExecEvent, ExecOutput, ExecRequest, ExecResult, ExecStdin, Execution, exit_code};
-pub(crate) use fs::{Frozen, copy_disk};
+pub(crate) use fs::Frozen;
 pub use fs::{FsResult, Usage, WatchEvent, Watcher};
 
 /// What a backend provides beyond the protocol stream: killing the
