@@ -290,6 +290,41 @@ pub struct VmOptions {
     /// Boot every guest from its kernel: neither take nor use the memory
     /// snapshot of a booted guest (microvm/snapshot.rs).
     pub cold_boot: bool,
+    /// How the host's directories reach the guest.
+    pub shares: VmShares,
+    /// The virtio-fs server (default: `virtiofsd` on `PATH`, else
+    /// `/usr/libexec/virtiofsd`).
+    pub virtiofsd: Option<PathBuf>,
+}
+
+/// How a microVM's shares (the workspace, binds, the host's `/usr`) reach
+/// its guest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum VmShares {
+    /// virtio-fs where QEMU can save it (8.2 and newer) and `virtiofsd`
+    /// is found, else 9p.
+    #[default]
+    Auto,
+    /// virtio-fs, one `virtiofsd` per share: a guest with its shares
+    /// mounted can be saved (paused to disk).
+    VirtioFs,
+    /// QEMU's own 9p server: no other program, but a guest with a share
+    /// mounted cannot be saved.
+    NineP,
+}
+
+impl std::str::FromStr for VmShares {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(VmShares::Auto),
+            "virtiofs" => Ok(VmShares::VirtioFs),
+            "9p" => Ok(VmShares::NineP),
+            other => Err(format!(
+                "unknown share kind {other:?} (expected auto, virtiofs or 9p)"
+            )),
+        }
+    }
 }
 
 /// How QEMU runs the guest's code.

@@ -73,8 +73,8 @@ pub use backend::{
 pub use cache::cache_dir;
 pub use config::{
     Accel, BackendKind, BindMount, BuildStep, CONTROL_FILES, DISPLAY, Display, Limits, LimitsError,
-    MAX_CPUS, MIB, Network, PortForward, RootImage, SandboxConfig, VmOptions, control_files,
-    parse_size,
+    MAX_CPUS, MIB, Network, PortForward, RootImage, SandboxConfig, VmOptions, VmShares,
+    control_files, parse_size,
 };
 pub use connect::forwarded;
 pub use display::VncAccess;

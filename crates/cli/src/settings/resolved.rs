@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use cordon_git::Retention;
-use cordon_sandbox::{Accel, BackendKind, Display, Network, VmOptions};
+use cordon_sandbox::{Accel, BackendKind, Display, Network, VmOptions, VmShares};
 
 use super::{ConfigError, Settings, Source};
 use cordon_agent::ProviderKind;
@@ -310,6 +310,8 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
                     "off" | "false" => Ok(true),
                     _ => Err("expected on or off".into()),
                 })?,
+                shares: req(s, "vm.shares", |v| v.parse::<VmShares>())?,
+                virtiofsd: path("vm.virtiofsd"),
             },
         },
         checkpoints,

@@ -641,11 +641,12 @@ fn mknod_device(t: &Ctx) {
     ));
     if t.vm() {
         // The guest's root may make nodes in its own /tmp (nodev) and
-        // /dev; in the workspace QEMU's 9p server refuses them.
+        // /dev; in the workspace the host's file server (QEMU's 9p, or
+        // virtiofsd) is refused them by cordon's filter.
         out.code(0)
             .line("done")
-            .stderr_has("mknod: /workspace/mem: No such device or address")
-            .stderr_has("OSError: [Errno 6] No such device or address\n")
+            .stderr_has("mknod: /workspace/mem: Operation not permitted")
+            .stderr_has("PermissionError: [Errno 1] Operation not permitted\n")
             .lacks("/tmp/sda")
             .lacks(&format!("/dev/{name}"));
     } else {

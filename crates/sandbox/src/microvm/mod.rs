@@ -38,6 +38,7 @@ mod ram;
 mod snapshot;
 mod stage;
 mod tail;
+mod virtiofs;
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -45,7 +46,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::backend::{Backend, resolve_supervisor};
-use crate::config::{Accel, MIB, Network, SandboxConfig, in_workspace};
+use crate::config::{Accel, MIB, Network, SandboxConfig, VmShares, in_workspace};
 use crate::error::{Error, Result};
 use crate::layout::{CONTROL_FD, FONT_CACHE, bind_tag};
 use crate::protocol::{self, Bind, HostMsg, SetupSpec};
@@ -54,7 +55,8 @@ use crate::session::{ConnectParams, Lifecycle, Sandbox};
 use accel::{accel, tsc_khz};
 use disks::ImageDisks;
 use qemu::{
-    CONSOLE_FD, INCOMING_FD, MONITOR_FD, QEMU_HOST_FILES, QemuFds, RAM_FD, launch, spawn_qemu,
+    CONSOLE_FD, INCOMING_FD, MONITOR_FD, QEMU_HOST_FILES, QemuFds, RAM_FD, SHARE_FD, launch,
+    spawn_qemu,
 };
 use snapshot::{Shape, Snapshots};
 use stage::{RunDir, run_dir, stage_etc, stage_supervisor, system_layout};
@@ -86,8 +88,8 @@ const GUEST_INIT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cordon-guest
 /// Drivers the guest needs: the virtio transport of the `microvm` machine,
 /// the serial port of the control channel, the SCSI disk that is cordon's
 /// own (a SCSI disk so that no sandbox's disk is probed with it, see
-/// `GUEST_LATE_MODULES`), ext4 with the crc32c its checksums need (the
-/// guest has no modprobe to ask for it), and the 9p file system.
+/// `GUEST_LATE_MODULES`), and ext4 with the crc32c its checksums need (the
+/// guest has no modprobe to ask for it).
 const MODULES: &[&str] = &[
     "virtio_mmio",
     "virtio_console",
@@ -95,9 +97,15 @@ const MODULES: &[&str] = &[
     "sd_mod",
     "crc32c_generic",
     "ext4",
-    "9pnet_virtio",
-    "9p",
 ];
+
+/// The file system of the shares, by their kind.
+const NINE_P_MODULES: &[&str] = &["9pnet_virtio", "9p"];
+const VIRTIOFS_MODULES: &[&str] = &["virtiofs"];
+
+/// The oldest QEMU that saves a guest with a virtio-fs share (its
+/// vhost-user device state): older ones refuse any snapshot of it.
+const VIRTIOFS_QEMU: (u32, u32) = (8, 2);
 
 /// With an image root, also: the block devices of its flat root and
 /// writable layer, and overlayfs.
@@ -117,6 +125,8 @@ struct VmLifecycle {
     run_dir: PathBuf,
     /// An image root's disks, kept until QEMU is gone.
     disks: Mutex<Option<ImageDisks>>,
+    /// The shares' virtio-fs servers, ended with QEMU.
+    servers: Mutex<Option<virtiofs::Servers>>,
 }
 
 impl VmLifecycle {
@@ -200,6 +210,7 @@ impl Lifecycle for VmLifecycle {
         }
         self.kill();
         self.wait();
+        drop(self.servers.lock().unwrap().take());
         let _ = std::fs::remove_dir_all(&self.run_dir);
         drop(self.disks.lock().unwrap().take());
     }
@@ -223,15 +234,18 @@ impl Drop for VmLifecycle {
             let pid = self.pid;
             let dir = self.run_dir.clone();
             let disks = self.disks.lock().unwrap().take();
+            let servers = self.servers.lock().unwrap().take();
             // Off the async runtime: reaping blocks.
             std::thread::spawn(move || {
                 let mut status = 0;
                 // SAFETY: reaping our own child.
                 unsafe { libc::waitpid(pid, &mut status, 0) };
+                drop(servers);
                 let _ = std::fs::remove_dir_all(dir);
                 drop(disks);
             });
         } else {
+            drop(self.servers.lock().unwrap().take());
             let _ = std::fs::remove_dir_all(&self.run_dir);
         }
     }
@@ -293,11 +307,16 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         config.vm.modules.as_deref(),
     )
     .map_err(|e| Error::Config(e.to_string()))?;
+    let virtiofsd = share_server(config, &qemu, &cache)?;
     let (symlinks, system_shares) = system_layout();
-    let modules: Vec<&str> = match &config.image {
-        Some(_) => MODULES.iter().chain(IMAGE_MODULES).copied().collect(),
-        None => MODULES.to_vec(),
-    };
+    let mut modules: Vec<&str> = MODULES.to_vec();
+    modules.extend(match virtiofsd {
+        Some(_) => VIRTIOFS_MODULES,
+        None => NINE_P_MODULES,
+    });
+    if config.image.is_some() {
+        modules.extend(IMAGE_MODULES);
+    }
     let initrd = image::initramfs(
         &cache,
         &kernel,
@@ -368,27 +387,39 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         "cryptomgr.notests".into(),
         format!("cordon.ro={}", system_shares.join(",")),
     ];
+    if virtiofsd.is_some() {
+        append.push("cordon.fs=virtiofs".into());
+    }
     if accel == Accel::Tcg
         && let Some(khz) = tsc_khz()
     {
         append.push(format!("tsc_early_khz={khz}"));
         append.push("tsc=reliable".into());
     }
-    let mut shares: Vec<(String, String, bool)> = system_shares
+    let share = |tag: String, path: &str, writable: bool| virtiofs::Share {
+        tag,
+        path: PathBuf::from(path),
+        writable,
+    };
+    let mut shares: Vec<virtiofs::Share> = system_shares
         .iter()
-        .map(|s| (s.clone(), format!("/{s}"), false))
+        .map(|s| share(s.clone(), &format!("/{s}"), false))
         .collect();
     if let Some(etc) = &etc {
-        shares.push(("etc".into(), etc.to_string_lossy().into_owned(), false));
+        shares.push(share("etc".into(), &etc.to_string_lossy(), false));
     }
-    shares.push(("workspace".into(), workspace.clone(), true));
+    shares.push(share("workspace".into(), &workspace, true));
     for (i, b) in binds.iter().enumerate() {
-        shares.push((bind_tag(i), b.source.clone(), b.writable));
+        shares.push(share(bind_tag(i), &b.source, b.writable));
     }
 
     let mut args: Vec<String> = vec![
         "-M".into(),
         "microvm,x-option-roms=off,isa-serial=on,pic=off,pit=off".into(),
+        // qboot loads the kernel itself; QEMU 8.2 and newer default to a
+        // SeaBIOS that needs the option ROMs turned off above.
+        "-bios".into(),
+        "qboot.rom".into(),
         "-accel".into(),
         match accel {
             Accel::Kvm => "kvm".into(),
@@ -424,10 +455,30 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         "-device".into(),
         "virtserialport,chardev=cordon,name=cordon".into(),
     ];
-    for (tag, path, writable) in &shares {
+    for (
+        i,
+        virtiofs::Share {
+            tag,
+            path,
+            writable,
+        },
+    ) in shares.iter().enumerate()
+    {
+        if virtiofsd.is_some() {
+            // The server is found on a descriptor (see `virtiofs`): no
+            // path goes on QEMU's command line.
+            args.extend([
+                "-chardev".into(),
+                format!("socket,id=fs{i},fd={}", SHARE_FD + i as i32),
+                "-device".into(),
+                format!("vhost-user-fs-device,chardev=fs{i},tag={tag}"),
+            ]);
+            continue;
+        }
+        let path = path.to_string_lossy();
         if path.contains(',') {
             return Err(Error::Config(format!(
-                "the microvm backend cannot share {path}: a comma in the path"
+                "the microvm backend cannot share {path} over 9p: a comma in the path"
             )));
         }
         args.push("-fsdev".into());
@@ -460,8 +511,9 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     }
 
     // What QEMU may touch on the host: its own files, the kernel, and the
-    // shares, read-only but for the workspace and writable binds (and an
-    // image's flat root, read-only, and the guest's writable layer).
+    // shares if its 9p server serves them, read-only but for the workspace
+    // and writable binds (and an image's flat root, read-only, and the
+    // guest's writable layer).
     let mut read: Vec<PathBuf> = ["/usr", "/bin", "/sbin", "/lib", "/lib64"]
         .iter()
         .chain(QEMU_HOST_FILES)
@@ -475,8 +527,10 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     ]);
     // /dev/null: harmless, and what a library falls back on.
     let mut write: Vec<PathBuf> = vec!["/dev/null".into()];
-    for (_, path, writable) in &shares {
-        if *writable { &mut write } else { &mut read }.push(PathBuf::from(path));
+    if virtiofsd.is_none() {
+        for s in &shares {
+            if s.writable { &mut write } else { &mut read }.push(s.path.clone());
+        }
     }
     if accel == Accel::Kvm {
         write.push("/dev/kvm".into());
@@ -499,12 +553,27 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             &args,
         )?)
     };
+    // The covers go where the workspace is served from.
+    let (covers, servers) = match virtiofsd {
+        Some(program) => (
+            None,
+            Some(ShareServers {
+                program,
+                shares,
+                workspace: PathBuf::from(&workspace),
+                covers,
+                run: run.clone(),
+            }),
+        ),
+        None => (covers, None),
+    };
     let launch_spec = Launch {
         qemu,
         args,
         read,
         write,
         covers,
+        servers,
         timeout: setup_timeout,
         snapshots: Snapshots::new(&cache),
         shape,
@@ -520,12 +589,14 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         log: qemu_log,
         restored,
         monitor: _,
+        servers,
     } = booted;
     let lifecycle = VmLifecycle {
         pid: started.keep(),
         reaped: Mutex::new(false),
         run_dir: run_guard.keep(),
         disks: Mutex::new(disks),
+        servers: Mutex::new(servers),
     };
     let spec = SetupSpec {
         version: protocol::VERSION,
@@ -562,11 +633,16 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;
     let limits = format!(
-        "microvm: {} MiB of RAM, {cpus} vCPU, QEMU {}, {}",
+        "microvm: {} MiB of RAM, {cpus} vCPU, QEMU {}, shares over {}, {}",
         memory / MIB,
         match accel {
             Accel::Kvm => "with KVM",
             Accel::Tcg => "TCG",
+        },
+        if lifecycle.servers.lock().unwrap().is_some() {
+            "virtio-fs"
+        } else {
+            "9p"
         },
         if restored {
             "started from a snapshot"
@@ -608,6 +684,36 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     })
 }
 
+/// The virtio-fs server, chosen by `vm.shares` (see [`VmShares`]), or
+/// None for 9p.
+fn share_server(config: &SandboxConfig, qemu: &Path, cache: &Path) -> Result<Option<PathBuf>> {
+    let found = || virtiofs::find(config.vm.virtiofsd.as_deref());
+    match config.vm.shares {
+        VmShares::NineP => Ok(None),
+        VmShares::VirtioFs => found().map(Some).ok_or_else(|| {
+            Error::Config(
+                "vm.shares is virtiofs, but no virtiofsd was found on PATH or in /usr/libexec: \
+                 install it (cargo install virtiofsd) or set vm.virtiofsd"
+                    .into(),
+            )
+        }),
+        VmShares::Auto => {
+            Ok(found().filter(|_| qemu::version(qemu, cache).is_some_and(|v| v >= VIRTIOFS_QEMU)))
+        }
+    }
+}
+
+/// The virtio-fs servers a start runs for its guest (see `virtiofs`).
+struct ShareServers {
+    program: PathBuf,
+    shares: Vec<virtiofs::Share>,
+    /// The share the covers apply to.
+    workspace: PathBuf,
+    covers: Option<cover::Covers>,
+    /// Where their sockets are made.
+    run: PathBuf,
+}
+
 /// How to start QEMU for one sandbox, from a snapshot or cold.
 struct Launch {
     qemu: PathBuf,
@@ -615,7 +721,11 @@ struct Launch {
     /// What QEMU may read and write on the host (its Landlock ruleset).
     read: Vec<PathBuf>,
     write: Vec<PathBuf>,
+    /// Workspace files QEMU's 9p server must not serve.
     covers: Option<cover::Covers>,
+    /// The shares' servers when they are virtio-fs; their guest's memory
+    /// must then be a file they can map.
+    servers: Option<ShareServers>,
     timeout: Duration,
     snapshots: Snapshots,
     /// None: boot cold, take no snapshot.
@@ -642,6 +752,7 @@ struct Booted {
     console: std::sync::Arc<Tail>,
     log: std::sync::Arc<Tail>,
     restored: bool,
+    servers: Option<virtiofs::Servers>,
 }
 
 /// A QEMU process not yet owned by a lifecycle: killed and reaped if
@@ -677,11 +788,16 @@ fn boot(l: &Launch) -> Result<Booted> {
     if let Some(shape) = &l.shape
         && let Some(saved) = l.snapshots.open(shape, l.memory)
     {
-        let restored = saved
-            .ram
-            .for_qemu()
+        // A guest whose memory its share servers map too runs on a copy
+        // of its own.
+        let ram = if l.servers.is_some() {
+            saved.ram.copy_for_sharing(l.memory).map(Ram::Shared)
+        } else {
+            saved.ram.for_qemu().map(Ram::Private)
+        };
+        let restored = ram
             .map_err(Error::from)
-            .and_then(|ram| start(l, Some(Ram::Private(ram)), Some(saved.state.into())))
+            .and_then(|ram| start(l, Some(ram), Some(saved.state.into())))
             .and_then(|mut b| {
                 qmp::Qmp::connect(b.monitor.try_clone()?, RESTORE_TIMEOUT)
                     .and_then(|mut q| snapshot::resume(&mut q, INCOMING_FD))
@@ -704,10 +820,10 @@ fn boot(l: &Launch) -> Result<Booted> {
         }
     }
     // A guest to be saved runs on a memfd of ours, which the snapshot
-    // copies.
-    let fresh = match &l.shape {
-        Some(_) => Some(ram::fresh(l.memory)?),
-        None => None,
+    // copies; so does one whose share servers map its memory.
+    let fresh = match (&l.shape, &l.servers) {
+        (None, None) => None,
+        _ => Some(ram::fresh(l.memory)?),
     };
     let shared = fresh
         .as_ref()
@@ -766,14 +882,39 @@ fn start(l: &Launch, ram: Option<Ram>, incoming: Option<std::os::fd::OwnedFd>) -
     });
     let qemu = l.qemu.clone();
     let covers = l.covers.clone();
+    let servers = l.servers.as_ref().map(|s| {
+        (
+            s.program.clone(),
+            s.shares.clone(),
+            s.workspace.clone(),
+            s.covers.clone(),
+            s.run.clone(),
+        )
+    });
     let fds = QemuFds {
         control: guest_end.into(),
         console: console_guest.into(),
         monitor: monitor_qemu.into(),
         incoming,
         ram,
+        shares: Vec::new(),
     };
-    let (pid, stderr) = launch(move || spawn_qemu(&qemu, &args, fds, ruleset, covers))?;
+    // The servers first, from the launcher thread too (they die with it):
+    // QEMU asks them for their features as it starts.
+    let (pid, stderr, servers) = launch(move || {
+        let mut fds = fds;
+        let servers = match servers {
+            Some((program, shares, workspace, covers, run)) => {
+                let (servers, ends) =
+                    virtiofs::start(&program, &shares, &workspace, covers.as_ref(), &run)?;
+                fds.shares = ends;
+                Some(servers)
+            }
+            None => None,
+        };
+        let (pid, stderr) = spawn_qemu(&qemu, &args, fds, ruleset, covers)?;
+        Ok((pid, stderr, servers))
+    })?;
     let qemu = Started(Some(pid));
     Ok(Booted {
         console: Tail::drain(console_host.into(), "console")?,
@@ -782,16 +923,24 @@ fn start(l: &Launch, ram: Option<Ram>, incoming: Option<std::os::fd::OwnedFd>) -
         host,
         monitor,
         restored: false,
+        servers,
     })
 }
 
-/// `e` with what the guest's console and QEMU last said.
+/// `e` with what the guest's console, QEMU and the share servers last
+/// said.
 fn explain(e: Error, b: &Booted) -> Error {
+    let servers = b.servers.as_ref().map(|s| s.explain()).unwrap_or_default();
     Error::Setup {
         message: format!(
-            "the microVM did not start: {e}; its console said:\n{}\n{}",
+            "the microVM did not start: {e}; its console said:\n{}\n{}{}",
             b.console.explain(15),
-            b.log.explain(5)
+            b.log.explain(5),
+            if servers.is_empty() {
+                String::new()
+            } else {
+                format!("\nvirtiofsd said:\n{servers}")
+            }
         ),
         errno: 0,
     }

@@ -126,6 +126,19 @@ impl Sealed {
         Ok(sealed)
     }
 
+    /// A fresh memfd of `size` bytes (the snapshot's) with the snapshot's
+    /// memory in it, for QEMU to map shared: a guest whose memory another
+    /// process maps too (a virtio-fs server reads and writes its requests
+    /// there) cannot run on a private mapping, whose pages that process
+    /// would never see.
+    pub(super) fn copy_for_sharing(&self, size: u64) -> std::io::Result<OwnedFd> {
+        let fd = fresh(size)?;
+        let from = File::from(self.0.as_fd().try_clone_to_owned()?);
+        let to = File::from(fd);
+        crate::sparse::copy(&from, &to, size)?;
+        Ok(to.into())
+    }
+
     /// Drops what this process keeps of the snapshot file `path` (one a
     /// guest could not start from).
     pub(super) fn forget(path: &Path) {

@@ -478,6 +478,31 @@ fn deny_setid_modes(deny: &mut BTreeMap<i64, Vec<SeccompRule>>, chmod: bool) -> 
     Ok(())
 }
 
+/// Refuses `mknod` of character and block devices (FIFOs and sockets
+/// stay): a device node the guest made in the workspace would be the
+/// host's device to any host user who may open it.
+fn deny_device_nodes(deny: &mut BTreeMap<i64, Vec<SeccompRule>>) -> Result<()> {
+    use SeccompCmpArgLen::Dword;
+    use SeccompCmpOp::MaskedEq;
+    let kinds = |mode_arg: u8| -> Result<Vec<SeccompRule>> {
+        [libc::S_IFCHR, libc::S_IFBLK]
+            .into_iter()
+            .map(|kind| {
+                rule(vec![cond(
+                    mode_arg,
+                    Dword,
+                    MaskedEq(libc::S_IFMT as u64),
+                    kind as u64,
+                )?])
+            })
+            .collect()
+    };
+    deny.entry(libc::SYS_mknodat).or_default().extend(kinds(2)?);
+    #[cfg(target_arch = "x86_64")]
+    deny.entry(libc::SYS_mknod).or_default().extend(kinds(1)?);
+    Ok(())
+}
+
 /// A Landlock ruleset for a microVM's QEMU, created here and enforced in
 /// the child between fork and exec (see `microvm::spawn_qemu`): QEMU reads
 /// only beneath `read`, reads and writes only beneath `write`, makes no TCP
@@ -514,14 +539,19 @@ pub(crate) fn vmm_ruleset(
     Ok(ruleset.into())
 }
 
-/// The filter a microVM's QEMU runs under. Its 9p server writes the
-/// guest's files on the host with QEMU's own identity, so the guest's root
-/// could otherwise chown them or leave setuid files in the workspace:
-/// those calls fail (EPERM), and `openat2`, whose mode a filter cannot
-/// read, reports ENOSYS so that callers fall back to `openat`.
+/// The filter a microVM's QEMU and its share servers (virtiofsd) run
+/// under. They write the guest's files on the host with their own identity,
+/// so the guest's root could otherwise chown them, leave setuid files in
+/// the workspace or make device nodes there (QEMU 10's 9p server makes
+/// them as root does): those calls fail (EPERM), and `openat2`, whose mode
+/// a filter cannot read, reports ENOSYS so that callers fall back to
+/// `openat`. Nor may they open a file by its handle, which no path rule
+/// bounds.
 pub(crate) fn host_file_guard() -> Result<Vec<BpfProgram>> {
     let mut deny: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     deny_setid_modes(&mut deny, true)?;
+    deny_device_nodes(&mut deny)?;
+    deny.insert(libc::SYS_open_by_handle_at, vec![]);
     for nr in [libc::SYS_fchown, libc::SYS_fchownat] {
         deny.insert(nr, vec![]);
     }

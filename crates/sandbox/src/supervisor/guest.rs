@@ -7,7 +7,9 @@
 //! nothing before the go may draw randomness or touch anything of a
 //! sandbox's). After the go it mixes the host's entropy into the kernel's
 //! pool, loads the drivers of the sandbox's own disks, mounts the host's
-//! system directories read-only over 9p, and finishes the sandbox's layout
+//! system directories read-only (over virtio-fs, or 9p with a QEMU that
+//! cannot save virtio-fs: `cordon.fs=` on the kernel's command line says
+//! which), and finishes the sandbox's layout
 //! from the setup message, as the native supervisor builds its root:
 //! `/etc` from the host's allow-list, the workspace and extra binds, a
 //! private `/tmp`. The virtual machine is the isolation boundary; nothing
@@ -35,6 +37,22 @@ use crate::protocol::{ReadyInfo, SetupSpec, SupMsg};
 const RW_9P: &str = "trans=virtio,version=9p2000.L,cache=mmap,msize=512000";
 /// For read-only shares, the page cache: they do not change under a guest.
 const RO_9P: &str = "trans=virtio,version=9p2000.L,cache=loose,msize=512000";
+
+/// How the shares are mounted: (file system, options when read-only,
+/// options when writable). Over virtio-fs the host's server sets the
+/// caching (microvm/virtiofs.rs).
+fn share_fs() -> (&'static str, &'static str, &'static str) {
+    static VIRTIOFS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let virtiofs = *VIRTIOFS.get_or_init(|| {
+        std::fs::read_to_string("/proc/cmdline")
+            .is_ok_and(|c| c.split_whitespace().any(|w| w == "cordon.fs=virtiofs"))
+    });
+    if virtiofs {
+        ("virtiofs", "", "")
+    } else {
+        ("9p", RO_9P, RW_9P)
+    }
+}
 
 pub(super) fn guest_main() -> ! {
     IN_GUEST.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -156,13 +174,14 @@ fn mount_system() -> Result<(), SetupError> {
         .split_whitespace()
         .find_map(|w| w.strip_prefix("cordon.ro="))
         .unwrap_or_default();
+    let (fs, ro, _) = share_fs();
     for tag in tags.split(',').filter(|t| !t.is_empty()) {
         mount(
             tag,
             &format!("/{tag}"),
-            "9p",
+            fs,
             MountFlags::RDONLY | MountFlags::NODEV,
-            RO_9P,
+            ro,
         )?;
     }
     Ok(())
@@ -191,7 +210,8 @@ fn build(spec: &SetupSpec) -> Result<(), SetupError> {
         return build_image(spec);
     }
     let nodev = MountFlags::NODEV | MountFlags::NOSUID;
-    mount("etc", "/etc", "9p", nodev | MountFlags::RDONLY, RO_9P)?;
+    let (fs, ro, _) = share_fs();
+    mount("etc", "/etc", fs, nodev | MountFlags::RDONLY, ro)?;
     mount_sandbox(spec, |rel, _| {
         Ok(format!("/{}", rel.trim_start_matches('/')))
     })?;
@@ -221,16 +241,17 @@ fn mount_sandbox(
     at: impl Fn(&str, u32) -> Result<String, SetupError>,
 ) -> Result<(), SetupError> {
     let nodev = MountFlags::NODEV | MountFlags::NOSUID;
-    mount("workspace", &at("workspace", 0o755)?, "9p", nodev, RW_9P)?;
+    let (fs, ro, rw) = share_fs();
+    mount("workspace", &at("workspace", 0o755)?, fs, nodev, rw)?;
     for (i, b) in spec.binds.iter().enumerate() {
         let (flags, opts) = if b.writable {
-            (nodev, RW_9P)
+            (nodev, rw)
         } else {
-            (nodev | MountFlags::RDONLY, RO_9P)
+            (nodev | MountFlags::RDONLY, ro)
         };
         // A bind's source kind is the host's: the guest sees a directory
         // share either way.
-        mount(&bind_tag(i), &at(&b.target, 0o755)?, "9p", flags, opts)?;
+        mount(&bind_tag(i), &at(&b.target, 0o755)?, fs, flags, opts)?;
     }
     let tmp_opts = format!("mode=1777,size={}", spec.tmp_size);
     mount("tmpfs", &at("tmp", 0o1777)?, "tmpfs", nodev, &tmp_opts)?;

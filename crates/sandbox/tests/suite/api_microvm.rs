@@ -14,6 +14,7 @@ include!("semantics/body.rs");
 
 mod vm_only {
     use super::*;
+    use cordon_sandbox::VmShares;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     /// The guest's clock is the host's (set when the supervisor is ready),
@@ -78,25 +79,24 @@ mod vm_only {
         rt.block_on(sb.close());
     }
 
-    /// QEMU is confined with Landlock: if a guest took it over, it would
-    /// hold no more of the host than the guest was given. A stand-in for
-    /// such a QEMU (`vm.qemu`, a script confined as QEMU is, which then
-    /// execs the real one) tries the host's secrets, a directory beside
-    /// the workspace, a host TCP listener and a host process.
-    #[tokio::test]
-    async fn qemu_reaches_only_what_the_guest_was_given() {
-        let dir = tempfile::tempdir().unwrap();
-        let outside = tempfile::tempdir().unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let qemu = cordon_sandbox::microvm::qemu_path(&config(dir.path())).unwrap();
-        let probe = outside.path().join("qemu-probe");
-        let report = dir.path().join("report.txt");
-        std::fs::write(
-            &probe,
-            format!(
-                r#"#!/bin/sh
+    /// What a stand-in for a host program of the microVM (`vm.qemu` or
+    /// `vm.virtiofsd`: a script confined as the real one is, which then
+    /// execs it) may do, as "what: yes" or "what: no" lines: the host's
+    /// secrets, a directory beside the workspace, a host TCP listener, a
+    /// host process, and the workspace. It reports only when its command
+    /// line names `only` (one virtiofsd of several), into the workspace,
+    /// else nowhere.
+    fn probe_script(
+        real: &std::path::Path,
+        ws: &std::path::Path,
+        outside: &std::path::Path,
+        port: u16,
+        only: &str,
+    ) -> String {
+        format!(
+            r#"#!/bin/sh
 try() {{ if out=$(sh -c "$2" 2>&1 >/dev/null); then echo "$1: yes"; else echo "$1: no"; echo "  $(echo "$out" | tail -1)"; fi; }}
+case "$*" in *{only}*)
 {{
 try "read /etc/shadow" "cat /etc/shadow"
 try "read /etc/hostname" "cat /etc/hostname"
@@ -105,24 +105,74 @@ try "read /proc/1/environ" "cat /proc/1/environ"
 try "write beside the workspace" "echo x > {outside}/planted"
 try "connect to a host port" "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), timeout=2)'"
 try "signal host pid 1" "kill -0 1"
-try "write the workspace" "echo x > {ws}/from-qemu"
-}} > {report} 2>&1
-exec {qemu} "$@"
+try "write the workspace" "echo x > {ws}/from-probe"
+}} > {ws}/report.txt 2>&1 ;;
+esac
+exec {real} "$@"
 "#,
-                outside = outside.path().display(),
-                ws = dir.path().display(),
-                report = report.display(),
-                qemu = qemu.display(),
-            ),
+            outside = outside.display(),
+            ws = ws.display(),
+            real = real.display(),
+        )
+    }
+
+    /// Runs a sandbox whose QEMU (`virtiofsd` false) or workspace server
+    /// (true) is the probe of [`probe_script`], with `shares`; returns its
+    /// report and whether the shares were virtio-fs.
+    async fn probe(virtiofsd: bool, shares: VmShares) -> (String, bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut c = config(dir.path());
+        c.vm.shares = shares;
+        let ws = dir.path().canonicalize().unwrap();
+        let probe = outside.path().join("probe");
+        let (real, only) = if virtiofsd {
+            // Beside the probe: a server may read its own directory only.
+            let real = outside.path().join("virtiofsd.real");
+            std::fs::copy(which("virtiofsd"), &real).unwrap();
+            (real, format!("--shared-dir={}", ws.display()))
+        } else {
+            (
+                cordon_sandbox::microvm::qemu_path(&c).unwrap(),
+                "-".to_string(),
+            )
+        };
+        std::fs::write(
+            &probe,
+            probe_script(&real, &ws, outside.path(), port, &only),
         )
         .unwrap();
         std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let mut c = config(dir.path());
-        c.vm.qemu = Some(probe);
-        let sb = Sandbox::create(c).await.expect("the confined QEMU boots");
+        if virtiofsd {
+            c.vm.virtiofsd = Some(probe);
+        } else {
+            c.vm.qemu = Some(probe);
+        }
+        let sb = Sandbox::create(c).await.expect("the confined VM boots");
         assert_eq!(run(&sb, "echo booted").await.stdout_str(), "booted\n");
+        let over_virtiofs = sb.info().limits.contains("shares over virtio-fs");
         sb.close().await;
-        let report = std::fs::read_to_string(&report).unwrap();
+        assert!(!outside.path().join("planted").exists());
+        let report = std::fs::read_to_string(dir.path().join("report.txt")).unwrap_or_default();
+        let wrote = dir.path().join("from-probe").exists();
+        assert_eq!(
+            report.contains("write the workspace: yes"),
+            wrote,
+            "{report}"
+        );
+        (if wrote { report } else { String::new() }, over_virtiofs)
+    }
+
+    fn which(program: &str) -> std::path::PathBuf {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap())
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| panic!("{program} is not on PATH (scripts/test puts it there)"))
+    }
+
+    fn assert_reaches(report: &str) {
         for line in [
             "read /etc/shadow: no",
             "read /etc/hostname: no",
@@ -138,7 +188,30 @@ exec {qemu} "$@"
                 "{line:?} not in:\n{report}"
             );
         }
-        assert!(!outside.path().join("planted").exists());
+    }
+
+    /// QEMU is confined with Landlock: if a guest took it over, it would
+    /// hold no more of the host than the guest was given. With 9p shares
+    /// that is the workspace; with virtio-fs, not even that (its servers
+    /// hold it), so that probe has nowhere to write its report: only its
+    /// attempts on the workspace and beside it are seen, by their absence.
+    #[tokio::test]
+    async fn qemu_reaches_only_what_the_guest_was_given() {
+        let (report, virtiofs) = probe(false, VmShares::NineP).await;
+        assert!(!virtiofs);
+        assert_reaches(&report);
+        let (report, virtiofs) = probe(false, VmShares::VirtioFs).await;
+        assert!(virtiofs);
+        assert_eq!(report, "", "QEMU wrote the workspace");
+    }
+
+    /// The workspace's virtio-fs server is confined as QEMU is: taken over
+    /// by its guest, it holds the workspace and nothing else of the host.
+    #[tokio::test]
+    async fn a_share_server_reaches_only_its_share() {
+        let (report, virtiofs) = probe(true, VmShares::VirtioFs).await;
+        assert!(virtiofs);
+        assert_reaches(&report);
     }
 
     /// A virtual desktop works in a guest as natively (the computer tool
@@ -238,8 +311,13 @@ exec {qemu} "$@"
             .unwrap()
             .to_string();
         assert!(!guest_mounts.contains(&host_root), "{guest_mounts}");
+        let fs = if sb.info().limits.contains("shares over virtio-fs") {
+            "virtiofs"
+        } else {
+            "9p"
+        };
         assert!(
-            guest_mounts.contains("workspace /workspace 9p"),
+            guest_mounts.contains(&format!("workspace /workspace {fs}")),
             "{guest_mounts}"
         );
         // No network device at all, and no host secrets in /etc.

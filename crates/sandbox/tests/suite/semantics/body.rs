@@ -469,12 +469,13 @@ async fn running_inside(sb: &Sandbox, needle: &str) -> bool {
 }
 
 /// What shows on the host while the sandbox lives: its processes
-/// themselves (native), or the QEMU that holds them, whose command line
-/// names the workspace (microvm).
+/// themselves (native), or the host programs that hold them (QEMU, and
+/// the workspace's virtio-fs server), whose command lines name the
+/// workspace (microvm).
 fn host_trace(needle: &str, workspace: &Path) -> String {
     match BACKEND {
         BackendKind::Native => needle.to_string(),
-        BackendKind::Microvm => format!("path={}", workspace.canonicalize().unwrap().display()),
+        BackendKind::Microvm => workspace.canonicalize().unwrap().display().to_string(),
     }
 }
 
