@@ -301,12 +301,14 @@ pub struct VmOptions {
 /// its guest.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum VmShares {
-    /// virtio-fs where QEMU can save it (8.2 and newer) and `virtiofsd`
-    /// is found, else 9p.
+    /// virtio-fs where QEMU can save it (8.2 and newer), the guest's
+    /// kernel maps its files shared (6.6 and newer) and `virtiofsd` is
+    /// found, else 9p.
     #[default]
     Auto,
     /// virtio-fs, one `virtiofsd` per share: a guest with its shares
-    /// mounted can be saved (paused to disk).
+    /// mounted can be saved (paused to disk). On a guest kernel before
+    /// 6.6, a shared mapping of a workspace file fails (ENODEV).
     VirtioFs,
     /// QEMU's own 9p server: no other program, but a guest with a share
     /// mounted cannot be saved.

@@ -59,7 +59,7 @@ impl Baseline {
             // what the watcher cannot see.
             crate::volume::fit(&r[0], crate::volume::room(budget))
                 .map_err(std::io::Error::other)?;
-            measure(&r, None)
+            measure(&r, &[])
         });
         Ok(Some(Baseline {
             budget,
@@ -120,10 +120,9 @@ impl Sandbox {
             return;
         }
         let weak = std::sync::Arc::downgrade(&self.inner);
-        let holder = self.inner.host_pid();
         let spawned = std::thread::Builder::new()
             .name("cordon-disk".into())
-            .spawn(move || self::watch(weak, roots, budget, base, holder, rx));
+            .spawn(move || self::watch(weak, roots, budget, base, rx));
         if let Err(e) = spawned {
             // Without its watcher the budget would not hold.
             tracing::error!("cannot start the disk watcher: {e}; stopping the sandbox");
@@ -140,7 +139,6 @@ pub(crate) fn watch(
     roots: Vec<PathBuf>,
     budget: u64,
     base: u64,
-    holder: i32,
     requests: Receiver<LookRequest>,
 ) {
     // Ahead of the sandbox's writers on a busy host, where it can (root):
@@ -155,7 +153,11 @@ pub(crate) fn watch(
     loop {
         let started = Instant::now();
         let cpu = thread_cpu_time();
-        let used = measure(&roots, Some(holder));
+        // Asked each time: a microVM resumed from disk has a new QEMU.
+        let Some(holders) = weak.upgrade().map(|i| i.lifecycle.holders()) else {
+            return;
+        };
+        let used = measure(&roots, &holders);
         let took = started.elapsed();
         let mut pause = ((thread_cpu_time() - cpu) * PAUSE_FACTOR).clamp(MIN_PAUSE, MAX_PAUSE);
         let Some(inner) = weak.upgrade() else { return };

@@ -42,17 +42,17 @@ pub(crate) fn roots(config: &SandboxConfig) -> std::result::Result<Vec<PathBuf>,
         .collect()
 }
 
-/// Bytes allocated on disk beneath `roots`, each inode once; with
-/// `holder`, also those of files on the roots' file systems that were
-/// deleted but are held open by `holder` or its descendants (a sandbox's
-/// processes, or the QEMU that serves a guest's files): they take space
-/// until closed, and no directory shows them.
-pub(crate) fn measure(roots: &[PathBuf], holder: Option<i32>) -> std::io::Result<u64> {
+/// Bytes allocated on disk beneath `roots`, each inode once; also those
+/// of files on the roots' file systems that were deleted but are held
+/// open by one of `holders` or their descendants (a sandbox's processes,
+/// or the QEMU and share servers that serve a guest's files): they take
+/// space until closed, and no directory shows them.
+pub(crate) fn measure(roots: &[PathBuf], holders: &[i32]) -> std::io::Result<u64> {
     let mut walk = Walk::new(0o500);
     for root in roots {
         walk.root(root)?;
     }
-    if let Some(pid) = holder {
+    for &pid in holders {
         walk.deleted_held_files(pid);
     }
     Ok(walk.total)
@@ -62,7 +62,7 @@ pub(crate) fn measure(roots: &[PathBuf], holder: Option<i32>) -> std::io::Result
 /// counts them: each inode once, no link followed, nothing on another
 /// file system.
 pub fn allocated(root: &Path) -> std::io::Result<u64> {
-    measure(&[root.to_path_buf()], None)
+    measure(&[root.to_path_buf()], &[])
 }
 
 /// Most processes looked at for open files: more than a sandbox may have.
@@ -433,7 +433,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     fn measure_dir(d: &Path) -> u64 {
-        measure(&[d.to_path_buf()], None).unwrap()
+        measure(&[d.to_path_buf()], &[]).unwrap()
     }
 
     #[test]

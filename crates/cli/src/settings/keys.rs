@@ -366,7 +366,7 @@ pub const KEYS: &[Key] = &[
         env: &["CORDON_VM_SHARES"],
         secret: false,
         default: Some("auto"),
-        doc: "how a microVM's guest sees the workspace and the host's /usr: virtiofs (a guest that can be paused to disk; QEMU 8.2 or newer and virtiofsd), 9p (QEMU alone), or auto: virtiofs where it works",
+        doc: "how a microVM's guest sees the workspace and the host's /usr: virtiofs (a guest that can be paused to disk; QEMU 8.2 or newer and virtiofsd; before guest kernel 6.6 no shared mapping of a workspace file), 9p (QEMU alone), or auto: virtiofs where it costs nothing",
         guard: Guard::Isolation,
         ty: Ty::Word(&["auto", "virtiofs", "9p"]),
     },

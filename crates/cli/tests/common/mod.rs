@@ -534,7 +534,41 @@ impl Ctx {
     /// the workspace (`-fsdev local,…,path=<workspace>,…`).
     pub fn qemu_pids(&self) -> Vec<u32> {
         let ws = fs::canonicalize(&self.workspace).unwrap_or_else(|_| self.workspace.clone());
-        host_pids_with_cmdline_containing(&format!("path={},", ws.display()))
+        // Over 9p QEMU's command line names the workspace; over virtio-fs
+        // the workspace's server's does, and QEMU is its sibling.
+        let mut pids = host_pids_with_cmdline_containing(&format!("path={},", ws.display()));
+        for server in host_pids_with_cmdline_containing(&format!("--shared-dir={}", ws.display())) {
+            let Some(parent) = fs::read_to_string(format!("/proc/{server}/stat"))
+                .ok()
+                .and_then(|st| {
+                    st.rsplit_once(") ")?
+                        .1
+                        .split(' ')
+                        .nth(1)?
+                        .parse::<u32>()
+                        .ok()
+                })
+            else {
+                continue;
+            };
+            let Ok(tasks) = fs::read_dir(format!("/proc/{parent}/task")) else {
+                continue;
+            };
+            for task in tasks.flatten() {
+                let children = fs::read_to_string(task.path().join("children")).unwrap_or_default();
+                for child in children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok())
+                {
+                    let comm =
+                        fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
+                    if comm.starts_with("qemu-system") && !pids.contains(&child) {
+                        pids.push(child);
+                    }
+                }
+            }
+        }
+        pids
     }
 
     /// The largest regular file outside the workspace that this test's

@@ -37,12 +37,14 @@ mod qmp;
 mod ram;
 mod snapshot;
 mod stage;
+mod suspend;
 mod tail;
 mod virtiofs;
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use crate::backend::{Backend, resolve_supervisor};
@@ -60,6 +62,7 @@ use qemu::{
 };
 use snapshot::{Shape, Snapshots};
 use stage::{RunDir, run_dir, stage_etc, stage_supervisor, system_layout};
+use suspend::Suspend;
 use tail::Tail;
 
 pub use accel::probe_kvm;
@@ -107,6 +110,11 @@ const VIRTIOFS_MODULES: &[&str] = &["virtiofs"];
 /// vhost-user device state): older ones refuse any snapshot of it.
 const VIRTIOFS_QEMU: (u32, u32) = (8, 2);
 
+/// The oldest guest kernel that maps an uncached virtio-fs file shared
+/// (`FUSE_DIRECT_IO_ALLOW_MMAP`): older ones answer ENODEV, which breaks
+/// SQLite's WAL and anything else that maps a workspace file shared.
+const VIRTIOFS_KERNEL: (u32, u32) = (6, 6);
+
 /// With an image root, also: the block devices of its flat root and
 /// writable layer, and overlayfs.
 const IMAGE_MODULES: &[&str] = &["virtio_blk", "overlay"];
@@ -119,7 +127,9 @@ const MIN_MEMORY: u64 = 128 * MIB;
 const MIN_SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 struct VmLifecycle {
-    pid: i32,
+    /// QEMU's: another after each resume from disk.
+    pid: AtomicI32,
+    /// Whether that QEMU has been reaped.
     reaped: Mutex<bool>,
     /// The per-sandbox directory (the guest's /etc).
     run_dir: PathBuf,
@@ -127,23 +137,57 @@ struct VmLifecycle {
     disks: Mutex<Option<ImageDisks>>,
     /// The shares' virtio-fs servers, ended with QEMU.
     servers: Mutex<Option<virtiofs::Servers>>,
+    /// What pausing to disk needs (a guest on virtio-fs).
+    suspend: Option<Suspend>,
 }
 
 impl VmLifecycle {
+    fn pid(&self) -> i32 {
+        self.pid.load(Ordering::SeqCst)
+    }
+
     fn wait(&self) {
         let mut reaped = self.reaped.lock().unwrap();
         if !*reaped {
             let mut status = 0;
             // SAFETY: reaping our own child.
-            unsafe { libc::waitpid(self.pid, &mut status, 0) };
+            unsafe { libc::waitpid(self.pid(), &mut status, 0) };
             *reaped = true;
         }
+    }
+
+    /// Saves the guest to disk and ends its QEMU (see `suspend`).
+    fn save(&self, s: &Suspend) -> Result<()> {
+        s.save(&self.run_dir, || {
+            self.kill();
+            self.wait();
+            drop(self.servers.lock().unwrap().take());
+        })
+    }
+
+    /// Starts a QEMU on the guest saved to disk.
+    fn restore(&self, s: &Suspend) -> Result<()> {
+        let (pid, servers) = s.restore()?;
+        *self.servers.lock().unwrap() = servers;
+        let mut reaped = self.reaped.lock().unwrap();
+        self.pid.store(pid, Ordering::SeqCst);
+        *reaped = false;
+        Ok(())
     }
 }
 
 impl Lifecycle for VmLifecycle {
     fn host_pid(&self) -> i32 {
-        self.pid
+        self.pid()
+    }
+
+    fn holders(&self) -> Vec<i32> {
+        // The share servers hold the guest's open workspace files.
+        let mut pids = vec![self.pid()];
+        if let Some(s) = self.servers.lock().unwrap().as_ref() {
+            pids.extend(s.pids());
+        }
+        pids
     }
 
     fn oom_kills(&self) -> Option<u64> {
@@ -153,23 +197,39 @@ impl Lifecycle for VmLifecycle {
     fn kill(&self) {
         if !*self.reaped.lock().unwrap() {
             // SAFETY: signalling our own, not yet reaped, child.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            unsafe { libc::kill(self.pid(), libc::SIGKILL) };
         }
     }
 
     fn freeze(&self, frozen: bool) -> std::io::Result<()> {
+        // A guest on virtio-fs is saved to disk and its QEMU ended: it
+        // costs disk, not memory, while paused.
+        if let Some(s) = &self.suspend {
+            if !frozen && s.is_saved() {
+                return self.restore(s).map_err(std::io::Error::other);
+            }
+            if frozen {
+                match self.save(s) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not save the microVM to disk; pausing it in memory");
+                    }
+                }
+            }
+        }
         // QEMU stopped is the guest stopped: every vCPU and device thread
         // where it was, its memory kept, until it is continued.
         if *self.reaped.lock().unwrap() {
             return Err(std::io::Error::other("the microVM has exited"));
         }
+        let pid = self.pid();
         let signal = if frozen { libc::SIGSTOP } else { libc::SIGCONT };
         // SAFETY: signalling our own, not yet reaped, child.
-        if unsafe { libc::kill(self.pid, signal) } != 0 {
+        if unsafe { libc::kill(pid, signal) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
         // Stopping is asynchronous: done once every thread says so.
-        let tasks = PathBuf::from(format!("/proc/{}/task", self.pid));
+        let tasks = PathBuf::from(format!("/proc/{pid}/task"));
         let stopped = |c: &char| *c == 'T' || *c == 't';
         crate::backend::wait_until(
             Duration::from_secs(10),
@@ -190,19 +250,22 @@ impl Lifecycle for VmLifecycle {
     }
 
     fn reap(&self, grace: Duration) {
-        // A paused guest is continued, to hear its end.
-        if !*self.reaped.lock().unwrap() {
+        // A paused guest is continued, to hear its end (one saved to disk
+        // has no QEMU left).
+        let running = !*self.reaped.lock().unwrap();
+        if running {
             // SAFETY: signalling our own, not yet reaped, child.
-            unsafe { libc::kill(self.pid, libc::SIGCONT) };
+            unsafe { libc::kill(self.pid(), libc::SIGCONT) };
         }
         // The guest powers off when its control channel closes; give it
         // that long, then stop it.
         let deadline = std::time::Instant::now() + grace;
-        while std::time::Instant::now() < deadline {
+        while running && std::time::Instant::now() < deadline {
             let mut status = 0;
+            let pid = self.pid();
             // SAFETY: polling our own child.
-            let r = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
-            if r == self.pid {
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
                 *self.reaped.lock().unwrap() = true;
                 break;
             }
@@ -231,7 +294,7 @@ impl Drop for VmLifecycle {
     fn drop(&mut self) {
         if !*self.reaped.lock().unwrap() {
             self.kill();
-            let pid = self.pid;
+            let pid = self.pid();
             let dir = self.run_dir.clone();
             let disks = self.disks.lock().unwrap().take();
             let servers = self.servers.lock().unwrap().take();
@@ -307,7 +370,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         config.vm.modules.as_deref(),
     )
     .map_err(|e| Error::Config(e.to_string()))?;
-    let virtiofsd = share_server(config, &qemu, &cache)?;
+    let virtiofsd = share_server(config, &qemu, &cache, &kernel.version)?;
     let (symlinks, system_shares) = system_layout();
     let mut modules: Vec<&str> = MODULES.to_vec();
     modules.extend(match virtiofsd {
@@ -579,24 +642,45 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         shape,
         memory: memory / MIB * MIB,
     };
-    let booted = tokio::task::spawn_blocking(move || boot(&launch_spec))
+    let launch_spec = std::sync::Arc::new(launch_spec);
+    let booting = launch_spec.clone();
+    let mut booted = tokio::task::spawn_blocking(move || boot(&booting))
         .await
         .map_err(|e| Error::Io(std::io::Error::other(e)))??;
+    // A guest on virtio-fs may be paused to disk: its monitor, spoken to.
+    let suspend = match booted.control.take() {
+        Some(control) => {
+            booted.qmp()?;
+            Some(Suspend::new(
+                launch_spec,
+                control,
+                booted.qmp.take(),
+                booted.ram.take(),
+            ))
+        }
+        None => None,
+    };
     let Booted {
         qemu: started,
         host,
         console,
         log: qemu_log,
         restored,
-        monitor: _,
         servers,
+        ..
     } = booted;
+    let host = host.expect("a new guest's channel");
+    let pid = started.keep();
+    if let Some(s) = &suspend {
+        s.watch(pid);
+    }
     let lifecycle = VmLifecycle {
-        pid: started.keep(),
+        pid: AtomicI32::new(pid),
         reaped: Mutex::new(false),
         run_dir: run_guard.keep(),
         disks: Mutex::new(disks),
         servers: Mutex::new(servers),
+        suspend,
     };
     let spec = SetupSpec {
         version: protocol::VERSION,
@@ -685,8 +769,15 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
 }
 
 /// The virtio-fs server, chosen by `vm.shares` (see [`VmShares`]), or
-/// None for 9p.
-fn share_server(config: &SandboxConfig, qemu: &Path, cache: &Path) -> Result<Option<PathBuf>> {
+/// None for 9p. `auto` takes virtio-fs only where it costs nothing that
+/// 9p gives: QEMU can save it, and the guest's kernel maps its files
+/// shared.
+fn share_server(
+    config: &SandboxConfig,
+    qemu: &Path,
+    cache: &Path,
+    kernel: &str,
+) -> Result<Option<PathBuf>> {
     let found = || virtiofs::find(config.vm.virtiofsd.as_deref());
     match config.vm.shares {
         VmShares::NineP => Ok(None),
@@ -697,10 +788,17 @@ fn share_server(config: &SandboxConfig, qemu: &Path, cache: &Path) -> Result<Opt
                     .into(),
             )
         }),
-        VmShares::Auto => {
-            Ok(found().filter(|_| qemu::version(qemu, cache).is_some_and(|v| v >= VIRTIOFS_QEMU)))
-        }
+        VmShares::Auto => Ok(found().filter(|_| {
+            kernel_version(kernel).is_some_and(|v| v >= VIRTIOFS_KERNEL)
+                && qemu::version(qemu, cache).is_some_and(|v| v >= VIRTIOFS_QEMU)
+        })),
     }
+}
+
+/// (major, minor) of a kernel release such as `6.1.0-57-amd64`.
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
 /// The virtio-fs servers a start runs for its guest (see `virtiofs`).
@@ -745,14 +843,38 @@ enum Ram {
 /// A QEMU started and its guest past the start handshake.
 struct Booted {
     qemu: Started,
-    /// The control channel's host end, the supervisor's next.
-    host: std::os::unix::net::UnixStream,
+    /// The control channel's host end, the supervisor's next (none for a
+    /// guest resumed from disk, whose session has it).
+    host: Option<std::os::unix::net::UnixStream>,
     /// QEMU's monitor (QMP).
     monitor: std::os::unix::net::UnixStream,
     console: std::sync::Arc<Tail>,
     log: std::sync::Arc<Tail>,
     restored: bool,
     servers: Option<virtiofs::Servers>,
+    /// The monitor, once spoken to (its greeting is read once).
+    qmp: Option<qmp::Qmp>,
+    /// For a guest that may be paused to disk: the guest's end of the
+    /// control channel, and its memory.
+    control: Option<std::os::fd::OwnedFd>,
+    ram: Option<std::os::fd::OwnedFd>,
+}
+
+impl Booted {
+    fn host(&mut self) -> &mut std::os::unix::net::UnixStream {
+        self.host.as_mut().expect("a new guest's channel")
+    }
+
+    /// Its monitor, spoken to.
+    fn qmp(&mut self) -> Result<&mut qmp::Qmp> {
+        if self.qmp.is_none() {
+            self.qmp = Some(qmp::Qmp::connect(
+                self.monitor.try_clone()?,
+                RESTORE_TIMEOUT,
+            )?);
+        }
+        Ok(self.qmp.as_mut().expect("just set"))
+    }
 }
 
 /// A QEMU process not yet owned by a lifecycle: killed and reaped if
@@ -797,12 +919,12 @@ fn boot(l: &Launch) -> Result<Booted> {
         };
         let restored = ram
             .map_err(Error::from)
-            .and_then(|ram| start(l, Some(ram), Some(saved.state.into())))
+            .and_then(|ram| start(l, Some(ram), Some(saved.state.into()), None))
             .and_then(|mut b| {
-                qmp::Qmp::connect(b.monitor.try_clone()?, RESTORE_TIMEOUT)
-                    .and_then(|mut q| snapshot::resume(&mut q, INCOMING_FD))
+                b.qmp()
+                    .and_then(|q| snapshot::resume(q, INCOMING_FD))
                     .map_err(|e| explain(e, &b))?;
-                snapshot::go(&mut b.host, RESTORE_TIMEOUT.min(l.timeout))
+                snapshot::go(b.host(), RESTORE_TIMEOUT.min(l.timeout))
                     .map_err(|e| explain(e, &b))?;
                 Ok(b)
             });
@@ -829,28 +951,46 @@ fn boot(l: &Launch) -> Result<Booted> {
         .as_ref()
         .map(|f| f.try_clone().map(Ram::Shared))
         .transpose()?;
-    let mut b = start(l, shared, None)?;
-    snapshot::ready(&mut b.host, l.timeout).map_err(|e| explain(e, &b))?;
+    let mut b = start(l, shared, None, None)?;
+    snapshot::ready(b.host(), l.timeout).map_err(|e| explain(e, &b))?;
     if let (Some(shape), Some(fresh)) = (&l.shape, &fresh) {
         let taken = b
-            .monitor
-            .try_clone()
-            .map_err(Error::from)
-            .and_then(|m| qmp::Qmp::connect(m, RESTORE_TIMEOUT))
-            .and_then(|mut q| l.snapshots.take(shape, &mut q, fresh, l.memory));
+            .qmp()
+            .and_then(|q| l.snapshots.take(shape, q, fresh, l.memory));
         if let Err(e) = taken {
             tracing::warn!(error = %e, "could not snapshot the microVM's boot; the next starts cold too");
         }
     }
-    snapshot::go(&mut b.host, l.timeout).map_err(|e| explain(e, &b))?;
+    snapshot::go(b.host(), l.timeout).map_err(|e| explain(e, &b))?;
     Ok(b)
 }
 
 /// Starts QEMU with `l`'s options, its memory `ram` if a file, restoring
-/// `incoming` if given.
-fn start(l: &Launch, ram: Option<Ram>, incoming: Option<std::os::fd::OwnedFd>) -> Result<Booted> {
+/// `incoming` if given, on a new control channel (a guest resumed from
+/// disk: on `control`, the guest's end of the one its session speaks on).
+fn start(
+    l: &Launch,
+    ram: Option<Ram>,
+    incoming: Option<std::os::fd::OwnedFd>,
+    control: Option<std::os::fd::OwnedFd>,
+) -> Result<Booted> {
     let ruleset = crate::supervisor::confine::vmm_ruleset(&l.read, &l.write)?;
-    let (host, guest_end) = std::os::unix::net::UnixStream::pair()?;
+    let (host, guest_end) = match control {
+        Some(end) => (None, end),
+        None => {
+            let (host, guest) = std::os::unix::net::UnixStream::pair()?;
+            (Some(host), guest.into())
+        }
+    };
+    // Ours too, for a guest that may be paused to disk (see `Suspend`).
+    let kept = match (&l.servers, &host) {
+        (Some(_), Some(_)) => Some(guest_end.try_clone()?),
+        _ => None,
+    };
+    let kept_ram = match (&l.servers, &ram) {
+        (Some(_), Some(Ram::Shared(fd))) => Some(fd.try_clone()?),
+        _ => None,
+    };
     let (console_host, console_guest) = std::os::unix::net::UnixStream::pair()?;
     let (monitor, monitor_qemu) = std::os::unix::net::UnixStream::pair()?;
     let mut args = l.args.clone();
@@ -892,7 +1032,7 @@ fn start(l: &Launch, ram: Option<Ram>, incoming: Option<std::os::fd::OwnedFd>) -
         )
     });
     let fds = QemuFds {
-        control: guest_end.into(),
+        control: guest_end,
         console: console_guest.into(),
         monitor: monitor_qemu.into(),
         incoming,
@@ -924,6 +1064,9 @@ fn start(l: &Launch, ram: Option<Ram>, incoming: Option<std::os::fd::OwnedFd>) -
         monitor,
         restored: false,
         servers,
+        qmp: None,
+        control: kept,
+        ram: kept_ram,
     })
 }
 

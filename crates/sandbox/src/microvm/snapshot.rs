@@ -196,10 +196,7 @@ impl Snapshots {
         let state = std::fs::File::create(taking.path().join(STATE))?;
         let copy = std::fs::File::create(taking.path().join(RAM))?;
         copy.set_len(memory)?;
-        let running = std::fs::File::from(ram.try_clone()?);
-        qmp.execute::<serde::de::IgnoredAny>(&Command::Stop, None)?;
-        let saved = save(qmp, &state)
-            .and_then(|()| copy_nonzero(&running, &copy, memory).map_err(Error::from));
+        let saved = save_stopped(qmp, &state, ram, &copy, memory);
         let continued = cont(qmp);
         saved?;
         continued?;
@@ -248,6 +245,23 @@ impl Snapshots {
     }
 }
 
+/// Stops the guest behind `qmp`, running on the memfd `ram` of `memory`
+/// bytes, and saves its devices into `state` and its memory into `copy`
+/// (its non-zero pages). The guest stays stopped.
+pub(super) fn save_stopped(
+    qmp: &mut Qmp,
+    state: &std::fs::File,
+    ram: &std::os::fd::OwnedFd,
+    copy: &std::fs::File,
+    memory: u64,
+) -> Result<()> {
+    let running = std::fs::File::from(ram.try_clone()?);
+    qmp.execute::<serde::de::IgnoredAny>(&Command::Stop, None)?;
+    save(qmp, state)?;
+    copy_nonzero(&running, copy, memory)?;
+    Ok(())
+}
+
 /// Leaves the guest's memory, a file of its own, out of the stream.
 fn ignore_shared(qmp: &mut Qmp) -> Result<()> {
     qmp.execute::<serde::de::IgnoredAny>(
@@ -287,7 +301,7 @@ pub(super) fn resume(qmp: &mut Qmp, fd: i32) -> Result<()> {
 /// Lets the guest go on. A migration QEMU calls completed may still be
 /// finishing (the run state `finish-migrate`), and QEMU refuses a `cont`
 /// until it has: the CI met that once, and the guest stayed stopped.
-fn cont(qmp: &mut Qmp) -> Result<()> {
+pub(super) fn cont(qmp: &mut Qmp) -> Result<()> {
     let deadline = Instant::now() + SAVE_TIMEOUT;
     loop {
         let state: StatusInfo = qmp.execute(&Command::QueryStatus, None)?;

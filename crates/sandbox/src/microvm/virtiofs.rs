@@ -74,6 +74,10 @@ pub(super) struct Servers {
 }
 
 impl Servers {
+    pub(super) fn pids(&self) -> &[i32] {
+        &self.pids
+    }
+
     /// What the servers last said on stderr, for an error message.
     pub(super) fn explain(&self) -> String {
         self.logs

@@ -38,6 +38,11 @@ pub(crate) trait Lifecycle: Send + Sync {
     /// outer supervisor, or QEMU): where the disk watcher looks for files
     /// that were deleted but are still open.
     fn host_pid(&self) -> i32;
+    /// The host processes that may hold the sandbox's files open: the
+    /// disk watcher counts the deleted ones they hold.
+    fn holders(&self) -> Vec<i32> {
+        vec![self.host_pid()]
+    }
     /// Where an image root's writable layer is on the host: the disk
     /// budget counts it with the workspace.
     fn writable_layer(&self) -> Option<std::path::PathBuf> {
@@ -176,6 +181,10 @@ pub(crate) struct Inner {
     pub(crate) forwards: std::sync::Mutex<Vec<Forward>>,
     /// Held, not used: they stop when the session's last handle goes.
     pub(crate) services: Services,
+    /// The supervisor's clock is set from the host's (a microVM's): again
+    /// after each resume, as a guest restored from disk wakes at the time
+    /// it was saved.
+    set_clock: bool,
 }
 
 impl Inner {
@@ -189,10 +198,6 @@ impl Inner {
         let mut buf = Vec::new();
         protocol::encode(msg, &mut buf);
         self.tx.send(buf).map_err(|_| Error::Gone)
-    }
-
-    pub(crate) fn host_pid(&self) -> i32 {
-        self.lifecycle.host_pid()
     }
 
     pub(crate) fn is_gone(&self) -> bool {
@@ -337,6 +342,14 @@ impl Sandbox {
             .await
             .map_err(|e| Error::Io(std::io::Error::other(e)))??;
         self.inner.paused.store(frozen, Ordering::SeqCst);
+        if !frozen
+            && self.inner.set_clock
+            && let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)
+        {
+            self.inner.send(&HostMsg::SetClock {
+                realtime_ns: now.as_nanos() as u64,
+            })?;
+        }
         Ok(())
     }
 
@@ -505,6 +518,7 @@ impl Sandbox {
                 network,
                 image_user,
                 services,
+                set_clock,
             }
         });
         let ready = match tokio::time::timeout(setup_timeout, ready_rx).await {

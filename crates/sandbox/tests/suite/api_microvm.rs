@@ -214,6 +214,84 @@ exec {real} "$@"
         assert_reaches(&report);
     }
 
+    /// A guest on virtio-fs is paused to disk: while paused no QEMU and no
+    /// share server of it runs (it costs disk, not memory), and once
+    /// resumed its process goes on counting, its open file still open,
+    /// its clock the host's again, and the workspace's changes made
+    /// meanwhile seen.
+    #[tokio::test]
+    async fn a_guest_paused_to_disk_runs_nothing_and_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().canonicalize().unwrap();
+        let mut c = config(dir.path());
+        c.vm.shares = VmShares::VirtioFs;
+        let sb = Sandbox::create(c).await.unwrap();
+        assert!(
+            sb.info().limits.contains("shares over virtio-fs"),
+            "{}",
+            sb.info().limits
+        );
+        let out = run(
+            &sb,
+            "setsid sh -c 'exec 9>/workspace/log; i=0; while :; do i=$((i+1)); echo $i >&9; echo $i > /workspace/.count; mv /workspace/.count /workspace/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &",
+        )
+        .await;
+        assert!(out.status.success(), "{}", out.stderr_str());
+        let count = || {
+            std::fs::read_to_string(dir.path().join("count"))
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while count() < 3 {
+            assert!(Instant::now() < deadline, "it never counted");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let server = format!("--shared-dir={}", ws.display());
+        assert!(host_has_process(&server));
+        let started = Instant::now();
+        sb.pause().await.expect("pause");
+        let paused_in = started.elapsed();
+        assert!(
+            !host_has_process(&server),
+            "the workspace's server still runs"
+        );
+        let at = count();
+        std::fs::write(dir.path().join("from-host"), "written while paused\n").unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(count(), at, "it counted while paused");
+        let started = Instant::now();
+        sb.resume().await.expect("resume");
+        let resumed_in = started.elapsed();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while count() < at + 3 {
+            assert!(Instant::now() < deadline, "it did not go on counting");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let out = run(&sb, "cat /workspace/from-host; date +%s").await;
+        let text = out.stdout_str();
+        assert!(text.starts_with("written while paused\n"), "{text}");
+        let guest: u64 = text.lines().nth(1).unwrap().parse().unwrap();
+        let host = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(
+            guest + 1 >= host && guest <= host + 1,
+            "guest {guest}, host {host}"
+        );
+        // The descriptor the counter held across the pause still writes.
+        let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+        let last: u64 = log.lines().last().unwrap().parse().unwrap();
+        assert!(
+            last >= at + 3 && log.lines().count() as u64 == last,
+            "{last} lines: {log}"
+        );
+        eprintln!("paused to disk in {paused_in:?}, resumed in {resumed_in:?}");
+        sb.close().await;
+    }
+
     /// A virtual desktop works in a guest as natively (the computer tool
     /// and the live view build on it), though Xvfb and openbox are slow
     /// under TCG.
