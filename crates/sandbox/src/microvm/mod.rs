@@ -671,9 +671,6 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     } = booted;
     let host = host.expect("a new guest's channel");
     let pid = started.keep();
-    if let Some(s) = &suspend {
-        s.watch(pid);
-    }
     let lifecycle = VmLifecycle {
         pid: AtomicI32::new(pid),
         reaped: Mutex::new(false),
@@ -856,7 +853,7 @@ struct Booted {
     qmp: Option<qmp::Qmp>,
     /// For a guest that may be paused to disk: the guest's end of the
     /// control channel, and its memory.
-    control: Option<std::os::fd::OwnedFd>,
+    control: Option<suspend::KeptControl>,
     ram: Option<std::os::fd::OwnedFd>,
 }
 
@@ -1056,8 +1053,17 @@ fn start(
         Ok((pid, stderr, servers))
     })?;
     let qemu = Started(Some(pid));
+    // Watched from now on: a guest that dies while starting must close
+    // the channel its start waits on.
+    let kept = kept.map(|fd| suspend::KeptControl::new(fd, pid));
     Ok(Booted {
-        console: Tail::drain(console_host.into(), "console")?,
+        console: Tail::drain_until_panic(
+            console_host.into(),
+            "console",
+            rustix::process::Pid::from_raw(pid).and_then(|p| {
+                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+            }),
+        )?,
         log: Tail::drain(stderr, "stderr")?,
         qemu,
         host,

@@ -36,6 +36,53 @@ const PAUSED: &str = "paused";
 const STATE: &str = "state";
 const RAM: &str = "ram";
 
+/// The guest's end of the control channel, kept by cordon for a guest
+/// that may be saved (see the module's rules), with the flag that says a
+/// save is ending its QEMU.
+pub(super) struct KeptControl {
+    fd: Arc<Mutex<Option<OwnedFd>>>,
+    saving: Arc<AtomicBool>,
+}
+
+impl KeptControl {
+    /// Keeps `fd`, and drops it once QEMU `pid` exits other than by a save.
+    pub(super) fn new(fd: OwnedFd, pid: i32) -> KeptControl {
+        let kept = KeptControl {
+            fd: Arc::new(Mutex::new(Some(fd))),
+            saving: Arc::new(AtomicBool::new(false)),
+        };
+        watch(pid, &kept.fd, &kept.saving);
+        kept
+    }
+}
+
+/// Drops `control`'s descriptor once QEMU `pid` exits, unless `saving`.
+fn watch(pid: i32, control: &Arc<Mutex<Option<OwnedFd>>>, saving: &Arc<AtomicBool>) {
+    let Some(pid) = rustix::process::Pid::from_raw(pid) else {
+        return;
+    };
+    let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        return;
+    };
+    let control = control.clone();
+    let saving = saving.clone();
+    let _ = std::thread::Builder::new()
+        .name("cordon-vm-watch".into())
+        .spawn(move || {
+            let mut fds = [rustix::event::PollFd::new(
+                &fd,
+                rustix::event::PollFlags::IN,
+            )];
+            while matches!(
+                rustix::event::poll(&mut fds, None),
+                Err(rustix::io::Errno::INTR)
+            ) {}
+            if !saving.load(Ordering::SeqCst) {
+                drop(control.lock().unwrap_or_else(|e| e.into_inner()).take());
+            }
+        });
+}
+
 /// What saving a guest to disk and starting it again needs.
 pub(super) struct Suspend {
     /// The options its QEMU was started with: the next one's.
@@ -55,46 +102,18 @@ pub(super) struct Suspend {
 impl Suspend {
     pub(super) fn new(
         launch: Arc<Launch>,
-        control: OwnedFd,
+        control: KeptControl,
         qmp: Option<Qmp>,
         ram: Option<OwnedFd>,
     ) -> Suspend {
         Suspend {
             launch,
-            control: Arc::new(Mutex::new(Some(control))),
+            control: control.fd,
             qmp: Mutex::new(qmp),
             ram: Mutex::new(ram),
             saved: Mutex::new(None),
-            saving: Arc::new(AtomicBool::new(false)),
+            saving: control.saving,
         }
-    }
-
-    /// Drops the kept control end once QEMU `pid` exits, unless a save
-    /// ended it.
-    pub(super) fn watch(&self, pid: i32) {
-        let Some(pid) = rustix::process::Pid::from_raw(pid) else {
-            return;
-        };
-        let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
-            return;
-        };
-        let control = self.control.clone();
-        let saving = self.saving.clone();
-        let _ = std::thread::Builder::new()
-            .name("cordon-vm-watch".into())
-            .spawn(move || {
-                let mut fds = [rustix::event::PollFd::new(
-                    &fd,
-                    rustix::event::PollFlags::IN,
-                )];
-                while matches!(
-                    rustix::event::poll(&mut fds, None),
-                    Err(rustix::io::Errno::INTR)
-                ) {}
-                if !saving.load(Ordering::SeqCst) {
-                    drop(control.lock().unwrap_or_else(|e| e.into_inner()).take());
-                }
-            });
     }
 
     pub(super) fn is_saved(&self) -> bool {
@@ -174,7 +193,7 @@ impl Suspend {
             .and_then(|q| snapshot::resume(q, INCOMING_FD))
             .map_err(|e| explain(e, &b))?;
         let pid = b.qemu.keep();
-        self.watch(pid);
+        watch(pid, &self.control, &self.saving);
         *self.qmp.lock().unwrap() = b.qmp.take();
         *self.ram.lock().unwrap() = Some(memfd);
         *self.saved.lock().unwrap() = None;

@@ -20,17 +20,47 @@ pub(super) struct Tail(Mutex<std::collections::VecDeque<u8>>);
 impl Tail {
     /// Reads `from` on a thread of its own until end of file (QEMU exits).
     pub(super) fn drain(from: OwnedFd, name: &str) -> Result<Arc<Tail>> {
+        Tail::drain_until_panic(from, name, None)
+    }
+
+    /// As [`Tail::drain`], for a guest's console: once the guest's kernel
+    /// says it panicked, its QEMU (`qemu`, a pidfd) is killed. A panicked
+    /// guest is dead, but newer kernels' reboot hangs a microvm machine
+    /// instead of ending it, and the host would wait for its timeout.
+    pub(super) fn drain_until_panic(
+        from: OwnedFd,
+        name: &str,
+        qemu: Option<OwnedFd>,
+    ) -> Result<Arc<Tail>> {
+        const PANIC: &[u8] = b"Kernel panic - not syncing";
         let tail = Arc::new(Tail::default());
         let keep = tail.clone();
         let mut from = std::fs::File::from(from);
         std::thread::Builder::new()
             .name(format!("cordon-vm-{name}"))
             .spawn(move || {
+                let mut qemu = qemu;
                 let mut buf = vec![0u8; 8192];
+                // The end of the last read: the words may straddle two.
+                let mut carry: Vec<u8> = Vec::new();
                 loop {
                     match from.read(&mut buf) {
                         Ok(0) => break,
-                        Ok(n) => keep.push(&buf[..n]),
+                        Ok(n) => {
+                            keep.push(&buf[..n]);
+                            if qemu.is_some() {
+                                carry.extend_from_slice(&buf[..n]);
+                                if carry.windows(PANIC.len()).any(|w| w == PANIC) {
+                                    let pidfd = qemu.take().expect("checked");
+                                    let _ = rustix::process::pidfd_send_signal(
+                                        &pidfd,
+                                        rustix::process::Signal::KILL,
+                                    );
+                                }
+                                let keep_from = carry.len().saturating_sub(PANIC.len());
+                                carry.drain(..keep_from);
+                            }
+                        }
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                         Err(_) => break,
                     }
@@ -97,6 +127,31 @@ mod tests {
         tail.push(b"\nend");
         assert_eq!(tail.0.lock().unwrap().len(), TAIL_BYTES);
         assert_eq!(tail.explain(1), "end");
+    }
+
+    /// The guest's panic, even split across two reads, ends its QEMU.
+    #[test]
+    fn a_panicked_guest_s_qemu_is_killed() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).unwrap();
+        let (mut w, r) = std::os::unix::net::UnixStream::pair().unwrap();
+        let _tail = Tail::drain_until_panic(r.into(), "test", Some(pidfd)).unwrap();
+        std::io::Write::write_all(&mut w, b"[ 1.8] booting\n[ 1.9] Kernel pan").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "killed on half the words"
+        );
+        std::io::Write::write_all(&mut w, b"ic - not syncing: Attempted to kill init!\n").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while child.try_wait().unwrap().is_none() {
+            assert!(std::time::Instant::now() < deadline, "not killed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     #[test]

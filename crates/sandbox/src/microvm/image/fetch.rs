@@ -15,8 +15,10 @@ use super::{At, ImageError};
 const META_PACKAGE: &str = "linux-image-amd64";
 
 /// Fetches the distribution kernel through the package manager without
-/// installing it on the host: resolves the ABI package behind
-/// `linux-image-amd64`, `apt-get download`s it (no root needed), extracts
+/// installing it on the host: resolves the ABI package behind the newest
+/// `linux-image-amd64` apt's lists know (a release's backports, where apt
+/// has them: a guest kernel of 6.6 or newer maps virtio-fs files shared,
+/// see microvm/virtiofs.rs), `apt-get download`s it (no root needed), extracts
 /// it into `cache/<version>/`, uncompresses the kernel, and records that
 /// version as the current one. What is already there is reused, so running
 /// it again is quick. `progress` gets one line per step.
@@ -31,8 +33,11 @@ pub fn setup(cache: &Path, progress: &mut dyn FnMut(&str)) -> Result<Kernel, Ima
     // Left by an interrupted run; the lock says none is running now.
     remove_matching(cache, |name, _| name.starts_with(".setup-"));
 
-    let meta = apt_show(META_PACKAGE)?;
-    let (package, pinned) = abi_package(&meta).ok_or_else(|| ImageError::Unsupported {
+    let all = apt_show_all(META_PACKAGE)?;
+    let meta = newest(&all).ok_or_else(|| ImageError::Unsupported {
+        reason: format!("apt-cache shows no version of {META_PACKAGE}"),
+    })?;
+    let (package, pinned) = abi_package(meta).ok_or_else(|| ImageError::Unsupported {
         reason: format!("{META_PACKAGE} depends on no linux-image package"),
     })?;
     // The meta package pins the exact version, which saves a second
@@ -158,8 +163,47 @@ fn fetch(
 
 /// `apt-cache show` of the candidate version of `package`.
 fn apt_show(package: &str) -> Result<String, ImageError> {
+    apt_cache_show(package, true)
+}
+
+/// `apt-cache show` of every version of `package` apt's lists know.
+fn apt_show_all(package: &str) -> Result<String, ImageError> {
+    apt_cache_show(package, false)
+}
+
+/// The record of the highest version among `records` (blank-line
+/// separated), by dpkg's ordering.
+fn newest(records: &str) -> Option<&str> {
+    let mut best: Option<(&str, &str)> = None;
+    for record in records.split("\n\n") {
+        let Some(v) = field(record, "Version") else {
+            continue;
+        };
+        if best.is_none_or(|(b, _)| version_greater(v, b)) {
+            best = Some((v, record));
+        }
+    }
+    best.map(|(_, record)| record)
+}
+
+/// `a` > `b` as Debian versions (`dpkg --compare-versions`).
+fn version_greater(a: &str, b: &str) -> bool {
+    Command::new("dpkg")
+        .args(["--compare-versions", a, "gt", b])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn apt_cache_show(package: &str, candidate_only: bool) -> Result<String, ImageError> {
     let mut show = Command::new("apt-cache");
-    show.args(["show", "--no-all-versions", package]);
+    show.arg("show");
+    if candidate_only {
+        show.arg("--no-all-versions");
+    }
+    show.arg(package);
     match run_tool(&mut show, "apt-cache", "apt") {
         Ok(out) => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
         Err(ImageError::MissingTool { .. }) => Err(ImageError::Unsupported {
@@ -228,6 +272,23 @@ fn abi_package(record: &str) -> Option<(&str, Option<&str>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_newest_kernel_is_taken_whatever_the_order() {
+        let all = "Package: linux-image-amd64\nVersion: 6.1.192-3\nDepends: linux-image-6.1.0-57-amd64 (= 6.1.192-3)\n\n\
+                   Package: linux-image-amd64\nVersion: 6.12.95-1~bpo12+1\nDepends: linux-image-6.12.95+deb12-amd64 (= 6.12.95-1~bpo12+1)\n\n\
+                   Package: linux-image-amd64\nVersion: 6.1.176-1\nDepends: linux-image-6.1.0-50-amd64 (= 6.1.176-1)\n";
+        let record = newest(all).unwrap();
+        assert_eq!(
+            abi_package(record),
+            Some(("linux-image-6.12.95+deb12-amd64", Some("6.12.95-1~bpo12+1")))
+        );
+        // As dpkg orders versions, not as strings sort.
+        assert!(version_greater("6.10.1-1", "6.9.2-1"));
+        assert!(version_greater("6.12.95-1~bpo12+1", "6.1.192-3"));
+        assert!(!version_greater("6.1.192-3", "6.1.192-3"));
+        assert_eq!(newest(""), None);
+    }
 
     #[test]
     fn apt_records_parse() {
