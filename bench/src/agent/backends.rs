@@ -7,12 +7,14 @@
 //! booted cold and started from its memory snapshot (the default), and the
 //! latency of an exec in a warm session (`/bin/true`, and `sh -c true`,
 //! which also loads a shell from the shared /usr). Then pause and resume
-//! (freezer cgroup natively, QEMU stopped for a microVM; memory kept where
-//! it is in both) against the memory a process in the sandbox holds.
+//! against the memory a process in the sandbox holds, three ways: the
+//! freezer cgroup natively and QEMU stopped for a microVM on 9p (memory
+//! kept where it is), and a microVM on virtio-fs saved to disk (its QEMU
+//! ended while paused, a new one started at the resume).
 
 use std::time::{Duration, Instant};
 
-use cordon_sandbox::{BackendKind, ExecRequest, Sandbox, SandboxConfig};
+use cordon_sandbox::{BackendKind, ExecRequest, Sandbox, SandboxConfig, VmShares};
 
 use crate::Args;
 use crate::stats::{Json, Summary, ms};
@@ -118,18 +120,19 @@ pub async fn run(args: &Args, workspace: &std::path::Path) -> Result<Json, Strin
     let mut pauses = Vec::new();
     println!("Pause and resume against the memory held in the sandbox (p50 of {PAUSES}):");
     for &mib in held_sizes {
-        for backend in backends {
-            let (pause, resume) = pause_resume(workspace, backend, mib).await?;
+        for kind in PAUSE_KINDS {
+            let (pause, resume) = pause_resume(workspace, kind, mib).await?;
             let (p, r) = (Summary::of(&pause), Summary::of(&resume));
             println!(
-                "  {backend:8} {mib:5} MiB held: pause p50 {} ms (p90 {}), resume p50 {} ms (p90 {})",
+                "  {:18} {mib:5} MiB held: pause p50 {} ms (p90 {}), resume p50 {} ms (p90 {})",
+                kind.0,
                 ms(p.p50),
                 ms(p.p90),
                 ms(r.p50),
                 ms(r.p90)
             );
             pauses.push(Json::obj([
-                ("backend", Json::str(backend.to_string())),
+                ("backend", Json::str(kind.0)),
                 ("held_mib", Json::Num(mib as f64)),
                 ("pause", p.json()),
                 ("resume", r.json()),
@@ -187,17 +190,32 @@ pub async fn run(args: &Args, workspace: &std::path::Path) -> Result<Json, Strin
 /// Pauses and resumes timed per sandbox.
 const PAUSES: usize = 10;
 
+/// The kinds of pause timed: name, backend, and a microVM's shares (which
+/// decide whether it is saved to disk).
+const PAUSE_KINDS: [(&str, BackendKind, VmShares); 3] = [
+    ("native", BackendKind::Native, VmShares::Auto),
+    ("microvm in memory", BackendKind::Microvm, VmShares::NineP),
+    ("microvm to disk", BackendKind::Microvm, VmShares::VirtioFs),
+];
+
 /// A sandbox whose process holds `mib` MiB (written, so resident), paused
 /// and resumed [`PAUSES`] times; the process is checked to be alive after.
 async fn pause_resume(
     workspace: &std::path::Path,
-    backend: BackendKind,
+    (name, backend, shares): (&str, BackendKind, VmShares),
     mib: u64,
 ) -> Result<(Vec<Duration>, Vec<Duration>), String> {
     let mut c = config(workspace, backend);
+    c.vm.shares = shares;
     // Room for the kernel (a microVM's) and the holder beside it.
     c.memory = Some((mib + 384) << 20);
     let sb = Sandbox::create(c).await.map_err(|e| e.to_string())?;
+    let limits = &sb.info().limits;
+    if backend == BackendKind::Microvm
+        && limits.contains("virtio-fs") != (shares == VmShares::VirtioFs)
+    {
+        return Err(format!("{name}: started otherwise ({limits})"));
+    }
     let hold = format!(
         "rm -f /tmp/held; nohup python3 -c \"import time; b = b'x' * ({mib} << 20); \
          open('/tmp/held', 'w').close(); time.sleep(1e6)\" >/dev/null 2>&1 & \
@@ -209,7 +227,7 @@ async fn pause_resume(
         .map_err(|e| e.to_string())?;
     if !out.status.success() {
         return Err(format!(
-            "{backend}: holding {mib} MiB failed: {}",
+            "{name}: holding {mib} MiB failed: {}",
             out.stderr_str()
         ));
     }
@@ -228,7 +246,7 @@ async fn pause_resume(
         .map_err(|e| e.to_string())?;
     sb.close().await;
     if !out.status.success() {
-        return Err(format!("{backend}: the holder did not survive its pauses"));
+        return Err(format!("{name}: the holder did not survive its pauses"));
     }
     Ok((pause, resume))
 }

@@ -420,10 +420,21 @@ fn host_sigkill_takes_the_sandbox_down(who: Who) {
     .spawn()
     .unwrap();
     // A microVM's processes are inside QEMU, whose command line names the
-    // workspace; the native sandbox's are host processes.
-    let vm_trace = format!("path={}", ws.path().canonicalize().unwrap().display());
+    // workspace over 9p (over virtio-fs the workspace's server's does);
+    // the native sandbox's are host processes.
+    let ws_path = ws.path().canonicalize().unwrap();
+    let vm_traces = [
+        format!("path={}", ws_path.display()),
+        format!("--shared-dir={}", ws_path.display()),
+    ];
     let count = || match who {
-        Who::Microvm => processes_containing(&vm_trace) * 2,
+        Who::Microvm => {
+            vm_traces
+                .iter()
+                .map(|t| processes_containing(t))
+                .sum::<usize>()
+                * 2
+        }
         _ => processes_matching(&marker),
     };
     let deadline = Instant::now() + Duration::from_secs(if who == Who::Microvm { 60 } else { 10 });
