@@ -76,13 +76,14 @@ pub(crate) fn left_by_dead_process(name: &str) -> bool {
 /// before it could) and keeps the layers the locked ones name in their
 /// `layers` file.
 pub(crate) struct WritableLayer {
-    dir: tempfile::TempDir,
+    dir: PathBuf,
     _lock: std::os::fd::OwnedFd,
+    /// Left for another process (see [`WritableLayer::set_kept`]).
+    kept: bool,
 }
 
 impl WritableLayer {
     pub(crate) fn new(image: &RootImage) -> Result<WritableLayer> {
-        use rustix::fs::{FlockOperation, Mode, OFlags};
         std::fs::create_dir_all(&image.scratch).map_err(|e| {
             Error::Config(format!(
                 "cannot make the directory for writable layers {}: {e}",
@@ -98,33 +99,60 @@ impl WritableLayer {
                     image.scratch.display()
                 ))
             })?;
-        let lock = rustix::fs::open(
-            dir.path(),
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .and_then(|fd| {
-            rustix::fs::flock(&fd, FlockOperation::LockExclusive)?;
-            Ok(fd)
-        })
-        .map_err(|e| Error::Io(e.into()))?;
+        let lock = lock_layer(dir.path())?;
+        // Removed by this type's Drop from now on.
+        let dir = dir.keep();
         let names: String = image
             .layers
             .iter()
             .filter_map(|l| Some(format!("{}\n", l.file_name()?.to_str()?)))
             .collect();
-        std::fs::write(dir.path().join("layers"), names)?;
+        let layer = WritableLayer {
+            dir,
+            _lock: lock,
+            kept: false,
+        };
+        std::fs::write(layer.dir.join("layers"), names)?;
         if let Some(m) = &image.manifest {
-            std::fs::write(dir.path().join(IMAGE_FILE), m)?;
+            std::fs::write(layer.dir.join(IMAGE_FILE), m)?;
         }
         if let Some(l) = &image.label {
-            std::fs::write(dir.path().join(LABEL_FILE), l)?;
+            std::fs::write(layer.dir.join(LABEL_FILE), l)?;
         }
-        Ok(WritableLayer { dir, _lock: lock })
+        Ok(layer)
+    }
+
+    /// The layer another process left at `dir` (see
+    /// [`WritableLayer::keep`]), locked again; it must be in `image`'s
+    /// scratch directory.
+    pub(crate) fn adopt(image: &RootImage, dir: &Path) -> Result<WritableLayer> {
+        let missing = || {
+            Error::Config(format!(
+                "the sandbox's writable layer {} is gone (`cordon image prune` removes a \
+                 paused sandbox's while no process holds it)",
+                dir.display()
+            ))
+        };
+        if dir.parent() != Some(image.scratch.as_path()) {
+            return Err(missing());
+        }
+        let lock = lock_layer(dir).map_err(|_| missing())?;
+        Ok(WritableLayer {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+            kept: false,
+        })
+    }
+
+    /// Whether the layer stays where it is when this is dropped, for
+    /// another process to [`WritableLayer::adopt`]. Its lock goes with
+    /// this.
+    pub(crate) fn set_kept(&mut self, kept: bool) {
+        self.kept = kept;
     }
 
     pub(crate) fn dir(&self) -> &Path {
-        self.dir.path()
+        &self.dir
     }
 
     /// Makes the layer a disk: an empty ext4 file system of `size` bytes
@@ -290,12 +318,32 @@ pub fn live_upper(dir: &Path, supervisor: Option<i32>) -> Option<std::path::Path
 /// Where e2fsprogs is looked for: the host's, never the caller's `PATH`.
 const TOOL_PATH: &str = "/usr/sbin:/sbin:/usr/bin:/bin";
 
+/// `dir` opened and locked exclusively: a writable layer in use (see
+/// [`WritableLayer`]).
+fn lock_layer(dir: &Path) -> Result<std::os::fd::OwnedFd> {
+    use rustix::fs::{FlockOperation, Mode, OFlags};
+    rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .and_then(|fd| {
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive)?;
+        Ok(fd)
+    })
+    .map_err(|e| Error::Io(e.into()))
+}
+
 impl Drop for WritableLayer {
     fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
         // A sandbox that was killed left overlay's mode-000 work directory
-        // (and any it made unreadable): opened up for the removal after
-        // this, as far as the caller owns them.
-        let _ = crate::tree::make_removable(self.dir.path());
+        // (and any it made unreadable): opened up for the removal, as far
+        // as the caller owns them.
+        let _ = crate::tree::make_removable(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

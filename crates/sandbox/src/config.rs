@@ -295,6 +295,12 @@ pub struct VmOptions {
     /// The virtio-fs server (default: `virtiofsd` on `PATH`, else
     /// `/usr/libexec/virtiofsd`).
     pub virtiofsd: Option<PathBuf>,
+    /// A directory of this sandbox's own, which only cordon can reach,
+    /// where its run files and, once it is paused to disk, its memory and
+    /// devices are kept: another process can then resume it
+    /// ([`crate::MicrovmBackend::reattach`] with the same configuration).
+    /// None: a directory of the process's own, which goes with it.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// How a microVM's shares (the workspace, binds, the host's `/usr`) reach

@@ -90,7 +90,7 @@ impl Lifecycle for NativeLifecycle {
         self.cgroup.lock().unwrap().as_ref()?.memory()
     }
 
-    fn freeze(&self, frozen: bool) -> std::io::Result<()> {
+    fn freeze(&self, frozen: bool, _to_disk: bool) -> std::io::Result<()> {
         match self.cgroup.lock().unwrap().as_ref() {
             Some(cg) => cg.freeze(frozen),
             None => Err(std::io::Error::new(

@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 15;
+pub const VERSION: u32 = 16;
 
 /// Marks the id of a connection the host asked for (`HostMsg::NetDial`), so
 /// that it never meets one the guest's proxy listener numbered.
@@ -259,6 +259,10 @@ pub struct ReadyInfo {
     pub landlock_abi: i32,
     /// Number of seccomp filters installed.
     pub seccomp_filters: u32,
+    /// The first id the host may use: above every id an earlier host
+    /// used, after a `HostMsg::Reattach` (orphaned commands keep theirs);
+    /// 0 after a setup.
+    pub next_id: u64,
 }
 
 /// Terminal size for pseudo-terminal execs.
@@ -389,6 +393,19 @@ pub enum HostMsg {
         id: u64,
         frozen: bool,
     },
+    /// Finish the frame being written, answer `SupMsg::Held`, and write
+    /// nothing more until `Release` or `Reattach`: the channel is then
+    /// empty both ways at a frame's edge, as a microVM saved to disk must
+    /// be to go on with another host process (see `microvm::suspend`).
+    Hold,
+    /// Go on writing after a `Hold`, to the same host.
+    Release,
+    /// Sent first by a new host process to a supervisor held for an old
+    /// one: everything the old one started is orphaned (commands go on,
+    /// their output dropped; watches and connections end), and the
+    /// supervisor answers `SupMsg::Ready`, with ids for the new host to
+    /// start from.
+    Reattach,
 }
 
 /// Entries one listing answers at most; past it, the listing fails
@@ -541,6 +558,8 @@ pub struct FsFailure {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum SupMsg {
     Ready(ReadyInfo),
+    /// The last frame before a hold (see `HostMsg::Hold`).
+    Held,
     SetupFailed {
         message: String,
         /// errno of the failing call, when there was one.

@@ -312,6 +312,8 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
                 })?,
                 shares: req(s, "vm.shares", |v| v.parse::<VmShares>())?,
                 virtiofsd: path("vm.virtiofsd"),
+                // Set per sandbox by the server, which resumes them.
+                state_dir: None,
             },
         },
         checkpoints,

@@ -50,6 +50,34 @@ impl ImageDisks {
         .map_err(|e| Error::Io(std::io::Error::other(e)))?
     }
 
+    /// The disks another process left for a guest saved to disk (see
+    /// `Record`), taken up again: the flat root of `image` (made again if
+    /// it was pruned meanwhile) and the writable layer at `layer`.
+    pub(super) async fn adopt(image: &RootImage, layer: &Path) -> Result<ImageDisks> {
+        let image = image.clone();
+        let layer = layer.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let flat = cordon_image::flat::flat_root(&image.flat, &image.layers)?;
+            let layer = WritableLayer::adopt(&image, &layer)?;
+            let upper = layer.dir().join(crate::backend::DISK_FILE);
+            if !upper.is_file() {
+                return Err(Error::Config(format!(
+                    "the sandbox's writable disk {} is gone",
+                    upper.display()
+                )));
+            }
+            Ok(ImageDisks { flat, layer, upper })
+        })
+        .await
+        .map_err(|e| Error::Io(std::io::Error::other(e)))?
+    }
+
+    /// Whether the writable layer stays for another process (see
+    /// [`WritableLayer::set_kept`]).
+    pub(super) fn set_kept(&mut self, kept: bool) {
+        self.layer.set_kept(kept);
+    }
+
     /// The directory the disk watcher counts with the workspace.
     pub(super) fn writable_layer(&self) -> &Path {
         self.layer.dir()

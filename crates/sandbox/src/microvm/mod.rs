@@ -41,6 +41,7 @@ mod suspend;
 mod tail;
 mod virtiofs;
 
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Mutex;
@@ -82,6 +83,18 @@ impl Backend for MicrovmBackend {
         config: &'a SandboxConfig,
     ) -> Pin<Box<dyn std::future::Future<Output = Result<Sandbox>> + Send + 'a>> {
         Box::pin(create(config))
+    }
+}
+
+impl MicrovmBackend {
+    /// Resumes the microVM made with `config` that another process paused
+    /// to disk and kept ([`Sandbox::keep`]), from its state directory
+    /// ([`crate::config::VmOptions::state_dir`]): its processes, files and
+    /// writable root go on where they were. Commands the other process
+    /// started run on, their output dropped; this session's start afresh.
+    /// On failure the save stays, to be tried again.
+    pub async fn reattach(&self, config: &SandboxConfig) -> Result<Sandbox> {
+        reattach(config).await
     }
 }
 
@@ -139,11 +152,32 @@ struct VmLifecycle {
     servers: Mutex<Option<virtiofs::Servers>>,
     /// What pausing to disk needs (a guest on virtio-fs).
     suspend: Option<Suspend>,
+    /// Its run directory is in a state directory, with a [`Record`]:
+    /// once saved, another process can resume it.
+    reattachable: bool,
+    /// Left for another process (see `Lifecycle::keep`): its run
+    /// directory and disks stay when this ends.
+    kept: std::sync::atomic::AtomicBool,
 }
 
 impl VmLifecycle {
     fn pid(&self) -> i32 {
         self.pid.load(Ordering::SeqCst)
+    }
+
+    /// Whether its run directory and disks stay when this ends.
+    fn set_kept(&self, kept: bool) {
+        self.kept.store(kept, Ordering::SeqCst);
+        if let Some(d) = self.disks.lock().unwrap().as_mut() {
+            d.set_kept(kept);
+        }
+    }
+
+    /// Removes its run directory, unless it is kept.
+    fn remove_run_dir(&self) {
+        if !self.kept.load(Ordering::SeqCst) {
+            let _ = std::fs::remove_dir_all(&self.run_dir);
+        }
     }
 
     fn wait(&self) {
@@ -201,14 +235,26 @@ impl Lifecycle for VmLifecycle {
         }
     }
 
-    fn freeze(&self, frozen: bool) -> std::io::Result<()> {
+    fn saves(&self) -> bool {
+        self.suspend.is_some()
+    }
+
+    fn keep(&self) -> bool {
+        let saved = self.suspend.as_ref().is_some_and(Suspend::is_saved);
+        if saved && self.reattachable {
+            self.set_kept(true);
+        }
+        saved && self.reattachable
+    }
+
+    fn freeze(&self, frozen: bool, to_disk: bool) -> std::io::Result<()> {
         // A guest on virtio-fs is saved to disk and its QEMU ended: it
         // costs disk, not memory, while paused.
         if let Some(s) = &self.suspend {
             if !frozen && s.is_saved() {
                 return self.restore(s).map_err(std::io::Error::other);
             }
-            if frozen {
+            if frozen && to_disk {
                 match self.save(s) {
                     Ok(()) => return Ok(()),
                     Err(e) => {
@@ -274,7 +320,7 @@ impl Lifecycle for VmLifecycle {
         self.kill();
         self.wait();
         drop(self.servers.lock().unwrap().take());
-        let _ = std::fs::remove_dir_all(&self.run_dir);
+        self.remove_run_dir();
         drop(self.disks.lock().unwrap().take());
     }
 
@@ -309,7 +355,7 @@ impl Drop for VmLifecycle {
             });
         } else {
             drop(self.servers.lock().unwrap().take());
-            let _ = std::fs::remove_dir_all(&self.run_dir);
+            self.remove_run_dir();
         }
     }
 }
@@ -396,7 +442,10 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let bin_disk = tokio::task::spawn_blocking(move || stage_supervisor(&bin_cache, &supervisor))
         .await
         .map_err(|e| Error::Io(std::io::Error::other(e)))??;
-    let run = run_dir(&cache)?;
+    let run = match &config.vm.state_dir {
+        Some(state) => state_run_dir(state)?,
+        None => run_dir(&cache)?,
+    };
     // Until QEMU runs and its lifecycle owns the directory, any failure
     // removes it.
     let run_guard = RunDir(Some(run.clone()));
@@ -671,6 +720,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     } = booted;
     let host = host.expect("a new guest's channel");
     let pid = started.keep();
+    let reattachable = suspend.is_some() && config.vm.state_dir.is_some();
     let lifecycle = VmLifecycle {
         pid: AtomicI32::new(pid),
         reaped: Mutex::new(false),
@@ -678,6 +728,8 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         disks: Mutex::new(disks),
         servers: Mutex::new(servers),
         suspend,
+        reattachable,
+        kept: Default::default(),
     };
     let spec = SetupSpec {
         version: protocol::VERSION,
@@ -713,8 +765,8 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;
-    let limits = format!(
-        "microvm: {} MiB of RAM, {cpus} vCPU, QEMU {}, shares over {}, {}",
+    let machine = format!(
+        "microvm: {} MiB of RAM, {cpus} vCPU, QEMU {}, shares over {}",
         memory / MIB,
         match accel {
             Accel::Kvm => "with KVM",
@@ -725,32 +777,36 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         } else {
             "9p"
         },
+    );
+    let limits = format!(
+        "{machine}, {}",
         if restored {
             "started from a snapshot"
         } else {
             "booted cold"
         }
     );
-    Sandbox::connect(
-        stream,
-        ConnectParams {
-            setup: HostMsg::Setup(Box::new(spec)),
-            lifecycle: Box::new(lifecycle),
-            limits,
-            backend: "microvm",
-            base_env: config.base_env(),
-            workdir: config.workdir.clone(),
-            read_only: config.read_only.clone(),
-            bind_targets: config.binds.iter().map(|b| b.target.clone()).collect(),
-            network: config.network,
-            image_user: config.image.as_ref().map(|i| i.uid),
-            setup_timeout,
-            set_clock: true,
-            services,
-        },
-    )
-    .await
-    .map_err(|e| match e {
+    if let (true, Some(state), Some(suspend)) = (
+        lifecycle.reattachable,
+        &config.vm.state_dir,
+        &lifecycle.suspend,
+    ) {
+        Record::new(
+            suspend.launch(),
+            lifecycle.disks.lock().unwrap().as_ref(),
+            machine,
+        )
+        .write(state)?;
+    }
+    let params = connect_params(
+        config,
+        HostMsg::Setup(Box::new(spec)),
+        Box::new(lifecycle),
+        limits,
+        setup_timeout,
+        services,
+    );
+    Sandbox::connect(stream, params).await.map_err(|e| match e {
         Error::Setup { message, errno } if message.contains("exited during setup") => {
             Error::Setup {
                 message: format!(
@@ -763,6 +819,243 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         }
         other => other,
     })
+}
+
+/// What the session of a microVM made with `config` needs, its channel's
+/// first message `setup`.
+fn connect_params(
+    config: &SandboxConfig,
+    setup: HostMsg,
+    lifecycle: Box<VmLifecycle>,
+    limits: String,
+    setup_timeout: Duration,
+    services: Services,
+) -> ConnectParams {
+    ConnectParams {
+        setup,
+        lifecycle,
+        limits,
+        backend: "microvm",
+        base_env: config.base_env(),
+        workdir: config.workdir.clone(),
+        read_only: config.read_only.clone(),
+        bind_targets: config.binds.iter().map(|b| b.target.clone()).collect(),
+        network: config.network,
+        image_user: config.image.as_ref().map(|i| i.uid),
+        setup_timeout,
+        set_clock: true,
+        services,
+    }
+}
+
+/// The run directory in a sandbox's state directory (see
+/// [`crate::config::VmOptions::state_dir`]), made afresh.
+fn state_run_dir(state: &Path) -> Result<PathBuf> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state)?;
+    let run = state.join(STATE_RUN);
+    let _ = std::fs::remove_dir_all(&run);
+    std::fs::DirBuilder::new().mode(0o700).create(&run)?;
+    Ok(run)
+}
+
+/// A state directory's entries: the run directory, and the record of how
+/// its guest runs.
+const STATE_RUN: &str = "run";
+const STATE_RECORD: &str = "microvm.json";
+
+/// The most bytes of a record read: a command line and a few paths.
+const MAX_RECORD: u64 = 1 << 20;
+
+/// How a guest that may be saved to disk runs, written to its state
+/// directory when it starts: what another process needs to start it again
+/// from its save (see [`reattach`]). Written and read by cordon only; the
+/// guest reaches no part of the state directory.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Record {
+    /// [`protocol::VERSION`] of the supervisor in the guest's memory.
+    protocol: u32,
+    qemu: PathBuf,
+    args: Vec<String>,
+    read: Vec<PathBuf>,
+    write: Vec<PathBuf>,
+    memory: u64,
+    virtiofsd: PathBuf,
+    shares: Vec<virtiofs::Share>,
+    workspace: PathBuf,
+    /// An image root's writable layer (its directory).
+    layer: Option<PathBuf>,
+    /// [`crate::SandboxInfo::limits`], less how it started.
+    machine: String,
+}
+
+impl Record {
+    fn new(l: &Launch, disks: Option<&ImageDisks>, machine: String) -> Record {
+        let servers = l
+            .servers
+            .as_ref()
+            .expect("a guest that may be saved has share servers");
+        Record {
+            protocol: protocol::VERSION,
+            qemu: l.qemu.clone(),
+            args: l.args.clone(),
+            read: l.read.clone(),
+            write: l.write.clone(),
+            memory: l.memory,
+            virtiofsd: servers.program.clone(),
+            shares: servers.shares.clone(),
+            workspace: servers.workspace.clone(),
+            layer: disks.map(|d| d.writable_layer().to_path_buf()),
+            machine,
+        }
+    }
+
+    fn write(&self, state: &Path) -> Result<()> {
+        let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        let part = state.join(format!("{STATE_RECORD}.part"));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&part)?;
+        std::io::Write::write_all(&mut f, &json)?;
+        f.sync_all()?;
+        std::fs::rename(&part, state.join(STATE_RECORD))?;
+        Ok(())
+    }
+
+    fn read(state: &Path) -> Result<Record> {
+        use std::io::Read;
+        let path = state.join(STATE_RECORD);
+        let mut json = Vec::new();
+        std::fs::File::open(&path)
+            .map_err(|e| {
+                Error::Config(format!(
+                    "{} has no microVM to resume ({}: {e})",
+                    state.display(),
+                    path.display()
+                ))
+            })?
+            .take(MAX_RECORD)
+            .read_to_end(&mut json)?;
+        serde_json::from_slice(&json).map_err(|e| {
+            Error::Config(format!(
+                "{}: not a record of a paused microVM: {e}",
+                path.display()
+            ))
+        })
+    }
+}
+
+/// See [`MicrovmBackend::reattach`].
+async fn reattach(config: &SandboxConfig) -> Result<Sandbox> {
+    let state = config.vm.state_dir.as_deref().ok_or_else(|| {
+        Error::Config("resuming a microVM needs its state directory (vm.state_dir)".into())
+    })?;
+    let (workspace, _) = config.validate()?;
+    let record = Record::read(state)?;
+    if record.protocol != protocol::VERSION {
+        return Err(Error::Config(format!(
+            "the microVM in {} was paused by a cordon whose guest speaks protocol {}; this one \
+             speaks {}: resume it with that cordon",
+            state.display(),
+            record.protocol,
+            protocol::VERSION
+        )));
+    }
+    if record.workspace != Path::new(&workspace) {
+        return Err(Error::Config(format!(
+            "the microVM in {} was made with the workspace {}, not {workspace}",
+            state.display(),
+            record.workspace.display()
+        )));
+    }
+    let run = state.join(STATE_RUN);
+    let saved = run.join(suspend::PAUSED);
+    if !saved.is_dir() {
+        return Err(Error::Config(format!(
+            "the microVM in {} is not paused to disk",
+            state.display()
+        )));
+    }
+    let disks = match (&config.image, &record.layer) {
+        (Some(image), Some(layer)) => Some(ImageDisks::adopt(image, layer).await?),
+        (None, None) => None,
+        _ => {
+            return Err(Error::Config(format!(
+                "the microVM in {} was made {} an image root, its configuration now says otherwise",
+                state.display(),
+                if record.layer.is_some() {
+                    "with"
+                } else {
+                    "without"
+                }
+            )));
+        }
+    };
+    let covers = cover::Covers::prepare(
+        &workspace,
+        &in_workspace(&config.hidden, &workspace),
+        &in_workspace(&config.read_only, &workspace),
+        &run,
+    )?;
+    let services = Services::start(config, &workspace, Channel::Relay).await?;
+    let setup_timeout = config.setup_timeout.max(MIN_SETUP_TIMEOUT);
+    let launch = std::sync::Arc::new(Launch {
+        qemu: record.qemu,
+        args: record.args,
+        read: record.read,
+        write: record.write,
+        covers: None,
+        servers: Some(ShareServers {
+            program: record.virtiofsd,
+            shares: record.shares,
+            workspace: record.workspace,
+            covers,
+            run: run.clone(),
+        }),
+        timeout: setup_timeout,
+        snapshots: Snapshots::new(&image::cache_dir()),
+        shape: None,
+        memory: record.memory,
+    });
+    let (suspend, host) = Suspend::adopt(launch, saved)?;
+    let lifecycle = VmLifecycle {
+        pid: AtomicI32::new(0),
+        // No QEMU yet: nothing to kill or reap.
+        reaped: Mutex::new(true),
+        run_dir: run,
+        disks: Mutex::new(disks),
+        servers: Mutex::new(None),
+        suspend: Some(suspend),
+        reattachable: true,
+        kept: Default::default(),
+    };
+    // Until its QEMU runs, a failure leaves the save as it was.
+    lifecycle.set_kept(true);
+    let lifecycle = tokio::task::spawn_blocking(move || {
+        let s = lifecycle.suspend.as_ref().expect("adopted");
+        lifecycle.restore(s).map(|()| lifecycle)
+    })
+    .await
+    .map_err(|e| Error::Io(std::io::Error::other(e)))??;
+    lifecycle.set_kept(false);
+    host.set_nonblocking(true)?;
+    let stream = tokio::net::UnixStream::from_std(host)?;
+    let limits = format!("{}, resumed from disk", record.machine);
+    let params = connect_params(
+        config,
+        HostMsg::Reattach,
+        Box::new(lifecycle),
+        limits,
+        setup_timeout,
+        services,
+    );
+    Sandbox::connect(stream, params).await
 }
 
 /// The virtio-fs server, chosen by `vm.shares` (see [`VmShares`]), or

@@ -16,7 +16,12 @@
 //!   QEMU that exits other than by a save would never close it: a watcher
 //!   drops it then, so the session hears the guest's end as before.
 //! - The files live in the sandbox's run directory, which only cordon can
-//!   name, and go with the sandbox or at the resume.
+//!   name, and go with the sandbox or at the resume. Written under another
+//!   name and renamed when complete: what is found under [`PAUSED`] is a
+//!   whole save.
+//! - The session holds the channel first (`HostMsg::Hold`): nothing is in
+//!   flight either way when the guest is saved, so that another process,
+//!   on a new channel, can go on with it (`reattach` in the module above).
 //! - The guest wakes at the time it was saved; the session sets its clock
 //!   again after every resume.
 
@@ -32,7 +37,8 @@ use crate::error::{Error, Result};
 
 /// The run directory's entry that holds a guest saved to disk, and its
 /// files: the devices' state (QEMU's migration stream) and the memory.
-const PAUSED: &str = "paused";
+pub(super) const PAUSED: &str = "paused";
+const PARTIAL: &str = "paused.part";
 const STATE: &str = "state";
 const RAM: &str = "ram";
 
@@ -116,6 +122,30 @@ impl Suspend {
         }
     }
 
+    /// A guest another process saved at `saved` (see `reattach`), with a
+    /// new control channel: its host end is returned, its guest end kept
+    /// for the QEMU [`Suspend::restore`] starts.
+    pub(super) fn adopt(
+        launch: Arc<Launch>,
+        saved: PathBuf,
+    ) -> Result<(Suspend, std::os::unix::net::UnixStream)> {
+        let (host, guest) = std::os::unix::net::UnixStream::pair()?;
+        let suspend = Suspend {
+            launch,
+            control: Arc::new(Mutex::new(Some(guest.into()))),
+            qmp: Mutex::new(None),
+            ram: Mutex::new(None),
+            saved: Mutex::new(Some(saved)),
+            saving: Arc::new(AtomicBool::new(false)),
+        };
+        Ok((suspend, host))
+    }
+
+    /// How its QEMU runs.
+    pub(super) fn launch(&self) -> &Launch {
+        &self.launch
+    }
+
     pub(super) fn is_saved(&self) -> bool {
         self.saved.lock().unwrap().is_some()
     }
@@ -130,23 +160,28 @@ impl Suspend {
                 "the microVM's monitor or memory is not at hand",
             )));
         };
+        let part = run_dir.join(PARTIAL);
         let dir = run_dir.join(PAUSED);
+        let _ = std::fs::remove_dir_all(&part);
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        std::fs::DirBuilder::new().mode(0o700).create(&part)?;
         let memory = self.launch.memory;
         let written = (|| {
-            let state = std::fs::File::create(dir.join(STATE))?;
-            let copy = std::fs::File::create(dir.join(RAM))?;
+            let state = std::fs::File::create(part.join(STATE))?;
+            let copy = std::fs::File::create(part.join(RAM))?;
             copy.set_len(memory)?;
             self.saving.store(true, Ordering::SeqCst);
             snapshot::save_stopped(q, &state, memfd, &copy, memory)?;
             state.sync_all()?;
             copy.sync_all()?;
+            std::fs::rename(&part, &dir)?;
+            std::fs::File::open(run_dir)?.sync_all()?;
             Ok::<(), Error>(())
         })();
         if let Err(e) = written {
             let _ = snapshot::cont(q);
             self.saving.store(false, Ordering::SeqCst);
+            let _ = std::fs::remove_dir_all(&part);
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e);
         }

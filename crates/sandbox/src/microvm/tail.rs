@@ -50,14 +50,30 @@ impl Tail {
                             keep.push(&buf[..n]);
                             if qemu.is_some() {
                                 carry.extend_from_slice(&buf[..n]);
-                                if carry.windows(PANIC.len()).any(|w| w == PANIC) {
+                                // Once its line is whole: the reason that
+                                // follows is the explanation's best part.
+                                // (A line of a console that says no more
+                                // is taken whole at a page.)
+                                let said = carry
+                                    .windows(PANIC.len())
+                                    .position(|w| w == PANIC)
+                                    .is_some_and(|at| {
+                                        carry[at..].contains(&b'\n') || carry.len() - at > 4096
+                                    });
+                                if said {
                                     let pidfd = qemu.take().expect("checked");
                                     let _ = rustix::process::pidfd_send_signal(
                                         &pidfd,
                                         rustix::process::Signal::KILL,
                                     );
                                 }
-                                let keep_from = carry.len().saturating_sub(PANIC.len());
+                                // Past a panic, its line so far; else the
+                                // end that may begin one.
+                                let keep_from =
+                                    match carry.windows(PANIC.len()).position(|w| w == PANIC) {
+                                        Some(at) => at,
+                                        None => carry.len().saturating_sub(PANIC.len()),
+                                    };
                                 carry.drain(..keep_from);
                             }
                         }
@@ -129,7 +145,8 @@ mod tests {
         assert_eq!(tail.explain(1), "end");
     }
 
-    /// The guest's panic, even split across two reads, ends its QEMU.
+    /// The guest's panic, even split across reads, ends its QEMU once its
+    /// line, which says why, is whole.
     #[test]
     fn a_panicked_guest_s_qemu_is_killed() {
         let mut child = std::process::Command::new("sleep")
@@ -146,7 +163,13 @@ mod tests {
             child.try_wait().unwrap().is_none(),
             "killed on half the words"
         );
-        std::io::Write::write_all(&mut w, b"ic - not syncing: Attempted to kill init!\n").unwrap();
+        std::io::Write::write_all(&mut w, b"ic - not syncing: Attempted to").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "killed before the panic's reason"
+        );
+        std::io::Write::write_all(&mut w, b" kill init!\n").unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while child.try_wait().unwrap().is_none() {
             assert!(std::time::Instant::now() < deadline, "not killed");

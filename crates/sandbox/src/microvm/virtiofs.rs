@@ -46,7 +46,8 @@ const PROGRAM: &str = "virtiofsd";
 const LIBEXEC: &str = "/usr/libexec/virtiofsd";
 
 /// One host directory shared with the guest under `tag`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(super) struct Share {
     pub tag: String,
     pub path: PathBuf,

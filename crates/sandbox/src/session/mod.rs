@@ -53,9 +53,23 @@ pub(crate) trait Lifecycle: Send + Sync {
     fn memory(&self) -> Option<(u64, Option<u64>)> {
         None
     }
+    /// Leaves a sandbox saved to disk for another process: nothing of it
+    /// is removed when this ends. False (nothing done) where it is not
+    /// saved so.
+    fn keep(&self) -> bool {
+        false
+    }
+    /// Whether a pause may save the sandbox to disk, to go on in another
+    /// process: its channel is held at a frame's edge first (see
+    /// `HostMsg::Hold`).
+    fn saves(&self) -> bool {
+        false
+    }
     /// Freezes every process of the sandbox where it is, memory kept (or
-    /// thaws them). Blocking; called off the async runtime.
-    fn freeze(&self, _frozen: bool) -> std::io::Result<()> {
+    /// thaws them); `to_disk`, where the backend [`Lifecycle::saves`], its
+    /// memory saved to disk instead. Blocking; called off the async
+    /// runtime.
+    fn freeze(&self, _frozen: bool, _to_disk: bool) -> std::io::Result<()> {
         Err(std::io::Error::new(
             std::io::ErrorKind::Unsupported,
             "this backend cannot pause a sandbox yet",
@@ -148,8 +162,25 @@ impl Route {
 /// memory.
 const MAX_UNCONSUMED: u64 = WINDOW + 2 * CHUNK as u64;
 
+/// How long a supervisor has to answer a `HostMsg::Hold`: it finishes
+/// one frame of at most [`protocol::MAX_FRAME`] bytes first.
+const HOLD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A hold asked of the session's writer (see [`Sandbox::hold`]): it writes
+/// what was queued before it, then the `Hold` frame, then nothing until
+/// `release` fires or is dropped.
+struct HoldRequest {
+    release: oneshot::Receiver<()>,
+}
+
 pub(crate) struct Inner {
     tx: mpsc::UnboundedSender<Vec<u8>>,
+    /// Holds for the writer.
+    holds: mpsc::UnboundedSender<HoldRequest>,
+    /// Fired by the reader at the supervisor's `Held`.
+    held: Mutex<Option<oneshot::Sender<()>>>,
+    /// Lets the writer go on after a hold.
+    release: Mutex<Option<oneshot::Sender<()>>>,
     routes: Mutex<HashMap<u64, Route>>,
     /// Questions to the supervisor waiting for their answers, by id.
     asked: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<fs::Answer>>>,
@@ -337,11 +368,35 @@ impl Sandbox {
         if self.is_paused() == frozen {
             return Ok(());
         }
+        // Saved to disk only at a frame's edge both ways, so that another
+        // process may go on with it (see `HostMsg::Hold`).
+        let to_disk = frozen
+            && self.inner.lifecycle.saves()
+            && {
+                match self.hold().await {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the sandbox's supervisor did not hold; pausing it in memory");
+                        false
+                    }
+                }
+            };
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || inner.lifecycle.freeze(frozen))
-            .await
-            .map_err(|e| Error::Io(std::io::Error::other(e)))??;
+        let frozen_now =
+            tokio::task::spawn_blocking(move || inner.lifecycle.freeze(frozen, to_disk))
+                .await
+                .map_err(|e| Error::Io(std::io::Error::other(e)))
+                .and_then(|r| r.map_err(Error::Io));
+        if let Err(e) = frozen_now {
+            if frozen {
+                self.release();
+            }
+            return Err(e);
+        }
         self.inner.paused.store(frozen, Ordering::SeqCst);
+        if !frozen {
+            self.release();
+        }
         if !frozen
             && self.inner.set_clock
             && let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)
@@ -351,6 +406,79 @@ impl Sandbox {
             })?;
         }
         Ok(())
+    }
+
+    /// Leaves a sandbox paused to disk for another process to resume
+    /// ([`crate::MicrovmBackend::reattach`]): this session ends, its
+    /// sandbox's saved state, run files and writable root stay. Only a
+    /// microVM with a state directory
+    /// ([`crate::config::VmOptions::state_dir`]), paused to disk, can be
+    /// kept; anything else is refused and goes on as it was.
+    pub async fn keep(&self) -> Result<()> {
+        let _changing = self.inner.pausing.lock().await;
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(Error::Gone);
+        }
+        if !self.is_paused() || !self.inner.lifecycle.keep() {
+            return Err(Error::Config(
+                "only a microVM with a state directory, paused to disk, can be kept for another \
+                 process"
+                    .into(),
+            ));
+        }
+        // Nothing is killed or removed from now on; its ports stop
+        // listening.
+        self.inner.closed.store(true, Ordering::SeqCst);
+        std::mem::take(
+            &mut *self
+                .inner
+                .forwards
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        Ok(())
+    }
+
+    /// Holds the channel (see `HostMsg::Hold`): once this returns, the
+    /// supervisor has read every frame sent before and written its last,
+    /// until [`Sandbox::release`].
+    async fn hold(&self) -> Result<()> {
+        let (held_tx, held) = oneshot::channel();
+        *self.inner.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(held_tx);
+        let (release_tx, release) = oneshot::channel();
+        *self.inner.release.lock().unwrap_or_else(|e| e.into_inner()) = Some(release_tx);
+        self.inner
+            .holds
+            .send(HoldRequest { release })
+            .map_err(|_| Error::Gone)?;
+        match tokio::time::timeout(HOLD_TIMEOUT, held).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => {
+                self.release();
+                Err(self.inner.gone_error())
+            }
+            Err(_) => {
+                self.release();
+                Err(Error::Io(std::io::Error::other(format!(
+                    "the supervisor did not answer a hold in {} s",
+                    HOLD_TIMEOUT.as_secs()
+                ))))
+            }
+        }
+    }
+
+    /// Ends a hold: the supervisor and the session's writer go on.
+    fn release(&self) {
+        let release = self
+            .inner
+            .release
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(release) = release {
+            let _ = self.inner.send(&HostMsg::Release);
+            let _ = release.send(());
+        }
     }
 
     /// Host paths in the workspace the sandbox sees read-only
@@ -410,14 +538,36 @@ impl Sandbox {
         } = params;
         let (mut rd, mut wr) = stream.into_split();
         let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (holds, mut hold_rx) = mpsc::unbounded_channel::<HoldRequest>();
         services.relay().bind(tx.clone());
         let mut first = Vec::new();
         protocol::encode(&setup, &mut first);
         tx.send(first).map_err(|_| Error::Gone)?;
         tokio::spawn(async move {
-            while let Some(buf) = rx.recv().await {
-                if wr.write_all(&buf).await.is_err() {
-                    break;
+            let mut hold_frame = Vec::new();
+            protocol::encode(&HostMsg::Hold, &mut hold_frame);
+            loop {
+                tokio::select! {
+                    biased;
+                    Some(hold) = hold_rx.recv() => {
+                        // What was queued before the hold goes before it;
+                        // what comes after waits for the release.
+                        while let Ok(buf) = rx.try_recv() {
+                            if wr.write_all(&buf).await.is_err() {
+                                return;
+                            }
+                        }
+                        if wr.write_all(&hold_frame).await.is_err() {
+                            return;
+                        }
+                        let _ = hold.release.await;
+                    }
+                    buf = rx.recv() => {
+                        let Some(buf) = buf else { break };
+                        if wr.write_all(&buf).await.is_err() {
+                            break;
+                        }
+                    }
                 }
             }
             // Dropping the write half shuts our side down, which the
@@ -497,6 +647,9 @@ impl Sandbox {
             });
             Inner {
                 tx,
+                holds,
+                held: Mutex::new(None),
+                release: Mutex::new(None),
                 routes: Mutex::new(HashMap::new()),
                 asked: Mutex::new(HashMap::new()),
                 watching: Mutex::new(HashMap::new()),
@@ -528,6 +681,10 @@ impl Sandbox {
         };
         match ready {
             Ok(info) => {
+                // A reattached supervisor's orphans keep their ids.
+                if info.next_id > 0 {
+                    inner.next_id.store(info.next_id, Ordering::SeqCst);
+                }
                 if let Err(e) = inner.services.ready() {
                     inner.closed.store(true, Ordering::SeqCst);
                     inner.lifecycle.kill();
@@ -607,6 +764,13 @@ fn dispatch(inner: &Inner, msg: SupMsg) {
         }
         ref m @ SupMsg::Exited { id, .. } => (id, Event::Exited(m.clone())),
         SupMsg::Ready(_) | SupMsg::SetupFailed { .. } => return,
+        SupMsg::Held => {
+            let held = inner.held.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(held) = held {
+                let _ = held.send(());
+            }
+            return;
+        }
         m @ (SupMsg::Watching { id, .. } | SupMsg::Changes { id, .. }) => {
             let mut watching = inner.watching();
             // A watch dropped meanwhile takes nothing.

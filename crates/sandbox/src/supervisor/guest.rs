@@ -90,15 +90,14 @@ pub(super) fn guest_main() -> ! {
     });
     match built {
         Ok(relay) => {
-            send(
-                &mut ctl,
-                &SupMsg::Ready(ReadyInfo {
-                    landlock: "not used: the sandbox is a virtual machine".into(),
-                    landlock_abi: 0,
-                    seccomp_filters: 0,
-                }),
-            );
-            super::serve::serve(ctl.into(), relay)
+            let ready = ReadyInfo {
+                landlock: "not used: the sandbox is a virtual machine".into(),
+                landlock_abi: 0,
+                seccomp_filters: 0,
+                next_id: 0,
+            };
+            send(&mut ctl, &SupMsg::Ready(ready.clone()));
+            super::serve::serve(ctl.into(), relay, ready)
         }
         Err(e) => fail(&mut ctl, e),
     }

@@ -482,12 +482,13 @@ fn inner_main(
             landlock: c.landlock,
             landlock_abi: c.landlock_abi,
             seccomp_filters: c.seccomp_filters,
+            next_id: 0,
         })
     })();
     match result {
         Ok(info) => {
-            send(&mut ctl, &SupMsg::Ready(info));
-            serve::serve(ctl.into(), None)
+            send(&mut ctl, &SupMsg::Ready(info.clone()));
+            serve::serve(ctl.into(), None, info)
         }
         Err(e) => fail(&mut ctl, e),
     }

@@ -264,6 +264,12 @@ impl Relay {
         }
     }
 
+    /// Ends every connection, telling no one: their host has gone (see
+    /// `HostMsg::Reattach`). The listener stays.
+    pub(super) fn drop_all(&mut self) {
+        self.conns.clear();
+    }
+
     fn close(&mut self, id: u64, send: &mut impl FnMut(&SupMsg)) {
         if self.conns.remove(&id).is_some() {
             send(&SupMsg::NetClose { conn: id });

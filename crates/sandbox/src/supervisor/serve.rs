@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use super::relay::{NetTag, Relay};
 use crate::protocol::{
-    self, CHUNK, ExecSpec, ExitStatus, HostMsg, SpawnStage, Stream, SupMsg, WINDOW, WinSize,
+    self, CHUNK, ExecSpec, ExitStatus, HostMsg, ReadyInfo, SpawnStage, Stream, SupMsg, WINDOW,
+    WinSize,
 };
 
 /// After the command exits, how long its pipes may stay silent before the
@@ -66,6 +67,9 @@ struct Exec {
     /// The kernel's OOM-kill count when the command started, in a microVM
     /// guest, where the whole kernel is the sandbox's.
     oom_at_start: Option<u64>,
+    /// Started for a host that has gone (see `HostMsg::Reattach`): it runs
+    /// on, its output read and dropped, its end told to no one.
+    orphan: bool,
 }
 
 impl Exec {
@@ -74,7 +78,7 @@ impl Exec {
     }
 
     fn can_read(&self) -> bool {
-        self.unacked < WINDOW
+        self.orphan || self.unacked < WINDOW
     }
 }
 
@@ -105,11 +109,20 @@ struct Server {
     fs: Option<super::fs::FsWorker>,
     /// Directories watched for the host.
     watches: super::watch::Watches,
+    /// While held (see `HostMsg::Hold`): how many bytes of `outbuf` may
+    /// still be written, the `Held` frame last.
+    hold: Option<usize>,
+    /// What setup reported, told again to a host that reattaches.
+    ready: ReadyInfo,
+    /// The highest id any host used: a new host's start above it.
+    max_id: u64,
+    /// Answers to ids below this were asked by a host that has gone.
+    floor: u64,
 }
 
 /// Serves the host over `ctl` until it goes; `relay`: the guest's proxy
 /// listener, whose connections go to the host's broker over `ctl`.
-pub fn serve(ctl: OwnedFd, relay: Option<OwnedFd>) -> ! {
+pub fn serve(ctl: OwnedFd, relay: Option<OwnedFd>, ready: ReadyInfo) -> ! {
     let sigfd = match sigchld_fd() {
         Ok(fd) => fd,
         Err(_) => super::exit_now(1),
@@ -125,6 +138,10 @@ pub fn serve(ctl: OwnedFd, relay: Option<OwnedFd>) -> ! {
         relay: Relay::new(relay),
         fs: None,
         watches: Default::default(),
+        hold: None,
+        ready,
+        max_id: 0,
+        floor: 0,
     };
     server.run()
 }
@@ -275,11 +292,19 @@ impl Server {
             .drain(&mut |m: &SupMsg| protocol::encode(m, outbuf));
     }
 
+    /// Bytes of `outbuf` that may be written now.
+    fn writable(&self) -> usize {
+        self.hold.unwrap_or(self.outbuf.len())
+    }
+
     fn flush(&mut self) {
-        while !self.outbuf.is_empty() {
-            match write_fd(self.ctl.as_raw_fd(), &self.outbuf) {
+        while self.writable() > 0 {
+            match write_fd(self.ctl.as_raw_fd(), &self.outbuf[..self.writable()]) {
                 Ok(n) => {
                     self.outbuf.drain(..n);
+                    if let Some(left) = &mut self.hold {
+                        *left -= n;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -303,7 +328,7 @@ impl Server {
                 events,
                 revents: 0,
             };
-            let ctl_events = if self.outbuf.is_empty() {
+            let ctl_events = if self.writable() == 0 {
                 libc::POLLIN
             } else {
                 libc::POLLIN | libc::POLLOUT
@@ -394,6 +419,10 @@ impl Server {
                         // What the operations changed goes first.
                         self.drain_watches();
                         for answer in answers {
+                            // A host that has gone asked for it.
+                            if matches!(answer, SupMsg::Fs { id, .. } if id < self.floor) {
+                                continue;
+                            }
                             self.send(&answer);
                         }
                     }
@@ -446,8 +475,25 @@ impl Server {
     }
 
     fn handle(&mut self, msg: HostMsg) {
+        if let HostMsg::Exec(ExecSpec { id, .. })
+        | HostMsg::Fs { id, .. }
+        | HostMsg::Watch { id, .. }
+        | HostMsg::Usage { id }
+        | HostMsg::FreezeLayer { id, .. } = &msg
+        {
+            self.max_id = self.max_id.max(*id);
+        }
         match msg {
             HostMsg::Setup(_) => {}
+            HostMsg::Hold => {
+                // A second hold before a release: the first one stands.
+                if self.hold.is_none() {
+                    self.send(&SupMsg::Held);
+                    self.hold = Some(self.outbuf.len());
+                }
+            }
+            HostMsg::Release => self.hold = None,
+            HostMsg::Reattach => self.reattach(),
             HostMsg::NetDial { conn, port } => {
                 let outbuf = &mut self.outbuf;
                 self.relay
@@ -549,6 +595,24 @@ impl Server {
         }
     }
 
+    /// A new host took over (see `HostMsg::Reattach`): what the old one
+    /// started is orphaned, and nothing meant for it is sent.
+    fn reattach(&mut self) {
+        for ex in self.execs.values_mut() {
+            ex.orphan = true;
+            ex.stdin = None;
+            ex.stdin_buf.clear();
+        }
+        self.watches = Default::default();
+        self.relay.drop_all();
+        self.outbuf.clear();
+        self.hold = None;
+        self.floor = self.max_id.saturating_add(1);
+        self.ready.next_id = self.floor;
+        let ready = SupMsg::Ready(self.ready.clone());
+        self.send(&ready);
+    }
+
     fn spawn(&mut self, spec: ExecSpec) {
         let id = spec.id;
         match start(&spec) {
@@ -583,7 +647,7 @@ impl Server {
                 if let Some(until) = ex.exited_at.map(|t| t + LINGER_MAX) {
                     ex.linger_until = Some((Instant::now() + LINGER).min(until));
                 }
-                if keep > 0 {
+                if keep > 0 && !ex.orphan {
                     ex.delivered[i] += keep as u64;
                     ex.unacked += keep as u64;
                     let stream = if i == 0 {
@@ -698,6 +762,9 @@ impl Server {
             let Some(ex) = self.execs.remove(&id) else {
                 continue;
             };
+            if ex.orphan {
+                continue;
+            }
             let exited = ex.exited_at.unwrap_or(now);
             let truncated = ex.limit.is_some_and(|l| ex.total.iter().any(|&t| t > l));
             self.send(&SupMsg::Exited {
@@ -874,5 +941,6 @@ fn start(spec: &ExecSpec) -> Result<Exec, (SpawnStage, i32, String)> {
         linger_until: None,
         timed_out: false,
         oom_at_start: guest_oom_kills(),
+        orphan: false,
     })
 }

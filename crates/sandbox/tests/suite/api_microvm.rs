@@ -14,7 +14,7 @@ include!("semantics/body.rs");
 
 mod vm_only {
     use super::*;
-    use cordon_sandbox::VmShares;
+    use cordon_sandbox::{MicrovmBackend, VmShares};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     /// The guest's clock is the host's (set when the supervisor is ready),
@@ -290,6 +290,118 @@ exec {real} "$@"
         );
         eprintln!("paused to disk in {paused_in:?}, resumed in {resumed_in:?}");
         sb.close().await;
+    }
+
+    /// A guest paused to disk with a state directory and kept outlives its
+    /// session: another session resumes it from the directory alone (as a
+    /// server restarted would), its process going on counting with the
+    /// same pid, its memory (/tmp) as it was, a command the first session
+    /// left running orphaned but alive; and again after a second keep.
+    /// What the first session started is told to no one in the second,
+    /// whose ids start above it.
+    #[tokio::test]
+    async fn a_guest_kept_on_disk_goes_on_in_another_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let ws = dir.path().canonicalize().unwrap();
+        let mut c = config(dir.path());
+        c.vm.shares = VmShares::VirtioFs;
+        c.vm.state_dir = Some(state.path().join("vm"));
+        let sb = Sandbox::create(c.clone()).await.unwrap();
+        let out = run(
+            &sb,
+            "echo kept-in-memory > /tmp/mark; setsid sh -c 'echo $$ > /workspace/pid; i=0; while :; do i=$((i+1)); echo $i > /workspace/.count; mv /workspace/.count /workspace/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &",
+        )
+        .await;
+        assert!(out.status.success(), "{}", out.stderr_str());
+        // Left running by this session: orphaned in the next.
+        let mut long = sb
+            .exec_stream(ExecRequest::shell("echo started; exec sleep 1000"))
+            .await
+            .unwrap();
+        let count = || {
+            std::fs::read_to_string(dir.path().join("count"))
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let wait_for = |least: u64| async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while count() < least {
+                assert!(
+                    Instant::now() < deadline,
+                    "it stopped counting at {}",
+                    count()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        wait_for(3).await;
+        let _ = long.next().await;
+        let pid = std::fs::read_to_string(dir.path().join("pid")).unwrap();
+        let pid = pid.trim();
+        let server = format!("--shared-dir={}", ws.display());
+
+        // Not paused: nothing to keep, and it goes on.
+        assert!(sb.keep().await.is_err());
+        sb.pause().await.expect("pause");
+        sb.keep().await.expect("keep");
+        drop(long);
+        drop(sb);
+        assert!(!host_has_process(&server), "its share server still runs");
+        let at = count();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(count(), at, "it counted while kept");
+
+        for round in 0..2 {
+            let sb = MicrovmBackend.reattach(&c).await.expect("reattach");
+            assert!(
+                sb.info().limits.contains("resumed from disk"),
+                "{}",
+                sb.info().limits
+            );
+            let at = count();
+            wait_for(at + 3).await;
+            let out = run(
+                &sb,
+                &format!("cat /tmp/mark; cat /workspace/pid; kill -0 {pid} && echo alive; pgrep -x sleep >/dev/null && echo orphan-runs"),
+            )
+            .await;
+            assert_eq!(
+                out.stdout_str(),
+                format!("kept-in-memory\n{pid}\nalive\norphan-runs\n"),
+                "round {round}: {}",
+                out.stderr_str()
+            );
+            // The file operations' ids are the new session's.
+            let stat = sb
+                .fs(
+                    cordon_sandbox::protocol::FsOp::Stat {
+                        path: "/tmp/mark".into(),
+                    },
+                    None,
+                )
+                .await
+                .unwrap();
+            assert!(
+                matches!(&stat, Ok(cordon_sandbox::protocol::FsAnswer::Entry(e)) if e.size == 15),
+                "{stat:?}"
+            );
+            sb.pause().await.expect("pause again");
+            sb.keep().await.expect("keep again");
+        }
+        // A state directory whose guest ended resumes nothing.
+        let sb = MicrovmBackend.reattach(&c).await.expect("reattach");
+        sb.close().await;
+        assert!(
+            !state.path().join("vm/run").exists(),
+            "its run files stayed"
+        );
+        let err = match MicrovmBackend.reattach(&c).await {
+            Ok(_) => panic!("an ended microVM resumed"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("is not paused to disk"), "{err}");
     }
 
     /// A virtual desktop works in a guest as natively (the computer tool
