@@ -102,11 +102,7 @@ impl WritableLayer {
         let lock = lock_layer(dir.path())?;
         // Removed by this type's Drop from now on.
         let dir = dir.keep();
-        let names: String = image
-            .layers
-            .iter()
-            .filter_map(|l| Some(format!("{}\n", l.file_name()?.to_str()?)))
-            .collect();
+        let names = layer_names(image);
         let layer = WritableLayer {
             dir,
             _lock: lock,
@@ -137,6 +133,15 @@ impl WritableLayer {
             return Err(missing());
         }
         let lock = lock_layer(dir).map_err(|_| missing())?;
+        // Its files are changes to those layers and no others: an image
+        // whose name now means other layers would show them garbled.
+        let recorded = std::fs::read_to_string(dir.join("layers")).map_err(|_| missing())?;
+        if recorded != layer_names(image) {
+            return Err(Error::Config(format!(
+                "the sandbox's writable layer {} was made on other layers than its image has now",
+                dir.display()
+            )));
+        }
         Ok(WritableLayer {
             dir: dir.to_path_buf(),
             _lock: lock,
@@ -317,6 +322,16 @@ pub fn live_upper(dir: &Path, supervisor: Option<i32>) -> Option<std::path::Path
 }
 /// Where e2fsprogs is looked for: the host's, never the caller's `PATH`.
 const TOOL_PATH: &str = "/usr/sbin:/sbin:/usr/bin:/bin";
+
+/// The names of `image`'s layers, one a line, top first: what a writable
+/// layer records of what it was made on.
+fn layer_names(image: &RootImage) -> String {
+    image
+        .layers
+        .iter()
+        .filter_map(|l| Some(format!("{}\n", l.file_name()?.to_str()?)))
+        .collect()
+}
 
 /// `dir` opened and locked exclusively: a writable layer in use (see
 /// [`WritableLayer`]).

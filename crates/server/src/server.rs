@@ -236,16 +236,9 @@ pub async fn start(mut config: ServerConfig) -> Result<Running, ServeError> {
     let pool = tokio::spawn(shared.pool.clone().run(shared.stopping.clone()));
     if shared.config.api && shared.config.cluster.is_none() {
         // Alone, this process made every sandbox the database calls
-        // running: the last one's stop (or crash) ended them.
-        match shared
-            .store
-            .end_running_sandboxes(crate::sandbox_api::ended::STOPPED)
-            .await
-        {
-            Ok(0) => {}
-            Ok(n) => tracing::info!("{n} sandboxes of the last run recorded as ended"),
-            Err(e) => tracing::warn!("cannot record the last run's sandboxes as ended: {e}"),
-        }
+        // running: the last one's stop (or crash) ended them, but for
+        // those paused to disk.
+        crate::sandbox_api::kept::recover(&shared).await;
     }
     {
         // A sandbox ends within a second of its deadline.

@@ -87,12 +87,14 @@ impl Backend for MicrovmBackend {
 }
 
 impl MicrovmBackend {
-    /// Resumes the microVM made with `config` that another process paused
+    /// Takes up the microVM made with `config` that another process paused
     /// to disk and kept ([`Sandbox::keep`]), from its state directory
-    /// ([`crate::config::VmOptions::state_dir`]): its processes, files and
-    /// writable root go on where they were. Commands the other process
-    /// started run on, their output dropped; this session's start afresh.
-    /// On failure the save stays, to be tried again.
+    /// ([`crate::config::VmOptions::state_dir`]), as it was left: paused,
+    /// costing nothing but its files. [`Sandbox::resume`] starts it: its
+    /// processes, files and writable root go on where they were; commands
+    /// the other process started run on, their output dropped, and this
+    /// session's start afresh. Until then it takes no request. A resume
+    /// that fails leaves the save as it was.
     pub async fn reattach(&self, config: &SandboxConfig) -> Result<Sandbox> {
         reattach(config).await
     }
@@ -1035,15 +1037,6 @@ async fn reattach(config: &SandboxConfig) -> Result<Sandbox> {
         reattachable: true,
         kept: Default::default(),
     };
-    // Until its QEMU runs, a failure leaves the save as it was.
-    lifecycle.set_kept(true);
-    let lifecycle = tokio::task::spawn_blocking(move || {
-        let s = lifecycle.suspend.as_ref().expect("adopted");
-        lifecycle.restore(s).map(|()| lifecycle)
-    })
-    .await
-    .map_err(|e| Error::Io(std::io::Error::other(e)))??;
-    lifecycle.set_kept(false);
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;
     let limits = format!("{}, resumed from disk", record.machine);
@@ -1055,7 +1048,18 @@ async fn reattach(config: &SandboxConfig) -> Result<Sandbox> {
         setup_timeout,
         services,
     );
-    Sandbox::connect(stream, params).await
+    Sandbox::adopt(stream, params, guest_ready_info())
+}
+
+/// What a guest's supervisor reports once ready: nothing of the host's
+/// confinement applies inside a virtual machine.
+fn guest_ready_info() -> protocol::ReadyInfo {
+    protocol::ReadyInfo {
+        landlock: "not used: the sandbox is a virtual machine".into(),
+        landlock_abi: 0,
+        seccomp_filters: 0,
+        next_id: 0,
+    }
 }
 
 /// The virtio-fs server, chosen by `vm.shares` (see [`VmShares`]), or

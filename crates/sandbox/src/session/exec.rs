@@ -294,6 +294,7 @@ impl Sandbox {
         if self.inner.gone.load(Ordering::SeqCst) {
             return Err(self.inner.gone_error());
         }
+        self.inner.check_adopted()?;
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let spec = self.build_spec(&req, id)?;
         let (etx, mut erx) = mpsc::unbounded_channel();

@@ -52,6 +52,7 @@ impl Sandbox {
         if inner.gone.load(Ordering::SeqCst) {
             return Err(Error::Gone);
         }
+        inner.check_adopted()?;
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         inner.asked().insert(id, tx);
@@ -277,6 +278,7 @@ impl Sandbox {
         if inner.gone.load(Ordering::SeqCst) {
             return Err(Error::Gone);
         }
+        inner.check_adopted()?;
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (started, answer) = oneshot::channel();
         let (tx, events) = mpsc::channel(WATCH_BACKLOG);

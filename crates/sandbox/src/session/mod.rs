@@ -190,6 +190,10 @@ pub(crate) struct Inner {
     gone: AtomicBool,
     /// Frozen by [`Sandbox::pause`].
     paused: AtomicBool,
+    /// Taken up paused from another process ([`Sandbox::adopt`]): its
+    /// supervisor's `Ready`, which the resume waits for, and how long.
+    #[allow(clippy::type_complexity)]
+    reattaching: Mutex<Option<(oneshot::Receiver<Result<ReadyInfo>>, Duration)>>,
     /// Held while it is paused or resumed.
     pausing: tokio::sync::Mutex<()>,
     pub(crate) lifecycle: Box<dyn Lifecycle>,
@@ -229,6 +233,33 @@ impl Inner {
         let mut buf = Vec::new();
         protocol::encode(msg, &mut buf);
         self.tx.send(buf).map_err(|_| Error::Gone)
+    }
+
+    /// The supervisor's `Ready`, taken up: ids from where it says, the
+    /// services told it runs.
+    fn take_ready(&self, info: ReadyInfo) -> Result<ReadyInfo> {
+        // A reattached supervisor's orphans keep their ids.
+        if info.next_id > 0 {
+            self.next_id.store(info.next_id, Ordering::SeqCst);
+        }
+        self.services.ready()?;
+        Ok(info)
+    }
+
+    /// Fails for a sandbox that takes no request yet: one taken up from
+    /// another process and not resumed, whose ids are not known.
+    pub(crate) fn check_adopted(&self) -> Result<()> {
+        if self
+            .reattaching
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return Err(Error::Config(
+                "the sandbox is paused as another process left it: resume it first".into(),
+            ));
+        }
+        Ok(())
     }
 
     pub(crate) fn is_gone(&self) -> bool {
@@ -393,6 +424,28 @@ impl Sandbox {
             }
             return Err(e);
         }
+        if !frozen {
+            let reattaching = self
+                .inner
+                .reattaching
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some((ready, timeout)) = reattaching {
+                let ready = match tokio::time::timeout(timeout, ready).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(_)) => Err(self.inner.gone_error()),
+                    Err(_) => Err(Error::SetupTimeout(timeout)),
+                };
+                if let Err(e) = ready.and_then(|info| self.inner.take_ready(info)) {
+                    // Running, but not the sandbox it was: ended.
+                    self.inner.closed.store(true, Ordering::SeqCst);
+                    self.inner.lifecycle.kill();
+                    self.inner.mark_gone();
+                    return Err(e);
+                }
+            }
+        }
         self.inner.paused.store(frozen, Ordering::SeqCst);
         if !frozen {
             self.release();
@@ -521,18 +574,75 @@ impl Sandbox {
     /// Starts the protocol over `stream` and waits for the supervisor's
     /// `Ready`. Backends call this after launching their supervisor.
     pub(crate) async fn connect(stream: UnixStream, params: ConnectParams) -> Result<Sandbox> {
+        let (backend, limits, setup_timeout) =
+            (params.backend, params.limits.clone(), params.setup_timeout);
+        let (inner, ready_rx) = Self::open(stream, params, false)?;
+        let ready = match tokio::time::timeout(setup_timeout, ready_rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(Error::Gone),
+            Err(_) => Err(Error::SetupTimeout(setup_timeout)),
+        };
+        match ready.and_then(|info| inner.take_ready(info)) {
+            Ok(info) => {
+                let _ = inner.info.set(SandboxInfo {
+                    backend,
+                    limits,
+                    landlock: info.landlock,
+                    seccomp_filters: info.seccomp_filters,
+                });
+                Ok(Sandbox { inner })
+            }
+            Err(e) => {
+                inner.closed.store(true, Ordering::SeqCst);
+                inner.lifecycle.kill();
+                Err(e)
+            }
+        }
+    }
+
+    /// A sandbox another process left paused (see [`Sandbox::keep`]),
+    /// taken up paused: `params.setup` (a `Reattach`) waits in the channel
+    /// for its resume, which waits for the supervisor's answer. `info` is
+    /// what it is known to say. Until then it takes no request.
+    pub(crate) fn adopt(
+        stream: UnixStream,
+        params: ConnectParams,
+        info: ReadyInfo,
+    ) -> Result<Sandbox> {
+        let (backend, limits, setup_timeout) =
+            (params.backend, params.limits.clone(), params.setup_timeout);
+        let (inner, ready_rx) = Self::open(stream, params, true)?;
+        let _ = inner.info.set(SandboxInfo {
+            backend,
+            limits,
+            landlock: info.landlock,
+            seccomp_filters: info.seccomp_filters,
+        });
+        *inner.reattaching.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((ready_rx, setup_timeout));
+        Ok(Sandbox { inner })
+    }
+
+    /// Starts the session's reader and writer over `stream`, `params.setup`
+    /// first; the receiver hears the supervisor's `Ready`.
+    #[allow(clippy::type_complexity)]
+    fn open(
+        stream: UnixStream,
+        params: ConnectParams,
+        paused: bool,
+    ) -> Result<(Arc<Inner>, oneshot::Receiver<Result<ReadyInfo>>)> {
         let ConnectParams {
             setup,
             lifecycle,
-            limits,
-            backend,
+            limits: _,
+            backend: _,
             base_env,
             workdir,
             read_only,
             bind_targets,
             network,
             image_user,
-            setup_timeout,
+            setup_timeout: _,
             set_clock,
             services,
         } = params;
@@ -655,8 +765,9 @@ impl Sandbox {
                 watching: Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
                 gone: AtomicBool::new(false),
-                paused: AtomicBool::new(false),
+                paused: AtomicBool::new(paused),
                 pausing: tokio::sync::Mutex::new(()),
+                reattaching: Mutex::new(None),
                 lifecycle,
                 closed: AtomicBool::new(false),
                 info: std::sync::OnceLock::new(),
@@ -674,36 +785,7 @@ impl Sandbox {
                 set_clock,
             }
         });
-        let ready = match tokio::time::timeout(setup_timeout, ready_rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(Error::Gone),
-            Err(_) => Err(Error::SetupTimeout(setup_timeout)),
-        };
-        match ready {
-            Ok(info) => {
-                // A reattached supervisor's orphans keep their ids.
-                if info.next_id > 0 {
-                    inner.next_id.store(info.next_id, Ordering::SeqCst);
-                }
-                if let Err(e) = inner.services.ready() {
-                    inner.closed.store(true, Ordering::SeqCst);
-                    inner.lifecycle.kill();
-                    return Err(e);
-                }
-                let _ = inner.info.set(SandboxInfo {
-                    backend,
-                    limits,
-                    landlock: info.landlock,
-                    seccomp_filters: info.seccomp_filters,
-                });
-                Ok(Sandbox { inner })
-            }
-            Err(e) => {
-                inner.closed.store(true, Ordering::SeqCst);
-                inner.lifecycle.kill();
-                Err(e)
-            }
-        }
+        Ok((inner, ready_rx))
     }
 
     /// The directory of an image sandbox's writable layer on the host (its

@@ -293,12 +293,12 @@ exec {real} "$@"
     }
 
     /// A guest paused to disk with a state directory and kept outlives its
-    /// session: another session resumes it from the directory alone (as a
-    /// server restarted would), its process going on counting with the
-    /// same pid, its memory (/tmp) as it was, a command the first session
-    /// left running orphaned but alive; and again after a second keep.
-    /// What the first session started is told to no one in the second,
-    /// whose ids start above it.
+    /// session: another session takes it up from the directory alone (as
+    /// a server restarted would), paused, and resumes it: its process goes
+    /// on counting with the same pid, its memory (/tmp) as it was, a
+    /// command the first session left running orphaned but alive; and
+    /// again after a second keep. What the first session started is told
+    /// to no one in the second, whose ids start above it.
     #[tokio::test]
     async fn a_guest_kept_on_disk_goes_on_in_another_session() {
         let dir = tempfile::tempdir().unwrap();
@@ -354,7 +354,13 @@ exec {real} "$@"
         assert_eq!(count(), at, "it counted while kept");
 
         for round in 0..2 {
+            // Taken up as it was left: paused, taking no request.
             let sb = MicrovmBackend.reattach(&c).await.expect("reattach");
+            assert!(sb.is_paused());
+            assert!(!host_has_process(&server));
+            let err = sb.exec(ExecRequest::shell("true")).await.unwrap_err();
+            assert!(err.to_string().contains("resume it first"), "{err}");
+            sb.resume().await.expect("resume");
             assert!(
                 sb.info().limits.contains("resumed from disk"),
                 "{}",
@@ -390,7 +396,7 @@ exec {real} "$@"
             sb.pause().await.expect("pause again");
             sb.keep().await.expect("keep again");
         }
-        // A state directory whose guest ended resumes nothing.
+        // Ended without a resume, it is gone with its files.
         let sb = MicrovmBackend.reattach(&c).await.expect("reattach");
         sb.close().await;
         assert!(

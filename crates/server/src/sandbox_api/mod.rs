@@ -11,6 +11,7 @@
 mod commands;
 mod fork;
 mod fs;
+pub(crate) mod kept;
 mod pty;
 mod view;
 
@@ -139,7 +140,7 @@ async fn live_or_paused(
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes", summary = "Pause a sandbox",
-    description = "Every process in it stops where it is, its memory kept (a native sandbox's cgroup frozen, a microVM's QEMU stopped), until `POST …/resume`; its timeout stands still meanwhile. Commands, metrics and ports answer 409 while it is paused; its files can be read and written. Pausing a paused sandbox does nothing. It does not outlive the server process yet.",
+    description = "Every process in it stops where it is, its memory kept (a native sandbox's cgroup frozen, a microVM's QEMU stopped), until `POST …/resume`; its timeout stands still meanwhile. Commands, metrics and ports answer 409 while it is paused; its files can be read and written. Pausing a paused sandbox does nothing. A microVM is paused to disk where its shares are virtio-fs: it then costs disk, not memory, and outlives the server, whose next start finds it paused under its id.",
     params(("id" = String, Path)),
     responses((status = 200, body = SandboxView),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
@@ -350,6 +351,103 @@ pub(crate) async fn start(
             .map_err(|e| unavailable(&id, "make its workspace", e))?
             .map_err(|e| unavailable(&id, "make its workspace", e))?
     };
+    let Configured {
+        sc,
+        account,
+        layers,
+        fork_root,
+    } = configure(shared, tenant, &id, &asked, &options, parent).await?;
+    let backend = sc.backend;
+    let created = cordon_sandbox::Sandbox::create(sc).await;
+    shared.metrics.sandbox_started(backend, created.is_ok());
+    let sandbox = match created {
+        Ok(s) => s,
+        Err(e) => {
+            drop(in_use);
+            crate::files::remove_files(d, "a sandbox that did not start").await;
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "sandbox_error",
+                format!("cannot create the sandbox: {e}"),
+            ));
+        }
+    };
+    let _ = sandbox.set_label(&id);
+    // The image as chosen now: the default may change before it is
+    // taken up again.
+    let to_keep = NewSandbox {
+        image: options.image.clone(),
+        ..asked.clone()
+    };
+    if backend == cordon_sandbox::BackendKind::Microvm
+        && let Err(e) = kept::record(&d, &to_keep)
+    {
+        tracing::warn!(
+            "sandbox {id}: cannot record its request, so it cannot outlive this server: {e}"
+        );
+    }
+    let timeout = Duration::from_secs(options.timeout_secs);
+    let expires_ms = now_ms() + timeout.as_millis() as i64;
+    let request = asked.stored(&options, parent.map(|p| p.id));
+    let metadata = serde_json::to_string(&asked.metadata).unwrap_or_else(|_| "{}".into());
+    let row = match shared
+        .store
+        .insert_sandbox(&id, tenant, expires_ms, &request, &metadata)
+        .await
+    {
+        Ok(row) => row,
+        Err(e) => {
+            sandbox.close().await;
+            drop(in_use);
+            crate::files::remove_files(d, "a sandbox that was not recorded").await;
+            return Err(e.into());
+        }
+    };
+    let live = register(
+        shared,
+        crate::boxes::Made {
+            id: id.clone(),
+            tenant: tenant.to_string(),
+            image: options.image.map(String::from),
+            account,
+            layers,
+            deadline: Instant::now() + timeout,
+            timeout,
+            on_timeout: asked.on_timeout,
+            auto_resume: asked.auto_resume,
+            public: asked.public,
+            env: asked.env,
+            fork_root,
+        },
+        sandbox,
+        slot,
+        in_use,
+    );
+    tracing::info!("sandbox {id} of {tenant}: created");
+    Ok((row, live))
+}
+
+/// A sandbox's configuration, and what comes with it.
+pub(crate) struct Configured {
+    pub sc: cordon_sandbox::SandboxConfig,
+    pub account: cordon_image::root::Account,
+    pub layers: Vec<std::path::PathBuf>,
+    pub fork_root: Option<Arc<crate::catalog::ForkRoot>>,
+}
+
+/// How sandbox `id` of `tenant`'s runs, as `asked` with `options`
+/// (settled): its root, its user, its environment; a microVM's state in
+/// its directory, so that it may outlive this process (see [`kept`]).
+pub(crate) async fn configure(
+    shared: &Shared,
+    tenant: &str,
+    id: &str,
+    asked: &NewSandbox,
+    options: &crate::job::RunOptions,
+    parent: Option<&Parent<'_>>,
+) -> ApiResult<Configured> {
+    let d = dir(shared, id);
+    let ws = d.join("workspace");
     let fork_root = parent.and_then(|p| p.root.clone());
     let (image, account, layers) = match (&options.image, &fork_root) {
         (None, _) => (None, None, Vec::new()),
@@ -368,9 +466,12 @@ pub(crate) async fn start(
             (Some(ready.root), Some(ready.account), layers)
         }
     };
-    let mut sc = shared.config.sandboxes().for_options(&ws, image, &options);
+    let mut sc = shared.config.sandboxes().for_options(&ws, image, options);
     if let (Some(image), Some(disk)) = (&mut sc.image, parent.and_then(|p| p.disk.as_ref())) {
         image.upper_from = Some(disk.to_path_buf());
+    }
+    if sc.backend == cordon_sandbox::BackendKind::Microvm {
+        sc.vm.state_dir = Some(d.join(kept::VM_STATE));
     }
     // On an image, commands run as its user, at home unless told
     // otherwise (the host's root has neither: /workspace it is).
@@ -391,39 +492,24 @@ pub(crate) async fn start(
         },
     };
     sc.env.extend(asked.env.clone());
-    let backend = sc.backend;
-    let created = cordon_sandbox::Sandbox::create(sc).await;
-    shared.metrics.sandbox_started(backend, created.is_ok());
-    let sandbox = match created {
-        Ok(s) => s,
-        Err(e) => {
-            drop(in_use);
-            crate::files::remove_files(d, "a sandbox that did not start").await;
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "sandbox_error",
-                format!("cannot create the sandbox: {e}"),
-            ));
-        }
-    };
-    let _ = sandbox.set_label(&id);
-    let timeout = Duration::from_secs(options.timeout_secs);
-    let expires_ms = now_ms() + timeout.as_millis() as i64;
-    let request = asked.stored(&options, parent.map(|p| p.id));
-    let metadata = serde_json::to_string(&asked.metadata).unwrap_or_else(|_| "{}".into());
-    let row = match shared
-        .store
-        .insert_sandbox(&id, tenant, expires_ms, &request, &metadata)
-        .await
-    {
-        Ok(row) => row,
-        Err(e) => {
-            sandbox.close().await;
-            drop(in_use);
-            crate::files::remove_files(d, "a sandbox that was not recorded").await;
-            return Err(e.into());
-        }
-    };
+    Ok(Configured {
+        sc,
+        account,
+        layers,
+        fork_root,
+    })
+}
+
+/// Registers a sandbox that runs (or was taken up paused): its network
+/// policy listed, found by its id, sampled.
+pub(crate) fn register(
+    shared: &Shared,
+    made: crate::boxes::Made,
+    sandbox: cordon_sandbox::Sandbox,
+    slot: crate::caps::Slot,
+    in_use: cordon_sandbox::volume::InUse,
+) -> Arc<LiveBox> {
+    let id = made.id.clone();
     let policy = sandbox.network().map(|net| {
         shared
             .policies
@@ -432,30 +518,10 @@ pub(crate) async fn start(
     shared
         .sandboxes
         .insert(Owner::Sandbox(id.clone()), &sandbox);
-    let live = Arc::new(LiveBox::new(
-        crate::boxes::Made {
-            id: id.clone(),
-            tenant: tenant.to_string(),
-            image: options.image.map(String::from),
-            account,
-            layers,
-            deadline: Instant::now() + timeout,
-            timeout,
-            on_timeout: asked.on_timeout,
-            auto_resume: asked.auto_resume,
-            public: asked.public,
-            env: asked.env,
-            fork_root,
-        },
-        sandbox,
-        policy,
-        slot,
-        in_use,
-    ));
+    let live = Arc::new(LiveBox::new(made, sandbox, policy, slot, in_use));
     shared.boxes.insert(live.clone());
     live.sample();
-    tracing::info!("sandbox {id} of {tenant}: created");
-    Ok((row, live))
+    live
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", summary = "A sandbox",
@@ -643,9 +709,13 @@ pub async fn reap(shared: &Shared) {
     }
 }
 
-/// Ends every sandbox (the server stops).
+/// Ends every sandbox (the server stops), but for those paused to disk,
+/// which are kept for the next server (see [`kept`]).
 pub async fn close_all(shared: &Shared) {
     for b in shared.boxes.take_all() {
+        if kept::keep(shared, &b).await {
+            continue;
+        }
         end(shared, b, ended::STOPPED).await;
     }
 }

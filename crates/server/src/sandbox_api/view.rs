@@ -39,7 +39,7 @@ pub(crate) fn check_env(env: &BTreeMap<String, String>) -> ApiResult<()> {
 }
 
 /// `POST /v1/sandboxes`.
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewSandbox {
     /// The image its root is made from: one of the server's catalog or

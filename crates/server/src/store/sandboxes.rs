@@ -98,6 +98,18 @@ impl Store {
         rows.iter().map(from_row).collect()
     }
 
+    /// Every tenant's sandboxes that have not ended, oldest first: what a
+    /// server that starts finds of the last one's.
+    pub async fn all_running_sandboxes(&self) -> Result<Vec<SandboxRow>> {
+        let rows = sqlx::query(
+            "SELECT id, tenant, created_ms, expires_ms, ended_ms, end_reason, request, metadata \
+             FROM sandboxes WHERE ended_ms IS NULL ORDER BY created_ms, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(from_row).collect()
+    }
+
     /// Moves a running sandbox's end to `expires_ms`; false when it has
     /// ended (or is not the tenant's).
     pub async fn extend_sandbox(&self, tenant: &str, id: &str, expires_ms: i64) -> Result<bool> {
@@ -126,18 +138,5 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(())
-    }
-
-    /// Records the end of every sandbox this database still calls running
-    /// (a process that stopped without saying so took them): `reason`.
-    pub async fn end_running_sandboxes(&self, reason: &str) -> Result<u64> {
-        let done = sqlx::query(
-            "UPDATE sandboxes SET ended_ms = $1, end_reason = $2 WHERE ended_ms IS NULL",
-        )
-        .bind(now_ms())
-        .bind(reason)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
     }
 }

@@ -666,6 +666,107 @@ async fn a_paused_sandbox_resumes_where_it_was() {
     s.delete(&t, &format!("/v1/sandboxes/{id}")).await;
 }
 
+/// A microVM paused to disk outlives its server: stopped, the server keeps
+/// it (no QEMU of it runs); started again over the same data, it finds it
+/// paused under its id, refuses its commands until it is resumed, and once
+/// resumed its process goes on counting, its memory and environment as
+/// they were. Stopped while it runs, it ends as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_microvm_outlives_its_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db_url, _pg) = crate::common::database(Db::Sqlite, dir.path()).unwrap();
+    let vm = |c: &mut cordon_server::ServerConfig| {
+        c.vm.shares = cordon_sandbox::VmShares::VirtioFs;
+    };
+    let s = TestServer::start_at(dir.path(), &db_url, vm).await;
+    let t = s.token("acme").await;
+    let id = create(
+        &s,
+        &t,
+        json!({"backend": "microvm", "timeout_secs": 600, "env": {"APP_ENV": "kept"}}),
+    )
+    .await;
+    let (status, r) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", "background": true}),
+        )
+        .await;
+    assert_eq!(status, 202, "{r}");
+    run(&s, &t, &id, json!({"cmd": "echo in-memory > /tmp/mark"})).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (status, v) = s
+        .post(&t, &format!("/v1/sandboxes/{id}/pause"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    s.stop().await;
+    let workspace = format!("sandboxes/{id}/workspace");
+    assert!(
+        !host_runs(&workspace),
+        "a process of the kept sandbox still runs"
+    );
+
+    let s = TestServer::start_at(dir.path(), &db_url, vm).await;
+    let (status, got) = s.get(&t, &format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(
+        (status, got["state"].as_str()),
+        (200, Some("paused")),
+        "{got}"
+    );
+    let (status, v) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "true"}),
+        )
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (409, Some("paused")),
+        "{v}"
+    );
+    let (status, v) = s
+        .post(&t, &format!("/v1/sandboxes/{id}/resume"), json!({}))
+        .await;
+    assert_eq!((status, v["state"].as_str()), (200, Some("running")), "{v}");
+    let read = |cmd: &'static str| {
+        let (s, t, id) = (&s, &t, &id);
+        async move {
+            let r = run(s, t, id, json!({"cmd": cmd})).await;
+            r["stdout"].as_str().unwrap().to_string()
+        }
+    };
+    let first =
+        read("cat /tmp/mark; echo $APP_ENV; kill -0 $(cat /tmp/pid) && echo alive; cat /tmp/count")
+            .await;
+    let mut lines = first.lines();
+    assert_eq!(lines.next(), Some("in-memory"), "{first}");
+    assert_eq!(lines.next(), Some("kept"), "{first}");
+    assert_eq!(lines.next(), Some("alive"), "{first}");
+    let at: u64 = lines.next().unwrap().parse().unwrap();
+    // About 8 counted before the pause: it went on from there.
+    assert!((3..40).contains(&at), "{first}");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let later: u64 = read("cat /tmp/count").await.trim().parse().unwrap();
+    assert!(later > at, "it did not go on counting: {at} then {later}");
+
+    // Stopped while it runs, it ends.
+    s.stop().await;
+    let s = TestServer::start_at(dir.path(), &db_url, vm).await;
+    let (_, got) = s.get(&t, &format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(got["state"], "ended", "{got}");
+    assert!(!dir.path().join("data").join(&workspace).exists());
+}
+
+/// Whether a host process's command line holds `needle`.
+fn host_runs(needle: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+    })
+}
+
 /// `on_timeout: pause`: at its end it pauses instead, and a resume gives
 /// it its whole timeout again.
 #[tokio::test]
