@@ -46,6 +46,7 @@ mod cache;
 pub mod cgroup;
 mod config;
 mod connect;
+pub mod copy;
 mod create;
 mod disk;
 mod display;
@@ -104,6 +105,7 @@ pub const LAYERS: &[&str] = &[
     "subids",
     "tree",
     "sparse",
+    "copy",
     "supervisor",
     "netrelay",
     "services",
