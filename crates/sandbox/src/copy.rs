@@ -41,14 +41,23 @@ pub struct Copied {
     pub skipped: u64,
 }
 
-/// Copies the directory `from` (hostile) to `to`, which must not exist
-/// (its parent is the caller's own). On failure the partial copy is the
+/// Copies what is in the directory `from` (hostile) into `to`, an empty
+/// directory of the caller's (a fork's new workspace), which then takes
+/// `from`'s bits, owner and times. On failure the partial copy is the
 /// caller's to remove.
 pub fn copy_tree(from: &Path, to: &Path) -> std::io::Result<Copied> {
     let src = rustix::fs::open(from, dir_flags(), Mode::empty())?;
     let st = rustix::fs::fstat(&src)?;
-    std::fs::DirBuilder::new().create(to)?;
     let dst = rustix::fs::open(to, dir_flags(), Mode::empty())?;
+    let mut listing = rustix::fs::Dir::read_from(&dst)?;
+    while let Some(entry) = listing.read() {
+        if !matches!(entry?.file_name().to_bytes(), b"." | b"..") {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} is not empty", to.display()),
+            ));
+        }
+    }
     let mut c = Copier {
         dev: st.st_dev,
         root: rustix::process::geteuid().is_root(),
@@ -232,6 +241,7 @@ mod tests {
             .set_modified(old)
             .unwrap();
 
+        std::fs::create_dir(&to).unwrap();
         let done = copy_tree(&from, &to).unwrap();
         assert_eq!(
             (done.files, done.dirs, done.links, done.skipped),
@@ -264,7 +274,7 @@ mod tests {
             "host's"
         );
 
-        // An existing target is refused, not merged into.
+        // A target with anything in it is refused, not merged into.
         assert!(copy_tree(&from, &to).is_err());
 
         let deep = tmp.path().join("deep");
@@ -273,6 +283,7 @@ mod tests {
             p.push("d");
         }
         std::fs::create_dir_all(&p).unwrap();
+        std::fs::create_dir(tmp.path().join("deep-copy")).unwrap();
         let err = copy_tree(&deep, &tmp.path().join("deep-copy")).unwrap_err();
         assert!(err.to_string().contains("deeper than"), "{err}");
     }

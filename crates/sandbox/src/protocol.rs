@@ -404,8 +404,13 @@ pub enum HostMsg {
     /// one: everything the old one started is orphaned (commands go on,
     /// their output dropped; watches and connections end), and the
     /// supervisor answers `SupMsg::Ready`, with ids for the new host to
-    /// start from.
-    Reattach,
+    /// start from. A microVM's guest mixes `seed` into its kernel's
+    /// randomness first: forks resumed from one saved memory must not
+    /// draw the same numbers.
+    Reattach {
+        #[serde(with = "serde_bytes")]
+        seed: Vec<u8>,
+    },
 }
 
 /// Entries one listing answers at most; past it, the listing fails

@@ -241,6 +241,32 @@ impl Lifecycle for VmLifecycle {
         self.suspend.is_some()
     }
 
+    fn fork_saved(&self, children: &[SandboxConfig]) -> Result<()> {
+        let saved = self.suspend.as_ref().is_some_and(Suspend::is_saved);
+        if !saved || !self.reattachable {
+            return Err(Error::Config(
+                "only a microVM on virtio-fs with a state directory, saved to disk, forks from its \
+                 memory"
+                    .into(),
+            ));
+        }
+        let state = self
+            .run_dir
+            .parent()
+            .expect("a state directory's run directory");
+        let record = Record::read(state)?;
+        let upper = self
+            .disks
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|d| d.host_files().1);
+        for child in children {
+            fork_child(&record, &self.run_dir, upper.as_deref(), child)?;
+        }
+        Ok(())
+    }
+
     fn keep(&self) -> bool {
         let saved = self.suspend.as_ref().is_some_and(Suspend::is_saved);
         if saved && self.reattachable {
@@ -953,6 +979,110 @@ impl Record {
     }
 }
 
+/// Makes `child`'s state directory a copy of a guest saved in `run` (its
+/// `record`, its writable disk `upper`): the save linked (its files are
+/// only read, then removed), the writable disk copied into a layer of the
+/// child's own, the workspace copied into the child's (empty) one, and a
+/// record of the child's paths. Blocking.
+fn fork_child(
+    record: &Record,
+    run: &Path,
+    upper: Option<&Path>,
+    child: &SandboxConfig,
+) -> Result<()> {
+    let state = child.vm.state_dir.as_deref().ok_or_else(|| {
+        Error::Config("a fork from memory needs its own state directory (vm.state_dir)".into())
+    })?;
+    let (workspace, _) = child.validate()?;
+    let child_run = state_run_dir(state)?;
+    let paused = child_run.join(suspend::PAUSED);
+    std::fs::DirBuilder::new().mode(0o700).create(&paused)?;
+    for name in [suspend::STATE, suspend::RAM] {
+        let from = run.join(suspend::PAUSED).join(name);
+        let to = paused.join(name);
+        if std::fs::hard_link(&from, &to).is_err() {
+            crate::sparse::copy_file(&from, &to)?;
+        }
+    }
+    // Shares cordon staged in the run directory (a sandbox's own /etc).
+    let mut shares = record.shares.clone();
+    for share in &mut shares {
+        if let Ok(rel) = share.path.strip_prefix(run) {
+            let to = child_run.join(rel);
+            std::fs::create_dir_all(&to)?;
+            crate::copy::copy_tree(&share.path, &to)?;
+            share.path = to;
+        } else if share.path == record.workspace {
+            share.path = PathBuf::from(&workspace);
+        }
+    }
+    let layer = match (&child.image, upper) {
+        (Some(image), Some(upper)) => {
+            let mut layer = crate::backend::WritableLayer::new(image)?;
+            let disk = layer.copy_disk(upper)?;
+            layer.set_kept(true);
+            Some((layer.dir().to_path_buf(), disk))
+        }
+        (None, None) => None,
+        _ => {
+            return Err(Error::Config(
+                "a fork from memory has its parent's root: an image's, or the host's".into(),
+            ));
+        }
+    };
+    crate::copy::copy_tree(&record.workspace, Path::new(&workspace))?;
+    let (mut args, mut write) = (record.args.clone(), record.write.clone());
+    if let (Some(upper), Some((_, disk))) = (upper, &layer) {
+        let (from, to) = (disks::drive_path(upper)?, disks::drive_path(disk)?);
+        for a in &mut args {
+            if let Some(rest) = a.strip_prefix(&format!("file={from},")) {
+                *a = format!("file={to},{rest}");
+            }
+        }
+        for w in &mut write {
+            if w == upper {
+                *w = disk.clone();
+            }
+        }
+    }
+    Record {
+        protocol: record.protocol,
+        qemu: record.qemu.clone(),
+        args,
+        read: record.read.clone(),
+        write,
+        memory: record.memory,
+        virtiofsd: record.virtiofsd.clone(),
+        shares,
+        workspace: PathBuf::from(&workspace),
+        layer: layer.map(|(dir, _)| dir),
+        machine: record.machine.clone(),
+    }
+    .write(state)
+}
+
+impl Sandbox {
+    /// Forks this microVM from its memory: each of `children` (their
+    /// configurations, as this one's but for an empty workspace and a
+    /// state directory of their own) starts from this one's state at one
+    /// instant, its processes and memory, devices, root disk and
+    /// workspace. This one is saved to disk meanwhile and goes on as it
+    /// was. The children come back as [`MicrovmBackend::reattach`] gives
+    /// them: paused, each to be resumed (its kernel's randomness reseeded
+    /// then); commands this one had started run on in each, their output
+    /// dropped. Only a running microVM on virtio-fs with a state
+    /// directory forks so. On failure none is returned, their directories
+    /// the caller's to remove.
+    pub async fn fork_from_memory(&self, children: &[SandboxConfig]) -> Result<Vec<Sandbox>> {
+        self.fork_saved(children).await?;
+        let mut forks = Vec::with_capacity(children.len());
+        for child in children {
+            forks.push(reattach(child).await?);
+        }
+        Ok(forks)
+    }
+}
+
 /// See [`MicrovmBackend::reattach`].
 async fn reattach(config: &SandboxConfig) -> Result<Sandbox> {
     let state = config.vm.state_dir.as_deref().ok_or_else(|| {
@@ -1040,9 +1170,12 @@ async fn reattach(config: &SandboxConfig) -> Result<Sandbox> {
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;
     let limits = format!("{}, resumed from disk", record.machine);
+    let mut seed = vec![0u8; crate::layout::HOLD_SEED_LEN];
+    rustix::rand::getrandom(&mut seed, rustix::rand::GetRandomFlags::empty())
+        .map_err(std::io::Error::from)?;
     let params = connect_params(
         config,
-        HostMsg::Reattach,
+        HostMsg::Reattach { seed },
         Box::new(lifecycle),
         limits,
         setup_timeout,

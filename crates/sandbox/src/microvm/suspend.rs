@@ -39,8 +39,8 @@ use crate::error::{Error, Result};
 /// files: the devices' state (QEMU's migration stream) and the memory.
 pub(super) const PAUSED: &str = "paused";
 const PARTIAL: &str = "paused.part";
-const STATE: &str = "state";
-const RAM: &str = "ram";
+pub(super) const STATE: &str = "state";
+pub(super) const RAM: &str = "ram";
 
 /// The guest's end of the control channel, kept by cordon for a guest
 /// that may be saved (see the module's rules), with the flag that says a

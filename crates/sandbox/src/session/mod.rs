@@ -59,6 +59,14 @@ pub(crate) trait Lifecycle: Send + Sync {
     fn keep(&self) -> bool {
         false
     }
+    /// While it is saved to disk: makes each of `children` (their
+    /// configurations) a copy of it to take up (see `Sandbox::fork`).
+    /// Blocking.
+    fn fork_saved(&self, _children: &[crate::config::SandboxConfig]) -> Result<()> {
+        Err(Error::Config(
+            "only a microVM on virtio-fs with a state directory forks from its memory".into(),
+        ))
+    }
     /// Whether a pause may save the sandbox to disk, to go on in another
     /// process: its channel is held at a frame's edge first (see
     /// `HostMsg::Hold`).
@@ -490,6 +498,51 @@ impl Sandbox {
                 .unwrap_or_else(|p| p.into_inner()),
         );
         Ok(())
+    }
+
+    /// Saves this sandbox to disk and has its backend make each of
+    /// `children` a copy of it to take up (see
+    /// [`crate::Sandbox::fork_from_memory`]); it then goes on as it was.
+    pub(crate) async fn fork_saved(&self, children: &[crate::config::SandboxConfig]) -> Result<()> {
+        let _changing = self.inner.pausing.lock().await;
+        if self.inner.gone.load(Ordering::SeqCst) || self.inner.closed.load(Ordering::SeqCst) {
+            return Err(Error::Gone);
+        }
+        if self.is_paused() {
+            return Err(Error::Config(
+                "a paused sandbox does not fork: resume it first".into(),
+            ));
+        }
+        if !self.inner.lifecycle.saves() {
+            return Err(Error::Config(
+                "only a microVM on virtio-fs forks from its memory".into(),
+            ));
+        }
+        self.hold().await?;
+        let inner = self.inner.clone();
+        let kids = children.to_vec();
+        let made = tokio::task::spawn_blocking(move || {
+            let made = inner
+                .lifecycle
+                .freeze(true, true)
+                .map_err(Error::Io)
+                .and_then(|()| inner.lifecycle.fork_saved(&kids));
+            // This one goes on whatever became of the copies.
+            let resumed = inner.lifecycle.freeze(false, false).map_err(Error::Io);
+            made.and(resumed)
+        })
+        .await
+        .map_err(|e| Error::Io(std::io::Error::other(e)))
+        .and_then(|r| r);
+        self.release();
+        if self.inner.set_clock
+            && let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)
+        {
+            let _ = self.inner.send(&HostMsg::SetClock {
+                realtime_ns: now.as_nanos() as u64,
+            });
+        }
+        made
     }
 
     /// Holds the channel (see `HostMsg::Hold`): once this returns, the

@@ -118,11 +118,20 @@ fn hold(port: &mut File) -> std::io::Result<()> {
     if &go[..8] != HOLD_GO {
         return Err(std::io::Error::other("the host did not say go"));
     }
+    mix_entropy(&go[8..])?;
+    port.write_all(HOLD_ACK)
+}
+
+/// Mixes the host's `seed` into the kernel's pool and reseeds at once:
+/// guests started from one saved memory would otherwise draw the same
+/// random numbers.
+pub(super) fn mix_entropy(seed: &[u8]) -> std::io::Result<()> {
     // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
-    let mut info = Vec::with_capacity(8 + HOLD_SEED_LEN);
-    info.extend_from_slice(&((HOLD_SEED_LEN * 8) as i32).to_ne_bytes());
-    info.extend_from_slice(&(HOLD_SEED_LEN as i32).to_ne_bytes());
-    info.extend_from_slice(&go[8..]);
+    let words = seed.len() / 4;
+    let mut info = Vec::with_capacity(8 + words * 4);
+    info.extend_from_slice(&((words * 32) as i32).to_ne_bytes());
+    info.extend_from_slice(&((words * 4) as i32).to_ne_bytes());
+    info.extend_from_slice(&seed[..words * 4]);
     let random = File::open("/dev/urandom")?;
     use std::os::fd::AsRawFd;
     // SAFETY: the request's argument is the rand_pool_info built above.
@@ -137,7 +146,7 @@ fn hold(port: &mut File) -> std::io::Result<()> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    port.write_all(HOLD_ACK)
+    Ok(())
 }
 
 /// Loads the modules init left for after the hold, in init's order.

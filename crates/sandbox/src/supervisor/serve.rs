@@ -493,7 +493,16 @@ impl Server {
                 }
             }
             HostMsg::Release => self.hold = None,
-            HostMsg::Reattach => self.reattach(),
+            HostMsg::Reattach { seed } => {
+                if super::IN_GUEST.load(std::sync::atomic::Ordering::Relaxed)
+                    && super::guest::mix_entropy(&seed).is_err()
+                {
+                    // Its numbers would be another fork's: nothing it
+                    // does may be trusted to be its own.
+                    exit_all();
+                }
+                self.reattach();
+            }
             HostMsg::NetDial { conn, port } => {
                 let outbuf = &mut self.outbuf;
                 self.relay

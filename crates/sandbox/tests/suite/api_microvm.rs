@@ -410,6 +410,90 @@ exec {real} "$@"
         assert!(err.contains("is not paused to disk"), "{err}");
     }
 
+    /// Five forks of a microVM from its memory: each goes on with the
+    /// parent's process (its pid, its count), its memory (/tmp) and its
+    /// workspace as they were at the fork, then writes its own, which
+    /// neither the parent nor the other forks see; each draws its own
+    /// random numbers. The parent goes on as it was.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn five_forks_from_memory_go_on_from_the_parents_state() {
+        let root = tempfile::tempdir().unwrap();
+        let ws = |i: usize| root.path().join(format!("ws{i}"));
+        let child_config = |i: usize| {
+            std::fs::create_dir(ws(i)).unwrap();
+            let mut c = config(&ws(i));
+            c.vm.shares = VmShares::VirtioFs;
+            c.vm.state_dir = Some(root.path().join(format!("state{i}")));
+            c
+        };
+        let parent = Sandbox::create(child_config(0)).await.unwrap();
+        let out = run(
+            &parent,
+            "echo parent-memory > /tmp/mark; echo parent-file > /workspace/shared; setsid sh -c 'echo $$ > /workspace/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &",
+        )
+        .await;
+        assert!(out.status.success(), "{}", out.stderr_str());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let children: Vec<_> = (1..=5).map(child_config).collect();
+        let started = Instant::now();
+        let forks = parent.fork_from_memory(&children).await.expect("fork");
+        eprintln!("5 forks from memory in {:?}", started.elapsed());
+        assert_eq!(forks.len(), 5);
+        let pid = std::fs::read_to_string(ws(0).join("pid")).unwrap();
+        let pid = pid.trim();
+        let mut seen = std::collections::HashSet::new();
+        for (i, f) in forks.iter().enumerate() {
+            assert!(f.is_paused());
+            f.resume().await.expect("resume a fork");
+            let out = run(
+                f,
+                &format!(
+                    "cat /tmp/mark /workspace/shared /workspace/pid; kill -0 {pid} && echo alive; \
+                     a=$(cat /tmp/count); sleep 0.5; b=$(cat /tmp/count); [ $b -gt $a ] && echo counting; \
+                     echo fork-{i} > /workspace/own; echo fork-{i} > /tmp/own; head -c 16 /dev/urandom | od -An -tx1"
+                ),
+            )
+            .await;
+            let text = out.stdout_str();
+            let mut lines = text.lines();
+            let expected = ["parent-memory", "parent-file", pid, "alive", "counting"];
+            for want in expected {
+                assert_eq!(
+                    lines.next(),
+                    Some(want),
+                    "fork {i}: {text} {}",
+                    out.stderr_str()
+                );
+            }
+            assert!(
+                seen.insert(lines.next().unwrap().to_string()),
+                "fork {i} drew another's numbers"
+            );
+        }
+        for (i, f) in forks.iter().enumerate() {
+            let out = run(f, "cat /workspace/own /tmp/own").await;
+            assert_eq!(out.stdout_str(), format!("fork-{i}\nfork-{i}\n"));
+            assert_eq!(
+                std::fs::read_to_string(ws(i + 1).join("own")).unwrap(),
+                format!("fork-{i}\n")
+            );
+        }
+        let out = run(
+            &parent,
+            "cat /tmp/mark; ls /workspace; ls /tmp/own 2>&1 || true",
+        )
+        .await;
+        assert!(
+            out.stdout_str().starts_with("parent-memory\npid\nshared\n"),
+            "{}",
+            out.stdout_str()
+        );
+        for f in forks {
+            f.close().await;
+        }
+        parent.close().await;
+    }
+
     /// A virtual desktop works in a guest as natively (the computer tool
     /// and the live view build on it), though Xvfb and openbox are slow
     /// under TCG.
