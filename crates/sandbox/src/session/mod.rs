@@ -394,6 +394,12 @@ impl Sandbox {
         self.set_paused(false).await
     }
 
+    /// Whether it forks from its memory ([`crate::Sandbox::fork_from_memory`])
+    /// and pauses to disk: a microVM on virtio-fs.
+    pub fn saves_to_disk(&self) -> bool {
+        self.inner.lifecycle.saves()
+    }
+
     /// Whether it is paused.
     pub fn is_paused(&self) -> bool {
         self.inner.paused.load(Ordering::SeqCst)

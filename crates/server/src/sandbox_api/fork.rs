@@ -2,7 +2,12 @@
 //!
 //! A fork gets its parent's request (image, limits, network as its
 //! tenant's ceiling allows now, environment, metadata, timeout), its
-//! root's changes and its workspace; not its processes. A native
+//! root's changes and its workspace. A microVM on virtio-fs forks from
+//! its memory too, its processes carried: it is saved to disk for an
+//! instant and each fork is taken up from a copy of that save, of its
+//! disk and of its workspace (`cordon_sandbox::Sandbox::fork_from_memory`,
+//! the workspace copied on the host by `cordon_sandbox::copy`, which
+//! follows nothing). Otherwise processes are not carried. A native
 //! sandbox's root changes are committed as a commit reads them (the upper
 //! directory is hostile: see `cordon_build::commit`) into one more layer
 //! under the parent's image, shared read-only by every fork. A microVM's
@@ -26,7 +31,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::{
-    NewSandbox, Parent, SandboxView, StoredRequest, end, ended, live_with_row, settle, start,
+    NewSandbox, Parent, SandboxView, StoredRequest, end, ended, finish, live_with_row, prepare,
+    settle, start,
 };
 use crate::boxes::LiveBox;
 use crate::http::{ApiError, ApiResult, Tenant};
@@ -65,7 +71,7 @@ pub struct ForkList {
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "sandboxes", summary = "Fork a running sandbox",
-    description = "Makes `count` sandboxes that start from this one's files: each is made as it was (image, limits, environment, metadata, its timeout unless `timeout_secs` says; its network as this tenant's ceiling allows now), on its root's changes (an image's sandbox: natively a layer made of them; a microVM's disk copied, its file system frozen for the copy) and with a copy of its `/workspace`, made by the image's `tar` inside it and unpacked by `tar` inside each fork, within the fork's disk budget. Processes are not carried: a fork runs nothing until told. Taken while the sandbox runs, as a snapshot is: a file being written meanwhile may be copied half-written. Every fork is made or none is.",
+    description = "Makes `count` sandboxes that start from this one's files: each is made as it was (image, limits, environment, metadata, its timeout unless `timeout_secs` says; its network as this tenant's ceiling allows now), on its root's changes (an image's sandbox: natively a layer made of them; a microVM's disk copied, its file system frozen for the copy) and with a copy of its `/workspace`, made by the image's `tar` inside it and unpacked by `tar` inside each fork, within the fork's disk budget. A microVM whose shares are virtio-fs forks from its memory: it is saved for an instant and each fork goes on with its processes, memory, root and workspace as they were then (commands started through the API run on, their output no longer followed). Otherwise processes are not carried: a fork runs nothing until told, and the copy is taken while the sandbox runs, as a snapshot is: a file being written meanwhile may be copied half-written. Every fork is made or none is.",
     params(("id" = String, Path), ForkQuery),
     responses((status = 201, body = ForkList),
               (status = 400, description = "The request says what is wrong, or the files could not be copied", body = crate::http::ErrorResponse),
@@ -129,6 +135,11 @@ async fn fork_all(
     let mut slots = Vec::with_capacity(count as usize);
     for _ in 0..count {
         slots.push(shared.caps.acquire(tenant)?);
+    }
+    if b.sandbox.saves_to_disk() {
+        let forks = from_memory(shared, id, &b, &asked, &options, slots).await?;
+        tracing::info!("sandbox {id} of {tenant}: forked {count} from its memory");
+        return Ok(forks);
     }
     let (root, disk) = match (
         &options.image,
@@ -194,6 +205,78 @@ async fn fork_all(
         return Err(e);
     }
     tracing::info!("sandbox {id} of {tenant}: forked {count}");
+    Ok(forks)
+}
+
+/// Forks of microVM `b` from its memory, one per slot: made at one
+/// instant with its processes, memory, root and workspace (see
+/// `cordon_sandbox::Sandbox::fork_from_memory`), each then resumed and
+/// recorded. All of them, or none.
+async fn from_memory(
+    shared: &Shared,
+    id: &str,
+    b: &LiveBox,
+    asked: &NewSandbox,
+    options: &crate::job::RunOptions,
+    slots: Vec<crate::caps::Slot>,
+) -> ApiResult<Vec<(crate::store::SandboxRow, Arc<LiveBox>)>> {
+    let (mut prepared, mut configs) = (Vec::new(), Vec::new());
+    for _ in 0..slots.len() {
+        match prepare(shared, &b.tenant, asked, options, None).await {
+            Ok((new, sc)) => {
+                prepared.push(new);
+                configs.push(sc);
+            }
+            Err(e) => {
+                for new in prepared {
+                    new.discard("a fork that was not made").await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    let made = b.sandbox.fork_from_memory(&configs).await;
+    for _ in &configs {
+        shared
+            .metrics
+            .sandbox_started(cordon_sandbox::BackendKind::Microvm, made.is_ok());
+    }
+    let sandboxes = match made {
+        Ok(s) => s,
+        Err(e) => {
+            for new in prepared {
+                new.discard("a fork that was not made").await;
+            }
+            return Err(ApiError::bad_request(format!(
+                "cannot fork the sandbox from its memory: {e}"
+            )));
+        }
+    };
+    let (mut forks, mut failed) = (Vec::new(), None);
+    for ((sandbox, new), slot) in sandboxes.into_iter().zip(prepared).zip(slots) {
+        if failed.is_none()
+            && let Err(e) = sandbox.resume().await
+        {
+            failed = Some(super::start_error(&new.id, e));
+        }
+        if failed.is_some() {
+            sandbox.close().await;
+            new.discard("a fork that was not made").await;
+            continue;
+        }
+        match finish(shared, new, sandbox, asked, options.clone(), slot, Some(id)).await {
+            Ok(f) => forks.push(f),
+            Err(e) => failed = Some(e),
+        }
+    }
+    if let Some(e) = failed {
+        for (row, _) in forks {
+            if let Some(f) = shared.boxes.remove(&row.id) {
+                end(shared, f, ended::KILLED).await;
+            }
+        }
+        return Err(e);
+    }
     Ok(forks)
 }
 

@@ -341,6 +341,67 @@ pub(crate) async fn start(
     slot: crate::caps::Slot,
     parent: Option<&Parent<'_>>,
 ) -> ApiResult<(SandboxRow, Arc<LiveBox>)> {
+    let (new, sc) = prepare(shared, tenant, &asked, &options, parent).await?;
+    let backend = sc.backend;
+    let created = cordon_sandbox::Sandbox::create(sc).await;
+    shared.metrics.sandbox_started(backend, created.is_ok());
+    let sandbox = match created {
+        Ok(s) => s,
+        Err(e) => {
+            new.discard("a sandbox that did not start").await;
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "sandbox_error",
+                format!("cannot create the sandbox: {e}"),
+            ));
+        }
+    };
+    finish(
+        shared,
+        new,
+        sandbox,
+        &asked,
+        options,
+        slot,
+        parent.map(|p| p.id),
+    )
+    .await
+}
+
+/// A sandbox on its way: its id, its workspace made, how it will run.
+pub(crate) struct Prepared {
+    pub id: String,
+    pub tenant: String,
+    pub in_use: cordon_sandbox::volume::InUse,
+    pub account: cordon_image::root::Account,
+    pub layers: Vec<std::path::PathBuf>,
+    pub fork_root: Option<Arc<crate::catalog::ForkRoot>>,
+    pub microvm: bool,
+    dir: std::path::PathBuf,
+}
+
+impl Prepared {
+    /// Its files removed: it never ran.
+    pub(crate) async fn discard(self, what: &str) {
+        let d = self.d();
+        drop(self.in_use);
+        crate::files::remove_files(d, what).await;
+    }
+
+    fn d(&self) -> std::path::PathBuf {
+        self.dir.clone()
+    }
+}
+
+/// A new id for a sandbox of `tenant`'s as `asked`, its (empty) workspace
+/// made, and its configuration.
+pub(crate) async fn prepare(
+    shared: &Shared,
+    tenant: &str,
+    asked: &NewSandbox,
+    options: &crate::job::RunOptions,
+    parent: Option<&Parent<'_>>,
+) -> ApiResult<(Prepared, cordon_sandbox::SandboxConfig)> {
     let id = format!("sbx_{}", random_hex(12));
     let d = dir(shared, &id);
     let ws = d.join("workspace");
@@ -356,22 +417,37 @@ pub(crate) async fn start(
         account,
         layers,
         fork_root,
-    } = configure(shared, tenant, &id, &asked, &options, parent).await?;
-    let backend = sc.backend;
-    let created = cordon_sandbox::Sandbox::create(sc).await;
-    shared.metrics.sandbox_started(backend, created.is_ok());
-    let sandbox = match created {
-        Ok(s) => s,
-        Err(e) => {
-            drop(in_use);
-            crate::files::remove_files(d, "a sandbox that did not start").await;
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "sandbox_error",
-                format!("cannot create the sandbox: {e}"),
-            ));
-        }
-    };
+    } = configure(shared, tenant, &id, asked, options, parent).await?;
+    let microvm = sc.backend == cordon_sandbox::BackendKind::Microvm;
+    Ok((
+        Prepared {
+            id,
+            tenant: tenant.to_string(),
+            in_use,
+            account,
+            layers,
+            fork_root,
+            microvm,
+            dir: d,
+        },
+        sc,
+    ))
+}
+
+/// Records and registers `sandbox`, made as `new` was prepared: its
+/// label, its request (a microVM's kept beside it, see [`kept`]), its
+/// row, its place in the registry.
+pub(crate) async fn finish(
+    shared: &Shared,
+    new: Prepared,
+    sandbox: cordon_sandbox::Sandbox,
+    asked: &NewSandbox,
+    options: crate::job::RunOptions,
+    slot: crate::caps::Slot,
+    forked_from: Option<&str>,
+) -> ApiResult<(SandboxRow, Arc<LiveBox>)> {
+    let (id, tenant) = (new.id.clone(), new.tenant.clone());
+    let d = new.d();
     let _ = sandbox.set_label(&id);
     // The image as chosen now: the default may change before it is
     // taken up again.
@@ -379,7 +455,7 @@ pub(crate) async fn start(
         image: options.image.clone(),
         ..asked.clone()
     };
-    if backend == cordon_sandbox::BackendKind::Microvm
+    if new.microvm
         && let Err(e) = kept::record(&d, &to_keep)
     {
         tracing::warn!(
@@ -388,18 +464,17 @@ pub(crate) async fn start(
     }
     let timeout = Duration::from_secs(options.timeout_secs);
     let expires_ms = now_ms() + timeout.as_millis() as i64;
-    let request = asked.stored(&options, parent.map(|p| p.id));
+    let request = asked.stored(&options, forked_from);
     let metadata = serde_json::to_string(&asked.metadata).unwrap_or_else(|_| "{}".into());
     let row = match shared
         .store
-        .insert_sandbox(&id, tenant, expires_ms, &request, &metadata)
+        .insert_sandbox(&id, &tenant, expires_ms, &request, &metadata)
         .await
     {
         Ok(row) => row,
         Err(e) => {
             sandbox.close().await;
-            drop(in_use);
-            crate::files::remove_files(d, "a sandbox that was not recorded").await;
+            new.discard("a sandbox that was not recorded").await;
             return Err(e.into());
         }
     };
@@ -407,21 +482,21 @@ pub(crate) async fn start(
         shared,
         crate::boxes::Made {
             id: id.clone(),
-            tenant: tenant.to_string(),
+            tenant: tenant.clone(),
             image: options.image.map(String::from),
-            account,
-            layers,
+            account: new.account,
+            layers: new.layers,
             deadline: Instant::now() + timeout,
             timeout,
             on_timeout: asked.on_timeout,
             auto_resume: asked.auto_resume,
             public: asked.public,
-            env: asked.env,
-            fork_root,
+            env: asked.env.clone(),
+            fork_root: new.fork_root,
         },
         sandbox,
         slot,
-        in_use,
+        new.in_use,
     );
     tracing::info!("sandbox {id} of {tenant}: created");
     Ok((row, live))
