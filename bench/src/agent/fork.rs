@@ -5,7 +5,10 @@
 //!
 //! The parent's workspace is `--files` files of 20 KB of random bytes.
 //! Each round times both ways for each count, alternating, and deletes
-//! what it made (not timed).
+//! what it made (not timed). `--backend microvm` makes every sandbox a
+//! microVM, whose fork on virtio-fs is from its memory, its processes
+//! carried (the parent runs a counter, which each fork is checked to go
+//! on with, untimed).
 
 use std::time::{Duration, Instant};
 
@@ -22,12 +25,22 @@ pub async fn run(args: &Args) -> Result<Json, String> {
     let rounds = args.num("rounds", 10)?;
     let warmup = args.num("warmup", 1)?;
     let files = args.num("files", 1000)?;
+    let backend = args.str("backend").unwrap_or("native").to_string();
     let api = Api {
         client: reqwest::Client::new(),
         url,
         token,
+        backend,
     };
     let parent = api.create().await?;
+    if api.backend == "microvm" {
+        api.call(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{parent}/commands"),
+            Some(json!({"cmd": "sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", "background": true})),
+        )
+        .await?;
+    }
     let made = api
         .call(
             reqwest::Method::POST,
@@ -52,10 +65,12 @@ pub async fn run(args: &Args) -> Result<Json, String> {
         .await
         .map_err(|e| e.to_string())?;
     println!(
-        "fork of a sandbox whose workspace is {files} files ({size}; a {} KB tar), {rounds} rounds",
+        "fork of a {} sandbox whose workspace is {files} files ({size}; a {} KB tar), {rounds} rounds",
+        api.backend,
         tar.len() >> 10
     );
     let mut report = vec![
+        ("backend", Json::Str(api.backend.clone())),
         ("files", Json::Num(files as f64)),
         ("tar_bytes", Json::Num(tar.len() as f64)),
         ("rounds", Json::Num(rounds as f64)),
@@ -66,6 +81,9 @@ pub async fn run(args: &Args) -> Result<Json, String> {
             let t = Instant::now();
             let ids = api.fork(&parent, n).await?;
             let fork_time = t.elapsed();
+            if api.backend == "microvm" && i == 0 {
+                api.check_carried(&ids).await?;
+            }
             api.delete_all(&ids).await?;
             let t = Instant::now();
             let ids = api.create_and_upload(n, &tar).await?;
@@ -102,6 +120,7 @@ struct Api {
     client: reqwest::Client,
     url: String,
     token: String,
+    backend: String,
 }
 
 impl Api {
@@ -137,13 +156,33 @@ impl Api {
             .call(
                 reqwest::Method::POST,
                 "/v1/sandboxes",
-                Some(json!({"timeout_secs": 3600})),
+                Some(json!({"timeout_secs": 3600, "backend": self.backend})),
             )
             .await?;
         made["id"]
             .as_str()
             .map(String::from)
             .ok_or_else(|| format!("no id in {made}"))
+    }
+
+    /// Whether each fork goes on with the parent's counter: a fork from
+    /// memory, not one of files.
+    async fn check_carried(&self, ids: &[String]) -> Result<(), String> {
+        for id in ids {
+            let r = self
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/v1/sandboxes/{id}/commands"),
+                    Some(json!({"cmd": "a=$(cat /tmp/count); sleep 0.5; b=$(cat /tmp/count); [ \"$b\" -gt \"$a\" ] && echo carried"})),
+                )
+                .await?;
+            if r["stdout"] != "carried\n" {
+                return Err(format!(
+                    "fork {id} does not go on with the parent's process: {r}"
+                ));
+            }
+        }
+        Ok(())
     }
 
     async fn fork(&self, parent: &str, n: usize) -> Result<Vec<String>, String> {

@@ -6,7 +6,7 @@
 //! cordon-bench-agent exec-memory --cordon PATH [--runs 3] [--delay-ms 300] [--interval-ms 100]
 //! cordon-bench-agent serve-e2e   --url URL --token T [--rounds 50] [--warmup 5] [--cordon PATH]
 //! cordon-bench-agent serve-pool  --url URL --token T --pool-url URL --pool-token T [--rounds 50] [--warmup 5]
-//! cordon-bench-agent serve-fork  --url URL --token T [--rounds 10] [--warmup 1] [--files 1000]
+//! cordon-bench-agent serve-fork  --url URL --token T [--rounds 10] [--warmup 1] [--files 1000] [--backend native]
 //! cordon-bench-agent screenshot  [--cold 5] [--shots 30]
 //! cordon-bench-agent backends    [--cold 10] [--execs 50]
 //! cordon-bench-agent kernel      [--calls 200] [--heavy-calls 20] [--cold 5] [--warmup 10]
@@ -85,7 +85,7 @@ fn run(args: &Args) -> Result<Json, String> {
         "exec-memory" => &["cordon", "runs", "delay-ms", "interval-ms"],
         "serve-e2e" => &["url", "token", "rounds", "warmup", "cordon"],
         "serve-pool" => &["url", "token", "pool-url", "pool-token", "rounds", "warmup"],
-        "serve-fork" => &["url", "token", "rounds", "warmup", "files"],
+        "serve-fork" => &["url", "token", "rounds", "warmup", "files", "backend"],
         "screenshot" => &["cold", "shots"],
         "backends" => &["cold", "execs"],
         "kernel" => &["calls", "heavy-calls", "cold", "warmup"],

@@ -19,7 +19,10 @@
 //!   time and, when cordon is root, its owner.
 //! - The source must not change meanwhile (its sandbox is stopped); if it
 //!   does, a file may be copied torn, but nothing lands outside the copy.
-//! - Depth is bounded: a deeper tree is refused, not walked.
+//! - Depth is bounded: a deeper tree is refused, not walked. So is size:
+//!   the copy stops once it takes more than its budget (hard links, which
+//!   count once in a sandbox's budget, are copied once each, and would
+//!   otherwise multiply what one fork costs the host's disk).
 
 use std::ffi::CString;
 use std::fs::File;
@@ -43,9 +46,10 @@ pub struct Copied {
 
 /// Copies what is in the directory `from` (hostile) into `to`, an empty
 /// directory of the caller's (a fork's new workspace), which then takes
-/// `from`'s bits, owner and times. On failure the partial copy is the
+/// `from`'s bits, owner and times; at most `budget` bytes of files (as
+/// allocated on disk), if given. On failure the partial copy is the
 /// caller's to remove.
-pub fn copy_tree(from: &Path, to: &Path) -> std::io::Result<Copied> {
+pub fn copy_tree(from: &Path, to: &Path, budget: Option<u64>) -> std::io::Result<Copied> {
     let src = rustix::fs::open(from, dir_flags(), Mode::empty())?;
     let st = rustix::fs::fstat(&src)?;
     let dst = rustix::fs::open(to, dir_flags(), Mode::empty())?;
@@ -62,6 +66,7 @@ pub fn copy_tree(from: &Path, to: &Path) -> std::io::Result<Copied> {
         dev: st.st_dev,
         root: rustix::process::geteuid().is_root(),
         done: Copied::default(),
+        left: budget.unwrap_or(u64::MAX),
     };
     c.dir(&src, &dst, 0)?;
     c.finish_dir(&st, &dst)?;
@@ -78,6 +83,8 @@ struct Copier {
     /// Whether owners can be given back.
     root: bool,
     done: Copied,
+    /// Bytes the copy may still take.
+    left: u64,
 }
 
 impl Copier {
@@ -149,6 +156,13 @@ impl Copier {
             self.done.skipped += 1;
             return Ok(());
         }
+        let takes = (now.st_blocks as u64).saturating_mul(512);
+        self.left = self.left.checked_sub(takes).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "the copy takes more than its disk budget",
+            )
+        })?;
         let to = rustix::fs::openat(
             dst,
             name,
@@ -242,7 +256,7 @@ mod tests {
             .unwrap();
 
         std::fs::create_dir(&to).unwrap();
-        let done = copy_tree(&from, &to).unwrap();
+        let done = copy_tree(&from, &to, None).unwrap();
         assert_eq!(
             (done.files, done.dirs, done.links, done.skipped),
             (2, 2, 2, 1),
@@ -275,7 +289,19 @@ mod tests {
         );
 
         // A target with anything in it is refused, not merged into.
-        assert!(copy_tree(&from, &to).is_err());
+        assert!(copy_tree(&from, &to, None).is_err());
+
+        // A file linked a hundred times counts a hundred times.
+        let links = tmp.path().join("links");
+        std::fs::create_dir(&links).unwrap();
+        std::fs::write(links.join("big"), vec![7u8; 1 << 20]).unwrap();
+        for i in 0..100 {
+            std::fs::hard_link(links.join("big"), links.join(format!("l{i}"))).unwrap();
+        }
+        let into = tmp.path().join("links-copy");
+        std::fs::create_dir(&into).unwrap();
+        let err = copy_tree(&links, &into, Some(10 << 20)).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::StorageFull, "{err}");
 
         let deep = tmp.path().join("deep");
         let mut p = deep.clone();
@@ -284,7 +310,7 @@ mod tests {
         }
         std::fs::create_dir_all(&p).unwrap();
         std::fs::create_dir(tmp.path().join("deep-copy")).unwrap();
-        let err = copy_tree(&deep, &tmp.path().join("deep-copy")).unwrap_err();
+        let err = copy_tree(&deep, &tmp.path().join("deep-copy"), None).unwrap_err();
         assert!(err.to_string().contains("deeper than"), "{err}");
     }
 }

@@ -1010,7 +1010,7 @@ fn fork_child(
         if let Ok(rel) = share.path.strip_prefix(run) {
             let to = child_run.join(rel);
             std::fs::create_dir_all(&to)?;
-            crate::copy::copy_tree(&share.path, &to)?;
+            crate::copy::copy_tree(&share.path, &to, None)?;
             share.path = to;
         } else if share.path == record.workspace {
             share.path = PathBuf::from(&workspace);
@@ -1030,7 +1030,8 @@ fn fork_child(
             ));
         }
     };
-    crate::copy::copy_tree(&record.workspace, Path::new(&workspace))?;
+    crate::copy::copy_tree(&record.workspace, Path::new(&workspace), child.disk)
+        .map_err(|e| Error::Config(format!("cannot copy the workspace into the fork: {e}")))?;
     let (mut args, mut write) = (record.args.clone(), record.write.clone());
     if let (Some(upper), Some((_, disk))) = (upper, &layer) {
         let (from, to) = (disks::drive_path(upper)?, disks::drive_path(disk)?);
