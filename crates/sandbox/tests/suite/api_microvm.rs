@@ -410,6 +410,41 @@ exec {real} "$@"
         assert!(err.contains("is not paused to disk"), "{err}");
     }
 
+    /// The attack on the hold: the guest's root stops its supervisor (a
+    /// ptrace attach to pid 1), so that it can never answer a hold. The
+    /// pause then waits out the hold's bound and falls back to a pause in
+    /// memory: nothing is saved mid-frame, and nothing can be kept for
+    /// another process.
+    #[tokio::test]
+    async fn a_guest_that_stops_its_supervisor_is_not_saved() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let mut c = config(dir.path());
+        c.vm.shares = VmShares::VirtioFs;
+        c.vm.state_dir = Some(state.path().join("vm"));
+        let sb = Sandbox::create(c).await.unwrap();
+        // PTRACE_ATTACH (16) stops pid 1; the tracer holds it so.
+        let _attack = sb
+            .exec_stream(ExecRequest::shell(
+                "python3 -c 'import ctypes, time; ctypes.CDLL(None).ptrace(16, 1, 0, 0); time.sleep(1000)' &",
+            ))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let started = Instant::now();
+        sb.pause().await.expect("a pause in memory");
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(9) && took < Duration::from_secs(30),
+            "{took:?}"
+        );
+        assert!(sb.is_paused());
+        assert!(!state.path().join("vm/run/paused").exists(), "it was saved");
+        assert!(sb.keep().await.is_err(), "kept unsaved");
+        sb.resume().await.expect("resume");
+        sb.close().await;
+    }
+
     /// Five forks of a microVM from its memory: each goes on with the
     /// parent's process (its pid, its count), its memory (/tmp) and its
     /// workspace as they were at the fork, then writes its own, which
