@@ -190,26 +190,50 @@ pub async fn run(args: &Args, workspace: &std::path::Path) -> Result<Json, Strin
 /// Pauses and resumes timed per sandbox.
 const PAUSES: usize = 10;
 
-/// The kinds of pause timed: name, backend, and a microVM's shares (which
-/// decide whether it is saved to disk).
-const PAUSE_KINDS: [(&str, BackendKind, VmShares); 3] = [
-    ("native", BackendKind::Native, VmShares::Auto),
-    ("microvm in memory", BackendKind::Microvm, VmShares::NineP),
-    ("microvm to disk", BackendKind::Microvm, VmShares::VirtioFs),
+/// The kinds of pause timed: name, backend, a microVM's shares (which
+/// decide whether it is saved to disk), and whether it is taken up by a
+/// new session between the pause and the resume (as a server restarted
+/// does: the pause includes `keep`, the resume `reattach`).
+const PAUSE_KINDS: [(&str, BackendKind, VmShares, bool); 4] = [
+    ("native", BackendKind::Native, VmShares::Auto, false),
+    (
+        "microvm in memory",
+        BackendKind::Microvm,
+        VmShares::NineP,
+        false,
+    ),
+    (
+        "microvm to disk",
+        BackendKind::Microvm,
+        VmShares::VirtioFs,
+        false,
+    ),
+    (
+        "microvm taken up",
+        BackendKind::Microvm,
+        VmShares::VirtioFs,
+        true,
+    ),
 ];
 
 /// A sandbox whose process holds `mib` MiB (written, so resident), paused
 /// and resumed [`PAUSES`] times; the process is checked to be alive after.
 async fn pause_resume(
     workspace: &std::path::Path,
-    (name, backend, shares): (&str, BackendKind, VmShares),
+    (name, backend, shares, taken_up): (&str, BackendKind, VmShares, bool),
     mib: u64,
 ) -> Result<(Vec<Duration>, Vec<Duration>), String> {
     let mut c = config(workspace, backend);
     c.vm.shares = shares;
+    let state = tempfile::tempdir().map_err(|e| e.to_string())?;
+    if taken_up {
+        c.vm.state_dir = Some(state.path().join("vm"));
+    }
     // Room for the kernel (a microVM's) and the holder beside it.
     c.memory = Some((mib + 384) << 20);
-    let sb = Sandbox::create(c).await.map_err(|e| e.to_string())?;
+    let mut sb = Sandbox::create(c.clone())
+        .await
+        .map_err(|e| e.to_string())?;
     let limits = &sb.info().limits;
     if backend == BackendKind::Microvm
         && limits.contains("virtio-fs") != (shares == VmShares::VirtioFs)
@@ -235,8 +259,17 @@ async fn pause_resume(
     for _ in 0..PAUSES {
         let t = Instant::now();
         sb.pause().await.map_err(|e| e.to_string())?;
+        if taken_up {
+            sb.keep().await.map_err(|e| e.to_string())?;
+        }
         pause.push(t.elapsed());
         let t = Instant::now();
+        if taken_up {
+            sb = cordon_sandbox::MicrovmBackend
+                .reattach(&c)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
         sb.resume().await.map_err(|e| e.to_string())?;
         resume.push(t.elapsed());
     }
