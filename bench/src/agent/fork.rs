@@ -37,7 +37,7 @@ pub async fn run(args: &Args) -> Result<Json, String> {
         api.call(
             reqwest::Method::POST,
             &format!("/v1/sandboxes/{parent}/commands"),
-            Some(json!({"cmd": "sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", "background": true})),
+            Some(json!({"cmd": "sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/.count; mv /tmp/.count /tmp/count; sleep 0.1; done'", "background": true})),
         )
         .await?;
     }

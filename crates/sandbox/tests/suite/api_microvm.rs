@@ -464,7 +464,7 @@ exec {real} "$@"
         let parent = Sandbox::create(child_config(0)).await.unwrap();
         let out = run(
             &parent,
-            "echo parent-memory > /tmp/mark; echo parent-file > /workspace/shared; setsid sh -c 'echo $$ > /workspace/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &",
+            "echo parent-memory > /tmp/mark; echo parent-file > /workspace/shared; setsid sh -c 'echo $$ > /workspace/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/.count; mv /tmp/.count /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &",
         )
         .await;
         assert!(out.status.success(), "{}", out.stderr_str());

@@ -617,7 +617,7 @@ async fn a_paused_sandbox_resumes_where_it_was() {
         .post(
             &t,
             &format!("/v1/sandboxes/{id}/commands"),
-            json!({"cmd": "sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", "background": true}),
+            json!({"cmd": "sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/.count; mv /tmp/.count /tmp/count; sleep 0.1; done'", "background": true}),
         )
         .await;
     assert_eq!(status, 202, "{r}");
@@ -690,7 +690,7 @@ async fn a_paused_microvm_outlives_its_server() {
         .post(
             &t,
             &format!("/v1/sandboxes/{id}/commands"),
-            json!({"cmd": "sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", "background": true}),
+            json!({"cmd": "sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/.count; mv /tmp/.count /tmp/count; sleep 0.1; done'", "background": true}),
         )
         .await;
     assert_eq!(status, 202, "{r}");
