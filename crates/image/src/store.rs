@@ -112,6 +112,12 @@ pub struct Image {
 /// sandbox that is starting.
 pub const SANDBOX_SETTLING: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// A file in a sandbox's writable layer under `run/` that says the
+/// sandbox is saved to disk (a paused microVM), to be taken up again by a
+/// process that holds nothing of it now: a prune keeps the layer, and the
+/// layers it runs on, until the sandbox is taken up or deleted.
+pub const SANDBOX_SAVED: &str = "saved";
+
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
@@ -465,7 +471,7 @@ impl Store {
 
     /// Removes the writable layers under `run/` that no live sandbox
     /// holds (a sandbox killed before it could remove its own; none younger
-    /// than [`SANDBOX_SETTLING`]) and adds the
+    /// than [`SANDBOX_SETTLING`], none [`SANDBOX_SAVED`]) and adds the
     /// layers the live ones run on to `layers`, which are kept even if
     /// their image is gone; returns the bytes freed.
     fn prune_sandboxes(&self, layers: &mut std::collections::BTreeSet<String>) -> u64 {
@@ -489,7 +495,12 @@ impl Store {
                 .ok()
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age >= SANDBOX_SETTLING);
-            if settled && rustix::fs::flock(&dir, FlockOperation::NonBlockingLockExclusive).is_ok()
+            let saved =
+                rustix::fs::statat(&dir, SANDBOX_SAVED, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                    .is_ok();
+            if settled
+                && !saved
+                && rustix::fs::flock(&dir, FlockOperation::NonBlockingLockExclusive).is_ok()
             {
                 freed += remove_all(&path);
                 continue;

@@ -156,6 +156,21 @@ impl WritableLayer {
         self.kept = kept;
     }
 
+    /// Marks the layer as a saved sandbox's (a microVM paused to disk, to
+    /// be taken up again), which `cordon image prune` keeps though no
+    /// process holds it (see [`cordon_image::store::SANDBOX_SAVED`]).
+    pub(crate) fn mark_saved(&self, saved: bool) -> std::io::Result<()> {
+        let marker = self.dir.join(cordon_image::store::SANDBOX_SAVED);
+        if saved {
+            std::fs::write(marker, "")
+        } else {
+            match std::fs::remove_file(marker) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        }
+    }
+
     pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }

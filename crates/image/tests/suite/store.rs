@@ -284,7 +284,14 @@ fn prune_keeps_what_live_sandboxes_run_on_and_removes_what_dead_ones_left() {
         format!("{}\n../../etc\n", image.layers[1].hex()),
     )
     .unwrap();
-    let lock = rustix::fs::open(&live, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    // Close-on-exec: a tool another test runs meanwhile must not inherit
+    // the lock and hold it past its drop.
+    let lock = rustix::fs::open(
+        &live,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .unwrap();
     rustix::fs::flock(&lock, FlockOperation::LockExclusive).unwrap();
     let dead = run.join("sandbox-dead");
     std::fs::create_dir_all(dead.join("upper/etc")).unwrap();
@@ -293,6 +300,13 @@ fn prune_keeps_what_live_sandboxes_run_on_and_removes_what_dead_ones_left() {
     // One made this moment, not yet locked by the sandbox making it.
     let starting = run.join("sandbox-starting");
     std::fs::create_dir_all(&starting).unwrap();
+    // One of a microVM saved to disk, whose process ended: unlocked, but
+    // another process will take it up.
+    let saved = run.join("sandbox-saved");
+    std::fs::create_dir_all(&saved).unwrap();
+    std::fs::write(saved.join("layers"), format!("{}\n", image.layers[1].hex())).unwrap();
+    std::fs::write(saved.join(cordon_image::store::SANDBOX_SAVED), "").unwrap();
+    age(&saved);
 
     assert!(store.remove("app").unwrap());
     assert!(store.prune().unwrap() > 0);
@@ -302,6 +316,7 @@ fn prune_keeps_what_live_sandboxes_run_on_and_removes_what_dead_ones_left() {
         starting.exists(),
         "a starting sandbox's layer went before it was locked"
     );
+    assert!(saved.exists(), "a saved sandbox's layer went");
     assert!(
         store.layer_dir(&image.layers[1]).is_dir(),
         "a layer in use went"
@@ -311,5 +326,15 @@ fn prune_keeps_what_live_sandboxes_run_on_and_removes_what_dead_ones_left() {
     age(&live);
     store.prune().unwrap();
     assert!(!live.exists());
+    assert!(
+        store.layer_dir(&image.layers[1]).is_dir(),
+        "a layer a saved sandbox runs on went"
+    );
+    // Taken up and resumed (no longer saved), then its process killed:
+    // it goes as any dead sandbox's, and so does its layer.
+    std::fs::remove_file(saved.join(cordon_image::store::SANDBOX_SAVED)).unwrap();
+    age(&saved);
+    store.prune().unwrap();
+    assert!(!saved.exists());
     assert!(!store.layer_dir(&image.layers[1]).exists());
 }

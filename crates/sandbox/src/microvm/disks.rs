@@ -78,6 +78,12 @@ impl ImageDisks {
         self.layer.set_kept(kept);
     }
 
+    /// Marks the writable layer as a saved guest's (see
+    /// [`WritableLayer::mark_saved`]).
+    pub(super) fn mark_saved(&self, saved: bool) -> std::io::Result<()> {
+        self.layer.mark_saved(saved)
+    }
+
     /// The directory the disk watcher counts with the workspace.
     pub(super) fn writable_layer(&self) -> &Path {
         self.layer.dir()

@@ -198,12 +198,24 @@ impl VmLifecycle {
             self.kill();
             self.wait();
             drop(self.servers.lock().unwrap().take());
-        })
+        })?;
+        // Another process may take it up: its writable layer stays
+        // through a prune meanwhile.
+        if self.reattachable
+            && let Some(d) = self.disks.lock().unwrap().as_ref()
+            && let Err(e) = d.mark_saved(true)
+        {
+            tracing::warn!(error = %e, "cannot mark the saved microVM's writable layer: a prune may take it");
+        }
+        Ok(())
     }
 
     /// Starts a QEMU on the guest saved to disk.
     fn restore(&self, s: &Suspend) -> Result<()> {
         let (pid, servers) = s.restore()?;
+        if let Some(d) = self.disks.lock().unwrap().as_ref() {
+            let _ = d.mark_saved(false);
+        }
         *self.servers.lock().unwrap() = servers;
         let mut reaped = self.reaped.lock().unwrap();
         self.pid.store(pid, Ordering::SeqCst);
@@ -1020,6 +1032,7 @@ fn fork_child(
         (Some(image), Some(upper)) => {
             let mut layer = crate::backend::WritableLayer::new(image)?;
             let disk = layer.copy_disk(upper)?;
+            layer.mark_saved(true)?;
             layer.set_kept(true);
             Some((layer.dir().to_path_buf(), disk))
         }
