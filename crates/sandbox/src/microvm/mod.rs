@@ -41,7 +41,7 @@ mod suspend;
 mod tail;
 mod virtiofs;
 
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Mutex;
@@ -955,16 +955,12 @@ impl Record {
 
     fn write(&self, state: &Path) -> Result<()> {
         let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        let part = state.join(format!("{STATE_RECORD}.part"));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&part)?;
+        // Private (0600), and whole or absent under its name.
+        let mut f = tempfile::NamedTempFile::new_in(state)?;
         std::io::Write::write_all(&mut f, &json)?;
-        f.sync_all()?;
-        std::fs::rename(&part, state.join(STATE_RECORD))?;
+        f.as_file().sync_all()?;
+        f.persist(state.join(STATE_RECORD))
+            .map_err(|e| Error::Io(e.error))?;
         Ok(())
     }
 

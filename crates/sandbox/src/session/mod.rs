@@ -243,6 +243,21 @@ impl Inner {
         self.tx.send(buf).map_err(|_| Error::Gone)
     }
 
+    /// Sets the supervisor's clock from the host's, where the session
+    /// does (a microVM's): its guest's own starts from its RTC, or from
+    /// the moment it was saved.
+    fn send_clock(&self) -> Result<()> {
+        if !self.set_clock {
+            return Ok(());
+        }
+        let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) else {
+            return Ok(());
+        };
+        self.send(&HostMsg::SetClock {
+            realtime_ns: now.as_nanos() as u64,
+        })
+    }
+
     /// The supervisor's `Ready`, taken up: ids from where it says, the
     /// services told it runs.
     fn take_ready(&self, info: ReadyInfo) -> Result<ReadyInfo> {
@@ -407,6 +422,11 @@ impl Sandbox {
 
     async fn set_paused(&self, frozen: bool) -> Result<()> {
         let _changing = self.inner.pausing.lock().await;
+        self.change_paused(frozen).await
+    }
+
+    /// [`Sandbox::set_paused`], its `pausing` lock held by the caller.
+    async fn change_paused(&self, frozen: bool) -> Result<()> {
         if self.inner.gone.load(Ordering::SeqCst) || self.inner.closed.load(Ordering::SeqCst) {
             return Err(Error::Gone);
         }
@@ -446,11 +466,7 @@ impl Sandbox {
                 .unwrap_or_else(|e| e.into_inner())
                 .take();
             if let Some((ready, timeout)) = reattaching {
-                let ready = match tokio::time::timeout(timeout, ready).await {
-                    Ok(Ok(r)) => r,
-                    Ok(Err(_)) => Err(self.inner.gone_error()),
-                    Err(_) => Err(Error::SetupTimeout(timeout)),
-                };
+                let ready = await_ready(ready, timeout, || self.inner.gone_error()).await;
                 if let Err(e) = ready.and_then(|info| self.inner.take_ready(info)) {
                     // Running, but not the sandbox it was: ended.
                     self.inner.closed.store(true, Ordering::SeqCst);
@@ -463,14 +479,7 @@ impl Sandbox {
         self.inner.paused.store(frozen, Ordering::SeqCst);
         if !frozen {
             self.release();
-        }
-        if !frozen
-            && self.inner.set_clock
-            && let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)
-        {
-            self.inner.send(&HostMsg::SetClock {
-                realtime_ns: now.as_nanos() as u64,
-            })?;
+            self.inner.send_clock()?;
         }
         Ok(())
     }
@@ -524,31 +533,18 @@ impl Sandbox {
                 "only a microVM on virtio-fs forks from its memory".into(),
             ));
         }
-        self.hold().await?;
+        // Paused as any pause is (a guest that does not hold is paused
+        // in memory, which the backend then refuses to copy).
+        self.change_paused(true).await?;
         let inner = self.inner.clone();
         let kids = children.to_vec();
-        let made = tokio::task::spawn_blocking(move || {
-            let made = inner
-                .lifecycle
-                .freeze(true, true)
-                .map_err(Error::Io)
-                .and_then(|()| inner.lifecycle.fork_saved(&kids));
-            // This one goes on whatever became of the copies.
-            let resumed = inner.lifecycle.freeze(false, false).map_err(Error::Io);
-            made.and(resumed)
-        })
-        .await
-        .map_err(|e| Error::Io(std::io::Error::other(e)))
-        .and_then(|r| r);
-        self.release();
-        if self.inner.set_clock
-            && let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)
-        {
-            let _ = self.inner.send(&HostMsg::SetClock {
-                realtime_ns: now.as_nanos() as u64,
-            });
-        }
-        made
+        let made = tokio::task::spawn_blocking(move || inner.lifecycle.fork_saved(&kids))
+            .await
+            .map_err(|e| Error::Io(std::io::Error::other(e)))
+            .and_then(|r| r);
+        // This one goes on whatever became of the copies.
+        let resumed = self.change_paused(false).await;
+        made.and(resumed)
     }
 
     /// Holds the channel (see `HostMsg::Hold`): once this returns, the
@@ -636,11 +632,7 @@ impl Sandbox {
         let (backend, limits, setup_timeout) =
             (params.backend, params.limits.clone(), params.setup_timeout);
         let (inner, ready_rx) = Self::open(stream, params, false)?;
-        let ready = match tokio::time::timeout(setup_timeout, ready_rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(Error::Gone),
-            Err(_) => Err(Error::SetupTimeout(setup_timeout)),
-        };
+        let ready = await_ready(ready_rx, setup_timeout, || Error::Gone).await;
         match ready.and_then(|info| inner.take_ready(info)) {
             Ok(info) => {
                 let _ = inner.info.set(SandboxInfo {
@@ -775,14 +767,8 @@ impl Sandbox {
                             SupMsg::Ready(info) => {
                                 // Queued before the handle is returned, so
                                 // ahead of any exec.
-                                if set_clock
-                                    && let Some(inner) = weak.upgrade()
-                                    && let Ok(now) = std::time::SystemTime::now()
-                                        .duration_since(std::time::UNIX_EPOCH)
-                                {
-                                    let _ = inner.send(&HostMsg::SetClock {
-                                        realtime_ns: now.as_nanos() as u64,
-                                    });
+                                if let Some(inner) = weak.upgrade() {
+                                    let _ = inner.send_clock();
                                 }
                                 if let Some(t) = ready_tx.take() {
                                     let _ = t.send(Ok(info));
@@ -879,6 +865,20 @@ impl Sandbox {
     /// are released. Other clones of this handle see [`Error::Gone`].
     pub async fn close(&self) {
         self.close_step(Duration::from_secs(2)).await;
+    }
+}
+
+/// The supervisor's `Ready` (or why not) within `timeout`; `gone` if the
+/// session's reader ended without a word.
+async fn await_ready(
+    ready: oneshot::Receiver<Result<ReadyInfo>>,
+    timeout: Duration,
+    gone: impl FnOnce() -> Error,
+) -> Result<ReadyInfo> {
+    match tokio::time::timeout(timeout, ready).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Err(gone()),
+        Err(_) => Err(Error::SetupTimeout(timeout)),
     }
 }
 

@@ -20,7 +20,6 @@
 //!   another cordon) ends, its record saying why.
 
 use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,16 +41,12 @@ const MAX_REQUEST: u64 = 4 << 20;
 /// for the server that takes it up after this one.
 pub(crate) fn record(d: &Path, asked: &NewSandbox) -> std::io::Result<()> {
     let json = serde_json::to_vec(asked).map_err(std::io::Error::other)?;
-    let part = d.join(format!("{REQUEST}.part"));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&part)?;
+    // Private (0600), and whole or absent under its name.
+    let mut f = tempfile::NamedTempFile::new_in(d)?;
     f.write_all(&json)?;
-    f.sync_all()?;
-    std::fs::rename(&part, d.join(REQUEST))
+    f.as_file().sync_all()?;
+    f.persist(d.join(REQUEST)).map_err(|e| e.error)?;
+    Ok(())
 }
 
 fn read(d: &Path) -> Result<NewSandbox, String> {
