@@ -359,6 +359,7 @@ pub fn sandbox_config(settings: &Settings) -> Result<SandboxConfig, String> {
     c.display = sb.display;
     c.backend = sb.backend;
     c.vm = sb.vm.clone();
+    c.favor_cgroup_changes = sb.cgroup_favordynmods;
     if sb.protect_control_files {
         c.read_only = cordon_sandbox::control_files(&workspace);
     }

@@ -442,6 +442,7 @@ async fn run(args: ServeArgs, api: bool) -> i32 {
     config.bounds.max_memory = config.bounds.max_memory.max(sb.memory);
     config.bounds.max_disk = config.bounds.max_disk.max(disk);
     config.protect_control_files = sb.protect_control_files;
+    config.favor_cgroup_changes = sb.cgroup_favordynmods;
     config.backend = sb.backend;
     // The command line's pools replace the configuration's.
     config.pool = if args.pool.is_empty() {

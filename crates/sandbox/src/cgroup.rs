@@ -2,6 +2,12 @@
 //! mechanism this host lets us use: a delegated cgroup v2 subtree, the
 //! cgroup v1 memory and pids controllers, or, failing both, rlimits applied
 //! inside the sandbox (per process rather than per sandbox).
+//!
+//! Moving a process into a cgroup takes the kernel's threadgroup lock for
+//! writing, which by default waits for an RCU grace period (~7 ms on an
+//! idle host) unless another move happened within one: a start spaced from
+//! the last pays it, back-to-back starts share it. The kernel's answer is
+//! `favordynmods`, which [`favor_dynmods`] turns on as root (v1).
 
 use std::fs;
 use std::io;
@@ -77,6 +83,82 @@ fn cgroup_mounts() -> Vec<(String, String, PathBuf)> {
             })
         })
         .collect()
+}
+
+/// Where cordon mounts a cgroup v1 hierarchy of no controller with the
+/// `favordynmods` option (see [`favor_dynmods`]). Under /run, which only
+/// root writes to and which a reboot empties, as it does the kernel state.
+const FAVOR_DYNMODS_MOUNT: &str = "/run/cordon/cgroup-favordynmods";
+/// The hierarchy's name, as `/proc/<pid>/cgroup` lists it.
+const FAVOR_DYNMODS_NAME: &str = "cordon-favordynmods";
+
+/// The mount point of a cgroup file system mounted with `favordynmods`:
+/// then the kernel favours cgroup changes for every hierarchy.
+fn favoured(mounts: &[(String, String, PathBuf)]) -> Option<&Path> {
+    mounts
+        .iter()
+        .find(|(_, opts, _)| opts.split(',').any(|o| o == "favordynmods"))
+        .map(|(_, _, mnt)| mnt.as_path())
+}
+
+/// How a move into a cgroup goes on this host, for `cordon doctor`.
+pub fn attach_report() -> String {
+    match favoured(&cgroup_mounts()) {
+        Some(mnt) => format!("without waiting (favordynmods, at {})", mnt.display()),
+        None => match detect() {
+            LimitMechanism::V1 { .. } if rustix::process::geteuid().is_root() => format!(
+                "waits for an RCU grace period until the first sandbox mounts {FAVOR_DYNMODS_MOUNT} \
+                 (sandbox.cgroup_favordynmods)"
+            ),
+            LimitMechanism::Rlimit { .. } => "no cgroup".into(),
+            _ => "may wait for an RCU grace period (no cgroup mounted with favordynmods)".into(),
+        },
+    }
+}
+
+/// Makes the kernel favour cgroup changes (`favordynmods`), once per
+/// process, so that a sandbox's start does not wait for an RCU grace period
+/// when it moves its supervisor into its cgroups. A controller-less v1
+/// hierarchy mounted with the option does it for every hierarchy, and it
+/// stays mounted: the kernel cannot turn the option off again anyway (6.18
+/// refuses to), and the mount shows the host's operator what was done.
+/// The cost the kernel documents, slower forks and exits, did not show in
+/// a fork-and-exit loop here. Failure only costs the wait, so it is logged.
+pub fn favor_dynmods() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| match mount_favor_dynmods() {
+        Ok(at) => tracing::debug!(at = %at.display(), "cgroup changes are favoured"),
+        Err(e) => tracing::debug!(
+            error = %e,
+            "cannot mount a cgroup hierarchy with favordynmods: a sandbox's start waits for the kernel"
+        ),
+    });
+}
+
+fn mount_favor_dynmods() -> io::Result<PathBuf> {
+    use rustix::mount::MountFlags;
+    if let Some(at) = favoured(&cgroup_mounts()) {
+        return Ok(at.to_path_buf());
+    }
+    let dir = Path::new(FAVOR_DYNMODS_MOUNT);
+    fs::create_dir_all(dir)?;
+    // Two cordon processes starting at once would stack two mounts: the
+    // second looks again under the lock.
+    let lock = fs::File::create(dir.with_extension("lock"))?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)?;
+    if let Some(at) = favoured(&cgroup_mounts()) {
+        return Ok(at.to_path_buf());
+    }
+    let data = std::ffi::CString::new(format!("none,favordynmods,name={FAVOR_DYNMODS_NAME}"))
+        .expect("no NUL in a constant");
+    rustix::mount::mount(
+        "cgroup",
+        dir,
+        "cgroup",
+        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        Some(data.as_c_str()),
+    )?;
+    Ok(dir.to_path_buf())
 }
 
 fn writable_dir(p: &Path) -> bool {
@@ -405,5 +487,32 @@ impl Drop for Cgroup {
         if !self.dirs.is_empty() {
             self.remove();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mount(fstype: &str, opts: &str, at: &str) -> (String, String, PathBuf) {
+        (fstype.into(), opts.into(), PathBuf::from(at))
+    }
+
+    #[test]
+    fn a_mount_with_favordynmods_is_found_among_others() {
+        let mut mounts = vec![
+            mount("cgroup", "rw,memory", "/sys/fs/cgroup/memory"),
+            mount("cgroup2", "rw,nsdelegate", "/sys/fs/cgroup/unified"),
+        ];
+        assert_eq!(favoured(&mounts), None);
+        // Only the option itself, not a name that contains it.
+        mounts.push(mount("cgroup", "rw,name=favordynmods-not", "/x"));
+        assert_eq!(favoured(&mounts), None);
+        mounts.push(mount(
+            "cgroup",
+            "rw,favordynmods,name=cordon-favordynmods",
+            FAVOR_DYNMODS_MOUNT,
+        ));
+        assert_eq!(favoured(&mounts), Some(Path::new(FAVOR_DYNMODS_MOUNT)));
     }
 }

@@ -139,6 +139,11 @@ pub struct SandboxConfig {
     /// point programs at it): for a network whose proxy re-signs TLS with
     /// an authority only the host has. The host root has them anyway.
     pub host_certs: bool,
+    /// As root with cgroup v1 limits, have the kernel favour cgroup changes
+    /// (`favordynmods`, for the whole host until it reboots), so that a
+    /// start does not wait ~7 ms for an RCU grace period to move its
+    /// supervisor into its cgroups (`crate::cgroup::favor_dynmods`).
+    pub favor_cgroup_changes: bool,
 }
 
 /// A sandbox's root from an image: its layers, read-only, under a writable
@@ -539,6 +544,7 @@ impl SandboxConfig {
             vm: VmOptions::default(),
             image: None,
             host_certs: false,
+            favor_cgroup_changes: true,
         }
     }
 }

@@ -262,6 +262,12 @@ fn spawn_supervisor(
 async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let (workspace, binds) = config.validate()?;
     let mech = cgroup::detect();
+    if config.favor_cgroup_changes
+        && matches!(mech, LimitMechanism::V1 { .. })
+        && rustix::process::geteuid().is_root()
+    {
+        cgroup::favor_dynmods();
+    }
     let cgroup = match &mech {
         LimitMechanism::Rlimit { .. } => None,
         m => Some(Cgroup::create(m, config.memory, config.pids).map_err(Error::Limits)?),
@@ -504,6 +510,7 @@ pub fn host_report() -> Vec<(String, String)> {
             crate::supervisor::landlock_abi_version().to_string(),
         ),
         ("limits mechanism".into(), cgroup::detect().to_string()),
+        ("cgroup attach".into(), cgroup::attach_report()),
         ("image ids".into(), image_ids_report()),
     ]
 }

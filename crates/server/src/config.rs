@@ -79,6 +79,9 @@ pub struct ServerConfig {
     /// Git's, editors' and agents' control files read-only in every sandbox
     /// (`sandbox.protect_control_files`, see `cordon_sandbox::control_files`).
     pub protect_control_files: bool,
+    /// `sandbox.cgroup_favordynmods` (see
+    /// `cordon_sandbox::SandboxConfig::favor_cgroup_changes`).
+    pub favor_cgroup_changes: bool,
     /// Workspace volumes kept mounted while unused (see
     /// `cordon_sandbox::volume`); past it, the least recently used are
     /// unmounted until next used. Volumes in use are not counted.
@@ -153,6 +156,7 @@ impl ServerConfig {
             agent: None,
             mcp_servers: Default::default(),
             protect_control_files: true,
+            favor_cgroup_changes: true,
             idle_volumes: cordon_sandbox::volume::KEEP_IDLE,
             pool: Vec::new(),
             session_idle: Duration::from_secs(15 * 60),
@@ -200,6 +204,7 @@ impl ServerConfig {
                 ..self.bounds.defaults
             },
             protect_control_files: self.protect_control_files,
+            favor_cgroup_changes: self.favor_cgroup_changes,
             volumes: self.volumes(),
             supervisor: self.supervisor.clone(),
             backend: self.backend,
@@ -246,6 +251,7 @@ pub struct SandboxDefaults {
     /// Its disk budget is always set.
     limits: cordon_sandbox::Limits,
     protect_control_files: bool,
+    favor_cgroup_changes: bool,
     volumes: cordon_sandbox::volume::Volumes,
     supervisor: Option<PathBuf>,
     backend: cordon_sandbox::BackendKind,
@@ -377,6 +383,7 @@ impl SandboxDefaults {
         c.supervisor = self.supervisor.clone();
         c.backend = self.backend;
         c.vm = self.vm.clone();
+        c.favor_cgroup_changes = self.favor_cgroup_changes;
         // The kernel behind run_code, when `cordon lab setup` installed it
         // (on the host's Python: not in an image).
         cordon_lab::offer(&mut c);

@@ -233,6 +233,15 @@ pub const KEYS: &[Key] = &[
         ty: Ty::Word(&["true", "false"]),
     },
     Key {
+        name: "sandbox.cgroup_favordynmods",
+        env: &["CORDON_CGROUP_FAVORDYNMODS"],
+        secret: false,
+        default: Some("true"),
+        doc: "as root with cgroup v1 limits, turn on the kernel's favordynmods (for the whole host, until it reboots) so that a sandbox's start does not wait ~7 ms for the kernel to move it into its cgroups",
+        guard: Guard::Host,
+        ty: Ty::Word(&["true", "false"]),
+    },
+    Key {
         name: "checkpoints.keep",
         env: &["CORDON_CHECKPOINTS_KEEP"],
         secret: false,

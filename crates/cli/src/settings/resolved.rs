@@ -44,6 +44,8 @@ pub struct SandboxSettings {
     pub vm: VmOptions,
     /// Git's, editors' and agents' control files read-only inside.
     pub protect_control_files: bool,
+    /// See `cordon_sandbox::SandboxConfig::favor_cgroup_changes`.
+    pub cgroup_favordynmods: bool,
     /// What the broker lets through with [`Network::Allow`]: rules and
     /// presets, each checked, presets not yet expanded.
     pub allow: Vec<String>,
@@ -282,6 +284,11 @@ pub(super) fn resolve(s: &Settings) -> Result<Resolved, ConfigError> {
                     .map_err(|_| "expected native or microvm".into())
             })?,
             protect_control_files: req(s, "sandbox.protect_control_files", |v| match v {
+                "true" => Ok(true),
+                "false" => Ok(false),
+                _ => Err("expected true or false".into()),
+            })?,
+            cgroup_favordynmods: req(s, "sandbox.cgroup_favordynmods", |v| match v {
                 "true" => Ok(true),
                 "false" => Ok(false),
                 _ => Err("expected true or false".into()),

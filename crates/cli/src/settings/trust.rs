@@ -42,6 +42,8 @@ pub enum Guard {
     Credential,
     /// Chooses the isolation itself or loosens it.
     Isolation,
+    /// Changes a setting of the host's kernel, for every process on it.
+    Host,
     /// Chooses how much history the host keeps: less loses the rewinds
     /// past whatever the sandbox did, more takes the host's disk.
     Retention,
@@ -57,6 +59,7 @@ impl Guard {
             Guard::Endpoint => "it chooses where the API key is sent",
             Guard::Credential => "it is a credential",
             Guard::Isolation => "it chooses the isolation",
+            Guard::Host => "it changes a setting of this host's kernel",
             Guard::Retention => {
                 "it decides how far back a rewind can go and how much of the host's disk that takes"
             }

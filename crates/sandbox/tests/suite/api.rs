@@ -5,3 +5,64 @@
 const BACKEND: cordon_sandbox::BackendKind = cordon_sandbox::BackendKind::Native;
 
 include!("semantics/body.rs");
+
+/// As root with cgroup v1 limits (this machine's kind), a start spaced from
+/// the last paid an RCU grace period (~7 ms) to move its supervisor into
+/// its cgroups. The first sandbox has the kernel favour cgroup changes, and
+/// a move after an idle pause no longer waits.
+#[tokio::test]
+async fn a_start_as_root_does_not_wait_for_the_kernel_to_join_its_cgroups() {
+    use cordon_sandbox::cgroup::{LimitMechanism, attach_report, detect};
+    let LimitMechanism::V1 { memory, .. } = detect() else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI runs as root with cgroup v1 limits"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sb = Sandbox::create(config(dir.path())).await.unwrap();
+    sb.close().await;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        mounts
+            .lines()
+            .any(|l| l.contains(" - cgroup") && l.contains("favordynmods")),
+        "{mounts}"
+    );
+    assert!(
+        attach_report().starts_with("without waiting"),
+        "{}",
+        attach_report()
+    );
+
+    // What a spaced start does: a process moved into a fresh memory cgroup
+    // after an idle pause. A grace period is never under ~4 ms here (one
+    // tick); the favoured move takes a fraction of a millisecond.
+    let mut fastest = std::time::Duration::MAX;
+    for i in 0..5 {
+        let cg = memory.join(format!("cordon-test-{}-{i}", std::process::id()));
+        std::fs::create_dir(&cg).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let t = std::time::Instant::now();
+        std::fs::write(cg.join("cgroup.procs"), child.id().to_string()).unwrap();
+        fastest = fastest.min(t.elapsed());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // The kernel may take a moment to let go of the dead process.
+        for _ in 0..100 {
+            if std::fs::remove_dir(&cg).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    assert!(
+        fastest < std::time::Duration::from_micros(2500),
+        "the fastest of five spaced moves took {fastest:?}"
+    );
+}
