@@ -47,6 +47,24 @@ pub(crate) const GUEST_LIBS: &str = "lib";
 /// binds, and each start has disks of its own.
 pub(crate) const GUEST_LATE_MODULES: &[&str] = &["virtio_blk.ko"];
 
+/// Host files a microVM guest on virtio-fs reads into its page cache before
+/// it holds (once its `/usr` is mounted): the loader, the C library and the
+/// programs commands start with, so that a guest started from its snapshot
+/// does not read them over its share first. Those a host lacks are skipped.
+/// The snapshot's shape holds each one's identity on the host: an upgrade
+/// that replaces one makes a new snapshot, never a guest with a stale copy.
+pub(crate) const GUEST_WARM: &[&str] = &[
+    "/usr/lib64/ld-linux-x86-64.so.2",
+    "/usr/lib/x86_64-linux-gnu/libc.so.6",
+    "/usr/lib/x86_64-linux-gnu/libtinfo.so.6",
+    "/usr/lib/ld-linux-aarch64.so.1",
+    "/usr/lib/aarch64-linux-gnu/libc.so.6",
+    "/usr/lib/aarch64-linux-gnu/libtinfo.so.6",
+    "/usr/bin/sh",
+    "/usr/bin/bash",
+    "/usr/bin/true",
+];
+
 /// Where a guest's initramfs holds its modules and `order`, the file
 /// names in load order.
 pub(crate) const GUEST_MODULES: &str = "/.cordon/modules";

@@ -401,6 +401,9 @@ impl Drop for VmLifecycle {
 }
 
 async fn create(config: &SandboxConfig) -> Result<Sandbox> {
+    // Phases are logged at debug level with their times: where a start's
+    // time goes (docs/microvm.md).
+    let began = std::time::Instant::now();
     let (workspace, mut binds) = config.validate()?;
     if config.network == Network::Full {
         return Err(Error::Config(
@@ -529,6 +532,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         &run,
     )?;
 
+    tracing::debug!(took = ?began.elapsed(), "microVM: kernel, disks and /etc found");
     // Before the command line: a service's channel is a device on it.
     let services = Services::start(config, &workspace, Channel::Relay).await?;
     let accel = accel(config).await;
@@ -702,6 +706,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             &kernel.vmlinux,
             &initrd,
             &bin_disk,
+            crate::layout::GUEST_WARM,
             &args,
         )?)
     };
@@ -733,9 +738,11 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     };
     let launch_spec = std::sync::Arc::new(launch_spec);
     let booting = launch_spec.clone();
+    tracing::debug!(took = ?began.elapsed(), "microVM: services started");
     let mut booted = tokio::task::spawn_blocking(move || boot(&booting))
         .await
         .map_err(|e| Error::Io(std::io::Error::other(e)))??;
+    tracing::debug!(took = ?began.elapsed(), restored = booted.restored, "microVM: guest running");
     // A guest on virtio-fs may be paused to disk: its monitor, spoken to.
     let suspend = match booted.control.take() {
         Some(control) => {
@@ -846,7 +853,9 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         setup_timeout,
         services,
     );
-    Sandbox::connect(stream, params).await.map_err(|e| match e {
+    let connected = Sandbox::connect(stream, params).await;
+    tracing::debug!(took = ?began.elapsed(), "microVM: sandbox ready in the guest");
+    connected.map_err(|e| match e {
         Error::Setup { message, errno } if message.contains("exited during setup") => {
             Error::Setup {
                 message: format!(
@@ -1349,20 +1358,35 @@ fn boot(l: &Launch) -> Result<Booted> {
     {
         // A guest whose memory its share servers map too runs on a copy
         // of its own.
-        let ram = if l.servers.is_some() {
-            saved.ram.copy_for_sharing(l.memory).map(Ram::Shared)
+        let t = std::time::Instant::now();
+        // A guest whose memory its share servers map too runs on a copy
+        // of its own, made while QEMU starts.
+        let (ram, filling) = if l.servers.is_some() {
+            match saved.ram.copy_for_sharing(l.memory) {
+                Ok(f) => (f.fd.try_clone().map(Ram::Shared), Some(f)),
+                Err(e) => (Err(e), None),
+            }
         } else {
-            saved.ram.for_qemu().map(Ram::Private)
+            (saved.ram.for_qemu().map(Ram::Private), None)
         };
         let restored = ram
             .map_err(Error::from)
             .and_then(|ram| start(l, Some(ram), Some(saved.state.into()), None))
             .and_then(|mut b| {
+                tracing::debug!(took = ?t.elapsed(), "microVM: QEMU started");
+                let copied = filling.map_or(Ok(()), |f| f.done().map_err(Error::from));
+                b.qmp()
+                    .map(|_| ())
+                    .and(copied)
+                    .map_err(|e| explain(e, &b))?;
+                tracing::debug!(took = ?t.elapsed(), "microVM: QEMU and its memory ready");
                 b.qmp()
                     .and_then(|q| snapshot::resume(q, INCOMING_FD))
                     .map_err(|e| explain(e, &b))?;
+                tracing::debug!(took = ?t.elapsed(), "microVM: devices loaded");
                 snapshot::go(b.host(), RESTORE_TIMEOUT.min(l.timeout))
                     .map_err(|e| explain(e, &b))?;
+                tracing::debug!(took = ?t.elapsed(), "microVM: guest acknowledged its go");
                 Ok(b)
             });
         match restored {

@@ -126,17 +126,22 @@ impl Sealed {
         Ok(sealed)
     }
 
-    /// A fresh memfd of `size` bytes (the snapshot's) with the snapshot's
-    /// memory in it, for QEMU to map shared: a guest whose memory another
-    /// process maps too (a virtio-fs server reads and writes its requests
-    /// there) cannot run on a private mapping, whose pages that process
-    /// would never see.
-    pub(super) fn copy_for_sharing(&self, size: u64) -> std::io::Result<OwnedFd> {
+    /// A fresh memfd of `size` bytes (the snapshot's), for QEMU to map
+    /// shared, and the thread that copies the snapshot's memory into it: a
+    /// guest whose memory another process maps too (a virtio-fs server
+    /// reads and writes its requests there) cannot run on a private
+    /// mapping, whose pages that process would never see. QEMU may map the
+    /// memfd while the copy runs (it reads none of the guest's memory
+    /// until it loads the devices), so the copy, tens of milliseconds,
+    /// overlaps QEMU's own start; the thread must be joined before that.
+    pub(super) fn copy_for_sharing(&self, size: u64) -> std::io::Result<Filling> {
         let fd = fresh(size)?;
         let from = File::from(self.0.as_fd().try_clone_to_owned()?);
-        let to = File::from(fd);
-        crate::sparse::copy(&from, &to, size)?;
-        Ok(to.into())
+        let to = File::from(fd.try_clone()?);
+        let copy = std::thread::Builder::new()
+            .name("cordon-guest-ram".into())
+            .spawn(move || crate::sparse::copy(&from, &to, size))?;
+        Ok(Filling { fd, copy })
     }
 
     /// Drops what this process keeps of the snapshot file `path` (one a
@@ -146,6 +151,23 @@ impl Sealed {
             let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
             cache.retain(|(k, _)| (k.0, k.1) != (meta.dev(), meta.ino()));
         }
+    }
+}
+
+/// A memfd being filled with a snapshot's memory ([`Sealed::copy_for_sharing`]).
+pub(super) struct Filling {
+    pub(super) fd: OwnedFd,
+    copy: std::thread::JoinHandle<std::io::Result<()>>,
+}
+
+impl Filling {
+    /// Waits for the copy to end.
+    pub(super) fn done(self) -> std::io::Result<()> {
+        self.copy.join().unwrap_or_else(|_| {
+            Err(std::io::Error::other(
+                "the copy of the guest's memory panicked",
+            ))
+        })
     }
 }
 

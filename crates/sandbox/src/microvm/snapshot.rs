@@ -88,12 +88,14 @@ impl Shape {
     /// otherwise), the initramfs by its path (named by its content, and
     /// touched on each use), `args` with each share's and each disk's path
     /// left out (they differ per sandbox, and a held guest has not opened
-    /// them).
+    /// them), and the identities of the host files a guest on virtio-fs
+    /// holds in its page cache (`warm`: `GUEST_WARM`).
     pub(super) fn new(
         qemu: &Path,
         kernel: &Path,
         initrd: &Path,
         bin: &Path,
+        warm: &[&str],
         args: &[String],
     ) -> Result<Shape> {
         let stamp = |file: &Path| {
@@ -111,9 +113,15 @@ impl Shape {
             (kernel, stamp(kernel)?),
             (bin, stamp(bin)?),
         ];
+        // What a guest on virtio-fs has in its page cache when saved.
+        let warm: Vec<_> = warm
+            .iter()
+            .map(|f| std::fs::metadata(f).ok().map(|m| file_stamp(&m)))
+            .collect();
         Ok(Shape(hash_hex(|h| {
             FORMAT.hash(h);
             files.hash(h);
+            warm.hash(h);
             initrd.hash(h);
             for arg in args {
                 without_paths(arg).hash(h);
@@ -409,7 +417,7 @@ mod tests {
         std::fs::write(&bin, b"disk").unwrap();
         let shape = |args: &[&str]| {
             let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-            Shape::new(&f, &f, Path::new("/initrd-1234"), &bin, &args).unwrap()
+            Shape::new(&f, &f, Path::new("/initrd-1234"), &bin, &[], &args).unwrap()
         };
         let a = shape(&["-m", "512M", "-fsdev", "local,id=w,path=/one"]);
         assert_eq!(a, shape(&["-m", "512M", "-fsdev", "local,id=w,path=/two"]));
@@ -426,6 +434,31 @@ mod tests {
         std::fs::remove_file(&f).unwrap();
         std::fs::write(&f, b"xy").unwrap();
         assert_ne!(a, shape(&["-m", "512M", "-fsdev", "local,id=w,path=/one"]));
+    }
+
+    /// A host file a guest holds in its page cache, replaced (a package
+    /// upgrade renames a new one over it), is another shape: no guest
+    /// starts with the old one's pages. One that appears is too.
+    #[test]
+    fn a_warmed_file_replaced_is_another_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("f");
+        std::fs::write(&f, b"x").unwrap();
+        let libc = dir.path().join("libc.so.6");
+        std::fs::write(&libc, b"old").unwrap();
+        let absent = dir.path().join("absent");
+        let warm = [libc.to_str().unwrap(), absent.to_str().unwrap()];
+        let shape =
+            || Shape::new(&f, &f, Path::new("/initrd-1"), &f, &warm, &["-m".into()]).unwrap();
+        let a = shape();
+        assert_eq!(a, shape());
+        let new = dir.path().join("libc.new");
+        std::fs::write(&new, b"new").unwrap();
+        std::fs::rename(&new, &libc).unwrap();
+        let b = shape();
+        assert_ne!(a, b);
+        std::fs::write(&absent, b"").unwrap();
+        assert_ne!(b, shape());
     }
 
     /// Pruning keeps the snapshots used last, not those taken last, and

@@ -7,9 +7,9 @@
 //! nothing before the go may draw randomness or touch anything of a
 //! sandbox's). After the go it mixes the host's entropy into the kernel's
 //! pool, loads the drivers of the sandbox's own disks, mounts the host's
-//! system directories read-only (over virtio-fs, or 9p with a QEMU that
-//! cannot save virtio-fs: `cordon.fs=` on the kernel's command line says
-//! which), and finishes the sandbox's layout
+//! system directories read-only over 9p (with a QEMU that cannot save
+//! virtio-fs: `cordon.fs=` on the kernel's command line says which; over
+//! virtio-fs they are mounted before the hold), and finishes the sandbox's layout
 //! from the setup message, as the native supervisor builds its root:
 //! `/etc` from the host's allow-list, the workspace and extra binds, a
 //! private `/tmp`. The virtual machine is the isolation boundary; nothing
@@ -26,8 +26,8 @@ use super::image::{UPPER, WORK, write_etc};
 use super::setup::Root;
 use super::{IN_GUEST, fail, read_setup, send};
 use crate::layout::{
-    CONTROL_FD, GUEST_LATE_MODULES, GUEST_MODULES, HOLD_ACK, HOLD_GO, HOLD_READY, HOLD_SEED_LEN,
-    IMAGE_DISK, UPPER_DISK, bind_tag,
+    CONTROL_FD, GUEST_LATE_MODULES, GUEST_MODULES, GUEST_WARM, HOLD_ACK, HOLD_GO, HOLD_READY,
+    HOLD_SEED_LEN, IMAGE_DISK, UPPER_DISK, bind_tag,
 };
 use crate::protocol::{ReadyInfo, SetupSpec, SupMsg};
 
@@ -63,12 +63,26 @@ pub(super) fn guest_main() -> ! {
     // SAFETY: fcntl on a descriptor we own.
     unsafe { libc::fcntl(CONTROL_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
     let mut ctl = File::from(fd);
-    if let Err(e) = hold(&mut ctl) {
+    // The host's system directories are the same for every guest of a
+    // snapshot: over virtio-fs, whose server's state is saved with the
+    // guest, they are mounted before the hold, and a start from the
+    // snapshot finds them mounted. A mounted 9p share would keep QEMU
+    // from saving the guest.
+    let virtiofs = share_fs().0 == "virtiofs";
+    let held = if virtiofs {
+        mount_system()
+            .map_err(|e| std::io::Error::other(e.message()))
+            .map(|()| warm_page_cache())
+    } else {
+        Ok(())
+    };
+    if let Err(e) = held.and_then(|()| hold(&mut ctl)) {
         // Before the go the host reads no frame: the console has the word.
         eprintln!("cordon-supervisor: {e}");
         super::end_sandbox_with(1);
     }
-    if let Err(e) = load_late_modules().and_then(|()| mount_system()) {
+    let mounted = load_late_modules().and_then(|()| if virtiofs { Ok(()) } else { mount_system() });
+    if let Err(e) = mounted {
         fail(&mut ctl, e)
     }
     let spec = match read_setup(&mut ctl) {
@@ -100,6 +114,19 @@ pub(super) fn guest_main() -> ! {
             super::serve::serve(ctl.into(), relay, ready)
         }
         Err(e) => fail(&mut ctl, e),
+    }
+}
+
+/// Reads [`GUEST_WARM`]'s files, those this root has, into the page cache:
+/// in a snapshot, a guest started from it runs its first command without
+/// reading them over its share (~25 ms under TCG). The snapshot's shape
+/// holds their identities on the host (microvm/snapshot.rs), so a guest
+/// never starts with a stale copy.
+fn warm_page_cache() {
+    for path in GUEST_WARM {
+        if let Ok(mut f) = File::open(path) {
+            let _ = std::io::copy(&mut f, &mut std::io::sink());
+        }
     }
 }
 
