@@ -211,6 +211,8 @@ pub struct Made {
     pub env: BTreeMap<String, String>,
     /// A fork's root, kept while it runs.
     pub fork_root: Option<Arc<crate::catalog::ForkRoot>>,
+    /// For one taken up paused: what it had left of its time when paused.
+    pub left: Option<Duration>,
 }
 
 /// What a sandbox's timeout does.
@@ -321,7 +323,7 @@ impl LiveBox {
             auto_resume: made.auto_resume,
             env: made.env,
             deadline: Mutex::new(made.deadline),
-            left: Mutex::new(None),
+            left: Mutex::new(made.left),
             processes: Mutex::default(),
             watchers: Default::default(),
             samples: Default::default(),
@@ -393,6 +395,11 @@ impl LiveBox {
         self.sandbox.pause().await?;
         *self.left.lock().unwrap_or_else(|p| p.into_inner()) = Some(left);
         Ok(())
+    }
+
+    /// What a paused one has left of its time (none: its whole timeout).
+    pub fn left(&self) -> Option<Duration> {
+        *self.left.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Resumes it, and answers the time it has to run again (what it had

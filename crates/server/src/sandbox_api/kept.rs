@@ -5,9 +5,10 @@
 //! ([`keep`]): its record stays running, its files stay, it costs disk
 //! only. The next server takes each up again under its id, paused, as any
 //! paused sandbox, to be resumed by `POST …/resume`, an E2B `connect` or
-//! a request that resumes it ([`recover`]); resumed, it runs its whole
-//! timeout. A server that died leaves the same: what was paused to disk
-//! is taken up, what ran ends, as before.
+//! a request that resumes it ([`recover`]); resumed, it runs what it had
+//! left of its time when paused (`kept.json`). A server that died leaves
+//! the same: what was paused to disk is taken up, what ran ends, as
+//! before; its sandboxes resumed run their whole timeout.
 //!
 //! The rules:
 //!
@@ -33,6 +34,17 @@ use crate::store::SandboxRow;
 pub(crate) const VM_STATE: &str = "vm";
 /// What it was asked for.
 const REQUEST: &str = "sandbox.json";
+/// How it was kept ([`Kept`]).
+const KEPT: &str = "kept.json";
+
+/// What a server that kept a sandbox knew of it that its request does not
+/// say.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Kept {
+    /// What it had left of its time when paused, in milliseconds.
+    left_ms: u64,
+}
 /// The most bytes of it read back: a request is bounded by the server's
 /// body limit, far below this.
 const MAX_REQUEST: u64 = 4 << 20;
@@ -40,21 +52,27 @@ const MAX_REQUEST: u64 = 4 << 20;
 /// Writes what a microVM sandbox was asked for into its directory `d`,
 /// for the server that takes it up after this one.
 pub(crate) fn record(d: &Path, asked: &NewSandbox) -> std::io::Result<()> {
-    let json = serde_json::to_vec(asked).map_err(std::io::Error::other)?;
-    // Private (0600), and whole or absent under its name.
+    write(d, REQUEST, asked)
+}
+
+/// Writes `value` as `d/name`: private (0600), and whole or absent under
+/// its name.
+fn write(d: &Path, name: &str, value: &impl serde::Serialize) -> std::io::Result<()> {
+    let json = serde_json::to_vec(value).map_err(std::io::Error::other)?;
     let mut f = tempfile::NamedTempFile::new_in(d)?;
     f.write_all(&json)?;
     f.as_file().sync_all()?;
-    f.persist(d.join(REQUEST)).map_err(|e| e.error)?;
+    f.persist(d.join(name)).map_err(|e| e.error)?;
     Ok(())
 }
 
-fn read(d: &Path) -> Result<NewSandbox, String> {
+/// Reads `d/name`, at most [`MAX_REQUEST`] bytes of it, as a `T`.
+fn read<T: serde::de::DeserializeOwned>(d: &Path, name: &str) -> std::io::Result<T> {
     let mut json = Vec::new();
-    std::fs::File::open(d.join(REQUEST))
-        .and_then(|f| f.take(MAX_REQUEST).read_to_end(&mut json))
-        .map_err(|e| format!("its request is not at hand: {e}"))?;
-    serde_json::from_slice(&json).map_err(|e| format!("its request does not read: {e}"))
+    std::fs::File::open(d.join(name))?
+        .take(MAX_REQUEST)
+        .read_to_end(&mut json)?;
+    serde_json::from_slice(&json).map_err(std::io::Error::other)
 }
 
 /// Keeps `b` for the next server if it is paused to disk, leaving its
@@ -62,6 +80,14 @@ fn read(d: &Path) -> Result<NewSandbox, String> {
 pub(crate) async fn keep(shared: &Shared, b: &LiveBox) -> bool {
     if !b.sandbox.is_paused() || !dir(shared, &b.id).join(REQUEST).is_file() {
         return false;
+    }
+    let d = dir(shared, &b.id);
+    let left = b.left().unwrap_or(b.timeout);
+    let kept = Kept {
+        left_ms: left.as_millis().try_into().unwrap_or(u64::MAX),
+    };
+    if let Err(e) = write(&d, KEPT, &kept) {
+        tracing::warn!("sandbox {}: its time left is not kept: {e}", b.id);
     }
     match b.sandbox.keep().await {
         Ok(()) => {
@@ -124,7 +150,13 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
 /// Takes up sandbox `row`, paused to disk by the last server, paused.
 async fn take_up(shared: &Arc<Shared>, row: &SandboxRow) -> Result<(), String> {
     let d = dir(shared, &row.id);
-    let asked = read(&d)?;
+    let asked: NewSandbox =
+        read(&d, REQUEST).map_err(|e| format!("its request does not read: {e}"))?;
+    // Read once: a sandbox taken up, resumed and paused again by a server
+    // that then dies has no time left on record and runs its whole
+    // timeout, rather than what an earlier server recorded.
+    let kept: Option<Kept> = read(&d, KEPT).ok();
+    let _ = std::fs::remove_file(d.join(KEPT));
     let tenant = &row.tenant;
     let options = settle(shared, tenant, &asked)
         .await
@@ -164,8 +196,8 @@ async fn take_up(shared: &Arc<Shared>, row: &SandboxRow) -> Result<(), String> {
             image: options.image.map(String::from),
             account,
             layers,
-            // Its clock stands while paused; resumed, it runs its whole
-            // timeout.
+            // Its clock stands while paused; resumed, it runs what it had
+            // left.
             deadline: Instant::now() + timeout,
             timeout,
             on_timeout: asked.on_timeout,
@@ -173,6 +205,7 @@ async fn take_up(shared: &Arc<Shared>, row: &SandboxRow) -> Result<(), String> {
             public: asked.public,
             env: asked.env,
             fork_root,
+            left: kept.map(|k| Duration::from_millis(k.left_ms).min(timeout)),
         },
         sandbox,
         slot,

@@ -493,6 +493,7 @@ pub(crate) async fn finish(
             public: asked.public,
             env: asked.env.clone(),
             fork_root: new.fork_root,
+            left: None,
         },
         sandbox,
         slot,

@@ -695,6 +695,16 @@ async fn a_paused_microvm_outlives_its_server() {
         .await;
     assert_eq!(status, 202, "{r}");
     run(&s, &t, &id, json!({"cmd": "echo in-memory > /tmp/mark"})).await;
+    // A minute left of its ten: what it runs once resumed by the next
+    // server, not its whole timeout.
+    let (status, v) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/timeout"),
+            json!({"timeout_secs": 60}),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
     tokio::time::sleep(Duration::from_millis(800)).await;
     let (status, v) = s
         .post(&t, &format!("/v1/sandboxes/{id}/pause"), json!({}))
@@ -730,6 +740,14 @@ async fn a_paused_microvm_outlives_its_server() {
         .post(&t, &format!("/v1/sandboxes/{id}/resume"), json!({}))
         .await;
     assert_eq!((status, v["state"].as_str()), (200, Some("running")), "{v}");
+    let ends = humantime::parse_rfc3339(v["expires_at"].as_str().unwrap()).unwrap();
+    let left = ends
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    assert!(
+        (Duration::from_secs(30)..=Duration::from_secs(60)).contains(&left),
+        "it runs {left:?} more, not what it had left: {v}"
+    );
     let read = |cmd: &'static str| {
         let (s, t, id) = (&s, &t, &id);
         async move {
