@@ -345,21 +345,14 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     let stream = tokio::net::UnixStream::from_std(host)?;
     Sandbox::connect(
         stream,
-        ConnectParams {
-            setup: HostMsg::Setup(Box::new(spec)),
-            lifecycle: Box::new(lifecycle),
-            limits: mech.to_string(),
-            backend: "native",
-            base_env: config.base_env(),
-            workdir: config.workdir.clone(),
-            read_only: config.read_only.clone(),
-            bind_targets: config.binds.iter().map(|b| b.target.clone()).collect(),
-            network: config.network,
-            image_user: config.image.as_ref().map(|i| i.uid),
-            setup_timeout: config.setup_timeout,
-            set_clock: false,
+        ConnectParams::new(
+            config,
+            crate::config::BackendKind::Native,
+            HostMsg::Setup(Box::new(spec)),
+            Box::new(lifecycle),
+            mech.to_string(),
             services,
-        },
+        ),
     )
     .await
 }

@@ -850,7 +850,6 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         HostMsg::Setup(Box::new(spec)),
         Box::new(lifecycle),
         limits,
-        setup_timeout,
         services,
     );
     let connected = Sandbox::connect(stream, params).await;
@@ -871,29 +870,24 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
 }
 
 /// What the session of a microVM made with `config` needs, its channel's
-/// first message `setup`.
+/// first message `setup`: a guest gets at least [`MIN_SETUP_TIMEOUT`].
 fn connect_params(
     config: &SandboxConfig,
     setup: HostMsg,
     lifecycle: Box<VmLifecycle>,
     limits: String,
-    setup_timeout: Duration,
     services: Services,
 ) -> ConnectParams {
     ConnectParams {
-        setup,
-        lifecycle,
-        limits,
-        backend: "microvm",
-        base_env: config.base_env(),
-        workdir: config.workdir.clone(),
-        read_only: config.read_only.clone(),
-        bind_targets: config.binds.iter().map(|b| b.target.clone()).collect(),
-        network: config.network,
-        image_user: config.image.as_ref().map(|i| i.uid),
-        setup_timeout,
-        set_clock: true,
-        services,
+        setup_timeout: config.setup_timeout.max(MIN_SETUP_TIMEOUT),
+        ..ConnectParams::new(
+            config,
+            crate::config::BackendKind::Microvm,
+            setup,
+            lifecycle,
+            limits,
+            services,
+        )
     }
 }
 
@@ -1197,7 +1191,6 @@ async fn reattach(config: &SandboxConfig) -> Result<Sandbox> {
         HostMsg::Reattach { seed },
         Box::new(lifecycle),
         limits,
-        setup_timeout,
         services,
     );
     Sandbox::adopt(stream, params, guest_ready_info())

@@ -110,6 +110,37 @@ pub(crate) struct ConnectParams {
     pub services: Services,
 }
 
+impl ConnectParams {
+    /// A session of `backend` for a sandbox made with `config`, its
+    /// channel's first message `setup`: what it takes from the config is
+    /// taken here, once for every backend.
+    pub(crate) fn new(
+        config: &crate::config::SandboxConfig,
+        backend: crate::config::BackendKind,
+        setup: HostMsg,
+        lifecycle: Box<dyn Lifecycle>,
+        limits: String,
+        services: Services,
+    ) -> ConnectParams {
+        ConnectParams {
+            setup,
+            lifecycle,
+            limits,
+            backend: backend.as_str(),
+            base_env: config.base_env(),
+            workdir: config.workdir.clone(),
+            read_only: config.read_only.clone(),
+            bind_targets: config.binds.iter().map(|b| b.target.clone()).collect(),
+            network: config.network,
+            image_user: config.image.as_ref().map(|i| i.uid),
+            setup_timeout: config.setup_timeout,
+            // A microVM's own clock starts from its RTC.
+            set_clock: backend == crate::config::BackendKind::Microvm,
+            services,
+        }
+    }
+}
+
 /// Facts about a running sandbox, for diagnostics.
 #[derive(Debug, Clone)]
 pub struct SandboxInfo {
