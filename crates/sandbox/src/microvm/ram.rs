@@ -19,6 +19,11 @@
 //!   creator too; a private mapping's writes never reach it.
 //! - One process keeps the last [`CACHED`] sealed memfds it made, so
 //!   that a server starting many guests of one shape reads the file once.
+//! - A guest whose share servers map its memory runs on a copy of its own
+//!   ([`Sealed::copy_for_sharing`]). A process that has started a shape
+//!   twice makes the next one's copy ahead, once the current one is done:
+//!   one spare, of the shape started last, so a server pays the copy off
+//!   its starts' path and a one-shot `cordon run` never pays for a spare.
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
@@ -68,12 +73,17 @@ pub(super) fn copy_nonzero(from: &File, to: &File, size: u64) -> std::io::Result
 
 /// A snapshot's memory in a sealed memfd, to be mapped privately.
 #[derive(Clone)]
-pub(super) struct Sealed(Arc<OwnedFd>);
+pub(super) struct Sealed {
+    fd: Arc<OwnedFd>,
+    key: Key,
+    /// Guests started from it by this process.
+    uses: Arc<std::sync::atomic::AtomicUsize>,
+}
 
 impl Sealed {
     /// A descriptor of it for a QEMU.
     pub(super) fn for_qemu(&self) -> std::io::Result<OwnedFd> {
-        self.0.as_fd().try_clone_to_owned()
+        self.fd.as_fd().try_clone_to_owned()
     }
 
     /// The memory in the snapshot file `path`, which must be `size` bytes
@@ -116,7 +126,11 @@ impl Sealed {
             &memfd,
             SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
         )?;
-        let sealed = Sealed(Arc::new(memfd.into()));
+        let sealed = Sealed {
+            fd: Arc::new(memfd.into()),
+            key,
+            uses: Arc::default(),
+        };
         let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
         cache.retain(|(k, _)| *k != key);
         cache.push((key, sealed.clone()));
@@ -134,14 +148,40 @@ impl Sealed {
     /// memfd while the copy runs (it reads none of the guest's memory
     /// until it loads the devices), so the copy, tens of milliseconds,
     /// overlaps QEMU's own start; the thread must be joined before that.
+    /// The spare made ahead, when there is one of this snapshot.
     pub(super) fn copy_for_sharing(&self, size: u64) -> std::io::Result<Filling> {
+        let again = self.uses.fetch_add(1, std::sync::atomic::Ordering::Relaxed) > 0;
+        let spare = {
+            let mut slot = SPARE.lock().unwrap_or_else(|p| p.into_inner());
+            match slot.take() {
+                Some((key, f)) if key == self.key && f.size == size => Some(f),
+                other => {
+                    *slot = other;
+                    None
+                }
+            }
+        };
+        let mut filling = match spare {
+            Some(f) => f,
+            None => self.fill(size)?,
+        };
+        filling.then_spare = again.then(|| self.clone());
+        Ok(filling)
+    }
+
+    fn fill(&self, size: u64) -> std::io::Result<Filling> {
         let fd = fresh(size)?;
-        let from = File::from(self.0.as_fd().try_clone_to_owned()?);
+        let from = File::from(self.fd.as_fd().try_clone_to_owned()?);
         let to = File::from(fd.try_clone()?);
         let copy = std::thread::Builder::new()
             .name("cordon-guest-ram".into())
             .spawn(move || crate::sparse::copy(&from, &to, size))?;
-        Ok(Filling { fd, copy })
+        Ok(Filling {
+            fd,
+            size,
+            copy,
+            then_spare: None,
+        })
     }
 
     /// Drops what this process keeps of the snapshot file `path` (one a
@@ -150,6 +190,13 @@ impl Sealed {
         if let Ok(meta) = std::fs::metadata(path) {
             let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
             cache.retain(|(k, _)| (k.0, k.1) != (meta.dev(), meta.ino()));
+            let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
+            if spare
+                .as_ref()
+                .is_some_and(|(k, _)| (k.0, k.1) == (meta.dev(), meta.ino()))
+            {
+                *spare = None;
+            }
         }
     }
 }
@@ -157,19 +204,32 @@ impl Sealed {
 /// A memfd being filled with a snapshot's memory ([`Sealed::copy_for_sharing`]).
 pub(super) struct Filling {
     pub(super) fd: OwnedFd,
+    size: u64,
     copy: std::thread::JoinHandle<std::io::Result<()>>,
+    /// The snapshot to make the next start's copy of once this one is done.
+    then_spare: Option<Sealed>,
 }
 
 impl Filling {
-    /// Waits for the copy to end.
+    /// Waits for the copy to end; then starts the spare's, if one is due.
     pub(super) fn done(self) -> std::io::Result<()> {
-        self.copy.join().unwrap_or_else(|_| {
+        let copied = self.copy.join().unwrap_or_else(|_| {
             Err(std::io::Error::other(
                 "the copy of the guest's memory panicked",
             ))
-        })
+        });
+        if copied.is_ok()
+            && let Some(sealed) = self.then_spare
+            && let Ok(next) = sealed.fill(self.size)
+        {
+            *SPARE.lock().unwrap_or_else(|p| p.into_inner()) = Some((sealed.key, next));
+        }
+        copied
     }
 }
+
+/// The spare copy ([`Sealed::copy_for_sharing`]): at most one per process.
+static SPARE: Mutex<Option<(Key, Filling)>> = Mutex::new(None);
 
 type Key = (u64, u64, i64, i64, u64);
 
@@ -207,6 +267,56 @@ mod tests {
         assert_eq!(&got, b"middle");
         to.read_exact_at(&mut got[..3], (64 << 20) - 3).unwrap();
         assert_eq!(&got[..3], b"end");
+    }
+
+    /// A process's first start of a snapshot makes no spare; from the
+    /// second on, the next copy is made ahead, used once, and holds the
+    /// snapshot's memory like a copy made at the start.
+    #[test]
+    fn the_second_start_makes_the_third_one_s_copy_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ram");
+        let file = File::create(&path).unwrap();
+        file.set_len(1 << 20).unwrap();
+        file.write_all_at(b"kernel", 8192).unwrap();
+        let sealed = Sealed::load(&path, 1 << 20).unwrap();
+        let ours = || {
+            SPARE
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|(k, _)| *k == sealed.key)
+        };
+        let copy = || {
+            let f = sealed.copy_for_sharing(1 << 20).unwrap();
+            let fd = File::from(f.fd.try_clone().unwrap());
+            f.done().unwrap();
+            let mut got = [0u8; 6];
+            fd.read_exact_at(&mut got, 8192).unwrap();
+            assert_eq!(&got, b"kernel");
+            // A shared copy: the guest's writes are its own.
+            fd.write_all_at(b"tenant", 8192).unwrap();
+        };
+        copy();
+        assert!(!ours(), "a spare after the first start");
+        copy();
+        assert!(ours(), "no spare after the second start");
+        let spare = SPARE
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|(_, f)| f.fd.as_raw_fd());
+        let third = sealed.copy_for_sharing(1 << 20).unwrap();
+        assert_eq!(Some(third.fd.as_raw_fd()), spare, "the spare was not used");
+        assert!(!ours(), "the spare is still there to be used again");
+        third.done().unwrap();
+        // The tenant's write went to its own copy, not to the next one.
+        let next = SPARE.lock().unwrap().take().unwrap().1;
+        let fd = File::from(next.fd.try_clone().unwrap());
+        next.done().unwrap();
+        let mut got = [0u8; 6];
+        fd.read_exact_at(&mut got, 8192).unwrap();
+        assert_eq!(&got, b"kernel");
     }
 
     /// What a QEMU taken over by its guest could try on the memory every
@@ -260,12 +370,12 @@ mod tests {
         assert_eq!(&got, b"kernel");
         // The same file again is the same memfd; another file is read anew.
         let twice = Sealed::load(&path, 1 << 20).unwrap();
-        assert!(Arc::ptr_eq(&sealed.0, &twice.0));
+        assert!(Arc::ptr_eq(&sealed.fd, &twice.fd));
         std::fs::remove_file(&path).unwrap();
         let file = File::create(&path).unwrap();
         file.set_len(1 << 20).unwrap();
         let other = Sealed::load(&path, 1 << 20).unwrap();
-        assert!(!Arc::ptr_eq(&sealed.0, &other.0));
+        assert!(!Arc::ptr_eq(&sealed.fd, &other.fd));
         // A file of another size is refused.
         let e = Sealed::load(&path, 2 << 20).err().unwrap();
         assert!(e.to_string().contains("not the 2097152"), "{e}");
