@@ -142,7 +142,7 @@ pub struct SandboxConfig {
     /// As root with cgroup v1 limits, have the kernel favour cgroup changes
     /// (`favordynmods`, for the whole host until it reboots), so that a
     /// start does not wait ~7 ms for an RCU grace period to move its
-    /// supervisor into its cgroups (`crate::cgroup::favor_dynmods`).
+    /// supervisor into its cgroups (the cgroup module's `favor_dynmods`).
     pub favor_cgroup_changes: bool,
 }
 
