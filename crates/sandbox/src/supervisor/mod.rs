@@ -52,7 +52,13 @@ pub fn run_if_supervisor() {
     let mut args = std::env::args_os();
     let _ = args.next();
     match args.next() {
-        Some(a) if a == SUPERVISOR_ARG => outer_main(),
+        Some(a) if a == SUPERVISOR_ARG => {
+            // Exec'd, it keeps what its host ignored (a server started with
+            // `nohup … &` ignores SIGHUP, SIGINT and SIGQUIT): its commands
+            // must not, or a trap on SIGINT could never fire.
+            default_signals();
+            outer_main()
+        }
         // Only as a guest's init: anywhere else its mounts would land on
         // the host.
         Some(a) if a == SUPERVISOR_GUEST_ARG && std::process::id() == 1 => guest::guest_main(),
@@ -155,7 +161,20 @@ fn read_setup_message(ctl: &mut impl Read) -> Result<SetupSpec, SetupError> {
 /// with the control socket already on fd 3. Inherited signal handlers and
 /// masks belong to the host and are reset first.
 pub(crate) fn forked_main() -> ! {
-    // SAFETY: resetting dispositions and the mask of this fresh child.
+    default_signals();
+    // SAFETY: naming this fresh child.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, c"cordon-sandbox".as_ptr());
+    }
+    scrub_args_and_environment();
+    outer_main()
+}
+
+/// Every signal's disposition back to the default, and none blocked: what
+/// the host ignored or blocked is not the sandbox's.
+fn default_signals() {
+    // SAFETY: resetting dispositions and the mask of this single-threaded
+    // process, before it runs anything else.
     unsafe {
         for sig in 1..libc::SIGRTMIN() {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {
@@ -165,10 +184,7 @@ pub(crate) fn forked_main() -> ! {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-        libc::prctl(libc::PR_SET_NAME, c"cordon-sandbox".as_ptr());
     }
-    scrub_args_and_environment();
-    outer_main()
 }
 
 /// Overwrites the host's command line and environment strings, which a

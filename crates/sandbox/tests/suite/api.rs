@@ -66,3 +66,24 @@ async fn a_start_as_root_does_not_wait_for_the_kernel_to_join_its_cgroups() {
         "the fastest of five spaced moves took {fastest:?}"
     );
 }
+
+/// A host started as `nohup cordon serve &` ignores SIGHUP, SIGINT and
+/// SIGQUIT; its sandboxes' commands must not inherit that, or a command's
+/// trap on SIGINT never fires and an interrupt is lost.
+#[tokio::test]
+async fn a_command_does_not_inherit_the_signals_its_host_ignores() {
+    // SAFETY: ignoring SIGQUIT in this test process, as a backgrounded
+    // host's shell would; no test here expects it.
+    unsafe { libc::signal(libc::SIGQUIT, libc::SIG_IGN) };
+    let dir = tempfile::tempdir().unwrap();
+    let sb = Sandbox::create(config(dir.path())).await.unwrap();
+    let out = sb
+        .exec(ExecRequest::argv(["grep", "^SigIgn", "/proc/self/status"]))
+        .await
+        .unwrap();
+    sb.close().await;
+    let ignored = out.stdout_str();
+    let mask =
+        u64::from_str_radix(ignored.trim().trim_start_matches("SigIgn:").trim(), 16).unwrap();
+    assert_eq!(mask & (1 << (libc::SIGQUIT - 1)), 0, "{ignored}");
+}
