@@ -19,7 +19,7 @@ pub const CHUNK: usize = 64 * 1024;
 pub const WINDOW: u64 = 512 * 1024;
 
 /// Protocol version; the supervisor refuses a host that speaks another.
-pub const VERSION: u32 = 16;
+pub const VERSION: u32 = 17;
 
 /// Marks the id of a connection the host asked for (`HostMsg::NetDial`), so
 /// that it never meets one the guest's proxy listener numbered.
@@ -278,6 +278,12 @@ pub struct ExecSpec {
     pub id: u64,
     /// argv; `argv[0]` is looked up in `PATH` when it has no slash.
     pub argv: Vec<serde_bytes::ByteBuf>,
+    /// Where `argv[0]` is not in `PATH`, run `sh` instead, with bash's own
+    /// leading `--noprofile`/`--norc` dropped (`sh` would take them for a
+    /// script's name): a bash command line that still runs in a root
+    /// without bash (Alpine, busybox), without a shell exec'd first to
+    /// look (an exec costs ~1 ms natively, tens under TCG).
+    pub or_sh: bool,
     pub cwd: String,
     /// The complete environment (nothing is inherited).
     pub env: Vec<(String, String)>,
@@ -321,7 +327,8 @@ pub enum HostMsg {
         id: u64,
         size: WinSize,
     },
-    /// Kill everything and exit.
+    /// Kill everything and exit; answered by `SupMsg::Ended` once every
+    /// process has gone, if they all went within a second.
     Shutdown,
     /// A file system operation in the sandbox's root, answered by
     /// `SupMsg::Fs` with the same id (see [`FsOp`]).
@@ -565,6 +572,10 @@ pub enum SupMsg {
     Ready(ReadyInfo),
     /// The last frame before a hold (see `HostMsg::Hold`).
     Held,
+    /// The last frame of all, after a `HostMsg::Shutdown`: every process
+    /// in the sandbox has been killed and reaped, and in a microVM what
+    /// they wrote is synced; the sandbox's own end follows.
+    Ended,
     SetupFailed {
         message: String,
         /// errno of the failing call, when there was one.

@@ -36,13 +36,9 @@ pub struct ExecRequest {
     /// User and group ids instead of the sandbox's default (see
     /// [`ExecRequest::user`]).
     pub user: Option<(u32, u32)>,
+    /// `sh` where the root has no `argv[0]` (see [`ExecRequest::or_sh`]).
+    pub or_sh: bool,
 }
-
-/// Runs its arguments with bash where the root has it, else with `sh`
-/// (bash's own `--noprofile`/`--norc` dropped, which `sh` would take for
-/// a script's name).
-const PREFER_BASH: &str = "if command -v bash >/dev/null 2>&1; then exec bash \"$@\"; fi; \
-     while [ \"$1\" = --noprofile ] || [ \"$1\" = --norc ]; do shift; done; exec sh \"$@\"";
 
 impl ExecRequest {
     /// A command given as argv; `argv[0]` is looked up in `PATH`.
@@ -65,13 +61,20 @@ impl ExecRequest {
     /// A command line run by bash, or by `sh` in a root without bash (an
     /// Alpine or busybox image): what users' and models' commands get.
     pub fn bash(command: &str) -> Self {
-        Self::argv(["/bin/sh", "-c", PREFER_BASH, "sh", "-c", command])
+        Self::argv(["bash", "-c", command]).or_sh()
     }
 
     /// A bash that reads its commands from stdin (no profile, no rc
     /// files), or `sh` in a root without bash.
     pub fn bash_reading_stdin() -> Self {
-        Self::argv(["/bin/sh", "-c", PREFER_BASH, "sh", "--noprofile", "--norc"])
+        Self::argv(["bash", "--noprofile", "--norc"]).or_sh()
+    }
+
+    /// Runs `sh` where the root has no `argv[0]` in `PATH` (see
+    /// `ExecSpec::or_sh`).
+    pub fn or_sh(mut self) -> Self {
+        self.or_sh = true;
+        self
     }
 
     /// Runs as user `uid` and group `gid` instead of the sandbox's
@@ -273,6 +276,7 @@ impl Sandbox {
         Ok(ExecSpec {
             id,
             argv,
+            or_sh: req.or_sh,
             cwd: req
                 .cwd
                 .clone()

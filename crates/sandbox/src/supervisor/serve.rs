@@ -281,7 +281,79 @@ fn exit_all() -> ! {
     super::end_sandbox();
 }
 
+/// How long a shutdown waits for the killed processes to be reaped before
+/// it exits without `SupMsg::Ended` (one stuck in the kernel): the host
+/// then waits for the namespaces' own end.
+const END_WAIT: Duration = Duration::from_secs(1);
+
+/// A `pollfd` for one descriptor.
+fn poll_one(fd: RawFd, events: i16) -> [libc::pollfd; 1] {
+    [libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }]
+}
+
 impl Server {
+    /// `HostMsg::Shutdown`: kills every process, reaps them all (each is
+    /// ours once its parent has gone), syncs a guest's file systems, tells
+    /// the host, and exits.
+    fn end_all(&mut self) -> ! {
+        // SAFETY: signalling; we are pid 1 of our own pid namespace.
+        unsafe {
+            libc::kill(-1, libc::SIGKILL);
+        }
+        let deadline = Instant::now() + END_WAIT;
+        let all_gone = loop {
+            let mut status = 0;
+            // SAFETY: reaping any child; we are the sandbox's init.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
+            if pid > 0 {
+                continue;
+            }
+            if pid < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                // ECHILD: nothing is left.
+                break true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if pid == 0 && left.is_zero() {
+                break false;
+            }
+            // Until a child changes state (SIGCHLD, which is blocked and
+            // read from the signalfd), or the deadline.
+            let mut fds = poll_one(self.sigfd.as_raw_fd(), libc::POLLIN);
+            // SAFETY: a valid array of one pollfd.
+            unsafe { libc::poll(fds.as_mut_ptr(), 1, left.as_millis().max(1) as i32) };
+            let mut info = [0u8; 128];
+            while read_fd(self.sigfd.as_raw_fd(), &mut info).is_ok() {}
+        };
+        if all_gone {
+            if super::IN_GUEST.load(std::sync::atomic::Ordering::Relaxed) {
+                // What they wrote reaches the host's side of the shares.
+                rustix::fs::sync();
+            }
+            self.hold = None;
+            self.send(&SupMsg::Ended);
+            self.flush_until(deadline + END_WAIT);
+        }
+        super::end_sandbox();
+    }
+
+    /// Writes what is queued, waiting for room until `deadline`.
+    fn flush_until(&mut self, deadline: Instant) {
+        loop {
+            self.flush();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.outbuf.is_empty() || left.is_zero() {
+                return;
+            }
+            let mut fds = poll_one(self.ctl.as_raw_fd(), libc::POLLOUT);
+            // SAFETY: a valid array of one pollfd.
+            unsafe { libc::poll(fds.as_mut_ptr(), 1, left.as_millis().max(1) as i32) };
+        }
+    }
+
     fn send(&mut self, msg: &SupMsg) {
         protocol::encode(msg, &mut self.outbuf);
     }
@@ -560,7 +632,7 @@ impl Server {
                     set_winsize(fd, size);
                 }
             }
-            HostMsg::Shutdown => exit_all(),
+            HostMsg::Shutdown => self.end_all(),
             HostMsg::Watch {
                 id,
                 path,
@@ -822,6 +894,29 @@ fn errno_of(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
 
+/// Where `program` is found in the command's `PATH` (a file someone may
+/// execute), as `execvp` would look; `None` also for a name with a slash.
+fn in_path(program: &OsStr, env: &[(String, String)], cwd: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if program.as_bytes().contains(&b'/') || program.is_empty() {
+        return None;
+    }
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
+    path.split(':').find_map(|dir| {
+        // Relative entries (an empty one too) are the command's working
+        // directory's, as for execvp run there.
+        let candidate = std::path::Path::new(cwd).join(dir).join(program);
+        let meta = std::fs::metadata(&candidate).ok()?;
+        (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some(candidate)
+    })
+}
+
+/// What `execvp` searches when the environment has no `PATH`.
+const DEFAULT_PATH: &str = "/bin:/usr/bin";
+
 /// Starts one command. Errors say which stage failed, with an errno and a
 /// message for a person.
 fn start(spec: &ExecSpec) -> Result<Exec, (SpawnStage, i32, String)> {
@@ -846,8 +941,29 @@ fn start(spec: &ExecSpec) -> Result<Exec, (SpawnStage, i32, String)> {
             ));
         }
     }
-    let mut cmd = Command::new(program);
-    cmd.args(spec.argv[1..].iter().map(|a| OsStr::from_bytes(a)))
+    let mut args = &spec.argv[1..];
+    let mut cmd = if spec.or_sh {
+        match in_path(program, &spec.env, &spec.cwd) {
+            Some(found) => {
+                let mut cmd = Command::new(found);
+                cmd.arg0(program);
+                cmd
+            }
+            None => {
+                while let Some(rest) = args
+                    .split_first()
+                    .filter(|(a, _)| matches!(&a[..], b"--noprofile" | b"--norc"))
+                    .map(|(_, rest)| rest)
+                {
+                    args = rest;
+                }
+                Command::new("sh")
+            }
+        }
+    } else {
+        Command::new(program)
+    };
+    cmd.args(args.iter().map(|a| OsStr::from_bytes(a)))
         .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&spec.cwd);

@@ -123,9 +123,10 @@ impl Runner {
             self.output_cap,
         );
         let checked = job.request.clone().and_then(|r| r.check(&self.bounds));
+        let mut leftovers = Leftovers::default();
         let mut outcome = match checked {
             Ok(req) => {
-                self.run_request(&id, &lease, &job.tenant, req, &mut sink, &cancel)
+                self.run_request(&id, &job.tenant, req, &mut sink, &cancel, &mut leftovers)
                     .await
             }
             Err(e) => Outcome::failed(format!("the stored job is no longer valid here: {e}")),
@@ -155,16 +156,19 @@ impl Runner {
             Err(e) => tracing::error!(job = %id, "cannot record the outcome: {e}"),
         }
         self.hub.close(&id);
+        let recorded = started.elapsed();
+        leftovers.release().await;
+        tracing::debug!(job = %id, ?recorded, released = ?started.elapsed(), "job times");
     }
 
     async fn run_request(
         &self,
         id: &str,
-        lease: &crate::store::Lease,
         tenant: &str,
         req: Job,
         sink: &mut Sink,
         cancel: &Cancel,
+        leftovers: &mut Leftovers,
     ) -> Outcome {
         let ws = self.dirs.workspace(id);
         let made = {
@@ -178,10 +182,10 @@ impl Runner {
             .unwrap_or_else(|e| Err(e.to_string()))
         };
         // Mounted (if a volume) from here until the job's sandbox is closed.
-        let _in_use = match made {
-            Ok(in_use) => in_use,
+        match made {
+            Ok(in_use) => leftovers.in_use = Some(in_use),
             Err(e) => return Outcome::failed(format!("cannot create the workspace: {e}")),
-        };
+        }
         if let Some(archive) = &self.archive {
             match archive.unstage(id, &ws).await {
                 Ok(0) => {}
@@ -300,7 +304,7 @@ impl Runner {
                     self.store.clone(),
                     self.hub.clone(),
                     id.to_string(),
-                    lease.clone(),
+                    sink.lease().clone(),
                     net.refusals(MAX_REFUSALS),
                 ));
             }
@@ -377,10 +381,31 @@ impl Runner {
         };
         drop(listed);
         let ran = began.elapsed();
-        // Closing ends every process the job left behind.
-        sandbox.close().await;
-        tracing::debug!(job = %id, pooled = pooled.is_some(), ?ready, ?ran, closed = ?began.elapsed(), "sandbox times");
+        // Every process the job left behind ends before its end is
+        // recorded; the sandbox's teardown waits until after.
+        sandbox.end_processes().await;
+        tracing::debug!(job = %id, pooled = pooled.is_some(), ?ready, ?ran, ended = ?began.elapsed(), "sandbox times");
+        leftovers.sandbox = Some(sandbox);
         outcome
+    }
+}
+
+/// What a job holds on the host past its end, released once the end is
+/// recorded: its sandbox (every process in it ended) and its workspace's
+/// volume.
+#[derive(Default)]
+struct Leftovers {
+    sandbox: Option<Sandbox>,
+    in_use: Option<cordon_sandbox::volume::InUse>,
+}
+
+impl Leftovers {
+    async fn release(self) {
+        if let Some(sandbox) = self.sandbox {
+            sandbox.close().await;
+        }
+        // Unmounted (a volume) only after its sandbox is gone.
+        drop(self.in_use);
     }
 }
 

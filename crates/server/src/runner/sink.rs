@@ -47,6 +47,11 @@ pub(super) struct StepOutput {
 }
 
 impl Sink {
+    /// The claim its events are written under.
+    pub(super) fn lease(&self) -> &crate::store::Lease {
+        &self.lease
+    }
+
     pub(super) fn new(
         store: Store,
         hub: Arc<Hub>,

@@ -562,6 +562,49 @@ async fn the_list_filters_and_pages_with_a_cursor(db: Db) {
     assert_eq!(shells["jobs"].as_array().unwrap().len(), 4);
 }
 
+/// The attack: a job leaves a detached writer behind that appends to a
+/// file in its workspace as fast as it can. Once the job reads as ended,
+/// the file no longer changes: its end is recorded after every process of
+/// its sandbox has gone, not merely its command.
+async fn a_job_is_ended_only_once_what_it_left_running_has_stopped(db: Db) {
+    let Some(s) = TestServer::start(db).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let id = s
+        .submit(
+            &t,
+            shell(
+                "setsid sh -c 'while :; do echo tick >> /workspace/ticks; done' \
+                 </dev/null >/dev/null 2>&1 & \
+                 while [ ! -s /workspace/ticks ]; do sleep 0.01; done; echo started",
+            ),
+        )
+        .await;
+    let done = s.wait(&t, &id).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let size = || async {
+        let (status, meta) = s.get(&t, &format!("/v1/jobs/{id}/files")).await;
+        assert_eq!(status, 200, "{meta}");
+        let ticks = meta["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "ticks")
+            .cloned()
+            .unwrap_or_else(|| panic!("no ticks in {meta}"));
+        ticks["size"].as_u64().unwrap()
+    };
+    let first = size().await;
+    assert!(first > 0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        size().await,
+        first,
+        "the writer went on after the job ended"
+    );
+}
+
 async fn files_are_read_and_written_beneath_the_workspace_only(db: Db) {
     let Some(s) = TestServer::start(db).await else {
         return;
@@ -896,6 +939,7 @@ on_both!(
     timeouts_and_output_caps_are_reported,
     the_list_filters_and_pages_with_a_cursor,
     files_are_read_and_written_beneath_the_workspace_only,
+    a_job_is_ended_only_once_what_it_left_running_has_stopped,
     files_uploaded_before_a_job_runs_are_there_when_it_does,
     a_tenant_runs_at_most_its_limit_at_once_while_others_proceed,
     an_agent_job_runs_the_model_s_tools_and_reports_its_answer_and_usage,

@@ -458,6 +458,46 @@ async fn a_missing_command_or_directory_is_a_clear_error() {
     sb.close().await;
 }
 
+#[tokio::test]
+async fn a_bash_command_runs_in_bash_itself_or_in_sh_where_there_is_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    // bash, found in PATH, runs the line.
+    let r = sb
+        .exec(ExecRequest::bash(
+            "echo \"$0 ${BASH_VERSION:+bash}\"; tr '\\0' ' ' < /proc/$$/cmdline",
+        ))
+        .await
+        .unwrap();
+    assert!(r.status.success(), "{r:?}");
+    let out = String::from_utf8_lossy(&r.stdout);
+    assert!(out.starts_with("bash bash\nbash -c "), "{out:?}");
+    // A root without the program: `sh`, with bash's own options dropped.
+    let mut req = ExecRequest::argv(["no-such-shell", "--noprofile", "--norc", "-c", "echo $0"]);
+    req = req.or_sh();
+    let r = sb.exec(req).await.unwrap();
+    assert!(r.status.success(), "{r:?}");
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "sh\n");
+    // Found through the command's own PATH, relative entries from its cwd.
+    let made = sb
+        .exec(ExecRequest::bash(
+            "mkdir -p /workspace/bin && printf '#!/bin/sh\\necho mine \"$@\"\\n' > /workspace/bin/myshell && chmod +x /workspace/bin/myshell",
+        ))
+        .await
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let r = sb
+        .exec(
+            ExecRequest::argv(["myshell", "-c", "x"])
+                .or_sh()
+                .env("PATH", "bin:/usr/bin:/bin"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "mine -c x\n", "{r:?}");
+    sb.close().await;
+}
+
 /// Whether a process matching `needle` runs in the sandbox, asked inside.
 async fn running_inside(sb: &Sandbox, needle: &str) -> bool {
     let script = format!(
@@ -506,6 +546,41 @@ async fn closing_or_dropping_the_session_kills_everything_in_it() {
     assert!(wait_present(&trace).await);
     drop(sb);
     assert!(wait_gone(&trace).await, "background process survived drop");
+}
+
+#[tokio::test]
+async fn ending_the_processes_stops_every_writer_before_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let sb = sandbox(dir.path()).await;
+    // Writers that outlive the command, one of them in a session of its
+    // own; `ticks` grows as fast as they can write (a microVM's through
+    // its guest's page cache).
+    let r = sb
+        .exec(ExecRequest::shell(
+            "setsid sh -c 'while :; do echo tick >> ticks; done' </dev/null >/dev/null 2>&1 & \
+             (while :; do echo tock >> ticks; done) </dev/null >/dev/null 2>&1 & \
+             while [ ! -s ticks ]; do sleep 0.01; done",
+        ))
+        .await
+        .unwrap();
+    assert!(r.status.success(), "{r:?}");
+    let ticks = dir.path().join("ticks");
+    let began = Instant::now();
+    sb.end_processes().await;
+    let ended = began.elapsed();
+    // Their writes have landed where the host reads them, and no more come.
+    let size = std::fs::metadata(&ticks).unwrap().len();
+    assert!(size > 0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(std::fs::metadata(&ticks).unwrap().len(), size, "a writer went on");
+    // The supervisor said so: it was not the close's fallback, which
+    // takes at least as long as a killed sandbox takes to go.
+    assert!(ended < Duration::from_secs(2), "{ended:?}");
+    assert!(matches!(
+        sb.exec(ExecRequest::argv(["true"])).await,
+        Err(Error::Gone)
+    ));
+    sb.close().await;
 }
 
 #[tokio::test]
