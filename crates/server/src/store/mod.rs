@@ -354,7 +354,11 @@ impl Store {
                 Backend::Sqlite => 8,
                 Backend::Postgres => 16,
             })
-            .acquire_timeout(Duration::from_secs(30));
+            .acquire_timeout(Duration::from_secs(30))
+            // A SQLite connection is a file in this process: it cannot go
+            // stale, and a ping on every acquire is a round trip to its
+            // thread, a dozen per job. A server's connection can.
+            .test_before_acquire(backend == Backend::Postgres);
         if backend == Backend::Sqlite {
             options = options.after_connect(|conn, _| {
                 Box::pin(async move {
