@@ -17,6 +17,9 @@
 //!   hold a sandbox per job.
 //! - While pooled, an entry is listed in `<data>/pool/<id>`: what a killed
 //!   server left of its pool is removed when the next one starts.
+//! - Refilled once the jobs that took sandboxes have ended, or
+//!   [`REFILL_AFTER`] after they took them: never while a short job's
+//!   command needs the CPU.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -43,6 +46,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Sandboxes made at once: enough that a burst of jobs finds the pool
 /// refilled, few enough that making them leaves the running jobs the CPU.
 const MAKING_AT_ONCE: usize = 2;
+/// How long a refill waits for the jobs that just took pooled sandboxes
+/// to end: making one (a volume's file system, a sandbox) takes the CPU
+/// their commands would have, the latency the pool is there to cut. A
+/// longer job has its sandbox replaced while it runs.
+const REFILL_AFTER: Duration = Duration::from_secs(1);
 
 /// What makes two sandboxes interchangeable before either has run
 /// anything.
@@ -116,6 +124,9 @@ struct State {
     /// When a shape may be tried again after a failure, and how long the
     /// next wait is.
     backoff: Vec<(Shape, Instant, Duration)>,
+    /// Jobs that took a pooled sandbox less than [`REFILL_AFTER`] ago and
+    /// have not ended, with when: no sandbox is made meanwhile.
+    deferring: Vec<(String, Instant)>,
 }
 
 impl State {
@@ -213,14 +224,28 @@ impl Pool {
         let at = state.idle.iter().position(|e| &e.shape == shape)?;
         let entry = state.idle.swap_remove(at);
         let id = entry.id.clone();
-        state.taken.push((entry, Instant::now()));
+        let now = Instant::now();
+        state.taken.push((entry, now));
+        // Refilled once the job has ended (see `ended`), not while it runs.
+        state.deferring.push((id.clone(), now));
         self.parts.metrics.pool_ready(state.idle.len());
         drop(state);
         // Off the ledger: from here the directory is the job's.
         let _ = std::fs::remove_file(self.ledger().join(&id));
         self.parts.metrics.pool_taken();
-        self.wake.notify_one();
         Some(id)
+    }
+
+    /// Job `id` has ended (its runner calls this for every job): a refill
+    /// its pooled sandbox held back may start.
+    pub fn ended(&self, id: &str) {
+        let mut state = self.state();
+        let before = state.deferring.len();
+        state.deferring.retain(|(d, _)| d != id);
+        if state.deferring.len() != before {
+            drop(state);
+            self.wake.notify_one();
+        }
     }
 
     /// Removes the sandbox taken for job `id` from those kept, if it is.
@@ -256,6 +281,7 @@ impl Pool {
         if let Some(entry) = self.untake(id) {
             close(entry, None).await;
         }
+        self.ended(id);
     }
 
     /// Keeps the pools full until `stopping`, then closes every sandbox
@@ -281,7 +307,7 @@ impl Pool {
                 _ = stopping.cancelled() => {}
                 _ = self.wake.notified() => {}
                 Some(_) = making.join_next(), if !making.is_empty() => {}
-                _ = tokio::time::sleep(TICK) => {}
+                _ = tokio::time::sleep(self.next_look()) => {}
             }
         }
         // What is being made is closed with the rest.
@@ -330,11 +356,30 @@ impl Pool {
         self.parts.metrics.pool_ready(state.idle.len());
     }
 
+    /// How long the pool may sleep before it looks again: a tick, or less
+    /// when a deferred refill falls due sooner.
+    fn next_look(&self) -> Duration {
+        let now = Instant::now();
+        self.state()
+            .deferring
+            .iter()
+            .map(|(_, at)| (*at + REFILL_AFTER).saturating_duration_since(now))
+            .fold(TICK, Duration::min)
+            .max(Duration::from_millis(1))
+    }
+
     /// A shape short of sandboxes that may be made now, marked as being
-    /// made.
+    /// made; none while a job that took one may still be running its
+    /// command (see [`REFILL_AFTER`]).
     fn wanted(&self) -> Option<Shape> {
         let mut state = self.state();
         let now = Instant::now();
+        state
+            .deferring
+            .retain(|(_, at)| now.duration_since(*at) < REFILL_AFTER);
+        if !state.deferring.is_empty() {
+            return None;
+        }
         let shape = self
             .pools
             .iter()

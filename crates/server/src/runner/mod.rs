@@ -158,6 +158,8 @@ impl Runner {
         self.hub.close(&id);
         let recorded = started.elapsed();
         leftovers.release().await;
+        // Its pool's refill, held back while it ran, may start.
+        self.pool.ended(&id);
         tracing::debug!(job = %id, ?recorded, released = ?started.elapsed(), "job times");
     }
 

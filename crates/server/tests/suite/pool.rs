@@ -209,8 +209,36 @@ async fn queued_jobs_keep_their_sandbox(db: Db) {
     assert_eq!(counted(&text, "cordon_pool_hits_total"), 2.0, "{text}");
 }
 
+/// A pool is refilled once the job that took its sandbox has ended, not
+/// while the job's command runs: making a sandbox takes the CPU the
+/// command would have.
+async fn a_pool_refills_after_the_job_not_during_it(db: Db) {
+    let Some(s) = pooled(db, &["1"]).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    ready(&s, 1.0).await;
+    let id = s.submit(&t, shell("sleep 0.8")).await;
+    s.wait_running(&t, &id).await;
+    // Making one takes well under this: had it begun at the take, it
+    // would be ready now.
+    let until = Instant::now() + Duration::from_millis(400);
+    while Instant::now() < until {
+        let text = scrape(&s).await;
+        assert_eq!(
+            counted(&text, "cordon_pool_ready"),
+            0.0,
+            "refilled while its job ran"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(s.wait(&t, &id).await["state"], "succeeded");
+    ready(&s, 1.0).await;
+}
+
 on_both!(
     a_pooled_job_sees_nothing_of_the_last,
+    a_pool_refills_after_the_job_not_during_it,
     only_the_pools_shape_takes_one,
     leftovers_are_removed,
     queued_jobs_keep_their_sandbox
