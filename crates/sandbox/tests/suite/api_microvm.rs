@@ -423,14 +423,29 @@ exec {real} "$@"
         c.vm.shares = VmShares::VirtioFs;
         c.vm.state_dir = Some(state.path().join("vm"));
         let sb = Sandbox::create(c).await.unwrap();
-        // PTRACE_ATTACH (16) stops pid 1; the tracer holds it so.
+        // PTRACE_ATTACH (16) stops pid 1; the tracer holds it so, and
+        // says when it has (Python under TCG on a loaded host can take
+        // seconds to start: a fixed wait raced it).
         let _attack = sb
             .exec_stream(ExecRequest::shell(
-                "python3 -c 'import ctypes, time; ctypes.CDLL(None).ptrace(16, 1, 0, 0); time.sleep(1000)' &",
+                "python3 -c 'import ctypes, time; r = ctypes.CDLL(None).ptrace(16, 1, 0, 0); open(\"/workspace/attached\", \"w\").write(str(r)); time.sleep(1000)' &",
             ))
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        let attached = dir.path().join("attached");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::fs::read_to_string(&attached)
+            .unwrap_or_default()
+            .is_empty()
+        {
+            assert!(Instant::now() < deadline, "the tracer never attached");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            std::fs::read_to_string(&attached).unwrap(),
+            "0",
+            "ptrace failed"
+        );
         let started = Instant::now();
         sb.pause().await.expect("a pause in memory");
         let took = started.elapsed();
