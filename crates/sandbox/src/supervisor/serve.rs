@@ -286,13 +286,19 @@ fn exit_all() -> ! {
 /// then waits for the namespaces' own end.
 const END_WAIT: Duration = Duration::from_secs(1);
 
-/// A `pollfd` for one descriptor.
-fn poll_one(fd: RawFd, events: i16) -> [libc::pollfd; 1] {
-    [libc::pollfd {
+fn pfd(fd: RawFd, events: i16) -> libc::pollfd {
+    libc::pollfd {
         fd,
         events,
         revents: 0,
-    }]
+    }
+}
+
+/// Waits until `fd` has `events` or `left` has passed (at least 1 ms).
+fn wait_for(fd: RawFd, events: i16, left: Duration) {
+    let mut fds = [pfd(fd, events)];
+    // SAFETY: a valid array of one pollfd.
+    unsafe { libc::poll(fds.as_mut_ptr(), 1, left.as_millis().max(1) as i32) };
 }
 
 impl Server {
@@ -322,9 +328,7 @@ impl Server {
             }
             // Until a child changes state (SIGCHLD, which is blocked and
             // read from the signalfd), or the deadline.
-            let mut fds = poll_one(self.sigfd.as_raw_fd(), libc::POLLIN);
-            // SAFETY: a valid array of one pollfd.
-            unsafe { libc::poll(fds.as_mut_ptr(), 1, left.as_millis().max(1) as i32) };
+            wait_for(self.sigfd.as_raw_fd(), libc::POLLIN, left);
             let mut info = [0u8; 128];
             while read_fd(self.sigfd.as_raw_fd(), &mut info).is_ok() {}
         };
@@ -348,9 +352,7 @@ impl Server {
             if self.outbuf.is_empty() || left.is_zero() {
                 return;
             }
-            let mut fds = poll_one(self.ctl.as_raw_fd(), libc::POLLOUT);
-            // SAFETY: a valid array of one pollfd.
-            unsafe { libc::poll(fds.as_mut_ptr(), 1, left.as_millis().max(1) as i32) };
+            wait_for(self.ctl.as_raw_fd(), libc::POLLOUT, left);
         }
     }
 
@@ -395,11 +397,6 @@ impl Server {
 
             let mut pfds: Vec<libc::pollfd> = Vec::new();
             let mut tags: Vec<Tag> = Vec::new();
-            let pfd = |fd: RawFd, events: i16| libc::pollfd {
-                fd,
-                events,
-                revents: 0,
-            };
             let ctl_events = if self.writable() == 0 {
                 libc::POLLIN
             } else {

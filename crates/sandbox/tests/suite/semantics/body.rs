@@ -473,8 +473,7 @@ async fn a_bash_command_runs_in_bash_itself_or_in_sh_where_there_is_none() {
     let out = String::from_utf8_lossy(&r.stdout);
     assert!(out.starts_with("bash bash\nbash -c "), "{out:?}");
     // A root without the program: `sh`, with bash's own options dropped.
-    let mut req = ExecRequest::argv(["no-such-shell", "--noprofile", "--norc", "-c", "echo $0"]);
-    req = req.or_sh();
+    let req = ExecRequest::argv(["no-such-shell", "--noprofile", "--norc", "-c", "echo $0"]).or_sh();
     let r = sb.exec(req).await.unwrap();
     assert!(r.status.success(), "{r:?}");
     assert_eq!(String::from_utf8_lossy(&r.stdout), "sh\n");
