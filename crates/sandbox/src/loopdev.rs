@@ -30,10 +30,32 @@ pub(crate) fn mount_ext4(
     flags: MountFlags,
     data: &CStr,
 ) -> Result<()> {
-    let (device, path) = match attached(image)? {
+    let attached = match attached(image)? {
         Some(found) => found,
         None => attach_free(image)?,
     };
+    mount_through(attached, target, flags, data)
+}
+
+/// Mounts the ext4 `image` on `target` through a free loop device that
+/// detaches itself once unmounted. For an image this process has just
+/// made, which no device can be attached to: looking for one costs a
+/// look at every loop device on the host.
+pub(crate) fn mount_new_ext4(
+    image: &File,
+    target: &Path,
+    flags: MountFlags,
+    data: &CStr,
+) -> Result<()> {
+    mount_through(attach_free(image)?, target, flags, data)
+}
+
+fn mount_through(
+    (device, path): (rustix::fd::OwnedFd, String),
+    target: &Path,
+    flags: MountFlags,
+    data: &CStr,
+) -> Result<()> {
     // The device stays attached while `device` is open; the mount holds
     // it from then on, and it detaches itself when unmounted.
     rustix::mount::mount(path.as_str(), target, "ext4", flags, Some(data))

@@ -29,6 +29,9 @@
 //!   a writer that forgot to enter fails loudly instead of writing past
 //!   the volume, onto the host's disk. [`release`] undoes all of it
 //!   before the workspace is removed.
+//! - The first volume of a size in a process is made with `mkfs.ext4`;
+//!   the next are copies of its fresh image, each with a UUID of its own
+//!   (`template`).
 
 use std::ffi::OsString;
 use std::os::fd::AsFd;
@@ -38,6 +41,10 @@ use std::process::{Command, Stdio};
 
 use rustix::fs::{FallocateFlags, OFlags};
 use rustix::mount::{MountFlags, UnmountFlags};
+
+use template::{Template, Templates};
+
+mod template;
 
 /// The image's size: the most the file system can ever hold, not what it
 /// takes (the image is sparse and the balloon unwritten). Large enough
@@ -454,10 +461,11 @@ fn make(workspace: &Path, room: u64) -> Result<()> {
     if !supported() {
         return Err(VolumeError::Unsupported);
     }
-    // One at a time: each runs mkfs, and requests (a tenant's new
-    // sessions) must not make the host start them by the hundred.
-    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = MAKING.lock().unwrap_or_else(|p| p.into_inner());
+    // One at a time: each may run mkfs, and requests (a tenant's new
+    // sessions) must not make the host start them by the hundred. The
+    // lock also guards the templates of fresh volumes.
+    static MAKING: std::sync::Mutex<Templates> = std::sync::Mutex::new(Templates::new());
+    let mut templates = MAKING.lock().unwrap_or_else(|p| p.into_inner());
     let p = Paths::of(workspace);
     match std::fs::create_dir(workspace) {
         Ok(()) => {}
@@ -474,6 +482,7 @@ fn make(workspace: &Path, room: u64) -> Result<()> {
             ));
         }
     }
+    let began = std::time::Instant::now();
     let made = (|| {
         let meta = std::fs::symlink_metadata(workspace)
             .map_err(VolumeError::io(format!("stat {}", workspace.display())))?;
@@ -489,7 +498,6 @@ fn make(workspace: &Path, room: u64) -> Result<()> {
         image
             .set_len(capacity)
             .map_err(VolumeError::io("size the image"))?;
-        mkfs(&p.image)?;
         std::fs::create_dir(&p.root)
             .map_err(VolumeError::io(format!("create {}", p.root.display())))?;
         // Unmounted, neither takes a file (see the module's rules).
@@ -497,24 +505,43 @@ fn make(workspace: &Path, room: u64) -> Result<()> {
             immutable(dir, true)
                 .map_err(VolumeError::io(format!("make {} immutable", dir.display())))?;
         }
-        crate::loopdev::mount_ext4(&image, &p.root, MOUNT_FLAGS, MOUNT_DATA)
-            .map_err(|e| VolumeError::io("mount the volume")(e))?;
+        match templates.of(capacity) {
+            Some(template) => {
+                debug_assert_eq!(template.len(), capacity);
+                template
+                    .write_to(&image)
+                    .map_err(VolumeError::io("copy a fresh volume"))?;
+                crate::loopdev::mount_new_ext4(&image, &p.root, MOUNT_FLAGS, MOUNT_DATA)
+                    .map_err(|e| VolumeError::io("mount the volume")(e))?;
+                let root = std::fs::File::open(&p.root)
+                    .map_err(VolumeError::io(format!("open {}", p.root.display())))?;
+                if let Err(e) = template::set_uuid(&root) {
+                    tracing::debug!("a volume keeps its template's UUID: {e}");
+                }
+            }
+            None => {
+                format(&image, &p, room)?;
+                match take_template(&image, &p) {
+                    Ok(Some(t)) => templates.keep(t),
+                    Ok(None) => tracing::debug!("a fresh volume holds too much to copy"),
+                    Err(e) => tracing::warn!("cannot keep a fresh volume to copy: {e}"),
+                }
+                if !mount_root(&p.root) {
+                    mount(&p)?;
+                }
+            }
+        }
+        drop(templates);
         // The tree the sandbox sees, as the directory it replaces was.
         let tree = p.root.join(TREE);
-        std::fs::create_dir(&tree).map_err(VolumeError::io("create the volume's tree"))?;
         std::os::unix::fs::lchown(&tree, Some(meta.uid()), Some(meta.gid()))
             .map_err(VolumeError::io("own the volume's tree"))?;
         std::fs::set_permissions(&tree, std::fs::Permissions::from_mode(meta.mode() & 0o7777))
             .map_err(VolumeError::io("set the volume's tree's mode"))?;
-        let _ = std::fs::remove_dir(p.root.join("lost+found"));
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(p.root.join(BALLOON))
-            .map_err(VolumeError::io("create the balloon"))?;
-        rustix::mount::mount_bind(&tree, workspace)
-            .map_err(|e| VolumeError::io("bind the volume onto the workspace")(e.into()))?;
+        if !mount_root(&p.workspace) {
+            rustix::mount::mount_bind(&tree, workspace)
+                .map_err(|e| VolumeError::io("bind the volume onto the workspace")(e.into()))?;
+        }
         fit_paths(&p, room)
     })();
     if made.is_err() {
@@ -525,7 +552,35 @@ fn make(workspace: &Path, room: u64) -> Result<()> {
         let _ = std::fs::remove_dir(&p.root);
         let _ = std::fs::remove_file(&p.image);
     }
+    tracing::debug!(workspace = %workspace.display(), took = ?began.elapsed(), ok = made.is_ok(), "made a volume");
     made
+}
+
+/// Makes the file system of a fresh volume in `image`, mounted at its
+/// root: the tree (root's, for now) and the balloon leaving `room`.
+fn format(image: &std::fs::File, p: &Paths, room: u64) -> Result<()> {
+    mkfs(&p.image)?;
+    crate::loopdev::mount_new_ext4(image, &p.root, MOUNT_FLAGS, MOUNT_DATA)
+        .map_err(|e| VolumeError::io("mount the volume")(e))?;
+    std::fs::create_dir(p.root.join(TREE)).map_err(VolumeError::io("create the volume's tree"))?;
+    let _ = std::fs::remove_dir(p.root.join("lost+found"));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(p.root.join(BALLOON))
+        .map_err(VolumeError::io("create the balloon"))?;
+    fit_paths(p, room)
+}
+
+/// Unmounts the volume just formatted in `image` and reads it as the
+/// template of the next ones. Nothing but cordon has written to it: its
+/// workspace is not bound yet, and the making lock is held.
+fn take_template(image: &std::fs::File, p: &Paths) -> std::io::Result<Option<Template>> {
+    // Not detached: the file system must be written out and gone before
+    // its image is read.
+    rustix::mount::unmount(&p.root, UnmountFlags::NOFOLLOW)?;
+    Template::read(image)
 }
 
 /// Mounts the volume at `p`, one cordon made, whose mounts are gone.
@@ -656,8 +711,10 @@ fn mkfs(image: &Path) -> Result<()> {
         ])
         .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
         // No blocks kept for growing it (4 MiB of the host's disk per
-        // volume): it is never grown; its balloon shrinks instead.
-        .args(["-O", "^resize_inode"])
+        // volume): it is never grown; its balloon shrinks instead. The
+        // checksums seeded apart from the UUID, so that a copy's can be
+        // changed (`template::set_uuid`).
+        .args(["-O", "^resize_inode,metadata_csum_seed"])
         .arg(image)
         .env_clear()
         .env("PATH", TOOL_PATH)
@@ -770,6 +827,106 @@ mod tests {
         });
         assert!(enters > 0);
         release(&ws).unwrap();
+    }
+
+    /// After the first volume of a size, the next are copies of its fresh
+    /// image: each must still be a file system of its own, sound, empty
+    /// whatever the others hold, with its own UUID, its directory's owner
+    /// and mode, and the room its budget gives.
+    #[test]
+    fn a_volume_copied_from_a_fresh_one_is_a_file_system_of_its_own() {
+        use std::os::unix::fs::{DirBuilderExt, FileExt};
+        if !supported() {
+            assert!(
+                std::env::var("CI").is_err(),
+                "volumes need root, and CI runs as root"
+            );
+            eprintln!("skipped: volumes need root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let volumes = Volumes::keeping(0);
+        // (name, owner, mode, budget): the third has another budget, but
+        // an image of the same size, so it is a copy too.
+        let specs = [
+            ("a", 0, 0o755, 16u64 << 20),
+            ("b", 1234, 0o700, 16 << 20),
+            ("c", 4321, 0o750, 200 << 20),
+        ];
+        let mut made = Vec::new();
+        for (name, owner, mode, budget) in specs {
+            let ws = dir.path().join(name);
+            std::fs::DirBuilder::new().mode(mode).create(&ws).unwrap();
+            std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(mode)).unwrap();
+            std::os::unix::fs::chown(&ws, Some(owner), Some(owner)).unwrap();
+            // (`make_workspace` enters a directory that exists as it is.)
+            make(&ws, room(budget)).unwrap();
+            let in_use = volumes.enter(&ws).unwrap();
+            assert!(in_use.is_volume());
+            // What one holds, the next must not.
+            assert_eq!(
+                std::fs::read_dir(&ws).unwrap().count(),
+                0,
+                "{name} is not empty"
+            );
+            std::fs::write(ws.join(format!("from-{name}")), name).unwrap();
+            let meta = std::fs::metadata(&ws).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (owner, owner), "{name}");
+            assert_eq!(meta.mode() & 0o7777, mode, "{name}");
+            let vfs = rustix::fs::statvfs(&ws).unwrap();
+            let free = vfs.f_bavail * vfs.f_frsize;
+            let want = room(budget);
+            assert!(
+                free.abs_diff(want) < 8 << 20,
+                "{name}: {} MiB free, {} MiB asked",
+                free >> 20,
+                want >> 20
+            );
+            made.push((ws, in_use));
+        }
+        let images: Vec<PathBuf> = made.iter().map(|(ws, _)| Paths::of(ws).image).collect();
+        drop(made);
+        unmount_beneath(dir.path()).unwrap();
+        let mut uuids = Vec::new();
+        for image in &images {
+            // Sound: e2fsck finds nothing to mend (`-n`: it changes nothing).
+            let fsck = Command::new("e2fsck")
+                .args(["-f", "-n"])
+                .arg(image)
+                .env("PATH", TOOL_PATH)
+                .output()
+                .unwrap();
+            assert!(
+                fsck.status.success(),
+                "{}: {}{}",
+                image.display(),
+                String::from_utf8_lossy(&fsck.stdout),
+                String::from_utf8_lossy(&fsck.stderr)
+            );
+            // The superblock is 1 KiB in; its UUID at 0x68.
+            let mut uuid = [0; 16];
+            std::fs::File::open(image)
+                .unwrap()
+                .read_exact_at(&mut uuid, 1024 + 0x68)
+                .unwrap();
+            uuids.push(uuid);
+        }
+        uuids.sort();
+        uuids.dedup();
+        assert_eq!(uuids.len(), 3, "the volumes share a UUID");
+        // Mounted again, each holds what it was given, and only that.
+        for (name, ..) in specs {
+            let ws = dir.path().join(name);
+            let _in_use = volumes.enter(&ws).unwrap();
+            let names: Vec<_> = std::fs::read_dir(&ws)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            assert_eq!(names, [format!("from-{name}")], "{name}");
+        }
+        for (name, ..) in specs {
+            release(&dir.path().join(name)).unwrap();
+        }
     }
 
     #[test]
