@@ -583,7 +583,10 @@ impl Store {
     ) -> Result<Option<StoredEvent>> {
         let _one_at_a_time = self.appending.lock().await;
         let mut tx = self.pool.begin().await?;
-        self.lock_job(&mut tx, id, None).await?;
+        // No `lock_job`: the UPDATE comes first and takes what it would,
+        // SQLite's write lock and PostgreSQL's lock on the job's row, which
+        // order this against the job's other writers (its events' `seq`);
+        // the UPDATE's own conditions check the state and the lease.
         let states: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
         let changed = sqlx::query(
             "UPDATE jobs SET state = $1, finished_ms = $2, exit_code = $3, error = $4, result = $5, \
