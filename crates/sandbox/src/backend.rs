@@ -9,6 +9,7 @@ use std::pin::Pin;
 
 use crate::config::{RootImage, SandboxConfig};
 use crate::error::{Error, Result};
+use crate::fresh::{Key, Template, Templates};
 use crate::session::Sandbox;
 
 /// Creates sandbox sessions: `native` (Linux namespaces) and `microvm`
@@ -178,17 +179,32 @@ impl WritableLayer {
     /// Makes the layer a disk: an empty ext4 file system of `size` bytes
     /// in the directory, labelled `label`, sparse (no journal, as the
     /// layer goes with the sandbox; no reserved blocks; inode tables left
-    /// unwritten). Its size is a hard bound on what the layer holds.
-    pub(crate) fn make_disk(&self, size: u64, label: &str) -> Result<PathBuf> {
+    /// unwritten). Its size is a hard bound on what the layer holds. The
+    /// first of a size and label is made by `mke2fs`, the next are copies
+    /// of it as made ([`crate::fresh`]).
+    pub(crate) fn make_disk(&self, size: u64, label: &'static str) -> Result<PathBuf> {
+        // One at a time, which also guards the templates.
+        static MAKING: std::sync::Mutex<Templates> = std::sync::Mutex::new(Templates::new());
+        let mut templates = MAKING.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.dir().join(DISK_FILE);
-        let file = std::fs::File::create_new(&path)?;
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
         file.set_len(size)?;
-        drop(file);
+        let kind = Key { len: size, label };
+        if let Some(template) = templates.of(&kind) {
+            template.write_to(&file)?;
+            return Ok(path);
+        }
         let out = std::process::Command::new("mke2fs")
             .args([
                 "-q", "-F", "-t", "ext4", "-b", "4096", "-m", "0", "-L", label,
             ])
-            .args(["-O", "^has_journal,^resize_inode"])
+            // The checksums seeded apart from the UUID, so that a copy's can
+            // be changed once mounted (`fresh::set_uuid`).
+            .args(["-O", "^has_journal,^resize_inode,metadata_csum_seed"])
             .args(["-E", "lazy_itable_init=1,nodiscard"])
             .arg(&path)
             .env_clear()
@@ -205,6 +221,12 @@ impl WritableLayer {
                 "mke2fs for the writable layer failed: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
+        }
+        // Fresh: only mke2fs has written to it.
+        match Template::read(&file, label) {
+            Ok(Some(t)) => templates.keep(t),
+            Ok(None) => tracing::debug!("a fresh layer's disk holds too much to copy"),
+            Err(e) => tracing::warn!("cannot keep a fresh layer's disk to copy: {e}"),
         }
         Ok(path)
     }
@@ -428,5 +450,82 @@ impl Sandbox {
             std::fs::write(dir.join(LABEL_FILE), label)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first disk of a size and label is made by `mke2fs`, the next are
+    /// copies of it as made: each must be a sound, empty file system of its
+    /// size and label, and a copy the same bytes as the first was.
+    #[test]
+    fn a_layer_s_disk_is_a_fresh_file_system_each_time() {
+        use std::os::unix::fs::FileExt;
+        let tmp = tempfile::tempdir().unwrap();
+        // A label of this test's own: no other test's template is used.
+        const LABEL: &str = "cordon-test";
+        let make = |name: &str, size: u64| {
+            let dir = tmp.path().join(name);
+            std::fs::create_dir(&dir).unwrap();
+            let layer = WritableLayer {
+                _lock: lock_layer(&dir).unwrap(),
+                dir,
+                kept: false,
+            };
+            let disk = layer.make_disk(size, LABEL).unwrap();
+            (layer, disk)
+        };
+        let read = |disk: &Path| {
+            let file = std::fs::File::open(disk).unwrap();
+            let len = file.metadata().unwrap().len();
+            crate::sparse::extents(&file, len)
+                .unwrap()
+                .into_iter()
+                .map(|(start, end)| {
+                    let mut b = vec![0; (end - start) as usize];
+                    file.read_exact_at(&mut b, start).unwrap();
+                    (start, b)
+                })
+                .collect::<Vec<_>>()
+        };
+        let first = make("a", 1 << 30);
+        let copy = make("b", 1 << 30);
+        let other = make("c", 2 << 30);
+        assert!(
+            read(&first.1) == read(&copy.1),
+            "a copy differs from the disk it copies"
+        );
+        for (_, disk) in [&first, &copy, &other] {
+            let fsck = std::process::Command::new("e2fsck")
+                .args(["-f", "-n"])
+                .arg(disk)
+                .env("PATH", TOOL_PATH)
+                .output()
+                .unwrap();
+            assert!(
+                fsck.status.success(),
+                "{}: {}{}",
+                disk.display(),
+                String::from_utf8_lossy(&fsck.stdout),
+                String::from_utf8_lossy(&fsck.stderr)
+            );
+            let head = std::process::Command::new("dumpe2fs")
+                .arg("-h")
+                .arg(disk)
+                .env("PATH", TOOL_PATH)
+                .output()
+                .unwrap();
+            let head = String::from_utf8_lossy(&head.stdout);
+            assert!(
+                head.contains(&format!("Filesystem volume name:   {LABEL}")),
+                "{head}"
+            );
+            assert!(head.contains("metadata_csum_seed"), "{head}");
+        }
+        let len = |disk: &Path| std::fs::metadata(disk).unwrap().len();
+        assert_eq!(len(&copy.1), 1 << 30);
+        assert_eq!(len(&other.1), 2 << 30);
     }
 }

@@ -52,6 +52,7 @@ mod disk;
 mod display;
 mod egress;
 mod error;
+mod fresh;
 mod layout;
 mod leftovers;
 mod loopdev;
@@ -105,6 +106,7 @@ pub const LAYERS: &[&str] = &[
     "subids",
     "tree",
     "sparse",
+    "fresh",
     "copy",
     "supervisor",
     "netrelay",

@@ -31,7 +31,7 @@
 //!   before the workspace is removed.
 //! - The first volume of a size in a process is made with `mkfs.ext4`;
 //!   the next are copies of its fresh image, each with a UUID of its own
-//!   (`template`).
+//!   ([`crate::fresh`]).
 
 use std::ffi::OsString;
 use std::os::fd::AsFd;
@@ -42,9 +42,7 @@ use std::process::{Command, Stdio};
 use rustix::fs::{FallocateFlags, OFlags};
 use rustix::mount::{MountFlags, UnmountFlags};
 
-use template::{Template, Templates};
-
-mod template;
+use crate::fresh::{Key, Template, Templates};
 
 /// The image's size: the most the file system can ever hold, not what it
 /// takes (the image is sparse and the balloon unwritten). Large enough
@@ -58,6 +56,8 @@ const MOUNT_FLAGS: MountFlags = MountFlags::NOSUID.union(MountFlags::NODEV);
 const MOUNT_DATA: &std::ffi::CStr = c"noinit_itable,discard";
 /// The balloon's name at the file system's root.
 const BALLOON: &str = ".balloon";
+/// The file system's label, which also keys its template ([`crate::fresh`]).
+const LABEL: &str = "cordon";
 /// The workspace's directory at the file system's root.
 const TREE: &str = "w";
 /// Where `mkfs.ext4` is looked for: the host's, never the caller's `PATH`.
@@ -505,9 +505,12 @@ fn make(workspace: &Path, room: u64) -> Result<()> {
             immutable(dir, true)
                 .map_err(VolumeError::io(format!("make {} immutable", dir.display())))?;
         }
-        match templates.of(capacity) {
+        let kind = Key {
+            len: capacity,
+            label: LABEL,
+        };
+        match templates.of(&kind) {
             Some(template) => {
-                debug_assert_eq!(template.len(), capacity);
                 template
                     .write_to(&image)
                     .map_err(VolumeError::io("copy a fresh volume"))?;
@@ -515,7 +518,7 @@ fn make(workspace: &Path, room: u64) -> Result<()> {
                     .map_err(|e| VolumeError::io("mount the volume")(e))?;
                 let root = std::fs::File::open(&p.root)
                     .map_err(VolumeError::io(format!("open {}", p.root.display())))?;
-                if let Err(e) = template::set_uuid(&root) {
+                if let Err(e) = crate::fresh::set_uuid(&root) {
                     tracing::debug!("a volume keeps its template's UUID: {e}");
                 }
             }
@@ -580,7 +583,7 @@ fn take_template(image: &std::fs::File, p: &Paths) -> std::io::Result<Option<Tem
     // Not detached: the file system must be written out and gone before
     // its image is read.
     rustix::mount::unmount(&p.root, UnmountFlags::NOFOLLOW)?;
-    Template::read(image)
+    Template::read(image, LABEL)
 }
 
 /// Mounts the volume at `p`, one cordon made, whose mounts are gone.
@@ -707,13 +710,13 @@ fn mount_of(path: &Path) -> Option<(u32, u32)> {
 fn mkfs(image: &Path) -> Result<()> {
     let out = Command::new("mkfs.ext4")
         .args([
-            "-q", "-F", "-b", "4096", "-m", "0", "-J", "size=32", "-L", "cordon",
+            "-q", "-F", "-b", "4096", "-m", "0", "-J", "size=32", "-L", LABEL,
         ])
         .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
         // No blocks kept for growing it (4 MiB of the host's disk per
         // volume): it is never grown; its balloon shrinks instead. The
         // checksums seeded apart from the UUID, so that a copy's can be
-        // changed (`template::set_uuid`).
+        // changed (`fresh::set_uuid`).
         .args(["-O", "^resize_inode,metadata_csum_seed"])
         .arg(image)
         .env_clear()

@@ -1,20 +1,20 @@
-//! A freshly made volume's image, kept in memory so that the next volume
-//! of its size is a copy rather than made again.
+//! Fresh ext4 images kept in memory, so that the next image of the same
+//! kind is a copy rather than made again.
 //!
-//! Making a volume is `mkfs.ext4`, the file system's first mount and the
-//! balloon's allocation: ~35 ms, most of a job's start without a pool.
-//! What that writes is a few hundred KiB of metadata in a sparse image of
-//! 16 GiB. So the first volume of a size is made that way and, before any
-//! user could write to it, unmounted and its data read (the ranges
-//! `SEEK_DATA` finds, [`crate::sparse::extents`]); the next is that data written at the same offsets
-//! of a new sparse file of the same size. Each copy then gets a UUID of
-//! its own ([`set_uuid`]): the file system's checksums are seeded apart
-//! from its UUID (`metadata_csum_seed`), so changing it rewrites nothing
-//! else.
+//! A workspace's volume is `mkfs.ext4`, the file system's first mount and
+//! its balloon's allocation (~35 ms); a writable layer's disk is `mke2fs`
+//! (~6-10 ms). What either writes is a few hundred KiB in a sparse image of
+//! GiBs. So the first image of a kind (its [`Key`]: size and label) is made
+//! that way and, before any user could write to it, its data is read (the
+//! ranges `SEEK_DATA` finds, [`crate::sparse::extents`]); the next is that
+//! data written at the same offsets of a new sparse file of the same size.
+//! Once mounted, a copy gets a UUID of its own ([`set_uuid`]): the file
+//! systems are made with their checksums seeded apart from the UUID
+//! (`metadata_csum_seed`), so changing it rewrites nothing else.
 //!
-//! Rules: a template is read only of an image this process made, unmounted,
-//! before anything but cordon wrote to it; a few are kept, one per size, and
-//! none holding more than [`MAX_DATA`].
+//! Rules: a template is read only of an image this process made, before
+//! anything but cordon wrote to it; a few are kept, and none holding more
+//! than [`MAX_DATA`].
 
 use std::fs::File;
 use std::io;
@@ -26,20 +26,28 @@ use rustix::ioctl::{Opcode, Setter};
 /// The most data a template may hold: a fresh volume holds well under a
 /// MiB; more means something unexpected was written, so it is not kept.
 const MAX_DATA: u64 = 16 << 20;
-/// The most templates kept (one per image size; budgets past 2 GiB make
-/// larger images).
-const MAX_KEPT: usize = 4;
+/// The most templates kept (one per kind; budgets past 2 GiB make larger
+/// volumes, and each budget a layer's disk of its size).
+const MAX_KEPT: usize = 8;
 
-/// A fresh volume's image: its length and the ranges that hold data.
-pub(super) struct Template {
-    len: u64,
+/// What a template is a fresh image of: its size, and the label that
+/// names how it was made (a volume, a layer's disk).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Key {
+    pub len: u64,
+    pub label: &'static str,
+}
+
+/// A fresh image: what it is, and the ranges that hold data.
+pub(crate) struct Template {
+    key: Key,
     data: Vec<(u64, Vec<u8>)>,
 }
 
 impl Template {
-    /// Reads `image`, whose file system is made and unmounted; `None` if
+    /// Reads `image`, a fresh `label` file system, unmounted; `None` if
     /// it holds more than [`MAX_DATA`].
-    pub(super) fn read(image: &File) -> io::Result<Option<Template>> {
+    pub(crate) fn read(image: &File, label: &'static str) -> io::Result<Option<Template>> {
         let len = image.metadata()?.len();
         let extents = crate::sparse::extents(image, len)?;
         if extents.iter().map(|(start, end)| end - start).sum::<u64>() > MAX_DATA {
@@ -51,16 +59,14 @@ impl Template {
             image.read_exact_at(&mut bytes, start)?;
             data.push((start, bytes));
         }
-        Ok(Some(Template { len, data }))
-    }
-
-    /// The length of the image it copies.
-    pub(super) fn len(&self) -> u64 {
-        self.len
+        Ok(Some(Template {
+            key: Key { len, label },
+            data,
+        }))
     }
 
     /// Writes the template into `image`, a new empty file of its length.
-    pub(super) fn write_to(&self, image: &File) -> io::Result<()> {
+    pub(crate) fn write_to(&self, image: &File) -> io::Result<()> {
         for (at, bytes) in &self.data {
             image.write_all_at(bytes, *at)?;
         }
@@ -70,20 +76,20 @@ impl Template {
 
 /// The templates kept, the most recently made last.
 #[derive(Default)]
-pub(super) struct Templates(Vec<Template>);
+pub(crate) struct Templates(Vec<Template>);
 
 impl Templates {
-    pub(super) const fn new() -> Templates {
+    pub(crate) const fn new() -> Templates {
         Templates(Vec::new())
     }
 
-    /// The template of an image of `len` bytes, if one is kept.
-    pub(super) fn of(&self, len: u64) -> Option<&Template> {
-        self.0.iter().find(|t| t.len == len)
+    /// The template of `key`, if one is kept.
+    pub(crate) fn of(&self, key: &Key) -> Option<&Template> {
+        self.0.iter().find(|t| t.key == *key)
     }
 
-    pub(super) fn keep(&mut self, template: Template) {
-        self.0.retain(|t| t.len != template.len);
+    pub(crate) fn keep(&mut self, template: Template) {
+        self.0.retain(|t| t.key != template.key);
         if self.0.len() == MAX_KEPT {
             self.0.remove(0);
         }
@@ -105,7 +111,7 @@ struct FsUuid {
 
 /// Gives the mounted ext4 file system that `on` (a directory on it) is on
 /// a new random UUID, so that copies of one template are told apart.
-pub(super) fn set_uuid(on: &File) -> io::Result<()> {
+pub(crate) fn set_uuid(on: impl AsFd) -> io::Result<()> {
     let mut uuid = [0; 16];
     rustix::rand::getrandom(&mut uuid, rustix::rand::GetRandomFlags::empty())?;
     // Version 4, variant 1 (RFC 9562).
