@@ -498,19 +498,7 @@ mod tests {
             "a copy differs from the disk it copies"
         );
         for (_, disk) in [&first, &copy, &other] {
-            let fsck = std::process::Command::new("e2fsck")
-                .args(["-f", "-n"])
-                .arg(disk)
-                .env("PATH", TOOL_PATH)
-                .output()
-                .unwrap();
-            assert!(
-                fsck.status.success(),
-                "{}: {}{}",
-                disk.display(),
-                String::from_utf8_lossy(&fsck.stdout),
-                String::from_utf8_lossy(&fsck.stderr)
-            );
+            crate::fresh::assert_sound(disk);
             let head = std::process::Command::new("dumpe2fs")
                 .arg("-h")
                 .arg(disk)

@@ -127,3 +127,22 @@ pub(crate) fn set_uuid(on: impl AsFd) -> io::Result<()> {
     unsafe { rustix::ioctl::ioctl(on.as_fd(), Setter::<EXT4_IOC_SETFSUUID, FsUuid>::new(arg)) }
         .map_err(Into::into)
 }
+
+/// Asserts that the unmounted ext4 `image` is sound: `e2fsck -f -n` finds
+/// nothing to mend (and, with `-n`, changes nothing).
+#[cfg(test)]
+pub(crate) fn assert_sound(image: &std::path::Path) {
+    let fsck = std::process::Command::new("e2fsck")
+        .args(["-f", "-n"])
+        .arg(image)
+        .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert!(
+        fsck.status.success(),
+        "{}: {}{}",
+        image.display(),
+        String::from_utf8_lossy(&fsck.stdout),
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+}

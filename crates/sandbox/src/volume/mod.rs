@@ -799,18 +799,25 @@ mod tests {
         assert_eq!(unescape(r"/plain\04"), PathBuf::from(r"/plain\04"));
     }
 
-    /// Entered while it is being made (a worker's file request racing the
-    /// job it just claimed), a volume is never mounted half-made: every
-    /// enter sees no workspace yet or the made volume, and the make
-    /// succeeds.
-    #[test]
-    fn a_volume_being_made_is_entered_only_once_made() {
+    /// Whether this test process can make volumes; under CI (root) it must.
+    fn can_make() -> bool {
         if !supported() {
             assert!(
                 std::env::var("CI").is_err(),
                 "volumes need root, and CI runs as root"
             );
             eprintln!("skipped: volumes need root");
+        }
+        supported()
+    }
+
+    /// Entered while it is being made (a worker's file request racing the
+    /// job it just claimed), a volume is never mounted half-made: every
+    /// enter sees no workspace yet or the made volume, and the make
+    /// succeeds.
+    #[test]
+    fn a_volume_being_made_is_entered_only_once_made() {
+        if !can_make() {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -839,12 +846,7 @@ mod tests {
     #[test]
     fn a_volume_copied_from_a_fresh_one_is_a_file_system_of_its_own() {
         use std::os::unix::fs::{DirBuilderExt, FileExt};
-        if !supported() {
-            assert!(
-                std::env::var("CI").is_err(),
-                "volumes need root, and CI runs as root"
-            );
-            eprintln!("skipped: volumes need root");
+        if !can_make() {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -892,20 +894,7 @@ mod tests {
         unmount_beneath(dir.path()).unwrap();
         let mut uuids = Vec::new();
         for image in &images {
-            // Sound: e2fsck finds nothing to mend (`-n`: it changes nothing).
-            let fsck = Command::new("e2fsck")
-                .args(["-f", "-n"])
-                .arg(image)
-                .env("PATH", TOOL_PATH)
-                .output()
-                .unwrap();
-            assert!(
-                fsck.status.success(),
-                "{}: {}{}",
-                image.display(),
-                String::from_utf8_lossy(&fsck.stdout),
-                String::from_utf8_lossy(&fsck.stderr)
-            );
+            crate::fresh::assert_sound(image);
             // The superblock is 1 KiB in; its UUID at 0x68.
             let mut uuid = [0; 16];
             std::fs::File::open(image)
