@@ -64,6 +64,13 @@ fn mount_through(
     Ok(())
 }
 
+/// Whether `image` is attached to a loop device: its file system, if one
+/// was mounted from it, is still alive somewhere (a loop device cordon
+/// attaches detaches itself once the file system lets go of it).
+pub(crate) fn is_attached(image: &File) -> Result<bool> {
+    attached(image).map(|found| found.is_some())
+}
+
 /// The loop device `image` is attached to, open, and its path.
 fn attached(image: &File) -> Result<Option<(rustix::fd::OwnedFd, String)>> {
     let meta = image.metadata().map_err(ctx("stat the image"))?;

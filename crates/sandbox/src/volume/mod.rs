@@ -526,7 +526,8 @@ fn make(workspace: &Path, room: u64) -> Result<()> {
                 format(&image, &p, room)?;
                 match take_template(&image, &p) {
                     Ok(Some(t)) => templates.keep(t),
-                    Ok(None) => tracing::debug!("a fresh volume holds too much to copy"),
+                    // Tried again with the next volume.
+                    Ok(None) => {}
                     Err(e) => tracing::warn!("cannot keep a fresh volume to copy: {e}"),
                 }
                 if !mount_root(&p.root) {
@@ -577,13 +578,28 @@ fn format(image: &std::fs::File, p: &Paths, room: u64) -> Result<()> {
 }
 
 /// Unmounts the volume just formatted in `image` and reads it as the
-/// template of the next ones. Nothing but cordon has written to it: its
-/// workspace is not bound yet, and the making lock is held.
+/// template of the next ones, if its file system is gone. Nothing but
+/// cordon has written to it: its workspace is not bound yet, and the
+/// making lock is held.
 fn take_template(image: &std::fs::File, p: &Paths) -> std::io::Result<Option<Template>> {
     // Not detached: the file system must be written out and gone before
     // its image is read.
     rustix::mount::unmount(&p.root, UnmountFlags::NOFOLLOW)?;
-    Template::read(image, LABEL)
+    // Gone from this mount namespace is not gone: a sandbox starting
+    // meanwhile (this server's, another's) copied the host's mounts into
+    // a namespace of its own, and the copy keeps the file system alive,
+    // its last writes not yet in the image, until dropped. Read then, the
+    // copies would lack them (seen: the tree missing). Only once it is
+    // shut down has its loop device detached itself.
+    if crate::loopdev::is_attached(image)? {
+        tracing::debug!("a fresh volume is still mounted elsewhere: not copied this time");
+        return Ok(None);
+    }
+    let template = Template::read(image, LABEL)?;
+    if template.is_none() {
+        tracing::debug!("a fresh volume holds too much to copy");
+    }
+    Ok(template)
 }
 
 /// Mounts the volume at `p`, one cordon made, whose mounts are gone.
@@ -799,6 +815,14 @@ mod tests {
         assert_eq!(unescape(r"/plain\04"), PathBuf::from(r"/plain\04"));
     }
 
+    /// Taken by each test here that mounts: one test's namespace holding
+    /// copies of the host's mounts must not keep another's alive.
+    static MOUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn mounting() -> std::sync::MutexGuard<'static, ()> {
+        MOUNTING.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Whether this test process can make volumes; under CI (root) it must.
     fn can_make() -> bool {
         if !supported() {
@@ -820,6 +844,7 @@ mod tests {
         if !can_make() {
             return;
         }
+        let _one = mounting();
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path().join("workspace");
         let volumes = Volumes::keeping(0);
@@ -849,6 +874,7 @@ mod tests {
         if !can_make() {
             return;
         }
+        let _one = mounting();
         let dir = tempfile::tempdir().unwrap();
         let volumes = Volumes::keeping(0);
         // (name, owner, mode, budget): the third has another budget, but
@@ -919,6 +945,60 @@ mod tests {
         for (name, ..) in specs {
             release(&dir.path().join(name)).unwrap();
         }
+    }
+
+    /// A fresh volume whose file system a copy of its mount in another
+    /// namespace keeps alive (a sandbox starting meanwhile) has not all
+    /// reached its image: it is not read as a template then. Without the
+    /// check, copies lacked the workspace's tree.
+    #[test]
+    fn a_fresh_volume_mounted_elsewhere_is_not_copied() {
+        use std::io::BufRead;
+        if !can_make() {
+            return;
+        }
+        let _one = mounting();
+        let dir = tempfile::tempdir().unwrap();
+        let p = Paths::of(&dir.path().join("workspace"));
+        std::fs::create_dir(&p.root).unwrap();
+        let image = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&p.image)
+            .unwrap();
+        image.set_len(MIN_CAPACITY).unwrap();
+        format(&image, &p, room(16 << 20)).unwrap();
+        // A namespace with a copy of the host's mounts, as a sandbox's
+        // supervisor has while it builds its root.
+        let mut holder = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg("echo ready; exec sleep 60")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut ready = String::new();
+        std::io::BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut ready)
+            .unwrap();
+        assert_eq!(ready, "ready\n");
+        let taken = take_template(&image, &p);
+        let _ = holder.kill();
+        let _ = holder.wait();
+        assert!(
+            taken.unwrap().is_none(),
+            "read while its file system lived on in another namespace"
+        );
+        // The copy gone, the file system shuts down and its image is whole.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while crate::loopdev::is_attached(&image).unwrap() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the loop device stays"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        crate::fresh::assert_sound(&p.image);
     }
 
     #[test]
