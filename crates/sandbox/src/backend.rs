@@ -183,9 +183,10 @@ impl WritableLayer {
     /// first of a size and label is made by `mke2fs`, the next are copies
     /// of it as made ([`crate::fresh`]).
     pub(crate) fn make_disk(&self, size: u64, label: &'static str) -> Result<PathBuf> {
-        // One at a time, which also guards the templates.
-        static MAKING: std::sync::Mutex<Templates> = std::sync::Mutex::new(Templates::new());
-        let mut templates = MAKING.lock().unwrap_or_else(|p| p.into_inner());
+        // Held only to look a template up or keep one: disks of sizes not
+        // seen yet are made side by side, as before there were templates.
+        static TEMPLATES: std::sync::Mutex<Templates> = std::sync::Mutex::new(Templates::new());
+        let templates = || TEMPLATES.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.dir().join(DISK_FILE);
         let file = std::fs::File::options()
             .read(true)
@@ -194,7 +195,7 @@ impl WritableLayer {
             .open(&path)?;
         file.set_len(size)?;
         let kind = Key { len: size, label };
-        if let Some(template) = templates.of(&kind) {
+        if let Some(template) = templates().of(&kind) {
             template.write_to(&file)?;
             return Ok(path);
         }
@@ -224,7 +225,7 @@ impl WritableLayer {
         }
         // Fresh: only mke2fs has written to it.
         match Template::read(&file, label) {
-            Ok(Some(t)) => templates.keep(t),
+            Ok(Some(t)) => templates().keep(t),
             Ok(None) => tracing::debug!("a fresh layer's disk holds too much to copy"),
             Err(e) => tracing::warn!("cannot keep a fresh layer's disk to copy: {e}"),
         }
@@ -462,7 +463,6 @@ mod tests {
     /// size and label, and a copy the same bytes as the first was.
     #[test]
     fn a_layer_s_disk_is_a_fresh_file_system_each_time() {
-        use std::os::unix::fs::FileExt;
         let tmp = tempfile::tempdir().unwrap();
         // A label of this test's own: no other test's template is used.
         const LABEL: &str = "cordon-test";
@@ -478,17 +478,9 @@ mod tests {
             (layer, disk)
         };
         let read = |disk: &Path| {
-            let file = std::fs::File::open(disk).unwrap();
-            let len = file.metadata().unwrap().len();
-            crate::sparse::extents(&file, len)
+            Template::read(&std::fs::File::open(disk).unwrap(), LABEL)
                 .unwrap()
-                .into_iter()
-                .map(|(start, end)| {
-                    let mut b = vec![0; (end - start) as usize];
-                    file.read_exact_at(&mut b, start).unwrap();
-                    (start, b)
-                })
-                .collect::<Vec<_>>()
+                .expect("a fresh disk holds little")
         };
         let first = make("a", 1 << 30);
         let copy = make("b", 1 << 30);

@@ -39,6 +39,7 @@ pub(crate) struct Key {
 }
 
 /// A fresh image: what it is, and the ranges that hold data.
+#[cfg_attr(test, derive(PartialEq))]
 pub(crate) struct Template {
     key: Key,
     data: Vec<(u64, Vec<u8>)>,

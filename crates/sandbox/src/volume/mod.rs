@@ -514,8 +514,7 @@ fn make(workspace: &Path, room: u64) -> Result<()> {
                 template
                     .write_to(&image)
                     .map_err(VolumeError::io("copy a fresh volume"))?;
-                crate::loopdev::mount_new_ext4(&image, &p.root, MOUNT_FLAGS, MOUNT_DATA)
-                    .map_err(|e| VolumeError::io("mount the volume")(e))?;
+                mount_new(&image, &p)?;
                 let root = std::fs::File::open(&p.root)
                     .map_err(VolumeError::io(format!("open {}", p.root.display())))?;
                 if let Err(e) = crate::fresh::set_uuid(&root) {
@@ -564,8 +563,7 @@ fn make(workspace: &Path, room: u64) -> Result<()> {
 /// root: the tree (root's, for now) and the balloon leaving `room`.
 fn format(image: &std::fs::File, p: &Paths, room: u64) -> Result<()> {
     mkfs(&p.image)?;
-    crate::loopdev::mount_new_ext4(image, &p.root, MOUNT_FLAGS, MOUNT_DATA)
-        .map_err(|e| VolumeError::io("mount the volume")(e))?;
+    mount_new(image, p)?;
     std::fs::create_dir(p.root.join(TREE)).map_err(VolumeError::io("create the volume's tree"))?;
     let _ = std::fs::remove_dir(p.root.join("lost+found"));
     std::fs::OpenOptions::new()
@@ -575,6 +573,12 @@ fn format(image: &std::fs::File, p: &Paths, room: u64) -> Result<()> {
         .open(p.root.join(BALLOON))
         .map_err(VolumeError::io("create the balloon"))?;
     fit_paths(p, room)
+}
+
+/// Mounts `image`, made just now, at the volume's root.
+fn mount_new(image: &std::fs::File, p: &Paths) -> Result<()> {
+    crate::loopdev::mount_new_ext4(image, &p.root, MOUNT_FLAGS, MOUNT_DATA)
+        .map_err(|e| VolumeError::io("mount the volume")(e))
 }
 
 /// Unmounts the volume just formatted in `image` and reads it as the
@@ -819,20 +823,18 @@ mod tests {
     /// copies of the host's mounts must not keep another's alive.
     static MOUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    fn mounting() -> std::sync::MutexGuard<'static, ()> {
-        MOUNTING.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whether this test process can make volumes; under CI (root) it must.
-    fn can_make() -> bool {
+    /// This test's turn to mount, if this process can make volumes (under
+    /// CI, as root, it must); `None`: the test is skipped.
+    fn mounting() -> Option<std::sync::MutexGuard<'static, ()>> {
         if !supported() {
             assert!(
                 std::env::var("CI").is_err(),
                 "volumes need root, and CI runs as root"
             );
             eprintln!("skipped: volumes need root");
+            return None;
         }
-        supported()
+        Some(MOUNTING.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Entered while it is being made (a worker's file request racing the
@@ -841,10 +843,9 @@ mod tests {
     /// succeeds.
     #[test]
     fn a_volume_being_made_is_entered_only_once_made() {
-        if !can_make() {
+        let Some(_one) = mounting() else {
             return;
-        }
-        let _one = mounting();
+        };
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path().join("workspace");
         let volumes = Volumes::keeping(0);
@@ -871,10 +872,9 @@ mod tests {
     #[test]
     fn a_volume_copied_from_a_fresh_one_is_a_file_system_of_its_own() {
         use std::os::unix::fs::{DirBuilderExt, FileExt};
-        if !can_make() {
+        let Some(_one) = mounting() else {
             return;
-        }
-        let _one = mounting();
+        };
         let dir = tempfile::tempdir().unwrap();
         let volumes = Volumes::keeping(0);
         // (name, owner, mode, budget): the third has another budget, but
@@ -954,10 +954,9 @@ mod tests {
     #[test]
     fn a_fresh_volume_mounted_elsewhere_is_not_copied() {
         use std::io::BufRead;
-        if !can_make() {
+        let Some(_one) = mounting() else {
             return;
-        }
-        let _one = mounting();
+        };
         let dir = tempfile::tempdir().unwrap();
         let p = Paths::of(&dir.path().join("workspace"));
         std::fs::create_dir(&p.root).unwrap();
