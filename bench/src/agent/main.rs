@@ -5,7 +5,7 @@
 //! cordon-bench-agent session-log [--events 10000] [--rounds 3] [--loads 10] [--buckets 10]
 //! cordon-bench-agent exec-memory --cordon PATH [--runs 3] [--delay-ms 300] [--interval-ms 100]
 //! cordon-bench-agent serve-e2e   --url URL --token T [--rounds 50] [--warmup 5] [--cordon PATH]
-//! cordon-bench-agent serve-pool  --url URL --token T --pool-url URL --pool-token T [--rounds 50] [--warmup 5]
+//! cordon-bench-agent serve-pool  --url URL --token T --pool-url URL --pool-token T [--rounds 50] [--warmup 5] [--settle 100]
 //! cordon-bench-agent serve-fork  --url URL --token T [--rounds 10] [--warmup 1] [--files 1000] [--backend native]
 //! cordon-bench-agent screenshot  [--cold 5] [--shots 30]
 //! cordon-bench-agent backends    [--cold 10] [--execs 50]
@@ -60,9 +60,10 @@ const USAGE: &str =
   serve-e2e   --url URL (a running cordon serve) --token TOKEN --rounds N (50) --warmup N (5)
               --cordon PATH (also time `cordon run -- true`, alternating)
   serve-pool  --url URL --token TOKEN (a server without a pool) --pool-url URL --pool-token TOKEN
+              (one with a pool) --rounds N (50, on each) --warmup N (5)
+              --settle MS (100, idle after each job)
   serve-fork  --url URL --token TOKEN (sessions per tenant at least 21) --rounds N (10) --warmup N (1)
               --files N (1000, of 20 KB, in the parent's workspace)
-              (one with a pool) --rounds N (50, on each) --warmup N (5)
   screenshot  --cold N (5, sandboxes started) --shots N (30, warm screenshots each way)
   backends    --cold N (10, sandboxes started each way) --execs N (50, warm execs each way)
   kernel      --calls N (200, trivial calls each way) --heavy-calls N (20, numpy + pyplot each way)
@@ -84,7 +85,15 @@ fn run(args: &Args) -> Result<Json, String> {
         "session-log" => &["events", "rounds", "loads", "buckets"],
         "exec-memory" => &["cordon", "runs", "delay-ms", "interval-ms"],
         "serve-e2e" => &["url", "token", "rounds", "warmup", "cordon"],
-        "serve-pool" => &["url", "token", "pool-url", "pool-token", "rounds", "warmup"],
+        "serve-pool" => &[
+            "url",
+            "token",
+            "pool-url",
+            "pool-token",
+            "rounds",
+            "warmup",
+            "settle",
+        ],
         "serve-fork" => &["url", "token", "rounds", "warmup", "files", "backend"],
         "screenshot" => &["cold", "shots"],
         "backends" => &["cold", "execs"],

@@ -109,29 +109,41 @@ pub async fn run(args: &Args, workspace: &Path) -> Result<Json, String> {
 
 /// The same rounds on a server without a warm pool and on one with,
 /// alternating, so that both see the same machine.
+///
+/// Each job is posted `--settle` ms after the last one finished: what a
+/// server does after a job (its sandbox's teardown, a pool's refill) then
+/// falls in no one's round, as with jobs that come apart. Without it the
+/// pooled server's refill ran inside the other's next job.
 pub async fn pool(args: &Args) -> Result<Json, String> {
     let (url, token) = args.server()?;
     let pool_url = args.str("pool-url").ok_or("--pool-url is required")?;
     let pool_token = args.str("pool-token").ok_or("--pool-token is required")?;
     let rounds = args.num("rounds", 50)?;
     let warmup = args.num("warmup", 5)?;
+    let settle = Duration::from_millis(args.num("settle", 100)? as u64);
     let client = reqwest::Client::new();
     let (mut cold, mut warm) = (Side::default(), Side::default());
     for i in 0..warmup + rounds {
         let a = one_job(&client, &url, &token).await?;
+        tokio::time::sleep(settle).await;
         let b = one_job(&client, pool_url, pool_token).await?;
+        tokio::time::sleep(settle).await;
         if i >= warmup {
             cold.push(&a);
             warm.push(&b);
         }
     }
-    println!("POST to succeeded, {rounds} trivial shell jobs on each server, alternating");
+    println!(
+        "POST to succeeded, {rounds} trivial shell jobs on each server, alternating, {} ms apart",
+        settle.as_millis()
+    );
     let cold = cold.report("without a pool", &url);
     let warm = warm.report("with --pool 2", pool_url);
     let ratio = cold.0 / warm.0;
     println!("  ratio of the end-to-end p50s (without / with): {ratio:.2}");
     Ok(Json::obj(vec![
         ("rounds", Json::Num(rounds as f64)),
+        ("settle_ms", Json::Num(settle.as_millis() as f64)),
         ("without_pool", cold.1),
         ("with_pool", warm.1),
         ("ratio_p50", Json::Num(ratio)),

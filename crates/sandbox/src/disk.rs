@@ -13,6 +13,7 @@
 //! workspace grows towards the budget, and an exec's end waits for one more
 //! look, so a command that overran the budget is reported as such.
 
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Weak;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -33,12 +34,36 @@ const MAX_PAUSE: Duration = Duration::from_secs(10);
 /// watcher takes at most about a tenth of a core.
 const PAUSE_FACTOR: u32 = 9;
 
+/// How the watcher measures the budget's roots: a volume by its file
+/// system's own count (one `fstatvfs`: it sees the files a walk cannot,
+/// those deleted but held open or in flight on a socket, and costs the
+/// same however large the tree), any other root by a walk of it and a
+/// look at the files its holders keep open.
+pub(crate) struct Gauge {
+    volume: Option<std::os::fd::OwnedFd>,
+    walked: Vec<PathBuf>,
+}
+
+impl Gauge {
+    /// What `roots` take, and the deleted files `holders` keep on the
+    /// walked ones.
+    fn measure(&self, holders: &[i32]) -> std::io::Result<u64> {
+        let volume = match &self.volume {
+            Some(fd) => crate::volume::used(fd.as_fd())?,
+            None => 0,
+        };
+        if self.walked.is_empty() {
+            return Ok(volume);
+        }
+        Ok(volume + measure(&self.walked, holders)?)
+    }
+}
+
 /// What the budget's roots took before the sandbox could write, being
 /// measured while the sandbox starts.
 pub(crate) struct Baseline {
     budget: u64,
-    roots: Vec<PathBuf>,
-    base: tokio::task::JoinHandle<std::io::Result<u64>>,
+    base: tokio::task::JoinHandle<std::io::Result<(Gauge, u64)>>,
 }
 
 impl Baseline {
@@ -52,31 +77,35 @@ impl Baseline {
                 "the disk budget must be greater than zero".into(),
             ));
         }
-        let roots = roots(config).map_err(Error::Config)?;
-        let r = roots.clone();
+        let mut walked = roots(config).map_err(Error::Config)?;
         let base = tokio::task::spawn_blocking(move || {
             // A volume's free space is set first: the budget's bound for
-            // what the watcher cannot see.
-            crate::volume::fit(&r[0], crate::volume::room(budget))
+            // what the watcher does not see in time.
+            let volume = crate::volume::fit(&walked[0], crate::volume::room(budget))
                 .map_err(std::io::Error::other)?;
-            measure(&r, &[])
+            // What is on the volume, the workspace and any bind from it,
+            // its count has.
+            if let Some(fd) = &volume {
+                let dev = rustix::fs::fstat(fd)?.st_dev;
+                walked.retain(|r| rustix::fs::stat(r).map_or(true, |st| st.st_dev != dev));
+            }
+            let gauge = Gauge { volume, walked };
+            let base = gauge.measure(&[])?;
+            Ok((gauge, base))
         });
-        Ok(Some(Baseline {
-            budget,
-            roots,
-            base,
-        }))
+        Ok(Some(Baseline { budget, base }))
     }
 
     /// Starts `sandbox`'s watcher once the baseline is known; closes the
     /// sandbox if it cannot be.
     pub(crate) async fn watch(self, sandbox: &Sandbox) -> Result<()> {
         let why = match self.base.await {
-            Ok(Ok(base)) => {
-                let mut roots = self.roots;
+            Ok(Ok((mut gauge, base))) => {
                 // Empty when the sandbox starts: nothing to add to the base.
-                roots.extend(sandbox.inner.lifecycle.writable_layer());
-                sandbox.watch_disk(roots, self.budget, base);
+                gauge
+                    .walked
+                    .extend(sandbox.inner.lifecycle.writable_layer());
+                sandbox.watch_disk(gauge, self.budget, base);
                 return Ok(());
             }
             Ok(Err(e)) => format!("cannot measure the workspace for the disk budget: {e}"),
@@ -107,9 +136,9 @@ impl Sandbox {
         self.disk_stopped()
     }
 
-    /// Starts the disk budget's watcher: `base` is what `roots` took
+    /// Starts the disk budget's watcher: `base` is what `gauge` measured
     /// before the sandbox could write.
-    pub(crate) fn watch_disk(&self, roots: Vec<std::path::PathBuf>, budget: u64, base: u64) {
+    pub(crate) fn watch_disk(&self, gauge: Gauge, budget: u64, base: u64) {
         let (tx, rx) = std::sync::mpsc::channel();
         let watch = DiskWatch {
             budget,
@@ -122,7 +151,7 @@ impl Sandbox {
         let weak = std::sync::Arc::downgrade(&self.inner);
         let spawned = std::thread::Builder::new()
             .name("cordon-disk".into())
-            .spawn(move || self::watch(weak, roots, budget, base, rx));
+            .spawn(move || self::watch(weak, gauge, budget, base, rx));
         if let Err(e) = spawned {
             // Without its watcher the budget would not hold.
             tracing::error!("cannot start the disk watcher: {e}; stopping the sandbox");
@@ -136,7 +165,7 @@ impl Sandbox {
 /// then stops it. `base` is what the roots took when the sandbox started.
 pub(crate) fn watch(
     weak: Weak<Inner>,
-    roots: Vec<PathBuf>,
+    gauge: Gauge,
     budget: u64,
     base: u64,
     requests: Receiver<LookRequest>,
@@ -157,7 +186,7 @@ pub(crate) fn watch(
         let Some(holders) = weak.upgrade().map(|i| i.lifecycle.holders()) else {
             return;
         };
-        let used = measure(&roots, &holders);
+        let used = gauge.measure(&holders);
         let took = started.elapsed();
         let mut pause = ((thread_cpu_time() - cpu) * PAUSE_FACTOR).clamp(MIN_PAUSE, MAX_PAUSE);
         let Some(inner) = weak.upgrade() else { return };

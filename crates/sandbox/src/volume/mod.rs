@@ -34,7 +34,7 @@
 //!   ([`crate::fresh`]).
 
 use std::ffi::OsString;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -652,14 +652,40 @@ fn unmount(p: &Paths) -> std::io::Result<()> {
     Ok(())
 }
 
-/// If `workspace` is a mounted volume, sets its free space to `room`;
-/// whether it is one. Called as a sandbox starts with a disk budget.
-pub(crate) fn fit(workspace: &Path, room: u64) -> Result<bool> {
+/// If `workspace` is a mounted volume, sets its free space to `room` and
+/// gives a descriptor of it, to measure its file system by (see
+/// [`used`]). Called as a sandbox starts with a disk budget.
+pub(crate) fn fit(workspace: &Path, room: u64) -> Result<Option<OwnedFd>> {
     let p = Paths::of(workspace);
-    if !is_volume(&p) {
-        return Ok(false);
+    let Some(dev) = volume_dev(&p) else {
+        return Ok(None);
+    };
+    let fd = rustix::fs::open(
+        &p.workspace,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| VolumeError::io("open the volume")(e.into()))?;
+    // The file system looked at, not one mounted over it since.
+    let st = rustix::fs::fstat(&fd).map_err(|e| VolumeError::io("stat the volume")(e.into()))?;
+    if (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev)) != dev {
+        return Err(VolumeError::io("open the volume")(std::io::Error::other(
+            "its mount changed while it was opened",
+        )));
     }
-    fit_paths(&p, room).map(|()| true)
+    fit_paths(&p, room)?;
+    Ok(Some(fd))
+}
+
+/// Bytes a volume's file system holds, by its own count (`fstatvfs`):
+/// every file on it, those deleted but still open or in flight on a
+/// socket (which no walk finds) among them, and its constant metadata and
+/// balloon. `volume` is from [`fit`].
+pub(crate) fn used(volume: BorrowedFd<'_>) -> std::io::Result<u64> {
+    let v = rustix::fs::fstatvfs(volume)?;
+    Ok(v.f_blocks
+        .saturating_sub(v.f_bfree)
+        .saturating_mul(v.f_frsize))
 }
 
 /// Sizes the balloon so that the file system has `room` bytes free.
@@ -699,7 +725,15 @@ fn fit_paths(p: &Paths, room: u64) -> Result<()> {
 /// Whether `p` is a mounted volume: the workspace and the volume's root
 /// are both mount roots of the same file system.
 fn is_volume(p: &Paths) -> bool {
-    matches!((mount_of(&p.workspace), mount_of(&p.root)), (Some(a), Some(b)) if a == b)
+    volume_dev(p).is_some()
+}
+
+/// The device of `p`'s file system if it is a mounted volume.
+fn volume_dev(p: &Paths) -> Option<(u32, u32)> {
+    match (mount_of(&p.workspace), mount_of(&p.root)) {
+        (Some(a), Some(b)) if a == b => Some(a),
+        _ => None,
+    }
 }
 
 /// Whether `path` is the root of a mount.

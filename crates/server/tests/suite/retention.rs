@@ -257,7 +257,10 @@ async fn a_job_directory_whose_job_is_gone_is_removed(db: Db) {
         std::fs::read_to_string(outside.path().join("precious")).unwrap(),
         "keep me"
     );
-    assert!(jobs.join(&kept).join("workspace/f").exists());
+    // Its volume may be unmounted meanwhile (the registry of volumes is
+    // the process's, and another test's server keeps none idle): its file
+    // is read through the files API, which mounts it again.
+    assert!(jobs.join(&kept).join("workspace").exists());
     assert!(jobs.join("notes").exists());
     let (code, _) = s.get(&t, &format!("/v1/jobs/{kept}/files/f")).await;
     assert_eq!(code, 200);
@@ -265,10 +268,11 @@ async fn a_job_directory_whose_job_is_gone_is_removed(db: Db) {
 }
 
 /// Issue 31: files deleted while a descriptor to each is in flight on a
-/// Unix socket are in no directory and no `/proc` file, so the watcher
-/// cannot count them. A job's workspace is a file system of its own
-/// (the server runs as root), which the budget bounds: the host holds the
-/// budget and its precision, not the 320 MiB written.
+/// Unix socket are in no directory and no `/proc` file, so no walk counts
+/// them. A job's workspace is a file system of its own (the server runs as
+/// root), which the watcher measures by the file system's own count: the
+/// job is stopped for its budget, and the host never holds more than the
+/// budget and its precision of the 320 MiB it tried to write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_s_files_in_flight_take_no_more_than_its_budget() {
     if !volumes() {
@@ -311,8 +315,9 @@ async fn a_job_s_files_in_flight_take_no_more_than_its_budget() {
         most = most.max(held());
         let (_, job) = s.get(&t, &format!("/v1/jobs/{id}")).await;
         if !["queued", "running"].contains(&job["state"].as_str().unwrap_or_default()) {
-            let out = job["stdout"].as_str().unwrap_or_default();
-            assert!(out.contains("refused 28"), "{job}");
+            assert_eq!(job["state"], "failed", "{job}");
+            let error = job["error"].as_str().unwrap_or_default();
+            assert!(error.contains("disk budget"), "{job}");
             break;
         }
         assert!(Instant::now() < deadline, "{job}");
@@ -325,11 +330,6 @@ async fn a_job_s_files_in_flight_take_no_more_than_its_budget() {
         "the image grew by {} MiB, past {} MiB",
         grown >> 20,
         bound >> 20
-    );
-    assert!(
-        grown > 64 << 20,
-        "the files were not written: {} MiB",
-        grown >> 20
     );
     s.stop().await;
 }
