@@ -35,6 +35,8 @@
 //!   hub, directories, limits, the model, the live registries).
 //! - `state`: the state handlers and workers share, built from the parts
 //!   above.
+//! - `slot`: a claimed job in one of this process's worker slots: run,
+//!   then archived.
 //! - `relay`: a job's requests sent on to the worker that runs it, and a
 //!   worker's check of what it is sent.
 //! - Resources, one module each: `health`, `ui`, `docs`, `mcp`, `jobs`,
@@ -85,6 +87,7 @@ mod sandbox_api;
 mod sandboxes;
 mod server;
 pub mod sessions;
+mod slot;
 pub mod state;
 pub mod store;
 mod tenants;
@@ -123,6 +126,7 @@ pub const LAYERS: &[&str] = &[
     "pool",
     "runner",
     "state",
+    "slot",
     "relay",
     "health",
     "ui",

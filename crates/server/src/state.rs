@@ -62,6 +62,9 @@ pub struct Shared {
     /// Claims are made one at a time in this process, so two workers never
     /// race for the same job or past a tenant's limit.
     pub(crate) claim: tokio::sync::Mutex<()>,
+    /// This process's worker slots, `workers` of them: one is held by each
+    /// job claimed or started here until it ends.
+    pub(crate) slots: Arc<tokio::sync::Semaphore>,
     /// The relayed requests' nonces this worker has accepted lately.
     pub(crate) nonces: crate::cluster::Nonces,
     /// Where finished jobs are kept, for every process to serve.
@@ -77,6 +80,24 @@ impl Shared {
     /// Ends a shutdown's grace now: the jobs still running are cancelled.
     pub fn hurry(&self) {
         self.hurried.cancel();
+    }
+
+    /// How this process claims jobs.
+    pub(crate) fn claim_terms(&self) -> crate::store::ClaimTerms {
+        crate::store::ClaimTerms {
+            per_tenant: self.config.per_tenant,
+            lease: self.config.lease,
+            max_attempts: self.config.max_attempts,
+        }
+    }
+
+    /// A worker slot of this process's that is free now, unless it runs
+    /// no jobs or is shutting down.
+    pub(crate) fn free_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if self.stopping.is_cancelled() {
+            return None;
+        }
+        self.slots.clone().try_acquire_owned().ok()
     }
 
     /// The worker that runs (or ran) `job`, if that is another process of
@@ -105,6 +126,7 @@ impl Shared {
         worker: String,
         archive: Option<Arc<crate::archive::Archive>>,
     ) -> Result<Shared, String> {
+        let slots = Arc::new(tokio::sync::Semaphore::new(config.workers));
         let caps = Arc::new(crate::caps::SessionCaps::new(
             config.sessions_per_tenant,
             config.sessions,
@@ -179,6 +201,7 @@ impl Shared {
             pool,
             runner,
             claim: tokio::sync::Mutex::new(()),
+            slots,
             nonces: Default::default(),
             archive,
             remote_labs: Default::default(),

@@ -14,7 +14,7 @@ use cordon_agent::Cancel;
 
 use crate::job::JobState;
 use crate::state::Shared;
-use crate::store::{ClaimTerms, StoreError};
+use crate::store::StoreError;
 
 /// What a job lost with its worker is told.
 const LOST: &str = "its worker stopped answering (lease expired)";
@@ -27,10 +27,6 @@ const CANCEL_POLL: Duration = Duration::from_secs(1);
 /// How often a worker looks for finished jobs of its own still to archive
 /// (an upload that failed, or a restart before one).
 const ARCHIVE_POLL: Duration = Duration::from_secs(30);
-
-/// How long a just-archived workspace stays on disk, for the reads that
-/// looked at the job before it was archived.
-const ARCHIVE_GRACE: Duration = Duration::from_secs(2);
 
 /// This process's worker id: `w-` and 12 hex digits, made once per data
 /// directory and kept in `<data_dir>/worker-id`.
@@ -133,23 +129,19 @@ async fn run_jobs(shared: Arc<Shared>) {
         // the look and the wait still wakes this worker.
         let mut notified = Box::pin(shared.wake.notified());
         notified.as_mut().enable();
+        // A job started as it was posted holds a slot of its own.
+        let Ok(slot) = shared.slots.clone().acquire_owned().await else {
+            return;
+        };
         let claimed = {
             let _turn = shared.claim.lock().await;
             shared
                 .store
-                .claim(
-                    &shared.worker,
-                    ClaimTerms {
-                        per_tenant: shared.config.per_tenant,
-                        lease: shared.config.lease,
-                        max_attempts: shared.config.max_attempts,
-                    },
-                )
+                .claim(&shared.worker, shared.claim_terms())
                 .await
         };
         match claimed {
             Ok(Some(claimed)) => {
-                let job = &claimed.job;
                 // Out of the waiters before running: notify_one wakes the
                 // oldest, and a busy slot's registration would take a wake
                 // meant for an idle one until its job ends (dropping passes
@@ -159,30 +151,14 @@ async fn run_jobs(shared: Arc<Shared>) {
                 // the next if it finds one too. One wake per job queued
                 // would race every idle slot for the claim lock instead.
                 shared.wake.notify_one();
-                let cancel = Cancel::new();
-                shared
-                    .running
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(job.id.clone(), (cancel.clone(), job.attempts));
-                let id = job.id.clone();
-                shared.metrics.lease_taken();
-                shared.runner.run(claimed, cancel).await;
-                shared.metrics.lease_ended();
-                shared
-                    .running
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&id);
-                if shared.archive.is_some() {
-                    // Off the slot: the next job need not wait for an upload.
-                    let shared = shared.clone();
-                    tokio::spawn(async move { archive(&shared, &id, ARCHIVE_GRACE).await });
-                }
+                let cancel = crate::slot::register(&shared, &claimed.job);
+                crate::slot::run(&shared, claimed, cancel).await;
+                drop(slot);
                 // A slot freed: this one looks again at once, and takes a
                 // job its tenant's limit held back if one may go now.
             }
             Ok(None) => {
+                drop(slot);
                 // Woken by a new job, or polling for jobs queued by another
                 // process sharing the database.
                 tokio::select! {
@@ -191,6 +167,7 @@ async fn run_jobs(shared: Arc<Shared>) {
                 }
             }
             Err(e) => {
+                drop(slot);
                 // Not waiting for a wake: leave it to the idle slots.
                 drop(notified);
                 tracing::error!("cannot take a job from the queue: {e}");
@@ -319,77 +296,6 @@ async fn sweep(weak: std::sync::Weak<Shared>) {
     }
 }
 
-/// Sends finished job `id`'s workspace and log up to the archive, records
-/// that, and removes the local copy (after `grace`): from then on every
-/// process serves its files. A failure is logged and left to
-/// [`archive_backlog`]; uploading again is harmless.
-async fn archive(shared: &Shared, id: &str, grace: Duration) {
-    let Some(archive) = &shared.archive else {
-        return;
-    };
-    // Ids are the server's own; anything else is not a path to join.
-    if !crate::http::plausible_id(id) {
-        return;
-    }
-    let dirs = shared.config.job_dirs();
-    let workspace = dirs.workspace(id);
-    if let Err(e) = std::fs::symlink_metadata(&workspace) {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            // Nothing to keep (it never had one, or it went by hand).
-            if let Err(e) = shared.store.workspace_removed(id).await {
-                tracing::warn!(job = %id, "cannot record a missing workspace: {e}");
-            }
-        }
-        return;
-    }
-    let started = Instant::now();
-    // Mounted (if a volume) while it is packed.
-    let _in_use = match shared.config.enter_workspace(&workspace).await {
-        Ok(in_use) => in_use,
-        Err(e) => {
-            tracing::warn!(job = %id, "cannot archive the job (tried again later): {e}");
-            return;
-        }
-    };
-    match archive
-        .keep(id, &workspace, Some(&dirs.session_log(id)))
-        .await
-    {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(e) => {
-            tracing::warn!(job = %id, "cannot archive the job (tried again later): {e}");
-            return;
-        }
-    }
-    match shared.store.archived(id).await {
-        Ok(true) => {
-            tracing::debug!(job = %id, "archived in {:?}", started.elapsed());
-        }
-        Ok(false) => {
-            // Archived before (by an earlier try), or its workspace was
-            // removed meanwhile: then the copy just made is not wanted.
-            match shared.store.is_archived(id).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    if let Err(e) = archive.forget(id).await {
-                        tracing::warn!(job = %id, "cannot remove an unwanted archive: {e}");
-                    }
-                }
-                Err(e) => tracing::warn!(job = %id, "cannot look at the job: {e}"),
-            }
-            return;
-        }
-        Err(e) => {
-            tracing::warn!(job = %id, "cannot record the archive (tried again later): {e}");
-            return;
-        }
-    }
-    tokio::time::sleep(grace).await;
-    crate::files::remove_files(dirs.checkpoints(id), &format!("job {id}")).await;
-    crate::files::remove_files(workspace, &format!("job {id}")).await;
-}
-
 /// Archives this worker's finished jobs that are not yet: at start, then
 /// every [`ARCHIVE_POLL`].
 async fn archive_backlog(weak: std::sync::Weak<Shared>) {
@@ -398,7 +304,7 @@ async fn archive_backlog(weak: std::sync::Weak<Shared>) {
         match shared.store.unarchived(&shared.worker, 50).await {
             Ok(ids) => {
                 for id in ids {
-                    archive(&shared, &id, Duration::ZERO).await;
+                    crate::slot::archive(&shared, &id, Duration::ZERO).await;
                 }
             }
             Err(e) => tracing::warn!("cannot list the jobs to archive: {e}"),

@@ -41,7 +41,7 @@ fn full_view(shared: &Shared, job: &JobRow) -> JobView {
 
 /// Checks, stores and queues a job; its workspace exists from now on, so
 /// files can be uploaded before it runs.
-async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult<JobRow> {
+async fn submit(shared: &Arc<Shared>, tenant: &str, request: JobRequest) -> ApiResult<JobRow> {
     let mut req = request
         .check(&shared.config.bounds)
         .map_err(ApiError::bad_request)?;
@@ -89,6 +89,43 @@ async fn submit(shared: &Shared, tenant: &str, request: JobRequest) -> ApiResult
             id
         }
     };
+    // A job with its sandbox made starts here, without a wake and a claim,
+    // when a slot is free and the claim would take it next anyway.
+    if pooled.is_some()
+        && let Some(slot) = shared.free_slot()
+    {
+        let started = {
+            let _turn = shared.claim.lock().await;
+            shared
+                .store
+                .start_job(
+                    &id,
+                    tenant,
+                    &req.request(),
+                    &shared.worker,
+                    shared.claim_terms(),
+                )
+                .await
+        };
+        match started {
+            Ok(Some(claimed)) => {
+                let job = claimed.job.clone();
+                let cancel = crate::slot::register(shared, &job);
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    crate::slot::run(&shared, claimed, cancel).await;
+                    drop(slot);
+                });
+                return Ok(job);
+            }
+            // Queued below, as any other.
+            Ok(None) => drop(slot),
+            Err(e) => {
+                shared.pool.forget(&id).await;
+                return Err(e.into());
+            }
+        }
+    }
     let job = match shared.store.insert_job(&id, tenant, &req.request()).await {
         Ok(job) => job,
         Err(e) => {

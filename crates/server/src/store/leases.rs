@@ -37,6 +37,17 @@ macro_rules! sqlite_now {
     };
 }
 
+/// The claim's rule for a job started as it is stored ([`Store::start_job`]):
+/// its tenant (`$2`) runs fewer than `$9` jobs, and no queued job is one
+/// a claim would take (its tenant runs fewer than `$9` too).
+macro_rules! start_job_guard {
+    () => {
+        "WHERE (SELECT COUNT(*) FROM jobs r WHERE r.tenant = $2 AND r.state = 'running') < $9 \
+         AND NOT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND \
+         (SELECT COUNT(*) FROM jobs r WHERE r.tenant = q.tenant AND r.state = 'running') < $9)"
+    };
+}
+
 /// A job a worker holds, as its heartbeat found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
@@ -155,6 +166,81 @@ impl Store {
                 .await?
             }
         };
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let job = job_from_row(&row)?;
+        let event = NewEvent::from(JobEvent::State {
+            state: JobState::Running,
+            worker: Some(worker.to_string()),
+        });
+        let started = push_event(&mut tx, &job.id, &event).await?;
+        self.notify_events(&mut tx, &job.id).await?;
+        tx.commit().await?;
+        Ok(Some(Claimed { job, started }))
+    }
+
+    /// Stores a new job already claimed by `worker`, as [`Store::claim`]
+    /// would record it, when the claim would take it next: its tenant runs
+    /// fewer than `terms.per_tenant` jobs and no queued job may run (no
+    /// job jumps one that waits). `None`, nothing stored, otherwise: the
+    /// caller queues it. For a job that comes with its sandbox made (a
+    /// warm pool's), so that it starts without a wake and a claim.
+    pub async fn start_job(
+        &self,
+        id: &str,
+        tenant: &str,
+        request: &crate::job::JobRequest,
+        worker: &str,
+        terms: ClaimTerms,
+    ) -> Result<Option<Claimed>> {
+        let spec = serde_json::to_string(request).map_err(|e| {
+            super::StoreError::Invalid(format!("a job that does not serialize: {e}"))
+        })?;
+        let _one_at_a_time = self.appending.lock().await;
+        let mut tx = self.pool.begin().await?;
+        if self.backend == Backend::Postgres {
+            // As a claim does: the tenant's count below then sees every
+            // earlier claim committed.
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))::TEXT")
+                .bind(format!("cordon-claim:{tenant}"))
+                .fetch_one(&mut *tx)
+                .await?;
+        }
+        let sql = match self.backend {
+            Backend::Sqlite => concat!(
+                "INSERT INTO jobs (id, tenant, kind, spec, state, created_ms, started_ms, worker, \
+                 lease_until_ms, attempts, cancel_requested, max_attempts) \
+                 SELECT $1, $2, $3, $4, 'running', $5, $5, $6, ",
+                sqlite_now!(),
+                " + $7, 1, 0, $8 ",
+                start_job_guard!(),
+                " RETURNING ",
+                job_columns!()
+            ),
+            Backend::Postgres => concat!(
+                "INSERT INTO jobs (id, tenant, kind, spec, state, created_ms, started_ms, worker, \
+                 lease_until_ms, attempts, cancel_requested, max_attempts) \
+                 SELECT $1, $2, $3, $4, 'running', $5, $5, $6, ",
+                pg_now!(),
+                " + $7, 1, 0, $8 ",
+                start_job_guard!(),
+                " RETURNING ",
+                job_columns!()
+            ),
+        };
+        let row = sqlx::query(sql)
+            .bind(id)
+            .bind(tenant)
+            .bind(request.kind().as_str())
+            .bind(spec)
+            .bind(now_ms())
+            .bind(worker)
+            .bind(ms(terms.lease))
+            .bind(terms.max_attempts)
+            .bind(terms.per_tenant)
+            .fetch_optional(&mut *tx)
+            .await?;
         let Some(row) = row else {
             return Ok(None);
         };

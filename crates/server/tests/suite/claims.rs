@@ -106,4 +106,88 @@ async fn claims_are_recorded_with_the_claim(db: Db) {
     assert!(error.contains("it ran 2 times"), "{error}");
 }
 
-on_both!(claims_are_recorded_with_the_claim);
+/// A job started as it is stored (a pooled job's) is recorded as a claim
+/// is, and only when the claim would take it next: its tenant is under its
+/// limit and no queued job may run. A job held back by its own tenant's
+/// limit does not stop another tenant's.
+async fn a_job_starts_as_stored_only_where_a_claim_would_take_it(db: Db) {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((url, _pg)) = database(db, tmp.path()) else {
+        return;
+    };
+    let store = Store::open(&url).await.unwrap();
+    let request = JobRequest::from_json(json!({"kind": "shell", "command": "true"})).unwrap();
+    let one = ClaimTerms {
+        per_tenant: 1,
+        ..terms(Duration::from_secs(60))
+    };
+
+    // Nothing waits: it starts, with the claim's record.
+    let a = store
+        .start_job("job_s1", "a", &request, "w-a", one)
+        .await
+        .unwrap()
+        .expect("started");
+    assert_eq!(a.job.state, JobState::Running);
+    assert_eq!(a.job.attempts, 1);
+    let events = store.events_after("job_s1", 0, 100).await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].kind, "state");
+    assert_eq!(events[0].data["worker"], "w-a");
+    assert_eq!(events[0].seq, a.started.seq);
+    assert_eq!(
+        store
+            .holder("job_s1")
+            .await
+            .unwrap()
+            .unwrap()
+            .1
+            .unwrap()
+            .worker,
+        "w-a"
+    );
+
+    // Its tenant is at its limit: nothing is stored.
+    assert!(
+        store
+            .start_job("job_s2", "a", &request, "w-a", one)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(store.job("a", "job_s2").await.unwrap().is_none());
+
+    // A queued job of that tenant may not run yet: another tenant's starts.
+    store.insert_job("job_q1", "a", &request).await.unwrap();
+    assert!(
+        store
+            .start_job("job_s3", "b", &request, "w-a", one)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // A queued job that may run (tenant c is under its limit) goes first.
+    store.insert_job("job_q2", "c", &request).await.unwrap();
+    assert!(
+        store
+            .start_job("job_s4", "d", &request, "w-a", one)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let claimed = store.claim("w-a", one).await.unwrap().expect("job_q2");
+    assert_eq!(claimed.job.id, "job_q2");
+    assert!(
+        store
+            .start_job("job_s4", "d", &request, "w-a", one)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+on_both!(
+    claims_are_recorded_with_the_claim,
+    a_job_starts_as_stored_only_where_a_claim_would_take_it
+);

@@ -236,7 +236,55 @@ async fn a_pool_refills_after_the_job_not_during_it(db: Db) {
     ready(&s, 1.0).await;
 }
 
+/// A pooled job starts as it is posted when a worker slot is free (no
+/// wake, no claim: the answer already says `running`); with every slot
+/// busy it is queued as any other and runs in its turn, so a pool never
+/// runs more jobs at once than there are workers.
+async fn a_pooled_job_starts_as_posted_when_a_slot_is_free(db: Db) {
+    let Some(s) = TestServer::start_with(db, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.workers = 1;
+        c.pool = vec!["2".parse().unwrap()];
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    ready(&s, 2.0).await;
+    let (code, first) = s
+        .post(
+            &t,
+            "/v1/jobs",
+            shell("while [ ! -f /workspace/release ]; do sleep 0.05; done"),
+        )
+        .await;
+    assert_eq!(code, 202, "{first}");
+    assert_eq!(first["state"], "running", "{first}");
+    let first = first["id"].as_str().unwrap().to_string();
+    let (code, second) = s.post(&t, "/v1/jobs", shell("echo second")).await;
+    assert_eq!(code, 202, "{second}");
+    assert_eq!(second["state"], "queued", "the only slot is busy: {second}");
+    let second = second["id"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, waiting) = s.get(&t, &format!("/v1/jobs/{second}")).await;
+    assert_eq!(waiting["state"], "queued", "{waiting}");
+    s.release(&t, &first).await;
+    let a = s.wait(&t, &first).await;
+    let b = s.wait(&t, &second).await;
+    assert_eq!(a["state"], "succeeded", "{a}");
+    assert_eq!(b["state"], "succeeded", "{b}");
+    assert_eq!(b["stdout"], "second\n");
+    assert!(
+        b["started_at"].as_str().unwrap() >= a["finished_at"].as_str().unwrap(),
+        "{a} {b}"
+    );
+    let text = scrape(&s).await;
+    assert_eq!(counted(&text, "cordon_pool_hits_total"), 2.0, "{text}");
+}
+
 on_both!(
+    a_pooled_job_starts_as_posted_when_a_slot_is_free,
     a_pooled_job_sees_nothing_of_the_last,
     a_pool_refills_after_the_job_not_during_it,
     only_the_pools_shape_takes_one,
