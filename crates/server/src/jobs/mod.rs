@@ -39,7 +39,8 @@ fn full_view(shared: &Shared, job: &JobRow) -> JobView {
     JobView::of(job, live)
 }
 
-/// Checks, stores and queues a job; its workspace exists from now on, so
+/// Checks, stores and queues a job (or starts it here, when a worker slot
+/// is free and nothing waits); its workspace exists from now on, so
 /// files can be uploaded before it runs.
 async fn submit(shared: &Arc<Shared>, tenant: &str, request: JobRequest) -> ApiResult<JobRow> {
     let mut req = request
@@ -89,11 +90,9 @@ async fn submit(shared: &Arc<Shared>, tenant: &str, request: JobRequest) -> ApiR
             id
         }
     };
-    // A job with its sandbox made starts here, without a wake and a claim,
-    // when a slot is free and the claim would take it next anyway.
-    if pooled.is_some()
-        && let Some(slot) = shared.free_slot()
-    {
+    // It starts here, without a wake and a claim, when a slot of this
+    // process is free and the claim would take it next anyway.
+    if let Some(slot) = shared.free_slot() {
         let started = {
             let _turn = shared.claim.lock().await;
             shared
@@ -121,7 +120,9 @@ async fn submit(shared: &Arc<Shared>, tenant: &str, request: JobRequest) -> ApiR
             // Queued below, as any other.
             Ok(None) => drop(slot),
             Err(e) => {
-                shared.pool.forget(&id).await;
+                if pooled.is_some() {
+                    shared.pool.forget(&id).await;
+                }
                 return Err(e.into());
             }
         }
