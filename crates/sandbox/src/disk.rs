@@ -13,7 +13,6 @@
 //! workspace grows towards the budget, and an exec's end waits for one more
 //! look, so a command that overran the budget is reported as such.
 
-use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Weak;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -40,7 +39,7 @@ const PAUSE_FACTOR: u32 = 9;
 /// same however large the tree), any other root by a walk of it and a
 /// look at the files its holders keep open.
 pub(crate) struct Gauge {
-    volume: Option<std::os::fd::OwnedFd>,
+    volume: Option<crate::volume::Mounted>,
     walked: Vec<PathBuf>,
 }
 
@@ -49,7 +48,7 @@ impl Gauge {
     /// walked ones.
     fn measure(&self, holders: &[i32]) -> std::io::Result<u64> {
         let volume = match &self.volume {
-            Some(fd) => crate::volume::used(fd.as_fd())?,
+            Some(v) => v.used()?,
             None => 0,
         };
         if self.walked.is_empty() {
@@ -85,9 +84,8 @@ impl Baseline {
                 .map_err(std::io::Error::other)?;
             // What is on the volume, the workspace and any bind from it,
             // its count has.
-            if let Some(fd) = &volume {
-                let dev = rustix::fs::fstat(fd)?.st_dev;
-                walked.retain(|r| rustix::fs::stat(r).map_or(true, |st| st.st_dev != dev));
+            if let Some(v) = &volume {
+                walked.retain(|r| rustix::fs::stat(r).map_or(true, |st| st.st_dev != v.dev()));
             }
             let gauge = Gauge { volume, walked };
             let base = gauge.measure(&[])?;

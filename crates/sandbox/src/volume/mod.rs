@@ -34,7 +34,7 @@
 //!   ([`crate::fresh`]).
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -653,39 +653,54 @@ fn unmount(p: &Paths) -> std::io::Result<()> {
 }
 
 /// If `workspace` is a mounted volume, sets its free space to `room` and
-/// gives a descriptor of it, to measure its file system by (see
-/// [`used`]). Called as a sandbox starts with a disk budget.
-pub(crate) fn fit(workspace: &Path, room: u64) -> Result<Option<OwnedFd>> {
+/// gives the volume to measure its file system by (see [`Mounted::used`]).
+/// Called as a sandbox starts with a disk budget.
+pub(crate) fn fit(workspace: &Path, room: u64) -> Result<Option<Mounted>> {
     let p = Paths::of(workspace);
     let Some(dev) = volume_dev(&p) else {
         return Ok(None);
     };
-    let fd = rustix::fs::open(
-        &p.workspace,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(|e| VolumeError::io("open the volume")(e.into()))?;
-    // The file system looked at, not one mounted over it since.
-    let st = rustix::fs::fstat(&fd).map_err(|e| VolumeError::io("stat the volume")(e.into()))?;
-    if (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev)) != dev {
-        return Err(VolumeError::io("open the volume")(std::io::Error::other(
-            "its mount changed while it was opened",
-        )));
-    }
     fit_paths(&p, room)?;
-    Ok(Some(fd))
+    Ok(Some(Mounted {
+        workspace: p.workspace,
+        dev,
+    }))
 }
 
-/// Bytes a volume's file system holds, by its own count (`fstatvfs`):
-/// every file on it, those deleted but still open or in flight on a
-/// socket (which no walk finds) among them, and its constant metadata and
-/// balloon. `volume` is from [`fit`].
-pub(crate) fn used(volume: BorrowedFd<'_>) -> std::io::Result<u64> {
-    let v = rustix::fs::fstatvfs(volume)?;
-    Ok(v.f_blocks
-        .saturating_sub(v.f_bfree)
-        .saturating_mul(v.f_frsize))
+/// A volume mounted at a workspace, as [`fit`] found it.
+#[derive(Debug)]
+pub(crate) struct Mounted {
+    workspace: PathBuf,
+    dev: (u32, u32),
+}
+
+impl Mounted {
+    /// The device of its file system.
+    pub(crate) fn dev(&self) -> u64 {
+        rustix::fs::makedev(self.dev.0, self.dev.1)
+    }
+
+    /// Bytes its file system holds, by its own count (`fstatvfs`): every
+    /// file on it, those deleted but still open or in flight on a socket
+    /// (which no walk finds) among them, and its constant metadata and
+    /// balloon. Opened for each count and checked to be the same file
+    /// system: nothing is held open between two (which would keep an
+    /// unmounted volume's loop device), and a volume unmounted meanwhile
+    /// is an error, not the count of the directory beneath it.
+    pub(crate) fn used(&self) -> std::io::Result<u64> {
+        let fd = rustix::fs::open(
+            &self.workspace,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        if rustix::fs::fstat(&fd)?.st_dev != self.dev() {
+            return Err(std::io::Error::other("the volume is no longer mounted"));
+        }
+        let v = rustix::fs::fstatvfs(&fd)?;
+        Ok(v.f_blocks
+            .saturating_sub(v.f_bfree)
+            .saturating_mul(v.f_frsize))
+    }
 }
 
 /// Sizes the balloon so that the file system has `room` bytes free.

@@ -207,27 +207,24 @@ impl Store {
                 .fetch_one(&mut *tx)
                 .await?;
         }
+        // The same statement on both, but for the database's clock.
+        macro_rules! start_job_sql {
+            ($now:expr) => {
+                concat!(
+                    "INSERT INTO jobs (id, tenant, kind, spec, state, created_ms, started_ms, \
+                     worker, lease_until_ms, attempts, cancel_requested, max_attempts) \
+                     SELECT $1, $2, $3, $4, 'running', $5, $5, $6, ",
+                    $now,
+                    " + $7, 1, 0, $8 ",
+                    start_job_guard!(),
+                    " RETURNING ",
+                    job_columns!()
+                )
+            };
+        }
         let sql = match self.backend {
-            Backend::Sqlite => concat!(
-                "INSERT INTO jobs (id, tenant, kind, spec, state, created_ms, started_ms, worker, \
-                 lease_until_ms, attempts, cancel_requested, max_attempts) \
-                 SELECT $1, $2, $3, $4, 'running', $5, $5, $6, ",
-                sqlite_now!(),
-                " + $7, 1, 0, $8 ",
-                start_job_guard!(),
-                " RETURNING ",
-                job_columns!()
-            ),
-            Backend::Postgres => concat!(
-                "INSERT INTO jobs (id, tenant, kind, spec, state, created_ms, started_ms, worker, \
-                 lease_until_ms, attempts, cancel_requested, max_attempts) \
-                 SELECT $1, $2, $3, $4, 'running', $5, $5, $6, ",
-                pg_now!(),
-                " + $7, 1, 0, $8 ",
-                start_job_guard!(),
-                " RETURNING ",
-                job_columns!()
-            ),
+            Backend::Sqlite => start_job_sql!(sqlite_now!()),
+            Backend::Postgres => start_job_sql!(pg_now!()),
         };
         let row = sqlx::query(sql)
             .bind(id)

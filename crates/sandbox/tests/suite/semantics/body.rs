@@ -843,6 +843,28 @@ async fn a_dropped_next_loses_no_event() {
     sb.close().await;
 }
 
+/// A directory for a test's volumes, released whatever happens before the
+/// directory goes; none where volumes cannot be made (not root), which CI
+/// does not allow.
+struct VolumeDir(tempfile::TempDir);
+
+impl VolumeDir {
+    fn new() -> Option<VolumeDir> {
+        if !cordon_sandbox::volume::supported() {
+            assert!(std::env::var("CI").is_err(), "volumes need root, and CI runs as root");
+            eprintln!("skipped: volumes need root");
+            return None;
+        }
+        Some(VolumeDir(tempfile::tempdir().unwrap()))
+    }
+}
+
+impl Drop for VolumeDir {
+    fn drop(&mut self) {
+        let _ = cordon_sandbox::volume::release(self.0.path());
+    }
+}
+
 /// Issue 31: a file deleted while a descriptor to it is in flight on a
 /// Unix socket shows in no directory and no `/proc` file, so the disk
 /// budget's watcher cannot count it. On a volume it takes the file
@@ -852,21 +874,11 @@ async fn a_dropped_next_loses_no_event() {
 #[tokio::test]
 async fn a_volume_bounds_what_files_in_flight_hold() {
     use std::os::unix::fs::MetadataExt;
-    if !cordon_sandbox::volume::supported() {
-        assert!(std::env::var("CI").is_err(), "volumes need root, and CI runs as root");
-        eprintln!("skipped: volumes need root");
+    let Some(dir) = VolumeDir::new() else {
         return;
-    }
-    const BUDGET: u64 = 16 << 20;
-    /// Releases the test's volume whatever happens, before its directory goes.
-    struct Release(tempfile::TempDir);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            let _ = cordon_sandbox::volume::release(self.0.path());
-        }
-    }
-    let dir = Release(tempfile::tempdir().unwrap());
+    };
     let dir = &dir.0;
+    const BUDGET: u64 = 16 << 20;
     let ws = dir.path().join("workspace");
     // None kept mounted unused: each is unmounted once left.
     let volumes = cordon_sandbox::volume::Volumes::keeping(0);
@@ -975,10 +987,22 @@ async fn a_volume_bounds_what_files_in_flight_hold() {
     std::fs::remove_dir_all(dir.path()).unwrap();
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(dir.path().to_str().unwrap()), "{mounts}");
+    // The loop device lets go once the file system has ended, which the
+    // kernel finishes on its own time (the descriptors that were in
+    // flight are freed by its collector of Unix sockets, and the pages
+    // they dirtied are written first).
     let image = image.to_string_lossy().into_owned();
-    for dev in std::fs::read_dir("/sys/block").unwrap().flatten() {
-        let backing = std::fs::read_to_string(dev.path().join("loop/backing_file")).unwrap_or_default();
-        assert!(!backing.contains(&image), "{backing}");
+    let attached = || {
+        std::fs::read_dir("/sys/block").unwrap().flatten().find_map(|dev| {
+            let backing =
+                std::fs::read_to_string(dev.path().join("loop/backing_file")).unwrap_or_default();
+            backing.contains(&image).then_some(backing)
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Some(backing) = attached() {
+        assert!(Instant::now() < deadline, "still attached: {backing}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -989,19 +1013,10 @@ async fn a_volume_bounds_what_files_in_flight_hold() {
 /// by a walk, they went unseen until that end.
 #[tokio::test]
 async fn files_in_flight_on_a_volume_count_against_the_budget() {
-    if !cordon_sandbox::volume::supported() {
-        assert!(std::env::var("CI").is_err(), "volumes need root, and CI runs as root");
-        eprintln!("skipped: volumes need root");
+    let Some(dir) = VolumeDir::new() else {
         return;
-    }
+    };
     const BUDGET: u64 = 16 << 20;
-    struct Release(tempfile::TempDir);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            let _ = cordon_sandbox::volume::release(self.0.path());
-        }
-    }
-    let dir = Release(tempfile::tempdir().unwrap());
     let ws = dir.0.path().join("workspace");
     let volumes = cordon_sandbox::volume::Volumes::keeping(0);
     let in_use = volumes.make_workspace(&ws, Some(BUDGET)).unwrap();
