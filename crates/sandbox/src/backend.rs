@@ -204,7 +204,7 @@ impl WritableLayer {
                 "-q", "-F", "-t", "ext4", "-b", "4096", "-m", "0", "-L", label,
             ])
             // The checksums seeded apart from the UUID, so that a copy's can
-            // be changed once mounted (`fresh::set_uuid`).
+            // be changed alone (`fresh`).
             .args(["-O", "^has_journal,^resize_inode,metadata_csum_seed"])
             .args(["-E", "lazy_itable_init=1,nodiscard"])
             .arg(&path)
@@ -482,28 +482,57 @@ mod tests {
                 .unwrap()
                 .expect("a fresh disk holds little")
         };
-        let first = make("a", 1 << 30);
-        let copy = make("b", 1 << 30);
-        let other = make("c", 2 << 30);
-        assert!(
-            read(&first.1) == read(&copy.1),
-            "a copy differs from the disk it copies"
-        );
-        for (_, disk) in [&first, &copy, &other] {
-            crate::fresh::assert_sound(disk);
-            let head = std::process::Command::new("dumpe2fs")
+        // dumpe2fs -h of a superblock: the primary, or a backup's.
+        let head = |disk: &Path, backup: Option<u32>| {
+            let mut c = std::process::Command::new("dumpe2fs");
+            if let Some(block) = backup {
+                c.args(["-o", &format!("superblock={block}"), "-o", "blocksize=4096"]);
+            }
+            let out = c
                 .arg("-h")
                 .arg(disk)
                 .env("PATH", TOOL_PATH)
                 .output()
                 .unwrap();
-            let head = String::from_utf8_lossy(&head.stdout);
             assert!(
-                head.contains(&format!("Filesystem volume name:   {LABEL}")),
-                "{head}"
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
             );
-            assert!(head.contains("metadata_csum_seed"), "{head}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let uuid = |head: &str| {
+            head.lines()
+                .find_map(|l| l.strip_prefix("Filesystem UUID:"))
+                .map(|u| u.trim().to_string())
+                .unwrap()
+        };
+        let first = make("a", 1 << 30);
+        let copy = make("b", 1 << 30);
+        let other = make("c", 2 << 30);
+        // The same file system but for the UUID its superblocks carry.
+        assert!(
+            read(&first.1).same_but_uuids(&read(&copy.1)),
+            "a copy differs from the disk it copies"
+        );
+        let mut uuids = Vec::new();
+        for (_, disk) in [&first, &copy, &other] {
+            crate::fresh::assert_sound(disk);
+            let primary = head(disk, None);
+            assert!(
+                primary.contains(&format!("Filesystem volume name:   {LABEL}")),
+                "{primary}"
+            );
+            assert!(primary.contains("metadata_csum_seed"), "{primary}");
+            // The first and the last backups (groups 1 and 7 of 8) carry it too.
+            for block in [32768, 7 * 32768] {
+                assert_eq!(uuid(&head(disk, Some(block))), uuid(&primary), "{block}");
+            }
+            uuids.push(uuid(&primary));
         }
+        uuids.sort();
+        uuids.dedup();
+        assert_eq!(uuids.len(), 3, "the disks share a UUID");
         let len = |disk: &Path| std::fs::metadata(disk).unwrap().len();
         assert_eq!(len(&copy.1), 1 << 30);
         assert_eq!(len(&other.1), 2 << 30);

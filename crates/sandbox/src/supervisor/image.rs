@@ -369,17 +369,6 @@ pub(super) fn mount_disk(image: &ImageRoot, disk: &str) -> Result<()> {
         what: format!("mount the writable layer's disk: {e}"),
         errno: e.raw_os_error().unwrap_or(0),
     })?;
-    // A copy of another layer's fresh disk: a UUID of its own on the host
-    // (if that fails, it shares one, which nothing here reads).
-    if let Ok(dir) = rustix::fs::openat2(
-        rustix::fs::CWD,
-        image.scratch.as_str(),
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-        rustix::fs::ResolveFlags::NO_SYMLINKS | rustix::fs::ResolveFlags::NO_MAGICLINKS,
-    ) {
-        let _ = crate::fresh::set_uuid(&dir);
-    }
     Ok(())
 }
 

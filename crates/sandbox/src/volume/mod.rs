@@ -515,11 +515,6 @@ fn make(workspace: &Path, room: u64) -> Result<()> {
                     .write_to(&image)
                     .map_err(VolumeError::io("copy a fresh volume"))?;
                 mount_new(&image, &p)?;
-                let root = std::fs::File::open(&p.root)
-                    .map_err(VolumeError::io(format!("open {}", p.root.display())))?;
-                if let Err(e) = crate::fresh::set_uuid(&root) {
-                    tracing::debug!("a volume keeps its template's UUID: {e}");
-                }
             }
             None => {
                 format(&image, &p, room)?;
@@ -785,7 +780,7 @@ fn mkfs(image: &Path) -> Result<()> {
         // No blocks kept for growing it (4 MiB of the host's disk per
         // volume): it is never grown; its balloon shrinks instead. The
         // checksums seeded apart from the UUID, so that a copy's can be
-        // changed (`fresh::set_uuid`).
+        // changed alone (`fresh`).
         .args(["-O", "^resize_inode,metadata_csum_seed"])
         .arg(image)
         .env_clear()
