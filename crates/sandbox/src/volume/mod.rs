@@ -582,8 +582,17 @@ fn mount_new(image: &std::fs::File, p: &Paths) -> Result<()> {
 /// making lock is held.
 fn take_template(image: &std::fs::File, p: &Paths) -> std::io::Result<Option<Template>> {
     // Not detached: the file system must be written out and gone before
-    // its image is read.
-    rustix::mount::unmount(&p.root, UnmountFlags::NOFOLLOW)?;
+    // its image is read. Busy: a copy of the mount propagated into another
+    // namespace (a sandbox being built) is in use, and the unmount, which
+    // would reach it, is refused; the volume stays mounted here.
+    match rustix::mount::unmount(&p.root, UnmountFlags::NOFOLLOW) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::BUSY) => {
+            tracing::debug!("a fresh volume is busy elsewhere: not copied this time");
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    }
     // Gone from this mount namespace is not gone: a sandbox starting
     // meanwhile (this server's, another's) copied the host's mounts into
     // a namespace of its own, and the copy keeps the file system alive,
