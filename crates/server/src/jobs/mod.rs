@@ -94,36 +94,53 @@ async fn submit(shared: &Arc<Shared>, tenant: &str, request: JobRequest) -> ApiR
     // process is free and the claim would take it next anyway.
     if let Some(slot) = shared.free_slot() {
         let started = {
-            let _turn = shared.claim.lock().await;
-            shared
-                .store
-                .start_job(
-                    &id,
-                    tenant,
-                    &req.request(),
-                    &shared.worker,
-                    shared.claim_terms(),
-                )
-                .await
-        };
-        match started {
-            Ok(Some(claimed)) => {
+            let (shared, id, tenant, request) = (
+                shared.clone(),
+                id.clone(),
+                tenant.to_string(),
+                req.request(),
+            );
+            // A task of its own, so that a client gone mid-request cannot
+            // leave the job stored as started with nothing to run it (its
+            // lease would be renewed by this worker's heartbeat for ever).
+            tokio::spawn(async move {
+                let claimed = {
+                    let _turn = shared.claim.lock().await;
+                    shared
+                        .store
+                        .start_job(&id, &tenant, &request, &shared.worker, shared.claim_terms())
+                        .await?
+                };
+                let Some(claimed) = claimed else {
+                    return Ok(None);
+                };
                 let job = claimed.job.clone();
-                let cancel = crate::slot::register(shared, &job);
-                let shared = shared.clone();
+                let cancel = crate::slot::register(&shared, &job);
                 tokio::spawn(async move {
                     crate::slot::run(&shared, claimed, cancel).await;
                     drop(slot);
                 });
-                return Ok(job);
-            }
+                Ok::<_, crate::store::StoreError>(Some(job))
+            })
+            .await
+        };
+        match started {
+            Ok(Ok(Some(job))) => return Ok(job),
             // Queued below, as any other.
-            Ok(None) => drop(slot),
-            Err(e) => {
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => {
                 if pooled.is_some() {
                     shared.pool.forget(&id).await;
                 }
                 return Err(e.into());
+            }
+            Err(e) => {
+                tracing::error!(job = %id, "starting the job: {e}");
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "cannot start the job",
+                ));
             }
         }
     }
