@@ -7,6 +7,7 @@
 //! restarts settles at once what it held before it stopped, rather than
 //! after its leases lapse. One process per data directory.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,8 @@ use crate::store::StoreError;
 
 /// What a job lost with its worker is told.
 const LOST: &str = "its worker stopped answering (lease expired)";
+/// What a job its worker held but did not run is told.
+const STRAY: &str = "its worker lost track of it";
 /// What a job running when its worker stopped is told, once it is back.
 pub(crate) const RESTARTED: &str = "server restarted";
 
@@ -194,6 +197,8 @@ fn running(shared: &Shared) -> Vec<(String, Cancel, i64)> {
 /// job is stopped before another process may take it over.
 async fn heartbeat(weak: std::sync::Weak<Shared>) {
     let mut last_held = Instant::now();
+    // Held here at the last heartbeat but run by no slot.
+    let mut strays = std::collections::HashSet::new();
     loop {
         let Some(shared) = weak.upgrade() else { return };
         let lease = shared.config.lease;
@@ -202,6 +207,7 @@ async fn heartbeat(weak: std::sync::Weak<Shared>) {
         match shared.store.heartbeat(&shared.worker, lease).await {
             Ok(held) => {
                 last_held = sent;
+                strays = settle_strays(&shared, &held, &strays).await;
                 for (id, cancel, attempt) in running(&shared) {
                     match held.iter().find(|h| h.id == id && h.attempt == attempt) {
                         Some(h) if h.cancel => cancel.cancel(),
@@ -233,6 +239,46 @@ async fn heartbeat(weak: std::sync::Weak<Shared>) {
         drop(shared);
         tokio::time::sleep(every).await;
     }
+}
+
+/// The jobs this worker holds (`held`, just renewed) that none of its slots
+/// runs: a job is registered with its slot as it is claimed, so one missing
+/// at two heartbeats running (`before`) was lost here, and would otherwise
+/// be renewed for ever. It is settled as a lost one is: queued again, or
+/// failed past its attempts. The strays seen now.
+async fn settle_strays(
+    shared: &Shared,
+    held: &[crate::store::Held],
+    before: &HashSet<(String, i64)>,
+) -> HashSet<(String, i64)> {
+    let running = running(shared);
+    let now: HashSet<(String, i64)> = held
+        .iter()
+        .filter(|h| {
+            !running
+                .iter()
+                .any(|(id, _, a)| *id == h.id && *a == h.attempt)
+        })
+        .map(|h| (h.id.clone(), h.attempt))
+        .collect();
+    for (id, _) in now.intersection(before) {
+        match shared
+            .store
+            .settle_lost(id, Some(&shared.worker), STRAY)
+            .await
+        {
+            Ok(Some((state, event))) => {
+                shared.hub.publish(id, &[event]);
+                if state == JobState::Queued {
+                    shared.wake.notify_one();
+                }
+                tracing::error!(job = %id, "held here but run by no slot: now {}", state.as_str());
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(job = %id, "cannot settle: {e}"),
+        }
+    }
+    now
 }
 
 /// Whether this worker's claim `attempt` on job `id` still holds: running

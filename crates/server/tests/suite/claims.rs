@@ -187,7 +187,48 @@ async fn a_job_starts_as_stored_only_where_a_claim_would_take_it(db: Db) {
     );
 }
 
+/// A job the database says this worker runs, but which none of its slots
+/// runs (lost between its claim and its run), is not renewed for ever by
+/// the worker's heartbeat: seen so at two heartbeats, it is queued again,
+/// and runs.
+async fn a_job_held_but_run_by_no_slot_is_settled(db: Db) {
+    let Some(s) = TestServer::start_with(db, |c| c.lease = Duration::from_millis(600)).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let shared = s.running.as_ref().unwrap().shared.clone();
+    let request = JobRequest::from_json(json!({"kind": "shell", "command": "echo ran"})).unwrap();
+    // As a start whose run was never spawned leaves it.
+    let lost = shared
+        .store
+        .start_job(
+            "job_0123456789abcdef01234567",
+            "acme",
+            &request,
+            &shared.worker,
+            terms(Duration::from_millis(600)),
+        )
+        .await
+        .unwrap()
+        .expect("started");
+    let job = s.wait(&t, &lost.job.id).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["stdout"], "ran\n");
+    let events = shared
+        .store
+        .events_after(&lost.job.id, 0, 100)
+        .await
+        .unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == "requeued" && e.data.to_string().contains("lost track")),
+        "{events:?}"
+    );
+}
+
 on_both!(
+    a_job_held_but_run_by_no_slot_is_settled,
     claims_are_recorded_with_the_claim,
     a_job_starts_as_stored_only_where_a_claim_would_take_it
 );
