@@ -18,10 +18,11 @@
 use std::time::Duration;
 
 use sqlx::Row;
+use sqlx::any::AnyRow;
 
 use super::{
-    Backend, JobRow, NewEvent, Result, Store, StoredEvent, ids, job_from_row, now_ms, push_event,
-    state_of,
+    Backend, JobRow, NewEvent, Result, Store, StoredEvent, Tx, ids, job_from_row, now_ms,
+    push_event, state_of,
 };
 use crate::job::{JobEvent, JobState};
 
@@ -37,14 +38,32 @@ macro_rules! sqlite_now {
     };
 }
 
+/// The claim's per-tenant rule, one SQL predicate: the tenant whose
+/// column is `$tenant` runs fewer than `$limit` jobs. Claims, the
+/// PostgreSQL pick and jobs started as stored all spell it through here.
+macro_rules! runs_under {
+    ($tenant:literal, $limit:literal) => {
+        concat!(
+            "(SELECT COUNT(*) FROM jobs r WHERE r.tenant = ",
+            $tenant,
+            " AND r.state = 'running') < ",
+            $limit
+        )
+    };
+}
+
 /// The claim's rule for a job started as it is stored ([`Store::start_job`]):
 /// its tenant (`$2`) runs fewer than `$9` jobs, and no queued job is one
 /// a claim would take (its tenant runs fewer than `$9` too).
 macro_rules! start_job_guard {
     () => {
-        "WHERE (SELECT COUNT(*) FROM jobs r WHERE r.tenant = $2 AND r.state = 'running') < $9 \
-         AND NOT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND \
-         (SELECT COUNT(*) FROM jobs r WHERE r.tenant = q.tenant AND r.state = 'running') < $9)"
+        concat!(
+            "WHERE ",
+            runs_under!("$2", "$9"),
+            " AND NOT EXISTS (SELECT 1 FROM jobs q WHERE q.state = 'queued' AND ",
+            runs_under!("q.tenant", "$9"),
+            ")"
+        )
     };
 }
 
@@ -56,6 +75,17 @@ pub struct Held {
     pub attempt: i64,
     /// A cancel was asked through some API process.
     pub cancel: bool,
+}
+
+/// Claims for one tenant, one at a time across processes (PostgreSQL): a
+/// count of the tenant's running jobs after this sees every earlier claim
+/// committed.
+async fn lock_claims_of(tx: &mut Tx<'static>, tenant: &str) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))::TEXT")
+        .bind(format!("cordon-claim:{tenant}"))
+        .fetch_one(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 fn ms(d: Duration) -> i64 {
@@ -105,10 +135,9 @@ impl Store {
                     sqlite_now!(),
                     " + $4, attempts = attempts + 1, cancel_requested = 0, max_attempts = $5 \
                      WHERE state = 'queued' AND seq = (\
-                        SELECT q.seq FROM jobs q WHERE q.state = 'queued' AND \
-                        (SELECT COUNT(*) FROM jobs r WHERE r.tenant = q.tenant AND r.state = 'running') < $2 \
-                        ORDER BY q.seq LIMIT 1) \
-                     RETURNING ",
+                        SELECT q.seq FROM jobs q WHERE q.state = 'queued' AND ",
+                    runs_under!("q.tenant", "$2"),
+                    " ORDER BY q.seq LIMIT 1) RETURNING ",
                     job_columns!()
                 ))
                 .bind(now_ms())
@@ -120,11 +149,11 @@ impl Store {
                 .await?
             }
             Backend::Postgres => {
-                let pick = sqlx::query(
-                    "SELECT q.seq, q.tenant FROM jobs q WHERE q.state = 'queued' AND \
-                     (SELECT COUNT(*) FROM jobs r WHERE r.tenant = q.tenant AND r.state = 'running') < $1 \
-                     ORDER BY q.seq LIMIT 1 FOR UPDATE SKIP LOCKED",
-                )
+                let pick = sqlx::query(concat!(
+                    "SELECT q.seq, q.tenant FROM jobs q WHERE q.state = 'queued' AND ",
+                    runs_under!("q.tenant", "$1"),
+                    " ORDER BY q.seq LIMIT 1 FOR UPDATE SKIP LOCKED"
+                ))
                 .bind(per_tenant)
                 .fetch_optional(&mut *tx)
                 .await?;
@@ -133,12 +162,7 @@ impl Store {
                 };
                 let seq: i64 = pick.try_get("seq")?;
                 let tenant: String = pick.try_get("tenant")?;
-                // Claims for one tenant, one at a time across processes:
-                // the count below then sees every earlier claim committed.
-                sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))::TEXT")
-                    .bind(format!("cordon-claim:{tenant}"))
-                    .fetch_one(&mut *tx)
-                    .await?;
+                lock_claims_of(&mut tx, &tenant).await?;
                 let running: i64 = sqlx::query(
                     "SELECT COUNT(*) AS n FROM jobs WHERE tenant = $1 AND state = 'running'",
                 )
@@ -166,18 +190,10 @@ impl Store {
                 .await?
             }
         };
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let job = job_from_row(&row)?;
-        let event = NewEvent::from(JobEvent::State {
-            state: JobState::Running,
-            worker: Some(worker.to_string()),
-        });
-        let started = push_event(&mut tx, &job.id, &event).await?;
-        self.notify_events(&mut tx, &job.id).await?;
-        tx.commit().await?;
-        Ok(Some(Claimed { job, started }))
+        match row {
+            Some(row) => self.record_claim(tx, &row, worker).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Stores a new job already claimed by `worker`, as [`Store::claim`]
@@ -194,18 +210,11 @@ impl Store {
         worker: &str,
         terms: ClaimTerms,
     ) -> Result<Option<Claimed>> {
-        let spec = serde_json::to_string(request).map_err(|e| {
-            super::StoreError::Invalid(format!("a job that does not serialize: {e}"))
-        })?;
+        let spec = super::spec_of(request)?;
         let _one_at_a_time = self.appending.lock().await;
         let mut tx = self.pool.begin().await?;
         if self.backend == Backend::Postgres {
-            // As a claim does: the tenant's count below then sees every
-            // earlier claim committed.
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))::TEXT")
-                .bind(format!("cordon-claim:{tenant}"))
-                .fetch_one(&mut *tx)
-                .await?;
+            lock_claims_of(&mut tx, tenant).await?;
         }
         // The same statement on both, but for the database's clock.
         macro_rules! start_job_sql {
@@ -238,10 +247,21 @@ impl Store {
             .bind(terms.per_tenant)
             .fetch_optional(&mut *tx)
             .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let job = job_from_row(&row)?;
+        match row {
+            Some(row) => self.record_claim(tx, &row, worker).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Records a claim's row, just marked running on `worker`: its `state`
+    /// event, in the same transaction, then commits.
+    async fn record_claim(
+        &self,
+        mut tx: Tx<'static>,
+        row: &AnyRow,
+        worker: &str,
+    ) -> Result<Claimed> {
+        let job = job_from_row(row)?;
         let event = NewEvent::from(JobEvent::State {
             state: JobState::Running,
             worker: Some(worker.to_string()),
@@ -249,7 +269,7 @@ impl Store {
         let started = push_event(&mut tx, &job.id, &event).await?;
         self.notify_events(&mut tx, &job.id).await?;
         tx.commit().await?;
-        Ok(Some(Claimed { job, started }))
+        Ok(Claimed { job, started })
     }
 
     /// Extends `worker`'s leases by `lease` from now and answers the jobs

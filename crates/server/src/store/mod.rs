@@ -255,6 +255,12 @@ macro_rules! job_columns {
 mod archive;
 mod leases;
 
+/// A job's request as its `spec` column holds it.
+fn spec_of(request: &JobRequest) -> Result<String> {
+    serde_json::to_string(request)
+        .map_err(|e| StoreError::Invalid(format!("a job that does not serialize: {e}")))
+}
+
 /// The `id` column of each row.
 fn ids(rows: &[AnyRow]) -> Result<Vec<String>> {
     rows.iter()
@@ -480,8 +486,7 @@ impl Store {
 
     /// Queues a job.
     pub async fn insert_job(&self, id: &str, tenant: &str, request: &JobRequest) -> Result<JobRow> {
-        let spec = serde_json::to_string(request)
-            .map_err(|e| StoreError::Invalid(format!("a job that does not serialize: {e}")))?;
+        let spec = spec_of(request)?;
         let row = sqlx::query(concat!(
             "INSERT INTO jobs (id, tenant, kind, spec, state, created_ms) \
              VALUES ($1, $2, $3, $4, 'queued', $5) RETURNING ",
