@@ -865,6 +865,33 @@ impl Drop for VolumeDir {
     }
 }
 
+/// A Python program that writes `count` files of 8 MiB in the workspace,
+/// sends a descriptor to each over a Unix socket it keeps open and deletes
+/// them: files in flight, in no directory and no `/proc` file. Refused
+/// space (ENOSPC) ends the writing with `refused 28 after N`; then it runs
+/// `then`.
+fn files_in_flight(count: u32, then: &str) -> String {
+    format!(
+        r"import os, socket, time
+a, b = socket.socketpair()
+n = 0
+try:
+    for i in range({count}):
+        p = f'/workspace/flying{{i}}'
+        with open(p, 'wb') as f:
+            f.write(b'f' * (8 << 20))
+        fd = os.open(p, os.O_RDONLY)
+        socket.send_fds(a, [b'x'], [fd])
+        os.close(fd)
+        os.unlink(p)
+        n += 1
+except OSError as e:
+    print('refused', e.errno, 'after', n)
+{then}
+"
+    )
+}
+
 /// Issue 31: a file deleted while a descriptor to it is in flight on a
 /// Unix socket shows in no directory and no `/proc` file, so the disk
 /// budget's watcher cannot count it. On a volume it takes the file
@@ -895,22 +922,7 @@ async fn a_volume_bounds_what_files_in_flight_hold() {
         .exec(ExecRequest::argv([
             "python3",
             "-c",
-            "import os, socket\n\
-             a, b = socket.socketpair()\n\
-             n = 0\n\
-             try:\n\
-             \x20   for i in range(40):\n\
-             \x20       p = f'/workspace/flying{i}'\n\
-             \x20       with open(p, 'wb') as f:\n\
-             \x20           f.write(b'f' * (8 << 20))\n\
-             \x20       fd = os.open(p, os.O_RDONLY)\n\
-             \x20       socket.send_fds(a, [b'x'], [fd])\n\
-             \x20       os.close(fd)\n\
-             \x20       os.unlink(p)\n\
-             \x20       n += 1\n\
-             except OSError as e:\n\
-             \x20   print('refused', e.errno, 'after', n)\n\
-             print('held', os.statvfs('/workspace').f_bavail * 4096 >> 20)\n",
+            &files_in_flight(40, "print('held', os.statvfs('/workspace').f_bavail * 4096 >> 20)"),
         ]))
         .await;
     // Stopped by the watcher mid-command (it counts the volume's file
@@ -1028,18 +1040,7 @@ async fn files_in_flight_on_a_volume_count_against_the_budget() {
         .exec(ExecRequest::argv([
             "python3",
             "-c",
-            "import os, socket, time\n\
-             a, b = socket.socketpair()\n\
-             for i in range(4):\n\
-             \x20   p = f'/workspace/flying{i}'\n\
-             \x20   with open(p, 'wb') as f:\n\
-             \x20       f.write(b'f' * (8 << 20))\n\
-             \x20   fd = os.open(p, os.O_RDONLY)\n\
-             \x20   socket.send_fds(a, [b'x'], [fd])\n\
-             \x20   os.close(fd)\n\
-             \x20   os.unlink(p)\n\
-             print('all in flight', flush=True)\n\
-             time.sleep(30)\n",
+            &files_in_flight(4, "print('all in flight', flush=True)\ntime.sleep(30)"),
         ]))
         .await;
     // Stopped mid-command (the error) or as it ended (the result says so).
