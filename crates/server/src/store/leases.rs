@@ -163,22 +163,16 @@ impl Store {
                 let seq: i64 = pick.try_get("seq")?;
                 let tenant: String = pick.try_get("tenant")?;
                 lock_claims_of(&mut tx, &tenant).await?;
-                let running: i64 = sqlx::query(
-                    "SELECT COUNT(*) AS n FROM jobs WHERE tenant = $1 AND state = 'running'",
-                )
-                .bind(&tenant)
-                .fetch_one(&mut *tx)
-                .await?
-                .try_get("n")?;
-                if running >= per_tenant {
-                    return Ok(None);
-                }
+                // The rule again, now that every earlier claim of the
+                // tenant is committed: no row when it is full.
                 sqlx::query(concat!(
                     "UPDATE jobs SET state = 'running', started_ms = $1, worker = $2, \
                      lease_until_ms = ",
                     pg_now!(),
                     " + $3, attempts = attempts + 1, cancel_requested = 0, max_attempts = $5 \
-                     WHERE seq = $4 AND state = 'queued' RETURNING ",
+                     WHERE seq = $4 AND state = 'queued' AND ",
+                    runs_under!("jobs.tenant", "$6"),
+                    " RETURNING ",
                     job_columns!()
                 ))
                 .bind(now_ms())
@@ -186,6 +180,7 @@ impl Store {
                 .bind(ms(lease))
                 .bind(seq)
                 .bind(max_attempts)
+                .bind(per_tenant)
                 .fetch_optional(&mut *tx)
                 .await?
             }
