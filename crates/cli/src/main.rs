@@ -55,50 +55,123 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Open the full-screen chat UI (what `cordon` alone does).
-    Chat(chat::ChatArgs),
+    Chat(Lazy<chat::ChatArgs>),
     /// Run one command in a fresh sandbox.
     #[command(after_long_help = exit::run_help())]
-    Run(run::RunArgs),
+    Run(Lazy<run::RunArgs>),
     /// Open an interactive shell in a fresh sandbox, on a pseudo-terminal.
     #[command(after_long_help = exit::run_help())]
-    Shell(run::ShellArgs),
+    Shell(Lazy<run::ShellArgs>),
     /// Check which isolation features are available and in force.
-    Doctor(doctor::DoctorArgs),
+    Doctor(Lazy<doctor::DoctorArgs>),
     /// Print the effective configuration, each value's source, secrets masked.
-    Config(config_cmd::ConfigArgs),
+    Config(Lazy<config_cmd::ConfigArgs>),
     /// Trust the project's .cordon/config.toml and .env as they are now, so
     /// they may set MCP servers, paths, endpoints, keys and limits.
-    Trust(trust_cmd::TrustArgs),
+    Trust(Lazy<trust_cmd::TrustArgs>),
     /// Run one task with the agent, headless.
     #[command(after_long_help = exit::exec_help())]
-    Exec(exec::ExecArgs),
+    Exec(Lazy<exec::ExecArgs>),
     /// List this directory's sessions (`--all`: every one): id, start,
     /// turns, tokens, workspace, title.
-    Sessions(sessions_cmd::SessionsArgs),
+    Sessions(Lazy<sessions_cmd::SessionsArgs>),
     /// Take a session's files and conversation back to the end of turn N
     /// (0: before the first prompt); the log keeps everything.
-    Rewind(rewind_cmd::RewindArgs),
+    Rewind(Lazy<rewind_cmd::RewindArgs>),
     /// Start a new session from the end of a session's turn N, with its
     /// own copy of that turn's files.
-    Fork(rewind_cmd::ForkArgs),
+    Fork(Lazy<rewind_cmd::ForkArgs>),
     /// Serve the sandbox's tools over MCP on stdio (one sandbox per
     /// connection); `cordon mcp list` shows the MCP servers the agent uses.
-    Mcp(mcp_cmd::McpArgs),
+    Mcp(Lazy<mcp_cmd::McpArgs>),
     /// Serve the jobs API: a persistent queue of sandboxed jobs.
-    Serve(serve_cmd::ServeArgs),
+    Serve(Lazy<serve_cmd::ServeArgs>),
     /// Run jobs from a `cordon serve`'s database (PostgreSQL), beside any
     /// number of API processes and other workers; takes `serve`'s options.
-    Worker(serve_cmd::ServeArgs),
+    Worker(Lazy<serve_cmd::ServeArgs>),
     /// Manage the server's bearer tokens.
-    Token(serve_cmd::TokenArgs),
+    Token(Lazy<serve_cmd::TokenArgs>),
     /// Prepare the microvm backend: `cordon vm setup` fetches the guest kernel.
-    Vm(vm_cmd::VmArgs),
+    Vm(Lazy<vm_cmd::VmArgs>),
     /// The store of OCI images: `cordon image pull REF`, `ls`, `rm`, `prune`.
-    Image(image_cmd::ImageArgs),
+    Image(Lazy<image_cmd::ImageArgs>),
     /// JupyterLab in a sandbox over the workspace, on a loopback URL;
     /// `cordon lab setup` installs it (and the Python kernel of `run_code`)
     /// into cordon's cache.
-    Lab(lab_cmd::LabArgs),
+    Lab(Lazy<lab_cmd::LabArgs>),
+}
+
+/// A command's arguments, defined only when that command is the one parsed.
+///
+/// Clap's derive builds every argument of every command before it parses
+/// one; a cold `cordon run` spent more instructions there than in creating
+/// its sandbox. `Command::defer` builds a subcommand's arguments when the
+/// parser (or `--help`, or `Command::build`) enters it; the help listing of
+/// commands needs only their names and abouts, which stay eager.
+struct Lazy<T>(T);
+
+impl<T: clap::FromArgMatches> clap::FromArgMatches for Lazy<T> {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches(matches).map(Lazy)
+    }
+    fn from_arg_matches_mut(matches: &mut clap::ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches_mut(matches).map(Lazy)
+    }
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(matches)
+    }
+    fn update_from_arg_matches_mut(
+        &mut self,
+        matches: &mut clap::ArgMatches,
+    ) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches_mut(matches)
+    }
+}
+
+impl<T: clap::Args> clap::Args for Lazy<T> {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        cmd.defer(|cmd| keep_texts(cmd, T::augment_args))
+    }
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        cmd.defer(|cmd| keep_texts(cmd, T::augment_args_for_update))
+    }
+    fn group_id() -> Option<clap::Id> {
+        T::group_id()
+    }
+}
+
+/// Adds the arguments, keeping the texts the command itself set: eagerly
+/// they came after the arguments' own (a flattened struct's doc comment
+/// sets an about), so theirs must not win now that they come last.
+fn keep_texts(cmd: clap::Command, augment: fn(clap::Command) -> clap::Command) -> clap::Command {
+    let about = cmd.get_about().cloned();
+    let long_about = cmd.get_long_about().cloned();
+    let after_help = cmd.get_after_help().cloned();
+    let after_long_help = cmd.get_after_long_help().cloned();
+    let before_help = cmd.get_before_help().cloned();
+    let before_long_help = cmd.get_before_long_help().cloned();
+    let mut cmd = augment(cmd);
+    if let Some(about) = about {
+        // A command's doc comment sets both, clearing a long about it has none of.
+        cmd = cmd.about(about);
+        cmd = match long_about {
+            Some(long) => cmd.long_about(long),
+            None => cmd.long_about(None),
+        };
+    }
+    if let Some(text) = after_help {
+        cmd = cmd.after_help(text);
+    }
+    if let Some(text) = after_long_help {
+        cmd = cmd.after_long_help(text);
+    }
+    if let Some(text) = before_help {
+        cmd = cmd.before_help(text);
+    }
+    if let Some(text) = before_long_help {
+        cmd = cmd.before_long_help(text);
+    }
+    cmd
 }
 
 fn main() {
@@ -122,7 +195,7 @@ fn main() {
         _ => logging::To::Terminal,
     });
 
-    let command = cli.command.unwrap_or(Command::Chat(cli.chat));
+    let command = cli.command.unwrap_or(Command::Chat(Lazy(cli.chat)));
     // The server runs jobs in parallel; everything else is one task at a time.
     let mut builder = match command {
         Command::Serve(_) | Command::Worker(_) => tokio::runtime::Builder::new_multi_thread(),
@@ -137,23 +210,23 @@ fn main() {
     };
     let code = runtime.block_on(async {
         match command {
-            Command::Chat(args) => chat::chat(args).await,
-            Command::Run(args) => run::run(args).await,
-            Command::Shell(args) => run::shell(args).await,
-            Command::Doctor(args) => doctor::doctor(args).await,
-            Command::Config(args) => config_cmd::config(args),
-            Command::Trust(args) => trust_cmd::trust(args),
-            Command::Exec(args) => exec::exec(args).await,
-            Command::Sessions(args) => sessions_cmd::sessions(args),
-            Command::Rewind(args) => rewind_cmd::rewind(args),
-            Command::Fork(args) => rewind_cmd::fork(args),
-            Command::Mcp(args) => mcp_cmd::mcp(args).await,
-            Command::Serve(args) => serve_cmd::serve(args).await,
-            Command::Worker(args) => serve_cmd::worker(args).await,
-            Command::Token(args) => serve_cmd::token(args).await,
-            Command::Vm(args) => vm_cmd::vm(args),
-            Command::Image(args) => image_cmd::image(args).await,
-            Command::Lab(args) => lab_cmd::lab(args).await,
+            Command::Chat(Lazy(args)) => chat::chat(args).await,
+            Command::Run(Lazy(args)) => run::run(args).await,
+            Command::Shell(Lazy(args)) => run::shell(args).await,
+            Command::Doctor(Lazy(args)) => doctor::doctor(args).await,
+            Command::Config(Lazy(args)) => config_cmd::config(args),
+            Command::Trust(Lazy(args)) => trust_cmd::trust(args),
+            Command::Exec(Lazy(args)) => exec::exec(args).await,
+            Command::Sessions(Lazy(args)) => sessions_cmd::sessions(args),
+            Command::Rewind(Lazy(args)) => rewind_cmd::rewind(args),
+            Command::Fork(Lazy(args)) => rewind_cmd::fork(args),
+            Command::Mcp(Lazy(args)) => mcp_cmd::mcp(args).await,
+            Command::Serve(Lazy(args)) => serve_cmd::serve(args).await,
+            Command::Worker(Lazy(args)) => serve_cmd::worker(args).await,
+            Command::Token(Lazy(args)) => serve_cmd::token(args).await,
+            Command::Vm(Lazy(args)) => vm_cmd::vm(args),
+            Command::Image(Lazy(args)) => image_cmd::image(args).await,
+            Command::Lab(Lazy(args)) => lab_cmd::lab(args).await,
         }
     });
     // Exit at once: a blocking read of our stdin may still be pending.
@@ -193,4 +266,34 @@ const LAYERS: &[&str] = &[
 #[cfg(test)]
 mod layout {
     cordon_testkit::layering_test!(super::LAYERS);
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn commands_define_their_arguments_only_when_entered() {
+        let cmd = super::Cli::command();
+        let run = cmd.find_subcommand("run").expect("a run command");
+        assert_eq!(
+            run.get_arguments().count(),
+            0,
+            "run's arguments were built eagerly"
+        );
+        assert_eq!(
+            run.get_about().map(ToString::to_string).as_deref(),
+            Some("Run one command in a fresh sandbox")
+        );
+        // Entering it defines them, with the command's own texts kept (the
+        // reference test compares every command's whole help).
+        let mut cmd = cmd;
+        cmd.build();
+        let run = cmd.find_subcommand("run").expect("a run command");
+        assert!(run.get_arguments().any(|a| a.get_id() == "timeout"));
+        assert_eq!(
+            run.get_about().map(ToString::to_string).as_deref(),
+            Some("Run one command in a fresh sandbox")
+        );
+    }
 }

@@ -37,8 +37,10 @@ fn steady(mut cmd: Command) -> Command {
 }
 
 fn commands() -> String {
-    let mut cmd = steady(crate::Cli::command());
+    // Built first: each command's arguments are defined when it is built.
+    let mut cmd = crate::Cli::command();
     cmd.build();
+    let mut cmd = steady(cmd);
     let mut out = header("Commands");
     out.push_str(
         "Every command's `--help`, as `cordon` prints it. The guides say what each is for: \
