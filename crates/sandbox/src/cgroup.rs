@@ -13,7 +13,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// How limits are enforced for new sandboxes on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,8 +48,9 @@ impl std::fmt::Display for LimitMechanism {
     }
 }
 
-fn own_cgroup_path(controller: Option<&str>) -> Option<String> {
-    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+/// This process's cgroup in the hierarchy of `controller` (`None`: v2's),
+/// from the text of `/proc/self/cgroup`.
+fn own_cgroup_path(text: &str, controller: Option<&str>) -> Option<String> {
     text.lines().find_map(|line| {
         let mut parts = line.splitn(3, ':');
         let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
@@ -63,10 +64,16 @@ fn own_cgroup_path(controller: Option<&str>) -> Option<String> {
 
 /// Mount points of cgroup filesystems: (fstype, super options, mount point).
 fn cgroup_mounts() -> Vec<(String, String, PathBuf)> {
-    let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
+    fs::read_to_string("/proc/self/mountinfo")
+        .map(|text| parse_cgroup_mounts(&text))
+        .unwrap_or_default()
+}
+
+/// [`cgroup_mounts`] of the text of a `mountinfo` file.
+fn parse_cgroup_mounts(text: &str) -> Vec<(String, String, PathBuf)> {
     text.lines()
+        // Most lines are not cgroups': skip them before splitting.
+        .filter(|line| line.contains(" - cgroup"))
         .filter_map(|line| {
             let (pre, post) = line.split_once(" - ")?;
             let mount_point = pre.split(' ').nth(4)?;
@@ -91,6 +98,10 @@ fn cgroup_mounts() -> Vec<(String, String, PathBuf)> {
 const FAVOR_DYNMODS_MOUNT: &str = "/run/cordon/cgroup-favordynmods";
 /// The hierarchy's name, as `/proc/<pid>/cgroup` lists it.
 const FAVOR_DYNMODS_NAME: &str = "cordon-favordynmods";
+
+/// Whether [`detect`] has seen a hierarchy mounted with `favordynmods`,
+/// so that [`favor_dynmods`] need not read the mount table again.
+static FAVOURED_SEEN: AtomicBool = AtomicBool::new(false);
 
 /// The mount point of a cgroup file system mounted with `favordynmods`:
 /// then the kernel favours cgroup changes for every hierarchy.
@@ -126,6 +137,10 @@ pub fn attach_report() -> String {
 /// a fork-and-exit loop here. Failure only costs the wait, so it is logged.
 pub fn favor_dynmods() {
     static ONCE: std::sync::Once = std::sync::Once::new();
+    // `detect` saw it on: the kernel cannot turn it off again.
+    if FAVOURED_SEEN.load(Ordering::Relaxed) {
+        return;
+    }
     ONCE.call_once(|| match mount_favor_dynmods() {
         Ok(at) => tracing::debug!(at = %at.display(), "cgroup changes are favoured"),
         Err(e) => tracing::debug!(
@@ -172,8 +187,12 @@ fn writable_dir(p: &Path) -> bool {
 /// Decides, once per call, which mechanism new sandboxes will use.
 pub fn detect() -> LimitMechanism {
     let mounts = cgroup_mounts();
+    if favoured(&mounts).is_some() {
+        FAVOURED_SEEN.store(true, Ordering::Relaxed);
+    }
+    let own_text = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     if let Some((_, _, mnt)) = mounts.iter().find(|(t, _, _)| t == "cgroup2")
-        && let Some(own) = own_cgroup_path(None)
+        && let Some(own) = own_cgroup_path(&own_text, None)
     {
         let parent = mnt.join(own.trim_start_matches('/'));
         let ctl = fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
@@ -186,7 +205,7 @@ pub fn detect() -> LimitMechanism {
         let (_, _, mnt) = mounts
             .iter()
             .find(|(t, opts, _)| t == "cgroup" && opts.split(',').any(|o| o == name))?;
-        let own = own_cgroup_path(Some(name))?;
+        let own = own_cgroup_path(&own_text, Some(name))?;
         let dir = mnt.join(own.trim_start_matches('/'));
         writable_dir(&dir).then_some(dir)
     };
@@ -496,6 +515,31 @@ mod tests {
 
     fn mount(fstype: &str, opts: &str, at: &str) -> (String, String, PathBuf) {
         (fstype.into(), opts.into(), PathBuf::from(at))
+    }
+
+    #[test]
+    fn cgroup_mounts_and_own_paths_are_read_from_the_kernels_text() {
+        let mountinfo = "\
+22 1 0:21 / / rw,relatime - overlay overlay rw,lowerdir=/a\n\
+30 22 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs rw,mode=755\n\
+31 30 0:27 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n\
+32 30 0:28 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw,nsdelegate\n\
+33 22 0:29 / /srv/not\\040-\\040cgroup rw - ext4 /dev/vda rw\n";
+        assert_eq!(
+            parse_cgroup_mounts(mountinfo),
+            vec![
+                mount("cgroup", "rw,memory", "/sys/fs/cgroup/memory"),
+                mount("cgroup2", "rw,nsdelegate", "/sys/fs/cgroup/unified"),
+            ]
+        );
+        let own = "12:pids:/a\n4:memory,hugetlb:/b/c\n0::/d\n";
+        assert_eq!(
+            own_cgroup_path(own, Some("memory")).as_deref(),
+            Some("/b/c")
+        );
+        assert_eq!(own_cgroup_path(own, Some("pids")).as_deref(), Some("/a"));
+        assert_eq!(own_cgroup_path(own, None).as_deref(), Some("/d"));
+        assert_eq!(own_cgroup_path(own, Some("freezer")), None);
     }
 
     #[test]

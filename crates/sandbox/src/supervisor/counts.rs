@@ -23,13 +23,14 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::Path;
 
 use rustix::io::Errno;
 use rustix::thread::UnshareFlags;
 
 use super::error::SetupError;
-use super::ids::{IdMaps, write_maps};
+use super::ids::{IdMaps, MapWrites};
 use crate::protocol::{SetupSpec, UserCounts};
 
 type Result<T> = std::result::Result<T, SetupError>;
@@ -62,23 +63,147 @@ pub fn unshare_owned_by(
     // The mapper must stay in the host's user namespace: only a process
     // there may map ids into a namespace that is not its own creator's uid.
     let parent = rustix::process::getpid().as_raw_nonzero().get();
-    with_helper(
-        "fork the id mapper",
-        |mut go, mut done| {
+    let writes = MapWrites::new(&format!("/proc/{parent}"), &ids);
+    with_light_helper(
+        "start the id mapper",
+        |go, done| {
             let mut b = [0u8];
-            let code = match go.read(&mut b) {
-                Ok(1) => match write_maps(&format!("/proc/{parent}"), &ids) {
+            let code = match rustix::io::read(go, &mut b) {
+                Ok(1) => match writes.write() {
                     Ok(()) => 0u8,
-                    Err(e) if e.errno != 0 => e.errno as u8,
-                    Err(_) => libc::EIO as u8,
+                    Err(e) => e.raw_os_error() as u8,
                 },
                 // The supervisor gave up before unsharing.
                 _ => libc::ECANCELED as u8,
             };
-            let _ = done.write_all(&[code]);
+            let _ = rustix::io::write(done, &[code]);
         },
         |mut go, mut done, _| switch_and_unshare(owner, flags, &mut go, &mut done),
     )
+}
+
+/// As [`with_helper`], but the helper shares this process's memory (`clone`
+/// with `CLONE_VM`) instead of getting a copy of it: a fork of the
+/// supervisor copies the page tables of all the front end had mapped, and
+/// as root a sandbox's start made two such helpers. The helper runs beside
+/// this process on the same heap, so `child` may only make system calls on
+/// data made before it starts, through rustix (which sets no `errno`): no
+/// allocation, no lock, no `std` I/O, nothing that can panic. It gets the
+/// read end of a pipe from this process and the write end of one back.
+pub(super) fn with_light_helper<T>(
+    what: &str,
+    child: impl Fn(BorrowedFd<'_>, BorrowedFd<'_>),
+    parent: impl FnOnce(File, File, i32) -> Result<T>,
+) -> Result<T> {
+    /// What the helper runs: the closure and the descriptors it keeps and
+    /// closes, read from the parent's memory.
+    struct Job<'a> {
+        run: &'a dyn Fn(BorrowedFd<'_>, BorrowedFd<'_>),
+        keep: (RawFd, RawFd),
+        close: (RawFd, RawFd),
+    }
+    extern "C" fn start(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the Job below, which outlives the helper: the
+        // parent reaps it before the Job's frame ends.
+        let job = unsafe { &*(arg as *const Job<'_>) };
+        // The helper's copies of the parent's ends (its descriptor table is
+        // its own); closed so that each side sees the other's end.
+        // SAFETY: numbers in this helper's own table, closed once.
+        unsafe {
+            rustix::io::close(job.close.0);
+            rustix::io::close(job.close.1);
+        }
+        // SAFETY: open for as long as the helper runs (its own table).
+        let (rx, tx) = unsafe {
+            (
+                BorrowedFd::borrow_raw(job.keep.0),
+                BorrowedFd::borrow_raw(job.keep.1),
+            )
+        };
+        (job.run)(rx, tx);
+        0
+    }
+
+    let (to_child_rx, to_child_tx) = pipe()?;
+    let (to_parent_rx, to_parent_tx) = pipe()?;
+    let job = Job {
+        run: &child,
+        keep: (to_child_rx.as_raw_fd(), to_parent_tx.as_raw_fd()),
+        close: (to_child_tx.as_raw_fd(), to_parent_rx.as_raw_fd()),
+    };
+    let stack = Stack::new().map_err(|e| SetupError::io(what, e))?;
+    // SAFETY: `start` only reads `job` and makes system calls on its own
+    // stack; both outlive the helper (reaped below before they drop).
+    let pid = unsafe {
+        libc::clone(
+            start,
+            stack.top(),
+            libc::CLONE_VM | libc::SIGCHLD,
+            &job as *const Job<'_> as *mut libc::c_void,
+        )
+    };
+    if pid < 0 {
+        return Err(SetupError::io(what, std::io::Error::last_os_error()));
+    }
+    drop((to_child_rx, to_parent_tx));
+    let result = parent(to_child_tx, to_parent_rx, pid);
+    let mut status = 0;
+    // SAFETY: reaping our own child.
+    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+    {}
+    drop(stack);
+    result
+}
+
+/// A light helper's stack: mapped, with a page below it that faults.
+struct Stack {
+    base: *mut libc::c_void,
+}
+
+impl Stack {
+    /// Ample for a few system calls; the guard page ends an overflow.
+    const SIZE: usize = 64 * 1024;
+    const GUARD: usize = 4096;
+
+    fn new() -> std::io::Result<Stack> {
+        let len = Self::SIZE + Self::GUARD;
+        // SAFETY: a fresh anonymous mapping, ours alone.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stack = Stack { base };
+        // SAFETY: the lowest page of the mapping just made.
+        if unsafe { libc::mprotect(base, Self::GUARD, libc::PROT_NONE) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stack)
+    }
+
+    /// The stack's top (it grows down), 16-byte aligned as mapped.
+    fn top(&self) -> *mut libc::c_void {
+        // SAFETY: one past the mapping's end, which `clone` starts below.
+        unsafe { self.base.cast::<u8>().add(Self::SIZE + Self::GUARD).cast() }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, no longer used (its helper reaped).
+        unsafe {
+            libc::munmap(self.base, Self::SIZE + Self::GUARD);
+        }
+    }
 }
 
 /// Forks a short-lived helper that runs `child` with a pipe from this

@@ -14,7 +14,7 @@
 //! maps as the sandbox's will.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use super::error::SetupError;
@@ -89,14 +89,17 @@ pub fn prepare(ids: &IdMaps, wanted: &[Wanted]) -> Result<Option<Prepared>> {
 
 /// A user namespace with the maps `ids`, held by descriptor only.
 fn throwaway_userns(ids: &IdMaps) -> Result<OwnedFd> {
-    super::counts::with_helper(
-        "fork for the idmap namespace",
-        |mut done, mut ready| {
-            // SAFETY: plain syscall in the fresh helper.
-            if unsafe { libc::unshare(libc::CLONE_NEWUSER) } == 0 {
-                let _ = ready.write_all(&[1]);
+    super::counts::with_light_helper(
+        "start the idmap namespace's helper",
+        |done, ready| {
+            // SAFETY: a system call in the helper, which is its own thread
+            // group and shares no file system information.
+            if unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWUSER) }
+                .is_ok()
+            {
+                let _ = rustix::io::write(ready, &[1]);
                 // Until the parent holds the namespace (EOF).
-                let _ = done.read(&mut [0u8]);
+                let _ = rustix::io::read(done, &mut [0u8]);
             }
         },
         |_done, mut ready, pid| {

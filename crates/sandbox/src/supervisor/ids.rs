@@ -129,6 +129,49 @@ pub(crate) fn write_maps(proc: &str, ids: &IdMaps) -> Result<()> {
     fs::write(format!("{proc}/gid_map"), IdMaps::text(&ids.gid)).ctx(|| "write gid_map".into())
 }
 
+/// [`write_maps`] prepared ahead: the files' paths and contents made, so
+/// that a helper sharing the supervisor's memory (see
+/// `counts::with_light_helper`) can write them with system calls alone.
+pub(crate) struct MapWrites {
+    files: [(std::ffi::CString, Vec<u8>); 3],
+}
+
+impl MapWrites {
+    pub fn new(proc: &str, ids: &IdMaps) -> MapWrites {
+        let path = |file: &str| {
+            std::ffi::CString::new(format!("{proc}/{file}")).expect("no NUL in a /proc path")
+        };
+        MapWrites {
+            // setgroups first: it must precede gid_map for unprivileged callers.
+            files: [
+                (path("setgroups"), b"deny".to_vec()),
+                (path("uid_map"), IdMaps::text(&ids.uid).into_bytes()),
+                (path("gid_map"), IdMaps::text(&ids.gid).into_bytes()),
+            ],
+        }
+    }
+
+    /// Writes the maps with no allocation and nothing that sets `errno`.
+    pub fn write(&self) -> std::result::Result<(), rustix::io::Errno> {
+        use rustix::fs::{Mode, OFlags};
+        for (path, text) in &self.files {
+            let fd = rustix::fs::open(
+                path.as_c_str(),
+                OFlags::WRONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            let written = rustix::io::write(&fd, text);
+            // SAFETY: closing the descriptor just opened, by system call
+            // (an OwnedFd's drop goes through the C library).
+            unsafe { rustix::io::close(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
+            if written? != text.len() {
+                return Err(rustix::io::Errno::IO);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Writes the uid/gid maps of the user namespace this process just entered.
 pub fn write_id_maps(spec: &SetupSpec) -> Result<()> {
     write_maps("/proc/self", &IdMaps::of(spec))
@@ -260,6 +303,56 @@ pub fn allocate_range() -> Result<(u32, std::os::fd::OwnedFd)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn maps_prepared_ahead_are_what_write_maps_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = ["setgroups", "uid_map", "gid_map"];
+        for f in files {
+            fs::write(dir.path().join(f), "").unwrap();
+        }
+        let ids = IdMaps::single((0, 4000), (0, 5000));
+        MapWrites::new(dir.path().to_str().unwrap(), &ids)
+            .write()
+            .unwrap();
+        let read = |f: &str| fs::read_to_string(dir.path().join(f)).unwrap();
+        assert_eq!(read("setgroups"), "deny");
+        assert_eq!(read("uid_map"), "0 4000 1\n");
+        assert_eq!(read("gid_map"), "0 5000 1\n");
+        // It creates nothing: a missing file is an error, as in /proc.
+        fs::remove_file(dir.path().join("gid_map")).unwrap();
+        assert_eq!(
+            MapWrites::new(dir.path().to_str().unwrap(), &ids).write(),
+            Err(rustix::io::Errno::NOENT)
+        );
+    }
+
+    #[test]
+    fn a_light_helper_talks_over_its_pipes_and_is_reaped() {
+        let reply = 41u8;
+        let (pid, got) = super::super::counts::with_light_helper(
+            "test helper",
+            |rx, tx| {
+                let mut b = [0u8];
+                if rustix::io::read(rx, &mut b) == Ok(1) {
+                    let _ = rustix::io::write(tx, &[b[0] + reply - 40]);
+                }
+            },
+            |mut tx, mut rx, pid| {
+                use std::io::{Read, Write};
+                tx.write_all(&[40]).unwrap();
+                let mut b = [0u8];
+                rx.read_exact(&mut b).unwrap();
+                Ok((pid, b[0]))
+            },
+        )
+        .unwrap();
+        assert_eq!(got, 41);
+        // Reaped: no such child is left.
+        // SAFETY: asking about a pid this test made.
+        let rc = unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+        assert_eq!(rc, -1, "the helper was not reaped");
+    }
 
     #[test]
     fn maps_are_written_one_extent_per_line() {
