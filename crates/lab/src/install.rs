@@ -7,10 +7,8 @@ use std::io::{self, BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-
 use crate::{CONSTRAINTS, HOST_PYTHON, REQUIREMENTS};
+use serde::{Deserialize, Serialize};
 
 /// Marks a complete environment, written last; holds its [`Versions`].
 const MARKER: &str = ".cordon-lab.json";
@@ -77,16 +75,10 @@ pub fn cache_dir() -> PathBuf {
     cordon_sandbox::cache_dir("lab", "CORDON_LAB_DIR")
 }
 
-/// The pins' fingerprint: a new pin is a new environment.
-fn lock_id() -> String {
-    let digest = Sha256::new()
-        .chain_update(REQUIREMENTS)
-        .chain_update([0u8])
-        .chain_update(CONSTRAINTS)
-        .chain_update([0u8])
-        .chain_update(HOST_PYTHON)
-        .finalize();
-    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+/// The pins' fingerprint: a new pin is a new environment. Hashed by the
+/// build script (build.rs) from the same files and Python.
+fn lock_id() -> &'static str {
+    env!("CORDON_LAB_LOCK_ID")
 }
 
 /// The complete environment for these pins in `cache`, if there is one.
@@ -326,6 +318,20 @@ mod tests {
             assert!(req.contains("=="), "{req} is not pinned");
             assert!(pins.contains(&req), "{req} is not in constraints.txt");
         }
+    }
+
+    #[test]
+    fn the_lock_id_is_the_hash_of_the_pins_and_the_python() {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(REQUIREMENTS)
+            .chain_update([0u8])
+            .chain_update(CONSTRAINTS)
+            .chain_update([0u8])
+            .chain_update(HOST_PYTHON)
+            .finalize();
+        let id: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        assert_eq!(lock_id(), id);
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub const SANDBOX_PYTHON: &str = "/opt/cordon/jupyter/bin/python";
 /// The Python the environment is made from: the system's, which every
 /// sandbox has at this same path (a user's own build, in a home directory
 /// or `pyenv`, is not visible in a sandbox).
-pub const HOST_PYTHON: &str = "/usr/bin/python3";
+pub const HOST_PYTHON: &str = env!("CORDON_LAB_HOST_PYTHON");
 
 /// Binds the installed environment, if there is one, read-only into
 /// sandboxes made from `config` at [`SANDBOX_DIR`]; whether it did. The
