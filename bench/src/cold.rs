@@ -50,6 +50,9 @@ fn time_once(c: &Cmd) -> Result<Duration, String> {
 pub fn run(args: &Args) -> Result<Json, String> {
     let runs = args.num("runs", 300)?;
     let warmup = args.num("warmup", 20)?;
+    // Idle before each timed run: the spaced pattern, which a start that
+    // waits on the kernel (an RCU grace period) pays and back to back hides.
+    let space = Duration::from_millis(args.num("space-ms", 0)? as u64);
     let cmds = args
         .all("cmd")
         .iter()
@@ -74,6 +77,9 @@ pub fn run(args: &Args) -> Result<Json, String> {
     for round in 0..runs {
         for k in 0..cmds.len() {
             let i = (round + k) % cmds.len();
+            if !space.is_zero() {
+                std::thread::sleep(space);
+            }
             times[i].push(time_once(&cmds[i])?);
         }
     }
@@ -81,8 +87,13 @@ pub fn run(args: &Args) -> Result<Json, String> {
     let b = sums[base];
 
     println!(
-        "== Cold start, interleaved round-robin ({}; {runs} runs each after {warmup} warm-up)",
-        crate::whoami()
+        "== Cold start, interleaved round-robin ({}; {runs} runs each after {warmup} warm-up{})",
+        crate::whoami(),
+        if space.is_zero() {
+            String::new()
+        } else {
+            format!(", {} ms idle before each", space.as_millis())
+        }
     );
     println!(
         "   {:<22} {:>9} {:>9} {:>9} {:>9} {:>9}  {:>11} {:>11}",
@@ -115,6 +126,7 @@ pub fn run(args: &Args) -> Result<Json, String> {
         ("user", Json::str(crate::whoami())),
         ("runs", Json::Num(runs as f64)),
         ("warmup", Json::Num(warmup as f64)),
+        ("space_ms", Json::Num(space.as_millis() as f64)),
         ("ratio_to", Json::str(&cmds[base].label)),
         (
             "commands",

@@ -4,7 +4,7 @@
 //! cordon-bench warm      [--execs 2000] [--warmup 100] [--concurrency 8] [--concurrent-execs 2000]
 //! cordon-bench lifecycle [--cycles 100] [--warmup 10]
 //! cordon-bench density   [--sessions 100] [--settle-ms 3000] [--rounds 3]
-//! cordon-bench cold      [--runs 300] [--warmup 20] --cmd 'LABEL=ARGV...' --cmd ...
+//! cordon-bench cold      [--runs 300] [--warmup 20] [--space-ms 0] --cmd 'LABEL=ARGV...' --cmd ...
 //! cordon-bench net       [--mib 256] [--rounds 5] [--requests 200]
 //! cordon-bench checkpoint [--files 10000] [--turns 40] [--changed 10]
 //! common: [--json FILE] [--workspace DIR] [--runtime multi|current]
@@ -44,7 +44,8 @@ const USAGE: &str = "usage: cordon-bench <warm|lifecycle|density|net|checkpoint|
   net       --mib N (256) --rounds N (5) --requests N (200)
   checkpoint --files N (10000) --turns N (40) --changed N (10)
   cold      --runs N (300) --warmup N (20) --cmd 'LABEL=PROGRAM ARG...' (repeatable; argv split on
-            whitespace, no quoting) --ratio-to LABEL (the second command)
+            whitespace, no quoting) --ratio-to LABEL (the second command) --space-ms MS (0: idle
+            before each timed run)
   common    --json FILE  --workspace DIR (a fresh temporary directory)  --runtime multi|current (multi)";
 
 fn main() -> ExitCode {
@@ -55,7 +56,7 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<Json, String> {
     if args.command == "cold" {
-        args.check_known(&["runs", "warmup", "cmd", "ratio-to"])?;
+        args.check_known(&["runs", "warmup", "cmd", "ratio-to", "space-ms"])?;
         return cold::run(args);
     }
     if args.command == "checkpoint" {

@@ -75,8 +75,32 @@ pub fn prepare(ids: &IdMaps, wanted: &[Wanted]) -> Result<Option<Prepared>> {
         return Ok(None);
     };
     let mut prepared = Prepared::default();
+    // Most binds of a host-rooted sandbox are entries of /etc: they are
+    // cloned from one idmapped copy of it (the clone keeps the idmap), one
+    // `mount_setattr` in all rather than one each. Without that copy (a
+    // link on the way, a file system under /etc that cannot be idmapped),
+    // each is made on its own, as every other path is.
+    let mut etc: Option<Option<OwnedFd>> = None;
     for w in wanted {
-        match idmapped(&w.path, &userns) {
+        let made = match w.path.strip_prefix("/etc/") {
+            Some(entry) => {
+                let copy = etc.get_or_insert_with(|| idmapped("/etc", &userns).ok());
+                match copy.as_ref().map(|etc| beneath(etc, entry)) {
+                    Some(Ok(fd)) => Ok(fd),
+                    Some(Err(e)) => {
+                        // A kernel that clones no tree out of a detached
+                        // one refuses every entry alike.
+                        if e.raw_os_error() == Some(libc::EINVAL) {
+                            *copy = None;
+                        }
+                        idmapped(&w.path, &userns)
+                    }
+                    None => idmapped(&w.path, &userns),
+                }
+            }
+            None => idmapped(&w.path, &userns),
+        };
+        match made {
             Ok(fd) => {
                 prepared.mounts.insert(w.path.clone(), (fd, true));
             }
@@ -151,10 +175,28 @@ fn idmapped(path: &str, userns: &OwnedFd) -> std::io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// A detached copy of the tree at `entry` beneath the detached tree `dir`,
+/// with `dir`'s idmap; a link on the way is refused, as [`detached`] does.
+fn beneath(dir: &OwnedFd, entry: &str) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let at = rustix::fs::openat2(
+        dir,
+        entry,
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    clone_tree(&at)
+}
+
 /// A detached copy of the tree at `path` (`open_tree` with
 /// `OPEN_TREE_CLONE`), refusing a link on the path.
 fn detached(path: &str) -> std::io::Result<OwnedFd> {
-    let at = super::mount::open_no_links(path)?;
+    clone_tree(&super::mount::open_no_links(path)?)
+}
+
+/// A detached copy of the tree `at` refers to.
+fn clone_tree(at: &OwnedFd) -> std::io::Result<OwnedFd> {
     // SAFETY: open_tree on our descriptor; the result is a new descriptor.
     let fd = unsafe {
         libc::syscall(
