@@ -71,7 +71,7 @@ pub fn unshare_owned_by(
             let code = match rustix::io::read(go, &mut b) {
                 Ok(1) => match writes.write() {
                     Ok(()) => 0u8,
-                    Err(e) => e.raw_os_error() as u8,
+                    Err((_, e)) => e.raw_os_error() as u8,
                 },
                 // The supervisor gave up before unsharing.
                 _ => libc::ECANCELED as u8,
@@ -147,13 +147,18 @@ pub(super) fn with_light_helper<T>(
     }
     drop((to_child_rx, to_parent_tx));
     let result = parent(to_child_tx, to_parent_rx, pid);
+    reap(pid);
+    drop(stack);
+    result
+}
+
+/// Waits for the helper `pid` to end.
+fn reap(pid: i32) {
     let mut status = 0;
     // SAFETY: reaping our own child.
     while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
         && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
     {}
-    drop(stack);
-    result
 }
 
 /// A light helper's stack: mapped, with a page below it that faults.
@@ -231,11 +236,7 @@ pub(super) fn with_helper<T>(
     // The parent's ends close when `parent` returns, before the wait, so a
     // helper still reading sees the end.
     let result = parent(to_child_tx, to_parent_rx, pid);
-    let mut status = 0;
-    // SAFETY: reaping our own child.
-    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
-        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
-    {}
+    reap(pid);
     result
 }
 

@@ -82,24 +82,11 @@ pub fn prepare(ids: &IdMaps, wanted: &[Wanted]) -> Result<Option<Prepared>> {
     // each is made on its own, as every other path is.
     let mut etc: Option<Option<OwnedFd>> = None;
     for w in wanted {
-        let made = match w.path.strip_prefix("/etc/") {
-            Some(entry) => {
-                let copy = etc.get_or_insert_with(|| idmapped("/etc", &userns).ok());
-                match copy.as_ref().map(|etc| beneath(etc, entry)) {
-                    Some(Ok(fd)) => Ok(fd),
-                    Some(Err(e)) => {
-                        // A kernel that clones no tree out of a detached
-                        // one refuses every entry alike.
-                        if e.raw_os_error() == Some(libc::EINVAL) {
-                            *copy = None;
-                        }
-                        idmapped(&w.path, &userns)
-                    }
-                    None => idmapped(&w.path, &userns),
-                }
-            }
-            None => idmapped(&w.path, &userns),
-        };
+        let from_etc = w.path.strip_prefix("/etc/").and_then(|entry| {
+            let copy = etc.get_or_insert_with(|| idmapped("/etc", &userns).ok());
+            from_copy(copy, entry)
+        });
+        let made = from_etc.map_or_else(|| idmapped(&w.path, &userns), Ok);
         match made {
             Ok(fd) => {
                 prepared.mounts.insert(w.path.clone(), (fd, true));
@@ -173,6 +160,22 @@ fn idmapped(path: &str, userns: &OwnedFd) -> std::io::Result<OwnedFd> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(fd)
+}
+
+/// `entry` cloned out of the idmapped copy of /etc, if there is one and it
+/// can be: `None` sends the caller to the entry's own copy.
+fn from_copy(copy: &mut Option<OwnedFd>, entry: &str) -> Option<OwnedFd> {
+    match beneath(copy.as_ref()?, entry) {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            // A kernel that clones no tree out of a detached one refuses
+            // every entry alike: stop asking it.
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                *copy = None;
+            }
+            None
+        }
+    }
 }
 
 /// A detached copy of the tree at `entry` beneath the detached tree `dir`,

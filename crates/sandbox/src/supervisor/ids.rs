@@ -123,17 +123,17 @@ impl IdMaps {
 /// Writes the id maps of the user namespace of the process whose `/proc`
 /// directory is `proc` (`/proc/self`, or `/proc/PID` of a child namespace).
 pub(crate) fn write_maps(proc: &str, ids: &IdMaps) -> Result<()> {
-    // Must precede gid_map for unprivileged callers; harmless for root.
-    fs::write(format!("{proc}/setgroups"), "deny").ctx(|| "deny setgroups".into())?;
-    fs::write(format!("{proc}/uid_map"), IdMaps::text(&ids.uid)).ctx(|| "write uid_map".into())?;
-    fs::write(format!("{proc}/gid_map"), IdMaps::text(&ids.gid)).ctx(|| "write gid_map".into())
+    MapWrites::new(proc, ids)
+        .write()
+        .map_err(|(what, e)| SetupError::new(what, e))
 }
 
-/// [`write_maps`] prepared ahead: the files' paths and contents made, so
-/// that a helper sharing the supervisor's memory (see
+/// The writes of an id map, prepared ahead: the files' paths and contents
+/// made, so that a helper sharing the supervisor's memory (see
 /// `counts::with_light_helper`) can write them with system calls alone.
 pub(crate) struct MapWrites {
-    files: [(std::ffi::CString, Vec<u8>); 3],
+    /// What each write does (for errors), its file, what it writes.
+    files: [(&'static str, std::ffi::CString, Vec<u8>); 3],
 }
 
 impl MapWrites {
@@ -144,28 +144,39 @@ impl MapWrites {
         MapWrites {
             // setgroups first: it must precede gid_map for unprivileged callers.
             files: [
-                (path("setgroups"), b"deny".to_vec()),
-                (path("uid_map"), IdMaps::text(&ids.uid).into_bytes()),
-                (path("gid_map"), IdMaps::text(&ids.gid).into_bytes()),
+                ("deny setgroups", path("setgroups"), b"deny".to_vec()),
+                (
+                    "write uid_map",
+                    path("uid_map"),
+                    IdMaps::text(&ids.uid).into_bytes(),
+                ),
+                (
+                    "write gid_map",
+                    path("gid_map"),
+                    IdMaps::text(&ids.gid).into_bytes(),
+                ),
             ],
         }
     }
 
-    /// Writes the maps with no allocation and nothing that sets `errno`.
-    pub fn write(&self) -> std::result::Result<(), rustix::io::Errno> {
+    /// Writes the maps with no allocation and nothing that sets `errno`;
+    /// a failure says which write failed.
+    pub fn write(&self) -> std::result::Result<(), (&'static str, rustix::io::Errno)> {
         use rustix::fs::{Mode, OFlags};
-        for (path, text) in &self.files {
+        for (what, path, text) in &self.files {
+            let fail = |e| (*what, e);
             let fd = rustix::fs::open(
                 path.as_c_str(),
                 OFlags::WRONLY | OFlags::CLOEXEC,
                 Mode::empty(),
-            )?;
+            )
+            .map_err(fail)?;
             let written = rustix::io::write(&fd, text);
             // SAFETY: closing the descriptor just opened, by system call
             // (an OwnedFd's drop goes through the C library).
             unsafe { rustix::io::close(std::os::fd::IntoRawFd::into_raw_fd(fd)) };
-            if written? != text.len() {
-                return Err(rustix::io::Errno::IO);
+            if written.map_err(fail)? != text.len() {
+                return Err(fail(rustix::io::Errno::IO));
             }
         }
         Ok(())
@@ -305,7 +316,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn maps_prepared_ahead_are_what_write_maps_writes() {
+    fn maps_are_written_to_their_three_files() {
         let dir = tempfile::tempdir().unwrap();
         let files = ["setgroups", "uid_map", "gid_map"];
         for f in files {
@@ -323,19 +334,18 @@ mod tests {
         fs::remove_file(dir.path().join("gid_map")).unwrap();
         assert_eq!(
             MapWrites::new(dir.path().to_str().unwrap(), &ids).write(),
-            Err(rustix::io::Errno::NOENT)
+            Err(("write gid_map", rustix::io::Errno::NOENT))
         );
     }
 
     #[test]
     fn a_light_helper_talks_over_its_pipes_and_is_reaped() {
-        let reply = 41u8;
         let (pid, got) = super::super::counts::with_light_helper(
             "test helper",
             |rx, tx| {
                 let mut b = [0u8];
                 if rustix::io::read(rx, &mut b) == Ok(1) {
-                    let _ = rustix::io::write(tx, &[b[0] + reply - 40]);
+                    let _ = rustix::io::write(tx, &[b[0] + 1]);
                 }
             },
             |mut tx, mut rx, pid| {
