@@ -260,6 +260,8 @@ fn spawn_supervisor(
 }
 
 async fn create(config: &SandboxConfig) -> Result<Sandbox> {
+    // Each phase's end, logged at debug (`CORDON_LOG=cordon_sandbox::native=debug`).
+    let began = std::time::Instant::now();
     let (workspace, binds) = config.validate()?;
     let mech = cgroup::detect();
     if config.favor_cgroup_changes
@@ -280,6 +282,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         }
         None => (None, None),
     };
+    let prepared = began.elapsed();
     let services = Services::start(config, &workspace, Channel::Socket).await?;
     let (host, child_end) = std::os::unix::net::UnixStream::pair()?;
     let pid = services.with_sandbox_end(|svc| spawn_supervisor(config, child_end.into(), svc))?;
@@ -308,6 +311,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
         }
         *lifecycle.cgroup.lock().unwrap() = Some(cg);
     }
+    let spawned = began.elapsed();
     let rlimits = matches!(mech, LimitMechanism::Rlimit { .. });
     let spec = SetupSpec {
         version: protocol::VERSION,
@@ -343,7 +347,7 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
     };
     host.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(host)?;
-    Sandbox::connect(
+    let made = Sandbox::connect(
         stream,
         ConnectParams::new(
             config,
@@ -354,7 +358,9 @@ async fn create(config: &SandboxConfig) -> Result<Sandbox> {
             services,
         ),
     )
-    .await
+    .await;
+    tracing::debug!(?prepared, ?spawned, ready = ?began.elapsed(), ok = made.is_ok(), "native start");
+    made
 }
 
 /// An image root's setup: its layers, a writable layer's directory of this

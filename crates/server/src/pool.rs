@@ -20,6 +20,13 @@
 //! - Refilled once the jobs that took sandboxes have ended, or
 //!   [`REFILL_AFTER`] after they took them: never while a short job's
 //!   command needs the CPU.
+//! - With or without pools, a server whose workspaces are volumes keeps
+//!   one job workspace of the default disk budget made ahead, once a job
+//!   of that budget has made its own ([`Pool::job_workspace`]): a job
+//!   that does not take a pooled sandbox takes it instead of waiting for a
+//!   file system and a loop device. It holds the same rules: made fresh
+//!   under an id of its own, listed in the ledger, entered by nothing
+//!   before its job, refilled after the job.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -109,6 +116,14 @@ struct Entry {
     digest: Option<String>,
 }
 
+/// A job workspace made ahead, with no sandbox over it (see
+/// [`Pool::job_workspace`]).
+struct Spare {
+    id: String,
+    /// Keeps it mounted until taken (then the job enters it itself).
+    _in_use: InUse,
+}
+
 /// A pooled sandbox a job took: what its runner uses instead of making one.
 pub struct Pooled {
     pub sandbox: Sandbox,
@@ -127,6 +142,16 @@ struct State {
     /// Jobs that took a pooled sandbox less than [`REFILL_AFTER`] ago and
     /// have not ended, with when: no sandbox is made meanwhile.
     deferring: Vec<(String, Instant)>,
+    /// The job workspace made ahead, if one is ready.
+    spare: Option<Spare>,
+    /// Whether one is wanted (a job of its budget has made its own), is
+    /// being made, and when it may be tried again after a failure.
+    spare_wanted: bool,
+    making_spare: bool,
+    spare_backoff: Option<(Instant, Duration)>,
+    /// Spares taken in the last [`TAKEN_TTL`]: held (see [`Pool::holds`])
+    /// until their jobs are surely recorded.
+    spares_taken: Vec<(String, Instant)>,
 }
 
 impl State {
@@ -151,20 +176,25 @@ pub struct Parts {
 /// The warm pools of this process.
 pub struct Pool {
     pools: Vec<(Shape, usize)>,
+    /// The disk budget of the job workspace kept made ahead, if one is.
+    spare_disk: Option<u64>,
     parts: Parts,
     state: Mutex<State>,
     wake: tokio::sync::Notify,
 }
 
 impl Pool {
-    /// No pool at all: every job makes its sandbox.
+    /// No pool at all: every job makes its sandbox and its workspace (a
+    /// deployment split in roles, whose workers make a job's workspace
+    /// after its id is chosen).
     pub fn none(parts: Parts) -> Pool {
-        Pool::of(Vec::new(), parts)
+        Pool::of(Vec::new(), None, parts)
     }
 
-    fn of(pools: Vec<(Shape, usize)>, parts: Parts) -> Pool {
+    fn of(pools: Vec<(Shape, usize)>, spare_disk: Option<u64>, parts: Parts) -> Pool {
         Pool {
             pools,
+            spare_disk,
             parts,
             state: Mutex::default(),
             wake: tokio::sync::Notify::new(),
@@ -196,7 +226,9 @@ impl Pool {
                 None => pools.push((shape, spec.size)),
             }
         }
-        Ok(Pool::of(pools, parts))
+        // Only a volume takes long enough to make to be worth one ahead.
+        let spare_disk = cordon_sandbox::volume::supported().then(|| parts.bounds.default_disk());
+        Ok(Pool::of(pools, spare_disk, parts))
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -211,7 +243,38 @@ impl Pool {
     /// only just) a job's with a record.
     pub fn holds(&self, id: &str) -> bool {
         let state = self.state();
-        state.idle.iter().any(|e| e.id == id) || state.taken.iter().any(|(e, _)| e.id == id)
+        state.idle.iter().any(|e| e.id == id)
+            || state.taken.iter().any(|(e, _)| e.id == id)
+            || state.spare.as_ref().is_some_and(|s| s.id == id)
+            || state.spares_taken.iter().any(|(s, _)| s == id)
+    }
+
+    /// The id of a job that took no pooled sandbox, and whether its
+    /// workspace is made: the spare's if one of budget `disk` is ready,
+    /// else a new id whose workspace the caller makes. Either way a spare
+    /// is made (again) once the job has ended.
+    pub fn job_workspace(&self, disk: u64) -> (String, bool) {
+        if self.spare_disk != Some(disk) {
+            return (new_job_id(), false);
+        }
+        let mut state = self.state();
+        let now = Instant::now();
+        let taken = state.spare.take();
+        let id = taken.as_ref().map_or_else(new_job_id, |s| s.id.clone());
+        if taken.is_some() {
+            state.spares_taken.push((id.clone(), now));
+        }
+        state.spare_wanted = true;
+        state.deferring.push((id.clone(), now));
+        drop(state);
+        let Some(Spare { _in_use, .. }) = taken else {
+            return (id, false);
+        };
+        // Off the ledger: from here the directory is the job's, who enters
+        // it. Left off the runtime: leaving may unmount another volume.
+        let _ = std::fs::remove_file(self.ledger().join(&id));
+        tokio::task::spawn_blocking(move || drop(_in_use));
+        (id, true)
     }
 
     /// Takes a ready sandbox for a job of `shape`, if one is: the id the
@@ -287,7 +350,7 @@ impl Pool {
     /// Keeps the pools full until `stopping`, then closes every sandbox
     /// still pooled or taken.
     pub async fn run(self: Arc<Self>, stopping: Cancel) {
-        if self.pools.is_empty() {
+        if self.pools.is_empty() && self.spare_disk.is_none() {
             return;
         }
         self.remove_leftovers().await;
@@ -303,6 +366,15 @@ impl Pool {
                     this.made(shape, made);
                 });
             }
+            if making.len() < MAKING_AT_ONCE
+                && let Some(disk) = self.spare_wanted()
+            {
+                let this = self.clone();
+                making.spawn(async move {
+                    let made = this.make_spare(disk).await;
+                    this.spare_made(made);
+                });
+            }
             tokio::select! {
                 _ = stopping.cancelled() => {}
                 _ = self.wake.notified() => {}
@@ -312,14 +384,20 @@ impl Pool {
         }
         // What is being made is closed with the rest.
         while making.join_next().await.is_some() {}
-        let (idle, taken) = {
+        let (idle, taken, spare) = {
             let mut state = self.state();
             (
                 std::mem::take(&mut state.idle),
                 std::mem::take(&mut state.taken),
+                state.spare.take(),
             )
         };
         let ledger = self.ledger();
+        if let Some(Spare { id, _in_use }) = spare {
+            drop(_in_use);
+            crate::files::remove_files(self.parts.dirs.job(&id), "a spare workspace").await;
+            let _ = std::fs::remove_file(ledger.join(&id));
+        }
         let closing = idle
             .into_iter()
             .map(|e| {
@@ -397,10 +475,82 @@ impl Pool {
         Some(shape)
     }
 
+    /// The budget of a spare workspace to make now, marked as being made:
+    /// one is wanted and none is ready, and no job that just took one (or
+    /// a pooled sandbox) may still be running its command.
+    fn spare_wanted(&self) -> Option<u64> {
+        let disk = self.spare_disk?;
+        let mut state = self.state();
+        let now = Instant::now();
+        state
+            .deferring
+            .retain(|(_, at)| now.duration_since(*at) < REFILL_AFTER);
+        let ready = state.spare_wanted
+            && state.spare.is_none()
+            && !state.making_spare
+            && state.deferring.is_empty()
+            && state.spare_backoff.is_none_or(|(until, _)| until <= now);
+        if !ready {
+            return None;
+        }
+        state.making_spare = true;
+        Some(disk)
+    }
+
+    /// Makes a job workspace with room for `disk` under a new job id.
+    async fn make_spare(&self, disk: u64) -> Result<Spare, String> {
+        let id = new_job_id();
+        let ledger = self.ledger();
+        let listed = ledger.join(&id);
+        // Listed before anything is made, so a killed server's half made
+        // one is found.
+        std::fs::create_dir_all(&ledger)
+            .and_then(|()| std::fs::File::create_new(&listed))
+            .map_err(|e| format!("cannot list it in {}: {e}", ledger.display()))?;
+        let (ws, defaults) = (self.parts.dirs.workspace(&id), self.parts.defaults.clone());
+        let made = tokio::task::spawn_blocking(move || defaults.make_workspace(&ws, Some(disk)))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        match made {
+            Ok(in_use) => Ok(Spare {
+                id,
+                _in_use: in_use,
+            }),
+            Err(e) => {
+                crate::files::remove_files(self.parts.dirs.job(&id), "a spare workspace").await;
+                let _ = std::fs::remove_file(&listed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records what making a spare workspace gave.
+    fn spare_made(&self, made: Result<Spare, String>) {
+        let mut state = self.state();
+        state.making_spare = false;
+        match made {
+            Ok(spare) => {
+                state.spare_backoff = None;
+                state.spare = Some(spare);
+            }
+            Err(e) => {
+                let wait = state
+                    .spare_backoff
+                    .map_or(FIRST_BACKOFF, |(_, w)| (w * 2).min(MAX_BACKOFF));
+                tracing::warn!("cannot make a spare job workspace (trying again in {wait:?}): {e}");
+                state.spare_backoff = Some((Instant::now() + wait, wait));
+            }
+        }
+    }
+
     /// Closes the taken sandboxes whose jobs did not claim them in time.
     fn expire(&self) {
         let mut state = self.state();
         let now = Instant::now();
+        state
+            .spares_taken
+            .retain(|(_, at)| now.duration_since(*at) <= TAKEN_TTL);
         let (old, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut state.taken)
             .into_iter()
             .partition(|(_, at)| now.duration_since(*at) > TAKEN_TTL);
@@ -414,7 +564,7 @@ impl Pool {
 
     /// Makes one sandbox of `shape` over a new job workspace.
     async fn make(&self, shape: &Shape) -> Result<Entry, String> {
-        let id = format!("job_{}", crate::store::random_hex(12));
+        let id = new_job_id();
         let ledger = self.ledger();
         let listed = ledger.join(&id);
         let dir = self.parts.dirs.job(&id);
@@ -487,6 +637,11 @@ impl Pool {
             let _ = std::fs::remove_file(ledger.join(&name));
         }
     }
+}
+
+/// A new job id: the server's own, never a client's.
+pub fn new_job_id() -> String {
+    format!("job_{}", crate::store::random_hex(12))
 }
 
 /// Closes a pooled sandbox; given `unlisted` (its ledger entry and

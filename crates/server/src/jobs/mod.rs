@@ -23,7 +23,7 @@ pub use view::{JobList, JobSummary, JobView, Scheduled};
 use crate::http::{ApiError, ApiResult, Tenant, plausible_id, read_json};
 use crate::job::{JobEvent, JobKind, JobRequest, JobSpec, JobState, ShellJob, Text};
 use crate::state::Shared;
-use crate::store::{JobRow, ListQuery, NewEvent, Outcome, random_hex};
+use crate::store::{JobRow, ListQuery, NewEvent, Outcome};
 
 /// A job as shown alone, with whether its desktop is live now. One that
 /// runs on another worker is taken at its word: running, with a display.
@@ -80,15 +80,20 @@ async fn submit(shared: &Arc<Shared>, tenant: &str, request: JobRequest) -> ApiR
     };
     let id = match &pooled {
         Some(id) => id.clone(),
-        None => {
-            let id = format!("job_{}", random_hex(12));
-            // Split across machines, the workspace is made by the worker
-            // that takes the job (see `owned::files`).
-            if shared.config.cluster.is_none() {
-                make_workspace(shared, &id, req.options.disk).await?;
+        // Split across machines, the workspace is made by the worker that
+        // takes the job (see `owned::files`).
+        None if shared.config.cluster.is_some() => crate::pool::new_job_id(),
+        // Made ahead, or made now.
+        None => match shared.pool.job_workspace(req.options.disk) {
+            (id, true) => id,
+            (id, false) => {
+                if let Err(e) = make_workspace(shared, &id, req.options.disk).await {
+                    shared.pool.ended(&id);
+                    return Err(e);
+                }
+                id
             }
-            id
-        }
+        },
     };
     // It starts here, without a wake and a claim, when a slot of this
     // process is free and the claim would take it next anyway.

@@ -283,7 +283,104 @@ async fn a_pooled_job_starts_as_posted_when_a_slot_is_free(db: Db) {
     assert_eq!(counted(&text, "cordon_pool_hits_total"), 2.0, "{text}");
 }
 
+/// The job workspace a server keeps made ahead, listed in its ledger.
+async fn spare(s: &TestServer, not: &[&str]) -> String {
+    let ledger = s.dir.join("data/pool");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed: Vec<String> = std::fs::read_dir(&ledger)
+            .map(|rd| {
+                rd.map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .filter(|n| !not.contains(&n.as_str()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let [one] = &listed[..] {
+            return one.clone();
+        }
+        assert!(listed.len() < 2, "more than one spare: {listed:?}");
+        assert!(Instant::now() < deadline, "no spare workspace was made");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The attack, without a pool: the job workspace a server makes ahead
+/// (once a job has made its own) is fresh. A job leaves files and
+/// processes; the next takes the spare, under its id, and finds nothing
+/// of them; a job of another disk budget makes its own; a stopped server
+/// removes the spare.
+async fn a_spare_workspace_is_fresh(db: Db) {
+    if !volumes() {
+        return;
+    }
+    let Some(mut s) = TestServer::start_with(db, |c| c.workers = 2).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    assert!(!s.dir.join("data/pool").exists(), "a spare before any job");
+    let dirty = s
+        .submit(
+            &t,
+            shell(
+                "echo left > /workspace/left; echo left > /tmp/left; \
+                 setsid sh -c 'exec -a lurker sleep 1000' </dev/null >/dev/null 2>&1 & \
+                 echo dirty",
+            ),
+        )
+        .await;
+    assert_eq!(s.wait(&t, &dirty).await["state"], "succeeded");
+    let made = spare(&s, &[]).await;
+    let ws = s.dir.join("data/jobs").join(&made).join("workspace");
+    assert!(ws.is_dir());
+    assert_eq!(
+        std::fs::read_dir(&ws).unwrap().count(),
+        0,
+        "a spare with files"
+    );
+
+    let clean = s
+        .submit(
+            &t,
+            shell(
+                "ls -A /workspace /tmp; \
+                 for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done",
+            ),
+        )
+        .await;
+    assert_eq!(clean, made, "the next job did not take the spare");
+    let done = s.wait(&t, &clean).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let out = done["stdout"].as_str().unwrap();
+    for left in ["left", "lurker", "sleep 1000"] {
+        assert!(
+            !out.contains(left),
+            "{left:?} in a spare workspace's job:\n{out}"
+        );
+    }
+    // Another is made once the job has ended.
+    let next = spare(&s, &[&made]).await;
+    let other = s
+        .submit(
+            &t,
+            json!({"kind": "shell", "command": "true", "disk": "64M"}),
+        )
+        .await;
+    assert_ne!(other, next, "a job of another budget took the spare");
+    assert_eq!(s.wait(&t, &other).await["state"], "succeeded");
+    assert_eq!(spare(&s, &[]).await, next);
+
+    let data = s.dir.join("data");
+    // Stopped, its directory kept until the end of the test.
+    s.running.take().unwrap().shutdown().await;
+    assert!(
+        !data.join("jobs").join(&next).exists(),
+        "a stopped server left its spare"
+    );
+    assert_eq!(std::fs::read_dir(data.join("pool")).unwrap().count(), 0);
+}
+
 on_both!(
+    a_spare_workspace_is_fresh,
     a_pooled_job_starts_as_posted_when_a_slot_is_free,
     a_pooled_job_sees_nothing_of_the_last,
     a_pool_refills_after_the_job_not_during_it,
