@@ -236,6 +236,12 @@ impl ServerConfig {
     pub fn job_dirs(&self) -> JobDirs {
         JobDirs(self.data_dir.join("jobs"))
     }
+
+    /// Where the sandbox API's sandboxes' directories are:
+    /// `<data>/sandboxes/<id>`, with the workspace in `workspace`.
+    pub fn sandbox_dirs(&self) -> PathBuf {
+        self.data_dir.join("sandboxes")
+    }
 }
 
 /// What agent jobs need from the server's configuration.

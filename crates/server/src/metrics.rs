@@ -58,6 +58,8 @@ pub struct Metrics {
     pool_ready: Gauge<i64, std::sync::atomic::AtomicI64>,
     pool_taken: Counter<u64, AtomicU64>,
     pool_hits: Counter<u64, AtomicU64>,
+    workspaces_ahead: Gauge<i64, std::sync::atomic::AtomicI64>,
+    workspaces_ahead_taken: Counter<u64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -109,6 +111,18 @@ impl Default for Metrics {
             "Jobs submitted here that took a ready sandbox from a warm pool",
             pool_taken.clone(),
         );
+        let workspaces_ahead = Gauge::default();
+        registry.register(
+            "workspaces_ahead",
+            "Workspaces made ahead for the next job or sandbox, ready now",
+            workspaces_ahead.clone(),
+        );
+        let workspaces_ahead_taken = Counter::default();
+        registry.register(
+            "workspaces_ahead_taken",
+            "Jobs and sandboxes that took a workspace made ahead",
+            workspaces_ahead_taken.clone(),
+        );
         let pool_hits = Counter::default();
         registry.register(
             "pool_hits",
@@ -120,6 +134,8 @@ impl Default for Metrics {
             pool_ready,
             pool_taken,
             pool_hits,
+            workspaces_ahead,
+            workspaces_ahead_taken,
             queued,
             jobs,
             durations,
@@ -162,6 +178,15 @@ impl Metrics {
 
     pub fn pool_hit(&self) {
         self.pool_hits.inc();
+    }
+
+    pub fn workspaces_ahead(&self, n: usize) {
+        self.workspaces_ahead
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    pub fn workspace_ahead_taken(&self) {
+        self.workspaces_ahead_taken.inc();
     }
 
     pub fn lease_taken(&self) {

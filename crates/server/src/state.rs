@@ -144,7 +144,10 @@ impl Shared {
         let metrics = Arc::new(crate::metrics::Metrics::default());
         let cut_short = Arc::new(std::sync::OnceLock::new());
         let parts = crate::pool::Parts {
-            dirs: config.job_dirs(),
+            roots: crate::pool::Roots {
+                jobs: config.job_dirs(),
+                sandboxes: config.sandbox_dirs(),
+            },
             data_dir: config.data_dir.clone(),
             defaults: config.sandboxes(),
             bounds: config.bounds.clone(),

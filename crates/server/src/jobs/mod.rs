@@ -82,9 +82,12 @@ async fn submit(shared: &Arc<Shared>, tenant: &str, request: JobRequest) -> ApiR
         Some(id) => id.clone(),
         // Split across machines, the workspace is made by the worker that
         // takes the job (see `owned::files`).
-        None if shared.config.cluster.is_some() => crate::pool::new_job_id(),
+        None if shared.config.cluster.is_some() => crate::pool::Kind::Job.new_id(),
         // Made ahead, or made now.
-        None => match shared.pool.job_workspace(req.options.disk) {
+        None => match shared
+            .pool
+            .workspace(crate::pool::Kind::Job, req.options.disk)
+        {
             (id, true) => id,
             (id, false) => {
                 if let Err(e) = make_workspace(shared, &id, req.options.disk).await {

@@ -37,7 +37,7 @@ use crate::boxes::LiveBox;
 use crate::http::{ApiError, ApiResult, Tenant, plausible_id, read_json};
 use crate::owner::Owner;
 use crate::state::Shared;
-use crate::store::{SandboxRow, now_ms, random_hex};
+use crate::store::{SandboxRow, now_ms};
 
 /// Sandboxes a tenant lists at most.
 const LIST_MAX: i64 = 1000;
@@ -91,7 +91,7 @@ pub fn routes() -> Router<Arc<Shared>> {
 
 /// Where sandbox `id`'s files are.
 pub(crate) fn dir(shared: &Shared, id: &str) -> std::path::PathBuf {
-    shared.config.data_dir.join("sandboxes").join(id)
+    shared.config.sandbox_dirs().join(id)
 }
 
 /// A tenant's sandbox as recorded.
@@ -402,7 +402,10 @@ pub(crate) async fn prepare(
     options: &crate::job::RunOptions,
     parent: Option<&Parent<'_>>,
 ) -> ApiResult<(Prepared, cordon_sandbox::SandboxConfig)> {
-    let id = format!("sbx_{}", random_hex(12));
+    // Its workspace made ahead, if one is: entered below as it is.
+    let (id, _) = shared
+        .pool
+        .workspace(crate::pool::Kind::Sandbox, options.disk);
     let d = dir(shared, &id);
     let ws = d.join("workspace");
     let in_use = {

@@ -332,6 +332,30 @@ pub fn volumes() -> bool {
     false
 }
 
+/// The id of the workspace `s` has made ahead for the next owner whose
+/// ids start with `prefix` (`job_`, `sbx_`), once it is ready (its
+/// metrics say so): the one its ledger lists that is not in `not`.
+pub async fn ready_ahead(s: &TestServer, prefix: &str, not: &[&str]) -> String {
+    let ledger = s.dir.join("data/pool");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = sample(&scrape(s).await, "cordon_workspaces_ahead").unwrap_or(0.0);
+        let listed: Vec<String> = std::fs::read_dir(&ledger)
+            .map(|rd| {
+                rd.map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .filter(|n| n.starts_with(prefix) && !not.contains(&n.as_str()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(listed.len() < 2, "more than one made ahead: {listed:?}");
+        if let ([one], true) = (&listed[..], ready >= 1.0) {
+            return one.clone();
+        }
+        assert!(Instant::now() < deadline, "no workspace was made ahead");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// How many mounts of this process's namespace are at or beneath `path`
 /// (a workspace's volume is two).
 pub fn mounts_beneath(path: &Path) -> usize {

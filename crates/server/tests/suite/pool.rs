@@ -283,25 +283,10 @@ async fn a_pooled_job_starts_as_posted_when_a_slot_is_free(db: Db) {
     assert_eq!(counted(&text, "cordon_pool_hits_total"), 2.0, "{text}");
 }
 
-/// The job workspace a server keeps made ahead, listed in its ledger.
+/// The job workspace a server keeps made ahead, once it is ready: the one
+/// listed in its ledger that is not in `not`.
 async fn spare(s: &TestServer, not: &[&str]) -> String {
-    let ledger = s.dir.join("data/pool");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let listed: Vec<String> = std::fs::read_dir(&ledger)
-            .map(|rd| {
-                rd.map(|e| e.unwrap().file_name().into_string().unwrap())
-                    .filter(|n| !not.contains(&n.as_str()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let [one] = &listed[..] {
-            return one.clone();
-        }
-        assert!(listed.len() < 2, "more than one spare: {listed:?}");
-        assert!(Instant::now() < deadline, "no spare workspace was made");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    ready_ahead(s, "job_", not).await
 }
 
 /// The attack, without a pool: the job workspace a server makes ahead
@@ -313,7 +298,12 @@ async fn a_spare_workspace_is_fresh(db: Db) {
     if !volumes() {
         return;
     }
-    let Some(mut s) = TestServer::start_with(db, |c| c.workers = 2).await else {
+    let Some(mut s) = TestServer::start_with(db, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.workers = 2;
+    })
+    .await
+    else {
         return;
     };
     let t = s.token("acme").await;
@@ -368,6 +358,12 @@ async fn a_spare_workspace_is_fresh(db: Db) {
     assert_ne!(other, next, "a job of another budget took the spare");
     assert_eq!(s.wait(&t, &other).await["state"], "succeeded");
     assert_eq!(spare(&s, &[]).await, next);
+    let text = scrape(&s).await;
+    assert_eq!(
+        counted(&text, "cordon_workspaces_ahead_taken_total"),
+        1.0,
+        "{text}"
+    );
 
     let data = s.dir.join("data");
     // Stopped, its directory kept until the end of the test.

@@ -358,6 +358,63 @@ async fn sandboxes_count_against_the_tenant_s_cap_and_end_with_the_server() {
     create(&s, &t, json!({})).await;
 }
 
+/// The attack on the workspace a server makes ahead for the next
+/// sandbox: a sandbox leaves files and a process; the next one takes the
+/// spare (under its id) and finds neither; a stopped server removes the
+/// spare still waiting.
+#[tokio::test]
+async fn a_sandbox_s_workspace_made_ahead_is_fresh() {
+    if !volumes() {
+        return;
+    }
+    let Some(mut s) = TestServer::start_with(Db::Sqlite, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let first = create(&s, &t, json!({})).await;
+    let r = run(
+        &s,
+        &t,
+        &first,
+        json!({"cmd": "echo left > /workspace/left; setsid sh -c 'exec -a lurker sleep 1000' </dev/null >/dev/null 2>&1 &"}),
+    )
+    .await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let spare = ready_ahead(&s, "sbx_", &[]).await;
+    let ws = s.dir.join("data/sandboxes").join(&spare).join("workspace");
+    assert_eq!(
+        std::fs::read_dir(&ws).unwrap().count(),
+        0,
+        "a spare with files"
+    );
+
+    let second = create(&s, &t, json!({})).await;
+    assert_eq!(second, spare, "the next sandbox did not take the spare");
+    let r = run(
+        &s,
+        &t,
+        &second,
+        json!({"cmd": "ls -A /workspace; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"}),
+    )
+    .await;
+    let out = r["stdout"].as_str().unwrap();
+    for left in ["left", "lurker", "sleep 1000"] {
+        assert!(!out.contains(left), "{left:?} in the next sandbox:\n{out}");
+    }
+    let next = ready_ahead(&s, "sbx_", &[&spare]).await;
+    let data = s.dir.join("data");
+    // Stopped, its directory kept until the end of the test.
+    s.running.take().unwrap().shutdown().await;
+    assert!(
+        !data.join("sandboxes").join(&next).exists(),
+        "a stopped server left its spare"
+    );
+}
+
 #[tokio::test]
 async fn a_terminal_over_a_websocket_types_resizes_and_exits() {
     use futures_util::{SinkExt, StreamExt};

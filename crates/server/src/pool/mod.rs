@@ -21,12 +21,10 @@
 //!   [`REFILL_AFTER`] after they took them: never while a short job's
 //!   command needs the CPU.
 //! - With or without pools, a server whose workspaces are volumes keeps
-//!   one job workspace of the default disk budget made ahead, once a job
-//!   of that budget has made its own ([`Pool::job_workspace`]): a job
-//!   that does not take a pooled sandbox takes it instead of waiting for a
-//!   file system and a loop device. It holds the same rules: made fresh
-//!   under an id of its own, listed in the ledger, entered by nothing
-//!   before its job, refilled after the job.
+//!   one workspace made ahead for a job and one for a sandbox of the
+//!   sandbox API ([`spare`], [`Pool::workspace`]), under the same rules.
+
+mod spare;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -37,9 +35,10 @@ use cordon_sandbox::volume::InUse;
 use cordon_sandbox::{BackendKind, Sandbox};
 
 use crate::catalog::Images;
-use crate::config::{JobDirs, MAX_POOL, PoolSpec, SandboxDefaults};
+use crate::config::{MAX_POOL, PoolSpec, SandboxDefaults};
 use crate::job::{Bounds, ImageName, NetworkMode, RunOptions};
 use crate::metrics::Metrics;
+pub use spare::{Kind, Roots};
 
 /// How long a taken sandbox waits for its job to be claimed.
 pub const TAKEN_TTL: Duration = Duration::from_secs(60);
@@ -116,14 +115,6 @@ struct Entry {
     digest: Option<String>,
 }
 
-/// A job workspace made ahead, with no sandbox over it (see
-/// [`Pool::job_workspace`]).
-struct Spare {
-    id: String,
-    /// Keeps it mounted until taken (then the job enters it itself).
-    _in_use: InUse,
-}
-
 /// A pooled sandbox a job took: what its runner uses instead of making one.
 pub struct Pooled {
     pub sandbox: Sandbox,
@@ -142,19 +133,19 @@ struct State {
     /// Jobs that took a pooled sandbox less than [`REFILL_AFTER`] ago and
     /// have not ended, with when: no sandbox is made meanwhile.
     deferring: Vec<(String, Instant)>,
-    /// The job workspace made ahead, if one is ready.
-    spare: Option<Spare>,
-    /// Whether one is wanted (a job of its budget has made its own), is
-    /// being made, and when it may be tried again after a failure.
-    spare_wanted: bool,
-    making_spare: bool,
-    spare_backoff: Option<(Instant, Duration)>,
-    /// Spares taken in the last [`TAKEN_TTL`]: held (see [`Pool::holds`])
-    /// until their jobs are surely recorded.
-    spares_taken: Vec<(String, Instant)>,
+    /// The workspaces made ahead.
+    spares: spare::Spares,
 }
 
 impl State {
+    /// Whether a refill waits now: an owner took something less than
+    /// [`REFILL_AFTER`] ago and has not ended.
+    fn deferred(&mut self, now: Instant) -> bool {
+        self.deferring
+            .retain(|(_, at)| now.duration_since(*at) < REFILL_AFTER);
+        !self.deferring.is_empty()
+    }
+
     fn count(&self, shape: &Shape) -> (usize, usize) {
         let idle = self.idle.iter().filter(|e| &e.shape == shape).count()
             + self.making.iter().filter(|s| *s == shape).count();
@@ -165,7 +156,7 @@ impl State {
 
 /// What making a pool's sandboxes takes.
 pub struct Parts {
-    pub dirs: JobDirs,
+    pub roots: Roots,
     pub data_dir: PathBuf,
     pub defaults: SandboxDefaults,
     pub bounds: Bounds,
@@ -176,7 +167,7 @@ pub struct Parts {
 /// The warm pools of this process.
 pub struct Pool {
     pools: Vec<(Shape, usize)>,
-    /// The disk budget of the job workspace kept made ahead, if one is.
+    /// The disk budget of the workspaces kept made ahead, if they are.
     spare_disk: Option<u64>,
     parts: Parts,
     state: Mutex<State>,
@@ -245,35 +236,37 @@ impl Pool {
         let state = self.state();
         state.idle.iter().any(|e| e.id == id)
             || state.taken.iter().any(|(e, _)| e.id == id)
-            || state.spare.as_ref().is_some_and(|s| s.id == id)
-            || state.spares_taken.iter().any(|(s, _)| s == id)
+            || state.spares.holds(id)
     }
 
-    /// The id of a job that took no pooled sandbox, and whether its
-    /// workspace is made: the spare's if one of budget `disk` is ready,
-    /// else a new id whose workspace the caller makes. Either way a spare
-    /// is made (again) once the job has ended.
-    pub fn job_workspace(&self, disk: u64) -> (String, bool) {
+    /// The id of a new owner of `kind` (a job that took no pooled
+    /// sandbox, a sandbox of the API), and whether its workspace is made:
+    /// the spare's if one of budget `disk` is ready, else a new id whose
+    /// workspace the caller makes. Either way a spare is made (again) once
+    /// the owner's start is done.
+    pub fn workspace(&self, kind: Kind, disk: u64) -> (String, bool) {
         if self.spare_disk != Some(disk) {
-            return (new_job_id(), false);
+            return (kind.new_id(), false);
         }
-        let mut state = self.state();
         let now = Instant::now();
-        let taken = state.spare.take();
-        let id = taken.as_ref().map_or_else(new_job_id, |s| s.id.clone());
-        if taken.is_some() {
-            state.spares_taken.push((id.clone(), now));
-        }
-        state.spare_wanted = true;
+        let mut state = self.state();
+        let taken = state.spares.take(kind, now);
+        let id = taken
+            .as_ref()
+            .map_or_else(|| kind.new_id(), |s| s.id.clone());
+        // Its job's end (`ended`) or a second lets the refill start.
         state.deferring.push((id.clone(), now));
+        let ready = state.spares.ready();
         drop(state);
-        let Some(Spare { _in_use, .. }) = taken else {
+        let Some(taken) = taken else {
             return (id, false);
         };
-        // Off the ledger: from here the directory is the job's, who enters
-        // it. Left off the runtime: leaving may unmount another volume.
+        self.parts.metrics.workspaces_ahead(ready);
+        self.parts.metrics.workspace_ahead_taken();
+        // Off the ledger: from here the directory is its owner's, who
+        // enters it. Left off the runtime: leaving may unmount another.
         let _ = std::fs::remove_file(self.ledger().join(&id));
-        tokio::task::spawn_blocking(move || drop(_in_use));
+        tokio::task::spawn_blocking(move || drop(taken.in_use));
         (id, true)
     }
 
@@ -366,13 +359,17 @@ impl Pool {
                     this.made(shape, made);
                 });
             }
-            if making.len() < MAKING_AT_ONCE
-                && let Some(disk) = self.spare_wanted()
+            while making.len() < MAKING_AT_ONCE
+                && let Some((kind, disk)) = self.spare_wanted()
             {
                 let this = self.clone();
                 making.spawn(async move {
-                    let made = this.make_spare(disk).await;
-                    this.spare_made(made);
+                    let (parts, ledger) = (&this.parts, this.ledger());
+                    let made =
+                        spare::make(kind, &parts.roots, &ledger, &parts.defaults, disk).await;
+                    let mut state = this.state();
+                    state.spares.made(kind, made);
+                    parts.metrics.workspaces_ahead(state.spares.ready());
                 });
             }
             tokio::select! {
@@ -384,24 +381,26 @@ impl Pool {
         }
         // What is being made is closed with the rest.
         while making.join_next().await.is_some() {}
-        let (idle, taken, spare) = {
+        let (idle, taken, spares) = {
             let mut state = self.state();
             (
                 std::mem::take(&mut state.idle),
                 std::mem::take(&mut state.taken),
-                state.spare.take(),
+                state.spares.drain(),
             )
         };
         let ledger = self.ledger();
-        if let Some(Spare { id, _in_use }) = spare {
-            drop(_in_use);
-            crate::files::remove_files(self.parts.dirs.job(&id), "a spare workspace").await;
-            let _ = std::fs::remove_file(ledger.join(&id));
+        self.parts.metrics.workspaces_ahead(0);
+        for (kind, spare) in spares {
+            drop(spare.in_use);
+            let dir = kind.dir(&self.parts.roots, &spare.id);
+            crate::files::remove_files(dir, "a spare workspace").await;
+            let _ = std::fs::remove_file(ledger.join(&spare.id));
         }
         let closing = idle
             .into_iter()
             .map(|e| {
-                let unlisted = (ledger.join(&e.id), self.parts.dirs.job(&e.id));
+                let unlisted = (ledger.join(&e.id), self.parts.roots.jobs.job(&e.id));
                 close(e, Some(unlisted))
             })
             .chain(taken.into_iter().map(|(e, _)| close(e, None)));
@@ -452,10 +451,7 @@ impl Pool {
     fn wanted(&self) -> Option<Shape> {
         let mut state = self.state();
         let now = Instant::now();
-        state
-            .deferring
-            .retain(|(_, at)| now.duration_since(*at) < REFILL_AFTER);
-        if !state.deferring.is_empty() {
+        if state.deferred(now) {
             return None;
         }
         let shape = self
@@ -475,82 +471,24 @@ impl Pool {
         Some(shape)
     }
 
-    /// The budget of a spare workspace to make now, marked as being made:
-    /// one is wanted and none is ready, and no job that just took one (or
-    /// a pooled sandbox) may still be running its command.
-    fn spare_wanted(&self) -> Option<u64> {
+    /// A kind whose workspace made ahead is wanted now, with its budget,
+    /// marked as being made; none while an owner that just took one (or
+    /// a pooled sandbox) may still be starting or running its command.
+    fn spare_wanted(&self) -> Option<(Kind, u64)> {
         let disk = self.spare_disk?;
         let mut state = self.state();
         let now = Instant::now();
-        state
-            .deferring
-            .retain(|(_, at)| now.duration_since(*at) < REFILL_AFTER);
-        let ready = state.spare_wanted
-            && state.spare.is_none()
-            && !state.making_spare
-            && state.deferring.is_empty()
-            && state.spare_backoff.is_none_or(|(until, _)| until <= now);
-        if !ready {
+        if state.deferred(now) {
             return None;
         }
-        state.making_spare = true;
-        Some(disk)
-    }
-
-    /// Makes a job workspace with room for `disk` under a new job id.
-    async fn make_spare(&self, disk: u64) -> Result<Spare, String> {
-        let id = new_job_id();
-        let ledger = self.ledger();
-        let listed = ledger.join(&id);
-        // Listed before anything is made, so a killed server's half made
-        // one is found.
-        std::fs::create_dir_all(&ledger)
-            .and_then(|()| std::fs::File::create_new(&listed))
-            .map_err(|e| format!("cannot list it in {}: {e}", ledger.display()))?;
-        let (ws, defaults) = (self.parts.dirs.workspace(&id), self.parts.defaults.clone());
-        let made = tokio::task::spawn_blocking(move || defaults.make_workspace(&ws, Some(disk)))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()));
-        match made {
-            Ok(in_use) => Ok(Spare {
-                id,
-                _in_use: in_use,
-            }),
-            Err(e) => {
-                crate::files::remove_files(self.parts.dirs.job(&id), "a spare workspace").await;
-                let _ = std::fs::remove_file(&listed);
-                Err(e)
-            }
-        }
-    }
-
-    /// Records what making a spare workspace gave.
-    fn spare_made(&self, made: Result<Spare, String>) {
-        let mut state = self.state();
-        state.making_spare = false;
-        match made {
-            Ok(spare) => {
-                state.spare_backoff = None;
-                state.spare = Some(spare);
-            }
-            Err(e) => {
-                let wait = state
-                    .spare_backoff
-                    .map_or(FIRST_BACKOFF, |(_, w)| (w * 2).min(MAX_BACKOFF));
-                tracing::warn!("cannot make a spare job workspace (trying again in {wait:?}): {e}");
-                state.spare_backoff = Some((Instant::now() + wait, wait));
-            }
-        }
+        Some((state.spares.due(now)?, disk))
     }
 
     /// Closes the taken sandboxes whose jobs did not claim them in time.
     fn expire(&self) {
         let mut state = self.state();
         let now = Instant::now();
-        state
-            .spares_taken
-            .retain(|(_, at)| now.duration_since(*at) <= TAKEN_TTL);
+        state.spares.expire(now);
         let (old, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut state.taken)
             .into_iter()
             .partition(|(_, at)| now.duration_since(*at) > TAKEN_TTL);
@@ -564,17 +502,17 @@ impl Pool {
 
     /// Makes one sandbox of `shape` over a new job workspace.
     async fn make(&self, shape: &Shape) -> Result<Entry, String> {
-        let id = new_job_id();
+        let id = Kind::Job.new_id();
         let ledger = self.ledger();
         let listed = ledger.join(&id);
-        let dir = self.parts.dirs.job(&id);
+        let dir = self.parts.roots.jobs.job(&id);
         let made = async {
             // Listed before anything is made, so a killed server's half
             // made entry is found.
             std::fs::create_dir_all(&ledger)
                 .and_then(|()| std::fs::File::create_new(&listed))
                 .map_err(|e| format!("cannot list it in {}: {e}", ledger.display()))?;
-            let ws = self.parts.dirs.workspace(&id);
+            let ws = self.parts.roots.jobs.workspace(&id);
             let in_use = {
                 let (ws, defaults, disk) = (ws.clone(), self.parts.defaults.clone(), shape.disk);
                 tokio::task::spawn_blocking(move || defaults.make_workspace(&ws, Some(disk)))
@@ -627,21 +565,13 @@ impl Pool {
             Err(_) => return,
         };
         for name in names {
-            if crate::http::plausible_id(&name) && name.starts_with("job_") {
-                crate::files::remove_files(
-                    self.parts.dirs.job(&name),
-                    "a pooled sandbox left over",
-                )
-                .await;
+            if let Some(kind) = Kind::of_id(&name).filter(|_| crate::http::plausible_id(&name)) {
+                let dir = kind.dir(&self.parts.roots, &name);
+                crate::files::remove_files(dir, "a pooled sandbox or spare left over").await;
             }
             let _ = std::fs::remove_file(ledger.join(&name));
         }
     }
-}
-
-/// A new job id: the server's own, never a client's.
-pub fn new_job_id() -> String {
-    format!("job_{}", crate::store::random_hex(12))
 }
 
 /// Closes a pooled sandbox; given `unlisted` (its ledger entry and
