@@ -292,8 +292,9 @@ impl Pool {
         Some(id)
     }
 
-    /// Job `id` has ended (its runner calls this for every job): a refill
-    /// its pooled sandbox held back may start.
+    /// Job `id` has ended (its runner calls this for every job), or
+    /// sandbox `id` of the API has started: a refill that what it took
+    /// held back may start.
     pub fn ended(&self, id: &str) {
         let mut state = self.state();
         let before = state.deferring.len();

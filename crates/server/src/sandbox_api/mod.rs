@@ -342,30 +342,28 @@ pub(crate) async fn start(
     parent: Option<&Parent<'_>>,
 ) -> ApiResult<(SandboxRow, Arc<LiveBox>)> {
     let (new, sc) = prepare(shared, tenant, &asked, &options, parent).await?;
+    let id = new.id.clone();
     let backend = sc.backend;
     let created = cordon_sandbox::Sandbox::create(sc).await;
     shared.metrics.sandbox_started(backend, created.is_ok());
-    let sandbox = match created {
-        Ok(s) => s,
+    let started = match created {
+        Ok(sandbox) => {
+            let parent = parent.map(|p| p.id);
+            finish(shared, new, sandbox, &asked, options, slot, parent).await
+        }
         Err(e) => {
             new.discard("a sandbox that did not start").await;
-            return Err(ApiError::new(
+            Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "sandbox_error",
                 format!("cannot create the sandbox: {e}"),
-            ));
+            ))
         }
     };
-    finish(
-        shared,
-        new,
-        sandbox,
-        &asked,
-        options,
-        slot,
-        parent.map(|p| p.id),
-    )
-    .await
+    // Its start is done: the next sandbox's workspace may be made ahead
+    // now, not a second later (a client often creates the next at once).
+    shared.pool.ended(&id);
+    started
 }
 
 /// A sandbox on its way: its id, its workspace made, how it will run.
