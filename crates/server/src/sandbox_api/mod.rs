@@ -413,12 +413,21 @@ pub(crate) async fn prepare(
             .map_err(|e| unavailable(&id, "make its workspace", e))?
             .map_err(|e| unavailable(&id, "make its workspace", e))?
     };
+    // Refused (an image that cannot be had): its workspace goes, so that
+    // refusals asked for again and again leave nothing on the host.
     let Configured {
         sc,
         account,
         layers,
         fork_root,
-    } = configure(shared, tenant, &id, asked, options, parent).await?;
+    } = match configure(shared, tenant, &id, asked, options, parent).await {
+        Ok(c) => c,
+        Err(e) => {
+            drop(in_use);
+            crate::files::remove_files(d, "a sandbox refused").await;
+            return Err(e);
+        }
+    };
     let microvm = sc.backend == cordon_sandbox::BackendKind::Microvm;
     Ok((
         Prepared {

@@ -356,6 +356,26 @@ async fn images_under_an_opened_registry_path_are_pulled_on_first_use() {
     let error = job["error"].as_str().unwrap();
     assert!(error.contains("cannot prepare the job's image"), "{error}");
     assert!(error.contains("team/absent"), "{error}");
+
+    // The attack on the disk: a sandbox asked of an image the registry
+    // lacks, again and again, leaves no workspace (a volume as root)
+    // behind any of its refusals.
+    for _ in 0..3 {
+        let (status, body) = s
+            .post(
+                &t,
+                "/v1/sandboxes",
+                json!({"image": format!("{}/team/absent:v1", registry.addr)}),
+            )
+            .await;
+        assert_eq!(status, 502, "{body}");
+        assert!(body.to_string().contains("team/absent"), "{body}");
+    }
+    let sandboxes = s.dir.join("data/sandboxes");
+    let left: Vec<_> = std::fs::read_dir(&sandboxes)
+        .map(|rd| rd.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "refused sandboxes left {left:?}");
 }
 
 /// The seeds' job kinds in the seeds' environment (deploy/environments/
