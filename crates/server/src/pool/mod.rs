@@ -395,8 +395,7 @@ impl Pool {
         for (kind, spare) in spares {
             drop(spare.in_use);
             let dir = kind.dir(&self.parts.roots, &spare.id);
-            crate::files::remove_files(dir, "a spare workspace").await;
-            let _ = std::fs::remove_file(ledger.join(&spare.id));
+            spare::discard(dir, &ledger.join(&spare.id), "a spare workspace").await;
         }
         let closing = idle
             .into_iter()
@@ -503,55 +502,56 @@ impl Pool {
 
     /// Makes one sandbox of `shape` over a new job workspace.
     async fn make(&self, shape: &Shape) -> Result<Entry, String> {
-        let id = Kind::Job.new_id();
-        let ledger = self.ledger();
-        let listed = ledger.join(&id);
-        let dir = self.parts.roots.jobs.job(&id);
+        let (parts, ledger) = (&self.parts, self.ledger());
+        let spare::Spare { id, in_use } = spare::make(
+            Kind::Job,
+            &parts.roots,
+            &ledger,
+            &parts.defaults,
+            shape.disk,
+        )
+        .await?;
         let made = async {
-            // Listed before anything is made, so a killed server's half
-            // made entry is found.
-            std::fs::create_dir_all(&ledger)
-                .and_then(|()| std::fs::File::create_new(&listed))
-                .map_err(|e| format!("cannot list it in {}: {e}", ledger.display()))?;
-            let ws = self.parts.roots.jobs.workspace(&id);
-            let in_use = {
-                let (ws, defaults, disk) = (ws.clone(), self.parts.defaults.clone(), shape.disk);
-                tokio::task::spawn_blocking(move || defaults.make_workspace(&ws, Some(disk)))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| format!("cannot make its workspace: {e}"))?
-            };
             let (root, digest) = match &shape.image {
                 None => (None, None),
                 Some(name) => {
-                    let ready = self.parts.images.ready_pooled(name).await?;
+                    let ready = parts.images.ready_pooled(name).await?;
                     (Some(ready.root), Some(ready.image.manifest.to_string()))
                 }
             };
-            let config =
-                self.parts
-                    .defaults
-                    .for_options(&ws, root, &shape.options(&self.parts.bounds));
+            let ws = parts.roots.jobs.workspace(&id);
+            let config = parts
+                .defaults
+                .for_options(&ws, root, &shape.options(&parts.bounds));
             let created = Sandbox::create(config).await;
-            self.parts
+            parts
                 .metrics
                 .sandbox_started(shape.backend, created.is_ok());
             let sandbox = created.map_err(|e| format!("cannot create the sandbox: {e}"))?;
             let _ = sandbox.set_label(&id);
-            Ok(Entry {
-                id: id.clone(),
+            Ok((sandbox, digest))
+        }
+        .await;
+        match made {
+            Ok((sandbox, digest)) => Ok(Entry {
+                id,
                 shape: shape.clone(),
                 sandbox,
                 in_use,
                 digest,
-            })
+            }),
+            Err(e) => {
+                drop(in_use);
+                let dir = parts.roots.jobs.job(&id);
+                spare::discard(
+                    dir,
+                    &ledger.join(&id),
+                    "a pooled sandbox that did not start",
+                )
+                .await;
+                Err(e)
+            }
         }
-        .await;
-        if made.is_err() {
-            crate::files::remove_files(dir, "a pooled sandbox that did not start").await;
-            let _ = std::fs::remove_file(&listed);
-        }
-        made
     }
 
     /// Removes what a server killed before it closed its pool left: each
@@ -586,7 +586,6 @@ async fn close(entry: Entry, unlisted: Option<(PathBuf, PathBuf)>) {
     sandbox.close().await;
     drop(in_use);
     if let Some((listed, dir)) = unlisted {
-        crate::files::remove_files(dir, "a pooled sandbox").await;
-        let _ = std::fs::remove_file(listed);
+        spare::discard(dir, &listed, "a pooled sandbox").await;
     }
 }

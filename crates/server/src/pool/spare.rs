@@ -177,7 +177,7 @@ impl Spares {
 
 /// Makes a workspace with room for `disk` for a new owner of `kind`,
 /// listed in `ledger` first, so that a killed server's half made one is
-/// found.
+/// found (a pooled sandbox's starts so too, [`super::Pool`]).
 pub(super) async fn make(
     kind: Kind,
     roots: &Roots,
@@ -195,15 +195,21 @@ pub(super) async fn make(
     let made = tokio::task::spawn_blocking(move || defaults.make_workspace(&ws, Some(disk)))
         .await
         .map_err(|e| e.to_string())
-        .and_then(|r| r.map_err(|e| e.to_string()));
+        .and_then(|r| r.map_err(|e| format!("cannot make its workspace: {e}")));
     match made {
         Ok(in_use) => Ok(Spare { id, in_use }),
         Err(e) => {
-            crate::files::remove_files(dir, "a spare workspace").await;
-            let _ = std::fs::remove_file(&listed);
+            discard(dir, &listed, "a spare workspace").await;
             Err(e)
         }
     }
+}
+
+/// Removes what was made ahead and never taken: its directory (`what`
+/// says whose, in a failure's log) and then its ledger entry.
+pub(super) async fn discard(dir: PathBuf, listed: &Path, what: &str) {
+    crate::files::remove_files(dir, what).await;
+    let _ = std::fs::remove_file(listed);
 }
 
 #[cfg(test)]
