@@ -309,3 +309,51 @@ async fn secrets_native() {
 async fn secrets_microvm() {
     a_secret_reaches_its_host_and_never_the_sandbox(BackendKind::Microvm).await
 }
+
+/// Guests started from one snapshot share what the guest that took it
+/// held; each must still read its own sandbox's `/etc`: with a broker
+/// that intercepts, one of its own with the broker's CA; without, the
+/// host's allow-list alone, never another sandbox's CA. Both orders, each
+/// on a shape of its own (the memory size), so that either kind of guest
+/// has taken a snapshot the other kind starts from.
+#[tokio::test]
+async fn a_guest_from_a_snapshot_reads_its_own_etc() {
+    for (memory, ca_first) in [(232u64, true), (240, false)] {
+        for (i, with_ca) in [ca_first, !ca_first].into_iter().enumerate() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = config(dir.path(), BackendKind::Microvm, &[]);
+            cfg.memory = Some(memory << 20);
+            if with_ca {
+                let secret =
+                    cordon_net::Secret::new("TOKEN", SECRET, &["secret.test:443".to_string()])
+                        .unwrap();
+                cfg.egress.as_mut().unwrap().broker.intercept = Some(Arc::new(
+                    cordon_net::Intercept::with_roots(vec![secret], rustls::RootCertStore::empty())
+                        .unwrap(),
+                ));
+            }
+            let sb = Sandbox::create(cfg).await.expect("create sandbox");
+            let limits = sb.info().limits.clone();
+            if i == 1 {
+                assert!(limits.contains("from a snapshot"), "{limits}");
+            }
+            let out = sb
+                .exec(ExecRequest::shell(
+                    "ls /etc/cordon 2>&1; test -s /etc/passwd && echo passwd",
+                ))
+                .await
+                .unwrap();
+            let seen = out.stdout_str();
+            assert!(
+                seen.contains("passwd"),
+                "{memory} MiB, CA {with_ca}: {seen}"
+            );
+            assert_eq!(
+                seen.contains("ca.pem"),
+                with_ca,
+                "{memory} MiB, CA {with_ca} ({limits}): {seen}"
+            );
+            sb.close().await;
+        }
+    }
+}
