@@ -1,7 +1,8 @@
 //! Warm pools: sandboxes made ahead, per shape, for jobs to take.
 //!
 //! Rules:
-//! - A pooled sandbox has never run anything. It is made over a fresh
+//! - A pooled sandbox has run nothing of anyone's (a microVM one command
+//!   of cordon's own, [`warm`], that writes nothing). It is made over a fresh
 //!   workspace under a job id of its own (`<data>/jobs/<id>`); the job
 //!   that takes it takes that id, so nothing is moved and the workspace is
 //!   the job's from its first byte (files uploaded before it runs land in
@@ -103,6 +104,29 @@ impl Shape {
             image: self.image.clone(),
         }
     }
+}
+
+/// How long a pooled microVM's warm-up may take (see [`warm`]).
+const WARM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs cordon's own `bash -c true` in a pooled microVM, once, before any
+/// job owns it: a QEMU without KVM translates the guest's code the first
+/// time it runs (the first command in a new guest ~140 ms, the next ~15 ms
+/// here, BENCHMARKS.md §18), and the job's command takes the same path.
+/// It writes nothing and leaves no process; the guest's page cache keeps
+/// bash and its libraries, which KVM's guests gain from too.
+async fn warm(sandbox: &Sandbox) -> Result<(), String> {
+    let out = sandbox
+        .exec(cordon_sandbox::ExecRequest::bash("true").timeout(WARM_TIMEOUT))
+        .await
+        .map_err(|e| format!("the pooled microVM's warm-up failed: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the pooled microVM's warm-up exited with {}",
+            out.status.code()
+        ));
+    }
+    Ok(())
 }
 
 /// A sandbox made ahead, with the workspace it is over.
@@ -529,6 +553,12 @@ impl Pool {
                 .sandbox_started(shape.backend, created.is_ok());
             let sandbox = created.map_err(|e| format!("cannot create the sandbox: {e}"))?;
             let _ = sandbox.set_label(&id);
+            if shape.backend == BackendKind::Microvm
+                && let Err(e) = warm(&sandbox).await
+            {
+                sandbox.close().await;
+                return Err(e);
+            }
             Ok((sandbox, digest))
         }
         .await;

@@ -385,6 +385,49 @@ on_both!(
     queued_jobs_keep_their_sandbox
 );
 
+/// A pooled microVM has run cordon's warm-up (`bash -c true`) before a
+/// job takes it: the first job finds nothing of it, and the next finds
+/// nothing of a job that left files and processes behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_microvm_holds_nothing_of_its_warm_up_or_the_last_job() {
+    let Some(s) = pooled(Db::Sqlite, &["1,backend=microvm"]).await else {
+        return;
+    };
+    let t = s.token("acme").await;
+    let vm = |command: &str| json!({"kind": "shell", "backend": "microvm", "command": command});
+    let look = "ls -A /workspace /tmp; echo ==; \
+                for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done";
+    for round in 0..2 {
+        ready(&s, 1.0).await;
+        let id = s.submit(&t, vm(look)).await;
+        let done = s.wait(&t, &id).await;
+        assert_eq!(done["state"], "succeeded", "{done}");
+        let out = done["stdout"].as_str().unwrap();
+        let (files, processes) = out.split_once("==\n").unwrap();
+        assert_eq!(files, "/tmp:\n\n/workspace:\n", "round {round}");
+        for left in ["lurker", "sleep", "bash -c true"] {
+            assert!(
+                !processes.contains(left),
+                "round {round}: {left:?} in a pooled microVM:\n{processes}"
+            );
+        }
+        if round == 0 {
+            ready(&s, 1.0).await;
+            let dirty = s
+                .submit(
+                    &t,
+                    vm("echo left > /workspace/left; echo left > /tmp/left; \
+                        setsid sh -c 'exec -a lurker sleep 1000' </dev/null >/dev/null 2>&1 & \
+                        echo dirty"),
+                )
+                .await;
+            assert_eq!(s.wait(&t, &dirty).await["state"], "succeeded");
+        }
+    }
+    let text = scrape(&s).await;
+    assert_eq!(counted(&text, "cordon_pool_hits_total"), 3.0, "{text}");
+}
+
 #[test]
 fn pool_specs_are_checked() {
     use cordon_server::config::PoolSpec;
