@@ -428,6 +428,40 @@ async fn a_pooled_microvm_holds_nothing_of_its_warm_up_or_the_last_job() {
     assert_eq!(counted(&text, "cordon_pool_hits_total"), 3.0, "{text}");
 }
 
+/// A pool of microVMs of an image without a shell fills all the same:
+/// its warm-up cannot start, and nothing of it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_microvms_without_a_shell_fills() {
+    let layout = tempfile::tempdir().unwrap();
+    cordon_testkit::oci::write_image(
+        layout.path(),
+        "v1",
+        &[cordon_testkit::oci::layer(&[(
+            "etc/os-release",
+            "ID=shell-less\n",
+        )])],
+        json!({"Env": ["PATH=/bin"]}),
+    );
+    let source = format!("oci:{}:v1", layout.path().display());
+    let store = tempfile::tempdir().unwrap();
+    let Some(s) = TestServer::start_with(Db::Sqlite, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.images = cordon_server::catalog::ImageCatalog {
+            entries: vec![
+                cordon_server::catalog::CatalogEntry::parse(&format!("bare={source}")).unwrap(),
+            ],
+            ..Default::default()
+        };
+        c.image_store = Some(store.path().to_path_buf());
+        c.pool = vec!["1,image=bare,backend=microvm".parse().unwrap()];
+    })
+    .await
+    else {
+        return;
+    };
+    ready(&s, 1.0).await;
+}
+
 #[test]
 fn pool_specs_are_checked() {
     use cordon_server::config::PoolSpec;
