@@ -47,6 +47,20 @@ fn sleepers(marker: &str) -> usize {
         .count()
 }
 
+/// Waits for the one background `sleep` of `marker`: the command that
+/// started it returns before its fork has exec'd `sleep`.
+fn wait_started(marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sleepers(marker) != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "{} background processes of {marker}, not one",
+            sleepers(marker)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn wait_gone(marker: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while sleepers(marker) > 0 {
@@ -386,7 +400,7 @@ fn an_idle_mcp_session_is_closed_with_its_sandbox() {
         "params": {"name": "bash", "arguments": {"command": format!("(sleep {marker} &); echo started")}}});
     let (_, _, body) = rpc(&s, Some(&token), Some(&session), call);
     assert!(body.contains("started"), "{body}");
-    assert_eq!(sleepers(&marker), 1);
+    wait_started(&marker);
     assert_eq!(mcp_workspaces(&s), 1);
     let idle_from = Instant::now();
     wait_gone(&marker);
