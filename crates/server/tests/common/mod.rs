@@ -432,6 +432,18 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
         .map(|v| v.trim().parse().unwrap())
 }
 
+/// An operator's image catalog of `entries` (`NAME=SOURCE`, as
+/// `--image` takes them).
+pub fn catalog(entries: &[String]) -> cordon_server::catalog::ImageCatalog {
+    cordon_server::catalog::ImageCatalog {
+        entries: entries
+            .iter()
+            .map(|e| cordon_server::catalog::CatalogEntry::parse(e).unwrap())
+            .collect(),
+        ..Default::default()
+    }
+}
+
 pub fn shell(command: &str) -> Value {
     json!({"kind": "shell", "command": command})
 }

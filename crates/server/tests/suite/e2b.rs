@@ -8,7 +8,6 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
-use cordon_server::catalog::{CatalogEntry, ImageCatalog};
 use serde_json::{Value, json};
 
 fn key(token: &str) -> String {
@@ -558,10 +557,7 @@ async fn e2b_server() -> Option<(TestServer, tempfile::TempDir, Vec<(&'static st
     let store = tempfile::tempdir().unwrap();
     let source = format!("oci:{}:latest", layout.display());
     let s = TestServer::start_with(Db::Sqlite, |c| {
-        c.images = ImageCatalog {
-            entries: vec![CatalogEntry::parse(&format!("base={source}")).unwrap()],
-            ..Default::default()
-        };
+        c.images = catalog(&[format!("base={source}")]);
         c.image_store = Some(store.path().to_path_buf());
     })
     .await

@@ -9,7 +9,6 @@ use crate::common;
 use std::path::Path;
 
 use common::*;
-use cordon_server::catalog::{CatalogEntry, ImageCatalog};
 use cordon_testkit::oci::{busybox_layer, layer, write_image};
 use cordon_testkit::{Scenario, ScriptedServer, Turn};
 use serde_json::json;
@@ -31,16 +30,6 @@ fn tiny_image(dir: &Path, id: &str) -> String {
 /// Held by the tests that point `REGISTRY_AUTH_FILE` at their registry's
 /// login: one process environment, so one such test at a time.
 static AUTH_ENV: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn catalog(entries: &[String]) -> ImageCatalog {
-    ImageCatalog {
-        entries: entries
-            .iter()
-            .map(|e| CatalogEntry::parse(e).unwrap())
-            .collect(),
-        ..Default::default()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_runs_in_an_image_the_operator_offers_and_in_no_other() {

@@ -446,12 +446,7 @@ async fn a_pool_of_microvms_without_a_shell_fills() {
     let store = tempfile::tempdir().unwrap();
     let Some(s) = TestServer::start_with(Db::Sqlite, |c| {
         c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-        c.images = cordon_server::catalog::ImageCatalog {
-            entries: vec![
-                cordon_server::catalog::CatalogEntry::parse(&format!("bare={source}")).unwrap(),
-            ],
-            ..Default::default()
-        };
+        c.images = catalog(&[format!("bare={source}")]);
         c.image_store = Some(store.path().to_path_buf());
         c.pool = vec!["1,image=bare,backend=microvm".parse().unwrap()];
     })
