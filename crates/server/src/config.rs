@@ -238,11 +238,17 @@ impl ServerConfig {
     }
 
     /// Where the sandbox API's sandboxes' directories are:
-    /// `<data>/sandboxes/<id>`, with the workspace in `workspace`.
+    /// `<data>/sandboxes/<id>`, with the workspace in `workspace` and a
+    /// microVM's state in [`SANDBOX_VM_STATE`].
     pub fn sandbox_dirs(&self) -> PathBuf {
         self.data_dir.join("sandboxes")
     }
 }
+
+/// A microVM sandbox's state directory (the sandbox crate's), in its
+/// directory: where it is saved when paused to disk, so that it may
+/// outlive the server.
+pub const SANDBOX_VM_STATE: &str = "vm";
 
 /// What agent jobs need from the server's configuration.
 #[derive(Clone)]
@@ -429,10 +435,14 @@ impl JobDirs {
 }
 
 /// One pool as the operator asks for it: `N` sandboxes of the default
-/// image and size, or `N,image=NAME,memory=SIZE,disk=SIZE,backend=B`.
+/// image and size for jobs, or
+/// `N,for=sandboxes,image=NAME,memory=SIZE,disk=SIZE,network=loopback,backend=B`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolSpec {
     pub size: usize,
+    /// Whose sandboxes they are to be: jobs' (the default) or the sandbox
+    /// API's (and so the E2B SDK's).
+    pub owner: crate::owner::Kind,
     /// What differs from a job's defaults.
     pub limits: crate::job::Limits,
 }
@@ -454,12 +464,13 @@ impl std::str::FromStr for PoolSpec {
                 format!("a pool starts with its size, a number from 1 to {MAX_POOL} (got `{size}`)")
             })?;
         let mut limits = crate::job::Limits::default();
+        let mut owner = crate::owner::Kind::Job;
         for part in parts {
             let (key, value) = part
                 .split_once('=')
                 .map(|(k, v)| (k.trim(), v.trim()))
                 .ok_or_else(|| {
-                    format!("`{part}`: expected KEY=VALUE (image, memory, disk or backend)")
+                    format!("`{part}`: expected KEY=VALUE (for, image, memory, disk, network or backend)")
                 })?;
             let size = |v: &str| {
                 cordon_sandbox::parse_size(v)
@@ -467,7 +478,25 @@ impl std::str::FromStr for PoolSpec {
                     .map_err(|e| format!("{key}: {e}"))
             };
             match key {
+                "for" => {
+                    owner = crate::owner::Kind::ALL
+                        .into_iter()
+                        .find(|k| k.collection() == value)
+                        .ok_or_else(|| format!("for: expected jobs or sandboxes, not `{value}`"))?
+                }
                 "image" => limits.image = Some(crate::job::ImageName::try_from(value.to_string())?),
+                // Not `allow`: a broker's policy is each owner's own.
+                "network" => {
+                    limits.network = Some(match value {
+                        "off" => crate::job::NetworkMode::Off,
+                        "loopback" => crate::job::NetworkMode::Loopback,
+                        _ => {
+                            return Err(format!(
+                                "network: a pool's is off or loopback, not `{value}`"
+                            ));
+                        }
+                    })
+                }
                 "memory" => limits.memory = Some(size(value)?),
                 "disk" => limits.disk = Some(size(value)?),
                 "backend" => {
@@ -483,11 +512,15 @@ impl std::str::FromStr for PoolSpec {
                 }
                 _ => {
                     return Err(format!(
-                        "`{key}`: a pool is set by image, memory, disk and backend"
+                        "`{key}`: a pool is set by for, image, memory, disk, network and backend"
                     ));
                 }
             }
         }
-        Ok(PoolSpec { size, limits })
+        Ok(PoolSpec {
+            size,
+            owner,
+            limits,
+        })
     }
 }

@@ -65,6 +65,49 @@ impl Owner {
     }
 }
 
+/// The kinds of owner whose sandboxes and workspaces a server makes
+/// before the owner exists (its warm pools): a job's, or a sandbox's of
+/// the sandbox API. Ids and directories are per kind, so what is made
+/// ahead is made for one kind and taken by one of that kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Job,
+    Sandbox,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 2] = [Kind::Job, Kind::Sandbox];
+
+    /// What its ids start with.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Kind::Job => "job_",
+            Kind::Sandbox => "sbx_",
+        }
+    }
+
+    /// The kind whose ids look like `id`.
+    pub fn of_id(id: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| id.starts_with(k.prefix()))
+    }
+
+    /// Its owner's noun, as answers and logs use it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Job => "job",
+            Kind::Sandbox => "sandbox",
+        }
+    }
+
+    /// Its resource's path under `/v1/` (`jobs`): how an operator names it.
+    pub fn collection(self) -> &'static str {
+        match self {
+            Kind::Job => "jobs",
+            Kind::Sandbox => "sandboxes",
+        }
+    }
+}
+
 /// Where browsers reach sandboxes' ports by name (`cordon serve
 /// --sandbox-domain [SCHEME://]NAME[:PORT]`): port P of owner O is
 /// `P-<O's label>.NAME`. The operator owns the wildcard's DNS (and its

@@ -249,7 +249,12 @@ impl Sandbox {
         if req.argv.is_empty() {
             return Err(Error::Config("empty command".into()));
         }
-        let mut env: Vec<(String, String)> = self.inner.base_env.clone();
+        let mut env: Vec<(String, String)> = self
+            .inner
+            .base_env
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         if req.pty.is_some() {
             env.retain(|(k, _)| k != "TERM");
             env.push(("TERM".into(), "xterm-256color".into()));

@@ -245,7 +245,9 @@ pub(crate) struct Inner {
     closed: AtomicBool,
     /// Set once the supervisor reports ready, before the handle is returned.
     info: std::sync::OnceLock<SandboxInfo>,
-    base_env: Vec<(String, String)>,
+    /// What every exec's environment starts from; [`Sandbox::set_env`]
+    /// adds to it for an owner that takes a sandbox made before it.
+    base_env: std::sync::RwLock<Vec<(String, String)>>,
     workdir: String,
     read_only: Vec<std::path::PathBuf>,
     bind_targets: Vec<String>,
@@ -633,10 +635,40 @@ impl Sandbox {
         &self.inner.read_only
     }
 
+    /// Where commands run unless told otherwise
+    /// ([`crate::config::SandboxConfig::workdir`]).
+    pub fn workdir(&self) -> &str {
+        &self.inner.workdir
+    }
+
     /// Where the extra binds ([`crate::config::SandboxConfig::binds`]) are
     /// inside: what a tool may expect to find there.
     pub fn bind_targets(&self) -> &[String] {
         &self.inner.bind_targets
+    }
+
+    /// Sets `vars` in the environment every later exec starts from, as if
+    /// the sandbox had been made with them ([`crate::config::SandboxConfig::env`]):
+    /// for an owner that takes a sandbox made ahead of it (a warm pool's).
+    /// What runs already keeps its environment. A name that is empty or
+    /// holds `=` or NUL, or a value with NUL, is refused, and nothing set.
+    pub fn set_env(&self, vars: &[(String, String)]) -> Result<()> {
+        if let Some((k, _)) = vars
+            .iter()
+            .find(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0'))
+        {
+            return Err(Error::Config(format!("invalid environment variable {k:?}")));
+        }
+        let mut env = self
+            .inner
+            .base_env
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        for (k, v) in vars {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        Ok(())
     }
 
     /// The network the sandbox was made with: what its processes can reach.
@@ -858,7 +890,7 @@ impl Sandbox {
                 disk: std::sync::OnceLock::new(),
                 disk_stop: std::sync::OnceLock::new(),
                 forwards: Default::default(),
-                base_env,
+                base_env: std::sync::RwLock::new(base_env),
                 workdir,
                 read_only,
                 bind_targets,

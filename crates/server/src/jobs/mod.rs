@@ -73,7 +73,12 @@ async fn submit(shared: &Arc<Shared>, tenant: &str, request: JobRequest) -> ApiR
         ));
     }
     // A ready sandbox of the job's shape comes with its id and workspace.
-    let shape = crate::pool::Shape::of(&req.options, req.spec.display(), shared.config.backend);
+    let shape = crate::pool::Shape::of(
+        crate::pool::Kind::Job,
+        &req.options,
+        req.spec.display(),
+        shared.config.backend,
+    );
     let pooled = match (&req.spec, shape) {
         (JobSpec::Build(_), _) | (_, None) => None,
         (_, Some(shape)) => shared.pool.take(&shape),

@@ -1,26 +1,31 @@
-//! Warm pools: sandboxes made ahead, per shape, for jobs to take.
+//! Warm pools: sandboxes made ahead, per shape, for jobs or sandboxes of
+//! the API to take.
 //!
 //! Rules:
 //! - A pooled sandbox has run nothing of anyone's (a microVM one command
 //!   of cordon's own, [`warm`], that writes nothing). It is made over a fresh
-//!   workspace under a job id of its own (`<data>/jobs/<id>`); the job
-//!   that takes it takes that id, so nothing is moved and the workspace is
-//!   the job's from its first byte (files uploaded before it runs land in
-//!   the sandbox's `/workspace` as they would in any job's).
-//! - A job takes one only if the sandbox it would get is the same: equal
-//!   [`Shape`] (image, memory, disk, network, backend), no broker policy,
-//!   no display. An image's digest is compared again when the job runs: a
-//!   tag moved since the sandbox was made is not the job's image.
-//! - Taken when the job is submitted, run when a worker claims it. One its
-//!   job has not claimed within [`TAKEN_TTL`] is closed (the job then makes
-//!   its own sandbox, as without a pool). At most twice a shape's size
-//!   exist at once, taken or not, so a queue of jobs cannot make the pool
-//!   hold a sandbox per job.
+//!   workspace under an id of its own kind (`<data>/jobs/<job id>`,
+//!   `<data>/sandboxes/<sbx id>`); the owner that takes it takes that id,
+//!   so nothing is moved and the workspace is the owner's from its first
+//!   byte (files uploaded before a job runs land in the sandbox's
+//!   `/workspace` as they would in any job's).
+//! - An owner takes one only if the sandbox it would get is the same:
+//!   equal [`Shape`] (kind, image, memory, disk, network, backend), no
+//!   broker policy, no display. What an owner is given beyond its shape (a
+//!   sandbox's `env`) is given as it is taken. An image's digest is
+//!   compared again when the owner starts: a tag moved since the sandbox
+//!   was made is not the owner's image.
+//! - A job takes one when it is submitted and claims it when a worker runs
+//!   it; one its job has not claimed within [`TAKEN_TTL`] is closed (the
+//!   job then makes its own sandbox, as without a pool). A sandbox of the
+//!   API takes one and starts at once ([`Pool::take_now`]). At most twice
+//!   a shape's size exist at once, taken or not, so a queue of jobs cannot
+//!   make the pool hold a sandbox per job.
 //! - While pooled, an entry is listed in `<data>/pool/<id>`: what a killed
 //!   server left of its pool is removed when the next one starts.
-//! - Refilled once the jobs that took sandboxes have ended, or
-//!   [`REFILL_AFTER`] after they took them: never while a short job's
-//!   command needs the CPU.
+//! - Refilled once the owners that took sandboxes have ended their start
+//!   (a job: ended), or [`REFILL_AFTER`] after they took them: never
+//!   while a short job's command needs the CPU.
 //! - With or without pools, a server whose workspaces are volumes keeps
 //!   one workspace made ahead for a job and one for a sandbox of the
 //!   sandbox API ([`spare`], [`Pool::workspace`]), under the same rules.
@@ -60,9 +65,11 @@ const MAKING_AT_ONCE: usize = 2;
 const REFILL_AFTER: Duration = Duration::from_secs(1);
 
 /// What makes two sandboxes interchangeable before either has run
-/// anything.
+/// anything: whose it is to be (a job's or a sandbox's of the API: ids and
+/// directories are per kind, and nothing is moved), and how it is made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shape {
+    pub kind: Kind,
     pub image: Option<ImageName>,
     pub memory: u64,
     pub disk: u64,
@@ -71,10 +78,11 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// The shape of the sandbox a job with these options and display would
-    /// get, if a pooled one can serve it: not with a broker policy (each
-    /// job's own) or a display.
+    /// The shape of the sandbox an owner of `kind` with these options and
+    /// display would get, if a pooled one can serve it: not with a broker
+    /// policy (each owner's own) or a display.
     pub fn of(
+        kind: Kind,
         options: &RunOptions,
         display: Option<cordon_sandbox::Display>,
         default_backend: BackendKind,
@@ -83,6 +91,7 @@ impl Shape {
             return None;
         }
         Some(Shape {
+            kind,
             image: options.image.clone(),
             memory: options.memory,
             disk: options.disk,
@@ -152,6 +161,23 @@ struct Entry {
 pub struct Pooled {
     pub sandbox: Sandbox,
     pub in_use: InUse,
+}
+
+/// A pooled sandbox taken by an owner that starts at once (a sandbox of
+/// the API), not yet its own: [`Pool::accept`] gives it, once the owner
+/// found its image to be this one's, else [`Pool::refuse`] closes it.
+pub struct Taken(Entry);
+
+impl Taken {
+    /// The id its owner is to have.
+    pub fn id(&self) -> &str {
+        &self.0.id
+    }
+
+    /// Its image's manifest digest, if it has one.
+    pub fn digest(&self) -> Option<&str> {
+        self.0.digest.as_deref()
+    }
 }
 
 #[derive(Default)]
@@ -243,7 +269,7 @@ impl Pool {
                     .pooled_source(name)
                     .map_err(|e| format!("pool of {name}: {e}"))?;
             }
-            let shape = Shape::of(&options, None, parts.defaults.backend())
+            let shape = Shape::of(spec.owner, &options, None, parts.defaults.backend())
                 .expect("a pool's options have no policy");
             match pools.iter_mut().find(|(s, _)| *s == shape) {
                 Some((_, n)) => *n = (*n + spec.size).min(MAX_POOL),
@@ -304,7 +330,8 @@ impl Pool {
     }
 
     /// Takes a ready sandbox for a job of `shape`, if one is: the id the
-    /// job is to have, its workspace made and the sandbox over it.
+    /// job is to have, its workspace made and the sandbox over it, kept
+    /// until the job claims it ([`Pool::claim`]) when it runs.
     pub fn take(&self, shape: &Shape) -> Option<String> {
         if self.pools.is_empty() {
             return None;
@@ -323,6 +350,34 @@ impl Pool {
         let _ = std::fs::remove_file(self.ledger().join(&id));
         self.parts.metrics.pool_taken();
         Some(id)
+    }
+
+    /// Takes a ready sandbox of `shape` for an owner that starts now, if
+    /// one is. The refill waits for the owner's `ended`.
+    pub fn take_now(&self, shape: &Shape) -> Option<Taken> {
+        let id = self.take(shape)?;
+        self.untake(&id).map(Taken)
+    }
+
+    /// The sandbox of `taken`, its owner's from here.
+    pub fn accept(&self, taken: Taken) -> Pooled {
+        self.parts.metrics.pool_hit();
+        let Entry {
+            sandbox, in_use, ..
+        } = taken.0;
+        Pooled { sandbox, in_use }
+    }
+
+    /// Closes the sandbox of `taken`, which its owner does not run on (its
+    /// image is not the owner's now), and removes its files: nothing
+    /// else owns them.
+    pub async fn refuse(&self, taken: Taken) {
+        let entry = taken.0;
+        let id = entry.id.clone();
+        tracing::info!(owner = %id, "the pooled sandbox's image is not its owner's now; closed");
+        let dir = entry.shape.kind.dir(&self.parts.roots, &id);
+        close(entry, Some((self.ledger().join(&id), dir))).await;
+        self.ended(&id);
     }
 
     /// Job `id` has ended (its runner calls this for every job), or
@@ -433,7 +488,10 @@ impl Pool {
         let closing = idle
             .into_iter()
             .map(|e| {
-                let unlisted = (ledger.join(&e.id), self.parts.roots.jobs.job(&e.id));
+                let unlisted = (
+                    ledger.join(&e.id),
+                    e.shape.kind.dir(&self.parts.roots, &e.id),
+                );
                 close(e, Some(unlisted))
             })
             .chain(taken.into_iter().map(|(e, _)| close(e, None)));
@@ -533,17 +591,18 @@ impl Pool {
         }
     }
 
-    /// Makes one sandbox of `shape` over a new job workspace.
+    /// Makes one sandbox of `shape` over a new workspace of its kind.
     async fn make(&self, shape: &Shape) -> Result<Entry, String> {
         let (parts, ledger) = (&self.parts, self.ledger());
         let spare::Spare { id, in_use } = spare::make(
-            Kind::Job,
+            shape.kind,
             &parts.roots,
             &ledger,
             &parts.defaults,
             shape.disk,
         )
         .await?;
+        let dir = shape.kind.dir(&parts.roots, &id);
         let made = async {
             let (root, digest) = match &shape.image {
                 None => (None, None),
@@ -552,10 +611,16 @@ impl Pool {
                     (Some(ready.root), Some(ready.image.manifest.to_string()))
                 }
             };
-            let ws = parts.roots.jobs.workspace(&id);
-            let config = parts
-                .defaults
-                .for_options(&ws, root, &shape.options(&parts.bounds));
+            let mut config = parts.defaults.for_options(
+                dir.join("workspace"),
+                root,
+                &shape.options(&parts.bounds),
+            );
+            // A sandbox of the API is saved there when paused to disk, as
+            // one made for it would be.
+            if shape.kind == Kind::Sandbox && shape.backend == BackendKind::Microvm {
+                config.vm.state_dir = Some(dir.join(crate::config::SANDBOX_VM_STATE));
+            }
             let created = Sandbox::create(config).await;
             parts
                 .metrics
@@ -581,7 +646,6 @@ impl Pool {
             }),
             Err(e) => {
                 drop(in_use);
-                let dir = parts.roots.jobs.job(&id);
                 spare::discard(
                     dir,
                     &ledger.join(&id),

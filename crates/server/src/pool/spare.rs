@@ -18,33 +18,12 @@ use std::time::{Duration, Instant};
 use cordon_sandbox::volume::InUse;
 
 use super::{FIRST_BACKOFF, MAX_BACKOFF, TAKEN_TTL};
-
-/// Whose workspace a spare is to be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Job,
-    /// A sandbox of the sandbox API (and so of the E2B SDK).
-    Sandbox,
-}
+pub use crate::owner::Kind;
 
 impl Kind {
-    pub(super) const ALL: [Kind; 2] = [Kind::Job, Kind::Sandbox];
-
-    fn prefix(self) -> &'static str {
-        match self {
-            Kind::Job => "job_",
-            Kind::Sandbox => "sbx_",
-        }
-    }
-
     /// A new id of this kind: the server's own, never a client's.
     pub fn new_id(self) -> String {
         format!("{}{}", self.prefix(), crate::store::random_hex(12))
-    }
-
-    /// The kind whose ids look like `id`.
-    pub(super) fn of_id(id: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| id.starts_with(k.prefix()))
     }
 
     /// Its owner's directory under `roots` (the workspace is `workspace`
@@ -58,13 +37,6 @@ impl Kind {
 
     fn index(self) -> usize {
         self as usize
-    }
-
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Kind::Job => "job",
-            Kind::Sandbox => "sandbox",
-        }
     }
 }
 

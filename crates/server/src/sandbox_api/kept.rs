@@ -27,11 +27,9 @@ use std::time::{Duration, Instant};
 
 use super::{Configured, NewSandbox, configure, dir, register, settle};
 use crate::boxes::LiveBox;
+use crate::config::SANDBOX_VM_STATE as VM_STATE;
 use crate::state::Shared;
 use crate::store::SandboxRow;
-
-/// The sandbox's state directory, in its directory.
-pub(crate) const VM_STATE: &str = "vm";
 /// What it was asked for.
 const REQUEST: &str = "sandbox.json";
 /// How it was kept ([`Kept`]).

@@ -341,6 +341,15 @@ pub(crate) async fn start(
     slot: crate::caps::Slot,
     parent: Option<&Parent<'_>>,
 ) -> ApiResult<(SandboxRow, Arc<LiveBox>)> {
+    // A fork starts from its parent's state, never from a pool's.
+    if parent.is_none()
+        && let Some((new, sandbox)) = pooled(shared, tenant, &asked, &options).await?
+    {
+        let id = new.id.clone();
+        let started = finish(shared, new, sandbox, &asked, options, slot, None).await;
+        shared.pool.ended(&id);
+        return started;
+    }
     let (new, sc) = prepare(shared, tenant, &asked, &options, parent).await?;
     let id = new.id.clone();
     let backend = sc.backend;
@@ -364,6 +373,62 @@ pub(crate) async fn start(
     // now, not a second later (a client often creates the next at once).
     shared.pool.ended(&id);
     started
+}
+
+/// A sandbox of the warm pool for `tenant`'s new sandbox as `asked`, if
+/// one of its shape is ready and made from the image `tenant` gets by its
+/// name now: given what a sandbox made for it would have been made with
+/// (its image's user and `asked.env`), with its id and workspace.
+async fn pooled(
+    shared: &Shared,
+    tenant: &str,
+    asked: &NewSandbox,
+    options: &crate::job::RunOptions,
+) -> ApiResult<Option<(Prepared, cordon_sandbox::Sandbox)>> {
+    let kind = crate::pool::Kind::Sandbox;
+    let Some(shape) = crate::pool::Shape::of(kind, options, None, shared.config.backend) else {
+        return Ok(None);
+    };
+    let Some(taken) = shared.pool.take_now(&shape) else {
+        return Ok(None);
+    };
+    let (account, layers) = match &options.image {
+        None => (None, Vec::new()),
+        Some(name) => match shared.images.ready(&shared.store, tenant, name).await {
+            Ok(ready) if Some(ready.image.manifest.to_string().as_str()) == taken.digest() => {
+                let layers = ready.root.layers.clone();
+                (Some(ready.account), layers)
+            }
+            // Another image by that name now, or none: made as without
+            // a pool, which says why if it cannot be.
+            _ => {
+                shared.pool.refuse(taken).await;
+                return Ok(None);
+            }
+        },
+    };
+    let id = taken.id().to_string();
+    let crate::pool::Pooled { sandbox, in_use } = shared.pool.accept(taken);
+    let (account, env) = environment(account, sandbox.workdir(), asked);
+    if let Err(e) = sandbox.set_env(&env) {
+        // Checked with the request: not reached.
+        sandbox.close().await;
+        drop(in_use);
+        crate::files::remove_files(dir(shared, &id), "a pooled sandbox refused").await;
+        return Err(ApiError::bad_request(e.to_string()));
+    }
+    let microvm = shape.backend == cordon_sandbox::BackendKind::Microvm;
+    let new = Prepared {
+        dir: dir(shared, &id),
+        id,
+        tenant: tenant.to_string(),
+        in_use,
+        account,
+        layers,
+        fork_root: None,
+        microvm,
+    };
+    Ok(Some((new, sandbox)))
 }
 
 /// A sandbox on its way: its id, its workspace made, how it will run.
@@ -557,13 +622,30 @@ pub(crate) async fn configure(
         image.upper_from = Some(disk.to_path_buf());
     }
     if sc.backend == cordon_sandbox::BackendKind::Microvm {
-        sc.vm.state_dir = Some(d.join(kept::VM_STATE));
+        sc.vm.state_dir = Some(d.join(crate::config::SANDBOX_VM_STATE));
     }
-    // On an image, commands run as its user, at home unless told
-    // otherwise (the host's root has neither: /workspace it is).
+    let (account, env) = environment(account, &sc.workdir, asked);
+    sc.env.extend(env);
+    Ok(Configured {
+        sc,
+        account,
+        layers,
+        fork_root,
+    })
+}
+
+/// The account commands run as, and the environment a sandbox as `asked`
+/// adds to its image's: on an image, its user's, at home unless told
+/// otherwise; on the host's root, which has neither, in `workdir`.
+fn environment(
+    account: Option<cordon_image::root::Account>,
+    workdir: &str,
+    asked: &NewSandbox,
+) -> (cordon_image::root::Account, Vec<(String, String)>) {
+    let mut env = Vec::new();
     let account = match account {
         Some(a) => {
-            sc.env.extend([
+            env.extend([
                 ("HOME".to_string(), a.home.clone()),
                 ("USER".to_string(), a.name.clone()),
                 ("LOGNAME".to_string(), a.name.clone()),
@@ -574,16 +656,11 @@ pub(crate) async fn configure(
             name: "user".into(),
             uid: 0,
             gid: 0,
-            home: sc.workdir.clone(),
+            home: workdir.to_string(),
         },
     };
-    sc.env.extend(asked.env.clone());
-    Ok(Configured {
-        sc,
-        account,
-        layers,
-        fork_root,
-    })
+    env.extend(asked.env.clone());
+    (account, env)
 }
 
 /// Registers a sandbox that runs (or was taken up paused): its network

@@ -550,15 +550,20 @@ fn e2b_node_modules() -> Option<std::path::PathBuf> {
     }
 }
 
-/// A server offering the e2b-base environment as template `base`, and
-/// the E2B environment for its tenant `acme`; `None` to skip.
-async fn e2b_server() -> Option<(TestServer, tempfile::TempDir, Vec<(&'static str, String)>)> {
+/// A server offering the e2b-base environment as template `base`, with
+/// the warm pools `pool`, and the E2B environment for its tenant `acme`;
+/// `None` to skip.
+async fn e2b_server(
+    pool: &[&str],
+) -> Option<(TestServer, tempfile::TempDir, Vec<(&'static str, String)>)> {
     let layout = cordon_testkit::environments::environment("e2b-base")?;
     let store = tempfile::tempdir().unwrap();
     let source = format!("oci:{}:latest", layout.display());
     let s = TestServer::start_with(Db::Sqlite, |c| {
         c.images = catalog(&[format!("base={source}")]);
         c.image_store = Some(store.path().to_path_buf());
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.pool = pool.iter().map(|p| p.parse().unwrap()).collect();
     })
     .await
     .unwrap();
@@ -602,14 +607,29 @@ async fn run_sdk(
     stdout
 }
 
+/// The JS SDK's sandboxes come from a warm pool of the sandbox API's
+/// (the Python SDK's are made for it): `create` takes a pooled one, made
+/// before the SDK asked, and everything else works on it as on one made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stock_js_sdk_drives_a_sandbox() {
     let Some(modules) = e2b_node_modules() else {
         return;
     };
-    let Some((_s, _store, env)) = e2b_server().await else {
+    // E2B's default network is the internet; with a tenant's ceiling
+    // that reaches nothing, a sandbox's own loopback.
+    let pool = ["2,for=sandboxes,image=base,network=loopback"];
+    let Some((s, _store, env)) = e2b_server(&pool).await else {
         return;
     };
+    // Filled (the image imported) before the SDK asks.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while sample(&scrape(&s).await, "cordon_pool_ready") != Some(2.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool never filled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let extra = [("E2B_NODE_MODULES", modules.display().to_string())];
     let stdout = run_sdk(std::path::Path::new("node"), "e2b_sdk.mjs", &env, &extra).await;
     for check in [
@@ -629,6 +649,9 @@ async fn the_stock_js_sdk_drives_a_sandbox() {
             "{check}: {stdout}"
         );
     }
+    let text = scrape(&s).await;
+    let hits = sample(&text, "cordon_pool_hits_total").unwrap_or(0.0);
+    assert!(hits >= 1.0, "no SDK sandbox came from the pool: {text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -636,7 +659,7 @@ async fn the_stock_python_sdk_drives_a_sandbox() {
     let Some(python) = e2b_python() else {
         return;
     };
-    let Some((_s, _store, env)) = e2b_server().await else {
+    let Some((_s, _store, env)) = e2b_server(&[]).await else {
         return;
     };
     let stdout = run_sdk(&python, "e2b_sdk.py", &env, &[]).await;

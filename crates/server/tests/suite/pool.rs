@@ -457,6 +457,189 @@ async fn a_pool_of_microvms_without_a_shell_fills() {
     ready(&s, 1.0).await;
 }
 
+/// A server with a busybox image `tiny` (run as its user `app`), its
+/// store in `store`, pooled as `pool` says.
+async fn with_tiny(
+    layout: &std::path::Path,
+    store: &std::path::Path,
+    pool: &[&str],
+    tune: impl FnOnce(&mut cordon_server::ServerConfig),
+) -> Option<TestServer> {
+    use cordon_testkit::oci::{busybox_layer, write_image};
+    write_image(
+        layout,
+        "v1",
+        &[busybox_layer()],
+        json!({"Env": ["PATH=/bin"], "User": "app"}),
+    );
+    let source = format!("tiny=oci:{}:v1", layout.display());
+    TestServer::start_with(Db::Sqlite, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.images = catalog(&[source]);
+        c.image_store = Some(store.to_path_buf());
+        c.pool = pool.iter().map(|p| p.parse().unwrap()).collect();
+        tune(c);
+    })
+    .await
+}
+
+/// A sandbox of the API, made: its id.
+async fn new_sandbox(s: &TestServer, t: &str, body: serde_json::Value) -> String {
+    let (status, b) = s.post(t, "/v1/sandboxes", body).await;
+    assert_eq!(status, 201, "{b}");
+    b["id"].as_str().unwrap().to_string()
+}
+
+/// `cmd` run in sandbox `id` to its end: its output.
+async fn in_sandbox(s: &TestServer, t: &str, id: &str, cmd: &str) -> String {
+    let (status, b) = s
+        .post(
+            t,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": cmd}),
+        )
+        .await;
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(b["exit_code"], 0, "{b}");
+    b["stdout"].as_str().unwrap().to_string()
+}
+
+/// The attack on a pool of the sandbox API's (`for=sandboxes`): a sandbox
+/// taken from it leaves files in every writable place and processes that
+/// outlive their command, and goes on running; the sandboxes taken after
+/// it find none of it. Each runs as a sandbox made for its request would:
+/// its image's user, at home, its `env` in every command (compared with
+/// one of another size, made without the pool). Jobs of the same image
+/// do not take the sandboxes' pool.
+#[tokio::test]
+async fn a_pooled_sandbox_of_the_api_is_fresh_and_as_asked() {
+    let (layout, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let Some(s) = with_tiny(
+        layout.path(),
+        store.path(),
+        &["2,for=sandboxes,image=tiny"],
+        |_| {},
+    )
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    ready(&s, 2.0).await;
+    let dirty = new_sandbox(&s, &t, json!({"image": "tiny"})).await;
+    in_sandbox(
+        &s,
+        &t,
+        &dirty,
+        "echo left > /workspace/left; echo left > /tmp/left; \
+         setsid sh -c 'exec -a lurker sleep 1000' </dev/null >/dev/null 2>&1 & \
+         nohup sleep 999 </dev/null >/dev/null 2>&1 &",
+    )
+    .await;
+    let look = "ls -A /workspace /tmp; ps -o args; \
+                echo \"$APP_ENV $HOME $USER $LOGNAME $(id -u) $(pwd)\"";
+    let asked = json!({"image": "tiny", "env": {"APP_ENV": "pooled"}});
+    let mut ids = vec![dirty.clone()];
+    for _ in 0..2 {
+        ready(&s, 2.0).await;
+        let id = new_sandbox(&s, &t, asked.clone()).await;
+        assert!(!ids.contains(&id), "{id} twice");
+        let out = in_sandbox(&s, &t, &id, look).await;
+        for left in ["left", "lurker", "sleep 1000", "sleep 999"] {
+            assert!(!out.contains(left), "{left:?} in a pooled sandbox:\n{out}");
+        }
+        assert!(
+            out.ends_with("pooled /home/app app app 1000 /workspace\n"),
+            "{out}"
+        );
+        ids.push(id);
+    }
+    let text = scrape(&s).await;
+    assert_eq!(counted(&text, "cordon_pool_hits_total"), 3.0, "{text}");
+
+    // Made without the pool, the same environment.
+    let mut unpooled = asked.clone();
+    unpooled["memory"] = json!("256M");
+    let id = new_sandbox(&s, &t, unpooled).await;
+    let out = in_sandbox(
+        &s,
+        &t,
+        &id,
+        "echo \"$APP_ENV $HOME $USER $LOGNAME $(id -u) $(pwd)\"",
+    )
+    .await;
+    assert_eq!(out, "pooled /home/app app app 1000 /workspace\n");
+    let job = s
+        .submit(
+            &t,
+            json!({"kind": "shell", "image": "tiny", "command": "true"}),
+        )
+        .await;
+    assert_eq!(s.wait(&t, &job).await["state"], "succeeded");
+    let text = scrape(&s).await;
+    assert_eq!(counted(&text, "cordon_pool_hits_total"), 3.0, "{text}");
+}
+
+/// A microVM of a sandboxes' pool is one the server can keep: paused to
+/// disk, it outlives the server, and resumed by the next it has its
+/// files, its process and its `env`, which the pool's sandbox was given
+/// when it was taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_microvm_sandbox_outlives_its_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db_url, _pg) = crate::common::database(Db::Sqlite, dir.path()).unwrap();
+    let tune = |c: &mut cordon_server::ServerConfig| {
+        c.vm.shares = cordon_sandbox::VmShares::VirtioFs;
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.pool = vec!["1,for=sandboxes,backend=microvm".parse().unwrap()];
+    };
+    let s = TestServer::start_at(dir.path(), &db_url, tune).await;
+    let t = s.token("acme").await;
+    ready(&s, 1.0).await;
+    let id = new_sandbox(
+        &s,
+        &t,
+        json!({"backend": "microvm", "timeout_secs": 600, "env": {"APP_ENV": "kept"}}),
+    )
+    .await;
+    let text = scrape(&s).await;
+    assert_eq!(counted(&text, "cordon_pool_hits_total"), 1.0, "{text}");
+    let (status, r) = s
+        .post(
+            &t,
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "sh -c 'echo $$ > /tmp/pid; exec sleep 1000'", "background": true}),
+        )
+        .await;
+    assert_eq!(status, 202, "{r}");
+    in_sandbox(
+        &s,
+        &t,
+        &id,
+        "echo in-memory > /tmp/mark; echo file > /workspace/f",
+    )
+    .await;
+    let (status, v) = s
+        .post(&t, &format!("/v1/sandboxes/{id}/pause"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    s.stop().await;
+
+    let s = TestServer::start_at(dir.path(), &db_url, tune).await;
+    let (status, v) = s
+        .post(&t, &format!("/v1/sandboxes/{id}/resume"), json!({}))
+        .await;
+    assert_eq!((status, v["state"].as_str()), (200, Some("running")), "{v}");
+    let out = in_sandbox(
+        &s,
+        &t,
+        &id,
+        "cat /tmp/mark /workspace/f; echo $APP_ENV; kill -0 $(cat /tmp/pid) && echo alive",
+    )
+    .await;
+    assert_eq!(out, "in-memory\nfile\nkept\nalive\n");
+}
+
 #[test]
 fn pool_specs_are_checked() {
     use cordon_server::config::PoolSpec;
@@ -464,13 +647,22 @@ fn pool_specs_are_checked() {
         .parse()
         .unwrap();
     assert_eq!(p.size, 3);
+    assert_eq!(p.owner, cordon_server::owner::Kind::Job);
     assert_eq!(p.limits.memory.unwrap().0, 1 << 30);
+    let p: PoolSpec = "2,for=sandboxes,network=loopback".parse().unwrap();
+    assert_eq!(p.owner, cordon_server::owner::Kind::Sandbox);
+    assert_eq!(
+        p.limits.network,
+        Some(cordon_server::job::NetworkMode::Loopback)
+    );
     for (bad, says) in [
         ("0", "from 1 to"),
         ("x", "starts with its size"),
         ("65", "from 1 to 64"),
         ("2,memory", "KEY=VALUE"),
-        ("2,cpus=2", "image, memory, disk and backend"),
+        ("2,cpus=2", "for, image, memory, disk, network and backend"),
+        ("2,network=allow", "off or loopback"),
+        ("2,for=sessions", "jobs or sandboxes"),
         ("2,backend=kvm", "native or microvm"),
         ("2,memory=lots", "memory"),
     ] {

@@ -229,6 +229,46 @@ async fn argv_cwd_and_env_are_exact_and_nothing_is_inherited() {
     sb.close().await;
 }
 
+/// `set_env` (an owner taking a sandbox made ahead of it): later execs
+/// start from it, over the config's and under the request's; a process
+/// started before keeps what it had; a bad name changes nothing.
+#[tokio::test]
+async fn an_environment_set_later_is_every_later_exec_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.env.push(("FROM_CONFIG".into(), "c".into()));
+    let sb = Sandbox::create(cfg).await.unwrap();
+    let mut before = sb
+        .exec_stream(ExecRequest::argv([
+            "sh",
+            "-c",
+            "sleep 0.5; echo \"$FROM_CONFIG $SET_LATER\"",
+        ]))
+        .await
+        .unwrap();
+    for bad in ["", "A=B", "NUL\0"] {
+        let vars = [(bad.to_string(), "x".to_string()), ("SET_LATER".into(), "x".into())];
+        assert!(sb.set_env(&vars).is_err(), "{bad:?} taken");
+    }
+    sb.set_env(&[
+        ("FROM_CONFIG".into(), "over".into()),
+        ("SET_LATER".into(), "later".into()),
+        ("BY_REQUEST".into(), "set".into()),
+    ])
+    .unwrap();
+    let out = sb
+        .exec(
+            ExecRequest::argv(["sh", "-c", "echo \"$FROM_CONFIG $SET_LATER $BY_REQUEST\""])
+                .env("BY_REQUEST", "request"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "over later request\n");
+    let (stdout, _, _) = drain(&mut before).await;
+    assert_eq!(String::from_utf8_lossy(&stdout), "c \n");
+    sb.close().await;
+}
+
 #[tokio::test]
 async fn timeouts_kill_the_command_and_its_children() {
     let dir = tempfile::tempdir().unwrap();
