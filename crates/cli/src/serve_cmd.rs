@@ -82,11 +82,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = cordon_sandbox::volume::KEEP_IDLE)]
     pub idle_volumes: usize,
     /// Keep N sandboxes ready (a warm pool; repeatable): `N` of the
-    /// default image and size for jobs, or `N,for=jobs|sandboxes,
+    /// default image and size for jobs, or `N,for=jobs|sessions|sandboxes,
     /// image=NAME,memory=SIZE,disk=SIZE,network=off|loopback,
-    /// backend=native|microvm`. A job (or, `for=sandboxes`, a sandbox of
-    /// the API or the E2B SDK) of that shape, with no `allow` and no
-    /// display, takes one (see docs/pools.md)
+    /// backend=native|microvm`. A job (an agent session, a sandbox of the
+    /// API or the E2B SDK) of that shape, with no `allow` and no display,
+    /// takes one (see docs/pools.md)
     #[arg(long = "pool", value_name = "N[,KEY=VALUE...]")]
     pub pool: Vec<cordon_server::config::PoolSpec>,
     /// What every tenant's jobs and sessions may reach through cordon's

@@ -237,6 +237,12 @@ impl ServerConfig {
         JobDirs(self.data_dir.join("jobs"))
     }
 
+    /// Where the sessions' directories are: `<data>/sessions/<id>`, with
+    /// the workspace in `workspace` and the log in `session.jsonl`.
+    pub fn session_dirs(&self) -> PathBuf {
+        self.data_dir.join("sessions")
+    }
+
     /// Where the sandbox API's sandboxes' directories are:
     /// `<data>/sandboxes/<id>`, with the workspace in `workspace` and a
     /// microVM's state in [`SANDBOX_VM_STATE`].
@@ -277,6 +283,12 @@ impl SandboxDefaults {
     /// The backend a sandbox gets unless its job or session says.
     pub fn backend(&self) -> cordon_sandbox::BackendKind {
         self.backend
+    }
+
+    /// The limits a sandbox gets unless its job says otherwise (a
+    /// session's always), its disk budget set.
+    pub fn limits(&self) -> cordon_sandbox::Limits {
+        self.limits
     }
 
     /// Whether tenants may preview their sandboxes' ports.
@@ -436,12 +448,13 @@ impl JobDirs {
 
 /// One pool as the operator asks for it: `N` sandboxes of the default
 /// image and size for jobs, or
-/// `N,for=sandboxes,image=NAME,memory=SIZE,disk=SIZE,network=loopback,backend=B`.
+/// `N,for=sandboxes,image=NAME,memory=SIZE,disk=SIZE,network=loopback,backend=B`
+/// (`for=sessions`: image and network only).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolSpec {
     pub size: usize,
-    /// Whose sandboxes they are to be: jobs' (the default) or the sandbox
-    /// API's (and so the E2B SDK's).
+    /// Whose sandboxes they are to be: jobs' (the default), agent
+    /// sessions', or the sandbox API's (and so the E2B SDK's).
     pub owner: crate::owner::Kind,
     /// What differs from a job's defaults.
     pub limits: crate::job::Limits,
@@ -482,7 +495,9 @@ impl std::str::FromStr for PoolSpec {
                     owner = crate::owner::Kind::ALL
                         .into_iter()
                         .find(|k| k.collection() == value)
-                        .ok_or_else(|| format!("for: expected jobs or sandboxes, not `{value}`"))?
+                        .ok_or_else(|| {
+                            format!("for: expected jobs, sessions or sandboxes, not `{value}`")
+                        })?
                 }
                 "image" => limits.image = Some(crate::job::ImageName::try_from(value.to_string())?),
                 // Not `allow`: a broker's policy is each owner's own.

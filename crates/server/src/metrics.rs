@@ -108,7 +108,7 @@ impl Default for Metrics {
         let pool_taken = Counter::default();
         registry.register(
             "pool_taken",
-            "Jobs submitted and sandboxes created here that took a ready sandbox from a warm pool",
+            "Jobs, sessions and sandboxes created here that took a ready sandbox from a warm pool",
             pool_taken.clone(),
         );
         let workspaces_ahead = Gauge::default();
@@ -126,7 +126,7 @@ impl Default for Metrics {
         let pool_hits = Counter::default();
         registry.register(
             "pool_hits",
-            "Jobs and sandboxes of the API that ran in a sandbox from a warm pool",
+            "Jobs, sessions and sandboxes of the API that ran in a sandbox from a warm pool",
             pool_hits.clone(),
         );
         Metrics {

@@ -65,23 +65,24 @@ impl Owner {
     }
 }
 
-/// The kinds of owner whose sandboxes and workspaces a server makes
-/// before the owner exists (its warm pools): a job's, or a sandbox's of
-/// the sandbox API. Ids and directories are per kind, so what is made
+/// The kinds of owner, for what a server makes before its owner exists
+/// (its warm pools). Ids and directories are per kind, so what is made
 /// ahead is made for one kind and taken by one of that kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Job,
+    Session,
     Sandbox,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 2] = [Kind::Job, Kind::Sandbox];
+    pub const ALL: [Kind; 3] = [Kind::Job, Kind::Session, Kind::Sandbox];
 
     /// What its ids start with.
     pub fn prefix(self) -> &'static str {
         match self {
             Kind::Job => "job_",
+            Kind::Session => "ses_",
             Kind::Sandbox => "sbx_",
         }
     }
@@ -95,6 +96,7 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Job => "job",
+            Kind::Session => "session",
             Kind::Sandbox => "sandbox",
         }
     }
@@ -103,6 +105,7 @@ impl Kind {
     pub fn collection(self) -> &'static str {
         match self {
             Kind::Job => "jobs",
+            Kind::Session => "sessions",
             Kind::Sandbox => "sandboxes",
         }
     }

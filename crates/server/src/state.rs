@@ -146,6 +146,7 @@ impl Shared {
         let parts = crate::pool::Parts {
             roots: crate::pool::Roots {
                 jobs: config.job_dirs(),
+                sessions: config.session_dirs(),
                 sandboxes: config.sandbox_dirs(),
             },
             data_dir: config.data_dir.clone(),

@@ -393,7 +393,7 @@ pub const KEYS: &[Key] = &[
         env: &["CORDON_POOL"],
         secret: false,
         default: None,
-        doc: "cordon serve's warm pools, as --pool: a TOML list such as [\"4\", \"2,for=sandboxes,image=python,memory=1G\"] (or `;`-separated); sandboxes made ahead for the jobs (or sandboxes of the API) of their shape",
+        doc: "cordon serve's warm pools, as --pool: a TOML list such as [\"4\", \"2,for=sandboxes,image=python,memory=1G\"] (or `;`-separated); sandboxes made ahead for the jobs (sessions, sandboxes of the API) of their shape",
         guard: Guard::Isolation,
         ty: Ty::Pools,
     },

@@ -100,6 +100,30 @@ impl Shape {
         })
     }
 
+    /// The shape of an agent session's sandbox, if a pooled one can serve
+    /// it: the server's default size and backend (a session asks for
+    /// neither), its image and network, no broker policy, no display.
+    pub fn session(
+        image: Option<ImageName>,
+        network: NetworkMode,
+        policy: bool,
+        display: Option<cordon_sandbox::Display>,
+        defaults: &SandboxDefaults,
+    ) -> Option<Shape> {
+        if policy || display.is_some() {
+            return None;
+        }
+        let limits = defaults.limits();
+        Some(Shape {
+            kind: Kind::Session,
+            image,
+            memory: limits.memory,
+            disk: limits.disk?,
+            network,
+            backend: defaults.backend(),
+        })
+    }
+
     /// Options that make a sandbox of this shape.
     fn options(&self, bounds: &Bounds) -> RunOptions {
         RunOptions {
@@ -271,6 +295,22 @@ impl Pool {
             }
             let shape = Shape::of(spec.owner, &options, None, parts.defaults.backend())
                 .expect("a pool's options have no policy");
+            if spec.owner == Kind::Session {
+                let session = Shape::session(
+                    shape.image.clone(),
+                    shape.network,
+                    false,
+                    None,
+                    &parts.defaults,
+                );
+                if session.as_ref() != Some(&shape) {
+                    return Err(format!(
+                        "pool `{}`: a session's sandbox has the server's default memory, disk \
+                         and backend; a pool for sessions sets only its image and network",
+                        spec.size
+                    ));
+                }
+            }
             match pools.iter_mut().find(|(s, _)| *s == shape) {
                 Some((_, n)) => *n = (*n + spec.size).min(MAX_POOL),
                 None => pools.push((shape, spec.size)),
@@ -404,12 +444,13 @@ impl Pool {
         Some(entry)
     }
 
-    /// The sandbox taken for job `id`, if it is still kept and is what
-    /// the job runs on: `digest` the manifest of the job's image now.
+    /// The sandbox taken for owner `id` (a job when it runs, a session
+    /// when it first wakes), if it is still kept and is what the owner
+    /// runs on: `digest` the manifest of the owner's image now.
     pub fn claim(&self, id: &str, digest: Option<&str>) -> Option<Pooled> {
         let entry = self.untake(id)?;
         if entry.digest.as_deref() != digest {
-            tracing::info!(job = %id, "the pooled sandbox's image is not the job's now; making one");
+            tracing::info!(owner = %id, "the pooled sandbox's image is not its owner's now; making one");
             tokio::spawn(close(entry, None));
             return None;
         }
@@ -420,8 +461,9 @@ impl Pool {
         })
     }
 
-    /// Closes the sandbox taken for job `id` (cancelled before it ran, or
-    /// never recorded), before its files can be removed.
+    /// Closes the sandbox taken for owner `id` (a job cancelled before it
+    /// ran, a session deleted before it woke, either never recorded),
+    /// before its files can be removed.
     pub async fn forget(&self, id: &str) {
         if let Some(entry) = self.untake(id) {
             close(entry, None).await;

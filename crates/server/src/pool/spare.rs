@@ -31,6 +31,7 @@ impl Kind {
     pub(super) fn dir(self, roots: &Roots, id: &str) -> PathBuf {
         match self {
             Kind::Job => roots.jobs.job(id),
+            Kind::Session => roots.sessions.join(id),
             Kind::Sandbox => roots.sandboxes.join(id),
         }
     }
@@ -43,6 +44,7 @@ impl Kind {
 /// Where each kind's directories are.
 pub struct Roots {
     pub jobs: crate::config::JobDirs,
+    pub sessions: PathBuf,
     pub sandboxes: PathBuf,
 }
 
@@ -66,7 +68,7 @@ struct One {
 
 /// Every kind's.
 #[derive(Default)]
-pub(super) struct Spares([One; 2]);
+pub(super) struct Spares([One; Kind::ALL.len()]);
 
 impl Spares {
     fn of(&mut self, kind: Kind) -> &mut One {
@@ -195,7 +197,7 @@ mod tests {
             assert_eq!(Kind::of_id(&id), Some(kind), "{id}");
             assert!(crate::http::plausible_id(&id), "{id}");
         }
-        assert_eq!(Kind::of_id("ses_0123456789abcdef01234567"), None);
+        assert_eq!(Kind::of_id("usr_0123456789abcdef01234567"), None);
     }
 
     #[test]

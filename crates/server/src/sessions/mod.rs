@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use crate::http::{ApiError, Tenant, plausible_id, read_json};
 use crate::job::NetworkMode;
 use crate::state::Shared;
-use crate::store::{SessionRow, random_hex};
+use crate::store::SessionRow;
 
 mod network;
 mod view;
@@ -79,7 +79,7 @@ pub(crate) fn has_display(shared: &Shared, id: &str) -> bool {
 
 /// Where session `id`'s log and workspace are.
 pub(crate) fn dir(shared: &Shared, id: &str) -> std::path::PathBuf {
-    shared.config.data_dir.join("sessions").join(id)
+    shared.config.session_dirs().join(id)
 }
 
 /// How long opening a session's log waits for its lock. Every process
@@ -175,69 +175,100 @@ pub(crate) async fn create(
     let model = asked
         .model
         .map_or_else(|| defaults.agent.model.clone(), String::from);
-    let id = format!("ses_{}", random_hex(12));
-    let d = dir(&shared, &id);
-    let unavailable = |e: std::io::Error| {
-        tracing::error!("session {id}: {e}");
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "cannot create the session's files",
-        )
-    };
-    // In use until the clone below is in it.
-    let _in_use = {
-        let (d, sandboxes) = (d.clone(), shared.config.sandboxes());
-        tokio::task::spawn_blocking(move || {
-            sandboxes
-                .make_workspace(&d.join("workspace"), None)
-                .map_err(std::io::Error::other)
-        })
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-        .map_err(unavailable)?
-    };
-    let mut log = SessionLog::create(d.join("session.jsonl"))
-        .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
-    let spec = policy.clone().map(cordon_net::PolicySpec::from);
-    let started = cordon_agent::sessions::SessionStarted {
-        session_id: id.clone(),
-        model: model.clone(),
-        provider: defaults.provider.kind.to_string(),
-        workspace: "/workspace".into(),
-        title: String::new(),
-        resumed: false,
+    // A ready sandbox of the session's shape comes with its id and
+    // workspace; it waits for the first message (see `wake`).
+    let shape = crate::pool::Shape::session(
+        image.clone(),
+        network,
+        policy.is_some(),
         display,
-        network: Some(network.into()),
-        allow: spec.as_ref().map(|s| s.allow.clone()),
-        allow_private: spec.map(|s| s.allow_private),
-        forked_from: None,
-        image: image.map(String::from),
-        instructions: Vec::new(),
-    }
-    .record();
-    log.append(&started)
-        .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
-    if let Some(repo) = &asked.repo {
-        match clone_for(&shared, &tenant, &id, repo, allow_push).await {
-            Ok(record) => log
-                .append(&SessionRecord::Repository(record))
-                .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?,
-            Err(e) => {
-                // Nothing of the session is kept: its files are the clone's.
-                drop((log, _in_use));
-                let d = d.clone();
-                match tokio::task::spawn_blocking(move || crate::files::remove_tree(&d)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(err)) => tracing::warn!("session {id}: {err}"),
-                    Err(err) => tracing::warn!("session {id}: {err}"),
-                }
-                return Err(e);
-            }
+        &shared.config.sandboxes(),
+    );
+    let pooled = shape.and_then(|s| shared.pool.take(&s));
+    let id = pooled
+        .clone()
+        .unwrap_or_else(|| crate::pool::Kind::Session.new_id());
+    let made: Result<Response, ApiError> = async {
+        let d = dir(&shared, &id);
+        let unavailable = |e: std::io::Error| {
+            tracing::error!("session {id}: {e}");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "cannot create the session's files",
+            )
         };
+        // In use until the clone below is in it; the pool's made already.
+        let _in_use = if pooled.is_some() {
+            shared
+                .config
+                .enter_workspace(&d.join("workspace"))
+                .await
+                .map_err(|e| unavailable(std::io::Error::other(e)))?
+        } else {
+            let (d, sandboxes) = (d.clone(), shared.config.sandboxes());
+            tokio::task::spawn_blocking(move || {
+                sandboxes
+                    .make_workspace(&d.join("workspace"), None)
+                    .map_err(std::io::Error::other)
+            })
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+            .map_err(unavailable)?
+        };
+        let mut log = SessionLog::create(d.join("session.jsonl"))
+            .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
+        let spec = policy.clone().map(cordon_net::PolicySpec::from);
+        let started = cordon_agent::sessions::SessionStarted {
+            session_id: id.clone(),
+            model: model.clone(),
+            provider: defaults.provider.kind.to_string(),
+            workspace: "/workspace".into(),
+            title: String::new(),
+            resumed: false,
+            display,
+            network: Some(network.into()),
+            allow: spec.as_ref().map(|s| s.allow.clone()),
+            allow_private: spec.map(|s| s.allow_private),
+            forked_from: None,
+            image: image.map(String::from),
+            instructions: Vec::new(),
+        }
+        .record();
+        log.append(&started)
+            .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?;
+        if let Some(repo) = &asked.repo {
+            match clone_for(&shared, &tenant, &id, repo, allow_push).await {
+                Ok(record) => log
+                    .append(&SessionRecord::Repository(record))
+                    .map_err(|e| unavailable(std::io::Error::other(e.to_string())))?,
+                Err(e) => {
+                    // Nothing of the session is kept: its files are the
+                    // clone's. A pooled sandbox over them goes first.
+                    drop((log, _in_use));
+                    shared.pool.forget(&id).await;
+                    let d = d.clone();
+                    match tokio::task::spawn_blocking(move || crate::files::remove_tree(&d)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(err)) => tracing::warn!("session {id}: {err}"),
+                        Err(err) => tracing::warn!("session {id}: {err}"),
+                    }
+                    return Err(e);
+                }
+            };
+        }
+        let row = shared.store.insert_session(&id, &tenant, &model).await?;
+        Ok((StatusCode::CREATED, Json(SessionSummary::of(&row))).into_response())
     }
-    let row = shared.store.insert_session(&id, &tenant, &model).await?;
-    Ok((StatusCode::CREATED, Json(SessionSummary::of(&row))).into_response())
+    .await;
+    // Its start is done: the pool may make the next.
+    shared.pool.ended(&id);
+    if made.is_err() && pooled.is_some() {
+        // The pool's files are no one's: its sandbox closed, they go.
+        shared.pool.forget(&id).await;
+        crate::files::remove_files(dir(&shared, &id), "a session not made").await;
+    }
+    made
 }
 
 /// Clones `repo` into new session `id`'s workspace with `tenant`'s login;
@@ -465,6 +496,8 @@ pub(crate) async fn remove(
     if !shared.store.delete_session(&row.tenant, id).await? {
         return Ok(false);
     }
+    // Deleted before its first message: the pooled sandbox it took.
+    shared.pool.forget(id).await;
     // The sandbox is gone, so nothing writes here any more; remove_dir_all
     // unlinks symlinks rather than following them. Removed while the slot
     // is held, so no message that raced the delete wakes it on its files.

@@ -132,12 +132,13 @@ async fn wake(
         Ok((records, _)) => records,
         Err(_) => Vec::new(),
     };
-    // The image it was created with, still offered to its tenant.
-    let image = match super::started(records.iter().map(|r| &r.data))
+    // The image it was created with, still offered to its tenant, and its
+    // digest.
+    let (image, digest) = match super::started(records.iter().map(|r| &r.data))
         .and_then(|s| s.image.clone())
         .map(crate::job::ImageName::try_from)
     {
-        None => None,
+        None => (None, None),
         Some(Err(e)) => {
             tracing::error!("session {}: its image: {e}", row.id);
             return Err(ApiError::new(
@@ -146,14 +147,14 @@ async fn wake(
                 "cannot read the session's image",
             ));
         }
-        Some(Ok(name)) => Some(
-            shared
+        Some(Ok(name)) => {
+            let ready = shared
                 .images
                 .ready(&shared.store, &row.tenant, &name)
                 .await
-                .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "image_unavailable", e))?
-                .root,
-        ),
+                .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "image_unavailable", e))?;
+            (Some(ready.root), Some(ready.image.manifest.to_string()))
+        }
     };
     let mut sc = shared.config.sandbox(&ws, image);
     sc.display = started_display(records.iter().map(|r| &r.data));
@@ -197,18 +198,33 @@ async fn wake(
     sc.egress = policy
         .as_ref()
         .map(|p| cordon_sandbox::Egress::new(p.clone().into()));
-    let backend = sc.backend;
     let workdir = sc.workdir.clone();
-    let created = Sandbox::create(sc).await;
-    shared.metrics.sandbox_started(backend, created.is_ok());
-    let sandbox = created.map_err(|e| {
-        tracing::error!("session {}: {e}", row.id);
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "sandbox_error",
-            format!("cannot create the sandbox: {e}"),
-        )
-    })?;
+    // Its first wake takes the sandbox the pool made with its workspace,
+    // if it was made so and is still kept: the same sandbox as `sc`, as
+    // its shape was this session's (no policy, no display).
+    let pooled = (sc.egress.is_none() && sc.display.is_none())
+        .then(|| shared.pool.claim(&row.id, digest.as_deref()))
+        .flatten();
+    let sandbox = match pooled {
+        Some(p) => {
+            // The workspace stays entered by `in_use`.
+            tokio::task::spawn_blocking(move || drop(p.in_use));
+            p.sandbox
+        }
+        None => {
+            let backend = sc.backend;
+            let created = Sandbox::create(sc).await;
+            shared.metrics.sandbox_started(backend, created.is_ok());
+            created.map_err(|e| {
+                tracing::error!("session {}: {e}", row.id);
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "sandbox_error",
+                    format!("cannot create the sandbox: {e}"),
+                )
+            })?
+        }
+    };
     shared
         .sandboxes
         .insert(Owner::Session(row.id.clone()), &sandbox);

@@ -640,6 +640,111 @@ async fn a_pooled_microvm_sandbox_outlives_its_server() {
     assert_eq!(out, "in-memory\nfile\nkept\nalive\n");
 }
 
+/// The output of the tool call a turn's events finished with.
+fn tool_output(events: &[(String, serde_json::Value)]) -> String {
+    events
+        .iter()
+        .find(|e| e.0 == "tool_call_finished")
+        .expect("the call ran")
+        .1
+        .to_string()
+}
+
+/// Agent sessions from a pool (`for=sessions`): a session takes a pooled
+/// sandbox when it is created (its id and workspace the pool's) and its
+/// first message runs in it; a file put before that message is there.
+/// The attack: the first session's agent leaves files and a detached
+/// process and its session goes on; the next session's agent finds none
+/// of them. A session deleted before its first message closes the sandbox
+/// it took, and its files go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_session_sees_nothing_of_the_last() {
+    use cordon_testkit::{Scenario, ScriptedServer, Turn};
+    let look = "ls -A /workspace /tmp; ps -eo args 2>/dev/null || \
+                for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done";
+    let model = ScriptedServer::start(
+        Scenario::new()
+            .turn(Turn::text("Leaving things.").with_tool_call(
+                "d1",
+                "bash",
+                json!({"command": "echo left > /workspace/left; echo left > /tmp/left; \
+                    setsid sh -c 'exec -a lurker sleep 1000' </dev/null >/dev/null 2>&1 & \
+                    cat /workspace/put.txt"}),
+            ))
+            .turn(Turn::text("Done.").expect_tool_results(["d1"]))
+            .turn(Turn::text("Looking.").with_tool_call("c1", "bash", json!({"command": look})))
+            .turn(Turn::text("Clean.").expect_tool_results(["c1"])),
+    );
+    let Some(s) = TestServer::start_with(Db::Sqlite, |c| {
+        with_model(model.url())(c);
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        c.pool = vec!["1,for=sessions".parse().unwrap()];
+    })
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    ready(&s, 1.0).await;
+    let dirty = s.new_session(&t).await;
+    let text = scrape(&s).await;
+    assert_eq!(counted(&text, "cordon_pool_taken_total"), 1.0, "{text}");
+    let (status, b) = s
+        .client
+        .put(s.url(&format!("/v1/sessions/{dirty}/files/put.txt")))
+        .bearer_auth(&t)
+        .body("put before\n")
+        .send()
+        .await
+        .map(|r| (r.status(), ()))
+        .unwrap();
+    assert!(status.is_success(), "{status} {b:?}");
+    let out = tool_output(&s.say(&t, &dirty, "leave things").await);
+    assert!(out.contains("put before"), "{out}");
+
+    ready(&s, 1.0).await;
+    let clean = s.new_session(&t).await;
+    let out = tool_output(&s.say(&t, &clean, "look").await);
+    for left in ["left", "lurker", "sleep 1000", "put.txt"] {
+        assert!(!out.contains(left), "{left:?} in a pooled session:\n{out}");
+    }
+    model.assert_finished();
+    let text = scrape(&s).await;
+    assert_eq!(counted(&text, "cordon_pool_hits_total"), 2.0, "{text}");
+
+    // Deleted before its first message: its sandbox closed, its files gone.
+    ready(&s, 1.0).await;
+    let unused = s.new_session(&t).await;
+    let (status, _) = s.delete(&t, &format!("/v1/sessions/{unused}")).await;
+    assert_eq!(status, 204);
+    assert!(!s.dir.join("data/sessions").join(&unused).exists());
+    let workspace = format!("sessions/{unused}/workspace");
+    assert!(
+        !std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .contains(&workspace),
+        "its workspace is still mounted"
+    );
+}
+
+/// A session's sandbox has the server's default size and backend: a pool
+/// for sessions of another could never serve one, and is refused.
+#[tokio::test]
+async fn a_sessions_pool_of_another_size_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db_url, _pg) = crate::common::database(Db::Sqlite, dir.path()).unwrap();
+    for spec in ["1,for=sessions,memory=1G", "1,for=sessions,disk=64M"] {
+        let mut config = cordon_server::ServerConfig::new(&db_url, dir.path().join("data"));
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.pool = vec![spec.parse().unwrap()];
+        let e = match cordon_server::start(config).await {
+            Ok(_) => panic!("{spec} taken"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("sets only its image and network"), "{spec}: {e}");
+    }
+}
+
 #[test]
 fn pool_specs_are_checked() {
     use cordon_server::config::PoolSpec;
@@ -662,7 +767,7 @@ fn pool_specs_are_checked() {
         ("2,memory", "KEY=VALUE"),
         ("2,cpus=2", "for, image, memory, disk, network and backend"),
         ("2,network=allow", "off or loopback"),
-        ("2,for=sessions", "jobs or sandboxes"),
+        ("2,for=users", "jobs, sessions or sandboxes"),
         ("2,backend=kvm", "native or microvm"),
         ("2,memory=lots", "memory"),
     ] {
