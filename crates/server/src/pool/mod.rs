@@ -124,6 +124,24 @@ impl Shape {
         })
     }
 
+    /// How the operator writes it in a pool (`image=…,memory=…,…`).
+    fn describe(&self) -> String {
+        let size = |bytes: u64| match bytes % (1 << 20) {
+            0 => format!("{}M", bytes >> 20),
+            _ => bytes.to_string(),
+        };
+        format!(
+            "image={},memory={},disk={},network={},backend={}",
+            self.image
+                .as_ref()
+                .map_or("(the host's root)", |i| i.as_str()),
+            size(self.memory),
+            size(self.disk),
+            cordon_sandbox::Network::from(self.network),
+            self.backend.as_str(),
+        )
+    }
+
     /// Options that make a sandbox of this shape.
     fn options(&self, bounds: &Bounds) -> RunOptions {
         RunOptions {
@@ -138,6 +156,9 @@ impl Shape {
         }
     }
 }
+
+/// Shapes no pool serves told of at most: each once, and not without end.
+const MAX_UNSERVED: usize = 16;
 
 /// How long a pooled microVM's warm-up may take (see [`warm`]).
 const WARM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -218,6 +239,8 @@ struct State {
     deferring: Vec<(String, Instant)>,
     /// The workspaces made ahead.
     spares: spare::Spares,
+    /// Shapes no pool serves that [`Pool::unserved`] told of.
+    unserved: Vec<Shape>,
 }
 
 impl State {
@@ -377,7 +400,10 @@ impl Pool {
             return None;
         }
         let mut state = self.state();
-        let at = state.idle.iter().position(|e| &e.shape == shape)?;
+        let Some(at) = state.idle.iter().position(|e| &e.shape == shape) else {
+            self.unserved(&mut state, shape);
+            return None;
+        };
         let entry = state.idle.swap_remove(at);
         let id = entry.id.clone();
         let now = Instant::now();
@@ -390,6 +416,34 @@ impl Pool {
         let _ = std::fs::remove_file(self.ledger().join(&id));
         self.parts.metrics.pool_taken();
         Some(id)
+    }
+
+    /// Tells the operator, once per shape, of an owner whose kind has
+    /// pools but none of its shape: a pool that never serves is easy to
+    /// keep unknowingly (E2B's sandboxes have a loopback, a pool's
+    /// network is off unless it says).
+    fn unserved(&self, state: &mut State, shape: &Shape) {
+        if self.pools.iter().any(|(s, _)| s == shape)
+            || !self.pools.iter().any(|(s, _)| s.kind == shape.kind)
+            || state.unserved.len() >= MAX_UNSERVED
+            || state.unserved.contains(shape)
+        {
+            return;
+        }
+        let kinds: Vec<String> = self
+            .pools
+            .iter()
+            .filter(|(s, _)| s.kind == shape.kind)
+            .map(|(s, _)| s.describe())
+            .collect();
+        tracing::info!(
+            "a {} of {} took no pooled sandbox: the pools for {} are of {}",
+            shape.kind.name(),
+            shape.describe(),
+            shape.kind.collection(),
+            kinds.join("; ")
+        );
+        state.unserved.push(shape.clone());
     }
 
     /// Takes a ready sandbox of `shape` for an owner that starts now, if
@@ -732,5 +786,33 @@ async fn close(entry: Entry, unlisted: Option<(PathBuf, PathBuf)>) {
     drop(in_use);
     if let Some((listed, dir)) = unlisted {
         spare::discard(dir, &listed, "a pooled sandbox").await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shape is told as a pool of it is written, so that an operator
+    /// can copy it into `--pool`.
+    #[test]
+    fn a_shape_is_told_as_a_pool_is_written() {
+        let shape = Shape {
+            kind: Kind::Sandbox,
+            image: Some(ImageName::try_from("base".to_string()).unwrap()),
+            memory: 512 << 20,
+            disk: (1 << 30) + 1,
+            network: NetworkMode::Loopback,
+            backend: BackendKind::Native,
+        };
+        let told = shape.describe();
+        assert_eq!(
+            told,
+            "image=base,memory=512M,disk=1073741825,network=loopback,backend=native"
+        );
+        let spec: PoolSpec = format!("1,for=sandboxes,{}", told.replace("disk=1073741825,", ""))
+            .parse()
+            .unwrap();
+        assert_eq!(spec.limits.memory.map(|m| m.0), Some(512 << 20));
     }
 }
