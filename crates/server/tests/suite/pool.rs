@@ -580,6 +580,50 @@ async fn a_pooled_sandbox_of_the_api_is_fresh_and_as_asked() {
     assert_eq!(counted(&text, "cordon_pool_hits_total"), 3.0, "{text}");
 }
 
+/// A tag moved since the pool was filled is not run stale: the image's
+/// digest for the tenant is checked as a sandbox takes a pooled one, and a
+/// sandbox of the old image is closed, its files removed, and the new
+/// sandbox made from the image as it is now.
+#[tokio::test]
+async fn a_pooled_sandbox_of_an_image_moved_since_is_not_taken() {
+    use cordon_testkit::oci::{busybox_layer, layer, write_image};
+    let (layout, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let Some(s) = with_tiny(
+        layout.path(),
+        store.path(),
+        &["1,for=sandboxes,image=tiny"],
+        |_| {},
+    )
+    .await
+    else {
+        return;
+    };
+    let t = s.token("acme").await;
+    ready(&s, 1.0).await;
+    let sandboxes = s.dir.join("data/sandboxes");
+    let pooled: Vec<_> = std::fs::read_dir(&sandboxes)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(pooled.len(), 1, "{pooled:?}");
+    write_image(
+        layout.path(),
+        "v1",
+        &[busybox_layer(), layer(&[("etc/motd", "moved\n")])],
+        json!({"Env": ["PATH=/bin"], "User": "app"}),
+    );
+    let id = new_sandbox(&s, &t, json!({"image": "tiny"})).await;
+    assert_ne!(std::ffi::OsStr::new(&id), pooled[0].as_os_str());
+    assert_eq!(in_sandbox(&s, &t, &id, "cat /etc/motd").await, "moved\n");
+    assert!(
+        !sandboxes.join(&pooled[0]).exists(),
+        "the stale sandbox's files stayed"
+    );
+    let text = scrape(&s).await;
+    assert_eq!(counted(&text, "cordon_pool_hits_total"), 0.0, "{text}");
+}
+
 /// A microVM of a sandboxes' pool is one the server can keep: paused to
 /// disk, it outlives the server, and resumed by the next it has its
 /// files, its process and its `env`, which the pool's sandbox was given
