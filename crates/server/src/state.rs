@@ -157,6 +157,19 @@ impl Shared {
         };
         // Split across machines, a job's workspace is made by the worker
         // that claims it, after its id is chosen: no pool can serve it.
+        // Its sandboxes would wait for sessions that cannot be made.
+        if config.agent.is_none()
+            && config
+                .pool
+                .iter()
+                .any(|p| p.owner == crate::owner::Kind::Session)
+        {
+            return Err(
+                "a pool for sessions needs a model, and this server has none (set \
+                 ANTHROPIC_API_KEY or OPENAI_BASE_URL where `cordon serve` runs)"
+                    .into(),
+            );
+        }
         let pool = Arc::new(match config.cluster {
             None => crate::pool::Pool::new(&config.pool, parts)?,
             Some(_) if config.pool.is_empty() => crate::pool::Pool::none(parts),

@@ -191,8 +191,10 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
     responses((status = 200, body = EntryView),
               (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "The sandbox's user may not (the kernel's reason)", body = crate::http::ErrorResponse),
               (status = 404, description = "No such sandbox, or nothing there", body = crate::http::ErrorResponse),
-              (status = 409, description = "It has ended", body = crate::http::ErrorResponse)))]
+              (status = 409, description = "It has ended", body = crate::http::ErrorResponse),
+              (status = 422, description = "The file system refused it (the kernel's reason, e.g. a name too long)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn fs_stat(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -211,9 +213,10 @@ pub(crate) async fn fs_stat(
     responses((status = 200, body = EntryList),
               (status = 400, description = "Not a directory, or the request says what is wrong", body = crate::http::ErrorResponse),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "The sandbox's user may not (the kernel's reason)", body = crate::http::ErrorResponse),
               (status = 404, description = "No such sandbox or directory", body = crate::http::ErrorResponse),
               (status = 409, description = "It has ended", body = crate::http::ErrorResponse),
-              (status = 422, description = "Too many entries", body = crate::http::ErrorResponse)))]
+              (status = 422, description = "Too many entries, or the file system refused it (the kernel's reason)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn fs_list(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -258,8 +261,10 @@ pub(crate) async fn fs_list(
     responses((status = 201, body = EntryView),
               (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "The sandbox's user may not (the kernel's reason)", body = crate::http::ErrorResponse),
               (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse),
-              (status = 409, description = "It exists already, or the sandbox has ended", body = crate::http::ErrorResponse)))]
+              (status = 409, description = "It exists already, or the sandbox has ended", body = crate::http::ErrorResponse),
+              (status = 422, description = "The file system refused it (the kernel's reason, e.g. a name too long)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn fs_mkdir(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -281,8 +286,10 @@ pub(crate) async fn fs_mkdir(
     responses((status = 200, body = EntryView),
               (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "The sandbox's user may not (the kernel's reason)", body = crate::http::ErrorResponse),
               (status = 404, description = "No such sandbox, or nothing to move", body = crate::http::ErrorResponse),
-              (status = 409, description = "It has ended", body = crate::http::ErrorResponse)))]
+              (status = 409, description = "It has ended", body = crate::http::ErrorResponse),
+              (status = 422, description = "The file system refused it (the kernel's reason, e.g. a name too long)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn fs_move(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -302,8 +309,10 @@ pub(crate) async fn fs_move(
     responses((status = 204, description = "Removed"),
               (status = 400, description = "The request says what is wrong", body = crate::http::ErrorResponse),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "The sandbox's user may not (the kernel's reason)", body = crate::http::ErrorResponse),
               (status = 404, description = "No such sandbox (or another tenant's)", body = crate::http::ErrorResponse),
-              (status = 409, description = "It has ended", body = crate::http::ErrorResponse)))]
+              (status = 409, description = "It has ended", body = crate::http::ErrorResponse),
+              (status = 422, description = "The file system refused it (the kernel's reason, e.g. a name too long)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn fs_remove(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -332,9 +341,10 @@ pub struct ChangeView {
     responses((status = 200, description = "Its changes", content_type = "text/event-stream"),
               (status = 400, description = "Not a directory, or the request says what is wrong", body = crate::http::ErrorResponse),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "The sandbox's user may not (the kernel's reason)", body = crate::http::ErrorResponse),
               (status = 404, description = "No such sandbox or directory", body = crate::http::ErrorResponse),
               (status = 409, description = "It has ended", body = crate::http::ErrorResponse),
-              (status = 422, description = "Too many directories, or watches", body = crate::http::ErrorResponse)))]
+              (status = 422, description = "Too many directories or watches, or the file system refused it (the kernel's reason)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn fs_watch(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -428,8 +438,10 @@ async fn directory(id: &str, b: &LiveBox, path: &str) -> ApiResult<String> {
     responses((status = 200, description = "The tar", content_type = "application/x-tar"),
               (status = 400, description = "Not a directory, or the request says what is wrong", body = crate::http::ErrorResponse),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "The sandbox's user may not (the kernel's reason)", body = crate::http::ErrorResponse),
               (status = 404, description = "No such sandbox or directory", body = crate::http::ErrorResponse),
-              (status = 409, description = "It has ended", body = crate::http::ErrorResponse)))]
+              (status = 409, description = "It has ended", body = crate::http::ErrorResponse),
+              (status = 422, description = "The file system refused it (the kernel's reason, e.g. a name too long)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn fs_archive_get(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,
@@ -470,8 +482,10 @@ pub(crate) async fn fs_archive_get(
     responses((status = 204, description = "Unpacked"),
               (status = 400, description = "Not a directory, not a tar, or the request says what is wrong", body = crate::http::ErrorResponse),
               (status = 401, description = "No or unknown token", body = crate::http::ErrorResponse),
+              (status = 403, description = "The sandbox's user may not (the kernel's reason)", body = crate::http::ErrorResponse),
               (status = 404, description = "No such sandbox or directory", body = crate::http::ErrorResponse),
-              (status = 409, description = "It has ended", body = crate::http::ErrorResponse)))]
+              (status = 409, description = "It has ended", body = crate::http::ErrorResponse),
+              (status = 422, description = "The file system refused it (the kernel's reason, e.g. a name too long)", body = crate::http::ErrorResponse)))]
 pub(crate) async fn fs_archive_put(
     State(shared): State<Arc<Shared>>,
     Tenant(tenant): Tenant,

@@ -772,20 +772,37 @@ async fn a_pooled_session_sees_nothing_of_the_last() {
 }
 
 /// A session's sandbox has the server's default size and backend: a pool
-/// for sessions of another could never serve one, and is refused.
+/// for sessions of another could never serve one, and is refused; so is
+/// one on a server without a model, which makes no sessions.
 #[tokio::test]
 async fn a_sessions_pool_of_another_size_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (db_url, _pg) = crate::common::database(Db::Sqlite, dir.path()).unwrap();
-    for spec in ["1,for=sessions,memory=1G", "1,for=sessions,disk=64M"] {
+    let model = cordon_testkit::ScriptedServer::start(cordon_testkit::Scenario::new());
+    for (spec, with_model, says) in [
+        (
+            "1,for=sessions,memory=1G",
+            true,
+            "sets only its image and network",
+        ),
+        (
+            "1,for=sessions,disk=64M",
+            true,
+            "sets only its image and network",
+        ),
+        ("1,for=sessions", false, "needs a model"),
+    ] {
         let mut config = cordon_server::ServerConfig::new(&db_url, dir.path().join("data"));
         config.listen = "127.0.0.1:0".parse().unwrap();
         config.pool = vec![spec.parse().unwrap()];
+        if with_model {
+            config.agent = Some(agent_at(model.url()));
+        }
         let e = match cordon_server::start(config).await {
             Ok(_) => panic!("{spec} taken"),
             Err(e) => e.to_string(),
         };
-        assert!(e.contains("sets only its image and network"), "{spec}: {e}");
+        assert!(e.contains(says), "{spec}: {e}");
     }
 }
 
