@@ -766,12 +766,10 @@ impl SandboxConfig {
         ];
         if let Some(image) = &self.image {
             if image.uid == 0 {
-                env.retain(|(k, _)| k != "HOME");
-                env.push(("HOME".into(), "/root".into()));
+                put_env(&mut env, "HOME", "/root");
             }
             for (k, v) in &image.env {
-                env.retain(|(ek, _)| ek != k);
-                env.push((k.clone(), v.clone()));
+                put_env(&mut env, k, v);
             }
         }
         if self.network == Network::Allow {
@@ -781,11 +779,28 @@ impl SandboxConfig {
             env.extend(crate::egress::trust_env());
         }
         for (k, v) in &self.env {
-            env.retain(|(ek, _)| ek != k);
-            env.push((k.clone(), v.clone()));
+            put_env(&mut env, k, v);
         }
         env
     }
+}
+
+/// Sets `key` to `value` in `env`, over what it held: the later of two
+/// settings wins, and the variable is set once.
+pub(crate) fn put_env(env: &mut Vec<(String, String)>, key: &str, value: &str) {
+    env.retain(|(k, _)| k != key);
+    env.push((key.to_string(), value.to_string()));
+}
+
+/// Refuses a variable no process can be given: a name that is empty or
+/// holds `=` or NUL, or a value with NUL.
+pub(crate) fn check_env_var(key: &str, value: &str) -> Result<()> {
+    if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
+        return Err(Error::Config(format!(
+            "invalid environment variable {key:?}"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -25,8 +25,7 @@ impl Sandbox {
     pub async fn create(config: SandboxConfig) -> Result<Sandbox> {
         let mut config = config;
         if config.display.is_some() {
-            config.env.retain(|(k, _)| k != "DISPLAY");
-            config.env.push(("DISPLAY".into(), DISPLAY.into()));
+            crate::config::put_env(&mut config.env, "DISPLAY", DISPLAY);
         }
         // What the workspace takes before the sandbox can write, measured
         // while the sandbox starts.

@@ -256,15 +256,11 @@ impl Sandbox {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         if req.pty.is_some() {
-            env.retain(|(k, _)| k != "TERM");
-            env.push(("TERM".into(), "xterm-256color".into()));
+            crate::config::put_env(&mut env, "TERM", "xterm-256color");
         }
         for (k, v) in &req.env {
-            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(Error::Config(format!("invalid environment variable {k:?}")));
-            }
-            env.retain(|(ek, _)| ek != k);
-            env.push((k.clone(), v.clone()));
+            crate::config::check_env_var(k, v)?;
+            crate::config::put_env(&mut env, k, v);
         }
         let argv = req
             .argv

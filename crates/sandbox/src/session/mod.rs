@@ -653,11 +653,8 @@ impl Sandbox {
     /// What runs already keeps its environment. A name that is empty or
     /// holds `=` or NUL, or a value with NUL, is refused, and nothing set.
     pub fn set_env(&self, vars: &[(String, String)]) -> Result<()> {
-        if let Some((k, _)) = vars
-            .iter()
-            .find(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0'))
-        {
-            return Err(Error::Config(format!("invalid environment variable {k:?}")));
+        for (k, v) in vars {
+            crate::config::check_env_var(k, v)?;
         }
         let mut env = self
             .inner
@@ -665,8 +662,7 @@ impl Sandbox {
             .write()
             .unwrap_or_else(|e| e.into_inner());
         for (k, v) in vars {
-            env.retain(|(ek, _)| ek != k);
-            env.push((k.clone(), v.clone()));
+            crate::config::put_env(&mut env, k, v);
         }
         Ok(())
     }
