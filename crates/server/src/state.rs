@@ -155,9 +155,8 @@ impl Shared {
             images: images.clone(),
             metrics: metrics.clone(),
         };
-        // Split across machines, a job's workspace is made by the worker
-        // that claims it, after its id is chosen: no pool can serve it.
-        // Its sandboxes would wait for sessions that cannot be made.
+        // A sessions' pool's sandboxes would wait for sessions that cannot
+        // be made.
         if config.agent.is_none()
             && config
                 .pool
@@ -170,6 +169,8 @@ impl Shared {
                     .into(),
             );
         }
+        // Split across machines, a job's workspace is made by the worker
+        // that claims it, after its id is chosen: no pool can serve it.
         let pool = Arc::new(match config.cluster {
             None => crate::pool::Pool::new(&config.pool, parts)?,
             Some(_) if config.pool.is_empty() => crate::pool::Pool::none(parts),

@@ -411,7 +411,8 @@ async fn pooled(
     let crate::pool::Pooled { sandbox, in_use } = shared.pool.accept(taken);
     let (account, env) = environment(account, sandbox.workdir(), asked);
     if let Err(e) = sandbox.set_env(&env) {
-        // Checked with the request: not reached.
+        // `asked.env` was checked with the request; an image user's name
+        // or home the kernel cannot take is what is left.
         sandbox.close().await;
         drop(in_use);
         crate::files::remove_files(dir(shared, &id), "a pooled sandbox refused").await;

@@ -444,6 +444,23 @@ pub fn catalog(entries: &[String]) -> cordon_server::catalog::ImageCatalog {
     }
 }
 
+/// A sandbox of the sandbox API made as `body` asks, running: its id.
+pub async fn new_sandbox(s: &TestServer, t: &str, body: Value) -> String {
+    let (status, b) = s.post(t, "/v1/sandboxes", body).await;
+    assert_eq!(status, 201, "{b}");
+    assert_eq!(b["state"], "running", "{b}");
+    b["id"].as_str().unwrap().to_string()
+}
+
+/// A command run in sandbox `id` as `body` asks, to its end: the answer.
+pub async fn sandbox_command(s: &TestServer, t: &str, id: &str, body: Value) -> Value {
+    let (status, b) = s
+        .post(t, &format!("/v1/sandboxes/{id}/commands"), body)
+        .await;
+    assert_eq!(status, 200, "{b}");
+    b
+}
+
 pub fn shell(command: &str) -> Value {
     json!({"kind": "shell", "command": command})
 }

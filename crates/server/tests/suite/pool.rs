@@ -483,23 +483,9 @@ async fn with_tiny(
     .await
 }
 
-/// A sandbox of the API, made: its id.
-async fn new_sandbox(s: &TestServer, t: &str, body: serde_json::Value) -> String {
-    let (status, b) = s.post(t, "/v1/sandboxes", body).await;
-    assert_eq!(status, 201, "{b}");
-    b["id"].as_str().unwrap().to_string()
-}
-
 /// `cmd` run in sandbox `id` to its end: its output.
 async fn in_sandbox(s: &TestServer, t: &str, id: &str, cmd: &str) -> String {
-    let (status, b) = s
-        .post(
-            t,
-            &format!("/v1/sandboxes/{id}/commands"),
-            json!({"cmd": cmd}),
-        )
-        .await;
-    assert_eq!(status, 200, "{b}");
+    let b = sandbox_command(s, t, id, json!({"cmd": cmd})).await;
     assert_eq!(b["exit_code"], 0, "{b}");
     b["stdout"].as_str().unwrap().to_string()
 }

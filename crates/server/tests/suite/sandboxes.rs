@@ -12,21 +12,6 @@ use common::*;
 
 use serde_json::{Value, json};
 
-async fn create(s: &TestServer, t: &str, body: Value) -> String {
-    let (status, b) = s.post(t, "/v1/sandboxes", body).await;
-    assert_eq!(status, 201, "{b}");
-    assert_eq!(b["state"], "running", "{b}");
-    b["id"].as_str().unwrap().to_string()
-}
-
-async fn run(s: &TestServer, t: &str, id: &str, body: Value) -> Value {
-    let (status, b) = s
-        .post(t, &format!("/v1/sandboxes/{id}/commands"), body)
-        .await;
-    assert_eq!(status, 200, "{b}");
-    b
-}
-
 /// `GET path` as SSE, read to its end: (event, data) in order.
 async fn sse(s: &TestServer, t: &str, path: &str) -> Vec<(String, Value)> {
     let r = s
@@ -59,7 +44,7 @@ async fn a_sandbox_runs_commands_until_it_is_deleted() {
     };
     let t = s.token("acme").await;
     let other = s.token("zeta").await;
-    let id = create(
+    let id = new_sandbox(
         &s,
         &t,
         json!({"env": {"APP_ENV": "test"}, "metadata": {"user": "42", "team": "a b"}, "timeout_secs": 600}),
@@ -105,7 +90,7 @@ async fn a_sandbox_runs_commands_until_it_is_deleted() {
 
     // A command waited for: its code, streams, the sandbox's variables and
     // its own, a working directory, stdin.
-    let r = run(
+    let r = sandbox_command(
         &s,
         &t,
         &id,
@@ -115,7 +100,7 @@ async fn a_sandbox_runs_commands_until_it_is_deleted() {
     assert_eq!(r["exit_code"], 3);
     assert_eq!(r["stdout"], "test x\n/tmp\n");
     assert_eq!(r["stderr"], "err\n");
-    let r = run(&s, &t, &id, json!({"cmd": "cat; echo", "stdin": "hello"})).await;
+    let r = sandbox_command(&s, &t, &id, json!({"cmd": "cat; echo", "stdin": "hello"})).await;
     assert_eq!(r["stdout"], "hello\n");
 
     // Files written through the API are the commands' workspace.
@@ -128,7 +113,7 @@ async fn a_sandbox_runs_commands_until_it_is_deleted() {
         .await
         .unwrap();
     assert_eq!(put.status(), 201);
-    let r = run(
+    let r = sandbox_command(
         &s,
         &t,
         &id,
@@ -304,8 +289,8 @@ async fn a_sandbox_ends_at_its_timeout_unless_extended() {
         return;
     };
     let t = s.token("acme").await;
-    let short = create(&s, &t, json!({"timeout_secs": 1})).await;
-    let kept = create(&s, &t, json!({"timeout_secs": 1})).await;
+    let short = new_sandbox(&s, &t, json!({"timeout_secs": 1})).await;
+    let kept = new_sandbox(&s, &t, json!({"timeout_secs": 1})).await;
     let (status, b) = s
         .post(
             &t,
@@ -326,7 +311,7 @@ async fn a_sandbox_ends_at_its_timeout_unless_extended() {
     }
     let (_, b) = s.get(&t, &format!("/v1/sandboxes/{kept}")).await;
     assert_eq!(b["state"], "running", "{b}");
-    let r = run(&s, &t, &kept, json!({"cmd": "echo still here"})).await;
+    let r = sandbox_command(&s, &t, &kept, json!({"cmd": "echo still here"})).await;
     assert_eq!(r["stdout"], "still here\n");
 }
 
@@ -336,7 +321,7 @@ async fn sandboxes_count_against_the_tenant_s_cap_and_end_with_the_server() {
     let db = format!("sqlite://{}", dir.path().join("db.sqlite").display());
     let s = TestServer::start_at(dir.path(), &db, |c| c.sessions_per_tenant = 1).await;
     let t = s.token("acme").await;
-    let id = create(&s, &t, json!({})).await;
+    let id = new_sandbox(&s, &t, json!({})).await;
     let (status, b) = s.post(&t, "/v1/sandboxes", json!({})).await;
     assert_eq!(status, 429, "{b}");
     for bad in [
@@ -355,7 +340,7 @@ async fn sandboxes_count_against_the_tenant_s_cap_and_end_with_the_server() {
     assert_eq!(b["state"], "ended", "{b}");
     assert_eq!(b["end_reason"], "the server stopped", "{b}");
     // Its place under the cap went with it.
-    create(&s, &t, json!({})).await;
+    new_sandbox(&s, &t, json!({})).await;
 }
 
 /// The attack on the workspace a server makes ahead for the next
@@ -375,8 +360,8 @@ async fn a_sandbox_s_workspace_made_ahead_is_fresh() {
         return;
     };
     let t = s.token("acme").await;
-    let first = create(&s, &t, json!({})).await;
-    let r = run(
+    let first = new_sandbox(&s, &t, json!({})).await;
+    let r = sandbox_command(
         &s,
         &t,
         &first,
@@ -392,9 +377,9 @@ async fn a_sandbox_s_workspace_made_ahead_is_fresh() {
         "a spare with files"
     );
 
-    let second = create(&s, &t, json!({})).await;
+    let second = new_sandbox(&s, &t, json!({})).await;
     assert_eq!(second, spare, "the next sandbox did not take the spare");
-    let r = run(
+    let r = sandbox_command(
         &s,
         &t,
         &second,
@@ -425,7 +410,7 @@ async fn a_terminal_over_a_websocket_types_resizes_and_exits() {
         return;
     };
     let t = s.token("acme").await;
-    let id = create(&s, &t, json!({})).await;
+    let id = new_sandbox(&s, &t, json!({})).await;
     let url = s
         .url(&format!("/v1/sandboxes/{id}/pty?rows=30&cols=100"))
         .replacen("http://", "ws://", 1);
@@ -506,7 +491,7 @@ async fn a_sandboxs_whole_file_system_is_reached_inside_it() {
     };
     let t = s.token("acme").await;
     let other = s.token("zeta").await;
-    let id = create(&s, &t, json!({})).await;
+    let id = new_sandbox(&s, &t, json!({})).await;
     let fs = |p: &str| format!("/v1/sandboxes/{id}/fs{p}");
 
     let (status, made) = s
@@ -521,7 +506,7 @@ async fn a_sandboxs_whole_file_system_is_reached_inside_it() {
         .post(&t, &fs("/mkdir"), json!({"path": "/tmp/app/src"}))
         .await;
     assert_eq!(status, 409);
-    run(
+    sandbox_command(
         &s,
         &t,
         &id,
@@ -569,7 +554,7 @@ async fn a_sandboxs_whole_file_system_is_reached_inside_it() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    run(&s, &t, &id, json!({"cmd": "touch /tmp/app/src/new"})).await;
+    sandbox_command(&s, &t, &id, json!({"cmd": "touch /tmp/app/src/new"})).await;
     let mut body = r.bytes_stream();
     let mut seen = String::new();
     while !seen.contains("src/new") {
@@ -620,7 +605,7 @@ async fn a_sandboxs_whole_file_system_is_reached_inside_it() {
         .await
         .unwrap();
     assert_eq!(r.status(), 204, "{}", r.text().await.unwrap());
-    let out = run(
+    let out = sandbox_command(
         &s,
         &t,
         &id,
@@ -669,7 +654,7 @@ async fn a_paused_sandbox_resumes_where_it_was() {
         return;
     };
     let t = s.token("acme").await;
-    let id = create(&s, &t, json!({"timeout_secs": 3})).await;
+    let id = new_sandbox(&s, &t, json!({"timeout_secs": 3})).await;
     let (status, r) = s
         .post(
             &t,
@@ -708,9 +693,9 @@ async fn a_paused_sandbox_resumes_where_it_was() {
         .await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["state"], "running");
-    let first = run(&s, &t, &id, json!({"cmd": "cat /tmp/count"})).await;
+    let first = sandbox_command(&s, &t, &id, json!({"cmd": "cat /tmp/count"})).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let second = run(&s, &t, &id, json!({"cmd": "cat /tmp/count"})).await;
+    let second = sandbox_command(&s, &t, &id, json!({"cmd": "cat /tmp/count"})).await;
     let n = |v: &Value| v["stdout"].as_str().unwrap().trim().parse::<u64>().unwrap();
     assert!(n(&first) < 30, "it counted while paused: {first}");
     assert!(n(&second) > n(&first), "it did not go on: {first} {second}");
@@ -737,7 +722,7 @@ async fn a_paused_microvm_outlives_its_server() {
     };
     let s = TestServer::start_at(dir.path(), &db_url, vm).await;
     let t = s.token("acme").await;
-    let id = create(
+    let id = new_sandbox(
         &s,
         &t,
         json!({"backend": "microvm", "timeout_secs": 600, "env": {"APP_ENV": "kept"}}),
@@ -751,7 +736,7 @@ async fn a_paused_microvm_outlives_its_server() {
         )
         .await;
     assert_eq!(status, 202, "{r}");
-    run(&s, &t, &id, json!({"cmd": "echo in-memory > /tmp/mark"})).await;
+    sandbox_command(&s, &t, &id, json!({"cmd": "echo in-memory > /tmp/mark"})).await;
     // A minute left of its ten: what it runs once resumed by the next
     // server, not its whole timeout.
     let (status, v) = s
@@ -808,7 +793,7 @@ async fn a_paused_microvm_outlives_its_server() {
     let read = |cmd: &'static str| {
         let (s, t, id) = (&s, &t, &id);
         async move {
-            let r = run(s, t, id, json!({"cmd": cmd})).await;
+            let r = sandbox_command(s, t, id, json!({"cmd": cmd})).await;
             r["stdout"].as_str().unwrap().to_string()
         }
     };
@@ -850,8 +835,8 @@ async fn a_sandbox_made_to_pause_at_its_timeout_does() {
         return;
     };
     let t = s.token("acme").await;
-    let id = create(&s, &t, json!({"timeout_secs": 2, "on_timeout": "pause"})).await;
-    run(&s, &t, &id, json!({"cmd": "echo kept > /tmp/mark"})).await;
+    let id = new_sandbox(&s, &t, json!({"timeout_secs": 2, "on_timeout": "pause"})).await;
+    sandbox_command(&s, &t, &id, json!({"cmd": "echo kept > /tmp/mark"})).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let (_, v) = s.get(&t, &format!("/v1/sandboxes/{id}")).await;
@@ -866,7 +851,7 @@ async fn a_sandbox_made_to_pause_at_its_timeout_does() {
         .post(&t, &format!("/v1/sandboxes/{id}/resume"), json!({}))
         .await;
     assert_eq!(status, 200, "{v}");
-    let out = run(&s, &t, &id, json!({"cmd": "cat /tmp/mark"})).await;
+    let out = sandbox_command(&s, &t, &id, json!({"cmd": "cat /tmp/mark"})).await;
     assert_eq!(out["stdout"], "kept\n", "{out}");
     // Bad values say what is wrong.
     let (status, v) = s
@@ -889,7 +874,7 @@ async fn only_a_request_let_in_wakes_a_paused_sandbox() {
     };
     let t = s.token("acme").await;
     let other = s.token("zeta").await;
-    let id = create(&s, &t, json!({"auto_resume": true, "network": "loopback"})).await;
+    let id = new_sandbox(&s, &t, json!({"auto_resume": true, "network": "loopback"})).await;
     let (status, v) = s
         .post(
             &t,
@@ -1015,14 +1000,14 @@ async fn five_forks(backend: &str) {
     })
     .await;
     let t = s.token("acme").await;
-    let parent = create(
+    let parent = new_sandbox(
         &s,
         &t,
         json!({"image": "tiny", "env": {"APP_ENV": "test"}, "metadata": {"user": "42"},
                "disk": "64M", "backend": backend}),
     )
     .await;
-    let r = run(&s, &t, &parent, json!({"cmd": "uname -r"})).await;
+    let r = sandbox_command(&s, &t, &parent, json!({"cmd": "uname -r"})).await;
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     assert_eq!(r["stdout"] != host.as_str(), vm, "{r}");
     let owner = if vm {
@@ -1030,7 +1015,7 @@ async fn five_forks(backend: &str) {
     } else {
         "&& chown 1000:1000 /workspace/src/a.txt"
     };
-    let r = run(
+    let r = sandbox_command(
         &s,
         &t,
         &parent,
@@ -1066,7 +1051,7 @@ async fn five_forks(backend: &str) {
         assert_eq!(shown["request"]["forked_from"], parent.as_str(), "{shown}");
         assert_eq!(shown["request"]["image"], "tiny", "{shown}");
         assert_eq!(shown["request"]["backend"], backend, "{shown}");
-        let r = run(
+        let r = sandbox_command(
             &s,
             &t,
             f,
@@ -1083,7 +1068,7 @@ async fn five_forks(backend: &str) {
         );
         // Only a fork from memory carries the parent's processes.
         assert_eq!(out.contains("sleep"), memory, "{out}");
-        run(
+        sandbox_command(
             &s,
             &t,
             f,
@@ -1091,7 +1076,7 @@ async fn five_forks(backend: &str) {
         )
         .await;
     }
-    run(
+    sandbox_command(
         &s,
         &t,
         &parent,
@@ -1099,7 +1084,7 @@ async fn five_forks(backend: &str) {
     )
     .await;
     for (i, f) in forks.iter().enumerate() {
-        let r = run(
+        let r = sandbox_command(
             &s,
             &t,
             f,
@@ -1108,7 +1093,7 @@ async fn five_forks(backend: &str) {
         .await;
         assert_eq!(r["stdout"], format!("{i}\nno-later\n"), "{r}");
     }
-    let r = run(
+    let r = sandbox_command(
         &s,
         &t,
         &parent,
@@ -1158,8 +1143,8 @@ async fn forks_are_refused_with_the_reason_and_all_or_nothing() {
         .expect("SQLite needs nothing installed");
     let t = s.token("acme").await;
     let other = s.token("zeta").await;
-    let id = create(&s, &t, json!({})).await;
-    run(&s, &t, &id, json!({"cmd": "echo kept > kept.txt"})).await;
+    let id = new_sandbox(&s, &t, json!({})).await;
+    sandbox_command(&s, &t, &id, json!({"cmd": "echo kept > kept.txt"})).await;
     let fork = |q: &'static str| format!("/v1/sandboxes/{id}/fork{q}");
     for (q, want) in [
         ("?count=0", 400),
@@ -1180,7 +1165,7 @@ async fn forks_are_refused_with_the_reason_and_all_or_nothing() {
     let (status, made) = s.post(&t, &fork("?count=2"), json!({})).await;
     assert_eq!(status, 201, "{made}");
     for f in ids_of(&made) {
-        let r = run(&s, &t, &f, json!({"cmd": "cat kept.txt"})).await;
+        let r = sandbox_command(&s, &t, &f, json!({"cmd": "cat kept.txt"})).await;
         assert_eq!(r["stdout"], "kept\n", "{r}");
         s.delete(&t, &format!("/v1/sandboxes/{f}")).await;
     }
@@ -1206,8 +1191,8 @@ async fn a_fork_whose_client_hangs_up_is_made_whole() {
         .await
         .expect("SQLite needs nothing installed");
     let t = s.token("acme").await;
-    let parent = create(&s, &t, json!({})).await;
-    run(
+    let parent = new_sandbox(&s, &t, json!({})).await;
+    sandbox_command(
         &s,
         &t,
         &parent,
@@ -1239,7 +1224,7 @@ async fn a_fork_whose_client_hangs_up_is_made_whole() {
         // Listed once recorded; filled before the fork ends: wait for it.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let r = run(&s, &t, &f, json!({"cmd": "ls d | wc -l"})).await;
+            let r = sandbox_command(&s, &t, &f, json!({"cmd": "ls d | wc -l"})).await;
             if r["stdout"] == "300\n" {
                 break;
             }
@@ -1297,7 +1282,7 @@ async fn a_parent_cannot_reach_the_host_through_its_forks() {
         raw(b"\x1b]0;pwned\x07name/", tar::EntryType::Regular, b"", b"x");
         b.into_inner().unwrap()
     };
-    let parent = create(&s, &t, json!({"image": "tiny"})).await;
+    let parent = new_sandbox(&s, &t, json!({"image": "tiny"})).await;
     let put = s
         .client
         .put(s.url(&format!("/v1/sandboxes/{parent}/files/evil.tar")))
@@ -1307,7 +1292,7 @@ async fn a_parent_cannot_reach_the_host_through_its_forks() {
         .await
         .unwrap();
     assert_eq!(put.status(), 201);
-    let r = run(
+    let r = sandbox_command(
         &s,
         &t,
         &parent,
@@ -1332,8 +1317,8 @@ async fn a_parent_cannot_reach_the_host_through_its_forks() {
         );
     }
 
-    let bomb = create(&s, &t, json!({"image": "tiny", "disk": "32M"})).await;
-    let r = run(
+    let bomb = new_sandbox(&s, &t, json!({"image": "tiny", "disk": "32M"})).await;
+    let r = sandbox_command(
         &s,
         &t,
         &bomb,
@@ -1357,7 +1342,7 @@ async fn a_parent_cannot_reach_the_host_through_its_forks() {
     live.retain(|id| *id != parent);
     assert_eq!(live, std::slice::from_ref(&bomb), "a fork was left behind");
     for id in [&parent, &bomb] {
-        let r = run(&s, &t, id, json!({"cmd": "echo alive"})).await;
+        let r = sandbox_command(&s, &t, id, json!({"cmd": "echo alive"})).await;
         assert_eq!(r["stdout"], "alive\n", "{r}");
     }
     s.stop().await;
